@@ -1,0 +1,55 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+# Both are idempotent: the virtual environment is installed once per change of
+# pyproject.toml or constraints.txt (stamp files), the package itself is editable.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+CONSTRAINTS := constraints.txt
+
+.PHONY: demo test lint typecheck pytest bench clean help
+
+help:
+	@echo "make demo   create .venv, install curvcal, run 'curvcal demo' on the bundled example"
+	@echo "make test   install dev extras, run ruff, mypy and the whole test suite"
+	@echo "make lint   ruff check and format check"
+	@echo "make bench  install the peer libraries (bench extra) and run benchmarks/"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.stamp-base: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(PIP) install -q -c $(CONSTRAINTS) -e .
+	touch $@
+
+$(VENV)/.stamp-dev: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,plot]'
+	touch $(VENV)/.stamp-base $@
+
+$(VENV)/.stamp-bench: pyproject.toml $(CONSTRAINTS) $(VENV)/.stamp-dev
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,plot,bench]'
+	touch $@
+
+demo: $(VENV)/.stamp-base
+	$(BIN)/curvcal demo
+
+lint: $(VENV)/.stamp-dev
+	$(BIN)/ruff check curvcal tests benchmarks examples
+	$(BIN)/ruff format --check curvcal tests benchmarks examples
+
+typecheck: $(VENV)/.stamp-dev
+	$(BIN)/mypy
+
+pytest: $(VENV)/.stamp-dev
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+bench: $(VENV)/.stamp-bench
+	$(BIN)/python benchmarks/bench_hessian.py
+	$(BIN)/python benchmarks/bench_calibration.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,85 @@
+"""The ``curvcal`` command line: a click group and the exit-code contract.
+
+Commands live in :mod:`curvcal.commands`; this module only registers them and turns exceptions
+into one-line messages and exit codes (see :mod:`curvcal.errors`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+import click
+
+from curvcal import __version__
+from curvcal.commands.common import output_options
+from curvcal.errors import (
+    EXIT_INPUT,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    CurvcalError,
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="curvcal")
+@output_options
+def cli() -> None:
+    """Curvature and calibration of a trained classifier checkpoint.
+
+    \b
+    Exit codes: 0 success or check passed, 1 check failed, 2 usage or input
+    error, 3 numerical failure, 70 internal error, 130 interrupted.
+    """
+
+
+def _error(message: str) -> None:
+    click.echo(f"curvcal: error: {message}", err=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code (the console script exits with it)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or bool(os.environ.get("CURVCAL_DEBUG"))
+    try:
+        result = cli.main(args=args, prog_name="curvcal", standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        click.echo("curvcal: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.UsageError as exc:
+        where = f"curvcal {exc.ctx.command_path.split(' ', 1)[-1]}" if exc.ctx else "curvcal"
+        _error(f"{exc.format_message()} (see '{where} --help')")
+        return EXIT_INPUT
+    except click.ClickException as exc:
+        _error(exc.format_message())
+        return exc.exit_code
+    except CurvcalError as exc:
+        if debug:
+            traceback.print_exc()
+        _error(exc.message)
+        return exc.exit_code
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        _error(
+            f"internal error: {type(exc).__name__}: {text} "
+            "(rerun with --debug for a traceback and please report it)"
+        )
+        return EXIT_INTERNAL
+    return result if isinstance(result, int) else EXIT_OK
+
+
+def _register() -> None:
+    from curvcal.commands import commands
+
+    for command in commands():
+        cli.add_command(command)
+
+
+_register()

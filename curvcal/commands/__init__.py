@@ -1,0 +1,12 @@
+"""One module per CLI command; each is a thin shell over the library."""
+
+from __future__ import annotations
+
+import click
+
+
+def commands() -> list[click.Command]:
+    """The registered commands (a command is listed here only once it works)."""
+    from curvcal.commands.version import version
+
+    return [version]

@@ -1,0 +1,120 @@
+"""What every command shares: output options, the per-run context, and the final emit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from curvcal.console import Reporter
+from curvcal.errors import EXIT_CHECK_FAILED, EXIT_NUMERICAL, EXIT_OK
+from curvcal.report import FORMATS, Table, check_output_path, emit
+from curvcal.results import STATUS_ERROR, STATUS_FAIL, Report
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class OutputOptions:
+    """Output settings; given on the group (``curvcal --json hessian``) or on the command."""
+
+    fmt: str = "table"
+    output: Path | None = None
+    force: bool = False
+    quiet: bool = False
+    debug: bool = False
+
+
+def get_output_options(ctx: click.Context | None = None) -> OutputOptions:
+    ctx = ctx or click.get_current_context()
+    root = ctx.find_root()
+    if not isinstance(root.obj, OutputOptions):
+        root.obj = OutputOptions()
+    return root.obj
+
+
+def _setter(attr: str, transform: Callable[[Any], Any] = lambda v: v) -> Callable[..., None]:
+    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+        if value not in (None, False):
+            setattr(get_output_options(ctx), attr, transform(value))
+
+    return callback
+
+
+def output_options(func: F) -> F:
+    """Add ``--json``, ``--format``, ``-o/--output``, ``--force``, ``-q/--quiet``, ``--debug``."""
+    decorators = [
+        click.option(
+            "--json",
+            "as_json",
+            is_flag=True,
+            expose_value=False,
+            callback=_setter("fmt", lambda _v: "json"),
+            help="Write only the JSON result to stdout.",
+        ),
+        click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(FORMATS),
+            expose_value=False,
+            callback=_setter("fmt"),
+            help="Output on stdout: table (default), json or markdown.",
+        ),
+        click.option(
+            "-o",
+            "--output",
+            "--out",
+            "output",
+            type=click.Path(dir_okay=False, path_type=Path),
+            expose_value=False,
+            callback=_setter("output"),
+            help="Also write the JSON result to this file (atomically).",
+        ),
+        click.option(
+            "--force",
+            is_flag=True,
+            expose_value=False,
+            callback=_setter("force"),
+            help="Overwrite an existing --output file.",
+        ),
+        click.option(
+            "-q",
+            "--quiet",
+            is_flag=True,
+            expose_value=False,
+            callback=_setter("quiet"),
+            help="No progress or messages on stderr (warnings still shown).",
+        ),
+        click.option(
+            "--debug",
+            is_flag=True,
+            expose_value=False,
+            callback=_setter("debug"),
+            help="Show a traceback on errors.",
+        ),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def start() -> tuple[OutputOptions, Reporter]:
+    """Called first by every command: checks the output path before any work is done."""
+    options = get_output_options()
+    if options.output is not None:
+        check_output_path(options.output, options.force)
+    return options, Reporter(quiet=options.quiet)
+
+
+def finish(report: Report, tables: Sequence[Table]) -> int:
+    """Emit the report and return the exit code its status implies."""
+    options = get_output_options()
+    emit(report, tables, options.fmt, options.output)
+    if report.status == STATUS_FAIL:
+        return EXIT_CHECK_FAILED
+    if report.status == STATUS_ERROR:
+        return EXIT_NUMERICAL
+    return EXIT_OK

@@ -1,0 +1,75 @@
+"""Terminal streams: data on stdout, messages and progress on stderr.
+
+Consoles are created on each call so that the streams are the ones in force at write time (click's
+test runner swaps them). ``NO_COLOR`` is honoured by rich itself; progress is shown only on an
+interactive stderr and never under ``--quiet``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+_FALLBACK_WIDTH = 120
+
+
+def _width() -> int | None:
+    """Rich picks the terminal's width; off a terminal (CI logs, pipes) use COLUMNS or 120."""
+    if "COLUMNS" in os.environ:
+        return None
+    return _FALLBACK_WIDTH
+
+
+def stdout_console() -> Console:
+    console = Console(soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(width=_width(), soft_wrap=False)
+    return console
+
+
+def stderr_console() -> Console:
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, width=_width())
+    return console
+
+
+StepCallback = Callable[[int], None]
+"""Called by long-running kernels with the number of units of work just finished."""
+
+
+class Reporter:
+    """Messages and progress for one command run; silent under ``quiet``."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+
+    def info(self, message: str) -> None:
+        if not self.quiet:
+            stderr_console().print(message, highlight=False)
+
+    def warn(self, message: str) -> None:
+        """Warnings are shown even under --quiet (they also go into the JSON report)."""
+        stderr_console().print(f"[yellow]curvcal: warning:[/yellow] {message}", highlight=False)
+
+    @contextmanager
+    def progress(self, description: str, total: int | None) -> Iterator[StepCallback]:
+        """A progress bar on an interactive stderr; yields a callback taking completed units."""
+        console = stderr_console()
+        if self.quiet or not console.is_terminal:
+            yield lambda _n: None
+            return
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda n: bar.advance(task, n)

@@ -1,0 +1,61 @@
+"""Exceptions a user can act on, and the exit codes the CLI maps them to.
+
+Exit codes (the CLI contract, also in README.md):
+
+====  =========================================================
+0     success, or a check passed
+1     a check failed (``curvcal check`` / ``curvcal compare``)
+2     usage or input error: bad file, bad option, bad data
+3     numerical failure: NaN/Inf, no convergence under --strict
+70    internal error (a bug in curvcal; rerun with --debug)
+130   interrupted (Ctrl-C)
+====  =========================================================
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_INPUT = 2
+EXIT_NUMERICAL = 3
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+
+class CurvcalError(Exception):
+    """Base class: an error with a one-line message ``<what>: <why> (<hint>)``.
+
+    ``what`` names the file, option or object at fault, ``why`` says what is wrong with it,
+    ``hint`` (optional) says what the user can do about it.
+    """
+
+    exit_code: int = EXIT_INPUT
+
+    def __init__(self, what: str, why: str, hint: str | None = None) -> None:
+        self.what = what
+        self.why = why
+        self.hint = hint
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        text = f"{self.what}: {self.why}"
+        if self.hint:
+            text += f" ({self.hint})"
+        return " ".join(text.split())  # always one line
+
+
+class InputError(CurvcalError):
+    """A bad file, option or dataset given by the user (exit 2)."""
+
+    exit_code = EXIT_INPUT
+
+
+class TrustError(InputError):
+    """Loading would run code from a file and ``--trust-checkpoint`` was not given (exit 2)."""
+
+
+class NumericalError(CurvcalError):
+    """NaN/Inf in a loss, product or metric, or no convergence under ``--strict`` (exit 3)."""
+
+    exit_code = EXIT_NUMERICAL

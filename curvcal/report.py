@@ -1,0 +1,121 @@
+"""Presentation: tables (rich for people, markdown for CI summaries) and JSON files.
+
+Commands describe what to show as :class:`Table` objects; this module decides how it looks.
+JSON goes to stdout with ``--json`` (nothing else on stdout) and/or to a file with ``-o``, written
+atomically so that a report on disk is never half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich import box
+from rich.table import Table as RichTable
+
+from curvcal.console import stdout_console
+from curvcal.errors import InputError
+from curvcal.results import Report
+
+FORMATS = ("table", "json", "markdown")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled grid of already-formatted cells."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    caption: str | None = None
+
+
+def fmt_float(value: float | None, digits: int = 4) -> str:
+    """Format a number for a table cell: ``digits`` significant digits, ``-`` for missing."""
+    if value is None:
+        return "-"
+    if value != value:  # NaN
+        return "nan"
+    return f"{value:.{digits}g}"
+
+
+def to_json_text(report: Report) -> str:
+    """The report as strict JSON text (no NaN/Infinity tokens)."""
+    return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
+
+
+def render_rich(tables: Sequence[Table]) -> None:
+    console = stdout_console()
+    for table in tables:
+        grid = RichTable(title=table.title, caption=table.caption, box=box.SIMPLE_HEAVY)
+        for i, column in enumerate(table.columns):
+            grid.add_column(column, justify="left" if i == 0 else "right")
+        for row in table.rows:
+            grid.add_row(*row)
+        console.print(grid)
+
+
+def render_markdown(tables: Sequence[Table]) -> str:
+    """GitHub-flavoured markdown: a heading and a pipe table per :class:`Table`."""
+    parts: list[str] = []
+    for table in tables:
+        parts.append(f"### {table.title}\n")
+        parts.append("| " + " | ".join(_md(c) for c in table.columns) + " |")
+        parts.append("|" + "|".join(["---"] + ["---:"] * (len(table.columns) - 1)) + "|")
+        for row in table.rows:
+            parts.append("| " + " | ".join(_md(c) for c in row) + " |")
+        if table.caption:
+            parts.append(f"\n{table.caption}")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def _md(cell: str) -> str:
+    return cell.replace("|", "\\|").replace("\n", " ")
+
+
+def check_output_path(path: Path, force: bool) -> None:
+    """Refuse, before any work is done, an output path that cannot be written or would be
+    overwritten without ``--force``."""
+    if path.is_dir():
+        raise InputError(str(path), "is a directory", "give a file name for the report")
+    if path.exists() and not force:
+        raise InputError(str(path), "already exists", "pass --force to overwrite it")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(str(path), f"directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise InputError(str(path), f"directory {parent} is not writable")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename,
+    so readers see either the old file or the whole new one."""
+    parent = path.parent if str(path.parent) else Path(".")
+    handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def emit(report: Report, tables: Sequence[Table], fmt: str, output: Path | None) -> None:
+    """Show ``report`` on stdout in ``fmt`` and, with ``output``, write its JSON to that file."""
+    text = to_json_text(report)  # also validates that the report is JSON-clean
+    if output is not None:
+        write_atomic(output, text)
+    if fmt == "json":
+        stdout_console().out(text, end="", highlight=False)
+    elif fmt == "markdown":
+        stdout_console().out(render_markdown(tables), highlight=False)
+    else:
+        render_rich(tables)

@@ -1,0 +1,43 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _single_thread() -> None:
+    """Keep tests single-threaded: the CI machine has two cores."""
+    torch.set_num_threads(1)
+
+
+@dataclass(frozen=True)
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+@pytest.fixture
+def run_cli() -> Callable[..., CliResult]:
+    """Run ``curvcal.cli.main`` in-process with captured streams (the real exit-code mapping)."""
+    from click.testing import CliRunner
+
+    from curvcal.cli import main
+
+    def invoke(*args: str, input: str | None = None) -> CliResult:
+        runner = CliRunner()
+        with runner.isolation(input=input) as streams:
+            code = main([str(a) for a in args])
+        stdout, stderr = streams[0], streams[1]
+        return CliResult(code, stdout.getvalue().decode(), stderr.getvalue().decode())
+
+    return invoke

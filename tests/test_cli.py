@@ -1,0 +1,70 @@
+"""The CLI shell: exit codes, one-line errors, output options, JSON validity."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from curvcal import __version__
+
+
+def test_version_flag(run_cli) -> None:
+    result = run_cli("--version")
+    assert result.code == 0
+    assert __version__ in result.output
+
+
+def test_unknown_command_is_usage_error_one_line(run_cli) -> None:
+    result = run_cli("no-such-command")
+    assert result.code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert lines[0].startswith("curvcal: error: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_json_on_command_and_on_group_give_only_json(run_cli) -> None:
+    for args in (("version", "--json"), ("--json", "version")):
+        result = run_cli(*args)
+        assert result.code == 0, result.output
+        document = json.loads(result.stdout)
+        assert document["schema"] == "1.0"
+        assert document["curvcal"] == __version__
+        assert document["status"] == "ok"
+        assert document["environment"]["torch"]
+
+
+def test_output_file_written_and_not_overwritten_without_force(run_cli, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    assert run_cli("version", "-o", str(out)).code == 0
+    first = out.read_text()
+    assert json.loads(first)["command"] == "version"
+    result = run_cli("version", "-o", str(out))
+    assert result.code == 2
+    assert "already exists" in result.stderr and str(out) in result.stderr
+    assert out.read_text() == first
+    assert run_cli("version", "-o", str(out), "--force").code == 0
+
+
+def test_output_into_missing_directory_is_input_error(run_cli, tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "report.json"
+    result = run_cli("version", "--output", str(out))
+    assert result.code == 2
+    assert "does not exist" in result.stderr
+    assert not out.exists()
+
+
+def test_markdown_format(run_cli) -> None:
+    result = run_cli("version", "--format", "markdown")
+    assert result.code == 0
+    assert "| item | value |" in result.stdout
+
+
+def test_python_dash_m_entry_point() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "curvcal", "--version"], capture_output=True, text=True, check=False
+    )
+    assert completed.returncode == 0
+    assert __version__ in completed.stdout
