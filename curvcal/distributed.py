@@ -1,0 +1,88 @@
+"""torch.distributed helpers: who am I, which samples are mine, and exact sums across ranks.
+
+Launched by ``torchrun --nproc-per-node N -m curvcal ...``, every rank takes the samples
+``r, r + W, r + 2W, ...`` of the dataset (no padding: ``DistributedSampler`` repeats samples to
+even out shards, which would make an all-reduced Hessian-vector product wrong) and sums of
+per-rank partial results are all-reduced. Without torchrun everything degrades to one process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Rank and world size of this process (``rank = 0, world_size = 1`` when not distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def launched_by_torchrun() -> bool:
+    """True when torchrun (or ``torch.distributed.run``) set the rendezvous variables."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def init_from_env(device: torch.device | None = None) -> DistContext:
+    """Join the process group torchrun describes; one-process context otherwise.
+
+    Backend: NCCL when the device is CUDA, gloo otherwise (CPU, or the tests).
+    """
+    if not launched_by_torchrun():
+        return DistContext()
+    if not dist.is_initialized():
+        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend)
+    return current()
+
+
+def current() -> DistContext:
+    """The context of an already initialised process group (or the one-process context)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return DistContext()
+    return DistContext(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        backend=str(dist.get_backend()),
+    )
+
+
+def shard_indices(n_samples: int, rank: int, world_size: int) -> list[int]:
+    """Indices of rank ``rank``: ``rank, rank + W, ...`` below ``n_samples``; shards are disjoint,
+    cover every index once, and are never padded (a rank may get one sample fewer, or none)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside a world of size {world_size}")
+    return list(range(rank, n_samples, world_size))
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum of ``tensor`` over all ranks (a new tensor; the argument is not modified).
+
+    In one process this is a copy. Pass it as the ``all_reduce`` hook of the curvature operator.
+    """
+    total = tensor.clone()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
+
+
+def shutdown() -> None:
+    """Leave the process group if this process joined one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
