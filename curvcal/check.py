@@ -653,3 +653,16 @@ def load_report(path: Path) -> dict[str, Any]:
             f"report schema {schema} is not readable by this curvcal (it reads {SCHEMA_VERSION})",
         )
     return document
+
+
+def setting_differences(new: Mapping[str, Any], old: Mapping[str, Any]) -> list[str]:
+    """Settings both reports record with different values (a comparison of numbers computed
+    differently may mean little): ``["seed: 1 (new) vs 0 (old)", ...]``, sorted by name."""
+    new_settings, old_settings = new.get("settings"), old.get("settings")
+    if not isinstance(new_settings, Mapping) or not isinstance(old_settings, Mapping):
+        return []
+    return [
+        f"{name}: {new_settings[name]!r} (new) vs {old_settings[name]!r} (old)"
+        for name in sorted(new_settings.keys() & old_settings.keys())
+        if new_settings[name] != old_settings[name]
+    ]
