@@ -316,7 +316,10 @@ class _Parser:
             )
         label = ".".join(where)
         if not isinstance(bounds, dict):
-            self._fail(where, f"'{label}' must be a table of bounds, like [{label}] max = 0.1")
+            hint = "evaluation settings go under [settings]" if label in SETTINGS else None
+            self._fail(
+                where, f"'{label}' must be a table of bounds, like [{label}] max = 0.1", hint
+            )
         numbers: dict[str, float] = {}
         for key, item in bounds.items():
             if key not in BOUNDS:

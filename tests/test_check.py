@@ -140,6 +140,13 @@ def test_malformed_policy_names_file_and_line(
     assert why in info.value.why
 
 
+def test_setting_named_like_a_metric_outside_settings(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as info:
+        load_policy(write(tmp_path, "trace = true\n\n[ece]\nmax = 0.1\n"))
+    assert "must be a table of bounds" in info.value.why
+    assert info.value.hint == "evaluation settings go under [settings]"
+
+
 def test_policy_without_rules_and_missing_file(tmp_path: Path) -> None:
     path = write(tmp_path, "[settings]\nseed = 1\n")
     with pytest.raises(InputError, match="gates no metric"):
