@@ -1,0 +1,671 @@
+"""CI gate: policies (what to measure, which bounds must hold), and verdicts.
+
+A policy is a TOML file (``--policy FILE``) or the ``[tool.curvcal]`` table of a
+``pyproject.toml``. It holds
+
+* ``[settings]``: the evaluation settings (checkpoint loading, data, split, bins, probes, seed,
+  method, ...), so that a release's gate can be rerun from the repository alone;
+* one table per gated metric with any of the bounds ``max``, ``min`` (on the value itself),
+  ``max_increase`` (value − baseline ≤ bound) and ``max_rel_increase``
+  ((value − baseline)/|baseline| ≤ bound, a fraction: 0.1 is 10 %).
+
+Calibration metrics are measured at a *stage*: ``[ece]`` (same as ``[uncalibrated.ece]``) gates
+the uncalibrated model, ``[ts.ece]`` the model after temperature scaling and ``[focal_ts.ece]``
+after focal temperature scaling. Their keys in values and verdicts are ``ece``, ``ts.ece`` and
+``focal_ts.ece``. The other metrics (``lambda_max``, ``trace``, ``temperature``, ``focal_gamma``,
+``focal_temperature``) take no stage.
+
+Example::
+
+    [settings]
+    arch = "curvcal:DigitsCNN"
+    data = "digits:test"
+    seed = 0
+
+    [ece]
+    max = 0.05
+    [ts.ece]
+    max = 0.02
+    [lambda_max]
+    max_rel_increase = 0.10
+
+Everything here is pure apart from reading the policy and report files: :func:`evaluate` judges
+numbers that the caller measured or read from a saved report with :func:`metric_values`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from curvcal.errors import InputError
+from curvcal.results import SCHEMA_VERSION
+
+CALIBRATION_METRICS = (
+    "ece",
+    "adaece",
+    "mce",
+    "classwise_ece",
+    "rms_ce",
+    "nll",
+    "brier",
+    "accuracy",
+    "smooth_ece",
+)
+"""Metrics of predicted probabilities; each can be gated at any stage of :data:`STAGES`."""
+
+CURVATURE_METRICS = ("lambda_max", "trace")
+SCALING_METRICS = ("temperature", "focal_gamma", "focal_temperature")
+METRICS = CALIBRATION_METRICS + CURVATURE_METRICS + SCALING_METRICS
+
+UNCALIBRATED = "uncalibrated"
+STAGES = (UNCALIBRATED, "ts", "focal_ts")
+"""``uncalibrated``: the model's own probabilities; ``ts``: after temperature scaling;
+``focal_ts``: after focal temperature scaling."""
+
+BOUNDS = ("max", "min", "max_increase", "max_rel_increase")
+
+# The range a metric can take; a bound outside it can never (or always) be met.
+_DOMAIN: dict[str, tuple[float, float]] = {
+    **{name: (0.0, 1.0) for name in ("ece", "adaece", "mce", "classwise_ece", "rms_ce")},
+    "smooth_ece": (0.0, 1.0),
+    "accuracy": (0.0, 1.0),
+    "nll": (0.0, math.inf),
+    "brier": (0.0, 2.0),
+    "lambda_max": (-math.inf, math.inf),
+    "trace": (-math.inf, math.inf),
+    "temperature": (0.0, math.inf),
+    "focal_gamma": (0.0, math.inf),
+    "focal_temperature": (0.0, math.inf),
+}
+
+# Evaluation settings a policy may hold under [settings], with the type each must have. The
+# values themselves (an architecture's name, a dataset spec) are checked by the command that
+# uses them, exactly as if they had been given as options.
+_STR = "a string"
+_COUNT = "a whole number >= 1"
+_SEED = "a whole number >= 0"
+_TABLE = "a table"
+_FRACTION = "a number between 0 and 1 (exclusive)"
+_POSITIVE = "a number > 0"
+_NONNEGATIVE = "a number >= 0"
+_STR_OR_BOOL = "a string or true/false"
+SETTINGS: dict[str, str] = {
+    "arch": _STR,
+    "arch_kwargs": _TABLE,
+    "num_classes": _COUNT,
+    "state_dict_key": _STR,
+    "device": _STR,
+    "dtype": _STR,
+    "data": _STR,
+    "data_root": _STR,
+    "fit_data": _STR,
+    "val_split": _FRACTION,
+    "seed": _SEED,
+    "bins": _COUNT,
+    "edges": _STR,
+    "method": _STR,
+    "objective": _STR,
+    "probes": _COUNT,
+    "top_k": _COUNT,
+    "batch_size": _COUNT,
+    "max_samples": _COUNT,
+    "loss": _STR,
+    "gamma": _NONNEGATIVE,
+    "tol": _POSITIVE,
+    "trace": _STR_OR_BOOL,
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The bounds on one metric. ``stage`` is one of :data:`STAGES` for a calibration metric and
+    ``None`` for the others; unset bounds are ``None``."""
+
+    metric: str
+    max: float | None = None
+    min: float | None = None
+    max_increase: float | None = None
+    max_rel_increase: float | None = None
+    stage: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The metric's name in values and verdicts: ``ece``, ``ts.ece``, ``lambda_max``."""
+        if self.stage is None or self.stage == UNCALIBRATED:
+            return self.metric
+        return f"{self.stage}.{self.metric}"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A parsed policy: evaluation settings and the rules to judge."""
+
+    path: Path
+    settings: dict[str, Any]
+    rules: tuple[Rule, ...]
+
+    @property
+    def metric_keys(self) -> frozenset[str]:
+        """The metrics (stage-qualified) the policy gates: what a check has to measure."""
+        return frozenset(rule.key for rule in self.rules)
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """A measured metric: ``value`` (``None`` when missing or not finite) and, for estimates such
+    as the Hutchinson trace, its 95 % ``interval``. Bounds are judged on ``value``."""
+
+    value: float | None
+    interval: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class VerdictRow:
+    """One bound judged: ``bound`` is ``max``/``min``/``max_increase``/``max_rel_increase`` and
+    ``limit`` its number; ``change`` is value − baseline for ``max_increase`` and
+    (value − baseline)/|baseline| for ``max_rel_increase`` (``None`` for the others)."""
+
+    metric: str
+    bound: str
+    limit: float
+    value: float | None
+    interval: tuple[float, float] | None
+    baseline: float | None
+    change: float | None
+    passed: bool
+    reason: str
+
+    @property
+    def bound_text(self) -> str:
+        """The bound for people: ``<= 0.05``, ``>= 0.9``, ``change <= 0.01``, ``change <= 10%``."""
+        if self.bound == "max":
+            return f"<= {self.limit:.4g}"
+        if self.bound == "min":
+            return f">= {self.limit:.4g}"
+        if self.bound == "max_increase":
+            return f"change <= {self.limit:+.4g}"
+        return f"change <= {100 * self.limit:+.4g}%"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Every bound of a policy judged; ``passed`` when all rows passed."""
+
+    passed: bool
+    rows: tuple[VerdictRow, ...] = field(default_factory=tuple)
+
+    @property
+    def failed_rows(self) -> tuple[VerdictRow, ...]:
+        return tuple(row for row in self.rows if not row.passed)
+
+
+# --------------------------------------------------------------------------------------------
+# Policy files
+
+
+def load_policy(path: Path) -> Policy:
+    """Read and validate a policy file.
+
+    A file named ``pyproject.toml`` is read from its ``[tool.curvcal]`` table; any other file is a
+    policy as a whole. Errors are :class:`InputError` with ``what`` = ``FILE:LINE``.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(str(path), "no such policy file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(str(path), f"cannot read the policy: {exc}") from None
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message ends with "(at line L, column C)".
+        found = re.search(r"at line (\d+)", str(exc))
+        where = f"{path}:{found.group(1)}" if found else str(path)
+        raise InputError(where, f"not valid TOML: {exc}") from None
+    prefix: tuple[str, ...] = ()
+    if path.name == "pyproject.toml":
+        prefix = ("tool", "curvcal")
+        table = document.get("tool", {}).get("curvcal")
+        if not isinstance(table, dict):
+            raise InputError(str(path), "has no [tool.curvcal] table", "add one or pass --policy")
+        document = table
+    return _Parser(path, text, prefix).policy(document)
+
+
+def find_pyproject_policy(directory: Path) -> Path | None:
+    """``directory/pyproject.toml`` when it exists and has a ``[tool.curvcal]`` table."""
+    candidate = directory / "pyproject.toml"
+    if not candidate.is_file():
+        return None
+    try:
+        document = tomllib.loads(candidate.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return candidate  # let load_policy report what is wrong with it
+    tool = document.get("tool", {})
+    return candidate if isinstance(tool, dict) and "curvcal" in tool else None
+
+
+class _Parser:
+    """Validates a policy's tables, naming the file and line of every fault."""
+
+    def __init__(self, path: Path, text: str, prefix: tuple[str, ...]) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+        self.prefix = prefix
+
+    def policy(self, document: Mapping[str, Any]) -> Policy:
+        settings: dict[str, Any] = {}
+        rules: dict[str, Rule] = {}
+        for name, value in document.items():
+            if name == "settings":
+                settings = self._settings(value)
+            elif name in STAGES:
+                if not isinstance(value, dict):
+                    self._fail((name,), f"'{name}' must be a table of metrics, like [{name}.ece]")
+                for metric, bounds in value.items():
+                    self._add(rules, self._rule(metric, name, bounds, (name, metric)))
+            elif name in METRICS:
+                stage = UNCALIBRATED if name in CALIBRATION_METRICS else None
+                self._add(rules, self._rule(name, stage, value, (name,)))
+            elif name in SETTINGS:
+                self._fail(
+                    (name,),
+                    f"'{name}' is an evaluation setting, not a metric",
+                    "put it under [settings]",
+                )
+            else:
+                self._fail(
+                    (name,), f"unknown metric or table '{name}'", _choices("metrics", METRICS)
+                )
+        if not rules:
+            self._fail(
+                (), "the policy gates no metric", "add a table such as [ece] with max = 0.05"
+            )
+        return Policy(self.path, settings, tuple(rules.values()))
+
+    def _settings(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self._fail(("settings",), "'settings' must be a table")
+        for key, item in value.items():
+            kind = SETTINGS.get(key)
+            if kind is None:
+                self._fail(
+                    ("settings", key),
+                    f"unknown setting '{key}'",
+                    _choices("settings", tuple(SETTINGS)),
+                )
+            if not _has_kind(item, kind):
+                self._fail(("settings", key), f"setting '{key}' must be {kind}, not {item!r}")
+        return dict(value)
+
+    def _rule(self, metric: str, stage: str | None, bounds: Any, where: tuple[str, ...]) -> Rule:
+        if metric not in METRICS:
+            self._fail(where, f"unknown metric '{metric}'", _choices("metrics", METRICS))
+        if stage is not None and metric not in CALIBRATION_METRICS:
+            self._fail(
+                where,
+                f"'{metric}' takes no stage ({stage}): only calibration metrics do",
+                f"use [{metric}]",
+            )
+        label = ".".join(where)
+        if not isinstance(bounds, dict):
+            hint = "evaluation settings go under [settings]" if label in SETTINGS else None
+            self._fail(
+                where, f"'{label}' must be a table of bounds, like [{label}] max = 0.1", hint
+            )
+        numbers: dict[str, float] = {}
+        for key, item in bounds.items():
+            if key not in BOUNDS:
+                self._fail(
+                    (*where, key),
+                    f"unknown bound '{key}' in [{label}]",
+                    _choices("bounds", BOUNDS),
+                )
+            if isinstance(item, bool) or not isinstance(item, int | float):
+                self._fail((*where, key), f"bound {label}.{key} must be a number, not {item!r}")
+            if not math.isfinite(item):
+                self._fail((*where, key), f"bound {label}.{key} must be finite, not {item!r}")
+            numbers[key] = float(item)
+        if not numbers:
+            self._fail(where, f"[{label}] sets no bound", _choices("bounds", BOUNDS))
+        low, high = _DOMAIN[metric]
+        upper, lower = numbers.get("max"), numbers.get("min")
+        if upper is not None and lower is not None and lower > upper:
+            self._fail(
+                (*where, "min"),
+                f"[{label}] min {lower:g} is above max {upper:g}: nothing can pass",
+            )
+        if upper is not None and upper < low:
+            self._fail(
+                (*where, "max"),
+                f"[{label}] max {upper:g} is below {low:g}, the least {metric} can be",
+            )
+        if lower is not None and lower > high:
+            self._fail(
+                (*where, "min"),
+                f"[{label}] min {lower:g} is above {high:g}, the most {metric} can be",
+            )
+        for key in ("max_increase", "max_rel_increase"):
+            if numbers.get(key, 0.0) < 0:
+                self._fail(
+                    (*where, key),
+                    f"[{label}] {key} {numbers[key]:g} is negative",
+                    "an allowed increase is >= 0; use max/min to demand an improvement",
+                )
+        return Rule(metric=metric, stage=stage, **numbers)
+
+    def _add(self, rules: dict[str, Rule], rule: Rule) -> None:
+        if rule.key in rules:
+            self._fail(
+                (UNCALIBRATED, rule.metric),
+                f"'{rule.key}' is gated twice ([{rule.metric}] and [uncalibrated.{rule.metric}] "
+                "are the same metric)",
+            )
+        rules[rule.key] = rule
+
+    def _fail(self, where: tuple[str, ...], why: str, hint: str | None = None) -> NoReturn:
+        line = _find_line(self.lines, self.prefix + where)
+        raise InputError(f"{self.path}:{line}" if line else str(self.path), why, hint)
+
+
+def _has_kind(value: Any, kind: str) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == _STR:
+        return isinstance(value, str)
+    if kind == _TABLE:
+        return isinstance(value, dict)
+    if kind == _STR_OR_BOOL:
+        return isinstance(value, str | bool)
+    if kind in (_COUNT, _SEED):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= (kind == _COUNT)
+    if kind == _FRACTION:
+        return number and 0 < value < 1
+    if kind == _POSITIVE:
+        return number and math.isfinite(value) and value > 0
+    if kind == _NONNEGATIVE:
+        return number and math.isfinite(value) and value >= 0
+    raise AssertionError(kind)
+
+
+def _choices(what: str, names: Sequence[str]) -> str:
+    return f"known {what}: {', '.join(names)}"
+
+
+# tomllib reports no positions, so the line of a table or key is found by scanning the text:
+# table headers set the current table, ``a.b = ...`` lines define keys below it. Multi-line
+# strings and arrays are not parsed; a policy is a handful of short tables.
+_HEADER = re.compile(r"^\s*\[\[?(?P<name>[^\]]*)\]\]?\s*(?:#.*)?$")
+_KEY = re.compile(
+    r"""^\s*(?P<key>(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*="""
+)
+_PART = re.compile(r"""[A-Za-z0-9_-]+|"[^"]*"|'[^']*'""")
+
+
+def _key_parts(dotted: str) -> tuple[str, ...]:
+    return tuple(part.strip("'\"") for part in _PART.findall(dotted))
+
+
+def _find_line(lines: Sequence[str], target: tuple[str, ...]) -> int | None:
+    """1-based line where ``target`` (a table or key path) is defined; when it is not written on
+    a line of its own (a key inside an inline table), the line of its nearest enclosing table."""
+    for depth in range(len(target), 0, -1):
+        wanted = target[:depth]
+        table: tuple[str, ...] = ()
+        for number, line in enumerate(lines, start=1):
+            header = _HEADER.match(line)
+            if header:
+                table = _key_parts(header.group("name"))
+                if table[:depth] == wanted:
+                    return number
+                continue
+            key = _KEY.match(line)
+            if key and (table + _key_parts(key.group("key")))[:depth] == wanted:
+                return number
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Judging values
+
+
+def evaluate(
+    rules: Sequence[Rule],
+    values: Mapping[str, MetricValue],
+    baseline: Mapping[str, MetricValue] | None,
+) -> Verdict:
+    """Judge every bound of ``rules`` on ``values`` (keys as :attr:`Rule.key`).
+
+    * ``max``: passes when value ≤ max; ``min``: when value ≥ min (a value exactly at the bound
+      passes).
+    * ``max_increase``: change = value − baseline, passes when change ≤ bound.
+    * ``max_rel_increase``: change = (value − baseline)/|baseline|, passes when change ≤ bound; a
+      zero baseline gives change 0 when the value is 0 too and ±∞ otherwise (any increase from 0
+      fails).
+    * A missing or non-finite value fails; a change bound with no baseline value (no baseline
+      given, or the metric missing or non-finite in it) fails with reason ``no baseline``.
+
+    One row per bound, in the order of ``rules`` and :data:`BOUNDS`.
+    """
+    rows: list[VerdictRow] = []
+    for rule in rules:
+        measured = values.get(rule.key)
+        value = _finite(measured.value if measured else None)
+        interval = measured.interval if measured else None
+        old = baseline.get(rule.key) if baseline is not None else None
+        base = _finite(old.value if old else None)
+        for bound in BOUNDS:
+            limit = getattr(rule, bound)
+            if limit is None:
+                continue
+            change: float | None = None
+            if value is None:
+                passed = False
+                reason = "not in the report" if measured is None else "value is not finite"
+            elif bound == "max":
+                passed = value <= limit
+                reason = "" if passed else "above max"
+            elif bound == "min":
+                passed = value >= limit
+                reason = "" if passed else "below min"
+            elif base is None:
+                passed, reason = False, "no baseline"
+            else:
+                change = value - base if bound == "max_increase" else _relative(value, base)
+                passed = change <= limit
+                reason = "" if passed else "increase too large"
+            shown_base = base if bound in ("max_increase", "max_rel_increase") else None
+            rows.append(
+                VerdictRow(
+                    metric=rule.key,
+                    bound=bound,
+                    limit=limit,
+                    value=value,
+                    interval=interval,
+                    baseline=shown_base,
+                    change=change,
+                    passed=passed,
+                    reason=reason,
+                )
+            )
+    return Verdict(passed=all(row.passed for row in rows), rows=tuple(rows))
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _relative(value: float, base: float) -> float:
+    if base == 0.0:
+        return 0.0 if value == 0.0 else math.copysign(math.inf, value)
+    return (value - base) / abs(base)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading gated metrics from saved reports
+
+# Where each gated metric lives in a saved report's JSON document, as dotted paths tried in
+# order (the first one present wins). THIS TABLE IS THE ONE PLACE TO CHANGE when a command's
+# result layout changes. A value at a path is a number, or an object with ``estimate`` (and
+# ``ci95``/``interval``, a two-number list) or ``value``.
+_CALIBRATION_PATHS: dict[str, tuple[str, ...]] = {
+    UNCALIBRATED: (
+        "results.evaluation.uncalibrated.{metric}",
+        "results.calibration.uncalibrated.{metric}",
+        "results.uncalibrated.{metric}",
+        "results.metrics.{metric}",
+        "results.{metric}",
+    ),
+    "ts": (
+        "results.evaluation.ts.{metric}",
+        "results.calibration.ts.{metric}",
+        "results.ts.{metric}",
+    ),
+    "focal_ts": (
+        "results.evaluation.focal_ts.{metric}",
+        "results.calibration.focal_ts.{metric}",
+        "results.focal_ts.{metric}",
+    ),
+}
+_OTHER_PATHS: dict[str, tuple[str, ...]] = {
+    "lambda_max": ("results.lambda_max", "results.hessian.lambda_max"),
+    "trace": ("results.trace", "results.hessian.trace"),
+    "temperature": (
+        "results.fits.ts.temperature",
+        "results.calibration.ts.temperature",
+        "results.ts.temperature",
+        "results.temperature",
+    ),
+    "focal_gamma": (
+        "results.fits.focal_ts.gamma",
+        "results.calibration.focal_ts.gamma",
+        "results.focal_ts.gamma",
+    ),
+    "focal_temperature": (
+        "results.fits.focal_ts.temperature",
+        "results.calibration.focal_ts.temperature",
+        "results.focal_ts.temperature",
+    ),
+}
+
+
+def metric_paths() -> dict[str, tuple[str, ...]]:
+    """Every gated metric key (``ece``, ``ts.ece``, ``trace``, ...) with its candidate paths."""
+    paths: dict[str, tuple[str, ...]] = {}
+    for stage, templates in _CALIBRATION_PATHS.items():
+        for metric in CALIBRATION_METRICS:
+            key = metric if stage == UNCALIBRATED else f"{stage}.{metric}"
+            paths[key] = tuple(template.format(metric=metric) for template in templates)
+    paths.update(_OTHER_PATHS)
+    return paths
+
+
+VERDICT_COMMANDS = ("check", "compare")
+
+
+def metric_values(report: Mapping[str, Any]) -> dict[str, MetricValue]:
+    """The gated metrics found in a report's JSON document, by key.
+
+    A ``check``/``compare`` document carries the values it judged in its verdict rows
+    (``results.rows``); any other document is read through :func:`metric_paths`. Metrics the
+    document lacks are left out; one present as ``null`` (a non-finite number) maps to
+    ``MetricValue(None)``.
+    """
+    found: dict[str, MetricValue] = {}
+    if report.get("command") in VERDICT_COMMANDS:
+        results = report.get("results")
+        rows = results.get("rows") if isinstance(results, Mapping) else None
+        for row in rows if isinstance(rows, list) else []:
+            if isinstance(row, Mapping) and isinstance(row.get("metric"), str):
+                found.setdefault(row["metric"], _metric_value(row))
+        return found
+    for key, paths in metric_paths().items():
+        for path in paths:
+            present, item = _lookup(report, path)
+            if present:
+                found[key] = _metric_value(item)
+                break
+    return found
+
+
+def _lookup(document: Any, path: str) -> tuple[bool, Any]:
+    item = document
+    for part in path.split("."):
+        if not isinstance(item, Mapping) or part not in item:
+            return False, None
+        item = item[part]
+    return True, item
+
+
+def _metric_value(item: Any) -> MetricValue:
+    if isinstance(item, Mapping):
+        number = item.get("estimate", item.get("value"))
+        interval = _interval(item.get("ci95", item.get("interval")))
+        return MetricValue(_number(number), interval)
+    return MetricValue(_number(item))
+
+
+def _number(item: Any) -> float | None:
+    if isinstance(item, bool) or not isinstance(item, int | float):
+        return None
+    return _finite(float(item))
+
+
+def _interval(item: Any) -> tuple[float, float] | None:
+    if isinstance(item, list | tuple) and len(item) == 2:
+        low, high = _number(item[0]), _number(item[1])
+        if low is not None and high is not None:
+            return (low, high)
+    return None
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    """Read a saved curvcal JSON report, checking that it is one and that its schema is one this
+    version reads (same major version)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(str(path), "no such report file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(str(path), f"cannot read the report: {exc}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{path}:{exc.lineno}", f"not valid JSON: {exc.msg}", "give a curvcal JSON report"
+        ) from None
+    if not isinstance(document, dict) or not {"schema", "command", "results"} <= document.keys():
+        raise InputError(
+            str(path),
+            "not a curvcal report (no schema, command and results)",
+            "write one with --output",
+        )
+    schema = str(document["schema"])
+    if schema.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise InputError(
+            str(path),
+            f"report schema {schema} is not readable by this curvcal (it reads {SCHEMA_VERSION})",
+        )
+    return document
+
+
+def setting_differences(new: Mapping[str, Any], old: Mapping[str, Any]) -> list[str]:
+    """Settings both reports record with different values (a comparison of numbers computed
+    differently may mean little): ``["seed: 1 (new) vs 0 (old)", ...]``, sorted by name."""
+    new_settings, old_settings = new.get("settings"), old.get("settings")
+    if not isinstance(new_settings, Mapping) or not isinstance(old_settings, Mapping):
+        return []
+    return [
+        f"{name}: {new_settings[name]!r} (new) vs {old_settings[name]!r} (old)"
+        for name in sorted(new_settings.keys() & old_settings.keys())
+        if new_settings[name] != old_settings[name]
+    ]

@@ -1,0 +1,74 @@
+"""`curvcal compare NEW.json OLD.json`: a policy's verdict from two saved reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.verdict import verdict_table
+
+
+@click.command()
+@click.argument("new", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("old", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Policy TOML file [default: [tool.curvcal] in ./pyproject.toml].",
+)
+@output_options
+def compare(new: Path, old: Path, policy_path: Path | None) -> int:
+    """Judge NEW against the policy, with OLD as the baseline, without recomputing.
+
+    \b
+    Exit 0 when every bound holds, 1 when one fails, 2 for a bad file or policy.
+    """
+    from curvcal.check import (
+        evaluate,
+        find_pyproject_policy,
+        load_policy,
+        load_report,
+        metric_values,
+        setting_differences,
+    )
+    from curvcal.errors import InputError
+    from curvcal.provenance import environment, file_info
+    from curvcal.results import STATUS_FAIL, STATUS_PASS, Report
+
+    _options, reporter = start()
+    if policy_path is None:
+        policy_path = find_pyproject_policy(Path.cwd())
+        if policy_path is None:
+            raise InputError(
+                "--policy",
+                "no policy given and ./pyproject.toml has no [tool.curvcal] table",
+                "pass --policy FILE",
+            )
+    policy = load_policy(policy_path)
+    new_report, old_report = load_report(new), load_report(old)
+    verdict = evaluate(policy.rules, metric_values(new_report), metric_values(old_report))
+
+    warnings = [
+        f"the reports were computed with different settings: {difference}"
+        for difference in setting_differences(new_report, old_report)
+    ]
+    for warning in warnings:
+        reporter.warn(warning)
+    report = Report(
+        command="compare",
+        results=verdict,
+        status=STATUS_PASS if verdict.passed else STATUS_FAIL,
+        inputs={
+            "new": file_info(new),
+            "old": file_info(old),
+            "policy": file_info(policy_path),
+        },
+        settings={"policy": str(policy_path), "rules": policy.rules},
+        environment=environment(),
+        warnings=warnings,
+    )
+    return finish(report, [verdict_table(verdict, f"curvcal compare: {new} vs {old}")])
