@@ -290,7 +290,7 @@ def _load_torchvision(options: DataOptions) -> LoadedData:
             ) from exc
         raise InputError(
             f"--data {options.spec}",
-            f"not found under --data-root {root} ({reason})",
+            f"not found, or incomplete, under --data-root {root}",
             "pass --download to fetch it, or --data-root to point at it",
         ) from exc
     raw = dataset.labels if name == "svhn" else dataset.targets
