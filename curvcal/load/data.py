@@ -224,12 +224,16 @@ def _normalisation(
         mean = (0.0,) * len(std or ())
     if std is None:
         std = (1.0,) * len(mean)
+    for values in (mean, std):
+        if channels is not None and len(values) not in (1, channels):
+            raise InputError(
+                "--mean/--std",
+                f"have {len(values)} values but --data {options.spec} has {channels} channels",
+            )
     if len(mean) != len(std):
-        raise InputError("--mean/--std", f"have {len(mean)} and {len(std)} values")
-    if channels is not None and len(mean) not in (1, channels):
         raise InputError(
             "--mean/--std",
-            f"have {len(mean)} values but --data {options.spec} has {channels} channels",
+            f"give {len(mean)} mean and {len(std)} std values; give one of each per channel",
         )
     overridden = options.mean is not None or options.std is not None
     source = (preset if not overridden else f"{preset} (overridden)") if base else "given"
@@ -287,6 +291,10 @@ def _load_torchvision(options: DataOptions) -> LoadedData:
         if options.download:
             raise InputError(
                 f"--data {options.spec}", f"download into {root} failed ({reason})"
+            ) from exc
+        if "not found" not in reason.lower():
+            raise InputError(
+                f"--data {options.spec}", f"cannot be read under --data-root {root} ({reason})"
             ) from exc
         raise InputError(
             f"--data {options.spec}",

@@ -305,3 +305,39 @@ def test_split_borders() -> None:
         stratified_split(labels, 0.0, seed=0)
     with pytest.raises(InputError, match="cannot be split"):
         stratified_split(torch.tensor([3]), 0.5, seed=0)
+
+
+def _fake_mnist(root: Path, n: int = 5) -> torch.Tensor:
+    """Write a tiny MNIST test split in the IDX format torchvision reads (no download)."""
+    import struct
+
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    images = (torch.arange(n * 28 * 28) % 256).to(torch.uint8).reshape(n, 28, 28)
+    labels = torch.tensor([3, 1, 4, 1, 5][:n], dtype=torch.uint8)
+    for prefix in ("t10k", "train"):  # torchvision wants both splits present
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
+            struct.pack(">IIII", 0x803, n, 28, 28) + images.numpy().tobytes()
+        )
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            struct.pack(">II", 0x801, n) + labels.numpy().tobytes()
+        )
+    return images
+
+
+def test_torchvision_dataset_present(tmp_path: Path) -> None:
+    images = _fake_mnist(tmp_path)
+    data = load_dataset(DataOptions(spec="tv:mnist", root=tmp_path))
+    assert data.n_samples == 5 and data.num_classes == 10
+    assert data.labels.tolist() == [3, 1, 4, 1, 5]
+    x, y = next(iter_batches(data.dataset, 8))
+    assert x.shape == (5, 1, 28, 28) and y.tolist() == [3, 1, 4, 1, 5]
+    (mean,), (std,) = NORMALISATION_PRESETS["mnist"]
+    assert torch.allclose(x[:, 0], (images.float() / 255 - mean) / std, atol=1e-6)
+    assert data.describe()["normalisation"] == {"preset": "mnist", "mean": [mean], "std": [std]}
+    with pytest.raises(InputError, match="3 values but --data tv:mnist has 1 channels"):
+        load_dataset(DataOptions(spec="tv:mnist", root=tmp_path, mean=(0.1, 0.2, 0.3)))
+    # a damaged file is reported with the reason, not as "not found"
+    (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00\x09\x01")
+    with pytest.raises(InputError, match="cannot be read under --data-root"):
+        load_dataset(DataOptions(spec="tv:mnist", root=tmp_path))
