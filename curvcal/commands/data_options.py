@@ -1,0 +1,169 @@
+"""The dataset options shared by commands that read data (``--data`` and friends).
+
+Usage::
+
+    @click.command()
+    @data_options()              # or data_options(required=False)
+    @output_options
+    def hessian(data_options: DataOptions | None, batch_size: int, ...) -> int:
+        ...
+        options = dataclasses.replace(data_options, trust=trust_checkpoint)
+
+The decorator adds ``--data``, ``--data-root``, ``--download``, ``--mean``, ``--std``,
+``--resize``, ``--crop``, ``--max-samples``, ``--subset-seed``, ``--x-key``, ``--y-key`` and
+``--batch-size``, removes them from the command's keyword arguments, and passes instead
+``data_options`` (a :class:`~curvcal.load.data.DataOptions`, or ``None`` when ``--data`` is
+optional and not given) and ``batch_size``. Trust for ``py:`` factories is not one of these
+options: ``--trust-checkpoint`` belongs to the checkpoint options, and the command passes it
+on with ``dataclasses.replace(data_options, trust=...)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from curvcal.load.data import DataOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Option name -> its default (used to tell which were given without --data).
+_DEFAULTS: dict[str, Any] = {
+    "data": None,
+    "data_root": None,
+    "download": False,
+    "mean": None,
+    "std": None,
+    "resize": None,
+    "crop": None,
+    "max_samples": None,
+    "subset_seed": 0,
+    "x_key": "x",
+    "y_key": "y",
+}
+
+
+def _float_list(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    name = param.opts[0] if param.opts else str(param.name)
+    try:
+        numbers = tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{name} takes comma-separated numbers, e.g. 0.5,0.5,0.5; got '{value}'", ctx, param
+        ) from None
+    if not numbers:
+        raise click.BadParameter(f"{name} needs at least one number", ctx, param)
+    if any(n != n or n in (float("inf"), float("-inf")) for n in numbers):
+        raise click.BadParameter(f"{name} values must be finite; got '{value}'", ctx, param)
+    if param.name == "std" and any(n <= 0 for n in numbers):
+        raise click.BadParameter(f"{name} values must be > 0; got '{value}'", ctx, param)
+    return numbers
+
+
+def data_options(required: bool = True) -> Callable[[F], F]:
+    """Decorator factory adding the dataset options (``--data`` required unless told not)."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in _DEFAULTS}
+            batch_size = kwargs.pop("batch_size")
+            spec = values.pop("data")
+            if spec is None:
+                given = [
+                    "--" + name.replace("_", "-")
+                    for name, value in values.items()
+                    if value != _DEFAULTS[name]
+                ]
+                if given:
+                    raise click.UsageError(f"{', '.join(given)} given without --data")
+                options = None
+            else:
+                options = DataOptions(
+                    spec=spec,
+                    root=values["data_root"],
+                    download=values["download"],
+                    mean=values["mean"],
+                    std=values["std"],
+                    resize=values["resize"],
+                    crop=values["crop"],
+                    max_samples=values["max_samples"],
+                    subset_seed=values["subset_seed"],
+                    x_key=values["x_key"],
+                    y_key=values["y_key"],
+                )
+            return func(*args, data_options=options, batch_size=batch_size, **kwargs)
+
+        decorators = [
+            click.option(
+                "--data",
+                "data",
+                metavar="SPEC",
+                required=required,
+                help="Dataset: tv:NAME[:train|test], folder:PATH, PATH.pt|.npz|.safetensors, "
+                "py:module:function, or curvcal:digits.",
+            ),
+            click.option(
+                "--data-root",
+                type=click.Path(file_okay=False, path_type=Path),
+                help="Folder of torchvision datasets (default ./data).",
+            ),
+            click.option(
+                "--download", is_flag=True, help="Download a torchvision dataset if missing."
+            ),
+            click.option(
+                "--mean",
+                callback=_float_list,
+                metavar="M1,M2,...",
+                help="Per-channel mean to normalise with (overrides the preset).",
+            ),
+            click.option(
+                "--std",
+                callback=_float_list,
+                metavar="S1,S2,...",
+                help="Per-channel std to normalise with (overrides the preset).",
+            ),
+            click.option(
+                "--resize", type=click.IntRange(min=1), help="Resize images (shorter side)."
+            ),
+            click.option("--crop", type=click.IntRange(min=1), help="Center-crop images."),
+            click.option(
+                "--max-samples",
+                type=click.IntRange(min=1),
+                help="Use a random subset of this many samples (kept in dataset order).",
+            ),
+            click.option(
+                "--subset-seed",
+                type=int,
+                default=0,
+                show_default=True,
+                help="Seed of the --max-samples subset.",
+            ),
+            click.option(
+                "--x-key", default="x", show_default=True, help="Inputs' name in a tensor file."
+            ),
+            click.option(
+                "--y-key", default="y", show_default=True, help="Labels' name in a tensor file."
+            ),
+            click.option(
+                "--batch-size",
+                type=click.IntRange(min=1),
+                default=256,
+                show_default=True,
+                help="Samples per batch.",
+            ),
+        ]
+        command: Callable[..., Any] = wrapper
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command  # type: ignore[return-value]
+
+    return decorate

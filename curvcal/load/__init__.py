@@ -1,0 +1,1 @@
+"""Loaders: checkpoints, datasets and logits files into tensors and modules."""

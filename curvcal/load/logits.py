@@ -1,0 +1,145 @@
+"""Logits, probabilities or log-probabilities with labels: read, check, write.
+
+The input kind is always explicit (``--input-kind logits|probs|logprobs``); it is never guessed
+from the numbers. Checks (``references.md``): scores are 2-D ``(N, K)`` with ``N >= 1`` and
+``K >= 1``, one label per row, labels integers in ``[0, K)``; logits finite; probabilities
+finite, non-negative, each row summing to 1 within ``1e-4``; log-probabilities finite, ``<= 0``,
+each row's ``exp`` summing to 1 within ``1e-4``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from curvcal.errors import InputError
+from curvcal.load.tensorfile import as_labels, read_tensor_file, write_tensor_file
+
+INPUT_KINDS = ("logits", "probs", "logprobs")
+ROW_SUM_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class LogitsData:
+    """Scores (float64 ``(N, K)``, of the kind ``kind``) and int64 labels ``(N,)``."""
+
+    scores: torch.Tensor
+    labels: torch.Tensor
+    kind: str
+    path: Path | None
+
+
+def load_logits(
+    path: str | Path,
+    kind: str = "logits",
+    scores_key: str = "logits",
+    labels_key: str = "labels",
+) -> LogitsData:
+    """Read scores and labels from a ``.npz``, ``.pt`` or ``.safetensors`` file and check them."""
+    path = Path(path)
+    if kind not in INPUT_KINDS:
+        raise InputError("--input-kind", f"'{kind}' is not one of {', '.join(INPUT_KINDS)}")
+    tensors = read_tensor_file(path)
+    if scores_key not in tensors:
+        present = ", ".join(sorted(tensors)) or "none"
+        hint = f"name the scores with --scores-key (the file has: {present})"
+        for other in INPUT_KINDS:
+            if other != scores_key and other in tensors:
+                hint = (
+                    f"pass --input-kind {other} and --scores-key {other} if that is what it holds"
+                )
+                break
+        raise InputError(str(path), f"has no tensor named '{scores_key}'", hint)
+    if labels_key not in tensors:
+        present = ", ".join(sorted(tensors)) or "none"
+        raise InputError(
+            str(path),
+            f"has no tensor named '{labels_key}' (it has: {present})",
+            "name the labels with --labels-key",
+        )
+    raw_scores = tensors[scores_key]
+    if not raw_scores.is_floating_point():
+        raise InputError(
+            str(path), f"'{scores_key}' has dtype {raw_scores.dtype}; scores must be floats"
+        )
+    labels = as_labels(tensors[labels_key], str(path))
+    scores = raw_scores.to(torch.float64)
+    validate_scores(scores, labels, kind, str(path))
+    return LogitsData(scores=scores, labels=labels, kind=kind, path=path)
+
+
+def save_logits(path: str | Path, logits: torch.Tensor, labels: torch.Tensor) -> None:
+    """Write ``logits`` and ``labels`` under those names; format by suffix, written atomically."""
+    path = Path(path)
+    if logits.dim() != 2 or labels.dim() != 1 or logits.shape[0] != labels.shape[0]:
+        raise InputError(
+            str(path),
+            f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} do not match "
+            "(expected (N, K) and (N,))",
+        )
+    write_tensor_file(path, {"logits": logits, "labels": labels.to(torch.int64)})
+
+
+def validate_scores(scores: torch.Tensor, labels: torch.Tensor, kind: str, source: str) -> None:
+    """Raise :class:`InputError` naming ``source`` unless the scores are valid for ``kind``."""
+    if kind not in INPUT_KINDS:
+        raise InputError("--input-kind", f"'{kind}' is not one of {', '.join(INPUT_KINDS)}")
+    if scores.dim() != 2:
+        raise InputError(source, f"scores must be 2-D (N, K), got shape {tuple(scores.shape)}")
+    n_rows, n_classes = scores.shape
+    if n_rows == 0:
+        raise InputError(source, "holds no samples")
+    if n_classes == 0:
+        raise InputError(source, "scores have no columns (K = 0)")
+    if labels.dim() != 1 or labels.shape[0] != n_rows:
+        raise InputError(
+            source, f"has {n_rows} rows of scores but labels of shape {tuple(labels.shape)}"
+        )
+    labels = as_labels(labels, source)
+    if int(labels.max()) >= n_classes:
+        row = int((labels >= n_classes).nonzero()[0, 0])
+        raise InputError(
+            source,
+            f"label {int(labels[row])} in row {row} is out of range for K = {n_classes} "
+            f"classes (labels must be in [0, {n_classes}))",
+        )
+    values = scores.to(torch.float64)
+    finite = torch.isfinite(values).all(dim=1)
+    if not bool(finite.all()):
+        row = int((~finite).nonzero()[0, 0])
+        raise InputError(source, f"row {row} has a NaN or infinite {_noun(kind)}")
+    if kind == "logits":
+        return
+    if kind == "probs":
+        negative = (values < 0).any(dim=1)
+        if bool(negative.any()):
+            row = int(negative.nonzero()[0, 0])
+            raise InputError(
+                source,
+                f"row {row} has a negative probability ({float(values[row].min()):.6g})",
+            )
+        sums = values.sum(dim=1)
+        rule = "probabilities must sum to 1"
+    else:
+        positive = (values > 0).any(dim=1)
+        if bool(positive.any()):
+            row = int(positive.nonzero()[0, 0])
+            raise InputError(
+                source,
+                f"row {row} has a log-probability above 0 ({float(values[row].max()):.6g})",
+            )
+        sums = values.exp().sum(dim=1)
+        rule = "exp of log-probabilities must sum to 1"
+    off = (sums - 1.0).abs() > ROW_SUM_TOLERANCE
+    if bool(off.any()):
+        row = int(off.nonzero()[0, 0])
+        raise InputError(
+            source,
+            f"row {row} sums to {float(sums[row]):.6g} ({rule} within {ROW_SUM_TOLERANCE:g})",
+        )
+
+
+def _noun(kind: str) -> str:
+    return {"logits": "logit", "probs": "probability", "logprobs": "log-probability"}[kind]

@@ -1,0 +1,169 @@
+"""Read and write dictionaries of tensors in ``.pt``, ``.npz`` and ``.safetensors`` files.
+
+Shared by the dataset loader (``x``/``y`` files) and the logits loader. Reading is always safe:
+``.pt`` through ``torch.load(weights_only=True)``, ``.npz`` with ``allow_pickle=False``. Every
+failure is an :class:`~curvcal.errors.InputError` naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from curvcal.errors import InputError
+
+TENSOR_FILE_SUFFIXES = (".pt", ".npz", ".safetensors")
+
+
+def is_tensor_file(path: Path) -> bool:
+    """True when the suffix is one of :data:`TENSOR_FILE_SUFFIXES` (``.pth`` counts as ``.pt``)."""
+    return path.suffix.lower() in (*TENSOR_FILE_SUFFIXES, ".pth")
+
+
+def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
+    """Read every tensor stored in ``path`` (on the CPU), keyed by name."""
+    suffix = path.suffix.lower()
+    if suffix not in (*TENSOR_FILE_SUFFIXES, ".pth"):
+        raise InputError(
+            str(path),
+            f"unknown file type '{path.suffix or '(none)'}'",
+            "use a .pt, .npz or .safetensors file",
+        )
+    if not path.is_file():
+        raise InputError(str(path), "no such file")
+    try:
+        if suffix == ".npz":
+            return _read_npz(path)
+        if suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return dict(load_file(str(path), device="cpu"))
+        return _read_pt(path)
+    except InputError:
+        raise
+    except Exception as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise InputError(
+            str(path), f"cannot be read as a {suffix} file ({reason})", "is it truncated?"
+        ) from exc
+
+
+def read_safetensors_metadata(path: Path) -> dict[str, str]:
+    """The string metadata of a ``.safetensors`` file (empty when it has none)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return dict(handle.metadata() or {})
+    except Exception as exc:
+        raise InputError(str(path), f"cannot be read as a .safetensors file ({exc})") from exc
+
+
+def _read_npz(path: Path) -> dict[str, torch.Tensor]:
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    tensors = {}
+    for key, array in arrays.items():
+        if array.dtype.kind not in "biuf":
+            raise InputError(
+                str(path), f"array '{key}' has dtype {array.dtype}; only numbers are read"
+            )
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(array))
+    return tensors
+
+
+def _read_pt(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        content = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+            raise InputError(
+                str(path),
+                "holds Python objects other than tensors and is not loaded",
+                "save a plain dict of tensors, e.g. torch.save({'x': x, 'y': y}, path)",
+            ) from exc
+        raise
+    if not isinstance(content, Mapping):
+        raise InputError(
+            str(path),
+            f"holds a {type(content).__name__}, not a dict of tensors",
+            "save a dict, e.g. torch.save({'x': x, 'y': y}, path)",
+        )
+    tensors = {}
+    for key, value in content.items():
+        if isinstance(value, torch.Tensor):
+            tensors[str(key)] = value
+    return tensors
+
+
+def write_tensor_file(
+    path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> None:
+    """Write ``tensors`` to ``path`` in the format its suffix names, atomically.
+
+    The file is written to a temporary file in the same folder and moved into place with
+    ``os.replace``, so a reader never sees half a file. ``metadata`` is kept only by
+    ``.safetensors``.
+    """
+    suffix = path.suffix.lower()
+    if suffix not in (*TENSOR_FILE_SUFFIXES, ".pth"):
+        raise InputError(
+            str(path),
+            f"unknown file type '{path.suffix or '(none)'}'",
+            "use a .pt, .npz or .safetensors file",
+        )
+    plain = {key: t.detach().to("cpu").contiguous() for key, t in tensors.items()}
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(str(path), f"folder {folder} does not exist")
+    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            if suffix == ".npz":
+                import numpy as np
+
+                arrays: dict[str, Any] = {key: t.numpy() for key, t in plain.items()}
+                np.savez(stream, **arrays)
+            elif suffix == ".safetensors":
+                from safetensors.torch import save
+
+                stream.write(save(plain, metadata=dict(metadata) if metadata else None))
+            else:
+                torch.save(plain, stream)
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+
+
+def as_labels(values: torch.Tensor, what: str) -> torch.Tensor:
+    """Check class labels and return them as int64 ``(N,)``.
+
+    Integer tensors are accepted; floating tensors only when every value is a whole number
+    (a common result of saving through numpy). Negative labels are rejected.
+    """
+    if values.dim() != 1:
+        raise InputError(what, f"labels must be one-dimensional, got shape {tuple(values.shape)}")
+    if values.dtype == torch.bool or values.is_complex():
+        raise InputError(what, f"labels must be integers, got dtype {values.dtype}")
+    if values.is_floating_point():
+        finite = torch.isfinite(values)
+        whole = finite & (values == torch.round(values))
+        if not bool(whole.all()):
+            row = int((~whole).nonzero()[0, 0])
+            raise InputError(
+                what,
+                f"label {row} is {values[row].item()!r}; labels must be whole numbers",
+            )
+    labels = values.to(torch.int64)
+    if labels.numel() and int(labels.min()) < 0:
+        row = int((labels < 0).nonzero()[0, 0])
+        raise InputError(what, f"label {row} is {int(labels[row])}; labels must be >= 0")
+    return labels
