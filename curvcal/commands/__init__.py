@@ -7,6 +7,7 @@ import click
 
 def commands() -> list[click.Command]:
     """The registered commands (a command is listed here only once it works)."""
+    from curvcal.commands.inspect import inspect
     from curvcal.commands.version import version
 
-    return [version]
+    return [inspect, version]
