@@ -496,7 +496,7 @@ def _from_state_dict(
     if not match.ok:
         hint = "check --arch, --arch-kwargs, --num-classes and --state-dict-key"
         if "num_classes_source" in metadata:
-            hint += f" (num_classes={kwargs['num_classes']} was inferred from the checkpoint)"
+            hint += f"; num_classes={kwargs['num_classes']} was inferred from the checkpoint"
         raise InputError(str(path), f"weights do not fit {arch}: {match.describe_problems()}", hint)
     module.load_state_dict(match.renamed, strict=True)
     if match.ignored:

@@ -79,12 +79,13 @@ def sniff(path: Path) -> Container:
         head = handle.read(8)
     if head.startswith(_ZIP_MAGIC):
         return _sniff_zip(path)
-    if head[0] == _PICKLE_PROTO and len(head) > 1 and 2 <= head[1] <= 5:
-        return Container(kind="torch-legacy")
+    # safetensors first: its header length may begin with the pickle PROTO byte.
     if len(head) == 8:
         header = _safetensors_header(path, size)
         if header is not None:
             return Container(kind="safetensors", header=header)
+    if head[0] == _PICKLE_PROTO and len(head) > 1 and 2 <= head[1] <= 5:
+        return Container(kind="torch-legacy")
     suffix = path.suffix or "(none)"
     known = ", ".join(KNOWN_EXTENSIONS)
     if path.suffix.lower() not in KNOWN_EXTENSIONS:
