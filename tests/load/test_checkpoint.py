@@ -591,3 +591,14 @@ def test_resolve_device_and_dtype() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(InputError, match="CUDA is not available"):
             resolve_device("cuda:0")
+
+
+def test_old_state_dict_without_num_batches_tracked(tmp_path: Path) -> None:
+    model = _mlp()
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
+    torch.save(state, tmp_path / "old.pt")
+    loaded = load_model(
+        tmp_path / "old.pt", CheckpointOptions(arch=MLP_ARCH, trust=True, device="cpu")
+    )
+    x = torch.randn(3, 5)
+    assert torch.equal(_outputs(loaded.module, x), _reference(model, x))
