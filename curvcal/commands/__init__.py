@@ -8,6 +8,7 @@ import click
 def commands() -> list[click.Command]:
     """The registered commands (a command is listed here only once it works)."""
     from curvcal.commands.compare import compare
+    from curvcal.commands.inspect import inspect
     from curvcal.commands.version import version
 
-    return [compare, version]
+    return [compare, inspect, version]

@@ -1,0 +1,150 @@
+"""Build the module a state dict belongs to, from an architecture spec.
+
+Specs:
+
+- ``tv:NAME``: ``torchvision.models.get_model(NAME, weights=None, **kwargs)`` (no download);
+- ``curvcal:NAME``: an architecture bundled with curvcal (:data:`curvcal.models.BUILTIN_ARCHITECTURES`);
+- ``py:package.module:Class``: imports user code, so it needs ``--trust-checkpoint``.
+
+torchvision and curvcal architectures come from installed, reviewed code and are safe to build.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import nn
+
+from curvcal.errors import InputError, TrustError
+
+ARCH_OPTION = "--arch"
+KWARGS_OPTION = "--arch-kwargs"
+SCHEMES = ("tv", "curvcal", "py")
+
+
+def build_architecture(spec: str, kwargs: Mapping[str, Any], trust: bool) -> nn.Module:
+    """Construct the (randomly initialised) module named by ``spec`` with ``kwargs``."""
+    factory, accepts = resolve_architecture(spec, trust)
+    if accepts is not None:
+        unknown = sorted(set(kwargs) - accepts)
+        if unknown:
+            raise InputError(
+                KWARGS_OPTION,
+                f"{spec} does not accept {', '.join(unknown)}",
+                f"it accepts: {', '.join(sorted(accepts)) or 'no keyword arguments'}",
+            )
+    try:
+        module = factory(**kwargs)
+    except TypeError as exc:
+        raise InputError(
+            KWARGS_OPTION, f"{spec} cannot be built with {dict(kwargs)}: {_one_line(exc)}"
+        ) from exc
+    except (ValueError, RuntimeError, AssertionError) as exc:
+        raise InputError(ARCH_OPTION, f"building {spec} failed: {_one_line(exc)}") from exc
+    if not isinstance(module, nn.Module):
+        raise InputError(ARCH_OPTION, f"{spec} built a {type(module).__name__}, not a torch module")
+    return module
+
+
+def accepts_keyword(spec: str, name: str, trust: bool) -> bool:
+    """Whether the architecture's constructor takes keyword ``name`` (torchvision builders are
+    assumed to take ``num_classes``, as every classification model there does)."""
+    _factory, accepts = resolve_architecture(spec, trust)
+    return accepts is None or name in accepts
+
+
+def resolve_architecture(
+    spec: str, trust: bool
+) -> tuple[Callable[..., Any], frozenset[str] | None]:
+    """The constructor for ``spec`` and the keyword names it accepts (``None``: not knowable,
+    such as a builder taking ``**kwargs``)."""
+    scheme, sep, name = spec.partition(":")
+    if not sep or scheme not in SCHEMES or not name:
+        raise InputError(
+            ARCH_OPTION,
+            f"{spec!r} is not an architecture spec",
+            "use tv:NAME (torchvision), curvcal:NAME (bundled) or py:package.module:Class",
+        )
+    if scheme == "tv":
+        return _torchvision(name), None
+    if scheme == "curvcal":
+        from curvcal.models import BUILTIN_ARCHITECTURES
+
+        if name not in BUILTIN_ARCHITECTURES:
+            raise InputError(
+                ARCH_OPTION,
+                f"no bundled architecture {name!r}",
+                _suggest(name, BUILTIN_ARCHITECTURES),
+            )
+        cls = BUILTIN_ARCHITECTURES[name]
+        return cls, _keywords(cls)
+    if not trust:
+        raise TrustError(
+            ARCH_OPTION,
+            f"{spec} imports and runs Python code from {name.partition(':')[0] or name}",
+            "pass --trust-checkpoint if you trust that code",
+        )
+    factory = _import_object(spec, name)
+    return factory, _keywords(factory)
+
+
+def _torchvision(name: str) -> Callable[..., Any]:
+    import torchvision
+
+    available = torchvision.models.list_models()
+    if name not in available:
+        raise InputError(
+            ARCH_OPTION, f"torchvision has no model {name!r}", _suggest(name, available)
+        )
+
+    def build(**kwargs: Any) -> Any:
+        return torchvision.models.get_model(name, weights=None, **kwargs)
+
+    return build
+
+
+def _import_object(spec: str, target: str) -> Callable[..., Any]:
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise InputError(ARCH_OPTION, f"{spec!r} must look like py:package.module:Class")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InputError(ARCH_OPTION, f"cannot import {module_name}: {_one_line(exc)}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InputError(ARCH_OPTION, f"{module_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise InputError(ARCH_OPTION, f"{spec} is not a class or function")
+    return obj
+
+
+def _keywords(factory: Callable[..., Any]) -> frozenset[str] | None:
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return None
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    )
+
+
+def _suggest(name: str, choices: Any) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=5, cutoff=0.5)
+    if close:
+        return "did you mean " + ", ".join(close) + "?"
+    return f"{len(list(choices))} available"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,572 @@
+"""Load a classifier checkpoint safely, or describe one without running it.
+
+Forms (:data:`FORMS`) and what they need:
+
+====================  ==========================================  ===========================
+form                  written by                                  loading needs
+====================  ==========================================  ===========================
+``state_dict``        ``torch.save(model.state_dict())``, wrapped  ``--arch``
+                      or not (``.pt .pth .bin .ckpt``)
+``safetensors``       ``safetensors.torch.save_file``              ``--arch`` or the file's
+                                                                   ``curvcal.arch`` metadata
+``pickled_module``    ``torch.save(model)``                        ``--trust-checkpoint``
+``torchscript``       ``torch.jit.save``                           ``--trust-checkpoint``
+``exported_program``  ``torch.export.save`` (``.pt2``)             ``--trust-checkpoint``
+====================  ==========================================  ===========================
+
+Without trust every pickle goes through ``torch.load(weights_only=True)``; nothing here ever
+falls back to an unsafe load by itself. The loaded module is a fresh object in eval mode on the
+requested device and dtype.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pickle
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from curvcal.errors import InputError, TrustError
+from curvcal.load.architecture import accepts_keyword, build_architecture
+from curvcal.load.formats import (
+    Container,
+    TensorSpec,
+    dtype_name,
+    pt2_weight_specs,
+    safetensors_metadata,
+    safetensors_specs,
+    sniff,
+    unsafe_globals,
+)
+from curvcal.load.state_dict import (
+    find_state_dict,
+    infer_num_classes,
+    is_state_dict,
+    match_keys,
+    scalar_extras,
+    top_level_keys,
+    wrapper_prefix,
+)
+
+FORMS = ("state_dict", "safetensors", "pickled_module", "torchscript", "exported_program")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+ARCH_METADATA_KEY = "curvcal.arch"
+ARCH_KWARGS_METADATA_KEY = "curvcal.arch_kwargs"
+EXPORTED_MODE_NOTE = (
+    "exported programs keep the train/eval mode they were exported in; eval()/train() cannot "
+    "switch them"
+)
+_TRUST_HINT = "pass --trust-checkpoint only if you trust the file's source"
+_DICT_GLOBALS = frozenset({"collections.OrderedDict", "builtins.dict"})
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """How to turn a checkpoint file into a module (the CLI's checkpoint options).
+
+    ``arch``: ``tv:NAME``, ``curvcal:NAME`` or ``py:package.module:Class`` (the last needs
+    ``trust``). ``num_classes`` is passed to the architecture as ``num_classes``; when absent and
+    the architecture takes it, it is inferred from the checkpoint. ``allow_globals`` are
+    ``module.Class`` names a weights-only load may build. ``device``: ``auto|cpu|cuda|cuda:N``;
+    ``dtype``: ``float32|float64``.
+    """
+
+    arch: str | None = None
+    arch_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    num_classes: int | None = None
+    state_dict_key: str | None = None
+    trust: bool = False
+    allow_globals: tuple[str, ...] = ()
+    device: str = "auto"
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A module loaded from ``path`` (eval mode, on ``device``, in ``dtype``, owned by us) and
+    how it was found."""
+
+    module: nn.Module
+    form: str
+    path: Path
+    arch: str | None
+    state_dict_key: str | None
+    stripped_prefix: str | None
+    num_classes: int | None
+    metadata: dict[str, str]
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready summary for a report's inputs (everything but the module)."""
+        return {
+            "path": str(self.path),
+            "form": self.form,
+            "arch": self.arch,
+            "state_dict_key": self.state_dict_key,
+            "stripped_prefix": self.stripped_prefix,
+            "num_classes": self.num_classes,
+            "parameter_count": self.parameter_count,
+            "metadata": dict(self.metadata),
+            "device": str(self.device),
+            "dtype": dtype_name(self.dtype),
+        }
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint holds, read without running any of its code.
+
+    ``format`` is one of :data:`FORMS`; ``container`` the file layout (``torch-zip``,
+    ``torch-legacy``, ``safetensors``, ``torchscript``, ``pt2``). ``detected_prefix`` is a
+    ``module.``/``_orig_mod.`` prefix shared by every key (others need the architecture to
+    tell). ``parameter_count`` counts the elements of all floating-point tensors (a state dict
+    does not say which are parameters and which are buffers such as BatchNorm statistics).
+    ``num_classes`` is the row count of the last 2-D weight. ``unsafe_globals`` are the classes
+    and functions a pickle would import that a weights-only load refuses; when there are any,
+    or the format carries code, ``needs_trust`` is true and the tensors are not listed (pickles).
+    """
+
+    path: Path
+    format: str
+    container: str
+    top_level_type: str | None
+    top_level_keys: tuple[str, ...]
+    state_dict_key: str | None
+    detected_prefix: str | None
+    parameter_count: int | None
+    tensors: tuple[TensorSpec, ...]
+    num_classes: int | None
+    metadata: dict[str, str]
+    unsafe_globals: tuple[str, ...]
+    needs_trust: bool
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cpu``; ``cuda``; ``cuda:N``."""
+    text = spec.strip().lower()
+    if text == "auto":
+        text = "cuda" if torch.cuda.is_available() else "cpu"
+    if text == "cpu":
+        return torch.device("cpu")
+    match = re.fullmatch(r"cuda(?::(\d+))?", text)
+    if match is None:
+        raise InputError("--device", f"{spec!r} is not a device", "use auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise InputError(
+            "--device", f"{spec} requested but CUDA is not available", "use --device cpu"
+        )
+    index = int(match.group(1)) if match.group(1) else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise InputError(
+            "--device", f"{spec}: only {torch.cuda.device_count()} CUDA device(s) present"
+        )
+    return torch.device("cuda", index)
+
+
+def resolve_dtype(spec: str) -> torch.dtype:
+    """``float32`` or ``float64``."""
+    try:
+        return DTYPES[spec.strip().lower()]
+    except KeyError:
+        raise InputError(
+            "--dtype", f"{spec!r} is not supported", "use float32 or float64"
+        ) from None
+
+
+def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
+    """Load the checkpoint at ``path`` as a fresh module in eval mode on the options' device
+    and dtype. Raises :class:`InputError` for a bad file or option and :class:`TrustError` when
+    loading would run code from the file without ``options.trust``."""
+    path = Path(path)
+    device = resolve_device(options.device)
+    dtype = resolve_dtype(options.dtype)
+    allowed = import_globals(options.allow_globals)
+    container = sniff(path)
+    if container.kind == "safetensors":
+        loaded = _load_safetensors(path, container, options)
+    elif container.kind == "torchscript":
+        loaded = _load_torchscript(path, options, device)
+    elif container.kind == "pt2":
+        loaded = _load_exported(path, options, device)
+    else:
+        loaded = _load_pickle(path, container, options, allowed)
+    module = loaded.module
+    module.to(device=device, dtype=dtype)
+    if loaded.form != "exported_program":
+        module.eval()
+    shapes = [(name, tuple(t.shape)) for name, t in module.state_dict().items()]
+    num_classes = infer_num_classes(shapes)
+    return LoadedModel(
+        module=module,
+        form=loaded.form,
+        path=path,
+        arch=loaded.arch,
+        state_dict_key=loaded.state_dict_key,
+        stripped_prefix=loaded.stripped_prefix,
+        num_classes=num_classes,
+        metadata=loaded.metadata,
+        device=device,
+        dtype=dtype,
+    )
+
+
+def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) -> CheckpointInfo:
+    """Describe the checkpoint at ``path`` without running any code it carries.
+
+    Pickles are scanned opcode by opcode; only when every global they need is allowlisted
+    (torch's weights-only list plus ``allow_globals``) are they loaded, with
+    ``torch.load(weights_only=True)``. TorchScript and exported programs are read as archives.
+    """
+    path = Path(path)
+    allowed = import_globals(allow_globals)
+    container = sniff(path)
+    if container.kind == "safetensors":
+        specs = safetensors_specs(container.header)
+        return _info(
+            path, "safetensors", container, specs, metadata=safetensors_metadata(container.header)
+        )
+    if container.kind == "pt2":
+        return _info(path, "exported_program", container, pt2_weight_specs(path), needs_trust=True)
+    if container.kind == "torchscript":
+        return _info(path, "torchscript", container, (), needs_trust=True)
+    scan = unsafe_globals(path, container, allow_globals, allowed)
+    module_like = scan.top_level is not None and scan.top_level not in _DICT_GLOBALS
+    form = "pickled_module" if module_like else "state_dict"
+    if scan.names:
+        return _info(
+            path,
+            form,
+            container,
+            (),
+            top_level_type=scan.top_level,
+            unsafe=scan.names,
+            needs_trust=True,
+        )
+    obj = _weights_only_load(path, allowed)
+    if isinstance(obj, nn.Module):
+        specs = _specs(obj.state_dict())
+        return _info(path, "pickled_module", container, specs, top_level_type=_type_name(obj))
+    try:
+        key, state = find_state_dict(obj)
+    except LookupError:
+        key, state = None, {}
+    specs = _specs(state) if is_state_dict(state) else ()
+    return _info(
+        path,
+        "state_dict",
+        container,
+        specs,
+        top_level_type=_type_name(obj),
+        top_level_keys=top_level_keys(obj),
+        state_dict_key=key,
+        metadata=scalar_extras(obj, key),
+    )
+
+
+def import_globals(names: tuple[str, ...]) -> list[Any]:
+    """Import each ``module.Name`` given with ``--allow-global``."""
+    objects = []
+    for name in names:
+        module_name, _, attr = name.rpartition(".")
+        if not module_name or not attr:
+            raise InputError("--allow-global", f"{name!r} is not a module.Name path")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise InputError("--allow-global", f"cannot import {name}: {exc}") from exc
+        objects.append(obj)
+    return objects
+
+
+# --- loaders, one per container -------------------------------------------------------------
+
+
+@dataclass
+class _Loaded:
+    module: nn.Module
+    form: str
+    arch: str | None = None
+    state_dict_key: str | None = None
+    stripped_prefix: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def _load_safetensors(path: Path, container: Container, options: CheckpointOptions) -> _Loaded:
+    from safetensors.torch import load_file
+
+    metadata = safetensors_metadata(container.header)
+    arch, kwargs = options.arch, dict(options.arch_kwargs)
+    if arch is None and ARCH_METADATA_KEY in metadata:
+        arch = metadata[ARCH_METADATA_KEY]
+        kwargs = {**_metadata_kwargs(path, metadata), **kwargs}
+    try:
+        state = load_file(str(path), device="cpu")
+    except Exception as exc:  # safetensors raises its own error types
+        raise InputError(str(path), f"cannot read safetensors file: {_one_line(exc)}") from exc
+    return _from_state_dict(path, "safetensors", state, None, arch, kwargs, options, metadata)
+
+
+def _metadata_kwargs(path: Path, metadata: Mapping[str, str]) -> dict[str, Any]:
+    raw = metadata.get(ARCH_KWARGS_METADATA_KEY)
+    if raw is None:
+        return {}
+    try:
+        kwargs = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            str(path), f"metadata {ARCH_KWARGS_METADATA_KEY} is not JSON: {exc}"
+        ) from exc
+    if not isinstance(kwargs, dict):
+        raise InputError(str(path), f"metadata {ARCH_KWARGS_METADATA_KEY} is not a JSON object")
+    return kwargs
+
+
+def _load_pickle(
+    path: Path, container: Container, options: CheckpointOptions, allowed: list[Any]
+) -> _Loaded:
+    scan = unsafe_globals(path, container, options.allow_globals, allowed)
+    if scan.names and not options.trust:
+        module_like = scan.top_level is not None and scan.top_level not in _DICT_GLOBALS
+        what = f"is a pickled {scan.top_level} object" if module_like else "is a pickle"
+        raise TrustError(
+            str(path),
+            f"{what} that needs {', '.join(scan.names)} to load, which a weights-only load refuses "
+            "and a full unpickling could use to run code",
+            f"{_TRUST_HINT}; for plain data classes, --allow-global NAME is enough",
+        )
+    # With trust and globals outside the allowlist, the full unpickler; otherwise weights-only.
+    obj = _full_load(path) if scan.names else _weights_only_load(path, allowed)
+    if isinstance(obj, nn.Module):
+        return _Loaded(module=obj, form="pickled_module", metadata=_arch_ignored(options))
+    try:
+        key, state = find_state_dict(obj, options.state_dict_key)
+    except KeyError:
+        keys = ", ".join(top_level_keys(obj)[:20]) or "none: the file holds no mapping"
+        raise InputError(
+            "--state-dict-key", f"{options.state_dict_key!r} is not a key of {path} (keys: {keys})"
+        ) from None
+    except LookupError:
+        keys = ", ".join(top_level_keys(obj)[:20])
+        raise InputError(
+            str(path),
+            f"holds a {_type_name(obj)} with no state dict"
+            + (f" (top-level keys: {keys})" if keys else ""),
+            "name the key holding the weights with --state-dict-key",
+        ) from None
+    extras = scalar_extras(obj, key)
+    if isinstance(state, nn.Module):
+        return _Loaded(
+            state,
+            "pickled_module",
+            state_dict_key=key,
+            metadata={**extras, **_arch_ignored(options)},
+        )
+    if not is_state_dict(state):
+        raise InputError(str(path), f"the value under {key!r} is not a state dict (str -> tensor)")
+    return _from_state_dict(
+        path, "state_dict", state, key, options.arch, dict(options.arch_kwargs), options, extras
+    )
+
+
+def _arch_ignored(options: CheckpointOptions) -> dict[str, str]:
+    return {"arch_ignored": options.arch} if options.arch else {}
+
+
+def _weights_only_load(path: Path, allowed: list[Any]) -> Any:
+    try:
+        with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights only load failed" in str(exc).lower():
+            refused = re.findall(r"GLOBAL ([\w.]+)", str(exc))
+            raise TrustError(
+                str(path),
+                f"a weights-only load refused it{' (needs ' + ', '.join(refused) + ')' if refused else ''}",
+                _TRUST_HINT,
+            ) from exc
+        raise InputError(str(path), f"corrupt pickle: {_one_line(exc)}") from exc
+    except (RuntimeError, EOFError, ValueError, OSError, IndexError, KeyError) as exc:
+        raise InputError(
+            str(path), f"cannot be read (truncated or corrupt?): {_one_line(exc)}"
+        ) from exc
+
+
+def _full_load(path: Path) -> Any:
+    """Full unpickling: runs code from the file. Only reached with ``trust``."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (ImportError, AttributeError) as exc:
+        raise InputError(
+            str(path),
+            f"needs code that is not importable here: {_one_line(exc)}",
+            "install the package that defined the model",
+        ) from exc
+    except (RuntimeError, EOFError, ValueError, OSError, pickle.UnpicklingError) as exc:
+        raise InputError(
+            str(path), f"cannot be read (truncated or corrupt?): {_one_line(exc)}"
+        ) from exc
+
+
+def _load_torchscript(path: Path, options: CheckpointOptions, device: torch.device) -> _Loaded:
+    if not options.trust:
+        raise TrustError(
+            str(path),
+            "is a TorchScript archive, which carries code that runs when loaded",
+            _TRUST_HINT,
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            module = torch.jit.load(str(path), map_location=device)
+    except RuntimeError as exc:
+        raise InputError(str(path), f"cannot load TorchScript archive: {_one_line(exc)}") from exc
+    return _Loaded(module=module, form="torchscript", metadata=_arch_ignored(options))
+
+
+def _load_exported(path: Path, options: CheckpointOptions, device: torch.device) -> _Loaded:
+    if not options.trust:
+        raise TrustError(
+            str(path),
+            "is a torch.export archive, which carries a program that runs when loaded",
+            _TRUST_HINT,
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            program = torch.export.load(str(path))
+            if device.type != "cpu":
+                from torch.export.passes import move_to_device_pass
+
+                program = move_to_device_pass(program, device)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise InputError(str(path), f"cannot load exported program: {_one_line(exc)}") from exc
+    metadata = {"note": EXPORTED_MODE_NOTE, **_arch_ignored(options)}
+    return _Loaded(module=program.module(), form="exported_program", metadata=metadata)
+
+
+# --- state dict + architecture ---------------------------------------------------------------
+
+
+def _from_state_dict(
+    path: Path,
+    form: str,
+    state: Mapping[str, torch.Tensor],
+    key: str | None,
+    arch: str | None,
+    kwargs: dict[str, Any],
+    options: CheckpointOptions,
+    metadata: dict[str, str],
+) -> _Loaded:
+    if arch is None:
+        raise InputError(
+            str(path),
+            "holds only weights; the architecture they belong to is not recorded",
+            "pass --arch tv:NAME, curvcal:NAME or py:package.module:Class",
+        )
+    metadata = dict(metadata)
+    if options.num_classes is not None:
+        if kwargs.get("num_classes", options.num_classes) != options.num_classes:
+            raise InputError(
+                "--num-classes",
+                f"{options.num_classes} conflicts with num_classes={kwargs['num_classes']} "
+                "in the architecture keyword arguments",
+            )
+        kwargs["num_classes"] = options.num_classes
+    elif "num_classes" not in kwargs and accepts_keyword(arch, "num_classes", options.trust):
+        inferred = infer_num_classes([(k, tuple(v.shape)) for k, v in state.items()])
+        if inferred is not None:
+            kwargs["num_classes"] = inferred
+            metadata["num_classes_source"] = "inferred from the last 2-D weight"
+    module = build_architecture(arch, kwargs, options.trust)
+    match = match_keys(state, module.state_dict())
+    if not match.ok:
+        hint = "check --arch, --arch-kwargs, --num-classes and --state-dict-key"
+        if "num_classes_source" in metadata:
+            hint += f"; num_classes={kwargs['num_classes']} was inferred from the checkpoint"
+        raise InputError(str(path), f"weights do not fit {arch}: {match.describe_problems()}", hint)
+    module.load_state_dict(match.renamed, strict=True)
+    if match.ignored:
+        metadata["ignored_keys"] = f"{match.ignored} keys outside prefix {match.prefix!r}"
+    return _Loaded(
+        module=module,
+        form=form,
+        arch=arch,
+        state_dict_key=key,
+        stripped_prefix=match.prefix or None,
+        metadata=metadata,
+    )
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _info(
+    path: Path,
+    form: str,
+    container: Container,
+    specs: tuple[TensorSpec, ...],
+    *,
+    top_level_type: str | None = None,
+    top_level_keys: tuple[str, ...] = (),
+    state_dict_key: str | None = None,
+    metadata: dict[str, str] | None = None,
+    unsafe: tuple[str, ...] = (),
+    needs_trust: bool = False,
+) -> CheckpointInfo:
+    floating = [s for s in specs if s.dtype.startswith(("float", "bfloat", "complex"))]
+    count = sum(_numel(s.shape) for s in floating) if specs else None
+    names = [s.name for s in specs]
+    return CheckpointInfo(
+        path=path,
+        format=form,
+        container=container.kind,
+        top_level_type=top_level_type,
+        top_level_keys=top_level_keys,
+        state_dict_key=state_dict_key,
+        detected_prefix=wrapper_prefix(names) if names else None,
+        parameter_count=count,
+        tensors=specs,
+        num_classes=infer_num_classes([(s.name, s.shape) for s in specs]),
+        metadata=metadata or {},
+        unsafe_globals=unsafe,
+        needs_trust=needs_trust,
+    )
+
+
+def _specs(state: Mapping[str, Any]) -> tuple[TensorSpec, ...]:
+    return tuple(
+        TensorSpec(str(k), tuple(v.shape), dtype_name(v.dtype))
+        for k, v in state.items()
+        if isinstance(v, torch.Tensor)
+    )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _type_name(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."

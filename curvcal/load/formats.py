@@ -1,0 +1,354 @@
+"""Recognise a checkpoint file from its bytes, without unpickling or running anything.
+
+Containers recognised (by content; the extension is only used in the error message):
+
+- ``torch-zip``: :func:`torch.save` since PyTorch 1.6, a zip with ``<name>/data.pkl``;
+- ``torchscript``: :func:`torch.jit.save`, a zip with ``code/`` and ``constants.pkl``;
+- ``pt2``: :func:`torch.export.save`, a zip with ``archive_format`` (``pt2``) or the older
+  ``serialized_exported_program.json``;
+- ``safetensors``: 8-byte little-endian header length, a JSON header, then raw tensor bytes;
+- ``torch-legacy``: the pre-1.6 :func:`torch.save` layout, consecutive pickles (starts with the
+  pickle ``PROTO`` opcode).
+
+Pickle globals are found by reading opcodes (:mod:`pickletools`), which never executes them.
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import io
+import json
+import pickle
+import pickletools
+import struct
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from curvcal.errors import InputError
+
+KNOWN_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pt2", ".tar")
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_PROTO = 0x80
+_SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024
+# Legacy torch.save writes magic number, protocol version and system info, then the object,
+# then the storage keys (five pickles), then raw storage bytes.
+_LEGACY_PICKLES = 5
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor as a checkpoint stores it: name, shape, dtype name (``float32``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Container:
+    """What a file is, as far as its bytes tell without running it.
+
+    ``members`` are the zip member names without the archive's top folder; ``pickle_name`` is
+    the member holding the main pickle (zip) or ``None``; ``header`` is the parsed safetensors
+    header.
+    """
+
+    kind: str  # torch-zip | torchscript | pt2 | safetensors | torch-legacy
+    members: tuple[str, ...] = ()
+    pickle_name: str | None = None
+    header: Mapping[str, Any] = field(default_factory=dict)
+
+
+def sniff(path: Path) -> Container:
+    """Identify the container of ``path``; raise :class:`InputError` naming the file otherwise."""
+    what = str(path)
+    if not path.exists():
+        raise InputError(what, "no such file")
+    if path.is_dir():
+        raise InputError(what, "is a directory, not a checkpoint file")
+    size = path.stat().st_size
+    if size == 0:
+        raise InputError(what, "is empty (0 bytes)")
+    with path.open("rb") as handle:
+        head = handle.read(8)
+    if head.startswith(_ZIP_MAGIC):
+        return _sniff_zip(path)
+    # safetensors first: its header length may begin with the pickle PROTO byte.
+    if len(head) == 8:
+        header = _safetensors_header(path, size)
+        if header is not None:
+            return Container(kind="safetensors", header=header)
+    if head[0] == _PICKLE_PROTO and len(head) > 1 and 2 <= head[1] <= 5:
+        return Container(kind="torch-legacy")
+    suffix = path.suffix or "(none)"
+    known = ", ".join(KNOWN_EXTENSIONS)
+    if path.suffix.lower() not in KNOWN_EXTENSIONS:
+        why = f"unknown checkpoint extension {suffix} and unrecognised content"
+    else:
+        why = f"content is not a checkpoint (not a torch zip, safetensors or pickle; {size} bytes)"
+    raise InputError(what, why, f"curvcal reads {known} files written by torch or safetensors")
+
+
+def _sniff_zip(path: Path) -> Container:
+    what = str(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            bad = archive.testzip()
+            archive_format = _read_member(archive, names, "archive_format")
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise InputError(what, f"truncated or corrupt zip archive ({_one_line(exc)})") from exc
+    if bad is not None:
+        raise InputError(what, f"corrupt zip archive (member {bad} fails its CRC check)")
+    members = tuple(_strip_top(names))
+    member_set = set(members)
+    if archive_format is not None or "serialized_exported_program.json" in member_set:
+        return Container(kind="pt2", members=members)
+    if "constants.pkl" in member_set and any(m.startswith("code/") for m in members):
+        return Container(kind="torchscript", members=members)
+    if "data.pkl" in member_set:
+        return Container(kind="torch-zip", members=members, pickle_name="data.pkl")
+    raise InputError(
+        what,
+        "is a zip archive but not a torch checkpoint (no data.pkl, TorchScript code or pt2 layout)",
+    )
+
+
+def _read_member(archive: zipfile.ZipFile, names: list[str], leaf: str) -> bytes | None:
+    for name in names:
+        if name == leaf or name.endswith("/" + leaf):
+            return archive.read(name)
+    return None
+
+
+def _strip_top(names: Iterable[str]) -> list[str]:
+    """Member names without torch's single top-level folder (the archive's stem)."""
+    names = list(names)
+    tops = {n.split("/", 1)[0] for n in names if "/" in n}
+    if len(tops) == 1 and all("/" in n for n in names):
+        return [n.split("/", 1)[1] for n in names]
+    return names
+
+
+def _safetensors_header(path: Path, size: int) -> dict[str, Any] | None:
+    """The parsed header if the file has a safetensors layout, ``None`` if it plainly does not;
+    :class:`InputError` when it starts like one but is truncated or inconsistent."""
+    with path.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        if length < 2 or length > _SAFETENSORS_MAX_HEADER:
+            return None
+        first = handle.read(1)
+        if first != b"{":
+            return None
+        if 8 + length > size:
+            raise InputError(str(path), "truncated safetensors file (header runs past the end)")
+        raw = first + handle.read(length - 1)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    data_end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            raise InputError(str(path), f"corrupt safetensors header (entry {name!r})")
+        data_end = max(data_end, int(offsets[1]))
+    if 8 + length + data_end > size:
+        raise InputError(
+            str(path),
+            f"truncated safetensors file ({size} bytes, the header describes {8 + length + data_end})",
+        )
+    return header
+
+
+def safetensors_specs(header: Mapping[str, Any]) -> tuple[TensorSpec, ...]:
+    """Tensor names, shapes and dtypes from a safetensors header (file order)."""
+    entries = [(k, v) for k, v in header.items() if k != "__metadata__"]
+    entries.sort(key=lambda item: item[1]["data_offsets"][0])
+    return tuple(
+        TensorSpec(
+            name, tuple(int(d) for d in v["shape"]), _SAFETENSORS_DTYPES.get(v["dtype"], v["dtype"])
+        )
+        for name, v in entries
+    )
+
+
+def safetensors_metadata(header: Mapping[str, Any]) -> dict[str, str]:
+    meta = header.get("__metadata__") or {}
+    return {str(k): str(v) for k, v in meta.items()}
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def _pickle_stream(path: Path, container: Container) -> BinaryIO:
+    """The main pickle of a torch zip (in memory), or the legacy file itself."""
+    if container.kind == "torch-legacy":
+        return path.open("rb")
+    with zipfile.ZipFile(path) as archive:
+        data = _read_member(archive, archive.namelist(), container.pickle_name or "data.pkl")
+    return io.BytesIO(data or b"")
+
+
+def pickle_globals(stream: BinaryIO, n_pickles: int = 1, object_index: int = 0) -> PickleGlobals:
+    """Every global (``module.name``) the next ``n_pickles`` pickles in ``stream`` would import,
+    and the global that builds the top-level object of pickle number ``object_index`` (``None``
+    when that object is a plain dict, list or scalar).
+
+    Reads opcodes only, never executes them. ``STACK_GLOBAL`` takes its names from the two
+    strings pushed before it; when those are not literal strings it is recorded as
+    ``<computed>``.
+    """
+    found: list[str] = []
+    top_level: str | None = None
+    for index in range(n_pickles):
+        strings: list[str] = []
+        first_op: str | None = None
+        for opcode, arg, _pos in pickletools.genops(stream):
+            name = opcode.name
+            if name in _STRING_OPS:
+                strings.append(str(arg))
+                continue
+            if name in _NEUTRAL_OPS:
+                continue
+            if name == "GLOBAL":
+                qualified = _python3_name(*str(arg).split(" ", 1))
+            elif name == "STACK_GLOBAL":
+                qualified = _python3_name(*strings[-2:]) if len(strings) >= 2 else "<computed>"
+            else:
+                first_op = first_op or name
+                continue
+            if first_op is None and index == object_index:
+                top_level = qualified
+            first_op = first_op or name
+            if qualified not in found:
+                found.append(qualified)
+    return PickleGlobals(tuple(found), top_level)
+
+
+def _python3_name(module: str, name: str = "") -> str:
+    """``module.name`` as Python 3 resolves a protocol-2 global (``__builtin__`` -> ``builtins``)."""
+    module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+    module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+    return f"{module}.{name}"
+
+
+@dataclass(frozen=True)
+class PickleGlobals:
+    """Globals a pickle imports (in order of appearance) and the one building its top object."""
+
+    names: tuple[str, ...]
+    top_level: str | None
+
+
+_STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"})
+_NEUTRAL_OPS = frozenset({"PROTO", "FRAME", "MARK", "PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
+
+
+def unsafe_globals(
+    path: Path,
+    container: Container,
+    allowed: Iterable[str] = (),
+    allowed_objects: Iterable[Any] = (),
+) -> PickleGlobals:
+    """The globals a weights-only load of ``path`` would refuse, and the top-level global.
+
+    The allowlist is torch's own (what ``torch.load(weights_only=True)`` accepts) plus
+    ``allowed`` (names) / ``allowed_objects`` (the imported classes). This never unpickles
+    anything.
+    """
+    legacy = container.kind == "torch-legacy"
+    try:
+        with _pickle_stream(path, container) as stream:
+            if legacy:
+                scanned = pickle_globals(stream, _LEGACY_PICKLES - 1, _LEGACY_PICKLES - 2)
+            else:
+                scanned = pickle_globals(stream)
+    except (ValueError, EOFError, IndexError, struct.error, zipfile.BadZipFile) as exc:
+        raise InputError(str(path), f"truncated or corrupt pickle ({_one_line(exc)})") from exc
+    names = list(scanned.names)
+    if container.kind == "torch-zip":
+        # torch's own static scan is the reference; ours adds STACK_GLOBAL and the top object.
+        try:
+            with torch.serialization.safe_globals(list(allowed_objects)):
+                reported = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+        except (ValueError, RuntimeError, pickle.UnpicklingError, EOFError):
+            reported = []
+        names += sorted(set(reported) - set(names))
+    safe = _torch_safe_globals() | set(allowed)
+    return PickleGlobals(tuple(g for g in names if g not in safe), scanned.top_level)
+
+
+def _torch_safe_globals() -> set[str]:
+    """Names torch's weights-only unpickler accepts by default (and any the user allowlisted
+    through :func:`torch.serialization.safe_globals`)."""
+    from torch import _weights_only_unpickler as wou
+
+    names = set(wou._get_allowed_globals().keys())
+    names |= set(wou._get_user_allowed_globals().keys())
+    return names
+
+
+def pt2_weight_specs(path: Path) -> tuple[TensorSpec, ...]:
+    """Weight names, shapes and dtypes of a ``torch.export`` archive, from its JSON config."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            raw = _read_member(
+                archive, archive.namelist(), "data/weights/model_weights_config.json"
+            )
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise InputError(str(path), f"corrupt pt2 archive ({_one_line(exc)})") from exc
+    if raw is None:
+        return ()
+    try:
+        config = json.loads(raw)["config"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return ()
+    specs = []
+    for name, entry in config.items():
+        meta = entry.get("tensor_meta", {})
+        shape = tuple(int(s.get("as_int", -1)) for s in meta.get("sizes", []))
+        specs.append(TensorSpec(name, shape, _pt2_dtype(meta.get("dtype"))))
+    return tuple(specs)
+
+
+def _pt2_dtype(code: Any) -> str:
+    try:
+        from torch._export.serde.schema import ScalarType
+
+        name = ScalarType(int(code)).name.lower()
+    except (ImportError, ValueError, TypeError):
+        return str(code)
+    return {"float": "float32", "double": "float64", "half": "float16", "long": "int64"}.get(
+        name, name
+    )
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
