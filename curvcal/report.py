@@ -53,10 +53,24 @@ def render_rich(tables: Sequence[Table]) -> None:
     for table in tables:
         grid = RichTable(title=table.title, caption=table.caption, box=box.SIMPLE_HEAVY)
         for i, column in enumerate(table.columns):
-            grid.add_column(column, justify="left" if i == 0 else "right")
+            cells = [row[i] for row in table.rows if i < len(row)]
+            numeric = i > 0 and all(_looks_numeric(cell) for cell in cells)
+            grid.add_column(column, justify="right" if numeric else "left")
         for row in table.rows:
             grid.add_row(*row)
         console.print(grid)
+
+
+def _looks_numeric(cell: str) -> bool:
+    """Numbers (with ``±``, ``%``, ``,`` or a trailing unit word stripped) are right-aligned."""
+    head = cell.split(" ")[0].replace(",", "").rstrip("%").lstrip("±")
+    if head in ("-", "nan", "inf", "-inf"):
+        return True
+    try:
+        float(head)
+    except ValueError:
+        return False
+    return True
 
 
 def render_markdown(tables: Sequence[Table]) -> str:

@@ -8,7 +8,8 @@ import click
 def commands() -> list[click.Command]:
     """The registered commands (a command is listed here only once it works)."""
     from curvcal.commands.compare import compare
+    from curvcal.commands.demo import demo
     from curvcal.commands.inspect import inspect
     from curvcal.commands.version import version
 
-    return [compare, inspect, version]
+    return [compare, demo, inspect, version]

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from curvcal.commands.common import finish, output_options, start
+from curvcal.load.checkpoint import CheckpointInfo
 from curvcal.report import Table
 from curvcal.results import Report
 
@@ -46,13 +47,11 @@ def inspect(checkpoint: Path, allow_globals: tuple[str, ...]) -> int:
         timings={"inspect": elapsed},
         environment=environment(),
     )
-    return finish(report, _tables(info))
+    return finish(report, inspect_tables(info))
 
 
-def _tables(info: object) -> list[Table]:
-    from curvcal.load.checkpoint import CheckpointInfo
-
-    assert isinstance(info, CheckpointInfo)
+def inspect_tables(info: CheckpointInfo) -> list[Table]:
+    """The checkpoint summary table and (when tensors are listed) the tensor table."""
     rows: list[tuple[str, str]] = [
         ("file", str(info.path)),
         ("format", info.format),
