@@ -13,11 +13,12 @@ Orders: ``which="largest"`` returns λ1 ≥ λ2 ≥ … ≥ λk, the largest *al
 ``which="smallest"`` returns the k smallest, smallest first.
 
 * Power iteration (Golub & Van Loan §8.2.1) finds the eigenvalue largest in magnitude, at the rate
-  |λ2/λ1|; further values come by deflation (iterating orthogonally to the vectors already found).
-  When a dominant value has the wrong sign for the end asked for (a negative one for
-  ``largest``), the search is repeated on A − σI, σ being the most negative (most positive)
-  value found, whose dominant eigenvalues are the wanted end of A's spectrum shifted by −σ; the
-  spectrum reports σ and the unshifted values.
+  |λ2/λ1|; further values come by deflation: iterating with (I − UUᵀ)A(I − UUᵀ), U the vectors
+  already found, whose residual is the one reported for those values.
+  When the dominant remaining value has the wrong sign for the end asked for (a negative one for
+  ``largest``), it is the far end of the spectrum (λmin), σ; the search goes on with A − σI, whose
+  dominant eigenvalues are the wanted end shifted by −σ, still orthogonally to the values already
+  found. The spectrum reports σ and the unshifted values (``dominant``).
 * Lanczos with full reorthogonalisation (Golub & Van Loan §10.1; Ghorbani et al. 2019) builds a
   Krylov basis one product per step and stops as soon as the k wanted Ritz pairs meet the rule
   above (estimated residual |β_j s_jk|), then verifies the residuals with one block product.
@@ -100,7 +101,8 @@ def _power_one(
     value, residual, change = 0.0, math.inf, math.inf
     iterations = 0
     for iterations in range(1, max_iter + 1):
-        image = op.matvec(vector) - shift * vector
+        # the deflated operator's image: its residual is not floored by the found vectors' error
+        image = _orthogonalise(op.matvec(vector) - shift * vector, found)
         rayleigh = float(torch.dot(vector, image))
         value = rayleigh + shift
         scale = max(scale, abs(value), abs(rayleigh))
@@ -111,7 +113,6 @@ def _power_one(
             on_step(iterations)
         if residual <= tol and change <= tol:
             break
-        image = _orthogonalise(image, found)
         norm = image.norm()
         if float(norm) > 0.0:
             vector = image / norm
@@ -150,26 +151,36 @@ def power_iteration(
     _check_common(op, k, tol, max_iter, which)
     iterations = DEFAULT_POWER_ITER if max_iter is None else max_iter
     generator = torch.Generator().manual_seed(seed)
-    dominant = _power_deflated(op, k, 0.0, tol, iterations, 0.0, generator, on_step)
-    values = [r.value for r in dominant]
-    wrong_sign = any(v < 0 for v in values) if which == "largest" else any(v > 0 for v in values)
+    found: list[Tensor] = []
+    results: list[EigenResult] = []
+    passes: list[EigenResult] = []  # every unshifted result, for the record
+    scale = 0.0
+    used = 0
     shift: float | None = None
-    final = dominant
-    if wrong_sign:
-        shift = min(values) if which == "largest" else max(values)
-        scale = max(abs(v) for v in values)
-        final = _power_deflated(op, k, shift, tol, iterations, scale, generator, on_step)
-    final = sorted(final, key=lambda r: r.value, reverse=which == "largest")
-    used = sum(r.matvecs for r in dominant) + (sum(r.matvecs for r in final) if wrong_sign else 0)
+    while len(results) < k:
+        result, vector = _power_one(op, 0.0 if shift is None else shift, found, tol, iterations, scale, generator, on_step)
+        scale = max(scale, abs(result.value))
+        used += result.matvecs
+        wrong_sign = result.value < 0 if which == "largest" else result.value > 0
+        if shift is None:
+            passes.append(result)
+            if wrong_sign:
+                # The dominant remaining value is the far end (λmin for "largest"): A − σI has the
+                # wanted end as its dominant eigenvalue; the values found so far stay valid.
+                shift = result.value
+                continue
+        found.append(vector)
+        results.append(result)
+    final = sorted(results, key=lambda r: r.value, reverse=which == "largest")
     spectrum = EigenSpectrum(
         values=tuple(final),
         method="power",
         which=which,
         tol=float(tol),
         matvecs=used,
-        converged=all(r.converged for r in final) and (not wrong_sign or all(r.converged for r in dominant)),
+        converged=all(r.converged for r in final),
         shift=shift,
-        dominant=tuple(dominant) if wrong_sign else None,
+        dominant=tuple(passes) if shift is not None else None,
     )
     _warn_unconverged(spectrum)
     return spectrum

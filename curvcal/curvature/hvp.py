@@ -405,6 +405,8 @@ class HessianOperator:
         def hvp(tangent: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
             return torch.func.jvp(gradient, (primals,), (tangent,))[1]  # type: ignore[no-any-return]
 
+        if tangents[0].shape[0] == 1:  # one vector: skip vmap's overhead
+            return tuple(h.unsqueeze(0) for h in hvp(tuple(t[0] for t in tangents)))
         return torch.func.vmap(hvp)(tangents)  # type: ignore[no-any-return]
 
     def _batch_hvp_autograd(self, x: Tensor, y: Tensor, tangents: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
