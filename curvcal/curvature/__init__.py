@@ -5,7 +5,12 @@
 operator with ``shape``, ``dtype``, ``device`` and ``matmat`` — or a dense symmetric tensor.
 """
 
-from curvcal.curvature.api import hessian_density, hessian_eigenvalues, hessian_layers, hessian_trace
+from curvcal.curvature.api import (
+    hessian_density,
+    hessian_eigenvalues,
+    hessian_layers,
+    hessian_trace,
+)
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
 from curvcal.curvature.hvp import HessianOperator

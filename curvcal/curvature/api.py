@@ -56,10 +56,27 @@ def hessian_eigenvalues(
     True
     """
     operator = HessianOperator(
-        model, batches, criterion, gamma, params, engine, mode, cache, device, probe_batch, all_reduce
+        model,
+        batches,
+        criterion,
+        gamma,
+        params,
+        engine,
+        mode,
+        cache,
+        device,
+        probe_batch,
+        all_reduce,
     )
     spectrum = eigenvalues(
-        operator, k, method=method, which=which, tol=tol, max_iter=max_iter, seed=seed, on_step=on_step
+        operator,
+        k,
+        method=method,
+        which=which,
+        tol=tol,
+        max_iter=max_iter,
+        seed=seed,
+        on_step=on_step,
     )
     return dataclasses.replace(spectrum, engine=operator.engine)
 
@@ -89,7 +106,17 @@ def hessian_trace(
     """tr(H) by Hutchinson (fixed ``n_probes``, or adaptive with ``rtol``) or Hutch++
     (``n_probes`` products), with standard error and 95% interval."""
     operator = HessianOperator(
-        model, batches, criterion, gamma, params, engine, mode, cache, device, probe_batch, all_reduce
+        model,
+        batches,
+        criterion,
+        gamma,
+        params,
+        engine,
+        mode,
+        cache,
+        device,
+        probe_batch,
+        all_reduce,
     )
     result = trace_estimate(
         operator,
@@ -128,10 +155,26 @@ def hessian_density(
 ) -> DensityResult:
     """The Hessian's eigenvalue density by stochastic Lanczos quadrature."""
     operator = HessianOperator(
-        model, batches, criterion, gamma, params, engine, mode, cache, device, probe_batch, all_reduce
+        model,
+        batches,
+        criterion,
+        gamma,
+        params,
+        engine,
+        mode,
+        cache,
+        device,
+        probe_batch,
+        all_reduce,
     )
     result = spectral_density(
-        operator, runs=runs, steps=steps, n_grid=n_grid, bandwidth=bandwidth, seed=seed, on_step=on_step
+        operator,
+        runs=runs,
+        steps=steps,
+        n_grid=n_grid,
+        bandwidth=bandwidth,
+        seed=seed,
+        on_step=on_step,
     )
     return dataclasses.replace(result, engine=operator.engine)
 
@@ -158,8 +201,24 @@ def hessian_layers(
 ) -> list[LayerCurvature]:
     """λmax and trace of each module's diagonal Hessian block (see :mod:`curvcal.curvature.layers`)."""
     operator = HessianOperator(
-        model, batches, criterion, gamma, params, engine, mode, cache, device, probe_batch, all_reduce
+        model,
+        batches,
+        criterion,
+        gamma,
+        params,
+        engine,
+        mode,
+        cache,
+        device,
+        probe_batch,
+        all_reduce,
     )
     return layer_curvature(
-        operator, tol=tol, max_iter=max_iter, n_probes=n_probes, distribution=distribution, seed=seed, on_step=on_step
+        operator,
+        tol=tol,
+        max_iter=max_iter,
+        n_probes=n_probes,
+        distribution=distribution,
+        seed=seed,
+        on_step=on_step,
     )

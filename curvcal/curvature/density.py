@@ -27,7 +27,9 @@ from curvcal.errors import InputError
 OnStep = Callable[[int], None] | None
 
 
-def _lanczos_tridiagonal(op: LinearOperator, start: Tensor, steps: int) -> tuple[list[float], list[float]]:
+def _lanczos_tridiagonal(
+    op: LinearOperator, start: Tensor, steps: int
+) -> tuple[list[float], list[float]]:
     """α and β of ``steps`` Lanczos steps from unit ``start`` (stops early on an invariant subspace)."""
     eps = torch.finfo(op.dtype).eps
     basis = [start]
@@ -92,9 +94,15 @@ def spectral_density(
     weights_flat = torch.cat(all_weights) / runs
     low, high = float(nodes_flat.min()), float(nodes_flat.max())
     span = high - low
-    sigma = bandwidth if bandwidth is not None else (0.01 * span if span > 0 else max(1e-3 * abs(high), 1e-6))
+    sigma = (
+        bandwidth
+        if bandwidth is not None
+        else (0.01 * span if span > 0 else max(1e-3 * abs(high), 1e-6))
+    )
     grid = torch.linspace(low - 3 * sigma, high + 3 * sigma, n_grid, dtype=torch.float64)
-    kernel = torch.exp(-0.5 * ((grid[:, None] - nodes_flat[None, :]) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
+    kernel = torch.exp(-0.5 * ((grid[:, None] - nodes_flat[None, :]) / sigma) ** 2) / (
+        sigma * math.sqrt(2 * math.pi)
+    )
     density = kernel @ weights_flat
     return DensityResult(
         grid=tuple(float(x) for x in grid),

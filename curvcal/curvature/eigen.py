@@ -52,13 +52,21 @@ def _check_common(op: LinearOperator, k: int, tol: float, max_iter: int | None, 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InputError("k", f"the number of eigenvalues must be a positive integer, got {k!r}")
     if k > n_params:
-        raise InputError("k", f"asked for {k} eigenvalues of a {n_params}×{n_params} operator", f"use k ≤ {n_params}")
+        raise InputError(
+            "k",
+            f"asked for {k} eigenvalues of a {n_params}×{n_params} operator",
+            f"use k ≤ {n_params}",
+        )
     if not (isinstance(tol, int | float) and math.isfinite(tol) and tol > 0):
         raise InputError("tol", f"the tolerance must be a finite number > 0, got {tol!r}")
-    if max_iter is not None and (isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1):
+    if max_iter is not None and (
+        isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1
+    ):
         raise InputError("max_iter", f"must be a positive integer, got {max_iter!r}")
     if which not in WHICH:
-        raise InputError("which", f"unknown end of the spectrum {which!r}", "choose 'largest' or 'smallest'")
+        raise InputError(
+            "which", f"unknown end of the spectrum {which!r}", "choose 'largest' or 'smallest'"
+        )
 
 
 def _random_unit(op: LinearOperator, generator: torch.Generator) -> Tensor:
@@ -107,7 +115,11 @@ def _power_one(
         value = rayleigh + shift
         scale = max(scale, abs(value), abs(rayleigh))
         residual = _relative(float((image - rayleigh * vector).norm()), value, scale, op.dtype)
-        change = math.inf if previous is None else _relative(abs(value - previous), value, scale, op.dtype)
+        change = (
+            math.inf
+            if previous is None
+            else _relative(abs(value - previous), value, scale, op.dtype)
+        )
         previous = value
         if on_step is not None:
             on_step(iterations)
@@ -121,7 +133,14 @@ def _power_one(
 
 
 def _power_deflated(
-    op: LinearOperator, k: int, shift: float, tol: float, max_iter: int, scale: float, generator: torch.Generator, on_step: OnStep
+    op: LinearOperator,
+    k: int,
+    shift: float,
+    tol: float,
+    max_iter: int,
+    scale: float,
+    generator: torch.Generator,
+    on_step: OnStep,
 ) -> list[EigenResult]:
     found: list[Tensor] = []
     results: list[EigenResult] = []
@@ -158,7 +177,9 @@ def power_iteration(
     used = 0
     shift: float | None = None
     while len(results) < k:
-        result, vector = _power_one(op, 0.0 if shift is None else shift, found, tol, iterations, scale, generator, on_step)
+        result, vector = _power_one(
+            op, 0.0 if shift is None else shift, found, tol, iterations, scale, generator, on_step
+        )
         scale = max(scale, abs(result.value))
         used += result.matvecs
         wrong_sign = result.value < 0 if which == "largest" else result.value > 0
@@ -237,9 +258,15 @@ def lanczos(
         if steps >= k:
             wanted = _wanted(len(alphas), k, which)
             wanted_values = [float(ritz[i]) for i in wanted]
-            estimates = [_relative(abs(beta * float(ritz_vectors[-1, i])), float(ritz[i]), scale, op.dtype) for i in wanted]
+            estimates = [
+                _relative(abs(beta * float(ritz_vectors[-1, i])), float(ritz[i]), scale, op.dtype)
+                for i in wanted
+            ]
             if previous is not None:
-                changes = [_relative(abs(v - p), v, scale, op.dtype) for v, p in zip(wanted_values, previous, strict=True)]
+                changes = [
+                    _relative(abs(v - p), v, scale, op.dtype)
+                    for v, p in zip(wanted_values, previous, strict=True)
+                ]
             previous = wanted_values
             if all(e <= tol for e in estimates) and all(c <= tol for c in changes):
                 break
@@ -269,9 +296,13 @@ def lanczos(
     results = []
     for column, index in enumerate(wanted):
         value = float(ritz[index])
-        residual = _relative(float((images[:, column] - value * vectors[:, column]).norm()), value, scale, op.dtype)
+        residual = _relative(
+            float((images[:, column] - value * vectors[:, column]).norm()), value, scale, op.dtype
+        )
         change = changes[column]
-        results.append(EigenResult(value, steps, used, residual, change, residual <= tol and change <= tol))
+        results.append(
+            EigenResult(value, steps, used, residual, change, residual <= tol and change <= tol)
+        )
     spectrum = EigenSpectrum(
         values=tuple(results),
         method="lanczos",
@@ -331,6 +362,8 @@ def eigenvalues(
     if method is None:
         method = "power" if k == 1 else "lanczos"
     if method not in METHODS:
-        raise InputError("method", f"unknown eigenvalue method {method!r}", "choose 'power' or 'lanczos'")
+        raise InputError(
+            "method", f"unknown eigenvalue method {method!r}", "choose 'power' or 'lanczos'"
+        )
     solve = power_iteration if method == "power" else lanczos
     return solve(operator, k, which=which, tol=tol, max_iter=max_iter, seed=seed, on_step=on_step)

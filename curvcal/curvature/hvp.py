@@ -89,7 +89,10 @@ class _Batches:
                 )
             self._fresh = lambda: iter(source)
         else:
-            raise InputError("batches", f"expected an iterable of (x, y) pairs or a callable, got {type(source).__name__}")
+            raise InputError(
+                "batches",
+                f"expected an iterable of (x, y) pairs or a callable, got {type(source).__name__}",
+            )
         self.device = device
         self.dtype = dtype
         pinned = device.type == "cuda"
@@ -119,11 +122,13 @@ class _Batches:
                 continue
             stored.append(self._move(x, y))
         if n_batches == 0 or n_local == 0:
-            raise InputError("batches", "the dataset is empty", "give at least one (x, y) batch with one sample")
+            raise InputError(
+                "batches", "the dataset is empty", "give at least one (x, y) batch with one sample"
+            )
         self.n_local = n_local
         self.n_batches = n_batches
         count = torch.tensor([float(n_local)], dtype=torch.float64, device=device)
-        self.n_samples = int(round(float((all_reduce(count) if all_reduce else count).item())))
+        self.n_samples = round(float((all_reduce(count) if all_reduce else count).item()))
         self._stored = stored
         if stored is None:
             self.mode = "none"
@@ -138,9 +143,15 @@ class _Batches:
         if not isinstance(x, Tensor) or not isinstance(y, Tensor):
             raise InputError(where, "each batch must be a pair of tensors (inputs, labels)")
         if y.ndim != 1 or y.is_floating_point() or y.is_complex():
-            raise InputError(where, f"labels must be a 1-D integer tensor, got {y.dtype} of shape {tuple(y.shape)}")
+            raise InputError(
+                where,
+                f"labels must be a 1-D integer tensor, got {y.dtype} of shape {tuple(y.shape)}",
+            )
         if x.ndim < 1 or x.shape[0] != y.shape[0]:
-            raise InputError(where, f"inputs have {x.shape[0] if x.ndim else 0} rows but labels have {y.shape[0]}")
+            raise InputError(
+                where,
+                f"inputs have {x.shape[0] if x.ndim else 0} rows but labels have {y.shape[0]}",
+            )
 
     def _move(self, x: Tensor, y: Tensor) -> Batch:
         non_blocking = x.is_pinned()
@@ -219,17 +230,29 @@ class HessianOperator:
         if not isinstance(model, nn.Module):
             raise InputError("model", f"expected a torch.nn.Module, got {type(model).__name__}")
         if criterion not in CRITERIA:
-            raise InputError("criterion", f"unknown criterion {criterion!r}", f"choose one of {', '.join(CRITERIA)}")
+            raise InputError(
+                "criterion",
+                f"unknown criterion {criterion!r}",
+                f"choose one of {', '.join(CRITERIA)}",
+            )
         if not gamma >= 0.0 or gamma == float("inf"):
             raise InputError("gamma", f"the focal parameter must be finite and ≥ 0, got {gamma}")
         if criterion == "ce" and gamma != 0.0:
-            raise InputError("gamma", f"gamma={gamma} is only used by criterion 'focal'", "pass criterion='focal'")
+            raise InputError(
+                "gamma",
+                f"gamma={gamma} is only used by criterion 'focal'",
+                "pass criterion='focal'",
+            )
         if engine not in ENGINES:
-            raise InputError("engine", f"unknown engine {engine!r}", f"choose one of {', '.join(ENGINES)}")
+            raise InputError(
+                "engine", f"unknown engine {engine!r}", f"choose one of {', '.join(ENGINES)}"
+            )
         if mode not in MODES:
             raise InputError("mode", f"unknown mode {mode!r}", "choose 'eval' or 'train'")
         if cache not in CACHES:
-            raise InputError("cache", f"unknown cache mode {cache!r}", f"choose one of {', '.join(CACHES)}")
+            raise InputError(
+                "cache", f"unknown cache mode {cache!r}", f"choose one of {', '.join(CACHES)}"
+            )
         if isinstance(probe_batch, bool) or not isinstance(probe_batch, int) or probe_batch < 1:
             raise InputError("probe_batch", f"must be a positive integer, got {probe_batch!r}")
         if mode == "train":
@@ -280,14 +303,25 @@ class HessianOperator:
                 patterns = [patterns]
             for pattern in patterns:
                 if not any(fnmatch.fnmatchcase(n, pattern) for n, _ in trainable):
-                    names = ", ".join(n for n, _ in trainable[:8]) + (", …" if len(trainable) > 8 else "")
-                    raise InputError("params", f"pattern {pattern!r} matches no trainable parameter", f"names are: {names}")
-            chosen = [(n, p) for n, p in trainable if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)]
+                    names = ", ".join(n for n, _ in trainable[:8]) + (
+                        ", …" if len(trainable) > 8 else ""
+                    )
+                    raise InputError(
+                        "params",
+                        f"pattern {pattern!r} matches no trainable parameter",
+                        f"names are: {names}",
+                    )
+            chosen = [
+                (n, p) for n, p in trainable if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)
+            ]
         if not chosen:
             raise InputError("model", "has no trainable parameters (requires_grad=True)")
         dtypes = {p.dtype for _, p in chosen}
         if len(dtypes) != 1 or not chosen[0][1].is_floating_point():
-            raise InputError("params", f"the selected parameters must share one floating dtype, got {sorted(map(str, dtypes))}")
+            raise InputError(
+                "params",
+                f"the selected parameters must share one floating dtype, got {sorted(map(str, dtypes))}",
+            )
         self.param_names: tuple[str, ...] = tuple(n for n, _ in chosen)
         self._params: tuple[Tensor, ...] = tuple(p for _, p in chosen)
         self._numels = [p.numel() for p in self._params]
@@ -339,7 +373,9 @@ class HessianOperator:
         """H·V for V of shape (P, m), ``probe_batch`` columns per pass over the data."""
         n_params = self.shape[0]
         if vectors.ndim != 2 or vectors.shape[0] != n_params:
-            raise InputError("vectors", f"expected shape ({n_params}, m), got {tuple(vectors.shape)}")
+            raise InputError(
+                "vectors", f"expected shape ({n_params}, m), got {tuple(vectors.shape)}"
+            )
         vectors = vectors.to(device=self._device, dtype=self._dtype)
         columns = [
             self._product(vectors[:, start : start + self.probe_batch])
@@ -365,7 +401,8 @@ class HessianOperator:
     def _product_with(self, engine: str, block: Tensor) -> Tensor:
         m = block.shape[1]
         tangents = tuple(
-            piece.reshape(m, *p.shape) for piece, p in zip(block.t().split(self._numels, dim=1), self._params, strict=True)
+            piece.reshape(m, *p.shape)
+            for piece, p in zip(block.t().split(self._numels, dim=1), self._params, strict=True)
         )
         total = block.new_zeros((m, self.shape[0]))
         batch_hvp = self._batch_hvp_func if engine == "func" else self._batch_hvp_autograd
@@ -391,7 +428,9 @@ class HessianOperator:
             return focal_loss_sum(logits, labels, self.gamma)
         return cross_entropy_sum(logits, labels)
 
-    def _batch_hvp_func(self, x: Tensor, y: Tensor, tangents: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def _batch_hvp_func(
+        self, x: Tensor, y: Tensor, tangents: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
         frozen = {name: p.detach() for name, p in self.model.named_parameters()}
         primals = tuple(p.detach() for p in self._params)
         names = self.param_names
@@ -403,13 +442,15 @@ class HessianOperator:
         gradient = torch.func.grad(loss)
 
         def hvp(tangent: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-            return torch.func.jvp(gradient, (primals,), (tangent,))[1]  # type: ignore[no-any-return]
+            return torch.func.jvp(gradient, (primals,), (tangent,))[1]
 
         if tangents[0].shape[0] == 1:  # one vector: skip vmap's overhead
             return tuple(h.unsqueeze(0) for h in hvp(tuple(t[0] for t in tangents)))
-        return torch.func.vmap(hvp)(tangents)  # type: ignore[no-any-return]
+        return torch.func.vmap(hvp)(tangents)
 
-    def _batch_hvp_autograd(self, x: Tensor, y: Tensor, tangents: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def _batch_hvp_autograd(
+        self, x: Tensor, y: Tensor, tangents: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
         m = tangents[0].shape[0]
         with torch.enable_grad():
             loss = self._loss_sum(self.model(x), y)
@@ -417,14 +458,25 @@ class HessianOperator:
             outputs: list[list[Tensor]] = []
             for j in range(m):
                 dot = sum(
-                    ((g * t[j]).sum() for g, t in zip(grads, tangents, strict=True) if g is not None),
+                    (
+                        (g * t[j]).sum()
+                        for g, t in zip(grads, tangents, strict=True)
+                        if g is not None
+                    ),
                     start=loss.new_zeros(()),
                 )
                 if not dot.requires_grad:  # the gradient does not depend on these parameters
                     outputs.append([torch.zeros_like(p) for p in self._params])
                     continue
-                second = torch.autograd.grad(dot, self._params, retain_graph=j < m - 1, allow_unused=True)
-                outputs.append([torch.zeros_like(p) if h is None else h for h, p in zip(second, self._params, strict=True)])
+                second = torch.autograd.grad(
+                    dot, self._params, retain_graph=j < m - 1, allow_unused=True
+                )
+                outputs.append(
+                    [
+                        torch.zeros_like(p) if h is None else h
+                        for h, p in zip(second, self._params, strict=True)
+                    ]
+                )
         return tuple(torch.stack([row[i] for row in outputs]) for i in range(len(self._params)))
 
     @contextmanager

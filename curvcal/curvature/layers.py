@@ -49,7 +49,11 @@ def layer_curvature(
             trace = exact_trace(block, probe_batch=operator.probe_batch)
         else:
             trace = hutchinson_trace(
-                block, n_probes, distribution=distribution, seed=seed, probe_batch=operator.probe_batch
+                block,
+                n_probes,
+                distribution=distribution,
+                seed=seed,
+                probe_batch=operator.probe_batch,
             )
         results.append(
             LayerCurvature(

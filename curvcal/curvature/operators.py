@@ -40,10 +40,13 @@ class DenseOperator:
     def __init__(self, matrix: Tensor) -> None:
         if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
             raise InputError(
-                "operator", f"a dense operator must be a square matrix, got shape {tuple(matrix.shape)}"
+                "operator",
+                f"a dense operator must be a square matrix, got shape {tuple(matrix.shape)}",
             )
         if not matrix.is_floating_point():
-            raise InputError("operator", f"a dense operator must be floating point, got {matrix.dtype}")
+            raise InputError(
+                "operator", f"a dense operator must be floating point, got {matrix.dtype}"
+            )
         self.matrix = matrix
         self.n_matvecs = 0
 
@@ -80,5 +83,7 @@ def as_operator(operator: LinearOperator | Tensor) -> LinearOperator:
         )
     rows, cols = operator.shape
     if rows != cols or rows < 1:
-        raise InputError("operator", f"the operator must be square and non-empty, got shape {(rows, cols)}")
+        raise InputError(
+            "operator", f"the operator must be square and non-empty, got shape {(rows, cols)}"
+        )
     return operator

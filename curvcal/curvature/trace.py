@@ -40,7 +40,13 @@ def draw_probes(n_params: int, count: int, distribution: str, generator: torch.G
     columns = []
     for _ in range(count):
         if distribution == "rademacher":
-            column = torch.randint(0, 2, (n_params,), generator=generator, dtype=torch.int64).to(torch.float64) * 2 - 1
+            column = (
+                torch.randint(0, 2, (n_params,), generator=generator, dtype=torch.int64).to(
+                    torch.float64
+                )
+                * 2
+                - 1
+            )
         else:
             column = torch.randn(n_params, generator=generator, dtype=torch.float64)
         columns.append(column)
@@ -64,7 +70,11 @@ def _positive_int(name: str, value: int, minimum: int = 1) -> None:
 
 def _check_distribution(distribution: str) -> None:
     if distribution not in DISTRIBUTIONS:
-        raise InputError("distribution", f"unknown probe distribution {distribution!r}", "choose 'rademacher' or 'gaussian'")
+        raise InputError(
+            "distribution",
+            f"unknown probe distribution {distribution!r}",
+            "choose 'rademacher' or 'gaussian'",
+        )
 
 
 def _quadratic_forms(op: LinearOperator, probes: Tensor) -> list[float]:
@@ -98,7 +108,9 @@ def hutchinson_trace(
     adaptive = rtol is not None
     if adaptive:
         if not (isinstance(rtol, int | float) and math.isfinite(rtol) and rtol > 0):
-            raise InputError("rtol", f"the relative tolerance must be a finite number > 0, got {rtol!r}")
+            raise InputError(
+                "rtol", f"the relative tolerance must be a finite number > 0, got {rtol!r}"
+            )
         _positive_int("min_probes", min_probes, 2)
         _positive_int("max_probes", max_probes, min_probes)
         budget = max_probes
@@ -172,10 +184,15 @@ def hutchpp_trace(
     n_residual = matvecs - 2 * sketch_size
 
     def apply(columns: Tensor) -> Tensor:
-        blocks = [op.matmat(columns[:, i : i + probe_batch]) for i in range(0, columns.shape[1], probe_batch)]
+        blocks = [
+            op.matmat(columns[:, i : i + probe_batch])
+            for i in range(0, columns.shape[1], probe_batch)
+        ]
         return torch.cat(blocks, dim=1)
 
-    sketch = draw_probes(n_params, sketch_size, distribution, generator).to(device=op.device, dtype=op.dtype)
+    sketch = draw_probes(n_params, sketch_size, distribution, generator).to(
+        device=op.device, dtype=op.dtype
+    )
     basis, _ = torch.linalg.qr(apply(sketch))
     exact_part = float(torch.trace(basis.t() @ apply(basis)))
     if on_step is not None:
@@ -183,7 +200,9 @@ def hutchpp_trace(
     samples: list[float] = []
     while len(samples) < n_residual:
         block = min(probe_batch, n_residual - len(samples))
-        probes = draw_probes(n_params, block, distribution, generator).to(device=op.device, dtype=op.dtype)
+        probes = draw_probes(n_params, block, distribution, generator).to(
+            device=op.device, dtype=op.dtype
+        )
         deflated = probes - basis @ (basis.t() @ probes)
         images = op.matmat(deflated)
         images = images - basis @ (basis.t() @ images)
@@ -262,5 +281,14 @@ def trace_estimate(
     if method == "hutch++":
         if rtol is not None:
             raise InputError("rtol", "the adaptive stop is only available with method 'hutchinson'")
-        return hutchpp_trace(operator, n_probes, distribution=distribution, seed=seed, probe_batch=probe_batch, on_step=on_step)
-    raise InputError("method", f"unknown trace method {method!r}", "choose 'hutchinson' or 'hutch++'")
+        return hutchpp_trace(
+            operator,
+            n_probes,
+            distribution=distribution,
+            seed=seed,
+            probe_batch=probe_batch,
+            on_step=on_step,
+        )
+    raise InputError(
+        "method", f"unknown trace method {method!r}", "choose 'hutchinson' or 'hutch++'"
+    )

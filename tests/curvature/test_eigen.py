@@ -22,13 +22,24 @@ def test_lanczos_top3_of_hessian_to_1e_8(case: str, request: pytest.FixtureReque
     exact = torch.linalg.eigvalsh(hessian)
     spectrum = eigenvalues(HessianOperator(model, split(x, y, ALGO_BATCH)), 3, tol=1e-8)
     assert spectrum.method == "lanczos" and spectrum.converged
-    assert torch.allclose(torch.tensor(spectrum.eigenvalues, dtype=torch.float64), exact.flip(0)[:3], rtol=0, atol=1e-8)
+    assert torch.allclose(
+        torch.tensor(spectrum.eigenvalues, dtype=torch.float64),
+        exact.flip(0)[:3],
+        rtol=0,
+        atol=1e-8,
+    )
     assert all(r.residual <= 1e-8 for r in spectrum.values)
-    smallest = lanczos(HessianOperator(model, split(x, y, ALGO_BATCH)), 2, which="smallest", tol=1e-8)
-    assert torch.allclose(torch.tensor(smallest.eigenvalues, dtype=torch.float64), exact[:2], rtol=0, atol=1e-8)
+    smallest = lanczos(
+        HessianOperator(model, split(x, y, ALGO_BATCH)), 2, which="smallest", tol=1e-8
+    )
+    assert torch.allclose(
+        torch.tensor(smallest.eigenvalues, dtype=torch.float64), exact[:2], rtol=0, atol=1e-8
+    )
 
 
-def test_power_lambda_max_of_hessian_to_1e_8(mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
+def test_power_lambda_max_of_hessian_to_1e_8(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
     model, x, y, hessian = mlp_case
     exact = torch.linalg.eigvalsh(hessian)
     assert exact[-1] > abs(exact[0])  # dominant and positive: no shift
@@ -44,7 +55,11 @@ def test_power_top3_by_deflation_to_1e_8() -> None:
     matrix = spectrum_matrix(torch.tensor([5.0, 3.0, 1.5, -0.5, 0.4, 0.1, 0.0]))
     spectrum = power_iteration(matrix, 3, tol=1e-7)
     assert spectrum.converged and spectrum.shift is None
-    assert torch.allclose(torch.tensor(spectrum.eigenvalues, dtype=torch.float64), torch.tensor([5.0, 3.0, 1.5], dtype=torch.float64), atol=1e-8)
+    assert torch.allclose(
+        torch.tensor(spectrum.eigenvalues, dtype=torch.float64),
+        torch.tensor([5.0, 3.0, 1.5], dtype=torch.float64),
+        atol=1e-8,
+    )
     assert spectrum.matvecs == sum(r.matvecs for r in spectrum.values)
 
 
@@ -67,10 +82,18 @@ def test_negative_dominant_eigenvalue_gives_the_largest_algebraic() -> None:
     assert spectrum.shift is not None and abs(spectrum.shift + 10.0) < 1e-9
     assert spectrum.dominant is not None and abs(spectrum.dominant[0].value + 10.0) < 1e-9
     top2 = power_iteration(matrix, 2, tol=1e-10, max_iter=5000)
-    assert torch.allclose(torch.tensor(top2.eigenvalues, dtype=torch.float64), torch.tensor([3.0, 2.0], dtype=torch.float64), atol=1e-9)
+    assert torch.allclose(
+        torch.tensor(top2.eigenvalues, dtype=torch.float64),
+        torch.tensor([3.0, 2.0], dtype=torch.float64),
+        atol=1e-9,
+    )
     mixed = spectrum_matrix(torch.tensor([6.0, -4.0, 2.0, 1.0, 0.5]))
     top3 = power_iteration(mixed, 3, tol=1e-10, max_iter=5000)  # 6 found, then −4 forces a shift
-    assert torch.allclose(torch.tensor(top3.eigenvalues, dtype=torch.float64), torch.tensor([6.0, 2.0, 1.0], dtype=torch.float64), atol=1e-9)
+    assert torch.allclose(
+        torch.tensor(top3.eigenvalues, dtype=torch.float64),
+        torch.tensor([6.0, 2.0, 1.0], dtype=torch.float64),
+        atol=1e-9,
+    )
     assert top3.shift is not None and abs(top3.shift + 4.0) < 1e-9
     lanczos_top = lanczos(matrix, 2, tol=1e-10)
     assert lanczos_top.shift is None and abs(lanczos_top.values[0].value - 3.0) < 1e-9
@@ -97,7 +120,11 @@ def test_lanczos_runs_until_ritz_residuals_meet_tolerance() -> None:
     matrix = spectrum_matrix(values, seed=4)
     spectrum = lanczos(matrix, 3, tol=1e-9)
     assert spectrum.converged and spectrum.values[0].iterations > 20
-    assert torch.allclose(torch.tensor(spectrum.eigenvalues, dtype=torch.float64), torch.tensor([10.0, 9.99, 9.98], dtype=torch.float64), atol=1e-8)
+    assert torch.allclose(
+        torch.tensor(spectrum.eigenvalues, dtype=torch.float64),
+        torch.tensor([10.0, 9.99, 9.98], dtype=torch.float64),
+        atol=1e-8,
+    )
 
 
 def test_non_convergence_is_a_warning_not_an_error() -> None:

@@ -18,16 +18,23 @@ def _vectors(n: int, m: int, seed: int = 3) -> Tensor:
 
 @pytest.mark.parametrize("engine", ["func", "autograd"])
 @pytest.mark.parametrize("case", ["mlp_case", "cnn_case"])
-def test_products_equal_dense_hessian(case: str, engine: str, request: pytest.FixtureRequest) -> None:
+def test_products_equal_dense_hessian(
+    case: str, engine: str, request: pytest.FixtureRequest
+) -> None:
     model, x, y, hessian = request.getfixturevalue(case)
     operator = HessianOperator(model, split(x, y, BATCH), engine=engine, probe_batch=3)
     vectors = _vectors(hessian.shape[0], 5)
     assert operator.shape == tuple(hessian.shape)
     assert operator.n_samples == 50
     assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
-    assert torch.allclose(operator.matvec(vectors[:, 0]), hessian @ vectors[:, 0], rtol=0, atol=1e-10)
+    assert torch.allclose(
+        operator.matvec(vectors[:, 0]), hessian @ vectors[:, 0], rtol=0, atol=1e-10
+    )
     assert operator.engine == engine
-    assert (operator.n_matvecs, operator.n_data_passes) == (6, 3)  # 5 columns in blocks of 3, then 1
+    assert (operator.n_matvecs, operator.n_data_passes) == (
+        6,
+        3,
+    )  # 5 columns in blocks of 3, then 1
 
 
 def test_engines_agree(cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
@@ -39,16 +46,22 @@ def test_engines_agree(cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> No
 
 
 @pytest.mark.parametrize("size", [1, 13, 50])
-def test_batch_size_does_not_change_products(size: int, mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
+def test_batch_size_does_not_change_products(
+    size: int, mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]
+) -> None:
     model, x, y, _ = mlp_case
     vectors = _vectors(75, 3)
     reference = HessianOperator(model, split(x, y, BATCH)).matmat(vectors)
-    assert torch.allclose(HessianOperator(model, split(x, y, size)).matmat(vectors), reference, rtol=0, atol=1e-10)
+    assert torch.allclose(
+        HessianOperator(model, split(x, y, size)).matmat(vectors), reference, rtol=0, atol=1e-10
+    )
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
-def test_torchscript_runs_through_double_backward(mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
-    model, x, y, hessian = mlp_case
+def test_torchscript_runs_through_double_backward(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    _, x, y, hessian = mlp_case
     scripted = torch.jit.script(make_mlp())
     operator = HessianOperator(scripted, split(x, y, BATCH))
     assert operator.engine == "autograd"
@@ -94,7 +107,12 @@ def test_auto_falls_back_to_double_backward_and_says_why() -> None:
         return nn.functional.cross_entropy(logits, y)
 
     blocks = torch.autograd.functional.hessian(mean_loss, params)
-    hessian = torch.cat([torch.cat([blocks[i][j].reshape(params[i].numel(), -1) for j in range(2)], 1) for i in range(2)])
+    hessian = torch.cat(
+        [
+            torch.cat([blocks[i][j].reshape(params[i].numel(), -1) for j in range(2)], 1)
+            for i in range(2)
+        ]
+    )
     assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
     assert operator.engine == "autograd"
     assert operator.engine_fallback is not None and "setup_context" in operator.engine_fallback
@@ -102,7 +120,9 @@ def test_auto_falls_back_to_double_backward_and_says_why() -> None:
         HessianOperator(model, split(x, y, BATCH), engine="func").matmat(vectors)
 
 
-def test_caller_model_mode_buffers_and_grads_untouched(cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
+def test_caller_model_mode_buffers_and_grads_untouched(
+    cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
     model, x, y, hessian = cnn_case
     flags = [m.training for m in model.modules()]
     buffers = [b.clone() for b in model.buffers()]
@@ -112,14 +132,18 @@ def test_caller_model_mode_buffers_and_grads_untouched(cnn_case: tuple[nn.Module
         operator = HessianOperator(model, split(x, y, BATCH), engine=engine, mode=mode)
         result = operator.matmat(_vectors(hessian.shape[0], 2))
         if mode == "eval":
-            assert torch.allclose(result, hessian @ _vectors(hessian.shape[0], 2), rtol=0, atol=1e-10)
+            assert torch.allclose(
+                result, hessian @ _vectors(hessian.shape[0], 2), rtol=0, atol=1e-10
+            )
         assert [m.training for m in model.modules()] == flags
         assert all(torch.equal(a, b) for a, b in zip(model.buffers(), buffers, strict=True))
         assert all(torch.equal(a, b) for a, b in zip(model.parameters(), params, strict=True))
         assert all(p.grad is None for p in model.parameters())
 
 
-def test_train_mode_uses_batch_statistics(cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
+def test_train_mode_uses_batch_statistics(
+    cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
     model, x, y, hessian = cnn_case
     vectors = _vectors(hessian.shape[0], 1)
     train = HessianOperator(model, [(x, y)], mode="train", engine="autograd").matmat(vectors)
@@ -134,10 +158,17 @@ def test_train_mode_with_dropout_is_refused_and_eval_mode_ignores_dropout() -> N
         HessianOperator(model, split(x, y, BATCH), mode="train")
     hessian = dense_hessian(model, x, y)
     vectors = _vectors(hessian.shape[0], 2)
-    assert torch.allclose(HessianOperator(model, split(x, y, BATCH)).matmat(vectors), hessian @ vectors, atol=1e-10, rtol=0)
+    assert torch.allclose(
+        HessianOperator(model, split(x, y, BATCH)).matmat(vectors),
+        hessian @ vectors,
+        atol=1e-10,
+        rtol=0,
+    )
 
 
-def test_focal_criterion_matches_dense_focal_hessian(mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
+def test_focal_criterion_matches_dense_focal_hessian(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
     model, x, y, _ = mlp_case
     gamma = 2.0
 
@@ -151,7 +182,9 @@ def test_focal_criterion_matches_dense_focal_hessian(mlp_case: tuple[nn.Module, 
     assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
 
 
-def test_parameter_selection_by_glob_is_the_diagonal_block(mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
+def test_parameter_selection_by_glob_is_the_diagonal_block(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
     model, x, y, hessian = mlp_case
     operator = HessianOperator(model, split(x, y, BATCH), params=["2.*"])
     assert operator.param_names == ("2.weight", "2.bias")
@@ -159,11 +192,18 @@ def test_parameter_selection_by_glob_is_the_diagonal_block(mlp_case: tuple[nn.Mo
     vectors = _vectors(27, 2)
     assert torch.allclose(operator.matmat(vectors), block @ vectors, rtol=0, atol=1e-10)
     restricted = HessianOperator(model, split(x, y, BATCH)).restrict(["0.bias"])
-    assert torch.allclose(restricted.matvec(vectors[:8, 0]), hessian[40:48, 40:48] @ vectors[:8, 0], atol=1e-10, rtol=0)
+    assert torch.allclose(
+        restricted.matvec(vectors[:8, 0]),
+        hessian[40:48, 40:48] @ vectors[:8, 0],
+        atol=1e-10,
+        rtol=0,
+    )
 
 
 @pytest.mark.parametrize("cache", ["device", "host", "none"])
-def test_cache_modes_and_callable_source_agree(cache: str, mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
+def test_cache_modes_and_callable_source_agree(
+    cache: str, mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]
+) -> None:
     model, x, y, hessian = mlp_case
     batches = split(x, y, BATCH)
     operator = HessianOperator(model, lambda: iter(batches), cache=cache)
@@ -172,7 +212,9 @@ def test_cache_modes_and_callable_source_agree(cache: str, mlp_case: tuple[nn.Mo
     assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
 
 
-def test_all_reduce_hook_sums_count_and_products(mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
+def test_all_reduce_hook_sums_count_and_products(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
     """Two identical ranks (the hook doubles every sum) must give the same Hessian."""
     model, x, y, hessian = mlp_case
     calls: list[tuple[int, ...]] = []
@@ -193,7 +235,9 @@ def test_one_sample_dataset() -> None:
     x, y = make_data("mlp", n=1)
     hessian = dense_hessian(model, x, y)
     vectors = _vectors(75, 2)
-    assert torch.allclose(HessianOperator(model, [(x, y)]).matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+    assert torch.allclose(
+        HessianOperator(model, [(x, y)]).matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10
+    )
 
 
 class _Temperature(nn.Module):
@@ -216,9 +260,13 @@ def test_one_parameter_and_zero_block(engine: str) -> None:
     hessian = dense_hessian(model, x, y)
     one = HessianOperator(model, split(x, y, 4), params=["t"], engine=engine)
     assert one.shape == (1, 1)
-    assert torch.allclose(one.matvec(torch.ones(1, dtype=torch.float64)), hessian[:1, 0], rtol=0, atol=1e-12)
+    assert torch.allclose(
+        one.matvec(torch.ones(1, dtype=torch.float64)), hessian[:1, 0], rtol=0, atol=1e-12
+    )
     zero = HessianOperator(model, split(x, y, 4), params=["unused"], engine=engine)
-    assert torch.equal(zero.matmat(torch.ones(2, 3, dtype=torch.float64)), torch.zeros(2, 3, dtype=torch.float64))
+    assert torch.equal(
+        zero.matmat(torch.ones(2, 3, dtype=torch.float64)), torch.zeros(2, 3, dtype=torch.float64)
+    )
 
 
 @pytest.mark.parametrize(

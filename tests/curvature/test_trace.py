@@ -8,7 +8,13 @@ from torch import Tensor, nn
 
 from curvcal.curvature.hvp import HessianOperator
 from curvcal.curvature.results import ConvergenceWarning
-from curvcal.curvature.trace import draw_probes, exact_trace, hutchinson_trace, hutchpp_trace, trace_estimate
+from curvcal.curvature.trace import (
+    draw_probes,
+    exact_trace,
+    hutchinson_trace,
+    hutchpp_trace,
+    trace_estimate,
+)
 from curvcal.errors import InputError
 
 from .cases import spectrum_matrix, split
@@ -36,7 +42,9 @@ def test_hutchinson_mean_and_standard_error_are_the_sample_formulas() -> None:
     assert result.estimate == pytest.approx(float(samples.mean()), abs=1e-12)
     assert result.standard_error == pytest.approx(float(samples.std()) / 6**0.5, abs=1e-12)
     half = 2.5706 * result.standard_error  # t(0.975, 5) = 2.5706, from tables
-    assert result.ci95 == pytest.approx((result.estimate - half, result.estimate + half), abs=1e-4 * half)
+    assert result.ci95 == pytest.approx(
+        (result.estimate - half, result.estimate + half), abs=1e-4 * half
+    )
 
 
 def test_rademacher_probes_are_exact_on_a_diagonal_matrix() -> None:
@@ -56,9 +64,13 @@ def test_hutchpp_beats_hutchinson_on_a_decaying_spectrum() -> None:
 
 
 def test_hutchpp_error_bar_is_honest() -> None:
-    matrix = spectrum_matrix(torch.cat([torch.tensor([20.0, 10.0]), torch.linspace(-1.0, 1.0, 40)]), seed=8)
+    matrix = spectrum_matrix(
+        torch.cat([torch.tensor([20.0, 10.0]), torch.linspace(-1.0, 1.0, 40)]), seed=8
+    )
     exact = float(torch.trace(matrix))
-    covered = sum(lo <= exact <= hi for lo, hi in (hutchpp_trace(matrix, 33, seed=s).ci95 for s in range(100)))
+    covered = sum(
+        lo <= exact <= hi for lo, hi in (hutchpp_trace(matrix, 33, seed=s).ci95 for s in range(100))
+    )
     assert 85 <= covered <= 100
     result = hutchpp_trace(matrix, 33)
     assert (result.matvecs, result.n_probes, result.method) == (33, 11, "hutch++")
@@ -67,7 +79,9 @@ def test_hutchpp_error_bar_is_honest() -> None:
 def test_adaptive_stop_on_relative_half_width() -> None:
     matrix = _indefinite() + 3 * torch.eye(30, dtype=torch.float64)
     steps: list[int] = []
-    result = hutchinson_trace(matrix, rtol=0.05, max_probes=2000, probe_batch=4, on_step=steps.append)
+    result = hutchinson_trace(
+        matrix, rtol=0.05, max_probes=2000, probe_batch=4, on_step=steps.append
+    )
     assert result.stopped_by == "rtol" and result.converged
     assert result.half_width <= 0.05 * abs(result.estimate)
     assert result.n_probes >= 10 and result.n_probes == steps[-1] == result.matvecs
@@ -83,14 +97,19 @@ def test_adaptive_budget_exhausted_warns() -> None:
 
 def test_probes_do_not_depend_on_probe_batch_and_seed_repeats() -> None:
     matrix = _indefinite()
-    one, four = hutchinson_trace(matrix, 9, probe_batch=1), hutchinson_trace(matrix, 9, probe_batch=4)
+    one, four = (
+        hutchinson_trace(matrix, 9, probe_batch=1),
+        hutchinson_trace(matrix, 9, probe_batch=4),
+    )
     assert one.estimate == pytest.approx(four.estimate, abs=1e-12)
     assert one.standard_error == pytest.approx(four.standard_error, abs=1e-12)
     assert hutchinson_trace(matrix, 9, seed=1) == hutchinson_trace(matrix, 9, seed=1)
     assert hutchinson_trace(matrix, 9, seed=1) != hutchinson_trace(matrix, 9, seed=2)
 
 
-def test_hessian_trace_exact_and_estimated(mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
+def test_hessian_trace_exact_and_estimated(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
     model, x, y, hessian = mlp_case
     operator = HessianOperator(model, split(x, y, 20), probe_batch=16)
     exact = float(torch.trace(hessian))
