@@ -24,9 +24,10 @@ class EigenResult:
     ``residual`` is the relative residual ‖Av − λv‖ / max(|λ|, √ε·‖A‖) of the returned unit vector
     ``v`` (ε: machine epsilon of the operator's dtype, ‖A‖ estimated by the largest |eigenvalue|
     seen), ``relative_change`` is |λ_t − λ_{t−1}| over the same denominator at the last step.
-    ``matvecs`` counts the operator products spent on this value (shared products of a Lanczos
-    run are counted once, on the spectrum). ``converged`` is ``residual ≤ tol`` and
-    ``relative_change ≤ tol``.
+    For a value found by deflation, the residual is that of the deflated operator
+    (I − UUᵀ)A(I − UUᵀ), U the vectors found before it. ``matvecs`` counts the operator products
+    spent on this value; Lanczos values share one run, and each reports the run's total.
+    ``converged`` is ``residual ≤ tol`` and ``relative_change ≤ tol``.
     """
 
     value: float
