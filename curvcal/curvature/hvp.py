@@ -282,11 +282,13 @@ class HessianOperator:
         self._all_reduce = all_reduce
         self._select(params)
         param_device = self._params[0].device
-        self._device = torch.device(device) if device is not None else param_device
-        if self._device != param_device:
+        wanted = torch.device(device) if device is not None else param_device
+        same = wanted.type == param_device.type and wanted.index in (None, param_device.index)
+        self._device = param_device  # "cuda" means the parameters' CUDA device
+        if not same:
             raise InputError(
                 "device",
-                f"the model's parameters are on {param_device}, not {self._device}",
+                f"the model's parameters are on {param_device}, not {wanted}",
                 "move the model before building the operator, or leave device unset",
             )
         self._batches = _Batches(batches, cache, self._device, self._dtype, all_reduce)
