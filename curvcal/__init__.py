@@ -2,4 +2,20 @@
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["__version__"]
+
+from curvcal.curvature import (
+    HessianOperator,
+    hessian_density,
+    hessian_eigenvalues,
+    hessian_layers,
+    hessian_trace,
+)
+
+__all__ = [
+    "HessianOperator",
+    "__version__",
+    "hessian_density",
+    "hessian_eigenvalues",
+    "hessian_layers",
+    "hessian_trace",
+]

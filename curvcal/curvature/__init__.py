@@ -1,0 +1,53 @@
+"""Curvature of a classifier's loss: the Hessian as a linear operator and the algorithms on it.
+
+``HessianOperator`` (hvp.py) is the Hessian of the mean loss over a dataset; ``eigenvalues``
+(eigen.py), ``trace_estimate`` (trace.py) and ``spectral_density`` (density.py) accept it or any
+operator with ``shape``, ``dtype``, ``device`` and ``matmat`` — or a dense symmetric tensor.
+"""
+
+from curvcal.curvature.api import (
+    hessian_density,
+    hessian_eigenvalues,
+    hessian_layers,
+    hessian_trace,
+)
+from curvcal.curvature.density import spectral_density
+from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
+from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.layers import layer_curvature
+from curvcal.curvature.operators import DenseOperator, LinearOperator, as_operator
+from curvcal.curvature.results import (
+    ConvergenceWarning,
+    DensityResult,
+    EigenResult,
+    EigenSpectrum,
+    LayerCurvature,
+    TraceResult,
+)
+from curvcal.curvature.trace import exact_trace, hutchinson_trace, hutchpp_trace, trace_estimate
+
+__all__ = [
+    "ConvergenceWarning",
+    "DenseOperator",
+    "DensityResult",
+    "EigenResult",
+    "EigenSpectrum",
+    "HessianOperator",
+    "LayerCurvature",
+    "LinearOperator",
+    "TraceResult",
+    "as_operator",
+    "eigenvalues",
+    "exact_trace",
+    "hessian_density",
+    "hessian_eigenvalues",
+    "hessian_layers",
+    "hessian_trace",
+    "hutchinson_trace",
+    "hutchpp_trace",
+    "lanczos",
+    "layer_curvature",
+    "power_iteration",
+    "spectral_density",
+    "trace_estimate",
+]

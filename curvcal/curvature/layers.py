@@ -1,0 +1,70 @@
+"""Per-module curvature: λmax and trace of each module's diagonal Hessian block.
+
+The block of module M is H restricted to M's own parameters (``recurse=False``: a container's
+children are blocks of their own): H_MM = ∇²_{θ_M} L with every other parameter fixed. Its
+eigenvalues are not those of H, and Σ_M tr(H_MM) = tr(H).
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Callable
+
+from curvcal.curvature.eigen import DEFAULT_TOL, power_iteration
+from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.results import LayerCurvature
+from curvcal.curvature.trace import exact_trace, hutchinson_trace
+
+
+def _module_of(parameter_name: str) -> str:
+    return parameter_name.rpartition(".")[0]
+
+
+def layer_curvature(
+    operator: HessianOperator,
+    *,
+    tol: float = DEFAULT_TOL,
+    max_iter: int | None = None,
+    n_probes: int = 100,
+    distribution: str = "rademacher",
+    seed: int = 0,
+    on_step: Callable[[int], None] | None = None,
+) -> list[LayerCurvature]:
+    """λmax (power iteration with the λmax shift rule) and trace of each module's block.
+
+    The modules are those owning one of ``operator``'s parameters, in parameter order. A block
+    with at most ``n_probes`` parameters gets its exact trace (one product per parameter),
+    a larger one a Hutchinson estimate with ``n_probes`` probes. ``on_step`` receives the
+    index of each module as it is finished.
+    """
+    groups: dict[str, list[str]] = {}
+    for name in operator.param_names:
+        groups.setdefault(_module_of(name), []).append(name)
+    results = []
+    for index, (module, names) in enumerate(groups.items()):
+        block = operator.restrict([glob.escape(n) for n in names])
+        spectrum = power_iteration(block, 1, tol=tol, max_iter=max_iter, seed=seed)
+        size = block.shape[0]
+        if size <= n_probes:
+            trace = exact_trace(block, probe_batch=operator.probe_batch)
+        else:
+            trace = hutchinson_trace(
+                block,
+                n_probes,
+                distribution=distribution,
+                seed=seed,
+                probe_batch=operator.probe_batch,
+            )
+        results.append(
+            LayerCurvature(
+                module=module or "<root>",
+                parameters=tuple(names),
+                n_params=size,
+                lambda_max=spectrum.values[0],
+                trace=trace,
+                engine=block.engine,
+            )
+        )
+        if on_step is not None:
+            on_step(index + 1)
+    return results

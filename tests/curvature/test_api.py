@@ -1,0 +1,53 @@
+"""The public convenience functions: curvcal.hessian_* build the operator and report the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import curvcal
+from curvcal.errors import InputError
+
+from .cases import split
+
+
+def test_eigenvalues_trace_density_layers_on_a_batchnorm_cnn(
+    cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    model, x, y, hessian = cnn_case
+    flags = [m.training for m in model.modules()]
+    buffers = [b.clone() for b in model.buffers()]
+    batches = split(x, y, 20)
+    exact = torch.linalg.eigvalsh(hessian)
+
+    spectrum = curvcal.hessian_eigenvalues(model, batches, k=2, tol=1e-8)
+    assert spectrum.engine == "func" and spectrum.method == "lanczos"
+    assert spectrum.eigenvalues == pytest.approx((float(exact[-1]), float(exact[-2])), abs=1e-8)
+
+    trace = curvcal.hessian_trace(model, batches, 32, engine="autograd", probe_batch=16)
+    assert trace.engine == "autograd" and trace.n_probes == 32
+    assert trace.ci95[0] <= float(torch.trace(hessian)) <= trace.ci95[1]
+
+    density = curvcal.hessian_density(model, batches, runs=1, steps=4)
+    assert density.engine == "func" and density.runs == 1
+
+    layers = curvcal.hessian_layers(model, batches, params=["head.*"], n_probes=200)
+    assert [r.module for r in layers] == ["head"]
+    assert layers[0].trace.estimate == pytest.approx(
+        float(torch.trace(hessian[36:, 36:])), abs=1e-10
+    )
+
+    assert [m.training for m in model.modules()] == flags
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), buffers, strict=True))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_bad_input_is_reported_before_any_work(
+    cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    model, x, y, _ = cnn_case
+    with pytest.raises(InputError, match="k"):
+        curvcal.hessian_eigenvalues(model, [(x, y)], k=10_000)
+    with pytest.raises(InputError, match="n_probes"):
+        curvcal.hessian_trace(model, [(x, y)], 0)

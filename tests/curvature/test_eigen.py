@@ -1,0 +1,187 @@
+"""Eigenvalues against dense truth (torch.linalg.eigvalsh) in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
+from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.results import ConvergenceWarning
+from curvcal.errors import InputError
+
+from .cases import spectrum_matrix, split
+
+ALGO_BATCH = 20  # 50 samples as 20 + 20 + 10: uneven, and few passes per product
+
+
+@pytest.mark.parametrize("case", ["mlp_case", "cnn_case"])
+def test_lanczos_top3_of_hessian_to_1e_8(case: str, request: pytest.FixtureRequest) -> None:
+    model, x, y, hessian = request.getfixturevalue(case)
+    exact = torch.linalg.eigvalsh(hessian)
+    spectrum = eigenvalues(HessianOperator(model, split(x, y, ALGO_BATCH)), 3, tol=1e-8)
+    assert spectrum.method == "lanczos" and spectrum.converged
+    assert torch.allclose(
+        torch.tensor(spectrum.eigenvalues, dtype=torch.float64),
+        exact.flip(0)[:3],
+        rtol=0,
+        atol=1e-8,
+    )
+    assert all(r.residual <= 1e-8 for r in spectrum.values)
+    smallest = lanczos(
+        HessianOperator(model, split(x, y, ALGO_BATCH)), 2, which="smallest", tol=1e-8
+    )
+    assert torch.allclose(
+        torch.tensor(smallest.eigenvalues, dtype=torch.float64), exact[:2], rtol=0, atol=1e-8
+    )
+
+
+def test_power_lambda_max_of_hessian_to_1e_8(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    model, x, y, hessian = mlp_case
+    exact = torch.linalg.eigvalsh(hessian)
+    assert exact[-1] > abs(exact[0])  # dominant and positive: no shift
+    spectrum = power_iteration(HessianOperator(model, split(x, y, ALGO_BATCH)), tol=1e-6)
+    result = spectrum.values[0]
+    assert spectrum.converged and spectrum.shift is None
+    assert abs(result.value - float(exact[-1])) < 1e-8
+    assert result.iterations == result.matvecs == spectrum.matvecs
+    assert result.residual <= 1e-6 and result.relative_change <= 1e-6
+
+
+def test_power_top3_by_deflation_to_1e_8() -> None:
+    matrix = spectrum_matrix(torch.tensor([5.0, 3.0, 1.5, -0.5, 0.4, 0.1, 0.0]))
+    spectrum = power_iteration(matrix, 3, tol=1e-7)
+    assert spectrum.converged and spectrum.shift is None
+    assert torch.allclose(
+        torch.tensor(spectrum.eigenvalues, dtype=torch.float64),
+        torch.tensor([5.0, 3.0, 1.5], dtype=torch.float64),
+        atol=1e-8,
+    )
+    assert spectrum.matvecs == sum(r.matvecs for r in spectrum.values)
+
+
+def test_power_stop_rule_is_residual_based() -> None:
+    matrix = spectrum_matrix(torch.tensor([4.0, 3.0, 1.0, 0.5, 0.1]))
+    spectrum = power_iteration(matrix, tol=1e-4)
+    result = spectrum.values[0]
+    assert result.converged and result.residual <= 1e-4 and result.relative_change <= 1e-4
+    vector_check = power_iteration(matrix, tol=1e-10, max_iter=500).values[0]
+    assert abs(vector_check.value - 4.0) < 1e-12
+    # the residual bound gives |λ − 4| ≲ residual²·|λ|/gap: tol 1e-4 is well within 1e-6
+    assert abs(result.value - 4.0) < 1e-6
+
+
+def test_negative_dominant_eigenvalue_gives_the_largest_algebraic() -> None:
+    matrix = spectrum_matrix(torch.tensor([-10.0, -4.0, -1.0, 0.5, 2.0, 3.0]))
+    spectrum = power_iteration(matrix, tol=1e-10)
+    assert spectrum.converged
+    assert abs(spectrum.values[0].value - 3.0) < 1e-9
+    assert spectrum.shift is not None and abs(spectrum.shift + 10.0) < 1e-9
+    assert spectrum.dominant is not None and abs(spectrum.dominant[0].value + 10.0) < 1e-9
+    top2 = power_iteration(matrix, 2, tol=1e-10, max_iter=5000)
+    assert torch.allclose(
+        torch.tensor(top2.eigenvalues, dtype=torch.float64),
+        torch.tensor([3.0, 2.0], dtype=torch.float64),
+        atol=1e-9,
+    )
+    mixed = spectrum_matrix(torch.tensor([6.0, -4.0, 2.0, 1.0, 0.5]))
+    top3 = power_iteration(mixed, 3, tol=1e-10, max_iter=5000)  # 6 found, then −4 forces a shift
+    assert torch.allclose(
+        torch.tensor(top3.eigenvalues, dtype=torch.float64),
+        torch.tensor([6.0, 2.0, 1.0], dtype=torch.float64),
+        atol=1e-9,
+    )
+    assert top3.shift is not None and abs(top3.shift + 4.0) < 1e-9
+    lanczos_top = lanczos(matrix, 2, tol=1e-10)
+    assert lanczos_top.shift is None and abs(lanczos_top.values[0].value - 3.0) < 1e-9
+
+
+def test_negative_definite_matrix() -> None:
+    matrix = spectrum_matrix(torch.tensor([-5.0, -3.0, -2.0, -1.0]))
+    largest = power_iteration(matrix, tol=1e-10)
+    assert abs(largest.values[0].value + 1.0) < 1e-9 and largest.shift is not None
+    smallest = power_iteration(matrix, which="smallest", tol=1e-10)
+    assert abs(smallest.values[0].value + 5.0) < 1e-9 and smallest.shift is None
+
+
+def test_smallest_by_power_shifts_when_dominant_is_positive() -> None:
+    matrix = spectrum_matrix(torch.tensor([-2.0, 0.5, 1.0, 6.0]))
+    spectrum = power_iteration(matrix, which="smallest", tol=1e-10)
+    assert abs(spectrum.values[0].value + 2.0) < 1e-9
+    assert spectrum.shift is not None and abs(spectrum.shift - 6.0) < 1e-9
+
+
+def test_lanczos_runs_until_ritz_residuals_meet_tolerance() -> None:
+    """A clustered top of the spectrum needs many steps; Lanczos must not stop early."""
+    values = torch.cat([torch.tensor([10.0, 9.99, 9.98]), torch.linspace(0.0, 9.9, 197)])
+    matrix = spectrum_matrix(values, seed=4)
+    spectrum = lanczos(matrix, 3, tol=1e-9)
+    assert spectrum.converged and spectrum.values[0].iterations > 20
+    assert torch.allclose(
+        torch.tensor(spectrum.eigenvalues, dtype=torch.float64),
+        torch.tensor([10.0, 9.99, 9.98], dtype=torch.float64),
+        atol=1e-8,
+    )
+
+
+def test_non_convergence_is_a_warning_not_an_error() -> None:
+    matrix = spectrum_matrix(torch.linspace(1.0, 2.0, 40))
+    with pytest.warns(ConvergenceWarning):
+        spectrum = power_iteration(matrix, tol=1e-12, max_iter=3)
+    assert not spectrum.converged and spectrum.values[0].iterations == 3
+    with pytest.warns(ConvergenceWarning):
+        assert not lanczos(matrix, 2, tol=1e-12, max_iter=3).converged
+
+
+def test_repeated_and_zero_eigenvalues() -> None:
+    identity = 2 * torch.eye(6, dtype=torch.float64)
+    assert lanczos(identity, 3).eigenvalues == pytest.approx((2.0, 2.0, 2.0), abs=1e-12)
+    zero = torch.zeros(5, 5, dtype=torch.float64)
+    for method in ("power", "lanczos"):
+        spectrum = eigenvalues(zero, 2, method=method)
+        assert spectrum.converged and spectrum.eigenvalues == (0.0, 0.0)
+    rank_two = spectrum_matrix(torch.tensor([3.0, 1.0, 0.0, 0.0]))
+    spectrum = lanczos(rank_two, 3, tol=1e-8)
+    assert spectrum.converged and spectrum.eigenvalues == pytest.approx((3.0, 1.0, 0.0), abs=1e-10)
+
+
+def test_one_by_one_operator() -> None:
+    for method in ("power", "lanczos"):
+        spectrum = eigenvalues(torch.tensor([[-3.0]], dtype=torch.float64), 1, method=method)
+        assert spectrum.converged and spectrum.eigenvalues == (-3.0,)
+
+
+def test_same_seed_same_result_and_on_step() -> None:
+    matrix = spectrum_matrix(torch.linspace(-1.0, 5.0, 30))
+    steps: list[int] = []
+    first = lanczos(matrix, 2, seed=7, on_step=steps.append)
+    assert first == lanczos(matrix, 2, seed=7)
+    assert steps == list(range(1, first.values[0].iterations + 1))
+
+
+@pytest.mark.parametrize(
+    ("options", "what"),
+    [
+        ({"k": 7}, "k"),
+        ({"k": 0}, "k"),
+        ({"tol": 0.0}, "tol"),
+        ({"tol": -1e-3}, "tol"),
+        ({"tol": float("nan")}, "tol"),
+        ({"method": "arnoldi"}, "method"),
+        ({"which": "middle"}, "which"),
+        ({"max_iter": 0}, "max_iter"),
+    ],
+)
+def test_bad_requests_are_refused(options: dict[str, object], what: str) -> None:
+    options = {"k": 1, **options}
+    with pytest.raises(InputError) as error:
+        eigenvalues(torch.eye(6, dtype=torch.float64), **options)  # type: ignore[arg-type]
+    assert error.value.what == what
+
+
+def test_non_square_operator_is_refused() -> None:
+    with pytest.raises(InputError, match="square"):
+        eigenvalues(torch.ones(3, 4))

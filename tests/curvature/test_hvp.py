@@ -1,0 +1,307 @@
+"""HessianOperator against dense float64 Hessians of small models (torch.func.hessian)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from curvcal.curvature.hvp import HessianOperator
+from curvcal.errors import InputError
+
+from .cases import BATCH, dense_hessian, make_data, make_mlp, split
+
+
+def _vectors(n: int, m: int, seed: int = 3) -> Tensor:
+    return torch.randn(n, m, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("engine", ["func", "autograd"])
+@pytest.mark.parametrize("case", ["mlp_case", "cnn_case"])
+def test_products_equal_dense_hessian(
+    case: str, engine: str, request: pytest.FixtureRequest
+) -> None:
+    model, x, y, hessian = request.getfixturevalue(case)
+    operator = HessianOperator(model, split(x, y, BATCH), engine=engine, probe_batch=3)
+    vectors = _vectors(hessian.shape[0], 5)
+    assert operator.shape == tuple(hessian.shape)
+    assert operator.n_samples == 50
+    assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+    assert torch.allclose(
+        operator.matvec(vectors[:, 0]), hessian @ vectors[:, 0], rtol=0, atol=1e-10
+    )
+    assert operator.engine == engine
+    assert (operator.n_matvecs, operator.n_data_passes) == (
+        6,
+        3,
+    )  # 5 columns in blocks of 3, then 1
+
+
+def test_engines_agree(cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
+    model, x, y, hessian = cnn_case
+    vectors = _vectors(hessian.shape[0], 4)
+    by_func = HessianOperator(model, split(x, y, BATCH), engine="func").matmat(vectors)
+    by_autograd = HessianOperator(model, split(x, y, BATCH), engine="autograd").matmat(vectors)
+    assert torch.allclose(by_func, by_autograd, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("size", [1, 13, 50])
+def test_batch_size_does_not_change_products(
+    size: int, mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]
+) -> None:
+    model, x, y, _ = mlp_case
+    vectors = _vectors(75, 3)
+    reference = HessianOperator(model, split(x, y, BATCH)).matmat(vectors)
+    assert torch.allclose(
+        HessianOperator(model, split(x, y, size)).matmat(vectors), reference, rtol=0, atol=1e-10
+    )
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_torchscript_runs_through_double_backward(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    _, x, y, hessian = mlp_case
+    scripted = torch.jit.script(make_mlp())
+    operator = HessianOperator(scripted, split(x, y, BATCH))
+    assert operator.engine == "autograd"
+    vectors = _vectors(75, 2)
+    assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+    with pytest.raises(InputError, match="TorchScript"):
+        HessianOperator(scripted, split(x, y, BATCH), engine="func")
+
+
+class _Square(torch.autograd.Function):
+    """An old-style autograd.Function (no setup_context): torch.func refuses it."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def, override]
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class _SquareNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(5, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _Square.apply(self.linear(x))
+
+
+def test_auto_falls_back_to_double_backward_and_says_why() -> None:
+    torch.manual_seed(0)
+    model = _SquareNet().double()
+    x, y = make_data("mlp")
+    operator = HessianOperator(model, split(x, y, BATCH))
+    vectors = _vectors(18, 2)
+    params = tuple(p.detach() for p in model.parameters())
+
+    def mean_loss(weight: Tensor, bias: Tensor) -> Tensor:  # double backward, not torch.func
+        logits = _Square.apply(nn.functional.linear(x, weight, bias))
+        return nn.functional.cross_entropy(logits, y)
+
+    blocks = torch.autograd.functional.hessian(mean_loss, params)
+    hessian = torch.cat(
+        [
+            torch.cat([blocks[i][j].reshape(params[i].numel(), -1) for j in range(2)], 1)
+            for i in range(2)
+        ]
+    )
+    assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+    assert operator.engine == "autograd"
+    assert operator.engine_fallback is not None and "setup_context" in operator.engine_fallback
+    with pytest.raises(RuntimeError):
+        HessianOperator(model, split(x, y, BATCH), engine="func").matmat(vectors)
+
+
+def test_caller_model_mode_buffers_and_grads_untouched(
+    cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    model, x, y, hessian = cnn_case
+    flags = [m.training for m in model.modules()]
+    buffers = [b.clone() for b in model.buffers()]
+    params = [p.clone() for p in model.parameters()]
+    assert model.training  # handed over in train mode: the operator must still use eval mode
+    for engine, mode in [("func", "eval"), ("autograd", "eval"), ("autograd", "train")]:
+        operator = HessianOperator(model, split(x, y, BATCH), engine=engine, mode=mode)
+        result = operator.matmat(_vectors(hessian.shape[0], 2))
+        if mode == "eval":
+            assert torch.allclose(
+                result, hessian @ _vectors(hessian.shape[0], 2), rtol=0, atol=1e-10
+            )
+        assert [m.training for m in model.modules()] == flags
+        assert all(torch.equal(a, b) for a, b in zip(model.buffers(), buffers, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), params, strict=True))
+        assert all(p.grad is None for p in model.parameters())
+
+
+def test_train_mode_uses_batch_statistics(
+    cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    model, x, y, hessian = cnn_case
+    vectors = _vectors(hessian.shape[0], 1)
+    train = HessianOperator(model, [(x, y)], mode="train", engine="autograd").matmat(vectors)
+    assert not torch.allclose(train, hessian @ vectors, atol=1e-6)
+
+
+def test_train_mode_with_dropout_is_refused_and_eval_mode_ignores_dropout() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Dropout(0.5), nn.Tanh(), nn.Linear(4, 3)).double()
+    x, y = make_data("mlp")
+    with pytest.raises(InputError, match="dropout"):
+        HessianOperator(model, split(x, y, BATCH), mode="train")
+    hessian = dense_hessian(model, x, y)
+    vectors = _vectors(hessian.shape[0], 2)
+    assert torch.allclose(
+        HessianOperator(model, split(x, y, BATCH)).matmat(vectors),
+        hessian @ vectors,
+        atol=1e-10,
+        rtol=0,
+    )
+
+
+def test_focal_criterion_matches_dense_focal_hessian(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    model, x, y, _ = mlp_case
+    gamma = 2.0
+
+    def focal_mean(logits: Tensor, labels: Tensor) -> Tensor:
+        p = torch.softmax(logits, dim=1)[torch.arange(labels.numel()), labels]
+        return (-((1 - p) ** gamma) * torch.log(p)).mean()
+
+    hessian = dense_hessian(model, x, y, loss=focal_mean)
+    vectors = _vectors(75, 3)
+    operator = HessianOperator(model, split(x, y, BATCH), criterion="focal", gamma=gamma)
+    assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+
+
+def test_parameter_selection_by_glob_is_the_diagonal_block(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    model, x, y, hessian = mlp_case
+    operator = HessianOperator(model, split(x, y, BATCH), params=["2.*"])
+    assert operator.param_names == ("2.weight", "2.bias")
+    block = hessian[48:, 48:]  # 5·8 + 8 = 48 parameters of layer 0 come first
+    vectors = _vectors(27, 2)
+    assert torch.allclose(operator.matmat(vectors), block @ vectors, rtol=0, atol=1e-10)
+    restricted = HessianOperator(model, split(x, y, BATCH)).restrict(["0.bias"])
+    assert torch.allclose(
+        restricted.matvec(vectors[:8, 0]),
+        hessian[40:48, 40:48] @ vectors[:8, 0],
+        atol=1e-10,
+        rtol=0,
+    )
+
+
+@pytest.mark.parametrize("cache", ["device", "host", "none"])
+def test_cache_modes_and_callable_source_agree(
+    cache: str, mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]
+) -> None:
+    model, x, y, hessian = mlp_case
+    batches = split(x, y, BATCH)
+    operator = HessianOperator(model, lambda: iter(batches), cache=cache)
+    assert operator.cache_mode == cache
+    vectors = _vectors(75, 2)
+    assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+
+
+def test_all_reduce_hook_sums_count_and_products(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    """Two identical ranks (the hook doubles every sum) must give the same Hessian."""
+    model, x, y, hessian = mlp_case
+    calls: list[tuple[int, ...]] = []
+
+    def twice(tensor: Tensor) -> Tensor:
+        calls.append(tuple(tensor.shape))
+        return 2 * tensor
+
+    operator = HessianOperator(model, split(x, y, BATCH), all_reduce=twice)
+    assert operator.n_samples == 100
+    vectors = _vectors(75, 2)
+    assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+    assert calls == [(1,), (2, 75)]
+
+
+def test_one_sample_dataset() -> None:
+    model = make_mlp()
+    x, y = make_data("mlp", n=1)
+    hessian = dense_hessian(model, x, y)
+    vectors = _vectors(75, 2)
+    assert torch.allclose(
+        HessianOperator(model, [(x, y)]).matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10
+    )
+
+
+class _Temperature(nn.Module):
+    """One parameter: logits = x / t. Plus an unused parameter (a zero Hessian block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = nn.Parameter(torch.tensor(1.5, dtype=torch.float64))
+        self.unused = nn.Parameter(torch.ones(2, dtype=torch.float64))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x / self.t
+
+
+@pytest.mark.parametrize("engine", ["func", "autograd"])
+def test_one_parameter_and_zero_block(engine: str) -> None:
+    model = _Temperature()
+    x = torch.randn(9, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    hessian = dense_hessian(model, x, y)
+    one = HessianOperator(model, split(x, y, 4), params=["t"], engine=engine)
+    assert one.shape == (1, 1)
+    assert torch.allclose(
+        one.matvec(torch.ones(1, dtype=torch.float64)), hessian[:1, 0], rtol=0, atol=1e-12
+    )
+    zero = HessianOperator(model, split(x, y, 4), params=["unused"], engine=engine)
+    assert torch.equal(
+        zero.matmat(torch.ones(2, 3, dtype=torch.float64)), torch.zeros(2, 3, dtype=torch.float64)
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "what"),
+    [
+        ({"engine": "jax"}, "engine"),
+        ({"criterion": "mse"}, "criterion"),
+        ({"criterion": "focal", "gamma": -1.0}, "gamma"),
+        ({"gamma": 2.0}, "gamma"),
+        ({"mode": "test"}, "mode"),
+        ({"cache": "disk"}, "cache"),
+        ({"params": ["fc.*"]}, "params"),
+        ({"probe_batch": 0}, "probe_batch"),
+        ({"device": "meta"}, "device"),
+    ],
+)
+def test_bad_options_are_refused(options: dict[str, object], what: str) -> None:
+    model = make_mlp()
+    x, y = make_data("mlp")
+    with pytest.raises(InputError) as error:
+        HessianOperator(model, split(x, y, BATCH), **options)  # type: ignore[arg-type]
+    assert error.value.what == what
+
+
+def test_bad_data_is_refused() -> None:
+    model = make_mlp()
+    x, y = make_data("mlp")
+    with pytest.raises(InputError, match="read only once"):
+        HessianOperator(model, iter(split(x, y, BATCH)))
+    with pytest.raises(InputError, match="empty"):
+        HessianOperator(model, [])
+    with pytest.raises(InputError, match="integer"):
+        HessianOperator(model, [(x, y.double())])
+    with pytest.raises(InputError, match="rows"):
+        HessianOperator(model, [(x[:3], y[:4])])
+    operator = HessianOperator(model, [(x, y)])
+    with pytest.raises(InputError, match="shape"):
+        operator.matmat(torch.ones(74, 1, dtype=torch.float64))
