@@ -41,12 +41,15 @@ def inverse_g_log(logp: torch.Tensor, gamma: float) -> torch.Tensor:
     others = logp.scatter(1, top_index, float("-inf"))
     log_rest = torch.logsumexp(others, dim=1, keepdim=True)  # log Σ_{j≠top} q_j
     log_odds = top - log_rest
+    # Only a top class with q > 1/2 needs the log-odds route; below that log1p(-q) is accurate,
+    # and using one formula for every class keeps tied classes exactly tied.
+    dominant = log_odds > 0
     log_q = logp.clone()
-    log_q.scatter_(1, top_index, -F.softplus(-log_odds))
+    log_q.scatter_(1, top_index, torch.where(dominant, -F.softplus(-log_odds), top))
     log_1mq = torch.log1p(-torch.exp(logp))
-    log_1mq.scatter_(1, top_index, -F.softplus(log_odds))
-    neg_log_q = -logp
-    neg_log_q.scatter_(1, top_index, F.softplus(-log_odds))
+    top_1mq = log_1mq.gather(1, top_index)
+    log_1mq.scatter_(1, top_index, torch.where(dominant, -F.softplus(log_odds), top_1mq))
+    neg_log_q = -log_q
     if gamma == 0:
         return log_q
     # γ·q·(-log q) in log space; it is 0 when q = 0 or q = 1.
