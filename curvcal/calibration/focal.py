@@ -29,14 +29,17 @@ FLSD53 = "flsd53"
 
 def check_gamma(gamma: float, what: str = "gamma") -> float:
     """A finite γ >= 0 as a float, else :class:`InputError`."""
-    if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not (0 <= gamma < float("inf")):
+    if (
+        isinstance(gamma, bool)
+        or not isinstance(gamma, int | float)
+        or not (0 <= gamma < float("inf"))
+    ):
         raise InputError(what, f"gamma must be a finite number >= 0, got {gamma!r}")
     return float(gamma)
 
 
 def inverse_g_log(logp: torch.Tensor, gamma: float) -> torch.Tensor:
     """log(1/g_γ(q)) elementwise for rows of log-probabilities ``logp`` (N×K, float64)."""
-    n, k = logp.shape
     top, top_index = logp.max(dim=1, keepdim=True)
     others = logp.scatter(1, top_index, float("-inf"))
     log_rest = torch.logsumexp(others, dim=1, keepdim=True)  # log Σ_{j≠top} q_j
@@ -83,7 +86,9 @@ def focal_calibration_map(logp: torch.Tensor, gamma: float) -> torch.Tensor:
     return torch.where(one_hot_row[:, None], logp, mapped)
 
 
-def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float | str, reduction: str = "mean") -> torch.Tensor:
+def focal_loss(
+    logits: torch.Tensor, labels: torch.Tensor, gamma: float | str, reduction: str = "mean"
+) -> torch.Tensor:
     """Focal loss -(1 - p_y)^γ log p_y with p = softmax(logits), differentiable in ``logits``.
 
     ``gamma`` is a number >= 0 or ``"flsd53"`` (Mukhoti et al. 2020: γ = 5 where p_y < 0.2,
@@ -91,9 +96,14 @@ def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float | str, r
     ``"mean"`` (default), ``"sum"`` or ``"none"``. Computed in the dtype of ``logits``.
     """
     if logits.ndim != 2:
-        raise InputError("logits", f"must be 2-D (samples × classes), got shape {tuple(logits.shape)}")
+        raise InputError(
+            "logits", f"must be 2-D (samples × classes), got shape {tuple(logits.shape)}"
+        )
     if labels.ndim != 1 or labels.shape[0] != logits.shape[0]:
-        raise InputError("labels", f"need one label per row: shape {tuple(labels.shape)} for {logits.shape[0]} rows")
+        raise InputError(
+            "labels",
+            f"need one label per row: shape {tuple(labels.shape)} for {logits.shape[0]} rows",
+        )
     if reduction not in ("mean", "sum", "none"):
         raise InputError("reduction", f"unknown reduction {reduction!r}", "mean, sum or none")
     logp_y = torch.log_softmax(logits, dim=1).gather(1, labels[:, None].to(torch.int64))[:, 0]
@@ -101,7 +111,9 @@ def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float | str, r
     gamma_per_sample: Any
     if isinstance(gamma, str):
         if gamma.lower() != FLSD53:
-            raise InputError("gamma", f"unknown focal-loss gamma {gamma!r}", "a number >= 0 or flsd53")
+            raise InputError(
+                "gamma", f"unknown focal-loss gamma {gamma!r}", "a number >= 0 or flsd53"
+            )
         with torch.no_grad():
             gamma_per_sample = torch.where(p_y.detach() < 0.2, 5.0, 3.0).to(logits.dtype)
     else:

@@ -51,7 +51,9 @@ def check_bins(n_bins: int, edges: str = "left") -> None:
     if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
         raise InputError("bins", f"the number of bins must be an integer >= 1, got {n_bins!r}")
     if edges not in EDGES:
-        raise InputError("edges", f"unknown edge convention {edges!r}", "left for (a,b], right for [a,b)")
+        raise InputError(
+            "edges", f"unknown edge convention {edges!r}", "left for (a,b], right for [a,b)"
+        )
 
 
 def log_probabilities(scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
@@ -64,11 +66,13 @@ def log_probabilities(scores: Any, kind: str = "logits", source: str = "scores")
     check_kind(kind)
     z = as_tensor(scores, source)
     if z.ndim != 2:
-        raise InputError(source, f"scores must be 2-D (samples × classes), got shape {tuple(z.shape)}")
+        raise InputError(
+            source, f"scores must be 2-D (samples × classes), got shape {tuple(z.shape)}"
+        )
     n, k = z.shape
     if n == 0 or k == 0:
         raise InputError(source, f"scores are empty (shape {tuple(z.shape)})")
-    if not (z.is_floating_point() or z.dtype in (torch.int32, torch.int64) and kind == "logits"):
+    if not (z.is_floating_point() or (z.dtype in (torch.int32, torch.int64) and kind == "logits")):
         raise InputError(source, f"scores must be floating point, got {z.dtype}")
     if z.device.type != "cpu":
         z = z.cpu()
@@ -109,7 +113,9 @@ def log_probabilities(scores: Any, kind: str = "logits", source: str = "scores")
     return out
 
 
-def class_labels(labels: Any, n_samples: int, n_classes: int, source: str = "labels") -> torch.Tensor:
+def class_labels(
+    labels: Any, n_samples: int, n_classes: int, source: str = "labels"
+) -> torch.Tensor:
     """Validated int64 labels: 1-D, one per sample, each in [0, n_classes)."""
     y = as_tensor(labels, source)
     if y.ndim != 1:

@@ -76,7 +76,9 @@ class BinnedErrors:
     rms_ce_debiased: float
 
 
-def binned_errors(count: torch.Tensor, sum_conf: torch.Tensor, sum_correct: torch.Tensor) -> BinnedErrors:
+def binned_errors(
+    count: torch.Tensor, sum_conf: torch.Tensor, sum_correct: torch.Tensor
+) -> BinnedErrors:
     """The binned-error formulas of the module docstring, from per-bin sums (float64)."""
     total = float(count.sum())
     used = count > 0
@@ -108,7 +110,9 @@ def reliability_table(
             continue
         conf = float(sum_conf[b]) / n_b if n_b else math.nan
         acc = float(sum_correct[b]) / n_b if n_b else math.nan
-        rows.append(ReliabilityBin(float(lower[b]), float(upper[b]), int(round(n_b)), conf, acc, acc - conf))
+        rows.append(
+            ReliabilityBin(float(lower[b]), float(upper[b]), round(n_b), conf, acc, acc - conf)
+        )
     return tuple(rows)
 
 
@@ -117,7 +121,9 @@ def _equal_width(top: TopLabel, n_bins: int, edges: str) -> tuple[torch.Tensor, 
     return (index, *binning.bin_sums(index, top.confidence, top.correct, n_bins))
 
 
-def _equal_mass(top: TopLabel, n_bins: int, order: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+def _equal_mass(
+    top: TopLabel, n_bins: int, order: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
     index = binning.equal_mass_index(top.confidence, n_bins, order=order)
     count, sum_conf, sum_correct = binning.bin_sums(index, top.confidence, top.correct, n_bins)
     inf = torch.full((n_bins,), math.inf, dtype=torch.float64)
@@ -126,7 +132,9 @@ def _equal_mass(top: TopLabel, n_bins: int, order: torch.Tensor | None = None) -
     return count, sum_conf, sum_correct, lower, upper
 
 
-def _classwise_sums(logp: torch.Tensor, labels: torch.Tensor, n_bins: int, edges: str) -> tuple[torch.Tensor, ...]:
+def _classwise_sums(
+    logp: torch.Tensor, labels: torch.Tensor, n_bins: int, edges: str
+) -> tuple[torch.Tensor, ...]:
     """Per (class, bin) sums of count, p_k and 1[y = k], each K×M."""
     n, k = logp.shape
     count = torch.zeros(k * n_bins, dtype=torch.float64)
@@ -177,7 +185,9 @@ def calibration_metrics(
     0.5
     """
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
-        raise InputError("bootstrap", f"the number of resamples must be an integer >= 0, got {bootstrap!r}")
+        raise InputError(
+            "bootstrap", f"the number of resamples must be an integer >= 0, got {bootstrap!r}"
+        )
     logp, y = _prepare(scores, labels, kind, bins, edges, source, labels_source)
     n, k = logp.shape
     top = top_label(logp, y)
@@ -187,12 +197,10 @@ def calibration_metrics(
     order = torch.argsort(top.confidence, stable=True)
     m_count, m_conf, m_correct, m_lower, m_upper = _equal_mass(top, bins, order)
     mass = binned_errors(m_count, m_conf, m_correct)
-    c_count, c_p, c_y = _classwise_sums(logp, y, bins, edges)
+    _, c_p, c_y = _classwise_sums(logp, y, bins, edges)
     per_class = (c_y - c_p).abs().sum(dim=1) / n
     smooth = smooth_ece(top.confidence, top.correct)
-    intervals = (
-        _bootstrap_intervals(top, index, order, bins, bootstrap, seed) if bootstrap else {}
-    )
+    intervals = _bootstrap_intervals(top, index, order, bins, bootstrap, seed) if bootstrap else {}
     return CalibrationMetrics(
         n_samples=n,
         n_classes=k,
@@ -214,7 +222,9 @@ def calibration_metrics(
         smooth_ece_kernel=smooth.kernel,
         positive_class_ece=float(per_class[1]) if k == 2 else None,
         ece_bins=reliability_table(count, sum_conf, sum_correct, bin_edges[:-1], bin_edges[1:]),
-        adaece_bins=reliability_table(m_count, m_conf, m_correct, m_lower, m_upper, drop_empty=True),
+        adaece_bins=reliability_table(
+            m_count, m_conf, m_correct, m_lower, m_upper, drop_empty=True
+        ),
         n_bootstrap=bootstrap,
         interval_level=INTERVAL_LEVEL,
         intervals=intervals,
@@ -222,17 +232,28 @@ def calibration_metrics(
 
 
 def _bootstrap_intervals(
-    top: TopLabel, index: torch.Tensor, order: torch.Tensor, n_bins: int, n_bootstrap: int, seed: int
+    top: TopLabel,
+    index: torch.Tensor,
+    order: torch.Tensor,
+    n_bins: int,
+    n_bootstrap: int,
+    seed: int,
 ) -> dict[str, tuple[float, float]]:
     """Percentile intervals; a resample is the multiplicity of each sample (weights)."""
     n = top.confidence.shape[0]
     generator = torch.Generator().manual_seed(seed)
     draws: dict[str, list[float]] = {"ece": [], "mce": [], "adaece": [], "nll": []}
     for _ in range(n_bootstrap):
-        weights = torch.bincount(torch.randint(n, (n,), generator=generator), minlength=n).to(torch.float64)
-        width = binned_errors(*binning.bin_sums(index, top.confidence, top.correct, n_bins, weights))
+        weights = torch.bincount(torch.randint(n, (n,), generator=generator), minlength=n).to(
+            torch.float64
+        )
+        width = binned_errors(
+            *binning.bin_sums(index, top.confidence, top.correct, n_bins, weights)
+        )
         mass_index = binning.equal_mass_index(top.confidence, n_bins, weights=weights, order=order)
-        mass = binned_errors(*binning.bin_sums(mass_index, top.confidence, top.correct, n_bins, weights))
+        mass = binned_errors(
+            *binning.bin_sums(mass_index, top.confidence, top.correct, n_bins, weights)
+        )
         draws["ece"].append(width.ece)
         draws["mce"].append(width.mce)
         draws["adaece"].append(mass.ece)
@@ -286,14 +307,21 @@ def maximum_calibration_error(
 
 
 def rms_calibration_error(
-    scores: Any, labels: Any, kind: str = "logits", bins: int = 15, edges: str = "left", debiased: bool = False
+    scores: Any,
+    labels: Any,
+    kind: str = "logits",
+    bins: int = 15,
+    edges: str = "left",
+    debiased: bool = False,
 ) -> float:
     """Top-label RMS calibration error; ``debiased`` applies Kumar et al.'s correction."""
     errors = _width_errors(scores, labels, kind, bins, edges)
     return errors.rms_ce_debiased if debiased else errors.rms_ce
 
 
-def adaptive_calibration_error(scores: Any, labels: Any, kind: str = "logits", bins: int = 15) -> float:
+def adaptive_calibration_error(
+    scores: Any, labels: Any, kind: str = "logits", bins: int = 15
+) -> float:
     """AdaECE: the ECE formula over equal-mass, tie-safe bins."""
     logp, y = _prepare(scores, labels, kind, bins, "left", "scores", "labels")
     count, sum_conf, sum_correct, _, _ = _equal_mass(top_label(logp, y), bins)
@@ -305,7 +333,7 @@ def classwise_calibration_error(
 ) -> float:
     """Classwise ECE: mean over all K classes of the equal-width ECE of p_k against 1[y = k]."""
     logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
-    count, sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
+    _, sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
     return float(((sum_y - sum_p).abs().sum(dim=1) / logp.shape[0]).mean())
 
 
@@ -315,7 +343,9 @@ def positive_class_calibration_error(
     """ECE of p_1 against 1[y = 1] with equal-width bins; binary problems (K = 2) only."""
     logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
     if logp.shape[1] != 2:
-        raise InputError("scores", f"the positive-class ECE needs K = 2 classes, got {logp.shape[1]}")
+        raise InputError(
+            "scores", f"the positive-class ECE needs K = 2 classes, got {logp.shape[1]}"
+        )
     _, sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
     return float((sum_y[1] - sum_p[1]).abs().sum()) / logp.shape[0]
 

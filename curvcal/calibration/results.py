@@ -109,7 +109,11 @@ class Calibrator:
             raise InputError(source, f"unknown calibrator keys {unknown}")
         if "method" not in data:
             raise InputError(source, "missing key 'method'", f"one of {list(CALIBRATOR_METHODS)}")
-        method, temperature, gamma = data["method"], data.get("temperature", 1.0), data.get("gamma", 0.0)
+        method, temperature, gamma = (
+            data["method"],
+            data.get("temperature", 1.0),
+            data.get("gamma", 0.0),
+        )
         for name, value in (("temperature", temperature), ("gamma", gamma)):
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InputError(source, f"{name} must be a number, got {value!r}")
@@ -125,7 +129,11 @@ def _check_calibrator(method: Any, temperature: float, gamma: float, source: str
     if not (gamma >= 0 and gamma < float("inf")):
         raise InputError(source, f"gamma must be finite and >= 0, got {gamma!r}")
     if method != "focal-temperature" and gamma != 0:
-        raise InputError(source, f"gamma {gamma} given for method {method!r}", "only focal-temperature uses gamma")
+        raise InputError(
+            source,
+            f"gamma {gamma} given for method {method!r}",
+            "only focal-temperature uses gamma",
+        )
 
 
 @dataclass(frozen=True)
@@ -188,4 +196,6 @@ class FocalTemperatureFit:
 
     @property
     def calibrator(self) -> Calibrator:
-        return Calibrator(method="focal-temperature", temperature=self.temperature, gamma=self.gamma)
+        return Calibrator(
+            method="focal-temperature", temperature=self.temperature, gamma=self.gamma
+        )

@@ -3,7 +3,8 @@
 Temperature scaling (Guo et al. 2017): p = softmax(z / T), T > 0. With s = 1/T the NLL
 N(s) = mean[logsumexp(s·z) - s·z_y] is convex in s, with dN/ds = mean[E_p z - z_y] and
 d²N/ds² = mean[Var_p z]. The NLL fit runs a bounded Brent search on ln T over the bracket
-(default T ∈ [0.01, 100]; it can never return T <= 0 or NaN), then polishes with safeguarded
+(default T ∈ [0.01, 100]; it can never return T <= 0 or NaN) unless the slope at an end
+of the bracket already shows the minimum lies on that end, then polishes with safeguarded
 Newton steps in s inside the bracket until |dN/d ln T| < 1e-10. The ``"ece"``/``"adaece"``
 objectives use a log-spaced grid (Mukhoti et al. 2020 pick T by grid search): a coarse grid of
 step 10·``grid_step`` in ln T over the bracket, then a fine grid of step ``grid_step`` around
@@ -58,6 +59,7 @@ class _Scores:
         self.logp_y = logp.gather(1, labels[:, None])[:, 0]
         self.correct = (logp.argmax(dim=1) == labels).to(torch.float64)
         self.step = chunk_rows(logp.shape[1])
+        self.flat = bool((logp.amax(dim=1) == logp.amin(dim=1)).all())
 
     def chunks(self) -> list[tuple[int, torch.Tensor]]:
         return [(i, self.logp[i : i + self.step]) for i in range(0, self.logp.shape[0], self.step)]
@@ -96,7 +98,9 @@ def _calibrated(logp: torch.Tensor, s: float, gamma: float) -> torch.Tensor:
     return focal_calibration_map(scaled, gamma) if gamma else scaled
 
 
-def _objective(scores: _Scores, objective: str, n_bins: int, edges: str) -> Callable[[float, float], float]:
+def _objective(
+    scores: _Scores, objective: str, n_bins: int, edges: str
+) -> Callable[[float, float], float]:
     """objective(s, γ) of the calibrated scores."""
 
     def evaluate(s: float, gamma: float) -> float:
@@ -104,7 +108,10 @@ def _objective(scores: _Scores, objective: str, n_bins: int, edges: str) -> Call
             return scores.nll(s)
         blocks = scores.scaled_log_probs(s, gamma)
         if objective == "nll":
-            total = sum(float(b.gather(1, scores.labels[i : i + b.shape[0], None]).sum()) for (i, _), b in zip(scores.chunks(), blocks, strict=True))
+            total = sum(
+                float(b.gather(1, scores.labels[i : i + b.shape[0], None]).sum())
+                for (i, _), b in zip(scores.chunks(), blocks, strict=True)
+            )
             return -total / scores.logp.shape[0]
         confidence = torch.exp(torch.cat([b.max(dim=1).values for b in blocks]))
         if objective == "ece":
@@ -125,11 +132,15 @@ def _check_bracket(bracket: tuple[float, float]) -> tuple[float, float]:
 
 def _check_grid_step(grid_step: float) -> float:
     if not (isinstance(grid_step, int | float) and 0 < grid_step <= 1):
-        raise InputError("grid_step", f"the grid step in ln T must lie in (0, 1], got {grid_step!r}")
+        raise InputError(
+            "grid_step", f"the grid step in ln T must lie in (0, 1], got {grid_step!r}"
+        )
     return float(grid_step)
 
 
-def _grid_minimum(fn: Callable[[float], float], low: float, high: float, step: float) -> tuple[float, float, int]:
+def _grid_minimum(
+    fn: Callable[[float], float], low: float, high: float, step: float
+) -> tuple[float, float, int]:
     """Minimise fn(u) over u ∈ [low, high]: coarse grid (10·step), then fine grid (step)."""
 
     def best(points: np.ndarray) -> tuple[float, float]:
@@ -147,17 +158,23 @@ def _grid_minimum(fn: Callable[[float], float], low: float, high: float, step: f
 
 def _fit_nll_temperature(scores: _Scores, low: float, high: float) -> tuple[float, float, int]:
     """(T, dN/d ln T at T, evaluations): Brent on ln T, then Newton in s = 1/T."""
-    _, _, curvature = scores.nll_derivatives(1.0)
-    if curvature == 0:  # every row is constant: the NLL does not depend on T
+    if scores.flat:  # every row is constant: the NLL does not depend on T
         return 1.0, 0.0, 1
+    s_low, s_high = 1.0 / high, 1.0 / low
+    # Convexity in s: a one-signed slope at an end of the bracket puts the minimum on that end.
+    _, slope_at_low_t, _ = scores.nll_derivatives(s_high)
+    if slope_at_low_t <= 0:
+        return low, -s_high * slope_at_low_t, 2
+    _, slope_at_high_t, _ = scores.nll_derivatives(s_low)
+    if slope_at_high_t >= 0:
+        return high, -s_low * slope_at_high_t, 3
     result = minimize_scalar(
         lambda u: scores.nll(math.exp(-u)),
         bounds=(math.log(low), math.log(high)),
         method="bounded",
         options={"xatol": 1e-5},
     )
-    evaluations = int(result.nfev) + 1
-    s_low, s_high = 1.0 / high, 1.0 / low
+    evaluations = int(result.nfev) + 3
     s = min(max(math.exp(-float(result.x)), s_low), s_high)
     value, first, second = scores.nll_derivatives(s)
     for _ in range(30):
@@ -239,12 +256,16 @@ def fit_temperature(
     True
     """
     if objective not in OBJECTIVES_TS:
-        raise InputError("objective", f"unknown objective {objective!r}", f"one of {', '.join(OBJECTIVES_TS)}")
+        raise InputError(
+            "objective", f"unknown objective {objective!r}", f"one of {', '.join(OBJECTIVES_TS)}"
+        )
     low, high = _check_bracket(bracket)
     step = _check_grid_step(grid_step)
     data = _prepare(scores, labels, kind, bins, edges, source, labels_source)
     evaluate = _objective(data, objective, bins, edges)
-    temperature, value, evaluations = _fit_one_gamma(data, evaluate, objective, 0.0, low, high, step)
+    temperature, value, evaluations = _fit_one_gamma(
+        data, evaluate, objective, 0.0, low, high, step
+    )
     _, first, _ = data.nll_derivatives(1.0 / temperature)
     return TemperatureFit(
         temperature=temperature,
@@ -280,7 +301,9 @@ def fit_focal_temperature(
     Ties between γ values go to the smaller γ. ``gammas=[0]`` is temperature scaling.
     """
     if objective not in OBJECTIVES_FTS:
-        raise InputError("objective", f"unknown objective {objective!r}", f"one of {', '.join(OBJECTIVES_FTS)}")
+        raise InputError(
+            "objective", f"unknown objective {objective!r}", f"one of {', '.join(OBJECTIVES_FTS)}"
+        )
     grid = sorted({check_gamma(g, "gammas") for g in gammas})
     if not grid:
         raise InputError("gammas", "the gamma grid is empty", "0 is temperature scaling")
@@ -291,7 +314,9 @@ def fit_focal_temperature(
     profile = []
     for gamma in grid:
         temperature, value, _ = _fit_one_gamma(data, evaluate, objective, gamma, low, high, step)
-        profile.append(FocalProfilePoint(gamma, temperature, value, _at_end(temperature, low, high)))
+        profile.append(
+            FocalProfilePoint(gamma, temperature, value, _at_end(temperature, low, high))
+        )
     chosen = min(profile, key=lambda point: point.objective)  # first minimum: the smaller γ
     nll = _objective(data, "nll", bins, edges)
     return FocalTemperatureFit(
@@ -309,7 +334,9 @@ def fit_focal_temperature(
     )
 
 
-def apply_temperature(scores: Any, temperature: float, kind: str = "logits", source: str = "scores") -> torch.Tensor:
+def apply_temperature(
+    scores: Any, temperature: float, kind: str = "logits", source: str = "scores"
+) -> torch.Tensor:
     """float64 log-probabilities log softmax(z / T) of N×K ``scores``."""
     return apply_calibrator(Calibrator("temperature", float(temperature)), scores, kind, source)
 
@@ -318,10 +345,14 @@ def apply_focal_temperature(
     scores: Any, temperature: float, gamma: float, kind: str = "logits", source: str = "scores"
 ) -> torch.Tensor:
     """float64 log-probabilities log φ_γ(softmax(z / T)) of N×K ``scores``."""
-    return apply_calibrator(Calibrator("focal-temperature", float(temperature), float(gamma)), scores, kind, source)
+    return apply_calibrator(
+        Calibrator("focal-temperature", float(temperature), float(gamma)), scores, kind, source
+    )
 
 
-def apply_calibrator(calibrator: Calibrator, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
+def apply_calibrator(
+    calibrator: Calibrator, scores: Any, kind: str = "logits", source: str = "scores"
+) -> torch.Tensor:
     """Apply a :class:`Calibrator` to N×K scores; returns float64 log-probabilities."""
     logp = log_probabilities(scores, kind, source)
     if calibrator.method == "none":
@@ -329,5 +360,7 @@ def apply_calibrator(calibrator: Calibrator, scores: Any, kind: str = "logits", 
     out = torch.empty_like(logp)
     step = chunk_rows(logp.shape[1])
     for start in range(0, logp.shape[0], step):
-        out[start : start + step] = _calibrated(logp[start : start + step], 1.0 / calibrator.temperature, calibrator.gamma)
+        out[start : start + step] = _calibrated(
+            logp[start : start + step], 1.0 / calibrator.temperature, calibrator.gamma
+        )
     return out

@@ -60,7 +60,7 @@ class _SmoothedResidual:
 
     def value(self, sigma: float) -> float:
         period = 2 * self.intervals
-        images = int(math.ceil(8 * sigma / 2)) + 1
+        images = math.ceil(8 * sigma / 2) + 1
         distance = self.offsets[:, None] + 2.0 * np.arange(-images, images + 1)[None, :]
         kernel = np.exp(-0.5 * (distance / sigma) ** 2).sum(axis=1)
         kernel *= self.intervals / kernel.sum()  # Σ kernel·Δ over one period = 1
@@ -70,7 +70,10 @@ class _SmoothedResidual:
 
 
 def smooth_ece_at(
-    confidence: torch.Tensor, correct: torch.Tensor, bandwidth: float, intervals: int = GRID_INTERVALS
+    confidence: torch.Tensor,
+    correct: torch.Tensor,
+    bandwidth: float,
+    intervals: int = GRID_INTERVALS,
 ) -> float:
     """smECE_σ at a fixed bandwidth σ > 0 (see the module docstring)."""
     residual = correct.to(torch.float64) - confidence.to(torch.float64)

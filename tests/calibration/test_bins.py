@@ -71,7 +71,9 @@ def test_weights_equal_repetition(levels: list[int], counts: list[int], n_bins: 
     weighted = equal_mass_index(values, n_bins, weights=weights)
     plain = equal_mass_index(repeated, n_bins)
     # Tie groups never straddle bins, so each distinct value has one bin in each result.
-    by_value = {float(v): int(b) for v, b, r in zip(values, weighted, repeats, strict=True) if r > 0}
+    by_value = {
+        float(v): int(b) for v, b, r in zip(values, weighted, repeats, strict=True) if r > 0
+    }
     assert by_value == {float(v): int(b) for v, b in zip(repeated, plain, strict=True)}
 
 
@@ -80,4 +82,7 @@ def test_weights_equal_repetition(levels: list[int], counts: list[int], n_bins: 
 def test_equal_mass_depends_only_on_values(levels: list[int], n_bins: int, rnd: object) -> None:
     values = torch.tensor(levels, dtype=F64) / 5
     perm = torch.randperm(len(levels), generator=torch.Generator().manual_seed(len(levels)))
-    assert equal_mass_index(values, n_bins)[perm].tolist() == equal_mass_index(values[perm], n_bins).tolist()
+    assert (
+        equal_mass_index(values, n_bins)[perm].tolist()
+        == equal_mass_index(values[perm], n_bins).tolist()
+    )

@@ -30,7 +30,9 @@ def focal_minimiser(q: np.ndarray, gamma: float) -> np.ndarray:
         return value, d_logits[1:]
 
     start = np.log(q[1:] / q[0])
-    result = minimize(objective, start, jac=True, method="BFGS", options={"gtol": 1e-14, "maxiter": 10_000})
+    result = minimize(
+        objective, start, jac=True, method="BFGS", options={"gtol": 1e-14, "maxiter": 10_000}
+    )
     logits = np.concatenate([[0.0], result.x])
     return logits - np.logaddexp.reduce(logits)
 
@@ -38,7 +40,9 @@ def focal_minimiser(q: np.ndarray, gamma: float) -> np.ndarray:
 @pytest.mark.parametrize("gamma", [1.0, 2.0, 3.0])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_map_inverts_the_focal_loss_minimiser(gamma: float, seed: int) -> None:
-    q = torch.softmax(torch.randn(4, dtype=F64, generator=torch.Generator().manual_seed(seed)) * 1.5, 0).numpy()
+    q = torch.softmax(
+        torch.randn(4, dtype=F64, generator=torch.Generator().manual_seed(seed)) * 1.5, 0
+    ).numpy()
     log_p_star = focal_minimiser(q, gamma)
     assert not np.allclose(np.exp(log_p_star), q, atol=1e-3)  # the minimiser is not q itself
     mapped = focal_calibration_map(torch.tensor(log_p_star)[None], gamma).exp()[0].numpy()
@@ -50,7 +54,9 @@ def test_matches_the_direct_formula_on_moderate_rows() -> None:
     gamma = 2.5
     g = (1 - q) ** gamma / q - gamma * (1 - q) ** (gamma - 1) * torch.log(q)
     expected = (1 / g) / (1 / g).sum(dim=1, keepdim=True)
-    torch.testing.assert_close(focal_calibration_map(q.log(), gamma).exp(), expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(
+        focal_calibration_map(q.log(), gamma).exp(), expected, rtol=1e-12, atol=1e-14
+    )
 
 
 def test_gamma_zero_is_the_identity() -> None:
@@ -61,7 +67,9 @@ def test_gamma_zero_is_the_identity() -> None:
 @pytest.mark.parametrize("gamma", [1.0, 2.0, 3.0])
 def test_binary_map_is_a_temperature_near_one_half_and_for_confident_rows(gamma: float) -> None:
     def log_odds(ell: float) -> float:
-        out = focal_calibration_map(torch.log_softmax(torch.tensor([[ell, 0.0]], dtype=F64), 1), gamma)[0]
+        out = focal_calibration_map(
+            torch.log_softmax(torch.tensor([[ell, 0.0]], dtype=F64), 1), gamma
+        )[0]
         return float(out[0] - out[1])
 
     h = 1e-4
@@ -72,7 +80,9 @@ def test_binary_map_is_a_temperature_near_one_half_and_for_confident_rows(gamma:
 
 
 def test_saturated_rows_stay_finite() -> None:
-    z = torch.tensor([[0.0, -60.0, -80.0], [0.0, -1e3, -2e3], [100.0, 0.0, 0.0]], dtype=torch.float32)
+    z = torch.tensor(
+        [[0.0, -60.0, -80.0], [0.0, -1e3, -2e3], [100.0, 0.0, 0.0]], dtype=torch.float32
+    )
     for gamma in (0.5, 1.0, 3.0, 7.0):
         out = focal_calibration_map(torch.log_softmax(z.double(), 1), gamma)
         assert not torch.isnan(out).any()

@@ -17,7 +17,13 @@ from curvcal.errors import InputError
 
 F64 = torch.float64
 GOLDEN_P = torch.tensor(
-    [[0.5, 0.25, 0.25], [0.5, 0.25, 0.25], [0.75, 0.125, 0.125], [0.75, 0.125, 0.125], [0.25, 0.25, 0.5]],
+    [
+        [0.5, 0.25, 0.25],
+        [0.5, 0.25, 0.25],
+        [0.75, 0.125, 0.125],
+        [0.75, 0.125, 0.125],
+        [0.25, 0.25, 0.5],
+    ],
     dtype=F64,
 )
 GOLDEN_Y = torch.tensor([0, 0, 0, 1, 2])
@@ -26,7 +32,9 @@ GOLDEN_Y = torch.tensor([0, 0, 0, 1, 2])
 def test_golden_edge_side_left_is_0_400() -> None:
     m = calibration_metrics(GOLDEN_P, GOLDEN_Y, kind="probs", bins=2, edges="left")
     assert m.ece == pytest.approx(0.4, abs=1e-12)
-    assert M.expected_calibration_error(GOLDEN_P, GOLDEN_Y, kind="probs", bins=2) == pytest.approx(0.4, abs=1e-12)
+    assert M.expected_calibration_error(GOLDEN_P, GOLDEN_Y, kind="probs", bins=2) == pytest.approx(
+        0.4, abs=1e-12
+    )
 
 
 def test_golden_edge_side_right_is_0_200() -> None:
@@ -46,7 +54,13 @@ def test_golden_confidence_exactly_one_goes_to_the_last_bin() -> None:
 def test_hand_worked_reliability_table_and_scalars() -> None:
     m = calibration_metrics(GOLDEN_P, GOLDEN_Y, kind="probs", bins=2)
     low, high = m.ece_bins
-    assert (low.lower, low.upper, low.count, low.confidence, low.accuracy) == (0.0, 0.5, 3, 0.5, 1.0)
+    assert (low.lower, low.upper, low.count, low.confidence, low.accuracy) == (
+        0.0,
+        0.5,
+        3,
+        0.5,
+        1.0,
+    )
     assert low.gap == pytest.approx(0.5)
     assert (high.lower, high.upper, high.count) == (0.5, 1.0, 2)
     assert (high.confidence, high.accuracy, high.gap) == pytest.approx((0.75, 0.5, -0.25))
@@ -75,7 +89,9 @@ def test_scalars_are_the_table_numbers() -> None:
     for table, ece in ((m.ece_bins, m.ece), (m.adaece_bins, m.adaece)):
         n = sum(b.count for b in table)
         assert n == 300
-        assert sum(b.count / n * abs(b.gap) for b in table if b.count) == pytest.approx(ece, abs=1e-12)
+        assert sum(b.count / n * abs(b.gap) for b in table if b.count) == pytest.approx(
+            ece, abs=1e-12
+        )
     assert max(abs(b.gap) for b in m.ece_bins if b.count) == pytest.approx(m.mce)
 
 
@@ -169,7 +185,9 @@ def test_small_public_functions_agree_with_the_one_pass() -> None:
     assert M.mean_confidence(z, y) == m.mean_confidence
     # repr: empty bins carry NaN means, and NaN != NaN
     assert repr(M.reliability_bins(z, y, bins=6, edges="right")) == repr(m.ece_bins)
-    assert repr(M.reliability_bins(z, y, bins=6, binning_scheme="equal-mass")) == repr(m.adaece_bins)
+    assert repr(M.reliability_bins(z, y, bins=6, binning_scheme="equal-mass")) == repr(
+        m.adaece_bins
+    )
 
 
 # ---- properties ---------------------------------------------------------------------------
@@ -191,24 +209,43 @@ def scored(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(scored(), st.integers(1, 12), st.sampled_from(["left", "right"]), st.randoms(use_true_random=False))
+@given(
+    scored(),
+    st.integers(1, 12),
+    st.sampled_from(["left", "right"]),
+    st.randoms(use_true_random=False),
+)
 def test_every_metric_is_permutation_invariant(
     data: tuple[torch.Tensor, torch.Tensor], bins: int, edges: str, rnd: object
 ) -> None:
     z, y = data
-    perm = torch.randperm(z.shape[0], generator=torch.Generator().manual_seed(z.shape[0] * 31 + bins))
+    perm = torch.randperm(
+        z.shape[0], generator=torch.Generator().manual_seed(z.shape[0] * 31 + bins)
+    )
     a = calibration_metrics(z, y, bins=bins, edges=edges)
     b = calibration_metrics(z[perm], y[perm], bins=bins, edges=edges)
     for name in SCALARS:
         assert getattr(a, name) == pytest.approx(getattr(b, name), abs=1e-12), name
-    assert [(r.lower, r.upper, r.count) for r in a.adaece_bins] == [(r.lower, r.upper, r.count) for r in b.adaece_bins]
+    assert [(r.lower, r.upper, r.count) for r in a.adaece_bins] == [
+        (r.lower, r.upper, r.count) for r in b.adaece_bins
+    ]
 
 
 @settings(max_examples=60, deadline=None)
 @given(scored(), st.integers(1, 12), st.sampled_from(["left", "right"]))
-def test_errors_lie_in_the_unit_interval(data: tuple[torch.Tensor, torch.Tensor], bins: int, edges: str) -> None:
+def test_errors_lie_in_the_unit_interval(
+    data: tuple[torch.Tensor, torch.Tensor], bins: int, edges: str
+) -> None:
     m = calibration_metrics(*data, bins=bins, edges=edges)
-    for name in ("ece", "mce", "rms_ce", "rms_ce_debiased", "adaece", "classwise_ece", "smooth_ece"):
+    for name in (
+        "ece",
+        "mce",
+        "rms_ce",
+        "rms_ce_debiased",
+        "adaece",
+        "classwise_ece",
+        "smooth_ece",
+    ):
         assert 0.0 <= getattr(m, name) <= 1.0, name
     assert m.ece <= m.mce + 1e-15 and m.ece <= m.rms_ce + 1e-15
 
@@ -246,7 +283,14 @@ def test_one_sample() -> None:
 
 def test_one_class() -> None:
     m = calibration_metrics(torch.tensor([[3.0], [-1.0]]), torch.tensor([0, 0]))
-    assert (m.accuracy, m.mean_confidence, m.ece, m.nll, m.brier, m.classwise_ece) == (1.0, 1.0, 0.0, 0.0, 0.0, 0.0)
+    assert (m.accuracy, m.mean_confidence, m.ece, m.nll, m.brier, m.classwise_ece) == (
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    )
 
 
 def test_all_confidences_tied() -> None:

@@ -28,7 +28,9 @@ def brute_force(conf: torch.Tensor, correct: torch.Tensor, sigma: float) -> floa
     fs = conf.tolist()
 
     def integrand(t: float) -> float:
-        return abs(sum(r * reflected_gaussian(t, f, sigma) for r, f in zip(residual, fs, strict=True))) / len(fs)
+        return abs(
+            sum(r * reflected_gaussian(t, f, sigma) for r, f in zip(residual, fs, strict=True))
+        ) / len(fs)
 
     value, _ = quad(integrand, 0.0, 1.0, limit=400, epsabs=1e-12, points=fs)
     return value
@@ -36,7 +38,9 @@ def brute_force(conf: torch.Tensor, correct: torch.Tensor, sigma: float) -> floa
 
 @pytest.mark.parametrize("sigma", [0.03, 0.1, 0.4])
 def test_fixed_bandwidth_matches_the_integral(sigma: float) -> None:
-    assert smooth_ece_at(CONF, CORRECT, sigma) == pytest.approx(brute_force(CONF, CORRECT, sigma), abs=2e-5)
+    assert smooth_ece_at(CONF, CORRECT, sigma) == pytest.approx(
+        brute_force(CONF, CORRECT, sigma), abs=2e-5
+    )
 
 
 def test_fixed_point_bandwidth_equals_the_value() -> None:
@@ -57,7 +61,9 @@ def test_one_signed_residuals_give_the_mean_gap_for_every_bandwidth() -> None:
     for sigma in (0.005, 0.1, 0.9):
         assert smooth_ece_at(CONF, correct, sigma) == pytest.approx(gap, abs=1e-12)
     result = smooth_ece(CONF, correct)
-    assert result.value == pytest.approx(gap, abs=1e-9) and result.bandwidth == pytest.approx(gap, abs=1e-9)
+    assert result.value == pytest.approx(gap, abs=1e-9) and result.bandwidth == pytest.approx(
+        gap, abs=1e-9
+    )
 
 
 def test_zero_residuals_give_zero() -> None:
