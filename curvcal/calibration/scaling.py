@@ -50,44 +50,67 @@ DEFAULT_GRID_STEP = 0.01
 POLISH_TOL = 1e-10
 
 
+#: Log-probabilities below this (exact zeros among them) are clamped to it: for every T below
+#: about 13,000 its weight exp(s·z) underflows to exactly 0, and products w·z stay finite.
+LOG_FLOOR = -1e7
+
+
 class _Scores:
-    """Validated float64 log-probabilities z (N×K) with labels, the pieces every fit needs."""
+    """Row-shifted float64 log-probabilities z - max_k z (N×K, top entry 0) with labels.
+
+    Shifting by the row maximum keeps Σ_k exp(s·z_k) in [1, K] for every s > 0, so the NLL,
+    its derivatives and the confidence need no further max-subtraction.
+    """
 
     def __init__(self, logp: torch.Tensor, labels: torch.Tensor) -> None:
+        self.correct = (logp.argmax(dim=1) == labels).to(torch.float64)
+        logp -= logp.amax(dim=1, keepdim=True)  # logp is our own copy
+        logp.clamp_(min=LOG_FLOOR)
         self.logp = logp
         self.labels = labels
         self.logp_y = logp.gather(1, labels[:, None])[:, 0]
-        self.correct = (logp.argmax(dim=1) == labels).to(torch.float64)
         self.step = chunk_rows(logp.shape[1])
-        self.flat = bool((logp.amax(dim=1) == logp.amin(dim=1)).all())
+        self.flat = bool((logp.amin(dim=1) == 0).all())
 
     def chunks(self) -> list[tuple[int, torch.Tensor]]:
         return [(i, self.logp[i : i + self.step]) for i in range(0, self.logp.shape[0], self.step)]
 
+    def log_partition(self, s: float) -> torch.Tensor:
+        """log Σ_k exp(s·z_k) for every row (length N)."""
+        out = torch.empty(self.logp.shape[0], dtype=torch.float64)
+        buffer = torch.empty((self.step, self.logp.shape[1]), dtype=torch.float64)
+        for i, block in self.chunks():
+            work = buffer[: block.shape[0]]
+            torch.mul(block, s, out=work).exp_()
+            torch.sum(work, dim=1, out=out[i : i + block.shape[0]])
+        return out.log_()
+
     def nll(self, s: float) -> float:
         """Mean NLL of softmax(s·z)."""
-        total = 0.0
-        for _, block in self.chunks():
-            total += float(torch.logsumexp(s * block, dim=1).sum())
-        return (total - s * float(self.logp_y.sum())) / self.logp.shape[0]
+        return float((self.log_partition(s) - s * self.logp_y).mean())
 
     def nll_derivatives(self, s: float) -> tuple[float, float, float]:
-        """(N, dN/ds, d²N/ds²) at s = 1/T in one pass."""
+        """(N, dN/ds, d²N/ds²) at s = 1/T in one pass: mean lse - s·z_y, E_p z - z_y, Var_p z."""
         value = first = second = 0.0
+        buffer = torch.empty((self.step, self.logp.shape[1]), dtype=torch.float64)
+        weighted = torch.empty_like(buffer)
         for _, block in self.chunks():
-            scaled = s * block
-            lse = torch.logsumexp(scaled, dim=1, keepdim=True)
-            p = torch.exp(scaled - lse)
-            live = p > 0  # z = -inf where a given probability was exactly 0
-            z = torch.where(live, block, torch.zeros_like(block))
-            mean_z = (p * z).sum(dim=1, keepdim=True)
-            centred = torch.where(live, z - mean_z, torch.zeros_like(z))
-            value += float(lse.sum())
+            w = buffer[: block.shape[0]]
+            torch.mul(block, s, out=w).exp_()
+            total = w.sum(dim=1)
+            wz = torch.mul(w, block, out=weighted[: block.shape[0]])
+            mean_z = wz.sum(dim=1) / total
+            mean_z2 = wz.mul_(block).sum(dim=1) / total
+            value += float(total.log().sum())
             first += float(mean_z.sum())
-            second += float((p * centred**2).sum())
+            second += float((mean_z2 - mean_z**2).clamp(min=0).sum())
         n = self.logp.shape[0]
         y_sum = float(self.logp_y.sum())
         return (value - s * y_sum) / n, (first - y_sum) / n, second / n
+
+    def confidence(self, s: float) -> torch.Tensor:
+        """Top-label confidence of softmax(s·z): 1 / Σ_k exp(s·z_k)."""
+        return torch.exp(-self.log_partition(s))
 
     def scaled_log_probs(self, s: float, gamma: float) -> list[torch.Tensor]:
         return [_calibrated(block, s, gamma) for _, block in self.chunks()]
@@ -106,6 +129,14 @@ def _objective(
     def evaluate(s: float, gamma: float) -> float:
         if objective == "nll" and gamma == 0:
             return scores.nll(s)
+        if gamma == 0:
+            confidence = scores.confidence(s)
+            index = (
+                binning.equal_width_index(confidence, n_bins, edges)
+                if objective == "ece"
+                else binning.equal_mass_index(confidence, n_bins)
+            )
+            return binned_errors(*binning.bin_sums(index, confidence, scores.correct, n_bins)).ece
         blocks = scores.scaled_log_probs(s, gamma)
         if objective == "nll":
             total = sum(
@@ -172,7 +203,7 @@ def _fit_nll_temperature(scores: _Scores, low: float, high: float) -> tuple[floa
         lambda u: scores.nll(math.exp(-u)),
         bounds=(math.log(low), math.log(high)),
         method="bounded",
-        options={"xatol": 1e-5},
+        options={"xatol": 1e-4},  # the Newton polish takes it from here
     )
     evaluations = int(result.nfev) + 3
     s = min(max(math.exp(-float(result.x)), s_low), s_high)
@@ -228,7 +259,7 @@ def _fit_one_gamma(
     u, value, evaluations = _grid_minimum(
         lambda u: evaluate(math.exp(-u), gamma), math.log(low), math.log(high), grid_step
     )
-    return math.exp(u), value, evaluations
+    return min(max(math.exp(u), low), high), value, evaluations  # exp(ln T) may round out
 
 
 def _at_end(temperature: float, low: float, high: float) -> bool:
