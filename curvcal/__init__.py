@@ -1,21 +1,95 @@
-"""curvcal: curvature and calibration of trained classifier checkpoints."""
+"""curvcal: curvature and calibration of trained classifier checkpoints.
+
+The public API is imported on first use (PEP 562), so ``import curvcal`` and ``curvcal --help``
+do not pay for torch until a function is actually needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0.dev0"
 
-
-from curvcal.curvature import (
-    HessianOperator,
-    hessian_density,
-    hessian_eigenvalues,
-    hessian_layers,
-    hessian_trace,
-)
+_EXPORTS: dict[str, str] = {
+    # curvature
+    "HessianOperator": "curvcal.curvature",
+    "hessian_density": "curvcal.curvature",
+    "hessian_eigenvalues": "curvcal.curvature",
+    "hessian_layers": "curvcal.curvature",
+    "hessian_trace": "curvcal.curvature",
+    # calibration
+    "CalibrationMetrics": "curvcal.calibration",
+    "Calibrator": "curvcal.calibration",
+    "FocalTemperatureFit": "curvcal.calibration",
+    "ReliabilityBin": "curvcal.calibration",
+    "TemperatureFit": "curvcal.calibration",
+    "apply_calibrator": "curvcal.calibration",
+    "apply_focal_temperature": "curvcal.calibration",
+    "apply_temperature": "curvcal.calibration",
+    "calibration_metrics": "curvcal.calibration",
+    "fit_focal_temperature": "curvcal.calibration",
+    "fit_temperature": "curvcal.calibration",
+    "focal_calibration_map": "curvcal.calibration",
+    "focal_loss": "curvcal.calibration",
+}
 
 __all__ = [
+    "CalibrationMetrics",
+    "Calibrator",
+    "FocalTemperatureFit",
     "HessianOperator",
+    "ReliabilityBin",
+    "TemperatureFit",
     "__version__",
+    "apply_calibrator",
+    "apply_focal_temperature",
+    "apply_temperature",
+    "calibration_metrics",
+    "fit_focal_temperature",
+    "fit_temperature",
+    "focal_calibration_map",
+    "focal_loss",
     "hessian_density",
     "hessian_eigenvalues",
     "hessian_layers",
     "hessian_trace",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'curvcal' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from curvcal.calibration import (
+        CalibrationMetrics,
+        Calibrator,
+        FocalTemperatureFit,
+        ReliabilityBin,
+        TemperatureFit,
+        apply_calibrator,
+        apply_focal_temperature,
+        apply_temperature,
+        calibration_metrics,
+        fit_focal_temperature,
+        fit_temperature,
+        focal_calibration_map,
+        focal_loss,
+    )
+    from curvcal.curvature import (
+        HessianOperator,
+        hessian_density,
+        hessian_eigenvalues,
+        hessian_layers,
+        hessian_trace,
+    )

@@ -16,9 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 SCHEMA_VERSION = "1.0"
 
 STATUS_OK = "ok"
@@ -57,11 +54,15 @@ def to_jsonable(value: Any, nonfinite: list[dict[str, str]] | None = None, where
         return to_jsonable(value.value, nonfinite, where)
     if isinstance(value, Path):
         return str(value)
-    if isinstance(value, torch.dtype | torch.device):
-        return str(value)
-    if isinstance(value, torch.Tensor):
-        return to_jsonable(value.detach().cpu().tolist(), nonfinite, where)
-    if isinstance(value, np.ndarray | np.generic):
+    module = type(value).__module__
+    if module.startswith("torch"):  # imported lazily: reports need no torch to be read
+        import torch
+
+        if isinstance(value, torch.dtype | torch.device):
+            return str(value)
+        if isinstance(value, torch.Tensor):
+            return to_jsonable(value.detach().cpu().tolist(), nonfinite, where)
+    if module.startswith("numpy"):
         return to_jsonable(value.tolist(), nonfinite, where)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         to_dict = getattr(value, "to_dict", None)

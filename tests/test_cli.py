@@ -68,3 +68,17 @@ def test_python_dash_m_entry_point() -> None:
     )
     assert completed.returncode == 0
     assert __version__ in completed.stdout
+
+
+def test_help_does_not_import_torch() -> None:
+    """`curvcal --help` stays fast: the CLI shell, commands and public API import torch lazily."""
+    code = "import sys, curvcal.cli, curvcal; curvcal.__all__; print('torch' in sys.modules)"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert completed.stdout.strip() == "False", completed.stderr
+
+
+def test_public_api_exports_resolve() -> None:
+    import curvcal
+
+    for name in curvcal.__all__:
+        assert getattr(curvcal, name) is not None

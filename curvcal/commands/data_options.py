@@ -23,11 +23,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from curvcal.load.data import DataOptions
+if TYPE_CHECKING:
+    from curvcal.load.data import DataOptions  # noqa: F401
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,6 +89,8 @@ def data_options(required: bool = True) -> Callable[[F], F]:
                     raise click.UsageError(f"{', '.join(given)} given without --data")
                 options = None
             else:
+                from curvcal.load.data import DataOptions
+
                 options = DataOptions(
                     spec=spec,
                     root=values["data_root"],

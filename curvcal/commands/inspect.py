@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+if TYPE_CHECKING:
+    from curvcal.load.checkpoint import CheckpointInfo
+
 from curvcal.commands.common import finish, output_options, start
-from curvcal.load.checkpoint import CheckpointInfo
 from curvcal.report import Table
 from curvcal.results import Report
 

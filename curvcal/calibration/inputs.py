@@ -1,0 +1,135 @@
+"""Validate scores and labels and turn scores into float64 log-probabilities.
+
+The input kind is always explicit, never guessed: ``"logits"`` (any real numbers; converted
+by one ``log_softmax``), ``"probs"`` (finite, non-negative, rows summing to 1 within
+:data:`PROB_SUM_TOL`) or ``"logprobs"`` (no NaN or +inf, rows whose probabilities sum to 1
+within :data:`PROB_SUM_TOL`; -inf marks a probability of exactly 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from curvcal.errors import InputError
+
+KINDS = ("logits", "probs", "logprobs")
+EDGES = ("left", "right")
+PROB_SUM_TOL = 1e-4
+#: Rows per chunk are chosen so one chunk holds about this many elements: small enough to stay
+#: in cache (large temporaries cost page faults), large enough that Python overhead is small.
+CHUNK_ELEMENTS = 1 << 16
+
+
+def chunk_rows(n_classes: int) -> int:
+    """Rows per chunk for an N×K pass (at least 1)."""
+    return max(1, CHUNK_ELEMENTS // max(1, n_classes))
+
+
+def as_tensor(value: Any, what: str) -> torch.Tensor:
+    """A tensor view of a tensor, NumPy array or nested sequence (no copy when possible)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, Sequence):
+        try:
+            return torch.as_tensor(np.asarray(value))
+        except (TypeError, ValueError) as exc:
+            raise InputError(what, f"cannot read as an array: {exc}") from None
+    raise InputError(what, f"expected a tensor or array, got {type(value).__name__}")
+
+
+def check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise InputError("kind", f"unknown score kind {kind!r}", f"one of {', '.join(KINDS)}")
+
+
+def check_bins(n_bins: int, edges: str = "left") -> None:
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
+        raise InputError("bins", f"the number of bins must be an integer >= 1, got {n_bins!r}")
+    if edges not in EDGES:
+        raise InputError(
+            "edges", f"unknown edge convention {edges!r}", "left for (a,b], right for [a,b)"
+        )
+
+
+def log_probabilities(scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
+    """Validated N×K float64 log-probabilities from ``scores`` of the given ``kind``.
+
+    Logits go through one ``log_softmax`` in float64 (so a float32 softmax that would saturate
+    to exactly 1.0 cannot); probabilities through ``log``. The caller's tensor is not modified.
+    Raises :class:`InputError` naming ``source`` for a wrong shape, dtype or value.
+    """
+    check_kind(kind)
+    z = as_tensor(scores, source)
+    if z.ndim != 2:
+        raise InputError(
+            source, f"scores must be 2-D (samples × classes), got shape {tuple(z.shape)}"
+        )
+    n, k = z.shape
+    if n == 0 or k == 0:
+        raise InputError(source, f"scores are empty (shape {tuple(z.shape)})")
+    if not (z.is_floating_point() or (z.dtype in (torch.int32, torch.int64) and kind == "logits")):
+        raise InputError(source, f"scores must be floating point, got {z.dtype}")
+    if z.device.type != "cpu":
+        z = z.cpu()
+    out = torch.empty((n, k), dtype=torch.float64)
+    step = chunk_rows(k)
+    for start in range(0, n, step):
+        block = z[start : start + step].to(torch.float64)
+        rows = f"rows {start}..{start + block.shape[0] - 1}"
+        if kind == "logits":
+            if not torch.isfinite(block).all():
+                bad = start + int((~torch.isfinite(block)).any(dim=1).nonzero()[0, 0])
+                raise InputError(source, f"logits contain NaN or infinity (first at row {bad})")
+            out[start : start + step] = torch.log_softmax(block, dim=1)
+            continue
+        if kind == "probs":
+            if not torch.isfinite(block).all():
+                raise InputError(source, f"probabilities contain NaN or infinity ({rows})")
+            if (block < 0).any():
+                raise InputError(source, f"probabilities contain negative values ({rows})")
+            total = block.sum(dim=1)
+            logp = torch.log(block)
+        else:
+            if torch.isnan(block).any() or (block == float("inf")).any():
+                raise InputError(source, f"log-probabilities contain NaN or +inf ({rows})")
+            if (block > 0).any():
+                raise InputError(source, f"log-probabilities must be <= 0 ({rows})")
+            total = torch.exp(block).sum(dim=1)
+            logp = block
+        off = (total - 1.0).abs() > PROB_SUM_TOL
+        if off.any():
+            bad = int(off.nonzero()[0, 0])
+            raise InputError(
+                source,
+                f"row {start + bad} sums to {float(total[bad]):.6g}, not 1 (tolerance {PROB_SUM_TOL:g})",
+                "pass --kind logits if these are logits",
+            )
+        out[start : start + step] = logp
+    return out
+
+
+def class_labels(
+    labels: Any, n_samples: int, n_classes: int, source: str = "labels"
+) -> torch.Tensor:
+    """Validated int64 labels: 1-D, one per sample, each in [0, n_classes)."""
+    y = as_tensor(labels, source)
+    if y.ndim != 1:
+        raise InputError(source, f"labels must be 1-D, got shape {tuple(y.shape)}")
+    if y.shape[0] != n_samples:
+        raise InputError(source, f"{y.shape[0]} labels for {n_samples} rows of scores")
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise InputError(source, f"labels must be integers, got {y.dtype}")
+    y = y.to(device="cpu", dtype=torch.int64)
+    if n_samples and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+        raise InputError(
+            source,
+            f"labels must lie in [0, {n_classes}), found {int(y.min())}..{int(y.max())}",
+            "the number of classes is the number of score columns",
+        )
+    return y

@@ -1,0 +1,383 @@
+"""Calibration metrics of classifier scores: one formula each, all computed in float64.
+
+Conventions (printed with every result):
+
+- p = softmax of the logits (or the given probabilities); confidence c = max_k p_k,
+  prediction = argmax (lowest index on ties), correct = 1[prediction = y].
+- Binned metrics over bins B_b (see :mod:`curvcal.calibration.bins` for the edge side):
+  ECE = Σ_b |B_b|/N · |acc_b - conf_b|; MCE = max over non-empty bins of |acc_b - conf_b|;
+  RMS-CE = sqrt(Σ_b |B_b|/N · (acc_b - conf_b)²). Empty bins contribute nothing.
+- Debiased RMS-CE (Kumar et al. 2019): sqrt(max(0, Σ_b |B_b|/N · [(acc_b - conf_b)² -
+  acc_b(1 - acc_b)/(|B_b| - 1)])); bins with fewer than 2 samples contribute 0.
+- AdaECE: the ECE formula over equal-mass, tie-safe bins; the number of bins used is reported.
+- Classwise ECE: for every class k in 0..K-1 (K = number of score columns), the ECE formula with
+  equal-width bins of p_k against 1[y = k]; the mean over the K classes.
+- Positive-class ECE (K = 2 only): the classwise term of class 1.
+- NLL = mean -log p_y (natural log, nats). Brier = mean over samples of Σ_k (p_k - 1[y = k])²
+  (a sum over classes, in [0, 2]).
+- Bootstrap intervals: percentile intervals of ECE, AdaECE, MCE and NLL over resamples drawn
+  with a private generator seeded by ``seed``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from curvcal.calibration import bins as binning
+from curvcal.calibration.inputs import check_bins, chunk_rows, class_labels, log_probabilities
+from curvcal.calibration.results import CalibrationMetrics, ReliabilityBin
+from curvcal.calibration.smooth import smooth_ece
+from curvcal.errors import InputError
+
+INTERVAL_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class TopLabel:
+    """Per-sample quantities every top-label metric is built from (float64, length N)."""
+
+    confidence: torch.Tensor
+    correct: torch.Tensor
+    nll: torch.Tensor
+    brier: torch.Tensor
+
+
+def top_label(logp: torch.Tensor, labels: torch.Tensor) -> TopLabel:
+    """Confidence, correctness, per-sample NLL and Brier from N×K float64 log-probabilities."""
+    n, k = logp.shape
+    confidence = torch.empty(n, dtype=torch.float64)
+    correct = torch.empty(n, dtype=torch.float64)
+    nll = torch.empty(n, dtype=torch.float64)
+    brier = torch.empty(n, dtype=torch.float64)
+    step = chunk_rows(k)
+    for start in range(0, n, step):
+        block, y = logp[start : start + step], labels[start : start + step]
+        top, prediction = block.max(dim=1)  # first maximal index on ties
+        logp_y = block.gather(1, y[:, None])[:, 0]
+        p_y = torch.exp(logp_y)
+        confidence[start : start + step] = torch.exp(top)
+        correct[start : start + step] = (prediction == y).to(torch.float64)
+        nll[start : start + step] = -logp_y
+        brier[start : start + step] = torch.exp(2 * block).sum(dim=1) - 2 * p_y + 1
+    return TopLabel(confidence, correct, nll, brier)
+
+
+@dataclass(frozen=True)
+class BinnedErrors:
+    """ECE, MCE, RMS-CE and debiased RMS-CE of one set of bin sums."""
+
+    ece: float
+    mce: float
+    rms_ce: float
+    rms_ce_debiased: float
+
+
+def binned_errors(
+    count: torch.Tensor, sum_conf: torch.Tensor, sum_correct: torch.Tensor
+) -> BinnedErrors:
+    """The binned-error formulas of the module docstring, from per-bin sums (float64)."""
+    total = float(count.sum())
+    used = count > 0
+    n_b, gap_sum = count[used], (sum_correct - sum_conf)[used]
+    gap = gap_sum / n_b
+    ece = float(gap_sum.abs().sum()) / total
+    mce = float(gap.abs().max()) if gap.numel() else 0.0
+    squared = float((n_b * gap**2).sum()) / total
+    accuracy = sum_correct[used] / n_b
+    multi = n_b >= 2
+    variance = accuracy[multi] * (1 - accuracy[multi]) / (n_b[multi] - 1)
+    debiased = float((n_b[multi] * (gap[multi] ** 2 - variance)).sum()) / total
+    return BinnedErrors(ece, mce, math.sqrt(squared), math.sqrt(max(0.0, debiased)))
+
+
+def reliability_table(
+    count: torch.Tensor,
+    sum_conf: torch.Tensor,
+    sum_correct: torch.Tensor,
+    lower: torch.Tensor,
+    upper: torch.Tensor,
+    drop_empty: bool = False,
+) -> tuple[ReliabilityBin, ...]:
+    """Reliability bins from per-bin sums; empty bins have count 0 and NaN means."""
+    rows = []
+    for b in range(count.shape[0]):
+        n_b = float(count[b])
+        if n_b == 0 and drop_empty:
+            continue
+        conf = float(sum_conf[b]) / n_b if n_b else math.nan
+        acc = float(sum_correct[b]) / n_b if n_b else math.nan
+        rows.append(
+            ReliabilityBin(float(lower[b]), float(upper[b]), round(n_b), conf, acc, acc - conf)
+        )
+    return tuple(rows)
+
+
+def _equal_width(top: TopLabel, n_bins: int, edges: str) -> tuple[torch.Tensor, ...]:
+    index = binning.equal_width_index(top.confidence, n_bins, edges)
+    return (index, *binning.bin_sums(index, top.confidence, top.correct, n_bins))
+
+
+def _equal_mass(
+    top: TopLabel, n_bins: int, order: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
+    index = binning.equal_mass_index(top.confidence, n_bins, order=order)
+    count, sum_conf, sum_correct = binning.bin_sums(index, top.confidence, top.correct, n_bins)
+    inf = torch.full((n_bins,), math.inf, dtype=torch.float64)
+    lower = inf.scatter_reduce(0, index, top.confidence, reduce="amin")
+    upper = (-inf).scatter_reduce(0, index, top.confidence, reduce="amax")
+    return count, sum_conf, sum_correct, lower, upper
+
+
+def _classwise_sums(
+    logp: torch.Tensor, labels: torch.Tensor, n_bins: int, edges: str
+) -> tuple[torch.Tensor, ...]:
+    """Per (class, bin) sums of count, p_k and 1[y = k], each K×M."""
+    n, k = logp.shape
+    count = torch.zeros(k * n_bins, dtype=torch.float64)
+    sum_p = torch.zeros(k * n_bins, dtype=torch.float64)
+    sum_y = torch.zeros(k * n_bins, dtype=torch.float64)
+    offset = torch.arange(k) * n_bins
+    step = chunk_rows(k)
+    for start in range(0, n, step):
+        p = torch.exp(logp[start : start + step])
+        flat = (binning.equal_width_index(p, n_bins, edges) + offset).reshape(-1)
+        onehot = torch.zeros_like(p)
+        onehot.scatter_(1, labels[start : start + step, None], 1.0)
+        count += torch.bincount(flat, minlength=k * n_bins)
+        sum_p += torch.bincount(flat, weights=p.reshape(-1), minlength=k * n_bins)
+        sum_y += torch.bincount(flat, weights=onehot.reshape(-1), minlength=k * n_bins)
+    return count.view(k, n_bins), sum_p.view(k, n_bins), sum_y.view(k, n_bins)
+
+
+def _prepare(
+    scores: Any, labels: Any, kind: str, n_bins: int, edges: str, source: str, labels_source: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_bins(n_bins, edges)
+    logp = log_probabilities(scores, kind, source)
+    return logp, class_labels(labels, logp.shape[0], logp.shape[1], labels_source)
+
+
+def calibration_metrics(
+    scores: Any,
+    labels: Any,
+    kind: str = "logits",
+    bins: int = 15,
+    edges: str = "left",
+    bootstrap: int = 0,
+    seed: int = 0,
+    source: str = "scores",
+    labels_source: str = "labels",
+) -> CalibrationMetrics:
+    """Every metric of the module docstring in one pass over N×K ``scores``.
+
+    ``kind`` is ``"logits"``, ``"probs"`` or ``"logprobs"`` (never guessed); ``bins`` equal-width
+    and equal-mass bins; ``edges`` ``"left"`` for (a, b] or ``"right"`` for [a, b);
+    ``bootstrap`` resamples (0 = no intervals) drawn from a generator seeded by ``seed``.
+    ``source``/``labels_source`` name the inputs in error messages.
+
+    >>> import torch
+    >>> m = calibration_metrics(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))
+    >>> m.accuracy
+    0.5
+    """
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
+        raise InputError(
+            "bootstrap", f"the number of resamples must be an integer >= 0, got {bootstrap!r}"
+        )
+    logp, y = _prepare(scores, labels, kind, bins, edges, source, labels_source)
+    n, k = logp.shape
+    top = top_label(logp, y)
+    index, count, sum_conf, sum_correct = _equal_width(top, bins, edges)
+    width = binned_errors(count, sum_conf, sum_correct)
+    bin_edges = binning.equal_width_edges(bins)
+    order = torch.argsort(top.confidence, stable=True)
+    m_count, m_conf, m_correct, m_lower, m_upper = _equal_mass(top, bins, order)
+    mass = binned_errors(m_count, m_conf, m_correct)
+    _, c_p, c_y = _classwise_sums(logp, y, bins, edges)
+    per_class = (c_y - c_p).abs().sum(dim=1) / n
+    smooth = smooth_ece(top.confidence, top.correct)
+    intervals = _bootstrap_intervals(top, index, order, bins, bootstrap, seed) if bootstrap else {}
+    return CalibrationMetrics(
+        n_samples=n,
+        n_classes=k,
+        n_bins=bins,
+        edges=edges,
+        accuracy=float(top.correct.mean()),
+        mean_confidence=float(top.confidence.mean()),
+        ece=width.ece,
+        mce=width.mce,
+        rms_ce=width.rms_ce,
+        rms_ce_debiased=width.rms_ce_debiased,
+        adaece=mass.ece,
+        adaece_bins_used=int((m_count > 0).sum()),
+        classwise_ece=float(per_class.mean()),
+        nll=float(top.nll.mean()),
+        brier=float(top.brier.mean()),
+        smooth_ece=smooth.value,
+        smooth_ece_bandwidth=smooth.bandwidth,
+        smooth_ece_kernel=smooth.kernel,
+        positive_class_ece=float(per_class[1]) if k == 2 else None,
+        ece_bins=reliability_table(count, sum_conf, sum_correct, bin_edges[:-1], bin_edges[1:]),
+        adaece_bins=reliability_table(
+            m_count, m_conf, m_correct, m_lower, m_upper, drop_empty=True
+        ),
+        n_bootstrap=bootstrap,
+        interval_level=INTERVAL_LEVEL,
+        intervals=intervals,
+    )
+
+
+def _bootstrap_intervals(
+    top: TopLabel,
+    index: torch.Tensor,
+    order: torch.Tensor,
+    n_bins: int,
+    n_bootstrap: int,
+    seed: int,
+) -> dict[str, tuple[float, float]]:
+    """Percentile intervals; a resample is the multiplicity of each sample (weights)."""
+    n = top.confidence.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    draws: dict[str, list[float]] = {"ece": [], "mce": [], "adaece": [], "nll": []}
+    for _ in range(n_bootstrap):
+        weights = torch.bincount(torch.randint(n, (n,), generator=generator), minlength=n).to(
+            torch.float64
+        )
+        width = binned_errors(
+            *binning.bin_sums(index, top.confidence, top.correct, n_bins, weights)
+        )
+        mass_index = binning.equal_mass_index(top.confidence, n_bins, weights=weights, order=order)
+        mass = binned_errors(
+            *binning.bin_sums(mass_index, top.confidence, top.correct, n_bins, weights)
+        )
+        draws["ece"].append(width.ece)
+        draws["mce"].append(width.mce)
+        draws["adaece"].append(mass.ece)
+        draws["nll"].append(float((weights * top.nll).sum()) / n)
+    tail = (1 - INTERVAL_LEVEL) / 2
+    out = {}
+    for name, values in draws.items():
+        sample = torch.tensor(values, dtype=torch.float64)
+        # Linear interpolation between an infinite and a finite draw is undefined: fall back
+        # to the nearest order statistic when a resample has an infinite NLL.
+        method = "linear" if torch.isfinite(sample).all() else "nearest"
+        levels = torch.tensor([tail, 1 - tail], dtype=torch.float64)
+        low, high = torch.quantile(sample, levels, interpolation=method)
+        out[name] = (float(low), float(high))
+    return out
+
+
+# Small public functions, one per metric, sharing the stages above.
+
+
+def accuracy(scores: Any, labels: Any, kind: str = "logits") -> float:
+    """Top-1 accuracy (argmax, lowest index on ties)."""
+    logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
+    return float(top_label(logp, y).correct.mean())
+
+
+def mean_confidence(scores: Any, labels: Any, kind: str = "logits") -> float:
+    """Mean of the top-label confidence max_k p_k."""
+    logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
+    return float(top_label(logp, y).confidence.mean())
+
+
+def _width_errors(scores: Any, labels: Any, kind: str, bins: int, edges: str) -> BinnedErrors:
+    logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
+    _, count, sum_conf, sum_correct = _equal_width(top_label(logp, y), bins, edges)
+    return binned_errors(count, sum_conf, sum_correct)
+
+
+def expected_calibration_error(
+    scores: Any, labels: Any, kind: str = "logits", bins: int = 15, edges: str = "left"
+) -> float:
+    """Top-label ECE with equal-width bins (see the module docstring)."""
+    return _width_errors(scores, labels, kind, bins, edges).ece
+
+
+def maximum_calibration_error(
+    scores: Any, labels: Any, kind: str = "logits", bins: int = 15, edges: str = "left"
+) -> float:
+    """Top-label MCE: the largest |acc_b - conf_b| over non-empty equal-width bins."""
+    return _width_errors(scores, labels, kind, bins, edges).mce
+
+
+def rms_calibration_error(
+    scores: Any,
+    labels: Any,
+    kind: str = "logits",
+    bins: int = 15,
+    edges: str = "left",
+    debiased: bool = False,
+) -> float:
+    """Top-label RMS calibration error; ``debiased`` applies Kumar et al.'s correction."""
+    errors = _width_errors(scores, labels, kind, bins, edges)
+    return errors.rms_ce_debiased if debiased else errors.rms_ce
+
+
+def adaptive_calibration_error(
+    scores: Any, labels: Any, kind: str = "logits", bins: int = 15
+) -> float:
+    """AdaECE: the ECE formula over equal-mass, tie-safe bins."""
+    logp, y = _prepare(scores, labels, kind, bins, "left", "scores", "labels")
+    count, sum_conf, sum_correct, _, _ = _equal_mass(top_label(logp, y), bins)
+    return binned_errors(count, sum_conf, sum_correct).ece
+
+
+def classwise_calibration_error(
+    scores: Any, labels: Any, kind: str = "logits", bins: int = 15, edges: str = "left"
+) -> float:
+    """Classwise ECE: mean over all K classes of the equal-width ECE of p_k against 1[y = k]."""
+    logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
+    _, sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
+    return float(((sum_y - sum_p).abs().sum(dim=1) / logp.shape[0]).mean())
+
+
+def positive_class_calibration_error(
+    scores: Any, labels: Any, kind: str = "logits", bins: int = 15, edges: str = "left"
+) -> float:
+    """ECE of p_1 against 1[y = 1] with equal-width bins; binary problems (K = 2) only."""
+    logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
+    if logp.shape[1] != 2:
+        raise InputError(
+            "scores", f"the positive-class ECE needs K = 2 classes, got {logp.shape[1]}"
+        )
+    _, sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
+    return float((sum_y[1] - sum_p[1]).abs().sum()) / logp.shape[0]
+
+
+def negative_log_likelihood(scores: Any, labels: Any, kind: str = "logits") -> float:
+    """Mean -log p_y in nats (infinite when some p_y is exactly 0)."""
+    logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
+    return float(top_label(logp, y).nll.mean())
+
+
+def brier_score(scores: Any, labels: Any, kind: str = "logits") -> float:
+    """Mean over samples of Σ_k (p_k - 1[y = k])² (sum over classes)."""
+    logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
+    return float(top_label(logp, y).brier.mean())
+
+
+def reliability_bins(
+    scores: Any,
+    labels: Any,
+    kind: str = "logits",
+    bins: int = 15,
+    edges: str = "left",
+    binning_scheme: str = "equal-width",
+) -> tuple[ReliabilityBin, ...]:
+    """The reliability table behind ECE (``"equal-width"``) or AdaECE (``"equal-mass"``)."""
+    logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
+    top = top_label(logp, y)
+    if binning_scheme == "equal-width":
+        _, count, sum_conf, sum_correct = _equal_width(top, bins, edges)
+        bin_edges = binning.equal_width_edges(bins)
+        return reliability_table(count, sum_conf, sum_correct, bin_edges[:-1], bin_edges[1:])
+    if binning_scheme == "equal-mass":
+        count, sum_conf, sum_correct, lower, upper = _equal_mass(top, bins)
+        return reliability_table(count, sum_conf, sum_correct, lower, upper, drop_empty=True)
+    raise InputError("binning", f"unknown binning {binning_scheme!r}", "equal-width or equal-mass")

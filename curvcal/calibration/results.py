@@ -1,0 +1,201 @@
+"""Frozen result objects of the calibration kernels (metrics, reliability bins, fits)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from curvcal.errors import InputError
+
+#: Calibration map names a :class:`Calibrator` can carry.
+CALIBRATOR_METHODS = ("none", "temperature", "focal-temperature")
+
+
+@dataclass(frozen=True)
+class ReliabilityBin:
+    """One bin of a reliability table: the numbers the binned metrics are built from.
+
+    ``lower``/``upper`` are the bin edges for equal-width bins and the smallest/largest
+    confidence inside the bin for equal-mass bins. ``confidence`` and ``accuracy`` are the
+    means over the bin (``nan`` when ``count`` is 0), ``gap = accuracy - confidence``.
+    """
+
+    lower: float
+    upper: float
+    count: int
+    confidence: float
+    accuracy: float
+    gap: float
+
+
+@dataclass(frozen=True)
+class SmoothECE:
+    """Smooth ECE (Błasiok & Nakkiran 2023) with its kernel and bandwidth."""
+
+    value: float
+    bandwidth: float
+    kernel: str
+
+
+@dataclass(frozen=True)
+class CalibrationMetrics:
+    """Every calibration metric of one set of scores, computed in one pass in float64.
+
+    Binned metrics use ``n_bins`` bins and the ``edges`` convention (``"left"``: bins
+    (a, b], an edge value goes to the lower bin; ``"right"``: [a, b)). ``brier`` is the mean
+    over samples of the sum over classes. ``intervals`` maps a metric name to its bootstrap
+    percentile interval ``(low, high)`` at ``interval_level`` (empty when ``n_bootstrap`` is 0).
+    ``positive_class_ece`` is the ECE of p_1 against 1[y = 1], only for K = 2.
+    """
+
+    n_samples: int
+    n_classes: int
+    n_bins: int
+    edges: str
+    accuracy: float
+    mean_confidence: float
+    ece: float
+    mce: float
+    rms_ce: float
+    rms_ce_debiased: float
+    adaece: float
+    adaece_bins_used: int
+    classwise_ece: float
+    nll: float
+    brier: float
+    smooth_ece: float
+    smooth_ece_bandwidth: float
+    smooth_ece_kernel: str
+    positive_class_ece: float | None
+    ece_bins: tuple[ReliabilityBin, ...]
+    adaece_bins: tuple[ReliabilityBin, ...]
+    n_bootstrap: int = 0
+    interval_level: float = 0.95
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Calibrator:
+    """A fitted calibration map that can be saved as JSON and re-applied.
+
+    ``method`` is ``"none"`` (identity), ``"temperature"`` (softmax(z / T)) or
+    ``"focal-temperature"`` (φ_γ(softmax(z / T))); ``gamma`` is 0 unless focal.
+    """
+
+    method: str
+    temperature: float = 1.0
+    gamma: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_calibrator(self.method, self.temperature, self.gamma, "calibrator")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form: ``{"method", "temperature", "gamma"}``."""
+        return {"method": self.method, "temperature": self.temperature, "gamma": self.gamma}
+
+    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
+        """float64 log-probabilities of the calibrated ``scores`` (N×K tensor)."""
+        from curvcal.calibration.scaling import apply_calibrator
+
+        return apply_calibrator(self, scores, kind, source)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "calibrator") -> Calibrator:
+        """Rebuild from :meth:`to_dict` output; ``source`` names the file in errors."""
+        if not isinstance(data, dict):
+            raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {"method", "temperature", "gamma"})
+        if unknown:
+            raise InputError(source, f"unknown calibrator keys {unknown}")
+        if "method" not in data:
+            raise InputError(source, "missing key 'method'", f"one of {list(CALIBRATOR_METHODS)}")
+        method, temperature, gamma = (
+            data["method"],
+            data.get("temperature", 1.0),
+            data.get("gamma", 0.0),
+        )
+        for name, value in (("temperature", temperature), ("gamma", gamma)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InputError(source, f"{name} must be a number, got {value!r}")
+        _check_calibrator(method, float(temperature), float(gamma), source)
+        return cls(method=method, temperature=float(temperature), gamma=float(gamma))
+
+
+def _check_calibrator(method: Any, temperature: float, gamma: float, source: str) -> None:
+    if method not in CALIBRATOR_METHODS:
+        raise InputError(source, f"unknown method {method!r}", f"one of {list(CALIBRATOR_METHODS)}")
+    if not (temperature > 0 and temperature < float("inf")):
+        raise InputError(source, f"temperature must be finite and > 0, got {temperature!r}")
+    if not (gamma >= 0 and gamma < float("inf")):
+        raise InputError(source, f"gamma must be finite and >= 0, got {gamma!r}")
+    if method != "focal-temperature" and gamma != 0:
+        raise InputError(
+            source,
+            f"gamma {gamma} given for method {method!r}",
+            "only focal-temperature uses gamma",
+        )
+
+
+@dataclass(frozen=True)
+class TemperatureFit:
+    """Temperature scaling fitted on one split: p = softmax(z / T).
+
+    ``objective`` is ``"nll"`` (bounded Brent on log T plus a Newton polish in 1/T) or
+    ``"ece"``/``"adaece"`` (log-spaced grid; ``grid_step`` is its step in ln T).
+    ``derivative`` is dNLL/d(ln T) at the returned T. ``at_bracket_end`` is true when T sits
+    on an end of ``bracket`` (the optimum may lie outside it).
+    """
+
+    temperature: float
+    objective: str
+    objective_before: float
+    objective_after: float
+    nll_before: float
+    nll_after: float
+    derivative: float
+    bracket: tuple[float, float]
+    at_bracket_end: bool
+    grid_step: float | None
+    n_evaluations: int
+    n_samples: int
+
+    @property
+    def calibrator(self) -> Calibrator:
+        return Calibrator(method="temperature", temperature=self.temperature)
+
+
+@dataclass(frozen=True)
+class FocalProfilePoint:
+    """One γ of the focal-temperature profile: the T fitted at that γ and its objective."""
+
+    gamma: float
+    temperature: float
+    objective: float
+    at_bracket_end: bool
+
+
+@dataclass(frozen=True)
+class FocalTemperatureFit:
+    """Focal temperature scaling (Komisarenko & Kull 2024): p = φ_γ(softmax(z / T)).
+
+    ``profile`` holds the best T and objective for every γ of the grid (γ is weakly
+    identified: read the profile, not only the chosen pair).
+    """
+
+    gamma: float
+    temperature: float
+    objective: str
+    objective_before: float
+    objective_after: float
+    nll_before: float
+    nll_after: float
+    profile: tuple[FocalProfilePoint, ...]
+    bracket: tuple[float, float]
+    grid_step: float | None
+    n_samples: int
+
+    @property
+    def calibrator(self) -> Calibrator:
+        return Calibrator(
+            method="focal-temperature", temperature=self.temperature, gamma=self.gamma
+        )
