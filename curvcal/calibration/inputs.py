@@ -43,6 +43,14 @@ def as_tensor(value: Any, what: str) -> torch.Tensor:
     raise InputError(what, f"expected a tensor or array, got {type(value).__name__}")
 
 
+def _all_finite(block: torch.Tensor) -> bool:
+    """Whether every entry is finite: min and max propagate NaN, so two numbers decide."""
+    if block.numel() == 0:
+        return True
+    low, high = torch.aminmax(block)
+    return bool(torch.isfinite(low) & torch.isfinite(high))
+
+
 def check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise InputError("kind", f"unknown score kind {kind!r}", f"one of {', '.join(KINDS)}")
@@ -83,13 +91,13 @@ def log_probabilities(scores: Any, kind: str = "logits", source: str = "scores")
         block = z[start : start + step].to(torch.float64)
         rows = f"rows {start}..{start + block.shape[0] - 1}"
         if kind == "logits":
-            if not torch.isfinite(block).all():
+            if not _all_finite(block):
                 bad = start + int((~torch.isfinite(block)).any(dim=1).nonzero()[0, 0])
                 raise InputError(source, f"logits contain NaN or infinity (first at row {bad})")
             out[start : start + step] = torch.log_softmax(block, dim=1)
             continue
         if kind == "probs":
-            if not torch.isfinite(block).all():
+            if not _all_finite(block):
                 raise InputError(source, f"probabilities contain NaN or infinity ({rows})")
             if (block < 0).any():
                 raise InputError(source, f"probabilities contain negative values ({rows})")

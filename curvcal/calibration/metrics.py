@@ -48,22 +48,48 @@ class TopLabel:
 
 def top_label(logp: torch.Tensor, labels: torch.Tensor) -> TopLabel:
     """Confidence, correctness, per-sample NLL and Brier from N×K float64 log-probabilities."""
+    return _scan(logp, labels)[0]
+
+
+def _scan(
+    logp: torch.Tensor, labels: torch.Tensor, n_bins: int = 0, edges: str = "left"
+) -> tuple[TopLabel, torch.Tensor, torch.Tensor]:
+    """One cache-sized pass over the log-probabilities: the top-label quantities and, when
+    ``n_bins`` > 0, the classwise per-(class, bin) sums of p_k and of 1[y = k] (K×M each).
+
+    p = exp(log p) is computed once per chunk and serves the confidence, the Brier score
+    Σ_k p_k² - 2 p_y + 1 (no one-hot matrix) and the classwise bins, which are counted by
+    ``bincount`` on flattened (class, bin) indices; 1[y = k] is non-zero once per row, so its
+    sums need only the N label entries.
+    """
     n, k = logp.shape
     confidence = torch.empty(n, dtype=torch.float64)
     correct = torch.empty(n, dtype=torch.float64)
     nll = torch.empty(n, dtype=torch.float64)
     brier = torch.empty(n, dtype=torch.float64)
+    size = k * n_bins
+    sum_p = torch.zeros(size, dtype=torch.float64)
+    sum_y = torch.zeros(size, dtype=torch.float64)
+    offset = torch.arange(k) * n_bins
     step = chunk_rows(k)
+    buffer = torch.empty((step, k), dtype=torch.float64)
     for start in range(0, n, step):
         block, y = logp[start : start + step], labels[start : start + step]
+        rows = slice(start, start + block.shape[0])
         top, prediction = block.max(dim=1)  # first maximal index on ties
         logp_y = block.gather(1, y[:, None])[:, 0]
+        p = torch.exp(block, out=buffer[: block.shape[0]])
         p_y = torch.exp(logp_y)
-        confidence[start : start + step] = torch.exp(top)
-        correct[start : start + step] = (prediction == y).to(torch.float64)
-        nll[start : start + step] = -logp_y
-        brier[start : start + step] = torch.exp(2 * block).sum(dim=1) - 2 * p_y + 1
-    return TopLabel(confidence, correct, nll, brier)
+        torch.exp(top, out=confidence[rows])
+        correct[rows] = prediction == y
+        torch.neg(logp_y, out=nll[rows])
+        brier[rows] = torch.linalg.vecdot(p, p) - 2 * p_y + 1
+        if n_bins:
+            flat = binning.equal_width_index(p, n_bins, edges).add_(offset)
+            sum_p += torch.bincount(flat.view(-1), weights=p.view(-1), minlength=size)
+            sum_y += torch.bincount(flat.gather(1, y[:, None])[:, 0], minlength=size)
+    top_label = TopLabel(confidence, correct, nll, brier)
+    return top_label, sum_p.view(k, max(n_bins, 0)), sum_y.view(k, max(n_bins, 0))
 
 
 @dataclass(frozen=True)
@@ -134,23 +160,10 @@ def _equal_mass(
 
 def _classwise_sums(
     logp: torch.Tensor, labels: torch.Tensor, n_bins: int, edges: str
-) -> tuple[torch.Tensor, ...]:
-    """Per (class, bin) sums of count, p_k and 1[y = k], each K×M."""
-    n, k = logp.shape
-    count = torch.zeros(k * n_bins, dtype=torch.float64)
-    sum_p = torch.zeros(k * n_bins, dtype=torch.float64)
-    sum_y = torch.zeros(k * n_bins, dtype=torch.float64)
-    offset = torch.arange(k) * n_bins
-    step = chunk_rows(k)
-    for start in range(0, n, step):
-        p = torch.exp(logp[start : start + step])
-        flat = (binning.equal_width_index(p, n_bins, edges) + offset).reshape(-1)
-        onehot = torch.zeros_like(p)
-        onehot.scatter_(1, labels[start : start + step, None], 1.0)
-        count += torch.bincount(flat, minlength=k * n_bins)
-        sum_p += torch.bincount(flat, weights=p.reshape(-1), minlength=k * n_bins)
-        sum_y += torch.bincount(flat, weights=onehot.reshape(-1), minlength=k * n_bins)
-    return count.view(k, n_bins), sum_p.view(k, n_bins), sum_y.view(k, n_bins)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (class, bin) sums of p_k and 1[y = k], each K×M."""
+    _, sum_p, sum_y = _scan(logp, labels, n_bins, edges)
+    return sum_p, sum_y
 
 
 def _prepare(
@@ -190,14 +203,13 @@ def calibration_metrics(
         )
     logp, y = _prepare(scores, labels, kind, bins, edges, source, labels_source)
     n, k = logp.shape
-    top = top_label(logp, y)
+    top, c_p, c_y = _scan(logp, y, bins, edges)
     index, count, sum_conf, sum_correct = _equal_width(top, bins, edges)
     width = binned_errors(count, sum_conf, sum_correct)
     bin_edges = binning.equal_width_edges(bins)
     order = torch.argsort(top.confidence, stable=True)
     m_count, m_conf, m_correct, m_lower, m_upper = _equal_mass(top, bins, order)
     mass = binned_errors(m_count, m_conf, m_correct)
-    _, c_p, c_y = _classwise_sums(logp, y, bins, edges)
     per_class = (c_y - c_p).abs().sum(dim=1) / n
     smooth = smooth_ece(top.confidence, top.correct)
     intervals = _bootstrap_intervals(top, index, order, bins, bootstrap, seed) if bootstrap else {}
@@ -333,7 +345,7 @@ def classwise_calibration_error(
 ) -> float:
     """Classwise ECE: mean over all K classes of the equal-width ECE of p_k against 1[y = k]."""
     logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
-    _, sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
+    sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
     return float(((sum_y - sum_p).abs().sum(dim=1) / logp.shape[0]).mean())
 
 
@@ -346,7 +358,7 @@ def positive_class_calibration_error(
         raise InputError(
             "scores", f"the positive-class ECE needs K = 2 classes, got {logp.shape[1]}"
         )
-    _, sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
+    sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
     return float((sum_y[1] - sum_p[1]).abs().sum()) / logp.shape[0]
 
 

@@ -48,6 +48,9 @@ DEFAULT_BRACKET = (0.01, 100.0)
 DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
 DEFAULT_GRID_STEP = 0.01
 POLISH_TOL = 1e-10
+SEARCH_PASSES = 80
+#: Curvature d²N/d(ln s)² below which the NLL counts as flat (then an end of the bracket is tried).
+FLAT_CURVATURE = 1e-8
 
 
 #: Log-probabilities below this (exact zeros among them) are clamped to it: for every T below
@@ -63,17 +66,37 @@ class _Scores:
     """
 
     def __init__(self, logp: torch.Tensor, labels: torch.Tensor) -> None:
-        self.correct = (logp.argmax(dim=1) == labels).to(torch.float64)
-        logp -= logp.amax(dim=1, keepdim=True)  # logp is our own copy
-        logp.clamp_(min=LOG_FLOOR)
-        self.logp = logp
+        n, k = logp.shape
+        self.step = chunk_rows(k)
         self.labels = labels
-        self.logp_y = logp.gather(1, labels[:, None])[:, 0]
-        self.step = chunk_rows(logp.shape[1])
-        self.flat = bool((logp.amin(dim=1) == 0).all())
+        self.correct = torch.empty(n, dtype=torch.float64)
+        self.logp_y = torch.empty(n, dtype=torch.float64)
+        nll_sum = 0.0
+        flat = True
+        # One cache-sized pass: correctness, NLL at T = 1, the row shift and the label entries.
+        for i in range(0, n, self.step):
+            block, y = logp[i : i + self.step], labels[i : i + self.step]
+            top, prediction = block.max(dim=1, keepdim=True)
+            log_y = block.gather(1, y[:, None])
+            self.correct[i : i + self.step] = (prediction[:, 0] == y).to(torch.float64)
+            nll_sum -= float(log_y.sum())
+            block -= top  # logp is our own copy
+            block.clamp_(min=LOG_FLOOR)
+            self.logp_y[i : i + self.step] = (log_y - top).clamp_(min=LOG_FLOOR)[:, 0]
+            flat = flat and bool((block.amin(dim=1) == 0).all())
+        self.logp = logp
+        self.nll_at_one = nll_sum / n  # mean -log p_y of the unscaled scores
+        self.flat = flat
+        self._logp32: torch.Tensor | None = None
 
     def chunks(self) -> list[tuple[int, torch.Tensor]]:
         return [(i, self.logp[i : i + self.step]) for i in range(0, self.logp.shape[0], self.step)]
+
+    def single_precision(self) -> torch.Tensor:
+        """A float32 copy of the shifted log-probabilities (made once, for the fast search)."""
+        if self._logp32 is None:
+            self._logp32 = self.logp.to(torch.float32)
+        return self._logp32
 
     def log_partition(self, s: float) -> torch.Tensor:
         """log Σ_k exp(s·z_k) for every row (length N)."""
@@ -89,22 +112,29 @@ class _Scores:
         """Mean NLL of softmax(s·z)."""
         return float((self.log_partition(s) - s * self.logp_y).mean())
 
-    def nll_derivatives(self, s: float) -> tuple[float, float, float]:
-        """(N, dN/ds, d²N/ds²) at s = 1/T in one pass: mean lse - s·z_y, E_p z - z_y, Var_p z."""
+    def nll_derivatives(self, s: float, single: bool = False) -> tuple[float, float, float]:
+        """(N, dN/ds, d²N/ds²) at s = 1/T in one pass: mean lse - s·z_y, E_p z - z_y, Var_p z.
+
+        ``single`` runs the pass in float32 (about twice as fast; relative error ~1e-6), for
+        the search only: every reported number comes from a float64 pass.
+        """
+        logp = self.single_precision() if single else self.logp
         value = first = second = 0.0
-        buffer = torch.empty((self.step, self.logp.shape[1]), dtype=torch.float64)
+        buffer = torch.empty((self.step, logp.shape[1]), dtype=logp.dtype)
         weighted = torch.empty_like(buffer)
-        for _, block in self.chunks():
-            w = buffer[: block.shape[0]]
-            torch.mul(block, s, out=w).exp_()
+        for i in range(0, logp.shape[0], self.step):
+            block = logp[i : i + self.step]
+            w = torch.mul(block, s, out=buffer[: block.shape[0]]).exp_()
             total = w.sum(dim=1)
             wz = torch.mul(w, block, out=weighted[: block.shape[0]])
-            mean_z = wz.sum(dim=1) / total
-            mean_z2 = wz.mul_(block).sum(dim=1) / total
-            value += float(total.log().sum())
-            first += float(mean_z.sum())
-            second += float((mean_z2 - mean_z**2).clamp(min=0).sum())
-        n = self.logp.shape[0]
+            mean_z = wz.sum(dim=1).div_(total)
+            mean_z2 = wz.mul_(block).sum(dim=1).div_(total)
+            value += float(total.log_().sum(dtype=torch.float64))
+            first += float(mean_z.sum(dtype=torch.float64))
+            second += float(
+                mean_z2.sub_(mean_z.mul_(mean_z)).clamp_(min=0).sum(dtype=torch.float64)
+            )
+        n = logp.shape[0]
         y_sum = float(self.logp_y.sum())
         return (value - s * y_sum) / n, (first - y_sum) / n, second / n
 
@@ -187,32 +217,65 @@ def _grid_minimum(
     return u1, value, coarse.size + fine.size
 
 
-def _fit_nll_temperature(scores: _Scores, low: float, high: float) -> tuple[float, float, int]:
-    """(T, dN/d ln T at T, evaluations): Brent on ln T, then Newton in s = 1/T."""
+def _search_single(scores: _Scores, s_low: float, s_high: float) -> tuple[float, int]:
+    """(s, float32 passes) near the NLL minimum: safeguarded Newton in s = 1/T.
+
+    N(s) is convex, so dN/ds is increasing: every evaluated point with dN/ds < 0 (> 0) is a
+    lower (upper) bound of the minimiser. A Newton step that leaves the bracket becomes a step
+    to the untried end of the search range (which may hold the minimum) or a geometric
+    bisection of the bracket; repeated steps towards an untried end at least double (halve) s,
+    so a minimum far away, or on an end, is reached in a few passes. Runs in float32; the
+    float64 polish of :func:`_fit_nll_temperature` decides.
+    """
+    lo, hi = s_low, s_high
+    lo_known = hi_known = False  # whether dN/ds < 0 at lo (> 0 at hi) has been seen
+    s = min(max(1.0, s_low), s_high)
+    streak = 0  # consecutive steps towards an untried end
+    for passes in range(1, SEARCH_PASSES + 1):
+        _, first, second = scores.nll_derivatives(s, single=True)
+        if first == 0 or (s >= s_high and first < 0) or (s <= s_low and first > 0):
+            return s, passes
+        if first < 0:
+            lo, lo_known = s, True
+        else:
+            hi, hi_known = s, True
+        target = s - first / second if second > 0 else (math.inf if first < 0 else 0.0)
+        if not (lo_known and hi_known):
+            streak += 1
+            growth = 2.0 ** (streak - 1)
+            target = max(target, s * growth) if first < 0 else min(target, s / growth)
+        if not lo < target < hi:
+            if target >= hi and not hi_known:
+                target = s_high
+            elif target <= lo and not lo_known:
+                target = s_low
+            else:
+                target = math.sqrt(lo * hi)
+        if abs(target - s) <= 1e-6 * s:
+            return target, passes
+        s = target
+    return s, SEARCH_PASSES
+
+
+def _fit_nll_temperature(
+    scores: _Scores, low: float, high: float
+) -> tuple[float, float, float, int]:
+    """(T, dN/d ln T at T, NLL at T, float64 evaluations): float32 search, float64 Newton.
+
+    The float32 search (:func:`_search_single`) lands within ~1e-6 of the minimiser; safeguarded
+    float64 Newton steps in s = 1/T then polish until |dN/d ln T| < ``POLISH_TOL`` (one or two
+    passes from there, the convergence being quadratic), never leaving the bracket.
+    """
     if scores.flat:  # every row is constant: the NLL does not depend on T
-        return 1.0, 0.0, 1
+        return 1.0, 0.0, scores.nll_at_one, 1
     s_low, s_high = 1.0 / high, 1.0 / low
-    # Convexity in s: a one-signed slope at an end of the bracket puts the minimum on that end.
-    _, slope_at_low_t, _ = scores.nll_derivatives(s_high)
-    if slope_at_low_t <= 0:
-        return low, -s_high * slope_at_low_t, 2
-    _, slope_at_high_t, _ = scores.nll_derivatives(s_low)
-    if slope_at_high_t >= 0:
-        return high, -s_low * slope_at_high_t, 3
-    result = minimize_scalar(
-        lambda u: scores.nll(math.exp(-u)),
-        bounds=(math.log(low), math.log(high)),
-        method="bounded",
-        options={"xatol": 1e-4},  # the Newton polish takes it from here
-    )
-    evaluations = int(result.nfev) + 3
-    s = min(max(math.exp(-float(result.x)), s_low), s_high)
+    s, _ = _search_single(scores, s_low, s_high)
     value, first, second = scores.nll_derivatives(s)
+    evaluations = 1
     for _ in range(30):
-        evaluations += 1
         if abs(s * first) < POLISH_TOL or second <= 0:
             break
-        if (s == s_low and first > 0) or (s == s_high and first < 0):
+        if (s <= s_low and first > 0) or (s >= s_high and first < 0):
             break  # the optimum lies outside the bracket
         step = first / second
         while True:  # safeguard: halve a step that would raise the NLL
@@ -222,8 +285,19 @@ def _fit_nll_temperature(scores: _Scores, low: float, high: float) -> tuple[floa
             if new_value <= value + 1e-15 * abs(value) or abs(step) < 1e-15 * s:
                 break
             step /= 2
+        if candidate == s:
+            break
         s, value, first, second = candidate, new_value, new_first, new_second
-    return 1.0 / s, -s * first, evaluations
+    if s * s * second < FLAT_CURVATURE:
+        # The NLL is flat here to working precision (a separable set, say, where it decays
+        # towards an end): by convexity the minimum over the bracket may be that end.
+        end = s_high if first <= 0 else s_low
+        if end != s:
+            end_value, end_first, end_second = scores.nll_derivatives(end)
+            evaluations += 1
+            if end_value <= value:
+                s, value, first, second = end, end_value, end_first, end_second
+    return 1.0 / s, -s * first, value, evaluations
 
 
 def _prepare(
@@ -245,8 +319,8 @@ def _fit_one_gamma(
 ) -> tuple[float, float, int]:
     """(T, objective at T, evaluations) for one γ."""
     if objective == "nll" and gamma == 0:
-        temperature, _, evaluations = _fit_nll_temperature(scores, low, high)
-        return temperature, evaluate(1.0 / temperature, 0.0), evaluations
+        temperature, _, value, evaluations = _fit_nll_temperature(scores, low, high)
+        return temperature, value, evaluations
     if objective == "nll":
         result = minimize_scalar(
             lambda u: evaluate(math.exp(-u), gamma),
@@ -294,18 +368,23 @@ def fit_temperature(
     step = _check_grid_step(grid_step)
     data = _prepare(scores, labels, kind, bins, edges, source, labels_source)
     evaluate = _objective(data, objective, bins, edges)
-    temperature, value, evaluations = _fit_one_gamma(
-        data, evaluate, objective, 0.0, low, high, step
-    )
-    _, first, _ = data.nll_derivatives(1.0 / temperature)
+    if objective == "nll":
+        temperature, derivative, value, evaluations = _fit_nll_temperature(data, low, high)
+        nll_after, objective_before = value, data.nll_at_one
+    else:
+        temperature, value, evaluations = _fit_one_gamma(
+            data, evaluate, objective, 0.0, low, high, step
+        )
+        nll_after, first, _ = data.nll_derivatives(1.0 / temperature)
+        derivative, objective_before = -first / temperature, evaluate(1.0, 0.0)
     return TemperatureFit(
         temperature=temperature,
         objective=objective,
-        objective_before=evaluate(1.0, 0.0),
+        objective_before=objective_before,
         objective_after=value,
-        nll_before=data.nll(1.0),
-        nll_after=data.nll(1.0 / temperature),
-        derivative=-first / temperature,
+        nll_before=data.nll_at_one,
+        nll_after=nll_after,
+        derivative=derivative,
         bracket=(low, high),
         at_bracket_end=_at_end(temperature, low, high),
         grid_step=None if objective == "nll" else step,
