@@ -132,16 +132,30 @@ def calibrate(
     source = f"--data {data.spec}"
     if fit_predictions is not None:
         analysis = analyse_calibration(
-            *fit_predictions, logits, labels, "logits", settings, "fit-data", None,
-            fit_source=f"--fit-data {fit_data}", eval_source=source,
-        )  # fmt: skip
+            *fit_predictions,
+            logits,
+            labels,
+            "logits",
+            settings,
+            "fit-data",
+            None,
+            fit_source=f"--fit-data {fit_data}",
+            eval_source=source,
+        )
     elif fraction is not None:
         fit_idx, eval_idx = val_split_indices(labels, fraction, settings.seed)
         analysis = analyse_calibration(
-            logits[fit_idx], labels[fit_idx], logits[eval_idx], labels[eval_idx], "logits",
-            settings, "val-split", fraction, fit_source=f"{source} (fit split)",
+            logits[fit_idx],
+            labels[fit_idx],
+            logits[eval_idx],
+            labels[eval_idx],
+            "logits",
+            settings,
+            "val-split",
+            fraction,
+            fit_source=f"{source} (fit split)",
             eval_source=f"{source} (evaluation split)",
-        )  # fmt: skip
+        )
     else:
         analysis = analyse_calibration(
             None, None, logits, labels, "logits", settings, "none", eval_source=source

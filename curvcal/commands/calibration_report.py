@@ -81,13 +81,14 @@ class CalibrationOptions:
             if path is not None:
                 check_output_path(path, force)
         if self.plot is not None:
-            from curvcal.plot import SUFFIXES
+            from curvcal.plot import SUFFIXES, require_matplotlib
 
             if self.plot.suffix.lower() not in SUFFIXES:
                 raise click.BadParameter(
                     f"cannot tell the format of {self.plot} (name a .png, .svg or .pdf file)",
                     param_hint="'--plot'",
                 )
+            require_matplotlib()
 
 
 def _gamma_list(
@@ -217,9 +218,15 @@ def demo_calibration(
 
     fit_idx, eval_idx = val_split_indices(labels, DEMO_VAL_SPLIT, 0)
     analysis = analyse_calibration(
-        logits[fit_idx], labels[fit_idx], logits[eval_idx], labels[eval_idx], "logits",
-        CalibrationSettings(method="both", seed=0), "val-split", DEMO_VAL_SPLIT,
-    )  # fmt: skip
+        logits[fit_idx],
+        labels[fit_idx],
+        logits[eval_idx],
+        labels[eval_idx],
+        "logits",
+        CalibrationSettings(method="both", seed=0),
+        "val-split",
+        DEMO_VAL_SPLIT,
+    )
     return analysis, calibration_tables(analysis, chart=get_output_options().fmt == "table")
 
 

@@ -101,16 +101,30 @@ def metrics(
         )
     elif fit_data is not None:
         analysis = analyse_calibration(
-            fit_data.scores, fit_data.labels, data.scores, data.labels, input_kind, settings,
-            "fit-file", fit_source=str(fit_file), eval_source=source,
-        )  # fmt: skip
+            fit_data.scores,
+            fit_data.labels,
+            data.scores,
+            data.labels,
+            input_kind,
+            settings,
+            "fit-file",
+            fit_source=str(fit_file),
+            eval_source=source,
+        )
     elif calibration.val_split is not None:
         fit_idx, eval_idx = val_split_indices(data.labels, calibration.val_split, settings.seed)
         analysis = analyse_calibration(
-            data.scores[fit_idx], data.labels[fit_idx], data.scores[eval_idx],
-            data.labels[eval_idx], input_kind, settings, "val-split", calibration.val_split,
-            fit_source=f"{source} (fit split)", eval_source=f"{source} (evaluation split)",
-        )  # fmt: skip
+            data.scores[fit_idx],
+            data.labels[fit_idx],
+            data.scores[eval_idx],
+            data.labels[eval_idx],
+            input_kind,
+            settings,
+            "val-split",
+            calibration.val_split,
+            fit_source=f"{source} (fit split)",
+            eval_source=f"{source} (evaluation split)",
+        )
     else:
         analysis = analyse_calibration(
             None, None, data.scores, data.labels, input_kind, settings, "none", eval_source=source
