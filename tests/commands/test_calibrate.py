@@ -170,3 +170,11 @@ def load_file_any(path: Path) -> list[str]:
 )
 def test_bad_options(run_cli, args: tuple[str, ...], needle: str) -> None:
     one_line_error(run_cli("calibrate", CKPT, *DATA, *args), needle)
+
+
+def test_dtype_choices_match_the_loader() -> None:
+    """--dtype choices are spelled out (so --help needs no torch); they must match the loader."""
+    from curvcal.commands.checkpoint_options import DTYPE_NAMES
+    from curvcal.load.checkpoint import DTYPES
+
+    assert tuple(DTYPES) == DTYPE_NAMES
