@@ -82,6 +82,39 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def gather_rows(local: torch.Tensor, n_samples: int) -> torch.Tensor | None:
+    """Put every rank's shard of rows back together, in dataset order, on rank 0.
+
+    Rank ``r`` holds the rows of the samples :func:`shard_indices` gives it (in that order);
+    rank 0 gets the ``(n_samples, ...)`` tensor, the other ranks ``None``. Shards are padded to
+    the longest one for one ``all_gather`` and the padding is dropped. Every rank needs at least
+    one row (so that the trailing shape and dtype agree). In one process this returns ``local``.
+    """
+    context = current()
+    if not context.active:
+        return local
+    world = context.world_size
+    longest = -(-n_samples // world)
+    if local.shape[0] != len(shard_indices(n_samples, context.rank, world)) or n_samples < world:
+        raise ValueError(f"rank {context.rank}: {local.shape[0]} rows for a shard of {n_samples}")
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if context.backend == "nccl"
+        else torch.device("cpu")
+    )
+    padded = torch.zeros((longest, *local.shape[1:]), dtype=local.dtype, device=device)
+    padded[: local.shape[0]] = local.to(device)
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    if not context.is_main:
+        return None
+    out = torch.empty((n_samples, *local.shape[1:]), dtype=local.dtype)
+    for rank, part in enumerate(parts):
+        rows = shard_indices(n_samples, rank, world)
+        out[rows] = part[: len(rows)].cpu()
+    return out
+
+
 def shutdown() -> None:
     """Leave the process group if this process joined one."""
     if dist.is_available() and dist.is_initialized():

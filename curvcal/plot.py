@@ -277,17 +277,24 @@ def _format(path: Path) -> str:
     return fmt
 
 
-@contextmanager
-def _drawing() -> Iterator[Any]:
-    """matplotlib under a fixed style; yields ``new_figure(width_in, height_in)``."""
+def require_matplotlib() -> None:
+    """Raise the :class:`InputError` a plot would raise when matplotlib is missing (commands
+    call it before any work, so that a missing extra does not waste a run)."""
     try:
-        import matplotlib
-        import matplotlib.style
-        from matplotlib.figure import Figure
+        import matplotlib  # noqa: F401
     except ImportError:
         raise InputError(
             OPTION, "matplotlib is not installed", "pip install 'curvcal[plot]'"
         ) from None
+
+
+@contextmanager
+def _drawing() -> Iterator[Any]:
+    """matplotlib under a fixed style; yields ``new_figure(width_in, height_in)``."""
+    require_matplotlib()
+    import matplotlib
+    import matplotlib.style
+    from matplotlib.figure import Figure
 
     def new_figure(width: float, height: float) -> Figure:
         return Figure(figsize=(width, height), dpi=DPI, layout="constrained")

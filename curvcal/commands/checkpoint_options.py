@@ -12,6 +12,9 @@ import click
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The keys of ``curvcal.load.checkpoint.DTYPES`` (spelled out so that ``--help`` needs no torch).
+DTYPE_NAMES = ("float32", "float64")
+
 _OPTION_NAMES = (
     "arch",
     "arch_kwargs",
@@ -61,10 +64,11 @@ def checkpoint_options(func: F) -> F:
     ``--state-dict-key``, ``--trust-checkpoint``, ``--allow-global``, ``--device`` and
     ``--dtype``; the command receives them as one ``checkpoint_options`` keyword argument.
     ``-k`` pairs override keys of ``--arch-kwargs``."""
-    from curvcal.load.checkpoint import DTYPES, CheckpointOptions
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from curvcal.load.checkpoint import CheckpointOptions  # imports torch: only when run
+
         values = {name: kwargs.pop(name) for name in _OPTION_NAMES}
         kwargs["checkpoint_options"] = CheckpointOptions(
             arch=values["arch"],
@@ -131,7 +135,7 @@ def checkpoint_options(func: F) -> F:
         ),
         click.option(
             "--dtype",
-            type=click.Choice(tuple(DTYPES)),
+            type=click.Choice(DTYPE_NAMES),
             default="float32",
             show_default=True,
             help="Floating-point precision of the model.",

@@ -75,7 +75,15 @@ def demo(batch_size: int) -> int:
         ),
         caption=_confidence_caption(accuracy, mean_confidence),
     )
-    return finish(report, [*inspect_tables(info)[:1], summary])
+    tables = [*inspect_tables(info)[:1], summary]
+
+    from curvcal.commands.calibration_report import demo_calibration
+
+    reporter.info("[bold]calibrate[/bold]: fit TS and focal TS on half, measure on the other half")
+    began = time.perf_counter()
+    results["calibration"], calibration_tables = demo_calibration(logits, labels)
+    timings["calibration"] = time.perf_counter() - began
+    return finish(report, [*tables, *calibration_tables])
 
 
 def _confidence_caption(accuracy: float, mean_confidence: float) -> str:

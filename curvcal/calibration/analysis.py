@@ -1,0 +1,319 @@
+"""Fit calibration maps on one split and measure every stage on another.
+
+:func:`analyse_calibration` is the engine behind ``curvcal calibrate`` and ``curvcal metrics``:
+
+1. fit temperature scaling (p = softmax(z / T)) and/or focal temperature scaling
+   (p = φ_γ(softmax(z / T))) on the *fit* split only;
+2. apply each fitted map to the *evaluation* split and compute :func:`calibration_metrics` there,
+   for the uncalibrated scores and for every fitted stage, with the same bins, edge convention
+   and bootstrap seed (so bootstrap resamples are paired across stages).
+
+The evaluation split never takes part in a fit, and nothing is measured in-sample on the fit
+split except what the fit itself reports (its objective and NLL before/after, labelled as such).
+:func:`evaluate_calibrators` measures saved calibrators on a whole set of scores, fitting nothing.
+
+Pure: no file I/O, no printing, no global RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from curvcal.calibration.focal import check_gamma
+from curvcal.calibration.inputs import as_tensor, check_bins, check_kind
+from curvcal.calibration.metrics import calibration_metrics
+from curvcal.calibration.results import (
+    CalibrationMetrics,
+    Calibrator,
+    FocalTemperatureFit,
+    TemperatureFit,
+)
+from curvcal.calibration.scaling import (
+    DEFAULT_GAMMAS,
+    OBJECTIVES_FTS,
+    OBJECTIVES_TS,
+    apply_calibrator,
+    fit_focal_temperature,
+    fit_temperature,
+)
+from curvcal.errors import InputError
+
+METHODS = ("ts", "focal-ts", "both", "none")
+#: Where the fit split came from: carved out of the data (``val-split``), a second dataset
+#: (``fit-data``), a second logits file (``fit-file``), or no fit at all (``none``).
+SPLIT_METHODS = ("val-split", "fit-data", "fit-file", "none")
+#: Evaluation stages in report order, and the calibrator method each one applies.
+STAGES = ("uncalibrated", "ts", "focal_ts")
+STAGE_METHODS = {"ts": "temperature", "focal_ts": "focal-temperature"}
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """What to fit and how to measure.
+
+    ``method``: ``ts``, ``focal-ts``, ``both`` or ``none``. ``objective``: the TS objective
+    (``nll``, ``ece`` or ``adaece``); ``focal_objective``: the focal-TS objective (``ece``,
+    ``nll`` or ``adaece``). ``bins`` equal-width and equal-mass bins with the ``edges``
+    convention (``left``: (a, b], ``right``: [a, b)). ``bootstrap`` resamples (0: none) drawn
+    with ``seed``. ``gammas``: the γ grid of focal TS.
+    """
+
+    method: str = "both"
+    objective: str = "nll"
+    focal_objective: str = "ece"
+    bins: int = 15
+    edges: str = "left"
+    bootstrap: int = 0
+    seed: int = 0
+    gammas: tuple[float, ...] = DEFAULT_GAMMAS
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InputError("--method", f"unknown method {self.method!r}", _one_of(METHODS))
+        if self.objective not in OBJECTIVES_TS:
+            raise InputError(
+                "--objective", f"unknown objective {self.objective!r}", _one_of(OBJECTIVES_TS)
+            )
+        if self.focal_objective not in OBJECTIVES_FTS:
+            raise InputError(
+                "--focal-objective",
+                f"unknown objective {self.focal_objective!r}",
+                _one_of(OBJECTIVES_FTS),
+            )
+        check_bins(self.bins, self.edges)
+        if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int):
+            raise InputError("--bootstrap", f"must be a whole number, got {self.bootstrap!r}")
+        if self.bootstrap < 0:
+            raise InputError("--bootstrap", f"must be >= 0, got {self.bootstrap}")
+        if not self.gammas:
+            raise InputError("--gammas", "the gamma grid is empty", "0 is temperature scaling")
+        object.__setattr__(
+            self, "gammas", tuple(sorted({check_gamma(g, "--gammas") for g in self.gammas}))
+        )
+
+    @property
+    def fits_ts(self) -> bool:
+        return self.method in ("ts", "both")
+
+    @property
+    def fits_focal_ts(self) -> bool:
+        return self.method in ("focal-ts", "both")
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """Which samples fitted and which evaluated: ``method`` (one of :data:`SPLIT_METHODS`),
+    their sizes, and the ``fraction`` and ``seed`` of a ``val-split`` (``None`` otherwise)."""
+
+    method: str
+    n_fit: int
+    n_eval: int
+    fraction: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SPLIT_METHODS:
+            raise InputError("split", f"unknown split method {self.method!r}")
+
+
+@dataclass(frozen=True)
+class StageMetrics:
+    """Metrics of the evaluation split at each stage (``None`` for a stage not run)."""
+
+    uncalibrated: CalibrationMetrics
+    ts: CalibrationMetrics | None = None
+    focal_ts: CalibrationMetrics | None = None
+
+    def present(self) -> list[tuple[str, CalibrationMetrics]]:
+        """``(stage, metrics)`` for every stage that ran, in :data:`STAGES` order."""
+        stages = [(name, getattr(self, name)) for name in STAGES]
+        return [(name, metrics) for name, metrics in stages if metrics is not None]
+
+
+@dataclass(frozen=True)
+class CalibrationFits:
+    """The fits made on the fit split (``None`` for a map not fitted)."""
+
+    ts: TemperatureFit | None = None
+    focal_ts: FocalTemperatureFit | None = None
+
+
+@dataclass(frozen=True)
+class CalibrationAnalysis:
+    """Everything one calibration run found.
+
+    JSON layout (read by the CI gate): ``evaluation.<stage>.<metric>`` for the stages
+    ``uncalibrated``, ``ts`` and ``focal_ts`` (all measured on the evaluation split),
+    ``fits.ts`` (a :class:`TemperatureFit`), ``fits.focal_ts`` (a :class:`FocalTemperatureFit`),
+    ``split`` (:class:`SplitInfo`), ``settings`` (:class:`CalibrationSettings`) and ``applied``
+    (the saved calibrators measured by :func:`evaluate_calibrators`; empty otherwise).
+    """
+
+    evaluation: StageMetrics
+    fits: CalibrationFits
+    split: SplitInfo
+    settings: CalibrationSettings
+    kind: str
+    n_classes: int
+    applied: dict[str, Calibrator] = field(default_factory=dict)
+
+    def calibrators(self) -> dict[str, Calibrator]:
+        """The calibrator of every stage that has one (fitted or applied), keyed by stage."""
+        out = dict(self.applied)
+        if self.fits.ts is not None:
+            out["ts"] = self.fits.ts.calibrator
+        if self.fits.focal_ts is not None:
+            out["focal_ts"] = self.fits.focal_ts.calibrator
+        return out
+
+
+def analyse_calibration(
+    fit_scores: Any,
+    fit_labels: Any,
+    eval_scores: Any,
+    eval_labels: Any,
+    kind: str,
+    settings: CalibrationSettings,
+    split_method: str = "fit-data",
+    fraction: float | None = None,
+    fit_source: str = "fit scores",
+    eval_source: str = "scores",
+) -> CalibrationAnalysis:
+    """Fit the maps ``settings.method`` names on (``fit_scores``, ``fit_labels``) and measure
+    the uncalibrated and calibrated scores on (``eval_scores``, ``eval_labels``) only.
+
+    Scores are N×K of the given ``kind`` (``logits``, ``probs`` or ``logprobs``); the two splits
+    must have the same K. ``split_method`` and ``fraction`` describe how the splits were made
+    (recorded in :class:`SplitInfo`; ``seed`` is ``settings.seed`` for a ``val-split``). With
+    method ``none`` no fit split is needed: pass ``None`` for ``fit_scores``/``fit_labels`` and
+    ``split_method="none"``. ``fit_source``/``eval_source`` name the inputs in errors.
+    """
+    check_kind(kind)
+    evaluate = _measure(eval_labels, kind, settings, eval_source)
+    uncalibrated = evaluate(eval_scores)
+    n_classes = uncalibrated.n_classes
+    if settings.method == "none":
+        if fit_scores is not None:
+            raise InputError("--method", "none fits nothing, but a fit split was given")
+        split = SplitInfo("none", 0, uncalibrated.n_samples)
+        return CalibrationAnalysis(
+            StageMetrics(uncalibrated), CalibrationFits(), split, settings, kind, n_classes
+        )
+    if fit_scores is None or fit_labels is None:
+        raise InputError("--method", f"{settings.method} needs a fit split", "give one")
+    if split_method not in SPLIT_METHODS or split_method == "none":
+        raise InputError("split", f"{split_method!r} does not describe a fit split")
+    n_fit, fit_k = _shape(fit_scores, fit_source)
+    if fit_k != n_classes:
+        raise InputError(
+            fit_source, f"has {fit_k} classes but the evaluation scores have {n_classes}"
+        )
+    common: dict[str, Any] = {
+        "kind": kind,
+        "bins": settings.bins,
+        "edges": settings.edges,
+        "source": fit_source,
+        "labels_source": f"{fit_source} labels",
+    }
+    ts_fit = focal_fit = None
+    if settings.fits_ts:
+        ts_fit = fit_temperature(fit_scores, fit_labels, objective=settings.objective, **common)
+    if settings.fits_focal_ts:
+        focal_fit = fit_focal_temperature(
+            fit_scores,
+            fit_labels,
+            objective=settings.focal_objective,
+            gammas=settings.gammas,
+            **common,
+        )
+    evaluation = StageMetrics(
+        uncalibrated,
+        ts=None if ts_fit is None else evaluate(eval_scores, ts_fit.calibrator),
+        focal_ts=None if focal_fit is None else evaluate(eval_scores, focal_fit.calibrator),
+    )
+    split = SplitInfo(
+        split_method,
+        n_fit,
+        uncalibrated.n_samples,
+        fraction=fraction if split_method == "val-split" else None,
+        seed=settings.seed if split_method == "val-split" else None,
+    )
+    return CalibrationAnalysis(
+        evaluation, CalibrationFits(ts_fit, focal_fit), split, settings, kind, n_classes
+    )
+
+
+def evaluate_calibrators(
+    scores: Any,
+    labels: Any,
+    kind: str,
+    calibrators: Mapping[str, Calibrator],
+    settings: CalibrationSettings,
+    source: str = "scores",
+) -> CalibrationAnalysis:
+    """Measure saved ``calibrators`` (keyed by stage ``ts``/``focal_ts``) on all of ``scores``.
+
+    Nothing is fitted, so every sample is evaluation data (split method ``none``). A stage's
+    calibrator must carry that stage's method (``ts``: temperature, ``focal_ts``:
+    focal-temperature).
+    """
+    check_kind(kind)
+    for stage, calibrator in calibrators.items():
+        if stage not in STAGE_METHODS:
+            raise InputError("calibrators", f"unknown stage {stage!r}", "ts or focal_ts")
+        if calibrator.method != STAGE_METHODS[stage]:
+            raise InputError(
+                "calibrators",
+                f"stage {stage} needs method {STAGE_METHODS[stage]!r}, got {calibrator.method!r}",
+            )
+    evaluate = _measure(labels, kind, settings, source)
+    uncalibrated = evaluate(scores)
+    evaluation = StageMetrics(
+        uncalibrated,
+        ts=evaluate(scores, calibrators["ts"]) if "ts" in calibrators else None,
+        focal_ts=evaluate(scores, calibrators["focal_ts"]) if "focal_ts" in calibrators else None,
+    )
+    split = SplitInfo("none", 0, uncalibrated.n_samples)
+    return CalibrationAnalysis(
+        evaluation,
+        CalibrationFits(),
+        split,
+        settings,
+        kind,
+        uncalibrated.n_classes,
+        applied={stage: calibrators[stage] for stage in STAGES if stage in calibrators},
+    )
+
+
+def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str) -> Any:
+    """``evaluate(scores, calibrator=None)``: the metrics of one stage on these labels."""
+
+    def evaluate(scores: Any, calibrator: Calibrator | None = None) -> CalibrationMetrics:
+        options: dict[str, Any] = {
+            "bins": settings.bins,
+            "edges": settings.edges,
+            "bootstrap": settings.bootstrap,
+            "seed": settings.seed,
+            "labels_source": f"{source} labels",
+        }
+        if calibrator is None:
+            return calibration_metrics(scores, labels, kind=kind, source=source, **options)
+        logp = apply_calibrator(calibrator, scores, kind, source)
+        return calibration_metrics(logp, labels, kind="logprobs", source=source, **options)
+
+    return evaluate
+
+
+def _shape(scores: Any, source: str) -> tuple[int, int]:
+    tensor = as_tensor(scores, source)
+    if tensor.ndim != 2:
+        raise InputError(
+            source, f"scores must be 2-D (samples × classes), got shape {tuple(tensor.shape)}"
+        )
+    return int(tensor.shape[0]), int(tensor.shape[1])
+
+
+def _one_of(choices: Sequence[str]) -> str:
+    return f"one of {', '.join(choices)}"

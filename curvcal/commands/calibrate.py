@@ -1,0 +1,239 @@
+"""`curvcal calibrate CKPT --data SPEC`: predict, fit calibration maps, measure every stage."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from curvcal.commands.calibration_report import (
+    CalibrationOptions,
+    calibration_options,
+    calibration_tables,
+    settings_record,
+    val_split_indices,
+    write_outputs,
+)
+from curvcal.commands.checkpoint_options import checkpoint_options
+from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.data_options import data_options
+from curvcal.errors import EXIT_OK
+from curvcal.report import check_output_path
+
+if TYPE_CHECKING:
+    import torch
+
+    from curvcal.console import Reporter
+    from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
+    from curvcal.load.data import DataOptions, LoadedData
+
+DEFAULT_VAL_SPLIT = 0.5
+
+
+@click.command()
+@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
+@checkpoint_options
+@data_options()
+@click.option(
+    "--fit-data",
+    metavar="SPEC",
+    help="Fit the maps on this dataset (same data options as --data) and evaluate on --data.",
+)
+@calibration_options("Default: both.")
+@click.option(
+    "--save-logits",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Write the logits and labels of all of --data to a .npz, .pt or .safetensors file.",
+)
+@output_options
+def calibrate(
+    checkpoint: Path,
+    checkpoint_options: CheckpointOptions,
+    data_options: DataOptions,
+    batch_size: int,
+    fit_data: str | None,
+    calibration: CalibrationOptions,
+    save_logits: Path | None,
+) -> int:
+    """Fit temperature scaling and focal temperature scaling on one split of the data and
+    measure ECE, AdaECE, NLL, Brier and friends on another.
+
+    \b
+    The fit split is --val-split F of --data (stratified, default 0.5, seeded by --seed), or
+    all of --fit-data. Every metric is measured on the evaluation split only.
+    """
+    import torch
+
+    from curvcal.calibration.analysis import analyse_calibration
+    from curvcal.distributed import init_from_env, launched_by_torchrun, shutdown
+    from curvcal.load.checkpoint import load_model, resolve_device
+    from curvcal.load.data import check_labels, load_dataset
+    from curvcal.provenance import environment, file_info
+    from curvcal.results import Report
+
+    output, reporter = start()
+    method = calibration.method or "both"
+    if method == "none" and (calibration.val_split is not None or fit_data is not None):
+        raise click.UsageError("--method none fits nothing: drop --val-split/--fit-data")
+    if fit_data is not None and calibration.val_split is not None:
+        raise click.UsageError("give --val-split or --fit-data, not both")
+    if method == "none" and calibration.save_calibrator is not None:
+        raise click.UsageError("--save-calibrator needs a fit: --method ts, focal-ts or both")
+    settings = calibration.settings(method)
+    calibration.check_outputs(output.force)
+    if save_logits is not None:
+        _check_logits_path(save_logits, output.force)
+    fraction = None
+    if method != "none" and fit_data is None:
+        fraction = calibration.val_split or DEFAULT_VAL_SPLIT
+
+    if launched_by_torchrun():
+        device = resolve_device(checkpoint_options.device)
+        if device.type == "cuda" and device.index is None:
+            import os
+
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    timings: dict[str, float] = {}
+    began = time.perf_counter()
+    loaded = load_model(checkpoint, checkpoint_options)
+    context = init_from_env(loaded.device)
+    trust = checkpoint_options.trust
+    data = load_dataset(dataclasses.replace(data_options, trust=trust))
+    check_labels(data, loaded.num_classes)
+    fit_loaded = None
+    if fit_data is not None:
+        fit_loaded = load_dataset(dataclasses.replace(data_options, spec=fit_data, trust=trust))
+        check_labels(fit_loaded, loaded.num_classes)
+    timings["load"] = time.perf_counter() - began
+
+    began = time.perf_counter()
+    predictions = _predict(loaded, data, batch_size, reporter, "inference")
+    fit_predictions = (
+        None
+        if fit_loaded is None
+        else _predict(loaded, fit_loaded, batch_size, reporter, "inference (fit data)")
+    )
+    timings["inference"] = time.perf_counter() - began
+    if not context.is_main:
+        shutdown()
+        return EXIT_OK
+    assert predictions is not None
+    logits, labels = predictions
+    if save_logits is not None:
+        from curvcal.load.logits import save_logits as write_logits
+
+        write_logits(save_logits, logits, labels)
+
+    began = time.perf_counter()
+    source = f"--data {data.spec}"
+    if fit_predictions is not None:
+        analysis = analyse_calibration(
+            *fit_predictions,
+            logits,
+            labels,
+            "logits",
+            settings,
+            "fit-data",
+            None,
+            fit_source=f"--fit-data {fit_data}",
+            eval_source=source,
+        )
+    elif fraction is not None:
+        fit_idx, eval_idx = val_split_indices(labels, fraction, settings.seed)
+        analysis = analyse_calibration(
+            logits[fit_idx],
+            labels[fit_idx],
+            logits[eval_idx],
+            labels[eval_idx],
+            "logits",
+            settings,
+            "val-split",
+            fraction,
+            fit_source=f"{source} (fit split)",
+            eval_source=f"{source} (evaluation split)",
+        )
+    else:
+        analysis = analyse_calibration(
+            None, None, logits, labels, "logits", settings, "none", eval_source=source
+        )
+    timings["calibration"] = time.perf_counter() - began
+    began = time.perf_counter()
+    write_outputs(analysis, calibration)
+    timings["outputs"] = time.perf_counter() - began
+
+    inputs: dict[str, Any] = {
+        "checkpoint": file_info(checkpoint),
+        "data": _describe(data),
+    }
+    if fit_loaded is not None:
+        inputs["fit_data"] = _describe(fit_loaded)
+    report = Report(
+        command="calibrate",
+        results=analysis,
+        inputs=inputs,
+        settings={
+            **settings_record(calibration, settings),
+            "val_split": fraction,
+            "fit_data": fit_data,
+            "batch_size": batch_size,
+            "checkpoint": checkpoint_options,
+            "data": data_options,
+            "save_logits": save_logits,
+            "world_size": context.world_size,
+        },
+        timings=timings,
+        environment=environment(loaded.device),
+    )
+    code = finish(report, calibration_tables(analysis, chart=output.fmt == "table"))
+    shutdown()
+    return code
+
+
+def _check_logits_path(path: Path, force: bool) -> None:
+    from curvcal.load.tensorfile import is_tensor_file
+
+    if not is_tensor_file(path):
+        raise click.BadParameter(
+            f"cannot tell the format of {path} (name a .npz, .pt or .safetensors file)",
+            param_hint="'--save-logits'",
+        )
+    check_output_path(path, force)
+
+
+def _predict(
+    loaded: LoadedModel, data: LoadedData, batch_size: int, reporter: Reporter, label: str
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Logits and labels of all of ``data``: this rank's shard, gathered on rank 0 (``None``
+    on the other ranks); in one process, all samples in one pass."""
+    from curvcal.distributed import current, gather_rows, shard_indices
+    from curvcal.errors import InputError
+    from curvcal.inference import predict_logits
+    from curvcal.load.data import iter_batches
+
+    context = current()
+    indices = shard_indices(data.n_samples, context.rank, context.world_size)
+    if context.active and data.n_samples < context.world_size:
+        raise InputError(
+            f"--data {data.spec}",
+            f"{data.n_samples} samples for {context.world_size} processes",
+            "run fewer processes",
+        )
+    with reporter.progress(label, len(indices)) as advance:
+        logits, labels = predict_logits(
+            loaded.module, iter_batches(data.dataset, batch_size, indices), loaded.device, advance
+        )
+    all_logits = gather_rows(logits, data.n_samples)
+    all_labels = gather_rows(labels, data.n_samples)
+    if all_logits is None or all_labels is None:
+        return None
+    return all_logits, all_labels
+
+
+def _describe(data: LoadedData) -> dict[str, Any]:
+    from curvcal.provenance import file_info
+
+    return {**data.describe(), "files": [file_info(path) for path in data.files]}

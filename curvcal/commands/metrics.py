@@ -1,0 +1,191 @@
+"""`curvcal metrics LOGITS`: calibration metrics (and optional fits) from a logits file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from curvcal.commands.calibration_report import (
+    CalibrationOptions,
+    calibration_options,
+    calibration_tables,
+    settings_record,
+    val_split_indices,
+    write_outputs,
+)
+from curvcal.commands.common import finish, output_options, start
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+@click.command()
+@click.argument("logits", type=_FILE)
+@click.option(
+    "--input-kind",
+    type=click.Choice(("logits", "probs", "logprobs")),
+    default="logits",
+    show_default=True,
+    help="What the scores are (never guessed).",
+)
+@click.option(
+    "--scores-key", default="logits", show_default=True, help="Name of the scores in the files."
+)
+@click.option(
+    "--labels-key", default="labels", show_default=True, help="Name of the labels in the files."
+)
+@click.option(
+    "--fit",
+    "fit_file",
+    type=_FILE,
+    metavar="FILE",
+    help="Fit the maps on this logits file (same kind and keys) and evaluate on LOGITS.",
+)
+@click.option(
+    "--apply",
+    "apply_file",
+    type=_FILE,
+    metavar="CALIBRATOR.json",
+    help="Measure the calibrators saved by --save-calibrator on LOGITS (fits nothing).",
+)
+@calibration_options("Default: none, or both with --fit or --val-split.")
+@output_options
+def metrics(
+    logits: Path,
+    input_kind: str,
+    scores_key: str,
+    labels_key: str,
+    fit_file: Path | None,
+    apply_file: Path | None,
+    calibration: CalibrationOptions,
+) -> int:
+    """Calibration metrics of saved logits, probabilities or log-probabilities.
+
+    \b
+    With --fit FILE or --val-split F, also fit temperature scaling and focal temperature
+    scaling on that split and measure them on the rest; with --apply, measure saved
+    calibrators on all of LOGITS.
+    """
+    from curvcal.calibration.analysis import analyse_calibration, evaluate_calibrators
+    from curvcal.load.calibrator import load_calibrators
+    from curvcal.load.logits import load_logits
+    from curvcal.provenance import environment, file_info
+    from curvcal.results import Report
+
+    output, _reporter = start()
+    method = _resolve_method(calibration, fit_file, apply_file)
+    settings = calibration.settings(method)
+    calibration.check_outputs(output.force)
+
+    timings: dict[str, float] = {}
+    began = time.perf_counter()
+    data = load_logits(logits, input_kind, scores_key, labels_key)
+    inputs: dict[str, Any] = {"logits": _describe(logits, data.scores.shape)}
+    fit_data = None
+    if fit_file is not None:
+        fit_data = load_logits(fit_file, input_kind, scores_key, labels_key)
+        inputs["fit"] = _describe(fit_file, fit_data.scores.shape)
+    calibrators = None
+    if apply_file is not None:
+        calibrators = load_calibrators(apply_file)
+        inputs["calibrator"] = file_info(apply_file)
+    timings["load"] = time.perf_counter() - began
+
+    began = time.perf_counter()
+    source = str(logits)
+    if calibrators is not None:
+        analysis = evaluate_calibrators(
+            data.scores, data.labels, input_kind, calibrators, settings, source
+        )
+    elif fit_data is not None:
+        analysis = analyse_calibration(
+            fit_data.scores,
+            fit_data.labels,
+            data.scores,
+            data.labels,
+            input_kind,
+            settings,
+            "fit-file",
+            fit_source=str(fit_file),
+            eval_source=source,
+        )
+    elif calibration.val_split is not None:
+        fit_idx, eval_idx = val_split_indices(data.labels, calibration.val_split, settings.seed)
+        analysis = analyse_calibration(
+            data.scores[fit_idx],
+            data.labels[fit_idx],
+            data.scores[eval_idx],
+            data.labels[eval_idx],
+            input_kind,
+            settings,
+            "val-split",
+            calibration.val_split,
+            fit_source=f"{source} (fit split)",
+            eval_source=f"{source} (evaluation split)",
+        )
+    else:
+        analysis = analyse_calibration(
+            None, None, data.scores, data.labels, input_kind, settings, "none", eval_source=source
+        )
+    timings["calibration"] = time.perf_counter() - began
+    began = time.perf_counter()
+    write_outputs(analysis, calibration)
+    timings["outputs"] = time.perf_counter() - began
+
+    report = Report(
+        command="metrics",
+        results=analysis,
+        inputs=inputs,
+        settings={
+            **settings_record(calibration, settings),
+            "input_kind": input_kind,
+            "scores_key": scores_key,
+            "labels_key": labels_key,
+            "fit": fit_file,
+            "apply": apply_file,
+        },
+        timings=timings,
+        environment=environment(),
+    )
+    return finish(report, calibration_tables(analysis, chart=output.fmt == "table"))
+
+
+def _resolve_method(
+    calibration: CalibrationOptions, fit_file: Path | None, apply_file: Path | None
+) -> str:
+    """``--method`` as given, else ``both`` with a fit split and ``none`` without one."""
+    has_split = fit_file is not None or calibration.val_split is not None
+    if fit_file is not None and calibration.val_split is not None:
+        raise click.UsageError("give --fit or --val-split, not both")
+    if apply_file is not None:
+        if has_split or calibration.method is not None:
+            raise click.UsageError(
+                "--apply measures saved calibrators and fits nothing: drop "
+                "--fit/--val-split/--method"
+            )
+        if calibration.save_calibrator is not None:
+            raise click.UsageError("--save-calibrator needs a fit, and --apply fits nothing")
+        return "none"
+    method = calibration.method or ("both" if has_split else "none")
+    if method != "none" and not has_split:
+        raise click.UsageError(f"--method {method} needs a fit split: give --fit or --val-split")
+    if method == "none" and has_split:
+        raise click.UsageError("--method none fits nothing: drop --fit/--val-split")
+    if method == "none" and calibration.save_calibrator is not None:
+        raise click.UsageError("--save-calibrator needs a fit: give --fit or --val-split")
+    return method
+
+
+def _describe(path: Path, shape: Any) -> dict[str, Any]:
+    from curvcal.provenance import file_info
+
+    info = file_info(path)
+    return {
+        "path": info.path,
+        "size_bytes": info.size_bytes,
+        "sha256": info.sha256,
+        "n_samples": int(shape[0]),
+        "n_classes": int(shape[1]),
+    }
