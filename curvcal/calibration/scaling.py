@@ -32,7 +32,12 @@ from scipy.optimize import minimize_scalar
 
 from curvcal.calibration import bins as binning
 from curvcal.calibration.focal import check_gamma, focal_calibration_map
-from curvcal.calibration.inputs import check_bins, chunk_rows, class_labels, log_probabilities
+from curvcal.calibration.inputs import (
+    check_bins,
+    chunk_rows,
+    class_labels,
+    log_probabilities,
+)
 from curvcal.calibration.metrics import binned_errors
 from curvcal.calibration.results import (
     Calibrator,
@@ -49,6 +54,8 @@ DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
 DEFAULT_GRID_STEP = 0.01
 POLISH_TOL = 1e-10
 SEARCH_PASSES = 80
+#: Elements of one batched pass of the grid search (several temperatures at once).
+GRID_ELEMENTS = 1 << 20
 #: Curvature d²N/d(ln s)² below which the NLL counts as flat (then an end of the bracket is tried).
 FLAT_CURVATURE = 1e-8
 
@@ -200,12 +207,16 @@ def _check_grid_step(grid_step: float) -> float:
 
 
 def _grid_minimum(
-    fn: Callable[[float], float], low: float, high: float, step: float
+    values_at: Callable[[np.ndarray], np.ndarray], low: float, high: float, step: float
 ) -> tuple[float, float, int]:
-    """Minimise fn(u) over u ∈ [low, high]: coarse grid (10·step), then fine grid (step)."""
+    """Minimise over u ∈ [low, high]: coarse grid (10·step), then fine grid (step).
+
+    ``values_at`` maps an array of grid points to their objective values in one call, so a
+    whole grid is evaluated as one batched pass.
+    """
 
     def best(points: np.ndarray) -> tuple[float, float]:
-        values = np.array([fn(float(u)) for u in points])
+        values = values_at(points)
         minimal = np.flatnonzero(values <= values.min())
         pick = minimal[np.argmin(np.abs(points[minimal]))]  # ties: the T closest to 1
         return float(points[pick]), float(values[pick])
@@ -215,6 +226,52 @@ def _grid_minimum(
     fine = np.unique(np.clip(u0 + step * np.arange(-10, 11), low, high))
     u1, value = best(fine)
     return u1, value, coarse.size + fine.size
+
+
+def _top_confidences(scores: _Scores, s_values: np.ndarray, gamma: float) -> torch.Tensor:
+    """Top-label confidence of φ_γ(softmax(s·z)) for every s (rows) and sample (columns).
+
+    Several values of s go through one batched pass (G·rows × K, at most ``GRID_ELEMENTS``
+    elements a pass), which is what makes a grid search cheap on small sets; φ_γ keeps the
+    argmax, so only the top entry of each calibrated row is kept.
+    """
+    n, k = scores.logp.shape
+    out = torch.empty((len(s_values), n), dtype=torch.float64)
+    s_all = torch.as_tensor(s_values, dtype=torch.float64)
+    for i, block in scores.chunks():
+        rows = block.shape[0]
+        group = max(1, GRID_ELEMENTS // (rows * k))
+        for g in range(0, len(s_values), group):
+            s = s_all[g : g + group, None, None]
+            scaled = torch.log_softmax(s * block, dim=2).view(-1, k)
+            if gamma:
+                scaled = focal_calibration_map(scaled, gamma)
+            top = scaled.max(dim=1).values.exp_()
+            out[g : g + group, i : i + rows] = top.view(-1, rows)
+    return out
+
+
+def _grid_objective(
+    scores: _Scores, objective: str, gamma: float, n_bins: int, edges: str
+) -> Callable[[np.ndarray], np.ndarray]:
+    """ECE or AdaECE of φ_γ(softmax(z / T)) at every grid point u = ln T, in batched passes."""
+
+    def values_at(points: np.ndarray) -> np.ndarray:
+        confidence = _top_confidences(scores, np.exp(-points), gamma)
+        n_points, n = confidence.shape
+        if objective == "ece":
+            index = binning.equal_width_index(confidence, n_bins, edges)
+        else:
+            index = torch.stack([binning.equal_mass_index(row, n_bins) for row in confidence])
+        flat = (index + n_bins * torch.arange(n_points)[:, None]).view(-1)
+        size = n_points * n_bins
+        sum_conf = torch.bincount(flat, weights=confidence.view(-1), minlength=size)
+        correct = scores.correct.expand(n_points, n).reshape(-1)
+        sum_correct = torch.bincount(flat, weights=correct, minlength=size)
+        gaps = (sum_correct - sum_conf).view(n_points, n_bins).abs().sum(dim=1) / n
+        return gaps.numpy()
+
+    return values_at
 
 
 def _search_single(scores: _Scores, s_low: float, s_high: float) -> tuple[float, int]:
@@ -316,6 +373,8 @@ def _fit_one_gamma(
     low: float,
     high: float,
     grid_step: float,
+    n_bins: int,
+    edges: str,
 ) -> tuple[float, float, int]:
     """(T, objective at T, evaluations) for one γ."""
     if objective == "nll" and gamma == 0:
@@ -331,7 +390,10 @@ def _fit_one_gamma(
         temperature = min(max(math.exp(float(result.x)), low), high)
         return temperature, evaluate(1.0 / temperature, gamma), int(result.nfev) + 1
     u, value, evaluations = _grid_minimum(
-        lambda u: evaluate(math.exp(-u), gamma), math.log(low), math.log(high), grid_step
+        _grid_objective(scores, objective, gamma, n_bins, edges),
+        math.log(low),
+        math.log(high),
+        grid_step,
     )
     return min(max(math.exp(u), low), high), value, evaluations  # exp(ln T) may round out
 
@@ -373,7 +435,7 @@ def fit_temperature(
         nll_after, objective_before = value, data.nll_at_one
     else:
         temperature, value, evaluations = _fit_one_gamma(
-            data, evaluate, objective, 0.0, low, high, step
+            data, evaluate, objective, 0.0, low, high, step, bins, edges
         )
         nll_after, first, _ = data.nll_derivatives(1.0 / temperature)
         derivative, objective_before = -first / temperature, evaluate(1.0, 0.0)
@@ -423,7 +485,9 @@ def fit_focal_temperature(
     evaluate = _objective(data, objective, bins, edges)
     profile = []
     for gamma in grid:
-        temperature, value, _ = _fit_one_gamma(data, evaluate, objective, gamma, low, high, step)
+        temperature, value, _ = _fit_one_gamma(
+            data, evaluate, objective, gamma, low, high, step, bins, edges
+        )
         profile.append(
             FocalProfilePoint(gamma, temperature, value, _at_end(temperature, low, high))
         )
