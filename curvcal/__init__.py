@@ -5,6 +5,8 @@ __version__ = "0.1.0.dev0"
 
 from curvcal.curvature import (
     HessianOperator,
+    HessianSettings,
+    analyse_hessian,
     hessian_density,
     hessian_eigenvalues,
     hessian_layers,
@@ -13,7 +15,9 @@ from curvcal.curvature import (
 
 __all__ = [
     "HessianOperator",
+    "HessianSettings",
     "__version__",
+    "analyse_hessian",
     "hessian_density",
     "hessian_eigenvalues",
     "hessian_layers",
