@@ -23,7 +23,7 @@ from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.console import Reporter
-from curvcal.curvature.analysis import HessianSettings
+from curvcal.curvature.analysis import HessianSettings, selected_parameter_count
 from curvcal.curvature.results import HessianAnalysis
 from curvcal.errors import EXIT_NUMERICAL, EXIT_OK, InputError, NumericalError
 from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
@@ -37,7 +37,6 @@ _OPTION_OF = {
     "criterion": "--loss",
     "distribution": "--probe-dist",
     "engine": "--hvp",
-    "density_runs": "--density-runs",
 }
 
 
@@ -90,7 +89,7 @@ _OPTION_OF = {
 @click.option(
     "--trace-rtol",
     type=click.FloatRange(min=0, min_open=True),
-    help="Adaptive trace: draw probes until the 95%% half-width is below this fraction of "
+    help="Adaptive trace: draw probes until the 95% half-width is below this fraction of "
     "|estimate|.",
 )
 @click.option(
@@ -194,7 +193,6 @@ def hessian(
     The loss is averaged over every sample of --data, in eval mode unless --mode train.
     """
     from curvcal import distributed
-    from curvcal.curvature.analysis import selected_parameter_count
     from curvcal.load.checkpoint import load_model, recorded_loss, resolve_device
     from curvcal.load.data import check_labels, iter_batches, load_dataset
     from curvcal.provenance import environment
@@ -254,7 +252,7 @@ def hessian(
             cache=cache,
             probe_batch=probe_batch,
         )
-        _check_parameters(loaded, settings, selected_parameter_count)
+        _check_parameters(loaded, settings)
         data = load_dataset(dataclasses.replace(data_options, trust=checkpoint_options.trust))
         check_labels(data, loaded.num_classes)
         if data.n_samples < context.world_size:
@@ -332,20 +330,16 @@ def _settings(**values: Any) -> HessianSettings:
         raise InputError(option, error.why, error.hint) from None
 
 
-def _check_parameters(
-    loaded: LoadedModel,
-    settings: HessianSettings,
-    count: Callable[[torch.nn.Module, tuple[str, ...]], int],
-) -> None:
+def _check_parameters(loaded: LoadedModel, settings: HessianSettings) -> None:
     """--params patterns that match nothing and a --top-k above P, before the data is read."""
     for pattern in settings.params:
-        if count(loaded.module, (pattern,)) == 0:
+        if selected_parameter_count(loaded.module, (pattern,)) == 0:
             names = [n for n, p in loaded.module.named_parameters() if p.requires_grad]
             shown = ", ".join(names[:8]) + (", …" if len(names) > 8 else "")
             raise InputError(
                 "--params", f"{pattern!r} matches no trainable parameter", f"names are: {shown}"
             )
-    n_params = count(loaded.module, settings.params)
+    n_params = selected_parameter_count(loaded.module, settings.params)
     if n_params == 0:
         raise InputError(str(loaded.path), "the model has no trainable parameters")
     if settings.top_k > n_params:
