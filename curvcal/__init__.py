@@ -14,6 +14,8 @@ __version__ = "0.1.0.dev0"
 _EXPORTS: dict[str, str] = {
     # curvature
     "HessianOperator": "curvcal.curvature",
+    "HessianSettings": "curvcal.curvature",
+    "analyse_hessian": "curvcal.curvature",
     "hessian_density": "curvcal.curvature",
     "hessian_eigenvalues": "curvcal.curvature",
     "hessian_layers": "curvcal.curvature",
@@ -39,9 +41,11 @@ __all__ = [
     "Calibrator",
     "FocalTemperatureFit",
     "HessianOperator",
+    "HessianSettings",
     "ReliabilityBin",
     "TemperatureFit",
     "__version__",
+    "analyse_hessian",
     "apply_calibrator",
     "apply_focal_temperature",
     "apply_temperature",
@@ -88,6 +92,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from curvcal.curvature import (
         HessianOperator,
+        HessianSettings,
+        analyse_hessian,
         hessian_density,
         hessian_eigenvalues,
         hessian_layers,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import click
 
 from curvcal import __version__
+from curvcal.commands import LazyGroup
 from curvcal.commands.common import output_options
 from curvcal.errors import (
     EXIT_INPUT,
@@ -24,7 +25,10 @@ from curvcal.errors import (
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, "--version", prog_name="curvcal")
 @output_options
 def cli() -> None:
@@ -73,13 +77,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_INTERNAL
     return result if isinstance(result, int) else EXIT_OK
-
-
-def _register() -> None:
-    from curvcal.commands import commands
-
-    for command in commands():
-        cli.add_command(command)
-
-
-_register()

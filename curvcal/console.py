@@ -58,7 +58,9 @@ class Reporter:
 
     @contextmanager
     def progress(self, description: str, total: int | None) -> Iterator[StepCallback]:
-        """A progress bar on an interactive stderr; yields a callback taking completed units."""
+        """A progress bar on an interactive stderr; yields a callback taking completed units.
+
+        ``total=None`` when the amount of work is not known in advance (a count, no bar end)."""
         console = stderr_console()
         if self.quiet or not console.is_terminal:
             yield lambda _n: None
@@ -66,7 +68,7 @@ class Reporter:
         columns = (
             TextColumn("{task.description}"),
             BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.completed}" if total is None else "{task.completed}/{task.total}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
         )

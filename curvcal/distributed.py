@@ -51,6 +51,14 @@ def init_from_env(device: torch.device | None = None) -> DistContext:
     return current()
 
 
+def local_device(device: torch.device) -> torch.device:
+    """Under torchrun, a CUDA device given without an index becomes ``cuda:LOCAL_RANK`` (one GPU
+    per process on a machine); anything else is returned unchanged."""
+    if not launched_by_torchrun() or device.type != "cuda":
+        return device
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def current() -> DistContext:
     """The context of an already initialised process group (or the one-process context)."""
     if not (dist.is_available() and dist.is_initialized()):

@@ -82,3 +82,23 @@ def test_public_api_exports_resolve() -> None:
 
     for name in curvcal.__all__:
         assert getattr(curvcal, name) is not None
+
+
+def test_every_registered_command_loads_and_help_lists_them(run_cli) -> None:
+    from curvcal.commands import COMMANDS, load_command
+
+    result = run_cli("--help")
+    assert result.code == 0
+    for name in COMMANDS:
+        assert load_command(name).name == name
+        assert name in result.stdout
+
+
+def test_top_level_help_imports_no_command() -> None:
+    code = (
+        "import sys; from curvcal.cli import main; main(['--help']); "
+        "print([m for m in sys.modules if m.startswith(('torch', 'curvcal.commands.'))"
+        " and m != 'curvcal.commands.common'])"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert completed.stdout.strip().endswith("[]"), completed.stdout + completed.stderr

@@ -1,17 +1,70 @@
-"""One module per CLI command; each is a thin shell over the library."""
+"""One module per CLI command; each is a thin shell over the library.
+
+Commands are imported only when they run (or when their own ``--help`` is asked for), so
+``curvcal --help`` and a command that needs no torch do not pay for torch. A command is listed
+here only once it works.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
+#: name -> (module, attribute, one-line help shown by ``curvcal --help``)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "calibrate": (
+        "curvcal.commands.calibrate",
+        "calibrate",
+        "Calibration metrics of a checkpoint before and after TS / focal TS.",
+    ),
+    "compare": (
+        "curvcal.commands.compare",
+        "compare",
+        "Judge a saved report against a policy, with another report as baseline.",
+    ),
+    "demo": ("curvcal.commands.demo", "demo", "Run curvcal on the bundled digits example."),
+    "hessian": (
+        "curvcal.commands.hessian",
+        "hessian",
+        "Top Hessian eigenvalues and trace of the mean loss over a dataset.",
+    ),
+    "inspect": (
+        "curvcal.commands.inspect",
+        "inspect",
+        "What a checkpoint holds, without running any of its code.",
+    ),
+    "metrics": (
+        "curvcal.commands.metrics",
+        "metrics",
+        "Calibration metrics (and fits) from a saved logits file.",
+    ),
+    "version": ("curvcal.commands.version", "version", "Versions of curvcal, torch and device."),
+}
 
-def commands() -> list[click.Command]:
-    """The registered commands (a command is listed here only once it works)."""
-    from curvcal.commands.calibrate import calibrate
-    from curvcal.commands.compare import compare
-    from curvcal.commands.demo import demo
-    from curvcal.commands.inspect import inspect
-    from curvcal.commands.metrics import metrics
-    from curvcal.commands.version import version
 
-    return [calibrate, compare, demo, inspect, metrics, version]
+def load_command(name: str) -> click.Command:
+    """Import and return the command registered as ``name``."""
+    module, attribute, _help = COMMANDS[name]
+    command = getattr(importlib.import_module(module), attribute)
+    if not isinstance(command, click.Command):
+        raise TypeError(f"{module}.{attribute} is not a click command")
+    return command
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        return load_command(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list from the registry's one-line help (no command is imported)."""
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)

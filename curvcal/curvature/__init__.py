@@ -5,6 +5,7 @@
 operator with ``shape``, ``dtype``, ``device`` and ``matmat`` — or a dense symmetric tensor.
 """
 
+from curvcal.curvature.analysis import HessianSettings, analyse_hessian
 from curvcal.curvature.api import (
     hessian_density,
     hessian_eigenvalues,
@@ -21,6 +22,7 @@ from curvcal.curvature.results import (
     DensityResult,
     EigenResult,
     EigenSpectrum,
+    HessianAnalysis,
     LayerCurvature,
     TraceResult,
 )
@@ -32,10 +34,13 @@ __all__ = [
     "DensityResult",
     "EigenResult",
     "EigenSpectrum",
+    "HessianAnalysis",
     "HessianOperator",
+    "HessianSettings",
     "LayerCurvature",
     "LinearOperator",
     "TraceResult",
+    "analyse_hessian",
     "as_operator",
     "eigenvalues",
     "exact_trace",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -177,6 +178,15 @@ class _Batches:
                 yield self._move(x, y)
 
 
+class _Totals:
+    """Products and data passes of an operator and of every block :meth:`HessianOperator.restrict`
+    made from it (one record shared by all of them)."""
+
+    def __init__(self) -> None:
+        self.matvecs = 0
+        self.data_passes = 0
+
+
 class HessianOperator:
     """H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over a whole dataset, applied to blocks of vectors.
 
@@ -210,7 +220,8 @@ class HessianOperator:
         at construction and to every product's batch sum; ``None`` in one process.
 
     Floating-point inputs are cast to the parameters' dtype. ``n_matvecs`` counts vectors
-    multiplied, ``n_data_passes`` passes over the data.
+    multiplied, ``n_data_passes`` passes over the data (products and :meth:`mean_loss`);
+    ``total_matvecs`` and ``total_data_passes`` add those of the blocks made by :meth:`restrict`.
     """
 
     def __init__(
@@ -294,6 +305,7 @@ class HessianOperator:
         self._batches = _Batches(batches, cache, self._device, self._dtype, all_reduce)
         self.n_matvecs = 0
         self.n_data_passes = 0
+        self._totals = _Totals()
 
     # -- parameter selection ---------------------------------------------------------------
     def _select(self, patterns: Sequence[str] | None) -> None:
@@ -360,6 +372,16 @@ class HessianOperator:
         return self._batches.n_samples
 
     @property
+    def total_matvecs(self) -> int:
+        """Vectors multiplied by this operator and by every block restricted from it."""
+        return self._totals.matvecs
+
+    @property
+    def total_data_passes(self) -> int:
+        """Passes over the data by this operator and by every block restricted from it."""
+        return self._totals.data_passes
+
+    @property
     def cache_mode(self) -> str:
         """Where batches live between products: ``device``, ``host`` or ``none`` (streamed)."""
         return self._batches.mode
@@ -414,8 +436,7 @@ class HessianOperator:
                 total += torch.cat([piece.reshape(m, -1) for piece in pieces], dim=1)
         if self._all_reduce is not None:
             total = self._all_reduce(total)
-        self.n_matvecs += m
-        self.n_data_passes += 1
+        self._count(m)
         result = (total / self.n_samples).t()
         if not bool(torch.isfinite(result).all()):
             raise NumericalError(
@@ -424,6 +445,33 @@ class HessianOperator:
                 "check the model and data for NaN, or use float64",
             )
         return result
+
+    def _count(self, matvecs: int) -> None:
+        self.n_matvecs += matvecs
+        self.n_data_passes += 1
+        self._totals.matvecs += matvecs
+        self._totals.data_passes += 1
+
+    def mean_loss(self) -> float:
+        """L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i), the loss whose Hessian this is (one pass, no grad).
+
+        Raises :class:`NumericalError` when it is NaN or infinite: the Hessian would be too.
+        """
+        total = torch.zeros((), dtype=torch.float64, device=self._device)
+        with self._prepared_model(), torch.no_grad():
+            for x, y in self._batches:
+                total += self._loss_sum(self.model(x), y).to(torch.float64)
+        if self._all_reduce is not None:
+            total = self._all_reduce(total)
+        self._count(0)
+        value = float(total) / self.n_samples
+        if not math.isfinite(value):
+            raise NumericalError(
+                "loss",
+                f"the mean {self.criterion} loss over the {self.n_samples} samples is {value}",
+                "check the model's weights and the data for NaN or Inf, or use float64",
+            )
+        return value
 
     def _loss_sum(self, logits: Tensor, labels: Tensor) -> Tensor:
         if self.criterion == "focal":

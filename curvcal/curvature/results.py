@@ -7,7 +7,8 @@ rule was met. These records are converted to JSON by :func:`curvcal.results.to_j
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 
 class ConvergenceWarning(UserWarning):
@@ -132,3 +133,58 @@ class LayerCurvature:
     lambda_max: EigenResult
     trace: TraceResult
     engine: str
+
+
+@dataclass(frozen=True)
+class HessianAnalysis:
+    """Everything one ``curvcal hessian`` run measured on one Hessian operator.
+
+    ``lambda_max`` is the largest algebraic eigenvalue (``spectrum.values[0]``), ``lambda_min``
+    the smallest (only when asked for; its record is ``smallest``). ``trace``, ``density`` and
+    ``layers`` are ``None`` when not asked for. ``operator`` describes the Hessian measured and
+    what it cost: ``loss`` (criterion), ``gamma``, ``mean_loss``, ``mode``, ``engine`` (the engine
+    that ran), ``engine_requested``, ``engine_fallback`` (why ``auto`` left ``func``, or
+    ``None``), ``cache_mode``, ``n_params``, ``n_samples``, ``probe_batch``, ``n_matvecs`` and
+    ``n_data_passes`` (all stages, per-module blocks included). ``timings`` are wall seconds by
+    stage (``setup`` counts and caches the data).
+    """
+
+    lambda_max: float
+    lambda_min: float | None
+    spectrum: EigenSpectrum
+    smallest: EigenSpectrum | None
+    trace: TraceResult | None
+    density: DensityResult | None
+    layers: list[LayerCurvature] | None
+    operator: dict[str, Any]
+    timings: dict[str, float]
+
+    @property
+    def unconverged(self) -> list[str]:
+        """The estimates that stopped at their budget before meeting their tolerance."""
+        failed = []
+        for index, value in enumerate(self.spectrum.values):
+            if not value.converged:
+                failed.append(f"eigenvalue {index + 1} (relative residual {value.residual:.3g})")
+        if self.smallest is not None and not self.smallest.converged:
+            failed.append(f"λmin (relative residual {self.smallest.values[0].residual:.3g})")
+        if self.trace is not None and not self.trace.converged:
+            failed.append(f"trace (stopped by {self.trace.stopped_by})")
+        for layer in self.layers or []:
+            if not layer.lambda_max.converged:
+                failed.append(f"λmax of {layer.module}")
+            if not layer.trace.converged:
+                failed.append(f"trace of {layer.module}")
+        return failed
+
+    @property
+    def converged(self) -> bool:
+        """True when every iterative estimate met its stopping rule."""
+        return not self.unconverged
+
+    def to_dict(self) -> dict[str, Any]:
+        """Fields, plus ``eigenvalues`` (the values alone) and ``converged``, for JSON."""
+        body: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        body["eigenvalues"] = list(self.spectrum.eigenvalues)
+        body["converged"] = self.converged
+        return body

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import pickle
 import re
 import warnings
@@ -60,6 +61,9 @@ FORMS = ("state_dict", "safetensors", "pickled_module", "torchscript", "exported
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 ARCH_METADATA_KEY = "curvcal.arch"
 ARCH_KWARGS_METADATA_KEY = "curvcal.arch_kwargs"
+LOSS_METADATA_KEY = "curvcal.loss"
+GAMMA_METADATA_KEY = "curvcal.gamma"
+_LOSS_NAMES = {"ce": "ce", "cross_entropy": "ce", "cross-entropy": "ce", "focal": "focal"}
 EXPORTED_MODE_NOTE = (
     "exported programs keep the train/eval mode they were exported in; eval()/train() cannot "
     "switch them"
@@ -221,6 +225,45 @@ def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
         device=device,
         dtype=dtype,
     )
+
+
+def recorded_loss(loaded: LoadedModel) -> tuple[str, float]:
+    """The training loss a checkpoint records in its metadata, as ``(criterion, gamma)``.
+
+    ``curvcal.loss`` is ``ce`` (also ``cross_entropy``) or ``focal``; ``curvcal.gamma`` is the
+    focal γ (required for ``focal``; absent or 0 for ``ce``). Raises :class:`InputError`, naming
+    the checkpoint, when the metadata is missing or unusable.
+    """
+    where = str(loaded.path)
+    hint = "pass --loss ce or --loss focal --gamma G"
+    raw = loaded.metadata.get(LOSS_METADATA_KEY)
+    if raw is None:
+        raise InputError(
+            where, f"the checkpoint records no training loss (metadata {LOSS_METADATA_KEY})", hint
+        )
+    criterion = _LOSS_NAMES.get(raw.strip().lower())
+    if criterion is None:
+        raise InputError(
+            where, f"metadata {LOSS_METADATA_KEY} is {raw!r}, not a loss curvcal knows", hint
+        )
+    gamma_raw = loaded.metadata.get(GAMMA_METADATA_KEY)
+    if gamma_raw is None:
+        if criterion == "focal":
+            raise InputError(where, f"focal loss recorded without {GAMMA_METADATA_KEY}", hint)
+        return criterion, 0.0
+    try:
+        gamma = float(gamma_raw)
+    except ValueError:
+        raise InputError(
+            where, f"metadata {GAMMA_METADATA_KEY} is {gamma_raw!r}, not a number", hint
+        ) from None
+    if not math.isfinite(gamma) or gamma < 0:
+        raise InputError(where, f"metadata {GAMMA_METADATA_KEY} is {gamma_raw!r}; γ must be ≥ 0")
+    if criterion == "ce" and gamma != 0:
+        raise InputError(
+            where, f"metadata says loss ce with {GAMMA_METADATA_KEY} {gamma_raw!r}", hint
+        )
+    return criterion, gamma
 
 
 def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) -> CheckpointInfo:

@@ -1,0 +1,325 @@
+"""One Hessian, every requested measurement: the library behind ``curvcal hessian``.
+
+:func:`analyse_hessian` builds a single :class:`~curvcal.curvature.hvp.HessianOperator` — the
+Hessian of the mean loss over the whole dataset, L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i) — so the data
+is counted and cached once, then runs on it, in this order: the mean loss (one pass, checked for
+NaN/Inf before any product), the top-k eigenvalues, λmin when asked, the trace, the spectral
+density and the per-module blocks. Every algorithm starts from the same ``seed``, so each result
+equals what the corresponding function of :mod:`curvcal.curvature.api` returns on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from curvcal.curvature.density import spectral_density
+from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
+from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
+from curvcal.curvature.hvp import (
+    CACHES,
+    CRITERIA,
+    ENGINES,
+    MODES,
+    AllReduce,
+    BatchSource,
+    HessianOperator,
+)
+from curvcal.curvature.layers import layer_curvature
+from curvcal.curvature.results import EigenSpectrum, HessianAnalysis
+from curvcal.curvature.trace import DISTRIBUTIONS, trace_estimate
+from curvcal.errors import InputError
+
+# Trace method names as the settings (and the CLI) spell them -> the kernel's names.
+TRACE_METHODS = {"hutchinson": "hutchinson", "hutchpp": "hutch++", "hutch++": "hutch++"}
+MIN_ADAPTIVE_PROBES = 10
+
+OnStep = Callable[[str, int], None]
+"""Progress hook: the stage running (``loss``, ``eigenvalues``, ``smallest``, ``trace``,
+``density``, ``layers``) and the Hessian-vector products spent so far in all stages."""
+
+
+@dataclass(frozen=True)
+class HessianSettings:
+    """What to measure and how (every field is a ``curvcal hessian`` option).
+
+    Eigenvalues: the ``top_k`` largest algebraic ones by ``method`` (``None``: power iteration
+    for k = 1, Lanczos above); ``smallest`` adds λmin (by Lanczos unless ``method`` is given);
+    stopping rule ``tol`` on the relative residual and change, at most ``max_iter`` iterations
+    (power) or steps (Lanczos). Trace (when ``trace``):
+    ``trace_method`` ``hutchinson`` with ``probes`` probes — or, with ``trace_rtol``, adaptive:
+    probes are drawn until the 95% half-width ≤ ``trace_rtol``·|estimate|, at least
+    min(10, ``probes``) and at most ``probes`` — or ``hutchpp`` with ``probes`` products;
+    probes drawn from ``distribution``. Density (when ``density``): ``density_runs`` SLQ runs of
+    ``density_steps`` Lanczos steps. ``per_layer``: λmax and trace of each module's block.
+    The Hessian: loss ``criterion`` (``ce``, or ``focal`` with ``gamma``) over ``params`` (glob
+    patterns; empty for all trainable parameters), ``engine``, ``mode``, ``cache``,
+    ``probe_batch`` as for :class:`~curvcal.curvature.hvp.HessianOperator`. ``seed`` seeds every
+    random start vector and probe.
+    """
+
+    top_k: int = 1
+    method: str | None = None
+    smallest: bool = False
+    tol: float = DEFAULT_TOL
+    max_iter: int | None = None
+    trace: bool = True
+    trace_method: str = "hutchinson"
+    probes: int = 100
+    trace_rtol: float | None = None
+    distribution: str = "rademacher"
+    density: bool = False
+    density_runs: int = 5
+    density_steps: int = 40
+    per_layer: bool = False
+    seed: int = 0
+    criterion: str = "ce"
+    gamma: float = 0.0
+    params: tuple[str, ...] = ()
+    engine: str = "auto"
+    mode: str = "eval"
+    cache: str = "auto"
+    probe_batch: int = 8
+
+    def __post_init__(self) -> None:
+        for name, minimum in (
+            ("top_k", 1),
+            ("probes", 2 if self.trace_method == "hutchinson" else 4),
+            ("density_runs", 1),
+            ("density_steps", 1),
+            ("probe_batch", 1),
+        ):
+            _check_int(name, getattr(self, name), minimum)
+        if self.max_iter is not None:
+            _check_int("max_iter", self.max_iter, 1)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise InputError("seed", f"must be an integer, got {self.seed!r}")
+        _check_choice("method", self.method, (None, *EIGEN_METHODS))
+        _check_choice("trace_method", self.trace_method, tuple(TRACE_METHODS))
+        _check_choice("distribution", self.distribution, DISTRIBUTIONS)
+        _check_choice("criterion", self.criterion, CRITERIA)
+        _check_choice("engine", self.engine, ENGINES)
+        _check_choice("mode", self.mode, MODES)
+        _check_choice("cache", self.cache, CACHES)
+        if not _positive_finite(self.tol):
+            raise InputError("tol", f"must be a finite number > 0, got {self.tol!r}")
+        if self.trace_rtol is not None:
+            if not _positive_finite(self.trace_rtol):
+                raise InputError(
+                    "trace_rtol", f"must be a finite number > 0, got {self.trace_rtol!r}"
+                )
+            if TRACE_METHODS[self.trace_method] != "hutchinson":
+                raise InputError(
+                    "trace_rtol", "the adaptive stop is only available with Hutchinson's method"
+                )
+        if (
+            not (isinstance(self.gamma, int | float) and math.isfinite(self.gamma))
+            or self.gamma < 0
+        ):
+            raise InputError("gamma", f"must be a finite number ≥ 0, got {self.gamma!r}")
+        if self.criterion == "ce" and self.gamma != 0:
+            raise InputError("gamma", f"{self.gamma} is only used by the focal loss")
+        if isinstance(self.params, str):
+            raise InputError("params", "must be a tuple of glob patterns, not one string")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(name, f"must be an integer ≥ {minimum}, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    if value not in choices:
+        shown = ", ".join(str(c) for c in choices if c is not None)
+        raise InputError(name, f"unknown value {value!r}", f"choose one of {shown}")
+
+
+def _positive_finite(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def selected_parameter_count(model: nn.Module, params: tuple[str, ...] = ()) -> int:
+    """P, the dimension of the Hessian: elements of the trainable parameters (``requires_grad``)
+    whose names match one of the glob patterns ``params`` (all of them when empty)."""
+    return sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if p.requires_grad and (not params or any(fnmatch.fnmatchcase(name, g) for g in params))
+    )
+
+
+def analyse_hessian(
+    model: nn.Module,
+    batches: BatchSource,
+    settings: HessianSettings,
+    *,
+    all_reduce: AllReduce | None = None,
+    on_step: OnStep | None = None,
+) -> HessianAnalysis:
+    """Measure the Hessian of the mean loss of ``model`` over ``batches`` as ``settings`` ask.
+
+    One operator serves every stage (``all_reduce`` sums the sample count and every product
+    across processes when the data is sharded). Raises :class:`~curvcal.errors.InputError` for
+    impossible settings (``top_k`` above the parameter count) before any product, and
+    :class:`~curvcal.errors.NumericalError` when the loss or a product is NaN/Inf. Estimates
+    that miss their tolerance are returned with ``converged=False`` and a
+    :class:`~curvcal.curvature.results.ConvergenceWarning`; the caller decides whether to fail.
+    """
+    timings: dict[str, float] = {}
+    began = time.perf_counter()
+    operator = HessianOperator(
+        model,
+        batches,
+        criterion=settings.criterion,
+        gamma=settings.gamma,
+        params=settings.params or None,
+        engine=settings.engine,
+        mode=settings.mode,
+        cache=settings.cache,
+        probe_batch=settings.probe_batch,
+        all_reduce=all_reduce,
+    )
+    timings["setup"] = time.perf_counter() - began
+    n_params = operator.shape[0]
+    if settings.top_k > n_params:
+        raise InputError(
+            "top_k",
+            f"asked for {settings.top_k} eigenvalues of a Hessian with {n_params} parameters",
+            f"use at most {n_params}",
+        )
+
+    def hook(stage: str) -> Callable[[int], None] | None:
+        if on_step is None:
+            return None
+        report = on_step
+        return lambda _done: report(stage, operator.total_matvecs)
+
+    def timed(stage: str) -> Callable[[], None]:
+        start = time.perf_counter()
+
+        def stop() -> None:
+            timings[stage] = time.perf_counter() - start
+
+        return stop
+
+    stop = timed("loss")
+    mean_loss = operator.mean_loss()
+    stop()
+
+    stop = timed("eigenvalues")
+    spectrum = _eigen(operator, settings, settings.top_k, "largest", hook("eigenvalues"))
+    stop()
+
+    smallest = None
+    if settings.smallest:
+        stop = timed("smallest")
+        smallest = _eigen(operator, settings, 1, "smallest", hook("smallest"))
+        stop()
+
+    trace = None
+    if settings.trace:
+        stop = timed("trace")
+        trace = trace_estimate(
+            operator,
+            settings.probes,
+            method=TRACE_METHODS[settings.trace_method],
+            rtol=settings.trace_rtol,
+            max_probes=settings.probes,
+            min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
+            distribution=settings.distribution,
+            seed=settings.seed,
+            probe_batch=settings.probe_batch,
+            on_step=hook("trace"),
+        )
+        trace = dataclasses.replace(trace, engine=operator.engine)
+        stop()
+
+    density = None
+    if settings.density:
+        stop = timed("density")
+        density = spectral_density(
+            operator,
+            runs=settings.density_runs,
+            steps=settings.density_steps,
+            seed=settings.seed,
+            on_step=hook("density"),
+        )
+        density = dataclasses.replace(density, engine=operator.engine)
+        stop()
+
+    layers = None
+    if settings.per_layer:
+        stop = timed("layers")
+        layers = layer_curvature(
+            operator,
+            tol=settings.tol,
+            max_iter=settings.max_iter,
+            n_probes=settings.probes,
+            distribution=settings.distribution,
+            seed=settings.seed,
+            on_step=hook("layers"),
+        )
+        stop()
+
+    description = {
+        "loss": settings.criterion,
+        "gamma": operator.gamma,
+        "mean_loss": mean_loss,
+        "mode": operator.mode,
+        "engine": operator.engine,
+        "engine_requested": operator.requested_engine,
+        "engine_fallback": operator.engine_fallback,
+        "cache_mode": operator.cache_mode,
+        "n_params": n_params,
+        "n_samples": operator.n_samples,
+        "params": list(operator.param_names),
+        "probe_batch": operator.probe_batch,
+        "n_matvecs": operator.total_matvecs,
+        "n_data_passes": operator.total_data_passes,
+    }
+    return HessianAnalysis(
+        lambda_max=spectrum.values[0].value,
+        lambda_min=smallest.values[0].value if smallest is not None else None,
+        spectrum=spectrum,
+        smallest=smallest,
+        trace=trace,
+        density=density,
+        layers=layers,
+        operator=description,
+        timings=timings,
+    )
+
+
+def _eigen(
+    operator: HessianOperator,
+    settings: HessianSettings,
+    k: int,
+    which: str,
+    on_step: Callable[[int], None] | None,
+) -> EigenSpectrum:
+    # λmin of a Hessian sits among many eigenvalues near zero, where power iteration (even
+    # shifted) converges at a crawl; Lanczos reaches both ends of the spectrum directly.
+    method = settings.method or ("lanczos" if which == "smallest" else None)
+    spectrum = eigenvalues(
+        operator,
+        k,
+        method=method,
+        which=which,
+        tol=settings.tol,
+        max_iter=settings.max_iter,
+        seed=settings.seed,
+        on_step=on_step,
+    )
+    return dataclasses.replace(spectrum, engine=operator.engine)

@@ -1,0 +1,226 @@
+"""`curvcal hessian` end to end on a tiny safetensors checkpoint and a tensor-file dataset, against
+the dense float64 Hessian of the mean loss."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from curvcal.models import DigitsCNN
+
+N_SAMPLES = 40
+ARCH = {
+    "curvcal.arch": "curvcal:DigitsCNN",
+    "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
+}
+
+
+@dataclass(frozen=True)
+class Files:
+    model: nn.Module
+    x: Tensor
+    y: Tensor
+    checkpoint: Path
+    focal_checkpoint: Path
+    nan_checkpoint: Path
+    data: Path
+    nan_data: Path
+
+
+def _save(model: nn.Module, path: Path, metadata: dict[str, str]) -> Path:
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path), metadata)
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
+    root = tmp_path_factory.mktemp("hessian")
+    torch.manual_seed(0)
+    model = DigitsCNN(num_classes=3, width=1).double().eval()  # 1,185 parameters
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(N_SAMPLES, 1, 8, 8, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, 3, (N_SAMPLES,), generator=generator)
+    torch.save({"x": x, "y": y}, root / "data.pt")
+    bad_x = x.clone()
+    bad_x[3, 0, 1, 1] = math.nan
+    torch.save({"x": bad_x, "y": y}, root / "nan.pt")
+    broken = DigitsCNN(num_classes=3, width=1).double()
+    broken.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        broken.classifier[3].weight[0, 0] = math.inf
+    return Files(
+        model=model,
+        x=x,
+        y=y,
+        checkpoint=_save(model, root / "model.safetensors", ARCH),
+        focal_checkpoint=_save(
+            model,
+            root / "focal.safetensors",
+            {**ARCH, "curvcal.loss": "focal", "curvcal.gamma": "2"},
+        ),
+        nan_checkpoint=_save(broken, root / "broken.safetensors", ARCH),
+        data=root / "data.pt",
+        nan_data=root / "nan.pt",
+    )
+
+
+@pytest.fixture(scope="module")
+def dense(files: Files) -> Tensor:
+    """∇² of the mean cross-entropy over all samples (eval mode), by torch.func.hessian."""
+    model = files.model
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for _, p in model.named_parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    def loss(theta: Tensor) -> Tensor:
+        pieces = theta.split([math.prod(s) for s in shapes])
+        values = {n: p.reshape(s) for n, p, s in zip(names, pieces, shapes, strict=True)}
+        logits = torch.func.functional_call(model, values, (files.x,))
+        return nn.functional.cross_entropy(logits, files.y)
+
+    return torch.func.hessian(loss)(flat)
+
+
+def _base(files: Files, *extra: str) -> list[str]:
+    return ["hessian", str(files.checkpoint), "--data", str(files.data), "--dtype", "float64",
+            "--device", "cpu", *extra]  # fmt: skip
+
+
+def test_json_matches_the_dense_hessian(run_cli, files: Files, dense: Tensor, tmp_path) -> None:
+    out = tmp_path / "hessian.json"
+    args = ["--top-k", "3", "--smallest", "--per-layer", "--probes", "40", "--tol", "1e-8"]
+    result = run_cli(*_base(files, *args, "--batch-size", "16", "--json", "-o", str(out)))
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert json.loads(out.read_text()) == document
+    assert document["command"] == "hessian" and document["status"] == "ok"
+    results = document["results"]
+    exact = torch.linalg.eigvalsh(dense)
+
+    assert results["lambda_max"] == pytest.approx(float(exact[-1]), rel=1e-6)
+    assert results["eigenvalues"] == pytest.approx(exact[-3:].flip(0).tolist(), rel=1e-6)
+    assert results["lambda_min"] == pytest.approx(float(exact[0]), rel=1e-6)
+    trace = results["trace"]
+    assert trace["ci95"][0] <= float(torch.trace(dense)) <= trace["ci95"][1]
+    assert trace["ci95"][0] < trace["estimate"] < trace["ci95"][1]
+    assert trace["standard_error"] > 0 and trace["n_probes"] == 40
+
+    offset = 0
+    layers = {row["module"]: row for row in results["layers"]}
+    assert list(layers) == ["features.0", "features.2", "classifier.1", "classifier.3"]
+    for row in results["layers"]:
+        size = row["n_params"]
+        block = dense[offset : offset + size, offset : offset + size]
+        offset += size
+        assert row["lambda_max"]["value"] == pytest.approx(
+            float(torch.linalg.eigvalsh(block)[-1]), rel=1e-3
+        )
+        if size <= 40:
+            assert row["trace"]["method"] == "exact"
+            assert row["trace"]["estimate"] == pytest.approx(float(torch.trace(block)), rel=1e-10)
+        else:
+            low, high = row["trace"]["ci95"]
+            assert low <= float(torch.trace(block)) <= high
+    assert offset == dense.shape[0] == results["operator"]["n_params"] == 1185
+
+    operator = results["operator"]
+    assert operator["n_samples"] == N_SAMPLES and operator["world_size"] == 1
+    assert operator["loss"] == "ce" and operator["mode"] == "eval"
+    with torch.no_grad():
+        mean_loss = float(nn.functional.cross_entropy(files.model(files.x), files.y))
+    assert operator["mean_loss"] == pytest.approx(mean_loss, rel=1e-12)
+    settings = document["settings"]
+    assert settings["top_k"] == 3 and settings["seed"] == 0 and settings["loss"] == "ce"
+    assert settings["data"] == str(files.data) and settings["batch_size"] == 16
+    assert document["inputs"]["checkpoint"]["sha256"]
+    assert document["inputs"]["data"]["n_samples"] == N_SAMPLES
+    assert document["inputs"]["data"]["files"][0]["sha256"]
+
+
+def test_default_power_iteration_and_tables(run_cli, files: Files, dense: Tensor) -> None:
+    result = run_cli(*_base(files, "--probes", "10", "--format", "markdown"))
+    assert result.code == 0, result.stderr
+    for title in ("Hessian eigenvalues", "Hessian trace", "run"):
+        assert f"### {title}" in result.stdout
+    assert "| 1 |" in result.stdout and "hutchinson" in result.stdout
+
+    result = run_cli(*_base(files, "--no-trace", "--hvp", "autograd", "--json"))
+    assert result.code == 0, result.stderr
+    results = json.loads(result.stdout)["results"]
+    assert results["spectrum"]["method"] == "power" and results["trace"] is None
+    assert results["operator"]["engine"] == "autograd"
+    assert results["lambda_max"] == pytest.approx(float(torch.linalg.eigvalsh(dense)[-1]), rel=1e-6)
+
+
+def test_own_loss_is_read_from_the_checkpoint(run_cli, files: Files) -> None:
+    args = ["hessian", str(files.focal_checkpoint), "--data", str(files.data), "--loss", "own"]
+    result = run_cli(*args, "--dtype", "float64", "--device", "cpu", "--no-trace", "--json")
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    operator = document["results"]["operator"]
+    assert operator["loss"] == "focal" and operator["gamma"] == 2.0
+    with torch.no_grad():
+        log_p = torch.log_softmax(files.model(files.x), dim=1).gather(1, files.y[:, None])
+    focal = float((-((1 - log_p.exp()) ** 2) * log_p).mean())
+    assert operator["mean_loss"] == pytest.approx(focal, rel=1e-12)
+    assert document["settings"]["loss"] == "own"
+    assert document["settings"]["criterion"] == "focal"
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (["--data-missing"], 2, "Missing option '--data'"),
+        (["--top-k", "2000"], 2, "--top-k: 2000 eigenvalues asked of a Hessian with 1185"),
+        (["--hvp", "jax"], 2, "'jax' is not one of"),
+        (["--loss", "own"], 2, "records no training loss"),
+        (["--nan-data"], 2, "NaN"),
+        (["--nan-weights"], 3, "loss: the mean ce loss over the 40 samples is nan"),
+        (["--gamma", "2"], 2, "--gamma: 2.0 is only used by --loss focal"),
+        (["--loss", "focal"], 2, "needs --gamma"),
+        (["--trace-method", "hutchpp", "--trace-rtol", "0.1"], 2, "--trace-rtol"),
+        (["--params", "head.*"], 2, "--params: 'head.*' matches no trainable parameter"),
+        (["--probes", "1"], 2, "--probes"),
+    ],
+)
+def test_bad_input_is_one_line_and_an_exit_code(
+    run_cli, files: Files, args: list[str], code: int, needle: str
+) -> None:
+    checkpoint, data = files.checkpoint, files.data
+    if args == ["--data-missing"]:
+        command = ["hessian", str(checkpoint), "--dtype", "float64"]
+    else:
+        if args == ["--nan-data"]:
+            data, args = files.nan_data, []
+        if args == ["--nan-weights"]:
+            checkpoint, args = files.nan_checkpoint, []
+        command = ["hessian", str(checkpoint), "--data", str(data), "--dtype", "float64", *args]
+    result = run_cli(*command, "--device", "cpu")
+    assert result.code == code, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("curvcal: error: "), result.stderr
+    assert needle in lines[0]
+
+
+def test_strict_turns_non_convergence_into_exit_3(run_cli, files: Files) -> None:
+    args = _base(files, "--method", "power", "--max-iter", "1", "--no-trace", "--json")
+    relaxed = run_cli(*args)
+    assert relaxed.code == 0, relaxed.stderr
+    assert "warning" in relaxed.stderr and "did not meet tol" in relaxed.stderr
+    document = json.loads(relaxed.stdout)
+    assert document["status"] == "ok" and document["results"]["converged"] is False
+    assert document["warnings"]
+
+    strict = run_cli(*args, "--strict")
+    assert strict.code == 3
+    assert json.loads(strict.stdout)["status"] == "error"
+    lines = strict.stderr.strip().splitlines()
+    assert len(lines) == 1 and "eigenvalue 1" in lines[0] and "did not converge" in lines[0]

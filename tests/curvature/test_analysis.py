@@ -1,0 +1,210 @@
+"""analyse_hessian: one operator, every measurement, each equal to the separate kernels and to
+the dense float64 Hessian."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import curvcal
+from curvcal.curvature import analysis as analysis_module
+from curvcal.curvature.analysis import HessianSettings, analyse_hessian, selected_parameter_count
+from curvcal.curvature.results import ConvergenceWarning
+from curvcal.errors import InputError, NumericalError
+from curvcal.results import to_jsonable
+
+from .cases import split
+
+MLPCase = tuple[nn.Module, Tensor, Tensor, Tensor]
+
+
+class CountingSource:
+    """A batch source (a callable returning fresh iterators) that counts how often it is read."""
+
+    def __init__(self, batches: list[tuple[Tensor, Tensor]]) -> None:
+        self.batches = batches
+        self.reads = 0
+
+    def __call__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        self.reads += 1
+        return iter(self.batches)
+
+
+def test_every_stage_equals_its_kernel_and_the_dense_hessian(mlp_case: MLPCase) -> None:
+    model, x, y, hessian = mlp_case
+    batches = split(x, y, 20)
+    settings = HessianSettings(
+        top_k=3,
+        smallest=True,
+        tol=1e-8,
+        probes=40,
+        density=True,
+        density_runs=2,
+        density_steps=6,
+        per_layer=True,
+        seed=5,
+    )
+    result = analyse_hessian(model, batches, settings)
+    exact = torch.linalg.eigvalsh(hessian)
+
+    spectrum = curvcal.hessian_eigenvalues(model, batches, 3, tol=1e-8, seed=5)
+    assert result.spectrum == spectrum
+    assert result.lambda_max == pytest.approx(float(exact[-1]), rel=1e-8)
+    assert result.spectrum.eigenvalues == pytest.approx(exact[-3:].flip(0).tolist(), rel=1e-8)
+    assert result.lambda_min == pytest.approx(float(exact[0]), rel=1e-6)
+    smallest = curvcal.hessian_eigenvalues(
+        model, batches, 1, which="smallest", method="lanczos", tol=1e-8, seed=5
+    )
+    assert result.smallest == smallest
+
+    assert result.trace == curvcal.hessian_trace(model, batches, 40, seed=5)
+    assert result.trace is not None
+    assert result.trace.ci95[0] <= float(torch.trace(hessian)) <= result.trace.ci95[1]
+    assert result.density == curvcal.hessian_density(model, batches, runs=2, steps=6, seed=5)
+    assert result.layers == curvcal.hessian_layers(model, batches, tol=1e-8, n_probes=40, seed=5)
+
+    assert result.operator["n_params"] == hessian.shape[0] == 75
+    assert result.operator["n_samples"] == x.shape[0]
+    with torch.no_grad():
+        expected_loss = float(nn.functional.cross_entropy(model(x), y))
+    assert result.operator["mean_loss"] == pytest.approx(expected_loss, rel=1e-12)
+    assert result.operator["engine"] == "func" and result.operator["engine_fallback"] is None
+    assert set(result.timings) == {
+        "setup",
+        "loss",
+        "eigenvalues",
+        "smallest",
+        "trace",
+        "density",
+        "layers",
+    }
+    assert result.converged and result.unconverged == []
+
+
+def test_one_operator_serves_every_stage(mlp_case: MLPCase, monkeypatch) -> None:
+    model, x, y, _ = mlp_case
+    built = []
+    original = analysis_module.HessianOperator
+
+    def counting_operator(*args, **kwargs):  # type: ignore[no-untyped-def]
+        built.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(analysis_module, "HessianOperator", counting_operator)
+    source = CountingSource(split(x, y, 20))
+    settings = HessianSettings(top_k=1, method="power", probes=20, probe_batch=8, per_layer=True)
+    result = analyse_hessian(model, source, settings)
+
+    assert len(built) == 1
+    assert source.reads == 1  # counted and cached once, never re-read
+    assert result.trace is not None and result.layers is not None
+    # Products: power iteration spends one vector per pass; 20 Hutchinson probes take
+    # ceil(20 / 8) = 3 passes, for the whole Hessian and for each block (48 and 27 parameters,
+    # more than 20, so estimated rather than exact); the mean loss one pass.
+    assert [r.trace.method for r in result.layers] == ["hutchinson", "hutchinson"]
+    power_matvecs = result.spectrum.matvecs + sum(r.lambda_max.matvecs for r in result.layers)
+    assert result.operator["n_matvecs"] == power_matvecs + 3 * 20
+    assert result.operator["n_data_passes"] == 1 + power_matvecs + 3 * 3
+
+
+def test_sharded_sums_give_the_same_numbers(mlp_case: MLPCase) -> None:
+    """all_reduce carries N and every product: two identical 'ranks' (a doubling sum) must give
+    the Hessian of the same mean loss."""
+    model, x, y, _ = mlp_case
+    settings = HessianSettings(top_k=2, probes=10, tol=1e-8)
+    single = analyse_hessian(model, split(x, y, 20), settings)
+    doubled = analyse_hessian(
+        model, split(x, y, 20), settings, all_reduce=lambda tensor: 2 * tensor
+    )
+    assert doubled.operator["n_samples"] == 2 * x.shape[0]
+    assert doubled.spectrum.eigenvalues == pytest.approx(single.spectrum.eigenvalues, rel=1e-12)
+    assert doubled.trace is not None and single.trace is not None
+    assert doubled.trace.estimate == pytest.approx(single.trace.estimate, rel=1e-12)
+    assert doubled.operator["mean_loss"] == pytest.approx(single.operator["mean_loss"], rel=1e-12)
+
+
+def test_json_exposes_lambda_max_and_trace_at_the_top(mlp_case: MLPCase) -> None:
+    model, x, y, _ = mlp_case
+    result = analyse_hessian(model, [(x, y)], HessianSettings(top_k=2, probes=10))
+    document = to_jsonable(result)
+    assert document["lambda_max"] == result.lambda_max
+    assert set(document["trace"]) >= {"estimate", "standard_error", "ci95"}
+    assert document["eigenvalues"] == list(result.spectrum.eigenvalues)
+    assert document["converged"] is True
+    assert document["lambda_min"] is None and document["density"] is None
+
+
+def test_no_trace_and_full_spectrum(mlp_case: MLPCase) -> None:
+    """Border: top_k = P (every eigenvalue) is allowed; trace off leaves None."""
+    model, x, y, _ = mlp_case
+    params = ("2.bias",)  # the 3 output biases: a 3×3 block
+    names = [n for n, _ in model.named_parameters()]
+    offset = sum(p.numel() for n, p in model.named_parameters() if names.index(n) < 3)
+    block = mlp_case[3][offset : offset + 3, offset : offset + 3]
+    result = analyse_hessian(
+        model, [(x, y)], HessianSettings(top_k=3, trace=False, params=params, tol=1e-8)
+    )
+    assert selected_parameter_count(model, params) == 3
+    assert result.trace is None
+    assert result.spectrum.eigenvalues == pytest.approx(
+        torch.linalg.eigvalsh(block).flip(0).tolist(), abs=1e-12
+    )
+
+
+def test_unconverged_estimates_are_listed_and_warned(mlp_case: MLPCase) -> None:
+    model, x, y, _ = mlp_case
+    settings = HessianSettings(method="power", max_iter=1, trace=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = analyse_hessian(model, [(x, y)], settings)
+    assert any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    assert not result.converged
+    assert result.unconverged[0].startswith("eigenvalue 1")
+
+
+def test_impossible_settings_are_refused_before_any_product(mlp_case: MLPCase) -> None:
+    model, x, y, _ = mlp_case
+    source = CountingSource([(x, y)])
+    with pytest.raises(InputError, match="top_k: asked for 76 eigenvalues"):
+        analyse_hessian(model, source, HessianSettings(top_k=76))
+    assert source.reads == 1  # counted once, no product
+    for bad, field in (
+        ({"top_k": 0}, "top_k"),
+        ({"probes": 1}, "probes"),
+        ({"trace_method": "hutchpp", "probes": 3}, "probes"),
+        ({"trace_method": "hutchpp", "trace_rtol": 0.1}, "trace_rtol"),
+        ({"trace_rtol": -1.0}, "trace_rtol"),
+        ({"tol": math.nan}, "tol"),
+        ({"gamma": 1.0}, "gamma"),
+        ({"criterion": "focal", "gamma": -1.0}, "gamma"),
+        ({"engine": "jax"}, "engine"),
+        ({"method": "arnoldi"}, "method"),
+        ({"max_iter": 0}, "max_iter"),
+    ):
+        with pytest.raises(InputError, match=f"^{field}:"):
+            HessianSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_non_finite_loss_stops_before_any_product(mlp_case: MLPCase) -> None:
+    _, x, y, _ = mlp_case
+    broken = nn.Sequential(nn.Linear(5, 3)).double()
+    with torch.no_grad():
+        broken[0].weight[0, 0] = math.inf
+    with pytest.raises(NumericalError, match="loss: the mean ce loss over the 50 samples is nan"):
+        analyse_hessian(broken, [(x, y)], HessianSettings())
+
+
+def test_focal_criterion_reaches_the_operator(mlp_case: MLPCase) -> None:
+    model, x, y, _ = mlp_case
+    settings = HessianSettings(criterion="focal", gamma=2.0, trace=False)
+    result = analyse_hessian(model, [(x, y)], settings)
+    with torch.no_grad():
+        log_p = torch.log_softmax(model(x), dim=1).gather(1, y[:, None]).squeeze(1)
+    expected = float((-((1 - log_p.exp()) ** 2) * log_p).mean())
+    assert result.operator["loss"] == "focal" and result.operator["gamma"] == 2.0
+    assert result.operator["mean_loss"] == pytest.approx(expected, rel=1e-12)

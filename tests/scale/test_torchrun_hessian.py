@@ -1,0 +1,78 @@
+"""`torchrun --nproc-per-node 2 -m curvcal hessian` (gloo, CPU): the sharded run gives the numbers
+of one process, and only rank 0 speaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from curvcal.models import DigitsCNN
+
+ROOT = Path(__file__).resolve().parents[2]
+N_SAMPLES = 51  # odd: the two shards differ in size (26 and 25)
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(run_cli, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = DigitsCNN(num_classes=3, width=1).double()
+    checkpoint = tmp_path / "model.safetensors"
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(checkpoint),
+        {
+            "curvcal.arch": "curvcal:DigitsCNN",
+            "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
+        },
+    )
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(N_SAMPLES, 1, 8, 8, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, 3, (N_SAMPLES,), generator=generator)
+    data = tmp_path / "data.pt"
+    torch.save({"x": x, "y": y}, data)
+    args = ["hessian", str(checkpoint), "--data", str(data), "--dtype", "float64",
+            "--device", "cpu", "--top-k", "2", "--probes", "20", "--batch-size", "10"]  # fmt: skip
+
+    out = tmp_path / "distributed.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+    }
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    completed = subprocess.run(
+        [*launcher, "--nproc-per-node", "2", "-m", "curvcal", *args, "--json", "-o", str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.count('"schema"') == 1  # rank 1 printed nothing
+    distributed = json.loads(completed.stdout)
+    assert json.loads(out.read_text()) == distributed
+
+    single = run_cli(*args, "--json")
+    assert single.code == 0, single.stderr
+    reference = json.loads(single.stdout)
+
+    assert distributed["settings"]["world_size"] == 2
+    assert distributed["results"]["operator"]["world_size"] == 2
+    assert distributed["results"]["operator"]["n_samples"] == N_SAMPLES
+    expected, got = reference["results"], distributed["results"]
+    assert got["lambda_max"] == pytest.approx(expected["lambda_max"], rel=1e-6)
+    assert got["eigenvalues"] == pytest.approx(expected["eigenvalues"], rel=1e-6)
+    assert got["trace"]["estimate"] == pytest.approx(expected["trace"]["estimate"], rel=1e-6)
+    assert got["trace"]["ci95"] == pytest.approx(expected["trace"]["ci95"], rel=1e-6)
+    assert got["operator"]["mean_loss"] == pytest.approx(
+        expected["operator"]["mean_loss"], rel=1e-12
+    )
