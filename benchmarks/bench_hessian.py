@@ -124,6 +124,11 @@ def _split(x: Tensor, y: Tensor, size: int) -> list[Batch]:
     return list(zip(x.split(size), y.split(size), strict=True))
 
 
+def _short_size(n_samples: int) -> int:
+    """A batch size that leaves a last batch of 5 samples (797 = 6 × 132 + 5, 197 = 3 × 64 + 5)."""
+    return 132 if n_samples == 797 else 64
+
+
 def _digits(n_samples: int | None) -> tuple[Tensor, Tensor]:
     from curvcal.load.data import DataOptions, load_dataset
 
@@ -211,16 +216,16 @@ def build_case(name: str, quick: bool, exact_trace_cnn: bool = False, truth: boo
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10))
         model = _train(model, x, y, 200, 0)
-        batches, short = _split(x, y, 100), _split(x, y, 132)
-        description = f"64-32-10 tanh MLP on {x.shape[0]} digits, batches of 100 (last {y.shape[0] % 100 or 100})"
+        batches, short = _split(x, y, 100), _split(x, y, _short_size(x.shape[0]))
+        description = f"64-32-10 tanh MLP on {x.shape[0]} digits, batches of 100 (last {y.shape[0] % 100 or 100}); short-batch split: batches of {_short_size(x.shape[0])} (last 5)"
     elif name == "digits-cnn":
         from curvcal.assets import demo_checkpoint
         from curvcal.load.checkpoint import CheckpointOptions, load_model
 
         x, y = _digits(197 if quick else None)
         model = load_model(demo_checkpoint(), CheckpointOptions(device="cpu")).module
-        batches, short = _split(x, y, 100), _split(x, y, 132)
-        description = f"bundled DigitsCNN on {x.shape[0]} bundled digits, batches of 100 (last {y.shape[0] % 100 or 100})"
+        batches, short = _split(x, y, 100), _split(x, y, _short_size(x.shape[0]))
+        description = f"bundled DigitsCNN on {x.shape[0]} bundled digits, batches of 100 (last {y.shape[0] % 100 or 100}); short-batch split: batches of {_short_size(x.shape[0])} (last 5)"
     else:
         raise SystemExit(f"bench_hessian: unknown case {name!r} (mlp, digits-cnn, tiny)")
     model = model.eval()
@@ -233,7 +238,9 @@ def build_case(name: str, quick: bool, exact_trace_cnn: bool = False, truth: boo
     if name in ("tiny", "mlp"):
         values, trace = dense_reference(model, batches)
         case.lambda_max, case.lambda_2, case.trace = float(values[-1]), float(values[-2]), trace
-        case.reference = "dense float64 Hessian (torch.func.hessian, eigvalsh, trace)"
+        case.reference = (
+            "dense float64 Hessian (double backward against unit vectors), eigvalsh and trace"
+        )
     else:
         case.lambda_max, case.lambda_2, used = arpack_reference(model, batches)
         case.reference = f"ARPACK eigsh on curvcal's float64 operator, tol 1e-13 ({used} HVPs)"
@@ -265,7 +272,7 @@ class Run:
     setting: str
     fn: Callable[[Case, int], Outcome]
     target_role: str = ""  # which target this run feeds, if any
-    memory: bool = False  # measured for peak memory (digits-cnn)
+    memory: str = ""  # peak memory measured: "always", "full" (not with --quick) or ""
 
 
 def _counted(
@@ -283,9 +290,11 @@ def _counted(
 # -- curvcal ---------------------------------------------------------------------------------
 
 
-def curvcal_lambda(method: str, tol: float, dtype: torch.dtype) -> Callable[[Case, int], Outcome]:
+def curvcal_lambda(
+    method: str, tol: float, dtype: torch.dtype, engine: str = "auto"
+) -> Callable[[Case, int], Outcome]:
     def run(case: Case, seed: int) -> Outcome:
-        operator = HessianOperator(case.fresh(dtype), case.batches)
+        operator = HessianOperator(case.fresh(dtype), case.batches, engine=engine)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             spectrum = eigenvalues(operator, 1, method=method, tol=tol, max_iter=1000, seed=seed)
@@ -525,156 +534,44 @@ def curvlinops_hvp(case: Case, seed: int) -> Outcome:
 def plan(case_name: str) -> list[Run]:
     """Every run of one case, in the order they are interleaved within a round."""
     f32, f64 = torch.float32, torch.float64
-    runs = [
-        # λ1
-        Run(
-            "lambda_max",
-            "curvcal",
-            "power, tol 1e-4 (default)",
-            curvcal_lambda("power", 1e-4, f32),
-            memory=True,
-        ),
-        Run(
-            "lambda_max",
-            "curvcal",
-            "Lanczos, tol 1e-4",
-            curvcal_lambda("lanczos", 1e-4, f32),
-            memory=True,
-        ),
-        Run(
-            "lambda_max",
-            "curvcal",
-            "Lanczos, tol 1e-6, float64",
-            curvcal_lambda("lanczos", 1e-6, f64),
-            "lambda_fast",
-            memory=True,
-        ),
-        Run(
-            "lambda_max",
-            "pyhessian",
-            "default (maxIter 100, tol 1e-3)",
-            pyhessian_lambda(100, 1e-3),
-            "lambda_peer",
-            memory=True,
-        ),
-        Run("lambda_max", "pyhessian", "tol 1e-4", pyhessian_lambda(1000, 1e-4), "lambda_peer"),
-        Run("lambda_max", "pyhessian", "tol 1e-5", pyhessian_lambda(1000, 1e-5), "lambda_peer"),
-        Run("lambda_max", "pyhessian", "tol 1e-6", pyhessian_lambda(1000, 1e-6), "lambda_peer"),
-        Run(
-            "lambda_max",
-            "eigenthings",
-            "lanczos default (k=1: 2 steps)",
-            eigenthings_lanczos(None, False),
-            memory=True,
-        ),
-        Run("lambda_max", "eigenthings", "power_iteration_one default", eigenthings_power),
-        Run(
-            "lambda_max",
-            "eigenthings",
-            "lanczos 25 steps, reorth., size-weighted loss",
-            eigenthings_lanczos(25, True),
-        ),
-        Run(
-            "lambda_max",
-            "eigenthings",
-            "lanczos 25 steps, reorth., batches of 132 (last 5)",
-            eigenthings_lanczos(25, False, short=True),
-        ),
-        Run(
-            "lambda_max",
-            "curvlinops",
-            "eigsh on to_scipy() (default tol 0)",
-            curvlinops_lambda(True, 0.0),
-            memory=True,
-        ),
-        Run(
-            "lambda_max",
-            "curvlinops",
-            "eigsh tol 1e-6, no determinism check",
-            curvlinops_lambda(False, 1e-6),
-        ),
-        # trace
-        Run(
-            "trace",
-            "curvcal",
-            "Hutchinson, 100 probes",
-            curvcal_trace("hutchinson", 100),
-            memory=True,
-        ),
-        Run(
-            "trace",
-            "curvcal",
-            "Hutch++, 100 HVPs",
-            curvcal_trace("hutch++", 100),
-            "trace_ours",
-            memory=True,
-        ),
-        Run("trace", "pyhessian", "default (maxIter 100, tol 1e-3)", pyhessian_trace(100, 1e-3)),
-        Run(
-            "trace",
-            "pyhessian",
-            "100 probes (tol 0)",
-            pyhessian_trace(100, 0.0),
-            "trace_peer",
-            memory=True,
-        ),
-        Run(
-            "trace",
-            "eigenthings",
-            "trace default (Hutch++, 99 HVPs)",
-            eigenthings_trace("hutch++", False),
-            memory=True,
-        ),
-        Run(
-            "trace",
-            "eigenthings",
-            "Hutch++ 99, size-weighted loss",
-            eigenthings_trace("hutch++", True),
-        ),
-        Run(
-            "trace",
-            "curvlinops",
-            "hutchinson_trace, 100",
-            curvlinops_trace("hutchinson", False),
-            memory=True,
-        ),
-        Run(
-            "trace",
-            "curvlinops",
-            "hutchpp_trace, 99",
-            curvlinops_trace("hutch++", False),
-            memory=True,
-        ),
-        # one HVP over the whole dataset
-        Run(
-            "hvp",
-            "reference",
-            "double backward (autograd.grad twice)",
-            double_backward,
-            "hvp_reference",
-            memory=True,
-        ),
-        Run(
-            "hvp",
-            "curvcal",
-            "engine func (default), 1 vector",
-            curvcal_hvp("func", 1),
-            "hvp_ours",
-            memory=True,
-        ),
-        Run("hvp", "curvcal", "engine autograd, 1 vector", curvcal_hvp("autograd", 1)),
-        Run(
-            "hvp",
-            "curvcal",
-            "engine func, block of 8 (per vector)",
-            curvcal_hvp("func", 8),
-            memory=True,
-        ),
-        Run("hvp", "pyhessian", "dataloader_hv_product", pyhessian_hvp),
-        Run("hvp", "eigenthings", "operator.matvec", eigenthings_hvp),
-        Run("hvp", "curvlinops", "H @ v", curvlinops_hvp),
+    lam, tr, hvp = "lambda_max", "trace", "hvp"
+    # fmt: off
+    return [
+        Run(lam, "curvcal", "power, tol 1e-4 (default)", curvcal_lambda("power", 1e-4, f32), memory="always"),
+        Run(lam, "curvcal", "Lanczos, tol 1e-4", curvcal_lambda("lanczos", 1e-4, f32), memory="full"),
+        Run(lam, "curvcal", "Lanczos, tol 1e-6, float64", curvcal_lambda("lanczos", 1e-6, f64), "lambda_fast", "always"),
+        Run(lam, "curvcal", "Lanczos, tol 1e-6, float64, engine autograd",
+            curvcal_lambda("lanczos", 1e-6, f64, "autograd"), "lambda_fast", "full"),
+        Run(lam, "pyhessian", "default (maxIter 100, tol 1e-3)", pyhessian_lambda(100, 1e-3), "lambda_peer", "full"),
+        Run(lam, "pyhessian", "tol 1e-4", pyhessian_lambda(1000, 1e-4), "lambda_peer"),
+        Run(lam, "pyhessian", "tol 1e-5", pyhessian_lambda(1000, 1e-5), "lambda_peer"),
+        Run(lam, "pyhessian", "tol 1e-6", pyhessian_lambda(1000, 1e-6), "lambda_peer"),
+        Run(lam, "eigenthings", "lanczos default (k=1: 2 steps)", eigenthings_lanczos(None, False), memory="full"),
+        Run(lam, "eigenthings", "power_iteration_one default", eigenthings_power),
+        Run(lam, "eigenthings", "lanczos 25 steps, reorth., size-weighted loss", eigenthings_lanczos(25, True)),
+        Run(lam, "eigenthings", "lanczos 25 steps, reorth., short last batch (5)",
+            eigenthings_lanczos(25, False, short=True)),
+        Run(lam, "eigenthings", "same, short last batch, size-weighted loss",
+            eigenthings_lanczos(25, True, short=True)),
+        Run(lam, "curvlinops", "eigsh on to_scipy() (default tol 0)", curvlinops_lambda(True, 0.0), memory="full"),
+        Run(lam, "curvlinops", "eigsh tol 1e-6, no determinism check", curvlinops_lambda(False, 1e-6)),
+        Run(tr, "curvcal", "Hutchinson, 100 probes", curvcal_trace("hutchinson", 100), memory="full"),
+        Run(tr, "curvcal", "Hutch++, 100 HVPs", curvcal_trace("hutch++", 100), "trace_ours", "always"),
+        Run(tr, "pyhessian", "default (maxIter 100, tol 1e-3)", pyhessian_trace(100, 1e-3)),
+        Run(tr, "pyhessian", "100 probes (tol 0)", pyhessian_trace(100, 0.0), "trace_peer", "full"),
+        Run(tr, "eigenthings", "trace default (Hutch++, 99 HVPs)", eigenthings_trace("hutch++", False), memory="full"),
+        Run(tr, "eigenthings", "Hutch++ 99, size-weighted loss", eigenthings_trace("hutch++", True)),
+        Run(tr, "curvlinops", "hutchinson_trace, 100", curvlinops_trace("hutchinson", False), memory="always"),
+        Run(tr, "curvlinops", "hutchpp_trace, 99", curvlinops_trace("hutch++", False), memory="full"),
+        Run(hvp, "reference", "double backward (autograd.grad twice)", double_backward, "hvp_reference", "always"),
+        Run(hvp, "curvcal", "engine func (default), 1 vector", curvcal_hvp("func", 1), "hvp_ours", "always"),
+        Run(hvp, "curvcal", "engine autograd, 1 vector", curvcal_hvp("autograd", 1), memory="full"),
+        Run(hvp, "curvcal", "engine func, block of 8 (per vector)", curvcal_hvp("func", 8), memory="full"),
+        Run(hvp, "pyhessian", "dataloader_hv_product", pyhessian_hvp),
+        Run(hvp, "eigenthings", "operator.matvec", eigenthings_hvp),
+        Run(hvp, "curvlinops", "H @ v", curvlinops_hvp),
     ]
-    return runs
+    # fmt: on
 
 
 # ---------------------------------------------------------------------------------------------
@@ -810,7 +707,11 @@ def measure_memory(
         return
     for index, run in enumerate(runs):
         module = PEERS.get(run.library, (None,))[0]
-        if not run.memory or (module is not None and (not peers or not peer_available(module))):
+        if (
+            not run.memory
+            or (quick and run.memory != "always")
+            or (module is not None and (not peers or not peer_available(module)))
+        ):
             continue
         command = [sys.executable, os.path.abspath(__file__), "--_memory", f"{case.name}:{index}"]
         if quick:
