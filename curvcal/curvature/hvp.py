@@ -17,8 +17,9 @@ Two engines compute a batch's products:
 every model tried — a CNN, ResNet-18, an MLP; forward-mode differentiation of a convolution's
 backward costs about three convolution backwards where double backward needs two, and the
 ``torch.func`` transforms add a fixed cost per call that dominates small models — and it runs
-models ``torch.func`` cannot (TorchScript, custom autograd Functions without ``setup_context``,
-attention through ``scaled_dot_product_attention``, which has no forward-mode rule on the CPU).
+models ``torch.func`` cannot (TorchScript, custom autograd Functions without ``setup_context``).
+During products ``scaled_dot_product_attention`` is held to its composite "math" kernel: the fused
+kernels have neither a second derivative nor a forward-mode rule.
 ``func`` stays available and exact; its vmapped blocks of vectors may pay off on a GPU (not
 measured).
 
@@ -43,6 +44,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from curvcal.curvature.losses import cross_entropy_sum, focal_loss_sum
 from curvcal.errors import InputError, NumericalError
@@ -653,7 +655,8 @@ class HessianOperator:
 
     @contextmanager
     def _prepared_model(self) -> Iterator[None]:
-        """Put the model in the requested mode; restore its modes and buffers afterwards."""
+        """Put the model in the requested mode (TF32 as allowed, attention through the
+        differentiable-twice math kernel); restore its modes, buffers and the flags afterwards."""
         flags = [(module, module.training) for module in self.model.modules()]
         saved = [(buffer, buffer.detach().clone()) for buffer in self.model.buffers()]
         tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
@@ -661,7 +664,9 @@ class HessianOperator:
             self.model.train(self.mode == "train")
             torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
             torch.backends.cudnn.allow_tf32 = self.allow_tf32
-            yield
+            # fused attention kernels have no second derivative: use the composite one
+            with sdpa_kernel([SDPBackend.MATH]):
+                yield
         finally:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
             for module, flag in flags:

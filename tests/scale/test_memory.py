@@ -152,3 +152,31 @@ def test_tf32_flags_are_off_during_products_and_restored() -> None:
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     assert seen == [(False, False), (True, True)]
+
+
+class _Attention(torch.nn.Module):
+    """Self-attention over 3 tokens, then a linear head (scaled_dot_product_attention inside)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(4, 2, batch_first=True)
+        self.head = torch.nn.Linear(12, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        mixed, _ = self.attention(x, x, x, need_weights=False)
+        return self.head(mixed.flatten(1))
+
+
+@pytest.mark.parametrize("engine", ["func", "autograd"])
+def test_attention_models_have_exact_products(engine: str) -> None:
+    """Fused attention kernels cannot be differentiated twice; products must still be exact."""
+    torch.manual_seed(0)
+    model = _Attention().double().eval()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 3, 4, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, 3, (10,), generator=generator)
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+        hessian = dense_hessian(model, x, y)
+    operator = HessianOperator(model, split(x, y, 4), engine=engine)
+    vectors = torch.randn(hessian.shape[0], 3, generator=generator, dtype=torch.float64)
+    assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
