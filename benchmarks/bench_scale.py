@@ -127,12 +127,17 @@ def pyhessian_rows(
 
     own = copy.deepcopy(model)
     engine = hessian(own, nn.CrossEntropyLoss(), dataloader=batches, cuda=device.type == "cuda")
-    torch.manual_seed(0)
-    seconds, peak, (values, _vectors) = clock.measure(
-        lambda: engine.eigenvalues(maxIter=args.max_iter, tol=args.tol), 1
-    )
-    torch.manual_seed(0)
-    t_seconds, t_peak, traces = clock.measure(lambda: engine.trace(maxIter=args.probes, tol=0.0), 1)
+    # PyHessian double-differentiates attention like any op: fused kernels fail (no second
+    # derivative), so it gets the same composite kernel curvcal uses
+    with sdpa_kernel([SDPBackend.MATH]):
+        torch.manual_seed(0)
+        seconds, peak, (values, _vectors) = clock.measure(
+            lambda: engine.eigenvalues(maxIter=args.max_iter, tol=args.tol), 1
+        )
+        torch.manual_seed(0)
+        t_seconds, t_peak, traces = clock.measure(
+            lambda: engine.trace(maxIter=args.probes, tol=0.0), 1
+        )
     return {
         "status": "ok",
         "lambda_max": float(values[0]),
@@ -188,6 +193,19 @@ def bench_model(
         "lambda_max_s": seconds,
         "lambda_max_peak_bytes": peak,
     }
+    seconds, peak, spectrum = clock.measure(
+        lambda: eigenvalues(
+            operator, 1, method="lanczos", tol=args.tol, max_iter=args.max_iter, seed=0
+        ),
+        1,
+    )
+    row["curvcal"].update(
+        lambda_max_lanczos=spectrum.eigenvalues[0],
+        lambda_max_lanczos_steps=spectrum.values[0].matvecs,
+        lambda_max_lanczos_converged=spectrum.values[0].converged,
+        lambda_max_lanczos_s=seconds,
+        lambda_max_lanczos_peak_bytes=peak,
+    )
     seconds, peak, trace = clock.measure(lambda: hutchinson_trace(operator, args.probes, seed=0), 1)
     row["curvcal"].update(
         trace=trace.estimate, trace_probes=trace.n_probes, trace_s=seconds, trace_peak_bytes=peak
@@ -219,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-iter", type=int, default=100, help="power iterations at most")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    parser.add_argument(
+        "--models", default="vit_tiny,resnet18", help="comma-separated: vit_tiny, resnet18"
+    )
     parser.add_argument("--json", dest="json_out", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     args.samples = args.samples or (64 if args.quick else 256)
@@ -229,7 +250,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     batches = fake_data(args.samples, args.batch, device)
     torch.manual_seed(0)
-    models = {"vit_tiny": tiny_vit(), "resnet18": torchvision.models.resnet18(num_classes=10)}
+    builders: dict[str, Callable[[], nn.Module]] = {
+        "vit_tiny": tiny_vit,
+        "resnet18": lambda: torchvision.models.resnet18(num_classes=10),
+    }
+    wanted = [name.strip() for name in args.models.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in builders]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(builders)}")
+    models = {name: builders[name]() for name in wanted}
     rows = []
     for name, model in models.items():
         print(f"{name} …", file=sys.stderr, flush=True)
