@@ -543,7 +543,7 @@ class HessianOperator:
         total = block.new_empty((m, self.shape[0]))
         # views of ``total`` per parameter: batch products are added in place, never concatenated
         slots = [
-            piece.view(m, *p.shape) if m == 1 else piece.unflatten(1, p.shape)
+            piece.view(m, *p.shape)  # splits the unit-stride dimension: always a view
             for piece, p in zip(total.split(self._numels, dim=1), self._params, strict=True)
         ]
         batch_hvp = self._batch_hvp_func if engine == "func" else self._batch_hvp_autograd
@@ -558,9 +558,7 @@ class HessianOperator:
                     else:
                         slot.add_(piece)
                 empty = False
-        if empty:  # this process holds no samples (a rank of a sharded dataset)
-            total.zero_()
-        return total
+        return total  # every batch source holds a sample (checked when the data is counted)
 
     def _free_memory(self) -> None:
         if self._device.type == "cuda":
