@@ -73,7 +73,7 @@ def test_every_stage_equals_its_kernel_and_the_dense_hessian(mlp_case: MLPCase) 
     with torch.no_grad():
         expected_loss = float(nn.functional.cross_entropy(model(x), y))
     assert result.operator["mean_loss"] == pytest.approx(expected_loss, rel=1e-12)
-    assert result.operator["engine"] == "func" and result.operator["engine_fallback"] is None
+    assert result.operator["engine"] == "autograd" and result.operator["engine_fallback"] is None
     assert set(result.timings) == {
         "setup",
         "loss",

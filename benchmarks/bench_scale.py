@@ -1,0 +1,299 @@
+"""Speed and memory of curvcal's Hessian products against the gradient floor and PyHessian.
+
+For torchvision's ResNet-18 and a small VisionTransformer on CIFAR-size random data
+(FakeData-like: 3×32×32 inputs, 10 classes), in one run:
+
+* one gradient of the summed loss over the dataset (the floor), one hand-written double-backward
+  Hessian-vector product, and one curvcal product per engine (min of repeats);
+* wall time of λmax (power iteration to a relative tolerance of 1e-4) and of a Hutchinson trace
+  with a fixed number of probes, for curvcal and for PyHessian when it is installed;
+* on CUDA, the peak allocated memory of each measurement (``torch.cuda.max_memory_allocated``),
+  with ``torch.cuda.synchronize`` around every timing. On the CPU peak memory is not measured
+  per step (the process's resident size only grows), so the table leaves it empty.
+
+Usage::
+
+    python benchmarks/bench_scale.py [--quick] [--device cpu|cuda] [--samples N] [--json OUT]
+
+PyHessian is imported lazily; when missing its rows say "not installed".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torchvision
+from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import curvcal
+from curvcal.curvature import eigenvalues, hutchinson_trace
+from curvcal.curvature.hvp import HessianOperator
+
+Batches = list[tuple[Tensor, Tensor]]
+
+
+def tiny_vit() -> nn.Module:
+    return torchvision.models.VisionTransformer(
+        image_size=32, patch_size=4, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128,
+        num_classes=10,
+    )  # fmt: skip
+
+
+def fake_data(samples: int, batch: int, device: torch.device) -> Batches:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(samples, 3, 32, 32, generator=generator)
+    x = (x - 0.5) / 0.25
+    y = torch.randint(0, 10, (samples,), generator=generator)
+    return [
+        (x[i : i + batch].to(device), y[i : i + batch].to(device)) for i in range(0, samples, batch)
+    ]
+
+
+class Clock:
+    """Wall time (min of repeats) and, on CUDA, the peak allocated memory of a callable."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def measure(self, run: Callable[[], Any], repeats: int) -> tuple[float, int | None, Any]:
+        best, peak, value = float("inf"), None, None
+        for _ in range(repeats):
+            if self.cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            self.sync()
+            start = time.perf_counter()
+            value = run()
+            self.sync()
+            best = min(best, time.perf_counter() - start)
+            if self.cuda:
+                peak = max(peak or 0, torch.cuda.max_memory_allocated())
+        return best, peak, value
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def gradient(model: nn.Module, batches: Batches) -> None:
+    params = [p for p in model.parameters() if p.requires_grad]
+    for x, y in batches:
+        loss = nn.functional.cross_entropy(model(x), y, reduction="sum")
+        torch.autograd.grad(loss, params)
+
+
+def double_backward(model: nn.Module, batches: Batches, vectors: list[Tensor]) -> None:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # fused attention kernels cannot be differentiated twice (the gradient floor keeps them)
+    with sdpa_kernel([SDPBackend.MATH]):
+        for x, y in batches:
+            _one_double_backward(model, params, x, y, vectors)
+
+
+def _one_double_backward(
+    model: nn.Module, params: list[Tensor], x: Tensor, y: Tensor, vectors: list[Tensor]
+) -> None:
+    loss = nn.functional.cross_entropy(model(x), y, reduction="sum")
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    dot = sum((g * v).sum() for g, v in zip(grads, vectors, strict=True))
+    torch.autograd.grad(dot, params)
+
+
+def pyhessian_rows(
+    model: nn.Module,
+    batches: Batches,
+    device: torch.device,
+    clock: Clock,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    try:
+        from pyhessian import hessian  # type: ignore[import-not-found]
+    except ImportError:
+        return {"status": "not installed"}
+    # PyHessian leaves the model in eval mode and writes .grad: give it its own copy
+    import copy
+
+    own = copy.deepcopy(model)
+    engine = hessian(own, nn.CrossEntropyLoss(), dataloader=batches, cuda=device.type == "cuda")
+    # PyHessian double-differentiates attention like any op: fused kernels fail (no second
+    # derivative), so it gets the same composite kernel curvcal uses
+    with sdpa_kernel([SDPBackend.MATH]):
+        torch.manual_seed(0)
+        seconds, peak, (values, _vectors) = clock.measure(
+            lambda: engine.eigenvalues(maxIter=args.max_iter, tol=args.tol), 1
+        )
+        torch.manual_seed(0)
+        t_seconds, t_peak, traces = clock.measure(
+            lambda: engine.trace(maxIter=args.probes, tol=0.0), 1
+        )
+    return {
+        "status": "ok",
+        "lambda_max": float(values[0]),
+        "lambda_max_s": seconds,
+        "lambda_max_peak_bytes": peak,
+        "trace": float(sum(traces) / len(traces)),
+        "trace_probes": len(traces),
+        "trace_s": t_seconds,
+        "trace_peak_bytes": t_peak,
+    }
+
+
+def bench_model(
+    name: str, model: nn.Module, batches: Batches, device: torch.device, args: argparse.Namespace
+) -> dict[str, Any]:
+    clock = Clock(device)
+    model = model.to(device).eval()
+    params = [p for p in model.parameters() if p.requires_grad]
+    generator = torch.Generator().manual_seed(1)
+    vectors = [torch.randn(p.shape, generator=generator).to(device) for p in params]
+    flat = torch.cat([v.reshape(-1) for v in vectors])
+    row: dict[str, Any] = {"model": name, "n_params": int(flat.numel())}
+    repeats = args.repeats
+    say(f"{name}: gradient, double backward, products")
+    grad_s, grad_peak, _ = clock.measure(lambda: gradient(model, batches), repeats)
+    dbl_s, dbl_peak, _ = clock.measure(lambda: double_backward(model, batches, vectors), repeats)
+    row.update(gradient_s=grad_s, gradient_peak_bytes=grad_peak, double_backward_s=dbl_s)
+    row["double_backward_peak_bytes"] = dbl_peak
+    for engine in ("autograd", "func"):
+        operator = HessianOperator(model, batches, engine=engine)
+        try:
+            seconds, peak, _ = clock.measure(lambda op=operator: op.matvec(flat), repeats)
+        except (RuntimeError, NotImplementedError) as error:
+            row[f"hvp_{engine}"] = {"status": f"unsupported: {str(error).splitlines()[0][:90]}"}
+            continue
+        row[f"hvp_{engine}"] = {
+            "status": "ok",
+            "seconds": seconds,
+            "peak_bytes": peak,
+            "per_gradient": seconds / grad_s,
+            "per_double_backward": seconds / dbl_s,
+        }
+    say(f"{name}: curvcal λmax and trace")
+    operator = HessianOperator(model, batches)
+    row["engine_auto"] = operator.engine
+    seconds, peak, spectrum = clock.measure(
+        lambda: eigenvalues(operator, 1, tol=args.tol, max_iter=args.max_iter, seed=0), 1
+    )
+    row["curvcal"] = {
+        "lambda_max": spectrum.eigenvalues[0],
+        "lambda_max_iterations": spectrum.values[0].iterations,
+        "lambda_max_converged": spectrum.values[0].converged,
+        "lambda_max_s": seconds,
+        "lambda_max_peak_bytes": peak,
+    }
+    seconds, peak, spectrum = clock.measure(
+        lambda: eigenvalues(
+            operator, 1, method="lanczos", tol=args.tol, max_iter=args.max_iter, seed=0
+        ),
+        1,
+    )
+    row["curvcal"].update(
+        lambda_max_lanczos=spectrum.eigenvalues[0],
+        lambda_max_lanczos_steps=spectrum.values[0].matvecs,
+        lambda_max_lanczos_converged=spectrum.values[0].converged,
+        lambda_max_lanczos_s=seconds,
+        lambda_max_lanczos_peak_bytes=peak,
+    )
+    seconds, peak, trace = clock.measure(lambda: hutchinson_trace(operator, args.probes, seed=0), 1)
+    row["curvcal"].update(
+        trace=trace.estimate, trace_probes=trace.n_probes, trace_s=seconds, trace_peak_bytes=peak
+    )
+    say(f"{name}: PyHessian")
+    row["pyhessian"] = pyhessian_rows(model, batches, device, clock, args)
+    if row["pyhessian"]["status"] == "ok":
+        row["ratio_lambda_max_s"] = (
+            row["curvcal"]["lambda_max_s"] / row["pyhessian"]["lambda_max_s"]
+        )
+        row["ratio_trace_s"] = row["curvcal"]["trace_s"] / row["pyhessian"]["trace_s"]
+    return row
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="64 samples, 4 probes, 2 repeats")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--samples", type=int, default=None, help="default 256 (64 with --quick)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--probes", type=int, default=None, help="trace probes (default 16)")
+    parser.add_argument("--tol", type=float, default=1e-4)
+    parser.add_argument("--max-iter", type=int, default=100, help="power iterations at most")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    parser.add_argument(
+        "--models", default="vit_tiny,resnet18", help="comma-separated: vit_tiny, resnet18"
+    )
+    parser.add_argument("--json", dest="json_out", default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    args.samples = args.samples or (64 if args.quick else 256)
+    args.probes = args.probes or (4 if args.quick else 16)
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    batches = fake_data(args.samples, args.batch, device)
+    torch.manual_seed(0)
+    builders: dict[str, Callable[[], nn.Module]] = {
+        "vit_tiny": tiny_vit,
+        "resnet18": lambda: torchvision.models.resnet18(num_classes=10),
+    }
+    wanted = [name.strip() for name in args.models.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in builders]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(builders)}")
+    models = {name: builders[name]() for name in wanted}
+    rows = []
+    for name, model in models.items():
+        print(f"{name} …", file=sys.stderr, flush=True)
+        rows.append(bench_model(name, model, batches, device, args))
+        print(json.dumps(rows[-1], indent=1), file=sys.stderr, flush=True)
+    try:
+        import pyhessian  # type: ignore[import-not-found]  # noqa: F401
+
+        peer = "pyhessian (installed)"
+    except ImportError:
+        peer = "pyhessian not installed"
+    record = {
+        "device": str(device),
+        "device_name": device_name(device),
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "samples": args.samples,
+        "batch": args.batch,
+        "probes": args.probes,
+        "tol": args.tol,
+        "versions": {
+            "curvcal": curvcal.__version__,
+            "torch": torch.__version__,
+            "torchvision": torchvision.__version__,
+            "python": platform.python_version(),
+            "peer": peer,
+        },
+        "rows": rows,
+    }
+    text = json.dumps(record, indent=2)
+    if args.json_out:
+        with open(args.json_out, "w") as handle:
+            handle.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
