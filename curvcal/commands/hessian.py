@@ -54,7 +54,7 @@ _OPTION_OF = {
 @click.option(
     "--method",
     type=click.Choice(("power", "lanczos")),
-    help="Eigenvalue method (default: power iteration for --top-k 1, Lanczos above).",
+    help="Eigenvalue method (default: Lanczos with full reorthogonalisation).",
 )
 @click.option("--smallest", is_flag=True, help="Also find the smallest eigenvalue λmin.")
 @click.option(

@@ -46,7 +46,7 @@ def hessian_eigenvalues(
     on_step: OnStep = None,
 ) -> EigenSpectrum:
     """The k largest (``which="smallest"``: smallest) algebraic eigenvalues of the Hessian of
-    the mean loss over ``batches``; power iteration for k = 1, Lanczos for k > 1 by default.
+    the mean loss over ``batches``; Lanczos by default (``method="power"`` for power iteration).
 
     >>> import torch; from torch import nn; import curvcal
     >>> model = nn.Linear(4, 3).double()

@@ -356,11 +356,15 @@ def eigenvalues(
 ) -> EigenSpectrum:
     """The k largest (or smallest) algebraic eigenvalues of a symmetric operator.
 
-    ``method``: ``"power"`` or ``"lanczos"``; by default power iteration for k = 1 and Lanczos
-    for k > 1. ``seed`` seeds the CPU generator of the start vectors.
+    ``method``: ``"lanczos"`` (the default for every k) or ``"power"``. Lanczos with full
+    reorthogonalisation spends one product per step, as power iteration does, and its Krylov
+    space contains every power iterate, so it never needs more products; power iteration
+    converges at the rate |λ₂/λ₁| and stalls on indefinite Hessians whose most negative
+    eigenvalue is close to λmax in magnitude (common in trained networks).
+    ``seed`` seeds the CPU generator of the start vectors.
     """
     if method is None:
-        method = "power" if k == 1 else "lanczos"
+        method = "lanczos"
     if method not in METHODS:
         raise InputError(
             "method", f"unknown eigenvalue method {method!r}", "choose 'power' or 'lanczos'"

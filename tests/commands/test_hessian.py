@@ -144,7 +144,7 @@ def test_json_matches_the_dense_hessian(run_cli, files: Files, dense: Tensor, tm
     assert document["inputs"]["data"]["files"][0]["sha256"]
 
 
-def test_default_power_iteration_and_tables(run_cli, files: Files, dense: Tensor) -> None:
+def test_default_lanczos_and_tables(run_cli, files: Files, dense: Tensor) -> None:
     result = run_cli(*_base(files, "--probes", "10", "--format", "markdown"))
     assert result.code == 0, result.stderr
     for title in ("Hessian eigenvalues", "Hessian trace", "run"):
@@ -154,8 +154,14 @@ def test_default_power_iteration_and_tables(run_cli, files: Files, dense: Tensor
     result = run_cli(*_base(files, "--no-trace", "--hvp", "autograd", "--json"))
     assert result.code == 0, result.stderr
     results = json.loads(result.stdout)["results"]
-    assert results["spectrum"]["method"] == "power" and results["trace"] is None
+    assert results["spectrum"]["method"] == "lanczos" and results["trace"] is None
     assert results["operator"]["engine"] == "autograd"
+    assert results["lambda_max"] == pytest.approx(float(torch.linalg.eigvalsh(dense)[-1]), rel=1e-6)
+
+    result = run_cli(*_base(files, "--no-trace", "--method", "power", "--json"))
+    assert result.code == 0, result.stderr
+    results = json.loads(result.stdout)["results"]
+    assert results["spectrum"]["method"] == "power"
     assert results["lambda_max"] == pytest.approx(float(torch.linalg.eigvalsh(dense)[-1]), rel=1e-6)
 
 
