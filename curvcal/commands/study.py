@@ -161,9 +161,7 @@ def study(
     )
     calibration_settings = CalibrationSettings(method="both", bins=bins, seed=seed)
     if gammas is not None:
-        calibration_settings = dataclasses.replace(
-            calibration_settings, gammas=_gamma_grid(gammas)
-        )
+        calibration_settings = dataclasses.replace(calibration_settings, gammas=_gamma_grid(gammas))
 
     trust = checkpoint_options.trust
     data = load_dataset(dataclasses.replace(data_options, trust=trust))
