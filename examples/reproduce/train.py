@@ -20,8 +20,8 @@ knows each model's loss.
 
 Default: ``DigitsCNN`` on scikit-learn's digits with the bundled model's data preparation and
 recipe (``examples/digits/train.py``), deterministic on the CPU, a few seconds to a minute per
-model; ``train.safetensors`` and ``test.safetensors`` (``x``, ``y``) are written next to the
-checkpoints. ``--dataset tv:cifar10 --data-root DIR --arch tv:resnet18 --device cuda`` trains
+model (two minutes for a trace-penalty model on a busy machine); ``data/train.safetensors`` and
+``data/test.safetensors`` (``x``, ``y``) are written under ``--out-dir`` too. ``--dataset tv:cifar10 --data-root DIR --arch tv:resnet18 --device cuda`` trains
 on a torchvision dataset already on disk instead (needs the data and, in practice, a GPU; the
 splits are then read by ``curvcal study --data tv:cifar10:test`` directly and not written)::
 
@@ -200,10 +200,11 @@ def main() -> None:
         normalisation = json.dumps(
             {"scale": "pixels / 16", "mean": [mean], "std": [std], "from": "training split"}
         )
+        (args.out_dir / "data").mkdir(exist_ok=True)
         for name, index in (("train", train_idx), ("test", test_idx)):
             save_file(
                 {"x": x[index].contiguous(), "y": y[index].contiguous()},
-                str(args.out_dir / f"{name}.safetensors"),
+                str(args.out_dir / "data" / f"{name}.safetensors"),
                 metadata={
                     "curvcal.dataset": "sklearn-digits",
                     "curvcal.split": split,
