@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "hessian_eigenvalues": "curvcal.curvature",
     "hessian_layers": "curvcal.curvature",
     "hessian_trace": "curvcal.curvature",
+    "hutchinson_trace_penalty": "curvcal.curvature",
     # calibration
     "CalibrationMetrics": "curvcal.calibration",
     "Calibrator": "curvcal.calibration",
@@ -58,6 +59,7 @@ __all__ = [
     "hessian_eigenvalues",
     "hessian_layers",
     "hessian_trace",
+    "hutchinson_trace_penalty",
 ]
 
 
@@ -98,4 +100,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         hessian_eigenvalues,
         hessian_layers,
         hessian_trace,
+        hutchinson_trace_penalty,
     )

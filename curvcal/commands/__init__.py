@@ -39,6 +39,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "metrics",
         "Calibration metrics (and fits) from a saved logits file.",
     ),
+    "study": (
+        "curvcal.commands.study",
+        "study",
+        "Curvature vs calibration across checkpoints, with rank correlations.",
+    ),
     "version": ("curvcal.commands.version", "version", "Versions of curvcal, torch and device."),
 }
 

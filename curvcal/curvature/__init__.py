@@ -17,6 +17,7 @@ from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
 from curvcal.curvature.hvp import HessianOperator
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.operators import DenseOperator, LinearOperator, as_operator
+from curvcal.curvature.penalty import double_backward_hvp, hutchinson_trace_penalty
 from curvcal.curvature.results import (
     ConvergenceWarning,
     DensityResult,
@@ -42,6 +43,7 @@ __all__ = [
     "TraceResult",
     "analyse_hessian",
     "as_operator",
+    "double_backward_hvp",
     "eigenvalues",
     "exact_trace",
     "hessian_density",
@@ -49,6 +51,7 @@ __all__ = [
     "hessian_layers",
     "hessian_trace",
     "hutchinson_trace",
+    "hutchinson_trace_penalty",
     "hutchpp_trace",
     "lanczos",
     "layer_curvature",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,6 +33,9 @@ from curvcal.models import DigitsCNN
 ASSETS = Path(__file__).resolve().parents[2] / "curvcal" / "assets"
 N_TRAIN = 1000
 
+#: A training objective: ``objective(model, x_batch, y_batch) -> scalar loss``.
+Objective = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
 
 def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
     """The 1797 digits as float32 ``(N, 1, 8, 8)`` in ``[0, 1]`` and int64 labels."""
@@ -43,13 +47,36 @@ def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+def prepare_digits(
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, float]:
+    """``(x, y, train_idx, test_idx, mean, std)``: the stratified split of about ``N_TRAIN``
+    training samples (drawn with ``seed``) and ``x`` standardised with the training pixels'
+    mean and std."""
+    x, y = digits_tensors()
+    train_idx, test_idx = stratified_split(y, N_TRAIN / len(y), seed)
+    mean = float(x[train_idx].mean())
+    std = float(x[train_idx].std())
+    return (x - mean) / std, y, train_idx, test_idx, mean, std
+
+
+def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of the batch (the bundled model's objective)."""
+    return nn.functional.cross_entropy(model(x), y)
+
+
 def train(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, seed: int
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    seed: int,
+    objective: Objective = cross_entropy,
 ) -> list[float]:
-    """Full-data-order shuffled minibatch Adam on cross-entropy; returns the epoch losses."""
+    """Full-data-order shuffled minibatch Adam on ``objective`` (default cross-entropy);
+    returns the epoch losses."""
     generator = torch.Generator().manual_seed(seed)
     optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
-    criterion = nn.CrossEntropyLoss()
     losses = []
     model.train()
     for _ in range(epochs):
@@ -58,7 +85,7 @@ def train(
         for start in range(0, len(y), 32):
             batch = order[start : start + 32]
             optimiser.zero_grad()
-            loss = criterion(model(x[batch]), y[batch])
+            loss = objective(model, x[batch], y[batch])
             loss.backward()
             optimiser.step()
             total += loss.item() * len(batch)
@@ -89,12 +116,8 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
 
-    x, y = digits_tensors()
+    x, y, train_idx, test_idx, mean, std = prepare_digits(args.seed)
     fraction = N_TRAIN / len(y)
-    train_idx, test_idx = stratified_split(y, fraction, args.seed)
-    mean = float(x[train_idx].mean())
-    std = float(x[train_idx].std())
-    x = (x - mean) / std
 
     model = DigitsCNN()
     losses = train(model, x[train_idx], y[train_idx], args.epochs, args.seed)

@@ -1,0 +1,293 @@
+"""Curvature against calibration across checkpoints: the library behind ``curvcal study``.
+
+For each checkpoint, :func:`measure_curvature` gives λmax (the largest algebraic eigenvalue of
+the Hessian H of the mean loss over a dataset) and a Hutchinson estimate of tr(H), every
+checkpoint with the same :class:`CurvatureSettings`; :func:`calibration_summary` picks the
+numbers of a :class:`~curvcal.calibration.analysis.CalibrationAnalysis` (all measured on its
+evaluation split). :func:`rank_correlations` then gives Spearman's rank correlation ρ between
+every curvature measure and every calibration measure across the checkpoints, with the two-sided
+p-value of ``scipy.stats.spearmanr`` (t-distribution approximation, exact only for large n).
+
+Pure: no file I/O, no printing; every random draw comes from ``seed``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from curvcal.calibration.analysis import CalibrationAnalysis
+from curvcal.calibration.focal import FLSD53
+from curvcal.curvature.eigen import eigenvalues
+from curvcal.curvature.flsd53 import FLSD53Hessian
+from curvcal.curvature.hvp import BatchSource, HessianOperator
+from curvcal.curvature.trace import trace_estimate
+from curvcal.errors import InputError
+
+#: Row attributes correlated, in table order, with their display names.
+CURVATURE_MEASURES = {"lambda_max": "λmax", "trace": "tr(H)"}
+CALIBRATION_MEASURES = {
+    "ece": "ECE",
+    "adaece": "AdaECE",
+    "nll": "NLL",
+    "temperature": "T",
+    "focal_gamma": "FTS γ",
+    "focal_temperature": "FTS T",
+    "ece_after_ts": "ECE after TS",
+    "ece_after_fts": "ECE after FTS",
+}
+#: Hessian losses :func:`measure_curvature` knows.
+CURVATURE_LOSSES = ("ce", "focal", FLSD53)
+MIN_CORRELATION_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class CurvatureSettings:
+    """How every checkpoint's Hessian is measured: λmax by ``method`` (``lanczos`` or ``power``)
+    to relative tolerance ``tol`` within ``max_iter`` steps (``None``: the method's default);
+    the trace by Hutchinson with ``probes`` Rademacher probes; ``seed`` seeds both; ``engine``,
+    ``mode`` and ``probe_batch`` as for :class:`~curvcal.curvature.hvp.HessianOperator`."""
+
+    method: str = "lanczos"
+    tol: float = 1e-4
+    max_iter: int | None = None
+    probes: int = 50
+    seed: int = 0
+    engine: str = "auto"
+    mode: str = "eval"
+    probe_batch: int = 8
+
+    def __post_init__(self) -> None:
+        if self.method not in ("lanczos", "power"):
+            raise InputError("method", f"unknown method {self.method!r}", "lanczos or power")
+        if not (isinstance(self.tol, int | float) and math.isfinite(self.tol) and self.tol > 0):
+            raise InputError("tol", f"must be a finite number > 0, got {self.tol!r}")
+        if isinstance(self.probes, bool) or not isinstance(self.probes, int) or self.probes < 2:
+            raise InputError("probes", f"must be a whole number ≥ 2, got {self.probes!r}")
+
+
+@dataclass(frozen=True)
+class CurvatureSummary:
+    """λmax and tr(H) of one checkpoint, with what they were measured on.
+
+    ``loss`` names the Hessian's loss (``ce``, ``focal`` with ``gamma``, or ``flsd53``);
+    ``mean_loss`` is its mean over the ``n_samples`` samples; ``groups`` lists FLSD-53's
+    ``(γ, samples)`` (empty otherwise).
+    """
+
+    lambda_max: float
+    lambda_max_converged: bool
+    lambda_max_residual: float
+    trace: float
+    trace_standard_error: float
+    loss: str
+    gamma: float | None
+    mean_loss: float
+    n_samples: int
+    n_params: int
+    matvecs: int
+    engine: str
+    groups: tuple[tuple[float, int], ...] = ()
+
+
+def hessian_loss_label(loss: str, gamma: float | None) -> str:
+    """``ce``, ``focal γ=2`` or ``flsd53``: how tables name a loss."""
+    if loss == "focal":
+        return f"focal γ={gamma:g}"
+    return loss
+
+
+def measure_curvature(
+    model: nn.Module,
+    batches: BatchSource,
+    loss: str,
+    gamma: float | None,
+    settings: CurvatureSettings,
+) -> CurvatureSummary:
+    """λmax and Hutchinson tr(H) of H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over ``batches``.
+
+    ``loss`` ``ce``, ``focal`` (with ``gamma``) or ``flsd53`` (the exact Hessian of FLSD-53
+    away from its switching set, see :mod:`curvcal.curvature.flsd53`).
+    """
+    operator: HessianOperator | FLSD53Hessian
+    if loss == FLSD53:
+        operator = FLSD53Hessian(
+            model,
+            batches,
+            engine=settings.engine,
+            mode=settings.mode,
+            probe_batch=settings.probe_batch,
+        )
+        groups = operator.groups
+        gamma = None
+    elif loss in ("ce", "focal"):
+        if loss == "focal" and gamma is None:
+            raise InputError("gamma", "the focal loss needs γ")
+        operator = HessianOperator(
+            model,
+            batches,
+            criterion=loss,
+            gamma=float(gamma or 0.0) if loss == "focal" else 0.0,
+            engine=settings.engine,
+            mode=settings.mode,
+            probe_batch=settings.probe_batch,
+        )
+        groups = ()
+        gamma = float(gamma or 0.0) if loss == "focal" else None
+    else:
+        raise InputError("loss", f"unknown loss {loss!r}", f"one of {', '.join(CURVATURE_LOSSES)}")
+    mean_loss = operator.mean_loss()
+    spectrum = eigenvalues(
+        operator,
+        1,
+        method=settings.method,
+        tol=settings.tol,
+        max_iter=settings.max_iter,
+        seed=settings.seed,
+    )
+    trace = trace_estimate(
+        operator,
+        settings.probes,
+        seed=settings.seed,
+        probe_batch=settings.probe_batch,
+    )
+    top = spectrum.values[0]
+    return CurvatureSummary(
+        lambda_max=top.value,
+        lambda_max_converged=top.converged,
+        lambda_max_residual=top.residual,
+        trace=trace.estimate,
+        trace_standard_error=trace.standard_error,
+        loss=loss,
+        gamma=gamma,
+        mean_loss=mean_loss,
+        n_samples=operator.n_samples,
+        n_params=operator.shape[0],
+        matvecs=spectrum.matvecs + trace.matvecs,
+        engine=operator.engine,
+        groups=groups,
+    )
+
+
+@dataclass(frozen=True)
+class CalibrationSummary:
+    """The calibration numbers of one checkpoint, all on the evaluation split: accuracy, ECE,
+    AdaECE and NLL uncalibrated; the fitted TS temperature and focal-TS (γ, T); ECE after each."""
+
+    n_eval: int
+    n_fit: int
+    accuracy: float
+    ece: float
+    adaece: float
+    nll: float
+    temperature: float
+    focal_gamma: float
+    focal_temperature: float
+    ece_after_ts: float
+    ece_after_fts: float
+
+
+def calibration_summary(analysis: CalibrationAnalysis) -> CalibrationSummary:
+    """The study's calibration numbers from an analysis that fitted both maps."""
+    ts, fts = analysis.fits.ts, analysis.fits.focal_ts
+    after_ts, after_fts = analysis.evaluation.ts, analysis.evaluation.focal_ts
+    if ts is None or fts is None or after_ts is None or after_fts is None:
+        raise InputError("calibration", "the study needs both TS and focal TS fitted")
+    before = analysis.evaluation.uncalibrated
+    return CalibrationSummary(
+        n_eval=before.n_samples,
+        n_fit=analysis.split.n_fit,
+        accuracy=before.accuracy,
+        ece=before.ece,
+        adaece=before.adaece,
+        nll=before.nll,
+        temperature=ts.calibrator.temperature,
+        focal_gamma=fts.calibrator.gamma,
+        focal_temperature=fts.calibrator.temperature,
+        ece_after_ts=after_ts.ece,
+        ece_after_fts=after_fts.ece,
+    )
+
+
+@dataclass(frozen=True)
+class StudyRow:
+    """One checkpoint: its name, its training loss (from its metadata; ``None`` if unknown, γ
+    ``None`` for FLSD-53 and for ``ce`` + a trace penalty ``lambda_penalty``), and what was
+    measured."""
+
+    checkpoint: str
+    training_loss: str | None
+    training_gamma: float | None
+    penalty: float | None
+    curvature: CurvatureSummary
+    calibration: CalibrationSummary
+
+    def measure(self, name: str) -> float:
+        """The value of a measure of :data:`CURVATURE_MEASURES` or :data:`CALIBRATION_MEASURES`."""
+        if name in CURVATURE_MEASURES:
+            return float(getattr(self.curvature, name))
+        return float(getattr(self.calibration, name))
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """Spearman's ρ between a curvature and a calibration measure over ``n`` checkpoints, with
+    its two-sided p-value; both ``None`` with a ``note`` when undefined (n < 3, a constant
+    measure, a non-finite value)."""
+
+    curvature: str
+    calibration: str
+    rho: float | None
+    p_value: float | None
+    n: int
+    note: str | None = None
+
+
+def rank_correlations(rows: Sequence[StudyRow]) -> tuple[Correlation, ...]:
+    """ρ and p of ``scipy.stats.spearmanr`` for every (curvature, calibration) measure pair."""
+    from scipy.stats import spearmanr
+
+    out = []
+    for curvature in CURVATURE_MEASURES:
+        for calibration in CALIBRATION_MEASURES:
+            xs = [row.measure(curvature) for row in rows]
+            ys = [row.measure(calibration) for row in rows]
+            n = len(rows)
+            note = _undefined(xs, ys)
+            if note is not None:
+                out.append(Correlation(curvature, calibration, None, None, n, note))
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result: Any = spearmanr(xs, ys)
+            rho, p_value = float(result.statistic), float(result.pvalue)
+            if not (math.isfinite(rho) and math.isfinite(p_value)):
+                out.append(Correlation(curvature, calibration, None, None, n, "undefined"))
+                continue
+            out.append(Correlation(curvature, calibration, rho, p_value, n))
+    return tuple(out)
+
+
+def _undefined(xs: Sequence[float], ys: Sequence[float]) -> str | None:
+    if len(xs) < MIN_CORRELATION_SAMPLES:
+        return f"needs at least {MIN_CORRELATION_SAMPLES} checkpoints"
+    if not all(math.isfinite(v) for v in (*xs, *ys)):
+        return "a value is not finite"
+    if len(set(xs)) == 1 or len(set(ys)) == 1:
+        return "a measure is constant across checkpoints"
+    return None
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """The rows (one per checkpoint, in the order given), the correlations, and the columns'
+    provenance: which loss and which samples every measure comes from."""
+
+    rows: tuple[StudyRow, ...]
+    correlations: tuple[Correlation, ...]
+    columns: dict[str, str]

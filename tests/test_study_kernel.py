@@ -1,0 +1,105 @@
+"""The study kernel: Spearman correlations by hand, curvature against dense float64 truth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from curvcal.errors import InputError
+from curvcal.study import (
+    CALIBRATION_MEASURES,
+    CURVATURE_MEASURES,
+    CalibrationSummary,
+    CurvatureSettings,
+    CurvatureSummary,
+    StudyRow,
+    measure_curvature,
+    rank_correlations,
+)
+
+F64 = torch.float64
+
+
+def _row(lambda_max: float, trace: float, ece: float, index: int) -> StudyRow:
+    curvature = CurvatureSummary(
+        lambda_max, True, 0.0, trace, 0.1, "ce", None, 0.1, 10, 5, 3, "func"
+    )
+    calibration = CalibrationSummary(
+        10, 10, 0.9, ece, ece + 0.01 * index, 0.3, 1.0 + index, 0.5, 1.2, 0.01, 0.02 * index
+    )
+    return StudyRow(f"m{index}", "ce", 0.0, None, curvature, calibration)
+
+
+def test_spearman_matches_the_rank_formula() -> None:
+    # ranks x: 1 2 3 4, ECE ranks: 1 3 2 4 -> ρ = 1 − 6·Σd²/(n(n²−1)) = 1 − 6·2/60 = 0.8
+    rows = [
+        _row(1.0, 4.0, 0.1, 0),
+        _row(2.0, 3.0, 0.3, 1),
+        _row(3.0, 2.0, 0.2, 2),
+        _row(4.0, 1.0, 0.4, 3),
+    ]
+    by_pair = {(c.curvature, c.calibration): c for c in rank_correlations(rows)}
+    assert len(by_pair) == len(CURVATURE_MEASURES) * len(CALIBRATION_MEASURES)
+    assert by_pair["lambda_max", "ece"].rho == pytest.approx(0.8)
+    assert by_pair["trace", "ece"].rho == pytest.approx(-0.8)
+    assert by_pair["lambda_max", "temperature"].rho == pytest.approx(1.0)
+    # p of ρ = 0.8, n = 4 by the t approximation: t = ρ·sqrt((n−2)/(1−ρ²)), 2 d.o.f.
+    from scipy.stats import t as student
+
+    t_value = 0.8 * (2 / (1 - 0.64)) ** 0.5
+    assert by_pair["lambda_max", "ece"].p_value == pytest.approx(2 * student.sf(t_value, 2))
+    constant = by_pair["lambda_max", "focal_gamma"]
+    assert constant.rho is None and constant.note is not None and "constant" in constant.note
+
+
+def test_fewer_than_three_checkpoints_give_no_correlation() -> None:
+    rows = [_row(1.0, 1.0, 0.1, 0), _row(2.0, 2.0, 0.2, 1)]
+    for correlation in rank_correlations(rows):
+        assert correlation.rho is None and correlation.p_value is None and correlation.n == 2
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 3)).to(F64)
+
+
+def test_curvature_matches_the_dense_hessian() -> None:
+    model = _model()
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(20, 3, generator=generator, dtype=F64)
+    y = torch.randint(0, 3, (20,), generator=generator)
+    batches = [(x[:7], y[:7]), (x[7:], y[7:])]
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+
+    def loss(theta: torch.Tensor) -> torch.Tensor:
+        pieces = [
+            t.reshape(s)
+            for t, s in zip(theta.split([s.numel() for s in shapes]), shapes, strict=True)
+        ]
+        logits = torch.func.functional_call(model, dict(zip(names, pieces, strict=True)), (x,))
+        return nn.functional.cross_entropy(logits, y)
+
+    dense = torch.autograd.functional.hessian(
+        loss, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    )
+    summary = measure_curvature(model, batches, "ce", None, CurvatureSettings(tol=1e-8, probes=400))
+    assert summary.lambda_max == pytest.approx(float(torch.linalg.eigvalsh(dense)[-1]), rel=1e-6)
+    assert abs(summary.trace - float(torch.trace(dense))) < 4 * summary.trace_standard_error
+    assert summary.n_samples == 20 and summary.n_params == dense.shape[0]
+
+
+def test_bad_settings_and_losses() -> None:
+    with pytest.raises(InputError, match="probes"):
+        CurvatureSettings(probes=1)
+    with pytest.raises(InputError, match="tol"):
+        CurvatureSettings(tol=0.0)
+    with pytest.raises(InputError, match="method"):
+        CurvatureSettings(method="arnoldi")
+    model = _model()
+    batches = [(torch.randn(4, 3, dtype=F64), torch.tensor([0, 1, 2, 0]))]
+    with pytest.raises(InputError, match="loss"):
+        measure_curvature(model, batches, "hinge", None, CurvatureSettings())
+    with pytest.raises(InputError, match="γ"):
+        measure_curvature(model, batches, "focal", None, CurvatureSettings())
