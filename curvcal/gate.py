@@ -39,7 +39,7 @@ from curvcal.check import (
     metric_values,
     setting_location,
 )
-from curvcal.errors import InputError
+from curvcal.errors import InputError, NumericalError
 from curvcal.results import to_jsonable
 
 if TYPE_CHECKING:
@@ -493,13 +493,25 @@ def _calibrate(
 def _predict(
     loaded: LoadedModel, data: LoadedData, batch_size: int, on_step: OnStep | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     from curvcal.inference import predict_logits
     from curvcal.load.data import iter_batches
 
     advance = None if on_step is None else (lambda n: on_step("inference", n))
-    return predict_logits(
+    logits, labels = predict_logits(
         loaded.module, iter_batches(data.dataset, batch_size), loaded.device, advance
     )
+    finite = torch.isfinite(logits).all(dim=1)
+    if not bool(finite.all()):
+        first = int((~finite).nonzero()[0, 0])
+        raise NumericalError(
+            str(loaded.path),
+            f"the model's logits on data {data.spec} contain NaN or infinity (first at sample "
+            f"{first})",
+            "check the weights and the input normalisation",
+        )
+    return logits, labels
 
 
 def _hessian(

@@ -161,11 +161,13 @@ def check(
         status = STATUS_ERROR
     inputs: dict[str, Any] = {
         "checkpoint": {**dataclasses.asdict(file_info(checkpoint)), **result.inputs["checkpoint"]},
-        "data": result.inputs["data"],
         "policy": file_info(policy_path),
     }
-    if "fit_data" in result.inputs:
-        inputs["fit_data"] = result.inputs["fit_data"]
+    for role in ("data", "fit_data"):
+        if role in result.inputs:
+            described = result.inputs[role]
+            files = [file_info(Path(path)) for path in described.get("files", ())]
+            inputs[role] = {**described, "files": files}
     if baseline is not None:
         inputs["baseline"] = file_info(baseline)
     report = Report(
