@@ -1,4 +1,4 @@
-"""Files bundled with curvcal: the digits demo checkpoint and its held-out data.
+"""Files bundled with curvcal: the digits demo checkpoint, its held-out data and its policy.
 
 Both are produced by ``examples/digits/train.py`` (see its docstring for how).
 """
@@ -16,6 +16,11 @@ def _asset(name: str) -> Path:
 def demo_checkpoint() -> Path:
     """The bundled ``DigitsCNN`` state dict (``.safetensors``, architecture in its metadata)."""
     return _asset("digits_cnn.safetensors")
+
+
+def demo_policy() -> Path:
+    """The CI policy ``curvcal demo`` judges the bundled checkpoint with (TOML)."""
+    return _asset("demo_policy.toml")
 
 
 def demo_data() -> Path:

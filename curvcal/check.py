@@ -6,8 +6,10 @@ A policy is a TOML file (``--policy FILE``) or the ``[tool.curvcal]`` table of a
 * ``[settings]``: the evaluation settings (checkpoint loading, data, split, bins, probes, seed,
   method, ...), so that a release's gate can be rerun from the repository alone;
 * one table per gated metric with any of the bounds ``max``, ``min`` (on the value itself),
-  ``max_increase`` (value − baseline ≤ bound) and ``max_rel_increase``
-  ((value − baseline)/|baseline| ≤ bound, a fraction: 0.1 is 10 %).
+  ``max_increase`` (value − baseline ≤ bound), ``max_rel_increase``
+  ((value − baseline)/|baseline| ≤ bound, a fraction: 0.1 is 10 %), ``max_decrease``
+  (baseline − value ≤ bound) and ``max_rel_decrease`` ((baseline − value)/|baseline| ≤ bound);
+  the decrease bounds guard metrics where higher is better, such as ``accuracy``.
 
 Calibration metrics are measured at a *stage*: ``[ece]`` (same as ``[uncalibrated.ece]``) gates
 the uncalibrated model, ``[ts.ece]`` the model after temperature scaling and ``[focal_ts.ece]``
@@ -69,7 +71,9 @@ STAGES = (UNCALIBRATED, "ts", "focal_ts")
 """``uncalibrated``: the model's own probabilities; ``ts``: after temperature scaling;
 ``focal_ts``: after focal temperature scaling."""
 
-BOUNDS = ("max", "min", "max_increase", "max_rel_increase")
+BOUNDS = ("max", "min", "max_increase", "max_rel_increase", "max_decrease", "max_rel_decrease")
+CHANGE_BOUNDS = BOUNDS[2:]
+_RELATIVE_BOUNDS = ("max_rel_increase", "max_rel_decrease")
 
 # The range a metric can take; a bound outside it can never (or always) be met.
 _DOMAIN: dict[str, tuple[float, float]] = {
@@ -96,6 +100,7 @@ _FRACTION = "a number between 0 and 1 (exclusive)"
 _POSITIVE = "a number > 0"
 _NONNEGATIVE = "a number >= 0"
 _STR_OR_BOOL = "a string or true/false"
+_NUMBERS = "a non-empty list of numbers >= 0"
 SETTINGS: dict[str, str] = {
     "arch": _STR,
     "arch_kwargs": _TABLE,
@@ -112,8 +117,12 @@ SETTINGS: dict[str, str] = {
     "edges": _STR,
     "method": _STR,
     "objective": _STR,
+    "focal_objective": _STR,
+    "gammas": _NUMBERS,
     "probes": _COUNT,
     "top_k": _COUNT,
+    "eigen_method": _STR,
+    "max_iter": _COUNT,
     "batch_size": _COUNT,
     "max_samples": _COUNT,
     "loss": _STR,
@@ -133,6 +142,8 @@ class Rule:
     min: float | None = None
     max_increase: float | None = None
     max_rel_increase: float | None = None
+    max_decrease: float | None = None
+    max_rel_decrease: float | None = None
     stage: str | None = None
 
     @property
@@ -168,9 +179,10 @@ class MetricValue:
 
 @dataclass(frozen=True)
 class VerdictRow:
-    """One bound judged: ``bound`` is ``max``/``min``/``max_increase``/``max_rel_increase`` and
-    ``limit`` its number; ``change`` is value − baseline for ``max_increase`` and
-    (value − baseline)/|baseline| for ``max_rel_increase`` (``None`` for the others)."""
+    """One bound judged: ``bound`` is one of :data:`BOUNDS` and ``limit`` its number;
+    ``change`` is value − baseline for ``max_increase``/``max_decrease`` and
+    (value − baseline)/|baseline| for ``max_rel_increase``/``max_rel_decrease`` (``None`` for
+    ``max``/``min``). A decrease is a negative change."""
 
     metric: str
     bound: str
@@ -184,14 +196,19 @@ class VerdictRow:
 
     @property
     def bound_text(self) -> str:
-        """The bound for people: ``<= 0.05``, ``>= 0.9``, ``change <= 0.01``, ``change <= 10%``."""
+        """The bound for people: ``<= 0.05``, ``>= 0.9``, ``change <= +0.01``,
+        ``change <= +10%``, ``change >= -0.01``, ``change >= -10%``."""
         if self.bound == "max":
             return f"<= {self.limit:.4g}"
         if self.bound == "min":
             return f">= {self.limit:.4g}"
         if self.bound == "max_increase":
             return f"change <= {self.limit:+.4g}"
-        return f"change <= {100 * self.limit:+.4g}%"
+        if self.bound == "max_rel_increase":
+            return f"change <= {100 * self.limit:+.4g}%"
+        if self.bound == "max_decrease":
+            return f"change >= {-self.limit:+.4g}"
+        return f"change >= {-100 * self.limit:+.4g}%"
 
 
 @dataclass(frozen=True)
@@ -237,6 +254,18 @@ def load_policy(path: Path) -> Policy:
             raise InputError(str(path), "has no [tool.curvcal] table", "add one or pass --policy")
         document = table
     return _Parser(path, text, prefix).policy(document)
+
+
+def setting_location(policy: Policy, name: str) -> str:
+    """``FILE:LINE`` where ``policy`` sets ``[settings] name`` (just ``FILE`` when the line
+    cannot be found), for messages about a setting's value."""
+    prefix = ("tool", "curvcal") if policy.path.name == "pyproject.toml" else ()
+    try:
+        lines = policy.path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return str(policy.path)
+    line = _find_line(lines, (*prefix, "settings", name))
+    return f"{policy.path}:{line}" if line else str(policy.path)
 
 
 def find_pyproject_policy(directory: Path) -> Path | None:
@@ -352,12 +381,12 @@ class _Parser:
                 (*where, "min"),
                 f"[{label}] min {lower:g} is above {high:g}, the most {metric} can be",
             )
-        for key in ("max_increase", "max_rel_increase"):
+        for key in CHANGE_BOUNDS:
             if numbers.get(key, 0.0) < 0:
                 self._fail(
                     (*where, key),
                     f"[{label}] {key} {numbers[key]:g} is negative",
-                    "an allowed increase is >= 0; use max/min to demand an improvement",
+                    "an allowed change is >= 0; use max/min to demand an improvement",
                 )
         return Rule(metric=metric, stage=stage, **numbers)
 
@@ -383,6 +412,18 @@ def _has_kind(value: Any, kind: str) -> bool:
         return isinstance(value, dict)
     if kind == _STR_OR_BOOL:
         return isinstance(value, str | bool)
+    if kind == _NUMBERS:
+        return (
+            isinstance(value, list)
+            and bool(value)
+            and all(
+                isinstance(item, int | float)
+                and not isinstance(item, bool)
+                and math.isfinite(item)
+                and item >= 0
+                for item in value
+            )
+        )
     if kind in (_COUNT, _SEED):
         return isinstance(value, int) and not isinstance(value, bool) and value >= (kind == _COUNT)
     if kind == _FRACTION:
@@ -448,6 +489,9 @@ def evaluate(
     * ``max_rel_increase``: change = (value − baseline)/|baseline|, passes when change ≤ bound; a
       zero baseline gives change 0 when the value is 0 too and ±∞ otherwise (any increase from 0
       fails).
+    * ``max_decrease``: change = value − baseline, passes when change ≥ −bound;
+      ``max_rel_decrease``: change = (value − baseline)/|baseline|, passes when change ≥ −bound
+      (any decrease from a zero baseline fails).
     * A missing or non-finite value fails; a change bound with no baseline value (no baseline
       given, or the metric missing or non-finite in it) fails with reason ``no baseline``.
 
@@ -477,10 +521,14 @@ def evaluate(
             elif base is None:
                 passed, reason = False, "no baseline"
             else:
-                change = value - base if bound == "max_increase" else _relative(value, base)
-                passed = change <= limit
-                reason = "" if passed else "increase too large"
-            shown_base = base if bound in ("max_increase", "max_rel_increase") else None
+                change = _relative(value, base) if bound in _RELATIVE_BOUNDS else value - base
+                if bound in ("max_increase", "max_rel_increase"):
+                    passed = change <= limit
+                    reason = "" if passed else "increase too large"
+                else:
+                    passed = change >= -limit
+                    reason = "" if passed else "decrease too large"
+            shown_base = base if bound in CHANGE_BOUNDS else None
             rows.append(
                 VerdictRow(
                     metric=rule.key,
@@ -517,43 +565,27 @@ def _relative(value: float, base: float) -> float:
 # order (the first one present wins). THIS TABLE IS THE ONE PLACE TO CHANGE when a command's
 # result layout changes. A value at a path is a number, or an object with ``estimate`` (and
 # ``ci95``/``interval``, a two-number list) or ``value``.
+#
+# The layouts: ``calibrate`` and ``metrics`` write a CalibrationAnalysis as ``results``
+# (``evaluation.<stage>.<metric>``, ``fits.ts``, ``fits.focal_ts``); ``hessian`` writes a
+# HessianAnalysis as ``results`` (``lambda_max``, ``trace.{estimate,ci95}``); ``demo`` nests the
+# two under ``results.calibration`` and ``results.hessian``. ``check`` and ``compare`` documents
+# are read from their verdict rows instead (see :func:`metric_values`).
 _CALIBRATION_PATHS: dict[str, tuple[str, ...]] = {
-    UNCALIBRATED: (
-        "results.evaluation.uncalibrated.{metric}",
-        "results.calibration.uncalibrated.{metric}",
-        "results.uncalibrated.{metric}",
-        "results.metrics.{metric}",
-        "results.{metric}",
-    ),
-    "ts": (
-        "results.evaluation.ts.{metric}",
-        "results.calibration.ts.{metric}",
-        "results.ts.{metric}",
-    ),
-    "focal_ts": (
-        "results.evaluation.focal_ts.{metric}",
-        "results.calibration.focal_ts.{metric}",
-        "results.focal_ts.{metric}",
-    ),
+    stage: (
+        f"results.evaluation.{stage}.{{metric}}",
+        f"results.calibration.evaluation.{stage}.{{metric}}",
+    )
+    for stage in STAGES
 }
 _OTHER_PATHS: dict[str, tuple[str, ...]] = {
     "lambda_max": ("results.lambda_max", "results.hessian.lambda_max"),
     "trace": ("results.trace", "results.hessian.trace"),
-    "temperature": (
-        "results.fits.ts.temperature",
-        "results.calibration.ts.temperature",
-        "results.ts.temperature",
-        "results.temperature",
-    ),
-    "focal_gamma": (
-        "results.fits.focal_ts.gamma",
-        "results.calibration.focal_ts.gamma",
-        "results.focal_ts.gamma",
-    ),
+    "temperature": ("results.fits.ts.temperature", "results.calibration.fits.ts.temperature"),
+    "focal_gamma": ("results.fits.focal_ts.gamma", "results.calibration.fits.focal_ts.gamma"),
     "focal_temperature": (
         "results.fits.focal_ts.temperature",
-        "results.calibration.focal_ts.temperature",
-        "results.focal_ts.temperature",
+        "results.calibration.fits.focal_ts.temperature",
     ),
 }
 

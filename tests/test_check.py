@@ -311,3 +311,63 @@ def test_load_report_rejects_bad_files(tmp_path: Path) -> None:
         load_report(tmp_path / "absent.json")
     good = write(tmp_path, json.dumps({"schema": "1.3", "command": "x", "results": {}}), "ok.json")
     assert load_report(good)["command"] == "x"
+
+
+# ---------------------------------------------------------------------------------------------
+# decrease bounds
+
+
+def test_max_decrease_against_baseline() -> None:
+    rules = [Rule("accuracy", max_decrease=0.25, stage="uncalibrated")]
+    base = {"accuracy": value(0.75)}
+    at_bound = evaluate(rules, {"accuracy": value(0.5)}, base).rows[0]
+    assert at_bound.passed and at_bound.change == -0.25 and at_bound.baseline == 0.75
+    below = evaluate(rules, {"accuracy": value(0.25)}, base).rows[0]
+    assert not below.passed and below.change == -0.5 and below.reason == "decrease too large"
+    up = evaluate(rules, {"accuracy": value(1.0)}, base).rows[0]
+    assert up.passed and up.change == 0.25
+    assert at_bound.bound_text == "change >= -0.25"
+
+
+def test_max_rel_decrease_uses_absolute_baseline_and_zero_baseline() -> None:
+    rules = [Rule("trace", max_rel_decrease=0.5)]
+    row = evaluate(rules, {"trace": value(1.0)}, {"trace": value(2.0)}).rows[0]
+    assert row.change == -0.5 and row.passed and row.bound_text == "change >= -50%"
+    row = evaluate(rules, {"trace": value(-3.5)}, {"trace": value(-2.0)}).rows[0]
+    assert row.change == -0.75 and not row.passed  # from -2 to -3.5: down 75 % of |-2|
+    zero = {"trace": value(0.0)}
+    assert evaluate(rules, {"trace": value(0.0)}, zero).rows[0].passed
+    down = evaluate(rules, {"trace": value(-1e-9)}, zero).rows[0]
+    assert not down.passed and down.change == -math.inf
+    assert evaluate(rules, {"trace": value(1.0)}, None).rows[0].reason == "no baseline"
+
+
+@pytest.mark.parametrize("bound", ["max_decrease", "max_rel_decrease"])
+def test_negative_decrease_bound_names_the_line(tmp_path: Path, bound: str) -> None:
+    path = write(tmp_path, f"[accuracy]\nmin = 0.5\n{bound} = -0.1\n")
+    with pytest.raises(InputError) as info:
+        load_policy(path)
+    assert info.value.what == f"{path}:3" and f"{bound} -0.1 is negative" in info.value.why
+
+
+def test_gammas_setting_is_a_list_of_numbers(tmp_path: Path) -> None:
+    policy = load_policy(write(tmp_path, "[settings]\ngammas = [0, 0.5, 2]\n[ece]\nmax = 0.1\n"))
+    assert policy.settings["gammas"] == [0, 0.5, 2]
+    for bad in ("[]", "[-1]", '["a"]', "1.0", "[nan]"):
+        path = write(tmp_path, f"[settings]\nseed = 0\ngammas = {bad}\n[ece]\nmax = 0.1\n")
+        with pytest.raises(InputError) as info:
+            load_policy(path)
+        assert info.value.what == f"{path}:3" and "'gammas' must be a non-empty list" in (
+            info.value.why
+        )
+
+
+def test_path_table_has_only_the_real_layouts() -> None:
+    paths = metric_paths()
+    assert paths["ece"] == (
+        "results.evaluation.uncalibrated.ece",
+        "results.calibration.evaluation.uncalibrated.ece",
+    )
+    assert paths["ts.nll"][0] == "results.evaluation.ts.nll"
+    assert paths["lambda_max"] == ("results.lambda_max", "results.hessian.lambda_max")
+    assert paths["focal_gamma"][0] == "results.fits.focal_ts.gamma"

@@ -18,6 +18,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "calibrate",
         "Calibration metrics of a checkpoint before and after TS / focal TS.",
     ),
+    "check": (
+        "curvcal.commands.check",
+        "check",
+        "Measure what a policy gates on a checkpoint and judge it (CI gate).",
+    ),
     "compare": (
         "curvcal.commands.compare",
         "compare",

@@ -1,38 +1,72 @@
-"""`curvcal demo`: the main job on the bundled digits example, as a guided tour."""
+"""`curvcal demo`: the main job on the bundled digits example, as a guided tour.
+
+It inspects the bundled checkpoint, measures it on the held-out digits, and runs the CI gate of
+the bundled policy (``curvcal/assets/demo_policy.toml``) through the same library function as
+``curvcal check``: Hessian (top-3 eigenvalues by Lanczos, Hutchinson trace), calibration (TS and
+focal TS fitted on half the digits, measured on the other half) and the verdict.
+"""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
-from curvcal.commands.calibration_report import demo_calibration
+from curvcal.commands.calibration_report import calibration_tables, reliability_panels
+from curvcal.commands.check import check_tables
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.hessian import hessian_tables, measure_hessian
+from curvcal.commands.hessian import hessian_tables
 from curvcal.commands.inspect import inspect_tables
-from curvcal.curvature.analysis import HessianSettings
+from curvcal.errors import InputError
 from curvcal.report import Table, fmt_float
-from curvcal.results import Report
+from curvcal.results import STATUS_OK, Report
 
-# What the demo asks of the Hessian: `curvcal hessian --top-k 3 --method lanczos --probes 50`.
-DEMO_HESSIAN = HessianSettings(top_k=3, method="lanczos", probes=50)
+PLOT_NAMES = ("reliability.png", "spectrum.png")
+
+TOUR = """\
+[bold]What the tables say[/bold]
+  checkpoint           what the file holds, read without running any of its code
+  held-out digits      accuracy and mean confidence on {n} digits the model never trained on
+  Hessian eigenvalues  the sharpest directions of the mean loss; λ1 is λmax (residual, converged)
+  Hessian trace        the sum of all eigenvalues, a Hutchinson estimate with its 95 % interval
+  calibration          ECE and friends before and after temperature scaling (TS) and focal TS,
+                       measured on the half of the digits the maps were not fitted on
+  fits / γ profile     the fitted T (and γ) and how the objective varies with γ
+  check                every bound of the bundled policy, pass or FAIL: {verdict}
+[bold]On your own model[/bold] (any torchvision model, state dict or safetensors file)
+  curvcal inspect model.pt
+  curvcal hessian model.pt --arch tv:resnet18 --data tv:cifar10:test --top-k 3 --plot spectrum.png -o hessian.json
+  curvcal calibrate model.pt --arch tv:resnet18 --data tv:cifar10:test --plot reliability.png -o calibration.json
+  curvcal check model.pt --policy curvcal.toml --baseline release.json --format markdown -o check.json
+Start a policy from {policy}; examples/ci/ has a GitHub Actions job that runs the gate."""
 
 
 @click.command()
 @click.option("--batch-size", default=1024, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--plot-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help=f"Write {' and '.join(PLOT_NAMES)} into this existing folder (needs matplotlib).",
+)
 @output_options
-def demo(batch_size: int) -> int:
+def demo(batch_size: int, plot_dir: Path | None) -> int:
     """Run curvcal on the bundled example (a small CNN and held-out scikit-learn digits)."""
     import torch
+    from rich.markup import escape
 
-    from curvcal.assets import demo_checkpoint, demo_data
+    from curvcal.assets import demo_checkpoint, demo_data, demo_policy
+    from curvcal.check import load_policy
+    from curvcal.gate import run_check
     from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import CheckpointOptions, inspect_checkpoint, load_model
     from curvcal.load.data import DataOptions, check_labels, iter_batches, load_dataset
     from curvcal.provenance import environment, file_info
 
-    _options, reporter = start()
-    checkpoint = demo_checkpoint()
+    options, reporter = start()
+    plots = _plot_paths(plot_dir, options.force) if plot_dir is not None else None
+    checkpoint, policy_path = demo_checkpoint(), demo_policy()
     reporter.info(f"[bold]1. inspect[/bold] the bundled checkpoint {checkpoint.name}")
     timings: dict[str, float] = {}
     began = time.perf_counter()
@@ -54,24 +88,32 @@ def demo(batch_size: int) -> int:
     mean_confidence = float(probabilities.max(dim=1).values.mean())
 
     reporter.info(
-        "[bold]3. hessian[/bold]: top-3 eigenvalues (Lanczos) and Hutchinson trace of the "
-        "Hessian of the mean loss"
+        "[bold]3. calibrate, hessian and check[/bold]: the bundled policy "
+        f"{policy_path.name} gates calibration (TS and focal TS fitted on half the digits, "
+        "measured on the other half) and curvature (top-3 eigenvalues by Lanczos, Hutchinson "
+        "trace of the Hessian of the mean loss)"
     )
     began = time.perf_counter()
-    curvature, messages = measure_hessian(
-        loaded, lambda: iter_batches(data.dataset, batch_size), DEMO_HESSIAN, reporter
-    )
-    timings["hessian"] = time.perf_counter() - began
-    for message in messages:
+    policy = load_policy(policy_path)
+    with reporter.progress("calibration and Hessian-vector products", None) as advance:
+        result = run_check(
+            policy,
+            checkpoint,
+            {"batch_size": batch_size},
+            on_step=lambda _stage, _n: advance(1),
+        )
+    timings.update(result.timings)
+    timings["check"] = time.perf_counter() - began
+    for message in result.warnings:
         reporter.warn(message)
+    assert result.hessian is not None and result.calibration is not None
 
-    reporter.info(
-        "[bold]4. calibrate[/bold]: fit TS and focal TS on half the digits, measure on the "
-        "other half"
-    )
-    began = time.perf_counter()
-    calibration, calibration_tables = demo_calibration(logits, labels)
-    timings["calibration"] = time.perf_counter() - began
+    if plots is not None:
+        from curvcal.plot import reliability_diagram, spectrum_plot
+
+        reliability_diagram(reliability_panels(result.calibration), plots[0])
+        spectrum_plot(list(result.hessian.spectrum.eigenvalues), plots[1])
+        reporter.info(f"plots written: {escape(str(plots[0]))}, {escape(str(plots[1]))}")
 
     results = {
         "checkpoint": info,
@@ -79,25 +121,26 @@ def demo(batch_size: int) -> int:
         "n_classes": int(logits.shape[1]),
         "accuracy": accuracy,
         "mean_confidence": mean_confidence,
-        "hessian": curvature,
-        "calibration": calibration,
+        "hessian": result.hessian,
+        "calibration": result.calibration,
+        "check": {"policy": str(policy_path), "passed": result.passed, "rows": result.verdict.rows},
+        "plots": [str(path) for path in plots] if plots is not None else [],
     }
     report = Report(
         command="demo",
+        # The demo succeeds whatever the verdict: a failing bound is news about the example,
+        # not an error of the run; the verdict is in results.check.passed.
+        status=STATUS_OK,
         results=results,
         inputs={
             "checkpoint": file_info(checkpoint),
             "data": {**data.describe(), "file": file_info(demo_data())},
+            "policy": file_info(policy_path),
         },
-        settings={
-            "batch_size": batch_size,
-            "device": "cpu",
-            "dtype": "float32",
-            "hessian": DEMO_HESSIAN,
-        },
+        settings={"batch_size": batch_size, "device": "cpu", **result.settings},
         timings=timings,
         environment=environment(loaded.device),
-        warnings=messages,
+        warnings=list(result.warnings),
     )
     summary = Table(
         title="held-out digits",
@@ -112,10 +155,28 @@ def demo(batch_size: int) -> int:
     tables = [
         *inspect_tables(info)[:1],
         summary,
-        *hessian_tables(curvature, str(loaded.device)),
-        *calibration_tables,
+        *hessian_tables(result.hessian, str(loaded.device)),
+        *calibration_tables(result.calibration, chart=options.fmt == "table"),
+        *check_tables(result, f"check: the bundled policy {policy_path.name}")[:1],
     ]
-    return finish(report, tables)
+    code = finish(report, tables)
+    verdict = "all bounds hold" if result.passed else "a bound is broken (exit 1 in curvcal check)"
+    reporter.info(TOUR.format(n=data.n_samples, verdict=verdict, policy=escape(str(policy_path))))
+    return code
+
+
+def _plot_paths(plot_dir: Path, force: bool) -> tuple[Path, Path]:
+    """The demo's plot files in ``plot_dir``, checked before any work."""
+    from curvcal.plot import require_matplotlib
+    from curvcal.report import check_output_path
+
+    if not plot_dir.is_dir():
+        raise InputError("--plot-dir", f"{plot_dir} is not an existing folder", "create it first")
+    require_matplotlib()
+    paths = (plot_dir / PLOT_NAMES[0], plot_dir / PLOT_NAMES[1])
+    for path in paths:
+        check_output_path(path, force)
+    return paths
 
 
 def _confidence_caption(accuracy: float, mean_confidence: float) -> str:

@@ -158,6 +158,13 @@ _OPTION_OF = {
     help="Vectors sharing one pass over the data.",
 )
 @click.option("--strict", is_flag=True, help="Exit 3 when an estimate does not converge.")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Write the top-k spectrum (and the density with --density) to a .png, .svg or .pdf "
+    "file; with --per-layer also a bar chart to FILE's name + '-layers' (needs matplotlib).",
+)
 @output_options
 def hessian(
     checkpoint: Path,
@@ -187,6 +194,7 @@ def hessian(
     cache: str,
     probe_batch: int,
     strict: bool,
+    plot: Path | None,
 ) -> int:
     """Top eigenvalues, trace and more of the Hessian of the mean loss over a dataset.
 
@@ -197,8 +205,9 @@ def hessian(
     from curvcal.load.data import check_labels, iter_batches, load_dataset
     from curvcal.provenance import environment
 
-    _options, reporter = start()
+    options, reporter = start()
     began = time.perf_counter()
+    plots = plot_paths(plot, per_layer, options.force) if plot is not None else None
     if loss == "own" and gamma is not None:
         raise InputError(
             "--gamma", "cannot be combined with --loss own, which reads γ from the checkpoint"
@@ -310,6 +319,8 @@ def hessian(
             warnings=messages,
         )
         code = finish(report, hessian_tables(analysis, str(loaded.device)))
+        if plots is not None:
+            write_plots(analysis, *plots)
         if status == STATUS_ERROR:
             raise NumericalError(
                 "--strict",
@@ -319,6 +330,45 @@ def hessian(
         return code
     finally:
         distributed.shutdown()
+
+
+def plot_paths(path: Path, per_layer: bool, force: bool) -> tuple[Path, Path | None]:
+    """The spectrum file and, with ``per_layer``, the per-layer file beside it
+    (``spectrum.png`` -> ``spectrum-layers.png``), checked before any work."""
+    from curvcal.plot import SUFFIXES, require_matplotlib
+    from curvcal.report import check_output_path
+
+    if path.suffix.lower() not in SUFFIXES:
+        raise InputError(
+            "--plot", f"cannot tell the format of {path}", "name a .png, .svg or .pdf file"
+        )
+    require_matplotlib()
+    layers = path.with_name(f"{path.stem}-layers{path.suffix}") if per_layer else None
+    for target in (path, layers):
+        if target is not None:
+            check_output_path(target, force)
+    return path, layers
+
+
+def write_plots(analysis: HessianAnalysis, spectrum_path: Path, layers_path: Path | None) -> None:
+    """The top-k eigenvalues (with the SLQ density beside them when measured) and, when asked
+    and measured, λmax and trace per module."""
+    from curvcal.plot import per_layer_plot, spectrum_plot
+
+    density = analysis.density
+    spectrum_plot(
+        list(analysis.spectrum.eigenvalues),
+        spectrum_path,
+        None if density is None else list(density.grid),
+        None if density is None else list(density.density),
+    )
+    if layers_path is not None and analysis.layers:
+        per_layer_plot(
+            [layer.module or "(root)" for layer in analysis.layers],
+            [layer.lambda_max.value for layer in analysis.layers],
+            [layer.trace.estimate for layer in analysis.layers],
+            layers_path,
+        )
 
 
 def _settings(**values: Any) -> HessianSettings:

@@ -39,7 +39,7 @@ def _row(row: VerdictRow) -> tuple[str, ...]:
 def _change(row: VerdictRow) -> str:
     if row.change is None:
         return "-"
-    if row.bound == "max_rel_increase":
+    if row.bound in ("max_rel_increase", "max_rel_decrease"):
         if math.isinf(row.change):
             return "+inf" if row.change > 0 else "-inf"
         return f"{100 * row.change:+.4g}%"

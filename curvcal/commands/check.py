@@ -1,0 +1,230 @@
+"""`curvcal check CKPT --policy FILE`: measure what a policy gates on a checkpoint, and judge it.
+
+A thin shell over :func:`curvcal.gate.run_check`: it gathers the options given on the command
+line (they override the policy's ``[settings]``), reads the policy and the baseline, shows
+progress, and hands the verdict to the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from click.core import ParameterSource
+
+from curvcal.commands.checkpoint_options import checkpoint_options
+from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.verdict import verdict_table
+
+if TYPE_CHECKING:
+    from curvcal.gate import CheckResult
+    from curvcal.load.checkpoint import CheckpointOptions
+    from curvcal.report import Table
+
+# Command-line parameter -> the policy setting it overrides.
+_OVERRIDES = {
+    "arch": "arch",
+    "arch_kwargs": "arch_kwargs",
+    "arch_kwarg": "arch_kwargs",
+    "num_classes": "num_classes",
+    "state_dict_key": "state_dict_key",
+    "device": "device",
+    "dtype": "dtype",
+    "data": "data",
+    "data_root": "data_root",
+    "max_samples": "max_samples",
+    "batch_size": "batch_size",
+    "seed": "seed",
+}
+
+
+@click.command()
+@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Policy TOML file [default: [tool.curvcal] in ./pyproject.toml].",
+)
+@click.option(
+    "--baseline",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="REPORT.json",
+    help="A saved curvcal report (check, hessian, calibrate, ...) for the change bounds.",
+)
+@checkpoint_options
+@click.option("--data", metavar="SPEC", help="Dataset (overrides the policy's data).")
+@click.option(
+    "--data-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder of torchvision datasets.",
+)
+@click.option("--max-samples", type=click.IntRange(min=1), help="Use a random subset.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Samples per batch [default: 256].")
+@click.option("--seed", type=click.IntRange(min=0), help="Seed of splits and probes [default: 0].")
+@click.option("--strict", is_flag=True, help="Exit 3 when a Hessian estimate does not converge.")
+@output_options
+def check(
+    checkpoint: Path,
+    policy_path: Path | None,
+    baseline: Path | None,
+    checkpoint_options: CheckpointOptions,
+    data: str | None,
+    data_root: Path | None,
+    max_samples: int | None,
+    batch_size: int | None,
+    seed: int | None,
+    strict: bool,
+) -> int:
+    """Measure what the policy gates on CHECKPOINT and judge every bound.
+
+    \b
+    Settings: an option given here, else the policy's [settings], else the default.
+    Exit 0 when every bound holds, 1 when one fails, 2 for bad input, 3 for a
+    numerical failure (a gated metric NaN/Inf; an estimate unconverged under --strict).
+    """
+    from curvcal.check import (
+        find_pyproject_policy,
+        load_policy,
+        load_report,
+        metric_values,
+        setting_differences,
+    )
+    from curvcal.errors import InputError, NumericalError
+    from curvcal.gate import run_check
+    from curvcal.provenance import environment, file_info
+    from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
+
+    _options, reporter = start()
+    began = time.perf_counter()
+    if policy_path is None:
+        policy_path = find_pyproject_policy(Path.cwd())
+        if policy_path is None:
+            raise InputError(
+                "--policy",
+                "no policy given and ./pyproject.toml has no [tool.curvcal] table",
+                "pass --policy FILE",
+            )
+    policy = load_policy(policy_path)
+    baseline_report = load_report(baseline) if baseline is not None else None
+    given = {
+        "data": data,
+        "data_root": str(data_root) if data_root is not None else None,
+        "max_samples": max_samples,
+        "batch_size": batch_size,
+        "seed": seed,
+        "arch": checkpoint_options.arch,
+        "arch_kwargs": dict(checkpoint_options.arch_kwargs),
+        "num_classes": checkpoint_options.num_classes,
+        "state_dict_key": checkpoint_options.state_dict_key,
+        "device": checkpoint_options.device,
+        "dtype": checkpoint_options.dtype,
+    }
+    overrides = _given_on_command_line(given)
+
+    with reporter.progress("measuring", None) as advance:
+        result = run_check(
+            policy,
+            checkpoint,
+            overrides,
+            metric_values(baseline_report) if baseline_report is not None else None,
+            trust=checkpoint_options.trust,
+            allow_globals=checkpoint_options.allow_globals,
+            on_step=lambda _stage, _n: advance(1),
+        )
+
+    messages = list(result.warnings)
+    if baseline_report is not None:
+        messages += [
+            f"the baseline was computed with different settings: {difference}"
+            for difference in setting_differences({"settings": result.settings}, baseline_report)
+        ]
+    for message in messages:
+        reporter.warn(message)
+    failure = None
+    if result.nonfinite:
+        failure = NumericalError(
+            ", ".join(result.nonfinite), "measured value is NaN or infinite", "see the report"
+        )
+    elif strict and result.unconverged:
+        failure = NumericalError(
+            "--strict",
+            f"{', '.join(result.unconverged)} did not converge",
+            "raise max_iter or probes, loosen tol, or drop --strict",
+        )
+    status = STATUS_PASS if result.passed else STATUS_FAIL
+    if failure is not None:
+        status = STATUS_ERROR
+    inputs: dict[str, Any] = {
+        "checkpoint": {**dataclasses.asdict(file_info(checkpoint)), **result.inputs["checkpoint"]},
+        "policy": file_info(policy_path),
+    }
+    for role in ("data", "fit_data"):
+        if role in result.inputs:
+            described = result.inputs[role]
+            files = [file_info(Path(path)) for path in described.get("files", ())]
+            inputs[role] = {**described, "files": files}
+    if baseline is not None:
+        inputs["baseline"] = file_info(baseline)
+    report = Report(
+        command="check",
+        results=result,
+        status=status,
+        inputs=inputs,
+        settings={**result.settings, "rules": policy.rules, "strict": strict},
+        timings={**result.timings, "total": time.perf_counter() - began},
+        environment=environment(),
+        warnings=messages,
+    )
+    code = finish(
+        report, check_tables(result, f"curvcal check: {checkpoint} against {policy_path}")
+    )
+    if failure is not None:
+        raise failure
+    return code
+
+
+def _given_on_command_line(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings whose options were typed on the command line (not left at a default)."""
+    ctx = click.get_current_context()
+    overrides: dict[str, Any] = {}
+    for parameter, setting in _OVERRIDES.items():
+        if ctx.get_parameter_source(parameter) in (None, ParameterSource.DEFAULT):
+            continue
+        overrides[setting] = values[setting]
+    return overrides
+
+
+def check_tables(result: CheckResult, title: str) -> list[Table]:
+    """The verdict table, then the settings that shaped the numbers and where each came from."""
+    from curvcal.report import Table
+
+    shown = [
+        (name, _setting_text(value), result.sources[name])
+        for name, value in result.settings.items()
+        if result.sources[name] != "default"
+    ]
+    tables = [verdict_table(result.verdict, title)]
+    if shown:
+        tables.append(
+            Table(
+                title="settings",
+                columns=("setting", "value", "from"),
+                rows=tuple(shown),
+                caption="an option on the command line overrides the policy; settings not "
+                "shown are at their defaults",
+            )
+        )
+    return tables
+
+
+def _setting_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
