@@ -22,14 +22,13 @@ Figure sizes (inches; pixels are inches × :data:`DPI`):
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from curvcal.atomic import atomic_output
 from curvcal.errors import InputError
 
 if TYPE_CHECKING:
@@ -304,14 +303,5 @@ def _drawing() -> Iterator[Any]:
 
 
 def _save(figure: Figure, path: Path, fmt: str) -> None:
-    parent = path.parent if str(path.parent) else Path(".")
-    handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            figure.savefig(out, format=fmt, dpi=DPI, metadata=_METADATA[fmt])
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_output(path) as out:
+        figure.savefig(out, format=fmt, dpi=DPI, metadata=_METADATA[fmt])

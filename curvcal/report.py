@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from rich import box
 from rich.table import Table as RichTable
 
+from curvcal.atomic import atomic_output
 from curvcal.console import stdout_console
 from curvcal.errors import InputError
 from curvcal.results import Report
@@ -109,17 +109,8 @@ def check_output_path(path: Path, force: bool) -> None:
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a rename,
     so readers see either the old file or the whole new one."""
-    parent = path.parent if str(path.parent) else Path(".")
-    handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_output(path) as out:
+        out.write(text.encode("utf-8"))
 
 
 def emit(report: Report, tables: Sequence[Table], fmt: str, output: Path | None) -> None:

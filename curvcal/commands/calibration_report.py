@@ -208,28 +208,6 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
 # splits and outputs
 
 
-def demo_calibration(
-    logits: torch.Tensor, labels: torch.Tensor
-) -> tuple[CalibrationAnalysis, list[Table]]:
-    """What ``curvcal demo`` adds: ``calibrate --method both --val-split 0.5 --seed 0`` on the
-    demo's logits, and its tables (the chart only in the table format)."""
-    from curvcal.calibration.analysis import CalibrationSettings, analyse_calibration
-    from curvcal.commands.common import get_output_options
-
-    fit_idx, eval_idx = val_split_indices(labels, DEMO_VAL_SPLIT, 0)
-    analysis = analyse_calibration(
-        logits[fit_idx],
-        labels[fit_idx],
-        logits[eval_idx],
-        labels[eval_idx],
-        "logits",
-        CalibrationSettings(method="both", seed=0),
-        "val-split",
-        DEMO_VAL_SPLIT,
-    )
-    return analysis, calibration_tables(analysis, chart=get_output_options().fmt == "table")
-
-
 def val_split_indices(
     labels: torch.Tensor, fraction: float, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,14 +7,13 @@ failure is an :class:`~curvcal.errors.InputError` naming the file.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from curvcal.atomic import atomic_output
 from curvcal.errors import InputError
 
 TENSOR_FILE_SUFFIXES = (".pt", ".npz", ".safetensors")
@@ -123,24 +122,18 @@ def write_tensor_file(
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise InputError(str(path), f"folder {folder} does not exist")
-    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            if suffix == ".npz":
-                import numpy as np
+    with atomic_output(path) as stream:
+        if suffix == ".npz":
+            import numpy as np
 
-                arrays: dict[str, Any] = {key: t.numpy() for key, t in plain.items()}
-                np.savez(stream, **arrays)
-            elif suffix == ".safetensors":
-                from safetensors.torch import save
+            arrays: dict[str, Any] = {key: t.numpy() for key, t in plain.items()}
+            np.savez(stream, **arrays)
+        elif suffix == ".safetensors":
+            from safetensors.torch import save
 
-                stream.write(save(plain, metadata=dict(metadata) if metadata else None))
-            else:
-                torch.save(plain, stream)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+            stream.write(save(plain, metadata=dict(metadata) if metadata else None))
+        else:
+            torch.save(plain, stream)
 
 
 def as_labels(values: torch.Tensor, what: str) -> torch.Tensor:
