@@ -11,7 +11,7 @@ CONSTRAINTS := constraints.txt
 .PHONY: demo test lint typecheck pytest bench clean help
 
 help:
-	@echo "make demo   create .venv, install curvcal, run 'curvcal demo' on the bundled example"
+	@echo "make demo   create .venv, install curvcal, run 'curvcal demo' on the bundled example (plots in build/demo)"
 	@echo "make test   install dev extras, run ruff, mypy and the whole test suite"
 	@echo "make lint   ruff check and format check"
 	@echo "make bench  install the peer libraries (bench extra) and run benchmarks/"
@@ -21,7 +21,7 @@ $(BIN)/python:
 	$(PIP) install -q --upgrade pip
 
 $(VENV)/.stamp-base: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
-	$(PIP) install -q -c $(CONSTRAINTS) -e .
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[plot]'
 	touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
@@ -33,7 +33,7 @@ $(VENV)/.stamp-bench: pyproject.toml $(CONSTRAINTS) $(VENV)/.stamp-dev
 	touch $@
 
 demo: $(VENV)/.stamp-base
-	$(BIN)/curvcal demo
+	$(BIN)/curvcal demo --plot-dir build/demo --force
 
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check curvcal tests benchmarks examples

@@ -48,7 +48,7 @@ Start a policy from {policy}; examples/ci/ has a GitHub Actions job that runs th
     "--plot-dir",
     type=click.Path(file_okay=False, path_type=Path),
     metavar="DIR",
-    help=f"Write {' and '.join(PLOT_NAMES)} into this existing folder (needs matplotlib).",
+    help=f"Write {' and '.join(PLOT_NAMES)} into this folder, created if missing (needs matplotlib).",
 )
 @output_options
 def demo(batch_size: int, plot_dir: Path | None) -> int:
@@ -170,9 +170,13 @@ def _plot_paths(plot_dir: Path, force: bool) -> tuple[Path, Path]:
     from curvcal.plot import require_matplotlib
     from curvcal.report import check_output_path
 
-    if not plot_dir.is_dir():
-        raise InputError("--plot-dir", f"{plot_dir} is not an existing folder", "create it first")
     require_matplotlib()
+    if plot_dir.exists() and not plot_dir.is_dir():
+        raise InputError("--plot-dir", f"{plot_dir} exists and is not a folder")
+    try:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError("--plot-dir", f"cannot create {plot_dir}: {error.strerror}") from error
     paths = (plot_dir / PLOT_NAMES[0], plot_dir / PLOT_NAMES[1])
     for path in paths:
         check_output_path(path, force)
