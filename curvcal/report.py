@@ -102,23 +102,40 @@ def check_output_path(path: Path, force: bool) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(str(path), f"directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise InputError(str(path), f"directory {parent} is not writable")
+    # Permissions alone do not tell (root ignores them; a read-only or virtual file system
+    # does not): create and remove a scratch file where the report's temporary file will go.
+    try:
+        handle, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError as exc:
+        raise InputError(
+            str(path), f"directory {parent} is not writable ({exc.strerror or exc})"
+        ) from None
+    os.close(handle)
+    Path(probe).unlink(missing_ok=True)
+
+
+def _cannot_write(path: Path, exc: OSError) -> InputError:
+    return InputError(str(path), f"cannot be written: {exc.strerror or exc}")
 
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a rename,
     so readers see either the old file or the whole new one."""
     parent = path.parent if str(path.parent) else Path(".")
-    handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise _cannot_write(path, exc) from exc
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp_name).unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # disk full, folder removed meanwhile, ...
+            raise _cannot_write(path, exc) from exc
         raise
 
 
