@@ -70,6 +70,7 @@ def calibrate(
 
     from curvcal.calibration.analysis import analyse_calibration
     from curvcal.distributed import init_from_env, launched_by_torchrun, shutdown
+    from curvcal.inference import check_model_runs
     from curvcal.load.checkpoint import load_model, resolve_device
     from curvcal.load.data import check_labels, load_dataset
     from curvcal.provenance import environment, file_info
@@ -103,11 +104,17 @@ def calibrate(
     context = init_from_env(loaded.device)
     trust = checkpoint_options.trust
     data = load_dataset(dataclasses.replace(data_options, trust=trust))
-    check_labels(data, loaded.num_classes)
+    outputs = check_model_runs(
+        loaded.module, data.dataset[0][0], loaded.device, f"--data {data.spec}"
+    )
+    check_labels(data, loaded.num_classes or outputs)
     fit_loaded = None
     if fit_data is not None:
         fit_loaded = load_dataset(dataclasses.replace(data_options, spec=fit_data, trust=trust))
-        check_labels(fit_loaded, loaded.num_classes)
+        check_model_runs(
+            loaded.module, fit_loaded.dataset[0][0], loaded.device, f"--fit-data {fit_data}"
+        )
+        check_labels(fit_loaded, loaded.num_classes or outputs)
     timings["load"] = time.perf_counter() - began
 
     began = time.perf_counter()
