@@ -1,6 +1,6 @@
 """`python -m curvcal` (also what `torchrun -m curvcal` runs)."""
 
-from curvcal.cli import main
+from curvcal.cli import run
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -6,10 +6,12 @@ into one-line messages and exit codes (see :mod:`curvcal.errors`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 import click
 
@@ -77,3 +79,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_INTERNAL
     return result if isinstance(result, int) else EXIT_OK
+
+
+def run() -> NoReturn:
+    """The process entry point (console script and ``python -m curvcal``): exit with main's code.
+
+    After Ctrl-C, CPython 3.11 may end the process by re-sending itself SIGINT even though
+    :func:`main` caught the interrupt (a KeyboardInterrupt raised inside code that a C extension
+    ran, such as a lazy import torch makes, marks it "unhandled"), which a parent process sees
+    as killed-by-signal rather than exit 130. The streams are flushed and the process ends with
+    ``os._exit(130)`` in that one case; the interrupted run has written nothing to clean up.
+    """
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)

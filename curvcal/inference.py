@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import torch
 
 from curvcal.console import StepCallback
-from curvcal.errors import NumericalError
+from curvcal.errors import InputError, NumericalError
 
 
 def predict_logits(
@@ -40,3 +40,37 @@ def predict_logits(
     if not logits_parts:
         return torch.empty(0, 0, dtype=dtype), torch.empty(0, dtype=torch.long)
     return torch.cat(logits_parts), torch.cat(label_parts)
+
+
+def check_model_runs(
+    model: torch.nn.Module, sample: object, device: torch.device, where: str
+) -> int:
+    """Run ``model`` on one input ``sample`` (no batch dimension) and return its number of
+    logits K, before any real work is done.
+
+    A model that cannot take the inputs (wrong channels or image size, say) raises
+    :class:`InputError` naming ``where`` — the dataset option — with torch's reason, instead of
+    failing deep inside a pass; so does an output that is not ``(batch, K)`` logits.
+    """
+    dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    sample = torch.as_tensor(sample)
+    x = sample.unsqueeze(0).to(device=device)
+    if x.is_floating_point():
+        x = x.to(dtype)
+    hint = "check --data (and --resize/--crop) against the architecture"
+    try:
+        with torch.inference_mode():
+            out = model(x)
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise InputError(
+            where, f"the model cannot run on inputs of shape {tuple(sample.shape)}: {reason}", hint
+        ) from exc
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 1:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise InputError(
+            where,
+            f"the model's output for one input has shape {shape}, not (1, classes) logits",
+            hint,
+        )
+    return int(out.shape[1])

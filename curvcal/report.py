@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +103,16 @@ def check_output_path(path: Path, force: bool) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(str(path), f"directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise InputError(str(path), f"directory {parent} is not writable")
+    # Permissions alone do not tell (root ignores them; a read-only or virtual file system
+    # does not): create and remove a scratch file where the report's temporary file will go.
+    try:
+        handle, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError as exc:
+        raise InputError(
+            str(path), f"directory {parent} is not writable ({exc.strerror or exc})"
+        ) from None
+    os.close(handle)
+    Path(probe).unlink(missing_ok=True)
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -13,6 +13,8 @@ from curvcal.commands.calibration_report import (
     CalibrationOptions,
     calibration_options,
     calibration_tables,
+    dropped_warning,
+    nan_policy_option,
     settings_record,
     val_split_indices,
     write_outputs,
@@ -49,6 +51,7 @@ DEFAULT_VAL_SPLIT = 0.5
     metavar="FILE",
     help="Write the logits and labels of all of --data to a .npz, .pt or .safetensors file.",
 )
+@nan_policy_option
 @output_options
 def calibrate(
     checkpoint: Path,
@@ -58,6 +61,7 @@ def calibrate(
     fit_data: str | None,
     calibration: CalibrationOptions,
     save_logits: Path | None,
+    nan_policy: str,
 ) -> int:
     """Fit temperature scaling and focal temperature scaling on one split of the data and
     measure ECE, AdaECE, NLL, Brier and friends on another.
@@ -70,6 +74,7 @@ def calibrate(
 
     from curvcal.calibration.analysis import analyse_calibration
     from curvcal.distributed import init_from_env, launched_by_torchrun, shutdown
+    from curvcal.inference import check_model_runs
     from curvcal.load.checkpoint import load_model, resolve_device
     from curvcal.load.data import check_labels, load_dataset
     from curvcal.provenance import environment, file_info
@@ -103,11 +108,17 @@ def calibrate(
     context = init_from_env(loaded.device)
     trust = checkpoint_options.trust
     data = load_dataset(dataclasses.replace(data_options, trust=trust))
-    check_labels(data, loaded.num_classes)
+    outputs = check_model_runs(
+        loaded.module, data.dataset[0][0], loaded.device, f"--data {data.spec}"
+    )
+    check_labels(data, loaded.num_classes or outputs)
     fit_loaded = None
     if fit_data is not None:
         fit_loaded = load_dataset(dataclasses.replace(data_options, spec=fit_data, trust=trust))
-        check_labels(fit_loaded, loaded.num_classes)
+        check_model_runs(
+            loaded.module, fit_loaded.dataset[0][0], loaded.device, f"--fit-data {fit_data}"
+        )
+        check_labels(fit_loaded, loaded.num_classes or outputs)
     timings["load"] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -130,6 +141,16 @@ def calibrate(
 
     began = time.perf_counter()
     source = f"--data {data.spec}"
+    warnings: list[str] = []
+    dropped = {"data": 0, "fit_data": 0}
+    logits, labels, dropped["data"] = _finite_rows(logits, labels, nan_policy, source, warnings)
+    if fit_predictions is not None:
+        fit_logits, fit_labels, dropped["fit_data"] = _finite_rows(
+            *fit_predictions, nan_policy, f"--fit-data {fit_data}", warnings
+        )
+        fit_predictions = (fit_logits, fit_labels)
+    for warning in warnings:
+        reporter.warn(warning)
     if fit_predictions is not None:
         analysis = analyse_calibration(
             *fit_predictions,
@@ -167,10 +188,10 @@ def calibrate(
 
     inputs: dict[str, Any] = {
         "checkpoint": file_info(checkpoint),
-        "data": _describe(data),
+        "data": {**_describe(data), "dropped_rows": dropped["data"]},
     }
     if fit_loaded is not None:
-        inputs["fit_data"] = _describe(fit_loaded)
+        inputs["fit_data"] = {**_describe(fit_loaded), "dropped_rows": dropped["fit_data"]}
     report = Report(
         command="calibrate",
         results=analysis,
@@ -184,13 +205,40 @@ def calibrate(
             "data": data_options,
             "save_logits": save_logits,
             "world_size": context.world_size,
+            "nan_policy": nan_policy,
         },
         timings=timings,
         environment=environment(loaded.device),
+        warnings=warnings,
     )
     code = finish(report, calibration_tables(analysis, chart=output.fmt == "table"))
     shutdown()
     return code
+
+
+def _finite_rows(
+    logits: torch.Tensor, labels: torch.Tensor, policy: str, source: str, warnings: list[str]
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The model's logits under ``--nan-policy``: rows with a NaN or Inf stop the run (exit 3,
+    naming the data and the first such sample) or are left out with a warning."""
+    from curvcal.calibration.inputs import drop_rows, nonfinite_rows
+    from curvcal.errors import NumericalError
+
+    rows = nonfinite_rows(logits)
+    count, total = int(rows.numel()), int(logits.shape[0])
+    if count == 0:
+        return logits, labels, 0
+    if policy == "error" or count == total:
+        raise NumericalError(
+            source,
+            f"the model's logits are NaN or Inf for {count} of {total} samples, the first "
+            f"being sample {int(rows[0])}",
+            "check the weights and inputs"
+            + ("; --nan-policy drop leaves such samples out" if count < total else ""),
+        )
+    warnings.append(dropped_warning(count, total, source))
+    kept_logits, kept_labels = drop_rows(logits, labels, rows)
+    return kept_logits, kept_labels, count
 
 
 def _check_logits_path(path: Path, force: bool) -> None:

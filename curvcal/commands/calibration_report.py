@@ -493,3 +493,21 @@ def settings_record(options: CalibrationOptions, settings: CalibrationSettings) 
         "plot": options.plot,
         "save_calibrator": options.save_calibrator,
     }
+
+
+def nan_policy_option(func: F) -> F:
+    """Add ``--nan-policy error|drop`` (the command receives ``nan_policy``)."""
+    decorated: F = click.option(
+        "--nan-policy",
+        type=click.Choice(("error", "drop")),
+        default="error",
+        show_default=True,
+        help="Rows of logits with a NaN or Inf: stop with an error naming the first, or leave "
+        "them out (counted in the report and warned about).",
+    )(func)
+    return decorated
+
+
+def dropped_warning(count: int, total: int, source: str) -> str:
+    """The warning for rows left out by ``--nan-policy drop``."""
+    return f"{source}: left out {count} of {total} rows with a NaN or Inf (--nan-policy drop)"

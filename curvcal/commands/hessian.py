@@ -201,6 +201,7 @@ def hessian(
     The loss is averaged over every sample of --data, in eval mode unless --mode train.
     """
     from curvcal import distributed
+    from curvcal.inference import check_model_runs
     from curvcal.load.checkpoint import load_model, recorded_loss, resolve_device
     from curvcal.load.data import check_labels, iter_batches, load_dataset
     from curvcal.provenance import environment
@@ -263,7 +264,8 @@ def hessian(
         )
         _check_parameters(loaded, settings)
         data = load_dataset(dataclasses.replace(data_options, trust=checkpoint_options.trust))
-        check_labels(data, loaded.num_classes)
+        outputs = check_model_runs(loaded.module, data.dataset[0][0], device, f"--data {data.spec}")
+        check_labels(data, loaded.num_classes or outputs)
         if data.n_samples < context.world_size:
             raise InputError(
                 f"--data {data.spec}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -12,11 +12,16 @@ from curvcal.commands.calibration_report import (
     CalibrationOptions,
     calibration_options,
     calibration_tables,
+    dropped_warning,
+    nan_policy_option,
     settings_record,
     val_split_indices,
     write_outputs,
 )
 from curvcal.commands.common import finish, output_options, start
+
+if TYPE_CHECKING:
+    from curvcal.load.logits import LogitsData
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
@@ -51,6 +56,7 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
     help="Measure the calibrators saved by --save-calibrator on LOGITS (fits nothing).",
 )
 @calibration_options("Default: none, or both with --fit or --val-split.")
+@nan_policy_option
 @output_options
 def metrics(
     logits: Path,
@@ -60,6 +66,7 @@ def metrics(
     fit_file: Path | None,
     apply_file: Path | None,
     calibration: CalibrationOptions,
+    nan_policy: str,
 ) -> int:
     """Calibration metrics of saved logits, probabilities or log-probabilities.
 
@@ -74,19 +81,22 @@ def metrics(
     from curvcal.provenance import environment, file_info
     from curvcal.results import Report
 
-    output, _reporter = start()
+    output, reporter = start()
     method = _resolve_method(calibration, fit_file, apply_file)
     settings = calibration.settings(method)
     calibration.check_outputs(output.force)
 
     timings: dict[str, float] = {}
     began = time.perf_counter()
-    data = load_logits(logits, input_kind, scores_key, labels_key)
-    inputs: dict[str, Any] = {"logits": _describe(logits, data.scores.shape)}
+    warnings: list[str] = []
+    data = load_logits(logits, input_kind, scores_key, labels_key, nan_policy)
+    inputs: dict[str, Any] = {"logits": _describe(logits, data, warnings)}
     fit_data = None
     if fit_file is not None:
-        fit_data = load_logits(fit_file, input_kind, scores_key, labels_key)
-        inputs["fit"] = _describe(fit_file, fit_data.scores.shape)
+        fit_data = load_logits(fit_file, input_kind, scores_key, labels_key, nan_policy)
+        inputs["fit"] = _describe(fit_file, fit_data, warnings)
+    for warning in warnings:
+        reporter.warn(warning)
     calibrators = None
     if apply_file is not None:
         calibrators = load_calibrators(apply_file)
@@ -145,9 +155,11 @@ def metrics(
             "labels_key": labels_key,
             "fit": fit_file,
             "apply": apply_file,
+            "nan_policy": nan_policy,
         },
         timings=timings,
         environment=environment(),
+        warnings=warnings,
     )
     return finish(report, calibration_tables(analysis, chart=output.fmt == "table"))
 
@@ -178,14 +190,21 @@ def _resolve_method(
     return method
 
 
-def _describe(path: Path, shape: Any) -> dict[str, Any]:
+def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:
+    """The file's provenance and shape; rows left out by --nan-policy drop add a warning."""
     from curvcal.provenance import file_info
 
     info = file_info(path)
+    n_samples, n_classes = data.scores.shape
+    if data.dropped_rows:
+        warnings.append(
+            dropped_warning(data.dropped_rows, n_samples + data.dropped_rows, str(path))
+        )
     return {
         "path": info.path,
         "size_bytes": info.size_bytes,
         "sha256": info.sha256,
-        "n_samples": int(shape[0]),
-        "n_classes": int(shape[1]),
+        "n_samples": int(n_samples),
+        "n_classes": int(n_classes),
+        "dropped_rows": data.dropped_rows,
     }

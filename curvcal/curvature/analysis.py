@@ -23,6 +23,7 @@ from torch import nn
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
+from curvcal.curvature.guard import GuardedHessianOperator
 from curvcal.curvature.hvp import (
     CACHES,
     CRITERIA,
@@ -173,13 +174,14 @@ def analyse_hessian(
     One operator serves every stage (``all_reduce`` sums the sample count and every product
     across processes when the data is sharded). Raises :class:`~curvcal.errors.InputError` for
     impossible settings (``top_k`` above the parameter count) before any product, and
-    :class:`~curvcal.errors.NumericalError` when the loss or a product is NaN/Inf. Estimates
+    :class:`~curvcal.errors.NumericalError` when the loss or a product is NaN/Inf, with the
+    number of offending batches and the first of them (:mod:`curvcal.curvature.guard`). Estimates
     that miss their tolerance are returned with ``converged=False`` and a
     :class:`~curvcal.curvature.results.ConvergenceWarning`; the caller decides whether to fail.
     """
     timings: dict[str, float] = {}
     began = time.perf_counter()
-    operator = HessianOperator(
+    operator = GuardedHessianOperator(
         model,
         batches,
         criterion=settings.criterion,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from curvcal.calibration.inputs import NAN_POLICIES, drop_rows, nonfinite_rows
 from curvcal.errors import InputError
 from curvcal.load.tensorfile import as_labels, read_tensor_file, write_tensor_file
 
@@ -23,12 +24,14 @@ ROW_SUM_TOLERANCE = 1e-4
 
 @dataclass(frozen=True)
 class LogitsData:
-    """Scores (float64 ``(N, K)``, of the kind ``kind``) and int64 labels ``(N,)``."""
+    """Scores (float64 ``(N, K)``, of the kind ``kind``) and int64 labels ``(N,)``;
+    ``dropped_rows`` counts rows left out for a NaN or infinity (``nan_policy="drop"``)."""
 
     scores: torch.Tensor
     labels: torch.Tensor
     kind: str
     path: Path | None
+    dropped_rows: int = 0
 
 
 def load_logits(
@@ -36,9 +39,16 @@ def load_logits(
     kind: str = "logits",
     scores_key: str = "logits",
     labels_key: str = "labels",
+    nan_policy: str = "error",
 ) -> LogitsData:
-    """Read scores and labels from a ``.npz``, ``.pt`` or ``.safetensors`` file and check them."""
+    """Read scores and labels from a ``.npz``, ``.pt`` or ``.safetensors`` file and check them.
+
+    ``nan_policy``: ``error`` refuses a row with a NaN or infinity (naming the file and the
+    first such row); ``drop`` leaves such rows out and counts them in ``dropped_rows``.
+    """
     path = Path(path)
+    if nan_policy not in NAN_POLICIES:
+        raise InputError("--nan-policy", f"'{nan_policy}' is not one of {', '.join(NAN_POLICIES)}")
     if kind not in INPUT_KINDS:
         raise InputError("--input-kind", f"'{kind}' is not one of {', '.join(INPUT_KINDS)}")
     tensors = read_tensor_file(path)
@@ -66,8 +76,15 @@ def load_logits(
         )
     labels = as_labels(tensors[labels_key], str(path))
     scores = raw_scores.to(torch.float64)
+    dropped = 0
+    if nan_policy == "drop" and scores.dim() == 2 and labels.shape[0] == scores.shape[0]:
+        rows = nonfinite_rows(scores)
+        dropped = int(rows.numel())
+        if dropped and dropped == scores.shape[0]:
+            raise InputError(str(path), f"every one of its {dropped} rows has a NaN or infinity")
+        scores, labels = drop_rows(scores, labels, rows)
     validate_scores(scores, labels, kind, str(path))
-    return LogitsData(scores=scores, labels=labels, kind=kind, path=path)
+    return LogitsData(scores=scores, labels=labels, kind=kind, path=path, dropped_rows=dropped)
 
 
 def save_logits(path: str | Path, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -108,8 +125,13 @@ def validate_scores(scores: torch.Tensor, labels: torch.Tensor, kind: str, sourc
     values = scores.to(torch.float64)
     finite = torch.isfinite(values).all(dim=1)
     if not bool(finite.all()):
-        row = int((~finite).nonzero()[0, 0])
-        raise InputError(source, f"row {row} has a NaN or infinite {_noun(kind)}")
+        bad = (~finite).nonzero()
+        row = int(bad[0, 0])
+        raise InputError(
+            source,
+            f"row {row} has a NaN or infinite {_noun(kind)} ({bad.shape[0]} of {n_rows} rows do)",
+            "--nan-policy drop leaves such rows out",
+        )
     if kind == "logits":
         return
     if kind == "probs":

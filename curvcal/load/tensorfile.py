@@ -82,13 +82,19 @@ def _read_pt(path: Path) -> dict[str, torch.Tensor]:
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+        if "Unsupported global" in str(exc):
             raise InputError(
                 str(path),
                 "holds Python objects other than tensors and is not loaded",
                 "save a plain dict of tensors, e.g. torch.save({'x': x, 'y': y}, path)",
             ) from exc
-        raise
+        # Corrupt bytes also fail inside the weights-only unpickler; its message leads with
+        # advice about weights_only=False, which would be wrong here: keep only the cause.
+        cause = str(exc).partition("WeightsUnpickler error:")[2].partition("Check the doc")[0]
+        reason = " ".join((cause or str(exc)).split()) or type(exc).__name__
+        raise InputError(
+            str(path), f"cannot be read as a .pt file ({reason})", "is it truncated or corrupt?"
+        ) from exc
     if not isinstance(content, Mapping):
         raise InputError(
             str(path),

@@ -1,0 +1,88 @@
+"""The NaN/Inf guard: the count of offending batches and the first of them, for the loss and for
+Hessian-vector products; nothing changes when everything is finite."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.guard import GuardedHessianOperator
+from curvcal.curvature.hvp import HessianOperator
+from curvcal.errors import NumericalError
+
+F64 = torch.float64
+
+
+class RootOfSquare(nn.Module):
+    """logits = sqrt((x W)²) + x V: finite everywhere, but d/dW of sqrt(u²) at u = 0 is 0/0,
+    so a sample with x = 0 gives a finite loss and a NaN Hessian-vector product."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(4, 3, generator=generator, dtype=F64))
+        self.v = nn.Parameter(torch.randn(4, 3, generator=generator, dtype=F64))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.sqrt((x @ self.w) ** 2) + x @ self.v
+
+
+def _batches(
+    zero_rows: tuple[int, ...], nan_rows: tuple[int, ...] = ()
+) -> list[tuple[Tensor, Tensor]]:
+    """Five batches of sizes 4, 4, 4, 4, 3 (samples 0..18)."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(19, 4, generator=generator, dtype=F64)
+    x[list(zero_rows)] = 0.0
+    x[list(nan_rows), 0] = math.nan
+    y = torch.randint(0, 3, (19,), generator=generator)
+    return [(x[i : i + 4], y[i : i + 4]) for i in range(0, 19, 4)]
+
+
+def test_nan_loss_names_the_count_and_first_batch() -> None:
+    batches = _batches((), nan_rows=(6, 17))
+    operator = GuardedHessianOperator(RootOfSquare(), batches)
+    with pytest.raises(NumericalError) as failed:
+        operator.mean_loss()
+    assert failed.value.what == "loss"
+    assert failed.value.why == (
+        "the mean ce loss over the 19 samples is nan: "
+        "non-finite in 2 of 5 batches, the first being batch 1 (samples 4..7)"
+    )
+
+
+def test_nan_product_with_finite_loss_names_the_batches() -> None:
+    batches = _batches((9, 10, 13))
+    operator = GuardedHessianOperator(RootOfSquare(), batches)
+    assert math.isfinite(operator.mean_loss())
+    with pytest.raises(NumericalError) as failed:
+        operator.matvec(torch.ones(24, dtype=F64))
+    assert failed.value.what == "hessian"
+    assert (
+        "(NaN or Inf): non-finite in 2 of 5 batches, the first being batch 2 (samples 8..11)"
+        in (failed.value.why)
+    )
+
+
+def test_analysis_stops_at_the_first_product_and_restricted_blocks_are_guarded() -> None:
+    batches = _batches((0,))
+    with pytest.raises(NumericalError, match="1 of 5 batches, the first being batch 0"):
+        analyse_hessian(RootOfSquare(), batches, HessianSettings(probes=4))
+    block = GuardedHessianOperator(RootOfSquare(), batches).restrict(["w"])
+    with pytest.raises(NumericalError, match=r"the first being batch 0 \(samples 0\.\.3\)"):
+        block.matvec(torch.ones(12, dtype=F64))
+
+
+def test_finite_products_are_those_of_the_plain_operator() -> None:
+    batches = _batches(())
+    model = RootOfSquare()
+    vectors = torch.randn(24, 3, generator=torch.Generator().manual_seed(2), dtype=F64)
+    guarded = GuardedHessianOperator(model, batches, probe_batch=2)
+    plain = HessianOperator(model, batches, probe_batch=2)
+    assert torch.equal(guarded.matmat(vectors), plain.matmat(vectors))
+    assert guarded.mean_loss() == plain.mean_loss()
+    assert guarded.n_matvecs == plain.n_matvecs == 3

@@ -1,0 +1,44 @@
+"""Ctrl-C: a real `python -m curvcal hessian` process gets SIGINT mid-run, exits 130, prints
+`curvcal: interrupted` last, leaves no output file (nor a temporary one) and no terminal codes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import curvcal
+
+CHECKPOINT = Path(curvcal.__file__).parent / "assets" / "digits_cnn.safetensors"
+STARTUP_SECONDS = 4.0  # past `import click` (before which Python itself would take the signal)
+
+
+def test_sigint_exits_130_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(curvcal.__file__).parent.parent), "NO_COLOR": "1"}
+    command = [sys.executable, "-m", "curvcal", "hessian", str(CHECKPOINT),
+               "--data", "curvcal:digits", "--device", "cpu", "--probes", "100000",
+               "-o", str(out)]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(STARTUP_SECONDS)
+        assert process.poll() is None, process.communicate()  # still working
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, stderr
+    assert stderr.rstrip().endswith("curvcal: interrupted")
+    assert "Traceback" not in stderr and "\x1b" not in stderr and stdout == ""
+    assert list(tmp_path.iterdir()) == []
