@@ -32,6 +32,7 @@ from curvcal.curvature.hvp import (
     AllReduce,
     BatchSource,
     HessianOperator,
+    engines_between,
 )
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.results import EigenSpectrum, HessianAnalysis
@@ -233,6 +234,7 @@ def analyse_hessian(
     trace = None
     if settings.trace:
         stop = timed("trace")
+        before = dict(operator.engine_products)
         trace = trace_estimate(
             operator,
             settings.probes,
@@ -245,12 +247,13 @@ def analyse_hessian(
             probe_batch=settings.probe_batch,
             on_step=hook("trace"),
         )
-        trace = dataclasses.replace(trace, engine=operator.engine)
+        trace = dataclasses.replace(trace, engine=engines_between(operator, before))
         stop()
 
     density = None
     if settings.density:
         stop = timed("density")
+        before = dict(operator.engine_products)
         density = spectral_density(
             operator,
             runs=settings.density_runs,
@@ -258,7 +261,7 @@ def analyse_hessian(
             seed=settings.seed,
             on_step=hook("density"),
         )
-        density = dataclasses.replace(density, engine=operator.engine)
+        density = dataclasses.replace(density, engine=engines_between(operator, before))
         stop()
 
     layers = None
@@ -314,6 +317,7 @@ def _eigen(
     # λmin of a Hessian sits among many eigenvalues near zero, where power iteration (even
     # shifted) converges at a crawl; Lanczos reaches both ends of the spectrum directly.
     method = settings.method or ("lanczos" if which == "smallest" else None)
+    before = dict(operator.engine_products)
     spectrum = eigenvalues(
         operator,
         k,
@@ -324,4 +328,4 @@ def _eigen(
         seed=settings.seed,
         on_step=on_step,
     )
-    return dataclasses.replace(spectrum, engine=operator.engine)
+    return dataclasses.replace(spectrum, engine=engines_between(operator, before))

@@ -83,7 +83,7 @@ class GuardedHessianOperator(HessianOperator):
             **{
                 **self._guard_options,
                 "params": [glob.escape(name) for name in self.param_names],
-                "engine": self.engine,
+                "engine": self.requested_engine,
                 "cache": "none",
             },
         )

@@ -94,7 +94,7 @@ class _SquareNet(nn.Module):
         return _Square.apply(self.linear(x))
 
 
-def test_auto_runs_double_backward_where_torch_func_fails() -> None:
+def test_auto_falls_back_to_double_backward_where_torch_func_fails() -> None:
     torch.manual_seed(0)
     model = _SquareNet().double()
     x, y = make_data("mlp")
@@ -114,8 +114,8 @@ def test_auto_runs_double_backward_where_torch_func_fails() -> None:
         ]
     )
     assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
-    assert operator.engine == "autograd"
-    assert operator.engine_fallback is None
+    assert operator.engine == "autograd"  # a block of 2 tried torch.func first, which failed
+    assert operator.engine_fallback is not None and "setup_context" in operator.engine_fallback
     with pytest.raises(RuntimeError, match="setup_context"):
         HessianOperator(model, split(x, y, BATCH), engine="func").matmat(vectors)
 
@@ -305,3 +305,22 @@ def test_bad_data_is_refused() -> None:
     operator = HessianOperator(model, [(x, y)])
     with pytest.raises(InputError, match="shape"):
         operator.matmat(torch.ones(74, 1, dtype=torch.float64))
+
+
+def test_auto_uses_double_backward_for_one_vector_and_func_for_blocks() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    x, y = make_data("mlp")
+    operator = HessianOperator(model, split(x, y, BATCH))
+    reference = HessianOperator(model, split(x, y, BATCH), engine="autograd")
+    vectors = _vectors(operator.shape[0], 3)
+    assert operator.engine == "autograd"  # what a single vector would use
+    single = operator.matvec(vectors[:, 0])
+    assert operator.engine == "autograd"
+    block = operator.matmat(vectors)
+    assert operator.engine == "autograd+func" and operator.engine_products == {
+        "autograd": 1,
+        "func": 3,
+    }
+    assert torch.allclose(single, reference.matvec(vectors[:, 0]), rtol=0, atol=1e-12)
+    assert torch.allclose(block, reference.matmat(vectors), rtol=0, atol=1e-12)
