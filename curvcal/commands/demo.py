@@ -133,7 +133,7 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
         status=STATUS_OK,
         results=results,
         inputs={
-            "checkpoint": file_info(checkpoint),
+            "checkpoint": loaded.describe(),
             "data": {**data.describe(), "file": file_info(demo_data())},
             "policy": file_info(policy_path),
         },

@@ -27,7 +27,7 @@ from curvcal.curvature.analysis import HessianSettings, selected_parameter_count
 from curvcal.curvature.results import HessianAnalysis
 from curvcal.errors import EXIT_NUMERICAL, EXIT_OK, InputError, NumericalError
 from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
-from curvcal.load.data import DataOptions, LoadedData
+from curvcal.load.data import DataOptions
 from curvcal.report import Table, fmt_float
 from curvcal.results import STATUS_ERROR, STATUS_OK, Report
 
@@ -303,7 +303,7 @@ def hessian(
             command="hessian",
             results=analysis,
             status=status,
-            inputs=_inputs(checkpoint, loaded, data),
+            inputs={"checkpoint": loaded.describe(), "data": data.describe()},
             settings={
                 **_checkpoint_settings(checkpoint_options),
                 **_data_settings(data_options, batch_size),
@@ -446,15 +446,6 @@ def measure_hessian(
             f"torch.func could not differentiate the model ({fallback}); used double backward"
         )
     return analysis, messages
-
-
-def _inputs(checkpoint: Path, loaded: LoadedModel, data: LoadedData) -> dict[str, Any]:
-    from curvcal.provenance import file_info
-
-    return {
-        "checkpoint": {**dataclasses.asdict(file_info(checkpoint)), **loaded.describe()},
-        "data": {**data.describe(), "files": [file_info(path) for path in data.files]},
-    }
 
 
 def _checkpoint_settings(options: CheckpointOptions) -> dict[str, Any]:

@@ -139,7 +139,7 @@ def study(
     from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import check_labels, iter_batches, load_dataset
-    from curvcal.provenance import environment, file_info
+    from curvcal.provenance import environment
     from curvcal.results import Report
     from curvcal.study import (
         CurvatureSettings,
@@ -216,7 +216,7 @@ def study(
                         calibration=calibration_summary(analysis),
                     )
                 )
-                inputs.append({**dataclasses.asdict(file_info(path)), **loaded.describe()})
+                inputs.append(loaded.describe())
             advance(1)
 
     n_fit, n_eval = len(fit_idx), len(eval_idx)
