@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -522,8 +521,7 @@ def _hessian(
     on_step: OnStep | None,
 ) -> tuple[HessianAnalysis, list[str]]:
     """The Hessian analysis, with its convergence warnings returned as messages."""
-    from curvcal.curvature.analysis import analyse_hessian
-    from curvcal.curvature.results import ConvergenceWarning
+    from curvcal.curvature.analysis import analyse_hessian_with_messages
     from curvcal.load.checkpoint import recorded_loss
     from curvcal.load.data import iter_batches
 
@@ -536,24 +534,7 @@ def _hessian(
         return iter_batches(data.dataset, batch_size)
 
     hook = None if on_step is None else (lambda stage, n: on_step(f"hessian:{stage}", n))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
-        analysis = analyse_hessian(loaded.module, batches, hessian_settings, on_step=hook)
-    messages = []
-    for warning in caught:
-        if issubclass(warning.category, ConvergenceWarning):
-            messages.append(str(warning.message))
-        else:
-            warnings.warn_explicit(
-                warning.message, warning.category, warning.filename, warning.lineno
-            )
-    fallback = analysis.operator.get("engine_fallback")
-    if fallback:
-        messages.append(
-            f"torch.func could not differentiate the model ({fallback}); used double backward"
-        )
-    return analysis, messages
+    return analyse_hessian_with_messages(loaded.module, batches, hessian_settings, on_step=hook)
 
 
 __all__ = [

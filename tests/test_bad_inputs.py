@@ -130,6 +130,18 @@ def _calibrate(ckpt: object, data: object, *extra: object) -> list[object]:
     return ["calibrate", ckpt, "--data", data, "--device", "cpu", *extra]
 
 
+def _check(ckpt: object, policy: object, *extra: object) -> list[object]:
+    return ["check", ckpt, "--policy", policy, "--device", "cpu", *extra]
+
+
+def _policy(t: Path, text: str) -> Path:
+    return _write(t / "gate.toml", text.encode())
+
+
+def _study(*ckpts: object, data: object, extra: tuple[object, ...] = ()) -> list[object]:
+    return ["study", *ckpts, "--data", data, "--device", "cpu", "--probes", "2", *extra]
+
+
 def _half(path: Path) -> bytes:
     content = path.read_bytes()
     return content[: len(content) // 2]
@@ -587,6 +599,141 @@ CASES: dict[str, Case] = {
             str(t / "r.json"),
         ),
         "report",
+    ),
+    # --- curvcal check ------------------------------------------------------------------------
+    "check-policy-missing": Case(
+        lambda b, t: (_check(b.model, t / "p.toml"), str(t / "p.toml")), "no such policy file"
+    ),
+    "check-policy-invalid-toml": Case(
+        lambda b, t: (
+            _check(b.model, _policy(t, f'[settings]\ndata = "{b.data}"\n[ece\nmax = 1\n')),
+            f"{t / 'gate.toml'}:3",
+        ),
+        "not valid TOML",
+    ),
+    "check-policy-unknown-metric": Case(
+        lambda b, t: (
+            _check(b.model, _policy(t, f'[settings]\ndata = "{b.data}"\n[sharpness]\nmax = 1\n')),
+            str(t / "gate.toml"),
+        ),
+        "sharpness",
+    ),
+    "check-policy-unknown-setting-choice": Case(
+        lambda b, t: (
+            _check(
+                b.model,
+                _policy(t, f'[settings]\ndata = "{b.data}"\nloss = "mse"\n[ece]\nmax = 1\n'),
+            ),
+            f"{t / 'gate.toml'}:3",
+        ),
+        "'mse'",
+    ),
+    "check-policy-without-data": Case(
+        lambda b, t: (_check(b.model, _policy(t, "[ece]\nmax = 1\n")), str(t / "gate.toml")),
+        "no data",
+    ),
+    "check-baseline-missing": Case(
+        lambda b, t: (
+            _check(b.model, b.policy, "--data", b.data, "--baseline", t / "old.json"),
+            str(t / "old.json"),
+        ),
+        "no such report file",
+    ),
+    "check-baseline-not-json": Case(
+        lambda b, t: (
+            _check(
+                b.model, b.policy, "--data", b.data, "--baseline", _write(t / "old.json", b"{x")
+            ),
+            f"{t / 'old.json'}:1",
+        ),
+        "not valid JSON",
+    ),
+    "check-baseline-not-a-report": Case(
+        lambda b, t: (
+            _check(b.model, b.policy, "--data", b.data, "--baseline", b.calibrator),
+            str(b.calibrator),
+        ),
+        "not a curvcal report",
+    ),
+    "check-checkpoint-missing": Case(
+        lambda b, t: (_check(t / "absent.pt", b.policy, "--data", b.data), str(t / "absent.pt")),
+        "no such file",
+    ),
+    "check-data-missing": Case(
+        lambda b, t: (_check(b.model, b.policy, "--data", t / "d.pt"), str(t / "d.pt")),
+        "no such file",
+    ),
+    "check-nan-weights": Case(
+        lambda b, t: (_check(b.nan_model, b.policy, "--data", b.data), str(b.nan_model)),
+        "contain NaN or infinity",
+        code=3,
+    ),
+    # --- curvcal study ------------------------------------------------------------------------
+    "study-glob-matches-nothing": Case(
+        lambda b, t: (_study(str(t / "*.safetensors"), data=b.data), str(t / "*.safetensors")),
+        "no such checkpoint file",
+    ),
+    "study-checkpoint-missing": Case(
+        lambda b, t: (_study(b.model, t / "absent.pt", data=b.data), str(t / "absent.pt")),
+        "no such checkpoint file",
+    ),
+    "study-checkpoint-named-twice": Case(
+        lambda b, t: (_study(b.model, b.model, data=b.data), str(b.model)), "named twice"
+    ),
+    "study-data-missing": Case(
+        lambda b, t: (_study(b.model, data=t / "d.pt"), str(t / "d.pt")), "no such file"
+    ),
+    "study-curvature-data-missing": Case(
+        lambda b, t: (
+            _study(b.model, data=b.data, extra=("--curvature-data", t / "d.pt")),
+            str(t / "d.pt"),
+        ),
+        "no such file",
+    ),
+    "study-own-loss-not-recorded": Case(
+        lambda b, t: (_study(b.model, data=b.data, extra=("--loss", "own")), str(b.model)),
+        "records no training loss",
+    ),
+    "study-focal-without-gamma": Case(
+        lambda b, t: (_study(b.model, data=b.data, extra=("--loss", "focal")), "--loss focal"),
+        "--gamma",
+    ),
+    "study-gamma-without-focal": Case(
+        lambda b, t: (_study(b.model, data=b.data, extra=("--gamma", "2")), "--gamma"),
+        "--loss focal",
+    ),
+    "study-gammas-not-numbers": Case(
+        lambda b, t: (_study(b.model, data=b.data, extra=("--gammas", "0,a")), "--gammas"),
+        "'0,a'",
+    ),
+    "study-plot-dir-is-a-file": Case(
+        lambda b, t: (
+            _study(b.model, data=b.data, extra=("--plot", _write(t / "plots", b"x"))),
+            "--plot",
+        ),
+        "is a file",
+    ),
+    "study-label-out-of-range-for-the-model": Case(
+        lambda b, t: (
+            _study(
+                b.model,
+                data=_pt(
+                    t / "d.pt", {"x": torch.zeros(4, 1, 8, 8), "y": torch.tensor([0, 1, 7, 2])}
+                ),
+            ),
+            str(t / "d.pt"),
+        ),
+        "7",
+    ),
+    "study-nan-weights": Case(
+        lambda b, t: (_study(b.nan_model, data=b.data), str(b.nan_model)),
+        "loss over the 20 samples is nan",
+        code=3,
+    ),
+    "study-error-names-which-checkpoint": Case(
+        lambda b, t: (_study(b.model, b.nan_model, data=b.data), str(b.nan_model)),
+        "is nan",
+        code=3,
     ),
     # --- outputs ------------------------------------------------------------------------------
     "output-exists": Case(

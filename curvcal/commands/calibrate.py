@@ -77,7 +77,7 @@ def calibrate(
     from curvcal.inference import check_model_runs
     from curvcal.load.checkpoint import load_model, resolve_device
     from curvcal.load.data import check_labels, load_dataset
-    from curvcal.provenance import environment, file_info
+    from curvcal.provenance import environment
     from curvcal.results import Report
 
     output, reporter = start()
@@ -187,11 +187,11 @@ def calibrate(
     timings["outputs"] = time.perf_counter() - began
 
     inputs: dict[str, Any] = {
-        "checkpoint": file_info(checkpoint),
-        "data": {**_describe(data), "dropped_rows": dropped["data"]},
+        "checkpoint": loaded.describe(),
+        "data": {**data.describe(), "dropped_rows": dropped["data"]},
     }
     if fit_loaded is not None:
-        inputs["fit_data"] = {**_describe(fit_loaded), "dropped_rows": dropped["fit_data"]}
+        inputs["fit_data"] = {**fit_loaded.describe(), "dropped_rows": dropped["fit_data"]}
     report = Report(
         command="calibrate",
         results=analysis,
@@ -279,9 +279,3 @@ def _predict(
     if all_logits is None or all_labels is None:
         return None
     return all_logits, all_labels
-
-
-def _describe(data: LoadedData) -> dict[str, Any]:
-    from curvcal.provenance import file_info
-
-    return {**data.describe(), "files": [file_info(path) for path in data.files]}

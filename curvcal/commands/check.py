@@ -7,7 +7,6 @@ progress, and hands the verdict to the report.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -160,14 +159,9 @@ def check(
     if failure is not None:
         status = STATUS_ERROR
     inputs: dict[str, Any] = {
-        "checkpoint": {**dataclasses.asdict(file_info(checkpoint)), **result.inputs["checkpoint"]},
+        **result.inputs,
         "policy": file_info(policy_path),
     }
-    for role in ("data", "fit_data"):
-        if role in result.inputs:
-            described = result.inputs[role]
-            files = [file_info(Path(path)) for path in described.get("files", ())]
-            inputs[role] = {**described, "files": files}
     if baseline is not None:
         inputs["baseline"] = file_info(baseline)
     report = Report(

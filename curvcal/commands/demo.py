@@ -53,10 +53,11 @@ Start a policy from {policy}; examples/ci/ has a GitHub Actions job that runs th
 @output_options
 def demo(batch_size: int, plot_dir: Path | None) -> int:
     """Run curvcal on the bundled example (a small CNN and held-out scikit-learn digits)."""
-    import torch
     from rich.markup import escape
 
     from curvcal.assets import demo_checkpoint, demo_data, demo_policy
+    from curvcal.calibration.metrics import accuracy as top1_accuracy
+    from curvcal.calibration.metrics import mean_confidence
     from curvcal.check import load_policy
     from curvcal.gate import run_check
     from curvcal.inference import predict_logits
@@ -83,9 +84,8 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
             loaded.module, iter_batches(data.dataset, batch_size), loaded.device, advance
         )
     timings["inference"] = time.perf_counter() - began
-    probabilities = torch.softmax(logits.double(), dim=1)
-    accuracy = float((logits.argmax(dim=1) == labels).double().mean())
-    mean_confidence = float(probabilities.max(dim=1).values.mean())
+    accuracy = top1_accuracy(logits, labels)
+    confidence = mean_confidence(logits, labels)
 
     reporter.info(
         "[bold]3. calibrate, hessian and check[/bold]: the bundled policy "
@@ -120,7 +120,7 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
         "n_samples": data.n_samples,
         "n_classes": int(logits.shape[1]),
         "accuracy": accuracy,
-        "mean_confidence": mean_confidence,
+        "mean_confidence": confidence,
         "hessian": result.hessian,
         "calibration": result.calibration,
         "check": {"policy": str(policy_path), "passed": result.passed, "rows": result.verdict.rows},
@@ -133,7 +133,7 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
         status=STATUS_OK,
         results=results,
         inputs={
-            "checkpoint": file_info(checkpoint),
+            "checkpoint": loaded.describe(),
             "data": {**data.describe(), "file": file_info(demo_data())},
             "policy": file_info(policy_path),
         },
@@ -148,9 +148,9 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
         rows=(
             ("samples", str(data.n_samples)),
             ("accuracy", fmt_float(accuracy)),
-            ("mean confidence", fmt_float(mean_confidence)),
+            ("mean confidence", fmt_float(confidence)),
         ),
-        caption=_confidence_caption(accuracy, mean_confidence),
+        caption=_confidence_caption(accuracy, confidence),
     )
     tables = [
         *inspect_tables(info)[:1],

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from curvcal.curvature.analysis import HessianSettings, selected_parameter_count
 from curvcal.curvature.results import HessianAnalysis
 from curvcal.errors import EXIT_NUMERICAL, EXIT_OK, InputError, NumericalError
 from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
-from curvcal.load.data import DataOptions, LoadedData
+from curvcal.load.data import DataOptions
 from curvcal.report import Table, fmt_float
 from curvcal.results import STATUS_ERROR, STATUS_OK, Report
 
@@ -303,7 +302,7 @@ def hessian(
             command="hessian",
             results=analysis,
             status=status,
-            inputs=_inputs(checkpoint, loaded, data),
+            inputs={"checkpoint": loaded.describe(), "data": data.describe()},
             settings={
                 **_checkpoint_settings(checkpoint_options),
                 **_data_settings(data_options, batch_size),
@@ -415,46 +414,18 @@ def measure_hessian(
     Returns the analysis and the warnings it raised (convergence, engine fallback) as messages;
     other warnings are passed on untouched.
     """
-    from curvcal.curvature.analysis import analyse_hessian
-    from curvcal.curvature.results import ConvergenceWarning
+    from curvcal.curvature.analysis import analyse_hessian_with_messages
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        # torch.func's first use imports torch internals that warn about their own deprecations.
-        warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
-        with reporter.progress("Hessian-vector products", None) as advance:
-            done = [0]
+    with reporter.progress("Hessian-vector products", None) as advance:
+        done = [0]
 
-            def on_step(_stage: str, matvecs: int) -> None:
-                advance(matvecs - done[0])
-                done[0] = matvecs
+        def on_step(_stage: str, matvecs: int) -> None:
+            advance(matvecs - done[0])
+            done[0] = matvecs
 
-            analysis = analyse_hessian(
-                loaded.module, batches, settings, all_reduce=all_reduce, on_step=on_step
-            )
-    messages = []
-    for warning in caught:
-        if issubclass(warning.category, ConvergenceWarning):
-            messages.append(str(warning.message))
-        else:
-            warnings.warn_explicit(
-                warning.message, warning.category, warning.filename, warning.lineno
-            )
-    fallback = analysis.operator.get("engine_fallback")
-    if fallback:
-        messages.append(
-            f"torch.func could not differentiate the model ({fallback}); used double backward"
+        return analyse_hessian_with_messages(
+            loaded.module, batches, settings, all_reduce=all_reduce, on_step=on_step
         )
-    return analysis, messages
-
-
-def _inputs(checkpoint: Path, loaded: LoadedModel, data: LoadedData) -> dict[str, Any]:
-    from curvcal.provenance import file_info
-
-    return {
-        "checkpoint": {**dataclasses.asdict(file_info(checkpoint)), **loaded.describe()},
-        "data": {**data.describe(), "files": [file_info(path) for path in data.files]},
-    }
 
 
 def _checkpoint_settings(options: CheckpointOptions) -> dict[str, Any]:

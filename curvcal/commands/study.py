@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import glob
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +21,7 @@ import click
 from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options as data_options_decorator
-from curvcal.errors import InputError
+from curvcal.errors import CurvcalError, InputError
 from curvcal.report import Table, check_output_path, fmt_float
 
 if TYPE_CHECKING:
@@ -137,7 +139,7 @@ def study(
     from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import check_labels, iter_batches, load_dataset
-    from curvcal.provenance import environment, file_info
+    from curvcal.provenance import environment
     from curvcal.results import Report
     from curvcal.study import (
         CurvatureSettings,
@@ -174,46 +176,48 @@ def study(
 
     rows: list[StudyRow] = []
     inputs: list[dict[str, Any]] = []
-    for index, path in enumerate(paths):
-        reporter.info(f"[{index + 1}/{len(paths)}] {path}")
-        loaded = load_model(path, checkpoint_options)
-        check_labels(data, loaded.num_classes)
-        check_labels(hessian_data, loaded.num_classes)
-        trained_loss, trained_gamma, penalty = training_loss(loaded)
-        hessian_loss, hessian_gamma = _hessian_loss(loaded, loss, gamma)
+    with reporter.progress("checkpoints", len(paths)) as advance:
+        for path in paths:
+            with naming_the_checkpoint(path):
+                loaded = load_model(path, checkpoint_options)
+                check_labels(data, loaded.num_classes)
+                check_labels(hessian_data, loaded.num_classes)
+                trained_loss, trained_gamma, penalty = training_loss(loaded)
+                hessian_loss, hessian_gamma = _hessian_loss(loaded, loss, gamma)
 
-        def batches(source: LoadedData = hessian_data) -> Any:
-            return iter_batches(source.dataset, batch_size)
+                def batches(source: LoadedData = hessian_data) -> Any:
+                    return iter_batches(source.dataset, batch_size)
 
-        curvature = measure_curvature(
-            loaded.module, batches, hessian_loss, hessian_gamma, curvature_settings
-        )
-        logits, labels = predict_logits(
-            loaded.module, iter_batches(data.dataset, batch_size), loaded.device
-        )
-        analysis = analyse_calibration(
-            logits[fit_idx],
-            labels[fit_idx],
-            logits[eval_idx],
-            labels[eval_idx],
-            "logits",
-            calibration_settings,
-            "val-split",
-            val_split,
-            fit_source=f"{path} on --data {data.spec} (fit split)",
-            eval_source=f"{path} on --data {data.spec} (evaluation split)",
-        )
-        rows.append(
-            StudyRow(
-                checkpoint=path.name,
-                training_loss=trained_loss,
-                training_gamma=trained_gamma,
-                penalty=penalty,
-                curvature=curvature,
-                calibration=calibration_summary(analysis),
-            )
-        )
-        inputs.append({**dataclasses.asdict(file_info(path)), **loaded.describe()})
+                curvature = measure_curvature(
+                    loaded.module, batches, hessian_loss, hessian_gamma, curvature_settings
+                )
+                logits, labels = predict_logits(
+                    loaded.module, iter_batches(data.dataset, batch_size), loaded.device
+                )
+                analysis = analyse_calibration(
+                    logits[fit_idx],
+                    labels[fit_idx],
+                    logits[eval_idx],
+                    labels[eval_idx],
+                    "logits",
+                    calibration_settings,
+                    "val-split",
+                    val_split,
+                    fit_source=f"{path} on --data {data.spec} (fit split)",
+                    eval_source=f"{path} on --data {data.spec} (evaluation split)",
+                )
+                rows.append(
+                    StudyRow(
+                        checkpoint=path.name,
+                        training_loss=trained_loss,
+                        training_gamma=trained_gamma,
+                        penalty=penalty,
+                        curvature=curvature,
+                        calibration=calibration_summary(analysis),
+                    )
+                )
+                inputs.append(loaded.describe())
+            advance(1)
 
     n_fit, n_eval = len(fit_idx), len(eval_idx)
     columns = column_provenance(loss, gamma, hessian_data, data, n_fit, n_eval)
@@ -264,6 +268,17 @@ def expand_checkpoints(arguments: tuple[str, ...]) -> list[Path]:
             raise InputError(str(path), "is named twice", "give each checkpoint once")
         seen.add(path.resolve())
     return paths
+
+
+@contextmanager
+def naming_the_checkpoint(path: Path) -> Iterator[None]:
+    """Errors raised while measuring one of several checkpoints name it (unless they do)."""
+    try:
+        yield
+    except CurvcalError as error:
+        if str(path) in error.message:
+            raise
+        raise type(error)(str(path), f"{error.what}: {error.why}", error.hint) from None
 
 
 def training_loss(loaded: LoadedModel) -> tuple[str | None, float | None, float | None]:

@@ -14,6 +14,7 @@ import dataclasses
 import fnmatch
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ from curvcal.curvature.hvp import (
     engines_between,
 )
 from curvcal.curvature.layers import layer_curvature
-from curvcal.curvature.results import EigenSpectrum, HessianAnalysis
+from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
 from curvcal.curvature.trace import DISTRIBUTIONS, trace_estimate
 from curvcal.errors import InputError
 
@@ -305,6 +306,37 @@ def analyse_hessian(
         operator=description,
         timings=timings,
     )
+
+
+def analyse_hessian_with_messages(
+    model: nn.Module,
+    batches: BatchSource,
+    settings: HessianSettings,
+    *,
+    all_reduce: AllReduce | None = None,
+    on_step: OnStep | None = None,
+) -> tuple[HessianAnalysis, list[str]]:
+    """:func:`analyse_hessian`, returning the warnings a report shows (unconverged estimates, an
+    engine fallback to double backward) as messages; other warnings are passed on untouched."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        # torch.func's first use imports torch internals that warn about their own deprecations.
+        warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
+        analysis = analyse_hessian(model, batches, settings, all_reduce=all_reduce, on_step=on_step)
+    messages = []
+    for warning in caught:
+        if issubclass(warning.category, ConvergenceWarning):
+            messages.append(str(warning.message))
+        else:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+    fallback = analysis.operator.get("engine_fallback")
+    if fallback:
+        messages.append(
+            f"torch.func could not differentiate the model ({fallback}); used double backward"
+        )
+    return analysis, messages
 
 
 def _eigen(

@@ -132,26 +132,6 @@ def _power_one(
     return EigenResult(value, iterations, iterations, residual, change, converged), vector
 
 
-def _power_deflated(
-    op: LinearOperator,
-    k: int,
-    shift: float,
-    tol: float,
-    max_iter: int,
-    scale: float,
-    generator: torch.Generator,
-    on_step: OnStep,
-) -> list[EigenResult]:
-    found: list[Tensor] = []
-    results: list[EigenResult] = []
-    for _ in range(k):
-        result, vector = _power_one(op, shift, found, tol, max_iter, scale, generator, on_step)
-        scale = max(scale, abs(result.value))
-        found.append(vector)
-        results.append(result)
-    return results
-
-
 def power_iteration(
     operator: LinearOperator | Tensor,
     k: int = 1,

@@ -28,7 +28,7 @@ import pickle
 import re
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +114,12 @@ class LoadedModel:
         return sum(p.numel() for p in self.module.parameters())
 
     def describe(self) -> dict[str, Any]:
-        """A JSON-ready summary for a report's inputs (everything but the module)."""
+        """A JSON-ready summary for a report's inputs (everything but the module): the file's
+        path, size and SHA-256, then how it was loaded."""
+        from curvcal.provenance import file_info
+
         return {
-            "path": str(self.path),
+            **asdict(file_info(self.path)),
             "form": self.form,
             "arch": self.arch,
             "state_dict_key": self.state_dict_key,

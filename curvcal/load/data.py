@@ -100,7 +100,10 @@ class LoadedData:
     subset: dict[str, Any] | None = field(default=None)
 
     def describe(self) -> dict[str, Any]:
-        """JSON-ready description: spec, N, classes, normalisation, transforms, subset."""
+        """JSON-ready description: spec, N, classes, normalisation, transforms, subset, and the
+        files read (path, size, SHA-256)."""
+        from curvcal.provenance import file_info
+
         return {
             "spec": self.spec,
             "n_samples": self.n_samples,
@@ -109,7 +112,7 @@ class LoadedData:
             "normalisation": self.normalisation,
             "transforms": list(self.transforms),
             "subset": self.subset,
-            "files": [str(path) for path in self.files],
+            "files": [file_info(path) for path in self.files],
         }
 
 

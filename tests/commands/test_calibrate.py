@@ -58,6 +58,7 @@ def test_calibrate_demo_writes_logits_calibrator_and_plot(run_cli, tmp_path: Pat
     assert results["fits"]["ts"]["temperature"] > 1  # the demo model is over-confident
     assert results["fits"]["focal_ts"]["gamma"] in (0.0, 1.0)
     assert document["inputs"]["checkpoint"]["sha256"]
+    assert document["inputs"]["checkpoint"]["num_classes"] == 10  # K, as hessian records it
     assert document["inputs"]["data"]["files"][0]["sha256"]
     assert document["settings"]["val_split"] == 0.5 and document["settings"]["method"] == "both"
     assert set(document["timings"]) >= {"inference", "calibration"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,10 @@ def workspace(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 FAST = ("--probes", "4", "--tol", "1e-3", "--gammas", "0,1,2", "--batch-size", "16")
 
 
@@ -75,6 +80,14 @@ def test_study_two_checkpoints_json_and_table(
         assert row["calibration"]["n_eval"] + row["calibration"]["n_fit"] == 40
         assert row["curvature"]["lambda_max"] > 0 and row["calibration"]["temperature"] > 0
     assert sum(n for _, n in rows[1]["curvature"]["groups"]) == 20
+    inputs = document["inputs"]
+    for described, name in zip(inputs["checkpoints"], ("a_ce", "b_flsd"), strict=True):
+        assert described["sha256"] == _sha256(workspace / f"{name}.safetensors")
+    assert inputs["data"]["files"][0]["sha256"] == _sha256(workspace / "data.safetensors")
+    assert inputs["curvature_data"]["files"][0]["sha256"] == _sha256(
+        workspace / "train.safetensors"
+    )
+    assert inputs["data"]["n_samples"] == 40 and inputs["data"]["num_classes"] == 10
     correlations = document["results"]["correlations"]
     assert len(correlations) == 16
     assert all(c["rho"] is None and "at least 3" in c["note"] for c in correlations)

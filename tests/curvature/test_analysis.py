@@ -13,7 +13,12 @@ from torch import Tensor, nn
 
 import curvcal
 from curvcal.curvature import analysis as analysis_module
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian, selected_parameter_count
+from curvcal.curvature.analysis import (
+    HessianSettings,
+    analyse_hessian,
+    analyse_hessian_with_messages,
+    selected_parameter_count,
+)
 from curvcal.curvature.results import ConvergenceWarning
 from curvcal.errors import InputError, NumericalError
 from curvcal.results import to_jsonable
@@ -170,6 +175,19 @@ def test_unconverged_estimates_are_listed_and_warned(mlp_case: MLPCase) -> None:
     assert any(issubclass(w.category, ConvergenceWarning) for w in caught)
     assert not result.converged
     assert result.unconverged[0].startswith("eigenvalue 1")
+
+
+def test_with_messages_returns_convergence_warnings_as_text(mlp_case: MLPCase) -> None:
+    model, x, y, _ = mlp_case
+    settings = HessianSettings(method="power", max_iter=1, trace=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result, messages = analyse_hessian_with_messages(model, [(x, y)], settings)
+    assert not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    assert len(messages) == 1 and messages[0].startswith("power: eigenvalues did not meet tol")
+    assert not result.converged
+    converged, none = analyse_hessian_with_messages(model, [(x, y)], HessianSettings(trace=False))
+    assert converged.converged and none == []
 
 
 def test_impossible_settings_are_refused_before_any_product(mlp_case: MLPCase) -> None:
