@@ -343,7 +343,9 @@ def _load_folder(options: DataOptions) -> LoadedData:
         n_samples=len(dataset),
         num_classes=len(dataset.classes),
         labels=labels,
-        files=tuple(Path(p) for p, _ in dataset.samples),
+        # the folder, not each image: its digest covers every file's relative name and size,
+        # so a report records what was read without hashing a whole image collection
+        files=(path,),
         num_classes_source="dataset",
         normalisation=description,
         transforms=names,
