@@ -208,14 +208,7 @@ def hessian(
     options, reporter = start()
     began = time.perf_counter()
     plots = plot_paths(plot, per_layer, options.force) if plot is not None else None
-    if loss == "own" and gamma is not None:
-        raise InputError(
-            "--gamma", "cannot be combined with --loss own, which reads γ from the checkpoint"
-        )
-    if loss == "focal" and gamma is None:
-        raise InputError("--loss focal", "needs --gamma γ (γ = 0 is cross-entropy)")
-    if loss == "ce" and gamma not in (None, 0.0):
-        raise InputError("--gamma", f"{gamma} is only used by --loss focal")
+    check_loss_options(loss, gamma)
     if trace and trace_method == "hutchpp" and trace_rtol is not None:
         raise InputError(
             "--trace-rtol", "the adaptive stop works only with --trace-method hutchinson"
@@ -331,6 +324,18 @@ def hessian(
         return code
     finally:
         distributed.shutdown()
+
+
+def check_loss_options(loss: str, gamma: float | None) -> None:
+    """``--loss``/``--gamma`` combinations that make sense (shared by hessian and study)."""
+    if loss == "own" and gamma is not None:
+        raise InputError(
+            "--gamma", "cannot be combined with --loss own, which reads γ from the checkpoint"
+        )
+    if loss == "focal" and gamma is None:
+        raise InputError("--loss focal", "needs --gamma γ (γ = 0 is cross-entropy)")
+    if loss == "ce" and gamma not in (None, 0.0):
+        raise InputError("--gamma", f"{gamma} is only used by --loss focal")
 
 
 def plot_paths(path: Path, per_layer: bool, force: bool) -> tuple[Path, Path | None]:

@@ -21,6 +21,7 @@ import click
 from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options as data_options_decorator
+from curvcal.commands.hessian import check_loss_options
 from curvcal.errors import CurvcalError, InputError
 from curvcal.report import Table, check_output_path, fmt_float
 
@@ -152,10 +153,7 @@ def study(
 
     output, reporter = start()
     began = time.perf_counter()
-    if loss == "focal" and gamma is None:
-        raise InputError("--loss focal", "needs --gamma γ (γ = 0 is cross-entropy)")
-    if loss != "focal" and gamma is not None:
-        raise InputError("--gamma", f"is only used by --loss focal, not --loss {loss}")
+    check_loss_options(loss, gamma)
     paths = expand_checkpoints(checkpoints)
     plots = _plot_paths(plot_dir, output.force)
     curvature_settings = CurvatureSettings(
