@@ -57,7 +57,7 @@ def test_curvcal_only_run_on_tiny_model(bench: ModuleType, tmp_path: Path, capsy
     # strict JSON (NaN written as null) and a markdown table on stdout
     written = json.loads(out.read_text(), parse_constant=pytest.fail)
     assert written["cases"][0]["rows"][0]["library"] == "curvcal"
-    assert "| curvcal | power, tol 1e-4 (default) |" in capsys.readouterr().out
+    assert "| curvcal | Lanczos, tol 1e-4 (default) |" in capsys.readouterr().out
 
 
 def test_missing_peer_is_reported_not_raised(bench: ModuleType, monkeypatch) -> None:
