@@ -156,8 +156,10 @@ def test_no_trace_and_full_spectrum(mlp_case: MLPCase) -> None:
     names = [n for n, _ in model.named_parameters()]
     offset = sum(p.numel() for n, p in model.named_parameters() if names.index(n) < 3)
     block = mlp_case[3][offset : offset + 3, offset : offset + 3]
+    # the block is singular (softmax: the all-ones direction), and a zero eigenvalue's relative
+    # residual is floored at √ε·‖H‖, so ask for 1e-7 and check the values to 1e-12 below
     result = analyse_hessian(
-        model, [(x, y)], HessianSettings(top_k=3, trace=False, params=params, tol=1e-8)
+        model, [(x, y)], HessianSettings(top_k=3, trace=False, params=params, tol=1e-7)
     )
     assert selected_parameter_count(model, params) == 3
     assert result.trace is None
