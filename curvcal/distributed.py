@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -123,7 +124,21 @@ def gather_rows(local: torch.Tensor, n_samples: int) -> torch.Tensor | None:
     return out
 
 
-def shutdown() -> None:
-    """Leave the process group if this process joined one."""
-    if dist.is_available() and dist.is_initialized():
+def shutdown(timeout_s: float = 60.0) -> None:
+    """Leave the process group if this process joined one, after the other ranks get here.
+
+    Tearing the group down while another rank is still using it can abort that rank ("terminate
+    called without an active exception" from gloo), so every rank first waits at a barrier; under
+    gloo it is a monitored barrier with a timeout, so a rank that crashed cannot hang the others.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+        else:
+            dist.barrier()
+    except Exception:  # a rank is gone: leave anyway, the run has already failed
+        pass
+    finally:
         dist.destroy_process_group()
