@@ -451,7 +451,7 @@ def _calibrate(
     on_step: OnStep | None,
 ) -> CalibrationAnalysis:
     """Predict and run the calibration analysis exactly as ``curvcal calibrate`` would."""
-    from curvcal.calibration.analysis import analyse_calibration
+    from curvcal.calibration.analysis import analyse_calibration, analyse_val_split
     from curvcal.load.data import stratified_split
 
     logits, labels = _predict(loaded, data, settings["batch_size"], on_step)
@@ -475,17 +475,15 @@ def _calibrate(
         )
     fraction = settings["val_split"] or DEFAULT_VAL_SPLIT
     fit_idx, eval_idx = stratified_split(labels, fraction, settings["seed"])
-    return analyse_calibration(
-        logits[fit_idx],
-        labels[fit_idx],
-        logits[eval_idx],
-        labels[eval_idx],
+    return analyse_val_split(
+        logits,
+        labels,
+        fit_idx,
+        eval_idx,
         "logits",
         calibration_settings,
-        "val-split",
         fraction,
-        fit_source=f"{source} (fit split)",
-        eval_source=f"{source} (evaluation split)",
+        f"{source}",
     )
 
 

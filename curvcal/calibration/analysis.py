@@ -245,6 +245,33 @@ def analyse_calibration(
     )
 
 
+def analyse_val_split(
+    scores: Any,
+    labels: Any,
+    fit_idx: Any,
+    eval_idx: Any,
+    kind: str,
+    settings: CalibrationSettings,
+    fraction: float,
+    source: str,
+) -> CalibrationAnalysis:
+    """:func:`analyse_calibration` on two disjoint parts of one set of scores: the maps are
+    fitted on the rows ``fit_idx`` and every stage is measured on the rows ``eval_idx``
+    (``fraction`` is recorded as the share fitted; ``source`` names the scores in errors)."""
+    return analyse_calibration(
+        scores[fit_idx],
+        labels[fit_idx],
+        scores[eval_idx],
+        labels[eval_idx],
+        kind,
+        settings,
+        "val-split",
+        fraction,
+        fit_source=f"{source} (fit split)",
+        eval_source=f"{source} (evaluation split)",
+    )
+
+
 def evaluate_calibrators(
     scores: Any,
     labels: Any,

@@ -16,7 +16,6 @@ from curvcal.commands.calibration_report import (
     dropped_warning,
     nan_policy_option,
     settings_record,
-    val_split_indices,
     write_outputs,
 )
 from curvcal.commands.checkpoint_options import checkpoint_options
@@ -72,11 +71,11 @@ def calibrate(
     """
     import torch
 
-    from curvcal.calibration.analysis import analyse_calibration
+    from curvcal.calibration.analysis import analyse_calibration, analyse_val_split
     from curvcal.distributed import init_from_env, launched_by_torchrun, shutdown
     from curvcal.inference import check_model_runs
     from curvcal.load.checkpoint import load_model, resolve_device
-    from curvcal.load.data import check_labels, load_dataset
+    from curvcal.load.data import check_labels, load_dataset, stratified_split
     from curvcal.provenance import environment
     from curvcal.results import Report
 
@@ -164,18 +163,16 @@ def calibrate(
             eval_source=source,
         )
     elif fraction is not None:
-        fit_idx, eval_idx = val_split_indices(labels, fraction, settings.seed)
-        analysis = analyse_calibration(
-            logits[fit_idx],
-            labels[fit_idx],
-            logits[eval_idx],
-            labels[eval_idx],
+        fit_idx, eval_idx = stratified_split(labels, fraction, settings.seed)
+        analysis = analyse_val_split(
+            logits,
+            labels,
+            fit_idx,
+            eval_idx,
             "logits",
             settings,
-            "val-split",
             fraction,
-            fit_source=f"{source} (fit split)",
-            eval_source=f"{source} (evaluation split)",
+            f"{source}",
         )
     else:
         analysis = analyse_calibration(

@@ -16,8 +16,6 @@ import click
 from curvcal.report import Table, check_output_path, fmt_float, write_atomic
 
 if TYPE_CHECKING:
-    import torch
-
     from curvcal.calibration.analysis import CalibrationAnalysis, CalibrationSettings
     from curvcal.calibration.results import CalibrationMetrics, FocalTemperatureFit
 
@@ -206,15 +204,6 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
 
 # ---------------------------------------------------------------------------------------------
 # splits and outputs
-
-
-def val_split_indices(
-    labels: torch.Tensor, fraction: float, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(fit_idx, eval_idx)``: a stratified split of the samples (see ``stratified_split``)."""
-    from curvcal.load.data import stratified_split
-
-    return stratified_split(labels, fraction, seed)
 
 
 def write_outputs(analysis: CalibrationAnalysis, options: CalibrationOptions) -> None:

@@ -15,7 +15,6 @@ from curvcal.commands.calibration_report import (
     dropped_warning,
     nan_policy_option,
     settings_record,
-    val_split_indices,
     write_outputs,
 )
 from curvcal.commands.common import finish, output_options, start
@@ -75,8 +74,13 @@ def metrics(
     scaling on that split and measure them on the rest; with --apply, measure saved
     calibrators on all of LOGITS.
     """
-    from curvcal.calibration.analysis import analyse_calibration, evaluate_calibrators
+    from curvcal.calibration.analysis import (
+        analyse_calibration,
+        analyse_val_split,
+        evaluate_calibrators,
+    )
     from curvcal.load.calibrator import load_calibrators
+    from curvcal.load.data import stratified_split
     from curvcal.load.logits import load_logits
     from curvcal.provenance import environment, file_info
     from curvcal.results import Report
@@ -122,18 +126,16 @@ def metrics(
             eval_source=source,
         )
     elif calibration.val_split is not None:
-        fit_idx, eval_idx = val_split_indices(data.labels, calibration.val_split, settings.seed)
-        analysis = analyse_calibration(
-            data.scores[fit_idx],
-            data.labels[fit_idx],
-            data.scores[eval_idx],
-            data.labels[eval_idx],
+        fit_idx, eval_idx = stratified_split(data.labels, calibration.val_split, settings.seed)
+        analysis = analyse_val_split(
+            data.scores,
+            data.labels,
+            fit_idx,
+            eval_idx,
             input_kind,
             settings,
-            "val-split",
             calibration.val_split,
-            fit_source=f"{source} (fit split)",
-            eval_source=f"{source} (evaluation split)",
+            f"{source}",
         )
     else:
         analysis = analyse_calibration(

@@ -135,11 +135,10 @@ def study(
     --data), and calibration on --data, maps fitted on a stratified --val-split part and every
     metric measured on the rest.
     """
-    from curvcal.calibration.analysis import CalibrationSettings, analyse_calibration
-    from curvcal.commands.calibration_report import val_split_indices
+    from curvcal.calibration.analysis import CalibrationSettings, analyse_val_split
     from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import load_model
-    from curvcal.load.data import check_labels, iter_batches, load_dataset
+    from curvcal.load.data import check_labels, iter_batches, load_dataset, stratified_split
     from curvcal.provenance import environment
     from curvcal.results import Report
     from curvcal.study import (
@@ -170,7 +169,7 @@ def study(
         hessian_data = load_dataset(
             dataclasses.replace(data_options, spec=curvature_data, trust=trust)
         )
-    fit_idx, eval_idx = val_split_indices(data.labels, val_split, seed)
+    fit_idx, eval_idx = stratified_split(data.labels, val_split, seed)
 
     rows: list[StudyRow] = []
     inputs: list[dict[str, Any]] = []
@@ -192,17 +191,15 @@ def study(
                 logits, labels = predict_logits(
                     loaded.module, iter_batches(data.dataset, batch_size), loaded.device
                 )
-                analysis = analyse_calibration(
-                    logits[fit_idx],
-                    labels[fit_idx],
-                    logits[eval_idx],
-                    labels[eval_idx],
+                analysis = analyse_val_split(
+                    logits,
+                    labels,
+                    fit_idx,
+                    eval_idx,
                     "logits",
                     calibration_settings,
-                    "val-split",
                     val_split,
-                    fit_source=f"{path} on --data {data.spec} (fit split)",
-                    eval_source=f"{path} on --data {data.spec} (evaluation split)",
+                    f"{path} on --data {data.spec}",
                 )
                 rows.append(
                     StudyRow(

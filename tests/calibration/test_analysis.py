@@ -248,3 +248,20 @@ def test_caller_tensors_are_not_modified() -> None:
     z_copy, y_copy = z.clone(), y.clone()
     analyse_calibration(z[:30], y[:30], z[30:], y[30:], "logits", FAST)
     assert torch.equal(z, z_copy) and torch.equal(y, y_copy)
+
+
+def test_val_split_helper_equals_the_explicit_call() -> None:
+    from curvcal.calibration.analysis import analyse_val_split
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(60, 4, generator=generator, dtype=torch.float64) * 3
+    labels = torch.randint(0, 4, (60,), generator=generator)
+    fit_idx, eval_idx = torch.arange(0, 60, 2), torch.arange(1, 60, 2)
+    settings = CalibrationSettings(method="ts")
+    helper = analyse_val_split(logits, labels, fit_idx, eval_idx, "logits", settings, 0.5, "x")
+    explicit = analyse_calibration(
+        logits[fit_idx], labels[fit_idx], logits[eval_idx], labels[eval_idx],
+        "logits", settings, "val-split", 0.5,
+    )  # fmt: skip
+    assert to_jsonable(helper) == to_jsonable(explicit)  # (NaN fields defeat ==)
+    assert helper.split.n_fit == 30 and helper.split.n_eval == 30
