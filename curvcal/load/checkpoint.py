@@ -21,7 +21,6 @@ requested device and dtype.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import pickle
@@ -36,6 +35,7 @@ import torch
 from torch import nn
 
 from curvcal.errors import InputError, TrustError
+from curvcal.load.allowlist import allowed_classes, could_be_allowed
 from curvcal.load.architecture import accepts_keyword, build_architecture
 from curvcal.load.formats import (
     Container,
@@ -323,18 +323,9 @@ def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) ->
 
 
 def import_globals(names: tuple[str, ...]) -> list[Any]:
-    """Import each ``module.Name`` given with ``--allow-global``."""
-    objects = []
-    for name in names:
-        module_name, _, attr = name.rpartition(".")
-        if not module_name or not attr:
-            raise InputError("--allow-global", f"{name!r} is not a module.Name path")
-        try:
-            obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise InputError("--allow-global", f"cannot import {name}: {exc}") from exc
-        objects.append(obj)
-    return objects
+    """Import each ``module.Class`` given with ``--allow-global``, refusing anything but plain
+    data classes (the rule is :mod:`curvcal.load.allowlist`)."""
+    return list(allowed_classes(names))
 
 
 # --- loaders, one per container -------------------------------------------------------------
@@ -391,7 +382,7 @@ def _load_pickle(
             str(path),
             f"{what} that needs {', '.join(scan.names)} to load, which a weights-only load refuses "
             "and a full unpickling could use to run code",
-            f"{_TRUST_HINT}; for plain data classes, --allow-global NAME is enough",
+            _refusal_hint(scan.names, module_like),
         )
     # With trust and globals outside the allowlist, the full unpickler; otherwise weights-only.
     obj = _full_load(path) if scan.names else _weights_only_load(path, allowed)
@@ -425,6 +416,15 @@ def _load_pickle(
     return _from_state_dict(
         path, "state_dict", state, key, options.arch, dict(options.arch_kwargs), options, extras
     )
+
+
+def _refusal_hint(names: tuple[str, ...], module_like: bool) -> str:
+    """The trust hint, plus ``--allow-global`` only when every refused global could be a plain
+    data class (never for whole modules, functions or anything from a denied module)."""
+    if module_like or not all(could_be_allowed(name) for name in names):
+        return _TRUST_HINT
+    flags = " ".join(f"--allow-global {name}" for name in names)
+    return f"{_TRUST_HINT}; if these are plain data classes you trust, {flags} admits them and runs no code from the file"
 
 
 def _arch_ignored(options: CheckpointOptions) -> dict[str, str]:
