@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from curvcal.errors import InputError
+from curvcal.load.paths import readable_file
 from curvcal.results import SCHEMA_VERSION
 
 CALIBRATION_METRICS = (
@@ -233,10 +234,9 @@ def load_policy(path: Path) -> Policy:
     A file named ``pyproject.toml`` is read from its ``[tool.curvcal]`` table; any other file is a
     policy as a whole. Errors are :class:`InputError` with ``what`` = ``FILE:LINE``.
     """
+    readable_file(path, "policy file")
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(str(path), "no such policy file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"cannot read the policy: {exc}") from None
     try:
@@ -663,10 +663,9 @@ def _interval(item: Any) -> tuple[float, float] | None:
 def load_report(path: Path) -> dict[str, Any]:
     """Read a saved curvcal JSON report, checking that it is one and that its schema is one this
     version reads (same major version)."""
+    readable_file(path, "report file")
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(str(path), "no such report file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"cannot read the report: {exc}") from None
     try:

@@ -42,7 +42,22 @@ class CurvcalError(Exception):
         text = f"{self.what}: {self.why}"
         if self.hint:
             text += f" ({self.hint})"
-        return " ".join(text.split())  # always one line
+        return " ".join(shorten(word) for word in text.split())  # always one line
+
+
+#: Longest word (an option value, a path) a message repeats whole; longer ones are cut.
+LONGEST_WORD = 100
+
+
+def shorten(word: str, head: int = 60, tail: int = 20) -> str:
+    """``word`` if it has at most :data:`LONGEST_WORD` characters, else its first ``head`` and
+    last ``tail`` characters around an ellipsis, with the full length: a 100,000-character
+    ``--arch`` must not fill the terminal, and the ends are what tell two values apart."""
+    if len(word) <= LONGEST_WORD:
+        return word
+    core = word.rstrip(":,;)")  # the message's own punctuation stays after the length
+    end = word[len(core) :]
+    return f"{core[:head]}…{core[-tail:]} [{len(core):,} characters]{end}"
 
 
 class InputError(CurvcalError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.commands.hessian import check_loss_options
 from curvcal.errors import CurvcalError, InputError
+from curvcal.load.paths import readable_file
 from curvcal.report import Table, check_output_path, fmt_float
 
 if TYPE_CHECKING:
@@ -250,7 +252,8 @@ def expand_checkpoints(arguments: tuple[str, ...]) -> list[Path]:
     exist and be named once."""
     paths: list[Path] = []
     for argument in arguments:
-        if Path(argument).exists():
+        if os.path.lexists(argument):  # a loop or a broken link gets its own message
+            readable_file(Path(argument), expected="checkpoint file")
             paths.append(Path(argument))
             continue
         matches = sorted(glob.glob(argument)) if glob.has_magic(argument) else []

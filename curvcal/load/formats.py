@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 import torch
 
 from curvcal.errors import InputError
+from curvcal.load.paths import readable_file
 
 KNOWN_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pt2", ".tar")
 
@@ -68,11 +69,7 @@ class Container:
 def sniff(path: Path) -> Container:
     """Identify the container of ``path``; raise :class:`InputError` naming the file otherwise."""
     what = str(path)
-    if not path.exists():
-        raise InputError(what, "no such file")
-    if path.is_dir():
-        raise InputError(what, "is a directory, not a checkpoint file")
-    size = path.stat().st_size
+    size = readable_file(path, expected="checkpoint file").st_size
     if size == 0:
         raise InputError(what, "is empty (0 bytes)")
     with path.open("rb") as handle:
