@@ -55,9 +55,14 @@ def shorten(word: str, head: int = 60, tail: int = 20) -> str:
     ``--arch`` must not fill the terminal, and the ends are what tell two values apart."""
     if len(word) <= LONGEST_WORD:
         return word
-    core = word.rstrip(":,;)")  # the message's own punctuation stays after the length
-    end = word[len(core) :]
-    return f"{core[:head]}…{core[-tail:]} [{len(core):,} characters]{end}"
+    # The message's own quotes and punctuation stay outside the cut value.
+    core = word.lstrip("'\"(").rstrip(":,;)'\"")
+    start = word[: len(word) - len(word.lstrip("'\"("))]
+    end = word[len(start) + len(core) :]
+    close = end[: len(end) - len(end.lstrip("'\")"))]
+    return (
+        f"{start}{core[:head]}…{core[-tail:]}{close} [{len(core):,} characters]{end[len(close) :]}"
+    )
 
 
 class InputError(CurvcalError):

@@ -69,6 +69,8 @@ def inspect_tables(info: CheckpointInfo) -> list[Table]:
         ("unsafe globals", _short_list(info.unsafe_globals, limit=len(info.unsafe_globals))),
         ("needs --trust-checkpoint", "yes" if info.needs_trust else "no"),
     ]
+    if info.container == "pickle":  # a plain pickle: what it would import is all there is
+        rows.append(("pickle globals", _short_list(info.pickle_globals, len(info.pickle_globals))))
     rows += [(f"metadata: {key}", value) for key, value in info.metadata.items()]
     tables = [Table(title="checkpoint", columns=("item", "value"), rows=tuple(rows))]
     if info.tensors:

@@ -151,4 +151,3 @@ def _denied_name(name: str) -> str | None:
 
 def _hint() -> str:
     return f"{_ONLY_TRUST}; --allow-global admits plain data classes and never enables code"
-

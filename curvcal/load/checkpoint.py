@@ -21,6 +21,7 @@ requested device and dtype.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pickle
@@ -41,10 +42,12 @@ from curvcal.load.formats import (
     Container,
     TensorSpec,
     dtype_name,
+    plain_pickle_globals,
     pt2_weight_specs,
     safetensors_metadata,
     safetensors_specs,
     sniff,
+    torch_safe_globals,
     unsafe_globals,
 )
 from curvcal.load.state_dict import (
@@ -57,6 +60,8 @@ from curvcal.load.state_dict import (
     wrapper_prefix,
 )
 
+PLAIN_PICKLE = "plain_pickle"
+PLAIN_PICKLE_NOTE = "a plain Python pickle, not a torch.save checkpoint: curvcal cannot load it"
 FORMS = ("state_dict", "safetensors", "pickled_module", "torchscript", "exported_program")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 ARCH_METADATA_KEY = "curvcal.arch"
@@ -144,6 +149,8 @@ class CheckpointInfo:
     ``num_classes`` is the row count of the last 2-D weight. ``unsafe_globals`` are the classes
     and functions a pickle would import that a weights-only load refuses; when there are any,
     or the format carries code, ``needs_trust`` is true and the tensors are not listed (pickles).
+    A plain Python pickle (not written by :func:`torch.save`) has format ``plain_pickle``, lists
+    every global it would import in ``pickle_globals`` and cannot be loaded as a checkpoint.
     """
 
     path: Path
@@ -159,6 +166,7 @@ class CheckpointInfo:
     metadata: dict[str, str]
     unsafe_globals: tuple[str, ...]
     needs_trust: bool
+    pickle_globals: tuple[str, ...] = ()
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -202,6 +210,8 @@ def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
     dtype = resolve_dtype(options.dtype)
     allowed = import_globals(options.allow_globals)
     container = sniff(path)
+    if container.kind == "pickle":
+        _refuse_plain_pickle(path)
     if container.kind == "safetensors":
         loaded = _load_safetensors(path, container, options)
     elif container.kind == "torchscript":
@@ -288,6 +298,10 @@ def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) ->
         return _info(path, "exported_program", container, pt2_weight_specs(path), needs_trust=True)
     if container.kind == "torchscript":
         return _info(path, "torchscript", container, (), needs_trust=True)
+    if container.kind == "pickle":
+        names = plain_pickle_globals(path)
+        info = _info(path, PLAIN_PICKLE, container, (), unsafe=_outside_torch_allowlist(names))
+        return dataclasses.replace(info, pickle_globals=names, metadata={"note": PLAIN_PICKLE_NOTE})
     scan = unsafe_globals(path, container, allow_globals, allowed)
     module_like = scan.top_level is not None and scan.top_level not in _DICT_GLOBALS
     form = "pickled_module" if module_like else "state_dict"
@@ -326,6 +340,22 @@ def import_globals(names: tuple[str, ...]) -> list[Any]:
     """Import each ``module.Class`` given with ``--allow-global``, refusing anything but plain
     data classes (the rule is :mod:`curvcal.load.allowlist`)."""
     return list(allowed_classes(names))
+
+
+def _refuse_plain_pickle(path: Path) -> None:
+    names = plain_pickle_globals(path)
+    listed = f"; it imports {', '.join(names)}" if names else ""
+    raise InputError(
+        str(path),
+        f"is a plain Python pickle, not a torch.save checkpoint{listed}",
+        "curvcal reads files written by torch.save or safetensors; "
+        "curvcal inspect lists a pickle's globals without running it",
+    )
+
+
+def _outside_torch_allowlist(names: tuple[str, ...]) -> tuple[str, ...]:
+    safe = torch_safe_globals()
+    return tuple(name for name in names if name not in safe)
 
 
 # --- loaders, one per container -------------------------------------------------------------

@@ -7,8 +7,10 @@ Containers recognised (by content; the extension is only used in the error messa
 - ``pt2``: :func:`torch.export.save`, a zip with ``archive_format`` (``pt2``) or the older
   ``serialized_exported_program.json``;
 - ``safetensors``: 8-byte little-endian header length, a JSON header, then raw tensor bytes;
-- ``torch-legacy``: the pre-1.6 :func:`torch.save` layout, consecutive pickles (starts with the
-  pickle ``PROTO`` opcode).
+- ``torch-legacy``: the pre-1.6 :func:`torch.save` layout, consecutive pickles, the first of
+  which is torch's magic number;
+- ``pickle``: any other pickle (protocol 2 to 5), such as :func:`pickle.dump` writes: not a
+  checkpoint; only its globals are read, for ``curvcal inspect``.
 
 Pickle globals are found by reading opcodes (:mod:`pickletools`), which never executes them.
 """
@@ -60,7 +62,7 @@ class Container:
     header.
     """
 
-    kind: str  # torch-zip | torchscript | pt2 | safetensors | torch-legacy
+    kind: str  # torch-zip | torchscript | pt2 | safetensors | torch-legacy | pickle
     members: tuple[str, ...] = ()
     pickle_name: str | None = None
     header: Mapping[str, Any] = field(default_factory=dict)
@@ -82,7 +84,7 @@ def sniff(path: Path) -> Container:
         if header is not None:
             return Container(kind="safetensors", header=header)
     if head[0] == _PICKLE_PROTO and len(head) > 1 and 2 <= head[1] <= 5:
-        return Container(kind="torch-legacy")
+        return Container(kind="torch-legacy" if _starts_with_torch_magic(path) else "pickle")
     suffix = path.suffix or "(none)"
     known = ", ".join(KNOWN_EXTENSIONS)
     if path.suffix.lower() not in KNOWN_EXTENSIONS:
@@ -90,6 +92,31 @@ def sniff(path: Path) -> Container:
     else:
         why = f"content is not a checkpoint (not a torch zip, safetensors or pickle; {size} bytes)"
     raise InputError(what, why, f"curvcal reads {known} files written by torch or safetensors")
+
+
+def _starts_with_torch_magic(path: Path) -> bool:
+    """Whether the first pickle in ``path`` is the legacy :func:`torch.save` magic number (an
+    integer pickled on its own); read opcode by opcode, never unpickled."""
+    with path.open("rb") as handle:
+        head = io.BytesIO(handle.read(64))
+    try:
+        for opcode, arg, _pos in pickletools.genops(head):
+            if opcode.name in ("PROTO", "FRAME"):
+                continue
+            return opcode.name in ("LONG1", "LONG4") and arg == torch.serialization.MAGIC_NUMBER
+    except (ValueError, EOFError, struct.error):
+        return False
+    return False
+
+
+def plain_pickle_globals(path: Path) -> tuple[str, ...]:
+    """Every global a plain (non-torch) pickle file would import, read opcode by opcode without
+    running anything; :class:`InputError` when the pickle is truncated or corrupt."""
+    try:
+        with path.open("rb") as stream:
+            return pickle_globals(stream).names
+    except (ValueError, EOFError, IndexError, struct.error) as exc:
+        raise InputError(str(path), f"truncated or corrupt pickle ({_one_line(exc)})") from exc
 
 
 def _sniff_zip(path: Path) -> Container:
@@ -293,11 +320,11 @@ def unsafe_globals(
         except (ValueError, RuntimeError, pickle.UnpicklingError, EOFError):
             reported = []
         names += sorted(set(reported) - set(names))
-    safe = _torch_safe_globals() | set(allowed)
+    safe = torch_safe_globals() | set(allowed)
     return PickleGlobals(tuple(g for g in names if g not in safe), scanned.top_level)
 
 
-def _torch_safe_globals() -> set[str]:
+def torch_safe_globals() -> set[str]:
     """Names torch's weights-only unpickler accepts by default (and any the user allowlisted
     through :func:`torch.serialization.safe_globals`)."""
     from torch import _weights_only_unpickler as wou

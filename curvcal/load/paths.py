@@ -15,9 +15,7 @@ from pathlib import Path
 from curvcal.errors import InputError
 
 
-def readable_file(
-    path: Path, noun: str = "file", expected: str | None = None
-) -> os.stat_result:
+def readable_file(path: Path, noun: str = "file", expected: str | None = None) -> os.stat_result:
     """``path``'s status when it is a regular file this process may read; otherwise
     :class:`InputError` naming the path and saying which of these it is: missing (or a broken
     symbolic link), a symbolic-link loop, unreadable (permission denied), a directory, not a
