@@ -26,7 +26,8 @@ _LIST_CELL = 8
     "allow_globals",
     metavar="module.Class",
     multiple=True,
-    help="Treat this class as safe for a weights-only load; repeatable.",
+    help="Let a weights-only read build this plain data class (never a function or a class "
+    "that reaches the OS or the interpreter); repeatable.",
 )
 @output_options
 def inspect(checkpoint: Path, allow_globals: tuple[str, ...]) -> int:
