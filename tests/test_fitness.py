@@ -91,8 +91,14 @@ MISFITS = [
         LABELS,
     ),
     (
-        ["calibrate", "fits.safetensors", "--data", "digits.safetensors"]
-        + ["--fit-data", "rgb.safetensors"],
+        [
+            "calibrate",
+            "fits.safetensors",
+            "--data",
+            "digits.safetensors",
+            "--fit-data",
+            "rgb.safetensors",
+        ],
         "fits",
         "--fit-data rgb",
         SHAPE,
@@ -107,8 +113,14 @@ MISFITS = [
         LABELS,
     ),
     (
-        ["study", "fits.safetensors", "--data", "digits.safetensors"]
-        + ["--curvature-data", "rgb.safetensors"],
+        [
+            "study",
+            "fits.safetensors",
+            "--data",
+            "digits.safetensors",
+            "--curvature-data",
+            "rgb.safetensors",
+        ],
         "fits",
         "--curvature-data rgb",
         SHAPE,

@@ -115,28 +115,24 @@ class Writer:
     args: Callable[[Path, Path], list[str]]
 
 
-def _model(command: str) -> Callable[[str, Path, Path], list[str]]:
-    """Arguments of ``command`` reading ``victim`` as its main input, writing with ``extra``."""
-    tails = {
-        "hessian": ["--data", "data.safetensors"],
-        "calibrate": ["--data", "data.safetensors"],
-        "study": ["--data", "data.safetensors"],
-        "check": ["--policy", "policy.toml"],
-        "inspect": [],
-        "metrics": [],
-    }
-
-    def build(_option: str, victim: Path, _alias: Path) -> list[str]:
-        return [command, str(victim), *tails[command]]
-
-    return build
+# The arguments that make each command read the victim as its main input.
+_READS = {
+    "hessian": ["--data", "data.safetensors"],
+    "calibrate": ["--data", "data.safetensors"],
+    "study": ["--data", "data.safetensors"],
+    "check": ["--policy", "policy.toml"],
+    "inspect": [],
+    "metrics": [],
+    "compare": ["old.json", "--policy", "policy.toml"],
+}
 
 
 def _writer(
     command: str, option: str, victim_name: str, extra: Callable[[Path], list[str]]
 ) -> Writer:
-    head = _model(command)
-    return Writer(command, option, victim_name, lambda v, a: [*head(option, v, a), *extra(a)])
+    return Writer(
+        command, option, victim_name, lambda v, a: [command, str(v), *_READS[command], *extra(a)]
+    )
 
 
 def _plot_dir(alias: Path) -> list[str]:
@@ -146,7 +142,7 @@ def _plot_dir(alias: Path) -> list[str]:
 WRITERS = [
     *(
         _writer(c, "-o/--output", "victim.json", lambda a: ["-o", str(a)])
-        for c in ("hessian", "calibrate", "study", "check", "inspect", "metrics")
+        for c in ("hessian", "calibrate", "study", "check", "inspect", "metrics", "compare")
     ),
     _writer("hessian", "--plot", "victim.png", lambda a: ["--plot", str(a)]),
     _writer(
@@ -234,22 +230,46 @@ OTHER_INPUTS = [
     (["hessian", "c.pt", "--data", "data.safetensors", "-o", "data.safetensors"], "--data"),
     (["calibrate", "c.pt", "--data", "data.safetensors", "-o", "data.safetensors"], "--data"),
     (
-        ["calibrate", "c.pt", "--data", "data.safetensors", "--fit-data", "fit.safetensors"]
-        + ["-o", "fit.safetensors"],
+        [
+            "calibrate",
+            "c.pt",
+            "--data",
+            "data.safetensors",
+            "--fit-data",
+            "fit.safetensors",
+            "-o",
+            "fit.safetensors",
+        ],
         "--fit-data",
     ),
     (["metrics", "logits.npz", "--fit", "fit.npz", "-o", "fit.npz"], "--fit"),
     (["metrics", "logits.npz", "--apply", "calibrator.json", "-o", "calibrator.json"], "--apply"),
     (["check", "c.pt", "--policy", "policy.toml", "-o", "policy.toml"], "--policy"),
     (
-        ["check", "c.pt", "--policy", "policy.toml", "--baseline", "baseline.json"]
-        + ["-o", "baseline.json"],
+        [
+            "check",
+            "c.pt",
+            "--policy",
+            "policy.toml",
+            "--baseline",
+            "baseline.json",
+            "-o",
+            "baseline.json",
+        ],
         "--baseline",
     ),
     (["check", "c.pt", "--policy", "policy.toml", "-o", "data.safetensors"], "data"),
     (
-        ["check", "c.pt", "--policy", "policy.toml", "--data", "fit.safetensors"]
-        + ["-o", "fit.safetensors"],
+        [
+            "check",
+            "c.pt",
+            "--policy",
+            "policy.toml",
+            "--data",
+            "fit.safetensors",
+            "-o",
+            "fit.safetensors",
+        ],
         "data",
     ),
     (["compare", "baseline.json", "old.json", "--policy", "policy.toml", "-o", "old.json"], "OLD"),
@@ -264,8 +284,16 @@ OTHER_INPUTS = [
     (["study", "c.pt", "d.pt", "--data", "data.safetensors", "-o", "d.pt"], "CKPT"),
     (["study", "c.pt", "--data", "data.safetensors", "-o", "data.safetensors"], "--data"),
     (
-        ["study", "c.pt", "--data", "data.safetensors", "--curvature-data", "fit.safetensors"]
-        + ["-o", "fit.safetensors"],
+        [
+            "study",
+            "c.pt",
+            "--data",
+            "data.safetensors",
+            "--curvature-data",
+            "fit.safetensors",
+            "-o",
+            "fit.safetensors",
+        ],
         "--curvature-data",
     ),
 ]
@@ -324,8 +352,17 @@ def test_an_output_inside_an_image_folder_is_refused(
             "x.json",
         ],
         ["calibrate", "c.pt", "--data", "data.safetensors", "-o", "x.png", "--plot", "./x.png"],
-        ["hessian", "c.pt", "--data", "data.safetensors", "-o", "p-layers.png"]
-        + ["--plot", "p.png", "--per-layer"],
+        [
+            "hessian",
+            "c.pt",
+            "--data",
+            "data.safetensors",
+            "-o",
+            "p-layers.png",
+            "--plot",
+            "p.png",
+            "--per-layer",
+        ],
     ],
     ids=["metrics", "calibrate", "hessian"],
 )
