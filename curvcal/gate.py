@@ -223,8 +223,9 @@ def run_check(
     files, and :class:`~curvcal.errors.NumericalError` when the Hessian's loss or a product is
     NaN/Inf. A gated metric that comes out non-finite is listed in ``nonfinite`` (its rows fail).
     """
+    from curvcal.fitness import check_fitness, single_class_warning
     from curvcal.load.checkpoint import CheckpointOptions, load_model
-    from curvcal.load.data import DataOptions, check_labels, load_dataset
+    from curvcal.load.data import DataOptions, load_dataset
 
     settings, sources = resolve_settings(policy, overrides)
     where = _Locator(policy, sources)
@@ -264,20 +265,22 @@ def run_check(
         trust=trust,
     )
     data = load_dataset(data_options)
-    check_labels(data, loaded.num_classes)
+    n_classes = check_fitness(loaded, data, "data")
     inputs: dict[str, Any] = {"checkpoint": loaded.describe(), "data": data.describe()}
     messages: list[str] = []
+    if n_classes == 1 and calibration_settings is not None:
+        messages.append(single_class_warning(str(checkpoint)))
+    fit = None
+    if calibration_settings is not None and method != "none" and settings["fit_data"] is not None:
+        fit = load_dataset(dataclasses.replace(data_options, spec=settings["fit_data"]))
+        check_fitness(loaded, fit, "fit_data")
+        inputs["fit_data"] = fit.describe()
     timings["load"] = time.perf_counter() - began
 
     calibration = None
     began = time.perf_counter()
     if calibration_settings is not None:
-        fit = None
-        if method != "none" and settings["fit_data"] is not None:
-            fit = load_dataset(dataclasses.replace(data_options, spec=settings["fit_data"]))
-            check_labels(fit, loaded.num_classes)
-            inputs["fit_data"] = fit.describe()
-        elif method == "none" and (settings["fit_data"] or settings["val_split"]):
+        if method == "none" and (settings["fit_data"] or settings["val_split"]):
             messages.append(
                 "the policy gates no calibrated stage, so nothing is fitted: val_split and "
                 "fit_data are unused and every sample is evaluated"

@@ -22,6 +22,7 @@ from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options
 from curvcal.errors import EXIT_OK
+from curvcal.fitness import single_class_warning
 from curvcal.report import check_output_path
 
 if TYPE_CHECKING:
@@ -73,13 +74,24 @@ def calibrate(
 
     from curvcal.calibration.analysis import analyse_calibration, analyse_val_split
     from curvcal.distributed import init_from_env, launched_by_torchrun, shutdown
-    from curvcal.inference import check_model_runs
+    from curvcal.fitness import check_fitness
     from curvcal.load.checkpoint import load_model, resolve_device
-    from curvcal.load.data import check_labels, load_dataset, stratified_split
+    from curvcal.load.data import load_dataset, stratified_split
+    from curvcal.outputs import data_inputs
     from curvcal.provenance import environment
     from curvcal.results import Report
 
-    output, reporter = start()
+    written = calibration.outputs()
+    if save_logits is not None:
+        written.append(("--save-logits", save_logits))
+    output, reporter = start(
+        inputs=[
+            ("CHECKPOINT", checkpoint),
+            *data_inputs("--data", data_options.spec),
+            *data_inputs("--fit-data", fit_data),
+        ],
+        outputs=written,
+    )
     method = calibration.method or "both"
     if method == "none" and (calibration.val_split is not None or fit_data is not None):
         raise click.UsageError("--method none fits nothing: drop --val-split/--fit-data")
@@ -107,17 +119,15 @@ def calibrate(
     context = init_from_env(loaded.device)
     trust = checkpoint_options.trust
     data = load_dataset(dataclasses.replace(data_options, trust=trust))
-    outputs = check_model_runs(
-        loaded.module, data.dataset[0][0], loaded.device, f"--data {data.spec}"
-    )
-    check_labels(data, loaded.num_classes or outputs)
+    n_classes = check_fitness(loaded, data, "--data")
     fit_loaded = None
     if fit_data is not None:
         fit_loaded = load_dataset(dataclasses.replace(data_options, spec=fit_data, trust=trust))
-        check_model_runs(
-            loaded.module, fit_loaded.dataset[0][0], loaded.device, f"--fit-data {fit_data}"
-        )
-        check_labels(fit_loaded, loaded.num_classes or outputs)
+        check_fitness(loaded, fit_loaded, "--fit-data")
+    warnings: list[str] = []
+    if n_classes == 1:
+        warnings.append(single_class_warning(str(checkpoint)))
+        reporter.warn(warnings[-1])
     timings["load"] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -140,15 +150,15 @@ def calibrate(
 
     began = time.perf_counter()
     source = f"--data {data.spec}"
-    warnings: list[str] = []
     dropped = {"data": 0, "fit_data": 0}
+    shown = len(warnings)
     logits, labels, dropped["data"] = _finite_rows(logits, labels, nan_policy, source, warnings)
     if fit_predictions is not None:
         fit_logits, fit_labels, dropped["fit_data"] = _finite_rows(
             *fit_predictions, nan_policy, f"--fit-data {fit_data}", warnings
         )
         fit_predictions = (fit_logits, fit_labels)
-    for warning in warnings:
+    for warning in warnings[shown:]:
         reporter.warn(warning)
     if fit_predictions is not None:
         analysis = analyse_calibration(

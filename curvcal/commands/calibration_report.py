@@ -72,6 +72,11 @@ class CalibrationOptions:
             **extra,
         )
 
+    def outputs(self) -> list[tuple[str, Path]]:
+        """The files these options write, as ``(option, path)``."""
+        named = (("--plot", self.plot), ("--save-calibrator", self.save_calibrator))
+        return [(option, path) for option, path in named if path is not None]
+
     def check_outputs(self, force: bool) -> None:
         """Refuse, before any work, an output file that exists (without ``--force``) or cannot
         be written, and a plot suffix that names no format."""

@@ -94,11 +94,11 @@ def check(
         setting_differences,
     )
     from curvcal.errors import InputError, NumericalError
-    from curvcal.gate import run_check
+    from curvcal.gate import resolve_settings, run_check
+    from curvcal.outputs import data_inputs
     from curvcal.provenance import environment, file_info
     from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
 
-    _options, reporter = start()
     began = time.perf_counter()
     if policy_path is None:
         policy_path = find_pyproject_policy(Path.cwd())
@@ -109,7 +109,6 @@ def check(
                 "pass --policy FILE",
             )
     policy = load_policy(policy_path)
-    baseline_report = load_report(baseline) if baseline is not None else None
     given = {
         "data": data,
         "data_root": str(data_root) if data_root is not None else None,
@@ -124,6 +123,18 @@ def check(
         "dtype": checkpoint_options.dtype,
     }
     overrides = _given_on_command_line(given)
+    settings, _sources = resolve_settings(policy, overrides)
+    inputs = [("CHECKPOINT", checkpoint), ("--policy", policy_path)]
+    if baseline is not None:
+        inputs.append(("--baseline", baseline))
+    _options, reporter = start(
+        inputs=[
+            *inputs,
+            *data_inputs("data", settings["data"]),
+            *data_inputs("fit_data", settings["fit_data"]),
+        ]
+    )
+    baseline_report = load_report(baseline) if baseline is not None else None
 
     with reporter.progress("measuring", None) as advance:
         result = run_check(
@@ -158,17 +169,17 @@ def check(
     status = STATUS_PASS if result.passed else STATUS_FAIL
     if failure is not None:
         status = STATUS_ERROR
-    inputs: dict[str, Any] = {
+    described: dict[str, Any] = {
         **result.inputs,
         "policy": file_info(policy_path),
     }
     if baseline is not None:
-        inputs["baseline"] = file_info(baseline)
+        described["baseline"] = file_info(baseline)
     report = Report(
         command="check",
         results=result,
         status=status,
-        inputs=inputs,
+        inputs=described,
         settings={**result.settings, "rules": policy.rules, "strict": strict},
         timings={**result.timings, "total": time.perf_counter() - began},
         environment=environment(),

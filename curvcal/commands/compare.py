@@ -39,7 +39,6 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     from curvcal.provenance import environment, file_info
     from curvcal.results import STATUS_FAIL, STATUS_PASS, Report
 
-    _options, reporter = start()
     if policy_path is None:
         policy_path = find_pyproject_policy(Path.cwd())
         if policy_path is None:
@@ -48,6 +47,7 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
                 "no policy given and ./pyproject.toml has no [tool.curvcal] table",
                 "pass --policy FILE",
             )
+    _options, reporter = start(inputs=[("NEW", new), ("OLD", old), ("--policy", policy_path)])
     policy = load_policy(policy_path)
     new_report, old_report = load_report(new), load_report(old)
     verdict = evaluate(policy.rules, metric_values(new_report), metric_values(old_report))

@@ -59,15 +59,24 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
     from curvcal.calibration.metrics import accuracy as top1_accuracy
     from curvcal.calibration.metrics import mean_confidence
     from curvcal.check import load_policy
+    from curvcal.fitness import check_fitness
     from curvcal.gate import run_check
     from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import CheckpointOptions, inspect_checkpoint, load_model
-    from curvcal.load.data import DataOptions, check_labels, iter_batches, load_dataset
+    from curvcal.load.data import DataOptions, iter_batches, load_dataset
     from curvcal.provenance import environment, file_info
 
-    options, reporter = start()
-    plots = _plot_paths(plot_dir, options.force) if plot_dir is not None else None
     checkpoint, policy_path = demo_checkpoint(), demo_policy()
+    named = () if plot_dir is None else (plot_dir / PLOT_NAMES[0], plot_dir / PLOT_NAMES[1])
+    options, reporter = start(
+        inputs=[
+            ("the bundled checkpoint", checkpoint),
+            ("the bundled data", demo_data()),
+            ("the bundled policy", policy_path),
+        ],
+        outputs=[("--plot-dir", path) for path in named],
+    )
+    plots = _plot_paths(plot_dir, options.force) if plot_dir is not None else None
     reporter.info(f"[bold]1. inspect[/bold] the bundled checkpoint {checkpoint.name}")
     timings: dict[str, float] = {}
     began = time.perf_counter()
@@ -78,7 +87,7 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
     began = time.perf_counter()
     loaded = load_model(checkpoint, CheckpointOptions(device="cpu"))
     data = load_dataset(DataOptions(spec="curvcal:digits"))
-    check_labels(data, loaded.num_classes)
+    check_fitness(loaded, data, "--data")
     with reporter.progress("inference", data.n_samples) as advance:
         logits, labels = predict_logits(
             loaded.module, iter_batches(data.dataset, batch_size), loaded.device, advance

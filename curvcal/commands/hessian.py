@@ -200,12 +200,16 @@ def hessian(
     The loss is averaged over every sample of --data, in eval mode unless --mode train.
     """
     from curvcal import distributed
-    from curvcal.inference import check_model_runs
+    from curvcal.fitness import check_fitness
     from curvcal.load.checkpoint import load_model, recorded_loss, resolve_device
-    from curvcal.load.data import check_labels, iter_batches, load_dataset
+    from curvcal.load.data import iter_batches, load_dataset
+    from curvcal.outputs import data_inputs
     from curvcal.provenance import environment
 
-    options, reporter = start()
+    options, reporter = start(
+        inputs=[("CHECKPOINT", checkpoint), *data_inputs("--data", data_options.spec)],
+        outputs=plot_outputs(plot, per_layer),
+    )
     began = time.perf_counter()
     plots = plot_paths(plot, per_layer, options.force) if plot is not None else None
     check_loss_options(loss, gamma)
@@ -256,8 +260,7 @@ def hessian(
         )
         _check_parameters(loaded, settings)
         data = load_dataset(dataclasses.replace(data_options, trust=checkpoint_options.trust))
-        outputs = check_model_runs(loaded.module, data.dataset[0][0], device, f"--data {data.spec}")
-        check_labels(data, loaded.num_classes or outputs)
+        check_fitness(loaded, data, "--data")
         if data.n_samples < context.world_size:
             raise InputError(
                 f"--data {data.spec}",
@@ -338,6 +341,21 @@ def check_loss_options(loss: str, gamma: float | None) -> None:
         raise InputError("--gamma", f"{gamma} is only used by --loss focal")
 
 
+def plot_outputs(path: Path | None, per_layer: bool) -> list[tuple[str, Path]]:
+    """The files ``--plot`` writes, as ``(option, path)``: the spectrum and, with
+    ``per_layer``, the per-layer chart beside it."""
+    if path is None:
+        return []
+    written = [("--plot", path)]
+    if per_layer:
+        written.append(("--plot (per-layer chart)", _layers_path(path)))
+    return written
+
+
+def _layers_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}-layers{path.suffix}")
+
+
 def plot_paths(path: Path, per_layer: bool, force: bool) -> tuple[Path, Path | None]:
     """The spectrum file and, with ``per_layer``, the per-layer file beside it
     (``spectrum.png`` -> ``spectrum-layers.png``), checked before any work."""
@@ -349,7 +367,7 @@ def plot_paths(path: Path, per_layer: bool, force: bool) -> tuple[Path, Path | N
             "--plot", f"cannot tell the format of {path}", "name a .png, .svg or .pdf file"
         )
     require_matplotlib()
-    layers = path.with_name(f"{path.stem}-layers{path.suffix}") if per_layer else None
+    layers = _layers_path(path) if per_layer else None
     for target in (path, layers):
         if target is not None:
             check_output_path(target, force)

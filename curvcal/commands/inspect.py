@@ -39,7 +39,7 @@ def inspect(checkpoint: Path, allow_globals: tuple[str, ...]) -> int:
     from curvcal.load.checkpoint import inspect_checkpoint
     from curvcal.provenance import environment, file_info
 
-    start()
+    start(inputs=[("CHECKPOINT", checkpoint)])
     began = time.perf_counter()
     info = inspect_checkpoint(checkpoint, tuple(allow_globals))
     elapsed = time.perf_counter() - began

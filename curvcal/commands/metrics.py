@@ -18,6 +18,7 @@ from curvcal.commands.calibration_report import (
     write_outputs,
 )
 from curvcal.commands.common import finish, output_options, start
+from curvcal.fitness import single_class_warning
 
 if TYPE_CHECKING:
     from curvcal.load.logits import LogitsData
@@ -85,7 +86,11 @@ def metrics(
     from curvcal.provenance import environment, file_info
     from curvcal.results import Report
 
-    output, reporter = start()
+    inputs = [("LOGITS", logits), ("--fit", fit_file), ("--apply", apply_file)]
+    output, reporter = start(
+        inputs=[(name, path) for name, path in inputs if path is not None],
+        outputs=calibration.outputs(),
+    )
     method = _resolve_method(calibration, fit_file, apply_file)
     settings = calibration.settings(method)
     calibration.check_outputs(output.force)
@@ -94,17 +99,17 @@ def metrics(
     began = time.perf_counter()
     warnings: list[str] = []
     data = load_logits(logits, input_kind, scores_key, labels_key, nan_policy)
-    inputs: dict[str, Any] = {"logits": _describe(logits, data, warnings)}
+    described: dict[str, Any] = {"logits": _describe(logits, data, warnings)}
     fit_data = None
     if fit_file is not None:
         fit_data = load_logits(fit_file, input_kind, scores_key, labels_key, nan_policy)
-        inputs["fit"] = _describe(fit_file, fit_data, warnings)
+        described["fit"] = _describe(fit_file, fit_data, warnings)
     for warning in warnings:
         reporter.warn(warning)
     calibrators = None
     if apply_file is not None:
         calibrators = load_calibrators(apply_file)
-        inputs["calibrator"] = file_info(apply_file)
+        described["calibrator"] = file_info(apply_file)
     timings["load"] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -149,7 +154,7 @@ def metrics(
     report = Report(
         command="metrics",
         results=analysis,
-        inputs=inputs,
+        inputs=described,
         settings={
             **settings_record(calibration, settings),
             "input_kind": input_kind,
@@ -198,6 +203,8 @@ def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, An
 
     info = file_info(path)
     n_samples, n_classes = data.scores.shape
+    if n_classes == 1:
+        warnings.append(single_class_warning(str(path)))
     if data.dropped_rows:
         warnings.append(
             dropped_warning(data.dropped_rows, n_samples + data.dropped_rows, str(path))

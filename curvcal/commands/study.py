@@ -140,7 +140,8 @@ def study(
     from curvcal.calibration.analysis import CalibrationSettings, analyse_val_split
     from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import load_model
-    from curvcal.load.data import check_labels, iter_batches, load_dataset, stratified_split
+    from curvcal.load.data import iter_batches, load_dataset, stratified_split
+    from curvcal.outputs import data_inputs
     from curvcal.provenance import environment
     from curvcal.results import Report
     from curvcal.study import (
@@ -152,10 +153,17 @@ def study(
         rank_correlations,
     )
 
-    output, reporter = start()
+    paths = expand_checkpoints(checkpoints)
+    output, reporter = start(
+        inputs=[
+            *(("CKPT", path) for path in paths),
+            *data_inputs("--data", data_options.spec),
+            *data_inputs("--curvature-data", curvature_data),
+        ],
+        outputs=[("--plot", path) for path in _plot_files(plot_dir).values()],
+    )
     began = time.perf_counter()
     check_loss_options(loss, gamma)
-    paths = expand_checkpoints(checkpoints)
     plots = _plot_paths(plot_dir, output.force)
     curvature_settings = CurvatureSettings(
         method=method, tol=tol, max_iter=max_iter, probes=probes, seed=seed
@@ -172,6 +180,7 @@ def study(
             dataclasses.replace(data_options, spec=curvature_data, trust=trust)
         )
     fit_idx, eval_idx = stratified_split(data.labels, val_split, seed)
+    check_every_checkpoint(paths, checkpoint_options, data, hessian_data, curvature_data)
 
     rows: list[StudyRow] = []
     inputs: list[dict[str, Any]] = []
@@ -179,8 +188,6 @@ def study(
         for path in paths:
             with naming_the_checkpoint(path):
                 loaded = load_model(path, checkpoint_options)
-                check_labels(data, loaded.num_classes)
-                check_labels(hessian_data, loaded.num_classes)
                 trained_loss, trained_gamma, penalty = training_loss(loaded)
                 hessian_loss, hessian_gamma = _hessian_loss(loaded, loss, gamma)
 
@@ -245,6 +252,28 @@ def study(
         environment=environment(loaded.device),
     )
     return finish(report, study_tables(result))
+
+
+def check_every_checkpoint(
+    paths: list[Path],
+    options: CheckpointOptions,
+    data: LoadedData,
+    hessian_data: LoadedData,
+    curvature_data: str | None,
+) -> None:
+    """Every checkpoint loads and fits --data (and --curvature-data) before any is measured,
+    so a misfit late in the list stops the run in seconds, not after the others' passes. Each
+    model is dropped after its check (the loop reloads it) to hold one model at a time."""
+    from curvcal.fitness import check_fitness
+    from curvcal.load.checkpoint import load_model
+
+    for path in paths:
+        with naming_the_checkpoint(path):
+            loaded = load_model(path, options)
+            check_fitness(loaded, data, "--data")
+            if curvature_data is not None:
+                check_fitness(loaded, hessian_data, "--curvature-data")
+            del loaded
 
 
 def expand_checkpoints(arguments: tuple[str, ...]) -> list[Path]:
@@ -335,10 +364,17 @@ def _plot_paths(plot_dir: Path | None, force: bool) -> dict[str, Path] | None:
     if plot_dir.exists() and not plot_dir.is_dir():
         raise InputError("--plot", f"{plot_dir} is not a directory")
     plot_dir.mkdir(parents=True, exist_ok=True)
-    paths = {key: plot_dir / name for key, name in PLOT_FILES.items()}
+    paths = _plot_files(plot_dir)
     for path in paths.values():
         check_output_path(path, force)
     return paths
+
+
+def _plot_files(plot_dir: Path | None) -> dict[str, Path]:
+    """The files ``--plot DIR`` writes (none without it)."""
+    if plot_dir is None:
+        return {}
+    return {key: plot_dir / name for key, name in PLOT_FILES.items()}
 
 
 def column_provenance(
