@@ -299,3 +299,22 @@ def test_readme_policy_is_read_and_runs(tmp_path: Path, run_cli, monkeypatch) ->
     monkeypatch.chdir(tmp_path)
     result = run_cli("check", demo_checkpoint(), "--policy", path, "--json")
     assert result.code in (0, 1), result.output
+
+
+@pytest.mark.parametrize("script", ["examples/digits/train.py", "examples/reproduce/train.py"])
+def test_example_scripts_take_the_options_their_docstrings_show(
+    script: str, monkeypatch, capsys
+) -> None:
+    """The usage line of each example script names only options its parser has (the training
+    runs themselves take minutes; README's study block runs reproduce/train.py for one epoch)."""
+    text = (ROOT / script).read_text()
+    usage = re.search(rf"^\s*python {re.escape(script)} (.*)$", text, re.MULTILINE)
+    assert usage, script
+    shown = set(re.findall(r"--[a-z][a-z-]*", usage.group(1)))
+    assert shown
+    monkeypatch.setattr(sys, "argv", [str(ROOT / script), "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(ROOT / script), run_name="__main__")
+    assert exit_info.value.code == 0
+    helped = capsys.readouterr().out
+    assert all(option in helped for option in shown), (shown, helped)
