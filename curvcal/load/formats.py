@@ -367,15 +367,16 @@ def pt2_weight_specs(path: Path) -> tuple[TensorSpec, ...]:
         raise InputError(str(path), f"corrupt pt2 archive ({_one_line(exc)})") from exc
     if raw is None:
         return ()
-    try:
-        config = json.loads(raw)["config"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return ()
     specs = []
-    for name, entry in config.items():
-        meta = entry.get("tensor_meta", {})
-        shape = tuple(int(s.get("as_int", -1)) for s in meta.get("sizes", []))
-        specs.append(TensorSpec(name, shape, _pt2_dtype(meta.get("dtype"))))
+    # the listing is informative only (an exported program is never loaded without trust):
+    # a config that is not UTF-8 JSON of the expected shape lists no weights
+    try:
+        for name, entry in json.loads(raw)["config"].items():
+            meta = entry.get("tensor_meta", {})
+            shape = tuple(int(s.get("as_int", -1)) for s in meta.get("sizes", []))
+            specs.append(TensorSpec(name, shape, _pt2_dtype(meta.get("dtype"))))
+    except (ValueError, KeyError, TypeError, AttributeError):  # ValueError: bad UTF-8 or JSON
+        return ()
     return tuple(specs)
 
 

@@ -133,3 +133,23 @@ def test_legacy_checkpoint_cut_anywhere_near_its_end(tmp_path: Path, run_cli) ->
         assert result.code == 2, (cut, result.output)
         assert result.stderr.count("curvcal: error:") == 1, (cut, result.stderr)
         assert "internal error" not in result.stderr, (cut, result.stderr)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [b'{"config": {"w": "\xe5"}}', b'{"config": [1]}', b'{"config": {"w": {"tensor_meta": 3}}}'],
+    ids=["not-utf8", "not-a-table", "entry-not-a-table"],
+)
+def test_exported_program_with_a_corrupt_weights_config_is_listed_without_weights(
+    config: bytes, tmp_path: Path, run_cli
+) -> None:
+    """inspect reads an exported program's weight list from its JSON config; a config that is
+    not UTF-8 JSON of that shape lists no weights instead of ending in "internal error"."""
+    path = tmp_path / "exp.pt2"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("exp/archive_format", "pt2")
+        archive.writestr("exp/data/weights/model_weights_config.json", config)
+    result = run_cli("inspect", path, "--json")
+    assert result.code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["results"]["format"] == "exported_program", report["results"]
