@@ -26,6 +26,7 @@ import json
 import math
 import pickle
 import re
+import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -475,7 +476,19 @@ def _weights_only_load(path: Path, allowed: list[Any]) -> Any:
                 _TRUST_HINT,
             ) from exc
         raise InputError(str(path), f"corrupt pickle: {_one_line(exc)}") from exc
-    except (RuntimeError, EOFError, ValueError, OSError, IndexError, KeyError) as exc:
+    except (
+        RuntimeError,
+        EOFError,
+        ValueError,
+        OSError,
+        IndexError,
+        KeyError,
+        # a corrupt legacy pickle calls torch's allow-listed rebuild functions with the wrong
+        # arguments, or names a storage it never defines
+        TypeError,
+        AssertionError,
+        struct.error,  # a legacy file cut inside a storage's size
+    ) as exc:
         raise InputError(
             str(path), f"cannot be read (truncated or corrupt?): {_one_line(exc)}"
         ) from exc

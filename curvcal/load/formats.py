@@ -24,6 +24,7 @@ import pickle
 import pickletools
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,7 +127,14 @@ def _sniff_zip(path: Path) -> Container:
             names = archive.namelist()
             bad = archive.testzip()
             archive_format = _read_member(archive, names, "archive_format")
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+    except (
+        zipfile.BadZipFile,
+        OSError,
+        EOFError,
+        ValueError,
+        NotImplementedError,  # an unsupported zip version or compression method
+        zlib.error,  # a deflated member that does not inflate
+    ) as exc:
         raise InputError(what, f"truncated or corrupt zip archive ({_one_line(exc)})") from exc
     if bad is not None:
         raise InputError(what, f"corrupt zip archive (member {bad} fails its CRC check)")
@@ -182,17 +190,40 @@ def _safetensors_header(path: Path, size: int) -> dict[str, Any] | None:
     data_end = 0
     for name, entry in header.items():
         if name == "__metadata__":
+            if entry is not None and not (
+                isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())
+            ):
+                raise InputError(str(path), "corrupt safetensors header (__metadata__)")
             continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2):
+        if not _safetensors_entry_ok(entry):
             raise InputError(str(path), f"corrupt safetensors header (entry {name!r})")
-        data_end = max(data_end, int(offsets[1]))
+        data_end = max(data_end, entry["data_offsets"][1])
     if 8 + length + data_end > size:
         raise InputError(
             str(path),
             f"truncated safetensors file ({size} bytes, the header describes {8 + length + data_end})",
         )
     return header
+
+
+def _safetensors_entry_ok(entry: Any) -> bool:
+    """A tensor entry as the format defines it: a dtype name, a shape of naturals and two
+    ordered offsets (everything later code reads from the header without checking again)."""
+
+    def natural(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return False
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    return (
+        isinstance(shape, list)
+        and all(natural(d) for d in shape)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(natural(o) for o in offsets)
+        and offsets[0] <= offsets[1]
+    )
 
 
 def safetensors_specs(header: Mapping[str, Any]) -> tuple[TensorSpec, ...]:
@@ -229,10 +260,25 @@ _SAFETENSORS_DTYPES = {
 def _pickle_stream(path: Path, container: Container) -> BinaryIO:
     """The main pickle of a torch zip (in memory), or the legacy file itself."""
     if container.kind == "torch-legacy":
-        return path.open("rb")
+        return _BoundedReader(path)
     with zipfile.ZipFile(path) as archive:
         data = _read_member(archive, archive.namelist(), container.pickle_name or "data.pkl")
     return io.BytesIO(data or b"")
+
+
+class _BoundedReader(io.FileIO):
+    """A file whose reads never ask for more than what is left of it: a corrupt length in a
+    pickle opcode (up to 2**64) then reads short, which the opcode reader reports as a
+    ValueError, instead of allocating that many bytes first."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is not None and size > 0:
+            size = min(size, max(0, self._size - self.tell()))
+        return super().read(size)
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, "rb")
+        self._size = path.stat().st_size
 
 
 def pickle_globals(stream: BinaryIO, n_pickles: int = 1, object_index: int = 0) -> PickleGlobals:
@@ -345,15 +391,16 @@ def pt2_weight_specs(path: Path) -> tuple[TensorSpec, ...]:
         raise InputError(str(path), f"corrupt pt2 archive ({_one_line(exc)})") from exc
     if raw is None:
         return ()
-    try:
-        config = json.loads(raw)["config"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return ()
     specs = []
-    for name, entry in config.items():
-        meta = entry.get("tensor_meta", {})
-        shape = tuple(int(s.get("as_int", -1)) for s in meta.get("sizes", []))
-        specs.append(TensorSpec(name, shape, _pt2_dtype(meta.get("dtype"))))
+    # the listing is informative only (an exported program is never loaded without trust):
+    # a config that is not UTF-8 JSON of the expected shape lists no weights
+    try:
+        for name, entry in json.loads(raw)["config"].items():
+            meta = entry.get("tensor_meta", {})
+            shape = tuple(int(s.get("as_int", -1)) for s in meta.get("sizes", []))
+            specs.append(TensorSpec(name, shape, _pt2_dtype(meta.get("dtype"))))
+    except (ValueError, KeyError, TypeError, AttributeError):  # ValueError: bad UTF-8 or JSON
+        return ()
     return tuple(specs)
 
 
