@@ -114,7 +114,7 @@ def plain_pickle_globals(path: Path) -> tuple[str, ...]:
     """Every global a plain (non-torch) pickle file would import, read opcode by opcode without
     running anything; :class:`InputError` when the pickle is truncated or corrupt."""
     try:
-        with path.open("rb") as stream:
+        with _BoundedReader(path) as stream:
             return pickle_globals(stream).names
     except (ValueError, EOFError, IndexError, struct.error) as exc:
         raise InputError(str(path), f"truncated or corrupt pickle ({_one_line(exc)})") from exc
