@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ from curvcal.check import (
     setting_location,
 )
 from curvcal.errors import InputError, NumericalError
+from curvcal.progress import OnStageStep as OnStep  # stage: inference, calibration, hessian:<stage>
 from curvcal.results import to_jsonable
 
 if TYPE_CHECKING:
@@ -95,9 +96,6 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "loss": ("ce", "focal", "own"),
 }
 _TRACE_METHODS = ("hutchinson", "hutchpp")
-
-OnStep = Callable[[str, int], None]
-"""Progress: the stage (``inference``, ``calibration``, ``hessian:<stage>``) and a count."""
 
 
 @dataclass(frozen=True)

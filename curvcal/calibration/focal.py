@@ -1,4 +1,4 @@
-"""Focal loss and the focal calibration map (Komisarenko & Kull 2024; Charoenphakdee et al. 2021).
+"""The focal calibration map (Komisarenko & Kull 2024; Charoenphakdee et al. 2021).
 
 Per-class focal loss -(1 - q)^γ log q has negated derivative
 
@@ -17,25 +17,13 @@ the denominator by logaddexp, and a final log-softmax.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
-from curvcal.errors import InputError
+# The loss itself lives with the other losses; re-exported here, where it was first public.
+from curvcal.losses import FLSD53, check_gamma, focal_loss
 
-FLSD53 = "flsd53"
-
-
-def check_gamma(gamma: float, what: str = "gamma") -> float:
-    """A finite γ >= 0 as a float, else :class:`InputError`."""
-    if (
-        isinstance(gamma, bool)
-        or not isinstance(gamma, int | float)
-        or not (0 <= gamma < float("inf"))
-    ):
-        raise InputError(what, f"gamma must be a finite number >= 0, got {gamma!r}")
-    return float(gamma)
+__all__ = ["FLSD53", "check_gamma", "focal_calibration_map", "focal_loss", "inverse_g_log"]
 
 
 def inverse_g_log(logp: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -84,45 +72,3 @@ def focal_calibration_map(logp: torch.Tensor, gamma: float) -> torch.Tensor:
     )
     mapped = torch.log_softmax(torch.where(one_hot_row[:, None], logp, raw), dim=1)
     return torch.where(one_hot_row[:, None], logp, mapped)
-
-
-def focal_loss(
-    logits: torch.Tensor, labels: torch.Tensor, gamma: float | str, reduction: str = "mean"
-) -> torch.Tensor:
-    """Focal loss -(1 - p_y)^γ log p_y with p = softmax(logits), differentiable in ``logits``.
-
-    ``gamma`` is a number >= 0 or ``"flsd53"`` (Mukhoti et al. 2020: γ = 5 where p_y < 0.2,
-    else 3). The sample-dependent γ is a constant for the gradient. ``reduction`` is
-    ``"mean"`` (default), ``"sum"`` or ``"none"``. Computed in the dtype of ``logits``.
-    """
-    if logits.ndim != 2:
-        raise InputError(
-            "logits", f"must be 2-D (samples × classes), got shape {tuple(logits.shape)}"
-        )
-    if labels.ndim != 1 or labels.shape[0] != logits.shape[0]:
-        raise InputError(
-            "labels",
-            f"need one label per row: shape {tuple(labels.shape)} for {logits.shape[0]} rows",
-        )
-    if reduction not in ("mean", "sum", "none"):
-        raise InputError("reduction", f"unknown reduction {reduction!r}", "mean, sum or none")
-    logp_y = torch.log_softmax(logits, dim=1).gather(1, labels[:, None].to(torch.int64))[:, 0]
-    p_y = torch.exp(logp_y)
-    gamma_per_sample: Any
-    if isinstance(gamma, str):
-        if gamma.lower() != FLSD53:
-            raise InputError(
-                "gamma", f"unknown focal-loss gamma {gamma!r}", "a number >= 0 or flsd53"
-            )
-        with torch.no_grad():
-            gamma_per_sample = torch.where(p_y.detach() < 0.2, 5.0, 3.0).to(logits.dtype)
-    else:
-        gamma_per_sample = check_gamma(gamma)
-    # (1 - p)^γ with 0^0 = 1, written as a power of -expm1(log p) for accuracy near p = 1.
-    modulating = torch.pow(-torch.expm1(logp_y), gamma_per_sample)
-    loss = -modulating * logp_y
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    return loss

@@ -95,9 +95,11 @@ class Calibrator:
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
         """float64 log-probabilities of the calibrated ``scores`` (N×K tensor)."""
-        from curvcal.calibration.scaling import apply_calibrator
+        from curvcal.calibration.maps import calibrated_log_probabilities
 
-        return apply_calibrator(self, scores, kind, source)
+        return calibrated_log_probabilities(
+            scores, kind, source, self.temperature, self.gamma, identity=self.method == "none"
+        )
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "calibrator") -> Calibrator:

@@ -38,6 +38,7 @@ from curvcal.calibration.inputs import (
     class_labels,
     log_probabilities,
 )
+from curvcal.calibration.maps import calibrated as _calibrated
 from curvcal.calibration.metrics import binned_errors
 from curvcal.calibration.results import (
     Calibrator,
@@ -151,11 +152,6 @@ class _Scores:
 
     def scaled_log_probs(self, s: float, gamma: float) -> list[torch.Tensor]:
         return [_calibrated(block, s, gamma) for _, block in self.chunks()]
-
-
-def _calibrated(logp: torch.Tensor, s: float, gamma: float) -> torch.Tensor:
-    scaled = torch.log_softmax(s * logp, dim=1)
-    return focal_calibration_map(scaled, gamma) if gamma else scaled
 
 
 def _objective(
@@ -528,13 +524,4 @@ def apply_calibrator(
     calibrator: Calibrator, scores: Any, kind: str = "logits", source: str = "scores"
 ) -> torch.Tensor:
     """Apply a :class:`Calibrator` to N×K scores; returns float64 log-probabilities."""
-    logp = log_probabilities(scores, kind, source)
-    if calibrator.method == "none":
-        return logp
-    out = torch.empty_like(logp)
-    step = chunk_rows(logp.shape[1])
-    for start in range(0, logp.shape[0], step):
-        out[start : start + step] = _calibrated(
-            logp[start : start + step], 1.0 / calibrator.temperature, calibrator.gamma
-        )
-    return out
+    return calibrator.apply(scores, kind, source)

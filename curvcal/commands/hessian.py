@@ -635,7 +635,7 @@ def _density_table(analysis: HessianAnalysis) -> Table:
 
 def _run_table(analysis: HessianAnalysis, device: str) -> Table:
     op = analysis.operator
-    loss = op["loss"] if op["loss"] == "ce" else f"{op['loss']} (γ = {op['gamma']:g})"
+    loss = op["loss"] if op["loss"] != "focal" else f"{op['loss']} (γ = {op['gamma']:g})"
     engine = op["engine"] + (" (fallback)" if op.get("engine_fallback") else "")
     rows = [
         ("loss", f"{loss}, mean over all samples = {fmt_float(op['mean_loss'], 6)}"),

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 
 import torch
 from scipy.special import stdtrit
@@ -28,11 +27,10 @@ from torch import Tensor
 from curvcal.curvature.operators import LinearOperator, as_operator
 from curvcal.curvature.results import ConvergenceWarning, TraceResult
 from curvcal.errors import InputError
+from curvcal.progress import OnStep
 
 DISTRIBUTIONS = ("rademacher", "gaussian")
 METHODS = ("hutchinson", "hutch++")
-
-OnStep = Callable[[int], None] | None
 
 
 def draw_probes(n_params: int, count: int, distribution: str, generator: torch.Generator) -> Tensor:

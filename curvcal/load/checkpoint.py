@@ -69,7 +69,13 @@ ARCH_METADATA_KEY = "curvcal.arch"
 ARCH_KWARGS_METADATA_KEY = "curvcal.arch_kwargs"
 LOSS_METADATA_KEY = "curvcal.loss"
 GAMMA_METADATA_KEY = "curvcal.gamma"
-_LOSS_NAMES = {"ce": "ce", "cross_entropy": "ce", "cross-entropy": "ce", "focal": "focal"}
+_LOSS_NAMES = {
+    "ce": "ce",
+    "cross_entropy": "ce",
+    "cross-entropy": "ce",
+    "focal": "focal",
+    "flsd53": "flsd53",
+}
 EXPORTED_MODE_NOTE = (
     "exported programs keep the train/eval mode they were exported in; eval()/train() cannot "
     "switch them"
@@ -244,9 +250,11 @@ def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
 def recorded_loss(loaded: LoadedModel) -> tuple[str, float]:
     """The training loss a checkpoint records in its metadata, as ``(criterion, gamma)``.
 
-    ``curvcal.loss`` is ``ce`` (also ``cross_entropy``) or ``focal``; ``curvcal.gamma`` is the
-    focal γ (required for ``focal``; absent or 0 for ``ce``). Raises :class:`InputError`, naming
-    the checkpoint, when the metadata is missing or unusable.
+    ``curvcal.loss`` is ``ce`` (also ``cross_entropy``), ``focal`` or ``flsd53``;
+    ``curvcal.gamma`` is the focal γ (required for ``focal``; absent or 0 for ``ce`` and
+    ``flsd53``, whose γ is per sample). :func:`curvcal.losses.loss_from_name` turns the pair into
+    a loss. Raises :class:`InputError`, naming the checkpoint, when the metadata is missing or
+    unusable.
     """
     where = str(loaded.path)
     hint = "pass --loss ce or --loss focal --gamma G"
@@ -273,9 +281,9 @@ def recorded_loss(loaded: LoadedModel) -> tuple[str, float]:
         ) from None
     if not math.isfinite(gamma) or gamma < 0:
         raise InputError(where, f"metadata {GAMMA_METADATA_KEY} is {gamma_raw!r}; γ must be ≥ 0")
-    if criterion == "ce" and gamma != 0:
+    if criterion != "focal" and gamma != 0:
         raise InputError(
-            where, f"metadata says loss ce with {GAMMA_METADATA_KEY} {gamma_raw!r}", hint
+            where, f"metadata says loss {criterion} with {GAMMA_METADATA_KEY} {gamma_raw!r}", hint
         )
     return criterion, gamma
 

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
-from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.results import ConvergenceWarning
 from curvcal.errors import InputError
 
