@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from curvcal.check import (
+from curvcal.errors import InputError, NumericalError
+from curvcal.policy.parse import (
     CALIBRATION_METRICS,
     MetricValue,
     Policy,
@@ -38,7 +39,6 @@ from curvcal.check import (
     metric_values,
     setting_location,
 )
-from curvcal.errors import InputError, NumericalError
 from curvcal.results import to_jsonable
 
 if TYPE_CHECKING:

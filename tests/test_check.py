@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from curvcal.check import (
+from curvcal.errors import InputError
+from curvcal.policy.parse import (
     METRICS,
     MetricValue,
     Rule,
@@ -19,7 +20,6 @@ from curvcal.check import (
     metric_paths,
     metric_values,
 )
-from curvcal.errors import InputError
 
 GOOD = """\
 # release gate

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from curvcal.assets import demo_checkpoint
-from curvcal.check import MetricValue, Rule, load_policy
 from curvcal.errors import InputError
 from curvcal.gate import DEFAULTS, measured_values, needs, resolve_settings, run_check
+from curvcal.policy.parse import MetricValue, Rule, load_policy
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -9,7 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from curvcal.commands.calibration_report import (
+from curvcal.commands.checkpoint_options import checkpoint_options
+from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.data_options import data_options
+from curvcal.errors import EXIT_OK
+from curvcal.report.calibration import (
     CalibrationOptions,
     calibration_options,
     calibration_tables,
@@ -18,11 +22,7 @@ from curvcal.commands.calibration_report import (
     settings_record,
     write_outputs,
 )
-from curvcal.commands.checkpoint_options import checkpoint_options
-from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.data_options import data_options
-from curvcal.errors import EXIT_OK
-from curvcal.report import check_output_path
+from curvcal.report.tables import check_output_path
 
 if TYPE_CHECKING:
     import torch

@@ -16,12 +16,12 @@ from click.core import ParameterSource
 
 from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.verdict import verdict_table
+from curvcal.report.verdict import verdict_table
 
 if TYPE_CHECKING:
     from curvcal.gate import CheckResult
     from curvcal.load.checkpoint import CheckpointOptions
-    from curvcal.report import Table
+    from curvcal.report.tables import Table
 
 # Command-line parameter -> the policy setting it overrides.
 _OVERRIDES = {
@@ -86,15 +86,15 @@ def check(
     Exit 0 when every bound holds, 1 when one fails, 2 for bad input, 3 for a
     numerical failure (a gated metric NaN/Inf; an estimate unconverged under --strict).
     """
-    from curvcal.check import (
+    from curvcal.errors import InputError, NumericalError
+    from curvcal.gate import run_check
+    from curvcal.policy.parse import (
         find_pyproject_policy,
         load_policy,
         load_report,
         metric_values,
         setting_differences,
     )
-    from curvcal.errors import InputError, NumericalError
-    from curvcal.gate import run_check
     from curvcal.provenance import environment, file_info
     from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
 
@@ -195,7 +195,7 @@ def _given_on_command_line(values: dict[str, Any]) -> dict[str, Any]:
 
 def check_tables(result: CheckResult, title: str) -> list[Table]:
     """The verdict table, then the settings that shaped the numbers and where each came from."""
-    from curvcal.report import Table
+    from curvcal.report.tables import Table
 
     shown = [
         (name, _setting_text(value), result.sources[name])

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import click
 
-from curvcal.commands.calibration_report import calibration_tables, reliability_panels
 from curvcal.commands.check import check_tables
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.hessian import hessian_tables
 from curvcal.commands.inspect import inspect_tables
 from curvcal.errors import InputError
-from curvcal.report import Table, fmt_float
+from curvcal.report.calibration import calibration_tables, reliability_panels
+from curvcal.report.tables import Table, fmt_float
 from curvcal.results import STATUS_OK, Report
 
 PLOT_NAMES = ("reliability.png", "spectrum.png")
@@ -58,11 +58,11 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
     from curvcal.assets import demo_checkpoint, demo_data, demo_policy
     from curvcal.calibration.metrics import accuracy as top1_accuracy
     from curvcal.calibration.metrics import mean_confidence
-    from curvcal.check import load_policy
     from curvcal.gate import run_check
     from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import CheckpointOptions, inspect_checkpoint, load_model
     from curvcal.load.data import DataOptions, check_labels, iter_batches, load_dataset
+    from curvcal.policy.parse import load_policy
     from curvcal.provenance import environment, file_info
 
     options, reporter = start()
@@ -109,7 +109,7 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
     assert result.hessian is not None and result.calibration is not None
 
     if plots is not None:
-        from curvcal.plot import reliability_diagram, spectrum_plot
+        from curvcal.report.plots import reliability_diagram, spectrum_plot
 
         reliability_diagram(reliability_panels(result.calibration), plots[0])
         spectrum_plot(list(result.hessian.spectrum.eigenvalues), plots[1])
@@ -167,8 +167,8 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
 
 def _plot_paths(plot_dir: Path, force: bool) -> tuple[Path, Path]:
     """The demo's plot files in ``plot_dir``, checked before any work."""
-    from curvcal.plot import require_matplotlib
-    from curvcal.report import check_output_path
+    from curvcal.report.plots import require_matplotlib
+    from curvcal.report.tables import check_output_path
 
     require_matplotlib()
     if plot_dir.exists() and not plot_dir.is_dir():

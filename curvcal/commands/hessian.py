@@ -27,7 +27,7 @@ from curvcal.curvature.results import HessianAnalysis
 from curvcal.errors import EXIT_NUMERICAL, EXIT_OK, InputError, NumericalError
 from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
 from curvcal.load.data import DataOptions
-from curvcal.report import Table, fmt_float
+from curvcal.report.tables import Table, fmt_float
 from curvcal.results import STATUS_ERROR, STATUS_OK, Report
 
 LOSSES = ("ce", "focal", "own")
@@ -341,8 +341,8 @@ def check_loss_options(loss: str, gamma: float | None) -> None:
 def plot_paths(path: Path, per_layer: bool, force: bool) -> tuple[Path, Path | None]:
     """The spectrum file and, with ``per_layer``, the per-layer file beside it
     (``spectrum.png`` -> ``spectrum-layers.png``), checked before any work."""
-    from curvcal.plot import SUFFIXES, require_matplotlib
-    from curvcal.report import check_output_path
+    from curvcal.report.plots import SUFFIXES, require_matplotlib
+    from curvcal.report.tables import check_output_path
 
     if path.suffix.lower() not in SUFFIXES:
         raise InputError(
@@ -359,7 +359,7 @@ def plot_paths(path: Path, per_layer: bool, force: bool) -> tuple[Path, Path | N
 def write_plots(analysis: HessianAnalysis, spectrum_path: Path, layers_path: Path | None) -> None:
     """The top-k eigenvalues (with the SLQ density beside them when measured) and, when asked
     and measured, λmax and trace per module."""
-    from curvcal.plot import per_layer_plot, spectrum_plot
+    from curvcal.report.plots import per_layer_plot, spectrum_plot
 
     density = analysis.density
     spectrum_plot(

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from curvcal.load.checkpoint import CheckpointInfo
 
 from curvcal.commands.common import finish, output_options, start
-from curvcal.report import Table
+from curvcal.report.tables import Table
 from curvcal.results import Report
 
 TENSOR_ROWS = 40

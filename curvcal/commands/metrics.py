@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from curvcal.commands.calibration_report import (
+from curvcal.commands.common import finish, output_options, start
+from curvcal.report.calibration import (
     CalibrationOptions,
     calibration_options,
     calibration_tables,
@@ -17,7 +18,6 @@ from curvcal.commands.calibration_report import (
     settings_record,
     write_outputs,
 )
-from curvcal.commands.common import finish, output_options, start
 
 if TYPE_CHECKING:
     from curvcal.load.logits import LogitsData

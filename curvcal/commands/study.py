@@ -23,7 +23,7 @@ from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.commands.hessian import check_loss_options
 from curvcal.errors import CurvcalError, InputError
-from curvcal.report import Table, check_output_path, fmt_float
+from curvcal.report.tables import Table, check_output_path, fmt_float
 
 if TYPE_CHECKING:
     from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
@@ -326,7 +326,7 @@ def _plot_paths(plot_dir: Path | None, force: bool) -> dict[str, Path] | None:
     """The plot files, checked before any work (the folder is created if missing)."""
     if plot_dir is None:
         return None
-    from curvcal.plot import require_matplotlib
+    from curvcal.report.plots import require_matplotlib
 
     require_matplotlib()
     if plot_dir.exists() and not plot_dir.is_dir():
@@ -467,7 +467,7 @@ def correlation_table(correlations: tuple[Correlation, ...]) -> Table:
 def draw_plots(result: StudyResult, paths: dict[str, Path]) -> None:
     """λmax against the training γ (checkpoints trained with ce or a fixed-γ focal loss only)
     and tr(H) against ECE (every checkpoint)."""
-    from curvcal.plot import scatter_plot
+    from curvcal.report.plots import scatter_plot
 
     fixed = [row for row in result.rows if row.training_gamma is not None]
     scatter_plot(

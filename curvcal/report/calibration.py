@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from curvcal.report import Table, check_output_path, fmt_float, write_atomic
+from curvcal.report.tables import Table, check_output_path, fmt_float, write_atomic
 
 if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis, CalibrationSettings
@@ -79,7 +79,7 @@ class CalibrationOptions:
             if path is not None:
                 check_output_path(path, force)
         if self.plot is not None:
-            from curvcal.plot import SUFFIXES, require_matplotlib
+            from curvcal.report.plots import SUFFIXES, require_matplotlib
 
             if self.plot.suffix.lower() not in SUFFIXES:
                 raise click.BadParameter(
@@ -213,14 +213,14 @@ def write_outputs(analysis: CalibrationAnalysis, options: CalibrationOptions) ->
 
         write_atomic(options.save_calibrator, calibrators_json(analysis.calibrators()))
     if options.plot is not None:
-        from curvcal.plot import reliability_diagram
+        from curvcal.report.plots import reliability_diagram
 
         reliability_diagram(reliability_panels(analysis), options.plot)
 
 
 def reliability_panels(analysis: CalibrationAnalysis) -> list[Any]:
     """One reliability panel per evaluated stage, from the equal-width bins of the metrics."""
-    from curvcal.plot import ReliabilityBin, ReliabilityPanel
+    from curvcal.report.plots import ReliabilityBin, ReliabilityPanel
 
     panels = []
     for stage, metrics in analysis.evaluation.present():
