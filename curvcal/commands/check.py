@@ -88,13 +88,8 @@ def check(
     """
     from curvcal.errors import InputError, NumericalError
     from curvcal.gate import run_check
-    from curvcal.policy.parse import (
-        find_pyproject_policy,
-        load_policy,
-        load_report,
-        metric_values,
-        setting_differences,
-    )
+    from curvcal.policy.baseline import load_report, metric_values, setting_differences
+    from curvcal.policy.parse import find_pyproject_policy, load_policy
     from curvcal.provenance import environment, file_info
     from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
 

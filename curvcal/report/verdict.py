@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from curvcal.policy.parse import Verdict, VerdictRow
+from curvcal.policy.evaluate import Verdict, VerdictRow
 from curvcal.report.tables import Table, fmt_float
 
 VERDICT_COLUMNS = ("metric", "value", "bound", "baseline", "change", "result", "note")
