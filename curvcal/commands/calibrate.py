@@ -9,19 +9,19 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from curvcal.commands.checkpoint_options import checkpoint_options
-from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.data_options import data_options
-from curvcal.errors import EXIT_OK
-from curvcal.report.calibration import (
+from curvcal.commands.calibration_options import (
     CalibrationOptions,
     calibration_options,
-    calibration_tables,
     dropped_warning,
     nan_policy_option,
     settings_record,
     write_outputs,
 )
+from curvcal.commands.checkpoint_options import checkpoint_options
+from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.data_options import data_options
+from curvcal.errors import EXIT_OK
+from curvcal.report.calibration import calibration_tables
 from curvcal.report.tables import check_output_path
 
 if TYPE_CHECKING:

@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from curvcal.commands.common import finish, output_options, start
-from curvcal.report.calibration import (
+from curvcal.commands.calibration_options import (
     CalibrationOptions,
     calibration_options,
-    calibration_tables,
     dropped_warning,
     nan_policy_option,
     settings_record,
     write_outputs,
 )
+from curvcal.commands.common import finish, output_options, start
+from curvcal.report.calibration import calibration_tables
 
 if TYPE_CHECKING:
     from curvcal.load.logits import LogitsData
