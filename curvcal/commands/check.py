@@ -16,12 +16,10 @@ from click.core import ParameterSource
 
 from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
-from curvcal.report.verdict import verdict_table
+from curvcal.report.verdict import check_tables
 
 if TYPE_CHECKING:
-    from curvcal.gate import CheckResult
     from curvcal.load.checkpoint import CheckpointOptions
-    from curvcal.report.tables import Table
 
 # Command-line parameter -> the policy setting it overrides.
 _OVERRIDES = {
@@ -186,34 +184,3 @@ def _given_on_command_line(values: dict[str, Any]) -> dict[str, Any]:
             continue
         overrides[setting] = values[setting]
     return overrides
-
-
-def check_tables(result: CheckResult, title: str) -> list[Table]:
-    """The verdict table, then the settings that shaped the numbers and where each came from."""
-    from curvcal.report.tables import Table
-
-    shown = [
-        (name, _setting_text(value), result.sources[name])
-        for name, value in result.settings.items()
-        if result.sources[name] != "default"
-    ]
-    tables = [verdict_table(result.verdict, title)]
-    if shown:
-        tables.append(
-            Table(
-                title="settings",
-                columns=("setting", "value", "from"),
-                rows=tuple(shown),
-                caption="an option on the command line overrides the policy; settings not "
-                "shown are at their defaults",
-            )
-        )
-    return tables
-
-
-def _setting_text(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
-    if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value)
-    return str(value)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import click
 
-from curvcal.commands.check import check_tables
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.hessian import hessian_tables
-from curvcal.commands.inspect import inspect_tables
 from curvcal.errors import InputError
 from curvcal.report.calibration import calibration_tables, reliability_panels
-from curvcal.report.tables import Table, fmt_float
+from curvcal.report.demo import digits_table
+from curvcal.report.hessian import hessian_tables
+from curvcal.report.inspect import inspect_tables
+from curvcal.report.verdict import check_tables
 from curvcal.results import STATUS_OK, Report
 
 PLOT_NAMES = ("reliability.png", "spectrum.png")
@@ -142,19 +142,9 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
         environment=environment(loaded.device),
         warnings=list(result.warnings),
     )
-    summary = Table(
-        title="held-out digits",
-        columns=("quantity", "value"),
-        rows=(
-            ("samples", str(data.n_samples)),
-            ("accuracy", fmt_float(accuracy)),
-            ("mean confidence", fmt_float(confidence)),
-        ),
-        caption=_confidence_caption(accuracy, confidence),
-    )
     tables = [
         *inspect_tables(info)[:1],
-        summary,
+        digits_table(data.n_samples, accuracy, confidence),
         *hessian_tables(result.hessian, str(loaded.device)),
         *calibration_tables(result.calibration, chart=options.fmt == "table"),
         *check_tables(result, f"check: the bundled policy {policy_path.name}")[:1],
@@ -181,11 +171,3 @@ def _plot_paths(plot_dir: Path, force: bool) -> tuple[Path, Path]:
     for path in paths:
         check_output_path(path, force)
     return paths
-
-
-def _confidence_caption(accuracy: float, mean_confidence: float) -> str:
-    if mean_confidence > accuracy:
-        return "mean confidence above accuracy: over-confident on average"
-    if mean_confidence < accuracy:
-        return "mean confidence below accuracy: under-confident on average"
-    return "mean confidence equals accuracy"
