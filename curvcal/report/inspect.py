@@ -9,10 +9,7 @@ from curvcal.report.tables import Table
 if TYPE_CHECKING:
     from curvcal.load.checkpoint import CheckpointInfo
 
-
 TENSOR_ROWS = 40
-
-
 _LIST_CELL = 8
 
 
