@@ -16,7 +16,7 @@ from click.core import ParameterSource
 
 from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
-from curvcal.report.verdict import check_tables
+from curvcal.report.check import check_tables
 
 if TYPE_CHECKING:
     from curvcal.load.checkpoint import CheckpointOptions

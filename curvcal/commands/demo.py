@@ -16,10 +16,10 @@ import click
 from curvcal.commands.common import finish, output_options, start
 from curvcal.errors import InputError
 from curvcal.report.calibration import calibration_tables, reliability_panels
+from curvcal.report.check import check_tables
 from curvcal.report.demo import digits_table
 from curvcal.report.hessian import hessian_tables
 from curvcal.report.inspect import inspect_tables
-from curvcal.report.verdict import check_tables
 from curvcal.results import STATUS_OK, Report
 
 PLOT_NAMES = ("reliability.png", "spectrum.png")

@@ -1,10 +1,8 @@
-"""The verdict table shared by ``curvcal check`` and ``curvcal compare``, and the tables of a
-check (verdict, then the settings that shaped it)."""
+"""The verdict table shared by ``curvcal check`` and ``curvcal compare``."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
 
 from curvcal.policy.evaluate import Verdict, VerdictRow
 from curvcal.report.tables import Table, fmt_float
@@ -46,45 +44,3 @@ def _change(row: VerdictRow) -> str:
             return "+inf" if row.change > 0 else "-inf"
         return f"{100 * row.change:+.4g}%"
     return f"{row.change:+.4g}"
-
-
-class CheckOutcome(Protocol):
-    """What the check tables read from a run's result (``curvcal.gate.CheckResult``)."""
-
-    @property
-    def verdict(self) -> Verdict: ...
-
-    @property
-    def settings(self) -> dict[str, Any]: ...
-
-    @property
-    def sources(self) -> dict[str, str]: ...
-
-
-def check_tables(result: CheckOutcome, title: str) -> list[Table]:
-    """The verdict table, then the settings that shaped the numbers and where each came from."""
-    shown = [
-        (name, _setting_text(value), result.sources[name])
-        for name, value in result.settings.items()
-        if result.sources[name] != "default"
-    ]
-    tables = [verdict_table(result.verdict, title)]
-    if shown:
-        tables.append(
-            Table(
-                title="settings",
-                columns=("setting", "value", "from"),
-                rows=tuple(shown),
-                caption="an option on the command line overrides the policy; settings not "
-                "shown are at their defaults",
-            )
-        )
-    return tables
-
-
-def _setting_text(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
-    if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value)
-    return str(value)
