@@ -1,8 +1,8 @@
 """The library behind ``curvcal check``: measure what a policy gates, and judge it.
 
 :func:`run_check` reads the evaluation settings (command-line overrides first, then the policy's
-``[settings]``, then the defaults of :data:`DEFAULTS`), loads the checkpoint and the data with
-the ordinary loaders, and measures **only what the rules need** (see :func:`needs`):
+``[settings]``, then the defaults of :data:`~curvcal.policy.settings.DEFAULTS`), loads the checkpoint and the data with
+the ordinary loaders, and measures **only what the rules need** (see :func:`~curvcal.policy.settings.needs`):
 
 * calibration metrics of the uncalibrated model: one inference pass, no fit (every sample of
   ``data`` is evaluated, as ``curvcal calibrate --method none`` does);
@@ -14,7 +14,7 @@ the ordinary loaders, and measures **only what the rules need** (see :func:`need
   ``trace``: the Hutchinson trace as well (the analysis always finds λmax, so a trace-only policy
   costs one extra eigenvalue search at ``top_k`` 1).
 
-Values are read from the analyses through :func:`curvcal.check.metric_values`, the same table
+Values are read from the analyses through :func:`curvcal.policy.baseline.metric_values`, the same table
 that reads saved reports, so ``check`` and ``compare`` judge the same numbers. Nothing here
 prints; progress goes through the ``on_step`` hook.
 """
@@ -28,19 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from curvcal.check import (
-    CALIBRATION_METRICS,
-    MetricValue,
-    Policy,
-    Rule,
-    Verdict,
-    evaluate,
-    metric_values,
-    setting_location,
-)
 from curvcal.errors import InputError, NumericalError
+from curvcal.policy.baseline import measured_values
+from curvcal.policy.evaluate import MetricValue, Verdict, evaluate
+from curvcal.policy.parse import Policy
+from curvcal.policy.settings import (
+    DEFAULTS,
+    Locator,
+    Needs,
+    calibration_method,
+    check_choices,
+    needs,
+    resolve_settings,
+)
 from curvcal.progress import OnStageStep as OnStep  # stage: inference, calibration, hessian:<stage>
-from curvcal.results import to_jsonable
 
 if TYPE_CHECKING:
     import torch
@@ -53,93 +54,13 @@ if TYPE_CHECKING:
 
 DEFAULT_VAL_SPLIT = 0.5
 
-#: Every evaluation setting ``check`` reads, with its default (``None``: unset).
-DEFAULTS: dict[str, Any] = {
-    "arch": None,
-    "arch_kwargs": {},
-    "num_classes": None,
-    "state_dict_key": None,
-    "device": "auto",
-    "dtype": "float32",
-    "data": None,
-    "data_root": None,
-    "max_samples": None,
-    "batch_size": 256,
-    "fit_data": None,
-    "val_split": None,
-    "seed": 0,
-    "bins": 15,
-    "edges": "left",
-    "method": None,
-    "objective": "nll",
-    "focal_objective": "ece",
-    "gammas": None,
-    "top_k": 1,
-    "eigen_method": None,
-    "tol": 1e-4,
-    "max_iter": None,
-    "probes": 100,
-    "trace": True,
-    "loss": "ce",
-    "gamma": None,
-}
-
-# Settings whose value must be one of a few words.
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "device": (),  # checked by the loader (auto, cpu, cuda, cuda:N)
-    "dtype": ("float32", "float64"),
-    "edges": ("left", "right"),
-    "method": ("ts", "focal-ts", "both", "none"),
-    "objective": ("nll", "ece", "adaece"),
-    "focal_objective": ("ece", "nll", "adaece"),
-    "eigen_method": ("power", "lanczos"),
-    "loss": ("ce", "focal", "own"),
-}
-_TRACE_METHODS = ("hutchinson", "hutchpp")
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What a policy's rules need measured."""
-
-    predictions: bool
-    ts: bool
-    focal_ts: bool
-    hessian: bool
-    trace: bool
-
-    @property
-    def method(self) -> str:
-        """The calibration maps to fit, spelled as ``--method`` spells them."""
-        if self.ts and self.focal_ts:
-            return "both"
-        if self.ts:
-            return "ts"
-        return "focal-ts" if self.focal_ts else "none"
-
-
-def needs(rules: tuple[Rule, ...] | list[Rule]) -> Needs:
-    """The measurements ``rules`` need (nothing more)."""
-    stages = {rule.stage for rule in rules if rule.metric in CALIBRATION_METRICS}
-    metrics = {rule.metric for rule in rules}
-    ts = "ts" in stages or "temperature" in metrics
-    focal = "focal_ts" in stages or bool({"focal_gamma", "focal_temperature"} & metrics)
-    trace = "trace" in metrics
-    return Needs(
-        predictions=bool(stages) or ts or focal,
-        ts=ts,
-        focal_ts=focal,
-        hessian=trace or "lambda_max" in metrics,
-        trace=trace,
-    )
-
 
 @dataclass(frozen=True)
 class CheckResult:
     """A policy judged on a checkpoint.
 
     ``verdict``: every bound's row; ``values``: the gated metrics measured (key as
-    :attr:`~curvcal.check.Rule.key`); ``hessian``/``calibration``: the analyses that produced
+    :attr:`~curvcal.policy.parse.Rule.key`); ``hessian``/``calibration``: the analyses that produced
     them (``None`` when the policy needed none); ``settings``: the evaluation settings used and
     ``sources``: where each came from (``option``, ``policy`` or ``default``); ``nonfinite``: the
     gated metrics whose value came out NaN or infinite (a numerical failure); ``unconverged``:
@@ -183,27 +104,6 @@ class CheckResult:
         }
 
 
-def resolve_settings(
-    policy: Policy, overrides: Mapping[str, Any] | None = None
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The settings a check uses and where each came from: ``overrides`` (command-line
-    options) win over the policy's ``[settings]``, which win over :data:`DEFAULTS`."""
-    overrides = dict(overrides or {})
-    unknown = set(overrides) - set(DEFAULTS)
-    if unknown:
-        raise InputError("overrides", f"unknown settings {sorted(unknown)}")
-    settings: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for name, default in DEFAULTS.items():
-        if name in overrides and overrides[name] is not None:
-            settings[name], sources[name] = overrides[name], "option"
-        elif name in policy.settings:
-            settings[name], sources[name] = policy.settings[name], "policy"
-        else:
-            settings[name], sources[name] = default, "default"
-    return settings, sources
-
-
 def run_check(
     policy: Policy,
     checkpoint: Path,
@@ -215,7 +115,7 @@ def run_check(
     on_step: OnStep | None = None,
 ) -> CheckResult:
     """Measure what ``policy`` gates on ``checkpoint`` and judge it, with ``baseline`` (the
-    values of an earlier report, from :func:`~curvcal.check.metric_values`) for change bounds.
+    values of an earlier report, from :func:`~curvcal.policy.baseline.metric_values`) for change bounds.
 
     Raises :class:`InputError` for unusable settings (naming the policy line or the option) and
     files, and :class:`~curvcal.errors.NumericalError` when the Hessian's loss or a product is
@@ -226,10 +126,10 @@ def run_check(
     from curvcal.load.data import DataOptions, load_dataset
 
     settings, sources = resolve_settings(policy, overrides)
-    where = _Locator(policy, sources)
-    _check_choices(settings, where)
+    where = Locator(policy, sources)
+    check_choices(settings, where)
     need = needs(policy.rules)
-    method = _method(settings, need, where)
+    method = calibration_method(settings, need, where)
     if settings["data"] is None:
         raise InputError(
             str(policy.path),
@@ -312,81 +212,12 @@ def run_check(
     )
 
 
-def measured_values(
-    hessian: HessianAnalysis | None, calibration: CalibrationAnalysis | None
-) -> dict[str, MetricValue]:
-    """Every gateable metric of these analyses, read through the same path table as a saved
-    report (the analyses laid out as ``curvcal demo`` saves them: ``results.hessian`` and
-    ``results.calibration``). A non-finite number maps to ``MetricValue(None)``."""
-    document = {
-        "command": "measurement",
-        "results": to_jsonable({"hessian": hessian, "calibration": calibration}),
-    }
-    return metric_values(document)
-
-
 # --------------------------------------------------------------------------------------------
 # settings
 
 
-class _Locator:
-    """Names where a setting came from, for error messages: the option, or the policy line."""
-
-    def __init__(self, policy: Policy, sources: Mapping[str, str]) -> None:
-        self.policy = policy
-        self.sources = sources
-
-    def __call__(self, name: str) -> str:
-        source = self.sources.get(name)
-        if source == "option":
-            return "--" + name.replace("_", "-")
-        if source == "policy":
-            return setting_location(self.policy, name)
-        return f"{self.policy.path} (default {name} = {DEFAULTS.get(name)!r})"
-
-
-def _check_choices(settings: Mapping[str, Any], where: _Locator) -> None:
-    for name, choices in _CHOICES.items():
-        value = settings[name]
-        if choices and value is not None and value not in choices:
-            raise InputError(
-                where(name),
-                f"{name} {value!r} is not one of {', '.join(choices)}",
-            )
-    trace = settings["trace"]
-    if isinstance(trace, str) and trace not in _TRACE_METHODS:
-        raise InputError(
-            where("trace"),
-            f"trace {trace!r} is not true, false, {' or '.join(_TRACE_METHODS)}",
-        )
-
-
-def _method(settings: Mapping[str, Any], need: Needs, where: _Locator) -> str:
-    """The maps to fit: ``method`` when set (it must fit every stage the rules gate), else
-    exactly the maps the rules need."""
-    given = settings["method"]
-    if given is None:
-        return need.method
-    fits_ts, fits_focal = given in ("ts", "both"), given in ("focal-ts", "both")
-    missing = [
-        name
-        for name, needed, fitted in (
-            ("ts", need.ts, fits_ts),
-            ("focal_ts", need.focal_ts, fits_focal),
-        )
-        if needed and not fitted
-    ]
-    if missing:
-        raise InputError(
-            where("method"),
-            f"method {given!r} fits no {' or '.join(missing)} map, which the policy gates",
-            'use method = "both" or leave method out',
-        )
-    return str(given)
-
-
 def _calibration_settings(
-    settings: Mapping[str, Any], method: str, where: _Locator
+    settings: Mapping[str, Any], method: str, where: Locator
 ) -> CalibrationSettings:
     from curvcal.calibration.analysis import CalibrationSettings
 
@@ -408,7 +239,7 @@ def _calibration_settings(
         raise InputError(where(name) if name in DEFAULTS else error.what, error.why) from None
 
 
-def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: _Locator) -> HessianSettings:
+def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) -> HessianSettings:
     from curvcal.curvature.analysis import HessianSettings
 
     trace = settings["trace"]
@@ -536,12 +367,4 @@ def _hessian(
     return analyse_hessian_with_messages(loaded.module, batches, hessian_settings, on_step=hook)
 
 
-__all__ = [
-    "DEFAULTS",
-    "CheckResult",
-    "Needs",
-    "measured_values",
-    "needs",
-    "resolve_settings",
-    "run_check",
-]
+__all__ = ["CheckResult", "OnStep", "run_check"]

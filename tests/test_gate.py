@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from curvcal.assets import demo_checkpoint
-from curvcal.check import MetricValue, Rule, load_policy
 from curvcal.errors import InputError
-from curvcal.gate import DEFAULTS, measured_values, needs, resolve_settings, run_check
+from curvcal.gate import run_check
+from curvcal.policy.baseline import measured_values
+from curvcal.policy.evaluate import MetricValue
+from curvcal.policy.parse import Rule, load_policy
+from curvcal.policy.settings import DEFAULTS, needs, resolve_settings
 
 
 def write(tmp_path: Path, text: str) -> Path:

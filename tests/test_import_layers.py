@@ -23,7 +23,6 @@ ABOVE_KERNELS = (
     "curvcal.commands",
     "curvcal.report",
     "curvcal.gate",
-    "curvcal.check",
     "curvcal.pipeline",
     "curvcal.policy",
     "curvcal.cli",

@@ -82,7 +82,7 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
         "curvcal.load.data.load_dataset",
         "curvcal.load.logits.load_logits",
         "curvcal.load.calibrator.load_calibrators",
-        "curvcal.check.load_report",
+        "curvcal.policy.baseline.load_report",
     ):
         monkeypatch.setattr(target, forbidden)
 

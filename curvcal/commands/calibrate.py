@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from curvcal.commands.calibration_report import (
+from curvcal.commands.calibration_options import (
     CalibrationOptions,
     calibration_options,
-    calibration_tables,
     dropped_warning,
     nan_policy_option,
     settings_record,
@@ -23,7 +22,8 @@ from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options
 from curvcal.errors import EXIT_OK
 from curvcal.fitness import single_class_warning
-from curvcal.report import check_output_path
+from curvcal.report.calibration import calibration_tables
+from curvcal.report.tables import check_output_path
 
 if TYPE_CHECKING:
     import torch

@@ -16,12 +16,10 @@ from click.core import ParameterSource
 
 from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.verdict import verdict_table
+from curvcal.report.check import check_tables
 
 if TYPE_CHECKING:
-    from curvcal.gate import CheckResult
     from curvcal.load.checkpoint import CheckpointOptions
-    from curvcal.report import Table
 
 # Command-line parameter -> the policy setting it overrides.
 _OVERRIDES = {
@@ -86,16 +84,12 @@ def check(
     Exit 0 when every bound holds, 1 when one fails, 2 for bad input, 3 for a
     numerical failure (a gated metric NaN/Inf; an estimate unconverged under --strict).
     """
-    from curvcal.check import (
-        find_pyproject_policy,
-        load_policy,
-        load_report,
-        metric_values,
-        setting_differences,
-    )
     from curvcal.errors import InputError, NumericalError
-    from curvcal.gate import resolve_settings, run_check
+    from curvcal.gate import run_check
     from curvcal.outputs import data_inputs
+    from curvcal.policy.baseline import load_report, metric_values, setting_differences
+    from curvcal.policy.parse import find_pyproject_policy, load_policy
+    from curvcal.policy.settings import resolve_settings
     from curvcal.provenance import environment, file_info
     from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
 
@@ -202,34 +196,3 @@ def _given_on_command_line(values: dict[str, Any]) -> dict[str, Any]:
             continue
         overrides[setting] = values[setting]
     return overrides
-
-
-def check_tables(result: CheckResult, title: str) -> list[Table]:
-    """The verdict table, then the settings that shaped the numbers and where each came from."""
-    from curvcal.report import Table
-
-    shown = [
-        (name, _setting_text(value), result.sources[name])
-        for name, value in result.settings.items()
-        if result.sources[name] != "default"
-    ]
-    tables = [verdict_table(result.verdict, title)]
-    if shown:
-        tables.append(
-            Table(
-                title="settings",
-                columns=("setting", "value", "from"),
-                rows=tuple(shown),
-                caption="an option on the command line overrides the policy; settings not "
-                "shown are at their defaults",
-            )
-        )
-    return tables
-
-
-def _setting_text(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
-    if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value)
-    return str(value)

@@ -12,7 +12,7 @@ import click
 from curvcal.console import Reporter
 from curvcal.errors import EXIT_CHECK_FAILED, EXIT_NUMERICAL, EXIT_OK
 from curvcal.outputs import Named, refuse_clashes
-from curvcal.report import FORMATS, Table, check_output_path, emit
+from curvcal.report.tables import FORMATS, Table, check_output_path, emit
 from curvcal.results import STATUS_ERROR, STATUS_FAIL, Report
 
 F = TypeVar("F", bound=Callable[..., Any])

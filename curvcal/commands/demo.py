@@ -13,13 +13,13 @@ from pathlib import Path
 
 import click
 
-from curvcal.commands.calibration_report import calibration_tables, reliability_panels
-from curvcal.commands.check import check_tables
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.hessian import hessian_tables
-from curvcal.commands.inspect import inspect_tables
 from curvcal.errors import InputError
-from curvcal.report import Table, fmt_float
+from curvcal.report.calibration import calibration_tables, reliability_panels
+from curvcal.report.check import check_tables
+from curvcal.report.demo import digits_table
+from curvcal.report.hessian import hessian_tables
+from curvcal.report.inspect import inspect_tables
 from curvcal.results import STATUS_OK, Report
 
 PLOT_NAMES = ("reliability.png", "spectrum.png")
@@ -58,12 +58,12 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
     from curvcal.assets import demo_checkpoint, demo_data, demo_policy
     from curvcal.calibration.metrics import accuracy as top1_accuracy
     from curvcal.calibration.metrics import mean_confidence
-    from curvcal.check import load_policy
     from curvcal.fitness import check_fitness
     from curvcal.gate import run_check
     from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import CheckpointOptions, inspect_checkpoint, load_model
     from curvcal.load.data import DataOptions, iter_batches, load_dataset
+    from curvcal.policy.parse import load_policy
     from curvcal.provenance import environment, file_info
 
     checkpoint, policy_path = demo_checkpoint(), demo_policy()
@@ -118,7 +118,7 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
     assert result.hessian is not None and result.calibration is not None
 
     if plots is not None:
-        from curvcal.plot import reliability_diagram, spectrum_plot
+        from curvcal.report.plots import reliability_diagram, spectrum_plot
 
         reliability_diagram(reliability_panels(result.calibration), plots[0])
         spectrum_plot(list(result.hessian.spectrum.eigenvalues), plots[1])
@@ -151,19 +151,9 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
         environment=environment(loaded.device),
         warnings=list(result.warnings),
     )
-    summary = Table(
-        title="held-out digits",
-        columns=("quantity", "value"),
-        rows=(
-            ("samples", str(data.n_samples)),
-            ("accuracy", fmt_float(accuracy)),
-            ("mean confidence", fmt_float(confidence)),
-        ),
-        caption=_confidence_caption(accuracy, confidence),
-    )
     tables = [
         *inspect_tables(info)[:1],
-        summary,
+        digits_table(data.n_samples, accuracy, confidence),
         *hessian_tables(result.hessian, str(loaded.device)),
         *calibration_tables(result.calibration, chart=options.fmt == "table"),
         *check_tables(result, f"check: the bundled policy {policy_path.name}")[:1],
@@ -176,8 +166,8 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
 
 def _plot_paths(plot_dir: Path, force: bool) -> tuple[Path, Path]:
     """The demo's plot files in ``plot_dir``, checked before any work."""
-    from curvcal.plot import require_matplotlib
-    from curvcal.report import check_output_path
+    from curvcal.report.plots import require_matplotlib
+    from curvcal.report.tables import check_output_path
 
     require_matplotlib()
     if plot_dir.exists() and not plot_dir.is_dir():
@@ -190,11 +180,3 @@ def _plot_paths(plot_dir: Path, force: bool) -> tuple[Path, Path]:
     for path in paths:
         check_output_path(path, force)
     return paths
-
-
-def _confidence_caption(accuracy: float, mean_confidence: float) -> str:
-    if mean_confidence > accuracy:
-        return "mean confidence above accuracy: over-confident on average"
-    if mean_confidence < accuracy:
-        return "mean confidence below accuracy: under-confident on average"
-    return "mean confidence equals accuracy"

@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from curvcal.commands.calibration_report import (
+from curvcal.commands.calibration_options import (
     CalibrationOptions,
     calibration_options,
-    calibration_tables,
     dropped_warning,
     nan_policy_option,
     settings_record,
@@ -19,6 +18,7 @@ from curvcal.commands.calibration_report import (
 )
 from curvcal.commands.common import finish, output_options, start
 from curvcal.fitness import single_class_warning
+from curvcal.report.calibration import calibration_tables
 
 if TYPE_CHECKING:
     from curvcal.load.logits import LogitsData

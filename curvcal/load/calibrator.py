@@ -20,7 +20,7 @@ from pathlib import Path
 from curvcal.calibration.analysis import STAGE_METHODS
 from curvcal.calibration.results import Calibrator
 from curvcal.errors import InputError
-from curvcal.load.paths import readable_file
+from curvcal.paths import readable_file
 
 CALIBRATOR_SCHEMA = "1.0"
 _KEYS = ("schema", "curvcal", *STAGE_METHODS)

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 import torch
 
 from curvcal.errors import InputError
-from curvcal.load.paths import readable_file
+from curvcal.paths import readable_file
 
 KNOWN_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pt2", ".tar")
 

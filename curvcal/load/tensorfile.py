@@ -15,7 +15,7 @@ import torch
 
 from curvcal.atomic import atomic_output
 from curvcal.errors import InputError
-from curvcal.load.paths import readable_file
+from curvcal.paths import readable_file
 
 TENSOR_FILE_SUFFIXES = (".pt", ".npz", ".safetensors")
 

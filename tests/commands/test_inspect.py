@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from curvcal.commands.inspect import TENSOR_ROWS
+from curvcal.report.inspect import TENSOR_ROWS
 
 RunCli = Callable[..., Any]
 

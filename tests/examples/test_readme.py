@@ -290,7 +290,7 @@ def test_readme_block(block: int, tmp_path: Path, run_cli, monkeypatch) -> None:
 
 def test_readme_policy_is_read_and_runs(tmp_path: Path, run_cli, monkeypatch) -> None:
     """The README's policy example is a policy `check` accepts on the bundled model."""
-    from curvcal.check import load_policy
+    from curvcal.policy.parse import load_policy
 
     (policy,) = toml_blocks()
     path = tmp_path / "gate.toml"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from curvcal.errors import InputError
-from curvcal.load.paths import readable_file
+from curvcal.paths import readable_file
 
 
 def _message(path: Path, **kwargs: str) -> str:
