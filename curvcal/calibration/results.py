@@ -172,6 +172,7 @@ class FocalProfilePoint:
     temperature: float
     objective: float
     at_bracket_end: bool
+    n_evaluations: int = 0
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,9 @@ class FocalTemperatureFit:
     """Focal temperature scaling (Komisarenko & Kull 2024): p = φ_γ(softmax(z / T)).
 
     ``profile`` holds the best T and objective for every γ of the grid (γ is weakly
-    identified: read the profile, not only the chosen pair).
+    identified: read the profile, not only the chosen pair). ``n_evaluations`` counts the
+    passes over the N×K scores (one per (γ, T) evaluated, plus the objective before and the
+    NLL after), ``n_exact_evaluations`` those made in float64.
     """
 
     gamma: float
@@ -193,6 +196,8 @@ class FocalTemperatureFit:
     bracket: tuple[float, float]
     grid_step: float | None
     n_samples: int
+    n_evaluations: int = 0
+    n_exact_evaluations: int = 0
 
     @property
     def calibrator(self) -> Calibrator:
