@@ -35,7 +35,7 @@ from curvcal.calibration.inputs import (
     class_labels,
     validated_scores,
 )
-from curvcal.calibration.results import CalibrationMetrics, ReliabilityBin
+from curvcal.calibration.results import CalibrationMetrics, ClassReliability, ReliabilityBin
 from curvcal.calibration.smooth import smooth_ece
 from curvcal.errors import InputError
 
@@ -119,9 +119,9 @@ def _scan(
     edges: str = "left",
     kind: str | None = None,
     source: str = "scores",
-) -> tuple[TopLabel, torch.Tensor, torch.Tensor]:
+) -> tuple[TopLabel, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One cache-sized pass over the scores: the top-label quantities and, when ``n_bins`` >
-    0, the classwise per-(class, bin) sums of p_k and of 1[y = k] (K×M each).
+    0, the classwise per-(class, bin) sums of p_k and of 1[y = k] and counts (K×M each).
 
     ``scores`` are raw scores of ``kind`` (validated chunk by chunk) or, with ``kind`` None,
     validated float64 log-probabilities. p is computed once per chunk and serves the
@@ -139,6 +139,8 @@ def _scan(
     sum_p = torch.zeros(size, dtype=torch.float64)
     sum_p_first = torch.zeros(k, dtype=torch.float64)
     sum_y = torch.zeros(size, dtype=torch.float64)
+    count = torch.zeros(size, dtype=torch.float64)
+    count_above = torch.zeros(k, dtype=torch.float64)
     limit = _first_bin_limit(n_bins, edges) if n_bins else math.inf
     step = max(1, SCAN_ELEMENTS // k)
     for start in range(0, n, step):
@@ -155,14 +157,17 @@ def _scan(
             sum_p_first += p.masked_fill_(above, 0.0).sum(dim=0)
             flat = binning.equal_width_index(values, n_bins, edges).add_(column * n_bins)
             sum_p += torch.bincount(flat, weights=values, minlength=size)
+            count += torch.bincount(flat, minlength=size)
+            count_above += torch.bincount(column, minlength=k)
             label_bin = binning.equal_width_index(p_y, n_bins, edges).add_(y * n_bins)
             sum_y += torch.bincount(label_bin, minlength=size)
     top_label = TopLabel(confidence, correct, nll, brier)
     columns = max(n_bins, 0)
-    sum_p = sum_p.view(k, columns)
+    sum_p, count = sum_p.view(k, columns), count.view(k, columns)
     if n_bins:
         sum_p[:, 0] += sum_p_first
-    return top_label, sum_p, sum_y.view(k, columns)
+        count[:, 0] += n - count_above
+    return top_label, sum_p, sum_y.view(k, columns), count
 
 
 @dataclass(frozen=True)
@@ -235,7 +240,7 @@ def _classwise_sums(
     scores: torch.Tensor, labels: torch.Tensor, n_bins: int, edges: str, kind: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per (class, bin) sums of p_k and 1[y = k], each K×M."""
-    _, sum_p, sum_y = _scan(scores, labels, n_bins, edges, kind)
+    _, sum_p, sum_y, _ = _scan(scores, labels, n_bins, edges, kind)
     return sum_p, sum_y
 
 
@@ -262,13 +267,16 @@ def calibration_metrics(
     seed: int = 0,
     source: str = "scores",
     labels_source: str = "labels",
+    reliability_classes: int = 0,
 ) -> CalibrationMetrics:
     """Every metric of the module docstring in one pass over N×K ``scores``.
 
     ``kind`` is ``"logits"``, ``"probs"`` or ``"logprobs"`` (never guessed); ``bins`` equal-width
     and equal-mass bins; ``edges`` ``"left"`` for (a, b] or ``"right"`` for [a, b);
     ``bootstrap`` resamples (0 = no intervals) drawn from a generator seeded by ``seed``.
-    ``source``/``labels_source`` name the inputs in error messages.
+    ``source``/``labels_source`` name the inputs in error messages. ``reliability_classes``
+    > 0 adds the classwise reliability tables of that many classes, the most frequent labels
+    first (ties to the lower index).
 
     >>> import torch
     >>> m = calibration_metrics(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))
@@ -281,7 +289,7 @@ def calibration_metrics(
         )
     z, y = _prepare(scores, labels, kind, bins, edges, source, labels_source)
     n, k = z.shape
-    top, c_p, c_y = _scan(z, y, bins, edges, kind, source)
+    top, c_p, c_y, c_n = _scan(z, y, bins, edges, kind, source)
     index, count, sum_conf, sum_correct = _equal_width(top, bins, edges)
     width = binned_errors(count, sum_conf, sum_correct)
     bin_edges = binning.equal_width_edges(bins)
@@ -318,6 +326,33 @@ def calibration_metrics(
         n_bootstrap=bootstrap,
         interval_level=INTERVAL_LEVEL,
         intervals=intervals,
+        class_bins=_class_tables(c_n, c_p, c_y, y, reliability_classes),
+    )
+
+
+def _class_tables(
+    count: torch.Tensor,
+    sum_p: torch.Tensor,
+    sum_y: torch.Tensor,
+    labels: torch.Tensor,
+    n_classes: int,
+) -> tuple[ClassReliability, ...]:
+    """Classwise reliability tables of the ``n_classes`` most frequent labels."""
+    if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 0:
+        raise InputError("reliability_classes", f"must be an integer >= 0, got {n_classes!r}")
+    if not n_classes:
+        return ()
+    k, n_bins = count.shape
+    frequency = torch.bincount(labels, minlength=k)
+    order = sorted(range(k), key=lambda c: (-int(frequency[c]), c))[:n_classes]
+    edges = binning.equal_width_edges(n_bins)
+    return tuple(
+        ClassReliability(
+            c,
+            int(frequency[c]),
+            reliability_table(count[c], sum_p[c], sum_y[c], edges[:-1], edges[1:]),
+        )
+        for c in order
     )
 
 

@@ -38,6 +38,17 @@ class SmoothECE:
 
 
 @dataclass(frozen=True)
+class ClassReliability:
+    """The classwise reliability table of one class k: equal-width bins of p_k, each with
+    the number of samples, the mean p_k and the frequency of y = k (the classwise-ECE sums);
+    ``n_labels`` samples carry the label k."""
+
+    class_index: int
+    n_labels: int
+    bins: tuple[ReliabilityBin, ...]
+
+
+@dataclass(frozen=True)
 class CalibrationMetrics:
     """Every calibration metric of one set of scores, computed in one pass in float64.
 
@@ -72,6 +83,7 @@ class CalibrationMetrics:
     n_bootstrap: int = 0
     interval_level: float = 0.95
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    class_bins: tuple[ClassReliability, ...] = ()
 
 
 @dataclass(frozen=True)

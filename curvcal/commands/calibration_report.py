@@ -36,6 +36,8 @@ _OPTION_NAMES = (
     "val_split",
     "seed",
     "plot",
+    "dpi",
+    "plot_classes",
     "save_calibrator",
 )
 
@@ -55,6 +57,8 @@ class CalibrationOptions:
     val_split: float | None
     seed: int
     plot: Path | None
+    dpi: int
+    plot_classes: int
     save_calibrator: Path | None
 
     def settings(self, method: str) -> CalibrationSettings:
@@ -69,6 +73,7 @@ class CalibrationOptions:
             edges=self.edges,
             bootstrap=self.bootstrap,
             seed=self.seed,
+            reliability_classes=self.plot_classes if self.plot is not None else 0,
             **extra,
         )
 
@@ -188,6 +193,22 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
                 ".svg or .pdf file (needs matplotlib).",
             ),
             click.option(
+                "--dpi",
+                type=click.IntRange(10, 2400),
+                default=100,
+                show_default=True,
+                help="Resolution of --plot (dots per inch; the layout is fixed in inches).",
+            ),
+            click.option(
+                "--plot-classes",
+                type=click.IntRange(min=0),
+                default=0,
+                show_default=True,
+                metavar="N",
+                help="Add classwise reliability diagrams (p_k against y = k) of the N most "
+                "frequent classes to --plot, one row per stage.",
+            ),
+            click.option(
                 "--save-calibrator",
                 type=click.Path(dir_okay=False, path_type=Path),
                 metavar="FILE",
@@ -215,16 +236,19 @@ def write_outputs(analysis: CalibrationAnalysis, options: CalibrationOptions) ->
     if options.plot is not None:
         from curvcal.plot import reliability_diagram
 
-        reliability_diagram(reliability_panels(analysis), options.plot)
+        panels = reliability_panels(analysis)
+        stages = len(analysis.evaluation.present())
+        columns = len(panels) if options.plot_classes == 0 else len(panels) // stages
+        reliability_diagram(panels, options.plot, dpi=options.dpi, columns=columns)
 
 
 def reliability_panels(analysis: CalibrationAnalysis) -> list[Any]:
-    """One reliability panel per evaluated stage, from the equal-width bins of the metrics."""
+    """One reliability panel per evaluated stage, from the equal-width bins of the metrics;
+    with classwise tables, each stage's panel is followed by one panel per class."""
     from curvcal.plot import ReliabilityBin, ReliabilityPanel
 
-    panels = []
-    for stage, metrics in analysis.evaluation.present():
-        bins = [
+    def plot_bins(table: Any) -> list[Any]:
+        return [
             ReliabilityBin(
                 item.lower,
                 item.upper,
@@ -232,9 +256,24 @@ def reliability_panels(analysis: CalibrationAnalysis) -> list[Any]:
                 item.confidence if item.count else None,
                 item.accuracy if item.count else None,
             )
-            for item in metrics.ece_bins
+            for item in table
         ]
-        panels.append(ReliabilityPanel(STAGE_TITLES[stage], bins, metrics.ece))
+
+    panels = []
+    for stage, metrics in analysis.evaluation.present():
+        title = STAGE_TITLES[stage]
+        panels.append(ReliabilityPanel(title, plot_bins(metrics.ece_bins), metrics.ece))
+        for table in metrics.class_bins:
+            n = sum(item.count for item in table.bins)
+            gap = sum(item.count * abs(item.gap) for item in table.bins if item.count) / n
+            panels.append(
+                ReliabilityPanel(
+                    f"{title}: class {table.class_index}",
+                    plot_bins(table.bins),
+                    gap,
+                    f"p_{table.class_index} (frequency of y = {table.class_index} on the y axis)",
+                )
+            )
     return panels
 
 

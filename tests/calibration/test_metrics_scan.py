@@ -50,3 +50,28 @@ def test_nonfinite_logits_name_the_row_in_a_later_chunk() -> None:
     z[-3, 1] = float("nan")
     with pytest.raises(Exception, match=f"row {z.shape[0] - 3}"):
         M.calibration_metrics(z, torch.zeros(z.shape[0], dtype=torch.int64))
+
+
+def test_class_tables_hold_the_classwise_sums() -> None:
+    g = torch.Generator().manual_seed(9)
+    z = torch.randn(400, 5, dtype=F64, generator=g) * 2
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]
+    m = M.calibration_metrics(z, y, bins=6, reliability_classes=3)
+    frequency = torch.bincount(y, minlength=5)
+    expected = sorted(range(5), key=lambda c: (-int(frequency[c]), c))[:3]
+    assert [t.class_index for t in m.class_bins] == expected
+    p = torch.softmax(z, 1)
+    for table in m.class_bins:
+        c = table.class_index
+        assert table.n_labels == int(frequency[c])
+        assert sum(b.count for b in table.bins) == 400
+        index = binning.equal_width_index(p[:, c], 6)
+        for b, item in enumerate(table.bins):
+            members = index == b
+            assert item.count == int(members.sum())
+            if item.count:
+                assert item.confidence == pytest.approx(float(p[members, c].mean()), abs=1e-14)
+                assert item.accuracy == pytest.approx(float((y[members] == c).double().mean()))
+    assert M.calibration_metrics(z, y).class_bins == ()
+    with pytest.raises(Exception, match="reliability_classes"):
+        M.calibration_metrics(z, y, reliability_classes=-1)
