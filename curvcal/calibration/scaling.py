@@ -6,14 +6,17 @@ d²N/ds² = mean[Var_p z]. The NLL fit runs a bounded Brent search on ln T over 
 (default T ∈ [0.01, 100]; it can never return T <= 0 or NaN) unless the slope at an end
 of the bracket already shows the minimum lies on that end, then polishes with safeguarded
 Newton steps in s inside the bracket until |dN/d ln T| < 1e-10. The ``"ece"``/``"adaece"``
-objectives use a log-spaced grid (Mukhoti et al. 2020 pick T by grid search): a coarse grid of
-step 10·``grid_step`` in ln T over the bracket, then a fine grid of step ``grid_step`` around
-the coarse minimum; ties go to the T closest to 1.
+objectives pick T on a lattice of step ``grid_step`` in ln T over the bracket (Mukhoti et al.
+2020 pick T by grid search): the lowest objective, ties to the T closest to 1, found without
+visiting the whole lattice by the exact bound of :mod:`curvcal.calibration.lattice`.
 
 Focal temperature scaling (Komisarenko & Kull 2024): p = φ_γ(softmax(z / T)), φ_γ the focal
 calibration map. For every γ of the grid (default includes 0, which is temperature scaling
-exactly) T is fitted over the bracket by the same routine as above; γ is then the grid value
-with the lowest objective (``"ece"`` by default, ``"nll"`` optional). φ_γ preserves the order
+exactly) T is fitted over the bracket by the same routine as above, each γ's search starting
+where the previous one crossed (the optimum T grows with γ); γ is then the grid value with the
+lowest objective (``"ece"`` by default, ``"nll"`` optional). The ECE searches run on float32
+top-label confidences of a fused kernel (:func:`focal_top_confidence`), exact in their binning,
+and every near-tie is decided in float64. φ_γ preserves the order
 of the classes, so predictions never change and the correctness vector is that of z.
 
 Scores are converted once to float64 log-probabilities (log_softmax); T then divides those,
