@@ -312,6 +312,7 @@ def _lattice_fit(
     start: int,
     n_bins: int,
     edges: str,
+    exact_only: bool = False,
 ) -> _GammaFit:
     """Minimise ECE/AdaECE over the lattice ``points`` of ln T (see :mod:`lattice`).
 
@@ -321,7 +322,7 @@ def _lattice_fit(
     the order of the confidences) is searched in float64.
     """
     accuracy = float(scores.correct.mean())
-    fast = objective == "ece"
+    fast = objective == "ece" and not exact_only
 
     def exact(j: int) -> lattice.LatticePoint:
         return _exact_point(scores, math.exp(-points[j]), gamma, objective, n_bins, edges)
@@ -346,12 +347,26 @@ def _lattice_fit(
             return _GammaFit(
                 chosen, checked[chosen], True, passes + len(checked), exact_passes, found.crossing
             )
+        # The float32 error bound failed (never seen): search again in float64.
+        redo = _lattice_fit(scores, objective, gamma, points, start, n_bins, edges, True)
+        return _GammaFit(
+            redo.index,
+            redo.value,
+            True,
+            passes + len(checked) + redo.passes,
+            exact_passes + redo.exact_passes,
+            redo.crossing,
+        )
     # The bound's premise failed (never seen; the search checks it): visit the whole lattice.
     everything = {j: exact(j).value for j in range(len(points))}
     chosen = lattice.pick(points, everything)
-    total = passes + exact_passes + len(points)
     return _GammaFit(
-        chosen, everything[chosen], True, total, exact_passes + len(points), found.crossing
+        chosen,
+        everything[chosen],
+        True,
+        passes + len(points),
+        exact_passes + len(points),
+        found.crossing,
     )
 
 
@@ -621,11 +636,18 @@ def _focal_lattice_fit(
     exact_passes = sum(f.exact_passes for f in fits)
     best = min(f.value for f in fits)
     profile = []
-    for gamma, found in zip(grid, fits, strict=True):
+    for i, gamma in enumerate(grid):
+        found = fits[i]
         value = found.value
         if not found.exact and value <= best + 2 * FLOAT32_ERROR:
             value = evaluate(math.exp(-points[found.index]), gamma)
             passes, exact_passes = passes + 1, exact_passes + 1
+            if abs(value - found.value) > FLOAT32_ERROR:  # the float32 bound failed: redo
+                found = _lattice_fit(
+                    data, objective, gamma, points, found.crossing, bins, edges, exact_only=True
+                )
+                fits[i], value = found, found.value
+                passes, exact_passes = passes + found.passes, exact_passes + found.passes
         temperature = _temperature(points, found.index, low, high)
         at_end = _at_end(temperature, low, high)
         profile.append(FocalProfilePoint(gamma, temperature, value, at_end, found.passes))

@@ -169,3 +169,35 @@ def test_border_cases_of_the_grid_fit() -> None:
     hot = torch.tensor([[0.0, -math.inf], [-math.inf, 0.0], [0.0, -math.inf]])
     exact = fit_focal_temperature(hot, torch.tensor([0, 1, 1]), kind="logprobs", grid_step=0.1)
     assert exact.objective_after == pytest.approx(1 / 3, abs=1e-12)  # one-hot rows are fixed
+
+
+def test_fallbacks_when_a_premise_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float32 value off by more than its bound, or a mean confidence that is not monotone,
+    sends the fit to float64: the choice is still the exhaustive lattice's."""
+    from curvcal.calibration import scaling
+
+    z, y = sampled(800, 10, 11)
+    logits = 2.5 * z
+    points = lattice.lattice(math.log(0.01), math.log(100.0), STEP)
+    values = reference_values(logits, y, 2.0, points)
+    honest = scaling._fast_point
+
+    def off(*args: object) -> lattice.LatticePoint:
+        point = honest(*args)  # type: ignore[arg-type]
+        return lattice.LatticePoint(point.value - 1e-3, point.mean_confidence)
+
+    monkeypatch.setattr(scaling, "_fast_point", off)
+    fit = fit_focal_temperature(logits, y, gammas=[2.0], grid_step=STEP)
+    assert_same_point(points, values, fit.temperature)
+    assert fit.objective_after == pytest.approx(float(values.min()), abs=TIE)
+    monkeypatch.setattr(scaling, "_fast_point", honest)
+    real_search = lattice.search
+
+    def not_monotone(*args: object, **kwargs: object) -> lattice.LatticeSearch:
+        found = real_search(*args, **kwargs)  # type: ignore[arg-type]
+        return lattice.LatticeSearch(found.evaluated, found.crossing, False)
+
+    monkeypatch.setattr(lattice, "search", not_monotone)
+    fit = fit_focal_temperature(logits, y, gammas=[2.0], grid_step=STEP)
+    assert_same_point(points, values, fit.temperature)
+    assert fit.profile[0].n_evaluations > len(points)  # the whole lattice was visited
