@@ -128,8 +128,8 @@ def focal_loss(
     return loss
 
 
-def _power_of_complement(q: torch.Tensor, exponent: float) -> torch.Tensor:
-    """(1 - q)^exponent for 0 <= q <= 1/2 (a new tensor).
+def _power_in_place(base: torch.Tensor, exponent: float) -> torch.Tensor:
+    """base**exponent for base = 1 - q in [1/2, 1], overwriting ``base``.
 
     Quarter-integer exponents up to 8 in magnitude (those of the default γ grid) go through
     sqrt and products, several times faster than ``pow`` (an exp and a log per element),
@@ -137,25 +137,31 @@ def _power_of_complement(q: torch.Tensor, exponent: float) -> torch.Tensor:
     """
     quarters = 4 * exponent
     if quarters != int(quarters) or abs(exponent) > 8:
-        return torch.log1p(q.neg()).mul_(exponent).exp_()
-    base = torch.rsub(q, 1.0)
+        return base.log_().mul_(exponent).exp_()
     whole, part = divmod(abs(int(quarters)), 4)
-    result = torch.ones_like(base) if whole == 0 else base.clone()
-    for _ in range(whole - 1):
-        result.mul_(base)
+    result = None
+    if whole:
+        result = base.clone()
+        for _ in range(whole - 1):
+            result.mul_(base)
     if part:
         root = base.sqrt_()  # x^(1/2)
         if part != 2:
             root.sqrt_()  # x^(1/4)
-            result.mul_(root)
             if part == 3:
-                result.mul_(root.mul_(root))  # x^(1/4) · x^(1/2)
-        else:
-            result.mul_(root)
+                root.mul_(root.square())  # x^(3/4)
+        result = root if result is None else result.mul_(root)
+    if result is None:
+        result = base.fill_(1.0)
     return result.reciprocal_() if exponent < 0 else result
 
 
-def focal_top_confidence(masked: torch.Tensor, s: float, gamma: float) -> torch.Tensor:
+def focal_top_confidence(
+    masked: torch.Tensor,
+    s: float,
+    gamma: float,
+    work: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """max_k φ_γ(softmax(s·z))_k for rows of masked, row-shifted log-probabilities.
 
     ``masked`` holds z - max_k z (any real dtype) with the top entry of every row replaced by
@@ -168,19 +174,25 @@ def focal_top_confidence(masked: torch.Tensor, s: float, gamma: float) -> torch.
     where (r/S)^(1-γ)/(r + γ log S) is 1/g_γ(q_top) written with 1 - q_top = r/S and
     -log q_top = log S = log1p(r), exact for confident rows. Rows with r = 0 (one-hot) are
     fixed points: confidence 1. Only the K-wide work is per element (one exp, a few products,
-    one division); nothing N×K is kept. Returns the confidences in the dtype of ``masked``.
+    one division); nothing N×K is kept. ``work`` are three scratch tensors of at least the
+    shape of ``masked`` (reused across calls to avoid allocations). Returns the confidences
+    in the dtype of ``masked``.
     """
-    scaled = masked * s
-    weight = torch.exp(scaled)
+    if work is None:
+        work = (torch.empty_like(masked), torch.empty_like(masked), torch.empty_like(masked))
+    first, second, third = (buffer[: masked.shape[0]] for buffer in work)
+    scaled = torch.mul(masked, s, out=first)
+    weight = torch.exp(scaled, out=second)
     rest = weight.sum(dim=1)
     if gamma == 0:
         return torch.reciprocal(rest + 1)
     log_total = torch.log1p(rest)
     q = weight.mul_(torch.reciprocal(rest + 1)[:, None])
-    neg_log_q = scaled.neg_().add_(log_total[:, None])  # -log q_j = log S - s·z_j
-    ratio = torch.addcmul(torch.rsub(q, 1.0), q, neg_log_q, value=gamma)  # (1-q) + γ q (-log q)
+    neg_log_q = torch.sub(log_total[:, None], scaled, out=first)  # -log q_j = log S - s·z_j
+    complement = torch.mul(q, -1.0, out=third).add_(1.0)  # 1 - q
+    ratio = neg_log_q.mul_(q).mul_(gamma).add_(complement)  # (1-q) + γ q (-log q)
     if gamma != 1:
-        ratio.mul_(_power_of_complement(q, gamma - 1))
+        ratio.mul_(_power_in_place(complement, gamma - 1))
     inverse_g = q.div_(ratio)  # 1/g_γ(q_j); 0 at the masked top entry
     total = inverse_g.sum(dim=1)
     log_ratio = (

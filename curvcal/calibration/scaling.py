@@ -140,10 +140,14 @@ class _Scores:
         n = self.logp.shape[0]
         out = torch.empty(n, dtype=torch.float64)
         source = self.single_precision() if single else None
+        dtype = torch.float32 if single else torch.float64
+        shape = (min(n, self.step), self.logp.shape[1])
+        first, second, third = (torch.empty(shape, dtype=dtype) for _ in range(3))
+        work = (first, second, third)
         for i in range(0, n, self.step):
             rows = slice(i, min(n, i + self.step))
             block = source[rows] if source is not None else self.masked(rows)
-            out[rows] = focal_top_confidence(block, s, gamma)
+            out[rows] = focal_top_confidence(block, s, gamma, work)
         return out
 
     def log_partition(self, s: float) -> torch.Tensor:
