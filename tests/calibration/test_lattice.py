@@ -31,7 +31,13 @@ TIE = 1e-12
 
 
 def reference_values(
-    z: torch.Tensor, y: torch.Tensor, gamma: float, points: np.ndarray, objective: str = "ece"
+    z: torch.Tensor,
+    y: torch.Tensor,
+    gamma: float,
+    points: np.ndarray,
+    objective: str = "ece",
+    bins: int = 15,
+    edges: str = "left",
 ) -> np.ndarray:
     """The objective at every lattice point, from the float64 focal map (no search)."""
     logp = torch.log_softmax(z.to(F64), dim=1)
@@ -43,10 +49,10 @@ def reference_values(
             scaled = focal_calibration_map(scaled, gamma)
         confidence = scaled.max(dim=1).values.exp()
         if objective == "ece":
-            index = binning.equal_width_index(confidence, 15)
+            index = binning.equal_width_index(confidence, bins, edges)
         else:
-            index = binning.equal_mass_index(confidence, 15)
-        out.append(binned_errors(*binning.bin_sums(index, confidence, correct, 15)).ece)
+            index = binning.equal_mass_index(confidence, bins)
+        out.append(binned_errors(*binning.bin_sums(index, confidence, correct, bins)).ece)
     return np.array(out)
 
 
@@ -201,3 +207,14 @@ def test_fallbacks_when_a_premise_fails(monkeypatch: pytest.MonkeyPatch) -> None
     fit = fit_focal_temperature(logits, y, gammas=[2.0], grid_step=STEP)
     assert_same_point(points, values, fit.temperature)
     assert fit.profile[0].n_evaluations > len(points)  # the whole lattice was visited
+
+
+def test_other_bins_and_right_edges() -> None:
+    z, y = sampled(1000, 4, 12)
+    points = lattice.lattice(math.log(0.01), math.log(100.0), STEP)
+    fit = fit_focal_temperature(
+        1.8 * z, y, gammas=[0.0, 1.0], bins=10, edges="right", grid_step=STEP
+    )
+    for point in fit.profile:
+        values = reference_values(1.8 * z, y, point.gamma, points, bins=10, edges="right")
+        assert_same_point(points, values, point.temperature)
