@@ -26,11 +26,11 @@ $(VENV)/.stamp-base: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,plot]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,plot,hf,timm,tables]'
 	touch $(VENV)/.stamp-base $@
 
 $(VENV)/.stamp-bench: pyproject.toml $(CONSTRAINTS) $(VENV)/.stamp-dev
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,plot,bench]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,plot,hf,timm,tables,bench]'
 	touch $@
 
 demo: $(VENV)/.stamp-base

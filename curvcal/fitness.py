@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from curvcal.errors import InputError
+
 if TYPE_CHECKING:
     from curvcal.load.checkpoint import LoadedModel
     from curvcal.load.data import LoadedData
@@ -29,6 +31,14 @@ def check_fitness(loaded: LoadedModel, data: LoadedData, option: str = "--data")
     from curvcal.load.data import check_labels
 
     where = f"{loaded.path} on {option} {data.spec}"
+    if loaded.modality == "text":
+        raise InputError(
+            where,
+            f"{loaded.architecture or 'the model'} is a text classifier that takes token ids "
+            "and an attention mask; curvcal does not read text datasets yet",
+            "curvcal inspect describes it; for calibration, save its logits and run curvcal "
+            "metrics on them",
+        )
     n_outputs = check_model_runs(loaded.module, data.dataset[0][0], loaded.device, where)
     check_labels(data, n_outputs, where)
     return n_outputs

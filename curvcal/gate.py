@@ -161,6 +161,7 @@ def run_check(
         root=Path(settings["data_root"]) if settings["data_root"] else None,
         max_samples=settings["max_samples"],
         trust=trust,
+        model_preprocessing=loaded.preprocessing,
     )
     data = load_dataset(data_options)
     n_classes = check_fitness(loaded, data, "data")

@@ -17,10 +17,23 @@ _CHUNK = 1 << 20
 
 
 def file_info(path: str | Path) -> FileInfo:
-    """Size and SHA-256 of a file (read in 1 MiB chunks; never modified). Directories: size 0,
+    """Size and SHA-256 of a file (read in 1 MiB chunks; never modified). A model folder
+    (``config.json`` and weights): total size of the files its loader reads, digest of each
+    one's relative name, a NUL byte and its contents, in load order. Other directories: size 0,
     digest of the sorted relative names and sizes of the files beneath."""
     p = Path(path)
     digest = hashlib.sha256()
+    from curvcal.load.hf import folder_files
+
+    model_files = folder_files(p)
+    if model_files:  # a model folder: its config and weights are what identify the model
+        for child in model_files:
+            digest.update(f"{child.relative_to(p)}\0".encode())
+            with child.open("rb") as handle:
+                while chunk := handle.read(_CHUNK):
+                    digest.update(chunk)
+        size = sum(child.stat().st_size for child in model_files)
+        return FileInfo(path=str(path), size_bytes=size, sha256=digest.hexdigest())
     if p.is_dir():
         for child in sorted(q for q in p.rglob("*") if q.is_file()):
             digest.update(f"{child.relative_to(p)}\0{child.stat().st_size}\n".encode())

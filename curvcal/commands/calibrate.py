@@ -36,7 +36,7 @@ DEFAULT_VAL_SPLIT = 0.5
 
 
 @click.command()
-@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("checkpoint", type=click.Path(path_type=Path))
 @checkpoint_options
 @data_options()
 @click.option(
@@ -118,6 +118,7 @@ def calibrate(
     loaded = load_model(checkpoint, checkpoint_options)
     context = init_from_env(loaded.device)
     trust = checkpoint_options.trust
+    data_options = dataclasses.replace(data_options, model_preprocessing=loaded.preprocessing)
     data = load_dataset(dataclasses.replace(data_options, trust=trust))
     n_classes = check_fitness(loaded, data, "--data")
     fit_loaded = None

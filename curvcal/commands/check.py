@@ -39,7 +39,7 @@ _OVERRIDES = {
 
 
 @click.command()
-@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option(
     "--policy",
     "policy_path",

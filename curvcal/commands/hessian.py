@@ -260,7 +260,13 @@ def hessian(
             probe_batch=probe_batch,
         )
         _check_parameters(loaded, settings)
-        data = load_dataset(dataclasses.replace(data_options, trust=checkpoint_options.trust))
+        data = load_dataset(
+            dataclasses.replace(
+                data_options,
+                trust=checkpoint_options.trust,
+                model_preprocessing=loaded.preprocessing,
+            )
+        )
         check_fitness(loaded, data, "--data")
         if data.n_samples < context.world_size:
             raise InputError(

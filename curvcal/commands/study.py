@@ -283,7 +283,10 @@ def expand_checkpoints(arguments: tuple[str, ...]) -> list[Path]:
     paths: list[Path] = []
     for argument in arguments:
         if os.path.lexists(argument):  # a loop or a broken link gets its own message
-            readable_file(Path(argument), expected="checkpoint file")
+            if not os.path.isdir(
+                argument
+            ):  # a folder is a model folder, or the loader says why not
+                readable_file(Path(argument), expected="checkpoint file")
             paths.append(Path(argument))
             continue
         matches = sorted(glob.glob(argument)) if glob.has_magic(argument) else []

@@ -4,9 +4,13 @@ Specs:
 
 - ``tv:NAME``: ``torchvision.models.get_model(NAME, weights=None, **kwargs)`` (no download);
 - ``curvcal:NAME``: an architecture bundled with curvcal (:data:`curvcal.models.BUILTIN_ARCHITECTURES`);
+- ``timm:NAME``: ``timm.create_model(NAME, pretrained=False, **kwargs)`` (the ``timm`` extra);
+- ``hf:FOLDER``: the transformers classifier of ``FOLDER/config.json`` (the ``hf`` extra;
+  a config naming custom code needs ``--trust-checkpoint``), returning logits;
 - ``py:package.module:Class``: imports user code, so it needs ``--trust-checkpoint``.
 
-torchvision and curvcal architectures come from installed, reviewed code and are safe to build.
+torchvision, timm, transformers and curvcal architectures come from installed, reviewed code and
+are safe to build.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from curvcal.errors import InputError, TrustError
 
 ARCH_OPTION = "--arch"
 KWARGS_OPTION = "--arch-kwargs"
-SCHEMES = ("tv", "curvcal", "py")
+SCHEMES = ("tv", "timm", "hf", "curvcal", "py")
 
 
 def build_architecture(spec: str, kwargs: Mapping[str, Any], trust: bool) -> nn.Module:
@@ -67,10 +71,15 @@ def resolve_architecture(
         raise InputError(
             ARCH_OPTION,
             f"{spec!r} is not an architecture spec",
-            "use tv:NAME (torchvision), curvcal:NAME (bundled) or py:package.module:Class",
+            "use tv:NAME (torchvision), timm:NAME, hf:FOLDER, curvcal:NAME (bundled) or "
+            "py:package.module:Class",
         )
     if scheme == "tv":
         return _torchvision(name), None
+    if scheme == "timm":
+        return _timm(name), None
+    if scheme == "hf":
+        return _hf(name, trust), frozenset()
     if scheme == "curvcal":
         from curvcal.models import BUILTIN_ARCHITECTURES
 
@@ -103,6 +112,33 @@ def _torchvision(name: str) -> Callable[..., Any]:
 
     def build(**kwargs: Any) -> Any:
         return torchvision.models.get_model(name, weights=None, **kwargs)
+
+    return build
+
+
+def _timm(name: str) -> Callable[..., Any]:
+    from curvcal.load.extras import require
+    from curvcal.load.hf import build_timm
+
+    timm = require("timm", "timm", f"{ARCH_OPTION} timm:{name}")
+    if not timm.is_model(name):
+        build_timm(name, {})  # raises, with suggestions
+
+    def build(**kwargs: Any) -> Any:
+        return build_timm(name, kwargs)
+
+    return build
+
+
+def _hf(folder: str, trust: bool) -> Callable[..., Any]:
+    from pathlib import Path
+
+    from curvcal.load.hf import build_folder_model, read_folder
+
+    described = read_folder(Path(folder).expanduser(), need_weights=False)
+
+    def build() -> Any:
+        return build_folder_model(described, trust)
 
     return build
 

@@ -12,7 +12,13 @@ form                  written by                                  loading needs
 ``pickled_module``    ``torch.save(model)``                        ``--trust-checkpoint``
 ``torchscript``       ``torch.jit.save``                           ``--trust-checkpoint``
 ``exported_program``  ``torch.export.save`` (``.pt2``)             ``--trust-checkpoint``
+``hf_folder``         transformers ``save_pretrained`` (a folder)  nothing (``auto_map``:
+                                                                   ``--trust-checkpoint``)
+``timm_folder``       ``timm.models.save_for_hf`` (a folder)       nothing
 ====================  ==========================================  ===========================
+
+A state dict saved from a transformers model loads with ``--arch hf:FOLDER`` (the folder's
+``config.json``), one from timm with ``--arch timm:NAME`` (:mod:`curvcal.load.hf`).
 
 Without trust every pickle goes through ``torch.load(weights_only=True)``; nothing here ever
 falls back to an unsafe load by itself. The loaded module is a fresh object in eval mode on the
@@ -24,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pickle
 import re
 import struct
@@ -63,7 +70,15 @@ from curvcal.load.state_dict import (
 
 PLAIN_PICKLE = "plain_pickle"
 PLAIN_PICKLE_NOTE = "a plain Python pickle, not a torch.save checkpoint: curvcal cannot load it"
-FORMS = ("state_dict", "safetensors", "pickled_module", "torchscript", "exported_program")
+FORMS = (
+    "state_dict",
+    "safetensors",
+    "pickled_module",
+    "torchscript",
+    "exported_program",
+    "hf_folder",
+    "timm_folder",
+)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 ARCH_METADATA_KEY = "curvcal.arch"
 ARCH_KWARGS_METADATA_KEY = "curvcal.arch_kwargs"
@@ -120,6 +135,10 @@ class LoadedModel:
     metadata: dict[str, str]
     device: torch.device
     dtype: torch.dtype
+    architecture: str | None = None
+    labels: tuple[str, ...] = ()
+    modality: str | None = None
+    preprocessing: dict[str, Any] | None = None
 
     @property
     def parameter_count(self) -> int:
@@ -138,6 +157,10 @@ class LoadedModel:
             "stripped_prefix": self.stripped_prefix,
             "num_classes": self.num_classes,
             "parameter_count": self.parameter_count,
+            "architecture": self.architecture,
+            "id2label": list(self.labels) or None,
+            "modality": self.modality,
+            "preprocessing": self.preprocessing,
             "metadata": dict(self.metadata),
             "device": str(self.device),
             "dtype": dtype_name(self.dtype),
@@ -158,6 +181,8 @@ class CheckpointInfo:
     or the format carries code, ``needs_trust`` is true and the tensors are not listed (pickles).
     A plain Python pickle (not written by :func:`torch.save`) has format ``plain_pickle``, lists
     every global it would import in ``pickle_globals`` and cannot be loaded as a checkpoint.
+    A model folder (``hf_folder``, ``timm_folder``) also gives its ``architecture`` and its
+    ``labels`` (``id2label`` in index order), and needs trust when its config names custom code.
     """
 
     path: Path
@@ -174,6 +199,8 @@ class CheckpointInfo:
     unsafe_globals: tuple[str, ...]
     needs_trust: bool
     pickle_globals: tuple[str, ...] = ()
+    architecture: str | None = None
+    labels: tuple[str, ...] = ()
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -216,6 +243,9 @@ def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype)
     allowed = import_globals(options.allow_globals)
+    if _is_folder(path):
+        loaded = _load_folder(path, options)
+        return _finish(path, loaded, device, dtype)
     container = sniff(path)
     if container.kind == "pickle":
         _refuse_plain_pickle(path)
@@ -227,12 +257,16 @@ def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
         loaded = _load_exported(path, options, device)
     else:
         loaded = _load_pickle(path, container, options, allowed)
+    return _finish(path, loaded, device, dtype)
+
+
+def _finish(path: Path, loaded: _Loaded, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     module = loaded.module
     module.to(device=device, dtype=dtype)
     if loaded.form != "exported_program":
         module.eval()
     shapes = [(name, tuple(t.shape)) for name, t in module.state_dict().items()]
-    num_classes = infer_num_classes(shapes)
+    num_classes = len(loaded.labels) if loaded.labels else infer_num_classes(shapes)
     return LoadedModel(
         module=module,
         form=loaded.form,
@@ -244,6 +278,10 @@ def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
         metadata=loaded.metadata,
         device=device,
         dtype=dtype,
+        architecture=loaded.architecture,
+        labels=loaded.labels,
+        modality=loaded.modality,
+        preprocessing=loaded.preprocessing,
     )
 
 
@@ -297,6 +335,8 @@ def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) ->
     """
     path = Path(path)
     allowed = import_globals(allow_globals)
+    if _is_folder(path):
+        return _inspect_folder(path, allow_globals)
     container = sniff(path)
     if container.kind == "safetensors":
         specs = safetensors_specs(container.header)
@@ -378,6 +418,10 @@ class _Loaded:
     state_dict_key: str | None = None
     stripped_prefix: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    architecture: str | None = None
+    labels: tuple[str, ...] = ()
+    modality: str | None = None
+    preprocessing: dict[str, Any] | None = None
 
 
 def _load_safetensors(path: Path, container: Container, options: CheckpointOptions) -> _Loaded:
@@ -569,10 +613,14 @@ def _from_state_dict(
     metadata: dict[str, str],
 ) -> _Loaded:
     if arch is None:
+        recorded = metadata.get("arch")
+        hint = "pass --arch tv:NAME, timm:NAME, hf:FOLDER, curvcal:NAME or py:package.module:Class"
+        if recorded:  # timm's training script records the model name under "arch"
+            hint = (
+                f"the file records arch {recorded!r}: pass --arch timm:{recorded} if it is timm's"
+            )
         raise InputError(
-            str(path),
-            "holds only weights; the architecture they belong to is not recorded",
-            "pass --arch tv:NAME, curvcal:NAME or py:package.module:Class",
+            str(path), "holds only weights; the architecture they belong to is not recorded", hint
         )
     metadata = dict(metadata)
     if options.num_classes is not None:
@@ -598,6 +646,7 @@ def _from_state_dict(
     module.load_state_dict(match.renamed, strict=True)
     if match.ignored:
         metadata["ignored_keys"] = f"{match.ignored} keys outside prefix {match.prefix!r}"
+    facts = architecture_facts(arch, module)
     return _Loaded(
         module=module,
         form=form,
@@ -605,6 +654,146 @@ def _from_state_dict(
         state_dict_key=key,
         stripped_prefix=match.prefix or None,
         metadata=metadata,
+        **facts,
+    )
+
+
+# --- model folders ---------------------------------------------------------------------------
+
+
+def _is_folder(path: Path) -> bool:
+    """A directory given as a checkpoint: a model folder, or an error saying what one is."""
+    if not os.path.isdir(path):  # never raises (a name too long is simply not a folder)
+        return False
+    from curvcal.load.hf import CONFIG_NAME, is_model_folder
+
+    if not is_model_folder(path):
+        raise InputError(
+            str(path),
+            f"is a directory, not a checkpoint file nor a model folder (it has no {CONFIG_NAME})",
+            "a model folder holds config.json and its weights, as save_pretrained writes them",
+        )
+    return True
+
+
+def _load_folder(path: Path, options: CheckpointOptions) -> _Loaded:
+    from curvcal.load.hf import build_folder_model, load_pretrained, read_folder, read_state
+
+    if options.arch is not None:
+        raise InputError(
+            "--arch",
+            f"{path} is a model folder, whose config.json names its architecture",
+            "drop --arch (hf:FOLDER is for a separate weights file)",
+        )
+    folder = read_folder(path)
+    if folder.library == "timm":
+        module = build_folder_model(folder, options.trust)
+        state = read_state(folder, options)
+        match = match_keys(state, module.state_dict())
+        if not match.ok:
+            raise InputError(
+                str(path), f"weights do not fit its config.json: {match.describe_problems()}"
+            )
+        module.load_state_dict(match.renamed, strict=True)
+    else:
+        for file in folder.weights:
+            if file.suffix != ".safetensors":  # scanned, refused if it needs any global
+                load_state_file(file, options)
+        module = load_pretrained(folder, options.trust)
+    metadata = {"library": folder.library}
+    if folder.custom_code:
+        metadata["custom_code"] = ", ".join(folder.custom_code)
+    return _Loaded(
+        module=module,
+        form="hf_folder" if folder.library == "transformers" else "timm_folder",
+        arch=None,
+        metadata=metadata,
+        architecture=folder.architecture,
+        labels=folder.labels,
+        modality=folder.modality,
+        preprocessing=folder.preprocessing,
+    )
+
+
+def architecture_facts(arch: str, module: nn.Module) -> dict[str, Any]:
+    """Architecture name, labels, input modality and preprocessing of a module built from
+    ``arch`` (``hf:FOLDER`` reads the folder's config; ``timm:NAME`` the model's
+    ``pretrained_cfg``)."""
+    scheme, _, name = arch.partition(":")
+    if scheme == "hf":
+        from curvcal.load.hf import read_folder
+
+        folder = read_folder(Path(name).expanduser(), need_weights=False)
+        return {
+            "architecture": folder.architecture,
+            "labels": folder.labels,
+            "modality": folder.modality,
+            "preprocessing": folder.preprocessing,
+        }
+    if scheme == "timm":
+        from curvcal.load.hf import timm_preprocessing
+
+        return {
+            "architecture": name,
+            "modality": "image",
+            "preprocessing": timm_preprocessing(module, name),
+        }
+    return {"architecture": type(module).__name__}
+
+
+def load_state_file(path: Path, options: CheckpointOptions) -> dict[str, torch.Tensor]:
+    """The state dict in a ``torch.save`` file, through a weights-only load only (a model
+    folder's ``pytorch_model.bin``: its globals are never trusted, whatever the options)."""
+    allowed = import_globals(options.allow_globals)
+    container = sniff(path)
+    if container.kind not in ("torch-zip", "torch-legacy"):
+        raise InputError(str(path), f"is a {container.kind} file, not torch.save weights")
+    scan = unsafe_globals(path, container, options.allow_globals, allowed)
+    if scan.names:
+        raise TrustError(
+            str(path),
+            f"needs {', '.join(scan.names)} to load, which a weights-only load refuses",
+            "re-save the folder with safetensors (save_pretrained does by default)",
+        )
+    obj = _weights_only_load(path, allowed)
+    try:
+        _key, state = find_state_dict(obj)
+    except LookupError:
+        raise InputError(str(path), "holds no state dict") from None
+    if not is_state_dict(state):
+        raise InputError(str(path), "holds no state dict (str -> tensor)")
+    return dict(state)
+
+
+def _inspect_folder(path: Path, allow_globals: tuple[str, ...]) -> CheckpointInfo:
+    from curvcal.load.hf import read_folder
+
+    folder = read_folder(path)
+    specs: list[TensorSpec] = []
+    for file in folder.weights:
+        if file.suffix == ".safetensors":
+            specs.extend(safetensors_specs(sniff(file).header))
+        else:
+            specs.extend(inspect_checkpoint(file, allow_globals).tensors)
+    metadata = {"library": folder.library, "modality": folder.modality}
+    for key in ("model_type", "problem_type"):
+        if isinstance(folder.config.get(key), str):
+            metadata[key] = folder.config[key]
+    if folder.custom_code:
+        metadata["custom_code"] = ", ".join(folder.custom_code)
+    if folder.preprocessing:
+        metadata["preprocessing"] = json.dumps(folder.preprocessing)
+    info = _info(
+        path,
+        "hf_folder" if folder.library == "transformers" else "timm_folder",
+        Container(kind="folder"),
+        tuple(specs),
+        metadata=metadata,
+        needs_trust=bool(folder.custom_code),
+    )
+    num_classes = len(folder.labels) if folder.labels else info.num_classes
+    return dataclasses.replace(
+        info, architecture=folder.architecture, labels=folder.labels, num_classes=num_classes
     )
 
 

@@ -21,8 +21,10 @@ preprocessed); a given ``mean``/``std`` is applied to them over dimension 1 (cha
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +64,11 @@ class DataOptions:
     """Everything that says which samples are read and how they are preprocessed.
 
     ``trust`` allows ``py:`` factories (they run code); the CLI sets it from
-    ``--trust-checkpoint``.
+    ``--trust-checkpoint``. ``model_preprocessing`` is what the model expects
+    (:attr:`curvcal.load.checkpoint.LoadedModel.preprocessing`: ``mean``, ``std``,
+    ``input_size``, ``crop_pct``, ``source``); image datasets (``tv:``, ``folder:``) use it in
+    place of their preset and for resize/crop when ``mean``/``std``/``resize``/``crop`` are not
+    given. Tensor files are taken as already preprocessed and never use it.
     """
 
     spec: str
@@ -77,6 +83,7 @@ class DataOptions:
     x_key: str = "x"
     y_key: str = "y"
     trust: bool = False
+    model_preprocessing: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -214,11 +221,21 @@ def _take_subset(data: LoadedData, options: DataOptions) -> LoadedData:
     )
 
 
+def with_model_preprocessing(options: DataOptions, preprocessing: Any) -> DataOptions:
+    """``options`` with the model's expected preprocessing (``LoadedModel.preprocessing``)."""
+    return dataclasses.replace(options, model_preprocessing=preprocessing)
+
+
 def _normalisation(
-    options: DataOptions, preset: str | None, channels: int | None
+    options: DataOptions, preset: str | None, channels: int | None, use_model: bool = False
 ) -> tuple[tuple[float, ...], tuple[float, ...], dict[str, Any]] | None:
-    """The (mean, std) to apply and its description; None when nothing is applied."""
+    """The (mean, std) to apply and its description; None when nothing is applied. With
+    ``use_model`` the model's own mean/std replace the preset."""
     base = NORMALISATION_PRESETS.get(preset) if preset else None
+    model = options.model_preprocessing if use_model else None
+    if model is not None and "mean" in model and "std" in model:
+        base = (tuple(model["mean"]), tuple(model["std"]))
+        preset = f"model ({model.get('source', 'its config')})"
     mean = options.mean if options.mean is not None else (base[0] if base else None)
     std = options.std if options.std is not None else (base[1] if base else None)
     if mean is None and std is None:
@@ -250,15 +267,21 @@ def _image_transform(
 
     steps: list[Any] = []
     names: list[str] = []
-    if options.resize is not None:
-        steps.append(transforms.Resize(options.resize))
-        names.append(f"resize {options.resize}")
-    if options.crop is not None:
-        steps.append(transforms.CenterCrop(options.crop))
-        names.append(f"center-crop {options.crop}")
+    resize, crop = options.resize, options.crop
+    model = options.model_preprocessing
+    if resize is None and crop is None and model is not None and "input_size" in model:
+        # timm's eval transform: resize the short side to side / crop_pct, then center-crop
+        crop = int(model["input_size"][-1])
+        resize = math.floor(crop / float(model.get("crop_pct", 1.0)))
+    if resize is not None:
+        steps.append(transforms.Resize(resize))
+        names.append(f"resize {resize}")
+    if crop is not None:
+        steps.append(transforms.CenterCrop(crop))
+        names.append(f"center-crop {crop}")
     steps.append(transforms.ToTensor())
     names.append("to-tensor [0, 1]")
-    norm = _normalisation(options, preset, channels)
+    norm = _normalisation(options, preset, channels, use_model=True)
     description = None
     if norm is not None:
         mean, std, description = norm

@@ -16,6 +16,7 @@ import torch
 
 from curvcal.calibration.inputs import NAN_POLICIES, drop_rows, nonfinite_rows
 from curvcal.errors import InputError
+from curvcal.load.tables import is_table, read_table
 from curvcal.load.tensorfile import as_labels, read_tensor_file, write_tensor_file
 
 INPUT_KINDS = ("logits", "probs", "logprobs")
@@ -41,7 +42,8 @@ def load_logits(
     labels_key: str = "labels",
     nan_policy: str = "error",
 ) -> LogitsData:
-    """Read scores and labels from a ``.npz``, ``.pt`` or ``.safetensors`` file and check them.
+    """Read scores and labels from a ``.npz``, ``.pt`` or ``.safetensors`` file, or a
+    ``.parquet``/``.csv`` table (:mod:`curvcal.load.tables`), and check them.
 
     ``nan_policy``: ``error`` refuses a row with a NaN or infinity (naming the file and the
     first such row); ``drop`` leaves such rows out and counts them in ``dropped_rows``.
@@ -51,7 +53,7 @@ def load_logits(
         raise InputError("--nan-policy", f"'{nan_policy}' is not one of {', '.join(NAN_POLICIES)}")
     if kind not in INPUT_KINDS:
         raise InputError("--input-kind", f"'{kind}' is not one of {', '.join(INPUT_KINDS)}")
-    tensors = read_tensor_file(path)
+    tensors = read_table(path, scores_key, labels_key) if is_table(path) else read_tensor_file(path)
     if scores_key not in tensors:
         present = ", ".join(sorted(tensors)) or "none"
         hint = f"name the scores with --scores-key (the file has: {present})"

@@ -26,6 +26,8 @@ def inspect_tables(info: CheckpointInfo) -> list[Table]:
         ("tensors", str(len(info.tensors)) if info.tensors else "-"),
         ("parameters", f"{info.parameter_count:,}" if info.parameter_count is not None else "-"),
         ("classes", str(info.num_classes) if info.num_classes is not None else "-"),
+        *((("architecture", info.architecture),) if info.architecture else ()),
+        *((("labels", _short_list(info.labels)),) if info.labels else ()),
         ("unsafe globals", _short_list(info.unsafe_globals, limit=len(info.unsafe_globals))),
         ("needs --trust-checkpoint", "yes" if info.needs_trust else "no"),
     ]

@@ -1,0 +1,433 @@
+"""Hugging Face ``save_pretrained`` folders and timm folders as checkpoints.
+
+A *model folder* is a directory holding ``config.json`` and its weights:
+
+- Hugging Face transformers: ``config.json`` with ``architectures`` (``ViTForImageClassification``,
+  ``BertForSequenceClassification``, ...) and ``model.safetensors`` (or the shards listed in
+  ``model.safetensors.index.json``, or ``pytorch_model.bin``, read weights-only). The module is
+  built from the config through the transformers Auto classes for image or sequence
+  classification, then the weights are loaded by curvcal (safetensors or a weights-only
+  ``torch.load``), so no file of the folder runs code. A config with ``auto_map`` names custom
+  code that building the model would import and run: refused unless ``trust``.
+- timm (``timm.models.save_for_hf`` / ``push_to_hub``): ``config.json`` with ``architecture``,
+  ``num_classes`` and ``pretrained_cfg``, weights in ``model.safetensors``; built with
+  ``timm.create_model(architecture, pretrained=False, num_classes=...)``.
+
+Models use the library's eager attention (the same function as its fused kernels, which have
+no second derivative). Transformers outputs are objects; :class:`LogitsModule` exposes the logits tensor under the same
+parameter names as the library's model (``classifier.weight``, not ``model.classifier.weight``).
+Nothing here imports transformers or timm until a folder is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from curvcal.errors import InputError, TrustError
+from curvcal.load.extras import require
+
+if TYPE_CHECKING:
+    from curvcal.load.checkpoint import CheckpointOptions
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_NAME = "pytorch_model.bin"
+PREPROCESSOR_NAME = "preprocessor_config.json"
+#: transformers architecture name suffix -> (Auto class name, input modality)
+TASKS = {
+    "ForImageClassification": ("AutoModelForImageClassification", "image"),
+    "ForSequenceClassification": ("AutoModelForSequenceClassification", "text"),
+}
+_TRUST_HINT = "pass --trust-checkpoint only if you trust the folder's source"
+
+
+@dataclass(frozen=True)
+class FolderModel:
+    """What a model folder says about itself, read from its JSON and file headers alone.
+
+    ``library``: ``transformers`` or ``timm``; ``architecture``: the class or model name;
+    ``modality``: ``image`` or ``text``; ``labels``: ``id2label`` in index order (empty when the
+    config has none); ``weights``: the weight files in load order; ``custom_code``: the
+    ``auto_map`` entries, which need trust; ``preprocessing``: mean, std and input size the
+    model expects, when the folder records them.
+    """
+
+    path: Path
+    config: Mapping[str, Any]
+    library: str
+    architecture: str
+    modality: str
+    labels: tuple[str, ...]
+    weights: tuple[Path, ...]
+    custom_code: tuple[str, ...]
+    preprocessing: dict[str, Any] | None
+
+
+def is_model_folder(path: Path) -> bool:
+    """A directory holding ``config.json``."""
+    return os.path.isdir(path) and os.path.isfile(path / CONFIG_NAME)  # never raise
+
+
+def folder_files(path: Path) -> tuple[Path, ...]:
+    """The files a model folder's loader reads (config, weights, preprocessor config), for
+    provenance digests; empty when ``path`` is not a model folder or its config is unreadable."""
+    if not is_model_folder(path):
+        return ()
+    try:
+        weights = _weight_files(path)
+    except InputError:
+        weights = ()
+    extra = (path / PREPROCESSOR_NAME,) if (path / PREPROCESSOR_NAME).is_file() else ()
+    return (path / CONFIG_NAME, *weights, *extra)
+
+
+def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
+    """Describe the model folder at ``path`` from ``config.json`` and the weight files' names,
+    without importing transformers or timm. Raises :class:`InputError` for a folder that is
+    not a classifier folder curvcal can load (``need_weights=False``: the weights may be
+    elsewhere, as with ``--arch hf:FOLDER``)."""
+    if not path.is_dir():
+        raise InputError(str(path), "is not a folder", "hf:FOLDER names a save_pretrained folder")
+    config = _read_json(path / CONFIG_NAME)
+    if not isinstance(config, dict):
+        raise InputError(str(path / CONFIG_NAME), "is not a JSON object")
+    weights = _weight_files(path) if need_weights else ()
+    if "architecture" in config and "pretrained_cfg" in config:
+        return _timm_folder(path, config, weights)
+    names = config.get("architectures")
+    if not isinstance(names, list) or not names or not isinstance(names[0], str):
+        raise InputError(
+            str(path / CONFIG_NAME),
+            "names no architecture (no 'architectures' list, nor timm's 'architecture')",
+            "save the model with save_pretrained, which records it",
+        )
+    architecture = names[0]
+    modality = next((m for suffix, (_a, m) in TASKS.items() if architecture.endswith(suffix)), None)
+    if modality is None:
+        raise InputError(
+            str(path),
+            f"holds a {architecture}, not an image or sequence classifier",
+            "curvcal loads *ForImageClassification and *ForSequenceClassification models",
+        )
+    auto_map = config.get("auto_map")
+    custom = tuple(f"{k}={v}" for k, v in auto_map.items()) if isinstance(auto_map, dict) else ()
+    if auto_map is not None and not custom:
+        custom = (str(auto_map),)
+    return FolderModel(
+        path=path,
+        config=config,
+        library="transformers",
+        architecture=architecture,
+        modality=modality,
+        labels=_labels(config),
+        weights=weights,
+        custom_code=custom,
+        preprocessing=_image_processor(path),
+    )
+
+
+def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
+    """The (randomly initialised) module of ``folder``'s config, returning logits tensors."""
+    if folder.library == "timm":
+        return build_timm(folder.architecture, _timm_kwargs(folder.config))
+    _refuse_custom_code(folder, trust)
+    transformers = require("hf", "transformers", str(folder.path))
+    auto_name = _auto_name(folder)
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            str(folder.path), local_files_only=True, trust_remote_code=trust
+        )
+        model = getattr(transformers, auto_name).from_config(
+            config, trust_remote_code=trust, attn_implementation="eager"
+        )
+    except (ValueError, KeyError, OSError, ImportError, TypeError) as exc:
+        raise InputError(
+            str(folder.path),
+            f"transformers cannot build {folder.architecture} from config.json: {_one_line(exc)}",
+            "is transformers recent enough for this model?",
+        ) from exc
+    return LogitsModule(model, folder.modality)
+
+
+def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
+    """The transformers classifier of ``folder`` with its weights, through the library's own
+    ``from_pretrained`` (local files only; it renames saved keys to the module's own names,
+    as recent transformers versions do). Safetensors weights, or a ``pytorch_model.bin`` the
+    caller has checked needs no global beyond a weights-only load's."""
+    _refuse_custom_code(folder, trust)
+    transformers = require("hf", "transformers", str(folder.path))
+    auto = getattr(transformers, _auto_name(folder))
+    bars = transformers.utils.logging
+    was_shown = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()  # curvcal's own progress goes to stderr; keep it the only one
+    try:
+        model = auto.from_pretrained(
+            str(folder.path),
+            local_files_only=True,
+            trust_remote_code=trust,
+            use_safetensors=folder.weights[0].suffix == ".safetensors",
+            # fused attention kernels have no second derivative or forward-mode rule; the
+            # library's eager attention computes the same function and every Hessian product
+            attn_implementation="eager",
+        )
+    except (ValueError, KeyError, OSError, ImportError, TypeError, RuntimeError) as exc:
+        raise InputError(
+            str(folder.path),
+            f"transformers cannot load {folder.architecture}: {_one_line(exc)}",
+            "is transformers recent enough for this model?",
+        ) from exc
+    finally:
+        if was_shown:
+            bars.enable_progress_bar()
+    return LogitsModule(model, folder.modality)
+
+
+def build_timm(name: str, kwargs: Mapping[str, Any]) -> nn.Module:
+    """``timm.create_model(name, pretrained=False, **kwargs)`` (never downloads)."""
+    timm = require("timm", "timm", f"--arch timm:{name}")
+    if not timm.is_model(name):
+        import difflib
+
+        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.5)
+        hint = (
+            "did you mean " + ", ".join(close) + "?" if close else "timm.list_models() lists them"
+        )
+        raise InputError("--arch", f"timm has no model {name!r}", hint)
+    try:
+        model: nn.Module = timm.create_model(name, pretrained=False, **kwargs)
+    except TypeError as exc:
+        raise InputError(
+            "--arch-kwargs", f"timm:{name} cannot be built with {dict(kwargs)}: {_one_line(exc)}"
+        ) from exc
+    return model
+
+
+def timm_preprocessing(model: nn.Module, name: str) -> dict[str, Any] | None:
+    """Mean, std, input size and crop fraction of a timm model's ``pretrained_cfg``."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    if not isinstance(cfg, Mapping):
+        return None
+    return _preprocessing(
+        cfg.get("mean"),
+        cfg.get("std"),
+        cfg.get("input_size"),
+        cfg.get("crop_pct"),
+        f"timm pretrained_cfg of {name}",
+    )
+
+
+def read_state(folder: FolderModel, options: CheckpointOptions) -> dict[str, torch.Tensor]:
+    """The folder's weights as one state dict: safetensors files, or ``pytorch_model.bin``
+    through a weights-only load (refusing anything that would run code)."""
+    state: dict[str, torch.Tensor] = {}
+    for file in folder.weights:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            try:
+                state.update(load_file(str(file), device="cpu"))
+            except Exception as exc:  # safetensors raises its own error types
+                raise InputError(
+                    str(file), f"cannot read safetensors file: {_one_line(exc)}"
+                ) from exc
+        else:
+            from curvcal.load.checkpoint import load_state_file
+
+            state.update(load_state_file(file, options))
+    return state
+
+
+class LogitsModule(nn.Module):
+    """A transformers classifier whose forward returns the logits tensor.
+
+    The library's model keeps its own module tree: its children are this module's children,
+    under the same names, so ``named_parameters()`` and ``state_dict()`` keys are the library's
+    (``vit.embeddings...``, ``classifier.weight``) and ``torch.func.functional_call`` on this
+    module swaps the parameters the library's forward uses. A tensor input is passed as the
+    model's main input (``pixel_values``, ``input_ids``); a mapping as keyword arguments.
+    """
+
+    def __init__(self, model: nn.Module, modality: str) -> None:
+        super().__init__()
+        if list(model._parameters) or list(model._buffers):
+            raise InputError(
+                type(model).__name__,
+                "has parameters outside its sub-modules; curvcal cannot wrap it",
+            )
+        for name, child in model.named_children():
+            self.add_module(name, child)
+        self.__dict__["library_model"] = model  # not registered: its children already are
+        self.modality = modality
+        self.main_input = str(getattr(model, "main_input_name", "pixel_values"))
+
+    def train(self, mode: bool = True) -> LogitsModule:
+        super().train(mode)
+        self.__dict__["library_model"].training = mode
+        return self
+
+    def forward(self, x: Any) -> torch.Tensor:
+        model = self.__dict__["library_model"]
+        inputs = dict(x) if isinstance(x, Mapping) else {self.main_input: x}
+        out = model(**inputs, return_dict=True)
+        logits: torch.Tensor = out.logits
+        return logits
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _refuse_custom_code(folder: FolderModel, trust: bool) -> None:
+    if folder.custom_code and not trust:
+        raise TrustError(
+            str(folder.path),
+            f"config.json asks for custom code ({', '.join(folder.custom_code)}), which "
+            "building the model would import and run",
+            _TRUST_HINT,
+        )
+
+
+def _auto_name(folder: FolderModel) -> str:
+    return next(a for suffix, (a, _m) in TASKS.items() if folder.architecture.endswith(suffix))
+
+
+def _timm_folder(path: Path, config: dict[str, Any], weights: tuple[Path, ...]) -> FolderModel:
+    architecture = config["architecture"]
+    if not isinstance(architecture, str):
+        raise InputError(str(path / CONFIG_NAME), "'architecture' is not a string")
+    raw_cfg = config.get("pretrained_cfg")
+    cfg: dict[str, Any] = raw_cfg if isinstance(raw_cfg, dict) else {}
+    names = config.get("label_names") or cfg.get("label_names") or ()
+    return FolderModel(
+        path=path,
+        config=config,
+        library="timm",
+        architecture=architecture,
+        modality="image",
+        labels=tuple(str(n) for n in names) if isinstance(names, list | tuple) else (),
+        weights=weights,
+        custom_code=(),
+        preprocessing=_preprocessing(
+            cfg.get("mean"),
+            cfg.get("std"),
+            cfg.get("input_size"),
+            cfg.get("crop_pct"),
+            f"timm pretrained_cfg in {path / CONFIG_NAME}",
+        ),
+    )
+
+
+def _timm_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for key in ("num_classes", "in_chans", "global_pool"):
+        if key in config:
+            kwargs[key] = config[key]
+    model_args = config.get("model_args")
+    if isinstance(model_args, dict):
+        kwargs.update(model_args)
+    return kwargs
+
+
+def _weight_files(path: Path) -> tuple[Path, ...]:
+    if (path / SAFETENSORS_NAME).is_file():
+        return (path / SAFETENSORS_NAME,)
+    if (path / SAFETENSORS_INDEX).is_file():
+        index = _read_json(path / SAFETENSORS_INDEX)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise InputError(str(path / SAFETENSORS_INDEX), "has no 'weight_map'")
+        shards = []
+        for name in dict.fromkeys(str(v) for v in weight_map.values()):
+            shard = path / name
+            if Path(name).name != name or not shard.is_file():
+                raise InputError(str(path / SAFETENSORS_INDEX), f"names a missing shard {name!r}")
+            shards.append(shard)
+        return tuple(shards)
+    if (path / PICKLE_NAME).is_file():
+        return (path / PICKLE_NAME,)
+    raise InputError(
+        str(path),
+        f"has {CONFIG_NAME} but no weights ({SAFETENSORS_NAME}, {SAFETENSORS_INDEX} or "
+        f"{PICKLE_NAME})",
+        "for a separate weights file pass it as CHECKPOINT with --arch hf:FOLDER",
+    )
+
+
+def _read_json(path: Path) -> Any:
+    from curvcal.paths import readable_file
+
+    readable_file(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(str(path), f"is not valid JSON: {_one_line(exc)}") from None
+
+
+def _labels(config: Mapping[str, Any]) -> tuple[str, ...]:
+    raw = config.get("id2label")
+    if not isinstance(raw, dict) or not raw:
+        return ()
+    try:
+        by_index = {int(k): str(v) for k, v in raw.items()}
+    except (TypeError, ValueError):
+        return ()
+    if sorted(by_index) != list(range(len(by_index))):
+        return ()
+    return tuple(by_index[i] for i in range(len(by_index)))
+
+
+def _image_processor(path: Path) -> dict[str, Any] | None:
+    file = path / PREPROCESSOR_NAME
+    if not file.is_file():
+        return None
+    raw = _read_json(file)
+    if not isinstance(raw, dict):
+        return None
+    size = raw.get("size")
+    side = None
+    if isinstance(size, dict):
+        side = size.get("height") or size.get("shortest_edge")
+    elif isinstance(size, int):
+        side = size
+    mean = raw.get("image_mean") if raw.get("do_normalize", True) else None
+    std = raw.get("image_std") if raw.get("do_normalize", True) else None
+    input_size = (3, side, side) if isinstance(side, int) else None
+    return _preprocessing(mean, std, input_size, None, str(file))
+
+
+def _preprocessing(
+    mean: Any, std: Any, input_size: Any, crop_pct: Any, source: str
+) -> dict[str, Any] | None:
+    """A checked ``{"mean", "std", "input_size", "crop_pct", "source"}``; None when empty."""
+    out: dict[str, Any] = {"source": source}
+    if (
+        isinstance(mean, list | tuple)
+        and isinstance(std, list | tuple)
+        and len(mean) == len(std)
+        and all(isinstance(v, int | float) for v in (*mean, *std))
+        and all(s > 0 for s in std)
+    ):
+        out["mean"] = tuple(float(v) for v in mean)
+        out["std"] = tuple(float(v) for v in std)
+    if (
+        isinstance(input_size, list | tuple)
+        and len(input_size) == 3
+        and all(isinstance(v, int) and v > 0 for v in input_size)
+    ):
+        out["input_size"] = tuple(input_size)
+        if isinstance(crop_pct, int | float) and 0 < crop_pct <= 1:
+            out["crop_pct"] = float(crop_pct)
+    return out if len(out) > 1 else None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
