@@ -87,6 +87,62 @@ def _ci_policy(path: Path) -> None:
     path.write_text(text.replace("[settings]\n", '[settings]\narch = "curvcal:DigitsCNN"\n', 1))
 
 
+def _hf_folder(path: Path) -> None:
+    """A tiny ViT for the digits' 1×8×8 images, saved by transformers' save_pretrained."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=32, num_labels=10,
+        id2label={i: str(i) for i in range(10)}, label2id={str(i): i for i in range(10)},
+    )  # fmt: skip
+    transformers.ViTForImageClassification(config).save_pretrained(path)
+
+
+def _timm_checkpoint(path: Path) -> None:
+    """What timm's train.py writes: the model name under 'arch', the weights under 'state_dict'."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("resnet18", num_classes=10)
+    torch.save({"epoch": 1, "arch": "resnet18", "state_dict": model.state_dict()}, path)
+
+
+def _images(path: Path) -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 3, 32, 32, generator=generator)
+    torch.save({"x": x, "y": torch.arange(48) % 10}, path)
+
+
+def _table(suffix: str) -> Maker:
+    """The first 400 digits' logits as a parquet list column, or as probabilities in a CSV
+    column per class with a 'label' column."""
+
+    def make(path: Path) -> None:
+        import csv
+
+        npz = path.with_suffix(".npz")
+        _logits(0, 400)(npz)
+        with np.load(npz) as saved:
+            logits, labels = saved["logits"], saved["labels"]
+        npz.unlink()
+        if suffix == ".parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.table({"logits": list(logits), "labels": labels}), path)
+            return
+        probs = torch.from_numpy(logits).softmax(dim=1).numpy()
+        with path.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow([*(f"probs_{k}" for k in range(10)), "label"])
+            for row, label in zip(probs, labels, strict=True):
+                writer.writerow([*(repr(float(v)) for v in row), int(label)])
+
+    return make
+
+
 FILES: dict[str, Maker] = {
     "model.pt": _state_dict,
     "ckpt.pt": _state_dict,
@@ -102,6 +158,11 @@ FILES: dict[str, Maker] = {
     "curvcal.toml": _ci_policy,
     "gate.toml": _readme_policy,
     "readme-gate.toml": _readme_policy,
+    "vit-cifar10": _hf_folder,
+    "model_best.pth.tar": _timm_checkpoint,
+    "images.pt": _images,
+    "predictions.parquet": _table(".parquet"),
+    "predictions.csv": _table(".csv"),
 }
 
 # Files a command reads that an earlier command of the README writes: made by running that command.
@@ -198,7 +259,7 @@ def test_make_targets_exist() -> None:
 
 
 def _substitute(argv: list[str], folder: Path, run_cli) -> list[str]:
-    out = []
+    out: list[str] = []
     writes_next = False
     for word in argv:
         word = ARGUMENTS.get(word, word)
@@ -206,9 +267,12 @@ def _substitute(argv: list[str], folder: Path, run_cli) -> list[str]:
             writes_next = False
         elif word in FILES or word in REPORTS:
             _provide(word, folder, run_cli)
-        elif "*" in word:
+        elif "*" in word and out[-1:] != ["--params"]:  # a parameter-name glob is no file glob
             assert list(folder.glob(word)), f"README's glob {word!r} matches nothing"
-        elif re.search(r"\.(pt|npz|safetensors|json|toml)$", word) and not (folder / word).exists():
+        elif (
+            re.search(r"\.(pt|npz|safetensors|json|toml|parquet|csv|tar)$", word)
+            and not (folder / word).exists()
+        ):
             pytest.fail(f"README names {word!r}: add it to FILES or REPORTS")
         writes_next = word in OUTPUTS
         out.append(word)

@@ -300,3 +300,19 @@ def test_bad_folders_are_input_errors(vit: VitFiles, tmp_path: Path) -> None:
         load_model(broken, CheckpointOptions(device="cpu"))
     with pytest.raises(InputError, match="names its architecture"):
         load_model(vit.folder, CheckpointOptions(arch="tv:resnet18", device="cpu"))
+
+
+def test_study_runs_on_folders(run_cli, vit: VitFiles, tmp_path: Path) -> None:
+    second = tmp_path / "second"
+    torch.manual_seed(5)
+    transformers.ViTForImageClassification(_vit_config()).save_pretrained(second)
+    result = run_cli(
+        "study", vit.folder, second, "--data", vit.data, "--device", "cpu", "--probes", "4",
+        "--tol", "1e-3", "--gammas", "0,1", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    rows = document["results"]["rows"]
+    assert len(rows) == 2 and all(r["curvature"]["lambda_max"] > 0 for r in rows)
+    digests = [c["sha256"] for c in document["inputs"]["checkpoints"]]
+    assert digests[0] != digests[1]  # the weights differ, names and sizes do not
