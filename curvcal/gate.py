@@ -161,9 +161,8 @@ def run_check(
         root=Path(settings["data_root"]) if settings["data_root"] else None,
         max_samples=settings["max_samples"],
         trust=trust,
-        model_preprocessing=loaded.preprocessing,
     )
-    data = load_dataset(data_options)
+    data = load_dataset(data_options, loaded.preprocessing)
     n_classes = check_fitness(loaded, data, "data")
     inputs: dict[str, Any] = {"checkpoint": loaded.describe(), "data": data.describe()}
     messages: list[str] = []
@@ -171,7 +170,9 @@ def run_check(
         messages.append(single_class_warning(str(checkpoint)))
     fit = None
     if calibration_settings is not None and method != "none" and settings["fit_data"] is not None:
-        fit = load_dataset(dataclasses.replace(data_options, spec=settings["fit_data"]))
+        fit = load_dataset(
+            dataclasses.replace(data_options, spec=settings["fit_data"]), loaded.preprocessing
+        )
         check_fitness(loaded, fit, "fit_data")
         inputs["fit_data"] = fit.describe()
     timings["load"] = time.perf_counter() - began

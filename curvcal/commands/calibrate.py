@@ -118,12 +118,13 @@ def calibrate(
     loaded = load_model(checkpoint, checkpoint_options)
     context = init_from_env(loaded.device)
     trust = checkpoint_options.trust
-    data_options = dataclasses.replace(data_options, model_preprocessing=loaded.preprocessing)
-    data = load_dataset(dataclasses.replace(data_options, trust=trust))
+    data = load_dataset(dataclasses.replace(data_options, trust=trust), loaded.preprocessing)
     n_classes = check_fitness(loaded, data, "--data")
     fit_loaded = None
     if fit_data is not None:
-        fit_loaded = load_dataset(dataclasses.replace(data_options, spec=fit_data, trust=trust))
+        fit_loaded = load_dataset(
+            dataclasses.replace(data_options, spec=fit_data, trust=trust), loaded.preprocessing
+        )
         check_fitness(loaded, fit_loaded, "--fit-data")
     warnings: list[str] = []
     if n_classes == 1:

@@ -261,11 +261,7 @@ def hessian(
         )
         _check_parameters(loaded, settings)
         data = load_dataset(
-            dataclasses.replace(
-                data_options,
-                trust=checkpoint_options.trust,
-                model_preprocessing=loaded.preprocessing,
-            )
+            dataclasses.replace(data_options, trust=checkpoint_options.trust), loaded.preprocessing
         )
         check_fitness(loaded, data, "--data")
         if data.n_samples < context.world_size:

@@ -140,6 +140,18 @@ class LoadedModel:
     modality: str | None = None
     preprocessing: dict[str, Any] | None = None
 
+    def _model_facts(self) -> dict[str, Any]:
+        """Architecture, ``id2label``, modality and preprocessing, for the models that record
+        them (model folders, ``hf:`` and ``timm:`` architectures)."""
+        if self.architecture is None:
+            return {}
+        return {
+            "architecture": self.architecture,
+            "id2label": list(self.labels) or None,
+            "modality": self.modality,
+            "preprocessing": self.preprocessing,
+        }
+
     @property
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
@@ -157,10 +169,7 @@ class LoadedModel:
             "stripped_prefix": self.stripped_prefix,
             "num_classes": self.num_classes,
             "parameter_count": self.parameter_count,
-            "architecture": self.architecture,
-            "id2label": list(self.labels) or None,
-            "modality": self.modality,
-            "preprocessing": self.preprocessing,
+            **self._model_facts(),
             "metadata": dict(self.metadata),
             "device": str(self.device),
             "dtype": dtype_name(self.dtype),
@@ -718,7 +727,7 @@ def _load_folder(path: Path, options: CheckpointOptions) -> _Loaded:
 def architecture_facts(arch: str, module: nn.Module) -> dict[str, Any]:
     """Architecture name, labels, input modality and preprocessing of a module built from
     ``arch`` (``hf:FOLDER`` reads the folder's config; ``timm:NAME`` the model's
-    ``pretrained_cfg``)."""
+    ``pretrained_cfg``); nothing for other architectures."""
     scheme, _, name = arch.partition(":")
     if scheme == "hf":
         from curvcal.load.hf import read_folder
@@ -738,7 +747,7 @@ def architecture_facts(arch: str, module: nn.Module) -> dict[str, Any]:
             "modality": "image",
             "preprocessing": timm_preprocessing(module, name),
         }
-    return {"architecture": type(module).__name__}
+    return {}
 
 
 def load_state_file(path: Path, options: CheckpointOptions) -> dict[str, torch.Tensor]:

@@ -21,7 +21,6 @@ preprocessed); a given ``mean``/``std`` is applied to them over dimension 1 (cha
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -64,11 +63,7 @@ class DataOptions:
     """Everything that says which samples are read and how they are preprocessed.
 
     ``trust`` allows ``py:`` factories (they run code); the CLI sets it from
-    ``--trust-checkpoint``. ``model_preprocessing`` is what the model expects
-    (:attr:`curvcal.load.checkpoint.LoadedModel.preprocessing`: ``mean``, ``std``,
-    ``input_size``, ``crop_pct``, ``source``); image datasets (``tv:``, ``folder:``) use it in
-    place of their preset and for resize/crop when ``mean``/``std``/``resize``/``crop`` are not
-    given. Tensor files are taken as already preprocessed and never use it.
+    ``--trust-checkpoint``.
     """
 
     spec: str
@@ -83,7 +78,6 @@ class DataOptions:
     x_key: str = "x"
     y_key: str = "y"
     trust: bool = False
-    model_preprocessing: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,8 +135,16 @@ class TensorPairDataset(Dataset[tuple[torch.Tensor, int]]):
 # load_dataset
 
 
-def load_dataset(options: DataOptions) -> LoadedData:
+def load_dataset(
+    options: DataOptions, model_preprocessing: Mapping[str, Any] | None = None
+) -> LoadedData:
     """Resolve ``options.spec`` into a :class:`LoadedData`, checking it before any work.
+
+    ``model_preprocessing`` is what the model expects
+    (:attr:`curvcal.load.checkpoint.LoadedModel.preprocessing`: ``mean``, ``std``,
+    ``input_size``, ``crop_pct``, ``source``): image datasets (``tv:``, ``folder:``) use it in
+    place of their preset, and for resize/crop, when ``mean``/``std``/``resize``/``crop`` are
+    not given. Tensor files are taken as already preprocessed and never use it.
 
     Checks: at least one sample, integer non-negative labels, as many labels as inputs, finite
     inputs (tensor files), a sane ``max_samples``. ``max_samples`` keeps a random subset drawn
@@ -151,9 +153,9 @@ def load_dataset(options: DataOptions) -> LoadedData:
     _check_options(options)
     spec = options.spec
     if spec.startswith("tv:"):
-        data = _load_torchvision(options)
+        data = _load_torchvision(options, model_preprocessing)
     elif spec.startswith("folder:"):
-        data = _load_folder(options)
+        data = _load_folder(options, model_preprocessing)
     elif spec.startswith("py:"):
         data = _load_factory(options)
     elif spec.startswith("curvcal:"):
@@ -221,18 +223,15 @@ def _take_subset(data: LoadedData, options: DataOptions) -> LoadedData:
     )
 
 
-def with_model_preprocessing(options: DataOptions, preprocessing: Any) -> DataOptions:
-    """``options`` with the model's expected preprocessing (``LoadedModel.preprocessing``)."""
-    return dataclasses.replace(options, model_preprocessing=preprocessing)
-
-
 def _normalisation(
-    options: DataOptions, preset: str | None, channels: int | None, use_model: bool = False
+    options: DataOptions,
+    preset: str | None,
+    channels: int | None,
+    model: Mapping[str, Any] | None = None,
 ) -> tuple[tuple[float, ...], tuple[float, ...], dict[str, Any]] | None:
-    """The (mean, std) to apply and its description; None when nothing is applied. With
-    ``use_model`` the model's own mean/std replace the preset."""
+    """The (mean, std) to apply and its description; None when nothing is applied. The
+    model's own mean/std, when it records them, replace the preset."""
     base = NORMALISATION_PRESETS.get(preset) if preset else None
-    model = options.model_preprocessing if use_model else None
     if model is not None and "mean" in model and "std" in model:
         base = (tuple(model["mean"]), tuple(model["std"]))
         preset = f"model ({model.get('source', 'its config')})"
@@ -261,14 +260,16 @@ def _normalisation(
 
 
 def _image_transform(
-    options: DataOptions, preset: str | None, channels: int | None
+    options: DataOptions,
+    preset: str | None,
+    channels: int | None,
+    model: Mapping[str, Any] | None,
 ) -> tuple[Any, tuple[str, ...], dict[str, Any] | None]:
     from torchvision import transforms
 
     steps: list[Any] = []
     names: list[str] = []
     resize, crop = options.resize, options.crop
-    model = options.model_preprocessing
     if resize is None and crop is None and model is not None and "input_size" in model:
         # timm's eval transform: resize the short side to side / crop_pct, then center-crop
         crop = int(model["input_size"][-1])
@@ -281,7 +282,7 @@ def _image_transform(
         names.append(f"center-crop {crop}")
     steps.append(transforms.ToTensor())
     names.append("to-tensor [0, 1]")
-    norm = _normalisation(options, preset, channels, use_model=True)
+    norm = _normalisation(options, preset, channels, model)
     description = None
     if norm is not None:
         mean, std, description = norm
@@ -290,7 +291,7 @@ def _image_transform(
     return transforms.Compose(steps), tuple(names), description
 
 
-def _load_torchvision(options: DataOptions) -> LoadedData:
+def _load_torchvision(options: DataOptions, model: Mapping[str, Any] | None) -> LoadedData:
     parts = options.spec.split(":")
     name = parts[1].lower() if len(parts) > 1 else ""
     split = parts[2].lower() if len(parts) > 2 else "test"
@@ -305,7 +306,7 @@ def _load_torchvision(options: DataOptions) -> LoadedData:
     import torchvision.datasets
 
     root = (options.root or Path("data")).expanduser()
-    transform, names, description = _image_transform(options, name, _TV_CHANNELS[name])
+    transform, names, description = _image_transform(options, name, _TV_CHANNELS[name], model)
     factory = getattr(torchvision.datasets, _TV_CLASS_NAMES[name])
     split_args: dict[str, Any] = {"split": split} if name == "svhn" else {"train": split == "train"}
     try:
@@ -344,14 +345,14 @@ def _load_torchvision(options: DataOptions) -> LoadedData:
     )
 
 
-def _load_folder(options: DataOptions) -> LoadedData:
+def _load_folder(options: DataOptions, model: Mapping[str, Any] | None) -> LoadedData:
     from torchvision.datasets import ImageFolder
 
     path = Path(options.spec[len("folder:") :]).expanduser()
     what = f"--data {options.spec}"
     if not path.is_dir():
         raise InputError(what, f"{path} is not a folder")
-    transform, names, description = _image_transform(options, "imagenet", 3)
+    transform, names, description = _image_transform(options, "imagenet", 3, model)
     try:
         dataset = ImageFolder(str(path), transform=transform)
     except Exception as exc:

@@ -15,7 +15,7 @@ timm = pytest.importorskip("timm")
 
 from curvcal.errors import InputError  # noqa: E402
 from curvcal.load.checkpoint import CheckpointOptions, inspect_checkpoint, load_model  # noqa: E402
-from curvcal.load.data import DataOptions, load_dataset, with_model_preprocessing  # noqa: E402
+from curvcal.load.data import DataOptions, load_dataset  # noqa: E402
 
 NAME = "test_resnet"  # timm's own tiny test network
 
@@ -149,8 +149,7 @@ def test_pretrained_cfg_preprocessing_matches_timms_own_transform(model, tmp_pat
         _train_checkpoint(model, tmp_path / "c.pth.tar"),
         CheckpointOptions(arch=f"timm:{NAME}", device="cpu"),
     )
-    options = with_model_preprocessing(DataOptions(spec=f"folder:{root}"), loaded.preprocessing)
-    dataset = load_dataset(options)
+    dataset = load_dataset(DataOptions(spec=f"folder:{root}"), loaded.preprocessing)
     config = timm.data.resolve_data_config({}, model=model)
     transform = timm.data.create_transform(**config)
     with Image.open(root / "a" / "0.png") as image:
@@ -159,10 +158,8 @@ def test_pretrained_cfg_preprocessing_matches_timms_own_transform(model, tmp_pat
     assert dataset.normalisation is not None and "timm" in dataset.normalisation["preset"]
     # the user's own values win
     given = load_dataset(
-        with_model_preprocessing(
-            DataOptions(spec=f"folder:{root}", mean=(0.0,), std=(1.0,), resize=40, crop=32),
-            loaded.preprocessing,
-        )
+        DataOptions(spec=f"folder:{root}", mean=(0.0,), std=(1.0,), resize=40, crop=32),
+        loaded.preprocessing,
     )
     assert given.dataset[0][0].shape == (3, 32, 32)
     assert given.normalisation is not None and given.normalisation["mean"] == [0.0]
