@@ -53,9 +53,11 @@ def read_table(path: Path, scores_key: str, labels_key: str) -> dict[str, torch.
     return {scores_key: scores, labels_key: labels}
 
 
-def _scores(path: Path, columns: dict[str, list[Any]], key: str) -> torch.Tensor:
+def _scores(path: Path, columns: dict[str, Any], key: str) -> torch.Tensor:
     if key in columns:
         rows = columns[key]
+        if isinstance(rows, np.ndarray) and rows.ndim == 2:  # parquet fast path
+            return torch.from_numpy(rows.astype(np.float64))
         widths = {len(row) if isinstance(row, Sequence) else -1 for row in rows}
         if -1 in widths:
             row = next(i for i, r in enumerate(rows) if not isinstance(r, Sequence))
@@ -80,11 +82,16 @@ def _scores(path: Path, columns: dict[str, list[Any]], key: str) -> torch.Tensor
     if missing:
         raise InputError(str(path), f"has no column {key}_{missing[0]} for class {missing[0]}")
     ordered = [per_class[k] for k in range(len(per_class))]
+    arrays = [columns[name] for name in ordered]
+    if all(isinstance(a, np.ndarray) and a.ndim == 1 for a in arrays):  # parquet fast path
+        return torch.from_numpy(np.stack(arrays, axis=1).astype(np.float64))
     values = [[_float(path, name, i, v) for i, v in enumerate(columns[name])] for name in ordered]
     return torch.tensor(values, dtype=torch.float64).T.contiguous()
 
 
-def _labels(path: Path, cells: list[Any], key: str) -> torch.Tensor:
+def _labels(path: Path, cells: Any, key: str) -> torch.Tensor:
+    if isinstance(cells, np.ndarray) and np.issubdtype(cells.dtype, np.integer):
+        return torch.from_numpy(cells.astype(np.int64))
     labels = []
     for row, cell in enumerate(cells):
         value = cell
@@ -152,7 +159,31 @@ def _read_parquet(path: Path) -> dict[str, list[Any]]:
         table = pq.read_table(str(path))
     except Exception as exc:  # pyarrow raises its own error types
         raise InputError(str(path), f"is not a readable parquet file ({exc})") from None
-    return {name: table.column(name).to_pylist() for name in table.column_names}
+    return {name: _parquet_column(table.column(name)) for name in table.column_names}
+
+
+def _parquet_column(column: Any) -> Any:
+    """A numeric column without nulls as a 1-D array, a list column of equal-length numeric
+    lists without nulls as a 2-D array (no Python object per cell), anything else as a list
+    of Python values, read cell by cell."""
+    import pyarrow as pa
+
+    array = column.combine_chunks()
+    kind = array.type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        if array.null_count == 0:
+            return array.to_numpy(zero_copy_only=False)
+    elif (
+        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    ) and array.null_count == 0:
+        values = array.flatten()
+        numeric = pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
+        if numeric and values.null_count == 0 and len(array) > 0:
+            lengths = np.asarray(pa.compute.list_value_length(array).to_numpy(zero_copy_only=False))
+            if np.all(lengths == lengths[0]):
+                flat = values.to_numpy(zero_copy_only=False)
+                return flat.reshape(len(array), int(lengths[0]))
+    return array.to_pylist()
 
 
 def _list(names: list[str], limit: int = 12) -> str:

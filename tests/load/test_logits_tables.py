@@ -153,3 +153,19 @@ def test_missing_pyarrow_names_the_extra(run_cli, scores, tmp_path: Path, monkey
     assert result.code == 2
     line = result.stderr.strip().splitlines()[-1]
     assert str(path) in line and "pip install 'curvcal[tables]'" in line
+
+
+def test_parquet_nulls_are_nan_scores_and_refused_labels(tmp_path: Path) -> None:
+    scores = tmp_path / "null_score.parquet"
+    pq.write_table(pa.table({"logits": [[0.1, None], [0.3, 0.2]], "labels": [0, 1]}), scores)
+    with pytest.raises(InputError, match="row 0 has a NaN"):
+        load_logits(scores)
+    assert load_logits(scores, nan_policy="drop").dropped_rows == 1
+    columns = tmp_path / "null_column.parquet"
+    pq.write_table(pa.table({"logits_0": [0.1, None], "logits_1": [0.2, 0.3], "labels": [0, 1]}),
+                   columns)  # fmt: skip
+    assert load_logits(columns, nan_policy="drop").scores.tolist() == [[0.1, 0.2]]
+    labels = tmp_path / "null_label.parquet"
+    pq.write_table(pa.table({"logits": [[0.1, 0.2], [0.3, 0.2]], "labels": [0, None]}), labels)
+    with pytest.raises(InputError, match="label None in row 1"):
+        load_logits(labels)
