@@ -316,3 +316,12 @@ def test_study_runs_on_folders(run_cli, vit: VitFiles, tmp_path: Path) -> None:
     assert len(rows) == 2 and all(r["curvature"]["lambda_max"] > 0 for r in rows)
     digests = [c["sha256"] for c in document["inputs"]["checkpoints"]]
     assert digests[0] != digests[1]  # the weights differ, names and sizes do not
+
+
+def test_no_output_is_written_into_the_model_folder(run_cli, vit: VitFiles) -> None:
+    before = sorted(p.name for p in vit.folder.iterdir())
+    result = run_cli(
+        "hessian", vit.folder, "--data", vit.data, "--device", "cpu", "-o", vit.folder / "r.json"
+    )
+    assert result.code == 2 and "lies inside the input folder CHECKPOINT" in result.stderr
+    assert sorted(p.name for p in vit.folder.iterdir()) == before
