@@ -121,9 +121,9 @@ def run_check(
     files, and :class:`~curvcal.errors.NumericalError` when the Hessian's loss or a product is
     NaN/Inf. A gated metric that comes out non-finite is listed in ``nonfinite`` (its rows fail).
     """
-    from curvcal.fitness import check_fitness, single_class_warning
     from curvcal.load.checkpoint import CheckpointOptions, load_model
     from curvcal.load.data import DataOptions, load_dataset
+    from curvcal.pipeline.fitness import check_fitness, single_class_warning
 
     settings, sources = resolve_settings(policy, overrides)
     where = Locator(policy, sources)
@@ -324,8 +324,8 @@ def _predict(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     import torch
 
-    from curvcal.inference import predict_logits
     from curvcal.load.data import iter_batches
+    from curvcal.pipeline.inference import predict_logits
 
     advance = None if on_step is None else (lambda n: on_step("inference", n))
     logits, labels = predict_logits(

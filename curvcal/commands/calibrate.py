@@ -21,7 +21,7 @@ from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options
 from curvcal.errors import EXIT_OK
-from curvcal.fitness import single_class_warning
+from curvcal.pipeline.fitness import single_class_warning
 from curvcal.report.calibration import calibration_tables
 from curvcal.report.tables import check_output_path
 
@@ -74,10 +74,10 @@ def calibrate(
 
     from curvcal.calibration.analysis import analyse_calibration, analyse_val_split
     from curvcal.distributed import init_from_env, launched_by_torchrun, shutdown
-    from curvcal.fitness import check_fitness
     from curvcal.load.checkpoint import load_model, resolve_device
     from curvcal.load.data import load_dataset, stratified_split
     from curvcal.outputs import data_inputs
+    from curvcal.pipeline.fitness import check_fitness
     from curvcal.provenance import environment
     from curvcal.results import Report
 
@@ -228,8 +228,8 @@ def _finite_rows(
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The model's logits under ``--nan-policy``: rows with a NaN or Inf stop the run (exit 3,
     naming the data and the first such sample) or are left out with a warning."""
-    from curvcal.calibration.inputs import drop_rows, nonfinite_rows
     from curvcal.errors import NumericalError
+    from curvcal.load.logits import drop_rows, nonfinite_rows
 
     rows = nonfinite_rows(logits)
     count, total = int(rows.numel()), int(logits.shape[0])
@@ -266,8 +266,8 @@ def _predict(
     on the other ranks); in one process, all samples in one pass."""
     from curvcal.distributed import current, gather_rows, shard_indices
     from curvcal.errors import InputError
-    from curvcal.inference import predict_logits
     from curvcal.load.data import iter_batches
+    from curvcal.pipeline.inference import predict_logits
 
     context = current()
     indices = shard_indices(data.n_samples, context.rank, context.world_size)

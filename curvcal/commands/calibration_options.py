@@ -207,7 +207,7 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
 def write_outputs(analysis: CalibrationAnalysis, options: CalibrationOptions) -> None:
     """Write the ``--save-calibrator`` and ``--plot`` files that were asked for."""
     if options.save_calibrator is not None:
-        from curvcal.load.calibrator import calibrators_json
+        from curvcal.pipeline.calibrator import calibrators_json
 
         write_atomic(options.save_calibrator, calibrators_json(analysis.calibrators()))
     if options.plot is not None:

@@ -58,11 +58,11 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
     from curvcal.assets import demo_checkpoint, demo_data, demo_policy
     from curvcal.calibration.metrics import accuracy as top1_accuracy
     from curvcal.calibration.metrics import mean_confidence
-    from curvcal.fitness import check_fitness
     from curvcal.gate import run_check
-    from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import CheckpointOptions, inspect_checkpoint, load_model
     from curvcal.load.data import DataOptions, iter_batches, load_dataset
+    from curvcal.pipeline.fitness import check_fitness
+    from curvcal.pipeline.inference import predict_logits
     from curvcal.policy.parse import load_policy
     from curvcal.provenance import environment, file_info
 

@@ -17,7 +17,7 @@ from curvcal.commands.calibration_options import (
     write_outputs,
 )
 from curvcal.commands.common import finish, output_options, start
-from curvcal.fitness import single_class_warning
+from curvcal.pipeline.fitness import single_class_warning
 from curvcal.report.calibration import calibration_tables
 
 if TYPE_CHECKING:
@@ -80,9 +80,9 @@ def metrics(
         analyse_val_split,
         evaluate_calibrators,
     )
-    from curvcal.load.calibrator import load_calibrators
     from curvcal.load.data import stratified_split
     from curvcal.load.logits import load_logits
+    from curvcal.pipeline.calibrator import load_calibrators
     from curvcal.provenance import environment, file_info
     from curvcal.results import Report
 

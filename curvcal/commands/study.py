@@ -22,9 +22,9 @@ import click
 from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options as data_options_decorator
-from curvcal.commands.loss_options import check_loss_options
 from curvcal.errors import CurvcalError, InputError
 from curvcal.paths import readable_file
+from curvcal.pipeline.hessian import check_loss_options
 from curvcal.report.study import draw_plots, study_tables
 from curvcal.report.tables import check_output_path
 
@@ -139,10 +139,10 @@ def study(
     metric measured on the rest.
     """
     from curvcal.calibration.analysis import CalibrationSettings, analyse_val_split
-    from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import iter_batches, load_dataset, stratified_split
     from curvcal.outputs import data_inputs
+    from curvcal.pipeline.inference import predict_logits
     from curvcal.provenance import environment
     from curvcal.results import Report
     from curvcal.study import (
@@ -265,8 +265,8 @@ def check_every_checkpoint(
     """Every checkpoint loads and fits --data (and --curvature-data) before any is measured,
     so a misfit late in the list stops the run in seconds, not after the others' passes. Each
     model is dropped after its check (the loop reloads it) to hold one model at a time."""
-    from curvcal.fitness import check_fitness
     from curvcal.load.checkpoint import load_model
+    from curvcal.pipeline.fitness import check_fitness
 
     for path in paths:
         with naming_the_checkpoint(path):

@@ -62,9 +62,9 @@ def test_settings_precedence_option_then_policy_then_default(tmp_path: Path) -> 
 
 def test_run_check_equals_the_calibration_engine(tmp_path: Path) -> None:
     from curvcal.calibration.analysis import CalibrationSettings, analyse_calibration
-    from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import CheckpointOptions, load_model
     from curvcal.load.data import DataOptions, iter_batches, load_dataset, stratified_split
+    from curvcal.pipeline.inference import predict_logits
 
     text = (
         '[settings]\ndata = "curvcal:digits"\ndevice = "cpu"\nmax_samples = 100\n'
