@@ -1,4 +1,4 @@
-"""`curvcal.gate`: what a policy needs measured, settings precedence, and run_check's numbers
+"""`curvcal.pipeline.check`: what a policy needs measured, settings precedence, and run_check's numbers
 against the calibration engine called directly."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from curvcal.assets import demo_checkpoint
 from curvcal.errors import InputError
-from curvcal.gate import run_check
+from curvcal.pipeline.check import run_check
 from curvcal.policy.baseline import measured_values
 from curvcal.policy.evaluate import MetricValue
 from curvcal.policy.parse import Rule, load_policy
