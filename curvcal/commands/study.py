@@ -22,13 +22,12 @@ from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.errors import InputError
 from curvcal.paths import readable_file
+from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
 from curvcal.report.study import PLOT_FILES, draw_plots, plot_files, plot_paths, study_tables
 
 if TYPE_CHECKING:
     from curvcal.load.checkpoint import CheckpointOptions
     from curvcal.load.data import DataOptions
-
-DEFAULT_VAL_SPLIT = 0.5
 
 
 @click.command()

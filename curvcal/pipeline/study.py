@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import CurvcalError
+from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
 from curvcal.results import Report
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
 #: Metadata key of the trace-penalty weight λ a checkpoint was trained with (CE + λ·tr(H)).
 PENALTY_METADATA_KEY = "curvcal.trace_penalty"
-DEFAULT_VAL_SPLIT = 0.5
 
 
 @dataclass(frozen=True)
