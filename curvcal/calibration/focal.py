@@ -72,3 +72,79 @@ def focal_calibration_map(logp: torch.Tensor, gamma: float) -> torch.Tensor:
     )
     mapped = torch.log_softmax(torch.where(one_hot_row[:, None], logp, raw), dim=1)
     return torch.where(one_hot_row[:, None], logp, mapped)
+
+
+def _power_in_place(base: torch.Tensor, exponent: float) -> torch.Tensor:
+    """base**exponent for base = 1 - q in [1/2, 1], overwriting ``base``.
+
+    Quarter-integer exponents up to 8 in magnitude (those of the default γ grid) go through
+    sqrt and products, several times faster than ``pow`` (an exp and a log per element),
+    which serves every other exponent.
+    """
+    quarters = 4 * exponent
+    if quarters != int(quarters) or abs(exponent) > 8:
+        return base.log_().mul_(exponent).exp_()
+    whole, part = divmod(abs(int(quarters)), 4)
+    result = None
+    if whole:
+        result = base.clone()
+        for _ in range(whole - 1):
+            result.mul_(base)
+    if part:
+        root = base.sqrt_()  # x^(1/2)
+        if part != 2:
+            root.sqrt_()  # x^(1/4)
+            if part == 3:
+                root.mul_(root.square())  # x^(3/4)
+        result = root if result is None else result.mul_(root)
+    if result is None:
+        result = base.fill_(1.0)
+    return result.reciprocal_() if exponent < 0 else result
+
+
+def focal_top_confidence(
+    masked: torch.Tensor,
+    s: float,
+    gamma: float,
+    work: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """max_k φ_γ(softmax(s·z))_k for rows of masked, row-shifted log-probabilities.
+
+    ``masked`` holds z - max_k z (any real dtype) with the top entry of every row replaced by
+    a large negative floor, so w_j = exp(s·z_j) is 0 there and the rest r = Σ_{j≠top} w_j
+    is summed without cancellation. With S = 1 + r, q_top = 1/S, q_j = w_j/S and
+    1/g_γ(q) = q (1-q)^(1-γ) / ((1-q) + γ q (-log q)) (see the module docstring),
+
+        φ_top = 1 / (1 + R),   R = A · (r + γ·log S) · (S / r)^(1-γ),   A = Σ_{j≠top} 1/g_γ(q_j),
+
+    where (r/S)^(1-γ)/(r + γ log S) is 1/g_γ(q_top) written with 1 - q_top = r/S and
+    -log q_top = log S = log1p(r), exact for confident rows. Rows with r = 0 (one-hot) are
+    fixed points: confidence 1. Only the K-wide work is per element (one exp, a few products,
+    one division); nothing N×K is kept. ``work`` are three scratch tensors of at least the
+    shape of ``masked`` (reused across calls to avoid allocations). Returns the confidences
+    in the dtype of ``masked``.
+    """
+    if work is None:
+        work = (torch.empty_like(masked), torch.empty_like(masked), torch.empty_like(masked))
+    first, second, third = (buffer[: masked.shape[0]] for buffer in work)
+    scaled = torch.mul(masked, s, out=first)
+    weight = torch.exp(scaled, out=second)
+    rest = weight.sum(dim=1)
+    if gamma == 0:
+        return torch.reciprocal(rest + 1)
+    log_total = torch.log1p(rest)
+    q = weight.mul_(torch.reciprocal(rest + 1)[:, None])
+    neg_log_q = torch.sub(log_total[:, None], scaled, out=first)  # -log q_j = log S - s·z_j
+    complement = torch.mul(q, -1.0, out=third).add_(1.0)  # 1 - q
+    ratio = neg_log_q.mul_(q).mul_(gamma).add_(complement)  # (1-q) + γ q (-log q)
+    if gamma != 1:
+        ratio.mul_(_power_in_place(complement, gamma - 1))
+    inverse_g = q.div_(ratio)  # 1/g_γ(q_j); 0 at the masked top entry
+    total = inverse_g.sum(dim=1)
+    log_ratio = (
+        torch.log(total)
+        + torch.log(rest + gamma * log_total)
+        + (1 - gamma) * (log_total - torch.log(rest))
+    )
+    confidence = torch.reciprocal(torch.exp(log_ratio).add_(1))
+    return torch.where(rest > 0, confidence, torch.ones_like(confidence))

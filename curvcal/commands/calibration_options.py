@@ -32,6 +32,8 @@ _OPTION_NAMES = (
     "val_split",
     "seed",
     "plot",
+    "dpi",
+    "plot_classes",
     "save_calibrator",
 )
 
@@ -152,6 +154,22 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
                 ".svg or .pdf file (needs matplotlib).",
             ),
             click.option(
+                "--dpi",
+                type=click.IntRange(10, 2400),
+                default=100,
+                show_default=True,
+                help="Resolution of --plot (dots per inch; the layout is fixed in inches).",
+            ),
+            click.option(
+                "--plot-classes",
+                type=click.IntRange(min=0),
+                default=0,
+                show_default=True,
+                metavar="N",
+                help="Add classwise reliability diagrams (p_k against y = k) of the N most "
+                "frequent classes to --plot, one row per stage.",
+            ),
+            click.option(
                 "--save-calibrator",
                 type=click.Path(dir_okay=False, path_type=Path),
                 metavar="FILE",
@@ -175,7 +193,7 @@ def write_outputs(analysis: CalibrationAnalysis, options: CalibrationOptions) ->
     if options.plot is not None:
         from curvcal.report.calibration import write_reliability_plot
 
-        write_reliability_plot(analysis, options.plot)
+        write_reliability_plot(analysis, options.plot, options.dpi, options.plot_classes)
 
 
 def nan_policy_option(func: F) -> F:

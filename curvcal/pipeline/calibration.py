@@ -46,6 +46,8 @@ class CalibrationOptions:
     val_split: float | None
     seed: int
     plot: Path | None
+    dpi: int
+    plot_classes: int
     save_calibrator: Path | None
 
     def settings(self, method: str) -> CalibrationSettings:
@@ -60,6 +62,7 @@ class CalibrationOptions:
             edges=self.edges,
             bootstrap=self.bootstrap,
             seed=self.seed,
+            reliability_classes=self.plot_classes if self.plot is not None else 0,
             **extra,
         )
 

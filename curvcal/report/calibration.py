@@ -21,20 +21,27 @@ CHART_WIDTH = 20
 # plots
 
 
-def write_reliability_plot(analysis: CalibrationAnalysis, path: Path) -> None:
-    """Reliability diagrams of every evaluated stage to ``path`` (the format from its suffix)."""
+def write_reliability_plot(
+    analysis: CalibrationAnalysis, path: Path, dpi: int = 100, plot_classes: int = 0
+) -> None:
+    """Reliability diagrams of every evaluated stage to ``path`` (the format from its suffix) at
+    ``dpi``; with ``plot_classes`` > 0 one row per stage: its top-label panel, then one panel per
+    class of the classwise tables."""
     from curvcal.report.plots import reliability_diagram
 
-    reliability_diagram(reliability_panels(analysis), path)
+    panels = reliability_panels(analysis)
+    stages = len(analysis.evaluation.present())
+    columns = len(panels) if plot_classes == 0 else len(panels) // stages
+    reliability_diagram(panels, path, dpi=dpi, columns=columns)
 
 
 def reliability_panels(analysis: CalibrationAnalysis) -> list[Any]:
-    """One reliability panel per evaluated stage, from the equal-width bins of the metrics."""
+    """One reliability panel per evaluated stage, from the equal-width bins of the metrics;
+    with classwise tables, each stage's panel is followed by one panel per class."""
     from curvcal.report.plots import ReliabilityBin, ReliabilityPanel
 
-    panels = []
-    for stage, metrics in analysis.evaluation.present():
-        bins = [
+    def plot_bins(table: Any) -> list[Any]:
+        return [
             ReliabilityBin(
                 item.lower,
                 item.upper,
@@ -42,9 +49,24 @@ def reliability_panels(analysis: CalibrationAnalysis) -> list[Any]:
                 item.confidence if item.count else None,
                 item.accuracy if item.count else None,
             )
-            for item in metrics.ece_bins
+            for item in table
         ]
-        panels.append(ReliabilityPanel(STAGE_TITLES[stage], bins, metrics.ece))
+
+    panels = []
+    for stage, metrics in analysis.evaluation.present():
+        title = STAGE_TITLES[stage]
+        panels.append(ReliabilityPanel(title, plot_bins(metrics.ece_bins), metrics.ece))
+        for table in metrics.class_bins:
+            n = sum(item.count for item in table.bins)
+            gap = sum(item.count * abs(item.gap) for item in table.bins if item.count) / n
+            panels.append(
+                ReliabilityPanel(
+                    f"{title}: class {table.class_index}",
+                    plot_bins(table.bins),
+                    gap,
+                    f"p_{table.class_index} (frequency of y = {table.class_index} on the y axis)",
+                )
+            )
     return panels
 
 
