@@ -1,15 +1,15 @@
 """No output replaces an input: every file a run writes is compared with every file it reads.
 
-A run names its inputs (checkpoints, data files or folders, fit data, logits, policy, baseline,
-calibrators) and its outputs (``-o``, ``--plot``, ``--save-logits``, ``--save-calibrator``, the
+A run names its inputs (checkpoints, model folders, data files or folders, fit data, logits,
+policy, baseline, calibrators) and its outputs (``-o``, ``--plot``, ``--save-logits``, ``--save-calibrator``, the
 files of a plot folder) once, and :func:`refuse_clashes` refuses, before any work and whatever
 ``--force`` says:
 
 * an output that is an input: the same resolved path (symlinks and ``..`` followed) or, when
   both exist, the same file (``st_dev``, ``st_ino``: a hard link);
-* an output inside an input folder (an image folder, say): a plot written there would become
-  one more sample of the dataset, and the folder's digest in the report would no longer
-  describe what was read;
+* an output inside an input folder (an image folder or a model folder, say): a plot written
+  there would become one more sample of the dataset, and the folder's digest in the report
+  would no longer describe what was read;
 * two outputs naming the same file (one would silently replace the other).
 
 Each refusal is one line naming the output with its option and the input it would replace.
@@ -76,6 +76,14 @@ def data_inputs(option: str, spec: object) -> list[Named]:
 
     path = Path(spec)
     return [(option, path)] if is_tensor_file(path) else []
+
+
+def arch_inputs(option: str, spec: object) -> list[Named]:
+    """The model folder an ``--arch hf:FOLDER`` spec reads (nothing for other specs, whose
+    code comes from installed packages)."""
+    if isinstance(spec, str) and spec.startswith("hf:") and len(spec) > len("hf:"):
+        return [(option, Path(spec[len("hf:") :]))]
+    return []
 
 
 def refuse_clashes(outputs: Sequence[Named], inputs: Sequence[Named]) -> None:

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from curvcal.errors import InputError
-from curvcal.outputs import data_inputs, refuse_clashes
+from curvcal.outputs import arch_inputs, data_inputs, refuse_clashes
 
 # ---------------------------------------------------------------------------------------------
 # the refusal itself
@@ -50,6 +50,16 @@ def test_a_symlink_loop_is_no_crash(tmp_path: Path) -> None:
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     refuse_clashes([("-o", tmp_path / "out.json")], [("CHECKPOINT", loop)])
+
+
+def test_arch_inputs_names_the_model_folder_of_hf_only(tmp_path: Path) -> None:
+    folder = tmp_path / "vit"
+    folder.mkdir()
+    assert arch_inputs("--arch", f"hf:{folder}") == [("--arch", folder)]
+    for spec in (None, "hf:", "tv:resnet18", "timm:resnet18", "curvcal:mlp", "py:m:C"):
+        assert arch_inputs("--arch", spec) == []
+    with pytest.raises(InputError, match="inside the input folder --arch"):
+        refuse_clashes([("-o", folder / "r.json")], arch_inputs("--arch", f"hf:{folder}"))
 
 
 def test_data_inputs_names_files_and_folders_only() -> None:
@@ -81,7 +91,7 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
         "curvcal.load.checkpoint.inspect_checkpoint",
         "curvcal.load.data.load_dataset",
         "curvcal.load.logits.load_logits",
-        "curvcal.load.calibrator.load_calibrators",
+        "curvcal.pipeline.calibrator.load_calibrators",
         "curvcal.policy.baseline.load_report",
     ):
         monkeypatch.setattr(target, forbidden)

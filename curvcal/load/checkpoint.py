@@ -697,7 +697,7 @@ def _load_folder(path: Path, options: CheckpointOptions) -> _Loaded:
     folder = read_folder(path)
     if folder.library == "timm":
         module = build_folder_model(folder, options.trust)
-        state = read_state(folder, options)
+        state = read_state(folder, lambda file: load_state_file(file, options))
         match = match_keys(state, module.state_dict())
         if not match.ok:
             raise InputError(

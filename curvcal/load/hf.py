@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from curvcal.errors import InputError, TrustError
 from curvcal.load.extras import require
-
-if TYPE_CHECKING:
-    from curvcal.load.checkpoint import CheckpointOptions
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -225,9 +222,13 @@ def timm_preprocessing(model: nn.Module, name: str) -> dict[str, Any] | None:
     )
 
 
-def read_state(folder: FolderModel, options: CheckpointOptions) -> dict[str, torch.Tensor]:
+def read_state(
+    folder: FolderModel, read_torch_file: Callable[[Path], dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
     """The folder's weights as one state dict: safetensors files, or ``pytorch_model.bin``
-    through a weights-only load (refusing anything that would run code)."""
+    through ``read_torch_file`` (the checkpoint loader's weights-only load, refusing anything
+    that would run code; passed in so that this module does not import the loader that
+    imports it)."""
     state: dict[str, torch.Tensor] = {}
     for file in folder.weights:
         if file.suffix == ".safetensors":
@@ -240,9 +241,7 @@ def read_state(folder: FolderModel, options: CheckpointOptions) -> dict[str, tor
                     str(file), f"cannot read safetensors file: {_one_line(exc)}"
                 ) from exc
         else:
-            from curvcal.load.checkpoint import load_state_file
-
-            state.update(load_state_file(file, options))
+            state.update(read_torch_file(file))
     return state
 
 

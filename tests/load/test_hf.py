@@ -325,3 +325,22 @@ def test_no_output_is_written_into_the_model_folder(run_cli, vit: VitFiles) -> N
     )
     assert result.code == 2 and "lies inside the input folder CHECKPOINT" in result.stderr
     assert sorted(p.name for p in vit.folder.iterdir()) == before
+
+
+def test_no_output_is_written_into_the_arch_folder(run_cli, vit: VitFiles, tmp_path: Path) -> None:
+    torch.save(_library_model(vit.folder).float().state_dict(), tmp_path / "weights.pt")
+    before = sorted(p.name for p in vit.folder.iterdir())
+    result = run_cli(
+        "calibrate",
+        tmp_path / "weights.pt",
+        "--arch",
+        f"hf:{vit.folder}",
+        "--data",
+        vit.data,
+        "--device",
+        "cpu",
+        "-o",
+        vit.folder / "r.json",
+    )
+    assert result.code == 2 and "lies inside the input folder --arch" in result.stderr
+    assert sorted(p.name for p in vit.folder.iterdir()) == before
