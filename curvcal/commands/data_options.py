@@ -10,8 +10,9 @@ Usage::
         options = dataclasses.replace(data_options, trust=trust_checkpoint)
 
 The decorator adds ``--data``, ``--data-root``, ``--download``, ``--mean``, ``--std``,
-``--resize``, ``--crop``, ``--max-samples``, ``--subset-seed``, ``--x-key``, ``--y-key`` and
-``--batch-size``, removes them from the command's keyword arguments, and passes instead
+``--resize``, ``--crop``, ``--max-samples``, ``--subset-seed``, ``--x-key``, ``--y-key``, the
+text options ``--text-key``, ``--label-key``, ``--text-pair-key``, ``--tokenizer``,
+``--max-length``, and ``--batch-size``, removes them from the command's keyword arguments, and passes instead
 ``data_options`` (a :class:`~curvcal.load.data.DataOptions`, or ``None`` when ``--data`` is
 optional and not given) and ``batch_size``. Trust for ``py:`` factories is not one of these
 options: ``--trust-checkpoint`` belongs to the checkpoint options, and the command passes it
@@ -46,6 +47,11 @@ _DEFAULTS: dict[str, Any] = {
     "subset_seed": 0,
     "x_key": "x",
     "y_key": "y",
+    "text_key": "text",
+    "label_key": "label",
+    "text_pair_key": None,
+    "tokenizer": None,
+    "max_length": None,
 }
 
 
@@ -68,6 +74,30 @@ def _float_list(
     if param.name == "std" and any(n <= 0 for n in numbers):
         raise click.BadParameter(f"{name} values must be > 0; got '{value}'", ctx, param)
     return numbers
+
+
+def text_option_list() -> list[Callable[[F], F]]:
+    """The text data options (also used by ``check``, which names its data in a policy)."""
+    return [
+        click.option(
+            "--text-key", default="text", show_default=True, help="Text column of text data."
+        ),
+        click.option(
+            "--label-key", default="label", show_default=True, help="Label column of text data."
+        ),
+        click.option("--text-pair-key", help="Second text column, for sentence pairs."),
+        click.option(
+            "--tokenizer",
+            type=click.Path(file_okay=False, path_type=Path),
+            help="Tokenizer folder (save_pretrained) [default: the model folder's].",
+        ),
+        click.option(
+            "--max-length",
+            type=click.IntRange(min=1),
+            help="Tokens per text; longer ones are cut [default: the tokenizer's "
+            "model_max_length, capped by the config's max_position_embeddings].",
+        ),
+    ]
 
 
 def data_options(required: bool = True) -> Callable[[F], F]:
@@ -103,6 +133,11 @@ def data_options(required: bool = True) -> Callable[[F], F]:
                     subset_seed=values["subset_seed"],
                     x_key=values["x_key"],
                     y_key=values["y_key"],
+                    text_key=values["text_key"],
+                    label_key=values["label_key"],
+                    text_pair_key=values["text_pair_key"],
+                    tokenizer=values["tokenizer"],
+                    max_length=values["max_length"],
                 )
             return func(*args, data_options=options, batch_size=batch_size, **kwargs)
 
@@ -113,6 +148,7 @@ def data_options(required: bool = True) -> Callable[[F], F]:
                 metavar="SPEC",
                 required=required,
                 help="Dataset: tv:NAME[:train|test], folder:PATH, PATH.pt|.npz|.safetensors, "
+                "texts in PATH.jsonl|.csv|.parquet or a saved datasets folder DIR[:split], "
                 "py:module:function, or curvcal:digits.",
             ),
             click.option(
@@ -157,6 +193,7 @@ def data_options(required: bool = True) -> Callable[[F], F]:
             click.option(
                 "--y-key", default="y", show_default=True, help="Labels' name in a tensor file."
             ),
+            *text_option_list(),
             click.option(
                 "--batch-size",
                 type=click.IntRange(min=1),

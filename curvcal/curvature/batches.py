@@ -1,8 +1,10 @@
 """The dataset a Hessian operator multiplies over: counted once, cached when it fits, split on OOM.
 
-A dataset is handed over as ``(x, y)`` tensor batches — a re-iterable (a list, a DataLoader) or
+A dataset is handed over as ``(x, y)`` batches (``x`` a tensor, or a mapping of named tensors
+with the same rows, such as a text model's ``input_ids`` and ``attention_mask``; see
+:mod:`curvcal.rows`) — a re-iterable (a list, a DataLoader) or
 a callable returning a fresh iterator — and every product reads it again. :class:`Batches`
-checks each batch (a pair of tensors, 1-D integer labels, as many rows as labels), counts the
+checks each batch (inputs and a label tensor, 1-D integer labels, as many rows as labels), counts the
 samples once (summed across processes by ``all_reduce`` when the data is sharded), and then
 either keeps the batches on the compute device (``cache="device"``, or ``"auto"`` when they fit
 in a quarter of the free accelerator memory), in pinned host memory (``"host"``), or streams
@@ -22,12 +24,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from curvcal import choices
+from curvcal import choices, rows
 from curvcal.errors import InputError
+from curvcal.rows import Inputs
 
 CACHES = choices.CACHES
 
-Batch = tuple[Tensor, Tensor]
+Batch = tuple[Inputs, Tensor]
 BatchSource = Iterable[Batch] | Callable[[], Iterator[Batch]]
 AllReduce = Callable[[Tensor], Tensor]
 
@@ -103,9 +106,9 @@ class Batches:
             if stored is None:
                 continue
             if cache == "host":
-                stored.append((x.pin_memory(), y.pin_memory()) if pinned else (x, y))
+                stored.append((rows.pin(x), y.pin_memory()) if pinned else (x, y))
                 continue
-            used += x.numel() * x.element_size() + y.numel() * y.element_size()
+            used += rows.nbytes(x) + y.numel() * y.element_size()
             if budget is not None and used > budget:
                 stored = None  # does not fit: stream instead
                 continue
@@ -131,25 +134,25 @@ class Batches:
     @staticmethod
     def _check(x: Any, y: Any, index: int) -> None:
         where = f"batches[{index}]"
-        if not isinstance(x, Tensor) or not isinstance(y, Tensor):
-            raise InputError(where, "each batch must be a pair of tensors (inputs, labels)")
+        if not isinstance(y, Tensor):
+            raise InputError(where, "each batch must be a pair (inputs, labels tensor)")
+        problem = rows.input_problem(x)
+        if problem is not None:
+            raise InputError(where, problem)
         if y.ndim != 1 or y.is_floating_point() or y.is_complex():
             raise InputError(
                 where,
                 f"labels must be a 1-D integer tensor, got {y.dtype} of shape {tuple(y.shape)}",
             )
-        if x.ndim < 1 or x.shape[0] != y.shape[0]:
+        if rows.n_rows(x) != y.shape[0]:
             raise InputError(
-                where,
-                f"inputs have {x.shape[0] if x.ndim else 0} rows but labels have {y.shape[0]}",
+                where, f"inputs have {rows.n_rows(x)} rows but labels have {y.shape[0]}"
             )
 
-    def _move(self, x: Tensor, y: Tensor) -> Batch:
-        non_blocking = x.is_pinned()
-        x = x.to(self.device, non_blocking=non_blocking)
-        if x.is_floating_point():
-            x = x.to(self.dtype)
-        return x, y.to(self.device, non_blocking=non_blocking)
+    def _move(self, x: Inputs, y: Tensor) -> Batch:
+        non_blocking = rows.is_pinned(x)
+        moved = rows.to_device(x, self.device, self.dtype, non_blocking=non_blocking)
+        return moved, y.to(self.device, non_blocking=non_blocking)
 
     @property
     def batch_size(self) -> int:
@@ -164,11 +167,11 @@ class Batches:
         self.limit = (current + 1) // 2
         return True
 
-    def _chunks(self, x: Tensor, y: Tensor) -> Iterator[Batch]:
+    def _chunks(self, x: Inputs, y: Tensor) -> Iterator[Batch]:
         if self.limit is None or y.shape[0] <= self.limit:
             yield x, y
             return
-        yield from zip(x.split(self.limit), y.split(self.limit), strict=True)
+        yield from zip(rows.split_rows(x, self.limit), y.split(self.limit), strict=True)
 
     def _host_batches(self) -> Iterator[Batch]:
         if self.mode == "host":
@@ -178,7 +181,7 @@ class Batches:
         pin = self.device.type == "cuda"
         for index, (x, y) in enumerate(self._fresh()):
             self._check(x, y, index)
-            yield (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+            yield (rows.pin(x), y.pin_memory()) if pin else (x, y)
 
     def _streamed(self) -> Iterator[Batch]:
         """Host batches moved to the device; on CUDA the copy of the next batch runs on a side
@@ -199,7 +202,8 @@ class Batches:
         pending = start(ahead) if ahead is not None else None
         while pending is not None:
             main.wait_stream(side)
-            for tensor in pending:  # allocated on the side stream, used on the main one
+            # allocated on the side stream, used on the main one
+            for tensor in (*rows.tensors(pending[0]), pending[1]):
                 tensor.record_stream(main)
             current = pending
             following = next(source, None)

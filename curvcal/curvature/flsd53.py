@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from curvcal import rows
 from curvcal.curvature.batches import Batch, BatchSource
 from curvcal.curvature.engines import MODES, prepared_model
 from curvcal.curvature.guard import NaNGuard
@@ -57,16 +58,14 @@ def flsd53_groups(
     high: list[Batch] = []
     with prepared_model(model, mode, allow_tf32=False), torch.no_grad():
         for x, y in source:
-            inputs = x.to(param.device)
-            if inputs.is_floating_point():
-                inputs = inputs.to(param.dtype)
+            inputs = rows.to_device(x, param.device, param.dtype)
             log_p = torch.log_softmax(model(inputs), dim=1)
             p_y = log_p.gather(1, y.to(param.device, torch.int64)[:, None])[:, 0].exp()
             switched = (p_y < FLSD53_THRESHOLD).cpu()
             if bool(switched.any()):
-                low.append((x[switched], y[switched]))
+                low.append((rows.take_rows(x, switched), y[switched]))
             if bool((~switched).any()):
-                high.append((x[~switched], y[~switched]))
+                high.append((rows.take_rows(x, ~switched), y[~switched]))
     return low, high
 
 

@@ -11,6 +11,8 @@ Spec forms (``--data SPEC``):
 ``py:pkg.mod:fn``          ``fn()`` returns a Dataset of ``(x, y)`` or a tuple ``(x, y)``;
                            runs your code, so it needs trust (``--trust-checkpoint``)
 ``curvcal:digits``         the bundled held-out split of scikit-learn's digits
+``PATH.jsonl|.csv|.parquet``  texts and labels for a text classifier (:mod:`curvcal.load.text`);
+                           also a ``datasets`` ``save_to_disk`` folder, ``DIR[:split]``
 =========================  ==============================================================
 
 Image datasets are converted to ``[0, 1]`` tensors and normalised per channel,
@@ -26,13 +28,17 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Dataset, Subset
 
 from curvcal.errors import InputError, TrustError
 from curvcal.load.tensorfile import as_labels, is_tensor_file, read_tensor_file
+
+if TYPE_CHECKING:
+    from curvcal.load.text import TextModel
+    from curvcal.rows import Inputs
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -78,6 +84,11 @@ class DataOptions:
     x_key: str = "x"
     y_key: str = "y"
     trust: bool = False
+    text_key: str = "text"
+    label_key: str = "label"
+    text_pair_key: str | None = None
+    tokenizer: Path | None = None
+    max_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -99,13 +110,21 @@ class LoadedData:
     normalisation: dict[str, Any] | None = None
     transforms: tuple[str, ...] = ()
     subset: dict[str, Any] | None = field(default=None)
+    text: dict[str, Any] | None = field(default=None)
+
+    @property
+    def modality(self) -> str:
+        """``text`` for tokenized texts, ``image`` for everything else (tensors included)."""
+        return "text" if self.text is not None else "image"
 
     def describe(self) -> dict[str, Any]:
-        """JSON-ready description: spec, N, classes, normalisation, transforms, subset, and the
+        """JSON-ready description: spec, N, classes, normalisation, transforms, subset, text
+        (columns, max_length, truncated count, tokenizer source; text data only), and the
         files read (path, size, SHA-256)."""
         from curvcal.provenance import file_info
 
         return {
+            **({"text": self.text} if self.text is not None else {}),
             "spec": self.spec,
             "n_samples": self.n_samples,
             "num_classes": self.num_classes,
@@ -136,7 +155,9 @@ class TensorPairDataset(Dataset[tuple[torch.Tensor, int]]):
 
 
 def load_dataset(
-    options: DataOptions, model_preprocessing: Mapping[str, Any] | None = None
+    options: DataOptions,
+    model_preprocessing: Mapping[str, Any] | None = None,
+    text_model: TextModel | None = None,
 ) -> LoadedData:
     """Resolve ``options.spec`` into a :class:`LoadedData`, checking it before any work.
 
@@ -149,9 +170,15 @@ def load_dataset(
     Checks: at least one sample, integer non-negative labels, as many labels as inputs, finite
     inputs (tensor files), a sane ``max_samples``. ``max_samples`` keeps a random subset drawn
     with ``subset_seed`` (the same seed gives the same subset), in ascending index order.
+
+    Text specs (``.jsonl``, ``.csv``, ``.parquet``, a ``save_to_disk`` folder) are tokenized
+    with the tokenizer of ``options.tokenizer`` or of ``text_model``'s folder, and their label
+    names mapped through its ``label2id``.
     """
     _check_options(options)
     spec = options.spec
+    from curvcal.load.text import is_text_spec
+
     if spec.startswith("tv:"):
         data = _load_torchvision(options, model_preprocessing)
     elif spec.startswith("folder:"):
@@ -160,6 +187,8 @@ def load_dataset(
         data = _load_factory(options)
     elif spec.startswith("curvcal:"):
         data = _load_bundled(options)
+    elif is_text_spec(spec):
+        data = _load_text(options, text_model)
     else:
         path = Path(spec).expanduser()
         if not is_tensor_file(path):
@@ -167,7 +196,7 @@ def load_dataset(
                 f"--data {spec}",
                 "is not a dataset spec",
                 "use tv:NAME[:train|test], folder:PATH, PATH.pt|.npz|.safetensors, "
-                "py:module:function or curvcal:digits",
+                "PATH.jsonl|.csv|.parquet, py:module:function or curvcal:digits",
             )
         data = _load_tensor_file(options, path, spec)
     if data.n_samples == 0:
@@ -194,6 +223,7 @@ def _check_options(options: DataOptions) -> None:
         ("--resize", options.resize),
         ("--crop", options.crop),
         ("--max-samples", options.max_samples),
+        ("--max-length", options.max_length),
     ):
         if value is not None and value < 1:
             raise InputError(name, f"is {value}; it must be >= 1")
@@ -219,6 +249,60 @@ def _take_subset(data: LoadedData, options: DataOptions) -> LoadedData:
             "max_samples": options.max_samples,
             "subset_seed": options.subset_seed,
             "of": data.n_samples,
+        },
+        text=data.text,
+    )
+
+
+def _load_text(options: DataOptions, model: TextModel | None) -> LoadedData:
+    from curvcal.load import text
+
+    _reject_image_transforms(options, "text data")
+    if options.mean is not None or options.std is not None:
+        raise InputError("--mean/--std", "do not apply to text data")
+    columns, files, file = text.read_table(options.spec)
+    texts = text.as_texts(
+        text.text_column(columns, options.text_key, file, "--text-key"), file, options.text_key
+    )
+    pairs = None
+    if options.text_pair_key is not None:
+        pairs = text.as_texts(
+            text.text_column(columns, options.text_pair_key, file, "--text-pair-key"),
+            file,
+            options.text_pair_key,
+        )
+    raw_labels = text.text_column(columns, options.label_key, file, "--label-key")
+    labels = text.text_labels(
+        raw_labels, model.label2id if model else {}, file, options.label_key
+    )
+    tokenizer, source = text.load_tokenizer(options.tokenizer, model)
+    if options.max_length is not None:
+        max_length, length_source = options.max_length, "--max-length"
+    else:
+        max_length, length_source = text.default_max_length(tokenizer, model)
+    encodings, truncated = text.tokenize(tokenizer, texts, pairs, max_length)
+    return LoadedData(
+        dataset=text.TextDataset(encodings, labels, tokenizer),
+        spec=options.spec,
+        n_samples=len(encodings),
+        num_classes=int(labels.max()) + 1 if labels.numel() else None,
+        labels=labels,
+        files=files,
+        num_classes_source="inferred",
+        transforms=("tokenize", "pad per batch"),
+        text={
+            "file": file,
+            "columns": {
+                "text": options.text_key,
+                "text_pair": options.text_pair_key,
+                "label": options.label_key,
+            },
+            "n_texts": len(encodings),
+            "max_length": max_length,
+            "max_length_source": length_source,
+            "truncated": truncated,
+            "tokenizer": source,
+            "tokenizer_class": type(tokenizer).__name__,
         },
     )
 
@@ -567,19 +651,39 @@ def check_labels(data: LoadedData, num_outputs: int | None, what: str | None = N
         )
 
 
+def _collate_of(dataset: Dataset[Any]) -> Any:
+    """The dataset's own ``collate`` (text data: pad per batch), looked up through Subsets."""
+    inner = dataset
+    while isinstance(inner, Subset):
+        inner = inner.dataset
+    return getattr(inner, "collate", None)
+
+
+def first_input(dataset: Dataset[Any]) -> Inputs:
+    """The inputs of sample 0 as a one-row batch, as :func:`iter_batches` would give them."""
+    x, _y = next(iter_batches(dataset, 1, [0]))
+    return x
+
+
 def iter_batches(
     dataset: Dataset[Any], batch_size: int, indices: Sequence[int] | None = None
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+) -> Iterator[tuple[Inputs, torch.Tensor]]:
     """Yield ``(x, y)`` batches in a fixed order: ``indices`` (or ``0..N-1``) in chunks.
 
     The last batch may be short. ``x`` is stacked (integer inputs become float32, floating
-    inputs keep their dtype); ``y`` is int64.
+    inputs keep their dtype), or, for a dataset with its own ``collate`` (text), the mapping of
+    padded token tensors it returns; ``y`` is int64.
     """
     if batch_size < 1:
         raise InputError("--batch-size", f"is {batch_size}; it must be >= 1")
     order = list(range(len(dataset))) if indices is None else [int(i) for i in indices]  # type: ignore[arg-type]
+    collate = _collate_of(dataset)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
+        if collate is not None:
+            inputs, labels = collate([dataset[i] for i in chunk])
+            yield inputs, labels.to(torch.int64)
+            continue
         if isinstance(dataset, TensorPairDataset):
             where = torch.tensor(chunk, dtype=torch.int64)
             x, y = dataset.x[where], dataset.y[where]

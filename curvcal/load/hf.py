@@ -281,6 +281,22 @@ class LogitsModule(nn.Module):
         return logits
 
 
+def token_embedding_names(module: nn.Module) -> tuple[str, ...]:
+    """Names (in ``module.named_parameters()``) of the token embedding matrix of a transformers
+    model wrapped in :class:`LogitsModule` (vocab x hidden); empty for any other module.
+
+    Its Hessian block has a row per vocabulary entry, almost all of them zero (only the tokens
+    present in the data get gradient), so text Hessians leave it out unless asked.
+    """
+    model = module.__dict__.get("library_model") if isinstance(module, LogitsModule) else None
+    getter = getattr(model, "get_input_embeddings", None)
+    embedding = getter() if callable(getter) else None
+    weight = getattr(embedding, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        return ()
+    return tuple(name for name, p in module.named_parameters() if p is weight)
+
+
 # --- helpers ---------------------------------------------------------------------------------
 
 

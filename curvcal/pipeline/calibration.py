@@ -192,6 +192,7 @@ def run_calibrate(
     from curvcal.console import Reporter
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import load_dataset
+    from curvcal.load.text import text_model_of
     from curvcal.pipeline.fitness import check_fitness, single_class_warning
     from curvcal.pipeline.runtime import distributed_run, predict
     from curvcal.provenance import environment
@@ -213,14 +214,14 @@ def run_calibrate(
         )
         trust = request.checkpoint_options.trust
         data = load_dataset(
-            dataclasses.replace(request.data_options, trust=trust), loaded.preprocessing
+            dataclasses.replace(request.data_options, trust=trust), loaded.preprocessing, text_model_of(loaded)
         )
         n_classes = check_fitness(loaded, data, "--data")
         fit_loaded = None
         if fit_data is not None:
             fit_loaded = load_dataset(
                 dataclasses.replace(request.data_options, spec=fit_data, trust=trust),
-                loaded.preprocessing,
+                loaded.preprocessing, text_model_of(loaded),
             )
             check_fitness(loaded, fit_loaded, "--fit-data")
         if n_classes == 1:

@@ -127,6 +127,7 @@ def run_check(
     """
     from curvcal.load.checkpoint import CheckpointOptions, load_model
     from curvcal.load.data import DataOptions, load_dataset
+    from curvcal.load.text import text_model_of
     from curvcal.pipeline.fitness import check_fitness, single_class_warning
 
     settings, sources = resolve_settings(policy, overrides)
@@ -166,7 +167,7 @@ def run_check(
         max_samples=settings["max_samples"],
         trust=trust,
     )
-    data = load_dataset(data_options, loaded.preprocessing)
+    data = load_dataset(data_options, loaded.preprocessing, text_model_of(loaded))
     n_classes = check_fitness(loaded, data, "data")
     inputs: dict[str, Any] = {"checkpoint": loaded.describe(), "data": data.describe()}
     messages: list[str] = []
@@ -175,7 +176,7 @@ def run_check(
     fit = None
     if calibration_settings is not None and method != "none" and settings["fit_data"] is not None:
         fit = load_dataset(
-            dataclasses.replace(data_options, spec=settings["fit_data"]), loaded.preprocessing
+            dataclasses.replace(data_options, spec=settings["fit_data"]), loaded.preprocessing, text_model_of(loaded)
         )
         check_fitness(loaded, fit, "fit_data")
         inputs["fit_data"] = fit.describe()

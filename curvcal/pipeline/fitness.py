@@ -27,19 +27,23 @@ def check_fitness(loaded: LoadedModel, data: LoadedData, option: str = "--data")
     ``option SPEC`` when the model cannot run on the inputs, does not return ``(1, K)`` logits,
     or K does not cover the labels. Costs one forward pass of one sample.
     """
-    from curvcal.load.data import check_labels
+    from curvcal.load.data import check_labels, first_input
     from curvcal.pipeline.inference import check_model_runs
 
     where = f"{loaded.path} on {option} {data.spec}"
-    if loaded.modality == "text":
-        raise InputError(
-            where,
-            f"{loaded.architecture or 'the model'} is a text classifier that takes token ids "
-            "and an attention mask; curvcal does not read text datasets yet",
-            "curvcal inspect describes it; for calibration, save its logits and run curvcal "
-            "metrics on them",
+    model_is_text = loaded.modality == "text"
+    if model_is_text != (data.modality == "text"):
+        model_kind = "a text classifier" if model_is_text else "not a text classifier"
+        data_kind = "text" if data.modality == "text" else "not text (tensors or images)"
+        hint = (
+            "give texts: --data FILE.jsonl|.csv|.parquet or a saved datasets folder"
+            if model_is_text
+            else "text data needs a transformers *ForSequenceClassification model folder"
         )
-    n_outputs = check_model_runs(loaded.module, data.dataset[0][0], loaded.device, where)
+        raise InputError(
+            where, f"{loaded.architecture or 'the model'} is {model_kind} but the data is {data_kind}", hint
+        )
+    n_outputs = check_model_runs(loaded.module, first_input(data.dataset), loaded.device, where)
     check_labels(data, n_outputs, where)
     return n_outputs
 

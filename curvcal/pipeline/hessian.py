@@ -113,6 +113,7 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
     from curvcal.console import Reporter
     from curvcal.load.checkpoint import load_model, recorded_loss
     from curvcal.load.data import iter_batches, load_dataset
+    from curvcal.load.text import text_model_of
     from curvcal.pipeline.fitness import check_fitness
     from curvcal.pipeline.runtime import distributed_run, shard
     from curvcal.provenance import environment
@@ -130,11 +131,15 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
             else (request.loss, float(request.gamma or 0.0))
         )
         settings = _settings(request, criterion, gamma)
+        params, params_choice = default_params(loaded, settings.params)
+        settings = dataclasses.replace(settings, params=params)
+        if params_choice != "--params" and params:
+            reporter.warn(f"Hessian over {params_choice}")
         _check_parameters(loaded, settings)
         data_options = dataclasses.replace(
             request.data_options, trust=request.checkpoint_options.trust
         )
-        data = load_dataset(data_options, loaded.preprocessing)
+        data = load_dataset(data_options, loaded.preprocessing, text_model_of(loaded))
         check_fitness(loaded, data, "--data")
         indices = shard(data, context)
         loaded_seconds = time.perf_counter() - began
@@ -170,6 +175,7 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
             **data_record(request.data_options, request.batch_size),
             "loss": request.loss,
             **settings_record(settings),
+            "params_choice": params_choice,
             "strict": request.strict,
             "world_size": context.world_size,
         },
@@ -300,8 +306,51 @@ def data_record(options: DataOptions, batch_size: int) -> dict[str, Any]:
         "subset_seed": options.subset_seed,
         "x_key": options.x_key,
         "y_key": options.y_key,
+        **_text_record(options),
         "batch_size": batch_size,
     }
+
+
+def _text_record(options: DataOptions) -> dict[str, Any]:
+    from curvcal.load.text import is_text_spec
+
+    if not is_text_spec(options.spec):
+        return {}
+    return {
+        "text_key": options.text_key,
+        "label_key": options.label_key,
+        "text_pair_key": options.text_pair_key,
+        "tokenizer": str(options.tokenizer) if options.tokenizer is not None else None,
+        "max_length": options.max_length,
+    }
+
+
+def default_params(loaded: LoadedModel, params: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """The parameters a Hessian covers and how they were chosen.
+
+    ``--params all`` (alone) is every trainable parameter. Without ``--params``: every
+    trainable parameter for image models; for text models every one except the token
+    embedding matrix (vocab x hidden, whose Hessian block is almost all zero rows: only the
+    tokens in the data get gradient), listed by name. Given globs are used as given.
+    """
+    from curvcal.load.hf import token_embedding_names
+
+    if params == ("all",):
+        return (), "all trainable parameters (--params all)"
+    if params:
+        return params, "--params"
+    excluded = token_embedding_names(loaded.module) if loaded.modality == "text" else ()
+    if not excluded:
+        return (), "all trainable parameters"
+    names = tuple(
+        name
+        for name, p in loaded.module.named_parameters()
+        if p.requires_grad and name not in excluded
+    )
+    return names, (
+        f"all trainable parameters except the token embeddings ({', '.join(excluded)}); "
+        "--params all includes them"
+    )
 
 
 def settings_record(settings: HessianSettings) -> dict[str, Any]:

@@ -6,13 +6,14 @@ from collections.abc import Iterable
 
 import torch
 
+from curvcal import rows
 from curvcal.console import StepCallback
 from curvcal.errors import InputError, NumericalError
 
 
 def predict_logits(
     model: torch.nn.Module,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterable[tuple[rows.Inputs, torch.Tensor]],
     device: torch.device,
     on_step: StepCallback | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,7 +28,7 @@ def predict_logits(
     label_parts: list[torch.Tensor] = []
     with torch.inference_mode():
         for x, y in batches:
-            out = model(x.to(device=device, dtype=dtype, non_blocking=True))
+            out = model(rows.to_device(x, device, dtype, non_blocking=True))
             if not isinstance(out, torch.Tensor) or out.dim() != 2:
                 shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
                 raise NumericalError(
@@ -43,28 +44,27 @@ def predict_logits(
 
 
 def check_model_runs(
-    model: torch.nn.Module, sample: object, device: torch.device, where: str
+    model: torch.nn.Module, x: rows.Inputs, device: torch.device, where: str
 ) -> int:
-    """Run ``model`` on one input ``sample`` (no batch dimension) and return its number of
-    logits K, before any real work is done.
+    """Run ``model`` on a batch ``x`` of one sample (a tensor with its batch dimension, or a
+    mapping of them) and return its number of logits K, before any real work is done.
 
     A model that cannot take the inputs (wrong channels or image size, say) raises
     :class:`InputError` naming ``where`` — the dataset option — with torch's reason, instead of
     failing deep inside a pass; so does an output that is not ``(batch, K)`` logits.
     """
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    sample = torch.as_tensor(sample)
-    x = sample.unsqueeze(0).to(device=device)
-    if x.is_floating_point():
-        x = x.to(dtype)
+    shape = rows.describe_shape(x)
+    if isinstance(x, torch.Tensor):
+        shape = str(tuple(x.shape[1:]))  # one sample's shape, as the dataset holds it
     hint = "check --data (and --resize/--crop) against the architecture"
     try:
         with torch.inference_mode():
-            out = model(x)
+            out = model(rows.to_device(x, device, dtype))
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise InputError(
-            where, f"the model cannot run on inputs of shape {tuple(sample.shape)}: {reason}", hint
+            where, f"the model cannot run on inputs of shape {shape}: {reason}", hint
         ) from exc
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 1:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__

@@ -271,7 +271,7 @@ def test_a_text_classifier_on_image_data_is_a_clear_input_error(
         result = run_cli(command, bert, "--data", vit.data, "--device", "cpu")
         assert result.code == 2, result.output
         line = result.stderr.strip().splitlines()[-1]
-        assert "text classifier" in line and "does not read text datasets" in line
+        assert "text classifier" in line and "the data is not text" in line
         assert "Traceback" not in result.stderr
 
 

@@ -1,0 +1,370 @@
+"""Text classification data: a table of texts and labels, tokenized once, padded per batch.
+
+Sources (``--data``):
+
+- ``FILE.jsonl``: one JSON object per line; ``FILE.csv``: a header row then one row per text
+  (both read with the standard library; CSV cells are strings);
+- ``FILE.parquet`` (pyarrow, the ``tables`` extra);
+- a folder written by the ``datasets`` library's ``save_to_disk`` (``state.json`` and its
+  ``.arrow`` files, read with pyarrow's IPC stream reader); a split folder (``DatasetDict``,
+  ``dataset_dict.json``) takes ``DIR:split``.
+
+Columns: ``text`` and ``label`` by default (``--text-key``, ``--label-key``), and a second text
+of a pair with ``--text-pair-key``. A label is an integer class index, a string of one
+(CSV), or a class name mapped through the model's ``label2id``.
+
+Tokenization happens once, when the data is loaded, with the tokenizer saved beside the model
+(``--tokenizer DIR`` otherwise): each item is ``(token id lists, label)``. Texts longer than
+``max_length`` tokens are truncated (the tokenizer's ``longest_first`` strategy for pairs) and
+counted. ``max_length`` defaults to the tokenizer's ``model_max_length`` capped by the model
+config's ``max_position_embeddings`` (a tokenizer that records no limit reports a huge
+``model_max_length``; the cap is then what applies). A batch is padded to its longest text by
+``tokenizer.pad`` in :meth:`TextDataset.collate`, giving int64 ``input_ids``,
+``attention_mask`` (and ``token_type_ids`` when the tokenizer makes them).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import Dataset
+
+from curvcal.errors import InputError
+from curvcal.load.extras import require
+
+if TYPE_CHECKING:
+    from curvcal.load.checkpoint import LoadedModel
+
+TEXT_SUFFIXES = (".jsonl", ".csv", ".parquet")
+_DATASET_STATE = "state.json"
+_DATASET_DICT = "dataset_dict.json"
+
+
+@dataclass(frozen=True)
+class TextModel:
+    """What the text model says about its inputs: the folder its tokenizer may be saved in,
+    its ``label2id`` and its ``max_position_embeddings`` (``None`` when not recorded)."""
+
+    folder: Path | None
+    label2id: Mapping[str, int] = field(default_factory=dict)
+    max_positions: int | None = None
+
+
+@dataclass(frozen=True)
+class TextColumns:
+    """Column names: the text, the label, and the second text of a pair (optional)."""
+
+    text: str = "text"
+    label: str = "label"
+    pair: str | None = None
+
+
+def is_text_spec(spec: str) -> bool:
+    """A ``.jsonl``/``.csv``/``.parquet`` file, or a ``save_to_disk`` folder (``DIR[:split]``)."""
+    path = Path(spec).expanduser()
+    if path.suffix.lower() in TEXT_SUFFIXES:
+        return True
+    folder, _split = _split_spec(spec)
+    return (folder / _DATASET_STATE).is_file() or (folder / _DATASET_DICT).is_file()
+
+
+def _split_spec(spec: str) -> tuple[Path, str | None]:
+    path = Path(spec).expanduser()
+    if path.exists() or ":" not in spec:
+        return path, None
+    head, _, split = spec.rpartition(":")
+    return Path(head).expanduser(), split
+
+
+# --- reading tables ---------------------------------------------------------------------------
+
+
+def read_table(spec: str) -> tuple[dict[str, list[Any]], tuple[Path, ...], str]:
+    """The columns of the table named by ``spec``, the files read, and the file to name in
+    errors."""
+    path = Path(spec).expanduser()
+    suffix = path.suffix.lower()
+    if suffix in TEXT_SUFFIXES:
+        if not path.is_file():
+            raise InputError(f"--data {spec}", "no such file")
+        reader = {".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet}[suffix]
+        return reader(path), (path,), str(path)
+    folder, split = _split_spec(spec)
+    if (folder / _DATASET_DICT).is_file():
+        splits = _dataset_dict_splits(folder)
+        if split is None:
+            raise InputError(
+                f"--data {spec}",
+                f"is a folder of splits ({', '.join(splits)})",
+                f"name one: --data {folder}:{splits[0] if splits else 'SPLIT'}",
+            )
+        if split not in splits:
+            raise InputError(
+                f"--data {spec}", f"has no split {split!r}", f"splits: {', '.join(splits)}"
+            )
+        folder = folder / split
+    elif split is not None:
+        raise InputError(f"--data {spec}", f"{folder} holds no splits (no {_DATASET_DICT})")
+    columns, files = _read_saved_dataset(folder)
+    return columns, files, str(folder)
+
+
+def _read_jsonl(path: Path) -> dict[str, list[Any]]:
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(str(path), f"line {number} is not JSON ({exc.msg})") from exc
+            if not isinstance(record, dict):
+                raise InputError(str(path), f"line {number} is not a JSON object")
+            records.append(record)
+    return _columns(records)
+
+
+def _read_csv(path: Path) -> dict[str, list[Any]]:
+    with open(path, encoding="utf-8", newline="") as handle:
+        try:
+            records = list(csv.DictReader(handle))
+        except csv.Error as exc:
+            raise InputError(str(path), f"is not a CSV file ({exc})") from exc
+    return _columns(records)
+
+
+def _columns(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    names: dict[str, None] = {}
+    for record in records:
+        names.update(dict.fromkeys(record))
+    return {name: [record.get(name) for record in records] for name in names}
+
+
+def _read_parquet(path: Path) -> dict[str, list[Any]]:
+    require("tables", "pyarrow", str(path))
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises its own error types
+        raise InputError(str(path), f"is not a parquet file ({_one_line(exc)})") from exc
+    return {name: table.column(name).to_pylist() for name in table.column_names}
+
+
+def _dataset_dict_splits(folder: Path) -> list[str]:
+    info = _read_json(folder / _DATASET_DICT)
+    splits = info.get("splits") if isinstance(info, dict) else None
+    if not isinstance(splits, list):
+        raise InputError(str(folder / _DATASET_DICT), "has no 'splits' list")
+    return [str(s) for s in splits]
+
+
+def _read_saved_dataset(folder: Path) -> tuple[dict[str, list[Any]], tuple[Path, ...]]:
+    state_path = folder / _DATASET_STATE
+    if not state_path.is_file():
+        raise InputError(str(folder), f"is not a saved dataset (no {_DATASET_STATE})")
+    state = _read_json(state_path)
+    entries = state.get("_data_files") if isinstance(state, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise InputError(str(state_path), "lists no data files ('_data_files')")
+    require("tables", "pyarrow", str(folder))
+    import pyarrow as pa
+
+    files = []
+    tables = []
+    for entry in entries:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or Path(name).name != name:
+            raise InputError(str(state_path), f"names a data file {name!r} outside the folder")
+        file = folder / name
+        try:
+            with pa.memory_map(str(file)) as source:
+                tables.append(pa.ipc.open_stream(source).read_all())
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise InputError(str(file), f"cannot be read as Arrow ({_one_line(exc)})") from exc
+        files.append(file)
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    return {n: table.column(n).to_pylist() for n in table.column_names}, (state_path, *files)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(str(path), f"is not readable JSON ({_one_line(exc)})") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+# --- tokenizing -------------------------------------------------------------------------------
+
+
+def load_tokenizer(tokenizer: Path | None, model: TextModel | None) -> tuple[Any, str]:
+    """The tokenizer of ``--tokenizer`` or of the model's folder, and where it came from."""
+    folder = tokenizer or (model.folder if model is not None else None)
+    if folder is None:
+        raise InputError(
+            "--data", "text data needs a tokenizer", "pass --tokenizer DIR (a save_pretrained folder)"
+        )
+    transformers = require("hf", "transformers", str(folder))
+    where = "--tokenizer" if tokenizer is not None else "the model folder"
+    if not folder.is_dir():
+        raise InputError(str(folder), f"{where} is not a folder")
+    try:
+        loaded = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        hint = (
+            "pass --tokenizer DIR naming the tokenizer's save_pretrained folder"
+            if tokenizer is None
+            else "save one into the --tokenizer folder with tokenizer.save_pretrained"
+        )
+        raise InputError(
+            str(folder), f"{where} holds no tokenizer ({_one_line(exc)})", hint
+        ) from exc
+    return loaded, str(folder)
+
+
+def default_max_length(tokenizer: Any, model: TextModel | None) -> tuple[int, str]:
+    """min(tokenizer.model_max_length, config.max_position_embeddings) and which one applied."""
+    candidates: list[tuple[int, str]] = []
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < 1_000_000:
+        candidates.append((limit, "tokenizer model_max_length"))
+    if model is not None and model.max_positions:
+        candidates.append((model.max_positions, "config max_position_embeddings"))
+    if not candidates:
+        raise InputError(
+            "--max-length", "neither the tokenizer nor the model config records a limit", "pass it"
+        )
+    return min(candidates)
+
+
+class TextDataset(Dataset[tuple[dict[str, list[int]], int]]):
+    """Tokenized texts (token id lists per key) and integer labels; :meth:`collate` pads a
+    batch of items to its longest text with the tokenizer's padding."""
+
+    def __init__(
+        self, encodings: list[dict[str, list[int]]], labels: torch.Tensor, tokenizer: Any
+    ) -> None:
+        self.encodings = encodings
+        self.labels = labels
+        self.tokenizer = tokenizer
+
+    def __len__(self) -> int:
+        return len(self.encodings)
+
+    def __getitem__(self, index: int) -> tuple[dict[str, list[int]], int]:
+        return self.encodings[index], int(self.labels[index])
+
+    def collate(
+        self, items: Sequence[tuple[dict[str, list[int]], int]]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``(inputs, labels)``: int64 tensors padded to the batch's longest text."""
+        padded = self.tokenizer.pad([dict(item[0]) for item in items], return_tensors="pt")
+        inputs = {key: torch.as_tensor(value, dtype=torch.int64) for key, value in padded.items()}
+        labels = torch.as_tensor([int(item[1]) for item in items], dtype=torch.int64)
+        return inputs, labels
+
+
+def tokenize(
+    tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int
+) -> tuple[list[dict[str, list[int]]], int]:
+    """Token ids of every text (pair), truncated to ``max_length``; and how many were cut."""
+    kwargs: dict[str, Any] = {"text": list(texts)}
+    if pairs is not None:
+        kwargs["text_pair"] = list(pairs)
+    transformers = require("hf", "transformers", "tokenizer")
+    logging = transformers.utils.logging
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # lengths over model_max_length are what we count below
+    try:
+        full = tokenizer(**kwargs, truncation=False)
+    finally:
+        logging.set_verbosity(verbosity)
+    keys = list(full.keys())
+    encodings = [{key: list(full[key][i]) for key in keys} for i in range(len(texts))]
+    long = [i for i, e in enumerate(encodings) if len(e["input_ids"]) > max_length]
+    if long:
+        cut_kwargs: dict[str, Any] = {"text": [texts[i] for i in long]}
+        if pairs is not None:
+            cut_kwargs["text_pair"] = [pairs[i] for i in long]
+        cut = tokenizer(**cut_kwargs, truncation=True, max_length=max_length)
+        for j, i in enumerate(long):
+            encodings[i] = {key: list(cut[key][j]) for key in keys}
+    return encodings, len(long)
+
+
+def text_labels(
+    values: Sequence[Any], label2id: Mapping[str, int], file: str, column: str
+) -> torch.Tensor:
+    """Integer labels: ints, strings of ints, or class names mapped through ``label2id``."""
+    out = []
+    for row, value in enumerate(values):
+        if isinstance(value, bool) or value is None:
+            label = None
+        elif isinstance(value, int):
+            label = value
+        elif isinstance(value, float) and value.is_integer():
+            label = int(value)
+        elif isinstance(value, str) and value in label2id:
+            label = int(label2id[value])
+        elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            label = int(value)
+        else:
+            label = None
+        if label is None or label < 0:
+            names = ", ".join(list(label2id)[:8])
+            hint = f"labels are class indices or names from the model's label2id ({names})"
+            raise InputError(file, f"row {row}: label {value!r} in column '{column}'", hint)
+        out.append(label)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def text_column(
+    columns: Mapping[str, list[Any]], name: str, file: str, option: str
+) -> list[Any]:
+    """The column ``name``, or an error naming the file, the column and the columns present."""
+    if name not in columns:
+        present = ", ".join(columns) or "none"
+        raise InputError(
+            file, f"has no column '{name}' (columns: {present})", f"name it with {option}"
+        )
+    return columns[name]
+
+
+def as_texts(values: Sequence[Any], file: str, column: str) -> list[str]:
+    """Strings of a text column; a missing or non-string cell is an error naming its row."""
+    for row, value in enumerate(values):
+        if not isinstance(value, str):
+            raise InputError(file, f"row {row}: column '{column}' holds {value!r}, not a text")
+    return list(values)
+
+
+def text_model_of(loaded: LoadedModel) -> TextModel | None:
+    """The :class:`TextModel` facts of a loaded transformers text classifier (``None`` for any
+    other model): the folder its config came from (the checkpoint folder, or ``hf:FOLDER``),
+    ``label2id`` and ``max_position_embeddings`` from the library model's config."""
+    if loaded.modality != "text":
+        return None
+    from curvcal.load.hf import is_model_folder
+
+    folder: Path | None = loaded.path if is_model_folder(loaded.path) else None
+    if folder is None and loaded.arch and loaded.arch.startswith("hf:"):
+        folder = Path(loaded.arch[3:]).expanduser()
+    config = getattr(loaded.module.__dict__.get("library_model"), "config", None)
+    label2id = getattr(config, "label2id", None) or {}
+    positions = getattr(config, "max_position_embeddings", None)
+    return TextModel(
+        folder=folder,
+        label2id={str(k): int(v) for k, v in dict(label2id).items()},
+        max_positions=int(positions) if isinstance(positions, int) else None,
+    )
