@@ -189,3 +189,90 @@ def test_bad_text_inputs_name_the_file_and_the_problem(
         load_dataset(DataOptions(spec=str(text_model.jsonl), tokenizer=bare), None, facts)
     with pytest.raises(InputError, match="--tokenizer"):
         load_dataset(DataOptions(spec=str(text_model.jsonl)), None, None)
+
+
+def _eigsh_lambda_max(folder: Path, texts: list[str], labels: list[int], skip: str) -> float:
+    """λmax of the mean cross-entropy Hessian over every parameter but ``skip``, from the
+    library's own forward on the texts padded together (torch.func products, scipy eigsh)."""
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    model, tokenizer = _library(folder)
+    encoded = dict(tokenizer(texts, padding=True, return_tensors="pt"))
+    y = torch.tensor(labels)
+    params = {n: p.detach() for n, p in model.named_parameters() if n != skip}
+    fixed = {n: p.detach() for n, p in model.named_parameters() if n == skip}
+
+    def loss(values: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = torch.func.functional_call(model, {**values, **fixed}, args=(), kwargs=encoded)
+        return torch.nn.functional.cross_entropy(out.logits, y)
+
+    sizes = [p.numel() for p in params.values()]
+
+    def hvp(vector: object) -> object:
+        v = torch.as_tensor(vector, dtype=torch.float64).reshape(-1)
+        pieces = [c.reshape(p.shape) for c, p in zip(v.split(sizes), params.values())]
+        _, product = torch.func.jvp(torch.func.grad(loss), (params,), (dict(zip(params, pieces)),))
+        return torch.cat([product[n].reshape(-1) for n in params]).numpy()
+
+    total = sum(sizes)
+    operator = LinearOperator((total, total), matvec=hvp, dtype="float64")
+    (value,) = eigsh(operator, k=1, which="LA", tol=1e-12, return_eigenvectors=False)
+    return float(value)
+
+
+def test_hessian_lambda_max_equals_eigsh_on_the_library_forward(
+    run_cli, text_model: TextFiles
+) -> None:
+    skip = "bert.embeddings.word_embeddings.weight"
+    reference = _eigsh_lambda_max(text_model.folder, TEXTS, LABELS, skip)
+    result = run_cli(
+        "hessian", text_model.folder, "--data", text_model.jsonl, "--dtype", "float64",
+        "--device", "cpu", "--batch-size", "4", "--tol", "1e-10", "--no-trace", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    # batches of 4 are padded to their own longest text; the reference pads all 11 together
+    assert document["results"]["lambda_max"] == pytest.approx(reference, rel=1e-6)
+    assert skip not in document["settings"]["params"]
+    assert "except the token embeddings" in document["settings"]["params_choice"]
+    assert "token embeddings" in result.stderr
+    described = document["inputs"]["data"]["text"]
+    assert described["n_texts"] == len(TEXTS) and described["truncated"] == 0
+    everything = run_cli(
+        "hessian", text_model.folder, "--data", text_model.jsonl, "--dtype", "float64",
+        "--device", "cpu", "--params", "all", "--no-trace", "--max-iter", "5", "--json",
+    )  # fmt: skip
+    assert everything.code == 0, everything.stderr
+    settings = json.loads(everything.stdout)["settings"]
+    assert settings["params"] == [] and "--params all" in settings["params_choice"]
+
+
+def test_calibrate_and_metrics_equal_the_library_logits(
+    run_cli, text_model: TextFiles, tmp_path: Path
+) -> None:
+    logits = _reference_logits(text_model.folder, TEXTS)
+    y = torch.tensor(LABELS)
+    accuracy = float((logits.argmax(1) == y).double().mean())
+    nll = float(torch.nn.functional.cross_entropy(logits, y))
+    ece = _ece_by_hand(logits, LABELS)
+    saved = tmp_path / "logits.npz"
+    result = run_cli(
+        "calibrate", text_model.folder, "--data", text_model.jsonl, "--dtype", "float64",
+        "--device", "cpu", "--batch-size", "3", "--method", "none", "--save-logits", saved,
+        "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    direct = document["results"]["evaluation"]["uncalibrated"]
+    assert direct["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    assert direct["nll"] == pytest.approx(nll, abs=1e-6)
+    assert direct["ece"] == pytest.approx(ece, abs=1e-6)
+    assert document["inputs"]["data"]["text"]["tokenizer"] == str(text_model.folder)
+    stored = np.load(saved)
+    assert np.allclose(stored["logits"], logits.numpy(), rtol=0, atol=1e-6)
+    metrics = run_cli("metrics", saved, "--json")
+    assert metrics.code == 0, metrics.stderr
+    found = json.loads(metrics.stdout)["results"]["evaluation"]["uncalibrated"]
+    assert found["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    assert found["nll"] == pytest.approx(nll, abs=1e-6)
+    assert found["ece"] == pytest.approx(ece, abs=1e-6)
