@@ -155,7 +155,14 @@ _OPTION_OF = {
     type=click.IntRange(min=1),
     default=8,
     show_default=True,
-    help="Vectors sharing one pass over the data.",
+    help="Vectors sharing one pass over the data (at most; fewer when the memory budget says so).",
+)
+@click.option(
+    "--memory-budget",
+    metavar="SIZE",
+    default=None,
+    help="Memory one pass of products may use: bytes with a unit (4GiB, 512MB) or a share of "
+    "the free memory (50%).  [default: 2x a gradient pass or 256 MiB, at most half the free memory]",
 )
 @click.option("--strict", is_flag=True, help="Exit 3 when an estimate does not converge.")
 @click.option(
@@ -193,6 +200,7 @@ def hessian(
     mode: str,
     cache: str,
     probe_batch: int,
+    memory_budget: str | None,
     strict: bool,
     plot: Path | None,
 ) -> int:
@@ -258,6 +266,7 @@ def hessian(
             mode=mode,
             cache=cache,
             probe_batch=probe_batch,
+            memory_budget=memory_budget,
         )
         _check_parameters(loaded, settings)
         data = load_dataset(dataclasses.replace(data_options, trust=checkpoint_options.trust))
@@ -473,4 +482,5 @@ def _hessian_settings(settings: HessianSettings) -> dict[str, Any]:
         "mode": settings.mode,
         "cache": settings.cache,
         "probe_batch": settings.probe_batch,
+        "memory_budget": settings.memory_budget,
     }

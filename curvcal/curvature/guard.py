@@ -107,7 +107,8 @@ class NaNGuard:
             result = self.operator.matmat(vectors)
         except NumericalError as error:
             raise self._located(error.what, error.why, vectors) from None
-        if not _finite(result):
+        # an operator that checks its own products (``checks_finite``) has raised already
+        if not getattr(self.operator, "checks_finite", False) and not _finite(result):
             raise self._located("hessian", _PRODUCT, vectors)
         return result
 
