@@ -415,13 +415,18 @@ def measure_hessian(
     other warnings are passed on untouched.
     """
     from curvcal.curvature.analysis import analyse_hessian_with_messages
+    from curvcal.curvature.forecast import forecast_for
 
+    forecast = forecast_for(
+        loaded.module, settings, lambda text: reporter.info(f"curvcal: note: {text}")
+    )
     with reporter.progress("Hessian-vector products", None) as advance:
         done = [0]
 
-        def on_step(_stage: str, matvecs: int) -> None:
+        def on_step(stage: str, matvecs: int) -> None:
             advance(matvecs - done[0])
             done[0] = matvecs
+            forecast(stage, matvecs)
 
         return analyse_hessian_with_messages(
             loaded.module, batches, settings, all_reduce=all_reduce, on_step=on_step
