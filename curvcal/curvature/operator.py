@@ -23,6 +23,9 @@ stopping rules of the algorithms need. On a CUDA out-of-memory error inside a pa
 discarded, every batch is split in half and the pass runs again (exact: products are sums over
 samples), down to one sample per batch; ``oom_retries`` and ``batch_size_final`` record what
 happened. TF32 matrix products are switched off during products unless ``allow_tf32=True``.
+Before any product the first batch's autograd graphs are measured and the passes fitted in a
+memory budget (:mod:`curvcal.curvature.memory`): fewer vectors per pass than ``probe_batch``,
+and batches split into chunks, when that is what fits.
 
 :func:`build_operator` is how every user-facing path (the API functions, the analysis behind
 ``curvcal hessian``, the study) builds one: from a model, a loss, batches and
