@@ -63,7 +63,7 @@ def _no_pass(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a pass over the data started before the fitness check")
 
     for target in (
-        "curvcal.inference.predict_logits",
+        "curvcal.pipeline.inference.predict_logits",
         "curvcal.curvature.analysis.analyse_hessian_with_messages",
         "curvcal.study.measure_curvature",
     ):

@@ -1,5 +1,7 @@
 """The package's layers, read from the source (ast): kernels import no loader, command, report or
-policy module; curvature imports no calibration or loader; results import no solver; no cycles.
+policy module; curvature imports no calibration or loader; results import no solver; loaders
+import no kernel; commands import no torch at module level and no other command; the pipeline
+imports no report or command; no cycles, in a kernel package or in the whole package.
 
 Kernels are curvcal/curvature, curvcal/calibration and curvcal/losses.py; loaders are
 curvcal/load. Every ``import``/``from ... import`` counts, at any depth (a function-level import
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import curvcal
+from curvcal.commands import COMMANDS
 
 PACKAGE = Path(curvcal.__file__).resolve().parent
 KERNELS = ("curvcal.curvature", "curvcal.calibration", "curvcal.losses")
@@ -22,7 +25,6 @@ ABOVE_KERNELS = (
     "curvcal.load",
     "curvcal.commands",
     "curvcal.report",
-    "curvcal.gate",
     "curvcal.pipeline",
     "curvcal.policy",
     "curvcal.cli",
@@ -156,3 +158,77 @@ def test_the_checks_see_a_cycle_and_a_lazy_import() -> None:
     assert "curvcal.calibration.metrics" in imports_of("curvcal.calibration.scaling")
     assert _find_cycle({"a": ["b"], "b": ["c"], "c": []}) is None
     assert _find_cycle({"a": ["b"], "b": ["c"], "c": ["b"]}) == ["b", "c", "b"]
+
+
+LOADERS = ("curvcal.load",)
+KERNELS_AND_STUDY = (*KERNELS, "curvcal.study")
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if _within(m, LOADERS)])
+def test_loaders_import_no_kernel(module: str) -> None:
+    wrong = sorted(m for m in imports_of(module) if _within(m, KERNELS_AND_STUDY))
+    assert not wrong, f"{module} imports {wrong}"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if _within(m, ("curvcal.pipeline",))])
+def test_pipeline_imports_no_report_and_no_command(module: str) -> None:
+    wrong = sorted(
+        m
+        for m in imports_of(module)
+        if _within(m, ("curvcal.report", "curvcal.commands", "curvcal.cli"))
+    )
+    assert not wrong, f"{module} imports {wrong}"
+
+
+def _module_level_imports(module: str) -> set[str]:
+    """Every module (curvcal or third-party) ``module`` imports when it is loaded: statements
+    outside functions and not under ``if TYPE_CHECKING:``."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            return
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(MODULES[module].read_text(encoding="utf-8")))
+    return found
+
+
+COMMAND_MODULES = [m for m in MODULES if _within(m, ("curvcal.commands",))]
+
+
+@pytest.mark.parametrize("module", COMMAND_MODULES)
+def test_commands_import_no_torch_at_load_and_no_other_command(module: str) -> None:
+    loaded = _module_level_imports(module)
+    heavy = sorted(m for m in loaded if m.split(".")[0] in ("torch", "numpy", "scipy"))
+    assert not heavy, f"{module} imports {heavy} when loaded"
+    # whatever a command loads at module level must itself load no torch (transitively)
+    kernels = sorted(m for m in loaded if _within(m, (*KERNELS_AND_STUDY, *LOADERS)))
+    assert not kernels, f"{module} loads {kernels}"
+    registered = {module_name for module_name, _attr, _help in COMMANDS.values()}
+    if module in registered:
+        others = sorted(m for m in imports_of(module) if m in registered)
+        assert not others, f"{module} imports the command modules {others}"
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    """Package ``__init__`` facades included: a cycle through one is a cycle too."""
+    modules = list(MODULES)
+    cycle = _cycle(modules)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_module_level_reader_skips_functions_and_type_checking() -> None:
+    assert "torch" not in _module_level_imports("curvcal.commands.hessian")
+    assert "torch" in _module_level_imports("curvcal.curvature.engines")
+    assert "curvcal.pipeline.hessian" in imports_of("curvcal.commands.hessian")

@@ -81,7 +81,7 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
         "curvcal.load.checkpoint.inspect_checkpoint",
         "curvcal.load.data.load_dataset",
         "curvcal.load.logits.load_logits",
-        "curvcal.load.calibrator.load_calibrators",
+        "curvcal.pipeline.calibrator.load_calibrators",
         "curvcal.policy.baseline.load_report",
     ):
         monkeypatch.setattr(target, forbidden)

@@ -159,23 +159,3 @@ def class_labels(
             "the number of classes is the number of score columns",
         )
     return y
-
-
-NAN_POLICIES = ("error", "drop")
-
-
-def nonfinite_rows(scores: torch.Tensor) -> torch.Tensor:
-    """Indices (int64, ascending) of the rows of an N×K ``scores`` tensor holding a NaN or an
-    infinity; empty when every row is finite."""
-    if scores.ndim != 2:
-        raise InputError("scores", f"must be 2-D (N, K), got shape {tuple(scores.shape)}")
-    return (~torch.isfinite(scores)).any(dim=1).nonzero().reshape(-1)
-
-
-def drop_rows(
-    scores: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``scores`` and ``labels`` without the given ``rows`` (new tensors; inputs untouched)."""
-    keep = torch.ones(scores.shape[0], dtype=torch.bool)
-    keep[rows] = False
-    return scores[keep], labels[keep]

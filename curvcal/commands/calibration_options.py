@@ -1,26 +1,25 @@
 """The calibration options shared by ``curvcal calibrate`` and ``curvcal metrics``: parsing
-(``--method``, ``--gammas``, ``--bins``, ... and ``--nan-policy``), the settings they record, and
-the ``--plot`` and ``--save-calibrator`` files they ask for."""
+(``--method``, ``--gammas``, ``--bins``, ... and ``--nan-policy``) into a
+:class:`~curvcal.pipeline.calibration.CalibrationOptions`, and the ``--plot`` and
+``--save-calibrator`` files they ask for."""
 
 from __future__ import annotations
 
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from curvcal.pipeline.calibration import CalibrationOptions
 from curvcal.report.tables import check_output_path, write_atomic
 
 if TYPE_CHECKING:
-    from curvcal.calibration.analysis import CalibrationAnalysis, CalibrationSettings
+    from curvcal.calibration.analysis import CalibrationAnalysis
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-DEMO_VAL_SPLIT = 0.5
 
 _OPTION_NAMES = (
     "method",
@@ -39,61 +38,21 @@ _OPTION_NAMES = (
 )
 
 
-@dataclass(frozen=True)
-class CalibrationOptions:
-    """The calibration options as given (``method`` and ``val_split`` are ``None`` when absent;
-    each command resolves them)."""
+def check_outputs(options: CalibrationOptions, force: bool) -> None:
+    """Refuse, before any work, an output file that exists (without ``--force``) or cannot be
+    written, and a plot suffix that names no format."""
+    for path in (options.plot, options.save_calibrator):
+        if path is not None:
+            check_output_path(path, force)
+    if options.plot is not None:
+        from curvcal.report.plots import SUFFIXES, require_matplotlib
 
-    method: str | None
-    objective: str
-    focal_objective: str
-    gammas: tuple[float, ...] | None
-    bins: int
-    edges: str
-    bootstrap: int
-    val_split: float | None
-    seed: int
-    plot: Path | None
-    dpi: int
-    plot_classes: int
-    save_calibrator: Path | None
-
-    def settings(self, method: str) -> CalibrationSettings:
-        from curvcal.calibration.analysis import CalibrationSettings
-
-        extra = {} if self.gammas is None else {"gammas": self.gammas}
-        return CalibrationSettings(
-            method=method,
-            objective=self.objective,
-            focal_objective=self.focal_objective,
-            bins=self.bins,
-            edges=self.edges,
-            bootstrap=self.bootstrap,
-            seed=self.seed,
-            reliability_classes=self.plot_classes if self.plot is not None else 0,
-            **extra,
-        )
-
-    def outputs(self) -> list[tuple[str, Path]]:
-        """The files these options write, as ``(option, path)``."""
-        named = (("--plot", self.plot), ("--save-calibrator", self.save_calibrator))
-        return [(option, path) for option, path in named if path is not None]
-
-    def check_outputs(self, force: bool) -> None:
-        """Refuse, before any work, an output file that exists (without ``--force``) or cannot
-        be written, and a plot suffix that names no format."""
-        for path in (self.plot, self.save_calibrator):
-            if path is not None:
-                check_output_path(path, force)
-        if self.plot is not None:
-            from curvcal.report.plots import SUFFIXES, require_matplotlib
-
-            if self.plot.suffix.lower() not in SUFFIXES:
-                raise click.BadParameter(
-                    f"cannot tell the format of {self.plot} (name a .png, .svg or .pdf file)",
-                    param_hint="'--plot'",
-                )
-            require_matplotlib()
+        if options.plot.suffix.lower() not in SUFFIXES:
+            raise click.BadParameter(
+                f"cannot tell the format of {options.plot} (name a .png, .svg or .pdf file)",
+                param_hint="'--plot'",
+            )
+        require_matplotlib()
 
 
 def _gamma_list(
@@ -228,30 +187,13 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
 def write_outputs(analysis: CalibrationAnalysis, options: CalibrationOptions) -> None:
     """Write the ``--save-calibrator`` and ``--plot`` files that were asked for."""
     if options.save_calibrator is not None:
-        from curvcal.load.calibrator import calibrators_json
+        from curvcal.pipeline.calibrator import calibrators_json
 
         write_atomic(options.save_calibrator, calibrators_json(analysis.calibrators()))
     if options.plot is not None:
         from curvcal.report.calibration import write_reliability_plot
 
         write_reliability_plot(analysis, options.plot, options.dpi, options.plot_classes)
-
-
-def settings_record(options: CalibrationOptions, settings: CalibrationSettings) -> dict[str, Any]:
-    """The calibration options as the report's ``settings`` records them."""
-    return {
-        "method": settings.method,
-        "objective": settings.objective,
-        "focal_objective": settings.focal_objective,
-        "gammas": list(settings.gammas),
-        "bins": settings.bins,
-        "edges": settings.edges,
-        "bootstrap": settings.bootstrap,
-        "seed": settings.seed,
-        "val_split": options.val_split,
-        "plot": options.plot,
-        "save_calibrator": options.save_calibrator,
-    }
 
 
 def nan_policy_option(func: F) -> F:
@@ -265,8 +207,3 @@ def nan_policy_option(func: F) -> F:
         "them out (counted in the report and warned about).",
     )(func)
     return decorated
-
-
-def dropped_warning(count: int, total: int, source: str) -> str:
-    """The warning for rows left out by ``--nan-policy drop``."""
-    return f"{source}: left out {count} of {total} rows with a NaN or Inf (--nan-policy drop)"

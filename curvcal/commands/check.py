@@ -1,13 +1,12 @@
 """`curvcal check CKPT --policy FILE`: measure what a policy gates on a checkpoint, and judge it.
 
-A thin shell over :func:`curvcal.gate.run_check`: it gathers the options given on the command
-line (they override the policy's ``[settings]``), reads the policy and the baseline, shows
-progress, and hands the verdict to the report.
+A shell over :func:`curvcal.pipeline.check.check_checkpoint`: it gathers the options given on the
+command line (they override the policy's ``[settings]``), reads the policy (whose data the run
+will read), and hands the verdict to the report.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,16 +83,12 @@ def check(
     Exit 0 when every bound holds, 1 when one fails, 2 for bad input, 3 for a
     numerical failure (a gated metric NaN/Inf; an estimate unconverged under --strict).
     """
-    from curvcal.errors import InputError, NumericalError
-    from curvcal.gate import run_check
+    from curvcal.errors import InputError
     from curvcal.outputs import data_inputs
-    from curvcal.policy.baseline import load_report, metric_values, setting_differences
+    from curvcal.pipeline.check import CheckRequest, check_checkpoint
     from curvcal.policy.parse import find_pyproject_policy, load_policy
     from curvcal.policy.settings import resolve_settings
-    from curvcal.provenance import environment, file_info
-    from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
 
-    began = time.perf_counter()
     if policy_path is None:
         policy_path = find_pyproject_policy(Path.cwd())
         if policy_path is None:
@@ -128,62 +123,21 @@ def check(
             *data_inputs("fit_data", settings["fit_data"]),
         ]
     )
-    baseline_report = load_report(baseline) if baseline is not None else None
-
-    with reporter.progress("measuring", None) as advance:
-        result = run_check(
-            policy,
-            checkpoint,
-            overrides,
-            metric_values(baseline_report) if baseline_report is not None else None,
-            trust=checkpoint_options.trust,
-            allow_globals=checkpoint_options.allow_globals,
-            on_step=lambda _stage, _n: advance(1),
-        )
-
-    messages = list(result.warnings)
-    if baseline_report is not None:
-        messages += [
-            f"the baseline was computed with different settings: {difference}"
-            for difference in setting_differences({"settings": result.settings}, baseline_report)
-        ]
-    for message in messages:
-        reporter.warn(message)
-    failure = None
-    if result.nonfinite:
-        failure = NumericalError(
-            ", ".join(result.nonfinite), "measured value is NaN or infinite", "see the report"
-        )
-    elif strict and result.unconverged:
-        failure = NumericalError(
-            "--strict",
-            f"{', '.join(result.unconverged)} did not converge",
-            "raise max_iter or probes, loosen tol, or drop --strict",
-        )
-    status = STATUS_PASS if result.passed else STATUS_FAIL
-    if failure is not None:
-        status = STATUS_ERROR
-    described: dict[str, Any] = {
-        **result.inputs,
-        "policy": file_info(policy_path),
-    }
-    if baseline is not None:
-        described["baseline"] = file_info(baseline)
-    report = Report(
-        command="check",
-        results=result,
-        status=status,
-        inputs=described,
-        settings={**result.settings, "rules": policy.rules, "strict": strict},
-        timings={**result.timings, "total": time.perf_counter() - began},
-        environment=environment(),
-        warnings=messages,
+    request = CheckRequest(
+        checkpoint=checkpoint,
+        policy=policy,
+        overrides=overrides,
+        baseline=baseline,
+        trust=checkpoint_options.trust,
+        allow_globals=checkpoint_options.allow_globals,
+        strict=strict,
     )
+    run = check_checkpoint(request, reporter)
     code = finish(
-        report, check_tables(result, f"curvcal check: {checkpoint} against {policy_path}")
+        run.report, check_tables(run.result, f"curvcal check: {checkpoint} against {policy_path}")
     )
-    if failure is not None:
-        raise failure
+    if run.failure is not None:
+        raise run.failure
     return code
 
 

@@ -22,9 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from curvcal import choices
 from curvcal.errors import InputError
 
-CACHES = ("auto", "device", "host", "none")
+CACHES = choices.CACHES
 
 Batch = tuple[Tensor, Tensor]
 BatchSource = Iterable[Batch] | Callable[[], Iterator[Batch]]

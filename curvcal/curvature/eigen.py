@@ -181,7 +181,10 @@ def power_iteration(
         shift=shift,
         dominant=tuple(passes) if shift is not None else None,
     )
-    _warn_unconverged(spectrum)
+    _warn_unconverged(
+        spectrum,
+        f"stopped at the iteration limit max_iter={iterations}; raise max_iter or loosen tol",
+    )
     return spectrum
 
 
@@ -217,6 +220,7 @@ def lanczos(
     wanted_values: list[float] = []
     changes: list[float] = [math.inf] * k
     exact = False
+    estimate_met = False
     steps = 0
     while steps < steps_allowed:
         current = basis[-1]
@@ -247,6 +251,7 @@ def lanczos(
                 ]
             previous = wanted_values
             if all(e <= tol for e in estimates) and all(c <= tol for c in changes):
+                estimate_met = True
                 break
         if steps == n_params:
             exact = True
@@ -289,7 +294,14 @@ def lanczos(
         matvecs=used,
         converged=all(r.converged for r in results),
     )
-    _warn_unconverged(spectrum)
+    if estimate_met:
+        limit = (
+            f"the Lanczos residual estimate met tol but the measured residual did not "
+            f"({op.dtype} round-off); loosen tol or use float64"
+        )
+    else:
+        limit = f"stopped at the step limit max_iter={steps_allowed}; raise max_iter or loosen tol"
+    _warn_unconverged(spectrum, limit)
     return spectrum
 
 
@@ -309,13 +321,15 @@ def _wanted(size: int, k: int, which: str) -> list[int]:
     return list(range(size - 1, size - 1 - k, -1)) if which == "largest" else list(range(k))
 
 
-def _warn_unconverged(spectrum: EigenSpectrum) -> None:
+def _warn_unconverged(spectrum: EigenSpectrum, limit: str) -> None:
+    """Warn when an eigenvalue missed tol, naming ``limit``: what stopped the run and what to
+    change."""
     if not spectrum.converged:
         worst = max(r.residual for r in spectrum.values)
         warnings.warn(
             ConvergenceWarning(
                 f"{spectrum.method}: eigenvalues did not meet tol={spectrum.tol:g} "
-                f"(worst relative residual {worst:.3g}); raise max_iter or tol"
+                f"(worst relative residual {worst:.3g}): {limit}"
             ),
             stacklevel=3,
         )

@@ -39,10 +39,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from curvcal import choices
 from curvcal.errors import InputError
 
-ENGINES = ("auto", "func", "autograd")
-MODES = ("eval", "train")
+ENGINES = choices.ENGINES
+MODES = choices.MODES
 
 # probe_batch="auto": the share of free CUDA memory the probes of one pass may use, and the
 # largest block chosen (beyond it a pass gains nothing measurable).

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from curvcal.curvature.operators import LinearOperator
 from curvcal.errors import NumericalError
 
 _PRODUCT = "a Hessian-vector product is not finite (NaN or Inf)"
@@ -33,19 +34,8 @@ _HINT = "check the model's weights and the data for NaN or Inf, or use float64"
 Batch = tuple[Tensor, Tensor]
 
 
-class Guardable(Protocol):
-    """What the guard needs of an operator: products, the loss, its data batch by batch."""
-
-    @property
-    def shape(self) -> tuple[int, int]: ...
-
-    @property
-    def dtype(self) -> torch.dtype: ...
-
-    @property
-    def device(self) -> torch.device: ...
-
-    def matmat(self, vectors: Tensor) -> Tensor: ...
+class Guardable(LinearOperator, Protocol):
+    """What the guard needs of an operator: products (a :class:`LinearOperator`) and the loss."""
 
     def mean_loss(self) -> float: ...
 

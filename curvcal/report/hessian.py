@@ -32,6 +32,40 @@ def write_plots(analysis: HessianAnalysis, spectrum_path: Path, layers_path: Pat
         )
 
 
+def plot_outputs(path: Path | None, per_layer: bool) -> list[tuple[str, Path]]:
+    """The files ``--plot`` writes, as ``(option, path)``: the spectrum and, with
+    ``per_layer``, the per-layer chart beside it."""
+    if path is None:
+        return []
+    written = [("--plot", path)]
+    if per_layer:
+        written.append(("--plot (per-layer chart)", _layers_path(path)))
+    return written
+
+
+def _layers_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}-layers{path.suffix}")
+
+
+def plot_paths(path: Path, per_layer: bool, force: bool) -> tuple[Path, Path | None]:
+    """The spectrum file and, with ``per_layer``, the per-layer file beside it
+    (``spectrum.png`` -> ``spectrum-layers.png``), checked before any work."""
+    from curvcal.errors import InputError
+    from curvcal.report.plots import SUFFIXES, require_matplotlib
+    from curvcal.report.tables import check_output_path
+
+    if path.suffix.lower() not in SUFFIXES:
+        raise InputError(
+            "--plot", f"cannot tell the format of {path}", "name a .png, .svg or .pdf file"
+        )
+    require_matplotlib()
+    layers = _layers_path(path) if per_layer else None
+    for target in (path, layers):
+        if target is not None:
+            check_output_path(target, force)
+    return path, layers
+
+
 def hessian_tables(analysis: HessianAnalysis, device: str) -> list[Table]:
     """The tables of a Hessian analysis: eigenvalues, trace, per-module blocks and density
     (when measured), and the run (engine, mode, loss, N, P, device, products, seconds)."""

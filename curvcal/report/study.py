@@ -5,10 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from curvcal.report.tables import Table, fmt_float
+from curvcal.errors import InputError
+from curvcal.report.tables import Table, check_output_path, fmt_float
 
 if TYPE_CHECKING:
     from curvcal.study import Correlation, StudyResult, StudyRow
+
+#: ``--plot DIR`` files, by what they show.
+PLOT_FILES = {"gamma": "lambda_max_vs_gamma.png", "ece": "trace_vs_ece.png"}
 
 
 def _trained(row: StudyRow) -> str:
@@ -125,3 +129,26 @@ def draw_plots(result: StudyResult, paths: dict[str, Path]) -> None:
         paths["ece"],
         title="tr(H) vs ECE",
     )
+
+
+def plot_files(plot_dir: Path | None) -> dict[str, Path]:
+    """The files ``--plot DIR`` writes (none without it)."""
+    if plot_dir is None:
+        return {}
+    return {key: plot_dir / name for key, name in PLOT_FILES.items()}
+
+
+def plot_paths(plot_dir: Path | None, force: bool) -> dict[str, Path] | None:
+    """The plot files, checked before any work (the folder is created if missing)."""
+    if plot_dir is None:
+        return None
+    from curvcal.report.plots import require_matplotlib
+
+    require_matplotlib()
+    if plot_dir.exists() and not plot_dir.is_dir():
+        raise InputError("--plot", f"{plot_dir} is not a directory")
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    paths = plot_files(plot_dir)
+    for path in paths.values():
+        check_output_path(path, force)
+    return paths

@@ -185,3 +185,13 @@ def test_bad_requests_are_refused(options: dict[str, object], what: str) -> None
 def test_non_square_operator_is_refused() -> None:
     with pytest.raises(InputError, match="square"):
         eigenvalues(torch.ones(3, 4))
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power"])
+def test_unconverged_warning_names_the_step_limit_that_stopped_it(method: str) -> None:
+    # A spread spectrum and two steps: the run can only stop at its step limit, and the message
+    # says so (it used to say "raise max_iter" whatever the cause).
+    matrix = torch.diag(torch.linspace(1.0, 2.0, 60, dtype=torch.float64))
+    with pytest.warns(ConvergenceWarning, match=r"max_iter=2; raise max_iter or loosen tol"):
+        spectrum = eigenvalues(matrix, 1, method=method, tol=1e-12, max_iter=2)
+    assert not spectrum.converged

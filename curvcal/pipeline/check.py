@@ -1,4 +1,8 @@
-"""The library behind ``curvcal check``: measure what a policy gates, and judge it.
+"""``curvcal check``: measure what a policy gates on a checkpoint, and judge it.
+
+:func:`check_checkpoint` is the command's run (read the baseline, measure and judge with
+:func:`run_check`, build the report); :func:`run_check` is the library function ``demo`` and
+scripts call.
 
 :func:`run_check` reads the evaluation settings (command-line overrides first, then the policy's
 ``[settings]``, then the defaults of :data:`~curvcal.policy.settings.DEFAULTS`), loads the checkpoint and the data with
@@ -42,17 +46,17 @@ from curvcal.policy.settings import (
     resolve_settings,
 )
 from curvcal.progress import OnStageStep as OnStep  # stage: inference, calibration, hessian:<stage>
+from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
 
 if TYPE_CHECKING:
     import torch
 
     from curvcal.calibration.analysis import CalibrationAnalysis, CalibrationSettings
+    from curvcal.console import Reporter
     from curvcal.curvature.analysis import HessianSettings
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.load.checkpoint import LoadedModel
     from curvcal.load.data import LoadedData
-
-DEFAULT_VAL_SPLIT = 0.5
 
 
 @dataclass(frozen=True)
@@ -121,9 +125,9 @@ def run_check(
     files, and :class:`~curvcal.errors.NumericalError` when the Hessian's loss or a product is
     NaN/Inf. A gated metric that comes out non-finite is listed in ``nonfinite`` (its rows fail).
     """
-    from curvcal.fitness import check_fitness, single_class_warning
     from curvcal.load.checkpoint import CheckpointOptions, load_model
     from curvcal.load.data import DataOptions, load_dataset
+    from curvcal.pipeline.fitness import check_fitness, single_class_warning
 
     settings, sources = resolve_settings(policy, overrides)
     where = Locator(policy, sources)
@@ -212,6 +216,87 @@ def run_check(
     )
 
 
+@dataclass(frozen=True)
+class CheckRequest:
+    """What ``curvcal check`` was asked: the policy as read, the settings typed on the command
+    line (``overrides``), the report to take change bounds from, and the loading flags."""
+
+    checkpoint: Path
+    policy: Policy
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    baseline: Path | None = None
+    trust: bool = False
+    allow_globals: tuple[str, ...] = ()
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    """A judged check: the ``result``, its ``report``, and the ``failure`` to raise once the
+    report is out (a gated metric NaN/Inf, or an unconverged estimate under ``--strict``)."""
+
+    result: CheckResult
+    report: Report
+    failure: NumericalError | None
+
+
+def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
+    """Read the baseline, measure and judge the policy (progress on ``reporter``), and build
+    the report; warnings (the run's, and settings the baseline was computed with differently)
+    go to ``reporter``."""
+    from curvcal.policy.baseline import load_report, metric_values, setting_differences
+    from curvcal.provenance import environment, file_info
+
+    began = time.perf_counter()
+    baseline_report = load_report(request.baseline) if request.baseline is not None else None
+    with reporter.progress("measuring", None) as advance:
+        result = run_check(
+            request.policy,
+            request.checkpoint,
+            request.overrides,
+            metric_values(baseline_report) if baseline_report is not None else None,
+            trust=request.trust,
+            allow_globals=request.allow_globals,
+            on_step=lambda _stage, _n: advance(1),
+        )
+    messages = list(result.warnings)
+    if baseline_report is not None:
+        messages += [
+            f"the baseline was computed with different settings: {difference}"
+            for difference in setting_differences({"settings": result.settings}, baseline_report)
+        ]
+    for message in messages:
+        reporter.warn(message)
+    failure = None
+    if result.nonfinite:
+        failure = NumericalError(
+            ", ".join(result.nonfinite), "measured value is NaN or infinite", "see the report"
+        )
+    elif request.strict and result.unconverged:
+        failure = NumericalError(
+            "--strict",
+            f"{', '.join(result.unconverged)} did not converge",
+            "raise max_iter or probes, loosen tol, or drop --strict",
+        )
+    status = STATUS_PASS if result.passed else STATUS_FAIL
+    if failure is not None:
+        status = STATUS_ERROR
+    described: dict[str, Any] = {**result.inputs, "policy": file_info(request.policy.path)}
+    if request.baseline is not None:
+        described["baseline"] = file_info(request.baseline)
+    report = Report(
+        command="check",
+        results=result,
+        status=status,
+        inputs=described,
+        settings={**result.settings, "rules": request.policy.rules, "strict": request.strict},
+        timings={**result.timings, "total": time.perf_counter() - began},
+        environment=environment(),
+        warnings=messages,
+    )
+    return CheckRun(result, report, failure)
+
+
 # --------------------------------------------------------------------------------------------
 # settings
 
@@ -283,54 +368,38 @@ def _calibrate(
     on_step: OnStep | None,
 ) -> CalibrationAnalysis:
     """Predict and run the calibration analysis exactly as ``curvcal calibrate`` would."""
-    from curvcal.calibration.analysis import analyse_calibration, analyse_val_split
-    from curvcal.load.data import stratified_split
+    from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT, analyse
 
     logits, labels = _predict(loaded, data, settings["batch_size"], on_step)
     source = f"data {data.spec}"
     if method == "none":
-        return analyse_calibration(
-            None, None, logits, labels, "logits", calibration_settings, "none", eval_source=source
-        )
+        return analyse(logits, labels, "logits", calibration_settings, source)
     if fit is not None:
-        fit_logits, fit_labels = _predict(loaded, fit, settings["batch_size"], on_step)
-        return analyse_calibration(
-            fit_logits,
-            fit_labels,
+        return analyse(
             logits,
             labels,
             "logits",
             calibration_settings,
-            "fit-data",
+            source,
+            fit=_predict(loaded, fit, settings["batch_size"], on_step),
             fit_source=f"fit_data {fit.spec}",
-            eval_source=source,
         )
     fraction = settings["val_split"] or DEFAULT_VAL_SPLIT
-    fit_idx, eval_idx = stratified_split(labels, fraction, settings["seed"])
-    return analyse_val_split(
-        logits,
-        labels,
-        fit_idx,
-        eval_idx,
-        "logits",
-        calibration_settings,
-        fraction,
-        f"{source}",
-    )
+    return analyse(logits, labels, "logits", calibration_settings, source, fraction=fraction)
 
 
 def _predict(
     loaded: LoadedModel, data: LoadedData, batch_size: int, on_step: OnStep | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and labels of every sample; a NaN or infinite logit is a numerical failure."""
     import torch
 
-    from curvcal.inference import predict_logits
-    from curvcal.load.data import iter_batches
+    from curvcal.pipeline.runtime import predict
 
     advance = None if on_step is None else (lambda n: on_step("inference", n))
-    logits, labels = predict_logits(
-        loaded.module, iter_batches(data.dataset, batch_size), loaded.device, advance
-    )
+    predictions = predict(loaded, data, batch_size, advance)
+    assert predictions is not None  # one process: every sample is predicted here
+    logits, labels = predictions
     finite = torch.isfinite(logits).all(dim=1)
     if not bool(finite.all()):
         first = int((~finite).nonzero()[0, 0])
@@ -367,4 +436,4 @@ def _hessian(
     return analyse_hessian_with_messages(loaded.module, batches, hessian_settings, on_step=hook)
 
 
-__all__ = ["CheckResult", "OnStep", "run_check"]
+__all__ = ["CheckRequest", "CheckResult", "CheckRun", "OnStep", "check_checkpoint", "run_check"]

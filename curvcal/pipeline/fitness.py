@@ -25,8 +25,8 @@ def check_fitness(loaded: LoadedModel, data: LoadedData, option: str = "--data")
     ``option SPEC`` when the model cannot run on the inputs, does not return ``(1, K)`` logits,
     or K does not cover the labels. Costs one forward pass of one sample.
     """
-    from curvcal.inference import check_model_runs
     from curvcal.load.data import check_labels
+    from curvcal.pipeline.inference import check_model_runs
 
     where = f"{loaded.path} on {option} {data.spec}"
     n_outputs = check_model_runs(loaded.module, data.dataset[0][0], loaded.device, where)
