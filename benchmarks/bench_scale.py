@@ -11,9 +11,14 @@ For torchvision's ResNet-18 and a small VisionTransformer on CIFAR-size random d
   with ``torch.cuda.synchronize`` around every timing. On the CPU peak memory is not measured
   per step (the process's resident size only grows), so the table leaves it empty.
 
+With ``--products`` (CPU, one thread) it measures instead, per model: HVP / gradient and HVP /
+double backward (interleaved, min of repeats), the first product against a second, and the peak
+resident-set growth of a product against a gradient pass (fresh child processes).
+
 Usage::
 
     python benchmarks/bench_scale.py [--quick] [--device cpu|cuda] [--samples N] [--json OUT]
+    python benchmarks/bench_scale.py --products --samples 128 --batch 64 --repeats 3
 
 PyHessian is imported lazily; when missing its rows say "not installed".
 """
@@ -45,6 +50,12 @@ def tiny_vit() -> nn.Module:
         image_size=32, patch_size=4, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128,
         num_classes=10,
     )  # fmt: skip
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "vit_tiny": tiny_vit,
+    "resnet18": lambda: torchvision.models.resnet18(num_classes=10),
+}
 
 
 def fake_data(samples: int, batch: int, device: torch.device) -> Batches:
@@ -220,6 +231,135 @@ def bench_model(
     return row
 
 
+def _peak_reset() -> int:
+    """Reset the resident-set peak (Linux ``clear_refs`` 5) and return the resident set, bytes."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+    return _status_bytes("VmRSS")
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def product_child(kind: str, model_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement in this (fresh) process: ``gradient`` (a gradient pass), ``product``
+    (a curvcal product, engine auto) or ``block`` (8 vectors): the peak resident-set growth of
+    the step in steady state (after one of the same), and for the products the time of the
+    operator's construction (batch count, memory measurement), of its first product and of a
+    second one."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = MODELS[model_name]().eval()
+    batches = fake_data(args.samples, args.batch, torch.device("cpu"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    width = 8 if kind == "block" else 1
+    gradient(model, batches[:1])  # torch's own first-call costs are not curvcal's
+    if kind == "gradient":
+        gradient(model, batches)
+        before = _peak_reset()
+        gradient(model, batches)
+        return {"peak_growth": _status_bytes("VmHWM") - before}
+    n_params = sum(p.numel() for p in params)
+    vectors = torch.randn(n_params, width, generator=torch.Generator().manual_seed(1))
+    start = time.perf_counter()
+    operator = HessianOperator(model, batches, probe_batch=width)
+    setup = time.perf_counter() - start
+    start = time.perf_counter()
+    operator.matmat(vectors)
+    first = time.perf_counter() - start
+    # steady state, as for the gradient: the peak of a product after the first
+    before = _peak_reset()
+    start = time.perf_counter()
+    operator.matmat(vectors)
+    second = time.perf_counter() - start
+    return {
+        "peak_growth": _status_bytes("VmHWM") - before,
+        "setup_s": setup,
+        "first_s": first,
+        "second_s": second,
+        "engine": operator.engine,
+        "probe_batch": operator.probe_batch,
+        "micro_batch": operator.micro_batch,
+    }
+
+
+def product_rows(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """HVP / gradient and peak memory / gradient for one model, all in one run: timings in this
+    process (one thread, the steps interleaved, minimum of ``--repeats``), peak memory and the
+    first-product cost in fresh child processes."""
+    import subprocess
+
+    torch.manual_seed(0)
+    model = MODELS[model_name]().eval()
+    batches = fake_data(args.samples, args.batch, torch.device("cpu"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    generator = torch.Generator().manual_seed(1)
+    vectors = [torch.randn(p.shape, generator=generator) for p in params]
+    flat = torch.cat([v.reshape(-1) for v in vectors])
+    block = torch.randn(flat.numel(), 8, generator=generator)
+    operator = HessianOperator(model, batches)
+    blocked = HessianOperator(model, batches, probe_batch=8, memory_budget="100%")
+    steps: dict[str, Callable[[], Any]] = {
+        "gradient": lambda: gradient(model, batches),
+        "double backward": lambda: double_backward(model, batches, vectors),
+        "curvcal HVP": lambda: operator.matvec(flat),
+        "curvcal block of 8": lambda: blocked.matmat(block),
+    }
+    for step in steps.values():  # warm-up, not timed
+        step()
+    best = dict.fromkeys(steps, float("inf"))
+    for _ in range(args.repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            best[name] = min(best[name], time.perf_counter() - start)
+    best["curvcal block of 8"] /= 8  # per vector
+    row: dict[str, Any] = {"model": model_name, "n_params": int(flat.numel()), "seconds": best}
+    row["hvp_per_gradient"] = best["curvcal HVP"] / best["gradient"]
+    row["hvp_per_double_backward"] = best["curvcal HVP"] / best["double backward"]
+    row["double_backward_per_gradient"] = best["double backward"] / best["gradient"]
+    row["block_vector_per_gradient"] = best["curvcal block of 8"] / best["gradient"]
+    children = {}
+    for kind in ("gradient", "product", "block"):
+        command = [sys.executable, __file__, "--child", kind, "--models", model_name,
+                   "--samples", str(args.samples), "--batch", str(args.batch)]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        children[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+    row["memory"] = children
+    grad_growth = children["gradient"]["peak_growth"]
+    row["product_peak_per_gradient"] = children["product"]["peak_growth"] / grad_growth
+    row["block_peak_per_gradient"] = children["block"]["peak_growth"] / grad_growth
+    row["first_per_second_product"] = (
+        children["product"]["first_s"] / children["product"]["second_s"]
+    )
+    return row
+
+
+def products_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| model | P | gradient s | double backward s | curvcal HVP s | HVP / gradient | "
+        "HVP / double backward | double backward / gradient | block of 8, per vector / gradient | "
+        "first / second product | peak growth: HVP / gradient | block of 8 / gradient |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        seconds = row["seconds"]
+        lines.append(
+            f"| {row['model']} | {row['n_params']:,} | {seconds['gradient']:.3f} | "
+            f"{seconds['double backward']:.3f} | {seconds['curvcal HVP']:.3f} | "
+            f"{row['hvp_per_gradient']:.2f} | {row['hvp_per_double_backward']:.2f} | "
+            f"{row['double_backward_per_gradient']:.2f} | {row['block_vector_per_gradient']:.2f} | "
+            f"{row['first_per_second_product']:.2f} | {row['product_peak_per_gradient']:.2f} | "
+            f"{row['block_peak_per_gradient']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -241,19 +381,38 @@ def main(argv: list[str] | None = None) -> int:
         "--models", default="vit_tiny,resnet18", help="comma-separated: vit_tiny, resnet18"
     )
     parser.add_argument("--json", dest="json_out", default=None, help="write the figures here")
+    parser.add_argument(
+        "--products",
+        action="store_true",
+        help="CPU only: HVP / gradient, first product, peak memory / gradient (no λmax, no peer)",
+    )
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.samples = args.samples or (64 if args.quick else 256)
     args.probes = args.probes or (4 if args.quick else 16)
     args.repeats = args.repeats or (2 if args.quick else 3)
+    if args.child:
+        print(json.dumps(product_child(args.child, args.models, args)))
+        return 0
+    if args.products:
+        torch.set_num_threads(1)
+        wanted = [name.strip() for name in args.models.split(",") if name.strip()]
+        product_table_rows = []
+        for name in wanted:
+            say(f"{name}: products")
+            product_table_rows.append(product_rows(name, args))
+            say(json.dumps(product_table_rows[-1], indent=1))
+        if args.json_out:
+            with open(args.json_out, "w") as handle:
+                handle.write(json.dumps(product_table_rows, indent=2) + "\n")
+        print(products_table(product_table_rows))
+        return 0
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     batches = fake_data(args.samples, args.batch, device)
     torch.manual_seed(0)
-    builders: dict[str, Callable[[], nn.Module]] = {
-        "vit_tiny": tiny_vit,
-        "resnet18": lambda: torchvision.models.resnet18(num_classes=10),
-    }
+    builders = MODELS
     wanted = [name.strip() for name in args.models.split(",") if name.strip()]
     unknown = [name for name in wanted if name not in builders]
     if unknown:

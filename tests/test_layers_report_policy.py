@@ -26,7 +26,7 @@ from curvcal.commands import COMMANDS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "curvcal"
 
-RUN_LAYER = ("curvcal.commands", "curvcal.pipeline", "curvcal.gate", "curvcal.cli")
+RUN_LAYER = ("curvcal.commands", "curvcal.pipeline", "curvcal.cli")
 KERNELS_AND_LOADERS = ("curvcal.curvature", "curvcal.calibration", "curvcal.load")
 POLICY_MAY_IMPORT = ("curvcal.errors", "curvcal.results", "curvcal.paths", "curvcal.policy")
 

@@ -139,7 +139,14 @@ if TYPE_CHECKING:
     type=click.IntRange(min=1),
     default=8,
     show_default=True,
-    help="Vectors sharing one pass over the data.",
+    help="Vectors sharing one pass over the data (at most; fewer when the memory budget says so).",
+)
+@click.option(
+    "--memory-budget",
+    metavar="SIZE",
+    default=None,
+    help="Memory one pass of products may use: bytes with a unit (4GiB, 512MB) or a share of "
+    "the free memory (50%).  [default: 2x a gradient pass or 256 MiB, at most half the free memory]",
 )
 @click.option("--strict", is_flag=True, help="Exit 3 when an estimate does not converge.")
 @click.option(
@@ -177,6 +184,7 @@ def hessian(
     mode: str,
     cache: str,
     probe_batch: int,
+    memory_budget: str | None,
     strict: bool,
     plot: Path | None,
 ) -> int:
@@ -223,6 +231,7 @@ def hessian(
         mode=mode,
         cache=cache,
         probe_batch=probe_batch,
+        memory_budget=memory_budget,
         strict=strict,
     )
     run = run_hessian(request, reporter)

@@ -28,6 +28,7 @@ from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
 from curvcal.curvature.engines import ENGINES, MODES
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
+from curvcal.curvature.memory import parse_memory_budget
 from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
 from curvcal.curvature.trace import DISTRIBUTIONS, trace_estimate
@@ -55,7 +56,8 @@ class HessianSettings:
     ``density_steps`` Lanczos steps. ``per_layer``: λmax and trace of each module's block.
     The Hessian: loss ``criterion`` (``ce``, ``focal`` with ``gamma``, or ``flsd53``) over
     ``params`` (glob patterns; empty for all trainable parameters), ``engine``, ``mode``,
-    ``cache``, ``probe_batch`` as for :class:`~curvcal.curvature.operator.HessianOperator`. ``seed`` seeds every
+    ``cache``, ``probe_batch``, ``memory_budget`` as for
+    :class:`~curvcal.curvature.operator.HessianOperator`. ``seed`` seeds every
     random start vector and probe.
     """
 
@@ -81,6 +83,7 @@ class HessianSettings:
     mode: str = "eval"
     cache: str = "auto"
     probe_batch: int = 8
+    memory_budget: str | None = None
 
     def __post_init__(self) -> None:
         for name, minimum in (
@@ -122,6 +125,8 @@ class HessianSettings:
             raise InputError("gamma", f"{self.gamma} is only used by the focal loss")
         if isinstance(self.params, str):
             raise InputError("params", "must be a tuple of glob patterns, not one string")
+        if self.memory_budget is not None:
+            parse_memory_budget(self.memory_budget)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -184,6 +189,7 @@ def analyse_hessian(
             mode=settings.mode,
             cache=settings.cache,
             probe_batch=settings.probe_batch,
+            memory_budget=settings.memory_budget,
         ),
         all_reduce=all_reduce,
     )
@@ -284,6 +290,7 @@ def analyse_hessian(
         "n_samples": operator.n_samples,
         "params": list(operator.param_names),
         "probe_batch": operator.probe_batch,
+        "micro_batch": operator.micro_batch,
         "n_matvecs": operator.total_matvecs,
         "n_data_passes": operator.total_data_passes,
     }

@@ -3,7 +3,8 @@
 :class:`NaNGuard` has the operator interface of what it wraps (``shape``, ``dtype``,
 ``device``, ``matmat``, ``matvec``, ``@``, ``mean_loss``, ``restrict`` and every other
 attribute, passed through). Its mean loss and products are checked for finiteness (a cheap
-min/max of the result, which NaN propagates through). When one is not finite the pass that
+min/max of the result, which NaN propagates through; products of an operator that checks them
+itself, ``checks_finite``, are not checked twice). When one is not finite the pass that
 produced it is run again batch by batch, each batch through ``operator.with_batches([batch])``
 (the same model, loss, parameters and engine), and the run stops with a
 :class:`~curvcal.errors.NumericalError` that gives the count of offending batches and the first
@@ -97,7 +98,8 @@ class NaNGuard:
             result = self.operator.matmat(vectors)
         except NumericalError as error:
             raise self._located(error.what, error.why, vectors) from None
-        if not _finite(result):
+        # an operator that checks its own products (``checks_finite``) has raised already
+        if not getattr(self.operator, "checks_finite", False) and not _finite(result):
             raise self._located("hessian", _PRODUCT, vectors)
         return result
 

@@ -23,6 +23,9 @@ stopping rules of the algorithms need. On a CUDA out-of-memory error inside a pa
 discarded, every batch is split in half and the pass runs again (exact: products are sums over
 samples), down to one sample per batch; ``oom_retries`` and ``batch_size_final`` record what
 happened. TF32 matrix products are switched off during products unless ``allow_tf32=True``.
+Before any product the first batch's autograd graphs are measured and the passes fitted in a
+memory budget (:mod:`curvcal.curvature.memory`): fewer vectors per pass than ``probe_batch``,
+and batches split into chunks, when that is what fits.
 
 :func:`build_operator` is how every user-facing path (the API functions, the analysis behind
 ``curvcal hessian``, the study) builds one: from a model, a loss, batches and
@@ -64,6 +67,16 @@ from curvcal.curvature.engines import (
     stochastic_layers,
 )
 from curvcal.curvature.guard import NaNGuard
+from curvcal.curvature.memory import (
+    GraphSizes,
+    MemoryBudget,
+    PassPlan,
+    default_budget,
+    free_memory,
+    measure_graph,
+    parse_memory_budget,
+    plan_pass,
+)
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import LOSS_NAMES, Loss, loss_from_name
 
@@ -91,6 +104,7 @@ class OperatorOptions:
     device: torch.device | str | None = None
     probe_batch: int | str = 8
     allow_tf32: bool = False
+    memory_budget: str | int | MemoryBudget | None = None
 
 
 def build_operator(
@@ -124,6 +138,7 @@ def build_operator(
         probe_batch=options.probe_batch,
         all_reduce=all_reduce,
         allow_tf32=options.allow_tf32,
+        memory_budget=options.memory_budget,
     )
     return NaNGuard(operator, sharded=all_reduce is not None)
 
@@ -176,6 +191,13 @@ class HessianOperator:
     allow_tf32:
         let CUDA matrix products and convolutions use TF32 (about 10 mantissa bits) during
         products; off by default, and the global flags are restored afterwards.
+    memory_budget:
+        bytes a pass of products may use (``"4GiB"``, ``"50%"`` of the free memory, an integer
+        of bytes); ``None``: the default of :mod:`curvcal.curvature.memory` (twice a gradient
+        pass at the batch size or 256 MiB, at most half the free memory). Measured on the first
+        batch, it caps ``probe_batch`` and splits batches into chunks (micro-batching, exact)
+        when one batch alone does not fit; :attr:`memory_plan` records the choice. Under
+        ``all_reduce`` only the chunking applies (every process must run the same passes).
 
     Floating-point inputs are cast to the parameters' dtype. ``n_matvecs`` counts vectors
     multiplied, ``n_data_passes`` passes over the data (products, retried passes and
@@ -183,6 +205,9 @@ class HessianOperator:
     by :meth:`restrict`; ``oom_retries`` counts the passes run again after an out-of-memory
     error, ``batch_size_final`` the most samples a batch held in the last pass.
     """
+
+    #: every product is checked for NaN/Inf here (one host read), so the guard need not re-check
+    checks_finite = True
 
     def __init__(
         self,
@@ -198,6 +223,7 @@ class HessianOperator:
         probe_batch: int | str = 8,
         all_reduce: AllReduce | None = None,
         allow_tf32: bool = False,
+        memory_budget: str | int | MemoryBudget | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise InputError("model", f"expected a torch.nn.Module, got {type(model).__name__}")
@@ -225,6 +251,7 @@ class HessianOperator:
             raise InputError(
                 "probe_batch", f"must be a positive integer or 'auto', got {probe_batch!r}"
             )
+        budget = None if memory_budget is None else parse_memory_budget(memory_budget)
         if mode == "train":
             stochastic = stochastic_layers(model)
             if stochastic:
@@ -279,6 +306,10 @@ class HessianOperator:
                     self._device,
                     is_out_of_memory,
                 )
+        self.memory_budget = budget
+        self.memory_plan: PassPlan | None = None
+        self.memory_graphs: GraphSizes | None = None
+        self._plan_memory()
 
     # -- parameter selection ---------------------------------------------------------------
     def _select(self, patterns: Sequence[str] | None) -> None:
@@ -339,6 +370,7 @@ class HessianOperator:
             cache="none",
             probe_batch=self.probe_batch,
             allow_tf32=self.allow_tf32,
+            memory_budget=self.memory_budget,
         )
 
     def source_batches(self) -> Iterator[Batch]:
@@ -380,6 +412,11 @@ class HessianOperator:
         return self._batches.batch_size
 
     @property
+    def micro_batch(self) -> int | None:
+        """Rows per chunk when the memory budget splits batches (micro-batching); else None."""
+        return self._batches.limit
+
+    @property
     def cache_mode(self) -> str:
         """Where batches live between products: ``device``, ``host`` or ``none`` (streamed)."""
         return self._batches.mode
@@ -415,7 +452,37 @@ class HessianOperator:
         return engines_between(self, {}) or self._engine_for(1)
 
     def _engine_for(self, width: int) -> str:
-        return engine_for(self.requested_engine, self._func_usable, width)
+        return engine_for(self.requested_engine, self._func_usable, width, self._device)
+
+    def _plan_memory(self) -> None:
+        """Measure the first batch's graphs and fit the passes in the memory budget: vectors per
+        pass at most ``probe_batch``, batches split into chunks when one alone does not fit."""
+        x, y = self._batches.first()
+        with self._prepared_model():
+            graphs = measure_graph(
+                lambda xs, ys: self.loss.sum(self.model(xs), ys), self._params, x, y
+            )
+        rows = self._batches.batch_size
+        param_bytes = self.shape[0] * self._params[0].element_size()
+        free = free_memory(self._device)
+        budget = self.memory_budget.resolve(free) if self.memory_budget is not None else None
+        if budget is None:
+            budget = default_budget(graphs, param_bytes, rows, free)
+        sharded = self._all_reduce is not None
+        plan = plan_pass(
+            graphs,
+            param_bytes=param_bytes,
+            rows=rows,
+            width=1 if sharded else self.probe_batch,
+            budget=budget,
+            vmapped=self._engine_for(2) == "func",
+        )
+        if not sharded:
+            self.probe_batch = plan.width
+        if plan.rows < rows:
+            self._batches.limit = plan.rows
+        self.memory_graphs = graphs
+        self.memory_plan = plan
 
     def _batch_product(self, engine: str) -> BatchProduct:
         return self._batch_hvp_func if engine == "func" else self._batch_hvp_autograd

@@ -66,6 +66,7 @@ class HessianRequest:
     mode: str = "eval"
     cache: str = "auto"
     probe_batch: int = 8
+    memory_budget: str | None = None
     strict: bool = False
 
 
@@ -218,6 +219,7 @@ def _settings(request: HessianRequest, criterion: str, gamma: float) -> HessianS
             mode=request.mode,
             cache=request.cache,
             probe_batch=request.probe_batch,
+            memory_budget=request.memory_budget,
         )
     except InputError as error:
         option = _OPTION_OF.get(error.what, "--" + error.what.replace("_", "-"))
@@ -254,20 +256,26 @@ def _measure(
     *,
     distributed: bool,
 ) -> tuple[HessianAnalysis, list[str]]:
-    """Run the analysis with a progress count of Hessian-vector products on stderr.
+    """Run the analysis with a progress count of Hessian-vector products on stderr, and the
+    long-run note (:mod:`~curvcal.curvature.forecast`) once the first products are timed.
 
     Returns the analysis and the warnings it raised (convergence, engine fallback) as messages;
     other warnings are passed on untouched.
     """
     from curvcal.curvature.analysis import analyse_hessian_with_messages
+    from curvcal.curvature.forecast import forecast_for
     from curvcal.distributed import all_reduce_sum
 
+    forecast = forecast_for(
+        loaded.module, settings, lambda text: reporter.info(f"curvcal: note: {text}")
+    )
     with reporter.progress("Hessian-vector products", None) as advance:
         done = [0]
 
-        def on_step(_stage: str, matvecs: int) -> None:
+        def on_step(stage: str, matvecs: int) -> None:
             advance(matvecs - done[0])
             done[0] = matvecs
+            forecast(stage, matvecs)
 
         return analyse_hessian_with_messages(
             loaded.module,
@@ -378,4 +386,5 @@ def settings_record(settings: HessianSettings) -> dict[str, Any]:
         "mode": settings.mode,
         "cache": settings.cache,
         "probe_batch": settings.probe_batch,
+        "memory_budget": settings.memory_budget,
     }

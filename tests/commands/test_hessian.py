@@ -194,6 +194,10 @@ def test_own_loss_is_read_from_the_checkpoint(run_cli, files: Files) -> None:
         (["--trace-method", "hutchpp", "--trace-rtol", "0.1"], 2, "--trace-rtol"),
         (["--params", "head.*"], 2, "--params: 'head.*' matches no trainable parameter"),
         (["--probes", "1"], 2, "--probes"),
+        (["--memory-budget", "lots"], 2, "--memory-budget: cannot read 'lots'"),
+        (["--memory-budget", "150%"], 2, "--memory-budget: a share must be in"),
+        (["--memory-budget", "4XB"], 2, "--memory-budget: unknown unit 'XB'"),
+        (["--memory-budget", "0"], 2, "--memory-budget: must be at least 1 byte"),
     ],
 )
 def test_bad_input_is_one_line_and_an_exit_code(
@@ -214,6 +218,23 @@ def test_bad_input_is_one_line_and_an_exit_code(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("curvcal: error: "), result.stderr
     assert needle in lines[0]
+
+
+def test_a_small_memory_budget_splits_batches_and_keeps_the_numbers(
+    run_cli, files: Files, dense: Tensor
+) -> None:
+    args = ["--top-k", "2", "--tol", "1e-8", "--no-trace", "--batch-size", "16", "--json"]
+    result = run_cli(*_base(files, *args, "--memory-budget", "30KB"))
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    operator = document["results"]["operator"]
+    assert operator["micro_batch"] is not None and 1 <= operator["micro_batch"] < 16
+    assert operator["probe_batch"] == 1
+    assert document["settings"]["memory_budget"] == "30KB"
+    exact = torch.linalg.eigvalsh(dense)
+    assert document["results"]["eigenvalues"] == pytest.approx(
+        exact[-2:].flip(0).tolist(), rel=1e-6
+    )
 
 
 def test_strict_turns_non_convergence_into_exit_3(run_cli, files: Files) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from curvcal.curvature.engines import engine_for
 from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
 
@@ -94,7 +95,15 @@ class _SquareNet(nn.Module):
         return _Square.apply(self.linear(x))
 
 
-def test_auto_falls_back_to_double_backward_where_torch_func_fails() -> None:
+def test_auto_falls_back_to_double_backward_where_torch_func_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # auto tries torch.func for blocks on CUDA only: give the CPU that rule here
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(
+        "curvcal.curvature.operator.engine_for",
+        lambda requested, usable, width, _device: engine_for(requested, usable, width, cuda),
+    )
     torch.manual_seed(0)
     model = _SquareNet().double()
     x, y = make_data("mlp")
@@ -307,20 +316,26 @@ def test_bad_data_is_refused() -> None:
         operator.matmat(torch.ones(74, 1, dtype=torch.float64))
 
 
-def test_auto_uses_double_backward_for_one_vector_and_func_for_blocks() -> None:
+def test_auto_uses_double_backward_for_one_vector_and_blocks_on_the_cpu() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
     x, y = make_data("mlp")
     operator = HessianOperator(model, split(x, y, BATCH))
-    reference = HessianOperator(model, split(x, y, BATCH), engine="autograd")
+    reference = HessianOperator(model, split(x, y, BATCH), engine="func")
     vectors = _vectors(operator.shape[0], 3)
     assert operator.engine == "autograd"  # what a single vector would use
     single = operator.matvec(vectors[:, 0])
-    assert operator.engine == "autograd"
     block = operator.matmat(vectors)
-    assert operator.engine == "autograd+func" and operator.engine_products == {
-        "autograd": 1,
-        "func": 3,
-    }
+    assert operator.engine == "autograd" and operator.engine_products == {"autograd": 4}
     assert torch.allclose(single, reference.matvec(vectors[:, 0]), rtol=0, atol=1e-12)
     assert torch.allclose(block, reference.matmat(vectors), rtol=0, atol=1e-12)
+
+
+def test_auto_engine_rule() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert engine_for("auto", True, 8, cpu) == "autograd"
+    assert engine_for("auto", True, 1, cuda) == "autograd"
+    assert engine_for("auto", True, 8, cuda) == "func"
+    assert engine_for("auto", False, 8, cuda) == "autograd"
+    assert engine_for("func", True, 1, cpu) == "func"
+    assert engine_for("autograd", True, 8, cuda) == "autograd"

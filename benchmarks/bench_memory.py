@@ -1,0 +1,176 @@
+"""Peak memory of ``curvcal hessian`` against a plain gradient pass at the same batch size.
+
+For torchvision's ResNet-18 (random weights, 10 classes) on CIFAR-size synthetic images
+(3×32×32), for each dataset size N (one batch of N images), in one run:
+
+* ``idle``: a child process that loads the model and the data and does nothing else — the
+  resident set every run starts from;
+* ``gradient``: a child that computes ∇θ Σ_i ℓ_i over the batch once (``torch.autograd.grad``);
+* ``hessian``: ``python -m curvcal hessian`` on the same checkpoint and data (top-k 1 by Lanczos
+  with at most ``--max-iter`` steps and a Hutchinson trace of ``--probes`` probes: short runs;
+  peak memory does not depend on how many products are made).
+
+Each measurement runs in a fresh process started by a fresh wrapper, whose
+``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` is the child's peak resident set (Linux: KiB).
+The table gives the peaks, their growth over ``idle``, and the ratios hessian/gradient of both.
+One torch thread.
+
+Usage::
+
+    python benchmarks/bench_memory.py [--sizes 128,512] [--max-iter 2] [--probes 2] [--json OUT]
+    python benchmarks/bench_memory.py --sizes 32 --max-iter 1     # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.run(sys.argv[1:]).returncode\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)\n"
+)
+
+
+def _child_environment() -> dict[str, str]:
+    environment = dict(os.environ)
+    environment.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return environment
+
+
+def peak_kib(command: list[str]) -> tuple[int, float]:
+    """Peak resident set (KiB) of ``command`` run in a fresh process, and its wall time."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", WRAPPER, *command],
+        capture_output=True,
+        text=True,
+        env=_child_environment(),
+        check=False,
+    )
+    seconds = time.perf_counter() - start
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"no measurement from {command}: {done.stderr[-2000:]}")
+    peak, code = lines[-1].split()
+    if code != "0":
+        raise RuntimeError(f"{command} exited {code}: {done.stderr[-2000:]}")
+    return int(peak), seconds
+
+
+def child(kind: str, checkpoint: Path, data: Path) -> None:
+    """Load the model and the data; for ``gradient`` also compute one gradient of the summed loss."""
+    import torchvision
+    from safetensors.torch import load_file
+
+    torch.set_num_threads(1)
+    model = torchvision.models.resnet18(num_classes=10)
+    model.load_state_dict(load_file(str(checkpoint)))
+    model.eval()
+    batch = torch.load(data)
+    x, y = batch["x"], batch["y"]
+    if kind == "gradient":
+        params = [p for p in model.parameters() if p.requires_grad]
+        loss = torch.nn.functional.cross_entropy(model(x), y, reduction="sum")
+        torch.autograd.grad(loss, params)
+
+
+def write_inputs(folder: Path, samples: int) -> tuple[Path, Path]:
+    import torchvision
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    checkpoint = folder / "resnet18.safetensors"
+    if not checkpoint.exists():
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(checkpoint))
+    generator = torch.Generator().manual_seed(samples)
+    x = (torch.rand(samples, 3, 32, 32, generator=generator) - 0.5) / 0.25
+    y = torch.randint(0, 10, (samples,), generator=generator)
+    data = folder / f"cifar-like-{samples}.pt"
+    torch.save({"x": x, "y": y}, data)
+    return checkpoint, data
+
+
+def measure(samples: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    checkpoint, data = write_inputs(folder, samples)
+    this = [sys.executable, str(Path(__file__).resolve())]
+    hessian = [
+        sys.executable, "-m", "curvcal", "hessian", str(checkpoint),
+        "--arch", "tv:resnet18", "--num-classes", "10", "--data", str(data),
+        "--batch-size", str(samples), "--top-k", "1", "--max-iter", str(args.max_iter),
+        "--probes", str(args.probes), "--device", "cpu", "--quiet", "--json",
+        "-o", str(folder / f"hessian-{samples}.json"),
+        *(["--memory-budget", args.memory_budget] if args.memory_budget else []),
+    ]  # fmt: skip
+    row: dict[str, Any] = {"samples": samples}
+    for name, command in (
+        ("idle", [*this, "--child", "idle", str(checkpoint), str(data)]),
+        ("gradient", [*this, "--child", "gradient", str(checkpoint), str(data)]),
+        ("hessian", hessian),
+    ):
+        kib, seconds = peak_kib(command)
+        row[f"{name}_mib"] = kib / 1024
+        row[f"{name}_s"] = seconds
+        print(
+            f"  N={samples} {name}: peak {kib / 1024:.0f} MiB in {seconds:.1f} s", file=sys.stderr
+        )
+    result = json.loads((folder / f"hessian-{samples}.json").read_text())["results"]
+    row["operator"] = {
+        k: result["operator"].get(k) for k in ("engine", "probe_batch", "micro_batch", "n_matvecs")
+    }
+    idle = row["idle_mib"]
+    row["ratio_peak"] = row["hessian_mib"] / row["gradient_mib"]
+    row["ratio_growth"] = (row["hessian_mib"] - idle) / max(row["gradient_mib"] - idle, 1e-9)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="128,512", help="dataset sizes, comma-separated")
+    parser.add_argument("--max-iter", type=int, default=2, help="Lanczos steps (few: memory only)")
+    parser.add_argument("--probes", type=int, default=2, help="trace probes")
+    parser.add_argument("--memory-budget", default=None, help="passed to curvcal hessian")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument(
+        "--child", nargs=3, metavar=("KIND", "CKPT", "DATA"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], Path(args.child[1]), Path(args.child[2]))
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for samples in (int(s) for s in args.sizes.split(",")):
+            rows.append(measure(samples, Path(folder), args))
+    print(
+        f"\nResNet-18 (11.2 M parameters, random weights), CIFAR-size synthetic images, one batch, "
+        f"CPU, 1 thread; {platform.processor() or platform.machine()}, torch {torch.__version__}\n"
+    )
+    print("| N | idle MiB | gradient peak MiB | hessian peak MiB | peak ratio | growth ratio | "
+          "vectors/pass, micro-batch |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    for row in rows:
+        operator = row["operator"]
+        print(
+            f"| {row['samples']} | {row['idle_mib']:.0f} | {row['gradient_mib']:.0f} | "
+            f"{row['hessian_mib']:.0f} | {row['ratio_peak']:.2f} | {row['ratio_growth']:.2f} | "
+            f"{operator['probe_batch']}, {operator['micro_batch'] or 'none'} |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

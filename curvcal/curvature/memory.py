@@ -1,0 +1,276 @@
+"""How much memory a pass of Hessian-vector products may use, and the pass that fits in it.
+
+A product pass over one batch of r rows holds the autograd graph of a double backward — the
+tensors the forward saves for the backward, plus those the first backward saves when it builds
+the graph of the gradient (``create_graph=True``) — and, per vector in flight, its pieces: the
+tangent, the batch product and the running total, 3·P values. So, in bytes, for m vectors::
+
+    double backward (autograd):          G(r) + P·s·(1 + 3m)
+    forward-over-reverse (func, vmap):   m·G(r) + P·s·(1 + 3m)
+
+with G(r) = G₀ + g·r the graph's size, s the bytes of one value and P·s for the gradient itself.
+:func:`measure_graph` measures G₀ and g — and the same for a plain gradient pass, F(r) = F₀ + f·r
+— by adding up the tensors autograd saves (``saved_tensors_hooks``) on two slices of the first
+batch (at most 8 rows): one exact count of the activations, on any device, in a few
+milliseconds. :func:`plan_pass` then takes the largest batch chunk r (micro-batching inside a
+data batch when one batch alone does not fit) and, at that r, the most vectors m that fit in the
+budget. The budget (:func:`default_budget`) is the larger of twice a plain gradient pass at the
+same batch size and 256 MiB, and never more than half the free memory (``MemAvailable`` of
+``/proc/meminfo`` on the CPU, ``torch.cuda.mem_get_info`` on CUDA); ``memory_budget`` overrides
+it with bytes or a share of the free memory (:func:`parse_memory_budget`).
+
+Splitting a batch is exact (products are sums over samples); only the time changes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from curvcal.errors import InputError
+
+#: the floor of the default budget: below it, memory is not worth trading time for
+MIN_DEFAULT_BUDGET = 256 * 2**20
+#: the default budget's multiple of a plain gradient pass at the same batch size
+GRADIENT_MULTIPLE = 2.0
+#: the share of the free memory the default budget may take
+FREE_FRACTION = 0.5
+#: rows of the first batch the measurement runs on (its larger slice)
+MEASURE_ROWS = 8
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
+_BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*|%)\s*$")
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A budget in ``bytes``, or as a ``fraction`` (0 < f ≤ 1) of the free memory."""
+
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, free: int | None) -> int | None:
+        """Bytes, given the free memory (``None`` when unknown: a fraction then resolves to None)."""
+        if self.bytes is not None:
+            return self.bytes
+        if self.fraction is None or free is None:
+            return None
+        return int(free * self.fraction)
+
+
+def parse_memory_budget(text: str | int | MemoryBudget) -> MemoryBudget:
+    """``"4GiB"``, ``"512MB"``, ``"1.5G"``, ``"2000000"`` (bytes) or ``"50%"`` (of the free
+    memory) as a :class:`MemoryBudget`; decimal units are powers of 10, ``KiB``/``MiB``/``GiB``/
+    ``TiB`` powers of 2. Raises :class:`~curvcal.errors.InputError` for anything else, zero or a
+    share above 100%."""
+    if isinstance(text, MemoryBudget):
+        return text
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 1:
+            raise InputError("memory_budget", f"must be at least 1 byte, got {text}")
+        return MemoryBudget(bytes=text)
+    hint = "give bytes with a unit (4GiB, 512MB) or a share of the free memory (50%)"
+    match = _BUDGET.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise InputError("memory_budget", f"cannot read {text!r}", hint)
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise InputError("memory_budget", f"a share must be in (0%, 100%], got {text!r}", hint)
+        return MemoryBudget(fraction=number / 100)
+    if unit not in _UNITS:
+        raise InputError("memory_budget", f"unknown unit {match.group(2)!r} in {text!r}", hint)
+    value = number * _UNITS[unit]
+    if not math.isfinite(value) or value < 1:
+        raise InputError("memory_budget", f"must be at least 1 byte, got {text!r}", hint)
+    return MemoryBudget(bytes=int(value))
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes the process may still take: free CUDA memory, or ``MemAvailable`` on a Linux host
+    (the free pages by ``os.sysconf`` elsewhere); ``None`` when neither can be read."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as lines:
+            for line in lines:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class GraphSize:
+    """Bytes autograd saves over a batch of r rows: ``fixed + per_row·r``."""
+
+    fixed: float
+    per_row: float
+
+    def at(self, rows: int) -> float:
+        return self.fixed + self.per_row * rows
+
+
+@dataclass(frozen=True)
+class GraphSizes:
+    """The graphs of a plain gradient pass (``gradient``) and of a double backward (``double``)."""
+
+    gradient: GraphSize
+    double: GraphSize
+
+
+def _saved_bytes(run: Callable[[], None], excluded: set[int]) -> int:
+    """Bytes of the distinct tensors autograd saves while ``run`` runs, leaving out those that
+    share storage with ``excluded`` (the parameters and the input batch, which exist anyway)."""
+    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
+    total = 0
+
+    def pack(tensor: Tensor) -> Tensor:
+        nonlocal total
+        try:
+            pointer = tensor.untyped_storage().data_ptr()
+            key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
+        except (RuntimeError, NotImplementedError):  # tensors without storage: nothing to count
+            return tensor
+        if pointer not in excluded and key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return total
+
+
+def measure_graph(
+    batch_loss: Callable[[Tensor, Tensor], Tensor],
+    params: Sequence[Tensor],
+    x: Tensor,
+    y: Tensor,
+) -> GraphSizes:
+    """The graph sizes of a gradient pass and of a double backward of ``batch_loss(x, y)`` (Σ
+    over the rows), fitted as fixed + per-row bytes from slices of 4 and 8 rows of the batch
+    (fewer when it has fewer; one slice of 1 row gives per-row bytes only). Run it inside the
+    model's prepared state: it calls the model on those rows."""
+    rows = int(y.shape[0])
+    large = min(rows, MEASURE_ROWS)
+    small = max(1, large // 2)
+    excluded = {p.untyped_storage().data_ptr() for p in params}
+    excluded.add(x.untyped_storage().data_ptr())
+
+    def sizes(r: int) -> tuple[int, int]:
+        xs, ys = x[:r], y[:r]
+
+        def gradient() -> None:
+            with torch.enable_grad():
+                loss = batch_loss(xs, ys)
+                torch.autograd.grad(loss, params, allow_unused=True)
+
+        def double() -> None:
+            with torch.enable_grad():
+                loss = batch_loss(xs, ys)
+                torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+
+        return _saved_bytes(gradient, excluded), _saved_bytes(double, excluded)
+
+    big = sizes(large)
+    if small == large:
+        return GraphSizes(GraphSize(0.0, big[0] / large), GraphSize(0.0, big[1] / large))
+    little = sizes(small)
+
+    def fit(index: int) -> GraphSize:
+        per_row = max(0.0, (big[index] - little[index]) / (large - small))
+        return GraphSize(max(0.0, big[index] - per_row * large), per_row)
+
+    return GraphSizes(fit(0), fit(1))
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """What a pass does: ``rows`` per chunk of a batch, ``width`` vectors at once, the bytes the
+    model predicts (``estimate``) against ``budget``, and whether even 1 row × 1 vector fits."""
+
+    rows: int
+    width: int
+    estimate: int
+    budget: int
+    fits: bool
+
+
+def pass_bytes(graphs: GraphSizes, param_bytes: int, rows: int, width: int, vmapped: bool) -> float:
+    """Predicted bytes of a pass of ``width`` vectors over chunks of ``rows`` rows (the formula
+    of this module's docstring); ``vmapped`` for forward-over-reverse."""
+    copies = width if vmapped else 1
+    return copies * graphs.double.at(rows) + param_bytes * (1 + 3 * width)
+
+
+def gradient_bytes(graphs: GraphSizes, param_bytes: int, rows: int) -> float:
+    """Predicted bytes of a plain gradient pass over ``rows`` rows: its graph and the gradient."""
+    return graphs.gradient.at(rows) + param_bytes
+
+
+def default_budget(graphs: GraphSizes, param_bytes: int, rows: int, free: int | None) -> int:
+    """max(2 × a gradient pass at ``rows`` rows, 256 MiB), at most half of ``free``."""
+    budget = max(GRADIENT_MULTIPLE * gradient_bytes(graphs, param_bytes, rows), MIN_DEFAULT_BUDGET)
+    if free is not None:
+        budget = min(budget, FREE_FRACTION * free)
+    return int(budget)
+
+
+def plan_pass(
+    graphs: GraphSizes,
+    *,
+    param_bytes: int,
+    rows: int,
+    width: int,
+    budget: int,
+    vmapped: bool,
+) -> PassPlan:
+    """The largest chunk of at most ``rows`` rows whose one-vector pass fits in ``budget``, then
+    the most vectors (at most ``width``) that fit with it; 1 row and 1 vector when nothing fits
+    (``fits`` False)."""
+
+    def cost(r: int, m: int) -> float:
+        return pass_bytes(graphs, param_bytes, r, m, vmapped)
+
+    chunk = rows
+    if cost(rows, 1) > budget:
+        # the cost grows linearly in r: solve for the largest r, then step down past rounding
+        slope = graphs.double.per_row
+        spare = budget - cost(0, 1)
+        chunk = max(1, min(rows, int(spare // slope) if slope > 0 else rows))
+        while chunk > 1 and cost(chunk, 1) > budget:
+            chunk -= 1
+    fits = cost(chunk, 1) <= budget
+    chosen = 1
+    for m in range(width, 1, -1):
+        if cost(chunk, m) <= budget:
+            chosen = m
+            break
+    return PassPlan(chunk, chosen, math.ceil(cost(chunk, chosen)), int(budget), fits)

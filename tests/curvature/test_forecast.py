@@ -1,0 +1,108 @@
+"""The run-time forecast: products planned, the advice, the hook that times the first products."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from curvcal.curvature import forecast
+from curvcal.curvature.analysis import HessianSettings
+from curvcal.curvature.forecast import forecast_hook, planned_products, slow_run_advice
+
+
+def test_products_planned_by_hand() -> None:
+    # Lanczos for λ1: 10 + 3 steps and 1 residual check; 100 trace probes
+    assert planned_products(HessianSettings(), 10**6) == 14 + 100
+    assert planned_products(HessianSettings(top_k=3, trace=False), 10**6) == 19 + 3
+    # the step budget caps Lanczos: min(13, 5) + 1
+    assert planned_products(HessianSettings(max_iter=5, probes=4), 10**6) == 6 + 4
+    # a Hessian of 6 rows has at most 6 Lanczos steps
+    assert planned_products(HessianSettings(trace=False), 6) == 6 + 1
+    assert planned_products(HessianSettings(method="power", top_k=2, trace=False), 10**6) == 40
+    assert planned_products(HessianSettings(method="power", max_iter=7, trace=False), 10**6) == 7
+    settings = HessianSettings(
+        smallest=True, density=True, density_runs=2, density_steps=30, per_layer=True, probes=10
+    )
+    # λ1 14, λmin 14, trace 10, density 60, 3 blocks × (20 + 10)
+    assert planned_products(settings, 10**6, n_blocks=3) == 14 + 14 + 10 + 60 + 90
+
+
+def test_advice_only_above_the_threshold_and_naming_the_options() -> None:
+    assert slow_run_advice(0.5, 120) is None  # 60 s exactly: not above
+    assert slow_run_advice(0.1, 10, threshold=0.5) is not None
+    advice = slow_run_advice(5.0, 114)
+    assert advice is not None
+    assert "about 10 min" in advice and "114 Hessian-vector products of 5 s each" in advice
+    for option in ("--params", "--max-samples", "--tol", "--probes", "GPU"):
+        assert option in advice
+    assert "about 2.8 h" in (slow_run_advice(100.0, 100) or "")
+    assert "about 90 s" in (slow_run_advice(1.0, 90) or "")
+
+
+def test_hook_times_the_products_between_its_first_two_calls_and_speaks_once() -> None:
+    times = iter([100.0, 130.0, 131.0, 500.0])
+    notes: list[str] = []
+    hook = forecast_hook(50, notes.append, clock=lambda: next(times))
+    hook("eigenvalues", 1)  # t = 100 (after setup and the first product: not used)
+    hook("eigenvalues", 4)  # t = 130: 3 products in 30 s → 10 s each, 50 planned → 500 s
+    assert len(notes) == 1 and "about 8 min" in notes[0] and "of 10 s each" in notes[0]
+    hook("trace", 12)
+    hook("trace", 20)
+    assert len(notes) == 1
+
+
+def test_hook_stays_silent_for_a_fast_run_and_ignores_repeated_counts() -> None:
+    times = iter([0.0, 0.5, 1.0])
+    notes: list[str] = []
+    hook = forecast_hook(100, notes.append, clock=lambda: next(times))
+    hook("eigenvalues", 1)
+    hook("eigenvalues", 1)  # no new product: no rate yet
+    hook("eigenvalues", 3)  # 2 products in 1 s: 100 × 0.5 s = 50 s ≤ 60 s
+    assert notes == []
+
+
+def test_the_command_prints_the_note_once_on_stderr(
+    run_cli, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.torch import save_file
+
+    from curvcal.models import DigitsCNN
+
+    torch.manual_seed(0)
+    model = DigitsCNN(num_classes=3, width=1)
+    checkpoint = tmp_path / "model.safetensors"
+    metadata = {
+        "curvcal.arch": "curvcal:DigitsCNN",
+        "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
+    }
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(checkpoint), metadata)
+    generator = torch.Generator().manual_seed(1)
+    data = tmp_path / "data.pt"
+    torch.save(
+        {
+            "x": torch.randn(20, 1, 8, 8, generator=generator),
+            "y": torch.randint(0, 3, (20,), generator=generator),
+        },
+        data,
+    )
+    monkeypatch.setattr(forecast, "SLOW_RUN_SECONDS", 0.0)
+    args = [
+        "hessian",
+        str(checkpoint),
+        "--data",
+        str(data),
+        "--device",
+        "cpu",
+        "--probes",
+        "4",
+        "--json",
+    ]
+    result = run_cli(*args)
+    assert result.code == 0, result.stderr
+    assert result.stderr.count("curvcal: note: this run will take about") == 1
+    assert "--max-samples" in result.stderr
+    json.loads(result.stdout)  # stdout holds the JSON alone
+    quiet = run_cli(*args, "--quiet")
+    assert quiet.code == 0 and "note" not in quiet.stderr
