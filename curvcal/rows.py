@@ -85,7 +85,10 @@ def pin(x: Inputs) -> Inputs:
 
 
 def to_device(
-    x: Inputs, device: torch.device | str, dtype: torch.dtype | None = None, non_blocking: bool = False
+    x: Inputs,
+    device: torch.device | str,
+    dtype: torch.dtype | None = None,
+    non_blocking: bool = False,
 ) -> Inputs:
     """``x`` on ``device``; floating tensors cast to ``dtype`` when given, others unchanged."""
 

@@ -111,12 +111,14 @@ def measure_curvature(
     settings: CurvatureSettings,
     *,
     cache: str = "auto",
+    params: tuple[str, ...] | None = None,
 ) -> CurvatureSummary:
     """λmax and Hutchinson tr(H) of H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over ``batches``.
 
     ``loss`` ``ce``, ``focal`` (with ``gamma``) or ``flsd53`` (the exact Hessian of FLSD-53
     away from its switching set, see :mod:`curvcal.losses`); ``cache`` as for
-    :class:`~curvcal.curvature.operator.HessianOperator`. The operator is built by
+    :class:`~curvcal.curvature.operator.HessianOperator`; ``params`` glob patterns of the
+    parameters covered (``None``: all trainable ones). The operator is built by
     :func:`~curvcal.curvature.operator.build_operator`, so a NaN or Inf stops the measurement
     with the batches at fault.
     """
@@ -134,6 +136,7 @@ def measure_curvature(
             mode=settings.mode,
             cache=cache,
             probe_batch=settings.probe_batch,
+            params=params,
         ),
     )
     groups = flsd53_group_sizes(operator) if loss == FLSD53 else ()

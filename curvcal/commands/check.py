@@ -15,6 +15,7 @@ from click.core import ParameterSource
 
 from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.data_options import text_options
 from curvcal.report.check import check_tables
 
 if TYPE_CHECKING:
@@ -32,6 +33,11 @@ _OVERRIDES = {
     "data": "data",
     "data_root": "data_root",
     "max_samples": "max_samples",
+    "text_key": "text_key",
+    "label_key": "label_key",
+    "text_pair_key": "text_pair_key",
+    "tokenizer": "tokenizer",
+    "max_length": "max_length",
     "batch_size": "batch_size",
     "seed": "seed",
 }
@@ -60,6 +66,7 @@ _OVERRIDES = {
     help="Folder of torchvision datasets.",
 )
 @click.option("--max-samples", type=click.IntRange(min=1), help="Use a random subset.")
+@text_options
 @click.option("--batch-size", type=click.IntRange(min=1), help="Samples per batch [default: 256].")
 @click.option("--seed", type=click.IntRange(min=0), help="Seed of splits and probes [default: 0].")
 @click.option("--strict", is_flag=True, help="Exit 3 when a Hessian estimate does not converge.")
@@ -72,6 +79,11 @@ def check(
     data: str | None,
     data_root: Path | None,
     max_samples: int | None,
+    text_key: str | None,
+    label_key: str | None,
+    text_pair_key: str | None,
+    tokenizer: Path | None,
+    max_length: int | None,
     batch_size: int | None,
     seed: int | None,
     strict: bool,
@@ -102,6 +114,11 @@ def check(
         "data": data,
         "data_root": str(data_root) if data_root is not None else None,
         "max_samples": max_samples,
+        "text_key": text_key,
+        "label_key": label_key,
+        "text_pair_key": text_pair_key,
+        "tokenizer": str(tokenizer) if tokenizer is not None else None,
+        "max_length": max_length,
         "batch_size": batch_size,
         "seed": seed,
         "arch": checkpoint_options.arch,

@@ -100,6 +100,15 @@ def text_option_list() -> list[Callable[[F], F]]:
     ]
 
 
+def text_options(func: F) -> F:
+    """Decorator adding only the text data options (``check``, whose data a policy names);
+    each arrives under its own keyword (``text_key``, ``label_key``, ...)."""
+    command: Callable[..., Any] = func
+    for decorator in reversed(text_option_list()):
+        command = decorator(command)
+    return command  # type: ignore[return-value]
+
+
 def data_options(required: bool = True) -> Callable[[F], F]:
     """Decorator factory adding the dataset options (``--data`` required unless told not)."""
 

@@ -41,6 +41,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from curvcal import choices
 from curvcal.errors import InputError
+from curvcal.rows import Inputs
 
 ENGINES = choices.ENGINES
 MODES = choices.MODES
@@ -52,7 +53,7 @@ _MAX_AUTO_PROBE_BATCH = 64
 
 BatchLoss = Callable[[Tensor, Tensor], Tensor]
 """Σ over a batch of the per-sample loss, from (logits, labels)."""
-BatchProduct = Callable[[Tensor, Tensor, tuple[Tensor, ...]], tuple[Tensor, ...]]
+BatchProduct = Callable[[Inputs, Tensor, tuple[Tensor, ...]], tuple[Tensor, ...]]
 """(x, y, tangents) -> the batch's products, in the layout of the tangents."""
 
 
@@ -143,7 +144,7 @@ def autograd_hvp(
     model: nn.Module,
     loss: BatchLoss,
     params: Sequence[Tensor],
-    x: Tensor,
+    x: Inputs,
     y: Tensor,
     tangents: tuple[Tensor, ...],
 ) -> tuple[Tensor, ...]:
@@ -158,7 +159,7 @@ def func_hvp(
     loss: BatchLoss,
     names: Sequence[str],
     params: Sequence[Tensor],
-    x: Tensor,
+    x: Inputs,
     y: Tensor,
     tangents: tuple[Tensor, ...],
 ) -> tuple[Tensor, ...]:
@@ -213,7 +214,7 @@ def prepared_model(model: nn.Module, mode: str, allow_tf32: bool) -> Iterator[No
 
 def measure_probe_batch(
     product: BatchProduct,
-    batch: tuple[Tensor, Tensor],
+    batch: tuple[Inputs, Tensor],
     params: Sequence[Tensor],
     device: torch.device,
     is_out_of_memory: Callable[[BaseException], bool],

@@ -27,11 +27,12 @@ from torch import Tensor
 
 from curvcal.curvature.operators import LinearOperator
 from curvcal.errors import NumericalError
+from curvcal.rows import Inputs
 
 _PRODUCT = "a Hessian-vector product is not finite (NaN or Inf)"
 _HINT = "check the model's weights and the data for NaN or Inf, or use float64"
 
-Batch = tuple[Tensor, Tensor]
+Batch = tuple[Inputs, Tensor]
 
 
 class Guardable(LinearOperator, Protocol):

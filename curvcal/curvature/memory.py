@@ -33,7 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from curvcal import rows as rows_of
 from curvcal.errors import InputError
+from curvcal.rows import Inputs
 
 #: the floor of the default budget: below it, memory is not worth trading time for
 MIN_DEFAULT_BUDGET = 256 * 2**20
@@ -169,23 +171,25 @@ def _saved_bytes(run: Callable[[], None], excluded: set[int]) -> int:
 
 
 def measure_graph(
-    batch_loss: Callable[[Tensor, Tensor], Tensor],
+    batch_loss: Callable[[Inputs, Tensor], Tensor],
     params: Sequence[Tensor],
-    x: Tensor,
+    x: Inputs,
     y: Tensor,
 ) -> GraphSizes:
     """The graph sizes of a gradient pass and of a double backward of ``batch_loss(x, y)`` (Σ
     over the rows), fitted as fixed + per-row bytes from slices of 4 and 8 rows of the batch
     (fewer when it has fewer; one slice of 1 row gives per-row bytes only). Run it inside the
-    model's prepared state: it calls the model on those rows."""
+    model's prepared state: it calls the model on those rows. ``x`` is a tensor or a mapping
+    of tensors (text: token ids and masks), sliced by rows alike; the inputs themselves are
+    not counted as graph memory."""
     rows = int(y.shape[0])
     large = min(rows, MEASURE_ROWS)
     small = max(1, large // 2)
     excluded = {p.untyped_storage().data_ptr() for p in params}
-    excluded.add(x.untyped_storage().data_ptr())
+    excluded.update(t.untyped_storage().data_ptr() for t in rows_of.tensors(x))
 
     def sizes(r: int) -> tuple[int, int]:
-        xs, ys = x[:r], y[:r]
+        xs, ys = rows_of.take_rows(x, slice(0, r)), y[:r]
 
         def gradient() -> None:
             with torch.enable_grad():

@@ -79,6 +79,7 @@ from curvcal.curvature.memory import (
 )
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import LOSS_NAMES, Loss, loss_from_name
+from curvcal.rows import Inputs
 
 #: Loss names an operator accepts as ``criterion``.
 CRITERIA = LOSS_NAMES
@@ -488,12 +489,12 @@ class HessianOperator:
         return self._batch_hvp_func if engine == "func" else self._batch_hvp_autograd
 
     def _batch_hvp_func(
-        self, x: Tensor, y: Tensor, tangents: tuple[Tensor, ...]
+        self, x: Inputs, y: Tensor, tangents: tuple[Tensor, ...]
     ) -> tuple[Tensor, ...]:
         return func_hvp(self.model, self.loss.sum, self.param_names, self._params, x, y, tangents)
 
     def _batch_hvp_autograd(
-        self, x: Tensor, y: Tensor, tangents: tuple[Tensor, ...]
+        self, x: Inputs, y: Tensor, tangents: tuple[Tensor, ...]
     ) -> tuple[Tensor, ...]:
         return autograd_hvp(self.model, self.loss.sum, self._params, x, y, tangents)
 

@@ -272,9 +272,7 @@ def _load_text(options: DataOptions, model: TextModel | None) -> LoadedData:
             options.text_pair_key,
         )
     raw_labels = text.text_column(columns, options.label_key, file, "--label-key")
-    labels = text.text_labels(
-        raw_labels, model.label2id if model else {}, file, options.label_key
-    )
+    labels = text.text_labels(raw_labels, model.label2id if model else {}, file, options.label_key)
     tokenizer, source = text.load_tokenizer(options.tokenizer, model)
     if options.max_length is not None:
         max_length, length_source = options.max_length, "--max-length"

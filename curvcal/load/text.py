@@ -133,11 +133,14 @@ def _read_jsonl(path: Path) -> dict[str, list[Any]]:
 
 def _read_csv(path: Path) -> dict[str, list[Any]]:
     with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
         try:
-            records = list(csv.DictReader(handle))
+            records = list(reader)
         except csv.Error as exc:
             raise InputError(str(path), f"is not a CSV file ({exc})") from exc
-    return _columns(records)
+    columns: dict[str, list[Any]] = {name: [] for name in reader.fieldnames or ()}
+    columns.update(_columns(records))
+    return columns
 
 
 def _columns(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
@@ -213,7 +216,9 @@ def load_tokenizer(tokenizer: Path | None, model: TextModel | None) -> tuple[Any
     folder = tokenizer or (model.folder if model is not None else None)
     if folder is None:
         raise InputError(
-            "--data", "text data needs a tokenizer", "pass --tokenizer DIR (a save_pretrained folder)"
+            "--data",
+            "text data needs a tokenizer",
+            "pass --tokenizer DIR (a save_pretrained folder)",
         )
     transformers = require("hf", "transformers", str(folder))
     where = "--tokenizer" if tokenizer is not None else "the model folder"
@@ -329,9 +334,7 @@ def text_labels(
     return torch.tensor(out, dtype=torch.int64)
 
 
-def text_column(
-    columns: Mapping[str, list[Any]], name: str, file: str, option: str
-) -> list[Any]:
+def text_column(columns: Mapping[str, list[Any]], name: str, file: str, option: str) -> list[Any]:
     """The column ``name``, or an error naming the file, the column and the columns present."""
     if name not in columns:
         present = ", ".join(columns) or "none"
@@ -351,20 +354,33 @@ def as_texts(values: Sequence[Any], file: str, column: str) -> list[str]:
 
 def text_model_of(loaded: LoadedModel) -> TextModel | None:
     """The :class:`TextModel` facts of a loaded transformers text classifier (``None`` for any
-    other model): the folder its config came from (the checkpoint folder, or ``hf:FOLDER``),
-    ``label2id`` and ``max_position_embeddings`` from the library model's config."""
+    other model)."""
     if loaded.modality != "text":
         return None
-    from curvcal.load.hf import is_model_folder
+    return text_model_at(loaded.path, loaded.arch)
 
-    folder: Path | None = loaded.path if is_model_folder(loaded.path) else None
-    if folder is None and loaded.arch and loaded.arch.startswith("hf:"):
-        folder = Path(loaded.arch[3:]).expanduser()
-    config = getattr(loaded.module.__dict__.get("library_model"), "config", None)
-    label2id = getattr(config, "label2id", None) or {}
-    positions = getattr(config, "max_position_embeddings", None)
+
+def text_model_at(path: Path, arch: str | None) -> TextModel | None:
+    """The :class:`TextModel` facts of the model folder at ``path`` (or named by ``--arch
+    hf:FOLDER``), read from its ``config.json`` alone: the folder, ``label2id`` and
+    ``max_position_embeddings``. ``None`` when there is no text classifier folder."""
+    from curvcal.load.hf import is_model_folder, read_folder
+
+    folder = path if is_model_folder(path) else None
+    if folder is None and arch and arch.startswith("hf:"):
+        folder = Path(arch[3:]).expanduser()
+    if folder is None or not is_model_folder(folder):
+        return None
+    described = read_folder(folder, need_weights=False)
+    if described.modality != "text":
+        return None
+    config = described.config
+    label2id = config.get("label2id")
+    positions = config.get("max_position_embeddings")
     return TextModel(
         folder=folder,
-        label2id={str(k): int(v) for k, v in dict(label2id).items()},
-        max_positions=int(positions) if isinstance(positions, int) else None,
+        label2id={str(k): int(v) for k, v in label2id.items()}
+        if isinstance(label2id, dict)
+        else {},
+        max_positions=positions if isinstance(positions, int) else None,
     )

@@ -214,14 +214,17 @@ def run_calibrate(
         )
         trust = request.checkpoint_options.trust
         data = load_dataset(
-            dataclasses.replace(request.data_options, trust=trust), loaded.preprocessing, text_model_of(loaded)
+            dataclasses.replace(request.data_options, trust=trust),
+            loaded.preprocessing,
+            text_model_of(loaded),
         )
         n_classes = check_fitness(loaded, data, "--data")
         fit_loaded = None
         if fit_data is not None:
             fit_loaded = load_dataset(
                 dataclasses.replace(request.data_options, spec=fit_data, trust=trust),
-                loaded.preprocessing, text_model_of(loaded),
+                loaded.preprocessing,
+                text_model_of(loaded),
             )
             check_fitness(loaded, fit_loaded, "--fit-data")
         if n_classes == 1:

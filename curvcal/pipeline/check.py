@@ -166,6 +166,11 @@ def run_check(
         root=Path(settings["data_root"]) if settings["data_root"] else None,
         max_samples=settings["max_samples"],
         trust=trust,
+        text_key=settings["text_key"],
+        label_key=settings["label_key"],
+        text_pair_key=settings["text_pair_key"],
+        tokenizer=Path(settings["tokenizer"]) if settings["tokenizer"] else None,
+        max_length=settings["max_length"],
     )
     data = load_dataset(data_options, loaded.preprocessing, text_model_of(loaded))
     n_classes = check_fitness(loaded, data, "data")
@@ -176,7 +181,9 @@ def run_check(
     fit = None
     if calibration_settings is not None and method != "none" and settings["fit_data"] is not None:
         fit = load_dataset(
-            dataclasses.replace(data_options, spec=settings["fit_data"]), loaded.preprocessing, text_model_of(loaded)
+            dataclasses.replace(data_options, spec=settings["fit_data"]),
+            loaded.preprocessing,
+            text_model_of(loaded),
         )
         check_fitness(loaded, fit, "fit_data")
         inputs["fit_data"] = fit.describe()
@@ -426,17 +433,23 @@ def _hessian(
     from curvcal.curvature.analysis import analyse_hessian_with_messages
     from curvcal.load.checkpoint import recorded_loss
     from curvcal.load.data import iter_batches
+    from curvcal.pipeline.hessian import default_params
 
     if settings["loss"] == "own":
         criterion, gamma = recorded_loss(loaded)
         hessian_settings = dataclasses.replace(hessian_settings, criterion=criterion, gamma=gamma)
+    params, choice, say_choice = default_params(loaded, hessian_settings.params)
+    hessian_settings = dataclasses.replace(hessian_settings, params=params)
     batch_size = settings["batch_size"]
 
     def batches() -> Any:
         return iter_batches(data.dataset, batch_size)
 
     hook = None if on_step is None else (lambda stage, n: on_step(f"hessian:{stage}", n))
-    return analyse_hessian_with_messages(loaded.module, batches, hessian_settings, on_step=hook)
+    analysis, messages = analyse_hessian_with_messages(
+        loaded.module, batches, hessian_settings, on_step=hook
+    )
+    return analysis, ([f"Hessian over {choice}"] if say_choice and params else []) + messages
 
 
 __all__ = ["CheckRequest", "CheckResult", "CheckRun", "OnStep", "check_checkpoint", "run_check"]

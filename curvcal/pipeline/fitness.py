@@ -41,7 +41,9 @@ def check_fitness(loaded: LoadedModel, data: LoadedData, option: str = "--data")
             else "text data needs a transformers *ForSequenceClassification model folder"
         )
         raise InputError(
-            where, f"{loaded.architecture or 'the model'} is {model_kind} but the data is {data_kind}", hint
+            where,
+            f"{loaded.architecture or 'the model'} is {model_kind} but the data is {data_kind}",
+            hint,
         )
     n_outputs = check_model_runs(loaded.module, first_input(data.dataset), loaded.device, where)
     check_labels(data, n_outputs, where)

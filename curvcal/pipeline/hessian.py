@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
     from curvcal.load.data import DataOptions
+    from curvcal.rows import Inputs
 
 # HessianSettings field -> the option that sets it, for messages.
 _OPTION_OF = {
@@ -132,9 +133,9 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
             else (request.loss, float(request.gamma or 0.0))
         )
         settings = _settings(request, criterion, gamma)
-        params, params_choice = default_params(loaded, settings.params)
+        params, params_choice, say_choice = default_params(loaded, settings.params)
         settings = dataclasses.replace(settings, params=params)
-        if params_choice != "--params" and params:
+        if say_choice and params:
             reporter.warn(f"Hessian over {params_choice}")
         _check_parameters(loaded, settings)
         data_options = dataclasses.replace(
@@ -145,7 +146,7 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
         indices = shard(data, context)
         loaded_seconds = time.perf_counter() - began
 
-        def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        def batches() -> Iterator[tuple[Inputs, torch.Tensor]]:
             return iter_batches(data.dataset, request.batch_size, indices)
 
         analysis, messages = _measure(
@@ -176,7 +177,8 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
             **data_record(request.data_options, request.batch_size),
             "loss": request.loss,
             **settings_record(settings),
-            "params_choice": params_choice,
+            # recorded where the choice is not the plain "every parameter" or --params
+            **({"params_choice": params_choice} if say_choice else {}),
             "strict": request.strict,
             "world_size": context.world_size,
         },
@@ -319,6 +321,17 @@ def data_record(options: DataOptions, batch_size: int) -> dict[str, Any]:
     }
 
 
+def data_settings(options: DataOptions) -> dict[str, Any]:
+    """Every field of ``options`` for a report, the text ones only for text data."""
+    from curvcal.load.text import is_text_spec
+
+    record = dataclasses.asdict(options)
+    if not is_text_spec(options.spec):
+        for name in ("text_key", "label_key", "text_pair_key", "tokenizer", "max_length"):
+            record.pop(name)
+    return record
+
+
 def _text_record(options: DataOptions) -> dict[str, Any]:
     from curvcal.load.text import is_text_spec
 
@@ -333,8 +346,11 @@ def _text_record(options: DataOptions) -> dict[str, Any]:
     }
 
 
-def default_params(loaded: LoadedModel, params: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
-    """The parameters a Hessian covers and how they were chosen.
+def default_params(
+    loaded: LoadedModel, params: tuple[str, ...]
+) -> tuple[tuple[str, ...], str, bool]:
+    """The parameters a Hessian covers, how they were chosen, and whether that choice is worth
+    saying (it is not the plain "every parameter" or the given ``--params``).
 
     ``--params all`` (alone) is every trainable parameter. Without ``--params``: every
     trainable parameter for image models; for text models every one except the token
@@ -344,20 +360,22 @@ def default_params(loaded: LoadedModel, params: tuple[str, ...]) -> tuple[tuple[
     from curvcal.load.hf import token_embedding_names
 
     if params == ("all",):
-        return (), "all trainable parameters (--params all)"
+        return (), "all trainable parameters (--params all)", True
     if params:
-        return params, "--params"
+        return params, "--params", False
     excluded = token_embedding_names(loaded.module) if loaded.modality == "text" else ()
     if not excluded:
-        return (), "all trainable parameters"
+        return (), "all trainable parameters", False
     names = tuple(
         name
         for name, p in loaded.module.named_parameters()
         if p.requires_grad and name not in excluded
     )
-    return names, (
+    return (
+        names,
         f"all trainable parameters except the token embeddings ({', '.join(excluded)}); "
-        "--params all includes them"
+        "--params all includes them",
+        True,
     )
 
 

@@ -67,10 +67,10 @@ def check_model_runs(
             where, f"the model cannot run on inputs of shape {shape}: {reason}", hint
         ) from exc
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 1:
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        got = str(tuple(out.shape)) if isinstance(out, torch.Tensor) else type(out).__name__
         raise InputError(
             where,
-            f"the model's output for one input has shape {shape}, not (1, classes) logits",
+            f"the model's output for one input has shape {got}, not (1, classes) logits",
             hint,
         )
     return int(out.shape[1])

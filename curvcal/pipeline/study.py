@@ -68,7 +68,8 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     from curvcal.calibration.analysis import CalibrationSettings, analyse_val_split
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import iter_batches, load_dataset, stratified_split
-    from curvcal.pipeline.hessian import check_loss_options
+    from curvcal.load.text import text_model_at
+    from curvcal.pipeline.hessian import check_loss_options, data_settings, default_params
     from curvcal.pipeline.inference import predict_logits
     from curvcal.provenance import environment
     from curvcal.study import (
@@ -96,11 +97,15 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
 
     checkpoint_options, data_options = request.checkpoint_options, request.data_options
     trust = checkpoint_options.trust
-    data = load_dataset(dataclasses.replace(data_options, trust=trust))
+    # text data is tokenized once, with the first checkpoint's tokenizer (or --tokenizer)
+    text_model = text_model_at(request.checkpoints[0], checkpoint_options.arch)
+    data = load_dataset(dataclasses.replace(data_options, trust=trust), None, text_model)
     hessian_data = data
     if request.curvature_data is not None:
         hessian_data = load_dataset(
-            dataclasses.replace(data_options, spec=request.curvature_data, trust=trust)
+            dataclasses.replace(data_options, spec=request.curvature_data, trust=trust),
+            None,
+            text_model,
         )
     fit_idx, eval_idx = stratified_split(data.labels, request.val_split, seed)
     paths = list(request.checkpoints)
@@ -119,8 +124,14 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                 def batches(source: LoadedData = hessian_data) -> Any:
                     return iter_batches(source.dataset, batch_size)
 
+                params, _choice, _said = default_params(loaded, ())
                 curvature = measure_curvature(
-                    loaded.module, batches, hessian_loss, hessian_gamma, curvature_settings
+                    loaded.module,
+                    batches,
+                    hessian_loss,
+                    hessian_gamma,
+                    curvature_settings,
+                    params=params or None,
                 )
                 logits, labels = predict_logits(
                     loaded.module, iter_batches(data.dataset, batch_size), loaded.device
@@ -167,7 +178,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             "val_split": request.val_split,
             "batch_size": batch_size,
             "checkpoint": checkpoint_options,
-            "data": data_options,
+            "data": data_settings(data_options),
             "curvature_data": request.curvature_data,
             "plot": request.plot_dir,
         },

@@ -99,9 +99,12 @@ def test_bad_tensor_files(tmp_path: Path, tensors: dict[str, torch.Tensor], mess
 def test_missing_unknown_and_truncated_files(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"nope\.pt: no such file"):
         load_dataset(DataOptions(spec=str(tmp_path / "nope.pt")))
-    (tmp_path / "d.csv").write_text("1,2\n")
-    with pytest.raises(InputError, match=r"d\.csv.*not a dataset spec"):
+    (tmp_path / "d.csv").write_text("1,2\n")  # a CSV is text data: its header names columns
+    with pytest.raises(InputError, match=r"d\.csv: has no column 'text' \(columns: 1, 2\)"):
         load_dataset(DataOptions(spec=str(tmp_path / "d.csv")))
+    (tmp_path / "d.tsv").write_text("1\t2\n")
+    with pytest.raises(InputError, match=r"d\.tsv.*not a dataset spec"):
+        load_dataset(DataOptions(spec=str(tmp_path / "d.tsv")))
     x, y = _xy()
     for suffix in (".pt", ".npz", ".safetensors"):
         path = _write(tmp_path / f"t{suffix}", {"x": x, "y": y})

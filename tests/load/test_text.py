@@ -73,7 +73,9 @@ def text_model(tmp_path_factory: pytest.TempPathFactory) -> TextFiles:
     _write_tokenizer(root).save_pretrained(folder)
     jsonl = root / "reviews.jsonl"
     jsonl.write_text(
-        "".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in zip(TEXTS, LABELS))
+        "".join(
+            json.dumps({"text": t, "label": y}) + "\n" for t, y in zip(TEXTS, LABELS, strict=True)
+        )
     )
     return TextFiles(folder, jsonl, root)
 
@@ -120,7 +122,7 @@ def test_jsonl_is_tokenized_once_and_padded_per_batch(text_model: TextFiles) -> 
     _, tokenizer = _library(text_model.folder)
     batches = list(iter_batches(data.dataset, 4))
     assert [len(y) for _, y in batches] == [4, 4, 3]
-    for start, (x, _y) in zip(range(0, len(TEXTS), 4), batches):
+    for start, (x, _y) in zip(range(0, len(TEXTS), 4), batches, strict=True):
         expected = tokenizer(TEXTS[start : start + 4], padding=True, return_tensors="pt")
         assert set(x) == set(expected)
         for key in expected:
@@ -137,7 +139,9 @@ def test_truncation_is_counted(text_model: TextFiles) -> None:
     assert x["input_ids"].shape[1] == 5
 
 
-def test_csv_parquet_and_saved_datasets_read_the_same(text_model: TextFiles, tmp_path: Path) -> None:
+def test_csv_parquet_and_saved_datasets_read_the_same(
+    text_model: TextFiles, tmp_path: Path
+) -> None:
     loaded = load_model(text_model.folder, CheckpointOptions(device="cpu"))
     facts = text_model_of(loaded)
     # CSV with label names mapped through the model's label2id, under other column names
@@ -145,7 +149,7 @@ def test_csv_parquet_and_saved_datasets_read_the_same(text_model: TextFiles, tmp
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["review", "sentiment"])
-        for text, label in zip(TEXTS, LABELS):
+        for text, label in zip(TEXTS, LABELS, strict=True):
             writer.writerow([text, NAMES[label]])
     options = DataOptions(spec=str(path), text_key="review", label_key="sentiment")
     csv_data = load_dataset(options, None, facts)
@@ -210,8 +214,10 @@ def _eigsh_lambda_max(folder: Path, texts: list[str], labels: list[int], skip: s
 
     def hvp(vector: object) -> object:
         v = torch.as_tensor(vector, dtype=torch.float64).reshape(-1)
-        pieces = [c.reshape(p.shape) for c, p in zip(v.split(sizes), params.values())]
-        _, product = torch.func.jvp(torch.func.grad(loss), (params,), (dict(zip(params, pieces)),))
+        pieces = [c.reshape(p.shape) for c, p in zip(v.split(sizes), params.values(), strict=True)]
+        _, product = torch.func.jvp(
+            torch.func.grad(loss), (params,), (dict(zip(params, pieces, strict=True)),)
+        )
         return torch.cat([product[n].reshape(-1) for n in params]).numpy()
 
     total = sum(sizes)
