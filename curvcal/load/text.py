@@ -42,6 +42,16 @@ if TYPE_CHECKING:
     from curvcal.load.checkpoint import LoadedModel
 
 TEXT_SUFFIXES = (".jsonl", ".csv", ".parquet")
+#: files of which a saved tokenizer has at least one
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+)
 _DATASET_STATE = "state.json"
 _DATASET_DICT = "dataset_dict.json"
 
@@ -224,6 +234,16 @@ def load_tokenizer(tokenizer: Path | None, model: TextModel | None) -> tuple[Any
     where = "--tokenizer" if tokenizer is not None else "the model folder"
     if not folder.is_dir():
         raise InputError(str(folder), f"{where} is not a folder")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build a tokenizer with an empty vocabulary from config.json alone
+        hint = (
+            "pass --tokenizer DIR naming the tokenizer's save_pretrained folder"
+            if tokenizer is None
+            else "save one into the --tokenizer folder with tokenizer.save_pretrained"
+        )
+        raise InputError(
+            str(folder), f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}...)", hint
+        )
     try:
         loaded = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,3 +283,81 @@ def test_calibrate_and_metrics_equal_the_library_logits(
     assert found["accuracy"] == pytest.approx(accuracy, abs=1e-6)
     assert found["nll"] == pytest.approx(nll, abs=1e-6)
     assert found["ece"] == pytest.approx(ece, abs=1e-6)
+
+
+def test_check_and_study_run_on_the_text_folder(
+    run_cli, text_model: TextFiles, tmp_path: Path
+) -> None:
+    logits = _reference_logits(text_model.folder, TEXTS)
+    expected = float((logits.argmax(1) == torch.tensor(LABELS)).double().mean())
+    renamed = tmp_path / "renamed.jsonl"
+    renamed.write_text(
+        "".join(
+            json.dumps({"review": t, "y": NAMES[y]}) + "\n"
+            for t, y in zip(TEXTS, LABELS, strict=True)
+        )
+    )
+    policy = tmp_path / "gate.toml"
+    policy.write_text(
+        f'[settings]\ndata = "{renamed}"\ntext_key = "review"\nlabel_key = "y"\n'
+        'device = "cpu"\ndtype = "float64"\nprobes = 4\ntol = 1e-3\n'
+        "[accuracy]\nmin = 0.0\n[lambda_max]\nmax = 1e9\n"
+    )
+    result = run_cli("check", text_model.folder, "--policy", policy, "--json")
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    (accuracy,) = [r for r in document["results"]["rows"] if r["metric"] == "accuracy"]
+    assert accuracy["value"] == pytest.approx(expected, abs=1e-12)
+    assert document["inputs"]["data"]["text"]["columns"]["text"] == "review"
+    # a command-line option overrides the policy's setting
+    overridden = run_cli(
+        "check", text_model.folder, "--policy", policy, "--text-key", "text", "--json"
+    )
+    assert overridden.code == 2 and "no column 'text'" in overridden.stderr
+    second = tmp_path / "second"
+    shutil.copytree(text_model.folder, second)
+    result = run_cli(
+        "study", text_model.folder, second, "--data", text_model.jsonl, "--device", "cpu",
+        "--probes", "4", "--tol", "1e-3", "--gammas", "0,1", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    rows = json.loads(result.stdout)["results"]["rows"]
+    assert len(rows) == 2 and rows[0]["curvature"]["lambda_max"] == pytest.approx(
+        rows[1]["curvature"]["lambda_max"], rel=1e-5
+    )
+
+
+def test_text_and_image_mismatches_are_one_line_errors(
+    run_cli, text_model: TextFiles, tmp_path: Path
+) -> None:
+    images = tmp_path / "images.pt"
+    torch.save({"x": torch.randn(4, 1, 8, 8), "y": torch.tensor([0, 1, 0, 1])}, images)
+    result = run_cli("hessian", text_model.folder, "--data", images, "--device", "cpu")
+    assert result.code == 2 and "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert "text classifier" in line and "not text" in line
+    from curvcal.assets import demo_checkpoint
+
+    result = run_cli(
+        "calibrate", demo_checkpoint(), "--data", text_model.jsonl, "--tokenizer",
+        text_model.folder, "--device", "cpu",
+    )  # fmt: skip
+    assert result.code == 2 and "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert "not a text classifier but the data is text" in line
+    bare = tmp_path / "model_without_tokenizer"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(text_model.folder / name, bare / name)
+    result = run_cli("hessian", bare, "--data", text_model.jsonl, "--device", "cpu")
+    assert result.code == 2
+    line = result.stderr.strip().splitlines()[-1]
+    assert str(bare) in line and "--tokenizer" in line
+    result = run_cli(
+        "hessian", bare, "--data", text_model.jsonl, "--device", "cpu", "--tokenizer",
+        text_model.folder, "--no-trace", "--max-iter", "3", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["inputs"]["data"]["text"]["tokenizer"] == str(
+        text_model.folder
+    )
