@@ -100,6 +100,36 @@ def _hf_folder(path: Path) -> None:
     transformers.ViTForImageClassification(config).save_pretrained(path)
 
 
+def _text_folder(path: Path) -> None:
+    """A tiny BERT review classifier and its WordPiece tokenizer, saved by save_pretrained."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=12, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=64, num_labels=2,
+        id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1},
+    )  # fmt: skip
+    transformers.BertForSequenceClassification(config).save_pretrained(path)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film", "very", "plot"]
+    (path / "vocab.txt").write_text("\n".join(words) + "\n")
+    transformers.BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(path)
+
+
+_REVIEWS = [("good film", 1), ("bad plot", 0), ("very good", 1), ("very bad film", 0)] * 3
+
+
+def _reviews_jsonl(path: Path) -> None:
+    import json
+
+    path.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in _REVIEWS))
+
+
+def _reviews_csv(path: Path) -> None:
+    lines = ["review,label"] + [f"{t},{['negative', 'positive'][y]}" for t, y in _REVIEWS]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def _timm_checkpoint(path: Path) -> None:
     """What timm's train.py writes: the model name under 'arch', the weights under 'state_dict'."""
     import timm
@@ -159,6 +189,9 @@ FILES: dict[str, Maker] = {
     "gate.toml": _readme_policy,
     "readme-gate.toml": _readme_policy,
     "vit-cifar10": _hf_folder,
+    "bert-reviews": _text_folder,
+    "reviews.jsonl": _reviews_jsonl,
+    "reviews.csv": _reviews_csv,
     "model_best.pth.tar": _timm_checkpoint,
     "images.pt": _images,
     "predictions.parquet": _table(".parquet"),
@@ -174,7 +207,7 @@ REPORTS = {
 }
 
 # What a command writes (checked to exist afterwards).
-OUTPUTS = {"-o", "--plot", "--save-calibrator", "--plot-dir"}
+OUTPUTS = {"-o", "--plot", "--save-calibrator", "--plot-dir", "--save-logits"}
 
 
 @dataclass(frozen=True)
@@ -270,7 +303,7 @@ def _substitute(argv: list[str], folder: Path, run_cli) -> list[str]:
         elif "*" in word and out[-1:] != ["--params"]:  # a parameter-name glob is no file glob
             assert list(folder.glob(word)), f"README's glob {word!r} matches nothing"
         elif (
-            re.search(r"\.(pt|npz|safetensors|json|toml|parquet|csv|tar)$", word)
+            re.search(r"\.(pt|npz|safetensors|json|jsonl|toml|parquet|csv|tar)$", word)
             and not (folder / word).exists()
         ):
             pytest.fail(f"README names {word!r}: add it to FILES or REPORTS")
