@@ -50,6 +50,10 @@ class EigenSpectrum:
     are those of ``A − σI`` plus σ — and ``dominant`` holds the unshifted dominant eigenvalues
     (largest in magnitude) found first. ``engine`` names the Hessian-vector-product engine that
     ran, when the operator was a :class:`~curvcal.curvature.hvp.HessianOperator`.
+    ``stopped_by`` names what ended the run: ``"tol"`` (every value met the rule),
+    ``"max_iter"``, ``"max_matvecs"`` (the products budget), ``"precision"`` (rounding in the
+    products keeps the true residual above tol: the operator's precision floor) or
+    ``"exhausted"`` (Lanczos' basis spans the whole space); ``limit`` says it in words.
     """
 
     values: tuple[EigenResult, ...]
@@ -61,6 +65,8 @@ class EigenSpectrum:
     shift: float | None = None
     dominant: tuple[EigenResult, ...] | None = None
     engine: str | None = None
+    stopped_by: str = "tol"
+    limit: str = "tol"
 
     @property
     def eigenvalues(self) -> tuple[float, ...]:
@@ -165,9 +171,15 @@ class HessianAnalysis:
         failed = []
         for index, value in enumerate(self.spectrum.values):
             if not value.converged:
-                failed.append(f"eigenvalue {index + 1} (relative residual {value.residual:.3g})")
+                failed.append(
+                    f"eigenvalue {index + 1} (relative residual {value.residual:.3g}; "
+                    f"stopped by {self.spectrum.stopped_by})"
+                )
         if self.smallest is not None and not self.smallest.converged:
-            failed.append(f"λmin (relative residual {self.smallest.values[0].residual:.3g})")
+            failed.append(
+                f"λmin (relative residual {self.smallest.values[0].residual:.3g}; "
+                f"stopped by {self.smallest.stopped_by})"
+            )
         if self.trace is not None and not self.trace.converged:
             failed.append(f"trace (stopped by {self.trace.stopped_by})")
         for layer in self.layers or []:
