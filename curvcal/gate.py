@@ -94,7 +94,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "eigen_method": ("power", "lanczos"),
     "loss": ("ce", "focal", "own"),
 }
-_TRACE_METHODS = ("hutchinson", "hutchpp")
+_TRACE_METHODS = ("hutchpp", "xtrace", "hutchinson")
 
 OnStep = Callable[[str, int], None]
 """Progress: the stage (``inference``, ``calibration``, ``hessian:<stage>``) and a count."""
@@ -425,7 +425,7 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: _Locator)
             tol=float(settings["tol"]),
             max_iter=settings["max_iter"],
             trace=need.trace,
-            trace_method=trace if isinstance(trace, str) else "hutchinson",
+            trace_method=trace if isinstance(trace, str) else "hutchpp",
             probes=settings["probes"],
             seed=settings["seed"],
             criterion="ce" if loss == "own" else loss,

@@ -73,10 +73,10 @@ _OPTION_OF = {
 )
 @click.option(
     "--trace-method",
-    type=click.Choice(("hutchinson", "hutchpp")),
-    default="hutchinson",
+    type=click.Choice(("hutchpp", "xtrace", "hutchinson")),
+    default="hutchpp",
     show_default=True,
-    help="Hutchinson's estimator, or Hutch++ (--probes products in all).",
+    help="Hutch++ or XTrace (--probes products in all), or Hutchinson's estimator.",
 )
 @click.option(
     "--probes",
@@ -209,12 +209,16 @@ def hessian(
     began = time.perf_counter()
     plots = plot_paths(plot, per_layer, options.force) if plot is not None else None
     check_loss_options(loss, gamma)
-    if trace and trace_method == "hutchpp" and trace_rtol is not None:
+    if trace and trace_method != "hutchinson" and trace_rtol is not None:
         raise InputError(
-            "--trace-rtol", "the adaptive stop works only with --trace-method hutchinson"
+            "--trace-rtol",
+            "the adaptive stop works only with --trace-method hutchinson",
+            "add --trace-method hutchinson",
         )
-    if trace and trace_method == "hutchpp" and probes < 4:
-        raise InputError("--probes", f"Hutch++ needs at least 4 products, got {probes}")
+    if trace and trace_method != "hutchinson" and probes < 4:
+        raise InputError(
+            "--probes", f"--trace-method {trace_method} needs at least 4 products, got {probes}"
+        )
 
     device = resolve_device(checkpoint_options.device)
     if checkpoint_options.device.strip().lower() in ("auto", "cuda"):
@@ -553,22 +557,29 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
     trace = analysis.trace
     assert trace is not None
     low, high = trace.ci95
-    caption = f"standard error {trace.standard_error:.3g}; {trace.distribution} probes"
+    caption = (
+        f"{_TRACE_NAMES.get(trace.method, trace.method)}, {trace.matvecs} products, "
+        f"{trace.distribution} probes; standard error {trace.standard_error:.3g}; "
+        f"95% interval: {trace.interval}"
+    )
     if trace.rtol is not None:
         caption += f"; adaptive (rtol {trace.rtol:g}), stopped by {trace.stopped_by}"
     return Table(
         title="Hessian trace",
-        columns=("estimate", "95% CI", "probes", "method"),
+        columns=("estimate", "95% CI", "products", "estimator"),
         rows=(
             (
                 f"{fmt_float(trace.estimate, 6)} ± {fmt_float(trace.half_width, 3)}",
                 f"[{fmt_float(low, 6)}, {fmt_float(high, 6)}]",
-                str(trace.n_probes),
+                str(trace.matvecs),
                 trace.method,
             ),
         ),
         caption=caption,
     )
+
+
+_TRACE_NAMES = {"hutch++": "Hutch++", "xtrace": "XTrace", "hutchinson": "Hutchinson"}
 
 
 def _layers_table(analysis: HessianAnalysis) -> Table:

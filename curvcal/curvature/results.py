@@ -82,7 +82,9 @@ class TraceResult:
     of the deflated remainder; the sketched part is exact given the sketch). ``ci95`` is
     estimate ± t(0.975, m−1)·standard_error (Student's t quantile). ``stopped_by`` is
     ``"n_probes"`` (fixed budget), ``"rtol"`` (adaptive stop: half-width ≤ rtol·|estimate|) or
-    ``"max_probes"`` (adaptive budget exhausted, ``converged=False``).
+    ``"max_probes"`` (adaptive budget exhausted, ``converged=False``). ``method`` is
+    ``"hutchinson"``, ``"hutch++"``, ``"xtrace"`` (standard error over its leave-one-out values)
+    or ``"exact"``; ``interval`` says how the interval was formed.
     """
 
     estimate: float
@@ -97,6 +99,7 @@ class TraceResult:
     stopped_by: str
     converged: bool
     engine: str | None = None
+    interval: str = ""
 
     @property
     def half_width(self) -> float:

@@ -110,7 +110,8 @@ def test_json_matches_the_dense_hessian(run_cli, files: Files, dense: Tensor, tm
     trace = results["trace"]
     assert trace["ci95"][0] <= float(torch.trace(dense)) <= trace["ci95"][1]
     assert trace["ci95"][0] < trace["estimate"] < trace["ci95"][1]
-    assert trace["standard_error"] > 0 and trace["n_probes"] == 40
+    assert trace["standard_error"] > 0 and trace["matvecs"] == 40
+    assert trace["method"] == "hutch++" and "given the sketch" in trace["interval"]
 
     offset = 0
     layers = {row["module"]: row for row in results["layers"]}
@@ -149,7 +150,10 @@ def test_default_lanczos_and_tables(run_cli, files: Files, dense: Tensor) -> Non
     assert result.code == 0, result.stderr
     for title in ("Hessian eigenvalues", "Hessian trace", "run"):
         assert f"### {title}" in result.stdout
-    assert "| 1 |" in result.stdout and "hutchinson" in result.stdout
+    assert "| 1 |" in result.stdout and "| hutch++ |" in result.stdout
+    assert "95% interval: Student-t over the probe values of the deflated remainder" in (
+        result.stdout
+    )
 
     result = run_cli(*_base(files, "--no-trace", "--hvp", "autograd", "--json"))
     assert result.code == 0, result.stderr
