@@ -36,9 +36,9 @@ from torch import Tensor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import bench_hessian  # noqa: E402
+import bench_hessian
 
-from curvcal.curvature import trace_estimate  # noqa: E402
+from curvcal.curvature import trace_estimate
 
 ESTIMATORS = ("hutch++", "xtrace", "hutchinson")
 
