@@ -433,7 +433,11 @@ def trace_estimate(
     if method in ("hutch++", "xtrace"):
         _positive_int("n_probes", n_probes, 4)
         if rtol is not None:
-            raise InputError("rtol", "the adaptive stop is only available with method 'hutchinson'")
+            raise InputError(
+                "rtol",
+                "the adaptive stop is only available with method 'hutchinson'",
+                "pass method='hutchinson' with rtol",
+            )
         estimator = hutchpp_trace if method == "hutch++" else xtrace
         return estimator(
             operator,
