@@ -321,13 +321,21 @@ def hessian(
             write_plots(analysis, *plots)
         if status == STATUS_ERROR:
             raise NumericalError(
-                "--strict",
-                f"{', '.join(failed)} did not converge",
-                "raise --max-iter (or --probes), loosen --tol/--trace-rtol, or drop --strict",
+                "--strict", f"{', '.join(failed)} did not converge", _strict_hint(analysis)
             )
         return code
     finally:
         distributed.shutdown()
+
+
+def _strict_hint(analysis: HessianAnalysis) -> str:
+    """What to change, from the limits that stopped the unconverged estimates."""
+    stops = {analysis.spectrum.stopped_by}
+    if analysis.smallest is not None:
+        stops.add(analysis.smallest.stopped_by)
+    if "precision" in stops:
+        return "the products' rounding floors the residual: loosen --tol, use --dtype float64, or drop --strict"
+    return "raise --max-iter (or --probes), loosen --tol/--trace-rtol, or drop --strict"
 
 
 def check_loss_options(loss: str, gamma: float | None) -> None:
