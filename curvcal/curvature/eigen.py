@@ -5,9 +5,11 @@ Both accept any :class:`~curvcal.curvature.operators.LinearOperator` or a dense 
 Stopping rule (both methods): a value λ with unit vector v has converged when the relative
 residual ‖Av − λv‖ / d ≤ tol **and** the relative change |λ_t − λ_{t−1}| / d ≤ tol, with
 d = max(|λ|, √ε·‖A‖) — ε the machine epsilon of the operator's dtype and ‖A‖ estimated by the
-largest |eigenvalue| seen — so that an exactly zero eigenvalue can converge. A value that does
-not converge within ``max_iter`` is returned with ``converged=False`` and a
-:class:`~curvcal.curvature.results.ConvergenceWarning`.
+largest |eigenvalue| seen — so that an exactly zero eigenvalue can converge. The residual judged
+is the one reported, measured with a product. A value that does not converge is returned with
+``converged=False`` and a :class:`~curvcal.curvature.results.ConvergenceWarning` naming the limit
+that stopped the run (``EigenSpectrum.stopped_by``: ``max_iter``, ``max_matvecs``, the
+operator's precision floor, or Lanczos' basis spanning the whole space).
 
 Orders: ``which="largest"`` returns λ1 ≥ λ2 ≥ … ≥ λk, the largest *algebraic* eigenvalues;
 ``which="smallest"`` returns the k smallest, smallest first.
@@ -20,9 +22,10 @@ Orders: ``which="largest"`` returns λ1 ≥ λ2 ≥ … ≥ λk, the largest *al
   dominant eigenvalues are the wanted end shifted by −σ, still orthogonally to the values already
   found. The spectrum reports σ and the unshifted values (``dominant``).
 * Lanczos with full reorthogonalisation (Golub & Van Loan §10.1; Ghorbani et al. 2019) builds a
-  Krylov basis one product per step and stops as soon as the k wanted Ritz pairs meet the rule
-  above (estimated residual |β_j s_jk|), then verifies the residuals with one block product.
-  Both ends of the spectrum come directly, without a shift.
+  Krylov basis one product per step, kept in float64 with a float64 Rayleigh–Ritz step whatever
+  the operator's dtype; once the k wanted Ritz pairs meet the rule by their estimated residual,
+  one block product measures the true residuals, and iteration goes on if those fail (see
+  :func:`lanczos`). Both ends of the spectrum come directly, without a shift.
 """
 
 from __future__ import annotations
