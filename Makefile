@@ -8,12 +8,13 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint typecheck pytest bench clean help
+.PHONY: demo test lint typecheck pytest fuzz bench clean help
 
 help:
 	@echo "make demo   create .venv, install curvcal, run 'curvcal demo' on the bundled example (plots in build/demo)"
 	@echo "make test   install dev extras, run ruff, mypy and the whole test suite"
 	@echo "make lint   ruff check and format check"
+	@echo "make fuzz   a long fuzz run of the file loaders (CURVCAL_FUZZ_CASES, CURVCAL_FUZZ_SEED)"
 	@echo "make bench  install the peer libraries (bench extra) and run benchmarks/"
 
 $(BIN)/python:
@@ -46,6 +47,13 @@ pytest: $(VENV)/.stamp-dev
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
+
+# The suite runs a few hundred fuzz cases from a fixed seed; this runs many more from a fresh
+# seed, printed first so a failure can be replayed (CURVCAL_FUZZ_SEED=... make fuzz).
+fuzz: $(VENV)/.stamp-dev
+	@seed=$${CURVCAL_FUZZ_SEED:-$$(date +%s)}; cases=$${CURVCAL_FUZZ_CASES:-5000}; \
+	echo "fuzz: $$cases cases from seed $$seed"; \
+	CURVCAL_FUZZ_SEED=$$seed CURVCAL_FUZZ_CASES=$$cases $(BIN)/python -m pytest -q -m fuzz tests/test_fuzz.py
 
 bench: $(VENV)/.stamp-bench
 	$(BIN)/python benchmarks/bench_hessian.py

@@ -16,6 +16,9 @@ bins with tied confidences, and the widely copied LBFGS temperature recipe.
 
 Peers are imported lazily; a missing one is reported as "not installed" and skipped.
 
+The focal temperature fit with its defaults (10 γ, ECE objective) runs in the same repeats and
+is quoted as a ratio to the plain NLL temperature fit, with its passes over the data.
+
     python benchmarks/bench_calibration.py [--quick] [--repeats R] [--json OUT]
 """
 
@@ -48,7 +51,7 @@ from curvcal.calibration import (
     negative_log_likelihood,
 )
 
-FULL_SIZES = ((1_000_000, 100), (100_000, 1_000))
+FULL_SIZES = ((1_000_000, 100), (50_000, 1_000))
 QUICK_SIZES = ((100_000, 100), (20_000, 1_000))
 OVERCONFIDENCE = 2.5
 N_BINS = 15
@@ -138,6 +141,17 @@ def curvcal_ts(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         "nll_after": fit.nll_after,
         "derivative": fit.derivative,
         "n_evaluations": fit.n_evaluations,
+    }
+
+
+def curvcal_focal(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    fit = fit_focal_temperature(logits, labels)  # defaults: 10 γ, ECE objective
+    return {
+        "gamma": fit.gamma,
+        "temperature": fit.temperature,
+        "ece_after": fit.objective_after,
+        "n_evaluations": fit.n_evaluations,
+        "n_exact_evaluations": fit.n_exact_evaluations,
     }
 
 
@@ -238,7 +252,7 @@ def nll_at(logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> fl
 
 
 def bench_size(
-    n: int, k: int, repeats: int, peers: dict[str, Any], seed: int = 0
+    n: int, k: int, repeats: int, peers: dict[str, Any], seed: int = 0, focal: bool = True
 ) -> dict[str, Any]:
     """Values and timings of one size; the peers run interleaved with curvcal."""
     logits, labels = synthetic_logits(n, k, seed)
@@ -255,6 +269,8 @@ def bench_size(
             timer.run("probmetrics TS", lambda: probmetrics_ts(pm, logits, labels))
         if nc is not None:
             timer.run("netcal ECE+MCE", lambda: netcal_ece_mce(nc, probs, labels_np))
+        if focal:
+            timer.run("curvcal focal TS (defaults)", lambda: curvcal_focal(logits, labels))
     # Values only (not timed against each other beyond one run).
     right = curvcal_right(logits, labels)
     if tm is not None:
@@ -311,10 +327,22 @@ def bench_size(
         )
     if nc is not None:
         peer_totals["netcal ECE+MCE+TS"] = timer.best["netcal ECE+MCE"] + timer.best["netcal TS"]
+    seconds = timer.best
+    metrics_ratios = {
+        name: seconds[name] / seconds["curvcal all metrics"]
+        for name in ("torchmetrics ECE+MCE", "netcal ECE+MCE")
+        if name in seconds
+    }
+    if focal:
+        metrics_ratios["curvcal focal TS / curvcal TS"] = (
+            seconds["curvcal focal TS (defaults)"] / seconds["curvcal TS (NLL)"]
+        )
     return {
         "n": n,
         "k": k,
         "curvcal": ours,
+        "curvcal_focal": timer.values.get("curvcal focal TS (defaults)"),
+        "single_ratios": metrics_ratios,
         "curvcal_right": right,
         "curvcal_ts": ts,
         "agreement": rows,
@@ -378,15 +406,6 @@ def conventions(peers: dict[str, Any], recipe_rows: int) -> dict[str, Any]:
     return out
 
 
-def focal_timing(n: int, k: int) -> dict[str, Any]:
-    """Focal temperature scaling with the ECE objective on one γ grid (curvcal only)."""
-    logits, labels = synthetic_logits(n, k, seed=2)
-    start = time.perf_counter()
-    fit = fit_focal_temperature(logits, labels, gammas=(0.0, 1.0, 3.0))
-    seconds = time.perf_counter() - start
-    return {"n": n, "k": k, "gammas": [0.0, 1.0, 3.0], "seconds": seconds, "gamma": fit.gamma}
-
-
 def markdown(result: dict[str, Any]) -> str:
     """The tables of benchmarks/README.md for one run."""
     lines = []
@@ -410,6 +429,19 @@ def markdown(result: dict[str, Any]) -> str:
         for name, seconds in size["peer_totals_seconds"].items():
             ratio = size["ratios"][name]
             lines.append(f"| {name} | {seconds:.2f} ({ratio:.1f}× curvcal) |")
+        if size["single_ratios"]:
+            lines.append("\n| ratio (same run, minimum of repeats) | value |")
+            lines.append("|---|---:|")
+            for name, ratio in size["single_ratios"].items():
+                label = name if " / " in name else f"{name} / curvcal all metrics"
+                lines.append(f"| {label} | {ratio:.2f} |")
+        if size["curvcal_focal"]:
+            f = size["curvcal_focal"]
+            lines.append(
+                f"\nfocal TS: γ = {f['gamma']}, T = {f['temperature']:.4f}, "
+                f"ECE after {f['ece_after']:.6f}, {f['n_evaluations']} passes over the data "
+                f"({f['n_exact_evaluations']} in float64)"
+            )
     return "\n".join(lines)
 
 
@@ -422,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sizes", metavar="NxK,...", help="override the sizes, e.g. 2000x10,500x50"
     )
     parser.add_argument("--no-peers", action="store_true", help="curvcal only")
-    parser.add_argument("--no-focal", action="store_true", help="skip the focal timing")
+    parser.add_argument("--no-focal", action="store_true", help="skip the focal temperature fit")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.sizes:
@@ -445,16 +477,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     for n, k in sizes:
         print(f"size {n} x {k} ...", file=sys.stderr)
-        result["sizes"].append(bench_size(n, k, args.repeats, peers))
+        result["sizes"].append(bench_size(n, k, args.repeats, peers, focal=not args.no_focal))
     recipe_rows = min(RECIPE_ROWS, sizes[0][0])
     result["conventions"] = conventions(peers, recipe_rows)
-    if not args.no_focal:
-        result["focal"] = focal_timing(*((20_000, 100) if args.quick else (100_000, 100)))
     result["peak_rss_mb"] = peak_rss_mb()
     print(markdown(result))
     print(json.dumps(result["conventions"], indent=2))
-    if "focal" in result:
-        print(json.dumps(result["focal"]))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2)

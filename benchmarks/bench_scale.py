@@ -35,7 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import curvcal
 from curvcal.curvature import eigenvalues, hutchinson_trace
-from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.operator import HessianOperator
 
 Batches = list[tuple[Tensor, Tensor]]
 

@@ -24,6 +24,7 @@ from curvcal.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     CurvcalError,
+    shorten,
 )
 
 
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        text = " ".join(str(exc).split()) or type(exc).__name__
+        text = " ".join(shorten(word) for word in str(exc).split()) or type(exc).__name__
         _error(
             f"internal error: {type(exc).__name__}: {text} "
             "(rerun with --debug for a traceback and please report it)"

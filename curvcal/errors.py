@@ -42,7 +42,27 @@ class CurvcalError(Exception):
         text = f"{self.what}: {self.why}"
         if self.hint:
             text += f" ({self.hint})"
-        return " ".join(text.split())  # always one line
+        return " ".join(shorten(word) for word in text.split())  # always one line
+
+
+#: Longest word (an option value, a path) a message repeats whole; longer ones are cut.
+LONGEST_WORD = 100
+
+
+def shorten(word: str, head: int = 60, tail: int = 20) -> str:
+    """``word`` if it has at most :data:`LONGEST_WORD` characters, else its first ``head`` and
+    last ``tail`` characters around an ellipsis, with the full length: a 100,000-character
+    ``--arch`` must not fill the terminal, and the ends are what tell two values apart."""
+    if len(word) <= LONGEST_WORD:
+        return word
+    # The message's own quotes and punctuation stay outside the cut value.
+    core = word.lstrip("'\"(").rstrip(":,;)'\"")
+    start = word[: len(word) - len(word.lstrip("'\"("))]
+    end = word[len(start) + len(core) :]
+    close = end[: len(end) - len(end.lstrip("'\")"))]
+    return (
+        f"{start}{core[:head]}…{core[-tail:]}{close} [{len(core):,} characters]{end[len(close) :]}"
+    )
 
 
 class InputError(CurvcalError):

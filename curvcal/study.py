@@ -22,12 +22,13 @@ from typing import Any
 from torch import nn
 
 from curvcal.calibration.analysis import CalibrationAnalysis
-from curvcal.calibration.focal import FLSD53
+from curvcal.curvature.batches import BatchSource
 from curvcal.curvature.eigen import eigenvalues
-from curvcal.curvature.flsd53 import FLSD53Hessian
-from curvcal.curvature.hvp import BatchSource, HessianOperator
+from curvcal.curvature.flsd53 import flsd53_group_sizes
+from curvcal.curvature.operator import OperatorOptions, build_operator
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
+from curvcal.losses import FLSD53, LOSS_NAMES, loss_from_name
 
 #: Row attributes correlated, in table order, with their display names.
 CURVATURE_MEASURES = {"lambda_max": "λmax", "trace": "tr(H)"}
@@ -42,7 +43,7 @@ CALIBRATION_MEASURES = {
     "ece_after_fts": "ECE after FTS",
 }
 #: Hessian losses :func:`measure_curvature` knows.
-CURVATURE_LOSSES = ("ce", "focal", FLSD53)
+CURVATURE_LOSSES = LOSS_NAMES
 MIN_CORRELATION_SAMPLES = 3
 
 
@@ -51,7 +52,7 @@ class CurvatureSettings:
     """How every checkpoint's Hessian is measured: λmax by ``method`` (``lanczos`` or ``power``)
     to relative tolerance ``tol`` within ``max_iter`` steps (``None``: the method's default);
     the trace by Hutch++ with ``probes`` products (Rademacher); ``seed`` seeds both; ``engine``,
-    ``mode`` and ``probe_batch`` as for :class:`~curvcal.curvature.hvp.HessianOperator`."""
+    ``mode`` and ``probe_batch`` as for :class:`~curvcal.curvature.operator.HessianOperator`."""
 
     method: str = "lanczos"
     tol: float = 1e-4
@@ -108,39 +109,35 @@ def measure_curvature(
     loss: str,
     gamma: float | None,
     settings: CurvatureSettings,
+    *,
+    cache: str = "auto",
 ) -> CurvatureSummary:
     """λmax and Hutch++ tr(H) of H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over ``batches``.
 
     ``loss`` ``ce``, ``focal`` (with ``gamma``) or ``flsd53`` (the exact Hessian of FLSD-53
-    away from its switching set, see :mod:`curvcal.curvature.flsd53`).
+    away from its switching set, see :mod:`curvcal.losses`); ``cache`` as for
+    :class:`~curvcal.curvature.operator.HessianOperator`. The operator is built by
+    :func:`~curvcal.curvature.operator.build_operator`, so a NaN or Inf stops the measurement
+    with the batches at fault.
     """
-    operator: HessianOperator | FLSD53Hessian
-    if loss == FLSD53:
-        operator = FLSD53Hessian(
-            model,
-            batches,
-            engine=settings.engine,
-            mode=settings.mode,
-            probe_batch=settings.probe_batch,
-        )
-        groups = operator.groups
-        gamma = None
-    elif loss in ("ce", "focal"):
-        if loss == "focal" and gamma is None:
-            raise InputError("gamma", "the focal loss needs γ")
-        operator = HessianOperator(
-            model,
-            batches,
-            criterion=loss,
-            gamma=float(gamma or 0.0) if loss == "focal" else 0.0,
-            engine=settings.engine,
-            mode=settings.mode,
-            probe_batch=settings.probe_batch,
-        )
-        groups = ()
-        gamma = float(gamma or 0.0) if loss == "focal" else None
-    else:
+    if loss not in CURVATURE_LOSSES:
         raise InputError("loss", f"unknown loss {loss!r}", f"one of {', '.join(CURVATURE_LOSSES)}")
+    if loss == "focal" and gamma is None:
+        raise InputError("gamma", "the focal loss needs γ")
+    objective = loss_from_name(loss, float(gamma or 0.0) if loss == "focal" else None)
+    operator = build_operator(
+        model,
+        objective,
+        batches,
+        OperatorOptions(
+            engine=settings.engine,
+            mode=settings.mode,
+            cache=cache,
+            probe_batch=settings.probe_batch,
+        ),
+    )
+    groups = flsd53_group_sizes(operator) if loss == FLSD53 else ()
+    gamma = objective.gamma if loss == "focal" else None
     mean_loss = operator.mean_loss()
     spectrum = eigenvalues(
         operator,

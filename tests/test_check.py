@@ -8,18 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from curvcal.check import (
-    METRICS,
-    MetricValue,
-    Rule,
-    evaluate,
-    find_pyproject_policy,
-    load_policy,
-    load_report,
-    metric_paths,
-    metric_values,
-)
 from curvcal.errors import InputError
+from curvcal.policy.baseline import load_report, metric_paths, metric_values
+from curvcal.policy.evaluate import MetricValue, evaluate
+from curvcal.policy.parse import METRICS, Rule, find_pyproject_policy, load_policy
 
 GOOD = """\
 # release gate

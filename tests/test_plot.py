@@ -10,7 +10,7 @@ import matplotlib.image
 import pytest
 
 from curvcal.errors import InputError
-from curvcal.plot import (
+from curvcal.report.plots import (
     ReliabilityBin,
     ReliabilityPanel,
     per_layer_plot,

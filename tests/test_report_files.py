@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from curvcal.errors import InputError
-from curvcal.report import check_output_path, write_atomic
+from curvcal.report.tables import check_output_path, write_atomic
 
 
 def _unwritable(tmp_path: Path) -> Path:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from curvcal.report import to_json_text
+from curvcal.report.tables import to_json_text
 from curvcal.results import Report, to_jsonable
 
 

@@ -57,7 +57,8 @@ class CalibrationSettings:
     (``nll``, ``ece`` or ``adaece``); ``focal_objective``: the focal-TS objective (``ece``,
     ``nll`` or ``adaece``). ``bins`` equal-width and equal-mass bins with the ``edges``
     convention (``left``: (a, b], ``right``: [a, b)). ``bootstrap`` resamples (0: none) drawn
-    with ``seed``. ``gammas``: the γ grid of focal TS.
+    with ``seed``. ``gammas``: the γ grid of focal TS. ``reliability_classes``: classwise
+    reliability tables of that many classes, most frequent first (0: none).
     """
 
     method: str = "both"
@@ -68,6 +69,7 @@ class CalibrationSettings:
     bootstrap: int = 0
     seed: int = 0
     gammas: tuple[float, ...] = DEFAULT_GAMMAS
+    reliability_classes: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -324,6 +326,7 @@ def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str)
             "bootstrap": settings.bootstrap,
             "seed": settings.seed,
             "labels_source": f"{source} labels",
+            "reliability_classes": settings.reliability_classes,
         }
         if calibrator is None:
             return calibration_metrics(scores, labels, kind=kind, source=source, **options)

@@ -1,4 +1,4 @@
-"""Focal loss and the focal calibration map (Komisarenko & Kull 2024; Charoenphakdee et al. 2021).
+"""The focal calibration map (Komisarenko & Kull 2024; Charoenphakdee et al. 2021).
 
 Per-class focal loss -(1 - q)^γ log q has negated derivative
 
@@ -17,25 +17,13 @@ the denominator by logaddexp, and a final log-softmax.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
-from curvcal.errors import InputError
+# The loss itself lives with the other losses; re-exported here, where it was first public.
+from curvcal.losses import FLSD53, check_gamma, focal_loss
 
-FLSD53 = "flsd53"
-
-
-def check_gamma(gamma: float, what: str = "gamma") -> float:
-    """A finite γ >= 0 as a float, else :class:`InputError`."""
-    if (
-        isinstance(gamma, bool)
-        or not isinstance(gamma, int | float)
-        or not (0 <= gamma < float("inf"))
-    ):
-        raise InputError(what, f"gamma must be a finite number >= 0, got {gamma!r}")
-    return float(gamma)
+__all__ = ["FLSD53", "check_gamma", "focal_calibration_map", "focal_loss", "inverse_g_log"]
 
 
 def inverse_g_log(logp: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -86,43 +74,77 @@ def focal_calibration_map(logp: torch.Tensor, gamma: float) -> torch.Tensor:
     return torch.where(one_hot_row[:, None], logp, mapped)
 
 
-def focal_loss(
-    logits: torch.Tensor, labels: torch.Tensor, gamma: float | str, reduction: str = "mean"
-) -> torch.Tensor:
-    """Focal loss -(1 - p_y)^γ log p_y with p = softmax(logits), differentiable in ``logits``.
+def _power_in_place(base: torch.Tensor, exponent: float) -> torch.Tensor:
+    """base**exponent for base = 1 - q in [1/2, 1], overwriting ``base``.
 
-    ``gamma`` is a number >= 0 or ``"flsd53"`` (Mukhoti et al. 2020: γ = 5 where p_y < 0.2,
-    else 3). The sample-dependent γ is a constant for the gradient. ``reduction`` is
-    ``"mean"`` (default), ``"sum"`` or ``"none"``. Computed in the dtype of ``logits``.
+    Quarter-integer exponents up to 8 in magnitude (those of the default γ grid) go through
+    sqrt and products, several times faster than ``pow`` (an exp and a log per element),
+    which serves every other exponent.
     """
-    if logits.ndim != 2:
-        raise InputError(
-            "logits", f"must be 2-D (samples × classes), got shape {tuple(logits.shape)}"
-        )
-    if labels.ndim != 1 or labels.shape[0] != logits.shape[0]:
-        raise InputError(
-            "labels",
-            f"need one label per row: shape {tuple(labels.shape)} for {logits.shape[0]} rows",
-        )
-    if reduction not in ("mean", "sum", "none"):
-        raise InputError("reduction", f"unknown reduction {reduction!r}", "mean, sum or none")
-    logp_y = torch.log_softmax(logits, dim=1).gather(1, labels[:, None].to(torch.int64))[:, 0]
-    p_y = torch.exp(logp_y)
-    gamma_per_sample: Any
-    if isinstance(gamma, str):
-        if gamma.lower() != FLSD53:
-            raise InputError(
-                "gamma", f"unknown focal-loss gamma {gamma!r}", "a number >= 0 or flsd53"
-            )
-        with torch.no_grad():
-            gamma_per_sample = torch.where(p_y.detach() < 0.2, 5.0, 3.0).to(logits.dtype)
-    else:
-        gamma_per_sample = check_gamma(gamma)
-    # (1 - p)^γ with 0^0 = 1, written as a power of -expm1(log p) for accuracy near p = 1.
-    modulating = torch.pow(-torch.expm1(logp_y), gamma_per_sample)
-    loss = -modulating * logp_y
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    return loss
+    quarters = 4 * exponent
+    if quarters != int(quarters) or abs(exponent) > 8:
+        return base.log_().mul_(exponent).exp_()
+    whole, part = divmod(abs(int(quarters)), 4)
+    result = None
+    if whole:
+        result = base.clone()
+        for _ in range(whole - 1):
+            result.mul_(base)
+    if part:
+        root = base.sqrt_()  # x^(1/2)
+        if part != 2:
+            root.sqrt_()  # x^(1/4)
+            if part == 3:
+                root.mul_(root.square())  # x^(3/4)
+        result = root if result is None else result.mul_(root)
+    if result is None:
+        result = base.fill_(1.0)
+    return result.reciprocal_() if exponent < 0 else result
+
+
+def focal_top_confidence(
+    masked: torch.Tensor,
+    s: float,
+    gamma: float,
+    work: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """max_k φ_γ(softmax(s·z))_k for rows of masked, row-shifted log-probabilities.
+
+    ``masked`` holds z - max_k z (any real dtype) with the top entry of every row replaced by
+    a large negative floor, so w_j = exp(s·z_j) is 0 there and the rest r = Σ_{j≠top} w_j
+    is summed without cancellation. With S = 1 + r, q_top = 1/S, q_j = w_j/S and
+    1/g_γ(q) = q (1-q)^(1-γ) / ((1-q) + γ q (-log q)) (see the module docstring),
+
+        φ_top = 1 / (1 + R),   R = A · (r + γ·log S) · (S / r)^(1-γ),   A = Σ_{j≠top} 1/g_γ(q_j),
+
+    where (r/S)^(1-γ)/(r + γ log S) is 1/g_γ(q_top) written with 1 - q_top = r/S and
+    -log q_top = log S = log1p(r), exact for confident rows. Rows with r = 0 (one-hot) are
+    fixed points: confidence 1. Only the K-wide work is per element (one exp, a few products,
+    one division); nothing N×K is kept. ``work`` are three scratch tensors of at least the
+    shape of ``masked`` (reused across calls to avoid allocations). Returns the confidences
+    in the dtype of ``masked``.
+    """
+    if work is None:
+        work = (torch.empty_like(masked), torch.empty_like(masked), torch.empty_like(masked))
+    first, second, third = (buffer[: masked.shape[0]] for buffer in work)
+    scaled = torch.mul(masked, s, out=first)
+    weight = torch.exp(scaled, out=second)
+    rest = weight.sum(dim=1)
+    if gamma == 0:
+        return torch.reciprocal(rest + 1)
+    log_total = torch.log1p(rest)
+    q = weight.mul_(torch.reciprocal(rest + 1)[:, None])
+    neg_log_q = torch.sub(log_total[:, None], scaled, out=first)  # -log q_j = log S - s·z_j
+    complement = torch.mul(q, -1.0, out=third).add_(1.0)  # 1 - q
+    ratio = neg_log_q.mul_(q).mul_(gamma).add_(complement)  # (1-q) + γ q (-log q)
+    if gamma != 1:
+        ratio.mul_(_power_in_place(complement, gamma - 1))
+    inverse_g = q.div_(ratio)  # 1/g_γ(q_j); 0 at the masked top entry
+    total = inverse_g.sum(dim=1)
+    log_ratio = (
+        torch.log(total)
+        + torch.log(rest + gamma * log_total)
+        + (1 - gamma) * (log_total - torch.log(rest))
+    )
+    confidence = torch.reciprocal(torch.exp(log_ratio).add_(1))
+    return torch.where(rest > 0, confidence, torch.ones_like(confidence))

@@ -72,6 +72,19 @@ def log_probabilities(scores: Any, kind: str = "logits", source: str = "scores")
     to exactly 1.0 cannot); probabilities through ``log``. The caller's tensor is not modified.
     Raises :class:`InputError` naming ``source`` for a wrong shape, dtype or value.
     """
+    z = validated_scores(scores, kind, source)
+    n, k = z.shape
+    out = torch.empty((n, k), dtype=torch.float64)
+    step = chunk_rows(k)
+    for start in range(0, n, step):
+        out[start : start + step] = chunk_log_probabilities(
+            z[start : start + step], kind, start, source
+        )
+    return out
+
+
+def validated_scores(scores: Any, kind: str, source: str) -> torch.Tensor:
+    """``scores`` as a 2-D, non-empty CPU tensor of a dtype ``kind`` allows (values unchecked)."""
     check_kind(kind)
     z = as_tensor(scores, source)
     if z.ndim != 2:
@@ -83,43 +96,48 @@ def log_probabilities(scores: Any, kind: str = "logits", source: str = "scores")
         raise InputError(source, f"scores are empty (shape {tuple(z.shape)})")
     if not (z.is_floating_point() or (z.dtype in (torch.int32, torch.int64) and kind == "logits")):
         raise InputError(source, f"scores must be floating point, got {z.dtype}")
-    if z.device.type != "cpu":
-        z = z.cpu()
-    out = torch.empty((n, k), dtype=torch.float64)
-    step = chunk_rows(k)
-    for start in range(0, n, step):
-        block = z[start : start + step].to(torch.float64)
-        rows = f"rows {start}..{start + block.shape[0] - 1}"
-        if kind == "logits":
-            if not _all_finite(block):
-                bad = start + int((~torch.isfinite(block)).any(dim=1).nonzero()[0, 0])
-                raise InputError(source, f"logits contain NaN or infinity (first at row {bad})")
-            out[start : start + step] = torch.log_softmax(block, dim=1)
-            continue
-        if kind == "probs":
-            if not _all_finite(block):
-                raise InputError(source, f"probabilities contain NaN or infinity ({rows})")
-            if (block < 0).any():
-                raise InputError(source, f"probabilities contain negative values ({rows})")
-            total = block.sum(dim=1)
-            logp = torch.log(block)
-        else:
-            if torch.isnan(block).any() or (block == float("inf")).any():
-                raise InputError(source, f"log-probabilities contain NaN or +inf ({rows})")
-            if (block > 0).any():
-                raise InputError(source, f"log-probabilities must be <= 0 ({rows})")
-            total = torch.exp(block).sum(dim=1)
-            logp = block
-        off = (total - 1.0).abs() > PROB_SUM_TOL
-        if off.any():
-            bad = int(off.nonzero()[0, 0])
-            raise InputError(
-                source,
-                f"row {start + bad} sums to {float(total[bad]):.6g}, not 1 (tolerance {PROB_SUM_TOL:g})",
-                "pass --kind logits if these are logits",
-            )
-        out[start : start + step] = logp
-    return out
+    return z.cpu() if z.device.type != "cpu" else z
+
+
+def check_finite_logits(block: torch.Tensor, start: int, source: str) -> None:
+    """:class:`InputError` naming the first row (offset by ``start``) holding a NaN or inf."""
+    if not _all_finite(block):
+        bad = start + int((~torch.isfinite(block)).any(dim=1).nonzero()[0, 0])
+        raise InputError(source, f"logits contain NaN or infinity (first at row {bad})")
+
+
+def chunk_log_probabilities(
+    scores: torch.Tensor, kind: str, start: int, source: str
+) -> torch.Tensor:
+    """float64 log-probabilities of one chunk of rows (the first is row ``start``), validated."""
+    block = scores.to(torch.float64)
+    rows = f"rows {start}..{start + block.shape[0] - 1}"
+    if kind == "logits":
+        check_finite_logits(block, start, source)
+        return torch.log_softmax(block, dim=1)
+    if kind == "probs":
+        if not _all_finite(block):
+            raise InputError(source, f"probabilities contain NaN or infinity ({rows})")
+        if (block < 0).any():
+            raise InputError(source, f"probabilities contain negative values ({rows})")
+        total = block.sum(dim=1)
+        logp = torch.log(block)
+    else:
+        if torch.isnan(block).any() or (block == float("inf")).any():
+            raise InputError(source, f"log-probabilities contain NaN or +inf ({rows})")
+        if (block > 0).any():
+            raise InputError(source, f"log-probabilities must be <= 0 ({rows})")
+        total = torch.exp(block).sum(dim=1)
+        logp = block
+    off = (total - 1.0).abs() > PROB_SUM_TOL
+    if off.any():
+        bad = int(off.nonzero()[0, 0])
+        raise InputError(
+            source,
+            f"row {start + bad} sums to {float(total[bad]):.6g}, not 1 (tolerance {PROB_SUM_TOL:g})",
+            "pass --kind logits if these are logits",
+        )
+    return logp
 
 
 def class_labels(
@@ -141,23 +159,3 @@ def class_labels(
             "the number of classes is the number of score columns",
         )
     return y
-
-
-NAN_POLICIES = ("error", "drop")
-
-
-def nonfinite_rows(scores: torch.Tensor) -> torch.Tensor:
-    """Indices (int64, ascending) of the rows of an N×K ``scores`` tensor holding a NaN or an
-    infinity; empty when every row is finite."""
-    if scores.ndim != 2:
-        raise InputError("scores", f"must be 2-D (N, K), got shape {tuple(scores.shape)}")
-    return (~torch.isfinite(scores)).any(dim=1).nonzero().reshape(-1)
-
-
-def drop_rows(
-    scores: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``scores`` and ``labels`` without the given ``rows`` (new tensors; inputs untouched)."""
-    keep = torch.ones(scores.shape[0], dtype=torch.bool)
-    keep[rows] = False
-    return scores[keep], labels[keep]

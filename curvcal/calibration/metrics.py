@@ -28,12 +28,21 @@ from typing import Any
 import torch
 
 from curvcal.calibration import bins as binning
-from curvcal.calibration.inputs import check_bins, chunk_rows, class_labels, log_probabilities
-from curvcal.calibration.results import CalibrationMetrics, ReliabilityBin
+from curvcal.calibration.inputs import (
+    check_bins,
+    check_finite_logits,
+    chunk_log_probabilities,
+    class_labels,
+    validated_scores,
+)
+from curvcal.calibration.results import CalibrationMetrics, ClassReliability, ReliabilityBin
 from curvcal.calibration.smooth import smooth_ece
 from curvcal.errors import InputError
 
 INTERVAL_LEVEL = 0.95
+#: Elements per chunk of the metrics scan: larger than the solvers' chunks, as the scan makes
+#: about thirty small calls per chunk and with many classes their overhead dominated.
+SCAN_ELEMENTS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -51,45 +60,114 @@ def top_label(logp: torch.Tensor, labels: torch.Tensor) -> TopLabel:
     return _scan(logp, labels)[0]
 
 
-def _scan(
-    logp: torch.Tensor, labels: torch.Tensor, n_bins: int = 0, edges: str = "left"
-) -> tuple[TopLabel, torch.Tensor, torch.Tensor]:
-    """One cache-sized pass over the log-probabilities: the top-label quantities and, when
-    ``n_bins`` > 0, the classwise per-(class, bin) sums of p_k and of 1[y = k] (K×M each).
+def _probabilities(
+    block: torch.Tensor, y: torch.Tensor, kind: str | None, start: int, source: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(p, confidence, prediction, -log p_y) of one chunk, p in a new float64 tensor.
 
-    p = exp(log p) is computed once per chunk and serves the confidence, the Brier score
-    Σ_k p_k² - 2 p_y + 1 (no one-hot matrix) and the classwise bins, which are counted by
-    ``bincount`` on flattened (class, bin) indices; 1[y = k] is non-zero once per row, so its
-    sums need only the N label entries.
+    Logits: z - max z is exponentiated once; that one exp gives the normaliser S = Σ_k
+    exp(z_k - max z), p = exp(z - max z)/S, confidence = exp(-log S) and -log p_y =
+    log S - (z_y - max z), the numbers log_softmax gives, without a second N×K exp.
+    Other kinds: validated float64 log-probabilities (``kind`` None: already validated).
     """
-    n, k = logp.shape
+    if kind == "logits":
+        shifted = block.to(torch.float64, copy=True)
+        check_finite_logits(shifted, start, source)
+        top, prediction = shifted.max(dim=1)  # first maximal index on ties
+        shifted -= top[:, None]
+        shifted_y = shifted.gather(1, y[:, None])[:, 0]
+        p = shifted.exp_()
+        log_total = p.sum(dim=1).log_()
+        p *= torch.exp(-log_total)[:, None]
+        return p, torch.exp(-log_total), prediction, log_total - shifted_y
+    logp = block if kind is None else chunk_log_probabilities(block, kind, start, source)
+    top, prediction = logp.max(dim=1)
+    return torch.exp(logp), torch.exp(top), prediction, -logp.gather(1, y[:, None])[:, 0]
+
+
+def _first_bin_limit(n_bins: int, edges: str) -> float:
+    """The largest p that :func:`bins.equal_width_index` puts in bin 0 (inf for one bin).
+
+    The index is monotone in p, so ``p > limit`` is exactly "bin index > 0": the classwise
+    sums need the full binning only for those entries (at most M - 1 per row, as Σ_k p_k = 1).
+    """
+    if n_bins == 1:
+        return math.inf
+
+    def first(value: float) -> bool:
+        return (
+            int(
+                binning.equal_width_index(
+                    torch.tensor([value], dtype=torch.float64), n_bins, edges
+                )[0]
+            )
+            == 0
+        )
+
+    limit = 1.0 / n_bins
+    while not first(limit):
+        limit = math.nextafter(limit, 0.0)
+    while first(math.nextafter(limit, 1.0)):
+        limit = math.nextafter(limit, 1.0)
+    return limit
+
+
+def _scan(
+    scores: torch.Tensor,
+    labels: torch.Tensor,
+    n_bins: int = 0,
+    edges: str = "left",
+    kind: str | None = None,
+    source: str = "scores",
+) -> tuple[TopLabel, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One cache-sized pass over the scores: the top-label quantities and, when ``n_bins`` >
+    0, the classwise per-(class, bin) sums of p_k and of 1[y = k] and counts (K×M each).
+
+    ``scores`` are raw scores of ``kind`` (validated chunk by chunk) or, with ``kind`` None,
+    validated float64 log-probabilities. p is computed once per chunk and serves the
+    confidence, the Brier score Σ_k p_k² - 2 p_y + 1 (no one-hot matrix) and the classwise
+    bins. Entries in bin 0 (all but at most M - 1 per row) are summed per class by one
+    column sum; the others are binned and counted by ``bincount`` on flattened (class, bin)
+    indices; 1[y = k] is non-zero once per row, so its sums need only the N label entries.
+    """
+    n, k = scores.shape
     confidence = torch.empty(n, dtype=torch.float64)
     correct = torch.empty(n, dtype=torch.float64)
     nll = torch.empty(n, dtype=torch.float64)
     brier = torch.empty(n, dtype=torch.float64)
     size = k * n_bins
     sum_p = torch.zeros(size, dtype=torch.float64)
+    sum_p_first = torch.zeros(k, dtype=torch.float64)
     sum_y = torch.zeros(size, dtype=torch.float64)
-    offset = torch.arange(k) * n_bins
-    step = chunk_rows(k)
-    buffer = torch.empty((step, k), dtype=torch.float64)
+    count = torch.zeros(size, dtype=torch.float64)
+    count_above = torch.zeros(k, dtype=torch.float64)
+    limit = _first_bin_limit(n_bins, edges) if n_bins else math.inf
+    step = max(1, SCAN_ELEMENTS // k)
     for start in range(0, n, step):
-        block, y = logp[start : start + step], labels[start : start + step]
+        block, y = scores[start : start + step], labels[start : start + step]
         rows = slice(start, start + block.shape[0])
-        top, prediction = block.max(dim=1)  # first maximal index on ties
-        logp_y = block.gather(1, y[:, None])[:, 0]
-        p = torch.exp(block, out=buffer[: block.shape[0]])
-        p_y = torch.exp(logp_y)
-        torch.exp(top, out=confidence[rows])
+        p, confidence[rows], prediction, nll[rows] = _probabilities(block, y, kind, start, source)
+        p_y = p.gather(1, y[:, None])[:, 0]
         correct[rows] = prediction == y
-        torch.neg(logp_y, out=nll[rows])
         brier[rows] = torch.linalg.vecdot(p, p) - 2 * p_y + 1
         if n_bins:
-            flat = binning.equal_width_index(p, n_bins, edges).add_(offset)
-            sum_p += torch.bincount(flat.view(-1), weights=p.view(-1), minlength=size)
-            sum_y += torch.bincount(flat.gather(1, y[:, None])[:, 0], minlength=size)
+            above = p > limit
+            row, column = above.nonzero(as_tuple=True)
+            values = p[row, column]
+            sum_p_first += p.masked_fill_(above, 0.0).sum(dim=0)
+            flat = binning.equal_width_index(values, n_bins, edges).add_(column * n_bins)
+            sum_p += torch.bincount(flat, weights=values, minlength=size)
+            count += torch.bincount(flat, minlength=size)
+            count_above += torch.bincount(column, minlength=k)
+            label_bin = binning.equal_width_index(p_y, n_bins, edges).add_(y * n_bins)
+            sum_y += torch.bincount(label_bin, minlength=size)
     top_label = TopLabel(confidence, correct, nll, brier)
-    return top_label, sum_p.view(k, max(n_bins, 0)), sum_y.view(k, max(n_bins, 0))
+    columns = max(n_bins, 0)
+    sum_p, count = sum_p.view(k, columns), count.view(k, columns)
+    if n_bins:
+        sum_p[:, 0] += sum_p_first
+        count[:, 0] += n - count_above
+    return top_label, sum_p, sum_y.view(k, columns), count
 
 
 @dataclass(frozen=True)
@@ -159,19 +237,24 @@ def _equal_mass(
 
 
 def _classwise_sums(
-    logp: torch.Tensor, labels: torch.Tensor, n_bins: int, edges: str
+    scores: torch.Tensor, labels: torch.Tensor, n_bins: int, edges: str, kind: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per (class, bin) sums of p_k and 1[y = k], each K×M."""
-    _, sum_p, sum_y = _scan(logp, labels, n_bins, edges)
+    _, sum_p, sum_y, _ = _scan(scores, labels, n_bins, edges, kind)
     return sum_p, sum_y
+
+
+def _top(scores: torch.Tensor, labels: torch.Tensor, kind: str) -> TopLabel:
+    return _scan(scores, labels, kind=kind)[0]
 
 
 def _prepare(
     scores: Any, labels: Any, kind: str, n_bins: int, edges: str, source: str, labels_source: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores checked for shape and dtype (values are checked by the scan) and labels."""
     check_bins(n_bins, edges)
-    logp = log_probabilities(scores, kind, source)
-    return logp, class_labels(labels, logp.shape[0], logp.shape[1], labels_source)
+    z = validated_scores(scores, kind, source)
+    return z, class_labels(labels, z.shape[0], z.shape[1], labels_source)
 
 
 def calibration_metrics(
@@ -184,13 +267,16 @@ def calibration_metrics(
     seed: int = 0,
     source: str = "scores",
     labels_source: str = "labels",
+    reliability_classes: int = 0,
 ) -> CalibrationMetrics:
     """Every metric of the module docstring in one pass over N×K ``scores``.
 
     ``kind`` is ``"logits"``, ``"probs"`` or ``"logprobs"`` (never guessed); ``bins`` equal-width
     and equal-mass bins; ``edges`` ``"left"`` for (a, b] or ``"right"`` for [a, b);
     ``bootstrap`` resamples (0 = no intervals) drawn from a generator seeded by ``seed``.
-    ``source``/``labels_source`` name the inputs in error messages.
+    ``source``/``labels_source`` name the inputs in error messages. ``reliability_classes``
+    > 0 adds the classwise reliability tables of that many classes, the most frequent labels
+    first (ties to the lower index).
 
     >>> import torch
     >>> m = calibration_metrics(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))
@@ -201,9 +287,9 @@ def calibration_metrics(
         raise InputError(
             "bootstrap", f"the number of resamples must be an integer >= 0, got {bootstrap!r}"
         )
-    logp, y = _prepare(scores, labels, kind, bins, edges, source, labels_source)
-    n, k = logp.shape
-    top, c_p, c_y = _scan(logp, y, bins, edges)
+    z, y = _prepare(scores, labels, kind, bins, edges, source, labels_source)
+    n, k = z.shape
+    top, c_p, c_y, c_n = _scan(z, y, bins, edges, kind, source)
     index, count, sum_conf, sum_correct = _equal_width(top, bins, edges)
     width = binned_errors(count, sum_conf, sum_correct)
     bin_edges = binning.equal_width_edges(bins)
@@ -240,6 +326,33 @@ def calibration_metrics(
         n_bootstrap=bootstrap,
         interval_level=INTERVAL_LEVEL,
         intervals=intervals,
+        class_bins=_class_tables(c_n, c_p, c_y, y, reliability_classes),
+    )
+
+
+def _class_tables(
+    count: torch.Tensor,
+    sum_p: torch.Tensor,
+    sum_y: torch.Tensor,
+    labels: torch.Tensor,
+    n_classes: int,
+) -> tuple[ClassReliability, ...]:
+    """Classwise reliability tables of the ``n_classes`` most frequent labels."""
+    if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 0:
+        raise InputError("reliability_classes", f"must be an integer >= 0, got {n_classes!r}")
+    if not n_classes:
+        return ()
+    k, n_bins = count.shape
+    frequency = torch.bincount(labels, minlength=k)
+    order = sorted(range(k), key=lambda c: (-int(frequency[c]), c))[:n_classes]
+    edges = binning.equal_width_edges(n_bins)
+    return tuple(
+        ClassReliability(
+            c,
+            int(frequency[c]),
+            reliability_table(count[c], sum_p[c], sum_y[c], edges[:-1], edges[1:]),
+        )
+        for c in order
     )
 
 
@@ -289,18 +402,18 @@ def _bootstrap_intervals(
 def accuracy(scores: Any, labels: Any, kind: str = "logits") -> float:
     """Top-1 accuracy (argmax, lowest index on ties)."""
     logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
-    return float(top_label(logp, y).correct.mean())
+    return float(_top(logp, y, kind).correct.mean())
 
 
 def mean_confidence(scores: Any, labels: Any, kind: str = "logits") -> float:
     """Mean of the top-label confidence max_k p_k."""
     logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
-    return float(top_label(logp, y).confidence.mean())
+    return float(_top(logp, y, kind).confidence.mean())
 
 
 def _width_errors(scores: Any, labels: Any, kind: str, bins: int, edges: str) -> BinnedErrors:
     logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
-    _, count, sum_conf, sum_correct = _equal_width(top_label(logp, y), bins, edges)
+    _, count, sum_conf, sum_correct = _equal_width(_top(logp, y, kind), bins, edges)
     return binned_errors(count, sum_conf, sum_correct)
 
 
@@ -336,7 +449,7 @@ def adaptive_calibration_error(
 ) -> float:
     """AdaECE: the ECE formula over equal-mass, tie-safe bins."""
     logp, y = _prepare(scores, labels, kind, bins, "left", "scores", "labels")
-    count, sum_conf, sum_correct, _, _ = _equal_mass(top_label(logp, y), bins)
+    count, sum_conf, sum_correct, _, _ = _equal_mass(_top(logp, y, kind), bins)
     return binned_errors(count, sum_conf, sum_correct).ece
 
 
@@ -345,7 +458,7 @@ def classwise_calibration_error(
 ) -> float:
     """Classwise ECE: mean over all K classes of the equal-width ECE of p_k against 1[y = k]."""
     logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
-    sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
+    sum_p, sum_y = _classwise_sums(logp, y, bins, edges, kind)
     return float(((sum_y - sum_p).abs().sum(dim=1) / logp.shape[0]).mean())
 
 
@@ -358,20 +471,20 @@ def positive_class_calibration_error(
         raise InputError(
             "scores", f"the positive-class ECE needs K = 2 classes, got {logp.shape[1]}"
         )
-    sum_p, sum_y = _classwise_sums(logp, y, bins, edges)
+    sum_p, sum_y = _classwise_sums(logp, y, bins, edges, kind)
     return float((sum_y[1] - sum_p[1]).abs().sum()) / logp.shape[0]
 
 
 def negative_log_likelihood(scores: Any, labels: Any, kind: str = "logits") -> float:
     """Mean -log p_y in nats (infinite when some p_y is exactly 0)."""
     logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
-    return float(top_label(logp, y).nll.mean())
+    return float(_top(logp, y, kind).nll.mean())
 
 
 def brier_score(scores: Any, labels: Any, kind: str = "logits") -> float:
     """Mean over samples of Σ_k (p_k - 1[y = k])² (sum over classes)."""
     logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
-    return float(top_label(logp, y).brier.mean())
+    return float(_top(logp, y, kind).brier.mean())
 
 
 def reliability_bins(
@@ -384,7 +497,7 @@ def reliability_bins(
 ) -> tuple[ReliabilityBin, ...]:
     """The reliability table behind ECE (``"equal-width"``) or AdaECE (``"equal-mass"``)."""
     logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
-    top = top_label(logp, y)
+    top = _top(logp, y, kind)
     if binning_scheme == "equal-width":
         _, count, sum_conf, sum_correct = _equal_width(top, bins, edges)
         bin_edges = binning.equal_width_edges(bins)

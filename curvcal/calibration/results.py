@@ -38,6 +38,17 @@ class SmoothECE:
 
 
 @dataclass(frozen=True)
+class ClassReliability:
+    """The classwise reliability table of one class k: equal-width bins of p_k, each with
+    the number of samples, the mean p_k and the frequency of y = k (the classwise-ECE sums);
+    ``n_labels`` samples carry the label k."""
+
+    class_index: int
+    n_labels: int
+    bins: tuple[ReliabilityBin, ...]
+
+
+@dataclass(frozen=True)
 class CalibrationMetrics:
     """Every calibration metric of one set of scores, computed in one pass in float64.
 
@@ -72,6 +83,7 @@ class CalibrationMetrics:
     n_bootstrap: int = 0
     interval_level: float = 0.95
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    class_bins: tuple[ClassReliability, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,9 +107,11 @@ class Calibrator:
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
         """float64 log-probabilities of the calibrated ``scores`` (N×K tensor)."""
-        from curvcal.calibration.scaling import apply_calibrator
+        from curvcal.calibration.maps import calibrated_log_probabilities
 
-        return apply_calibrator(self, scores, kind, source)
+        return calibrated_log_probabilities(
+            scores, kind, source, self.temperature, self.gamma, identity=self.method == "none"
+        )
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "calibrator") -> Calibrator:
@@ -172,6 +186,7 @@ class FocalProfilePoint:
     temperature: float
     objective: float
     at_bracket_end: bool
+    n_evaluations: int = 0
 
 
 @dataclass(frozen=True)
@@ -179,7 +194,9 @@ class FocalTemperatureFit:
     """Focal temperature scaling (Komisarenko & Kull 2024): p = φ_γ(softmax(z / T)).
 
     ``profile`` holds the best T and objective for every γ of the grid (γ is weakly
-    identified: read the profile, not only the chosen pair).
+    identified: read the profile, not only the chosen pair). ``n_evaluations`` counts the
+    passes over the N×K scores (one per (γ, T) evaluated, plus the objective before and the
+    NLL after), ``n_exact_evaluations`` those made in float64.
     """
 
     gamma: float
@@ -193,6 +210,8 @@ class FocalTemperatureFit:
     bracket: tuple[float, float]
     grid_step: float | None
     n_samples: int
+    n_evaluations: int = 0
+    n_exact_evaluations: int = 0
 
     @property
     def calibrator(self) -> Calibrator:

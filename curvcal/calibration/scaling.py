@@ -6,14 +6,17 @@ d²N/ds² = mean[Var_p z]. The NLL fit runs a bounded Brent search on ln T over 
 (default T ∈ [0.01, 100]; it can never return T <= 0 or NaN) unless the slope at an end
 of the bracket already shows the minimum lies on that end, then polishes with safeguarded
 Newton steps in s inside the bracket until |dN/d ln T| < 1e-10. The ``"ece"``/``"adaece"``
-objectives use a log-spaced grid (Mukhoti et al. 2020 pick T by grid search): a coarse grid of
-step 10·``grid_step`` in ln T over the bracket, then a fine grid of step ``grid_step`` around
-the coarse minimum; ties go to the T closest to 1.
+objectives pick T on a lattice of step ``grid_step`` in ln T over the bracket (Mukhoti et al.
+2020 pick T by grid search): the lowest objective, ties to the T closest to 1, found without
+visiting the whole lattice by the exact bound of :mod:`curvcal.calibration.lattice`.
 
 Focal temperature scaling (Komisarenko & Kull 2024): p = φ_γ(softmax(z / T)), φ_γ the focal
 calibration map. For every γ of the grid (default includes 0, which is temperature scaling
-exactly) T is fitted over the bracket by the same routine as above; γ is then the grid value
-with the lowest objective (``"ece"`` by default, ``"nll"`` optional). φ_γ preserves the order
+exactly) T is fitted over the bracket by the same routine as above, each γ's search starting
+where the previous one crossed (the optimum T grows with γ); γ is then the grid value with the
+lowest objective (``"ece"`` by default, ``"nll"`` optional). The ECE searches run on float32
+top-label confidences of a fused kernel (:func:`focal_top_confidence`), exact in their binning,
+and every near-tie is decided in float64. φ_γ preserves the order
 of the classes, so predictions never change and the correctness vector is that of z.
 
 Scores are converted once to float64 log-probabilities (log_softmax); T then divides those,
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,13 +35,15 @@ import torch
 from scipy.optimize import minimize_scalar
 
 from curvcal.calibration import bins as binning
-from curvcal.calibration.focal import check_gamma, focal_calibration_map
+from curvcal.calibration import lattice
+from curvcal.calibration.focal import check_gamma, focal_top_confidence
 from curvcal.calibration.inputs import (
     check_bins,
     chunk_rows,
     class_labels,
     log_probabilities,
 )
+from curvcal.calibration.maps import calibrated as _calibrated
 from curvcal.calibration.metrics import binned_errors
 from curvcal.calibration.results import (
     Calibrator,
@@ -54,8 +60,11 @@ DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
 DEFAULT_GRID_STEP = 0.01
 POLISH_TOL = 1e-10
 SEARCH_PASSES = 80
-#: Elements of one batched pass of the grid search (several temperatures at once).
-GRID_ELEMENTS = 1 << 20
+#: Bound on |float32 - float64| of a top-label confidence of the fast search (seen: 2.5e-7 at
+#: K = 1,000); the float64 comparison of the final candidates checks it.
+FLOAT32_ERROR = 1e-5
+#: Margin of the comparisons of float64 objective values (summation order only).
+EXACT_TOLERANCE = 1e-12
 #: Curvature d²N/d(ln s)² below which the NLL counts as flat (then an end of the bracket is tried).
 FLAT_CURVATURE = 1e-8
 
@@ -76,6 +85,7 @@ class _Scores:
         n, k = logp.shape
         self.step = chunk_rows(k)
         self.labels = labels
+        self.top_index = torch.empty(n, dtype=torch.int64)
         self.correct = torch.empty(n, dtype=torch.float64)
         self.logp_y = torch.empty(n, dtype=torch.float64)
         nll_sum = 0.0
@@ -85,6 +95,7 @@ class _Scores:
             block, y = logp[i : i + self.step], labels[i : i + self.step]
             top, prediction = block.max(dim=1, keepdim=True)
             log_y = block.gather(1, y[:, None])
+            self.top_index[i : i + self.step] = prediction[:, 0]
             self.correct[i : i + self.step] = (prediction[:, 0] == y).to(torch.float64)
             nll_sum -= float(log_y.sum())
             block -= top  # logp is our own copy
@@ -100,10 +111,45 @@ class _Scores:
         return [(i, self.logp[i : i + self.step]) for i in range(0, self.logp.shape[0], self.step)]
 
     def single_precision(self) -> torch.Tensor:
-        """A float32 copy of the shifted log-probabilities (made once, for the fast search)."""
+        """A float32 copy of the shifted log-probabilities with the top entry of every row
+        set to ``LOG_FLOOR`` (made once, for the fast searches).
+
+        Masking the top entry (which is 0, weight exp(s·0) = 1) lets the rest Σ_{j≠top} exp(s·z_j)
+        be summed on its own, which the focal confidence needs; it leaves Σ_j w_j·z_j and
+        Σ_j w_j·z_j² unchanged, and the NLL pass adds the top weight 1 back.
+        """
         if self._logp32 is None:
-            self._logp32 = self.logp.to(torch.float32)
+            masked = torch.empty(self.logp.shape, dtype=torch.float32)
+            for i, block in self.chunks():
+                rows = masked[i : i + block.shape[0]]
+                rows.copy_(block)
+                rows.scatter_(1, self.top_index[i : i + block.shape[0], None], LOG_FLOOR)
+            self._logp32 = masked
         return self._logp32
+
+    def masked(self, rows: slice | torch.Tensor) -> torch.Tensor:
+        """float64 shifted log-probabilities of ``rows`` with the top entry set to ``LOG_FLOOR``."""
+        block = self.logp[rows].clone()
+        return block.scatter_(1, self.top_index[rows][:, None], LOG_FLOOR)
+
+    def top_confidence(self, s: float, gamma: float, single: bool = False) -> torch.Tensor:
+        """Top-label confidence of φ_γ(softmax(s·z)) for every row, as float64 (length N).
+
+        ``single`` computes it from the float32 copy (error about 1e-7, bounded by
+        ``FLOAT32_ERROR`` where it matters; see :func:`_fast_point`).
+        """
+        n = self.logp.shape[0]
+        out = torch.empty(n, dtype=torch.float64)
+        source = self.single_precision() if single else None
+        dtype = torch.float32 if single else torch.float64
+        shape = (min(n, self.step), self.logp.shape[1])
+        first, second, third = (torch.empty(shape, dtype=dtype) for _ in range(3))
+        work = (first, second, third)
+        for i in range(0, n, self.step):
+            rows = slice(i, min(n, i + self.step))
+            block = source[rows] if source is not None else self.masked(rows)
+            out[rows] = focal_top_confidence(block, s, gamma, work)
+        return out
 
     def log_partition(self, s: float) -> torch.Tensor:
         """log Σ_k exp(s·z_k) for every row (length N)."""
@@ -133,6 +179,8 @@ class _Scores:
             block = logp[i : i + self.step]
             w = torch.mul(block, s, out=buffer[: block.shape[0]]).exp_()
             total = w.sum(dim=1)
+            if single:
+                total += 1  # the masked top entry's weight
             wz = torch.mul(w, block, out=weighted[: block.shape[0]])
             mean_z = wz.sum(dim=1).div_(total)
             mean_z2 = wz.mul_(block).sum(dim=1).div_(total)
@@ -151,11 +199,6 @@ class _Scores:
 
     def scaled_log_probs(self, s: float, gamma: float) -> list[torch.Tensor]:
         return [_calibrated(block, s, gamma) for _, block in self.chunks()]
-
-
-def _calibrated(logp: torch.Tensor, s: float, gamma: float) -> torch.Tensor:
-    scaled = torch.log_softmax(s * logp, dim=1)
-    return focal_calibration_map(scaled, gamma) if gamma else scaled
 
 
 def _objective(
@@ -206,72 +249,125 @@ def _check_grid_step(grid_step: float) -> float:
     return float(grid_step)
 
 
-def _grid_minimum(
-    values_at: Callable[[np.ndarray], np.ndarray], low: float, high: float, step: float
-) -> tuple[float, float, int]:
-    """Minimise over u ∈ [low, high]: coarse grid (10·step), then fine grid (step).
+def _binned_value(
+    confidence: torch.Tensor, correct: torch.Tensor, objective: str, n_bins: int, edges: str
+) -> float:
+    """ECE (equal-width bins) or AdaECE (equal-mass bins) of the top-label confidences."""
+    if objective == "ece":
+        index = binning.equal_width_index(confidence, n_bins, edges)
+    else:
+        index = binning.equal_mass_index(confidence, n_bins)
+    return binned_errors(*binning.bin_sums(index, confidence, correct, n_bins)).ece
 
-    ``values_at`` maps an array of grid points to their objective values in one call, so a
-    whole grid is evaluated as one batched pass.
+
+def _exact_point(
+    scores: _Scores, s: float, gamma: float, objective: str, n_bins: int, edges: str
+) -> lattice.LatticePoint:
+    """Objective and mean confidence at s = 1/T from float64 confidences (one pass)."""
+    confidence = scores.top_confidence(s, gamma)
+    value = _binned_value(confidence, scores.correct, objective, n_bins, edges)
+    return lattice.LatticePoint(value, float(confidence.mean()))
+
+
+def _fast_point(
+    scores: _Scores, s: float, gamma: float, n_bins: int, edges: str
+) -> lattice.LatticePoint:
+    """ECE and mean confidence from float32 confidences, each within ``FLOAT32_ERROR``.
+
+    A float32 confidence differs from the float64 one by about 1e-7 (bounded by
+    ``FLOAT32_ERROR``), which moves a sum of N confidences by at most N·FLOAT32_ERROR, but
+    would put a confidence that close to a bin edge in the wrong bin: those few rows are
+    recomputed in float64, so every bin holds exactly the samples it holds in float64 and the
+    ECE is off by at most ``FLOAT32_ERROR``.
     """
-
-    def best(points: np.ndarray) -> tuple[float, float]:
-        values = values_at(points)
-        minimal = np.flatnonzero(values <= values.min())
-        pick = minimal[np.argmin(np.abs(points[minimal]))]  # ties: the T closest to 1
-        return float(points[pick]), float(values[pick])
-
-    coarse = np.unique(np.append(np.arange(low, high, 10 * step), high))
-    u0, _ = best(coarse)
-    fine = np.unique(np.clip(u0 + step * np.arange(-10, 11), low, high))
-    u1, value = best(fine)
-    return u1, value, coarse.size + fine.size
+    confidence = scores.top_confidence(s, gamma, single=True)
+    scaled = confidence * n_bins
+    nearest = torch.round(scaled)
+    near_edge = ((scaled - nearest).abs_() <= FLOAT32_ERROR * n_bins) & (nearest > 0)
+    near_edge &= nearest < n_bins
+    rows = near_edge.nonzero()[:, 0]
+    if rows.numel():
+        confidence[rows] = focal_top_confidence(scores.masked(rows), s, gamma)
+    value = _binned_value(confidence, scores.correct, "ece", n_bins, edges)
+    return lattice.LatticePoint(value, float(confidence.mean()))
 
 
-def _top_confidences(scores: _Scores, s_values: np.ndarray, gamma: float) -> torch.Tensor:
-    """Top-label confidence of φ_γ(softmax(s·z)) for every s (rows) and sample (columns).
+@dataclass(frozen=True)
+class _GammaFit:
+    """The lattice minimum at one γ: index, value (float64 when ``exact``), passes, crossing."""
 
-    Several values of s go through one batched pass (G·rows × K, at most ``GRID_ELEMENTS``
-    elements a pass), which is what makes a grid search cheap on small sets; φ_γ keeps the
-    argmax, so only the top entry of each calibrated row is kept.
+    index: int
+    value: float
+    exact: bool
+    passes: int
+    exact_passes: int
+    crossing: int
+
+
+def _lattice_fit(
+    scores: _Scores,
+    objective: str,
+    gamma: float,
+    points: np.ndarray,
+    start: int,
+    n_bins: int,
+    edges: str,
+    exact_only: bool = False,
+) -> _GammaFit:
+    """Minimise ECE/AdaECE over the lattice ``points`` of ln T (see :mod:`lattice`).
+
+    ECE is searched on float32 confidences (:func:`_fast_point`); the points within twice
+    ``FLOAT32_ERROR`` of the best are then compared in float64, so the chosen point is the
+    one the float64 objective picks over the whole lattice. AdaECE (equal-mass bins depend on
+    the order of the confidences) is searched in float64.
     """
-    n, k = scores.logp.shape
-    out = torch.empty((len(s_values), n), dtype=torch.float64)
-    s_all = torch.as_tensor(s_values, dtype=torch.float64)
-    for i, block in scores.chunks():
-        rows = block.shape[0]
-        group = max(1, GRID_ELEMENTS // (rows * k))
-        for g in range(0, len(s_values), group):
-            s = s_all[g : g + group, None, None]
-            scaled = torch.log_softmax(s * block, dim=2).view(-1, k)
-            if gamma:
-                scaled = focal_calibration_map(scaled, gamma)
-            top = scaled.max(dim=1).values.exp_()
-            out[g : g + group, i : i + rows] = top.view(-1, rows)
-    return out
+    accuracy = float(scores.correct.mean())
+    fast = objective == "ece" and not exact_only
 
+    def exact(j: int) -> lattice.LatticePoint:
+        return _exact_point(scores, math.exp(-points[j]), gamma, objective, n_bins, edges)
 
-def _grid_objective(
-    scores: _Scores, objective: str, gamma: float, n_bins: int, edges: str
-) -> Callable[[np.ndarray], np.ndarray]:
-    """ECE or AdaECE of φ_γ(softmax(z / T)) at every grid point u = ln T, in batched passes."""
+    def quick(j: int) -> lattice.LatticePoint:
+        return _fast_point(scores, math.exp(-points[j]), gamma, n_bins, edges)
 
-    def values_at(points: np.ndarray) -> np.ndarray:
-        confidence = _top_confidences(scores, np.exp(-points), gamma)
-        n_points, n = confidence.shape
-        if objective == "ece":
-            index = binning.equal_width_index(confidence, n_bins, edges)
-        else:
-            index = torch.stack([binning.equal_mass_index(row, n_bins) for row in confidence])
-        flat = (index + n_bins * torch.arange(n_points)[:, None]).view(-1)
-        size = n_points * n_bins
-        sum_conf = torch.bincount(flat, weights=confidence.view(-1), minlength=size)
-        correct = scores.correct.expand(n_points, n).reshape(-1)
-        sum_correct = torch.bincount(flat, weights=correct, minlength=size)
-        gaps = (sum_correct - sum_conf).view(n_points, n_bins).abs().sum(dim=1) / n
-        return gaps.numpy()
-
-    return values_at
+    tolerance = FLOAT32_ERROR if fast else EXACT_TOLERANCE
+    found = lattice.search(len(points), quick if fast else exact, accuracy, start, tolerance)
+    passes, exact_passes = len(found.evaluated), 0 if fast else len(found.evaluated)
+    values = {j: point.value for j, point in found.evaluated.items()}
+    if found.monotone:
+        best = min(values.values())
+        values = {j: v for j, v in values.items() if v <= best + 2 * tolerance}
+        if not fast or len(values) == 1:
+            chosen = lattice.pick(points, values)
+            return _GammaFit(chosen, values[chosen], not fast, passes, exact_passes, found.crossing)
+        checked = {j: exact(j).value for j in values}
+        exact_passes += len(checked)
+        if all(abs(checked[j] - values[j]) <= tolerance for j in values):
+            chosen = lattice.pick(points, checked)
+            return _GammaFit(
+                chosen, checked[chosen], True, passes + len(checked), exact_passes, found.crossing
+            )
+        # The float32 error bound failed (never seen): search again in float64.
+        redo = _lattice_fit(scores, objective, gamma, points, start, n_bins, edges, True)
+        return _GammaFit(
+            redo.index,
+            redo.value,
+            True,
+            passes + len(checked) + redo.passes,
+            exact_passes + redo.exact_passes,
+            redo.crossing,
+        )
+    # The bound's premise failed (never seen; the search checks it): visit the whole lattice.
+    everything = {j: exact(j).value for j in range(len(points))}
+    chosen = lattice.pick(points, everything)
+    return _GammaFit(
+        chosen,
+        everything[chosen],
+        True,
+        passes + len(points),
+        exact_passes + len(points),
+        found.crossing,
+    )
 
 
 def _search_single(scores: _Scores, s_low: float, s_high: float) -> tuple[float, int]:
@@ -365,37 +461,29 @@ def _prepare(
     return _Scores(logp, class_labels(labels, logp.shape[0], logp.shape[1], labels_source))
 
 
-def _fit_one_gamma(
+def _nll_fit(
     scores: _Scores,
     evaluate: Callable[[float, float], float],
-    objective: str,
     gamma: float,
     low: float,
     high: float,
-    grid_step: float,
-    n_bins: int,
-    edges: str,
 ) -> tuple[float, float, int]:
-    """(T, objective at T, evaluations) for one γ."""
-    if objective == "nll" and gamma == 0:
+    """(T, NLL at T, passes) for one γ: Brent on ln T, or the TS fit at γ = 0."""
+    if gamma == 0:
         temperature, _, value, evaluations = _fit_nll_temperature(scores, low, high)
         return temperature, value, evaluations
-    if objective == "nll":
-        result = minimize_scalar(
-            lambda u: evaluate(math.exp(-u), gamma),
-            bounds=(math.log(low), math.log(high)),
-            method="bounded",
-            options={"xatol": 1e-6},
-        )
-        temperature = min(max(math.exp(float(result.x)), low), high)
-        return temperature, evaluate(1.0 / temperature, gamma), int(result.nfev) + 1
-    u, value, evaluations = _grid_minimum(
-        _grid_objective(scores, objective, gamma, n_bins, edges),
-        math.log(low),
-        math.log(high),
-        grid_step,
+    result = minimize_scalar(
+        lambda u: evaluate(math.exp(-u), gamma),
+        bounds=(math.log(low), math.log(high)),
+        method="bounded",
+        options={"xatol": 1e-6},
     )
-    return min(max(math.exp(u), low), high), value, evaluations  # exp(ln T) may round out
+    temperature = min(max(math.exp(float(result.x)), low), high)
+    return temperature, evaluate(1.0 / temperature, gamma), int(result.nfev) + 1
+
+
+def _temperature(points: np.ndarray, index: int, low: float, high: float) -> float:
+    return min(max(math.exp(float(points[index])), low), high)  # exp(ln T) may round out
 
 
 def _at_end(temperature: float, low: float, high: float) -> bool:
@@ -434,9 +522,14 @@ def fit_temperature(
         temperature, derivative, value, evaluations = _fit_nll_temperature(data, low, high)
         nll_after, objective_before = value, data.nll_at_one
     else:
-        temperature, value, evaluations = _fit_one_gamma(
-            data, evaluate, objective, 0.0, low, high, step, bins, edges
-        )
+        points = lattice.lattice(math.log(low), math.log(high), step)
+        start = int(np.argmin(np.abs(points)))
+        found = _lattice_fit(data, objective, 0.0, points, start, bins, edges)
+        temperature = _temperature(points, found.index, low, high)
+        value, evaluations = found.value, found.passes
+        if not found.exact:
+            value = evaluate(1.0 / temperature, 0.0)
+            evaluations += 1
         nll_after, first, _ = data.nll_derivatives(1.0 / temperature)
         derivative, objective_before = -first / temperature, evaluate(1.0, 0.0)
     return TemperatureFit(
@@ -483,15 +576,19 @@ def fit_focal_temperature(
     step = _check_grid_step(grid_step)
     data = _prepare(scores, labels, kind, bins, edges, source, labels_source)
     evaluate = _objective(data, objective, bins, edges)
-    profile = []
-    for gamma in grid:
-        temperature, value, _ = _fit_one_gamma(
-            data, evaluate, objective, gamma, low, high, step, bins, edges
+    if objective == "nll":
+        profile = []
+        for gamma in grid:
+            temperature, value, passes = _nll_fit(data, evaluate, gamma, low, high)
+            at_end = _at_end(temperature, low, high)
+            profile.append(FocalProfilePoint(gamma, temperature, value, at_end, passes))
+        chosen = min(profile, key=lambda point: point.objective)  # first minimum: smaller γ
+        evaluations = sum(point.n_evaluations for point in profile)
+        exact_evaluations = evaluations
+    else:
+        chosen, profile, evaluations, exact_evaluations = _focal_lattice_fit(
+            data, evaluate, objective, grid, low, high, step, bins, edges
         )
-        profile.append(
-            FocalProfilePoint(gamma, temperature, value, _at_end(temperature, low, high))
-        )
-    chosen = min(profile, key=lambda point: point.objective)  # first minimum: the smaller γ
     nll = _objective(data, "nll", bins, edges)
     return FocalTemperatureFit(
         gamma=chosen.gamma,
@@ -505,7 +602,57 @@ def fit_focal_temperature(
         bracket=(low, high),
         grid_step=None if objective == "nll" else step,
         n_samples=data.logp.shape[0],
+        n_evaluations=evaluations + 2,  # and the passes for the objective before, NLL after
+        n_exact_evaluations=exact_evaluations + 2,
     )
+
+
+def _focal_lattice_fit(
+    data: _Scores,
+    evaluate: Callable[[float, float], float],
+    objective: str,
+    grid: list[float],
+    low: float,
+    high: float,
+    step: float,
+    bins: int,
+    edges: str,
+) -> tuple[FocalProfilePoint, list[FocalProfilePoint], int, int]:
+    """(chosen point, profile, passes, float64 passes) of the ECE/AdaECE fit over γ and T.
+
+    γ ascending, each search starting at the previous γ's crossing (the optimum T grows with
+    γ). Profile values from the float32 search are within ``FLOAT32_ERROR`` of float64; every
+    γ whose value lies within twice that of the best is re-evaluated in float64 before γ is
+    chosen (ties to the smaller γ), so the choice is the float64 one.
+    """
+    points = lattice.lattice(math.log(low), math.log(high), step)
+    start = int(np.argmin(np.abs(points)))
+    fits = []
+    for gamma in grid:
+        found = _lattice_fit(data, objective, gamma, points, start, bins, edges)
+        fits.append(found)
+        start = found.crossing
+    passes = sum(f.passes for f in fits)
+    exact_passes = sum(f.exact_passes for f in fits)
+    best = min(f.value for f in fits)
+    profile = []
+    for i, gamma in enumerate(grid):
+        found = fits[i]
+        value = found.value
+        if not found.exact and value <= best + 2 * FLOAT32_ERROR:
+            value = evaluate(math.exp(-points[found.index]), gamma)
+            passes, exact_passes = passes + 1, exact_passes + 1
+            if abs(value - found.value) > FLOAT32_ERROR:  # the float32 bound failed: redo
+                found = _lattice_fit(
+                    data, objective, gamma, points, found.crossing, bins, edges, exact_only=True
+                )
+                fits[i], value = found, found.value
+                passes, exact_passes = passes + found.passes, exact_passes + found.passes
+        temperature = _temperature(points, found.index, low, high)
+        at_end = _at_end(temperature, low, high)
+        profile.append(FocalProfilePoint(gamma, temperature, value, at_end, found.passes))
+    chosen = min(profile, key=lambda point: point.objective)  # first minimum: smaller γ
+    return chosen, profile, passes, exact_passes
 
 
 def apply_temperature(
@@ -528,13 +675,4 @@ def apply_calibrator(
     calibrator: Calibrator, scores: Any, kind: str = "logits", source: str = "scores"
 ) -> torch.Tensor:
     """Apply a :class:`Calibrator` to N×K scores; returns float64 log-probabilities."""
-    logp = log_probabilities(scores, kind, source)
-    if calibrator.method == "none":
-        return logp
-    out = torch.empty_like(logp)
-    step = chunk_rows(logp.shape[1])
-    for start in range(0, logp.shape[0], step):
-        out[start : start + step] = _calibrated(
-            logp[start : start + step], 1.0 / calibrator.temperature, calibrator.gamma
-        )
-    return out
+    return calibrator.apply(scores, kind, source)

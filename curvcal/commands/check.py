@@ -1,13 +1,12 @@
 """`curvcal check CKPT --policy FILE`: measure what a policy gates on a checkpoint, and judge it.
 
-A thin shell over :func:`curvcal.gate.run_check`: it gathers the options given on the command
-line (they override the policy's ``[settings]``), reads the policy and the baseline, shows
-progress, and hands the verdict to the report.
+A shell over :func:`curvcal.pipeline.check.check_checkpoint`: it gathers the options given on the
+command line (they override the policy's ``[settings]``), reads the policy (whose data the run
+will read), and hands the verdict to the report.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +15,10 @@ from click.core import ParameterSource
 
 from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.verdict import verdict_table
+from curvcal.report.check import check_tables
 
 if TYPE_CHECKING:
-    from curvcal.gate import CheckResult
     from curvcal.load.checkpoint import CheckpointOptions
-    from curvcal.report import Table
 
 # Command-line parameter -> the policy setting it overrides.
 _OVERRIDES = {
@@ -86,20 +83,12 @@ def check(
     Exit 0 when every bound holds, 1 when one fails, 2 for bad input, 3 for a
     numerical failure (a gated metric NaN/Inf; an estimate unconverged under --strict).
     """
-    from curvcal.check import (
-        find_pyproject_policy,
-        load_policy,
-        load_report,
-        metric_values,
-        setting_differences,
-    )
-    from curvcal.errors import InputError, NumericalError
-    from curvcal.gate import run_check
-    from curvcal.provenance import environment, file_info
-    from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
+    from curvcal.errors import InputError
+    from curvcal.outputs import data_inputs
+    from curvcal.pipeline.check import CheckRequest, check_checkpoint
+    from curvcal.policy.parse import find_pyproject_policy, load_policy
+    from curvcal.policy.settings import resolve_settings
 
-    _options, reporter = start()
-    began = time.perf_counter()
     if policy_path is None:
         policy_path = find_pyproject_policy(Path.cwd())
         if policy_path is None:
@@ -109,7 +98,6 @@ def check(
                 "pass --policy FILE",
             )
     policy = load_policy(policy_path)
-    baseline_report = load_report(baseline) if baseline is not None else None
     given = {
         "data": data,
         "data_root": str(data_root) if data_root is not None else None,
@@ -124,61 +112,32 @@ def check(
         "dtype": checkpoint_options.dtype,
     }
     overrides = _given_on_command_line(given)
-
-    with reporter.progress("measuring", None) as advance:
-        result = run_check(
-            policy,
-            checkpoint,
-            overrides,
-            metric_values(baseline_report) if baseline_report is not None else None,
-            trust=checkpoint_options.trust,
-            allow_globals=checkpoint_options.allow_globals,
-            on_step=lambda _stage, _n: advance(1),
-        )
-
-    messages = list(result.warnings)
-    if baseline_report is not None:
-        messages += [
-            f"the baseline was computed with different settings: {difference}"
-            for difference in setting_differences({"settings": result.settings}, baseline_report)
-        ]
-    for message in messages:
-        reporter.warn(message)
-    failure = None
-    if result.nonfinite:
-        failure = NumericalError(
-            ", ".join(result.nonfinite), "measured value is NaN or infinite", "see the report"
-        )
-    elif strict and result.unconverged:
-        failure = NumericalError(
-            "--strict",
-            f"{', '.join(result.unconverged)} did not converge",
-            "raise max_iter or probes, loosen tol, or drop --strict",
-        )
-    status = STATUS_PASS if result.passed else STATUS_FAIL
-    if failure is not None:
-        status = STATUS_ERROR
-    inputs: dict[str, Any] = {
-        **result.inputs,
-        "policy": file_info(policy_path),
-    }
+    settings, _sources = resolve_settings(policy, overrides)
+    inputs = [("CHECKPOINT", checkpoint), ("--policy", policy_path)]
     if baseline is not None:
-        inputs["baseline"] = file_info(baseline)
-    report = Report(
-        command="check",
-        results=result,
-        status=status,
-        inputs=inputs,
-        settings={**result.settings, "rules": policy.rules, "strict": strict},
-        timings={**result.timings, "total": time.perf_counter() - began},
-        environment=environment(),
-        warnings=messages,
+        inputs.append(("--baseline", baseline))
+    _options, reporter = start(
+        inputs=[
+            *inputs,
+            *data_inputs("data", settings["data"]),
+            *data_inputs("fit_data", settings["fit_data"]),
+        ]
     )
+    request = CheckRequest(
+        checkpoint=checkpoint,
+        policy=policy,
+        overrides=overrides,
+        baseline=baseline,
+        trust=checkpoint_options.trust,
+        allow_globals=checkpoint_options.allow_globals,
+        strict=strict,
+    )
+    run = check_checkpoint(request, reporter)
     code = finish(
-        report, check_tables(result, f"curvcal check: {checkpoint} against {policy_path}")
+        run.report, check_tables(run.result, f"curvcal check: {checkpoint} against {policy_path}")
     )
-    if failure is not None:
-        raise failure
+    if run.failure is not None:
+        raise run.failure
     return code
 
 
@@ -191,34 +150,3 @@ def _given_on_command_line(values: dict[str, Any]) -> dict[str, Any]:
             continue
         overrides[setting] = values[setting]
     return overrides
-
-
-def check_tables(result: CheckResult, title: str) -> list[Table]:
-    """The verdict table, then the settings that shaped the numbers and where each came from."""
-    from curvcal.report import Table
-
-    shown = [
-        (name, _setting_text(value), result.sources[name])
-        for name, value in result.settings.items()
-        if result.sources[name] != "default"
-    ]
-    tables = [verdict_table(result.verdict, title)]
-    if shown:
-        tables.append(
-            Table(
-                title="settings",
-                columns=("setting", "value", "from"),
-                rows=tuple(shown),
-                caption="an option on the command line overrides the policy; settings not "
-                "shown are at their defaults",
-            )
-        )
-    return tables
-
-
-def _setting_text(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
-    if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value)
-    return str(value)

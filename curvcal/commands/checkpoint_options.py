@@ -125,7 +125,9 @@ def checkpoint_options(func: F) -> F:
             "--allow-global",
             metavar="module.Class",
             multiple=True,
-            help="Allow a weights-only load to build this class; repeatable.",
+            help="Allow a weights-only load to build this plain data class (never a function or "
+            "a class that reaches the OS or the interpreter; only --trust-checkpoint runs code); "
+            "repeatable.",
         ),
         click.option(
             "--device",

@@ -11,7 +11,8 @@ import click
 
 from curvcal.console import Reporter
 from curvcal.errors import EXIT_CHECK_FAILED, EXIT_NUMERICAL, EXIT_OK
-from curvcal.report import FORMATS, Table, check_output_path, emit
+from curvcal.outputs import Named, refuse_clashes
+from curvcal.report.tables import FORMATS, Table, check_output_path, emit
 from curvcal.results import STATUS_ERROR, STATUS_FAIL, Report
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -101,9 +102,16 @@ def output_options(func: F) -> F:
     return func
 
 
-def start() -> tuple[OutputOptions, Reporter]:
-    """Called first by every command: checks the output path before any work is done."""
+def start(
+    inputs: Sequence[Named] = (), outputs: Sequence[Named] = ()
+) -> tuple[OutputOptions, Reporter]:
+    """Called first by every command, with every file the run reads (``inputs``) and writes
+    besides ``-o`` (``outputs``, as ``(option, path)``): refuses, before any work, an output
+    that would replace an input or another output, whatever ``--force`` says, then checks
+    that ``-o`` can be written."""
     options = get_output_options()
+    written = [("-o/--output", options.output)] if options.output is not None else []
+    refuse_clashes([*written, *outputs], inputs)
     if options.output is not None:
         check_output_path(options.output, options.force)
     return options, Reporter(quiet=options.quiet)

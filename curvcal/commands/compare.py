@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.verdict import verdict_table
+from curvcal.report.verdict import verdict_table
 
 
 @click.command()
@@ -27,19 +27,13 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     \b
     Exit 0 when every bound holds, 1 when one fails, 2 for a bad file or policy.
     """
-    from curvcal.check import (
-        evaluate,
-        find_pyproject_policy,
-        load_policy,
-        load_report,
-        metric_values,
-        setting_differences,
-    )
     from curvcal.errors import InputError
+    from curvcal.policy.baseline import load_report, metric_values, setting_differences
+    from curvcal.policy.evaluate import evaluate
+    from curvcal.policy.parse import find_pyproject_policy, load_policy
     from curvcal.provenance import environment, file_info
     from curvcal.results import STATUS_FAIL, STATUS_PASS, Report
 
-    _options, reporter = start()
     if policy_path is None:
         policy_path = find_pyproject_policy(Path.cwd())
         if policy_path is None:
@@ -48,6 +42,7 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
                 "no policy given and ./pyproject.toml has no [tool.curvcal] table",
                 "pass --policy FILE",
             )
+    _options, reporter = start(inputs=[("NEW", new), ("OLD", old), ("--policy", policy_path)])
     policy = load_policy(policy_path)
     new_report, old_report = load_report(new), load_report(old)
     verdict = evaluate(policy.rules, metric_values(new_report), metric_values(old_report))

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
-from curvcal.commands.calibration_report import (
-    CalibrationOptions,
+from curvcal.commands.calibration_options import (
     calibration_options,
-    calibration_tables,
-    dropped_warning,
+    check_outputs,
     nan_policy_option,
-    settings_record,
     write_outputs,
 )
 from curvcal.commands.common import finish, output_options, start
+from curvcal.report.calibration import calibration_tables
 
 if TYPE_CHECKING:
-    from curvcal.load.logits import LogitsData
+    from curvcal.pipeline.calibration import CalibrationOptions
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
@@ -74,96 +71,28 @@ def metrics(
     scaling on that split and measure them on the rest; with --apply, measure saved
     calibrators on all of LOGITS.
     """
-    from curvcal.calibration.analysis import (
-        analyse_calibration,
-        analyse_val_split,
-        evaluate_calibrators,
-    )
-    from curvcal.load.calibrator import load_calibrators
-    from curvcal.load.data import stratified_split
-    from curvcal.load.logits import load_logits
-    from curvcal.provenance import environment, file_info
-    from curvcal.results import Report
+    from curvcal.pipeline.calibration import MetricsRequest, run_metrics
 
-    output, reporter = start()
+    inputs = [("LOGITS", logits), ("--fit", fit_file), ("--apply", apply_file)]
+    output, reporter = start(
+        inputs=[(name, path) for name, path in inputs if path is not None],
+        outputs=calibration.outputs(),
+    )
     method = _resolve_method(calibration, fit_file, apply_file)
-    settings = calibration.settings(method)
-    calibration.check_outputs(output.force)
-
-    timings: dict[str, float] = {}
-    began = time.perf_counter()
-    warnings: list[str] = []
-    data = load_logits(logits, input_kind, scores_key, labels_key, nan_policy)
-    inputs: dict[str, Any] = {"logits": _describe(logits, data, warnings)}
-    fit_data = None
-    if fit_file is not None:
-        fit_data = load_logits(fit_file, input_kind, scores_key, labels_key, nan_policy)
-        inputs["fit"] = _describe(fit_file, fit_data, warnings)
-    for warning in warnings:
-        reporter.warn(warning)
-    calibrators = None
-    if apply_file is not None:
-        calibrators = load_calibrators(apply_file)
-        inputs["calibrator"] = file_info(apply_file)
-    timings["load"] = time.perf_counter() - began
-
-    began = time.perf_counter()
-    source = str(logits)
-    if calibrators is not None:
-        analysis = evaluate_calibrators(
-            data.scores, data.labels, input_kind, calibrators, settings, source
-        )
-    elif fit_data is not None:
-        analysis = analyse_calibration(
-            fit_data.scores,
-            fit_data.labels,
-            data.scores,
-            data.labels,
-            input_kind,
-            settings,
-            "fit-file",
-            fit_source=str(fit_file),
-            eval_source=source,
-        )
-    elif calibration.val_split is not None:
-        fit_idx, eval_idx = stratified_split(data.labels, calibration.val_split, settings.seed)
-        analysis = analyse_val_split(
-            data.scores,
-            data.labels,
-            fit_idx,
-            eval_idx,
-            input_kind,
-            settings,
-            calibration.val_split,
-            f"{source}",
-        )
-    else:
-        analysis = analyse_calibration(
-            None, None, data.scores, data.labels, input_kind, settings, "none", eval_source=source
-        )
-    timings["calibration"] = time.perf_counter() - began
-    began = time.perf_counter()
-    write_outputs(analysis, calibration)
-    timings["outputs"] = time.perf_counter() - began
-
-    report = Report(
-        command="metrics",
-        results=analysis,
-        inputs=inputs,
-        settings={
-            **settings_record(calibration, settings),
-            "input_kind": input_kind,
-            "scores_key": scores_key,
-            "labels_key": labels_key,
-            "fit": fit_file,
-            "apply": apply_file,
-            "nan_policy": nan_policy,
-        },
-        timings=timings,
-        environment=environment(),
-        warnings=warnings,
+    check_outputs(calibration, output.force)
+    request = MetricsRequest(
+        logits=logits,
+        input_kind=input_kind,
+        scores_key=scores_key,
+        labels_key=labels_key,
+        calibration=calibration,
+        method=method,
+        fit_file=fit_file,
+        apply_file=apply_file,
+        nan_policy=nan_policy,
     )
-    return finish(report, calibration_tables(analysis, chart=output.fmt == "table"))
+    run = run_metrics(request, reporter, lambda analysis: write_outputs(analysis, calibration))
+    return finish(run.report, calibration_tables(run.analysis, chart=output.fmt == "table"))
 
 
 def _resolve_method(
@@ -190,23 +119,3 @@ def _resolve_method(
     if method == "none" and calibration.save_calibrator is not None:
         raise click.UsageError("--save-calibrator needs a fit: give --fit or --val-split")
     return method
-
-
-def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:
-    """The file's provenance and shape; rows left out by --nan-policy drop add a warning."""
-    from curvcal.provenance import file_info
-
-    info = file_info(path)
-    n_samples, n_classes = data.scores.shape
-    if data.dropped_rows:
-        warnings.append(
-            dropped_warning(data.dropped_rows, n_samples + data.dropped_rows, str(path))
-        )
-    return {
-        "path": info.path,
-        "size_bytes": info.size_bytes,
-        "sha256": info.sha256,
-        "n_samples": int(n_samples),
-        "n_classes": int(n_classes),
-        "dropped_rows": data.dropped_rows,
-    }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from curvcal.commands.common import finish, output_options, start
-from curvcal.report import Table
+from curvcal.report.tables import Table
 from curvcal.results import Report
 
 

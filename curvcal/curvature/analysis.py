@@ -1,6 +1,6 @@
 """One Hessian, every requested measurement: the library behind ``curvcal hessian``.
 
-:func:`analyse_hessian` builds a single :class:`~curvcal.curvature.hvp.HessianOperator` — the
+:func:`analyse_hessian` builds a single operator (:func:`~curvcal.curvature.operator.build_operator`) — the
 Hessian of the mean loss over the whole dataset, L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i) — so the data
 is counted and cached once, then runs on it, in this order: the mean loss (one pass, checked for
 NaN/Inf before any product), the top-k eigenvalues, λmin when asked, the trace, the spectral
@@ -21,24 +21,19 @@ from typing import Any
 
 from torch import nn
 
+from curvcal.curvature.batches import CACHES, AllReduce, BatchSource
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
-from curvcal.curvature.guard import GuardedHessianOperator
-from curvcal.curvature.hvp import (
-    CACHES,
-    CRITERIA,
-    ENGINES,
-    MODES,
-    AllReduce,
-    BatchSource,
-    HessianOperator,
-    engines_between,
-)
+from curvcal.curvature.engines import ENGINES, MODES
+from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
+from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
 from curvcal.curvature.trace import DISTRIBUTIONS, trace_estimate
 from curvcal.errors import InputError
+from curvcal.losses import loss_from_name
+from curvcal.progress import OnStageStep, OnStep
 
 # Trace method names as the settings (and the CLI) spell them -> the kernel's names.
 TRACE_METHODS = {
@@ -48,10 +43,6 @@ TRACE_METHODS = {
     "xtrace": "xtrace",
 }
 MIN_ADAPTIVE_PROBES = 10
-
-OnStep = Callable[[str, int], None]
-"""Progress hook: the stage running (``loss``, ``eigenvalues``, ``smallest``, ``trace``,
-``density``, ``layers``) and the Hessian-vector products spent so far in all stages."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +58,9 @@ class HessianSettings:
     until the 95% half-width ≤ ``trace_rtol``·|estimate|, at least min(10, ``probes``) and at
     most ``probes``; probes drawn from ``distribution``. Density (when ``density``): ``density_runs`` SLQ runs of
     ``density_steps`` Lanczos steps. ``per_layer``: λmax and trace of each module's block.
-    The Hessian: loss ``criterion`` (``ce``, or ``focal`` with ``gamma``) over ``params`` (glob
-    patterns; empty for all trainable parameters), ``engine``, ``mode``, ``cache``,
-    ``probe_batch`` as for :class:`~curvcal.curvature.hvp.HessianOperator`. ``seed`` seeds every
+    The Hessian: loss ``criterion`` (``ce``, ``focal`` with ``gamma``, or ``flsd53``) over
+    ``params`` (glob patterns; empty for all trainable parameters), ``engine``, ``mode``,
+    ``cache``, ``probe_batch`` as for :class:`~curvcal.curvature.operator.HessianOperator`. ``seed`` seeds every
     random start vector and probe.
     """
 
@@ -132,7 +123,7 @@ class HessianSettings:
             or self.gamma < 0
         ):
             raise InputError("gamma", f"must be a finite number ≥ 0, got {self.gamma!r}")
-        if self.criterion == "ce" and self.gamma != 0:
+        if self.criterion != "focal" and self.gamma != 0:
             raise InputError("gamma", f"{self.gamma} is only used by the focal loss")
         if isinstance(self.params, str):
             raise InputError("params", "must be a tuple of glob patterns, not one string")
@@ -174,7 +165,7 @@ def analyse_hessian(
     settings: HessianSettings,
     *,
     all_reduce: AllReduce | None = None,
-    on_step: OnStep | None = None,
+    on_step: OnStageStep = None,
 ) -> HessianAnalysis:
     """Measure the Hessian of the mean loss of ``model`` over ``batches`` as ``settings`` ask.
 
@@ -188,16 +179,17 @@ def analyse_hessian(
     """
     timings: dict[str, float] = {}
     began = time.perf_counter()
-    operator = GuardedHessianOperator(
+    operator = build_operator(
         model,
+        loss_from_name(settings.criterion, settings.gamma),
         batches,
-        criterion=settings.criterion,
-        gamma=settings.gamma,
-        params=settings.params or None,
-        engine=settings.engine,
-        mode=settings.mode,
-        cache=settings.cache,
-        probe_batch=settings.probe_batch,
+        OperatorOptions(
+            params=settings.params or None,
+            engine=settings.engine,
+            mode=settings.mode,
+            cache=settings.cache,
+            probe_batch=settings.probe_batch,
+        ),
         all_reduce=all_reduce,
     )
     timings["setup"] = time.perf_counter() - began
@@ -209,7 +201,7 @@ def analyse_hessian(
             f"use at most {n_params}",
         )
 
-    def hook(stage: str) -> Callable[[int], None] | None:
+    def hook(stage: str) -> OnStep:
         if on_step is None:
             return None
         report = on_step
@@ -319,7 +311,7 @@ def analyse_hessian_with_messages(
     settings: HessianSettings,
     *,
     all_reduce: AllReduce | None = None,
-    on_step: OnStep | None = None,
+    on_step: OnStageStep = None,
 ) -> tuple[HessianAnalysis, list[str]]:
     """:func:`analyse_hessian`, returning the warnings a report shows (unconverged estimates, an
     engine fallback to double backward) as messages; other warnings are passed on untouched."""
@@ -345,11 +337,11 @@ def analyse_hessian_with_messages(
 
 
 def _eigen(
-    operator: HessianOperator,
+    operator: NaNGuard,
     settings: HessianSettings,
     k: int,
     which: str,
-    on_step: Callable[[int], None] | None,
+    on_step: OnStep,
 ) -> EigenSpectrum:
     # λmin of a Hessian sits among many eigenvalues near zero, where power iteration (even
     # shifted) converges at a crawl; Lanczos reaches both ends of the spectrum directly.

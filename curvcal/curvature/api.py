@@ -1,27 +1,69 @@
-"""Convenience functions: build a :class:`HessianOperator` and run one algorithm on it.
+"""Convenience functions: build the Hessian operator and run one algorithm on it.
 
-Each takes the model and the data (see :class:`~curvcal.curvature.hvp.HessianOperator` for
-``criterion``, ``gamma``, ``params``, ``engine``, ``mode``, ``cache``, ``device``,
-``probe_batch`` and ``all_reduce``) and returns the algorithm's result with ``engine`` set to
-the Hessian-vector-product engine that ran.
+Each takes the model and the data, the loss (``loss``: a loss object of :mod:`curvcal.losses`,
+or the keywords ``criterion`` and ``gamma``) and how the operator runs (``options``: an
+:class:`~curvcal.curvature.operator.OperatorOptions`, or its fields ``params``, ``engine``,
+``mode``, ``cache``, ``device``, ``probe_batch``, ``allow_tf32`` as keywords), plus
+``all_reduce`` for sharded data. The operator comes from
+:func:`~curvcal.curvature.operator.build_operator` (NaN/Inf reported with the batches at
+fault), and each function returns the algorithm's result with ``engine`` set to the
+Hessian-vector-product engine that ran.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from typing import Any
 
-import torch
 from torch import nn
 
+from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
-from curvcal.curvature.hvp import AllReduce, BatchSource, HessianOperator
+from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
+from curvcal.curvature.operator import OperatorOptions, build_operator
 from curvcal.curvature.results import DensityResult, EigenSpectrum, LayerCurvature, TraceResult
 from curvcal.curvature.trace import trace_estimate
+from curvcal.errors import InputError
+from curvcal.losses import Loss, loss_from_name
+from curvcal.progress import OnStep
 
-OnStep = Callable[[int], None] | None
+_OPTION_FIELDS = frozenset(field.name for field in dataclasses.fields(OperatorOptions))
+
+
+def _operator(
+    function: str,
+    model: nn.Module,
+    batches: BatchSource,
+    loss: Loss | None,
+    options: OperatorOptions | None,
+    all_reduce: AllReduce | None,
+    keywords: dict[str, Any],
+) -> NaNGuard:
+    """The operator of an API call: ``loss`` or ``criterion``/``gamma``, and ``options`` or
+    its fields as ``keywords`` (one or the other, never both)."""
+    unknown = sorted(set(keywords) - _OPTION_FIELDS - {"criterion", "gamma"})
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
+    loss_keywords = {k: keywords[k] for k in ("criterion", "gamma") if k in keywords}
+    option_keywords = {k: v for k, v in keywords.items() if k in _OPTION_FIELDS}
+    if loss is None:
+        loss = loss_from_name(loss_keywords.get("criterion", "ce"), loss_keywords.get("gamma", 0.0))
+    elif loss_keywords:
+        raise InputError("loss", "give either a loss object or criterion/gamma, not both")
+    if options is None:
+        if option_keywords.get("params") is not None:
+            option_keywords["params"] = tuple(
+                [option_keywords["params"]]
+                if isinstance(option_keywords["params"], str)
+                else option_keywords["params"]
+            )
+        options = OperatorOptions(**option_keywords)
+    elif option_keywords:
+        shown = ", ".join(sorted(option_keywords))
+        raise InputError("options", f"give either an OperatorOptions or {shown}, not both")
+    return build_operator(model, loss, batches, options, all_reduce=all_reduce)
 
 
 def hessian_eigenvalues(
@@ -34,16 +76,11 @@ def hessian_eigenvalues(
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,
     seed: int = 0,
-    criterion: str = "ce",
-    gamma: float = 0.0,
-    params: Sequence[str] | None = None,
-    engine: str = "auto",
-    mode: str = "eval",
-    cache: str = "auto",
-    device: torch.device | str | None = None,
-    probe_batch: int = 8,
+    loss: Loss | None = None,
+    options: OperatorOptions | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
+    **operator_keywords: Any,
 ) -> EigenSpectrum:
     """The k largest (``which="smallest"``: smallest) algebraic eigenvalues of the Hessian of
     the mean loss over ``batches``; Lanczos by default (``method="power"`` for power iteration).
@@ -55,18 +92,8 @@ def hessian_eigenvalues(
     >>> spectrum.values[0].converged
     True
     """
-    operator = HessianOperator(
-        model,
-        batches,
-        criterion,
-        gamma,
-        params,
-        engine,
-        mode,
-        cache,
-        device,
-        probe_batch,
-        all_reduce,
+    operator = _operator(
+        "hessian_eigenvalues", model, batches, loss, options, all_reduce, operator_keywords
     )
     spectrum = eigenvalues(
         operator,
@@ -92,31 +119,16 @@ def hessian_trace(
     min_probes: int = 10,
     distribution: str = "rademacher",
     seed: int = 0,
-    criterion: str = "ce",
-    gamma: float = 0.0,
-    params: Sequence[str] | None = None,
-    engine: str = "auto",
-    mode: str = "eval",
-    cache: str = "auto",
-    device: torch.device | str | None = None,
-    probe_batch: int = 8,
+    loss: Loss | None = None,
+    options: OperatorOptions | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
+    **operator_keywords: Any,
 ) -> TraceResult:
     """tr(H) by Hutch++ (the default) or XTrace with ``n_probes`` products, or Hutchinson (fixed
     ``n_probes``, or adaptive with ``rtol``), with standard error and 95% interval."""
-    operator = HessianOperator(
-        model,
-        batches,
-        criterion,
-        gamma,
-        params,
-        engine,
-        mode,
-        cache,
-        device,
-        probe_batch,
-        all_reduce,
+    operator = _operator(
+        "hessian_trace", model, batches, loss, options, all_reduce, operator_keywords
     )
     result = trace_estimate(
         operator,
@@ -127,7 +139,7 @@ def hessian_trace(
         min_probes=min_probes,
         distribution=distribution,
         seed=seed,
-        probe_batch=probe_batch,
+        probe_batch=operator.probe_batch,
         on_step=on_step,
     )
     return dataclasses.replace(result, engine=operator.engine)
@@ -142,30 +154,15 @@ def hessian_density(
     n_grid: int = 200,
     bandwidth: float | None = None,
     seed: int = 0,
-    criterion: str = "ce",
-    gamma: float = 0.0,
-    params: Sequence[str] | None = None,
-    engine: str = "auto",
-    mode: str = "eval",
-    cache: str = "auto",
-    device: torch.device | str | None = None,
-    probe_batch: int = 8,
+    loss: Loss | None = None,
+    options: OperatorOptions | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
+    **operator_keywords: Any,
 ) -> DensityResult:
     """The Hessian's eigenvalue density by stochastic Lanczos quadrature."""
-    operator = HessianOperator(
-        model,
-        batches,
-        criterion,
-        gamma,
-        params,
-        engine,
-        mode,
-        cache,
-        device,
-        probe_batch,
-        all_reduce,
+    operator = _operator(
+        "hessian_density", model, batches, loss, options, all_reduce, operator_keywords
     )
     result = spectral_density(
         operator,
@@ -188,30 +185,15 @@ def hessian_layers(
     n_probes: int = 100,
     distribution: str = "rademacher",
     seed: int = 0,
-    criterion: str = "ce",
-    gamma: float = 0.0,
-    params: Sequence[str] | None = None,
-    engine: str = "auto",
-    mode: str = "eval",
-    cache: str = "auto",
-    device: torch.device | str | None = None,
-    probe_batch: int = 8,
+    loss: Loss | None = None,
+    options: OperatorOptions | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
+    **operator_keywords: Any,
 ) -> list[LayerCurvature]:
     """λmax and trace of each module's diagonal Hessian block (see :mod:`curvcal.curvature.layers`)."""
-    operator = HessianOperator(
-        model,
-        batches,
-        criterion,
-        gamma,
-        params,
-        engine,
-        mode,
-        cache,
-        device,
-        probe_batch,
-        all_reduce,
+    operator = _operator(
+        "hessian_layers", model, batches, loss, options, all_reduce, operator_keywords
     )
     return layer_curvature(
         operator,

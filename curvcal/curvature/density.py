@@ -14,7 +14,6 @@ The quadrature is exact for polynomials of degree ≤ 2·steps − 1: in particu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -23,8 +22,7 @@ from curvcal.curvature.operators import LinearOperator, as_operator
 from curvcal.curvature.results import DensityResult
 from curvcal.curvature.trace import draw_probes
 from curvcal.errors import InputError
-
-OnStep = Callable[[int], None] | None
+from curvcal.progress import OnStep
 
 
 def _lanczos_tridiagonal(

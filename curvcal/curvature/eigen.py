@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,14 +40,13 @@ from torch import Tensor
 from curvcal.curvature.operators import LinearOperator, as_operator
 from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpectrum
 from curvcal.errors import InputError
+from curvcal.progress import OnStep
 
 METHODS = ("power", "lanczos")
 WHICH = ("largest", "smallest")
 DEFAULT_TOL = 1e-4
 DEFAULT_POWER_ITER = 1000
 DEFAULT_LANCZOS_STEPS = 300
-
-OnStep = Callable[[int], None] | None
 
 
 def _check_common(op: LinearOperator, k: int, tol: float, max_iter: int | None, which: str) -> None:

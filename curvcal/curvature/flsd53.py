@@ -1,16 +1,12 @@
-"""The Hessian of the FLSD-53 loss over a dataset, built from two focal-loss Hessians.
+"""FLSD-53's curvature: the sizes of its two γ groups, and the deprecated operator name.
 
 FLSD-53 (Mukhoti et al. 2020) is the focal loss −(1 − p_y)^γ_i log p_y with a per-sample
 γ_i = 5 where p_y < 0.2 and 3 otherwise (p = softmax of the logits at the current θ). γ_i is
-piecewise constant in θ, so away from the switching set {p_y = 0.2} (measure zero) each
-sample's Hessian is that of the focal loss with its γ_i held fixed. Grouping the N samples by
-γ_i at the current θ,
-
-    H = (N₅/N)·H_focal,γ=5(group p_y < 0.2) + (N₃/N)·H_focal,γ=3(group p_y ≥ 0.2),
-
-where each H_focal is a :class:`~curvcal.curvature.hvp.HessianOperator` (the mean over its own
-group). :class:`FLSD53Hessian` is that weighted sum, an operator like any other (``shape``,
-``dtype``, ``device``, ``matmat``), so the eigenvalue and trace algorithms accept it.
+piecewise constant in θ, so away from the switching set {p_y = 0.2} (measure zero) its Hessian
+is that of the focal loss with every γ_i held fixed — the Hessian of the loss object
+:class:`curvcal.losses.FLSD53Loss`, whose γ_i come from the detached logits. It is an ordinary
+:class:`~curvcal.curvature.operator.HessianOperator`; :func:`flsd53_group_sizes` says how many
+samples fall in each γ group.
 """
 
 from __future__ import annotations
@@ -20,13 +16,30 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from curvcal.calibration.focal import FLSD53
-from curvcal.curvature.hvp import Batch, BatchSource, HessianOperator
+from curvcal.curvature.batches import Batch, BatchSource
+from curvcal.curvature.engines import MODES, prepared_model
+from curvcal.curvature.guard import NaNGuard
+from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
+from curvcal.losses import FLSD53_GAMMAS, FLSD53_THRESHOLD, FLSD53Loss, flsd53_gammas
 
-#: p_y below which FLSD-53 uses γ = 5 (else 3).
-FLSD53_THRESHOLD = 0.2
-FLSD53_GAMMAS = (5.0, 3.0)
+
+def _group_counts(logits: Tensor, labels: Tensor) -> Tensor:
+    """How many samples of the batch have each of :data:`FLSD53_GAMMAS`, p_y as the loss has it."""
+    log_p_y = torch.log_softmax(logits, dim=1).gather(1, labels[:, None].to(torch.int64))[:, 0]
+    gammas = flsd53_gammas(torch.exp(log_p_y))
+    return torch.stack([(gammas == gamma).sum() for gamma in FLSD53_GAMMAS])
+
+
+def flsd53_group_sizes(
+    operator: HessianOperator | NaNGuard,
+) -> tuple[tuple[float, int], ...]:
+    """``(γ, N_γ)`` for the non-empty FLSD-53 groups of ``operator``'s data (γ = 5 where
+    p_y < 0.2, then γ = 3), p from the model in the operator's mode; one pass, no grad."""
+    counts = operator.sum_outputs(_group_counts)
+    return tuple(
+        (gamma, round(float(n))) for gamma, n in zip(FLSD53_GAMMAS, counts, strict=True) if n > 0
+    )
 
 
 def flsd53_groups(
@@ -36,44 +49,31 @@ def flsd53_groups(
 
     ``model`` runs in ``mode`` (``eval`` or ``train``); its modes and buffers are restored.
     """
-    if mode not in ("eval", "train"):
+    if mode not in MODES:
         raise InputError("mode", f"unknown mode {mode!r}", "choose 'eval' or 'train'")
     source: Iterable[Batch] = batches() if callable(batches) else batches
     param = next(model.parameters())
-    flags = [(module, module.training) for module in model.modules()]
-    saved = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
     low: list[Batch] = []
     high: list[Batch] = []
-    try:
-        model.train(mode == "train")
-        with torch.no_grad():
-            for x, y in source:
-                inputs = x.to(param.device)
-                if inputs.is_floating_point():
-                    inputs = inputs.to(param.dtype)
-                log_p = torch.log_softmax(model(inputs), dim=1)
-                p_y = log_p.gather(1, y.to(param.device, torch.int64)[:, None])[:, 0].exp()
-                switched = (p_y < FLSD53_THRESHOLD).cpu()
-                if bool(switched.any()):
-                    low.append((x[switched], y[switched]))
-                if bool((~switched).any()):
-                    high.append((x[~switched], y[~switched]))
-    finally:
-        for module, flag in flags:
-            module.training = flag
-        with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
+    with prepared_model(model, mode, allow_tf32=False), torch.no_grad():
+        for x, y in source:
+            inputs = x.to(param.device)
+            if inputs.is_floating_point():
+                inputs = inputs.to(param.dtype)
+            log_p = torch.log_softmax(model(inputs), dim=1)
+            p_y = log_p.gather(1, y.to(param.device, torch.int64)[:, None])[:, 0].exp()
+            switched = (p_y < FLSD53_THRESHOLD).cpu()
+            if bool(switched.any()):
+                low.append((x[switched], y[switched]))
+            if bool((~switched).any()):
+                high.append((x[~switched], y[~switched]))
     return low, high
 
 
-class FLSD53Hessian:
-    """H of the mean FLSD-53 loss over a dataset: Σ_g (N_g/N)·H_focal,γ_g(group g).
-
-    Keyword arguments (``params``, ``engine``, ``mode``, ``cache``, ``probe_batch``) are passed
-    to each group's :class:`HessianOperator`. ``groups`` lists ``(γ, N_g)``; ``n_matvecs``
-    counts vectors multiplied by the sum (each costs one product per non-empty group).
-    """
+class FLSD53Hessian(HessianOperator):
+    """Deprecated name: the :class:`HessianOperator` of :class:`~curvcal.losses.FLSD53Loss`
+    (build it with :func:`~curvcal.curvature.operator.build_operator`); ``groups`` lists
+    ``(γ, N_γ)``."""
 
     def __init__(
         self,
@@ -86,67 +86,14 @@ class FLSD53Hessian:
         cache: str = "auto",
         probe_batch: int = 8,
     ) -> None:
-        low, high = flsd53_groups(model, batches, mode)
-        self.parts: list[tuple[float, HessianOperator]] = []
-        for gamma, group in zip(FLSD53_GAMMAS, (low, high), strict=True):
-            if group:
-                operator = HessianOperator(
-                    model,
-                    group,
-                    criterion="focal",
-                    gamma=gamma,
-                    params=params,
-                    engine=engine,
-                    mode=mode,
-                    cache=cache,
-                    probe_batch=probe_batch,
-                )
-                self.parts.append((gamma, operator))
-        if not self.parts:
-            raise InputError("batches", "the dataset is empty")
-        self.criterion = FLSD53
-        self.n_samples = sum(op.n_samples for _, op in self.parts)
-        self.groups = tuple((gamma, op.n_samples) for gamma, op in self.parts)
-        self.n_matvecs = 0
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.parts[0][1].shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.parts[0][1].dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.parts[0][1].device
-
-    @property
-    def engine(self) -> str:
-        """The product engine that ran (that of the first group)."""
-        return self.parts[0][1].engine
-
-    @property
-    def param_names(self) -> tuple[str, ...]:
-        return self.parts[0][1].param_names
-
-    def matmat(self, vectors: Tensor) -> Tensor:
-        """H·V for V of shape (P, m)."""
-        total = sum(
-            (op.matmat(vectors) * (op.n_samples / self.n_samples) for _, op in self.parts),
-            start=torch.zeros((), dtype=self.dtype, device=self.device),
+        super().__init__(
+            model,
+            batches,
+            FLSD53Loss(),
+            params=params,
+            engine=engine,
+            mode=mode,
+            cache=cache,
+            probe_batch=probe_batch,
         )
-        self.n_matvecs += int(vectors.shape[1])
-        assert isinstance(total, Tensor)
-        return total
-
-    def matvec(self, vector: Tensor) -> Tensor:
-        """H·v for v of shape (P,)."""
-        return self.matmat(vector.reshape(-1, 1)).reshape(-1)
-
-    def __matmul__(self, other: Tensor) -> Tensor:
-        return self.matvec(other) if other.ndim == 1 else self.matmat(other)
-
-    def mean_loss(self) -> float:
-        """(1/N) Σ_i FLSD-53 loss of sample i: the group means weighted by N_g/N."""
-        return sum(op.mean_loss() * op.n_samples for _, op in self.parts) / self.n_samples
+        self.groups = flsd53_group_sizes(self)

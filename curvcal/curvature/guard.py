@@ -1,11 +1,13 @@
-"""NaN/Inf guard for the Hessian operator: which batches are at fault, and how many.
+"""The NaN/Inf guard: a wrapper around any Hessian operator that names the batches at fault.
 
-:class:`GuardedHessianOperator` is a :class:`~curvcal.curvature.hvp.HessianOperator` whose mean
-loss and products are checked for finiteness (a cheap min/max of the result, which NaN
-propagates through). When one is not finite the pass that produced it is run again batch by
-batch, each batch as a one-batch operator with the same model, loss, parameters and engine, and
-the run stops with a :class:`~curvcal.errors.NumericalError` that gives the count of offending
-batches and the first of them with its sample range::
+:class:`NaNGuard` has the operator interface of what it wraps (``shape``, ``dtype``,
+``device``, ``matmat``, ``matvec``, ``@``, ``mean_loss``, ``restrict`` and every other
+attribute, passed through). Its mean loss and products are checked for finiteness (a cheap
+min/max of the result, which NaN propagates through). When one is not finite the pass that
+produced it is run again batch by batch, each batch through ``operator.with_batches([batch])``
+(the same model, loss, parameters and engine), and the run stops with a
+:class:`~curvcal.errors.NumericalError` that gives the count of offending batches and the first
+of them with its sample range::
 
     loss: the mean ce loss over the 40 samples is nan: non-finite in 3 of 5 batches, the first
     being batch 1 (samples 8..15)
@@ -16,18 +18,31 @@ searches its own shard (no collective is called) and reports batches of that sha
 
 from __future__ import annotations
 
-import glob
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from curvcal.curvature.hvp import Batch, BatchSource, HessianOperator
+from curvcal.curvature.operators import LinearOperator
 from curvcal.errors import NumericalError
 
 _PRODUCT = "a Hessian-vector product is not finite (NaN or Inf)"
 _HINT = "check the model's weights and the data for NaN or Inf, or use float64"
+
+Batch = tuple[Tensor, Tensor]
+
+
+class Guardable(LinearOperator, Protocol):
+    """What the guard needs of an operator: products (a :class:`LinearOperator`) and the loss."""
+
+    def mean_loss(self) -> float: ...
+
+    def restrict(self, params: Sequence[str]) -> Any: ...
+
+    def with_batches(self, batches: list[Batch]) -> Any: ...
+
+    def source_batches(self) -> Iterator[Batch]: ...
 
 
 def _finite(values: Tensor) -> bool:
@@ -37,67 +52,79 @@ def _finite(values: Tensor) -> bool:
     return bool(torch.isfinite(low) & torch.isfinite(high))
 
 
-def _fresh(source: BatchSource) -> Iterator[Batch]:
-    if callable(source) and not isinstance(source, Iterable):
-        return iter(source())
-    return iter(source)
-
-
-class GuardedHessianOperator(HessianOperator):
-    """A :class:`HessianOperator` (same arguments) that names the batches behind a NaN/Inf.
+class NaNGuard:
+    """``operator`` with every non-finite loss or product reported with the batches behind it.
 
     :meth:`mean_loss` and every product raise :class:`NumericalError` with the number of
     batches whose own loss (or product with the same vectors) is not finite and the index and
-    sample range of the first; blocks made by :meth:`restrict` are guarded too.
+    sample range of the first; blocks made by :meth:`restrict` are guarded too. ``sharded``
+    says the data is one process's shard (the message says so when no batch is at fault).
+    Finite results are those of ``operator``, unchanged.
     """
 
-    def __init__(self, model: nn.Module, batches: BatchSource, **options: Any) -> None:
-        super().__init__(model, batches, **options)
-        self._guard_source = batches
-        self._guard_sharded = options.get("all_reduce") is not None
-        self._guard_options = {
-            key: value for key, value in options.items() if key not in ("all_reduce", "cache")
-        }
+    def __init__(self, operator: Guardable, *, sharded: bool = False) -> None:
+        self.operator = operator
+        self.sharded = sharded
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("operator", "sharded"):
+            raise AttributeError(name)
+        return getattr(self.operator, name)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.operator.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.operator.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.operator.device
 
     def mean_loss(self) -> float:
+        """The wrapped operator's mean loss; a non-finite one names the batches at fault."""
         try:
-            value = super().mean_loss()
+            value = self.operator.mean_loss()
         except NumericalError as error:
             raise self._located(error.what, error.why, None) from None
         return value
 
     def matmat(self, vectors: Tensor) -> Tensor:
+        """H·V for V of shape (P, m); a non-finite product names the batches at fault."""
         try:
-            result = super().matmat(vectors)
+            result = self.operator.matmat(vectors)
         except NumericalError as error:
             raise self._located(error.what, error.why, vectors) from None
         if not _finite(result):
             raise self._located("hessian", _PRODUCT, vectors)
         return result
 
-    def _single(self, batch: Batch) -> HessianOperator:
-        """The same Hessian over one batch (no cache, no cross-process sum)."""
-        return HessianOperator(
-            self.model,
-            [batch],
-            **{
-                **self._guard_options,
-                "params": [glob.escape(name) for name in self.param_names],
-                "engine": self.requested_engine,
-                "cache": "none",
-            },
-        )
+    def matvec(self, vector: Tensor) -> Tensor:
+        """H·v for v of shape (P,)."""
+        return self.matmat(vector.reshape(-1, 1)).reshape(-1)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        return self.matvec(other) if other.ndim == 1 else self.matmat(other)
+
+    def restrict(self, params: Sequence[str]) -> NaNGuard:
+        """The guarded diagonal block of the parameters matching the glob patterns ``params``."""
+        return NaNGuard(self.operator.restrict(params), sharded=self.sharded)
 
     def _located(self, what: str, why: str, vectors: Tensor | None) -> NumericalError:
         """``why`` (the failed check) with the offending batches, found by running the failed
         pass again batch by batch: the loss when ``vectors`` is ``None``, else their product."""
-        check: Callable[[HessianOperator], object]
+        check: Callable[[Any], object]
         if vectors is None:
-            check = HessianOperator.mean_loss
+
+            def check(single: Any) -> object:
+                return single.mean_loss()
+
         else:
             block = vectors.detach()
 
-            def check(single: HessianOperator) -> object:
+            def check(single: Any) -> object:
                 result = single.matmat(block)
                 if not _finite(result):
                     raise NumericalError(what, _PRODUCT)
@@ -106,16 +133,16 @@ class GuardedHessianOperator(HessianOperator):
         bad: list[tuple[int, int, int]] = []
         n_batches = 0
         start = 0
-        for index, batch in enumerate(_fresh(self._guard_source)):
+        for index, batch in enumerate(self.operator.source_batches()):
             size = int(batch[1].shape[0])
             n_batches += 1
             try:
-                check(self._single(batch))
+                check(self.operator.with_batches([batch]))
             except NumericalError:
                 bad.append((index, start, start + size - 1))
             start += size
         if not bad:
-            where = " of this process" if self._guard_sharded else ""
+            where = " of this process" if self.sharded else ""
             found = f"no single batch{where} is at fault (the sum over batches overflows)"
         else:
             index, first, last = bad[0]

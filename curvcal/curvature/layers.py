@@ -8,12 +8,13 @@ eigenvalues are not those of H, and Σ_M tr(H_MM) = tr(H).
 from __future__ import annotations
 
 import glob
-from collections.abc import Callable
 
 from curvcal.curvature.eigen import DEFAULT_TOL, power_iteration
-from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.guard import NaNGuard
+from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.results import LayerCurvature
 from curvcal.curvature.trace import exact_trace, hutchinson_trace
+from curvcal.progress import OnStep
 
 
 def _module_of(parameter_name: str) -> str:
@@ -21,14 +22,14 @@ def _module_of(parameter_name: str) -> str:
 
 
 def layer_curvature(
-    operator: HessianOperator,
+    operator: HessianOperator | NaNGuard,
     *,
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,
     n_probes: int = 100,
     distribution: str = "rademacher",
     seed: int = 0,
-    on_step: Callable[[int], None] | None = None,
+    on_step: OnStep = None,
 ) -> list[LayerCurvature]:
     """λmax (power iteration with the λmax shift rule) and trace of each module's block.
 

@@ -10,7 +10,8 @@ and every term is differentiable in θ when H·v is formed by double backward wi
 ``create_graph=True``: g = ∇_θ L (kept in the graph), H·v = ∇_θ (g·v) (kept in the graph too),
 so ∇_θ (vᵀHv) = ∇_θ Σ_i v_i (Hv)_i involves third derivatives that autograd takes care of.
 
-:func:`double_backward_hvp` is the product itself (several vectors against one kept graph);
+:func:`~curvcal.curvature.engines.double_backward_hvp` is the product itself (several vectors
+against one kept graph, the same kernel the Hessian operator's ``autograd`` engine runs);
 :func:`hutchinson_trace_penalty` draws the probes and averages the quadratic forms. Pure: no
 global RNG (probes come from the caller's ``torch.Generator``), nothing written to ``.grad``.
 """
@@ -22,62 +23,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from curvcal.curvature.engines import double_backward_hvp
 from curvcal.curvature.trace import draw_probes
 from curvcal.errors import InputError
-
-
-def double_backward_hvp(
-    loss: Tensor,
-    params: Sequence[Tensor],
-    tangents: Sequence[Tensor],
-    *,
-    create_graph: bool = False,
-) -> tuple[Tensor, ...]:
-    """H·v_j for m vectors at once, by double backward, H = ∇²_θ ``loss``.
-
-    ``tangents[i]`` has shape ``(m, *params[i].shape)``: the i-th parameter's piece of every
-    vector. Returns the same layout. The gradient ∇_θ loss is formed once with
-    ``create_graph=True`` and each product is ∇_θ (g·v_j) against that graph; with
-    ``create_graph=True`` the products stay differentiable in θ. Parameters the gradient does not
-    depend on get zero products.
-    """
-    if loss.ndim != 0:
-        raise InputError("loss", f"must be a scalar tensor, got shape {tuple(loss.shape)}")
-    if not loss.requires_grad:
-        raise InputError("loss", "does not depend on the parameters (no autograd graph)")
-    if len(tangents) != len(params):
-        raise InputError("tangents", f"{len(tangents)} pieces for {len(params)} parameters")
-    m = int(tangents[0].shape[0]) if tangents else 0
-    for tangent, p in zip(tangents, params, strict=True):
-        if tuple(tangent.shape) != (m, *p.shape):
-            raise InputError(
-                "tangents", f"expected shape {(m, *p.shape)}, got {tuple(tangent.shape)}"
-            )
-    with torch.enable_grad():
-        grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
-        outputs: list[list[Tensor]] = []
-        for j in range(m):
-            dot = sum(
-                ((g * t[j]).sum() for g, t in zip(grads, tangents, strict=True) if g is not None),
-                start=loss.new_zeros(()),
-            )
-            if not dot.requires_grad:  # the gradient does not depend on these parameters
-                outputs.append([torch.zeros_like(p) for p in params])
-                continue
-            second = torch.autograd.grad(
-                dot,
-                params,
-                retain_graph=create_graph or j < m - 1,
-                create_graph=create_graph,
-                allow_unused=True,
-            )
-            outputs.append(
-                [
-                    torch.zeros_like(p) if h is None else h
-                    for h, p in zip(second, params, strict=True)
-                ]
-            )
-    return tuple(torch.stack([row[i] for row in outputs]) for i in range(len(params)))
 
 
 def hutchinson_trace_penalty(

@@ -49,7 +49,7 @@ class EigenSpectrum:
     eigenvalue had the wrong sign for the end asked for), ``shift`` is the σ used — the values
     are those of ``A − σI`` plus σ — and ``dominant`` holds the unshifted dominant eigenvalues
     (largest in magnitude) found first. ``engine`` names the Hessian-vector-product engine that
-    ran, when the operator was a :class:`~curvcal.curvature.hvp.HessianOperator`.
+    ran, when the operator was a :class:`~curvcal.curvature.operator.HessianOperator`.
     ``stopped_by`` names what ended the run: ``"tol"`` (every value met the rule),
     ``"max_iter"``, ``"max_matvecs"`` (the products budget), ``"precision"`` (rounding in the
     products keeps the true residual above tol: the operator's precision floor) or

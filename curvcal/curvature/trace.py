@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +28,7 @@ from torch import Tensor
 from curvcal.curvature.operators import LinearOperator, as_operator
 from curvcal.curvature.results import ConvergenceWarning, TraceResult
 from curvcal.errors import InputError
+from curvcal.progress import OnStep
 
 DISTRIBUTIONS = ("rademacher", "gaussian")
 METHODS = ("hutchinson", "hutch++", "xtrace")
@@ -42,8 +42,6 @@ INTERVALS = {
     "about 80-93% coverage measured)",
     "exact": "none needed: exact up to rounding",
 }
-
-OnStep = Callable[[int], None] | None
 
 
 def draw_probes(n_params: int, count: int, distribution: str, generator: torch.Generator) -> Tensor:

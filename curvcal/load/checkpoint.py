@@ -21,11 +21,12 @@ requested device and dtype.
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import json
 import math
 import pickle
 import re
+import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -36,15 +37,18 @@ import torch
 from torch import nn
 
 from curvcal.errors import InputError, TrustError
+from curvcal.load.allowlist import allowed_classes, could_be_allowed
 from curvcal.load.architecture import accepts_keyword, build_architecture
 from curvcal.load.formats import (
     Container,
     TensorSpec,
     dtype_name,
+    plain_pickle_globals,
     pt2_weight_specs,
     safetensors_metadata,
     safetensors_specs,
     sniff,
+    torch_safe_globals,
     unsafe_globals,
 )
 from curvcal.load.state_dict import (
@@ -57,13 +61,21 @@ from curvcal.load.state_dict import (
     wrapper_prefix,
 )
 
+PLAIN_PICKLE = "plain_pickle"
+PLAIN_PICKLE_NOTE = "a plain Python pickle, not a torch.save checkpoint: curvcal cannot load it"
 FORMS = ("state_dict", "safetensors", "pickled_module", "torchscript", "exported_program")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 ARCH_METADATA_KEY = "curvcal.arch"
 ARCH_KWARGS_METADATA_KEY = "curvcal.arch_kwargs"
 LOSS_METADATA_KEY = "curvcal.loss"
 GAMMA_METADATA_KEY = "curvcal.gamma"
-_LOSS_NAMES = {"ce": "ce", "cross_entropy": "ce", "cross-entropy": "ce", "focal": "focal"}
+_LOSS_NAMES = {
+    "ce": "ce",
+    "cross_entropy": "ce",
+    "cross-entropy": "ce",
+    "focal": "focal",
+    "flsd53": "flsd53",
+}
 EXPORTED_MODE_NOTE = (
     "exported programs keep the train/eval mode they were exported in; eval()/train() cannot "
     "switch them"
@@ -144,6 +156,8 @@ class CheckpointInfo:
     ``num_classes`` is the row count of the last 2-D weight. ``unsafe_globals`` are the classes
     and functions a pickle would import that a weights-only load refuses; when there are any,
     or the format carries code, ``needs_trust`` is true and the tensors are not listed (pickles).
+    A plain Python pickle (not written by :func:`torch.save`) has format ``plain_pickle``, lists
+    every global it would import in ``pickle_globals`` and cannot be loaded as a checkpoint.
     """
 
     path: Path
@@ -159,6 +173,7 @@ class CheckpointInfo:
     metadata: dict[str, str]
     unsafe_globals: tuple[str, ...]
     needs_trust: bool
+    pickle_globals: tuple[str, ...] = ()
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -202,6 +217,8 @@ def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
     dtype = resolve_dtype(options.dtype)
     allowed = import_globals(options.allow_globals)
     container = sniff(path)
+    if container.kind == "pickle":
+        _refuse_plain_pickle(path)
     if container.kind == "safetensors":
         loaded = _load_safetensors(path, container, options)
     elif container.kind == "torchscript":
@@ -233,9 +250,11 @@ def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
 def recorded_loss(loaded: LoadedModel) -> tuple[str, float]:
     """The training loss a checkpoint records in its metadata, as ``(criterion, gamma)``.
 
-    ``curvcal.loss`` is ``ce`` (also ``cross_entropy``) or ``focal``; ``curvcal.gamma`` is the
-    focal γ (required for ``focal``; absent or 0 for ``ce``). Raises :class:`InputError`, naming
-    the checkpoint, when the metadata is missing or unusable.
+    ``curvcal.loss`` is ``ce`` (also ``cross_entropy``), ``focal`` or ``flsd53``;
+    ``curvcal.gamma`` is the focal γ (required for ``focal``; absent or 0 for ``ce`` and
+    ``flsd53``, whose γ is per sample). :func:`curvcal.losses.loss_from_name` turns the pair into
+    a loss. Raises :class:`InputError`, naming the checkpoint, when the metadata is missing or
+    unusable.
     """
     where = str(loaded.path)
     hint = "pass --loss ce or --loss focal --gamma G"
@@ -262,9 +281,9 @@ def recorded_loss(loaded: LoadedModel) -> tuple[str, float]:
         ) from None
     if not math.isfinite(gamma) or gamma < 0:
         raise InputError(where, f"metadata {GAMMA_METADATA_KEY} is {gamma_raw!r}; γ must be ≥ 0")
-    if criterion == "ce" and gamma != 0:
+    if criterion != "focal" and gamma != 0:
         raise InputError(
-            where, f"metadata says loss ce with {GAMMA_METADATA_KEY} {gamma_raw!r}", hint
+            where, f"metadata says loss {criterion} with {GAMMA_METADATA_KEY} {gamma_raw!r}", hint
         )
     return criterion, gamma
 
@@ -288,6 +307,10 @@ def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) ->
         return _info(path, "exported_program", container, pt2_weight_specs(path), needs_trust=True)
     if container.kind == "torchscript":
         return _info(path, "torchscript", container, (), needs_trust=True)
+    if container.kind == "pickle":
+        names = plain_pickle_globals(path)
+        info = _info(path, PLAIN_PICKLE, container, (), unsafe=_outside_torch_allowlist(names))
+        return dataclasses.replace(info, pickle_globals=names, metadata={"note": PLAIN_PICKLE_NOTE})
     scan = unsafe_globals(path, container, allow_globals, allowed)
     module_like = scan.top_level is not None and scan.top_level not in _DICT_GLOBALS
     form = "pickled_module" if module_like else "state_dict"
@@ -323,18 +346,25 @@ def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) ->
 
 
 def import_globals(names: tuple[str, ...]) -> list[Any]:
-    """Import each ``module.Name`` given with ``--allow-global``."""
-    objects = []
-    for name in names:
-        module_name, _, attr = name.rpartition(".")
-        if not module_name or not attr:
-            raise InputError("--allow-global", f"{name!r} is not a module.Name path")
-        try:
-            obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise InputError("--allow-global", f"cannot import {name}: {exc}") from exc
-        objects.append(obj)
-    return objects
+    """Import each ``module.Class`` given with ``--allow-global``, refusing anything but plain
+    data classes (the rule is :mod:`curvcal.load.allowlist`)."""
+    return list(allowed_classes(names))
+
+
+def _refuse_plain_pickle(path: Path) -> None:
+    names = plain_pickle_globals(path)
+    listed = f"; it imports {', '.join(names)}" if names else ""
+    raise InputError(
+        str(path),
+        f"is a plain Python pickle, not a torch.save checkpoint{listed}",
+        "curvcal reads files written by torch.save or safetensors; "
+        "curvcal inspect lists a pickle's globals without running it",
+    )
+
+
+def _outside_torch_allowlist(names: tuple[str, ...]) -> tuple[str, ...]:
+    safe = torch_safe_globals()
+    return tuple(name for name in names if name not in safe)
 
 
 # --- loaders, one per container -------------------------------------------------------------
@@ -391,7 +421,7 @@ def _load_pickle(
             str(path),
             f"{what} that needs {', '.join(scan.names)} to load, which a weights-only load refuses "
             "and a full unpickling could use to run code",
-            f"{_TRUST_HINT}; for plain data classes, --allow-global NAME is enough",
+            _refusal_hint(scan.names, module_like),
         )
     # With trust and globals outside the allowlist, the full unpickler; otherwise weights-only.
     obj = _full_load(path) if scan.names else _weights_only_load(path, allowed)
@@ -427,6 +457,15 @@ def _load_pickle(
     )
 
 
+def _refusal_hint(names: tuple[str, ...], module_like: bool) -> str:
+    """The trust hint, plus ``--allow-global`` only when every refused global could be a plain
+    data class (never for whole modules, functions or anything from a denied module)."""
+    if module_like or not all(could_be_allowed(name) for name in names):
+        return _TRUST_HINT
+    flags = " ".join(f"--allow-global {name}" for name in names)
+    return f"{_TRUST_HINT}; if these are plain data classes you trust, {flags} admits them and runs no code from the file"
+
+
 def _arch_ignored(options: CheckpointOptions) -> dict[str, str]:
     return {"arch_ignored": options.arch} if options.arch else {}
 
@@ -445,7 +484,19 @@ def _weights_only_load(path: Path, allowed: list[Any]) -> Any:
                 _TRUST_HINT,
             ) from exc
         raise InputError(str(path), f"corrupt pickle: {_one_line(exc)}") from exc
-    except (RuntimeError, EOFError, ValueError, OSError, IndexError, KeyError) as exc:
+    except (
+        RuntimeError,
+        EOFError,
+        ValueError,
+        OSError,
+        IndexError,
+        KeyError,
+        # a corrupt legacy pickle calls torch's allow-listed rebuild functions with the wrong
+        # arguments, or names a storage it never defines
+        TypeError,
+        AssertionError,
+        struct.error,  # a legacy file cut inside a storage's size
+    ) as exc:
         raise InputError(
             str(path), f"cannot be read (truncated or corrupt?): {_one_line(exc)}"
         ) from exc

@@ -518,13 +518,14 @@ def _factory_labels(dataset: Any, what: str) -> torch.Tensor:
 # labels, batches, splits
 
 
-def check_labels(data: LoadedData, num_outputs: int | None) -> None:
+def check_labels(data: LoadedData, num_outputs: int | None, what: str | None = None) -> None:
     """Check the labels against a model with ``num_outputs`` logits.
 
     Labels must be integers in ``[0, num_outputs)``. When the dataset itself knows its number
-    of classes (``num_classes_source == "dataset"``) it must equal ``num_outputs``.
+    of classes (``num_classes_source == "dataset"``) it must equal ``num_outputs``. Errors name
+    ``what`` (default ``--data SPEC``).
     """
-    what = f"--data {data.spec}"
+    what = what or f"--data {data.spec}"
     labels = as_labels(data.labels, what)
     if num_outputs is None:
         return

@@ -7,8 +7,10 @@ Containers recognised (by content; the extension is only used in the error messa
 - ``pt2``: :func:`torch.export.save`, a zip with ``archive_format`` (``pt2``) or the older
   ``serialized_exported_program.json``;
 - ``safetensors``: 8-byte little-endian header length, a JSON header, then raw tensor bytes;
-- ``torch-legacy``: the pre-1.6 :func:`torch.save` layout, consecutive pickles (starts with the
-  pickle ``PROTO`` opcode).
+- ``torch-legacy``: the pre-1.6 :func:`torch.save` layout, consecutive pickles, the first of
+  which is torch's magic number;
+- ``pickle``: any other pickle (protocol 2 to 5), such as :func:`pickle.dump` writes: not a
+  checkpoint; only its globals are read, for ``curvcal inspect``.
 
 Pickle globals are found by reading opcodes (:mod:`pickletools`), which never executes them.
 """
@@ -22,6 +24,7 @@ import pickle
 import pickletools
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +33,7 @@ from typing import Any, BinaryIO
 import torch
 
 from curvcal.errors import InputError
+from curvcal.paths import readable_file
 
 KNOWN_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pt2", ".tar")
 
@@ -59,7 +63,7 @@ class Container:
     header.
     """
 
-    kind: str  # torch-zip | torchscript | pt2 | safetensors | torch-legacy
+    kind: str  # torch-zip | torchscript | pt2 | safetensors | torch-legacy | pickle
     members: tuple[str, ...] = ()
     pickle_name: str | None = None
     header: Mapping[str, Any] = field(default_factory=dict)
@@ -68,11 +72,7 @@ class Container:
 def sniff(path: Path) -> Container:
     """Identify the container of ``path``; raise :class:`InputError` naming the file otherwise."""
     what = str(path)
-    if not path.exists():
-        raise InputError(what, "no such file")
-    if path.is_dir():
-        raise InputError(what, "is a directory, not a checkpoint file")
-    size = path.stat().st_size
+    size = readable_file(path, expected="checkpoint file").st_size
     if size == 0:
         raise InputError(what, "is empty (0 bytes)")
     with path.open("rb") as handle:
@@ -85,7 +85,7 @@ def sniff(path: Path) -> Container:
         if header is not None:
             return Container(kind="safetensors", header=header)
     if head[0] == _PICKLE_PROTO and len(head) > 1 and 2 <= head[1] <= 5:
-        return Container(kind="torch-legacy")
+        return Container(kind="torch-legacy" if _starts_with_torch_magic(path) else "pickle")
     suffix = path.suffix or "(none)"
     known = ", ".join(KNOWN_EXTENSIONS)
     if path.suffix.lower() not in KNOWN_EXTENSIONS:
@@ -95,6 +95,31 @@ def sniff(path: Path) -> Container:
     raise InputError(what, why, f"curvcal reads {known} files written by torch or safetensors")
 
 
+def _starts_with_torch_magic(path: Path) -> bool:
+    """Whether the first pickle in ``path`` is the legacy :func:`torch.save` magic number (an
+    integer pickled on its own); read opcode by opcode, never unpickled."""
+    with path.open("rb") as handle:
+        head = io.BytesIO(handle.read(64))
+    try:
+        for opcode, arg, _pos in pickletools.genops(head):
+            if opcode.name in ("PROTO", "FRAME"):
+                continue
+            return opcode.name in ("LONG1", "LONG4") and arg == torch.serialization.MAGIC_NUMBER
+    except (ValueError, EOFError, struct.error):
+        return False
+    return False
+
+
+def plain_pickle_globals(path: Path) -> tuple[str, ...]:
+    """Every global a plain (non-torch) pickle file would import, read opcode by opcode without
+    running anything; :class:`InputError` when the pickle is truncated or corrupt."""
+    try:
+        with _BoundedReader(path) as stream:
+            return pickle_globals(stream).names
+    except (ValueError, EOFError, IndexError, struct.error) as exc:
+        raise InputError(str(path), f"truncated or corrupt pickle ({_one_line(exc)})") from exc
+
+
 def _sniff_zip(path: Path) -> Container:
     what = str(path)
     try:
@@ -102,7 +127,14 @@ def _sniff_zip(path: Path) -> Container:
             names = archive.namelist()
             bad = archive.testzip()
             archive_format = _read_member(archive, names, "archive_format")
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+    except (
+        zipfile.BadZipFile,
+        OSError,
+        EOFError,
+        ValueError,
+        NotImplementedError,  # an unsupported zip version or compression method
+        zlib.error,  # a deflated member that does not inflate
+    ) as exc:
         raise InputError(what, f"truncated or corrupt zip archive ({_one_line(exc)})") from exc
     if bad is not None:
         raise InputError(what, f"corrupt zip archive (member {bad} fails its CRC check)")
@@ -158,17 +190,40 @@ def _safetensors_header(path: Path, size: int) -> dict[str, Any] | None:
     data_end = 0
     for name, entry in header.items():
         if name == "__metadata__":
+            if entry is not None and not (
+                isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())
+            ):
+                raise InputError(str(path), "corrupt safetensors header (__metadata__)")
             continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2):
+        if not _safetensors_entry_ok(entry):
             raise InputError(str(path), f"corrupt safetensors header (entry {name!r})")
-        data_end = max(data_end, int(offsets[1]))
+        data_end = max(data_end, entry["data_offsets"][1])
     if 8 + length + data_end > size:
         raise InputError(
             str(path),
             f"truncated safetensors file ({size} bytes, the header describes {8 + length + data_end})",
         )
     return header
+
+
+def _safetensors_entry_ok(entry: Any) -> bool:
+    """A tensor entry as the format defines it: a dtype name, a shape of naturals and two
+    ordered offsets (everything later code reads from the header without checking again)."""
+
+    def natural(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return False
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    return (
+        isinstance(shape, list)
+        and all(natural(d) for d in shape)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(natural(o) for o in offsets)
+        and offsets[0] <= offsets[1]
+    )
 
 
 def safetensors_specs(header: Mapping[str, Any]) -> tuple[TensorSpec, ...]:
@@ -205,10 +260,25 @@ _SAFETENSORS_DTYPES = {
 def _pickle_stream(path: Path, container: Container) -> BinaryIO:
     """The main pickle of a torch zip (in memory), or the legacy file itself."""
     if container.kind == "torch-legacy":
-        return path.open("rb")
+        return _BoundedReader(path)
     with zipfile.ZipFile(path) as archive:
         data = _read_member(archive, archive.namelist(), container.pickle_name or "data.pkl")
     return io.BytesIO(data or b"")
+
+
+class _BoundedReader(io.FileIO):
+    """A file whose reads never ask for more than what is left of it: a corrupt length in a
+    pickle opcode (up to 2**64) then reads short, which the opcode reader reports as a
+    ValueError, instead of allocating that many bytes first."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is not None and size > 0:
+            size = min(size, max(0, self._size - self.tell()))
+        return super().read(size)
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, "rb")
+        self._size = path.stat().st_size
 
 
 def pickle_globals(stream: BinaryIO, n_pickles: int = 1, object_index: int = 0) -> PickleGlobals:
@@ -296,11 +366,11 @@ def unsafe_globals(
         except (ValueError, RuntimeError, pickle.UnpicklingError, EOFError):
             reported = []
         names += sorted(set(reported) - set(names))
-    safe = _torch_safe_globals() | set(allowed)
+    safe = torch_safe_globals() | set(allowed)
     return PickleGlobals(tuple(g for g in names if g not in safe), scanned.top_level)
 
 
-def _torch_safe_globals() -> set[str]:
+def torch_safe_globals() -> set[str]:
     """Names torch's weights-only unpickler accepts by default (and any the user allowlisted
     through :func:`torch.serialization.safe_globals`)."""
     from torch import _weights_only_unpickler as wou
@@ -321,15 +391,16 @@ def pt2_weight_specs(path: Path) -> tuple[TensorSpec, ...]:
         raise InputError(str(path), f"corrupt pt2 archive ({_one_line(exc)})") from exc
     if raw is None:
         return ()
-    try:
-        config = json.loads(raw)["config"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return ()
     specs = []
-    for name, entry in config.items():
-        meta = entry.get("tensor_meta", {})
-        shape = tuple(int(s.get("as_int", -1)) for s in meta.get("sizes", []))
-        specs.append(TensorSpec(name, shape, _pt2_dtype(meta.get("dtype"))))
+    # the listing is informative only (an exported program is never loaded without trust):
+    # a config that is not UTF-8 JSON of the expected shape lists no weights
+    try:
+        for name, entry in json.loads(raw)["config"].items():
+            meta = entry.get("tensor_meta", {})
+            shape = tuple(int(s.get("as_int", -1)) for s in meta.get("sizes", []))
+            specs.append(TensorSpec(name, shape, _pt2_dtype(meta.get("dtype"))))
+    except (ValueError, KeyError, TypeError, AttributeError):  # ValueError: bad UTF-8 or JSON
+        return ()
     return tuple(specs)
 
 

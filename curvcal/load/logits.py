@@ -14,12 +14,30 @@ from pathlib import Path
 
 import torch
 
-from curvcal.calibration.inputs import NAN_POLICIES, drop_rows, nonfinite_rows
 from curvcal.errors import InputError
 from curvcal.load.tensorfile import as_labels, read_tensor_file, write_tensor_file
 
 INPUT_KINDS = ("logits", "probs", "logprobs")
 ROW_SUM_TOLERANCE = 1e-4
+#: What ``--nan-policy`` may say: refuse a row with a NaN or infinity, or leave it out.
+NAN_POLICIES = ("error", "drop")
+
+
+def nonfinite_rows(scores: torch.Tensor) -> torch.Tensor:
+    """Indices (int64, ascending) of the rows of an N×K ``scores`` tensor holding a NaN or an
+    infinity; empty when every row is finite."""
+    if scores.ndim != 2:
+        raise InputError("scores", f"must be 2-D (N, K), got shape {tuple(scores.shape)}")
+    return (~torch.isfinite(scores)).any(dim=1).nonzero().reshape(-1)
+
+
+def drop_rows(
+    scores: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scores`` and ``labels`` without the given ``rows`` (new tensors; inputs untouched)."""
+    keep = torch.ones(scores.shape[0], dtype=torch.bool)
+    keep[rows] = False
+    return scores[keep], labels[keep]
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import torch
 
 from curvcal.atomic import atomic_output
 from curvcal.errors import InputError
+from curvcal.paths import readable_file
 
 TENSOR_FILE_SUFFIXES = (".pt", ".npz", ".safetensors")
 
@@ -33,8 +34,7 @@ def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
             f"unknown file type '{path.suffix or '(none)'}'",
             "use a .pt, .npz or .safetensors file",
         )
-    if not path.is_file():
-        raise InputError(str(path), "no such file")
+    readable_file(path)
     try:
         if suffix == ".npz":
             return _read_npz(path)

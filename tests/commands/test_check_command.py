@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from curvcal.assets import demo_checkpoint
-from curvcal.check import metric_values
+from curvcal.policy.baseline import metric_values
 from curvcal.results import Report
 
 # Light settings: a subset of the digits, a short γ grid, a loose Lanczos tolerance, few probes.

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from curvcal.commands.inspect import TENSOR_ROWS
+from curvcal.report.inspect import TENSOR_ROWS
 
 RunCli = Callable[..., Any]
 
@@ -111,4 +111,6 @@ def test_inspect_bad_allow_global(run_cli: RunCli, tmp_path: Path) -> None:
     torch.save({"w": torch.zeros(1)}, tmp_path / "w.pt")
     result = run_cli("inspect", tmp_path / "w.pt", "--allow-global", "nowhere.Nothing")
     assert result.code == 2
-    assert result.stderr.startswith("curvcal: error: --allow-global: cannot import nowhere.Nothing")
+    assert result.stderr.startswith(
+        "curvcal: error: --allow-global nowhere.Nothing: cannot be imported"
+    )

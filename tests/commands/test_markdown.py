@@ -45,7 +45,7 @@ def test_every_command_renders_markdown(run_cli, tmp_path: Path) -> None:
 
 
 def test_markdown_escapes_pipes_in_cells() -> None:
-    from curvcal.report import Table, render_markdown
+    from curvcal.report.tables import Table, render_markdown
 
     text = render_markdown([Table("t", ("a", "b"), (("x|y", "1"),))])
     assert "| x\\|y | 1 |" in text

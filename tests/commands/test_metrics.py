@@ -201,3 +201,18 @@ def test_existing_output_files_are_kept_without_force(run_cli, tmp_path: Path) -
     assert calibrator.read_text() == "keep me"
     assert run_cli(*args, "--force").code == 0
     assert json.loads(calibrator.read_text())["ts"]["method"] == "temperature"
+
+
+def test_plot_with_dpi_and_classwise_panels(run_cli, tmp_path: Path) -> None:
+    import matplotlib.image
+
+    path = logits_file(tmp_path / "l.npz", 300, 4, 0)
+    out = tmp_path / "r.png"
+    result = run_cli(
+        "metrics", path, "--val-split", "0.5", "--method", "ts", "--plot", out,
+        "--plot-classes", "2", "--dpi", "50", "--json",
+    )  # fmt: skip
+    document = as_json(result)
+    assert matplotlib.image.imread(out).shape[:2] == (2 * 200, 3 * 150)  # 2 stages × 3 panels
+    tables = document["results"]["evaluation"]["ts"]["class_bins"]
+    assert len(tables) == 2 and sum(b["count"] for b in tables[0]["bins"]) == 150

@@ -99,13 +99,13 @@ def test_every_stage_equals_its_kernel_and_the_dense_hessian(mlp_case: MLPCase) 
 def test_one_operator_serves_every_stage(mlp_case: MLPCase, monkeypatch) -> None:
     model, x, y, _ = mlp_case
     built = []
-    original = analysis_module.GuardedHessianOperator
+    original = analysis_module.build_operator
 
     def counting_operator(*args, **kwargs):  # type: ignore[no-untyped-def]
         built.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(analysis_module, "GuardedHessianOperator", counting_operator)
+    monkeypatch.setattr(analysis_module, "build_operator", counting_operator)
     source = CountingSource(split(x, y, 20))
     settings = HessianSettings(top_k=1, method="power", probes=20, probe_batch=8, per_layer=True)
     result = analyse_hessian(model, source, settings)

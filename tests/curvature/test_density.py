@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.density import spectral_density
-from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.trace import hutchinson_trace
 from curvcal.errors import InputError
 

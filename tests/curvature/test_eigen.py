@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
-from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.results import ConvergenceWarning
 from curvcal.errors import InputError
 
@@ -304,3 +304,14 @@ def test_lanczos_negative_dominant_and_zero_operator() -> None:
     assert smallest.values[0].value == pytest.approx(-10.0, abs=1e-9)
     zero = lanczos(torch.zeros(4, 4, dtype=torch.float32), 2)
     assert zero.converged and zero.eigenvalues == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power"])
+def test_unconverged_warning_names_the_step_limit_that_stopped_it(method: str) -> None:
+    # A spread spectrum and two steps: the run can only stop at its step limit, and the message
+    # says so with the limit's value (it used to say "raise max_iter" whatever the cause).
+    matrix = torch.diag(torch.linspace(1.0, 2.0, 60, dtype=torch.float64))
+    stop = r"stopped by max_iter: all 2 (steps|iterations) allowed.*\(raise max_iter\)"
+    with pytest.warns(ConvergenceWarning, match=stop):
+        spectrum = eigenvalues(matrix, 1, method=method, tol=1e-12, max_iter=2)
+    assert not spectrum.converged and spectrum.stopped_by == "max_iter"

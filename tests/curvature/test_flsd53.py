@@ -8,7 +8,7 @@ from torch import nn
 
 from curvcal.calibration.focal import focal_loss
 from curvcal.curvature.flsd53 import FLSD53Hessian, flsd53_groups
-from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
 
 F64 = torch.float64

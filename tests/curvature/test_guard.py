@@ -10,8 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.analysis import HessianSettings, analyse_hessian
-from curvcal.curvature.guard import GuardedHessianOperator
-from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.operator import GuardedHessianOperator, HessianOperator
 from curvcal.errors import NumericalError
 
 F64 = torch.float64

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
 
 from .cases import BATCH, dense_hessian, make_data, make_mlp, split

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature.hvp import HessianOperator
 from curvcal.curvature.layers import layer_curvature
+from curvcal.curvature.operator import HessianOperator
 
 from .cases import dense_hessian, make_data, split
 

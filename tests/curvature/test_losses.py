@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from curvcal.curvature.losses import cross_entropy_sum, focal_loss_sum
+from curvcal.losses import cross_entropy_sum, focal_loss_sum
 
 
 def test_focal_loss_hand_worked() -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from curvcal.curvature.eigen import power_iteration
-from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.results import ConvergenceWarning
 
 F64 = torch.float64

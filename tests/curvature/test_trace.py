@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature.hvp import HessianOperator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.results import ConvergenceWarning
 from curvcal.curvature.trace import (
     draw_probes,

@@ -7,7 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
-from curvcal.check import load_policy
+from curvcal.policy.parse import load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "examples" / "ci" / "github-actions.yml"

@@ -344,8 +344,9 @@ def test_allow_global_admits_a_plain_data_class(tmp_path: Path) -> None:
     model = _digits()
     torch.save({"state_dict": model.state_dict(), "config": TrainConfig(0.1, 3)}, tmp_path / "w.pt")
     name = f"{__name__}.TrainConfig"
-    with pytest.raises(TrustError, match=name):
+    with pytest.raises(TrustError, match=name) as refused:
         load_model(tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, device="cpu"))
+    assert f"--allow-global {name} admits them and runs no code" in refused.value.message
     loaded = load_model(
         tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, allow_globals=(name,), device="cpu")
     )

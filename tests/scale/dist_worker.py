@@ -15,7 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature import eigenvalues, hutchinson_trace
-from curvcal.curvature.hvp import AllReduce, HessianOperator
+from curvcal.curvature.batches import AllReduce
+from curvcal.curvature.operator import HessianOperator
 from curvcal.distributed import all_reduce_sum, init_from_env, shard_indices, shutdown
 
 N_SAMPLES = 51  # odd: the two shards differ in size

@@ -12,7 +12,8 @@ from curvature.cases import dense_hessian, make_data, make_mlp, split
 from torch import Tensor
 
 from curvcal.curvature import eigenvalues, hutchinson_trace
-from curvcal.curvature.hvp import HessianOperator, is_out_of_memory
+from curvcal.curvature.batches import is_out_of_memory
+from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
 
 

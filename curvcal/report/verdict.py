@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from curvcal.check import Verdict, VerdictRow
-from curvcal.report import Table, fmt_float
+from curvcal.policy.evaluate import Verdict, VerdictRow
+from curvcal.report.tables import Table, fmt_float
 
 VERDICT_COLUMNS = ("metric", "value", "bound", "baseline", "change", "result", "note")
 

@@ -9,7 +9,7 @@ import pytest
 
 from curvcal.calibration import Calibrator
 from curvcal.errors import InputError
-from curvcal.load.calibrator import calibrators_json, load_calibrators
+from curvcal.pipeline.calibrator import calibrators_json, load_calibrators
 
 TS = Calibrator("temperature", 2.25)
 FOCAL = Calibrator("focal-temperature", 3.5, 1.5)

@@ -1,8 +1,12 @@
-"""The library behind ``curvcal check``: measure what a policy gates, and judge it.
+"""``curvcal check``: measure what a policy gates on a checkpoint, and judge it.
+
+:func:`check_checkpoint` is the command's run (read the baseline, measure and judge with
+:func:`run_check`, build the report); :func:`run_check` is the library function ``demo`` and
+scripts call.
 
 :func:`run_check` reads the evaluation settings (command-line overrides first, then the policy's
-``[settings]``, then the defaults of :data:`DEFAULTS`), loads the checkpoint and the data with
-the ordinary loaders, and measures **only what the rules need** (see :func:`needs`):
+``[settings]``, then the defaults of :data:`~curvcal.policy.settings.DEFAULTS`), loads the checkpoint and the data with
+the ordinary loaders, and measures **only what the rules need** (see :func:`~curvcal.policy.settings.needs`):
 
 * calibration metrics of the uncalibrated model: one inference pass, no fit (every sample of
   ``data`` is evaluated, as ``curvcal calibrate --method none`` does);
@@ -11,10 +15,10 @@ the ordinary loaders, and measures **only what the rules need** (see :func:`need
   stratified ``val_split`` of ``data`` (default 0.5) or on ``fit_data``, and every stage is then
   measured on the evaluation split only, as ``curvcal calibrate`` does;
 * ``lambda_max``: the Hessian's top eigenvalues (``top_k``, default 1), without the trace;
-  ``trace``: the Hutchinson trace as well (the analysis always finds λmax, so a trace-only policy
+  ``trace``: the Hutch++ trace as well (the analysis always finds λmax, so a trace-only policy
   costs one extra eigenvalue search at ``top_k`` 1).
 
-Values are read from the analyses through :func:`curvcal.check.metric_values`, the same table
+Values are read from the analyses through :func:`curvcal.policy.baseline.metric_values`, the same table
 that reads saved reports, so ``check`` and ``compare`` judge the same numbers. Nothing here
 prints; progress goes through the ``on_step`` hook.
 """
@@ -23,117 +27,36 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from curvcal.check import (
-    CALIBRATION_METRICS,
-    MetricValue,
-    Policy,
-    Rule,
-    Verdict,
-    evaluate,
-    metric_values,
-    setting_location,
-)
 from curvcal.errors import InputError, NumericalError
-from curvcal.results import to_jsonable
+from curvcal.policy.baseline import measured_values
+from curvcal.policy.evaluate import MetricValue, Verdict, evaluate
+from curvcal.policy.parse import Policy
+from curvcal.policy.settings import (
+    DEFAULTS,
+    Locator,
+    Needs,
+    calibration_method,
+    check_choices,
+    needs,
+    resolve_settings,
+)
+from curvcal.progress import OnStageStep as OnStep  # stage: inference, calibration, hessian:<stage>
+from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
 
 if TYPE_CHECKING:
     import torch
 
     from curvcal.calibration.analysis import CalibrationAnalysis, CalibrationSettings
+    from curvcal.console import Reporter
     from curvcal.curvature.analysis import HessianSettings
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.load.checkpoint import LoadedModel
     from curvcal.load.data import LoadedData
-
-DEFAULT_VAL_SPLIT = 0.5
-
-#: Every evaluation setting ``check`` reads, with its default (``None``: unset).
-DEFAULTS: dict[str, Any] = {
-    "arch": None,
-    "arch_kwargs": {},
-    "num_classes": None,
-    "state_dict_key": None,
-    "device": "auto",
-    "dtype": "float32",
-    "data": None,
-    "data_root": None,
-    "max_samples": None,
-    "batch_size": 256,
-    "fit_data": None,
-    "val_split": None,
-    "seed": 0,
-    "bins": 15,
-    "edges": "left",
-    "method": None,
-    "objective": "nll",
-    "focal_objective": "ece",
-    "gammas": None,
-    "top_k": 1,
-    "eigen_method": None,
-    "tol": 1e-4,
-    "max_iter": None,
-    "probes": 100,
-    "trace": True,
-    "loss": "ce",
-    "gamma": None,
-}
-
-# Settings whose value must be one of a few words.
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "device": (),  # checked by the loader (auto, cpu, cuda, cuda:N)
-    "dtype": ("float32", "float64"),
-    "edges": ("left", "right"),
-    "method": ("ts", "focal-ts", "both", "none"),
-    "objective": ("nll", "ece", "adaece"),
-    "focal_objective": ("ece", "nll", "adaece"),
-    "eigen_method": ("power", "lanczos"),
-    "loss": ("ce", "focal", "own"),
-}
-_TRACE_METHODS = ("hutchpp", "xtrace", "hutchinson")
-
-OnStep = Callable[[str, int], None]
-"""Progress: the stage (``inference``, ``calibration``, ``hessian:<stage>``) and a count."""
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What a policy's rules need measured."""
-
-    predictions: bool
-    ts: bool
-    focal_ts: bool
-    hessian: bool
-    trace: bool
-
-    @property
-    def method(self) -> str:
-        """The calibration maps to fit, spelled as ``--method`` spells them."""
-        if self.ts and self.focal_ts:
-            return "both"
-        if self.ts:
-            return "ts"
-        return "focal-ts" if self.focal_ts else "none"
-
-
-def needs(rules: tuple[Rule, ...] | list[Rule]) -> Needs:
-    """The measurements ``rules`` need (nothing more)."""
-    stages = {rule.stage for rule in rules if rule.metric in CALIBRATION_METRICS}
-    metrics = {rule.metric for rule in rules}
-    ts = "ts" in stages or "temperature" in metrics
-    focal = "focal_ts" in stages or bool({"focal_gamma", "focal_temperature"} & metrics)
-    trace = "trace" in metrics
-    return Needs(
-        predictions=bool(stages) or ts or focal,
-        ts=ts,
-        focal_ts=focal,
-        hessian=trace or "lambda_max" in metrics,
-        trace=trace,
-    )
 
 
 @dataclass(frozen=True)
@@ -141,7 +64,7 @@ class CheckResult:
     """A policy judged on a checkpoint.
 
     ``verdict``: every bound's row; ``values``: the gated metrics measured (key as
-    :attr:`~curvcal.check.Rule.key`); ``hessian``/``calibration``: the analyses that produced
+    :attr:`~curvcal.policy.parse.Rule.key`); ``hessian``/``calibration``: the analyses that produced
     them (``None`` when the policy needed none); ``settings``: the evaluation settings used and
     ``sources``: where each came from (``option``, ``policy`` or ``default``); ``nonfinite``: the
     gated metrics whose value came out NaN or infinite (a numerical failure); ``unconverged``:
@@ -185,27 +108,6 @@ class CheckResult:
         }
 
 
-def resolve_settings(
-    policy: Policy, overrides: Mapping[str, Any] | None = None
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The settings a check uses and where each came from: ``overrides`` (command-line
-    options) win over the policy's ``[settings]``, which win over :data:`DEFAULTS`."""
-    overrides = dict(overrides or {})
-    unknown = set(overrides) - set(DEFAULTS)
-    if unknown:
-        raise InputError("overrides", f"unknown settings {sorted(unknown)}")
-    settings: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for name, default in DEFAULTS.items():
-        if name in overrides and overrides[name] is not None:
-            settings[name], sources[name] = overrides[name], "option"
-        elif name in policy.settings:
-            settings[name], sources[name] = policy.settings[name], "policy"
-        else:
-            settings[name], sources[name] = default, "default"
-    return settings, sources
-
-
 def run_check(
     policy: Policy,
     checkpoint: Path,
@@ -217,20 +119,21 @@ def run_check(
     on_step: OnStep | None = None,
 ) -> CheckResult:
     """Measure what ``policy`` gates on ``checkpoint`` and judge it, with ``baseline`` (the
-    values of an earlier report, from :func:`~curvcal.check.metric_values`) for change bounds.
+    values of an earlier report, from :func:`~curvcal.policy.baseline.metric_values`) for change bounds.
 
     Raises :class:`InputError` for unusable settings (naming the policy line or the option) and
     files, and :class:`~curvcal.errors.NumericalError` when the Hessian's loss or a product is
     NaN/Inf. A gated metric that comes out non-finite is listed in ``nonfinite`` (its rows fail).
     """
     from curvcal.load.checkpoint import CheckpointOptions, load_model
-    from curvcal.load.data import DataOptions, check_labels, load_dataset
+    from curvcal.load.data import DataOptions, load_dataset
+    from curvcal.pipeline.fitness import check_fitness, single_class_warning
 
     settings, sources = resolve_settings(policy, overrides)
-    where = _Locator(policy, sources)
-    _check_choices(settings, where)
+    where = Locator(policy, sources)
+    check_choices(settings, where)
     need = needs(policy.rules)
-    method = _method(settings, need, where)
+    method = calibration_method(settings, need, where)
     if settings["data"] is None:
         raise InputError(
             str(policy.path),
@@ -264,20 +167,22 @@ def run_check(
         trust=trust,
     )
     data = load_dataset(data_options)
-    check_labels(data, loaded.num_classes)
+    n_classes = check_fitness(loaded, data, "data")
     inputs: dict[str, Any] = {"checkpoint": loaded.describe(), "data": data.describe()}
     messages: list[str] = []
+    if n_classes == 1 and calibration_settings is not None:
+        messages.append(single_class_warning(str(checkpoint)))
+    fit = None
+    if calibration_settings is not None and method != "none" and settings["fit_data"] is not None:
+        fit = load_dataset(dataclasses.replace(data_options, spec=settings["fit_data"]))
+        check_fitness(loaded, fit, "fit_data")
+        inputs["fit_data"] = fit.describe()
     timings["load"] = time.perf_counter() - began
 
     calibration = None
     began = time.perf_counter()
     if calibration_settings is not None:
-        fit = None
-        if method != "none" and settings["fit_data"] is not None:
-            fit = load_dataset(dataclasses.replace(data_options, spec=settings["fit_data"]))
-            check_labels(fit, loaded.num_classes)
-            inputs["fit_data"] = fit.describe()
-        elif method == "none" and (settings["fit_data"] or settings["val_split"]):
+        if method == "none" and (settings["fit_data"] or settings["val_split"]):
             messages.append(
                 "the policy gates no calibrated stage, so nothing is fitted: val_split and "
                 "fit_data are unused and every sample is evaluated"
@@ -311,81 +216,93 @@ def run_check(
     )
 
 
-def measured_values(
-    hessian: HessianAnalysis | None, calibration: CalibrationAnalysis | None
-) -> dict[str, MetricValue]:
-    """Every gateable metric of these analyses, read through the same path table as a saved
-    report (the analyses laid out as ``curvcal demo`` saves them: ``results.hessian`` and
-    ``results.calibration``). A non-finite number maps to ``MetricValue(None)``."""
-    document = {
-        "command": "measurement",
-        "results": to_jsonable({"hessian": hessian, "calibration": calibration}),
-    }
-    return metric_values(document)
+@dataclass(frozen=True)
+class CheckRequest:
+    """What ``curvcal check`` was asked: the policy as read, the settings typed on the command
+    line (``overrides``), the report to take change bounds from, and the loading flags."""
+
+    checkpoint: Path
+    policy: Policy
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    baseline: Path | None = None
+    trust: bool = False
+    allow_globals: tuple[str, ...] = ()
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    """A judged check: the ``result``, its ``report``, and the ``failure`` to raise once the
+    report is out (a gated metric NaN/Inf, or an unconverged estimate under ``--strict``)."""
+
+    result: CheckResult
+    report: Report
+    failure: NumericalError | None
+
+
+def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
+    """Read the baseline, measure and judge the policy (progress on ``reporter``), and build
+    the report; warnings (the run's, and settings the baseline was computed with differently)
+    go to ``reporter``."""
+    from curvcal.policy.baseline import load_report, metric_values, setting_differences
+    from curvcal.provenance import environment, file_info
+
+    began = time.perf_counter()
+    baseline_report = load_report(request.baseline) if request.baseline is not None else None
+    with reporter.progress("measuring", None) as advance:
+        result = run_check(
+            request.policy,
+            request.checkpoint,
+            request.overrides,
+            metric_values(baseline_report) if baseline_report is not None else None,
+            trust=request.trust,
+            allow_globals=request.allow_globals,
+            on_step=lambda _stage, _n: advance(1),
+        )
+    messages = list(result.warnings)
+    if baseline_report is not None:
+        messages += [
+            f"the baseline was computed with different settings: {difference}"
+            for difference in setting_differences({"settings": result.settings}, baseline_report)
+        ]
+    for message in messages:
+        reporter.warn(message)
+    failure = None
+    if result.nonfinite:
+        failure = NumericalError(
+            ", ".join(result.nonfinite), "measured value is NaN or infinite", "see the report"
+        )
+    elif request.strict and result.unconverged:
+        failure = NumericalError(
+            "--strict",
+            f"{', '.join(result.unconverged)} did not converge",
+            "raise max_iter or probes, loosen tol, or drop --strict",
+        )
+    status = STATUS_PASS if result.passed else STATUS_FAIL
+    if failure is not None:
+        status = STATUS_ERROR
+    described: dict[str, Any] = {**result.inputs, "policy": file_info(request.policy.path)}
+    if request.baseline is not None:
+        described["baseline"] = file_info(request.baseline)
+    report = Report(
+        command="check",
+        results=result,
+        status=status,
+        inputs=described,
+        settings={**result.settings, "rules": request.policy.rules, "strict": request.strict},
+        timings={**result.timings, "total": time.perf_counter() - began},
+        environment=environment(),
+        warnings=messages,
+    )
+    return CheckRun(result, report, failure)
 
 
 # --------------------------------------------------------------------------------------------
 # settings
 
 
-class _Locator:
-    """Names where a setting came from, for error messages: the option, or the policy line."""
-
-    def __init__(self, policy: Policy, sources: Mapping[str, str]) -> None:
-        self.policy = policy
-        self.sources = sources
-
-    def __call__(self, name: str) -> str:
-        source = self.sources.get(name)
-        if source == "option":
-            return "--" + name.replace("_", "-")
-        if source == "policy":
-            return setting_location(self.policy, name)
-        return f"{self.policy.path} (default {name} = {DEFAULTS.get(name)!r})"
-
-
-def _check_choices(settings: Mapping[str, Any], where: _Locator) -> None:
-    for name, choices in _CHOICES.items():
-        value = settings[name]
-        if choices and value is not None and value not in choices:
-            raise InputError(
-                where(name),
-                f"{name} {value!r} is not one of {', '.join(choices)}",
-            )
-    trace = settings["trace"]
-    if isinstance(trace, str) and trace not in _TRACE_METHODS:
-        raise InputError(
-            where("trace"),
-            f"trace {trace!r} is not true, false, {' or '.join(_TRACE_METHODS)}",
-        )
-
-
-def _method(settings: Mapping[str, Any], need: Needs, where: _Locator) -> str:
-    """The maps to fit: ``method`` when set (it must fit every stage the rules gate), else
-    exactly the maps the rules need."""
-    given = settings["method"]
-    if given is None:
-        return need.method
-    fits_ts, fits_focal = given in ("ts", "both"), given in ("focal-ts", "both")
-    missing = [
-        name
-        for name, needed, fitted in (
-            ("ts", need.ts, fits_ts),
-            ("focal_ts", need.focal_ts, fits_focal),
-        )
-        if needed and not fitted
-    ]
-    if missing:
-        raise InputError(
-            where("method"),
-            f"method {given!r} fits no {' or '.join(missing)} map, which the policy gates",
-            'use method = "both" or leave method out',
-        )
-    return str(given)
-
-
 def _calibration_settings(
-    settings: Mapping[str, Any], method: str, where: _Locator
+    settings: Mapping[str, Any], method: str, where: Locator
 ) -> CalibrationSettings:
     from curvcal.calibration.analysis import CalibrationSettings
 
@@ -407,7 +324,7 @@ def _calibration_settings(
         raise InputError(where(name) if name in DEFAULTS else error.what, error.why) from None
 
 
-def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: _Locator) -> HessianSettings:
+def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) -> HessianSettings:
     from curvcal.curvature.analysis import HessianSettings
 
     trace = settings["trace"]
@@ -451,54 +368,38 @@ def _calibrate(
     on_step: OnStep | None,
 ) -> CalibrationAnalysis:
     """Predict and run the calibration analysis exactly as ``curvcal calibrate`` would."""
-    from curvcal.calibration.analysis import analyse_calibration, analyse_val_split
-    from curvcal.load.data import stratified_split
+    from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT, analyse
 
     logits, labels = _predict(loaded, data, settings["batch_size"], on_step)
     source = f"data {data.spec}"
     if method == "none":
-        return analyse_calibration(
-            None, None, logits, labels, "logits", calibration_settings, "none", eval_source=source
-        )
+        return analyse(logits, labels, "logits", calibration_settings, source)
     if fit is not None:
-        fit_logits, fit_labels = _predict(loaded, fit, settings["batch_size"], on_step)
-        return analyse_calibration(
-            fit_logits,
-            fit_labels,
+        return analyse(
             logits,
             labels,
             "logits",
             calibration_settings,
-            "fit-data",
+            source,
+            fit=_predict(loaded, fit, settings["batch_size"], on_step),
             fit_source=f"fit_data {fit.spec}",
-            eval_source=source,
         )
     fraction = settings["val_split"] or DEFAULT_VAL_SPLIT
-    fit_idx, eval_idx = stratified_split(labels, fraction, settings["seed"])
-    return analyse_val_split(
-        logits,
-        labels,
-        fit_idx,
-        eval_idx,
-        "logits",
-        calibration_settings,
-        fraction,
-        f"{source}",
-    )
+    return analyse(logits, labels, "logits", calibration_settings, source, fraction=fraction)
 
 
 def _predict(
     loaded: LoadedModel, data: LoadedData, batch_size: int, on_step: OnStep | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and labels of every sample; a NaN or infinite logit is a numerical failure."""
     import torch
 
-    from curvcal.inference import predict_logits
-    from curvcal.load.data import iter_batches
+    from curvcal.pipeline.runtime import predict
 
     advance = None if on_step is None else (lambda n: on_step("inference", n))
-    logits, labels = predict_logits(
-        loaded.module, iter_batches(data.dataset, batch_size), loaded.device, advance
-    )
+    predictions = predict(loaded, data, batch_size, advance)
+    assert predictions is not None  # one process: every sample is predicted here
+    logits, labels = predictions
     finite = torch.isfinite(logits).all(dim=1)
     if not bool(finite.all()):
         first = int((~finite).nonzero()[0, 0])
@@ -535,12 +436,4 @@ def _hessian(
     return analyse_hessian_with_messages(loaded.module, batches, hessian_settings, on_step=hook)
 
 
-__all__ = [
-    "DEFAULTS",
-    "CheckResult",
-    "Needs",
-    "measured_values",
-    "needs",
-    "resolve_settings",
-    "run_check",
-]
+__all__ = ["CheckRequest", "CheckResult", "CheckRun", "OnStep", "check_checkpoint", "run_check"]

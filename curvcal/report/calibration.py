@@ -1,230 +1,47 @@
-"""What ``curvcal calibrate``, ``curvcal metrics`` and ``curvcal demo`` share: the calibration
-options, the tables built from a :class:`~curvcal.calibration.analysis.CalibrationAnalysis`,
-the reliability plot, the calibrator file and the validation split."""
+"""The tables and the reliability plot of a calibration analysis (``curvcal calibrate``,
+``curvcal metrics`` and ``curvcal demo``)."""
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import click
-
-from curvcal.report import Table, check_output_path, fmt_float, write_atomic
+from curvcal.report.tables import Table, fmt_float
 
 if TYPE_CHECKING:
-    from curvcal.calibration.analysis import CalibrationAnalysis, CalibrationSettings
+    from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.calibration.results import CalibrationMetrics, FocalTemperatureFit
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 STAGE_TITLES = {"uncalibrated": "uncalibrated", "ts": "TS", "focal_ts": "focal TS"}
 CHART_WIDTH = 20
-DEMO_VAL_SPLIT = 0.5
-
-_OPTION_NAMES = (
-    "method",
-    "objective",
-    "focal_objective",
-    "gammas",
-    "bins",
-    "edges",
-    "bootstrap",
-    "val_split",
-    "seed",
-    "plot",
-    "save_calibrator",
-)
-
-
-@dataclass(frozen=True)
-class CalibrationOptions:
-    """The calibration options as given (``method`` and ``val_split`` are ``None`` when absent;
-    each command resolves them)."""
-
-    method: str | None
-    objective: str
-    focal_objective: str
-    gammas: tuple[float, ...] | None
-    bins: int
-    edges: str
-    bootstrap: int
-    val_split: float | None
-    seed: int
-    plot: Path | None
-    save_calibrator: Path | None
-
-    def settings(self, method: str) -> CalibrationSettings:
-        from curvcal.calibration.analysis import CalibrationSettings
-
-        extra = {} if self.gammas is None else {"gammas": self.gammas}
-        return CalibrationSettings(
-            method=method,
-            objective=self.objective,
-            focal_objective=self.focal_objective,
-            bins=self.bins,
-            edges=self.edges,
-            bootstrap=self.bootstrap,
-            seed=self.seed,
-            **extra,
-        )
-
-    def check_outputs(self, force: bool) -> None:
-        """Refuse, before any work, an output file that exists (without ``--force``) or cannot
-        be written, and a plot suffix that names no format."""
-        for path in (self.plot, self.save_calibrator):
-            if path is not None:
-                check_output_path(path, force)
-        if self.plot is not None:
-            from curvcal.plot import SUFFIXES, require_matplotlib
-
-            if self.plot.suffix.lower() not in SUFFIXES:
-                raise click.BadParameter(
-                    f"cannot tell the format of {self.plot} (name a .png, .svg or .pdf file)",
-                    param_hint="'--plot'",
-                )
-            require_matplotlib()
-
-
-def _gamma_list(
-    ctx: click.Context, param: click.Parameter, value: str | None
-) -> tuple[float, ...] | None:
-    if value is None:
-        return None
-    try:
-        gammas = tuple(float(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(
-            f"takes comma-separated numbers such as 0,0.5,1,2; got '{value}'", ctx, param
-        ) from None
-    if not gammas:
-        raise click.BadParameter("needs at least one value", ctx, param)
-    if any(not (0 <= g < math.inf) for g in gammas):
-        raise click.BadParameter(f"values must be finite and >= 0; got '{value}'", ctx, param)
-    return gammas
-
-
-def calibration_options(fit_help: str) -> Callable[[F], F]:
-    """Add the options of a calibration run; the command receives one ``calibration`` keyword
-    argument (a :class:`CalibrationOptions`). ``fit_help`` completes the ``--method`` help."""
-
-    def decorate(func: F) -> F:
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            values = {name: kwargs.pop(name) for name in _OPTION_NAMES}
-            return func(*args, calibration=CalibrationOptions(**values), **kwargs)
-
-        decorators = [
-            click.option(
-                "--method",
-                type=click.Choice(("ts", "focal-ts", "both", "none")),
-                help=f"Calibration maps to fit: temperature scaling, focal temperature scaling, "
-                f"both, or none (metrics only). {fit_help}",
-            ),
-            click.option(
-                "--objective",
-                type=click.Choice(("nll", "ece", "adaece")),
-                default="nll",
-                show_default=True,
-                help="What temperature scaling minimises on the fit split.",
-            ),
-            click.option(
-                "--focal-objective",
-                type=click.Choice(("ece", "nll", "adaece")),
-                default="ece",
-                show_default=True,
-                help="What focal temperature scaling minimises on the fit split (picks γ and T).",
-            ),
-            click.option(
-                "--gammas",
-                callback=_gamma_list,
-                metavar="G1,G2,...",
-                help="γ grid of focal temperature scaling "
-                "[default: 0,0.25,0.5,0.75,1,1.5,2,3,5,7].",
-            ),
-            click.option(
-                "--bins",
-                type=click.IntRange(min=1),
-                default=15,
-                show_default=True,
-                help="Bins of ECE, MCE, RMS-CE, AdaECE and classwise ECE.",
-            ),
-            click.option(
-                "--edges",
-                type=click.Choice(("left", "right")),
-                default="left",
-                show_default=True,
-                help="Equal-width bin edges: left = (a,b], right = [a,b).",
-            ),
-            click.option(
-                "--bootstrap",
-                type=click.IntRange(min=0),
-                default=0,
-                show_default=True,
-                metavar="N",
-                help="Bootstrap resamples for 95% intervals of ECE, AdaECE, MCE and NLL.",
-            ),
-            click.option(
-                "--val-split",
-                type=click.FloatRange(0, 1, min_open=True, max_open=True),
-                metavar="F",
-                help="Fit on a stratified fraction F of the samples, evaluate on the rest.",
-            ),
-            click.option(
-                "--seed",
-                type=click.IntRange(min=0),
-                default=0,
-                show_default=True,
-                help="Seed of --val-split and of the bootstrap.",
-            ),
-            click.option(
-                "--plot",
-                type=click.Path(dir_okay=False, path_type=Path),
-                metavar="FILE",
-                help="Write reliability diagrams (uncalibrated, TS, focal TS) to a .png, "
-                ".svg or .pdf file (needs matplotlib).",
-            ),
-            click.option(
-                "--save-calibrator",
-                type=click.Path(dir_okay=False, path_type=Path),
-                metavar="FILE",
-                help="Write the fitted calibrator(s) as JSON (for metrics --apply).",
-            ),
-        ]
-        command: Callable[..., Any] = wrapper
-        for decorator in reversed(decorators):
-            command = decorator(command)
-        return command  # type: ignore[return-value]
-
-    return decorate
 
 
 # ---------------------------------------------------------------------------------------------
-# splits and outputs
+# plots
 
 
-def write_outputs(analysis: CalibrationAnalysis, options: CalibrationOptions) -> None:
-    """Write the ``--save-calibrator`` and ``--plot`` files that were asked for."""
-    if options.save_calibrator is not None:
-        from curvcal.load.calibrator import calibrators_json
+def write_reliability_plot(
+    analysis: CalibrationAnalysis, path: Path, dpi: int = 100, plot_classes: int = 0
+) -> None:
+    """Reliability diagrams of every evaluated stage to ``path`` (the format from its suffix) at
+    ``dpi``; with ``plot_classes`` > 0 one row per stage: its top-label panel, then one panel per
+    class of the classwise tables."""
+    from curvcal.report.plots import reliability_diagram
 
-        write_atomic(options.save_calibrator, calibrators_json(analysis.calibrators()))
-    if options.plot is not None:
-        from curvcal.plot import reliability_diagram
-
-        reliability_diagram(reliability_panels(analysis), options.plot)
+    panels = reliability_panels(analysis)
+    stages = len(analysis.evaluation.present())
+    columns = len(panels) if plot_classes == 0 else len(panels) // stages
+    reliability_diagram(panels, path, dpi=dpi, columns=columns)
 
 
 def reliability_panels(analysis: CalibrationAnalysis) -> list[Any]:
-    """One reliability panel per evaluated stage, from the equal-width bins of the metrics."""
-    from curvcal.plot import ReliabilityBin, ReliabilityPanel
+    """One reliability panel per evaluated stage, from the equal-width bins of the metrics;
+    with classwise tables, each stage's panel is followed by one panel per class."""
+    from curvcal.report.plots import ReliabilityBin, ReliabilityPanel
 
-    panels = []
-    for stage, metrics in analysis.evaluation.present():
-        bins = [
+    def plot_bins(table: Any) -> list[Any]:
+        return [
             ReliabilityBin(
                 item.lower,
                 item.upper,
@@ -232,9 +49,24 @@ def reliability_panels(analysis: CalibrationAnalysis) -> list[Any]:
                 item.confidence if item.count else None,
                 item.accuracy if item.count else None,
             )
-            for item in metrics.ece_bins
+            for item in table
         ]
-        panels.append(ReliabilityPanel(STAGE_TITLES[stage], bins, metrics.ece))
+
+    panels = []
+    for stage, metrics in analysis.evaluation.present():
+        title = STAGE_TITLES[stage]
+        panels.append(ReliabilityPanel(title, plot_bins(metrics.ece_bins), metrics.ece))
+        for table in metrics.class_bins:
+            n = sum(item.count for item in table.bins)
+            gap = sum(item.count * abs(item.gap) for item in table.bins if item.count) / n
+            panels.append(
+                ReliabilityPanel(
+                    f"{title}: class {table.class_index}",
+                    plot_bins(table.bins),
+                    gap,
+                    f"p_{table.class_index} (frequency of y = {table.class_index} on the y axis)",
+                )
+            )
     return panels
 
 
@@ -465,38 +297,3 @@ def split_table(analysis: CalibrationAnalysis) -> Table:
         stages = ", ".join(STAGE_TITLES[s] for s in analysis.applied)
         caption = f"saved calibrators applied ({stages}); nothing fitted: every sample evaluated"
     return Table(title="split", columns=("quantity", "value"), rows=tuple(rows), caption=caption)
-
-
-def settings_record(options: CalibrationOptions, settings: CalibrationSettings) -> dict[str, Any]:
-    """The calibration options as the report's ``settings`` records them."""
-    return {
-        "method": settings.method,
-        "objective": settings.objective,
-        "focal_objective": settings.focal_objective,
-        "gammas": list(settings.gammas),
-        "bins": settings.bins,
-        "edges": settings.edges,
-        "bootstrap": settings.bootstrap,
-        "seed": settings.seed,
-        "val_split": options.val_split,
-        "plot": options.plot,
-        "save_calibrator": options.save_calibrator,
-    }
-
-
-def nan_policy_option(func: F) -> F:
-    """Add ``--nan-policy error|drop`` (the command receives ``nan_policy``)."""
-    decorated: F = click.option(
-        "--nan-policy",
-        type=click.Choice(("error", "drop")),
-        default="error",
-        show_default=True,
-        help="Rows of logits with a NaN or Inf: stop with an error naming the first, or leave "
-        "them out (counted in the report and warned about).",
-    )(func)
-    return decorated
-
-
-def dropped_warning(count: int, total: int, source: str) -> str:
-    """The warning for rows left out by ``--nan-policy drop``."""
-    return f"{source}: left out {count} of {total} rows with a NaN or Inf (--nan-policy drop)"

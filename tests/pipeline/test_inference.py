@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from curvcal.errors import NumericalError
-from curvcal.inference import predict_logits
+from curvcal.pipeline.inference import predict_logits
 
 
 def test_logits_equal_one_full_forward_with_uneven_batches() -> None:

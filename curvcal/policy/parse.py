@@ -31,23 +31,23 @@ Example::
     [lambda_max]
     max_rel_increase = 0.10
 
-Everything here is pure apart from reading the policy and report files: :func:`evaluate` judges
-numbers that the caller measured or read from a saved report with :func:`metric_values`.
+This module reads and validates policies; :mod:`curvcal.policy.evaluate` judges numbers that
+the caller measured or read from a saved report with
+:func:`curvcal.policy.baseline.metric_values`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from curvcal.errors import InputError
-from curvcal.results import SCHEMA_VERSION
+from curvcal.paths import readable_file
 
 CALIBRATION_METRICS = (
     "ece",
@@ -73,7 +73,6 @@ STAGES = (UNCALIBRATED, "ts", "focal_ts")
 
 BOUNDS = ("max", "min", "max_increase", "max_rel_increase", "max_decrease", "max_rel_decrease")
 CHANGE_BOUNDS = BOUNDS[2:]
-_RELATIVE_BOUNDS = ("max_rel_increase", "max_rel_decrease")
 
 # The range a metric can take; a bound outside it can never (or always) be met.
 _DOMAIN: dict[str, tuple[float, float]] = {
@@ -168,61 +167,6 @@ class Policy:
         return frozenset(rule.key for rule in self.rules)
 
 
-@dataclass(frozen=True)
-class MetricValue:
-    """A measured metric: ``value`` (``None`` when missing or not finite) and, for estimates such
-    as the Hutchinson trace, its 95 % ``interval``. Bounds are judged on ``value``."""
-
-    value: float | None
-    interval: tuple[float, float] | None = None
-
-
-@dataclass(frozen=True)
-class VerdictRow:
-    """One bound judged: ``bound`` is one of :data:`BOUNDS` and ``limit`` its number;
-    ``change`` is value − baseline for ``max_increase``/``max_decrease`` and
-    (value − baseline)/|baseline| for ``max_rel_increase``/``max_rel_decrease`` (``None`` for
-    ``max``/``min``). A decrease is a negative change."""
-
-    metric: str
-    bound: str
-    limit: float
-    value: float | None
-    interval: tuple[float, float] | None
-    baseline: float | None
-    change: float | None
-    passed: bool
-    reason: str
-
-    @property
-    def bound_text(self) -> str:
-        """The bound for people: ``<= 0.05``, ``>= 0.9``, ``change <= +0.01``,
-        ``change <= +10%``, ``change >= -0.01``, ``change >= -10%``."""
-        if self.bound == "max":
-            return f"<= {self.limit:.4g}"
-        if self.bound == "min":
-            return f">= {self.limit:.4g}"
-        if self.bound == "max_increase":
-            return f"change <= {self.limit:+.4g}"
-        if self.bound == "max_rel_increase":
-            return f"change <= {100 * self.limit:+.4g}%"
-        if self.bound == "max_decrease":
-            return f"change >= {-self.limit:+.4g}"
-        return f"change >= {-100 * self.limit:+.4g}%"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Every bound of a policy judged; ``passed`` when all rows passed."""
-
-    passed: bool
-    rows: tuple[VerdictRow, ...] = field(default_factory=tuple)
-
-    @property
-    def failed_rows(self) -> tuple[VerdictRow, ...]:
-        return tuple(row for row in self.rows if not row.passed)
-
-
 # --------------------------------------------------------------------------------------------
 # Policy files
 
@@ -233,10 +177,9 @@ def load_policy(path: Path) -> Policy:
     A file named ``pyproject.toml`` is read from its ``[tool.curvcal]`` table; any other file is a
     policy as a whole. Errors are :class:`InputError` with ``what`` = ``FILE:LINE``.
     """
+    readable_file(path, "policy file")
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(str(path), "no such policy file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"cannot read the policy: {exc}") from None
     try:
@@ -470,234 +413,3 @@ def _find_line(lines: Sequence[str], target: tuple[str, ...]) -> int | None:
             if key and (table + _key_parts(key.group("key")))[:depth] == wanted:
                 return number
     return None
-
-
-# --------------------------------------------------------------------------------------------
-# Judging values
-
-
-def evaluate(
-    rules: Sequence[Rule],
-    values: Mapping[str, MetricValue],
-    baseline: Mapping[str, MetricValue] | None,
-) -> Verdict:
-    """Judge every bound of ``rules`` on ``values`` (keys as :attr:`Rule.key`).
-
-    * ``max``: passes when value ≤ max; ``min``: when value ≥ min (a value exactly at the bound
-      passes).
-    * ``max_increase``: change = value − baseline, passes when change ≤ bound.
-    * ``max_rel_increase``: change = (value − baseline)/|baseline|, passes when change ≤ bound; a
-      zero baseline gives change 0 when the value is 0 too and ±∞ otherwise (any increase from 0
-      fails).
-    * ``max_decrease``: change = value − baseline, passes when change ≥ −bound;
-      ``max_rel_decrease``: change = (value − baseline)/|baseline|, passes when change ≥ −bound
-      (any decrease from a zero baseline fails).
-    * A missing or non-finite value fails; a change bound with no baseline value (no baseline
-      given, or the metric missing or non-finite in it) fails with reason ``no baseline``.
-
-    One row per bound, in the order of ``rules`` and :data:`BOUNDS`.
-    """
-    rows: list[VerdictRow] = []
-    for rule in rules:
-        measured = values.get(rule.key)
-        value = _finite(measured.value if measured else None)
-        interval = measured.interval if measured else None
-        old = baseline.get(rule.key) if baseline is not None else None
-        base = _finite(old.value if old else None)
-        for bound in BOUNDS:
-            limit = getattr(rule, bound)
-            if limit is None:
-                continue
-            change: float | None = None
-            if value is None:
-                passed = False
-                reason = "not in the report" if measured is None else "value is not finite"
-            elif bound == "max":
-                passed = value <= limit
-                reason = "" if passed else "above max"
-            elif bound == "min":
-                passed = value >= limit
-                reason = "" if passed else "below min"
-            elif base is None:
-                passed, reason = False, "no baseline"
-            else:
-                change = _relative(value, base) if bound in _RELATIVE_BOUNDS else value - base
-                if bound in ("max_increase", "max_rel_increase"):
-                    passed = change <= limit
-                    reason = "" if passed else "increase too large"
-                else:
-                    passed = change >= -limit
-                    reason = "" if passed else "decrease too large"
-            shown_base = base if bound in CHANGE_BOUNDS else None
-            rows.append(
-                VerdictRow(
-                    metric=rule.key,
-                    bound=bound,
-                    limit=limit,
-                    value=value,
-                    interval=interval,
-                    baseline=shown_base,
-                    change=change,
-                    passed=passed,
-                    reason=reason,
-                )
-            )
-    return Verdict(passed=all(row.passed for row in rows), rows=tuple(rows))
-
-
-def _finite(value: float | None) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _relative(value: float, base: float) -> float:
-    if base == 0.0:
-        return 0.0 if value == 0.0 else math.copysign(math.inf, value)
-    return (value - base) / abs(base)
-
-
-# --------------------------------------------------------------------------------------------
-# Reading gated metrics from saved reports
-
-# Where each gated metric lives in a saved report's JSON document, as dotted paths tried in
-# order (the first one present wins). THIS TABLE IS THE ONE PLACE TO CHANGE when a command's
-# result layout changes. A value at a path is a number, or an object with ``estimate`` (and
-# ``ci95``/``interval``, a two-number list) or ``value``.
-#
-# The layouts: ``calibrate`` and ``metrics`` write a CalibrationAnalysis as ``results``
-# (``evaluation.<stage>.<metric>``, ``fits.ts``, ``fits.focal_ts``); ``hessian`` writes a
-# HessianAnalysis as ``results`` (``lambda_max``, ``trace.{estimate,ci95}``); ``demo`` nests the
-# two under ``results.calibration`` and ``results.hessian``. ``check`` and ``compare`` documents
-# are read from their verdict rows instead (see :func:`metric_values`).
-_CALIBRATION_PATHS: dict[str, tuple[str, ...]] = {
-    stage: (
-        f"results.evaluation.{stage}.{{metric}}",
-        f"results.calibration.evaluation.{stage}.{{metric}}",
-    )
-    for stage in STAGES
-}
-_OTHER_PATHS: dict[str, tuple[str, ...]] = {
-    "lambda_max": ("results.lambda_max", "results.hessian.lambda_max"),
-    "trace": ("results.trace", "results.hessian.trace"),
-    "temperature": ("results.fits.ts.temperature", "results.calibration.fits.ts.temperature"),
-    "focal_gamma": ("results.fits.focal_ts.gamma", "results.calibration.fits.focal_ts.gamma"),
-    "focal_temperature": (
-        "results.fits.focal_ts.temperature",
-        "results.calibration.fits.focal_ts.temperature",
-    ),
-}
-
-
-def metric_paths() -> dict[str, tuple[str, ...]]:
-    """Every gated metric key (``ece``, ``ts.ece``, ``trace``, ...) with its candidate paths."""
-    paths: dict[str, tuple[str, ...]] = {}
-    for stage, templates in _CALIBRATION_PATHS.items():
-        for metric in CALIBRATION_METRICS:
-            key = metric if stage == UNCALIBRATED else f"{stage}.{metric}"
-            paths[key] = tuple(template.format(metric=metric) for template in templates)
-    paths.update(_OTHER_PATHS)
-    return paths
-
-
-VERDICT_COMMANDS = ("check", "compare")
-
-
-def metric_values(report: Mapping[str, Any]) -> dict[str, MetricValue]:
-    """The gated metrics found in a report's JSON document, by key.
-
-    A ``check``/``compare`` document carries the values it judged in its verdict rows
-    (``results.rows``); any other document is read through :func:`metric_paths`. Metrics the
-    document lacks are left out; one present as ``null`` (a non-finite number) maps to
-    ``MetricValue(None)``.
-    """
-    found: dict[str, MetricValue] = {}
-    if report.get("command") in VERDICT_COMMANDS:
-        results = report.get("results")
-        rows = results.get("rows") if isinstance(results, Mapping) else None
-        for row in rows if isinstance(rows, list) else []:
-            if isinstance(row, Mapping) and isinstance(row.get("metric"), str):
-                found.setdefault(row["metric"], _metric_value(row))
-        return found
-    for key, paths in metric_paths().items():
-        for path in paths:
-            present, item = _lookup(report, path)
-            if present:
-                found[key] = _metric_value(item)
-                break
-    return found
-
-
-def _lookup(document: Any, path: str) -> tuple[bool, Any]:
-    item = document
-    for part in path.split("."):
-        if not isinstance(item, Mapping) or part not in item:
-            return False, None
-        item = item[part]
-    return True, item
-
-
-def _metric_value(item: Any) -> MetricValue:
-    if isinstance(item, Mapping):
-        number = item.get("estimate", item.get("value"))
-        interval = _interval(item.get("ci95", item.get("interval")))
-        return MetricValue(_number(number), interval)
-    return MetricValue(_number(item))
-
-
-def _number(item: Any) -> float | None:
-    if isinstance(item, bool) or not isinstance(item, int | float):
-        return None
-    return _finite(float(item))
-
-
-def _interval(item: Any) -> tuple[float, float] | None:
-    if isinstance(item, list | tuple) and len(item) == 2:
-        low, high = _number(item[0]), _number(item[1])
-        if low is not None and high is not None:
-            return (low, high)
-    return None
-
-
-def load_report(path: Path) -> dict[str, Any]:
-    """Read a saved curvcal JSON report, checking that it is one and that its schema is one this
-    version reads (same major version)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(str(path), "no such report file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(str(path), f"cannot read the report: {exc}") from None
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{path}:{exc.lineno}", f"not valid JSON: {exc.msg}", "give a curvcal JSON report"
-        ) from None
-    if not isinstance(document, dict) or not {"schema", "command", "results"} <= document.keys():
-        raise InputError(
-            str(path),
-            "not a curvcal report (no schema, command and results)",
-            "write one with --output",
-        )
-    schema = str(document["schema"])
-    if schema.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
-        raise InputError(
-            str(path),
-            f"report schema {schema} is not readable by this curvcal (it reads {SCHEMA_VERSION})",
-        )
-    return document
-
-
-def setting_differences(new: Mapping[str, Any], old: Mapping[str, Any]) -> list[str]:
-    """Settings both reports record with different values (a comparison of numbers computed
-    differently may mean little): ``["seed: 1 (new) vs 0 (old)", ...]``, sorted by name."""
-    new_settings, old_settings = new.get("settings"), old.get("settings")
-    if not isinstance(new_settings, Mapping) or not isinstance(old_settings, Mapping):
-        return []
-    return [
-        f"{name}: {new_settings[name]!r} (new) vs {old_settings[name]!r} (old)"
-        for name in sorted(new_settings.keys() & old_settings.keys())
-        if new_settings[name] != old_settings[name]
-    ]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from curvcal.errors import InputError
-from curvcal.inference import check_model_runs
 from curvcal.models import DigitsCNN
+from curvcal.pipeline.inference import check_model_runs
 
 
 def test_wrong_channels_name_the_data_and_the_shape() -> None:

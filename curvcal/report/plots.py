@@ -13,7 +13,8 @@ directory, then a rename).
 
 Figure sizes (inches; pixels are inches × :data:`DPI`):
 
-* reliability diagram: 3 × 4 per panel, panels side by side (300·P × 400 px);
+* reliability diagram: 3 × 4 per panel, side by side or ``columns`` to a row (300·P × 400
+  px at the default :data:`DPI`; ``dpi`` scales the pixels, not the layout);
 * spectrum: 4 × 3.2, or 8 × 3.2 with a density panel (400 or 800 × 320 px);
 * per-layer: (2 + 3.5·A) × max(2.5, 1 + 0.25·L) for A = 1 or 2 bar charts and L layers;
 * scatter: 4.8 × 4 (480 × 400 px).
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
 
 DPI = 100
+#: Bins holding fewer samples than this are drawn faded, with a note.
+SPARSE_BIN = 10
 SUFFIXES = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 OPTION = "--plot"
 
@@ -79,34 +82,64 @@ class ReliabilityBin:
 @dataclass(frozen=True)
 class ReliabilityPanel:
     """One model's reliability diagram: a title (``uncalibrated``, ``TS``, ``focal TS``), its
-    bins and, when known, its ECE (shown in the panel)."""
+    bins and, when known, its ECE (shown in the panel); ``xlabel`` names what was binned
+    (``p_k`` for a classwise panel)."""
 
     title: str
     bins: Sequence[ReliabilityBin]
     ece: float | None = None
+    xlabel: str = "confidence"
 
 
-def reliability_diagram(panels: Sequence[ReliabilityPanel], path: Path) -> Figure:
-    """Reliability diagrams side by side, one column per panel.
+def reliability_diagram(
+    panels: Sequence[ReliabilityPanel], path: Path, dpi: int = DPI, columns: int | None = None
+) -> Figure:
+    """Reliability diagrams, one column per panel (``columns`` per row when given: a grid).
 
     Top: accuracy per bin as bars over the bin's width, the gap to the bin's mean confidence
-    shaded (red), and the diagonal (perfect calibration). Bottom: the fraction of samples per bin
-    (the confidence histogram). Empty bins are left blank. Two axes per panel.
+    shaded (red), and the diagonal (perfect calibration); bins with fewer than
+    :data:`SPARSE_BIN` samples are drawn faded and counted in a note under the histogram. The
+    ECE box sits in the upper-left corner unless a bar reaches it, else in the lower-right.
+    Bottom: the fraction of samples per bin (the confidence histogram) with each bin's count
+    above its bar. The title carries n; the legend sits above the panels, outside the data.
+    Empty bins are left blank. Two axes per panel; ``dpi`` sets the pixels per inch.
     """
     if not panels:
         raise ValueError("reliability_diagram needs at least one panel")
     for panel in panels:
         _check_bins(panel)
+    _check_dpi(dpi)
     fmt = _format(path)
-    with _drawing() as new_figure:
-        figure = new_figure(3.0 * len(panels), 4.0)
-        grid = figure.add_gridspec(2, len(panels), height_ratios=(3, 1))
-        for column, panel in enumerate(panels):
-            top = figure.add_subplot(grid[0, column])
-            bottom = figure.add_subplot(grid[1, column], sharex=top)
+    per_row = len(panels) if columns is None else max(1, min(columns, len(panels)))
+    rows = math.ceil(len(panels) / per_row)
+    with _drawing(dpi) as new_figure:
+        figure = new_figure(3.0 * per_row, 4.0 * rows)
+        grid = figure.add_gridspec(2 * rows, per_row, height_ratios=(3, 1) * rows)
+        for index, panel in enumerate(panels):
+            row, column = divmod(index, per_row)
+            top = figure.add_subplot(grid[2 * row, column])
+            bottom = figure.add_subplot(grid[2 * row + 1, column], sharex=top)
             _reliability(top, bottom, panel, first=column == 0)
-        _save(figure, path, fmt)
+        figure.legend(handles=_legend_handles(), loc="outside upper center", ncols=3)
+        _save(figure, path, fmt, dpi)
     return figure
+
+
+def _legend_handles() -> list[Any]:
+    """Legend entries drawn afresh (a faded first bar must not fade the legend)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    return [
+        Patch(facecolor=_BAR, edgecolor="black", linewidth=0.5, label="accuracy"),
+        Patch(facecolor=_GAP, alpha=0.35, edgecolor=_GAP, hatch="//", label="gap"),
+        Line2D([0, 1], [0, 0], linestyle="--", color=_GUIDE, label="perfect"),
+    ]
+
+
+def _check_dpi(dpi: int) -> None:
+    if isinstance(dpi, bool) or not isinstance(dpi, int) or not 10 <= dpi <= 2400:
+        raise InputError("--dpi", f"dots per inch must be an integer in 10..2400, got {dpi!r}")
 
 
 def _check_bins(panel: ReliabilityPanel) -> None:
@@ -126,8 +159,18 @@ def _reliability(top: Axes, bottom: Axes, panel: ReliabilityPanel, first: bool) 
     widths = [item.upper - item.lower for item in filled]
     accuracy = [float(item.accuracy or 0.0) for item in filled]
     confidence = [float(item.confidence or 0.0) for item in filled]
-    top.bar(lefts, accuracy, widths, align="edge", color=_BAR, edgecolor="black", linewidth=0.5)
-    top.bar(
+    sparse = [item.count < SPARSE_BIN for item in filled]
+    bars = top.bar(
+        lefts,
+        accuracy,
+        widths,
+        align="edge",
+        color=_BAR,
+        edgecolor="black",
+        linewidth=0.5,
+        label="accuracy",
+    )
+    gaps = top.bar(
         lefts,
         [c - a for c, a in zip(confidence, accuracy, strict=True)],
         widths,
@@ -140,32 +183,52 @@ def _reliability(top: Axes, bottom: Axes, panel: ReliabilityPanel, first: bool) 
         hatch="//",
         label="gap",
     )
+    for bar, gap, faint in zip(bars, gaps, sparse, strict=True):
+        if faint:  # a handful of samples: the bar says little
+            bar.set_alpha(0.3)
+            gap.set_alpha(0.15)
     top.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color=_GUIDE, label="perfect")
-    top.set(xlim=(0.0, 1.0), ylim=(0.0, 1.0), title=panel.title)
+    top.set(xlim=(0.0, 1.0), ylim=(0.0, 1.0), title=f"{panel.title} (n = {total:,})")
     if panel.ece is not None and math.isfinite(panel.ece):
+        # The box is about 0.45 wide and 0.12 high in axes units.
+        corner_free = all(  # faded (sparse) bars may sit under the box
+            max(a, c) < 0.85
+            for item, a, c, faint in zip(filled, accuracy, confidence, sparse, strict=True)
+            if item.lower < 0.5 and not faint
+        )
+        x, y, ha, va = (
+            (0.03, 0.97, "left", "top") if corner_free else (0.97, 0.03, "right", "bottom")
+        )
         top.text(
-            0.97,
-            0.03,
+            x,
+            y,
             f"ECE = {panel.ece:.4f}",
             transform=top.transAxes,
-            ha="right",
-            va="bottom",
+            ha=ha,
+            va=va,
             bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": _GUIDE},
         )
     top.tick_params(labelbottom=False)
-    bottom.bar(
-        lefts,
-        [item.count / total for item in filled] if total else [],
-        widths,
-        align="edge",
-        color=_GUIDE,
-        edgecolor="black",
-        linewidth=0.5,
+    fractions = [item.count / total for item in filled] if total else []
+    histogram = bottom.bar(
+        lefts, fractions, widths, align="edge", color=_GUIDE, edgecolor="black", linewidth=0.5
     )
-    bottom.set(xlim=(0.0, 1.0), xlabel="confidence")
+    crowded = len(filled) > 10
+    bottom.bar_label(
+        histogram,
+        [f"{item.count:,}" for item in filled],
+        fontsize=5.5 if crowded else 6.5,
+        rotation=90 if crowded else 0,
+        padding=1.5,
+    )
+    bottom.set(xlim=(0.0, 1.0), ylim=(0.0, (1.9 if crowded else 1.3) * max(fractions, default=1.0)))
+    faded = sum(sparse)
+    xlabel = panel.xlabel
+    if faded:
+        xlabel += f"\n{faded} bin{'s' if faded > 1 else ''} with < {SPARSE_BIN} samples (faded)"
+    bottom.set_xlabel(xlabel)
     if first:
         top.set_ylabel("accuracy")
-        top.legend(loc="upper left")
         bottom.set_ylabel("fraction")
 
 
@@ -288,7 +351,7 @@ def require_matplotlib() -> None:
 
 
 @contextmanager
-def _drawing() -> Iterator[Any]:
+def _drawing(dpi: int = DPI) -> Iterator[Any]:
     """matplotlib under a fixed style; yields ``new_figure(width_in, height_in)``."""
     require_matplotlib()
     import matplotlib
@@ -296,12 +359,12 @@ def _drawing() -> Iterator[Any]:
     from matplotlib.figure import Figure
 
     def new_figure(width: float, height: float) -> Figure:
-        return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+        return Figure(figsize=(width, height), dpi=dpi, layout="constrained")
 
     with matplotlib.style.context("default"), matplotlib.rc_context(_STYLE):
         yield new_figure
 
 
-def _save(figure: Figure, path: Path, fmt: str) -> None:
+def _save(figure: Figure, path: Path, fmt: str, dpi: int = DPI) -> None:
     with atomic_output(path) as out:
-        figure.savefig(out, format=fmt, dpi=DPI, metadata=_METADATA[fmt])
+        figure.savefig(out, format=fmt, dpi=dpi, metadata=_METADATA[fmt])

@@ -1,4 +1,4 @@
-"""`curvcal.gate`: what a policy needs measured, settings precedence, and run_check's numbers
+"""`curvcal.pipeline.check`: what a policy needs measured, settings precedence, and run_check's numbers
 against the calibration engine called directly."""
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from curvcal.assets import demo_checkpoint
-from curvcal.check import MetricValue, Rule, load_policy
 from curvcal.errors import InputError
-from curvcal.gate import DEFAULTS, measured_values, needs, resolve_settings, run_check
+from curvcal.pipeline.check import run_check
+from curvcal.policy.baseline import measured_values
+from curvcal.policy.evaluate import MetricValue
+from curvcal.policy.parse import Rule, load_policy
+from curvcal.policy.settings import DEFAULTS, needs, resolve_settings
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -59,9 +62,9 @@ def test_settings_precedence_option_then_policy_then_default(tmp_path: Path) -> 
 
 def test_run_check_equals_the_calibration_engine(tmp_path: Path) -> None:
     from curvcal.calibration.analysis import CalibrationSettings, analyse_calibration
-    from curvcal.inference import predict_logits
     from curvcal.load.checkpoint import CheckpointOptions, load_model
     from curvcal.load.data import DataOptions, iter_batches, load_dataset, stratified_split
+    from curvcal.pipeline.inference import predict_logits
 
     text = (
         '[settings]\ndata = "curvcal:digits"\ndevice = "cpu"\nmax_samples = 100\n'

@@ -20,6 +20,7 @@ from pathlib import Path
 from curvcal.calibration.analysis import STAGE_METHODS
 from curvcal.calibration.results import Calibrator
 from curvcal.errors import InputError
+from curvcal.paths import readable_file
 
 CALIBRATOR_SCHEMA = "1.0"
 _KEYS = ("schema", "curvcal", *STAGE_METHODS)
@@ -44,8 +45,7 @@ def load_calibrators(path: Path) -> dict[str, Calibrator]:
     ``focal_ts`` ``focal-temperature``), bad numbers, and a file with no calibrator at all.
     """
     where = str(path)
-    if not path.is_file():
-        raise InputError(where, "no such file")
+    readable_file(path, expected="calibrator file")
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:

@@ -1,0 +1,22 @@
+"""The choices of the Hessian options, as plain constants: ``--help`` shows them without
+importing torch. The kernels check their settings against the same names (a test holds the
+two sides together where a kernel keeps its own copy)."""
+
+from __future__ import annotations
+
+#: ``--loss`` of ``hessian`` and ``study``: cross-entropy, focal (with ``--gamma``), or the
+#: loss recorded in each checkpoint's metadata.
+HESSIAN_LOSSES = ("ce", "focal", "own")
+#: ``--method``: eigenvalues by power iteration or by Lanczos with full reorthogonalisation.
+EIGEN_METHODS = ("power", "lanczos")
+#: ``--trace-method``: Hutch++ (the default), XTrace, or Hutchinson's estimator.
+TRACE_METHODS = ("hutchpp", "xtrace", "hutchinson")
+#: ``--probe-dist``: the distribution of the trace probes.
+PROBE_DISTRIBUTIONS = ("rademacher", "gaussian")
+#: ``--hvp``: how Hessian-vector products are taken (picked per width, torch.func, double
+#: backward).
+ENGINES = ("auto", "func", "autograd")
+#: ``--mode``: the module mode while the loss is computed.
+MODES = ("eval", "train")
+#: ``--cache``: where batches stay between products.
+CACHES = ("auto", "device", "host", "none")

@@ -1,0 +1,563 @@
+"""The Hessian of a classifier's mean loss over a whole dataset, as a linear operator.
+
+H = ∇²_θ L(θ) with L(θ) = (1/N) Σ_{i=1..N} ℓ(f_θ(x_i), y_i), θ the selected parameters
+flattened in ``model.named_parameters()`` order and ℓ a loss object of :mod:`curvcal.losses`
+(ce, focal γ, FLSD-53). A product H·V is accumulated batch by batch: each batch contributes the
+Hessian-vector product of its *summed* loss, and the total is divided by N once — the same as
+weighting each batch's mean-loss product by (batch size)/N, so the result does not depend on
+how the data is batched.
+
+The data loop is written here once; the data itself (cache, streaming, out-of-memory splits) is
+:mod:`curvcal.curvature.batches`, and a batch's products come from one of the two engines of
+:mod:`curvcal.curvature.engines` (``autograd``: double backward; ``func``: forward-over-reverse),
+``engine="auto"`` choosing per product width and falling back to double backward for good, with
+the reason in ``engine_fallback``, when ``torch.func`` cannot trace the model. ``engine``
+reports the ones that ran (``"autograd"``, ``"func"`` or ``"autograd+func"``); both are exact.
+
+The caller's model is never altered: the training flags of its modules and the values of its
+buffers are restored after every product, and no ``.grad`` is written.
+
+Scale. Inside a pass over the data nothing waits on the device: per-batch products are summed
+on the device and the host reads one scalar per product (the finiteness check) — the scalars the
+stopping rules of the algorithms need. On a CUDA out-of-memory error inside a pass, the pass is
+discarded, every batch is split in half and the pass runs again (exact: products are sums over
+samples), down to one sample per batch; ``oom_retries`` and ``batch_size_final`` record what
+happened. TF32 matrix products are switched off during products unless ``allow_tf32=True``.
+
+:func:`build_operator` is how every user-facing path (the API functions, the analysis behind
+``curvcal hessian``, the study) builds one: from a model, a loss, batches and
+:class:`OperatorOptions`, wrapped in the NaN guard.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import glob
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from curvcal.curvature.batches import (
+    CACHES,
+    AllReduce,
+    Batch,
+    Batches,
+    BatchSource,
+    is_out_of_memory,
+)
+from curvcal.curvature.engines import (
+    ENGINES,
+    MODES,
+    BatchProduct,
+    autograd_hvp,
+    engine_for,
+    func_hvp,
+    is_torchscript,
+    measure_probe_batch,
+    prepared_model,
+    stochastic_layers,
+)
+from curvcal.curvature.guard import NaNGuard
+from curvcal.errors import InputError, NumericalError
+from curvcal.losses import LOSS_NAMES, Loss, loss_from_name
+
+#: Loss names an operator accepts as ``criterion``.
+CRITERIA = LOSS_NAMES
+# probe_batch="auto" on the CPU (measured on CUDA, see HessianOperator).
+_CPU_PROBE_BATCH = 8
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    """How a :class:`HessianOperator` runs, apart from its model, loss and data.
+
+    ``params`` (``None``: every parameter with ``requires_grad``; else glob patterns),
+    ``engine`` (``auto``/``func``/``autograd``), ``mode`` (``eval``/``train``), ``cache``
+    (``auto``/``device``/``host``/``none``), ``device``, ``probe_batch`` (an integer ≥ 1 or
+    ``"auto"``) and ``allow_tf32``, as :class:`HessianOperator` documents them; checked when the
+    operator is built.
+    """
+
+    params: tuple[str, ...] | None = None
+    engine: str = "auto"
+    mode: str = "eval"
+    cache: str = "auto"
+    device: torch.device | str | None = None
+    probe_batch: int | str = 8
+    allow_tf32: bool = False
+
+
+def build_operator(
+    model: nn.Module,
+    loss: Loss,
+    batches: BatchSource,
+    options: OperatorOptions = OperatorOptions(),
+    *,
+    all_reduce: AllReduce | None = None,
+) -> NaNGuard:
+    """The Hessian of the mean ``loss`` of ``model`` over ``batches``, as every caller gets it.
+
+    A :class:`HessianOperator` wrapped in :class:`~curvcal.curvature.guard.NaNGuard`, so every
+    path behaves the same on non-finite numbers: :meth:`~NaNGuard.mean_loss` and every product
+    that is NaN or infinite anywhere raise :class:`~curvcal.errors.NumericalError` (exit code 3
+    on the command line) naming the number of batches whose own loss or product is not finite
+    and the first of them with its sample range (or saying that no single batch is at fault, the
+    sum overflowing); nothing is returned with a NaN in it, and finite results are exactly those
+    of the bare operator. Blocks made by ``restrict`` are guarded the same way. ``all_reduce``
+    sums the sample count and every product across processes when the data is sharded.
+    """
+    operator = HessianOperator(
+        model,
+        batches,
+        loss,
+        params=options.params,
+        engine=options.engine,
+        mode=options.mode,
+        cache=options.cache,
+        device=options.device,
+        probe_batch=options.probe_batch,
+        all_reduce=all_reduce,
+        allow_tf32=options.allow_tf32,
+    )
+    return NaNGuard(operator, sharded=all_reduce is not None)
+
+
+class _Totals:
+    """Products and data passes of an operator and of every block :meth:`HessianOperator.restrict`
+    made from it (one record shared by all of them)."""
+
+    def __init__(self) -> None:
+        self.matvecs = 0
+        self.data_passes = 0
+
+
+class HessianOperator:
+    """H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over a whole dataset, applied to blocks of vectors.
+
+    Parameters
+    ----------
+    model:
+        an ``nn.Module`` (eager or TorchScript) returning logits of shape (batch, K).
+    batches:
+        the dataset: a re-iterable of ``(x, y)`` tensor pairs (a list, a DataLoader) or a callable
+        returning a fresh iterator of them; ``y`` holds integer class labels.
+    criterion:
+        the loss ℓ: a loss object of :mod:`curvcal.losses`, or its name — ``"ce"``
+        (cross-entropy, default), ``"focal"`` (−(1 − p_y)^γ log p_y with γ = ``gamma``) or
+        ``"flsd53"`` (the focal loss with γ_i = 5 where p_y < 0.2, else 3, γ_i held fixed).
+    params:
+        ``None`` for every parameter with ``requires_grad``, or glob patterns matched against
+        ``named_parameters()`` names (``["fc.*"]``); each pattern must match at least one.
+    engine:
+        ``"auto"``, ``"func"`` (forward-over-reverse) or ``"autograd"`` (double backward).
+    mode:
+        ``"eval"`` (default: BatchNorm running statistics, dropout off) or ``"train"`` (refused
+        when the model has dropout layers, which would make the loss random).
+    cache:
+        ``"auto"`` (keep batches on the device when they fit in a quarter of its free memory,
+        otherwise stream), ``"device"``, ``"host"`` or ``"none"``.
+    device:
+        where the batches go; defaults to, and must equal, the device of the parameters (the
+        model is never moved).
+    probe_batch:
+        how many vectors share one pass over the data (vectorised); bounds memory. ``"auto"``:
+        8 on the CPU; on CUDA, from the free memory (``torch.cuda.mem_get_info``) and the
+        measured peak memory of a one- and a two-vector product on the first batch, at most 64.
+        The value chosen is :attr:`probe_batch` (:attr:`probe_batch_requested` keeps ``"auto"``).
+    all_reduce:
+        a sum across processes (for a dataset sharded over ranks), applied to the sample count
+        at construction and to every product's batch sum; ``None`` in one process.
+    allow_tf32:
+        let CUDA matrix products and convolutions use TF32 (about 10 mantissa bits) during
+        products; off by default, and the global flags are restored afterwards.
+
+    Floating-point inputs are cast to the parameters' dtype. ``n_matvecs`` counts vectors
+    multiplied, ``n_data_passes`` passes over the data (products, retried passes and
+    :meth:`mean_loss`); ``total_matvecs`` and ``total_data_passes`` add those of the blocks made
+    by :meth:`restrict`; ``oom_retries`` counts the passes run again after an out-of-memory
+    error, ``batch_size_final`` the most samples a batch held in the last pass.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batches: BatchSource,
+        criterion: str | Loss = "ce",
+        gamma: float = 0.0,
+        params: Sequence[str] | None = None,
+        engine: str = "auto",
+        mode: str = "eval",
+        cache: str = "auto",
+        device: torch.device | str | None = None,
+        probe_batch: int | str = 8,
+        all_reduce: AllReduce | None = None,
+        allow_tf32: bool = False,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise InputError("model", f"expected a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(criterion, str):
+            loss = loss_from_name(criterion, gamma)
+        elif gamma != 0.0:
+            raise InputError(
+                "gamma", "is part of the loss object", "leave gamma unset when passing a loss"
+            )
+        else:
+            loss = criterion
+        if engine not in ENGINES:
+            raise InputError(
+                "engine", f"unknown engine {engine!r}", f"choose one of {', '.join(ENGINES)}"
+            )
+        if mode not in MODES:
+            raise InputError("mode", f"unknown mode {mode!r}", "choose 'eval' or 'train'")
+        if cache not in CACHES:
+            raise InputError(
+                "cache", f"unknown cache mode {cache!r}", f"choose one of {', '.join(CACHES)}"
+            )
+        if probe_batch != "auto" and (
+            isinstance(probe_batch, bool) or not isinstance(probe_batch, int) or probe_batch < 1
+        ):
+            raise InputError(
+                "probe_batch", f"must be a positive integer or 'auto', got {probe_batch!r}"
+            )
+        if mode == "train":
+            stochastic = stochastic_layers(model)
+            if stochastic:
+                raise InputError(
+                    "mode",
+                    f"train mode with dropout ({', '.join(stochastic)}) makes the loss random, so its Hessian is undefined",
+                    "use mode='eval'",
+                )
+        scripted = is_torchscript(model)
+        if engine == "func" and scripted:
+            raise InputError(
+                "engine",
+                "torch.func cannot trace a TorchScript module",
+                "use engine='autograd' (double backward) or 'auto'",
+            )
+        self.model = model
+        self.loss = loss
+        self.criterion = loss.name
+        self.gamma = loss.gamma
+        self.mode = mode
+        self.probe_batch_requested = probe_batch
+        self.probe_batch = probe_batch if isinstance(probe_batch, int) else _CPU_PROBE_BATCH
+        self.allow_tf32 = bool(allow_tf32)
+        self.oom_retries = 0
+        self.requested_engine = engine
+        self.engine_fallback: str | None = None
+        self._func_usable = engine != "autograd" and not scripted
+        #: vectors multiplied by each engine so far (``engine`` and per-stage reports read it)
+        self.engine_products: dict[str, int] = {}
+        self._all_reduce = all_reduce
+        self._select(params)
+        param_device = self._params[0].device
+        wanted = torch.device(device) if device is not None else param_device
+        same = wanted.type == param_device.type and wanted.index in (None, param_device.index)
+        self._device = param_device  # "cuda" means the parameters' CUDA device
+        if not same:
+            raise InputError(
+                "device",
+                f"the model's parameters are on {param_device}, not {wanted}",
+                "move the model before building the operator, or leave device unset",
+            )
+        self._batches = Batches(batches, cache, self._device, self._dtype, all_reduce)
+        self.n_matvecs = 0
+        self.n_data_passes = 0
+        self._totals = _Totals()
+        if probe_batch == "auto" and self._device.type == "cuda":
+            with self._prepared_model():
+                self.probe_batch = measure_probe_batch(
+                    self._batch_product(self._engine_for(2)),
+                    self._batches.first(),
+                    self._params,
+                    self._device,
+                    is_out_of_memory,
+                )
+
+    # -- parameter selection ---------------------------------------------------------------
+    def _select(self, patterns: Sequence[str] | None) -> None:
+        trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if patterns is None:
+            chosen = trainable
+        else:
+            if isinstance(patterns, str):
+                patterns = [patterns]
+            for pattern in patterns:
+                if not any(fnmatch.fnmatchcase(n, pattern) for n, _ in trainable):
+                    names = ", ".join(n for n, _ in trainable[:8]) + (
+                        ", …" if len(trainable) > 8 else ""
+                    )
+                    raise InputError(
+                        "params",
+                        f"pattern {pattern!r} matches no trainable parameter",
+                        f"names are: {names}",
+                    )
+            chosen = [
+                (n, p) for n, p in trainable if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)
+            ]
+        if not chosen:
+            raise InputError("model", "has no trainable parameters (requires_grad=True)")
+        dtypes = {p.dtype for _, p in chosen}
+        if len(dtypes) != 1 or not chosen[0][1].is_floating_point():
+            raise InputError(
+                "params",
+                f"the selected parameters must share one floating dtype, got {sorted(map(str, dtypes))}",
+            )
+        self.param_names: tuple[str, ...] = tuple(n for n, _ in chosen)
+        self._params: tuple[Tensor, ...] = tuple(p for _, p in chosen)
+        self._numels = [p.numel() for p in self._params]
+        self._dtype = chosen[0][1].dtype
+
+    def restrict(self, params: Sequence[str]) -> HessianOperator:
+        """A new operator on a subset of the parameters, sharing this one's data and sample count.
+
+        The diagonal block of H for the parameters matching the glob patterns ``params``.
+        """
+        other = copy.copy(self)
+        other._select(params)
+        other.n_matvecs = 0
+        other.n_data_passes = 0
+        other.engine_products = {}
+        return other
+
+    def with_batches(self, batches: BatchSource) -> HessianOperator:
+        """The same Hessian (model, loss, parameters, engine, mode) over other ``batches``, in
+        this process alone and without a cache: how the NaN guard examines one batch."""
+        return HessianOperator(
+            self.model,
+            batches,
+            self.loss,
+            params=[glob.escape(name) for name in self.param_names],
+            engine=self.requested_engine,
+            mode=self.mode,
+            cache="none",
+            probe_batch=self.probe_batch,
+            allow_tf32=self.allow_tf32,
+        )
+
+    def source_batches(self) -> Iterator[Batch]:
+        """The batches as the source gives them, read afresh (this process's shard)."""
+        return self._batches.originals()
+
+    # -- operator interface ------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        n = sum(self._numels)
+        return (n, n)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def n_samples(self) -> int:
+        """N, the number of samples the loss averages over (across all ranks)."""
+        return self._batches.n_samples
+
+    @property
+    def total_matvecs(self) -> int:
+        """Vectors multiplied by this operator and by every block restricted from it."""
+        return self._totals.matvecs
+
+    @property
+    def total_data_passes(self) -> int:
+        """Passes over the data by this operator and by every block restricted from it."""
+        return self._totals.data_passes
+
+    @property
+    def batch_size_final(self) -> int:
+        """The most samples one batch held in the last pass (smaller after out-of-memory splits)."""
+        return self._batches.batch_size
+
+    @property
+    def cache_mode(self) -> str:
+        """Where batches live between products: ``device``, ``host`` or ``none`` (streamed)."""
+        return self._batches.mode
+
+    def matvec(self, vector: Tensor) -> Tensor:
+        """H·v for v of shape (P,)."""
+        return self.matmat(vector.reshape(-1, 1)).reshape(-1)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        return self.matvec(other) if other.ndim == 1 else self.matmat(other)
+
+    def matmat(self, vectors: Tensor) -> Tensor:
+        """H·V for V of shape (P, m), ``probe_batch`` columns per pass over the data."""
+        n_params = self.shape[0]
+        if vectors.ndim != 2 or vectors.shape[0] != n_params:
+            raise InputError(
+                "vectors", f"expected shape ({n_params}, m), got {tuple(vectors.shape)}"
+            )
+        vectors = vectors.to(device=self._device, dtype=self._dtype)
+        columns = [
+            self._product(vectors[:, start : start + self.probe_batch])
+            for start in range(0, vectors.shape[1], self.probe_batch)
+        ]
+        if len(columns) == 1:
+            return columns[0]
+        return torch.cat(columns, dim=1) if columns else vectors.new_zeros((n_params, 0))
+
+    # -- the products --------------------------------------------------------------------------
+    @property
+    def engine(self) -> str:
+        """The engines that have run (``"autograd"``, ``"func"``, ``"autograd+func"``); before the
+        first product, the one a single vector would use."""
+        return engines_between(self, {}) or self._engine_for(1)
+
+    def _engine_for(self, width: int) -> str:
+        return engine_for(self.requested_engine, self._func_usable, width)
+
+    def _batch_product(self, engine: str) -> BatchProduct:
+        return self._batch_hvp_func if engine == "func" else self._batch_hvp_autograd
+
+    def _batch_hvp_func(
+        self, x: Tensor, y: Tensor, tangents: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
+        return func_hvp(self.model, self.loss.sum, self.param_names, self._params, x, y, tangents)
+
+    def _batch_hvp_autograd(
+        self, x: Tensor, y: Tensor, tangents: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
+        return autograd_hvp(self.model, self.loss.sum, self._params, x, y, tangents)
+
+    def _product(self, block: Tensor) -> Tensor:
+        engine = self._engine_for(block.shape[1])
+        try:
+            result = self._product_with(engine, block)
+        except (NumericalError, InputError):
+            raise
+        except Exception as error:
+            if self.requested_engine != "auto" or engine != "func":
+                raise
+            self._func_usable = False
+            self.engine_fallback = (
+                f"torch.func failed ({type(error).__name__}: {' '.join(str(error).split())[:200]}); "
+                "double backward used instead"
+            )
+            engine = "autograd"
+            result = self._product_with(engine, block)
+        self.engine_products[engine] = self.engine_products.get(engine, 0) + block.shape[1]
+        return result
+
+    def _product_with(self, engine: str, block: Tensor) -> Tensor:
+        m = block.shape[1]
+        while True:
+            try:
+                total = self._pass(engine, block)
+                break
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                self._free_memory()
+                if not self._batches.halve():
+                    raise InputError(
+                        "batches",
+                        f"the device ran out of memory even with one sample per batch and {m} vector(s) per pass",
+                        "lower probe_batch, use cache='host' or 'none', a smaller model, or a larger device",
+                    ) from error
+                self.oom_retries += 1
+        if self._all_reduce is not None:
+            total = self._all_reduce(total)
+        self._count(matvecs=m, passes=0)  # the passes were counted by _pass
+        result = total.div_(self.n_samples).t()
+        # one host read per product: a NaN or Inf anywhere makes the sum non-finite
+        if not bool(torch.isfinite(result.sum())) and not bool(torch.isfinite(result).all()):
+            raise NumericalError(
+                "hessian",
+                "a Hessian-vector product is not finite (NaN or Inf)",
+                "check the model and data for NaN, or use float64",
+            )
+        return result
+
+    def _count(self, matvecs: int, passes: int) -> None:
+        self.n_matvecs += matvecs
+        self.n_data_passes += passes
+        self._totals.matvecs += matvecs
+        self._totals.data_passes += passes
+
+    def sum_outputs(self, statistic: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        """Σ over the dataset of ``statistic(logits, labels)`` per batch, in float64 (one pass,
+        no grad, the model in this operator's mode; summed across processes when sharded)."""
+        total: Tensor | None = None
+        with self._prepared_model(), torch.no_grad():
+            for x, y in self._batches:
+                value = statistic(self.model(x), y).to(torch.float64)
+                total = value if total is None else total + value
+        assert total is not None  # every batch source holds a sample
+        if self._all_reduce is not None:
+            total = self._all_reduce(total)
+        self._count(matvecs=0, passes=1)
+        return total
+
+    def mean_loss(self) -> float:
+        """L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i), the loss whose Hessian this is (one pass, no grad).
+
+        Raises :class:`NumericalError` when it is NaN or infinite: the Hessian would be too.
+        """
+        total = self.sum_outputs(self.loss.sum)
+        value = float(total) / self.n_samples
+        if not math.isfinite(value):
+            raise NumericalError(
+                "loss",
+                f"the mean {self.criterion} loss over the {self.n_samples} samples is {value}",
+                "check the model's weights and the data for NaN or Inf, or use float64",
+            )
+        return value
+
+    def _pass(self, engine: str, block: Tensor) -> Tensor:
+        """Σ over every sample of the summed-loss products, shape (m, P); no host synchronisation."""
+        m = block.shape[1]
+        tangents = tuple(
+            piece.reshape(m, *p.shape)
+            for piece, p in zip(block.t().split(self._numels, dim=1), self._params, strict=True)
+        )
+        total = block.new_empty((m, self.shape[0]))
+        # views of ``total`` per parameter: batch products are added in place, never concatenated
+        slots = [
+            piece.view(m, *p.shape)  # splits the unit-stride dimension: always a view
+            for piece, p in zip(total.split(self._numels, dim=1), self._params, strict=True)
+        ]
+        batch_hvp = self._batch_product(engine)
+        self._count(matvecs=0, passes=1)
+        empty = True
+        with self._prepared_model():
+            for x, y in self._batches:
+                pieces = batch_hvp(x, y, tangents)
+                for slot, piece in zip(slots, pieces, strict=True):
+                    if empty:
+                        slot.copy_(piece)
+                    else:
+                        slot.add_(piece)
+                empty = False
+        return total  # every batch source holds a sample (checked when the data is counted)
+
+    def _free_memory(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _prepared_model(self) -> AbstractContextManager[None]:
+        return prepared_model(self.model, self.mode, self.allow_tf32)
+
+
+def GuardedHessianOperator(model: nn.Module, batches: BatchSource, **options: Any) -> NaNGuard:
+    """Deprecated name: a :class:`HessianOperator` (same arguments) wrapped in :class:`NaNGuard`;
+    use :func:`build_operator`."""
+    return NaNGuard(
+        HessianOperator(model, batches, **options), sharded=options.get("all_reduce") is not None
+    )
+
+
+def engines_between(operator: HessianOperator | NaNGuard, before: dict[str, int]) -> str:
+    """The engines that multiplied vectors since ``before`` (a copy of ``engine_products``),
+    joined by ``+`` in name order; empty when none did."""
+    return "+".join(sorted(e for e, n in operator.engine_products.items() if n > before.get(e, 0)))

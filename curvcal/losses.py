@@ -1,0 +1,193 @@
+"""Classification losses as objects: cross-entropy, focal (γ) and FLSD-53, one formula each.
+
+With p = softmax(z) for logits z and label y, the per-sample losses are
+
+    ce:      −log p_y
+    focal:   −(1 − p_y)^γ · log p_y                           (Lin et al. 2017; γ = 0 is ce)
+    FLSD-53: the focal loss with γ_i = 5 where p_y,i < 0.2, else γ_i = 3  (Mukhoti et al. 2020)
+
+FLSD-53's γ_i is taken from the *detached* p_y at the current parameters: it is piecewise
+constant in θ, so its gradient and Hessian (away from the measure-zero switching set
+{p_y = 0.2}) are those of the focal loss with every γ_i held fixed. That makes FLSD-53 a loss
+like the others: one Hessian operator serves all three.
+
+A loss object's :meth:`~Loss.sum` gives the loss *summed* over a batch (the curvature operator
+divides by the dataset size once); :func:`focal_loss` is the public function with a
+``reduction``. :func:`loss_from_name` turns a name and γ (an option, or the training loss a
+checkpoint records) into one of these objects. Imports nothing of curvcal but its errors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from curvcal.errors import InputError
+
+FLSD53 = "flsd53"
+#: The losses :func:`loss_from_name` knows.
+LOSS_NAMES = ("ce", "focal", FLSD53)
+#: p_y below which FLSD-53 uses γ = 5 (else 3).
+FLSD53_THRESHOLD = 0.2
+FLSD53_GAMMAS = (5.0, 3.0)
+
+
+def check_gamma(gamma: float, what: str = "gamma") -> float:
+    """A finite γ >= 0 as a float, else :class:`InputError`."""
+    if (
+        isinstance(gamma, bool)
+        or not isinstance(gamma, int | float)
+        or not (0 <= gamma < float("inf"))
+    ):
+        raise InputError(what, f"gamma must be a finite number >= 0, got {gamma!r}")
+    return float(gamma)
+
+
+def flsd53_gammas(p_y: Tensor) -> Tensor:
+    """FLSD-53's per-sample γ: 5 where p_y < 0.2, else 3, in the dtype of ``p_y``; a constant
+    (no gradient flows through it)."""
+    with torch.no_grad():
+        return torch.where(p_y.detach() < FLSD53_THRESHOLD, *FLSD53_GAMMAS).to(p_y.dtype)
+
+
+def focal_loss(
+    logits: Tensor, labels: Tensor, gamma: float | str, reduction: str = "mean"
+) -> Tensor:
+    """Focal loss -(1 - p_y)^γ log p_y with p = softmax(logits), differentiable in ``logits``.
+
+    ``gamma`` is a number >= 0 or ``"flsd53"`` (Mukhoti et al. 2020: γ = 5 where p_y < 0.2,
+    else 3). The sample-dependent γ is a constant for the gradient. ``reduction`` is
+    ``"mean"`` (default), ``"sum"`` or ``"none"``. Computed in the dtype of ``logits``.
+    """
+    if logits.ndim != 2:
+        raise InputError(
+            "logits", f"must be 2-D (samples × classes), got shape {tuple(logits.shape)}"
+        )
+    if labels.ndim != 1 or labels.shape[0] != logits.shape[0]:
+        raise InputError(
+            "labels",
+            f"need one label per row: shape {tuple(labels.shape)} for {logits.shape[0]} rows",
+        )
+    if reduction not in ("mean", "sum", "none"):
+        raise InputError("reduction", f"unknown reduction {reduction!r}", "mean, sum or none")
+    logp_y = torch.log_softmax(logits, dim=1).gather(1, labels[:, None].to(torch.int64))[:, 0]
+    p_y = torch.exp(logp_y)
+    gamma_per_sample: Any
+    if isinstance(gamma, str):
+        if gamma.lower() != FLSD53:
+            raise InputError(
+                "gamma", f"unknown focal-loss gamma {gamma!r}", "a number >= 0 or flsd53"
+            )
+        gamma_per_sample = flsd53_gammas(p_y).to(logits.dtype)
+    else:
+        gamma_per_sample = check_gamma(gamma)
+    # (1 - p)^γ with 0^0 = 1, written as a power of -expm1(log p) for accuracy near p = 1.
+    modulating = torch.pow(-torch.expm1(logp_y), gamma_per_sample)
+    loss = -modulating * logp_y
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss
+
+
+def cross_entropy_sum(logits: Tensor, labels: Tensor) -> Tensor:
+    """Σ_i −log softmax(z_i)[y_i]  (natural log, summed over the batch)."""
+    return torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+
+
+def focal_loss_sum(logits: Tensor, labels: Tensor, gamma: float) -> Tensor:
+    """Σ_i −(1 − p_{i,y_i})^γ · log p_{i,y_i}, with p = softmax(z)  (Lin et al. 2017); γ = 0 is
+    cross-entropy."""
+    if gamma == 0.0:
+        return cross_entropy_sum(logits, labels)
+    return focal_loss(logits, labels, gamma, reduction="sum")
+
+
+class Loss(Protocol):
+    """A classification loss: its ``name`` (one of :data:`LOSS_NAMES`), its fixed ``gamma``
+    (0 for ce, ``None`` for FLSD-53's per-sample γ) and its sum over a batch."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def gamma(self) -> float | None: ...
+
+    def sum(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Σ over the batch of the per-sample loss (logits (B, K), integer labels (B,))."""
+        ...
+
+
+@dataclass(frozen=True)
+class CrossEntropy:
+    """Cross-entropy −log p_y."""
+
+    name: str = "ce"
+    gamma: float | None = 0.0
+
+    def sum(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Σ_i −log p_{i,y_i}."""
+        return cross_entropy_sum(logits, labels)
+
+
+@dataclass(frozen=True)
+class Focal:
+    """The focal loss −(1 − p_y)^γ log p_y with a fixed γ ≥ 0."""
+
+    gamma: float
+    name: str = "focal"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.gamma, int | float) and math.isfinite(self.gamma)) or not (
+            self.gamma >= 0
+        ):
+            raise InputError(
+                "gamma", f"the focal parameter must be finite and ≥ 0, got {self.gamma}"
+            )
+        object.__setattr__(self, "gamma", float(self.gamma))
+
+    def sum(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Σ_i −(1 − p_{i,y_i})^γ log p_{i,y_i}."""
+        return focal_loss_sum(logits, labels, float(self.gamma or 0.0))
+
+
+@dataclass(frozen=True)
+class FLSD53Loss:
+    """FLSD-53: the focal loss with γ_i = 5 where the detached p_y,i < 0.2, else 3."""
+
+    name: str = FLSD53
+    gamma: float | None = None
+
+    def sum(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Σ_i −(1 − p_{i,y_i})^γ_i log p_{i,y_i}, γ_i from the detached p_{i,y_i}."""
+        return focal_loss(logits, labels, FLSD53, reduction="sum")
+
+
+def loss_from_name(name: str, gamma: float | None = None) -> Loss:
+    """The loss object for ``name`` (``ce``, ``focal``, ``flsd53``) and its γ.
+
+    ``focal`` needs a finite γ ≥ 0; ``ce`` and ``flsd53`` take none (γ 0 or ``None``). This is
+    how a ``--loss`` option, and ``own`` (the training loss a checkpoint records), become a
+    loss.
+    """
+    if name not in LOSS_NAMES:
+        raise InputError(
+            "criterion", f"unknown criterion {name!r}", f"choose one of {', '.join(LOSS_NAMES)}"
+        )
+    usable = isinstance(gamma, int | float) and not isinstance(gamma, bool)
+    if gamma is not None and not (usable and 0.0 <= gamma < float("inf")):
+        raise InputError("gamma", f"the focal parameter must be finite and ≥ 0, got {gamma}")
+    if name == "focal":
+        if gamma is None:
+            raise InputError("gamma", "the focal loss needs γ")
+        return Focal(float(gamma))
+    if gamma not in (None, 0.0):
+        raise InputError(
+            "gamma", f"gamma={gamma} is only used by criterion 'focal'", "pass criterion='focal'"
+        )
+    return CrossEntropy() if name == "ce" else FLSD53Loss()

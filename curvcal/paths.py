@@ -1,0 +1,55 @@
+"""Check that a path names a file curvcal can read, with one precise message per failure.
+
+Every loader of a user's file (checkpoints, tensor and logits files, calibrators, policies,
+reports) calls :func:`readable_file` before reading, so a symbolic-link loop, a permission
+problem, a directory or a missing file is told apart the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from curvcal.errors import InputError
+
+
+def readable_file(path: Path, noun: str = "file", expected: str | None = None) -> os.stat_result:
+    """``path``'s status when it is a regular file this process may read; otherwise
+    :class:`InputError` naming the path and saying which of these it is: missing (or a broken
+    symbolic link), a symbolic-link loop, unreadable (permission denied), a directory, not a
+    regular file (a FIFO, socket or device), a path through something that is not a folder, or
+    a path too long for the file system. ``noun`` names the file in "no such ..." (``policy
+    file``), ``expected`` what a directory is not (default ``noun``)."""
+    what = str(path)
+    try:
+        status = path.stat()
+    except OSError as exc:
+        raise InputError(what, _why(path, exc, noun)) from None
+    if stat.S_ISDIR(status.st_mode):
+        raise InputError(what, f"is a directory, not a {expected or noun}")
+    if not stat.S_ISREG(status.st_mode):
+        raise InputError(what, "is not a regular file (a FIFO, socket or device)")
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise InputError(what, _why(path, exc, noun)) from None
+    return status
+
+
+def _why(path: Path, exc: OSError, noun: str) -> str:
+    if exc.errno == errno.ENOENT:
+        if path.is_symlink():
+            return f"is a broken symbolic link (it points to {os.readlink(path)}, which does not exist)"
+        return f"no such {noun}"
+    if exc.errno == errno.ELOOP:
+        return "is a symbolic link loop (too many levels of symbolic links)"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied: this user may not read it"
+    if exc.errno == errno.ENOTDIR:
+        return "a part of the path before the file name is not a directory"
+    if exc.errno == errno.ENAMETOOLONG:
+        return "the path is too long for the file system"
+    return f"cannot be read ({exc.strerror or type(exc).__name__})"

@@ -1,0 +1,423 @@
+"""``curvcal calibrate`` and ``curvcal metrics``: scores in (predicted by a checkpoint, or read
+from a logits file), the split, the calibration analysis and its report out.
+
+Both share one last step, :func:`analyse`: fit the maps on the fit split (another dataset or
+file, or a stratified fraction) and measure every stage on the evaluation split only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from curvcal.errors import NumericalError
+from curvcal.results import Report
+
+if TYPE_CHECKING:
+    import torch
+
+    from curvcal.calibration.analysis import CalibrationAnalysis, CalibrationSettings
+    from curvcal.console import Reporter
+    from curvcal.load.checkpoint import CheckpointOptions
+    from curvcal.load.data import DataOptions
+    from curvcal.load.logits import LogitsData
+
+DEFAULT_VAL_SPLIT = 0.5
+
+#: Called with the analysis to write the files the options ask for (calibrator, plot).
+WriteOutputs = Callable[["CalibrationAnalysis"], None]
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """The calibration options as given (``method`` and ``val_split`` are ``None`` when absent;
+    each command resolves them)."""
+
+    method: str | None
+    objective: str
+    focal_objective: str
+    gammas: tuple[float, ...] | None
+    bins: int
+    edges: str
+    bootstrap: int
+    val_split: float | None
+    seed: int
+    plot: Path | None
+    dpi: int
+    plot_classes: int
+    save_calibrator: Path | None
+
+    def settings(self, method: str) -> CalibrationSettings:
+        from curvcal.calibration.analysis import CalibrationSettings
+
+        extra = {} if self.gammas is None else {"gammas": self.gammas}
+        return CalibrationSettings(
+            method=method,
+            objective=self.objective,
+            focal_objective=self.focal_objective,
+            bins=self.bins,
+            edges=self.edges,
+            bootstrap=self.bootstrap,
+            seed=self.seed,
+            reliability_classes=self.plot_classes if self.plot is not None else 0,
+            **extra,
+        )
+
+    def outputs(self) -> list[tuple[str, Path]]:
+        """The files these options write, as ``(option, path)``."""
+        named = (("--plot", self.plot), ("--save-calibrator", self.save_calibrator))
+        return [(option, path) for option, path in named if path is not None]
+
+    def record(self, settings: CalibrationSettings) -> dict[str, Any]:
+        """The options as the report's ``settings`` records them."""
+        return {
+            "method": settings.method,
+            "objective": settings.objective,
+            "focal_objective": settings.focal_objective,
+            "gammas": list(settings.gammas),
+            "bins": settings.bins,
+            "edges": settings.edges,
+            "bootstrap": settings.bootstrap,
+            "seed": settings.seed,
+            "val_split": self.val_split,
+            "plot": self.plot,
+            "save_calibrator": self.save_calibrator,
+        }
+
+
+@dataclass(frozen=True)
+class CalibrateRequest:
+    """What ``curvcal calibrate`` was asked; ``method`` is resolved (``none`` fits nothing)."""
+
+    checkpoint: Path
+    checkpoint_options: CheckpointOptions
+    data_options: DataOptions
+    batch_size: int
+    calibration: CalibrationOptions
+    method: str
+    fit_data: str | None = None
+    save_logits: Path | None = None
+    nan_policy: str = "error"
+
+
+@dataclass(frozen=True)
+class MetricsRequest:
+    """What ``curvcal metrics`` was asked; ``method`` is resolved (``none`` fits nothing)."""
+
+    logits: Path
+    input_kind: str
+    scores_key: str
+    labels_key: str
+    calibration: CalibrationOptions
+    method: str
+    fit_file: Path | None = None
+    apply_file: Path | None = None
+    nan_policy: str = "error"
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    """A finished calibration run: the analysis and its report."""
+
+    analysis: CalibrationAnalysis
+    report: Report
+
+
+def dropped_warning(count: int, total: int, source: str) -> str:
+    """The warning for rows left out by ``--nan-policy drop``."""
+    return f"{source}: left out {count} of {total} rows with a NaN or Inf (--nan-policy drop)"
+
+
+def analyse(
+    scores: Any,
+    labels: Any,
+    kind: str,
+    settings: CalibrationSettings,
+    source: str,
+    *,
+    fit: tuple[Any, Any] | None = None,
+    fit_source: str = "",
+    fit_split: str = "fit-data",
+    fraction: float | None = None,
+) -> CalibrationAnalysis:
+    """The calibration analysis of ``scores``: maps fitted on ``fit`` (a separate split named
+    ``fit_split``), else on a stratified ``fraction`` of the rows (seeded by the settings), else
+    nothing fitted; every stage measured on the evaluation rows only."""
+    from curvcal.calibration.analysis import analyse_calibration, analyse_val_split
+    from curvcal.load.data import stratified_split
+
+    if fit is not None:
+        return analyse_calibration(
+            *fit,
+            scores,
+            labels,
+            kind,
+            settings,
+            fit_split,
+            fit_source=fit_source,
+            eval_source=source,
+        )
+    if fraction is not None:
+        fit_idx, eval_idx = stratified_split(labels, fraction, settings.seed)
+        return analyse_val_split(
+            scores, labels, fit_idx, eval_idx, kind, settings, fraction, source
+        )
+    return analyse_calibration(
+        None, None, scores, labels, kind, settings, "none", eval_source=source
+    )
+
+
+def _timed_write(
+    analysis: CalibrationAnalysis, write: WriteOutputs | None, timings: dict[str, float]
+) -> None:
+    began = time.perf_counter()
+    if write is not None:
+        write(analysis)
+    timings["outputs"] = time.perf_counter() - began
+
+
+def run_calibrate(
+    request: CalibrateRequest, reporter: Reporter, write: WriteOutputs | None = None
+) -> CalibrationRun | None:
+    """Predict every sample of the data (and fit data), then fit and measure the maps.
+
+    Under torchrun every rank predicts its shard and leaves; rank 0 gets the logits of all
+    samples, runs the analysis and returns the run (the other ranks return ``None``).
+    """
+    import dataclasses
+
+    from curvcal.console import Reporter
+    from curvcal.load.checkpoint import load_model
+    from curvcal.load.data import load_dataset
+    from curvcal.pipeline.fitness import check_fitness, single_class_warning
+    from curvcal.pipeline.runtime import distributed_run, predict
+    from curvcal.provenance import environment
+
+    fit_data = request.fit_data
+    settings = request.calibration.settings(request.method)
+    fraction = None
+    if request.method != "none" and fit_data is None:
+        fraction = request.calibration.val_split or DEFAULT_VAL_SPLIT
+    timings: dict[str, float] = {}
+    warnings: list[str] = []
+    began = time.perf_counter()
+    with distributed_run(request.checkpoint_options.device) as (device, context):
+        if not context.is_main:  # rank 0 speaks for the run
+            reporter = Reporter(quiet=True)
+        loaded = load_model(
+            request.checkpoint,
+            dataclasses.replace(request.checkpoint_options, device=str(device)),
+        )
+        trust = request.checkpoint_options.trust
+        data = load_dataset(dataclasses.replace(request.data_options, trust=trust))
+        n_classes = check_fitness(loaded, data, "--data")
+        fit_loaded = None
+        if fit_data is not None:
+            fit_loaded = load_dataset(
+                dataclasses.replace(request.data_options, spec=fit_data, trust=trust)
+            )
+            check_fitness(loaded, fit_loaded, "--fit-data")
+        if n_classes == 1:
+            warnings.append(single_class_warning(str(request.checkpoint)))
+            reporter.warn(warnings[-1])
+        timings["load"] = time.perf_counter() - began
+
+        began = time.perf_counter()
+        with reporter.progress("inference", _shard_size(data, context)) as advance:
+            predictions = predict(loaded, data, request.batch_size, advance)
+        fit_predictions = None
+        if fit_loaded is not None:
+            with reporter.progress(
+                "inference (fit data)", _shard_size(fit_loaded, context)
+            ) as advance:
+                fit_predictions = predict(
+                    loaded, fit_loaded, request.batch_size, advance, "--fit-data"
+                )
+        timings["inference"] = time.perf_counter() - began
+    if predictions is None:
+        return None
+    logits, labels = predictions
+    if request.save_logits is not None:
+        from curvcal.load.logits import save_logits
+
+        save_logits(request.save_logits, logits, labels)
+
+    began = time.perf_counter()
+    source = f"--data {data.spec}"
+    dropped = {"data": 0, "fit_data": 0}
+    shown = len(warnings)
+    logits, labels, dropped["data"] = _finite_rows(
+        logits, labels, request.nan_policy, source, warnings
+    )
+    if fit_predictions is not None:
+        fit_logits, fit_labels, dropped["fit_data"] = _finite_rows(
+            *fit_predictions, request.nan_policy, f"--fit-data {fit_data}", warnings
+        )
+        fit_predictions = (fit_logits, fit_labels)
+    for warning in warnings[shown:]:
+        reporter.warn(warning)
+    analysis = analyse(
+        logits,
+        labels,
+        "logits",
+        settings,
+        source,
+        fit=fit_predictions,
+        fit_source=f"--fit-data {fit_data}",
+        fraction=fraction,
+    )
+    timings["calibration"] = time.perf_counter() - began
+    _timed_write(analysis, write, timings)
+
+    inputs: dict[str, Any] = {
+        "checkpoint": loaded.describe(),
+        "data": {**data.describe(), "dropped_rows": dropped["data"]},
+    }
+    if fit_loaded is not None:
+        inputs["fit_data"] = {**fit_loaded.describe(), "dropped_rows": dropped["fit_data"]}
+    report = Report(
+        command="calibrate",
+        results=analysis,
+        inputs=inputs,
+        settings={
+            **request.calibration.record(settings),
+            "val_split": fraction,
+            "fit_data": fit_data,
+            "batch_size": request.batch_size,
+            "checkpoint": request.checkpoint_options,
+            "data": request.data_options,
+            "save_logits": request.save_logits,
+            "world_size": context.world_size,
+            "nan_policy": request.nan_policy,
+        },
+        timings=timings,
+        environment=environment(loaded.device),
+        warnings=warnings,
+    )
+    return CalibrationRun(analysis, report)
+
+
+def _shard_size(data: Any, context: Any) -> int:
+    from curvcal.distributed import shard_indices
+
+    return len(shard_indices(data.n_samples, context.rank, context.world_size))
+
+
+def _finite_rows(
+    logits: torch.Tensor, labels: torch.Tensor, policy: str, source: str, warnings: list[str]
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The model's logits under ``--nan-policy``: rows with a NaN or Inf stop the run (exit 3,
+    naming the data and the first such sample) or are left out with a warning."""
+    from curvcal.load.logits import drop_rows, nonfinite_rows
+
+    rows = nonfinite_rows(logits)
+    count, total = int(rows.numel()), int(logits.shape[0])
+    if count == 0:
+        return logits, labels, 0
+    if policy == "error" or count == total:
+        raise NumericalError(
+            source,
+            f"the model's logits are NaN or Inf for {count} of {total} samples, the first "
+            f"being sample {int(rows[0])}",
+            "check the weights and inputs"
+            + ("; --nan-policy drop leaves such samples out" if count < total else ""),
+        )
+    warnings.append(dropped_warning(count, total, source))
+    kept_logits, kept_labels = drop_rows(logits, labels, rows)
+    return kept_logits, kept_labels, count
+
+
+def run_metrics(
+    request: MetricsRequest, reporter: Reporter, write: WriteOutputs | None = None
+) -> CalibrationRun:
+    """Read the scores (and the fit file or saved calibrators), then fit and measure the maps,
+    or measure the saved calibrators."""
+    from curvcal.calibration.analysis import evaluate_calibrators
+    from curvcal.load.logits import load_logits
+    from curvcal.pipeline.calibrator import load_calibrators
+    from curvcal.provenance import environment, file_info
+
+    settings = request.calibration.settings(request.method)
+    timings: dict[str, float] = {}
+    began = time.perf_counter()
+    warnings: list[str] = []
+    keys = (request.input_kind, request.scores_key, request.labels_key, request.nan_policy)
+    data = load_logits(request.logits, *keys)
+    described: dict[str, Any] = {"logits": _describe(request.logits, data, warnings)}
+    fit_data = None
+    if request.fit_file is not None:
+        fit_data = load_logits(request.fit_file, *keys)
+        described["fit"] = _describe(request.fit_file, fit_data, warnings)
+    for warning in warnings:
+        reporter.warn(warning)
+    calibrators = None
+    if request.apply_file is not None:
+        calibrators = load_calibrators(request.apply_file)
+        described["calibrator"] = file_info(request.apply_file)
+    timings["load"] = time.perf_counter() - began
+
+    began = time.perf_counter()
+    source = str(request.logits)
+    if calibrators is not None:
+        analysis = evaluate_calibrators(
+            data.scores, data.labels, request.input_kind, calibrators, settings, source
+        )
+    else:
+        analysis = analyse(
+            data.scores,
+            data.labels,
+            request.input_kind,
+            settings,
+            source,
+            fit=None if fit_data is None else (fit_data.scores, fit_data.labels),
+            fit_source=str(request.fit_file),
+            fit_split="fit-file",
+            fraction=request.calibration.val_split,
+        )
+    timings["calibration"] = time.perf_counter() - began
+    _timed_write(analysis, write, timings)
+
+    report = Report(
+        command="metrics",
+        results=analysis,
+        inputs=described,
+        settings={
+            **request.calibration.record(settings),
+            "input_kind": request.input_kind,
+            "scores_key": request.scores_key,
+            "labels_key": request.labels_key,
+            "fit": request.fit_file,
+            "apply": request.apply_file,
+            "nan_policy": request.nan_policy,
+        },
+        timings=timings,
+        environment=environment(),
+        warnings=warnings,
+    )
+    return CalibrationRun(analysis, report)
+
+
+def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:
+    """The file's provenance and shape; rows left out by --nan-policy drop add a warning."""
+    from curvcal.pipeline.fitness import single_class_warning
+    from curvcal.provenance import file_info
+
+    info = file_info(path)
+    n_samples, n_classes = data.scores.shape
+    if n_classes == 1:
+        warnings.append(single_class_warning(str(path)))
+    if data.dropped_rows:
+        warnings.append(
+            dropped_warning(data.dropped_rows, n_samples + data.dropped_rows, str(path))
+        )
+    return {
+        "path": info.path,
+        "size_bytes": info.size_bytes,
+        "sha256": info.sha256,
+        "n_samples": int(n_samples),
+        "n_classes": int(n_classes),
+        "dropped_rows": data.dropped_rows,
+    }

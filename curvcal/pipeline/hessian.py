@@ -1,0 +1,345 @@
+"""``curvcal hessian``: checkpoint and data in, the Hessian analysis and its report out.
+
+Load the model on the run's device, check it takes the data, shard the data under torchrun
+(products are summed across ranks), run
+:func:`~curvcal.curvature.analysis.analyse_hessian_with_messages` with a progress count of
+Hessian-vector products, and build the report's envelope.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from curvcal.errors import EXIT_NUMERICAL, EXIT_OK, InputError, NumericalError
+from curvcal.results import STATUS_ERROR, STATUS_OK, Report
+
+if TYPE_CHECKING:
+    import torch
+
+    from curvcal.console import Reporter
+    from curvcal.curvature.analysis import HessianSettings
+    from curvcal.curvature.results import HessianAnalysis
+    from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
+    from curvcal.load.data import DataOptions
+
+# HessianSettings field -> the option that sets it, for messages.
+_OPTION_OF = {
+    "criterion": "--loss",
+    "distribution": "--probe-dist",
+    "engine": "--hvp",
+}
+
+
+@dataclass(frozen=True)
+class HessianRequest:
+    """What ``curvcal hessian`` was asked: the files, and every analysis option as given
+    (``loss`` may be ``own``: the loss recorded in the checkpoint)."""
+
+    checkpoint: Path
+    checkpoint_options: CheckpointOptions
+    data_options: DataOptions
+    batch_size: int
+    top_k: int = 1
+    method: str | None = None
+    smallest: bool = False
+    tol: float = 1e-4
+    max_iter: int | None = None
+    trace: bool = True
+    trace_method: str = "hutchpp"
+    probes: int = 100
+    trace_rtol: float | None = None
+    probe_dist: str = "rademacher"
+    density: bool = False
+    density_runs: int = 5
+    density_steps: int = 40
+    per_layer: bool = False
+    seed: int = 0
+    loss: str = "ce"
+    gamma: float | None = None
+    params: tuple[str, ...] = ()
+    hvp: str = "auto"
+    mode: str = "eval"
+    cache: str = "auto"
+    probe_batch: int = 8
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class HessianRun:
+    """A finished run: the ``analysis``, its ``report``, the ``device`` it ran on, whether this
+    process is rank 0 (the only one that writes), and the ``failure`` to raise once the report
+    is out (``--strict`` and an estimate that did not converge)."""
+
+    analysis: HessianAnalysis
+    report: Report
+    device: str
+    is_main: bool
+    failure: NumericalError | None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_NUMERICAL if self.report.status == STATUS_ERROR else EXIT_OK
+
+
+def check_loss_options(loss: str, gamma: float | None) -> None:
+    """``--loss``/``--gamma`` combinations that make sense (shared by hessian and study)."""
+    if loss == "own" and gamma is not None:
+        raise InputError(
+            "--gamma", "cannot be combined with --loss own, which reads γ from the checkpoint"
+        )
+    if loss == "focal" and gamma is None:
+        raise InputError("--loss focal", "needs --gamma γ (γ = 0 is cross-entropy)")
+    if loss == "ce" and gamma not in (None, 0.0):
+        raise InputError("--gamma", f"{gamma} is only used by --loss focal")
+
+
+def _check_request(request: HessianRequest) -> None:
+    check_loss_options(request.loss, request.gamma)
+    if request.trace and request.trace_method != "hutchinson" and request.trace_rtol is not None:
+        raise InputError(
+            "--trace-rtol",
+            "the adaptive stop works only with --trace-method hutchinson",
+            "add --trace-method hutchinson",
+        )
+    if request.trace and request.trace_method != "hutchinson" and request.probes < 4:
+        raise InputError(
+            "--probes",
+            f"--trace-method {request.trace_method} needs at least 4 products, got {request.probes}",
+        )
+
+
+def _strict_hint(analysis: HessianAnalysis) -> str:
+    """What to change, from the limits that stopped the unconverged estimates."""
+    stops = {analysis.spectrum.stopped_by}
+    if analysis.smallest is not None:
+        stops.add(analysis.smallest.stopped_by)
+    if "precision" in stops:
+        return "the products' rounding floors the residual: loosen --tol, use --dtype float64, or drop --strict"
+    return "raise --max-iter (or --probes), loosen --tol/--trace-rtol, or drop --strict"
+
+
+def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
+    """Measure the Hessian of ``request``; under torchrun every rank runs this on its shard."""
+    from curvcal.console import Reporter
+    from curvcal.load.checkpoint import load_model, recorded_loss
+    from curvcal.load.data import iter_batches, load_dataset
+    from curvcal.pipeline.fitness import check_fitness
+    from curvcal.pipeline.runtime import distributed_run, shard
+    from curvcal.provenance import environment
+
+    began = time.perf_counter()
+    _check_request(request)
+    with distributed_run(request.checkpoint_options.device) as (device, context):
+        if not context.is_main:  # rank 0 speaks for the run
+            reporter = Reporter(quiet=True)
+        checkpoint_options = dataclasses.replace(request.checkpoint_options, device=str(device))
+        loaded = load_model(request.checkpoint, checkpoint_options)
+        criterion, gamma = (
+            recorded_loss(loaded)
+            if request.loss == "own"
+            else (request.loss, float(request.gamma or 0.0))
+        )
+        settings = _settings(request, criterion, gamma)
+        _check_parameters(loaded, settings)
+        data_options = dataclasses.replace(
+            request.data_options, trust=request.checkpoint_options.trust
+        )
+        data = load_dataset(data_options)
+        check_fitness(loaded, data, "--data")
+        indices = shard(data, context)
+        loaded_seconds = time.perf_counter() - began
+
+        def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            return iter_batches(data.dataset, request.batch_size, indices)
+
+        analysis, messages = _measure(
+            loaded, batches, settings, reporter, distributed=context.active
+        )
+    analysis = dataclasses.replace(
+        analysis, operator={**analysis.operator, "world_size": context.world_size}
+    )
+    failed = analysis.unconverged
+    status = STATUS_ERROR if (request.strict and failed) else STATUS_OK
+    failure = None
+    if status == STATUS_ERROR:
+        failure = NumericalError(
+            "--strict", f"{', '.join(failed)} did not converge", _strict_hint(analysis)
+        )
+    if context.is_main and not request.strict:
+        for message in messages:
+            reporter.warn(message)
+    report = Report(
+        command="hessian",
+        results=analysis,
+        status=status,
+        inputs={"checkpoint": loaded.describe(), "data": data.describe()},
+        settings={
+            **checkpoint_record(checkpoint_options),
+            **data_record(request.data_options, request.batch_size),
+            "loss": request.loss,
+            **settings_record(settings),
+            "strict": request.strict,
+            "world_size": context.world_size,
+        },
+        timings={
+            "load": loaded_seconds,
+            **analysis.timings,
+            "total": time.perf_counter() - began,
+        },
+        environment=environment(loaded.device),
+        warnings=messages,
+    )
+    return HessianRun(analysis, report, str(loaded.device), context.is_main, failure)
+
+
+def _settings(request: HessianRequest, criterion: str, gamma: float) -> HessianSettings:
+    """HessianSettings from the request, with errors naming the option at fault."""
+    from curvcal.curvature.analysis import HessianSettings
+
+    try:
+        return HessianSettings(
+            top_k=request.top_k,
+            method=request.method,
+            smallest=request.smallest,
+            tol=request.tol,
+            max_iter=request.max_iter,
+            trace=request.trace,
+            trace_method=request.trace_method,
+            probes=request.probes,
+            trace_rtol=request.trace_rtol,
+            distribution=request.probe_dist,
+            density=request.density,
+            density_runs=request.density_runs,
+            density_steps=request.density_steps,
+            per_layer=request.per_layer,
+            seed=request.seed,
+            criterion=criterion,
+            gamma=gamma,
+            params=tuple(request.params),
+            engine=request.hvp,
+            mode=request.mode,
+            cache=request.cache,
+            probe_batch=request.probe_batch,
+        )
+    except InputError as error:
+        option = _OPTION_OF.get(error.what, "--" + error.what.replace("_", "-"))
+        raise InputError(option, error.why, error.hint) from None
+
+
+def _check_parameters(loaded: LoadedModel, settings: HessianSettings) -> None:
+    """--params patterns that match nothing and a --top-k above P, before the data is read."""
+    from curvcal.curvature.analysis import selected_parameter_count
+
+    for pattern in settings.params:
+        if selected_parameter_count(loaded.module, (pattern,)) == 0:
+            names = [n for n, p in loaded.module.named_parameters() if p.requires_grad]
+            shown = ", ".join(names[:8]) + (", …" if len(names) > 8 else "")
+            raise InputError(
+                "--params", f"{pattern!r} matches no trainable parameter", f"names are: {shown}"
+            )
+    n_params = selected_parameter_count(loaded.module, settings.params)
+    if n_params == 0:
+        raise InputError(str(loaded.path), "the model has no trainable parameters")
+    if settings.top_k > n_params:
+        raise InputError(
+            "--top-k",
+            f"{settings.top_k} eigenvalues asked of a Hessian with {n_params} parameters",
+            f"use --top-k {n_params} or less",
+        )
+
+
+def _measure(
+    loaded: LoadedModel,
+    batches: Any,
+    settings: HessianSettings,
+    reporter: Reporter,
+    *,
+    distributed: bool,
+) -> tuple[HessianAnalysis, list[str]]:
+    """Run the analysis with a progress count of Hessian-vector products on stderr.
+
+    Returns the analysis and the warnings it raised (convergence, engine fallback) as messages;
+    other warnings are passed on untouched.
+    """
+    from curvcal.curvature.analysis import analyse_hessian_with_messages
+    from curvcal.distributed import all_reduce_sum
+
+    with reporter.progress("Hessian-vector products", None) as advance:
+        done = [0]
+
+        def on_step(_stage: str, matvecs: int) -> None:
+            advance(matvecs - done[0])
+            done[0] = matvecs
+
+        return analyse_hessian_with_messages(
+            loaded.module,
+            batches,
+            settings,
+            all_reduce=all_reduce_sum if distributed else None,
+            on_step=on_step,
+        )
+
+
+def checkpoint_record(options: CheckpointOptions) -> dict[str, Any]:
+    """The checkpoint options as the report's ``settings`` records them."""
+    return {
+        "arch": options.arch,
+        "arch_kwargs": dict(options.arch_kwargs),
+        "num_classes": options.num_classes,
+        "state_dict_key": options.state_dict_key,
+        "trust_checkpoint": options.trust,
+        "allow_globals": list(options.allow_globals),
+        "device": options.device,
+        "dtype": options.dtype,
+    }
+
+
+def data_record(options: DataOptions, batch_size: int) -> dict[str, Any]:
+    """The data options as the report's ``settings`` records them."""
+    return {
+        "data": options.spec,
+        "data_root": options.root,
+        "download": options.download,
+        "mean": options.mean,
+        "std": options.std,
+        "resize": options.resize,
+        "crop": options.crop,
+        "max_samples": options.max_samples,
+        "subset_seed": options.subset_seed,
+        "x_key": options.x_key,
+        "y_key": options.y_key,
+        "batch_size": batch_size,
+    }
+
+
+def settings_record(settings: HessianSettings) -> dict[str, Any]:
+    """The analysis settings as the report's ``settings`` records them (option names)."""
+    return {
+        "top_k": settings.top_k,
+        "method": settings.method,
+        "smallest": settings.smallest,
+        "tol": settings.tol,
+        "max_iter": settings.max_iter,
+        "trace": settings.trace,
+        "trace_method": settings.trace_method,
+        "probes": settings.probes,
+        "trace_rtol": settings.trace_rtol,
+        "probe_dist": settings.distribution,
+        "density": settings.density,
+        "density_runs": settings.density_runs,
+        "density_steps": settings.density_steps,
+        "per_layer": settings.per_layer,
+        "seed": settings.seed,
+        "criterion": settings.criterion,
+        "gamma": settings.gamma,
+        "params": list(settings.params),
+        "hvp": settings.engine,
+        "mode": settings.mode,
+        "cache": settings.cache,
+        "probe_batch": settings.probe_batch,
+    }

@@ -1,0 +1,87 @@
+"""One process or many: the device a run uses, the process group under torchrun, and the
+pass that predicts every sample of a dataset (each rank its shard, gathered on rank 0)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from curvcal.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from curvcal.console import StepCallback
+    from curvcal.distributed import DistContext
+    from curvcal.load.checkpoint import LoadedModel
+    from curvcal.load.data import LoadedData
+
+
+@contextmanager
+def distributed_run(device_option: str) -> Iterator[tuple[torch.device, DistContext]]:
+    """The device named by ``--device`` and this process's place among torchrun's ranks.
+
+    ``auto`` and ``cuda`` become ``cuda:LOCAL_RANK`` under torchrun (one GPU per process on a
+    machine), which is made the current CUDA device before the process group (NCCL on CUDA,
+    gloo otherwise) is joined; in one process the context is rank 0 of 1. The group is left
+    when the block ends, however it ends, after every rank gets there.
+    """
+    import torch
+
+    from curvcal import distributed
+    from curvcal.load.checkpoint import resolve_device
+
+    device = resolve_device(device_option)
+    if device_option.strip().lower() in ("auto", "cuda"):
+        device = distributed.local_device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    try:
+        yield device, distributed.init_from_env(device)
+    finally:
+        distributed.shutdown()
+
+
+def shard(data: LoadedData, context: DistContext, option: str = "--data") -> list[int] | None:
+    """This rank's sample indices (``None``, all of them, in one process); refuses a dataset
+    smaller than the number of processes, since every rank needs a sample."""
+    from curvcal.distributed import shard_indices
+
+    if not context.active:
+        return None
+    if data.n_samples < context.world_size:
+        raise InputError(
+            f"{option} {data.spec}",
+            f"{data.n_samples} samples cannot be shared among {context.world_size} processes",
+            "run fewer processes",
+        )
+    return shard_indices(data.n_samples, context.rank, context.world_size)
+
+
+def predict(
+    loaded: LoadedModel,
+    data: LoadedData,
+    batch_size: int,
+    on_step: StepCallback | None = None,
+    option: str = "--data",
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Logits and labels of every sample of ``data``, in dataset order.
+
+    Under torchrun each rank predicts its shard and rank 0 gets them all (``None`` on the other
+    ranks); in one process, one pass over all samples. ``on_step`` gets each batch's size.
+    """
+    from curvcal.distributed import current, gather_rows
+    from curvcal.load.data import iter_batches
+    from curvcal.pipeline.inference import predict_logits
+
+    context = current()
+    indices = shard(data, context, option)
+    logits, labels = predict_logits(
+        loaded.module, iter_batches(data.dataset, batch_size, indices), loaded.device, on_step
+    )
+    all_logits = gather_rows(logits, data.n_samples)
+    all_labels = gather_rows(labels, data.n_samples)
+    if all_logits is None or all_labels is None:
+        return None
+    return all_logits, all_labels

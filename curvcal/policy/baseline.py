@@ -1,0 +1,170 @@
+"""Saved reports read as baselines: a report's JSON document -> the gated metrics it holds.
+
+The same path table reads a measurement's analyses (:func:`measured_values`), so a check and a
+later comparison of saved reports judge the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from curvcal.errors import InputError
+from curvcal.paths import readable_file
+from curvcal.policy.evaluate import MetricValue, finite_value
+from curvcal.policy.parse import CALIBRATION_METRICS, STAGES, UNCALIBRATED
+from curvcal.results import SCHEMA_VERSION, to_jsonable
+
+# Where each gated metric lives in a saved report's JSON document, as dotted paths tried in
+# order (the first one present wins). THIS TABLE IS THE ONE PLACE TO CHANGE when a command's
+# result layout changes. A value at a path is a number, or an object with ``estimate`` (and
+# ``ci95``/``interval``, a two-number list) or ``value``.
+#
+# The layouts: ``calibrate`` and ``metrics`` write a CalibrationAnalysis as ``results``
+# (``evaluation.<stage>.<metric>``, ``fits.ts``, ``fits.focal_ts``); ``hessian`` writes a
+# HessianAnalysis as ``results`` (``lambda_max``, ``trace.{estimate,ci95}``); ``demo`` nests the
+# two under ``results.calibration`` and ``results.hessian``. ``check`` and ``compare`` documents
+# are read from their verdict rows instead (see :func:`metric_values`).
+_CALIBRATION_PATHS: dict[str, tuple[str, ...]] = {
+    stage: (
+        f"results.evaluation.{stage}.{{metric}}",
+        f"results.calibration.evaluation.{stage}.{{metric}}",
+    )
+    for stage in STAGES
+}
+_OTHER_PATHS: dict[str, tuple[str, ...]] = {
+    "lambda_max": ("results.lambda_max", "results.hessian.lambda_max"),
+    "trace": ("results.trace", "results.hessian.trace"),
+    "temperature": ("results.fits.ts.temperature", "results.calibration.fits.ts.temperature"),
+    "focal_gamma": ("results.fits.focal_ts.gamma", "results.calibration.fits.focal_ts.gamma"),
+    "focal_temperature": (
+        "results.fits.focal_ts.temperature",
+        "results.calibration.fits.focal_ts.temperature",
+    ),
+}
+
+
+def metric_paths() -> dict[str, tuple[str, ...]]:
+    """Every gated metric key (``ece``, ``ts.ece``, ``trace``, ...) with its candidate paths."""
+    paths: dict[str, tuple[str, ...]] = {}
+    for stage, templates in _CALIBRATION_PATHS.items():
+        for metric in CALIBRATION_METRICS:
+            key = metric if stage == UNCALIBRATED else f"{stage}.{metric}"
+            paths[key] = tuple(template.format(metric=metric) for template in templates)
+    paths.update(_OTHER_PATHS)
+    return paths
+
+
+VERDICT_COMMANDS = ("check", "compare")
+
+
+def metric_values(report: Mapping[str, Any]) -> dict[str, MetricValue]:
+    """The gated metrics found in a report's JSON document, by key.
+
+    A ``check``/``compare`` document carries the values it judged in its verdict rows
+    (``results.rows``); any other document is read through :func:`metric_paths`. Metrics the
+    document lacks are left out; one present as ``null`` (a non-finite number) maps to
+    ``MetricValue(None)``.
+    """
+    found: dict[str, MetricValue] = {}
+    if report.get("command") in VERDICT_COMMANDS:
+        results = report.get("results")
+        rows = results.get("rows") if isinstance(results, Mapping) else None
+        for row in rows if isinstance(rows, list) else []:
+            if isinstance(row, Mapping) and isinstance(row.get("metric"), str):
+                found.setdefault(row["metric"], _metric_value(row))
+        return found
+    for key, paths in metric_paths().items():
+        for path in paths:
+            present, item = _lookup(report, path)
+            if present:
+                found[key] = _metric_value(item)
+                break
+    return found
+
+
+def _lookup(document: Any, path: str) -> tuple[bool, Any]:
+    item = document
+    for part in path.split("."):
+        if not isinstance(item, Mapping) or part not in item:
+            return False, None
+        item = item[part]
+    return True, item
+
+
+def _metric_value(item: Any) -> MetricValue:
+    if isinstance(item, Mapping):
+        number = item.get("estimate", item.get("value"))
+        interval = _interval(item.get("ci95", item.get("interval")))
+        return MetricValue(_number(number), interval)
+    return MetricValue(_number(item))
+
+
+def _number(item: Any) -> float | None:
+    if isinstance(item, bool) or not isinstance(item, int | float):
+        return None
+    return finite_value(float(item))
+
+
+def _interval(item: Any) -> tuple[float, float] | None:
+    if isinstance(item, list | tuple) and len(item) == 2:
+        low, high = _number(item[0]), _number(item[1])
+        if low is not None and high is not None:
+            return (low, high)
+    return None
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    """Read a saved curvcal JSON report, checking that it is one and that its schema is one this
+    version reads (same major version)."""
+    readable_file(path, "report file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(str(path), f"cannot read the report: {exc}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{path}:{exc.lineno}", f"not valid JSON: {exc.msg}", "give a curvcal JSON report"
+        ) from None
+    if not isinstance(document, dict) or not {"schema", "command", "results"} <= document.keys():
+        raise InputError(
+            str(path),
+            "not a curvcal report (no schema, command and results)",
+            "write one with --output",
+        )
+    schema = str(document["schema"])
+    if schema.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise InputError(
+            str(path),
+            f"report schema {schema} is not readable by this curvcal (it reads {SCHEMA_VERSION})",
+        )
+    return document
+
+
+def setting_differences(new: Mapping[str, Any], old: Mapping[str, Any]) -> list[str]:
+    """Settings both reports record with different values (a comparison of numbers computed
+    differently may mean little): ``["seed: 1 (new) vs 0 (old)", ...]``, sorted by name."""
+    new_settings, old_settings = new.get("settings"), old.get("settings")
+    if not isinstance(new_settings, Mapping) or not isinstance(old_settings, Mapping):
+        return []
+    return [
+        f"{name}: {new_settings[name]!r} (new) vs {old_settings[name]!r} (old)"
+        for name in sorted(new_settings.keys() & old_settings.keys())
+        if new_settings[name] != old_settings[name]
+    ]
+
+
+def measured_values(hessian: object | None, calibration: object | None) -> dict[str, MetricValue]:
+    """Every gateable metric of a Hessian analysis and a calibration analysis (either may be
+    ``None``), read through the same path table as a saved report (the analyses laid out as
+    ``curvcal demo`` saves them: ``results.hessian`` and ``results.calibration``). A non-finite
+    number maps to ``MetricValue(None)``."""
+    document = {
+        "command": "measurement",
+        "results": to_jsonable({"hessian": hessian, "calibration": calibration}),
+    }
+    return metric_values(document)

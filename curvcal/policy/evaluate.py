@@ -1,0 +1,157 @@
+"""Judge measured values against a policy's bounds: one verdict row per bound.
+
+Pure: the values come from a measurement or from a saved report
+(:func:`curvcal.policy.baseline.metric_values`); nothing here reads a file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from curvcal.policy.parse import BOUNDS, CHANGE_BOUNDS, Rule
+
+_RELATIVE_BOUNDS = ("max_rel_increase", "max_rel_decrease")
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """A measured metric: ``value`` (``None`` when missing or not finite) and, for estimates such
+    as the trace, its 95 % ``interval``. Bounds are judged on ``value``."""
+
+    value: float | None
+    interval: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class VerdictRow:
+    """One bound judged: ``bound`` is one of :data:`BOUNDS` and ``limit`` its number;
+    ``change`` is value − baseline for ``max_increase``/``max_decrease`` and
+    (value − baseline)/|baseline| for ``max_rel_increase``/``max_rel_decrease`` (``None`` for
+    ``max``/``min``). A decrease is a negative change."""
+
+    metric: str
+    bound: str
+    limit: float
+    value: float | None
+    interval: tuple[float, float] | None
+    baseline: float | None
+    change: float | None
+    passed: bool
+    reason: str
+
+    @property
+    def bound_text(self) -> str:
+        """The bound for people: ``<= 0.05``, ``>= 0.9``, ``change <= +0.01``,
+        ``change <= +10%``, ``change >= -0.01``, ``change >= -10%``."""
+        if self.bound == "max":
+            return f"<= {self.limit:.4g}"
+        if self.bound == "min":
+            return f">= {self.limit:.4g}"
+        if self.bound == "max_increase":
+            return f"change <= {self.limit:+.4g}"
+        if self.bound == "max_rel_increase":
+            return f"change <= {100 * self.limit:+.4g}%"
+        if self.bound == "max_decrease":
+            return f"change >= {-self.limit:+.4g}"
+        return f"change >= {-100 * self.limit:+.4g}%"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Every bound of a policy judged; ``passed`` when all rows passed."""
+
+    passed: bool
+    rows: tuple[VerdictRow, ...] = field(default_factory=tuple)
+
+    @property
+    def failed_rows(self) -> tuple[VerdictRow, ...]:
+        return tuple(row for row in self.rows if not row.passed)
+
+
+# --------------------------------------------------------------------------------------------
+# Judging values
+
+
+def evaluate(
+    rules: Sequence[Rule],
+    values: Mapping[str, MetricValue],
+    baseline: Mapping[str, MetricValue] | None,
+) -> Verdict:
+    """Judge every bound of ``rules`` on ``values`` (keys as :attr:`Rule.key`).
+
+    * ``max``: passes when value ≤ max; ``min``: when value ≥ min (a value exactly at the bound
+      passes).
+    * ``max_increase``: change = value − baseline, passes when change ≤ bound.
+    * ``max_rel_increase``: change = (value − baseline)/|baseline|, passes when change ≤ bound; a
+      zero baseline gives change 0 when the value is 0 too and ±∞ otherwise (any increase from 0
+      fails).
+    * ``max_decrease``: change = value − baseline, passes when change ≥ −bound;
+      ``max_rel_decrease``: change = (value − baseline)/|baseline|, passes when change ≥ −bound
+      (any decrease from a zero baseline fails).
+    * A missing or non-finite value fails; a change bound with no baseline value (no baseline
+      given, or the metric missing or non-finite in it) fails with reason ``no baseline``.
+
+    One row per bound, in the order of ``rules`` and :data:`BOUNDS`.
+    """
+    rows: list[VerdictRow] = []
+    for rule in rules:
+        measured = values.get(rule.key)
+        value = finite_value(measured.value if measured else None)
+        interval = measured.interval if measured else None
+        old = baseline.get(rule.key) if baseline is not None else None
+        base = finite_value(old.value if old else None)
+        for bound in BOUNDS:
+            limit = getattr(rule, bound)
+            if limit is None:
+                continue
+            change: float | None = None
+            if value is None:
+                passed = False
+                reason = "not in the report" if measured is None else "value is not finite"
+            elif bound == "max":
+                passed = value <= limit
+                reason = "" if passed else "above max"
+            elif bound == "min":
+                passed = value >= limit
+                reason = "" if passed else "below min"
+            elif base is None:
+                passed, reason = False, "no baseline"
+            else:
+                change = _relative(value, base) if bound in _RELATIVE_BOUNDS else value - base
+                if bound in ("max_increase", "max_rel_increase"):
+                    passed = change <= limit
+                    reason = "" if passed else "increase too large"
+                else:
+                    passed = change >= -limit
+                    reason = "" if passed else "decrease too large"
+            shown_base = base if bound in CHANGE_BOUNDS else None
+            rows.append(
+                VerdictRow(
+                    metric=rule.key,
+                    bound=bound,
+                    limit=limit,
+                    value=value,
+                    interval=interval,
+                    baseline=shown_base,
+                    change=change,
+                    passed=passed,
+                    reason=reason,
+                )
+            )
+    return Verdict(passed=all(row.passed for row in rows), rows=tuple(rows))
+
+
+def finite_value(value: float | None) -> float | None:
+    """``value`` as a float when it is a finite number, else ``None`` (booleans are no numbers)."""
+    if value is None or isinstance(value, bool):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _relative(value: float, base: float) -> float:
+    if base == 0.0:
+        return 0.0 if value == 0.0 else math.copysign(math.inf, value)
+    return (value - base) / abs(base)

@@ -1,0 +1,216 @@
+"""The tables and plots of a Hessian analysis (``curvcal hessian`` and ``curvcal demo``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from curvcal.report.tables import Table, fmt_float
+
+if TYPE_CHECKING:
+    from curvcal.curvature.results import HessianAnalysis
+
+
+def write_plots(analysis: HessianAnalysis, spectrum_path: Path, layers_path: Path | None) -> None:
+    """The top-k eigenvalues (with the SLQ density beside them when measured) and, when asked
+    and measured, λmax and trace per module."""
+    from curvcal.report.plots import per_layer_plot, spectrum_plot
+
+    density = analysis.density
+    spectrum_plot(
+        list(analysis.spectrum.eigenvalues),
+        spectrum_path,
+        None if density is None else list(density.grid),
+        None if density is None else list(density.density),
+    )
+    if layers_path is not None and analysis.layers:
+        per_layer_plot(
+            [layer.module or "(root)" for layer in analysis.layers],
+            [layer.lambda_max.value for layer in analysis.layers],
+            [layer.trace.estimate for layer in analysis.layers],
+            layers_path,
+        )
+
+
+def plot_outputs(path: Path | None, per_layer: bool) -> list[tuple[str, Path]]:
+    """The files ``--plot`` writes, as ``(option, path)``: the spectrum and, with
+    ``per_layer``, the per-layer chart beside it."""
+    if path is None:
+        return []
+    written = [("--plot", path)]
+    if per_layer:
+        written.append(("--plot (per-layer chart)", _layers_path(path)))
+    return written
+
+
+def _layers_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}-layers{path.suffix}")
+
+
+def plot_paths(path: Path, per_layer: bool, force: bool) -> tuple[Path, Path | None]:
+    """The spectrum file and, with ``per_layer``, the per-layer file beside it
+    (``spectrum.png`` -> ``spectrum-layers.png``), checked before any work."""
+    from curvcal.errors import InputError
+    from curvcal.report.plots import SUFFIXES, require_matplotlib
+    from curvcal.report.tables import check_output_path
+
+    if path.suffix.lower() not in SUFFIXES:
+        raise InputError(
+            "--plot", f"cannot tell the format of {path}", "name a .png, .svg or .pdf file"
+        )
+    require_matplotlib()
+    layers = _layers_path(path) if per_layer else None
+    for target in (path, layers):
+        if target is not None:
+            check_output_path(target, force)
+    return path, layers
+
+
+def hessian_tables(analysis: HessianAnalysis, device: str) -> list[Table]:
+    """The tables of a Hessian analysis: eigenvalues, trace, per-module blocks and density
+    (when measured), and the run (engine, mode, loss, N, P, device, products, seconds)."""
+    tables = [_eigen_table(analysis)]
+    if analysis.trace is not None:
+        tables.append(_trace_table(analysis))
+    if analysis.layers is not None:
+        tables.append(_layers_table(analysis))
+    if analysis.density is not None:
+        tables.append(_density_table(analysis))
+    tables.append(_run_table(analysis, device))
+    return tables
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def _eigen_table(analysis: HessianAnalysis) -> Table:
+    spectrum = analysis.spectrum
+    rows = [
+        (
+            str(index + 1),
+            fmt_float(value.value, 6),
+            fmt_float(value.residual, 2),
+            str(value.iterations),
+            str(value.matvecs),
+            _yes_no(value.converged),
+        )
+        for index, value in enumerate(spectrum.values)
+    ]
+    if analysis.smallest is not None:
+        low = analysis.smallest.values[0]
+        rows.append(
+            (
+                "min",
+                fmt_float(low.value, 6),
+                fmt_float(low.residual, 2),
+                str(low.iterations),
+                str(low.matvecs),
+                _yes_no(low.converged),
+            )
+        )
+    caption = (
+        f"{spectrum.method}, tol {spectrum.tol:g}; λ1 is λmax, the largest algebraic eigenvalue"
+    )
+    if spectrum.shift is not None:
+        caption += f"; dominant eigenvalue {spectrum.shift:.4g} was negative, so the search was shifted by it"
+    return Table(
+        title="Hessian eigenvalues",
+        columns=("index", "λ", "residual", "iterations", "HVPs", "converged"),
+        rows=tuple(rows),
+        caption=caption,
+    )
+
+
+def _trace_table(analysis: HessianAnalysis) -> Table:
+    trace = analysis.trace
+    assert trace is not None
+    low, high = trace.ci95
+    caption = (
+        f"{_TRACE_NAMES.get(trace.method, trace.method)}, {trace.matvecs} products, "
+        f"{trace.distribution} probes; standard error {trace.standard_error:.3g}; "
+        f"95% interval: {trace.interval}"
+    )
+    if trace.rtol is not None:
+        caption += f"; adaptive (rtol {trace.rtol:g}), stopped by {trace.stopped_by}"
+    return Table(
+        title="Hessian trace",
+        columns=("estimate", "95% CI", "products", "estimator"),
+        rows=(
+            (
+                f"{fmt_float(trace.estimate, 6)} ± {fmt_float(trace.half_width, 3)}",
+                f"[{fmt_float(low, 6)}, {fmt_float(high, 6)}]",
+                str(trace.matvecs),
+                trace.method,
+            ),
+        ),
+        caption=caption,
+    )
+
+
+_TRACE_NAMES = {"hutch++": "Hutch++", "xtrace": "XTrace", "hutchinson": "Hutchinson"}
+
+
+def _layers_table(analysis: HessianAnalysis) -> Table:
+    rows = tuple(
+        (
+            layer.module,
+            f"{layer.n_params:,}",
+            fmt_float(layer.lambda_max.value, 6),
+            fmt_float(layer.trace.estimate, 6)
+            + (
+                ""
+                if layer.trace.method == "exact"
+                else f" ± {fmt_float(layer.trace.half_width, 3)}"
+            ),
+            _yes_no(layer.lambda_max.converged),
+        )
+        for layer in analysis.layers or []
+    )
+    return Table(
+        title="per-module Hessian blocks",
+        columns=("module", "params", "λmax", "trace", "converged"),
+        rows=rows,
+        caption="each block is the Hessian with respect to the module's own parameters; "
+        "traces of blocks up to --probes parameters are exact",
+    )
+
+
+def _density_table(analysis: HessianAnalysis) -> Table:
+    density = analysis.density
+    assert density is not None
+    return Table(
+        title="eigenvalue density (SLQ)",
+        columns=("grid min", "grid max", "runs", "steps", "bandwidth"),
+        rows=(
+            (
+                fmt_float(density.grid[0], 6),
+                fmt_float(density.grid[-1], 6),
+                str(density.runs),
+                str(density.steps),
+                fmt_float(density.bandwidth, 3),
+            ),
+        ),
+        caption="the density itself is in the JSON result (results.density)",
+    )
+
+
+def _run_table(analysis: HessianAnalysis, device: str) -> Table:
+    op = analysis.operator
+    loss = op["loss"] if op["loss"] != "focal" else f"{op['loss']} (γ = {op['gamma']:g})"
+    engine = op["engine"] + (" (fallback)" if op.get("engine_fallback") else "")
+    rows = [
+        ("loss", f"{loss}, mean over all samples = {fmt_float(op['mean_loss'], 6)}"),
+        ("mode", op["mode"]),
+        ("engine", engine),
+        ("samples (N)", f"{op['n_samples']:,}"),
+        ("parameters (P)", f"{op['n_params']:,}"),
+        (
+            "device",
+            device + (f" × {op['world_size']} processes" if op.get("world_size", 1) > 1 else ""),
+        ),
+        ("Hessian-vector products", f"{op['n_matvecs']:,}"),
+        ("passes over the data", f"{op['n_data_passes']:,}"),
+        ("seconds", fmt_float(sum(analysis.timings.values()), 3)),
+    ]
+    return Table(title="run", columns=("item", "value"), rows=tuple(rows))

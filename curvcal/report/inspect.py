@@ -1,0 +1,60 @@
+"""The tables of what a checkpoint holds (``curvcal inspect`` and ``curvcal demo``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from curvcal.report.tables import Table
+
+if TYPE_CHECKING:
+    from curvcal.load.checkpoint import CheckpointInfo
+
+TENSOR_ROWS = 40
+_LIST_CELL = 8
+
+
+def inspect_tables(info: CheckpointInfo) -> list[Table]:
+    """The checkpoint summary table and (when tensors are listed) the tensor table."""
+    rows: list[tuple[str, str]] = [
+        ("file", str(info.path)),
+        ("format", info.format),
+        ("container", info.container),
+        ("top-level type", info.top_level_type or "-"),
+        ("top-level keys", _short_list(info.top_level_keys)),
+        ("state-dict key", info.state_dict_key or "-"),
+        ("prefix", info.detected_prefix or "-"),
+        ("tensors", str(len(info.tensors)) if info.tensors else "-"),
+        ("parameters", f"{info.parameter_count:,}" if info.parameter_count is not None else "-"),
+        ("classes", str(info.num_classes) if info.num_classes is not None else "-"),
+        ("unsafe globals", _short_list(info.unsafe_globals, limit=len(info.unsafe_globals))),
+        ("needs --trust-checkpoint", "yes" if info.needs_trust else "no"),
+    ]
+    if info.container == "pickle":  # a plain pickle: what it would import is all there is
+        rows.append(("pickle globals", _short_list(info.pickle_globals, len(info.pickle_globals))))
+    rows += [(f"metadata: {key}", value) for key, value in info.metadata.items()]
+    tables = [Table(title="checkpoint", columns=("item", "value"), rows=tuple(rows))]
+    if info.tensors:
+        shown = info.tensors[:TENSOR_ROWS]
+        caption = None
+        if len(info.tensors) > TENSOR_ROWS:
+            caption = f"... and {len(info.tensors) - TENSOR_ROWS} more (all in --json)"
+        tables.append(
+            Table(
+                title="tensors",
+                columns=("name", "shape", "dtype"),
+                rows=tuple(
+                    (s.name, "×".join(map(str, s.shape)) or "scalar", s.dtype) for s in shown
+                ),
+                caption=caption,
+            )
+        )
+    return tables
+
+
+def _short_list(items: tuple[str, ...], limit: int = _LIST_CELL) -> str:
+    if not items:
+        return "-"
+    text = ", ".join(items[:limit])
+    if len(items) > limit:
+        text += f", ... ({len(items) - limit} more)"
+    return text

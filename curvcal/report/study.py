@@ -1,0 +1,154 @@
+"""The tables and plots of a study across checkpoints (``curvcal study``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from curvcal.errors import InputError
+from curvcal.report.tables import Table, check_output_path, fmt_float
+
+if TYPE_CHECKING:
+    from curvcal.study import Correlation, StudyResult, StudyRow
+
+#: ``--plot DIR`` files, by what they show.
+PLOT_FILES = {"gamma": "lambda_max_vs_gamma.png", "ece": "trace_vs_ece.png"}
+
+
+def _trained(row: StudyRow) -> str:
+    if row.training_loss is None:
+        text = "?"
+    elif row.training_loss == "focal":
+        text = f"focal γ={row.training_gamma:g}" if row.training_gamma is not None else "focal"
+    else:
+        text = row.training_loss
+    if row.penalty:
+        text += f" + {row.penalty:g}·tr(H)"
+    return text
+
+
+def study_tables(result: StudyResult) -> list[Table]:
+    """The study table (one row per checkpoint), the column provenance and the correlations."""
+    from curvcal.study import hessian_loss_label
+
+    rows = tuple(
+        (
+            row.checkpoint,
+            _trained(row),
+            hessian_loss_label(row.curvature.loss, row.curvature.gamma),
+            fmt_float(row.curvature.lambda_max, 4)
+            + ("" if row.curvature.lambda_max_converged else " (unconverged)"),
+            f"{fmt_float(row.curvature.trace, 4)} ± {fmt_float(row.curvature.trace_standard_error, 2)}",
+            fmt_float(row.calibration.accuracy, 4),
+            fmt_float(row.calibration.ece, 4),
+            fmt_float(row.calibration.adaece, 4),
+            fmt_float(row.calibration.nll, 4),
+            fmt_float(row.calibration.temperature, 4),
+            f"{row.calibration.focal_gamma:g}, {fmt_float(row.calibration.focal_temperature, 4)}",
+            fmt_float(row.calibration.ece_after_ts, 4),
+            fmt_float(row.calibration.ece_after_fts, 4),
+        )
+        for row in result.rows
+    )
+    first = result.rows[0]
+    study_table = Table(
+        title="curvature and calibration per checkpoint",
+        columns=(
+            "checkpoint",
+            "trained with",
+            "H loss",
+            "λmax",
+            "tr(H) ± s.e.",
+            "accuracy",
+            "ECE",
+            "AdaECE",
+            "NLL",
+            "T",
+            "FTS γ, T",
+            "ECE after TS",
+            "ECE after FTS",
+        ),
+        rows=rows,
+        caption=(
+            f"λmax, tr(H): Hessian on {first.curvature.n_samples} samples; calibration columns "
+            f"on {first.calibration.n_eval} evaluation samples, maps fitted on "
+            f"{first.calibration.n_fit} others (see the 'columns' table)"
+        ),
+    )
+    columns_table = Table(
+        title="columns: loss and samples",
+        columns=("column", "measured as"),
+        rows=tuple(result.columns.items()),
+    )
+    return [study_table, columns_table, correlation_table(result.correlations)]
+
+
+def correlation_table(correlations: tuple[Correlation, ...]) -> Table:
+    """Spearman ρ and p-value of every (curvature, calibration) pair."""
+    from curvcal.study import CALIBRATION_MEASURES, CURVATURE_MEASURES
+
+    rows = tuple(
+        (
+            CURVATURE_MEASURES[c.curvature],
+            CALIBRATION_MEASURES[c.calibration],
+            fmt_float(c.rho, 3) if c.rho is not None else (c.note or "—"),
+            fmt_float(c.p_value, 2) if c.p_value is not None else "—",
+            str(c.n),
+        )
+        for c in correlations
+    )
+    return Table(
+        title="Spearman rank correlation across checkpoints",
+        columns=("curvature", "calibration", "ρ", "p-value", "n"),
+        rows=rows,
+        caption="scipy.stats.spearmanr, two-sided p-value (t approximation: rough for small n)",
+    )
+
+
+def draw_plots(result: StudyResult, paths: dict[str, Path]) -> None:
+    """λmax against the training γ (checkpoints trained with ce or a fixed-γ focal loss only)
+    and tr(H) against ECE (every checkpoint)."""
+    from curvcal.report.plots import scatter_plot
+
+    fixed = [row for row in result.rows if row.training_gamma is not None]
+    scatter_plot(
+        [row.training_gamma or 0.0 for row in fixed],
+        [row.curvature.lambda_max for row in fixed],
+        [row.checkpoint.rsplit(".", 1)[0] for row in fixed],
+        "training focal γ (ce = 0)",
+        "λmax",
+        paths["gamma"],
+        title="λmax vs focal γ (FLSD-53 and untagged left out)",
+    )
+    scatter_plot(
+        [row.curvature.trace for row in result.rows],
+        [row.calibration.ece for row in result.rows],
+        [row.checkpoint.rsplit(".", 1)[0] for row in result.rows],
+        "tr(H)",
+        "ECE (uncalibrated)",
+        paths["ece"],
+        title="tr(H) vs ECE",
+    )
+
+
+def plot_files(plot_dir: Path | None) -> dict[str, Path]:
+    """The files ``--plot DIR`` writes (none without it)."""
+    if plot_dir is None:
+        return {}
+    return {key: plot_dir / name for key, name in PLOT_FILES.items()}
+
+
+def plot_paths(plot_dir: Path | None, force: bool) -> dict[str, Path] | None:
+    """The plot files, checked before any work (the folder is created if missing)."""
+    if plot_dir is None:
+        return None
+    from curvcal.report.plots import require_matplotlib
+
+    require_matplotlib()
+    if plot_dir.exists() and not plot_dir.is_dir():
+        raise InputError("--plot", f"{plot_dir} is not a directory")
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    paths = plot_files(plot_dir)
+    for path in paths.values():
+        check_output_path(path, force)
+    return paths
