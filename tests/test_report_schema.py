@@ -93,7 +93,7 @@ RUNS: dict[str, list[str]] = {
     "metrics": ["metrics", "logits.npz", "--val-split", "0.5"],
     "check": ["check", "{ckpt}", "--policy", "{policy}", "--max-samples", "200", "-o", "new.json"],
     "compare": ["compare", "new.json", "new.json", "--policy", "{policy}"],
-    "study": ["study", "{ckpt}", "copy.safetensors", *_SMALL, "--probes", "3", "--gammas", "0,1"],
+    "study": ["study", "{ckpt}", "copy.safetensors", *_SMALL, "--probes", "4", "--gammas", "0,1"],
     "demo": ["demo"],
 }
 
