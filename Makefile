@@ -8,11 +8,12 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint typecheck pytest fuzz bench clean help
+.PHONY: demo test docs lint typecheck pytest fuzz bench clean help
 
 help:
 	@echo "make demo   create .venv, install curvcal, run 'curvcal demo' on the bundled example (plots in build/demo)"
 	@echo "make test   install dev extras, run ruff, mypy and the whole test suite"
+	@echo "make docs   build the documentation site into build/site (mkdocs build --strict)"
 	@echo "make lint   ruff check and format check"
 	@echo "make fuzz   a long fuzz run of the file loaders (CURVCAL_FUZZ_CASES, CURVCAL_FUZZ_SEED)"
 	@echo "make bench  install the peer libraries (bench extra) and run benchmarks/"
@@ -26,11 +27,11 @@ $(VENV)/.stamp-base: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,plot,hf,timm,tables]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,docs,plot,hf,timm,tables]'
 	touch $(VENV)/.stamp-base $@
 
 $(VENV)/.stamp-bench: pyproject.toml $(CONSTRAINTS) $(VENV)/.stamp-dev
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,plot,hf,timm,tables,bench]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,docs,plot,hf,timm,tables,bench]'
 	touch $@
 
 demo: $(VENV)/.stamp-base
@@ -47,6 +48,9 @@ pytest: $(VENV)/.stamp-dev
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
+
+docs: $(VENV)/.stamp-dev
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 # The suite runs a few hundred fuzz cases from a fixed seed; this runs many more from a fresh
 # seed, printed first so a failure can be replayed (CURVCAL_FUZZ_SEED=... make fuzz).

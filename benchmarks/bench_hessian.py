@@ -4,8 +4,10 @@ Runs every library on the same model and the same batches in one process, on the
 thread, and prints for each run the error against an exact float64 reference, the number of
 Hessian-vector products (HVPs), the wall time and the peak memory, then checks curvcal's targets:
 
-* λ1 to ≤ 1e-6 relative error in less wall time than PyHessian needs for 1e-4;
-* trace with 100 HVPs (Hutch++) to ≤ 0.5% error, in ≤ 0.5× PyHessian's 100-probe time;
+* λ1 by float32 Lanczos to a relative residual ≤ 1e-6 (and ≤ 1e-6 relative error) in ≤ 0.5×
+  the wall time of PyHessian at its tol 1e-4;
+* trace with 100 HVPs by the default estimator (Hutch++) to ≤ 1% error, in ≤ 0.5× PyHessian's
+  100-probe time;
 * peak memory of a λ1 or trace run ≤ 2× the peak of one HVP;
 * one HVP ≤ 1.1× one double backward (the plain ``autograd.grad(create_graph=True)`` recipe).
 
@@ -17,15 +19,17 @@ Cases (the loss is the mean cross-entropy over the whole dataset, model in eval 
 * ``digits-cnn`` — the bundled ``DigitsCNN`` (9,802 parameters) on the bundled 797 samples; λ1
   reference by ARPACK (``scipy.sparse.linalg.eigsh``, tol 1e-13) on curvcal's float64 operator.
   An exact trace needs one HVP per parameter (about 40 minutes here); ``--exact-trace`` computes
-  it, otherwise trace rows of this case show no error.
+  it, and ``--dense-cache FILE`` reads it from the dense Hessian ``bench_trace.py --cache FILE``
+  keeps; otherwise trace rows of this case show no error.
 * ``tiny`` — a 6-5-3 MLP on 60 synthetic samples (used by the smoke test).
 
 Batches of 100 over N = 797 (last batch 97; ``--quick``: 197 samples, same last batch) expose
 estimators that average batch means without weighting them by size; hessian-eigenthings is also
 run on batches of 132 (last batch 5) to show that bias plainly.
 
-Every library runs in float32 (how they are used); curvcal also runs in float64 for the 1e-6
-target, since float32 rounding alone leaves λ1 about 1e-6 off. Timings are the minimum over
+Every library runs in float32 (how they are used); curvcal also runs in float64 for comparison
+(its Lanczos keeps the Krylov basis and the Rayleigh–Ritz step in float64 even with float32
+products, which is what lets float32 reach a 1e-6 residual). Timings are the minimum over
 ``--repeats`` rounds; within a round curvcal and the peers are interleaved. Peak memory is the
 growth of the resident set (VmHWM − VmRSS before the run, reset through
 ``/proc/self/clear_refs``) in a fresh subprocess per run, after the same run on the tiny case has
@@ -153,9 +157,14 @@ def _train(model: nn.Module, x: Tensor, y: Tensor, steps: int, seed: int) -> nn.
 
 
 def dense_reference(model: nn.Module, batches: Sequence[Batch]) -> tuple[Tensor, float]:
+    """(eigenvalues, trace) of :func:`dense_hessian`."""
+    hessian = dense_hessian(model, batches)
+    return torch.linalg.eigvalsh(hessian), float(torch.trace(hessian))
+
+
+def dense_hessian(model: nn.Module, batches: Sequence[Batch]) -> Tensor:
     """The float64 Hessian of the mean loss, assembled row block by row block with plain
-    double backward (``autograd.grad`` of the gradient against unit vectors): (eigenvalues, trace).
-    """
+    double backward (``autograd.grad`` of the gradient against unit vectors)."""
     model64 = copy.deepcopy(model).double()
     params = list(model64.parameters())
     n_params = sum(p.numel() for p in params)
@@ -175,8 +184,7 @@ def dense_reference(model: nn.Module, batches: Sequence[Batch]) -> tuple[Tensor,
                 gradient, params, grad_outputs=units, is_grads_batched=True, retain_graph=True
             )
             hessian[start:stop] += torch.cat([r.reshape(stop - start, -1) for r in rows], dim=1)
-    hessian = (hessian + hessian.t()) / (2 * n_samples)
-    return torch.linalg.eigvalsh(hessian), float(torch.trace(hessian))
+    return (hessian + hessian.t()) / (2 * n_samples)
 
 
 def arpack_reference(model: nn.Module, batches: Sequence[Batch]) -> tuple[float, float, int]:
@@ -201,7 +209,13 @@ def arpack_reference(model: nn.Module, batches: Sequence[Batch]) -> tuple[float,
     return top[0], top[1], operator.n_matvecs
 
 
-def build_case(name: str, quick: bool, exact_trace_cnn: bool = False, truth: bool = True) -> Case:
+def build_case(
+    name: str,
+    quick: bool,
+    exact_trace_cnn: bool = False,
+    truth: bool = True,
+    dense_cache: str | None = None,
+) -> Case:
     if name == "tiny":
         generator = torch.Generator().manual_seed(0)
         x = torch.randn(60, 6, generator=generator)
@@ -244,7 +258,10 @@ def build_case(name: str, quick: bool, exact_trace_cnn: bool = False, truth: boo
     else:
         case.lambda_max, case.lambda_2, used = arpack_reference(model, batches)
         case.reference = f"ARPACK eigsh on curvcal's float64 operator, tol 1e-13 ({used} HVPs)"
-        if exact_trace_cnn:
+        if dense_cache and not quick and os.path.exists(dense_cache):
+            case.trace = float(torch.trace(torch.load(dense_cache)))
+            case.reference += "; exact trace of the dense float64 Hessian (bench_trace.py)"
+        elif exact_trace_cnn:
             operator = HessianOperator(case.fresh(torch.float64), case.batches)
             case.trace = exact_trace(operator, probe_batch=32).estimate
             case.reference += f"; exact trace by {case.n_params} unit-vector HVPs"
@@ -261,6 +278,7 @@ class Outcome:
     hvps: int
     note: str = ""
     seconds: float | None = None  # the time of the product alone, when the run measures it itself
+    residual: float = math.nan  # the relative residual curvcal reports for λ1
 
 
 @dataclass
@@ -299,9 +317,8 @@ def curvcal_lambda(
             warnings.simplefilter("ignore")
             spectrum = eigenvalues(operator, 1, method=method, tol=tol, max_iter=1000, seed=seed)
         result = spectrum.values[0]
-        return Outcome(
-            result.value, operator.n_matvecs, "" if result.converged else "not converged"
-        )
+        note = f"residual {result.residual:.1e}, stopped by {spectrum.stopped_by}"
+        return Outcome(result.value, operator.n_matvecs, note, residual=result.residual)
 
     return run
 
@@ -310,7 +327,11 @@ def curvcal_trace(method: str, n: int) -> Callable[[Case, int], Outcome]:
     def run(case: Case, seed: int) -> Outcome:
         operator = HessianOperator(case.fresh(), case.batches)
         result = trace_estimate(operator, n, method=method, seed=seed)
-        return Outcome(result.estimate, operator.n_matvecs, f"± {result.standard_error:.3g} (s.e.)")
+        return Outcome(
+            result.estimate,
+            operator.n_matvecs,
+            f"95% interval ± {100 * result.half_width / abs(result.estimate):.2g}%",
+        )
 
     return run
 
@@ -538,14 +559,13 @@ def plan(case_name: str) -> list[Run]:
     # fmt: off
     return [
         Run(lam, "curvcal", "power, tol 1e-4", curvcal_lambda("power", 1e-4, f32), memory="always"),
-        Run(lam, "curvcal", "Lanczos, tol 1e-4 (default)", curvcal_lambda("lanczos", 1e-4, f32), "lambda_fast", "full"),
-        Run(lam, "curvcal", "Lanczos, tol 1e-6, float64", curvcal_lambda("lanczos", 1e-6, f64), "lambda_fast", "always"),
-        Run(lam, "curvcal", "Lanczos, tol 1e-6, float64, engine autograd",
-            curvcal_lambda("lanczos", 1e-6, f64, "autograd"), "lambda_fast", "full"),
-        Run(lam, "pyhessian", "default (maxIter 100, tol 1e-3)", pyhessian_lambda(100, 1e-3), "lambda_peer", "full"),
+        Run(lam, "curvcal", "Lanczos, tol 1e-4 (default)", curvcal_lambda("lanczos", 1e-4, f32), memory="full"),
+        Run(lam, "curvcal", "Lanczos, tol 1e-6", curvcal_lambda("lanczos", 1e-6, f32), "lambda_fast", "always"),
+        Run(lam, "curvcal", "Lanczos, tol 1e-6, float64", curvcal_lambda("lanczos", 1e-6, f64), memory="full"),
+        Run(lam, "pyhessian", "default (maxIter 100, tol 1e-3)", pyhessian_lambda(100, 1e-3), memory="full"),
         Run(lam, "pyhessian", "tol 1e-4", pyhessian_lambda(1000, 1e-4), "lambda_peer"),
-        Run(lam, "pyhessian", "tol 1e-5", pyhessian_lambda(1000, 1e-5), "lambda_peer"),
-        Run(lam, "pyhessian", "tol 1e-6", pyhessian_lambda(1000, 1e-6), "lambda_peer"),
+        Run(lam, "pyhessian", "tol 1e-5", pyhessian_lambda(1000, 1e-5)),
+        Run(lam, "pyhessian", "tol 1e-6", pyhessian_lambda(1000, 1e-6)),
         Run(lam, "eigenthings", "lanczos default (k=1: 2 steps)", eigenthings_lanczos(None, False), memory="full"),
         Run(lam, "eigenthings", "power_iteration_one default", eigenthings_power),
         Run(lam, "eigenthings", "lanczos 25 steps, reorth., size-weighted loss", eigenthings_lanczos(25, True)),
@@ -555,8 +575,9 @@ def plan(case_name: str) -> list[Run]:
             eigenthings_lanczos(25, True, short=True)),
         Run(lam, "curvlinops", "eigsh on to_scipy() (default tol 0)", curvlinops_lambda(True, 0.0), memory="full"),
         Run(lam, "curvlinops", "eigsh tol 1e-6, no determinism check", curvlinops_lambda(False, 1e-6)),
+        Run(tr, "curvcal", "Hutch++, 100 HVPs (default)", curvcal_trace("hutch++", 100), "trace_ours", "always"),
+        Run(tr, "curvcal", "XTrace, 100 HVPs", curvcal_trace("xtrace", 100), memory="full"),
         Run(tr, "curvcal", "Hutchinson, 100 probes", curvcal_trace("hutchinson", 100), memory="full"),
-        Run(tr, "curvcal", "Hutch++, 100 HVPs", curvcal_trace("hutch++", 100), "trace_ours", "always"),
         Run(tr, "pyhessian", "default (maxIter 100, tol 1e-3)", pyhessian_trace(100, 1e-3)),
         Run(tr, "pyhessian", "100 probes (tol 0)", pyhessian_trace(100, 0.0), "trace_peer", "full"),
         Run(tr, "eigenthings", "trace default (Hutch++, 99 HVPs)", eigenthings_trace("hutch++", False), memory="full"),
@@ -592,6 +613,7 @@ class Row:
     peak_mib: float = math.nan
     note: str = ""
     target_role: str = ""
+    residual: float = math.nan  # worst over rounds, for curvcal's λ1 rows
 
 
 def _reference(case: Case, task: str) -> float:
@@ -649,6 +671,7 @@ def measure(
                     seconds,
                     note=model_note or outcome.note,
                     target_role=run.target_role,
+                    residual=outcome.residual,
                 )
                 rows[index] = row
             else:
@@ -656,6 +679,9 @@ def measure(
                     row.rel_error = error
                 row.seconds = min(row.seconds, seconds)
                 row.hvps = max(row.hvps, outcome.hvps)
+                if not (outcome.residual <= row.residual):
+                    row.residual = outcome.residual
+                    row.note = model_note or outcome.note
             row.seconds_all.append(seconds)
             log(
                 f"  [{case.name} round {round_index + 1}/{repeats}] {run.library:<11} {run.setting:<50} {seconds:7.2f} s"
@@ -746,33 +772,29 @@ def _best(rows: Sequence[Row], role: str, max_error: float | None = None) -> Row
 
 def targets(case: Case, rows: Sequence[Row]) -> list[Target]:
     found = []
-    ours = _best(rows, "lambda_fast", 1e-6)
-    theirs = _best(rows, "lambda_peer", 1e-4)
+    name = "λ1: float32 Lanczos to residual ≤ 1e-6 in ≤ 0.5× PyHessian's time at tol 1e-4"
+    ours = _best(rows, "lambda_fast")
+    theirs = _best(rows, "lambda_peer")
     if ours is None:
-        found.append(
-            Target("λ1 ≤ 1e-6 faster than PyHessian at 1e-4", False, "curvcal did not reach 1e-6")
-        )
+        found.append(Target(name, False, "the curvcal run failed"))
     elif theirs is None:
-        found.append(
-            Target(
-                "λ1 ≤ 1e-6 faster than PyHessian at 1e-4",
-                None,
-                "no PyHessian run reached 1e-4 (or not run)",
-            )
-        )
+        found.append(Target(name, None, "PyHessian not run"))
     else:
         ratio = ours.seconds / theirs.seconds
+        accurate = ours.residual <= 1e-6 and ours.rel_error <= 1e-6
         found.append(
             Target(
-                "λ1 ≤ 1e-6 faster than PyHessian at 1e-4",
-                ratio < 1.0,
-                f"curvcal {ours.rel_error:.1e} in {ours.seconds:.2f} s; PyHessian ({theirs.setting}) {theirs.rel_error:.1e} in {theirs.seconds:.2f} s; ratio {ratio:.2f}",
+                name,
+                accurate and ratio <= 0.5,
+                f"curvcal residual {ours.residual:.1e} (worst of rounds), error {ours.rel_error:.1e}, "
+                f"{ours.hvps} HVPs in {ours.seconds:.2f} s; PyHessian tol 1e-4: error "
+                f"{theirs.rel_error:.1e}, {theirs.hvps} HVPs in {theirs.seconds:.2f} s; ratio {ratio:.2f}",
             )
         )
     trace_ours = _best(rows, "trace_ours")
     trace_peer = _best(rows, "trace_peer")
     if trace_ours is not None:
-        accurate = trace_ours.rel_error <= 5e-3 if math.isfinite(trace_ours.rel_error) else None
+        accurate = trace_ours.rel_error <= 1e-2 if math.isfinite(trace_ours.rel_error) else None
         error_text = (
             f"error {100 * trace_ours.rel_error:.2f}% (worst of rounds)"
             if math.isfinite(trace_ours.rel_error)
@@ -784,7 +806,7 @@ def targets(case: Case, rows: Sequence[Row]) -> list[Target]:
             met = fast if accurate is None else (fast and accurate)
             found.append(
                 Target(
-                    "trace: Hutch++ 100 HVPs ≤ 0.5% error in ≤ 0.5× PyHessian 100 probes",
+                    "trace: default (Hutch++) 100 HVPs ≤ 1% error in ≤ 0.5× PyHessian 100 probes",
                     met,
                     f"{error_text}; {trace_ours.seconds:.2f} s vs {trace_peer.seconds:.2f} s, ratio {ratio:.2f}",
                 )
@@ -792,7 +814,7 @@ def targets(case: Case, rows: Sequence[Row]) -> list[Target]:
         else:
             found.append(
                 Target(
-                    "trace: Hutch++ 100 HVPs ≤ 0.5% error",
+                    "trace: default (Hutch++) 100 HVPs ≤ 1% error",
                     accurate,
                     f"{error_text}; PyHessian not run",
                 )
@@ -916,6 +938,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--exact-trace", action="store_true", help="exact DigitsCNN trace (P HVPs; ~40 min)"
     )
+    parser.add_argument(
+        "--dense-cache",
+        metavar="FILE",
+        help="the dense DigitsCNN Hessian kept by bench_trace.py --cache: its exact trace",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--_memory", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -941,7 +968,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     output = [f"Environment: {', '.join(f'{k} {v}' for k, v in report['environment'].items())}", ""]
     for name in [n.strip() for n in options.cases.split(",") if n.strip()]:
         log(f"{name}: building the case and its reference")
-        case = build_case(name, options.quick, options.exact_trace)
+        case = build_case(name, options.quick, options.exact_trace, dense_cache=options.dense_cache)
         runs = plan(name)
         rows = measure(case, runs, options.repeats, not options.no_peers, log)
         if not options.no_memory and name == "digits-cnn":

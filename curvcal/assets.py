@@ -1,4 +1,5 @@
-"""Files bundled with curvcal: the digits demo checkpoint, its held-out data and its policy.
+"""Files bundled with curvcal: the digits demo checkpoint, its held-out data, its policy and the
+JSON Schema of reports.
 
 Both are produced by ``examples/digits/train.py`` (see its docstring for how).
 """
@@ -26,3 +27,8 @@ def demo_policy() -> Path:
 def demo_data() -> Path:
     """The bundled held-out digits split: ``x`` float32 ``(N, 1, 8, 8)``, ``y`` int64 ``(N,)``."""
     return _asset("digits_test.safetensors")
+
+
+def report_schema() -> Path:
+    """The JSON Schema (draft 2020-12) every report ``--json`` and ``-o FILE`` write follows."""
+    return _asset("report.schema.json")

@@ -1,7 +1,7 @@
 """Curvature against calibration across checkpoints: the library behind ``curvcal study``.
 
 For each checkpoint, :func:`measure_curvature` gives λmax (the largest algebraic eigenvalue of
-the Hessian H of the mean loss over a dataset) and a Hutchinson estimate of tr(H), every
+the Hessian H of the mean loss over a dataset) and a Hutch++ estimate of tr(H), every
 checkpoint with the same :class:`CurvatureSettings`; :func:`calibration_summary` picks the
 numbers of a :class:`~curvcal.calibration.analysis.CalibrationAnalysis` (all measured on its
 evaluation split). :func:`rank_correlations` then gives Spearman's rank correlation ρ between
@@ -51,7 +51,7 @@ MIN_CORRELATION_SAMPLES = 3
 class CurvatureSettings:
     """How every checkpoint's Hessian is measured: λmax by ``method`` (``lanczos`` or ``power``)
     to relative tolerance ``tol`` within ``max_iter`` steps (``None``: the method's default);
-    the trace by Hutchinson with ``probes`` Rademacher probes; ``seed`` seeds both; ``engine``,
+    the trace by Hutch++ with ``probes`` products (Rademacher); ``seed`` seeds both; ``engine``,
     ``mode`` and ``probe_batch`` as for :class:`~curvcal.curvature.operator.HessianOperator`."""
 
     method: str = "lanczos"
@@ -68,8 +68,8 @@ class CurvatureSettings:
             raise InputError("method", f"unknown method {self.method!r}", "lanczos or power")
         if not (isinstance(self.tol, int | float) and math.isfinite(self.tol) and self.tol > 0):
             raise InputError("tol", f"must be a finite number > 0, got {self.tol!r}")
-        if isinstance(self.probes, bool) or not isinstance(self.probes, int) or self.probes < 2:
-            raise InputError("probes", f"must be a whole number ≥ 2, got {self.probes!r}")
+        if isinstance(self.probes, bool) or not isinstance(self.probes, int) or self.probes < 4:
+            raise InputError("probes", f"must be a whole number ≥ 4, got {self.probes!r}")
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def measure_curvature(
     cache: str = "auto",
     params: tuple[str, ...] | None = None,
 ) -> CurvatureSummary:
-    """λmax and Hutchinson tr(H) of H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over ``batches``.
+    """λmax and Hutch++ tr(H) of H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over ``batches``.
 
     ``loss`` ``ce``, ``focal`` (with ``gamma``) or ``flsd53`` (the exact Hessian of FLSD-53
     away from its switching set, see :mod:`curvcal.losses`); ``cache`` as for

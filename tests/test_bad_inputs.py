@@ -139,7 +139,7 @@ def _policy(t: Path, text: str) -> Path:
 
 
 def _study(*ckpts: object, data: object, extra: tuple[object, ...] = ()) -> list[object]:
-    return ["study", *ckpts, "--data", data, "--device", "cpu", "--probes", "2", *extra]
+    return ["study", *ckpts, "--data", data, "--device", "cpu", "--probes", "4", *extra]
 
 
 def _half(path: Path) -> bytes:

@@ -93,7 +93,7 @@ def _command(command: str, path: Path, data: Path) -> list[object]:
         policy.write_text(f'[settings]\ndata = "{data}"\n[ece]\nmax = 0.9\n')
         return ["check", path, "--policy", policy, *arch]
     if command == "study":
-        return ["study", path, "--data", data, "--probes", "2", *arch]
+        return ["study", path, "--data", data, "--probes", "4", *arch]
     return [command, path, "--data", data, *arch]
 
 

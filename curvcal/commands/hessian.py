@@ -59,9 +59,9 @@ if TYPE_CHECKING:
 @click.option(
     "--trace-method",
     type=click.Choice(choices.TRACE_METHODS),
-    default="hutchinson",
+    default="hutchpp",
     show_default=True,
-    help="Hutchinson's estimator, or Hutch++ (--probes products in all).",
+    help="Hutch++ or XTrace (--probes products in all), or Hutchinson's estimator.",
 )
 @click.option(
     "--probes",

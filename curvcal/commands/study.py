@@ -65,10 +65,10 @@ if TYPE_CHECKING:
 @click.option("--max-iter", type=click.IntRange(min=1), help="Iteration budget of λmax.")
 @click.option(
     "--probes",
-    type=click.IntRange(min=2),
+    type=click.IntRange(min=4),
     default=50,
     show_default=True,
-    help="Hutchinson probes for tr(H).",
+    help="Hessian-vector products for the Hutch++ estimate of tr(H).",
 )
 @click.option(
     "--val-split",

@@ -32,7 +32,13 @@ from curvcal.curvature.results import (
     LayerCurvature,
     TraceResult,
 )
-from curvcal.curvature.trace import exact_trace, hutchinson_trace, hutchpp_trace, trace_estimate
+from curvcal.curvature.trace import (
+    exact_trace,
+    hutchinson_trace,
+    hutchpp_trace,
+    trace_estimate,
+    xtrace,
+)
 
 __all__ = [
     "ConvergenceWarning",
@@ -66,4 +72,5 @@ __all__ = [
     "power_iteration",
     "spectral_density",
     "trace_estimate",
+    "xtrace",
 ]

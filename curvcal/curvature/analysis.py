@@ -37,7 +37,12 @@ from curvcal.losses import loss_from_name
 from curvcal.progress import OnStageStep, OnStep
 
 # Trace method names as the settings (and the CLI) spell them -> the kernel's names.
-TRACE_METHODS = {"hutchinson": "hutchinson", "hutchpp": "hutch++", "hutch++": "hutch++"}
+TRACE_METHODS = {
+    "hutchinson": "hutchinson",
+    "hutchpp": "hutch++",
+    "hutch++": "hutch++",
+    "xtrace": "xtrace",
+}
 MIN_ADAPTIVE_PROBES = 10
 
 
@@ -49,10 +54,10 @@ class HessianSettings:
     for k = 1, Lanczos above); ``smallest`` adds λmin (by Lanczos unless ``method`` is given);
     stopping rule ``tol`` on the relative residual and change, at most ``max_iter`` iterations
     (power) or steps (Lanczos). Trace (when ``trace``):
-    ``trace_method`` ``hutchinson`` with ``probes`` probes — or, with ``trace_rtol``, adaptive:
-    probes are drawn until the 95% half-width ≤ ``trace_rtol``·|estimate|, at least
-    min(10, ``probes``) and at most ``probes`` — or ``hutchpp`` with ``probes`` products;
-    probes drawn from ``distribution``. Density (when ``density``): ``density_runs`` SLQ runs of
+    ``trace_method`` ``hutchpp`` (the default) or ``xtrace`` with ``probes`` products, or
+    ``hutchinson`` with ``probes`` probes — or, with ``trace_rtol``, adaptive: probes are drawn
+    until the 95% half-width ≤ ``trace_rtol``·|estimate|, at least min(10, ``probes``) and at
+    most ``probes``; probes drawn from ``distribution``. Density (when ``density``): ``density_runs`` SLQ runs of
     ``density_steps`` Lanczos steps. ``per_layer``: λmax and trace of each module's block.
     The Hessian: loss ``criterion`` (``ce``, ``focal`` with ``gamma``, or ``flsd53``) over
     ``params`` (glob patterns; empty for all trainable parameters), ``engine``, ``mode``,
@@ -67,7 +72,7 @@ class HessianSettings:
     tol: float = DEFAULT_TOL
     max_iter: int | None = None
     trace: bool = True
-    trace_method: str = "hutchinson"
+    trace_method: str = "hutchpp"
     probes: int = 100
     trace_rtol: float | None = None
     distribution: str = "rademacher"
@@ -88,7 +93,7 @@ class HessianSettings:
     def __post_init__(self) -> None:
         for name, minimum in (
             ("top_k", 1),
-            ("probes", 2 if self.trace_method == "hutchinson" else 4),
+            ("probes", 2 if TRACE_METHODS.get(self.trace_method) == "hutchinson" else 4),
             ("density_runs", 1),
             ("density_steps", 1),
             ("probe_batch", 1),

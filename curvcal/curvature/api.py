@@ -113,7 +113,7 @@ def hessian_trace(
     batches: BatchSource,
     n_probes: int = 100,
     *,
-    method: str = "hutchinson",
+    method: str = "hutch++",
     rtol: float | None = None,
     max_probes: int = 1000,
     min_probes: int = 10,
@@ -125,8 +125,8 @@ def hessian_trace(
     on_step: OnStep = None,
     **operator_keywords: Any,
 ) -> TraceResult:
-    """tr(H) by Hutchinson (fixed ``n_probes``, or adaptive with ``rtol``) or Hutch++
-    (``n_probes`` products), with standard error and 95% interval."""
+    """tr(H) by Hutch++ (the default) or XTrace with ``n_probes`` products, or Hutchinson (fixed
+    ``n_probes``, or adaptive with ``rtol``), with standard error and 95% interval."""
     operator = _operator(
         "hessian_trace", model, batches, loss, options, all_reduce, operator_keywords
     )

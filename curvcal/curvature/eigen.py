@@ -5,9 +5,11 @@ Both accept any :class:`~curvcal.curvature.operators.LinearOperator` or a dense 
 Stopping rule (both methods): a value λ with unit vector v has converged when the relative
 residual ‖Av − λv‖ / d ≤ tol **and** the relative change |λ_t − λ_{t−1}| / d ≤ tol, with
 d = max(|λ|, √ε·‖A‖) — ε the machine epsilon of the operator's dtype and ‖A‖ estimated by the
-largest |eigenvalue| seen — so that an exactly zero eigenvalue can converge. A value that does
-not converge within ``max_iter`` is returned with ``converged=False`` and a
-:class:`~curvcal.curvature.results.ConvergenceWarning`.
+largest |eigenvalue| seen — so that an exactly zero eigenvalue can converge. The residual judged
+is the one reported, measured with a product. A value that does not converge is returned with
+``converged=False`` and a :class:`~curvcal.curvature.results.ConvergenceWarning` naming the limit
+that stopped the run (``EigenSpectrum.stopped_by``: ``max_iter``, ``max_matvecs``, the
+operator's precision floor, or Lanczos' basis spanning the whole space).
 
 Orders: ``which="largest"`` returns λ1 ≥ λ2 ≥ … ≥ λk, the largest *algebraic* eigenvalues;
 ``which="smallest"`` returns the k smallest, smallest first.
@@ -20,15 +22,17 @@ Orders: ``which="largest"`` returns λ1 ≥ λ2 ≥ … ≥ λk, the largest *al
   dominant eigenvalues are the wanted end shifted by −σ, still orthogonally to the values already
   found. The spectrum reports σ and the unshifted values (``dominant``).
 * Lanczos with full reorthogonalisation (Golub & Van Loan §10.1; Ghorbani et al. 2019) builds a
-  Krylov basis one product per step and stops as soon as the k wanted Ritz pairs meet the rule
-  above (estimated residual |β_j s_jk|), then verifies the residuals with one block product.
-  Both ends of the spectrum come directly, without a shift.
+  Krylov basis one product per step, kept in float64 with a float64 Rayleigh–Ritz step whatever
+  the operator's dtype; once the k wanted Ritz pairs meet the rule by their estimated residual,
+  one block product measures the true residuals, and iteration goes on if those fail (see
+  :func:`lanczos`). Both ends of the spectrum come directly, without a shift.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -180,11 +184,14 @@ def power_iteration(
         converged=all(r.converged for r in final),
         shift=shift,
         dominant=tuple(passes) if shift is not None else None,
+        stopped_by="tol" if all(r.converged for r in final) else "max_iter",
+        limit=(
+            "tol"
+            if all(r.converged for r in final)
+            else f"max_iter: all {iterations} iterations allowed per value were spent (raise max_iter)"
+        ),
     )
-    _warn_unconverged(
-        spectrum,
-        f"stopped at the iteration limit max_iter={iterations}; raise max_iter or loosen tol",
-    )
+    _warn_unconverged(spectrum)
     return spectrum
 
 
@@ -195,125 +202,238 @@ def lanczos(
     which: str = "largest",
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,
+    max_matvecs: int | None = None,
     seed: int = 0,
     on_step: OnStep = None,
 ) -> EigenSpectrum:
     """The k largest (or smallest) algebraic eigenvalues by Lanczos with full reorthogonalisation.
 
-    Runs until the k wanted Ritz values meet the stopping rule, the Krylov basis spans the whole
-    space (then the values are exact and ``relative_change`` is 0), or ``max_iter`` steps
-    (default min(P, 300)) are spent. An invariant subspace found early restarts the basis with a
-    fresh random vector orthogonal to it, so repeated eigenvalues are found with their
-    multiplicity. Every value reports the run's steps and products.
+    The Krylov basis q_1, q_2, … is kept and orthonormalised in float64 (Gram–Schmidt twice)
+    whatever the operator's dtype; only the products run in the operator's dtype. The
+    coefficients h_ij = q_iᵀ(A q_j) of the orthogonalisation form the projected matrix
+    H_m = Q_mᵀ A Q_m of the products as computed (tridiagonal in exact arithmetic), and the Ritz
+    pairs (θ, s) are those of its symmetric part: a float64 Rayleigh–Ritz on the Krylov basis,
+    so float32 products give Ritz values free of float32 rounding in the recurrence. For
+    y = Q_m s the products as computed satisfy A y − θ y = Q_m K s + h_{m+1,m} s_m q_{m+1}, K the
+    skew part of H_m, so the estimated residual ‖K s‖ ⊕ |h_{m+1,m} s_m| includes the asymmetry
+    that rounding leaves in the products.
+
+    Stopping: once the k wanted pairs meet the rule (estimated residual and change ≤ tol), their
+    true residuals ‖A y − θ y‖ are measured with one block product of k vectors, and the run stops
+    only if those meet the rule too. Otherwise the gap between the true and the estimated
+    residual (true² ≈ estimate² + noise²) is the products' rounding noise: iteration goes on
+    until the estimate leaves room for it, or stops with ``stopped_by="precision"`` when the noise
+    alone reaches tol (the operator's precision floor). Other stops: ``"max_iter"`` (steps,
+    default min(P, 300)), ``"max_matvecs"`` (products, the k verification products included)
+    and ``"exhausted"`` (the basis spans the whole space; ``relative_change`` is then 0). An
+    invariant subspace found early restarts the basis with a fresh random vector orthogonal to
+    it, so repeated eigenvalues are found with their multiplicity. Every value reports the run's
+    steps and products; the residual reported is always the measured (true) one.
     """
     op = as_operator(operator)
     _check_common(op, k, tol, max_iter, which)
+    if max_matvecs is not None and (
+        isinstance(max_matvecs, bool) or not isinstance(max_matvecs, int) or max_matvecs < 2 * k
+    ):
+        raise InputError(
+            "max_matvecs",
+            f"must be an integer ≥ 2·k = {2 * k} (k steps and k verification products), "
+            f"got {max_matvecs!r}",
+        )
     n_params = op.shape[0]
     steps_allowed = min(n_params, DEFAULT_LANCZOS_STEPS if max_iter is None else max(max_iter, k))
     generator = torch.Generator().manual_seed(seed)
-    eps = torch.finfo(op.dtype).eps
-    basis: list[Tensor] = [_random_unit(op, generator)]
-    alphas: list[float] = []
-    betas: list[float] = []  # betas[j] couples basis[j] and basis[j + 1]
+    wide = torch.float64
+    basis: list[Tensor] = [_random_unit(op, generator).to(wide)]
+    projected = torch.zeros(steps_allowed + 1, steps_allowed, dtype=wide)
     scale = 0.0
     previous: list[float] | None = None
-    wanted_values: list[float] = []
     changes: list[float] = [math.inf] * k
-    exact = False
-    estimate_met = False
+    room = 1.0  # the estimate must fall to room·tol before a (next) verification
+    failed_checks = 0
+    verified: _Verification | None = None
+    stopped_by = "max_iter"
     steps = 0
-    while steps < steps_allowed:
-        current = basis[-1]
-        image = op.matvec(current)
+    used = 0
+    while True:
+        if steps >= steps_allowed:
+            stopped_by = "exhausted" if steps == n_params else "max_iter"
+            break
+        if max_matvecs is not None and used + 1 + k > max_matvecs:
+            stopped_by = "max_matvecs"
+            break
+        image = op.matvec(basis[-1].to(op.dtype)).to(wide)
         steps += 1
-        alpha = float(torch.dot(current, image))
-        alphas.append(alpha)
-        image = image - alpha * current
-        if betas:
-            image = image - betas[-1] * basis[-2]
-        image = _orthogonalise(image, basis)
+        used += 1
+        image, coefficients = _orthogonalise_wide(image, basis)
         beta = float(image.norm())
-        ritz, ritz_vectors = _ritz(alphas, betas)
+        projected[:steps, steps - 1] = coefficients.cpu()
+        projected[steps, steps - 1] = beta
+        ritz, ritz_vectors, skew = _rayleigh_ritz(projected[:steps, :steps])
         scale = max(scale, float(ritz.abs().max()))
         if on_step is not None:
             on_step(steps)
         if steps >= k:
-            wanted = _wanted(len(alphas), k, which)
-            wanted_values = [float(ritz[i]) for i in wanted]
-            estimates = [
+            wanted = _wanted(steps, k, which)
+            values = [float(ritz[i]) for i in wanted]
+            # |h_{m+1,m} s_m|: what more steps reduce; ‖K s‖: the products' asymmetry, which they do not
+            krylov = [
                 _relative(abs(beta * float(ritz_vectors[-1, i])), float(ritz[i]), scale, op.dtype)
                 for i in wanted
             ]
+            asymmetry = [
+                _relative(
+                    float((skew @ ritz_vectors[:, i]).norm()), float(ritz[i]), scale, op.dtype
+                )
+                for i in wanted
+            ]
+            estimates = [math.hypot(a, b) for a, b in zip(krylov, asymmetry, strict=True)]
             if previous is not None:
                 changes = [
                     _relative(abs(v - p), v, scale, op.dtype)
-                    for v, p in zip(wanted_values, previous, strict=True)
+                    for v, p in zip(values, previous, strict=True)
                 ]
-            previous = wanted_values
-            if all(e <= tol for e in estimates) and all(c <= tol for c in changes):
-                estimate_met = True
-                break
-        if steps == n_params:
-            exact = True
-            break
-        if beta <= 100 * eps * scale:  # invariant subspace: restart orthogonally to it
-            fresh = _orthogonalise(_random_unit(op, generator), basis)
-            beta = 0.0
-            image = fresh
+            previous = values
+            if steps == n_params:
+                changes = [0.0] * k
+            passed = all(e <= room * tol for e in estimates) and all(c <= tol for c in changes)
+            # the Krylov part has converged but the asymmetry alone exceeds tol: rounding in the
+            # products is the limit, which one verification confirms
+            floored = all(r <= room * tol for r in krylov) and any(a > tol for a in asymmetry)
+            # the estimate carries some of the noise too, so it may never reach room·tol: check
+            # again anyway after a while (failed checks are bounded, so is the work)
+            overdue = verified is not None and steps >= verified.steps + max(5, verified.steps // 2)
+            if passed or floored or overdue or steps == n_params:
+                if max_matvecs is not None and used + k > max_matvecs:
+                    stopped_by = "max_matvecs"
+                    break
+                verified = _verify(op, basis, ritz, ritz_vectors, wanted, scale, steps)
+                used += k
+                if all(r <= tol for r in verified.residuals) and all(c <= tol for c in changes):
+                    stopped_by = "tol"
+                    break
+                if steps == n_params:
+                    stopped_by = "precision"
+                    break
+                noise = max(
+                    math.sqrt(max(r * r - e * e, 0.0))
+                    for r, e in zip(verified.residuals, estimates, strict=True)
+                )
+                failed_checks += 1
+                room = min(room, math.sqrt(max(1.0 - (noise / tol) ** 2, 0.0)) / 2)
+                if noise >= tol or room < 1e-3 or failed_checks >= _MAX_FAILED_CHECKS:
+                    stopped_by = "precision"
+                    break
+        if beta <= 100 * torch.finfo(op.dtype).eps * scale:
+            # invariant subspace: restart orthogonally to it
+            fresh, _ = _orthogonalise_wide(_random_unit(op, generator).to(wide), basis)
             if float(fresh.norm()) == 0.0:
-                exact = True
+                stopped_by = "exhausted"
                 break
-            image = fresh / fresh.norm()
+            projected[steps, steps - 1] = 0.0
+            basis.append(fresh / fresh.norm())
         else:
-            image = image / beta
-        betas.append(beta)
-        basis.append(image)
-    if exact:
+            basis.append(image / beta)
+    wanted = _wanted(steps, k, which)
+    ritz, ritz_vectors, _skew = _rayleigh_ritz(projected[:steps, :steps])
+    if stopped_by == "exhausted":
         changes = [0.0] * k
-    wanted = _wanted(len(alphas), k, which)
-    ritz, ritz_vectors = _ritz(alphas, betas)
-    basis_matrix = torch.stack(basis[: len(alphas)], dim=1)
-    vectors = basis_matrix @ ritz_vectors[:, wanted].to(device=op.device, dtype=op.dtype)
-    images = op.matmat(vectors)
-    used = steps + k
+    if verified is None or verified.steps != steps:
+        verified = _verify(op, basis, ritz, ritz_vectors, wanted, scale, steps)
+        used += k
     results = []
     for column, index in enumerate(wanted):
-        value = float(ritz[index])
-        residual = _relative(
-            float((images[:, column] - value * vectors[:, column]).norm()), value, scale, op.dtype
-        )
+        residual = verified.residuals[column]
         change = changes[column]
         results.append(
-            EigenResult(value, steps, used, residual, change, residual <= tol and change <= tol)
+            EigenResult(
+                float(ritz[index]), steps, used, residual, change, residual <= tol and change <= tol
+            )
         )
+    converged = all(r.converged for r in results)
     spectrum = EigenSpectrum(
         values=tuple(results),
         method="lanczos",
         which=which,
         tol=float(tol),
         matvecs=used,
-        converged=all(r.converged for r in results),
+        converged=converged,
+        stopped_by="tol" if converged else stopped_by,
+        limit=_limit("tol" if converged else stopped_by, steps, max_matvecs, op.dtype),
     )
-    if estimate_met:
-        limit = (
-            f"the Lanczos residual estimate met tol but the measured residual did not "
-            f"({op.dtype} round-off); loosen tol or use float64"
-        )
-    else:
-        limit = f"stopped at the step limit max_iter={steps_allowed}; raise max_iter or loosen tol"
-    _warn_unconverged(spectrum, limit)
+    _warn_unconverged(spectrum)
     return spectrum
 
 
-def _ritz(alphas: list[float], betas: list[float]) -> tuple[Tensor, Tensor]:
-    """Eigenvalues (ascending) and eigenvectors of the Lanczos tridiagonal matrix, in float64."""
-    size = len(alphas)
-    tridiagonal = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-    if size > 1:
-        off = torch.tensor(betas[: size - 1], dtype=torch.float64)
-        tridiagonal = tridiagonal + torch.diag(off, 1) + torch.diag(off, -1)
-    values, vectors = torch.linalg.eigh(tridiagonal)
-    return values, vectors
+# Verifications that may fail on rounding noise before the run is declared at its precision floor.
+_MAX_FAILED_CHECKS = 4
+
+
+@dataclass(frozen=True)
+class _Verification:
+    """True relative residuals of the wanted Ritz pairs at ``steps`` Lanczos steps."""
+
+    steps: int
+    residuals: list[float]
+
+
+def _verify(
+    op: LinearOperator,
+    basis: list[Tensor],
+    ritz: Tensor,
+    ritz_vectors: Tensor,
+    wanted: list[int],
+    scale: float,
+    steps: int,
+) -> _Verification:
+    """‖A y − θ y‖ / max(|θ|, √ε·‖A‖) of the wanted Ritz pairs, with one block product."""
+    coefficients = ritz_vectors[:, wanted].to(device=basis[0].device)
+    vectors = torch.stack(basis[:steps], dim=1) @ coefficients
+    vectors = vectors / vectors.norm(dim=0, keepdim=True)
+    images = op.matmat(vectors.to(op.dtype)).to(torch.float64)
+    residuals = []
+    for column, index in enumerate(wanted):
+        value = float(ritz[index])
+        amount = float((images[:, column] - value * vectors[:, column]).norm())
+        residuals.append(_relative(amount, value, scale, op.dtype))
+    return _Verification(steps, residuals)
+
+
+def _orthogonalise_wide(vector: Tensor, basis: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """``vector`` minus its components along the orthonormal ``basis`` (Gram–Schmidt twice), and
+    the coefficients removed, q_iᵀ·vector (the second pass adds its corrections to them)."""
+    coefficients = torch.zeros(len(basis), dtype=vector.dtype, device=vector.device)
+    for _ in range(2):
+        for index, b in enumerate(basis):
+            amount = torch.dot(b, vector)
+            vector = vector - amount * b
+            coefficients[index] += amount
+    return vector, coefficients
+
+
+def _rayleigh_ritz(projected: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Ritz values (ascending) and vectors of the symmetric part of the projected matrix, and
+    its skew part (the asymmetry of the products as computed), all float64."""
+    symmetric = (projected + projected.t()) / 2
+    values, vectors = torch.linalg.eigh(symmetric)
+    return values, vectors, (projected - projected.t()) / 2
+
+
+def _limit(stopped_by: str, steps: int, max_matvecs: int | None, dtype: torch.dtype) -> str:
+    """The limit that stopped a run, in words, for messages."""
+    if stopped_by == "max_iter":
+        return f"max_iter: all {steps} steps allowed were spent (raise max_iter)"
+    if stopped_by == "max_matvecs":
+        return f"max_matvecs: the budget of {max_matvecs} products was spent (raise max_matvecs)"
+    if stopped_by == "precision":
+        name = str(dtype).removeprefix("torch.")
+        return (
+            f"the {name} precision floor: rounding in the products keeps the true residual "
+            f"above tol (loosen tol, or compute in float64)"
+        )
+    if stopped_by == "exhausted":
+        return "the Krylov basis spanning the whole space"
+    return "tol"
 
 
 def _wanted(size: int, k: int, which: str) -> list[int]:
@@ -321,15 +441,13 @@ def _wanted(size: int, k: int, which: str) -> list[int]:
     return list(range(size - 1, size - 1 - k, -1)) if which == "largest" else list(range(k))
 
 
-def _warn_unconverged(spectrum: EigenSpectrum, limit: str) -> None:
-    """Warn when an eigenvalue missed tol, naming ``limit``: what stopped the run and what to
-    change."""
+def _warn_unconverged(spectrum: EigenSpectrum) -> None:
     if not spectrum.converged:
         worst = max(r.residual for r in spectrum.values)
         warnings.warn(
             ConvergenceWarning(
                 f"{spectrum.method}: eigenvalues did not meet tol={spectrum.tol:g} "
-                f"(worst relative residual {worst:.3g}): {limit}"
+                f"(worst relative residual {worst:.3g}); stopped by {spectrum.limit}"
             ),
             stacklevel=3,
         )

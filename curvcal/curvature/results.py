@@ -50,6 +50,10 @@ class EigenSpectrum:
     are those of ``A − σI`` plus σ — and ``dominant`` holds the unshifted dominant eigenvalues
     (largest in magnitude) found first. ``engine`` names the Hessian-vector-product engine that
     ran, when the operator was a :class:`~curvcal.curvature.operator.HessianOperator`.
+    ``stopped_by`` names what ended the run: ``"tol"`` (every value met the rule),
+    ``"max_iter"``, ``"max_matvecs"`` (the products budget), ``"precision"`` (rounding in the
+    products keeps the true residual above tol: the operator's precision floor) or
+    ``"exhausted"`` (Lanczos' basis spans the whole space); ``limit`` says it in words.
     """
 
     values: tuple[EigenResult, ...]
@@ -61,6 +65,8 @@ class EigenSpectrum:
     shift: float | None = None
     dominant: tuple[EigenResult, ...] | None = None
     engine: str | None = None
+    stopped_by: str = "tol"
+    limit: str = "tol"
 
     @property
     def eigenvalues(self) -> tuple[float, ...]:
@@ -76,7 +82,9 @@ class TraceResult:
     of the deflated remainder; the sketched part is exact given the sketch). ``ci95`` is
     estimate ± t(0.975, m−1)·standard_error (Student's t quantile). ``stopped_by`` is
     ``"n_probes"`` (fixed budget), ``"rtol"`` (adaptive stop: half-width ≤ rtol·|estimate|) or
-    ``"max_probes"`` (adaptive budget exhausted, ``converged=False``).
+    ``"max_probes"`` (adaptive budget exhausted, ``converged=False``). ``method`` is
+    ``"hutchinson"``, ``"hutch++"``, ``"xtrace"`` (standard error over its leave-one-out values)
+    or ``"exact"``; ``interval`` says how the interval was formed.
     """
 
     estimate: float
@@ -91,6 +99,7 @@ class TraceResult:
     stopped_by: str
     converged: bool
     engine: str | None = None
+    interval: str = ""
 
     @property
     def half_width(self) -> float:
@@ -165,9 +174,15 @@ class HessianAnalysis:
         failed = []
         for index, value in enumerate(self.spectrum.values):
             if not value.converged:
-                failed.append(f"eigenvalue {index + 1} (relative residual {value.residual:.3g})")
+                failed.append(
+                    f"eigenvalue {index + 1} (relative residual {value.residual:.3g}; "
+                    f"stopped by {self.spectrum.stopped_by})"
+                )
         if self.smallest is not None and not self.smallest.converged:
-            failed.append(f"λmin (relative residual {self.smallest.values[0].residual:.3g})")
+            failed.append(
+                f"λmin (relative residual {self.smallest.values[0].residual:.3g}; "
+                f"stopped by {self.smallest.stopped_by})"
+            )
         if self.trace is not None and not self.trace.converged:
             failed.append(f"trace (stopped by {self.trace.stopped_by})")
         for layer in self.layers or []:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import torch
 from scipy.special import stdtrit
@@ -30,7 +31,17 @@ from curvcal.errors import InputError
 from curvcal.progress import OnStep
 
 DISTRIBUTIONS = ("rademacher", "gaussian")
-METHODS = ("hutchinson", "hutch++")
+METHODS = ("hutchinson", "hutch++", "xtrace")
+DEFAULT_METHOD = "hutch++"
+# How each estimator forms its 95% interval, as the results state it.
+INTERVALS = {
+    "hutchinson": "Student-t over the m probe values vᵀAv (independent probes)",
+    "hutch++": "Student-t over the probe values of the deflated remainder, given the sketch "
+    "(the sketched part is exact)",
+    "xtrace": "Student-t over the leave-one-out values (not independent: narrower than 95%, "
+    "about 80-93% coverage measured)",
+    "exact": "none needed: exact up to rounding",
+}
 
 
 def draw_probes(n_params: int, count: int, distribution: str, generator: torch.Generator) -> Tensor:
@@ -141,6 +152,7 @@ def hutchinson_trace(
         matvecs=len(samples),
         method="hutchinson",
         distribution=distribution,
+        interval=INTERVALS["hutchinson"],
         seed=seed,
         rtol=float(rtol) if rtol is not None else None,
         stopped_by=stopped_by,
@@ -216,11 +228,144 @@ def hutchpp_trace(
         matvecs=matvecs,
         method="hutch++",
         distribution=distribution,
+        interval=INTERVALS["hutch++"],
         seed=seed,
         rtol=None,
         stopped_by="n_probes",
         converged=True,
     )
+
+
+def xtrace(
+    operator: LinearOperator | Tensor,
+    matvecs: int = 100,
+    *,
+    distribution: str = "rademacher",
+    seed: int = 0,
+    probe_batch: int = 8,
+    on_step: OnStep = None,
+) -> TraceResult:
+    """XTrace estimate of tr(A) with ``matvecs`` operator products (≥ 4; an odd one is not used).
+
+    Epperly, Tropp & Webber (SIAM J. Matrix Anal. Appl. 2024). With s = ⌊matvecs/2⌋ probes
+    Ω = [ω_1 … ω_s]: Y = AΩ = QR, Z = AQ, H = sym(QᵀZ). For each i, Q_(i) spans the sketch of
+    the other s − 1 probes — Q_(i)Q_(i)ᵀ = Q(I − s_i s_iᵀ)Qᵀ with s_i the i-th column of R⁻ᵀ,
+    normalised — and
+
+        t_i = tr(Q_(i)ᵀ A Q_(i)) + ω_iᵀ (I − Q_(i)Q_(i)ᵀ) A (I − Q_(i)Q_(i)ᵀ) ω_i,
+
+    an unbiased Hutch++ estimate whose one Hutchinson probe is independent of its sketch. The
+    estimate is the mean of the t_i: every probe serves both in the low-rank part and in the
+    correction (exchangeability). The standard error is s_t/√s, s_t the sample standard
+    deviation of the s leave-one-out values t_i, and the 95% interval estimate ±
+    t(0.975, s−1)·s_t/√s (the t_i are treated as exchangeable samples; coverage measured in the
+    test suite and benchmarks). When Y is numerically rank-deficient (A of rank < s, or s ≥ P),
+    the sketch holds the whole range of A: the estimate is tr(QᵀAQ) over that range plus the mean
+    Hutchinson correction of the full sketch's complement (zero up to rounding), with its s.e.
+    ``n_probes`` counts the s probes.
+    """
+    op = as_operator(operator)
+    _check_distribution(distribution)
+    _positive_int("matvecs", matvecs, 4)
+    _positive_int("probe_batch", probe_batch)
+    generator = torch.Generator().manual_seed(seed)
+    n_params = op.shape[0]
+    count = matvecs // 2
+    wide = torch.float64
+
+    def apply(columns: Tensor) -> Tensor:
+        blocks = [
+            op.matmat(columns[:, i : i + probe_batch].to(op.dtype)).to(wide)
+            for i in range(0, columns.shape[1], probe_batch)
+        ]
+        return torch.cat(blocks, dim=1)
+
+    probes = draw_probes(n_params, count, distribution, generator).to(device=op.device)
+    images = apply(probes)
+    if on_step is not None:
+        on_step(count)
+    basis, triangle = torch.linalg.qr(images)
+    basis_images = apply(basis)
+    if on_step is not None:
+        on_step(2 * count)
+    sketch = _Sketch(probes, images, basis, triangle, basis_images, torch.finfo(op.dtype).eps)
+    samples = _leave_one_out(sketch)
+    estimate, error, interval = _interval(samples)
+    return TraceResult(
+        estimate=estimate,
+        standard_error=error,
+        ci95=interval,
+        n_probes=count,
+        matvecs=2 * count,
+        method="xtrace",
+        distribution=distribution,
+        interval=INTERVALS["xtrace"],
+        seed=seed,
+        rtol=None,
+        stopped_by="n_probes",
+        converged=True,
+    )
+
+
+@dataclass(frozen=True)
+class _Sketch:
+    """Probes Ω, Y = AΩ = QR, Z = AQ (float64, on the operator's device) and the products' ε."""
+
+    probes: Tensor
+    images: Tensor
+    basis: Tensor
+    triangle: Tensor
+    basis_images: Tensor
+    eps: float
+
+
+def _leave_one_out(sketch: _Sketch) -> list[float]:
+    """The XTrace values t_i (float64) from the small matrices of the sketch.
+
+    With w_i = Qᵀω_i, d_i = w_i − s_i(s_iᵀw_i), u_i = (I − Q_(i)Q_(i)ᵀ)ω_i = ω_i − Q d_i and, A
+    symmetric, Qᵀ(Aω_i) = QᵀY e_i = R e_i = r_i: u_iᵀAu_i = ω_iᵀAω_i − 2 r_iᵀd_i + d_iᵀ H d_i, and
+    tr(Q_(i)ᵀAQ_(i)) = tr(H) − s_iᵀ H s_i. O(s²) work per probe once H, R and W are known.
+    """
+    cpu = torch.device("cpu")
+    triangle = sketch.triangle.to(cpu)
+    count = triangle.shape[1]
+    singular = torch.linalg.svdvals(triangle)
+    # rank-deficient up to the products' rounding (or more probes than dimensions): no R⁻ᵀ
+    floor = 10 * count * sketch.eps * float(singular[0])
+    if triangle.shape[0] < count or float(singular[0]) == 0.0 or float(singular[-1]) <= floor:
+        return _range_captured(sketch, floor)
+    projected = (sketch.basis.t() @ sketch.basis_images).to(cpu)
+    projected = (projected + projected.t()) / 2
+    coordinates = (sketch.basis.t() @ sketch.probes).to(cpu)
+    diagonal = (sketch.probes * sketch.images).sum(dim=0).to(cpu)
+    identity = torch.eye(count, dtype=torch.float64)
+    directions = torch.linalg.solve_triangular(triangle.t(), identity, upper=False)  # R⁻ᵀ
+    directions = directions / directions.norm(dim=0, keepdim=True)
+    full = float(torch.trace(projected))
+    samples = []
+    for i in range(count):
+        direction = directions[:, i]
+        d = coordinates[:, i] - direction * torch.dot(direction, coordinates[:, i])
+        low_rank = full - float(direction @ projected @ direction)
+        correction = float(diagonal[i] - 2 * torch.dot(triangle[:, i], d) + d @ projected @ d)
+        samples.append(low_rank + correction)
+    return samples
+
+
+def _range_captured(sketch: _Sketch, floor: float) -> list[float]:
+    """Values of a rank-deficient sketch: with P an orthonormal basis of the numerical range of
+    Y (which then holds the range of A), tr(PᵀAP) plus each probe's Hutchinson term
+    u_iᵀAu_i, u_i = (I − PPᵀ)ω_i (zero up to rounding when P holds the range of A)."""
+    left, singular, _ = torch.linalg.svd(sketch.triangle.cpu())
+    within = left[:, : int((singular > floor).sum())].to(sketch.basis.device)
+    range_basis = sketch.basis @ within
+    range_images = sketch.basis_images @ within  # A P
+    exact_part = float(torch.trace(range_basis.t() @ range_images))
+    along = range_basis.t() @ sketch.probes
+    residual_probes = sketch.probes - range_basis @ along
+    residual_images = sketch.images - range_images @ along
+    terms = (residual_probes * residual_images).sum(dim=0).cpu()
+    return [exact_part + float(t) for t in terms]
 
 
 def exact_trace(operator: LinearOperator | Tensor, *, probe_batch: int = 8) -> TraceResult:
@@ -242,6 +387,7 @@ def exact_trace(operator: LinearOperator | Tensor, *, probe_batch: int = 8) -> T
         matvecs=n_params,
         method="exact",
         distribution="unit",
+        interval=INTERVALS["exact"],
         seed=0,
         rtol=None,
         stopped_by="n_probes",
@@ -253,7 +399,7 @@ def trace_estimate(
     operator: LinearOperator | Tensor,
     n_probes: int = 100,
     *,
-    method: str = "hutchinson",
+    method: str = DEFAULT_METHOD,
     rtol: float | None = None,
     max_probes: int = 1000,
     min_probes: int = 10,
@@ -262,8 +408,14 @@ def trace_estimate(
     probe_batch: int = 8,
     on_step: OnStep = None,
 ) -> TraceResult:
-    """tr(A) by ``method`` ``"hutchinson"`` (``n_probes`` probes, or adaptive with ``rtol``) or
-    ``"hutch++"`` (``n_probes`` operator products in all; ``rtol`` not supported)."""
+    """tr(A) by ``method``: ``"hutch++"`` (the default; ``n_probes`` operator products in all),
+    ``"xtrace"`` (``n_probes`` products, an odd one unused) or ``"hutchinson"`` (``n_probes``
+    probes, or adaptive with ``rtol``; ``rtol`` only with Hutchinson).
+
+    Hutch++ is the default because its interval is valid given the sketch (coverage measured
+    at 93–97% on decaying, flat and indefinite spectra and on small models' Hessians); XTrace is
+    usually more accurate at equal products but its leave-one-out interval is too narrow
+    (coverage 80–93% in the same study)."""
     if method == "hutchinson":
         return hutchinson_trace(
             operator,
@@ -276,10 +428,16 @@ def trace_estimate(
             probe_batch=probe_batch,
             on_step=on_step,
         )
-    if method == "hutch++":
+    if method in ("hutch++", "xtrace"):
+        _positive_int("n_probes", n_probes, 4)
         if rtol is not None:
-            raise InputError("rtol", "the adaptive stop is only available with method 'hutchinson'")
-        return hutchpp_trace(
+            raise InputError(
+                "rtol",
+                "the adaptive stop is only available with method 'hutchinson'",
+                "pass method='hutchinson' with rtol",
+            )
+        estimator = hutchpp_trace if method == "hutch++" else xtrace
+        return estimator(
             operator,
             n_probes,
             distribution=distribution,
@@ -288,5 +446,7 @@ def trace_estimate(
             on_step=on_step,
         )
     raise InputError(
-        "method", f"unknown trace method {method!r}", "choose 'hutchinson' or 'hutch++'"
+        "method",
+        f"unknown trace method {method!r}",
+        "choose 'hutch++', 'xtrace' or 'hutchinson'",
     )

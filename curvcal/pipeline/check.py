@@ -15,7 +15,7 @@ the ordinary loaders, and measures **only what the rules need** (see :func:`~cur
   stratified ``val_split`` of ``data`` (default 0.5) or on ``fit_data``, and every stage is then
   measured on the evaluation split only, as ``curvcal calibrate`` does;
 * ``lambda_max``: the Hessian's top eigenvalues (``top_k``, default 1), without the trace;
-  ``trace``: the Hutchinson trace as well (the analysis always finds λmax, so a trace-only policy
+  ``trace``: the Hutch++ trace as well (the analysis always finds λmax, so a trace-only policy
   costs one extra eigenvalue search at ``top_k`` 1).
 
 Values are read from the analyses through :func:`curvcal.policy.baseline.metric_values`, the same table
@@ -352,7 +352,7 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) 
             tol=float(settings["tol"]),
             max_iter=settings["max_iter"],
             trace=need.trace,
-            trace_method=trace if isinstance(trace, str) else "hutchinson",
+            trace_method=trace if isinstance(trace, str) else "hutchpp",
             probes=settings["probes"],
             seed=settings["seed"],
             criterion="ce" if loss == "own" else loss,

@@ -75,7 +75,7 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun:
     reporter.info(
         "[bold]3. calibrate, hessian and check[/bold]: the bundled policy "
         f"{policy_path.name} gates calibration (TS and focal TS fitted on half the digits, "
-        "measured on the other half) and curvature (top-3 eigenvalues by Lanczos, Hutchinson "
+        "measured on the other half) and curvature (top-3 eigenvalues by Lanczos, Hutch++ "
         "trace of the Hessian of the mean loss)"
     )
     began = time.perf_counter()

@@ -51,7 +51,7 @@ class HessianRequest:
     tol: float = 1e-4
     max_iter: int | None = None
     trace: bool = True
-    trace_method: str = "hutchinson"
+    trace_method: str = "hutchpp"
     probes: int = 100
     trace_rtol: float | None = None
     probe_dist: str = "rademacher"
@@ -102,12 +102,27 @@ def check_loss_options(loss: str, gamma: float | None) -> None:
 
 def _check_request(request: HessianRequest) -> None:
     check_loss_options(request.loss, request.gamma)
-    if request.trace and request.trace_method == "hutchpp" and request.trace_rtol is not None:
+    if request.trace and request.trace_method != "hutchinson" and request.trace_rtol is not None:
         raise InputError(
-            "--trace-rtol", "the adaptive stop works only with --trace-method hutchinson"
+            "--trace-rtol",
+            "the adaptive stop works only with --trace-method hutchinson",
+            "add --trace-method hutchinson",
         )
-    if request.trace and request.trace_method == "hutchpp" and request.probes < 4:
-        raise InputError("--probes", f"Hutch++ needs at least 4 products, got {request.probes}")
+    if request.trace and request.trace_method != "hutchinson" and request.probes < 4:
+        raise InputError(
+            "--probes",
+            f"--trace-method {request.trace_method} needs at least 4 products, got {request.probes}",
+        )
+
+
+def _strict_hint(analysis: HessianAnalysis) -> str:
+    """What to change, from the limits that stopped the unconverged estimates."""
+    stops = {analysis.spectrum.stopped_by}
+    if analysis.smallest is not None:
+        stops.add(analysis.smallest.stopped_by)
+    if "precision" in stops:
+        return "the products' rounding floors the residual: loosen --tol, use --dtype float64, or drop --strict"
+    return "raise --max-iter (or --probes), loosen --tol/--trace-rtol, or drop --strict"
 
 
 def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
@@ -160,9 +175,7 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
     failure = None
     if status == STATUS_ERROR:
         failure = NumericalError(
-            "--strict",
-            f"{', '.join(failed)} did not converge",
-            "raise --max-iter (or --probes), loosen --tol/--trace-rtol, or drop --strict",
+            "--strict", f"{', '.join(failed)} did not converge", _strict_hint(analysis)
         )
     if context.is_main and not request.strict:
         for message in messages:

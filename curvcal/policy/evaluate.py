@@ -18,7 +18,7 @@ _RELATIVE_BOUNDS = ("max_rel_increase", "max_rel_decrease")
 @dataclass(frozen=True)
 class MetricValue:
     """A measured metric: ``value`` (``None`` when missing or not finite) and, for estimates such
-    as the Hutchinson trace, its 95 % ``interval``. Bounds are judged on ``value``."""
+    as the trace, its 95 % ``interval``. Bounds are judged on ``value``."""
 
     value: float | None
     interval: tuple[float, float] | None = None

@@ -62,7 +62,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "eigen_method": ("power", "lanczos"),
     "loss": ("ce", "focal", "own"),
 }
-_TRACE_METHODS = ("hutchinson", "hutchpp")
+_TRACE_METHODS = ("hutchpp", "xtrace", "hutchinson")
 
 
 @dataclass(frozen=True)

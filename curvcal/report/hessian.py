@@ -126,22 +126,29 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
     trace = analysis.trace
     assert trace is not None
     low, high = trace.ci95
-    caption = f"standard error {trace.standard_error:.3g}; {trace.distribution} probes"
+    caption = (
+        f"{_TRACE_NAMES.get(trace.method, trace.method)}, {trace.matvecs} products, "
+        f"{trace.distribution} probes; standard error {trace.standard_error:.3g}; "
+        f"95% interval: {trace.interval}"
+    )
     if trace.rtol is not None:
         caption += f"; adaptive (rtol {trace.rtol:g}), stopped by {trace.stopped_by}"
     return Table(
         title="Hessian trace",
-        columns=("estimate", "95% CI", "probes", "method"),
+        columns=("estimate", "95% CI", "products", "estimator"),
         rows=(
             (
                 f"{fmt_float(trace.estimate, 6)} ± {fmt_float(trace.half_width, 3)}",
                 f"[{fmt_float(low, 6)}, {fmt_float(high, 6)}]",
-                str(trace.n_probes),
+                str(trace.matvecs),
                 trace.method,
             ),
         ),
         caption=caption,
     )
+
+
+_TRACE_NAMES = {"hutch++": "Hutch++", "xtrace": "XTrace", "hutchinson": "Hutchinson"}
 
 
 def _layers_table(analysis: HessianAnalysis) -> Table:

@@ -110,7 +110,8 @@ def test_json_matches_the_dense_hessian(run_cli, files: Files, dense: Tensor, tm
     trace = results["trace"]
     assert trace["ci95"][0] <= float(torch.trace(dense)) <= trace["ci95"][1]
     assert trace["ci95"][0] < trace["estimate"] < trace["ci95"][1]
-    assert trace["standard_error"] > 0 and trace["n_probes"] == 40
+    assert trace["standard_error"] > 0 and trace["matvecs"] == 40
+    assert trace["method"] == "hutch++" and "given the sketch" in trace["interval"]
 
     offset = 0
     layers = {row["module"]: row for row in results["layers"]}
@@ -149,7 +150,10 @@ def test_default_lanczos_and_tables(run_cli, files: Files, dense: Tensor) -> Non
     assert result.code == 0, result.stderr
     for title in ("Hessian eigenvalues", "Hessian trace", "run"):
         assert f"### {title}" in result.stdout
-    assert "| 1 |" in result.stdout and "hutchinson" in result.stdout
+    assert "| 1 |" in result.stdout and "| hutch++ |" in result.stdout
+    assert "95% interval: Student-t over the probe values of the deflated remainder" in (
+        result.stdout
+    )
 
     result = run_cli(*_base(files, "--no-trace", "--hvp", "autograd", "--json"))
     assert result.code == 0, result.stderr
@@ -251,3 +255,20 @@ def test_strict_turns_non_convergence_into_exit_3(run_cli, files: Files) -> None
     assert json.loads(strict.stdout)["status"] == "error"
     lines = strict.stderr.strip().splitlines()
     assert len(lines) == 1 and "eigenvalue 1" in lines[0] and "did not converge" in lines[0]
+
+
+def test_unconverged_messages_name_the_limit(run_cli, files: Files) -> None:
+    """max_iter when the step budget ran out; the float32 floor when rounding did."""
+    budget = run_cli(*_base(files, "--method", "power", "--max-iter", "1", "--no-trace"))
+    said = " ".join(budget.stderr.split())  # the console wraps long lines
+    assert budget.code == 0 and "stopped by max_iter" in said and "precision floor" not in said
+    args = _base(files, "--dtype", "float32", "--tol", "1e-10", "--no-trace", "--json")
+    floor = run_cli(*args)
+    assert floor.code == 0, floor.stderr
+    said = " ".join(floor.stderr.split())
+    assert "float32 precision floor" in said and "raise max_iter" not in said
+    spectrum = json.loads(floor.stdout)["results"]["spectrum"]
+    assert spectrum["stopped_by"] == "precision" and spectrum["values"][0]["iterations"] < 100
+    strict = run_cli(*args, "--strict")
+    said = " ".join(strict.stderr.split())
+    assert strict.code == 3 and "loosen --tol" in said and "--max-iter" not in said

@@ -26,7 +26,9 @@ def test_eigenvalues_trace_density_layers_on_a_batchnorm_cnn(
     assert spectrum.eigenvalues == pytest.approx((float(exact[-1]), float(exact[-2])), abs=1e-8)
 
     trace = curvcal.hessian_trace(model, batches, 32, engine="autograd", probe_batch=16)
-    assert trace.engine == "autograd" and trace.n_probes == 32
+    # Hutch++ by default: 32 products = a sketch of 10, 10 more for it, 12 remainder probes
+    assert trace.engine == "autograd" and trace.method == "hutch++"
+    assert (trace.matvecs, trace.n_probes) == (32, 12)
     assert trace.ci95[0] <= float(torch.trace(hessian)) <= trace.ci95[1]
 
     density = curvcal.hessian_density(model, batches, runs=1, steps=4)

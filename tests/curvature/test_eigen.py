@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -144,7 +146,8 @@ def test_repeated_and_zero_eigenvalues() -> None:
         spectrum = eigenvalues(zero, 2, method=method)
         assert spectrum.converged and spectrum.eigenvalues == (0.0, 0.0)
     rank_two = spectrum_matrix(torch.tensor([3.0, 1.0, 0.0, 0.0]))
-    spectrum = lanczos(rank_two, 3, tol=1e-8)
+    # a zero eigenvalue's relative residual is floored at about √ε·‖A‖ (≈ 1e-8 here): ask 1e-7
+    spectrum = lanczos(rank_two, 3, tol=1e-7)
     assert spectrum.converged and spectrum.eigenvalues == pytest.approx((3.0, 1.0, 0.0), abs=1e-10)
 
 
@@ -187,11 +190,128 @@ def test_non_square_operator_is_refused() -> None:
         eigenvalues(torch.ones(3, 4))
 
 
+class NoisyOperator:
+    """A dense symmetric matrix whose products carry seeded rounding-like noise: A v + e with
+    ‖e‖ = noise·‖v‖ in a random direction, fresh for every product (as float32 rounding is)."""
+
+    def __init__(self, matrix: Tensor, noise: float, seed: int = 0) -> None:
+        self.matrix = matrix
+        self.noise = noise
+        self.generator = torch.Generator().manual_seed(seed)
+        self.n_matvecs = 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.matrix.shape[0]), int(self.matrix.shape[1]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.matrix.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.matrix.device
+
+    def matmat(self, vectors: Tensor) -> Tensor:
+        self.n_matvecs += int(vectors.shape[1])
+        error = torch.randn(vectors.shape, generator=self.generator, dtype=torch.float64)
+        error = error / error.norm(dim=0) * vectors.norm(dim=0) * self.noise
+        return self.matrix @ vectors + error
+
+    def matvec(self, vector: Tensor) -> Tensor:
+        return self.matmat(vector.reshape(-1, 1)).reshape(-1)
+
+
+def _gapped(seed: int = 3) -> Tensor:
+    """λ1 = 10, λ2 = 9, then 198 values in [0, 8.5]: Lanczos needs about 20 steps for 1e-6."""
+    return spectrum_matrix(
+        torch.cat([torch.tensor([10.0, 9.0]), torch.linspace(0.0, 8.5, 198)]), seed=seed
+    )
+
+
+def test_lanczos_keeps_iterating_when_the_true_residual_fails_its_check() -> None:
+    """Noise ν = 0.6·tol·‖A‖ per product: when the estimate first passes, the measured residual
+    (≈ estimate ⊕ √2·ν) is above tol; the run must go on, not stop unconverged."""
+    tol = 1e-6
+    operator = NoisyOperator(_gapped(), noise=0.6 * tol * 10.0, seed=0)
+    spectrum = lanczos(operator, 1, tol=tol)
+    result = spectrum.values[0]
+    assert spectrum.converged and spectrum.stopped_by == "tol"
+    assert result.residual <= tol
+    # two verification products: the first check failed and iteration continued
+    assert spectrum.matvecs == result.iterations + 2 == operator.n_matvecs
+    assert abs(result.value - 10.0) <= 1e-6 * 10.0
+
+
+def test_lanczos_names_the_precision_floor() -> None:
+    tol = 1e-6
+    operator = NoisyOperator(_gapped(), noise=2 * tol * 10.0, seed=1)
+    with pytest.warns(ConvergenceWarning, match="float64 precision floor"):
+        spectrum = lanczos(operator, 1, tol=tol)
+    assert not spectrum.converged and spectrum.stopped_by == "precision"
+    assert "max_iter" not in spectrum.limit
+    # it stopped soon after the check, not at the step budget
+    assert spectrum.values[0].iterations < 40
+    assert abs(spectrum.values[0].value - 10.0) <= 1e-5 * 10.0
+
+
+def test_lanczos_budget_stop_names_max_iter() -> None:
+    with pytest.warns(ConvergenceWarning, match=r"stopped by max_iter: all 5 steps"):
+        spectrum = lanczos(_gapped(), 1, tol=1e-10, max_iter=5)
+    assert spectrum.stopped_by == "max_iter" and not spectrum.converged
+    assert spectrum.values[0].iterations == 5 and spectrum.matvecs == 6
+    with pytest.warns(ConvergenceWarning, match="stopped by max_iter"):
+        power = power_iteration(_gapped(), tol=1e-10, max_iter=5)
+    assert power.stopped_by == "max_iter"
+
+
+def test_lanczos_products_budget_counts_the_verification() -> None:
+    with pytest.warns(ConvergenceWarning, match=r"max_matvecs: the budget of 9 products"):
+        spectrum = lanczos(_gapped(), 2, tol=1e-10, max_matvecs=9)
+    assert spectrum.stopped_by == "max_matvecs" and spectrum.matvecs <= 9
+    assert spectrum.values[0].iterations == 7
+    with pytest.raises(InputError) as error:
+        lanczos(_gapped(), 2, max_matvecs=3)
+    assert error.value.what == "max_matvecs"
+
+
+def test_lanczos_float32_products_reach_1e_6(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    """Products in float32, basis and Rayleigh–Ritz in float64: λ1 to 1e-6, residual ≤ 1e-6."""
+    model, x, y, hessian = mlp_case
+    exact = float(torch.linalg.eigvalsh(hessian)[-1])
+    operator = HessianOperator(copy.deepcopy(model).float(), split(x.float(), y, ALGO_BATCH))
+    spectrum = lanczos(operator, 1, tol=1e-6)
+    result = spectrum.values[0]
+    assert spectrum.converged and spectrum.stopped_by == "tol" and result.residual <= 1e-6
+    assert abs(result.value - exact) <= 1e-6 * abs(exact)
+
+
+def test_lanczos_k_equal_to_the_dimension_is_exact() -> None:
+    values = torch.tensor([4.0, -3.0, 2.0, 1.0, -0.5])
+    spectrum = lanczos(spectrum_matrix(values), 5, tol=1e-8)
+    assert spectrum.converged and spectrum.values[0].iterations == 5
+    assert spectrum.eigenvalues == pytest.approx((4.0, 2.0, 1.0, -0.5, -3.0), abs=1e-12)
+    assert all(r.relative_change == 0.0 for r in spectrum.values)
+
+
+def test_lanczos_negative_dominant_and_zero_operator() -> None:
+    matrix = spectrum_matrix(torch.tensor([-10.0, -4.0, -1.0, 0.5, 2.0, 3.0]))
+    largest = lanczos(matrix, 1, tol=1e-10)
+    smallest = lanczos(matrix, 1, which="smallest", tol=1e-10)
+    assert largest.values[0].value == pytest.approx(3.0, abs=1e-9)
+    assert smallest.values[0].value == pytest.approx(-10.0, abs=1e-9)
+    zero = lanczos(torch.zeros(4, 4, dtype=torch.float32), 2)
+    assert zero.converged and zero.eigenvalues == (0.0, 0.0)
+
+
 @pytest.mark.parametrize("method", ["lanczos", "power"])
 def test_unconverged_warning_names_the_step_limit_that_stopped_it(method: str) -> None:
     # A spread spectrum and two steps: the run can only stop at its step limit, and the message
-    # says so (it used to say "raise max_iter" whatever the cause).
+    # says so with the limit's value (it used to say "raise max_iter" whatever the cause).
     matrix = torch.diag(torch.linspace(1.0, 2.0, 60, dtype=torch.float64))
-    with pytest.warns(ConvergenceWarning, match=r"max_iter=2; raise max_iter or loosen tol"):
+    stop = r"stopped by max_iter: all 2 (steps|iterations) allowed.*\(raise max_iter\)"
+    with pytest.warns(ConvergenceWarning, match=stop):
         spectrum = eigenvalues(matrix, 1, method=method, tol=1e-12, max_iter=2)
-    assert not spectrum.converged
+    assert not spectrum.converged and spectrum.stopped_by == "max_iter"

@@ -204,6 +204,7 @@ REPORTS = {
     "release.json": ["check", "model.safetensors", "--policy", "readme-gate.toml", "-q", "-o"],
     "new.json": ["check", "model.safetensors", "--policy", "readme-gate.toml", "-q", "-o"],
     "old.json": ["check", "model.safetensors", "--policy", "readme-gate.toml", "-q", "-o"],
+    "report.json": ["check", "model.safetensors", "--policy", "readme-gate.toml", "-q", "-o"],
 }
 
 # What a command writes (checked to exist afterwards).
@@ -218,14 +219,14 @@ class Command:
     stdout_to: str | None  # `>> FILE` redirect, removed
 
 
-def toml_blocks() -> list[str]:
-    return re.findall(r"^```toml\n(.*?)^```", README.read_text(), re.MULTILINE | re.DOTALL)
+def toml_blocks(page: Path = README) -> list[str]:
+    return re.findall(r"^```toml\n(.*?)^```", page.read_text(), re.MULTILINE | re.DOTALL)
 
 
-def console_blocks() -> list[tuple[int, list[str]]]:
-    """(first line number, lines) of every console/bash/sh block."""
+def console_blocks(page: Path = README) -> list[tuple[int, list[str]]]:
+    """(first line number, lines) of every console/bash/sh block of ``page``."""
     blocks, current, start = [], None, 0
-    for number, line in enumerate(README.read_text().splitlines(), 1):
+    for number, line in enumerate(page.read_text().splitlines(), 1):
         if current is None and re.fullmatch(r"```(console|bash|sh|shell)", line):
             current, start = [], number + 1
         elif current is not None and line.startswith("```"):
@@ -265,9 +266,9 @@ def parse(number: int, text: str, expected: str | None) -> tuple[str, Command]:
     return words[0], Command(number, words[1:], expected, stdout_to)
 
 
-def all_commands() -> list[tuple[str, Command, int]]:
+def all_commands(page: Path = README) -> list[tuple[str, Command, int]]:
     found = []
-    for index, (start, lines) in enumerate(console_blocks()):
+    for index, (start, lines) in enumerate(console_blocks(page)):
         for number, text, expected in block_commands(start, lines):
             program, command = parse(number, text, expected)
             found.append((program, command, index))
@@ -328,7 +329,11 @@ def _provide(name: str, folder: Path, run_cli) -> None:
 
 
 def _run_block(
-    commands: list[tuple[str, Command, int]], folder: Path, run_cli, monkeypatch
+    commands: list[tuple[str, Command, int]],
+    folder: Path,
+    run_cli,
+    monkeypatch,
+    page: str = "README.md",
 ) -> None:
     monkeypatch.chdir(folder)
     for program, command, _ in commands:
@@ -338,11 +343,11 @@ def _run_block(
         argv = command.argv
         if program == "torchrun":  # one process: the options after -m curvcal are checked
             argv = argv[argv.index("curvcal") + 1 :]
-        if program == "make":
+        if program in ("make", "pip"):  # make: see test_make_targets_exist; pip: test_docs
             continue
         argv = _substitute(argv, folder, run_cli)
         result = run_cli(*argv)
-        where = f"README.md:{command.line}: curvcal {' '.join(command.argv)}"
+        where = f"{page}:{command.line}: curvcal {' '.join(command.argv)}"
         if command.expected_error is not None:
             assert result.code == 2, f"{where}\n{result.output}"
             assert result.stderr.strip() == command.expected_error, where
@@ -369,9 +374,9 @@ def _run_script(command: Command, folder: Path, monkeypatch) -> None:
     assert len(list((folder / "runs").glob("*.safetensors"))) == 3
 
 
-def _blocks() -> dict[int, list[tuple[str, Command, int]]]:
+def _blocks(page: Path = README) -> dict[int, list[tuple[str, Command, int]]]:
     blocks: dict[int, list[tuple[str, Command, int]]] = {}
-    for entry in all_commands():
+    for entry in all_commands(page):
         blocks.setdefault(entry[2], []).append(entry)
     return blocks
 

@@ -243,6 +243,11 @@ def test_hessian_lambda_max_equals_eigsh_on_the_library_forward(
     assert skip not in document["settings"]["params"]
     assert "except the token embeddings" in document["settings"]["params_choice"]
     assert "token embeddings" in result.stderr
+    jsonschema = pytest.importorskip("jsonschema")
+    from curvcal.assets import report_schema
+
+    schema = json.loads(report_schema().read_text())
+    jsonschema.Draft202012Validator(schema).validate(document)
     described = document["inputs"]["data"]["text"]
     assert described["n_texts"] == len(TEXTS) and described["truncated"] == 0
     everything = run_cli(
