@@ -161,8 +161,10 @@ class HessianOperator:
     model:
         an ``nn.Module`` (eager or TorchScript) returning logits of shape (batch, K).
     batches:
-        the dataset: a re-iterable of ``(x, y)`` tensor pairs (a list, a DataLoader) or a callable
-        returning a fresh iterator of them; ``y`` holds integer class labels.
+        the dataset: a re-iterable of ``(x, y)`` pairs (a list, a DataLoader) or a callable
+        returning a fresh iterator of them; ``y`` holds integer class labels, ``x`` is a tensor
+        or a mapping of named tensors with the same rows (a text model's ``input_ids`` and
+        ``attention_mask``), passed to the model as its one argument.
     criterion:
         the loss ℓ: a loss object of :mod:`curvcal.losses`, or its name — ``"ce"``
         (cross-entropy, default), ``"focal"`` (−(1 − p_y)^γ log p_y with γ = ``gamma``) or

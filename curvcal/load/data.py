@@ -93,7 +93,8 @@ class DataOptions:
 
 @dataclass(frozen=True)
 class LoadedData:
-    """A dataset of ``(x: Tensor, y: int)`` items with its labels and provenance.
+    """A dataset of ``(x, y: int)`` items with its labels and provenance (``x`` a tensor, or
+    token id lists that the dataset's ``collate`` pads, for text).
 
     ``num_classes`` comes from the dataset when it knows it (``num_classes_source ==
     "dataset"``: torchvision classes, folder classes, the bundled digits) and is otherwise

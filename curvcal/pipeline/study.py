@@ -114,6 +114,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     rows: list[StudyRow] = []
     inputs: list[dict[str, Any]] = []
     batch_size = request.batch_size
+    said: set[str] = set()  # parameter choices already noted on stderr
     with reporter.progress("checkpoints", len(paths)) as advance:
         for path in paths:
             with naming_the_checkpoint(path):
@@ -124,7 +125,10 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                 def batches(source: LoadedData = hessian_data) -> Any:
                     return iter_batches(source.dataset, batch_size)
 
-                params, _choice, _said = default_params(loaded, ())
+                params, choice, say_choice = default_params(loaded, ())
+                if say_choice and choice not in said:
+                    said.add(choice)
+                    reporter.warn(f"Hessian over {choice}")
                 curvature = measure_curvature(
                     loaded.module,
                     batches,

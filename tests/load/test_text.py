@@ -326,6 +326,7 @@ def test_check_and_study_run_on_the_text_folder(
         "--probes", "4", "--tol", "1e-3", "--gammas", "0,1", "--json",
     )  # fmt: skip
     assert result.code == 0, result.stderr
+    assert result.stderr.count("except the token embeddings") == 1  # said once, not per model
     rows = json.loads(result.stdout)["results"]["rows"]
     assert len(rows) == 2 and rows[0]["curvature"]["lambda_max"] == pytest.approx(
         rows[1]["curvature"]["lambda_max"], rel=1e-5
@@ -366,3 +367,26 @@ def test_text_and_image_mismatches_are_one_line_errors(
     assert json.loads(result.stdout)["inputs"]["data"]["text"]["tokenizer"] == str(
         text_model.folder
     )
+
+
+def test_sentence_pairs_are_tokenized_together(text_model: TextFiles, tmp_path: Path) -> None:
+    pairs = [t.split()[0] + " plot" for t in TEXTS]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"a": t, "b": p, "label": y}) + "\n"
+            for t, p, y in zip(TEXTS, pairs, LABELS, strict=True)
+        )
+    )
+    loaded = load_model(text_model.folder, CheckpointOptions(device="cpu"))
+    options = DataOptions(spec=str(path), text_key="a", text_pair_key="b", max_length=6)
+    data = load_dataset(options, None, text_model_of(loaded))
+    _, tokenizer = _library(text_model.folder)
+    expected = tokenizer(
+        TEXTS, pairs, padding=True, truncation=True, max_length=6, return_tensors="pt"
+    )
+    x, _ = next(iter_batches(data.dataset, len(TEXTS)))
+    assert all(torch.equal(x[key], expected[key]) for key in expected)
+    assert int(x["token_type_ids"].max()) == 1  # the second text is marked as such
+    full = tokenizer(TEXTS, pairs)["input_ids"]
+    assert data.text is not None and data.text["truncated"] == sum(len(f) > 6 for f in full)
