@@ -103,7 +103,7 @@ class LoadedData:
     def describe(self) -> dict[str, Any]:
         """JSON-ready description: spec, N, classes, normalisation, transforms, subset, and the
         files read (path, size, SHA-256)."""
-        from curvcal.provenance import file_info
+        from curvcal.load.digest import file_info
 
         return {
             "spec": self.spec,
