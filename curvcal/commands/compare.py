@@ -28,10 +28,11 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     Exit 0 when every bound holds, 1 when one fails, 2 for a bad file or policy.
     """
     from curvcal.errors import InputError
+    from curvcal.load.digest import file_info
     from curvcal.policy.baseline import load_report, metric_values, setting_differences
     from curvcal.policy.evaluate import evaluate
     from curvcal.policy.parse import find_pyproject_policy, load_policy
-    from curvcal.provenance import environment, file_info
+    from curvcal.provenance import environment
     from curvcal.results import STATUS_FAIL, STATUS_PASS, Report
 
     if policy_path is None:

@@ -30,7 +30,8 @@ def inspect(checkpoint: Path, allow_globals: tuple[str, ...]) -> int:
     weights-only when everything they need is allowlisted.
     """
     from curvcal.load.checkpoint import inspect_checkpoint
-    from curvcal.provenance import environment, file_info
+    from curvcal.load.digest import file_info
+    from curvcal.provenance import environment
 
     start(inputs=[("CHECKPOINT", checkpoint)])
     began = time.perf_counter()

@@ -159,7 +159,7 @@ class LoadedModel:
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary for a report's inputs (everything but the module): the file's
         path, size and SHA-256, then how it was loaded."""
-        from curvcal.provenance import file_info
+        from curvcal.load.digest import file_info
 
         return {
             **asdict(file_info(self.path)),

@@ -122,7 +122,7 @@ class LoadedData:
         """JSON-ready description: spec, N, classes, normalisation, transforms, subset, text
         (columns, max_length, truncated count, tokenizer source; text data only), and the
         files read (path, size, SHA-256)."""
-        from curvcal.provenance import file_info
+        from curvcal.load.digest import file_info
 
         return {
             **({"text": self.text} if self.text is not None else {}),

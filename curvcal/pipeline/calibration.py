@@ -343,9 +343,10 @@ def run_metrics(
     """Read the scores (and the fit file or saved calibrators), then fit and measure the maps,
     or measure the saved calibrators."""
     from curvcal.calibration.analysis import evaluate_calibrators
+    from curvcal.load.digest import file_info
     from curvcal.load.logits import load_logits
     from curvcal.pipeline.calibrator import load_calibrators
-    from curvcal.provenance import environment, file_info
+    from curvcal.provenance import environment
 
     settings = request.calibration.settings(request.method)
     timings: dict[str, float] = {}
@@ -409,8 +410,8 @@ def run_metrics(
 
 def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:
     """The file's provenance and shape; rows left out by --nan-policy drop add a warning."""
+    from curvcal.load.digest import file_info
     from curvcal.pipeline.fitness import single_class_warning
-    from curvcal.provenance import file_info
 
     info = file_info(path)
     n_samples, n_classes = data.scores.shape

@@ -254,8 +254,9 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
     """Read the baseline, measure and judge the policy (progress on ``reporter``), and build
     the report; warnings (the run's, and settings the baseline was computed with differently)
     go to ``reporter``."""
+    from curvcal.load.digest import file_info
     from curvcal.policy.baseline import load_report, metric_values, setting_differences
-    from curvcal.provenance import environment, file_info
+    from curvcal.provenance import environment
 
     began = time.perf_counter()
     baseline_report = load_report(request.baseline) if request.baseline is not None else None

@@ -46,11 +46,12 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun:
     from curvcal.calibration.metrics import mean_confidence
     from curvcal.load.checkpoint import CheckpointOptions, inspect_checkpoint, load_model
     from curvcal.load.data import DataOptions, load_dataset
+    from curvcal.load.digest import file_info
     from curvcal.pipeline.check import run_check
     from curvcal.pipeline.fitness import check_fitness
     from curvcal.pipeline.runtime import predict
     from curvcal.policy.parse import load_policy
-    from curvcal.provenance import environment, file_info
+    from curvcal.provenance import environment
 
     checkpoint, policy_path = demo_checkpoint(), demo_policy()
     reporter.info(f"[bold]1. inspect[/bold] the bundled checkpoint {checkpoint.name}")
