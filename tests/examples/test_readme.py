@@ -259,11 +259,13 @@ def test_make_targets_exist() -> None:
     assert "curvcal demo --plot-dir build/demo" in makefile
 
 
-def _substitute(argv: list[str], folder: Path, run_cli) -> list[str]:
+def _substitute(
+    argv: list[str], folder: Path, run_cli, arguments: dict[str, str] = ARGUMENTS
+) -> list[str]:
     out: list[str] = []
     writes_next = False
     for word in argv:
-        word = ARGUMENTS.get(word, word)
+        word = arguments.get(word, word)
         if writes_next:
             writes_next = False
         elif word in FILES or word in REPORTS:
@@ -301,7 +303,10 @@ def _run_block(
     run_cli,
     monkeypatch,
     page: str = "README.md",
+    arguments: dict[str, str] = ARGUMENTS,
 ) -> None:
+    """Run one block's commands in ``folder``; ``arguments`` replaces specs before they run (a
+    page whose own Python makes every file it names runs with none)."""
     monkeypatch.chdir(folder)
     for program, command, _ in commands:
         if program == "python":
@@ -312,7 +317,7 @@ def _run_block(
             argv = argv[argv.index("curvcal") + 1 :]
         if program in ("make", "pip"):  # make: see test_make_targets_exist; pip: test_docs
             continue
-        argv = _substitute(argv, folder, run_cli)
+        argv = _substitute(argv, folder, run_cli, arguments)
         result = run_cli(*argv)
         where = f"{page}:{command.line}: curvcal {' '.join(command.argv)}"
         if command.expected_error is not None:
