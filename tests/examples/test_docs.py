@@ -36,8 +36,8 @@ def _page_blocks() -> list[tuple[Path, int]]:
 
 def test_docs_show_only_commands_the_tests_run() -> None:
     programs = {p for page in PAGES for p, _, _ in readme.all_commands(page)}
-    assert programs <= {"curvcal", "pip", "make"}, programs
-    assert sum(p == "curvcal" for page in PAGES for p, _, _ in readme.all_commands(page)) >= 9
+    assert programs <= {"curvcal", "pip", "make", "python", "torchrun"}, programs
+    assert sum(p == "curvcal" for page in PAGES for p, _, _ in readme.all_commands(page)) >= 40
 
 
 def test_pip_lines_name_files_and_extras_that_exist() -> None:
@@ -121,6 +121,26 @@ def test_recipe(page: Path, tmp_path: Path, run_cli, monkeypatch) -> None:
             script.unlink()
         else:
             readme._run_block(step, tmp_path, run_cli, monkeypatch, where, arguments={})
+
+
+def test_the_policy_example_is_read_and_runs(tmp_path: Path, run_cli, monkeypatch) -> None:
+    """The CI gate page's policy example is a policy `check` accepts on the bundled model."""
+    from curvcal.assets import demo_checkpoint
+    from curvcal.policy.parse import load_policy
+
+    (policy,) = readme.toml_blocks(readme.POLICY_PAGE)
+    path = tmp_path / "gate.toml"
+    path.write_text(policy)
+    assert {rule.key for rule in load_policy(path).rules} >= {"ece", "ts.ece", "trace"}
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("check", demo_checkpoint(), "--policy", path, "--json")
+    assert result.code in (0, 1), result.output
+
+
+def test_every_page_is_in_the_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in PAGES:
+        assert f" {page.relative_to(DOCS).as_posix()}\n" in nav, page
 
 
 def test_every_command_has_a_page_rendered_from_its_click_object() -> None:
