@@ -3,7 +3,9 @@ and every command has its page.
 
 Shell blocks are run by README's machinery (:mod:`tests.examples.test_readme`: the same
 placeholder tables ``ARGUMENTS``, ``FILES`` and ``REPORTS``), Python blocks are executed in a
-folder holding the files they name. ``mkdocs build --strict`` turns every warning (a broken link,
+folder holding the files they name. A recipe page (``docs/recipes/``) is run as one session
+instead: its Python and shell blocks in page order in one folder, with no placeholders, so the
+files its Python saves with the real libraries are the ones its commands read. ``mkdocs build --strict`` turns every warning (a broken link,
 a docstring mkdocstrings cannot read, a command mkdocs-click cannot render) into a failure.
 """
 
@@ -24,16 +26,18 @@ from curvcal.commands import COMMANDS
 ROOT = readme.ROOT
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
+RECIPES = sorted((DOCS / "recipes").glob("*.md"))
+BLOCK_PAGES = [page for page in PAGES if page not in RECIPES]
 
 
 def _page_blocks() -> list[tuple[Path, int]]:
-    return [(page, block) for page in PAGES for block in sorted(readme._blocks(page))]
+    return [(page, block) for page in BLOCK_PAGES for block in sorted(readme._blocks(page))]
 
 
 def test_docs_show_only_commands_the_tests_run() -> None:
     programs = {p for page in PAGES for p, _, _ in readme.all_commands(page)}
-    assert programs <= {"curvcal", "pip", "make"}, programs
-    assert sum(p == "curvcal" for page in PAGES for p, _, _ in readme.all_commands(page)) >= 9
+    assert programs <= {"curvcal", "pip", "make", "python", "torchrun"}, programs
+    assert sum(p == "curvcal" for page in PAGES for p, _, _ in readme.all_commands(page)) >= 40
 
 
 def test_pip_lines_name_files_and_extras_that_exist() -> None:
@@ -58,6 +62,8 @@ def test_pip_lines_name_files_and_extras_that_exist() -> None:
 )
 def test_docs_block(page: Path, block: int, tmp_path: Path, run_cli, monkeypatch) -> None:
     commands = readme._blocks(page)[block]
+    if any(c.expected_error for _, c, _ in commands):
+        readme._bad_policy(tmp_path / "gate.toml")
     readme._run_block(commands, tmp_path, run_cli, monkeypatch, str(page.relative_to(ROOT)))
 
 
@@ -67,7 +73,7 @@ def _python_blocks(page: Path) -> list[str]:
 
 @pytest.mark.parametrize(
     ("page", "code"),
-    [(page, code) for page in PAGES for code in _python_blocks(page)],
+    [(page, code) for page in BLOCK_PAGES for code in _python_blocks(page)],
     ids=lambda v: v.name if isinstance(v, Path) else "",
 )
 def test_docs_python_block(page: Path, code: str, tmp_path: Path, run_cli, monkeypatch) -> None:
@@ -77,6 +83,64 @@ def test_docs_python_block(page: Path, code: str, tmp_path: Path, run_cli, monke
     script = tmp_path / "block.py"
     script.write_text(code)
     runpy.run_path(str(script), run_name="__main__")
+
+
+def _session(page: Path) -> list[tuple[int, str | list[tuple[str, readme.Command, int]]]]:
+    """(line, Python source or shell commands) of every block of ``page``, in page order."""
+    text = page.read_text()
+    steps: list[tuple[int, str | list[tuple[str, readme.Command, int]]]] = [
+        (text.count("\n", 0, found.start()) + 1, found.group(1))
+        for found in re.finditer(r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    ]
+    for commands in readme._blocks(page).values():
+        steps.append((commands[0][1].line, commands))
+    return sorted(steps, key=lambda step: step[0])
+
+
+def test_every_recipe_shows_python_then_the_commands_on_its_files() -> None:
+    assert {page.stem for page in RECIPES} >= {"torchvision", "timm", "hf-image", "logits"}
+    for page in RECIPES:
+        steps = _session(page)
+        assert isinstance(steps[0][1], str), page  # the files come first, saved by the library
+        assert sum(not isinstance(code, str) for _, code in steps) >= 1, page
+        assert f"recipes/{page.name}" in (ROOT / "mkdocs.yml").read_text(), page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", RECIPES, ids=lambda page: page.stem)
+def test_recipe(page: Path, tmp_path: Path, run_cli, monkeypatch) -> None:
+    """Every block of the page, in order, in one folder: the Python saves a model the way its
+    library does, and each command then runs on what it saved (no stand-ins)."""
+    monkeypatch.chdir(tmp_path)
+    where = str(page.relative_to(ROOT))
+    for line, step in _session(page):
+        if isinstance(step, str):
+            script = tmp_path / f"block{line}.py"
+            script.write_text(step)
+            runpy.run_path(str(script), run_name="__main__")
+            script.unlink()
+        else:
+            readme._run_block(step, tmp_path, run_cli, monkeypatch, where, arguments={})
+
+
+def test_the_policy_example_is_read_and_runs(tmp_path: Path, run_cli, monkeypatch) -> None:
+    """The CI gate page's policy example is a policy `check` accepts on the bundled model."""
+    from curvcal.assets import demo_checkpoint
+    from curvcal.policy.parse import load_policy
+
+    (policy,) = readme.toml_blocks(readme.POLICY_PAGE)
+    path = tmp_path / "gate.toml"
+    path.write_text(policy)
+    assert {rule.key for rule in load_policy(path).rules} >= {"ece", "ts.ece", "trace"}
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("check", demo_checkpoint(), "--policy", path, "--json")
+    assert result.code in (0, 1), result.output
+
+
+def test_every_page_is_in_the_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in PAGES:
+        assert f" {page.relative_to(DOCS).as_posix()}\n" in nav, page
 
 
 def test_every_command_has_a_page_rendered_from_its_click_object() -> None:
