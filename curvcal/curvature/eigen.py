@@ -388,7 +388,12 @@ def _verify(
 ) -> _Verification:
     """‖A y − θ y‖ / max(|θ|, √ε·‖A‖) of the wanted Ritz pairs, with one block product."""
     coefficients = ritz_vectors[:, wanted].to(device=basis[0].device)
-    vectors = torch.stack(basis[:steps], dim=1) @ coefficients
+    # Σ_i q_i ⊗ s_i, accumulated in place: stacking the basis would copy all of it (P × steps).
+    vectors = torch.zeros(
+        basis[0].shape[0], len(wanted), dtype=basis[0].dtype, device=basis[0].device
+    )
+    for index in range(steps):
+        vectors.addr_(basis[index], coefficients[index])
     vectors = vectors / vectors.norm(dim=0, keepdim=True)
     images = op.matmat(vectors.to(op.dtype)).to(torch.float64)
     residuals = []
@@ -402,11 +407,15 @@ def _verify(
 def _orthogonalise_wide(vector: Tensor, basis: list[Tensor]) -> tuple[Tensor, Tensor]:
     """``vector`` minus its components along the orthonormal ``basis`` (Gram–Schmidt twice), and
     the coefficients removed, q_iᵀ·vector (the second pass adds its corrections to them)."""
+    # In place on one copy: a fresh P-long tensor per basis vector and pass made this loop, not
+    # the products, the cost of a Lanczos run on an 11M-parameter model (page faults and memory
+    # traffic of 2·m allocations per step).
     coefficients = torch.zeros(len(basis), dtype=vector.dtype, device=vector.device)
+    vector = vector.clone()
     for _ in range(2):
         for index, b in enumerate(basis):
             amount = torch.dot(b, vector)
-            vector = vector - amount * b
+            vector.add_(b, alpha=-float(amount))
             coefficients[index] += amount
     return vector, coefficients
 
