@@ -21,6 +21,13 @@ Cases (the loss is the mean cross-entropy over the whole dataset, model in eval 
   An exact trace needs one HVP per parameter (about 40 minutes here); ``--exact-trace`` computes
   it, and ``--dense-cache FILE`` reads it from the dense Hessian ``bench_trace.py --cache FILE``
   keeps; otherwise trace rows of this case show no error.
+* ``resnet18``, ``vit`` — torchvision's ResNet-18 (11.2 M parameters) and a tiny
+  VisionTransformer (75 k), random weights, 10 classes, on 64 CIFAR-size random images in batches
+  of 32 (``scale_models.py``, shared with ``bench_scale.py``). No dense truth at this size: the λ1
+  reference is curvcal's Lanczos on the float64 operator at tol 1e-8, and the trace reference,
+  when ``--trace-reference M`` asks for one, a float64 Hutch++ of M products, quoted with its
+  interval. Only the runs of the summary are made: curvcal's Lanczos, PyHessian at tol 1e-4,
+  curvlinops' eigsh, the two 100-product traces and the one-product rows.
 * ``tiny`` — a 6-5-3 MLP on 60 synthetic samples (used by the smoke test).
 
 Batches of 100 over N = 797 (last batch 97; ``--quick``: 197 samples, same last batch) expose
@@ -40,6 +47,7 @@ Usage::
 
     python benchmarks/bench_hessian.py [--quick] [--repeats N] [--json OUT]
                                        [--cases mlp,digits-cnn] [--no-peers] [--no-memory]
+                                       [--tasks lambda_max,trace,hvp] [--trace-reference M]
 """
 
 from __future__ import annotations
@@ -60,11 +68,14 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import curvcal
 from curvcal.curvature import HessianOperator, eigenvalues, exact_trace, trace_estimate
@@ -116,6 +127,8 @@ class Case:
     lambda_2: float = math.nan
     trace: float = math.nan
     reference: str = ""
+    math_attention: bool = False  # peers need the composite attention kernel (double backward)
+    trace_half_width: float = math.nan  # of an estimated trace reference (95%)
 
     def fresh(self, dtype: torch.dtype = torch.float32) -> nn.Module:
         return copy.deepcopy(self.model).to(dtype).eval()
@@ -209,12 +222,37 @@ def arpack_reference(model: nn.Module, batches: Sequence[Batch]) -> tuple[float,
     return top[0], top[1], operator.n_matvecs
 
 
+LARGE = {"resnet18": "resnet18", "vit": "vit_tiny"}  # case -> scale_models.MODELS key
+
+
+def _shared(name: str) -> ModuleType:
+    """A sibling module of this script (``benchmarks/`` is not a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def lanczos_reference(model: nn.Module, batches: Sequence[Batch]) -> tuple[float, float, int]:
+    """λ1, λ2 of the float64 Hessian by curvcal's Lanczos at tol 1e-8 (no dense truth at scale)."""
+    operator = HessianOperator(copy.deepcopy(model).double(), list(batches))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spectrum = eigenvalues(operator, 2, method="lanczos", tol=1e-8, max_iter=300, seed=10_000)
+    values = sorted((v.value for v in spectrum.values), reverse=True)
+    return values[0], values[1], operator.n_matvecs
+
+
 def build_case(
     name: str,
     quick: bool,
     exact_trace_cnn: bool = False,
     truth: bool = True,
     dense_cache: str | None = None,
+    trace_reference: int = 0,
 ) -> Case:
     if name == "tiny":
         generator = torch.Generator().manual_seed(0)
@@ -240,16 +278,41 @@ def build_case(
         model = load_model(demo_checkpoint(), CheckpointOptions(device="cpu")).module
         batches, short = _split(x, y, 100), _split(x, y, _short_size(x.shape[0]))
         description = f"bundled DigitsCNN on {x.shape[0]} bundled digits, batches of 100 (last {y.shape[0] % 100 or 100}); short-batch split: batches of {_short_size(x.shape[0])} (last 5)"
+    elif name in LARGE:
+        shared = _shared("scale_models")
+        samples, batch = (8, 4) if quick else (64, 32)
+        torch.manual_seed(0)  # random weights, the same on every run
+        model = shared.MODELS[LARGE[name]]()
+        batches = shared.fake_data(samples, batch, torch.device("cpu"))
+        short = batches
+        title = "torchvision ResNet-18" if name == "resnet18" else "tiny ViT (2 layers, width 64)"
+        description = (
+            f"{title}, random weights, {samples} random 3×32×32 images, batches of {batch}"
+        )
     else:
-        raise SystemExit(f"bench_hessian: unknown case {name!r} (mlp, digits-cnn, tiny)")
+        raise SystemExit(
+            f"bench_hessian: unknown case {name!r} (mlp, digits-cnn, resnet18, vit, tiny)"
+        )
     model = model.eval()
     n_params = sum(p.numel() for p in model.parameters())
     case = Case(
         name, description, model, batches, short, n_params, int(sum(b[1].shape[0] for b in batches))
     )
+    case.math_attention = name == "vit"
     if not truth:
         return case
-    if name in ("tiny", "mlp"):
+    if name in LARGE:
+        case.lambda_max, case.lambda_2, used = lanczos_reference(model, batches)
+        case.reference = f"curvcal Lanczos on the float64 operator, tol 1e-8 ({used} HVPs)"
+        if trace_reference:
+            operator = HessianOperator(case.fresh(torch.float64), case.batches)
+            result = trace_estimate(operator, trace_reference, seed=10_000)
+            case.trace, case.trace_half_width = result.estimate, result.half_width
+            case.reference += (
+                f"; trace: float64 Hutch++ of {trace_reference} products, "
+                f"{result.estimate:.6g} ± {result.half_width:.2g} (95%)"
+            )
+    elif name in ("tiny", "mlp"):
         values, trace = dense_reference(model, batches)
         case.lambda_max, case.lambda_2, case.trace = float(values[-1]), float(values[-2]), trace
         case.reference = (
@@ -377,6 +440,21 @@ def double_backward(case: Case, seed: int) -> Outcome:
     return _timed_product(product, 1)
 
 
+def gradient_pass(case: Case, seed: int) -> Outcome:
+    """The floor a product is compared with: one gradient of the summed loss, per batch."""
+    model = case.fresh()
+    params = list(model.parameters())
+
+    def product() -> None:
+        for x, y in case.batches:
+            loss = nn.functional.cross_entropy(model(x), y, reduction="sum")
+            torch.autograd.grad(loss, params)
+
+    outcome = _timed_product(product, 1)
+    outcome.hvps = 0
+    return outcome
+
+
 # -- PyHessian -----------------------------------------------------------------------------------
 
 
@@ -403,6 +481,10 @@ def pyhessian_lambda(max_iter: int, tol: float) -> Callable[[Case, int], Outcome
 
 
 def pyhessian_trace(max_iter: int, tol: float) -> Callable[[Case, int], Outcome]:
+    """PyHessian stops when |mean − previous mean| / (previous mean + 1e-6) < tol, without an
+    absolute value in the denominator: a negative running mean stops it even at tol 0, so the
+    fixed-budget runs pass tol = −inf."""
+
     def run(case: Case, seed: int) -> Outcome:
         engine, calls = _pyhessian(case)
         torch.manual_seed(seed)
@@ -552,10 +634,30 @@ def curvlinops_hvp(case: Case, seed: int) -> Outcome:
 # -- the plan ---------------------------------------------------------------------------------------
 
 
+TASKS = ("lambda_max", "trace", "hvp")
+
+
 def plan(case_name: str) -> list[Run]:
     """Every run of one case, in the order they are interleaved within a round."""
     f32, f64 = torch.float32, torch.float64
-    lam, tr, hvp = "lambda_max", "trace", "hvp"
+    lam, tr, hvp = TASKS
+    if case_name in LARGE:
+        # the summary's runs only: one product costs 0.5–1 s on ResNet-18, so PyHessian's power
+        # iteration is capped there (its note says when the cap stopped it)
+        cap = 300 if case_name == "resnet18" else 1000
+        # fmt: off
+        return [
+            Run(lam, "curvcal", "Lanczos, tol 1e-4 (default)", curvcal_lambda("lanczos", 1e-4, f32)),
+            Run(lam, "pyhessian", "tol 1e-4", pyhessian_lambda(cap, 1e-4), "lambda_peer"),
+            Run(lam, "curvcal", "Lanczos, tol 1e-6", curvcal_lambda("lanczos", 1e-6, f32), "lambda_fast"),
+            Run(lam, "curvlinops", "eigsh on to_scipy() (default tol 0)", curvlinops_lambda(True, 0.0)),
+            Run(tr, "curvcal", "Hutch++, 100 HVPs (default)", curvcal_trace("hutch++", 100), "trace_ours"),
+            Run(tr, "pyhessian", "100 probes (tol -inf)", pyhessian_trace(100, -math.inf), "trace_peer"),
+            Run(hvp, "reference", "gradient (autograd.grad once)", gradient_pass, "gradient", "always"),
+            Run(hvp, "reference", "double backward (autograd.grad twice)", double_backward, "hvp_reference", "always"),
+            Run(hvp, "curvcal", "engine auto (default), 1 vector", curvcal_hvp("auto", 1), "hvp_ours", "always"),
+        ]
+        # fmt: on
     # fmt: off
     return [
         Run(lam, "curvcal", "power, tol 1e-4", curvcal_lambda("power", 1e-4, f32), memory="always"),
@@ -579,11 +681,12 @@ def plan(case_name: str) -> list[Run]:
         Run(tr, "curvcal", "XTrace, 100 HVPs", curvcal_trace("xtrace", 100), memory="full"),
         Run(tr, "curvcal", "Hutchinson, 100 probes", curvcal_trace("hutchinson", 100), memory="full"),
         Run(tr, "pyhessian", "default (maxIter 100, tol 1e-3)", pyhessian_trace(100, 1e-3)),
-        Run(tr, "pyhessian", "100 probes (tol 0)", pyhessian_trace(100, 0.0), "trace_peer", "full"),
+        Run(tr, "pyhessian", "100 probes (tol -inf)", pyhessian_trace(100, -math.inf), "trace_peer", "full"),
         Run(tr, "eigenthings", "trace default (Hutch++, 99 HVPs)", eigenthings_trace("hutch++", False), memory="full"),
         Run(tr, "eigenthings", "Hutch++ 99, size-weighted loss", eigenthings_trace("hutch++", True)),
         Run(tr, "curvlinops", "hutchinson_trace, 100", curvlinops_trace("hutchinson", False), memory="always"),
         Run(tr, "curvlinops", "hutchpp_trace, 99", curvlinops_trace("hutch++", False), memory="full"),
+        Run(hvp, "reference", "gradient (autograd.grad once)", gradient_pass, "gradient", "always"),
         Run(hvp, "reference", "double backward (autograd.grad twice)", double_backward, "hvp_reference", "always"),
         Run(hvp, "curvcal", "engine auto (default), 1 vector", curvcal_hvp("auto", 1), "hvp_ours", "always"),
         Run(hvp, "curvcal", "engine func, 1 vector", curvcal_hvp("func", 1), memory="full"),
@@ -620,6 +723,14 @@ def _reference(case: Case, task: str) -> float:
     return case.lambda_max if task == "lambda_max" else case.trace if task == "trace" else math.nan
 
 
+def _kernels(case: Case, run: Run) -> contextlib.AbstractContextManager[Any]:
+    """The composite attention kernel for runs that differentiate attention twice by hand: the
+    fused CPU kernel has no second derivative. curvcal selects it by itself, so it is left out."""
+    if case.math_attention and run.library != "curvcal":
+        return sdpa_kernel([SDPBackend.MATH])
+    return contextlib.nullcontext()
+
+
 def measure(
     case: Case, runs: Sequence[Run], repeats: int, peers: bool, log: Callable[[str], None]
 ) -> list[Row]:
@@ -645,7 +756,7 @@ def measure(
             model_note = ""
             start = time.perf_counter()
             try:
-                with warnings.catch_warnings():
+                with warnings.catch_warnings(), _kernels(case, run):
                     warnings.simplefilter("ignore")  # peers' deprecation and create_graph notices
                     outcome = run.fn(case, round_index)
             except Exception as error:  # a peer failing is a result, not a crash of the benchmark
@@ -715,7 +826,8 @@ def child_memory(case_name: str, quick: bool, run_index: int) -> dict[str, float
         before = _rss_kib("VmRSS")
         with open("/proc/self/clear_refs", "w") as handle:
             handle.write("5")  # VmHWM := VmRSS
-        run.fn(case, 0)
+        with _kernels(case, run):
+            run.fn(case, 0)
     peak = _rss_kib("VmHWM")
     return {"peak_mib": (peak - before) / 1024, "baseline_mib": before / 1024}
 
@@ -731,6 +843,7 @@ def measure_memory(
     if not os.path.exists("/proc/self/clear_refs"):
         log("  peak memory: /proc/self/clear_refs is missing (not Linux); skipped")
         return
+    full = [(r.task, r.library, r.setting) for r in plan(case.name)]
     for index, run in enumerate(runs):
         module = PEERS.get(run.library, (None,))[0]
         if (
@@ -739,7 +852,13 @@ def measure_memory(
             or (module is not None and (not peers or not peer_available(module)))
         ):
             continue
-        command = [sys.executable, os.path.abspath(__file__), "--_memory", f"{case.name}:{index}"]
+        position = full.index((run.task, run.library, run.setting))
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--_memory",
+            f"{case.name}:{position}",
+        ]
         if quick:
             command.append("--quick")
         done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -830,6 +949,7 @@ def targets(case: Case, rows: Sequence[Row]) -> list[Target]:
                 f"{one.seconds:.3f} s vs {reference.seconds:.3f} s, ratio {ratio:.2f}",
             )
         )
+    worst: Row | None = None
     if one is not None and math.isfinite(one.peak_mib):
         ours_runs = [
             r
@@ -838,7 +958,8 @@ def targets(case: Case, rows: Sequence[Row]) -> list[Target]:
             and r.task in ("lambda_max", "trace")
             and math.isfinite(r.peak_mib)
         ]
-        worst = max(ours_runs, key=lambda r: r.peak_mib)
+        worst = max(ours_runs, key=lambda r: r.peak_mib) if ours_runs else None
+    if one is not None and worst is not None:
         ratio = worst.peak_mib / one.peak_mib
         found.append(
             Target(
@@ -892,6 +1013,50 @@ def markdown(case: Case, rows: Sequence[Row], found: Sequence[Target]) -> str:
     return "\n".join(lines)
 
 
+SUMMARY_HEADER = [
+    "| case | P | λ1 s: curvcal (Lanczos 1e-4) / PyHessian (1e-4) | ratio | curvlinops eigsh s "
+    "| λ1 rel. error: curvcal / PyHessian / curvlinops | trace at 100 products, rel. error: "
+    "curvcal Hutch++ / PyHessian | trace s: curvcal / PyHessian (ratio) | HVP / gradient "
+    "| peak memory, HVP / gradient |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+]
+
+
+def summary_row(case: Case, rows: Sequence[Row]) -> str:
+    """One row of the summary table: the default runs of each library, ratios of the same run."""
+
+    def find(task: str, library: str, setting: str) -> Row | None:
+        return next(
+            (r for r in rows if (r.task, r.library, r.setting) == (task, library, setting)), None
+        )
+
+    def sec(row: Row | None) -> float:
+        return row.seconds if row is not None else math.nan
+
+    def err(row: Row | None) -> str:
+        return _fmt(row.rel_error if row is not None else math.nan, ".1e")
+
+    def ratio(a: float, b: float) -> str:
+        return _fmt(a / b if b else math.nan, ".2f")
+
+    ours = find("lambda_max", "curvcal", "Lanczos, tol 1e-4 (default)")
+    theirs = find("lambda_max", "pyhessian", "tol 1e-4")
+    arpack = find("lambda_max", "curvlinops", "eigsh on to_scipy() (default tol 0)")
+    trace_ours = find("trace", "curvcal", "Hutch++, 100 HVPs (default)")
+    trace_peer = find("trace", "pyhessian", "100 probes (tol -inf)")
+    grad = next((r for r in rows if r.target_role == "gradient"), None)
+    hvp = next((r for r in rows if r.target_role == "hvp_ours"), None)
+    peak = hvp.peak_mib / grad.peak_mib if hvp is not None and grad is not None else math.nan
+    return (
+        f"| {case.name} | {case.n_params:,} | {_fmt(sec(ours), '.3g')} / {_fmt(sec(theirs), '.3g')} "
+        f"| {ratio(sec(ours), sec(theirs))} | {_fmt(sec(arpack), '.3g')} "
+        f"| {err(ours)} / {err(theirs)} / {err(arpack)} | {err(trace_ours)} / {err(trace_peer)} "
+        f"| {_fmt(sec(trace_ours), '.3g')} / {_fmt(sec(trace_peer), '.3g')} "
+        f"({ratio(sec(trace_ours), sec(trace_peer))}) | {ratio(sec(hvp), sec(grad))} "
+        f"| {_fmt(peak, '.2f')} |"
+    )
+
+
 def _finite(value: Any) -> Any:
     """The report with NaN and infinities as null (strict JSON)."""
     if isinstance(value, float):
@@ -929,7 +1094,21 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--json", metavar="OUT", help="also write every row, target and the environment as JSON"
     )
     parser.add_argument(
-        "--cases", default="mlp,digits-cnn", help="comma-separated: mlp, digits-cnn, tiny"
+        "--cases",
+        default="mlp,digits-cnn",
+        help="comma-separated: mlp, digits-cnn, resnet18, vit, tiny",
+    )
+    parser.add_argument(
+        "--tasks",
+        default=",".join(TASKS),
+        help="comma-separated: lambda_max, trace, hvp (default: all)",
+    )
+    parser.add_argument(
+        "--trace-reference",
+        type=int,
+        default=0,
+        metavar="M",
+        help="resnet18/vit: a float64 Hutch++ of M products as the trace reference",
     )
     parser.add_argument("--no-peers", action="store_true", help="run curvcal only")
     parser.add_argument(
@@ -950,6 +1129,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         options.repeats = 1 if options.quick else 3
     if options.repeats < 1:
         parser.error("--repeats must be ≥ 1")
+    options.tasks = [t.strip() for t in options.tasks.split(",") if t.strip()]
+    if not options.tasks or not set(options.tasks) <= set(TASKS):
+        parser.error(f"--tasks: choose among {', '.join(TASKS)}")
+    if options.trace_reference < 0:
+        parser.error("--trace-reference must be ≥ 0")
     return options
 
 
@@ -966,15 +1150,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     report: dict[str, Any] = {"environment": environment(), "options": vars(options), "cases": []}
     output = [f"Environment: {', '.join(f'{k} {v}' for k, v in report['environment'].items())}", ""]
+    summaries: list[str] = []
     for name in [n.strip() for n in options.cases.split(",") if n.strip()]:
         log(f"{name}: building the case and its reference")
-        case = build_case(name, options.quick, options.exact_trace, dense_cache=options.dense_cache)
-        runs = plan(name)
+        case = build_case(
+            name,
+            options.quick,
+            options.exact_trace,
+            truth=bool({"lambda_max", "trace"} & set(options.tasks)),
+            dense_cache=options.dense_cache,
+            trace_reference=options.trace_reference,
+        )
+        runs = [r for r in plan(name) if r.task in options.tasks]
         rows = measure(case, runs, options.repeats, not options.no_peers, log)
-        if not options.no_memory and name == "digits-cnn":
+        if not options.no_memory and name != "tiny":
             measure_memory(case, runs, options.quick, not options.no_peers, rows, log)
         found = targets(case, rows)
         output.append(markdown(case, rows, found))
+        summaries.append(summary_row(case, rows))
         report["cases"].append(
             {
                 "case": name,
@@ -989,6 +1182,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "targets": [dataclasses.asdict(t) for t in found],
             }
         )
+    output += ["### Summary", "", *SUMMARY_HEADER, *summaries, ""]
+    report["summary"] = summaries
     print("\n".join(output))
     if options.json:
         with open(options.json, "w") as handle:

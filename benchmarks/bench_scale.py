@@ -35,37 +35,13 @@ from typing import Any
 
 import torch
 import torchvision
+from scale_models import MODELS, Batches, fake_data
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import curvcal
 from curvcal.curvature import eigenvalues, hutchinson_trace
 from curvcal.curvature.operator import HessianOperator
-
-Batches = list[tuple[Tensor, Tensor]]
-
-
-def tiny_vit() -> nn.Module:
-    return torchvision.models.VisionTransformer(
-        image_size=32, patch_size=4, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128,
-        num_classes=10,
-    )  # fmt: skip
-
-
-MODELS: dict[str, Callable[[], nn.Module]] = {
-    "vit_tiny": tiny_vit,
-    "resnet18": lambda: torchvision.models.resnet18(num_classes=10),
-}
-
-
-def fake_data(samples: int, batch: int, device: torch.device) -> Batches:
-    generator = torch.Generator().manual_seed(0)
-    x = torch.rand(samples, 3, 32, 32, generator=generator)
-    x = (x - 0.5) / 0.25
-    y = torch.randint(0, 10, (samples,), generator=generator)
-    return [
-        (x[i : i + batch].to(device), y[i : i + batch].to(device)) for i in range(0, samples, batch)
-    ]
 
 
 class Clock:
