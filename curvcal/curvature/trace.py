@@ -184,21 +184,14 @@ def hutchpp_trace(
     compute tr(QᵀAQ), and the rest (≥ 2) are Hutchinson probes of the deflated operator.
     ``n_probes`` in the result counts those remaining probes.
     """
-    op = as_operator(operator)
-    _check_distribution(distribution)
-    _positive_int("matvecs", matvecs, 4)
-    _positive_int("probe_batch", probe_batch)
+    op = _sketching_operator(operator, distribution, matvecs, probe_batch)
     generator = torch.Generator().manual_seed(seed)
     n_params = op.shape[0]
     sketch_size = max(1, matvecs // 3)
     n_residual = matvecs - 2 * sketch_size
 
     def apply(columns: Tensor) -> Tensor:
-        blocks = [
-            op.matmat(columns[:, i : i + probe_batch])
-            for i in range(0, columns.shape[1], probe_batch)
-        ]
-        return torch.cat(blocks, dim=1)
+        return _apply_in_blocks(op, columns, probe_batch, op.dtype)
 
     sketch = draw_probes(n_params, sketch_size, distribution, generator).to(
         device=op.device, dtype=op.dtype
@@ -264,21 +257,13 @@ def xtrace(
     Hutchinson correction of the full sketch's complement (zero up to rounding), with its s.e.
     ``n_probes`` counts the s probes.
     """
-    op = as_operator(operator)
-    _check_distribution(distribution)
-    _positive_int("matvecs", matvecs, 4)
-    _positive_int("probe_batch", probe_batch)
+    op = _sketching_operator(operator, distribution, matvecs, probe_batch)
     generator = torch.Generator().manual_seed(seed)
     n_params = op.shape[0]
     count = matvecs // 2
-    wide = torch.float64
 
     def apply(columns: Tensor) -> Tensor:
-        blocks = [
-            op.matmat(columns[:, i : i + probe_batch].to(op.dtype)).to(wide)
-            for i in range(0, columns.shape[1], probe_batch)
-        ]
-        return torch.cat(blocks, dim=1)
+        return _apply_in_blocks(op, columns, probe_batch, torch.float64)
 
     probes = draw_probes(n_params, count, distribution, generator).to(device=op.device)
     images = apply(probes)
@@ -450,3 +435,25 @@ def trace_estimate(
         f"unknown trace method {method!r}",
         "choose 'hutch++', 'xtrace' or 'hutchinson'",
     )
+
+
+def _sketching_operator(
+    operator: LinearOperator | Tensor, distribution: str, matvecs: int, probe_batch: int
+) -> LinearOperator:
+    """The operator of a sketching estimator (Hutch++, XTrace), its arguments checked."""
+    op = as_operator(operator)
+    _check_distribution(distribution)
+    _positive_int("matvecs", matvecs, 4)
+    _positive_int("probe_batch", probe_batch)
+    return op
+
+
+def _apply_in_blocks(
+    op: LinearOperator, columns: Tensor, probe_batch: int, dtype: torch.dtype
+) -> Tensor:
+    """A·columns, ``probe_batch`` columns per product pass (in the operator's dtype), in ``dtype``."""
+    blocks = [
+        op.matmat(columns[:, i : i + probe_batch].to(op.dtype)).to(dtype)
+        for i in range(0, columns.shape[1], probe_batch)
+    ]
+    return torch.cat(blocks, dim=1)
