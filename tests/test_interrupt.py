@@ -16,6 +16,14 @@ CHECKPOINT = Path(curvcal.__file__).parent / "assets" / "digits_cnn.safetensors"
 STARTUP_SECONDS = 4.0  # past `import click` (before which Python itself would take the signal)
 
 
+def _as_a_shell_starts_it() -> None:
+    """SIGINT unblocked and at its default in the child, as a terminal would start curvcal:
+    a child inherits the parent's signal mask and ignored signals, and what other tests in
+    this process (threads of the libraries they load) leave there is not curvcal's to test."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_exits_130_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": str(Path(curvcal.__file__).parent.parent), "NO_COLOR": "1"}
@@ -31,12 +39,22 @@ def test_sigint_exits_130_and_writes_nothing(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_a_shell_starts_it,
     )
     try:
         time.sleep(STARTUP_SECONDS)
         assert process.poll() is None, process.communicate()  # still working
         process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=60)
+        try:
+            stdout, stderr = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired as error:
+            state = (
+                f"parent SIGINT handler {signal.getsignal(signal.SIGINT)!r}, "
+                f"blocked {sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}"
+            )
+            raise AssertionError(
+                f"no exit 60 s after SIGINT ({state}): {error.stderr!r}"
+            ) from error
     finally:
         if process.poll() is None:
             process.kill()
