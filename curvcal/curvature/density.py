@@ -18,6 +18,7 @@ import math
 import torch
 from torch import Tensor
 
+from curvcal.curvature.krylov import KrylovBasis
 from curvcal.curvature.operators import LinearOperator, as_operator
 from curvcal.curvature.results import DensityResult
 from curvcal.curvature.trace import draw_probes
@@ -30,7 +31,8 @@ def _lanczos_tridiagonal(
 ) -> tuple[list[float], list[float]]:
     """α and β of ``steps`` Lanczos steps from unit ``start`` (stops early on an invariant subspace)."""
     eps = torch.finfo(op.dtype).eps
-    basis = [start]
+    basis = KrylovBasis(op.shape[0], op.dtype, op.device)
+    basis.append(start)
     alphas: list[float] = []
     betas: list[float] = []
     scale = 0.0
@@ -40,9 +42,7 @@ def _lanczos_tridiagonal(
         alpha = float(torch.dot(current, image))
         alphas.append(alpha)
         scale = max(scale, abs(alpha))
-        for _ in range(2):  # full reorthogonalisation, twice
-            for b in basis:
-                image = image - torch.dot(b, image) * b
+        image, _ = basis.orthogonalise(image)  # full reorthogonalisation, twice
         beta = float(image.norm())
         if len(alphas) == steps or beta <= 100 * eps * max(scale, beta):
             break  # a quadrature on an invariant subspace is already exact for this v

@@ -1,0 +1,127 @@
+"""An orthonormal Krylov basis q_1 … q_m of long vectors, kept for full reorthogonalisation.
+
+Lanczos (:mod:`curvcal.curvature.eigen`) and stochastic Lanczos quadrature
+(:mod:`curvcal.curvature.density`) keep every basis vector so that each new one can be made
+orthogonal to all of them. At P = 10⁷ parameters a vector is 80 MB in float64, and the
+orthogonalisation, not the products, can become the cost of a run if it is written vector by
+vector: a dot and an update per basis vector and pass read the new vector 5·m times per pass
+and allocate as often. Here the vectors are rows of a few preallocated blocks, and a pass of
+classical Gram–Schmidt is two matrix–vector products per block: c = Q_bᵀv, v ← v − Q_b c
+(the blocks in turn, each against the vector already cleared of the earlier blocks). The two
+latest vectors are removed first, so that one pass usually suffices; a second runs when the
+DGKS test asks for it (see :meth:`KrylovBasis.orthogonalise`). One number per call is read
+back to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+#: rows of the largest block; smaller blocks come first, so a short run allocates little more
+#: than it uses
+MAX_BLOCK = 8
+#: latest vectors removed one by one before the block pass
+RECENT = 2
+#: the DGKS threshold: a second pass when a pass leaves less than this share of the norm
+DGKS_ETA = 2**-0.5
+
+
+class KrylovBasis:
+    """Orthonormal vectors of length ``size``, in ``dtype`` on ``device``, appended one at a time."""
+
+    def __init__(self, size: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.size = size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self._blocks: list[Tensor] = []
+        self._count = 0
+        self._capacity = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, vector: Tensor) -> None:
+        """Store a copy of ``vector`` (assumed unit and orthogonal to the basis) as q_{m+1}."""
+        if self._count == self._capacity:
+            rows = min(MAX_BLOCK, max(2, self._count))
+            self._blocks.append(torch.empty(rows, self.size, dtype=self.dtype, device=self.device))
+            self._capacity += rows
+        block, row = self._locate(self._count)
+        self._blocks[block][row].copy_(vector)
+        self._count += 1
+
+    def __getitem__(self, index: int) -> Tensor:
+        """q_{index+1} (negative indices count from the end), a view: do not modify it."""
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(f"basis index {index} out of range for {self._count} vectors")
+        block, row = self._locate(index)
+        return self._blocks[block][row]
+
+    def orthogonalise(self, vector: Tensor) -> tuple[Tensor, Tensor]:
+        """``vector`` (cast to the basis' dtype) minus its components along the basis, and the
+        coefficients removed (the sum over the steps below of q_iᵀ·v, a length-m tensor on the
+        basis' device). The input is not modified.
+
+        First the latest :data:`RECENT` vectors, which hold nearly all of a Lanczos image's
+        component along the basis (α q_m + β q_{m−1}); then one block Gram–Schmidt pass over the
+        whole basis; a second only if that pass removed more than 1 − η of the norm, η = 1/√2
+        (the DGKS test: a pass that keeps more leaves the vector orthogonal to working
+        precision; Daniel, Gragg, Kaufman & Stewart 1976)."""
+        vector = vector.to(device=self.device, dtype=self.dtype).clone()
+        coefficients = torch.zeros(self._count, dtype=self.dtype, device=self.device)
+        for index in range(max(0, self._count - RECENT), self._count):
+            amount = torch.dot(self[index], vector)
+            vector.addcmul_(self[index], amount, value=-1.0)
+            coefficients[index] += amount
+        before = vector.norm()
+        self._pass(vector, coefficients)
+        if float(vector.norm()) < DGKS_ETA * float(before):
+            self._pass(vector, coefficients)
+        return vector, coefficients
+
+    def _pass(self, vector: Tensor, coefficients: Tensor) -> None:
+        """One block Gram–Schmidt pass, in place: per block c = Q_b·v, v ← v − Q_bᵀc."""
+        start = 0
+        for rows in self._filled():
+            amounts = rows @ vector
+            vector.addmv_(rows.t(), amounts, alpha=-1.0)
+            coefficients[start : start + rows.shape[0]] += amounts
+            start += rows.shape[0]
+
+    def combine(self, coefficients: Tensor) -> Tensor:
+        """Σ_i q_i c_iᵀ: the size × k matrix Q_n C of an n × k ``coefficients`` matrix, n ≤ m
+        (the first n basis vectors)."""
+        count = coefficients.shape[0]
+        if count > self._count:
+            raise ValueError(f"{count} coefficients for a basis of {self._count} vectors")
+        coefficients = coefficients.to(device=self.device, dtype=self.dtype)
+        result = torch.zeros(self.size, coefficients.shape[1], dtype=self.dtype, device=self.device)
+        start = 0
+        for rows in self._filled():
+            if start >= count:
+                break
+            rows = rows[: count - start]
+            result.addmm_(rows.t(), coefficients[start : start + rows.shape[0]])
+            start += rows.shape[0]
+        return result
+
+    def _filled(self) -> Iterator[Tensor]:
+        """The blocks, each cut to the rows written so far."""
+        left = self._count
+        for block in self._blocks:
+            if left <= 0:
+                return
+            yield block[: min(left, block.shape[0])]
+            left -= block.shape[0]
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        for number, block in enumerate(self._blocks):
+            if index < block.shape[0]:
+                return number, index
+            index -= block.shape[0]
+        raise IndexError(index)

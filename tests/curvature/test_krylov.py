@@ -1,0 +1,92 @@
+"""KrylovBasis against dense linear algebra: orthogonalisation, coefficients, combinations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from curvcal.curvature.krylov import MAX_BLOCK, KrylovBasis
+
+
+def _orthonormal(size: int, count: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    matrix = torch.randn(size, count, dtype=torch.float64, generator=generator)
+    return torch.linalg.qr(matrix).Q  # size × count
+
+
+def _filled(size: int, count: int) -> tuple[KrylovBasis, torch.Tensor]:
+    columns = _orthonormal(size, count)
+    basis = KrylovBasis(size, torch.float64, "cpu")
+    for index in range(count):
+        basis.append(columns[:, index])
+    return basis, columns
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 5, 8, 13, 2 * MAX_BLOCK + 3])
+def test_orthogonalise_matches_the_dense_projection(count: int) -> None:
+    """v − QQᵀv and Qᵀv, across every block boundary the basis grows through."""
+    basis, columns = _filled(60, count)
+    vector = torch.randn(60, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    kept = vector.clone()
+    remainder, coefficients = basis.orthogonalise(vector)
+    assert torch.equal(vector, kept)  # the input is not modified
+    expected = vector - columns @ (columns.t() @ vector)
+    assert torch.allclose(remainder, expected, atol=1e-13, rtol=0)
+    assert torch.allclose(coefficients, columns.t() @ vector, atol=1e-13, rtol=0)
+    assert len(basis) == count
+
+
+def test_a_lanczos_image_is_left_orthogonal_to_working_precision() -> None:
+    """A vector almost inside the span (a Lanczos image: large components along the latest
+    vectors, a small remainder) comes out orthogonal to the basis to ε, not to ε·‖v‖/‖r‖."""
+    basis, columns = _filled(500, 12)
+    generator = torch.Generator().manual_seed(2)
+    outside = torch.randn(500, dtype=torch.float64, generator=generator)
+    outside -= columns @ (columns.t() @ outside)
+    vector = 1e6 * columns[:, -1] + 3e5 * columns[:, -2] + 1.0 * columns[:, 0] + 1e-3 * outside
+    remainder, coefficients = basis.orthogonalise(vector)
+    leak = (columns.t() @ remainder).abs().max() / remainder.norm()
+    assert leak < 1e-12
+    assert torch.allclose(remainder, 1e-3 * outside, rtol=0, atol=1e-9)
+    assert coefficients[-1] == pytest.approx(1e6, rel=1e-12)
+    assert coefficients[-2] == pytest.approx(3e5, rel=1e-12)
+    assert coefficients[0] == pytest.approx(1.0, abs=1e-8)
+
+
+def test_a_vector_inside_the_span_leaves_nothing() -> None:
+    basis, _ = _filled(40, 40)  # the whole space
+    vector = torch.randn(40, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    remainder, _ = basis.orthogonalise(vector)
+    assert float(remainder.norm()) < 1e-13 * float(vector.norm())
+
+
+@pytest.mark.parametrize("count", [1, 4, MAX_BLOCK + 1])
+def test_combine_is_the_dense_product(count: int) -> None:
+    basis, columns = _filled(30, count)
+    generator = torch.Generator().manual_seed(4)
+    coefficients = torch.randn(count, 3, dtype=torch.float64, generator=generator)
+    assert torch.allclose(basis.combine(coefficients), columns @ coefficients, atol=1e-14)
+    # the first rows only: a basis one vector ahead of its Rayleigh–Ritz matrix
+    assert torch.allclose(
+        basis.combine(coefficients[: count - 1]), columns[:, : count - 1] @ coefficients[:-1]
+    )
+
+
+def test_indexing_and_bad_requests() -> None:
+    basis, columns = _filled(10, 5)
+    assert torch.equal(basis[0], columns[:, 0]) and torch.equal(basis[-1], columns[:, 4])
+    with pytest.raises(IndexError):
+        basis[5]
+    with pytest.raises(IndexError):
+        basis[-6]
+    with pytest.raises(ValueError, match="6 coefficients for a basis of 5"):
+        basis.combine(torch.zeros(6, 1, dtype=torch.float64))
+
+
+def test_float32_basis_and_input_dtype() -> None:
+    """The basis keeps its own dtype; inputs of another dtype are cast."""
+    basis = KrylovBasis(8, torch.float32, "cpu")
+    basis.append(torch.eye(8)[0])
+    remainder, coefficients = basis.orthogonalise(torch.ones(8, dtype=torch.float64))
+    assert remainder.dtype == coefficients.dtype == torch.float32
+    assert remainder[0] == 0.0 and coefficients.tolist() == [1.0]
