@@ -220,7 +220,7 @@ def hutchpp_trace(
         count(block.shape[1])
     exact_part = _projected_trace(op, basis.columns, probe_batch, count)
     if basis.rank == n_params:
-        return _exhausted("hutch++", exact_part, spent[0], 0, distribution, seed)
+        return _exhausted("hutch++", exact_part, spent[0], 0, distribution, seed, basis.nbytes)
     n_residual = matvecs - spent[0]
     q = basis.columns
     samples: list[float] = []
@@ -244,6 +244,7 @@ def hutchpp_trace(
         rtol=None,
         stopped_by="n_probes",
         converged=True,
+        sketch_bytes=basis.nbytes,
     )
 
 
@@ -305,7 +306,7 @@ def xtrace(
     q = basis.columns
     if basis.rank == n_params:
         exact_part = _projected_trace(op, q, probe_batch, counted)
-        return _exhausted("xtrace", exact_part, spent[0], count, distribution, seed)
+        return _exhausted("xtrace", exact_part, spent[0], count, distribution, seed, basis.nbytes)
     projected = _projected_matrix(op, q, probe_batch, counted)
     again = _probe_blocks(
         n_params, count, probe_batch, distribution, torch.Generator().manual_seed(seed), op
@@ -333,6 +334,7 @@ def xtrace(
         rtol=None,
         stopped_by="n_probes",
         converged=True,
+        sketch_bytes=basis.nbytes,
     )
 
 
@@ -561,7 +563,13 @@ def _projected_matrix(
 
 
 def _exhausted(
-    method: str, exact_part: float, matvecs: int, n_probes: int, distribution: str, seed: int
+    method: str,
+    exact_part: float,
+    matvecs: int,
+    n_probes: int,
+    distribution: str,
+    seed: int,
+    sketch_bytes: int,
 ) -> TraceResult:
     """The result of a sketch whose basis spans the whole space: tr(QᵀAQ) = tr(A)."""
     return TraceResult(
@@ -577,6 +585,7 @@ def _exhausted(
         rtol=None,
         stopped_by="exhausted",
         converged=True,
+        sketch_bytes=sketch_bytes,
     )
 
 
@@ -600,6 +609,11 @@ class _StreamedBasis:
         self._floor = 10 * capacity * torch.finfo(dtype).eps
         self.rank = 0
         self.added = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the basis' storage (s × P values)."""
+        return self._rows.numel() * self._rows.element_size()
 
     @property
     def columns(self) -> Tensor:
