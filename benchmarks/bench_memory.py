@@ -7,8 +7,11 @@ For torchvision's ResNet-18 (random weights, 10 classes) on CIFAR-size synthetic
   resident set every run starts from;
 * ``gradient``: a child that computes ∇θ Σ_i ℓ_i over the batch once (``torch.autograd.grad``);
 * ``hessian``: ``python -m curvcal hessian`` on the same checkpoint and data (top-k 1 by Lanczos
-  with at most ``--max-iter`` steps and a Hutchinson trace of ``--probes`` probes: short runs;
-  peak memory does not depend on how many products are made).
+  with at most ``--max-iter`` steps and a trace by each of ``--trace-methods`` with ``--probes``
+  probes — one run per method; ``none`` runs without a trace). Hutchinson's peak does not depend
+  on how many products are made; the sketching estimators (``hutchpp``, ``xtrace``) hold a sketch
+  of P × s values, s = ⌊probes/3⌋ or ⌊probes/2⌋, so theirs grows with ``--probes``.
+  ``--params`` restricts the Hessian to matching parameters (a smaller P).
 
 Each measurement runs in a fresh process started by a fresh wrapper, whose
 ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` is the child's peak resident set (Linux: KiB).
@@ -19,6 +22,8 @@ Usage::
 
     python benchmarks/bench_memory.py [--sizes 128,512] [--max-iter 2] [--probes 2] [--json OUT]
     python benchmarks/bench_memory.py --sizes 32 --max-iter 1     # a quick look
+    python benchmarks/bench_memory.py --sizes 16 --max-iter 1 --probes 100 \
+        --trace-methods none,hutchinson,hutchpp,xtrace            # the trace sketches
 """
 
 from __future__ import annotations
@@ -103,36 +108,52 @@ def write_inputs(folder: Path, samples: int) -> tuple[Path, Path]:
     return checkpoint, data
 
 
-def measure(samples: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
-    checkpoint, data = write_inputs(folder, samples)
-    this = [sys.executable, str(Path(__file__).resolve())]
-    hessian = [
+def hessian_command(
+    checkpoint: Path, data: Path, samples: int, method: str, output: Path, args: argparse.Namespace
+) -> list[str]:
+    """``curvcal hessian`` with the trace by ``method`` (``none``: no trace)."""
+    trace = ["--no-trace"] if method == "none" else ["--trace-method", method]
+    return [
         sys.executable, "-m", "curvcal", "hessian", str(checkpoint),
         "--arch", "tv:resnet18", "--num-classes", "10", "--data", str(data),
         "--batch-size", str(samples), "--top-k", "1", "--max-iter", str(args.max_iter),
-        "--probes", str(args.probes), "--device", "cpu", "--quiet", "--json",
-        "-o", str(folder / f"hessian-{samples}.json"),
+        *trace, "--probes", str(args.probes), "--device", "cpu", "--quiet", "--json",
+        "-o", str(output),
         *(["--memory-budget", args.memory_budget] if args.memory_budget else []),
+        *(["--params", args.params] if args.params else []),
     ]  # fmt: skip
-    row: dict[str, Any] = {"samples": samples}
-    for name, command in (
+
+
+def measure(samples: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    checkpoint, data = write_inputs(folder, samples)
+    this = [sys.executable, str(Path(__file__).resolve())]
+    methods = args.trace_methods.split(",")
+    output = {method: folder / f"hessian-{samples}-{method}.json" for method in methods}
+    runs = [
         ("idle", [*this, "--child", "idle", str(checkpoint), str(data)]),
         ("gradient", [*this, "--child", "gradient", str(checkpoint), str(data)]),
-        ("hessian", hessian),
-    ):
+    ] + [
+        (f"hessian_{method}", hessian_command(checkpoint, data, samples, method, path, args))
+        for method, path in output.items()
+    ]
+    row: dict[str, Any] = {"samples": samples, "methods": methods}
+    for name, command in runs:
         kib, seconds = peak_kib(command)
         row[f"{name}_mib"] = kib / 1024
         row[f"{name}_s"] = seconds
         print(
             f"  N={samples} {name}: peak {kib / 1024:.0f} MiB in {seconds:.1f} s", file=sys.stderr
         )
-    result = json.loads((folder / f"hessian-{samples}.json").read_text())["results"]
-    row["operator"] = {
-        k: result["operator"].get(k) for k in ("engine", "probe_batch", "micro_batch", "n_matvecs")
-    }
     idle = row["idle_mib"]
-    row["ratio_peak"] = row["hessian_mib"] / row["gradient_mib"]
-    row["ratio_growth"] = (row["hessian_mib"] - idle) / max(row["gradient_mib"] - idle, 1e-9)
+    for method, path in output.items():
+        result = json.loads(path.read_text())["results"]
+        row[f"operator_{method}"] = {
+            k: result["operator"].get(k)
+            for k in ("engine", "probe_batch", "micro_batch", "n_matvecs", "n_params")
+        }
+        peak = row[f"hessian_{method}_mib"]
+        row[f"ratio_peak_{method}"] = peak / row["gradient_mib"]
+        row[f"ratio_growth_{method}"] = (peak - idle) / max(row["gradient_mib"] - idle, 1e-9)
     return row
 
 
@@ -140,7 +161,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="128,512", help="dataset sizes, comma-separated")
     parser.add_argument("--max-iter", type=int, default=2, help="Lanczos steps (few: memory only)")
-    parser.add_argument("--probes", type=int, default=2, help="trace probes")
+    parser.add_argument("--probes", type=int, default=4, help="trace probes (products)")
+    parser.add_argument(
+        "--trace-methods",
+        default="hutchinson",
+        help="comma-separated: hutchinson, hutchpp, xtrace, none (no trace); one run each",
+    )
+    parser.add_argument("--params", default=None, help="passed to curvcal hessian")
     parser.add_argument("--memory-budget", default=None, help="passed to curvcal hessian")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument(
@@ -156,18 +183,22 @@ def main() -> None:
             rows.append(measure(samples, Path(folder), args))
     print(
         f"\nResNet-18 (11.2 M parameters, random weights), CIFAR-size synthetic images, one batch, "
-        f"CPU, 1 thread; {platform.processor() or platform.machine()}, torch {torch.__version__}\n"
+        f"CPU, 1 thread; {platform.processor() or platform.machine()}, torch {torch.__version__}; "
+        f"--probes {args.probes}, --params {args.params or 'all'}\n"
     )
-    print("| N | idle MiB | gradient peak MiB | hessian peak MiB | peak ratio | growth ratio | "
-          "vectors/pass, micro-batch |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---|")
+    print("| N | trace | P | idle MiB | gradient peak MiB | hessian peak MiB | peak ratio | "
+          "growth ratio | vectors/pass, micro-batch |")  # fmt: skip
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
     for row in rows:
-        operator = row["operator"]
-        print(
-            f"| {row['samples']} | {row['idle_mib']:.0f} | {row['gradient_mib']:.0f} | "
-            f"{row['hessian_mib']:.0f} | {row['ratio_peak']:.2f} | {row['ratio_growth']:.2f} | "
-            f"{operator['probe_batch']}, {operator['micro_batch'] or 'none'} |"
-        )
+        for method in row["methods"]:
+            operator = row[f"operator_{method}"]
+            print(
+                f"| {row['samples']} | {method} | {operator['n_params']:,} | "
+                f"{row['idle_mib']:.0f} | {row['gradient_mib']:.0f} | "
+                f"{row[f'hessian_{method}_mib']:.0f} | {row[f'ratio_peak_{method}']:.2f} | "
+                f"{row[f'ratio_growth_{method}']:.2f} | "
+                f"{operator['probe_batch']}, {operator['micro_batch'] or 'none'} |"
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
 

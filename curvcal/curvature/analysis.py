@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from curvcal.curvature.batches import CACHES, AllReduce, BatchSource
@@ -28,10 +29,10 @@ from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
 from curvcal.curvature.engines import ENGINES, MODES
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
-from curvcal.curvature.memory import parse_memory_budget
+from curvcal.curvature.memory import free_memory, parse_memory_budget
 from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
-from curvcal.curvature.trace import DISTRIBUTIONS, trace_estimate
+from curvcal.curvature.trace import DISTRIBUTIONS, sketch_bytes, sketch_columns, trace_estimate
 from curvcal.errors import InputError
 from curvcal.losses import loss_from_name
 from curvcal.progress import OnStageStep, OnStep
@@ -164,6 +165,72 @@ def selected_parameter_count(model: nn.Module, params: tuple[str, ...] = ()) -> 
     )
 
 
+def _size(n_bytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.3g} {unit}"
+    return f"{n_bytes:.0f} bytes"
+
+
+def check_sketch_memory(
+    settings: HessianSettings,
+    n_params: int,
+    dtype: torch.dtype,
+    budget: int,
+    *,
+    explicit: bool,
+    free: int | None,
+) -> str | None:
+    """Whether the trace's sketch (Hutch++, XTrace: s × P values of ``dtype`` held besides the
+    products, :func:`~curvcal.curvature.trace.sketch_bytes`) fits the memory ``budget``.
+
+    Raises :class:`~curvcal.errors.InputError` (before any product is spent) when the sketch
+    alone exceeds a budget the user gave (``explicit``), or the ``free`` memory when that is
+    known (it could only end in an out-of-memory error); returns a warning when it exceeds the
+    default budget (the budget then bounds the products only, and the run goes on); None when
+    it fits. The message says how much the sketch holds and what to change.
+    """
+    if not settings.trace:
+        return None
+    method = TRACE_METHODS[settings.trace_method]
+    held = sketch_bytes(method, settings.probes, n_params, dtype)
+    over_budget = held > budget
+    over_free = free is not None and held > free
+    if held == 0 or not (over_budget or over_free):
+        return None
+    columns = sketch_columns(method, settings.probes, n_params)
+    name = "Hutch++" if method == "hutch++" else "XTrace"
+    limit = min(budget, free) if free is not None and over_free else budget
+    most = limit // (n_params * torch.empty((), dtype=dtype).element_size())
+    fitting = 3 * most + 2 if method == "hutch++" else 2 * most + 1
+    fewer = (
+        f"--probes {fitting} or fewer"
+        if most >= (1 if method == "hutch++" else 2)
+        else "fewer parameters (--params)"
+    )
+    held_text = (
+        f"the {name} sketch of --probes {settings.probes} holds {columns} × {n_params:,} values "
+        f"({_size(held)} in {str(dtype).replace('torch.', '')}) besides the products"
+    )
+    advice = f"use {fewer}, --trace-method hutchinson (no sketch), or a larger --memory-budget"
+    if over_free:
+        raise InputError(
+            "--probes",
+            f"{held_text}, more than the free memory ({_size(free or 0)})",
+            advice,
+        )
+    if explicit:
+        raise InputError(
+            "--memory-budget",
+            f"{held_text}, more than the memory budget of {_size(budget)}",
+            advice,
+        )
+    return (
+        f"{held_text}, more than the default memory budget of {_size(budget)} (which bounds "
+        f"the products); to stay within it, {advice}"
+    )
+
+
 def analyse_hessian(
     model: nn.Module,
     batches: BatchSource,
@@ -171,6 +238,7 @@ def analyse_hessian(
     *,
     all_reduce: AllReduce | None = None,
     on_step: OnStageStep = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> HessianAnalysis:
     """Measure the Hessian of the mean loss of ``model`` over ``batches`` as ``settings`` ask.
 
@@ -181,6 +249,8 @@ def analyse_hessian(
     number of offending batches and the first of them (:mod:`curvcal.curvature.guard`). Estimates
     that miss their tolerance are returned with ``converged=False`` and a
     :class:`~curvcal.curvature.results.ConvergenceWarning`; the caller decides whether to fail.
+    The trace's sketch is checked against the memory budget before any product
+    (:func:`check_sketch_memory`): a refusal raises, a warning goes to ``on_note`` at once.
     """
     timings: dict[str, float] = {}
     began = time.perf_counter()
@@ -206,6 +276,18 @@ def analyse_hessian(
             f"asked for {settings.top_k} eigenvalues of a Hessian with {n_params} parameters",
             f"use at most {n_params}",
         )
+    plan = operator.memory_plan
+    if plan is not None:
+        note = check_sketch_memory(
+            settings,
+            n_params,
+            operator.dtype,
+            plan.budget,
+            explicit=settings.memory_budget is not None,
+            free=free_memory(operator.device),
+        )
+        if note is not None and on_note is not None:
+            on_note(note)
 
     def hook(stage: str) -> OnStep:
         if on_step is None:
@@ -319,14 +401,18 @@ def analyse_hessian_with_messages(
     *,
     all_reduce: AllReduce | None = None,
     on_step: OnStageStep = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> tuple[HessianAnalysis, list[str]]:
     """:func:`analyse_hessian`, returning the warnings a report shows (unconverged estimates, an
-    engine fallback to double backward) as messages; other warnings are passed on untouched."""
+    engine fallback to double backward) as messages; other warnings are passed on untouched.
+    ``on_note`` receives the notes that cannot wait for the end (the sketch's memory)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         # torch.func's first use imports torch internals that warn about their own deprecations.
         warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
-        analysis = analyse_hessian(model, batches, settings, all_reduce=all_reduce, on_step=on_step)
+        analysis = analyse_hessian(
+            model, batches, settings, all_reduce=all_reduce, on_step=on_step, on_note=on_note
+        )
     messages = []
     for warning in caught:
         if issubclass(warning.category, ConvergenceWarning):

@@ -88,7 +88,11 @@ class TraceResult:
     ``"n_probes"`` (fixed budget), ``"rtol"`` (adaptive stop: half-width ≤ rtol·|estimate|) or
     ``"max_probes"`` (adaptive budget exhausted, ``converged=False``). ``method`` is
     ``"hutchinson"``, ``"hutch++"``, ``"xtrace"`` (standard error over its leave-one-out values)
-    or ``"exact"``; ``interval`` says how the interval was formed.
+    or ``"exact"``; ``interval`` says how the interval was formed. ``stopped_by`` is
+    ``"exhausted"`` when a sketching estimator's basis spans the whole space (its trace is then
+    exact up to rounding and the remaining products were not spent). ``sketch_bytes`` is the
+    memory the estimator's sketch held besides the products in flight (s × P values; 0 for
+    Hutchinson).
     """
 
     estimate: float
@@ -104,6 +108,7 @@ class TraceResult:
     converged: bool
     engine: str | None = None
     interval: str = ""
+    sketch_bytes: int = 0
 
     @property
     def half_width(self) -> float:

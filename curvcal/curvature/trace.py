@@ -9,16 +9,26 @@
   Q = orth(A S), then tr(A) = tr(QᵀAQ) + tr((I−QQᵀ)A(I−QQᵀ)), the second term by Hutchinson
   with the remaining probes G. The first term is exact given Q; the standard error and interval
   are those of the Hutchinson part, so they are honest conditionally on the sketch.
+* XTrace (Epperly, Tropp & Webber 2024): see :func:`xtrace`.
 
 Probes come from a CPU ``torch.Generator`` seeded by ``seed``, one probe at a time, then move to
 the operator's device: the same seed gives the same probes on any device and with any
 ``probe_batch``. At most ``probe_batch`` probes are held at once.
+
+Memory of the sketching estimators: the sketch is streamed. Products of ``probe_batch`` columns
+are orthonormalised as they arrive into one preallocated s × P matrix (block classical
+Gram–Schmidt, twice, with rank detection: :class:`_StreamedBasis`), and tr(QᵀAQ) is summed over
+blocks of Q as Σ_j q_jᵀ(A q_j). The extra memory is the sketch, s·P values in the operator's
+dtype (:func:`sketch_bytes`), plus the blocks in flight. The sketch never has more than P
+columns: once Q spans the whole space (rank P), tr(QᵀAQ) is tr(A) up to rounding, the remaining
+products are not spent and the result says ``stopped_by="exhausted"``.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -41,25 +51,30 @@ INTERVALS = {
     "xtrace": "Student-t over the leave-one-out values (not independent: narrower than 95%, "
     "about 80-93% coverage measured)",
     "exact": "none needed: exact up to rounding",
+    "exhausted": "none needed: the sketch spans the whole space, so tr(QᵀAQ) is exact up to "
+    "rounding",
 }
 
 
-def draw_probes(n_params: int, count: int, distribution: str, generator: torch.Generator) -> Tensor:
-    """``count`` probe vectors as columns of a (P, count) float64 CPU tensor, drawn one by one."""
-    columns = []
-    for _ in range(count):
+def draw_probes(
+    n_params: int,
+    count: int,
+    distribution: str,
+    generator: torch.Generator,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
+    """``count`` probe vectors as columns of a (P, count) CPU tensor of ``dtype``, drawn one by one.
+
+    The values do not depend on ``dtype`` beyond rounding: ±1 (Rademacher), or float64 normal
+    draws rounded to ``dtype``. Only one column's temporaries exist besides the result."""
+    probes = torch.empty((n_params, count), dtype=dtype)
+    for j in range(count):
         if distribution == "rademacher":
-            column = (
-                torch.randint(0, 2, (n_params,), generator=generator, dtype=torch.int64).to(
-                    torch.float64
-                )
-                * 2
-                - 1
-            )
+            column = torch.randint(0, 2, (n_params,), generator=generator, dtype=torch.int64)
+            probes[:, j] = column.mul_(2).sub_(1)
         else:
-            column = torch.randn(n_params, generator=generator, dtype=torch.float64)
-        columns.append(column)
-    return torch.stack(columns, dim=1)
+            probes[:, j] = torch.randn(n_params, generator=generator, dtype=torch.float64)
+    return probes
 
 
 def _interval(samples: list[float]) -> tuple[float, float, tuple[float, float]]:
@@ -178,47 +193,50 @@ def hutchpp_trace(
     probe_batch: int = 8,
     on_step: OnStep = None,
 ) -> TraceResult:
-    """Hutch++ estimate of tr(A) with ``matvecs`` operator products (≥ 4).
+    """Hutch++ estimate of tr(A) with at most ``matvecs`` operator products (≥ 4).
 
-    A third (rounded down, at least 1) of the products builds the sketch Q = orth(A S), as many
-    compute tr(QᵀAQ), and the rest (≥ 2) are Hutchinson probes of the deflated operator.
-    ``n_probes`` in the result counts those remaining probes.
+    A third (rounded down, at least 1, at most P) of the products builds the sketch
+    Q = orth(A S), one product per column of Q (its rank k ≤ s) computes tr(QᵀAQ), and the
+    rest (≥ 2) are Hutchinson probes of the deflated operator (I − QQᵀ)A(I − QQᵀ). ``n_probes``
+    in the result counts those remaining probes. When Q spans the whole space (k = P), the
+    trace is tr(QᵀAQ), exact up to rounding: no further product is spent, ``matvecs`` is 2P,
+    ``stopped_by`` is ``"exhausted"`` and the interval has width zero. Peak extra memory: the
+    s × P sketch in the operator's dtype and ``probe_batch`` columns in flight.
     """
     op = _sketching_operator(operator, distribution, matvecs, probe_batch)
     generator = torch.Generator().manual_seed(seed)
     n_params = op.shape[0]
-    sketch_size = max(1, matvecs // 3)
-    n_residual = matvecs - 2 * sketch_size
+    sketch_size = sketch_columns("hutch++", matvecs, n_params)
+    spent = [0]
 
-    def apply(columns: Tensor) -> Tensor:
-        return _apply_in_blocks(op, columns, probe_batch, op.dtype)
-
-    sketch = draw_probes(n_params, sketch_size, distribution, generator).to(
-        device=op.device, dtype=op.dtype
-    )
-    basis, _ = torch.linalg.qr(apply(sketch))
-    exact_part = float(torch.trace(basis.t() @ apply(basis)))
-    if on_step is not None:
-        on_step(2 * sketch_size)
-    samples: list[float] = []
-    while len(samples) < n_residual:
-        block = min(probe_batch, n_residual - len(samples))
-        probes = draw_probes(n_params, block, distribution, generator).to(
-            device=op.device, dtype=op.dtype
-        )
-        deflated = probes - basis @ (basis.t() @ probes)
-        images = op.matmat(deflated)
-        images = images - basis @ (basis.t() @ images)
-        samples += [float(x) for x in (deflated * images).sum(dim=0).to(torch.float64).cpu()]
+    def count(products: int) -> None:
+        spent[0] += products
         if on_step is not None:
-            on_step(2 * sketch_size + len(samples))
+            on_step(spent[0])
+
+    basis = _StreamedBasis(n_params, sketch_size, op.dtype, op.device)
+    for block in _probe_blocks(n_params, sketch_size, probe_batch, distribution, generator, op):
+        basis.extend(op.matmat(block))
+        count(block.shape[1])
+    exact_part = _projected_trace(op, basis.columns, probe_batch, count)
+    if basis.rank == n_params:
+        return _exhausted("hutch++", exact_part, spent[0], 0, distribution, seed, basis.nbytes)
+    n_residual = matvecs - spent[0]
+    q = basis.columns
+    samples: list[float] = []
+    for probes in _probe_blocks(n_params, n_residual, probe_batch, distribution, generator, op):
+        deflated = probes - q @ (q.t() @ probes)
+        images = op.matmat(deflated)
+        images = images - q @ (q.t() @ images)
+        samples += [float(x) for x in (deflated * images).sum(dim=0).to(torch.float64).cpu()]
+        count(probes.shape[1])
     remainder, error, (low, high) = _interval(samples)
     return TraceResult(
         estimate=exact_part + remainder,
         standard_error=error,
         ci95=(exact_part + low, exact_part + high),
         n_probes=n_residual,
-        matvecs=matvecs,
+        matvecs=spent[0],
         method="hutch++",
         distribution=distribution,
         interval=INTERVALS["hutch++"],
@@ -226,6 +244,7 @@ def hutchpp_trace(
         rtol=None,
         stopped_by="n_probes",
         converged=True,
+        sketch_bytes=basis.nbytes,
     )
 
 
@@ -238,12 +257,13 @@ def xtrace(
     probe_batch: int = 8,
     on_step: OnStep = None,
 ) -> TraceResult:
-    """XTrace estimate of tr(A) with ``matvecs`` operator products (≥ 4; an odd one is not used).
+    """XTrace estimate of tr(A) with at most ``matvecs`` operator products (≥ 4; an odd one is
+    not used).
 
-    Epperly, Tropp & Webber (SIAM J. Matrix Anal. Appl. 2024). With s = ⌊matvecs/2⌋ probes
-    Ω = [ω_1 … ω_s]: Y = AΩ = QR, Z = AQ, H = sym(QᵀZ). For each i, Q_(i) spans the sketch of
-    the other s − 1 probes — Q_(i)Q_(i)ᵀ = Q(I − s_i s_iᵀ)Qᵀ with s_i the i-th column of R⁻ᵀ,
-    normalised — and
+    Epperly, Tropp & Webber (SIAM J. Matrix Anal. Appl. 2024). With s = min(⌊matvecs/2⌋, max(P, 2))
+    probes Ω = [ω_1 … ω_s]: Y = AΩ = QR, Z = AQ, H = sym(QᵀZ). For each i, Q_(i) spans the
+    sketch of the other s − 1 probes — Q_(i)Q_(i)ᵀ = Q(I − s_i s_iᵀ)Qᵀ with s_i the i-th column
+    of R⁻ᵀ, normalised — and
 
         t_i = tr(Q_(i)ᵀ A Q_(i)) + ω_iᵀ (I − Q_(i)Q_(i)ᵀ) A (I − Q_(i)Q_(i)ᵀ) ω_i,
 
@@ -252,28 +272,53 @@ def xtrace(
     correction (exchangeability). The standard error is s_t/√s, s_t the sample standard
     deviation of the s leave-one-out values t_i, and the 95% interval estimate ±
     t(0.975, s−1)·s_t/√s (the t_i are treated as exchangeable samples; coverage measured in the
-    test suite and benchmarks). When Y is numerically rank-deficient (A of rank < s, or s ≥ P),
-    the sketch holds the whole range of A: the estimate is tr(QᵀAQ) over that range plus the mean
-    Hutchinson correction of the full sketch's complement (zero up to rounding), with its s.e.
-    ``n_probes`` counts the s probes.
+    test suite and benchmarks). When Y is numerically rank-deficient (A of rank < s), the sketch
+    holds the whole range of A: the estimate is tr(QᵀAQ) over that range plus the mean
+    Hutchinson correction of the full sketch's complement (zero up to rounding), with its s.e.;
+    Z then costs one product per column of the basis (its rank), not s. When Q spans the whole
+    space (rank P) the estimate is tr(QᵀAQ), exact up to rounding, with ``stopped_by``
+    ``"exhausted"``. ``n_probes`` counts the s probes.
+
+    Memory: Y is orthonormalised in place as its blocks arrive (:class:`_StreamedBasis`, one
+    s × P matrix in the operator's dtype); Ω is drawn again from the seed for QᵀΩ instead of
+    being held, and Z is reduced to QᵀZ block by block. Everything else is s × s.
     """
     op = _sketching_operator(operator, distribution, matvecs, probe_batch)
-    generator = torch.Generator().manual_seed(seed)
     n_params = op.shape[0]
-    count = matvecs // 2
+    count = sketch_columns("xtrace", matvecs, n_params)
+    spent = [0]
 
-    def apply(columns: Tensor) -> Tensor:
-        return _apply_in_blocks(op, columns, probe_batch, torch.float64)
+    def counted(products: int) -> None:
+        spent[0] += products
+        if on_step is not None:
+            on_step(spent[0])
 
-    probes = draw_probes(n_params, count, distribution, generator).to(device=op.device)
-    images = apply(probes)
-    if on_step is not None:
-        on_step(count)
-    basis, triangle = torch.linalg.qr(images)
-    basis_images = apply(basis)
-    if on_step is not None:
-        on_step(2 * count)
-    sketch = _Sketch(probes, images, basis, triangle, basis_images, torch.finfo(op.dtype).eps)
+    basis = _StreamedBasis(n_params, count, op.dtype, op.device)
+    diagonal = []
+    blocks = _probe_blocks(
+        n_params, count, probe_batch, distribution, torch.Generator().manual_seed(seed), op
+    )
+    for probes in blocks:
+        images = op.matmat(probes)
+        diagonal.append((probes * images).sum(dim=0).to(torch.float64).cpu())
+        basis.extend(images)
+        counted(probes.shape[1])
+    q = basis.columns
+    if basis.rank == n_params:
+        exact_part = _projected_trace(op, q, probe_batch, counted)
+        return _exhausted("xtrace", exact_part, spent[0], count, distribution, seed, basis.nbytes)
+    projected = _projected_matrix(op, q, probe_batch, counted)
+    again = _probe_blocks(
+        n_params, count, probe_batch, distribution, torch.Generator().manual_seed(seed), op
+    )
+    coordinates = torch.cat([(q.t() @ probes).to(torch.float64).cpu() for probes in again], dim=1)
+    sketch = _Sketch(
+        triangle=basis.triangle.to(torch.float64).cpu(),
+        projected=projected,
+        coordinates=coordinates,
+        diagonal=torch.cat(diagonal),
+        eps=torch.finfo(op.dtype).eps,
+    )
     samples = _leave_one_out(sketch)
     estimate, error, interval = _interval(samples)
     return TraceResult(
@@ -281,7 +326,7 @@ def xtrace(
         standard_error=error,
         ci95=interval,
         n_probes=count,
-        matvecs=2 * count,
+        matvecs=spent[0],
         method="xtrace",
         distribution=distribution,
         interval=INTERVALS["xtrace"],
@@ -289,18 +334,19 @@ def xtrace(
         rtol=None,
         stopped_by="n_probes",
         converged=True,
+        sketch_bytes=basis.nbytes,
     )
 
 
 @dataclass(frozen=True)
 class _Sketch:
-    """Probes Ω, Y = AΩ = QR, Z = AQ (float64, on the operator's device) and the products' ε."""
+    """The small matrices of an XTrace sketch (float64, CPU): R (k × s) of Y = AΩ = QR, H = QᵀAQ
+    (k × k), C = QᵀΩ (k × s), the diagonal ω_iᵀAω_i (s) and the products' ε."""
 
-    probes: Tensor
-    images: Tensor
-    basis: Tensor
     triangle: Tensor
-    basis_images: Tensor
+    projected: Tensor
+    coordinates: Tensor
+    diagonal: Tensor
     eps: float
 
 
@@ -311,18 +357,15 @@ def _leave_one_out(sketch: _Sketch) -> list[float]:
     symmetric, Qᵀ(Aω_i) = QᵀY e_i = R e_i = r_i: u_iᵀAu_i = ω_iᵀAω_i − 2 r_iᵀd_i + d_iᵀ H d_i, and
     tr(Q_(i)ᵀAQ_(i)) = tr(H) − s_iᵀ H s_i. O(s²) work per probe once H, R and W are known.
     """
-    cpu = torch.device("cpu")
-    triangle = sketch.triangle.to(cpu)
+    triangle = sketch.triangle
     count = triangle.shape[1]
-    singular = torch.linalg.svdvals(triangle)
-    # rank-deficient up to the products' rounding (or more probes than dimensions): no R⁻ᵀ
+    singular = torch.linalg.svdvals(triangle) if triangle.numel() else torch.zeros(1)
+    # rank-deficient up to the products' rounding (the basis dropped a column): no R⁻ᵀ
     floor = 10 * count * sketch.eps * float(singular[0])
     if triangle.shape[0] < count or float(singular[0]) == 0.0 or float(singular[-1]) <= floor:
         return _range_captured(sketch, floor)
-    projected = (sketch.basis.t() @ sketch.basis_images).to(cpu)
-    projected = (projected + projected.t()) / 2
-    coordinates = (sketch.basis.t() @ sketch.probes).to(cpu)
-    diagonal = (sketch.probes * sketch.images).sum(dim=0).to(cpu)
+    projected = (sketch.projected + sketch.projected.t()) / 2
+    coordinates = sketch.coordinates
     identity = torch.eye(count, dtype=torch.float64)
     directions = torch.linalg.solve_triangular(triangle.t(), identity, upper=False)  # R⁻ᵀ
     directions = directions / directions.norm(dim=0, keepdim=True)
@@ -332,24 +375,32 @@ def _leave_one_out(sketch: _Sketch) -> list[float]:
         direction = directions[:, i]
         d = coordinates[:, i] - direction * torch.dot(direction, coordinates[:, i])
         low_rank = full - float(direction @ projected @ direction)
-        correction = float(diagonal[i] - 2 * torch.dot(triangle[:, i], d) + d @ projected @ d)
+        correction = float(
+            sketch.diagonal[i] - 2 * torch.dot(triangle[:, i], d) + d @ projected @ d
+        )
         samples.append(low_rank + correction)
     return samples
 
 
 def _range_captured(sketch: _Sketch, floor: float) -> list[float]:
-    """Values of a rank-deficient sketch: with P an orthonormal basis of the numerical range of
-    Y (which then holds the range of A), tr(PᵀAP) plus each probe's Hutchinson term
-    u_iᵀAu_i, u_i = (I − PPᵀ)ω_i (zero up to rounding when P holds the range of A)."""
-    left, singular, _ = torch.linalg.svd(sketch.triangle.cpu())
-    within = left[:, : int((singular > floor).sum())].to(sketch.basis.device)
-    range_basis = sketch.basis @ within
-    range_images = sketch.basis_images @ within  # A P
-    exact_part = float(torch.trace(range_basis.t() @ range_images))
-    along = range_basis.t() @ sketch.probes
-    residual_probes = sketch.probes - range_basis @ along
-    residual_images = sketch.images - range_images @ along
-    terms = (residual_probes * residual_images).sum(dim=0).cpu()
+    """Values of a rank-deficient sketch: with P = QW an orthonormal basis of the numerical
+    range of Y (W: R's left singular vectors above ``floor``; Y then holds the range of A),
+    tr(PᵀAP) plus each probe's Hutchinson term u_iᵀAu_i, u_i = (I − PPᵀ)ω_i (zero up to
+    rounding when P holds the range of A). With a_i = Pᵀω_i = WᵀC e_i and Pᵀ(Aω_i) = WᵀR e_i,
+    u_iᵀAu_i = ω_iᵀAω_i − 2 a_iᵀWᵀR e_i + a_iᵀ(WᵀHW)a_i: small matrices only."""
+    if sketch.triangle.numel() == 0:  # A Ω = 0: nothing in the range
+        return [float(t) for t in sketch.diagonal]
+    left, singular, _ = torch.linalg.svd(sketch.triangle)
+    within = left[:, : int((singular > floor).sum())]
+    range_matrix = within.t() @ sketch.projected @ within  # PᵀAP
+    exact_part = float(torch.trace(range_matrix))
+    along = within.t() @ sketch.coordinates  # a_i
+    images_along = within.t() @ sketch.triangle  # Pᵀ A ω_i
+    terms = (
+        sketch.diagonal
+        - 2 * (along * images_along).sum(dim=0)
+        + (along * (range_matrix @ along)).sum(dim=0)
+    )
     return [exact_part + float(t) for t in terms]
 
 
@@ -448,12 +499,169 @@ def _sketching_operator(
     return op
 
 
-def _apply_in_blocks(
-    op: LinearOperator, columns: Tensor, probe_batch: int, dtype: torch.dtype
+def sketch_columns(method: str, matvecs: int, n_params: int) -> int:
+    """Columns s of the sketch ``method`` holds with ``matvecs`` products on a P × P operator:
+    min(max(1, ⌊matvecs/3⌋), P) for Hutch++, min(⌊matvecs/2⌋, max(P, 2)) for XTrace (two
+    leave-one-out values at least), 0 for Hutchinson."""
+    if method == "hutch++":
+        return min(max(1, matvecs // 3), n_params)
+    if method == "xtrace":
+        return min(matvecs // 2, max(n_params, 2))
+    return 0
+
+
+def sketch_bytes(method: str, matvecs: int, n_params: int, dtype: torch.dtype) -> int:
+    """Bytes of the sketch ``method`` holds besides the products in flight: s × P values of
+    ``dtype`` (:func:`sketch_columns`); 0 for Hutchinson."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return sketch_columns(method, matvecs, n_params) * n_params * element
+
+
+def _probe_blocks(
+    n_params: int,
+    count: int,
+    probe_batch: int,
+    distribution: str,
+    generator: torch.Generator,
+    op: LinearOperator,
+) -> Iterator[Tensor]:
+    """``count`` probes from ``generator``, ``probe_batch`` columns at a time, in the operator's
+    dtype on its device (the same probes, in the same order, as one call of :func:`draw_probes`)."""
+    for start in range(0, count, probe_batch):
+        block = draw_probes(
+            n_params, min(probe_batch, count - start), distribution, generator, op.dtype
+        )
+        yield block.to(device=op.device)
+
+
+def _projected_trace(
+    op: LinearOperator, basis: Tensor, probe_batch: int, counted: Callable[[int], None]
+) -> float:
+    """tr(QᵀAQ) = Σ_j q_jᵀ(A q_j) over blocks of ``probe_batch`` columns of Q (A·Q is never held
+    whole), summed in float64."""
+    total = 0.0
+    for start in range(0, basis.shape[1], probe_batch):
+        block = basis[:, start : start + probe_batch]
+        total += float((block * op.matmat(block)).sum(dim=0).to(torch.float64).sum())
+        counted(block.shape[1])
+    return total
+
+
+def _projected_matrix(
+    op: LinearOperator, basis: Tensor, probe_batch: int, counted: Callable[[int], None]
 ) -> Tensor:
-    """A·columns, ``probe_batch`` columns per product pass (in the operator's dtype), in ``dtype``."""
-    blocks = [
-        op.matmat(columns[:, i : i + probe_batch].to(op.dtype)).to(dtype)
-        for i in range(0, columns.shape[1], probe_batch)
-    ]
-    return torch.cat(blocks, dim=1)
+    """H = QᵀAQ (k × k, float64 on the CPU), one block of ``probe_batch`` columns of A·Q at a
+    time."""
+    columns = []
+    for start in range(0, basis.shape[1], probe_batch):
+        block = basis[:, start : start + probe_batch]
+        columns.append((basis.t() @ op.matmat(block)).to(torch.float64).cpu())
+        counted(block.shape[1])
+    if not columns:
+        return torch.zeros((0, 0), dtype=torch.float64)
+    return torch.cat(columns, dim=1)
+
+
+def _exhausted(
+    method: str,
+    exact_part: float,
+    matvecs: int,
+    n_probes: int,
+    distribution: str,
+    seed: int,
+    sketch_bytes: int,
+) -> TraceResult:
+    """The result of a sketch whose basis spans the whole space: tr(QᵀAQ) = tr(A)."""
+    return TraceResult(
+        estimate=exact_part,
+        standard_error=0.0,
+        ci95=(exact_part, exact_part),
+        n_probes=n_probes,
+        matvecs=matvecs,
+        method=method,
+        distribution=distribution,
+        interval=INTERVALS["exhausted"],
+        seed=seed,
+        rtol=None,
+        stopped_by="exhausted",
+        converged=True,
+        sketch_bytes=sketch_bytes,
+    )
+
+
+class _StreamedBasis:
+    """An orthonormal basis Q of the span of columns added block by block, held in place.
+
+    The basis lives in the rows of one preallocated (s, P) matrix (so each q_j is contiguous).
+    A block B of new columns is projected out of the basis so far twice — B ← B − Q(QᵀB), block
+    classical Gram–Schmidt with reorthogonalisation, which leaves B orthogonal to Q to rounding
+    — then each column, in order, out of the columns the same block already added (twice), once
+    more out of the whole basis if that removed more than half of it, and is normalised. A
+    column whose norm falls to ``10·s·ε`` of its norm on arrival lies in the span already (up to
+    the products' rounding) and is dropped: the rank k may end below s, and Q still spans the
+    added columns. The coefficients make R (k × columns added, in echelon form) with
+    Y = QR up to rounding: R is upper triangular when no column was dropped (positive diagonal).
+    """
+
+    def __init__(self, n_params: int, capacity: int, dtype: torch.dtype, device: torch.device):
+        self._rows = torch.empty((capacity, n_params), dtype=dtype, device=device)
+        self._coefficients = torch.zeros((capacity, capacity), dtype=dtype, device=device)
+        self._floor = 10 * capacity * torch.finfo(dtype).eps
+        self.rank = 0
+        self.added = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the basis' storage (s × P values)."""
+        return self._rows.numel() * self._rows.element_size()
+
+    @property
+    def columns(self) -> Tensor:
+        """Q, a (P, k) view of the basis."""
+        return self._rows[: self.rank].t()
+
+    @property
+    def triangle(self) -> Tensor:
+        """R (k × columns added) with Y = QR."""
+        return self._coefficients[: self.rank, : self.added]
+
+    def extend(self, block: Tensor) -> None:
+        """Add the columns of ``block`` (P × b; overwritten: it serves as working memory)."""
+        width = block.shape[1]
+        if self.added + width > self._rows.shape[0]:
+            raise ValueError("more columns than the basis was sized for")
+        arrived = block.norm(dim=0)
+        coefficients = self._coefficients[:, self.added : self.added + width]
+        q = self.columns
+        if self.rank:
+            for _ in range(2):
+                along = q.t() @ block
+                block.sub_(q @ along)
+                coefficients[: self.rank] += along
+        first = self.rank
+        for i in range(width):
+            self._add_column(block[:, i], float(arrived[i]), coefficients[:, i], first)
+        self.added += width
+
+    def _add_column(self, column: Tensor, arrived: float, coefficients: Tensor, first: int) -> None:
+        projected = float(column.norm())
+        if self.rank > first:
+            block_rows = self._rows[first : self.rank]
+            for _ in range(2):
+                along = block_rows @ column
+                column.sub_(block_rows.t() @ along)
+                coefficients[first : self.rank] += along
+            norm = float(column.norm())
+            if norm < 0.5 * projected and self.rank:
+                rows = self._rows[: self.rank]
+                along = rows @ column
+                column.sub_(rows.t() @ along)
+                coefficients[: self.rank] += along
+                norm = float(column.norm())
+        else:
+            norm = projected
+        if not (norm > self._floor * arrived) or not math.isfinite(norm):
+            return
+        self._rows[self.rank] = column / norm
+        coefficients[self.rank] = norm
+        self.rank += 1

@@ -164,8 +164,8 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
         def batches() -> Iterator[tuple[Inputs, torch.Tensor]]:
             return iter_batches(data.dataset, request.batch_size, indices)
 
-        analysis, messages = _measure(
-            loaded, batches, settings, reporter, distributed=context.active
+        analysis, notes, messages = _measure(
+            loaded, batches, settings, reporter, distributed=context.active, speak=context.is_main
         )
     analysis = dataclasses.replace(
         analysis, operator={**analysis.operator, "world_size": context.world_size}
@@ -201,7 +201,7 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
             "total": time.perf_counter() - began,
         },
         environment=environment(loaded.device),
-        warnings=messages,
+        warnings=notes + messages,
     )
     return HessianRun(analysis, report, str(loaded.device), context.is_main, failure)
 
@@ -270,12 +270,14 @@ def _measure(
     reporter: Reporter,
     *,
     distributed: bool,
-) -> tuple[HessianAnalysis, list[str]]:
+    speak: bool = True,
+) -> tuple[HessianAnalysis, list[str], list[str]]:
     """Run the analysis with a progress count of Hessian-vector products on stderr, and the
     long-run note (:mod:`~curvcal.curvature.forecast`) once the first products are timed.
 
-    Returns the analysis and the warnings it raised (convergence, engine fallback) as messages;
-    other warnings are passed on untouched.
+    Returns the analysis, the notes already said on stderr as they came (the sketch's memory)
+    and the warnings it raised (convergence, engine fallback) as messages to say at the end;
+    other warnings are passed on untouched. Only the process that ``speak``s (rank 0) says notes.
     """
     from curvcal.curvature.analysis import analyse_hessian_with_messages
     from curvcal.curvature.forecast import forecast_for
@@ -284,6 +286,13 @@ def _measure(
     forecast = forecast_for(
         loaded.module, settings, lambda text: reporter.info(f"curvcal: note: {text}")
     )
+    notes: list[str] = []
+
+    def on_note(text: str) -> None:
+        notes.append(text)
+        if speak:
+            reporter.warn(text)
+
     with reporter.progress("Hessian-vector products", None) as advance:
         done = [0]
 
@@ -292,13 +301,15 @@ def _measure(
             done[0] = matvecs
             forecast(stage, matvecs)
 
-        return analyse_hessian_with_messages(
+        analysis, messages = analyse_hessian_with_messages(
             loaded.module,
             batches,
             settings,
             all_reduce=all_reduce_sum if distributed else None,
             on_step=on_step,
+            on_note=on_note,
         )
+    return analysis, notes, messages
 
 
 def checkpoint_record(options: CheckpointOptions) -> dict[str, Any]:

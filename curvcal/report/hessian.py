@@ -140,6 +140,10 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
     )
     if trace.rtol is not None:
         caption += f"; adaptive (rtol {trace.rtol:g}), stopped by {trace.stopped_by}"
+    if trace.stopped_by == "exhausted":
+        caption += "; the sketch spans the whole space, so no further product was spent"
+    if trace.sketch_bytes:
+        caption += f"; sketch memory {trace.sketch_bytes / 2**20:.4g} MiB"
     return Table(
         title="Hessian trace",
         columns=("estimate", "95% CI", "products", "estimator"),

@@ -52,8 +52,14 @@ def test_curvcal_only_run_on_tiny_model(bench: ModuleType, tmp_path: Path, capsy
     assert lambdas["Lanczos, tol 1e-6"]["error_bound"] <= 1e-6
     assert lambdas["Lanczos, tol 1e-6"]["rel_error"] <= 1e-6
     assert "stopped by tol" in lambdas["Lanczos, tol 1e-6"]["note"]
+    # XTrace's sketch holds the range of this rank-deficient Hessian (rank < 50 probes): AQ then
+    # costs one product per basis vector, fewer than 50; Hutch++ spends what it saves on probes
     for row in _rows(report, "trace", "curvcal"):
-        assert row["hvps"] == 100 and 0.0 <= row["rel_error"] < 0.2
+        assert 0.0 <= row["rel_error"] < 0.2
+        if row["setting"].startswith("XTrace"):
+            assert 50 < row["hvps"] < 100
+        else:
+            assert row["hvps"] == 100
     # peers appear, marked as skipped, and produce no numbers
     for library in ("pyhessian", "eigenthings", "curvlinops"):
         rows = _rows(report, "lambda_max", library)

@@ -230,3 +230,44 @@ def test_focal_criterion_reaches_the_operator(mlp_case: MLPCase) -> None:
     expected = float((-((1 - log_p.exp()) ** 2) * log_p).mean())
     assert result.operator["loss"] == "focal" and result.operator["gamma"] == 2.0
     assert result.operator["mean_loss"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_sketch_over_a_given_budget_is_refused_before_any_product(mlp_case: MLPCase) -> None:
+    """75 parameters, 100 products: the Hutch++ sketch holds 33 × 75 float64 values (19,800
+    bytes); a budget of 12,000 bytes lets the passes run but not the sketch."""
+    model, x, y, _ = mlp_case
+    source = CountingSource([(x, y)])
+    steps: list[int] = []
+    settings = HessianSettings(probes=100, memory_budget="12000")
+    with pytest.raises(InputError) as error:
+        analyse_hessian(model, source, settings, on_step=lambda _stage, n: steps.append(n))
+    assert (source.reads, steps) == (1, [])  # counted once, no product
+    message = str(error.value)
+    assert error.value.what == "--memory-budget"
+    for part in ("33 × 75 values", "19.3 KiB in float64", "11.7 KiB", "--probes 62 or fewer"):
+        assert part in message
+    assert "--trace-method hutchinson" in message
+    # Hutchinson holds no sketch; a sketch within the budget runs
+    for fits in (
+        HessianSettings(probes=100, memory_budget="12000", trace_method="hutchinson"),
+        HessianSettings(probes=40, memory_budget="12000", top_k=1, max_iter=2),
+    ):
+        assert analyse_hessian(model, source, fits).trace is not None
+
+
+@pytest.mark.parametrize("method", ["hutchpp", "xtrace"])
+def test_sketch_memory_warns_over_the_default_budget_and_refuses_over_free_memory(
+    method: str,
+) -> None:
+    settings = HessianSettings(trace_method=method, probes=100)
+    held = (33 if method == "hutchpp" else 50) * 1000 * 4
+    check = analysis_module.check_sketch_memory
+    assert check(settings, 1000, torch.float32, held, explicit=True, free=None) is None
+    note = check(settings, 1000, torch.float32, held - 1, explicit=False, free=10**9)
+    assert note is not None and "default memory budget" in note and "--probes" in note
+    with pytest.raises(InputError, match="free memory"):
+        check(settings, 1000, torch.float32, 10**9, explicit=False, free=held - 1)
+    with pytest.raises(InputError, match="fewer parameters"):  # not even the smallest sketch
+        check(settings, 1000, torch.float32, 100, explicit=True, free=None)
+    no_trace = HessianSettings(trace=False, trace_method=method, probes=100)
+    assert check(no_trace, 1000, torch.float32, 1, explicit=True, free=1) is None

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.operator import HessianOperator
-from curvcal.curvature.results import ConvergenceWarning
+from curvcal.curvature.operators import DenseOperator
+from curvcal.curvature.results import ConvergenceWarning, TraceResult
 from curvcal.curvature.trace import (
     draw_probes,
     exact_trace,
     hutchinson_trace,
     hutchpp_trace,
+    sketch_bytes,
+    sketch_columns,
     trace_estimate,
     xtrace,
 )
@@ -249,3 +255,155 @@ def test_xtrace_on_hessian_operator_and_rank_deficient_sketches(
     zero = xtrace(torch.zeros(5, 5, dtype=torch.float64), 6)
     assert (zero.estimate, zero.standard_error) == (0.0, 0.0)
     assert xtrace(torch.tensor([[2.5]], dtype=torch.float64), 4).estimate == pytest.approx(2.5)
+
+
+def _hutchpp_by_definition(
+    matrix: Tensor, matvecs: int, seed: int, distribution: str
+) -> tuple[float, list[float]]:
+    """Hutch++ written out with dense algebra from the same probes: S (P × ⌊m/3⌋) then G (the
+    rest), Q = qr(AS), tr(QᵀAQ) and the values gᵀ(I − QQᵀ)A(I − QQᵀ)g."""
+    n = matrix.shape[0]
+    sketch_size = max(1, matvecs // 3)
+    generator = torch.Generator().manual_seed(seed)
+    sketch = draw_probes(n, sketch_size, distribution, generator)
+    residual = draw_probes(n, matvecs - 2 * sketch_size, distribution, generator)
+    basis, _ = torch.linalg.qr(matrix @ sketch)
+    complement = torch.eye(n, dtype=torch.float64) - basis @ basis.t()
+    deflated = complement @ residual
+    values = (deflated * (complement @ matrix @ deflated)).sum(0)
+    return float(torch.trace(basis.t() @ matrix @ basis)), [float(v) for v in values]
+
+
+@pytest.mark.parametrize("distribution", ["rademacher", "gaussian"])
+@pytest.mark.parametrize("probe_batch", [1, 3, 8])
+def test_streamed_hutchpp_equals_the_dense_formula(distribution: str, probe_batch: int) -> None:
+    matrix = _indefinite(40)
+    exact_part, values = _hutchpp_by_definition(matrix, 31, seed=7, distribution=distribution)
+    samples = torch.tensor(values, dtype=torch.float64)
+    result = hutchpp_trace(matrix, 31, seed=7, distribution=distribution, probe_batch=probe_batch)
+    assert result.estimate == pytest.approx(exact_part + float(samples.mean()), abs=1e-10)
+    assert result.standard_error == pytest.approx(float(samples.std()) / len(values) ** 0.5)
+    assert (result.matvecs, result.n_probes, result.stopped_by) == (31, 11, "n_probes")
+
+
+def test_float32_hutchpp_agrees_with_float64() -> None:
+    matrix = _indefinite(50)
+    single = hutchpp_trace(matrix.float(), 40, seed=2, probe_batch=3)
+    double = hutchpp_trace(matrix, 40, seed=2, probe_batch=3)
+    assert single.estimate == pytest.approx(double.estimate, rel=1e-5)
+
+
+@pytest.mark.parametrize("rank", [1, 3, 6])
+def test_hutchpp_is_exact_when_the_sketch_holds_the_range(rank: int) -> None:
+    """A of rank r ≤ s: Q spans range(A), so tr(QᵀAQ) = tr(A) and the deflated remainder is 0;
+    the basis keeps r columns, so only r products go to tr(QᵀAQ)."""
+    spectrum = torch.zeros(30, dtype=torch.float64)
+    spectrum[:rank] = torch.linspace(-1.5, 4.0, rank, dtype=torch.float64)
+    matrix = spectrum_matrix(spectrum, seed=rank)
+    operator = DenseOperator(matrix)
+    result = hutchpp_trace(operator, 21, seed=1, probe_batch=4)
+    assert result.estimate == pytest.approx(float(spectrum.sum()), abs=1e-10)
+    assert result.standard_error == pytest.approx(0.0, abs=1e-10)
+    assert result.ci95 == pytest.approx((result.estimate, result.estimate), abs=1e-9)
+    # 7 sketch products, r for tr(QᵀAQ), the rest deflated probes: never more than asked
+    assert result.matvecs == operator.n_matvecs == 21
+    assert result.n_probes == 21 - 7 - rank
+
+
+@pytest.mark.parametrize("estimator", [hutchpp_trace, xtrace])
+def test_a_sketch_spanning_the_space_stops_exact(estimator: Callable[..., TraceResult]) -> None:
+    """s ≥ P: the sketch is capped at P columns, Q spans R^P and tr(QᵀAQ) is the trace; the
+    remaining products are not spent and the result says so. (Gaussian probes: P Rademacher
+    probes of a small P are often linearly dependent, and then the remainder is estimated.)"""
+    matrix = _indefinite(5)
+    operator = DenseOperator(matrix)
+    result = estimator(operator, 300, seed=3, probe_batch=2, distribution="gaussian")
+    assert result.estimate == pytest.approx(float(torch.trace(matrix)), abs=1e-12)
+    assert (result.standard_error, result.ci95) == (0.0, (result.estimate, result.estimate))
+    assert (result.stopped_by, result.converged) == ("exhausted", True)
+    assert result.matvecs == operator.n_matvecs == 10
+    assert "whole space" in result.interval
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("matvecs", [4, 5, 12, 100])
+def test_tiny_operators(n: int, matvecs: int) -> None:
+    matrix = spectrum_matrix(torch.linspace(-1.0, 2.0, n) + 0.3, seed=n)  # full rank
+    exact = float(torch.trace(matrix))
+    for estimator in (hutchpp_trace, xtrace):
+        result = estimator(matrix, matvecs, seed=n)
+        assert result.matvecs <= matvecs
+        assert result.ci95[0] <= result.estimate <= result.ci95[1]
+        if result.stopped_by == "exhausted":
+            assert result.estimate == pytest.approx(exact, abs=1e-12)
+    # one sketch column (s = 1): the dense formula
+    if n > 1:
+        exact_part, values = _hutchpp_by_definition(matrix, 4, seed=n, distribution="rademacher")
+        expected = exact_part + sum(values) / len(values)
+        assert hutchpp_trace(matrix, 4, seed=n).estimate == pytest.approx(expected, abs=1e-12)
+    # enough products for a sketch of P columns (independent: Gaussian): exact
+    result = hutchpp_trace(matrix, 3 * n + 4, seed=n, distribution="gaussian")
+    assert (result.estimate, result.stopped_by) == (pytest.approx(exact, abs=1e-12), "exhausted")
+
+
+def test_sketch_of_a_zero_operator() -> None:
+    for n in (1, 3):
+        zero = torch.zeros(n, n, dtype=torch.float64)
+        for estimator in (hutchpp_trace, xtrace):
+            result = estimator(zero, 12)
+            assert (result.estimate, result.standard_error) == (0.0, 0.0)
+
+
+def test_sketch_sizes_and_bytes() -> None:
+    assert sketch_columns("hutch++", 100, 10**6) == 33
+    assert sketch_columns("hutch++", 100_000, 9802) == 9802
+    assert sketch_columns("hutch++", 4, 1) == 1
+    assert sketch_columns("xtrace", 100, 10**6) == 50
+    assert sketch_columns("xtrace", 100, 1) == 2
+    assert sketch_columns("hutchinson", 100, 10**6) == 0
+    assert sketch_bytes("hutch++", 100, 1000, torch.float32) == 33 * 1000 * 4
+    assert sketch_bytes("xtrace", 100, 1000, torch.float64) == 50 * 1000 * 8
+
+
+def _big_storages(n: int) -> dict[int, int]:
+    """Bytes of each storage (by address) of the live tensors of at least ``n`` elements."""
+    storages = {}
+    for thing in gc.get_objects():
+        if issubclass(type(thing), Tensor) and thing.numel() >= n:
+            storage = thing.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return storages
+
+
+class _WatchedOperator(DenseOperator):
+    """A dense operator that, at every product, adds up the bytes of the live tensors of at
+    least P elements (found through the garbage collector, one count per storage) made since
+    it was built."""
+
+    def __init__(self, matrix: Tensor) -> None:
+        super().__init__(matrix)
+        self.before = set(_big_storages(self.shape[0]))
+        self.peak_bytes = 0
+        self.widest = 0
+
+    def matmat(self, vectors: Tensor) -> Tensor:
+        live = _big_storages(self.shape[0])
+        held = sum(size for address, size in live.items() if address not in self.before)
+        self.peak_bytes = max(self.peak_bytes, held)
+        self.widest = max(self.widest, int(vectors.shape[1]))
+        return super().matmat(vectors)
+
+
+@pytest.mark.parametrize(("estimator", "columns"), [(hutchpp_trace, 40), (xtrace, 60)])
+def test_sketching_holds_one_sketch_and_the_blocks_in_flight(
+    estimator: Callable[..., TraceResult], columns: int
+) -> None:
+    """At every product the live P-sized tensors add up to at most the s × P sketch plus a few
+    blocks of ``probe_batch`` columns (the whole-sketch copies of the dense formula would hold
+    three to five s × P matrices)."""
+    n, batch = 3000, 4
+    operator = _WatchedOperator(torch.eye(n, dtype=torch.float64) * 0.5)
+    result = estimator(operator, 120, probe_batch=batch)
+    assert result.estimate == pytest.approx(0.5 * n, rel=1e-2)
+    assert operator.widest <= batch
+    assert operator.peak_bytes <= (columns + 4 * batch) * n * 8
