@@ -71,9 +71,13 @@ def digits_cnn_hessian(cache: str | None, log: Any) -> Tensor:
     return hessian
 
 
-def spectral(name: str, cache: str | None, log: Any) -> tuple[Tensor, Tensor, Tensor, str]:
+def spectral(
+    name: str, cache: str | None, log: Any, eigh_dtype: torch.dtype = torch.float64
+) -> tuple[Tensor, Tensor, Tensor, str]:
     """(A, λ, V, description) with A = V diag(λ) Vᵀ: known for the synthetic matrices, by
-    ``eigh`` (kept in ``cache`` + ``.eigh`` when ``cache`` is given) for the Hessians."""
+    ``eigh`` in ``eigh_dtype`` (kept in ``cache`` + ``.eigh`` when ``cache`` is given) for the
+    Hessians, returned in float64. A float32 ``eigh`` (2.5× faster: 9 instead of 21 minutes at
+    P = 9,802 on one thread) studies V diag(λ) Vᵀ, a matrix about 1e-6 (relative) from A."""
     if name in ("decaying", "flat"):
         matrix, description = build(name, cache, log)
         values = (
@@ -83,13 +87,14 @@ def spectral(name: str, cache: str | None, log: Any) -> tuple[Tensor, Tensor, Te
         )
         return matrix, values, _random_basis(2000, 1 if name == "decaying" else 2), description
     matrix, description = build(name, cache, log)
-    store = f"{cache}.eigh" if cache and name == "digits-cnn" else None
+    store = f"{cache}.eigh-{str(eigh_dtype)[6:]}" if cache and name == "digits-cnn" else None
     if store and os.path.exists(store):
         values, basis = torch.load(store)
     else:
-        log(f"{name}: eigendecomposition of the dense {matrix.shape[0]}² matrix")
+        log(f"{name}: eigendecomposition of the dense {matrix.shape[0]}² matrix ({eigh_dtype})")
         start = time.perf_counter()
-        values, basis = torch.linalg.eigh(matrix)
+        values, basis = torch.linalg.eigh(matrix.to(eigh_dtype))
+        values, basis = values.double(), basis.double()
         log(f"{name}: eigh in {time.perf_counter() - start:.0f} s")
         if store:
             torch.save((values, basis), store)
@@ -165,8 +170,9 @@ def summarise(runs: list[trace_study.Run], exact: float) -> dict[str, float]:
 def study_variants(
     matrix: Tensor, values: Tensor, basis: Tensor, products: int, runs: int
 ) -> dict[str, dict[str, float]]:
-    """Every variant of ``trace_study`` with seeds 0 … runs − 1, in the eigenbasis of A."""
-    exact = float(torch.trace(matrix))
+    """Every variant of ``trace_study`` with seeds 0 … runs − 1, in the eigenbasis of A;
+    errors against Σλ, the exact trace of the matrix studied."""
+    exact = float(values.sum())
 
     def apply(columns: Tensor) -> Tensor:
         return values[:, None] * columns
@@ -245,8 +251,10 @@ def run_study(options: argparse.Namespace, log: Any) -> dict[str, Any]:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in [n.strip() for n in options.cases.split(",") if n.strip()]:
-        matrix, values, basis, description = spectral(name, options.cache, log)
+        eigh_dtype = getattr(torch, options.eigh_dtype)
+        matrix, values, basis, description = spectral(name, options.cache, log, eigh_dtype)
         exact = float(torch.trace(matrix))
+        log(f"{name}: |Σλ − tr(A)| / |tr(A)| = {abs(float(values.sum()) - exact) / abs(exact):.1e}")
         negative = float(values[values < 0].sum())
         log(
             f"{name}: {description}, tr = {exact:.8g}, λ range [{float(values[0]):.4g}, "
@@ -300,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--study", action="store_true", help="the variants of trace_study.py instead"
     )
     parser.add_argument("--timing-seeds", type=int, default=3)
+    parser.add_argument("--eigh-dtype", choices=("float64", "float32"), default="float64")
     options = parser.parse_args(argv)
     torch.set_num_threads(options.threads)
 
