@@ -76,7 +76,7 @@ def spectral(
 ) -> tuple[Tensor, Tensor, Tensor, str]:
     """(A, λ, V, description) with A = V diag(λ) Vᵀ: known for the synthetic matrices, by
     ``eigh`` in ``eigh_dtype`` (kept in ``cache`` + ``.eigh`` when ``cache`` is given) for the
-    Hessians, returned in float64. A float32 ``eigh`` (2.5× faster: 9 instead of 21 minutes at
+    Hessians (λ in float64, V in that dtype: the probes are rotated in it). A float32 ``eigh`` (2.5× faster: 9 instead of 21 minutes at
     P = 9,802 on one thread) studies V diag(λ) Vᵀ, a matrix about 1e-6 (relative) from A."""
     if name in ("decaying", "flat"):
         matrix, description = build(name, cache, log)
@@ -94,7 +94,7 @@ def spectral(
         log(f"{name}: eigendecomposition of the dense {matrix.shape[0]}² matrix ({eigh_dtype})")
         start = time.perf_counter()
         values, basis = torch.linalg.eigh(matrix.to(eigh_dtype))
-        values, basis = values.double(), basis.double()
+        values = values.double()
         log(f"{name}: eigh in {time.perf_counter() - start:.0f} s")
         if store:
             torch.save((values, basis), store)
@@ -179,10 +179,15 @@ def study_variants(
 
     collected: dict[str, list[trace_study.Run]] = {}
     for seed in range(runs):
-        pool = basis.t() @ trace_study.pool_of(values.numel(), products, seed)
+        pool = _rotate(basis, trace_study.pool_of(values.numel(), products, seed))
         for name, run in trace_study.run_seed(apply, pool, products).items():
             collected.setdefault(name, []).append(run)
     return {name: summarise(found, exact) for name, found in collected.items()}
+
+
+def _rotate(basis: Tensor, pool: Tensor) -> Tensor:
+    """Vᵀ·pool in V's dtype, returned in float64."""
+    return (basis.t() @ pool.to(basis.dtype)).double()
 
 
 def check_against_library(matrix: Tensor, values: Tensor, basis: Tensor, products: int) -> float:
@@ -206,7 +211,7 @@ def check_against_library(matrix: Tensor, values: Tensor, basis: Tensor, product
     direct["xtrace"], direct["xtrace jackknife"] = trace_study.xtrace_runs(apply, pool, products)
     if spent[0] != 2 * (products // 2):
         raise SystemExit(f"bench_trace: xtrace spent {spent[0]} products")
-    rotated = trace_study.run_seed(lambda x: values[:, None] * x, basis.t() @ pool, products)
+    rotated = trace_study.run_seed(lambda x: values[:, None] * x, _rotate(basis, pool), products)
     scale = abs(float(torch.trace(matrix)))
     worst = max(abs(direct[n].estimate - rotated[n].estimate) / scale for n in direct)
     library = {
