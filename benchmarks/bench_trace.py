@@ -19,6 +19,12 @@ Usage::
 
     python benchmarks/bench_trace.py [--runs R] [--products M] [--cases digits-cnn,mlp,...]
                                      [--cache FILE] [--json OUT]
+    python benchmarks/bench_trace.py --study [--span] [--eigh-dtype float32] [--timing-seeds N] ...
+
+``--study`` runs the variants of ``trace_study.py`` instead (Hutch++ splits, a power step, an
+adaptive split, XTrace with a jackknife interval), with error percentiles, coverage and the time
+of a run on the dense matrix; ``--span`` takes the products in the span of each seed's probes
+(no eigendecomposition: for the DigitsCNN Hessian).
 """
 
 from __future__ import annotations
