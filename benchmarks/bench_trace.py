@@ -83,7 +83,8 @@ def spectral(
     """(A, λ, V, description) with A = V diag(λ) Vᵀ: known for the synthetic matrices, by
     ``eigh`` in ``eigh_dtype`` (kept in ``cache`` + ``.eigh`` when ``cache`` is given) for the
     Hessians (λ in float64, V in that dtype: the probes are rotated in it). A float32 ``eigh`` (2.5× faster: 9 instead of 21 minutes at
-    P = 9,802 on one thread) studies V diag(λ) Vᵀ, a matrix about 1e-6 (relative) from A."""
+    P = 9,802 on one thread) studies V diag(λ) Vᵀ, a matrix about 1e-6 (relative) from A; it
+    does not converge on the DigitsCNN Hessian (3,848 zero eigenvalues): use ``--span`` there."""
     if name in ("decaying", "flat"):
         matrix, description = build(name, cache, log)
         values = (
