@@ -19,6 +19,12 @@ Usage::
 
     python benchmarks/bench_trace.py [--runs R] [--products M] [--cases digits-cnn,mlp,...]
                                      [--cache FILE] [--json OUT]
+    python benchmarks/bench_trace.py --study [--span] [--eigh-dtype float32] [--timing-seeds N] ...
+
+``--study`` runs the variants of ``trace_study.py`` instead (Hutch++ splits, a power step, an
+adaptive split, XTrace with a jackknife interval), with error percentiles, coverage and the time
+of a run on the dense matrix; ``--span`` takes the products in the span of each seed's probes
+(no eigendecomposition: for the DigitsCNN Hessian).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from torch import Tensor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_hessian
+import trace_study
 
 from curvcal.curvature import trace_estimate
 
@@ -68,6 +75,37 @@ def digits_cnn_hessian(cache: str | None, log: Any) -> Tensor:
     if cache:
         torch.save(hessian, cache)
     return hessian
+
+
+def spectral(
+    name: str, cache: str | None, log: Any, eigh_dtype: torch.dtype = torch.float64
+) -> tuple[Tensor, Tensor, Tensor, str]:
+    """(A, λ, V, description) with A = V diag(λ) Vᵀ: known for the synthetic matrices, by
+    ``eigh`` in ``eigh_dtype`` (kept in ``cache`` + ``.eigh`` when ``cache`` is given) for the
+    Hessians (λ in float64, V in that dtype: the probes are rotated in it). A float32 ``eigh`` (2.5× faster: 9 instead of 21 minutes at
+    P = 9,802 on one thread) studies V diag(λ) Vᵀ, a matrix about 1e-6 (relative) from A; it
+    does not converge on the DigitsCNN Hessian (3,848 zero eigenvalues): use ``--span`` there."""
+    if name in ("decaying", "flat"):
+        matrix, description = build(name, cache, log)
+        values = (
+            10.0 * 0.9 ** torch.arange(2000, dtype=torch.float64)
+            if name == "decaying"
+            else torch.linspace(0.5, 1.5, 2000, dtype=torch.float64)
+        )
+        return matrix, values, _random_basis(2000, 1 if name == "decaying" else 2), description
+    matrix, description = build(name, cache, log)
+    store = f"{cache}.eigh-{str(eigh_dtype)[6:]}" if cache and name == "digits-cnn" else None
+    if store and os.path.exists(store):
+        values, basis = torch.load(store)
+    else:
+        log(f"{name}: eigendecomposition of the dense {matrix.shape[0]}² matrix ({eigh_dtype})")
+        start = time.perf_counter()
+        values, basis = torch.linalg.eigh(matrix.to(eigh_dtype))
+        values = values.double()
+        log(f"{name}: eigh in {time.perf_counter() - start:.0f} s")
+        if store:
+            torch.save((values, basis), store)
+    return matrix, values, basis, description
 
 
 def build(name: str, cache: str | None, log: Any) -> tuple[Tensor, str]:
@@ -109,6 +147,228 @@ def study(matrix: Tensor, products: int, runs: int) -> dict[str, dict[str, float
     return found
 
 
+def _rank(values: list[float], fraction: float) -> float:
+    """The nearest-rank percentile of sorted ``values``."""
+    return values[min(len(values) - 1, math.ceil(fraction * len(values)) - 1)]
+
+
+def summarise(runs: list[trace_study.Run], exact: float) -> dict[str, float]:
+    """Error statistics (relative to |tr|) and coverage of the runs of one variant."""
+    errors = sorted(abs(r.estimate - exact) / abs(exact) for r in runs)
+    with_interval = [r for r in runs if not math.isnan(r.low)]
+    widths = sorted((r.high - r.low) / 2 / abs(exact) for r in with_interval)
+    return {
+        "mean_rel_error": sum(errors) / len(errors),
+        "median_rel_error": _rank(errors, 0.5),
+        "p90_rel_error": _rank(errors, 0.9),
+        "p95_rel_error": _rank(errors, 0.95),
+        "max_rel_error": errors[-1],
+        "runs_over_1pct": sum(e > 0.01 for e in errors),
+        "coverage": (
+            sum(r.low <= exact <= r.high for r in with_interval) / len(with_interval)
+            if with_interval
+            else math.nan
+        ),
+        "median_rel_half_width": _rank(widths, 0.5) if widths else math.nan,
+        "mean_sketch": sum(r.sketch for r in runs) / len(runs),
+    }
+
+
+def study_variants(
+    matrix: Tensor, values: Tensor, basis: Tensor, products: int, runs: int
+) -> dict[str, dict[str, float]]:
+    """Every variant of ``trace_study`` with seeds 0 … runs − 1, in the eigenbasis of A;
+    errors against Σλ, the exact trace of the matrix studied."""
+    exact = float(values.sum())
+
+    def apply(columns: Tensor) -> Tensor:
+        return values[:, None] * columns
+
+    collected: dict[str, list[trace_study.Run]] = {}
+    for seed in range(runs):
+        pool = _rotate(basis, trace_study.pool_of(values.numel(), products, seed))
+        for name, run in trace_study.run_seed(apply, pool, products).items():
+            collected.setdefault(name, []).append(run)
+    return {name: summarise(found, exact) for name, found in collected.items()}
+
+
+def study_in_span(matrix: Tensor, products: int, runs: int) -> dict[str, dict[str, float]]:
+    """As ``study_variants`` without an eigenbasis: per seed, B = orth([Ω, AΩ_(m/2)]) (the
+    pool and the images of the largest sketch) and AB, both with float32 products; every
+    variant's product of columns X in the span of B is (AB)(BᵀX), any other is A·X in float32.
+    Every vector the variants multiply lies in that span (the sketches, their bases, the
+    deflated probes, XTrace's), except the power step's bases. Products in float32 put the
+    estimates about 1e-7 (relative) from float64 ones; errors against tr(A) in float64."""
+    exact = float(torch.trace(matrix))
+    single = matrix.float()
+
+    def direct(columns: Tensor) -> Tensor:
+        return (single @ columns.float()).double()
+
+    collected: dict[str, list[trace_study.Run]] = {}
+    for seed in range(runs):
+        pool = trace_study.pool_of(matrix.shape[0], products, seed)
+        span, _ = torch.linalg.qr(torch.cat([pool, direct(pool[:, : products // 2])], dim=1))
+        images = direct(span)
+
+        def apply(columns: Tensor, span: Tensor = span, images: Tensor = images) -> Tensor:
+            coordinates = span.t() @ columns
+            outside = (columns - span @ coordinates).norm() / columns.norm().clamp_min(1e-300)
+            return images @ coordinates if outside <= 1e-5 else direct(columns)
+
+        runs_of_seed = trace_study.run_seed(apply, pool, products)
+        if seed == 0:
+            plain = trace_study.run_seed(lambda x: matrix @ x, pool, products)
+            worst = max(abs(plain[n].estimate - r.estimate) for n, r in runs_of_seed.items())
+            print(
+                f"seed 0, span against float64 products: {worst / abs(exact):.1e}", file=sys.stderr
+            )
+        for name, run in runs_of_seed.items():
+            collected.setdefault(name, []).append(run)
+    return {name: summarise(found, exact) for name, found in collected.items()}
+
+
+def _rotate(basis: Tensor, pool: Tensor) -> Tensor:
+    """Vᵀ·pool in V's dtype, returned in float64."""
+    return (basis.t() @ pool.to(basis.dtype)).double()
+
+
+def check_against_library(matrix: Tensor, values: Tensor, basis: Tensor, products: int) -> float:
+    """Seed 0 on the matrix itself: every variant spends ``products`` products, and Hutchinson,
+    Hutch++ (s = m/3) and XTrace agree with curvcal's functions and with the eigenbasis runs.
+    Returns the largest relative difference found."""
+    spent = [0]
+
+    def apply(columns: Tensor) -> Tensor:
+        spent[0] += columns.shape[1]
+        return matrix @ columns
+
+    pool = trace_study.pool_of(values.numel(), products, 0)
+    direct = {}
+    for name, function in trace_study.variants(products).items():
+        spent[0] = 0
+        direct[name] = function(apply, pool)
+        if spent[0] != products:
+            raise SystemExit(f"bench_trace: {name} spent {spent[0]} products, not {products}")
+    spent[0] = 0
+    direct["xtrace"], direct["xtrace jackknife"] = trace_study.xtrace_runs(apply, pool, products)
+    if spent[0] != 2 * (products // 2):
+        raise SystemExit(f"bench_trace: xtrace spent {spent[0]} products")
+    rotated = trace_study.run_seed(lambda x: values[:, None] * x, _rotate(basis, pool), products)
+    scale = abs(float(torch.trace(matrix)))
+    worst = max(abs(direct[n].estimate - rotated[n].estimate) / scale for n in direct)
+    library = {
+        "hutchinson": "hutchinson",
+        f"hutch++ s={max(1, products // 3)} (default)": "hutch++",
+        "xtrace": "xtrace",
+    }
+    for name, method in library.items():
+        result = trace_estimate(matrix, products, method=method, seed=0, probe_batch=32)
+        worst = max(worst, abs(result.estimate - direct[name].estimate) / scale)
+        worst = max(worst, abs(result.ci95[0] - direct[name].low) / scale)
+    return worst
+
+
+def time_variants(matrix: Tensor, products: int, seeds: int) -> dict[str, float]:
+    """Minimum wall seconds of one run of each variant on the dense matrix (interleaved)."""
+    best: dict[str, float] = {}
+
+    def apply(columns: Tensor) -> Tensor:
+        return matrix @ columns
+
+    for seed in range(seeds):
+        pool = trace_study.pool_of(matrix.shape[0], products, seed)
+        functions = dict(trace_study.variants(products))
+        functions["xtrace + jackknife"] = lambda a, p: trace_study.xtrace_runs(a, p, products)[1]
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function(apply, pool)
+            best[name] = min(best.get(name, math.inf), time.perf_counter() - start)
+    return best
+
+
+def _study_rows(lines: list[str], name: str, found: dict[str, dict[str, float]], log: Any) -> None:
+    for variant, row in found.items():
+        lines.append(
+            f"| {name} | {variant} | {100 * row['mean_rel_error']:.2f}% | "
+            f"{100 * row['median_rel_error']:.2f}% | {100 * row['p90_rel_error']:.2f}% | "
+            f"{100 * row['p95_rel_error']:.2f}% | {100 * row['max_rel_error']:.2f}% | "
+            f"{row['runs_over_1pct']} | {100 * row['median_rel_half_width']:.2f}% | "
+            f"{100 * row['coverage']:.1f}% | {row['mean_sketch']:.1f} |"
+        )
+        log(lines[-1])
+
+
+def run_study(options: argparse.Namespace, log: Any) -> dict[str, Any]:
+    """``--study``: the variants' table (error statistics and coverage) for every case."""
+    report: dict[str, Any] = {"options": vars(options), "cases": []}
+    lines = [
+        f"{options.runs} seeded runs per variant, {options.products} products each; errors "
+        "relative to |tr(A)|; coverage = fraction of runs whose 95% interval contains tr(A)",
+        "",
+        "| matrix | variant | mean | median | 90th pct. | 95th pct. | max | runs > 1% "
+        "| median half-width | coverage | mean sketch |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in [n.strip() for n in options.cases.split(",") if n.strip()]:
+        if options.span:
+            matrix, description = build(name, options.cache, log)
+            exact = float(torch.trace(matrix))
+            log(f"{name}: {description}, tr = {exact:.8g}; products in the span of the pool")
+            start = time.perf_counter()
+            found = study_in_span(matrix, options.products, options.runs)
+            log(f"{name}: study in {time.perf_counter() - start:.0f} s")
+            _study_rows(lines, name, found, log)
+            seconds = time_variants(matrix, options.products, options.timing_seeds)
+            for variant, value in seconds.items():
+                log(f"{name}: {variant}: {value:.3f} s per run (min of {options.timing_seeds})")
+            report["cases"].append(
+                {
+                    "case": name,
+                    "description": description,
+                    "trace": exact,
+                    "variants": found,
+                    "seconds_per_run": seconds,
+                }
+            )
+            continue
+        eigh_dtype = getattr(torch, options.eigh_dtype)
+        matrix, values, basis, description = spectral(name, options.cache, log, eigh_dtype)
+        exact = float(torch.trace(matrix))
+        log(f"{name}: |Σλ − tr(A)| / |tr(A)| = {abs(float(values.sum()) - exact) / abs(exact):.1e}")
+        negative = float(values[values < 0].sum())
+        log(
+            f"{name}: {description}, tr = {exact:.8g}, λ range [{float(values[0]):.4g}, "
+            f"{float(values[-1]):.4g}], {int((values < 0).sum())} negative eigenvalues "
+            f"(sum {negative:.4g})"
+        )
+        difference = check_against_library(matrix, values, basis, options.products)
+        log(f"{name}: seed 0 against curvcal's functions and the eigenbasis: {difference:.1e}")
+        start = time.perf_counter()
+        found = study_variants(matrix, values, basis, options.products, options.runs)
+        log(f"{name}: study in {time.perf_counter() - start:.0f} s")
+        _study_rows(lines, name, found, log)
+        seconds = time_variants(matrix, options.products, options.timing_seeds)
+        for variant, value in seconds.items():
+            log(f"{name}: {variant}: {value:.3f} s per run (min of {options.timing_seeds})")
+        report["cases"].append(
+            {
+                "case": name,
+                "description": description,
+                "trace": exact,
+                "lambda_min": float(values[0]),
+                "lambda_max": float(values[-1]),
+                "negative_eigenvalues": int((values < 0).sum()),
+                "negative_sum": negative,
+                "check_difference": difference,
+                "variants": found,
+                "seconds_per_run": seconds,
+            }
+        )
+    print("\n".join(lines))
+    return report
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -117,11 +377,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cache", help="file that keeps the dense DigitsCNN Hessian")
     parser.add_argument("--json", metavar="OUT")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--study", action="store_true", help="the variants of trace_study.py instead"
+    )
+    parser.add_argument("--timing-seeds", type=int, default=3)
+    parser.add_argument("--eigh-dtype", choices=("float64", "float32"), default="float64")
+    parser.add_argument(
+        "--span", action="store_true", help="--study without an eigenbasis (float32 products)"
+    )
     options = parser.parse_args(argv)
     torch.set_num_threads(options.threads)
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
+
+    if options.study:
+        report = run_study(options, log)
+        _write_json(options.json, report)
+        return report
 
     report: dict[str, Any] = {"options": vars(options), "cases": []}
     lines = [
@@ -148,12 +421,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             {"case": name, "description": description, "trace": exact, "estimators": found}
         )
     print("\n".join(lines))
-    if options.json:
+    _write_json(options.json, report)
+    return report
+
+
+def _write_json(path: str | None, report: dict[str, Any]) -> None:
+    if path:
         import json
 
-        with open(options.json, "w") as handle:
+        with open(path, "w") as handle:
             json.dump(report, handle, indent=2)
-    return report
 
 
 if __name__ == "__main__":

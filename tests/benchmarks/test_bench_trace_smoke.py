@@ -40,3 +40,42 @@ def test_synthetic_matrix_has_the_given_spectrum(bench: ModuleType) -> None:
     values = torch.tensor([3.0, -1.0, 0.5, 0.0], dtype=torch.float64)
     matrix = bench.synthetic(values, seed=4)
     assert torch.allclose(torch.linalg.eigvalsh(matrix), values.sort().values, atol=1e-12)
+
+
+def test_variant_study_checks_itself_and_both_product_modes_agree(
+    bench: ModuleType, capsys
+) -> None:
+    options = ["--study", "--cases", "decaying", "--runs", "3", "--products", "40"]
+    report = bench.main([*options, "--timing-seeds", "1"])
+    (case,) = report["cases"]
+    # seed 0: every variant spent 40 products; Hutchinson, Hutch++, XTrace equal curvcal's
+    assert case["check_difference"] < 1e-12
+    rows = case["variants"]
+    assert {"hutch++ s=13 (default)", "adaptive hutch++", "xtrace jackknife"} <= set(rows)
+    assert rows["xtrace"]["mean_rel_error"] == rows["xtrace jackknife"]["mean_rel_error"]
+    assert rows["hutch++ s=20"]["coverage"] != rows["hutch++ s=20"]["coverage"]  # no interval
+    span = bench.main([*options, "--span", "--timing-seeds", "1"])["cases"][0]["variants"]
+    for name, row in rows.items():
+        assert span[name]["mean_rel_error"] == pytest.approx(row["mean_rel_error"], rel=1e-4)
+    assert "| decaying | xtrace jackknife |" in capsys.readouterr().out
+
+
+def test_jackknife_values_are_xtrace_without_each_probe(bench: ModuleType) -> None:
+    import trace_study
+
+    matrix = bench.synthetic(torch.linspace(-1.0, 3.0, 60, dtype=torch.float64), seed=3)
+    probes = trace_study.pool_of(60, 24, seed=5)
+
+    def apply(columns: torch.Tensor) -> torch.Tensor:
+        return matrix @ columns
+
+    plain, jackknife = trace_study.xtrace_runs(apply, probes, 24)
+    without = []
+    for j in range(12):
+        kept = torch.cat([probes[:, :j], probes[:, j + 1 : 12]], dim=1)
+        without.append(trace_study.xtrace_runs(apply, kept, 22)[0].estimate)
+    values = torch.tensor(without, dtype=torch.float64)
+    variance = 11 / 12 * float(((values - values.mean()) ** 2).sum())
+    half = 2.2010 * variance**0.5  # t(0.975, 11)
+    assert jackknife.estimate == plain.estimate
+    assert (jackknife.high - jackknife.low) / 2 == pytest.approx(half, rel=1e-4)
