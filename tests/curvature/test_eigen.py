@@ -191,38 +191,6 @@ def test_non_square_operator_is_refused() -> None:
         eigenvalues(torch.ones(3, 4))
 
 
-class NoisyOperator:
-    """A dense symmetric matrix whose products carry seeded rounding-like noise: A v + e with
-    ‖e‖ = noise·‖v‖ in a random direction, fresh for every product (as float32 rounding is)."""
-
-    def __init__(self, matrix: Tensor, noise: float, seed: int = 0) -> None:
-        self.matrix = matrix
-        self.noise = noise
-        self.generator = torch.Generator().manual_seed(seed)
-        self.n_matvecs = 0
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (int(self.matrix.shape[0]), int(self.matrix.shape[1]))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.matrix.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.matrix.device
-
-    def matmat(self, vectors: Tensor) -> Tensor:
-        self.n_matvecs += int(vectors.shape[1])
-        error = torch.randn(vectors.shape, generator=self.generator, dtype=torch.float64)
-        error = error / error.norm(dim=0) * vectors.norm(dim=0) * self.noise
-        return self.matrix @ vectors + error
-
-    def matvec(self, vector: Tensor) -> Tensor:
-        return self.matmat(vector.reshape(-1, 1)).reshape(-1)
-
-
 def _gapped(seed: int = 3) -> Tensor:
     """λ1 = 10, λ2 = 9, then 198 values in [0, 8.5]: Lanczos needs about 20 steps for 1e-6."""
     return spectrum_matrix(
@@ -231,9 +199,10 @@ def _gapped(seed: int = 3) -> Tensor:
 
 
 class NoisyDiagonal:
-    """diag(values) with seeded rounding-like noise in every product, as NoisyOperator, but
-    matrix-free: large enough (P = 10⁶) that the noise seen inside a Krylov basis of m vectors,
-    about noise·√(m/P), is far below the noise of a product, as in a network's float32 Hessian."""
+    """diag(values) whose products carry seeded rounding-like noise: A v + e with ‖e‖ = noise·‖v‖
+    in a random direction, fresh for every product (as float32 rounding is). Matrix-free and
+    large (P = 10⁶), so that the noise seen inside a Krylov basis of m vectors, about
+    noise·√(m/P), is far below the noise of a product, as in a network's float32 Hessian."""
 
     def __init__(self, values: Tensor, noise: float, seed: int = 0) -> None:
         self.values = values
