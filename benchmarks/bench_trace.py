@@ -299,6 +299,25 @@ def _study_rows(lines: list[str], name: str, found: dict[str, dict[str, float]],
         log(lines[-1])
 
 
+def _finish(
+    case: dict[str, Any],
+    matrix: Tensor,
+    found: dict[str, dict[str, float]],
+    start: float,
+    lines: list[str],
+    options: argparse.Namespace,
+    log: Any,
+) -> dict[str, Any]:
+    """One case's study done: its rows in the table, its estimators timed, its JSON record."""
+    name = case["case"]
+    log(f"{name}: study in {time.perf_counter() - start:.0f} s")
+    _study_rows(lines, name, found, log)
+    seconds = time_variants(matrix, options.products, options.timing_seeds)
+    for variant, value in seconds.items():
+        log(f"{name}: {variant}: {value:.3f} s per run (min of {options.timing_seeds})")
+    return {**case, "variants": found, "seconds_per_run": seconds}
+
+
 def run_study(options: argparse.Namespace, log: Any) -> dict[str, Any]:
     """``--study``: the variants' table (error statistics and coverage) for every case."""
     report: dict[str, Any] = {"options": vars(options), "cases": []}
@@ -317,20 +336,8 @@ def run_study(options: argparse.Namespace, log: Any) -> dict[str, Any]:
             log(f"{name}: {description}, tr = {exact:.8g}; products in the span of the pool")
             start = time.perf_counter()
             found = study_in_span(matrix, options.products, options.runs)
-            log(f"{name}: study in {time.perf_counter() - start:.0f} s")
-            _study_rows(lines, name, found, log)
-            seconds = time_variants(matrix, options.products, options.timing_seeds)
-            for variant, value in seconds.items():
-                log(f"{name}: {variant}: {value:.3f} s per run (min of {options.timing_seeds})")
-            report["cases"].append(
-                {
-                    "case": name,
-                    "description": description,
-                    "trace": exact,
-                    "variants": found,
-                    "seconds_per_run": seconds,
-                }
-            )
+            case = {"case": name, "description": description, "trace": exact}
+            report["cases"].append(_finish(case, matrix, found, start, lines, options, log))
             continue
         eigh_dtype = getattr(torch, options.eigh_dtype)
         matrix, values, basis, description = spectral(name, options.cache, log, eigh_dtype)
@@ -346,25 +353,17 @@ def run_study(options: argparse.Namespace, log: Any) -> dict[str, Any]:
         log(f"{name}: seed 0 against curvcal's functions and the eigenbasis: {difference:.1e}")
         start = time.perf_counter()
         found = study_variants(matrix, values, basis, options.products, options.runs)
-        log(f"{name}: study in {time.perf_counter() - start:.0f} s")
-        _study_rows(lines, name, found, log)
-        seconds = time_variants(matrix, options.products, options.timing_seeds)
-        for variant, value in seconds.items():
-            log(f"{name}: {variant}: {value:.3f} s per run (min of {options.timing_seeds})")
-        report["cases"].append(
-            {
-                "case": name,
-                "description": description,
-                "trace": exact,
-                "lambda_min": float(values[0]),
-                "lambda_max": float(values[-1]),
-                "negative_eigenvalues": int((values < 0).sum()),
-                "negative_sum": negative,
-                "check_difference": difference,
-                "variants": found,
-                "seconds_per_run": seconds,
-            }
-        )
+        case = {
+            "case": name,
+            "description": description,
+            "trace": exact,
+            "lambda_min": float(values[0]),
+            "lambda_max": float(values[-1]),
+            "negative_eigenvalues": int((values < 0).sum()),
+            "negative_sum": negative,
+            "check_difference": difference,
+        }
+        report["cases"].append(_finish(case, matrix, found, start, lines, options, log))
     print("\n".join(lines))
     return report
 
