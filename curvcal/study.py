@@ -78,14 +78,12 @@ class CurvatureSummary:
 
     ``loss`` names the Hessian's loss (``ce``, ``focal`` with ``gamma``, or ``flsd53``);
     ``mean_loss`` is its mean over the ``n_samples`` samples; ``groups`` lists FLSD-53's
-    ``(γ, samples)`` (empty otherwise). ``lambda_max_error_bound`` is the relative error bound
-    of λmax that ``tol`` was judged by, ``lambda_max_residual`` its measured relative residual.
+    ``(γ, samples)`` (empty otherwise).
     """
 
     lambda_max: float
     lambda_max_converged: bool
     lambda_max_residual: float
-    lambda_max_error_bound: float | None
     trace: float
     trace_standard_error: float
     loss: str
@@ -163,7 +161,6 @@ def measure_curvature(
         lambda_max=top.value,
         lambda_max_converged=top.converged,
         lambda_max_residual=top.residual,
-        lambda_max_error_bound=top.error_bound,
         trace=trace.estimate,
         trace_standard_error=trace.standard_error,
         loss=loss,

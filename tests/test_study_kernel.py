@@ -23,7 +23,7 @@ F64 = torch.float64
 
 def _row(lambda_max: float, trace: float, ece: float, index: int) -> StudyRow:
     curvature = CurvatureSummary(
-        lambda_max, True, 0.0, 0.0, trace, 0.1, "ce", None, 0.1, 10, 5, 3, "func"
+        lambda_max, True, 0.0, trace, 0.1, "ce", None, 0.1, 10, 5, 3, "func"
     )
     calibration = CalibrationSummary(
         10, 10, 0.9, ece, ece + 0.01 * index, 0.3, 1.0 + index, 0.5, 1.2, 0.01, 0.02 * index

@@ -46,8 +46,7 @@ if TYPE_CHECKING:
     type=click.FloatRange(min=0, min_open=True),
     default=1e-4,
     show_default=True,
-    help="Relative accuracy of each eigenvalue: Lanczos stops when its error bound min(r, r²/gap) "
-    "is below this; power iteration when its relative residual and change are.",
+    help="Stop when the relative residual and change of each eigenvalue are below this.",
 )
 @click.option(
     "--max-iter",

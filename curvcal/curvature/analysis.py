@@ -52,8 +52,8 @@ class HessianSettings:
     """What to measure and how (every field is a ``curvcal hessian`` option).
 
     Eigenvalues: the ``top_k`` largest algebraic ones by ``method`` (``None``: Lanczos);
-    ``smallest`` adds λmin (by Lanczos unless ``method`` is given); ``tol`` the relative accuracy
-    of each value (see :mod:`curvcal.curvature.eigen`), at most ``max_iter`` iterations
+    ``smallest`` adds λmin (by Lanczos unless ``method`` is given); stopping rule ``tol`` on the
+    relative residual and change, at most ``max_iter`` iterations
     (power) or steps (Lanczos). Trace (when ``trace``):
     ``trace_method`` ``hutchpp`` (the default) or ``xtrace`` with ``probes`` products, or
     ``hutchinson`` with ``probes`` probes — or, with ``trace_rtol``, adaptive: probes are drawn

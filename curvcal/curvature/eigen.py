@@ -2,26 +2,14 @@
 
 Both accept any :class:`~curvcal.curvature.operators.LinearOperator` or a dense symmetric tensor.
 
-Stopping rules. Residuals and changes are relative: divided by d = max(|λ|, √ε·‖A‖) — ε the
-machine epsilon of the operator's dtype and ‖A‖ estimated by the largest |eigenvalue| seen — so
-that an exactly zero eigenvalue can converge. ``tol`` is the relative accuracy asked of each
-eigenvalue.
-
-* Power iteration: a value λ with unit vector v has converged when the relative residual
-  ‖Av − λv‖ / d ≤ tol **and** the relative change |λ_t − λ_{t−1}| / d ≤ tol.
-* Lanczos: a Ritz value θ has converged when its error bound min(r, r²/δ + a) ≤ tol
-  (Kato–Temple; Parlett, *The Symmetric Eigenvalue Problem*, §11.7), r its relative residual,
-  δ its relative gap to the rest of the spectrum, estimated from the neighbouring Ritz values
-  less their own residuals, and a the rounding of the products along its Ritz vector (see
-  :func:`_error_bound`). An eigenvalue is accurate to about r²/δ while its vector is only
-  accurate to r/δ: with a gap, tol is met at a residual near √(tol·δ), in far fewer products
-  than r ≤ tol.
-
-The residual judged is the one reported, measured with a product. A value that does not converge
-is returned with ``converged=False`` and a
-:class:`~curvcal.curvature.results.ConvergenceWarning` naming the limit that stopped the run
-(``EigenSpectrum.stopped_by``: ``max_iter``, ``max_matvecs``, the operator's precision floor, or
-Lanczos' basis spanning the whole space).
+Stopping rule (both methods): a value λ with unit vector v has converged when the relative
+residual ‖Av − λv‖ / d ≤ tol **and** the relative change |λ_t − λ_{t−1}| / d ≤ tol, with
+d = max(|λ|, √ε·‖A‖) — ε the machine epsilon of the operator's dtype and ‖A‖ estimated by the
+largest |eigenvalue| seen — so that an exactly zero eigenvalue can converge. The residual judged
+is the one reported, measured with a product. A value that does not converge is returned with
+``converged=False`` and a :class:`~curvcal.curvature.results.ConvergenceWarning` naming the limit
+that stopped the run (``EigenSpectrum.stopped_by``: ``max_iter``, ``max_matvecs``, the
+operator's precision floor, or Lanczos' basis spanning the whole space).
 
 Orders: ``which="largest"`` returns λ1 ≥ λ2 ≥ … ≥ λk, the largest *algebraic* eigenvalues;
 ``which="smallest"`` returns the k smallest, smallest first.
@@ -144,10 +132,7 @@ def _power_one(
         if float(norm) > 0.0:
             vector = image / norm
     converged = residual <= tol and change <= tol
-    result = EigenResult(
-        value, iterations, iterations, residual, change, converged, error_bound=residual
-    )
-    return result, vector
+    return EigenResult(value, iterations, iterations, residual, change, converged), vector
 
 
 def power_iteration(
@@ -225,7 +210,7 @@ def lanczos(
     """The k largest (or smallest) algebraic eigenvalues by Lanczos with full reorthogonalisation.
 
     The Krylov basis q_1, q_2, … is kept and orthonormalised in float64 (block Gram–Schmidt
-    twice, :class:`~curvcal.curvature.krylov.KrylovBasis`)
+    with a DGKS second pass, :class:`~curvcal.curvature.krylov.KrylovBasis`)
     whatever the operator's dtype; only the products run in the operator's dtype. The
     coefficients h_ij = q_iᵀ(A q_j) of the orthogonalisation form the projected matrix
     H_m = Q_mᵀ A Q_m of the products as computed (tridiagonal in exact arithmetic), and the Ritz
@@ -235,16 +220,12 @@ def lanczos(
     skew part of H_m, so the estimated residual ‖K s‖ ⊕ |h_{m+1,m} s_m| includes the asymmetry
     that rounding leaves in the products.
 
-    Stopping: each wanted pair needs the relative residual r* = max(tol, √((tol − a)·δ)) at
-    which its error bound min(r, r²/δ + a) meets tol (δ its estimated relative gap, see
-    :func:`_relative_gap`; a its asymmetry, see :func:`_error_bound`).
-    Once the k wanted pairs' estimated residuals are below r*, their true residuals ‖A y − θ y‖
-    are measured with one block product of k vectors, and the run stops only if those are below
-    r* too. Otherwise the gap between the true and the estimated residual (true² ≈ estimate² +
-    noise²) is the products' rounding noise: iteration goes on until the estimate leaves room
-    for it, or stops with ``stopped_by="precision"`` when the noise alone reaches r* (the
-    operator's precision floor). The relative change of the values is reported, not judged:
-    the bound already says how far a value may still move. Other stops: ``"max_iter"`` (steps,
+    Stopping: once the k wanted pairs meet the rule (estimated residual and change ≤ tol), their
+    true residuals ‖A y − θ y‖ are measured with one block product of k vectors, and the run stops
+    only if those meet the rule too. Otherwise the gap between the true and the estimated
+    residual (true² ≈ estimate² + noise²) is the products' rounding noise: iteration goes on
+    until the estimate leaves room for it, or stops with ``stopped_by="precision"`` when the noise
+    alone reaches tol (the operator's precision floor). Other stops: ``"max_iter"`` (steps,
     default min(P, 300)), ``"max_matvecs"`` (products, the k verification products included)
     and ``"exhausted"`` (the basis spans the whole space; ``relative_change`` is then 0). An
     invariant subspace found early restarts the basis with a fresh random vector orthogonal to
@@ -271,13 +252,12 @@ def lanczos(
     scale = 0.0
     previous: list[float] | None = None
     changes: list[float] = [math.inf] * k
-    room = 1.0  # the estimate must fall to room·r* before a (next) verification
+    room = 1.0  # the estimate must fall to room·tol before a (next) verification
     failed_checks = 0
     verified: _Verification | None = None
     stopped_by = "max_iter"
     steps = 0
     used = 0
-    beta = 0.0
     while True:
         if steps >= steps_allowed:
             stopped_by = "exhausted" if steps == n_params else "max_iter"
@@ -300,9 +280,9 @@ def lanczos(
             wanted = _wanted(steps, k, which)
             values = [float(ritz[i]) for i in wanted]
             # |h_{m+1,m} s_m|: what more steps reduce; ‖K s‖: the products' asymmetry, which they do not
-            krylov_all = (beta * ritz_vectors[-1, :]).abs()
             krylov = [
-                _relative(float(krylov_all[i]), float(ritz[i]), scale, op.dtype) for i in wanted
+                _relative(abs(beta * float(ritz_vectors[-1, i])), float(ritz[i]), scale, op.dtype)
+                for i in wanted
             ]
             asymmetry = [
                 _relative(
@@ -311,11 +291,6 @@ def lanczos(
                 for i in wanted
             ]
             estimates = [math.hypot(a, b) for a, b in zip(krylov, asymmetry, strict=True)]
-            gaps = [_relative_gap(ritz, krylov_all, i, scale, op.dtype) for i in wanted]
-            # the residual each value needs for its eigenvalue error bound to meet tol
-            targets = [
-                _residual_target(tol, gap, a) for gap, a in zip(gaps, asymmetry, strict=True)
-            ]
             if previous is not None:
                 changes = [
                     _relative(abs(v - p), v, scale, op.dtype)
@@ -324,14 +299,12 @@ def lanczos(
             previous = values
             if steps == n_params:
                 changes = [0.0] * k
-            passed = all(e <= room * t for e, t in zip(estimates, targets, strict=True))
-            # the Krylov part has converged but the asymmetry alone exceeds the target: rounding
-            # in the products is the limit, which one verification confirms
-            floored = all(r <= room * t for r, t in zip(krylov, targets, strict=True)) and any(
-                a > t for a, t in zip(asymmetry, targets, strict=True)
-            )
-            # the estimate carries some of the noise too, so it may never reach room·target:
-            # check again anyway after a while (failed checks are bounded, so is the work)
+            passed = all(e <= room * tol for e in estimates) and all(c <= tol for c in changes)
+            # the Krylov part has converged but the asymmetry alone exceeds tol: rounding in the
+            # products is the limit, which one verification confirms
+            floored = all(r <= room * tol for r in krylov) and any(a > tol for a in asymmetry)
+            # the estimate carries some of the noise too, so it may never reach room·tol: check
+            # again anyway after a while (failed checks are bounded, so is the work)
             overdue = verified is not None and steps >= verified.steps + max(5, verified.steps // 2)
             if passed or floored or overdue or steps == n_params:
                 if max_matvecs is not None and used + k > max_matvecs:
@@ -339,19 +312,19 @@ def lanczos(
                     break
                 verified = _verify(op, basis, ritz, ritz_vectors, wanted, scale, steps)
                 used += k
-                if all(r <= t for r, t in zip(verified.residuals, targets, strict=True)):
+                if all(r <= tol for r in verified.residuals) and all(c <= tol for c in changes):
                     stopped_by = "tol"
                     break
                 if steps == n_params:
                     stopped_by = "precision"
                     break
                 noise = max(
-                    math.sqrt(max(r * r - e * e, 0.0)) / t
-                    for r, e, t in zip(verified.residuals, estimates, targets, strict=True)
+                    math.sqrt(max(r * r - e * e, 0.0))
+                    for r, e in zip(verified.residuals, estimates, strict=True)
                 )
                 failed_checks += 1
-                room = min(room, math.sqrt(max(1.0 - noise**2, 0.0)) / 2)
-                if noise >= 1.0 or room < 1e-3 or failed_checks >= _MAX_FAILED_CHECKS:
+                room = min(room, math.sqrt(max(1.0 - (noise / tol) ** 2, 0.0)) / 2)
+                if noise >= tol or room < 1e-3 or failed_checks >= _MAX_FAILED_CHECKS:
                     stopped_by = "precision"
                     break
         if beta <= 100 * torch.finfo(op.dtype).eps * scale:
@@ -371,33 +344,13 @@ def lanczos(
     if verified is None or verified.steps != steps:
         verified = _verify(op, basis, ritz, ritz_vectors, wanted, scale, steps)
         used += k
-    final_krylov = (beta * ritz_vectors[-1, :]).abs() if stopped_by != "exhausted" else None
     results = []
     for column, index in enumerate(wanted):
         residual = verified.residuals[column]
-        gap = (
-            0.0
-            if final_krylov is None
-            else _relative_gap(ritz, final_krylov, index, scale, op.dtype)
-        )
-        skewness = _relative(
-            float((_skew @ ritz_vectors[:, index]).norm()), float(ritz[index]), scale, op.dtype
-        )
-        # no value is known closer than the rounding of its own dtype
-        bound = max(_error_bound(residual, gap, skewness), torch.finfo(op.dtype).eps)
-        if stopped_by == "exhausted":
-            # the basis spans the space: the Ritz values are the eigenvalues up to rounding,
-            # which the measured residual bounds
-            bound = residual
+        change = changes[column]
         results.append(
             EigenResult(
-                float(ritz[index]),
-                steps,
-                used,
-                residual,
-                changes[column],
-                bound <= tol,
-                error_bound=bound,
+                float(ritz[index]), steps, used, residual, change, residual <= tol and change <= tol
             )
         )
     converged = all(r.converged for r in results)
@@ -448,44 +401,6 @@ def _verify(
     return _Verification(steps, residuals)
 
 
-def _relative_gap(
-    ritz: Tensor, krylov: Tensor, index: int, scale: float, dtype: torch.dtype
-) -> float:
-    """The distance from Ritz value θ_i to the rest of the spectrum, relative to θ_i as residuals
-    are: min over j ≠ i of (|θ_i − θ_j| − r_j)₊ / max(|θ_i|, √ε·‖A‖), r_j = |h_{m+1,m} s_{mj}| the
-    estimated residual of pair j. A neighbour's Ritz value still moves towards its eigenvalue by
-    up to about r_j, so its own residual is taken off the gap; 0 when there is no neighbour."""
-    value = float(ritz[index])
-    others = [
-        max(abs(value - float(ritz[j])) - float(krylov[j]), 0.0)
-        for j in range(ritz.shape[0])
-        if j != index
-    ]
-    if not others:
-        return 0.0
-    return _relative(min(others), value, scale, dtype)
-
-
-def _error_bound(residual: float, gap: float, asymmetry: float) -> float:
-    """Relative error bound of a Ritz value: min(r, r²/δ + a), r the measured relative residual,
-    δ the relative gap to the rest of the spectrum and a = ‖K s‖ the asymmetry of the products
-    as computed along the Ritz vector.
-
-    The Ritz values are those of sym(QᵀAQ + QᵀE), E the products' rounding: they differ from the
-    exact Rayleigh–Ritz values by about ‖sym(QᵀE) s‖, of the size of its skew part a; the exact
-    ones are within r²/δ of an eigenvalue (Kato–Temple; Parlett §11.7). r alone bounds the
-    distance to the nearest eigenvalue whatever the gap, and is the bound when δ = 0."""
-    if gap <= 0.0 or not math.isfinite(residual):
-        return residual
-    return min(residual, residual * residual / gap + asymmetry)
-
-
-def _residual_target(tol: float, gap: float, asymmetry: float) -> float:
-    """The largest relative residual whose error bound min(r, r²/δ + a) is still ≤ tol:
-    max(tol, √((tol − a)·δ)), tol itself when a ≥ tol or δ = 0."""
-    return max(tol, math.sqrt(max(tol - asymmetry, 0.0) * gap))
-
-
 def _rayleigh_ritz(projected: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Ritz values (ascending) and vectors of the symmetric part of the projected matrix, and
     its skew part (the asymmetry of the products as computed), all float64."""
@@ -518,12 +433,11 @@ def _wanted(size: int, k: int, which: str) -> list[int]:
 
 def _warn_unconverged(spectrum: EigenSpectrum) -> None:
     if not spectrum.converged:
-        worst = max(r.residual if r.error_bound is None else r.error_bound for r in spectrum.values)
-        what = "relative residual" if spectrum.method == "power" else "relative error bound"
+        worst = max(r.residual for r in spectrum.values)
         warnings.warn(
             ConvergenceWarning(
                 f"{spectrum.method}: eigenvalues did not meet tol={spectrum.tol:g} "
-                f"(worst {what} {worst:.3g}); stopped by {spectrum.limit}"
+                f"(worst relative residual {worst:.3g}); stopped by {spectrum.limit}"
             ),
             stacklevel=3,
         )

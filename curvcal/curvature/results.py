@@ -28,10 +28,7 @@ class EigenResult:
     For a value found by deflation, the residual is that of the deflated operator
     (I − UUᵀ)A(I − UUᵀ), U the vectors found before it. ``matvecs`` counts the operator products
     spent on this value; Lanczos values share one run, and each reports the run's total.
-    ``error_bound`` bounds the relative error of ``value``: for Lanczos min(r, r²/δ) (the
-    Kato–Temple bound, δ the relative gap to the neighbouring Ritz values less their estimated
-    residuals), for power iteration r itself. ``converged`` is ``error_bound ≤ tol`` for Lanczos,
-    ``residual ≤ tol`` and ``relative_change ≤ tol`` for power iteration.
+    ``converged`` is ``residual ≤ tol`` and ``relative_change ≤ tol``.
     """
 
     value: float
@@ -40,7 +37,6 @@ class EigenResult:
     residual: float
     relative_change: float
     converged: bool
-    error_bound: float | None = None
 
 
 @dataclass(frozen=True)
@@ -184,12 +180,12 @@ class HessianAnalysis:
         for index, value in enumerate(self.spectrum.values):
             if not value.converged:
                 failed.append(
-                    f"eigenvalue {index + 1} ({_accuracy(value)}; "
+                    f"eigenvalue {index + 1} (relative residual {value.residual:.3g}; "
                     f"stopped by {self.spectrum.stopped_by})"
                 )
         if self.smallest is not None and not self.smallest.converged:
             failed.append(
-                f"λmin ({_accuracy(self.smallest.values[0])}; "
+                f"λmin (relative residual {self.smallest.values[0].residual:.3g}; "
                 f"stopped by {self.smallest.stopped_by})"
             )
         if self.trace is not None and not self.trace.converged:
@@ -212,10 +208,3 @@ class HessianAnalysis:
         body["eigenvalues"] = list(self.spectrum.eigenvalues)
         body["converged"] = self.converged
         return body
-
-
-def _accuracy(value: EigenResult) -> str:
-    """How close a value got, for messages: its error bound, and its residual when they differ."""
-    if value.error_bound is None or value.error_bound == value.residual:
-        return f"relative residual {value.residual:.3g}"
-    return f"relative error bound {value.error_bound:.3g}, residual {value.residual:.3g}"

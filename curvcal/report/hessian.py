@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from curvcal.report.tables import Table, fmt_float
 
 if TYPE_CHECKING:
-    from curvcal.curvature.results import EigenResult, HessianAnalysis
+    from curvcal.curvature.results import HessianAnalysis
 
 
 def write_plots(analysis: HessianAnalysis, spectrum_path: Path, layers_path: Path | None) -> None:
@@ -84,18 +84,12 @@ def _yes_no(flag: bool) -> str:
     return "yes" if flag else "NO"
 
 
-def _bound(value: EigenResult) -> str:
-    """The relative error bound of a value (its residual where no other bound was formed)."""
-    return fmt_float(value.residual if value.error_bound is None else value.error_bound, 2)
-
-
 def _eigen_table(analysis: HessianAnalysis) -> Table:
     spectrum = analysis.spectrum
     rows = [
         (
             str(index + 1),
             fmt_float(value.value, 6),
-            _bound(value),
             fmt_float(value.residual, 2),
             str(value.iterations),
             str(value.matvecs),
@@ -109,7 +103,6 @@ def _eigen_table(analysis: HessianAnalysis) -> Table:
             (
                 "min",
                 fmt_float(low.value, 6),
-                _bound(low),
                 fmt_float(low.residual, 2),
                 str(low.iterations),
                 str(low.matvecs),
@@ -123,7 +116,7 @@ def _eigen_table(analysis: HessianAnalysis) -> Table:
         caption += f"; dominant eigenvalue {spectrum.shift:.4g} was negative, so the search was shifted by it"
     return Table(
         title="Hessian eigenvalues",
-        columns=("index", "λ", "error bound", "residual", "iterations", "HVPs", "converged"),
+        columns=("index", "λ", "residual", "iterations", "HVPs", "converged"),
         rows=tuple(rows),
         caption=caption,
     )

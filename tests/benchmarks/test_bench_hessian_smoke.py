@@ -46,11 +46,9 @@ def test_curvcal_only_run_on_tiny_model(bench: ModuleType, tmp_path: Path, capsy
     # curvcal against the dense float64 Hessian: float32 runs to float32 accuracy, float64 to ~1e-12
     lambdas = {r["setting"]: r for r in _rows(report, "lambda_max", "curvcal")}
     assert all(r["rel_error"] < 1e-4 for r in lambdas.values())
-    exact64 = lambdas["Lanczos, tol 1e-6, float64"]
-    assert exact64["rel_error"] <= exact64["error_bound"] <= 1e-6
-    # float32 products, float64 basis: λ1 to 1e-6, its bound met and reported
-    assert lambdas["Lanczos, tol 1e-6"]["error_bound"] <= 1e-6
-    assert lambdas["Lanczos, tol 1e-6"]["rel_error"] <= 1e-6
+    assert lambdas["Lanczos, tol 1e-6, float64"]["rel_error"] < 1e-10
+    # float32 products, float64 basis: the 1e-6 residual is met and reported
+    assert lambdas["Lanczos, tol 1e-6"]["residual"] <= 1e-6
     assert "stopped by tol" in lambdas["Lanczos, tol 1e-6"]["note"]
     # XTrace's sketch holds the range of this rank-deficient Hessian (rank < 50 probes): AQ then
     # costs one product per basis vector, fewer than 50; Hutch++ spends what it saves on probes
