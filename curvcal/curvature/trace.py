@@ -464,9 +464,10 @@ def _leave_two_out(sketch: _Sketch) -> Tensor:
     a_i = (gram_jj * along_i - gram * along_j) / determinant
     a_j = (gram_ii * along_j - gram * along_i) / determinant
     curved_ii, curved_jj = own(curved), own(curved).t()
-    low_rank = float(torch.trace(projected)) - (
-        gram_jj * curved_ii - 2 * gram * curved + gram_ii * curved_jj
-    ) / determinant
+    low_rank = (
+        float(torch.trace(projected))
+        - (gram_jj * curved_ii - 2 * gram * curved + gram_ii * curved_jj) / determinant
+    )
     image_along = (triangle * coordinates).sum(dim=0).unsqueeze(1)  # r_iᵀw_i
     image_d = image_along - own(images) * a_i - images * a_j
     quadratic = (coordinates * (projected @ coordinates)).sum(dim=0).unsqueeze(1)  # w_iᵀHw_i
