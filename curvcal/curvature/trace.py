@@ -435,8 +435,8 @@ def _jackknife_variance(sketch: _Sketch, samples: list[float]) -> float:
 
 
 def _leave_two_out(sketch: _Sketch) -> Tensor:
-    """t_(i,j) for every pair i ≠ j (an s × s table, float64; the diagonal i = j is not a value and may be NaN), for a
-    full-rank R (s × s).
+    """t_(i,j) for every pair i ≠ j, for a full-rank R (s × s): an s × s table, float64, whose
+    diagonal i = j is not a value (it may be NaN).
 
     The sketch of Ω without ω_i and ω_j, A(Ω without them) = Q·(R without columns i, j), is
     spanned by Q times the complement of span(g_i, g_j), g_k the normalised k-th column of R⁻ᵀ
