@@ -4,7 +4,8 @@ Every variant is written against dense truth and spends exactly ``products`` ope
 (100 by default); all of them take their probes, in the order curvcal's estimators draw them,
 from one pool of Rademacher columns drawn with ``curvcal.curvature.trace.draw_probes`` from
 ``torch.Generator().manual_seed(seed)``. Hutchinson, Hutch++ with s = ⌊m/3⌋ and XTrace therefore
-give, seed for seed, the values of curvcal's own functions (checked by ``check_against_library``).
+give, seed for seed, the values of curvcal's own functions (checked by ``check_against_library``;
+curvcal's XTrace interval is the jackknife one).
 
 The study works in the eigenbasis of A = V diag(λ) Vᵀ: a probe ω becomes Vᵀω, a product is then
 λ ⊙ x, and traces, norms and orthogonalisation are unchanged by the rotation. One P × P × m
@@ -27,12 +28,12 @@ Variants (m products in all, s sketch columns):
   its last ``window`` estimates. The choice depends on the
   sketch only, so the Student-t interval of the remaining probes stays valid given the sketch.
 * ``xtrace``: Epperly, Tropp & Webber (2024), m/2 probes; interval Student-t over the
-  leave-one-out values t_i (curvcal's).
+  leave-one-out values t_i, as the paper suggests (too narrow).
 * ``xtrace jackknife``: the same estimate; variance by the jackknife over probes,
   (n − 1)/n Σ_j (T_(j) − T̄)² with T_(j) the XTrace estimate without probe j (from the
   leave-two-out sketches, small matrices only), interval ± t(0.975, n − 1)·√var. The
   Efron–Stein inequality makes this variance conservative in expectation for a symmetric
-  statistic of independent probes.
+  statistic of independent probes. This is curvcal's XTrace interval.
 """
 
 from __future__ import annotations

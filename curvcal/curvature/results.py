@@ -83,7 +83,7 @@ class TraceResult:
     estimate ± t(0.975, m−1)·standard_error (Student's t quantile). ``stopped_by`` is
     ``"n_probes"`` (fixed budget), ``"rtol"`` (adaptive stop: half-width ≤ rtol·|estimate|) or
     ``"max_probes"`` (adaptive budget exhausted, ``converged=False``). ``method`` is
-    ``"hutchinson"``, ``"hutch++"``, ``"xtrace"`` (standard error over its leave-one-out values)
+    ``"hutchinson"``, ``"hutch++"``, ``"xtrace"`` (standard error by the jackknife over its probes)
     or ``"exact"``; ``interval`` says how the interval was formed. ``stopped_by`` is
     ``"exhausted"`` when a sketching estimator's basis spans the whole space (its trace is then
     exact up to rounding and the remaining products were not spent). ``sketch_bytes`` is the

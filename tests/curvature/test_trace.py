@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from scipy.special import stdtrit
 from torch import Tensor, nn
 
 from curvcal.curvature.operator import HessianOperator
@@ -161,13 +162,12 @@ def test_bad_requests_are_refused(options: dict[str, object], what: str) -> None
     assert error.value.what == what
 
 
-def _xtrace_by_definition(matrix: Tensor, matvecs: int, seed: int) -> list[float]:
+def _xtrace_values(matrix: Tensor, probes: Tensor) -> list[float]:
     """t_i = tr(Q_iᵀAQ_i) + ω_iᵀ(I − Q_iQ_iᵀ)A(I − Q_iQ_iᵀ)ω_i with Q_i = orth(AΩ without ω_i),
-    computed plainly, one QR per probe (the reference for the O(s²) formulas)."""
-    count = matvecs // 2
-    probes = draw_probes(matrix.shape[0], count, "rademacher", torch.Generator().manual_seed(seed))
+    computed plainly, one QR per probe (the reference for the O(s²) formulas). One probe: its
+    sketch is empty and t_1 = ω_1ᵀAω_1."""
     values = []
-    for i in range(count):
+    for i in range(probes.shape[1]):
         others = torch.cat([probes[:, :i], probes[:, i + 1 :]], dim=1)
         basis, _ = torch.linalg.qr(matrix @ others)
         complement = torch.eye(matrix.shape[0], dtype=torch.float64) - basis @ basis.t()
@@ -179,19 +179,112 @@ def _xtrace_by_definition(matrix: Tensor, matvecs: int, seed: int) -> list[float
     return values
 
 
+def _xtrace_probes(matrix: Tensor, matvecs: int, seed: int) -> Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return draw_probes(matrix.shape[0], matvecs // 2, "rademacher", generator)
+
+
+def _xtrace_by_definition(matrix: Tensor, matvecs: int, seed: int) -> list[float]:
+    return _xtrace_values(matrix, _xtrace_probes(matrix, matvecs, seed))
+
+
+def _dense_jackknife_variance(matrix: Tensor, probes: Tensor) -> float:
+    """(n − 1)/n Σ_j (T_(j) − T̄)², T_(j) XTrace rerun from scratch on the probes without ω_j."""
+    count = probes.shape[1]
+    without = torch.tensor(
+        [
+            sum(values) / len(values)
+            for j in range(count)
+            for values in [
+                _xtrace_values(matrix, torch.cat([probes[:, :j], probes[:, j + 1 :]], dim=1))
+            ]
+        ],
+        dtype=torch.float64,
+    )
+    return (count - 1) / count * float(((without - without.mean()) ** 2).sum())
+
+
 def test_xtrace_equals_its_definition() -> None:
     matrix = _indefinite(25)
-    values = torch.tensor(_xtrace_by_definition(matrix, 12, seed=4), dtype=torch.float64)
+    probes = _xtrace_probes(matrix, 12, seed=4)
+    values = torch.tensor(_xtrace_values(matrix, probes), dtype=torch.float64)
     result = xtrace(matrix, 12, seed=4, probe_batch=5)
     assert result.estimate == pytest.approx(float(values.mean()), abs=1e-10)
-    assert result.standard_error == pytest.approx(float(values.std()) / 6**0.5, abs=1e-10)
+    variance = _dense_jackknife_variance(matrix, probes)
+    assert result.standard_error**2 == pytest.approx(variance, rel=1e-10)
     half = 2.5706 * result.standard_error  # t(0.975, 5)
     assert result.ci95 == pytest.approx(
         (result.estimate - half, result.estimate + half), abs=1e-4 * half
     )
     assert (result.matvecs, result.n_probes, result.method) == (12, 6, "xtrace")
-    assert "leave-one-out" in result.interval
+    assert "jackknife" in result.interval
     assert xtrace(matrix, 13, seed=4, probe_batch=5) == result  # the odd product is unused
+
+
+@pytest.mark.parametrize(
+    ("spectrum", "matvecs", "probe_batch"),
+    [
+        (torch.linspace(-2.0, 5.0, 30), 4, 1),  # n = 2, the fewest probes: T_(j) = ω_kᵀAω_k
+        (torch.linspace(-2.0, 5.0, 30), 7, 2),  # n = 3
+        (10.0 * 0.8 ** torch.arange(40), 20, 3),  # decaying
+        (torch.linspace(0.5, 1.5, 40), 30, 8),  # flat
+    ],
+    ids=["n2", "n3", "decaying", "flat"],
+)
+def test_xtrace_interval_is_the_jackknife_over_probes(
+    spectrum: Tensor, matvecs: int, probe_batch: int
+) -> None:
+    """The library's variance from the small matrices equals the jackknife computed by rerunning
+    XTrace without each probe; the estimate is still the mean of the leave-one-out values."""
+    matrix = spectrum_matrix(spectrum.to(torch.float64), seed=7)
+    for seed in (0, 1):
+        probes = _xtrace_probes(matrix, matvecs, seed)
+        result = xtrace(matrix, matvecs, seed=seed, probe_batch=probe_batch)
+        assert result.stopped_by == "n_probes"
+        values = _xtrace_values(matrix, probes)
+        assert result.estimate == pytest.approx(sum(values) / len(values), rel=1e-12)
+        variance = _dense_jackknife_variance(matrix, probes)
+        assert result.standard_error**2 == pytest.approx(variance, rel=1e-10)
+        half = float(stdtrit(probes.shape[1] - 1, 0.975)) * result.standard_error
+        assert result.ci95 == pytest.approx(
+            (result.estimate - half, result.estimate + half), rel=1e-14, abs=1e-14
+        )
+    if matvecs == 4:  # one probe left: its sketch is empty, T_(j) is the other's ωᵀAω
+        quadratic = (probes * (matrix @ probes)).sum(dim=0)
+        assert result.standard_error == pytest.approx(
+            abs(float(quadratic[0] - quadratic[1])) / 2, rel=1e-10
+        )
+
+
+def test_xtrace_jackknife_interval_covers_at_least_93_percent() -> None:
+    """200 seeded runs, 100 products (50 probes) on a 60 × 60 decaying spectrum."""
+    matrix = spectrum_matrix(10.0 * 0.9 ** torch.arange(60, dtype=torch.float64), seed=1)
+    assert _coverage(matrix, "xtrace") >= 0.93
+
+
+def test_xtrace_interval_of_a_sketch_holding_the_range_is_the_spread_of_its_values() -> None:
+    """Rank-deficient Y: the basis of A's range is exact, held fixed, and the jackknife of the
+    mean of values that then each depend on one probe is their s/√n: width zero to rounding."""
+    low_rank = spectrum_matrix(torch.tensor([3.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]), seed=2)
+    for seed in range(5):
+        result = xtrace(low_rank, 12, seed=seed)
+        assert result.estimate == pytest.approx(2.0, abs=1e-12)
+        assert result.ci95 == pytest.approx((2.0, 2.0), abs=1e-11)
+        assert result.stopped_by == "n_probes"
+
+
+@pytest.mark.parametrize(
+    ("operator", "matvecs", "what"),
+    [
+        (torch.eye(5, dtype=torch.float64), 3, "matvecs"),
+        (torch.eye(5, dtype=torch.float64), 0, "matvecs"),
+        (torch.eye(5, dtype=torch.float64), 4.0, "matvecs"),
+    ],
+)
+def test_xtrace_refuses_bad_requests(operator: Tensor, matvecs: object, what: str) -> None:
+    with pytest.raises(InputError) as error:
+        xtrace(operator, matvecs)  # type: ignore[arg-type]
+    assert error.value.what == what
 
 
 def test_xtrace_beats_hutchpp_on_a_decaying_spectrum() -> None:
