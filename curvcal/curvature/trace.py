@@ -211,21 +211,15 @@ def hutchpp_trace(
     generator = torch.Generator().manual_seed(seed)
     n_params = op.shape[0]
     sketch_size = sketch_columns("hutch++", matvecs, n_params)
-    spent = [0]
-
-    def count(products: int) -> None:
-        spent[0] += products
-        if on_step is not None:
-            on_step(spent[0])
-
+    count = spent = _Spent(on_step)
     basis = _StreamedBasis(n_params, sketch_size, op.dtype, op.device)
     for block in _probe_blocks(n_params, sketch_size, probe_batch, distribution, generator, op):
         basis.extend(op.matmat(block))
         count(block.shape[1])
     exact_part = _projected_trace(op, basis.columns, probe_batch, count)
     if basis.rank == n_params:
-        return _exhausted("hutch++", exact_part, spent[0], 0, distribution, seed, basis.nbytes)
-    n_residual = matvecs - spent[0]
+        return _exhausted("hutch++", exact_part, spent.total, 0, distribution, seed, basis.nbytes)
+    n_residual = matvecs - spent.total
     q = basis.columns
     samples: list[float] = []
     for probes in _probe_blocks(n_params, n_residual, probe_batch, distribution, generator, op):
@@ -240,7 +234,7 @@ def hutchpp_trace(
         standard_error=error,
         ci95=(exact_part + low, exact_part + high),
         n_probes=n_residual,
-        matvecs=spent[0],
+        matvecs=spent.total,
         method="hutch++",
         distribution=distribution,
         interval=INTERVALS["hutch++"],
@@ -300,13 +294,7 @@ def xtrace(
     op = _sketching_operator(operator, distribution, matvecs, probe_batch)
     n_params = op.shape[0]
     count = sketch_columns("xtrace", matvecs, n_params)
-    spent = [0]
-
-    def counted(products: int) -> None:
-        spent[0] += products
-        if on_step is not None:
-            on_step(spent[0])
-
+    counted = spent = _Spent(on_step)
     basis = _StreamedBasis(n_params, count, op.dtype, op.device)
     diagonal = []
     blocks = _probe_blocks(
@@ -320,7 +308,9 @@ def xtrace(
     q = basis.columns
     if basis.rank == n_params:
         exact_part = _projected_trace(op, q, probe_batch, counted)
-        return _exhausted("xtrace", exact_part, spent[0], count, distribution, seed, basis.nbytes)
+        return _exhausted(
+            "xtrace", exact_part, spent.total, count, distribution, seed, basis.nbytes
+        )
     projected = _projected_matrix(op, q, probe_batch, counted)
     again = _probe_blocks(
         n_params, count, probe_batch, distribution, torch.Generator().manual_seed(seed), op
@@ -342,7 +332,7 @@ def xtrace(
         standard_error=error,
         ci95=(estimate - half, estimate + half),
         n_probes=count,
-        matvecs=spent[0],
+        matvecs=spent.total,
         method="xtrace",
         distribution=distribution,
         interval=INTERVALS["xtrace"],
@@ -592,6 +582,19 @@ def trace_estimate(
         f"unknown trace method {method!r}",
         "choose 'hutch++', 'xtrace' or 'hutchinson'",
     )
+
+
+class _Spent:
+    """Products spent so far by a sketching estimator, reported to ``on_step`` as they are."""
+
+    def __init__(self, on_step: OnStep) -> None:
+        self.total = 0
+        self._on_step = on_step
+
+    def __call__(self, products: int) -> None:
+        self.total += products
+        if self._on_step is not None:
+            self._on_step(self.total)
 
 
 def _sketching_operator(
