@@ -6,10 +6,9 @@ environment; the benchmark must import them lazily and say "not installed" inste
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -17,17 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_hessian.py"
-
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_hessian", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_hessian"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+def bench(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("bench_hessian")
 
 
 def _rows(report: dict, task: str, library: str) -> list[dict]:
