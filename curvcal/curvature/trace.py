@@ -32,6 +32,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from scipy.special import stdtrit
@@ -511,19 +512,15 @@ def exact_trace(operator: LinearOperator | Tensor, *, probe_batch: int = 8) -> T
         units = torch.zeros((n_params, stop - start), dtype=op.dtype, device=op.device)
         units[torch.arange(start, stop), torch.arange(stop - start)] = 1.0
         total += float(torch.diagonal(op.matmat(units)[start:stop]).sum())
-    return TraceResult(
-        estimate=total,
-        standard_error=0.0,
-        ci95=(total, total),
+    return _known(
+        total,
         n_probes=n_params,
         matvecs=n_params,
         method="exact",
         distribution="unit",
         interval=INTERVALS["exact"],
         seed=0,
-        rtol=None,
         stopped_by="n_probes",
-        converged=True,
     )
 
 
@@ -681,20 +678,28 @@ def _exhausted(
     sketch_bytes: int,
 ) -> TraceResult:
     """The result of a sketch whose basis spans the whole space: tr(QᵀAQ) = tr(A)."""
-    return TraceResult(
-        estimate=exact_part,
-        standard_error=0.0,
-        ci95=(exact_part, exact_part),
+    return _known(
+        exact_part,
         n_probes=n_probes,
         matvecs=matvecs,
         method=method,
         distribution=distribution,
         interval=INTERVALS["exhausted"],
         seed=seed,
-        rtol=None,
         stopped_by="exhausted",
-        converged=True,
         sketch_bytes=sketch_bytes,
+    )
+
+
+def _known(estimate: float, **fields: Any) -> TraceResult:
+    """A trace known up to rounding: no standard error, an interval of width zero."""
+    return TraceResult(
+        estimate=estimate,
+        standard_error=0.0,
+        ci95=(estimate, estimate),
+        rtol=None,
+        converged=True,
+        **fields,
     )
 
 
