@@ -32,6 +32,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -356,18 +357,18 @@ class _Sketch:
     diagonal: Tensor
     eps: float
 
-
-def _rank_floor(sketch: _Sketch) -> float | None:
-    """None when R is of full rank s; otherwise the singular-value floor below which R's
-    directions are rounding (10·s·ε·σ_1, ε of the products): Y is rank-deficient up to the
-    products' rounding (or the basis dropped a column), so there is no R⁻ᵀ."""
-    triangle = sketch.triangle
-    count = triangle.shape[1]
-    singular = torch.linalg.svdvals(triangle) if triangle.numel() else torch.zeros(1)
-    floor = 10 * count * sketch.eps * float(singular[0])
-    if triangle.shape[0] < count or float(singular[0]) == 0.0 or float(singular[-1]) <= floor:
-        return floor
-    return None
+    @cached_property
+    def rank_floor(self) -> float | None:
+        """None when R is of full rank s; otherwise the singular-value floor below which R's
+        directions are rounding (10·s·ε·σ_1, ε of the products): Y is rank-deficient up to the
+        products' rounding (or the basis dropped a column), so there is no R⁻ᵀ. Computed once."""
+        triangle = self.triangle
+        count = triangle.shape[1]
+        singular = torch.linalg.svdvals(triangle) if triangle.numel() else torch.zeros(1)
+        floor = 10 * count * self.eps * float(singular[0])
+        if triangle.shape[0] < count or float(singular[0]) == 0.0 or float(singular[-1]) <= floor:
+            return floor
+        return None
 
 
 def _directions(triangle: Tensor) -> Tensor:
@@ -387,7 +388,7 @@ def _leave_one_out(sketch: _Sketch) -> list[float]:
     """
     triangle = sketch.triangle
     count = triangle.shape[1]
-    floor = _rank_floor(sketch)
+    floor = sketch.rank_floor
     if floor is not None:
         return _range_captured(sketch, floor)
     projected = (sketch.projected + sketch.projected.t()) / 2
@@ -417,7 +418,7 @@ def _jackknife_variance(sketch: _Sketch, samples: list[float]) -> float:
     range of A (rank-deficient Y) the basis of that range is exact and held fixed: each value
     t_i then depends on its own probe only and the jackknife of their mean is the sample
     variance of the t_i over s."""
-    if _rank_floor(sketch) is not None:
+    if sketch.rank_floor is not None:
         values = torch.tensor(samples, dtype=torch.float64)
         return float(values.var(correction=1)) / len(samples)
     table = _leave_two_out(sketch)  # [i, j]: t_(i,j); the diagonal is not a value (NaN)
