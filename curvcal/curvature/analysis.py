@@ -209,7 +209,7 @@ def check_sketch_memory(
         else "fewer parameters (--params)"
     )
     held_text = (
-        f"the {name} sketch of --probes {settings.probes} holds {columns} × {n_params:,} values "
+        f"the {name} sketch of --probes {settings.probes} holds {columns:,} × {n_params:,} values "
         f"({_size(held)} in {str(dtype).replace('torch.', '')}) besides the products"
     )
     advice = f"use {fewer}, --trace-method hutchinson (no sketch), or a larger --memory-budget"
