@@ -62,6 +62,7 @@ fuzz: $(VENV)/.stamp-dev
 bench: $(VENV)/.stamp-bench
 	$(BIN)/python benchmarks/bench_hessian.py
 	$(BIN)/python benchmarks/bench_calibration.py
+	$(BIN)/python benchmarks/bench_krylov.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
