@@ -20,3 +20,6 @@ ENGINES = ("auto", "func", "autograd")
 MODES = ("eval", "train")
 #: ``--cache``: where batches stay between products.
 CACHES = ("auto", "device", "host", "none")
+#: ``--keep-graphs``: keep the gradient graphs between products when they fit in the memory
+#: budget, whatever the budget, or never.
+KEEP_GRAPHS = ("auto", "always", "never")

@@ -148,6 +148,14 @@ if TYPE_CHECKING:
     help="Memory one pass of products may use: bytes with a unit (4GiB, 512MB) or a share of "
     "the free memory (50%).  [default: 2x a gradient pass or 256 MiB, at most half the free memory]",
 )
+@click.option(
+    "--keep-graphs",
+    type=click.Choice(choices.KEEP_GRAPHS),
+    default="auto",
+    show_default=True,
+    help="Keep the gradient graphs between products (the forward and first backward run once; "
+    "auto: when they fit in --memory-budget).",
+)
 @click.option("--strict", is_flag=True, help="Exit 3 when an estimate does not converge.")
 @click.option(
     "--plot",
@@ -185,6 +193,7 @@ def hessian(
     cache: str,
     probe_batch: int,
     memory_budget: str | None,
+    keep_graphs: str,
     strict: bool,
     plot: Path | None,
 ) -> int:
@@ -232,6 +241,7 @@ def hessian(
         cache=cache,
         probe_batch=probe_batch,
         memory_budget=memory_budget,
+        keep_graphs=keep_graphs,
         strict=strict,
     )
     run = run_hessian(request, reporter)

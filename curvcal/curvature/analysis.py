@@ -28,6 +28,7 @@ from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
 from curvcal.curvature.engines import ENGINES, MODES
 from curvcal.curvature.guard import NaNGuard
+from curvcal.curvature.kept import KEEP_GRAPHS
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.memory import free_memory, parse_memory_budget
 from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
@@ -62,7 +63,7 @@ class HessianSettings:
     ``density_steps`` Lanczos steps. ``per_layer``: λmax and trace of each module's block.
     The Hessian: loss ``criterion`` (``ce``, ``focal`` with ``gamma``, or ``flsd53``) over
     ``params`` (glob patterns; empty for all trainable parameters), ``engine``, ``mode``,
-    ``cache``, ``probe_batch``, ``memory_budget`` as for
+    ``cache``, ``probe_batch``, ``memory_budget``, ``keep_graphs`` as for
     :class:`~curvcal.curvature.operator.HessianOperator`. ``seed`` seeds every
     random start vector and probe.
     """
@@ -90,6 +91,7 @@ class HessianSettings:
     cache: str = "auto"
     probe_batch: int = 8
     memory_budget: str | None = None
+    keep_graphs: str = "auto"
 
     def __post_init__(self) -> None:
         for name, minimum in (
@@ -111,6 +113,7 @@ class HessianSettings:
         _check_choice("engine", self.engine, ENGINES)
         _check_choice("mode", self.mode, MODES)
         _check_choice("cache", self.cache, CACHES)
+        _check_choice("keep_graphs", self.keep_graphs, KEEP_GRAPHS)
         if not _positive_finite(self.tol):
             raise InputError("tol", f"must be a finite number > 0, got {self.tol!r}")
         if self.trace_rtol is not None:
@@ -265,6 +268,7 @@ def analyse_hessian(
             cache=settings.cache,
             probe_batch=settings.probe_batch,
             memory_budget=settings.memory_budget,
+            keep_graphs=settings.keep_graphs,
         ),
         all_reduce=all_reduce,
     )
@@ -378,6 +382,8 @@ def analyse_hessian(
         "params": list(operator.param_names),
         "probe_batch": operator.probe_batch,
         "micro_batch": operator.micro_batch,
+        "graphs_kept": operator.graphs_kept,
+        "graphs_dropped": operator.graphs_dropped,
         "n_matvecs": operator.total_matvecs,
         "n_data_passes": operator.total_data_passes,
     }

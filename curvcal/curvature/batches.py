@@ -97,11 +97,11 @@ class Batches:
         used = 0
         n_local = 0
         n_batches = 0
-        max_rows = 0
+        sizes: list[int] = []
         for x, y in self._fresh():
             self._check(x, y, n_batches)
             n_local += int(y.shape[0])
-            max_rows = max(max_rows, int(y.shape[0]))
+            sizes.append(int(y.shape[0]))
             n_batches += 1
             if stored is None:
                 continue
@@ -122,7 +122,8 @@ class Batches:
         count = torch.tensor([float(n_local)], dtype=torch.float64, device=device)
         self.n_samples = round(float((all_reduce(count) if all_reduce else count).item()))
         self._stored = stored
-        self.largest = max_rows
+        self.sizes = sizes  # rows of each batch of this process's shard, as the source gives them
+        self.largest = max(sizes)
         self.limit: int | None = None  # rows per chunk after out-of-memory splits
         if stored is None:
             self.mode = "none"

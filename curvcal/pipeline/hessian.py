@@ -68,6 +68,7 @@ class HessianRequest:
     cache: str = "auto"
     probe_batch: int = 8
     memory_budget: str | None = None
+    keep_graphs: str = "auto"
     strict: bool = False
 
 
@@ -235,6 +236,7 @@ def _settings(request: HessianRequest, criterion: str, gamma: float) -> HessianS
             cache=request.cache,
             probe_batch=request.probe_batch,
             memory_budget=request.memory_budget,
+            keep_graphs=request.keep_graphs,
         )
     except InputError as error:
         option = _OPTION_OF.get(error.what, "--" + error.what.replace("_", "-"))
@@ -429,4 +431,5 @@ def settings_record(settings: HessianSettings) -> dict[str, Any]:
         "cache": settings.cache,
         "probe_batch": settings.probe_batch,
         "memory_budget": settings.memory_budget,
+        "keep_graphs": settings.keep_graphs,
     }

@@ -202,6 +202,7 @@ def test_own_loss_is_read_from_the_checkpoint(run_cli, files: Files) -> None:
         (["--memory-budget", "150%"], 2, "--memory-budget: a share must be in"),
         (["--memory-budget", "4XB"], 2, "--memory-budget: unknown unit 'XB'"),
         (["--memory-budget", "0"], 2, "--memory-budget: must be at least 1 byte"),
+        (["--keep-graphs", "sometimes"], 2, "--keep-graphs"),
     ],
 )
 def test_bad_input_is_one_line_and_an_exit_code(
@@ -235,6 +236,26 @@ def test_a_small_memory_budget_splits_batches_and_keeps_the_numbers(
     assert operator["micro_batch"] is not None and 1 <= operator["micro_batch"] < 16
     assert operator["probe_batch"] == 1
     assert document["settings"]["memory_budget"] == "30KB"
+    exact = torch.linalg.eigvalsh(dense)
+    assert document["results"]["eigenvalues"] == pytest.approx(
+        exact[-2:].flip(0).tolist(), rel=1e-6
+    )
+
+
+@pytest.mark.parametrize(("keep", "kept"), [("auto", True), ("never", False)])
+def test_kept_graphs_are_reported_and_keep_the_numbers(
+    run_cli, files: Files, dense: Tensor, keep: str, kept: bool
+) -> None:
+    args = ["--top-k", "2", "--tol", "1e-8", "--no-trace", "--batch-size", "16", "--json"]
+    result = run_cli(*_base(files, *args, "--keep-graphs", keep))
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    operator = document["results"]["operator"]
+    assert operator["graphs_kept"] is kept and operator["graphs_dropped"] is None
+    assert document["settings"]["keep_graphs"] == keep
+    # kept: the mean loss and the graphs read the data once each; else one pass per product
+    passes = operator["n_data_passes"]
+    assert passes == 2 if kept else passes > 10
     exact = torch.linalg.eigvalsh(dense)
     assert document["results"]["eigenvalues"] == pytest.approx(
         exact[-2:].flip(0).tolist(), rel=1e-6

@@ -23,7 +23,10 @@ def test_products_equal_dense_hessian(
     case: str, engine: str, request: pytest.FixtureRequest
 ) -> None:
     model, x, y, hessian = request.getfixturevalue(case)
-    operator = HessianOperator(model, split(x, y, BATCH), engine=engine, probe_batch=3)
+    # graphs rebuilt for every pass: the engines themselves (test_kept.py keeps them)
+    operator = HessianOperator(
+        model, split(x, y, BATCH), engine=engine, probe_batch=3, keep_graphs="never"
+    )
     vectors = _vectors(hessian.shape[0], 5)
     assert operator.shape == tuple(hessian.shape)
     assert operator.n_samples == 50
@@ -107,7 +110,7 @@ def test_auto_falls_back_to_double_backward_where_torch_func_fails(
     torch.manual_seed(0)
     model = _SquareNet().double()
     x, y = make_data("mlp")
-    operator = HessianOperator(model, split(x, y, BATCH))
+    operator = HessianOperator(model, split(x, y, BATCH), keep_graphs="never")
     vectors = _vectors(18, 2)
     params = tuple(p.detach() for p in model.parameters())
 

@@ -43,8 +43,9 @@ def test_out_of_memory_retries_with_half_batches_and_same_numbers(cache: str) ->
     x, y = make_data("mlp", n=53)
     hessian = dense_hessian(model, x, y)
     batches = split(x, y, 20)  # 20, 20, 13
-    plain = HessianOperator(model, lambda: iter(batches), cache=cache)
-    flaky = HessianOperator(model, lambda: iter(batches), cache=cache)
+    # the retry of passes that rebuild their graphs (test_kept.py: kept graphs drop on OOM)
+    plain = HessianOperator(model, lambda: iter(batches), cache=cache, keep_graphs="never")
+    flaky = HessianOperator(model, lambda: iter(batches), cache=cache, keep_graphs="never")
     seen = _fail_first(flaky, 1, _oom)
     vector = torch.randn(75, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 
@@ -64,7 +65,7 @@ def test_out_of_memory_retries_with_half_batches_and_same_numbers(cache: str) ->
 def test_repeated_out_of_memory_halves_down_to_one_sample_then_gives_up() -> None:
     model = make_mlp()
     x, y = make_data("mlp", n=5)
-    operator = HessianOperator(model, [(x, y)])
+    operator = HessianOperator(model, [(x, y)], keep_graphs="never")
     seen = _fail_first(operator, 3, _oom)  # 5 → 3 → 2 → 1 rows
     vector = torch.ones(75, dtype=torch.float64)
     assert torch.allclose(
@@ -73,7 +74,7 @@ def test_repeated_out_of_memory_halves_down_to_one_sample_then_gives_up() -> Non
     assert seen[:4] == [5, 3, 2, 1] and operator.batch_size_final == 1
     assert operator.oom_retries == 3
 
-    hopeless = HessianOperator(model, [(x, y)])
+    hopeless = HessianOperator(model, [(x, y)], keep_graphs="never")
     _fail_first(hopeless, 10**6, _oom)
     with pytest.raises(InputError, match="one sample per batch") as error:
         hopeless.matvec(vector)
@@ -83,7 +84,7 @@ def test_repeated_out_of_memory_halves_down_to_one_sample_then_gives_up() -> Non
 def test_other_errors_are_not_retried() -> None:
     model = make_mlp()
     x, y = make_data("mlp", n=6)
-    operator = HessianOperator(model, [(x, y)])
+    operator = HessianOperator(model, [(x, y)], keep_graphs="never")
     seen = _fail_first(
         operator, 1, lambda: RuntimeError("CUDA error: an illegal memory access was encountered")
     )
@@ -113,7 +114,7 @@ def test_out_of_memory_is_recognised(error: Exception, expected: bool) -> None:
 def test_probe_batch_auto_on_cpu_is_recorded() -> None:
     model = make_mlp()
     x, y = make_data("mlp", n=9)
-    operator = HessianOperator(model, [(x, y)], probe_batch="auto")
+    operator = HessianOperator(model, [(x, y)], probe_batch="auto", keep_graphs="never")
     assert operator.probe_batch == 8 and operator.probe_batch_requested == "auto"
     vectors = torch.randn(75, 11, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     assert torch.allclose(
@@ -133,7 +134,7 @@ def test_tf32_flags_are_off_during_products_and_restored() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         for allow in (False, True):
-            operator = HessianOperator(model, [(x, y)], allow_tf32=allow)
+            operator = HessianOperator(model, [(x, y)], allow_tf32=allow, keep_graphs="never")
             product = operator._batch_hvp_autograd
 
             def spy(
@@ -168,8 +169,10 @@ class _Attention(torch.nn.Module):
         return self.head(mixed.flatten(1))
 
 
-@pytest.mark.parametrize("engine", ["func", "autograd"])
-def test_attention_models_have_exact_products(engine: str) -> None:
+@pytest.mark.parametrize(
+    ("engine", "keep"), [("func", "auto"), ("autograd", "never"), ("autograd", "always")]
+)
+def test_attention_models_have_exact_products(engine: str, keep: str) -> None:
     """Fused attention kernels cannot be differentiated twice; products must still be exact."""
     torch.manual_seed(0)
     model = _Attention().double().eval()
@@ -178,6 +181,7 @@ def test_attention_models_have_exact_products(engine: str) -> None:
     y = torch.randint(0, 3, (10,), generator=generator)
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
         hessian = dense_hessian(model, x, y)
-    operator = HessianOperator(model, split(x, y, 4), engine=engine)
+    operator = HessianOperator(model, split(x, y, 4), engine=engine, keep_graphs=keep)
+    assert operator.graphs_kept is (keep == "always")
     vectors = torch.randn(hessian.shape[0], 3, generator=generator, dtype=torch.float64)
     assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)

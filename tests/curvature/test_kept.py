@@ -1,0 +1,233 @@
+"""Products through kept gradient graphs against dense float64 Hessians (torch.func.hessian)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from curvcal.curvature import operator as operator_module
+from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.kept import chunk_rows, kept_bytes, kept_pass_bytes, widest_kept_width
+from curvcal.curvature.memory import GraphSize, GraphSizes
+from curvcal.curvature.operator import HessianOperator
+from curvcal.errors import InputError
+
+from .cases import BATCH, dense_hessian, make_cnn, make_data, make_mlp, split
+
+Case = tuple[nn.Module, Tensor, Tensor, Tensor]
+
+
+def _vectors(n: int, m: int, seed: int = 5) -> Tensor:
+    return torch.randn(n, m, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("case", ["mlp_case", "cnn_case"])
+def test_kept_products_equal_dense_hessian_and_read_the_data_once(
+    case: str, request: pytest.FixtureRequest
+) -> None:
+    model, x, y, hessian = request.getfixturevalue(case)
+    operator = HessianOperator(model, split(x, y, BATCH), keep_graphs="always", probe_batch=3)
+    assert operator.graphs_kept
+    vectors = _vectors(hessian.shape[0], 5)
+    for _ in range(2):  # the second round runs through the graph the first one built
+        assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+    assert operator.n_matvecs == 10
+    assert operator.n_data_passes == 1  # built once: 8 batches of the 50 samples, one pass
+    assert operator.engine == "autograd"
+
+
+def test_auto_keeps_what_fits_and_rebuilds_what_does_not(mlp_case: Case) -> None:
+    model, x, y, hessian = mlp_case
+    roomy = HessianOperator(model, split(x, y, BATCH))
+    assert roomy.graphs_kept and roomy.kept_estimate is not None
+    assert roomy.memory_graphs is not None and roomy.memory_plan is not None
+    param_bytes = roomy.shape[0] * 8
+    chunks = chunk_rows([BATCH] * 7 + [1], None)
+    held = kept_bytes(roomy.memory_graphs, param_bytes, chunks, 0.0)
+    assert roomy.kept_estimate == pytest.approx(held, abs=1)
+    # a budget one byte short of the kept graphs and a one-vector product: not kept
+    need = held + kept_pass_bytes(roomy.memory_graphs, param_bytes, BATCH, 1)
+    tight = HessianOperator(model, split(x, y, BATCH), memory_budget=int(need) - 1)
+    assert not tight.graphs_kept
+    exact = HessianOperator(model, split(x, y, BATCH), memory_budget=int(need) + 1)
+    assert exact.graphs_kept and exact.probe_batch == 1  # room for the graphs and one vector
+    vectors = _vectors(75, 3)
+    for operator in (tight, exact, tight, exact):
+        assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+    assert tight.probe_batch >= 3  # rebuilt: the three vectors share one pass, twice
+    assert tight.n_data_passes == 2 and exact.n_data_passes == 1
+
+
+def test_never_and_func_rebuild_every_product(mlp_case: Case) -> None:
+    model, x, y, hessian = mlp_case
+    vectors = _vectors(75, 2)
+    for keep, engine in (("never", "auto"), ("auto", "func"), ("always", "func")):
+        operator = HessianOperator(model, split(x, y, BATCH), keep_graphs=keep, engine=engine)
+        assert not operator.graphs_kept
+        for _ in range(2):
+            assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+        assert operator.n_data_passes == 2
+
+
+def test_a_changed_parameter_rebuilds_the_graph() -> None:
+    model = make_mlp()
+    x, y = make_data("mlp")
+    operator = HessianOperator(model, split(x, y, BATCH), keep_graphs="always")
+    vectors = _vectors(75, 2)
+    operator.matmat(vectors)
+    with torch.no_grad():
+        model[0].weight.mul_(1.5)  # an in-place change, as an optimiser step makes
+    expected = dense_hessian(model, x, y) @ vectors
+    assert torch.allclose(operator.matmat(vectors), expected, rtol=0, atol=1e-10)
+    assert operator.n_data_passes == 2
+
+
+def test_a_changed_running_statistic_rebuilds_the_graph_in_eval_mode() -> None:
+    model = make_cnn()
+    x, y = make_data("cnn")
+    operator = HessianOperator(model, split(x, y, BATCH), keep_graphs="always")
+    vectors = _vectors(operator.shape[0], 1)
+    operator.matmat(vectors)
+    with torch.no_grad():
+        model.norm.running_var.mul_(3.0)
+    expected = dense_hessian(model, x, y) @ vectors
+    assert torch.allclose(operator.matmat(vectors), expected, rtol=0, atol=1e-10)
+    assert operator.n_data_passes == 2
+
+
+def test_train_mode_rebuilds_the_graphs() -> None:
+    """BatchNorm's train-mode graph saves the running statistics, which the operator restores
+    in place after every product: a kept graph would be stale, so train mode never keeps."""
+    model = make_cnn()
+    x, y = make_data("cnn")
+    before = [b.clone() for b in model.buffers()]
+    operator = HessianOperator(model, split(x, y, BATCH), mode="train", keep_graphs="always")
+    assert not operator.graphs_kept
+    vectors = _vectors(operator.shape[0], 2)
+    first = operator.matmat(vectors)
+    assert torch.equal(operator.matmat(vectors), first)
+    assert operator.n_data_passes == 2
+    assert all(torch.equal(b, a) for b, a in zip(model.buffers(), before, strict=True))
+
+
+def test_blocks_share_the_kept_graph(mlp_case: Case) -> None:
+    model, x, y, hessian = mlp_case
+    operator = HessianOperator(model, split(x, y, BATCH), keep_graphs="always")
+    operator.matmat(_vectors(75, 1))
+    block = operator.restrict(["0.*"])  # the first layer: 48 parameters
+    assert block.graphs_kept
+    vectors = _vectors(48, 3)
+    assert torch.allclose(block.matmat(vectors), hessian[:48, :48] @ vectors, rtol=0, atol=1e-10)
+    assert operator.total_data_passes == 1
+
+
+def test_a_block_outside_the_kept_parameters_rebuilds(mlp_case: Case) -> None:
+    model, x, y, hessian = mlp_case
+    operator = HessianOperator(model, split(x, y, BATCH), params=["2.*"], keep_graphs="always")
+    other = operator.restrict(["0.bias"])
+    assert operator.graphs_kept and not other.graphs_kept
+    vectors = _vectors(8, 2)
+    assert torch.allclose(
+        other.matmat(vectors), hessian[40:48, 40:48] @ vectors, rtol=0, atol=1e-10
+    )
+
+
+def test_parameters_the_loss_ignores_get_zero_products() -> None:
+    """Border: a parameter outside the graph (unused by the forward) has no gradient piece."""
+
+    class WithSpare(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(5, 3)
+            self.spare = nn.Parameter(torch.ones(2))
+
+        def forward(self, inputs: Tensor) -> Tensor:
+            return self.linear(inputs)
+
+    torch.manual_seed(0)
+    model = WithSpare().double()
+    x, y = make_data("mlp")
+    operator = HessianOperator(model, split(x, y, BATCH), keep_graphs="always")
+    vectors = _vectors(20, 2)
+    result = operator.matmat(vectors)
+    dense = dense_hessian(model, x, y, names=["linear.weight", "linear.bias"])
+    # own parameters come first in named_parameters(): spare (2 values), then the linear layer
+    assert torch.equal(result[:2], torch.zeros(2, 2, dtype=torch.float64))
+    assert torch.allclose(result[2:], dense @ vectors[2:], rtol=0, atol=1e-10)
+
+
+def test_out_of_memory_drops_the_kept_graph_and_goes_on(
+    mlp_case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, x, y, hessian = mlp_case
+    operator = HessianOperator(model, split(x, y, BATCH), keep_graphs="always")
+
+    def exhausted(*_args: object) -> None:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(operator_module, "kept_hvp", exhausted)
+    vectors = _vectors(75, 2)
+    assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+    assert not operator.graphs_kept
+    assert operator.graphs_dropped is not None and "out of memory" in operator.graphs_dropped
+
+
+def test_other_errors_are_not_swallowed(mlp_case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x, y, _ = mlp_case
+    operator = HessianOperator(model, split(x, y, BATCH), keep_graphs="always")
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("illegal memory access")
+
+    monkeypatch.setattr(operator_module, "kept_hvp", broken)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        operator.matvec(_vectors(75, 1)[:, 0])
+
+
+def test_unknown_choice_is_refused(mlp_case: Case) -> None:
+    model, x, y, _ = mlp_case
+    with pytest.raises(InputError, match="keep_graphs"):
+        HessianOperator(model, split(x, y, BATCH), keep_graphs="sometimes")
+    with pytest.raises(InputError, match="keep_graphs"):
+        HessianSettings(keep_graphs="yes")
+
+
+def test_analysis_reports_the_kept_graphs(mlp_case: Case) -> None:
+    model, x, y, hessian = mlp_case
+    settings = HessianSettings(top_k=1, probes=10, tol=1e-8, per_layer=True)
+    kept = analyse_hessian(model, split(x, y, BATCH), settings)
+    assert kept.operator["graphs_kept"] is True and kept.operator["graphs_dropped"] is None
+    # the mean loss reads the data once, the graphs once; every stage's products use them
+    assert kept.operator["n_data_passes"] == 2
+    rebuilt = analyse_hessian(
+        model, split(x, y, BATCH), dataclasses.replace(settings, keep_graphs="never")
+    )
+    assert rebuilt.operator["graphs_kept"] is False
+    assert rebuilt.operator["n_data_passes"] > 10
+    top = float(torch.linalg.eigvalsh(hessian)[-1])
+    assert kept.lambda_max == pytest.approx(top, rel=1e-8)
+    assert rebuilt.lambda_max == pytest.approx(kept.lambda_max, rel=1e-12)
+
+
+def test_chunks_follow_the_micro_batch_limit() -> None:
+    assert chunk_rows([7, 7, 1], None) == [7, 7, 1]
+    assert chunk_rows([7, 7, 1], 3) == [3, 3, 1, 3, 3, 1, 1]
+    assert chunk_rows([6], 3) == [3, 3]
+    assert chunk_rows([], 3) == []
+
+
+def test_widest_width_fits_the_budget_exactly() -> None:
+    graphs = GraphSizes(GraphSize(100.0, 10.0), GraphSize(1000.0, 50.0))
+    chunks = [4, 4, 2]
+    held = 3 * 1000.0 + 10 * (50.0 + 8.0) + 400  # graphs, inputs held, summed gradient
+    assert kept_bytes(graphs, 400, chunks, 8.0) == held
+    per_width = [held + (100.0 + 10.0 * 4) + 400 * (1 + 3 * m) for m in (1, 2, 3)]
+    assert [
+        widest_kept_width(
+            graphs, param_bytes=400, chunks=chunks, input_row_bytes=8.0, width=3, budget=b
+        )
+        for b in (per_width[0] - 1, per_width[0], per_width[1], per_width[2] + 1e9)
+    ] == [0, 1, 2, 3]
