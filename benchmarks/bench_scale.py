@@ -224,16 +224,18 @@ def _status_bytes(field: str) -> int:
 
 def product_child(kind: str, model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this (fresh) process: ``gradient`` (a gradient pass), ``product``
-    (a curvcal product, engine auto) or ``block`` (8 vectors): the peak resident-set growth of
-    the step in steady state (after one of the same), and for the products the time of the
-    operator's construction (batch count, memory measurement), of its first product and of a
-    second one."""
+    (a curvcal product, engine auto, graphs rebuilt), ``block`` (8 vectors) or ``kept`` (one
+    vector through kept graphs): the peak resident-set growth of the step in steady state
+    (after one of the same), and for the products the time of the operator's construction
+    (batch count, memory measurement), of its first product and of a second one; for ``kept``
+    also the growth of the first product, which builds and holds the graphs."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = MODELS[model_name]().eval()
     batches = fake_data(args.samples, args.batch, torch.device("cpu"))
     params = [p for p in model.parameters() if p.requires_grad]
     width = 8 if kind == "block" else 1
+    keep = "always" if kind == "kept" else "never"
     gradient(model, batches[:1])  # torch's own first-call costs are not curvcal's
     if kind == "gradient":
         gradient(model, batches)
@@ -243,11 +245,13 @@ def product_child(kind: str, model_name: str, args: argparse.Namespace) -> dict[
     n_params = sum(p.numel() for p in params)
     vectors = torch.randn(n_params, width, generator=torch.Generator().manual_seed(1))
     start = time.perf_counter()
-    operator = HessianOperator(model, batches, probe_batch=width)
+    operator = HessianOperator(model, batches, probe_batch=width, keep_graphs=keep)
     setup = time.perf_counter() - start
+    held = _peak_reset()
     start = time.perf_counter()
     operator.matmat(vectors)
     first = time.perf_counter() - start
+    first_growth = _status_bytes("VmHWM") - held
     # steady state, as for the gradient: the peak of a product after the first
     before = _peak_reset()
     start = time.perf_counter()
@@ -255,6 +259,9 @@ def product_child(kind: str, model_name: str, args: argparse.Namespace) -> dict[
     second = time.perf_counter() - start
     return {
         "peak_growth": _status_bytes("VmHWM") - before,
+        "first_peak_growth": first_growth,
+        "graphs_kept": operator.graphs_kept,
+        "kept_estimate": operator.kept_estimate,
         "setup_s": setup,
         "first_s": first,
         "second_s": second,
@@ -278,13 +285,18 @@ def product_rows(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     vectors = [torch.randn(p.shape, generator=generator) for p in params]
     flat = torch.cat([v.reshape(-1) for v in vectors])
     block = torch.randn(flat.numel(), 8, generator=generator)
-    operator = HessianOperator(model, batches)
-    blocked = HessianOperator(model, batches, probe_batch=8, memory_budget="100%")
+    operator = HessianOperator(model, batches, keep_graphs="never")
+    blocked = HessianOperator(
+        model, batches, probe_batch=8, memory_budget="100%", keep_graphs="never"
+    )
+    kept = HessianOperator(model, batches, keep_graphs="always")
+    default = HessianOperator(model, batches)
     steps: dict[str, Callable[[], Any]] = {
         "gradient": lambda: gradient(model, batches),
         "double backward": lambda: double_backward(model, batches, vectors),
         "curvcal HVP": lambda: operator.matvec(flat),
         "curvcal block of 8": lambda: blocked.matmat(block),
+        "curvcal HVP, kept graphs": lambda: kept.matvec(flat),
     }
     for step in steps.values():  # warm-up, not timed
         step()
@@ -300,8 +312,10 @@ def product_rows(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     row["hvp_per_double_backward"] = best["curvcal HVP"] / best["double backward"]
     row["double_backward_per_gradient"] = best["double backward"] / best["gradient"]
     row["block_vector_per_gradient"] = best["curvcal block of 8"] / best["gradient"]
+    row["kept_per_gradient"] = best["curvcal HVP, kept graphs"] / best["gradient"]
+    row["kept_by_default"] = default.graphs_kept
     children = {}
-    for kind in ("gradient", "product", "block"):
+    for kind in ("gradient", "product", "block", "kept"):
         command = [sys.executable, __file__, "--child", kind, "--models", model_name,
                    "--samples", str(args.samples), "--batch", str(args.batch)]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -310,6 +324,7 @@ def product_rows(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     grad_growth = children["gradient"]["peak_growth"]
     row["product_peak_per_gradient"] = children["product"]["peak_growth"] / grad_growth
     row["block_peak_per_gradient"] = children["block"]["peak_growth"] / grad_growth
+    row["kept_first_peak_per_gradient"] = children["kept"]["first_peak_growth"] / grad_growth
     row["first_per_second_product"] = (
         children["product"]["first_s"] / children["product"]["second_s"]
     )
@@ -320,8 +335,10 @@ def products_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| model | P | gradient s | double backward s | curvcal HVP s | HVP / gradient | "
         "HVP / double backward | double backward / gradient | block of 8, per vector / gradient | "
-        "first / second product | peak growth: HVP / gradient | block of 8 / gradient |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "first / second product | peak growth: HVP / gradient | block of 8 / gradient | "
+        "kept graphs: HVP / gradient | kept graphs: first product's peak growth / gradient | "
+        "kept by default |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         seconds = row["seconds"]
@@ -331,7 +348,9 @@ def products_table(rows: list[dict[str, Any]]) -> str:
             f"{row['hvp_per_gradient']:.2f} | {row['hvp_per_double_backward']:.2f} | "
             f"{row['double_backward_per_gradient']:.2f} | {row['block_vector_per_gradient']:.2f} | "
             f"{row['first_per_second_product']:.2f} | {row['product_peak_per_gradient']:.2f} | "
-            f"{row['block_peak_per_gradient']:.2f} |"
+            f"{row['block_peak_per_gradient']:.2f} | {row['kept_per_gradient']:.2f} | "
+            f"{row['kept_first_peak_per_gradient']:.2f} | "
+            f"{'yes' if row['kept_by_default'] else 'no'} |"
         )
     return "\n".join(lines)
 

@@ -30,7 +30,7 @@ from curvcal.curvature.engines import ENGINES, MODES
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.kept import KEEP_GRAPHS
 from curvcal.curvature.layers import layer_curvature
-from curvcal.curvature.memory import free_memory, parse_memory_budget
+from curvcal.curvature.memory import FREE_FRACTION, free_memory, parse_memory_budget
 from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
 from curvcal.curvature.trace import DISTRIBUTIONS, sketch_bytes, sketch_columns, trace_estimate
@@ -175,6 +175,28 @@ def _size(n_bytes: float) -> str:
     return f"{n_bytes:.0f} bytes"
 
 
+def kept_graphs_note(
+    settings: HessianSettings, need: int | None, kept: bool, free: int | None
+) -> str | None:
+    """A note when ``keep_graphs="auto"`` rebuilt the gradient graphs for every product only
+    because the default memory budget was too small for them (``need`` bytes: the kept graphs
+    and a product through them) while half the ``free`` memory would hold them: the
+    ``--memory-budget`` that keeps them. None when kept, when the user chose the budget or
+    ``never``, when they cannot be kept (``func``, train mode), or when memory is short."""
+    if kept or need is None or settings.keep_graphs != "auto" or settings.memory_budget:
+        return None
+    if settings.engine == "func" or settings.mode == "train":
+        return None
+    if free is not None and need > FREE_FRACTION * free:
+        return None
+    return (
+        f"every Hessian-vector product builds the gradient graphs again: keeping them needs "
+        f"about {_size(need)}, more than the default memory budget; --memory-budget "
+        f"{math.ceil(need / 2**20)}MiB keeps them, and each product then skips the forward and "
+        "first backward (--keep-graphs never: no note)"
+    )
+
+
 def check_sketch_memory(
     settings: HessianSettings,
     n_params: int,
@@ -292,6 +314,11 @@ def analyse_hessian(
         )
         if note is not None and on_note is not None:
             on_note(note)
+    note = kept_graphs_note(
+        settings, operator.kept_need, operator.graphs_kept, free_memory(operator.device)
+    )
+    if note is not None and on_note is not None:
+        on_note(note)
 
     def hook(stage: str) -> OnStep:
         if on_step is None:
@@ -411,7 +438,8 @@ def analyse_hessian_with_messages(
 ) -> tuple[HessianAnalysis, list[str]]:
     """:func:`analyse_hessian`, returning the warnings a report shows (unconverged estimates, an
     engine fallback to double backward) as messages; other warnings are passed on untouched.
-    ``on_note`` receives the notes that cannot wait for the end (the sketch's memory)."""
+    ``on_note`` receives the notes that cannot wait for the end (the sketch's memory, the
+    budget that would keep the gradient graphs)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         # torch.func's first use imports torch internals that warn about their own deprecations.

@@ -144,8 +144,9 @@ def kept_bytes(
 def kept_pass_bytes(graphs: GraphSizes, param_bytes: int, rows: int, width: int) -> float:
     """Bytes a product through kept graphs adds, for ``width`` vectors: the second backward's
     intermediate tensors (taken as one plain gradient pass over ``rows`` rows, the largest
-    chunk) and, per vector, its tangent, its result, and one product in flight (3·P·s each)."""
-    return graphs.gradient.at(rows) + param_bytes * (1 + 3 * width)
+    chunk), the product in flight (P·s), and per vector its result and its tangent (2·P·s;
+    one vector's tangent is a view of the caller's column, counted all the same)."""
+    return graphs.gradient.at(rows) + param_bytes * (1 + 2 * width)
 
 
 def chunk_rows(batch_rows: Iterable[int], limit: int | None) -> list[int]:

@@ -75,6 +75,7 @@ from curvcal.curvature.kept import (
     chunk_rows,
     kept_bytes,
     kept_hvp,
+    kept_pass_bytes,
     widest_kept_width,
 )
 from curvcal.curvature.memory import (
@@ -362,8 +363,10 @@ class HessianOperator:
         self.memory_budget = budget
         self.memory_plan: PassPlan | None = None
         self.memory_graphs: GraphSizes | None = None
-        #: predicted bytes of the kept graphs (None when they are never kept)
+        #: predicted bytes of the kept graphs, and of those with a one-vector product through
+        #: them: what keeping needs (None when graphs are never kept)
         self.kept_estimate: int | None = None
+        self.kept_need: int | None = None
         self._plan_memory()
 
     # -- parameter selection ---------------------------------------------------------------
@@ -556,8 +559,10 @@ class HessianOperator:
         input_row_bytes = (
             rows_of.nbytes(first_x) / first_rows if self._batches.mode == "none" else 0.0
         )
-        self.kept_estimate = math.ceil(
-            kept_bytes(self.memory_graphs, param_bytes, chunks, input_row_bytes)
+        held = kept_bytes(self.memory_graphs, param_bytes, chunks, input_row_bytes)
+        self.kept_estimate = math.ceil(held)
+        self.kept_need = math.ceil(
+            held + kept_pass_bytes(self.memory_graphs, param_bytes, max(chunks), 1)
         )
         if self.keep_graphs == "always":
             state.enabled = True

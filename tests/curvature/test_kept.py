@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature import operator as operator_module
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.analysis import HessianSettings, analyse_hessian, kept_graphs_note
 from curvcal.curvature.kept import chunk_rows, kept_bytes, kept_pass_bytes, widest_kept_width
 from curvcal.curvature.memory import GraphSize, GraphSizes
 from curvcal.curvature.operator import HessianOperator
@@ -224,10 +224,47 @@ def test_widest_width_fits_the_budget_exactly() -> None:
     chunks = [4, 4, 2]
     held = 3 * 1000.0 + 10 * (50.0 + 8.0) + 400  # graphs, inputs held, summed gradient
     assert kept_bytes(graphs, 400, chunks, 8.0) == held
-    per_width = [held + (100.0 + 10.0 * 4) + 400 * (1 + 3 * m) for m in (1, 2, 3)]
+    per_width = [held + (100.0 + 10.0 * 4) + 400 * (1 + 2 * m) for m in (1, 2, 3)]
     assert [
         widest_kept_width(
             graphs, param_bytes=400, chunks=chunks, input_row_bytes=8.0, width=3, budget=b
         )
         for b in (per_width[0] - 1, per_width[0], per_width[1], per_width[2] + 1e9)
     ] == [0, 1, 2, 3]
+
+
+def test_the_note_names_the_budget_that_keeps_the_graphs() -> None:
+    auto = HessianSettings()
+    need = 300 * 2**20
+    note = kept_graphs_note(auto, need, kept=False, free=8 * 2**30)
+    assert note is not None and "--memory-budget 300MiB keeps them" in note
+    assert "300 MiB" in note
+    # no note: kept already, the user's own budget or choice, func or train mode, memory short
+    assert kept_graphs_note(auto, need, kept=True, free=None) is None
+    for changed in (
+        dataclasses.replace(auto, memory_budget="100MB"),
+        dataclasses.replace(auto, keep_graphs="never"),
+        dataclasses.replace(auto, engine="func"),
+        dataclasses.replace(auto, mode="train"),
+    ):
+        assert kept_graphs_note(changed, need, kept=False, free=None) is None
+    assert kept_graphs_note(auto, need, kept=False, free=2 * need - 1) is None
+    assert kept_graphs_note(auto, need, kept=False, free=2 * need) is not None
+    assert kept_graphs_note(auto, None, kept=False, free=None) is None
+
+
+def test_analysis_passes_the_note_on_when_the_default_budget_is_short(
+    mlp_case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, x, y, hessian = mlp_case
+    need = HessianOperator(model, split(x, y, BATCH)).kept_need
+    assert need is not None
+    monkeypatch.setattr(operator_module, "default_budget", lambda *_args: need - 1)
+    notes: list[str] = []
+    result = analyse_hessian(
+        model, split(x, y, BATCH), HessianSettings(tol=1e-8, trace=False), on_note=notes.append
+    )
+    assert result.operator["graphs_kept"] is False
+    assert len(notes) == 1 and "--memory-budget" in notes[0] and "keeps them" in notes[0]
+    top = float(torch.linalg.eigvalsh(hessian)[-1])
+    assert result.lambda_max == pytest.approx(top, rel=1e-8)
