@@ -42,12 +42,12 @@ def _lanczos_tridiagonal(
         alpha = float(torch.dot(current, image))
         alphas.append(alpha)
         scale = max(scale, abs(alpha))
-        image, _ = basis.orthogonalise(image)  # full reorthogonalisation, twice
+        image, _ = basis.extend(image)  # full reorthogonalisation, in the basis' next row
         beta = float(image.norm())
         if len(alphas) == steps or beta <= 100 * eps * max(scale, beta):
             break  # a quadrature on an invariant subspace is already exact for this v
         betas.append(beta)
-        basis.append(image / beta)
+        basis.commit(beta)
     return alphas, betas
 
 

@@ -265,10 +265,10 @@ def lanczos(
         if max_matvecs is not None and used + 1 + k > max_matvecs:
             stopped_by = "max_matvecs"
             break
-        image = op.matvec(basis[-1].to(op.dtype)).to(wide)
+        # the product goes straight into the basis' next row (float64), cleared there
+        image, coefficients = basis.extend(op.matvec(basis[-1].to(op.dtype)))
         steps += 1
         used += 1
-        image, coefficients = basis.orthogonalise(image)
         beta = float(image.norm())
         projected[:steps, steps - 1] = coefficients.cpu()
         projected[steps, steps - 1] = beta
@@ -329,14 +329,15 @@ def lanczos(
                     break
         if beta <= 100 * torch.finfo(op.dtype).eps * scale:
             # invariant subspace: restart orthogonally to it
-            fresh, _ = basis.orthogonalise(_random_unit(op, generator).to(wide))
-            if float(fresh.norm()) == 0.0:
+            fresh, _ = basis.extend(_random_unit(op, generator))
+            norm = float(fresh.norm())
+            if norm == 0.0:
                 stopped_by = "exhausted"
                 break
             projected[steps, steps - 1] = 0.0
-            basis.append(fresh / fresh.norm())
+            basis.commit(norm)
         else:
-            basis.append(image / beta)
+            basis.commit(beta)
     wanted = _wanted(steps, k, which)
     ritz, ritz_vectors, _skew = _rayleigh_ritz(projected[:steps, :steps])
     if stopped_by == "exhausted":

@@ -36,6 +36,30 @@ def test_orthogonalise_matches_the_dense_projection(count: int) -> None:
     assert len(basis) == count
 
 
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 8, 2 * MAX_BLOCK + 3])
+def test_extend_clears_in_the_next_row_and_commit_keeps_it(count: int) -> None:
+    """extend: the dense projection v − QQᵀv and Qᵀv, written into the basis' next row (a
+    float32 input cast there); a second extend overwrites it; commit normalises and keeps it."""
+    basis, columns = _filled(60, count)
+    generator = torch.Generator().manual_seed(4)
+    first = torch.randn(60, dtype=torch.float32, generator=generator)
+    basis.extend(first)
+    vector = torch.randn(60, dtype=torch.float32, generator=generator)
+    remainder, coefficients = basis.extend(vector)  # the pending row is reused
+    wide = vector.to(torch.float64)
+    expected = wide - columns @ (columns.t() @ wide)
+    assert remainder.dtype == torch.float64 and len(basis) == count
+    assert torch.allclose(remainder, expected, atol=1e-13, rtol=0)
+    assert torch.allclose(coefficients, columns.t() @ wide, atol=1e-13, rtol=0)
+    norm = float(remainder.norm())
+    basis.commit(norm)
+    assert len(basis) == count + 1
+    assert torch.allclose(basis[-1], expected / norm, atol=1e-13, rtol=0)
+    stacked = torch.stack([basis[i] for i in range(count + 1)], dim=1)
+    gram = stacked.t() @ stacked
+    assert torch.allclose(gram, torch.eye(count + 1, dtype=torch.float64), atol=1e-12, rtol=0)
+
+
 def test_a_lanczos_image_is_left_orthogonal_to_working_precision() -> None:
     """A vector almost inside the span (a Lanczos image: large components along the latest
     vectors, a small remainder) comes out orthogonal to the basis to ε, not to ε·‖v‖/‖r‖."""
