@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from curvcal.curvature import hessian_eigenvalues
 from curvcal.curvature import operator as operator_module
 from curvcal.curvature.analysis import HessianSettings, analyse_hessian, kept_graphs_note
 from curvcal.curvature.kept import chunk_rows, kept_bytes, kept_pass_bytes, widest_kept_width
@@ -268,3 +269,13 @@ def test_analysis_passes_the_note_on_when_the_default_budget_is_short(
     assert len(notes) == 1 and "--memory-budget" in notes[0] and "keeps them" in notes[0]
     top = float(torch.linalg.eigvalsh(hessian)[-1])
     assert result.lambda_max == pytest.approx(top, rel=1e-8)
+
+
+def test_the_api_functions_take_keep_graphs(mlp_case: Case) -> None:
+    model, x, y, hessian = mlp_case
+    top = float(torch.linalg.eigvalsh(hessian)[-1])
+    for keep in ("always", "never"):
+        spectrum = hessian_eigenvalues(model, split(x, y, BATCH), tol=1e-8, keep_graphs=keep)
+        assert spectrum.eigenvalues[0] == pytest.approx(top, rel=1e-8)
+    with pytest.raises(InputError, match="keep_graphs"):
+        hessian_eigenvalues(model, split(x, y, BATCH), keep_graphs="perhaps")
