@@ -143,10 +143,13 @@ def kept_bytes(
 
 def kept_pass_bytes(graphs: GraphSizes, param_bytes: int, rows: int, width: int) -> float:
     """Bytes a product through kept graphs adds, for ``width`` vectors: the second backward's
-    intermediate tensors (taken as one plain gradient pass over ``rows`` rows, the largest
-    chunk), the product in flight (P·s), and per vector its result and its tangent (2·P·s;
-    one vector's tangent is a view of the caller's column, counted all the same)."""
-    return graphs.gradient.at(rows) + param_bytes * (1 + 2 * width)
+    intermediate tensors (taken as the double-backward graph of ``rows`` rows, the largest
+    chunk: what the first backward saved for it), the product in flight (P·s), and per vector
+    its result and its tangent (2·P·s; one vector's tangent is a view of the caller's column,
+    counted all the same). Against the resident-set growth of a first kept product (128 images
+    of 3×32×32 in two batches, one thread): ResNet-18 predicted 323 MiB, measured 256 MiB; a
+    two-layer ViT 280 MiB against 248 MiB."""
+    return graphs.double.at(rows) + param_bytes * (1 + 2 * width)
 
 
 def chunk_rows(batch_rows: Iterable[int], limit: int | None) -> list[int]:

@@ -225,7 +225,7 @@ def test_widest_width_fits_the_budget_exactly() -> None:
     chunks = [4, 4, 2]
     held = 3 * 1000.0 + 10 * (50.0 + 8.0) + 400  # graphs, inputs held, summed gradient
     assert kept_bytes(graphs, 400, chunks, 8.0) == held
-    per_width = [held + (100.0 + 10.0 * 4) + 400 * (1 + 2 * m) for m in (1, 2, 3)]
+    per_width = [held + (1000.0 + 50.0 * 4) + 400 * (1 + 2 * m) for m in (1, 2, 3)]
     assert [
         widest_kept_width(
             graphs, param_bytes=400, chunks=chunks, input_row_bytes=8.0, width=3, budget=b
