@@ -63,6 +63,34 @@ class KeptGraph:
         return _versions(self.watched) == self.versions
 
 
+class KeptState:
+    """The kept graph of an operator, shared with the blocks it restricts to some parameters:
+    built over the first operator's parameters (``names``, ``params``), used by any block whose
+    parameters are among them. ``enabled``: whether products go through it; ``dropped``: why
+    it was given up, if it was."""
+
+    def __init__(self, names: tuple[str, ...], params: tuple[Tensor, ...]) -> None:
+        self.names = names
+        self.params = params
+        self.enabled = False
+        self.kept: KeptGraph | None = None
+        self.dropped: str | None = None
+
+    def drop(self, reason: str) -> None:
+        """Give the graph up for good (it is freed), saying why."""
+        self.enabled = False
+        self.kept = None
+        self.dropped = reason
+
+    def indices(self, names: Sequence[str]) -> list[int] | None:
+        """Positions of the parameters ``names`` among the graph's; None when one is not there
+        (a block outside the first operator's parameters rebuilds its graphs)."""
+        position = {name: i for i, name in enumerate(self.names)}
+        if not all(name in position for name in names):
+            return None
+        return [position[name] for name in names]
+
+
 def build_kept_graph(
     batch_loss: Callable[[Inputs, Tensor], Tensor],
     params: Sequence[Tensor],

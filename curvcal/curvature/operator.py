@@ -70,7 +70,7 @@ from curvcal.curvature.engines import (
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.kept import (
     KEEP_GRAPHS,
-    KeptGraph,
+    KeptState,
     build_kept_graph,
     chunk_rows,
     kept_bytes,
@@ -156,24 +156,6 @@ def build_operator(
         keep_graphs=options.keep_graphs,
     )
     return NaNGuard(operator, sharded=all_reduce is not None)
-
-
-class _Graphs:
-    """The kept gradient graph of an operator, shared with the blocks :meth:`HessianOperator.restrict`
-    makes from it: built over the first operator's parameters (``names``, ``params``), used by
-    any block whose parameters are among them."""
-
-    def __init__(self, names: tuple[str, ...], params: tuple[Tensor, ...]) -> None:
-        self.names = names
-        self.params = params
-        self.enabled = False
-        self.kept: KeptGraph | None = None
-        self.dropped: str | None = None
-
-    def drop(self, reason: str) -> None:
-        self.enabled = False
-        self.kept = None
-        self.dropped = reason
 
 
 class _Totals:
@@ -336,7 +318,7 @@ class HessianOperator:
         self._all_reduce = all_reduce
         self._select(params)
         self.keep_graphs = keep_graphs
-        self._graphs = _Graphs(self.param_names, self._params)
+        self._graphs = KeptState(self.param_names, self._params)
         param_device = self._params[0].device
         wanted = torch.device(device) if device is not None else param_device
         same = wanted.type == param_device.type and wanted.index in (None, param_device.index)
@@ -592,12 +574,7 @@ class HessianOperator:
         return self._graphs.dropped
 
     def _kept_indices(self) -> list[int] | None:
-        """Positions of this operator's parameters among the kept graph's; None when a
-        parameter is not among them (a block outside the first operator's parameters)."""
-        position = {name: i for i, name in enumerate(self._graphs.names)}
-        if not all(name in position for name in self.param_names):
-            return None
-        return [position[name] for name in self.param_names]
+        return self._graphs.indices(self.param_names)
 
     def _watched(self) -> tuple[Tensor, ...]:
         """What a kept graph's values depend on: every parameter and buffer."""
