@@ -126,7 +126,9 @@ def kept_hvp(
     ``tangents[k]`` has shape ``(m, *params[indices[k]].shape)`` (the k-th selected parameter's
     piece of every vector) and ``out[k]`` the same shape; ``out`` is overwritten. One backward
     through the kept graph per vector, H·v_j = J_g(θ)ᵀ v_j restricted to the selected rows and
-    columns, the graph retained for the next product.
+    columns, the graph retained for the next product. (One backward vmapped over the vectors,
+    ``is_grads_batched=True``, measured slower on the CPU: 1.11× on the bundled CNN, 1.39× on
+    ResNet-18, for 8 vectors.)
     """
     params = [kept.params[i] for i in indices]
     live = [k for k, i in enumerate(indices) if kept.gradient[i] is not None]
