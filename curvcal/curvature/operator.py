@@ -218,8 +218,8 @@ class HessianOperator:
     keep_graphs:
         ``"auto"`` (default): when the double-backward graphs of every batch fit in the memory
         budget together with a pass of products, build them once and answer every product by
-        one backward through them (:mod:`curvcal.curvature.kept`: on one CPU thread 1.7× a
-        gradient pass on ResNet-18 instead of 2.9×); ``"always"``: keep them whatever the
+        one backward through them (:mod:`curvcal.curvature.kept`: on one CPU thread 1.8× a
+        gradient pass on ResNet-18 instead of 3.0×); ``"always"``: keep them whatever the
         budget; ``"never"``: forward and first backward again for every product. Not with
         ``engine="func"``, nor in train mode (BatchNorm's graph saves the running statistics,
         which are restored after every product). :attr:`graphs_kept` says whether products run that way; on a CUDA
