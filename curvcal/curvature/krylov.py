@@ -9,7 +9,7 @@ and allocate as often. Here the vectors are rows of a few preallocated blocks, a
 classical Gram–Schmidt is two matrix–vector products per block: c = Q_bᵀv, v ← v − Q_b c
 (the blocks in turn, each against the vector already cleared of the earlier blocks). The two
 latest vectors are removed first, so that one pass usually suffices; a second runs when the
-DGKS test asks for it (see :meth:`KrylovBasis.orthogonalise`). One number per call is read
+DGKS test asks for it (see :meth:`KrylovBasis.extend`). One number per call is read
 back to the host.
 """
 
@@ -49,11 +49,13 @@ class KrylovBasis:
         self._count += 1
 
     def extend(self, vector: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`orthogonalise` without a new vector: ``vector`` is written (cast to the
-        basis' dtype) into the row after the last basis vector and cleared of the basis there.
-        Returns that row (a view; the remainder) and the coefficients removed. :meth:`commit`
-        then makes it q_{m+1}; another call to ``extend`` overwrites it. At P = 10⁷ this spares
-        three vectors of 80 MB per Lanczos step (the cast, the copy, the normalised one)."""
+        """``vector`` minus its components along the basis, computed in the basis' next row:
+        ``vector`` is written there (cast to the basis' dtype; the input is not modified) and
+        cleared of the basis in place. Returns that row (a view: the remainder) and the
+        coefficients removed (the sum over the steps of :meth:`_clear` of q_iᵀ·v, a length-m
+        tensor on the basis' device). :meth:`commit` then makes it q_{m+1}; another call to
+        ``extend`` overwrites it. No P-long vector is allocated: at P = 10⁷ that spares three
+        vectors of 80 MB per Lanczos step (a cast, a copy, the normalised one)."""
         row = self._next_row()
         row.copy_(vector)
         return row, self._clear(row)
@@ -81,22 +83,14 @@ class KrylovBasis:
         block, row = self._locate(index)
         return self._blocks[block][row]
 
-    def orthogonalise(self, vector: Tensor) -> tuple[Tensor, Tensor]:
-        """``vector`` (cast to the basis' dtype) minus its components along the basis, and the
-        coefficients removed (the sum over the steps below of q_iᵀ·v, a length-m tensor on the
-        basis' device). The input is not modified.
+    def _clear(self, vector: Tensor) -> Tensor:
+        """Remove the basis from ``vector`` in place; the coefficients removed.
 
         First the latest :data:`RECENT` vectors, which hold nearly all of a Lanczos image's
         component along the basis (α q_m + β q_{m−1}); then one block Gram–Schmidt pass over the
         whole basis; a second only if that pass removed more than 1 − η of the norm, η = 1/√2
         (the DGKS test: a pass that keeps more leaves the vector orthogonal to working
         precision; Daniel, Gragg, Kaufman & Stewart 1976)."""
-        vector = vector.to(device=self.device, dtype=self.dtype).clone()
-        return vector, self._clear(vector)
-
-    def _clear(self, vector: Tensor) -> Tensor:
-        """Remove the basis from ``vector`` in place (:meth:`orthogonalise`'s steps); the
-        coefficients removed."""
         coefficients = torch.zeros(self._count, dtype=self.dtype, device=self.device)
         for index in range(max(0, self._count - RECENT), self._count):
             amount = torch.dot(self[index], vector)

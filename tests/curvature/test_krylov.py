@@ -23,12 +23,12 @@ def _filled(size: int, count: int) -> tuple[KrylovBasis, torch.Tensor]:
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 3, 5, 8, 13, 2 * MAX_BLOCK + 3])
-def test_orthogonalise_matches_the_dense_projection(count: int) -> None:
+def test_extend_matches_the_dense_projection(count: int) -> None:
     """v − QQᵀv and Qᵀv, across every block boundary the basis grows through."""
     basis, columns = _filled(60, count)
     vector = torch.randn(60, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     kept = vector.clone()
-    remainder, coefficients = basis.orthogonalise(vector)
+    remainder, coefficients = basis.extend(vector)
     assert torch.equal(vector, kept)  # the input is not modified
     expected = vector - columns @ (columns.t() @ vector)
     assert torch.allclose(remainder, expected, atol=1e-13, rtol=0)
@@ -68,7 +68,7 @@ def test_a_lanczos_image_is_left_orthogonal_to_working_precision() -> None:
     outside = torch.randn(500, dtype=torch.float64, generator=generator)
     outside -= columns @ (columns.t() @ outside)
     vector = 1e6 * columns[:, -1] + 3e5 * columns[:, -2] + 1.0 * columns[:, 0] + 1e-3 * outside
-    remainder, coefficients = basis.orthogonalise(vector)
+    remainder, coefficients = basis.extend(vector)
     leak = (columns.t() @ remainder).abs().max() / remainder.norm()
     assert leak < 1e-12
     assert torch.allclose(remainder, 1e-3 * outside, rtol=0, atol=1e-9)
@@ -80,7 +80,7 @@ def test_a_lanczos_image_is_left_orthogonal_to_working_precision() -> None:
 def test_a_vector_inside_the_span_leaves_nothing() -> None:
     basis, _ = _filled(40, 40)  # the whole space
     vector = torch.randn(40, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    remainder, _ = basis.orthogonalise(vector)
+    remainder, _ = basis.extend(vector)
     assert float(remainder.norm()) < 1e-13 * float(vector.norm())
 
 
@@ -111,6 +111,6 @@ def test_float32_basis_and_input_dtype() -> None:
     """The basis keeps its own dtype; inputs of another dtype are cast."""
     basis = KrylovBasis(8, torch.float32, "cpu")
     basis.append(torch.eye(8)[0])
-    remainder, coefficients = basis.orthogonalise(torch.ones(8, dtype=torch.float64))
+    remainder, coefficients = basis.extend(torch.ones(8, dtype=torch.float64))
     assert remainder.dtype == coefficients.dtype == torch.float32
     assert remainder[0] == 0.0 and coefficients.tolist() == [1.0]
