@@ -303,22 +303,23 @@ def analyse_hessian(
             f"use at most {n_params}",
         )
     plan = operator.memory_plan
+    free = free_memory(operator.device)  # read once for both memory notes
+    notes: list[str | None] = []
     if plan is not None:
-        note = check_sketch_memory(
-            settings,
-            n_params,
-            operator.dtype,
-            plan.budget,
-            explicit=settings.memory_budget is not None,
-            free=free_memory(operator.device),
+        notes.append(
+            check_sketch_memory(
+                settings,
+                n_params,
+                operator.dtype,
+                plan.budget,
+                explicit=settings.memory_budget is not None,
+                free=free,
+            )
         )
+    notes.append(kept_graphs_note(settings, operator.kept_need, operator.graphs_kept, free))
+    for note in notes:
         if note is not None and on_note is not None:
             on_note(note)
-    note = kept_graphs_note(
-        settings, operator.kept_need, operator.graphs_kept, free_memory(operator.device)
-    )
-    if note is not None and on_note is not None:
-        on_note(note)
 
     def hook(stage: str) -> OnStep:
         if on_step is None:

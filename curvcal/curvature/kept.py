@@ -72,6 +72,7 @@ class KeptState:
     def __init__(self, names: tuple[str, ...], params: tuple[Tensor, ...]) -> None:
         self.names = names
         self.params = params
+        self._position = {name: i for i, name in enumerate(names)}
         self.enabled = False
         self.kept: KeptGraph | None = None
         self.dropped: str | None = None
@@ -85,10 +86,9 @@ class KeptState:
     def indices(self, names: Sequence[str]) -> list[int] | None:
         """Positions of the parameters ``names`` among the graph's; None when one is not there
         (a block outside the first operator's parameters rebuilds its graphs)."""
-        position = {name: i for i, name in enumerate(self.names)}
-        if not all(name in position for name in names):
+        if not all(name in self._position for name in names):
             return None
-        return [position[name] for name in names]
+        return [self._position[name] for name in names]
 
 
 def build_kept_graph(

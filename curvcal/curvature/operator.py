@@ -222,9 +222,9 @@ class HessianOperator:
         gradient pass on ResNet-18 instead of 3.0×); ``"always"``: keep them whatever the
         budget; ``"never"``: forward and first backward again for every product. Not with
         ``engine="func"``, nor in train mode (BatchNorm's graph saves the running statistics,
-        which are restored after every product). :attr:`graphs_kept` says whether products run that way; on a CUDA
-        out-of-memory error the graphs are dropped (:attr:`graphs_dropped` says why) and
-        products go on without them.
+        which are restored after every product). :attr:`graphs_kept` says whether products run
+        that way; on a CUDA out-of-memory error the graphs are dropped (:attr:`graphs_dropped`
+        says why) and products go on without them.
 
     Floating-point inputs are cast to the parameters' dtype. ``n_matvecs`` counts vectors
     multiplied, ``n_data_passes`` passes over the data (products, retried passes and
@@ -626,16 +626,20 @@ class HessianOperator:
 
     def _product(self, block: Tensor) -> Tensor:
         indices = self._kept_indices() if self._graphs.enabled else None
-        if indices is not None:
-            total = self._kept_product(block, indices)
-            if total is not None:
-                self.engine_products["autograd"] = (
-                    self.engine_products.get("autograd", 0) + block.shape[1]
-                )
-                return self._finish(total, block.shape[1])
+        total = self._kept_product(block, indices) if indices is not None else None
+        if total is not None:  # through the kept graphs: the second backward of double backward
+            engine, result = "autograd", self._finish(total, block.shape[1])
+        else:
+            engine, result = self._rebuilt_product(block)
+        self.engine_products[engine] = self.engine_products.get(engine, 0) + block.shape[1]
+        return result
+
+    def _rebuilt_product(self, block: Tensor) -> tuple[str, Tensor]:
+        """The products with the graphs built again, and the engine that made them (``auto``
+        falls back from ``func`` to double backward for good when torch.func fails)."""
         engine = self._engine_for(block.shape[1])
         try:
-            result = self._product_with(engine, block)
+            return engine, self._product_with(engine, block)
         except (NumericalError, InputError):
             raise
         except Exception as error:
@@ -646,10 +650,7 @@ class HessianOperator:
                 f"torch.func failed ({type(error).__name__}: {' '.join(str(error).split())[:200]}); "
                 "double backward used instead"
             )
-            engine = "autograd"
-            result = self._product_with(engine, block)
-        self.engine_products[engine] = self.engine_products.get(engine, 0) + block.shape[1]
-        return result
+            return "autograd", self._product_with("autograd", block)
 
     def _product_with(self, engine: str, block: Tensor) -> Tensor:
         m = block.shape[1]
