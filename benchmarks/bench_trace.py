@@ -319,6 +319,11 @@ def _finish(
     return {**case, "variants": found, "seconds_per_run": seconds}
 
 
+def case_names(cases: str) -> list[str]:
+    """The case names of ``--cases``, comma-separated, blanks dropped."""
+    return [name.strip() for name in cases.split(",") if name.strip()]
+
+
 def run_study(options: argparse.Namespace, log: Any) -> dict[str, Any]:
     """``--study``: the variants' table (error statistics and coverage) for every case."""
     report: dict[str, Any] = {"options": vars(options), "cases": []}
@@ -330,7 +335,7 @@ def run_study(options: argparse.Namespace, log: Any) -> dict[str, Any]:
         "| median half-width | coverage | mean sketch |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in [n.strip() for n in options.cases.split(",") if n.strip()]:
+    for name in case_names(options.cases):
         if options.span:
             matrix, description = build(name, options.cache, log)
             exact = float(torch.trace(matrix))
@@ -405,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "| median half-width / tr | coverage |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in [n.strip() for n in options.cases.split(",") if n.strip()]:
+    for name in case_names(options.cases):
         matrix, description = build(name, options.cache, log)
         exact = float(torch.trace(matrix))
         log(f"{name}: {description}, tr = {exact:.8g}")
