@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from curvcal.curvature.krylov import KrylovBasis
-from curvcal.curvature.operators import LinearOperator, as_operator
+from curvcal.curvature.operators import LinearOperator, as_operator, matvec_into
 from curvcal.curvature.results import DensityResult
 from curvcal.curvature.trace import draw_probes
 from curvcal.errors import InputError
@@ -36,13 +36,15 @@ def _lanczos_tridiagonal(
     alphas: list[float] = []
     betas: list[float] = []
     scale = 0.0
+
+    def product(row: Tensor) -> None:
+        """A·q_m written in the basis' next row (no P-long copy), and α = q_mᵀ A q_m."""
+        matvec_into(op, basis[-1], row)
+        alphas.append(float(torch.dot(basis[-1], row)))
+
     for _ in range(steps):
-        current = basis[-1]
-        image = op.matvec(current)
-        alpha = float(torch.dot(current, image))
-        alphas.append(alpha)
-        scale = max(scale, abs(alpha))
-        image, _ = basis.extend(image)  # full reorthogonalisation, in the basis' next row
+        image, _ = basis.extend_into(product)  # full reorthogonalisation, in place
+        scale = max(scale, abs(alphas[-1]))
         beta = float(image.norm())
         if len(alphas) == steps or beta <= 100 * eps * max(scale, beta):
             break  # a quadrature on an invariant subspace is already exact for this v

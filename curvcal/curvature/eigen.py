@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from curvcal.curvature.krylov import KrylovBasis
-from curvcal.curvature.operators import LinearOperator, as_operator
+from curvcal.curvature.operators import LinearOperator, as_operator, matvec_into
 from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpectrum
 from curvcal.errors import InputError
 from curvcal.progress import OnStep
@@ -248,6 +248,8 @@ def lanczos(
     wide = torch.float64
     basis = KrylovBasis(n_params, wide, op.device)
     basis.append(_random_unit(op, generator).to(wide))
+    # q_m in the operator's dtype, one buffer for the whole run
+    tangent = None if op.dtype == wide else torch.empty(n_params, dtype=op.dtype, device=op.device)
     projected = torch.zeros(steps_allowed + 1, steps_allowed, dtype=wide)
     scale = 0.0
     previous: list[float] | None = None
@@ -266,7 +268,11 @@ def lanczos(
             stopped_by = "max_matvecs"
             break
         # the product goes straight into the basis' next row (float64), cleared there
-        image, coefficients = basis.extend(op.matvec(basis[-1].to(op.dtype)))
+        image, coefficients = basis.extend_into(
+            lambda row: matvec_into(
+                op, basis[-1] if tangent is None else tangent.copy_(basis[-1]), row
+            )
+        )
         steps += 1
         used += 1
         beta = float(image.norm())
@@ -392,13 +398,15 @@ def _verify(
 ) -> _Verification:
     """‖A y − θ y‖ / max(|θ|, √ε·‖A‖) of the wanted Ritz pairs, with one block product."""
     vectors = basis.combine(ritz_vectors[:steps, wanted])  # y = Q_m s
-    vectors = vectors / vectors.norm(dim=0, keepdim=True)
-    images = op.matmat(vectors.to(op.dtype)).to(torch.float64)
-    residuals = []
-    for column, index in enumerate(wanted):
-        value = float(ritz[index])
-        amount = float((images[:, column] - value * vectors[:, column]).norm())
-        residuals.append(_relative(amount, value, scale, op.dtype))
+    vectors.div_(vectors.norm(dim=0, keepdim=True))
+    # a copy of its own: an operator may hand back a tensor it keeps, or its input
+    images = op.matmat(vectors.to(op.dtype)).to(torch.float64, copy=True)
+    values = ritz[wanted].to(vectors)
+    amounts = images.sub_(vectors.mul_(values)).norm(dim=0).tolist()  # A y − θ y, in place
+    residuals = [
+        _relative(amount, float(value), scale, op.dtype)
+        for amount, value in zip(amounts, values, strict=True)
+    ]
     return _Verification(steps, residuals)
 
 

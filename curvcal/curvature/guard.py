@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from curvcal.curvature.operators import LinearOperator
+from curvcal.curvature.operators import LinearOperator, matvec_into
 from curvcal.errors import NumericalError
 from curvcal.rows import Inputs
 
@@ -107,6 +107,17 @@ class NaNGuard:
     def matvec(self, vector: Tensor) -> Tensor:
         """H·v for v of shape (P,)."""
         return self.matmat(vector.reshape(-1, 1)).reshape(-1)
+
+    def matvec_into(self, vector: Tensor, out: Tensor) -> Tensor:
+        """H·v written into ``out`` (see :func:`~curvcal.curvature.operators.matvec_into`); a
+        non-finite product names the batches at fault."""
+        try:
+            matvec_into(self.operator, vector, out)
+        except NumericalError as error:
+            raise self._located(error.what, error.why, vector.reshape(-1, 1)) from None
+        if not getattr(self.operator, "checks_finite", False) and not _finite(out):
+            raise self._located("hessian", _PRODUCT, vector.reshape(-1, 1))
+        return out
 
     def __matmul__(self, other: Tensor) -> Tensor:
         return self.matvec(other) if other.ndim == 1 else self.matmat(other)

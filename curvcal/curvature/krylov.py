@@ -15,7 +15,7 @@ back to the host.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -56,8 +56,14 @@ class KrylovBasis:
         tensor on the basis' device). :meth:`commit` then makes it q_{m+1}; another call to
         ``extend`` overwrites it. No P-long vector is allocated: at P = 10⁷ that spares three
         vectors of 80 MB per Lanczos step (a cast, a copy, the normalised one)."""
+        return self.extend_into(lambda row: row.copy_(vector))
+
+    def extend_into(self, write: Callable[[Tensor], object]) -> tuple[Tensor, Tensor]:
+        """As :meth:`extend`, with the vector written into the basis' next row by ``write(row)``
+        (a product computed in place: :func:`~curvcal.curvature.operators.matvec_into`), so
+        that no P-long vector at all is made for it."""
         row = self._next_row()
-        row.copy_(vector)
+        write(row)
         return row, self._clear(row)
 
     def commit(self, norm: float) -> None:

@@ -466,6 +466,32 @@ class HessianOperator:
         """H·v for v of shape (P,)."""
         return self.matmat(vector.reshape(-1, 1)).reshape(-1)
 
+    def matvec_into(self, vector: Tensor, out: Tensor) -> Tensor:
+        """H·v for v of shape (P,), written into ``out`` and returned.
+
+        ``out`` is a contiguous floating-point (P,) tensor on this operator's device, of any
+        dtype: each parameter's product is cast straight into its place, and the sum over
+        batches, the mean and the finiteness check run there, so the P-long result
+        :meth:`matvec` allocates is never made (Lanczos writes its products into its float64
+        basis this way)."""
+        n_params = self.shape[0]
+        if tuple(vector.shape) != (n_params,):
+            raise InputError("vector", f"expected shape ({n_params},), got {tuple(vector.shape)}")
+        if (
+            tuple(out.shape) != (n_params,)
+            or not out.is_floating_point()
+            or not out.is_contiguous()
+            or out.device != self._device
+        ):
+            raise InputError(
+                "out",
+                f"expected a contiguous floating-point tensor of shape ({n_params},) on "
+                f"{self._device}, got {tuple(out.shape)} {out.dtype} on {out.device}",
+            )
+        block = vector.to(device=self._device, dtype=self._dtype).reshape(-1, 1)
+        self._product(block, out.view(1, -1))
+        return out
+
     def __matmul__(self, other: Tensor) -> Tensor:
         return self.matvec(other) if other.ndim == 1 else self.matmat(other)
 
@@ -580,11 +606,11 @@ class HessianOperator:
         """What a kept graph's values depend on: every parameter and buffer."""
         return (*self.model.parameters(), *self.model.buffers())
 
-    def _kept_product(self, block: Tensor, indices: list[int]) -> Tensor | None:
-        """The summed products through the kept graph (built first when missing or stale), shape
-        (m, P); None after an out-of-memory error, which drops the kept graph for good."""
+    def _kept_product(self, block: Tensor, indices: list[int], total: Tensor) -> bool:
+        """The summed products through the kept graph (built first when missing or stale),
+        written into ``total`` (m, P); False after an out-of-memory error, which drops the kept
+        graph for good."""
         state = self._graphs
-        m = block.shape[1]
         try:
             with self._prepared_model():
                 kept = state.kept
@@ -598,7 +624,6 @@ class HessianOperator:
                     )
                     state.kept = kept
                     self._count(matvecs=0, passes=1)
-                total = block.new_empty((m, self.shape[0]))
                 kept_hvp(kept, indices, self._tangents(block), self._slots(total))
         except Exception as error:
             if not is_out_of_memory(error):
@@ -608,8 +633,8 @@ class HessianOperator:
                 "each product builds them again"
             )
             self._free_memory()
-            return None
-        return total
+            return False
+        return True
 
     def _batch_product(self, engine: str) -> BatchProduct:
         return self._batch_hvp_func if engine == "func" else self._batch_hvp_autograd
@@ -624,22 +649,25 @@ class HessianOperator:
     ) -> tuple[Tensor, ...]:
         return autograd_hvp(self.model, self.loss.sum, self._params, x, y, tangents)
 
-    def _product(self, block: Tensor) -> Tensor:
+    def _product(self, block: Tensor, total: Tensor | None = None) -> Tensor:
+        """H·``block`` (P, m) as a (P, m) view of ``total`` (m, P), allocated when not given."""
+        if total is None:
+            total = block.new_empty((block.shape[1], self.shape[0]))
         indices = self._kept_indices() if self._graphs.enabled else None
-        total = self._kept_product(block, indices) if indices is not None else None
-        if total is not None:  # through the kept graphs: the second backward of double backward
+        if indices is not None and self._kept_product(block, indices, total):
+            # through the kept graphs: the second backward of double backward
             engine, result = "autograd", self._finish(total, block.shape[1])
         else:
-            engine, result = self._rebuilt_product(block)
+            engine, result = self._rebuilt_product(block, total)
         self.engine_products[engine] = self.engine_products.get(engine, 0) + block.shape[1]
         return result
 
-    def _rebuilt_product(self, block: Tensor) -> tuple[str, Tensor]:
+    def _rebuilt_product(self, block: Tensor, total: Tensor) -> tuple[str, Tensor]:
         """The products with the graphs built again, and the engine that made them (``auto``
         falls back from ``func`` to double backward for good when torch.func fails)."""
         engine = self._engine_for(block.shape[1])
         try:
-            return engine, self._product_with(engine, block)
+            return engine, self._product_with(engine, block, total)
         except (NumericalError, InputError):
             raise
         except Exception as error:
@@ -650,13 +678,13 @@ class HessianOperator:
                 f"torch.func failed ({type(error).__name__}: {' '.join(str(error).split())[:200]}); "
                 "double backward used instead"
             )
-            return "autograd", self._product_with("autograd", block)
+            return "autograd", self._product_with("autograd", block, total)
 
-    def _product_with(self, engine: str, block: Tensor) -> Tensor:
+    def _product_with(self, engine: str, block: Tensor, total: Tensor) -> Tensor:
         m = block.shape[1]
         while True:
             try:
-                total = self._pass(engine, block)
+                self._pass(engine, block, total)
                 break
             except Exception as error:
                 if not is_out_of_memory(error):
@@ -675,7 +703,7 @@ class HessianOperator:
         """The mean over the samples of the summed products ``total`` (m, P), summed across
         processes, counted and checked for finiteness; shape (P, m)."""
         if self._all_reduce is not None:
-            total = self._all_reduce(total)
+            total.copy_(self._all_reduce(total))
         self._count(matvecs=m, passes=0)
         result = total.div_(self.n_samples).t()
         # one host read per product: a NaN or Inf anywhere makes the sum non-finite
@@ -722,10 +750,10 @@ class HessianOperator:
             )
         return value
 
-    def _pass(self, engine: str, block: Tensor) -> Tensor:
-        """Σ over every sample of the summed-loss products, shape (m, P); no host synchronisation."""
+    def _pass(self, engine: str, block: Tensor, total: Tensor) -> None:
+        """Σ over every sample of the summed-loss products, written into ``total`` (m, P) and
+        summed there (in its dtype); no host synchronisation."""
         tangents = self._tangents(block)
-        total = block.new_empty((block.shape[1], self.shape[0]))
         slots = self._slots(total)
         batch_hvp = self._batch_product(engine)
         self._count(matvecs=0, passes=1)
@@ -739,7 +767,7 @@ class HessianOperator:
                     else:
                         slot.add_(piece)
                 empty = False
-        return total  # every batch source holds a sample (checked when the data is counted)
+        # every batch source holds a sample (checked when the data is counted): total is written
 
     def _tangents(self, block: Tensor) -> tuple[Tensor, ...]:
         """The columns of ``block`` (P, m) cut into per-parameter pieces of shape (m, *shape)."""

@@ -1,7 +1,9 @@
 """The linear-operator interface the curvature algorithms accept, and its dense implementation.
 
 An operator is anything with ``shape`` (P, P), ``dtype``, ``device`` and
-``matmat(V: Tensor[P, m]) -> Tensor[P, m]`` (plus ``matvec``). A dense symmetric
+``matmat(V: Tensor[P, m]) -> Tensor[P, m]`` (plus ``matvec``). One may also offer
+``matvec_into(v, out)``, the product written into a given vector, which :func:`matvec_into` uses
+when it is there (the Hessian operator does: no P-long temporary per product). A dense symmetric
 ``torch.Tensor`` is accepted everywhere an operator is, through :func:`as_operator`; that is how
 the algorithms are tested against exact eigenvalues and traces.
 """
@@ -70,6 +72,18 @@ class DenseOperator:
     def matvec(self, vector: Tensor) -> Tensor:
         """A @ v for v of shape (P,)."""
         return self.matmat(vector.reshape(-1, 1)).reshape(-1)
+
+
+def matvec_into(operator: LinearOperator, vector: Tensor, out: Tensor) -> Tensor:
+    """A·v written into ``out`` (shape (P,), on the operator's device, any floating dtype) and
+    returned: by the operator's own ``matvec_into`` when it has one, else ``matvec`` and a copy
+    (cast to ``out``'s dtype)."""
+    into = getattr(operator, "matvec_into", None)
+    if into is not None:
+        into(vector, out)
+    else:
+        out.copy_(operator.matvec(vector))
+    return out
 
 
 def as_operator(operator: LinearOperator | Tensor) -> LinearOperator:

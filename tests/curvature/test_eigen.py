@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
 from curvcal.curvature.operator import HessianOperator
+from curvcal.curvature.operators import matvec_into
 from curvcal.curvature.results import ConvergenceWarning
 from curvcal.errors import InputError
 
@@ -332,3 +333,45 @@ def test_lanczos_is_not_fooled_by_a_cluster_at_the_top(separation: float, tol: f
         spectrum = lanczos(matrix, 1, tol=tol, seed=seed)
         assert spectrum.converged
         assert abs(spectrum.values[0].value - 10.0) <= tol * 10.0
+
+
+class _Echo:
+    """The float32 identity, handing back its own input, with ``matvec_into`` when ``into`` is
+    set: Lanczos reuses one float32 buffer for its products' inputs."""
+
+    def __init__(self, size: int, into: bool) -> None:
+        self.size = size
+        self.calls = {"matmat": 0, "matvec_into": 0}
+        if into:
+            self.matvec_into = self._into
+
+    shape = property(lambda self: (self.size, self.size))
+    dtype = property(lambda self: torch.float32)
+    device = property(lambda self: torch.device("cpu"))
+
+    def matmat(self, vectors: Tensor) -> Tensor:
+        self.calls["matmat"] += 1
+        return vectors
+
+    def matvec(self, vector: Tensor) -> Tensor:
+        return self.matmat(vector.reshape(-1, 1)).reshape(-1)
+
+    def _into(self, vector: Tensor, out: Tensor) -> Tensor:
+        self.calls["matvec_into"] += 1
+        return out.copy_(vector)
+
+
+@pytest.mark.parametrize("into", [False, True])
+def test_matvec_into_uses_the_operators_own_or_a_copy(into: bool) -> None:
+    operator = _Echo(6, into)
+    vector = torch.arange(6, dtype=torch.float32)
+    out = torch.full((6,), float("nan"), dtype=torch.float64)
+    assert matvec_into(operator, vector, out) is out
+    assert torch.equal(out, vector.double())
+    assert operator.calls == {"matmat": 0 if into else 1, "matvec_into": 1 if into else 0}
+    # every eigenvalue is 1, up to the float32 rounding of the vectors
+    spectrum = lanczos(operator, k=2)
+    assert spectrum.converged
+    assert [v.value for v in spectrum.values] == pytest.approx([1.0, 1.0], abs=1e-7)
+    assert all(v.residual <= 1e-7 for v in spectrum.values)
+    assert operator.calls["matvec_into" if into else "matmat"] >= 2

@@ -85,3 +85,23 @@ def test_finite_products_are_those_of_the_plain_operator() -> None:
     assert torch.equal(guarded.matmat(vectors), plain.matmat(vectors))
     assert guarded.mean_loss() == plain.mean_loss()
     assert guarded.n_matvecs == plain.n_matvecs == 3
+
+
+def test_products_written_in_place_are_guarded_too() -> None:
+    """matvec_into: the same batches named as by matvec; finite products identical to the plain
+    operator's."""
+    guarded = GuardedHessianOperator(RootOfSquare(), _batches((9, 10, 13)))
+    out = torch.empty(24, dtype=F64)
+    with pytest.raises(NumericalError) as failed:
+        guarded.matvec_into(torch.ones(24, dtype=F64), out)
+    assert "non-finite in 2 of 5 batches, the first being batch 2 (samples 8..11)" in (
+        failed.value.why
+    )
+    batches = _batches(())
+    vector = torch.randn(24, generator=torch.Generator().manual_seed(3), dtype=F64)
+    plain = HessianOperator(RootOfSquare(), batches)
+    expected = torch.empty(24, dtype=F64)
+    plain.matvec_into(vector, expected)
+    guarded = GuardedHessianOperator(RootOfSquare(), batches)
+    assert torch.equal(guarded.matvec_into(vector, out), expected)
+    assert torch.equal(expected, plain.matvec(vector))

@@ -342,3 +342,90 @@ def test_auto_engine_rule() -> None:
     assert engine_for("auto", False, 8, cuda) == "autograd"
     assert engine_for("func", True, 1, cpu) == "func"
     assert engine_for("autograd", True, 8, cuda) == "autograd"
+
+
+@pytest.mark.parametrize("keep", ["always", "never"])
+def test_matvec_into_writes_the_dense_product_in_place(
+    keep: str, cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor]
+) -> None:
+    """H·v in a given vector, through kept graphs and rebuilt ones; the vector is not touched,
+    whatever ``out`` held before is gone, and the product counts once."""
+    model, x, y, hessian = cnn_case
+    operator = HessianOperator(model, split(x, y, BATCH), keep_graphs=keep)
+    vector = _vectors(hessian.shape[0], 1)[:, 0]
+    kept = vector.clone()
+    out = torch.full_like(vector, float("nan"))
+    for _ in range(2):  # the second through the kept graph the first one built (or rebuilt)
+        assert operator.matvec_into(vector, out) is out
+        assert torch.allclose(out, hessian @ vector, rtol=0, atol=1e-10)
+    assert torch.equal(vector, kept)
+    assert operator.graphs_kept == (keep == "always")
+    assert operator.n_matvecs == 2
+
+
+@pytest.mark.parametrize("keep", ["always", "never"])
+def test_matvec_into_a_wider_vector_sums_there(
+    keep: str, mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]
+) -> None:
+    """A float32 operator writing into float64: the products agree with float32 ones to float32
+    rounding and with the float64 Hessian to float32 accuracy."""
+    model64, x, y, hessian = mlp_case
+    model = make_mlp().float()
+    model.load_state_dict(model64.state_dict())
+    operator = HessianOperator(model, split(x.float(), y, BATCH), keep_graphs=keep)
+    assert operator.dtype == torch.float32
+    vector = _vectors(75, 1)[:, 0]
+    out = torch.empty(75, dtype=torch.float64)
+    operator.matvec_into(vector, out)
+    narrow = operator.matvec(vector)
+    assert narrow.dtype == torch.float32
+    assert torch.allclose(out, narrow.double(), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(out, hessian @ vector, rtol=1e-4, atol=1e-5)
+
+
+def test_matvec_into_sums_across_processes_in_place(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    model, x, y, hessian = mlp_case
+    operator = HessianOperator(model, split(x, y, BATCH), all_reduce=lambda t: 2 * t)
+    vector = _vectors(75, 1)[:, 0]
+    out = torch.zeros(75, dtype=torch.float64)
+    operator.matvec_into(vector, out)
+    assert torch.allclose(out, hessian @ vector, rtol=0, atol=1e-10)
+
+
+def test_matvec_into_one_parameter_and_a_zero_block() -> None:
+    model = _Temperature()
+    x = torch.randn(9, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    hessian = dense_hessian(model, x, y)
+    for keep in ("always", "never"):
+        one = HessianOperator(model, split(x, y, 4), params=["t"], keep_graphs=keep)
+        out = torch.full((1,), float("nan"), dtype=torch.float64)
+        one.matvec_into(torch.ones(1, dtype=torch.float64), out)
+        assert torch.allclose(out, hessian[:1, 0], rtol=0, atol=1e-12)
+        zero = HessianOperator(model, split(x, y, 4), params=["unused"], keep_graphs=keep)
+        out = torch.full((2,), float("nan"), dtype=torch.float64)
+        zero.matvec_into(torch.ones(2, dtype=torch.float64), out)
+        assert torch.equal(out, torch.zeros(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    ("vector", "out", "what"),
+    [
+        (torch.ones(74, dtype=torch.float64), torch.empty(75, dtype=torch.float64), "vector"),
+        (torch.ones(75, 1, dtype=torch.float64), torch.empty(75, dtype=torch.float64), "vector"),
+        (torch.ones(75, dtype=torch.float64), torch.empty(76, dtype=torch.float64), "out"),
+        (torch.ones(75, dtype=torch.float64), torch.empty(75, dtype=torch.int64), "out"),
+        (torch.ones(75, dtype=torch.float64), torch.empty(75, 2, dtype=torch.float64)[:, 0], "out"),
+        (torch.ones(75, dtype=torch.float64), torch.empty(75, device="meta"), "out"),
+    ],
+)
+def test_matvec_into_refuses_bad_vectors(vector: Tensor, out: Tensor, what: str) -> None:
+    model = make_mlp()
+    x, y = make_data("mlp")
+    operator = HessianOperator(model, split(x, y, BATCH))
+    with pytest.raises(InputError) as refused:
+        operator.matvec_into(vector, out)
+    assert refused.value.what == what
+    assert operator.n_matvecs == 0

@@ -114,3 +114,25 @@ def test_float32_basis_and_input_dtype() -> None:
     remainder, coefficients = basis.extend(torch.ones(8, dtype=torch.float64))
     assert remainder.dtype == coefficients.dtype == torch.float32
     assert remainder[0] == 0.0 and coefficients.tolist() == [1.0]
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, MAX_BLOCK + 1])
+def test_extend_into_clears_what_is_written_in_the_next_row(count: int) -> None:
+    """extend_into: the row handed to ``write`` is the basis' next row, and what is written there
+    is cleared exactly as extend clears a copy of it."""
+    basis, columns = _filled(60, count)
+    vector = torch.randn(60, dtype=torch.float32, generator=torch.Generator().manual_seed(6))
+    rows: list[torch.Tensor] = []
+
+    def write(row: torch.Tensor) -> None:
+        assert row.shape == (60,) and row.dtype == torch.float64
+        rows.append(row)
+        row.copy_(vector)
+
+    remainder, coefficients = basis.extend_into(write)
+    assert len(rows) == 1 and remainder.data_ptr() == rows[0].data_ptr()
+    wide = vector.to(torch.float64)
+    assert torch.allclose(remainder, wide - columns @ (columns.t() @ wide), atol=1e-13, rtol=0)
+    assert torch.allclose(coefficients, columns.t() @ wide, atol=1e-13, rtol=0)
+    basis.commit(float(remainder.norm()))
+    assert basis[-1].data_ptr() == rows[0].data_ptr() and len(basis) == count + 1
