@@ -250,6 +250,12 @@ def lanczos(
     basis.append(_random_unit(op, generator).to(wide))
     # q_m in the operator's dtype, one buffer for the whole run
     tangent = None if op.dtype == wide else torch.empty(n_params, dtype=op.dtype, device=op.device)
+
+    def product(row: Tensor) -> None:
+        """A·q_m written straight into the basis' next row (float64)."""
+        current = basis[-1] if tangent is None else tangent.copy_(basis[-1])
+        matvec_into(op, current, row)
+
     projected = torch.zeros(steps_allowed + 1, steps_allowed, dtype=wide)
     scale = 0.0
     previous: list[float] | None = None
@@ -267,12 +273,7 @@ def lanczos(
         if max_matvecs is not None and used + 1 + k > max_matvecs:
             stopped_by = "max_matvecs"
             break
-        # the product goes straight into the basis' next row (float64), cleared there
-        image, coefficients = basis.extend_into(
-            lambda row: matvec_into(
-                op, basis[-1] if tangent is None else tangent.copy_(basis[-1]), row
-            )
-        )
+        image, coefficients = basis.extend_into(product)  # cleared in the basis' next row
         steps += 1
         used += 1
         beta = float(image.norm())
