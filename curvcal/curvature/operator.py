@@ -90,6 +90,7 @@ from curvcal.curvature.memory import (
 )
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import LOSS_NAMES, Loss, loss_from_name
+from curvcal.progress import OnStep
 from curvcal.rows import Inputs
 
 #: Loss names an operator accepts as ``criterion``.
@@ -418,6 +419,11 @@ class HessianOperator:
         """The batches as the source gives them, read afresh (this process's shard)."""
         return self._batches.originals()
 
+    @property
+    def parameters(self) -> tuple[Tensor, ...]:
+        """The selected parameter tensors, in ``param_names`` order."""
+        return self._params
+
     # -- operator interface ------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, int]:
@@ -724,16 +730,42 @@ class HessianOperator:
     def sum_outputs(self, statistic: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
         """Σ over the dataset of ``statistic(logits, labels)`` per batch, in float64 (one pass,
         no grad, the model in this operator's mode; summed across processes when sharded)."""
+
+        def per_batch(x: Inputs, y: Tensor) -> Tensor:
+            with torch.no_grad():
+                return statistic(self.model(x), y)
+
+        return self.sum_over_data(per_batch)
+
+    def sum_over_data(
+        self, per_batch: Callable[[Inputs, Tensor], Tensor], *, on_batch: OnStep = None
+    ) -> Tensor:
+        """Σ over the dataset of ``per_batch(x, y)``, in float64: one pass over the batches as
+        products see them, the model in this operator's mode, summed across processes when
+        sharded. ``on_batch`` is called with the batches done so far."""
         total: Tensor | None = None
-        with self._prepared_model(), torch.no_grad():
-            for x, y in self._batches:
-                value = statistic(self.model(x), y).to(torch.float64)
+        with self._prepared_model():
+            for index, (x, y) in enumerate(self._batches):
+                value = per_batch(x, y).to(torch.float64)
                 total = value if total is None else total + value
+                if on_batch is not None:
+                    on_batch(index + 1)
         assert total is not None  # every batch source holds a sample
-        if self._all_reduce is not None:
-            total = self._all_reduce(total)
         self._count(matvecs=0, passes=1)
-        return total
+        return self.sum_across(total)
+
+    def sum_across(self, value: Tensor) -> Tensor:
+        """``value`` summed across processes when the data is sharded, else itself."""
+        return value if self._all_reduce is None else self._all_reduce(value)
+
+    def first_batch(self) -> Batch:
+        """The first batch as a product sees it (on the device, cast, micro-batched)."""
+        return self._batches.first()
+
+    def prepared(self) -> AbstractContextManager[None]:
+        """The model as products run it: this operator's mode, TF32 as allowed, the
+        differentiable-twice attention kernel; restored on exit."""
+        return self._prepared_model()
 
     def mean_loss(self) -> float:
         """L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i), the loss whose Hessian this is (one pass, no grad).

@@ -114,3 +114,27 @@ def test_bad_mapping_batches_are_refused() -> None:
         HessianOperator(model, [({"input_ids": [1, 2]}, y[:2])])
     with pytest.raises(InputError, match="empty mapping"):
         HessianOperator(model, [({}, y)])
+
+
+def test_gauss_newton_trace_of_a_block_with_mapping_inputs() -> None:
+    from curvcal.curvature.gauss_newton import (
+        EngineChoice,
+        gauss_newton_problem,
+        gauss_newton_sums,
+        tensor_traces,
+    )
+    from curvcal.losses import CrossEntropy
+
+    model, x, y = _case()
+    names = ["head.weight", "head.bias"]
+    exact = float(dense_hessian(model, x, y, names=names).trace())
+    whole = HessianOperator(model, _batches(x, y, [4, 4, 3]))
+    assert "not linear in embed.weight" in gauss_newton_problem(whole)  # tanh after the embedding
+    head = HessianOperator(model, _batches(x, y, [4, 4, 3]), params=["head.*"])
+    assert gauss_newton_problem(head) == ""
+    assert tensor_traces(head).total == pytest.approx(exact, rel=1e-12)
+    forced = EngineChoice(func_usable=True)
+    forced.engine = "func"  # rows of a mapping through torch.func.vmap
+    params = (model.head.weight, model.head.bias)
+    sums, _, passes = gauss_newton_sums(model, CrossEntropy(), names, params, x, y, forced)
+    assert float(sums.sum()) / N == pytest.approx(exact, rel=1e-12) and passes == 2 * N

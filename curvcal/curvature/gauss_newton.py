@@ -1,0 +1,475 @@
+"""The trace of the Hessian through its Gauss–Newton part: exact for networks linear in each tensor.
+
+With logits z_n = f_θ(x_n) (C classes), J_n = ∂z_n/∂θ (C × P) and Λ_n = ∇²_z ℓ(z_n, y_n)
+(C × C, the loss's Hessian in the logits), the Hessian of L(θ) = (1/N) Σ_n ℓ(z_n, y_n) splits as
+
+    H = G + R,   G = (1/N) Σ_n J_nᵀ Λ_n J_n,   R = (1/N) Σ_n Σ_c (∂ℓ/∂z_{n,c}) ∇²_θ z_{n,c}.
+
+When the logits are linear in each parameter tensor on its own — networks of linear layers,
+convolutions, eval-mode BatchNorm, residual sums, ReLU and max-pooling, with their activation
+pattern held fixed, as autograd differentiates them — every diagonal block ∇²_{tt} z_{n,c} is
+zero, so tr(R) = 0 and
+
+    tr(H) = tr(G) = (1/N) Σ_n Σ_k λ_{n,k} ‖J_nᵀ u_{n,k}‖²,
+
+(λ_{n,k}, u_{n,k}) the eigenpairs of Λ_n: C backward passes per sample, no Hessian product and
+no probe, exact up to rounding. The same holds for the trace of any block of whole tensors
+(``params`` patterns), and :func:`gauss_newton_trace` returns each tensor's share.
+
+Linearity is checked before anything is spent (:func:`linearity_check`): on the first rows of
+the first batch, with s = wᵀz for a random Gaussian w per row and a random direction v_t in each
+tensor t scaled to ‖θ_t‖, the curvature v_tᵀ(∇²_{tt} s)v_t (one double backward per tensor) must
+be zero up to rounding — at most ``LINEARITY_RTOL`` × ‖∇_t s‖·‖v_t‖, the size of the first-order
+term — and ∇_t s must not vanish (a tensor the checked rows do not reach is not shown linear).
+For a tensor the logits are not linear in (a tanh or GELU after it, attention's softmax, a weight
+used twice), the curvature is nonzero for almost every w and v, so one direction decides.
+
+Samples must be independent, so the model runs in eval mode (train-mode BatchNorm couples the
+rows of a batch and is refused). Λ_n comes from the loss object itself (cross-entropy,
+focal γ, FLSD-53 with its γ_i held fixed), in float64; it may be indefinite (focal loss), which
+the eigenpairs handle. Eigenvalues with |λ| ≤ 1e-12 × the batch's largest are skipped
+(cross-entropy's Λ_n annihilates the all-ones vector): at most that fraction of the trace.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from curvcal.curvature.engines import is_torchscript
+from curvcal.curvature.results import TraceResult
+from curvcal.errors import InputError, NumericalError
+from curvcal.losses import CrossEntropy, Loss
+from curvcal.progress import OnStep
+from curvcal.rows import Inputs, n_rows, take_rows, tensors
+
+METHOD = "gauss-newton"
+INTERVAL = (
+    "exact up to rounding (the logits are linear in each selected parameter tensor, checked, so "
+    "tr(H) is the trace of the Gauss–Newton matrix); the interval is a rounding allowance of "
+    "64 ε of the parameters' dtype times (1/N) Σ |λ|·‖Jᵀu‖²"
+)
+#: the rounding allowance, in units of the parameters' ε (float32: 2.4e-7 × 64 = 1.5e-5)
+ROUNDING_ULPS = 64
+#: curvature allowed along the checked direction, relative to the first-order term
+LINEARITY_RTOL = 1e-6
+_HINT = "check the model's weights and the data for NaN or Inf, or use float64"
+#: rows of the first batch the linearity check runs on
+CHECK_ROWS = 2
+#: eigenvalues of Λ_n below this fraction of the batch's largest are skipped
+EIGEN_FLOOR = 1e-12
+
+
+class GaussNewtonSource(Protocol):
+    """What the Gauss–Newton trace needs of an operator (a HessianOperator, or its guard)."""
+
+    model: nn.Module
+    loss: Loss
+    mode: str
+    param_names: tuple[str, ...]
+
+    @property
+    def parameters(self) -> tuple[Tensor, ...]: ...
+
+    @property
+    def n_samples(self) -> int: ...
+
+    def first_batch(self) -> tuple[Inputs, Tensor]: ...
+
+    def sum_across(self, value: Tensor) -> Tensor: ...
+
+    def prepared(self) -> AbstractContextManager[None]: ...
+
+    def sum_over_data(
+        self, per_batch: Callable[[Inputs, Tensor], Tensor], *, on_batch: OnStep = None
+    ) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class LinearityCheck:
+    """Which selected tensors the logits were shown linear in.
+
+    ``nonlinear``: tensors with curvature along the checked direction; ``unreached``: tensors
+    the checked rows' logits do not depend on; ``failed``: why the check could not run (then
+    nothing is shown linear)."""
+
+    names: tuple[str, ...]
+    nonlinear: tuple[str, ...] = ()
+    unreached: tuple[str, ...] = ()
+    failed: str | None = None
+
+    @property
+    def linear(self) -> bool:
+        """Whether every selected tensor was shown linear."""
+        return self.failed is None and not self.nonlinear and not self.unreached
+
+    def reason(self) -> str:
+        """Why the Gauss–Newton trace is not exact here, in a phrase ('' when it is)."""
+        if self.failed is not None:
+            return f"the linearity check could not run ({self.failed})"
+        parts = []
+        if self.nonlinear:
+            parts.append(f"the logits are not linear in {_names(self.nonlinear)}")
+        if self.unreached:
+            parts.append(f"the checked samples' logits do not depend on {_names(self.unreached)}")
+        return "; ".join(parts)
+
+
+def rows_device(x: Inputs) -> torch.device:
+    """The device of the inputs ``x`` (a tensor or a mapping of tensors)."""
+    return next(iter(tensors(x))).device
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:4])
+    return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def loss_hessians(loss: Loss, logits: Tensor, labels: Tensor) -> Tensor:
+    """Λ_n = ∇²_z ℓ(z_n, y_n) for each row n of ``logits`` (B, C): a (B, C, C) float64 tensor.
+
+    For cross-entropy Λ_n = diag(p_n) − p_n p_nᵀ with p_n = softmax(z_n), formed directly; other
+    losses by ``torch.func.jacrev`` twice of the loss object on each row."""
+    z = logits.detach().to(torch.float64)
+    if isinstance(loss, CrossEntropy):
+        p = torch.softmax(z, dim=1)
+        return torch.diag_embed(p) - p.unsqueeze(2) * p.unsqueeze(1)
+
+    def one(row: Tensor, label: Tensor) -> Tensor:
+        return loss.sum(row.unsqueeze(0), label.unsqueeze(0))
+
+    hessian = torch.func.jacrev(torch.func.jacrev(one))
+    return torch.func.vmap(hessian)(z, labels)
+
+
+def linearity_check(
+    model: nn.Module,
+    names: Sequence[str],
+    params: Sequence[Tensor],
+    x: Inputs,
+    *,
+    seed: int = 0,
+) -> LinearityCheck:
+    """Whether the logits of the rows ``x`` are linear in each tensor of ``params`` (see the
+    module's docstring): one backward with its graph kept, then one double backward per tensor.
+    The model is called as it is (its mode is the caller's)."""
+    generator = torch.Generator().manual_seed(seed)
+    names = tuple(names)
+    try:
+        with torch.enable_grad():
+            logits = model(x)
+            weights = torch.randn(logits.shape, generator=generator, dtype=torch.float64)
+            score = (logits * weights.to(logits)).sum()
+            grads = torch.autograd.grad(score, params, create_graph=True, allow_unused=True)
+            nonlinear, unreached = [], []
+            for name, param, grad in zip(names, params, grads, strict=True):
+                if grad is None or not bool(grad.detach().abs().max() > 0):
+                    unreached.append(name)
+                    continue
+                direction = torch.randn(param.shape, generator=generator, dtype=torch.float64)
+                scale = float(param.detach().norm()) or 1.0
+                direction = (direction * (scale / float(direction.norm()))).to(param)
+                first = float(grad.detach().double().norm()) * scale
+                if not grad.requires_grad:  # the gradient does not depend on θ at all
+                    continue
+                (second,) = torch.autograd.grad(
+                    (grad * direction).sum(), param, retain_graph=True, allow_unused=True
+                )
+                curvature = 0.0 if second is None else float((second * direction).double().sum())
+                if not math.isfinite(curvature) or abs(curvature) > LINEARITY_RTOL * first:
+                    nonlinear.append(name)
+    except RuntimeError as error:  # an operation without a second derivative
+        return LinearityCheck(names, failed=str(error).splitlines()[0][:160])
+    return LinearityCheck(names, tuple(nonlinear), tuple(unreached))
+
+
+class EngineChoice:
+    """How the per-sample backward passes run, decided on the first rows and kept after.
+
+    ``loop``: per row, one forward and one ``autograd.grad`` per kept eigenpair (any model,
+    TorchScript included). ``func``: rows in chunks through ``torch.func.vmap`` of ``vjp``, every
+    eigenpair of a chunk in one call (``VMAP_BYTES`` of per-sample gradients at most). Measured
+    on one CPU thread, ``func`` is 4× faster on the bundled DigitsCNN (Python overhead per row
+    dominates) and 20× slower on ResNet-18 (vmapped per-sample convolution gradients), so the
+    first two rows run by ``loop`` (the second timed); when it took under ``VMAP_TRY_SECONDS``,
+    one row and then 32 are run by ``func`` (the 32 timed) and the faster per row is kept.
+    Every row counts, whichever engine ran it. ``engine`` is ``None`` until decided."""
+
+    def __init__(self, func_usable: bool) -> None:
+        self.func_usable = func_usable
+        self.engine: str | None = None if func_usable else "loop"
+        #: the engines that ran, named as the operator names them (``autograd``, ``func``)
+        self.ran: set[str] = set()
+
+
+#: a row cheaper than this by ``loop`` is worth trying with ``func``
+VMAP_TRY_SECONDS = 0.02
+#: per-sample gradients one ``func`` call may hold
+VMAP_BYTES = 256 * 2**20
+
+
+def _eigenpairs(loss: Loss, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(λ, U, kept) of the loss's Hessians in the logits: (B, C), (B, C, C), (B, C) bool."""
+    hessians = loss_hessians(loss, logits, y)
+    if not bool(torch.isfinite(hessians).all()):
+        raise NumericalError(
+            "trace",
+            "the Gauss–Newton trace is not finite: the loss's Hessian in the logits is NaN or "
+            f"infinite for a batch of {logits.shape[0]} samples",
+            _HINT,
+        )
+    values, vectors = torch.linalg.eigh(hessians)
+    return values, vectors, values.abs() > EIGEN_FLOOR * float(values.abs().max())
+
+
+def _loop_sums(
+    model: nn.Module,
+    params: tuple[Tensor, ...],
+    x: Inputs,
+    pairs: tuple[Tensor, Tensor, Tensor],
+    rows: range,
+    sums: Tensor,
+) -> tuple[float, int]:
+    """Adds the rows' Σ_k λ ‖(Jᵀu)_t‖² into ``sums``; returns their Σ |λ|·‖Jᵀu‖² and passes."""
+    values, vectors, keep = pairs
+    magnitude, passes = 0.0, 0
+    for row in rows:
+        kept = torch.nonzero(keep[row]).flatten().tolist()
+        if not kept:
+            continue
+        with torch.enable_grad():
+            z = model(take_rows(x, slice(row, row + 1)))[0]
+        for position, k in enumerate(kept):
+            grads = torch.autograd.grad(
+                z,
+                params,
+                grad_outputs=vectors[row, :, k].to(z),
+                retain_graph=position < len(kept) - 1,
+                allow_unused=True,
+            )
+            norms = torch.stack(
+                [
+                    g.detach().double().pow(2).sum() if g is not None else sums.new_zeros(())
+                    for g in grads
+                ]
+            )
+            sums.add_(norms, alpha=float(values[row, k]))
+            magnitude += abs(float(values[row, k])) * float(norms.sum())
+            passes += 1
+    return magnitude, passes
+
+
+def _one_row(x: Inputs) -> Inputs:
+    """A vmapped row (no batch dimension) as a batch of one."""
+    if isinstance(x, Tensor):
+        return x.unsqueeze(0)
+    return {key: value.unsqueeze(0) for key, value in x.items()}
+
+
+def _func_sums(
+    model: nn.Module,
+    names: tuple[str, ...],
+    params: tuple[Tensor, ...],
+    x: Inputs,
+    pairs: tuple[Tensor, Tensor, Tensor],
+    rows: range,
+    sums: Tensor,
+) -> tuple[float, int]:
+    """:func:`_loop_sums` by ``torch.func``: ``vmap`` over rows of ``vjp``, ``vmap`` over each
+    row's eigenvectors, in chunks of rows holding at most ``VMAP_BYTES`` of gradients."""
+    values, vectors, keep = pairs
+    frozen = {name: p.detach() for name, p in model.named_parameters()}
+    primals = tuple(p.detach() for p in params)
+    classes = values.shape[1]
+    per_row_bytes = classes * sum(p.numel() * p.element_size() for p in params)
+    chunk = max(1, VMAP_BYTES // max(per_row_bytes, 1))
+
+    def row_norms(row_x: Inputs, cotangents: Tensor) -> Tensor:
+        def logits(selected: tuple[Tensor, ...]) -> Tensor:
+            values_ = {**frozen, **dict(zip(names, selected, strict=True))}
+            return torch.func.functional_call(model, values_, (_one_row(row_x),))[0]
+
+        pull = torch.func.vjp(logits, primals)[1]
+        grads = torch.func.vmap(pull)(cotangents)[0]
+        return torch.stack([g.reshape(classes, -1).double().pow(2).sum(1) for g in grads])
+
+    weights = torch.where(keep, values, torch.zeros_like(values))
+    magnitude = 0.0
+    for start in range(rows.start, rows.stop, chunk):
+        part = slice(start, min(start + chunk, rows.stop))
+        cotangents = vectors[part].transpose(1, 2).to(primals[0].dtype)  # rows: eigenvectors
+        norms = torch.func.vmap(row_norms)(take_rows(x, part), cotangents)  # (b, T, C)
+        sums.add_(torch.einsum("btc,bc->t", norms, weights[part]))
+        magnitude += float(torch.einsum("btc,bc->", norms, weights[part].abs()))
+    return magnitude, int(keep[rows.start : rows.stop].sum())
+
+
+def gauss_newton_sums(
+    model: nn.Module,
+    loss: Loss,
+    names: Sequence[str],
+    params: Sequence[Tensor],
+    x: Inputs,
+    y: Tensor,
+    choice: EngineChoice | None = None,
+) -> tuple[Tensor, float, int]:
+    """Σ over the rows n of one batch of Σ_k λ_{n,k} ‖(J_nᵀ u_{n,k})_t‖², for each tensor t of
+    ``params`` (a float64 tensor of shape (len(params),), on the parameters' device); the same
+    sum of |λ_{n,k}|·‖J_nᵀ u_{n,k}‖² over all tensors (what rounding is relative to); and the
+    backward passes spent (one per row and kept eigenpair). ``choice`` picks the engine
+    (:class:`EngineChoice`; ``None``: ``loop``)."""
+    names, params = tuple(names), tuple(params)
+    choice = choice or EngineChoice(func_usable=False)
+    with torch.no_grad():
+        logits = model(x)
+    pairs = _eigenpairs(loss, logits, y)
+    sums = torch.zeros(len(params), dtype=torch.float64, device=params[0].device)
+    total = n_rows(x)
+    magnitude, passes, start = 0.0, 0, 0
+    if choice.engine is None:  # decide on this batch's first rows, each engine once warm
+        found = _loop_sums(model, params, x, pairs, range(0, min(total, 1)), sums)
+        began = time.perf_counter()
+        more = _loop_sums(model, params, x, pairs, range(1, min(total, 2)), sums)
+        loop_row = time.perf_counter() - began
+        magnitude, passes, start = found[0] + more[0], found[1] + more[1], min(total, 2)
+        choice.engine = "loop"
+        if loop_row < VMAP_TRY_SECONDS and total > 3:
+            warm = _func_sums(model, names, params, x, pairs, range(2, 3), sums)
+            trial = range(3, min(total, 3 + 32))
+            began = time.perf_counter()
+            timed = _func_sums(model, names, params, x, pairs, trial, sums)
+            func_row = (time.perf_counter() - began) / len(trial)
+            magnitude += warm[0] + timed[0]
+            passes += warm[1] + timed[1]
+            start = trial.stop
+            if func_row < loop_row:
+                choice.engine = "func"
+    rest = range(start, total)
+    choice.ran.add("autograd")
+    if start > 2 or choice.engine == "func":
+        choice.ran.add("func")
+    if choice.engine == "func":
+        found = _func_sums(model, names, params, x, pairs, rest, sums)
+    else:
+        found = _loop_sums(model, params, x, pairs, rest, sums)
+    return sums, magnitude + found[0], passes + found[1]
+
+
+@dataclass(frozen=True)
+class TensorTraces:
+    """tr(G_tt) of each selected tensor t (name → value, in selection order; their sum is the
+    trace of the whole block), the backward passes spent, and ``rounding``: the allowance for
+    rounding, ``ROUNDING_ULPS`` × ε of the parameters' dtype × (1/N) Σ |λ_{n,k}|·‖J_nᵀu_{n,k}‖²."""
+
+    traces: dict[str, float]
+    backward_passes: int
+    rounding: float = 0.0
+    engine: str = "autograd"
+
+    @property
+    def total(self) -> float:
+        """The trace of the selected block."""
+        return math.fsum(self.traces.values())
+
+
+def gauss_newton_problem(operator: GaussNewtonSource) -> str:
+    """Why the Gauss–Newton trace of ``operator`` would not be exact ('' when it would be): train
+    mode, or a tensor the logits are not shown linear in (:func:`linearity_check` on the first
+    ``CHECK_ROWS`` rows of the first batch). When the data is sharded every process checks its
+    own rows and all of them agree: a failure anywhere is a failure everywhere."""
+    if operator.mode != "eval":
+        return "train mode couples the samples of a batch (BatchNorm's batch statistics)"
+    x, _ = operator.first_batch()
+    rows = take_rows(x, slice(0, CHECK_ROWS))
+    with operator.prepared():
+        problem = linearity_check(
+            operator.model, operator.param_names, operator.parameters, rows
+        ).reason()
+    failed = operator.sum_across(torch.tensor([1.0 if problem else 0.0], device=rows_device(x)))
+    if not problem and float(failed[0]) > 0:
+        return "the linearity check failed in another process"
+    return problem
+
+
+def n_classes(operator: GaussNewtonSource) -> int:
+    """C, the number of logits the model gives (one forward of the first row, no grad)."""
+    x, _ = operator.first_batch()
+    with operator.prepared(), torch.no_grad():
+        return int(operator.model(take_rows(x, slice(0, 1))).shape[-1])
+
+
+def tensor_traces(operator: GaussNewtonSource, *, on_step: OnStep = None) -> TensorTraces:
+    """tr(G_tt) for each selected tensor of ``operator`` over its whole dataset (one pass, summed
+    across processes when sharded), without checking linearity: the Gauss–Newton part of each
+    diagonal block's trace, which is the block's whole trace where the logits are linear in it.
+    Raises :class:`NumericalError` when a value is not finite."""
+    model, loss, params = operator.model, operator.loss, operator.parameters
+    choice = EngineChoice(func_usable=not is_torchscript(model))
+
+    def per_batch(x: Inputs, y: Tensor) -> Tensor:
+        sums, magnitude, passes = gauss_newton_sums(
+            model, loss, operator.param_names, params, x, y, choice
+        )
+        return torch.cat([sums, sums.new_tensor([magnitude, passes])])
+
+    totals = operator.sum_over_data(per_batch, on_batch=on_step)
+    traces = (totals[:-2] / operator.n_samples).tolist()
+    epsilon = torch.finfo(params[0].dtype).eps
+    rounding = ROUNDING_ULPS * epsilon * float(totals[-2]) / operator.n_samples
+    if not all(math.isfinite(value) for value in traces):
+        raise NumericalError(
+            "trace",
+            f"the Gauss–Newton trace over the {operator.n_samples} samples is not finite",
+            _HINT,
+        )
+    return TensorTraces(
+        dict(zip(operator.param_names, traces, strict=True)),
+        int(totals[-1]),
+        rounding,
+        "+".join(sorted(choice.ran)),
+    )
+
+
+def gauss_newton_trace(
+    operator: GaussNewtonSource, *, on_step: OnStep = None, checked: bool = False
+) -> TraceResult:
+    """tr(H) of ``operator`` (a :class:`~curvcal.curvature.operator.HessianOperator` or its
+    guard) as the trace of its Gauss–Newton matrix: exact when the logits are linear in each
+    selected tensor, which is checked first.
+
+    Raises :class:`InputError` naming the reason when that is not shown
+    (:func:`gauss_newton_problem`), :class:`NumericalError` when the result is not finite.
+    ``n_probes`` of the result counts the backward passes (one per sample and kept eigenpair of
+    Λ_n); ``matvecs`` is 0. ``checked``: the caller has already found no problem (the check is
+    not run again)."""
+    problem = "" if checked else gauss_newton_problem(operator)
+    if problem:
+        raise InputError(
+            "trace_method",
+            f"the Gauss–Newton trace is not exact here: {problem}",
+            "use hutchpp or xtrace",
+        )
+    found = tensor_traces(operator, on_step=on_step)
+    estimate = found.total
+    return TraceResult(
+        estimate=estimate,
+        standard_error=0.0,
+        ci95=(estimate - found.rounding, estimate + found.rounding),
+        n_probes=found.backward_passes,
+        matvecs=0,
+        method=METHOD,
+        distribution="none",
+        seed=0,
+        rtol=None,
+        stopped_by="exact",
+        converged=True,
+        engine=found.engine,
+        interval=INTERVAL,
+    )
