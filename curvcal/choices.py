@@ -9,8 +9,10 @@ from __future__ import annotations
 HESSIAN_LOSSES = ("ce", "focal", "own")
 #: ``--method``: eigenvalues by power iteration or by Lanczos with full reorthogonalisation.
 EIGEN_METHODS = ("power", "lanczos")
-#: ``--trace-method``: Hutch++ (the default), XTrace, or Hutchinson's estimator.
-TRACE_METHODS = ("hutchpp", "xtrace", "hutchinson")
+#: ``--trace-method``: auto (the default: Gauss–Newton where it is exact, else Hutch++), the
+#: Gauss–Newton trace (exact for networks linear in each parameter tensor), Hutch++, XTrace, or
+#: Hutchinson's estimator.
+TRACE_METHODS = ("auto", "gauss-newton", "hutchpp", "xtrace", "hutchinson")
 #: ``--probe-dist``: the distribution of the trace probes.
 PROBE_DISTRIBUTIONS = ("rademacher", "gaussian")
 #: ``--hvp``: how Hessian-vector products are taken (picked per width, torch.func, double

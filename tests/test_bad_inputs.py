@@ -399,6 +399,13 @@ CASES: dict[str, Case] = {
         ),
         "hutchinson",
     ),
+    "hessian-gauss-newton-in-train-mode": Case(
+        lambda b, t: (
+            _hessian(b.model, b.data, "--trace-method", "gauss-newton", "--mode", "train"),
+            "--trace-method",
+        ),
+        "train mode couples the samples",
+    ),
     "hessian-density-steps-0": Case(
         lambda b, t: (
             _hessian(b.model, b.data, "--density", "--density-steps", "0"),

@@ -59,9 +59,11 @@ if TYPE_CHECKING:
 @click.option(
     "--trace-method",
     type=click.Choice(choices.TRACE_METHODS),
-    default="hutchpp",
+    default="auto",
     show_default=True,
-    help="Hutch++ or XTrace (--probes products in all), or Hutchinson's estimator.",
+    help="gauss-newton: exact for networks linear in each parameter tensor (ReLU, convolution, "
+    "eval BatchNorm), checked first; Hutch++ or XTrace (--probes products in all), or "
+    "Hutchinson's estimator; auto: gauss-newton where it is exact, else Hutch++.",
 )
 @click.option(
     "--probes",

@@ -7,7 +7,8 @@ loss pass). Products planned, for :class:`~curvcal.curvature.analysis.HessianSet
 * eigenvalues, Lanczos (the default): 10 + 3k steps and k residual checks, at most the step
   budget (``max_iter``, or P); power iteration: 20 iterations per value, at most ``max_iter``;
   ``smallest`` adds one Lanczos run for k = 1;
-* trace: ``probes`` products (the most an adaptive run draws);
+* trace: ``probes`` products (the most an adaptive run draws, and what ``auto`` spends when it
+  falls back to Hutch++); none for the Gauss–Newton trace, which makes no product;
 * density: ``density_runs`` × ``density_steps``;
 * per layer: for each of ``n_blocks`` module blocks, 20 power iterations and ``probes`` probes.
 
@@ -50,8 +51,8 @@ def planned_products(settings: HessianSettings, n_params: int, n_blocks: int = 0
     total = _eigen_products(settings.top_k, method, settings.max_iter, n_params)
     if settings.smallest:
         total += _eigen_products(1, settings.method or "lanczos", settings.max_iter, n_params)
-    if settings.trace:
-        total += settings.probes
+    if settings.trace and settings.trace_method != "gauss-newton":  # it makes no product
+        total += settings.probes  # auto: the most, when it falls back to Hutch++
     if settings.density:
         total += settings.density_runs * settings.density_steps
     if settings.per_layer:

@@ -353,7 +353,7 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) 
             tol=float(settings["tol"]),
             max_iter=settings["max_iter"],
             trace=need.trace,
-            trace_method=trace if isinstance(trace, str) else "hutchpp",
+            trace_method=trace if isinstance(trace, str) else "auto",
             probes=settings["probes"],
             seed=settings["seed"],
             criterion="ce" if loss == "own" else loss,

@@ -51,7 +51,7 @@ class HessianRequest:
     tol: float = 1e-4
     max_iter: int | None = None
     trace: bool = True
-    trace_method: str = "hutchpp"
+    trace_method: str = "auto"
     probes: int = 100
     trace_rtol: float | None = None
     probe_dist: str = "rademacher"

@@ -62,7 +62,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "eigen_method": ("power", "lanczos"),
     "loss": ("ce", "focal", "own"),
 }
-_TRACE_METHODS = ("hutchpp", "xtrace", "hutchinson")
+_TRACE_METHODS = ("auto", "gauss-newton", "hutchpp", "xtrace", "hutchinson")
 
 
 @dataclass(frozen=True)

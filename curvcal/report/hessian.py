@@ -126,11 +126,20 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
     trace = analysis.trace
     assert trace is not None
     low, high = trace.ci95
-    caption = (
-        f"{_TRACE_NAMES.get(trace.method, trace.method)}, {trace.matvecs} products, "
-        f"{trace.distribution} probes; standard error {trace.standard_error:.3g}; "
-        f"95% interval: {trace.interval}"
-    )
+    if trace.method == "gauss-newton":
+        caption = (
+            f"Gauss–Newton, {trace.n_probes} backward passes, no product; 95% interval: "
+            f"{trace.interval}"
+        )
+    else:
+        caption = (
+            f"{_TRACE_NAMES.get(trace.method, trace.method)}, {trace.matvecs} products, "
+            f"{trace.distribution} probes; standard error {trace.standard_error:.3g}; "
+            f"95% interval: {trace.interval}"
+        )
+    choice = analysis.operator.get("trace_choice")
+    if choice:
+        caption += f"; chosen by --trace-method auto: {choice}"
     if trace.rtol is not None:
         caption += f"; adaptive (rtol {trace.rtol:g}), stopped by {trace.stopped_by}"
     if trace.stopped_by == "exhausted":
@@ -152,7 +161,12 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
     )
 
 
-_TRACE_NAMES = {"hutch++": "Hutch++", "xtrace": "XTrace", "hutchinson": "Hutchinson"}
+_TRACE_NAMES = {
+    "hutch++": "Hutch++",
+    "xtrace": "XTrace",
+    "hutchinson": "Hutchinson",
+    "gauss-newton": "Gauss–Newton",
+}
 
 
 def _layers_table(analysis: HessianAnalysis) -> Table:

@@ -107,11 +107,13 @@ def test_json_matches_the_dense_hessian(run_cli, files: Files, dense: Tensor, tm
     assert results["lambda_max"] == pytest.approx(float(exact[-1]), rel=1e-6)
     assert results["eigenvalues"] == pytest.approx(exact[-3:].flip(0).tolist(), rel=1e-6)
     assert results["lambda_min"] == pytest.approx(float(exact[0]), rel=1e-6)
+    # a ReLU CNN is linear in each parameter tensor: --trace-method auto takes the exact
+    # Gauss–Newton trace, with no product
     trace = results["trace"]
+    assert trace["method"] == "gauss-newton" and trace["matvecs"] == 0
+    assert trace["estimate"] == pytest.approx(float(torch.trace(dense)), rel=1e-12)
     assert trace["ci95"][0] <= float(torch.trace(dense)) <= trace["ci95"][1]
-    assert trace["ci95"][0] < trace["estimate"] < trace["ci95"][1]
-    assert trace["standard_error"] > 0 and trace["matvecs"] == 40
-    assert trace["method"] == "hutch++" and "given the sketch" in trace["interval"]
+    assert "linear in each selected tensor" in results["operator"]["trace_choice"]
 
     offset = 0
     layers = {row["module"]: row for row in results["layers"]}
@@ -150,7 +152,17 @@ def test_default_lanczos_and_tables(run_cli, files: Files, dense: Tensor) -> Non
     assert result.code == 0, result.stderr
     for title in ("Hessian eigenvalues", "Hessian trace", "run"):
         assert f"### {title}" in result.stdout
-    assert "| 1 |" in result.stdout and "| hutch++ |" in result.stdout
+    assert "| 1 |" in result.stdout and "| gauss-newton |" in result.stdout
+    assert "Gauss–Newton, " in result.stdout and "95% interval: exact up to rounding" in (
+        result.stdout
+    )
+    assert "chosen by --trace-method auto: the logits are linear" in result.stdout
+
+    result = run_cli(
+        *_base(files, "--probes", "10", "--trace-method", "hutchpp", "--format", "markdown")
+    )
+    assert result.code == 0, result.stderr
+    assert "| hutch++ |" in result.stdout and "chosen by" not in result.stdout
     assert "95% interval: Student-t over the probe values of the deflated remainder" in (
         result.stdout
     )

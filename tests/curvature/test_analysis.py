@@ -279,3 +279,59 @@ def test_sketch_memory_warns_over_the_default_budget_and_refuses_over_free_memor
         check(settings, 1000, torch.float32, 100, explicit=True, free=None)
     no_trace = HessianSettings(trace=False, trace_method=method, probes=100)
     assert check(no_trace, 1000, torch.float32, 1, explicit=True, free=1) is None
+
+
+def _relu_case(classes: int) -> tuple[nn.Module, list[tuple[Tensor, Tensor]], Tensor]:
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, classes)).double()
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(30, 4, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, classes, (30,), generator=generator)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    shapes = [p.shape for p in model.parameters()]
+    names = [n for n, _ in model.named_parameters()]
+
+    def loss(theta: Tensor) -> Tensor:
+        pieces = theta.split([math.prod(s) for s in shapes])
+        values = {n: p.reshape(s) for n, p, s in zip(names, pieces, shapes, strict=True)}
+        return nn.functional.cross_entropy(torch.func.functional_call(model, values, (x,)), y)
+
+    return model, split(x, y, 8), torch.func.hessian(loss)(flat)
+
+
+def test_auto_trace_is_the_exact_gauss_newton_trace_for_a_relu_network() -> None:
+    model, batches, hessian = _relu_case(classes=3)
+    result = analyse_hessian(model, batches, HessianSettings(probes=8))
+    assert result.trace is not None and result.trace.method == "gauss-newton"
+    assert result.trace.estimate == pytest.approx(float(hessian.trace()), rel=1e-12)
+    assert "exact, at up to 2 backward passes per sample" in result.operator["trace_choice"]
+
+
+def test_auto_trace_falls_back_to_hutchpp_and_says_why(mlp_case: MLPCase) -> None:
+    model, x, y, hessian = mlp_case  # tanh: not linear in the first layer
+    result = analyse_hessian(model, split(x, y, 20), HessianSettings(probes=12))
+    assert result.trace is not None and result.trace.method == "hutch++"
+    assert result.trace.matvecs == 12
+    choice = result.operator["trace_choice"]
+    assert choice.startswith("the Gauss–Newton trace is not exact here") and "0.weight" in choice
+    low, high = result.trace.ci95
+    assert low <= float(hessian.trace()) <= high
+
+    # ten classes, four products: the Gauss–Newton trace would cost more than asked
+    model, batches, _ = _relu_case(classes=10)
+    result = analyse_hessian(model, batches, HessianSettings(probes=4))
+    assert result.trace is not None and result.trace.method == "hutch++"
+    assert (
+        "up to 9 backward passes per sample, more than --probes 4"
+        in result.operator["trace_choice"]
+    )
+
+
+def test_gauss_newton_asked_for_where_it_is_not_exact_is_refused_before_any_product(
+    mlp_case: MLPCase,
+) -> None:
+    model, x, y, _ = mlp_case
+    source = CountingSource([(x, y)])
+    with pytest.raises(InputError, match=r"^--trace-method: the Gauss–Newton trace is not exact"):
+        analyse_hessian(model, source, HessianSettings(trace_method="gauss-newton"))
+    assert source.reads == 1  # counted once, no product
