@@ -27,7 +27,12 @@ from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
 from curvcal.curvature.engines import ENGINES, MODES
-from curvcal.curvature.gauss_newton import gauss_newton_problem, gauss_newton_trace, n_classes
+from curvcal.curvature.gauss_newton import (
+    gauss_newton_problem,
+    n_classes,
+    tensor_traces,
+    trace_result,
+)
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.kept import KEEP_GRAPHS
 from curvcal.curvature.layers import layer_curvature
@@ -393,12 +398,13 @@ def analyse_hessian(
         smallest = _eigen(operator, settings, 1, "smallest", hook("smallest"))
         stop()
 
-    trace = None
+    trace, shares = None, None
     if settings.trace:
         stop = timed("trace")
         before = dict(operator.engine_products)
-        if settings.trace_method == "gauss-newton":
-            trace = gauss_newton_trace(operator, on_step=hook("trace"), checked=True)
+        if settings.trace_method == "gauss-newton":  # checked by choose_trace_method
+            shares = tensor_traces(operator, on_step=hook("trace"))
+            trace = trace_result(shares)
         else:
             trace = trace_estimate(
                 operator,
@@ -440,6 +446,7 @@ def analyse_hessian(
             distribution=settings.distribution,
             seed=settings.seed,
             on_step=hook("layers"),
+            gauss_newton=shares,
         )
         stop()
 

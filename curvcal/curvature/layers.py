@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 
 from curvcal.curvature.eigen import DEFAULT_TOL, power_iteration
+from curvcal.curvature.gauss_newton import TensorTraces, trace_result
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.results import LayerCurvature
@@ -30,13 +31,17 @@ def layer_curvature(
     distribution: str = "rademacher",
     seed: int = 0,
     on_step: OnStep = None,
+    gauss_newton: TensorTraces | None = None,
 ) -> list[LayerCurvature]:
     """λmax (power iteration with the λmax shift rule) and trace of each module's block.
 
     The modules are those owning one of ``operator``'s parameters, in parameter order. A block
     with at most ``n_probes`` parameters gets its exact trace (one product per parameter),
-    a larger one a Hutchinson estimate with ``n_probes`` probes. ``on_step`` receives the
-    index of each module as it is finished.
+    a larger one a Hutchinson estimate with ``n_probes`` probes — unless ``gauss_newton``, the
+    per-tensor traces of :func:`~curvcal.curvature.gauss_newton.tensor_traces` for an operator
+    whose logits were shown linear in every tensor, gives every block its exact trace for free
+    (the sum of its tensors' shares). ``on_step`` receives the index of each module as it is
+    finished.
     """
     groups: dict[str, list[str]] = {}
     for name in operator.param_names:
@@ -46,7 +51,9 @@ def layer_curvature(
         block = operator.restrict([glob.escape(n) for n in names])
         spectrum = power_iteration(block, 1, tol=tol, max_iter=max_iter, seed=seed)
         size = block.shape[0]
-        if size <= n_probes:
+        if gauss_newton is not None:
+            trace = trace_result(gauss_newton, names)
+        elif size <= n_probes:
             trace = exact_trace(block, probe_batch=operator.probe_batch)
         else:
             trace = hutchinson_trace(

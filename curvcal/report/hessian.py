@@ -190,7 +190,11 @@ def _layers_table(analysis: HessianAnalysis) -> Table:
         columns=("module", "params", "λmax", "trace", "converged"),
         rows=rows,
         caption="each block is the Hessian with respect to the module's own parameters; "
-        "traces of blocks up to --probes parameters are exact",
+        + (
+            "every block's trace is its exact Gauss–Newton share"
+            if analysis.trace is not None and analysis.trace.method == "gauss-newton"
+            else "traces of blocks up to --probes parameters are exact"
+        ),
     )
 
 

@@ -301,10 +301,16 @@ def _relu_case(classes: int) -> tuple[nn.Module, list[tuple[Tensor, Tensor]], Te
 
 def test_auto_trace_is_the_exact_gauss_newton_trace_for_a_relu_network() -> None:
     model, batches, hessian = _relu_case(classes=3)
-    result = analyse_hessian(model, batches, HessianSettings(probes=8))
+    result = analyse_hessian(model, batches, HessianSettings(probes=8, per_layer=True))
     assert result.trace is not None and result.trace.method == "gauss-newton"
     assert result.trace.estimate == pytest.approx(float(hessian.trace()), rel=1e-12)
     assert "exact, at up to 2 backward passes per sample" in result.operator["trace_choice"]
+    # every module's block gets its exact trace from the same pass: 4·6 + 6 and 6·3 + 3 rows
+    assert result.layers is not None and [layer.n_params for layer in result.layers] == [30, 21]
+    for layer, (start, stop) in zip(result.layers, ((0, 30), (30, 51)), strict=True):
+        assert layer.trace.method == "gauss-newton" and layer.trace.matvecs == 0
+        block = hessian[start:stop, start:stop]
+        assert layer.trace.estimate == pytest.approx(float(block.trace()), rel=1e-12)
 
 
 def test_auto_trace_falls_back_to_hutchpp_and_says_why(mlp_case: MLPCase) -> None:
