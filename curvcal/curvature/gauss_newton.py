@@ -229,16 +229,24 @@ def _eigenpairs(loss: Loss, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor, 
     return values, vectors, values.abs() > EIGEN_FLOOR * float(values.abs().max())
 
 
+@dataclass(frozen=True)
+class _Work:
+    """One batch's inputs, the eigenpairs of its Λ_n (λ, U, which are kept) and the per-tensor
+    sums the engines add into."""
+
+    x: Inputs
+    values: Tensor
+    vectors: Tensor
+    keep: Tensor
+    sums: Tensor
+
+
 def _loop_sums(
-    model: nn.Module,
-    params: tuple[Tensor, ...],
-    x: Inputs,
-    pairs: tuple[Tensor, Tensor, Tensor],
-    rows: range,
-    sums: Tensor,
+    model: nn.Module, params: tuple[Tensor, ...], work: _Work, rows: range
 ) -> tuple[float, int]:
-    """Adds the rows' Σ_k λ ‖(Jᵀu)_t‖² into ``sums``; returns their Σ |λ|·‖Jᵀu‖² and passes."""
-    values, vectors, keep = pairs
+    """Adds the rows' Σ_k λ ‖(Jᵀu)_t‖² into ``work.sums``; returns their Σ |λ|·‖Jᵀu‖² and the
+    backward passes."""
+    x, values, vectors, keep, sums = work.x, work.values, work.vectors, work.keep, work.sums
     magnitude, passes = 0.0, 0
     for row in rows:
         kept = torch.nonzero(keep[row]).flatten().tolist()
@@ -274,17 +282,11 @@ def _one_row(x: Inputs) -> Inputs:
 
 
 def _func_sums(
-    model: nn.Module,
-    names: tuple[str, ...],
-    params: tuple[Tensor, ...],
-    x: Inputs,
-    pairs: tuple[Tensor, Tensor, Tensor],
-    rows: range,
-    sums: Tensor,
+    model: nn.Module, names: tuple[str, ...], params: tuple[Tensor, ...], work: _Work, rows: range
 ) -> tuple[float, int]:
     """:func:`_loop_sums` by ``torch.func``: ``vmap`` over rows of ``vjp``, ``vmap`` over each
     row's eigenvectors, in chunks of rows holding at most ``VMAP_BYTES`` of gradients."""
-    values, vectors, keep = pairs
+    x, values, vectors, keep, sums = work.x, work.values, work.vectors, work.keep, work.sums
     frozen = {name: p.detach() for name, p in model.named_parameters()}
     primals = tuple(p.detach() for p in params)
     classes = values.shape[1]
@@ -329,22 +331,25 @@ def gauss_newton_sums(
     choice = choice or EngineChoice(func_usable=False)
     with torch.no_grad():
         logits = model(x)
-    pairs = _eigenpairs(loss, logits, y)
-    sums = torch.zeros(len(params), dtype=torch.float64, device=params[0].device)
+    work = _Work(
+        x,
+        *_eigenpairs(loss, logits, y),
+        torch.zeros(len(params), dtype=torch.float64, device=params[0].device),
+    )
     total = n_rows(x)
     magnitude, passes, start = 0.0, 0, 0
     if choice.engine is None:  # decide on this batch's first rows, each engine once warm
-        found = _loop_sums(model, params, x, pairs, range(0, min(total, 1)), sums)
+        found = _loop_sums(model, params, work, range(0, min(total, 1)))
         began = time.perf_counter()
-        more = _loop_sums(model, params, x, pairs, range(1, min(total, 2)), sums)
+        more = _loop_sums(model, params, work, range(1, min(total, 2)))
         loop_row = time.perf_counter() - began
         magnitude, passes, start = found[0] + more[0], found[1] + more[1], min(total, 2)
         choice.engine = "loop"
         if loop_row < VMAP_TRY_SECONDS and total > 3:
-            warm = _func_sums(model, names, params, x, pairs, range(2, 3), sums)
+            warm = _func_sums(model, names, params, work, range(2, 3))
             trial = range(3, min(total, 3 + 32))
             began = time.perf_counter()
-            timed = _func_sums(model, names, params, x, pairs, trial, sums)
+            timed = _func_sums(model, names, params, work, trial)
             func_row = (time.perf_counter() - began) / len(trial)
             magnitude += warm[0] + timed[0]
             passes += warm[1] + timed[1]
@@ -356,10 +361,10 @@ def gauss_newton_sums(
     if start > 2 or choice.engine == "func":
         choice.ran.add("func")
     if choice.engine == "func":
-        found = _func_sums(model, names, params, x, pairs, rest, sums)
+        found = _func_sums(model, names, params, work, rest)
     else:
-        found = _loop_sums(model, params, x, pairs, rest, sums)
-    return sums, magnitude + found[0], passes + found[1]
+        found = _loop_sums(model, params, work, rest)
+    return work.sums, magnitude + found[0], passes + found[1]
 
 
 @dataclass(frozen=True)
@@ -396,6 +401,24 @@ def gauss_newton_problem(operator: GaussNewtonSource) -> str:
     if not problem and float(failed[0]) > 0:
         return "the linearity check failed in another process"
     return problem
+
+
+def declined(operator: GaussNewtonSource, probes: int) -> str:
+    """Why ``--trace-method auto`` would not take the Gauss–Newton trace of ``operator`` with a
+    budget of ``probes`` products ('' when it would): it is not exact here
+    (:func:`gauss_newton_problem`), or its C − 1 backward passes per sample (C classes) exceed
+    ``probes`` — C − 1 gradients of the data at one sample a pass, against 2–3 gradients per
+    product for Hutch++."""
+    problem = gauss_newton_problem(operator)
+    if problem:
+        return f"the Gauss–Newton trace is not exact here: {problem}"
+    classes = n_classes(operator)
+    if classes - 1 > probes:
+        return (
+            f"the Gauss–Newton trace would take up to {classes - 1} backward passes per sample, "
+            f"more than --probes {probes}"
+        )
+    return ""
 
 
 def n_classes(operator: GaussNewtonSource) -> int:
