@@ -25,6 +25,7 @@ from curvcal.calibration.analysis import CalibrationAnalysis
 from curvcal.curvature.batches import BatchSource
 from curvcal.curvature.eigen import eigenvalues
 from curvcal.curvature.flsd53 import flsd53_group_sizes
+from curvcal.curvature.gauss_newton import declined, gauss_newton_trace
 from curvcal.curvature.operator import OperatorOptions, build_operator
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
@@ -78,7 +79,9 @@ class CurvatureSummary:
 
     ``loss`` names the Hessian's loss (``ce``, ``focal`` with ``gamma``, or ``flsd53``);
     ``mean_loss`` is its mean over the ``n_samples`` samples; ``groups`` lists FLSD-53's
-    ``(γ, samples)`` (empty otherwise).
+    ``(γ, samples)`` (empty otherwise). ``trace_method``: ``gauss-newton`` (exact, where the
+    logits are linear in each tensor) or ``hutch++`` (``probes`` products), as
+    ``curvcal hessian --trace-method auto`` chooses.
     """
 
     lambda_max: float
@@ -94,6 +97,7 @@ class CurvatureSummary:
     matvecs: int
     engine: str
     groups: tuple[tuple[float, int], ...] = ()
+    trace_method: str = "hutch++"
 
 
 def hessian_loss_label(loss: str, gamma: float | None) -> str:
@@ -150,12 +154,15 @@ def measure_curvature(
         max_iter=settings.max_iter,
         seed=settings.seed,
     )
-    trace = trace_estimate(
-        operator,
-        settings.probes,
-        seed=settings.seed,
-        probe_batch=settings.probe_batch,
-    )
+    if declined(operator, settings.probes):
+        trace = trace_estimate(
+            operator,
+            settings.probes,
+            seed=settings.seed,
+            probe_batch=settings.probe_batch,
+        )
+    else:  # exact: the logits are linear in each tensor
+        trace = gauss_newton_trace(operator, checked=True)
     top = spectrum.values[0]
     return CurvatureSummary(
         lambda_max=top.value,
@@ -163,6 +170,7 @@ def measure_curvature(
         lambda_max_residual=top.residual,
         trace=trace.estimate,
         trace_standard_error=trace.standard_error,
+        trace_method=trace.method,
         loss=loss,
         gamma=gamma,
         mean_loss=mean_loss,

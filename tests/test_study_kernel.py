@@ -89,6 +89,31 @@ def test_curvature_matches_the_dense_hessian() -> None:
     # Hutch++ with 400 products ≥ 3·P sketches the whole space: exact up to rounding
     assert summary.trace == pytest.approx(float(torch.trace(dense)), abs=1e-10)
     assert summary.n_samples == 20 and summary.n_params == dense.shape[0]
+    assert summary.trace_method == "hutch++"  # tanh: the Gauss–Newton trace is not exact
+
+    # ReLU: linear in each tensor, so the study takes the exact Gauss–Newton trace, even with a
+    # product budget far too small for Hutch++ to be exact
+    torch.manual_seed(0)
+    relu = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 3)).to(F64)
+    exact = torch.autograd.functional.hessian(
+        lambda theta: _loss_at(relu, theta, x, y),
+        torch.cat([p.detach().reshape(-1) for p in relu.parameters()]),
+    )
+    summary = measure_curvature(relu, batches, "ce", None, CurvatureSettings(probes=4))
+    assert summary.trace_method == "gauss-newton"
+    assert summary.trace == pytest.approx(float(torch.trace(exact)), rel=1e-12)
+
+
+def _loss_at(
+    model: nn.Module, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+    pieces = [
+        t.reshape(s) for t, s in zip(theta.split([s.numel() for s in shapes]), shapes, strict=True)
+    ]
+    logits = torch.func.functional_call(model, dict(zip(names, pieces, strict=True)), (x,))
+    return nn.functional.cross_entropy(logits, y)
 
 
 def test_bad_settings_and_losses() -> None:

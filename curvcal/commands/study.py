@@ -68,7 +68,9 @@ if TYPE_CHECKING:
     type=click.IntRange(min=4),
     default=50,
     show_default=True,
-    help="Hessian-vector products for the Hutch++ estimate of tr(H).",
+    help="Hessian-vector products for the Hutch++ estimate of tr(H); tr(H) is exact by "
+    "Gauss–Newton instead where the logits are linear in each parameter tensor and the classes "
+    "are at most this plus one.",
 )
 @click.option(
     "--val-split",

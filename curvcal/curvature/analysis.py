@@ -28,6 +28,7 @@ from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
 from curvcal.curvature.engines import ENGINES, MODES
 from curvcal.curvature.gauss_newton import (
+    declined,
     gauss_newton_problem,
     n_classes,
     tensor_traces,
@@ -211,16 +212,14 @@ def kept_graphs_note(
 def choose_trace_method(operator: NaNGuard, settings: HessianSettings) -> tuple[str, str]:
     """The trace method that runs (as the settings spell it) and why, before any product.
 
-    ``auto``: ``gauss-newton`` when the logits are linear in each selected tensor
-    (:func:`~curvcal.curvature.gauss_newton.gauss_newton_problem`) and its C − 1 backward passes
-    per sample (C classes) are at most ``probes`` — the cost of the data's gradient C − 1 times
-    at one sample a pass, against 2–3 gradients per product for Hutch++ — else ``hutchpp``.
+    ``auto``: ``hutchpp`` when :func:`~curvcal.curvature.gauss_newton.declined` gives a reason
+    (not exact here, or more than ``probes`` backward passes per sample), else ``gauss-newton``.
     An explicit ``gauss-newton`` that would not be exact raises :class:`InputError` naming why.
     The reason is '' for a method that was asked for by name."""
     if settings.trace_method not in ("auto", "gauss-newton"):
         return settings.trace_method, ""
-    problem = gauss_newton_problem(operator)
     if settings.trace_method == "gauss-newton":
+        problem = gauss_newton_problem(operator)
         if problem:
             raise InputError(
                 "--trace-method",
@@ -228,17 +227,12 @@ def choose_trace_method(operator: NaNGuard, settings: HessianSettings) -> tuple[
                 "use --trace-method hutchpp or xtrace",
             )
         return "gauss-newton", ""
-    if problem:
-        return "hutchpp", f"the Gauss–Newton trace is not exact here: {problem}"
-    classes = n_classes(operator)
-    if classes - 1 > settings.probes:
-        return "hutchpp", (
-            f"the Gauss–Newton trace would take up to {classes - 1} backward passes per sample, "
-            f"more than --probes {settings.probes}"
-        )
+    why = declined(operator, settings.probes)
+    if why:
+        return "hutchpp", why
     return "gauss-newton", (
         "the logits are linear in each selected tensor, so the Gauss–Newton trace is exact, "
-        f"at up to {classes - 1} backward passes per sample"
+        f"at up to {n_classes(operator) - 1} backward passes per sample"
     )
 
 

@@ -38,7 +38,9 @@ def study_tables(result: StudyResult) -> list[Table]:
             hessian_loss_label(row.curvature.loss, row.curvature.gamma),
             fmt_float(row.curvature.lambda_max, 4)
             + ("" if row.curvature.lambda_max_converged else " (unconverged)"),
-            f"{fmt_float(row.curvature.trace, 4)} ± {fmt_float(row.curvature.trace_standard_error, 2)}",
+            f"{fmt_float(row.curvature.trace, 4)} (exact)"
+            if row.curvature.trace_method == "gauss-newton"
+            else f"{fmt_float(row.curvature.trace, 4)} ± {fmt_float(row.curvature.trace_standard_error, 2)}",
             fmt_float(row.calibration.accuracy, 4),
             fmt_float(row.calibration.ece, 4),
             fmt_float(row.calibration.adaece, 4),
@@ -70,7 +72,9 @@ def study_tables(result: StudyResult) -> list[Table]:
         ),
         rows=rows,
         caption=(
-            f"λmax, tr(H): Hessian on {first.curvature.n_samples} samples; calibration columns "
+            f"λmax, tr(H): Hessian on {first.curvature.n_samples} samples (tr(H) exact by "
+            "Gauss–Newton where the logits are linear in each tensor, else Hutch++ ± its "
+            "standard error); calibration columns "
             f"on {first.calibration.n_eval} evaluation samples, maps fitted on "
             f"{first.calibration.n_fit} others (see the 'columns' table)"
         ),
