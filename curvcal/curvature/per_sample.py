@@ -30,7 +30,8 @@ import torch
 from torch import Tensor, nn
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-#: elements of per-sample weight gradients formed at once (the rest in row chunks)
+#: elements of per-sample weight gradients, or of T × T Gram matrices, formed at once (the rest
+#: in row chunks)
 MATERIALISED_ELEMENTS = 2**24
 
 
@@ -123,10 +124,13 @@ def _outer_norms(delta: Tensor, activation: Tensor) -> Tensor:
     if positions == 1:
         return delta[:, 0].double().pow(2).sum(1) * activation[:, 0].double().pow(2).sum(1)
     if positions * positions <= outputs * inputs:
-        delta64, activation64 = delta.double(), activation.double()
-        gram_delta = delta64 @ delta64.transpose(1, 2)
-        gram_activation = activation64 @ activation64.transpose(1, 2)
-        return (gram_delta * gram_activation).sum((1, 2))
+        chunk = max(1, MATERIALISED_ELEMENTS // (positions * positions))
+        return torch.cat(
+            [
+                _ghost(delta[start : start + chunk], activation[start : start + chunk])
+                for start in range(0, rows, chunk)
+            ]
+        )
     chunk = max(1, MATERIALISED_ELEMENTS // (outputs * inputs))
     pieces = [
         torch.einsum(
@@ -138,6 +142,14 @@ def _outer_norms(delta: Tensor, activation: Tensor) -> Tensor:
         for start in range(0, rows, chunk)
     ]
     return torch.cat(pieces)
+
+
+def _ghost(delta: Tensor, activation: Tensor) -> Tensor:
+    """Σ_{t,t'} (δ_t·δ_t')(a_t·a_t') per row, from the two T × T Gram matrices, in float64."""
+    delta64, activation64 = delta.double(), activation.double()
+    gram_delta = delta64 @ delta64.transpose(1, 2)
+    gram_activation = activation64 @ activation64.transpose(1, 2)
+    return (gram_delta * gram_activation).sum((1, 2))
 
 
 def _positions_last(tensor: Tensor) -> Tensor:

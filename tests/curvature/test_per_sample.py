@@ -90,7 +90,7 @@ def test_both_ways_of_the_outer_norm_agree(monkeypatch: pytest.MonkeyPatch) -> N
     torch.testing.assert_close(formed, expected)
     monkeypatch.setattr(per_sample, "MATERIALISED_ELEMENTS", 1)  # one row at a time
     torch.testing.assert_close(per_sample._outer_norms(delta, activation), expected)
-    ghost = per_sample._outer_norms(delta[:, :2], activation[:, :2])  # T² ≤ O·I
+    ghost = per_sample._outer_norms(delta[:, :2], activation[:, :2])  # T² ≤ O·I, row by row
     expected = torch.einsum("bto,bti->boi", delta[:, :2], activation[:, :2]).pow(2).sum((1, 2))
     torch.testing.assert_close(ghost, expected)
 
