@@ -12,9 +12,12 @@ zero, so tr(R) = 0 and
 
     tr(H) = tr(G) = (1/N) Σ_n Σ_k λ_{n,k} ‖J_nᵀ u_{n,k}‖²,
 
-(λ_{n,k}, u_{n,k}) the eigenpairs of Λ_n: C backward passes per sample, no Hessian product and
-no probe, exact up to rounding. The same holds for the trace of any block of whole tensors
-(``params`` patterns), and :func:`gauss_newton_trace` returns each tensor's share.
+(λ_{n,k}, u_{n,k}) the eigenpairs of Λ_n: no Hessian product and no probe, exact up to
+rounding. The same holds for the trace of any block of whole tensors (``params`` patterns), and
+:func:`tensor_traces` returns each tensor's share. The squared norms ‖J_nᵀu_{n,k}‖² come from
+one of three engines (:class:`EngineChoice`): layer hooks, one backward of the batch per index
+k (:mod:`~curvcal.curvature.per_sample`: linear, convolution and eval BatchNorm layers);
+otherwise one backward per sample and k, by an autograd loop or ``torch.func.vmap``.
 
 Linearity is checked before anything is spent (:func:`linearity_check`): on the first rows of
 the first batch, with s = wᵀz for a random Gaussian w per row and a random direction v_t in each
@@ -33,11 +36,12 @@ the eigenpairs handle. Eigenvalues with |λ| ≤ 1e-12 × the batch's largest ar
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -226,8 +230,9 @@ VMAP_TRY_SECONDS = 0.02
 VMAP_BYTES = 256 * 2**20
 
 
-def _eigenpairs(loss: Loss, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(λ, U, kept) of the loss's Hessians in the logits: (B, C), (B, C, C), (B, C) bool."""
+def _eigenpairs(loss: Loss, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
+    """λ, U and which are kept, of the loss's Hessians in the logits: (B, C), (B, C, C) and
+    (B, C) bool, as :class:`_Work`'s fields."""
     hessians = loss_hessians(loss, logits, y)
     if not bool(torch.isfinite(hessians).all()):
         raise NumericalError(
@@ -237,19 +242,21 @@ def _eigenpairs(loss: Loss, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor, 
             _HINT,
         )
     values, vectors = torch.linalg.eigh(hessians)
-    return values, vectors, values.abs() > EIGEN_FLOOR * float(values.abs().max())
+    keep = values.abs() > EIGEN_FLOOR * float(values.abs().max())
+    return {"values": values, "vectors": vectors, "keep": keep}
 
 
 @dataclass(frozen=True)
 class _Work:
-    """One batch's inputs, the eigenpairs of its Λ_n (λ, U, which are kept) and the per-tensor
-    sums the engines add into."""
+    """One batch: its inputs and labels, the per-tensor sums the engines add into, and (once
+    the logits are known) the eigenpairs of its Λ_n: λ, U and which are kept."""
 
     x: Inputs
-    values: Tensor
-    vectors: Tensor
-    keep: Tensor
+    y: Tensor
     sums: Tensor
+    values: Tensor = field(default_factory=lambda: torch.empty(0))
+    vectors: Tensor = field(default_factory=lambda: torch.empty(0))
+    keep: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
 
 
 def _loop_sums(
@@ -325,16 +332,18 @@ def _func_sums(
 
 
 def _hook_sums(
-    model: nn.Module, names: tuple[str, ...], plan: dict[str, Layer], work: _Work
-) -> tuple[float, int] | None:
-    """:func:`_loop_sums` for the whole batch through layer hooks (``None`` when a planned layer
-    did not run exactly once, the sums untouched): one forward, then per eigenvector index k
-    that some row keeps, one backward of Σ_n u_{n,k}·z_n to the layers' outputs."""
+    model: nn.Module, loss: Loss, names: tuple[str, ...], plan: dict[str, Layer], work: _Work
+) -> tuple[_Work, float, int]:
+    """:func:`_loop_sums` for the whole batch through layer hooks: one forward, whose logits
+    give the eigenpairs (``work`` comes back with them), then per eigenvector index k that some
+    row keeps, one backward of Σ_n u_{n,k}·z_n to the layers' outputs. Raises :class:`_Refused`
+    when a planned layer did not run exactly once (nothing added)."""
     taps = Taps(plan)
     with taps.recording(), torch.enable_grad():
         logits = model(work.x)
+    work = dataclasses.replace(work, **_eigenpairs(loss, logits, work.y))
     if not taps.complete():
-        return None
+        raise _Refused(work)
     order = list(plan)
     outputs = [taps.outputs[name] for name in order]
     index = {name: position for position, name in enumerate(names)}
@@ -355,7 +364,15 @@ def _hook_sums(
                 work.sums[index[selected]] += (norms * weights).sum()
                 magnitude += float((norms * weights.abs()).sum())
         passes += int(work.keep[:, k].sum())
-    return magnitude, passes
+    return work, magnitude, passes
+
+
+class _Refused(Exception):
+    """The hooks could not serve this model; ``work`` holds the batch's eigenpairs already."""
+
+    def __init__(self, work: _Work) -> None:
+        super().__init__("a planned layer did not run exactly once")
+        self.work = work
 
 
 def gauss_newton_sums(
@@ -374,22 +391,23 @@ def gauss_newton_sums(
     (:class:`EngineChoice`; ``None``: ``loop``)."""
     names, params = tuple(names), tuple(params)
     choice = choice or EngineChoice(func_usable=False)
-    with torch.no_grad():
-        logits = model(x)
-    work = _Work(
-        x,
-        *_eigenpairs(loss, logits, y),
-        torch.zeros(len(params), dtype=torch.float64, device=params[0].device),
-    )
+    work = _Work(x, y, torch.zeros(len(params), dtype=torch.float64, device=params[0].device))
     total = n_rows(x)
     magnitude, passes, start = 0.0, 0, 0
     if choice.engine == "hooks":
         assert choice.hooks is not None
-        found = _hook_sums(model, names, choice.hooks, work)
-        if found is not None:
+        try:
+            work, magnitude, passes = _hook_sums(model, loss, names, choice.hooks, work)
+        except _Refused as refused:  # a layer reused: the loop or torch.func from now on
+            work = refused.work
+            choice.hooks, choice.engine = None, (None if choice.func_usable else "loop")
+        else:
             choice.ran.add("autograd")
-            return work.sums, found[0], found[1]
-        choice.hooks, choice.engine = None, (None if choice.func_usable else "loop")
+            return work.sums, magnitude, passes
+    else:
+        with torch.no_grad():
+            logits = model(x)
+        work = dataclasses.replace(work, **_eigenpairs(loss, logits, y))
     if choice.engine is None:  # decide on this batch's first rows, each engine once warm
         found = _loop_sums(model, params, work, range(0, min(total, 1)))
         began = time.perf_counter()
