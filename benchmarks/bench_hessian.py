@@ -400,7 +400,7 @@ def curvcal_auto_trace(n: int) -> Callable[[Case, int], Outcome]:
         method, _why = choose_trace_method(operator, settings)
         if method == "gauss-newton":
             result = gauss_newton_trace(operator, checked=True)
-            note = f"Gauss–Newton: {result.n_probes} backward passes, ± {result.half_width:.1e}"
+            note = f"Gauss–Newton: {result.n_probes} sample–eigenvector norms, ± {result.half_width:.1e}"
         else:
             result = trace_estimate(operator, n, seed=seed)
             note = f"Hutch++, 95% interval ± {100 * result.half_width / abs(result.estimate):.2g}%"

@@ -387,7 +387,8 @@ def gauss_newton_sums(
     """Σ over the rows n of one batch of Σ_k λ_{n,k} ‖(J_nᵀ u_{n,k})_t‖², for each tensor t of
     ``params`` (a float64 tensor of shape (len(params),), on the parameters' device); the same
     sum of |λ_{n,k}|·‖J_nᵀ u_{n,k}‖² over all tensors (what rounding is relative to); and the
-    backward passes spent (one per row and kept eigenpair). ``choice`` picks the engine
+    count of (row, kept eigenpair) norms, one backward each outside the hooks engine. ``choice``
+    picks the engine
     (:class:`EngineChoice`; ``None``: ``loop``)."""
     names, params = tuple(names), tuple(params)
     choice = choice or EngineChoice(func_usable=False)
@@ -440,11 +441,12 @@ def gauss_newton_sums(
 @dataclass(frozen=True)
 class TensorTraces:
     """tr(G_tt) of each selected tensor t (name → value, in selection order; their sum is the
-    trace of the whole block), the backward passes spent, and ``rounding``: the allowance for
+    trace of the whole block), the (sample, kept eigenpair) norms taken, and ``rounding``: the
+    allowance for
     rounding, ``ROUNDING_ULPS`` × ε of the parameters' dtype × (1/N) Σ |λ_{n,k}|·‖J_nᵀu_{n,k}‖²."""
 
     traces: dict[str, float]
-    backward_passes: int
+    norms_taken: int
     rounding: float = 0.0
     engine: str = "autograd"
 
@@ -542,7 +544,7 @@ def gauss_newton_trace(
 
     Raises :class:`InputError` naming the reason when that is not shown
     (:func:`gauss_newton_problem`), :class:`NumericalError` when the result is not finite.
-    ``n_probes`` of the result counts the backward passes (one per sample and kept eigenpair of
+    ``n_probes`` of the result counts the norms ‖J_nᵀu_{n,k}‖² taken (one per sample and kept eigenpair of
     Λ_n); ``matvecs`` is 0. ``checked``: the caller has already found no problem (the check is
     not run again)."""
     problem = "" if checked else gauss_newton_problem(operator)
@@ -566,7 +568,7 @@ def trace_result(found: TensorTraces, names: Sequence[str] | None = None) -> Tra
         estimate=estimate,
         standard_error=0.0,
         ci95=(estimate - found.rounding, estimate + found.rounding),
-        n_probes=found.backward_passes,
+        n_probes=found.norms_taken,
         matvecs=0,
         method=METHOD,
         distribution="none",

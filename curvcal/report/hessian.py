@@ -128,7 +128,7 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
     low, high = trace.ci95
     if trace.method == "gauss-newton":
         caption = (
-            f"Gauss–Newton, {trace.n_probes} backward passes, no product; 95% interval: "
+            f"Gauss–Newton, {trace.n_probes} sample–eigenvector norms, no product; 95% interval: "
             f"{trace.interval}"
         )
     else:

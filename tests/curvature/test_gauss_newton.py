@@ -124,7 +124,7 @@ def test_a_selected_block_in_which_the_logits_are_linear_is_exact_in_a_tanh_netw
     assert gauss_newton_trace(operator).estimate == pytest.approx(float(dense.trace()), rel=1e-10)
 
 
-def test_the_backward_passes_are_one_per_sample_and_kept_eigenpair() -> None:
+def test_the_norms_taken_are_one_per_sample_and_kept_eigenpair() -> None:
     model, (x, y) = _relu_mlp().double(), make_data("mlp")
     operator = build_operator(model, CrossEntropy(), split(x, y, BATCH))
     # cross-entropy's Λ_n has rank C − 1 = 2 (the all-ones vector is its null space)
@@ -220,7 +220,7 @@ def test_sharded_sums_go_through_the_all_reduce_hook() -> None:
     operator = HessianOperator(model, split(x, y, BATCH), all_reduce=lambda t: 2 * t)
     found = tensor_traces(operator)
     assert found.total == pytest.approx(whole, rel=1e-12)
-    assert found.backward_passes == 2 * 2 * x.shape[0]
+    assert found.norms_taken == 2 * 2 * x.shape[0]
 
 
 def test_the_model_is_left_as_it_was() -> None:
