@@ -303,8 +303,12 @@ def analyse_hessian(
     all_reduce: AllReduce | None = None,
     on_step: OnStageStep = None,
     on_note: Callable[[str], None] | None = None,
+    on_plan: Callable[[HessianSettings], None] | None = None,
 ) -> HessianAnalysis:
     """Measure the Hessian of the mean loss of ``model`` over ``batches`` as ``settings`` ask.
+
+    ``on_plan`` receives the settings as they will run, before any product: ``trace_method``
+    resolved from ``auto`` (:func:`choose_trace_method`).
 
     One operator serves every stage (``all_reduce`` sums the sample count and every product
     across processes when the data is sharded). Raises :class:`~curvcal.errors.InputError` for
@@ -345,6 +349,8 @@ def analyse_hessian(
     if settings.trace:
         method, trace_choice = choose_trace_method(operator, settings)
         settings = dataclasses.replace(settings, trace_method=method)
+    if on_plan is not None:
+        on_plan(settings)
     plan = operator.memory_plan
     free = free_memory(operator.device)  # read once for both memory notes
     notes: list[str | None] = []
@@ -485,6 +491,7 @@ def analyse_hessian_with_messages(
     all_reduce: AllReduce | None = None,
     on_step: OnStageStep = None,
     on_note: Callable[[str], None] | None = None,
+    on_plan: Callable[[HessianSettings], None] | None = None,
 ) -> tuple[HessianAnalysis, list[str]]:
     """:func:`analyse_hessian`, returning the warnings a report shows (unconverged estimates, an
     engine fallback to double backward) as messages; other warnings are passed on untouched.
@@ -495,7 +502,13 @@ def analyse_hessian_with_messages(
         # torch.func's first use imports torch internals that warn about their own deprecations.
         warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
         analysis = analyse_hessian(
-            model, batches, settings, all_reduce=all_reduce, on_step=on_step, on_note=on_note
+            model,
+            batches,
+            settings,
+            all_reduce=all_reduce,
+            on_step=on_step,
+            on_note=on_note,
+            on_plan=on_plan,
         )
     messages = []
     for warning in caught:

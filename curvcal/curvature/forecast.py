@@ -85,14 +85,16 @@ def slow_run_advice(
 
 
 def forecast_hook(
-    planned: int,
+    planned: int | Callable[[], int],
     notify: Callable[[str], None],
     *,
     threshold: float = SLOW_RUN_SECONDS,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Callable[[str, int], None]:
     """A progress hook (stage, products so far) that times the products between its first two
-    calls and, when :func:`slow_run_advice` has something to say, passes it to ``notify`` once."""
+    calls and, when :func:`slow_run_advice` has something to say, passes it to ``notify`` once.
+    ``planned`` may be a callable, read at that moment (the plan can change once the run has
+    chosen its trace method)."""
     first: list[tuple[float, int]] = []
     done = [False]
 
@@ -107,7 +109,8 @@ def forecast_hook(
         if matvecs <= before:
             return
         done[0] = True
-        advice = slow_run_advice((now - then) / (matvecs - before), planned, threshold)
+        count = planned() if callable(planned) else planned
+        advice = slow_run_advice((now - then) / (matvecs - before), count, threshold)
         if advice is not None:
             notify(advice)
 
@@ -116,9 +119,11 @@ def forecast_hook(
 
 def forecast_for(
     model: nn.Module, settings: HessianSettings, notify: Callable[[str], None]
-) -> Callable[[str, int], None]:
-    """:func:`forecast_hook` for ``settings`` on ``model``: P and the module blocks counted
-    from its trainable parameters selected by ``settings.params``."""
+) -> tuple[Callable[[str, int], None], Callable[[HessianSettings], None]]:
+    """:func:`forecast_hook` for ``settings`` on ``model`` (P and the module blocks counted
+    from its trainable parameters selected by ``settings.params``), and a function that plans
+    again from the settings the run resolved (``--trace-method auto`` become ``gauss-newton``,
+    which makes no product, or ``hutchpp``): the analysis's ``on_plan``."""
     n_params = selected_parameter_count(model, settings.params)
     owners = {
         name.rpartition(".")[0]
@@ -126,5 +131,9 @@ def forecast_for(
         if p.requires_grad
         and (not settings.params or any(fnmatch.fnmatchcase(name, g) for g in settings.params))
     }
-    planned = planned_products(settings, n_params, len(owners))
-    return forecast_hook(planned, notify, threshold=SLOW_RUN_SECONDS)
+    planned = [planned_products(settings, n_params, len(owners))]
+
+    def replan(resolved: HessianSettings) -> None:
+        planned[0] = planned_products(resolved, n_params, len(owners))
+
+    return forecast_hook(lambda: planned[0], notify, threshold=SLOW_RUN_SECONDS), replan

@@ -285,7 +285,7 @@ def _measure(
     from curvcal.curvature.forecast import forecast_for
     from curvcal.distributed import all_reduce_sum
 
-    forecast = forecast_for(
+    forecast, replan = forecast_for(
         loaded.module, settings, lambda text: reporter.info(f"curvcal: note: {text}")
     )
     notes: list[str] = []
@@ -310,6 +310,7 @@ def _measure(
             all_reduce=all_reduce_sum if distributed else None,
             on_step=on_step,
             on_note=on_note,
+            on_plan=replan,
         )
     return analysis, notes, messages
 

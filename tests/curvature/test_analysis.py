@@ -301,7 +301,10 @@ def _relu_case(classes: int) -> tuple[nn.Module, list[tuple[Tensor, Tensor]], Te
 
 def test_auto_trace_is_the_exact_gauss_newton_trace_for_a_relu_network() -> None:
     model, batches, hessian = _relu_case(classes=3)
-    result = analyse_hessian(model, batches, HessianSettings(probes=8, per_layer=True))
+    plans: list[HessianSettings] = []
+    settings = HessianSettings(probes=8, per_layer=True)
+    result = analyse_hessian(model, batches, settings, on_plan=plans.append)
+    assert [plan.trace_method for plan in plans] == ["gauss-newton"]  # before any product
     assert result.trace is not None and result.trace.method == "gauss-newton"
     assert result.trace.estimate == pytest.approx(float(hessian.trace()), rel=1e-12)
     assert "exact, at up to 2 backward passes per sample" in result.operator["trace_choice"]

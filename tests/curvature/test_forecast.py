@@ -53,6 +53,18 @@ def test_hook_times_the_products_between_its_first_two_calls_and_speaks_once() -
     assert len(notes) == 1
 
 
+def test_hook_reads_a_plan_that_changed_before_it_spoke() -> None:
+    times = iter([0.0, 10.0])
+    notes: list[str] = []
+    planned = [100]
+    hook = forecast_hook(lambda: planned[0], notes.append, clock=lambda: next(times))
+    hook("eigenvalues", 1)
+    planned[0] = 20  # the run took the Gauss–Newton trace: no trace products
+    hook("eigenvalues", 2)  # 10 s a product × 20 = 200 s
+    assert len(notes) == 1 and "about 20 Hessian-vector products" in notes[0]
+    assert planned_products(HessianSettings(trace_method="gauss-newton"), 10**6) == 14
+
+
 def test_hook_stays_silent_for_a_fast_run_and_ignores_repeated_counts() -> None:
     times = iter([0.0, 0.5, 1.0])
     notes: list[str] = []
