@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -253,3 +254,40 @@ def test_the_func_engine_and_the_choice_give_the_loop_engines_sums(loss: object)
     assert choice.engine in ("loop", "func") and choice.ran >= {"autograd", "func"}
     torch.testing.assert_close(chosen[0], loop[0], rtol=1e-12, atol=1e-14)
     assert chosen[2] == loop[2]
+
+
+class _Once(torch.autograd.Function):
+    """x ↦ x² with a backward that refuses to build a graph (no second derivative)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+        if torch.is_grad_enabled():
+            raise RuntimeError("this function has no second derivative")
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class OnceDifferentiable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(5, 4)
+        self.second = nn.Linear(4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.second(_Once.apply(self.first(x)))
+
+
+def test_a_model_without_second_derivatives_is_not_shown_linear() -> None:
+    torch.manual_seed(9)
+    model, (x, _) = OnceDifferentiable().double(), make_data("mlp")
+    names = [n for n, _ in model.named_parameters()]
+    check = linearity_check(model, names, list(model.parameters()), x[:2])
+    assert check.failed is not None and not check.linear
+    assert check.reason() == (
+        "the linearity check could not run (this function has no second derivative)"
+    )
