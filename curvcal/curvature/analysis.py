@@ -66,7 +66,7 @@ class HessianSettings:
     relative residual and change, at most ``max_iter`` iterations
     (power) or steps (Lanczos). Trace (when ``trace``):
     ``trace_method`` ``auto`` (the default: ``gauss-newton`` where it is exact and costs at most
-    ``probes`` backward passes per sample, else ``hutchpp``; :func:`choose_trace_method`),
+    ``probes`` gradient norms per sample, else ``hutchpp``; :func:`choose_trace_method`),
     ``gauss-newton`` (:mod:`~curvcal.curvature.gauss_newton`: exact for networks linear in each
     parameter tensor, refused elsewhere), ``hutchpp`` or ``xtrace`` with ``probes`` products, or
     ``hutchinson`` with ``probes`` probes — or, with ``trace_rtol``, adaptive: probes are drawn
@@ -213,7 +213,7 @@ def choose_trace_method(operator: NaNGuard, settings: HessianSettings) -> tuple[
     """The trace method that runs (as the settings spell it) and why, before any product.
 
     ``auto``: ``hutchpp`` when :func:`~curvcal.curvature.gauss_newton.declined` gives a reason
-    (not exact here, or more than ``probes`` backward passes per sample), else ``gauss-newton``.
+    (not exact here, or more than ``probes`` gradient norms per sample), else ``gauss-newton``.
     An explicit ``gauss-newton`` that would not be exact raises :class:`InputError` naming why.
     The reason is '' for a method that was asked for by name."""
     if settings.trace_method not in ("auto", "gauss-newton"):
@@ -232,7 +232,7 @@ def choose_trace_method(operator: NaNGuard, settings: HessianSettings) -> tuple[
         return "hutchpp", why
     return "gauss-newton", (
         "the logits are linear in each selected tensor, so the Gauss–Newton trace is exact, "
-        f"at up to {n_classes(operator) - 1} backward passes per sample"
+        f"at up to {n_classes(operator) - 1} gradient norms per sample"
     )
 
 

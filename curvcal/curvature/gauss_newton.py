@@ -478,16 +478,16 @@ def gauss_newton_problem(operator: GaussNewtonSource) -> str:
 def declined(operator: GaussNewtonSource, probes: int) -> str:
     """Why ``--trace-method auto`` would not take the Gauss–Newton trace of ``operator`` with a
     budget of ``probes`` products ('' when it would): it is not exact here
-    (:func:`gauss_newton_problem`), or its C − 1 backward passes per sample (C classes) exceed
-    ``probes`` — C − 1 gradients of the data at one sample a pass, against 2–3 gradients per
-    product for Hutch++."""
+    (:func:`gauss_newton_problem`), or its C − 1 gradient norms per sample (C classes) exceed
+    ``probes``: they cost C − 1 backwards of the data through the layer hooks (one sample a
+    pass otherwise), against 2–3 gradients per product for Hutch++."""
     problem = gauss_newton_problem(operator)
     if problem:
         return f"the Gauss–Newton trace is not exact here: {problem}"
     classes = n_classes(operator)
     if classes - 1 > probes:
         return (
-            f"the Gauss–Newton trace would take up to {classes - 1} backward passes per sample, "
+            f"the Gauss–Newton trace would take up to {classes - 1} gradient norms per sample, "
             f"more than --probes {probes}"
         )
     return ""

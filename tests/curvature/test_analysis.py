@@ -307,7 +307,7 @@ def test_auto_trace_is_the_exact_gauss_newton_trace_for_a_relu_network() -> None
     assert [plan.trace_method for plan in plans] == ["gauss-newton"]  # before any product
     assert result.trace is not None and result.trace.method == "gauss-newton"
     assert result.trace.estimate == pytest.approx(float(hessian.trace()), rel=1e-12)
-    assert "exact, at up to 2 backward passes per sample" in result.operator["trace_choice"]
+    assert "exact, at up to 2 gradient norms per sample" in result.operator["trace_choice"]
     # every module's block gets its exact trace from the same pass: 4·6 + 6 and 6·3 + 3 rows
     assert result.layers is not None and [layer.n_params for layer in result.layers] == [30, 21]
     for layer, (start, stop) in zip(result.layers, ((0, 30), (30, 51)), strict=True):
@@ -331,8 +331,7 @@ def test_auto_trace_falls_back_to_hutchpp_and_says_why(mlp_case: MLPCase) -> Non
     result = analyse_hessian(model, batches, HessianSettings(probes=4))
     assert result.trace is not None and result.trace.method == "hutch++"
     assert (
-        "up to 9 backward passes per sample, more than --probes 4"
-        in result.operator["trace_choice"]
+        "up to 9 gradient norms per sample, more than --probes 4" in result.operator["trace_choice"]
     )
 
 
