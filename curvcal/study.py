@@ -1,7 +1,8 @@
 """Curvature against calibration across checkpoints: the library behind ``curvcal study``.
 
 For each checkpoint, :func:`measure_curvature` gives λmax (the largest algebraic eigenvalue of
-the Hessian H of the mean loss over a dataset) and a Hutch++ estimate of tr(H), every
+the Hessian H of the mean loss over a dataset) and tr(H) (exact by Gauss–Newton where the
+logits are linear in each tensor, else a Hutch++ estimate), every
 checkpoint with the same :class:`CurvatureSettings`; :func:`calibration_summary` picks the
 numbers of a :class:`~curvcal.calibration.analysis.CalibrationAnalysis` (all measured on its
 evaluation split). :func:`rank_correlations` then gives Spearman's rank correlation ρ between
@@ -52,7 +53,8 @@ MIN_CORRELATION_SAMPLES = 3
 class CurvatureSettings:
     """How every checkpoint's Hessian is measured: λmax by ``method`` (``lanczos`` or ``power``)
     to relative tolerance ``tol`` within ``max_iter`` steps (``None``: the method's default);
-    the trace by Hutch++ with ``probes`` products (Rademacher); ``seed`` seeds both; ``engine``,
+    the trace by Hutch++ with ``probes`` products (Rademacher), or exactly by Gauss–Newton where
+    that costs at most ``probes`` norms per sample; ``seed`` seeds both; ``engine``,
     ``mode`` and ``probe_batch`` as for :class:`~curvcal.curvature.operator.HessianOperator`."""
 
     method: str = "lanczos"
@@ -117,7 +119,7 @@ def measure_curvature(
     cache: str = "auto",
     params: tuple[str, ...] | None = None,
 ) -> CurvatureSummary:
-    """λmax and Hutch++ tr(H) of H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over ``batches``.
+    """λmax and tr(H) (Gauss–Newton where exact, else Hutch++) of H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over ``batches``.
 
     ``loss`` ``ce``, ``focal`` (with ``gamma``) or ``flsd53`` (the exact Hessian of FLSD-53
     away from its switching set, see :mod:`curvcal.losses`); ``cache`` as for

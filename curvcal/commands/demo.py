@@ -25,7 +25,7 @@ TOUR = """\
   checkpoint           what the file holds, read without running any of its code
   held-out digits      accuracy and mean confidence on {n} digits the model never trained on
   Hessian eigenvalues  the sharpest directions of the mean loss; λ1 is λmax (residual, converged)
-  Hessian trace        the sum of all eigenvalues, a Hutch++ estimate with its 95 % interval
+  Hessian trace        the sum of all eigenvalues: exact (Gauss–Newton) for this ReLU CNN
   calibration          ECE and friends before and after temperature scaling (TS) and focal TS,
                        measured on the half of the digits the maps were not fitted on
   fits / γ profile     the fitted T (and γ) and how the objective varies with γ

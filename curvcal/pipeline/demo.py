@@ -76,8 +76,8 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun:
     reporter.info(
         "[bold]3. calibrate, hessian and check[/bold]: the bundled policy "
         f"{policy_path.name} gates calibration (TS and focal TS fitted on half the digits, "
-        "measured on the other half) and curvature (top-3 eigenvalues by Lanczos, Hutch++ "
-        "trace of the Hessian of the mean loss)"
+        "measured on the other half) and curvature (top-3 eigenvalues by Lanczos, and the trace "
+        "of the Hessian of the mean loss, exact by Gauss–Newton for this ReLU CNN)"
     )
     began = time.perf_counter()
     policy = load_policy(policy_path)

@@ -285,7 +285,8 @@ def column_provenance(
     fit = f"fitted on the other {n_fit} samples (stratified)"
     return {
         "λmax": f"largest eigenvalue of the {curvature}",
-        "tr(H)": f"Hutch++ trace of the {curvature}",
+        "tr(H)": f"trace of the {curvature}: exact by Gauss–Newton where the logits are linear "
+        "in each tensor, else Hutch++",
         "accuracy": evaluation,
         "ECE": f"15-bin top-label ECE (bins (a,b]) on the {evaluation}, uncalibrated",
         "AdaECE": f"equal-mass ECE on the {evaluation}, uncalibrated",
