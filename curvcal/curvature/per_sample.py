@@ -121,8 +121,6 @@ def _outer_norms(delta: Tensor, activation: Tensor) -> Tensor:
     """‖Σ_t δ_{n,t} a_{n,t}ᵀ‖² for each n, δ (B, T, O) and a (B, T, I): float64 (B,)."""
     rows, positions, outputs = delta.shape
     inputs = activation.shape[2]
-    if positions == 1:
-        return delta[:, 0].double().pow(2).sum(1) * activation[:, 0].double().pow(2).sum(1)
     if positions * positions <= outputs * inputs:
         chunk = max(1, MATERIALISED_ELEMENTS // (positions * positions))
         return torch.cat(
