@@ -113,6 +113,16 @@ def split_rows(x: Inputs, size: int) -> list[Inputs]:
     return [{key: chunks[i] for key, chunks in parts.items()} for i in range(count)]
 
 
+def as_batch_of_one(x: Inputs) -> Inputs:
+    """One row without its batch dimension (as ``torch.func.vmap`` hands it) as a batch of one."""
+    return _apply(x, lambda t: t.unsqueeze(0))
+
+
+def device_of(x: Inputs) -> torch.device:
+    """The device of ``x`` (its first tensor's)."""
+    return next(tensors(x)).device
+
+
 def detached(x: Inputs) -> Inputs:
     """``x`` detached from any autograd graph."""
     return _apply(x, lambda t: t.detach())

@@ -29,8 +29,8 @@ from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
 from curvcal.curvature.engines import ENGINES, MODES
 from curvcal.curvature.gauss_newton import (
     declined,
-    gauss_newton_problem,
     n_classes,
+    require_exact,
     tensor_traces,
     trace_result,
 )
@@ -219,13 +219,7 @@ def choose_trace_method(operator: NaNGuard, settings: HessianSettings) -> tuple[
     if settings.trace_method not in ("auto", "gauss-newton"):
         return settings.trace_method, ""
     if settings.trace_method == "gauss-newton":
-        problem = gauss_newton_problem(operator)
-        if problem:
-            raise InputError(
-                "--trace-method",
-                f"the Gauss–Newton trace is not exact here: {problem}",
-                "use --trace-method hutchpp or xtrace",
-            )
+        require_exact(operator, "--trace-method")
         return "gauss-newton", ""
     why = declined(operator, settings.probes)
     if why:

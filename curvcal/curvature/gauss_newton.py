@@ -36,12 +36,11 @@ the eigenpairs handle. Eigenvalues with |λ| ≤ 1e-12 × the batch's largest ar
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -53,7 +52,7 @@ from curvcal.curvature.results import TraceResult
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import CrossEntropy, Loss
 from curvcal.progress import OnStep
-from curvcal.rows import Inputs, n_rows, take_rows, tensors
+from curvcal.rows import Inputs, as_batch_of_one, device_of, n_rows, take_rows
 
 METHOD = "gauss-newton"
 INTERVAL = (
@@ -127,11 +126,6 @@ class LinearityCheck:
         if self.unreached:
             parts.append(f"the checked samples' logits do not depend on {_names(self.unreached)}")
         return "; ".join(parts)
-
-
-def rows_device(x: Inputs) -> torch.device:
-    """The device of the inputs ``x`` (a tensor or a mapping of tensors)."""
-    return next(iter(tensors(x))).device
 
 
 def _names(names: Sequence[str]) -> str:
@@ -230,9 +224,9 @@ VMAP_TRY_SECONDS = 0.02
 VMAP_BYTES = 256 * 2**20
 
 
-def _eigenpairs(loss: Loss, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
+def _eigenpairs(loss: Loss, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """λ, U and which are kept, of the loss's Hessians in the logits: (B, C), (B, C, C) and
-    (B, C) bool, as :class:`_Work`'s fields."""
+    (B, C) bool."""
     hessians = loss_hessians(loss, logits, y)
     if not bool(torch.isfinite(hessians).all()):
         raise NumericalError(
@@ -242,21 +236,19 @@ def _eigenpairs(loss: Loss, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
             _HINT,
         )
     values, vectors = torch.linalg.eigh(hessians)
-    keep = values.abs() > EIGEN_FLOOR * float(values.abs().max())
-    return {"values": values, "vectors": vectors, "keep": keep}
+    return values, vectors, values.abs() > EIGEN_FLOOR * float(values.abs().max())
 
 
 @dataclass(frozen=True)
 class _Work:
-    """One batch: its inputs and labels, the per-tensor sums the engines add into, and (once
-    the logits are known) the eigenpairs of its Λ_n: λ, U and which are kept."""
+    """One batch: its inputs, the eigenpairs of its Λ_n (λ, U, which are kept) and the
+    per-tensor sums the engines add into."""
 
     x: Inputs
-    y: Tensor
+    values: Tensor
+    vectors: Tensor
+    keep: Tensor
     sums: Tensor
-    values: Tensor = field(default_factory=lambda: torch.empty(0))
-    vectors: Tensor = field(default_factory=lambda: torch.empty(0))
-    keep: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
 
 
 def _loop_sums(
@@ -292,13 +284,6 @@ def _loop_sums(
     return magnitude, passes
 
 
-def _one_row(x: Inputs) -> Inputs:
-    """A vmapped row (no batch dimension) as a batch of one."""
-    if isinstance(x, Tensor):
-        return x.unsqueeze(0)
-    return {key: value.unsqueeze(0) for key, value in x.items()}
-
-
 def _func_sums(
     model: nn.Module, names: tuple[str, ...], params: tuple[Tensor, ...], work: _Work, rows: range
 ) -> tuple[float, int]:
@@ -314,7 +299,7 @@ def _func_sums(
     def row_norms(row_x: Inputs, cotangents: Tensor) -> Tensor:
         def logits(selected: tuple[Tensor, ...]) -> Tensor:
             values_ = {**frozen, **dict(zip(names, selected, strict=True))}
-            return torch.func.functional_call(model, values_, (_one_row(row_x),))[0]
+            return torch.func.functional_call(model, values_, (as_batch_of_one(row_x),))[0]
 
         pull = torch.func.vjp(logits, primals)[1]
         grads = torch.func.vmap(pull)(cotangents)[0]
@@ -332,23 +317,16 @@ def _func_sums(
 
 
 def _hook_sums(
-    model: nn.Module, loss: Loss, names: tuple[str, ...], plan: dict[str, Layer], work: _Work
-) -> tuple[_Work, float, int]:
-    """:func:`_loop_sums` for the whole batch through layer hooks: one forward, whose logits
-    give the eigenpairs (``work`` comes back with them), then per eigenvector index k that some
-    row keeps, one backward of Σ_n u_{n,k}·z_n to the layers' outputs. Raises :class:`_Refused`
-    when a planned layer did not run exactly once (nothing added)."""
-    taps = Taps(plan)
-    with taps.recording(), torch.enable_grad():
-        logits = model(work.x)
-    work = dataclasses.replace(work, **_eigenpairs(loss, logits, work.y))
-    if not taps.complete():
-        raise _Refused(work)
-    order = list(plan)
+    names: tuple[str, ...], taps: Taps, logits: Tensor, work: _Work
+) -> tuple[float, int]:
+    """:func:`_loop_sums` for the whole batch from a forward the ``taps`` recorded (``logits``
+    its output): per eigenvector index k that some row keeps, one backward of Σ_n u_{n,k}·z_n
+    to the layers' outputs, every row's norms from the layers' inputs and those gradients."""
+    order = list(taps.plan)
     outputs = [taps.outputs[name] for name in order]
     index = {name: position for position, name in enumerate(names)}
-    indices = [k for k in range(work.values.shape[1]) if bool(work.keep[:, k].any())]
-    magnitude, passes = 0.0, 0
+    indices = torch.nonzero(work.keep.any(0)).flatten().tolist()
+    magnitude = work.sums.new_zeros(())
     for position, k in enumerate(indices):
         weights = torch.where(work.keep[:, k], work.values[:, k], 0.0)
         deltas = torch.autograd.grad(
@@ -360,19 +338,11 @@ def _hook_sums(
         )
         for name, output, delta in zip(order, outputs, deltas, strict=True):
             gradient = torch.zeros_like(output) if delta is None else delta.detach()
-            for selected, norms in layer_norms(plan[name], taps.inputs[name], gradient).items():
+            layer = taps.plan[name]
+            for selected, norms in layer_norms(layer, taps.inputs[name], gradient).items():
                 work.sums[index[selected]] += (norms * weights).sum()
-                magnitude += float((norms * weights.abs()).sum())
-        passes += int(work.keep[:, k].sum())
-    return work, magnitude, passes
-
-
-class _Refused(Exception):
-    """The hooks could not serve this model; ``work`` holds the batch's eigenpairs already."""
-
-    def __init__(self, work: _Work) -> None:
-        super().__init__("a planned layer did not run exactly once")
-        self.work = work
+                magnitude += (norms * weights.abs()).sum()
+    return float(magnitude), int(work.keep.sum())
 
 
 def gauss_newton_sums(
@@ -388,27 +358,22 @@ def gauss_newton_sums(
     ``params`` (a float64 tensor of shape (len(params),), on the parameters' device); the same
     sum of |λ_{n,k}|·‖J_nᵀ u_{n,k}‖² over all tensors (what rounding is relative to); and the
     count of (row, kept eigenpair) norms, one backward each outside the hooks engine. ``choice``
-    picks the engine
-    (:class:`EngineChoice`; ``None``: ``loop``)."""
+    picks the engine (:class:`EngineChoice`; ``None``: ``loop``)."""
     names, params = tuple(names), tuple(params)
     choice = choice or EngineChoice(func_usable=False)
-    work = _Work(x, y, torch.zeros(len(params), dtype=torch.float64, device=params[0].device))
+    taps = Taps(choice.hooks) if choice.engine == "hooks" and choice.hooks else None
+    with taps.recording() if taps else nullcontext(), torch.set_grad_enabled(bool(taps)):
+        logits = model(x)  # recorded for the hooks; otherwise only for the eigenpairs
+    sums = torch.zeros(len(params), dtype=torch.float64, device=params[0].device)
+    work = _Work(x, *_eigenpairs(loss, logits, y), sums)
+    if taps is not None:
+        if taps.complete():
+            choice.ran.add("autograd")
+            return (sums, *_hook_sums(names, taps, logits, work))
+        # a planned layer ran other than once: the loop or torch.func from now on
+        choice.hooks, choice.engine = None, (None if choice.func_usable else "loop")
     total = n_rows(x)
     magnitude, passes, start = 0.0, 0, 0
-    if choice.engine == "hooks":
-        assert choice.hooks is not None
-        try:
-            work, magnitude, passes = _hook_sums(model, loss, names, choice.hooks, work)
-        except _Refused as refused:  # a layer reused: the loop or torch.func from now on
-            work = refused.work
-            choice.hooks, choice.engine = None, (None if choice.func_usable else "loop")
-        else:
-            choice.ran.add("autograd")
-            return work.sums, magnitude, passes
-    else:
-        with torch.no_grad():
-            logits = model(x)
-        work = dataclasses.replace(work, **_eigenpairs(loss, logits, y))
     if choice.engine is None:  # decide on this batch's first rows, each engine once warm
         found = _loop_sums(model, params, work, range(0, min(total, 1)))
         began = time.perf_counter()
@@ -442,8 +407,8 @@ def gauss_newton_sums(
 class TensorTraces:
     """tr(G_tt) of each selected tensor t (name → value, in selection order; their sum is the
     trace of the whole block), the (sample, kept eigenpair) norms taken, and ``rounding``: the
-    allowance for
-    rounding, ``ROUNDING_ULPS`` × ε of the parameters' dtype × (1/N) Σ |λ_{n,k}|·‖J_nᵀu_{n,k}‖²."""
+    allowance for rounding, ``ROUNDING_ULPS`` × ε of the parameters' dtype ×
+    (1/N) Σ |λ_{n,k}|·‖J_nᵀu_{n,k}‖²."""
 
     traces: dict[str, float]
     norms_taken: int
@@ -469,7 +434,7 @@ def gauss_newton_problem(operator: GaussNewtonSource) -> str:
         problem = linearity_check(
             operator.model, operator.param_names, operator.parameters, rows
         ).reason()
-    failed = operator.sum_across(torch.tensor([1.0 if problem else 0.0], device=rows_device(x)))
+    failed = operator.sum_across(torch.tensor([1.0 if problem else 0.0], device=device_of(x)))
     if not problem and float(failed[0]) > 0:
         return "the linearity check failed in another process"
     return problem
@@ -547,14 +512,21 @@ def gauss_newton_trace(
     ``n_probes`` of the result counts the norms ‖J_nᵀu_{n,k}‖² taken (one per sample and kept eigenpair of
     Λ_n); ``matvecs`` is 0. ``checked``: the caller has already found no problem (the check is
     not run again)."""
-    problem = "" if checked else gauss_newton_problem(operator)
+    if not checked:
+        require_exact(operator)
+    return trace_result(tensor_traces(operator, on_step=on_step))
+
+
+def require_exact(operator: GaussNewtonSource, what: str = "trace_method") -> None:
+    """Raises :class:`InputError` on ``what`` with :func:`gauss_newton_problem`'s reason when
+    the Gauss–Newton trace of ``operator`` would not be exact."""
+    problem = gauss_newton_problem(operator)
     if problem:
         raise InputError(
-            "trace_method",
+            what,
             f"the Gauss–Newton trace is not exact here: {problem}",
-            "use hutchpp or xtrace",
+            "ask for hutchpp or xtrace instead",
         )
-    return trace_result(tensor_traces(operator, on_step=on_step))
 
 
 def trace_result(found: TensorTraces, names: Sequence[str] | None = None) -> TraceResult:
