@@ -40,3 +40,17 @@ def test_problems_are_named_and_sound_inputs_have_none() -> None:
     assert "differ" in str(rows.input_problem({"a": torch.zeros(2), "b": torch.zeros(3)}))
     assert "mapping of tensors" in str(rows.input_problem([1, 2]))
     assert rows.describe_shape(_mapping()) == "input_ids (7, 2), attention_mask (7, 2)"
+
+
+def test_one_row_becomes_a_batch_of_one_and_inputs_report_their_device() -> None:
+    row = torch.arange(6.0).reshape(2, 3)
+    assert rows.as_batch_of_one(row).shape == (1, 2, 3)
+    mapping = {"input_ids": torch.tensor([4, 5]), "attention_mask": torch.tensor([1, 0])}
+    batched = rows.as_batch_of_one(mapping)
+    assert isinstance(batched, dict)
+    assert {k: tuple(v.shape) for k, v in batched.items()} == {
+        "input_ids": (1, 2),
+        "attention_mask": (1, 2),
+    }
+    assert torch.equal(batched["input_ids"][0], mapping["input_ids"])
+    assert rows.device_of(row) == torch.device("cpu") == rows.device_of(mapping)
