@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import time
@@ -224,8 +225,9 @@ def _status_bytes(field: str) -> int:
 
 def product_child(kind: str, model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this (fresh) process: ``gradient`` (a gradient pass), ``product``
-    (a curvcal product, engine auto, graphs rebuilt), ``block`` (8 vectors) or ``kept`` (one
-    vector through kept graphs): the peak resident-set growth of the step in steady state
+    (a curvcal product, engine auto, graphs rebuilt), ``block`` (8 vectors), ``kept`` (one
+    vector through kept graphs) or ``default`` (one vector, every setting at its default, as
+    ``curvcal hessian`` builds the operator in a fresh process): the peak resident-set growth of the step in steady state
     (after one of the same), and for the products the time of the operator's construction
     (batch count, memory measurement), of its first product and of a second one; for ``kept``
     also the growth of the first product, which builds and holds the graphs."""
@@ -235,7 +237,7 @@ def product_child(kind: str, model_name: str, args: argparse.Namespace) -> dict[
     batches = fake_data(args.samples, args.batch, torch.device("cpu"))
     params = [p for p in model.parameters() if p.requires_grad]
     width = 8 if kind == "block" else 1
-    keep = "always" if kind == "kept" else "never"
+    keep = {"kept": "always", "default": "auto"}.get(kind, "never")
     gradient(model, batches[:1])  # torch's own first-call costs are not curvcal's
     if kind == "gradient":
         gradient(model, batches)
@@ -245,7 +247,11 @@ def product_child(kind: str, model_name: str, args: argparse.Namespace) -> dict[
     n_params = sum(p.numel() for p in params)
     vectors = torch.randn(n_params, width, generator=torch.Generator().manual_seed(1))
     start = time.perf_counter()
-    operator = HessianOperator(model, batches, probe_batch=width, keep_graphs=keep)
+    operator = (
+        HessianOperator(model, batches)
+        if kind == "default"
+        else HessianOperator(model, batches, probe_batch=width, keep_graphs=keep)
+    )
     setup = time.perf_counter() - start
     held = _peak_reset()
     start = time.perf_counter()
@@ -261,6 +267,7 @@ def product_child(kind: str, model_name: str, args: argparse.Namespace) -> dict[
         "peak_growth": _status_bytes("VmHWM") - before,
         "first_peak_growth": first_growth,
         "graphs_kept": operator.graphs_kept,
+        "kept_rows": operator.kept_rows,
         "kept_estimate": operator.kept_estimate,
         "setup_s": setup,
         "first_s": first,
@@ -268,6 +275,7 @@ def product_child(kind: str, model_name: str, args: argparse.Namespace) -> dict[
         "engine": operator.engine,
         "probe_batch": operator.probe_batch,
         "micro_batch": operator.micro_batch,
+        "budget": None if operator.memory_plan is None else operator.memory_plan.budget,
     }
 
 
@@ -285,19 +293,24 @@ def product_rows(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     vectors = [torch.randn(p.shape, generator=generator) for p in params]
     flat = torch.cat([v.reshape(-1) for v in vectors])
     block = torch.randn(flat.numel(), 8, generator=generator)
+    # first, while the process holds no more than a fresh one would (the default budget reads
+    # the resident set): the operator as `curvcal hessian` builds it
+    default = HessianOperator(model, batches)
     operator = HessianOperator(model, batches, keep_graphs="never")
     blocked = HessianOperator(
         model, batches, probe_batch=8, memory_budget="100%", keep_graphs="never"
     )
     kept = HessianOperator(model, batches, keep_graphs="always")
-    default = HessianOperator(model, batches)
     steps: dict[str, Callable[[], Any]] = {
         "gradient": lambda: gradient(model, batches),
         "double backward": lambda: double_backward(model, batches, vectors),
         "curvcal HVP": lambda: operator.matvec(flat),
         "curvcal block of 8": lambda: blocked.matmat(block),
         "curvcal HVP, kept graphs": lambda: kept.matvec(flat),
+        "curvcal HVP, default operator": lambda: default.matvec(flat),
     }
+    if args.no_block:
+        del steps["curvcal block of 8"]
     for step in steps.values():  # warm-up, not timed
         step()
     best = dict.fromkeys(steps, float("inf"))
@@ -306,16 +319,23 @@ def product_rows(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             step()
             best[name] = min(best[name], time.perf_counter() - start)
-    best["curvcal block of 8"] /= 8  # per vector
-    row: dict[str, Any] = {"model": model_name, "n_params": int(flat.numel()), "seconds": best}
+    best["curvcal block of 8"] = best.get("curvcal block of 8", math.nan) / 8  # per vector
+    row: dict[str, Any] = {
+        "model": model_name,
+        "n_params": int(flat.numel()),
+        "n_samples": args.samples,
+        "seconds": best,
+    }
     row["hvp_per_gradient"] = best["curvcal HVP"] / best["gradient"]
     row["hvp_per_double_backward"] = best["curvcal HVP"] / best["double backward"]
     row["double_backward_per_gradient"] = best["double backward"] / best["gradient"]
     row["block_vector_per_gradient"] = best["curvcal block of 8"] / best["gradient"]
     row["kept_per_gradient"] = best["curvcal HVP, kept graphs"] / best["gradient"]
-    row["kept_by_default"] = default.graphs_kept
     children = {}
-    for kind in ("gradient", "product", "block", "kept"):
+    kinds = ("gradient", "product", "kept", "default") if args.no_block else (
+        "gradient", "product", "block", "kept", "default"
+    )  # fmt: skip
+    for kind in kinds:
         command = [sys.executable, __file__, "--child", kind, "--models", model_name,
                    "--samples", str(args.samples), "--batch", str(args.batch)]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -323,8 +343,20 @@ def product_rows(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     row["memory"] = children
     grad_growth = children["gradient"]["peak_growth"]
     row["product_peak_per_gradient"] = children["product"]["peak_growth"] / grad_growth
-    row["block_peak_per_gradient"] = children["block"]["peak_growth"] / grad_growth
+    row["block_peak_per_gradient"] = (
+        children["block"]["peak_growth"] / grad_growth if "block" in children else math.nan
+    )
     row["kept_first_peak_per_gradient"] = children["kept"]["first_peak_growth"] / grad_growth
+    # whether the default operator keeps the graphs depends on the memory the process holds
+    # (the budget's R), so it is read from a fresh process, as the command would build it
+    row["kept_by_default"] = children["default"]["graphs_kept"]
+    row["kept_rows_by_default"] = children["default"]["kept_rows"]
+    row["default_per_gradient"] = best["curvcal HVP, default operator"] / best["gradient"]
+    row["default_in_process"] = {
+        "kept_rows": default.kept_rows,
+        "budget": default.memory_plan.budget if default.memory_plan else None,
+    }
+    row["default_peak_per_gradient"] = children["default"]["peak_growth"] / grad_growth
     row["first_per_second_product"] = (
         children["product"]["first_s"] / children["product"]["second_s"]
     )
@@ -337,8 +369,8 @@ def products_table(rows: list[dict[str, Any]]) -> str:
         "HVP / double backward | double backward / gradient | block of 8, per vector / gradient | "
         "first / second product | peak growth: HVP / gradient | block of 8 / gradient | "
         "kept graphs: HVP / gradient | kept graphs: first product's peak growth / gradient | "
-        "kept by default |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "kept by default (samples) | default product: HVP / gradient |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for row in rows:
         seconds = row["seconds"]
@@ -350,7 +382,8 @@ def products_table(rows: list[dict[str, Any]]) -> str:
             f"{row['first_per_second_product']:.2f} | {row['product_peak_per_gradient']:.2f} | "
             f"{row['block_peak_per_gradient']:.2f} | {row['kept_per_gradient']:.2f} | "
             f"{row['kept_first_peak_per_gradient']:.2f} | "
-            f"{'yes' if row['kept_by_default'] else 'no'} |"
+            f"{row['kept_rows_by_default'] or 0} of {row['n_samples']} | "
+            f"{row['default_per_gradient']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -380,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
         "--products",
         action="store_true",
         help="CPU only: HVP / gradient, first product, peak memory / gradient (no λmax, no peer)",
+    )
+    parser.add_argument(
+        "--no-block",
+        action="store_true",
+        help="with --products: leave out the block of 8 vectors (the slow step on large data)",
     )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -188,21 +188,32 @@ def _size(n_bytes: float) -> str:
 
 
 def kept_graphs_note(
-    settings: HessianSettings, need: int | None, kept: bool, free: int | None
+    settings: HessianSettings,
+    need: int | None,
+    kept: bool,
+    free: int | None,
+    partial: tuple[int, int] | None = None,
 ) -> str | None:
-    """A note when ``keep_graphs="auto"`` rebuilt the gradient graphs for every product only
-    because the default memory budget was too small for them (``need`` bytes: the kept graphs
-    and a product through them) while half the ``free`` memory would hold them: the
-    ``--memory-budget`` that keeps them. None when kept, when the user chose the budget or
-    ``never``, when they cannot be kept (``func``, train mode), or when memory is short."""
+    """A note when ``keep_graphs="auto"`` rebuilt the gradient graphs (all of them, or those of
+    some samples: ``partial`` = (samples kept, samples)) for every product only because the
+    default memory budget was too small for them (``need`` bytes: the kept graphs and a product
+    through them) while half the ``free`` memory would hold them: the ``--memory-budget`` that
+    keeps them. None when all are kept (``kept``), when the user chose the budget or ``never``,
+    when they cannot be kept (``func``, train mode), or when memory is short."""
     if kept or need is None or settings.keep_graphs != "auto" or settings.memory_budget:
         return None
     if settings.engine == "func" or settings.mode == "train":
         return None
     if free is not None and need > FREE_FRACTION * free:
         return None
+    rebuilt = (
+        "every Hessian-vector product builds the gradient graphs again"
+        if partial is None
+        else f"every Hessian-vector product builds the gradient graphs of {partial[1] - partial[0]} "
+        f"of the {partial[1]} samples again"
+    )
     return (
-        f"every Hessian-vector product builds the gradient graphs again: keeping them needs "
+        f"{rebuilt}: keeping them all needs "
         f"about {_size(need)}, more than the default memory budget; --memory-budget "
         f"{math.ceil(need / 2**20)}MiB keeps them, and each product then skips the forward and "
         "first backward (--keep-graphs never: no note)"
@@ -359,7 +370,10 @@ def analyse_hessian(
                 free=free,
             )
         )
-    notes.append(kept_graphs_note(settings, operator.kept_need, operator.graphs_kept, free))
+    kept_rows = operator.kept_rows
+    kept_all = kept_rows is not None and kept_rows == operator.n_samples
+    partial = None if kept_rows is None or kept_all else (kept_rows, operator.n_samples)
+    notes.append(kept_graphs_note(settings, operator.kept_need, kept_all, free, partial))
     for note in notes:
         if note is not None and on_note is not None:
             on_note(note)
@@ -459,6 +473,7 @@ def analyse_hessian(
         "probe_batch": operator.probe_batch,
         "micro_batch": operator.micro_batch,
         "graphs_kept": operator.graphs_kept,
+        "kept_rows": operator.kept_rows,
         "graphs_dropped": operator.graphs_dropped,
         "n_matvecs": operator.total_matvecs,
         "n_data_passes": operator.total_data_passes,

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from curvcal import choices
-from curvcal.curvature.memory import GraphSizes
+from curvcal.curvature.memory import GraphSizes, pass_bytes
 from curvcal.rows import Inputs
 
 KEEP_GRAPHS = choices.KEEP_GRAPHS
@@ -66,14 +66,16 @@ class KeptGraph:
 class KeptState:
     """The kept graph of an operator, shared with the blocks it restricts to some parameters:
     built over the first operator's parameters (``names``, ``params``), used by any block whose
-    parameters are among them. ``enabled``: whether products go through it; ``dropped``: why
-    it was given up, if it was."""
+    parameters are among them. ``enabled``: whether products go through it; ``chunks``: how
+    many leading chunks of the data it covers (``None``: all; the others are rebuilt for every
+    product); ``dropped``: why it was given up, if it was."""
 
     def __init__(self, names: tuple[str, ...], params: tuple[Tensor, ...]) -> None:
         self.names = names
         self.params = params
         self._position = {name: i for i, name in enumerate(names)}
         self.enabled = False
+        self.chunks: int | None = None
         self.kept: KeptGraph | None = None
         self.dropped: str | None = None
 
@@ -206,9 +208,59 @@ def widest_kept_width(
 ) -> int:
     """The most vectors per product, at most ``width``, for which the kept graphs and a product
     through them fit in ``budget``; 0 when not even one vector does."""
-    held = kept_bytes(graphs, param_bytes, chunks, input_row_bytes)
-    largest = max(chunks) if chunks else 0
-    for m in range(width, 0, -1):
-        if held + kept_pass_bytes(graphs, param_bytes, largest, m) <= budget:
-            return m
-    return 0
+    return kept_prefix(
+        graphs,
+        param_bytes=param_bytes,
+        chunks=chunks,
+        input_row_bytes=input_row_bytes,
+        width=width,
+        budget=budget,
+        partial=False,
+    )[1]
+
+
+def kept_prefix(
+    graphs: GraphSizes,
+    *,
+    param_bytes: int,
+    chunks: Sequence[int],
+    input_row_bytes: float,
+    width: int,
+    budget: float,
+    partial: bool = True,
+) -> tuple[int, int]:
+    """How many leading ``chunks`` to keep the graphs of, k, and the vectors per product, m ≤
+    ``width``: the most chunks, then the most vectors, for which the graphs of the first k
+    chunks fit in ``budget`` with, in turn, a product through them and a rebuilt pass over the
+    largest of the other chunks (by double backward: :func:`~curvcal.curvature.memory.pass_bytes`).
+    k is ``len(chunks)`` or 0 unless ``partial``; (0, 0) when not even
+    the first chunk fits with one vector."""
+    count = len(chunks)
+    if count == 0:
+        return 0, 0
+    # the largest rebuilt chunk once the first k are kept: the maximum over chunks[k:]
+    rest = [0] * (count + 1)
+    for k in range(count - 1, -1, -1):
+        rest[k] = max(rest[k + 1], chunks[k])
+
+    def need(k: int, m: int, held: float, largest: int) -> float:
+        kept = held + kept_pass_bytes(graphs, param_bytes, largest, m)
+        if rest[k] == 0:
+            return kept
+        return max(kept, held + pass_bytes(graphs, param_bytes, rest[k], m, False))
+
+    best = (0, 0)
+    held = float(param_bytes)  # the summed gradient, then each kept chunk's graph and inputs
+    largest = 0
+    for k in range(1, count + 1):
+        rows = chunks[k - 1]
+        held += graphs.double.at(rows) + rows * input_row_bytes
+        largest = max(largest, rows)
+        if not partial and k < count:
+            continue
+        fitting = [m for m in range(width, 0, -1) if need(k, m, held, largest) <= budget]
+        if fitting:
+            best = (k, fitting[0])
+        elif held > budget:
+            break  # more kept chunks only hold more
+    return best

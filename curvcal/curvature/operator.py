@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import glob
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -76,7 +77,7 @@ from curvcal.curvature.kept import (
     kept_bytes,
     kept_hvp,
     kept_pass_bytes,
-    widest_kept_width,
+    kept_prefix,
 )
 from curvcal.curvature.memory import (
     GraphSizes,
@@ -87,6 +88,7 @@ from curvcal.curvature.memory import (
     measure_graph,
     parse_memory_budget,
     plan_pass,
+    resident_memory,
 )
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import LOSS_NAMES, Loss, loss_from_name
@@ -211,8 +213,9 @@ class HessianOperator:
         products; off by default, and the global flags are restored afterwards.
     memory_budget:
         bytes a pass of products may use (``"4GiB"``, ``"50%"`` of the free memory, an integer
-        of bytes); ``None``: the default of :mod:`curvcal.curvature.memory` (twice a gradient
-        pass at the batch size or 256 MiB, at most half the free memory). Measured on the first
+        of bytes); ``None``: the default of :mod:`curvcal.curvature.memory` (the room that
+        keeps the process's peak within twice its peak in a gradient pass at the batch size, at
+        least 256 MiB, at most half the free memory). Measured on the first
         batch, it caps ``probe_batch`` and splits batches into chunks (micro-batching, exact)
         when one batch alone does not fit; :attr:`memory_plan` records the choice. Under
         ``all_reduce`` only the chunking applies (every process must run the same passes).
@@ -540,7 +543,7 @@ class HessianOperator:
         free = free_memory(self._device)
         budget = self.memory_budget.resolve(free) if self.memory_budget is not None else None
         if budget is None:
-            budget = default_budget(graphs, param_bytes, rows, free)
+            budget = default_budget(graphs, param_bytes, rows, free, resident_memory(self._device))
         sharded = self._all_reduce is not None
         plan = plan_pass(
             graphs,
@@ -560,7 +563,9 @@ class HessianOperator:
 
     def _plan_kept_graphs(self, first_x: Inputs, param_bytes: int, budget: int) -> None:
         """Keep the gradient graphs when asked to, or (``auto``) when they and a product through
-        them fit in ``budget``; the vectors per pass then come from that fit."""
+        them fit in ``budget``; the vectors per pass then come from that fit. When only some
+        fit, ``auto`` keeps those of the leading chunks and rebuilds the others' per product
+        (:func:`~curvcal.curvature.kept.kept_prefix`)."""
         state = self._graphs
         # train mode: BatchNorm's graph saves the running statistics, which are restored in place
         # after every product, so a kept graph could not be differentiated again
@@ -581,17 +586,21 @@ class HessianOperator:
         if self.keep_graphs == "always":
             state.enabled = True
             return
-        width = widest_kept_width(
+        kept, width = kept_prefix(
             self.memory_graphs,
             param_bytes=param_bytes,
             chunks=chunks,
             input_row_bytes=input_row_bytes,
             width=self.probe_batch,
             budget=budget,
+            # ranks hold different chunk counts: each would keep a different share (exact all
+            # the same, but not the same passes), so sharded runs keep all or nothing
+            partial=self._all_reduce is None,
         )
-        if width == 0:
+        if kept == 0:
             return
         state.enabled = True
+        state.chunks = None if kept == len(chunks) else kept
         if self._all_reduce is None:
             self.probe_batch = width
 
@@ -599,6 +608,16 @@ class HessianOperator:
     def graphs_kept(self) -> bool:
         """Whether products run through gradient graphs kept between them (see ``keep_graphs``)."""
         return self._graphs.enabled and self._kept_indices() is not None
+
+    @property
+    def kept_rows(self) -> int | None:
+        """Samples whose gradient graphs are kept between products (all of them when every
+        graph fits, fewer when only the leading chunks' do); None when none are kept."""
+        if not self.graphs_kept:
+            return None
+        if self._graphs.chunks is None:
+            return self.n_samples
+        return sum(chunk_rows(self._batches.sizes, self._batches.limit)[: self._graphs.chunks])
 
     @property
     def graphs_dropped(self) -> str | None:
@@ -625,7 +644,7 @@ class HessianOperator:
                     kept = build_kept_graph(
                         lambda xs, ys: self.loss.sum(self.model(xs), ys),
                         state.params,
-                        self._batches,
+                        itertools.islice(self._batches, state.chunks),
                         self._watched(),
                     )
                     state.kept = kept
@@ -660,12 +679,23 @@ class HessianOperator:
         if total is None:
             total = block.new_empty((block.shape[1], self.shape[0]))
         indices = self._kept_indices() if self._graphs.enabled else None
+        engines: tuple[str, ...]
         if indices is not None and self._kept_product(block, indices, total):
             # through the kept graphs: the second backward of double backward
-            engine, result = "autograd", self._finish(total, block.shape[1])
+            skip = self._graphs.chunks
+            if skip is None:
+                engines, result = ("autograd",), self._finish(total, block.shape[1])
+            else:
+                # the chunks whose graphs are not kept, added to the kept ones' products; by
+                # double backward, as planned (a pass that failed halfway could not be redone
+                # by another engine without the kept part)
+                engines = ("autograd",)
+                result = self._product_with("autograd", block, total, skip)
         else:
             engine, result = self._rebuilt_product(block, total)
-        self.engine_products[engine] = self.engine_products.get(engine, 0) + block.shape[1]
+            engines = (engine,)
+        for engine in set(engines):
+            self.engine_products[engine] = self.engine_products.get(engine, 0) + block.shape[1]
         return result
 
     def _rebuilt_product(self, block: Tensor, total: Tensor) -> tuple[str, Tensor]:
@@ -686,16 +716,28 @@ class HessianOperator:
             )
             return "autograd", self._product_with("autograd", block, total)
 
-    def _product_with(self, engine: str, block: Tensor, total: Tensor) -> Tensor:
+    def _product_with(self, engine: str, block: Tensor, total: Tensor, skip: int = 0) -> Tensor:
+        """The passes of ``engine`` over the data (all but the first ``skip`` chunks, whose
+        products ``total`` holds from kept graphs), each split further after an out-of-memory
+        error; then :meth:`_finish`."""
         m = block.shape[1]
         while True:
             try:
-                self._pass(engine, block, total)
+                self._pass(engine, block, total, skip)
                 break
             except Exception as error:
                 if not is_out_of_memory(error):
                     raise
                 self._free_memory()
+                if skip:
+                    # the kept graphs go first, and the whole product is made again without them
+                    self._graphs.drop(
+                        "a pass beside the kept gradient graphs ran out of memory; each product "
+                        "builds them again"
+                    )
+                    self._free_memory()
+                    skip = 0
+                    continue
                 if not self._batches.halve():
                     raise InputError(
                         "batches",
@@ -782,16 +824,17 @@ class HessianOperator:
             )
         return value
 
-    def _pass(self, engine: str, block: Tensor, total: Tensor) -> None:
+    def _pass(self, engine: str, block: Tensor, total: Tensor, skip: int = 0) -> None:
         """Σ over every sample of the summed-loss products, written into ``total`` (m, P) and
-        summed there (in its dtype); no host synchronisation."""
+        summed there (in its dtype); no host synchronisation. With ``skip``, the first ``skip``
+        chunks are left out and the others' products added to what ``total`` holds."""
         tangents = self._tangents(block)
         slots = self._slots(total)
         batch_hvp = self._batch_product(engine)
         self._count(matvecs=0, passes=1)
-        empty = True
+        empty = skip == 0
         with self._prepared_model():
-            for x, y in self._batches:
+            for x, y in itertools.islice(self._batches, skip, None):
                 pieces = batch_hvp(x, y, tangents)
                 for slot, piece in zip(slots, pieces, strict=True):
                     if empty:

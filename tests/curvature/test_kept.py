@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 import pytest
 import torch
@@ -11,8 +13,14 @@ from torch import Tensor, nn
 from curvcal.curvature import hessian_eigenvalues
 from curvcal.curvature import operator as operator_module
 from curvcal.curvature.analysis import HessianSettings, analyse_hessian, kept_graphs_note
-from curvcal.curvature.kept import chunk_rows, kept_bytes, kept_pass_bytes, widest_kept_width
-from curvcal.curvature.memory import GraphSize, GraphSizes
+from curvcal.curvature.kept import (
+    chunk_rows,
+    kept_bytes,
+    kept_pass_bytes,
+    kept_prefix,
+    widest_kept_width,
+)
+from curvcal.curvature.memory import GraphSize, GraphSizes, pass_bytes
 from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
 
@@ -49,17 +57,86 @@ def test_auto_keeps_what_fits_and_rebuilds_what_does_not(mlp_case: Case) -> None
     chunks = chunk_rows([BATCH] * 7 + [1], None)
     held = kept_bytes(roomy.memory_graphs, param_bytes, chunks, 0.0)
     assert roomy.kept_estimate == pytest.approx(held, abs=1)
-    # a budget one byte short of the kept graphs and a one-vector product: not kept
-    need = held + kept_pass_bytes(roomy.memory_graphs, param_bytes, BATCH, 1)
-    tight = HessianOperator(model, split(x, y, BATCH), memory_budget=int(need) - 1)
-    assert not tight.graphs_kept
-    exact = HessianOperator(model, split(x, y, BATCH), memory_budget=int(need) + 1)
+    assert roomy.kept_rows == 50
+    # below one chunk's graph, the summed gradient and a one-vector product: nothing kept
+    graphs = roomy.memory_graphs
+    least = param_bytes + graphs.double.at(BATCH) + kept_pass_bytes(graphs, param_bytes, BATCH, 1)
+    tight = HessianOperator(model, split(x, y, BATCH), memory_budget=int(least) - 1)
+    assert not tight.graphs_kept and tight.kept_rows is None
+    exact = HessianOperator(
+        model,
+        split(x, y, BATCH),
+        memory_budget=int(held + kept_pass_bytes(graphs, param_bytes, BATCH, 1)) + 1,
+    )
     assert exact.graphs_kept and exact.probe_batch == 1  # room for the graphs and one vector
     vectors = _vectors(75, 3)
     for operator in (tight, exact, tight, exact):
         assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
-    assert tight.probe_batch >= 3  # rebuilt: the three vectors share one pass, twice
-    assert tight.n_data_passes == 2 and exact.n_data_passes == 1
+    # rebuilt: a pass per probe_batch vectors, twice; kept: the graphs built once
+    assert tight.n_data_passes == 2 * math.ceil(3 / tight.probe_batch)
+    assert exact.n_data_passes == 1
+
+
+def test_auto_keeps_the_leading_chunks_that_fit_and_rebuilds_the_others(mlp_case: Case) -> None:
+    model, x, y, hessian = mlp_case
+    roomy = HessianOperator(model, split(x, y, BATCH))
+    graphs = roomy.memory_graphs
+    assert graphs is not None
+    param_bytes = roomy.shape[0] * 8
+    # room for the summed gradient and three chunks' graphs beside either kind of product
+    three = param_bytes + 3 * graphs.double.at(BATCH)
+    room = three + max(
+        kept_pass_bytes(graphs, param_bytes, BATCH, 1),
+        pass_bytes(graphs, param_bytes, BATCH, 1, False),
+    )
+    operator = HessianOperator(model, split(x, y, BATCH), memory_budget=int(room) + 1)
+    assert operator.graphs_kept and operator.kept_rows == 3 * BATCH
+    vectors = _vectors(75, 3)
+    for round_ in range(1, 3):  # the second round runs through the graphs the first one built
+        assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+        # the graphs once, then one pass over the other chunks per pass of products
+        assert operator.n_data_passes == 1 + round_ * math.ceil(3 / operator.probe_batch)
+    assert operator.engine == "autograd"
+    spectrum = hessian_eigenvalues(model, split(x, y, BATCH), tol=1e-8, memory_budget=int(room) + 1)
+    assert spectrum.eigenvalues[0] == pytest.approx(
+        float(torch.linalg.eigvalsh(hessian)[-1]), rel=1e-8
+    )
+
+
+def test_the_kept_prefix_is_the_most_chunks_then_the_most_vectors() -> None:
+    graphs = GraphSizes(GraphSize(100.0, 10.0), GraphSize(1000.0, 50.0))
+    chunks = [4, 4, 4, 2]
+    per_chunk = 1000.0 + 50.0 * 4  # the double-backward graph of 4 rows
+    rebuilt = per_chunk + 400 * (1 + 3 * 1)  # a one-vector pass over 4 rows
+    through = per_chunk + 400 * (1 + 2 * 1)  # a one-vector product through kept graphs
+
+    def prefix(budget: float, partial: bool = True) -> tuple[int, int]:
+        return kept_prefix(
+            graphs,
+            param_bytes=400,
+            chunks=chunks,
+            input_row_bytes=0.0,
+            width=2,
+            budget=budget,
+            partial=partial,
+        )
+
+    one = 400 + per_chunk + max(rebuilt, through)
+    assert prefix(one - 1) == (0, 0)
+    assert prefix(one) == (1, 1)
+    assert prefix(one + per_chunk) == (2, 1)
+    # the last 2-row chunk rebuilt costs less than a 4-row one: three chunks kept at the
+    # same price per chunk, then all four with the product through them alone
+    assert prefix(one + 2 * per_chunk) == (3, 1)
+    everything = kept_bytes(graphs, 400, chunks, 0.0) + through
+    assert prefix(everything) == (4, 1)
+    assert prefix(everything + 800) == (4, 2)  # a second vector: 2·P·s more
+    # all or nothing when partial keeping is off
+    assert prefix(one + 2 * per_chunk, partial=False) == (0, 0)
+    assert prefix(everything, partial=False) == (4, 1)
+    assert kept_prefix(
+        graphs, param_bytes=400, chunks=[], input_row_bytes=0.0, width=2, budget=1e9
+    ) == (0, 0)
 
 
 def test_never_and_func_rebuild_every_product(mlp_case: Case) -> None:
@@ -176,6 +253,33 @@ def test_out_of_memory_drops_the_kept_graph_and_goes_on(
     assert operator.graphs_dropped is not None and "out of memory" in operator.graphs_dropped
 
 
+def test_out_of_memory_beside_partly_kept_graphs_drops_them_and_redoes_the_product(
+    mlp_case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, x, y, hessian = mlp_case
+    need = HessianOperator(model, split(x, y, BATCH)).kept_need
+    assert need is not None
+    operator = HessianOperator(model, split(x, y, BATCH), memory_budget=need - 1)
+    assert operator.kept_rows == 7 * BATCH  # the last, one-row chunk rebuilt per product
+    rebuilt = operator._batch_hvp_autograd
+    calls = [0]
+
+    def once_exhausted(*args: Any) -> tuple[Tensor, ...]:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return rebuilt(*args)
+
+    monkeypatch.setattr(operator, "_batch_hvp_autograd", once_exhausted)
+    vectors = _vectors(75, 2)
+    for _ in range(2):
+        assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
+    assert not operator.graphs_kept and operator.kept_rows is None
+    assert operator.graphs_dropped is not None and "beside the kept" in operator.graphs_dropped
+    # the failed chunk, then every chunk of both products, a pass per probe_batch vectors
+    assert calls[0] == 1 + 2 * 8 * math.ceil(2 / operator.probe_batch)
+
+
 def test_other_errors_are_not_swallowed(mlp_case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     model, x, y, _ = mlp_case
     operator = HessianOperator(model, split(x, y, BATCH), keep_graphs="always")
@@ -260,15 +364,18 @@ def test_analysis_passes_the_note_on_when_the_default_budget_is_short(
     model, x, y, hessian = mlp_case
     need = HessianOperator(model, split(x, y, BATCH)).kept_need
     assert need is not None
-    monkeypatch.setattr(operator_module, "default_budget", lambda *_args: need - 1)
-    notes: list[str] = []
-    result = analyse_hessian(
-        model, split(x, y, BATCH), HessianSettings(tol=1e-8, trace=False), on_note=notes.append
-    )
-    assert result.operator["graphs_kept"] is False
-    assert len(notes) == 1 and "--memory-budget" in notes[0] and "keeps them" in notes[0]
     top = float(torch.linalg.eigvalsh(hessian)[-1])
-    assert result.lambda_max == pytest.approx(top, rel=1e-8)
+    for budget, kept_rows in ((need - 1, 7 * BATCH), (1, None)):  # the 1-row chunk rebuilt
+        monkeypatch.setattr(operator_module, "default_budget", lambda *_args, b=budget: b)
+        notes: list[str] = []
+        result = analyse_hessian(
+            model, split(x, y, BATCH), HessianSettings(tol=1e-8, trace=False), on_note=notes.append
+        )
+        assert result.operator["graphs_kept"] is (kept_rows is not None)
+        assert result.operator["kept_rows"] == kept_rows
+        assert len(notes) == 1 and f"--memory-budget {math.ceil(need / 2**20)}MiB" in notes[0]
+        assert ("of the 50 samples" in notes[0]) is (kept_rows is not None)
+        assert result.lambda_max == pytest.approx(top, rel=1e-8)
 
 
 def test_the_api_functions_take_keep_graphs(mlp_case: Case) -> None:
