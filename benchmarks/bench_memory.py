@@ -1,11 +1,12 @@
 """Peak memory of ``curvcal hessian`` against a plain gradient pass at the same batch size.
 
 For torchvision's ResNet-18 (random weights, 10 classes) on CIFAR-size synthetic images
-(3×32×32), for each dataset size N (one batch of N images), in one run:
+(3×32×32), for each dataset size N (one batch of N images, or batches of ``--batch``), in one
+run:
 
 * ``idle``: a child process that loads the model and the data and does nothing else — the
   resident set every run starts from;
-* ``gradient``: a child that computes ∇θ Σ_i ℓ_i over the batch once (``torch.autograd.grad``);
+* ``gradient``: a child that computes ∇θ Σ_i ℓ_i once, batch by batch (``backward``);
 * ``hessian``: ``python -m curvcal hessian`` on the same checkpoint and data (top-k 1 by Lanczos
   with at most ``--max-iter`` steps and a trace by each of ``--trace-methods`` with ``--probes``
   probes — one run per method; ``none`` runs without a trace). Hutchinson's peak does not depend
@@ -22,6 +23,7 @@ Usage::
 
     python benchmarks/bench_memory.py [--sizes 128,512] [--max-iter 2] [--probes 2] [--json OUT]
     python benchmarks/bench_memory.py --sizes 32 --max-iter 1     # a quick look
+    python benchmarks/bench_memory.py --sizes 1024 --batch 64 --trace-methods none
     python benchmarks/bench_memory.py --sizes 16 --max-iter 1 --probes 100 \
         --trace-methods none,hutchinson,hutchpp,xtrace            # the trace sketches
 """
@@ -74,8 +76,9 @@ def peak_kib(command: list[str]) -> tuple[int, float]:
     return int(peak), seconds
 
 
-def child(kind: str, checkpoint: Path, data: Path) -> None:
-    """Load the model and the data; for ``gradient`` also compute one gradient of the summed loss."""
+def child(kind: str, checkpoint: Path, data: Path, batch_size: int | None = None) -> None:
+    """Load the model and the data; for ``gradient`` also compute one gradient of the summed loss
+    (over batches of ``batch_size``, accumulated, when given)."""
     import torchvision
     from safetensors.torch import load_file
 
@@ -86,9 +89,9 @@ def child(kind: str, checkpoint: Path, data: Path) -> None:
     batch = torch.load(data)
     x, y = batch["x"], batch["y"]
     if kind == "gradient":
-        params = [p for p in model.parameters() if p.requires_grad]
-        loss = torch.nn.functional.cross_entropy(model(x), y, reduction="sum")
-        torch.autograd.grad(loss, params)
+        size = batch_size or x.shape[0]
+        for xs, ys in zip(x.split(size), y.split(size), strict=True):
+            torch.nn.functional.cross_entropy(model(xs), ys, reduction="sum").backward()
 
 
 def write_inputs(folder: Path, samples: int) -> tuple[Path, Path]:
@@ -116,7 +119,7 @@ def hessian_command(
     return [
         sys.executable, "-m", "curvcal", "hessian", str(checkpoint),
         "--arch", "tv:resnet18", "--num-classes", "10", "--data", str(data),
-        "--batch-size", str(samples), "--top-k", "1", "--max-iter", str(args.max_iter),
+        "--batch-size", str(args.batch or samples), "--top-k", "1", "--max-iter", str(args.max_iter),
         *trace, "--probes", str(args.probes), "--device", "cpu", "--quiet", "--json",
         "-o", str(output),
         *(["--memory-budget", args.memory_budget] if args.memory_budget else []),
@@ -131,7 +134,17 @@ def measure(samples: int, folder: Path, args: argparse.Namespace) -> dict[str, A
     output = {method: folder / f"hessian-{samples}-{method}.json" for method in methods}
     runs = [
         ("idle", [*this, "--child", "idle", str(checkpoint), str(data)]),
-        ("gradient", [*this, "--child", "gradient", str(checkpoint), str(data)]),
+        (
+            "gradient",
+            [
+                *this,
+                "--child",
+                "gradient",
+                str(checkpoint),
+                str(data),
+                *(["--batch", str(args.batch)] if args.batch else []),
+            ],
+        ),
     ] + [
         (f"hessian_{method}", hessian_command(checkpoint, data, samples, method, path, args))
         for method, path in output.items()
@@ -149,7 +162,14 @@ def measure(samples: int, folder: Path, args: argparse.Namespace) -> dict[str, A
         result = json.loads(path.read_text())["results"]
         row[f"operator_{method}"] = {
             k: result["operator"].get(k)
-            for k in ("engine", "probe_batch", "micro_batch", "n_matvecs", "n_params")
+            for k in (
+                "engine",
+                "probe_batch",
+                "micro_batch",
+                "n_matvecs",
+                "n_params",
+                "kept_rows",
+            )
         }
         peak = row[f"hessian_{method}_mib"]
         row[f"ratio_peak_{method}"] = peak / row["gradient_mib"]
@@ -169,26 +189,30 @@ def main() -> None:
     )
     parser.add_argument("--params", default=None, help="passed to curvcal hessian")
     parser.add_argument("--memory-budget", default=None, help="passed to curvcal hessian")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="batch size (default: all N images in one batch)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument(
         "--child", nargs=3, metavar=("KIND", "CKPT", "DATA"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], Path(args.child[1]), Path(args.child[2]))
+        child(args.child[0], Path(args.child[1]), Path(args.child[2]), args.batch)
         return
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for samples in (int(s) for s in args.sizes.split(",")):
             rows.append(measure(samples, Path(folder), args))
     print(
-        f"\nResNet-18 (11.2 M parameters, random weights), CIFAR-size synthetic images, one batch, "
+        f"\nResNet-18 (11.2 M parameters, random weights), CIFAR-size synthetic images, "
+        f"{f'batches of {args.batch}' if args.batch else 'one batch'}, "
         f"CPU, 1 thread; {platform.processor() or platform.machine()}, torch {torch.__version__}; "
         f"--probes {args.probes}, --params {args.params or 'all'}\n"
     )
     print("| N | trace | P | idle MiB | gradient peak MiB | hessian peak MiB | peak ratio | "
-          "growth ratio | vectors/pass, micro-batch |")  # fmt: skip
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
+          "growth ratio | vectors/pass, micro-batch | kept graphs (samples) |")  # fmt: skip
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
     for row in rows:
         for method in row["methods"]:
             operator = row[f"operator_{method}"]
@@ -197,7 +221,8 @@ def main() -> None:
                 f"{row['idle_mib']:.0f} | {row['gradient_mib']:.0f} | "
                 f"{row[f'hessian_{method}_mib']:.0f} | {row[f'ratio_peak_{method}']:.2f} | "
                 f"{row[f'ratio_growth_{method}']:.2f} | "
-                f"{operator['probe_batch']}, {operator['micro_batch'] or 'none'} |"
+                f"{operator['probe_batch']}, {operator['micro_batch'] or 'none'} | "
+                f"{operator['kept_rows'] or 0} |"
             )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

@@ -248,7 +248,7 @@ def product_child(kind: str, model_name: str, args: argparse.Namespace) -> dict[
     vectors = torch.randn(n_params, width, generator=torch.Generator().manual_seed(1))
     start = time.perf_counter()
     operator = (
-        HessianOperator(model, batches)
+        HessianOperator(model, batches, memory_budget=args.memory_budget)
         if kind == "default"
         else HessianOperator(model, batches, probe_batch=width, keep_graphs=keep)
     )
@@ -295,7 +295,7 @@ def product_rows(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     block = torch.randn(flat.numel(), 8, generator=generator)
     # first, while the process holds no more than a fresh one would (the default budget reads
     # the resident set): the operator as `curvcal hessian` builds it
-    default = HessianOperator(model, batches)
+    default = HessianOperator(model, batches, memory_budget=args.memory_budget)
     operator = HessianOperator(model, batches, keep_graphs="never")
     blocked = HessianOperator(
         model, batches, probe_batch=8, memory_budget="100%", keep_graphs="never"
@@ -337,7 +337,8 @@ def product_rows(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     for kind in kinds:
         command = [sys.executable, __file__, "--child", kind, "--models", model_name,
-                   "--samples", str(args.samples), "--batch", str(args.batch)]  # fmt: skip
+                   "--samples", str(args.samples), "--batch", str(args.batch),
+                   *(["--memory-budget", args.memory_budget] if args.memory_budget else [])]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         children[kind] = json.loads(done.stdout.strip().splitlines()[-1])
     row["memory"] = children
@@ -413,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
         "--products",
         action="store_true",
         help="CPU only: HVP / gradient, first product, peak memory / gradient (no λmax, no peer)",
+    )
+    parser.add_argument(
+        "--memory-budget",
+        default=None,
+        help="with --products: the budget of the 'default operator' rows (as --memory-budget)",
     )
     parser.add_argument(
         "--no-block",

@@ -148,7 +148,7 @@ if TYPE_CHECKING:
     metavar="SIZE",
     default=None,
     help="Memory one pass of products may use: bytes with a unit (4GiB, 512MB) or a share of "
-    "the free memory (50%).  [default: what keeps the process's peak within 2x its peak in a gradient pass, at least 256 MiB, at most half the free memory]",
+    "the free memory (50%).  [default: 2x a gradient pass or 256 MiB, at most half the free memory]",
 )
 @click.option(
     "--keep-graphs",

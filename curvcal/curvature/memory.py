@@ -14,14 +14,10 @@ with G(r) = G₀ + g·r the graph's size, s the bytes of one value and P·s for 
 batch (at most 8 rows): one exact count of the activations, on any device, in a few
 milliseconds. :func:`plan_pass` then takes the largest batch chunk r (micro-batching inside a
 data batch when one batch alone does not fit) and, at that r, the most vectors m that fit in the
-budget. The default budget (:func:`default_budget`) keeps the process's peak within twice its
-peak during a plain gradient pass at the same batch size: with R the memory the process holds
-when the operator is built (its resident set on the CPU, ``torch.cuda.memory_allocated`` on
-CUDA: model, data, and on the CPU the libraries) and F the gradient pass's own bytes, a pass may
-take R + 2F, since R + (R + 2F) = 2(R + F). It is at least 256 MiB and never more than half the
-free memory (``MemAvailable`` of ``/proc/meminfo`` on the CPU, ``torch.cuda.mem_get_info`` on
-CUDA); ``memory_budget`` overrides it with bytes or a share of the free memory
-(:func:`parse_memory_budget`).
+budget. The budget (:func:`default_budget`) is the larger of twice a plain gradient pass at the
+same batch size and 256 MiB, and never more than half the free memory (``MemAvailable`` of
+``/proc/meminfo`` on the CPU, ``torch.cuda.mem_get_info`` on CUDA); ``memory_budget`` overrides
+it with bytes or a share of the free memory (:func:`parse_memory_budget`).
 
 Splitting a batch is exact (products are sums over samples); only the time changes.
 """
@@ -43,7 +39,7 @@ from curvcal.rows import Inputs
 
 #: the floor of the default budget: below it, memory is not worth trading time for
 MIN_DEFAULT_BUDGET = 256 * 2**20
-#: the default budget: the process's peak within this multiple of its peak in a gradient pass
+#: the default budget's multiple of a plain gradient pass at the same batch size
 GRADIENT_MULTIPLE = 2.0
 #: the share of the free memory the default budget may take
 FREE_FRACTION = 0.5
@@ -243,31 +239,9 @@ def gradient_bytes(graphs: GraphSizes, param_bytes: int, rows: int) -> float:
     return graphs.gradient.at(rows) + param_bytes
 
 
-def resident_memory(device: torch.device) -> int | None:
-    """Bytes the process holds now: the tensors allocated on a CUDA device, or the resident set
-    (``VmRSS`` of ``/proc/self/status``) on the CPU; ``None`` when it cannot be read."""
-    if device.type == "cuda":
-        return int(torch.cuda.memory_allocated(device))
-    try:
-        with open("/proc/self/status", encoding="ascii") as lines:
-            for line in lines:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def default_budget(
-    graphs: GraphSizes, param_bytes: int, rows: int, free: int | None, resident: int | None = None
-) -> int:
-    """max(R + 2F, 256 MiB), at most half of ``free``: F a gradient pass at ``rows`` rows, R the
-    ``resident`` bytes (0 when unknown). A pass of that size leaves the process's peak, R plus
-    the pass, within 2(R + F), twice its peak in the gradient pass."""
-    held = resident or 0
-    gradient = gradient_bytes(graphs, param_bytes, rows)
-    # the peak R + pass ≤ M·(R + F): pass ≤ (M − 1)·R + M·F
-    budget = max((GRADIENT_MULTIPLE - 1) * held + GRADIENT_MULTIPLE * gradient, MIN_DEFAULT_BUDGET)
+def default_budget(graphs: GraphSizes, param_bytes: int, rows: int, free: int | None) -> int:
+    """max(2 × a gradient pass at ``rows`` rows, 256 MiB), at most half of ``free``."""
+    budget = max(GRADIENT_MULTIPLE * gradient_bytes(graphs, param_bytes, rows), MIN_DEFAULT_BUDGET)
     if free is not None:
         budget = min(budget, FREE_FRACTION * free)
     return int(budget)

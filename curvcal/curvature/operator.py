@@ -88,7 +88,6 @@ from curvcal.curvature.memory import (
     measure_graph,
     parse_memory_budget,
     plan_pass,
-    resident_memory,
 )
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import LOSS_NAMES, Loss, loss_from_name
@@ -213,9 +212,8 @@ class HessianOperator:
         products; off by default, and the global flags are restored afterwards.
     memory_budget:
         bytes a pass of products may use (``"4GiB"``, ``"50%"`` of the free memory, an integer
-        of bytes); ``None``: the default of :mod:`curvcal.curvature.memory` (the room that
-        keeps the process's peak within twice its peak in a gradient pass at the batch size, at
-        least 256 MiB, at most half the free memory). Measured on the first
+        of bytes); ``None``: the default of :mod:`curvcal.curvature.memory` (twice a gradient
+        pass at the batch size or 256 MiB, at most half the free memory). Measured on the first
         batch, it caps ``probe_batch`` and splits batches into chunks (micro-batching, exact)
         when one batch alone does not fit; :attr:`memory_plan` records the choice. Under
         ``all_reduce`` only the chunking applies (every process must run the same passes).
@@ -543,7 +541,7 @@ class HessianOperator:
         free = free_memory(self._device)
         budget = self.memory_budget.resolve(free) if self.memory_budget is not None else None
         if budget is None:
-            budget = default_budget(graphs, param_bytes, rows, free, resident_memory(self._device))
+            budget = default_budget(graphs, param_bytes, rows, free)
         sharded = self._all_reduce is not None
         plan = plan_pass(
             graphs,
