@@ -197,28 +197,6 @@ def chunk_rows(batch_rows: Iterable[int], limit: int | None) -> list[int]:
     return chunks
 
 
-def widest_kept_width(
-    graphs: GraphSizes,
-    *,
-    param_bytes: int,
-    chunks: Sequence[int],
-    input_row_bytes: float,
-    width: int,
-    budget: float,
-) -> int:
-    """The most vectors per product, at most ``width``, for which the kept graphs and a product
-    through them fit in ``budget``; 0 when not even one vector does."""
-    return kept_prefix(
-        graphs,
-        param_bytes=param_bytes,
-        chunks=chunks,
-        input_row_bytes=input_row_bytes,
-        width=width,
-        budget=budget,
-        partial=False,
-    )[1]
-
-
 def kept_prefix(
     graphs: GraphSizes,
     *,

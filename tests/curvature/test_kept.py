@@ -18,7 +18,6 @@ from curvcal.curvature.kept import (
     kept_bytes,
     kept_pass_bytes,
     kept_prefix,
-    widest_kept_width,
 )
 from curvcal.curvature.memory import GraphSize, GraphSizes, pass_bytes
 from curvcal.curvature.operator import HessianOperator
@@ -324,18 +323,24 @@ def test_chunks_follow_the_micro_batch_limit() -> None:
     assert chunk_rows([], 3) == []
 
 
-def test_widest_width_fits_the_budget_exactly() -> None:
+def test_all_kept_takes_the_widest_width_that_fits_exactly() -> None:
     graphs = GraphSizes(GraphSize(100.0, 10.0), GraphSize(1000.0, 50.0))
     chunks = [4, 4, 2]
     held = 3 * 1000.0 + 10 * (50.0 + 8.0) + 400  # graphs, inputs held, summed gradient
     assert kept_bytes(graphs, 400, chunks, 8.0) == held
     per_width = [held + (1000.0 + 50.0 * 4) + 400 * (1 + 2 * m) for m in (1, 2, 3)]
     assert [
-        widest_kept_width(
-            graphs, param_bytes=400, chunks=chunks, input_row_bytes=8.0, width=3, budget=b
+        kept_prefix(
+            graphs,
+            param_bytes=400,
+            chunks=chunks,
+            input_row_bytes=8.0,
+            width=3,
+            budget=b,
+            partial=False,
         )
         for b in (per_width[0] - 1, per_width[0], per_width[1], per_width[2] + 1e9)
-    ] == [0, 1, 2, 3]
+    ] == [(0, 0), (3, 1), (3, 2), (3, 3)]
 
 
 def test_the_note_names_the_budget_that_keeps_the_graphs() -> None:
