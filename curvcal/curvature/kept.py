@@ -17,8 +17,9 @@ forward and first backward, once.
 Memory: the graphs of every batch, Σ_B G(r_B) in the notation of
 :mod:`curvcal.curvature.memory`, the summed gradient (P values), and — when batches are streamed
 rather than cached — the inputs the graphs save. :func:`kept_bytes` predicts it from the graph
-sizes measured on the first batch; the operator keeps graphs only when that and a pass of
-products fit in its memory budget (``keep_graphs="auto"``).
+sizes measured on the first batch; with ``keep_graphs="auto"`` the operator keeps the graphs of
+as many leading chunks as fit in its memory budget beside a pass of products
+(:func:`kept_prefix`), all of them when they all fit, and rebuilds the others' for every product.
 
 A kept graph is valid for the parameter and buffer values it was built from: each tensor's
 in-place version counter is recorded, and :meth:`KeptGraph.is_current` is false once any of
@@ -211,8 +212,8 @@ def kept_prefix(
     ``width``: the most chunks, then the most vectors, for which the graphs of the first k
     chunks fit in ``budget`` with, in turn, a product through them and a rebuilt pass over the
     largest of the other chunks (by double backward: :func:`~curvcal.curvature.memory.pass_bytes`).
-    k is ``len(chunks)`` or 0 unless ``partial``; (0, 0) when not even
-    the first chunk fits with one vector."""
+    Without ``partial``, k is ``len(chunks)`` or 0; (0, 0) when not even the first chunk fits
+    with one vector."""
     count = len(chunks)
     if count == 0:
         return 0, 0
