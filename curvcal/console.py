@@ -42,6 +42,22 @@ StepCallback = Callable[[int], None]
 """Called by long-running kernels with the number of units of work just finished."""
 
 
+class Advance:
+    """What :meth:`Reporter.progress` yields: called with the units just finished; its
+    :meth:`describe` changes the text before the bar (the stage a long run is in)."""
+
+    def __init__(self, step: StepCallback, describe: Callable[[str], None] | None = None) -> None:
+        self._step = step
+        self._describe = describe
+
+    def __call__(self, units: int) -> None:
+        self._step(units)
+
+    def describe(self, text: str) -> None:
+        if self._describe is not None:
+            self._describe(text)
+
+
 class Reporter:
     """Messages and progress for one command run; silent under ``quiet``."""
 
@@ -57,13 +73,14 @@ class Reporter:
         stderr_console().print(f"[yellow]curvcal: warning:[/yellow] {message}", highlight=False)
 
     @contextmanager
-    def progress(self, description: str, total: int | None) -> Iterator[StepCallback]:
-        """A progress bar on an interactive stderr; yields a callback taking completed units.
+    def progress(self, description: str, total: int | None) -> Iterator[Advance]:
+        """A progress bar on an interactive stderr; yields an :class:`Advance` taking completed
+        units (and a new description).
 
         ``total=None`` when the amount of work is not known in advance (a count, no bar end)."""
         console = stderr_console()
         if self.quiet or not console.is_terminal:
-            yield lambda _n: None
+            yield Advance(lambda _n: None)
             return
         columns = (
             TextColumn("{task.description}"),
@@ -74,4 +91,7 @@ class Reporter:
         )
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task(description, total=total)
-            yield lambda n: bar.advance(task, n)
+            yield Advance(
+                lambda n: bar.advance(task, n),
+                lambda text: bar.update(task, description=text),
+            )

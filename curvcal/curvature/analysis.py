@@ -411,7 +411,15 @@ def analyse_hessian(
         stop = timed("trace")
         before = dict(operator.engine_products)
         if settings.trace_method == "gauss-newton":  # checked by choose_trace_method
-            shares = tensor_traces(operator, on_step=hook("trace"))
+            # no product is made: the stage's name carries the batches done
+            shares = tensor_traces(
+                operator,
+                on_step=None
+                if on_step is None
+                else lambda done: on_step(
+                    f"Gauss–Newton trace, batch {done}", operator.total_matvecs
+                ),
+            )
             trace = trace_result(shares)
         else:
             trace = trace_estimate(

@@ -299,6 +299,7 @@ def _measure(
         done = [0]
 
         def on_step(stage: str, matvecs: int) -> None:
+            advance.describe(f"Hessian-vector products ({stage})")
             advance(matvecs - done[0])
             done[0] = matvecs
             forecast(stage, matvecs)

@@ -302,8 +302,21 @@ def _relu_case(classes: int) -> tuple[nn.Module, list[tuple[Tensor, Tensor]], Te
 def test_auto_trace_is_the_exact_gauss_newton_trace_for_a_relu_network() -> None:
     model, batches, hessian = _relu_case(classes=3)
     plans: list[HessianSettings] = []
+    steps: list[tuple[str, int]] = []
     settings = HessianSettings(probes=8, per_layer=True)
-    result = analyse_hessian(model, batches, settings, on_plan=plans.append)
+    result = analyse_hessian(
+        model,
+        batches,
+        settings,
+        on_plan=plans.append,
+        on_step=lambda stage, n: steps.append((stage, n)),
+    )
+    # no product in the trace: its progress is the batches done, named in the stage
+    traced = [step for step in steps if step[0].startswith("Gauss–Newton trace")]
+    assert [stage for stage, _ in traced] == [
+        f"Gauss–Newton trace, batch {i}" for i in range(1, len(batches) + 1)
+    ]
+    assert len({n for _, n in traced}) == 1
     assert [plan.trace_method for plan in plans] == ["gauss-newton"]  # before any product
     assert result.trace is not None and result.trace.method == "gauss-newton"
     assert result.trace.estimate == pytest.approx(float(hessian.trace()), rel=1e-12)
