@@ -18,6 +18,7 @@ exact.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -174,21 +175,26 @@ class Batches:
             return
         yield from zip(rows.split_rows(x, self.limit), y.split(self.limit), strict=True)
 
-    def _host_batches(self) -> Iterator[Batch]:
+    def _host_batches(self, skip: int = 0) -> Iterator[Batch]:
+        """The batches in host memory, all but the first ``skip`` (a streamed source is still
+        read through them; they are neither checked nor pinned)."""
         if self.mode == "host":
             assert self._stored is not None
-            yield from self._stored
+            yield from self._stored[skip:]
             return
         pin = self.device.type == "cuda"
         for index, (x, y) in enumerate(self._fresh()):
+            if index < skip:
+                continue
             self._check(x, y, index)
             yield (rows.pin(x), y.pin_memory()) if pin else (x, y)
 
-    def _streamed(self) -> Iterator[Batch]:
-        """Host batches moved to the device; on CUDA the copy of the next batch runs on a side
-        stream (pinned memory, non-blocking) while the current batch is being computed."""
+    def _streamed(self, skip: int = 0) -> Iterator[Batch]:
+        """Host batches, all but the first ``skip``, moved to the device; on CUDA the copy of the
+        next batch runs on a side stream (pinned memory, non-blocking) while the current batch is
+        being computed."""
         if self.device.type != "cuda":
-            for x, y in self._host_batches():
+            for x, y in self._host_batches(skip):
                 yield self._move(x, y)
             return
         side = torch.cuda.Stream(self.device)
@@ -198,7 +204,7 @@ class Batches:
             with torch.cuda.stream(side):
                 return self._move(*batch)
 
-        source = self._host_batches()
+        source = self._host_batches(skip)
         ahead = next(source, None)
         pending = start(ahead) if ahead is not None else None
         while pending is not None:
@@ -212,13 +218,30 @@ class Batches:
             yield current
 
     def __iter__(self) -> Iterator[Batch]:
+        return self.chunks_after(0)
+
+    def chunks_after(self, skip: int) -> Iterator[Batch]:
+        """The chunks a pass hands out, all but the first ``skip`` (those whose products come
+        from kept graphs): batches made only of skipped chunks are passed over before they are
+        moved to the device."""
+        whole, inside = self._skipped(skip)
         if self.mode == "device":
             assert self._stored is not None
-            batches: Iterable[Batch] = self._stored
+            batches: Iterable[Batch] = self._stored[whole:]
         else:
-            batches = self._streamed()
-        for x, y in batches:
-            yield from self._chunks(x, y)
+            batches = self._streamed(whole)
+        for index, (x, y) in enumerate(batches):
+            pieces = self._chunks(x, y)
+            yield from itertools.islice(pieces, inside, None) if index == 0 else pieces
+
+    def _skipped(self, skip: int) -> tuple[int, int]:
+        """``skip`` chunks as (whole batches, chunks of the next batch)."""
+        for batch, size in enumerate(self.sizes):
+            count = 1 if self.limit is None or size <= self.limit else -(-size // self.limit)
+            if skip < count:
+                return batch, skip
+            skip -= count
+        return len(self.sizes), 0
 
     def first(self) -> Batch:
         """The first batch as a product would see it."""

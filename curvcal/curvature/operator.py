@@ -832,7 +832,7 @@ class HessianOperator:
         self._count(matvecs=0, passes=1)
         empty = skip == 0
         with self._prepared_model():
-            for x, y in itertools.islice(self._batches, skip, None):
+            for x, y in self._batches.chunks_after(skip):
                 pieces = batch_hvp(x, y, tangents)
                 for slot, piece in zip(slots, pieces, strict=True):
                     if empty:
