@@ -190,17 +190,19 @@ def _size(n_bytes: float) -> str:
 def kept_graphs_note(
     settings: HessianSettings,
     need: int | None,
-    kept: bool,
+    kept_rows: int | None,
+    n_samples: int,
     free: int | None,
-    partial: tuple[int, int] | None = None,
 ) -> str | None:
-    """A note when ``keep_graphs="auto"`` rebuilt the gradient graphs (all of them, or those of
-    some samples: ``partial`` = (samples kept, samples)) for every product only because the
+    """A note when ``keep_graphs="auto"`` rebuilt the gradient graphs of some or all of the
+    ``n_samples`` samples for every product (``kept_rows`` kept, None for none) only because the
     default memory budget was too small for them (``need`` bytes: the kept graphs and a product
     through them) while half the ``free`` memory would hold them: the ``--memory-budget`` that
-    keeps them. None when all are kept (``kept``), when the user chose the budget or ``never``,
-    when they cannot be kept (``func``, train mode), or when memory is short."""
-    if kept or need is None or settings.keep_graphs != "auto" or settings.memory_budget:
+    keeps them. None when all are kept, when the user chose the budget or ``never``, when they
+    cannot be kept (``func``, train mode), or when memory is short."""
+    if kept_rows == n_samples or need is None:
+        return None
+    if settings.keep_graphs != "auto" or settings.memory_budget:
         return None
     if settings.engine == "func" or settings.mode == "train":
         return None
@@ -208,9 +210,9 @@ def kept_graphs_note(
         return None
     rebuilt = (
         "every Hessian-vector product builds the gradient graphs again"
-        if partial is None
-        else f"every Hessian-vector product builds the gradient graphs of {partial[1] - partial[0]} "
-        f"of the {partial[1]} samples again"
+        if kept_rows is None
+        else f"every Hessian-vector product builds the gradient graphs of {n_samples - kept_rows} "
+        f"of the {n_samples} samples again"
     )
     return (
         f"{rebuilt}: keeping them all needs "
@@ -370,10 +372,9 @@ def analyse_hessian(
                 free=free,
             )
         )
-    kept_rows = operator.kept_rows
-    kept_all = kept_rows is not None and kept_rows == operator.n_samples
-    partial = None if kept_rows is None or kept_all else (kept_rows, operator.n_samples)
-    notes.append(kept_graphs_note(settings, operator.kept_need, kept_all, free, partial))
+    notes.append(
+        kept_graphs_note(settings, operator.kept_need, operator.kept_rows, operator.n_samples, free)
+    )
     for note in notes:
         if note is not None and on_note is not None:
             on_note(note)

@@ -346,21 +346,24 @@ def test_all_kept_takes_the_widest_width_that_fits_exactly() -> None:
 def test_the_note_names_the_budget_that_keeps_the_graphs() -> None:
     auto = HessianSettings()
     need = 300 * 2**20
-    note = kept_graphs_note(auto, need, kept=False, free=8 * 2**30)
+    note = kept_graphs_note(auto, need, None, 50, free=8 * 2**30)
     assert note is not None and "--memory-budget 300MiB keeps them" in note
-    assert "300 MiB" in note
+    assert "300 MiB" in note and "of the" not in note
+    partly = kept_graphs_note(auto, need, 42, 50, free=8 * 2**30)
+    assert partly is not None and "gradient graphs of 8 of the 50 samples again" in partly
+    assert "--memory-budget 300MiB keeps them" in partly
     # no note: kept already, the user's own budget or choice, func or train mode, memory short
-    assert kept_graphs_note(auto, need, kept=True, free=None) is None
+    assert kept_graphs_note(auto, need, 50, 50, free=None) is None
     for changed in (
         dataclasses.replace(auto, memory_budget="100MB"),
         dataclasses.replace(auto, keep_graphs="never"),
         dataclasses.replace(auto, engine="func"),
         dataclasses.replace(auto, mode="train"),
     ):
-        assert kept_graphs_note(changed, need, kept=False, free=None) is None
-    assert kept_graphs_note(auto, need, kept=False, free=2 * need - 1) is None
-    assert kept_graphs_note(auto, need, kept=False, free=2 * need) is not None
-    assert kept_graphs_note(auto, None, kept=False, free=None) is None
+        assert kept_graphs_note(changed, need, None, 50, free=None) is None
+    assert kept_graphs_note(auto, need, None, 50, free=2 * need - 1) is None
+    assert kept_graphs_note(auto, need, None, 50, free=2 * need) is not None
+    assert kept_graphs_note(auto, None, None, 50, free=None) is None
 
 
 def test_analysis_passes_the_note_on_when_the_default_budget_is_short(
