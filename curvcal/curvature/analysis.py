@@ -302,6 +302,22 @@ def check_sketch_memory(
     )
 
 
+#: Lanczos' basis is never bounded below 2k + this many vectors (see :func:`lanczos_basis`)
+BASIS_FLOOR = 6
+
+
+def lanczos_basis(k: int, n_params: int, budget: int | None) -> int | None:
+    """The most vectors Lanczos' basis may hold for k eigenvalues of a P = ``n_params`` Hessian:
+    as many float64 vectors as the memory ``budget`` holds, but at least 2k + :data:`BASIS_FLOOR`
+    (fewer restarts the basis so often that the products, not the memory, become the cost),
+    and at most P (a basis of P vectors spans the space: no restart); None (no bound) without a
+    budget. The basis is held beside the products, as a trace sketch is
+    (:func:`check_sketch_memory`): a λ run holds at most its products' budget plus this."""
+    if budget is None:
+        return None
+    return min(n_params, max(2 * k + BASIS_FLOOR, budget // (n_params * 8)))
+
+
 def analyse_hessian(
     model: nn.Module,
     batches: BatchSource,
@@ -398,13 +414,14 @@ def analyse_hessian(
     stop()
 
     stop = timed("eigenvalues")
-    spectrum = _eigen(operator, settings, settings.top_k, "largest", hook("eigenvalues"))
+    budget = None if plan is None else plan.budget
+    spectrum = _eigen(operator, settings, settings.top_k, "largest", budget, hook("eigenvalues"))
     stop()
 
     smallest = None
     if settings.smallest:
         stop = timed("smallest")
-        smallest = _eigen(operator, settings, 1, "smallest", hook("smallest"))
+        smallest = _eigen(operator, settings, 1, "smallest", budget, hook("smallest"))
         stop()
 
     trace, shares = None, None
@@ -484,6 +501,7 @@ def analyse_hessian(
         "graphs_kept": operator.graphs_kept,
         "kept_rows": operator.kept_rows,
         "graphs_dropped": operator.graphs_dropped,
+        "lanczos_basis": lanczos_basis(settings.top_k, n_params, budget),
         "n_matvecs": operator.total_matvecs,
         "n_data_passes": operator.total_data_passes,
         "trace_choice": trace_choice,
@@ -549,6 +567,7 @@ def _eigen(
     settings: HessianSettings,
     k: int,
     which: str,
+    budget: int | None,
     on_step: OnStep,
 ) -> EigenSpectrum:
     # λmin of a Hessian sits among many eigenvalues near zero, where power iteration (even
@@ -562,6 +581,7 @@ def _eigen(
         which=which,
         tol=settings.tol,
         max_iter=settings.max_iter,
+        max_basis=lanczos_basis(k, operator.shape[0], budget),
         seed=settings.seed,
         on_step=on_step,
     )

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from curvcal.curvature.krylov import KrylovBasis
+from curvcal.curvature.krylov import RESTART_COLUMNS, KrylovBasis
 from curvcal.curvature.operators import LinearOperator, as_operator, matvec_into
 from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpectrum
 from curvcal.errors import InputError
@@ -204,6 +204,7 @@ def lanczos(
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,
     max_matvecs: int | None = None,
+    max_basis: int | None = None,
     seed: int = 0,
     on_step: OnStep = None,
 ) -> EigenSpectrum:
@@ -231,6 +232,17 @@ def lanczos(
     invariant subspace found early restarts the basis with a fresh random vector orthogonal to
     it, so repeated eigenvalues are found with their multiplicity. Every value reports the run's
     steps and products; the residual reported is always the measured (true) one.
+
+    Memory: the basis holds one float64 vector of P values per step. ``max_basis`` (at least
+    k + 2, or P) bounds it: when the basis reaches that many vectors, it restarts thickly (Wu & Simon
+    2000; Stathopoulos, Saad & Wu 1998) — its l best Ritz vectors y_i = Q_m s_i at the wanted end
+    (l = max(k + 1, ⌊max_basis/2⌋), at most max_basis − 2) and the latest Lanczos vector q_{m+1}
+    become the new basis, in place (:meth:`~curvcal.curvature.krylov.KrylovBasis.restart`), and
+    the projected matrix becomes the arrowhead [[diag θ, b], [bᵀ, ·]] with b_i = h_{m+1,m} s_{m,i},
+    the coupling of each kept pair to q_{m+1}, so that A y_i = θ_i y_i + b_i q_{m+1}. Iteration goes
+    on from q_{m+1}; the kept values never get worse, and the rule and residuals are those above.
+    A restarted run spends more products than an unbounded one (the discarded directions are
+    rebuilt only in part); None (the default), or a bound of at least P, never restarts.
     """
     op = as_operator(operator)
     _check_common(op, k, tol, max_iter, which)
@@ -243,10 +255,23 @@ def lanczos(
             f"got {max_matvecs!r}",
         )
     n_params = op.shape[0]
-    steps_allowed = min(n_params, DEFAULT_LANCZOS_STEPS if max_iter is None else max(max_iter, k))
+    if max_basis is not None and (
+        isinstance(max_basis, bool)
+        or not isinstance(max_basis, int)
+        or max_basis < min(k + 2, n_params)
+    ):
+        raise InputError(
+            "max_basis",
+            f"must be an integer ≥ k + 2 = {k + 2} (k kept Ritz vectors, the latest Lanczos "
+            f"vector and one more) or ≥ P = {n_params}, got {max_basis!r}",
+        )
+    rows = None if max_basis is None or max_basis >= n_params else max_basis
+    steps = DEFAULT_LANCZOS_STEPS if max_iter is None else max(max_iter, k)
+    # an unbounded basis spans the whole space after P steps; a restarted one never does
+    steps_allowed = min(n_params, steps) if rows is None else steps
     generator = torch.Generator().manual_seed(seed)
     wide = torch.float64
-    basis = KrylovBasis(n_params, wide, op.device)
+    basis = KrylovBasis(n_params, wide, op.device, max_rows=rows)
     basis.append(_random_unit(op, generator).to(wide))
     # q_m in the operator's dtype, one buffer for the whole run
     tangent = None if op.dtype == wide else torch.empty(n_params, dtype=op.dtype, device=op.device)
@@ -256,7 +281,9 @@ def lanczos(
         current = basis[-1] if tangent is None else tangent.copy_(basis[-1])
         matvec_into(op, current, row)
 
-    projected = torch.zeros(steps_allowed + 1, steps_allowed, dtype=wide)
+    columns = steps_allowed if rows is None else rows - 1
+    projected = torch.zeros(columns + 1, columns, dtype=wide)
+    size = 0  # vectors of the basis the projected matrix covers (all but the latest)
     scale = 0.0
     previous: list[float] | None = None
     changes: list[float] = [math.inf] * k
@@ -268,23 +295,24 @@ def lanczos(
     used = 0
     while True:
         if steps >= steps_allowed:
-            stopped_by = "exhausted" if steps == n_params else "max_iter"
+            stopped_by = "exhausted" if size == n_params else "max_iter"
             break
         if max_matvecs is not None and used + 1 + k > max_matvecs:
             stopped_by = "max_matvecs"
             break
         image, coefficients = basis.extend_into(product)  # cleared in the basis' next row
         steps += 1
+        size += 1
         used += 1
         beta = float(image.norm())
-        projected[:steps, steps - 1] = coefficients.cpu()
-        projected[steps, steps - 1] = beta
-        ritz, ritz_vectors, skew = _rayleigh_ritz(projected[:steps, :steps])
+        projected[:size, size - 1] = coefficients.cpu()
+        projected[size, size - 1] = beta
+        ritz, ritz_vectors, skew = _rayleigh_ritz(projected[:size, :size])
         scale = max(scale, float(ritz.abs().max()))
         if on_step is not None:
             on_step(steps)
-        if steps >= k:
-            wanted = _wanted(steps, k, which)
+        if size >= k:
+            wanted = _wanted(size, k, which)
             values = [float(ritz[i]) for i in wanted]
             # |h_{m+1,m} s_m|: what more steps reduce; ‖K s‖: the products' asymmetry, which they do not
             krylov = [
@@ -304,7 +332,7 @@ def lanczos(
                     for v, p in zip(values, previous, strict=True)
                 ]
             previous = values
-            if steps == n_params:
+            if size == n_params:
                 changes = [0.0] * k
             passed = all(e <= room * tol for e in estimates) and all(c <= tol for c in changes)
             # the Krylov part has converged but the asymmetry alone exceeds tol: rounding in the
@@ -313,7 +341,7 @@ def lanczos(
             # the estimate carries some of the noise too, so it may never reach room·tol: check
             # again anyway after a while (failed checks are bounded, so is the work)
             overdue = verified is not None and steps >= verified.steps + max(5, verified.steps // 2)
-            if passed or floored or overdue or steps == n_params:
+            if passed or floored or overdue or size == n_params:
                 if max_matvecs is not None and used + k > max_matvecs:
                     stopped_by = "max_matvecs"
                     break
@@ -322,7 +350,7 @@ def lanczos(
                 if all(r <= tol for r in verified.residuals) and all(c <= tol for c in changes):
                     stopped_by = "tol"
                     break
-                if steps == n_params:
+                if size == n_params:
                     stopped_by = "precision"
                     break
                 noise = max(
@@ -341,12 +369,14 @@ def lanczos(
             if norm == 0.0:
                 stopped_by = "exhausted"
                 break
-            projected[steps, steps - 1] = 0.0
+            projected[size, size - 1] = 0.0
             basis.commit(norm)
         else:
             basis.commit(beta)
-    wanted = _wanted(steps, k, which)
-    ritz, ritz_vectors, _skew = _rayleigh_ritz(projected[:steps, :steps])
+        if rows is not None and len(basis) == rows:
+            size = _thick_restart(basis, projected, size, k, which, rows)
+    wanted = _wanted(size, k, which)
+    ritz, ritz_vectors, _skew = _rayleigh_ritz(projected[:size, :size])
     if stopped_by == "exhausted":
         changes = [0.0] * k
     if verified is None or verified.steps != steps:
@@ -376,6 +406,26 @@ def lanczos(
     return spectrum
 
 
+def _thick_restart(
+    basis: KrylovBasis, projected: Tensor, size: int, k: int, which: str, rows: int
+) -> int:
+    """Restart a full basis (``size`` vectors and the latest) on its l best Ritz vectors at the
+    wanted end and the latest vector (see :func:`lanczos`), in place; rewrites ``projected`` to
+    the arrowhead matrix of the new basis and returns l, the new ``size``."""
+    ritz, ritz_vectors, _skew = _rayleigh_ritz(projected[:size, :size])
+    kept = min(rows - 2, max(k + 1, rows // 2))
+    chosen = _wanted(size, kept, which)
+    coefficients = ritz_vectors[:, chosen]
+    coupling = float(projected[size, size - 1]) * coefficients[-1]
+    basis.restart(coefficients)
+    projected.zero_()
+    projected[:kept, :kept] = torch.diag(ritz[chosen])
+    projected[kept, :kept] = coupling
+    # column ``kept`` (the latest vector's image) is written by the next step; its entries above
+    # the diagonal, q_iᵀ A q_{m+1} = b_i up to rounding, meet ``coupling`` in the symmetric part
+    return kept
+
+
 # Verifications that may fail on rounding noise before the run is declared at its precision floor.
 _MAX_FAILED_CHECKS = 4
 
@@ -397,13 +447,22 @@ def _verify(
     scale: float,
     steps: int,
 ) -> _Verification:
-    """‖A y − θ y‖ / max(|θ|, √ε·‖A‖) of the wanted Ritz pairs, with one block product."""
-    vectors = basis.combine(ritz_vectors[:steps, wanted])  # y = Q_m s
+    """‖A y − θ y‖ / max(|θ|, √ε·‖A‖) of the wanted Ritz pairs, with one block product.
+
+    y = Q_m s is formed in the operator's dtype (the vector the product multiplies, so the
+    residual is that of the vector as used), and ‖A y − θ y‖ is summed in float64 a piece at a
+    time: besides the product, the check holds the k vectors and their images, never a float64
+    copy of them (at P = 10⁷ that spares two 80 MB vectors per value)."""
+    vectors = basis.combine(ritz_vectors[:, wanted], dtype=op.dtype)  # y = Q_m s
     vectors.div_(vectors.norm(dim=0, keepdim=True))
-    # a copy of its own: an operator may hand back a tensor it keeps, or its input
-    images = op.matmat(vectors.to(op.dtype)).to(torch.float64, copy=True)
-    values = ritz[wanted].to(vectors)
-    amounts = images.sub_(vectors.mul_(values)).norm(dim=0).tolist()  # A y − θ y, in place
+    images = op.matmat(vectors)  # only read: an operator may hand back a tensor it keeps
+    values = ritz[wanted].to(device=vectors.device)
+    squares = torch.zeros(len(wanted), dtype=torch.float64, device=vectors.device)
+    for begin in range(0, vectors.shape[0], RESTART_COLUMNS):
+        end = begin + RESTART_COLUMNS
+        piece = images[begin:end].to(torch.float64) - vectors[begin:end].to(torch.float64) * values
+        squares += piece.square().sum(dim=0)
+    amounts = squares.sqrt().tolist()
     residuals = [
         _relative(amount, float(value), scale, op.dtype)
         for amount, value in zip(amounts, values, strict=True)
@@ -461,6 +520,7 @@ def eigenvalues(
     which: str = "largest",
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,
+    max_basis: int | None = None,
     seed: int = 0,
     on_step: OnStep = None,
 ) -> EigenSpectrum:
@@ -471,7 +531,8 @@ def eigenvalues(
     space contains every power iterate, so it never needs more products; power iteration
     converges at the rate |λ₂/λ₁| and stalls on indefinite Hessians whose most negative
     eigenvalue is close to λmax in magnitude (common in trained networks).
-    ``seed`` seeds the CPU generator of the start vectors.
+    ``seed`` seeds the CPU generator of the start vectors. ``max_basis`` bounds Lanczos' basis
+    (thick restarts, see :func:`lanczos`); power iteration keeps no basis and ignores it.
     """
     if method is None:
         method = "lanczos"
@@ -479,5 +540,17 @@ def eigenvalues(
         raise InputError(
             "method", f"unknown eigenvalue method {method!r}", "choose 'power' or 'lanczos'"
         )
-    solve = power_iteration if method == "power" else lanczos
-    return solve(operator, k, which=which, tol=tol, max_iter=max_iter, seed=seed, on_step=on_step)
+    if method == "power":
+        return power_iteration(
+            operator, k, which=which, tol=tol, max_iter=max_iter, seed=seed, on_step=on_step
+        )
+    return lanczos(
+        operator,
+        k,
+        which=which,
+        tol=tol,
+        max_iter=max_iter,
+        max_basis=max_basis,
+        seed=seed,
+        on_step=on_step,
+    )

@@ -11,6 +11,11 @@ classical Gram–Schmidt is two matrix–vector products per block: c = Q_bᵀv,
 latest vectors are removed first, so that one pass usually suffices; a second runs when the
 DGKS test asks for it (see :meth:`KrylovBasis.extend`). One number per call is read
 back to the host.
+
+A basis may be given a most rows it will ever hold (``max_rows``, the row being written
+included); :meth:`KrylovBasis.restart` then replaces it, in place, by a few combinations of its
+vectors (a thick restart of Lanczos keeps its best Ritz vectors), so that a long run holds no
+more memory than a short one.
 """
 
 from __future__ import annotations
@@ -27,15 +32,28 @@ MAX_BLOCK = 8
 RECENT = 2
 #: the DGKS threshold: a second pass when a pass leaves less than this share of the norm
 DGKS_ETA = 2**-0.5
+#: columns combined at a time by :meth:`KrylovBasis.restart` (its only scratch memory:
+#: rows × this many values)
+RESTART_COLUMNS = 2**16
 
 
 class KrylovBasis:
-    """Orthonormal vectors of length ``size``, in ``dtype`` on ``device``, appended one at a time."""
+    """Orthonormal vectors of length ``size``, in ``dtype`` on ``device``, appended one at a time;
+    at most ``max_rows`` rows are ever allocated (None: no limit)."""
 
-    def __init__(self, size: int, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        max_rows: int | None = None,
+    ) -> None:
+        if max_rows is not None and max_rows < 2:
+            raise ValueError(f"a basis needs room for at least 2 rows, got max_rows={max_rows}")
         self.size = size
         self.dtype = dtype
         self.device = torch.device(device)
+        self.max_rows = max_rows
         self._blocks: list[Tensor] = []
         self._count = 0
         self._capacity = 0
@@ -75,6 +93,12 @@ class KrylovBasis:
         """The row q_{m+1} goes to, allocating a block when the blocks are full."""
         if self._count == self._capacity:
             rows = min(MAX_BLOCK, max(2, self._count))
+            if self.max_rows is not None:
+                rows = min(rows, self.max_rows - self._capacity)
+                if rows < 1:
+                    raise RuntimeError(
+                        f"the basis is full ({self.max_rows} rows): restart it before extending"
+                    )
             self._blocks.append(torch.empty(rows, self.size, dtype=self.dtype, device=self.device))
             self._capacity += rows
         block, row = self._locate(self._count)
@@ -117,22 +141,74 @@ class KrylovBasis:
             coefficients[start : start + rows.shape[0]] += amounts
             start += rows.shape[0]
 
-    def combine(self, coefficients: Tensor) -> Tensor:
+    def combine(self, coefficients: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """Σ_i q_i c_iᵀ: the size × k matrix Q_n C of an n × k ``coefficients`` matrix, n ≤ m
-        (the first n basis vectors)."""
+        (the first n basis vectors), summed in the basis' dtype and returned in ``dtype``
+        (default: the basis'). Computed :data:`RESTART_COLUMNS` entries at a time, so a result
+        in a narrower dtype costs no wide copy of it."""
         count = coefficients.shape[0]
         if count > self._count:
             raise ValueError(f"{count} coefficients for a basis of {self._count} vectors")
         coefficients = coefficients.to(device=self.device, dtype=self.dtype)
-        result = torch.zeros(self.size, coefficients.shape[1], dtype=self.dtype, device=self.device)
+        result = torch.empty(
+            self.size, coefficients.shape[1], dtype=dtype or self.dtype, device=self.device
+        )
+        blocks = self._leading(count, coefficients)
+        scratch = torch.empty(
+            min(RESTART_COLUMNS, self.size),
+            coefficients.shape[1],
+            dtype=self.dtype,
+            device=self.device,
+        )
+        for begin in range(0, self.size, RESTART_COLUMNS):
+            end = min(begin + RESTART_COLUMNS, self.size)
+            part = scratch[: end - begin].zero_()
+            for rows, share in blocks:
+                part.addmm_(rows[:, begin:end].t(), share)
+            result[begin:end].copy_(part)
+        return result
+
+    def _leading(self, count: int, coefficients: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """The first ``count`` rows, block by block, each with its rows of ``coefficients``."""
+        blocks = []
         start = 0
         for rows in self._filled():
             if start >= count:
                 break
             rows = rows[: count - start]
-            result.addmm_(rows.t(), coefficients[start : start + rows.shape[0]])
+            blocks.append((rows, coefficients[start : start + rows.shape[0]]))
             start += rows.shape[0]
-        return result
+        return blocks
+
+    def restart(self, coefficients: Tensor) -> None:
+        """Replace q_1 … q_m, in place, by y_j = Σ_{i≤n} q_i c_ij (j = 1 … l) followed by q_m:
+        the basis becomes y_1, …, y_l, q_m (l + 1 vectors), for an n × l ``coefficients``
+        matrix with n < m and l < m. With orthonormal columns c_j and q_m orthogonal to the
+        first n vectors, the new basis is orthonormal too (a thick restart: the y_j are Ritz
+        vectors, q_m the latest Lanczos vector). Computed a few thousand columns at a time, so
+        the scratch memory is l × :data:`RESTART_COLUMNS` values, never a vector of ``size``."""
+        count, kept = coefficients.shape
+        if not (count < self._count and kept < self._count):
+            raise ValueError(
+                f"a {count} × {kept} restart of a basis of {self._count} vectors: both must be "
+                f"fewer than the vectors held"
+            )
+        coefficients = coefficients.to(device=self.device, dtype=self.dtype)
+        latest = self[-1]
+        target = self[kept]
+        blocks = self._leading(count, coefficients)
+        scratch = torch.empty(
+            kept, min(RESTART_COLUMNS, self.size), dtype=self.dtype, device=self.device
+        )
+        for begin in range(0, self.size, RESTART_COLUMNS):
+            end = min(begin + RESTART_COLUMNS, self.size)
+            part = scratch[:, : end - begin].zero_()
+            for rows, share in blocks:
+                part.addmm_(share.t(), rows[:, begin:end])
+            for index in range(kept):
+                self[index][begin:end].copy_(part[index])
+            target[begin:end].copy_(latest[begin:end])
+        self._count = kept + 1
 
     def _filled(self) -> Iterator[Tensor]:
         """The blocks, each cut to the rows written so far."""

@@ -356,3 +356,47 @@ def test_gauss_newton_asked_for_where_it_is_not_exact_is_refused_before_any_prod
     with pytest.raises(InputError, match=r"^--trace-method: the Gauss–Newton trace is not exact"):
         analyse_hessian(model, source, HessianSettings(trace_method="gauss-newton"))
     assert source.reads == 1  # counted once, no product
+
+
+@pytest.mark.parametrize(
+    ("k", "n_params", "budget", "expected"),
+    [
+        (1, 1000, None, None),  # no budget: no bound
+        (1, 1000, 20 * 8000, 20),  # 20 float64 vectors of 1000 values fit
+        (1, 1000, 20 * 8000 - 1, 19),
+        (1, 1000, 8000, 8),  # the floor 2k + 6
+        (3, 1000, 0, 12),
+        (1, 75, 2**28, 75),  # never more than P
+        (5, 12, 10**6, 12),
+    ],
+)
+def test_lanczos_basis_is_what_the_budget_holds_within_its_floor_and_p(
+    k: int, n_params: int, budget: int | None, expected: int | None
+) -> None:
+    assert analysis_module.lanczos_basis(k, n_params, budget) == expected
+
+
+def test_a_small_budget_bounds_the_basis_and_the_values_stay_exact(
+    mlp_case: MLPCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """75 parameters and a budget of 4,000 bytes: 6 vectors would fit, the floor for k = 3 is
+    12, so Lanczos restarts within 12 vectors; the top 3 still match the dense Hessian to 1e-8
+    and the run records the bound. The default budget (256 MiB) bounds nothing here."""
+    model, x, y, hessian = mlp_case
+    exact = torch.linalg.eigvalsh(hessian).flip(0)[:3]
+    rows: list[int | None] = []
+    real = analysis_module.eigenvalues
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        rows.append(kwargs["max_basis"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(analysis_module, "eigenvalues", recorded)
+    settings = HessianSettings(top_k=3, tol=1e-8, trace=False, memory_budget="4000")
+    result = analyse_hessian(model, split(x, y, 20), settings)
+    assert rows == [12] and result.operator["lanczos_basis"] == 12
+    assert result.spectrum.values[0].iterations > 12
+    found = torch.tensor(result.spectrum.eigenvalues, dtype=torch.float64)
+    assert torch.allclose(found, exact, rtol=0, atol=1e-8)
+    default = analyse_hessian(model, split(x, y, 20), HessianSettings(top_k=3, trace=False))
+    assert rows[-1] == 75 and default.operator["lanczos_basis"] == 75

@@ -375,3 +375,89 @@ def test_matvec_into_uses_the_operators_own_or_a_copy(into: bool) -> None:
     assert [v.value for v in spectrum.values] == pytest.approx([1.0, 1.0], abs=1e-7)
     assert all(v.residual <= 1e-7 for v in spectrum.values)
     assert operator.calls["matvec_into" if into else "matmat"] >= 2
+
+
+class _BasisSpy:
+    """Records the rows every Lanczos basis allocates (patched over KrylovBasis in eigen)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from curvcal.curvature import eigen as eigen_module
+        from curvcal.curvature.krylov import KrylovBasis
+
+        self.bases: list[KrylovBasis] = []
+        spy = self
+
+        class Recorded(KrylovBasis):
+            def __init__(self, *args: object, **kwargs: object) -> None:
+                super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+                spy.bases.append(self)
+
+        monkeypatch.setattr(eigen_module, "KrylovBasis", Recorded)
+
+    def rows(self) -> list[int]:
+        return [sum(block.shape[0] for block in basis._blocks) for basis in self.bases]
+
+
+@pytest.mark.parametrize("case", ["mlp_case", "cnn_case"])
+def test_thick_restarts_find_the_dense_top3_in_a_bounded_basis(
+    case: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A basis of 2k + 2 = 8 vectors (restarted on 4 Ritz vectors): the three largest and the
+    two smallest eigenvalues of the dense Hessian to 1e-8, in more steps than the basis holds,
+    never allocating a ninth row."""
+    model, x, y, hessian = request.getfixturevalue(case)
+    exact = torch.linalg.eigvalsh(hessian)
+    spy = _BasisSpy(monkeypatch)
+    operator = HessianOperator(model, split(x, y, ALGO_BATCH))
+    spectrum = lanczos(operator, 3, tol=1e-8, max_basis=8)
+    smallest = lanczos(operator, 2, which="smallest", tol=1e-8, max_basis=8)
+    assert spectrum.converged and smallest.converged
+    assert spectrum.values[0].iterations > 8 and smallest.values[0].iterations > 8
+    assert spy.rows() == [8, 8]
+    found = torch.tensor(spectrum.eigenvalues, dtype=torch.float64)
+    assert torch.allclose(found, exact.flip(0)[:3], rtol=0, atol=1e-8)
+    low = torch.tensor(smallest.eigenvalues, dtype=torch.float64)
+    assert torch.allclose(low, exact[:2], rtol=0, atol=1e-8)
+    assert all(r.residual <= 1e-8 for r in (*spectrum.values, *smallest.values))
+
+
+def test_the_smallest_bound_still_converges_and_a_bound_of_p_changes_nothing() -> None:
+    """max_basis = k + 2 (one Ritz vector kept, the latest, one new: restarted every step) still
+    reaches 1e-8, in more products; a bound at or above P never restarts, so the run is the
+    unbounded one, product for product."""
+    values = torch.cat([torch.tensor([6.0, 4.5, -2.0]), torch.linspace(-1.0, 1.0, 37)])
+    matrix = spectrum_matrix(values, seed=2)
+    free = lanczos(matrix, 1, tol=1e-8)
+    tight = lanczos(matrix, 1, tol=1e-8, max_basis=3)
+    assert tight.converged and tight.values[0].value == pytest.approx(6.0, abs=1e-8)
+    assert tight.matvecs > free.matvecs
+    assert lanczos(matrix, 1, tol=1e-8, max_basis=40) == free
+    assert lanczos(matrix, 1, tol=1e-8, max_basis=400) == free
+
+
+def test_restarted_float32_products_reach_1e_6(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    """Products in float32 and a basis of 6 float64 vectors: λ1 to 1e-6, as unbounded."""
+    model, x, y, hessian = mlp_case
+    exact = float(torch.linalg.eigvalsh(hessian)[-1])
+    operator = HessianOperator(copy.deepcopy(model).float(), split(x.float(), y, ALGO_BATCH))
+    spectrum = lanczos(operator, 1, tol=1e-6, max_basis=6)
+    result = spectrum.values[0]
+    assert spectrum.converged and spectrum.stopped_by == "tol" and result.residual <= 1e-6
+    assert result.iterations > 6
+    assert abs(result.value - exact) <= 1e-6 * abs(exact)
+
+
+@pytest.mark.parametrize("bound", [2, 0, True, 4.0, "8"])
+def test_a_basis_bound_below_k_plus_2_is_refused(bound: object) -> None:
+    with pytest.raises(InputError) as error:
+        lanczos(torch.eye(10, dtype=torch.float64), 1, max_basis=bound)  # type: ignore[arg-type]
+    assert error.value.what == "max_basis" and "k + 2 = 3" in str(error.value)
+
+
+def test_a_bound_of_p_is_accepted_even_below_k_plus_2() -> None:
+    """k = P = 3: a basis of 3 vectors spans the space, so max_basis = 3 bounds nothing."""
+    matrix = spectrum_matrix(torch.tensor([3.0, 2.0, -1.0]))
+    spectrum = lanczos(matrix, 3, tol=1e-10, max_basis=3)
+    assert spectrum.converged and spectrum.eigenvalues == pytest.approx((3.0, 2.0, -1.0), abs=1e-12)

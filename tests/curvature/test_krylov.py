@@ -136,3 +136,54 @@ def test_extend_into_clears_what_is_written_in_the_next_row(count: int) -> None:
     assert torch.allclose(coefficients, columns.t() @ wide, atol=1e-13, rtol=0)
     basis.commit(float(remainder.norm()))
     assert basis[-1].data_ptr() == rows[0].data_ptr() and len(basis) == count + 1
+
+
+@pytest.mark.parametrize(("count", "kept"), [(3, 1), (9, 4), (2 * MAX_BLOCK + 3, 9), (6, 5)])
+def test_restart_keeps_the_combinations_and_the_latest_vector(
+    count: int, kept: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """restart(C): rows y_j = Σ_{i<n} q_i c_ij, then q_m, against the dense product Q_n C, in
+    column pieces (7 columns at a time, so 60 columns take 9 pieces, the last a short one)."""
+    monkeypatch.setattr("curvcal.curvature.krylov.RESTART_COLUMNS", 7)
+    basis, columns = _filled(60, count)
+    rows = count - 1
+    coefficients = _orthonormal(rows, kept, seed=3)
+    basis.restart(coefficients)
+    assert len(basis) == kept + 1
+    expected = torch.cat([columns[:, :rows] @ coefficients, columns[:, -1:]], dim=1)
+    stacked = torch.stack([basis[i] for i in range(kept + 1)], dim=1)
+    assert torch.allclose(stacked, expected, atol=1e-13, rtol=0)
+    gram = stacked.t() @ stacked
+    assert torch.allclose(gram, torch.eye(kept + 1, dtype=torch.float64), atol=1e-12, rtol=0)
+    # the basis goes on growing from there, orthogonal to what it kept
+    vector = torch.randn(60, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    remainder, _ = basis.extend(vector)
+    assert float((stacked.t() @ remainder).abs().max()) < 1e-12
+
+
+def test_a_bounded_basis_never_allocates_more_rows() -> None:
+    """max_rows = 5: the blocks hold 5 rows in all (2 + 2 + 1, not 2 + 2 + 4); a sixth row is
+    refused until a restart makes room, which allocates nothing."""
+    columns = _orthonormal(40, 5)
+    basis = KrylovBasis(40, torch.float64, "cpu", max_rows=5)
+    for index in range(5):
+        basis.append(columns[:, index])
+    assert sum(block.shape[0] for block in basis._blocks) == 5
+    with pytest.raises(RuntimeError, match="full"):
+        basis.extend(torch.ones(40, dtype=torch.float64))
+    blocks = list(basis._blocks)
+    basis.restart(torch.eye(4, 2, dtype=torch.float64))  # y = q_1, q_2, then q_5
+    assert len(basis) == 3 and torch.equal(basis[2], columns[:, 4])
+    remainder, _ = basis.extend(torch.ones(40, dtype=torch.float64))
+    basis.commit(float(remainder.norm()))
+    assert [b.data_ptr() for b in basis._blocks] == [b.data_ptr() for b in blocks]
+
+
+def test_bad_bounds_and_restarts_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        KrylovBasis(10, torch.float64, "cpu", max_rows=1)
+    basis, _ = _filled(10, 4)
+    for shape in ((4, 1), (3, 4), (5, 2)):  # n and l must both be fewer than the 4 vectors
+        with pytest.raises(ValueError, match="fewer than the vectors held"):
+            basis.restart(torch.zeros(*shape, dtype=torch.float64))
+    assert len(basis) == 4  # a refused restart changes nothing
