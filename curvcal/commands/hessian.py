@@ -54,6 +54,12 @@ if TYPE_CHECKING:
     help="Iteration budget per eigenvalue (default: 1000 for power, min(P, 300) Lanczos steps).",
 )
 @click.option(
+    "--max-basis",
+    type=click.IntRange(min=3),
+    help="Most vectors (P float64 values each) Lanczos' basis holds before it restarts on its "
+    "best Ritz vectors (default: what --memory-budget holds, at least 2·top-k + 6).",
+)
+@click.option(
     "--trace/--no-trace", default=True, show_default=True, help="Estimate the Hessian's trace."
 )
 @click.option(
@@ -177,6 +183,7 @@ def hessian(
     smallest: bool,
     tol: float,
     max_iter: int | None,
+    max_basis: int | None,
     trace: bool,
     trace_method: str,
     probes: int,
@@ -225,6 +232,7 @@ def hessian(
         smallest=smallest,
         tol=tol,
         max_iter=max_iter,
+        max_basis=max_basis,
         trace=trace,
         trace_method=trace_method,
         probes=probes,

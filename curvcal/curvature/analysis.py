@@ -37,7 +37,12 @@ from curvcal.curvature.gauss_newton import (
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.kept import KEEP_GRAPHS
 from curvcal.curvature.layers import layer_curvature
-from curvcal.curvature.memory import FREE_FRACTION, free_memory, parse_memory_budget
+from curvcal.curvature.memory import (
+    FREE_FRACTION,
+    free_memory,
+    lanczos_basis,
+    parse_memory_budget,
+)
 from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
 from curvcal.curvature.trace import DISTRIBUTIONS, sketch_bytes, sketch_columns, trace_estimate
@@ -64,7 +69,8 @@ class HessianSettings:
     Eigenvalues: the ``top_k`` largest algebraic ones by ``method`` (``None``: Lanczos);
     ``smallest`` adds λmin (by Lanczos unless ``method`` is given); stopping rule ``tol`` on the
     relative residual and change, at most ``max_iter`` iterations
-    (power) or steps (Lanczos). Trace (when ``trace``):
+    (power) or steps (Lanczos), Lanczos' basis bounded by ``max_basis`` vectors (``None``: what
+    the memory budget holds, :func:`~curvcal.curvature.memory.lanczos_basis`). Trace (when ``trace``):
     ``trace_method`` ``auto`` (the default: ``gauss-newton`` where it is exact and costs at most
     ``probes`` gradient norms per sample, else ``hutchpp``; :func:`choose_trace_method`),
     ``gauss-newton`` (:mod:`~curvcal.curvature.gauss_newton`: exact for networks linear in each
@@ -85,6 +91,7 @@ class HessianSettings:
     smallest: bool = False
     tol: float = DEFAULT_TOL
     max_iter: int | None = None
+    max_basis: int | None = None
     trace: bool = True
     trace_method: str = "auto"
     probes: int = 100
@@ -116,6 +123,8 @@ class HessianSettings:
             _check_int(name, getattr(self, name), minimum)
         if self.max_iter is not None:
             _check_int("max_iter", self.max_iter, 1)
+        if self.max_basis is not None:
+            _check_int("max_basis", self.max_basis, self.top_k + 2)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise InputError("seed", f"must be an integer, got {self.seed!r}")
         _check_choice("method", self.method, (None, *EIGEN_METHODS))
@@ -302,22 +311,6 @@ def check_sketch_memory(
     )
 
 
-#: Lanczos' basis is never bounded below 2k + this many vectors (see :func:`lanczos_basis`)
-BASIS_FLOOR = 6
-
-
-def lanczos_basis(k: int, n_params: int, budget: int | None) -> int | None:
-    """The most vectors Lanczos' basis may hold for k eigenvalues of a P = ``n_params`` Hessian:
-    as many float64 vectors as the memory ``budget`` holds, but at least 2k + :data:`BASIS_FLOOR`
-    (fewer restarts the basis so often that the products, not the memory, become the cost),
-    and at most P (a basis of P vectors spans the space: no restart); None (no bound) without a
-    budget. The basis is held beside the products, as a trace sketch is
-    (:func:`check_sketch_memory`): a λ run holds at most its products' budget plus this."""
-    if budget is None:
-        return None
-    return min(n_params, max(2 * k + BASIS_FLOOR, budget // (n_params * 8)))
-
-
 def analyse_hessian(
     model: nn.Module,
     batches: BatchSource,
@@ -501,7 +494,7 @@ def analyse_hessian(
         "graphs_kept": operator.graphs_kept,
         "kept_rows": operator.kept_rows,
         "graphs_dropped": operator.graphs_dropped,
-        "lanczos_basis": lanczos_basis(settings.top_k, n_params, budget),
+        "lanczos_basis": _basis(settings, settings.top_k, n_params, budget),
         "n_matvecs": operator.total_matvecs,
         "n_data_passes": operator.total_data_passes,
         "trace_choice": trace_choice,
@@ -562,6 +555,13 @@ def analyse_hessian_with_messages(
     return analysis, messages
 
 
+def _basis(settings: HessianSettings, k: int, n_params: int, budget: int | None) -> int | None:
+    """The bound on Lanczos' basis: ``max_basis`` as given (P at most), else the budget's."""
+    if settings.max_basis is not None:
+        return min(settings.max_basis, n_params)
+    return lanczos_basis(k, n_params, budget)
+
+
 def _eigen(
     operator: NaNGuard,
     settings: HessianSettings,
@@ -581,7 +581,7 @@ def _eigen(
         which=which,
         tol=settings.tol,
         max_iter=settings.max_iter,
-        max_basis=lanczos_basis(k, operator.shape[0], budget),
+        max_basis=_basis(settings, k, operator.shape[0], budget),
         seed=settings.seed,
         on_step=on_step,
     )

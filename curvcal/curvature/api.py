@@ -22,6 +22,7 @@ from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
+from curvcal.curvature.memory import lanczos_basis
 from curvcal.curvature.operator import OperatorOptions, build_operator
 from curvcal.curvature.results import DensityResult, EigenSpectrum, LayerCurvature, TraceResult
 from curvcal.curvature.trace import trace_estimate
@@ -75,6 +76,7 @@ def hessian_eigenvalues(
     which: str = "largest",
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,
+    max_basis: int | None = None,
     seed: int = 0,
     loss: Loss | None = None,
     options: OperatorOptions | None = None,
@@ -84,6 +86,9 @@ def hessian_eigenvalues(
 ) -> EigenSpectrum:
     """The k largest (``which="smallest"``: smallest) algebraic eigenvalues of the Hessian of
     the mean loss over ``batches``; Lanczos by default (``method="power"`` for power iteration).
+    ``max_basis``: the most vectors Lanczos' basis holds before it restarts (default: what the
+    operator's memory budget holds, :func:`~curvcal.curvature.memory.lanczos_basis`, as in
+    ``curvcal hessian``).
 
     >>> import torch; from torch import nn; import curvcal
     >>> model = nn.Linear(4, 3).double()
@@ -95,6 +100,9 @@ def hessian_eigenvalues(
     operator = _operator(
         "hessian_eigenvalues", model, batches, loss, options, all_reduce, operator_keywords
     )
+    if max_basis is None:
+        plan = operator.memory_plan
+        max_basis = lanczos_basis(k, operator.shape[0], None if plan is None else plan.budget)
     spectrum = eigenvalues(
         operator,
         k,
@@ -102,6 +110,7 @@ def hessian_eigenvalues(
         which=which,
         tol=tol,
         max_iter=max_iter,
+        max_basis=max_basis,
         seed=seed,
         on_step=on_step,
     )

@@ -20,6 +20,9 @@ same batch size and 256 MiB, and never more than half the free memory (``MemAvai
 it with bytes or a share of the free memory (:func:`parse_memory_budget`).
 
 Splitting a batch is exact (products are sums over samples); only the time changes.
+
+Lanczos' Krylov basis is held beside the products, one float64 vector of P values per step:
+:func:`lanczos_basis` bounds it by the same budget (it restarts within the bound).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ GRADIENT_MULTIPLE = 2.0
 FREE_FRACTION = 0.5
 #: rows of the first batch the measurement runs on (its larger slice)
 MEASURE_ROWS = 8
+
+#: Lanczos' basis is never bounded below 2k + this many vectors (see :func:`lanczos_basis`)
+BASIS_FLOOR = 6
 
 _UNITS = {
     "": 1,
@@ -278,3 +284,16 @@ def plan_pass(
             chosen = m
             break
     return PassPlan(chunk, chosen, math.ceil(cost(chunk, chosen)), int(budget), fits)
+
+
+def lanczos_basis(k: int, n_params: int, budget: int | None) -> int | None:
+    """The most vectors Lanczos' basis may hold for k eigenvalues of a P = ``n_params`` Hessian:
+    as many float64 vectors as the memory ``budget`` holds, but at least 2k + :data:`BASIS_FLOOR`
+    (fewer restarts the basis so often that the products, not the memory, become the cost),
+    and at most P (a basis of P vectors spans the space: no restart); None (no bound) without a
+    budget. The basis is held beside the products, as a trace sketch is
+    (:func:`~curvcal.curvature.analysis.check_sketch_memory`): a λ run holds at most its
+    products' budget plus this."""
+    if budget is None:
+        return None
+    return min(n_params, max(2 * k + BASIS_FLOOR, budget // (n_params * 8)))

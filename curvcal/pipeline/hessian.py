@@ -50,6 +50,7 @@ class HessianRequest:
     smallest: bool = False
     tol: float = 1e-4
     max_iter: int | None = None
+    max_basis: int | None = None
     trace: bool = True
     trace_method: str = "auto"
     probes: int = 100
@@ -218,6 +219,7 @@ def _settings(request: HessianRequest, criterion: str, gamma: float) -> HessianS
             smallest=request.smallest,
             tol=request.tol,
             max_iter=request.max_iter,
+            max_basis=request.max_basis,
             trace=request.trace,
             trace_method=request.trace_method,
             probes=request.probes,
@@ -415,6 +417,7 @@ def settings_record(settings: HessianSettings) -> dict[str, Any]:
         "smallest": settings.smallest,
         "tol": settings.tol,
         "max_iter": settings.max_iter,
+        "max_basis": settings.max_basis,
         "trace": settings.trace,
         "trace_method": settings.trace_method,
         "probes": settings.probes,

@@ -212,6 +212,8 @@ def test_own_loss_is_read_from_the_checkpoint(run_cli, files: Files) -> None:
         (["--memory-budget", "4XB"], 2, "--memory-budget: unknown unit 'XB'"),
         (["--memory-budget", "0"], 2, "--memory-budget: must be at least 1 byte"),
         (["--keep-graphs", "sometimes"], 2, "--keep-graphs"),
+        (["--max-basis", "2"], 2, "--max-basis"),
+        (["--top-k", "3", "--max-basis", "4"], 2, "--max-basis: must be an integer ≥ 5, got 4"),
     ],
 )
 def test_bad_input_is_one_line_and_an_exit_code(
@@ -249,6 +251,28 @@ def test_a_small_memory_budget_splits_batches_and_keeps_the_numbers(
     assert document["results"]["eigenvalues"] == pytest.approx(
         exact[-2:].flip(0).tolist(), rel=1e-6
     )
+
+
+def test_a_bounded_lanczos_basis_restarts_and_keeps_the_numbers(
+    run_cli, files: Files, dense: Tensor
+) -> None:
+    """--max-basis 6 for the top 2 of 1,185 parameters: more steps than the basis holds (so it
+    restarted), the values of the dense Hessian, the bound recorded; without it, the default
+    budget's bound (all 1,185: no restart)."""
+    args = ["--top-k", "2", "--tol", "1e-8", "--no-trace", "--json"]
+    result = run_cli(*_base(files, *args, "--max-basis", "6"))
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["settings"]["max_basis"] == 6
+    assert document["results"]["operator"]["lanczos_basis"] == 6
+    assert document["results"]["spectrum"]["values"][0]["iterations"] > 6
+    exact = torch.linalg.eigvalsh(dense)
+    assert document["results"]["eigenvalues"] == pytest.approx(
+        exact[-2:].flip(0).tolist(), rel=1e-7
+    )
+    default = json.loads(run_cli(*_base(files, *args)).stdout)
+    assert default["settings"]["max_basis"] is None
+    assert default["results"]["operator"]["lanczos_basis"] == 1185
 
 
 @pytest.mark.parametrize(("keep", "kept"), [("auto", True), ("never", False)])

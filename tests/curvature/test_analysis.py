@@ -19,6 +19,7 @@ from curvcal.curvature.analysis import (
     analyse_hessian_with_messages,
     selected_parameter_count,
 )
+from curvcal.curvature.memory import lanczos_basis
 from curvcal.curvature.results import ConvergenceWarning
 from curvcal.errors import InputError, NumericalError
 from curvcal.results import to_jsonable
@@ -373,7 +374,7 @@ def test_gauss_newton_asked_for_where_it_is_not_exact_is_refused_before_any_prod
 def test_lanczos_basis_is_what_the_budget_holds_within_its_floor_and_p(
     k: int, n_params: int, budget: int | None, expected: int | None
 ) -> None:
-    assert analysis_module.lanczos_basis(k, n_params, budget) == expected
+    assert lanczos_basis(k, n_params, budget) == expected
 
 
 def test_a_small_budget_bounds_the_basis_and_the_values_stay_exact(

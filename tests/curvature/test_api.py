@@ -53,3 +53,30 @@ def test_bad_input_is_reported_before_any_work(
         curvcal.hessian_eigenvalues(model, [(x, y)], k=10_000)
     with pytest.raises(InputError, match="n_probes"):
         curvcal.hessian_trace(model, [(x, y)], 0)
+
+
+def test_hessian_eigenvalues_bounds_the_basis_by_the_budget_or_as_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The API bounds Lanczos' basis as ``curvcal hessian`` does (what the operator's budget
+    holds, at least 2k + 6), or by ``max_basis``; the values stay those of the dense matrix."""
+    from curvcal.curvature import api as api_module
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    x, y = torch.randn(40, 6, dtype=torch.float64), torch.randint(0, 3, (40,))
+    bounds: list[int | None] = []
+    real = api_module.eigenvalues
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        bounds.append(kwargs["max_basis"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api_module, "eigenvalues", recorded)
+    tight = curvcal.hessian_eigenvalues(model, [(x, y)], 2, tol=1e-9, memory_budget="6000")
+    asked = curvcal.hessian_eigenvalues(model, [(x, y)], 2, tol=1e-9, max_basis=4)
+    free = curvcal.hessian_eigenvalues(model, [(x, y)], 2, tol=1e-9)
+    assert bounds == [10, 4, 83]  # 6,000 bytes hold 9 vectors of 83: the floor 2·2 + 6 wins
+    assert tight.eigenvalues == pytest.approx(free.eigenvalues, abs=1e-9)
+    assert asked.eigenvalues == pytest.approx(free.eigenvalues, abs=1e-9)
+    assert asked.values[0].iterations > 4
