@@ -276,16 +276,19 @@ def test_lanczos_products_budget_counts_the_verification() -> None:
     assert error.value.what == "max_matvecs"
 
 
+@pytest.mark.parametrize("max_basis", [None, 6])
 def test_lanczos_float32_products_reach_1e_6(
-    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor], max_basis: int | None
 ) -> None:
-    """Products in float32, basis and Rayleigh–Ritz in float64: λ1 to 1e-6, residual ≤ 1e-6."""
+    """Products in float32, basis and Rayleigh–Ritz in float64: λ1 to 1e-6, residual ≤ 1e-6,
+    also when a basis of 6 vectors restarts."""
     model, x, y, hessian = mlp_case
     exact = float(torch.linalg.eigvalsh(hessian)[-1])
     operator = HessianOperator(copy.deepcopy(model).float(), split(x.float(), y, ALGO_BATCH))
-    spectrum = lanczos(operator, 1, tol=1e-6)
+    spectrum = lanczos(operator, 1, tol=1e-6, max_basis=max_basis)
     result = spectrum.values[0]
     assert spectrum.converged and spectrum.stopped_by == "tol" and result.residual <= 1e-6
+    assert max_basis is None or result.iterations > max_basis
     assert abs(result.value - exact) <= 1e-6 * abs(exact)
 
 
@@ -433,20 +436,6 @@ def test_the_smallest_bound_still_converges_and_a_bound_of_p_changes_nothing() -
     assert tight.matvecs > free.matvecs
     assert lanczos(matrix, 1, tol=1e-8, max_basis=40) == free
     assert lanczos(matrix, 1, tol=1e-8, max_basis=400) == free
-
-
-def test_restarted_float32_products_reach_1e_6(
-    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
-) -> None:
-    """Products in float32 and a basis of 6 float64 vectors: λ1 to 1e-6, as unbounded."""
-    model, x, y, hessian = mlp_case
-    exact = float(torch.linalg.eigvalsh(hessian)[-1])
-    operator = HessianOperator(copy.deepcopy(model).float(), split(x.float(), y, ALGO_BATCH))
-    spectrum = lanczos(operator, 1, tol=1e-6, max_basis=6)
-    result = spectrum.values[0]
-    assert spectrum.converged and spectrum.stopped_by == "tol" and result.residual <= 1e-6
-    assert result.iterations > 6
-    assert abs(result.value - exact) <= 1e-6 * abs(exact)
 
 
 @pytest.mark.parametrize("bound", [2, 0, True, 4.0, "8"])
