@@ -234,13 +234,15 @@ def lanczos(
     steps and products; the residual reported is always the measured (true) one.
 
     Memory: the basis holds one float64 vector of P values per step. ``max_basis`` (at least
-    k + 2, or P) bounds it: when the basis reaches that many vectors, it restarts thickly (Wu & Simon
-    2000; Stathopoulos, Saad & Wu 1998) — its l best Ritz vectors y_i = Q_m s_i at the wanted end
-    (l = max(k + 1, ⌊max_basis/2⌋), at most max_basis − 2) and the latest Lanczos vector q_{m+1}
-    become the new basis, in place (:meth:`~curvcal.curvature.krylov.KrylovBasis.restart`), and
-    the projected matrix becomes the arrowhead [[diag θ, b], [bᵀ, ·]] with b_i = h_{m+1,m} s_{m,i},
-    the coupling of each kept pair to q_{m+1}, so that A y_i = θ_i y_i + b_i q_{m+1}. Iteration goes
-    on from q_{m+1}; the kept values never get worse, and the rule and residuals are those above.
+    k + 2, or P) bounds it: when the basis reaches that many vectors, it restarts thickly
+    (Wu & Simon 2000; Stathopoulos, Saad & Wu 1998) — its l best Ritz vectors y_i = Q_m s_i at
+    the wanted end (l = max(k + 1, ⌊max_basis/2⌋), at most max_basis − 2) and the latest
+    Lanczos vector q_{m+1} become the new basis, in place
+    (:meth:`~curvcal.curvature.krylov.KrylovBasis.restart`), and the projected matrix becomes
+    the arrowhead [[diag θ, b], [bᵀ, ·]] with b_i = h_{m+1,m} s_{m,i}, the coupling of each
+    kept pair to q_{m+1}, so that A y_i = θ_i y_i + b_i q_{m+1}. Iteration goes on from
+    q_{m+1}; by interlacing, a wanted Ritz value never moves away from the end it approaches,
+    and the rule and residuals are those above.
     A restarted run spends more products than an unbounded one (the discarded directions are
     rebuilt only in part); None (the default), or a bound of at least P, never restarts.
     """
