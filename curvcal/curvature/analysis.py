@@ -70,7 +70,8 @@ class HessianSettings:
     ``smallest`` adds λmin (by Lanczos unless ``method`` is given); stopping rule ``tol`` on the
     relative residual and change, at most ``max_iter`` iterations
     (power) or steps (Lanczos), Lanczos' basis bounded by ``max_basis`` vectors (``None``: what
-    the memory budget holds, :func:`~curvcal.curvature.memory.lanczos_basis`). Trace (when ``trace``):
+    the memory budget holds, :func:`~curvcal.curvature.memory.lanczos_basis`).
+    Trace (when ``trace``):
     ``trace_method`` ``auto`` (the default: ``gauss-newton`` where it is exact and costs at most
     ``probes`` gradient norms per sample, else ``hutchpp``; :func:`choose_trace_method`),
     ``gauss-newton`` (:mod:`~curvcal.curvature.gauss_newton`: exact for networks linear in each

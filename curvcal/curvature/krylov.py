@@ -12,7 +12,7 @@ latest vectors are removed first, so that one pass usually suffices; a second ru
 DGKS test asks for it (see :meth:`KrylovBasis.extend`). One number per call is read
 back to the host.
 
-A basis may be given a most rows it will ever hold (``max_rows``, the row being written
+A basis may be given the most rows it will ever hold (``max_rows``, the row being written
 included); :meth:`KrylovBasis.restart` then replaces it, in place, by a few combinations of its
 vectors (a thick restart of Lanczos keeps its best Ritz vectors), so that a long run holds no
 more memory than a short one.
