@@ -495,7 +495,7 @@ def analyse_hessian(
         "graphs_kept": operator.graphs_kept,
         "kept_rows": operator.kept_rows,
         "graphs_dropped": operator.graphs_dropped,
-        "lanczos_basis": _basis(settings, settings.top_k, n_params, budget),
+        "lanczos_basis": lanczos_basis(settings.top_k, n_params, budget, settings.max_basis),
         "n_matvecs": operator.total_matvecs,
         "n_data_passes": operator.total_data_passes,
         "trace_choice": trace_choice,
@@ -556,13 +556,6 @@ def analyse_hessian_with_messages(
     return analysis, messages
 
 
-def _basis(settings: HessianSettings, k: int, n_params: int, budget: int | None) -> int | None:
-    """The bound on Lanczos' basis: ``max_basis`` as given (P at most), else the budget's."""
-    if settings.max_basis is not None:
-        return min(settings.max_basis, n_params)
-    return lanczos_basis(k, n_params, budget)
-
-
 def _eigen(
     operator: NaNGuard,
     settings: HessianSettings,
@@ -582,7 +575,7 @@ def _eigen(
         which=which,
         tol=settings.tol,
         max_iter=settings.max_iter,
-        max_basis=_basis(settings, k, operator.shape[0], budget),
+        max_basis=lanczos_basis(k, operator.shape[0], budget, settings.max_basis),
         seed=settings.seed,
         on_step=on_step,
     )

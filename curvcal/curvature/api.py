@@ -100,9 +100,8 @@ def hessian_eigenvalues(
     operator = _operator(
         "hessian_eigenvalues", model, batches, loss, options, all_reduce, operator_keywords
     )
-    if max_basis is None:
-        plan = operator.memory_plan
-        max_basis = lanczos_basis(k, operator.shape[0], None if plan is None else plan.budget)
+    plan = operator.memory_plan
+    budget = None if plan is None else plan.budget
     spectrum = eigenvalues(
         operator,
         k,
@@ -110,7 +109,7 @@ def hessian_eigenvalues(
         which=which,
         tol=tol,
         max_iter=max_iter,
-        max_basis=max_basis,
+        max_basis=lanczos_basis(k, operator.shape[0], budget, max_basis),
         seed=seed,
         on_step=on_step,
     )

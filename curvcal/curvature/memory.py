@@ -286,14 +286,18 @@ def plan_pass(
     return PassPlan(chunk, chosen, math.ceil(cost(chunk, chosen)), int(budget), fits)
 
 
-def lanczos_basis(k: int, n_params: int, budget: int | None) -> int | None:
+def lanczos_basis(
+    k: int, n_params: int, budget: int | None, asked: int | None = None
+) -> int | None:
     """The most vectors Lanczos' basis may hold for k eigenvalues of a P = ``n_params`` Hessian:
-    as many float64 vectors as the memory ``budget`` holds, but at least 2k + :data:`BASIS_FLOOR`
-    (fewer restarts the basis so often that the products, not the memory, become the cost),
-    and at most P (a basis of P vectors spans the space: no restart); None (no bound) without a
+    ``asked`` when given (at most P), else as many float64 vectors as the memory ``budget``
+    holds, but at least 2k + :data:`BASIS_FLOOR` (fewer restarts the basis so often that the
+    products, not the memory, become the cost), and at most P (a basis of P vectors spans the space: no restart); None (no bound) without a
     budget. The basis is held beside the products, as a trace sketch is
     (:func:`~curvcal.curvature.analysis.check_sketch_memory`): a λ run holds at most its
     products' budget plus this."""
+    if asked is not None:
+        return min(asked, n_params)
     if budget is None:
         return None
     return min(n_params, max(2 * k + BASIS_FLOOR, budget // (n_params * 8)))

@@ -375,6 +375,9 @@ def test_lanczos_basis_is_what_the_budget_holds_within_its_floor_and_p(
     k: int, n_params: int, budget: int | None, expected: int | None
 ) -> None:
     assert lanczos_basis(k, n_params, budget) == expected
+    # a bound asked for wins over the budget's, but never exceeds P
+    assert lanczos_basis(k, n_params, budget, asked=4) == min(4, n_params)
+    assert lanczos_basis(k, n_params, budget, asked=10**9) == n_params
 
 
 def test_a_small_budget_bounds_the_basis_and_the_values_stay_exact(
