@@ -187,3 +187,22 @@ def test_bad_bounds_and_restarts_are_refused() -> None:
         with pytest.raises(ValueError, match="fewer than the vectors held"):
             basis.restart(torch.zeros(*shape, dtype=torch.float64))
     assert len(basis) == 4  # a refused restart changes nothing
+
+
+def test_combine_in_a_narrower_dtype_is_the_wide_sum_rounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """combine(C, float32): Q_n C summed in float64 (7 columns at a time), then rounded once;
+    equal to the dense float64 product cast to float32."""
+    monkeypatch.setattr("curvcal.curvature.krylov.RESTART_COLUMNS", 7)
+    basis, columns = _filled(60, 2 * MAX_BLOCK + 3)
+    coefficients = torch.randn(
+        10, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2)
+    )
+    wide = columns[:, :10] @ coefficients
+    narrow = basis.combine(coefficients, dtype=torch.float32)
+    assert narrow.dtype == torch.float32
+    assert torch.allclose(narrow, wide.float(), atol=1e-6, rtol=0)
+    assert torch.allclose(basis.combine(coefficients), wide, atol=1e-13, rtol=0)
+    with pytest.raises(ValueError, match="coefficients for a basis"):
+        basis.combine(torch.zeros(2 * MAX_BLOCK + 4, 1, dtype=torch.float64))
