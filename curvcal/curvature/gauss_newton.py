@@ -207,7 +207,10 @@ class EngineChoice:
     on one CPU thread, ``func`` is 4× faster on the bundled DigitsCNN (Python overhead per row
     dominates) and 20× slower on ResNet-18 (vmapped per-sample convolution gradients), so the
     first two rows run by ``loop`` (the second timed); when it took under ``VMAP_TRY_SECONDS``,
-    one row and then 32 are run by ``func`` (the 32 timed) and the faster per row is kept.
+    one row and then 32 are run by ``func`` (the 32 timed) and the faster per row is kept. A
+    model ``vmap`` cannot run (data-dependent control flow such as Hugging Face's attention
+    masks, an operator without a batching rule) fails on that one row before anything of it is
+    added, and stays on ``loop``.
     Every row counts, whichever engine ran it. ``engine`` is ``None`` until decided."""
 
     def __init__(self, func_usable: bool, hooks: dict[str, Layer] | None = None) -> None:
@@ -381,8 +384,13 @@ def gauss_newton_sums(
         loop_row = time.perf_counter() - began
         magnitude, passes, start = found[0] + more[0], found[1] + more[1], min(total, 2)
         choice.engine = "loop"
+        warm = None
         if loop_row < VMAP_TRY_SECONDS and total > 3:
-            warm = _func_sums(model, names, params, work, range(2, 3))
+            try:  # one row, added only once it is whole
+                warm = _func_sums(model, names, params, work, range(2, 3))
+            except Exception:  # vmap cannot run this model: data-dependent control flow,
+                choice.func_usable = False  # an operator without a batching rule
+        if warm is not None:
             trial = range(3, min(total, 3 + 32))
             began = time.perf_counter()
             timed = _func_sums(model, names, params, work, trial)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+
+from curvcal.curvature.gauss_newton import loss_hessians
+from curvcal.losses import Loss
 
 N_SAMPLES = 50
 BATCH = 7  # 50 = 7·7 + 1: the last batch holds one sample
@@ -87,3 +91,26 @@ def spectrum_matrix(eigenvalues: Tensor, seed: int = 0) -> Tensor:
     n = eigenvalues.numel()
     q, _ = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=torch.float64))
     return q @ torch.diag(eigenvalues.to(torch.float64)) @ q.t()
+
+
+def _logits_of(model: nn.Module, x: Tensor):  # type: ignore[no-untyped-def]
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for _, p in model.named_parameters()]
+
+    def logits(theta: Tensor) -> Tensor:
+        pieces = theta.split([math.prod(s) for s in shapes])
+        values = {n: p.reshape(s) for n, p, s in zip(names, pieces, shapes, strict=True)}
+        return torch.func.functional_call(model, values, (x,))
+
+    return logits
+
+
+def dense_gauss_newton(model: nn.Module, x: Tensor, y: Tensor, loss: Loss) -> Tensor:
+    """G = (1/N) Σ_n J_nᵀ Λ_n J_n: J from torch.func.jacrev of the logits, Λ the loss's Hessian
+    in the logits (autograd row by row, checked in test_gauss_newton)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    model.eval()
+    jacobian = torch.func.jacrev(_logits_of(model, x))(flat)  # (N, C, P)
+    with torch.no_grad():
+        lam = loss_hessians(loss, model(x), y)  # (N, C, C)
+    return torch.einsum("ncp,ncd,ndq->pq", jacobian, lam, jacobian) / x.shape[0]

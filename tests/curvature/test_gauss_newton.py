@@ -23,7 +23,7 @@ from curvcal.curvature.operator import HessianOperator, OperatorOptions, build_o
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import CrossEntropy, FLSD53Loss, Focal, focal_loss
 
-from .cases import BATCH, dense_hessian, make_cnn, make_data, make_mlp, split
+from .cases import BATCH, dense_gauss_newton, dense_hessian, make_cnn, make_data, make_mlp, split
 
 
 class ResidualNet(nn.Module):
@@ -254,6 +254,35 @@ def test_the_func_engine_and_the_choice_give_the_loop_engines_sums(loss: object)
     assert choice.engine in ("loop", "func") and choice.ran >= {"autograd", "func"}
     torch.testing.assert_close(chosen[0], loop[0], rtol=1e-12, atol=1e-14)
     assert chosen[2] == loop[2]
+
+
+class Branchy(nn.Module):
+    """A tanh MLP with a free scale (no layer hooks cover it) and a data-dependent branch that
+    ``vmap`` cannot run (``float()`` of a tensor), as in Hugging Face's attention masks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(5, 6)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 6))
+        self.second = nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = torch.tanh(self.first(x)) * self.scale
+        if hidden.detach().abs().max().item() > 1e6:
+            hidden = hidden.clamp(-1.0, 1.0)
+        return self.second(hidden)
+
+
+def test_a_model_vmap_cannot_run_stays_on_the_loop_with_every_row_counted() -> None:
+    torch.manual_seed(3)
+    model = Branchy().double().eval()
+    x, y = make_data("mlp", n=12)
+    operator = build_operator(model, CrossEntropy(), split(x, y, 12))
+    found = tensor_traces(operator)
+    assert found.engine == "autograd"
+    expected = dense_gauss_newton(model, x, y, CrossEntropy())
+    assert found.total == pytest.approx(float(expected.trace()), rel=1e-12)
+    assert found.norms_taken == 12 * 2  # every row once: 2 kept eigenpairs of 3 classes
 
 
 class _Once(torch.autograd.Function):
