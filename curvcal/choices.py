@@ -9,10 +9,20 @@ from __future__ import annotations
 HESSIAN_LOSSES = ("ce", "focal", "own")
 #: ``--method``: eigenvalues by power iteration or by Lanczos with full reorthogonalisation.
 EIGEN_METHODS = ("power", "lanczos")
-#: ``--trace-method``: auto (the default: Gauss–Newton where it is exact, else Hutch++), the
-#: Gauss–Newton trace (exact for networks linear in each parameter tensor), Hutch++, XTrace, or
+#: ``--trace-method``: auto (the default: Gauss–Newton where it is exact, else its exact
+#: Gauss–Newton part plus Hutch++ on the rest where that can run, else Hutch++), the
+#: Gauss–Newton trace (exact for networks linear in each parameter tensor), the split traces
+#: (the Gauss–Newton part exact, Hutch++ or XTrace on the rest), Hutch++, XTrace, or
 #: Hutchinson's estimator.
-TRACE_METHODS = ("auto", "gauss-newton", "hutchpp", "xtrace", "hutchinson")
+TRACE_METHODS = (
+    "auto",
+    "gauss-newton",
+    "gauss-newton+hutchpp",
+    "gauss-newton+xtrace",
+    "hutchpp",
+    "xtrace",
+    "hutchinson",
+)
 #: ``--probe-dist``: the distribution of the trace probes.
 PROBE_DISTRIBUTIONS = ("rademacher", "gaussian")
 #: ``--hvp``: how Hessian-vector products are taken (picked per width, torch.func, double

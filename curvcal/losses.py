@@ -168,6 +168,62 @@ class FLSD53Loss:
         return focal_loss(logits, labels, FLSD53, reduction="sum")
 
 
+def logit_gradient(loss: Loss, logits: Tensor, labels: Tensor) -> Tensor:
+    """∂ℓ_i/∂z_i for every row of ``logits`` (B, K), in closed form and without autograd (so
+    it runs inside any torch.func transform and under saved-tensor hooks).
+
+    Each loss here is ℓ = φ(u) of u = log p_y, so ∂ℓ/∂z = φ'(u)·(e_y − p):
+
+        ce:    φ'(u) = −1
+        focal: φ'(u) = (1 − p_y)^γ · (γ p_y log p_y / (1 − p_y) − 1)
+
+    with p_y log p_y / (1 − p_y) taken as −1 at p_y = 1 (its limit) and 0^0 = 1, and FLSD-53's
+    γ_i from :func:`flsd53_gammas`, held fixed like the loss holds it. The result has the
+    dtype of ``logits`` and is a function of them; detach them for a constant.
+    """
+    logp = torch.log_softmax(logits, dim=1)
+    index = labels[:, None].to(torch.int64)
+    gradient = logp.exp()
+    if loss.name == "ce" or loss.gamma == 0.0:
+        weight = torch.ones_like(gradient[:, 0])
+    else:
+        logp_y = logp.gather(1, index)[:, 0]
+        p_y = logp_y.exp()
+        gamma = flsd53_gammas(p_y) if loss.gamma is None else float(loss.gamma)
+        q = -torch.expm1(logp_y)  # 1 − p_y, accurate near p_y = 1
+        ratio = torch.where(q > 0, p_y * logp_y / torch.where(q > 0, q, 1.0), -1.0)
+        weight = -torch.pow(q, gamma) * (gamma * ratio - 1.0)
+    # φ'(u)(e_y − p) = −φ'(u)·(p − e_y), and −φ'(u) is ``weight``
+    gradient = gradient.scatter_add(1, index, -torch.ones_like(index, dtype=gradient.dtype))
+    return weight[:, None] * gradient
+
+
+@dataclass(frozen=True)
+class Linearised:
+    """``inner`` linearised in the logits at the current parameters: ℓ̃(z) = ḡᵀz with
+    ḡ = ∂ℓ/∂z (:func:`logit_gradient`) held fixed.
+
+    Its Hessian in θ is R = (1/N) Σ_n Σ_c ḡ_{n,c} ∇²_θ z_{n,c}, the part of the loss Hessian
+    H = G + R that the Gauss–Newton matrix G = (1/N) Σ_n J_nᵀ Λ_n J_n leaves out: what the
+    curvature of the network itself adds. ``name`` and ``gamma`` are those of ``inner``, the
+    loss whose Hessian R is part of.
+    """
+
+    inner: Loss
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def gamma(self) -> float | None:
+        return self.inner.gamma
+
+    def sum(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Σ_i ḡ_iᵀ z_i, ḡ_i = ∂ℓ_i/∂z_i at the detached logits."""
+        return (logit_gradient(self.inner, logits.detach(), labels) * logits).sum()
+
+
 def loss_from_name(name: str, gamma: float | None = None) -> Loss:
     """The loss object for ``name`` (``ce``, ``focal``, ``flsd53``) and its γ.
 

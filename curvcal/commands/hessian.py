@@ -68,8 +68,10 @@ if TYPE_CHECKING:
     default="auto",
     show_default=True,
     help="gauss-newton: exact for networks linear in each parameter tensor (ReLU, convolution, "
-    "eval BatchNorm), checked first; Hutch++ or XTrace (--probes products in all), or "
-    "Hutchinson's estimator; auto: gauss-newton where it is exact, else Hutch++.",
+    "eval BatchNorm), checked first; gauss-newton+hutchpp / +xtrace: its Gauss–Newton part "
+    "exact, Hutch++ or XTrace on the rest (any network, eval mode); Hutch++ or XTrace "
+    "(--probes products in all), or Hutchinson's estimator; auto: gauss-newton where it is "
+    "exact, else gauss-newton+hutchpp where it can run, else Hutch++.",
 )
 @click.option(
     "--probes",

@@ -44,6 +44,8 @@ from curvcal.curvature.memory import (
     parse_memory_budget,
 )
 from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
+from curvcal.curvature.residual import METHODS as SPLIT_METHODS
+from curvcal.curvature.residual import residual_products, split_problem, split_trace
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
 from curvcal.curvature.trace import DISTRIBUTIONS, sketch_bytes, sketch_columns, trace_estimate
 from curvcal.errors import InputError
@@ -58,6 +60,9 @@ TRACE_METHODS = {
     "hutchpp": "hutch++",
     "hutch++": "hutch++",
     "xtrace": "xtrace",
+    "gauss-newton+hutchpp": "gauss-newton+hutch++",
+    "gauss-newton+hutch++": "gauss-newton+hutch++",
+    "gauss-newton+xtrace": "gauss-newton+xtrace",
 }
 MIN_ADAPTIVE_PROBES = 10
 
@@ -73,9 +78,12 @@ class HessianSettings:
     the memory budget holds, :func:`~curvcal.curvature.memory.lanczos_basis`).
     Trace (when ``trace``):
     ``trace_method`` ``auto`` (the default: ``gauss-newton`` where it is exact and costs at most
-    ``probes`` gradient norms per sample, else ``hutchpp``; :func:`choose_trace_method`),
-    ``gauss-newton`` (:mod:`~curvcal.curvature.gauss_newton`: exact for networks linear in each
-    parameter tensor, refused elsewhere), ``hutchpp`` or ``xtrace`` with ``probes`` products, or
+    ``probes`` gradient norms per sample, else ``gauss-newton+hutchpp`` where that can run, else
+    ``hutchpp``; :func:`choose_trace_method`), ``gauss-newton``
+    (:mod:`~curvcal.curvature.gauss_newton`: exact for networks linear in each parameter tensor,
+    refused elsewhere), ``gauss-newton+hutchpp`` or ``gauss-newton+xtrace``
+    (:mod:`~curvcal.curvature.residual`: its Gauss–Newton part exact, the rest estimated, within
+    ``probes`` products), ``hutchpp`` or ``xtrace`` with ``probes`` products, or
     ``hutchinson`` with ``probes`` probes — or, with ``trace_rtol``, adaptive: probes are drawn
     until the 95% half-width ≤ ``trace_rtol``·|estimate|, at least min(10, ``probes``) and at
     most ``probes``; probes drawn from ``distribution``. Density (when ``density``): ``density_runs`` SLQ runs of
@@ -233,23 +241,41 @@ def kept_graphs_note(
 
 
 def choose_trace_method(operator: NaNGuard, settings: HessianSettings) -> tuple[str, str]:
-    """The trace method that runs (as the settings spell it) and why, before any product.
+    """The trace method ``settings`` resolve to on ``operator``, and why (for ``auto``).
 
-    ``auto``: ``hutchpp`` when :func:`~curvcal.curvature.gauss_newton.declined` gives a reason
-    (not exact here, or more than ``probes`` gradient norms per sample), else ``gauss-newton``.
-    An explicit ``gauss-newton`` that would not be exact raises :class:`InputError` naming why.
-    The reason is '' for a method that was asked for by name."""
-    if settings.trace_method not in ("auto", "gauss-newton"):
-        return settings.trace_method, ""
-    if settings.trace_method == "gauss-newton":
+    ``auto``: ``gauss-newton`` where it is exact and costs at most ``probes`` gradient norms per
+    sample; else ``gauss-newton+hutchpp`` (:mod:`~curvcal.curvature.residual`: tr(G) exact,
+    Hutch++ on the rest) where that can run; else ``hutchpp``. An explicit ``gauss-newton`` that
+    would not be exact, or a split method that cannot run, raises :class:`InputError` naming
+    why. The reason is '' for a method that was asked for by name."""
+    method = TRACE_METHODS[settings.trace_method]
+    if method == "gauss-newton":
         require_exact(operator, "--trace-method")
-        return "gauss-newton", ""
+        return settings.trace_method, ""
+    if method in SPLIT_METHODS:
+        problem = split_problem(operator.mode, settings.probes, n_classes(operator))
+        if problem:
+            raise InputError(
+                "--trace-method",
+                f"the split trace {settings.trace_method} cannot run here: {problem}",
+                "ask for hutchpp or xtrace, or more --probes",
+            )
+        return settings.trace_method, ""
+    if method != "auto":
+        return settings.trace_method, ""
     why = declined(operator, settings.probes)
-    if why:
+    if not why:
+        return "gauss-newton", (
+            "the logits are linear in each selected tensor, so the Gauss–Newton trace is exact, "
+            f"at up to {n_classes(operator) - 1} gradient norms per sample"
+        )
+    classes = n_classes(operator)
+    if split_problem(operator.mode, settings.probes, classes):
         return "hutchpp", why
-    return "gauss-newton", (
-        "the logits are linear in each selected tensor, so the Gauss–Newton trace is exact, "
-        f"at up to {n_classes(operator) - 1} gradient norms per sample"
+    return "gauss-newton+hutchpp", (
+        f"{why}; so its Gauss–Newton part is taken exactly (up to {classes - 1} gradient norms "
+        f"per sample, counted as products) and Hutch++ estimates the rest with "
+        f"{residual_products(settings.probes, classes)} products"
     )
 
 
@@ -274,6 +300,7 @@ def check_sketch_memory(
     if not settings.trace:
         return None
     method = TRACE_METHODS[settings.trace_method]
+    method = SPLIT_METHODS.get(method, method)
     held = sketch_bytes(method, settings.probes, n_params, dtype)
     over_budget = held > budget
     over_free = free is not None and held > free
@@ -433,6 +460,21 @@ def analyse_hessian(
                 ),
             )
             trace = trace_result(shares)
+        elif TRACE_METHODS[settings.trace_method] in SPLIT_METHODS:
+            trace = split_trace(
+                operator,
+                TRACE_METHODS[settings.trace_method],
+                settings.probes,
+                distribution=settings.distribution,
+                seed=settings.seed,
+                probe_batch=settings.probe_batch,
+                on_exact=None
+                if on_step is None
+                else lambda done: on_step(
+                    f"Gauss–Newton part, batch {done}", operator.total_matvecs
+                ),
+                on_step=hook("trace"),
+            )
         else:
             trace = trace_estimate(
                 operator,

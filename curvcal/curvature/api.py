@@ -24,7 +24,10 @@ from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.memory import lanczos_basis
 from curvcal.curvature.operator import OperatorOptions, build_operator
+from curvcal.curvature.residual import METHODS as SPLIT_METHODS
+from curvcal.curvature.residual import split_trace
 from curvcal.curvature.results import DensityResult, EigenSpectrum, LayerCurvature, TraceResult
+from curvcal.curvature.trace import METHODS as TRACE_METHODS
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
 from curvcal.losses import Loss, loss_from_name
@@ -134,10 +137,34 @@ def hessian_trace(
     **operator_keywords: Any,
 ) -> TraceResult:
     """tr(H) by Hutch++ (the default) or XTrace with ``n_probes`` products, or Hutchinson (fixed
-    ``n_probes``, or adaptive with ``rtol``), with standard error and 95% interval."""
+    ``n_probes``, or adaptive with ``rtol``), with standard error and 95% interval; or by
+    ``"gauss-newton+hutch++"`` / ``"gauss-newton+xtrace"``: the Gauss–Newton part exactly and
+    the rest by that estimator, within ``n_probes`` products
+    (:func:`~curvcal.curvature.residual.split_trace`)."""
+    if method not in (*TRACE_METHODS, *SPLIT_METHODS):
+        raise InputError(
+            "method",
+            f"unknown trace method {method!r}",
+            f"choose one of {', '.join((*TRACE_METHODS, *SPLIT_METHODS))}",
+        )
     operator = _operator(
         "hessian_trace", model, batches, loss, options, all_reduce, operator_keywords
     )
+    if method in SPLIT_METHODS:
+        if rtol is not None:
+            raise InputError(
+                "rtol",
+                f"the adaptive stop is only available with method 'hutchinson', not {method!r}",
+            )
+        return split_trace(
+            operator,
+            method,
+            n_probes,
+            distribution=distribution,
+            seed=seed,
+            probe_batch=operator.probe_batch,
+            on_step=on_step,
+        )
     result = trace_estimate(
         operator,
         n_probes,

@@ -1,7 +1,7 @@
 """The NaN/Inf guard: a wrapper around any Hessian operator that names the batches at fault.
 
 :class:`NaNGuard` has the operator interface of what it wraps (``shape``, ``dtype``,
-``device``, ``matmat``, ``matvec``, ``@``, ``mean_loss``, ``restrict`` and every other
+``device``, ``matmat``, ``matvec``, ``@``, ``mean_loss``, ``restrict``, ``with_loss`` and every other
 attribute, passed through). Its mean loss and products are checked for finiteness (a cheap
 min/max of the result, which NaN propagates through; products of an operator that checks them
 itself, ``checks_finite``, are not checked twice). When one is not finite the pass that
@@ -27,6 +27,7 @@ from torch import Tensor
 
 from curvcal.curvature.operators import LinearOperator, matvec_into
 from curvcal.errors import NumericalError
+from curvcal.losses import Loss
 from curvcal.rows import Inputs
 
 _PRODUCT = "a Hessian-vector product is not finite (NaN or Inf)"
@@ -43,6 +44,8 @@ class Guardable(LinearOperator, Protocol):
     def restrict(self, params: Sequence[str]) -> Any: ...
 
     def with_batches(self, batches: list[Batch]) -> Any: ...
+
+    def with_loss(self, loss: Loss) -> Any: ...
 
     def source_batches(self) -> Iterator[Batch]: ...
 
@@ -125,6 +128,10 @@ class NaNGuard:
     def restrict(self, params: Sequence[str]) -> NaNGuard:
         """The guarded diagonal block of the parameters matching the glob patterns ``params``."""
         return NaNGuard(self.operator.restrict(params), sharded=self.sharded)
+
+    def with_loss(self, loss: Loss) -> NaNGuard:
+        """The guarded Hessian of another ``loss`` of the same model and data."""
+        return NaNGuard(self.operator.with_loss(loss), sharded=self.sharded)
 
     def _located(self, what: str, why: str, vectors: Tensor | None) -> NumericalError:
         """``why`` (the failed check) with the offending batches, found by running the failed

@@ -399,6 +399,25 @@ class HessianOperator:
         other.engine_products = {}
         return other
 
+    def with_loss(self, loss: Loss) -> HessianOperator:
+        """The Hessian of another ``loss`` of the same model, parameters and data (its batches,
+        cache and memory plan shared, its products counted in this operator's totals): how the
+        residual part R = H − G of the Hessian is multiplied
+        (:class:`~curvcal.losses.Linearised`).
+
+        Graphs are kept for it as they are for this operator, but never both at once: this
+        operator's kept graph is freed here and rebuilt at its next product.
+        """
+        other = copy.copy(self)
+        other.loss, other.criterion, other.gamma = loss, loss.name, loss.gamma
+        other._graphs = KeptState(self.param_names, self._params)
+        other._graphs.enabled, other._graphs.chunks = self._graphs.enabled, self._graphs.chunks
+        other.n_matvecs = 0
+        other.n_data_passes = 0
+        other.engine_products = {}
+        self._graphs.kept = None
+        return other
+
     def with_batches(self, batches: BatchSource) -> HessianOperator:
         """The same Hessian (model, loss, parameters, engine, mode) over other ``batches``, in
         this process alone and without a cache: how the NaN guard examines one batch."""

@@ -88,7 +88,9 @@ class TraceResult:
     ``"exhausted"`` when a sketching estimator's basis spans the whole space (its trace is then
     exact up to rounding and the remaining products were not spent). ``sketch_bytes`` is the
     memory the estimator's sketch held besides the products in flight (s × P values; 0 for
-    Hutchinson).
+    Hutchinson). ``parts``: for the split methods (``"gauss-newton+hutch++"``,
+    ``"gauss-newton+xtrace"``, :mod:`curvcal.curvature.residual`), the exact trace of the
+    Gauss–Newton part (``"gauss_newton"``) and the estimate of the rest (``"residual"``).
     """
 
     estimate: float
@@ -105,6 +107,7 @@ class TraceResult:
     engine: str | None = None
     interval: str = ""
     sketch_bytes: int = 0
+    parts: dict[str, float] | None = None
 
     @property
     def half_width(self) -> float:

@@ -137,6 +137,11 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
             f"{trace.distribution} probes; standard error {trace.standard_error:.3g}; "
             f"95% interval: {trace.interval}"
         )
+    if trace.parts is not None:
+        caption += (
+            f"; tr(G) = {fmt_float(trace.parts['gauss_newton'], 6)} (Gauss–Newton part, exact), "
+            f"tr(R) ≈ {fmt_float(trace.parts['residual'], 6)} (the network's own curvature)"
+        )
     choice = analysis.operator.get("trace_choice")
     if choice:
         caption += f"; chosen by --trace-method auto: {choice}"
@@ -166,6 +171,8 @@ _TRACE_NAMES = {
     "xtrace": "XTrace",
     "hutchinson": "Hutchinson",
     "gauss-newton": "Gauss–Newton",
+    "gauss-newton+hutch++": "Gauss–Newton part exact + Hutch++ on the rest",
+    "gauss-newton+xtrace": "Gauss–Newton part exact + XTrace on the rest",
 }
 
 

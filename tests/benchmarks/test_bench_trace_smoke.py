@@ -71,3 +71,19 @@ def test_jackknife_values_are_xtrace_without_each_probe(bench: ModuleType) -> No
     half = 2.2010 * variance**0.5  # t(0.975, 11)
     assert jackknife.estimate == plain.estimate
     assert (jackknife.high - jackknife.low) / 2 == pytest.approx(half, rel=1e-4)
+
+
+def test_split_study_against_tr_h(bench: ModuleType) -> None:
+    hessian = bench.synthetic(torch.linspace(0.5, 1.5, 80, dtype=torch.float64), seed=6)
+    # a zero R: the split is tr(G) = tr(H) exactly, whatever the estimator on R
+    found = bench.study_split(hessian, torch.zeros_like(hessian), 40, 3, 5)
+    methods = ("hutch++", "xtrace", "hutchinson")
+    # 3 classes: the exact part's 2 gradient norms per sample leave 38 of 40 products for R
+    assert set(found) == {f"{m} on H (40)" for m in methods} | {
+        f"tr(G) + {m} on R (38)" for m in methods
+    }
+    for name, row in found.items():
+        if name.startswith("tr(G)"):
+            assert row["max_rel_error"] < 1e-14 and row["coverage"] == 1.0
+        else:
+            assert 0.0 < row["mean_rel_error"] < 0.05 and row["runs_over_1pct"] <= 5

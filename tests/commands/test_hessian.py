@@ -214,6 +214,13 @@ def test_own_loss_is_read_from_the_checkpoint(run_cli, files: Files) -> None:
         (["--keep-graphs", "sometimes"], 2, "--keep-graphs"),
         (["--max-basis", "2"], 2, "--max-basis"),
         (["--top-k", "3", "--max-basis", "4"], 2, "--max-basis: must be an integer ≥ 5, got 4"),
+        (
+            ["--trace-method", "gauss-newton+hutchpp", "--probes", "5"],
+            2,
+            "--trace-method: the split trace gauss-newton+hutchpp cannot run here: its exact "
+            "part takes 2 gradient norms per sample, leaving 3 of --probes 5",
+        ),
+        (["--trace-method", "gauss-newton+xtrace", "--mode", "train"], 2, "train mode"),
     ],
 )
 def test_bad_input_is_one_line_and_an_exit_code(
@@ -234,6 +241,24 @@ def test_bad_input_is_one_line_and_an_exit_code(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("curvcal: error: "), result.stderr
     assert needle in lines[0]
+
+
+def test_the_split_trace_reports_its_parts(run_cli, files: Files, dense: Tensor) -> None:
+    """On this ReLU CNN every diagonal block of the logits' Hessian is zero, so the exact
+    Gauss–Newton part is the whole trace and the estimate of the rest straddles zero."""
+    args = ["--trace-method", "gauss-newton+hutchpp", "--probes", "30", "--json"]
+    result = run_cli(*_base(files, *args))
+    assert result.code == 0, result.stderr
+    trace = json.loads(result.stdout)["results"]["trace"]
+    exact = float(torch.trace(dense))
+    assert trace["method"] == "gauss-newton+hutch++" and trace["matvecs"] == 28
+    assert trace["parts"]["gauss_newton"] == pytest.approx(exact, rel=1e-12)
+    assert trace["ci95"][0] <= exact <= trace["ci95"][1]
+    assert trace["estimate"] == pytest.approx(exact + trace["parts"]["residual"], rel=1e-15)
+    table = run_cli(*_base(files, *args[:-1]))
+    assert table.code == 0, table.stderr
+    assert "Gauss–Newton part exact + Hutch++ on the rest, 28 products" in table.stdout
+    assert "(Gauss–Newton part, exact)" in table.stdout
 
 
 def test_a_small_memory_budget_splits_batches_and_keeps_the_numbers(

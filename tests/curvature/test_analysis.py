@@ -68,7 +68,10 @@ def test_every_stage_equals_its_kernel_and_the_dense_hessian(mlp_case: MLPCase) 
     )
     assert result.smallest == smallest
 
-    assert result.trace == curvcal.hessian_trace(model, batches, 40, seed=5)
+    # tanh: auto takes the split trace, the Gauss–Newton part exact and Hutch++ on the rest
+    assert result.trace == curvcal.hessian_trace(
+        model, batches, 40, method="gauss-newton+hutch++", seed=5
+    )
     assert result.trace is not None
     assert result.trace.ci95[0] <= float(torch.trace(hessian)) <= result.trace.ci95[1]
     assert result.density == curvcal.hessian_density(model, batches, runs=2, steps=6, seed=5)
@@ -112,6 +115,7 @@ def test_one_operator_serves_every_stage(mlp_case: MLPCase, monkeypatch) -> None
         probe_batch=8,
         per_layer=True,
         keep_graphs="never",  # count the passes of products that rebuild their graphs
+        trace_method="hutchpp",
     )
     result = analyse_hessian(model, source, settings)
 
@@ -330,15 +334,32 @@ def test_auto_trace_is_the_exact_gauss_newton_trace_for_a_relu_network() -> None
         assert layer.trace.estimate == pytest.approx(float(block.trace()), rel=1e-12)
 
 
-def test_auto_trace_falls_back_to_hutchpp_and_says_why(mlp_case: MLPCase) -> None:
+def test_auto_trace_splits_off_the_gauss_newton_part_and_says_why(mlp_case: MLPCase) -> None:
     model, x, y, hessian = mlp_case  # tanh: not linear in the first layer
     result = analyse_hessian(model, split(x, y, 20), HessianSettings(probes=12))
-    assert result.trace is not None and result.trace.method == "hutch++"
-    assert result.trace.matvecs == 12
+    assert result.trace is not None and result.trace.method == "gauss-newton+hutch++"
+    assert result.trace.matvecs == 10  # 12 less the 2 gradient norms per sample of 3 classes
     choice = result.operator["trace_choice"]
     assert choice.startswith("the Gauss–Newton trace is not exact here") and "0.weight" in choice
+    assert "Hutch++ estimates the rest with 10 products" in choice
     low, high = result.trace.ci95
     assert low <= float(hessian.trace()) <= high
+    assert result.trace.parts is not None and set(result.trace.parts) == {
+        "gauss_newton",
+        "residual",
+    }
+
+
+def test_auto_trace_falls_back_to_hutchpp_where_the_split_cannot_run(mlp_case: MLPCase) -> None:
+    model, x, y, _ = mlp_case
+    # 3 classes: 5 probes leave 3 products for the rest, fewer than Hutch++ needs
+    result = analyse_hessian(model, split(x, y, 20), HessianSettings(probes=5))
+    assert result.trace is not None and result.trace.method == "hutch++"
+    assert result.trace.matvecs == 5
+    # train mode: BatchNorm-free, but the Gauss–Newton part is not a sum over samples there
+    result = analyse_hessian(model, split(x, y, 20), HessianSettings(probes=12, mode="train"))
+    assert result.trace is not None and result.trace.method == "hutch++"
+    assert "train mode" in result.operator["trace_choice"]
 
     # ten classes, four products: the Gauss–Newton trace would cost more than asked
     model, batches, _ = _relu_case(classes=10)
@@ -347,6 +368,27 @@ def test_auto_trace_falls_back_to_hutchpp_and_says_why(mlp_case: MLPCase) -> Non
     assert (
         "up to 9 gradient norms per sample, more than --probes 4" in result.operator["trace_choice"]
     )
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({"probes": 5}, "leaving 3 of --probes 5"),
+        ({"mode": "train"}, "train mode"),
+    ],
+)
+def test_a_split_trace_that_cannot_run_is_refused_before_any_product(
+    mlp_case: MLPCase, settings: dict[str, object], why: str
+) -> None:
+    model, x, y, _ = mlp_case
+    source = CountingSource([(x, y)])
+    with pytest.raises(InputError, match=rf"^--trace-method: the split trace .*{why}"):
+        analyse_hessian(
+            model,
+            source,
+            HessianSettings(trace_method="gauss-newton+xtrace", **settings),  # type: ignore[arg-type]
+        )
+    assert source.reads == 1  # counted once, no product
 
 
 def test_gauss_newton_asked_for_where_it_is_not_exact_is_refused_before_any_product(
