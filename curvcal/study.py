@@ -26,8 +26,10 @@ from curvcal.calibration.analysis import CalibrationAnalysis
 from curvcal.curvature.batches import BatchSource
 from curvcal.curvature.eigen import eigenvalues
 from curvcal.curvature.flsd53 import flsd53_group_sizes
-from curvcal.curvature.gauss_newton import declined, gauss_newton_trace
+from curvcal.curvature.gauss_newton import gauss_newton_trace
 from curvcal.curvature.operator import OperatorOptions, build_operator
+from curvcal.curvature.residual import METHODS as SPLIT_METHODS
+from curvcal.curvature.residual import auto_method, split_trace
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
 from curvcal.losses import FLSD53, LOSS_NAMES, loss_from_name
@@ -119,7 +121,8 @@ def measure_curvature(
     cache: str = "auto",
     params: tuple[str, ...] | None = None,
 ) -> CurvatureSummary:
-    """λmax and tr(H) (Gauss–Newton where exact, else Hutch++) of H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over ``batches``.
+    """λmax and tr(H) (as ``--trace-method auto`` takes it: Gauss–Newton where exact, else its
+    Gauss–Newton part exact and Hutch++ on the rest, else Hutch++) of H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over ``batches``.
 
     ``loss`` ``ce``, ``focal`` (with ``gamma``) or ``flsd53`` (the exact Hessian of FLSD-53
     away from its switching set, see :mod:`curvcal.losses`); ``cache`` as for
@@ -156,15 +159,20 @@ def measure_curvature(
         max_iter=settings.max_iter,
         seed=settings.seed,
     )
-    if declined(operator, settings.probes):
+    method, _why = auto_method(operator, settings.probes)
+    if method == "gauss-newton":  # exact: the logits are linear in each tensor
+        trace = gauss_newton_trace(operator, checked=True)
+    elif method in SPLIT_METHODS:  # its Gauss–Newton part exact, the rest estimated
+        trace = split_trace(
+            operator, method, settings.probes, seed=settings.seed, probe_batch=settings.probe_batch
+        )
+    else:
         trace = trace_estimate(
             operator,
             settings.probes,
             seed=settings.seed,
             probe_batch=settings.probe_batch,
         )
-    else:  # exact: the logits are linear in each tensor
-        trace = gauss_newton_trace(operator, checked=True)
     top = spectrum.values[0]
     return CurvatureSummary(
         lambda_max=top.value,

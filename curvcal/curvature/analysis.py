@@ -28,7 +28,6 @@ from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
 from curvcal.curvature.engines import ENGINES, MODES
 from curvcal.curvature.gauss_newton import (
-    declined,
     n_classes,
     require_exact,
     tensor_traces,
@@ -45,7 +44,7 @@ from curvcal.curvature.memory import (
 )
 from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
-from curvcal.curvature.residual import residual_products, split_problem, split_trace
+from curvcal.curvature.residual import auto_method, split_problem, split_trace
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
 from curvcal.curvature.trace import DISTRIBUTIONS, sketch_bytes, sketch_columns, trace_estimate
 from curvcal.errors import InputError
@@ -263,20 +262,16 @@ def choose_trace_method(operator: NaNGuard, settings: HessianSettings) -> tuple[
         return settings.trace_method, ""
     if method != "auto":
         return settings.trace_method, ""
-    why = declined(operator, settings.probes)
-    if not why:
-        return "gauss-newton", (
-            "the logits are linear in each selected tensor, so the Gauss–Newton trace is exact, "
-            f"at up to {n_classes(operator) - 1} gradient norms per sample"
-        )
-    classes = n_classes(operator)
-    if split_problem(operator.mode, settings.probes, classes):
-        return "hutchpp", why
-    return "gauss-newton+hutchpp", (
-        f"{why}; so its Gauss–Newton part is taken exactly (up to {classes - 1} gradient norms "
-        f"per sample, counted as products) and Hutch++ estimates the rest with "
-        f"{residual_products(settings.probes, classes)} products"
-    )
+    chosen, why = auto_method(operator, settings.probes)
+    return _SETTING_NAMES[chosen], why
+
+
+#: the kernels' method names -> the settings' (and the CLI's)
+_SETTING_NAMES = {
+    "gauss-newton": "gauss-newton",
+    "gauss-newton+hutch++": "gauss-newton+hutchpp",
+    "hutch++": "hutchpp",
+}
 
 
 def check_sketch_memory(

@@ -8,7 +8,8 @@ loss pass). Products planned, for :class:`~curvcal.curvature.analysis.HessianSet
   budget (``max_iter``, or P); power iteration: 20 iterations per value, at most ``max_iter``;
   ``smallest`` adds one Lanczos run for k = 1;
 * trace: ``probes`` products (the most an adaptive run draws, and what ``auto`` spends when it
-  falls back to Hutch++); none for the Gauss–Newton trace, which makes no product;
+  falls back to Hutch++; the split trace spends C − 1 fewer); none for the Gauss–Newton trace,
+  which makes no product;
 * density: ``density_runs`` × ``density_steps``;
 * per layer: for each of ``n_blocks`` module blocks, 20 power iterations and ``probes`` probes.
 

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from curvcal.curvature.gauss_newton import (
     GaussNewtonSource,
     TensorTraces,
+    declined,
     n_classes,
     tensor_traces,
 )
@@ -53,6 +54,27 @@ class SplitSource(GaussNewtonSource, Protocol):
     """An operator whose Gauss–Newton part can be taken and whose loss can be swapped."""
 
     def with_loss(self, loss: Loss) -> Any: ...
+
+
+def auto_method(operator: SplitSource, probes: int) -> tuple[str, str]:
+    """What ``--trace-method auto`` takes on ``operator`` with ``probes`` products, and why:
+    ``"gauss-newton"`` where that is exact and costs at most ``probes`` gradient norms per
+    sample (:func:`~curvcal.curvature.gauss_newton.declined`), else ``"gauss-newton+hutch++"``
+    where the split can run (:func:`split_problem`), else ``"hutch++"``."""
+    why = declined(operator, probes)
+    classes = n_classes(operator)
+    if not why:
+        return "gauss-newton", (
+            "the logits are linear in each selected tensor, so the Gauss–Newton trace is exact, "
+            f"at up to {classes - 1} gradient norms per sample"
+        )
+    if split_problem(operator.mode, probes, classes):
+        return "hutch++", why
+    return "gauss-newton+hutch++", (
+        f"{why}; so its Gauss–Newton part is taken exactly (up to {classes - 1} gradient norms "
+        f"per sample, counted as products) and Hutch++ estimates the rest with "
+        f"{residual_products(probes, classes)} products"
+    )
 
 
 def residual_products(probes: int, classes: int) -> int:

@@ -16,7 +16,7 @@ the ordinary loaders, and measures **only what the rules need** (see :func:`~cur
   measured on the evaluation split only, as ``curvcal calibrate`` does;
 * ``lambda_max``: the Hessian's top eigenvalues (``top_k``, default 1), without the trace;
   ``trace``: the trace as well (``auto``: exact by Gauss–Newton where the model allows it,
-  else Hutch++) (the analysis always finds λmax, so a trace-only policy
+  else its Gauss–Newton part exact and Hutch++ on the rest, else Hutch++) (the analysis always finds λmax, so a trace-only policy
   costs one extra eigenvalue search at ``top_k`` 1).
 
 Values are read from the analyses through :func:`curvcal.policy.baseline.metric_values`, the same table

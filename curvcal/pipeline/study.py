@@ -286,7 +286,7 @@ def column_provenance(
     return {
         "λmax": f"largest eigenvalue of the {curvature}",
         "tr(H)": f"trace of the {curvature}: exact by Gauss–Newton where the logits are linear "
-        "in each tensor, else Hutch++",
+        "in each tensor, else its Gauss–Newton part exact and Hutch++ on the rest",
         "accuracy": evaluation,
         "ECE": f"15-bin top-label ECE (bins (a,b]) on the {evaluation}, uncalibrated",
         "AdaECE": f"equal-mass ECE on the {evaluation}, uncalibrated",

@@ -73,8 +73,8 @@ def study_tables(result: StudyResult) -> list[Table]:
         rows=rows,
         caption=(
             f"λmax, tr(H): Hessian on {first.curvature.n_samples} samples (tr(H) exact by "
-            "Gauss–Newton where the logits are linear in each tensor, else Hutch++ ± its "
-            "standard error); calibration columns "
+            "Gauss–Newton where the logits are linear in each tensor, else its Gauss–Newton "
+            "part exact and Hutch++ on the rest, ± its standard error); calibration columns "
             f"on {first.calibration.n_eval} evaluation samples, maps fitted on "
             f"{first.calibration.n_fit} others (see the 'columns' table)"
         ),
