@@ -12,6 +12,13 @@ latest vectors are removed first, so that one pass usually suffices; a second ru
 DGKS test asks for it (see :meth:`KrylovBasis.extend`). One number per call is read
 back to the host.
 
+The vectors may be stored narrower than they are computed (``storage``: float32 rows for a
+float64 basis). Each new vector is then cleared in one wide work vector, every dot and update
+summed in the wide dtype over :data:`RESTART_COLUMNS` columns at a time (a float32 BLAS dot over
+10⁷ entries loses about three digits, and Lanczos stalls on it), and rounded to the storage
+dtype once, when it is committed: the basis is orthonormal to the storage dtype's precision
+and holds half the memory.
+
 A basis may be given the most rows it will ever hold (``max_rows``, the row being written
 included); :meth:`KrylovBasis.restart` then replaces it, in place, by a few combinations of its
 vectors (a thick restart of Lanczos keeps its best Ritz vectors), so that a long run holds no
@@ -38,8 +45,10 @@ RESTART_COLUMNS = 2**16
 
 
 class KrylovBasis:
-    """Orthonormal vectors of length ``size``, in ``dtype`` on ``device``, appended one at a time;
-    at most ``max_rows`` rows are ever allocated (None: no limit)."""
+    """Orthonormal vectors of length ``size``, computed in ``dtype`` on ``device`` and stored in
+    ``storage`` (default: ``dtype``; a narrower one keeps one ``dtype`` work vector besides the
+    rows), appended one at a time; at most ``max_rows`` rows are ever allocated (None: no
+    limit)."""
 
     def __init__(
         self,
@@ -47,19 +56,27 @@ class KrylovBasis:
         dtype: torch.dtype,
         device: torch.device | str,
         max_rows: int | None = None,
+        storage: torch.dtype | None = None,
     ) -> None:
         if max_rows is not None and max_rows < 2:
             raise ValueError(f"a basis needs room for at least 2 rows, got max_rows={max_rows}")
         self.size = size
         self.dtype = dtype
+        self.storage = storage or dtype
         self.device = torch.device(device)
         self.max_rows = max_rows
         self._blocks: list[Tensor] = []
         self._count = 0
         self._capacity = 0
+        self._work: Tensor | None = None  # the wide vector being cleared (narrow storage only)
 
     def __len__(self) -> int:
         return self._count
+
+    @property
+    def narrow(self) -> bool:
+        """Whether the rows are stored narrower than they are computed."""
+        return self.storage != self.dtype
 
     def append(self, vector: Tensor) -> None:
         """Store a copy of ``vector`` (assumed unit and orthogonal to the basis) as q_{m+1}."""
@@ -73,7 +90,12 @@ class KrylovBasis:
         coefficients removed (the sum over the steps of :meth:`_clear` of q_iᵀ·v, a length-m
         tensor on the basis' device). :meth:`commit` then makes it q_{m+1}; another call to
         ``extend`` overwrites it. No P-long vector is allocated: at P = 10⁷ that spares three
-        vectors of 80 MB per Lanczos step (a cast, a copy, the normalised one)."""
+        vectors of 80 MB per Lanczos step (a cast, a copy, the normalised one). A narrow basis
+        clears it in its wide work vector instead, and returns that."""
+        if self.narrow:  # straight into the wide work vector, not rounded through a row
+            self._next_row()  # room for the commit
+            work = self._wide().copy_(vector)
+            return work, self._clear(work)
         return self.extend_into(lambda row: row.copy_(vector))
 
     def extend_into(self, write: Callable[[Tensor], object]) -> tuple[Tensor, Tensor]:
@@ -82,11 +104,23 @@ class KrylovBasis:
         that no P-long vector at all is made for it."""
         row = self._next_row()
         write(row)
+        if self.narrow:  # cleared in the wide work vector, stored by commit
+            row = self._wide().copy_(row)
         return row, self._clear(row)
 
+    def _wide(self) -> Tensor:
+        """The work vector a narrow basis clears new vectors in (allocated once)."""
+        if self._work is None:
+            self._work = torch.empty(self.size, dtype=self.dtype, device=self.device)
+        return self._work
+
     def commit(self, norm: float) -> None:
-        """Divide the row written by :meth:`extend` by ``norm`` and keep it as q_{m+1}."""
-        self._next_row().div_(norm)
+        """Divide the vector cleared by :meth:`extend` by ``norm`` and keep it as q_{m+1}."""
+        if self.narrow:
+            assert self._work is not None, "commit follows extend"
+            self._next_row().copy_(self._work.div_(norm))
+        else:
+            self._next_row().div_(norm)
         self._count += 1
 
     def _next_row(self) -> Tensor:
@@ -99,7 +133,9 @@ class KrylovBasis:
                     raise RuntimeError(
                         f"the basis is full ({self.max_rows} rows): restart it before extending"
                     )
-            self._blocks.append(torch.empty(rows, self.size, dtype=self.dtype, device=self.device))
+            self._blocks.append(
+                torch.empty(rows, self.size, dtype=self.storage, device=self.device)
+            )
             self._capacity += rows
         block, row = self._locate(self._count)
         return self._blocks[block][row]
@@ -123,6 +159,13 @@ class KrylovBasis:
         precision; Daniel, Gragg, Kaufman & Stewart 1976)."""
         coefficients = torch.zeros(self._count, dtype=self.dtype, device=self.device)
         for index in range(max(0, self._count - RECENT), self._count):
+            if self.narrow:
+                block, row = self._locate(index)
+                rows = self._blocks[block][row : row + 1]
+                amounts = self._project(rows, vector)
+                self._subtract(vector, rows, amounts)
+                coefficients[index] += amounts[0]
+                continue
             amount = torch.dot(self[index], vector)
             vector.addcmul_(self[index], amount, value=-1.0)
             coefficients[index] += amount
@@ -136,10 +179,29 @@ class KrylovBasis:
         """One block Gram–Schmidt pass, in place: per block c = Q_b·v, v ← v − Q_bᵀc."""
         start = 0
         for rows in self._filled():
-            amounts = rows @ vector
-            vector.addmv_(rows.t(), amounts, alpha=-1.0)
+            amounts = self._project(rows, vector)
+            self._subtract(vector, rows, amounts)
             coefficients[start : start + rows.shape[0]] += amounts
             start += rows.shape[0]
+
+    def _project(self, rows: Tensor, vector: Tensor) -> Tensor:
+        """Q_b·v in the basis' dtype (narrow rows widened :data:`RESTART_COLUMNS` at a time)."""
+        if not self.narrow:
+            return rows @ vector
+        amounts = torch.zeros(rows.shape[0], dtype=self.dtype, device=self.device)
+        for begin in range(0, self.size, RESTART_COLUMNS):
+            end = min(begin + RESTART_COLUMNS, self.size)
+            amounts.addmv_(rows[:, begin:end].to(self.dtype), vector[begin:end])
+        return amounts
+
+    def _subtract(self, vector: Tensor, rows: Tensor, amounts: Tensor) -> None:
+        """v ← v − Q_bᵀc in place, in the basis' dtype."""
+        if not self.narrow:
+            vector.addmv_(rows.t(), amounts, alpha=-1.0)
+            return
+        for begin in range(0, self.size, RESTART_COLUMNS):
+            end = min(begin + RESTART_COLUMNS, self.size)
+            vector[begin:end].addmv_(rows[:, begin:end].t().to(self.dtype), amounts, alpha=-1.0)
 
     def combine(self, coefficients: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """Σ_i q_i c_iᵀ: the size × k matrix Q_n C of an n × k ``coefficients`` matrix, n ≤ m
@@ -164,7 +226,7 @@ class KrylovBasis:
             end = min(begin + RESTART_COLUMNS, self.size)
             part = scratch[: end - begin].zero_()
             for rows, share in blocks:
-                part.addmm_(rows[:, begin:end].t(), share)
+                part.addmm_(rows[:, begin:end].t().to(self.dtype), share)
             result[begin:end].copy_(part)
         return result
 
@@ -204,7 +266,7 @@ class KrylovBasis:
             end = min(begin + RESTART_COLUMNS, self.size)
             part = scratch[:, : end - begin].zero_()
             for rows, share in blocks:
-                part.addmm_(share.t(), rows[:, begin:end])
+                part.addmm_(share.t(), rows[:, begin:end].to(self.dtype))
             for index in range(kept):
                 self[index][begin:end].copy_(part[index])
             target[begin:end].copy_(latest[begin:end])

@@ -21,7 +21,8 @@ it with bytes or a share of the free memory (:func:`parse_memory_budget`).
 
 Splitting a batch is exact (products are sums over samples); only the time changes.
 
-Lanczos' Krylov basis is held beside the products, one float64 vector of P values per step:
+Lanczos' Krylov basis is held beside the products, one vector of P values per step (float32
+for float32 products, with one float64 work vector; float64 otherwise):
 :func:`lanczos_basis` bounds it by the same budget (it restarts within the bound).
 """
 
@@ -290,8 +291,8 @@ def lanczos_basis(
     k: int, n_params: int, budget: int | None, asked: int | None = None
 ) -> int | None:
     """The most vectors Lanczos' basis may hold for k eigenvalues of a P = ``n_params`` Hessian:
-    ``asked`` when given (at most P), else as many float64 vectors as the memory ``budget``
-    holds, but at least 2k + :data:`BASIS_FLOOR` (fewer restarts the basis so often that the
+    ``asked`` when given (at most P), else as many vectors as the memory ``budget`` holds,
+    counted at 8 bytes a value (a float32 basis holds half that, and its float64 work vector), but at least 2k + :data:`BASIS_FLOOR` (fewer restarts the basis so often that the
     products, not the memory, become the cost), and at most P (a basis of P vectors spans the space: no restart); None (no bound) without a
     budget. The basis is held beside the products, as a trace sketch is
     (:func:`~curvcal.curvature.analysis.check_sketch_memory`): a λ run holds at most its

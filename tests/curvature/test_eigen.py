@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
 
+from curvcal.curvature import eigen as eigen_module
 from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
+from curvcal.curvature.krylov import KrylovBasis
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.operators import matvec_into
 from curvcal.curvature.results import ConvergenceWarning
@@ -450,3 +453,54 @@ def test_a_bound_of_p_is_accepted_even_below_k_plus_2() -> None:
     matrix = spectrum_matrix(torch.tensor([3.0, 2.0, -1.0]))
     spectrum = lanczos(matrix, 3, tol=1e-10, max_basis=3)
     assert spectrum.converged and spectrum.eigenvalues == pytest.approx((3.0, 2.0, -1.0), abs=1e-12)
+
+
+class _Diagonal:
+    """diag(values) as an operator: products cost nothing, so the vectors can be long."""
+
+    def __init__(self, values: Tensor) -> None:
+        self.values = values
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.values.numel(), self.values.numel())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    def matmat(self, vectors: Tensor) -> Tensor:
+        return self.values[:, None] * vectors
+
+    def matvec(self, vector: Tensor) -> Tensor:
+        return self.values * vector
+
+
+def test_float32_products_keep_a_float32_basis_and_reach_a_1e6_residual(monkeypatch) -> None:
+    """Float32 products over 400,000 entries: the basis is stored in float32 (half the memory)
+    but every dot is summed in float64, so the measured residual still reaches 1e-6 (float32
+    BLAS dots over 10⁷ entries stall Lanczos near 1e-3)."""
+    made: list[KrylovBasis] = []
+
+    class Recorded(KrylovBasis):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(eigen_module, "KrylovBasis", Recorded)
+    generator = torch.Generator().manual_seed(0)
+    values = torch.rand(400_000, generator=generator, dtype=torch.float64)
+    values[:2] = torch.tensor([3.0, 2.0], dtype=torch.float64)
+    spectrum = lanczos(_Diagonal(values.to(torch.float32)), k=1, tol=1e-6, max_basis=8)
+    (basis,) = made
+    assert basis.storage == torch.float32 and basis.dtype == torch.float64
+    top = spectrum.values[0]
+    assert spectrum.converged and spectrum.stopped_by == "tol" and top.residual <= 1e-6
+    assert top.value == pytest.approx(3.0, rel=1e-6)
+    # float64 products keep a float64 basis
+    lanczos(_Diagonal(values[:1000]), k=1, tol=1e-8)
+    assert made[-1].storage == torch.float64

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from curvcal.curvature.krylov import MAX_BLOCK, KrylovBasis
+from curvcal.curvature.krylov import MAX_BLOCK, RESTART_COLUMNS, KrylovBasis
 
 
 def _orthonormal(size: int, count: int, seed: int = 0) -> torch.Tensor:
@@ -206,3 +206,57 @@ def test_combine_in_a_narrower_dtype_is_the_wide_sum_rounded(
     assert torch.allclose(basis.combine(coefficients), wide, atol=1e-13, rtol=0)
     with pytest.raises(ValueError, match="coefficients for a basis"):
         basis.combine(torch.zeros(2 * MAX_BLOCK + 4, 1, dtype=torch.float64))
+
+
+NARROW = RESTART_COLUMNS + 1000  # more columns than one piece: the chunked sums are exercised
+
+
+def _narrow(count: int, seed: int = 0) -> tuple[KrylovBasis, torch.Tensor]:
+    """A float64 basis stored in float32, filled by extend and commit from random vectors; the
+    float32 rows widened (what the dense references are taken against)."""
+    basis = KrylovBasis(NARROW, torch.float64, "cpu", storage=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        remainder, _ = basis.extend(torch.randn(NARROW, dtype=torch.float64, generator=generator))
+        basis.commit(float(remainder.norm()))
+    rows = torch.stack([basis[i] for i in range(count)], dim=1) if count else torch.empty(NARROW, 0)
+    return basis, rows.to(torch.float64)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, MAX_BLOCK + 2])
+def test_narrow_storage_clears_in_float64_and_rounds_once(count: int) -> None:
+    """Rows in float32, arithmetic in float64: the remainder and coefficients are the dense
+    float64 projection against the stored (rounded) rows, and the stored rows are orthonormal to
+    float32 precision."""
+    basis, rows = _narrow(count)
+    assert basis.narrow and basis[0].dtype == torch.float32
+    gram = rows.t() @ rows
+    assert float((gram - torch.eye(count, dtype=torch.float64)).abs().max()) < 1e-6
+    vector = torch.randn(NARROW, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    remainder, coefficients = basis.extend(vector)
+    assert remainder.dtype == torch.float64
+    # classical Gram–Schmidt against nearly orthonormal rows: Qᵀv to rounding, and the
+    # remainder v − Q·c with c the coefficients removed
+    assert torch.allclose(coefficients, rows.t() @ vector, atol=1e-9, rtol=0)
+    assert torch.allclose(remainder, vector - rows @ coefficients, atol=1e-12, rtol=0)
+    assert float((rows.t() @ remainder).abs().max()) < 1e-6 * float(vector.norm())
+    norm = float(remainder.norm())
+    basis.commit(norm)
+    assert basis[-1].dtype == torch.float32
+    assert torch.equal(basis[-1], (remainder).to(torch.float32))  # divided in place, then rounded
+
+
+def test_narrow_storage_restart_and_combine_are_the_wide_sums() -> None:
+    basis, rows = _narrow(6, seed=2)
+    generator = torch.Generator().manual_seed(3)
+    coefficients = torch.linalg.qr(torch.randn(5, 3, dtype=torch.float64, generator=generator)).Q
+    combined = basis.combine(coefficients)
+    assert combined.dtype == torch.float64
+    assert torch.allclose(combined, rows[:, :5] @ coefficients, atol=1e-13, rtol=0)
+    basis.restart(coefficients)
+    assert len(basis) == 4
+    kept = torch.stack([basis[i] for i in range(4)], dim=1)
+    assert kept.dtype == torch.float32
+    # the combinations summed in float64, rounded once; the latest vector moved as it was
+    assert torch.allclose(kept[:, :3].double(), rows[:, :5] @ coefficients, atol=1e-7, rtol=0)
+    assert torch.equal(kept[:, 3].double(), rows[:, 5])
