@@ -143,6 +143,8 @@ def test_sharded_sums_give_the_same_numbers(mlp_case: MLPCase) -> None:
     assert doubled.operator["n_samples"] == 2 * x.shape[0]
     assert doubled.spectrum.eigenvalues == pytest.approx(single.spectrum.eigenvalues, rel=1e-12)
     assert doubled.trace is not None and single.trace is not None
+    # tanh: the split trace, whose exact part and products are both summed across ranks
+    assert doubled.trace.method == single.trace.method == "gauss-newton+hutch++"
     assert doubled.trace.estimate == pytest.approx(single.trace.estimate, rel=1e-12)
     assert doubled.operator["mean_loss"] == pytest.approx(single.operator["mean_loss"], rel=1e-12)
 
