@@ -127,41 +127,18 @@ def split_trace(
             "ask for hutch++ or xtrace, or more probes",
         )
     exact = tensor_traces(operator, on_step=on_exact)
-    residual = residual_trace(
-        operator,
-        METHODS[method],
+    linearised = operator.with_loss(Linearised(operator.loss))  # its Hessian is R
+    residual = trace_estimate(
+        linearised,
         residual_products(probes, classes),
+        method=METHODS[method],
         distribution=distribution,
         seed=seed,
         probe_batch=probe_batch,
         on_step=on_step,
     )
-    return split_result(method, exact, residual)
-
-
-def residual_trace(
-    operator: SplitSource,
-    method: str,
-    products: int,
-    *,
-    distribution: str = "rademacher",
-    seed: int = 0,
-    probe_batch: int = 8,
-    on_step: OnStep = None,
-) -> TraceResult:
-    """tr(R) by ``method`` (``"hutch++"`` or ``"xtrace"``) with ``products`` products of R,
-    the Hessian of ``operator``'s loss linearised in the logits."""
-    residual = operator.with_loss(Linearised(operator.loss))
-    result = trace_estimate(
-        residual,
-        products,
-        method=method,
-        distribution=distribution,
-        seed=seed,
-        probe_batch=probe_batch,
-        on_step=on_step,
-    )
-    return dataclasses.replace(result, engine=engines_between(residual, {}))
+    engine = engines_between(linearised, {})
+    return split_result(method, exact, dataclasses.replace(residual, engine=engine))
 
 
 def split_result(method: str, gauss_newton: TensorTraces, residual: TraceResult) -> TraceResult:
