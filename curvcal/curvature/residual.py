@@ -153,20 +153,11 @@ def split_result(method: str, gauss_newton: TensorTraces, residual: TraceResult)
         f"tr(G) exact up to rounding (± {gauss_newton.rounding:.2g}), plus the interval of "
         f"tr(R) by {METHODS[method]}: {residual.interval}"
     )
-    return TraceResult(
+    return dataclasses.replace(
+        residual,
         estimate=exact + residual.estimate,
-        standard_error=residual.standard_error,
         ci95=(exact + low - gauss_newton.rounding, exact + high + gauss_newton.rounding),
-        n_probes=residual.n_probes,
-        matvecs=residual.matvecs,
         method=method,
-        distribution=residual.distribution,
-        seed=residual.seed,
-        rtol=None,
-        stopped_by=residual.stopped_by,
-        converged=residual.converged,
-        engine=residual.engine,
         interval=interval,
-        sketch_bytes=residual.sketch_bytes,
         parts={"gauss_newton": exact, "residual": residual.estimate},
     )
