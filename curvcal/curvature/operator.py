@@ -696,23 +696,19 @@ class HessianOperator:
         if total is None:
             total = block.new_empty((block.shape[1], self.shape[0]))
         indices = self._kept_indices() if self._graphs.enabled else None
-        engines: tuple[str, ...]
         if indices is not None and self._kept_product(block, indices, total):
             # through the kept graphs: the second backward of double backward
-            skip = self._graphs.chunks
+            engine, skip = "autograd", self._graphs.chunks
             if skip is None:
-                engines, result = ("autograd",), self._finish(total, block.shape[1])
+                result = self._finish(total, block.shape[1])
             else:
                 # the chunks whose graphs are not kept, added to the kept ones' products; by
                 # double backward, as planned (a pass that failed halfway could not be redone
                 # by another engine without the kept part)
-                engines = ("autograd",)
                 result = self._product_with("autograd", block, total, skip)
         else:
             engine, result = self._rebuilt_product(block, total)
-            engines = (engine,)
-        for engine in set(engines):
-            self.engine_products[engine] = self.engine_products.get(engine, 0) + block.shape[1]
+        self.engine_products[engine] = self.engine_products.get(engine, 0) + block.shape[1]
         return result
 
     def _rebuilt_product(self, block: Tensor, total: Tensor) -> tuple[str, Tensor]:
