@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
+import pytest
 import torch
 from torch import Tensor, nn
 
@@ -114,3 +117,17 @@ def dense_gauss_newton(model: nn.Module, x: Tensor, y: Tensor, loss: Loss) -> Te
     with torch.no_grad():
         lam = loss_hessians(loss, model(x), y)  # (N, C, C)
     return torch.einsum("ncp,ncd,ndq->pq", jacobian, lam, jacobian) / x.shape[0]
+
+
+def record_max_basis(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> list[int | None]:
+    """Wrap ``module.eigenvalues`` so that each call's ``max_basis`` is recorded (in the list
+    returned) before it runs as it would."""
+    seen: list[int | None] = []
+    real = module.eigenvalues
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["max_basis"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "eigenvalues", recorded)
+    return seen

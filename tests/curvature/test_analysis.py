@@ -24,7 +24,7 @@ from curvcal.curvature.results import ConvergenceWarning
 from curvcal.errors import InputError, NumericalError
 from curvcal.results import to_jsonable
 
-from .cases import split
+from .cases import record_max_basis, split
 
 MLPCase = tuple[nn.Module, Tensor, Tensor, Tensor]
 
@@ -432,14 +432,7 @@ def test_a_small_budget_bounds_the_basis_and_the_values_stay_exact(
     and the run records the bound. The default budget (256 MiB) bounds nothing here."""
     model, x, y, hessian = mlp_case
     exact = torch.linalg.eigvalsh(hessian).flip(0)[:3]
-    rows: list[int | None] = []
-    real = analysis_module.eigenvalues
-
-    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
-        rows.append(kwargs["max_basis"])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(analysis_module, "eigenvalues", recorded)
+    rows = record_max_basis(monkeypatch, analysis_module)
     settings = HessianSettings(top_k=3, tol=1e-8, trace=False, memory_budget="4000")
     result = analyse_hessian(model, split(x, y, 20), settings)
     assert rows == [12] and result.operator["lanczos_basis"] == 12

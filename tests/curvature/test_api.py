@@ -9,7 +9,7 @@ from torch import Tensor, nn
 import curvcal
 from curvcal.errors import InputError
 
-from .cases import split
+from .cases import record_max_basis, split
 
 
 def test_eigenvalues_trace_density_layers_on_a_batchnorm_cnn(
@@ -65,14 +65,7 @@ def test_hessian_eigenvalues_bounds_the_basis_by_the_budget_or_as_asked(
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
     x, y = torch.randn(40, 6, dtype=torch.float64), torch.randint(0, 3, (40,))
-    bounds: list[int | None] = []
-    real = api_module.eigenvalues
-
-    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
-        bounds.append(kwargs["max_basis"])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(api_module, "eigenvalues", recorded)
+    bounds = record_max_basis(monkeypatch, api_module)
     tight = curvcal.hessian_eigenvalues(model, [(x, y)], 2, tol=1e-9, memory_budget="6000")
     asked = curvcal.hessian_eigenvalues(model, [(x, y)], 2, tol=1e-9, max_basis=4)
     free = curvcal.hessian_eigenvalues(model, [(x, y)], 2, tol=1e-9)
