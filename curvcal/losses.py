@@ -54,15 +54,8 @@ def flsd53_gammas(p_y: Tensor) -> Tensor:
         return torch.where(p_y.detach() < FLSD53_THRESHOLD, *FLSD53_GAMMAS).to(p_y.dtype)
 
 
-def focal_loss(
-    logits: Tensor, labels: Tensor, gamma: float | str, reduction: str = "mean"
-) -> Tensor:
-    """Focal loss -(1 - p_y)^γ log p_y with p = softmax(logits), differentiable in ``logits``.
-
-    ``gamma`` is a number >= 0 or ``"flsd53"`` (Mukhoti et al. 2020: γ = 5 where p_y < 0.2,
-    else 3). The sample-dependent γ is a constant for the gradient. ``reduction`` is
-    ``"mean"`` (default), ``"sum"`` or ``"none"``. Computed in the dtype of ``logits``.
-    """
+def _check_rows(logits: Tensor, labels: Tensor) -> None:
+    """2-D ``logits`` (samples × classes) and one label per row, else :class:`InputError`."""
     if logits.ndim != 2:
         raise InputError(
             "logits", f"must be 2-D (samples × classes), got shape {tuple(logits.shape)}"
@@ -72,6 +65,18 @@ def focal_loss(
             "labels",
             f"need one label per row: shape {tuple(labels.shape)} for {logits.shape[0]} rows",
         )
+
+
+def focal_loss(
+    logits: Tensor, labels: Tensor, gamma: float | str, reduction: str = "mean"
+) -> Tensor:
+    """Focal loss -(1 - p_y)^γ log p_y with p = softmax(logits), differentiable in ``logits``.
+
+    ``gamma`` is a number >= 0 or ``"flsd53"`` (Mukhoti et al. 2020: γ = 5 where p_y < 0.2,
+    else 3). The sample-dependent γ is a constant for the gradient. ``reduction`` is
+    ``"mean"`` (default), ``"sum"`` or ``"none"``. Computed in the dtype of ``logits``.
+    """
+    _check_rows(logits, labels)
     if reduction not in ("mean", "sum", "none"):
         raise InputError("reduction", f"unknown reduction {reduction!r}", "mean, sum or none")
     logp_y = torch.log_softmax(logits, dim=1).gather(1, labels[:, None].to(torch.int64))[:, 0]
@@ -179,8 +184,10 @@ def logit_gradient(loss: Loss, logits: Tensor, labels: Tensor) -> Tensor:
 
     with p_y log p_y / (1 − p_y) taken as −1 at p_y = 1 (its limit) and 0^0 = 1, and FLSD-53's
     γ_i from :func:`flsd53_gammas`, held fixed like the loss holds it. The result has the
-    dtype of ``logits`` and is a function of them; detach them for a constant.
+    dtype of ``logits`` and is a function of them; detach them for a constant. Raises
+    :class:`InputError` unless ``logits`` are 2-D with one label per row.
     """
+    _check_rows(logits, labels)
     logp = torch.log_softmax(logits, dim=1)
     index = labels[:, None].to(torch.int64)
     gradient = logp.exp()

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from torch import Tensor
 
 import curvcal
 from curvcal.curvature.operator import HessianOperator, OperatorOptions, build_operator
@@ -60,6 +61,19 @@ def test_logit_gradient_is_finite_where_the_label_saturates() -> None:
     # far from the label, cross-entropy's gradient is p − e_y = (−1, 1, 0) to rounding
     far = logit_gradient(CrossEntropy(), logits, labels)[1]
     assert far.tolist() == pytest.approx([-1.0, 1.0, 0.0], abs=1e-300)
+
+
+@pytest.mark.parametrize(
+    ("logits", "labels", "what"),
+    [
+        (torch.zeros(4), torch.zeros(4, dtype=torch.long), "logits"),
+        (torch.zeros(4, 3), torch.zeros(5, dtype=torch.long), "labels"),
+        (torch.zeros(4, 3), torch.zeros(4, 1, dtype=torch.long), "labels"),
+    ],
+)
+def test_logit_gradient_refuses_bad_shapes(logits: Tensor, labels: Tensor, what: str) -> None:
+    with pytest.raises(InputError, match=f"^{what}:"):
+        logit_gradient(CrossEntropy(), logits, labels)
 
 
 @pytest.mark.parametrize("loss", [CrossEntropy(), Focal(2.0)], ids=["ce", "focal"])
