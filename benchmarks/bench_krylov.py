@@ -4,7 +4,10 @@ Clears a vector of an orthonormal basis of m vectors of length P (float64, as La
 it), the way :class:`curvcal.curvature.krylov.KrylovBasis` does (the two latest vectors,
 then one block Gram–Schmidt pass of matrix–vector products, a second only on the DGKS test),
 against the baseline every Lanczos code starts from: modified Gram–Schmidt twice, a dot and an
-in-place update per basis vector and pass. The vector is a Lanczos-like image (large
+in-place update per basis vector and pass. A third column clears the same vector in a basis
+stored in float32 and computed in float64 (``storage=torch.float32``, what Lanczos keeps for
+float32 products: every dot widened 65,536 columns at a time), timed in the same rounds. The
+vector is a Lanczos-like image (large
 components along the latest two basis vectors, a small remainder), so the DGKS test sees what
 it sees in a run. One thread; the two are interleaved and the minimum of ``--repeats`` is
 quoted with its ratio. The results are checked against each other (same remainder, same
@@ -65,20 +68,29 @@ def measure(size: int, count: int, repeats: int, seed: int = 0) -> dict[str, flo
         rows[i] = row / row.norm()
     as_list = [rows[i] for i in range(count)]
     blocks = KrylovBasis(size, torch.float64, "cpu")
+    narrow = KrylovBasis(size, torch.float64, "cpu", storage=torch.float32)
     for i in range(count):
         blocks.append(rows[i])
+        narrow.append(rows[i])
     vector = lanczos_like(rows, generator)
     ours: list[float] = []
     theirs: list[float] = []
+    stored: list[float] = []
     for _ in range(repeats):
         new, new_coefficients = _timed(lambda: blocks.extend(vector), ours)
         old, old_coefficients = _timed(lambda: vector_by_vector(vector, as_list), theirs)
+        kept, _ = _timed(lambda: narrow.extend(vector), stored)
     difference = float((new - old).norm() / old.norm())
     coefficient_difference = float((new_coefficients - old_coefficients).abs().max())
     if difference > 1e-8 or coefficient_difference > 1e-8 * float(vector.norm()):
         raise SystemExit(
             f"bench_krylov: the two disagree ({difference:.1e}, {coefficient_difference:.1e})"
         )
+    # against rows rounded to float32, the remainder agrees to the rounding of the components
+    # removed (10³ along the latest vector, 6e-8 relative)
+    narrow_difference = float((kept - old).norm() / old.norm())
+    if narrow_difference > 1e-3:
+        raise SystemExit(f"bench_krylov: the float32 rows disagree ({narrow_difference:.1e})")
     return {
         "size": size,
         "vectors": count,
@@ -86,6 +98,9 @@ def measure(size: int, count: int, repeats: int, seed: int = 0) -> dict[str, flo
         "vector_by_vector_s": min(theirs),
         "ratio": min(ours) / min(theirs),
         "relative_difference": difference,
+        "float32_rows_s": min(stored),
+        "float32_rows_ratio": min(stored) / min(ours),
+        "float32_rows_difference": narrow_difference,
     }
 
 
@@ -106,12 +121,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = [measure(options.size, count, options.repeats) for count in counts]
     print(f"P = {options.size:,}, float64, {options.threads} thread(s), min of {options.repeats}")
     print()
-    print("| basis vectors m | block (KrylovBasis) s | vector by vector s | ratio |")
-    print("|---:|---:|---:|---:|")
+    print(
+        "| basis vectors m | block (KrylovBasis) s | vector by vector s | ratio "
+        "| float32 rows s | float32 rows / block |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
             f"| {row['vectors']} | {row['block_s']:.3f} | {row['vector_by_vector_s']:.3f} "
-            f"| {row['ratio']:.2f} |"
+            f"| {row['ratio']:.2f} | {row['float32_rows_s']:.3f} "
+            f"| {row['float32_rows_ratio']:.2f} |"
         )
     report = {"options": vars(options), "rows": rows}
     if options.json:

@@ -24,6 +24,8 @@ def test_rows_json_and_table(bench: ModuleType, tmp_path: Path, capsys) -> None:
     for row in report["rows"]:
         assert row["block_s"] > 0 and row["vector_by_vector_s"] > 0
         assert row["ratio"] == pytest.approx(row["block_s"] / row["vector_by_vector_s"])
+        assert row["float32_rows_ratio"] == pytest.approx(row["float32_rows_s"] / row["block_s"])
+        assert 0.0 < row["float32_rows_difference"] < 1e-3
         assert row["relative_difference"] < 1e-10
     assert out.exists() and "| 9 |" in capsys.readouterr().out
 
