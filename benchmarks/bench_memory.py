@@ -12,7 +12,9 @@ run:
   probes — one run per method; ``none`` runs without a trace). Hutchinson's peak does not depend
   on how many products are made; the sketching estimators (``hutchpp``, ``xtrace``) hold a sketch
   of P × s values, s = ⌊probes/3⌋ or ⌊probes/2⌋, so theirs grows with ``--probes``.
-  ``--params`` restricts the Hessian to matching parameters (a smaller P).
+  ``--params`` restricts the Hessian to matching parameters (a smaller P). ``--density-steps S``
+  adds one SLQ density run of S steps (its basis kept only if the budget, or ``--max-basis``,
+  holds S vectors).
 
 Each measurement runs in a fresh process started by a fresh wrapper, whose
 ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` is the child's peak resident set (Linux: KiB).
@@ -26,6 +28,8 @@ Usage::
     python benchmarks/bench_memory.py --sizes 1024 --batch 64 --trace-methods none
     python benchmarks/bench_memory.py --sizes 16 --max-iter 1 --probes 100 \
         --trace-methods none,hutchinson,hutchpp,xtrace            # the trace sketches
+    python benchmarks/bench_memory.py --sizes 128 --max-iter 1 --trace-methods none \
+        --density-steps 40 [--max-basis 40]                       # the density's basis
 """
 
 from __future__ import annotations
@@ -124,6 +128,12 @@ def hessian_command(
         "-o", str(output),
         *(["--memory-budget", args.memory_budget] if args.memory_budget else []),
         *(["--params", args.params] if args.params else []),
+        *(["--max-basis", str(args.max_basis)] if args.max_basis else []),
+        *(
+            ["--density", "--density-runs", "1", "--density-steps", str(args.density_steps)]
+            if args.density_steps
+            else []
+        ),
     ]  # fmt: skip
 
 
@@ -171,6 +181,10 @@ def measure(samples: int, folder: Path, args: argparse.Namespace) -> dict[str, A
                 "kept_rows",
             )
         }
+        if result.get("density"):
+            row[f"operator_{method}"]["density_reorthogonalised"] = result["density"][
+                "reorthogonalised"
+            ]
         peak = row[f"hessian_{method}_mib"]
         row[f"ratio_peak_{method}"] = peak / row["gradient_mib"]
         row[f"ratio_growth_{method}"] = (peak - idle) / max(row["gradient_mib"] - idle, 1e-9)
@@ -189,6 +203,13 @@ def main() -> None:
     )
     parser.add_argument("--params", default=None, help="passed to curvcal hessian")
     parser.add_argument("--memory-budget", default=None, help="passed to curvcal hessian")
+    parser.add_argument("--max-basis", type=int, default=None, help="passed to curvcal hessian")
+    parser.add_argument(
+        "--density-steps",
+        type=int,
+        default=0,
+        help="add one SLQ density run of this many steps (0: no density)",
+    )
     parser.add_argument(
         "--batch", type=int, default=None, help="batch size (default: all N images in one batch)"
     )

@@ -57,7 +57,8 @@ if TYPE_CHECKING:
     "--max-basis",
     type=click.IntRange(min=3),
     help="Most vectors (P float64 values each) Lanczos' basis holds before it restarts on its "
-    "best Ritz vectors (default: what --memory-budget holds, at least 2·top-k + 6).",
+    "best Ritz vectors (default: what --memory-budget holds, at least 2·top-k + 6); the "
+    "density's runs keep theirs only if --density-steps vectors fit.",
 )
 @click.option(
     "--trace/--no-trace", default=True, show_default=True, help="Estimate the Hessian's trace."

@@ -38,6 +38,7 @@ from curvcal.curvature.kept import KEEP_GRAPHS
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.memory import (
     FREE_FRACTION,
+    density_keeps_basis,
     free_memory,
     lanczos_basis,
     parse_memory_budget,
@@ -495,6 +496,9 @@ def analyse_hessian(
             runs=settings.density_runs,
             steps=settings.density_steps,
             seed=settings.seed,
+            reorthogonalise=density_keeps_basis(
+                settings.density_steps, n_params, budget, settings.max_basis
+            ),
             on_step=hook("density"),
         )
         density = dataclasses.replace(density, engine=engines_between(operator, before))

@@ -22,7 +22,7 @@ from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
-from curvcal.curvature.memory import lanczos_basis
+from curvcal.curvature.memory import density_keeps_basis, lanczos_basis
 from curvcal.curvature.operator import OperatorOptions, build_operator
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import split_trace
@@ -189,16 +189,22 @@ def hessian_density(
     n_grid: int = 200,
     bandwidth: float | None = None,
     seed: int = 0,
+    max_basis: int | None = None,
     loss: Loss | None = None,
     options: OperatorOptions | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
 ) -> DensityResult:
-    """The Hessian's eigenvalue density by stochastic Lanczos quadrature."""
+    """The Hessian's eigenvalue density by stochastic Lanczos quadrature. Each run keeps its
+    Lanczos basis (full reorthogonalisation) when ``max_basis`` vectors, or else the memory
+    budget, hold ``steps`` of them; otherwise it runs the three-term recurrence alone
+    (:func:`~curvcal.curvature.memory.density_keeps_basis`; ``result.reorthogonalised``)."""
     operator = _operator(
         "hessian_density", model, batches, loss, options, all_reduce, operator_keywords
     )
+    plan = operator.memory_plan
+    budget = None if plan is None else plan.budget
     result = spectral_density(
         operator,
         runs=runs,
@@ -206,6 +212,7 @@ def hessian_density(
         n_grid=n_grid,
         bandwidth=bandwidth,
         seed=seed,
+        reorthogonalise=density_keeps_basis(steps, operator.shape[0], budget, max_basis),
         on_step=on_step,
     )
     return dataclasses.replace(result, engine=operator.engine)

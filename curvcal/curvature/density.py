@@ -26,31 +26,73 @@ from curvcal.errors import InputError
 from curvcal.progress import OnStep
 
 
-def _lanczos_tridiagonal(
+def _tridiagonal_kept(
     op: LinearOperator, start: Tensor, steps: int
 ) -> tuple[list[float], list[float]]:
-    """α and β of ``steps`` Lanczos steps from unit ``start`` (stops early on an invariant subspace)."""
-    eps = torch.finfo(op.dtype).eps
-    basis = KrylovBasis(op.shape[0], op.dtype, op.device)
+    """α and β of ``steps`` Lanczos steps from unit ``start`` with full reorthogonalisation
+    (stops early on an invariant subspace): the basis is kept as
+    :func:`~curvcal.curvature.eigen.lanczos` keeps it, float32 rows for float32 products
+    computed in float64, and α is the coefficient the float64 clearing removes along q_m."""
+    n_params, wide = op.shape[0], torch.float64
+    storage = torch.float32 if op.dtype == torch.float32 else wide
+    basis = KrylovBasis(n_params, wide, op.device, storage=storage)
     basis.append(start)
+    tangent = (
+        None if op.dtype == storage else torch.empty(n_params, dtype=op.dtype, device=op.device)
+    )
     alphas: list[float] = []
     betas: list[float] = []
     scale = 0.0
 
     def product(row: Tensor) -> None:
-        """A·q_m written in the basis' next row (no P-long copy), and α = q_mᵀ A q_m."""
-        matvec_into(op, basis[-1], row)
-        alphas.append(float(torch.dot(basis[-1], row)))
+        """A·q_m written in the basis' next row (no P-long copy)."""
+        current = basis[-1] if tangent is None else tangent.copy_(basis[-1])
+        matvec_into(op, current, row)
 
     for _ in range(steps):
-        image, _ = basis.extend_into(product)  # full reorthogonalisation, in place
+        image, coefficients = basis.extend_into(product)  # full reorthogonalisation, in place
+        alphas.append(float(coefficients[-1]))
         scale = max(scale, abs(alphas[-1]))
         beta = float(image.norm())
-        if len(alphas) == steps or beta <= 100 * eps * max(scale, beta):
+        if len(alphas) == steps or _invariant(beta, scale, op.dtype):
             break  # a quadrature on an invariant subspace is already exact for this v
         betas.append(beta)
         basis.commit(beta)
     return alphas, betas
+
+
+def _tridiagonal_three_term(
+    op: LinearOperator, start: Tensor, steps: int
+) -> tuple[list[float], list[float]]:
+    """α and β of ``steps`` Lanczos steps from unit ``start`` by the three-term recurrence alone,
+    w = A q_m − β_{m−1} q_{m−1}, α_m = q_mᵀw, β_m q_{m+1} = w − α_m q_m, in float64 (Paige's
+    ordering): three float64 vectors and one in the operator's dtype, whatever ``steps``."""
+    n_params, wide = op.shape[0], torch.float64
+    current = start.to(wide).clone()
+    previous = torch.zeros_like(current)
+    work = torch.empty_like(current)
+    tangent = None if op.dtype == wide else torch.empty(n_params, dtype=op.dtype, device=op.device)
+    alphas: list[float] = []
+    betas: list[float] = []
+    scale = 0.0
+    for _ in range(steps):
+        matvec_into(op, current if tangent is None else tangent.copy_(current), work)
+        if betas:
+            work.sub_(previous, alpha=betas[-1])
+        alphas.append(float(torch.dot(current, work)))
+        work.sub_(current, alpha=alphas[-1])
+        scale = max(scale, abs(alphas[-1]))
+        beta = float(work.norm())
+        if len(alphas) == steps or _invariant(beta, scale, op.dtype):
+            break
+        betas.append(beta)
+        previous, current, work = current, work.div_(beta), previous
+    return alphas, betas
+
+
+def _invariant(beta: float, scale: float, dtype: torch.dtype) -> bool:
+    """Whether β is rounding-small against the largest |α| seen: an invariant subspace."""
+    return beta <= 100 * torch.finfo(dtype).eps * max(scale, beta)
 
 
 def spectral_density(
@@ -61,16 +103,27 @@ def spectral_density(
     n_grid: int = 200,
     bandwidth: float | None = None,
     seed: int = 0,
+    reorthogonalise: bool = True,
     on_step: OnStep = None,
 ) -> DensityResult:
     """SLQ density of the eigenvalues of A with ``runs`` start vectors and ``steps`` Lanczos steps
-    each (capped at P). ``on_step`` receives the number of completed runs."""
+    each (capped at P). ``on_step`` receives the number of completed runs.
+
+    ``reorthogonalise``: keep each run's basis (``steps`` vectors of P values) and make every
+    new vector orthogonal to all of it; otherwise the three-term recurrence alone, in four
+    vectors of P values. Without it the vectors lose orthogonality as Ritz values converge and
+    converged values reappear as copies ("ghosts"), but the copies share the weight of the one
+    they repeat: the quadrature of run r stays exact for polynomials of degree ≤ 2·steps − 1, to
+    within rounding that grows slowly with the steps (Paige 1976; Greenbaum 1989; Knizhnerman
+    1996), and so does the smoothed density built from it."""
     op = as_operator(operator)
     for name, value, minimum in (("runs", runs, 1), ("steps", steps, 1), ("n_grid", n_grid, 2)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise InputError(name, f"must be an integer ≥ {minimum}, got {value!r}")
     if bandwidth is not None and not (math.isfinite(bandwidth) and bandwidth > 0):
         raise InputError("bandwidth", f"must be a finite number > 0, got {bandwidth!r}")
+    if not isinstance(reorthogonalise, bool):
+        raise InputError("reorthogonalise", f"must be True or False, got {reorthogonalise!r}")
     n_params = op.shape[0]
     steps = min(steps, n_params)
     generator = torch.Generator().manual_seed(seed)
@@ -79,7 +132,8 @@ def spectral_density(
     matvecs = 0
     for run in range(runs):
         start = draw_probes(n_params, 1, "rademacher", generator)[:, 0] / math.sqrt(n_params)
-        alphas, betas = _lanczos_tridiagonal(op, start.to(device=op.device, dtype=op.dtype), steps)
+        tridiagonal_of = _tridiagonal_kept if reorthogonalise else _tridiagonal_three_term
+        alphas, betas = tridiagonal_of(op, start.to(op.device), steps)
         matvecs += len(alphas)
         tridiagonal = torch.diag(torch.tensor(alphas, dtype=torch.float64))
         if betas:
@@ -114,4 +168,5 @@ def spectral_density(
         bandwidth=float(sigma),
         matvecs=matvecs,
         seed=seed,
+        reorthogonalised=reorthogonalise,
     )

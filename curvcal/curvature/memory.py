@@ -302,3 +302,18 @@ def lanczos_basis(
     if budget is None:
         return None
     return min(n_params, max(2 * k + BASIS_FLOOR, budget // (n_params * 8)))
+
+
+def density_keeps_basis(
+    steps: int, n_params: int, budget: int | None, asked: int | None = None
+) -> bool:
+    """Whether a stochastic-Lanczos-quadrature run of ``steps`` steps on a P = ``n_params``
+    Hessian keeps its basis (full reorthogonalisation,
+    :func:`~curvcal.curvature.density.spectral_density`): when ``asked`` (a bound on any Lanczos
+    basis, ``--max-basis``) holds min(steps, P) vectors, else when the memory ``budget`` holds
+    them at 8 bytes a value, as :func:`lanczos_basis` counts; always without either. Otherwise
+    the run keeps four vectors and the three-term recurrence alone."""
+    rows = min(steps, n_params)
+    if asked is not None:
+        return rows <= asked
+    return budget is None or rows * n_params * 8 <= budget

@@ -122,7 +122,8 @@ class DensityResult:
     ``density[i]`` is the Gaussian-smoothed density at ``grid[i]``:
     ρ(t) = (1/R) Σ_r Σ_j w_rj · N(t; θ_rj, σ²), with θ_rj the Ritz values (``nodes``) of run r,
     w_rj the squared first components of the Ritz vectors (``weights``, Σ_j w_rj = 1), σ the
-    ``bandwidth``. ρ integrates to 1 over the real line.
+    ``bandwidth``. ρ integrates to 1 over the real line. ``reorthogonalised``: whether each run
+    kept its Lanczos basis (full reorthogonalisation) or ran the three-term recurrence alone.
     """
 
     grid: tuple[float, ...]
@@ -135,6 +136,7 @@ class DensityResult:
     matvecs: int
     seed: int
     engine: str | None = None
+    reorthogonalised: bool = True
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 import curvcal
+from curvcal.curvature.results import DensityResult
 from curvcal.errors import InputError
 
 from .cases import record_max_basis, split
@@ -73,3 +74,27 @@ def test_hessian_eigenvalues_bounds_the_basis_by_the_budget_or_as_asked(
     assert tight.eigenvalues == pytest.approx(free.eigenvalues, abs=1e-9)
     assert asked.eigenvalues == pytest.approx(free.eigenvalues, abs=1e-9)
     assert asked.values[0].iterations > 4
+
+
+def test_the_api_density_keeps_its_basis_as_the_command_does() -> None:
+    """20 steps of 83 values need 13,280 bytes: a 6,000-byte budget runs the three-term
+    recurrence, ``max_basis=20`` or the default budget keeps the basis; the first quadrature
+    moments agree (both equal vᵀHv of the same probes)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    x, y = torch.randn(40, 6, dtype=torch.float64), torch.randint(0, 3, (40,))
+    tight = curvcal.hessian_density(model, [(x, y)], runs=1, steps=20, memory_budget="6000")
+    asked = curvcal.hessian_density(
+        model, [(x, y)], runs=1, steps=20, memory_budget="6000", max_basis=20
+    )
+    free = curvcal.hessian_density(model, [(x, y)], runs=1, steps=20)
+    assert (tight.reorthogonalised, asked.reorthogonalised, free.reorthogonalised) == (
+        False,
+        True,
+        True,
+    )
+
+    def first(result: DensityResult) -> float:
+        return sum(w * t for t, w in zip(result.nodes[0], result.weights[0], strict=True))
+
+    assert first(tight) == pytest.approx(first(free), abs=1e-12)

@@ -1,14 +1,19 @@
-"""Stochastic Lanczos quadrature: exact quadrature moments and the density's normalisation."""
+"""Stochastic Lanczos quadrature: exact quadrature moments and the density's normalisation, with
+the basis kept and by the three-term recurrence alone."""
 
 from __future__ import annotations
+
+import copy
+import math
 
 import pytest
 import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.density import spectral_density
+from curvcal.curvature.memory import density_keeps_basis
 from curvcal.curvature.operator import HessianOperator
-from curvcal.curvature.trace import hutchinson_trace
+from curvcal.curvature.trace import draw_probes, hutchinson_trace
 from curvcal.errors import InputError
 
 from .cases import spectrum_matrix, split
@@ -70,6 +75,101 @@ def test_border_cases() -> None:
     assert all(n == (0.0,) for n in zero.nodes) and all(v == v for v in zero.density)
 
 
+def _exact_density(
+    matrix: Tensor, grid: tuple[float, ...], sigma: float, runs: int, seed: int
+) -> Tensor:
+    """(1/R) Σ_r Σ_i (v_rᵀu_i)² N(t; λ_i, σ²) on ``grid`` from the dense eigendecomposition, for
+    the normalised Rademacher probes v_r the density draws with ``seed``: the smoothed measure
+    SLQ's quadrature approximates."""
+    values, vectors = torch.linalg.eigh(matrix.double())
+    n = matrix.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    points = torch.tensor(grid, dtype=torch.float64)
+    kernel = torch.exp(-0.5 * ((points[:, None] - values[None, :]) / sigma) ** 2)
+    kernel = kernel / (sigma * math.sqrt(2 * math.pi))
+    total = torch.zeros_like(points)
+    for _ in range(runs):
+        probe = draw_probes(n, 1, "rademacher", generator)[:, 0].double() / math.sqrt(n)
+        total += kernel @ (vectors.T @ probe) ** 2
+    return total / runs
+
+
+def _outlier_matrix(n: int = 60) -> Tensor:
+    """A Hessian-like spectrum: a bulk near 0 and a few well separated outliers, whose Ritz values
+    converge within a few steps (so the three-term recurrence loses orthogonality early)."""
+    generator = torch.Generator().manual_seed(5)
+    bulk = 0.05 * torch.randn(n - 5, generator=generator, dtype=torch.float64)
+    outliers = torch.tensor([40.0, 25.0, 12.0, 6.0, 3.0], dtype=torch.float64)
+    return spectrum_matrix(torch.cat([bulk, outliers]), seed=3)
+
+
+def test_three_term_runs_repeat_converged_values_yet_keep_the_quadrature() -> None:
+    """60 steps on a 60 × 60 matrix: with the basis kept the run stops at P steps on the exact
+    eigenvalues; by the three-term recurrence the top eigenvalue reappears as ghost copies whose
+    weights sum to the probe's squared component along it, and the quadrature moments
+    Σ_j w_j θ_j^p still equal vᵀAᵖv for p ≤ 9 (relative to ‖A‖ᵖ)."""
+    matrix = _outlier_matrix()
+    values, vectors = torch.linalg.eigh(matrix)
+    kept = spectral_density(matrix, runs=2, steps=60, seed=1)
+    bare = spectral_density(matrix, runs=2, steps=60, seed=1, reorthogonalise=False)
+    assert kept.reorthogonalised and not bare.reorthogonalised
+    generator = torch.Generator().manual_seed(1)
+    for run in range(2):
+        probe = draw_probes(60, 1, "rademacher", generator)[:, 0].double() / math.sqrt(60)
+        nodes = torch.tensor(bare.nodes[run], dtype=torch.float64)
+        weights = torch.tensor(bare.weights[run], dtype=torch.float64)
+        ghosts = (nodes - 40.0).abs() < 1e-8
+        assert int(ghosts.sum()) >= 2  # the recurrence did lose orthogonality
+        assert float(weights[ghosts].sum()) == pytest.approx(
+            float((vectors[:, -1] @ probe) ** 2), rel=1e-9
+        )
+        for power in (0, 1, 2, 5, 9):
+            quadratic = float(probe @ torch.linalg.matrix_power(matrix, power) @ probe)
+            assert float((weights * nodes**power).sum()) == pytest.approx(
+                quadratic, abs=1e-11 * 40.0**power
+            )
+        assert torch.allclose(torch.tensor(kept.nodes[run], dtype=torch.float64), values, atol=1e-9)
+
+
+@pytest.mark.parametrize("reorthogonalise", [True, False])
+def test_density_matches_the_dense_smoothed_measure(reorthogonalise: bool) -> None:
+    """Either way, 40 steps give the Gaussian-smoothed density of the probes' spectral measure
+    (from the dense eigendecomposition) to 1e-6 in L1."""
+    matrix = _outlier_matrix()
+    result = spectral_density(
+        matrix, runs=3, steps=40, seed=2, n_grid=800, reorthogonalise=reorthogonalise
+    )
+    exact = _exact_density(matrix, result.grid, result.bandwidth, 3, 2)
+    grid = torch.tensor(result.grid, dtype=torch.float64)
+    error = torch.trapezoid((torch.tensor(result.density, dtype=torch.float64) - exact).abs(), grid)
+    assert float(error) < 1e-6
+
+
+@pytest.mark.parametrize("reorthogonalise", [True, False])
+def test_float32_hessian_density_moments_match_dense(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor], reorthogonalise: bool
+) -> None:
+    """Float32 products (the basis stored in float32, or the recurrence in float64): the first
+    quadrature moment of each run is vᵀHv of the dense float64 Hessian to float32 rounding."""
+    model, x, y, hessian = mlp_case
+    operator = HessianOperator(copy.deepcopy(model).float(), split(x.float(), y, 20))
+    result = spectral_density(operator, runs=2, steps=30, seed=4, reorthogonalise=reorthogonalise)
+    mean_first = sum(_moment(n, w, 1) for n, w in zip(result.nodes, result.weights, strict=True))
+    scale = float(torch.linalg.matrix_norm(hessian, 2))
+    assert mean_first / 2 == pytest.approx(
+        hutchinson_trace(hessian, 2, seed=4).estimate / 75, abs=1e-5 * scale
+    )
+
+
+def test_the_basis_is_kept_when_the_budget_or_the_bound_holds_it() -> None:
+    """min(steps, P) vectors at 8 bytes a value: 40 × 100 × 8 = 32,000 bytes."""
+    assert density_keeps_basis(40, 100, None)
+    assert density_keeps_basis(40, 100, 32_000) and not density_keeps_basis(40, 100, 31_999)
+    assert density_keeps_basis(400, 100, 80_000)  # capped at P vectors
+    assert density_keeps_basis(40, 100, 1, asked=40)  # --max-basis overrides the budget
+    assert not density_keeps_basis(40, 100, None, asked=39)
+
+
 @pytest.mark.parametrize(
     ("options", "what"),
     [
@@ -77,6 +177,7 @@ def test_border_cases() -> None:
         ({"steps": 0}, "steps"),
         ({"n_grid": 1}, "n_grid"),
         ({"bandwidth": 0.0}, "bandwidth"),
+        ({"reorthogonalise": "no"}, "reorthogonalise"),
     ],
 )
 def test_bad_requests_are_refused(options: dict[str, object], what: str) -> None:
