@@ -27,6 +27,7 @@ from curvcal.curvature.batches import BatchSource
 from curvcal.curvature.eigen import eigenvalues
 from curvcal.curvature.flsd53 import flsd53_group_sizes
 from curvcal.curvature.gauss_newton import gauss_newton_trace
+from curvcal.curvature.memory import free_memory, lanczos_basis, sketch_limit
 from curvcal.curvature.operator import OperatorOptions, build_operator
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import auto_method, split_trace
@@ -151,27 +152,39 @@ def measure_curvature(
     groups = flsd53_group_sizes(operator) if loss == FLSD53 else ()
     gamma = objective.gamma if loss == "focal" else None
     mean_loss = operator.mean_loss()
+    plan = operator.memory_plan
+    budget = None if plan is None else plan.budget  # bounds the basis and the sketch
     spectrum = eigenvalues(
         operator,
         1,
         method=settings.method,
         tol=settings.tol,
         max_iter=settings.max_iter,
+        max_basis=lanczos_basis(1, operator.shape[0], budget),
         seed=settings.seed,
     )
     method, _why = auto_method(operator, settings.probes)
+    max_sketch = sketch_limit(
+        "hutch++", operator.shape[0], operator.dtype, budget, free_memory(operator.device)
+    )
     if method == "gauss-newton":  # exact: the logits are linear in each tensor
         trace = gauss_newton_trace(operator, checked=True)
     elif method in SPLIT_METHODS:  # its Gauss–Newton part exact, the rest estimated
         trace = split_trace(
-            operator, method, settings.probes, seed=settings.seed, probe_batch=settings.probe_batch
+            operator,
+            method,
+            settings.probes,
+            seed=settings.seed,
+            probe_batch=operator.probe_batch,
+            max_sketch=max_sketch,
         )
     else:
         trace = trace_estimate(
             operator,
             settings.probes,
             seed=settings.seed,
-            probe_batch=settings.probe_batch,
+            probe_batch=operator.probe_batch,
+            max_sketch=max_sketch,
         )
     top = spectrum.values[0]
     return CurvatureSummary(

@@ -42,6 +42,7 @@ from curvcal.curvature.memory import (
     free_memory,
     lanczos_basis,
     parse_memory_budget,
+    sketch_limit,
 )
 from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
@@ -287,11 +288,15 @@ def check_sketch_memory(
     """Whether the trace's sketch (Hutch++, XTrace: s × P values of ``dtype`` held besides the
     products, :func:`~curvcal.curvature.trace.sketch_bytes`) fits the memory ``budget``.
 
-    Raises :class:`~curvcal.errors.InputError` (before any product is spent) when the sketch
-    alone exceeds a budget the user gave (``explicit``), or the ``free`` memory when that is
-    known (it could only end in an out-of-memory error); returns a warning when it exceeds the
-    default budget (the budget then bounds the products only, and the run goes on); None when
-    it fits. The message says how much the sketch holds and what to change.
+    A Hutch++ sketch that does not fit is bounded to what fits
+    (:func:`~curvcal.curvature.memory.sketch_limit`, at least one column; the products it does
+    not take go to Hutchinson probes of the deflated rest): the returned note says so. An XTrace
+    sketch cannot be bounded (every product is in it): it raises
+    :class:`~curvcal.errors.InputError` (before any product is spent) when it exceeds a budget
+    the user gave (``explicit``), or the ``free`` memory when that is known (it could only end in
+    an out-of-memory error), and returns a warning when it exceeds the default budget (the
+    budget then bounds the products only, and the run goes on). None when the sketch fits. The
+    message says how much the sketch holds and what to change.
     """
     if not settings.trace:
         return None
@@ -304,19 +309,25 @@ def check_sketch_memory(
         return None
     columns = sketch_columns(method, settings.probes, n_params)
     name = "Hutch++" if method == "hutch++" else "XTrace"
-    limit = min(budget, free) if free is not None and over_free else budget
-    most = limit // (n_params * torch.empty((), dtype=dtype).element_size())
-    fitting = 3 * most + 2 if method == "hutch++" else 2 * most + 1
-    fewer = (
-        f"--probes {fitting} or fewer"
-        if most >= (1 if method == "hutch++" else 2)
-        else "fewer parameters (--params)"
-    )
     held_text = (
         f"the {name} sketch of --probes {settings.probes} holds {columns:,} × {n_params:,} values "
         f"({_size(held)} in {str(dtype).replace('torch.', '')}) besides the products"
     )
-    advice = f"use {fewer}, --trace-method hutchinson (no sketch), or a larger --memory-budget"
+    if method == "hutch++":
+        kept = sketch_limit(method, n_params, dtype, budget, free) or 1
+        element = torch.empty((), dtype=dtype).element_size()
+        limit = "the free memory" if over_free and (free or 0) < budget else "the memory budget"
+        return (
+            f"{held_text.replace(' holds ', ' would hold ')}, more than {limit}: it holds "
+            f"{kept:,} column{'s' if kept > 1 else ''} ({_size(kept * n_params * element)}) and "
+            "the products it does not "
+            "take are Hutchinson probes of the deflated rest (a larger --memory-budget gives the "
+            "sketch more columns and the trace a smaller error)"
+        )
+    limit_bytes = min(budget, free) if free is not None and over_free else budget
+    most = limit_bytes // (n_params * torch.empty((), dtype=dtype).element_size())
+    fewer = f"--probes {2 * most + 1} or fewer" if most >= 2 else "fewer parameters (--params)"
+    advice = f"use {fewer}, --trace-method hutchpp or hutchinson, or a larger --memory-budget"
     if over_free:
         raise InputError(
             "--probes",
@@ -445,6 +456,10 @@ def analyse_hessian(
     if settings.trace:
         stop = timed("trace")
         before = dict(operator.engine_products)
+        estimator = TRACE_METHODS[settings.trace_method]
+        max_sketch = sketch_limit(
+            SPLIT_METHODS.get(estimator, estimator), n_params, operator.dtype, budget, free
+        )
         if settings.trace_method == "gauss-newton":  # checked by choose_trace_method
             # no product is made: the stage's name carries the batches done
             shares = tensor_traces(
@@ -463,7 +478,8 @@ def analyse_hessian(
                 settings.probes,
                 distribution=settings.distribution,
                 seed=settings.seed,
-                probe_batch=settings.probe_batch,
+                probe_batch=operator.probe_batch,
+                max_sketch=max_sketch,
                 on_exact=None
                 if on_step is None
                 else lambda done: on_step(
@@ -481,7 +497,8 @@ def analyse_hessian(
                 min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
                 distribution=settings.distribution,
                 seed=settings.seed,
-                probe_batch=settings.probe_batch,
+                probe_batch=operator.probe_batch,
+                max_sketch=max_sketch,
                 on_step=hook("trace"),
             )
             trace = dataclasses.replace(trace, engine=engines_between(operator, before))

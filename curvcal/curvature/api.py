@@ -22,7 +22,12 @@ from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
-from curvcal.curvature.memory import density_keeps_basis, lanczos_basis
+from curvcal.curvature.memory import (
+    density_keeps_basis,
+    free_memory,
+    lanczos_basis,
+    sketch_limit,
+)
 from curvcal.curvature.operator import OperatorOptions, build_operator
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import split_trace
@@ -140,7 +145,9 @@ def hessian_trace(
     ``n_probes``, or adaptive with ``rtol``), with standard error and 95% interval; or by
     ``"gauss-newton+hutch++"`` / ``"gauss-newton+xtrace"``: the Gauss–Newton part exactly and
     the rest by that estimator, within ``n_probes`` products
-    (:func:`~curvcal.curvature.residual.split_trace`)."""
+    (:func:`~curvcal.curvature.residual.split_trace`). A Hutch++ sketch is bounded by the
+    operator's memory budget as ``curvcal hessian`` bounds it
+    (:func:`~curvcal.curvature.memory.sketch_limit`)."""
     if method not in (*TRACE_METHODS, *SPLIT_METHODS):
         raise InputError(
             "method",
@@ -149,6 +156,14 @@ def hessian_trace(
         )
     operator = _operator(
         "hessian_trace", model, batches, loss, options, all_reduce, operator_keywords
+    )
+    plan = operator.memory_plan
+    max_sketch = sketch_limit(
+        SPLIT_METHODS.get(method, method),
+        operator.shape[0],
+        operator.dtype,
+        None if plan is None else plan.budget,
+        free_memory(operator.device),
     )
     if method in SPLIT_METHODS:
         if rtol is not None:
@@ -163,6 +178,7 @@ def hessian_trace(
             distribution=distribution,
             seed=seed,
             probe_batch=operator.probe_batch,
+            max_sketch=max_sketch,
             on_step=on_step,
         )
     result = trace_estimate(
@@ -175,6 +191,7 @@ def hessian_trace(
         distribution=distribution,
         seed=seed,
         probe_batch=operator.probe_batch,
+        max_sketch=max_sketch,
         on_step=on_step,
     )
     return dataclasses.replace(result, engine=operator.engine)

@@ -317,3 +317,18 @@ def density_keeps_basis(
     if asked is not None:
         return rows <= asked
     return budget is None or rows * n_params * 8 <= budget
+
+
+def sketch_limit(
+    method: str, n_params: int, dtype: torch.dtype, budget: int | None, free: int | None = None
+) -> int | None:
+    """The most columns a Hutch++ sketch may hold on a P = ``n_params`` operator of ``dtype``:
+    as many vectors of P values as the memory ``budget`` (and the ``free`` memory, when known)
+    holds, at least one; held beside the products, as Lanczos' basis is (:func:`lanczos_basis`).
+    None (no bound) without a budget, and for any other ``method``: Hutchinson keeps no sketch,
+    and XTrace's sketch is every product it makes."""
+    if method != "hutch++" or budget is None:
+        return None
+    limit = budget if free is None else min(budget, free)
+    element = torch.empty((), dtype=dtype).element_size()
+    return max(1, limit // (n_params * element))

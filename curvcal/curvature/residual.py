@@ -105,12 +105,14 @@ def split_trace(
     distribution: str = "rademacher",
     seed: int = 0,
     probe_batch: int = 8,
+    max_sketch: int | None = None,
     on_exact: OnStep = None,
     on_step: OnStep = None,
 ) -> TraceResult:
     """tr(H) of ``operator`` by ``method`` (a key of :data:`METHODS`) within ``probes``
     products: tr(G) exactly (``on_exact`` receives the batches done), then tr(R) by the
-    method's estimator with the products left (``on_step`` receives the products spent).
+    method's estimator with the products left (``on_step`` receives the products spent;
+    ``max_sketch`` bounds a Hutch++ sketch's columns and is ignored by XTrace).
 
     Raises :class:`InputError` naming why when it cannot run here (:func:`split_problem`),
     before any product, and :class:`NumericalError` when tr(G) is not finite."""
@@ -135,6 +137,7 @@ def split_trace(
         distribution=distribution,
         seed=seed,
         probe_batch=probe_batch,
+        max_sketch=max_sketch if METHODS[method] == "hutch++" else None,
         on_step=on_step,
     )
     engine = engines_between(linearised, {})

@@ -247,36 +247,57 @@ def test_focal_criterion_reaches_the_operator(mlp_case: MLPCase) -> None:
     assert result.operator["mean_loss"] == pytest.approx(expected, rel=1e-12)
 
 
-def test_a_sketch_over_a_given_budget_is_refused_before_any_product(mlp_case: MLPCase) -> None:
-    """75 parameters, 100 products: the Hutch++ sketch holds 33 × 75 float64 values (19,800
-    bytes); a budget of 12,000 bytes lets the passes run but not the sketch."""
+def test_a_hutchpp_sketch_over_the_budget_holds_what_fits(mlp_case: MLPCase) -> None:
+    """75 parameters, 100 products: the Hutch++ sketch would hold 33 × 75 float64 values
+    (19,800 bytes); under a budget of 12,000 bytes it holds 20 columns (12,000 bytes) and the
+    other 60 products are deflated Hutchinson probes; the note says so at once, and the interval
+    covers the dense Hessian's trace."""
+    model, x, y, hessian = mlp_case
+    notes: list[str] = []
+    settings = HessianSettings(probes=100, memory_budget="12000", trace_method="hutchpp")
+    result = analyse_hessian(model, [(x, y)], settings, on_note=notes.append)
+    trace = result.trace
+    assert trace is not None and trace.method == "hutch++"
+    assert (trace.sketch_bytes, trace.n_probes, trace.matvecs) == (12_000, 60, 100)
+    assert trace.ci95[0] <= float(torch.trace(hessian)) <= trace.ci95[1]
+    (note,) = [n for n in notes if "sketch" in n]
+    for part in ("would hold 33 × 75 values", "19.3 KiB in float64", "holds 20 columns"):
+        assert part in note
+    assert "11.7 KiB" in note and "--memory-budget" in note
+
+
+def test_an_xtrace_sketch_over_a_given_budget_is_refused_before_any_product(
+    mlp_case: MLPCase,
+) -> None:
+    """75 parameters, 100 products: the XTrace sketch holds 50 × 75 float64 values (30,000
+    bytes), every product in it; a budget of 12,000 bytes lets the passes run but not the
+    sketch."""
     model, x, y, _ = mlp_case
     source = CountingSource([(x, y)])
     steps: list[int] = []
-    settings = HessianSettings(probes=100, memory_budget="12000")
+    settings = HessianSettings(probes=100, memory_budget="12000", trace_method="xtrace")
     with pytest.raises(InputError) as error:
         analyse_hessian(model, source, settings, on_step=lambda _stage, n: steps.append(n))
     assert (source.reads, steps) == (1, [])  # counted once, no product
     message = str(error.value)
     assert error.value.what == "--memory-budget"
-    for part in ("33 × 75 values", "19.3 KiB in float64", "11.7 KiB", "--probes 62 or fewer"):
+    for part in ("50 × 75 values", "29.3 KiB in float64", "11.7 KiB", "--probes 41 or fewer"):
         assert part in message
-    assert "--trace-method hutchinson" in message
+    assert "--trace-method hutchpp or hutchinson" in message
     # Hutchinson holds no sketch; a sketch within the budget runs
     assert analyse_hessian(model, source, HessianSettings(
         probes=100, memory_budget="12000", trace_method="hutchinson"
     )).trace is not None  # fmt: skip
-    fits = HessianSettings(probes=40, memory_budget="12000", top_k=1, max_iter=2)
+    fits = HessianSettings(
+        probes=40, memory_budget="12000", top_k=1, max_iter=2, trace_method="xtrace"
+    )
     with pytest.warns(ConvergenceWarning, match="max_iter"):  # 2 steps: only the trace matters
         assert analyse_hessian(model, source, fits).trace is not None
 
 
-@pytest.mark.parametrize("method", ["hutchpp", "xtrace"])
-def test_sketch_memory_warns_over_the_default_budget_and_refuses_over_free_memory(
-    method: str,
-) -> None:
-    settings = HessianSettings(trace_method=method, probes=100)
-    held = (33 if method == "hutchpp" else 50) * 1000 * 4
+def test_xtrace_sketch_memory_warns_over_the_default_budget_and_refuses_over_free_memory() -> None:
+    settings = HessianSettings(trace_method="xtrace", probes=100)
+    held = 50 * 1000 * 4
     check = analysis_module.check_sketch_memory
     assert check(settings, 1000, torch.float32, held, explicit=True, free=None) is None
     note = check(settings, 1000, torch.float32, held - 1, explicit=False, free=10**9)
@@ -285,8 +306,23 @@ def test_sketch_memory_warns_over_the_default_budget_and_refuses_over_free_memor
         check(settings, 1000, torch.float32, 10**9, explicit=False, free=held - 1)
     with pytest.raises(InputError, match="fewer parameters"):  # not even the smallest sketch
         check(settings, 1000, torch.float32, 100, explicit=True, free=None)
-    no_trace = HessianSettings(trace=False, trace_method=method, probes=100)
+    no_trace = HessianSettings(trace=False, trace_method="xtrace", probes=100)
     assert check(no_trace, 1000, torch.float32, 1, explicit=True, free=1) is None
+
+
+def test_hutchpp_sketch_memory_is_bounded_never_refused() -> None:
+    """33 columns of 1,000 float32 values: within the budget no note; over it, or over the free
+    memory, a note naming the columns that fit (at least one), never a refusal."""
+    settings = HessianSettings(trace_method="hutchpp", probes=100)
+    held = 33 * 1000 * 4
+    check = analysis_module.check_sketch_memory
+    assert check(settings, 1000, torch.float32, held, explicit=True, free=None) is None
+    note = check(settings, 1000, torch.float32, held - 1, explicit=True, free=None)
+    assert note is not None and "holds 32 columns" in note and "the memory budget" in note
+    tight = check(settings, 1000, torch.float32, 10**9, explicit=False, free=8_000)
+    assert tight is not None and "holds 2 columns" in tight and "the free memory" in tight
+    least = check(settings, 1000, torch.float32, 100, explicit=True, free=None)
+    assert least is not None and "holds 1 column (" in least
 
 
 def _relu_case(classes: int) -> tuple[nn.Module, list[tuple[Tensor, Tensor]], Tensor]:

@@ -351,12 +351,13 @@ def test_xtrace_on_hessian_operator_and_rank_deficient_sketches(
 
 
 def _hutchpp_by_definition(
-    matrix: Tensor, matvecs: int, seed: int, distribution: str
+    matrix: Tensor, matvecs: int, seed: int, distribution: str, sketch_size: int | None = None
 ) -> tuple[float, list[float]]:
-    """Hutch++ written out with dense algebra from the same probes: S (P × ⌊m/3⌋) then G (the
-    rest), Q = qr(AS), tr(QᵀAQ) and the values gᵀ(I − QQᵀ)A(I − QQᵀ)g."""
+    """Hutch++ written out with dense algebra from the same probes: S (P × ⌊m/3⌋, or
+    ``sketch_size`` columns) then G (the rest), Q = qr(AS), tr(QᵀAQ) and the values
+    gᵀ(I − QQᵀ)A(I − QQᵀ)g."""
     n = matrix.shape[0]
-    sketch_size = max(1, matvecs // 3)
+    sketch_size = max(1, matvecs // 3) if sketch_size is None else sketch_size
     generator = torch.Generator().manual_seed(seed)
     sketch = draw_probes(n, sketch_size, distribution, generator)
     residual = draw_probes(n, matvecs - 2 * sketch_size, distribution, generator)
@@ -377,6 +378,45 @@ def test_streamed_hutchpp_equals_the_dense_formula(distribution: str, probe_batc
     assert result.estimate == pytest.approx(exact_part + float(samples.mean()), abs=1e-10)
     assert result.standard_error == pytest.approx(float(samples.std()) / len(values) ** 0.5)
     assert (result.matvecs, result.n_probes, result.stopped_by) == (31, 11, "n_probes")
+
+
+@pytest.mark.parametrize("max_sketch", [1, 4, 10, 50])
+def test_a_bounded_hutchpp_sketch_is_hutchpp_with_a_smaller_sketch(max_sketch: int) -> None:
+    """``max_sketch`` columns at most (⌊31/3⌋ = 10 when larger): the dense formula with that
+    sketch, the products it does not take spent on deflated probes (31 − 2s), the sketch's
+    bytes s × P × 8."""
+    matrix = _indefinite(40)
+    columns = min(max_sketch, 10)
+    exact_part, values = _hutchpp_by_definition(matrix, 31, 7, "rademacher", columns)
+    result = hutchpp_trace(matrix, 31, seed=7, probe_batch=3, max_sketch=max_sketch)
+    samples = torch.tensor(values, dtype=torch.float64)
+    assert result.estimate == pytest.approx(exact_part + float(samples.mean()), abs=1e-10)
+    assert (result.matvecs, result.n_probes) == (31, 31 - 2 * columns)
+    assert result.sketch_bytes == columns * 40 * 8
+    through = trace_estimate(matrix, 31, seed=7, probe_batch=3, max_sketch=max_sketch)
+    assert through.estimate == result.estimate
+
+
+def test_a_bounded_sketch_holding_the_range_is_still_exact() -> None:
+    """Rank 2 and a sketch of 2 columns: Q spans range(A), tr(A) exactly, no spread."""
+    spectrum = torch.zeros(30, dtype=torch.float64)
+    spectrum[:2] = torch.tensor([3.0, -1.25], dtype=torch.float64)
+    result = hutchpp_trace(spectrum_matrix(spectrum, seed=4), 40, seed=1, max_sketch=2)
+    assert result.estimate == pytest.approx(1.75, abs=1e-10)
+    assert result.standard_error == pytest.approx(0.0, abs=1e-10)
+    assert result.n_probes == 36
+
+
+def test_only_hutchpp_bounds_its_sketch() -> None:
+    matrix = _indefinite(20)
+    for method in ("xtrace", "hutchinson"):
+        with pytest.raises(InputError) as error:
+            trace_estimate(matrix, 20, method=method, max_sketch=3)
+        assert error.value.what == "max_sketch"
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(InputError) as error:
+            hutchpp_trace(matrix, 20, max_sketch=bad)  # type: ignore[arg-type]
+        assert error.value.what == "max_sketch"
 
 
 def test_float32_hutchpp_agrees_with_float64() -> None:
