@@ -519,3 +519,25 @@ def test_a_small_budget_bounds_the_basis_and_the_values_stay_exact(
     assert torch.allclose(found, exact, rtol=0, atol=1e-8)
     default = analyse_hessian(model, split(x, y, 20), HessianSettings(top_k=3, trace=False))
     assert rows[-1] == 75 and default.operator["lanczos_basis"] == 75
+
+
+def test_the_estimators_take_the_plans_vectors_per_pass(
+    mlp_case: MLPCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget that leaves fewer vectors per pass than --probe-batch asks: the trace estimator
+    gets the plan's width (its blocks are held that wide), not the request's."""
+    model, x, y, _ = mlp_case
+    widths: list[int] = []
+    original = analysis_module.trace_estimate
+
+    def recording(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        widths.append(kwargs["probe_batch"])  # type: ignore[arg-type]
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(analysis_module, "trace_estimate", recording)
+    settings = HessianSettings(
+        probes=20, memory_budget="12000", trace_method="hutchinson", probe_batch=8, top_k=1
+    )
+    result = analyse_hessian(model, split(x, y, 20), settings)
+    assert result.operator["probe_batch"] < 8
+    assert widths == [result.operator["probe_batch"]]
