@@ -154,6 +154,7 @@ def measure_curvature(
     mean_loss = operator.mean_loss()
     plan = operator.memory_plan
     budget = None if plan is None else plan.budget  # bounds the basis and the sketch
+    free = free_memory(operator.device)  # read before any product holds memory
     spectrum = eigenvalues(
         operator,
         1,
@@ -164,9 +165,7 @@ def measure_curvature(
         seed=settings.seed,
     )
     method, _why = auto_method(operator, settings.probes)
-    max_sketch = sketch_limit(
-        "hutch++", operator.shape[0], operator.dtype, budget, free_memory(operator.device)
-    )
+    max_sketch = sketch_limit("hutch++", operator.shape[0], operator.dtype, budget, free)
     if method == "gauss-newton":  # exact: the logits are linear in each tensor
         trace = gauss_newton_trace(operator, checked=True)
     elif method in SPLIT_METHODS:  # its Gauss–Newton part exact, the rest estimated

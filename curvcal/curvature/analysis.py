@@ -46,7 +46,12 @@ from curvcal.curvature.memory import (
 )
 from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
-from curvcal.curvature.residual import auto_method, split_problem, split_trace
+from curvcal.curvature.residual import (
+    auto_method,
+    residual_products,
+    split_problem,
+    split_trace,
+)
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
 from curvcal.curvature.trace import DISTRIBUTIONS, sketch_bytes, sketch_columns, trace_estimate
 from curvcal.errors import InputError
@@ -276,6 +281,14 @@ _SETTING_NAMES = {
 }
 
 
+def _estimator_products(operator: NaNGuard, settings: HessianSettings) -> int:
+    """The products the trace's estimator gets: ``--probes``, less the C − 1 gradient norms per
+    sample a split trace's exact part takes."""
+    if settings.trace and TRACE_METHODS[settings.trace_method] in SPLIT_METHODS:
+        return residual_products(settings.probes, n_classes(operator))
+    return settings.probes
+
+
 def check_sketch_memory(
     settings: HessianSettings,
     n_params: int,
@@ -284,9 +297,12 @@ def check_sketch_memory(
     *,
     explicit: bool,
     free: int | None,
+    products: int | None = None,
 ) -> str | None:
     """Whether the trace's sketch (Hutch++, XTrace: s × P values of ``dtype`` held besides the
     products, :func:`~curvcal.curvature.trace.sketch_bytes`) fits the memory ``budget``.
+    ``products``: those the estimator gets (default ``settings.probes``; fewer for a split
+    trace, whose exact part takes C − 1 of them).
 
     A Hutch++ sketch that does not fit is bounded to what fits
     (:func:`~curvcal.curvature.memory.sketch_limit`, at least one column; the products it does
@@ -302,31 +318,38 @@ def check_sketch_memory(
         return None
     method = TRACE_METHODS[settings.trace_method]
     method = SPLIT_METHODS.get(method, method)
-    held = sketch_bytes(method, settings.probes, n_params, dtype)
+    products = settings.probes if products is None else products
+    held = sketch_bytes(method, products, n_params, dtype)
     over_budget = held > budget
     over_free = free is not None and held > free
     if held == 0 or not (over_budget or over_free):
         return None
-    columns = sketch_columns(method, settings.probes, n_params)
+    columns = sketch_columns(method, products, n_params)
     name = "Hutch++" if method == "hutch++" else "XTrace"
     held_text = (
-        f"the {name} sketch of --probes {settings.probes} holds {columns:,} × {n_params:,} values "
+        f"the {name} sketch of {products} products holds {columns:,} × {n_params:,} values "
         f"({_size(held)} in {str(dtype).replace('torch.', '')}) besides the products"
     )
     if method == "hutch++":
         kept = sketch_limit(method, n_params, dtype, budget, free) or 1
         element = torch.empty((), dtype=dtype).element_size()
-        limit = "the free memory" if over_free and (free or 0) < budget else "the memory budget"
+        limit = (
+            f"the free memory ({_size(free or 0)})"
+            if over_free and (free or 0) < budget
+            else f"the {'' if explicit else 'default '}memory budget of {_size(budget)}"
+        )
         return (
             f"{held_text.replace(' holds ', ' would hold ')}, more than {limit}: it holds "
             f"{kept:,} column{'s' if kept > 1 else ''} ({_size(kept * n_params * element)}) and "
-            "the products it does not "
-            "take are Hutchinson probes of the deflated rest (a larger --memory-budget gives the "
-            "sketch more columns and the trace a smaller error)"
+            "the products it does not take are Hutchinson probes of the deflated rest (a larger "
+            "--memory-budget gives the sketch more columns and the trace a smaller error)"
         )
     limit_bytes = min(budget, free) if free is not None and over_free else budget
     most = limit_bytes // (n_params * torch.empty((), dtype=dtype).element_size())
-    fewer = f"--probes {2 * most + 1} or fewer" if most >= 2 else "fewer parameters (--params)"
+    spare = settings.probes - products  # taken by a split trace's exact part
+    fewer = (
+        f"--probes {2 * most + 1 + spare} or fewer" if most >= 2 else "fewer parameters (--params)"
+    )
     advice = f"use {fewer}, --trace-method hutchpp or hutchinson, or a larger --memory-budget"
     if over_free:
         raise InputError(
@@ -414,6 +437,7 @@ def analyse_hessian(
                 plan.budget,
                 explicit=settings.memory_budget is not None,
                 free=free,
+                products=_estimator_products(operator, settings),
             )
         )
     notes.append(
@@ -514,7 +538,7 @@ def analyse_hessian(
             steps=settings.density_steps,
             seed=settings.seed,
             reorthogonalise=density_keeps_basis(
-                settings.density_steps, n_params, budget, settings.max_basis
+                settings.density_steps, n_params, budget, settings.max_basis, operator.dtype
             ),
             on_step=hook("density"),
         )

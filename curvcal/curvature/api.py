@@ -217,6 +217,10 @@ def hessian_density(
     Lanczos basis (full reorthogonalisation) when ``max_basis`` vectors, or else the memory
     budget, hold ``steps`` of them; otherwise it runs the three-term recurrence alone
     (:func:`~curvcal.curvature.memory.density_keeps_basis`; ``result.reorthogonalised``)."""
+    if max_basis is not None and (
+        isinstance(max_basis, bool) or not isinstance(max_basis, int) or max_basis < 1
+    ):
+        raise InputError("max_basis", f"must be a positive integer, got {max_basis!r}")
     operator = _operator(
         "hessian_density", model, batches, loss, options, all_reduce, operator_keywords
     )
@@ -229,7 +233,9 @@ def hessian_density(
         n_grid=n_grid,
         bandwidth=bandwidth,
         seed=seed,
-        reorthogonalise=density_keeps_basis(steps, operator.shape[0], budget, max_basis),
+        reorthogonalise=density_keeps_basis(
+            steps, operator.shape[0], budget, max_basis, operator.dtype
+        ),
         on_step=on_step,
     )
     return dataclasses.replace(result, engine=operator.engine)

@@ -35,7 +35,8 @@ def _tridiagonal_kept(
     computed in float64, and α is the coefficient the float64 clearing removes along q_m."""
     n_params, wide = op.shape[0], torch.float64
     storage = torch.float32 if op.dtype == torch.float32 else wide
-    basis = KrylovBasis(n_params, wide, op.device, storage=storage)
+    # at most steps + 1 rows: the start, steps − 1 commits and the row the last image goes to
+    basis = KrylovBasis(n_params, wide, op.device, max_rows=steps + 1, storage=storage)
     basis.append(start)
     tangent = (
         None if op.dtype == storage else torch.empty(n_params, dtype=op.dtype, device=op.device)
@@ -66,9 +67,10 @@ def _tridiagonal_three_term(
 ) -> tuple[list[float], list[float]]:
     """α and β of ``steps`` Lanczos steps from unit ``start`` by the three-term recurrence alone,
     w = A q_m − β_{m−1} q_{m−1}, α_m = q_mᵀw, β_m q_{m+1} = w − α_m q_m, in float64 (Paige's
-    ordering): three float64 vectors and one in the operator's dtype, whatever ``steps``."""
+    ordering): three float64 vectors and one in the operator's dtype, whatever ``steps``.
+    ``start`` (float64) becomes one of the three: it is overwritten."""
     n_params, wide = op.shape[0], torch.float64
-    current = start.to(wide).clone()
+    current = start.to(wide)
     previous = torch.zeros_like(current)
     work = torch.empty_like(current)
     tangent = None if op.dtype == wide else torch.empty(n_params, dtype=op.dtype, device=op.device)
@@ -91,8 +93,9 @@ def _tridiagonal_three_term(
 
 
 def _invariant(beta: float, scale: float, dtype: torch.dtype) -> bool:
-    """Whether β is rounding-small against the largest |α| seen: an invariant subspace."""
-    return beta <= 100 * torch.finfo(dtype).eps * max(scale, beta)
+    """Whether β is rounding-small against the largest |α| seen: an invariant subspace (100 ε of
+    the products' dtype, at most 1e-4: bfloat16's 100 ε would stop a run at 0.78‖A‖)."""
+    return beta <= min(100 * torch.finfo(dtype).eps, 1e-4) * max(scale, beta)
 
 
 def spectral_density(
@@ -115,7 +118,9 @@ def spectral_density(
     converged values reappear as copies ("ghosts"), but the copies share the weight of the one
     they repeat: the quadrature of run r stays exact for polynomials of degree ≤ 2·steps − 1, to
     within rounding that grows slowly with the steps (Paige 1976; Greenbaum 1989; Knizhnerman
-    1996), and so does the smoothed density built from it."""
+    1996). The smoothed density built from it is as close to the spectrum's while the steps are
+    few against P; where many Ritz values have converged, their copies take nodes and a few
+    more steps buy the same accuracy (``benchmarks/bench_density.py``)."""
     op = as_operator(operator)
     for name, value, minimum in (("runs", runs, 1), ("steps", steps, 1), ("n_grid", n_grid, 2)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -133,7 +138,8 @@ def spectral_density(
     for run in range(runs):
         start = draw_probes(n_params, 1, "rademacher", generator)[:, 0] / math.sqrt(n_params)
         tridiagonal_of = _tridiagonal_kept if reorthogonalise else _tridiagonal_three_term
-        alphas, betas = tridiagonal_of(op, start.to(op.device), steps)
+        alphas, betas = tridiagonal_of(op, start.to(device=op.device, dtype=torch.float64), steps)
+        del start  # the three-term recurrence works in it
         matvecs += len(alphas)
         tridiagonal = torch.diag(torch.tensor(alphas, dtype=torch.float64))
         if betas:

@@ -305,18 +305,27 @@ def lanczos_basis(
 
 
 def density_keeps_basis(
-    steps: int, n_params: int, budget: int | None, asked: int | None = None
+    steps: int,
+    n_params: int,
+    budget: int | None,
+    asked: int | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> bool:
     """Whether a stochastic-Lanczos-quadrature run of ``steps`` steps on a P = ``n_params``
-    Hessian keeps its basis (full reorthogonalisation,
+    Hessian with products in ``dtype`` keeps its basis (full reorthogonalisation,
     :func:`~curvcal.curvature.density.spectral_density`): when ``asked`` (a bound on any Lanczos
     basis, ``--max-basis``) holds min(steps, P) vectors, else when the memory ``budget`` holds
-    them at 8 bytes a value, as :func:`lanczos_basis` counts; always without either. Otherwise
-    the run keeps four vectors and the three-term recurrence alone."""
+    what the basis allocates: min(steps, P) + 1 rows of P values (float32 for float32 products,
+    else float64) and, for float32 rows, one float64 work vector; always without either.
+    Otherwise the run keeps four vectors and the three-term recurrence alone."""
     rows = min(steps, n_params)
     if asked is not None:
         return rows <= asked
-    return budget is None or rows * n_params * 8 <= budget
+    if budget is None:
+        return True
+    narrow = dtype == torch.float32
+    held = (rows + 1) * n_params * (4 if narrow else 8) + (n_params * 8 if narrow else 0)
+    return held <= budget
 
 
 def sketch_limit(

@@ -225,7 +225,7 @@ def _density_table(analysis: HessianAnalysis) -> Table:
             ""
             if density.reorthogonalised
             else "; each run by the three-term Lanczos recurrence, without reorthogonalisation "
-            "(its basis would exceed the memory budget or --max-basis; its quadrature moments are unaffected)"
+            "(its basis would exceed the memory budget or --max-basis; converged values repeat as copies that share their weight)"
         ),
     )
 

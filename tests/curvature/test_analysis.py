@@ -266,6 +266,25 @@ def test_a_hutchpp_sketch_over_the_budget_holds_what_fits(mlp_case: MLPCase) -> 
     assert "11.7 KiB" in note and "--memory-budget" in note
 
 
+def test_a_split_traces_sketch_is_counted_on_the_products_it_gets() -> None:
+    """gauss-newton+hutchpp with --probes 100 and 10 classes: the estimator of R gets 91
+    products, a sketch of 30 columns. A budget of 30 columns needs no note; one of 29 bounds it,
+    and the note names the default budget and its size."""
+    settings = HessianSettings(trace_method="gauss-newton+hutchpp", probes=100)
+    check = analysis_module.check_sketch_memory
+    column = 1000 * 4
+    fits = check(settings, 1000, torch.float32, 30 * column, explicit=False, free=None, products=91)
+    assert fits is None
+    note = check(settings, 1000, torch.float32, 29 * column, explicit=False, free=None, products=91)
+    assert note is not None
+    for part in ("sketch of 91 products would hold 30 × 1,000", "holds 29 columns"):
+        assert part in note
+    assert "the default memory budget of 113 KiB" in note
+    given = check(settings, 1000, torch.float32, 29 * column, explicit=True, free=None, products=91)
+    assert given is not None and "the memory budget of 113 KiB" in given
+    assert "default" not in given
+
+
 def test_an_xtrace_sketch_over_a_given_budget_is_refused_before_any_product(
     mlp_case: MLPCase,
 ) -> None:

@@ -98,3 +98,7 @@ def test_the_api_density_keeps_its_basis_as_the_command_does() -> None:
         return sum(w * t for t, w in zip(result.nodes[0], result.weights[0], strict=True))
 
     assert first(tight) == pytest.approx(first(free), abs=1e-12)
+    for bad in (0, -2, True, 2.5):
+        with pytest.raises(InputError) as error:
+            curvcal.hessian_density(model, [(x, y)], runs=1, steps=4, max_basis=bad)
+        assert error.value.what == "max_basis"

@@ -149,23 +149,39 @@ def test_density_matches_the_dense_smoothed_measure(reorthogonalise: bool) -> No
 def test_float32_hessian_density_moments_match_dense(
     mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor], reorthogonalise: bool
 ) -> None:
-    """Float32 products (the basis stored in float32, or the recurrence in float64): the first
-    quadrature moment of each run is vᵀHv of the dense float64 Hessian to float32 rounding."""
+    """Float32 products (the basis stored in float32, or the recurrence in float64): each run's
+    quadrature moments Σ_j w_j θ_jᵖ equal vᵀHᵖv of the dense float64 Hessian to float32
+    rounding, relative to ‖H‖ᵖ, up to p = 2·steps − 1 = 59 — degrees that depend on every step,
+    past the point where the recurrence loses orthogonality (75 parameters, 30 steps)."""
     model, x, y, hessian = mlp_case
     operator = HessianOperator(copy.deepcopy(model).float(), split(x.float(), y, 20))
     result = spectral_density(operator, runs=2, steps=30, seed=4, reorthogonalise=reorthogonalise)
-    mean_first = sum(_moment(n, w, 1) for n, w in zip(result.nodes, result.weights, strict=True))
+    assert result.reorthogonalised is reorthogonalise
     scale = float(torch.linalg.matrix_norm(hessian, 2))
-    assert mean_first / 2 == pytest.approx(
-        hutchinson_trace(hessian, 2, seed=4).estimate / 75, abs=1e-5 * scale
-    )
+    generator = torch.Generator().manual_seed(4)
+    for run in range(2):
+        probe = draw_probes(75, 1, "rademacher", generator)[:, 0].double() / math.sqrt(75)
+        nodes = torch.tensor(result.nodes[run], dtype=torch.float64)
+        weights = torch.tensor(result.weights[run], dtype=torch.float64)
+        image = probe
+        for power in range(1, 60):
+            image = hessian @ image
+            if power in (1, 2, 3, 7, 16, 31, 59):
+                form = float(probe @ image)
+                quadrature = float((weights * nodes**power).sum())
+                assert abs(quadrature - form) <= 1e-4 * scale**power, power
 
 
 def test_the_basis_is_kept_when_the_budget_or_the_bound_holds_it() -> None:
-    """min(steps, P) vectors at 8 bytes a value: 40 × 100 × 8 = 32,000 bytes."""
+    """What the basis allocates: min(steps, P) + 1 rows of P values — float64 for float64
+    products (41 × 100 × 8 = 32,800 bytes), float32 rows and one float64 work vector for float32
+    products (41 × 100 × 4 + 800 = 17,200)."""
     assert density_keeps_basis(40, 100, None)
-    assert density_keeps_basis(40, 100, 32_000) and not density_keeps_basis(40, 100, 31_999)
-    assert density_keeps_basis(400, 100, 80_000)  # capped at P vectors
+    assert density_keeps_basis(40, 100, 32_800) and not density_keeps_basis(40, 100, 32_799)
+    single = torch.float32
+    assert density_keeps_basis(40, 100, 17_200, dtype=single)
+    assert not density_keeps_basis(40, 100, 17_199, dtype=single)
+    assert density_keeps_basis(400, 100, 101 * 100 * 8)  # capped at P vectors
     assert density_keeps_basis(40, 100, 1, asked=40)  # --max-basis overrides the budget
     assert not density_keeps_basis(40, 100, None, asked=39)
 
