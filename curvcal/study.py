@@ -152,8 +152,7 @@ def measure_curvature(
     groups = flsd53_group_sizes(operator) if loss == FLSD53 else ()
     gamma = objective.gamma if loss == "focal" else None
     mean_loss = operator.mean_loss()
-    plan = operator.memory_plan
-    budget = None if plan is None else plan.budget  # bounds the basis and the sketch
+    budget = operator.budget  # bounds the basis and the sketch
     free = free_memory(operator.device)  # read before any product holds memory
     spectrum = eigenvalues(
         operator,

@@ -48,6 +48,7 @@ from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import (
     auto_method,
+    estimator_of,
     residual_products,
     split_problem,
     split_trace,
@@ -316,8 +317,7 @@ def check_sketch_memory(
     """
     if not settings.trace:
         return None
-    method = TRACE_METHODS[settings.trace_method]
-    method = SPLIT_METHODS.get(method, method)
+    method = estimator_of(TRACE_METHODS[settings.trace_method])
     products = settings.probes if products is None else products
     held = sketch_bytes(method, products, n_params, dtype)
     over_budget = held > budget
@@ -425,16 +425,16 @@ def analyse_hessian(
         settings = dataclasses.replace(settings, trace_method=method)
     if on_plan is not None:
         on_plan(settings)
-    plan = operator.memory_plan
+    budget = operator.budget
     free = free_memory(operator.device)  # read once for both memory notes
     notes: list[str | None] = []
-    if plan is not None:
+    if budget is not None:
         notes.append(
             check_sketch_memory(
                 settings,
                 n_params,
                 operator.dtype,
-                plan.budget,
+                budget,
                 explicit=settings.memory_budget is not None,
                 free=free,
                 products=_estimator_products(operator, settings),
@@ -466,7 +466,6 @@ def analyse_hessian(
     stop()
 
     stop = timed("eigenvalues")
-    budget = None if plan is None else plan.budget
     spectrum = _eigen(operator, settings, settings.top_k, "largest", budget, hook("eigenvalues"))
     stop()
 
@@ -480,10 +479,8 @@ def analyse_hessian(
     if settings.trace:
         stop = timed("trace")
         before = dict(operator.engine_products)
-        estimator = TRACE_METHODS[settings.trace_method]
-        max_sketch = sketch_limit(
-            SPLIT_METHODS.get(estimator, estimator), n_params, operator.dtype, budget, free
-        )
+        method = TRACE_METHODS[settings.trace_method]
+        max_sketch = sketch_limit(estimator_of(method), n_params, operator.dtype, budget, free)
         if settings.trace_method == "gauss-newton":  # checked by choose_trace_method
             # no product is made: the stage's name carries the batches done
             shares = tensor_traces(
@@ -495,10 +492,10 @@ def analyse_hessian(
                 ),
             )
             trace = trace_result(shares)
-        elif TRACE_METHODS[settings.trace_method] in SPLIT_METHODS:
+        elif method in SPLIT_METHODS:
             trace = split_trace(
                 operator,
-                TRACE_METHODS[settings.trace_method],
+                method,
                 settings.probes,
                 distribution=settings.distribution,
                 seed=settings.seed,

@@ -30,7 +30,7 @@ from curvcal.curvature.memory import (
 )
 from curvcal.curvature.operator import OperatorOptions, build_operator
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
-from curvcal.curvature.residual import split_trace
+from curvcal.curvature.residual import estimator_of, split_trace
 from curvcal.curvature.results import DensityResult, EigenSpectrum, LayerCurvature, TraceResult
 from curvcal.curvature.trace import METHODS as TRACE_METHODS
 from curvcal.curvature.trace import trace_estimate
@@ -108,8 +108,6 @@ def hessian_eigenvalues(
     operator = _operator(
         "hessian_eigenvalues", model, batches, loss, options, all_reduce, operator_keywords
     )
-    plan = operator.memory_plan
-    budget = None if plan is None else plan.budget
     spectrum = eigenvalues(
         operator,
         k,
@@ -117,7 +115,7 @@ def hessian_eigenvalues(
         which=which,
         tol=tol,
         max_iter=max_iter,
-        max_basis=lanczos_basis(k, operator.shape[0], budget, max_basis),
+        max_basis=lanczos_basis(k, operator.shape[0], operator.budget, max_basis),
         seed=seed,
         on_step=on_step,
     )
@@ -157,12 +155,11 @@ def hessian_trace(
     operator = _operator(
         "hessian_trace", model, batches, loss, options, all_reduce, operator_keywords
     )
-    plan = operator.memory_plan
     max_sketch = sketch_limit(
-        SPLIT_METHODS.get(method, method),
+        estimator_of(method),
         operator.shape[0],
         operator.dtype,
-        None if plan is None else plan.budget,
+        operator.budget,
         free_memory(operator.device),
     )
     if method in SPLIT_METHODS:
@@ -224,8 +221,6 @@ def hessian_density(
     operator = _operator(
         "hessian_density", model, batches, loss, options, all_reduce, operator_keywords
     )
-    plan = operator.memory_plan
-    budget = None if plan is None else plan.budget
     result = spectral_density(
         operator,
         runs=runs,
@@ -234,7 +229,7 @@ def hessian_density(
         bandwidth=bandwidth,
         seed=seed,
         reorthogonalise=density_keeps_basis(
-            steps, operator.shape[0], budget, max_basis, operator.dtype
+            steps, operator.shape[0], operator.budget, max_basis, operator.dtype
         ),
         on_step=on_step,
     )

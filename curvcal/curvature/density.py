@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-from curvcal.curvature.krylov import KrylovBasis
+from curvcal.curvature.krylov import operator_basis
 from curvcal.curvature.operators import LinearOperator, as_operator, matvec_into
 from curvcal.curvature.results import DensityResult
 from curvcal.curvature.trace import draw_probes
@@ -33,22 +33,12 @@ def _tridiagonal_kept(
     (stops early on an invariant subspace): the basis is kept as
     :func:`~curvcal.curvature.eigen.lanczos` keeps it, float32 rows for float32 products
     computed in float64, and α is the coefficient the float64 clearing removes along q_m."""
-    n_params, wide = op.shape[0], torch.float64
-    storage = torch.float32 if op.dtype == torch.float32 else wide
     # at most steps + 1 rows: the start, steps − 1 commits and the row the last image goes to
-    basis = KrylovBasis(n_params, wide, op.device, max_rows=steps + 1, storage=storage)
+    basis, product = operator_basis(op, max_rows=steps + 1)  # A·q_m into the next row
     basis.append(start)
-    tangent = (
-        None if op.dtype == storage else torch.empty(n_params, dtype=op.dtype, device=op.device)
-    )
     alphas: list[float] = []
     betas: list[float] = []
     scale = 0.0
-
-    def product(row: Tensor) -> None:
-        """A·q_m written in the basis' next row (no P-long copy)."""
-        current = basis[-1] if tangent is None else tangent.copy_(basis[-1])
-        matvec_into(op, current, row)
 
     for _ in range(steps):
         image, coefficients = basis.extend_into(product)  # full reorthogonalisation, in place

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from curvcal.curvature.krylov import RESTART_COLUMNS, KrylovBasis
-from curvcal.curvature.operators import LinearOperator, as_operator, matvec_into
+from curvcal.curvature.krylov import RESTART_COLUMNS, KrylovBasis, operator_basis
+from curvcal.curvature.operators import LinearOperator, as_operator
 from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpectrum
 from curvcal.errors import InputError
 from curvcal.progress import OnStep
@@ -277,19 +277,8 @@ def lanczos(
     steps_allowed = min(n_params, steps) if rows is None else steps
     generator = torch.Generator().manual_seed(seed)
     wide = torch.float64
-    storage = torch.float32 if op.dtype == torch.float32 else wide
-    basis = KrylovBasis(n_params, wide, op.device, max_rows=rows, storage=storage)
+    basis, product = operator_basis(op, max_rows=rows)  # A·q_m straight into the next row
     basis.append(_random_unit(op, generator).to(wide))
-    # q_m in the operator's dtype, one buffer for the whole run (none when the basis stores it)
-    tangent = (
-        None if op.dtype == storage else torch.empty(n_params, dtype=op.dtype, device=op.device)
-    )
-
-    def product(row: Tensor) -> None:
-        """A·q_m written straight into the basis' next row."""
-        current = basis[-1] if tangent is None else tangent.copy_(basis[-1])
-        matvec_into(op, current, row)
-
     columns = steps_allowed if rows is None else rows - 1
     projected = torch.zeros(columns + 1, columns, dtype=wide)
     size = 0  # vectors of the basis the projected matrix covers (all but the latest)

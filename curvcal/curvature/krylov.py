@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
+from curvcal.curvature.operators import LinearOperator, matvec_into
+
 #: rows of the largest block; smaller blocks come first, so a short run allocates little more
 #: than it uses
 MAX_BLOCK = 8
@@ -215,6 +217,16 @@ class KrylovBasis:
         result = torch.empty(
             self.size, coefficients.shape[1], dtype=dtype or self.dtype, device=self.device
         )
+        for begin, end, part in self._combined(count, coefficients):
+            result[begin:end].copy_(part)
+        return result
+
+    def _combined(self, count: int, coefficients: Tensor) -> Iterator[tuple[int, int, Tensor]]:
+        """(begin, end, Σ_i q_i[begin:end] c_iᵀ) over :data:`RESTART_COLUMNS` entries at a time,
+        the first ``count`` vectors combined by the rows of ``coefficients`` (count × l, in the
+        basis' dtype), summed in the basis' dtype in one scratch piece of RESTART_COLUMNS × l
+        values: each piece is complete before it is handed out, so the caller may overwrite
+        those entries of the basis (:meth:`restart`)."""
         blocks = self._leading(count, coefficients)
         scratch = torch.empty(
             min(RESTART_COLUMNS, self.size),
@@ -227,8 +239,7 @@ class KrylovBasis:
             part = scratch[: end - begin].zero_()
             for rows, share in blocks:
                 part.addmm_(rows[:, begin:end].t().to(self.dtype), share)
-            result[begin:end].copy_(part)
-        return result
+            yield begin, end, part
 
     def _leading(self, count: int, coefficients: Tensor) -> list[tuple[Tensor, Tensor]]:
         """The first ``count`` rows, block by block, each with its rows of ``coefficients``."""
@@ -258,17 +269,9 @@ class KrylovBasis:
         coefficients = coefficients.to(device=self.device, dtype=self.dtype)
         latest = self[-1]
         target = self[kept]
-        blocks = self._leading(count, coefficients)
-        scratch = torch.empty(
-            kept, min(RESTART_COLUMNS, self.size), dtype=self.dtype, device=self.device
-        )
-        for begin in range(0, self.size, RESTART_COLUMNS):
-            end = min(begin + RESTART_COLUMNS, self.size)
-            part = scratch[:, : end - begin].zero_()
-            for rows, share in blocks:
-                part.addmm_(share.t(), rows[:, begin:end].to(self.dtype))
+        for begin, end, part in self._combined(count, coefficients):
             for index in range(kept):
-                self[index][begin:end].copy_(part[index])
+                self[index][begin:end].copy_(part[:, index])
             target[begin:end].copy_(latest[begin:end])
         self._count = kept + 1
 
@@ -287,3 +290,31 @@ class KrylovBasis:
                 return number, index
             index -= block.shape[0]
         raise IndexError(index)
+
+
+def basis_storage(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a float64 Krylov basis stores its rows in for products in ``dtype``: float32
+    for float32 products (their rounding is above float32's representation error), float64
+    otherwise."""
+    return torch.float32 if dtype == torch.float32 else torch.float64
+
+
+def operator_basis(
+    op: LinearOperator, max_rows: int | None = None
+) -> tuple[KrylovBasis, Callable[[Tensor], None]]:
+    """A float64 basis for Lanczos on ``op`` (rows in :func:`basis_storage` of its dtype, at
+    most ``max_rows``) and ``product(row)``, which writes A·q_m — q_m the latest vector — into
+    ``row`` for :meth:`KrylovBasis.extend_into`: straight from the stored row, or through one
+    buffer in the operator's dtype (allocated once) when the rows are stored in another."""
+    n_params = op.shape[0]
+    storage = basis_storage(op.dtype)
+    basis = KrylovBasis(n_params, torch.float64, op.device, max_rows=max_rows, storage=storage)
+    tangent = (
+        None if op.dtype == storage else torch.empty(n_params, dtype=op.dtype, device=op.device)
+    )
+
+    def product(row: Tensor) -> None:
+        current = basis[-1] if tangent is None else tangent.copy_(basis[-1])
+        matvec_into(op, current, row)
+
+    return basis, product

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from curvcal import rows as rows_of
+from curvcal.curvature.krylov import basis_storage
 from curvcal.errors import InputError
 from curvcal.rows import Inputs
 
@@ -323,8 +324,10 @@ def density_keeps_basis(
         return rows <= asked
     if budget is None:
         return True
-    narrow = dtype == torch.float32
-    held = (rows + 1) * n_params * (4 if narrow else 8) + (n_params * 8 if narrow else 0)
+    storage = basis_storage(dtype)
+    narrow = storage != torch.float64  # rows narrower than the float64 work vector
+    row = torch.empty((), dtype=storage).element_size()
+    held = (rows + 1) * n_params * row + (n_params * 8 if narrow else 0)
     return held <= budget
 
 

@@ -444,6 +444,13 @@ class HessianOperator:
         """The selected parameter tensors, in ``param_names`` order."""
         return self._params
 
+    @property
+    def budget(self) -> int | None:
+        """The memory budget in bytes the pass plan was made for (:attr:`memory_plan`), which
+        also bounds what the algorithms hold beside the products (Lanczos' basis, a Hutch++
+        sketch); None without a plan."""
+        return None if self.memory_plan is None else self.memory_plan.budget
+
     # -- operator interface ------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, int]:

@@ -50,6 +50,12 @@ METHODS = {"gauss-newton+hutch++": "hutch++", "gauss-newton+xtrace": "xtrace"}
 MIN_PRODUCTS = 4
 
 
+def estimator_of(method: str) -> str:
+    """The estimator a trace method runs: a split method's estimator of tr(R) (a value of
+    :data:`METHODS`), else ``method`` itself."""
+    return METHODS.get(method, method)
+
+
 class SplitSource(GaussNewtonSource, Protocol):
     """An operator whose Gauss–Newton part can be taken and whose loss can be swapped."""
 
@@ -137,7 +143,7 @@ def split_trace(
         distribution=distribution,
         seed=seed,
         probe_batch=probe_batch,
-        max_sketch=max_sketch if METHODS[method] == "hutch++" else None,
+        max_sketch=max_sketch if estimator_of(method) == "hutch++" else None,
         on_step=on_step,
     )
     engine = engines_between(linearised, {})

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature import eigen as eigen_module
+from curvcal.curvature import krylov as krylov_module
 from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
 from curvcal.curvature.krylov import KrylovBasis
 from curvcal.curvature.operator import HessianOperator
@@ -384,10 +384,11 @@ def test_matvec_into_uses_the_operators_own_or_a_copy(into: bool) -> None:
 
 
 class _BasisSpy:
-    """Records the rows every Lanczos basis allocates (patched over KrylovBasis in eigen)."""
+    """Records the rows every Lanczos basis allocates (patched over KrylovBasis where
+    ``operator_basis`` makes it)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from curvcal.curvature import eigen as eigen_module
+        from curvcal.curvature import krylov as krylov_module
         from curvcal.curvature.krylov import KrylovBasis
 
         self.bases: list[KrylovBasis] = []
@@ -398,7 +399,7 @@ class _BasisSpy:
                 super().__init__(*args, **kwargs)  # type: ignore[arg-type]
                 spy.bases.append(self)
 
-        monkeypatch.setattr(eigen_module, "KrylovBasis", Recorded)
+        monkeypatch.setattr(krylov_module, "KrylovBasis", Recorded)
 
     def rows(self) -> list[int]:
         return [sum(block.shape[0] for block in basis._blocks) for basis in self.bases]
@@ -491,7 +492,7 @@ def test_float32_products_keep_a_float32_basis_and_reach_a_1e6_residual(monkeypa
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(eigen_module, "KrylovBasis", Recorded)
+    monkeypatch.setattr(krylov_module, "KrylovBasis", Recorded)
     generator = torch.Generator().manual_seed(0)
     values = torch.rand(400_000, generator=generator, dtype=torch.float64)
     values[:2] = torch.tensor([3.0, 2.0], dtype=torch.float64)
