@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.density import spectral_density
-from curvcal.curvature.memory import density_keeps_basis
+from curvcal.curvature.memory import density_keeps_basis, sketch_limit
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.trace import draw_probes, hutchinson_trace
 from curvcal.errors import InputError
@@ -170,6 +170,38 @@ def test_float32_hessian_density_moments_match_dense(
                 form = float(probe @ image)
                 quadrature = float((weights * nodes**power).sum())
                 assert abs(quadrature - form) <= 1e-4 * scale**power, power
+
+
+@pytest.mark.parametrize("reorthogonalise", [True, False])
+def test_border_cases_of_either_recurrence(reorthogonalise: bool) -> None:
+    """A 1 × 1 operator, a zero operator (an invariant subspace at once), a multiple of the
+    identity (one node at c with weight 1) and a single step (node vᵀAv)."""
+    options = {"reorthogonalise": reorthogonalise}
+    single = spectral_density(
+        torch.tensor([[3.0]], dtype=torch.float64), runs=1, steps=4, **options
+    )
+    assert single.nodes == ((3.0,),) and single.weights[0] == pytest.approx((1.0,))
+    zero = spectral_density(torch.zeros(4, 4, dtype=torch.float64), runs=2, steps=3, **options)
+    assert all(n == (0.0,) for n in zero.nodes) and zero.matvecs == 2
+    scaled = spectral_density(2.5 * torch.eye(6, dtype=torch.float64), runs=1, steps=5, **options)
+    assert scaled.nodes[0] == pytest.approx((2.5,)) and scaled.weights[0] == pytest.approx((1.0,))
+    matrix = _outlier_matrix()
+    one = spectral_density(matrix, runs=1, steps=1, seed=3, **options)
+    probe = draw_probes(60, 1, "rademacher", torch.Generator().manual_seed(3))[:, 0] / math.sqrt(60)
+    assert one.nodes[0] == pytest.approx((float(probe @ matrix @ probe),), abs=1e-12)
+
+
+def test_sketch_limit_counts_columns_of_the_budget_and_the_free_memory() -> None:
+    """P = 1,000 float32 values a column: the budget (or the free memory, when smaller) over
+    4,000 bytes, at least one; None without a budget or for a method without a bounded sketch."""
+    single = torch.float32
+    assert sketch_limit("hutch++", 1000, single, 40_000) == 10
+    assert sketch_limit("hutch++", 1000, single, 40_000, free=12_000) == 3
+    assert sketch_limit("hutch++", 1000, torch.float64, 40_000) == 5
+    assert sketch_limit("hutch++", 1000, single, 10) == 1
+    assert sketch_limit("hutch++", 1000, single, None) is None
+    assert sketch_limit("xtrace", 1000, single, 40_000) is None
+    assert sketch_limit("hutchinson", 1000, single, 40_000) is None
 
 
 def test_the_basis_is_kept_when_the_budget_or_the_bound_holds_it() -> None:
