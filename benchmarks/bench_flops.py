@@ -24,13 +24,21 @@ that rebuilds the graph is 9 units by either engine (reverse-over-reverse: 1 + 2
 over-reverse: 3 + 6), so about 3× a gradient; through a kept graph the second backward alone is
 about 2×. Attention adds products of two activations, which change the count a little.
 
+With ``--lambda-seeds 0,1,2`` it also counts whole λ1 runs from each seed's start vector:
+curvcal's float32 Lanczos at tol 1e-4 and 1e-6 (its default operator: graphs kept where the
+budget allows, the graphs' construction and the verifying product included) and PyHessian's
+``eigenvalues(tol=1e-4)`` (power iteration; with a data loader it rebuilds every batch's graph
+for every product), as ``bench_hessian.py`` runs them. Their ratio is the share of arithmetic,
+the time ratio that a machine with no other cost than these operations would show.
+
 Cases: ``mlp`` and ``digits-cnn`` (797 bundled digits in batches of 100, as in
 ``bench_hessian.py``), ``resnet18`` and ``vit`` (64 CIFAR-size images in batches of 32),
 ``tiny`` (a 6-5-3 tanh MLP on 60 samples).
 
 Usage::
 
-    python benchmarks/bench_flops.py [--cases mlp,digits-cnn,resnet18,vit] [--json OUT]
+    python benchmarks/bench_flops.py [--cases mlp,digits-cnn,resnet18,vit] [--quick]
+        [--lambda-seeds 0,1,2] [--json OUT]
 """
 
 from __future__ import annotations
@@ -142,6 +150,59 @@ def measure(model: nn.Module, batches: Batches, seed: int = 0) -> dict[str, Any]
     return {"n_params": n_params, "flops": counts, "per_gradient": per_gradient}
 
 
+LAMBDA_RUNS = ("curvcal tol 1e-4", "curvcal tol 1e-6", "PyHessian tol 1e-4")
+
+
+def lambda_counts(case: Any, seeds: Sequence[int], gradient: int) -> list[dict[str, Any]]:
+    """Per seed and run of :data:`LAMBDA_RUNS`: λ1, products and counted operations (also over
+    one ``gradient``); PyHessian's row only where it is installed."""
+    runs = {
+        "curvcal tol 1e-4": bench_hessian.curvcal_lambda("lanczos", 1e-4, torch.float32),
+        "curvcal tol 1e-6": bench_hessian.curvcal_lambda("lanczos", 1e-6, torch.float32),
+    }
+    if bench_hessian.peer_available("pyhessian"):
+        runs["PyHessian tol 1e-4"] = bench_hessian.pyhessian_lambda(1000, 1e-4)
+    rows = []
+    for seed in seeds:
+        for name, run in runs.items():
+            outcome: list[Any] = []
+            flops = count(lambda run=run, seed=seed, out=outcome: out.append(run(case, seed)))
+            rows.append(
+                {
+                    "seed": seed,
+                    "run": name,
+                    "lambda_max": outcome[0].value,
+                    "products": outcome[0].hvps,
+                    "flops": flops,
+                    "per_gradient": flops / gradient,
+                }
+            )
+    return rows
+
+
+def lambda_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| case | seed | run | λ1 | products | operations / gradient | / PyHessian's |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        for run in row.get("lambda", []):
+            peer = next(
+                (
+                    other["flops"]
+                    for other in row["lambda"]
+                    if other["seed"] == run["seed"] and other["run"] == "PyHessian tol 1e-4"
+                ),
+                None,
+            )
+            share = f"{run['flops'] / peer:.2f}" if peer else "—"
+            lines.append(
+                f"| {row['case']} | {run['seed']} | {run['run']} | {run['lambda_max']:.6f} | "
+                f"{run['products']} | {run['per_gradient']:.1f} | {share} |"
+            )
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = "| case | P | gradient GFLOP | " + " | ".join(
         f"{name} / gradient" for name in STEPS if name != "gradient"
@@ -164,15 +225,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--quick", action="store_true", help="fewer samples (197 digits, 8 images)")
+    parser.add_argument(
+        "--lambda-seeds", default="", help="count whole λ1 runs from these seeds (comma-separated)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    seeds = [int(seed) for seed in args.lambda_seeds.split(",") if seed]
     rows = []
     for name in args.cases.split(","):
         case = bench_hessian.build_case(name, args.quick, truth=False)
         row = measure(case.model, case.batches)
+        if seeds:
+            row["lambda"] = lambda_counts(case, seeds, row["flops"]["gradient"])
         rows.append({"case": name, "description": case.description, **row})
     report = {"torch": torch.__version__, "cases": rows}
     print(table(rows))
+    if seeds:
+        print()
+        print(lambda_table(rows))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2))
     return report

@@ -61,3 +61,25 @@ def test_main_prints_the_table_and_writes_json(
     assert (
         "| tiny | 53 | 0.000 | 0.43 | 2.43 | 1.43 | 2.43 | 3.00 | 1.43 |" in capsys.readouterr().out
     )
+
+
+def test_lambda_runs_count_their_products(
+    bench: ModuleType,
+    load_bench: Callable[[str], ModuleType],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A whole λ1 run counts at least its products through kept graphs (the tiny case keeps them:
+    1.43 gradients each) and less than each product rebuilt plus one more (2.43 each)."""
+    report = bench.main(["--cases", "tiny", "--lambda-seeds", "0"])
+    (row,) = report["cases"]
+    curvcal = [run for run in row["lambda"] if run["run"].startswith("curvcal")]
+    assert [run["run"] for run in curvcal] == ["curvcal tol 1e-4", "curvcal tol 1e-6"]
+    second = row["flops"]["second backward"]
+    rebuilt = row["flops"]["double backward"]
+    case = load_bench("bench_hessian").build_case("tiny", quick=False, truth=False)
+    values, _ = load_bench("bench_hessian").dense_reference(case.model, case.batches)
+    for run in curvcal:
+        assert run["lambda_max"] == pytest.approx(float(values.max()), rel=1e-4)
+        assert run["products"] * second <= run["flops"] < (run["products"] + 1) * rebuilt
+    assert curvcal[1]["products"] >= curvcal[0]["products"]
+    assert "| tiny | 0 | curvcal tol 1e-6 | 0.745275 |" in capsys.readouterr().out
