@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,11 +28,14 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
     leave them private), and moved into place with ``os.replace``. On any error, Ctrl-C
     included, the temporary file is removed and ``path`` is untouched; an operating-system
     error (no such folder, no permission, disk full) becomes an :class:`InputError` naming
-    ``path``.
+    ``path``. A ``path`` that exists and is not a regular file (a symbolic link, a device, a
+    pipe, a socket, a folder) is refused before anything is written: replacing it would destroy
+    it, not write through it.
     """
     parent = path.parent if str(path.parent) else Path(".")
+    refuse_special(path)
     try:
-        handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+        handle, temp_name = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=parent)
     except OSError as error:
         raise _cannot_write(path, error) from error
     try:
@@ -46,6 +50,45 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
         if isinstance(error, OSError):
             raise _cannot_write(path, error) from error
         raise
+
+
+def refuse_special(path: Path) -> None:
+    """Refuse an output ``path`` that exists and is not a regular file (a symbolic link, a
+    folder, a device, a pipe, a socket), or whose name the system cannot take, with an
+    :class:`InputError` naming it: an atomic write would replace such a file, not write into it."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as error:  # a name too long, a folder that cannot be searched
+        raise _cannot_write(path, error) from error
+    if stat.S_ISDIR(mode):
+        raise InputError(str(path), "is a directory", "give a file name")
+    if not stat.S_ISREG(mode):
+        raise InputError(
+            str(path),
+            f"is {_kind(mode)}, not a regular file; curvcal writes its outputs only to new or "
+            "regular files, which it replaces whole",
+        )
+
+
+def temp_prefix(path: Path) -> str:
+    """The name a temporary file beside ``path`` starts with: hidden, and short enough that the
+    whole name fits where ``path``'s does."""
+    return f".{path.name[:32]}."
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    kinds = (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "a special file")
 
 
 def _cannot_write(path: Path, error: OSError) -> InputError:

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich import box
 from rich.table import Table as RichTable
 
-from curvcal.atomic import atomic_output
+from curvcal.atomic import atomic_output, refuse_special, temp_prefix
 from curvcal.console import stdout_console
 from curvcal.errors import InputError
 from curvcal.results import Report
@@ -96,8 +96,7 @@ def _md(cell: str) -> str:
 def check_output_path(path: Path, force: bool) -> None:
     """Refuse, before any work is done, an output path that cannot be written or would be
     overwritten without ``--force``."""
-    if path.is_dir():
-        raise InputError(str(path), "is a directory", "give a file name for the report")
+    refuse_special(path)
     if path.exists() and not force:
         raise InputError(str(path), "already exists", "pass --force to overwrite it")
     parent = path.parent if str(path.parent) else Path(".")
@@ -106,7 +105,7 @@ def check_output_path(path: Path, force: bool) -> None:
     # Permissions alone do not tell (root ignores them; a read-only or virtual file system
     # does not): create and remove a scratch file where the report's temporary file will go.
     try:
-        handle, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+        handle, probe = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".probe", dir=parent)
     except OSError as exc:
         raise InputError(
             str(path), f"directory {parent} is not writable ({exc.strerror or exc})"

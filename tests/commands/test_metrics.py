@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +203,22 @@ def test_existing_output_files_are_kept_without_force(run_cli, tmp_path: Path) -
     assert calibrator.read_text() == "keep me"
     assert run_cli(*args, "--force").code == 0
     assert json.loads(calibrator.read_text())["ts"]["method"] == "temperature"
+
+
+def test_force_never_replaces_a_link_or_a_pipe(run_cli, tmp_path: Path) -> None:
+    """--force overwrites a regular file; a symbolic link or a named pipe at -o is refused before
+    any work, with --force too, and left as it was (replacing it would destroy it)."""
+    path = logits_file(tmp_path / "z.npz", 40, 3, seed=12)
+    mine = tmp_path / "mine.json"
+    mine.write_text("keep me")
+    link = tmp_path / "latest.json"
+    link.symlink_to(mine)
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for target, kind in ((link, "symbolic link"), (pipe, "named pipe")):
+        one_line_error(run_cli("metrics", path, "-o", target, "--force"), str(target), kind)
+    assert link.is_symlink() and mine.read_text() == "keep me"
+    assert stat.S_ISFIFO(pipe.lstat().st_mode)
 
 
 def test_plot_with_dpi_and_classwise_panels(run_cli, tmp_path: Path) -> None:
