@@ -428,6 +428,34 @@ def _load_torchvision(options: DataOptions, model: Mapping[str, Any] | None) -> 
     )
 
 
+class CheckedImages(Dataset[Any]):
+    """A torchvision ``ImageFolder`` whose unreadable image (truncated, not an image, no
+    permission) is an :class:`InputError` naming the file, and which names the file of any
+    sample (:meth:`source_of`)."""
+
+    def __init__(self, folder: Any) -> None:
+        self.folder = folder
+        self.targets = folder.targets
+        self.classes = folder.classes
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def source_of(self, index: int) -> str:
+        return str(self.folder.samples[index][0])
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.folder[index]
+        except (OSError, ValueError, SyntaxError) as exc:  # what PIL raises for a bad file
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            if isinstance(exc, PermissionError):
+                reason = exc.strerror or reason
+            raise InputError(
+                self.source_of(index), f"cannot be read as an image ({reason})"
+            ) from exc
+
+
 def _load_folder(options: DataOptions, model: Mapping[str, Any] | None) -> LoadedData:
     from torchvision.datasets import ImageFolder
 
@@ -437,7 +465,7 @@ def _load_folder(options: DataOptions, model: Mapping[str, Any] | None) -> Loade
         raise InputError(what, f"{path} is not a folder")
     transform, names, description = _image_transform(options, "imagenet", 3, model)
     try:
-        dataset = ImageFolder(str(path), transform=transform)
+        dataset = CheckedImages(ImageFolder(str(path), transform=transform))
     except Exception as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise InputError(
@@ -688,11 +716,37 @@ def iter_batches(
             x, y = dataset.x[where], dataset.y[where]
         else:
             items = [dataset[i] for i in chunk]
-            x = torch.stack([torch.as_tensor(item[0]) for item in items])
+            x = _stack(dataset, chunk, [torch.as_tensor(item[0]) for item in items])
             y = torch.as_tensor([int(item[1]) for item in items], dtype=torch.int64)
         if not x.is_floating_point():
             x = x.float()
         yield x, y.to(torch.int64)
+
+
+def _stack(
+    dataset: Dataset[Any], chunk: Sequence[int], inputs: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """The batch of ``inputs`` (samples ``chunk`` of ``dataset``); samples of different shapes
+    are an :class:`InputError` naming the first that differs from the batch's first."""
+    shape = inputs[0].shape
+    for index, item in zip(chunk, inputs, strict=True):
+        if item.shape != shape:
+            source = getattr(dataset, "source_of", None)
+            which = source(index) if source is not None else f"sample {index}"
+            first = source(chunk[0]) if source is not None else f"sample {chunk[0]}"
+            raise InputError(
+                "--data",
+                f"{which} has shape {_dims(item.shape)}, {first} {_dims(shape)}; a batch needs "
+                "one shape",
+                "give images one size with --resize N (and --crop N)"
+                if source is not None
+                else "make every sample one shape",
+            )
+    return torch.stack(list(inputs))
+
+
+def _dims(shape: torch.Size) -> str:
+    return "×".join(str(n) for n in shape) or "scalar"
 
 
 def stratified_split(

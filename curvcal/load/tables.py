@@ -121,7 +121,7 @@ def _float(path: Path, column: str, row: int, cell: Any) -> float:
 
 def _read_csv(path: Path) -> dict[str, list[Any]]:
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
             reader = csv.reader(handle)
             header = next(reader, None)
             if header is None:

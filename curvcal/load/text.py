@@ -101,10 +101,21 @@ def read_table(spec: str) -> tuple[dict[str, list[Any]], tuple[Path, ...], str]:
     path = Path(spec).expanduser()
     suffix = path.suffix.lower()
     if suffix in TEXT_SUFFIXES:
+        if path.is_dir():
+            raise InputError(f"--data {spec}", f"is a folder, not a {suffix[1:]} file")
         if not path.is_file():
             raise InputError(f"--data {spec}", "no such file")
         reader = {".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet}[suffix]
-        return reader(path), (path,), str(path)
+        try:
+            return reader(path), (path,), str(path)
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                str(path),
+                f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+                "save it as UTF-8",
+            ) from exc
+        except OSError as exc:
+            raise InputError(str(path), f"cannot be read: {exc.strerror or exc}") from exc
     folder, split = _split_spec(spec)
     if (folder / _DATASET_DICT).is_file():
         splits = _dataset_dict_splits(folder)
@@ -142,13 +153,17 @@ def _read_jsonl(path: Path) -> dict[str, list[Any]]:
 
 
 def _read_csv(path: Path) -> dict[str, list[Any]]:
-    with open(path, encoding="utf-8", newline="") as handle:
+    # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
+    with open(path, encoding="utf-8-sig", newline="") as handle:
         reader = csv.DictReader(handle)
         try:
             records = list(reader)
+            fieldnames = reader.fieldnames or ()
         except csv.Error as exc:
             raise InputError(str(path), f"is not a CSV file ({exc})") from exc
-    columns: dict[str, list[Any]] = {name: [] for name in reader.fieldnames or ()}
+    if not fieldnames:
+        raise InputError(str(path), "is empty: no header row")
+    columns: dict[str, list[Any]] = {name: [] for name in fieldnames}
     columns.update(_columns(records))
     return columns
 

@@ -191,6 +191,49 @@ def test_folder_errors(tmp_path: Path) -> None:
         load_dataset(DataOptions(spec=f"folder:{tmp_path / 'empty'}"))
 
 
+def test_folder_images_of_two_sizes_name_the_image_and_the_fix(tmp_path: Path) -> None:
+    """Without --resize a batch of images of different sizes cannot be stacked: one error naming
+    the image that differs and the options that give them one size; with them, it loads."""
+    from PIL import Image
+
+    root = _png_folder(tmp_path / "imgs")
+    odd = root / "dog" / "1.png"
+    Image.new("RGB", (12, 10), (0, 0, 255)).save(odd)
+    data = load_dataset(DataOptions(spec=f"folder:{root}"))
+    with pytest.raises(InputError, match="--resize") as info:
+        list(iter_batches(data.dataset, 6))
+    message = str(info.value)
+    assert str(odd) in message and "3×10×12" in message and "3×5×6" in message
+    resized = load_dataset(DataOptions(spec=f"folder:{root}", resize=4, crop=4))
+    assert next(iter_batches(resized.dataset, 6))[0].shape == (6, 3, 4, 4)
+
+
+@pytest.mark.parametrize("content", [b"", b"not an image at all", b"\x89PNG\r\n\x1a\n\x00\x00"])
+def test_an_unreadable_image_names_its_file(tmp_path: Path, content: bytes) -> None:
+    root = _png_folder(tmp_path / "imgs")
+    bad = root / "cat" / "1.png"
+    bad.write_bytes(content)
+    data = load_dataset(DataOptions(spec=f"folder:{root}"))
+    assert data.dataset[0][1] == 0  # the readable ones still load
+    with pytest.raises(InputError, match="cannot be read as an image") as info:
+        list(iter_batches(data.dataset, 6))
+    assert str(info.value).startswith(str(bad))
+
+
+def test_tensor_samples_of_two_shapes_name_the_sample() -> None:
+    class Ragged(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+            return torch.zeros(2 if index < 2 else 3), 0
+
+    with pytest.raises(InputError, match="sample 2 has shape 3, sample 0 2") as info:
+        list(iter_batches(Ragged(), 3))
+    assert "--resize" not in str(info.value)
+    assert next(iter_batches(Ragged(), 2))[0].shape == (2, 2)
+
+
 def test_torchvision_missing_root_says_download(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="--download") as info:
         load_dataset(DataOptions(spec="tv:mnist", root=tmp_path / "nothing"))
