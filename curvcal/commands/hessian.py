@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 @click.option(
     "--max-iter",
     type=click.IntRange(min=1),
-    help="Iteration budget per eigenvalue (default: 1000 for power, min(P, 300) Lanczos steps).",
+    help="Iteration budget per eigenvalue (default: 1000 for power, min(P, max(300, 2·top-k)) Lanczos steps).",
 )
 @click.option(
     "--max-basis",

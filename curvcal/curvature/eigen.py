@@ -230,7 +230,7 @@ def lanczos(
     residual (true² ≈ estimate² + noise²) is the products' rounding noise: iteration goes on
     until the estimate leaves room for it, or stops with ``stopped_by="precision"`` when the noise
     alone reaches tol (the operator's precision floor). Other stops: ``"max_iter"`` (steps,
-    default min(P, 300)), ``"max_matvecs"`` (products, the k verification products included)
+    default min(P, max(300, 2k))), ``"max_matvecs"`` (products, the k verification products included)
     and ``"exhausted"`` (the basis spans the whole space; ``relative_change`` is then 0). An
     invariant subspace found early restarts the basis with a fresh random vector orthogonal to
     it, so repeated eigenvalues are found with their multiplicity. Every value reports the run's
@@ -272,7 +272,7 @@ def lanczos(
             f"vector and one more) or ≥ P = {n_params}, got {max_basis!r}",
         )
     rows = None if max_basis is None or max_basis >= n_params else max_basis
-    steps = DEFAULT_LANCZOS_STEPS if max_iter is None else max(max_iter, k)
+    steps = max(DEFAULT_LANCZOS_STEPS, 2 * k) if max_iter is None else max(max_iter, k)
     # an unbounded basis spans the whole space after P steps; a restarted one never does
     steps_allowed = min(n_params, steps) if rows is None else steps
     generator = torch.Generator().manual_seed(seed)

@@ -133,6 +133,20 @@ def test_lanczos_runs_until_ritz_residuals_meet_tolerance() -> None:
     )
 
 
+def test_more_values_than_the_default_steps_are_found() -> None:
+    """k above the default 300 steps (but below P): the default steps grow to 2k, so the run
+    finds all k values instead of failing to index a basis of 300."""
+    values = torch.linspace(1.0, 400.0, 400, dtype=torch.float64)
+    matrix = spectrum_matrix(values, seed=5)
+    spectrum = lanczos(matrix, 320, tol=1e-8)
+    assert spectrum.converged and len(spectrum.eigenvalues) == 320
+    assert torch.allclose(
+        torch.tensor(spectrum.eigenvalues, dtype=torch.float64),
+        values.flip(0)[:320],
+        atol=1e-6,
+    )
+
+
 def test_non_convergence_is_a_warning_not_an_error() -> None:
     matrix = spectrum_matrix(torch.linspace(1.0, 2.0, 40))
     with pytest.warns(ConvergenceWarning):
