@@ -163,6 +163,13 @@ def check_choices(settings: Mapping[str, Any], where: Locator) -> None:
             where("trace"),
             f"trace {trace!r} is not true, false, {' or '.join(TRACE_METHODS)}",
         )
+    if settings["fit_data"] is not None and settings["val_split"] is not None:
+        raise InputError(
+            where("val_split"),
+            f"val_split and fit_data ({where('fit_data')}) are both set: the maps are fitted "
+            "on fit_data, or on a split of data, not both",
+            "keep one of them",
+        )
 
 
 def calibration_method(settings: Mapping[str, Any], need: Needs, where: Locator) -> str:

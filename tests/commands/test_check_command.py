@@ -178,6 +178,11 @@ def test_command_line_option_overrides_the_policy(run_cli, tmp_path) -> None:
         (SETTINGS + 'method = "ts"\n[focal_ts.ece]\nmax = 0.1\n', 10, "fits no focal_ts map"),
         (SETTINGS + "trace = false\n[trace]\nmax = 1\n", 10, "the policy gates [trace]"),
         (SETTINGS + 'loss = "hinge"\n[trace]\nmax = 1\n', 10, "loss 'hinge' is not one of"),
+        (
+            SETTINGS + 'fit_data = "curvcal:digits"\nval_split = 0.3\n[ts.ece]\nmax = 0.5\n',
+            11,
+            "val_split and fit_data",
+        ),
     ],
 )
 def test_malformed_policy_or_setting_exits_2_naming_the_line(
