@@ -33,6 +33,7 @@ from torch import nn
 
 from curvcal.errors import InputError, TrustError
 from curvcal.load.extras import require
+from curvcal.load.tensorfile import read_safetensors_metadata
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -162,6 +163,9 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     caller has checked needs no global beyond a weights-only load's."""
     _refuse_custom_code(folder, trust)
     transformers = require("hf", "transformers", str(folder.path))
+    for file in folder.weights:  # a truncated or unreadable file, named before the library reads it
+        if file.suffix == ".safetensors":
+            read_safetensors_metadata(file)
     auto = getattr(transformers, _auto_name(folder))
     bars = transformers.utils.logging
     was_shown = bars.is_progress_bar_enabled()

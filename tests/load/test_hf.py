@@ -302,6 +302,19 @@ def test_bad_folders_are_input_errors(vit: VitFiles, tmp_path: Path) -> None:
         load_model(vit.folder, CheckpointOptions(arch="tv:resnet18", device="cpu"))
 
 
+def test_truncated_weights_name_the_weight_file(vit: VitFiles, tmp_path: Path) -> None:
+    """A copy cut short (an interrupted download) is one error naming model.safetensors, before
+    transformers reads it (whose own error names no file and was an internal error)."""
+    cut = tmp_path / "cut"
+    shutil.copytree(vit.folder, cut)
+    weights = cut / "model.safetensors"
+    for size in (20, weights.stat().st_size // 2):
+        weights.write_bytes((vit.folder / "model.safetensors").read_bytes()[:size])
+        with pytest.raises(InputError, match="cannot be read as a .safetensors file") as info:
+            load_model(cut, CheckpointOptions(device="cpu"))
+        assert str(info.value).startswith(str(weights))
+
+
 def test_study_runs_on_folders(run_cli, vit: VitFiles, tmp_path: Path) -> None:
     second = tmp_path / "second"
     torch.manual_seed(5)
