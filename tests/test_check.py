@@ -301,6 +301,14 @@ def test_load_report_rejects_bad_files(tmp_path: Path) -> None:
         load_report(future)
     with pytest.raises(InputError, match="no such report"):
         load_report(tmp_path / "absent.json")
+    for results in (None, [], "rows"):
+        hollow = write(
+            tmp_path,
+            json.dumps({"schema": "1.3", "command": "x", "results": results}),
+            "hollow.json",
+        )
+        with pytest.raises(InputError, match="its results are"):
+            load_report(hollow)
     good = write(tmp_path, json.dumps({"schema": "1.3", "command": "x", "results": {}}), "ok.json")
     assert load_report(good)["command"] == "x"
 

@@ -136,6 +136,13 @@ def load_report(path: Path) -> dict[str, Any]:
             "not a curvcal report (no schema, command and results)",
             "write one with --output",
         )
+    if not isinstance(document["results"], dict):
+        raise InputError(
+            str(path),
+            f"not a curvcal report: its results are {type(document['results']).__name__}, "
+            "not an object",
+            "write one with --output",
+        )
     schema = str(document["schema"])
     if schema.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
         raise InputError(
