@@ -26,9 +26,10 @@ prints; progress goes through the ``on_step`` hook.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,31 +150,32 @@ def run_check(
 
     timings: dict[str, float] = {}
     began = time.perf_counter()
-    loaded = load_model(
-        checkpoint,
-        CheckpointOptions(
-            arch=settings["arch"],
-            arch_kwargs=dict(settings["arch_kwargs"]),
-            num_classes=settings["num_classes"],
-            state_dict_key=settings["state_dict_key"],
+    with _blame_the_setting(where, sources):
+        loaded = load_model(
+            checkpoint,
+            CheckpointOptions(
+                arch=settings["arch"],
+                arch_kwargs=dict(settings["arch_kwargs"]),
+                num_classes=settings["num_classes"],
+                state_dict_key=settings["state_dict_key"],
+                trust=trust,
+                allow_globals=allow_globals,
+                device=settings["device"],
+                dtype=settings["dtype"],
+            ),
+        )
+        data_options = DataOptions(
+            spec=settings["data"],
+            root=Path(settings["data_root"]) if settings["data_root"] else None,
+            max_samples=settings["max_samples"],
             trust=trust,
-            allow_globals=allow_globals,
-            device=settings["device"],
-            dtype=settings["dtype"],
-        ),
-    )
-    data_options = DataOptions(
-        spec=settings["data"],
-        root=Path(settings["data_root"]) if settings["data_root"] else None,
-        max_samples=settings["max_samples"],
-        trust=trust,
-        text_key=settings["text_key"],
-        label_key=settings["label_key"],
-        text_pair_key=settings["text_pair_key"],
-        tokenizer=Path(settings["tokenizer"]) if settings["tokenizer"] else None,
-        max_length=settings["max_length"],
-    )
-    data = load_dataset(data_options, loaded.preprocessing, text_model_of(loaded))
+            text_key=settings["text_key"],
+            label_key=settings["label_key"],
+            text_pair_key=settings["text_pair_key"],
+            tokenizer=Path(settings["tokenizer"]) if settings["tokenizer"] else None,
+            max_length=settings["max_length"],
+        )
+        data = load_dataset(data_options, loaded.preprocessing, text_model_of(loaded))
     n_classes = check_fitness(loaded, data, "data")
     inputs: dict[str, Any] = {"checkpoint": loaded.describe(), "data": data.describe()}
     messages: list[str] = []
@@ -334,6 +336,20 @@ def _calibration_settings(
     except InputError as error:
         name = error.what.lstrip("-").replace("-", "_")
         raise InputError(where(name) if name in DEFAULTS else error.what, error.why) from None
+
+
+@contextlib.contextmanager
+def _blame_the_setting(where: Locator, sources: Mapping[str, str]) -> Iterator[None]:
+    """Re-address a loader's error about an option (``--device: ...``) to the policy's line
+    when the value came from the policy, not from that option."""
+    try:
+        yield
+    except InputError as error:
+        option = error.what.split(" ")[0]
+        name = option.lstrip("-").replace("-", "_")
+        if not option.startswith("--") or name not in DEFAULTS or sources.get(name) != "policy":
+            raise
+        raise type(error)(where(name), error.why, error.hint) from None
 
 
 def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) -> HessianSettings:

@@ -178,6 +178,9 @@ def test_command_line_option_overrides_the_policy(run_cli, tmp_path) -> None:
         (SETTINGS + 'method = "ts"\n[focal_ts.ece]\nmax = 0.1\n', 10, "fits no focal_ts map"),
         (SETTINGS + "trace = false\n[trace]\nmax = 1\n", 10, "the policy gates [trace]"),
         (SETTINGS + 'loss = "hinge"\n[trace]\nmax = 1\n', 10, "loss 'hinge' is not one of"),
+        # a loader's complaint about a value the policy set names the policy's line, not
+        # the option the user never gave
+        (SETTINGS + 'arch = "curvcal:Nope"\n[ece]\nmax = 0.5\n', 10, "no bundled architecture"),
         (
             SETTINGS + 'fit_data = "curvcal:digits"\nval_split = 0.3\n[ts.ece]\nmax = 0.5\n',
             11,
@@ -192,6 +195,7 @@ def test_malformed_policy_or_setting_exits_2_naming_the_line(
     result = run_cli("check", demo_checkpoint(), "--policy", path)
     assert result.code == 2, result.output
     assert f"{path}:{line}:" in result.stderr and why in result.stderr
+    assert "--arch" not in result.stderr
     assert result.stdout == ""
 
 
