@@ -438,14 +438,22 @@ def _load_safetensors(path: Path, container: Container, options: CheckpointOptio
 
     metadata = safetensors_metadata(container.header)
     arch, kwargs = options.arch, dict(options.arch_kwargs)
-    if arch is None and ARCH_METADATA_KEY in metadata:
+    from_metadata = arch is None and ARCH_METADATA_KEY in metadata
+    if from_metadata:
         arch = metadata[ARCH_METADATA_KEY]
         kwargs = {**_metadata_kwargs(path, metadata), **kwargs}
     try:
         state = load_file(str(path), device="cpu")
     except Exception as exc:  # safetensors raises its own error types
         raise InputError(str(path), f"cannot read safetensors file: {_one_line(exc)}") from exc
-    return _from_state_dict(path, "safetensors", state, None, arch, kwargs, options, metadata)
+    try:
+        return _from_state_dict(path, "safetensors", state, None, arch, kwargs, options, metadata)
+    except InputError as error:
+        if not (from_metadata and error.what.startswith("--arch")):
+            raise
+        # the architecture was named by the file, not by --arch: say so
+        what = f"{path} (its metadata {ARCH_METADATA_KEY} = {arch!r})"
+        raise type(error)(what, error.why, error.hint) from None
 
 
 def _metadata_kwargs(path: Path, metadata: Mapping[str, str]) -> dict[str, Any]:

@@ -541,8 +541,22 @@ def test_py_architecture_needs_trust(tmp_path: Path) -> None:
         load_model(tmp_path / "w.pt", CheckpointOptions(arch=MLP_ARCH, device="cpu"))
     metadata = {"curvcal.arch": MLP_ARCH}
     save_file(_mlp().state_dict(), str(tmp_path / "w.safetensors"), metadata=metadata)
-    with pytest.raises(TrustError, match="imports and runs Python code"):
+    with pytest.raises(TrustError, match="imports and runs Python code") as info:
         load_model(tmp_path / "w.safetensors", CheckpointOptions(device="cpu"))
+    # the file named the architecture, not --arch: the error says so
+    assert info.value.what.startswith(f"{tmp_path / 'w.safetensors'} (its metadata curvcal.arch")
+    assert "--arch" not in info.value.what
+
+
+def test_an_unknown_architecture_in_the_metadata_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    save_file(_digits().state_dict(), str(path), metadata={"curvcal.arch": "curvcal:Nope"})
+    with pytest.raises(InputError, match="no bundled architecture 'Nope'") as info:
+        load_model(path, CheckpointOptions(device="cpu"))
+    assert info.value.what == f"{path} (its metadata curvcal.arch = 'curvcal:Nope')"
+    with pytest.raises(InputError) as given:  # a bad --arch is still blamed on --arch
+        load_model(path, CheckpointOptions(arch="curvcal:Nope", device="cpu"))
+    assert given.value.what.startswith("--arch")
 
 
 # --- inspect ---------------------------------------------------------------------------------
