@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from curvcal import __version__
 
 
@@ -46,6 +48,29 @@ def test_output_file_written_and_not_overwritten_without_force(run_cli, tmp_path
     assert "already exists" in result.stderr and str(out) in result.stderr
     assert out.read_text() == first
     assert run_cli("version", "-o", str(out), "--force").code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("version", "--json", "--format", "table"), ("--json", "--format table")),
+        (("--format", "markdown", "version", "--json"), ("--format markdown", "--json")),
+        (("-o", "{a}", "version", "-o", "{b}"), ("-o {a}", "-o {b}")),
+    ],
+)
+def test_two_different_formats_or_outputs_are_refused(
+    run_cli, tmp_path: Path, args: tuple[str, ...], named: tuple[str, str]
+) -> None:
+    """Output options may be given on the group or the command, but two different values used
+    to leave the last one winning unnoticed (one requested file was never written)."""
+    paths = {"a": str(tmp_path / "a.json"), "b": str(tmp_path / "b.json")}
+    result = run_cli(*(arg.format(**paths) for arg in args))
+    assert result.code == 2 and "disagree" in result.stderr
+    for name in named:
+        assert name.format(**paths) in result.stderr
+    assert not list(tmp_path.iterdir())
+    same = run_cli("--json", "version", "--format", "json")
+    assert same.code == 0 and json.loads(same.stdout)["command"] == "version"
 
 
 def test_output_into_missing_directory_is_input_error(run_cli, tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +27,8 @@ class OutputOptions:
     force: bool = False
     quiet: bool = False
     debug: bool = False
+    #: the option that set each of ``fmt`` and ``output``, to refuse a second, different one
+    given: dict[str, str] = field(default_factory=dict)
 
 
 def get_output_options(ctx: click.Context | None = None) -> OutputOptions:
@@ -38,9 +40,22 @@ def get_output_options(ctx: click.Context | None = None) -> OutputOptions:
 
 
 def _setter(attr: str, transform: Callable[[Any], Any] = lambda v: v) -> Callable[..., None]:
-    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
-        if value not in (None, False):
-            setattr(get_output_options(ctx), attr, transform(value))
+    """The callback that records an output option; ``fmt`` and ``output`` may be given on the
+    group and on the command, but not as two different values (``--json --format table``, two
+    ``-o`` files): the last would win unnoticed."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value in (None, False):
+            return
+        options = get_output_options(ctx)
+        new = transform(value)
+        spelled = f"{param.opts[0] if param.opts else param.name} {value}".replace(" True", "")
+        if attr in ("fmt", "output"):
+            before = options.given.get(attr)
+            if before is not None and getattr(options, attr) != new:
+                raise click.UsageError(f"{before} and {spelled} disagree; give one of them")
+            options.given[attr] = spelled
+        setattr(options, attr, new)
 
     return callback
 
