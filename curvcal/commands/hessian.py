@@ -216,6 +216,7 @@ def hessian(
     from curvcal.outputs import arch_inputs, data_inputs
     from curvcal.pipeline.hessian import HessianRequest, run_hessian
 
+    _refuse_unused_trace_options(trace, trace_method)
     options, reporter = start(
         inputs=[
             ("CHECKPOINT", checkpoint),
@@ -266,3 +267,39 @@ def hessian(
     if run.failure is not None:
         raise run.failure
     return code
+
+
+#: the options that only shape the trace, by parameter name
+_TRACE_OPTIONS = {
+    "trace_method": "--trace-method",
+    "probes": "--probes",
+    "trace_rtol": "--trace-rtol",
+    "probe_dist": "--probe-dist",
+}
+
+
+def _refuse_unused_trace_options(trace: bool, trace_method: str) -> None:
+    """Options typed for a trace that will not use them are a mistake to report, not to ignore:
+    any trace option with --no-trace, and --probe-dist with the exact Gauss–Newton trace (which
+    draws no probe)."""
+    from click.core import ParameterSource
+
+    from curvcal.errors import InputError
+
+    ctx = click.get_current_context()
+    typed = [
+        option
+        for name, option in _TRACE_OPTIONS.items()
+        if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+    ]
+    if not trace and typed:
+        raise InputError(
+            "--no-trace", f"no trace is computed, so {', '.join(typed)} would do nothing",
+            "leave them out, or drop --no-trace",
+        )  # fmt: skip
+    if trace_method == "gauss-newton" and "--probe-dist" in typed:
+        raise InputError(
+            "--probe-dist",
+            "the gauss-newton trace is exact and draws no probe",
+            "leave out --probe-dist, or pick an estimator with --trace-method",
+        )

@@ -221,6 +221,16 @@ def test_own_loss_is_read_from_the_checkpoint(run_cli, files: Files) -> None:
             "part takes 2 gradient norms per sample, leaving 3 of --probes 5",
         ),
         (["--trace-method", "gauss-newton+xtrace", "--mode", "train"], 2, "train mode"),
+        (
+            ["--no-trace", "--probes", "50", "--trace-method", "hutchpp"],
+            2,
+            "--no-trace: no trace is computed, so --trace-method, --probes would do nothing",
+        ),
+        (
+            ["--trace-method", "gauss-newton", "--probe-dist", "gaussian"],
+            2,
+            "--probe-dist: the gauss-newton trace is exact and draws no probe",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_an_exit_code(
