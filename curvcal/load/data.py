@@ -750,7 +750,7 @@ def _dims(shape: torch.Size) -> str:
 
 
 def stratified_split(
-    labels: torch.Tensor, fraction: float, seed: int
+    labels: torch.Tensor, fraction: float, seed: int, source: str = "the data"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split sample indices into ``(fit_idx, eval_idx)``, class by class.
 
@@ -761,14 +761,20 @@ def stratified_split(
     fractional parts (ties to the lower class). A class too small to split (one sample) lands
     wholly on one side. Which samples of a class go to ``fit`` is drawn with ``seed``; the same
     labels and seed give the same split. Both index tensors are int64, ascending, disjoint,
-    and together cover ``0..N-1``.
+    and together cover ``0..N-1``. ``source`` names the data in the error for fewer than two
+    samples.
     """
     if not 0.0 < fraction < 1.0:
         raise InputError("--val-split", f"is {fraction}; it must be strictly between 0 and 1")
     labels = as_labels(torch.as_tensor(labels), "labels")
     n_total = int(labels.shape[0])
     if n_total < 2:
-        raise InputError("labels", f"{n_total} sample(s) cannot be split into two non-empty parts")
+        raise InputError(
+            "--val-split",
+            f"{source} has {n_total} sample(s); a split needs at least 2, one to fit and one to "
+            "evaluate",
+            "give more samples, or fit on separate data",
+        )
     n_fit = min(max(round(fraction * n_total), 1), n_total - 1)
     classes, counts = torch.unique(labels, return_counts=True)
     quotas = [fraction * int(c) for c in counts]

@@ -161,7 +161,7 @@ def analyse(
             eval_source=source,
         )
     if fraction is not None:
-        fit_idx, eval_idx = stratified_split(labels, fraction, settings.seed)
+        fit_idx, eval_idx = stratified_split(labels, fraction, settings.seed, source)
         return analyse_val_split(
             scores, labels, fit_idx, eval_idx, kind, settings, fraction, source
         )

@@ -107,7 +107,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             None,
             text_model,
         )
-    fit_idx, eval_idx = stratified_split(data.labels, request.val_split, seed)
+    fit_idx, eval_idx = stratified_split(data.labels, request.val_split, seed, data.spec)
     paths = list(request.checkpoints)
     check_every_checkpoint(paths, checkpoint_options, data, hessian_data, request.curvature_data)
 

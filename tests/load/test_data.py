@@ -349,8 +349,9 @@ def test_split_borders() -> None:
         stratified_split(labels, 1.0, seed=0)
     with pytest.raises(InputError, match="between 0 and 1"):
         stratified_split(labels, 0.0, seed=0)
-    with pytest.raises(InputError, match="cannot be split"):
-        stratified_split(torch.tensor([3]), 0.5, seed=0)
+    with pytest.raises(InputError, match=r"one\.pt has 1 sample") as info:
+        stratified_split(torch.tensor([3]), 0.5, seed=0, source="one.pt")
+    assert info.value.what == "--val-split"
 
 
 def _fake_mnist(root: Path, n: int = 5) -> torch.Tensor:
