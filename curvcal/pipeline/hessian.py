@@ -152,14 +152,14 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
         settings = _settings(request, criterion, gamma)
         params, params_choice, say_choice = default_params(loaded, settings.params)
         settings = dataclasses.replace(settings, params=params)
-        if say_choice and params:
-            reporter.warn(f"Hessian over {params_choice}")
         _check_parameters(loaded, settings)
         data_options = dataclasses.replace(
             request.data_options, trust=request.checkpoint_options.trust
         )
         data = load_dataset(data_options, loaded.preprocessing, text_model_of(loaded))
         check_fitness(loaded, data, "--data")
+        if say_choice and params:  # once the inputs are known good: an error stays one line
+            reporter.warn(f"Hessian over {params_choice}")
         indices = shard(data, context)
         loaded_seconds = time.perf_counter() - began
 
