@@ -73,6 +73,15 @@ def test_two_different_formats_or_outputs_are_refused(
     assert same.code == 0 and json.loads(same.stdout)["command"] == "version"
 
 
+def test_output_to_a_dash_is_refused_not_a_file_named_dash(
+    run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("version", "-o", "-")
+    assert result.code == 2 and "--json" in result.stderr
+    assert not (tmp_path / "-").exists()
+
+
 def test_output_into_missing_directory_is_input_error(run_cli, tmp_path: Path) -> None:
     out = tmp_path / "missing" / "report.json"
     result = run_cli("version", "--output", str(out))

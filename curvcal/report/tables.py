@@ -96,6 +96,10 @@ def _md(cell: str) -> str:
 def check_output_path(path: Path, force: bool) -> None:
     """Refuse, before any work is done, an output path that cannot be written or would be
     overwritten without ``--force``."""
+    if str(path) == "-":  # the usual spelling of standard output, not a file to create
+        raise InputError(
+            "-o -", "reports are written to files, not to standard output", "use --json to print it"
+        )
     refuse_special(path)
     if path.exists() and not force:
         raise InputError(str(path), "already exists", "pass --force to overwrite it")
