@@ -335,7 +335,10 @@ def _calibration_settings(
         return dataclasses.replace(base, gammas=tuple(float(g) for g in gammas))
     except InputError as error:
         name = error.what.lstrip("-").replace("-", "_")
-        raise InputError(where(name) if name in DEFAULTS else error.what, error.why) from None
+        if name not in DEFAULTS:
+            raise
+        # the kernel's message names the value, not the setting: the policy line needs both
+        raise InputError(where(name), f"{name} {error.why}", error.hint) from None
 
 
 @contextlib.contextmanager
@@ -379,7 +382,10 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) 
     except InputError as error:
         renamed = {"method": "eigen_method", "trace_method": "trace", "criterion": "loss"}
         name = renamed.get(error.what, error.what)
-        raise InputError(where(name) if name in DEFAULTS else error.what, error.why) from None
+        if name not in DEFAULTS:
+            raise
+        # the kernel's message names the value, not the setting: the policy line needs both
+        raise InputError(where(name), f"{name} {error.why}", error.hint) from None
 
 
 # --------------------------------------------------------------------------------------------

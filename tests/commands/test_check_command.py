@@ -181,6 +181,12 @@ def test_command_line_option_overrides_the_policy(run_cli, tmp_path) -> None:
         # a loader's complaint about a value the policy set names the policy's line, not
         # the option the user never gave
         (SETTINGS + 'arch = "curvcal:Nope"\n[ece]\nmax = 0.5\n', 10, "no bundled architecture"),
+        # a kernel's complaint names the setting too, not only its line
+        (
+            SETTINGS.replace("probes = 4", "probes = 1") + "[trace]\nmax = 1000\n",
+            9,
+            "probes must be an integer ≥ 4",
+        ),
         (
             SETTINGS + 'fit_data = "curvcal:digits"\nval_split = 0.3\n[ts.ece]\nmax = 0.5\n',
             11,
