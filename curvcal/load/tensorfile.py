@@ -64,7 +64,27 @@ def read_safetensors_metadata(path: Path) -> dict[str, str]:
 
 
 def _read_npz(path: Path) -> dict[str, torch.Tensor]:
+    import zipfile
+
     import numpy as np
+
+    if not zipfile.is_zipfile(path):  # numpy would try it as a pickle, or as one .npy array
+        with open(path, "rb") as handle:
+            start = handle.read(6)
+        if start == b"\x93NUMPY":
+            raise InputError(
+                str(path),
+                "is one .npy array, not an .npz archive",
+                "save named arrays with numpy.savez",
+            )
+        reason = (
+            "it is empty"
+            if not start
+            else "the zip archive is cut short"
+            if start.startswith(b"PK")
+            else "it is not a zip archive of arrays"
+        )
+        raise InputError(str(path), f"cannot be read as a .npz file ({reason})", "is it truncated?")
 
     with np.load(path, allow_pickle=False) as archive:
         arrays = {key: archive[key] for key in archive.files}
