@@ -55,6 +55,35 @@ def check_outputs(options: CalibrationOptions, force: bool) -> None:
         require_matplotlib()
 
 
+#: the options that shape one map's fit, and the --method values that fit that map
+_MAP_OPTIONS = {
+    "objective": ("--objective", ("ts", "both")),
+    "focal_objective": ("--focal-objective", ("focal-ts", "both")),
+    "gammas": ("--gammas", ("focal-ts", "both")),
+}
+
+
+def _refuse_unused_map_options(method: str | None) -> None:
+    """An option typed for a map that ``--method`` (when given) does not fit would do nothing:
+    ``--method none --objective ece``, ``--method ts --gammas 0,1``. Refused, not ignored."""
+    from click.core import ParameterSource
+
+    if method is None:
+        return
+    ctx = click.get_current_context()
+    unused = [
+        option
+        for name, (option, methods) in _MAP_OPTIONS.items()
+        if method not in methods
+        and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+    ]
+    if unused:
+        raise click.UsageError(
+            f"--method {method} fits no map that {', '.join(unused)} would shape; leave "
+            f"{'it' if len(unused) == 1 else 'them'} out or pick another --method"
+        )
+
+
 def _gamma_list(
     ctx: click.Context, param: click.Parameter, value: str | None
 ) -> tuple[float, ...] | None:
@@ -81,6 +110,7 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             values = {name: kwargs.pop(name) for name in _OPTION_NAMES}
+            _refuse_unused_map_options(values["method"])
             return func(*args, calibration=CalibrationOptions(**values), **kwargs)
 
         decorators = [

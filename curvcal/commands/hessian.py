@@ -216,7 +216,7 @@ def hessian(
     from curvcal.outputs import arch_inputs, data_inputs
     from curvcal.pipeline.hessian import HessianRequest, run_hessian
 
-    _refuse_unused_trace_options(trace, trace_method)
+    _refuse_unused_trace_options(trace, trace_method, per_layer)
     options, reporter = start(
         inputs=[
             ("CHECKPOINT", checkpoint),
@@ -278,19 +278,22 @@ _TRACE_OPTIONS = {
 }
 
 
-def _refuse_unused_trace_options(trace: bool, trace_method: str) -> None:
+def _refuse_unused_trace_options(trace: bool, trace_method: str, per_layer: bool) -> None:
     """Options typed for a trace that will not use them are a mistake to report, not to ignore:
     any trace option with --no-trace, and --probe-dist with the exact Gauss–Newton trace (which
-    draws no probe)."""
+    draws no probe). --per-layer's layer traces use --probes and --probe-dist whatever the
+    whole trace does."""
     from click.core import ParameterSource
 
     from curvcal.errors import InputError
 
     ctx = click.get_current_context()
+    layers_use = ("probes", "probe_dist") if per_layer else ()
     typed = [
         option
         for name, option in _TRACE_OPTIONS.items()
-        if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+        if name not in layers_use
+        and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
     ]
     if not trace and typed:
         raise InputError(

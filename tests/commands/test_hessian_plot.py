@@ -11,6 +11,8 @@ LIGHT = (
     "--data", "curvcal:digits", "--max-samples", "40", "--device", "cpu", "--method", "lanczos",
     "--tol", "1e-2", "--probes", "4", "--top-k", "2", "--quiet",
 )  # fmt: skip
+#: LIGHT for runs without a trace, which refuse --probes (it would do nothing)
+NO_TRACE = (*LIGHT[: LIGHT.index("--probes")], *LIGHT[LIGHT.index("--probes") + 2 :], "--no-trace")
 
 
 def axes_in_svg(path: Path) -> int:
@@ -39,13 +41,13 @@ def test_spectrum_density_and_per_layer_plots(run_cli, tmp_path: Path) -> None:
 
 def test_spectrum_png_size_and_refusals(run_cli, tmp_path: Path) -> None:
     plot = tmp_path / "spectrum.png"
-    result = run_cli("hessian", demo_checkpoint(), *LIGHT, "--no-trace", "--plot", plot)
+    result = run_cli("hessian", demo_checkpoint(), *NO_TRACE, "--plot", plot)
     assert result.code == 0, result.output
     assert png_size(plot) == (400, 320)  # 4 × 3.2 inches at 100 dpi, one axis
     first = plot.read_bytes()
-    again = run_cli("hessian", demo_checkpoint(), *LIGHT, "--no-trace", "--plot", plot)
+    again = run_cli("hessian", demo_checkpoint(), *NO_TRACE, "--plot", plot)
     assert again.code == 2 and "already exists" in again.stderr  # checked before any work
-    forced = run_cli("hessian", demo_checkpoint(), *LIGHT, "--no-trace", "--plot", plot, "--force")
+    forced = run_cli("hessian", demo_checkpoint(), *NO_TRACE, "--plot", plot, "--force")
     assert forced.code == 0 and plot.read_bytes() == first  # deterministic
     bad = run_cli("hessian", demo_checkpoint(), *LIGHT, "--plot", tmp_path / "s.gif")
     assert bad.code == 2 and "cannot tell the format" in bad.stderr

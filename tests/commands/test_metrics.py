@@ -170,6 +170,15 @@ def test_fit_file_with_other_class_count(run_cli, tmp_path: Path) -> None:
         (("--val-split", "0.5", "--method", "none"), "--method none"),
         (("--save-calibrator", "c.json"), "--save-calibrator needs a fit"),
         (("--plot", "p.jpg"), "--plot"),
+        (("--method", "none", "--objective", "ece"), "--method none fits no map that --objective"),
+        (
+            ("--val-split", "0.5", "--method", "ts", "--gammas", "0,1"),
+            "--method ts fits no map that --gammas",
+        ),
+        (
+            ("--val-split", "0.5", "--method", "focal-ts", "--objective", "ece"),
+            "--method focal-ts fits no map that --objective",
+        ),
     ],
 )
 def test_bad_options(run_cli, tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
