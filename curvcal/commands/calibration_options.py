@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from curvcal.commands.common import typed_options
 from curvcal.pipeline.calibration import CalibrationOptions
 from curvcal.report.tables import check_output_path, write_atomic
 
@@ -66,17 +67,10 @@ _MAP_OPTIONS = {
 def _refuse_unused_map_options(method: str | None) -> None:
     """An option typed for a map that ``--method`` (when given) does not fit would do nothing:
     ``--method none --objective ece``, ``--method ts --gammas 0,1``. Refused, not ignored."""
-    from click.core import ParameterSource
-
     if method is None:
         return
-    ctx = click.get_current_context()
-    unused = [
-        option
-        for name, (option, methods) in _MAP_OPTIONS.items()
-        if method not in methods
-        and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
-    ]
+    idle = [name for name, (_option, methods) in _MAP_OPTIONS.items() if method not in methods]
+    unused = [_MAP_OPTIONS[name][0] for name in typed_options(idle)]
     if unused:
         raise click.UsageError(
             f"--method {method} fits no map that {', '.join(unused)} would shape; leave "

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from click.core import ParameterSource
 
 from curvcal.commands.checkpoint_options import checkpoint_options
-from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.common import finish, output_options, start, typed_options
 from curvcal.commands.data_options import text_options
 from curvcal.report.check import check_tables
 
@@ -161,10 +160,4 @@ def check(
 
 def _given_on_command_line(values: dict[str, Any]) -> dict[str, Any]:
     """The settings whose options were typed on the command line (not left at a default)."""
-    ctx = click.get_current_context()
-    overrides: dict[str, Any] = {}
-    for parameter, setting in _OVERRIDES.items():
-        if ctx.get_parameter_source(parameter) in (None, ParameterSource.DEFAULT):
-            continue
-        overrides[setting] = values[setting]
-    return overrides
+    return {_OVERRIDES[name]: values[_OVERRIDES[name]] for name in typed_options(_OVERRIDES)}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +37,19 @@ def get_output_options(ctx: click.Context | None = None) -> OutputOptions:
     if not isinstance(root.obj, OutputOptions):
         root.obj = OutputOptions()
     return root.obj
+
+
+def typed_options(names: Iterable[str]) -> list[str]:
+    """Those of the current command's parameters ``names`` that were given (on the command line
+    or by an environment variable), not left at their defaults; in the order of ``names``."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return [
+        name
+        for name in names
+        if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+    ]
 
 
 def _setter(attr: str, transform: Callable[[Any], Any] = lambda v: v) -> Callable[..., None]:

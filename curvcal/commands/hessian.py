@@ -15,7 +15,7 @@ import click
 
 from curvcal import choices
 from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
-from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.common import finish, output_options, start, typed_options
 from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.report.hessian import hessian_tables, plot_outputs, plot_paths, write_plots
 
@@ -283,18 +283,11 @@ def _refuse_unused_trace_options(trace: bool, trace_method: str, per_layer: bool
     any trace option with --no-trace, and --probe-dist with the exact Gauss–Newton trace (which
     draws no probe). --per-layer's layer traces use --probes and --probe-dist whatever the
     whole trace does."""
-    from click.core import ParameterSource
-
     from curvcal.errors import InputError
 
-    ctx = click.get_current_context()
     layers_use = ("probes", "probe_dist") if per_layer else ()
-    typed = [
-        option
-        for name, option in _TRACE_OPTIONS.items()
-        if name not in layers_use
-        and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
-    ]
+    unused = [name for name in _TRACE_OPTIONS if name not in layers_use]
+    typed = [_TRACE_OPTIONS[name] for name in typed_options(unused)]
     if not trace and typed:
         raise InputError(
             "--no-trace", f"no trace is computed, so {', '.join(typed)} would do nothing",
