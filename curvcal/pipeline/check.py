@@ -321,7 +321,7 @@ def _calibration_settings(
     from curvcal.calibration.analysis import CalibrationSettings
 
     gammas = settings["gammas"]
-    try:
+    with _at_the_setting(where):
         base = CalibrationSettings(
             method=method,
             objective=settings["objective"],
@@ -333,11 +333,21 @@ def _calibration_settings(
         if gammas is None:
             return base
         return dataclasses.replace(base, gammas=tuple(float(g) for g in gammas))
+
+
+@contextlib.contextmanager
+def _at_the_setting(where: Locator, renamed: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Re-address a settings kernel's error (``probes: must be ...``, or ``--probes: ...``) to
+    where the setting came from, naming the setting: the kernel's message names the value, the
+    policy line alone would not say which setting it is. ``renamed``: the kernel's names of
+    settings that the policy spells otherwise."""
+    try:
+        yield
     except InputError as error:
-        name = error.what.lstrip("-").replace("-", "_")
+        kernel_name = error.what.lstrip("-").replace("-", "_")
+        name = (renamed or {}).get(kernel_name, kernel_name)
         if name not in DEFAULTS:
             raise
-        # the kernel's message names the value, not the setting: the policy line needs both
         raise InputError(where(name), f"{name} {error.why}", error.hint) from None
 
 
@@ -366,7 +376,8 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) 
         raise InputError(where("loss"), "loss 'focal' needs gamma under [settings]")
     if loss != "focal" and gamma not in (None, 0, 0.0):
         raise InputError(where("gamma"), f"gamma {gamma} is only used with loss 'focal'")
-    try:
+    renamed = {"method": "eigen_method", "trace_method": "trace", "criterion": "loss"}
+    with _at_the_setting(where, renamed):
         return HessianSettings(
             top_k=settings["top_k"],
             method=settings["eigen_method"],
@@ -379,13 +390,6 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) 
             criterion="ce" if loss == "own" else loss,
             gamma=float(gamma or 0.0),
         )
-    except InputError as error:
-        renamed = {"method": "eigen_method", "trace_method": "trace", "criterion": "loss"}
-        name = renamed.get(error.what, error.what)
-        if name not in DEFAULTS:
-            raise
-        # the kernel's message names the value, not the setting: the policy line needs both
-        raise InputError(where(name), f"{name} {error.why}", error.hint) from None
 
 
 # --------------------------------------------------------------------------------------------
