@@ -116,6 +116,8 @@ class MetricsRequest:
     fit_file: Path | None = None
     apply_file: Path | None = None
     nan_policy: str = "error"
+    strict: bool = False
+    apply_anyway: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ def run_calibrate(
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import load_dataset
     from curvcal.load.text import text_model_of
+    from curvcal.calibration.inputs import looks_like_probabilities
+    from curvcal.pipeline.calibration_warnings import analysis_warnings, probabilities_as_logits
     from curvcal.pipeline.fitness import check_fitness, single_class_warning
     from curvcal.pipeline.runtime import distributed_run, predict
     from curvcal.provenance import environment
@@ -264,6 +268,14 @@ def run_calibrate(
             *fit_predictions, request.nan_policy, f"--fit-data {fit_data}", warnings
         )
         fit_predictions = (fit_logits, fit_labels)
+    if looks_like_probabilities(logits):
+        warnings.append(
+            probabilities_as_logits(
+                f"the outputs of {request.checkpoint}",
+                "if the model ends in a softmax, save its outputs with --save-logits and read "
+                "them with curvcal metrics --input-kind probs",
+            )
+        )
     for warning in warnings[shown:]:
         reporter.warn(warning)
     analysis = analyse(
@@ -277,6 +289,7 @@ def run_calibrate(
         fraction=fraction,
     )
     timings["calibration"] = time.perf_counter() - began
+    _warn(analysis_warnings(analysis), warnings, reporter)
     _timed_write(analysis, write, timings)
 
     inputs: dict[str, Any] = {
@@ -345,6 +358,7 @@ def run_metrics(
     from curvcal.calibration.analysis import evaluate_calibrators
     from curvcal.load.digest import file_info
     from curvcal.load.logits import load_logits
+    from curvcal.pipeline.calibration_warnings import analysis_warnings
     from curvcal.pipeline.calibrator import load_calibrators
     from curvcal.provenance import environment
 
@@ -355,10 +369,12 @@ def run_metrics(
     keys = (request.input_kind, request.scores_key, request.labels_key, request.nan_policy)
     data = load_logits(request.logits, *keys)
     described: dict[str, Any] = {"logits": _describe(request.logits, data, warnings)}
+    _check_kind(request.logits, data, request, warnings)
     fit_data = None
     if request.fit_file is not None:
         fit_data = load_logits(request.fit_file, *keys)
         described["fit"] = _describe(request.fit_file, fit_data, warnings)
+        _check_kind(request.fit_file, fit_data, request, warnings)
     for warning in warnings:
         reporter.warn(warning)
     calibrators = None
@@ -386,6 +402,7 @@ def run_metrics(
             fraction=request.calibration.val_split,
         )
     timings["calibration"] = time.perf_counter() - began
+    _warn(analysis_warnings(analysis), warnings, reporter)
     _timed_write(analysis, write, timings)
 
     report = Report(
@@ -400,12 +417,41 @@ def run_metrics(
             "fit": request.fit_file,
             "apply": request.apply_file,
             "nan_policy": request.nan_policy,
+            "strict": request.strict,
         },
         timings=timings,
         environment=environment(),
         warnings=warnings,
     )
     return CalibrationRun(analysis, report)
+
+
+def _warn(messages: list[str], warnings: list[str], reporter: Reporter) -> None:
+    """Add ``messages`` to the report's warnings and say them on stderr."""
+    for message in messages:
+        warnings.append(message)
+        reporter.warn(message)
+
+
+def _check_kind(
+    path: Path, data: LogitsData, request: MetricsRequest, warnings: list[str]
+) -> None:
+    """Scores read as logits that look like probabilities: a warning, or under ``--strict``
+    an :class:`~curvcal.errors.InputError` naming the file."""
+    from curvcal.calibration.inputs import looks_like_probabilities
+    from curvcal.errors import InputError
+    from curvcal.pipeline.calibration_warnings import PROBS_REMEDY, probabilities_as_logits
+
+    if request.input_kind != "logits" or not looks_like_probabilities(data.scores):
+        return
+    if request.strict:
+        raise InputError(
+            str(path),
+            "every score is non-negative and every row sums to 1, so these look like "
+            "probabilities, but --input-kind is logits (refused under --strict)",
+            PROBS_REMEDY,
+        )
+    warnings.append(probabilities_as_logits(str(path)))
 
 
 def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:
