@@ -191,13 +191,13 @@ def run_calibrate(
     """
     import dataclasses
 
+    from curvcal.calibration.inputs import looks_like_probabilities
     from curvcal.console import Reporter
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import load_dataset
     from curvcal.load.text import text_model_of
-    from curvcal.calibration.inputs import looks_like_probabilities
     from curvcal.pipeline.calibration_warnings import analysis_warnings, probabilities_as_logits
-    from curvcal.pipeline.fitness import check_fitness, single_class_warning
+    from curvcal.pipeline.fitness import check_fitness, say_preprocessing, single_class_warning
     from curvcal.pipeline.runtime import distributed_run, predict
     from curvcal.provenance import environment
 
@@ -231,6 +231,9 @@ def run_calibrate(
                 text_model_of(loaded),
             )
             check_fitness(loaded, fit_loaded, "--fit-data")
+        say_preprocessing(data, reporter, warnings)
+        if fit_loaded is not None:
+            say_preprocessing(fit_loaded, reporter, warnings, "--fit-data")
         if n_classes == 1:
             warnings.append(single_class_warning(str(request.checkpoint)))
             reporter.warn(warnings[-1])
@@ -433,9 +436,7 @@ def _warn(messages: list[str], warnings: list[str], reporter: Reporter) -> None:
         reporter.warn(message)
 
 
-def _check_kind(
-    path: Path, data: LogitsData, request: MetricsRequest, warnings: list[str]
-) -> None:
+def _check_kind(path: Path, data: LogitsData, request: MetricsRequest, warnings: list[str]) -> None:
     """Scores read as logits that look like probabilities: a warning, or under ``--strict``
     an :class:`~curvcal.errors.InputError` naming the file."""
     from curvcal.calibration.inputs import looks_like_probabilities
