@@ -108,7 +108,11 @@ def metrics(
         strict=strict,
         apply_anyway=apply_anyway,
     )
-    run = run_metrics(request, reporter, lambda analysis: write_outputs(analysis, calibration))
+    run = run_metrics(
+        request,
+        reporter,
+        lambda analysis, provenance: write_outputs(analysis, provenance, calibration),
+    )
     return finish(run.report, calibration_tables(run.analysis, chart=output.fmt == "table"))
 
 

@@ -24,11 +24,13 @@ if TYPE_CHECKING:
     from curvcal.load.checkpoint import CheckpointOptions
     from curvcal.load.data import DataOptions
     from curvcal.load.logits import LogitsData
+    from curvcal.pipeline.calibrator import CalibratorProvenance
 
 DEFAULT_VAL_SPLIT = 0.5
 
-#: Called with the analysis to write the files the options ask for (calibrator, plot).
-WriteOutputs = Callable[["CalibrationAnalysis"], None]
+#: Called with the analysis and the provenance of its fit to write the files the options ask
+#: for (calibrator, plot).
+WriteOutputs = Callable[["CalibrationAnalysis", "CalibratorProvenance"], None]
 
 
 @dataclass(frozen=True)
@@ -173,12 +175,39 @@ def analyse(
 
 
 def _timed_write(
-    analysis: CalibrationAnalysis, write: WriteOutputs | None, timings: dict[str, float]
+    analysis: CalibrationAnalysis,
+    provenance: CalibratorProvenance,
+    write: WriteOutputs | None,
+    timings: dict[str, float],
 ) -> None:
     began = time.perf_counter()
     if write is not None:
-        write(analysis)
+        write(analysis, provenance)
     timings["outputs"] = time.perf_counter() - began
+
+
+def _fit_record(
+    analysis: CalibrationAnalysis, source: str, files: list[Any]
+) -> dict[str, Any] | None:
+    """The fit data of a calibrator's provenance: where it came from and the first file's
+    path, size and SHA-256 (``None`` each when it was no file, e.g. a torchvision dataset)."""
+    if analysis.split.method == "none":
+        return None
+    first = files[0] if files else None
+    return {
+        "source": source,
+        "path": getattr(first, "path", None),
+        "sha256": getattr(first, "sha256", None),
+        "size_bytes": getattr(first, "size_bytes", None),
+        "n_samples": analysis.split.n_fit,
+    }
+
+
+def _split_source(analysis: CalibrationAnalysis, source: str) -> str:
+    split = analysis.split
+    if split.fraction is None:
+        return source
+    return f"--val-split {split.fraction:g} of {source} (seed {split.seed})"
 
 
 def run_calibrate(
@@ -195,8 +224,10 @@ def run_calibrate(
     from curvcal.console import Reporter
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import load_dataset
+    from curvcal.load.digest import file_info
     from curvcal.load.text import text_model_of
     from curvcal.pipeline.calibration_warnings import analysis_warnings, probabilities_as_logits
+    from curvcal.pipeline.calibrator import CalibratorProvenance
     from curvcal.pipeline.fitness import check_fitness, say_preprocessing, single_class_warning
     from curvcal.pipeline.runtime import distributed_run, predict
     from curvcal.provenance import environment
@@ -293,14 +324,26 @@ def run_calibrate(
     )
     timings["calibration"] = time.perf_counter() - began
     _warn(analysis_warnings(analysis), warnings, reporter)
-    _timed_write(analysis, write, timings)
-
     inputs: dict[str, Any] = {
         "checkpoint": loaded.describe(),
         "data": {**data.describe(), "dropped_rows": dropped["data"]},
     }
     if fit_loaded is not None:
         inputs["fit_data"] = {**fit_loaded.describe(), "dropped_rows": dropped["fit_data"]}
+    fitted_on = fit_loaded if fit_loaded is not None else data
+    names = tuple(loaded.labels) if len(loaded.labels) == analysis.n_classes else None
+    provenance = CalibratorProvenance(
+        n_classes=analysis.n_classes,
+        input_kind="logits",
+        class_names=names or None,
+        fit_data=_fit_record(
+            analysis,
+            f"--fit-data {fit_data}" if fit_loaded is not None else _split_source(analysis, source),
+            [file_info(path) for path in fitted_on.files],
+        ),
+        model={"path": str(request.checkpoint), "sha256": inputs["checkpoint"]["sha256"]},
+    )
+    _timed_write(analysis, provenance, write, timings)
     report = Report(
         command="calibrate",
         results=analysis,
@@ -362,7 +405,7 @@ def run_metrics(
     from curvcal.load.digest import file_info
     from curvcal.load.logits import load_logits
     from curvcal.pipeline.calibration_warnings import analysis_warnings
-    from curvcal.pipeline.calibrator import load_calibrators
+    from curvcal.pipeline.calibrator import CalibratorProvenance
     from curvcal.provenance import environment
 
     settings = request.calibration.settings(request.method)
@@ -382,8 +425,9 @@ def run_metrics(
         reporter.warn(warning)
     calibrators = None
     if request.apply_file is not None:
-        calibrators = load_calibrators(request.apply_file)
-        described["calibrator"] = file_info(request.apply_file)
+        calibrators, described["calibrator"] = _applied_calibrators(
+            request, int(data.scores.shape[1]), reporter, warnings
+        )
     timings["load"] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -406,7 +450,17 @@ def run_metrics(
         )
     timings["calibration"] = time.perf_counter() - began
     _warn(analysis_warnings(analysis), warnings, reporter)
-    _timed_write(analysis, write, timings)
+    fit_path = request.fit_file or request.logits
+    provenance = CalibratorProvenance(
+        n_classes=analysis.n_classes,
+        input_kind=request.input_kind,
+        fit_data=_fit_record(
+            analysis,
+            f"--fit {fit_path}" if request.fit_file else _split_source(analysis, source),
+            [file_info(fit_path)],
+        ),
+    )
+    _timed_write(analysis, provenance, write, timings)
 
     report = Report(
         command="metrics",
@@ -427,6 +481,60 @@ def run_metrics(
         warnings=warnings,
     )
     return CalibrationRun(analysis, report)
+
+
+def _applied_calibrators(
+    request: MetricsRequest, n_classes: int, reporter: Reporter, warnings: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The calibrators of ``--apply`` and their record for the report's inputs. A file whose
+    provenance disagrees with LOGITS (classes, input kind) is refused, naming the file and
+    every mismatch, unless ``--apply-anyway`` (then each mismatch is a warning); a file with
+    no provenance is a warning."""
+    from dataclasses import asdict
+
+    from curvcal.errors import InputError
+    from curvcal.load.digest import file_info
+    from curvcal.pipeline.calibrator import load_calibrator_file, provenance_mismatches
+
+    assert request.apply_file is not None
+    where = str(request.apply_file)
+    read = load_calibrator_file(request.apply_file)
+    saved = read.provenance
+    record: dict[str, Any] = {
+        **asdict(file_info(request.apply_file)),
+        "provenance": None if saved is None else saved.to_dict(),
+    }
+    if saved is None:
+        _warn(
+            [
+                f"{where} has no provenance (a schema 1.0 file): its classes, input kind "
+                "and model cannot be checked against LOGITS"
+            ],
+            warnings,
+            reporter,
+        )
+        return dict(read.calibrators), record
+    fit = saved.fit_data or {}
+    model = (saved.model or {}).get("sha256")
+    reporter.info(
+        f"note: {where}: fitted on {saved.n_classes} classes of {saved.input_kind} from "
+        f"{fit.get('source', 'unrecorded data')} (sha256 {fit.get('sha256')}, "
+        f"{fit.get('size_bytes')} bytes, {fit.get('n_samples')} samples); "
+        + (f"model sha256 {model}" if model else "no model recorded (scores from a file)")
+    )
+    mismatches = provenance_mismatches(saved, n_classes, request.input_kind)
+    if mismatches and not request.apply_anyway:
+        raise InputError(
+            where,
+            f"does not match {request.logits}: {'; '.join(mismatches)}",
+            "apply it to scores like those it was fitted on, or pass --apply-anyway",
+        )
+    _warn(
+        [f"{where} applied despite: {mismatch} (--apply-anyway)" for mismatch in mismatches],
+        warnings,
+        reporter,
+    )
+    return dict(read.calibrators), record
 
 
 def _warn(messages: list[str], warnings: list[str], reporter: Reporter) -> None:
