@@ -59,6 +59,14 @@ def small_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _images(tmp_path_factory.mktemp("images") / "folder", 32)
 
 
+def _valid(document: dict) -> None:
+    """The report, new fields included, is valid under the schema curvcal ships."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from curvcal.assets import report_schema
+
+    jsonschema.validate(document, json.loads(report_schema().read_text()))
+
+
 def _json(result) -> dict:
     assert result.code == 0, result.stderr
     return json.loads(result.stdout)
@@ -79,6 +87,7 @@ def test_a_timm_config_that_upscales_the_images_is_a_warning(
     assert any("resize 168, center-crop 160" in note for note in chosen)
     assert any("normalisation mean 0.5,0.5,0.5" in note for note in chosen)
     assert "curvcal chose resize 168" in result.stderr
+    _valid(document)
 
 
 def test_explicit_resize_none_reads_the_images_as_they_are(
@@ -188,6 +197,22 @@ def test_an_hf_image_processor_size_that_differs_is_a_warning(
         )
     )
     assert not any("×" in w for w in quiet["warnings"])
+    # the Hessian reads the same data the same way, and says so the same way
+    hessian = run_cli(
+        "hessian",
+        folder,
+        "--data",
+        f"folder:{small_images}",
+        "--params",
+        "classifier.*",
+        "--no-trace",
+        "--max-iter",
+        "5",
+        "--json",
+    )
+    assert hessian.code == 0, hessian.stderr
+    assert any("downscaled" in w for w in json.loads(hessian.stdout)["warnings"])
+    assert "downscaled" in hessian.stderr
 
 
 @pytest.fixture
@@ -256,6 +281,7 @@ def test_a_saved_calibrator_records_its_provenance(run_cli, tmp_path: Path) -> N
     applied = run_cli("metrics", test, "--apply", calibrator, "--json")
     document = _json(applied)
     assert document["inputs"]["calibrator"]["provenance"] == provenance
+    _valid(document)
     assert provenance["fit_data"]["sha256"] in applied.stderr
 
 
