@@ -140,6 +140,23 @@ def chunk_log_probabilities(
     return logp
 
 
+def looks_like_probabilities(scores: Any) -> bool:
+    """Whether N×K ``scores`` read as logits look like probabilities instead: every entry
+    finite and non-negative and every row summing to 1 within :data:`PROB_SUM_TOL` (the test
+    ``--input-kind probs`` applies). Logits rarely pass it; softmax outputs always do."""
+    z = as_tensor(scores, "scores")
+    if z.ndim != 2 or z.numel() == 0 or not z.is_floating_point():
+        return False
+    step = chunk_rows(z.shape[1])
+    for start in range(0, z.shape[0], step):
+        block = z[start : start + step].to(torch.float64)
+        if not _all_finite(block) or bool((block < 0).any()):
+            return False
+        if bool(((block.sum(dim=1) - 1.0).abs() > PROB_SUM_TOL).any()):
+            return False
+    return True
+
+
 def class_labels(
     labels: Any, n_samples: int, n_classes: int, source: str = "labels"
 ) -> torch.Tensor:

@@ -97,7 +97,11 @@ def calibrate(
         save_logits=save_logits,
         nan_policy=nan_policy,
     )
-    run = run_calibrate(request, reporter, lambda analysis: write_outputs(analysis, calibration))
+    run = run_calibrate(
+        request,
+        reporter,
+        lambda analysis, provenance: write_outputs(analysis, provenance, calibration),
+    )
     if run is None:  # a rank other than 0 under torchrun: rank 0 reports
         return EXIT_OK
     return finish(run.report, calibration_tables(run.analysis, chart=output.fmt == "table"))

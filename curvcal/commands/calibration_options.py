@@ -19,6 +19,7 @@ from curvcal.report.tables import check_output_path, write_atomic
 
 if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
+    from curvcal.pipeline.calibrator import CalibratorProvenance
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -208,12 +209,15 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
     return decorate
 
 
-def write_outputs(analysis: CalibrationAnalysis, options: CalibrationOptions) -> None:
-    """Write the ``--save-calibrator`` and ``--plot`` files that were asked for."""
+def write_outputs(
+    analysis: CalibrationAnalysis, provenance: CalibratorProvenance, options: CalibrationOptions
+) -> None:
+    """Write the ``--save-calibrator`` (with the ``provenance`` of the fit) and ``--plot``
+    files that were asked for."""
     if options.save_calibrator is not None:
         from curvcal.pipeline.calibrator import calibrators_json
 
-        write_atomic(options.save_calibrator, calibrators_json(analysis.calibrators()))
+        write_atomic(options.save_calibrator, calibrators_json(analysis.calibrators(), provenance))
     if options.plot is not None:
         from curvcal.report.calibration import write_reliability_plot
 

@@ -76,6 +76,22 @@ def _float_list(
     return numbers
 
 
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """A positive size, or ``none`` (kept as 0: no resize or crop, and no model config's)."""
+    if value is None:
+        return None
+    if value.strip().lower() == "none":
+        return 0
+    name = param.opts[0] if param.opts else str(param.name)
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise click.BadParameter(f"{name} takes a size >= 1 or 'none'; got '{value}'", ctx, param)
+    return size
+
+
 def text_option_list() -> list[Callable[[F], F]]:
     """The text data options (also used by ``check``, which names its data in a policy)."""
     return [
@@ -181,9 +197,18 @@ def data_options(required: bool = True) -> Callable[[F], F]:
                 help="Per-channel std to normalise with (overrides the preset).",
             ),
             click.option(
-                "--resize", type=click.IntRange(min=1), help="Resize images (shorter side)."
+                "--resize",
+                callback=_size,
+                metavar="N|none",
+                help="Resize images (shorter side); 'none' keeps them as they are, without a "
+                "model config's resize and crop.",
             ),
-            click.option("--crop", type=click.IntRange(min=1), help="Center-crop images."),
+            click.option(
+                "--crop",
+                callback=_size,
+                metavar="N|none",
+                help="Center-crop images; 'none': no crop.",
+            ),
             click.option(
                 "--max-samples",
                 type=click.IntRange(min=1),

@@ -51,8 +51,19 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
     metavar="CALIBRATOR.json",
     help="Measure the calibrators saved by --save-calibrator on LOGITS (fits nothing).",
 )
+@click.option(
+    "--apply-anyway",
+    is_flag=True,
+    help="Apply --apply's calibrators even where their provenance (classes, input kind, "
+    "model) does not match LOGITS.",
+)
 @calibration_options("Default: none, or both with --fit or --val-split.")
 @nan_policy_option
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse (exit 2) scores read as logits that look like probabilities.",
+)
 @output_options
 def metrics(
     logits: Path,
@@ -61,8 +72,10 @@ def metrics(
     labels_key: str,
     fit_file: Path | None,
     apply_file: Path | None,
+    apply_anyway: bool,
     calibration: CalibrationOptions,
     nan_policy: str,
+    strict: bool,
 ) -> int:
     """Calibration metrics of saved logits, probabilities or log-probabilities.
 
@@ -79,6 +92,8 @@ def metrics(
         outputs=calibration.outputs(),
     )
     method = _resolve_method(calibration, fit_file, apply_file)
+    if apply_anyway and apply_file is None:
+        raise click.UsageError("--apply-anyway needs --apply")
     check_outputs(calibration, output.force)
     request = MetricsRequest(
         logits=logits,
@@ -90,8 +105,14 @@ def metrics(
         fit_file=fit_file,
         apply_file=apply_file,
         nan_policy=nan_policy,
+        strict=strict,
+        apply_anyway=apply_anyway,
     )
-    run = run_metrics(request, reporter, lambda analysis: write_outputs(analysis, calibration))
+    run = run_metrics(
+        request,
+        reporter,
+        lambda analysis, provenance: write_outputs(analysis, provenance, calibration),
+    )
     return finish(run.report, calibration_tables(run.analysis, chart=output.fmt == "table"))
 
 

@@ -62,6 +62,11 @@ _TV_CLASS_NAMES = {
     "svhn": "SVHN",
 }
 _BUNDLED = ("digits",)
+#: Native image side of the torchvision datasets (all square).
+_TV_SIDE = {"cifar10": 32, "cifar100": 32, "mnist": 28, "fashionmnist": 28, "svhn": 32}
+#: ``resize``/``crop`` value that means "none, keep the images as they are" (``--resize none``):
+#: given explicitly, it also stops a model config's resize and crop from being applied.
+NO_RESIZE = 0
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,8 @@ class DataOptions:
     """Everything that says which samples are read and how they are preprocessed.
 
     ``trust`` allows ``py:`` factories (they run code); the CLI sets it from
-    ``--trust-checkpoint``.
+    ``--trust-checkpoint``. ``resize``/``crop``: ``None`` when not given (a model config's
+    transform may then apply), :data:`NO_RESIZE` for an explicit "none".
     """
 
     spec: str
@@ -99,6 +105,11 @@ class LoadedData:
     ``num_classes`` comes from the dataset when it knows it (``num_classes_source ==
     "dataset"``: torchvision classes, folder classes, the bundled digits) and is otherwise
     ``max(label) + 1`` (``"inferred"``), which may undercount classes absent from the data.
+
+    ``chosen``: the preprocessing curvcal chose on its own (a normalisation preset, a model
+    config's mean/std or resize and crop), one sentence each, for the report's header and
+    stderr; ``warnings``: what the user should check (a model config's input size that
+    differs from the images').
     """
 
     dataset: Dataset[Any]
@@ -112,6 +123,8 @@ class LoadedData:
     transforms: tuple[str, ...] = ()
     subset: dict[str, Any] | None = field(default=None)
     text: dict[str, Any] | None = field(default=None)
+    chosen: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def modality(self) -> str:
@@ -132,6 +145,7 @@ class LoadedData:
             "num_classes_source": self.num_classes_source,
             "normalisation": self.normalisation,
             "transforms": list(self.transforms),
+            **({"chosen_preprocessing": list(self.chosen)} if self.chosen else {}),
             "subset": self.subset,
             "files": [file_info(path) for path in self.files],
         }
@@ -220,14 +234,14 @@ def _check_options(options: DataOptions) -> None:
         )
     if options.std is not None and any(not s > 0 for s in options.std):
         raise InputError("--std", f"{options.std} has a value that is not > 0")
-    for name, value in (
-        ("--resize", options.resize),
-        ("--crop", options.crop),
-        ("--max-samples", options.max_samples),
-        ("--max-length", options.max_length),
+    for name, value, least in (
+        ("--resize", options.resize, NO_RESIZE),
+        ("--crop", options.crop, NO_RESIZE),
+        ("--max-samples", options.max_samples, 1),
+        ("--max-length", options.max_length, 1),
     ):
-        if value is not None and value < 1:
-            raise InputError(name, f"is {value}; it must be >= 1")
+        if value is not None and value < least:
+            raise InputError(name, f"is {value}; it must be >= {max(least, 1)}")
 
 
 def _take_subset(data: LoadedData, options: DataOptions) -> LoadedData:
@@ -246,6 +260,8 @@ def _take_subset(data: LoadedData, options: DataOptions) -> LoadedData:
         num_classes_source=data.num_classes_source,
         normalisation=data.normalisation,
         transforms=data.transforms,
+        chosen=data.chosen,
+        warnings=data.warnings,
         subset={
             "max_samples": options.max_samples,
             "subset_seed": options.subset_seed,
@@ -342,25 +358,59 @@ def _normalisation(
     return mean, std, {"preset": source, "mean": list(mean), "std": list(std)}
 
 
+@dataclass(frozen=True)
+class _ImageTransform:
+    """An image pipeline, its step names, the normalisation record, and what curvcal chose on
+    its own (sentences) with the warnings it raises."""
+
+    transform: Any
+    names: tuple[str, ...]
+    normalisation: dict[str, Any] | None
+    chosen: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
 def _image_transform(
     options: DataOptions,
     preset: str | None,
     channels: int | None,
     model: Mapping[str, Any] | None,
-) -> tuple[Any, tuple[str, ...], dict[str, Any] | None]:
+    image_size: tuple[int, int] | None = None,
+) -> _ImageTransform:
+    """The transform of ``tv:``/``folder:`` images: resize and center-crop (given, or the
+    model config's eval transform when neither is given), to ``[0, 1]``, normalise.
+
+    ``image_size`` (height, width) is the images' own size where known: a model config whose
+    input size differs from it is a warning (the images are rescaled to what the config says,
+    which may not be what the model was trained on)."""
     from torchvision import transforms
 
     steps: list[Any] = []
     names: list[str] = []
+    chosen: list[str] = []
+    warnings: list[str] = []
     resize, crop = options.resize, options.crop
     if resize is None and crop is None and model is not None and "input_size" in model:
         # timm's eval transform: resize the short side to side / crop_pct, then center-crop
         crop = int(model["input_size"][-1])
         resize = math.floor(crop / float(model.get("crop_pct", 1.0)))
-    if resize is not None:
+        source = model.get("source", "the model's config")
+        chosen.append(
+            f"resize {resize}, center-crop {crop} (from {source}; --resize/--crop choose them)"
+        )
+        expected = (int(model["input_size"][-2]), int(model["input_size"][-1]))
+        if image_size is not None and image_size != expected:
+            warnings.append(
+                f"--data {options.spec}: images are {_size(image_size)} but {source} says "
+                f"the model takes {_size(expected)}, so they are "
+                f"{'up' if min(image_size) < min(expected) else 'down'}scaled (resize "
+                f"{resize}, center-crop {crop}); pass --resize none to keep them as they "
+                "are, or --resize N/--crop N to choose"
+            )
+    if resize:
         steps.append(transforms.Resize(resize))
         names.append(f"resize {resize}")
-    if crop is not None:
+    if crop:
         steps.append(transforms.CenterCrop(crop))
         names.append(f"center-crop {crop}")
     steps.append(transforms.ToTensor())
@@ -371,7 +421,27 @@ def _image_transform(
         mean, std, description = norm
         steps.append(transforms.Normalize(mean, std))
         names.append("normalise (x - mean) / std")
-    return transforms.Compose(steps), tuple(names), description
+        if options.mean is None or options.std is None:
+            origin = (
+                model.get("source", "the model's config")
+                if model is not None and "mean" in model and "std" in model
+                else f"the {preset} preset"
+            )
+            chosen.append(
+                f"normalisation mean {_numbers(mean)}, std {_numbers(std)} (from {origin}; "
+                "--mean/--std choose them)"
+            )
+    return _ImageTransform(
+        transforms.Compose(steps), tuple(names), description, tuple(chosen), tuple(warnings)
+    )
+
+
+def _size(size: tuple[int, int]) -> str:
+    return f"{size[0]}×{size[1]}"
+
+
+def _numbers(values: Sequence[float]) -> str:
+    return ",".join(f"{v:g}" for v in values)
 
 
 def _load_torchvision(options: DataOptions, model: Mapping[str, Any] | None) -> LoadedData:
@@ -389,12 +459,13 @@ def _load_torchvision(options: DataOptions, model: Mapping[str, Any] | None) -> 
     import torchvision.datasets
 
     root = (options.root or Path("data")).expanduser()
-    transform, names, description = _image_transform(options, name, _TV_CHANNELS[name], model)
+    side = _TV_SIDE[name]
+    image = _image_transform(options, name, _TV_CHANNELS[name], model, (side, side))
     factory = getattr(torchvision.datasets, _TV_CLASS_NAMES[name])
     split_args: dict[str, Any] = {"split": split} if name == "svhn" else {"train": split == "train"}
     try:
         dataset = factory(
-            root=str(root), download=options.download, transform=transform, **split_args
+            root=str(root), download=options.download, transform=image.transform, **split_args
         )
     except Exception as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
@@ -423,8 +494,10 @@ def _load_torchvision(options: DataOptions, model: Mapping[str, Any] | None) -> 
         labels=labels,
         files=(),
         num_classes_source="dataset",
-        normalisation=description,
-        transforms=names,
+        normalisation=image.normalisation,
+        transforms=image.names,
+        chosen=image.chosen,
+        warnings=image.warnings,
     )
 
 
@@ -463,14 +536,16 @@ def _load_folder(options: DataOptions, model: Mapping[str, Any] | None) -> Loade
     what = f"--data {options.spec}"
     if not path.is_dir():
         raise InputError(what, f"{path} is not a folder")
-    transform, names, description = _image_transform(options, "imagenet", 3, model)
     try:
-        dataset = CheckedImages(ImageFolder(str(path), transform=transform))
+        folder = ImageFolder(str(path))
     except Exception as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise InputError(
             what, f"is not an image folder ({reason})", "put images in one sub-folder per class"
         ) from exc
+    image = _image_transform(options, "imagenet", 3, model, _first_image_size(folder))
+    folder.transform = image.transform
+    dataset = CheckedImages(folder)
     labels = as_labels(torch.as_tensor(dataset.targets, dtype=torch.int64), what)
     return LoadedData(
         dataset=dataset,
@@ -482,9 +557,26 @@ def _load_folder(options: DataOptions, model: Mapping[str, Any] | None) -> Loade
         # so a report records what was read without hashing a whole image collection
         files=(path,),
         num_classes_source="dataset",
-        normalisation=description,
-        transforms=names,
+        normalisation=image.normalisation,
+        transforms=image.names,
+        chosen=image.chosen,
+        warnings=image.warnings,
     )
+
+
+def _first_image_size(folder: Any) -> tuple[int, int] | None:
+    """(height, width) of the folder's first image, read from its header; None when it cannot
+    be read (the sample's own read then names the file)."""
+    from PIL import Image
+
+    if not folder.samples:
+        return None
+    try:
+        with Image.open(folder.samples[0][0]) as picture:
+            width, height = picture.size
+    except (OSError, ValueError, SyntaxError):
+        return None
+    return int(height), int(width)
 
 
 def _reject_image_transforms(options: DataOptions, kind: str) -> None:

@@ -24,11 +24,13 @@ if TYPE_CHECKING:
     from curvcal.load.checkpoint import CheckpointOptions
     from curvcal.load.data import DataOptions
     from curvcal.load.logits import LogitsData
+    from curvcal.pipeline.calibrator import CalibratorProvenance
 
 DEFAULT_VAL_SPLIT = 0.5
 
-#: Called with the analysis to write the files the options ask for (calibrator, plot).
-WriteOutputs = Callable[["CalibrationAnalysis"], None]
+#: Called with the analysis and the provenance of its fit to write the files the options ask
+#: for (calibrator, plot).
+WriteOutputs = Callable[["CalibrationAnalysis", "CalibratorProvenance"], None]
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ class MetricsRequest:
     fit_file: Path | None = None
     apply_file: Path | None = None
     nan_policy: str = "error"
+    strict: bool = False
+    apply_anyway: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,12 +175,39 @@ def analyse(
 
 
 def _timed_write(
-    analysis: CalibrationAnalysis, write: WriteOutputs | None, timings: dict[str, float]
+    analysis: CalibrationAnalysis,
+    provenance: CalibratorProvenance,
+    write: WriteOutputs | None,
+    timings: dict[str, float],
 ) -> None:
     began = time.perf_counter()
     if write is not None:
-        write(analysis)
+        write(analysis, provenance)
     timings["outputs"] = time.perf_counter() - began
+
+
+def _fit_record(
+    analysis: CalibrationAnalysis, source: str, files: list[Any]
+) -> dict[str, Any] | None:
+    """The fit data of a calibrator's provenance: where it came from and the first file's
+    path, size and SHA-256 (``None`` each when it was no file, e.g. a torchvision dataset)."""
+    if analysis.split.method == "none":
+        return None
+    first = files[0] if files else None
+    return {
+        "source": source,
+        "path": getattr(first, "path", None),
+        "sha256": getattr(first, "sha256", None),
+        "size_bytes": getattr(first, "size_bytes", None),
+        "n_samples": analysis.split.n_fit,
+    }
+
+
+def _split_source(analysis: CalibrationAnalysis, source: str) -> str:
+    split = analysis.split
+    if split.fraction is None:
+        return source
+    return f"--val-split {split.fraction:g} of {source} (seed {split.seed})"
 
 
 def run_calibrate(
@@ -189,11 +220,15 @@ def run_calibrate(
     """
     import dataclasses
 
+    from curvcal.calibration.inputs import looks_like_probabilities
     from curvcal.console import Reporter
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import load_dataset
+    from curvcal.load.digest import file_info
     from curvcal.load.text import text_model_of
-    from curvcal.pipeline.fitness import check_fitness, single_class_warning
+    from curvcal.pipeline.calibration_warnings import analysis_warnings, probabilities_as_logits
+    from curvcal.pipeline.calibrator import CalibratorProvenance
+    from curvcal.pipeline.fitness import check_fitness, say_preprocessing, single_class_warning
     from curvcal.pipeline.runtime import distributed_run, predict
     from curvcal.provenance import environment
 
@@ -227,6 +262,9 @@ def run_calibrate(
                 text_model_of(loaded),
             )
             check_fitness(loaded, fit_loaded, "--fit-data")
+        say_preprocessing(data, reporter, warnings)
+        if fit_loaded is not None:
+            say_preprocessing(fit_loaded, reporter, warnings, "--fit-data")
         if n_classes == 1:
             warnings.append(single_class_warning(str(request.checkpoint)))
             reporter.warn(warnings[-1])
@@ -264,6 +302,14 @@ def run_calibrate(
             *fit_predictions, request.nan_policy, f"--fit-data {fit_data}", warnings
         )
         fit_predictions = (fit_logits, fit_labels)
+    if looks_like_probabilities(logits):
+        warnings.append(
+            probabilities_as_logits(
+                f"the outputs of {request.checkpoint}",
+                "if the model ends in a softmax, save its outputs with --save-logits and read "
+                "them with curvcal metrics --input-kind probs",
+            )
+        )
     for warning in warnings[shown:]:
         reporter.warn(warning)
     analysis = analyse(
@@ -277,14 +323,27 @@ def run_calibrate(
         fraction=fraction,
     )
     timings["calibration"] = time.perf_counter() - began
-    _timed_write(analysis, write, timings)
-
+    _warn(analysis_warnings(analysis), warnings, reporter)
     inputs: dict[str, Any] = {
         "checkpoint": loaded.describe(),
         "data": {**data.describe(), "dropped_rows": dropped["data"]},
     }
     if fit_loaded is not None:
         inputs["fit_data"] = {**fit_loaded.describe(), "dropped_rows": dropped["fit_data"]}
+    fitted_on = fit_loaded if fit_loaded is not None else data
+    names = tuple(loaded.labels) if len(loaded.labels) == analysis.n_classes else None
+    provenance = CalibratorProvenance(
+        n_classes=analysis.n_classes,
+        input_kind="logits",
+        class_names=names or None,
+        fit_data=_fit_record(
+            analysis,
+            f"--fit-data {fit_data}" if fit_loaded is not None else _split_source(analysis, source),
+            [file_info(path) for path in fitted_on.files],
+        ),
+        model={"path": str(request.checkpoint), "sha256": inputs["checkpoint"]["sha256"]},
+    )
+    _timed_write(analysis, provenance, write, timings)
     report = Report(
         command="calibrate",
         results=analysis,
@@ -345,7 +404,8 @@ def run_metrics(
     from curvcal.calibration.analysis import evaluate_calibrators
     from curvcal.load.digest import file_info
     from curvcal.load.logits import load_logits
-    from curvcal.pipeline.calibrator import load_calibrators
+    from curvcal.pipeline.calibration_warnings import analysis_warnings
+    from curvcal.pipeline.calibrator import CalibratorProvenance
     from curvcal.provenance import environment
 
     settings = request.calibration.settings(request.method)
@@ -355,16 +415,19 @@ def run_metrics(
     keys = (request.input_kind, request.scores_key, request.labels_key, request.nan_policy)
     data = load_logits(request.logits, *keys)
     described: dict[str, Any] = {"logits": _describe(request.logits, data, warnings)}
+    _check_kind(request.logits, data, request, warnings)
     fit_data = None
     if request.fit_file is not None:
         fit_data = load_logits(request.fit_file, *keys)
         described["fit"] = _describe(request.fit_file, fit_data, warnings)
+        _check_kind(request.fit_file, fit_data, request, warnings)
     for warning in warnings:
         reporter.warn(warning)
     calibrators = None
     if request.apply_file is not None:
-        calibrators = load_calibrators(request.apply_file)
-        described["calibrator"] = file_info(request.apply_file)
+        calibrators, described["calibrator"] = _applied_calibrators(
+            request, int(data.scores.shape[1]), reporter, warnings
+        )
     timings["load"] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -386,7 +449,18 @@ def run_metrics(
             fraction=request.calibration.val_split,
         )
     timings["calibration"] = time.perf_counter() - began
-    _timed_write(analysis, write, timings)
+    _warn(analysis_warnings(analysis), warnings, reporter)
+    fit_path = request.fit_file or request.logits
+    provenance = CalibratorProvenance(
+        n_classes=analysis.n_classes,
+        input_kind=request.input_kind,
+        fit_data=_fit_record(
+            analysis,
+            f"--fit {fit_path}" if request.fit_file else _split_source(analysis, source),
+            [file_info(fit_path)],
+        ),
+    )
+    _timed_write(analysis, provenance, write, timings)
 
     report = Report(
         command="metrics",
@@ -400,12 +474,93 @@ def run_metrics(
             "fit": request.fit_file,
             "apply": request.apply_file,
             "nan_policy": request.nan_policy,
+            "strict": request.strict,
         },
         timings=timings,
         environment=environment(),
         warnings=warnings,
     )
     return CalibrationRun(analysis, report)
+
+
+def _applied_calibrators(
+    request: MetricsRequest, n_classes: int, reporter: Reporter, warnings: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The calibrators of ``--apply`` and their record for the report's inputs. A file whose
+    provenance disagrees with LOGITS (classes, input kind) is refused, naming the file and
+    every mismatch, unless ``--apply-anyway`` (then each mismatch is a warning); a file with
+    no provenance is a warning."""
+    from dataclasses import asdict
+
+    from curvcal.errors import InputError
+    from curvcal.load.digest import file_info
+    from curvcal.pipeline.calibrator import load_calibrator_file, provenance_mismatches
+
+    assert request.apply_file is not None
+    where = str(request.apply_file)
+    read = load_calibrator_file(request.apply_file)
+    saved = read.provenance
+    record: dict[str, Any] = {
+        **asdict(file_info(request.apply_file)),
+        "provenance": None if saved is None else saved.to_dict(),
+    }
+    if saved is None:
+        _warn(
+            [
+                f"{where} has no provenance (a schema 1.0 file): its classes, input kind "
+                "and model cannot be checked against LOGITS"
+            ],
+            warnings,
+            reporter,
+        )
+        return dict(read.calibrators), record
+    fit = saved.fit_data or {}
+    model = (saved.model or {}).get("sha256")
+    reporter.info(
+        f"note: {where}: fitted on {saved.n_classes} classes of {saved.input_kind} from "
+        f"{fit.get('source', 'unrecorded data')} (sha256 {fit.get('sha256')}, "
+        f"{fit.get('size_bytes')} bytes, {fit.get('n_samples')} samples); "
+        + (f"model sha256 {model}" if model else "no model recorded (scores from a file)")
+    )
+    mismatches = provenance_mismatches(saved, n_classes, request.input_kind)
+    if mismatches and not request.apply_anyway:
+        raise InputError(
+            where,
+            f"does not match {request.logits}: {'; '.join(mismatches)}",
+            "apply it to scores like those it was fitted on, or pass --apply-anyway",
+        )
+    _warn(
+        [f"{where} applied despite: {mismatch} (--apply-anyway)" for mismatch in mismatches],
+        warnings,
+        reporter,
+    )
+    return dict(read.calibrators), record
+
+
+def _warn(messages: list[str], warnings: list[str], reporter: Reporter) -> None:
+    """Add ``messages`` to the report's warnings and say them on stderr."""
+    for message in messages:
+        warnings.append(message)
+        reporter.warn(message)
+
+
+def _check_kind(path: Path, data: LogitsData, request: MetricsRequest, warnings: list[str]) -> None:
+    """Scores read as logits that look like probabilities: a warning, or under ``--strict``
+    an :class:`~curvcal.errors.InputError` naming the file."""
+    from curvcal.calibration.inputs import looks_like_probabilities
+    from curvcal.errors import InputError
+    from curvcal.pipeline.calibration_warnings import PROBS_REMEDY, probabilities_as_logits
+
+    if request.input_kind != "logits" or not looks_like_probabilities(data.scores):
+        return
+    if request.strict:
+        raise InputError(
+            str(path),
+            "every score is non-negative and every row sums to 1, so these look like "
+            "probabilities, but --input-kind is logits (refused under --strict)",
+            PROBS_REMEDY,
+        )
+    warnings.append(probabilities_as_logits(str(path)))
 
 
 def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:

@@ -2,43 +2,175 @@
 
 Layout (``--save-calibrator FILE``, read by ``curvcal metrics --apply FILE``)::
 
-    {"schema": "1.0", "curvcal": "<version>",
+    {"schema": "1.1", "curvcal": "<version>",
      "ts": {"method": "temperature", "temperature": T, "gamma": 0.0} | null,
-     "focal_ts": {"method": "focal-temperature", "temperature": T, "gamma": γ} | null}
+     "focal_ts": {"method": "focal-temperature", "temperature": T, "gamma": γ} | null,
+     "provenance": {"n_classes": K, "class_names": [...] | null, "input_kind": "logits",
+                    "fit_data": {"source", "path", "sha256", "size_bytes", "n_samples"},
+                    "model": {"path", "sha256"} | null}}
 
-A map acts on log-probabilities, so it applies to logits, probabilities and log-probabilities
-alike. The command writes the text of :func:`calibrators_json` atomically; every fault in a file
-read back is an :class:`~curvcal.errors.InputError` naming the file.
+A map acts on log-probabilities, but a temperature fitted on logits means something else for
+rounded probabilities, and a map fitted for one model's classes means nothing for another's:
+:func:`provenance_mismatches` lists where a file's provenance disagrees with the scores it is
+applied to. Schema ``1.0`` files (no provenance) are still read. The command writes the text of
+:func:`calibrators_json` atomically; every fault in a file read back is an
+:class:`~curvcal.errors.InputError` naming the file.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from curvcal.calibration.analysis import STAGE_METHODS
 from curvcal.calibration.results import Calibrator
 from curvcal.errors import InputError
 from curvcal.paths import readable_file
 
-CALIBRATOR_SCHEMA = "1.0"
-_KEYS = ("schema", "curvcal", *STAGE_METHODS)
+CALIBRATOR_SCHEMA = "1.1"
+#: Schemas read back: 1.0 files carry no provenance.
+_READ_SCHEMAS = ("1.0", CALIBRATOR_SCHEMA)
+_KEYS = ("schema", "curvcal", *STAGE_METHODS, "provenance")
+_PROVENANCE_KEYS = ("n_classes", "class_names", "input_kind", "fit_data", "model")
+_INPUT_KINDS = ("logits", "probs", "logprobs")
 
 
-def calibrators_json(calibrators: Mapping[str, Calibrator]) -> str:
-    """The JSON text of a calibrator file holding ``calibrators`` (keyed by stage)."""
+@dataclass(frozen=True)
+class CalibratorProvenance:
+    """What a calibrator was fitted on: the number of classes ``n_classes`` and their names
+    (``class_names``, ``None`` when the scores did not name them), the ``input_kind`` of the
+    scores, the ``fit_data`` (``source`` as given, ``path``, ``sha256``, ``size_bytes``,
+    ``n_samples``; a split's source names the fraction and seed) and the ``model`` (``path``,
+    ``sha256``; ``None`` for scores read from a file)."""
+
+    n_classes: int
+    input_kind: str
+    class_names: tuple[str, ...] | None = None
+    fit_data: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_classes": self.n_classes,
+            "class_names": None if self.class_names is None else list(self.class_names),
+            "input_kind": self.input_kind,
+            "fit_data": self.fit_data,
+            "model": self.model,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> CalibratorProvenance:
+        """Rebuild from :meth:`to_dict` output; faults are :class:`InputError` naming ``where``."""
+        if not isinstance(data, dict):
+            raise InputError(where, f"'provenance' must be an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(_PROVENANCE_KEYS))
+        if unknown:
+            raise InputError(where, f"unknown provenance keys {unknown}")
+        n_classes, kind, names = (
+            data.get("n_classes"),
+            data.get("input_kind"),
+            data.get("class_names"),
+        )
+        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
+            raise InputError(
+                where, f"provenance n_classes must be an integer >= 1, got {n_classes!r}"
+            )
+        if kind not in _INPUT_KINDS:
+            raise InputError(
+                where, f"provenance input_kind {kind!r} is not one of {', '.join(_INPUT_KINDS)}"
+            )
+        if names is not None and (
+            not isinstance(names, list)
+            or len(names) != n_classes
+            or not all(isinstance(name, str) for name in names)
+        ):
+            raise InputError(
+                where, f"provenance class_names must be {n_classes} strings or null, got {names!r}"
+            )
+        for key in ("fit_data", "model"):
+            if data.get(key) is not None and not isinstance(data[key], dict):
+                raise InputError(where, f"provenance {key} must be an object or null")
+        return cls(
+            n_classes=n_classes,
+            input_kind=kind,
+            class_names=None if names is None else tuple(names),
+            fit_data=data.get("fit_data"),
+            model=data.get("model"),
+        )
+
+
+@dataclass(frozen=True)
+class CalibratorFile:
+    """A calibrator file read back: its maps keyed by stage, and its provenance (``None`` for
+    a schema 1.0 file, written before provenance was recorded)."""
+
+    calibrators: dict[str, Calibrator]
+    provenance: CalibratorProvenance | None
+
+
+def provenance_mismatches(
+    saved: CalibratorProvenance,
+    n_classes: int,
+    input_kind: str,
+    class_names: tuple[str, ...] | None = None,
+    model_sha256: str | None = None,
+) -> list[str]:
+    """Where the scores a calibrator is applied to disagree with what it was fitted on: the
+    class count, the class names (when both sides name them), the input kind and the model's
+    SHA-256 (when both sides know it). Empty when nothing disagrees."""
+    found: list[str] = []
+    if saved.n_classes != n_classes:
+        found.append(f"fitted on {saved.n_classes} classes, applied to {n_classes}")
+    if (
+        saved.class_names is not None
+        and class_names is not None
+        and tuple(saved.class_names) != tuple(class_names)
+    ):
+        found.append(
+            f"fitted on classes {_names(saved.class_names)}, applied to {_names(class_names)}"
+        )
+    if saved.input_kind != input_kind:
+        found.append(f"fitted on {saved.input_kind}, applied to {input_kind}")
+    saved_model = (saved.model or {}).get("sha256")
+    if saved_model and model_sha256 and saved_model != model_sha256:
+        found.append(
+            f"fitted on the outputs of model sha256 {saved_model[:12]}..., applied to model "
+            f"sha256 {model_sha256[:12]}..."
+        )
+    return found
+
+
+def _names(names: tuple[str, ...]) -> str:
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    return f"[{shown}]"
+
+
+def calibrators_json(
+    calibrators: Mapping[str, Calibrator], provenance: CalibratorProvenance | None = None
+) -> str:
+    """The JSON text of a calibrator file holding ``calibrators`` (keyed by stage) and the
+    ``provenance`` of their fit."""
     from curvcal import __version__
 
     document: dict[str, object] = {"schema": CALIBRATOR_SCHEMA, "curvcal": __version__}
     for stage in STAGE_METHODS:
         calibrator = calibrators.get(stage)
         document[stage] = None if calibrator is None else calibrator.to_dict()
+    document["provenance"] = None if provenance is None else provenance.to_dict()
     return json.dumps(document, indent=2) + "\n"
 
 
 def load_calibrators(path: Path) -> dict[str, Calibrator]:
-    """The calibrators a file of :func:`calibrators_json` text holds, keyed by stage.
+    """The calibrators a calibrator file holds, keyed by stage (:func:`load_calibrator_file`
+    without the provenance)."""
+    return load_calibrator_file(path).calibrators
+
+
+def load_calibrator_file(path: Path) -> CalibratorFile:
+    """The calibrators a file of :func:`calibrators_json` text holds, and its provenance.
 
     Refuses a missing or unreadable file, text that is not a JSON object, another schema,
     unknown keys, a stage whose method does not match it (``ts`` must be ``temperature``,
@@ -65,12 +197,18 @@ def load_calibrators(path: Path) -> dict[str, Calibrator]:
         raise InputError(
             where, f"unknown keys {unknown}", f"a calibrator file has {', '.join(_KEYS)}"
         )
-    if document.get("schema") != CALIBRATOR_SCHEMA:
+    schema = document.get("schema")
+    if schema not in _READ_SCHEMAS:
         raise InputError(
             where,
-            f"calibrator schema {document.get('schema')!r} is not {CALIBRATOR_SCHEMA!r}",
+            f"calibrator schema {schema!r} is not {' or '.join(map(repr, _READ_SCHEMAS))}",
             "pass a file from --save-calibrator",
         )
+    if schema == "1.0" and "provenance" in document:
+        raise InputError(where, "a schema 1.0 calibrator file has no 'provenance'")
+    provenance = None
+    if document.get("provenance") is not None:
+        provenance = CalibratorProvenance.from_dict(document["provenance"], where)
     calibrators: dict[str, Calibrator] = {}
     for stage, method in STAGE_METHODS.items():
         entry = document.get(stage)
@@ -84,4 +222,4 @@ def load_calibrators(path: Path) -> dict[str, Calibrator]:
         calibrators[stage] = calibrator
     if not calibrators:
         raise InputError(where, "holds no calibrator", "both 'ts' and 'focal_ts' are null")
-    return calibrators
+    return CalibratorFile(calibrators, provenance)

@@ -178,7 +178,7 @@ def run_check(
         data = load_dataset(data_options, loaded.preprocessing, text_model_of(loaded))
     n_classes = check_fitness(loaded, data, "data")
     inputs: dict[str, Any] = {"checkpoint": loaded.describe(), "data": data.describe()}
-    messages: list[str] = []
+    messages: list[str] = list(data.warnings)
     if n_classes == 1 and calibration_settings is not None:
         messages.append(single_class_warning(str(checkpoint)))
     fit = None
@@ -189,6 +189,7 @@ def run_check(
             text_model_of(loaded),
         )
         check_fitness(loaded, fit, "fit_data")
+        messages.extend(fit.warnings)
         inputs["fit_data"] = fit.describe()
     timings["load"] = time.perf_counter() - began
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from curvcal.errors import InputError
 
 if TYPE_CHECKING:
+    from curvcal.console import Reporter
     from curvcal.load.checkpoint import LoadedModel
     from curvcal.load.data import LoadedData
 
@@ -58,3 +59,16 @@ def single_class_warning(source: str) -> str:
         "probability is 1; the metrics are still reported but are trivially perfect (ECE, NLL "
         "and Brier 0) and any fitted temperature is arbitrary"
     )
+
+
+def say_preprocessing(
+    data: LoadedData, reporter: Reporter, warnings: list[str], option: str = "--data"
+) -> None:
+    """Say on stderr the preprocessing curvcal chose on its own for ``data`` (a note; it is
+    also in the report's ``inputs``), and warn of what the user should check (added to
+    ``warnings`` for the report)."""
+    for note in data.chosen:
+        reporter.info(f"note: {option} {data.spec}: curvcal chose {note}")
+    for warning in data.warnings:
+        warnings.append(warning)
+        reporter.warn(warning)

@@ -133,7 +133,7 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
     from curvcal.load.checkpoint import load_model, recorded_loss
     from curvcal.load.data import iter_batches, load_dataset
     from curvcal.load.text import text_model_of
-    from curvcal.pipeline.fitness import check_fitness
+    from curvcal.pipeline.fitness import check_fitness, say_preprocessing
     from curvcal.pipeline.runtime import distributed_run, shard
     from curvcal.provenance import environment
 
@@ -158,6 +158,9 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
         )
         data = load_dataset(data_options, loaded.preprocessing, text_model_of(loaded))
         check_fitness(loaded, data, "--data")
+        data_warnings: list[str] = []
+        if context.is_main:
+            say_preprocessing(data, reporter, data_warnings)
         if say_choice and params:  # once the inputs are known good: an error stays one line
             reporter.warn(f"Hessian over {params_choice}")
         indices = shard(data, context)
@@ -203,7 +206,7 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
             "total": time.perf_counter() - began,
         },
         environment=environment(loaded.device),
-        warnings=notes + messages,
+        warnings=data_warnings + notes + messages,
     )
     return HessianRun(analysis, report, str(loaded.device), context.is_main, failure)
 

@@ -35,6 +35,23 @@ class Table:
     caption: str | None = None
 
 
+def chosen_preprocessing_table(report: Report) -> Table | None:
+    """The preprocessing curvcal chose on its own for each dataset the report read (the
+    ``chosen_preprocessing`` of its inputs), as the first table; None when it chose nothing."""
+    rows: list[tuple[str, ...]] = []
+    for role, described in report.inputs.items():
+        if isinstance(described, dict):
+            for note in described.get("chosen_preprocessing", ()):
+                rows.append((f"{role} {described.get('spec', '')}".strip(), str(note)))
+    if not rows:
+        return None
+    return Table(
+        title="preprocessing chosen by curvcal (not given as options)",
+        columns=("input", "chose"),
+        rows=tuple(rows),
+    )
+
+
 def fmt_float(value: float | None, digits: int = 4) -> str:
     """Format a number for a table cell: ``digits`` significant digits, ``-`` for missing."""
     if value is None:
@@ -128,6 +145,9 @@ def write_atomic(path: Path, text: str) -> None:
 def emit(report: Report, tables: Sequence[Table], fmt: str, output: Path | None) -> None:
     """Show ``report`` on stdout in ``fmt`` and, with ``output``, write its JSON to that file."""
     text = to_json_text(report)  # also validates that the report is JSON-clean
+    chosen = chosen_preprocessing_table(report)
+    if chosen is not None:
+        tables = [chosen, *tables]
     if output is not None:
         write_atomic(output, text)
     if fmt == "json":

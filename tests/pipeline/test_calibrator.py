@@ -19,7 +19,7 @@ def test_round_trip_keeps_both_stages(tmp_path: Path) -> None:
     path = tmp_path / "cal.json"
     path.write_text(calibrators_json({"ts": TS, "focal_ts": FOCAL}))
     document = json.loads(path.read_text())
-    assert document["schema"] == "1.0"
+    assert document["schema"] == "1.1"
     assert document["ts"] == {"method": "temperature", "temperature": 2.25, "gamma": 0.0}
     assert load_calibrators(path) == {"ts": TS, "focal_ts": FOCAL}
 

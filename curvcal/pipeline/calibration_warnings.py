@@ -1,0 +1,66 @@
+"""Warnings for calibration results a user should not take at face value.
+
+Each function returns messages (never prints); the pipeline shows them on stderr and records
+them in the report's ``warnings`` list, the same way as every other warning.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from curvcal.calibration.analysis import CalibrationAnalysis
+
+
+PROBS_REMEDY = "pass --input-kind probs if they are probabilities"
+
+
+def probabilities_as_logits(source: str, remedy: str = PROBS_REMEDY) -> str:
+    """The warning for scores read as logits that look like probabilities."""
+    return (
+        f"{source}: every score is non-negative and every row sums to 1, so these look like "
+        f"probabilities, but they are read as logits (softmax is applied again); {remedy}"
+    )
+
+
+def analysis_warnings(analysis: CalibrationAnalysis) -> list[str]:
+    """A fitted temperature stopped at an end of its bracket (the optimum may lie beyond it,
+    so the map is not the fit it claims to be), and any infinite NLL (a true class given
+    probability 0, e.g. by rounded probabilities)."""
+    messages: list[str] = []
+    ts, focal = analysis.fits.ts, analysis.fits.focal_ts
+    if ts is not None and ts.at_bracket_end:
+        messages.append(_bracket_warning("temperature scaling", ts.temperature, ts.bracket))
+    if focal is not None:
+        chosen = next(p for p in focal.profile if p.gamma == focal.gamma)
+        if chosen.at_bracket_end:
+            messages.append(
+                _bracket_warning(
+                    f"focal temperature scaling (γ = {focal.gamma:g})",
+                    focal.temperature,
+                    focal.bracket,
+                )
+            )
+    for stage, metrics in analysis.evaluation.present():
+        if math.isinf(metrics.nll):
+            messages.append(
+                f"NLL of the {stage} stage on the evaluation split is infinite: some sample's "
+                "true class has probability 0 (rounded or clipped probabilities?); NLL and "
+                "any fit by NLL cannot be trusted"
+            )
+    for name, fit in (("temperature scaling", ts), ("focal temperature scaling", focal)):
+        if fit is not None and math.isinf(fit.nll_before):
+            messages.append(
+                f"NLL on the fit split is infinite before {name}: some sample's true class "
+                "has probability 0 (rounded or clipped probabilities?)"
+            )
+    return messages
+
+
+def _bracket_warning(name: str, temperature: float, bracket: tuple[float, float]) -> str:
+    return (
+        f"{name} stopped at T = {temperature:g}, an end of its bracket "
+        f"[{bracket[0]:g}, {bracket[1]:g}]: the best T may lie outside it, so the fitted map "
+        "is not trustworthy (check the scores and their kind)"
+    )
