@@ -170,7 +170,9 @@ def _module_without_effects(module_name: str, what: str) -> ModuleType:
     anything runs (a missing top-level package is found without importing anything)."""
     if _runs_at_import(module_name):
         raise InputError(
-            what, f"{module_name} is a __main__ module, which runs its program when imported", _hint()
+            what,
+            f"{module_name} is a __main__ module, which runs its program when imported",
+            _hint(),
         )
     module = sys.modules.get(module_name)
     if module is not None:

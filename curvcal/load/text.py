@@ -80,11 +80,12 @@ def is_text_spec(spec: str) -> bool:
     path = Path(spec).expanduser()
     if path.suffix.lower() in TEXT_SUFFIXES:
         return True
-    folder, _split = _split_spec(spec)
+    folder, _split = split_spec(spec)
     return (folder / _DATASET_STATE).is_file() or (folder / _DATASET_DICT).is_file()
 
 
-def _split_spec(spec: str) -> tuple[Path, str | None]:
+def split_spec(spec: str) -> tuple[Path, str | None]:
+    """A saved-dataset spec's folder and split (``DIR:split``; ``None`` when it names none)."""
     path = Path(spec).expanduser()
     if path.exists() or ":" not in spec:
         return path, None
@@ -116,7 +117,7 @@ def read_table(spec: str) -> tuple[dict[str, list[Any]], tuple[Path, ...], str]:
             ) from exc
         except OSError as exc:
             raise InputError(str(path), f"cannot be read: {exc.strerror or exc}") from exc
-    folder, split = _split_spec(spec)
+    folder, split = split_spec(spec)
     if (folder / _DATASET_DICT).is_file():
         splits = _dataset_dict_splits(folder)
         if split is None:
