@@ -114,7 +114,8 @@ def checkpoint_inputs(name: str, path: Path, arch: object = None) -> list[Named]
         metadata = read_safetensors_metadata(path)
     except (CurvcalError, OSError, ValueError):
         return named  # the loader reports a bad header in its own words
-    return [*named, *arch_inputs(f"{name} {ARCH_METADATA_KEY}", metadata.get(ARCH_METADATA_KEY))]
+    label = f"{name}'s metadata {ARCH_METADATA_KEY}"
+    return [*named, *arch_inputs(label, metadata.get(ARCH_METADATA_KEY))]
 
 
 def arch_inputs(option: str, spec: object) -> list[Named]:
