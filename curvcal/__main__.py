@@ -16,7 +16,11 @@ def _drop_working_directory() -> None:
     if sys.flags.safe_path or not sys.path:
         return
     first = sys.path[0]
-    if first in ("", ".") or os.path.abspath(first) == os.getcwd():
+    try:
+        here = os.getcwd()
+    except OSError:  # a working directory that was removed: nothing can be imported from it
+        here = None
+    if first in ("", ".") or (here is not None and os.path.abspath(first) == here):
         del sys.path[0]
 
 
