@@ -605,3 +605,31 @@ def test_sigterm_reaches_the_previous_handler_after_the_clean_up(tmp_path: Path)
     finally:
         signal.signal(signal.SIGTERM, saved)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_transformers_timm_wrapper_config_is_held_to_the_same_rule(
+    run_cli, tmp_path: Path
+) -> None:
+    """transformers' TimmWrapper hands its config's ``model_args`` to ``timm.create_model``."""
+    pytest.importorskip("timm")
+    import transformers
+    from test_malicious_checkpoints import _Reduce
+
+    marker = tmp_path / "MARKER"
+    evil = tmp_path / "evil.pt"
+    torch.save(_Reduce(exec, f"open({str(marker)!r}, 'w').close()"), evil)
+    config = transformers.TimmWrapperConfig(architecture="test_resnet", num_labels=3)
+    torch.manual_seed(0)
+    folder = tmp_path / "wrapped"
+    transformers.TimmWrapperForImageClassification(config).save_pretrained(folder)
+    document = json.loads((folder / "config.json").read_text())
+    document["model_args"] = {"checkpoint_path": str(evil)}
+    (folder / "config.json").write_text(json.dumps(document))
+    data = tmp_path / "images.pt"
+    torch.save({"x": torch.randn(4, 3, 32, 32), "y": torch.tensor([0, 1, 2, 0])}, data)
+    before = _digests(folder, evil, data)
+    result = run_cli("hessian", folder, "--data", data, "--device", "cpu", "--no-trace")
+    assert result.code == 2, result.output
+    _one_error_line(result.stderr, str(folder / "config.json"), "checkpoint_path")
+    assert not marker.exists()
+    assert _digests(folder, evil, data) == before

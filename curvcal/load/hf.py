@@ -13,7 +13,8 @@ A *model folder* is a directory holding ``config.json`` and its weights:
   ``num_classes`` and ``pretrained_cfg``, weights in ``model.safetensors``; built with
   ``timm.create_model(architecture, pretrained=False, num_classes=...)``. A ``model_args`` key
   that would make timm read another file (``checkpoint_path``, a ``pretrained_cfg`` with a
-  ``file``...) is refused: the weights come from the folder alone.
+  ``file``...) is refused: the weights come from the folder alone. So is the same key in the
+  ``model_args`` of a transformers ``TimmWrapper`` config, which transformers hands to timm.
 
 Every transformers call passes ``trust_remote_code=trust`` (``False`` unless
 ``--trust-checkpoint``) and runs under :func:`no_prompt`, so the library can never ask on the
@@ -146,7 +147,7 @@ def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
             _timm_kwargs(folder.config),
             f"{folder.path / CONFIG_NAME} (model_args)",
         )
-    _refuse_custom_code(folder, trust)
+    _refuse_before_transformers(folder, trust)
     transformers = require("hf", "transformers", str(folder.path))
     auto_name = _auto_name(folder)
     try:
@@ -171,7 +172,7 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     ``from_pretrained`` (local files only; it renames saved keys to the module's own names,
     as recent transformers versions do). Safetensors weights, or a ``pytorch_model.bin`` the
     caller has checked needs no global beyond a weights-only load's."""
-    _refuse_custom_code(folder, trust)
+    _refuse_before_transformers(folder, trust)
     transformers = require("hf", "transformers", str(folder.path))
     for file in folder.weights:  # a truncated or unreadable file, named before the library reads it
         if file.suffix == ".safetensors":
@@ -378,7 +379,12 @@ def token_embedding_names(module: nn.Module) -> tuple[str, ...]:
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def _refuse_custom_code(folder: FolderModel, trust: bool) -> None:
+def _refuse_before_transformers(folder: FolderModel, trust: bool) -> None:
+    """What transformers must not be handed: ``model_args`` keys that make timm read another
+    file (always), and ``auto_map`` custom code (without ``trust``)."""
+    model_args = folder.config.get("model_args")
+    if isinstance(model_args, Mapping):  # transformers' timm wrapper hands them to timm
+        refuse_timm_file_keywords(model_args, f"{folder.path / CONFIG_NAME} (model_args)")
     if folder.custom_code and not trust:
         raise TrustError(
             str(folder.path),
