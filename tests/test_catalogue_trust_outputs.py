@@ -587,6 +587,43 @@ def test_sigterm_while_an_output_is_written_leaves_no_temporary_file(tmp_path: P
     assert list(tmp_path.iterdir()) == []
 
 
+_TERMINATED_WHILE_PLOTTING = """
+import os, signal, sys, time
+from matplotlib.figure import Figure
+
+def savefig(self, stream, **_options):
+    stream.write(b"half a plot")
+    os.kill(os.getpid(), signal.SIGTERM)  # as a job scheduler or torchrun would
+    time.sleep(30)
+
+Figure.savefig = savefig
+from curvcal.cli import run
+sys.argv = ["curvcal", *sys.argv[1:]]
+run()
+"""
+
+
+def test_sigterm_while_a_plot_is_written_leaves_no_temporary_file(tmp_path: Path) -> None:
+    """The real command: ``curvcal metrics LOGITS --plot FILE`` gets SIGTERM while matplotlib
+    writes the figure."""
+    pytest.importorskip("matplotlib")
+    logits = _logits(tmp_path)
+    before = _digests(logits)
+    plot = tmp_path / "reliability.png"
+    result = subprocess.run(
+        [sys.executable, "-c", _TERMINATED_WHILE_PLOTTING, "metrics", str(logits), "--plot",
+         str(plot), "-q"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logits.npz"]
+    assert _digests(logits) == before
+
+
 def test_sigterm_reaches_the_previous_handler_after_the_clean_up(tmp_path: Path) -> None:
     from curvcal.atomic import Terminated, atomic_output
 
