@@ -1,16 +1,43 @@
-"""Atomic file output: a reader sees the old file or the whole new one, never half of one."""
+"""Atomic file output: a reader sees the old file or the whole new one, never half of one.
+
+Two rules beyond atomicity:
+
+* **exclusive creation.** An output the CLI checked without ``--force`` (see
+  :func:`mark_output`) is published with ``os.link`` from its temporary file, which fails
+  when the name exists: a file that appeared while the run worked (another run with the same
+  ``-o``, say) is never replaced, and of two concurrent runs exactly one wins; the other stops
+  with "already exists". Elsewhere (``--force``, or the library used directly) the file is
+  replaced with ``os.replace``.
+* **modes.** A replaced file keeps its permission bits (a private, mode-600 report stays
+  private); a new file gets 0666 less the umask, as any new file would.
+
+A temporary file is removed on SIGTERM as on Ctrl-C: while one exists, SIGTERM raises
+:class:`Terminated` in the main thread (the same clean-up path as an error), then the signal is
+delivered again to the handler that was in place before, so the process still ends by it.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import BinaryIO
 
 from curvcal.errors import InputError
+
+#: resolved paths that must be created, never replaced (checked without ``--force``)
+_EXCLUSIVE: set[Path] = set()
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while a temporary output file existed (raised to clean it up)."""
 
 
 def _umask() -> int:
@@ -19,13 +46,29 @@ def _umask() -> int:
     return mask
 
 
+def _key(path: Path) -> Path:
+    return Path(os.path.abspath(os.path.expanduser(path)))
+
+
+def mark_output(path: Path, replace: bool) -> None:
+    """Record how the write at the end of the run publishes ``path``: ``replace=False`` (checked
+    to be absent, no ``--force``) creates it exclusively, so :func:`atomic_output` refuses a
+    file that took the name in the meantime; ``replace=True`` (``--force``) replaces it."""
+    if replace:
+        _EXCLUSIVE.discard(_key(path))
+    else:
+        _EXCLUSIVE.add(_key(path))
+
+
 @contextmanager
 def atomic_output(path: Path) -> Iterator[BinaryIO]:
     """A binary stream whose content replaces ``path`` when the block ends without error.
 
     The bytes go to a temporary file in the same directory, are flushed to disk, given the
-    permissions an ordinary new file would get (0666 less the umask; ``mkstemp`` alone would
-    leave them private), and moved into place with ``os.replace``. On any error, Ctrl-C
+    permissions of the file they replace (or, for a new file, 0666 less the umask; ``mkstemp``
+    alone would leave them private), and moved into place: with ``os.link`` when ``path`` was
+    marked by :func:`mark_output` (an :class:`InputError` "already exists" when a file
+    took the name meanwhile), else with ``os.replace``. On any error, Ctrl-C and SIGTERM
     included, the temporary file is removed and ``path`` is untouched; an operating-system
     error (no such folder, no permission, disk full) becomes an :class:`InputError` naming
     ``path``. A ``path`` that exists and is not a regular file (a symbolic link, a device, a
@@ -34,22 +77,93 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
     """
     parent = path.parent if str(path.parent) else Path(".")
     refuse_special(path)
-    try:
-        handle, temp_name = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=parent)
-    except OSError as error:
-        raise _cannot_write(path, error) from error
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            yield stream
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temp_name, 0o666 & ~_umask())
-        os.replace(temp_name, path)
-    except BaseException as error:
-        Path(temp_name).unlink(missing_ok=True)
-        if isinstance(error, OSError):
+    with _terminate_raises():
+        try:
+            handle, temp_name = tempfile.mkstemp(
+                prefix=temp_prefix(path), suffix=".tmp", dir=parent
+            )
+        except OSError as error:
             raise _cannot_write(path, error) from error
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                yield stream
+                stream.flush()
+                os.fsync(stream.fileno())
+            _publish(Path(temp_name), path)
+        except BaseException as error:
+            Path(temp_name).unlink(missing_ok=True)
+            if isinstance(error, OSError):
+                raise _cannot_write(path, error) from error
+            raise
+
+
+def _publish(temp: Path, path: Path) -> None:
+    """Move the finished ``temp`` to ``path``: exclusively when so marked, else replacing."""
+    if _key(path) not in _EXCLUSIVE:
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+        return
+    os.chmod(temp, 0o666 & ~_umask())
+    try:
+        os.link(temp, path)
+    except FileExistsError:
+        raise InputError(
+            str(path),
+            "already exists (it was created while this run worked)",
+            "pass --force to overwrite it, or name another file",
+        ) from None
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+            raise
+        _publish_without_links(temp, path)
+        return
+    temp.unlink()
+
+
+def _publish_without_links(temp: Path, path: Path) -> None:
+    """Where hard links are not supported: claim the name with ``O_EXCL``, then replace the
+    (empty) claimed file with the finished one."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        raise InputError(
+            str(path),
+            "already exists (it was created while this run worked)",
+            "pass --force to overwrite it, or name another file",
+        ) from None
+    os.replace(temp, path)
+
+
+@contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """While the block runs, SIGTERM raises :class:`Terminated` (so ``finally`` and ``except``
+    clauses clean up); afterwards the previous handler is restored and, when the signal came,
+    it is delivered again so the process ends as it would have. Nothing changes outside the
+    main thread or where SIGTERM is ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN or previous is None:
+        yield
+        return
+
+    def raise_terminated(_signum: int, _frame: FrameType | None) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    except Terminated:
+        signal.signal(signal.SIGTERM, previous)
+        os.kill(os.getpid(), signal.SIGTERM)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def refuse_special(path: Path) -> None:

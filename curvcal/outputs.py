@@ -58,10 +58,12 @@ def _identity(path: Path) -> _Identity:
     return _Identity(resolved, (status.st_dev, status.st_ino), os.path.isdir(resolved))
 
 
-def data_inputs(option: str, spec: object) -> list[Named]:
-    """The files or folder a ``--data``-style SPEC reads (nothing for ``tv:`` and ``py:``,
-    whose files are found by their own libraries, nor for a missing or malformed SPEC, which
-    the data loader reports)."""
+def data_inputs(option: str, spec: object, data_root: object = None) -> list[Named]:
+    """The files or folder a ``--data``-style SPEC reads: a ``folder:`` dataset, a tensor
+    file, a text table (``.jsonl``, ``.csv``, ``.parquet``), a ``save_to_disk`` folder (its
+    ``state.json`` and ``.arrow`` files), and for ``tv:`` the dataset root (``data_root``,
+    ``./data`` by default) whose raw files torchvision reads. Nothing for ``py:``, whose files
+    its own code finds, nor for a missing or malformed SPEC, which the data loader reports."""
     if not isinstance(spec, str) or not spec:
         return []
     if spec.startswith("folder:"):
@@ -70,12 +72,50 @@ def data_inputs(option: str, spec: object) -> list[Named]:
         from curvcal.assets import demo_data
 
         return [(option, demo_data())]
-    if spec.startswith(("tv:", "py:")):
+    if spec.startswith("tv:"):
+        root = Path(str(data_root)) if data_root else Path("data")
+        return [("--data-root" if option.startswith("--") else "data_root", root)]
+    if spec.startswith("py:"):
         return []
     from curvcal.load.tensorfile import is_tensor_file
 
     path = Path(spec)
-    return [(option, path)] if is_tensor_file(path) else []
+    if is_tensor_file(path):
+        return [(option, path)]
+    from curvcal.load.text import TEXT_SUFFIXES, is_text_spec, split_spec
+
+    if path.suffix.lower() in TEXT_SUFFIXES:
+        return [(option, path)]
+    if is_text_spec(spec):
+        return [(option, split_spec(spec)[0])]  # the whole saved-dataset folder
+    return []
+
+
+def tokenizer_inputs(option: str, folder: object) -> list[Named]:
+    """The ``--tokenizer`` folder (its ``tokenizer.json``, vocabulary and configs are read).
+    A tokenizer found in the model folder is covered by that folder's own entry."""
+    if isinstance(folder, str | Path) and str(folder):
+        return [(option, Path(folder))]
+    return []
+
+
+def checkpoint_inputs(name: str, path: Path, arch: object = None) -> list[Named]:
+    """The checkpoint, and a model folder its safetensors metadata names
+    (``curvcal.arch = hf:FOLDER``) when no ``--arch`` is given: that folder's ``config.json``
+    is read too. The header is read as JSON; no tensor and no code is loaded."""
+    named: list[Named] = [(name, path)]
+    if arch is not None or path.suffix.lower() != ".safetensors" or not path.is_file():
+        return named
+    from curvcal.errors import CurvcalError
+    from curvcal.load.checkpoint import ARCH_METADATA_KEY
+    from curvcal.load.tensorfile import read_safetensors_metadata
+
+    try:
+        metadata = read_safetensors_metadata(path)
+    except (CurvcalError, OSError, ValueError):
+        return named  # the loader reports a bad header in its own words
+    label = f"{name}'s metadata {ARCH_METADATA_KEY}"
+    return [*named, *arch_inputs(label, metadata.get(ARCH_METADATA_KEY))]
 
 
 def arch_inputs(option: str, spec: object) -> list[Named]:

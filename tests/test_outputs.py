@@ -65,7 +65,10 @@ def test_arch_inputs_names_the_model_folder_of_hf_only(tmp_path: Path) -> None:
 def test_data_inputs_names_files_and_folders_only() -> None:
     assert data_inputs("--data", "d.npz") == [("--data", Path("d.npz"))]
     assert data_inputs("--data", "folder:imgs") == [("--data", Path("imgs"))]
-    assert data_inputs("--data", "tv:cifar10") == []
+    # torchvision reads its raw files under the dataset root (./data unless --data-root)
+    assert data_inputs("--data", "tv:cifar10") == [("--data-root", Path("data"))]
+    assert data_inputs("--data", "tv:mnist", Path("raw")) == [("--data-root", Path("raw"))]
+    assert data_inputs("--data", "t.jsonl") == [("--data", Path("t.jsonl"))]
     assert data_inputs("--data", "py:m:f") == []
     assert data_inputs("--data", None) == []
     assert data_inputs("--data", 3) == []

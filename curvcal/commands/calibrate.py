@@ -61,7 +61,7 @@ def calibrate(
     The fit split is --val-split F of --data (stratified, default 0.5, seeded by --seed), or
     all of --fit-data. Every metric is measured on the evaluation split only.
     """
-    from curvcal.outputs import arch_inputs, data_inputs
+    from curvcal.outputs import arch_inputs, checkpoint_inputs, data_inputs, tokenizer_inputs
     from curvcal.pipeline.calibration import CalibrateRequest, run_calibrate
 
     written = calibration.outputs()
@@ -69,10 +69,11 @@ def calibrate(
         written.append(("--save-logits", save_logits))
     output, reporter = start(
         inputs=[
-            ("CHECKPOINT", checkpoint),
+            *checkpoint_inputs("CHECKPOINT", checkpoint, checkpoint_options.arch),
             *arch_inputs("--arch", checkpoint_options.arch),
-            *data_inputs("--data", data_options.spec),
-            *data_inputs("--fit-data", fit_data),
+            *data_inputs("--data", data_options.spec, data_options.root),
+            *data_inputs("--fit-data", fit_data, data_options.root),
+            *tokenizer_inputs("--tokenizer", data_options.tokenizer),
         ],
         outputs=written,
     )

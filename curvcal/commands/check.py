@@ -95,7 +95,7 @@ def check(
     numerical failure (a gated metric NaN/Inf; an estimate unconverged under --strict).
     """
     from curvcal.errors import InputError
-    from curvcal.outputs import arch_inputs, data_inputs
+    from curvcal.outputs import arch_inputs, checkpoint_inputs, data_inputs, tokenizer_inputs
     from curvcal.pipeline.check import CheckRequest, check_checkpoint
     from curvcal.policy.parse import find_pyproject_policy, load_policy
     from curvcal.policy.settings import resolve_settings
@@ -129,15 +129,19 @@ def check(
     }
     overrides = _given_on_command_line(given)
     settings, _sources = resolve_settings(policy, overrides)
-    inputs = [("CHECKPOINT", checkpoint), ("--policy", policy_path)]
+    inputs = [
+        *checkpoint_inputs("CHECKPOINT", checkpoint, settings["arch"]),
+        ("--policy", policy_path),
+    ]
     if baseline is not None:
         inputs.append(("--baseline", baseline))
     _options, reporter = start(
         inputs=[
             *inputs,
             *arch_inputs("arch", settings["arch"]),
-            *data_inputs("data", settings["data"]),
-            *data_inputs("fit_data", settings["fit_data"]),
+            *data_inputs("data", settings["data"], settings["data_root"]),
+            *data_inputs("fit_data", settings["fit_data"], settings["data_root"]),
+            *tokenizer_inputs("tokenizer", settings["tokenizer"]),
         ]
     )
     request = CheckRequest(

@@ -213,15 +213,16 @@ def hessian(
 
     The loss is averaged over every sample of --data, in eval mode unless --mode train.
     """
-    from curvcal.outputs import arch_inputs, data_inputs
+    from curvcal.outputs import arch_inputs, checkpoint_inputs, data_inputs, tokenizer_inputs
     from curvcal.pipeline.hessian import HessianRequest, run_hessian
 
     _refuse_unused_trace_options(trace, trace_method, per_layer)
     options, reporter = start(
         inputs=[
-            ("CHECKPOINT", checkpoint),
+            *checkpoint_inputs("CHECKPOINT", checkpoint, checkpoint_options.arch),
             *arch_inputs("--arch", checkpoint_options.arch),
-            *data_inputs("--data", data_options.spec),
+            *data_inputs("--data", data_options.spec, data_options.root),
+            *tokenizer_inputs("--tokenizer", data_options.tokenizer),
         ],
         outputs=plot_outputs(plot, per_layer),
     )

@@ -130,16 +130,21 @@ def study(
     --data), and calibration on --data, maps fitted on a stratified --val-split part and every
     metric measured on the rest.
     """
-    from curvcal.outputs import arch_inputs, data_inputs
+    from curvcal.outputs import arch_inputs, checkpoint_inputs, data_inputs, tokenizer_inputs
     from curvcal.pipeline.study import StudyRequest, run_study
 
     paths = expand_checkpoints(checkpoints)
     output, reporter = start(
         inputs=[
-            *(("CKPT", path) for path in paths),
+            *(
+                named
+                for path in paths
+                for named in checkpoint_inputs("CKPT", path, checkpoint_options.arch)
+            ),
             *arch_inputs("--arch", checkpoint_options.arch),
-            *data_inputs("--data", data_options.spec),
-            *data_inputs("--curvature-data", curvature_data),
+            *data_inputs("--data", data_options.spec, data_options.root),
+            *data_inputs("--curvature-data", curvature_data, data_options.root),
+            *tokenizer_inputs("--tokenizer", data_options.tokenizer),
         ],
         outputs=[("--plot", path) for path in plot_files(plot_dir).values()],
     )

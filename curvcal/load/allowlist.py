@@ -12,10 +12,15 @@ truncates a file). The rule, applied to every name before the file is read:
    anything is imported, since importing a module runs it;
 2. the name is not in :data:`DENIED_NAMES` (single classes of otherwise harmless packages that
    open files or load code);
-3. the imported object is a class (functions, builtins, methods, modules and instances are
+3. nothing is imported that is not known to be import-safe: the class comes from a module
+   that is already imported, or from a package of :data:`IMPORT_SAFE_ROOTS` (modules that only
+   define things when imported); a ``__main__`` module (which runs its program when imported,
+   as ``lib2to3.__main__`` does) is refused even then. Importing a module runs it, so checking a
+   name by importing an arbitrary module would itself run code;
+4. the object is a class (functions, builtins, methods, modules and instances are
    refused), and the class it really is (its ``__module__``) passes rules 1 and 2, so a
    re-export such as ``mypkg.Popen = subprocess.Popen`` is caught;
-4. no class in its method resolution order comes from a denied module, except the plain data
+5. no class in its method resolution order comes from a denied module, except the plain data
    builtins of :data:`DATA_BUILTINS` (``object``, ``dict``, ``tuple``...), so a subclass of
    ``subprocess.Popen``, ``functools.partial`` or ``threading.Thread`` is refused, and so is a
    metaclass (a subclass of ``type``).
@@ -28,7 +33,9 @@ through it. Code from a file runs only under ``--trust-checkpoint``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
+from types import ModuleType
 
 from curvcal.errors import InputError
 
@@ -72,6 +79,15 @@ DENIED_NAMES = frozenset(
     }
 )
 
+#: Packages whose modules only define classes and functions when imported: the only modules
+#: ``--allow-global`` imports itself (any other module must already be imported).
+IMPORT_SAFE_ROOTS = frozenset(
+    {
+        "argparse", "collections", "dataclasses", "datetime", "decimal", "enum", "fractions",
+        "ipaddress", "numbers", "typing", "uuid", "zoneinfo", "numpy", "torch",
+    }
+)  # fmt: skip
+
 #: The only builtins a plain data class may inherit from.
 DATA_BUILTINS = frozenset(
     {object, int, float, complex, bool, str, bytes, bytearray, tuple, list, dict, set, frozenset}
@@ -96,12 +112,11 @@ def allowed_class(name: str) -> type:
     reason = _denied_name(name)
     if reason is not None:
         raise InputError(what, reason, _hint())
+    module = _module_without_effects(module_name, what)
     try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        obj = getattr(module, attr)
+    except AttributeError as exc:
         raise InputError(what, f"cannot be imported: {exc}") from exc
-    except Exception as exc:  # importing runs the module; any failure is the user's module's
-        raise InputError(what, f"importing {module_name} failed: {type(exc).__name__}") from exc
     if not isinstance(obj, type):
         kind = "a function" if callable(obj) else f"a {type(obj).__name__}"
         raise InputError(
@@ -125,9 +140,13 @@ def could_be_allowed(name: str) -> bool:
     if _denied_name(name) is not None:
         return False
     module_name, _, attr = name.rpartition(".")
+    if _runs_at_import(module_name):
+        return False
     module = sys.modules.get(module_name)
     if module is None:
-        return attr[:1].isupper()  # a class by the usual naming; a function is refused anyway
+        # never imported here: suggest it only from a package known to be import-safe, and
+        # only for a class by the usual naming (a function is refused anyway)
+        return module_name.split(".", 1)[0] in IMPORT_SAFE_ROOTS and attr[:1].isupper()
     obj = getattr(module, attr, None)
     if not isinstance(obj, type):
         return False
@@ -138,6 +157,45 @@ def could_be_allowed(name: str) -> bool:
     import torch
 
     return not issubclass(obj, torch.nn.Module)
+
+
+def _runs_at_import(module_name: str) -> bool:
+    """A ``__main__`` module: a package's program, run when the module is imported."""
+    return "__main__" in module_name.split(".")
+
+
+def _module_without_effects(module_name: str, what: str) -> ModuleType:
+    """The module ``module_name`` when it is already imported, or when it belongs to a package
+    of :data:`IMPORT_SAFE_ROOTS` (then imported); :class:`InputError` otherwise, before
+    anything runs (a missing top-level package is found without importing anything)."""
+    if _runs_at_import(module_name):
+        raise InputError(
+            what,
+            f"{module_name} is a __main__ module, which runs its program when imported",
+            _hint(),
+        )
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return module
+    root = module_name.split(".", 1)[0]
+    if root not in IMPORT_SAFE_ROOTS:
+        try:
+            found = importlib.util.find_spec(root) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise InputError(what, f"cannot be imported: No module named {root!r}")
+        raise InputError(
+            what,
+            f"its module {module_name} is not imported, and importing a module runs its code; "
+            f"curvcal imports only modules of {', '.join(sorted(IMPORT_SAFE_ROOTS))} to check "
+            "a name",
+            f"{_ONLY_TRUST}: use it if you trust the file and {root}",
+        )
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InputError(what, f"cannot be imported: {exc}") from exc
 
 
 def _denied_name(name: str) -> str | None:

@@ -290,7 +290,7 @@ def _load_text(options: DataOptions, model: TextModel | None) -> LoadedData:
         )
     raw_labels = text.text_column(columns, options.label_key, file, "--label-key")
     labels = text.text_labels(raw_labels, model.label2id if model else {}, file, options.label_key)
-    tokenizer, source = text.load_tokenizer(options.tokenizer, model)
+    tokenizer, source = text.load_tokenizer(options.tokenizer, model, options.trust)
     if options.max_length is not None:
         max_length, length_source = options.max_length, "--max-length"
     else:

@@ -11,7 +11,14 @@ A *model folder* is a directory holding ``config.json`` and its weights:
   code that building the model would import and run: refused unless ``trust``.
 - timm (``timm.models.save_for_hf`` / ``push_to_hub``): ``config.json`` with ``architecture``,
   ``num_classes`` and ``pretrained_cfg``, weights in ``model.safetensors``; built with
-  ``timm.create_model(architecture, pretrained=False, num_classes=...)``.
+  ``timm.create_model(architecture, pretrained=False, num_classes=...)``. A ``model_args`` key
+  that would make timm read another file (``checkpoint_path``, a ``pretrained_cfg`` with a
+  ``file``...) is refused: the weights come from the folder alone. So is the same key in the
+  ``model_args`` of a transformers ``TimmWrapper`` config, which transformers hands to timm.
+
+Every transformers call passes ``trust_remote_code=trust`` (``False`` unless
+``--trust-checkpoint``) and runs under :func:`no_prompt`, so the library can never ask on the
+terminal whether to run a folder's code: a ``y`` typed there would have run it.
 
 Models use the library's eager attention (the same function as its fused kernels, which have
 no second derivative). Transformers outputs are objects; :class:`LogitsModule` exposes the logits tensor under the same
@@ -21,9 +28,12 @@ Nothing here imports transformers or timm until a folder is loaded.
 
 from __future__ import annotations
 
+import io
 import json
 import os
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,10 +126,6 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
             f"holds a {architecture}, not an image or sequence classifier",
             "curvcal loads *ForImageClassification and *ForSequenceClassification models",
         )
-    auto_map = config.get("auto_map")
-    custom = tuple(f"{k}={v}" for k, v in auto_map.items()) if isinstance(auto_map, dict) else ()
-    if auto_map is not None and not custom:
-        custom = (str(auto_map),)
     return FolderModel(
         path=path,
         config=config,
@@ -128,7 +134,7 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
         modality=modality,
         labels=_labels(config),
         weights=weights,
-        custom_code=custom,
+        custom_code=custom_code_entries(config),
         preprocessing=_image_processor(path),
     )
 
@@ -136,17 +142,22 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
 def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
     """The (randomly initialised) module of ``folder``'s config, returning logits tensors."""
     if folder.library == "timm":
-        return build_timm(folder.architecture, _timm_kwargs(folder.config))
-    _refuse_custom_code(folder, trust)
+        return build_timm(
+            folder.architecture,
+            _timm_kwargs(folder.config),
+            f"{folder.path / CONFIG_NAME} (model_args)",
+        )
+    _refuse_before_transformers(folder, trust)
     transformers = require("hf", "transformers", str(folder.path))
     auto_name = _auto_name(folder)
     try:
-        config = transformers.AutoConfig.from_pretrained(
-            str(folder.path), local_files_only=True, trust_remote_code=trust
-        )
-        model = getattr(transformers, auto_name).from_config(
-            config, trust_remote_code=trust, attn_implementation="eager"
-        )
+        with no_prompt():
+            config = transformers.AutoConfig.from_pretrained(
+                str(folder.path), local_files_only=True, trust_remote_code=trust
+            )
+            model = getattr(transformers, auto_name).from_config(
+                config, trust_remote_code=trust, attn_implementation="eager"
+            )
     except (ValueError, KeyError, OSError, ImportError, TypeError) as exc:
         raise InputError(
             str(folder.path),
@@ -161,7 +172,7 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     ``from_pretrained`` (local files only; it renames saved keys to the module's own names,
     as recent transformers versions do). Safetensors weights, or a ``pytorch_model.bin`` the
     caller has checked needs no global beyond a weights-only load's."""
-    _refuse_custom_code(folder, trust)
+    _refuse_before_transformers(folder, trust)
     transformers = require("hf", "transformers", str(folder.path))
     for file in folder.weights:  # a truncated or unreadable file, named before the library reads it
         if file.suffix == ".safetensors":
@@ -171,15 +182,16 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     was_shown = bars.is_progress_bar_enabled()
     bars.disable_progress_bar()  # curvcal's own progress goes to stderr; keep it the only one
     try:
-        model = auto.from_pretrained(
-            str(folder.path),
-            local_files_only=True,
-            trust_remote_code=trust,
-            use_safetensors=folder.weights[0].suffix == ".safetensors",
-            # fused attention kernels have no second derivative or forward-mode rule; the
-            # library's eager attention computes the same function and every Hessian product
-            attn_implementation="eager",
-        )
+        with no_prompt():
+            model = auto.from_pretrained(
+                str(folder.path),
+                local_files_only=True,
+                trust_remote_code=trust,
+                use_safetensors=folder.weights[0].suffix == ".safetensors",
+                # fused attention kernels have no second derivative or forward-mode rule; the
+                # library's eager attention computes the same function and every Hessian product
+                attn_implementation="eager",
+            )
     except (ValueError, KeyError, OSError, ImportError, TypeError, RuntimeError) as exc:
         raise InputError(
             str(folder.path),
@@ -192,8 +204,71 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     return LogitsModule(model, folder.modality)
 
 
-def build_timm(name: str, kwargs: Mapping[str, Any]) -> nn.Module:
-    """``timm.create_model(name, pretrained=False, **kwargs)`` (never downloads)."""
+@contextmanager
+def no_prompt() -> Iterator[None]:
+    """Run a library call with an empty standard input, so nothing it does can ask a question
+    on the terminal (transformers asks whether to run a folder's custom code when
+    ``trust_remote_code`` is unset; an empty input reads as "no" or an error, never "y")."""
+    saved = sys.stdin
+    sys.stdin = io.StringIO("")
+    try:
+        yield
+    finally:
+        sys.stdin = saved
+
+
+def custom_code_entries(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``auto_map`` entries of a transformers ``config.json`` or ``tokenizer_config.json``
+    (``AutoConfig=module.Class``...): code the library would import and run. Empty when none."""
+    auto_map = config.get("auto_map")
+    if auto_map is None:
+        return ()
+    if isinstance(auto_map, dict) and auto_map:
+        return tuple(f"{k}={v}" for k, v in auto_map.items())
+    return (str(auto_map),)
+
+
+#: ``timm.create_model`` keywords that read another file or fetch one (``checkpoint_path`` is
+#: loaded with ``torch.load`` even when ``pretrained=False``; a ``pretrained_cfg`` names files,
+#: URLs and hub ids), and what curvcal would do instead.
+TIMM_FILE_KEYWORDS = frozenset(
+    {
+        "checkpoint_path",
+        "pretrained",
+        "pretrained_cfg",
+        "pretrained_cfg_overlay",
+        "pretrained_strict",
+        "cache_dir",
+        "file",
+        "url",
+        "hf_hub_id",
+        "hf_hub_filename",
+    }
+)
+
+
+def refuse_timm_file_keywords(kwargs: Mapping[str, Any], what: str) -> None:
+    """Refuse keyword arguments for ``timm.create_model`` that would make timm read or fetch
+    a file other than the checkpoint curvcal was given: :data:`TIMM_FILE_KEYWORDS`, and any
+    key ending in ``_path``, ``_file``, ``_dir`` or ``_url``. ``what`` names their source."""
+    bad = sorted(
+        key
+        for key in kwargs
+        if key in TIMM_FILE_KEYWORDS or key.endswith(("_path", "_file", "_dir", "_url"))
+    )
+    if bad:
+        raise InputError(
+            what,
+            f"sets {', '.join(bad)}, which would make timm read another file",
+            "curvcal reads weights only from the checkpoint it is given; remove "
+            + ("it" if len(bad) == 1 else "them"),
+        )
+
+
+def build_timm(name: str, kwargs: Mapping[str, Any], what: str = "--arch-kwargs") -> nn.Module:
+    """``timm.create_model(name, pretrained=False, **kwargs)`` (never downloads, never reads
+    a file: see :func:`refuse_timm_file_keywords`)."""
+    refuse_timm_file_keywords(kwargs, what)
     timm = require("timm", "timm", f"--arch timm:{name}")
     if not timm.is_model(name):
         import difflib
@@ -207,7 +282,7 @@ def build_timm(name: str, kwargs: Mapping[str, Any]) -> nn.Module:
         model: nn.Module = timm.create_model(name, pretrained=False, **kwargs)
     except TypeError as exc:
         raise InputError(
-            "--arch-kwargs", f"timm:{name} cannot be built with {dict(kwargs)}: {_one_line(exc)}"
+            what, f"timm:{name} cannot be built with {dict(kwargs)}: {_one_line(exc)}"
         ) from exc
     return model
 
@@ -304,7 +379,12 @@ def token_embedding_names(module: nn.Module) -> tuple[str, ...]:
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def _refuse_custom_code(folder: FolderModel, trust: bool) -> None:
+def _refuse_before_transformers(folder: FolderModel, trust: bool) -> None:
+    """What transformers must not be handed: ``model_args`` keys that make timm read another
+    file (always), and ``auto_map`` custom code (without ``trust``)."""
+    model_args = folder.config.get("model_args")
+    if isinstance(model_args, Mapping):  # transformers' timm wrapper hands them to timm
+        refuse_timm_file_keywords(model_args, f"{folder.path / CONFIG_NAME} (model_args)")
     if folder.custom_code and not trust:
         raise TrustError(
             str(folder.path),

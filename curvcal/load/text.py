@@ -80,11 +80,12 @@ def is_text_spec(spec: str) -> bool:
     path = Path(spec).expanduser()
     if path.suffix.lower() in TEXT_SUFFIXES:
         return True
-    folder, _split = _split_spec(spec)
+    folder, _split = split_spec(spec)
     return (folder / _DATASET_STATE).is_file() or (folder / _DATASET_DICT).is_file()
 
 
-def _split_spec(spec: str) -> tuple[Path, str | None]:
+def split_spec(spec: str) -> tuple[Path, str | None]:
+    """A saved-dataset spec's folder and split (``DIR:split``; ``None`` when it names none)."""
     path = Path(spec).expanduser()
     if path.exists() or ":" not in spec:
         return path, None
@@ -116,7 +117,7 @@ def read_table(spec: str) -> tuple[dict[str, list[Any]], tuple[Path, ...], str]:
             ) from exc
         except OSError as exc:
             raise InputError(str(path), f"cannot be read: {exc.strerror or exc}") from exc
-    folder, split = _split_spec(spec)
+    folder, split = split_spec(spec)
     if (folder / _DATASET_DICT).is_file():
         splits = _dataset_dict_splits(folder)
         if split is None:
@@ -236,8 +237,15 @@ def _one_line(exc: BaseException) -> str:
 # --- tokenizing -------------------------------------------------------------------------------
 
 
-def load_tokenizer(tokenizer: Path | None, model: TextModel | None) -> tuple[Any, str]:
-    """The tokenizer of ``--tokenizer`` or of the model's folder, and where it came from."""
+def load_tokenizer(
+    tokenizer: Path | None, model: TextModel | None, trust: bool = False
+) -> tuple[Any, str]:
+    """The tokenizer of ``--tokenizer`` or of the model's folder, and where it came from.
+
+    A folder whose ``config.json`` or ``tokenizer_config.json`` carries ``auto_map`` names
+    tokenizer code that transformers would import and run: refused unless ``trust``
+    (``--trust-checkpoint``). transformers is called with ``trust_remote_code=trust`` and an
+    empty standard input, so it never asks on the terminal whether to run that code."""
     folder = tokenizer or (model.folder if model is not None else None)
     if folder is None:
         raise InputError(
@@ -259,8 +267,14 @@ def load_tokenizer(tokenizer: Path | None, model: TextModel | None) -> tuple[Any
         raise InputError(
             str(folder), f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}...)", hint
         )
+    from curvcal.load.hf import no_prompt
+
+    _refuse_tokenizer_code(folder, where, trust)
     try:
-        loaded = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        with no_prompt():
+            loaded = transformers.AutoTokenizer.from_pretrained(
+                str(folder), local_files_only=True, trust_remote_code=trust
+            )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         hint = (
             "pass --tokenizer DIR naming the tokenizer's save_pretrained folder"
@@ -271,6 +285,29 @@ def load_tokenizer(tokenizer: Path | None, model: TextModel | None) -> tuple[Any
             str(folder), f"{where} holds no tokenizer ({_one_line(exc)})", hint
         ) from exc
     return loaded, str(folder)
+
+
+def _refuse_tokenizer_code(folder: Path, where: str, trust: bool) -> None:
+    """:class:`TrustError` when the tokenizer folder's ``tokenizer_config.json`` or
+    ``config.json`` names custom code (``auto_map``) and ``trust`` is not given."""
+    if trust:
+        return
+    from curvcal.errors import TrustError
+    from curvcal.load.hf import custom_code_entries
+
+    for name in ("tokenizer_config.json", "config.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        config = _read_json(path)
+        entries = custom_code_entries(config) if isinstance(config, dict) else ()
+        if entries:
+            raise TrustError(
+                str(path),
+                f"{where} asks for custom code ({', '.join(entries)}), which loading the "
+                "tokenizer would import and run",
+                "pass --trust-checkpoint only if you trust the folder's source",
+            )
 
 
 def default_max_length(tokenizer: Any, model: TextModel | None) -> tuple[int, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich import box
 from rich.table import Table as RichTable
 
-from curvcal.atomic import atomic_output, refuse_special, temp_prefix
+from curvcal.atomic import atomic_output, mark_output, refuse_special, temp_prefix
 from curvcal.console import stdout_console
 from curvcal.errors import InputError
 from curvcal.results import Report
@@ -120,6 +120,8 @@ def check_output_path(path: Path, force: bool) -> None:
     refuse_special(path)
     if path.exists() and not force:
         raise InputError(str(path), "already exists", "pass --force to overwrite it")
+    # without --force, a file that takes the name while the run works is not replaced either
+    mark_output(path, replace=force)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(str(path), f"directory {parent} does not exist")

@@ -103,7 +103,10 @@ def test_a_denied_module_is_never_imported() -> None:
     assert "antigravity" not in sys.modules
 
 
-def test_suggestion_is_for_class_like_names_of_unimported_modules() -> None:
-    assert could_be_allowed("some_unimported_package.TrainConfig")
+def test_suggestion_is_for_class_like_names_of_import_safe_or_imported_modules() -> None:
+    # a module nobody imported may do anything when imported: never suggested
+    assert not could_be_allowed("some_unimported_package.TrainConfig")
     assert not could_be_allowed("some_unimported_package.make_payload")
+    assert not could_be_allowed("lib2to3.__main__.Anything")  # a program, run at import
+    assert could_be_allowed("decimal.Decimal")
     assert not could_be_allowed("torch.nn.modules.linear.Linear")  # whole modules need trust
