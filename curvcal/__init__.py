@@ -7,7 +7,12 @@ do not pay for torch until a function is actually needed.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+
+# ``typing`` is imported for type checkers only: ``python -m curvcal`` runs this file before its
+# Ctrl-C handler is installed (curvcal.interrupt), so it does as little as it can.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0.dev0"
 

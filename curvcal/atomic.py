@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from curvcal import interrupt
 from curvcal.errors import InputError
 
 
@@ -25,8 +26,10 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
 
     The bytes go to a temporary file in the same directory, are flushed to disk, given the
     permissions an ordinary new file would get (0666 less the umask; ``mkstemp`` alone would
-    leave them private), and moved into place with ``os.replace``. On any error, Ctrl-C
-    included, the temporary file is removed and ``path`` is untouched; an operating-system
+    leave them private), and moved into place with ``os.replace``. Both files are registered
+    with :mod:`curvcal.interrupt`, which removes them if the run is interrupted or fails before
+    its exit code is decided. On any error, Ctrl-C included, the temporary file is removed and
+    ``path`` is untouched; an operating-system
     error (no such folder, no permission, disk full) becomes an :class:`InputError` naming
     ``path``. A ``path`` that exists and is not a regular file (a symbolic link, a device, a
     pipe, a socket, a folder) is refused before anything is written: replacing it would destroy
@@ -35,7 +38,11 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
     parent = path.parent if str(path.parent) else Path(".")
     refuse_special(path)
     try:
-        handle, temp_name = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=parent)
+        with interrupt.held():
+            handle, temp_name = tempfile.mkstemp(
+                prefix=temp_prefix(path), suffix=".tmp", dir=parent
+            )
+            interrupt.temporary_created(temp_name)
     except OSError as error:
         raise _cannot_write(path, error) from error
     try:
@@ -44,9 +51,13 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
             stream.flush()
             os.fsync(stream.fileno())
         os.chmod(temp_name, 0o666 & ~_umask())
-        os.replace(temp_name, path)
+        with interrupt.held():  # the output and its registration appear together
+            os.replace(temp_name, path)
+            interrupt.temporary_gone(temp_name)
+            interrupt.output_written(path)
     except BaseException as error:
         Path(temp_name).unlink(missing_ok=True)
+        interrupt.temporary_gone(temp_name)
         if isinstance(error, OSError):
             raise _cannot_write(path, error) from error
         raise
