@@ -7,10 +7,14 @@ do not pay for torch until a function is actually needed.
 from __future__ import annotations
 
 import importlib
+import sys
 
-# ``typing`` is imported for type checkers only: ``python -m curvcal`` runs this file before its
-# Ctrl-C handler is installed (curvcal.interrupt), so it does as little as it can.
-TYPE_CHECKING = False
+if sys.argv[:1] == ["-m"]:  # `python -m curvcal` is locating this package: take Ctrl-C now
+    from curvcal import interrupt
+
+    interrupt.install()
+
+TYPE_CHECKING = False  # typing is not imported at run time: the fewer steps before the above
 if TYPE_CHECKING:
     from typing import Any
 
