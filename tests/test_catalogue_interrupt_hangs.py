@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -211,3 +212,101 @@ def test_a_run_that_ends_with_a_result_keeps_its_outputs(tmp_path: Path) -> None
     np.savez(logits, logits=rng.normal(size=(40, 3)), labels=rng.integers(0, 3, size=40))
     assert main(["metrics", str(logits), "-o", str(tmp_path / "report.json"), "--quiet"]) == 0
     assert json.loads((tmp_path / "report.json").read_text())["command"] == "metrics"
+
+
+# -- plans capped by what can exist ------------------------------------------------------------
+
+
+class _Counted:
+    """A cost function that counts its calls and refuses to be called more than ``limit`` times
+    (a plan that scans every width from --probe-batch down would call it a billion times)."""
+
+    def __init__(self, cost: Callable[..., float], limit: int = 10_000) -> None:
+        self.cost, self.limit, self.calls = cost, limit, 0
+
+    def __call__(self, *args: object, **kwargs: object) -> float:
+        self.calls += 1
+        assert self.calls <= self.limit, "the plan scans the widths one by one"
+        return self.cost(*args, **kwargs)
+
+
+def test_widest_is_the_last_width_that_fits() -> None:
+    from curvcal.curvature.memory import widest
+
+    for limit in (0, 1, 2, 7, 8, 1000):
+        for width in (1, 2, 8, 1000):
+            assert widest(lambda m, limit=limit: m <= limit, width) == min(limit, width)
+    calls = []
+    assert widest(lambda m: calls.append(m) is None and m <= 123_456_789, 10**18) == 123_456_789
+    assert len(calls) < 70
+
+
+def test_a_probe_batch_of_a_billion_is_planned_by_the_budget_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from curvcal.curvature import memory
+    from curvcal.curvature.memory import GraphSize, GraphSizes, plan_pass
+
+    graphs = GraphSizes(gradient=GraphSize(1000.0, 100.0), double=GraphSize(2000.0, 300.0))
+    counted = _Counted(memory.pass_bytes)
+    monkeypatch.setattr(memory, "pass_bytes", counted)
+    # worked by hand: G(64) = 2000 + 300·64 = 21,200; 21,200 + 400·(1 + 3m) ≤ 10**12 gives
+    # m ≤ (10**12 − 21,600) / 1,200 = 833,333,315.3
+    plan = plan_pass(graphs, param_bytes=400, rows=64, width=10**9, budget=10**12, vmapped=False)
+    assert (plan.rows, plan.width, plan.fits) == (64, 833_333_315, True)
+    # with the budget of the hand-worked case of tests/curvature/test_memory.py: 7 vectors
+    plan = plan_pass(graphs, param_bytes=400, rows=64, width=10**9, budget=30_000, vmapped=False)
+    assert (plan.rows, plan.width) == (64, 7)
+
+
+def test_kept_graphs_are_planned_for_a_billion_vectors_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from curvcal.curvature import kept
+    from curvcal.curvature.memory import GraphSize, GraphSizes
+
+    graphs = GraphSizes(GraphSize(100.0, 10.0), GraphSize(1000.0, 50.0))
+    counted = _Counted(kept.kept_pass_bytes)
+    monkeypatch.setattr(kept, "kept_pass_bytes", counted)
+    chunks, budget = [4, 4, 4, 2], 10**9
+    count, width = kept.kept_prefix(
+        graphs, param_bytes=400, chunks=chunks, input_row_bytes=0.0, width=10**9, budget=budget
+    )
+    assert count == len(chunks)
+    # the most vectors: one more would not fit (the module's own cost model is the plan's truth)
+    held = 400 + sum(graphs.double.at(rows) for rows in chunks)
+
+    def need(m: int) -> float:
+        return held + kept.kept_pass_bytes(graphs, 400, max(chunks), m)
+
+    assert need(width) <= budget < need(width + 1)
+
+
+def test_density_steps_beyond_the_parameter_count_are_capped_and_said() -> None:
+    import torch
+    from torch import nn
+
+    from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    n_params = sum(p.numel() for p in model.parameters())  # 26
+    x, y = torch.randn(20, 3, dtype=torch.float64), torch.randint(0, 2, (20,))
+    planned: list[int] = []
+    notes: list[str] = []
+    settings = HessianSettings(
+        trace=False, density=True, density_runs=1, density_steps=100_000, tol=1e-6
+    )
+    result = analyse_hessian(
+        model,
+        [(x[:9], y[:9]), (x[9:], y[9:])],
+        settings,
+        on_note=notes.append,
+        on_plan=lambda resolved: planned.append(resolved.density_steps),
+    )
+    assert planned == [n_params]
+    assert [note for note in notes if "--density-steps" in note] == [
+        f"--density-steps 100000 capped at {n_params}, the parameter count: Lanczos on a "
+        "Hessian of P rows ends within P steps"
+    ]
+    assert result.density is not None and result.density.steps == n_params
