@@ -310,3 +310,68 @@ def test_density_steps_beyond_the_parameter_count_are_capped_and_said() -> None:
         "Hessian of P rows ends within P steps"
     ]
     assert result.density is not None and result.density.steps == n_params
+
+
+# -- named pipes among the data: refused, never opened ----------------------------------------
+
+
+def _refused_in_time(load: Callable[[], object], fifo: Path) -> str:
+    """The message ``load`` raises, within 20 s; a loader blocked opening ``fifo`` (waiting for
+    a writer that never comes) is released and the test fails."""
+    import threading
+
+    from curvcal.errors import InputError
+
+    outcome: list[BaseException | object] = []
+    worker = threading.Thread(target=lambda: outcome.append(_caught(load)), daemon=True)
+    worker.start()
+    worker.join(20)
+    if worker.is_alive():  # open a writer end so that the blocked reader sees end-of-file
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(20)
+        pytest.fail(f"blocked on the named pipe {fifo}")
+    assert len(outcome) == 1 and isinstance(outcome[0], InputError), outcome
+    return outcome[0].message
+
+
+def _caught(load: Callable[[], object]) -> BaseException | object:
+    try:
+        return load()
+    except Exception as exc:
+        return exc
+
+
+def test_a_named_pipe_as_an_arrow_member_of_a_saved_dataset_is_refused(tmp_path: Path) -> None:
+    from curvcal.load.text import read_table
+
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data.arrow"}]}))
+    os.mkfifo(folder / "data.arrow")
+    message = _refused_in_time(lambda: read_table(str(folder)), folder / "data.arrow")
+    assert message == f"{folder / 'data.arrow'}: is not a regular file (a FIFO, socket or device)"
+
+
+def test_a_named_pipe_as_a_jsonl_file_is_refused_as_what_it_is(tmp_path: Path) -> None:
+    from curvcal.load.text import read_table
+
+    os.mkfifo(tmp_path / "texts.jsonl")
+    message = _refused_in_time(lambda: read_table(str(tmp_path / "texts.jsonl")), tmp_path)
+    assert message == (
+        f"--data {tmp_path / 'texts.jsonl'}: is not a regular file (a FIFO, socket or device)"
+    )
+
+
+def test_a_named_pipe_as_an_image_of_a_folder_is_refused(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from curvcal.load.data import DataOptions, iter_batches, load_dataset
+
+    root = tmp_path / "images"
+    for label, colour in (("cat", (255, 0, 0)), ("dog", (0, 0, 255))):
+        (root / label).mkdir(parents=True)
+        Image.new("RGB", (6, 5), colour).save(root / label / "0.png")
+    os.mkfifo(root / "dog" / "1.png")
+    data = load_dataset(DataOptions(spec=f"folder:{root}", resize=4, crop=4))
+    message = _refused_in_time(lambda: list(iter_batches(data.dataset, 3)), root / "dog" / "1.png")
+    assert message == f"{root / 'dog' / '1.png'}: is not a regular file (a FIFO, socket or device)"
