@@ -375,3 +375,146 @@ def test_a_named_pipe_as_an_image_of_a_folder_is_refused(tmp_path: Path) -> None
     data = load_dataset(DataOptions(spec=f"folder:{root}", resize=4, crop=4))
     message = _refused_in_time(lambda: list(iter_batches(data.dataset, 3)), root / "dog" / "1.png")
     assert message == f"{root / 'dog' / '1.png'}: is not a regular file (a FIFO, socket or device)"
+
+
+# -- torchrun: a failing rank tells the others, and every rank stops with one line ---------------
+
+RANKED = '''
+import os
+
+import torch
+from torch.utils.data import Dataset
+
+GENERATOR = torch.Generator().manual_seed(0)
+X = torch.rand(40, 1, 8, 8, generator=GENERATOR)
+Y = torch.randint(0, 10, (40,), generator=GENERATOR)
+
+
+def unreadable_on_rank_1():
+    """Rank 1 cannot read its data: the factory fails while rank 0 goes on."""
+    if os.environ.get("RANK") == "1":
+        return 42
+    return X, Y
+
+
+class LastSampleUnreadable(Dataset):
+    """Rank 1 fails on the last sample of its shard, once rank 0 waits in a collective."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, index):
+        if os.environ.get("RANK") == "1" and index == 39:
+            raise RuntimeError("sample 39 is unreadable")
+        return X[index], Y[index]
+
+
+def failing_late():
+    return LastSampleUnreadable()
+'''
+FACTORY_MESSAGE = (
+    "--data py:ranked:unreadable_on_rank_1: returned a int, not a Dataset or a tuple (x, y)"
+)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _two_ranks(tmp_path: Path, factory: str) -> list[tuple[int, str]]:
+    """Run `calibrate -o report.json` as ranks 0 and 1 of a gloo group of two, as torchrun would
+    start them but with no launcher to stop a rank: what they agree on is all there is. Each
+    rank's exit code and stderr."""
+    (tmp_path / "ranked.py").write_text(RANKED)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
+           "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "CURVCAL_DIST_TIMEOUT": "300"}  # fmt: skip
+    command = [sys.executable, "-m", "curvcal", "calibrate", str(CHECKPOINT), "--data",
+               f"py:ranked:{factory}", "--trust-checkpoint", "--device", "cpu",
+               "-o", "report.json"]  # fmt: skip
+    ranks = [
+        subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    results = []
+    try:
+        for process in ranks:
+            _, stderr = process.communicate(timeout=120)  # far below the collective timeout
+            results.append((process.returncode, stderr))
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+    return results
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_read_its_data_stops_every_rank_with_one_line(tmp_path: Path) -> None:
+    (code0, err0), (code1, err1) = _two_ranks(tmp_path, "unreadable_on_rank_1")
+    assert (code0, code1) == (2, 2), (err0, err1)
+    assert err1 == f"curvcal: error: rank 1: {FACTORY_MESSAGE}\n"
+    assert err0 == f"curvcal: error: rank 1 failed, so rank 0 stopped: {FACTORY_MESSAGE}\n"
+    assert not (tmp_path / "report.json").exists()
+
+
+@pytest.mark.slow
+def test_a_rank_failing_while_the_other_waits_in_a_collective_stops_both(tmp_path: Path) -> None:
+    (code0, err0), (code1, err1) = _two_ranks(tmp_path, "failing_late")
+    cause = "internal error: RuntimeError: sample 39 is unreadable"
+    assert (code0, code1) == (70, 70), (err0, err1)
+    assert err1.startswith(f"curvcal: error: rank 1: {cause}") and err1.count("\n") == 1, err1
+    assert err0.startswith(f"curvcal: error: rank 1 failed, so rank 0 stopped: {cause}"), err0
+    assert err0.count("\n") == 1, err0
+    assert not (tmp_path / "report.json").exists()
+
+
+@pytest.mark.slow
+def test_under_torchrun_both_ranks_stop_at_once_and_say_why(tmp_path: Path) -> None:
+    (tmp_path / "ranked.py").write_text(RANKED)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+               "2", "-m", "curvcal", "calibrate", str(CHECKPOINT), "--data",
+               "py:ranked:unreadable_on_rank_1", "--trust-checkpoint", "--device", "cpu",
+               "-o", "report.json"]  # fmt: skip
+    completed = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode != 0
+    lines = completed.stderr.splitlines()
+    assert f"curvcal: error: rank 1: {FACTORY_MESSAGE}" in lines, completed.stderr
+    assert f"curvcal: error: rank 1 failed, so rank 0 stopped: {FACTORY_MESSAGE}" in lines
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_the_collective_timeout_is_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from datetime import timedelta
+
+    from curvcal.distributed import DEFAULT_TIMEOUT_S, collective_timeout
+    from curvcal.errors import InputError
+
+    monkeypatch.delenv("CURVCAL_DIST_TIMEOUT", raising=False)
+    assert collective_timeout() == timedelta(seconds=DEFAULT_TIMEOUT_S) < timedelta(minutes=30)
+    monkeypatch.setenv("CURVCAL_DIST_TIMEOUT", "42.5")
+    assert collective_timeout() == timedelta(seconds=42.5)
+    for bad in ("0", "-3", "nan", "soon"):
+        monkeypatch.setenv("CURVCAL_DIST_TIMEOUT", bad)
+        with pytest.raises(InputError, match=f"CURVCAL_DIST_TIMEOUT={bad}: is not a positive"):
+            collective_timeout()
