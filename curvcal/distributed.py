@@ -15,6 +15,8 @@ Failures are agreed, not waited out:
 * every rank runs a watcher thread that polls the store: on another rank's failure it removes
   what its run wrote, prints ``curvcal: error: rank R failed, so rank S stopped: <cause>`` and
   exits with the failing rank's code, whatever collective its main thread is blocked in;
+* Ctrl-C on one rank (:mod:`curvcal.interrupt`) is announced the same way: that rank exits 130
+  with ``curvcal: interrupted``, the others with 130 and ``... stopped: interrupted``;
 * at the end every rank meets at a barrier with the same timeout: a rank that died without a
   word (killed, out of memory) is named there and the run fails instead of reporting success.
 """
@@ -31,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from curvcal import interrupt
-from curvcal.errors import EXIT_INTERNAL, CurvcalError, InputError
+from curvcal.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CurvcalError, InputError
 
 #: environment variable: seconds any collective (and the final barrier) may wait for the others
 TIMEOUT_VARIABLE = "CURVCAL_DIST_TIMEOUT"
@@ -40,6 +42,7 @@ DEFAULT_TIMEOUT_S = 600.0
 #: waits for the others to take note before it exits
 _POLL_S = 0.2
 _ACK_WAIT_S = 10.0
+_INTERRUPT_WAIT_S = 1.5  # Ctrl-C is answered within 2 s
 
 
 @dataclass(frozen=True)
@@ -269,8 +272,25 @@ class _Watch:
         self.halt.clear()
         self.thread = threading.Thread(target=self._run, name="curvcal-rank-watch", daemon=True)
         self.thread.start()
+        interrupt.on_stop(self._interrupted)
+
+    def _interrupted(self) -> None:
+        """Ctrl-C is ending this rank: the others stop too (exit 130), not wait in a collective
+        for it until the timeout."""
+        store = self.store
+        if store is None or self.failing:
+            return
+        self.failing = True
+        everyone = [f"ack/{rank}" for rank in range(self.world_size)]
+        with contextlib.suppress(Exception):
+            with self.lock:
+                store.compare_set("failed", "", f"{EXIT_INTERRUPTED}\n{self.rank}\ninterrupted")
+                store.set(f"ack/{self.rank}", "1")
+            # briefly: this rank may host the store, which the others must still reach
+            store.wait(everyone, timedelta(seconds=_INTERRUPT_WAIT_S))
 
     def stop(self) -> None:
+        interrupt.on_stop(None)
         self.halt.set()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=5 * _POLL_S)
@@ -301,6 +321,8 @@ class _Watch:
             with contextlib.suppress(Exception):
                 with self.lock:
                     store.set(f"ack/{self.rank}", "1")
+                # answered by the store as the last rank takes note (rank 0 may host the store
+                # and leave right after; a poll could come too late)
                 store.wait(everyone, timedelta(seconds=_ACK_WAIT_S))
         os._exit(code)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
@@ -51,6 +51,9 @@ class _Register:
         self.outputs: list[Path] = []
         self.holding = 0
         self.pending = False
+        #: called (errors ignored) once the run's files are removed, before the process ends:
+        #: under torchrun, telling the other ranks (curvcal.distributed)
+        self.on_stop: list[Callable[[], None]] = []
 
 
 _REGISTER = _Register()
@@ -60,6 +63,11 @@ def install() -> None:
     """Handle SIGINT as described above (the entry point's first statement; idempotent)."""
     _REGISTER.owner = os.getpid()
     signal.signal(signal.SIGINT, _on_interrupt)
+
+
+def on_stop(hook: Callable[[], None] | None) -> None:
+    """Call ``hook`` when Ctrl-C ends the process (``None``: no hook)."""
+    _REGISTER.on_stop[:] = [] if hook is None else [hook]
 
 
 def decided() -> None:
@@ -136,6 +144,9 @@ def _stop() -> None:
     """Remove what the run wrote, say so in one line, and end the process with 130."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
     discard()
+    for hook in _REGISTER.on_stop:
+        with suppress(Exception):
+            hook()
     message = _MESSAGE
     with suppress(OSError, ValueError):  # a closed stderr
         if sys.stderr is not None and sys.stderr.isatty():

@@ -518,3 +518,51 @@ def test_the_collective_timeout_is_read_from_the_environment(
         monkeypatch.setenv("CURVCAL_DIST_TIMEOUT", bad)
         with pytest.raises(InputError, match=f"CURVCAL_DIST_TIMEOUT={bad}: is not a positive"):
             collective_timeout()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interrupted", [1, 0])  # rank 0 also hosts the store here
+def test_ctrl_c_on_one_rank_mid_run_stops_the_other_at_once(
+    tmp_path: Path, interrupted: int
+) -> None:
+    """One rank alone gets SIGINT while both ranks are in the product loop (rank 0 has timed
+    its first products and said how long the run will take): it exits 130, and the other,
+    which would wait for it in the next all-reduce, stops with 130 too and says why."""
+    env = {**ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port()), "CURVCAL_DIST_TIMEOUT": "300"}  # fmt: skip
+    command = [sys.executable, "-m", "curvcal", "hessian", str(CHECKPOINT), "--data",
+               "curvcal:digits", "--device", "cpu", "--probes", "100000", "--trace-method",
+               "hutchinson", "-o", "report.json"]  # fmt: skip
+    ranks = [
+        subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_as_a_shell_starts_it,
+        )
+        for rank in (0, 1)
+    ]
+    other = 1 - interrupted
+    try:
+        assert ranks[0].stderr is not None
+        seen = []
+        for line in ranks[0].stderr:  # rank 0 speaks once it has timed the first products
+            seen.append(line)
+            if "this run will take" in line:
+                break
+        assert seen and "this run will take" in seen[-1], seen
+        ranks[interrupted].send_signal(signal.SIGINT)
+        said = {rank: ranks[rank].communicate(timeout=60)[1] for rank in (interrupted, other)}
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+    assert (ranks[interrupted].returncode, said[interrupted]) == (130, "curvcal: interrupted\n")
+    assert ranks[other].returncode == 130, said[other]
+    assert said[other] == (
+        f"curvcal: error: rank {interrupted} failed, so rank {other} stopped: interrupted\n"
+    )
+    assert list(tmp_path.iterdir()) == []
