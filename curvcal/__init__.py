@@ -7,7 +7,16 @@ do not pay for torch until a function is actually needed.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+import sys
+
+if sys.argv[:1] == ["-m"]:  # `python -m curvcal` is locating this package: take Ctrl-C now
+    from curvcal import interrupt
+
+    interrupt.install()
+
+TYPE_CHECKING = False  # typing is not imported at run time: the fewer steps before the above
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0.dev0"
 

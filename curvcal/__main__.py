@@ -4,6 +4,10 @@
 module curvcal imports later (``tomllib.py``, ``json.py``) would be imported and run in its
 place. The entry is dropped before anything else is imported; a folder of your own modules
 (``py:`` architectures and datasets) goes on ``PYTHONPATH``, which is kept.
+
+Ctrl-C is taken over right after (see :mod:`curvcal.interrupt`): an interrupt during the imports
+of click, numpy or torch ends the run with exit 130 like any other, instead of surfacing as a
+half-imported module's error.
 """
 
 import os
@@ -27,7 +31,10 @@ def _drop_working_directory() -> None:
 if __name__ == "__main__":
     _drop_working_directory()
 
-from curvcal.cli import run  # noqa: E402  (after the path is cleaned)
+    from curvcal import interrupt
 
-if __name__ == "__main__":
+    interrupt.install()
+
+    from curvcal.cli import run
+
     run()

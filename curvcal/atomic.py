@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
+from curvcal import interrupt
 from curvcal.errors import InputError
 
 #: resolved paths that must be created, never replaced (checked without ``--force``)
@@ -68,8 +69,10 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
     permissions of the file they replace (or, for a new file, 0666 less the umask; ``mkstemp``
     alone would leave them private), and moved into place: with ``os.link`` when ``path`` was
     marked by :func:`mark_output` (an :class:`InputError` "already exists" when a file
-    took the name meanwhile), else with ``os.replace``. On any error, Ctrl-C and SIGTERM
-    included, the temporary file is removed and ``path`` is untouched; an operating-system
+    took the name meanwhile), else with ``os.replace``. Both files are registered with
+    :mod:`curvcal.interrupt`, which removes them if the run is interrupted or fails before its
+    exit code is decided. On any error, Ctrl-C and SIGTERM included, the temporary file is
+    removed and ``path`` is untouched; an operating-system
     error (no such folder, no permission, disk full) becomes an :class:`InputError` naming
     ``path``. A ``path`` that exists and is not a regular file (a symbolic link, a device, a
     pipe, a socket, a folder) is refused before anything is written: replacing it would destroy
@@ -79,9 +82,11 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
     refuse_special(path)
     with _terminate_raises():
         try:
-            handle, temp_name = tempfile.mkstemp(
-                prefix=temp_prefix(path), suffix=".tmp", dir=parent
-            )
+            with interrupt.held():
+                handle, temp_name = tempfile.mkstemp(
+                    prefix=temp_prefix(path), suffix=".tmp", dir=parent
+                )
+                interrupt.temporary_created(temp_name)
         except OSError as error:
             raise _cannot_write(path, error) from error
         try:
@@ -89,9 +94,13 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
                 yield stream
                 stream.flush()
                 os.fsync(stream.fileno())
-            _publish(Path(temp_name), path)
+            with interrupt.held():  # the output and its registration appear together
+                _publish(Path(temp_name), path)
+                interrupt.temporary_gone(temp_name)
+                interrupt.output_written(path)
         except BaseException as error:
             Path(temp_name).unlink(missing_ok=True)
+            interrupt.temporary_gone(temp_name)
             if isinstance(error, OSError):
                 raise _cannot_write(path, error) from error
             raise

@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import click
 
-from curvcal import __version__
+from curvcal import __version__, interrupt
 from curvcal.commands import LazyGroup
 from curvcal.commands.common import output_options
 from curvcal.errors import (
@@ -48,28 +48,42 @@ def _error(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit code (the console script exits with it)."""
+    """Run the CLI and return its exit code (the console script exits with it).
+
+    A run that fails (an error mapped to exit 2, 3 or 70, or an interrupt) removes every output it
+    had already written (see :mod:`curvcal.interrupt`); a run that ends with a result (exit 0, a
+    failed check's 1, ``--strict``'s 3 beside its report) keeps them.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
+    with interrupt.run_scope():
+        code, failed = _invoke(args)
+        if failed:
+            interrupt.discard()
+        return code
+
+
+def _invoke(args: list[str]) -> tuple[int, bool]:
+    """The exit code of one invocation, and whether it failed (ended in an exception)."""
     debug = "--debug" in args or bool(os.environ.get("CURVCAL_DEBUG"))
     try:
         result = cli.main(args=args, prog_name="curvcal", standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort):
         click.echo("curvcal: interrupted", err=True)
-        return EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED, True
     except click.exceptions.Exit as exc:
-        return exc.exit_code
+        return exc.exit_code, exc.exit_code != EXIT_OK
     except click.UsageError as exc:
         where = f"curvcal {exc.ctx.command_path.split(' ', 1)[-1]}" if exc.ctx else "curvcal"
         _error(f"{exc.format_message()} (see '{where} --help')")
-        return EXIT_INPUT
+        return EXIT_INPUT, True
     except click.ClickException as exc:
         _error(exc.format_message())
-        return exc.exit_code
+        return exc.exit_code, True
     except CurvcalError as exc:
         if debug:
             traceback.print_exc()
         _error(exc.message)
-        return exc.exit_code
+        return exc.exit_code, True
     except Exception as exc:
         if debug:
             traceback.print_exc()
@@ -78,23 +92,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"internal error: {type(exc).__name__}: {text} "
             "(rerun with --debug for a traceback and please report it)"
         )
-        return EXIT_INTERNAL
-    return result if isinstance(result, int) else EXIT_OK
+        return EXIT_INTERNAL, True
+    return (result if isinstance(result, int) else EXIT_OK), False
 
 
 def run() -> NoReturn:
     """The process entry point (console script and ``python -m curvcal``): exit with main's code.
 
-    After Ctrl-C, CPython 3.11 may end the process by re-sending itself SIGINT even though
-    :func:`main` caught the interrupt (a KeyboardInterrupt raised inside code that a C extension
-    ran, such as a lazy import torch makes, marks it "unhandled"), which a parent process sees
-    as killed-by-signal rather than exit 130. The streams are flushed and the process ends with
-    ``os._exit(130)`` in that one case; the interrupted run has written nothing to clean up.
+    Ctrl-C is handled by :mod:`curvcal.interrupt` (installed here, if ``python -m curvcal`` did
+    not already install it before any import): exit 130, nothing written, at any moment until
+    the exit code is decided. The code is decided when :func:`main` returns, every output in
+    place; SIGINT is ignored from then on, the streams are flushed and the process exits with
+    that code.
     """
+    interrupt.install()
     code = main()
-    if code == EXIT_INTERRUPTED:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe
-                stream.flush()
+    interrupt.decided()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe
+            stream.flush()
+    if code == EXIT_INTERRUPTED:  # an interrupt main caught itself: exit without unwinding
         os._exit(code)
     sys.exit(code)

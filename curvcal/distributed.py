@@ -4,16 +4,45 @@ Launched by ``torchrun --nproc-per-node N -m curvcal ...``, every rank takes the
 ``r, r + W, r + 2W, ...`` of the dataset (no padding: ``DistributedSampler`` repeats samples to
 even out shards, which would make an all-reduced Hessian-vector product wrong) and sums of
 per-rank partial results are all-reduced. Without torchrun everything degrades to one process.
+
+Failures are agreed, not waited out:
+
+* every collective has a timeout (``CURVCAL_DIST_TIMEOUT`` seconds, default 600), the process
+  group's, so a rank that never arrives ends the run with an error instead of gloo's 30 minutes;
+* a rank that fails (:func:`announce_failure`, called by the pipeline's ``distributed_run``)
+  writes its cause to torchrun's key-value store, waits a few seconds for the others to take
+  note, and exits with its own exit code and one line ``curvcal: error: rank R: <cause>``;
+* every rank runs a watcher thread that polls the store: on another rank's failure it removes
+  what its run wrote, prints ``curvcal: error: rank R failed, so rank S stopped: <cause>`` and
+  exits with the failing rank's code, whatever collective its main thread is blocked in;
+* Ctrl-C on one rank (:mod:`curvcal.interrupt`) is announced the same way: that rank exits 130
+  with ``curvcal: interrupted``, the others with 130 and ``... stopped: interrupted``;
+* at the end every rank meets at a barrier with the same timeout: a rank that died without a
+  word (killed, out of memory) is named there and the run fails instead of reporting success.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from curvcal import interrupt
+from curvcal.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CurvcalError, InputError
+
+#: environment variable: seconds any collective (and the final barrier) may wait for the others
+TIMEOUT_VARIABLE = "CURVCAL_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 600.0
+#: how often each rank's watcher looks for another rank's failure, and how long a failing rank
+#: waits for the others to take note before it exits
+_POLL_S = 0.2
+_ACK_WAIT_S = 10.0
+_INTERRUPT_WAIT_S = 1.5  # Ctrl-C is answered within 2 s
 
 
 @dataclass(frozen=True)
@@ -39,17 +68,38 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
 
 
+def collective_timeout() -> timedelta:
+    """How long a collective may wait for the other ranks: ``CURVCAL_DIST_TIMEOUT`` seconds
+    (a positive number), default :data:`DEFAULT_TIMEOUT_S`."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < 10**9:  # NaN fails too
+        raise InputError(
+            f"{TIMEOUT_VARIABLE}={text}", "is not a positive number of seconds", "e.g. 600"
+        )
+    return timedelta(seconds=seconds)
+
+
 def init_from_env(device: torch.device | None = None) -> DistContext:
     """Join the process group torchrun describes; one-process context otherwise.
 
-    Backend: NCCL when the device is CUDA, gloo otherwise (CPU, or the tests).
+    Backend: NCCL when the device is CUDA, gloo otherwise (CPU, or the tests); every collective
+    times out after :func:`collective_timeout`. Starts this rank's failure watcher.
     """
     if not launched_by_torchrun():
         return DistContext()
+    timeout = collective_timeout()
     if not dist.is_initialized():
         backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
-    return current()
+        dist.init_process_group(backend=backend, timeout=timeout)
+    context = current()
+    _WATCH.start(context)
+    return context
 
 
 def local_device(device: torch.device) -> torch.device:
@@ -124,21 +174,193 @@ def gather_rows(local: torch.Tensor, n_samples: int) -> torch.Tensor | None:
     return out
 
 
-def shutdown(timeout_s: float = 60.0) -> None:
+def shutdown(timeout_s: float | None = None) -> None:
     """Leave the process group if this process joined one, after the other ranks get here.
 
     Tearing the group down while another rank is still using it can abort that rank ("terminate
-    called without an active exception" from gloo), so every rank first waits at a barrier; under
-    gloo it is a monitored barrier with a timeout, so a rank that crashed cannot hang the others.
+    called without an active exception" from gloo), so every rank first waits at a barrier
+    (under gloo a monitored one) of ``timeout_s`` seconds (default: :func:`collective_timeout`).
+    A rank that does not arrive in time (it died without announcing a failure) is an error
+    naming it: the run must not report success without it.
     """
     if not (dist.is_available() and dist.is_initialized()):
+        _WATCH.stop()
         return
+    seconds = collective_timeout().total_seconds() if timeout_s is None else timeout_s
+    rank = dist.get_rank()
     try:
         if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+            dist.monitored_barrier(timeout=timedelta(seconds=seconds))
         else:
             dist.barrier()
-    except Exception:  # a rank is gone: leave anyway, the run has already failed
-        pass
-    finally:
-        dist.destroy_process_group()
+    except Exception as exc:
+        leave()
+        cause = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise DistributedError(
+            f"rank {rank}",
+            f"not every rank reached the end of the run within {seconds:g} s ({cause})",
+            f"see the other ranks' messages; {TIMEOUT_VARIABLE} sets the wait",
+        ) from exc
+    leave()
+
+
+def leave() -> None:
+    """Stop the failure watcher and destroy the process group, without waiting for anyone."""
+    _WATCH.stop()
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+class DistributedError(CurvcalError):
+    """A rank failed, or did not arrive: the run is void on every rank (exit 70 unless the
+    failing rank's own error said otherwise)."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(
+        self, what: str, why: str, hint: str | None = None, exit_code: int | None = None
+    ) -> None:
+        super().__init__(what, why, hint)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+def rank_error(error: BaseException, rank: int) -> DistributedError:
+    """``error`` of rank ``rank`` as one line naming the rank, with the same exit code (an
+    unexpected exception is an internal error, 70)."""
+    if isinstance(error, DistributedError):
+        return error
+    if isinstance(error, CurvcalError):
+        return DistributedError(f"rank {rank}", error.message, exit_code=error.exit_code)
+    text = " ".join(str(error).split())[:300] or type(error).__name__
+    return DistributedError(
+        f"rank {rank}",
+        f"internal error: {type(error).__name__}: {text}",
+        "rerun with --debug for a traceback and please report it",
+    )
+
+
+def announce_failure(error: DistributedError) -> None:
+    """Tell the other ranks this one failed with ``error``, print its line, give the others a
+    few seconds to print theirs (each stops as soon as its watcher sees the failure; see the
+    module docstring) and end the process with ``error.exit_code``. Returns, for the caller to
+    raise ``error``, only when this rank has no store to announce through."""
+    _WATCH.announce(error)
+
+
+@dataclass
+class _Watch:
+    """This process's failure watcher: a key-value store client of its own and a thread."""
+
+    store: dist.Store | None = None
+    rank: int = 0
+    world_size: int = 1
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    halt: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    failing: bool = False
+
+    def start(self, context: DistContext) -> None:
+        if self.thread is not None or not context.active:
+            return
+        store = _store_client()
+        if store is None:  # no store to watch (not torchrun's variables): timeouts still hold
+            return
+        self.store, self.rank, self.world_size = store, context.rank, context.world_size
+        self.failing = False
+        self.halt.clear()
+        self.thread = threading.Thread(target=self._run, name="curvcal-rank-watch", daemon=True)
+        self.thread.start()
+        interrupt.on_stop(self._interrupted)
+
+    def _interrupted(self) -> None:
+        """Ctrl-C is ending this rank: the others stop too (exit 130), not wait in a collective
+        for it until the timeout."""
+        store = self.store
+        if store is None or self.failing:
+            return
+        self.failing = True
+        everyone = [f"ack/{rank}" for rank in range(self.world_size)]
+        with contextlib.suppress(Exception):
+            with self.lock:
+                store.compare_set("failed", "", f"{EXIT_INTERRUPTED}\n{self.rank}\ninterrupted")
+                store.set(f"ack/{self.rank}", "1")
+            # briefly: this rank may host the store, which the others must still reach
+            store.wait(everyone, timedelta(seconds=_INTERRUPT_WAIT_S))
+
+    def stop(self) -> None:
+        interrupt.on_stop(None)
+        self.halt.set()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5 * _POLL_S)
+        self.thread = None
+        self.store = None
+
+    def announce(self, error: DistributedError) -> None:
+        """Publish ``error``, say it, wait for every rank to take note, and end the process with
+        its exit code (every rank's line is out before any rank exits, so torchrun's stopping
+        the survivors cannot cut one off). Returns only when there is no store to publish to."""
+        self.failing = True
+        store = self.store
+        if store is None:
+            return
+        with contextlib.suppress(Exception), self.lock:  # the store may be gone with rank 0
+            store.compare_set("failed", "", f"{error.exit_code}\n{self.rank}\n{error.why}")
+        self._stop_with(f"curvcal: error: {error.message}\n", error.exit_code)
+
+    def _stop_with(self, line: str, code: int) -> None:
+        """Remove what this rank wrote, print ``line``, wait (a few seconds at most) until every
+        rank has printed its own, and exit with ``code``."""
+        interrupt.discard()
+        with contextlib.suppress(OSError):
+            os.write(2, line.encode())
+        store = self.store
+        if store is not None:
+            everyone = [f"ack/{rank}" for rank in range(self.world_size)]
+            with contextlib.suppress(Exception):
+                with self.lock:
+                    store.set(f"ack/{self.rank}", "1")
+                # answered by the store as the last rank takes note (rank 0 may host the store
+                # and leave right after; a poll could come too late)
+                store.wait(everyone, timedelta(seconds=_ACK_WAIT_S))
+        os._exit(code)
+
+    def _run(self) -> None:
+        store = self.store
+        assert store is not None
+        while not self.halt.wait(_POLL_S):
+            try:
+                with self.lock:
+                    if self.failing or not store.check(["failed"]):
+                        continue
+                    code, rank, cause = store.get("failed").decode().split("\n", 2)
+            except Exception:  # the store went away: the run is ending one way or another
+                return
+            if self.halt.is_set() or self.failing:
+                return
+            self.failing = True
+            self._stop_with(
+                f"curvcal: error: rank {rank} failed, so rank {self.rank} stopped: {cause}\n",
+                int(code) if code.isdigit() else EXIT_INTERNAL,
+            )
+
+
+_WATCH = _Watch()
+
+
+def _store_client() -> dist.Store | None:
+    """A client of torchrun's key-value store (``MASTER_ADDR``/``MASTER_PORT``), under a prefix
+    of this run and restart; None when it cannot be reached."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        return None
+    try:
+        client = dist.TCPStore(
+            host, int(port), is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False
+        )
+    except Exception:
+        return None
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"curvcal/{run}/{attempt}/", client)

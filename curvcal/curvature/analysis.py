@@ -419,6 +419,14 @@ def analyse_hessian(
             f"asked for {settings.top_k} eigenvalues of a Hessian with {n_params} parameters",
             f"use at most {n_params}",
         )
+    density_note = None
+    if settings.density and settings.density_steps > n_params:
+        # Lanczos on a P-row matrix ends within P steps: more would plan products never made
+        density_note = (
+            f"--density-steps {settings.density_steps} capped at {n_params}, the parameter "
+            "count: Lanczos on a Hessian of P rows ends within P steps"
+        )
+        settings = dataclasses.replace(settings, density_steps=n_params)
     trace_choice = ""
     if settings.trace:
         method, trace_choice = choose_trace_method(operator, settings)
@@ -443,6 +451,7 @@ def analyse_hessian(
     notes.append(
         kept_graphs_note(settings, operator.kept_need, operator.kept_rows, operator.n_samples, free)
     )
+    notes.append(density_note)
     for note in notes:
         if note is not None and on_note is not None:
             on_note(note)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from curvcal import choices
-from curvcal.curvature.memory import GraphSizes, pass_bytes
+from curvcal.curvature.memory import GraphSizes, pass_bytes, widest
 from curvcal.rows import Inputs
 
 KEEP_GRAPHS = choices.KEEP_GRAPHS
@@ -228,6 +228,9 @@ def kept_prefix(
             return kept
         return max(kept, held + pass_bytes(graphs, param_bytes, rest[k], m, False))
 
+    def partial_fits(k: int, held: float, largest: int) -> Callable[[int], bool]:
+        return lambda m: need(k, m, held, largest) <= budget
+
     best = (0, 0)
     held = float(param_bytes)  # the summed gradient, then each kept chunk's graph and inputs
     largest = 0
@@ -237,9 +240,9 @@ def kept_prefix(
         largest = max(largest, rows)
         if not partial and k < count:
             continue
-        fitting = [m for m in range(width, 0, -1) if need(k, m, held, largest) <= budget]
+        fitting = widest(partial_fits(k, held, largest), width)
         if fitting:
-            best = (k, fitting[0])
+            best = (k, fitting)
         elif held > budget:
             break  # more kept chunks only hold more
     return best

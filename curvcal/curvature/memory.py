@@ -280,12 +280,26 @@ def plan_pass(
         while chunk > 1 and cost(chunk, 1) > budget:
             chunk -= 1
     fits = cost(chunk, 1) <= budget
-    chosen = 1
-    for m in range(width, 1, -1):
-        if cost(chunk, m) <= budget:
-            chosen = m
-            break
+    chosen = max(1, widest(lambda m: cost(chunk, m) <= budget, width))
     return PassPlan(chunk, chosen, math.ceil(cost(chunk, chosen)), int(budget), fits)
+
+
+def widest(fits: Callable[[int], bool], width: int) -> int:
+    """The largest m in 1..``width`` for which ``fits(m)``, 0 when not even 1 fits.
+
+    ``fits`` must hold up to some m and fail beyond it (a memory cost that grows with the
+    vectors per pass), so bisection finds it in about log2(width) calls: a ``--probe-batch`` of
+    10**9 is planned as fast as one of 8 (a scan down from it would not end)."""
+    if width < 1 or not fits(1):
+        return 0
+    low, high = 1, width  # fits(low) holds; the answer lies in [low, high]
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def lanczos_basis(

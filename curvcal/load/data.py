@@ -35,6 +35,7 @@ from torch.utils.data import Dataset, Subset
 
 from curvcal.errors import InputError, TrustError
 from curvcal.load.tensorfile import as_labels, is_tensor_file, read_tensor_file
+from curvcal.paths import readable_file
 
 if TYPE_CHECKING:
     from curvcal.load.text import TextModel
@@ -518,6 +519,8 @@ class CheckedImages(Dataset[Any]):
         return str(self.folder.samples[index][0])
 
     def __getitem__(self, index: int) -> Any:
+        # an image named like one that is a named pipe or a device would block the decoder
+        readable_file(Path(self.source_of(index)), "image file")
         try:
             return self.folder[index]
         except (OSError, ValueError, SyntaxError) as exc:  # what PIL raises for a bad file

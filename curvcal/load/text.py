@@ -37,6 +37,7 @@ from torch.utils.data import Dataset
 
 from curvcal.errors import InputError
 from curvcal.load.extras import require
+from curvcal.paths import readable_file
 
 if TYPE_CHECKING:
     from curvcal.load.checkpoint import LoadedModel
@@ -104,8 +105,10 @@ def read_table(spec: str) -> tuple[dict[str, list[Any]], tuple[Path, ...], str]:
     if suffix in TEXT_SUFFIXES:
         if path.is_dir():
             raise InputError(f"--data {spec}", f"is a folder, not a {suffix[1:]} file")
-        if not path.is_file():
-            raise InputError(f"--data {spec}", "no such file")
+        try:  # a named pipe or device would block the reader: refused, not read
+            readable_file(path)
+        except InputError as exc:
+            raise InputError(f"--data {spec}", exc.why) from None
         reader = {".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet}[suffix]
         try:
             return reader(path), (path,), str(path)
@@ -213,6 +216,7 @@ def _read_saved_dataset(folder: Path) -> tuple[dict[str, list[Any]], tuple[Path,
         if not isinstance(name, str) or Path(name).name != name:
             raise InputError(str(state_path), f"names a data file {name!r} outside the folder")
         file = folder / name
+        readable_file(file, "data file")  # a named pipe would block the memory map for ever
         try:
             with pa.memory_map(str(file)) as source:
                 tables.append(pa.ipc.open_stream(source).read_all())

@@ -3,6 +3,9 @@ pass that predicts every sample of a dataset (each rank its shard, gathered on r
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -25,7 +28,9 @@ def distributed_run(device_option: str) -> Iterator[tuple[torch.device, DistCont
     ``auto`` and ``cuda`` become ``cuda:LOCAL_RANK`` under torchrun (one GPU per process on a
     machine), which is made the current CUDA device before the process group (NCCL on CUDA,
     gloo otherwise) is joined; in one process the context is rank 0 of 1. The group is left
-    when the block ends, however it ends, after every rank gets there.
+    when the block ends, after every rank gets there; when the block fails on one rank, that
+    rank's error (naming it) is announced to the others, which stop at once
+    (:func:`curvcal.distributed.announce_failure`), and raised here.
     """
     import torch
 
@@ -37,10 +42,22 @@ def distributed_run(device_option: str) -> Iterator[tuple[torch.device, DistCont
         device = distributed.local_device(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    context = None
     try:
-        yield device, distributed.init_from_env(device)
-    finally:
-        distributed.shutdown()
+        context = distributed.init_from_env(device)
+        yield device, context
+    except Exception as exc:
+        if context is None or not context.active:
+            distributed.leave()
+            raise
+        # every rank learns of it and stops; this one says which rank it is
+        if "--debug" in sys.argv or os.environ.get("CURVCAL_DEBUG"):
+            traceback.print_exc()
+        error = distributed.rank_error(exc, context.rank)
+        distributed.announce_failure(error)
+        distributed.leave()
+        raise error from exc
+    distributed.shutdown()
 
 
 def shard(data: LoadedData, context: DistContext, option: str = "--data") -> list[int] | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from rich import box
 from rich.table import Table as RichTable
 
+from curvcal import interrupt
 from curvcal.atomic import atomic_output, mark_output, refuse_special, temp_prefix
 from curvcal.console import stdout_console
 from curvcal.errors import InputError
@@ -127,14 +128,15 @@ def check_output_path(path: Path, force: bool) -> None:
         raise InputError(str(path), f"directory {parent} does not exist")
     # Permissions alone do not tell (root ignores them; a read-only or virtual file system
     # does not): create and remove a scratch file where the report's temporary file will go.
-    try:
-        handle, probe = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".probe", dir=parent)
-    except OSError as exc:
-        raise InputError(
-            str(path), f"directory {parent} is not writable ({exc.strerror or exc})"
-        ) from None
-    os.close(handle)
-    Path(probe).unlink(missing_ok=True)
+    with interrupt.held():  # Ctrl-C waits until the scratch file is gone again
+        try:
+            handle, probe = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".probe", dir=parent)
+        except OSError as exc:
+            raise InputError(
+                str(path), f"directory {parent} is not writable ({exc.strerror or exc})"
+            ) from None
+        os.close(handle)
+        Path(probe).unlink(missing_ok=True)
 
 
 def write_atomic(path: Path, text: str) -> None:

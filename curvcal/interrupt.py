@@ -1,0 +1,156 @@
+"""Ctrl-C at any moment ends a run with exit 130 and leaves nothing it wrote.
+
+The command-line entry point calls :func:`install` as its very first statement, before click,
+numpy or torch are imported. From then on SIGINT never becomes a ``KeyboardInterrupt`` raised
+into whatever code happens to run (a half-finished ``import torch``, a C++ extension calling
+back into Python, a numpy reduction): such an exception can surface as an ``ImportError``
+("cannot load module more than once"), a ``RecursionError``, or a C++ ``terminate`` (SIGABRT).
+Instead the handler removes what the run has written, prints ``curvcal: interrupted`` on
+stderr and ends the process with ``os._exit(130)``; a Python signal handler runs between
+bytecodes of the main thread, so every loop of Python steps answers it at its next step.
+
+What a run writes is registered here by :mod:`curvcal.atomic`: the temporary file of a write
+in progress, and each output once it is moved into place. The register lives for one
+:func:`run_scope` (one CLI invocation):
+
+* Ctrl-C before the exit code is decided removes every temporary file and every output of the
+  run, then exits 130;
+* a run that fails (an exception mapped to exit 2, 3 or 70) removes them too (:func:`discard`);
+* the exit code is *decided* when :func:`decided` is called, after the command returned and
+  every output is in place; SIGINT is ignored from then on, so an interrupt that arrives later
+  leaves the finished outputs and the decided exit code. An interrupt either ends the run with
+  130 and nothing written, or comes too late to change anything.
+
+The steps that must not be cut in two (create a temporary file and register it; move it into
+place and register the output) run inside :func:`held`, which postpones an interrupt to the end
+of the block. Library code that never calls :func:`install` keeps Python's own Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from types import FrameType
+
+from curvcal.errors import EXIT_INTERRUPTED
+
+_MESSAGE = b"curvcal: interrupted\n"
+
+
+class _Register:
+    """The process's interrupt state (one per process; main thread only)."""
+
+    def __init__(self) -> None:
+        self.owner: int | None = None  # the pid that installed the handler
+        self.active = False  # inside a run_scope
+        self.temporary: set[str] = set()
+        self.outputs: list[Path] = []
+        self.holding = 0
+        self.pending = False
+        #: called (errors ignored) once the run's files are removed, before the process ends:
+        #: under torchrun, telling the other ranks (curvcal.distributed)
+        self.on_stop: list[Callable[[], None]] = []
+
+
+_REGISTER = _Register()
+
+
+def install() -> None:
+    """Handle SIGINT as described above (the entry point's first statement; idempotent)."""
+    _REGISTER.owner = os.getpid()
+    signal.signal(signal.SIGINT, _on_interrupt)
+
+
+def on_stop(hook: Callable[[], None] | None) -> None:
+    """Call ``hook`` when Ctrl-C ends the process (``None``: no hook)."""
+    _REGISTER.on_stop[:] = [] if hook is None else [hook]
+
+
+def decided() -> None:
+    """The exit code is decided and every output is in place: ignore SIGINT from now on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _REGISTER.temporary.clear()
+    _REGISTER.outputs.clear()
+    _REGISTER.active = False
+
+
+@contextmanager
+def run_scope() -> Iterator[None]:
+    """One CLI invocation: register what it writes, forget it when the invocation ends (the
+    caller calls :func:`discard` first when the invocation failed)."""
+    _REGISTER.temporary.clear()
+    _REGISTER.outputs.clear()
+    _REGISTER.active = True
+    try:
+        yield
+    finally:
+        _REGISTER.active = False
+        _REGISTER.temporary.clear()
+        _REGISTER.outputs.clear()
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Postpone Ctrl-C to the end of the block (a step that must not be cut in two)."""
+    _REGISTER.holding += 1
+    try:
+        yield
+    finally:
+        _REGISTER.holding -= 1
+        if _REGISTER.holding == 0 and _REGISTER.pending:
+            _stop()
+
+
+def temporary_created(name: str) -> None:
+    """A temporary file now exists (call inside :func:`held`, right after creating it)."""
+    if _REGISTER.active:
+        _REGISTER.temporary.add(name)
+
+
+def temporary_gone(name: str) -> None:
+    """A temporary file was moved into place or removed."""
+    _REGISTER.temporary.discard(name)
+
+
+def output_written(path: Path) -> None:
+    """An output of the run is in place (call inside :func:`held`, right after the move)."""
+    if _REGISTER.active:
+        _REGISTER.outputs.append(path)
+
+
+def discard() -> None:
+    """Remove every temporary file and every output the current run has written."""
+    for name in [*_REGISTER.temporary, *(str(path) for path in _REGISTER.outputs)]:
+        with suppress(OSError):  # already gone
+            os.unlink(name)
+    _REGISTER.temporary.clear()
+    _REGISTER.outputs.clear()
+
+
+def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+    if os.getpid() != _REGISTER.owner:  # a forked worker: its parent speaks for the run
+        os._exit(EXIT_INTERRUPTED)
+    if _REGISTER.holding:
+        _REGISTER.pending = True
+        return
+    _stop()
+
+
+def _stop() -> None:
+    """Remove what the run wrote, say so in one line, and end the process with 130."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
+    discard()
+    for hook in _REGISTER.on_stop:
+        with suppress(Exception):
+            hook()
+    message = _MESSAGE
+    with suppress(OSError, ValueError):  # a closed stderr
+        if sys.stderr is not None and sys.stderr.isatty():
+            message = b"\x1b[?25h\n" + _MESSAGE  # a progress bar hid the cursor mid-line
+    with suppress(OSError):
+        os.write(2, message)
+    os._exit(EXIT_INTERRUPTED)
