@@ -148,7 +148,7 @@ def test_float32_products_leave_tf32_off(device: str) -> None:
     vector = torch.randn(sum(p.numel() for p in model.parameters()), 1, generator=generator)
 
     def product(dtype: torch.dtype, on: str) -> torch.Tensor:
-        same = copy.deepcopy(model).to(dtype)  # the same weights in the dtype asked for
+        same = copy.deepcopy(model).to(device=on, dtype=dtype)  # the same weights
         op = HessianOperator(same, [(x.to(dtype), y)], device=on, allow_tf32=False)
         return (op @ vector.to(dtype).to(on)).double().cpu()
 
@@ -193,7 +193,7 @@ def _digits_batches(size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def test_out_of_memory_halves_the_batches_with_the_same_numbers(
     device: str, keep_graphs: str
 ) -> None:
-    model = _digits_model()
+    model = _digits_model().to(device)  # the operator runs where the parameters are
     batches = _digits_batches(300)
     plain = HessianOperator(model, batches, device=device, keep_graphs=keep_graphs)
     expected = [e.value for e in eigenvalues(plain, 2, tol=1e-10).values]
