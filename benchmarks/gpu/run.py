@@ -344,7 +344,7 @@ def worker(args: argparse.Namespace) -> None:
 def cuda_tests(emit: Callable[[dict[str, Any]], None]) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         junit = Path(scratch) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/cuda", "-q", "-rA",
+        command = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/cuda", "-v", "-rfE",
                    "-p", "no:cacheprovider", f"--junitxml={junit}"]  # fmt: skip
         code = subprocess.call(command, cwd=ROOT)
         if not junit.exists():
