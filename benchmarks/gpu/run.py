@@ -1,0 +1,605 @@
+"""The one-shot GPU run: the CUDA tests, then the GPU table, each part within a time budget.
+
+Parts, in order (each in its own process group, killed when its budget is spent):
+
+* ``cuda-tests``: ``pytest -m cuda tests/cuda`` (every command on ``--device cuda`` against the
+  CPU, the forced out-of-memory halving, ``torchrun --nproc-per-node 1`` on NCCL);
+* ``resnet18``: torchvision ResNet-18 (random weights, 10 classes) on 10,000 CIFAR-size
+  synthetic images, ``curvcal hessian --no-trace --tol 1e-4`` (λmax by Lanczos);
+* ``vit_b_16``: timm's ``vit_base_patch16_224`` (ViT-B/16, 1000 classes) on 1,000 ImageNet-size
+  images, a few Lanczos steps;
+* ``bert_base``: a transformers ``BertForSequenceClassification`` of BERT-base size (random
+  weights, a locally written WordPiece vocabulary) on 1,000 texts of 128 tokens, a few steps;
+* ``calibration``: temperature scaling, focal temperature scaling (its defaults) and all
+  metrics on 100,000 × 1,000 and then 1,000,000 × 1,000 synthetic logits (the fits run on the
+  CPU; the logits are drawn on the device).
+
+Every model part runs the real command line in-process (``curvcal.cli.main``, so the CUDA path
+of the product is what is timed) after a plain gradient pass over the same batches (the floor):
+wall time, products, seconds per product over the gradient pass, and on CUDA the peak of
+``torch.cuda.max_memory_allocated`` over the gradient pass's peak (both include the model and
+the batches kept on the device).
+
+Whatever happens, ``gpu-run.json`` (every record, the device, torch and CUDA versions, notes) and
+``gpu-run.md`` (the table) are written after each part to ``--results-dir`` (default
+``benchmarks/results``) and to ``--out`` (or ``$CURVCAL_GPU_OUT``), with ``gpu-run.log`` (each
+part's output, cut to its last lines). A part whose budget is spent is killed and noted, and the
+next one runs; a part that cannot start within the total budget is skipped with a note.
+
+Usage (from the repository root; nothing needs installing)::
+
+    PYTHONPATH=$PWD python3 benchmarks/gpu/run.py --out "$OUT"          # on a GPU machine
+    PYTHONPATH=$PWD python3 benchmarks/gpu/run.py --smoke --device cpu  # tiny sizes, CI
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("cuda-tests", "resnet18", "vit_b_16", "bert_base", "calibration")
+# seconds each part may take at most (the total budget may leave it less)
+BUDGETS = {"cuda-tests": 150, "resnet18": 100, "vit_b_16": 90, "bert_base": 70, "calibration": 90}
+SMOKE_BUDGETS = {part: 60 for part in PARTS}
+MIN_START = 15.0  # a part is not started with less than this left of the total budget
+LOG_TAIL = 200_000  # characters of each part's output kept in gpu-run.log
+
+
+@dataclass(frozen=True)
+class Size:
+    """One model part's sizes: samples, batch, and Lanczos' tolerance and step limit."""
+
+    samples: int
+    batch: int
+    tol: float
+    max_iter: int
+
+
+FULL = {
+    "resnet18": Size(10_000, 500, 1e-4, 40),
+    "vit_b_16": Size(1_000, 50, 1e-3, 6),
+    "bert_base": Size(1_000, 50, 1e-3, 6),
+}
+SMOKE = {
+    "resnet18": Size(16, 8, 1e-2, 2),
+    "vit_b_16": Size(8, 4, 1e-2, 2),
+    "bert_base": Size(8, 4, 1e-2, 2),
+}
+CALIBRATION_SIZES = {"full": ((100_000, 1_000), (1_000_000, 1_000)), "smoke": ((500, 5),)}
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the orchestrator
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes; no CUDA tests")
+    parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
+    parser.add_argument("--out", default=os.environ.get("CURVCAL_GPU_OUT"), help="also write here")
+    parser.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--total-budget", type=float, default=420.0, help="seconds in all")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts")
+    parser.add_argument("--part-budget", type=float, default=None, help="cap on each part (s)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--record", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    unknown = set(args.parts.split(",")) - set(PARTS)
+    if unknown:
+        parser.error(
+            f"unknown part(s) {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}"
+        )
+    return args
+
+
+def environment(device: str) -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "device": device,
+        "cpu_count": os.cpu_count(),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(0)
+        info["device_name"] = properties.name
+        info["device_memory_bytes"] = properties.total_memory
+        info["cudnn"] = torch.backends.cudnn.version()
+    else:
+        info["device_name"] = platform.processor() or platform.machine()
+    for name in ("torchvision", "transformers", "timm"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception as error:  # a missing package is a note, not a failure
+            info[name] = f"unavailable ({type(error).__name__})"
+    return info
+
+
+def run_part(part: str, seconds: float, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """``part`` in a child process group, killed after ``seconds``; its records and output."""
+    record = work / f"{part}.jsonl"
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", part,
+               "--record", str(record), "--device", args.device]  # fmt: skip
+    if args.smoke:
+        command.append("--smoke")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    start = time.perf_counter()
+    status, note = "ok", ""
+    with open(work / f"{part}.log", "w+") as log:
+        child = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = child.wait(timeout=seconds)
+            if code != 0:
+                status, note = "error", f"exit code {code}"
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            status, note = "budget spent", f"killed after its budget of {seconds:.0f} s"
+        log.seek(0)
+        output = log.read()
+    records = []
+    if record.exists():
+        for line in record.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                records.append(json.loads(line))
+    errors = [r["error"] for r in records if "error" in r]
+    if errors and status == "ok":
+        status, note = "error", errors[0]
+    return {
+        "part": part,
+        "status": status,
+        "note": note,
+        "seconds": round(time.perf_counter() - start, 2),
+        "budget_s": round(seconds, 1),
+        "records": records,
+        "output_tail": output[-LOG_TAIL:],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    if args.worker:
+        worker(args)
+        return {}
+    started = time.perf_counter()
+    budgets = SMOKE_BUDGETS if args.smoke else BUDGETS
+    report: dict[str, Any] = {
+        "schema": "curvcal-gpu-run/1",
+        "mode": "smoke" if args.smoke else "full",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "total_budget_s": args.total_budget,
+        "environment": environment(args.device),
+        "parts": [],
+    }
+    targets = [Path(args.results_dir)] + ([Path(args.out)] if args.out else [])
+    say(f"gpu run: {report['mode']} on {report['environment']['device_name']}, "
+        f"torch {report['environment']['torch']}, CUDA {report['environment']['cuda']}")  # fmt: skip
+    chosen = args.parts.split(",")
+    with tempfile.TemporaryDirectory(prefix="curvcal-gpu-") as scratch:
+        work = Path(scratch)
+        for part in PARTS:
+            if part not in chosen:
+                continue
+            left = args.total_budget - (time.perf_counter() - started)
+            if part == "cuda-tests" and (args.smoke or not args.device.startswith("cuda")):
+                result = {"part": part, "status": "skipped", "records": [],
+                          "note": "not on a CUDA device (--smoke or --device cpu)"}  # fmt: skip
+            elif left < MIN_START:
+                result = {"part": part, "status": "skipped", "records": [],
+                          "note": f"total budget spent ({left:.0f} s left)"}  # fmt: skip
+            else:
+                seconds = min(budgets[part], left, args.part_budget or left)
+                say(f"== {part} (budget {seconds:.0f} s)")
+                result = run_part(part, seconds, args, work)
+            say(f"== {part}: {result['status']} {result.get('note', '')}".rstrip())
+            report["parts"].append(result)
+            report["wall_s"] = round(time.perf_counter() - started, 2)
+            write(report, targets)
+    return report
+
+
+def write(report: dict[str, Any], targets: list[Path]) -> None:
+    """gpu-run.json, gpu-run.md and gpu-run.log in every target folder (each file whole)."""
+    stem = "gpu-run-smoke" if report["mode"] == "smoke" else "gpu-run"
+    slim = {**report, "parts": [{k: v for k, v in p.items() if k != "output_tail"}
+                                for p in report["parts"]]}  # fmt: skip
+    logs = "".join(
+        f"===== {p['part']} ({p['status']}) =====\n{p.get('output_tail', '')}\n"
+        for p in report["parts"]
+    )
+    for folder in targets:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in ((f"{stem}.json", json.dumps(slim, indent=2, default=str) + "\n"),
+                           (f"{stem}.md", markdown(report)), (f"{stem}.log", logs)):  # fmt: skip
+            partial = folder / f".{name}.partial"
+            partial.write_text(text)
+            partial.replace(folder / name)
+
+
+def _fmt(value: Any, spec: str = ".3g", unit: str = "") -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return f"{value:{spec}}{unit}"
+    return str(value)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [
+        f"# curvcal GPU run ({report['mode']})",
+        "",
+        f"{env['device_name']} · torch {env['torch']} · CUDA {env['cuda']} · "
+        f"Python {env['python']} · {report['started']} · {report.get('wall_s', 0):.0f} s "
+        f"of a {report['total_budget_s']:.0f} s budget",
+        "",
+        "| part | status | seconds | note |",
+        "|---|---|---:|---|",
+    ]
+    for part in report["parts"]:
+        note = " ".join(str(part.get("note", "")).split())[:200]
+        lines.append(
+            f"| {part['part']} | {part['status']} | {_fmt(part.get('seconds'), '.1f')} | {note} |"
+        )
+    tests = [r for p in report["parts"] if p["part"] == "cuda-tests" for r in p["records"]]
+    if tests:
+        lines += ["", "## CUDA tests", "", "| test | outcome | seconds |", "|---|---|---:|"]
+        lines += [f"| {r['test']} | {r['outcome']} | {_fmt(r['seconds'], '.1f')} |"
+                  for r in tests if "test" in r]  # fmt: skip
+    models = [r for p in report["parts"] for r in p["records"] if r.get("kind") == "hessian"]
+    if models:
+        lines += [
+            "",
+            "## Hessian products against a gradient pass",
+            "",
+            "| model | P | N (batch) | λmax (converged, residual) | products | λmax wall | "
+            "s / product | product / gradient | peak / gradient | engine, cache |",
+            "|---|---:|---|---|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in models:
+            peak = "—" if r.get("peak_ratio") is None else (
+                f"{r['peak_ratio']:.2f} ({r['peak_bytes'] / 2**30:.1f} / "
+                f"{r['gradient_peak_bytes'] / 2**30:.1f} GiB)")  # fmt: skip
+            lines.append(
+                f"| {r['model']} | {r['n_params']:,} | {r['n_samples']:,} ({r['batch']}) | "
+                f"{_fmt(r['lambda_max'], '.6g')} ({r['converged']}, {_fmt(r['residual'], '.1e')}) | "
+                f"{r['products']} | {_fmt(r['eigen_s'], '.1f', ' s')} | "
+                f"{_fmt(r['seconds_per_product'], '.3f')} | {_fmt(r['product_ratio'], '.2f')} | "
+                f"{peak} | {r['engine']}, {r['cache_mode']} |"
+            )
+    calibration = latest_calibration([r for p in report["parts"] for r in p["records"]])
+    if calibration:
+        lines += ["", "## Calibration (CPU fits)", "",
+                  "| N × K | all metrics | TS | focal TS (defaults) | T | γ, T (focal) |",
+                  "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+        for r in calibration:
+            lines.append(
+                f"| {r['n']:,} × {r['k']:,} | {_fmt(r.get('metrics_s'), '.2f', ' s')} | "
+                f"{_fmt(r.get('ts_s'), '.2f', ' s')} | {_fmt(r.get('focal_s'), '.2f', ' s')} | "
+                f"{_fmt(r.get('temperature'), '.4f')} | "
+                f"{_fmt(r.get('focal_gamma'))}, {_fmt(r.get('focal_temperature'), '.4f')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# the workers (one per part, in their own process)
+
+
+def worker(args: argparse.Namespace) -> None:
+    assert args.record is not None
+
+    def emit(record: dict[str, Any]) -> None:
+        with open(args.record, "a") as handle:
+            handle.write(json.dumps(record, default=str) + "\n")
+            handle.flush()
+
+    try:
+        if args.worker == "cuda-tests":
+            cuda_tests(emit)
+        elif args.worker == "calibration":
+            calibration(args, emit)
+        else:
+            sizes = SMOKE if args.smoke else FULL
+            hessian_part(args.worker, sizes[args.worker], args, emit)
+    except Exception as error:  # recorded for the report; the next part still runs
+        import traceback
+
+        traceback.print_exc()
+        emit({"error": f"{type(error).__name__}: {' '.join(str(error).split())[:1000]}"})
+        sys.exit(1)
+
+
+def cuda_tests(emit: Callable[[dict[str, Any]], None]) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        junit = Path(scratch) / "junit.xml"
+        command = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/cuda", "-v", "-rfE",
+                   "-p", "no:cacheprovider", f"--junitxml={junit}"]  # fmt: skip
+        code = subprocess.call(command, cwd=ROOT)
+        if not junit.exists():
+            emit({"error": f"pytest wrote no results (exit code {code})"})
+            return
+        for case in ElementTree.parse(junit).getroot().iter("testcase"):
+            outcome, message = "passed", ""
+            for tag in ("failure", "error", "skipped"):
+                found = case.find(tag)
+                if found is not None:
+                    outcome = {"failure": "failed"}.get(tag, tag)
+                    message = (found.get("message") or "")[:500]
+            emit({"test": case.get("name"), "outcome": outcome, "message": message,
+                  "seconds": float(case.get("time") or 0.0)})  # fmt: skip
+        if code != 0:
+            emit({"error": f"pytest exit code {code}"})
+
+
+class Meter:
+    """Wall time with ``torch.cuda.synchronize`` and, on CUDA, the peak allocated memory."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self) -> Meter:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.empty_cache()
+            self.torch.cuda.reset_peak_memory_stats()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        self.seconds = time.perf_counter() - self.start
+        self.peak = self.torch.cuda.max_memory_allocated() if self.cuda else None
+
+
+def hessian_part(
+    name: str, size: Size, args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]
+) -> None:
+    import torch
+
+    from curvcal.cli import main as cli
+
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix=f"curvcal-{name}-") as scratch:
+        folder = Path(scratch)
+        say(f"{name}: building the model and {size.samples} samples")
+        model, batches, forward, cli_args = BUILDERS[name](folder, size, args.smoke)
+        n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        model = model.to(device).eval()
+        moved = [(to_device(x, device), y.to(device)) for x, y in batches]
+        params = [p for p in model.parameters() if p.requires_grad]
+        rounds = []
+        for _ in range(2):  # the first pass warms the kernels up
+            with Meter(device) as meter:
+                for x, y in moved:
+                    loss = torch.nn.functional.cross_entropy(forward(model, x), y, reduction="sum")
+                    torch.autograd.grad(loss, params)
+            rounds.append(meter)
+        gradient = rounds[-1]
+        say(f"{name}: gradient pass {gradient.seconds:.3f} s")
+        del model, moved, params, rounds
+        output = folder / "hessian.json"
+        command = [*cli_args, "--device", args.device, "--batch-size", str(size.batch),
+                   "--no-trace", "--tol", str(size.tol), "--max-iter", str(size.max_iter),
+                   "-o", str(output), "--quiet"]  # fmt: skip
+        say("curvcal " + " ".join(command))
+        with Meter(device) as run, contextlib.redirect_stdout(io.StringIO()):
+            code = cli(command)
+        if code != 0 or not output.exists():
+            raise RuntimeError(f"curvcal hessian exited with {code}")
+        result = json.loads(output.read_text())
+        results, timings = result["results"], result["timings"]
+        operator = results["operator"]
+        products = int(operator["n_matvecs"])
+        eigen_s = float(timings["eigenvalues"])
+        per_product = eigen_s / products if products else None
+        spectrum = results["spectrum"]["values"][0]
+        emit({
+            "kind": "hessian", "model": name, "n_params": n_params,
+            "n_samples": operator["n_samples"], "batch": size.batch, "tol": size.tol,
+            "max_iter": size.max_iter, "lambda_max": results["lambda_max"],
+            "converged": results["converged"], "residual": spectrum["residual"],
+            "stopped_by": results["spectrum"]["stopped_by"], "products": products,
+            "data_passes": operator["n_data_passes"], "eigen_s": eigen_s,
+            "cli_wall_s": run.seconds, "timings": timings, "gradient_s": gradient.seconds,
+            "seconds_per_product": per_product,
+            "product_ratio": per_product / gradient.seconds if per_product else None,
+            "peak_bytes": run.peak, "gradient_peak_bytes": gradient.peak,
+            "peak_ratio": run.peak / gradient.peak if run.peak and gradient.peak else None,
+            "engine": operator["engine"], "cache_mode": operator["cache_mode"],
+            "graphs_kept": operator["graphs_kept"], "oom_retries": operator.get("oom_retries"),
+            "device": result["environment"].get("device_name"),
+        })  # fmt: skip
+
+
+def to_device(x: Any, device: Any) -> Any:
+    if isinstance(x, dict):
+        return {key: value.to(device) for key, value in x.items()}
+    return x.to(device)
+
+
+def _image_data(folder: Path, size: Size, shape: tuple[int, ...], classes: int) -> Any:
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.rand(size.samples, *shape, generator=generator) - 0.5) / 0.25
+    y = torch.randint(0, classes, (size.samples,), generator=generator)
+    save_file({"x": x.contiguous(), "y": y}, str(folder / "data.safetensors"))
+    return list(zip(x.split(size.batch), y.split(size.batch), strict=True))
+
+
+def _plain(model: Any, x: Any) -> Any:
+    return model(x)
+
+
+def build_resnet18(folder: Path, size: Size, smoke: bool) -> tuple[Any, ...]:
+    import torchvision
+    from safetensors.torch import save_file
+
+    model = torchvision.models.resnet18(num_classes=10)
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "m.safetensors")
+    )
+    batches = _image_data(folder, size, (3, 32, 32), 10)
+    args = ["hessian", str(folder / "m.safetensors"), "--arch", "tv:resnet18",
+            "--num-classes", "10", "--data", str(folder / "data.safetensors")]  # fmt: skip
+    return model, batches, _plain, args
+
+
+def build_vit(folder: Path, size: Size, smoke: bool) -> tuple[Any, ...]:
+    import timm
+    from safetensors.torch import save_file
+
+    # ViT-B/16 at 224 (86M parameters); the smoke run takes ViT-Ti/16 at 32 (4 patches)
+    name, kwargs = ("vit_tiny_patch16_224", {"img_size": 32, "num_classes": 10}) if smoke else (
+        "vit_base_patch16_224", {"num_classes": 1000})  # fmt: skip
+    model = timm.create_model(name, pretrained=False, **kwargs)
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "m.safetensors")
+    )
+    side = kwargs.get("img_size", 224)
+    batches = _image_data(folder, size, (3, side, side), kwargs["num_classes"])
+    args = ["hessian", str(folder / "m.safetensors"), "--arch", f"timm:{name}",
+            "--arch-kwargs", json.dumps(kwargs), "--data", str(folder / "data.safetensors")]  # fmt: skip
+    return model, batches, _plain, args
+
+
+def _logits(model: Any, x: Any) -> Any:
+    return model(**x).logits
+
+
+def build_bert(folder: Path, size: Size, smoke: bool) -> tuple[Any, ...]:
+    import torch
+    import transformers
+
+    # BERT-base (110M parameters, 30,522 tokens) at 128 tokens; the smoke run a 2-layer one at 16
+    vocab_size, length = (200, 16) if smoke else (30_522, 128)
+    config = transformers.BertConfig(vocab_size=vocab_size, num_labels=2)
+    if smoke:
+        config = transformers.BertConfig(
+            vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, max_position_embeddings=64, num_labels=2,
+        )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config)
+    model_dir = folder / "model"
+    model.save_pretrained(model_dir)
+    words = [f"w{i}" for i in range(vocab_size - 5)]
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(vocab))
+    tokenizer.save_pretrained(model_dir)
+    generator = torch.Generator().manual_seed(0)
+    picks = torch.randint(0, len(words), (size.samples, length), generator=generator)
+    labels = torch.randint(0, 2, (size.samples,), generator=generator)
+    texts = [" ".join(words[i] for i in row) for row in picks.tolist()]
+    data = folder / "texts.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": int(label)}) + "\n"
+                            for t, label in zip(texts, labels.tolist(), strict=True)))  # fmt: skip
+    batches = []
+    for start in range(0, size.samples, size.batch):
+        encoded = tokenizer(texts[start : start + size.batch], padding=True, truncation=True,
+                            max_length=length, return_tensors="pt")  # fmt: skip
+        inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+        batches.append((inputs, labels[start : start + size.batch]))
+    args = ["hessian", str(model_dir), "--data", str(data), "--max-length", str(length)]
+    return model, batches, _logits, args
+
+
+BUILDERS: dict[str, Callable[[Path, Size, bool], tuple[Any, ...]]] = {
+    "resnet18": build_resnet18,
+    "vit_b_16": build_vit,
+    "bert_base": build_bert,
+}
+
+
+def calibration(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
+    import math
+
+    import torch
+
+    from curvcal.calibration import calibration_metrics, fit_focal_temperature, fit_temperature
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    draw_on = torch.device(args.device)
+    for n, k in CALIBRATION_SIZES["smoke" if args.smoke else "full"]:
+        # logits 2.5·z, labels ~ softmax(z) by Gumbel-max (over-confident: T near 2.5), drawn on
+        # the device in slices and brought to the host, where the fits run
+        generator = torch.Generator(device=draw_on).manual_seed(0)
+        sigma = 1.0 + 0.5 * math.log(k)
+        logits = torch.empty(n, k, dtype=torch.float32)
+        labels = torch.empty(n, dtype=torch.int64)
+        step = max(1, (1 << 24) // k)
+        for start in range(0, n, step):
+            rows = min(step, n - start)
+            z = torch.randn(rows, k, generator=generator, device=draw_on) * sigma
+            uniform = torch.rand(rows, k, generator=generator, device=draw_on).clamp_(min=1e-12)
+            labels[start : start + rows] = (z - torch.log(-torch.log(uniform))).argmax(1).cpu()
+            logits[start : start + rows] = (2.5 * z).cpu()
+        record: dict[str, Any] = {"kind": "calibration", "n": n, "k": k,
+                                  "threads": torch.get_num_threads()}  # fmt: skip
+        start_s = time.perf_counter()
+        metrics = calibration_metrics(logits, labels)
+        record.update(metrics_s=time.perf_counter() - start_s, ece=metrics.ece)
+        emit({**record, "stage": "metrics"})
+        start_s = time.perf_counter()
+        fit = fit_temperature(logits, labels)
+        record.update(ts_s=time.perf_counter() - start_s, temperature=fit.temperature)
+        emit({**record, "stage": "ts"})
+        start_s = time.perf_counter()
+        focal = fit_focal_temperature(logits, labels)
+        record.update(focal_s=time.perf_counter() - start_s, focal_gamma=focal.gamma,
+                      focal_temperature=focal.temperature, focal_ece=focal.objective_after)  # fmt: skip
+        emit(record)
+        del logits, labels
+
+
+def latest_calibration(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last record of each size (the stages of one size are written as they finish)."""
+    last: dict[tuple[int, int], dict[str, Any]] = {}
+    for r in records:
+        if r.get("kind") == "calibration":
+            last[r["n"], r["k"]] = r
+    return list(last.values())
+
+
+if __name__ == "__main__":
+    report = main()
+    if report and any(p["status"] not in ("ok", "skipped") for p in report["parts"]):
+        sys.exit(1)

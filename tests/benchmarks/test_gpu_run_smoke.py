@@ -1,0 +1,79 @@
+"""Smoke test of benchmarks/gpu/run.py: tiny sizes on the CPU, the CUDA tests skipped, results
+written with the fields the GPU table is made of."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "run.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_run() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_run", RUN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_run"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_run_writes_results_and_table(gpu_run: ModuleType, tmp_path: Path) -> None:
+    results, out = tmp_path / "results", tmp_path / "out"
+    argv = ["--smoke", "--device", "cpu", "--parts", "cuda-tests,bert_base,calibration",
+            "--results-dir", str(results), "--out", str(out)]  # fmt: skip
+    report = gpu_run.main(argv)
+    names = {"gpu-run-smoke.json", "gpu-run-smoke.md", "gpu-run-smoke.log"}
+    assert {p.name for p in results.iterdir()} == {p.name for p in out.iterdir()} == names
+    written = json.loads((out / "gpu-run-smoke.json").read_text())
+    assert written["mode"] == "smoke"
+    environment = written["environment"]
+    assert environment["device"] == "cpu" and environment["torch"] and "cuda" in environment
+    statuses = {p["part"]: p["status"] for p in written["parts"]}
+    assert statuses == {"cuda-tests": "skipped", "bert_base": "ok", "calibration": "ok"}
+    assert report["parts"][0]["note"].startswith("not on a CUDA device")
+
+    (bert,) = next(p for p in written["parts"] if p["part"] == "bert_base")["records"]
+    assert bert["kind"] == "hessian" and bert["n_samples"] == 8 and bert["products"] >= 1
+    assert math.isfinite(bert["lambda_max"]) and bert["gradient_s"] > 0
+    assert bert["seconds_per_product"] > 0 and bert["product_ratio"] > 0
+    assert bert["peak_ratio"] is None  # peak memory is measured on CUDA only
+    # the product is timed through the command line's own result
+    assert bert["eigen_s"] == bert["timings"]["eigenvalues"]
+
+    calibration = next(p for p in written["parts"] if p["part"] == "calibration")["records"]
+    assert [r.get("stage") for r in calibration] == ["metrics", "ts", None]
+    final = calibration[-1]
+    assert (final["n"], final["k"]) == (500, 5)
+    assert final["temperature"] > 0 and final["focal_temperature"] > 0 and final["focal_s"] > 0
+
+    table = (out / "gpu-run-smoke.md").read_text()
+    assert "| bert_base | 26,786 | 8 (4) |" in table
+    assert "| 500 × 5 |" in table
+
+
+def test_parts_left_without_budget_are_skipped_with_a_note(
+    gpu_run: ModuleType, tmp_path: Path
+) -> None:
+    argv = ["--smoke", "--device", "cpu", "--parts", "resnet18,vit_b_16", "--total-budget", "0",
+            "--results-dir", str(tmp_path)]  # fmt: skip
+    report = gpu_run.main(argv)
+    assert [(p["part"], p["status"]) for p in report["parts"]] == [
+        ("resnet18", "skipped"),
+        ("vit_b_16", "skipped"),
+    ]
+    assert all(p["note"].startswith("total budget spent") for p in report["parts"])
+    table = (tmp_path / "gpu-run-smoke.md").read_text()
+    assert "| resnet18 | skipped | — | total budget spent" in table
+
+
+def test_unknown_part_is_a_usage_error(gpu_run: ModuleType) -> None:
+    with pytest.raises(SystemExit):
+        gpu_run.parse(["--parts", "resnet18,gpt"])
