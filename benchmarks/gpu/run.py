@@ -99,7 +99,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--total-budget", type=float, default=420.0, help="seconds in all")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts")
-    parser.add_argument("--part-budget", type=float, default=None, help="cap on each part (s)")
+    parser.add_argument("--part-budget", type=float, default=None, help="each part's budget (s), instead of its default")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--record", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 result = {"part": part, "status": "skipped", "records": [],
                           "note": f"total budget spent ({left:.0f} s left)"}  # fmt: skip
             else:
-                seconds = min(budgets[part], left, args.part_budget or left)
+                seconds = min(args.part_budget or budgets[part], left)
                 say(f"== {part} (budget {seconds:.0f} s)")
                 result = run_part(part, seconds, args, work)
             say(f"== {part}: {result['status']} {result.get('note', '')}".rstrip())
@@ -404,6 +404,10 @@ def hessian_part(
         model = model.to(device).eval()
         moved = [(to_device(x, device), y.to(device)) for x, y in batches]
         params = [p for p in model.parameters() if p.requires_grad]
+        # the same precision as curvcal's products: TF32 off (curvcal turns it off unless
+        # --allow-tf32), so the ratio compares like with like
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         rounds = []
         for _ in range(2):  # the first pass warms the kernels up
             with Meter(device) as meter:
