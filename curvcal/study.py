@@ -303,7 +303,9 @@ def rank_correlations(rows: Sequence[StudyRow]) -> tuple[Correlation, ...]:
     return tuple(out)
 
 
-def _undefined(curvature: str, xs: Sequence[float], calibration: str, ys: Sequence[float]) -> str | None:
+def _undefined(
+    curvature: str, xs: Sequence[float], calibration: str, ys: Sequence[float]
+) -> str | None:
     """Why ρ of this pair cannot be computed (``None`` when it can), naming the measure."""
     if len(xs) < MIN_CORRELATION_SAMPLES:
         return f"needs at least {MIN_CORRELATION_SAMPLES} checkpoints, got {len(xs)}"
