@@ -282,3 +282,145 @@ def test_make_test_reruns_float32_goldens_under_another_cpu_capability() -> None
     test_line = next(line for line in makefile.splitlines() if line.startswith("test:"))
     assert "test-cpu-capability" in test_line
     assert "ATEN_CPU_CAPABILITY=default" in makefile and "ATEN_CPU_CAPABILITY=avx2" in makefile
+
+
+# --- docs true to the peers -------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "guide" / "calibration.md"
+EDGE_CASE_P = [[0.9, 0.1, 0.0], [1.0, 0.0, 0.0], [0.0, 0.3, 0.7]]
+EDGE_CASE_Y = [0, 1, 2]
+
+
+def _torchmetrics_binned(
+    confidence: np.ndarray, correct: np.ndarray, bins: int
+) -> tuple[float, ...]:
+    """ECE, MCE, RMS-CE binned as torchmetrics' ``_binning_bucketize`` does: boundaries
+    linspace(0, 1, M + 1), ``bucketize(c, boundaries, right=True) - 1``, M + 1 counters, so c = 1
+    lands in a bin of its own."""
+    boundaries = np.linspace(0, 1, bins + 1)
+    index = np.searchsorted(boundaries, confidence, side="right") - 1
+    gaps, weights = [], []
+    for b in range(bins + 1):
+        inside = index == b
+        if inside.any():
+            gaps.append(abs(correct[inside].mean() - confidence[inside].mean()))
+            weights.append(inside.mean())
+    gap, weight = np.array(gaps), np.array(weights)
+    return float(gap @ weight), float(gap.max()), float(np.sqrt((gap**2) @ weight))
+
+
+def test_the_torchmetrics_extra_bin_is_described_with_its_numbers() -> None:
+    """Finding: ``--edges right`` was said to bin "as torchmetrics"; torchmetrics keeps c = 1 in
+    an extra bin, so ECE, MCE and RMS-CE differ once a confidence reaches 1."""
+    from curvcal.calibration.metrics import calibration_metrics
+
+    probabilities = np.array(EDGE_CASE_P)
+    confidence = probabilities.max(axis=1)
+    correct = (probabilities.argmax(axis=1) == np.array(EDGE_CASE_Y)).astype(float)
+    ece, mce, rms = _torchmetrics_binned(confidence, correct, 2)
+    assert (ece, mce, rms) == pytest.approx((0.4667, 1.0, 0.6), abs=1e-4)
+    for edges in ("left", "right"):
+        ours = calibration_metrics(
+            torch.tensor(EDGE_CASE_P, dtype=torch.float64),
+            torch.tensor(EDGE_CASE_Y),
+            kind="probs",
+            bins=2,
+            edges=edges,
+        )
+        assert (ours.ece, ours.mce, ours.rms_ce) == pytest.approx((0.2, 0.2, 0.2), abs=1e-12)
+    text = DOCS.read_text()
+    assert "as torchmetrics and netcal bin |" not in text
+    assert "extra (M+1)-th bin" in text and "0.4667" in text and "0.200" in text
+
+
+def test_the_focal_objective_is_not_said_to_be_the_papers() -> None:
+    """Finding: the ``ece`` objective of focal TS was said to be "as in the paper"; the
+    authors' code picks T by adaptive ECE on a linear grid (now ``adaece-grid``)."""
+    text = DOCS.read_text()
+    assert "as in the paper" not in text
+    assert "adaece-grid" in text and "0.05, 0.10, …, 5.00" in text
+
+
+def _log_focal_map(logp: np.ndarray, gamma: float) -> np.ndarray:
+    """log φ_γ(q) by the definition of references.md, φ_γ(q)_k ∝ 1/g_γ(q_k) with
+    g_γ(q) = (1−q)^γ/q − γ(1−q)^(γ−1)·ln q = (1−q)^(γ−1)·((1−q) + γ·q·(−ln q))/q, and 1 − q_k
+    summed from the other classes (q_k rounds to 1 at T = 0.05)."""
+    from scipy.special import logsumexp
+
+    k = logp.shape[1]
+    log_rest = np.stack(
+        [logsumexp(np.delete(logp, j, axis=1), axis=1) for j in range(k)], axis=1
+    )  # ln(1 − q_k)
+    q = np.exp(logp)
+    log_inverse = logp - (gamma - 1) * log_rest - np.log(np.exp(log_rest) + gamma * q * -logp)
+    return log_inverse - logsumexp(log_inverse, axis=1, keepdims=True)
+
+
+def _hand_adaece(confidence: np.ndarray, correct: np.ndarray, bins: int) -> float:
+    """Equal-mass ECE of references.md: cuts at round(i·N/M) moved to the end of their tie
+    group, empty bins dropped."""
+    order = np.argsort(confidence, kind="stable")
+    c, a = confidence[order], correct[order]
+    n = len(c)
+    cuts = [0]
+    for i in range(1, bins):
+        cut = math.floor(i * n / bins + 0.5)
+        while 0 < cut < n and c[cut] == c[cut - 1]:
+            cut += 1
+        cuts.append(max(cut, cuts[-1]))
+    cuts.append(n)
+    total = 0.0
+    for lo, hi in itertools.pairwise(cuts):
+        if hi > lo:
+            total += (hi - lo) / n * abs(a[lo:hi].mean() - c[lo:hi].mean())
+    return total
+
+
+def test_the_authors_focal_protocol_is_a_named_objective() -> None:
+    """``adaece-grid`` = for each γ, T on 0.05, 0.10, ..., 5.00 by AdaECE-15, first minimum;
+    γ by the same; checked against an exhaustive hand implementation."""
+    from curvcal.calibration.scaling import fit_focal_temperature
+
+    rng = np.random.default_rng(7)
+    n, k = 300, 4
+    labels = rng.integers(0, k, n)
+    logits = rng.normal(0, 1.5, (n, k))
+    logits[np.arange(n), labels] += 1.2  # better than chance, overconfident after scaling up
+    logits *= 1.8
+    gammas = (0.0, 0.5, 1.0, 2.0)
+    grid = [round(0.05 * i, 2) for i in range(1, 101)]
+
+    def hand(gamma: float, temperature: float) -> float:
+        z = logits / temperature
+        logp = z - z.max(axis=1, keepdims=True)
+        logp = logp - np.log(np.exp(logp).sum(axis=1, keepdims=True))
+        calibrated = _log_focal_map(logp, gamma) if gamma else logp
+        confidence = np.exp(calibrated.max(axis=1))
+        correct = (calibrated.argmax(axis=1) == labels).astype(float)
+        return _hand_adaece(confidence, correct, 15)
+
+    table = {g: [hand(g, t) for t in grid] for g in gammas}
+    fit = fit_focal_temperature(
+        torch.tensor(logits), torch.tensor(labels), objective="adaece-grid", gammas=gammas
+    )
+    assert fit.objective == "adaece-grid"
+    assert [p.gamma for p in fit.profile] == list(gammas)
+    for point in fit.profile:
+        values = table[point.gamma]
+        best = min(values)
+        assert point.temperature in grid
+        assert point.objective == pytest.approx(best, abs=1e-12)
+        # the first minimum (the smallest T) wherever the hand minimum is not a near-tie
+        assert point.temperature == grid[values.index(best)] or sorted(values)[1] - best < 1e-12
+    best_gamma = min(gammas, key=lambda g: min(table[g]))
+    assert fit.gamma == best_gamma
+    assert fit.objective_after == pytest.approx(min(table[best_gamma]), abs=1e-12)
+    assert fit.bracket == (0.05, 5.0)
+
+
+def test_the_authors_objective_is_offered_on_the_command_line(
+    run_cli: Callable[..., CliResult],
+) -> None:
+    result = run_cli("calibrate", "--help")
+    assert result.code == 0
+    assert "adaece-grid" in result.stdout
