@@ -90,7 +90,7 @@ def study_tables(result: StudyResult) -> list[Table]:
 def correlation_table(correlations: tuple[Correlation, ...]) -> Table:
     """Spearman ρ and p-value of every (curvature, calibration) pair that has one; the pairs
     without one share a line per cause (fewer than 3 checkpoints, a constant measure)."""
-    from curvcal.spearman import EXACT_MAX_N
+    from curvcal.spearman import EXACT, EXACT_MAX_N
     from curvcal.study import CALIBRATION_MEASURES, CURVATURE_MEASURES
 
     defined = tuple(
@@ -98,7 +98,7 @@ def correlation_table(correlations: tuple[Correlation, ...]) -> Table:
             CURVATURE_MEASURES[c.curvature],
             CALIBRATION_MEASURES[c.calibration],
             fmt_float(c.rho, 3),
-            fmt_float(c.p_value, 2) + ("" if c.p_method == "exact permutation" else " (t approx.)"),
+            fmt_float(c.p_value, 2) + ("" if c.p_method == EXACT else " (t approx.)"),
             str(c.n),
         )
         for c in correlations
