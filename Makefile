@@ -8,11 +8,12 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test docs lint typecheck pytest fuzz bench clean help
+.PHONY: demo test docs lint typecheck pytest test-cpu-capability fuzz bench clean help
 
 help:
 	@echo "make demo   create .venv, install curvcal, run 'curvcal demo' on the bundled example (plots in build/demo)"
-	@echo "make test   install dev extras, run ruff, mypy and the whole test suite"
+	@echo "make test   install dev extras, run ruff, mypy, the whole test suite, and the float32"
+	@echo "            goldens and curvature tests again under other CPU vector paths"
 	@echo "make docs   build the documentation site into build/site (mkdocs build --strict)"
 	@echo "make lint   ruff check and format check"
 	@echo "make fuzz   a long fuzz run of the file loaders (CURVCAL_FUZZ_CASES, CURVCAL_FUZZ_SEED)"
@@ -47,7 +48,24 @@ typecheck: $(VENV)/.stamp-dev
 pytest: $(VENV)/.stamp-dev
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck pytest
+# PyTorch picks a vector path per CPU (AVX-512, AVX2, scalar) and float32 results differ in the
+# last bits between them. This reruns the float32 goldens and the curvature tests most exposed
+# to that under the scalar path, and under AVX2 where the CPU has AVX-512, so that a
+# CPU-dependent assertion fails here before it fails on a user's machine.
+CPU_CAPABILITY_TESTS := tests/test_golden_json.py tests/curvature/test_eigen.py \
+	tests/curvature/test_hvp.py tests/curvature/test_layers.py
+CPU_CAPABILITY_SELECT := -k "not golden or float32 or comparison"
+
+test-cpu-capability: $(VENV)/.stamp-dev
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -p no:cacheprovider \
+		$(CPU_CAPABILITY_SELECT) $(CPU_CAPABILITY_TESTS)
+	@if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then \
+		echo "ATEN_CPU_CAPABILITY=avx2 (this CPU has AVX-512)"; \
+		ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest -q -p no:cacheprovider \
+			$(CPU_CAPABILITY_SELECT) $(CPU_CAPABILITY_TESTS); \
+	fi
+
+test: lint typecheck pytest test-cpu-capability
 
 docs: $(VENV)/.stamp-dev
 	$(BIN)/mkdocs build --strict --site-dir build/site

@@ -6,8 +6,10 @@ logits are linear in each tensor, else a Hutch++ estimate), every
 checkpoint with the same :class:`CurvatureSettings`; :func:`calibration_summary` picks the
 numbers of a :class:`~curvcal.calibration.analysis.CalibrationAnalysis` (all measured on its
 evaluation split). :func:`rank_correlations` then gives Spearman's rank correlation ρ between
-every curvature measure and every calibration measure across the checkpoints, with the two-sided
-p-value of ``scipy.stats.spearmanr`` (t-distribution approximation, exact only for large n).
+every curvature measure and every calibration measure across the checkpoints, with its two-sided
+p-value (exact by enumerating the pairings up to n = 10, see :mod:`curvcal.spearman`).
+:func:`duplicate_checkpoints` names the checkpoints that are byte-identical (same SHA-256), which
+count twice in every correlation.
 
 Pure: no file I/O, no printing; every random draw comes from ``seed``.
 """
@@ -15,10 +17,8 @@ Pure: no file I/O, no printing; every random draw comes from ``seed``.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
 
@@ -266,8 +266,9 @@ class StudyRow:
 @dataclass(frozen=True)
 class Correlation:
     """Spearman's ρ between a curvature and a calibration measure over ``n`` checkpoints, with
-    its two-sided p-value; both ``None`` with a ``note`` when undefined (n < 3, a constant
-    measure, a non-finite value)."""
+    its two-sided p-value and how it was formed (``p_method``: ``exact permutation`` up to
+    n = 10, ``t approximation`` above); all ``None`` with a ``note`` when undefined (n < 3, a
+    constant measure, a non-finite value), the note naming the cause."""
 
     curvature: str
     calibration: str
@@ -275,11 +276,13 @@ class Correlation:
     p_value: float | None
     n: int
     note: str | None = None
+    p_method: str | None = None
 
 
 def rank_correlations(rows: Sequence[StudyRow]) -> tuple[Correlation, ...]:
-    """ρ and p of ``scipy.stats.spearmanr`` for every (curvature, calibration) measure pair."""
-    from scipy.stats import spearmanr
+    """Spearman's ρ and its p-value (:func:`curvcal.spearman.spearman`) for every
+    (curvature, calibration) measure pair."""
+    from curvcal.spearman import spearman
 
     out = []
     for curvature in CURVATURE_MEASURES:
@@ -287,29 +290,55 @@ def rank_correlations(rows: Sequence[StudyRow]) -> tuple[Correlation, ...]:
             xs = [row.measure(curvature) for row in rows]
             ys = [row.measure(calibration) for row in rows]
             n = len(rows)
-            note = _undefined(xs, ys)
+            note = _undefined(curvature, xs, calibration, ys)
             if note is not None:
                 out.append(Correlation(curvature, calibration, None, None, n, note))
                 continue
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                result: Any = spearmanr(xs, ys)
-            rho, p_value = float(result.statistic), float(result.pvalue)
-            if not (math.isfinite(rho) and math.isfinite(p_value)):
-                out.append(Correlation(curvature, calibration, None, None, n, "undefined"))
-                continue
-            out.append(Correlation(curvature, calibration, rho, p_value, n))
+            result = spearman(xs, ys)
+            out.append(
+                Correlation(
+                    curvature, calibration, result.rho, result.p_value, n, None, result.p_method
+                )
+            )
     return tuple(out)
 
 
-def _undefined(xs: Sequence[float], ys: Sequence[float]) -> str | None:
+def _undefined(
+    curvature: str, xs: Sequence[float], calibration: str, ys: Sequence[float]
+) -> str | None:
+    """Why ρ of this pair cannot be computed (``None`` when it can), naming the measure."""
     if len(xs) < MIN_CORRELATION_SAMPLES:
-        return f"needs at least {MIN_CORRELATION_SAMPLES} checkpoints"
-    if not all(math.isfinite(v) for v in (*xs, *ys)):
-        return "a value is not finite"
-    if len(set(xs)) == 1 or len(set(ys)) == 1:
-        return "a measure is constant across checkpoints"
+        return f"needs at least {MIN_CORRELATION_SAMPLES} checkpoints, got {len(xs)}"
+    for key, names, values in (
+        (curvature, CURVATURE_MEASURES, xs),
+        (calibration, CALIBRATION_MEASURES, ys),
+    ):
+        if not all(math.isfinite(v) for v in values):
+            return f"{names[key]} is not finite for every checkpoint"
+    for key, names, values in (
+        (curvature, CURVATURE_MEASURES, xs),
+        (calibration, CALIBRATION_MEASURES, ys),
+    ):
+        if len(set(values)) == 1:
+            return f"{names[key]} is constant across the checkpoints"
     return None
+
+
+def duplicate_checkpoints(names: Sequence[str], digests: Sequence[str]) -> list[tuple[str, ...]]:
+    """Groups (two or more, in the order given) of checkpoints whose files have the same
+    SHA-256 digest: the same weights measured twice, which count twice in every correlation."""
+    groups: dict[str, list[str]] = {}
+    for name, digest in zip(names, digests, strict=True):
+        groups.setdefault(digest, []).append(name)
+    return [tuple(group) for group in groups.values() if len(group) > 1]
+
+
+def duplicate_warning(group: Sequence[str]) -> str:
+    """The warning for one group of byte-identical checkpoints."""
+    return (
+        f"checkpoints {', '.join(group)} are byte-identical (same SHA-256): the same weights "
+        f"count {len(group)} times in every rank correlation; give each model once"
+    )
 
 
 @dataclass(frozen=True)

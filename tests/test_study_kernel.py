@@ -44,11 +44,10 @@ def test_spearman_matches_the_rank_formula() -> None:
     assert by_pair["lambda_max", "ece"].rho == pytest.approx(0.8)
     assert by_pair["trace", "ece"].rho == pytest.approx(-0.8)
     assert by_pair["lambda_max", "temperature"].rho == pytest.approx(1.0)
-    # p of ρ = 0.8, n = 4 by the t approximation: t = ρ·sqrt((n−2)/(1−ρ²)), 2 d.o.f.
-    from scipy.stats import t as student
-
-    t_value = 0.8 * (2 / (1 - 0.64)) ** 0.5
-    assert by_pair["lambda_max", "ece"].p_value == pytest.approx(2 * student.sf(t_value, 2))
+    # exact p of ρ = 0.8, n = 4: of the 24 pairings, ρ = 1 once and ρ = 0.8 for the three
+    # adjacent swaps, so P(ρ ≥ 0.8) = 4/24 and the two-sided p is 2·4/24 = 1/3
+    assert by_pair["lambda_max", "ece"].p_value == pytest.approx(1 / 3)
+    assert by_pair["lambda_max", "ece"].p_method == "exact permutation"
     constant = by_pair["lambda_max", "focal_gamma"]
     assert constant.rho is None and constant.note is not None and "constant" in constant.note
 

@@ -54,7 +54,11 @@ from curvcal.calibration.results import (
 from curvcal.errors import InputError
 
 OBJECTIVES_TS = ("nll", "ece", "adaece")
-OBJECTIVES_FTS = ("ece", "nll", "adaece")
+OBJECTIVES_FTS = ("ece", "nll", "adaece", "adaece-grid")
+#: The focal-TS objective of Komisarenko & Kull's code: AdaECE (equal-mass bins) on the
+#: linear grid T = 0.05, 0.10, ..., 5.00, the first minimum taken, for each γ; γ likewise.
+AUTHORS_OBJECTIVE = "adaece-grid"
+AUTHORS_T_GRID = tuple(round(0.05 * i, 2) for i in range(1, 101))
 DEFAULT_BRACKET = (0.01, 100.0)
 DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
 DEFAULT_GRID_STEP = 0.01
@@ -575,6 +579,8 @@ def fit_focal_temperature(
     low, high = _check_bracket(bracket)
     step = _check_grid_step(grid_step)
     data = _prepare(scores, labels, kind, bins, edges, source, labels_source)
+    if objective == AUTHORS_OBJECTIVE:
+        return _authors_fit(data, grid, bins, edges)
     evaluate = _objective(data, objective, bins, edges)
     if objective == "nll":
         profile = []
@@ -604,6 +610,40 @@ def fit_focal_temperature(
         n_samples=data.logp.shape[0],
         n_evaluations=evaluations + 2,  # and the passes for the objective before, NLL after
         n_exact_evaluations=exact_evaluations + 2,
+    )
+
+
+def _authors_fit(data: _Scores, grid: list[float], bins: int, edges: str) -> FocalTemperatureFit:
+    """Komisarenko & Kull's selection: for each γ the T of :data:`AUTHORS_T_GRID` with the
+    smallest float64 AdaECE (``bins`` equal-mass bins) on the fit split, the first (smallest T)
+    on ties; then the γ with the smallest of those, the smaller γ on ties. Exhaustive: one pass
+    per (γ, T), no search to stop short."""
+    evaluate = _objective(data, "adaece", bins, edges)
+    low, high = AUTHORS_T_GRID[0], AUTHORS_T_GRID[-1]
+    profile = []
+    for gamma in grid:
+        values = [evaluate(1.0 / t, gamma) for t in AUTHORS_T_GRID]
+        best = min(range(len(values)), key=values.__getitem__)  # first minimum: smaller T
+        temperature = AUTHORS_T_GRID[best]
+        at_end = best in (0, len(values) - 1)
+        profile.append(FocalProfilePoint(gamma, temperature, values[best], at_end, len(values)))
+    chosen = min(profile, key=lambda point: point.objective)  # first minimum: smaller γ
+    nll = _objective(data, "nll", bins, edges)
+    evaluations = len(grid) * len(AUTHORS_T_GRID)
+    return FocalTemperatureFit(
+        gamma=chosen.gamma,
+        temperature=chosen.temperature,
+        objective=AUTHORS_OBJECTIVE,
+        objective_before=evaluate(1.0, 0.0),
+        objective_after=chosen.objective,
+        nll_before=nll(1.0, 0.0),
+        nll_after=nll(1.0 / chosen.temperature, chosen.gamma),
+        profile=tuple(profile),
+        bracket=(low, high),
+        grid_step=None,  # a linear grid in T, not a step in ln T
+        n_samples=data.logp.shape[0],
+        n_evaluations=evaluations + 2,
+        n_exact_evaluations=evaluations + 2,
     )
 
 

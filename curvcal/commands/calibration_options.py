@@ -124,10 +124,12 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
             ),
             click.option(
                 "--focal-objective",
-                type=click.Choice(("ece", "nll", "adaece")),
+                type=click.Choice(("ece", "nll", "adaece", "adaece-grid")),
                 default="ece",
                 show_default=True,
-                help="What focal temperature scaling minimises on the fit split (picks γ and T).",
+                help="What focal temperature scaling minimises on the fit split (picks γ and T). "
+                "adaece-grid: the authors' code (Komisarenko & Kull): T on the linear grid "
+                "0.05, 0.10, ..., 5.00 by equal-mass ECE, for each γ; γ likewise.",
             ),
             click.option(
                 "--gammas",

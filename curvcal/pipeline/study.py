@@ -77,6 +77,8 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
         StudyResult,
         StudyRow,
         calibration_summary,
+        duplicate_checkpoints,
+        duplicate_warning,
         measure_curvature,
         rank_correlations,
     )
@@ -166,6 +168,12 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     n_fit, n_eval = len(fit_idx), len(eval_idx)
     columns = column_provenance(loss, gamma, hessian_data, data, n_fit, n_eval)
     result = StudyResult(tuple(rows), rank_correlations(rows), columns)
+    messages = [
+        duplicate_warning(group)
+        for group in duplicate_checkpoints([str(p) for p in paths], [i["sha256"] for i in inputs])
+    ]
+    for message in messages:
+        reporter.warn(message)
     report = Report(
         command="study",
         results=result,
@@ -188,6 +196,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
         },
         timings={"total": time.perf_counter() - began},
         environment=environment(loaded.device),
+        warnings=messages,
     )
     return StudyRun(result, report)
 

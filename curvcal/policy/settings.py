@@ -58,7 +58,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "edges": ("left", "right"),
     "method": ("ts", "focal-ts", "both", "none"),
     "objective": ("nll", "ece", "adaece"),
-    "focal_objective": ("ece", "nll", "adaece"),
+    "focal_objective": ("ece", "nll", "adaece", "adaece-grid"),
     "eigen_method": ("power", "lanczos"),
     "loss": ("ce", "focal", "own"),
 }

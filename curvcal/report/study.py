@@ -88,24 +88,51 @@ def study_tables(result: StudyResult) -> list[Table]:
 
 
 def correlation_table(correlations: tuple[Correlation, ...]) -> Table:
-    """Spearman ρ and p-value of every (curvature, calibration) pair."""
+    """Spearman ρ and p-value of every (curvature, calibration) pair that has one; the pairs
+    without one share a line per cause (fewer than 3 checkpoints, a constant measure)."""
+    from curvcal.spearman import EXACT, EXACT_MAX_N
     from curvcal.study import CALIBRATION_MEASURES, CURVATURE_MEASURES
 
-    rows = tuple(
+    defined = tuple(
         (
             CURVATURE_MEASURES[c.curvature],
             CALIBRATION_MEASURES[c.calibration],
-            fmt_float(c.rho, 3) if c.rho is not None else (c.note or "—"),
-            fmt_float(c.p_value, 2) if c.p_value is not None else "—",
+            fmt_float(c.rho, 3),
+            fmt_float(c.p_value, 2) + ("" if c.p_method == EXACT else " (t approx.)"),
             str(c.n),
         )
         for c in correlations
+        if c.rho is not None and c.p_value is not None
+    )
+    causes: dict[str, tuple[list[str], list[str], int]] = {}
+    for c in correlations:
+        if c.rho is None or c.p_value is None:
+            curvature, calibration, _n = causes.setdefault(c.note or "undefined", ([], [], c.n))
+            for names, key, seen in (
+                (CURVATURE_MEASURES, c.curvature, curvature),
+                (CALIBRATION_MEASURES, c.calibration, calibration),
+            ):
+                if names[key] not in seen:
+                    seen.append(names[key])
+    undefined = tuple(
+        (
+            "all" if len(curvature) == len(CURVATURE_MEASURES) else ", ".join(curvature),
+            "all" if len(calibration) == len(CALIBRATION_MEASURES) else ", ".join(calibration),
+            f"undefined: {note}",
+            "—",
+            str(n),
+        )
+        for note, (curvature, calibration, n) in causes.items()
     )
     return Table(
         title="Spearman rank correlation across checkpoints",
         columns=("curvature", "calibration", "ρ", "p-value", "n"),
-        rows=rows,
-        caption="scipy.stats.spearmanr, two-sided p-value (t approximation: rough for small n)",
+        rows=defined + undefined,
+        caption=(
+            "ρ of the average ranks; two-sided p-value exact over all n! pairings of the ranks "
+            f"for n ≤ {EXACT_MAX_N} (the smallest possible is 2/n!), else scipy's t "
+            "approximation"
+        ),
     )
 
 

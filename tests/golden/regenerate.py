@@ -14,6 +14,7 @@ estimator, the batch size, the seeds, the dtype).
 from __future__ import annotations
 
 import json
+import math
 import sys
 import tempfile
 from collections.abc import Callable
@@ -24,6 +25,22 @@ GOLDEN = Path(__file__).resolve().parent
 MASK = "<masked>"
 #: Keys whose values vary between runs, machines or temporary folders.
 MASKED_KEYS = frozenset({"timings", "environment", "path", "size_bytes", "sha256"})
+#: Keys of ``results`` that follow the memory plan (free memory, the budget, the cache), not the
+#: arithmetic: masked like timings. The same names under ``settings`` are the user's options and
+#: stay.
+PLAN_KEYS = frozenset(
+    {
+        "probe_batch",
+        "micro_batch",
+        "cache_mode",
+        "graphs_kept",
+        "kept_rows",
+        "graphs_dropped",
+        "lanczos_basis",
+        "n_data_passes",
+        "sketch_bytes",
+    }
+)
 
 _HESSIAN = (
     "--data",
@@ -114,15 +131,20 @@ CASES: dict[str, tuple[Args, float]] = {
 
 def build_workspace(folder: Path) -> None:
     """Tiny ``DigitsCNN`` checkpoints trained with ce, FLSD-53 and focal γ=2 (by their
-    metadata; the weights are a seeded initialisation, the FLSD-53 one with its classifier
-    scaled so that p_y falls on both sides of 0.2) and two seeded tensor datasets."""
+    metadata; the weights a seeded initialisation, the FLSD-53 one with its classifier scaled so
+    that p_y falls on both sides of 0.2) and two seeded tensor datasets.
+
+    Every number is drawn by NumPy's PCG64 generator in float64 and rounded once to float32:
+    torch's ``randn``/``uniform_`` take a different vector path per CPU capability (AVX-512,
+    AVX2, scalar) and differ in the last bits, which the float64 goldens would see."""
+    import numpy as np
     import torch
     from safetensors.torch import save_file
 
     from curvcal.models import DigitsCNN
 
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(40, 1, 8, 8, generator=generator)
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.standard_normal((40, 1, 8, 8)).astype(np.float32))
     y = torch.arange(40) % 10
     save_file({"x": x, "y": y}, str(folder / "data.safetensors"))
     save_file(
@@ -133,9 +155,18 @@ def build_workspace(folder: Path) -> None:
         ("b_flsd", 2, 6.0, {"curvcal.loss": "flsd53"}),
         ("c_focal", 3, 1.0, {"curvcal.loss": "focal", "curvcal.gamma": "2"}),
     ):
-        torch.manual_seed(seed)
+        draw = np.random.default_rng(seed)
         model = DigitsCNN(width=2)
-        with torch.no_grad():  # sharper outputs: FLSD-53's samples fall on both sides of 0.2
+        with torch.no_grad():
+            for module in model.modules():  # PyTorch's default bound 1/sqrt(fan_in), by NumPy
+                weight = getattr(module, "weight", None)
+                if isinstance(module, torch.nn.Conv2d | torch.nn.Linear) and weight is not None:
+                    bound = 1.0 / math.sqrt(weight[0].numel())
+                    for tensor in (weight, module.bias):
+                        if tensor is not None:
+                            values = draw.uniform(-bound, bound, tuple(tensor.shape))
+                            tensor.copy_(torch.from_numpy(values.astype(np.float32)))
+            # sharper outputs: FLSD-53's samples fall on both sides of 0.2
             for layer in (model.classifier[1], model.classifier[3]):
                 layer.weight.mul_(scale)
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -147,13 +178,18 @@ def build_workspace(folder: Path) -> None:
         save_file(state, str(folder / f"{name}.safetensors"), metadata=metadata)
 
 
-def masked(value: Any, workspace: str) -> Any:
-    """``value`` with the entries of :data:`MASKED_KEYS` replaced by a marker and the temporary
-    folder ``workspace`` in strings by ``<workspace>``, at any depth."""
+def masked(value: Any, workspace: str, in_results: bool = False) -> Any:
+    """``value`` with the entries of :data:`MASKED_KEYS` (and under ``results`` those of
+    :data:`PLAN_KEYS`) replaced by a marker and the temporary folder ``workspace`` in strings by
+    ``<workspace>``, at any depth."""
     if isinstance(value, dict):
-        return {k: MASK if k in MASKED_KEYS else masked(v, workspace) for k, v in value.items()}
+        hidden = MASKED_KEYS | PLAN_KEYS if in_results else MASKED_KEYS
+        return {
+            k: MASK if k in hidden else masked(v, workspace, in_results or k == "results")
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [masked(v, workspace) for v in value]
+        return [masked(v, workspace, in_results) for v in value]
     if isinstance(value, str):
         return value.replace(workspace, "<workspace>")
     return value
