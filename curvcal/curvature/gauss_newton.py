@@ -215,8 +215,8 @@ class EngineChoice:
     selected tensor: linear, convolution and eval BatchNorm layers): one forward of the batch
     with each layer's input and output recorded, then one backward to the layers' outputs per
     eigenvector index, every sample's squared norms from the layers' inputs and output
-    gradients (:mod:`~curvcal.curvature.per_sample`). Should a planned layer run other than once
-    in a forward (a layer reused), the choice falls back for good to the two below.
+    gradients (:mod:`~curvcal.curvature.per_sample`); a layer run several times and layers
+    sharing a Parameter are summed over every call before squaring.
 
     ``loop``: per row, one forward and one ``autograd.grad`` per kept eigenpair (any model,
     TorchScript included). ``func``: rows in chunks through ``torch.func.vmap`` of ``vjp``, every

@@ -288,7 +288,8 @@ def parameter_norms(taps: Taps, deltas: Sequence[Tensor | None]) -> dict[str, Te
     name, summed over every recorded use before squaring; ``deltas``: the gradients at
     :meth:`Taps.flat_outputs`."""
     return {
-        name: _norms_of(pieces) for name, pieces in _gathered(taps.plan, _calls(taps, deltas)).items()
+        name: _norms_of(pieces)
+        for name, pieces in _gathered(taps.plan, _calls(taps, deltas)).items()
     }
 
 

@@ -69,7 +69,7 @@ def test_a_gate_off_in_the_first_rows_is_found_whatever_the_order(order: str) ->
 def test_the_gauss_newton_trace_is_refused_and_auto_splits_and_covers_the_truth() -> None:
     model, x, y = _late_gate()
     truth = float(dense_hessian(model, x, y).trace())
-    with pytest.raises(InputError, match="not linear in fc.weight"):
+    with pytest.raises(InputError, match=r"not linear in fc\.weight"):
         gauss_newton_trace(HessianOperator(model, _batches(x, y)))
     result = analyse_hessian(model, _batches(x, y), HessianSettings(probes=300, seed=2))
     assert result.trace is not None and result.trace.method == "gauss-newton+hutch++"
