@@ -26,14 +26,20 @@ to ``F.linear``, or held by a module of another kind) the autograd loop, which d
 every use, takes over for good, and the result says so (:attr:`TensorTraces.note`).
 
 Linearity is checked before anything is spent (:func:`linearity_check`), on every sample of the
-data the trace is taken over (so no order of the samples changes the answer): on each batch,
-with s = wᵀz for a random Gaussian w per row and a random direction v_t in each
-tensor t scaled to ‖θ_t‖, the curvature v_tᵀ(∇²_{tt} s)v_t (one double backward per tensor) must
-be zero up to rounding — at most ``LINEARITY_RTOL`` × ‖∇_t s‖·‖v_t‖, the size of the first-order
-term — and ∇_t s must not vanish on every batch (a tensor no sample reaches is not shown linear).
-For a tensor the logits are not linear in (a tanh or GELU after it, attention's softmax, a weight
-used twice in series), the curvature is nonzero for almost every w and v wherever the
-nonlinearity is active in some row of the batch, so one direction per batch decides.
+data the trace is taken over (so no order of the samples changes the answer), batch by batch.
+First by structure: each batch's forward pass is walked back from the logits through its
+autograd graph (:mod:`~curvcal.curvature.graph_linearity`), and a tensor every node of whose
+path is linear, a product with one factor depending on it, or piecewise linear (ReLU,
+max-pooling) is linear for that batch — a forward and one backward, no second derivative. The
+walk runs on every batch, since Python control flow may build another graph for other rows.
+Then numerically, for the tensors the graph did not prove on that batch: with s = wᵀz for a
+random Gaussian w per row and a random direction v_t in each such tensor t scaled to ‖θ_t‖, the
+curvature v_tᵀ(∇²_{tt} s)v_t (one double backward per tensor) must be zero up to rounding — at
+most ``LINEARITY_RTOL`` × ‖∇_t s‖·‖v_t‖, the size of the first-order term. In both, ∇_t s must
+not vanish on every batch (a tensor no sample reaches is not shown linear). For a tensor the
+logits are not linear in (a tanh or GELU after it, attention's softmax, a weight used twice in
+series), the curvature is nonzero for almost every w and v wherever the nonlinearity is active
+in some row of the batch, so one direction per batch decides.
 
 A trace of a loss whose Λ_n are positive semi-definite (cross-entropy) is a sum of non-negative
 terms: eigenvalues of Λ_n below zero are rounding and are set to zero, so the trace is never
@@ -59,6 +65,7 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.engines import is_torchscript
+from curvcal.curvature.graph_linearity import proven_linear
 from curvcal.curvature.per_sample import Layer, Taps, layer_plan, parameter_norms, unseen_uses
 from curvcal.curvature.results import TraceResult
 from curvcal.errors import InputError, NumericalError
@@ -69,7 +76,8 @@ from curvcal.rows import Inputs, as_batch_of_one, device_of, n_rows, take_rows
 METHOD = "gauss-newton"
 INTERVAL = (
     "exact up to rounding (the logits are linear in each selected parameter tensor, checked on "
-    "every sample by a second derivative along a random direction in each tensor, so tr(H) is "
+    "every sample: structurally on every batch's autograd graph, numerically by a second "
+    "derivative along a random direction for the tensors the graph did not prove, so tr(H) is "
     "the trace of the Gauss–Newton matrix); the interval is a rounding allowance of 1024 ε of "
     "the parameters' dtype times (1/N) Σ |λ|·‖Jᵀu‖²"
 )
@@ -121,6 +129,8 @@ class LinearityCheck:
     nonlinear: tuple[str, ...] = ()
     unreached: tuple[str, ...] = ()
     failed: str | None = None
+    #: tensors the autograd graph did not prove linear, so checked by a second derivative
+    numerical: tuple[str, ...] = ()
 
     @property
     def linear(self) -> bool:
@@ -176,27 +186,34 @@ def linearity_check(
     seed: int = 0,
 ) -> LinearityCheck:
     """Whether the logits of the rows ``x`` are linear in each tensor of ``params`` (see the
-    module's docstring): one backward with its graph kept, then one double backward per tensor.
-    The model is called as it is (its mode is the caller's)."""
+    module's docstring): one forward, whose autograd graph proves the tensors it can
+    (:func:`~curvcal.curvature.graph_linearity.proven_linear`), and one backward, whose
+    gradients say which tensors the rows reach; for the tensors the graph did not prove, that
+    backward keeps its graph and one double backward per tensor decides. The model is called as
+    it is (its mode is the caller's)."""
     generator = torch.Generator().manual_seed(seed)
     names = tuple(names)
     try:
         with torch.enable_grad():
             logits = model(x)
+            proven = proven_linear(logits, params)
             weights = torch.randn(logits.shape, generator=generator, dtype=torch.float64)
             score = (logits * weights.to(logits)).sum()
-            grads = torch.autograd.grad(score, params, create_graph=True, allow_unused=True)
-            nonlinear, unreached = [], []
-            for name, param, grad in zip(names, params, grads, strict=True):
+            grads = torch.autograd.grad(
+                score, params, create_graph=not all(proven), allow_unused=True
+            )
+            nonlinear, unreached, numerical = [], [], []
+            for name, param, grad, shown in zip(names, params, grads, proven, strict=True):
                 if grad is None or not bool(grad.detach().abs().max() > 0):
                     unreached.append(name)
                     continue
+                if shown or not grad.requires_grad:  # the gradient does not depend on θ
+                    continue
+                numerical.append(name)
                 direction = torch.randn(param.shape, generator=generator, dtype=torch.float64)
                 scale = float(param.detach().norm()) or 1.0
                 direction = (direction * (scale / float(direction.norm()))).to(param)
                 first = float(grad.detach().double().norm()) * scale
-                if not grad.requires_grad:  # the gradient does not depend on θ at all
-                    continue
                 (second,) = torch.autograd.grad(
                     (grad * direction).sum(), param, retain_graph=True, allow_unused=True
                 )
@@ -205,7 +222,7 @@ def linearity_check(
                     nonlinear.append(name)
     except RuntimeError as error:  # an operation without a second derivative
         return LinearityCheck(names, failed=str(error).splitlines()[0][:160])
-    return LinearityCheck(names, tuple(nonlinear), tuple(unreached))
+    return LinearityCheck(names, tuple(nonlinear), tuple(unreached), numerical=tuple(numerical))
 
 
 class EngineChoice:
@@ -476,8 +493,9 @@ class TensorTraces:
 def gauss_newton_problem(operator: GaussNewtonSource) -> str:
     """Why the Gauss–Newton trace of ``operator`` would not be exact ('' when it would be): train
     mode, or a tensor the logits are not shown linear in by :func:`linearity_check` on every
-    batch of the data (one pass: a forward and a backward with its graph kept, then one double
-    backward per tensor), so that no order of the samples changes the answer. A tensor is
+    batch of the data (one pass: a forward whose autograd graph is walked and a backward, then
+    one double backward per tensor the graph did not prove), so that no order of the samples
+    changes the answer. A tensor is
     nonlinear when any batch shows curvature in it, unreached when no batch's logits depend on
     it. When the data is sharded every process checks its own batches and the flags are summed
     across processes: a failure anywhere is a failure everywhere."""
@@ -511,7 +529,8 @@ def linear_claim(operator: GaussNewtonSource) -> str:
     """What :func:`gauss_newton_problem` checked when it found no problem, in a phrase."""
     return (
         f"the logits are linear in each selected tensor (checked on all {operator.n_samples} "
-        "samples: zero second derivative along a random direction in each tensor)"
+        "samples: structurally on every batch's autograd graph, and numerically, by a zero second "
+        "derivative along a random direction, for the tensors a graph did not prove)"
     )
 
 
