@@ -113,27 +113,30 @@ PIECEWISE = frozenset(
         "AdaptiveMaxPool3DBackward0",
     }
 )
-#: products: the input positions that are factors (the others enter additively, as a bias)
-PRODUCTS: dict[str, tuple[int, ...]] = {
-    "MulBackward0": (0, 1),
-    "MmBackward0": (0, 1),
-    "BmmBackward0": (0, 1),
-    "MvBackward0": (0, 1),
-    "DotBackward0": (0, 1),
-    "MatmulBackward0": (0, 1),
-    "AddmmBackward0": (1, 2),
-    "AddmvBackward0": (1, 2),
-    "BaddbmmBackward0": (1, 2),
-    "AddbmmBackward0": (1, 2),
-    "ConvolutionBackward0": (0, 1),
-    "NativeBatchNormLegitNoTrainingBackward0": (0, 1),
+#: products: the input positions that are factors, and those that enter additively (a bias);
+#: a tensor reaching any other input (BatchNorm's running statistics, say) is not proven
+PRODUCTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "MulBackward0": ((0, 1), ()),
+    "MmBackward0": ((0, 1), ()),
+    "BmmBackward0": ((0, 1), ()),
+    "MvBackward0": ((0, 1), ()),
+    "DotBackward0": ((0, 1), ()),
+    "MatmulBackward0": ((0, 1), ()),
+    "AddmmBackward0": ((1, 2), (0,)),
+    "AddmvBackward0": ((1, 2), (0,)),
+    "BaddbmmBackward0": ((1, 2), (0,)),
+    "AddbmmBackward0": ((1, 2), (0,)),
+    "ConvolutionBackward0": ((0, 1), (2,)),
+    "NativeBatchNormLegitNoTrainingBackward0": ((0, 1), (2,)),
 }
+#: BatchNorm in eval mode (running statistics): (x − μ)/σ·γ + β, a product x·γ plus β
+EVAL_BATCH_NORM = ((0, 1), (2,))
 #: nodes affine in some inputs only: the positions where a t-dependent input is fine
 PARTLY_LINEAR: dict[str, tuple[int, ...]] = {
     "DivBackward0": (0,),  # x / y: linear in x, not in y
     "NativeLayerNormBackward0": (1, 2),  # γ and β, not the normalised input
 }
-#: BatchNorm: a product x·γ in eval mode (running statistics), not in x in train mode
+#: BatchNorm nodes: a product in eval mode, not linear in x in train mode (batch statistics)
 BATCH_NORMS = frozenset({"NativeBatchNormBackward0", "CudnnBatchNormBackward0"})
 
 
@@ -186,9 +189,9 @@ def _nonlinear(node: object, name: str, inputs: Sequence[int], mask: int) -> int
     if not mask or name in LINEAR or name in PIECEWISE:
         return 0
     if name in BATCH_NORMS and getattr(node, "_saved_training", True) is False:
-        return _product(inputs, (0, 1))
+        return _product(inputs, *EVAL_BATCH_NORM)
     if name in PRODUCTS:
-        return _product(inputs, PRODUCTS[name])
+        return _product(inputs, *PRODUCTS[name])
     if name in PARTLY_LINEAR:
         fine = PARTLY_LINEAR[name]
         bad = 0
@@ -199,11 +202,14 @@ def _nonlinear(node: object, name: str, inputs: Sequence[int], mask: int) -> int
     return mask
 
 
-def _product(inputs: Sequence[int], factors: tuple[int, ...]) -> int:
-    """The tensors on which two or more of the ``factors`` positions depend."""
-    seen, twice = 0, 0
-    for position in factors:
-        bits = inputs[position] if position < len(inputs) else 0
-        twice |= seen & bits
-        seen |= bits
-    return twice
+def _product(inputs: Sequence[int], factors: tuple[int, ...], additive: tuple[int, ...]) -> int:
+    """The tensors on which two or more of the ``factors`` positions depend, or any position
+    that is neither a factor nor ``additive``."""
+    seen, bad = 0, 0
+    for position, bits in enumerate(inputs):
+        if position in factors:
+            bad |= seen & bits
+            seen |= bits
+        elif position not in additive:
+            bad |= bits
+    return bad
