@@ -16,16 +16,34 @@ zero, so tr(R) = 0 and
 rounding. The same holds for the trace of any block of whole tensors (``params`` patterns), and
 :func:`tensor_traces` returns each tensor's share. The squared norms ‖J_nᵀu_{n,k}‖² come from
 one of three engines (:class:`EngineChoice`): layer hooks, one backward of the batch per index
-k (:mod:`~curvcal.curvature.per_sample`: linear, convolution and eval BatchNorm layers);
-otherwise one backward per sample and k, by an autograd loop or ``torch.func.vmap``.
+k (:mod:`~curvcal.curvature.per_sample`: linear, convolution and eval BatchNorm layers, every
+layer that holds a tied Parameter and every call of a layer run twice);
+otherwise one backward per sample and k, by an autograd loop or ``torch.func.vmap``. The hooks
+engine proves on each batch that it saw every use of every tensor — the batch's gradient summed
+from the hooks, for a random cotangent, must equal autograd's
+(:func:`~curvcal.curvature.per_sample.unseen_uses`) — and where it does not (a weight also passed
+to ``F.linear``, or held by a module of another kind) the autograd loop, which differentiates
+every use, takes over for good, and the result says so (:attr:`TensorTraces.note`).
 
-Linearity is checked before anything is spent (:func:`linearity_check`): on the first rows of
-the first batch, with s = wᵀz for a random Gaussian w per row and a random direction v_t in each
-tensor t scaled to ‖θ_t‖, the curvature v_tᵀ(∇²_{tt} s)v_t (one double backward per tensor) must
-be zero up to rounding — at most ``LINEARITY_RTOL`` × ‖∇_t s‖·‖v_t‖, the size of the first-order
-term — and ∇_t s must not vanish (a tensor the checked rows do not reach is not shown linear).
-For a tensor the logits are not linear in (a tanh or GELU after it, attention's softmax, a weight
-used twice), the curvature is nonzero for almost every w and v, so one direction decides.
+Linearity is checked before anything is spent (:func:`linearity_check`), on every sample of the
+data the trace is taken over (so no order of the samples changes the answer), batch by batch.
+First by structure: each batch's forward pass is walked back from the logits through its
+autograd graph (:mod:`~curvcal.curvature.graph_linearity`), and a tensor every node of whose
+path is linear, a product with one factor depending on it, or piecewise linear (ReLU,
+max-pooling) is linear for that batch — a forward and one backward, no second derivative. The
+walk runs on every batch, since Python control flow may build another graph for other rows.
+Then numerically, for the tensors the graph did not prove on that batch: with s = wᵀz for a
+random Gaussian w per row and a random direction v_t in each such tensor t scaled to ‖θ_t‖, the
+curvature v_tᵀ(∇²_{tt} s)v_t (one double backward per tensor) must be zero up to rounding — at
+most ``LINEARITY_RTOL`` × ‖∇_t s‖·‖v_t‖, the size of the first-order term. In both, ∇_t s must
+not vanish on every batch (a tensor no sample reaches is not shown linear). For a tensor the
+logits are not linear in (a tanh or GELU after it, attention's softmax, a weight used twice in
+series), the curvature is nonzero for almost every w and v wherever the nonlinearity is active
+in some row of the batch, so one direction per batch decides.
+
+A trace of a loss whose Λ_n are positive semi-definite (cross-entropy) is a sum of non-negative
+terms: eigenvalues of Λ_n below zero are rounding and are set to zero, so the trace is never
+negative and its interval never excludes 0 from below.
 
 Samples must be independent, so the model runs in eval mode (train-mode BatchNorm couples the
 rows of a batch and is refused). Λ_n comes from the loss object itself (cross-entropy,
@@ -47,7 +65,8 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.engines import is_torchscript
-from curvcal.curvature.per_sample import Layer, Taps, layer_norms, layer_plan
+from curvcal.curvature.graph_linearity import proven_linear
+from curvcal.curvature.per_sample import Layer, Taps, layer_plan, parameter_norms, unseen_uses
 from curvcal.curvature.results import TraceResult
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import CrossEntropy, Loss
@@ -56,9 +75,11 @@ from curvcal.rows import Inputs, as_batch_of_one, device_of, n_rows, take_rows
 
 METHOD = "gauss-newton"
 INTERVAL = (
-    "exact up to rounding (the logits are linear in each selected parameter tensor, checked, so "
-    "tr(H) is the trace of the Gauss–Newton matrix); the interval is a rounding allowance of "
-    "1024 ε of the parameters' dtype times (1/N) Σ |λ|·‖Jᵀu‖²"
+    "exact up to rounding (the logits are linear in each selected parameter tensor, checked on "
+    "every sample: structurally on every batch's autograd graph, numerically by a second "
+    "derivative along a random direction for the tensors the graph did not prove, so tr(H) is "
+    "the trace of the Gauss–Newton matrix); the interval is a rounding allowance of 1024 ε of "
+    "the parameters' dtype times (1/N) Σ |λ|·‖Jᵀu‖²"
 )
 #: the rounding allowance, in units of the parameters' ε: float32 1.2e-4 of Σ|λ|‖Jᵀu‖², float64
 #: 2.3e-13. Measured on ResNet-18 in float32 against float64 (64 images): 1.4e-7 by the hooks,
@@ -67,8 +88,6 @@ ROUNDING_ULPS = 1024
 #: curvature allowed along the checked direction, relative to the first-order term
 LINEARITY_RTOL = 1e-6
 _HINT = "check the model's weights and the data for NaN or Inf, or use float64"
-#: rows of the first batch the linearity check runs on
-CHECK_ROWS = 2
 #: eigenvalues of Λ_n below this fraction of the batch's largest are skipped
 EIGEN_FLOOR = 1e-12
 
@@ -110,6 +129,8 @@ class LinearityCheck:
     nonlinear: tuple[str, ...] = ()
     unreached: tuple[str, ...] = ()
     failed: str | None = None
+    #: tensors the autograd graph did not prove linear, so checked by a second derivative
+    numerical: tuple[str, ...] = ()
 
     @property
     def linear(self) -> bool:
@@ -124,7 +145,7 @@ class LinearityCheck:
         if self.nonlinear:
             parts.append(f"the logits are not linear in {_names(self.nonlinear)}")
         if self.unreached:
-            parts.append(f"the checked samples' logits do not depend on {_names(self.unreached)}")
+            parts.append(f"the samples' logits do not depend on {_names(self.unreached)}")
         return "; ".join(parts)
 
 
@@ -136,12 +157,18 @@ def _names(names: Sequence[str]) -> str:
 def loss_hessians(loss: Loss, logits: Tensor, labels: Tensor) -> Tensor:
     """Λ_n = ∇²_z ℓ(z_n, y_n) for each row n of ``logits`` (B, C): a (B, C, C) float64 tensor.
 
-    For cross-entropy Λ_n = diag(p_n) − p_n p_nᵀ with p_n = softmax(z_n), formed directly; other
-    losses by ``torch.func.jacrev`` twice of the loss object on each row."""
+    For cross-entropy Λ_n = diag(p_n) − p_n p_nᵀ with p_n = softmax(z_n), formed directly, its
+    diagonal as p_i·Σ_{j≠i} p_j: p_i − p_i² would cancel to 0 where p_i rounds to 1 (a saturated
+    row), leaving a matrix with a negative eigenvalue as large as the others; other losses by
+    ``torch.func.jacrev`` twice of the loss object on each row."""
     z = logits.detach().to(torch.float64)
     if isinstance(loss, CrossEntropy):
         p = torch.softmax(z, dim=1)
-        return torch.diag_embed(p) - p.unsqueeze(2) * p.unsqueeze(1)
+        classes = p.shape[1]
+        off = 1.0 - torch.eye(classes, dtype=p.dtype, device=p.device)
+        others = (p.unsqueeze(1) * off).sum(2)  # Σ_{j≠i} p_j, without 1 − p_i's cancellation
+        hessians = -p.unsqueeze(2) * p.unsqueeze(1)
+        return hessians * off + torch.diag_embed(p * others)
 
     def one(row: Tensor, label: Tensor) -> Tensor:
         return loss.sum(row.unsqueeze(0), label.unsqueeze(0))
@@ -159,27 +186,34 @@ def linearity_check(
     seed: int = 0,
 ) -> LinearityCheck:
     """Whether the logits of the rows ``x`` are linear in each tensor of ``params`` (see the
-    module's docstring): one backward with its graph kept, then one double backward per tensor.
-    The model is called as it is (its mode is the caller's)."""
+    module's docstring): one forward, whose autograd graph proves the tensors it can
+    (:func:`~curvcal.curvature.graph_linearity.proven_linear`), and one backward, whose
+    gradients say which tensors the rows reach; for the tensors the graph did not prove, that
+    backward keeps its graph and one double backward per tensor decides. The model is called as
+    it is (its mode is the caller's)."""
     generator = torch.Generator().manual_seed(seed)
     names = tuple(names)
     try:
         with torch.enable_grad():
             logits = model(x)
+            proven = proven_linear(logits, params)
             weights = torch.randn(logits.shape, generator=generator, dtype=torch.float64)
             score = (logits * weights.to(logits)).sum()
-            grads = torch.autograd.grad(score, params, create_graph=True, allow_unused=True)
-            nonlinear, unreached = [], []
-            for name, param, grad in zip(names, params, grads, strict=True):
+            grads = torch.autograd.grad(
+                score, params, create_graph=not all(proven), allow_unused=True
+            )
+            nonlinear, unreached, numerical = [], [], []
+            for name, param, grad, shown in zip(names, params, grads, proven, strict=True):
                 if grad is None or not bool(grad.detach().abs().max() > 0):
                     unreached.append(name)
                     continue
+                if shown or not grad.requires_grad:  # the gradient does not depend on θ
+                    continue
+                numerical.append(name)
                 direction = torch.randn(param.shape, generator=generator, dtype=torch.float64)
                 scale = float(param.detach().norm()) or 1.0
                 direction = (direction * (scale / float(direction.norm()))).to(param)
                 first = float(grad.detach().double().norm()) * scale
-                if not grad.requires_grad:  # the gradient does not depend on θ at all
-                    continue
                 (second,) = torch.autograd.grad(
                     (grad * direction).sum(), param, retain_graph=True, allow_unused=True
                 )
@@ -188,7 +222,7 @@ def linearity_check(
                     nonlinear.append(name)
     except RuntimeError as error:  # an operation without a second derivative
         return LinearityCheck(names, failed=str(error).splitlines()[0][:160])
-    return LinearityCheck(names, tuple(nonlinear), tuple(unreached))
+    return LinearityCheck(names, tuple(nonlinear), tuple(unreached), numerical=tuple(numerical))
 
 
 class EngineChoice:
@@ -198,8 +232,8 @@ class EngineChoice:
     selected tensor: linear, convolution and eval BatchNorm layers): one forward of the batch
     with each layer's input and output recorded, then one backward to the layers' outputs per
     eigenvector index, every sample's squared norms from the layers' inputs and output
-    gradients (:mod:`~curvcal.curvature.per_sample`). Should a planned layer run other than once
-    in a forward (a layer reused), the choice falls back for good to the two below.
+    gradients (:mod:`~curvcal.curvature.per_sample`); a layer run several times and layers
+    sharing a Parameter are summed over every call before squaring.
 
     ``loop``: per row, one forward and one ``autograd.grad`` per kept eigenpair (any model,
     TorchScript included). ``func``: rows in chunks through ``torch.func.vmap`` of ``vjp``, every
@@ -211,7 +245,12 @@ class EngineChoice:
     model ``vmap`` cannot run (data-dependent control flow such as Hugging Face's attention
     masks, an operator without a batching rule) fails on that one row before anything of it is
     added, and stays on ``loop``.
-    Every row counts, whichever engine ran it. ``engine`` is ``None`` until decided."""
+    Every row counts, whichever engine ran it. ``engine`` is ``None`` until decided.
+
+    The hooks must prove on every batch that they saw every use of every selected tensor
+    (:func:`~curvcal.curvature.per_sample.unseen_uses`); where they do not, they are dropped for
+    good in favour of the autograd ``loop``, which differentiates the Parameter itself and so
+    every use of it, and ``fallback`` says why."""
 
     def __init__(self, func_usable: bool, hooks: dict[str, Layer] | None = None) -> None:
         self.func_usable = func_usable
@@ -219,6 +258,8 @@ class EngineChoice:
         self.engine: str | None = "hooks" if hooks else (None if func_usable else "loop")
         #: the engines that ran, named as the operator names them (``autograd``, ``func``)
         self.ran: set[str] = set()
+        #: why the layer hooks were dropped ('' when they were not)
+        self.fallback = ""
 
 
 #: a row cheaper than this by ``loop`` is worth trying with ``func``
@@ -227,9 +268,16 @@ VMAP_TRY_SECONDS = 0.02
 VMAP_BYTES = 256 * 2**20
 
 
+def positive_semidefinite(loss: Loss) -> bool:
+    """Whether every Λ_n of ``loss`` is positive semi-definite (cross-entropy: Λ_n = diag(p) −
+    ppᵀ), so that every tr(G_tt) is ≥ 0; the focal losses' may be indefinite."""
+    return isinstance(loss, CrossEntropy)
+
+
 def _eigenpairs(loss: Loss, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """λ, U and which are kept, of the loss's Hessians in the logits: (B, C), (B, C, C) and
-    (B, C) bool."""
+    (B, C) bool. For a positive semi-definite Λ_n (:func:`positive_semidefinite`) an eigenvalue
+    below zero is rounding (at most about ε·‖Λ_n‖) and is set to zero."""
     hessians = loss_hessians(loss, logits, y)
     if not bool(torch.isfinite(hessians).all()):
         raise NumericalError(
@@ -239,6 +287,8 @@ def _eigenpairs(loss: Loss, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor, 
             _HINT,
         )
     values, vectors = torch.linalg.eigh(hessians)
+    if positive_semidefinite(loss):
+        values = values.clamp(min=0.0)
     return values, vectors, values.abs() > EIGEN_FLOOR * float(values.abs().max())
 
 
@@ -324,9 +374,9 @@ def _hook_sums(
 ) -> tuple[float, int]:
     """:func:`_loop_sums` for the whole batch from a forward the ``taps`` recorded (``logits``
     its output): per eigenvector index k that some row keeps, one backward of Σ_n u_{n,k}·z_n
-    to the layers' outputs, every row's norms from the layers' inputs and those gradients."""
-    order = list(taps.plan)
-    outputs = [taps.outputs[name] for name in order]
+    to the layers' outputs (every call of each), every row's norms from the layers' inputs and
+    those gradients, each tensor's summed over all its uses before squaring."""
+    outputs = taps.flat_outputs()
     index = {name: position for position, name in enumerate(names)}
     indices = torch.nonzero(work.keep.any(0)).flatten().tolist()
     magnitude = work.sums.new_zeros(())
@@ -339,12 +389,9 @@ def _hook_sums(
             retain_graph=position < len(indices) - 1,
             allow_unused=True,
         )
-        for name, output, delta in zip(order, outputs, deltas, strict=True):
-            gradient = torch.zeros_like(output) if delta is None else delta.detach()
-            layer = taps.plan[name]
-            for selected, norms in layer_norms(layer, taps.inputs[name], gradient).items():
-                work.sums[index[selected]] += (norms * weights).sum()
-                magnitude += (norms * weights.abs()).sum()
+        for selected, norms in parameter_norms(taps, deltas).items():
+            work.sums[index[selected]] += (norms * weights).sum()
+            magnitude += (norms * weights.abs()).sum()
     return float(magnitude), int(work.keep.sum())
 
 
@@ -370,11 +417,21 @@ def gauss_newton_sums(
     sums = torch.zeros(len(params), dtype=torch.float64, device=params[0].device)
     work = _Work(x, *_eigenpairs(loss, logits, y), sums)
     if taps is not None:
-        if taps.complete():
+        unseen = (
+            unseen_uses(taps, logits, names, params, ROUNDING_ULPS)
+            if taps.complete()
+            else "a planned layer did not run"
+        )
+        if not unseen:
             choice.ran.add("autograd")
             return (sums, *_hook_sums(names, taps, logits, work))
-        # a planned layer ran other than once: the loop or torch.func from now on
-        choice.hooks, choice.engine = None, (None if choice.func_usable else "loop")
+        # a use the hooks did not see: autograd's loop, which sees every use, from now on
+        choice.hooks, choice.engine = None, "loop"
+        choice.fallback = (
+            f"the layer hooks did not see every use of {unseen} (their gradient differs from "
+            "autograd's), so one backward per sample and eigenvector of the loss's Hessian took "
+            "over"
+        )
     total = n_rows(x)
     magnitude, passes, start = 0.0, 0, 0
     if choice.engine is None:  # decide on this batch's first rows, each engine once warm
@@ -422,6 +479,10 @@ class TensorTraces:
     norms_taken: int
     rounding: float = 0.0
     engine: str = "autograd"
+    #: why the per-sample engine changed on the way ('' when it did not)
+    note: str = ""
+    #: whether every Λ_n is positive semi-definite, so each tr(G_tt) is ≥ 0
+    psd: bool = False
 
     @property
     def total(self) -> float:
@@ -431,21 +492,46 @@ class TensorTraces:
 
 def gauss_newton_problem(operator: GaussNewtonSource) -> str:
     """Why the Gauss–Newton trace of ``operator`` would not be exact ('' when it would be): train
-    mode, or a tensor the logits are not shown linear in (:func:`linearity_check` on the first
-    ``CHECK_ROWS`` rows of the first batch). When the data is sharded every process checks its
-    own rows and all of them agree: a failure anywhere is a failure everywhere."""
+    mode, or a tensor the logits are not shown linear in by :func:`linearity_check` on every
+    batch of the data (one pass: a forward whose autograd graph is walked and a backward, then
+    one double backward per tensor the graph did not prove), so that no order of the samples
+    changes the answer. A tensor is
+    nonlinear when any batch shows curvature in it, unreached when no batch's logits depend on
+    it. When the data is sharded every process checks its own batches and the flags are summed
+    across processes: a failure anywhere is a failure everywhere."""
     if operator.mode != "eval":
         return "train mode couples the samples of a batch (BatchNorm's batch statistics)"
-    x, _ = operator.first_batch()
-    rows = take_rows(x, slice(0, CHECK_ROWS))
-    with operator.prepared():
-        problem = linearity_check(
-            operator.model, operator.param_names, operator.parameters, rows
-        ).reason()
-    failed = operator.sum_across(torch.tensor([1.0 if problem else 0.0], device=device_of(x)))
-    if not problem and float(failed[0]) > 0:
-        return "the linearity check failed in another process"
-    return problem
+    names, params = operator.param_names, operator.parameters
+    failures: list[str] = []
+
+    def per_batch(x: Inputs, _y: Tensor) -> Tensor:
+        check = linearity_check(operator.model, names, params, x)
+        if check.failed is not None:
+            failures.append(check.failed)
+        flags = [float(name in check.nonlinear) for name in names]
+        flags += [float(check.failed is None and name not in check.unreached) for name in names]
+        failed = float(check.failed is not None)
+        return torch.tensor([*flags, failed], dtype=torch.float64, device=device_of(x))
+
+    totals = operator.sum_over_data(per_batch).cpu()
+    count = len(names)
+    if float(totals[-1]) > 0:
+        why = failures[0] if failures else "in another process"
+        return LinearityCheck(names, failed=why).reason()
+    nonlinear = tuple(name for name, flag in zip(names, totals[:count], strict=True) if flag > 0)
+    unreached = tuple(
+        name for name, flag in zip(names, totals[count : 2 * count], strict=True) if flag == 0
+    )
+    return LinearityCheck(names, nonlinear, unreached).reason()
+
+
+def linear_claim(operator: GaussNewtonSource) -> str:
+    """What :func:`gauss_newton_problem` checked when it found no problem, in a phrase."""
+    return (
+        f"the logits are linear in each selected tensor (checked on all {operator.n_samples} "
+        "samples: structurally on every batch's autograd graph, and numerically, by a zero second "
+        "derivative along a random direction, for the tensors a graph did not prove)"
+    )
 
 
 def declined(operator: GaussNewtonSource, probes: int) -> str:
@@ -505,6 +591,8 @@ def tensor_traces(operator: GaussNewtonSource, *, on_step: OnStep = None) -> Ten
         int(totals[-1]),
         rounding,
         "+".join(sorted(choice.ran)),
+        choice.fallback,
+        positive_semidefinite(loss),
     )
 
 
@@ -541,13 +629,21 @@ def trace_result(found: TensorTraces, names: Sequence[str] | None = None) -> Tra
     """The trace of the block of the tensors ``names`` (``None``: all of them) from
     :func:`tensor_traces`, as a :class:`TraceResult` of method ``gauss-newton``: exact where the
     logits are linear in those tensors (the caller's check). Its interval is the whole trace's
-    rounding allowance (conservative for a block)."""
+    rounding allowance (conservative for a block), cut at 0 below for a positive semi-definite
+    Λ_n; the interval's text says so, and names the engine's fallback when there was one."""
     chosen = found.traces if names is None else {name: found.traces[name] for name in names}
     estimate = math.fsum(chosen.values())
+    low = estimate - found.rounding
+    interval = INTERVAL
+    if found.psd:  # a sum of non-negative terms: the interval does not reach below 0
+        low = max(low, 0.0)
+        interval += "; Λ_n is positive semi-definite, so the interval starts at 0 at the lowest"
+    if found.note:
+        interval += f"; {found.note}"
     return TraceResult(
         estimate=estimate,
         standard_error=0.0,
-        ci95=(estimate - found.rounding, estimate + found.rounding),
+        ci95=(low, estimate + found.rounding),
         n_probes=found.norms_taken,
         matvecs=0,
         method=METHOD,
@@ -557,5 +653,5 @@ def trace_result(found: TensorTraces, names: Sequence[str] | None = None) -> Tra
         stopped_by="exact",
         converged=True,
         engine=found.engine,
-        interval=INTERVAL,
+        interval=interval,
     )

@@ -34,6 +34,7 @@ from curvcal.curvature.gauss_newton import (
     GaussNewtonSource,
     TensorTraces,
     declined,
+    linear_claim,
     n_classes,
     tensor_traces,
 )
@@ -71,7 +72,7 @@ def auto_method(operator: SplitSource, probes: int) -> tuple[str, str]:
     classes = n_classes(operator)
     if not why:
         return "gauss-newton", (
-            "the logits are linear in each selected tensor, so the Gauss–Newton trace is exact, "
+            f"{linear_claim(operator)}, so the Gauss–Newton trace is exact, "
             f"at up to {classes - 1} gradient norms per sample"
         )
     if split_problem(operator.mode, probes, classes):
@@ -162,6 +163,8 @@ def split_result(method: str, gauss_newton: TensorTraces, residual: TraceResult)
         f"tr(G) exact up to rounding (± {gauss_newton.rounding:.2g}), plus the interval of "
         f"tr(R) by {METHODS[method]}: {residual.interval}"
     )
+    if gauss_newton.note:
+        interval += f"; tr(G): {gauss_newton.note}"
     return dataclasses.replace(
         residual,
         estimate=exact + residual.estimate,

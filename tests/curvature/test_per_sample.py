@@ -36,8 +36,8 @@ def _hooked(module: nn.Module, x: Tensor, weights: Tensor) -> dict[str, Tensor]:
     with taps.recording():
         output = wrapper(x)
     assert taps.complete()
-    (delta,) = torch.autograd.grad((output * weights).sum(), [taps.outputs["0"]])
-    norms = layer_norms(plan["0"], taps.inputs["0"], delta)
+    (delta,) = torch.autograd.grad((output * weights).sum(), taps.outputs["0"])
+    norms = layer_norms(plan["0"], taps.inputs["0"][0], delta)
     return {name.removeprefix("0."): value for name, value in norms.items()}
 
 
@@ -117,8 +117,8 @@ def test_unsupported_layers_are_named() -> None:
 
 
 class SharedBranches(nn.Module):
-    """One convolution applied to two halves of the input, summed: linear in its weight, but the
-    layer runs twice per forward, so the hooks cannot serve and the loop takes over."""
+    """One convolution applied to two halves of the input, summed: linear in its weight; the
+    layer runs twice per forward and the hooks sum both calls' shares before squaring."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -130,7 +130,7 @@ class SharedBranches(nn.Module):
         return self.head((torch.relu(self.conv(left)) + torch.relu(self.conv(right))).flatten(1))
 
 
-def test_a_layer_run_twice_falls_back_to_the_loop_and_stays_exact() -> None:
+def test_a_layer_run_twice_stays_on_the_hooks_and_exact() -> None:
     torch.manual_seed(3)
     model = SharedBranches().double()
     generator = torch.Generator().manual_seed(4)
@@ -143,8 +143,12 @@ def test_a_layer_run_twice_falls_back_to_the_loop_and_stays_exact() -> None:
     plan = layer_plan(model, names)
     assert isinstance(plan, dict)
     choice = EngineChoice(func_usable=False, hooks=plan)
-    gauss_newton_sums(model, CrossEntropy(), names, tuple(model.parameters()), x, y, choice)
-    assert choice.hooks is None and choice.engine == "loop"
+    sums = gauss_newton_sums(model, CrossEntropy(), names, tuple(model.parameters()), x, y, choice)
+    assert choice.engine == "hooks" and not choice.fallback
+    loop = gauss_newton_sums(
+        model, CrossEntropy(), names, tuple(model.parameters()), x, y, EngineChoice(False)
+    )
+    torch.testing.assert_close(sums[0], loop[0], rtol=1e-10, atol=1e-12)
 
 
 def test_hooks_give_the_loops_sums_on_torchvision_resnet18() -> None:
