@@ -99,7 +99,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--total-budget", type=float, default=420.0, help="seconds in all")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts")
-    parser.add_argument("--part-budget", type=float, default=None, help="each part's budget (s), instead of its default")
+    parser.add_argument(
+        "--part-budget",
+        type=float,
+        default=None,
+        help="each part's budget (s), instead of its default",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--record", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
