@@ -35,3 +35,9 @@ CACHES = ("auto", "device", "host", "none")
 #: ``--keep-graphs``: keep the gradient graphs between products when they fit in the memory
 #: budget, whatever the budget, or never.
 KEEP_GRAPHS = ("auto", "always", "never")
+#: The largest ``--seed`` (and policy ``seed``): torch's and numpy's generators take a 64-bit
+#: seed, and a larger integer overflows inside them.
+MAX_SEED = 2**63 - 1
+#: The most ``--bins`` (and policy ``bins``): more bins than this hold no samples on any data
+#: set curvcal can score, and each stage keeps a row per bin (classwise ECE one per class).
+MAX_BINS = 10_000

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from curvcal import jsontext
 from curvcal.errors import InputError, TrustError
 from curvcal.load.allowlist import allowed_classes, could_be_allowed
 from curvcal.load.architecture import accepts_keyword, build_architecture
@@ -461,7 +462,7 @@ def _metadata_kwargs(path: Path, metadata: Mapping[str, str]) -> dict[str, Any]:
     if raw is None:
         return {}
     try:
-        kwargs = json.loads(raw)
+        kwargs = jsontext.loads(raw, f"{path} (its metadata {ARCH_KWARGS_METADATA_KEY})")
     except json.JSONDecodeError as exc:
         raise InputError(
             str(path), f"metadata {ARCH_KWARGS_METADATA_KEY} is not JSON: {exc}"

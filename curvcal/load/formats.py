@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from curvcal import jsontext
 from curvcal.errors import InputError
 from curvcal.paths import readable_file
 
@@ -182,7 +183,7 @@ def _safetensors_header(path: Path, size: int) -> dict[str, Any] | None:
             raise InputError(str(path), "truncated safetensors file (header runs past the end)")
         raw = first + handle.read(length - 1)
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = jsontext.loads(raw, f"{path} (its safetensors header)")
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     if not isinstance(header, dict):
@@ -395,7 +396,7 @@ def pt2_weight_specs(path: Path) -> tuple[TensorSpec, ...]:
     # the listing is informative only (an exported program is never loaded without trust):
     # a config that is not UTF-8 JSON of the expected shape lists no weights
     try:
-        for name, entry in json.loads(raw)["config"].items():
+        for name, entry in jsontext.loads(raw, str(path))["config"].items():
             meta = entry.get("tensor_meta", {})
             shape = tuple(int(s.get("as_int", -1)) for s in meta.get("sizes", []))
             specs.append(TensorSpec(name, shape, _pt2_dtype(meta.get("dtype"))))

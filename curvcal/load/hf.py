@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from curvcal import jsontext
 from curvcal.errors import InputError, TrustError
 from curvcal.load.extras import require
 from curvcal.load.tensorfile import read_safetensors_metadata
@@ -385,7 +386,7 @@ def _read_json(path: Path) -> Any:
 
     readable_file(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return jsontext.loads(path.read_text(encoding="utf-8"), str(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"is not valid JSON: {_one_line(exc)}") from None
 

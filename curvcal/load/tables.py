@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from curvcal import jsontext
 from curvcal.errors import InputError
 from curvcal.load.extras import require
 from curvcal.paths import readable_file
@@ -135,17 +136,17 @@ def _read_csv(path: Path) -> dict[str, list[Any]]:
                         str(path), f"row {number} has {len(row)} cells, the header {len(header)}"
                     )
                 for name, cell in zip(header, row, strict=True):
-                    columns[name].append(_list_cell(cell))
+                    columns[name].append(_list_cell(path, cell))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise InputError(str(path), f"is not a readable CSV file ({exc})") from None
     return columns
 
 
-def _list_cell(cell: str) -> Any:
+def _list_cell(path: Path, cell: str) -> Any:
     text = cell.strip()
     if text.startswith("["):
         try:
-            return json.loads(text)
+            return jsontext.loads(text, str(path))
         except json.JSONDecodeError:
             return cell
     return cell

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
+from curvcal import jsontext
 from curvcal.errors import InputError
 from curvcal.load.extras import require
 
@@ -143,7 +144,7 @@ def _read_jsonl(path: Path) -> dict[str, list[Any]]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = jsontext.loads(line, f"{path}:{number}")
             except json.JSONDecodeError as exc:
                 raise InputError(str(path), f"line {number} is not JSON ({exc.msg})") from exc
             if not isinstance(record, dict):
@@ -224,7 +225,7 @@ def _read_saved_dataset(folder: Path) -> tuple[dict[str, list[Any]], tuple[Path,
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return jsontext.loads(path.read_text(encoding="utf-8"), str(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(str(path), f"is not readable JSON ({_one_line(exc)})") from exc
 

@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from curvcal import jsontext
 from curvcal.calibration.analysis import STAGE_METHODS
 from curvcal.calibration.results import Calibrator
 from curvcal.errors import InputError
@@ -47,7 +48,7 @@ def load_calibrators(path: Path) -> dict[str, Calibrator]:
     where = str(path)
     readable_file(path, expected="calibrator file")
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = jsontext.loads(path.read_text(encoding="utf-8"), where)
     except UnicodeDecodeError:
         raise InputError(
             where, "is not a text file", "pass a file from --save-calibrator"

@@ -93,7 +93,12 @@ _DOMAIN: dict[str, tuple[float, float]] = {
 # uses them, exactly as if they had been given as options.
 _STR = "a string"
 _COUNT = "a whole number >= 1"
-_SEED = "a whole number >= 0"
+_SEED = "a whole number in 0..2**63-1"
+_BINS = "a whole number in 1..10000"
+#: ``curvcal.choices.MAX_SEED`` and ``MAX_BINS`` (a policy imports no other part of curvcal; a
+#: test holds the copies equal)
+MAX_SEED = 2**63 - 1
+MAX_BINS = 10_000
 _TABLE = "a table"
 _FRACTION = "a number between 0 and 1 (exclusive)"
 _POSITIVE = "a number > 0"
@@ -112,7 +117,7 @@ SETTINGS: dict[str, str] = {
     "fit_data": _STR,
     "val_split": _FRACTION,
     "seed": _SEED,
-    "bins": _COUNT,
+    "bins": _BINS,
     "edges": _STR,
     "method": _STR,
     "objective": _STR,
@@ -189,6 +194,8 @@ def load_policy(path: Path) -> Policy:
         raise InputError(str(path), f"cannot read the policy: {exc}") from None
     try:
         document = tomllib.loads(text)
+    except RecursionError:  # tomllib recurses once per level of nested arrays or inline tables
+        raise InputError(str(path), "not valid TOML: nested too deep") from None
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message ends with "(at line L, column C)".
         found = re.search(r"at line (\d+)", str(exc))
@@ -223,7 +230,7 @@ def find_pyproject_policy(directory: Path) -> Path | None:
         return None
     try:
         document = tomllib.loads(candidate.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, RecursionError, tomllib.TOMLDecodeError):
         return candidate  # let load_policy report what is wrong with it
     tool = document.get("tool", {})
     return candidate if isinstance(tool, dict) and "curvcal" in tool else None
@@ -372,8 +379,11 @@ def _has_kind(value: Any, kind: str) -> bool:
                 for item in value
             )
         )
-    if kind in (_COUNT, _SEED):
-        return isinstance(value, int) and not isinstance(value, bool) and value >= (kind == _COUNT)
+    if kind in (_COUNT, _SEED, _BINS):
+        lowest = 0 if kind == _SEED else 1
+        highest = MAX_BINS if kind == _BINS else MAX_SEED  # counts, too, are int64 at most
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        return whole and lowest <= value <= highest
     if kind == _FRACTION:
         return number and 0 < value < 1
     if kind == _POSITIVE:
