@@ -66,6 +66,7 @@ from curvcal.load.state_dict import (
     match_keys,
     scalar_extras,
     top_level_keys,
+    unloadable_tensors,
     wrapper_prefix,
 )
 
@@ -536,6 +537,8 @@ def _weights_only_load(path: Path, allowed: list[Any]) -> Any:
     try:
         with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
+            # torch warns while validating a sparse tensor: the refusal of the layout says it
+            warnings.simplefilter("ignore", UserWarning)
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if "weights only load failed" in str(exc).lower():
@@ -661,6 +664,7 @@ def _from_state_dict(
         if "num_classes_source" in metadata:
             hint += f"; num_classes={kwargs['num_classes']} was inferred from the checkpoint"
         raise InputError(str(path), f"weights do not fit {arch}: {match.describe_problems()}", hint)
+    _refuse_unloadable(path, match.renamed, module)
     module.load_state_dict(match.renamed, strict=True)
     if match.ignored:
         metadata["ignored_keys"] = f"{match.ignored} keys outside prefix {match.prefix!r}"
@@ -674,6 +678,13 @@ def _from_state_dict(
         metadata=metadata,
         **facts,
     )
+
+
+def _refuse_unloadable(path: Path, state: Mapping[str, torch.Tensor], module: nn.Module) -> None:
+    bad = unloadable_tensors(state, module.state_dict())
+    if bad:
+        shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise InputError(str(path), f"{len(bad)} weights cannot be loaded: {shown}")
 
 
 # --- model folders ---------------------------------------------------------------------------
@@ -712,6 +723,7 @@ def _load_folder(path: Path, options: CheckpointOptions) -> _Loaded:
             raise InputError(
                 str(path), f"weights do not fit its config.json: {match.describe_problems()}"
             )
+        _refuse_unloadable(path, match.renamed, module)
         module.load_state_dict(match.renamed, strict=True)
     else:
         for file in folder.weights:

@@ -7,6 +7,7 @@ failure is an :class:`~curvcal.errors.InputError` naming the file.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 
 from curvcal.atomic import atomic_output
 from curvcal.errors import InputError
+from curvcal.load.state_dict import tensor_problem
 from curvcal.paths import readable_file
 
 TENSOR_FILE_SUFFIXES = (".pt", ".npz", ".safetensors")
@@ -37,12 +39,13 @@ def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
     readable_file(path)
     try:
         if suffix == ".npz":
-            return _read_npz(path)
-        if suffix == ".safetensors":
+            tensors = _read_npz(path)
+        elif suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            return dict(load_file(str(path), device="cpu"))
-        return _read_pt(path)
+            tensors = dict(load_file(str(path), device="cpu"))
+        else:
+            tensors = _read_pt(path)
     except InputError:
         raise
     except Exception as exc:
@@ -50,6 +53,11 @@ def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
         raise InputError(
             str(path), f"cannot be read as a {suffix} file ({reason})", "is it truncated?"
         ) from exc
+    for key, tensor in tensors.items():
+        why = tensor_problem(tensor)
+        if why is not None:
+            raise InputError(str(path), f"'{key}' is {why}")
+    return tensors
 
 
 def read_safetensors_metadata(path: Path) -> dict[str, str]:
@@ -94,13 +102,22 @@ def _read_npz(path: Path) -> dict[str, torch.Tensor]:
             raise InputError(
                 str(path), f"array '{key}' has dtype {array.dtype}; only numbers are read"
             )
+        if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
+            raise InputError(
+                str(path),
+                f"array '{key}' (uint64) holds {int(array.max())}, outside the 64-bit signed "
+                "range curvcal computes in",
+            )
         tensors[key] = torch.from_numpy(np.ascontiguousarray(array))
     return tensors
 
 
 def _read_pt(path: Path) -> dict[str, torch.Tensor]:
     try:
-        content = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # torch warns while validating a sparse tensor: the refusal of its layout says it
+            warnings.simplefilter("ignore", UserWarning)
+            content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         if "Unsupported global" in str(exc):
             raise InputError(
@@ -174,12 +191,13 @@ def as_labels(values: torch.Tensor, what: str) -> torch.Tensor:
         raise InputError(what, f"labels must be integers, got dtype {values.dtype}")
     if values.is_floating_point():
         finite = torch.isfinite(values)
-        whole = finite & (values == torch.round(values))
+        whole = finite & (values == torch.round(values)) & (values.abs() < 2.0**63)
         if not bool(whole.all()):
             row = int((~whole).nonzero()[0, 0])
             raise InputError(
                 what,
-                f"label {row} is {values[row].item()!r}; labels must be whole numbers",
+                f"label {row} is {values[row].item()!r}; labels must be whole numbers "
+                "in the 64-bit range",
             )
     labels = values.to(torch.int64)
     if labels.numel() and int(labels.min()) < 0:
