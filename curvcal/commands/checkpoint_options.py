@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from curvcal import jsontext
+from curvcal import choices, jsontext
 from curvcal.errors import InputError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -113,7 +113,7 @@ def checkpoint_options(func: F) -> F:
         ),
         click.option(
             "--num-classes",
-            type=click.IntRange(min=1),
+            type=click.IntRange(1, choices.MAX_CLASSES),
             help="Passed to the architecture as num_classes (default: inferred from the weights).",
         ),
         click.option(

@@ -69,6 +69,7 @@ from curvcal.load.state_dict import (
     unloadable_tensors,
     wrapper_prefix,
 )
+from curvcal.load.zipsize import check_zip_sizes
 
 PLAIN_PICKLE = "plain_pickle"
 PLAIN_PICKLE_NOTE = "a plain Python pickle, not a torch.save checkpoint: curvcal cannot load it"
@@ -534,6 +535,7 @@ def _arch_ignored(options: CheckpointOptions) -> dict[str, str]:
 
 
 def _weights_only_load(path: Path, allowed: list[Any]) -> Any:
+    check_zip_sizes(path)
     try:
         with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)

@@ -137,7 +137,9 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
 def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
     """The (randomly initialised) module of ``folder``'s config, returning logits tensors."""
     if folder.library == "timm":
-        return build_timm(folder.architecture, _timm_kwargs(folder.config))
+        return build_timm(
+            folder.architecture, _timm_kwargs(folder.config), str(folder.path / CONFIG_NAME)
+        )
     _refuse_custom_code(folder, trust)
     transformers = require("hf", "transformers", str(folder.path))
     auto_name = _auto_name(folder)
@@ -193,8 +195,11 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     return LogitsModule(model, folder.modality)
 
 
-def build_timm(name: str, kwargs: Mapping[str, Any]) -> nn.Module:
-    """``timm.create_model(name, pretrained=False, **kwargs)`` (never downloads)."""
+def build_timm(name: str, kwargs: Mapping[str, Any], what: str = "--arch-kwargs") -> nn.Module:
+    """``timm.create_model(name, pretrained=False, **kwargs)`` (never downloads); ``what`` names
+    where ``kwargs`` came from (the option, or a folder's config.json) in an error."""
+    from curvcal.load.architecture import check_num_classes
+
     timm = require("timm", "timm", f"--arch timm:{name}")
     if not timm.is_model(name):
         import difflib
@@ -204,11 +209,12 @@ def build_timm(name: str, kwargs: Mapping[str, Any]) -> nn.Module:
             "did you mean " + ", ".join(close) + "?" if close else "timm.list_models() lists them"
         )
         raise InputError("--arch", f"timm has no model {name!r}", hint)
+    check_num_classes(kwargs, what)
     try:
         model: nn.Module = timm.create_model(name, pretrained=False, **kwargs)
-    except TypeError as exc:
+    except Exception as exc:  # a model's own checks raise anything: TypeError, ValueError, ...
         raise InputError(
-            "--arch-kwargs", f"timm:{name} cannot be built with {dict(kwargs)}: {_one_line(exc)}"
+            what, f"timm:{name} cannot be built with {dict(kwargs)}: {_one_line(exc)}"
         ) from exc
     return model
 

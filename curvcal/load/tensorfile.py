@@ -17,6 +17,7 @@ import torch
 from curvcal.atomic import atomic_output
 from curvcal.errors import InputError
 from curvcal.load.state_dict import tensor_problem
+from curvcal.load.zipsize import check_npy_members, check_zip_sizes
 from curvcal.paths import readable_file
 
 TENSOR_FILE_SUFFIXES = (".pt", ".npz", ".safetensors")
@@ -94,6 +95,8 @@ def _read_npz(path: Path) -> dict[str, torch.Tensor]:
         )
         raise InputError(str(path), f"cannot be read as a .npz file ({reason})", "is it truncated?")
 
+    check_zip_sizes(path)
+    check_npy_members(path)
     with np.load(path, allow_pickle=False) as archive:
         arrays = {key: archive[key] for key in archive.files}
     tensors = {}
@@ -113,6 +116,7 @@ def _read_npz(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_pt(path: Path) -> dict[str, torch.Tensor]:
+    check_zip_sizes(path)
     try:
         with warnings.catch_warnings():
             # torch warns while validating a sparse tensor: the refusal of its layout says it

@@ -1,0 +1,91 @@
+"""Sizes of zip archives (``.npz``, ``torch.save`` files) checked before anything is inflated.
+
+A zip member's uncompressed size is in the archive's central directory, so a member that would
+inflate to gigabytes (a few kilobytes of deflated zeros) is refused before a reader allocates
+for it; so is a ``.npy`` member whose header claims a larger array than the member holds.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+from curvcal.errors import InputError
+
+_GIB = 2**30
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (``MemAvailable`` on Linux, else the
+    physical memory); ``None`` when the system does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_zip_sizes(path: Path, limit: int | None = None) -> None:
+    """Refuse a zip archive whose members would inflate to more than ``limit`` bytes in all
+    (default: the memory available now), naming ``path`` and the largest member."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return  # not readable as a zip here: the format's own reader says what is wrong
+    total = sum(info.file_size for info in members)
+    limit = available_memory() if limit is None else limit
+    if limit is not None and total > limit:
+        largest = max(members, key=lambda info: info.file_size)
+        raise InputError(
+            str(path),
+            f"would inflate to {total / _GIB:.1f} GiB ({largest.filename!r} alone "
+            f"{largest.file_size / _GIB:.1f} GiB), more than the {limit / _GIB:.1f} GiB of "
+            "memory available",
+            "is it the file you meant?",
+        )
+
+
+def check_npy_members(path: Path) -> None:
+    """Refuse an ``.npz`` member whose ``.npy`` header claims more bytes of data than the
+    member holds (numpy would allocate the claimed array first)."""
+    import numpy as np
+    from numpy.lib import format as npy
+
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return
+    with archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            try:
+                with archive.open(info) as member:
+                    version = npy.read_magic(member)
+                    read_header = (
+                        npy.read_array_header_1_0
+                        if version == (1, 0)
+                        else npy.read_array_header_2_0
+                    )
+                    shape, _order, dtype = read_header(member, max_header_size=2**16)
+            except Exception:  # a corrupt header: numpy's own load names it
+                continue
+            if dtype.hasobject:
+                continue  # refused by the loader (no pickles)
+            claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if claimed > info.file_size:
+                name = info.filename.removesuffix(".npy")
+                raise InputError(
+                    str(path),
+                    f"array '{name}' claims shape {tuple(shape)} ({claimed:,} bytes) but holds "
+                    f"{info.file_size:,} bytes",
+                    "is it truncated or corrupt?",
+                )
