@@ -257,7 +257,7 @@ CASES: dict[str, Build] = {
     "label-2**63-uint64": lambda t, b: (
         ["metrics", _npz(t, logits=LOGITS.numpy(), labels=np.full(30, 2**63, dtype=np.uint64))],
         "u.npz",
-        "outside the 64-bit signed range",
+        "'labels' (uint64) holds 9223372036854775808, outside the 64-bit signed range",
     ),
     # --- tensor layouts and dtypes -------------------------------------------------------
     "sparse-logits": lambda t, b: (

@@ -54,11 +54,44 @@ def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
         raise InputError(
             str(path), f"cannot be read as a {suffix} file ({reason})", "is it truncated?"
         ) from exc
-    for key, tensor in tensors.items():
-        why = tensor_problem(tensor)
-        if why is not None:
-            raise InputError(str(path), f"'{key}' is {why}")
-    return tensors
+    return {key: _computable(path, key, tensor) for key, tensor in tensors.items()}
+
+
+#: dtypes torch stores but computes little with: 8-bit floats, and unsigned integers past uint8
+_STORAGE_ONLY_FLOATS = {
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+}
+_WIDE_UNSIGNED = {
+    getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)
+}
+
+
+def _computable(path: Path, key: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a dense tensor curvcal can compute with; an InputError naming the file and
+    the tensor for a sparse or meta tensor, an 8-bit float, or an unsigned integer past int64
+    (wide unsigned integers within it become int64)."""
+    why = tensor_problem(tensor)
+    if why is not None:
+        raise InputError(str(path), f"'{key}' is {why}")
+    if tensor.dtype in _STORAGE_ONLY_FLOATS:
+        raise InputError(
+            str(path),
+            f"'{key}' has dtype {str(tensor.dtype).removeprefix('torch.')}, which curvcal does "
+            "not compute with",
+            "store float16, bfloat16, float32 or float64",
+        )
+    if tensor.dtype in _WIDE_UNSIGNED:
+        array = tensor.numpy()
+        if array.size and int(array.max()) > 2**63 - 1:
+            raise InputError(
+                str(path),
+                f"'{key}' ({str(tensor.dtype).removeprefix('torch.')}) holds {int(array.max())}, "
+                "outside the 64-bit signed range curvcal computes in",
+            )
+        return torch.from_numpy(array.astype("int64"))
+    return tensor
 
 
 def read_safetensors_metadata(path: Path) -> dict[str, str]:
@@ -104,12 +137,6 @@ def _read_npz(path: Path) -> dict[str, torch.Tensor]:
         if array.dtype.kind not in "biuf":
             raise InputError(
                 str(path), f"array '{key}' has dtype {array.dtype}; only numbers are read"
-            )
-        if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
-            raise InputError(
-                str(path),
-                f"array '{key}' (uint64) holds {int(array.max())}, outside the 64-bit signed "
-                "range curvcal computes in",
             )
         tensors[key] = torch.from_numpy(np.ascontiguousarray(array))
     return tensors

@@ -196,7 +196,7 @@ def load_policy(path: Path) -> Policy:
         document = tomllib.loads(text)
     except RecursionError:  # tomllib recurses once per level of nested arrays or inline tables
         raise InputError(str(path), "not valid TOML: nested too deep") from None
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, or an integer of more than 4,300 digits
         # tomllib's message ends with "(at line L, column C)".
         found = re.search(r"at line (\d+)", str(exc))
         where = f"{path}:{found.group(1)}" if found else str(path)
@@ -230,7 +230,7 @@ def find_pyproject_policy(directory: Path) -> Path | None:
         return None
     try:
         document = tomllib.loads(candidate.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, RecursionError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, RecursionError, ValueError):
         return candidate  # let load_policy report what is wrong with it
     tool = document.get("tool", {})
     return candidate if isinstance(tool, dict) and "curvcal" in tool else None
@@ -314,8 +314,13 @@ class _Parser:
                 )
             if isinstance(item, bool) or not isinstance(item, int | float):
                 self._fail((*where, key), f"bound {label}.{key} must be a number, not {item!r}")
-            if not math.isfinite(item):
-                self._fail((*where, key), f"bound {label}.{key} must be finite, not {item!r}")
+            if not _finite(item):
+                shown = (
+                    repr(item)
+                    if isinstance(item, float)
+                    else f"an integer of {int(item.bit_length() * math.log10(2)) + 1} digits"
+                )
+                self._fail((*where, key), f"bound {label}.{key} must be finite, not {shown}")
             numbers[key] = float(item)
         if not numbers:
             self._fail(where, f"[{label}] sets no bound", _choices("bounds", BOUNDS))
@@ -359,6 +364,14 @@ class _Parser:
         raise InputError(f"{self.path}:{line}" if line else str(self.path), why, hint)
 
 
+def _finite(number: float) -> bool:
+    """Whether ``number`` is a finite float, or an integer a float holds (10**400 is not)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
 def _has_kind(value: Any, kind: str) -> bool:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if kind == _STR:
@@ -374,7 +387,7 @@ def _has_kind(value: Any, kind: str) -> bool:
             and all(
                 isinstance(item, int | float)
                 and not isinstance(item, bool)
-                and math.isfinite(item)
+                and _finite(item)
                 and item >= 0
                 for item in value
             )
@@ -387,9 +400,9 @@ def _has_kind(value: Any, kind: str) -> bool:
     if kind == _FRACTION:
         return number and 0 < value < 1
     if kind == _POSITIVE:
-        return number and math.isfinite(value) and value > 0
+        return number and _finite(value) and value > 0
     if kind == _NONNEGATIVE:
-        return number and math.isfinite(value) and value >= 0
+        return number and _finite(value) and value >= 0
     raise AssertionError(kind)
 
 
