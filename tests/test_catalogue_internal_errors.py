@@ -509,7 +509,7 @@ def test_a_zip_that_would_inflate_past_memory_is_refused_first(
     base: Base, tmp_path: Path, run_cli, monkeypatch
 ) -> None:
     """A few kilobytes of deflated zeros that inflate to 64 MiB, against 32 MiB available."""
-    import curvcal.load.zipsize as zipsize
+    import curvcal.load.limits as limits
 
     path = tmp_path / "bomb.npz"
     header = io.BytesIO()
@@ -523,7 +523,7 @@ def test_a_zip_that_would_inflate_past_memory_is_refused_first(
                 member.write(b"\0" * 2**20)
         archive.writestr("labels.npy", b"")
     assert path.stat().st_size < 2**20
-    monkeypatch.setattr(zipsize, "available_memory", lambda: 2**25)
+    monkeypatch.setattr(limits, "available_memory", lambda: 2**25)
     for args in (["metrics", path], ["calibrate", base.model, "--data", path, "--device", "cpu"]):
         result = run_cli(*args)
         assert result.code == 2, result.output

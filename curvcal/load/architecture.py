@@ -23,8 +23,8 @@ from typing import Any
 
 from torch import nn
 
-from curvcal.choices import MAX_CLASSES
 from curvcal.errors import InputError, TrustError
+from curvcal.load.limits import check_num_classes
 
 ARCH_OPTION = "--arch"
 KWARGS_OPTION = "--arch-kwargs"
@@ -54,21 +54,6 @@ def build_architecture(spec: str, kwargs: Mapping[str, Any], trust: bool) -> nn.
     if not isinstance(module, nn.Module):
         raise InputError(ARCH_OPTION, f"{spec} built a {type(module).__name__}, not a torch module")
     return module
-
-
-def check_num_classes(kwargs: Mapping[str, Any], what: str) -> None:
-    """Refuse a ``num_classes`` keyword that is not a whole number in 1..MAX_CLASSES before
-    the architecture allocates a head of that many rows (an out-of-memory kill otherwise)."""
-    if "num_classes" not in kwargs:
-        return
-    value = kwargs["num_classes"]
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    if not whole or not 1 <= value <= MAX_CLASSES:
-        raise InputError(
-            what,
-            f"num_classes {value!r} is not a whole number in 1..{MAX_CLASSES:,}",
-            "give the number of classes the weights were trained with",
-        )
 
 
 def accepts_keyword(spec: str, name: str, trust: bool) -> bool:

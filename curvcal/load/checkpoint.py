@@ -59,6 +59,7 @@ from curvcal.load.formats import (
     torch_safe_globals,
     unsafe_globals,
 )
+from curvcal.load.limits import check_zip_sizes
 from curvcal.load.state_dict import (
     find_state_dict,
     infer_num_classes,
@@ -69,7 +70,6 @@ from curvcal.load.state_dict import (
     unloadable_tensors,
     wrapper_prefix,
 )
-from curvcal.load.zipsize import check_zip_sizes
 
 PLAIN_PICKLE = "plain_pickle"
 PLAIN_PICKLE_NOTE = "a plain Python pickle, not a torch.save checkpoint: curvcal cannot load it"

@@ -34,6 +34,7 @@ from torch import nn
 from curvcal import jsontext
 from curvcal.errors import InputError, TrustError
 from curvcal.load.extras import require
+from curvcal.load.limits import check_num_classes
 from curvcal.load.tensorfile import read_safetensors_metadata
 
 CONFIG_NAME = "config.json"
@@ -198,8 +199,6 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
 def build_timm(name: str, kwargs: Mapping[str, Any], what: str = "--arch-kwargs") -> nn.Module:
     """``timm.create_model(name, pretrained=False, **kwargs)`` (never downloads); ``what`` names
     where ``kwargs`` came from (the option, or a folder's config.json) in an error."""
-    from curvcal.load.architecture import check_num_classes
-
     timm = require("timm", "timm", f"--arch timm:{name}")
     if not timm.is_model(name):
         import difflib

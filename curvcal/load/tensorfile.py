@@ -16,8 +16,8 @@ import torch
 
 from curvcal.atomic import atomic_output
 from curvcal.errors import InputError
+from curvcal.load.limits import check_npy_members, check_zip_sizes
 from curvcal.load.state_dict import tensor_problem
-from curvcal.load.zipsize import check_npy_members, check_zip_sizes
 from curvcal.paths import readable_file
 
 TENSOR_FILE_SUFFIXES = (".pt", ".npz", ".safetensors")

@@ -1,16 +1,22 @@
-"""Sizes of zip archives (``.npz``, ``torch.save`` files) checked before anything is inflated.
+"""Sizes checked before anything is allocated for them, so that a small file or option cannot
+ask for more memory than there is (an out-of-memory kill, or an hour of swapping, otherwise).
 
-A zip member's uncompressed size is in the archive's central directory, so a member that would
-inflate to gigabytes (a few kilobytes of deflated zeros) is refused before a reader allocates
-for it; so is a ``.npy`` member whose header claims a larger array than the member holds.
+- ``num_classes``: a classifier head of at most :data:`~curvcal.choices.MAX_CLASSES` rows.
+- Zip archives (``.npz``, ``torch.save`` files): a member's uncompressed size is in the
+  archive's central directory, so one that would inflate to gigabytes (a few kilobytes of
+  deflated zeros) is refused before a reader allocates for it; so is a ``.npy`` member whose
+  header claims a larger array than the member holds.
 """
 
 from __future__ import annotations
 
 import os
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from curvcal.choices import MAX_CLASSES
 from curvcal.errors import InputError
 
 _GIB = 2**30
@@ -89,3 +95,18 @@ def check_npy_members(path: Path) -> None:
                     f"{info.file_size:,} bytes",
                     "is it truncated or corrupt?",
                 )
+
+
+def check_num_classes(kwargs: Mapping[str, Any], what: str) -> None:
+    """Refuse a ``num_classes`` keyword that is not a whole number in 1..MAX_CLASSES before
+    the architecture allocates a head of that many rows (an out-of-memory kill otherwise)."""
+    if "num_classes" not in kwargs:
+        return
+    value = kwargs["num_classes"]
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or not 1 <= value <= MAX_CLASSES:
+        raise InputError(
+            what,
+            f"num_classes {value!r} is not a whole number in 1..{MAX_CLASSES:,}",
+            "give the number of classes the weights were trained with",
+        )
