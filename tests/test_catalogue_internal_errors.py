@@ -259,6 +259,16 @@ CASES: dict[str, Build] = {
         "u.npz",
         "'labels' (uint64) holds 9223372036854775808, outside the 64-bit signed range",
     ),
+    "policy-bound-10**400": lambda t, b: (
+        ["compare", b.report, b.report, "--policy", _policy_text(t, f"[ece]\nmax = {HUGE}\n")],
+        "policy.toml:2",
+        "bound ece.max must be finite, not an integer of 401 digits",
+    ),
+    "policy-integer-of-4301-digits": lambda t, b: (
+        ["compare", b.report, b.report, "--policy", _policy_text(t, "[ece]\nmax = " + "9" * 4301)],
+        "policy.toml",
+        "not valid TOML",
+    ),
     # --- tensor layouts and dtypes -------------------------------------------------------
     "sparse-logits": lambda t, b: (
         ["metrics", _logits_pt(t, LOGITS.to_sparse(), LABELS)],
@@ -279,6 +289,19 @@ CASES: dict[str, Build] = {
         ["metrics", _logits_pt(t, LOGITS.to("meta"), LABELS)],
         "scores.pt",
         "'logits' is a meta tensor",
+    ),
+    "float8-logits": lambda t, b: (
+        ["metrics", _safetensors(t, logits=LOGITS.to(torch.float8_e4m3fn), labels=LABELS)],
+        "s.safetensors",
+        "'logits' has dtype float8_e4m3fn, which curvcal does not compute with",
+    ),
+    "uint64-labels-past-int64": lambda t, b: (
+        [
+            "metrics",
+            _safetensors(t, logits=LOGITS, labels=torch.full((30,), 2**63 + 5, dtype=torch.uint64)),
+        ],
+        "s.safetensors",
+        "'labels' (uint64) holds 9223372036854775813, outside the 64-bit signed range",
     ),
     "sparse-data": lambda t, b: (
         [
@@ -402,6 +425,28 @@ def _npz(t: Path, **arrays: object) -> Path:
     path = t / "u.npz"
     np.savez(path, **arrays)  # type: ignore[arg-type]
     return path
+
+
+def _policy_text(t: Path, text: str) -> Path:
+    path = t / "policy.toml"
+    path.write_text(text)
+    return path
+
+
+def _safetensors(t: Path, **tensors: torch.Tensor) -> Path:
+    path = t / "s.safetensors"
+    save_file(tensors, str(path))
+    return path
+
+
+def test_wide_unsigned_labels_within_int64_are_read_as_int64(tmp_path: Path, run_cli) -> None:
+    """uint64 labels of 0..2 are labels: converted, not refused (the check is on the values)."""
+    labels = (torch.arange(30) % K).to(torch.uint64)
+    wide = _safetensors(tmp_path, logits=LOGITS, labels=labels)
+    (tmp_path / "plain").mkdir()
+    plain = _safetensors(tmp_path / "plain", logits=LOGITS, labels=labels.to(torch.int64))
+    results = [json.loads(run_cli("metrics", p, "--json").stdout)["results"] for p in (wide, plain)]
+    assert results[0] == results[1]
 
 
 def _policy_seed(t: Path) -> Path:
