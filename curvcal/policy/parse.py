@@ -93,8 +93,8 @@ _DOMAIN: dict[str, tuple[float, float]] = {
 # uses them, exactly as if they had been given as options.
 _STR = "a string"
 _COUNT = "a whole number >= 1"
-_SEED = "a whole number in 0..2**63-1"
-_BINS = "a whole number in 1..10000"
+_SEED = "a whole number >= 0 and <= 2**63-1"
+_BINS = "a whole number >= 1 and <= 10000"
 #: ``curvcal.choices.MAX_SEED`` and ``MAX_BINS`` (a policy imports no other part of curvcal; a
 #: test holds the copies equal)
 MAX_SEED = 2**63 - 1
