@@ -269,6 +269,11 @@ CASES: dict[str, Build] = {
         "policy.toml",
         "not valid TOML",
     ),
+    "temperature-1e-320": lambda t, b: (
+        ["metrics", b.logits, "--apply", _calibrator(t, "1e-320")],
+        "calibrator.json (ts)",
+        "temperature 1e-320 is outside 1.2e-38..8.5e+37",
+    ),
     # --- tensor layouts and dtypes -------------------------------------------------------
     "sparse-logits": lambda t, b: (
         ["metrics", _logits_pt(t, LOGITS.to_sparse(), LABELS)],
@@ -289,6 +294,11 @@ CASES: dict[str, Build] = {
         ["metrics", _logits_pt(t, LOGITS.to("meta"), LABELS)],
         "scores.pt",
         "'logits' is a meta tensor",
+    ),
+    "safetensors-header-claims-10**12-in-4-bytes": lambda t, b: (
+        ["inspect", _lying_safetensors(t)],
+        "liar.safetensors",
+        "'w' claims shape [1000000, 1000000] of F32 (4,000,000,000,000 bytes) in 4 bytes",
     ),
     "float8-logits": lambda t, b: (
         ["metrics", _safetensors(t, logits=LOGITS.to(torch.float8_e4m3fn), labels=LABELS)],
@@ -424,6 +434,13 @@ CASES: dict[str, Build] = {
 def _npz(t: Path, **arrays: object) -> Path:
     path = t / "u.npz"
     np.savez(path, **arrays)  # type: ignore[arg-type]
+    return path
+
+
+def _lying_safetensors(t: Path) -> Path:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [10**6, 10**6], "data_offsets": [0, 4]}})
+    path = t / "liar.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header.encode() + b"\0" * 4)
     return path
 
 
