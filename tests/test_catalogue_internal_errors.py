@@ -646,3 +646,35 @@ def test_an_ascii_stdout_gets_ascii_replacements(base: Base) -> None:
     assert done.returncode == 0, done.stderr.decode()
     table = done.stdout.decode("ascii")  # raises if anything else got through
     assert "#" in table and "gap = accuracy - confidence" in table
+
+
+# --- a tokenizer that makes the Rust library panic -------------------------------------------
+
+
+def test_a_backtracking_tokenizer_regex_is_one_input_error(tmp_path: Path, capfd) -> None:
+    """Oniguruma gives up on (a|a)+$ over 40 a's and a b; the tokenizers library panics, which
+    pyo3 raises as a BaseException after Rust printed its own report on descriptor 2."""
+    pytest.importorskip("transformers")
+    from tokenizers import Regex, Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Split
+    from transformers import PreTrainedTokenizerFast
+
+    from curvcal.load.text import tokenize
+
+    backend = Tokenizer(WordLevel({"a": 0, "[UNK]": 1, "[PAD]": 2}, unk_token="[UNK]"))
+    backend.pre_tokenizer = Split(Regex("(a|a)+$"), behavior="isolated")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]"
+    )
+    tokenizer.save_pretrained(tmp_path / "tok")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path / "tok")
+    assert tokenize(tokenizer, ["a a"], None, 8)[0][0]["input_ids"]  # a good text encodes
+    capfd.readouterr()
+
+    with pytest.raises(InputError) as caught:
+        tokenize(tokenizer, ["a" * 40 + "b"], None, 8)
+
+    assert caught.value.what == str(tmp_path / "tok")
+    assert "the tokenizer failed: " in caught.value.why and "retry-limit" in caught.value.why
+    assert "panicked" not in capfd.readouterr().err  # Rust's own report was held back
