@@ -678,3 +678,34 @@ def test_a_backtracking_tokenizer_regex_is_one_input_error(tmp_path: Path, capfd
     assert caught.value.what == str(tmp_path / "tok")
     assert "the tokenizer failed: " in caught.value.why and "retry-limit" in caught.value.why
     assert "panicked" not in capfd.readouterr().err  # Rust's own report was held back
+
+
+# --- found by the long fuzz run ----------------------------------------------------------------
+
+
+def test_a_legacy_storage_whose_type_is_a_dict_is_corrupt(
+    base: Base, tmp_path: Path, run_cli
+) -> None:
+    """A bit flip in a legacy torch.save file turned a storage's type into a dict; torch's
+    weights-only loader then raised AttributeError (exit 70). Rebuilt here by hand."""
+    import pickle
+
+    import torch.serialization as serialization
+
+    path = tmp_path / "legacy.pt"
+    with path.open("wb") as handle:
+        pickle.dump(serialization.MAGIC_NUMBER, handle, protocol=2)
+        pickle.dump(serialization.PROTOCOL_VERSION, handle, protocol=2)
+        sizes = {"short": 2, "int": 4, "long": 4}
+        info = {"protocol_version": 1001, "little_endian": True, "type_sizes": sizes}
+        pickle.dump(info, handle, protocol=2)
+
+        class Storage(pickle.Pickler):
+            def persistent_id(self, obj: object) -> object:
+                return ("storage", {}, "0", "cpu", 2, None) if obj == "STORAGE" else None
+
+        Storage(handle, protocol=2).dump({"w": "STORAGE"})
+    for args in (["inspect", path], ["calibrate", path, *ARCH, "--data", base.data]):
+        result = run_cli(*args, "--device", "cpu") if args[0] == "calibrate" else run_cli(*args)
+        assert result.code == 2, result.output
+        assert "legacy.pt: cannot be read (truncated or corrupt?)" in result.stderr

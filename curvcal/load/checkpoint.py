@@ -562,6 +562,9 @@ def _weights_only_load(path: Path, allowed: list[Any]) -> Any:
         # arguments, or names a storage it never defines
         TypeError,
         AssertionError,
+        # a corrupt legacy persistent id whose storage type is some other allowed object
+        # (a dict: "'dict' object has no attribute 'dtype'"); no code from the file runs here
+        AttributeError,
         struct.error,  # a legacy file cut inside a storage's size
     ) as exc:
         raise InputError(
