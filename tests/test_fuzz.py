@@ -7,6 +7,12 @@ the outcome left open: exit 0, 1, 2 or 3 (never 70, "internal error"), no traceb
 ``curvcal: error:`` line, no file written anywhere (no output option is given) and the mutated
 input byte for byte unchanged.
 
+Beside byte mutations, structured kinds: JSON/TOML values nested up to 200,000 deep and integers
+past int64, a float and the int-string limit; sparse, meta, complex, bool and float8 tensors (and
+unusual arrays); pickles that call a dangerous global or import a module with a side effect (the
+case also checks that nothing was imported or run); and a named pipe in place of the file (a
+reader that opens it gets end-of-file rather than hanging, and the case checks nobody did).
+
 CI runs :data:`DEFAULT_CASES` cases from :data:`DEFAULT_SEED`. A long run::
 
     CURVCAL_FUZZ_CASES=5000 CURVCAL_FUZZ_SEED=1234 python -m pytest -m fuzz tests/test_fuzz.py
