@@ -35,3 +35,12 @@ CACHES = ("auto", "device", "host", "none")
 #: ``--keep-graphs``: keep the gradient graphs between products when they fit in the memory
 #: budget, whatever the budget, or never.
 KEEP_GRAPHS = ("auto", "always", "never")
+#: The largest ``--seed`` (and policy ``seed``): torch's and numpy's generators take a 64-bit
+#: seed, and a larger integer overflows inside them.
+MAX_SEED = 2**63 - 1
+#: The most ``--bins`` (and policy ``bins``): more bins than this hold no samples on any data
+#: set curvcal can score, and each stage keeps a row per bin (classwise ECE one per class).
+MAX_BINS = 10_000
+#: The most classes (``--num-classes``, a ``num_classes`` keyword or config entry): a
+#: classifier head of more rows than this would not fit in memory next to any network.
+MAX_CLASSES = 1_000_000

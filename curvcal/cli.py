@@ -7,6 +7,7 @@ into one-line messages and exit codes (see :mod:`curvcal.errors`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import traceback
@@ -19,11 +20,13 @@ from curvcal import __version__, interrupt
 from curvcal.commands import LazyGroup
 from curvcal.commands.common import output_options
 from curvcal.errors import (
+    EXIT_BROKEN_PIPE,
     EXIT_INPUT,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     CurvcalError,
+    StdoutClosed,
     shorten,
 )
 
@@ -39,7 +42,8 @@ def cli() -> None:
 
     \b
     Exit codes: 0 success or check passed, 1 check failed, 2 usage or input
-    error, 3 numerical failure, 70 internal error, 130 interrupted.
+    error, 3 numerical failure, 70 internal error, 130 interrupted, 141 stdout
+    closed early (a broken pipe).
     """
 
 
@@ -64,9 +68,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _invoke(args: list[str]) -> tuple[int, bool]:
     """The exit code of one invocation, and whether it failed (ended in an exception)."""
+    from curvcal.console import tolerate_narrow_encodings
+
     debug = "--debug" in args or bool(os.environ.get("CURVCAL_DEBUG"))
+    tolerate_narrow_encodings()
     try:
         result = cli.main(args=args, prog_name="curvcal", standalone_mode=False)
+    except (BrokenPipeError, StdoutClosed):
+        # the reader of stdout went away (`curvcal ... | head -c1`): nobody is left to tell,
+        # so end quietly with the code a process killed by SIGPIPE has in a shell
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE, False  # the run ended; only its reader went away
     except (KeyboardInterrupt, click.exceptions.Abort):
         click.echo("curvcal: interrupted", err=True)
         return EXIT_INTERRUPTED, True
@@ -84,16 +96,45 @@ def _invoke(args: list[str]) -> tuple[int, bool]:
             traceback.print_exc()
         _error(exc.message)
         return exc.exit_code, True
-    except Exception as exc:
+    except OSError as exc:
+        if exc.errno not in _FULL or exc.filename is not None:
+            return _internal(exc, debug), True
+        # files curvcal writes name themselves (curvcal.atomic); an unnamed full disk is stdout
         if debug:
             traceback.print_exc()
-        text = " ".join(shorten(word) for word in str(exc).split()) or type(exc).__name__
-        _error(
-            f"internal error: {type(exc).__name__}: {text} "
-            "(rerun with --debug for a traceback and please report it)"
-        )
-        return EXIT_INTERNAL, True
+        _discard_stdout()
+        _error(f"stdout: cannot be written: {exc.strerror} (free some space or redirect it)")
+        return EXIT_INPUT, True
+    except Exception as exc:
+        return _internal(exc, debug), True
     return (result if isinstance(result, int) else EXIT_OK), False
+
+
+#: errno values of a write that found no room (disk full, quota, file size limit)
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def _internal(exc: Exception, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    text = " ".join(shorten(word) for word in str(exc).split()) or type(exc).__name__
+    _error(
+        f"internal error: {type(exc).__name__}: {text} "
+        "(rerun with --debug for a traceback and please report it)"
+    )
+    return EXIT_INTERNAL
+
+
+def _discard_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null, so that the interpreter's last flush of
+    what is still buffered neither fails nor prints "Exception ignored" at exit."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stdout.flush()
+        return
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real file: in-process
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def run() -> NoReturn:

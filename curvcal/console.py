@@ -7,7 +7,11 @@ interactive stderr and never under ``--quiet``.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import errno
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -24,18 +28,78 @@ def _width() -> int | None:
     return _FALLBACK_WIDTH
 
 
+class _Console(Console):
+    """A rich console that lets a broken pipe propagate (rich's own answer is a silent
+    ``SystemExit(1)``, "a check failed"); the CLI ends the run quietly with 141."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
 def stdout_console() -> Console:
-    console = Console(soft_wrap=False)
+    console = _Console(soft_wrap=False)
     if not console.is_terminal:
-        console = Console(width=_width(), soft_wrap=False)
+        console = _Console(width=_width(), soft_wrap=False)
     return console
 
 
 def stderr_console() -> Console:
-    console = Console(stderr=True)
+    console = _Console(stderr=True)
     if not console.is_terminal:
-        console = Console(stderr=True, width=_width())
+        console = _Console(stderr=True, width=_width())
     return console
+
+
+#: What the symbols curvcal prints become on a stream whose encoding lacks them (such as
+#: ``PYTHONIOENCODING=ascii`` or a C locale): readable ASCII, ``?`` for anything else.
+ASCII_FALLBACK = {
+    "λ": "lambda",
+    "γ": "gamma",
+    "×": "x",
+    "−": "-",
+    "–": "-",
+    "—": "-",
+    "…": "...",
+    "≤": "<=",
+    "≥": ">=",
+    "±": "+/-",
+    "≈": "~",
+    "√": "sqrt",
+    "²": "^2",
+    "‖": "||",
+    "█": "#",
+    "┃": "|",
+    "·": ".",
+    "◀": "<",
+    "━": "-",
+}
+_ASCII_ERRORS = "curvcal-ascii-fallback"
+
+
+def _ascii_fallback(error: UnicodeError) -> tuple[str, int]:
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    text = error.object[error.start : error.end]
+    return "".join(ASCII_FALLBACK.get(char, "?") for char in text), error.end
+
+
+codecs.register_error(_ASCII_ERRORS, _ascii_fallback)
+
+
+def tolerate_narrow_encodings() -> None:
+    """Make stdout and stderr replace what their encoding cannot write (``λ``, ``×``, the bars
+    of a reliability table) by :data:`ASCII_FALLBACK` instead of failing with
+    UnicodeEncodeError; streams that can encode them are left as they are."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            "λ×█".encode(getattr(stream, "encoding", None) or "utf-8")
+        except UnicodeEncodeError:
+            reconfigure = getattr(stream, "reconfigure", None)
+            if reconfigure is not None:
+                with contextlib.suppress(ValueError, OSError):
+                    reconfigure(errors=_ASCII_ERRORS)
+        except LookupError:  # an encoding Python does not know: leave it to fail as before
+            pass
 
 
 StepCallback = Callable[[int], None]

@@ -9,6 +9,7 @@ Exit codes (the CLI contract, also in README.md):
 3     numerical failure: NaN/Inf, no convergence under --strict
 70    internal error (a bug in curvcal; rerun with --debug)
 130   interrupted (Ctrl-C)
+141   stdout closed before the output was written (a broken pipe, as in ``| head``): no message
 ====  =========================================================
 """
 
@@ -20,6 +21,7 @@ EXIT_INPUT = 2
 EXIT_NUMERICAL = 3
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell shows for a process killed by it
 
 
 class CurvcalError(Exception):
@@ -63,6 +65,11 @@ def shorten(word: str, head: int = 60, tail: int = 20) -> str:
     return (
         f"{start}{core[:head]}…{core[-tail:]}{close} [{len(core):,} characters]{end[len(close) :]}"
     )
+
+
+class StdoutClosed(Exception):
+    """The reader of stdout went away before the output was written (a broken pipe); the CLI
+    ends quietly with :data:`EXIT_BROKEN_PIPE`."""
 
 
 class InputError(CurvcalError):

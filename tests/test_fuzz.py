@@ -7,6 +7,12 @@ the outcome left open: exit 0, 1, 2 or 3 (never 70, "internal error"), no traceb
 ``curvcal: error:`` line, no file written anywhere (no output option is given) and the mutated
 input byte for byte unchanged.
 
+Beside byte mutations, structured kinds: JSON/TOML values nested up to 200,000 deep and integers
+past int64, a float and the int-string limit; sparse, meta, complex, bool and float8 tensors (and
+unusual arrays); pickles that call a dangerous global or import a module with a side effect (the
+case also checks that nothing was imported or run); and a named pipe in place of the file (a
+reader that opens it gets end-of-file rather than hanging, and the case checks nobody did).
+
 CI runs :data:`DEFAULT_CASES` cases from :data:`DEFAULT_SEED`. A long run::
 
     CURVCAL_FUZZ_CASES=5000 CURVCAL_FUZZ_SEED=1234 python -m pytest -m fuzz tests/test_fuzz.py
@@ -20,10 +26,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import random
 import struct
+import sys
+import threading
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +145,12 @@ def build_corpus(root: Path) -> Corpus:
     argv = ["metrics", str(files["logits-npz"]), "--val-split", "0.5", "-q", "-o", str(report)]
     assert main([*argv, "--save-calibrator", str(calibrator)]) == 0
     put("policy-toml", "policy.toml").write_text(POLICY)
+    modules = root / "modules"
+    modules.mkdir()
+    (modules / f"{SIDE_EFFECT_MODULE}.py").write_text(
+        f"open({SIDE_EFFECT_MARK!r}, 'w').close()  # imported: leave a mark\n"
+        f"def touch(*args):\n    open({SIDE_EFFECT_MARK!r}, 'w').close()\n"
+    )
     for path in files.values():
         path.chmod(0o444)  # a loader that writes into its input fails loudly
     return Corpus(root=root, files=files)
@@ -400,6 +416,227 @@ def _number_spans(text: str) -> list[tuple[int, int]]:
     ]
 
 
+# --- structured kinds: deep nesting, huge integers, exotic tensors, FIFOs, side effects ------
+
+_DEPTHS = (99, 100, 101, 1000, 5000, 200_000)
+#: integers at and past the edges of int64, of a float, and of Python's int-string limit
+_HUGE = (
+    str(2**63 - 1),
+    str(2**63),
+    str(-(2**63)),
+    str(-(2**63) - 1),
+    str(2**64),
+    "1" + "0" * 30,
+    "1" + "0" * 308,
+    "1" + "0" * 309,
+    "1" + "0" * 400,
+    "9" * 4300,
+    "9" * 4301,
+    "-" + "9" * 10_000,
+)
+
+
+def deep_nesting(data: bytes, rng: random.Random) -> bytes:
+    """Replace one value of a JSON or TOML document by the same value nested in arrays (or,
+    in JSON, objects) from 99 to 200,000 levels deep."""
+    text = data.decode()
+    tokens = _number_spans(text)
+    if not tokens:
+        return data
+    begin, end = rng.choice(tokens)
+    depth = rng.choice(_DEPTHS)
+    value = text[begin:end]
+    if text.lstrip().startswith("{") and rng.random() < 0.5:  # JSON: objects too
+        nested = '{"a": ' * depth + value + "}" * depth
+    else:
+        nested = "[" * depth + value + "]" * depth
+    return (text[:begin] + nested + text[end:]).encode()
+
+
+def huge_integer(data: bytes, rng: random.Random) -> bytes:
+    """Replace one number of a JSON or TOML document by an integer at or past int64, float or
+    Python's int-from-string limit."""
+    text = data.decode()
+    numbers = [(b, e) for b, e in _number_spans(text) if text[b] in "-0123456789"]
+    if not numbers:
+        return data
+    begin, end = rng.choice(numbers)
+    return (text[:begin] + rng.choice(_HUGE) + text[end:]).encode()
+
+
+def _exotic(tensor: torch.Tensor, rng: random.Random) -> torch.Tensor:
+    """``tensor`` in a layout, device or dtype curvcal cannot compute with, or with values at
+    the edges of its range."""
+    kinds = ["sparse", "meta", "complex", "bool", "half", "int-huge", "float-huge", "nan"]
+    if tensor.dim() == 2:
+        kinds.append("csr")
+    kind = rng.choice(kinds)
+    if kind == "sparse" and tensor.dim() >= 1:
+        return tensor.to_sparse()
+    if kind == "csr":
+        return tensor.to_sparse_csr()
+    if kind == "meta":
+        return tensor.to("meta")
+    if kind == "complex":
+        return tensor.to(torch.complex64)
+    if kind == "bool":
+        return tensor != 0
+    if kind == "half":
+        return tensor.to(torch.float16)
+    if kind == "int-huge":
+        return torch.full(tensor.shape, rng.choice([2**62, 2**63 - 1, -(2**63)]), dtype=torch.int64)
+    if kind == "float-huge":
+        return torch.full(tensor.shape, rng.choice([1e30, 1e300, -1e308]), dtype=torch.float64)
+    return torch.full(tensor.shape, math.nan, dtype=torch.float32)
+
+
+def _replace_one_tensor(obj: object, rng: random.Random) -> object:
+    """``obj`` (a dict, possibly nested) with one of its tensors made exotic."""
+    places: list[tuple[dict, str]] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(value, torch.Tensor):
+                    places.append((node, key))
+                else:
+                    walk(value)
+
+    walk(obj)
+    if places:
+        node, key = rng.choice(places)
+        node[key] = _exotic(node[key], rng)
+    return obj
+
+
+def exotic_tensor_pt(data: bytes, rng: random.Random) -> bytes:
+    """Re-save a ``torch.save`` file with one tensor sparse, meta, complex, bool, ... (in the
+    container it came in: zip or legacy)."""
+    legacy = not data.startswith(b"PK")
+    obj = torch.load(io.BytesIO(data), weights_only=True)
+    out = io.BytesIO()
+    torch.save(_replace_one_tensor(obj, rng), out, _use_new_zipfile_serialization=not legacy)
+    return out.getvalue()
+
+
+def exotic_array_npz(data: bytes, rng: random.Random) -> bytes:
+    """Re-save an ``.npz`` with one array complex, uint64 past int64, huge, bool, half or of
+    Python objects (a pickle inside)."""
+    with np.load(io.BytesIO(data)) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    key = rng.choice(sorted(arrays))
+    shape = arrays[key].shape
+    arrays[key] = rng.choice(
+        [
+            lambda: arrays[key].astype(np.complex128),
+            lambda: np.full(shape, 2**63 + rng.randrange(2**63), dtype=np.uint64),
+            lambda: np.full(shape, rng.choice([1e30, 1e300, np.inf]), dtype=np.float64),
+            lambda: arrays[key] != 0,
+            lambda: arrays[key].astype(np.float16),
+            lambda: np.array([object()] * max(1, arrays[key].size), dtype=object),
+        ]
+    )()
+    out = io.BytesIO()
+    np.savez(out, **arrays)  # type: ignore[arg-type]
+    return out.getvalue()
+
+
+def exotic_tensor_safetensors(data: bytes, rng: random.Random) -> bytes:
+    """Re-save a ``.safetensors`` file (its metadata kept) with one tensor complex, bool,
+    uint64, half, bfloat16 or float8, or holding values at the edges of its dtype."""
+    from safetensors.torch import load, save
+
+    (n,) = struct.unpack("<Q", data[:8])
+    metadata = json.loads(data[8 : 8 + n]).get("__metadata__")
+    tensors = load(data)
+    key = rng.choice(sorted(tensors))
+    tensor = tensors[key]
+    tensors[key] = rng.choice(
+        [
+            lambda: tensor.to(torch.complex64),
+            lambda: tensor != 0,
+            lambda: torch.full(tensor.shape, 2**63 + 5, dtype=torch.uint64),
+            lambda: tensor.to(torch.float16),
+            lambda: tensor.to(torch.bfloat16),
+            lambda: tensor.to(torch.float8_e4m3fn),
+            lambda: torch.full(tensor.shape, 2**63 - 1, dtype=torch.int64),
+            lambda: torch.full(tensor.shape, 1e300, dtype=torch.float64),
+        ]
+    )()
+    return save(tensors, metadata=metadata)
+
+
+#: a module whose import leaves a mark: a loader that imports what a file names is caught
+SIDE_EFFECT_MODULE = "curvcal_fuzz_side_effect"
+SIDE_EFFECT_MARK = "SIDE_EFFECT"
+#: globals a pickle may name: each would run code or import a module if called or resolved
+_SIDE_EFFECT_GLOBALS = (
+    (SIDE_EFFECT_MODULE, "touch"),
+    ("os", "system"),
+    ("posix", "system"),
+    ("builtins", "exec"),
+    ("builtins", "eval"),
+    ("builtins", "__import__"),
+    ("subprocess", "Popen"),
+    ("importlib", "import_module"),
+    ("shutil", "rmtree"),
+    ("torch.serialization", "load"),
+)
+
+
+def _side_effect_pickle(rng: random.Random) -> bytes:
+    """A pickle that calls a dangerous global on a command that would write the mark, naming
+    the global directly (GLOBAL), on the stack (STACK_GLOBAL) or through the memo (BINGET)."""
+    module, name = rng.choice(_SIDE_EFFECT_GLOBALS)
+    argument = {
+        "exec": f"open({SIDE_EFFECT_MARK!r}, 'w').close()",
+        "eval": f"open({SIDE_EFFECT_MARK!r}, 'w').close()",
+        "__import__": SIDE_EFFECT_MODULE,
+        "import_module": SIDE_EFFECT_MODULE,
+        "rmtree": ".",
+    }.get(name, f"touch {SIDE_EFFECT_MARK}")
+
+    def text(value: str) -> bytes:
+        raw = value.encode()
+        return b"\x8c" + bytes([len(raw)]) + raw  # SHORT_BINUNICODE
+
+    how = rng.choice(["global", "stack", "memo"])
+    if how == "global":
+        body = b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+    elif how == "stack":
+        body = text(module) + text(name) + b"\x93"  # STACK_GLOBAL
+    else:  # names memoised first, fetched back with BINGET, then STACK_GLOBAL
+        body = text(module) + b"\x94" + text(name) + b"\x94" + b"0" + b"0"
+        body += b"h\x00h\x01\x93"
+    call = body + text(argument) + b"\x85" + b"R"  # TUPLE1, REDUCE
+    wrapped = b"}" + text("model_state_dict") + call + b"s"  # {"model_state_dict": call(...)}
+    return b"\x80\x04" + rng.choice([call, wrapped]) + b"."
+
+
+def side_effect_import(data: bytes, rng: random.Random) -> bytes:
+    """Put a side-effect pickle where the file's pickle is: the ``data.pkl`` member of a zip
+    checkpoint (the archive rebuilt with valid CRCs), else the whole file."""
+    payload = _side_effect_pickle(rng)
+    if not data.startswith(b"PK"):
+        return payload
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        members = [(info.filename, archive.read(info)) for info in archive.infolist()]
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for filename, content in members:
+            pickled = filename.endswith(".pkl") and "constants" not in filename
+            archive.writestr(filename, payload if pickled else content)
+    return out.getvalue()
+
+
+def fifo(data: bytes, rng: random.Random) -> bytes:
+    """Marker: the case's file is a named pipe (see :func:`test_fuzz`)."""
+    return data
+
+
+_PICKLED = {"ckpt-zip", "ckpt-wrapped", "ckpt-legacy", "ckpt-raw-pickle", "data-pt", "logits-pt"}
+
+
 def _is_zip(name: str) -> bool:
     return name in {"ckpt-zip", "ckpt-wrapped", "ckpt-torchscript", "ckpt-exported"} or name in {
         "data-pt",
@@ -416,7 +653,17 @@ def mutations_for(name: str) -> dict[str, Mutation]:
     if _is_zip(name):
         mutations |= {"zip-crc": zip_member_in_place, "zip-member": zip_member_rewritten}
     if name.endswith(("toml", "json")):
-        mutations |= {"tokens": text_tokens}
+        mutations |= {"tokens": text_tokens, "deep": deep_nesting, "huge-int": huge_integer}
+    if name in _PICKLED - {"ckpt-raw-pickle"}:
+        mutations |= {"exotic-tensor": exotic_tensor_pt}
+    if name.endswith("npz"):
+        mutations |= {"exotic-array": exotic_array_npz}
+    if name.endswith("safetensors") or name == "ckpt-safetensors-meta":
+        mutations |= {"exotic-tensor": exotic_tensor_safetensors}
+    if name in _PICKLED:
+        mutations |= {"side-effect": side_effect_import}
+    if hasattr(os, "mkfifo"):
+        mutations |= {"fifo": fifo}
     return mutations
 
 
@@ -433,6 +680,25 @@ def _plan(seed: int) -> tuple[str, str, int]:
 
 SEEDS = range(BASE_SEED, BASE_SEED + N_CASES)
 IDS = [f"{seed}-{_plan(seed)[0]}-{_plan(seed)[1]}" for seed in SEEDS]
+
+
+def _unblock_readers(path: Path, opened: threading.Event, done: threading.Event) -> None:
+    """Until ``done``, open ``path`` (a FIFO) for writing whenever a reader has it open, and
+    close it at once: a loader that reads a named pipe gets end-of-file instead of hanging the
+    run, and ``opened`` records that it tried."""
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                descriptor = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader yet; ENOENT: the case is over
+                time.sleep(0.01)
+                continue
+            opened.set()
+            os.close(descriptor)
+            time.sleep(0.01)
+
+    threading.Thread(target=poll, daemon=True).start()
 
 
 def _snapshot(*folders: Path) -> dict[str, str]:
@@ -470,12 +736,24 @@ def test_fuzz(seed: int, corpus: Corpus, run_cli, tmp_path: Path, monkeypatch) -
     case = tmp_path / "case"
     case.mkdir()
     target = case / good.name
-    target.write_bytes(mutated)
+    opened, done = threading.Event(), threading.Event()
+    if mutation == "fifo":
+        os.mkfifo(target)
+        _unblock_readers(target, opened, done)
+    else:
+        target.write_bytes(mutated)
     monkeypatch.chdir(case)  # anything written to the working directory shows up below
+    monkeypatch.syspath_prepend(str(corpus.root / "modules"))  # the side-effect module
     before = _snapshot(tmp_path, corpus.root)
 
-    result = run_cli(*COMMANDS[name][which](corpus, target))
+    try:
+        result = run_cli(*COMMANDS[name][which](corpus, target))
+    finally:
+        done.set()
 
+    assert not opened.is_set(), "a FIFO was opened for reading instead of refused"
+    assert SIDE_EFFECT_MODULE not in sys.modules, "a module named by a pickle was imported"
+    assert not (case / SIDE_EFFECT_MARK).exists(), "a global named by a pickle was called"
     assert result.code in (0, 1, 2, 3), result.output
     assert "Traceback" not in result.stderr, result.stderr
     assert result.stderr.count("curvcal: error:") <= 1, result.stderr

@@ -135,11 +135,23 @@ class Calibrator:
         return cls(method=method, temperature=float(temperature), gamma=float(gamma))
 
 
+#: Temperatures a saved calibrator may hold: float32's smallest normal number and its inverse.
+TEMPERATURE_RANGE = (1.1754943508222875e-38, 8.507059173023462e37)
+
+
 def _check_calibrator(method: Any, temperature: float, gamma: float, source: str) -> None:
     if method not in CALIBRATOR_METHODS:
         raise InputError(source, f"unknown method {method!r}", f"one of {list(CALIBRATOR_METHODS)}")
     if not (temperature > 0 and temperature < float("inf")):
         raise InputError(source, f"temperature must be finite and > 0, got {temperature!r}")
+    if not TEMPERATURE_RANGE[0] <= temperature <= TEMPERATURE_RANGE[1]:
+        # z / T of float32 scores overflows (or every score rounds to 0) out of this range,
+        # which would be reported against the scores rather than the temperature
+        raise InputError(
+            source,
+            f"temperature {temperature!r} is outside {TEMPERATURE_RANGE[0]:.1e}.."
+            f"{TEMPERATURE_RANGE[1]:.1e}, where softmax(z / T) of float32 scores stays finite",
+        )
     if not (gamma >= 0 and gamma < float("inf")):
         raise InputError(source, f"gamma must be finite and >= 0, got {gamma!r}")
     if method != "focal-temperature" and gamma != 0:

@@ -8,8 +8,11 @@ here only once it works.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
+
+from curvcal.errors import StdoutClosed
 
 #: name -> (module, attribute, one-line help shown by ``curvcal --help``)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -67,6 +70,14 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a broken stdout pipe leaves as :class:`StdoutClosed`, since click
+        would turn the BrokenPipeError into a silent exit 1 ("a check failed")."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            raise StdoutClosed() from exc
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in COMMANDS:

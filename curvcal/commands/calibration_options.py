@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from curvcal import choices
 from curvcal.commands.common import typed_options
 from curvcal.pipeline.calibration import CalibrationOptions
 from curvcal.report.tables import check_output_path, write_atomic
@@ -140,7 +141,7 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
             ),
             click.option(
                 "--bins",
-                type=click.IntRange(min=1),
+                type=click.IntRange(1, choices.MAX_BINS),
                 default=15,
                 show_default=True,
                 help="Bins of ECE, MCE, RMS-CE, AdaECE and classwise ECE.",
@@ -168,7 +169,7 @@ def calibration_options(fit_help: str) -> Callable[[F], F]:
             ),
             click.option(
                 "--seed",
-                type=click.IntRange(min=0),
+                type=click.IntRange(0, choices.MAX_SEED),
                 default=0,
                 show_default=True,
                 help="Seed of --val-split and of the bootstrap.",

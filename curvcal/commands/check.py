@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from curvcal import choices
 from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start, typed_options
 from curvcal.commands.data_options import text_options
@@ -67,7 +68,11 @@ _OVERRIDES = {
 @click.option("--max-samples", type=click.IntRange(min=1), help="Use a random subset.")
 @text_options
 @click.option("--batch-size", type=click.IntRange(min=1), help="Samples per batch [default: 256].")
-@click.option("--seed", type=click.IntRange(min=0), help="Seed of splits and probes [default: 0].")
+@click.option(
+    "--seed",
+    type=click.IntRange(0, choices.MAX_SEED),
+    help="Seed of splits and probes [default: 0].",
+)
 @click.option("--strict", is_flag=True, help="Exit 3 when a Hessian estimate does not converge.")
 @output_options
 def check(

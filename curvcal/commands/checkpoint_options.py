@@ -10,6 +10,9 @@ from typing import Any, TypeVar
 
 import click
 
+from curvcal import choices, jsontext
+from curvcal.errors import InputError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The keys of ``curvcal.load.checkpoint.DTYPES`` (spelled out so that ``--help`` needs no torch).
@@ -34,7 +37,9 @@ def _parse_kwargs_json(
     if value is None:
         return {}
     try:
-        parsed = json.loads(value)
+        parsed = jsontext.loads(value, str(param.name))
+    except InputError as exc:
+        raise click.BadParameter(exc.why, param=param) from None
     except json.JSONDecodeError as exc:
         raise click.BadParameter(
             f"not valid JSON ({exc.msg} at column {exc.colno})", param=param
@@ -53,7 +58,9 @@ def _parse_pairs(
         if not sep or not key.strip():
             raise click.BadParameter(f"{item!r} is not key=value", param=param)
         try:
-            pairs[key.strip()] = json.loads(raw)
+            pairs[key.strip()] = jsontext.loads(raw, item)
+        except InputError as exc:
+            raise click.BadParameter(f"{item!r}: {exc.why}", param=param) from None
         except json.JSONDecodeError:
             pairs[key.strip()] = raw
     return pairs
@@ -106,7 +113,7 @@ def checkpoint_options(func: F) -> F:
         ),
         click.option(
             "--num-classes",
-            type=click.IntRange(min=1),
+            type=click.IntRange(1, choices.MAX_CLASSES),
             help="Passed to the architecture as num_classes (default: inferred from the weights).",
         ),
         click.option(

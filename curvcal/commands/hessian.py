@@ -107,7 +107,11 @@ if TYPE_CHECKING:
 )
 @click.option("--per-layer", is_flag=True, help="λmax and trace of each module's Hessian block.")
 @click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seed of start vectors and probes."
+    "--seed",
+    type=click.IntRange(-choices.MAX_SEED - 1, choices.MAX_SEED),
+    default=0,
+    show_default=True,
+    help="Seed of start vectors and probes.",
 )
 @click.option(
     "--loss",

@@ -86,11 +86,15 @@ if TYPE_CHECKING:
     help="γ grid of focal temperature scaling [default: 0,0.25,0.5,0.75,1,1.5,2,3,5,7].",
 )
 @click.option(
-    "--bins", type=click.IntRange(min=1), default=15, show_default=True, help="ECE/AdaECE bins."
+    "--bins",
+    type=click.IntRange(1, choices.MAX_BINS),
+    default=15,
+    show_default=True,
+    help="ECE/AdaECE bins.",
 )
 @click.option(
     "--seed",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, choices.MAX_SEED),
     default=0,
     show_default=True,
     help="Seed of the Lanczos start, the probes and --val-split.",

@@ -24,6 +24,7 @@ from typing import Any
 from torch import nn
 
 from curvcal.errors import InputError, TrustError
+from curvcal.load.limits import check_num_classes
 
 ARCH_OPTION = "--arch"
 KWARGS_OPTION = "--arch-kwargs"
@@ -33,6 +34,7 @@ SCHEMES = ("tv", "timm", "hf", "curvcal", "py")
 def build_architecture(spec: str, kwargs: Mapping[str, Any], trust: bool) -> nn.Module:
     """Construct the (randomly initialised) module named by ``spec`` with ``kwargs``."""
     factory, accepts = resolve_architecture(spec, trust)
+    check_num_classes(kwargs, KWARGS_OPTION)
     if accepts is not None:
         unknown = sorted(set(kwargs) - accepts)
         if unknown:

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from curvcal import jsontext
 from curvcal.errors import InputError, TrustError
 from curvcal.load.allowlist import allowed_classes, could_be_allowed
 from curvcal.load.architecture import accepts_keyword, build_architecture
@@ -58,6 +59,7 @@ from curvcal.load.formats import (
     torch_safe_globals,
     unsafe_globals,
 )
+from curvcal.load.limits import check_zip_sizes
 from curvcal.load.state_dict import (
     find_state_dict,
     infer_num_classes,
@@ -65,6 +67,7 @@ from curvcal.load.state_dict import (
     match_keys,
     scalar_extras,
     top_level_keys,
+    unloadable_tensors,
     wrapper_prefix,
 )
 
@@ -461,7 +464,7 @@ def _metadata_kwargs(path: Path, metadata: Mapping[str, str]) -> dict[str, Any]:
     if raw is None:
         return {}
     try:
-        kwargs = json.loads(raw)
+        kwargs = jsontext.loads(raw, f"{path} (its metadata {ARCH_KWARGS_METADATA_KEY})")
     except json.JSONDecodeError as exc:
         raise InputError(
             str(path), f"metadata {ARCH_KWARGS_METADATA_KEY} is not JSON: {exc}"
@@ -532,9 +535,12 @@ def _arch_ignored(options: CheckpointOptions) -> dict[str, str]:
 
 
 def _weights_only_load(path: Path, allowed: list[Any]) -> Any:
+    check_zip_sizes(path)
     try:
         with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
+            # torch warns while validating a sparse tensor: the refusal of the layout says it
+            warnings.simplefilter("ignore", UserWarning)
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if "weights only load failed" in str(exc).lower():
@@ -556,6 +562,9 @@ def _weights_only_load(path: Path, allowed: list[Any]) -> Any:
         # arguments, or names a storage it never defines
         TypeError,
         AssertionError,
+        # a corrupt legacy persistent id whose storage type is some other allowed object
+        # (a dict: "'dict' object has no attribute 'dtype'"); no code from the file runs here
+        AttributeError,
         struct.error,  # a legacy file cut inside a storage's size
     ) as exc:
         raise InputError(
@@ -660,6 +669,7 @@ def _from_state_dict(
         if "num_classes_source" in metadata:
             hint += f"; num_classes={kwargs['num_classes']} was inferred from the checkpoint"
         raise InputError(str(path), f"weights do not fit {arch}: {match.describe_problems()}", hint)
+    _refuse_unloadable(path, match.renamed, module)
     module.load_state_dict(match.renamed, strict=True)
     if match.ignored:
         metadata["ignored_keys"] = f"{match.ignored} keys outside prefix {match.prefix!r}"
@@ -673,6 +683,13 @@ def _from_state_dict(
         metadata=metadata,
         **facts,
     )
+
+
+def _refuse_unloadable(path: Path, state: Mapping[str, torch.Tensor], module: nn.Module) -> None:
+    bad = unloadable_tensors(state, module.state_dict())
+    if bad:
+        shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise InputError(str(path), f"{len(bad)} weights cannot be loaded: {shown}")
 
 
 # --- model folders ---------------------------------------------------------------------------
@@ -711,6 +728,7 @@ def _load_folder(path: Path, options: CheckpointOptions) -> _Loaded:
             raise InputError(
                 str(path), f"weights do not fit its config.json: {match.describe_problems()}"
             )
+        _refuse_unloadable(path, match.renamed, module)
         module.load_state_dict(match.renamed, strict=True)
     else:
         for file in folder.weights:

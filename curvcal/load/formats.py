@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from curvcal import jsontext
 from curvcal.errors import InputError
 from curvcal.paths import readable_file
 
@@ -182,7 +183,7 @@ def _safetensors_header(path: Path, size: int) -> dict[str, Any] | None:
             raise InputError(str(path), "truncated safetensors file (header runs past the end)")
         raw = first + handle.read(length - 1)
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = jsontext.loads(raw, f"{path} (its safetensors header)")
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     if not isinstance(header, dict):
@@ -197,6 +198,14 @@ def _safetensors_header(path: Path, size: int) -> dict[str, Any] | None:
             continue
         if not _safetensors_entry_ok(entry):
             raise InputError(str(path), f"corrupt safetensors header (entry {name!r})")
+        claimed = _safetensors_nbytes(entry)
+        begin, end = entry["data_offsets"]
+        if claimed is not None and claimed != end - begin:
+            raise InputError(
+                str(path),
+                f"corrupt safetensors header: {name!r} claims shape {entry['shape']} of "
+                f"{entry['dtype']} ({claimed:,} bytes) in {end - begin:,} bytes",
+            )
         data_end = max(data_end, entry["data_offsets"][1])
     if 8 + length + data_end > size:
         raise InputError(
@@ -224,6 +233,23 @@ def _safetensors_entry_ok(entry: Any) -> bool:
         and all(natural(o) for o in offsets)
         and offsets[0] <= offsets[1]
     )
+
+
+#: bytes per element of the safetensors dtypes (others are left to the safetensors library)
+_SAFETENSORS_ITEMSIZE = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "C64": 8,
+    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+
+
+def _safetensors_nbytes(entry: Mapping[str, Any]) -> int | None:
+    """Bytes the entry's shape and dtype need (``None`` for a dtype not listed above)."""
+    size = _SAFETENSORS_ITEMSIZE.get(entry["dtype"])
+    if size is None:
+        return None
+    for dim in entry["shape"]:
+        size *= dim
+    return size
 
 
 def safetensors_specs(header: Mapping[str, Any]) -> tuple[TensorSpec, ...]:
@@ -395,7 +421,7 @@ def pt2_weight_specs(path: Path) -> tuple[TensorSpec, ...]:
     # the listing is informative only (an exported program is never loaded without trust):
     # a config that is not UTF-8 JSON of the expected shape lists no weights
     try:
-        for name, entry in json.loads(raw)["config"].items():
+        for name, entry in jsontext.loads(raw, str(path))["config"].items():
             meta = entry.get("tensor_meta", {})
             shape = tuple(int(s.get("as_int", -1)) for s in meta.get("sizes", []))
             specs.append(TensorSpec(name, shape, _pt2_dtype(meta.get("dtype"))))

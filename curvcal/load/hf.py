@@ -41,8 +41,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from curvcal import jsontext
 from curvcal.errors import InputError, TrustError
 from curvcal.load.extras import require
+from curvcal.load.limits import check_num_classes
 from curvcal.load.tensorfile import read_safetensors_metadata
 
 CONFIG_NAME = "config.json"
@@ -278,9 +280,10 @@ def build_timm(name: str, kwargs: Mapping[str, Any], what: str = "--arch-kwargs"
             "did you mean " + ", ".join(close) + "?" if close else "timm.list_models() lists them"
         )
         raise InputError("--arch", f"timm has no model {name!r}", hint)
+    check_num_classes(kwargs, what)
     try:
         model: nn.Module = timm.create_model(name, pretrained=False, **kwargs)
-    except TypeError as exc:
+    except Exception as exc:  # a model's own checks raise anything: TypeError, ValueError, ...
         raise InputError(
             what, f"timm:{name} cannot be built with {dict(kwargs)}: {_one_line(exc)}"
         ) from exc
@@ -465,7 +468,7 @@ def _read_json(path: Path) -> Any:
 
     readable_file(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return jsontext.loads(path.read_text(encoding="utf-8"), str(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"is not valid JSON: {_one_line(exc)}") from None
 

@@ -153,6 +153,41 @@ def match_keys(state: Mapping[str, torch.Tensor], target: Mapping[str, torch.Ten
     return KeyMatch(prefix, renamed, missing, unexpected, misshaped, ignored)
 
 
+def unloadable_tensors(
+    state: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor]
+) -> tuple[str, ...]:
+    """The tensors of ``state`` (keys as the architecture names them) that cannot become the
+    weights they are matched with, each as ``name (why)``: a sparse or other non-strided
+    layout, a tensor on the meta device (a shape without data), a complex tensor for a real
+    weight (``copy_`` would drop the imaginary part) and a boolean one for a number (it would
+    become 0 and 1). Integer weights for floating ones are left to torch's conversion."""
+    found = []
+    for name, tensor in state.items():
+        want = target.get(name)
+        if want is None:
+            continue
+        why = tensor_problem(tensor)
+        if why is None and tensor.is_complex() and not want.is_complex():
+            why = f"dtype {str(tensor.dtype).removeprefix('torch.')} for a real weight"
+        elif why is None and tensor.dtype == torch.bool and want.dtype != torch.bool:
+            why = f"bool for a {str(want.dtype).removeprefix('torch.')} weight"
+        if why is not None:
+            found.append(f"{name} ({why})")
+    return tuple(found)
+
+
+def tensor_problem(tensor: torch.Tensor) -> str | None:
+    """Why ``tensor`` holds no plain array of numbers curvcal can compute with (``None`` when
+    it does): a layout other than strided (sparse COO/CSR/CSC/BSR/BSC, mkldnn), or the meta
+    device, which has shapes but no data."""
+    if tensor.layout != torch.strided:
+        layout = str(tensor.layout).removeprefix("torch.")
+        return f"a {layout} tensor; store it dense (tensor.to_dense())"
+    if tensor.is_meta:
+        return "a meta tensor, a shape without data; store the tensor itself"
+    return None
+
+
 def infer_num_classes(shapes: Sequence[tuple[str, tuple[int, ...]]]) -> int | None:
     """Output width of the classifier: rows of the last 2-D ``weight``; without one, output
     channels of the last convolution weight (3-D to 5-D); ``None`` if neither exists."""

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from curvcal import jsontext
 from curvcal.errors import InputError
 from curvcal.load.extras import require
 from curvcal.paths import readable_file
@@ -70,7 +71,18 @@ def _scores(path: Path, columns: dict[str, Any], key: str) -> torch.Tensor:
         width = widths.pop() if widths else 0
         return torch.tensor(values, dtype=torch.float64).reshape(len(rows), width)
     pattern = re.compile(re.escape(key) + r"_(\d+)")
-    per_class = {int(m.group(1)): name for name in columns if (m := pattern.fullmatch(name))}
+    per_class: dict[int, str] = {}
+    for name in columns:
+        if (m := pattern.fullmatch(name)) is None:
+            continue
+        index = int(m.group(1))
+        if index in per_class:
+            raise InputError(
+                str(path),
+                f"columns '{per_class[index]}' and '{name}' both name class {index}",
+                f"keep one; classes are numbered {key}_0, {key}_1, ...",
+            )
+        per_class[index] = name
     if not per_class:
         raise InputError(
             str(path),
@@ -78,9 +90,13 @@ def _scores(path: Path, columns: dict[str, Any], key: str) -> torch.Tensor:
             f"(it has: {_list(list(columns))})",
             "name the scores with --scores-key",
         )
-    missing = sorted(set(range(max(per_class) + 1)) - set(per_class))
-    if missing:
-        raise InputError(str(path), f"has no column {key}_{missing[0]} for class {missing[0]}")
+    # the first number missing from 0, 1, ... (never a range up to the largest: a column
+    # logits_100000000000 must not allocate a hundred billion entries)
+    first_missing = next(k for k in range(len(per_class) + 1) if k not in per_class)
+    if first_missing < len(per_class):
+        raise InputError(
+            str(path), f"has no column {key}_{first_missing} for class {first_missing}"
+        )
     ordered = [per_class[k] for k in range(len(per_class))]
     arrays = [columns[name] for name in ordered]
     if all(isinstance(a, np.ndarray) and a.ndim == 1 for a in arrays):  # parquet fast path
@@ -104,6 +120,10 @@ def _labels(path: Path, cells: Any, key: str) -> torch.Tensor:
             value = int(value)
         if not isinstance(value, int | np.integer) or isinstance(value, bool):
             raise InputError(str(path), f"label {cell!r} in row {row} of '{key}' is not an integer")
+        if not -(2**63) <= int(value) < 2**63:
+            raise InputError(
+                str(path), f"label {cell!r} in row {row} of '{key}' is outside the 64-bit range"
+            )
         labels.append(int(value))
     return torch.tensor(labels, dtype=torch.int64)
 
@@ -135,17 +155,17 @@ def _read_csv(path: Path) -> dict[str, list[Any]]:
                         str(path), f"row {number} has {len(row)} cells, the header {len(header)}"
                     )
                 for name, cell in zip(header, row, strict=True):
-                    columns[name].append(_list_cell(cell))
+                    columns[name].append(_list_cell(path, cell))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise InputError(str(path), f"is not a readable CSV file ({exc})") from None
     return columns
 
 
-def _list_cell(cell: str) -> Any:
+def _list_cell(path: Path, cell: str) -> Any:
     text = cell.strip()
     if text.startswith("["):
         try:
-            return json.loads(text)
+            return jsontext.loads(text, str(path))
         except json.JSONDecodeError:
             return cell
     return cell

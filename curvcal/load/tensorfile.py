@@ -7,6 +7,7 @@ failure is an :class:`~curvcal.errors.InputError` naming the file.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ import torch
 
 from curvcal.atomic import atomic_output
 from curvcal.errors import InputError
+from curvcal.load.limits import check_npy_members, check_zip_sizes
+from curvcal.load.state_dict import tensor_problem
 from curvcal.paths import readable_file
 
 TENSOR_FILE_SUFFIXES = (".pt", ".npz", ".safetensors")
@@ -37,12 +40,13 @@ def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
     readable_file(path)
     try:
         if suffix == ".npz":
-            return _read_npz(path)
-        if suffix == ".safetensors":
+            tensors = _read_npz(path)
+        elif suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            return dict(load_file(str(path), device="cpu"))
-        return _read_pt(path)
+            tensors = dict(load_file(str(path), device="cpu"))
+        else:
+            tensors = _read_pt(path)
     except InputError:
         raise
     except Exception as exc:
@@ -50,6 +54,44 @@ def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
         raise InputError(
             str(path), f"cannot be read as a {suffix} file ({reason})", "is it truncated?"
         ) from exc
+    return {key: _computable(path, key, tensor) for key, tensor in tensors.items()}
+
+
+#: dtypes torch stores but computes little with: 8-bit floats, and unsigned integers past uint8
+_STORAGE_ONLY_FLOATS = {
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+}
+_WIDE_UNSIGNED = {
+    getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)
+}
+
+
+def _computable(path: Path, key: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a dense tensor curvcal can compute with; an InputError naming the file and
+    the tensor for a sparse or meta tensor, an 8-bit float, or an unsigned integer past int64
+    (wide unsigned integers within it become int64)."""
+    why = tensor_problem(tensor)
+    if why is not None:
+        raise InputError(str(path), f"'{key}' is {why}")
+    if tensor.dtype in _STORAGE_ONLY_FLOATS:
+        raise InputError(
+            str(path),
+            f"'{key}' has dtype {str(tensor.dtype).removeprefix('torch.')}, which curvcal does "
+            "not compute with",
+            "store float16, bfloat16, float32 or float64",
+        )
+    if tensor.dtype in _WIDE_UNSIGNED:
+        array = tensor.numpy()
+        if array.size and int(array.max()) > 2**63 - 1:
+            raise InputError(
+                str(path),
+                f"'{key}' ({str(tensor.dtype).removeprefix('torch.')}) holds {int(array.max())}, "
+                "outside the 64-bit signed range curvcal computes in",
+            )
+        return torch.from_numpy(array.astype("int64"))
+    return tensor
 
 
 def read_safetensors_metadata(path: Path) -> dict[str, str]:
@@ -86,6 +128,8 @@ def _read_npz(path: Path) -> dict[str, torch.Tensor]:
         )
         raise InputError(str(path), f"cannot be read as a .npz file ({reason})", "is it truncated?")
 
+    check_zip_sizes(path)
+    check_npy_members(path)
     with np.load(path, allow_pickle=False) as archive:
         arrays = {key: archive[key] for key in archive.files}
     tensors = {}
@@ -99,8 +143,12 @@ def _read_npz(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_pt(path: Path) -> dict[str, torch.Tensor]:
+    check_zip_sizes(path)
     try:
-        content = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # torch warns while validating a sparse tensor: the refusal of its layout says it
+            warnings.simplefilter("ignore", UserWarning)
+            content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         if "Unsupported global" in str(exc):
             raise InputError(
@@ -174,12 +222,13 @@ def as_labels(values: torch.Tensor, what: str) -> torch.Tensor:
         raise InputError(what, f"labels must be integers, got dtype {values.dtype}")
     if values.is_floating_point():
         finite = torch.isfinite(values)
-        whole = finite & (values == torch.round(values))
+        whole = finite & (values == torch.round(values)) & (values.abs() < 2.0**63)
         if not bool(whole.all()):
             row = int((~whole).nonzero()[0, 0])
             raise InputError(
                 what,
-                f"label {row} is {values[row].item()!r}; labels must be whole numbers",
+                f"label {row} is {values[row].item()!r}; labels must be whole numbers "
+                "in the 64-bit range",
             )
     labels = values.to(torch.int64)
     if labels.numel() and int(labels.min()) < 0:

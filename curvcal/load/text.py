@@ -25,9 +25,12 @@ config's ``max_position_embeddings`` (a tokenizer that records no limit reports 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
-from collections.abc import Mapping, Sequence
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
+from curvcal import jsontext
 from curvcal.errors import InputError
 from curvcal.load.extras import require
 from curvcal.paths import readable_file
@@ -147,7 +151,7 @@ def _read_jsonl(path: Path) -> dict[str, list[Any]]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = jsontext.loads(line, f"{path}:{number}")
             except json.JSONDecodeError as exc:
                 raise InputError(str(path), f"line {number} is not JSON ({exc.msg})") from exc
             if not isinstance(record, dict):
@@ -229,7 +233,7 @@ def _read_saved_dataset(folder: Path) -> tuple[dict[str, list[Any]], tuple[Path,
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return jsontext.loads(path.read_text(encoding="utf-8"), str(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(str(path), f"is not readable JSON ({_one_line(exc)})") from exc
 
@@ -275,7 +279,7 @@ def load_tokenizer(
 
     _refuse_tokenizer_code(folder, where, trust)
     try:
-        with no_prompt():
+        with no_prompt(), rust_panics_as(str(folder)):
             loaded = transformers.AutoTokenizer.from_pretrained(
                 str(folder), local_files_only=True, trust_remote_code=trust
             )
@@ -312,6 +316,45 @@ def _refuse_tokenizer_code(folder: Path, where: str, trust: bool) -> None:
                 "tokenizer would import and run",
                 "pass --trust-checkpoint only if you trust the folder's source",
             )
+
+
+@contextlib.contextmanager
+def rust_panics_as(what: str) -> Iterator[None]:
+    """Turn a panic of the Rust ``tokenizers`` library into an :class:`InputError` on ``what``.
+
+    A tokenizer file can make it panic (a pre-tokenizer regex that backtracks past Oniguruma's
+    retry limit); pyo3 raises that as ``PanicException``, a BaseException that no ``except
+    Exception`` sees, after Rust's panic hook has written its own report, backtrace included,
+    straight to file descriptor 2. That descriptor is held in a temporary file meanwhile: its
+    content is written out unchanged when nothing panicked, and dropped for the one-line error.
+    """
+    with tempfile.TemporaryFile() as held:
+        try:
+            saved: int | None = os.dup(2)
+            os.dup2(held.fileno(), 2)
+        except OSError:  # no descriptor 2 to hold: only the exception is translated
+            saved = None
+        panicked = False
+        try:
+            yield
+        except BaseException as exc:
+            if type(exc).__name__ != "PanicException":
+                raise
+            panicked = True
+            reason = (str(exc).strip().splitlines() or ["a panic"])[0]
+            raise InputError(
+                what,
+                f"the tokenizer failed: {reason[:200]}",
+                "check the tokenizer's pre-tokenizer and normalizer patterns",
+            ) from None
+        finally:
+            if saved is not None:
+                os.dup2(saved, 2)
+                os.close(saved)
+                if not panicked:
+                    held.seek(0)
+                    with contextlib.suppress(OSError):
+                        os.write(2, held.read())
 
 
 def default_max_length(tokenizer: Any, model: TextModel | None) -> tuple[int, str]:
@@ -367,8 +410,10 @@ def tokenize(
     logging = transformers.utils.logging
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # lengths over model_max_length are what we count below
+    where = str(getattr(tokenizer, "name_or_path", "") or "--tokenizer")
     try:
-        full = tokenizer(**kwargs, truncation=False)
+        with rust_panics_as(where):
+            full = tokenizer(**kwargs, truncation=False)
     finally:
         logging.set_verbosity(verbosity)
     keys = list(full.keys())
@@ -378,7 +423,8 @@ def tokenize(
         cut_kwargs: dict[str, Any] = {"text": [texts[i] for i in long]}
         if pairs is not None:
             cut_kwargs["text_pair"] = [pairs[i] for i in long]
-        cut = tokenizer(**cut_kwargs, truncation=True, max_length=max_length)
+        with rust_panics_as(where):
+            cut = tokenizer(**cut_kwargs, truncation=True, max_length=max_length)
         for j, i in enumerate(long):
             encodings[i] = {key: list(cut[key][j]) for key in keys}
     return encodings, len(long)

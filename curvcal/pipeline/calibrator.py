@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from curvcal import jsontext
 from curvcal.calibration.analysis import STAGE_METHODS
 from curvcal.calibration.results import Calibrator
 from curvcal.errors import InputError
@@ -179,7 +180,7 @@ def load_calibrator_file(path: Path) -> CalibratorFile:
     where = str(path)
     readable_file(path, expected="calibrator file")
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = jsontext.loads(path.read_text(encoding="utf-8"), where)
     except UnicodeDecodeError:
         raise InputError(
             where, "is not a text file", "pass a file from --save-calibrator"

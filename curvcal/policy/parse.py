@@ -93,7 +93,12 @@ _DOMAIN: dict[str, tuple[float, float]] = {
 # uses them, exactly as if they had been given as options.
 _STR = "a string"
 _COUNT = "a whole number >= 1"
-_SEED = "a whole number >= 0"
+_SEED = "a whole number >= 0 and <= 2**63-1"
+_BINS = "a whole number >= 1 and <= 10000"
+#: ``curvcal.choices.MAX_SEED`` and ``MAX_BINS`` (a policy imports no other part of curvcal; a
+#: test holds the copies equal)
+MAX_SEED = 2**63 - 1
+MAX_BINS = 10_000
 _TABLE = "a table"
 _FRACTION = "a number between 0 and 1 (exclusive)"
 _POSITIVE = "a number > 0"
@@ -112,7 +117,7 @@ SETTINGS: dict[str, str] = {
     "fit_data": _STR,
     "val_split": _FRACTION,
     "seed": _SEED,
-    "bins": _COUNT,
+    "bins": _BINS,
     "edges": _STR,
     "method": _STR,
     "objective": _STR,
@@ -189,7 +194,9 @@ def load_policy(path: Path) -> Policy:
         raise InputError(str(path), f"cannot read the policy: {exc}") from None
     try:
         document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except RecursionError:  # tomllib recurses once per level of nested arrays or inline tables
+        raise InputError(str(path), "not valid TOML: nested too deep") from None
+    except ValueError as exc:  # TOMLDecodeError, or an integer of more than 4,300 digits
         # tomllib's message ends with "(at line L, column C)".
         found = re.search(r"at line (\d+)", str(exc))
         where = f"{path}:{found.group(1)}" if found else str(path)
@@ -223,7 +230,7 @@ def find_pyproject_policy(directory: Path) -> Path | None:
         return None
     try:
         document = tomllib.loads(candidate.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, RecursionError, ValueError):
         return candidate  # let load_policy report what is wrong with it
     tool = document.get("tool", {})
     return candidate if isinstance(tool, dict) and "curvcal" in tool else None
@@ -307,8 +314,13 @@ class _Parser:
                 )
             if isinstance(item, bool) or not isinstance(item, int | float):
                 self._fail((*where, key), f"bound {label}.{key} must be a number, not {item!r}")
-            if not math.isfinite(item):
-                self._fail((*where, key), f"bound {label}.{key} must be finite, not {item!r}")
+            if not _finite(item):
+                shown = (
+                    repr(item)
+                    if isinstance(item, float)
+                    else f"an integer of {int(item.bit_length() * math.log10(2)) + 1} digits"
+                )
+                self._fail((*where, key), f"bound {label}.{key} must be finite, not {shown}")
             numbers[key] = float(item)
         if not numbers:
             self._fail(where, f"[{label}] sets no bound", _choices("bounds", BOUNDS))
@@ -352,6 +364,14 @@ class _Parser:
         raise InputError(f"{self.path}:{line}" if line else str(self.path), why, hint)
 
 
+def _finite(number: float) -> bool:
+    """Whether ``number`` is a finite float, or an integer a float holds (10**400 is not)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
 def _has_kind(value: Any, kind: str) -> bool:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if kind == _STR:
@@ -367,19 +387,22 @@ def _has_kind(value: Any, kind: str) -> bool:
             and all(
                 isinstance(item, int | float)
                 and not isinstance(item, bool)
-                and math.isfinite(item)
+                and _finite(item)
                 and item >= 0
                 for item in value
             )
         )
-    if kind in (_COUNT, _SEED):
-        return isinstance(value, int) and not isinstance(value, bool) and value >= (kind == _COUNT)
+    if kind in (_COUNT, _SEED, _BINS):
+        lowest = 0 if kind == _SEED else 1
+        highest = MAX_BINS if kind == _BINS else MAX_SEED  # counts, too, are int64 at most
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        return whole and lowest <= value <= highest
     if kind == _FRACTION:
         return number and 0 < value < 1
     if kind == _POSITIVE:
-        return number and math.isfinite(value) and value > 0
+        return number and _finite(value) and value > 0
     if kind == _NONNEGATIVE:
-        return number and math.isfinite(value) and value >= 0
+        return number and _finite(value) and value >= 0
     raise AssertionError(kind)
 
 

@@ -112,6 +112,7 @@ def reliability_diagram(
     fmt = _format(path)
     per_row = len(panels) if columns is None else max(1, min(columns, len(panels)))
     rows = math.ceil(len(panels) / per_row)
+    _check_pixels(3.0 * per_row, 4.0 * rows, dpi, fmt, len(panels))
     with _drawing(dpi) as new_figure:
         figure = new_figure(3.0 * per_row, 4.0 * rows)
         grid = figure.add_gridspec(2 * rows, per_row, height_ratios=(3, 1) * rows)
@@ -140,6 +141,27 @@ def _legend_handles() -> list[Any]:
 def _check_dpi(dpi: int) -> None:
     if isinstance(dpi, bool) or not isinstance(dpi, int) or not 10 <= dpi <= 2400:
         raise InputError("--dpi", f"dots per inch must be an integer in 10..2400, got {dpi!r}")
+
+
+#: The largest raster image drawn: 2**28 pixels (1 GiB as RGBA), at most 2**16 - 1 a side
+#: (matplotlib's Agg renderer's own limit).
+MAX_PIXELS = 2**28
+MAX_SIDE = 2**16 - 1
+
+
+def _check_pixels(width: float, height: float, dpi: int, fmt: str, panels: int) -> None:
+    """Refuse a raster figure too large to allocate, before matplotlib tries (an
+    out-of-memory kill otherwise); vector formats have no pixels."""
+    if fmt in ("svg", "pdf"):
+        return
+    columns, lines = round(width * dpi), round(height * dpi)
+    if columns * lines > MAX_PIXELS or max(columns, lines) > MAX_SIDE:
+        raise InputError(
+            "--dpi",
+            f"{panels} reliability panels at {dpi} dpi make a {columns:,} x {lines:,}-pixel "
+            f"image, more than curvcal draws ({MAX_PIXELS:,} pixels, {MAX_SIDE:,} a side)",
+            "lower --dpi or --plot-classes, or write a .svg or .pdf file",
+        )
 
 
 def _check_bins(panel: ReliabilityPanel) -> None:
