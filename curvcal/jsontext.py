@@ -10,6 +10,12 @@ name the line), it refuses, as an :class:`~curvcal.errors.InputError` naming ``w
 - an integer outside the 64-bit signed range (no count, index, label, seed or size curvcal
   uses is larger, ``float()`` of one with 309 digits raises OverflowError, and one with more
   than 4,300 digits does not even convert).
+
+A library's own metadata (a Hugging Face ``config.json`` or ``tokenizer_config.json``, a saved
+dataset's ``state.json``) is read with ``wide_ints=True``: transformers writes
+``model_max_length`` as 10³⁰ to mean "no limit", so there an integer beyond 64 bits but within
+float64's range (at most 308 digits) is read as the float it stands for, and only a longer one
+is refused.
 """
 
 from __future__ import annotations
@@ -31,10 +37,13 @@ _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 # more digits than any int64 has: refused before int() spends time on (or refuses) the text
 _MAX_INT_DIGITS = len(str(MAX_INT))
+# the most digits an integer float64 can hold the magnitude of (10**308 < max float < 10**309)
+_MAX_FLOAT_DIGITS = 308
 
 
-def loads(text: str | bytes, what: str) -> Any:
-    """Parse ``text`` as JSON; too deep or too large an integer is an InputError on ``what``.
+def loads(text: str | bytes, what: str, *, wide_ints: bool = False) -> Any:
+    """Parse ``text`` as JSON; too deep or too large an integer is an InputError on ``what``
+    (with ``wide_ints``, integers beyond 64 bits up to 308 digits are read as floats).
 
     Syntax errors are raised as :class:`json.JSONDecodeError` (a ValueError), as by
     :func:`json.loads`; a bytes ``text`` that is not UTF-8 raises UnicodeDecodeError.
@@ -44,7 +53,7 @@ def loads(text: str | bytes, what: str) -> Any:
     if _bracket_depth_at_least(text, MAX_DEPTH + 1):
         raise _too_deep(what)
     try:
-        value = json.loads(text, parse_int=lambda digits: _parse_int(digits, what))
+        value = json.loads(text, parse_int=lambda digits: _parse_int(digits, what, wide_ints))
     except RecursionError:  # pragma: no cover - the scan above refuses these first
         raise _too_deep(what) from None
     return value
@@ -58,8 +67,14 @@ def _too_deep(what: str) -> InputError:
     )
 
 
-def _parse_int(digits: str, what: str) -> int:
+def _parse_int(digits: str, what: str, wide: bool = False) -> int | float:
     magnitude = digits.lstrip("-")
+    if (
+        wide
+        and _MAX_INT_DIGITS <= len(magnitude) <= _MAX_FLOAT_DIGITS
+        and abs(int(digits)) > MAX_INT
+    ):
+        return float(int(digits))
     if len(magnitude) > _MAX_INT_DIGITS or abs(int(digits)) > MAX_INT:
         shown = digits if len(digits) <= 24 else f"{digits[:12]}…({len(magnitude)} digits)"
         raise InputError(

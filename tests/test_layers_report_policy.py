@@ -7,7 +7,8 @@ violation is found without importing anything.
 * kernels, loaders and the policy import neither ``curvcal.report`` nor ``curvcal.commands``;
 * ``curvcal.policy`` imports no kernel, no loader and no third-party package (judging a saved
   report needs neither torch nor numpy): only the standard library, ``curvcal.errors``,
-  ``curvcal.results``, ``curvcal.paths`` (the input-path check) and itself;
+  ``curvcal.results``, ``curvcal.paths`` (the input-path check), ``curvcal.jsontext`` (the
+  bounded JSON reader, standard library only) and itself;
 * no command module imports another command;
 * no import cycle passes through ``curvcal.report`` or ``curvcal.policy``.
 
@@ -28,7 +29,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "curvcal"
 
 RUN_LAYER = ("curvcal.commands", "curvcal.pipeline", "curvcal.cli")
 KERNELS_AND_LOADERS = ("curvcal.curvature", "curvcal.calibration", "curvcal.load")
-POLICY_MAY_IMPORT = ("curvcal.errors", "curvcal.results", "curvcal.paths", "curvcal.policy")
+POLICY_MAY_IMPORT = (
+    "curvcal.errors",
+    "curvcal.results",
+    "curvcal.paths",
+    "curvcal.jsontext",
+    "curvcal.policy",
+)
 
 
 def module_name(path: Path) -> str:

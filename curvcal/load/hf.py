@@ -468,7 +468,7 @@ def _read_json(path: Path) -> Any:
 
     readable_file(path)
     try:
-        return jsontext.loads(path.read_text(encoding="utf-8"), str(path))
+        return jsontext.loads(path.read_text(encoding="utf-8"), str(path), wide_ints=True)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"is not valid JSON: {_one_line(exc)}") from None
 

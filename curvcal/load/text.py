@@ -233,7 +233,7 @@ def _read_saved_dataset(folder: Path) -> tuple[dict[str, list[Any]], tuple[Path,
 
 def _read_json(path: Path) -> Any:
     try:
-        return jsontext.loads(path.read_text(encoding="utf-8"), str(path))
+        return jsontext.loads(path.read_text(encoding="utf-8"), str(path), wide_ints=True)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(str(path), f"is not readable JSON ({_one_line(exc)})") from exc
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from curvcal import jsontext
+from curvcal.jsontext import loads as load_json_text
 from curvcal.errors import InputError
 from curvcal.paths import readable_file
 from curvcal.policy.evaluate import MetricValue, finite_value
@@ -126,7 +126,7 @@ def load_report(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"cannot read the report: {exc}") from None
     try:
-        document = jsontext.loads(text, str(path))
+        document = load_json_text(text, str(path))
     except json.JSONDecodeError as exc:
         raise InputError(
             f"{path}:{exc.lineno}", f"not valid JSON: {exc.msg}", "give a curvcal JSON report"

@@ -299,7 +299,7 @@ def test_unknown_choice_is_refused(mlp_case: Case) -> None:
         HessianSettings(keep_graphs="yes")
 
 
-@pytest.mark.parametrize(("trace_method", "passes"), [("hutchpp", 2), ("auto", 5)])
+@pytest.mark.parametrize(("trace_method", "passes"), [("hutchpp", 2), ("auto", 6)])
 def test_analysis_reports_the_kept_graphs(mlp_case: Case, trace_method: str, passes: int) -> None:
     model, x, y, hessian = mlp_case
     settings = HessianSettings(
@@ -308,9 +308,9 @@ def test_analysis_reports_the_kept_graphs(mlp_case: Case, trace_method: str, pas
     kept = analyse_hessian(model, split(x, y, BATCH), settings)
     assert kept.operator["graphs_kept"] is True and kept.operator["graphs_dropped"] is None
     # the mean loss reads the data once, the graphs once; every stage's products use them.
-    # auto takes the split trace on this tanh network: one pass for the Gauss–Newton part, one
-    # for the graphs of the linearised loss (the loss's own are freed meanwhile), and one to
-    # build those again for the per-module blocks
+    # auto takes the split trace on this tanh network: one pass to check linearity on every
+    # sample, one for the Gauss–Newton part, one for the graphs of the linearised loss (the
+    # loss's own are freed meanwhile), and one to build those again for the per-module blocks
     assert kept.operator["n_data_passes"] == passes
     rebuilt = analyse_hessian(
         model, split(x, y, BATCH), dataclasses.replace(settings, keep_graphs="never")
