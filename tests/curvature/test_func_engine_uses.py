@@ -86,6 +86,24 @@ class SmallCnn(nn.Module):
         return self.head(hidden.flatten(1))
 
 
+class CachedAtInit(nn.Module):
+    """A tensor computed from a layer's weight once, at construction, and used by every forward:
+    detached, it is a constant (no use of the weight at call time); kept as a view with its
+    graph, autograd differentiates through it to the weight, so it is a use."""
+
+    def __init__(self, detach: bool) -> None:
+        super().__init__()
+        kind = torch.float64  # built in float64: .double() would leave a cached view behind
+        self.a, self.head = nn.Linear(5, 6, dtype=kind), nn.Linear(6, 3, dtype=kind)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 6, dtype=kind))
+        cached = self.a.weight.t()
+        self.cached = cached.detach().clone() if detach else cached
+
+    def forward(self, x: Tensor) -> Tensor:
+        first = torch.relu(self.a(x)) * self.scale
+        return self.head(first + torch.relu(x.flip(1) @ self.cached))
+
+
 BROKEN = [ClosureReuse, ListHeld]
 ORDINARY = [Mlp, SmallCnn]
 
@@ -194,3 +212,19 @@ def test_the_proof_does_not_fire_in_float32(kind: type[nn.Module]) -> None:
     assert choice.engine == "func" and choice.fallback == ""
     traces = tensor_traces(HessianOperator(model.double(), [(x, y)]))
     assert sum(found.values()) == pytest.approx(traces.total, rel=1e-4)
+
+
+@pytest.mark.parametrize("detach", [True, False], ids=["detached", "view"])
+def test_a_tensor_cached_at_construction_is_a_use_exactly_when_autograd_says_so(
+    detach: bool,
+) -> None:
+    torch.manual_seed(7)
+    model = CachedAtInit(detach).eval()
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(23, 5, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, 3, (23,), generator=generator)
+    truth = _blocks(_dense_gauss_newton(model, x, y, CrossEntropy()), model)
+    found, choice = _forced_func(model, x, y, CrossEntropy())
+    for name, value in truth.items():
+        assert found[name] == pytest.approx(value, rel=1e-10, abs=1e-13), name
+    assert (choice.engine, choice.fallback == "") == (("func", True) if detach else ("loop", False))
