@@ -420,7 +420,7 @@ def _func_sums(
 def _unseen_note(engine: str, name: str) -> str:
     """Why ``engine`` was dropped for the autograd loop: it did not see every use of ``name``."""
     return (
-        f"{engine} did not see every use of {name} (the gradient it sums differs from "
+        f"{engine} did not see every use of {name} (the summed gradient differs from "
         "autograd's), so one backward per sample and eigenvector of the loss's Hessian took over"
     )
 
