@@ -23,7 +23,11 @@ engine proves on each batch that it saw every use of every tensor — the batch'
 from the hooks, for a random cotangent, must equal autograd's
 (:func:`~curvcal.curvature.per_sample.unseen_uses`) — and where it does not (a weight also passed
 to ``F.linear``, or held by a module of another kind) the autograd loop, which differentiates
-every use, takes over for good, and the result says so (:attr:`TensorTraces.note`).
+every use, takes over for good, and the result says so (:attr:`TensorTraces.note`). The
+``torch.func`` engine proves the same on each chunk of rows it runs
+(:func:`~curvcal.curvature.per_sample.differing_gradient`, the one check both engines call):
+``functional_call`` swaps only the module's registered tensors, so a use of a Parameter held
+elsewhere (a closure, a Python list or dict) would be a constant to it and its share lost.
 
 Linearity is checked before anything is spent (:func:`linearity_check`), on every sample of the
 data the trace is taken over (so no order of the samples changes the answer), batch by batch.
@@ -66,7 +70,15 @@ from torch import Tensor, nn
 
 from curvcal.curvature.engines import is_torchscript
 from curvcal.curvature.graph_linearity import proven_linear
-from curvcal.curvature.per_sample import Layer, Taps, layer_plan, parameter_norms, unseen_uses
+from curvcal.curvature.per_sample import (
+    Layer,
+    Taps,
+    differing_gradient,
+    layer_plan,
+    parameter_norms,
+    proof_cotangent,
+    unseen_uses,
+)
 from curvcal.curvature.results import TraceResult
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import CrossEntropy, Loss
@@ -250,7 +262,8 @@ class EngineChoice:
     The hooks must prove on every batch that they saw every use of every selected tensor
     (:func:`~curvcal.curvature.per_sample.unseen_uses`); where they do not, they are dropped for
     good in favour of the autograd ``loop``, which differentiates the Parameter itself and so
-    every use of it, and ``fallback`` says why."""
+    every use of it, and ``fallback`` says why. ``func`` proves the same on each chunk of rows
+    (:func:`_func_sums`) and is dropped for good in the same way."""
 
     def __init__(self, func_usable: bool, hooks: dict[str, Layer] | None = None) -> None:
         self.func_usable = func_usable
@@ -337,36 +350,103 @@ def _loop_sums(
     return magnitude, passes
 
 
+@dataclass(frozen=True)
+class _FuncDone:
+    """What :func:`_func_sums` added: Σ |λ|·‖Jᵀu‖² and the norms taken of the rows before
+    ``stop``, and ``unseen``: the first tensor with a use ``torch.func`` did not see on the
+    chunk from ``stop`` on ('' when it saw every use and ``stop`` is the end of the rows)."""
+
+    magnitude: float
+    passes: int
+    stop: int
+    unseen: str = ""
+
+
 def _func_sums(
     model: nn.Module, names: tuple[str, ...], params: tuple[Tensor, ...], work: _Work, rows: range
-) -> tuple[float, int]:
+) -> _FuncDone:
     """:func:`_loop_sums` by ``torch.func``: ``vmap`` over rows of ``vjp``, ``vmap`` over each
-    row's eigenvectors, in chunks of rows holding at most ``VMAP_BYTES`` of gradients."""
+    row's eigenvectors, in chunks of rows holding at most ``VMAP_BYTES`` of gradients.
+
+    ``functional_call`` swaps only the module's registered tensors, so a use of the Parameter
+    that does not go through them (a closure or a list holding it) is a constant to
+    ``torch.func`` and its share of every gradient would be lost. Each chunk therefore proves
+    it saw every use before it is added: each row's vjp also pulls back the cotangent w_n of
+    :func:`~curvcal.curvature.per_sample.proof_cotangent`, and the sum over the chunk's rows
+    must equal autograd's gradient of Σ_n w_nᵀz_n through the model called as it is
+    (:func:`~curvcal.curvature.per_sample.differing_gradient`). The first chunk that fails is
+    not added, and the rows from it on are left to the caller."""
     x, values, vectors, keep, sums = work.x, work.values, work.vectors, work.keep, work.sums
     frozen = {name: p.detach() for name, p in model.named_parameters()}
     primals = tuple(p.detach() for p in params)
     classes = values.shape[1]
-    per_row_bytes = classes * sum(p.numel() * p.element_size() for p in params)
+    per_row_bytes = (classes + 1) * sum(p.numel() * p.element_size() for p in params)
     chunk = max(1, VMAP_BYTES // max(per_row_bytes, 1))
 
-    def row_norms(row_x: Inputs, cotangents: Tensor) -> Tensor:
+    def row_norms(row_x: Inputs, cotangents: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         def logits(selected: tuple[Tensor, ...]) -> Tensor:
             values_ = {**frozen, **dict(zip(names, selected, strict=True))}
             return torch.func.functional_call(model, values_, (as_batch_of_one(row_x),))[0]
 
         pull = torch.func.vjp(logits, primals)[1]
-        grads = torch.func.vmap(pull)(cotangents)[0]
-        return torch.stack([g.reshape(classes, -1).double().pow(2).sum(1) for g in grads])
+        grads = torch.func.vmap(pull)(cotangents)[0]  # eigenvectors, then the proof's w_n
+        norms = torch.stack(
+            [g[:classes].reshape(classes, -1).double().pow(2).sum(1) for g in grads]
+        )
+        return norms, tuple(g[classes] for g in grads)
 
     weights = torch.where(keep, values, torch.zeros_like(values))
-    magnitude = 0.0
+    magnitude, passes = 0.0, 0
     for start in range(rows.start, rows.stop, chunk):
         part = slice(start, min(start + chunk, rows.stop))
-        cotangents = vectors[part].transpose(1, 2).to(primals[0].dtype)  # rows: eigenvectors
-        norms = torch.func.vmap(row_norms)(take_rows(x, part), cotangents)  # (b, T, C)
+        chunk_x = take_rows(x, part)
+        proof = proof_cotangent((part.stop - start, classes), primals[0].device)
+        cotangents = torch.cat([vectors[part].transpose(1, 2), proof.unsqueeze(1)], dim=1)
+        norms, proved = torch.func.vmap(row_norms)(chunk_x, cotangents.to(primals[0].dtype))
+        with torch.enable_grad():
+            z = model(chunk_x)
+            truth = torch.autograd.grad(z, params, grad_outputs=proof.to(z), allow_unused=True)
+        found = [g.detach().sum(0) for g in proved]
+        unseen = differing_gradient(names, params, found, truth, ROUNDING_ULPS)
+        if unseen:
+            return _FuncDone(magnitude, passes, start, unseen)
+        norms = norms.detach()  # a use outside the swapped tensors may have carried a graph
         sums.add_(torch.einsum("btc,bc->t", norms, weights[part]))
         magnitude += float(torch.einsum("btc,bc->", norms, weights[part].abs()))
-    return magnitude, int(keep[rows.start : rows.stop].sum())
+        passes += int(keep[part].sum())
+    return _FuncDone(magnitude, passes, rows.stop)
+
+
+def _unseen_note(engine: str, name: str) -> str:
+    """Why ``engine`` was dropped for the autograd loop: it did not see every use of ``name``."""
+    return (
+        f"{engine} did not see every use of {name} (the summed gradient differs from "
+        "autograd's), so one backward per sample and eigenvector of the loss's Hessian took over"
+    )
+
+
+def _func_then_loop(
+    model: nn.Module,
+    names: tuple[str, ...],
+    params: tuple[Tensor, ...],
+    work: _Work,
+    rows: range,
+    choice: EngineChoice,
+    done: _FuncDone | None = None,
+) -> tuple[float, int]:
+    """The rows by :func:`_func_sums` (``done``: its result when already run), and from the
+    first chunk it did not see every use on, by :func:`_loop_sums`, which differentiates the
+    Parameters themselves; ``choice`` then keeps the loop for good and says why. Returns Σ
+    |λ|·‖Jᵀu‖² and the norms taken."""
+    done = done or _func_sums(model, names, params, work, rows)
+    if done.stop > rows.start:
+        choice.ran.add("func")
+    if not done.unseen:
+        return done.magnitude, done.passes
+    choice.engine, choice.func_usable = "loop", False
+    choice.fallback = _unseen_note("torch.func", done.unseen)
+    rest = _loop_sums(model, params, work, range(done.stop, rows.stop))
+    return done.magnitude + rest[0], done.passes + rest[1]
 
 
 def _hook_sums(
@@ -427,11 +507,7 @@ def gauss_newton_sums(
             return (sums, *_hook_sums(names, taps, logits, work))
         # a use the hooks did not see: autograd's loop, which sees every use, from now on
         choice.hooks, choice.engine = None, "loop"
-        choice.fallback = (
-            f"the layer hooks did not see every use of {unseen} (their gradient differs from "
-            "autograd's), so one backward per sample and eigenvector of the loss's Hessian took "
-            "over"
-        )
+        choice.fallback = _unseen_note("the layer hooks", unseen)
     total = n_rows(x)
     magnitude, passes, start = 0.0, 0, 0
     if choice.engine is None:  # decide on this batch's first rows, each engine once warm
@@ -443,26 +519,25 @@ def gauss_newton_sums(
         choice.engine = "loop"
         warm = None
         if loop_row < VMAP_TRY_SECONDS and total > 3:
-            try:  # one row, added only once it is whole
+            try:  # one row, added only once it is whole and proven
                 warm = _func_sums(model, names, params, work, range(2, 3))
             except Exception:  # vmap cannot run this model: data-dependent control flow,
                 choice.func_usable = False  # an operator without a batching rule
         if warm is not None:
+            found = _func_then_loop(model, names, params, work, range(2, 3), choice, warm)
+            magnitude, passes, start = magnitude + found[0], passes + found[1], 3
+        if warm is not None and choice.func_usable:
             trial = range(3, min(total, 3 + 32))
             began = time.perf_counter()
-            timed = _func_sums(model, names, params, work, trial)
+            timed = _func_then_loop(model, names, params, work, trial, choice)
             func_row = (time.perf_counter() - began) / len(trial)
-            magnitude += warm[0] + timed[0]
-            passes += warm[1] + timed[1]
-            start = trial.stop
-            if func_row < loop_row:
+            magnitude, passes, start = magnitude + timed[0], passes + timed[1], trial.stop
+            if choice.func_usable and func_row < loop_row:
                 choice.engine = "func"
     rest = range(start, total)
     choice.ran.add("autograd")
-    if start > 2 or choice.engine == "func":
-        choice.ran.add("func")
     if choice.engine == "func":
-        found = _func_sums(model, names, params, work, rest)
+        found = _func_then_loop(model, names, params, work, rest, choice)
     else:
         found = _loop_sums(model, params, work, rest)
     return work.sums, magnitude + found[0], passes + found[1]

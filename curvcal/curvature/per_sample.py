@@ -311,37 +311,55 @@ def layer_norms(layer: Layer, activation: Tensor, delta: Tensor) -> dict[str, Te
     }
 
 
-def unseen_uses(
-    taps: Taps, logits: Tensor, names: Sequence[str], params: Sequence[Tensor], ulps: float
-) -> str:
-    """The first selected parameter with a use the hooks did not see ('' when they saw every
-    use of every one), from one backward of wᵀz (``logits`` z of the recorded forward, w a
-    Gaussian cotangent from a fixed seed) to both the recorded outputs and the parameters: the
-    batch's gradient summed from the hooks (:func:`hooked_gradients`) must equal autograd's,
-    which counts every use, to within ``ulps`` ε of the parameters' dtype relative to the two
-    gradients' norms. A missed use (the Parameter passed to ``F.linear``, or held by a module
-    outside the plan) changes autograd's gradient for almost every w."""
-    outputs = taps.flat_outputs()
+def proof_cotangent(shape: Sequence[int], device: torch.device | None = None) -> Tensor:
+    """The random cotangent w of the every-use proof (:func:`differing_gradient`): float64
+    Gaussian of ``shape`` from a fixed seed, so the same rows get the same check."""
     generator = torch.Generator().manual_seed(0)
-    cotangent = torch.randn(logits.shape, generator=generator, dtype=torch.float64)
-    grads = torch.autograd.grad(
-        logits,
-        [*outputs, *params],
-        grad_outputs=cotangent.to(logits),
-        retain_graph=True,
-        allow_unused=True,
-    )
-    hooked = hooked_gradients(taps, grads[: len(outputs)])
+    return torch.randn(tuple(shape), generator=generator, dtype=torch.float64).to(device)
+
+
+def differing_gradient(
+    names: Sequence[str],
+    params: Sequence[Tensor],
+    found: Sequence[Tensor | None],
+    truth: Sequence[Tensor | None],
+    ulps: float,
+) -> str:
+    """The first selected parameter whose gradient ``found`` by a per-sample engine (summed over
+    the rows, for the cotangent w of :func:`proof_cotangent`) differs from autograd's ``truth``
+    for the same rows and w — which differentiates the Parameter itself, so every use of it — by
+    more than ``ulps`` ε of the parameters' dtype relative to the two gradients' norms ('' when
+    none does: the engine saw every use). ``None`` is a zero gradient. A use the engine missed
+    changes autograd's gradient for almost every w: it is the one proof that the layer hooks
+    (:func:`unseen_uses`) and ``torch.func`` share."""
     epsilon = torch.finfo(params[0].dtype).eps
-    for name, param, truth in zip(names, params, grads[len(outputs) :], strict=True):
-        found = hooked.get(name)
-        want = (
-            torch.zeros(param.numel(), dtype=torch.float64, device=param.device)
-            if truth is None
-            else truth.detach().double().flatten()
-        )
-        got = torch.zeros_like(want) if found is None else found.detach().double()
+    for name, param, got_, want_ in zip(names, params, found, truth, strict=True):
+        zero = torch.zeros(param.numel(), dtype=torch.float64, device=param.device)
+        want = zero if want_ is None else want_.detach().double().flatten()
+        got = zero if got_ is None else got_.detach().double().flatten()
         allowed = ulps * epsilon * (float(want.norm()) + float(got.norm()))
         if not float((got - want).norm()) <= allowed:
             return name
     return ""
+
+
+def unseen_uses(
+    taps: Taps, logits: Tensor, names: Sequence[str], params: Sequence[Tensor], ulps: float
+) -> str:
+    """The first selected parameter with a use the hooks did not see ('' when they saw every
+    use of every one), from one backward of wᵀz (``logits`` z of the recorded forward, w of
+    :func:`proof_cotangent`) to both the recorded outputs and the parameters: the batch's
+    gradient summed from the hooks (:func:`hooked_gradients`) must equal autograd's
+    (:func:`differing_gradient`). A missed use: the Parameter passed to ``F.linear``, or held by
+    a module outside the plan."""
+    outputs = taps.flat_outputs()
+    grads = torch.autograd.grad(
+        logits,
+        [*outputs, *params],
+        grad_outputs=proof_cotangent(logits.shape).to(logits),
+        retain_graph=True,
+        allow_unused=True,
+    )
+    hooked = hooked_gradients(taps, grads[: len(outputs)])
+    found = [hooked.get(name) for name in names]
+    return differing_gradient(names, params, found, grads[len(outputs) :], ulps)
