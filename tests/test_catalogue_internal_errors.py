@@ -575,7 +575,9 @@ def test_timm_model_args_that_break_the_model_name_the_config(tmp_path: Path, ru
     result = run_cli("calibrate", folder, "--data", "x.pt", "--device", "cpu")
     assert result.code == 2, result.output
     line = result.stderr.strip()
-    assert line.startswith(f"curvcal: error: {folder / 'config.json'} (model_args): timm:test_resnet cannot")
+    assert line.startswith(
+        f"curvcal: error: {folder / 'config.json'} (model_args): timm:test_resnet cannot"
+    )
     assert "nope" in line and len(line.splitlines()) == 1
 
 

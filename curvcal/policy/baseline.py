@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from curvcal.jsontext import loads as load_json_text
 from curvcal.errors import InputError
+from curvcal.jsontext import loads as load_json_text
 from curvcal.paths import readable_file
 from curvcal.policy.evaluate import MetricValue, finite_value
 from curvcal.policy.parse import CALIBRATION_METRICS, STAGES, UNCALIBRATED
