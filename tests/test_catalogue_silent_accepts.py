@@ -1,0 +1,207 @@
+"""Bad-input catalogue, hardening round three: what was accepted silently, and what misled.
+
+Each case builds its input in the test, runs the real command in-process, and checks the exit
+code, the one line naming the option or file at fault, that every input is byte for byte
+unchanged, and that no output file appeared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from curvcal.models import DigitsCNN
+
+ARCH_META = {
+    "curvcal.arch": "curvcal:DigitsCNN",
+    "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
+}
+
+
+def _digests(*roots: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``roots`` (files or folders), by path."""
+    files = [p for root in roots for p in ([root] if root.is_file() else sorted(root.rglob("*")))]
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
+
+
+def _one_error_line(stderr: str, *pieces: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("curvcal: error: "), stderr
+    for piece in pieces:
+        assert piece in lines[0], (piece, lines[0])
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def _logits_file(path: Path, seed: int = 0, n: int = 60) -> Path:
+    rng = np.random.default_rng(seed)
+    np.savez(path, logits=rng.normal(size=(n, 3)) * 3, labels=rng.integers(0, 3, n))
+    return path
+
+
+def _model(folder: Path) -> Path:
+    """A digits classifier whose safetensors metadata names its architecture."""
+    torch.manual_seed(0)
+    state = {k: v.contiguous() for k, v in DigitsCNN(num_classes=3, width=1).state_dict().items()}
+    path = folder / "model.safetensors"
+    save_file(state, str(path), ARCH_META)
+    return path
+
+
+def _images(folder: Path) -> Path:
+    generator = torch.Generator().manual_seed(1)
+    path = folder / "data.pt"
+    x = torch.randn(12, 1, 8, 8, generator=generator)
+    torch.save({"x": x, "y": torch.arange(12) % 3}, path)
+    return path
+
+
+# =============================================================================================
+# An option given twice with two different values: click kept the last one, unannounced.
+# =============================================================================================
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "values"),
+    [
+        (
+            ["metrics", "{logits}", "--seed", "1", "--seed", "2", "--val-split", "0.5"],
+            "--seed",
+            ("'1'", "'2'"),
+        ),
+        (
+            ["metrics", "{logits}", "-o", "{tmp}/a.json", "--out", "{tmp}/b.json"],
+            "-o/--output",
+            ("a.json", "b.json"),
+        ),
+        (["metrics", "{logits}", "--bins", "10", "--bins=15"], "--bins", ("'10'", "'15'")),
+        (
+            ["hessian", "{model}", "--data", "{data}", "--data", "{logits}"],
+            "--data",
+            ("data.pt", "logits.npz"),
+        ),
+        (
+            ["hessian", "{model}", "--data", "{data}", "--trace", "--no-trace"],
+            "--trace/--no-trace",
+            ("--trace", "--no-trace"),
+        ),
+        (
+            ["-o", "{tmp}/a.json", "-o", "{tmp}/b.json", "version"],
+            "-o/--output",
+            ("a.json", "b.json"),
+        ),
+    ],
+    ids=["seed", "output", "bins-equals", "data", "flag-both-ways", "group-output"],
+)
+def test_option_given_twice_with_different_values_is_refused(
+    run_cli, tmp_path: Path, args: list[str], option: str, values: tuple[str, str]
+) -> None:
+    logits = _logits_file(tmp_path / "logits.npz")
+    model, data = _model(tmp_path), _images(tmp_path)
+    before = _digests(tmp_path)
+    names = {"logits": logits, "model": model, "data": data, "tmp": tmp_path}
+    result = run_cli(*[a.format(**names) for a in args])
+    assert result.code == 2, result.output
+    line = _one_error_line(result.stderr, option, "different values", *values)
+    assert "give it once" in line
+    assert _digests(tmp_path) == before
+    assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
+
+
+def test_option_given_twice_with_the_same_value_is_accepted(run_cli, tmp_path: Path) -> None:
+    logits = _logits_file(tmp_path / "logits.npz")
+    result = run_cli("metrics", logits, "--bins", "10", "--bins", "10", "--json", "--json")
+    assert result.code == 0, result.output
+    assert '"n_bins": 10' in result.stdout or '"bins": 10' in result.stdout
+
+
+def test_multiple_options_still_collect_every_value(run_cli, tmp_path: Path) -> None:
+    """``--params`` is a multiple option: two different patterns are two selections."""
+    model, data = _model(tmp_path), _images(tmp_path)
+    result = run_cli(
+        "hessian", model, "--data", data, "--device", "cpu", "--no-trace", "--top-k", "1",
+        "--params", "features.*", "--params", "classifier.*", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.output
+
+
+# =============================================================================================
+# --state-dict-key with a file that has no keys above its weights: it was ignored.
+# =============================================================================================
+
+
+def test_state_dict_key_with_safetensors_is_refused(run_cli, tmp_path: Path) -> None:
+    model, data = _model(tmp_path), _images(tmp_path)
+    before = _digests(tmp_path)
+    result = run_cli(
+        "hessian", model, "--data", data, "--device", "cpu", "--no-trace",
+        "--state-dict-key", "model",
+    )  # fmt: skip
+    assert result.code == 2, result.output
+    _one_error_line(result.stderr, "--state-dict-key", str(model), "safetensors")
+    assert _digests(tmp_path) == before
+
+
+def test_state_dict_key_with_a_pickled_module_is_refused(run_cli, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    path = tmp_path / "whole.pt"
+    torch.save(DigitsCNN(num_classes=3, width=1), path)
+    data = _images(tmp_path)
+    before = _digests(tmp_path)
+    result = run_cli(
+        "hessian", path, "--data", data, "--device", "cpu", "--no-trace",
+        "--trust-checkpoint", "--state-dict-key", "model",
+    )  # fmt: skip
+    assert result.code == 2, result.output
+    _one_error_line(result.stderr, "--state-dict-key", str(path), "pickled module")
+    assert _digests(tmp_path) == before
+
+
+def test_state_dict_key_with_a_pickled_dict_still_selects(run_cli, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    path = tmp_path / "ckpt.pt"
+    state = DigitsCNN(num_classes=3, width=1).state_dict()
+    torch.save({"ema": state, "other": {"step": 3}}, path)
+    data = _images(tmp_path)
+    result = run_cli(
+        "hessian", path, "--arch", "curvcal:DigitsCNN", "--arch-kwargs",
+        '{"num_classes": 3, "width": 1}', "--data", data, "--device", "cpu", "--no-trace",
+        "--top-k", "1", "--state-dict-key", "ema", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.output
+
+
+# =============================================================================================
+# metrics --fit naming the evaluation file itself: fitted and measured on the same rows.
+# =============================================================================================
+
+
+@pytest.mark.parametrize("how", ["same-path", "other-spelling", "copy"])
+def test_fit_on_the_evaluation_file_is_refused(run_cli, tmp_path: Path, how: str) -> None:
+    logits = _logits_file(tmp_path / "logits.npz")
+    if how == "same-path":
+        fit = logits
+    elif how == "other-spelling":
+        (tmp_path / "sub").mkdir()
+        fit = tmp_path / "sub" / ".." / "logits.npz"
+    else:
+        fit = tmp_path / "copy.npz"
+        fit.write_bytes(logits.read_bytes())
+    before = _digests(tmp_path)
+    result = run_cli("metrics", logits, "--fit", fit, "-o", tmp_path / "out.json")
+    assert result.code == 2, result.output
+    _one_error_line(result.stderr, "--fit", str(fit), "same rows", "--val-split")
+    assert _digests(tmp_path) == before
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_fit_on_a_different_file_still_runs(run_cli, tmp_path: Path) -> None:
+    logits = _logits_file(tmp_path / "logits.npz")
+    fit = _logits_file(tmp_path / "fit.npz", seed=1)
+    result = run_cli("metrics", logits, "--fit", fit, "--method", "ts", "--json")
+    assert result.code == 0, result.output
