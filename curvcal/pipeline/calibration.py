@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from curvcal.errors import NumericalError
+from curvcal.errors import InputError, NumericalError
 from curvcal.results import Report
 
 if TYPE_CHECKING:
@@ -413,6 +413,8 @@ def run_metrics(
     began = time.perf_counter()
     warnings: list[str] = []
     keys = (request.input_kind, request.scores_key, request.labels_key, request.nan_policy)
+    if request.fit_file is not None:
+        _refuse_fit_on_itself(request.logits, request.fit_file)
     data = load_logits(request.logits, *keys)
     described: dict[str, Any] = {"logits": _describe(request.logits, data, warnings)}
     _check_kind(request.logits, data, request, warnings)
@@ -492,7 +494,6 @@ def _applied_calibrators(
     no provenance is a warning."""
     from dataclasses import asdict
 
-    from curvcal.errors import InputError
     from curvcal.load.digest import file_info
     from curvcal.pipeline.calibrator import load_calibrator_file, provenance_mismatches
 
@@ -561,6 +562,24 @@ def _check_kind(path: Path, data: LogitsData, request: MetricsRequest, warnings:
             PROBS_REMEDY,
         )
     warnings.append(probabilities_as_logits(str(path)))
+
+
+def _refuse_fit_on_itself(logits: Path, fit_file: Path) -> None:
+    """Refuse ``--fit`` naming the evaluation file itself (the same file, or the same bytes):
+    maps fitted and measured on the same rows look better than they are, and the report would
+    present an in-sample number as a held-out one."""
+    from curvcal.load.digest import file_info
+
+    same_file = logits.resolve() == fit_file.resolve()
+    if not same_file and logits.is_file() and fit_file.is_file():
+        same_file = file_info(logits).sha256 == file_info(fit_file).sha256
+    if same_file:
+        raise InputError(
+            f"--fit {fit_file}",
+            f"is the evaluation file {logits} itself (same contents): fitting and measuring "
+            "on the same rows flatters every map",
+            "give a held-out file to --fit, or --val-split F to carve one out of LOGITS",
+        )
 
 
 def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:
