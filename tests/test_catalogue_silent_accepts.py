@@ -205,3 +205,83 @@ def test_fit_on_a_different_file_still_runs(run_cli, tmp_path: Path) -> None:
     fit = _logits_file(tmp_path / "fit.npz", seed=1)
     result = run_cli("metrics", logits, "--fit", fit, "--method", "ts", "--json")
     assert result.code == 0, result.output
+
+
+# =============================================================================================
+# A pickle that takes its global's names from the memo: inspect named a decoy, not posix.system.
+# =============================================================================================
+
+
+def _short(text: str) -> bytes:
+    data = text.encode()
+    return b"\x8c" + bytes([len(data)]) + data  # SHORT_BINUNICODE
+
+
+def _memo_trick_pickle(marker: Path) -> bytes:
+    """``posix.system('touch MARKER')`` whose names are stashed in the memo (MEMOIZE, POP),
+    then a harmless pair of literal strings is pushed and popped as a decoy, and the real
+    names are fetched back (BINGET) just before STACK_GLOBAL."""
+    return (
+        b"\x80\x04"  # PROTO 4
+        + _short("posix") + b"\x94" + b"0"  # MEMOIZE (0), POP
+        + _short("system") + b"\x94" + b"0"  # MEMOIZE (1), POP
+        + _short("collections") + _short("OrderedDict") + b"0" + b"0"  # the decoy
+        + b"h\x00" + b"h\x01" + b"\x93"  # BINGET 0, BINGET 1, STACK_GLOBAL
+        + _short(f"touch {marker}") + b"\x85" + b"R" + b"."  # TUPLE1, REDUCE, STOP
+    )  # fmt: skip
+
+
+def _torch_zip_with_pickle(path: Path, payload: bytes) -> Path:
+    """A torch zip checkpoint whose main pickle is ``payload``."""
+    import zipfile
+
+    torch.save({"a": torch.zeros(2)}, path)
+    with zipfile.ZipFile(path) as archive:
+        members = [(info, archive.read(info.filename)) for info in archive.infolist()]
+    with zipfile.ZipFile(path, "w") as archive:
+        for info, data in members:
+            archive.writestr(info, payload if info.filename.endswith("/data.pkl") else data)
+    return path
+
+
+def test_inspect_names_the_global_a_memo_trick_pickle_would_call(run_cli, tmp_path: Path) -> None:
+    import json
+
+    marker = tmp_path / "pwned"
+    path = _torch_zip_with_pickle(tmp_path / "model.pt", _memo_trick_pickle(marker))
+    before = _digests(tmp_path)
+    result = run_cli("inspect", path, "--json")
+    assert result.code == 0, result.output
+    info = json.loads(result.stdout)["results"]
+    assert info["unsafe_globals"] == ["posix.system"] and info["needs_trust"]
+    assert not marker.exists()
+    assert _digests(tmp_path) == before
+
+
+def test_loading_a_memo_trick_pickle_is_refused_naming_its_global(run_cli, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    path = _torch_zip_with_pickle(tmp_path / "model.pt", _memo_trick_pickle(marker))
+    data = _images(tmp_path)
+    before = _digests(tmp_path)
+    result = run_cli("hessian", path, "--arch", "curvcal:DigitsCNN", "--data", data)
+    assert result.code == 2, result.output
+    _one_error_line(result.stderr, str(path), "posix.system", "--trust-checkpoint")
+    assert not marker.exists()
+    assert _digests(tmp_path) == before
+
+
+def test_memo_scan_follows_put_and_get_by_index() -> None:
+    """Protocol 2 memo opcodes (BINPUT n / BINGET n, explicit indices) are followed too."""
+    import io
+
+    from curvcal.load.formats import pickle_globals
+
+    payload = (
+        b"\x80\x02"
+        + b"X\x05\x00\x00\x00posixq\x070"  # BINUNICODE, BINPUT 7, POP
+        + b"X\x06\x00\x00\x00systemq\x090"  # BINUNICODE, BINPUT 9, POP
+        + b"X\x01\x00\x00\x00aX\x01\x00\x00\x00b00"  # a decoy pair, popped
+        + b"h\x07h\x09\x93"  # BINGET 7, BINGET 9, STACK_GLOBAL
+        + b"X\x04\x00\x00\x00true\x85R."
+    )
+    assert pickle_globals(io.BytesIO(payload)).names == ("posix.system",)
