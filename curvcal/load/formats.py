@@ -327,8 +327,9 @@ def pickle_globals(stream: BinaryIO, n_pickles: int = 1, object_index: int = 0) 
         last: str | None = None  # the string the last opcode pushed (None: not a string)
         for opcode, arg, _pos in pickletools.genops(stream):
             name = opcode.name
-            if name in _GET_OPS and isinstance(memo.get(int(arg)), str):
-                last = memo[int(arg)]
+            index = arg if isinstance(arg, int) else -1  # the memo index of PUT and GET ops
+            if name in _GET_OPS and isinstance(memo.get(index), str):
+                last = memo[index]
                 strings.append(str(last))
                 continue
             if name in _STRING_OPS:
@@ -339,7 +340,7 @@ def pickle_globals(stream: BinaryIO, n_pickles: int = 1, object_index: int = 0) 
                 memo[len(memo)] = last
                 continue
             if name in _PUT_OPS:
-                memo[int(arg)] = last
+                memo[index] = last
                 continue
             if name in _NEUTRAL_OPS:
                 continue
