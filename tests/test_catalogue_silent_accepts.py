@@ -285,3 +285,66 @@ def test_memo_scan_follows_put_and_get_by_index() -> None:
         + b"X\x04\x00\x00\x00true\x85R."
     )
     assert pickle_globals(io.BytesIO(payload)).names == ("posix.system",)
+
+
+# =============================================================================================
+# Plans beyond what can help: more trace probes than make the trace exact ran for ever.
+# =============================================================================================
+
+
+@pytest.mark.parametrize("method", ["hutchinson", "hutchpp", "xtrace"])
+@pytest.mark.parametrize("absurd", [False, True], ids=["3P+1", "1e12"])
+def test_probes_beyond_three_times_the_parameters_are_refused(
+    run_cli, tmp_path: Path, method: str, absurd: bool
+) -> None:
+    """Refused before any product; 10^12 probes ran for ever (3P + 1 ran, a needless product)."""
+    model, data = _model(tmp_path), _images(tmp_path)
+    n_params = sum(p.numel() for p in DigitsCNN(num_classes=3, width=1).parameters())
+    probes = str(10**12 if absurd else 3 * n_params + 1)
+    before = _digests(tmp_path)
+    result = run_cli(
+        "hessian", model, "--data", data, "--device", "cpu", "--trace-method", method,
+        "--probes", probes, "-o", tmp_path / "out.json",
+    )  # fmt: skip
+    assert result.code == 2, result.output
+    _one_error_line(result.stderr, "--probes", probes, f"{n_params} parameters",
+                    f"--probes {3 * n_params} or fewer")  # fmt: skip
+    assert _digests(tmp_path) == before
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_probes_at_three_times_the_parameters_give_the_exact_trace(run_cli, tmp_path: Path) -> None:
+    """The bound's claim, against the dense float64 Hessian: Hutch++ with 3P products is exact
+    up to rounding."""
+    import json
+
+    from torch.func import functional_call, hessian
+
+    model_path, data = _model(tmp_path), _images(tmp_path)
+    net = DigitsCNN(num_classes=3, width=1).double().eval()
+    from safetensors.torch import load_file
+
+    net.load_state_dict({k: v.double() for k, v in load_file(str(model_path)).items()})
+    names = [n for n, _ in net.named_parameters()]
+    shapes = [p.shape for _, p in net.named_parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for _, p in net.named_parameters()])
+    batch = torch.load(data)
+
+    def loss(vector: torch.Tensor) -> torch.Tensor:
+        parts, start = {}, 0
+        for name, shape in zip(names, shapes, strict=True):
+            size = int(torch.Size(shape).numel())
+            parts[name] = vector[start : start + size].reshape(shape)
+            start += size
+        logits = functional_call(net, parts, (batch["x"].double(),))
+        return torch.nn.functional.cross_entropy(logits, batch["y"])
+
+    truth = float(torch.trace(hessian(loss)(flat)))
+    n_params = flat.numel()
+    result = run_cli(
+        "hessian", model_path, "--data", data, "--device", "cpu", "--dtype", "float64",
+        "--trace-method", "hutchpp", "--probes", str(3 * n_params), "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.output
+    estimate = json.loads(result.stdout)["results"]["trace"]["estimate"]
+    assert estimate == pytest.approx(truth, rel=1e-6, abs=1e-9)

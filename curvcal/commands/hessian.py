@@ -80,7 +80,8 @@ if TYPE_CHECKING:
     type=click.IntRange(min=2),
     default=100,
     show_default=True,
-    help="Trace probes (with --trace-rtol: the most probes drawn).",
+    help="Trace probes (with --trace-rtol: the most probes drawn); at most 3P for hutchpp, "
+    "xtrace and hutchinson (P parameters), where 3P products already make the trace exact.",
 )
 @click.option(
     "--trace-rtol",
