@@ -348,3 +348,49 @@ def test_probes_at_three_times_the_parameters_give_the_exact_trace(run_cli, tmp_
     assert result.code == 0, result.output
     estimate = json.loads(result.stdout)["results"]["trace"]["estimate"]
     assert estimate == pytest.approx(truth, rel=1e-6, abs=1e-9)
+
+
+# =============================================================================================
+# Booleans as logits in a parquet file: read as 0.0 and 1.0 (CSV and tensor files refuse them).
+# =============================================================================================
+
+
+@pytest.mark.parametrize("layout", ["list-column", "per-class-columns"])
+def test_parquet_boolean_scores_are_refused(run_cli, tmp_path: Path, layout: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    flags, labels = rng.random((20, 3)) > 0.5, rng.integers(0, 3, 20)
+    if layout == "list-column":
+        table = pa.table({"logits": [list(map(bool, row)) for row in flags], "labels": labels})
+        column = "logits"
+    else:
+        table = pa.table({**{f"logits_{k}": flags[:, k] for k in range(3)}, "labels": labels})
+        column = "logits_0"
+    path = tmp_path / "scores.parquet"
+    pq.write_table(table, path)
+    before = _digests(tmp_path)
+    result = run_cli("metrics", path, "--json")
+    assert result.code == 2, result.output
+    _one_error_line(result.stderr, str(path), f"of '{column}'", "boolean, not a score")
+    assert result.stdout == ""
+    assert _digests(tmp_path) == before
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors", ".pt"])
+def test_tensor_file_boolean_scores_are_refused(run_cli, tmp_path: Path, suffix: str) -> None:
+    rng = np.random.default_rng(0)
+    flags, labels = rng.random((20, 3)) > 0.5, rng.integers(0, 3, 20)
+    path = tmp_path / f"scores{suffix}"
+    if suffix == ".npz":
+        np.savez(path, logits=flags, labels=labels)
+    elif suffix == ".safetensors":
+        save_file({"logits": torch.tensor(flags), "labels": torch.tensor(labels)}, str(path))
+    else:
+        torch.save({"logits": torch.tensor(flags), "labels": torch.tensor(labels)}, path)
+    before = _digests(tmp_path)
+    result = run_cli("metrics", path, "--json")
+    assert result.code == 2, result.output
+    _one_error_line(result.stderr, str(path), "bool", "floats")
+    assert _digests(tmp_path) == before
