@@ -394,3 +394,33 @@ def test_tensor_file_boolean_scores_are_refused(run_cli, tmp_path: Path, suffix:
     assert result.code == 2, result.output
     _one_error_line(result.stderr, str(path), "bool", "floats")
     assert _digests(tmp_path) == before
+
+
+@pytest.mark.parametrize("how", ["same-spec", "copy"])
+def test_calibrate_fit_data_that_is_the_data_is_refused(run_cli, tmp_path: Path, how: str) -> None:
+    model, data = _model(tmp_path), _images(tmp_path)
+    fit = data
+    if how == "copy":
+        fit = tmp_path / "copy.pt"
+        fit.write_bytes(data.read_bytes())
+    before = _digests(tmp_path)
+    result = run_cli(
+        "calibrate", model, "--data", data, "--fit-data", fit, "--device", "cpu",
+        "-o", tmp_path / "out.json",
+    )  # fmt: skip
+    assert result.code == 2, result.output
+    _one_error_line(result.stderr, "--fit-data", str(fit), "same rows")
+    assert _digests(tmp_path) == before
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_calibrate_fit_data_that_differs_still_runs(run_cli, tmp_path: Path) -> None:
+    model, data = _model(tmp_path), _images(tmp_path)
+    fit = tmp_path / "fit.pt"
+    generator = torch.Generator().manual_seed(2)
+    torch.save({"x": torch.randn(12, 1, 8, 8, generator=generator), "y": torch.arange(12) % 3}, fit)
+    result = run_cli(
+        "calibrate", model, "--data", data, "--fit-data", fit, "--device", "cpu",
+        "--method", "ts", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.output

@@ -233,6 +233,8 @@ def run_calibrate(
     from curvcal.provenance import environment
 
     fit_data = request.fit_data
+    if fit_data is not None:
+        _refuse_fit_on_itself(request.data_options.spec, fit_data, "--fit-data", "--data")
     settings = request.calibration.settings(request.method)
     fraction = None
     if request.method != "none" and fit_data is None:
@@ -564,21 +566,28 @@ def _check_kind(path: Path, data: LogitsData, request: MetricsRequest, warnings:
     warnings.append(probabilities_as_logits(str(path)))
 
 
-def _refuse_fit_on_itself(logits: Path, fit_file: Path) -> None:
-    """Refuse ``--fit`` naming the evaluation file itself (the same file, or the same bytes):
-    maps fitted and measured on the same rows look better than they are, and the report would
-    present an in-sample number as a held-out one."""
+def _refuse_fit_on_itself(
+    evaluated: str | Path,
+    fitted: str | Path,
+    fit_option: str = "--fit",
+    evaluated_name: str = "the evaluation file",
+) -> None:
+    """Refuse a fit split that is the evaluation data itself (the same spec or file, or a file
+    with the same bytes): maps fitted and measured on the same rows look better than they are,
+    and the report would present an in-sample number as a held-out one."""
     from curvcal.load.digest import file_info
 
-    same_file = logits.resolve() == fit_file.resolve()
-    if not same_file and logits.is_file() and fit_file.is_file():
-        same_file = file_info(logits).sha256 == file_info(fit_file).sha256
-    if same_file:
+    first, second = Path(evaluated), Path(fitted)
+    same = str(evaluated) == str(fitted)
+    if not same and first.is_file() and second.is_file():
+        same = first.resolve() == second.resolve()
+        same = same or file_info(first).sha256 == file_info(second).sha256
+    if same:
         raise InputError(
-            f"--fit {fit_file}",
-            f"is the evaluation file {logits} itself (same contents): fitting and measuring "
+            f"{fit_option} {fitted}",
+            f"is {evaluated_name} {evaluated} itself (same contents): fitting and measuring "
             "on the same rows flatters every map",
-            "give a held-out file to --fit, or --val-split F to carve one out of LOGITS",
+            f"give held-out data to {fit_option}, or --val-split F to carve it out",
         )
 
 
