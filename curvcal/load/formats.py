@@ -327,9 +327,9 @@ def pickle_globals(stream: BinaryIO, n_pickles: int = 1, object_index: int = 0) 
         last: str | None = None  # the string the last opcode pushed (None: not a string)
         for opcode, arg, _pos in pickletools.genops(stream):
             name = opcode.name
-            index = arg if isinstance(arg, int) else -1  # the memo index of PUT and GET ops
-            if name in _GET_OPS and isinstance(memo.get(index), str):
-                last = memo[index]
+            slot = arg if isinstance(arg, int) else -1  # the memo index of PUT and GET ops
+            if name in _GET_OPS and isinstance(memo.get(slot), str):
+                last = memo[slot]
                 strings.append(str(last))
                 continue
             if name in _STRING_OPS:
@@ -340,7 +340,7 @@ def pickle_globals(stream: BinaryIO, n_pickles: int = 1, object_index: int = 0) 
                 memo[len(memo)] = last
                 continue
             if name in _PUT_OPS:
-                memo[index] = last
+                memo[slot] = last
                 continue
             if name in _NEUTRAL_OPS:
                 continue
