@@ -113,6 +113,16 @@ def test_option_given_twice_with_different_values_is_refused(
     assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
 
 
+def test_every_command_refuses_a_repeated_option() -> None:
+    """A command added later without ``cls=Command`` would let the last value win again."""
+    from curvcal.cli import cli
+    from curvcal.commands import COMMANDS, load_command
+    from curvcal.commands.repeats import RefuseRepeats
+
+    assert isinstance(cli, RefuseRepeats)
+    assert [n for n in COMMANDS if not isinstance(load_command(n), RefuseRepeats)] == []
+
+
 def test_option_given_twice_with_the_same_value_is_accepted(run_cli, tmp_path: Path) -> None:
     logits = _logits_file(tmp_path / "logits.npz")
     result = run_cli("metrics", logits, "--bins", "10", "--bins", "10", "--json", "--json")
