@@ -28,7 +28,7 @@ def test_sigint_exits_130_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": str(Path(curvcal.__file__).parent.parent), "NO_COLOR": "1"}
     command = [sys.executable, "-m", "curvcal", "hessian", str(CHECKPOINT),
-               "--data", "curvcal:digits", "--device", "cpu", "--probes", "100000",
+               "--data", "curvcal:digits", "--device", "cpu", "--probes", "29000",
                "--trace-method", "hutchinson", "-o", str(out)]  # fmt: skip
     # Hutchinson keeps the run in its product loop; a 100,000-product Hutch++ would first draw
     # a 9,802 × 33,333 float64 sketch (2.6 GB), which under a loaded machine can outlast the wait.

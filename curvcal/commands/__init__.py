@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from curvcal.commands.repeats import RefuseRepeats
 from curvcal.errors import StdoutClosed
 
 #: name -> (module, attribute, one-line help shown by ``curvcal --help``)
@@ -65,8 +66,9 @@ def load_command(name: str) -> click.Command:
     return command
 
 
-class LazyGroup(click.Group):
-    """A click group whose commands are imported on first use."""
+class LazyGroup(RefuseRepeats, click.Group):
+    """A click group whose commands are imported on first use; like every command, it refuses
+    a single-valued option given twice with different values."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)

@@ -16,6 +16,7 @@ from curvcal.commands.calibration_options import (
 from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options
+from curvcal.commands.repeats import Command
 from curvcal.errors import EXIT_OK
 from curvcal.report.calibration import calibration_tables
 from curvcal.report.tables import check_output_path
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from curvcal.pipeline.calibration import CalibrationOptions
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @checkpoint_options
 @data_options()

@@ -16,6 +16,7 @@ from curvcal import choices
 from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start, typed_options
 from curvcal.commands.data_options import text_options
+from curvcal.commands.repeats import Command
 from curvcal.report.check import check_tables
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ _OVERRIDES = {
 }
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option(
     "--policy",

@@ -7,10 +7,11 @@ from pathlib import Path
 import click
 
 from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.repeats import Command
 from curvcal.report.verdict import verdict_table
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("new", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("old", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.repeats import Command
 from curvcal.report.calibration import calibration_tables
 from curvcal.report.check import check_tables
 from curvcal.report.demo import PLOT_NAMES, digits_table, plot_files, plot_paths, write_plots
@@ -38,7 +39,7 @@ TOUR = """\
 Start a policy from {policy}; examples/ci/ has a GitHub Actions job that runs the gate."""
 
 
-@click.command()
+@click.command(cls=Command)
 @click.option("--batch-size", default=1024, show_default=True, type=click.IntRange(min=1))
 @click.option(
     "--plot-dir",

@@ -17,6 +17,7 @@ from curvcal import choices
 from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
 from curvcal.commands.common import finish, output_options, start, typed_options
 from curvcal.commands.data_options import data_options as data_options_decorator
+from curvcal.commands.repeats import Command
 from curvcal.report.hessian import hessian_tables, plot_outputs, plot_paths, write_plots
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from curvcal.load.data import DataOptions
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @checkpoint_options_decorator
 @data_options_decorator()
@@ -79,7 +80,8 @@ if TYPE_CHECKING:
     type=click.IntRange(min=2),
     default=100,
     show_default=True,
-    help="Trace probes (with --trace-rtol: the most probes drawn).",
+    help="Trace probes (with --trace-rtol: the most probes drawn); at most 3P for hutchpp, "
+    "xtrace and hutchinson (P parameters): 3P products are enough for the exact trace.",
 )
 @click.option(
     "--trace-rtol",

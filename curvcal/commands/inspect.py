@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 
 from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.repeats import Command
 from curvcal.report.inspect import inspect_tables
 from curvcal.results import Report
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option(
     "--allow-global",

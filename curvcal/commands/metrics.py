@@ -14,6 +14,7 @@ from curvcal.commands.calibration_options import (
     write_outputs,
 )
 from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.repeats import Command
 from curvcal.report.calibration import calibration_tables
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("logits", type=_FILE)
 @click.option(
     "--input-kind",

@@ -20,6 +20,7 @@ from curvcal import choices
 from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options as data_options_decorator
+from curvcal.commands.repeats import Command
 from curvcal.errors import InputError
 from curvcal.paths import readable_file
 from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from curvcal.load.data import DataOptions
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("checkpoints", nargs=-1, required=True, metavar="CKPT...")
 @checkpoint_options_decorator
 @data_options_decorator()

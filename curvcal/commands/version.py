@@ -5,11 +5,12 @@ from __future__ import annotations
 import click
 
 from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.repeats import Command
 from curvcal.report.tables import Table
 from curvcal.results import Report
 
 
-@click.command()
+@click.command(cls=Command)
 @click.option("--device", default="auto", show_default=True, help="Device to describe.")
 @output_options
 def version(device: str) -> int:

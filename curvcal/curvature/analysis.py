@@ -282,6 +282,27 @@ _SETTING_NAMES = {
 }
 
 
+#: the trace methods whose ``probes`` are all products of the P × P Hessian
+_PURE_ESTIMATORS = ("hutchinson", "hutchpp", "xtrace")
+
+
+def _refuse_needless_probes(settings: HessianSettings, n_params: int) -> None:
+    """Refuse ``--probes`` above 3P for an estimator whose every probe is a Hessian product.
+
+    P products with the unit vectors give tr(H) exactly, and Hutch++ with 3P products has a
+    sketch of P columns that spans the space (exact up to rounding); a plan of more products
+    cannot be closer to the trace than one that is already exact, only longer (10^12 probes
+    would run for ever)."""
+    most = 3 * n_params
+    if settings.trace_method in _PURE_ESTIMATORS and settings.probes > most:
+        raise InputError(
+            "--probes",
+            f"{settings.probes} trace probes asked of a Hessian with {n_params} parameters: "
+            f"{most} (3P) products are enough for the exact trace (Hutch++ or XTrace)",
+            f"use --probes {most} or fewer",
+        )
+
+
 def _estimator_products(operator: NaNGuard, settings: HessianSettings) -> int:
     """The products the trace's estimator gets: ``--probes``, less the C − 1 gradient norms per
     sample a split trace's exact part takes."""
@@ -431,6 +452,7 @@ def analyse_hessian(
     if settings.trace:
         method, trace_choice = choose_trace_method(operator, settings)
         settings = dataclasses.replace(settings, trace_method=method)
+        _refuse_needless_probes(settings, n_params)
     if on_plan is not None:
         on_plan(settings)
     budget = operator.budget

@@ -256,11 +256,14 @@ def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
     dtype = resolve_dtype(options.dtype)
     allowed = import_globals(options.allow_globals)
     if _is_folder(path):
+        _refuse_state_dict_key(path, "model folder", options)
         loaded = _load_folder(path, options)
         return _finish(path, loaded, device, dtype)
     container = sniff(path)
     if container.kind == "pickle":
         _refuse_plain_pickle(path)
+    if container.kind in _KEYLESS:
+        _refuse_state_dict_key(path, _KEYLESS[container.kind], options)
     if container.kind == "safetensors":
         loaded = _load_safetensors(path, container, options)
     elif container.kind == "torchscript":
@@ -270,6 +273,27 @@ def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
     else:
         loaded = _load_pickle(path, container, options, allowed)
     return _finish(path, loaded, device, dtype)
+
+
+#: containers that hold one set of weights with no keys above it, and what to call them
+_KEYLESS = {
+    "safetensors": "safetensors file",
+    "torchscript": "TorchScript archive",
+    "pt2": "torch.export archive",
+}
+
+
+def _refuse_state_dict_key(path: Path, kind: str, options: CheckpointOptions) -> None:
+    """``--state-dict-key`` names the entry of a pickled dict that holds the weights; for a
+    file with no such dict it would be ignored, so a key the user meant for another file (or a
+    wrong file) would go unnoticed."""
+    if options.state_dict_key is not None:
+        raise InputError(
+            "--state-dict-key",
+            f"{options.state_dict_key!r} means nothing for {path}: a {kind} has no keys "
+            "above its weights",
+            "drop --state-dict-key",
+        )
 
 
 def _finish(path: Path, loaded: _Loaded, device: torch.device, dtype: torch.dtype) -> LoadedModel:
@@ -490,6 +514,7 @@ def _load_pickle(
     # With trust and globals outside the allowlist, the full unpickler; otherwise weights-only.
     obj = _full_load(path) if scan.names else _weights_only_load(path, allowed)
     if isinstance(obj, nn.Module):
+        _refuse_state_dict_key(path, "pickled module", options)
         return _Loaded(module=obj, form="pickled_module", metadata=_arch_ignored(options))
     try:
         key, state = find_state_dict(obj, options.state_dict_key)

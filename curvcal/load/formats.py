@@ -313,21 +313,38 @@ def pickle_globals(stream: BinaryIO, n_pickles: int = 1, object_index: int = 0) 
     when that object is a plain dict, list or scalar).
 
     Reads opcodes only, never executes them. ``STACK_GLOBAL`` takes its names from the two
-    strings pushed before it; when those are not literal strings it is recorded as
-    ``<computed>``.
+    strings pushed before it, whether pushed as literals or fetched back from the memo
+    (``MEMOIZE``/``PUT`` then ``GET``: a pickle can stash ``'posix'`` and ``'system'``, push
+    decoys, and fetch the real names just before ``STACK_GLOBAL``); when those are not strings
+    it is recorded as ``<computed>``.
     """
     found: list[str] = []
     top_level: str | None = None
     for index in range(n_pickles):
         strings: list[str] = []
         first_op: str | None = None
+        memo: dict[int, str | None] = {}
+        last: str | None = None  # the string the last opcode pushed (None: not a string)
         for opcode, arg, _pos in pickletools.genops(stream):
             name = opcode.name
+            slot = arg if isinstance(arg, int) else -1  # the memo index of PUT and GET ops
+            if name in _GET_OPS and isinstance(memo.get(slot), str):
+                last = memo[slot]
+                strings.append(str(last))
+                continue
             if name in _STRING_OPS:
-                strings.append(str(arg))
+                last = str(arg)
+                strings.append(last)
+                continue
+            if name == "MEMOIZE":
+                memo[len(memo)] = last
+                continue
+            if name in _PUT_OPS:
+                memo[slot] = last
                 continue
             if name in _NEUTRAL_OPS:
                 continue
+            last = None
             if name == "GLOBAL":
                 qualified = _python3_name(*str(arg).split(" ", 1))
             elif name == "STACK_GLOBAL":
@@ -359,7 +376,9 @@ class PickleGlobals:
 
 
 _STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"})
-_NEUTRAL_OPS = frozenset({"PROTO", "FRAME", "MARK", "PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
+_NEUTRAL_OPS = frozenset({"PROTO", "FRAME", "MARK"})
+_PUT_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+_GET_OPS = frozenset({"GET", "BINGET", "LONG_BINGET"})
 
 
 def unsafe_globals(

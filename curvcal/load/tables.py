@@ -129,6 +129,10 @@ def _labels(path: Path, cells: Any, key: str) -> torch.Tensor:
 
 
 def _float(path: Path, column: str, row: int, cell: Any) -> float:
+    if isinstance(cell, bool | np.bool_):  # a parquet boolean column: float(True) would be 1.0
+        raise InputError(
+            str(path), f"cell {cell!r} in row {row} of '{column}' is a boolean, not a score"
+        )
     if cell is None or cell == "":
         return float("nan")
     try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from curvcal.errors import NumericalError
+from curvcal.errors import InputError, NumericalError
 from curvcal.results import Report
 
 if TYPE_CHECKING:
@@ -233,6 +233,8 @@ def run_calibrate(
     from curvcal.provenance import environment
 
     fit_data = request.fit_data
+    if fit_data is not None:
+        _refuse_fit_on_itself(request.data_options.spec, fit_data, "--fit-data", "--data")
     settings = request.calibration.settings(request.method)
     fraction = None
     if request.method != "none" and fit_data is None:
@@ -413,6 +415,8 @@ def run_metrics(
     began = time.perf_counter()
     warnings: list[str] = []
     keys = (request.input_kind, request.scores_key, request.labels_key, request.nan_policy)
+    if request.fit_file is not None:
+        _refuse_fit_on_itself(request.logits, request.fit_file)
     data = load_logits(request.logits, *keys)
     described: dict[str, Any] = {"logits": _describe(request.logits, data, warnings)}
     _check_kind(request.logits, data, request, warnings)
@@ -492,7 +496,6 @@ def _applied_calibrators(
     no provenance is a warning."""
     from dataclasses import asdict
 
-    from curvcal.errors import InputError
     from curvcal.load.digest import file_info
     from curvcal.pipeline.calibrator import load_calibrator_file, provenance_mismatches
 
@@ -561,6 +564,31 @@ def _check_kind(path: Path, data: LogitsData, request: MetricsRequest, warnings:
             PROBS_REMEDY,
         )
     warnings.append(probabilities_as_logits(str(path)))
+
+
+def _refuse_fit_on_itself(
+    evaluated: str | Path,
+    fitted: str | Path,
+    fit_option: str = "--fit",
+    evaluated_name: str = "the evaluation file",
+) -> None:
+    """Refuse a fit split that is the evaluation data itself (the same spec or file, or a file
+    with the same bytes): maps fitted and measured on the same rows look better than they are,
+    and the report would present an in-sample number as a held-out one."""
+    from curvcal.load.digest import file_info
+
+    first, second = Path(evaluated), Path(fitted)
+    same = str(evaluated) == str(fitted)
+    if not same and first.is_file() and second.is_file():
+        same = first.resolve() == second.resolve()
+        same = same or file_info(first).sha256 == file_info(second).sha256
+    if same:
+        raise InputError(
+            f"{fit_option} {fitted}",
+            f"is {evaluated_name} {evaluated} itself (same contents): fitting and measuring "
+            "on the same rows flatters every map",
+            f"give held-out data to {fit_option}, or --val-split F to carve it out",
+        )
 
 
 def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:

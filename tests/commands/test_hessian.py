@@ -89,7 +89,8 @@ def dense(files: Files) -> Tensor:
 
 
 def _base(files: Files, *extra: str) -> list[str]:
-    return ["hessian", str(files.checkpoint), "--data", str(files.data), "--dtype", "float64",
+    dtype = [] if "--dtype" in extra else ["--dtype", "float64"]  # one --dtype: two are refused
+    return ["hessian", str(files.checkpoint), "--data", str(files.data), *dtype,
             "--device", "cpu", *extra]  # fmt: skip
 
 

@@ -82,9 +82,17 @@ def _hessian(dtype: str, *extra: str) -> Args:
     def args(workspace: Path) -> list[str]:
         from curvcal.assets import demo_checkpoint
 
-        return ["hessian", str(demo_checkpoint()), *_HESSIAN, "--dtype", dtype, *extra]
+        base = _without(_HESSIAN, extra)
+        return ["hessian", str(demo_checkpoint()), *base, "--dtype", dtype, *extra]
 
     return args
+
+
+def _without(base: tuple[str, ...], extra: tuple[str, ...]) -> list[str]:
+    """``base`` (option, value pairs) less the options ``extra`` gives again: an option given
+    twice with two values is refused."""
+    pairs = zip(base[::2], base[1::2], strict=True)
+    return [word for option, value in pairs if option not in extra for word in (option, value)]
 
 
 def _study(dtype: str) -> Args:
