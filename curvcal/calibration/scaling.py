@@ -595,7 +595,35 @@ def fit_focal_temperature(
         chosen, profile, evaluations, exact_evaluations = _focal_lattice_fit(
             data, evaluate, objective, grid, low, high, step, bins, edges
         )
-    nll = _objective(data, "nll", bins, edges)
+    return _focal_fit(
+        data,
+        chosen,
+        profile,
+        objective,
+        evaluate,
+        _objective(data, "nll", bins, edges),
+        bracket=(low, high),
+        grid_step=None if objective == "nll" else step,
+        evaluations=evaluations,
+        exact_evaluations=exact_evaluations,
+    )
+
+
+def _focal_fit(
+    data: _Scores,
+    chosen: FocalProfilePoint,
+    profile: list[FocalProfilePoint],
+    objective: str,
+    evaluate: Callable[[float, float], float],
+    nll: Callable[[float, float], float],
+    *,
+    bracket: tuple[float, float],
+    grid_step: float | None,
+    evaluations: int,
+    exact_evaluations: int,
+) -> FocalTemperatureFit:
+    """The fit record of the ``chosen`` (γ, T) of a focal-TS ``profile``; ``evaluate`` and
+    ``nll`` take (1/T, γ). Two passes more are counted: the objective before, the NLL after."""
     return FocalTemperatureFit(
         gamma=chosen.gamma,
         temperature=chosen.temperature,
@@ -605,10 +633,10 @@ def fit_focal_temperature(
         nll_before=nll(1.0, 0.0),
         nll_after=nll(1.0 / chosen.temperature, chosen.gamma),
         profile=tuple(profile),
-        bracket=(low, high),
-        grid_step=None if objective == "nll" else step,
+        bracket=bracket,
+        grid_step=grid_step,
         n_samples=data.logp.shape[0],
-        n_evaluations=evaluations + 2,  # and the passes for the objective before, NLL after
+        n_evaluations=evaluations + 2,
         n_exact_evaluations=exact_evaluations + 2,
     )
 
@@ -628,22 +656,18 @@ def _authors_fit(data: _Scores, grid: list[float], bins: int, edges: str) -> Foc
         at_end = best in (0, len(values) - 1)
         profile.append(FocalProfilePoint(gamma, temperature, values[best], at_end, len(values)))
     chosen = min(profile, key=lambda point: point.objective)  # first minimum: smaller γ
-    nll = _objective(data, "nll", bins, edges)
     evaluations = len(grid) * len(AUTHORS_T_GRID)
-    return FocalTemperatureFit(
-        gamma=chosen.gamma,
-        temperature=chosen.temperature,
-        objective=AUTHORS_OBJECTIVE,
-        objective_before=evaluate(1.0, 0.0),
-        objective_after=chosen.objective,
-        nll_before=nll(1.0, 0.0),
-        nll_after=nll(1.0 / chosen.temperature, chosen.gamma),
-        profile=tuple(profile),
+    return _focal_fit(
+        data,
+        chosen,
+        profile,
+        AUTHORS_OBJECTIVE,
+        evaluate,
+        _objective(data, "nll", bins, edges),
         bracket=(low, high),
         grid_step=None,  # a linear grid in T, not a step in ln T
-        n_samples=data.logp.shape[0],
-        n_evaluations=evaluations + 2,
-        n_exact_evaluations=evaluations + 2,
+        evaluations=evaluations,
+        exact_evaluations=evaluations,
     )
 
 
