@@ -315,6 +315,12 @@ class _Watch:
         interrupt.discard()
         with contextlib.suppress(OSError):
             os.write(2, line.encode())
+            # this rank's one line is out: what the C++ side may still print while the ranks
+            # part (a store or gloo peer that left first: "Connection reset by peer") is not
+            # the cause, and would bury it
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 2)
+            os.close(quiet)
         store = self.store
         if store is not None:
             everyone = [f"ack/{rank}" for rank in range(self.world_size)]
