@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
-from curvcal import jsontext
+from curvcal import interrupt, jsontext
 from curvcal.errors import InputError
 from curvcal.load.extras import require
 from curvcal.load.hf import read_json
@@ -330,7 +330,8 @@ def rust_panics_as(what: str) -> Iterator[None]:
             saved = None
         panicked = False
         try:
-            yield
+            with interrupt.stderr_moved(saved):  # Ctrl-C's one line must not be held too
+                yield
         except BaseException as exc:
             if type(exc).__name__ != "PanicException":
                 raise
