@@ -54,6 +54,8 @@ class _Register:
         #: called (errors ignored) once the run's files are removed, before the process ends:
         #: under torchrun, telling the other ranks (curvcal.distributed)
         self.on_stop: list[Callable[[], None]] = []
+        #: the descriptor ``curvcal: interrupted`` is written to (2 unless it is held elsewhere)
+        self.stderr_fd = 2
 
 
 _REGISTER = _Register()
@@ -91,6 +93,19 @@ def run_scope() -> Iterator[None]:
         _REGISTER.active = False
         _REGISTER.temporary.clear()
         _REGISTER.outputs.clear()
+
+
+@contextmanager
+def stderr_moved(fd: int | None) -> Iterator[None]:
+    """While descriptor 2 is redirected (to hold a library's own report), say ``interrupted``
+    on ``fd``, the process's real standard error (``None``: nothing moved)."""
+    saved = _REGISTER.stderr_fd
+    if fd is not None:
+        _REGISTER.stderr_fd = fd
+    try:
+        yield
+    finally:
+        _REGISTER.stderr_fd = saved
 
 
 @contextmanager
@@ -152,5 +167,5 @@ def _stop() -> None:
         if sys.stderr is not None and sys.stderr.isatty():
             message = b"\x1b[?25h\n" + _MESSAGE  # a progress bar hid the cursor mid-line
     with suppress(OSError):
-        os.write(2, message)
+        os.write(_REGISTER.stderr_fd, message)
     os._exit(EXIT_INTERRUPTED)

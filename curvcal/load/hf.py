@@ -107,7 +107,7 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
     elsewhere, as with ``--arch hf:FOLDER``)."""
     if not path.is_dir():
         raise InputError(str(path), "is not a folder", "hf:FOLDER names a save_pretrained folder")
-    config = _read_json(path / CONFIG_NAME)
+    config = read_json(path / CONFIG_NAME)
     if not isinstance(config, dict):
         raise InputError(str(path / CONFIG_NAME), "is not a JSON object")
     weights = _weight_files(path) if need_weights else ()
@@ -442,7 +442,7 @@ def _weight_files(path: Path) -> tuple[Path, ...]:
     if (path / SAFETENSORS_NAME).is_file():
         return (path / SAFETENSORS_NAME,)
     if (path / SAFETENSORS_INDEX).is_file():
-        index = _read_json(path / SAFETENSORS_INDEX)
+        index = read_json(path / SAFETENSORS_INDEX)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise InputError(str(path / SAFETENSORS_INDEX), "has no 'weight_map'")
@@ -463,13 +463,16 @@ def _weight_files(path: Path) -> tuple[Path, ...]:
     )
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """A library's JSON metadata file in a folder (``config.json``, ``tokenizer_config.json``,
+    a saved dataset's ``state.json``...), read through :func:`curvcal.jsontext.loads` with
+    ``wide_ints``; a file that is not readable or not JSON is an :class:`InputError` on it."""
     from curvcal.paths import readable_file
 
     readable_file(path)
     try:
         return jsontext.loads(path.read_text(encoding="utf-8"), str(path), wide_ints=True)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"is not valid JSON: {_one_line(exc)}") from None
 
 
@@ -490,7 +493,7 @@ def _image_processor(path: Path) -> dict[str, Any] | None:
     file = path / PREPROCESSOR_NAME
     if not file.is_file():
         return None
-    raw = _read_json(file)
+    raw = read_json(file)
     if not isinstance(raw, dict):
         return None
     size = raw.get("size")

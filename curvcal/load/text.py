@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
-from curvcal import jsontext
+from curvcal import interrupt, jsontext
 from curvcal.errors import InputError
 from curvcal.load.extras import require
+from curvcal.load.hf import read_json
 from curvcal.paths import readable_file
 
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ def _read_parquet(path: Path) -> dict[str, list[Any]]:
 
 
 def _dataset_dict_splits(folder: Path) -> list[str]:
-    info = _read_json(folder / _DATASET_DICT)
+    info = read_json(folder / _DATASET_DICT)
     splits = info.get("splits") if isinstance(info, dict) else None
     if not isinstance(splits, list):
         raise InputError(str(folder / _DATASET_DICT), "has no 'splits' list")
@@ -206,7 +207,7 @@ def _read_saved_dataset(folder: Path) -> tuple[dict[str, list[Any]], tuple[Path,
     state_path = folder / _DATASET_STATE
     if not state_path.is_file():
         raise InputError(str(folder), f"is not a saved dataset (no {_DATASET_STATE})")
-    state = _read_json(state_path)
+    state = read_json(state_path)
     entries = state.get("_data_files") if isinstance(state, dict) else None
     if not isinstance(entries, list) or not entries:
         raise InputError(str(state_path), "lists no data files ('_data_files')")
@@ -229,13 +230,6 @@ def _read_saved_dataset(folder: Path) -> tuple[dict[str, list[Any]], tuple[Path,
         files.append(file)
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     return {n: table.column(n).to_pylist() for n in table.column_names}, (state_path, *files)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return jsontext.loads(path.read_text(encoding="utf-8"), str(path), wide_ints=True)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(str(path), f"is not readable JSON ({_one_line(exc)})") from exc
 
 
 def _one_line(exc: BaseException) -> str:
@@ -307,7 +301,7 @@ def _refuse_tokenizer_code(folder: Path, where: str, trust: bool) -> None:
         path = folder / name
         if not path.is_file():
             continue
-        config = _read_json(path)
+        config = read_json(path)
         entries = custom_code_entries(config) if isinstance(config, dict) else ()
         if entries:
             raise TrustError(
@@ -336,7 +330,8 @@ def rust_panics_as(what: str) -> Iterator[None]:
             saved = None
         panicked = False
         try:
-            yield
+            with interrupt.stderr_moved(saved):  # Ctrl-C's one line must not be held too
+                yield
         except BaseException as exc:
             if type(exc).__name__ != "PanicException":
                 raise
