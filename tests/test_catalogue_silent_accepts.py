@@ -7,26 +7,15 @@ unchanged, and that no output file appeared.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from catalogue_inputs import digests, digit_images, digits_model
 from safetensors.torch import save_file
 
 from curvcal.models import DigitsCNN
-
-ARCH_META = {
-    "curvcal.arch": "curvcal:DigitsCNN",
-    "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
-}
-
-
-def _digests(*roots: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``roots`` (files or folders), by path."""
-    files = [p for root in roots for p in ([root] if root.is_file() else sorted(root.rglob("*")))]
-    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
 
 
 def _one_error_line(stderr: str, *pieces: str) -> str:
@@ -41,23 +30,6 @@ def _one_error_line(stderr: str, *pieces: str) -> str:
 def _logits_file(path: Path, seed: int = 0, n: int = 60) -> Path:
     rng = np.random.default_rng(seed)
     np.savez(path, logits=rng.normal(size=(n, 3)) * 3, labels=rng.integers(0, 3, n))
-    return path
-
-
-def _model(folder: Path) -> Path:
-    """A digits classifier whose safetensors metadata names its architecture."""
-    torch.manual_seed(0)
-    state = {k: v.contiguous() for k, v in DigitsCNN(num_classes=3, width=1).state_dict().items()}
-    path = folder / "model.safetensors"
-    save_file(state, str(path), ARCH_META)
-    return path
-
-
-def _images(folder: Path) -> Path:
-    generator = torch.Generator().manual_seed(1)
-    path = folder / "data.pt"
-    x = torch.randn(12, 1, 8, 8, generator=generator)
-    torch.save({"x": x, "y": torch.arange(12) % 3}, path)
     return path
 
 
@@ -102,14 +74,14 @@ def test_option_given_twice_with_different_values_is_refused(
     run_cli, tmp_path: Path, args: list[str], option: str, values: tuple[str, str]
 ) -> None:
     logits = _logits_file(tmp_path / "logits.npz")
-    model, data = _model(tmp_path), _images(tmp_path)
-    before = _digests(tmp_path)
+    model, data = digits_model(tmp_path), digit_images(tmp_path)
+    before = digests(tmp_path)
     names = {"logits": logits, "model": model, "data": data, "tmp": tmp_path}
     result = run_cli(*[a.format(**names) for a in args])
     assert result.code == 2, result.output
     line = _one_error_line(result.stderr, option, "different values", *values)
     assert "give it once" in line
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
     assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
 
 
@@ -132,7 +104,7 @@ def test_option_given_twice_with_the_same_value_is_accepted(run_cli, tmp_path: P
 
 def test_multiple_options_still_collect_every_value(run_cli, tmp_path: Path) -> None:
     """``--params`` is a multiple option: two different patterns are two selections."""
-    model, data = _model(tmp_path), _images(tmp_path)
+    model, data = digits_model(tmp_path), digit_images(tmp_path)
     result = run_cli(
         "hessian", model, "--data", data, "--device", "cpu", "--no-trace", "--top-k", "1",
         "--params", "features.*", "--params", "classifier.*", "--json",
@@ -146,30 +118,30 @@ def test_multiple_options_still_collect_every_value(run_cli, tmp_path: Path) -> 
 
 
 def test_state_dict_key_with_safetensors_is_refused(run_cli, tmp_path: Path) -> None:
-    model, data = _model(tmp_path), _images(tmp_path)
-    before = _digests(tmp_path)
+    model, data = digits_model(tmp_path), digit_images(tmp_path)
+    before = digests(tmp_path)
     result = run_cli(
         "hessian", model, "--data", data, "--device", "cpu", "--no-trace",
         "--state-dict-key", "model",
     )  # fmt: skip
     assert result.code == 2, result.output
     _one_error_line(result.stderr, "--state-dict-key", str(model), "safetensors")
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
 
 
 def test_state_dict_key_with_a_pickled_module_is_refused(run_cli, tmp_path: Path) -> None:
     torch.manual_seed(0)
     path = tmp_path / "whole.pt"
     torch.save(DigitsCNN(num_classes=3, width=1), path)
-    data = _images(tmp_path)
-    before = _digests(tmp_path)
+    data = digit_images(tmp_path)
+    before = digests(tmp_path)
     result = run_cli(
         "hessian", path, "--data", data, "--device", "cpu", "--no-trace",
         "--trust-checkpoint", "--state-dict-key", "model",
     )  # fmt: skip
     assert result.code == 2, result.output
     _one_error_line(result.stderr, "--state-dict-key", str(path), "pickled module")
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
 
 
 def test_state_dict_key_with_a_pickled_dict_still_selects(run_cli, tmp_path: Path) -> None:
@@ -177,7 +149,7 @@ def test_state_dict_key_with_a_pickled_dict_still_selects(run_cli, tmp_path: Pat
     path = tmp_path / "ckpt.pt"
     state = DigitsCNN(num_classes=3, width=1).state_dict()
     torch.save({"ema": state, "other": {"step": 3}}, path)
-    data = _images(tmp_path)
+    data = digit_images(tmp_path)
     result = run_cli(
         "hessian", path, "--arch", "curvcal:DigitsCNN", "--arch-kwargs",
         '{"num_classes": 3, "width": 1}', "--data", data, "--device", "cpu", "--no-trace",
@@ -202,11 +174,11 @@ def test_fit_on_the_evaluation_file_is_refused(run_cli, tmp_path: Path, how: str
     else:
         fit = tmp_path / "copy.npz"
         fit.write_bytes(logits.read_bytes())
-    before = _digests(tmp_path)
+    before = digests(tmp_path)
     result = run_cli("metrics", logits, "--fit", fit, "-o", tmp_path / "out.json")
     assert result.code == 2, result.output
     _one_error_line(result.stderr, "--fit", str(fit), "same rows", "--val-split")
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
     assert not (tmp_path / "out.json").exists()
 
 
@@ -259,25 +231,25 @@ def test_inspect_names_the_global_a_memo_trick_pickle_would_call(run_cli, tmp_pa
 
     marker = tmp_path / "pwned"
     path = _torch_zip_with_pickle(tmp_path / "model.pt", _memo_trick_pickle(marker))
-    before = _digests(tmp_path)
+    before = digests(tmp_path)
     result = run_cli("inspect", path, "--json")
     assert result.code == 0, result.output
     info = json.loads(result.stdout)["results"]
     assert info["unsafe_globals"] == ["posix.system"] and info["needs_trust"]
     assert not marker.exists()
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
 
 
 def test_loading_a_memo_trick_pickle_is_refused_naming_its_global(run_cli, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     path = _torch_zip_with_pickle(tmp_path / "model.pt", _memo_trick_pickle(marker))
-    data = _images(tmp_path)
-    before = _digests(tmp_path)
+    data = digit_images(tmp_path)
+    before = digests(tmp_path)
     result = run_cli("hessian", path, "--arch", "curvcal:DigitsCNN", "--data", data)
     assert result.code == 2, result.output
     _one_error_line(result.stderr, str(path), "posix.system", "--trust-checkpoint")
     assert not marker.exists()
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
 
 
 def test_memo_scan_follows_put_and_get_by_index() -> None:
@@ -308,10 +280,10 @@ def test_probes_beyond_three_times_the_parameters_are_refused(
     run_cli, tmp_path: Path, method: str, absurd: bool
 ) -> None:
     """Refused before any product; 10^12 probes ran for ever (3P + 1 ran, a needless product)."""
-    model, data = _model(tmp_path), _images(tmp_path)
+    model, data = digits_model(tmp_path), digit_images(tmp_path)
     n_params = sum(p.numel() for p in DigitsCNN(num_classes=3, width=1).parameters())
     probes = str(10**12 if absurd else 3 * n_params + 1)
-    before = _digests(tmp_path)
+    before = digests(tmp_path)
     result = run_cli(
         "hessian", model, "--data", data, "--device", "cpu", "--trace-method", method,
         "--probes", probes, "-o", tmp_path / "out.json",
@@ -319,7 +291,7 @@ def test_probes_beyond_three_times_the_parameters_are_refused(
     assert result.code == 2, result.output
     _one_error_line(result.stderr, "--probes", probes, f"{n_params} parameters",
                     f"--probes {3 * n_params} or fewer")  # fmt: skip
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
     assert not (tmp_path / "out.json").exists()
 
 
@@ -330,7 +302,7 @@ def test_probes_at_three_times_the_parameters_give_the_exact_trace(run_cli, tmp_
 
     from torch.func import functional_call, hessian
 
-    model_path, data = _model(tmp_path), _images(tmp_path)
+    model_path, data = digits_model(tmp_path), digit_images(tmp_path)
     net = DigitsCNN(num_classes=3, width=1).double().eval()
     from safetensors.torch import load_file
 
@@ -380,12 +352,12 @@ def test_parquet_boolean_scores_are_refused(run_cli, tmp_path: Path, layout: str
         column = "logits_0"
     path = tmp_path / "scores.parquet"
     pq.write_table(table, path)
-    before = _digests(tmp_path)
+    before = digests(tmp_path)
     result = run_cli("metrics", path, "--json")
     assert result.code == 2, result.output
     _one_error_line(result.stderr, str(path), f"of '{column}'", "boolean, not a score")
     assert result.stdout == ""
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors", ".pt"])
@@ -399,33 +371,33 @@ def test_tensor_file_boolean_scores_are_refused(run_cli, tmp_path: Path, suffix:
         save_file({"logits": torch.tensor(flags), "labels": torch.tensor(labels)}, str(path))
     else:
         torch.save({"logits": torch.tensor(flags), "labels": torch.tensor(labels)}, path)
-    before = _digests(tmp_path)
+    before = digests(tmp_path)
     result = run_cli("metrics", path, "--json")
     assert result.code == 2, result.output
     _one_error_line(result.stderr, str(path), "bool", "floats")
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
 
 
 @pytest.mark.parametrize("how", ["same-spec", "copy"])
 def test_calibrate_fit_data_that_is_the_data_is_refused(run_cli, tmp_path: Path, how: str) -> None:
-    model, data = _model(tmp_path), _images(tmp_path)
+    model, data = digits_model(tmp_path), digit_images(tmp_path)
     fit = data
     if how == "copy":
         fit = tmp_path / "copy.pt"
         fit.write_bytes(data.read_bytes())
-    before = _digests(tmp_path)
+    before = digests(tmp_path)
     result = run_cli(
         "calibrate", model, "--data", data, "--fit-data", fit, "--device", "cpu",
         "-o", tmp_path / "out.json",
     )  # fmt: skip
     assert result.code == 2, result.output
     _one_error_line(result.stderr, "--fit-data", str(fit), "same rows")
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
     assert not (tmp_path / "out.json").exists()
 
 
 def test_calibrate_fit_data_that_differs_still_runs(run_cli, tmp_path: Path) -> None:
-    model, data = _model(tmp_path), _images(tmp_path)
+    model, data = digits_model(tmp_path), digit_images(tmp_path)
     fit = tmp_path / "fit.pt"
     generator = torch.Generator().manual_seed(2)
     torch.save({"x": torch.randn(12, 1, 8, 8, generator=generator), "y": torch.arange(12) % 3}, fit)

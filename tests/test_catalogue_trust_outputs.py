@@ -9,7 +9,6 @@ marker file appeared. Payloads are real: the code they would run creates the mar
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -21,38 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from catalogue_inputs import digests, digit_images, digits_model
 from safetensors.torch import save_file
 
 from curvcal.models import DigitsCNN
 
 REPO = Path(__file__).resolve().parents[1]
-ARCH_META = {
-    "curvcal.arch": "curvcal:DigitsCNN",
-    "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
-}
-
-
-def _digests(*roots: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``roots`` (files or folders), by path."""
-    files = [p for root in roots for p in ([root] if root.is_file() else sorted(root.rglob("*")))]
-    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
-
-
-def _model(folder: Path) -> Path:
-    """A digits classifier whose safetensors metadata names its architecture."""
-    torch.manual_seed(0)
-    state = {k: v.contiguous() for k, v in DigitsCNN(num_classes=3, width=1).state_dict().items()}
-    path = folder / "model.safetensors"
-    save_file(state, str(path), ARCH_META)
-    return path
-
-
-def _images(folder: Path) -> Path:
-    generator = torch.Generator().manual_seed(1)
-    path = folder / "data.pt"
-    x = torch.randn(12, 1, 8, 8, generator=generator)
-    torch.save({"x": x, "y": torch.arange(12) % 3}, path)
-    return path
 
 
 def _one_error_line(stderr: str, *pieces: str) -> str:
@@ -163,7 +136,7 @@ def test_a_tokenizer_with_auto_map_never_runs_and_nothing_prompts(
         shutil.copytree(model, tokenizer)
         _plant_tokenizer_code(tokenizer, marker, config_name)
         model, extra, inputs = tokenizer, [], [tokenizer, table]
-    before = _digests(*inputs)
+    before = digests(*inputs)
     command = [sys.executable, "-m", "curvcal", "hessian", str(model), "--data", str(table)]
     result = subprocess.run(
         [*command, *extra, "--device", "cpu", "--top-k", "1", "--no-trace"],
@@ -181,7 +154,7 @@ def test_a_tokenizer_with_auto_map_never_runs_and_nothing_prompts(
     )
     assert "[y/N]" not in result.stdout + result.stderr  # nothing asked
     assert not marker.exists()
-    assert _digests(*inputs) == before
+    assert digests(*inputs) == before
 
 
 def test_a_policy_tokenizer_setting_is_held_to_the_same_rule(
@@ -199,12 +172,12 @@ def test_a_policy_tokenizer_setting_is_held_to_the_same_rule(
         f'[settings]\ndata = "{table}"\ntokenizer = "{tokenizer}"\ndevice = "cpu"\n'
         "[accuracy]\nmin = 0.0\n"
     )
-    before = _digests(model, table, tokenizer, policy)
+    before = digests(model, table, tokenizer, policy)
     result = run_cli("check", model, "--policy", policy, input="y\n")
     assert result.code == 2, result.output
     _one_error_line(result.stderr, "tokenizer_config.json", "custom code", "--trust-checkpoint")
     assert not marker.exists()
-    assert _digests(model, table, tokenizer, policy) == before
+    assert digests(model, table, tokenizer, policy) == before
 
 
 # --- timm: config keys that make timm read another file --------------------------------------
@@ -230,14 +203,14 @@ def test_a_timm_folder_whose_model_args_name_a_checkpoint_is_refused(
     (folder / "config.json").write_text(json.dumps(config))
     data = tmp_path / "images.pt"
     torch.save({"x": torch.randn(4, 3, 32, 32), "y": torch.tensor([0, 1, 2, 0])}, data)
-    before = _digests(folder, evil, data)
+    before = digests(folder, evil, data)
     result = run_cli("hessian", folder, "--data", data, "--device", "cpu", "--no-trace")
     assert result.code == 2, result.output
     _one_error_line(
         result.stderr, str(folder / "config.json"), "checkpoint_path", "read another file"
     )
     assert not marker.exists()
-    assert _digests(folder, evil, data) == before
+    assert digests(folder, evil, data) == before
     # the same key given with --arch-kwargs to a timm: architecture
     result = run_cli(
         "hessian", folder / "model.safetensors", "--arch", "timm:test_resnet", "--arch-kwargs",
@@ -279,13 +252,13 @@ def planted_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_allow_global_imports_no_module_with_effects(
     run_cli, planted_package: Path, tmp_path: Path, name: str, why: str
 ) -> None:
-    model = _model(tmp_path)
-    before = _digests(model)
+    model = digits_model(tmp_path)
+    before = digests(model)
     result = run_cli("inspect", model, "--allow-global", name)
     assert result.code == 2, result.output
     _one_error_line(result.stderr, f"--allow-global {name}: ", why, "--trust-checkpoint")
     assert not planted_package.exists()
-    assert _digests(model) == before
+    assert digests(model) == before
 
 
 def test_a_refusal_never_suggests_a_global_from_a_module_with_effects(
@@ -310,13 +283,13 @@ def test_a_refusal_never_suggests_a_global_from_a_module_with_effects(
         torch.save({"state_dict": DigitsCNN(3, width=1).state_dict(), "cfg": Config()}, path)
     finally:
         del sys.modules[package], sys.modules[module.__name__]
-    data = _images(tmp_path)
-    before = _digests(path, data)
+    data = digit_images(tmp_path)
+    before = digests(path, data)
     result = run_cli("hessian", path, "--arch", "curvcal:DigitsCNN", "--data", data, "--no-trace")
     assert result.code == 2, result.output
     line = _one_error_line(result.stderr, f"{package}.__main__.Config", "--trust-checkpoint")
     assert "--allow-global" not in line
-    assert _digests(path, data) == before
+    assert digests(path, data) == before
 
 
 # --- entry points: nothing is imported from the working directory ----------------------------
@@ -344,9 +317,9 @@ def test_the_entry_points_import_nothing_from_the_working_directory(
     tmp_path: Path, launcher: str
 ) -> None:
     marker, policy = _planted_tomllib(tmp_path)
-    model = _model(tmp_path)
-    data = _images(tmp_path)
-    before = _digests(tmp_path)
+    model = digits_model(tmp_path)
+    data = digit_images(tmp_path)
+    before = digests(tmp_path)
     prefix = [sys.executable, "-m"] if launcher == "python -m" else [*_torchrun(), "-m"]
     result = subprocess.run(
         [*prefix, "curvcal", "check", str(model), "--policy", str(policy), "--data", str(data)],
@@ -359,7 +332,7 @@ def test_the_entry_points_import_nothing_from_the_working_directory(
     )
     assert not marker.exists(), result.stderr
     assert result.returncode in (0, 1), result.stderr  # the gate ran, with the real tomllib
-    assert _digests(tmp_path) == before
+    assert digests(tmp_path) == before
 
 
 # =============================================================================================
@@ -430,7 +403,7 @@ def _case(name: str, t: Path, model: Path) -> tuple[list[object], Path, str]:
         state = {k: v.contiguous() for k, v in DigitsCNN(3, width=1).state_dict().items()}
         named = t / "named.safetensors"
         save_file(state, str(named), {"curvcal.arch": f"hf:{folder}"})
-        data = _images(t)
+        data = digit_images(t)
         return (
             ["hessian", named, "--data", data, "-o", folder / "config.json"],
             folder,
@@ -453,15 +426,15 @@ CASES = [
 
 @pytest.mark.parametrize("name", CASES)
 def test_no_file_a_run_reads_is_written_even_with_force(run_cli, tmp_path: Path, name: str) -> None:
-    model = _model(tmp_path)
+    model = digits_model(tmp_path)
     args, kept, option = _case(name, tmp_path, model)
-    before = _digests(model, kept)
+    before = digests(model, kept)
     result = run_cli(*args, "--force")
     assert result.code == 2, result.output
     line = _one_error_line(result.stderr, "never writes over a file it reads")
     assert "would replace the input" in line or "lies inside the input folder" in line
     assert f"input {option}" in line or f"input folder {option}" in line, line
-    assert _digests(model, kept) == before
+    assert digests(model, kept) == before
     assert not list(tmp_path.rglob("*.tmp"))
 
 
@@ -608,7 +581,7 @@ def test_sigterm_while_a_plot_is_written_leaves_no_temporary_file(tmp_path: Path
     writes the figure."""
     pytest.importorskip("matplotlib")
     logits = _logits(tmp_path)
-    before = _digests(logits)
+    before = digests(logits)
     plot = tmp_path / "reliability.png"
     result = subprocess.run(
         [sys.executable, "-c", _TERMINATED_WHILE_PLOTTING, "metrics", str(logits), "--plot",
@@ -621,7 +594,7 @@ def test_sigterm_while_a_plot_is_written_leaves_no_temporary_file(tmp_path: Path
     )  # fmt: skip
     assert result.returncode == -signal.SIGTERM, result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logits.npz"]
-    assert _digests(logits) == before
+    assert digests(logits) == before
 
 
 def test_sigterm_reaches_the_previous_handler_after_the_clean_up(tmp_path: Path) -> None:
@@ -664,9 +637,9 @@ def test_a_transformers_timm_wrapper_config_is_held_to_the_same_rule(
     (folder / "config.json").write_text(json.dumps(document))
     data = tmp_path / "images.pt"
     torch.save({"x": torch.randn(4, 3, 32, 32), "y": torch.tensor([0, 1, 2, 0])}, data)
-    before = _digests(folder, evil, data)
+    before = digests(folder, evil, data)
     result = run_cli("hessian", folder, "--data", data, "--device", "cpu", "--no-trace")
     assert result.code == 2, result.output
     _one_error_line(result.stderr, str(folder / "config.json"), "checkpoint_path")
     assert not marker.exists()
-    assert _digests(folder, evil, data) == before
+    assert digests(folder, evil, data) == before
