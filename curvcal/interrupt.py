@@ -95,6 +95,12 @@ def run_scope() -> Iterator[None]:
         _REGISTER.outputs.clear()
 
 
+def stderr_fd() -> int:
+    """The descriptor of the real stderr (2, unless :func:`stderr_moved` says otherwise): where
+    a last line goes while a library's output is held elsewhere."""
+    return _REGISTER.stderr_fd
+
+
 @contextmanager
 def stderr_moved(fd: int | None) -> Iterator[None]:
     """While descriptor 2 is redirected (to hold a library's own report), say ``interrupted``

@@ -36,3 +36,14 @@ def test_an_interrupt_while_stderr_is_held_is_still_said(tmp_path: Path) -> None
     )
     assert done.returncode == 130
     assert done.stderr.strip().splitlines() == ["curvcal: interrupted"]
+
+
+def test_the_real_stderr_is_known_while_it_is_moved() -> None:
+    from curvcal import interrupt
+
+    assert interrupt.stderr_fd() == 2
+    with interrupt.stderr_moved(7):
+        assert interrupt.stderr_fd() == 7
+        with interrupt.stderr_moved(None):  # nothing moved again: still the outer one
+            assert interrupt.stderr_fd() == 7
+    assert interrupt.stderr_fd() == 2
