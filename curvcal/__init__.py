@@ -23,7 +23,7 @@ __version__ = "0.1.0.dev0"
 _EXPORTS: dict[str, str] = {
     # curvature
     "HessianOperator": "curvcal.curvature",
-    "HessianSettings": "curvcal.curvature",
+    "HessianSettings": "curvcal.settings.hessian",
     "analyse_hessian": "curvcal.curvature",
     "hessian_density": "curvcal.curvature",
     "hessian_eigenvalues": "curvcal.curvature",

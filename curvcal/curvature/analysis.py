@@ -16,17 +16,13 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
-from curvcal.curvature.batches import CACHES, AllReduce, BatchSource
+from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.density import spectral_density
-from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
-from curvcal.curvature.eigen import METHODS as EIGEN_METHODS
-from curvcal.curvature.engines import ENGINES, MODES
+from curvcal.curvature.eigen import eigenvalues
 from curvcal.curvature.gauss_newton import (
     n_classes,
     require_exact,
@@ -34,17 +30,15 @@ from curvcal.curvature.gauss_newton import (
     trace_result,
 )
 from curvcal.curvature.guard import NaNGuard
-from curvcal.curvature.kept import KEEP_GRAPHS
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.memory import (
     FREE_FRACTION,
     density_keeps_basis,
     free_memory,
     lanczos_basis,
-    parse_memory_budget,
     sketch_limit,
 )
-from curvcal.curvature.operator import CRITERIA, OperatorOptions, build_operator, engines_between
+from curvcal.curvature.operator import OperatorOptions, build_operator, engines_between
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import (
     auto_method,
@@ -54,145 +48,23 @@ from curvcal.curvature.residual import (
     split_trace,
 )
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
-from curvcal.curvature.trace import DISTRIBUTIONS, sketch_bytes, sketch_columns, trace_estimate
+from curvcal.curvature.trace import sketch_bytes, sketch_columns, trace_estimate
 from curvcal.errors import InputError
 from curvcal.losses import loss_from_name
 from curvcal.progress import OnStageStep, OnStep
+from curvcal.settings.hessian import HessianSettings
 
-# Trace method names as the settings (and the CLI) spell them -> the kernel's names.
+# Trace method names as the settings (and the CLI) spell them -> the kernels' names.
 TRACE_METHODS = {
     "auto": "auto",
     "gauss-newton": "gauss-newton",
     "hutchinson": "hutchinson",
     "hutchpp": "hutch++",
-    "hutch++": "hutch++",
     "xtrace": "xtrace",
     "gauss-newton+hutchpp": "gauss-newton+hutch++",
-    "gauss-newton+hutch++": "gauss-newton+hutch++",
     "gauss-newton+xtrace": "gauss-newton+xtrace",
 }
 MIN_ADAPTIVE_PROBES = 10
-
-
-@dataclass(frozen=True)
-class HessianSettings:
-    """What to measure and how (every field is a ``curvcal hessian`` option).
-
-    Eigenvalues: the ``top_k`` largest algebraic ones by ``method`` (``None``: Lanczos);
-    ``smallest`` adds λmin (by Lanczos unless ``method`` is given); stopping rule ``tol`` on the
-    relative residual and change, at most ``max_iter`` iterations
-    (power) or steps (Lanczos), Lanczos' basis bounded by ``max_basis`` vectors (``None``: what
-    the memory budget holds, :func:`~curvcal.curvature.memory.lanczos_basis`).
-    Trace (when ``trace``):
-    ``trace_method`` ``auto`` (the default: ``gauss-newton`` where it is exact and costs at most
-    ``probes`` gradient norms per sample, else ``gauss-newton+hutchpp`` where that can run, else
-    ``hutchpp``; :func:`choose_trace_method`), ``gauss-newton``
-    (:mod:`~curvcal.curvature.gauss_newton`: exact for networks linear in each parameter tensor,
-    refused elsewhere), ``gauss-newton+hutchpp`` or ``gauss-newton+xtrace``
-    (:mod:`~curvcal.curvature.residual`: its Gauss–Newton part exact, the rest estimated, within
-    ``probes`` products), ``hutchpp`` or ``xtrace`` with ``probes`` products, or
-    ``hutchinson`` with ``probes`` probes — or, with ``trace_rtol``, adaptive: probes are drawn
-    until the 95% half-width ≤ ``trace_rtol``·|estimate|, at least min(10, ``probes``) and at
-    most ``probes``; probes drawn from ``distribution``. Density (when ``density``): ``density_runs`` SLQ runs of
-    ``density_steps`` Lanczos steps. ``per_layer``: λmax and trace of each module's block.
-    The Hessian: loss ``criterion`` (``ce``, ``focal`` with ``gamma``, or ``flsd53``) over
-    ``params`` (glob patterns; empty for all trainable parameters), ``engine``, ``mode``,
-    ``cache``, ``probe_batch``, ``memory_budget``, ``keep_graphs`` as for
-    :class:`~curvcal.curvature.operator.HessianOperator`. ``seed`` seeds every
-    random start vector and probe.
-    """
-
-    top_k: int = 1
-    method: str | None = None
-    smallest: bool = False
-    tol: float = DEFAULT_TOL
-    max_iter: int | None = None
-    max_basis: int | None = None
-    trace: bool = True
-    trace_method: str = "auto"
-    probes: int = 100
-    trace_rtol: float | None = None
-    distribution: str = "rademacher"
-    density: bool = False
-    density_runs: int = 5
-    density_steps: int = 40
-    per_layer: bool = False
-    seed: int = 0
-    criterion: str = "ce"
-    gamma: float = 0.0
-    params: tuple[str, ...] = ()
-    engine: str = "auto"
-    mode: str = "eval"
-    cache: str = "auto"
-    probe_batch: int = 8
-    memory_budget: str | None = None
-    keep_graphs: str = "auto"
-
-    def __post_init__(self) -> None:
-        for name, minimum in (
-            ("top_k", 1),
-            ("probes", 2 if TRACE_METHODS.get(self.trace_method) == "hutchinson" else 4),
-            ("density_runs", 1),
-            ("density_steps", 1),
-            ("probe_batch", 1),
-        ):
-            _check_int(name, getattr(self, name), minimum)
-        if self.max_iter is not None:
-            _check_int("max_iter", self.max_iter, 1)
-        if self.max_basis is not None:
-            _check_int("max_basis", self.max_basis, self.top_k + 2)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise InputError("seed", f"must be an integer, got {self.seed!r}")
-        _check_choice("method", self.method, (None, *EIGEN_METHODS))
-        _check_choice("trace_method", self.trace_method, tuple(TRACE_METHODS))
-        _check_choice("distribution", self.distribution, DISTRIBUTIONS)
-        _check_choice("criterion", self.criterion, CRITERIA)
-        _check_choice("engine", self.engine, ENGINES)
-        _check_choice("mode", self.mode, MODES)
-        _check_choice("cache", self.cache, CACHES)
-        _check_choice("keep_graphs", self.keep_graphs, KEEP_GRAPHS)
-        if not _positive_finite(self.tol):
-            raise InputError("tol", f"must be a finite number > 0, got {self.tol!r}")
-        if self.trace_rtol is not None:
-            if not _positive_finite(self.trace_rtol):
-                raise InputError(
-                    "trace_rtol", f"must be a finite number > 0, got {self.trace_rtol!r}"
-                )
-            if TRACE_METHODS[self.trace_method] != "hutchinson":
-                raise InputError(
-                    "trace_rtol", "the adaptive stop is only available with Hutchinson's method"
-                )
-        if (
-            not (isinstance(self.gamma, int | float) and math.isfinite(self.gamma))
-            or self.gamma < 0
-        ):
-            raise InputError("gamma", f"must be a finite number ≥ 0, got {self.gamma!r}")
-        if self.criterion != "focal" and self.gamma != 0:
-            raise InputError("gamma", f"{self.gamma} is only used by the focal loss")
-        if isinstance(self.params, str):
-            raise InputError("params", "must be a tuple of glob patterns, not one string")
-        if self.memory_budget is not None:
-            parse_memory_budget(self.memory_budget)
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InputError(name, f"must be an integer ≥ {minimum}, got {value!r}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
-    if value not in choices:
-        shown = ", ".join(str(c) for c in choices if c is not None)
-        raise InputError(name, f"unknown value {value!r}", f"choose one of {shown}")
-
-
-def _positive_finite(value: Any) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
 
 
 def selected_parameter_count(model: nn.Module, params: tuple[str, ...] = ()) -> int:
@@ -229,7 +101,7 @@ def kept_graphs_note(
         return None
     if settings.keep_graphs != "auto" or settings.memory_budget:
         return None
-    if settings.engine == "func" or settings.mode == "train":
+    if settings.hvp == "func" or settings.mode == "train":
         return None
     if free is not None and need > FREE_FRACTION * free:
         return None
@@ -419,11 +291,11 @@ def analyse_hessian(
     began = time.perf_counter()
     operator = build_operator(
         model,
-        loss_from_name(settings.criterion, settings.gamma),
+        loss_from_name(settings.loss, settings.focal_gamma),
         batches,
         OperatorOptions(
             params=settings.params or None,
-            engine=settings.engine,
+            engine=settings.hvp,
             mode=settings.mode,
             cache=settings.cache,
             probe_batch=settings.probe_batch,
@@ -528,7 +400,7 @@ def analyse_hessian(
                 operator,
                 method,
                 settings.probes,
-                distribution=settings.distribution,
+                distribution=settings.probe_dist,
                 seed=settings.seed,
                 probe_batch=operator.probe_batch,
                 max_sketch=max_sketch,
@@ -547,7 +419,7 @@ def analyse_hessian(
                 rtol=settings.trace_rtol,
                 max_probes=settings.probes,
                 min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
-                distribution=settings.distribution,
+                distribution=settings.probe_dist,
                 seed=settings.seed,
                 probe_batch=operator.probe_batch,
                 max_sketch=max_sketch,
@@ -581,7 +453,7 @@ def analyse_hessian(
             tol=settings.tol,
             max_iter=settings.max_iter,
             n_probes=settings.probes,
-            distribution=settings.distribution,
+            distribution=settings.probe_dist,
             seed=settings.seed,
             on_step=hook("layers"),
             gauss_newton=shares,
@@ -589,7 +461,7 @@ def analyse_hessian(
         stop()
 
     description = {
-        "loss": settings.criterion,
+        "loss": settings.loss,
         "gamma": operator.gamma,
         "mean_loss": mean_loss,
         "mode": operator.mode,

@@ -81,18 +81,17 @@ from curvcal.curvature.kept import (
 )
 from curvcal.curvature.memory import (
     GraphSizes,
-    MemoryBudget,
     PassPlan,
     default_budget,
     free_memory,
     measure_graph,
-    parse_memory_budget,
     plan_pass,
 )
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import LOSS_NAMES, Loss, loss_from_name
 from curvcal.progress import OnStep
 from curvcal.rows import Inputs
+from curvcal.settings.sizes import MemoryBudget, parse_memory_budget
 
 #: Loss names an operator accepts as ``criterion``.
 CRITERIA = LOSS_NAMES

@@ -377,7 +377,7 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) 
         raise InputError(where("loss"), "loss 'focal' needs gamma under [settings]")
     if loss != "focal" and gamma not in (None, 0, 0.0):
         raise InputError(where("gamma"), f"gamma {gamma} is only used with loss 'focal'")
-    renamed = {"method": "eigen_method", "trace_method": "trace", "criterion": "loss"}
+    renamed = {"method": "eigen_method", "trace_method": "trace"}
     with _at_the_setting(where, renamed):
         return HessianSettings(
             top_k=settings["top_k"],
@@ -388,8 +388,8 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) 
             trace_method=trace if isinstance(trace, str) else "auto",
             probes=settings["probes"],
             seed=settings["seed"],
-            criterion="ce" if loss == "own" else loss,
-            gamma=float(gamma or 0.0),
+            loss="ce" if loss == "own" else loss,
+            gamma=None if loss != "focal" else float(gamma),
         )
 
 
@@ -466,7 +466,9 @@ def _hessian(
 
     if settings["loss"] == "own":
         criterion, gamma = recorded_loss(loaded)
-        hessian_settings = dataclasses.replace(hessian_settings, criterion=criterion, gamma=gamma)
+        hessian_settings = dataclasses.replace(
+            hessian_settings, loss=criterion, gamma=gamma if criterion == "focal" else None
+        )
     params, choice, say_choice = default_params(loaded, hessian_settings.params)
     hessian_settings = dataclasses.replace(hessian_settings, params=params)
     batch_size = settings["batch_size"]

@@ -17,60 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import EXIT_NUMERICAL, EXIT_OK, InputError, NumericalError
 from curvcal.results import STATUS_ERROR, STATUS_OK, Report
+from curvcal.settings.fields import record
+from curvcal.settings.hessian import HessianSettings
 
 if TYPE_CHECKING:
     import torch
 
     from curvcal.console import Reporter
-    from curvcal.curvature.analysis import HessianSettings
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
     from curvcal.load.data import DataOptions
     from curvcal.rows import Inputs
-
-# HessianSettings field -> the option that sets it, for messages.
-_OPTION_OF = {
-    "criterion": "--loss",
-    "distribution": "--probe-dist",
-    "engine": "--hvp",
-}
-
-
-@dataclass(frozen=True)
-class HessianRequest:
-    """What ``curvcal hessian`` was asked: the files, and every analysis option as given
-    (``loss`` may be ``own``: the loss recorded in the checkpoint)."""
-
-    checkpoint: Path
-    checkpoint_options: CheckpointOptions
-    data_options: DataOptions
-    batch_size: int
-    top_k: int = 1
-    method: str | None = None
-    smallest: bool = False
-    tol: float = 1e-4
-    max_iter: int | None = None
-    max_basis: int | None = None
-    trace: bool = True
-    trace_method: str = "auto"
-    probes: int = 100
-    trace_rtol: float | None = None
-    probe_dist: str = "rademacher"
-    density: bool = False
-    density_runs: int = 5
-    density_steps: int = 40
-    per_layer: bool = False
-    seed: int = 0
-    loss: str = "ce"
-    gamma: float | None = None
-    params: tuple[str, ...] = ()
-    hvp: str = "auto"
-    mode: str = "eval"
-    cache: str = "auto"
-    probe_batch: int = 8
-    memory_budget: str | None = None
-    keep_graphs: str = "auto"
-    strict: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,33 +47,6 @@ class HessianRun:
         return EXIT_NUMERICAL if self.report.status == STATUS_ERROR else EXIT_OK
 
 
-def check_loss_options(loss: str, gamma: float | None) -> None:
-    """``--loss``/``--gamma`` combinations that make sense (shared by hessian and study)."""
-    if loss == "own" and gamma is not None:
-        raise InputError(
-            "--gamma", "cannot be combined with --loss own, which reads γ from the checkpoint"
-        )
-    if loss == "focal" and gamma is None:
-        raise InputError("--loss focal", "needs --gamma γ (γ = 0 is cross-entropy)")
-    if loss == "ce" and gamma not in (None, 0.0):
-        raise InputError("--gamma", f"{gamma} is only used by --loss focal")
-
-
-def _check_request(request: HessianRequest) -> None:
-    check_loss_options(request.loss, request.gamma)
-    if request.trace and request.trace_method != "hutchinson" and request.trace_rtol is not None:
-        raise InputError(
-            "--trace-rtol",
-            "the adaptive stop works only with --trace-method hutchinson",
-            "add --trace-method hutchinson",
-        )
-    if request.trace and request.trace_method != "hutchinson" and request.probes < 4:
-        raise InputError(
-            "--probes",
-            f"--trace-method {request.trace_method} needs at least 4 products, got {request.probes}",
-        )
-
-
 def _strict_hint(analysis: HessianAnalysis) -> str:
     """What to change, from the limits that stopped the unconverged estimates."""
     stops = {analysis.spectrum.stopped_by}
@@ -127,8 +57,16 @@ def _strict_hint(analysis: HessianAnalysis) -> str:
     return "raise --max-iter (or --probes), loosen --tol/--trace-rtol, or drop --strict"
 
 
-def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
-    """Measure the Hessian of ``request``; under torchrun every rank runs this on its shard."""
+def run_hessian(
+    checkpoint: Path,
+    checkpoint_options: CheckpointOptions,
+    data_options: DataOptions,
+    batch_size: int,
+    settings: HessianSettings,
+    reporter: Reporter,
+) -> HessianRun:
+    """Measure the Hessian of ``checkpoint``'s mean loss over the data as ``settings`` ask;
+    under torchrun every rank runs this on its shard."""
     from curvcal.console import Reporter
     from curvcal.load.checkpoint import load_model, recorded_loss
     from curvcal.load.data import iter_batches, load_dataset
@@ -138,25 +76,25 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
     from curvcal.provenance import environment
 
     began = time.perf_counter()
-    _check_request(request)
-    with distributed_run(request.checkpoint_options.device) as (device, context):
+    asked = settings
+    with distributed_run(checkpoint_options.device) as (device, context):
         if not context.is_main:  # rank 0 speaks for the run
             reporter = Reporter(quiet=True)
-        checkpoint_options = dataclasses.replace(request.checkpoint_options, device=str(device))
-        loaded = load_model(request.checkpoint, checkpoint_options)
-        criterion, gamma = (
-            recorded_loss(loaded)
-            if request.loss == "own"
-            else (request.loss, float(request.gamma or 0.0))
-        )
-        settings = _settings(request, criterion, gamma)
+        checkpoint_options = dataclasses.replace(checkpoint_options, device=str(device))
+        loaded = load_model(checkpoint, checkpoint_options)
+        if settings.loss == "own":
+            criterion, gamma = recorded_loss(loaded)
+            settings = settings.replace(
+                loss=criterion, gamma=gamma if criterion == "focal" else None
+            )
         params, params_choice, say_choice = default_params(loaded, settings.params)
         settings = dataclasses.replace(settings, params=params)
         _check_parameters(loaded, settings)
-        data_options = dataclasses.replace(
-            request.data_options, trust=request.checkpoint_options.trust
+        data = load_dataset(
+            dataclasses.replace(data_options, trust=checkpoint_options.trust),
+            loaded.preprocessing,
+            text_model_of(loaded),
         )
-        data = load_dataset(data_options, loaded.preprocessing, text_model_of(loaded))
         check_fitness(loaded, data, "--data")
         data_warnings: list[str] = []
         if context.is_main:
@@ -167,22 +105,28 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
         loaded_seconds = time.perf_counter() - began
 
         def batches() -> Iterator[tuple[Inputs, torch.Tensor]]:
-            return iter_batches(data.dataset, request.batch_size, indices)
+            return iter_batches(data.dataset, batch_size, indices)
 
         analysis, notes, messages = _measure(
             loaded, batches, settings, reporter, distributed=context.active, speak=context.is_main
         )
     analysis = dataclasses.replace(
-        analysis, operator={**analysis.operator, "world_size": context.world_size}
+        analysis,
+        operator={
+            **analysis.operator,
+            "world_size": context.world_size,
+            # recorded where the choice is not the plain "every parameter" or --params
+            **({"params_choice": params_choice} if say_choice else {}),
+        },
     )
     failed = analysis.unconverged
-    status = STATUS_ERROR if (request.strict and failed) else STATUS_OK
+    status = STATUS_ERROR if (settings.strict and failed) else STATUS_OK
     failure = None
     if status == STATUS_ERROR:
         failure = NumericalError(
             "--strict", f"{', '.join(failed)} did not converge", _strict_hint(analysis)
         )
-    if context.is_main and not request.strict:
+    if context.is_main and not settings.strict:
         for message in messages:
             reporter.warn(message)
     report = Report(
@@ -191,14 +135,9 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
         status=status,
         inputs={"checkpoint": loaded.describe(), "data": data.describe()},
         settings={
-            **checkpoint_record(checkpoint_options),
-            **data_record(request.data_options, request.batch_size),
-            "loss": request.loss,
-            **settings_record(settings),
-            # recorded where the choice is not the plain "every parameter" or --params
-            **({"params_choice": params_choice} if say_choice else {}),
-            "strict": request.strict,
-            "world_size": context.world_size,
+            "checkpoint": checkpoint_record(checkpoint_options),
+            "data": data_record(data_options, batch_size),
+            HessianSettings.GROUP: record(asked),
         },
         timings={
             "load": loaded_seconds,
@@ -209,43 +148,6 @@ def run_hessian(request: HessianRequest, reporter: Reporter) -> HessianRun:
         warnings=data_warnings + notes + messages,
     )
     return HessianRun(analysis, report, str(loaded.device), context.is_main, failure)
-
-
-def _settings(request: HessianRequest, criterion: str, gamma: float) -> HessianSettings:
-    """HessianSettings from the request, with errors naming the option at fault."""
-    from curvcal.curvature.analysis import HessianSettings
-
-    try:
-        return HessianSettings(
-            top_k=request.top_k,
-            method=request.method,
-            smallest=request.smallest,
-            tol=request.tol,
-            max_iter=request.max_iter,
-            max_basis=request.max_basis,
-            trace=request.trace,
-            trace_method=request.trace_method,
-            probes=request.probes,
-            trace_rtol=request.trace_rtol,
-            distribution=request.probe_dist,
-            density=request.density,
-            density_runs=request.density_runs,
-            density_steps=request.density_steps,
-            per_layer=request.per_layer,
-            seed=request.seed,
-            criterion=criterion,
-            gamma=gamma,
-            params=tuple(request.params),
-            engine=request.hvp,
-            mode=request.mode,
-            cache=request.cache,
-            probe_batch=request.probe_batch,
-            memory_budget=request.memory_budget,
-            keep_graphs=request.keep_graphs,
-        )
-    except InputError as error:
-        option = _OPTION_OF.get(error.what, "--" + error.what.replace("_", "-"))
-        raise InputError(option, error.why, error.hint) from None
 
 
 def _check_parameters(loaded: LoadedModel, settings: HessianSettings) -> None:
@@ -410,34 +312,3 @@ def default_params(
         "--params all includes them",
         True,
     )
-
-
-def settings_record(settings: HessianSettings) -> dict[str, Any]:
-    """The analysis settings as the report's ``settings`` records them (option names)."""
-    return {
-        "top_k": settings.top_k,
-        "method": settings.method,
-        "smallest": settings.smallest,
-        "tol": settings.tol,
-        "max_iter": settings.max_iter,
-        "max_basis": settings.max_basis,
-        "trace": settings.trace,
-        "trace_method": settings.trace_method,
-        "probes": settings.probes,
-        "trace_rtol": settings.trace_rtol,
-        "probe_dist": settings.distribution,
-        "density": settings.density,
-        "density_runs": settings.density_runs,
-        "density_steps": settings.density_steps,
-        "per_layer": settings.per_layer,
-        "seed": settings.seed,
-        "criterion": settings.criterion,
-        "gamma": settings.gamma,
-        "params": list(settings.params),
-        "hvp": settings.engine,
-        "mode": settings.mode,
-        "cache": settings.cache,
-        "probe_batch": settings.probe_batch,
-        "memory_budget": settings.memory_budget,
-        "keep_graphs": settings.keep_graphs,
-    }

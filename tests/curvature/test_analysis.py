@@ -238,7 +238,7 @@ def test_non_finite_loss_stops_before_any_product(mlp_case: MLPCase) -> None:
 
 def test_focal_criterion_reaches_the_operator(mlp_case: MLPCase) -> None:
     model, x, y, _ = mlp_case
-    settings = HessianSettings(criterion="focal", gamma=2.0, trace=False)
+    settings = HessianSettings(loss="focal", gamma=2.0, trace=False)
     result = analyse_hessian(model, [(x, y)], settings)
     with torch.no_grad():
         log_p = torch.log_softmax(model(x), dim=1).gather(1, y[:, None]).squeeze(1)

@@ -363,7 +363,7 @@ def test_the_note_names_the_budget_that_keeps_the_graphs() -> None:
     for changed in (
         dataclasses.replace(auto, memory_budget="100MB"),
         dataclasses.replace(auto, keep_graphs="never"),
-        dataclasses.replace(auto, engine="func"),
+        dataclasses.replace(auto, hvp="func"),
         dataclasses.replace(auto, mode="train"),
     ):
         assert kept_graphs_note(changed, need, None, 50, free=None) is None

@@ -9,16 +9,15 @@ from torch import nn
 from curvcal.curvature.memory import (
     GraphSize,
     GraphSizes,
-    MemoryBudget,
     default_budget,
     free_memory,
     measure_graph,
-    parse_memory_budget,
     pass_bytes,
     plan_pass,
 )
 from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
+from curvcal.settings.sizes import MemoryBudget, parse_memory_budget
 
 from .cases import BATCH, dense_hessian, make_data, make_mlp, split
 

@@ -1,0 +1,374 @@
+"""One declaration per setting: a dataclass field that carries its option, type, default and help.
+
+A settings class is a frozen dataclass whose fields are made by :func:`setting`. Everything
+else about a setting is derived from that one field:
+
+- the click option (:func:`click_options`): ``--field-name`` (underscores become dashes), the
+  type, range or choices, the default and the help text;
+- validation (:func:`check_fields`, called by :class:`Settings`' ``__post_init__``): the same
+  type, range and choices, for values that arrive from Python or from a policy file rather than
+  from the command line; errors name the option (``--top-k: must be an integer ≥ 1, got 0``);
+- the report's record (:func:`record`): ``{field name: JSON value}``, the field names being the
+  option names;
+- the defaults and the known names a policy may set (:func:`defaults`).
+
+Nothing here imports torch: ``--help`` builds its options from these fields alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from curvcal.errors import InputError
+
+F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S", bound="Settings")
+
+#: the key of a field's metadata that holds its :class:`Spec`
+_KEY = "curvcal.setting"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one setting is typed on the command line and checked anywhere.
+
+    ``help`` is the option's help text; ``choices`` the words it takes; ``low``/``high`` its
+    bounds (open when ``low_open``/``high_open``); ``flag`` a boolean switch (``--x/--no-x``
+    when ``negatable``); ``multiple`` a repeatable option gathered into a tuple; ``parse`` a
+    click callback that turns the typed text into the value (lists, sizes, JSON); ``metavar``,
+    ``short`` (``-k``), ``aliases`` (more spellings), ``path`` (``"file"``, ``"dir"`` or
+    ``"any"`` for a :class:`~pathlib.Path`) and ``default_text`` (shown instead of a computed
+    default) shape the option; ``cli`` false keeps a field off the command line (set by the
+    code, recorded in the report); ``record`` false keeps it out of the report.
+    """
+
+    help: str
+    choices: tuple[str, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    flag: bool = False
+    negatable: bool = False
+    multiple: bool = False
+    parse: Callable[..., Any] | None = None
+    metavar: str | None = None
+    short: str | None = None
+    aliases: tuple[str, ...] = ()
+    path: str | None = None
+    default_text: str | None = None
+    cli: bool = True
+    record: bool = True
+    required: bool = False
+
+
+def setting(default: Any = None, help: str = "", **spec: Any) -> Any:
+    """A settings field: ``default`` and the :class:`Spec` keywords (``help`` first)."""
+    metadata = {_KEY: Spec(help=help, **spec)}
+    if isinstance(default, dict | list):
+        frozen = dict(default) if isinstance(default, dict) else list(default)
+        return dataclasses.field(default_factory=lambda: type(frozen)(frozen), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def option_name(name: str) -> str:
+    """The option that sets field ``name``: ``top_k`` -> ``--top-k``."""
+    return "--" + name.replace("_", "-")
+
+
+def spec_of(field: dataclasses.Field[Any]) -> Spec | None:
+    spec = field.metadata.get(_KEY)
+    return spec if isinstance(spec, Spec) else None
+
+
+def settings_fields(cls: type[Settings] | Settings) -> list[tuple[dataclasses.Field[Any], Spec]]:
+    """The fields of ``cls`` made by :func:`setting`, in declaration order."""
+    found = []
+    for field in dataclasses.fields(cls):
+        spec = spec_of(field)
+        if spec is not None:
+            found.append((field, spec))
+    return found
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    import curvcal.settings.fields as here
+
+    return typing.get_type_hints(cls, vars(here) | {"Path": Path})
+
+
+def _kind(cls: type, name: str) -> tuple[type, bool]:
+    """The base type of field ``name`` (int, float, str, bool, Path, tuple, dict) and whether
+    it may be None."""
+    hint = _hints(cls)[name]
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    if optional:
+        rest = [a for a in args if a is not type(None)]
+        hint = rest[0] if len(rest) == 1 else hint
+    origin = typing.get_origin(hint) or hint
+    if origin in (tuple, list):
+        return tuple, optional
+    if origin is dict:
+        return dict, optional
+    return (origin if isinstance(origin, type) else object), optional
+
+
+def default_of(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def defaults(cls: type[Settings]) -> dict[str, Any]:
+    """``{field name: default}`` of every setting of ``cls``."""
+    return {field.name: default_of(field) for field, _spec in settings_fields(cls)}
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _bound_text(spec: Spec) -> str:
+    parts = []
+    if spec.low is not None:
+        parts.append(f"{'>' if spec.low_open else '≥'} {_number(spec.low)}")
+    if spec.high is not None:
+        parts.append(f"{'<' if spec.high_open else '≤'} {_number(spec.high)}")
+    return " and ".join(parts)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(value)
+
+
+def _in_bounds(spec: Spec, value: float) -> bool:
+    if spec.low is not None and (value <= spec.low if spec.low_open else value < spec.low):
+        return False
+    return not (
+        spec.high is not None and (value >= spec.high if spec.high_open else value > spec.high)
+    )
+
+
+def check_value(cls: type, field: dataclasses.Field[Any], spec: Spec, value: Any) -> None:
+    """Raise :class:`InputError` naming the option when ``value`` is not of the field's type,
+    range or choices."""
+    what = option_name(field.name)
+    kind, optional = _kind(cls, field.name)
+    if value is None:
+        if optional or kind is object:
+            return
+        raise InputError(what, "must be given")
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise InputError(what, f"must be true or false, got {value!r}")
+        return
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(what, f"must be an integer, got {value!r}")
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InputError(what, f"must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise InputError(what, f"must be a finite number, got {value!r}")
+    elif kind is str and not isinstance(value, str):
+        raise InputError(what, f"must be a string, got {value!r}")
+    elif kind is Path and not isinstance(value, str | Path):
+        raise InputError(what, f"must be a path, got {value!r}")
+    elif kind is tuple:
+        if isinstance(value, str) or not isinstance(value, tuple | list):
+            raise InputError(what, f"must be a list, got {value!r}")
+    elif kind is dict and not isinstance(value, Mapping):
+        raise InputError(what, f"must be a table of keys and values, got {value!r}")
+    if spec.choices is not None and value not in spec.choices:
+        raise InputError(
+            what, f"unknown value {value!r}", f"choose one of {', '.join(spec.choices)}"
+        )
+    if kind in (int, float) and not _in_bounds(spec, value):
+        noun = "an integer" if kind is int else "a number"
+        raise InputError(what, f"must be {noun} {_bound_text(spec)}, got {value!r}")
+
+
+def check_fields(settings: Settings) -> None:
+    """Every setting of ``settings`` against its declared type, range and choices (a lower
+    bound that depends on another field comes from :meth:`Settings.lowest`)."""
+    cls = type(settings)
+    for field, spec in settings_fields(cls):
+        low = settings.lowest(field.name)
+        if low is not None:
+            spec = dataclasses.replace(spec, low=low, low_open=False)
+        check_value(cls, field, spec, getattr(settings, field.name))
+
+
+class Settings:
+    """Base of every settings dataclass: checks each field on construction, then the class's
+    own :meth:`validate` (the rules between fields, in one place per class).
+
+    ``GROUP`` names the class's part of a report's ``settings`` record
+    (``{"hessian": {...}, "data": {...}}``).
+    """
+
+    GROUP: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        self.validate()
+
+    def validate(self) -> None:
+        """Rules that tie fields together; raise :class:`InputError` naming the option."""
+
+    def lowest(self, name: str) -> float | None:
+        """The least value of field ``name`` where it depends on other fields (else None: the
+        declared bound)."""
+        return None
+
+    def replace(self: S, **changes: Any) -> S:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def record(settings: Settings) -> dict[str, Any]:
+    """The report's record of ``settings``: ``{option name with underscores: JSON value}``."""
+    return {
+        field.name: _jsonable(getattr(settings, field.name))
+        for field, spec in settings_fields(type(settings))
+        if spec.record
+    }
+
+
+def from_mapping(cls: type[S], values: Mapping[str, Any], **fixed: Any) -> S:
+    """An instance of ``cls`` from those ``values`` that name its fields (others ignored)."""
+    names = {field.name for field, _spec in settings_fields(cls)}
+    chosen = {name: value for name, value in values.items() if name in names}
+    return cls(**{**chosen, **fixed})
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _click_type(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Any:
+    import click
+
+    kind, _optional = _kind(cls, field.name)
+    if spec.parse is not None:
+        return None
+    if spec.choices is not None:
+        return click.Choice(spec.choices)
+    if kind is int:
+        return click.IntRange(
+            None if spec.low is None else int(spec.low),
+            None if spec.high is None else int(spec.high),
+            min_open=spec.low_open,
+            max_open=spec.high_open,
+        )
+    if kind is float:
+        return click.FloatRange(
+            spec.low, spec.high, min_open=spec.low_open, max_open=spec.high_open
+        )
+    if kind is Path or spec.path is not None:
+        return click.Path(
+            path_type=Path, dir_okay=spec.path != "file", file_okay=spec.path != "dir"
+        )
+    return None
+
+
+def click_option(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Callable[[F], F]:
+    """The click option of one settings field."""
+    import click
+
+    default = default_of(field)
+    names = [option_name(field.name), *spec.aliases]
+    if spec.short:
+        names.insert(0, spec.short)
+    kwargs: dict[str, Any] = {"help": spec.help}
+    if spec.flag:
+        if spec.negatable:
+            names = [f"{option_name(field.name)}/--no-{field.name.replace('_', '-')}"]
+        kwargs.update(is_flag=True, default=bool(default))
+        kwargs["show_default"] = spec.negatable
+    else:
+        click_type = _click_type(cls, field, spec)
+        if click_type is not None:
+            kwargs["type"] = click_type
+        if spec.parse is not None:
+            kwargs["callback"] = spec.parse
+        if spec.multiple:
+            kwargs["multiple"] = True
+        elif default is not None and not isinstance(default, dict | tuple | list):
+            kwargs.update(default=default, show_default=True)
+        if spec.metavar:
+            kwargs["metavar"] = spec.metavar
+        if spec.required:
+            kwargs["required"] = True
+    if spec.default_text:
+        kwargs["help"] = f"{spec.help}  [default: {spec.default_text}]"
+    return click.option(*names, field.name, **kwargs)
+
+
+def cli_fields(
+    cls: type[Settings], exclude: tuple[str, ...] = ()
+) -> list[tuple[dataclasses.Field[Any], Spec]]:
+    return [(f, s) for f, s in settings_fields(cls) if s.cli and f.name not in exclude]
+
+
+def gather(cls: type[S], kwargs: dict[str, Any], exclude: tuple[str, ...] = (), **fixed: Any) -> S:
+    """Pop the options of ``cls`` out of a command's ``kwargs`` and build the settings."""
+    values: dict[str, Any] = {}
+    for field, spec in cli_fields(cls, exclude):
+        value = kwargs.pop(field.name)
+        if spec.multiple and value is not None:
+            value = tuple(value)
+        if value is None and not spec.multiple and not _kind(cls, field.name)[1]:
+            continue  # not typed: the field's default
+        values[field.name] = value
+    return cls(**{**values, **fixed})
+
+
+def click_options(
+    cls: type[Settings],
+    keyword: str,
+    *,
+    exclude: tuple[str, ...] = (),
+    build: Callable[[dict[str, Any]], Any] | None = None,
+    before: Callable[[dict[str, Any]], None] | None = None,
+) -> Callable[[F], F]:
+    """A decorator adding one click option per field of ``cls`` (but ``exclude``); the command
+    receives the settings as one ``keyword`` argument. ``build`` (given the command's keyword
+    arguments) replaces the plain construction where a class needs more (an optional group);
+    ``before`` sees the typed values first (to refuse options that would do nothing)."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if before is not None:
+                before(kwargs)
+            if build is not None:
+                kwargs[keyword] = build(kwargs)
+            else:
+                kwargs[keyword] = gather(cls, kwargs, exclude)
+            return func(*args, **kwargs)
+
+        command: Any = wrapper
+        for field, spec in reversed(cli_fields(cls, exclude)):
+            command = click_option(cls, field, spec)(command)
+        return command  # type: ignore[no-any-return]
+
+    return decorate

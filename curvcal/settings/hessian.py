@@ -1,0 +1,202 @@
+"""The settings of a Hessian analysis (``curvcal hessian``; ``study`` and ``check`` take a part).
+
+Every field is one option of ``curvcal hessian`` (field ``top_k`` is ``--top-k``), declared
+once with its type, default and help (:mod:`curvcal.settings.fields`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from curvcal.errors import InputError
+from curvcal.settings.fields import Settings, setting
+
+#: The largest seed: torch's and numpy's generators take a 64-bit seed.
+MAX_SEED = 2**63 - 1
+#: Default relative tolerance of an eigenvalue.
+DEFAULT_TOL = 1e-4
+
+#: ``--loss``: cross-entropy, focal (with ``--gamma``), FLSD-53, or the loss recorded in the
+#: checkpoint's metadata (resolved to one of the others before any product).
+LOSSES = ("ce", "focal", "flsd53", "own")
+#: ``--method``: eigenvalues by power iteration or by Lanczos with full reorthogonalisation.
+EIGEN_METHODS = ("power", "lanczos")
+#: ``--trace-method``: auto (Gauss–Newton where it is exact, else its exact Gauss–Newton part
+#: plus Hutch++ on the rest where that can run, else Hutch++), the Gauss–Newton trace (exact
+#: for networks linear in each parameter tensor), the split traces, Hutch++, XTrace, or
+#: Hutchinson's estimator.
+TRACE_METHODS = (
+    "auto",
+    "gauss-newton",
+    "gauss-newton+hutchpp",
+    "gauss-newton+xtrace",
+    "hutchpp",
+    "xtrace",
+    "hutchinson",
+)
+PROBE_DISTRIBUTIONS = ("rademacher", "gaussian")
+#: ``--hvp``: picked per product width, torch.func forward-over-reverse, or double backward.
+ENGINES = ("auto", "func", "autograd")
+MODES = ("eval", "train")
+CACHES = ("auto", "device", "host", "none")
+KEEP_GRAPHS = ("auto", "always", "never")
+
+
+@dataclass(frozen=True)
+class HessianSettings(Settings):
+    """What to measure of the Hessian of the mean loss over a dataset, and how.
+
+    Eigenvalues: the ``top_k`` largest algebraic ones by ``method`` (``None``: Lanczos);
+    ``smallest`` adds λmin; stop when the relative residual and change are below ``tol``, after
+    at most ``max_iter`` iterations (power) or steps (Lanczos), Lanczos' basis bounded by
+    ``max_basis`` vectors. Trace (when ``trace``) by ``trace_method`` with ``probes`` products
+    (or, with ``trace_rtol``, Hutchinson probes until the 95% half-width ≤ ``trace_rtol`` ×
+    |estimate|) drawn from ``probe_dist``. Density (``density``): ``density_runs`` SLQ runs of
+    ``density_steps`` Lanczos steps. ``per_layer``: λmax and trace of each module's block.
+    The Hessian: of ``loss`` (with ``gamma`` for focal) over the parameters matching
+    ``params`` (globs; empty: all trainable ones; ``("all",)``: all, token embeddings too),
+    products by ``hvp`` in ``mode``, batches kept by ``cache``, ``probe_batch`` vectors per pass
+    within ``memory_budget``, gradient graphs kept per ``keep_graphs``. ``seed`` seeds every
+    random start vector and probe. ``strict``: exit 3 when an estimate does not converge.
+    """
+
+    GROUP: ClassVar[str] = "hessian"
+
+    top_k: int = setting(1, "How many of the largest eigenvalues to find.", low=1)
+    method: str | None = setting(
+        None,
+        "Eigenvalue method (default: Lanczos with full reorthogonalisation).",
+        choices=EIGEN_METHODS,
+    )
+    smallest: bool = setting(False, "Also find the smallest eigenvalue λmin.", flag=True)
+    tol: float = setting(
+        DEFAULT_TOL,
+        "Stop when the relative residual and change of each eigenvalue are below this.",
+        low=0,
+        low_open=True,
+    )
+    max_iter: int | None = setting(
+        None,
+        "Iteration budget per eigenvalue (default: 1000 for power, min(P, max(300, 2·top-k)) "
+        "Lanczos steps).",
+        low=1,
+    )
+    max_basis: int | None = setting(
+        None,
+        "Most vectors (P float64 values each) Lanczos' basis holds before it restarts on its "
+        "best Ritz vectors (default: what --memory-budget holds, at least 2·top-k + 6); the "
+        "density's runs keep theirs only if --density-steps vectors fit.",
+        low=3,
+    )
+    trace: bool = setting(True, "Estimate the Hessian's trace.", flag=True, negatable=True)
+    trace_method: str = setting(
+        "auto",
+        "gauss-newton: exact for networks linear in each parameter tensor (ReLU, convolution, "
+        "eval BatchNorm), checked first; gauss-newton+hutchpp / +xtrace: its Gauss–Newton part "
+        "exact, Hutch++ or XTrace on the rest (any network, eval mode); Hutch++ or XTrace "
+        "(--probes products in all), or Hutchinson's estimator; auto: gauss-newton where it is "
+        "exact, else gauss-newton+hutchpp where it can run, else Hutch++.",
+        choices=TRACE_METHODS,
+    )
+    probes: int = setting(
+        100,
+        "Trace probes (with --trace-rtol: the most probes drawn); at most 3P for hutchpp, "
+        "xtrace and hutchinson (P parameters): 3P products are enough for the exact trace.",
+        low=2,
+    )
+    trace_rtol: float | None = setting(
+        None,
+        "Adaptive trace: draw probes until the 95% half-width is below this fraction of "
+        "|estimate|.",
+        low=0,
+        low_open=True,
+    )
+    probe_dist: str = setting(
+        "rademacher", "Distribution of the trace probes.", choices=PROBE_DISTRIBUTIONS
+    )
+    density: bool = setting(False, "Estimate the eigenvalue density (SLQ).", flag=True)
+    density_runs: int = setting(5, "SLQ runs.", low=1)
+    density_steps: int = setting(40, "Lanczos steps per SLQ run.", low=1)
+    per_layer: bool = setting(False, "λmax and trace of each module's Hessian block.", flag=True)
+    seed: int = setting(0, "Seed of start vectors and probes.", low=-MAX_SEED - 1, high=MAX_SEED)
+    loss: str = setting(
+        "ce",
+        "ce, focal (with --gamma), flsd53, or own: the loss recorded in the checkpoint's metadata.",
+        choices=LOSSES,
+    )
+    gamma: float | None = setting(None, "γ of the focal loss.", low=0)
+    params: tuple[str, ...] = setting(
+        (),
+        "Only parameters whose names match this glob ('classifier.*'); repeatable; 'all': "
+        "every trainable parameter, token embeddings too.",
+        multiple=True,
+        metavar="GLOB",
+    )
+    hvp: str = setting(
+        "auto",
+        "Hessian-vector products: torch.func forward-over-reverse, or double backward.",
+        choices=ENGINES,
+    )
+    mode: str = setting(
+        "eval",
+        "Module mode during the loss (train: BatchNorm batch statistics; refused with dropout).",
+        choices=MODES,
+    )
+    cache: str = setting("auto", "Where batches stay between products.", choices=CACHES)
+    probe_batch: int = setting(
+        8,
+        "Vectors sharing one pass over the data (at most; fewer when the memory budget says so).",
+        low=1,
+    )
+    memory_budget: str | None = setting(
+        None,
+        "Memory one pass of products may use: bytes with a unit (4GiB, 512MB) or a share of "
+        "the free memory (50%).",
+        metavar="SIZE",
+        default_text="2x a gradient pass or 256 MiB, at most half the free memory",
+    )
+    keep_graphs: str = setting(
+        "auto",
+        "Keep the gradient graphs between products (the forward and first backward run once; "
+        "auto: when they fit in --memory-budget).",
+        choices=KEEP_GRAPHS,
+    )
+    strict: bool = setting(False, "Exit 3 when an estimate does not converge.", flag=True)
+
+    def lowest(self, name: str) -> float | None:
+        """Every trace method but Hutchinson's needs at least 4 products."""
+        if name == "probes" and self.trace_method != "hutchinson":
+            return 4
+        return None
+
+    def validate(self) -> None:
+        """The rules between options (each error names the option at fault)."""
+        if self.loss == "own" and self.gamma is not None:
+            raise InputError(
+                "--gamma", "cannot be combined with --loss own, which reads γ from the checkpoint"
+            )
+        if self.loss == "focal" and self.gamma is None:
+            raise InputError("--loss focal", "needs --gamma γ (γ = 0 is cross-entropy)")
+        if self.loss in ("ce", "flsd53") and self.gamma not in (None, 0.0):
+            raise InputError("--gamma", f"{self.gamma} is only used by --loss focal")
+        if self.trace_rtol is not None and self.trace_method != "hutchinson":
+            raise InputError(
+                "--trace-rtol",
+                "the adaptive stop works only with --trace-method hutchinson",
+                "add --trace-method hutchinson",
+            )
+        if self.max_basis is not None and self.max_basis < self.top_k + 2:
+            raise InputError(
+                "--max-basis",
+                f"must be at least --top-k + 2 = {self.top_k + 2}, got {self.max_basis}",
+            )
+        if self.memory_budget is not None:
+            from curvcal.settings.sizes import parse_memory_budget
+
+            parse_memory_budget(self.memory_budget)
+
+    @property
+    def focal_gamma(self) -> float:
+        """γ of the loss as the kernels take it (0 for cross-entropy)."""
+        return float(self.gamma or 0.0)
