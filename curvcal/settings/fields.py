@@ -324,9 +324,14 @@ def click_option(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Callab
 
 
 def cli_fields(
-    cls: type[Settings], exclude: tuple[str, ...] = ()
+    cls: type[Settings], exclude: tuple[str, ...] = (), only: tuple[str, ...] | None = None
 ) -> list[tuple[dataclasses.Field[Any], Spec]]:
-    return [(f, s) for f, s in settings_fields(cls) if s.cli and f.name not in exclude]
+    """The fields of ``cls`` that are options: all but ``exclude``, or just ``only``."""
+    return [
+        (f, s)
+        for f, s in settings_fields(cls)
+        if s.cli and f.name not in exclude and (only is None or f.name in only)
+    ]
 
 
 def gather(cls: type[S], kwargs: dict[str, Any], exclude: tuple[str, ...] = (), **fixed: Any) -> S:
@@ -347,10 +352,12 @@ def click_options(
     keyword: str,
     *,
     exclude: tuple[str, ...] = (),
+    only: tuple[str, ...] | None = None,
     build: Callable[[dict[str, Any]], Any] | None = None,
     before: Callable[[dict[str, Any]], None] | None = None,
 ) -> Callable[[F], F]:
-    """A decorator adding one click option per field of ``cls`` (but ``exclude``); the command
+    """A decorator adding one click option per field of ``cls`` (but ``exclude``, or just
+    ``only``: a command that takes a part of a class, ``study`` of the Hessian's); the command
     receives the settings as one ``keyword`` argument. ``build`` (given the command's keyword
     arguments) replaces the plain construction where a class needs more (an optional group);
     ``before`` sees the typed values first (to refuse options that would do nothing)."""
@@ -363,11 +370,11 @@ def click_options(
             if build is not None:
                 kwargs[keyword] = build(kwargs)
             else:
-                kwargs[keyword] = gather(cls, kwargs, exclude)
+                kwargs[keyword] = gather(cls, kwargs, exclude, only)
             return func(*args, **kwargs)
 
         command: Any = wrapper
-        for field, spec in reversed(cli_fields(cls, exclude)):
+        for field, spec in reversed(cli_fields(cls, exclude, only)):
             command = click_option(cls, field, spec)(command)
         return command  # type: ignore[no-any-return]
 
