@@ -154,9 +154,10 @@ def _short_size(n_samples: int) -> int:
 
 
 def _digits(n_samples: int | None) -> tuple[Tensor, Tensor]:
-    from curvcal.load.data import DataOptions, load_dataset
+    from curvcal.load.data import load_dataset
+    from curvcal.settings.data import DataSettings
 
-    data = load_dataset(DataOptions(spec="curvcal:digits"))
+    data = load_dataset(DataSettings(data="curvcal:digits"))
     x, y = data.dataset.x.float(), data.dataset.y.long()  # type: ignore[attr-defined]
     if n_samples is not None:
         x, y = x[:n_samples], y[:n_samples]
@@ -301,10 +302,11 @@ def build_case(
         description = f"64-32-10 tanh MLP on {x.shape[0]} digits, batches of 100 (last {y.shape[0] % 100 or 100}); short-batch split: batches of {_short_size(x.shape[0])} (last 5)"
     elif name == "digits-cnn":
         from curvcal.assets import demo_checkpoint
-        from curvcal.load.checkpoint import CheckpointOptions, load_model
+        from curvcal.load.checkpoint import load_model
+        from curvcal.settings.checkpoint import CheckpointSettings
 
         x, y = _digits(197 if quick else None)
-        model = load_model(demo_checkpoint(), CheckpointOptions(device="cpu")).module
+        model = load_model(demo_checkpoint(), CheckpointSettings(device="cpu")).module
         batches, short = _split(x, y, 100), _split(x, y, _short_size(x.shape[0]))
         description = f"bundled DigitsCNN on {x.shape[0]} bundled digits, batches of 100 (last {y.shape[0] % 100 or 100}); short-batch split: batches of {_short_size(x.shape[0])} (last 5)"
     elif name in LARGE:

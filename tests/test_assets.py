@@ -8,9 +8,10 @@ import torch
 from safetensors.torch import load_file
 
 from curvcal.assets import demo_checkpoint, demo_data
-from curvcal.load.data import DataOptions, check_labels, iter_batches, load_dataset
+from curvcal.load.data import check_labels, iter_batches, load_dataset
 from curvcal.load.tensorfile import read_safetensors_metadata
 from curvcal.models import DigitsCNN
+from curvcal.settings.data import DataSettings
 
 
 def test_assets_exist_and_name_the_architecture() -> None:
@@ -31,7 +32,7 @@ def test_bundled_checkpoint_is_accurate_on_held_out_digits() -> None:
     model = DigitsCNN()
     model.load_state_dict(load_file(str(demo_checkpoint())))
     model.eval()
-    data = load_dataset(DataOptions(spec="curvcal:digits"))
+    data = load_dataset(DataSettings(data="curvcal:digits"))
     check_labels(data, 10)
     split = json.loads(read_safetensors_metadata(demo_data())["curvcal.split"])
     assert data.n_samples == split["n_held_out"]

@@ -365,14 +365,15 @@ def test_a_named_pipe_as_a_jsonl_file_is_refused_as_what_it_is(tmp_path: Path) -
 def test_a_named_pipe_as_an_image_of_a_folder_is_refused(tmp_path: Path) -> None:
     from PIL import Image
 
-    from curvcal.load.data import DataOptions, iter_batches, load_dataset
+    from curvcal.load.data import iter_batches, load_dataset
+    from curvcal.settings.data import DataSettings
 
     root = tmp_path / "images"
     for label, colour in (("cat", (255, 0, 0)), ("dog", (0, 0, 255))):
         (root / label).mkdir(parents=True)
         Image.new("RGB", (6, 5), colour).save(root / label / "0.png")
     os.mkfifo(root / "dog" / "1.png")
-    data = load_dataset(DataOptions(spec=f"folder:{root}", resize=4, crop=4))
+    data = load_dataset(DataSettings(data=f"folder:{root}", resize=4, crop=4))
     message = _refused_in_time(lambda: list(iter_batches(data.dataset, 3)), root / "dog" / "1.png")
     assert message == f"{root / 'dog' / '1.png'}: is not a regular file (a FIFO, socket or device)"
 

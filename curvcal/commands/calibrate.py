@@ -22,9 +22,9 @@ from curvcal.report.calibration import calibration_tables
 from curvcal.report.tables import check_output_path
 
 if TYPE_CHECKING:
-    from curvcal.load.checkpoint import CheckpointOptions
-    from curvcal.load.data import DataOptions
     from curvcal.pipeline.calibration import CalibrationOptions
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
 
 
 @click.command(cls=Command)
@@ -47,9 +47,8 @@ if TYPE_CHECKING:
 @output_options
 def calibrate(
     checkpoint: Path,
-    checkpoint_options: CheckpointOptions,
-    data_options: DataOptions,
-    batch_size: int,
+    checkpoint_options: CheckpointSettings,
+    data_options: DataSettings,
     fit_data: str | None,
     calibration: CalibrationOptions,
     save_logits: Path | None,
@@ -72,8 +71,8 @@ def calibrate(
         inputs=[
             *checkpoint_inputs("CHECKPOINT", checkpoint, checkpoint_options.arch),
             *arch_inputs("--arch", checkpoint_options.arch),
-            *data_inputs("--data", data_options.spec, data_options.root),
-            *data_inputs("--fit-data", fit_data, data_options.root),
+            *data_inputs("--data", data_options.data, data_options.data_root),
+            *data_inputs("--fit-data", fit_data, data_options.data_root),
             *tokenizer_inputs("--tokenizer", data_options.tokenizer),
         ],
         outputs=written,
@@ -92,7 +91,7 @@ def calibrate(
         checkpoint=checkpoint,
         checkpoint_options=checkpoint_options,
         data_options=data_options,
-        batch_size=batch_size,
+        batch_size=data_options.batch_size,
         calibration=calibration,
         method=method,
         fit_data=fit_data,

@@ -20,7 +20,7 @@ from curvcal.commands.repeats import Command
 from curvcal.report.check import check_tables
 
 if TYPE_CHECKING:
-    from curvcal.load.checkpoint import CheckpointOptions
+    from curvcal.settings.checkpoint import CheckpointSettings
 
 # Command-line parameter -> the policy setting it overrides.
 _OVERRIDES = {
@@ -80,7 +80,7 @@ def check(
     checkpoint: Path,
     policy_path: Path | None,
     baseline: Path | None,
-    checkpoint_options: CheckpointOptions,
+    checkpoint_options: CheckpointSettings,
     data: str | None,
     data_root: Path | None,
     max_samples: int | None,
@@ -127,7 +127,7 @@ def check(
         "batch_size": batch_size,
         "seed": seed,
         "arch": checkpoint_options.arch,
-        "arch_kwargs": dict(checkpoint_options.arch_kwargs),
+        "arch_kwargs": dict(checkpoint_options.keywords),
         "num_classes": checkpoint_options.num_classes,
         "state_dict_key": checkpoint_options.state_dict_key,
         "device": checkpoint_options.device,
@@ -155,8 +155,8 @@ def check(
         policy=policy,
         overrides=overrides,
         baseline=baseline,
-        trust=checkpoint_options.trust,
-        allow_globals=checkpoint_options.allow_globals,
+        trust=checkpoint_options.trust_checkpoint,
+        allow_globals=checkpoint_options.allow_global,
         strict=strict,
     )
     run = check_checkpoint(request, reporter)

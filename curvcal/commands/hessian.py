@@ -22,8 +22,8 @@ from curvcal.settings.fields import click_options
 from curvcal.settings.hessian import HessianSettings
 
 if TYPE_CHECKING:
-    from curvcal.load.checkpoint import CheckpointOptions
-    from curvcal.load.data import DataOptions
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
 
 
 #: the options that only shape the trace, by parameter name
@@ -73,9 +73,8 @@ def _refuse_unused_trace_options(values: dict[str, Any]) -> None:
 @output_options
 def hessian(
     checkpoint: Path,
-    checkpoint_options: CheckpointOptions,
-    data_options: DataOptions,
-    batch_size: int,
+    checkpoint_options: CheckpointSettings,
+    data_options: DataSettings,
     settings: HessianSettings,
     plot: Path | None,
 ) -> int:
@@ -90,13 +89,13 @@ def hessian(
         inputs=[
             *checkpoint_inputs("CHECKPOINT", checkpoint, checkpoint_options.arch),
             *arch_inputs("--arch", checkpoint_options.arch),
-            *data_inputs("--data", data_options.spec, data_options.root),
+            *data_inputs("--data", data_options.data, data_options.data_root),
             *tokenizer_inputs("--tokenizer", data_options.tokenizer),
         ],
         outputs=plot_outputs(plot, settings.per_layer),
     )
     plots = plot_paths(plot, settings.per_layer, options.force) if plot is not None else None
-    run = run_hessian(checkpoint, checkpoint_options, data_options, batch_size, settings, reporter)
+    run = run_hessian(checkpoint, checkpoint_options, data_options, settings, reporter)
     if not run.is_main:
         return run.exit_code
     code = finish(run.report, hessian_tables(run.analysis, run.device))

@@ -11,20 +11,15 @@ from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.repeats import Command
 from curvcal.report.inspect import inspect_tables
 from curvcal.results import Report
+from curvcal.settings.checkpoint import CheckpointSettings
+from curvcal.settings.fields import click_options
 
 
 @click.command(cls=Command)
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option(
-    "--allow-global",
-    "allow_globals",
-    metavar="module.Class",
-    multiple=True,
-    help="Let a weights-only read build this plain data class (never a function or a class "
-    "that reaches the OS or the interpreter); repeatable.",
-)
+@click_options(CheckpointSettings, "checkpoint_options", only=("allow_global",))
 @output_options
-def inspect(checkpoint: Path, allow_globals: tuple[str, ...]) -> int:
+def inspect(checkpoint: Path, checkpoint_options: CheckpointSettings) -> int:
     """Show a checkpoint's format, keys, tensors and the classes a pickle would import.
 
     Never runs code from the file: pickles are scanned opcode by opcode and only loaded
@@ -36,13 +31,13 @@ def inspect(checkpoint: Path, allow_globals: tuple[str, ...]) -> int:
 
     start(inputs=[("CHECKPOINT", checkpoint)])
     began = time.perf_counter()
-    info = inspect_checkpoint(checkpoint, tuple(allow_globals))
+    info = inspect_checkpoint(checkpoint, checkpoint_options.allow_global)
     elapsed = time.perf_counter() - began
     report = Report(
         command="inspect",
         results=info,
         inputs={"checkpoint": file_info(checkpoint)},
-        settings={"allow_globals": list(allow_globals)},
+        settings={"checkpoint": {"allow_global": list(checkpoint_options.allow_global)}},
         timings={"inspect": elapsed},
         environment=environment(),
     )

@@ -27,8 +27,8 @@ from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
 from curvcal.report.study import PLOT_FILES, draw_plots, plot_files, plot_paths, study_tables
 
 if TYPE_CHECKING:
-    from curvcal.load.checkpoint import CheckpointOptions
-    from curvcal.load.data import DataOptions
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
 
 
 @click.command(cls=Command)
@@ -110,9 +110,8 @@ if TYPE_CHECKING:
 @output_options
 def study(
     checkpoints: tuple[str, ...],
-    checkpoint_options: CheckpointOptions,
-    data_options: DataOptions,
-    batch_size: int,
+    checkpoint_options: CheckpointSettings,
+    data_options: DataSettings,
     curvature_data: str | None,
     loss: str,
     gamma: float | None,
@@ -147,8 +146,8 @@ def study(
                 for named in checkpoint_inputs("CKPT", path, checkpoint_options.arch)
             ),
             *arch_inputs("--arch", checkpoint_options.arch),
-            *data_inputs("--data", data_options.spec, data_options.root),
-            *data_inputs("--curvature-data", curvature_data, data_options.root),
+            *data_inputs("--data", data_options.data, data_options.data_root),
+            *data_inputs("--curvature-data", curvature_data, data_options.data_root),
             *tokenizer_inputs("--tokenizer", data_options.tokenizer),
         ],
         outputs=[("--plot", path) for path in plot_files(plot_dir).values()],
@@ -158,7 +157,7 @@ def study(
         checkpoints=tuple(paths),
         checkpoint_options=checkpoint_options,
         data_options=data_options,
-        batch_size=batch_size,
+        batch_size=data_options.batch_size,
         curvature_data=curvature_data,
         loss=loss,
         gamma=gamma,

@@ -70,6 +70,7 @@ from curvcal.load.state_dict import (
     unloadable_tensors,
     wrapper_prefix,
 )
+from curvcal.settings.checkpoint import CheckpointSettings
 
 PLAIN_PICKLE = "plain_pickle"
 PLAIN_PICKLE_NOTE = "a plain Python pickle, not a torch.save checkpoint: curvcal cannot load it"
@@ -100,27 +101,6 @@ EXPORTED_MODE_NOTE = (
 )
 _TRUST_HINT = "pass --trust-checkpoint only if you trust the file's source"
 _DICT_GLOBALS = frozenset({"collections.OrderedDict", "builtins.dict"})
-
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    """How to turn a checkpoint file into a module (the CLI's checkpoint options).
-
-    ``arch``: ``tv:NAME``, ``curvcal:NAME`` or ``py:package.module:Class`` (the last needs
-    ``trust``). ``num_classes`` is passed to the architecture as ``num_classes``; when absent and
-    the architecture takes it, it is inferred from the checkpoint. ``allow_globals`` are
-    ``module.Class`` names a weights-only load may build. ``device``: ``auto|cpu|cuda|cuda:N``;
-    ``dtype``: ``float32|float64``.
-    """
-
-    arch: str | None = None
-    arch_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    num_classes: int | None = None
-    state_dict_key: str | None = None
-    trust: bool = False
-    allow_globals: tuple[str, ...] = ()
-    device: str = "auto"
-    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -247,14 +227,14 @@ def resolve_dtype(spec: str) -> torch.dtype:
         ) from None
 
 
-def load_model(path: str | Path, options: CheckpointOptions) -> LoadedModel:
+def load_model(path: str | Path, options: CheckpointSettings) -> LoadedModel:
     """Load the checkpoint at ``path`` as a fresh module in eval mode on the options' device
     and dtype. Raises :class:`InputError` for a bad file or option and :class:`TrustError` when
-    loading would run code from the file without ``options.trust``."""
+    loading would run code from the file without ``options.trust_checkpoint``."""
     path = Path(path)
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype)
-    allowed = import_globals(options.allow_globals)
+    allowed = import_globals(options.allow_global)
     if _is_folder(path):
         _refuse_state_dict_key(path, "model folder", options)
         loaded = _load_folder(path, options)
@@ -283,7 +263,7 @@ _KEYLESS = {
 }
 
 
-def _refuse_state_dict_key(path: Path, kind: str, options: CheckpointOptions) -> None:
+def _refuse_state_dict_key(path: Path, kind: str, options: CheckpointSettings) -> None:
     """``--state-dict-key`` names the entry of a pickled dict that holds the weights; for a
     file with no such dict it would be ignored, so a key the user meant for another file (or a
     wrong file) would go unnoticed."""
@@ -460,11 +440,11 @@ class _Loaded:
     preprocessing: dict[str, Any] | None = None
 
 
-def _load_safetensors(path: Path, container: Container, options: CheckpointOptions) -> _Loaded:
+def _load_safetensors(path: Path, container: Container, options: CheckpointSettings) -> _Loaded:
     from safetensors.torch import load_file
 
     metadata = safetensors_metadata(container.header)
-    arch, kwargs = options.arch, dict(options.arch_kwargs)
+    arch, kwargs = options.arch, dict(options.keywords)
     from_metadata = arch is None and ARCH_METADATA_KEY in metadata
     if from_metadata:
         arch = metadata[ARCH_METADATA_KEY]
@@ -499,10 +479,10 @@ def _metadata_kwargs(path: Path, metadata: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _load_pickle(
-    path: Path, container: Container, options: CheckpointOptions, allowed: list[Any]
+    path: Path, container: Container, options: CheckpointSettings, allowed: list[Any]
 ) -> _Loaded:
-    scan = unsafe_globals(path, container, options.allow_globals, allowed)
-    if scan.names and not options.trust:
+    scan = unsafe_globals(path, container, options.allow_global, allowed)
+    if scan.names and not options.trust_checkpoint:
         module_like = scan.top_level is not None and scan.top_level not in _DICT_GLOBALS
         what = f"is a pickled {scan.top_level} object" if module_like else "is a pickle"
         raise TrustError(
@@ -542,7 +522,7 @@ def _load_pickle(
     if not is_state_dict(state):
         raise InputError(str(path), f"the value under {key!r} is not a state dict (str -> tensor)")
     return _from_state_dict(
-        path, "state_dict", state, key, options.arch, dict(options.arch_kwargs), options, extras
+        path, "state_dict", state, key, options.arch, dict(options.keywords), options, extras
     )
 
 
@@ -555,7 +535,7 @@ def _refusal_hint(names: tuple[str, ...], module_like: bool) -> str:
     return f"{_TRUST_HINT}; if these are plain data classes you trust, {flags} admits them and runs no code from the file"
 
 
-def _arch_ignored(options: CheckpointOptions) -> dict[str, str]:
+def _arch_ignored(options: CheckpointSettings) -> dict[str, str]:
     return {"arch_ignored": options.arch} if options.arch else {}
 
 
@@ -613,8 +593,8 @@ def _full_load(path: Path) -> Any:
         ) from exc
 
 
-def _load_torchscript(path: Path, options: CheckpointOptions, device: torch.device) -> _Loaded:
-    if not options.trust:
+def _load_torchscript(path: Path, options: CheckpointSettings, device: torch.device) -> _Loaded:
+    if not options.trust_checkpoint:
         raise TrustError(
             str(path),
             "is a TorchScript archive, which carries code that runs when loaded",
@@ -629,8 +609,8 @@ def _load_torchscript(path: Path, options: CheckpointOptions, device: torch.devi
     return _Loaded(module=module, form="torchscript", metadata=_arch_ignored(options))
 
 
-def _load_exported(path: Path, options: CheckpointOptions, device: torch.device) -> _Loaded:
-    if not options.trust:
+def _load_exported(path: Path, options: CheckpointSettings, device: torch.device) -> _Loaded:
+    if not options.trust_checkpoint:
         raise TrustError(
             str(path),
             "is a torch.export archive, which carries a program that runs when loaded",
@@ -660,7 +640,7 @@ def _from_state_dict(
     key: str | None,
     arch: str | None,
     kwargs: dict[str, Any],
-    options: CheckpointOptions,
+    options: CheckpointSettings,
     metadata: dict[str, str],
 ) -> _Loaded:
     if arch is None:
@@ -682,12 +662,14 @@ def _from_state_dict(
                 "in the architecture keyword arguments",
             )
         kwargs["num_classes"] = options.num_classes
-    elif "num_classes" not in kwargs and accepts_keyword(arch, "num_classes", options.trust):
+    elif "num_classes" not in kwargs and accepts_keyword(
+        arch, "num_classes", options.trust_checkpoint
+    ):
         inferred = infer_num_classes([(k, tuple(v.shape)) for k, v in state.items()])
         if inferred is not None:
             kwargs["num_classes"] = inferred
             metadata["num_classes_source"] = "inferred from the last 2-D weight"
-    module = build_architecture(arch, kwargs, options.trust)
+    module = build_architecture(arch, kwargs, options.trust_checkpoint)
     match = match_keys(state, module.state_dict())
     if not match.ok:
         hint = "check --arch, --arch-kwargs, --num-classes and --state-dict-key"
@@ -735,7 +717,7 @@ def _is_folder(path: Path) -> bool:
     return True
 
 
-def _load_folder(path: Path, options: CheckpointOptions) -> _Loaded:
+def _load_folder(path: Path, options: CheckpointSettings) -> _Loaded:
     from curvcal.load.hf import build_folder_model, load_pretrained, read_folder, read_state
 
     if options.arch is not None:
@@ -746,7 +728,7 @@ def _load_folder(path: Path, options: CheckpointOptions) -> _Loaded:
         )
     folder = read_folder(path)
     if folder.library == "timm":
-        module = build_folder_model(folder, options.trust)
+        module = build_folder_model(folder, options.trust_checkpoint)
         state = read_state(folder, lambda file: load_state_file(file, options))
         match = match_keys(state, module.state_dict())
         if not match.ok:
@@ -759,7 +741,7 @@ def _load_folder(path: Path, options: CheckpointOptions) -> _Loaded:
         for file in folder.weights:
             if file.suffix != ".safetensors":  # scanned, refused if it needs any global
                 load_state_file(file, options)
-        module = load_pretrained(folder, options.trust)
+        module = load_pretrained(folder, options.trust_checkpoint)
     metadata = {"library": folder.library}
     if folder.custom_code:
         metadata["custom_code"] = ", ".join(folder.custom_code)
@@ -801,14 +783,14 @@ def architecture_facts(arch: str, module: nn.Module) -> dict[str, Any]:
     return {}
 
 
-def load_state_file(path: Path, options: CheckpointOptions) -> dict[str, torch.Tensor]:
+def load_state_file(path: Path, options: CheckpointSettings) -> dict[str, torch.Tensor]:
     """The state dict in a ``torch.save`` file, through a weights-only load only (a model
     folder's ``pytorch_model.bin``: its globals are never trusted, whatever the options)."""
-    allowed = import_globals(options.allow_globals)
+    allowed = import_globals(options.allow_global)
     container = sniff(path)
     if container.kind not in ("torch-zip", "torch-legacy"):
         raise InputError(str(path), f"is a {container.kind} file, not torch.save weights")
-    scan = unsafe_globals(path, container, options.allow_globals, allowed)
+    scan = unsafe_globals(path, container, options.allow_global, allowed)
     if scan.names:
         raise TrustError(
             str(path),

@@ -36,6 +36,7 @@ from torch.utils.data import Dataset, Subset
 from curvcal.errors import InputError, TrustError
 from curvcal.load.tensorfile import as_labels, is_tensor_file, read_tensor_file
 from curvcal.paths import readable_file
+from curvcal.settings.data import NO_RESIZE, DataSettings
 
 if TYPE_CHECKING:
     from curvcal.load.text import TextModel
@@ -65,37 +66,6 @@ _TV_CLASS_NAMES = {
 _BUNDLED = ("digits",)
 #: Native image side of the torchvision datasets (all square).
 _TV_SIDE = {"cifar10": 32, "cifar100": 32, "mnist": 28, "fashionmnist": 28, "svhn": 32}
-#: ``resize``/``crop`` value that means "none, keep the images as they are" (``--resize none``):
-#: given explicitly, it also stops a model config's resize and crop from being applied.
-NO_RESIZE = 0
-
-
-@dataclass(frozen=True)
-class DataOptions:
-    """Everything that says which samples are read and how they are preprocessed.
-
-    ``trust`` allows ``py:`` factories (they run code); the CLI sets it from
-    ``--trust-checkpoint``. ``resize``/``crop``: ``None`` when not given (a model config's
-    transform may then apply), :data:`NO_RESIZE` for an explicit "none".
-    """
-
-    spec: str
-    root: Path | None = None
-    download: bool = False
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    resize: int | None = None
-    crop: int | None = None
-    max_samples: int | None = None
-    subset_seed: int = 0
-    x_key: str = "x"
-    y_key: str = "y"
-    trust: bool = False
-    text_key: str = "text"
-    label_key: str = "label"
-    text_pair_key: str | None = None
-    tokenizer: Path | None = None
-    max_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -171,7 +141,7 @@ class TensorPairDataset(Dataset[tuple[torch.Tensor, int]]):
 
 
 def load_dataset(
-    options: DataOptions,
+    options: DataSettings,
     model_preprocessing: Mapping[str, Any] | None = None,
     text_model: TextModel | None = None,
 ) -> LoadedData:
@@ -220,7 +190,7 @@ def load_dataset(
     return _take_subset(data, options)
 
 
-def _check_options(options: DataOptions) -> None:
+def _check_options(options: DataSettings) -> None:
     for name, values in (("--mean", options.mean), ("--std", options.std)):
         if values is not None and len(values) == 0:
             raise InputError(name, "needs at least one value")
@@ -245,7 +215,7 @@ def _check_options(options: DataOptions) -> None:
             raise InputError(name, f"is {value}; it must be >= {max(least, 1)}")
 
 
-def _take_subset(data: LoadedData, options: DataOptions) -> LoadedData:
+def _take_subset(data: LoadedData, options: DataSettings) -> LoadedData:
     if options.max_samples is None or options.max_samples >= data.n_samples:
         return data
     generator = torch.Generator().manual_seed(options.subset_seed)
@@ -272,7 +242,7 @@ def _take_subset(data: LoadedData, options: DataOptions) -> LoadedData:
     )
 
 
-def _load_text(options: DataOptions, model: TextModel | None) -> LoadedData:
+def _load_text(options: DataSettings, model: TextModel | None) -> LoadedData:
     from curvcal.load import text
 
     _reject_image_transforms(options, "text data")
@@ -291,7 +261,7 @@ def _load_text(options: DataOptions, model: TextModel | None) -> LoadedData:
         )
     raw_labels = text.text_column(columns, options.label_key, file, "--label-key")
     labels = text.text_labels(raw_labels, model.label2id if model else {}, file, options.label_key)
-    tokenizer, source = text.load_tokenizer(options.tokenizer, model, options.trust)
+    tokenizer, source = text.load_tokenizer(options.tokenizer, model, options.trust_checkpoint)
     if options.max_length is not None:
         max_length, length_source = options.max_length, "--max-length"
     else:
@@ -324,7 +294,7 @@ def _load_text(options: DataOptions, model: TextModel | None) -> LoadedData:
 
 
 def _normalisation(
-    options: DataOptions,
+    options: DataSettings,
     preset: str | None,
     channels: int | None,
     model: Mapping[str, Any] | None = None,
@@ -372,7 +342,7 @@ class _ImageTransform:
 
 
 def _image_transform(
-    options: DataOptions,
+    options: DataSettings,
     preset: str | None,
     channels: int | None,
     model: Mapping[str, Any] | None,
@@ -445,7 +415,7 @@ def _numbers(values: Sequence[float]) -> str:
     return ",".join(f"{v:g}" for v in values)
 
 
-def _load_torchvision(options: DataOptions, model: Mapping[str, Any] | None) -> LoadedData:
+def _load_torchvision(options: DataSettings, model: Mapping[str, Any] | None) -> LoadedData:
     parts = options.spec.split(":")
     name = parts[1].lower() if len(parts) > 1 else ""
     split = parts[2].lower() if len(parts) > 2 else "test"
@@ -459,7 +429,7 @@ def _load_torchvision(options: DataOptions, model: Mapping[str, Any] | None) -> 
         raise InputError(f"--data {options.spec}", f"unknown split '{split}'", "use train or test")
     import torchvision.datasets
 
-    root = (options.root or Path("data")).expanduser()
+    root = (options.data_root or Path("data")).expanduser()
     side = _TV_SIDE[name]
     image = _image_transform(options, name, _TV_CHANNELS[name], model, (side, side))
     factory = getattr(torchvision.datasets, _TV_CLASS_NAMES[name])
@@ -532,7 +502,7 @@ class CheckedImages(Dataset[Any]):
             ) from exc
 
 
-def _load_folder(options: DataOptions, model: Mapping[str, Any] | None) -> LoadedData:
+def _load_folder(options: DataSettings, model: Mapping[str, Any] | None) -> LoadedData:
     from torchvision.datasets import ImageFolder
 
     path = Path(options.spec[len("folder:") :]).expanduser()
@@ -582,7 +552,7 @@ def _first_image_size(folder: Any) -> tuple[int, int] | None:
     return int(height), int(width)
 
 
-def _reject_image_transforms(options: DataOptions, kind: str) -> None:
+def _reject_image_transforms(options: DataSettings, kind: str) -> None:
     if options.resize is not None or options.crop is not None:
         raise InputError(
             "--resize/--crop", f"apply to tv: and folder: datasets only, not to {kind}"
@@ -590,7 +560,7 @@ def _reject_image_transforms(options: DataOptions, kind: str) -> None:
 
 
 def _tensor_pair(
-    x: torch.Tensor, y: torch.Tensor, options: DataOptions, what: str
+    x: torch.Tensor, y: torch.Tensor, options: DataSettings, what: str
 ) -> tuple[TensorPairDataset, torch.Tensor, dict[str, Any] | None, tuple[str, ...]]:
     """Check ``x``/``y`` and normalise ``x`` when --mean/--std were given."""
     if x.dim() == 0 or not x.is_floating_point():
@@ -622,7 +592,7 @@ def _tensor_pair(
     return TensorPairDataset(x, labels), labels, description, names
 
 
-def _load_tensor_file(options: DataOptions, path: Path, spec: str) -> LoadedData:
+def _load_tensor_file(options: DataSettings, path: Path, spec: str) -> LoadedData:
     _reject_image_transforms(options, "tensor files")
     tensors = read_tensor_file(path)
     for key, option in ((options.x_key, "--x-key"), (options.y_key, "--y-key")):
@@ -648,7 +618,7 @@ def _load_tensor_file(options: DataOptions, path: Path, spec: str) -> LoadedData
     )
 
 
-def _load_bundled(options: DataOptions) -> LoadedData:
+def _load_bundled(options: DataSettings) -> LoadedData:
     name = options.spec[len("curvcal:") :]
     if name not in _BUNDLED:
         raise InputError(
@@ -659,7 +629,7 @@ def _load_bundled(options: DataOptions) -> LoadedData:
     from curvcal.assets import demo_data
 
     data = _load_tensor_file(
-        DataOptions(spec=options.spec, mean=options.mean, std=options.std),
+        DataSettings(data=options.spec, mean=options.mean, std=options.std),
         demo_data(),
         options.spec,
     )
@@ -676,13 +646,13 @@ def _load_bundled(options: DataOptions) -> LoadedData:
     )
 
 
-def _load_factory(options: DataOptions) -> LoadedData:
+def _load_factory(options: DataSettings) -> LoadedData:
     target = options.spec[len("py:") :]
     what = f"--data {options.spec}"
     module_name, _, function_name = target.rpartition(":")
     if not module_name or not function_name:
         raise InputError(what, "is not of the form py:package.module:function")
-    if not options.trust:
+    if not options.trust_checkpoint:
         raise TrustError(
             what,
             f"calls {function_name}() from {module_name}, which runs code",

@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 
     from curvcal.calibration.analysis import CalibrationAnalysis, CalibrationSettings
     from curvcal.console import Reporter
-    from curvcal.load.checkpoint import CheckpointOptions
-    from curvcal.load.data import DataOptions
     from curvcal.load.logits import LogitsData
     from curvcal.pipeline.calibrator import CalibratorProvenance
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
 
 DEFAULT_VAL_SPLIT = 0.5
 
@@ -95,8 +95,8 @@ class CalibrateRequest:
     """What ``curvcal calibrate`` was asked; ``method`` is resolved (``none`` fits nothing)."""
 
     checkpoint: Path
-    checkpoint_options: CheckpointOptions
-    data_options: DataOptions
+    checkpoint_options: CheckpointSettings
+    data_options: DataSettings
     batch_size: int
     calibration: CalibrationOptions
     method: str
@@ -249,9 +249,9 @@ def run_calibrate(
             request.checkpoint,
             dataclasses.replace(request.checkpoint_options, device=str(device)),
         )
-        trust = request.checkpoint_options.trust
+        trust = request.checkpoint_options.trust_checkpoint
         data = load_dataset(
-            dataclasses.replace(request.data_options, trust=trust),
+            request.data_options.replace(trust_checkpoint=trust),
             loaded.preprocessing,
             text_model_of(loaded),
         )
@@ -259,7 +259,7 @@ def run_calibrate(
         fit_loaded = None
         if fit_data is not None:
             fit_loaded = load_dataset(
-                dataclasses.replace(request.data_options, spec=fit_data, trust=trust),
+                request.data_options.replace(data=fit_data, trust_checkpoint=trust),
                 loaded.preprocessing,
                 text_model_of(loaded),
             )

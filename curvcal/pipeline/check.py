@@ -127,10 +127,12 @@ def run_check(
     files, and :class:`~curvcal.errors.NumericalError` when the Hessian's loss or a product is
     NaN/Inf. A gated metric that comes out non-finite is listed in ``nonfinite`` (its rows fail).
     """
-    from curvcal.load.checkpoint import CheckpointOptions, load_model
-    from curvcal.load.data import DataOptions, load_dataset
+    from curvcal.load.checkpoint import load_model
+    from curvcal.load.data import load_dataset
     from curvcal.load.text import text_model_of
     from curvcal.pipeline.fitness import check_fitness, single_class_warning
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
 
     settings, sources = resolve_settings(policy, overrides)
     where = Locator(policy, sources)
@@ -153,22 +155,22 @@ def run_check(
     with _blame_the_setting(where, sources):
         loaded = load_model(
             checkpoint,
-            CheckpointOptions(
+            CheckpointSettings(
                 arch=settings["arch"],
                 arch_kwargs=dict(settings["arch_kwargs"]),
                 num_classes=settings["num_classes"],
                 state_dict_key=settings["state_dict_key"],
-                trust=trust,
-                allow_globals=allow_globals,
+                trust_checkpoint=trust,
+                allow_global=allow_globals,
                 device=settings["device"],
                 dtype=settings["dtype"],
             ),
         )
-        data_options = DataOptions(
-            spec=settings["data"],
-            root=Path(settings["data_root"]) if settings["data_root"] else None,
+        data_options = DataSettings(
+            data=settings["data"],
+            data_root=Path(settings["data_root"]) if settings["data_root"] else None,
             max_samples=settings["max_samples"],
-            trust=trust,
+            trust_checkpoint=trust,
             text_key=settings["text_key"],
             label_key=settings["label_key"],
             text_pair_key=settings["text_pair_key"],
@@ -184,7 +186,7 @@ def run_check(
     fit = None
     if calibration_settings is not None and method != "none" and settings["fit_data"] is not None:
         fit = load_dataset(
-            dataclasses.replace(data_options, spec=settings["fit_data"]),
+            data_options.replace(data=settings["fit_data"]),
             loaded.preprocessing,
             text_model_of(loaded),
         )

@@ -44,14 +44,16 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun:
     from curvcal.assets import demo_checkpoint, demo_data, demo_policy
     from curvcal.calibration.metrics import accuracy as top1_accuracy
     from curvcal.calibration.metrics import mean_confidence
-    from curvcal.load.checkpoint import CheckpointOptions, inspect_checkpoint, load_model
-    from curvcal.load.data import DataOptions, load_dataset
+    from curvcal.load.checkpoint import inspect_checkpoint, load_model
+    from curvcal.load.data import load_dataset
     from curvcal.load.digest import file_info
     from curvcal.pipeline.check import run_check
     from curvcal.pipeline.fitness import check_fitness
     from curvcal.pipeline.runtime import predict
     from curvcal.policy.parse import load_policy
     from curvcal.provenance import environment
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
 
     checkpoint, policy_path = demo_checkpoint(), demo_policy()
     reporter.info(f"[bold]1. inspect[/bold] the bundled checkpoint {checkpoint.name}")
@@ -62,8 +64,8 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun:
 
     reporter.info("[bold]2. predict[/bold] the held-out digits with it")
     began = time.perf_counter()
-    loaded = load_model(checkpoint, CheckpointOptions(device="cpu"))
-    data = load_dataset(DataOptions(spec="curvcal:digits"))
+    loaded = load_model(checkpoint, CheckpointSettings(device="cpu"))
+    data = load_dataset(DataSettings(data="curvcal:digits"))
     check_fitness(loaded, data, "--data")
     with reporter.progress("inference", data.n_samples) as advance:
         predictions = predict(loaded, data, request.batch_size, advance)

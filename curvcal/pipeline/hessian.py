@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import EXIT_NUMERICAL, EXIT_OK, InputError, NumericalError
 from curvcal.results import STATUS_ERROR, STATUS_OK, Report
-from curvcal.settings.fields import record
+from curvcal.settings.fields import groups
 from curvcal.settings.hessian import HessianSettings
 
 if TYPE_CHECKING:
@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 
     from curvcal.console import Reporter
     from curvcal.curvature.results import HessianAnalysis
-    from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
-    from curvcal.load.data import DataOptions
+    from curvcal.load.checkpoint import LoadedModel
     from curvcal.rows import Inputs
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,8 @@ def _strict_hint(analysis: HessianAnalysis) -> str:
 
 def run_hessian(
     checkpoint: Path,
-    checkpoint_options: CheckpointOptions,
-    data_options: DataOptions,
-    batch_size: int,
+    checkpoint_options: CheckpointSettings,
+    data_options: DataSettings,
     settings: HessianSettings,
     reporter: Reporter,
 ) -> HessianRun:
@@ -91,7 +91,7 @@ def run_hessian(
         settings = dataclasses.replace(settings, params=params)
         _check_parameters(loaded, settings)
         data = load_dataset(
-            dataclasses.replace(data_options, trust=checkpoint_options.trust),
+            data_options.replace(trust_checkpoint=checkpoint_options.trust_checkpoint),
             loaded.preprocessing,
             text_model_of(loaded),
         )
@@ -105,7 +105,7 @@ def run_hessian(
         loaded_seconds = time.perf_counter() - began
 
         def batches() -> Iterator[tuple[Inputs, torch.Tensor]]:
-            return iter_batches(data.dataset, batch_size, indices)
+            return iter_batches(data.dataset, data_options.batch_size, indices)
 
         analysis, notes, messages = _measure(
             loaded, batches, settings, reporter, distributed=context.active, speak=context.is_main
@@ -135,9 +135,7 @@ def run_hessian(
         status=status,
         inputs={"checkpoint": loaded.describe(), "data": data.describe()},
         settings={
-            "checkpoint": checkpoint_record(checkpoint_options),
-            "data": data_record(data_options, batch_size),
-            HessianSettings.GROUP: record(asked),
+            **groups(checkpoint_options, data_options, asked),
         },
         timings={
             "load": loaded_seconds,
@@ -221,64 +219,6 @@ def _measure(
             on_plan=replan,
         )
     return analysis, notes, messages
-
-
-def checkpoint_record(options: CheckpointOptions) -> dict[str, Any]:
-    """The checkpoint options as the report's ``settings`` records them."""
-    return {
-        "arch": options.arch,
-        "arch_kwargs": dict(options.arch_kwargs),
-        "num_classes": options.num_classes,
-        "state_dict_key": options.state_dict_key,
-        "trust_checkpoint": options.trust,
-        "allow_globals": list(options.allow_globals),
-        "device": options.device,
-        "dtype": options.dtype,
-    }
-
-
-def data_record(options: DataOptions, batch_size: int) -> dict[str, Any]:
-    """The data options as the report's ``settings`` records them."""
-    return {
-        "data": options.spec,
-        "data_root": options.root,
-        "download": options.download,
-        "mean": options.mean,
-        "std": options.std,
-        "resize": options.resize,
-        "crop": options.crop,
-        "max_samples": options.max_samples,
-        "subset_seed": options.subset_seed,
-        "x_key": options.x_key,
-        "y_key": options.y_key,
-        **_text_record(options),
-        "batch_size": batch_size,
-    }
-
-
-def data_settings(options: DataOptions) -> dict[str, Any]:
-    """Every field of ``options`` for a report, the text ones only for text data."""
-    from curvcal.load.text import is_text_spec
-
-    record = dataclasses.asdict(options)
-    if not is_text_spec(options.spec):
-        for name in ("text_key", "label_key", "text_pair_key", "tokenizer", "max_length"):
-            record.pop(name)
-    return record
-
-
-def _text_record(options: DataOptions) -> dict[str, Any]:
-    from curvcal.load.text import is_text_spec
-
-    if not is_text_spec(options.spec):
-        return {}
-    return {
-        "text_key": options.text_key,
-        "label_key": options.label_key,
-        "text_pair_key": options.text_pair_key,
-        "tokenizer": str(options.tokenizer) if options.tokenizer is not None else None,
-        "max_length": options.max_length,
-    }
 
 
 def default_params(

@@ -24,8 +24,10 @@ from curvcal.results import Report
 
 if TYPE_CHECKING:
     from curvcal.console import Reporter
-    from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
-    from curvcal.load.data import DataOptions, LoadedData
+    from curvcal.load.checkpoint import LoadedModel
+    from curvcal.load.data import LoadedData
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
     from curvcal.study import StudyResult
 
 #: Metadata key of the trace-penalty weight λ a checkpoint was trained with (CE + λ·tr(H)).
@@ -38,8 +40,8 @@ class StudyRequest:
     options every checkpoint is measured with, and the plot folder (recorded only)."""
 
     checkpoints: tuple[Path, ...]
-    checkpoint_options: CheckpointOptions
-    data_options: DataOptions
+    checkpoint_options: CheckpointSettings
+    data_options: DataSettings
     batch_size: int
     curvature_data: str | None = None
     loss: str = "ce"
@@ -69,9 +71,11 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import iter_batches, load_dataset, stratified_split
     from curvcal.load.text import text_model_at
-    from curvcal.pipeline.hessian import check_loss_options, data_settings, default_params
+    from curvcal.pipeline.hessian import default_params
     from curvcal.pipeline.inference import predict_logits
     from curvcal.provenance import environment
+    from curvcal.settings.fields import record
+    from curvcal.settings.hessian import HessianSettings
     from curvcal.study import (
         CurvatureSettings,
         StudyResult,
@@ -85,7 +89,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
 
     began = time.perf_counter()
     loss, gamma, seed = request.loss, request.gamma, request.seed
-    check_loss_options(loss, gamma)
+    HessianSettings(loss=loss, gamma=gamma)  # the --loss/--gamma rules
     curvature_settings = CurvatureSettings(
         method=request.method,
         tol=request.tol,
@@ -98,14 +102,14 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
         calibration_settings = dataclasses.replace(calibration_settings, gammas=request.gammas)
 
     checkpoint_options, data_options = request.checkpoint_options, request.data_options
-    trust = checkpoint_options.trust
+    trust = checkpoint_options.trust_checkpoint
     # text data is tokenized once, with the first checkpoint's tokenizer (or --tokenizer)
     text_model = text_model_at(request.checkpoints[0], checkpoint_options.arch)
-    data = load_dataset(dataclasses.replace(data_options, trust=trust), None, text_model)
+    data = load_dataset(data_options.replace(trust_checkpoint=trust), None, text_model)
     hessian_data = data
     if request.curvature_data is not None:
         hessian_data = load_dataset(
-            dataclasses.replace(data_options, spec=request.curvature_data, trust=trust),
+            data_options.replace(data=request.curvature_data, trust_checkpoint=trust),
             None,
             text_model,
         )
@@ -189,8 +193,8 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             "calibration": calibration_settings,
             "val_split": request.val_split,
             "batch_size": batch_size,
-            "checkpoint": checkpoint_options,
-            "data": data_settings(data_options),
+            "checkpoint": record(checkpoint_options),
+            "data": record(data_options),
             "curvature_data": request.curvature_data,
             "plot": request.plot_dir,
         },
@@ -203,7 +207,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
 
 def check_every_checkpoint(
     paths: list[Path],
-    options: CheckpointOptions,
+    options: CheckpointSettings,
     data: LoadedData,
     hessian_data: LoadedData,
     curvature_data: str | None,

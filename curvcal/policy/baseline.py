@@ -145,20 +145,72 @@ def load_report(path: Path) -> dict[str, Any]:
             "write one with --output",
         )
     schema = str(document["schema"])
-    if schema.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+    if schema.split(".")[0] not in READ_MAJORS:
         raise InputError(
             str(path),
-            f"report schema {schema} is not readable by this curvcal (it reads {SCHEMA_VERSION})",
+            f"report schema {schema} is not readable by this curvcal (it reads "
+            f"{' and '.join(major + '.x' for major in READ_MAJORS)})",
         )
     return document
+
+
+#: the major schema versions a baseline may have: 1.x (settings flat for hessian, nested
+#: otherwise, with older names) and today's
+READ_MAJORS = ("1", SCHEMA_VERSION.split(".")[0])
+
+#: option names a 1.x report spelled otherwise
+_V1_NAMES = {
+    "trust": "trust_checkpoint",
+    "allow_globals": "allow_global",
+    "spec": "data",
+    "root": "data_root",
+    "engine": "hvp",
+    "distribution": "probe_dist",
+}
+#: keys of a 1.x hessian report's flat settings that are no setting (resolved values)
+_V1_RESOLVED = ("criterion", "params_choice", "world_size")
+
+
+def _v1_group(name: str) -> str | None:
+    """The settings group of a 1.x hessian report's flat key."""
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
+    from curvcal.settings.fields import defaults
+    from curvcal.settings.hessian import HessianSettings
+
+    for cls in (CheckpointSettings, DataSettings, HessianSettings):
+        if name in defaults(cls):
+            return cls.GROUP
+    return None
+
+
+def flat_settings(document: Mapping[str, Any]) -> dict[str, Any]:
+    """A report's ``settings`` as ``{"group.option": value}`` (``option`` alone where a report
+    records a setting outside a group), 1.x reports read with today's names and groups."""
+    settings = document.get("settings")
+    if not isinstance(settings, Mapping):
+        return {}
+    v1 = str(document.get("schema", "")).split(".")[0] == "1"
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, Mapping) and not (v1 and key == "arch_kwargs"):
+            for name, item in value.items():
+                flat[f"{key}.{_V1_NAMES.get(name, name) if v1 else name}"] = item
+        elif v1 and document.get("command") == "hessian":
+            if key in _V1_RESOLVED:
+                continue
+            name = _V1_NAMES.get(key, key)
+            group = _v1_group(name)
+            flat[f"{group}.{name}" if group else name] = value
+        else:
+            flat[key] = value
+    return flat
 
 
 def setting_differences(new: Mapping[str, Any], old: Mapping[str, Any]) -> list[str]:
     """Settings both reports record with different values (a comparison of numbers computed
     differently may mean little): ``["seed: 1 (new) vs 0 (old)", ...]``, sorted by name."""
-    new_settings, old_settings = new.get("settings"), old.get("settings")
-    if not isinstance(new_settings, Mapping) or not isinstance(old_settings, Mapping):
-        return []
+    new_settings, old_settings = flat_settings(new), flat_settings(old)
     return [
         f"{name}: {new_settings[name]!r} (new) vs {old_settings[name]!r} (old)"
         for name in sorted(new_settings.keys() & old_settings.keys())

@@ -91,7 +91,7 @@ def spec_of(field: dataclasses.Field[Any]) -> Spec | None:
 def settings_fields(cls: type[Settings] | Settings) -> list[tuple[dataclasses.Field[Any], Spec]]:
     """The fields of ``cls`` made by :func:`setting`, in declaration order."""
     found = []
-    for field in dataclasses.fields(cls):
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
         spec = spec_of(field)
         if spec is not None:
             found.append((field, spec))
@@ -254,6 +254,11 @@ def record(settings: Settings) -> dict[str, Any]:
     }
 
 
+def groups(*settings: Settings) -> dict[str, dict[str, Any]]:
+    """A report's ``settings``: ``{GROUP: record}`` of each settings object, in order."""
+    return {type(item).GROUP: record(item) for item in settings}
+
+
 def from_mapping(cls: type[S], values: Mapping[str, Any], **fixed: Any) -> S:
     """An instance of ``cls`` from those ``values`` that name its fields (others ignored)."""
     names = {field.name for field, _spec in settings_fields(cls)}
@@ -290,8 +295,10 @@ def _click_type(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Any:
     return None
 
 
-def click_option(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Callable[[F], F]:
-    """The click option of one settings field."""
+def click_option(
+    cls: type, field: dataclasses.Field[Any], spec: Spec, required: bool = False
+) -> Callable[[F], F]:
+    """The click option of one settings field (``required`` on this command)."""
     import click
 
     default = default_of(field)
@@ -316,7 +323,7 @@ def click_option(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Callab
             kwargs.update(default=default, show_default=True)
         if spec.metavar:
             kwargs["metavar"] = spec.metavar
-        if spec.required:
+        if spec.required or required:
             kwargs["required"] = True
     if spec.default_text:
         kwargs["help"] = f"{spec.help}  [default: {spec.default_text}]"
@@ -334,12 +341,19 @@ def cli_fields(
     ]
 
 
-def gather(cls: type[S], kwargs: dict[str, Any], exclude: tuple[str, ...] = (), **fixed: Any) -> S:
-    """Pop the options of ``cls`` out of a command's ``kwargs`` and build the settings."""
+def gather(
+    cls: type[S],
+    kwargs: dict[str, Any],
+    exclude: tuple[str, ...] = (),
+    only: tuple[str, ...] | None = None,
+    **fixed: Any,
+) -> S:
+    """Pop the options of ``cls`` out of a command's ``kwargs`` and build the settings (fields
+    that are no option of this command keep their defaults, or take ``fixed``)."""
     values: dict[str, Any] = {}
-    for field, spec in cli_fields(cls, exclude):
+    for field, spec in cli_fields(cls, exclude, only):
         value = kwargs.pop(field.name)
-        if spec.multiple and value is not None:
+        if spec.multiple and isinstance(value, list | tuple):
             value = tuple(value)
         if value is None and not spec.multiple and not _kind(cls, field.name)[1]:
             continue  # not typed: the field's default
@@ -353,11 +367,13 @@ def click_options(
     *,
     exclude: tuple[str, ...] = (),
     only: tuple[str, ...] | None = None,
+    required: tuple[str, ...] = (),
     build: Callable[[dict[str, Any]], Any] | None = None,
     before: Callable[[dict[str, Any]], None] | None = None,
 ) -> Callable[[F], F]:
     """A decorator adding one click option per field of ``cls`` (but ``exclude``, or just
-    ``only``: a command that takes a part of a class, ``study`` of the Hessian's); the command
+    ``only``: a command that takes a part of a class, ``study`` of the Hessian's; ``required``:
+    the fields this command cannot do without); the command
     receives the settings as one ``keyword`` argument. ``build`` (given the command's keyword
     arguments) replaces the plain construction where a class needs more (an optional group);
     ``before`` sees the typed values first (to refuse options that would do nothing)."""
@@ -375,7 +391,7 @@ def click_options(
 
         command: Any = wrapper
         for field, spec in reversed(cli_fields(cls, exclude, only)):
-            command = click_option(cls, field, spec)(command)
-        return command  # type: ignore[no-any-return]
+            command = click_option(cls, field, spec, field.name in required)(command)
+        return command
 
     return decorate

@@ -44,7 +44,8 @@ from torch import nn
 
 import curvcal
 from curvcal.load.architecture import build_architecture
-from curvcal.load.data import DataOptions, load_dataset
+from curvcal.load.data import load_dataset
+from curvcal.settings.data import DataSettings
 
 DIGITS_TRAIN = Path(__file__).resolve().parents[1] / "digits" / "train.py"
 FOCAL_GAMMAS = (1.0, 2.0, 3.0, 5.0)
@@ -213,7 +214,9 @@ def main() -> None:
                 },
             )
     else:
-        train_data = load_dataset(DataOptions(spec=f"{args.dataset}:train", root=args.data_root))
+        train_data = load_dataset(
+            DataSettings(data=f"{args.dataset}:train", data_root=args.data_root)
+        )
         arch_kwargs = {"num_classes": train_data.num_classes or 10}
 
     summary = {}

@@ -1,4 +1,4 @@
-"""The shared checkpoint options turn into one CheckpointOptions."""
+"""The shared checkpoint options turn into one CheckpointSettings."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import pytest
 from click.testing import CliRunner
 
 from curvcal.commands.checkpoint_options import checkpoint_options
-from curvcal.load.checkpoint import CheckpointOptions
+from curvcal.settings.checkpoint import CheckpointSettings
 
-seen: list[CheckpointOptions] = []
+seen: list[CheckpointSettings] = []
 
 
 @click.command()
 @click.argument("ckpt")
 @checkpoint_options
-def probe(ckpt: str, checkpoint_options: CheckpointOptions) -> None:
+def probe(ckpt: str, checkpoint_options: CheckpointSettings) -> None:
     """Record what the command received."""
     seen.append(checkpoint_options)
 
@@ -30,7 +30,7 @@ def _invoke(*args: str) -> Any:
 def test_defaults() -> None:
     result = _invoke()
     assert result.exit_code == 0, result.output
-    assert seen == [CheckpointOptions()]
+    assert seen == [CheckpointSettings()]
 
 
 def test_all_options_collected() -> None:
@@ -50,17 +50,20 @@ def test_all_options_collected() -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert seen == [
-        CheckpointOptions(
+        CheckpointSettings(
             arch="tv:resnet18",
-            arch_kwargs={"width": 16, "name": "a", "act": "relu", "flags": [1, 2]},
+            arch_kwargs={"width": 4, "name": "a"},
+            arch_kwarg={"width": 16, "act": "relu", "flags": [1, 2]},
             num_classes=7,
             state_dict_key="model",
-            trust=True,
-            allow_globals=("a.B", "c.D"),
+            trust_checkpoint=True,
+            allow_global=("a.B", "c.D"),
             device="cpu",
             dtype="float64",
         )
     ]
+    # -k pairs override keys of --arch-kwargs
+    assert seen[0].keywords == {"width": 16, "name": "a", "act": "relu", "flags": [1, 2]}
 
 
 @pytest.mark.parametrize(

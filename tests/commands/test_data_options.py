@@ -1,4 +1,4 @@
-"""The shared --data options: parsing into DataOptions and option errors."""
+"""The shared --data options: parsing into DataSettings and option errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from curvcal.commands.data_options import data_options
-from curvcal.load.data import DataOptions
+from curvcal.settings.data import DataSettings
 
 SEEN: dict[str, Any] = {}
 
@@ -19,8 +19,9 @@ def _command(required: bool) -> click.Command:
     @click.command()
     @click.option("--other", default=1, type=int)
     @data_options(required=required)
-    def probe(data_options: DataOptions | None, batch_size: int, other: int) -> None:
+    def probe(data_options: DataSettings | None, other: int) -> None:
         """A stand-in command."""
+        batch_size = data_options.batch_size if data_options is not None else None
         SEEN.update(data_options=data_options, batch_size=batch_size, other=other)
 
     return probe
@@ -40,9 +41,9 @@ def test_all_options_reach_dataoptions() -> None:
         "--batch-size", "64", "--other", "3",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert SEEN["data_options"] == DataOptions(
-        spec="tv:cifar10:train",
-        root=Path("roots"),
+    assert SEEN["data_options"] == DataSettings(
+        data="tv:cifar10:train",
+        data_root=Path("roots"),
         download=True,
         mean=(0.5, 0.4, 0.3),
         std=(0.2, 0.2, 0.2),
@@ -52,15 +53,16 @@ def test_all_options_reach_dataoptions() -> None:
         subset_seed=7,
         x_key="a",
         y_key="b",
+        batch_size=64,
     )
     assert SEEN["batch_size"] == 64 and SEEN["other"] == 3
-    assert SEEN["data_options"].trust is False
+    assert SEEN["data_options"].trust_checkpoint is False
 
 
 def test_defaults_and_wraps() -> None:
     assert _invoke(True, "--data", "d.pt").exit_code == 0
     assert SEEN["batch_size"] == 256
-    assert SEEN["data_options"] == DataOptions(spec="d.pt")
+    assert SEEN["data_options"] == DataSettings(data="d.pt")
     assert _command(True).help == "A stand-in command."
 
 

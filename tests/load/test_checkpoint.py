@@ -17,7 +17,7 @@ from torch import nn
 from curvcal.errors import InputError, TrustError
 from curvcal.load.checkpoint import (
     FORMS,
-    CheckpointOptions,
+    CheckpointSettings,
     inspect_checkpoint,
     load_model,
     resolve_device,
@@ -93,19 +93,19 @@ def _unchanged(model: nn.Module, before: dict[str, torch.Tensor], training: bool
 # --- every weights-only form of DigitsCNN (safe architecture, no trust) -----------------------
 
 # a saver returns (file, options to load it, expected state-dict key, expected prefix)
-Saved = tuple[Path, CheckpointOptions, str | None, str | None]
+Saved = tuple[Path, CheckpointSettings, str | None, str | None]
 Saver = Callable[[nn.Module, Path], Saved]
 
 
 def _plain(model: nn.Module, d: Path) -> Saved:
     torch.save(model.state_dict(), d / "w.pt")
-    return d / "w.pt", CheckpointOptions(arch=DIGITS), None, None
+    return d / "w.pt", CheckpointSettings(arch=DIGITS), None, None
 
 
 def _wrapped(key: str) -> Saver:
     def save(model: nn.Module, d: Path) -> Saved:
         torch.save({key: model.state_dict(), "epoch": 7, "best_acc": 0.5}, d / "w.pth")
-        return d / "w.pth", CheckpointOptions(arch=DIGITS), key, None
+        return d / "w.pth", CheckpointSettings(arch=DIGITS), key, None
 
     return save
 
@@ -114,7 +114,7 @@ def _prefixed(prefix: str, suffix: str = ".pt") -> Saver:
     def save(model: nn.Module, d: Path) -> Saved:
         state = {prefix + k: v for k, v in model.state_dict().items()}
         torch.save(state, d / f"w{suffix}")
-        return d / f"w{suffix}", CheckpointOptions(arch=DIGITS), None, prefix
+        return d / f"w{suffix}", CheckpointSettings(arch=DIGITS), None, prefix
 
     return save
 
@@ -129,23 +129,23 @@ def _lightning(model: nn.Module, d: Path) -> Saved:
         "pytorch-lightning_version": "2.4.0",
     }
     torch.save(checkpoint, d / "last.ckpt")
-    return d / "last.ckpt", CheckpointOptions(arch=DIGITS), "state_dict", "net."
+    return d / "last.ckpt", CheckpointSettings(arch=DIGITS), "state_dict", "net."
 
 
 def _legacy(model: nn.Module, d: Path) -> Saved:
     torch.save(model.state_dict(), d / "w.pth", _use_new_zipfile_serialization=False)
-    return d / "w.pth", CheckpointOptions(arch=DIGITS), None, None
+    return d / "w.pth", CheckpointSettings(arch=DIGITS), None, None
 
 
 def _safetensors(model: nn.Module, d: Path) -> Saved:
     save_file(model.state_dict(), str(d / "w.safetensors"))
-    return d / "w.safetensors", CheckpointOptions(arch=DIGITS), None, None
+    return d / "w.safetensors", CheckpointSettings(arch=DIGITS), None, None
 
 
 def _safetensors_metadata(model: nn.Module, d: Path) -> Saved:
     metadata = {"curvcal.arch": DIGITS, "curvcal.arch_kwargs": json.dumps({"width": 8})}
     save_file(model.state_dict(), str(d / "w.safetensors"), metadata=metadata)
-    return d / "w.safetensors", CheckpointOptions(), None, None
+    return d / "w.safetensors", CheckpointSettings(), None, None
 
 
 STATE_DICT_FORMS: dict[str, Saver] = {
@@ -201,10 +201,10 @@ def test_state_dict_key_option_picks_the_ema_weights(tmp_path: Path) -> None:
         {"state_dict": live.state_dict(), "state_dict_ema": ema.state_dict()}, tmp_path / "w.pt"
     )
     x = torch.randn(2, 1, 8, 8)
-    default = load_model(tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, device="cpu"))
+    default = load_model(tmp_path / "w.pt", CheckpointSettings(arch=DIGITS, device="cpu"))
     chosen = load_model(
         tmp_path / "w.pt",
-        CheckpointOptions(arch=DIGITS, state_dict_key="state_dict_ema", device="cpu"),
+        CheckpointSettings(arch=DIGITS, state_dict_key="state_dict_ema", device="cpu"),
     )
     assert default.state_dict_key == "state_dict"
     assert torch.equal(_outputs(default.module, x), _reference(live, x))
@@ -214,14 +214,14 @@ def test_state_dict_key_option_picks_the_ema_weights(tmp_path: Path) -> None:
 def test_num_classes_inferred_and_passed(tmp_path: Path) -> None:
     model = _digits(num_classes=4)
     torch.save(model.state_dict(), tmp_path / "w.pt")
-    inferred = load_model(tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, device="cpu"))
+    inferred = load_model(tmp_path / "w.pt", CheckpointSettings(arch=DIGITS, device="cpu"))
     given = load_model(
-        tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, num_classes=4, device="cpu")
+        tmp_path / "w.pt", CheckpointSettings(arch=DIGITS, num_classes=4, device="cpu")
     )
     assert inferred.num_classes == given.num_classes == 4
     assert inferred.metadata["num_classes_source"].startswith("inferred")
     with pytest.raises(InputError, match="mis-shaped"):
-        load_model(tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, num_classes=5, device="cpu"))
+        load_model(tmp_path / "w.pt", CheckpointSettings(arch=DIGITS, num_classes=5, device="cpu"))
 
 
 # --- code-carrying forms of the BatchNorm MLP (trust) ----------------------------------------
@@ -277,10 +277,10 @@ def test_trusted_forms_reproduce_outputs(name: str, tmp_path: Path) -> None:
     x = torch.randn(7, 5)  # a batch size other than the one exported with
 
     with pytest.raises(TrustError, match="--trust-checkpoint") as refused:
-        load_model(path, CheckpointOptions(arch=arch, device="cpu"))
+        load_model(path, CheckpointSettings(arch=arch, device="cpu"))
     # the file is at fault, or for a py: architecture the --arch option
     assert refused.value.what == (str(path) if arch is None else "--arch")
-    loaded = load_model(path, CheckpointOptions(arch=arch, trust=True, device="cpu"))
+    loaded = load_model(path, CheckpointSettings(arch=arch, trust_checkpoint=True, device="cpu"))
 
     assert loaded.form == form
     assert form in FORMS
@@ -296,7 +296,7 @@ def test_trusted_forms_reproduce_outputs(name: str, tmp_path: Path) -> None:
 def test_pickled_module_refusal_lists_the_globals(tmp_path: Path) -> None:
     path = _whole(_mlp(), tmp_path)
     with pytest.raises(TrustError) as refused:
-        load_model(path, CheckpointOptions(device="cpu"))
+        load_model(path, CheckpointSettings(device="cpu"))
     message = str(refused.value)
     assert f"{__name__}.MLP" in message
     assert "torch.nn.modules.batchnorm.BatchNorm1d" in message
@@ -308,13 +308,13 @@ def test_float64_option(form: str, tmp_path: Path) -> None:
     model = _mlp()
     before = _snapshot(model)
     if form == "eager":
-        path, options = _mlp_state_dict(model, tmp_path), CheckpointOptions(arch=MLP_ARCH)
+        path, options = _mlp_state_dict(model, tmp_path), CheckpointSettings(arch=MLP_ARCH)
     else:
         saver = {"pickled": _whole, "torchscript": _script, "exported": _export}[form]
-        path, options = saver(model, tmp_path), CheckpointOptions()
+        path, options = saver(model, tmp_path), CheckpointSettings()
     loaded = load_model(
         path,
-        replace(options, trust=True, dtype="float64", device="cpu"),
+        replace(options, trust_checkpoint=True, dtype="float64", device="cpu"),
     )
     x = torch.randn(4, 5, dtype=torch.float64)
     assert loaded.dtype == torch.float64
@@ -330,7 +330,7 @@ def test_torchvision_architecture(tmp_path: Path) -> None:
     torch.save({"model": model.state_dict()}, tmp_path / "resnet.pth")
     x = torch.randn(2, 3, 32, 32)
     loaded = load_model(
-        tmp_path / "resnet.pth", CheckpointOptions(arch="tv:resnet18", device="cpu")
+        tmp_path / "resnet.pth", CheckpointSettings(arch="tv:resnet18", device="cpu")
     )
     assert loaded.num_classes == 10
     assert loaded.metadata["num_classes_source"].startswith("inferred")
@@ -345,10 +345,10 @@ def test_allow_global_admits_a_plain_data_class(tmp_path: Path) -> None:
     torch.save({"state_dict": model.state_dict(), "config": TrainConfig(0.1, 3)}, tmp_path / "w.pt")
     name = f"{__name__}.TrainConfig"
     with pytest.raises(TrustError, match=name) as refused:
-        load_model(tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, device="cpu"))
+        load_model(tmp_path / "w.pt", CheckpointSettings(arch=DIGITS, device="cpu"))
     assert f"--allow-global {name} admits them and runs no code" in refused.value.message
     loaded = load_model(
-        tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, allow_globals=(name,), device="cpu")
+        tmp_path / "w.pt", CheckpointSettings(arch=DIGITS, allow_global=(name,), device="cpu")
     )
     x = torch.randn(2, 1, 8, 8)
     assert torch.equal(_outputs(loaded.module, x), _reference(model, x))
@@ -356,7 +356,7 @@ def test_allow_global_admits_a_plain_data_class(tmp_path: Path) -> None:
     assert info.unsafe_globals == () and info.state_dict_key == "state_dict"
     with pytest.raises(InputError, match="--allow-global"):
         load_model(
-            tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, allow_globals=("no.such.Thing",))
+            tmp_path / "w.pt", CheckpointSettings(arch=DIGITS, allow_global=("no.such.Thing",))
         )
 
 
@@ -385,7 +385,7 @@ def malicious(tmp_path: Path) -> tuple[Path, Path]:
 def test_malicious_pickle_is_refused_without_running(malicious: tuple[Path, Path]) -> None:
     path, marker = malicious
     with pytest.raises(TrustError) as refused:
-        load_model(path, CheckpointOptions(arch=DIGITS, device="cpu"))
+        load_model(path, CheckpointSettings(arch=DIGITS, device="cpu"))
     message = str(refused.value)
     assert str(path) in message and "io.open" in message and "--trust-checkpoint" in message
     info = inspect_checkpoint(path)
@@ -397,7 +397,7 @@ def test_malicious_payload_is_real(malicious: tuple[Path, Path]) -> None:
     """The payload above does run under a full unpickling (so the refusal test can fail)."""
     path, marker = malicious
     with pytest.raises(InputError):  # the weights do not fit DigitsCNN
-        load_model(path, CheckpointOptions(arch=DIGITS, trust=True, device="cpu"))
+        load_model(path, CheckpointSettings(arch=DIGITS, trust_checkpoint=True, device="cpu"))
     assert marker.exists()
 
 
@@ -466,7 +466,7 @@ def test_bad_files_name_the_file_and_the_problem(name: str, tmp_path: Path) -> N
     make, problem = BAD_FILES[name]
     path = make(tmp_path)
     for call in (
-        lambda: load_model(path, CheckpointOptions(arch=DIGITS, device="cpu")),
+        lambda: load_model(path, CheckpointSettings(arch=DIGITS, device="cpu")),
         lambda: inspect_checkpoint(path),
     ):
         with pytest.raises(InputError) as caught:
@@ -478,7 +478,7 @@ def test_bad_files_name_the_file_and_the_problem(name: str, tmp_path: Path) -> N
 def test_wrong_architecture_lists_the_keys(tmp_path: Path) -> None:
     torch.save(_mlp().state_dict(), tmp_path / "mlp.pt")
     with pytest.raises(InputError) as caught:
-        load_model(tmp_path / "mlp.pt", CheckpointOptions(arch=DIGITS, device="cpu"))
+        load_model(tmp_path / "mlp.pt", CheckpointSettings(arch=DIGITS, device="cpu"))
     message = caught.value.message
     assert caught.value.what == str(tmp_path / "mlp.pt")
     assert "missing (features.0.weight, features.0.bias" in message
@@ -492,9 +492,9 @@ def test_misshaped_weights_are_listed_with_shapes(tmp_path: Path) -> None:
     with pytest.raises(
         InputError, match=r"features\.0\.weight: checkpoint \[4, 1, 3, 3\] vs model \[8, 1, 3, 3\]"
     ):
-        load_model(tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, device="cpu"))
+        load_model(tmp_path / "w.pt", CheckpointSettings(arch=DIGITS, device="cpu"))
     loaded = load_model(
-        tmp_path / "w.pt", CheckpointOptions(arch=DIGITS, arch_kwargs={"width": 4}, device="cpu")
+        tmp_path / "w.pt", CheckpointSettings(arch=DIGITS, arch_kwargs={"width": 4}, device="cpu")
     )
     assert loaded.num_classes == 10
 
@@ -502,31 +502,34 @@ def test_misshaped_weights_are_listed_with_shapes(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("options", "what", "text"),
     [
-        (CheckpointOptions(), "{path}", "pass --arch"),
-        (CheckpointOptions(arch="tv:resnet181"), "--arch", "did you mean resnet18"),
-        (CheckpointOptions(arch="curvcal:DigitCNN"), "--arch", "did you mean DigitsCNN"),
-        (CheckpointOptions(arch="resnet18"), "--arch", "not an architecture spec"),
+        (CheckpointSettings(), "{path}", "pass --arch"),
+        (CheckpointSettings(arch="tv:resnet181"), "--arch", "did you mean resnet18"),
+        (CheckpointSettings(arch="curvcal:DigitCNN"), "--arch", "did you mean DigitsCNN"),
+        (CheckpointSettings(arch="resnet18"), "--arch", "not an architecture spec"),
         (
-            CheckpointOptions(arch=DIGITS, arch_kwargs={"depth": 3}),
+            CheckpointSettings(arch=DIGITS, arch_kwargs={"depth": 3}),
             "--arch-kwargs",
             "does not accept depth",
         ),
-        (CheckpointOptions(arch="tv:resnet18", arch_kwargs={"depth": 3}), "--arch-kwargs", "depth"),
         (
-            CheckpointOptions(arch=DIGITS, state_dict_key="ema"),
+            CheckpointSettings(arch="tv:resnet18", arch_kwargs={"depth": 3}),
+            "--arch-kwargs",
+            "depth",
+        ),
+        (
+            CheckpointSettings(arch=DIGITS, state_dict_key="ema"),
             "--state-dict-key",
             "'ema' is not a key",
         ),
         (
-            CheckpointOptions(arch=DIGITS, num_classes=3, arch_kwargs={"num_classes": 4}),
+            CheckpointSettings(arch=DIGITS, num_classes=3, arch_kwargs={"num_classes": 4}),
             "--num-classes",
             "conflicts",
         ),
-        (CheckpointOptions(arch=DIGITS, device="tpu"), "--device", "not a device"),
-        (CheckpointOptions(arch=DIGITS, dtype="float16"), "--dtype", "not supported"),
+        (CheckpointSettings(arch=DIGITS, device="tpu"), "--device", "not a device"),
     ],
 )
-def test_bad_options(options: CheckpointOptions, what: str, text: str, tmp_path: Path) -> None:
+def test_bad_options(options: CheckpointSettings, what: str, text: str, tmp_path: Path) -> None:
     path = tmp_path / "w.pt"
     torch.save(_digits().state_dict(), path)
     with pytest.raises(InputError) as caught:
@@ -535,14 +538,21 @@ def test_bad_options(options: CheckpointOptions, what: str, text: str, tmp_path:
     assert text in caught.value.message
 
 
+def test_unsupported_dtype_is_refused_when_the_settings_are_made() -> None:
+    with pytest.raises(InputError) as caught:
+        CheckpointSettings(arch=DIGITS, dtype="float16")
+    assert caught.value.what == "--dtype"
+    assert "float16" in caught.value.message and "float32, float64" in caught.value.message
+
+
 def test_py_architecture_needs_trust(tmp_path: Path) -> None:
     torch.save(_mlp().state_dict(), tmp_path / "w.pt")
     with pytest.raises(TrustError, match="--trust-checkpoint"):
-        load_model(tmp_path / "w.pt", CheckpointOptions(arch=MLP_ARCH, device="cpu"))
+        load_model(tmp_path / "w.pt", CheckpointSettings(arch=MLP_ARCH, device="cpu"))
     metadata = {"curvcal.arch": MLP_ARCH}
     save_file(_mlp().state_dict(), str(tmp_path / "w.safetensors"), metadata=metadata)
     with pytest.raises(TrustError, match="imports and runs Python code") as info:
-        load_model(tmp_path / "w.safetensors", CheckpointOptions(device="cpu"))
+        load_model(tmp_path / "w.safetensors", CheckpointSettings(device="cpu"))
     # the file named the architecture, not --arch: the error says so
     assert info.value.what.startswith(f"{tmp_path / 'w.safetensors'} (its metadata curvcal.arch")
     assert "--arch" not in info.value.what
@@ -552,10 +562,10 @@ def test_an_unknown_architecture_in_the_metadata_names_the_file(tmp_path: Path) 
     path = tmp_path / "w.safetensors"
     save_file(_digits().state_dict(), str(path), metadata={"curvcal.arch": "curvcal:Nope"})
     with pytest.raises(InputError, match="no bundled architecture 'Nope'") as info:
-        load_model(path, CheckpointOptions(device="cpu"))
+        load_model(path, CheckpointSettings(device="cpu"))
     assert info.value.what == f"{path} (its metadata curvcal.arch = 'curvcal:Nope')"
     with pytest.raises(InputError) as given:  # a bad --arch is still blamed on --arch
-        load_model(path, CheckpointOptions(arch="curvcal:Nope", device="cpu"))
+        load_model(path, CheckpointSettings(arch="curvcal:Nope", device="cpu"))
     assert given.value.what.startswith("--arch")
 
 
@@ -613,7 +623,7 @@ def test_old_state_dict_without_num_batches_tracked(tmp_path: Path) -> None:
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
     torch.save(state, tmp_path / "old.pt")
     loaded = load_model(
-        tmp_path / "old.pt", CheckpointOptions(arch=MLP_ARCH, trust=True, device="cpu")
+        tmp_path / "old.pt", CheckpointSettings(arch=MLP_ARCH, trust_checkpoint=True, device="cpu")
     )
     x = torch.randn(3, 5)
     assert torch.equal(_outputs(loaded.module, x), _reference(model, x))

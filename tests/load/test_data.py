@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from curvcal.errors import InputError, TrustError
 from curvcal.load.data import (
     NORMALISATION_PRESETS,
-    DataOptions,
+    DataSettings,
     check_labels,
     iter_batches,
     load_dataset,
@@ -42,7 +42,7 @@ def _write(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
 def test_tensor_files_round_trip(tmp_path: Path, suffix: str) -> None:
     x, y = _xy()
     path = _write(tmp_path / f"d{suffix}", {"x": x, "y": y})
-    data = load_dataset(DataOptions(spec=str(path)))
+    data = load_dataset(DataSettings(data=str(path)))
     assert data.n_samples == 12
     assert data.num_classes == 3 and data.num_classes_source == "inferred"
     assert data.labels.dtype == torch.int64
@@ -58,21 +58,21 @@ def test_tensor_files_round_trip(tmp_path: Path, suffix: str) -> None:
 def test_key_overrides_and_missing_key(tmp_path: Path) -> None:
     x, y = _xy()
     path = _write(tmp_path / "d.pt", {"inputs": x, "targets": y})
-    data = load_dataset(DataOptions(spec=str(path), x_key="inputs", y_key="targets"))
+    data = load_dataset(DataSettings(data=str(path), x_key="inputs", y_key="targets"))
     assert torch.equal(data.labels, y)
     with pytest.raises(InputError, match=r"d\.pt.*no tensor named 'x'.*--x-key"):
-        load_dataset(DataOptions(spec=str(path)))
+        load_dataset(DataSettings(data=str(path)))
 
 
 def test_float_whole_labels_accepted_fractional_rejected(tmp_path: Path) -> None:
     x, y = _xy()
     good = _write(tmp_path / "good.npz", {"x": x, "y": y.double()})
-    assert torch.equal(load_dataset(DataOptions(spec=str(good))).labels, y)
+    assert torch.equal(load_dataset(DataSettings(data=str(good))).labels, y)
     bad_y = y.double()
     bad_y[4] = 1.5
     bad = _write(tmp_path / "bad.npz", {"x": x, "y": bad_y})
     with pytest.raises(InputError, match=r"bad\.npz: label 4 is 1\.5"):
-        load_dataset(DataOptions(spec=str(bad)))
+        load_dataset(DataSettings(data=str(bad)))
 
 
 @pytest.mark.parametrize(
@@ -92,51 +92,51 @@ def test_float_whole_labels_accepted_fractional_rejected(tmp_path: Path) -> None
 def test_bad_tensor_files(tmp_path: Path, tensors: dict[str, torch.Tensor], message: str) -> None:
     path = _write(tmp_path / "bad.safetensors", tensors)
     with pytest.raises(InputError, match=message) as info:
-        load_dataset(DataOptions(spec=str(path)))
+        load_dataset(DataSettings(data=str(path)))
     assert "bad.safetensors" in str(info.value)
 
 
 def test_missing_unknown_and_truncated_files(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"nope\.pt: no such file"):
-        load_dataset(DataOptions(spec=str(tmp_path / "nope.pt")))
+        load_dataset(DataSettings(data=str(tmp_path / "nope.pt")))
     (tmp_path / "d.csv").write_text("1,2\n")  # a CSV is text data: its header names columns
     with pytest.raises(InputError, match=r"d\.csv: has no column 'text' \(columns: 1, 2\)"):
-        load_dataset(DataOptions(spec=str(tmp_path / "d.csv")))
+        load_dataset(DataSettings(data=str(tmp_path / "d.csv")))
     (tmp_path / "d.tsv").write_text("1\t2\n")
     with pytest.raises(InputError, match=r"d\.tsv.*not a dataset spec"):
-        load_dataset(DataOptions(spec=str(tmp_path / "d.tsv")))
+        load_dataset(DataSettings(data=str(tmp_path / "d.tsv")))
     x, y = _xy()
     for suffix in (".pt", ".npz", ".safetensors"):
         path = _write(tmp_path / f"t{suffix}", {"x": x, "y": y})
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
         with pytest.raises(InputError, match=rf"t\{suffix}: cannot be read"):
-            load_dataset(DataOptions(spec=str(path)))
+            load_dataset(DataSettings(data=str(path)))
 
 
 def test_pt_with_pickled_objects_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "obj.pt"
     torch.save({"x": torch.zeros(2, 1), "y": torch.tensor([0, 1]), "z": Path("a")}, path)
     with pytest.raises(InputError, match=r"obj\.pt: holds Python objects"):
-        load_dataset(DataOptions(spec=str(path)))
+        load_dataset(DataSettings(data=str(path)))
 
 
 def test_mean_std_applied_to_tensor_file(tmp_path: Path) -> None:
     x, y = _xy()
     path = _write(tmp_path / "d.pt", {"x": x, "y": y})
-    data = load_dataset(DataOptions(spec=str(path), mean=(1.0, 2.0), std=(2.0, 4.0)))
+    data = load_dataset(DataSettings(data=str(path), mean=(1.0, 2.0), std=(2.0, 4.0)))
     got = next(iter_batches(data.dataset, 100))[0]
     assert torch.allclose(got[:, 0], (x[:, 0] - 1) / 2)
     assert torch.allclose(got[:, 1], (x[:, 1] - 2) / 4)
     with pytest.raises(InputError, match="--mean/--std"):
-        load_dataset(DataOptions(spec=str(path), mean=(1.0, 2.0, 3.0)))
+        load_dataset(DataSettings(data=str(path), mean=(1.0, 2.0, 3.0)))
     with pytest.raises(InputError, match="--resize"):
-        load_dataset(DataOptions(spec=str(path), resize=4))
+        load_dataset(DataSettings(data=str(path), resize=4))
 
 
 def test_max_samples_subset_is_deterministic_and_sorted(tmp_path: Path) -> None:
     x, y = _xy(n=50, k=5)
     path = _write(tmp_path / "d.pt", {"x": x, "y": y})
-    options = DataOptions(spec=str(path), max_samples=10, subset_seed=3)
+    options = DataSettings(data=str(path), max_samples=10, subset_seed=3)
     first, second = load_dataset(options), load_dataset(options)
     other = load_dataset(replace(options, subset_seed=4))
     assert first.n_samples == 10
@@ -164,7 +164,7 @@ def _png_folder(root: Path) -> Path:
 
 def test_folder_dataset(tmp_path: Path) -> None:
     root = _png_folder(tmp_path / "imgs")
-    data = load_dataset(DataOptions(spec=f"folder:{root}", resize=4, crop=4))
+    data = load_dataset(DataSettings(data=f"folder:{root}", resize=4, crop=4))
     assert data.n_samples == 6 and data.num_classes == 2
     assert data.num_classes_source == "dataset"
     assert data.labels.tolist() == [0, 0, 0, 1, 1, 1]
@@ -176,7 +176,7 @@ def test_folder_dataset(tmp_path: Path) -> None:
     assert torch.allclose(x[0, 0], torch.full((4, 4), (1.0 - mean[0]) / std[0]))
     assert torch.allclose(x[0, 2], torch.full((4, 4), (0.0 - mean[2]) / std[2]))
     assert data.describe()["normalisation"]["preset"] == "imagenet"
-    given = load_dataset(DataOptions(spec=f"folder:{root}", mean=(0.5,), std=(0.5,)))
+    given = load_dataset(DataSettings(data=f"folder:{root}", mean=(0.5,), std=(0.5,)))
     assert torch.allclose(next(iter_batches(given.dataset, 1))[0][0, 0], torch.ones(5, 6))
     check_labels(data, 2)
     with pytest.raises(InputError, match="2 classes but the model has 10 outputs"):
@@ -185,10 +185,10 @@ def test_folder_dataset(tmp_path: Path) -> None:
 
 def test_folder_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is not a folder"):
-        load_dataset(DataOptions(spec=f"folder:{tmp_path / 'absent'}"))
+        load_dataset(DataSettings(data=f"folder:{tmp_path / 'absent'}"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="is not an image folder"):
-        load_dataset(DataOptions(spec=f"folder:{tmp_path / 'empty'}"))
+        load_dataset(DataSettings(data=f"folder:{tmp_path / 'empty'}"))
 
 
 def test_folder_images_of_two_sizes_name_the_image_and_the_fix(tmp_path: Path) -> None:
@@ -199,12 +199,12 @@ def test_folder_images_of_two_sizes_name_the_image_and_the_fix(tmp_path: Path) -
     root = _png_folder(tmp_path / "imgs")
     odd = root / "dog" / "1.png"
     Image.new("RGB", (12, 10), (0, 0, 255)).save(odd)
-    data = load_dataset(DataOptions(spec=f"folder:{root}"))
+    data = load_dataset(DataSettings(data=f"folder:{root}"))
     with pytest.raises(InputError, match="--resize") as info:
         list(iter_batches(data.dataset, 6))
     message = str(info.value)
     assert str(odd) in message and "3×10×12" in message and "3×5×6" in message
-    resized = load_dataset(DataOptions(spec=f"folder:{root}", resize=4, crop=4))
+    resized = load_dataset(DataSettings(data=f"folder:{root}", resize=4, crop=4))
     assert next(iter_batches(resized.dataset, 6))[0].shape == (6, 3, 4, 4)
 
 
@@ -213,7 +213,7 @@ def test_an_unreadable_image_names_its_file(tmp_path: Path, content: bytes) -> N
     root = _png_folder(tmp_path / "imgs")
     bad = root / "cat" / "1.png"
     bad.write_bytes(content)
-    data = load_dataset(DataOptions(spec=f"folder:{root}"))
+    data = load_dataset(DataSettings(data=f"folder:{root}"))
     assert data.dataset[0][1] == 0  # the readable ones still load
     with pytest.raises(InputError, match="cannot be read as an image") as info:
         list(iter_batches(data.dataset, 6))
@@ -236,12 +236,12 @@ def test_tensor_samples_of_two_shapes_name_the_sample() -> None:
 
 def test_torchvision_missing_root_says_download(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="--download") as info:
-        load_dataset(DataOptions(spec="tv:mnist", root=tmp_path / "nothing"))
+        load_dataset(DataSettings(data="tv:mnist", data_root=tmp_path / "nothing"))
     assert "nothing" in str(info.value)
     with pytest.raises(InputError, match="not a known torchvision dataset"):
-        load_dataset(DataOptions(spec="tv:imagenet22k"))
+        load_dataset(DataSettings(data="tv:imagenet22k"))
     with pytest.raises(InputError, match="unknown split"):
-        load_dataset(DataOptions(spec="tv:cifar10:val", root=tmp_path))
+        load_dataset(DataSettings(data="tv:cifar10:val", data_root=tmp_path))
 
 
 FACTORY = """
@@ -270,22 +270,22 @@ def test_py_factory_needs_trust(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delitem(sys.modules, "my_factory_mod", raising=False)
     spec = "py:my_factory_mod:pairs"
     with pytest.raises(TrustError, match="--trust-checkpoint"):
-        load_dataset(DataOptions(spec=spec))
-    data = load_dataset(DataOptions(spec=spec, trust=True))
+        load_dataset(DataSettings(data=spec))
+    data = load_dataset(DataSettings(data=spec, trust_checkpoint=True))
     assert data.n_samples == 5 and data.labels.tolist() == [0, 1, 2, 1, 0]
-    items = load_dataset(DataOptions(spec="py:my_factory_mod:items", trust=True))
+    items = load_dataset(DataSettings(data="py:my_factory_mod:items", trust_checkpoint=True))
     assert items.labels.tolist() == [0, 1, 0, 1]
     x, y = next(iter_batches(items.dataset, 3, indices=[3, 0, 2]))
     assert y.tolist() == [1, 0, 0] and x[:, 0].tolist() == [3.0, 0.0, 2.0]
     with pytest.raises(InputError, match="returned a int"):
-        load_dataset(DataOptions(spec="py:my_factory_mod:nothing", trust=True))
+        load_dataset(DataSettings(data="py:my_factory_mod:nothing", trust_checkpoint=True))
     with pytest.raises(InputError, match="cannot import"):
-        load_dataset(DataOptions(spec="py:no_such_module_xyz:f", trust=True))
+        load_dataset(DataSettings(data="py:no_such_module_xyz:f", trust_checkpoint=True))
 
 
 def test_check_labels_range(tmp_path: Path) -> None:
     x, y = _xy(k=5)
-    data = load_dataset(DataOptions(spec=str(_write(tmp_path / "d.pt", {"x": x, "y": y}))))
+    data = load_dataset(DataSettings(data=str(_write(tmp_path / "d.pt", {"x": x, "y": y}))))
     check_labels(data, 5)
     check_labels(data, 7)  # inferred class count: a model may know classes absent here
     check_labels(data, None)
@@ -294,12 +294,12 @@ def test_check_labels_range(tmp_path: Path) -> None:
 
 
 def test_bundled_digits() -> None:
-    data = load_dataset(DataOptions(spec="curvcal:digits"))
+    data = load_dataset(DataSettings(data="curvcal:digits"))
     assert data.num_classes == 10 and data.num_classes_source == "dataset"
     x, _ = next(iter_batches(data.dataset, 4))
     assert x.shape == (4, 1, 8, 8) and x.dtype == torch.float32
     with pytest.raises(InputError, match="not a bundled dataset"):
-        load_dataset(DataOptions(spec="curvcal:cifar"))
+        load_dataset(DataSettings(data="curvcal:cifar"))
 
 
 def test_iter_batches_bad_size() -> None:
@@ -374,7 +374,7 @@ def _fake_mnist(root: Path, n: int = 5) -> torch.Tensor:
 
 def test_torchvision_dataset_present(tmp_path: Path) -> None:
     images = _fake_mnist(tmp_path)
-    data = load_dataset(DataOptions(spec="tv:mnist", root=tmp_path))
+    data = load_dataset(DataSettings(data="tv:mnist", data_root=tmp_path))
     assert data.n_samples == 5 and data.num_classes == 10
     assert data.labels.tolist() == [3, 1, 4, 1, 5]
     x, y = next(iter_batches(data.dataset, 8))
@@ -383,8 +383,8 @@ def test_torchvision_dataset_present(tmp_path: Path) -> None:
     assert torch.allclose(x[:, 0], (images.float() / 255 - mean) / std, atol=1e-6)
     assert data.describe()["normalisation"] == {"preset": "mnist", "mean": [mean], "std": [std]}
     with pytest.raises(InputError, match="3 values but --data tv:mnist has 1 channels"):
-        load_dataset(DataOptions(spec="tv:mnist", root=tmp_path, mean=(0.1, 0.2, 0.3)))
+        load_dataset(DataSettings(data="tv:mnist", data_root=tmp_path, mean=(0.1, 0.2, 0.3)))
     # a damaged file is reported with the reason, not as "not found"
     (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00\x09\x01")
     with pytest.raises(InputError, match="cannot be read under --data-root"):
-        load_dataset(DataOptions(spec="tv:mnist", root=tmp_path))
+        load_dataset(DataSettings(data="tv:mnist", data_root=tmp_path))

@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from curvcal.errors import InputError
-from curvcal.load.data import NO_RESIZE, DataOptions, load_dataset
+from curvcal.load.data import load_dataset
+from curvcal.settings.data import NO_RESIZE, DataSettings
 
 CONFIG = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25), "input_size": (3, 24, 24),
           "crop_pct": 0.875, "source": "the test config"}  # fmt: skip
@@ -28,7 +29,7 @@ def folder(tmp_path: Path) -> Path:
 
 
 def test_the_imagenet_default_is_recorded(folder: Path) -> None:
-    data = load_dataset(DataOptions(spec=f"folder:{folder}"))
+    data = load_dataset(DataSettings(data=f"folder:{folder}"))
     (note,) = data.chosen
     assert note.startswith("normalisation mean 0.485,0.456,0.406, std 0.229,0.224,0.225")
     assert "imagenet preset" in note and data.warnings == ()
@@ -36,7 +37,7 @@ def test_the_imagenet_default_is_recorded(folder: Path) -> None:
 
 
 def test_a_config_transform_is_recorded_and_its_size_mismatch_warned(folder: Path) -> None:
-    data = load_dataset(DataOptions(spec=f"folder:{folder}"), CONFIG)
+    data = load_dataset(DataSettings(data=f"folder:{folder}"), CONFIG)
     assert data.dataset[0][0].shape == (3, 24, 24)
     assert any(note.startswith("resize 27, center-crop 24") for note in data.chosen)
     (warning,) = data.warnings
@@ -44,7 +45,7 @@ def test_a_config_transform_is_recorded_and_its_size_mismatch_warned(folder: Pat
 
 
 def test_given_sizes_and_normalisation_choose_nothing(folder: Path) -> None:
-    options = DataOptions(spec=f"folder:{folder}", mean=(0.0,), std=(1.0,), resize=NO_RESIZE)
+    options = DataSettings(data=f"folder:{folder}", mean=(0.0,), std=(1.0,), resize=NO_RESIZE)
     data = load_dataset(options, CONFIG)
     assert data.chosen == () and data.warnings == ()
     image = data.dataset[0][0]
@@ -55,7 +56,7 @@ def test_given_sizes_and_normalisation_choose_nothing(folder: Path) -> None:
 
 
 def test_only_a_crop_given_keeps_the_config_transform_off(folder: Path) -> None:
-    data = load_dataset(DataOptions(spec=f"folder:{folder}", crop=8), CONFIG)
+    data = load_dataset(DataSettings(data=f"folder:{folder}", crop=8), CONFIG)
     assert data.dataset[0][0].shape == (3, 8, 8) and data.warnings == ()
 
 
@@ -63,4 +64,4 @@ def test_no_resize_is_still_refused_for_tensor_files(tmp_path: Path) -> None:
     path = tmp_path / "x.pt"
     torch.save({"x": torch.zeros(2, 3), "y": torch.tensor([0, 1])}, path)
     with pytest.raises(InputError, match="--resize/--crop"):
-        load_dataset(DataOptions(spec=str(path), resize=NO_RESIZE))
+        load_dataset(DataSettings(data=str(path), resize=NO_RESIZE))

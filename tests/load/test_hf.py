@@ -15,7 +15,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from curvcal.errors import InputError, TrustError  # noqa: E402
-from curvcal.load.checkpoint import CheckpointOptions, inspect_checkpoint, load_model  # noqa: E402
+from curvcal.load.checkpoint import inspect_checkpoint, load_model  # noqa: E402
+from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
 
 LABELS = ("cat", "dog", "bird")
 
@@ -105,7 +106,7 @@ def _dense_hessian(folder: Path, x: torch.Tensor, y: torch.Tensor, prefix: str) 
 
 
 def test_folder_logits_equal_the_library_forward(vit: VitFiles) -> None:
-    loaded = load_model(vit.folder, CheckpointOptions(device="cpu", dtype="float64"))
+    loaded = load_model(vit.folder, CheckpointSettings(device="cpu", dtype="float64"))
     reference = _library_model(vit.folder)
     x = vit.x.double()
     with torch.no_grad():
@@ -223,7 +224,7 @@ def test_a_state_dict_of_the_same_model_loads_with_arch_hf(vit: VitFiles, tmp_pa
     state = {f"module.{k}": v for k, v in reference.state_dict().items()}
     torch.save({"state_dict": state, "epoch": 3}, tmp_path / "weights.pt")
     loaded = load_model(
-        tmp_path / "weights.pt", CheckpointOptions(arch=f"hf:{vit.folder}", device="cpu")
+        tmp_path / "weights.pt", CheckpointSettings(arch=f"hf:{vit.folder}", device="cpu")
     )
     with torch.no_grad():
         assert torch.equal(loaded.module(vit.x), reference(pixel_values=vit.x).logits)
@@ -240,7 +241,7 @@ def test_custom_code_is_refused_without_trust(run_cli, vit: VitFiles, tmp_path: 
     info = inspect_checkpoint(folder)
     assert info.needs_trust and "modeling_evil.EvilModel" in info.metadata["custom_code"]
     with pytest.raises(TrustError):
-        load_model(folder, CheckpointOptions(device="cpu"))
+        load_model(folder, CheckpointSettings(device="cpu"))
     result = run_cli("hessian", folder, "--data", vit.data, "--device", "cpu")
     assert result.code == 2
     line = result.stderr.strip().splitlines()[-1]
@@ -249,7 +250,7 @@ def test_custom_code_is_refused_without_trust(run_cli, vit: VitFiles, tmp_path: 
 
 
 def test_a_text_classifier_loads_and_inspects(bert: Path) -> None:
-    loaded = load_model(bert, CheckpointOptions(device="cpu"))
+    loaded = load_model(bert, CheckpointSettings(device="cpu"))
     reference = transformers.AutoModelForSequenceClassification.from_pretrained(
         bert, attn_implementation="eager"
     ).eval()
@@ -287,7 +288,7 @@ def test_bad_folders_are_input_errors(vit: VitFiles, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(InputError, match=r"has no config\.json"):
-        load_model(empty, CheckpointOptions(device="cpu"))
+        load_model(empty, CheckpointSettings(device="cpu"))
     no_weights = tmp_path / "no_weights"
     no_weights.mkdir()
     shutil.copy(vit.folder / "config.json", no_weights / "config.json")
@@ -297,9 +298,9 @@ def test_bad_folders_are_input_errors(vit: VitFiles, tmp_path: Path) -> None:
     shutil.copytree(vit.folder, broken)
     (broken / "config.json").write_text("{not json")
     with pytest.raises(InputError, match="not valid JSON"):
-        load_model(broken, CheckpointOptions(device="cpu"))
+        load_model(broken, CheckpointSettings(device="cpu"))
     with pytest.raises(InputError, match="names its architecture"):
-        load_model(vit.folder, CheckpointOptions(arch="tv:resnet18", device="cpu"))
+        load_model(vit.folder, CheckpointSettings(arch="tv:resnet18", device="cpu"))
 
 
 def test_truncated_weights_name_the_weight_file(vit: VitFiles, tmp_path: Path) -> None:
@@ -311,7 +312,7 @@ def test_truncated_weights_name_the_weight_file(vit: VitFiles, tmp_path: Path) -
     for size in (20, weights.stat().st_size // 2):
         weights.write_bytes((vit.folder / "model.safetensors").read_bytes()[:size])
         with pytest.raises(InputError, match=r"cannot be read as a \.safetensors file") as info:
-            load_model(cut, CheckpointOptions(device="cpu"))
+            load_model(cut, CheckpointSettings(device="cpu"))
         assert str(info.value).startswith(str(weights))
 
 

@@ -16,9 +16,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from curvcal.errors import InputError  # noqa: E402
-from curvcal.load.checkpoint import CheckpointOptions, load_model  # noqa: E402
-from curvcal.load.data import DataOptions, iter_batches, load_dataset  # noqa: E402
+from curvcal.load.checkpoint import load_model  # noqa: E402
+from curvcal.load.data import iter_batches, load_dataset  # noqa: E402
 from curvcal.load.text import text_model_of  # noqa: E402
+from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
+from curvcal.settings.data import DataSettings  # noqa: E402
 
 WORDS = ["good", "bad", "movie", "film", "great", "awful", "plot", "actor", "very", "not"]
 TEXTS = [
@@ -113,8 +115,8 @@ def _ece_by_hand(logits: torch.Tensor, labels: list[int], bins: int = 15) -> flo
 
 
 def test_jsonl_is_tokenized_once_and_padded_per_batch(text_model: TextFiles) -> None:
-    loaded = load_model(text_model.folder, CheckpointOptions(device="cpu"))
-    data = load_dataset(DataOptions(spec=str(text_model.jsonl)), None, text_model_of(loaded))
+    loaded = load_model(text_model.folder, CheckpointSettings(device="cpu"))
+    data = load_dataset(DataSettings(data=str(text_model.jsonl)), None, text_model_of(loaded))
     assert data.n_samples == len(TEXTS) and data.labels.tolist() == LABELS
     assert data.text is not None
     assert data.text["max_length"] == 12  # tokenizer 12 < config 16
@@ -131,8 +133,8 @@ def test_jsonl_is_tokenized_once_and_padded_per_batch(text_model: TextFiles) -> 
 
 
 def test_truncation_is_counted(text_model: TextFiles) -> None:
-    loaded = load_model(text_model.folder, CheckpointOptions(device="cpu"))
-    options = DataOptions(spec=str(text_model.jsonl), max_length=5)
+    loaded = load_model(text_model.folder, CheckpointSettings(device="cpu"))
+    options = DataSettings(data=str(text_model.jsonl), max_length=5)
     data = load_dataset(options, None, text_model_of(loaded))
     lengths = [len(t.split()) + 2 for t in TEXTS]  # [CLS] ... [SEP], one token per word here
     assert data.text is not None and data.text["truncated"] == sum(n > 5 for n in lengths)
@@ -143,7 +145,7 @@ def test_truncation_is_counted(text_model: TextFiles) -> None:
 def test_csv_parquet_and_saved_datasets_read_the_same(
     text_model: TextFiles, tmp_path: Path
 ) -> None:
-    loaded = load_model(text_model.folder, CheckpointOptions(device="cpu"))
+    loaded = load_model(text_model.folder, CheckpointSettings(device="cpu"))
     facts = text_model_of(loaded)
     # CSV with label names mapped through the model's label2id, under other column names
     path = tmp_path / "reviews.csv"
@@ -152,48 +154,48 @@ def test_csv_parquet_and_saved_datasets_read_the_same(
         writer.writerow(["review", "sentiment"])
         for text, label in zip(TEXTS, LABELS, strict=True):
             writer.writerow([text, NAMES[label]])
-    options = DataOptions(spec=str(path), text_key="review", label_key="sentiment")
+    options = DataSettings(data=str(path), text_key="review", label_key="sentiment")
     csv_data = load_dataset(options, None, facts)
     assert csv_data.labels.tolist() == LABELS
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"text": TEXTS, "label": LABELS}), tmp_path / "r.parquet")
-    parquet = load_dataset(DataOptions(spec=str(tmp_path / "r.parquet")), None, facts)
+    parquet = load_dataset(DataSettings(data=str(tmp_path / "r.parquet")), None, facts)
     datasets = pytest.importorskip("datasets")
     saved = datasets.DatasetDict(
         {"test": datasets.Dataset.from_dict({"text": TEXTS, "label": LABELS})}
     )
     saved.save_to_disk(str(tmp_path / "saved"))
-    folder = load_dataset(DataOptions(spec=f"{tmp_path / 'saved'}:test"), None, facts)
+    folder = load_dataset(DataSettings(data=f"{tmp_path / 'saved'}:test"), None, facts)
     reference = next(iter_batches(csv_data.dataset, 11))[0]
     for other in (parquet, folder):
         assert other.labels.tolist() == LABELS
         x = next(iter_batches(other.dataset, 11))[0]
         assert all(torch.equal(x[k], reference[k]) for k in reference)
     with pytest.raises(InputError, match="folder of splits"):
-        load_dataset(DataOptions(spec=str(tmp_path / "saved")), None, facts)
+        load_dataset(DataSettings(data=str(tmp_path / "saved")), None, facts)
 
 
 def test_bad_text_inputs_name_the_file_and_the_problem(
     text_model: TextFiles, tmp_path: Path
 ) -> None:
-    loaded = load_model(text_model.folder, CheckpointOptions(device="cpu"))
+    loaded = load_model(text_model.folder, CheckpointSettings(device="cpu"))
     facts = text_model_of(loaded)
     with pytest.raises(InputError, match=r"no column 'sentence' \(columns: text, label\)"):
-        load_dataset(DataOptions(spec=str(text_model.jsonl), text_key="sentence"), None, facts)
+        load_dataset(DataSettings(data=str(text_model.jsonl), text_key="sentence"), None, facts)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "good", "label": "neutral"}\n')
     with pytest.raises(InputError, match="label 'neutral'") as refused:
-        load_dataset(DataOptions(spec=str(bad)), None, facts)
+        load_dataset(DataSettings(data=str(bad)), None, facts)
     assert refused.value.what == str(bad)
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "config.json").write_text("{}")
     with pytest.raises(InputError, match="--tokenizer"):
-        load_dataset(DataOptions(spec=str(text_model.jsonl), tokenizer=bare), None, facts)
+        load_dataset(DataSettings(data=str(text_model.jsonl), tokenizer=bare), None, facts)
     with pytest.raises(InputError, match="--tokenizer"):
-        load_dataset(DataOptions(spec=str(text_model.jsonl)), None, None)
+        load_dataset(DataSettings(data=str(text_model.jsonl)), None, None)
 
 
 def _eigsh_lambda_max(folder: Path, texts: list[str], labels: list[int], skip: str) -> float:
@@ -378,8 +380,8 @@ def test_sentence_pairs_are_tokenized_together(text_model: TextFiles, tmp_path: 
             for t, p, y in zip(TEXTS, pairs, LABELS, strict=True)
         )
     )
-    loaded = load_model(text_model.folder, CheckpointOptions(device="cpu"))
-    options = DataOptions(spec=str(path), text_key="a", text_pair_key="b", max_length=6)
+    loaded = load_model(text_model.folder, CheckpointSettings(device="cpu"))
+    options = DataSettings(data=str(path), text_key="a", text_pair_key="b", max_length=6)
     data = load_dataset(options, None, text_model_of(loaded))
     _, tokenizer = _library(text_model.folder)
     expected = tokenizer(

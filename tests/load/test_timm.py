@@ -14,8 +14,10 @@ import torch
 timm = pytest.importorskip("timm")
 
 from curvcal.errors import InputError  # noqa: E402
-from curvcal.load.checkpoint import CheckpointOptions, inspect_checkpoint, load_model  # noqa: E402
-from curvcal.load.data import DataOptions, load_dataset  # noqa: E402
+from curvcal.load.checkpoint import inspect_checkpoint, load_model  # noqa: E402
+from curvcal.load.data import load_dataset  # noqa: E402
+from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
+from curvcal.settings.data import DataSettings  # noqa: E402
 
 NAME = "test_resnet"  # timm's own tiny test network
 
@@ -62,7 +64,7 @@ def _train_checkpoint(model: torch.nn.Module, path: Path) -> Path:
 
 def test_a_train_checkpoint_loads_with_arch_timm(model, tmp_path: Path) -> None:
     path = _train_checkpoint(model, tmp_path / "checkpoint-9.pth.tar")
-    options = CheckpointOptions(arch=f"timm:{NAME}", arch_kwargs={"num_classes": 4}, device="cpu")
+    options = CheckpointSettings(arch=f"timm:{NAME}", arch_kwargs={"num_classes": 4}, device="cpu")
     loaded = load_model(path, options)
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
@@ -72,16 +74,16 @@ def test_a_train_checkpoint_loads_with_arch_timm(model, tmp_path: Path) -> None:
     preprocessing = loaded.preprocessing
     assert preprocessing is not None and preprocessing["mean"] == model.pretrained_cfg["mean"]
     # num_classes inferred from the weights when not given
-    inferred = load_model(path, CheckpointOptions(arch=f"timm:{NAME}", device="cpu"))
+    inferred = load_model(path, CheckpointSettings(arch=f"timm:{NAME}", device="cpu"))
     assert inferred.num_classes == 4
 
 
 def test_without_arch_the_error_names_the_recorded_timm_model(model, tmp_path: Path) -> None:
     path = _train_checkpoint(model, tmp_path / "checkpoint.pth.tar")
     with pytest.raises(InputError, match=f"--arch timm:{NAME}"):
-        load_model(path, CheckpointOptions(device="cpu"))
+        load_model(path, CheckpointSettings(device="cpu"))
     with pytest.raises(InputError, match="did you mean"):
-        load_model(path, CheckpointOptions(arch="timm:test_resnett", device="cpu"))
+        load_model(path, CheckpointSettings(arch="timm:test_resnett", device="cpu"))
 
 
 def test_hessian_equals_the_dense_reference_of_timms_forward(
@@ -122,7 +124,7 @@ def test_a_timm_folder_is_a_checkpoint(model, tmp_path: Path, safe: bool) -> Non
 
     folder = tmp_path / "timm_model"
     save_for_hf(model, str(folder), safe_serialization=safe)
-    loaded = load_model(folder, CheckpointOptions(device="cpu"))
+    loaded = load_model(folder, CheckpointSettings(device="cpu"))
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(loaded.module(x), model(x))
@@ -147,9 +149,9 @@ def test_pretrained_cfg_preprocessing_matches_timms_own_transform(model, tmp_pat
             Image.fromarray(pixels.numpy()).save(root / label / f"{index}.png")
     loaded = load_model(
         _train_checkpoint(model, tmp_path / "c.pth.tar"),
-        CheckpointOptions(arch=f"timm:{NAME}", device="cpu"),
+        CheckpointSettings(arch=f"timm:{NAME}", device="cpu"),
     )
-    dataset = load_dataset(DataOptions(spec=f"folder:{root}"), loaded.preprocessing)
+    dataset = load_dataset(DataSettings(data=f"folder:{root}"), loaded.preprocessing)
     config = timm.data.resolve_data_config({}, model=model)
     transform = timm.data.create_transform(**config)
     with Image.open(root / "a" / "0.png") as image:
@@ -158,7 +160,7 @@ def test_pretrained_cfg_preprocessing_matches_timms_own_transform(model, tmp_pat
     assert dataset.normalisation is not None and "timm" in dataset.normalisation["preset"]
     # the user's own values win
     given = load_dataset(
-        DataOptions(spec=f"folder:{root}", mean=(0.0,), std=(1.0,), resize=40, crop=32),
+        DataSettings(data=f"folder:{root}", mean=(0.0,), std=(1.0,), resize=40, crop=32),
         loaded.preprocessing,
     )
     assert given.dataset[0][0].shape == (3, 32, 32)

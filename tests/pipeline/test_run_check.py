@@ -62,9 +62,11 @@ def test_settings_precedence_option_then_policy_then_default(tmp_path: Path) -> 
 
 def test_run_check_equals_the_calibration_engine(tmp_path: Path) -> None:
     from curvcal.calibration.analysis import CalibrationSettings, analyse_calibration
-    from curvcal.load.checkpoint import CheckpointOptions, load_model
-    from curvcal.load.data import DataOptions, iter_batches, load_dataset, stratified_split
+    from curvcal.load.checkpoint import load_model
+    from curvcal.load.data import iter_batches, load_dataset, stratified_split
     from curvcal.pipeline.inference import predict_logits
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
 
     text = (
         '[settings]\ndata = "curvcal:digits"\ndevice = "cpu"\nmax_samples = 100\n'
@@ -76,8 +78,8 @@ def test_run_check_equals_the_calibration_engine(tmp_path: Path) -> None:
     assert result.hessian is None and result.calibration is not None
 
     # The reference: the same split and fit through the engine, without the gate.
-    loaded = load_model(demo_checkpoint(), CheckpointOptions(device="cpu"))
-    data = load_dataset(DataOptions(spec="curvcal:digits", max_samples=100))
+    loaded = load_model(demo_checkpoint(), CheckpointSettings(device="cpu"))
+    data = load_dataset(DataSettings(data="curvcal:digits", max_samples=100))
     logits, labels = predict_logits(loaded.module, iter_batches(data.dataset, 256), loaded.device)
     fit, held = stratified_split(labels, 0.4, 2)
     reference = analyse_calibration(

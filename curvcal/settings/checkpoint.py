@@ -1,0 +1,126 @@
+"""The settings that turn a checkpoint file into a module: every command that loads one takes
+them (``--arch``, ``--arch-kwargs``, ``-k``, ``--num-classes``, ``--state-dict-key``,
+``--trust-checkpoint``, ``--allow-global``, ``--device``, ``--dtype``), declared once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from curvcal import jsontext
+from curvcal.errors import InputError
+from curvcal.settings.fields import Settings, setting
+
+#: The most classes (``--num-classes``, a ``num_classes`` keyword or config entry): a classifier
+#: head of more rows than this would not fit in memory next to any network.
+MAX_CLASSES = 1_000_000
+#: ``--dtype``: the floating-point precisions a model runs in.
+DTYPES = ("float32", "float64")
+
+
+def _parse_kwargs_json(_ctx: Any, param: Any, value: str | None) -> dict[str, Any]:
+    """``--arch-kwargs``: a JSON object."""
+    import click
+
+    if value is None:
+        return {}
+    try:
+        parsed = jsontext.loads(value, str(param.name))
+    except InputError as exc:
+        raise click.BadParameter(exc.why, param=param) from None
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(
+            f"not valid JSON ({exc.msg} at column {exc.colno})", param=param
+        ) from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter("must be a JSON object such as '{\"width\": 16}'", param=param)
+    return parsed
+
+
+def _parse_pairs(_ctx: Any, param: Any, values: tuple[str, ...]) -> dict[str, Any]:
+    """``-k key=value`` (repeatable): the value read as JSON when it parses, else as text."""
+    import click
+
+    pairs: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not key=value", param=param)
+        try:
+            pairs[key.strip()] = jsontext.loads(raw, item)
+        except InputError as exc:
+            raise click.BadParameter(f"{item!r}: {exc.why}", param=param) from None
+        except json.JSONDecodeError:
+            pairs[key.strip()] = raw
+    return pairs
+
+
+@dataclass(frozen=True)
+class CheckpointSettings(Settings):
+    """How to turn a checkpoint file into a module.
+
+    ``arch``: ``tv:NAME``, ``curvcal:NAME`` or ``py:package.module:Class`` (the last needs
+    ``trust_checkpoint``), built with ``arch_kwargs`` and the ``-k`` pairs ``arch_kwarg`` (which
+    win; :attr:`keywords` holds both). ``num_classes`` is passed to the architecture as
+    ``num_classes``; when absent and the architecture takes it, it is inferred from the
+    checkpoint. ``allow_global``: ``module.Class`` names a weights-only load may build.
+    ``device``: ``auto|cpu|cuda|cuda:N``; ``dtype``: ``float32|float64``.
+    """
+
+    GROUP: ClassVar[str] = "checkpoint"
+
+    arch: str | None = setting(
+        None,
+        "Architecture of a weights-only file: tv:NAME (torchvision), curvcal:NAME (bundled) or "
+        "py:package.module:Class (needs --trust-checkpoint).",
+        metavar="SPEC",
+    )
+    arch_kwargs: dict[str, Any] = setting(
+        {},
+        "Keyword arguments for the architecture, as a JSON object.",
+        metavar="JSON",
+        parse=_parse_kwargs_json,
+    )
+    arch_kwarg: dict[str, Any] = setting(
+        {},
+        "One architecture keyword argument (value read as JSON when it parses, else as a "
+        "string); repeatable.",
+        short="-k",
+        metavar="KEY=VALUE",
+        multiple=True,
+        parse=_parse_pairs,
+    )
+    num_classes: int | None = setting(
+        None,
+        "Passed to the architecture as num_classes (default: inferred from the weights).",
+        low=1,
+        high=MAX_CLASSES,
+    )
+    state_dict_key: str | None = setting(
+        None,
+        "Key of the weights inside a wrapper dict (default: state_dict, model_state_dict, "
+        "model, state_dict_ema, model_ema, tried in that order).",
+        metavar="KEY",
+    )
+    trust_checkpoint: bool = setting(
+        False,
+        "Allow loads that run code from the file (pickled modules, TorchScript, torch.export, "
+        "py: architectures). Only for files you trust.",
+        flag=True,
+    )
+    allow_global: tuple[str, ...] = setting(
+        (),
+        "Allow a weights-only load to build this plain data class (never a function or a class "
+        "that reaches the OS or the interpreter; only --trust-checkpoint runs code); repeatable.",
+        metavar="module.Class",
+        multiple=True,
+    )
+    device: str = setting("auto", "auto (CUDA when available), cpu, cuda or cuda:N.")
+    dtype: str = setting("float32", "Floating-point precision of the model.", choices=DTYPES)
+
+    @property
+    def keywords(self) -> Mapping[str, Any]:
+        """The architecture's keyword arguments: ``--arch-kwargs``, then the ``-k`` pairs."""
+        return {**self.arch_kwargs, **self.arch_kwarg}

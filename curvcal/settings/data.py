@@ -1,0 +1,138 @@
+"""The settings that say which samples are read and how they are preprocessed: every command
+that reads a dataset takes them (``--data`` and friends, ``--batch-size``), declared once."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from curvcal.settings.fields import Settings, setting
+
+#: ``resize``/``crop`` value of an explicit ``none``: no resize or crop, and no model config's.
+NO_RESIZE = 0
+
+
+def _float_list(ctx: Any, param: Any, value: str | None) -> tuple[float, ...] | None:
+    """``--mean``/``--std``: comma-separated finite numbers (``--std`` > 0)."""
+    import click
+
+    if value is None:
+        return None
+    name = param.opts[0] if param.opts else str(param.name)
+    try:
+        numbers = tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{name} takes comma-separated numbers, e.g. 0.5,0.5,0.5; got '{value}'", ctx, param
+        ) from None
+    if not numbers:
+        raise click.BadParameter(f"{name} needs at least one number", ctx, param)
+    if any(not math.isfinite(n) for n in numbers):
+        raise click.BadParameter(f"{name} values must be finite; got '{value}'", ctx, param)
+    if param.name == "std" and any(n <= 0 for n in numbers):
+        raise click.BadParameter(f"{name} values must be > 0; got '{value}'", ctx, param)
+    return numbers
+
+
+def _size(ctx: Any, param: Any, value: str | None) -> int | None:
+    """A positive size, or ``none`` (kept as :data:`NO_RESIZE`)."""
+    import click
+
+    if value is None:
+        return None
+    if value.strip().lower() == "none":
+        return NO_RESIZE
+    name = param.opts[0] if param.opts else str(param.name)
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise click.BadParameter(f"{name} takes a size >= 1 or 'none'; got '{value}'", ctx, param)
+    return size
+
+
+#: the text-data fields (also taken by ``check``, whose dataset a policy names)
+TEXT_FIELDS = ("text_key", "label_key", "text_pair_key", "tokenizer", "max_length")
+
+
+@dataclass(frozen=True)
+class DataSettings(Settings):
+    """Which samples are read, how they are preprocessed, and in batches of what size.
+
+    ``resize``/``crop``: ``None`` when not given (a model config's transform may then apply),
+    :data:`NO_RESIZE` for an explicit "none". ``trust_checkpoint`` allows ``py:`` factories
+    (they run code); it is no option of its own: the command sets it from the checkpoint's
+    ``--trust-checkpoint``.
+    """
+
+    GROUP: ClassVar[str] = "data"
+
+    data: str | None = setting(
+        None,
+        "Dataset: tv:NAME[:train|test], folder:PATH, PATH.pt|.npz|.safetensors, texts in "
+        "PATH.jsonl|.csv|.parquet or a saved datasets folder DIR[:split], py:module:function, or "
+        "curvcal:digits.",
+        metavar="SPEC",
+    )
+    data_root: Path | None = setting(
+        None, "Folder of torchvision datasets (default ./data).", path="dir"
+    )
+    download: bool = setting(False, "Download a torchvision dataset if missing.", flag=True)
+    mean: tuple[float, ...] | None = setting(
+        None,
+        "Per-channel mean to normalise with (overrides the preset).",
+        parse=_float_list,
+        metavar="M1,M2,...",
+    )
+    std: tuple[float, ...] | None = setting(
+        None,
+        "Per-channel std to normalise with (overrides the preset).",
+        parse=_float_list,
+        metavar="S1,S2,...",
+    )
+    resize: int | None = setting(
+        None,
+        "Resize images (shorter side); 'none' keeps them as they are, without a model config's "
+        "resize and crop.",
+        parse=_size,
+        metavar="N|none",
+    )
+    crop: int | None = setting(
+        None, "Center-crop images; 'none': no crop.", parse=_size, metavar="N|none"
+    )
+    max_samples: int | None = setting(
+        None, "Use a random subset of this many samples (kept in dataset order).", low=1
+    )
+    subset_seed: int = setting(0, "Seed of the --max-samples subset.")
+    x_key: str = setting("x", "Inputs' name in a tensor file.")
+    y_key: str = setting("y", "Labels' name in a tensor file.")
+    text_key: str = setting("text", "Text column of text data.")
+    label_key: str = setting("label", "Label column of text data.")
+    text_pair_key: str | None = setting(None, "Second text column, for sentence pairs.")
+    tokenizer: Path | None = setting(
+        None,
+        "Tokenizer folder (save_pretrained).",
+        path="dir",
+        default_text="the model folder's",
+    )
+    max_length: int | None = setting(
+        None,
+        "Tokens per text; longer ones are cut.",
+        low=1,
+        default_text="the tokenizer's model_max_length, capped by the config's "
+        "max_position_embeddings",
+    )
+    batch_size: int = setting(256, "Samples per batch.", low=1)
+    trust_checkpoint: bool = setting(False, "", cli=False, record=False)
+
+    @property
+    def spec(self) -> str:
+        """The dataset spec of ``--data``, which a loader cannot do without."""
+        if self.data is None:
+            from curvcal.errors import InputError
+
+            raise InputError("--data", "no dataset given", "name one with --data SPEC")
+        return self.data
