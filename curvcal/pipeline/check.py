@@ -464,7 +464,7 @@ def _hessian(
     from curvcal.curvature.analysis import analyse_hessian_with_messages
     from curvcal.load.checkpoint import recorded_loss
     from curvcal.load.data import iter_batches
-    from curvcal.pipeline.hessian import default_params
+    from curvcal.pipeline.session import default_params
 
     if settings["loss"] == "own":
         criterion, gamma = recorded_loss(loaded)

@@ -8,25 +8,19 @@ Hessian-vector products, and build the report's envelope.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from curvcal.errors import EXIT_NUMERICAL, EXIT_OK, InputError, NumericalError
+from curvcal.errors import EXIT_NUMERICAL, EXIT_OK, NumericalError
 from curvcal.results import STATUS_ERROR, STATUS_OK, Report
 from curvcal.settings.fields import groups
 from curvcal.settings.hessian import HessianSettings
 
 if TYPE_CHECKING:
-    import torch
-
     from curvcal.console import Reporter
     from curvcal.curvature.results import HessianAnalysis
-    from curvcal.load.checkpoint import LoadedModel
-    from curvcal.rows import Inputs
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
 
@@ -67,58 +61,16 @@ def run_hessian(
 ) -> HessianRun:
     """Measure the Hessian of ``checkpoint``'s mean loss over the data as ``settings`` ask;
     under torchrun every rank runs this on its shard."""
-    from curvcal.console import Reporter
-    from curvcal.load.checkpoint import load_model, recorded_loss
-    from curvcal.load.data import iter_batches, load_dataset
-    from curvcal.load.text import text_model_of
-    from curvcal.pipeline.fitness import check_fitness, say_preprocessing
-    from curvcal.pipeline.runtime import distributed_run, shard
+    from curvcal.pipeline.session import open_session
     from curvcal.provenance import environment
 
     began = time.perf_counter()
-    asked = settings
-    with distributed_run(checkpoint_options.device) as (device, context):
-        if not context.is_main:  # rank 0 speaks for the run
-            reporter = Reporter(quiet=True)
-        checkpoint_options = dataclasses.replace(checkpoint_options, device=str(device))
-        loaded = load_model(checkpoint, checkpoint_options)
-        if settings.loss == "own":
-            criterion, gamma = recorded_loss(loaded)
-            settings = settings.replace(
-                loss=criterion, gamma=gamma if criterion == "focal" else None
-            )
-        params, params_choice, say_choice = default_params(loaded, settings.params)
-        settings = dataclasses.replace(settings, params=params)
-        _check_parameters(loaded, settings)
-        data = load_dataset(
-            data_options.replace(trust_checkpoint=checkpoint_options.trust_checkpoint),
-            loaded.preprocessing,
-            text_model_of(loaded),
-        )
-        check_fitness(loaded, data, "--data")
-        data_warnings: list[str] = []
-        if context.is_main:
-            say_preprocessing(data, reporter, data_warnings)
-        if say_choice and params:  # once the inputs are known good: an error stays one line
-            reporter.warn(f"Hessian over {params_choice}")
-        indices = shard(data, context)
-        loaded_seconds = time.perf_counter() - began
-
-        def batches() -> Iterator[tuple[Inputs, torch.Tensor]]:
-            return iter_batches(data.dataset, data_options.batch_size, indices)
-
-        analysis, notes, messages = _measure(
-            loaded, batches, settings, reporter, distributed=context.active, speak=context.is_main
-        )
-    analysis = dataclasses.replace(
-        analysis,
-        operator={
-            **analysis.operator,
-            "world_size": context.world_size,
-            # recorded where the choice is not the plain "every parameter" or --params
-            **({"params_choice": params_choice} if say_choice else {}),
-        },
-    )
+    with open_session(checkpoint_options, reporter) as session:
+        loaded = session.model(checkpoint)
+        resolved, choice = session.hessian_settings(loaded, settings)
+        data = session.dataset(loaded, data_options)
+        curvature = session.hessian(loaded, data, resolved, data_options.batch_size, choice=choice)
+    analysis, messages = curvature.analysis, curvature.messages
     failed = analysis.unconverged
     status = STATUS_ERROR if (settings.strict and failed) else STATUS_OK
     failure = None
@@ -126,129 +78,23 @@ def run_hessian(
         failure = NumericalError(
             "--strict", f"{', '.join(failed)} did not converge", _strict_hint(analysis)
         )
-    if context.is_main and not settings.strict:
+    if session.is_main and not settings.strict:
         for message in messages:
-            reporter.warn(message)
+            session.reporter.warn(message)
     report = Report(
         command="hessian",
         results=analysis,
         status=status,
         inputs={"checkpoint": loaded.describe(), "data": data.describe()},
-        settings={
-            **groups(checkpoint_options, data_options, asked),
-        },
+        settings=groups(
+            checkpoint_options.replace(device=str(session.device)), data_options, settings
+        ),
         timings={
-            "load": loaded_seconds,
+            "load": session.timings["load"],
             **analysis.timings,
             "total": time.perf_counter() - began,
         },
         environment=environment(loaded.device),
-        warnings=data_warnings + notes + messages,
+        warnings=session.warnings + curvature.notes + messages,
     )
-    return HessianRun(analysis, report, str(loaded.device), context.is_main, failure)
-
-
-def _check_parameters(loaded: LoadedModel, settings: HessianSettings) -> None:
-    """--params patterns that match nothing and a --top-k above P, before the data is read."""
-    from curvcal.curvature.analysis import selected_parameter_count
-
-    for pattern in settings.params:
-        if selected_parameter_count(loaded.module, (pattern,)) == 0:
-            names = [n for n, p in loaded.module.named_parameters() if p.requires_grad]
-            shown = ", ".join(names[:8]) + (", …" if len(names) > 8 else "")
-            raise InputError(
-                "--params", f"{pattern!r} matches no trainable parameter", f"names are: {shown}"
-            )
-    n_params = selected_parameter_count(loaded.module, settings.params)
-    if n_params == 0:
-        raise InputError(str(loaded.path), "the model has no trainable parameters")
-    if settings.top_k > n_params:
-        raise InputError(
-            "--top-k",
-            f"{settings.top_k} eigenvalues asked of a Hessian with {n_params} parameters",
-            f"use --top-k {n_params} or less",
-        )
-
-
-def _measure(
-    loaded: LoadedModel,
-    batches: Any,
-    settings: HessianSettings,
-    reporter: Reporter,
-    *,
-    distributed: bool,
-    speak: bool = True,
-) -> tuple[HessianAnalysis, list[str], list[str]]:
-    """Run the analysis with a progress count of Hessian-vector products on stderr, and the
-    long-run note (:mod:`~curvcal.curvature.forecast`) once the first products are timed.
-
-    Returns the analysis, the notes already said on stderr as they came (the sketch's memory)
-    and the warnings it raised (convergence, engine fallback) as messages to say at the end;
-    other warnings are passed on untouched. Only the process that ``speak``s (rank 0) says notes.
-    """
-    from curvcal.curvature.analysis import analyse_hessian_with_messages
-    from curvcal.curvature.forecast import forecast_for
-    from curvcal.distributed import all_reduce_sum
-
-    forecast, replan = forecast_for(
-        loaded.module, settings, lambda text: reporter.info(f"curvcal: note: {text}")
-    )
-    notes: list[str] = []
-
-    def on_note(text: str) -> None:
-        notes.append(text)
-        if speak:
-            reporter.warn(text)
-
-    with reporter.progress("Hessian-vector products", None) as advance:
-        done = [0]
-
-        def on_step(stage: str, matvecs: int) -> None:
-            advance.describe(f"Hessian-vector products ({stage})")
-            advance(matvecs - done[0])
-            done[0] = matvecs
-            forecast(stage, matvecs)
-
-        analysis, messages = analyse_hessian_with_messages(
-            loaded.module,
-            batches,
-            settings,
-            all_reduce=all_reduce_sum if distributed else None,
-            on_step=on_step,
-            on_note=on_note,
-            on_plan=replan,
-        )
-    return analysis, notes, messages
-
-
-def default_params(
-    loaded: LoadedModel, params: tuple[str, ...]
-) -> tuple[tuple[str, ...], str, bool]:
-    """The parameters a Hessian covers, how they were chosen, and whether that choice is worth
-    saying (it is not the plain "every parameter" or the given ``--params``).
-
-    ``--params all`` (alone) is every trainable parameter. Without ``--params``: every
-    trainable parameter for image models; for text models every one except the token
-    embedding matrix (vocab x hidden, whose Hessian block is almost all zero rows: only the
-    tokens in the data get gradient), listed by name. Given globs are used as given.
-    """
-    from curvcal.load.hf import token_embedding_names
-
-    if params == ("all",):
-        return (), "all trainable parameters (--params all)", True
-    if params:
-        return params, "--params", False
-    excluded = token_embedding_names(loaded.module) if loaded.modality == "text" else ()
-    if not excluded:
-        return (), "all trainable parameters", False
-    names = tuple(
-        name
-        for name, p in loaded.module.named_parameters()
-        if p.requires_grad and name not in excluded
-    )
-    return (
-        names,
-        f"all trainable parameters except the token embeddings ({', '.join(excluded)}); "
-        "--params all includes them",
-        True,
-    )
+    return HessianRun(analysis, report, str(loaded.device), session.is_main, failure)

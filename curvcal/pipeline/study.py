@@ -71,8 +71,8 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import iter_batches, load_dataset, stratified_split
     from curvcal.load.text import text_model_at
-    from curvcal.pipeline.hessian import default_params
     from curvcal.pipeline.inference import predict_logits
+    from curvcal.pipeline.session import default_params
     from curvcal.provenance import environment
     from curvcal.settings.fields import record
     from curvcal.settings.hessian import HessianSettings

@@ -199,7 +199,7 @@ def flat_settings(document: Mapping[str, Any]) -> dict[str, Any]:
         elif v1 and document.get("command") == "hessian":
             if key in _V1_RESOLVED:
                 continue
-            name = _V1_NAMES.get(key, key)
+            name = str(_V1_NAMES.get(key, key))
             group = _v1_group(name)
             flat[f"{group}.{name}" if group else name] = value
         else:

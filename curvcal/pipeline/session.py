@@ -1,0 +1,367 @@
+"""One run session: the steps every command that reads a checkpoint takes, written once.
+
+:func:`open_session` places the process (the device of ``--device``; under torchrun its rank,
+the process group and a quiet reporter on every rank but 0) and yields a :class:`Session` that
+
+- loads a checkpoint on that device, once per path (:meth:`Session.model`);
+- loads a dataset with the checkpoint's trust, preprocessing and tokenizer, checks that the
+  model takes it (one forward of one sample), and says the preprocessing curvcal chose, once
+  per spec (:meth:`Session.dataset`);
+- hands out this rank's batches of a dataset (:meth:`Session.batches`);
+- predicts every sample, each rank its shard, gathered on rank 0, under ``--nan-policy``
+  (:meth:`Session.predict`);
+- measures the Hessian (:meth:`Session.hessian`): ``--loss own`` and the default parameters
+  resolved, impossible requests refused before any product, products summed across ranks, a
+  progress count on stderr.
+
+``hessian``, ``calibrate``, ``check``, ``study`` and ``demo`` all go through it, so torchrun,
+the NaN policy and loading once hold for every command alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from curvcal.errors import InputError, NumericalError
+
+if TYPE_CHECKING:
+    import torch
+
+    from curvcal.console import Reporter
+    from curvcal.curvature.results import HessianAnalysis
+    from curvcal.distributed import DistContext
+    from curvcal.load.checkpoint import LoadedModel
+    from curvcal.load.data import LoadedData
+    from curvcal.rows import Inputs
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
+    from curvcal.settings.hessian import HessianSettings
+
+#: ``--nan-policy``: stop at a sample whose logits are NaN or Inf, or leave such samples out
+NAN_POLICIES = ("error", "drop")
+
+
+@dataclass(frozen=True)
+class Curvature:
+    """A Hessian measurement of a session: the ``analysis``, the settings it ran with
+    (``--loss own`` and the parameters resolved), the ``notes`` already said on stderr and the
+    ``messages`` (convergence, engine fallback) left for the command to say at the end."""
+
+    analysis: HessianAnalysis
+    settings: HessianSettings
+    notes: list[str]
+    messages: list[str]
+
+
+@dataclass
+class Session:
+    """The run's place (``device``, ``context``), its ``reporter`` (quiet on ranks but 0), the
+    checkpoint and data settings, what it has loaded, and the ``warnings`` and ``timings`` its
+    steps gathered for the report."""
+
+    device: torch.device
+    context: DistContext
+    reporter: Reporter
+    checkpoint_settings: CheckpointSettings
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    _models: dict[Path, LoadedModel] = field(default_factory=dict)
+    _datasets: dict[tuple[Any, ...], LoadedData] = field(default_factory=dict)
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process speaks for the run (rank 0, or the only process)."""
+        return bool(self.context.is_main)
+
+    def model(self, path: Path) -> LoadedModel:
+        """The checkpoint at ``path`` on the session's device (loaded once per path)."""
+        from curvcal.load.checkpoint import load_model
+
+        if path not in self._models:
+            began = time.perf_counter()
+            options = self.checkpoint_settings.replace(device=str(self.device))
+            self._models[path] = load_model(path, options)
+            self._add_time("load", began)
+        return self._models[path]
+
+    def dataset(
+        self,
+        loaded: LoadedModel | None,
+        settings: DataSettings,
+        option: str = "--data",
+        *,
+        text_model: Any = None,
+        check: bool = True,
+    ) -> LoadedData:
+        """The dataset of ``settings`` (``option`` names it in messages) as ``loaded`` reads it:
+        its preprocessing and tokenizer, ``--trust-checkpoint`` for ``py:`` factories; checked
+        against the model (``check``) and its chosen preprocessing said once. ``loaded`` None
+        (several checkpoints): ``text_model`` gives the tokenizer's folder."""
+        from curvcal.load.data import load_dataset
+        from curvcal.load.text import text_model_of
+        from curvcal.pipeline.fitness import check_fitness, say_preprocessing
+
+        began = time.perf_counter()
+        settings = settings.replace(trust_checkpoint=self.checkpoint_settings.trust_checkpoint)
+        key = (settings, None if loaded is None else loaded.path)
+        new = key not in self._datasets
+        if new:
+            if loaded is not None:
+                text_model = text_model_of(loaded)
+            preprocessing = None if loaded is None else loaded.preprocessing
+            self._datasets[key] = load_dataset(settings, preprocessing, text_model)
+        data = self._datasets[key]
+        if check and loaded is not None:
+            check_fitness(loaded, data, option)
+        if new and self.is_main:  # once the model is known to take it
+            say_preprocessing(data, self.reporter, self.warnings, option)
+        self._add_time("load", began)
+        return data
+
+    def shard(self, data: LoadedData, option: str = "--data") -> list[int] | None:
+        """This rank's sample indices of ``data`` (``None``: all, in one process)."""
+        from curvcal.pipeline.runtime import shard
+
+        return shard(data, self.context, option)
+
+    def batches(
+        self, data: LoadedData, batch_size: int, option: str = "--data"
+    ) -> Callable[[], Iterator[tuple[Inputs, torch.Tensor]]]:
+        """A fresh iterator over this rank's batches of ``data`` at each call."""
+        from curvcal.load.data import iter_batches
+
+        indices = self.shard(data, option)
+
+        def batches() -> Iterator[tuple[Inputs, torch.Tensor]]:
+            return iter_batches(data.dataset, batch_size, indices)
+
+        return batches
+
+    def predict(
+        self,
+        loaded: LoadedModel,
+        data: LoadedData,
+        batch_size: int,
+        *,
+        option: str = "--data",
+        nan_policy: str = "error",
+    ) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """Logits and labels of every sample of ``data`` in dataset order, and how many rows
+        ``nan_policy`` left out (``None`` on ranks but 0, which get no rows)."""
+        from curvcal.pipeline.runtime import predict
+
+        began = time.perf_counter()
+        indices = self.shard(data, option)
+        total = data.n_samples if indices is None else len(indices)
+        title = "inference" if option == "--data" else f"inference ({option.lstrip('-')})"
+        with self.reporter.progress(title, total) as advance:
+            predictions = predict(loaded, data, batch_size, advance, option)
+        self._add_time("inference", began)
+        if predictions is None:
+            return None
+        logits, labels = predictions
+        return finite_rows(logits, labels, nan_policy, f"{option} {data.spec}", self.warnings)
+
+    def hessian_settings(
+        self, loaded: LoadedModel, settings: HessianSettings
+    ) -> tuple[HessianSettings, str | None]:
+        """``settings`` as they run on ``loaded``, checked before the data is read: ``--loss
+        own`` becomes the loss the checkpoint records; without ``--params`` a text model's
+        token embeddings are left out; a ``--params`` glob that matches nothing and a
+        ``--top-k`` above P are refused. Also returns the parameter choice where it is worth
+        saying (not the plain "every parameter" or the given ``--params``), else None."""
+        from curvcal.load.checkpoint import recorded_loss
+
+        if settings.loss == "own":
+            loss, gamma = recorded_loss(loaded)
+            settings = settings.replace(loss=loss, gamma=gamma if loss == "focal" else None)
+        params, choice, say_choice = default_params(loaded, settings.params)
+        settings = settings.replace(params=params)
+        check_parameters(loaded, settings)
+        return settings, choice if say_choice else None
+
+    def hessian(
+        self,
+        loaded: LoadedModel,
+        data: LoadedData,
+        settings: HessianSettings,
+        batch_size: int,
+        *,
+        choice: str | None = None,
+        option: str = "--data",
+    ) -> Curvature:
+        """The Hessian analysis of ``loaded``'s mean loss over ``data`` with ``settings`` as
+        :meth:`hessian_settings` resolved them (and their parameter ``choice``, said on stderr
+        and recorded in the results), products summed across ranks under torchrun."""
+        import dataclasses
+
+        if choice is not None and settings.params and self.is_main:
+            self.reporter.warn(f"Hessian over {choice}")
+        batches = self.batches(data, batch_size, option)
+        analysis, notes, messages = _measure(
+            loaded.module, batches, settings, self.reporter, self.context
+        )
+        analysis = dataclasses.replace(
+            analysis,
+            operator={
+                **analysis.operator,
+                "world_size": self.context.world_size,
+                **({"params_choice": choice} if choice is not None else {}),
+            },
+        )
+        return Curvature(analysis, settings, notes, messages)
+
+    def _add_time(self, stage: str, began: float) -> None:
+        self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - began
+
+
+@contextmanager
+def open_session(checkpoint_settings: CheckpointSettings, reporter: Reporter) -> Iterator[Session]:
+    """A :class:`Session` on the device of ``--device``; under torchrun, this process's rank
+    in the process group, which every rank leaves together when the block ends (a failure on
+    one rank stops them all, :func:`~curvcal.pipeline.runtime.distributed_run`)."""
+    from curvcal.console import Reporter
+    from curvcal.pipeline.runtime import distributed_run
+
+    with distributed_run(checkpoint_settings.device) as (device, context):
+        if not context.is_main:  # rank 0 speaks for the run
+            reporter = Reporter(quiet=True)
+        yield Session(device, context, reporter, checkpoint_settings)
+
+
+def finite_rows(
+    logits: torch.Tensor, labels: torch.Tensor, policy: str, source: str, warnings: list[str]
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The model's logits under ``--nan-policy``: rows with a NaN or Inf stop the run (exit 3,
+    naming the data and the first such sample) or are left out with a warning; returns the
+    rows kept and how many were left out."""
+    from curvcal.load.logits import drop_rows, nonfinite_rows
+
+    rows = nonfinite_rows(logits)
+    count, total = int(rows.numel()), int(logits.shape[0])
+    if count == 0:
+        return logits, labels, 0
+    if policy == "error" or count == total:
+        raise NumericalError(
+            source,
+            f"the model's logits are NaN or Inf for {count} of {total} samples, the first "
+            f"being sample {int(rows[0])}",
+            "check the weights and inputs"
+            + ("; --nan-policy drop leaves such samples out" if count < total else ""),
+        )
+    warnings.append(dropped_warning(count, total, source))
+    kept_logits, kept_labels = drop_rows(logits, labels, rows)
+    return kept_logits, kept_labels, count
+
+
+def dropped_warning(count: int, total: int, source: str) -> str:
+    """The warning for rows left out by ``--nan-policy drop``."""
+    return f"{source}: left out {count} of {total} rows with a NaN or Inf (--nan-policy drop)"
+
+
+def default_params(
+    loaded: LoadedModel, params: tuple[str, ...]
+) -> tuple[tuple[str, ...], str, bool]:
+    """The parameters a Hessian covers, how they were chosen, and whether that choice is worth
+    saying (it is not the plain "every parameter" or the given ``--params``).
+
+    ``--params all`` (alone) is every trainable parameter. Without ``--params``: every
+    trainable parameter for image models; for text models every one except the token
+    embedding matrix (vocab x hidden, whose Hessian block is almost all zero rows: only the
+    tokens in the data get gradient), listed by name. Given globs are used as given.
+    """
+    from curvcal.load.hf import token_embedding_names
+
+    if params == ("all",):
+        return (), "all trainable parameters (--params all)", True
+    if params:
+        return params, "--params", False
+    excluded = token_embedding_names(loaded.module) if loaded.modality == "text" else ()
+    if not excluded:
+        return (), "all trainable parameters", False
+    names = tuple(
+        name
+        for name, p in loaded.module.named_parameters()
+        if p.requires_grad and name not in excluded
+    )
+    return (
+        names,
+        f"all trainable parameters except the token embeddings ({', '.join(excluded)}); "
+        "--params all includes them",
+        True,
+    )
+
+
+def check_parameters(loaded: LoadedModel, settings: HessianSettings) -> None:
+    """--params patterns that match nothing and a --top-k above P, before the data is read."""
+    from curvcal.curvature.analysis import selected_parameter_count
+
+    for pattern in settings.params:
+        if selected_parameter_count(loaded.module, (pattern,)) == 0:
+            names = [n for n, p in loaded.module.named_parameters() if p.requires_grad]
+            shown = ", ".join(names[:8]) + (", …" if len(names) > 8 else "")
+            raise InputError(
+                "--params", f"{pattern!r} matches no trainable parameter", f"names are: {shown}"
+            )
+    n_params = selected_parameter_count(loaded.module, settings.params)
+    if n_params == 0:
+        raise InputError(str(loaded.path), "the model has no trainable parameters")
+    if settings.top_k > n_params:
+        raise InputError(
+            "--top-k",
+            f"{settings.top_k} eigenvalues asked of a Hessian with {n_params} parameters",
+            f"use --top-k {n_params} or less",
+        )
+
+
+def _measure(
+    module: torch.nn.Module,
+    batches: Any,
+    settings: HessianSettings,
+    reporter: Reporter,
+    context: DistContext,
+) -> tuple[HessianAnalysis, list[str], list[str]]:
+    """Run the analysis with a progress count of Hessian-vector products on stderr, and the
+    long-run note (:mod:`~curvcal.curvature.forecast`) once the first products are timed.
+
+    Returns the analysis, the notes already said on stderr as they came (the sketch's memory)
+    and the warnings it raised (convergence, engine fallback) as messages to say at the end.
+    Only rank 0 says notes."""
+    from curvcal.curvature.analysis import analyse_hessian_with_messages
+    from curvcal.curvature.forecast import forecast_for
+    from curvcal.distributed import all_reduce_sum
+
+    forecast, replan = forecast_for(
+        module, settings, lambda text: reporter.info(f"curvcal: note: {text}")
+    )
+    notes: list[str] = []
+
+    def on_note(text: str) -> None:
+        notes.append(text)
+        if context.is_main:
+            reporter.warn(text)
+
+    with reporter.progress("Hessian-vector products", None) as advance:
+        done = [0]
+
+        def on_step(stage: str, matvecs: int) -> None:
+            advance.describe(f"Hessian-vector products ({stage})")
+            advance(matvecs - done[0])
+            done[0] = matvecs
+            forecast(stage, matvecs)
+
+        analysis, messages = analyse_hessian_with_messages(
+            module,
+            batches,
+            settings,
+            all_reduce=all_reduce_sum if context.active else None,
+            on_step=on_step,
+            on_note=on_note,
+            on_plan=replan,
+        )
+    return analysis, notes, messages
