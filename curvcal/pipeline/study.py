@@ -14,13 +14,15 @@ import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import CurvcalError
 from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
 from curvcal.results import Report
+from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.fields import record
 
 if TYPE_CHECKING:
     from curvcal.console import Reporter
@@ -48,9 +50,7 @@ class StudyRequest:
     tol: float = 1e-4
     max_iter: int | None = None
     probes: int = 50
-    val_split: float = DEFAULT_VAL_SPLIT
-    gammas: tuple[float, ...] | None = None
-    bins: int = 15
+    calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
     seed: int = 0
     plot_dir: Path | None = None
 
@@ -65,7 +65,7 @@ class StudyRun:
 
 def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     """Measure every checkpoint of ``request`` (a progress count on ``reporter``)."""
-    from curvcal.calibration.analysis import CalibrationSettings, analyse_val_split
+    from curvcal.calibration.analysis import analyse_val_split
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import iter_batches, load_dataset, stratified_split
     from curvcal.load.text import text_model_at
@@ -93,9 +93,10 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
         probes=request.probes,
         seed=seed,
     )
-    calibration_settings = CalibrationSettings(method="both", bins=request.bins, seed=seed)
-    if request.gammas is not None:
-        calibration_settings = dataclasses.replace(calibration_settings, gammas=request.gammas)
+    val_split = request.calibration.val_split or DEFAULT_VAL_SPLIT
+    calibration_settings = request.calibration.replace(
+        method="both", seed=seed, val_split=val_split
+    )
 
     checkpoint_options, data_options = request.checkpoint_options, request.data_options
     trust = checkpoint_options.trust
@@ -109,7 +110,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             None,
             text_model,
         )
-    fit_idx, eval_idx = stratified_split(data.labels, request.val_split, seed, data.spec)
+    fit_idx, eval_idx = stratified_split(data.labels, val_split, seed, data.spec)
     paths = list(request.checkpoints)
     check_every_checkpoint(paths, checkpoint_options, data, hessian_data, request.curvature_data)
 
@@ -149,7 +150,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                     eval_idx,
                     "logits",
                     calibration_settings,
-                    request.val_split,
+                    val_split,
                     f"{path} on --data {data.spec}",
                 )
                 rows.append(
@@ -186,8 +187,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             "loss": loss,
             "gamma": gamma,
             "curvature": curvature_settings,
-            "calibration": calibration_settings,
-            "val_split": request.val_split,
+            CalibrationSettings.GROUP: record(calibration_settings),
             "batch_size": batch_size,
             "checkpoint": checkpoint_options,
             "data": data_settings(data_options),
