@@ -14,8 +14,7 @@ like the others: one Hessian operator serves all three.
 A loss object's :meth:`~Loss.sum` gives the loss *summed* over a batch (the curvature operator
 divides by the dataset size once); :func:`focal_loss` is the public function with a
 ``reduction``. :func:`loss_from_name` turns a name and γ (an option, or the training loss a
-checkpoint records) into one of these objects. Imports nothing of curvcal but its errors and
-the γ check of the calibration settings (:func:`~curvcal.settings.calibration.check_gamma`).
+checkpoint records) into one of these objects. Imports nothing of curvcal but its errors.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import torch
 from torch import Tensor
 
 from curvcal.errors import InputError
-from curvcal.settings.calibration import check_gamma as check_gamma
 
 FLSD53 = "flsd53"
 #: The losses :func:`loss_from_name` knows.
@@ -36,6 +34,17 @@ LOSS_NAMES = ("ce", "focal", FLSD53)
 #: p_y below which FLSD-53 uses γ = 5 (else 3).
 FLSD53_THRESHOLD = 0.2
 FLSD53_GAMMAS = (5.0, 3.0)
+
+
+def check_gamma(gamma: float, what: str = "gamma") -> float:
+    """A finite γ >= 0 as a float, else :class:`InputError`."""
+    if (
+        isinstance(gamma, bool)
+        or not isinstance(gamma, int | float)
+        or not (0 <= gamma < float("inf"))
+    ):
+        raise InputError(what, f"gamma must be a finite number >= 0, got {gamma!r}")
+    return float(gamma)
 
 
 def flsd53_gammas(p_y: Tensor) -> Tensor:

@@ -213,7 +213,8 @@ def check_bins(n_bins: int, edges: str = "left") -> None:
 
 
 def check_gamma(gamma: float, what: str = "gamma") -> float:
-    """A finite γ >= 0 as a float, else :class:`InputError`."""
+    """A finite γ >= 0 as a float, else :class:`InputError` (the words of
+    :func:`curvcal.losses.check_gamma`, which imports nothing of curvcal but its errors)."""
     if (
         isinstance(gamma, bool)
         or not isinstance(gamma, int | float)
