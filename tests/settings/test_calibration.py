@@ -138,3 +138,26 @@ def test_the_plot_decides_the_classwise_tables() -> None:
     assert with_plot.reliability_classes == 3
     assert with_plot.outputs() == [("--plot", Path("r.png"))]
     assert dataclasses.replace(with_plot, plot=None).outputs() == []
+
+
+def test_the_policy_keys_keep_their_defaults_and_words() -> None:
+    from curvcal.policy.settings import DEFAULTS, Locator, check_choices
+
+    policy_keys = ("fit_data", "val_split", "seed", "bins", "edges", "method", "objective",
+                   "focal_objective", "gammas")  # fmt: skip
+    assert {name: DEFAULTS[name] for name in policy_keys} == {
+        "fit_data": None,
+        "val_split": None,
+        "seed": 0,
+        "bins": 15,
+        "edges": "left",
+        "method": None,
+        "objective": "nll",
+        "focal_objective": "ece",
+        "gammas": None,
+    }
+    where = Locator(None, {"focal_objective": "option"})  # type: ignore[arg-type]
+    with pytest.raises(InputError) as error:
+        check_choices({**DEFAULTS, "focal_objective": "mse"}, where)
+    assert error.value.what == "--focal-objective"
+    assert error.value.why == "focal_objective 'mse' is not one of ece, nll, adaece, adaece-grid"
