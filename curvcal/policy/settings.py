@@ -64,7 +64,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("float32", "float64"),
     **{
         name: _CALIBRATION_CHOICES[name]
-        for name in ("edges", "method", "objective", "focal_objective")
+        for name in CALIBRATION_KEYS
+        if name in _CALIBRATION_CHOICES
     },
     "eigen_method": ("power", "lanczos"),
     "loss": ("ce", "focal", "own"),
