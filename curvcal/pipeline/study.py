@@ -167,7 +167,9 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             advance(1)
 
     n_fit, n_eval = len(fit_idx), len(eval_idx)
-    columns = column_provenance(loss, gamma, hessian_data, data, n_fit, n_eval)
+    columns = column_provenance(
+        loss, gamma, hessian_data, data, n_fit, n_eval, bins=calibration_settings.bins
+    )
     result = StudyResult(tuple(rows), rank_correlations(rows), columns)
     messages = [
         duplicate_warning(group)
@@ -277,8 +279,10 @@ def column_provenance(
     data: LoadedData,
     n_fit: int,
     n_eval: int,
+    bins: int = 15,
 ) -> dict[str, str]:
-    """Which loss and which samples every column of the table comes from."""
+    """Which loss and which samples every column of the table comes from (ECE with ``bins``
+    equal-width bins)."""
     from curvcal.study import hessian_loss_label
 
     hessian = (
@@ -297,7 +301,7 @@ def column_provenance(
         "tr(H)": f"trace of the {curvature}: exact by Gauss–Newton where the logits are linear "
         "in each tensor, else its Gauss–Newton part exact and Hutch++ on the rest",
         "accuracy": evaluation,
-        "ECE": f"15-bin top-label ECE (bins (a,b]) on the {evaluation}, uncalibrated",
+        "ECE": f"{bins}-bin top-label ECE (bins (a,b]) on the {evaluation}, uncalibrated",
         "AdaECE": f"equal-mass ECE on the {evaluation}, uncalibrated",
         "NLL": f"mean −log p_y on the {evaluation}, uncalibrated",
         "T": f"temperature scaling (NLL objective) {fit}",
