@@ -44,7 +44,7 @@ def test_calibrate_under_torchrun_matches_one_process(tmp_path: Path) -> None:
         capture_output=True, text=True, env=env, check=True, cwd=tmp_path,
     )  # fmt: skip
     single, sharded = json.loads(one.stdout), json.loads(two.stdout)
-    assert sharded["settings"]["world_size"] == 2
+    assert sharded["environment"]["world_size"] == 2
     assert sharded["results"]["split"] == single["results"]["split"]
     assert sharded["results"]["fits"]["ts"]["temperature"] == pytest.approx(
         single["results"]["fits"]["ts"]["temperature"], rel=1e-6

@@ -17,12 +17,11 @@ Pure: no file I/O, no printing, no global RNG.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from curvcal.calibration.focal import check_gamma
-from curvcal.calibration.inputs import as_tensor, check_bins, check_kind
+from curvcal.calibration.inputs import as_tensor, check_kind
 from curvcal.calibration.metrics import calibration_metrics
 from curvcal.calibration.results import (
     CalibrationMetrics,
@@ -30,78 +29,16 @@ from curvcal.calibration.results import (
     FocalTemperatureFit,
     TemperatureFit,
 )
-from curvcal.calibration.scaling import (
-    DEFAULT_GAMMAS,
-    OBJECTIVES_FTS,
-    OBJECTIVES_TS,
-    apply_calibrator,
-    fit_focal_temperature,
-    fit_temperature,
-)
+from curvcal.calibration.scaling import apply_calibrator, fit_focal_temperature, fit_temperature
 from curvcal.errors import InputError
+from curvcal.settings.calibration import CalibrationSettings as CalibrationSettings
 
-METHODS = ("ts", "focal-ts", "both", "none")
 #: Where the fit split came from: carved out of the data (``val-split``), a second dataset
 #: (``fit-data``), a second logits file (``fit-file``), or no fit at all (``none``).
 SPLIT_METHODS = ("val-split", "fit-data", "fit-file", "none")
 #: Evaluation stages in report order, and the calibrator method each one applies.
 STAGES = ("uncalibrated", "ts", "focal_ts")
 STAGE_METHODS = {"ts": "temperature", "focal_ts": "focal-temperature"}
-
-
-@dataclass(frozen=True)
-class CalibrationSettings:
-    """What to fit and how to measure.
-
-    ``method``: ``ts``, ``focal-ts``, ``both`` or ``none``. ``objective``: the TS objective
-    (``nll``, ``ece`` or ``adaece``); ``focal_objective``: the focal-TS objective (``ece``,
-    ``nll`` or ``adaece``). ``bins`` equal-width and equal-mass bins with the ``edges``
-    convention (``left``: (a, b], ``right``: [a, b)). ``bootstrap`` resamples (0: none) drawn
-    with ``seed``. ``gammas``: the γ grid of focal TS. ``reliability_classes``: classwise
-    reliability tables of that many classes, most frequent first (0: none).
-    """
-
-    method: str = "both"
-    objective: str = "nll"
-    focal_objective: str = "ece"
-    bins: int = 15
-    edges: str = "left"
-    bootstrap: int = 0
-    seed: int = 0
-    gammas: tuple[float, ...] = DEFAULT_GAMMAS
-    reliability_classes: int = 0
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise InputError("--method", f"unknown method {self.method!r}", _one_of(METHODS))
-        if self.objective not in OBJECTIVES_TS:
-            raise InputError(
-                "--objective", f"unknown objective {self.objective!r}", _one_of(OBJECTIVES_TS)
-            )
-        if self.focal_objective not in OBJECTIVES_FTS:
-            raise InputError(
-                "--focal-objective",
-                f"unknown objective {self.focal_objective!r}",
-                _one_of(OBJECTIVES_FTS),
-            )
-        check_bins(self.bins, self.edges)
-        if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int):
-            raise InputError("--bootstrap", f"must be a whole number, got {self.bootstrap!r}")
-        if self.bootstrap < 0:
-            raise InputError("--bootstrap", f"must be >= 0, got {self.bootstrap}")
-        if not self.gammas:
-            raise InputError("--gammas", "the gamma grid is empty", "0 is temperature scaling")
-        object.__setattr__(
-            self, "gammas", tuple(sorted({check_gamma(g, "--gammas") for g in self.gammas}))
-        )
-
-    @property
-    def fits_ts(self) -> bool:
-        return self.method in ("ts", "both")
-
-    @property
-    def fits_focal_ts(self) -> bool:
-        return self.method in ("focal-ts", "both")
 
 
 @dataclass(frozen=True)
@@ -190,9 +127,13 @@ def analyse_calibration(
     must have the same K. ``split_method`` and ``fraction`` describe how the splits were made
     (recorded in :class:`SplitInfo`; ``seed`` is ``settings.seed`` for a ``val-split``). With
     method ``none`` no fit split is needed: pass ``None`` for ``fit_scores``/``fit_labels`` and
-    ``split_method="none"``. ``fit_source``/``eval_source`` name the inputs in errors.
+    ``split_method="none"``. ``fit_source``/``eval_source`` name the inputs in errors. A
+    ``settings.method`` of ``None`` fits both maps when a fit split is given and none otherwise
+    (the analysis records the method it ran).
     """
     check_kind(kind)
+    if settings.method is None:
+        settings = settings.replace(method="both" if fit_scores is not None else "none")
     evaluate = _measure(eval_labels, kind, settings, eval_source)
     uncalibrated = evaluate(eval_scores)
     n_classes = uncalibrated.n_classes
@@ -343,7 +284,3 @@ def _shape(scores: Any, source: str) -> tuple[int, int]:
             source, f"scores must be 2-D (samples × classes), got shape {tuple(tensor.shape)}"
         )
     return int(tensor.shape[0]), int(tensor.shape[1])
-
-
-def _one_of(choices: Sequence[str]) -> str:
-    return f"one of {', '.join(choices)}"

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from curvcal.errors import InputError
+from curvcal.settings.calibration import EDGES as EDGES
+from curvcal.settings.calibration import check_bins as check_bins
 
 KINDS = ("logits", "probs", "logprobs")
-EDGES = ("left", "right")
 PROB_SUM_TOL = 1e-4
 #: Rows per chunk are chosen so one chunk holds about this many elements: small enough to stay
 #: in cache (large temporaries cost page faults), large enough that Python overhead is small.
@@ -54,15 +55,6 @@ def _all_finite(block: torch.Tensor) -> bool:
 def check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise InputError("kind", f"unknown score kind {kind!r}", f"one of {', '.join(KINDS)}")
-
-
-def check_bins(n_bins: int, edges: str = "left") -> None:
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
-        raise InputError("bins", f"the number of bins must be an integer >= 1, got {n_bins!r}")
-    if edges not in EDGES:
-        raise InputError(
-            "edges", f"unknown edge convention {edges!r}", "left for (a,b], right for [a,b)"
-        )
 
 
 def log_probabilities(scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:

@@ -52,15 +52,15 @@ from curvcal.calibration.results import (
     TemperatureFit,
 )
 from curvcal.errors import InputError
+from curvcal.settings.calibration import DEFAULT_GAMMAS as DEFAULT_GAMMAS
+from curvcal.settings.calibration import OBJECTIVES_FTS as OBJECTIVES_FTS
+from curvcal.settings.calibration import OBJECTIVES_TS as OBJECTIVES_TS
 
-OBJECTIVES_TS = ("nll", "ece", "adaece")
-OBJECTIVES_FTS = ("ece", "nll", "adaece", "adaece-grid")
 #: The focal-TS objective of Komisarenko & Kull's code: AdaECE (equal-mass bins) on the
 #: linear grid T = 0.05, 0.10, ..., 5.00, the first minimum taken, for each γ; γ likewise.
 AUTHORS_OBJECTIVE = "adaece-grid"
 AUTHORS_T_GRID = tuple(round(0.05 * i, 2) for i in range(1, 101))
 DEFAULT_BRACKET = (0.01, 100.0)
-DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
 DEFAULT_GRID_STEP = 0.01
 POLISH_TOL = 1e-10
 SEARCH_PASSES = 80

@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING
 import click
 
 from curvcal.commands.calibration_options import (
-    calibration_options,
     check_outputs,
-    nan_policy_option,
+    refuse_unused_map_options,
     write_outputs,
 )
 from curvcal.commands.checkpoint_options import checkpoint_options
@@ -20,9 +19,10 @@ from curvcal.commands.repeats import Command
 from curvcal.errors import EXIT_OK
 from curvcal.report.calibration import calibration_tables
 from curvcal.report.tables import check_output_path
+from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.fields import click_options
 
 if TYPE_CHECKING:
-    from curvcal.pipeline.calibration import CalibrationOptions
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
 
@@ -36,23 +36,21 @@ if TYPE_CHECKING:
     metavar="SPEC",
     help="Fit the maps on this dataset (same data options as --data) and evaluate on --data.",
 )
-@calibration_options("Default: both.")
+@click_options(CalibrationSettings, "calibration", before=refuse_unused_map_options)
 @click.option(
     "--save-logits",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="FILE",
     help="Write the logits and labels of all of --data to a .npz, .pt or .safetensors file.",
 )
-@nan_policy_option
 @output_options
 def calibrate(
     checkpoint: Path,
     checkpoint_options: CheckpointSettings,
     data_options: DataSettings,
     fit_data: str | None,
-    calibration: CalibrationOptions,
+    calibration: CalibrationSettings,
     save_logits: Path | None,
-    nan_policy: str,
 ) -> int:
     """Fit temperature scaling and focal temperature scaling on one split of the data and
     measure ECE, AdaECE, NLL, Brier and friends on another.
@@ -92,14 +90,12 @@ def calibrate(
         checkpoint_options=checkpoint_options,
         data_options=data_options,
         batch_size=data_options.batch_size,
-        calibration=calibration,
-        method=method,
         fit_data=fit_data,
         save_logits=save_logits,
-        nan_policy=nan_policy,
     )
     run = run_calibrate(
         request,
+        calibration.replace(method=method),
         reporter,
         lambda analysis, provenance: write_outputs(analysis, provenance, calibration),
     )

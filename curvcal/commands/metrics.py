@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from curvcal.commands.calibration_options import (
-    calibration_options,
     check_outputs,
-    nan_policy_option,
+    refuse_unused_map_options,
     write_outputs,
 )
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.repeats import Command
 from curvcal.report.calibration import calibration_tables
-
-if TYPE_CHECKING:
-    from curvcal.pipeline.calibration import CalibrationOptions
+from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.fields import click_options
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
@@ -58,8 +55,7 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
     help="Apply --apply's calibrators even where their provenance (classes, input kind, "
     "model) does not match LOGITS.",
 )
-@calibration_options("Default: none, or both with --fit or --val-split.")
-@nan_policy_option
+@click_options(CalibrationSettings, "calibration", before=refuse_unused_map_options)
 @click.option(
     "--strict",
     is_flag=True,
@@ -74,8 +70,7 @@ def metrics(
     fit_file: Path | None,
     apply_file: Path | None,
     apply_anyway: bool,
-    calibration: CalibrationOptions,
-    nan_policy: str,
+    calibration: CalibrationSettings,
     strict: bool,
 ) -> int:
     """Calibration metrics of saved logits, probabilities or log-probabilities.
@@ -101,16 +96,14 @@ def metrics(
         input_kind=input_kind,
         scores_key=scores_key,
         labels_key=labels_key,
-        calibration=calibration,
-        method=method,
         fit_file=fit_file,
         apply_file=apply_file,
-        nan_policy=nan_policy,
         strict=strict,
         apply_anyway=apply_anyway,
     )
     run = run_metrics(
         request,
+        calibration.replace(method=method),
         reporter,
         lambda analysis, provenance: write_outputs(analysis, provenance, calibration),
     )
@@ -118,7 +111,7 @@ def metrics(
 
 
 def _resolve_method(
-    calibration: CalibrationOptions, fit_file: Path | None, apply_file: Path | None
+    calibration: CalibrationSettings, fit_file: Path | None, apply_file: Path | None
 ) -> str:
     """``--method`` as given, else ``both`` with a fit split and ``none`` without one."""
     has_split = fit_file is not None or calibration.val_split is not None

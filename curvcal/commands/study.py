@@ -23,12 +23,16 @@ from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.commands.repeats import Command
 from curvcal.errors import InputError
 from curvcal.paths import readable_file
-from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
 from curvcal.report.study import PLOT_FILES, draw_plots, plot_files, plot_paths, study_tables
+from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.fields import click_options
 
 if TYPE_CHECKING:
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
+
+#: the calibration options study takes (its --seed seeds the Hessian's vectors and the split)
+STUDY_CALIBRATION_OPTIONS = ("val_split", "gammas", "bins")
 
 
 @click.command(cls=Command)
@@ -73,26 +77,7 @@ if TYPE_CHECKING:
     "Gauss–Newton instead where the logits are linear in each parameter tensor and the classes "
     "are at most this plus one.",
 )
-@click.option(
-    "--val-split",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
-    default=DEFAULT_VAL_SPLIT,
-    show_default=True,
-    metavar="F",
-    help="Fit TS and focal TS on a stratified fraction F of --data, measure on the rest.",
-)
-@click.option(
-    "--gammas",
-    metavar="G1,G2,...",
-    help="γ grid of focal temperature scaling [default: 0,0.25,0.5,0.75,1,1.5,2,3,5,7].",
-)
-@click.option(
-    "--bins",
-    type=click.IntRange(1, choices.MAX_BINS),
-    default=15,
-    show_default=True,
-    help="ECE/AdaECE bins.",
-)
+@click_options(CalibrationSettings, "calibration", only=STUDY_CALIBRATION_OPTIONS)
 @click.option(
     "--seed",
     type=click.IntRange(0, choices.MAX_SEED),
@@ -119,9 +104,7 @@ def study(
     tol: float,
     max_iter: int | None,
     probes: int,
-    val_split: float,
-    gammas: str | None,
-    bins: int,
+    calibration: CalibrationSettings,
     seed: int,
     plot_dir: Path | None,
 ) -> int:
@@ -165,9 +148,7 @@ def study(
         tol=tol,
         max_iter=max_iter,
         probes=probes,
-        val_split=val_split,
-        gammas=_gamma_grid(gammas) if gammas is not None else None,
-        bins=bins,
+        calibration=calibration,
         seed=seed,
         plot_dir=plot_dir,
     )
@@ -199,13 +180,3 @@ def expand_checkpoints(arguments: tuple[str, ...]) -> list[Path]:
             raise InputError(str(path), "is named twice", "give each checkpoint once")
         seen.add(path.resolve())
     return paths
-
-
-def _gamma_grid(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise InputError("--gammas", f"takes comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise InputError("--gammas", "needs at least one value")
-    return values

@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import InputError, NumericalError
 from curvcal.results import Report
+from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.fields import groups, record
 
 if TYPE_CHECKING:
     import torch
 
-    from curvcal.calibration.analysis import CalibrationAnalysis, CalibrationSettings
+    from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
     from curvcal.load.logits import LogitsData
     from curvcal.pipeline.calibrator import CalibratorProvenance
@@ -34,90 +36,31 @@ WriteOutputs = Callable[["CalibrationAnalysis", "CalibratorProvenance"], None]
 
 
 @dataclass(frozen=True)
-class CalibrationOptions:
-    """The calibration options as given (``method`` and ``val_split`` are ``None`` when absent;
-    each command resolves them)."""
-
-    method: str | None
-    objective: str
-    focal_objective: str
-    gammas: tuple[float, ...] | None
-    bins: int
-    edges: str
-    bootstrap: int
-    val_split: float | None
-    seed: int
-    plot: Path | None
-    dpi: int
-    plot_classes: int
-    save_calibrator: Path | None
-
-    def settings(self, method: str) -> CalibrationSettings:
-        from curvcal.calibration.analysis import CalibrationSettings
-
-        extra = {} if self.gammas is None else {"gammas": self.gammas}
-        return CalibrationSettings(
-            method=method,
-            objective=self.objective,
-            focal_objective=self.focal_objective,
-            bins=self.bins,
-            edges=self.edges,
-            bootstrap=self.bootstrap,
-            seed=self.seed,
-            reliability_classes=self.plot_classes if self.plot is not None else 0,
-            **extra,
-        )
-
-    def outputs(self) -> list[tuple[str, Path]]:
-        """The files these options write, as ``(option, path)``."""
-        named = (("--plot", self.plot), ("--save-calibrator", self.save_calibrator))
-        return [(option, path) for option, path in named if path is not None]
-
-    def record(self, settings: CalibrationSettings) -> dict[str, Any]:
-        """The options as the report's ``settings`` records them."""
-        return {
-            "method": settings.method,
-            "objective": settings.objective,
-            "focal_objective": settings.focal_objective,
-            "gammas": list(settings.gammas),
-            "bins": settings.bins,
-            "edges": settings.edges,
-            "bootstrap": settings.bootstrap,
-            "seed": settings.seed,
-            "val_split": self.val_split,
-            "plot": self.plot,
-            "save_calibrator": self.save_calibrator,
-        }
-
-
-@dataclass(frozen=True)
 class CalibrateRequest:
-    """What ``curvcal calibrate`` was asked; ``method`` is resolved (``none`` fits nothing)."""
+    """What ``curvcal calibrate`` reads and writes beyond its calibration settings: the
+    checkpoint and data (with ``fit_data`` to fit on), and the ``save_logits`` file."""
 
     checkpoint: Path
     checkpoint_options: CheckpointSettings
     data_options: DataSettings
     batch_size: int
-    calibration: CalibrationOptions
-    method: str
     fit_data: str | None = None
     save_logits: Path | None = None
-    nan_policy: str = "error"
 
 
 @dataclass(frozen=True)
 class MetricsRequest:
-    """What ``curvcal metrics`` was asked; ``method`` is resolved (``none`` fits nothing)."""
+    """What ``curvcal metrics`` reads beyond its calibration settings: the logits file and how
+    to read it, the ``fit_file`` to fit on or the ``apply_file`` of saved calibrators, and
+    whether to refuse probability-like logits (``strict``) or a calibrator that does not match
+    them (unless ``apply_anyway``)."""
 
     logits: Path
     input_kind: str
     scores_key: str
     labels_key: str
-    calibration: CalibrationOptions
-    method: str
     fit_file: Path | None = None
     apply_file: Path | None = None
-    nan_policy: str = "error"
     strict: bool = False
     apply_anyway: bool = False
 
@@ -211,9 +154,13 @@ def _split_source(analysis: CalibrationAnalysis, source: str) -> str:
 
 
 def run_calibrate(
-    request: CalibrateRequest, reporter: Reporter, write: WriteOutputs | None = None
+    request: CalibrateRequest,
+    settings: CalibrationSettings,
+    reporter: Reporter,
+    write: WriteOutputs | None = None,
 ) -> CalibrationRun | None:
-    """Predict every sample of the data (and fit data), then fit and measure the maps.
+    """Predict every sample of the data (and fit data), then fit and measure the maps as
+    ``settings`` ask (``settings.method`` resolved: ``none`` fits nothing).
 
     Under torchrun every rank predicts its shard and leaves; rank 0 gets the logits of all
     samples, runs the analysis and returns the run (the other ranks return ``None``).
@@ -235,10 +182,10 @@ def run_calibrate(
     fit_data = request.fit_data
     if fit_data is not None:
         _refuse_fit_on_itself(request.data_options.spec, fit_data, "--fit-data", "--data")
-    settings = request.calibration.settings(request.method)
     fraction = None
-    if request.method != "none" and fit_data is None:
-        fraction = request.calibration.val_split or DEFAULT_VAL_SPLIT
+    if settings.method != "none" and fit_data is None:
+        fraction = settings.val_split or DEFAULT_VAL_SPLIT
+    settings = settings.replace(val_split=fraction)
     timings: dict[str, float] = {}
     warnings: list[str] = []
     began = time.perf_counter()
@@ -297,11 +244,11 @@ def run_calibrate(
     dropped = {"data": 0, "fit_data": 0}
     shown = len(warnings)
     logits, labels, dropped["data"] = _finite_rows(
-        logits, labels, request.nan_policy, source, warnings
+        logits, labels, settings.nan_policy, source, warnings
     )
     if fit_predictions is not None:
         fit_logits, fit_labels, dropped["fit_data"] = _finite_rows(
-            *fit_predictions, request.nan_policy, f"--fit-data {fit_data}", warnings
+            *fit_predictions, settings.nan_policy, f"--fit-data {fit_data}", warnings
         )
         fit_predictions = (fit_logits, fit_labels)
     if looks_like_probabilities(logits):
@@ -351,18 +298,15 @@ def run_calibrate(
         results=analysis,
         inputs=inputs,
         settings={
-            **request.calibration.record(settings),
-            "val_split": fraction,
-            "fit_data": fit_data,
-            "batch_size": request.batch_size,
-            "checkpoint": request.checkpoint_options,
-            "data": request.data_options,
-            "save_logits": request.save_logits,
-            "world_size": context.world_size,
-            "nan_policy": request.nan_policy,
+            **groups(
+                request.checkpoint_options.replace(device=str(device)),
+                request.data_options,
+                settings,
+            ),
+            "calibrate": {"fit_data": fit_data, "save_logits": request.save_logits},
         },
         timings=timings,
-        environment=environment(loaded.device),
+        environment={**environment(loaded.device), "world_size": context.world_size},
         warnings=warnings,
     )
     return CalibrationRun(analysis, report)
@@ -399,22 +343,25 @@ def _finite_rows(
 
 
 def run_metrics(
-    request: MetricsRequest, reporter: Reporter, write: WriteOutputs | None = None
+    request: MetricsRequest,
+    settings: CalibrationSettings,
+    reporter: Reporter,
+    write: WriteOutputs | None = None,
 ) -> CalibrationRun:
     """Read the scores (and the fit file or saved calibrators), then fit and measure the maps,
-    or measure the saved calibrators."""
+    or measure the saved calibrators, as ``settings`` ask (``settings.method`` resolved)."""
     from curvcal.calibration.analysis import evaluate_calibrators
     from curvcal.load.digest import file_info
     from curvcal.load.logits import load_logits
     from curvcal.pipeline.calibration_warnings import analysis_warnings
     from curvcal.pipeline.calibrator import CalibratorProvenance
     from curvcal.provenance import environment
+    from curvcal.settings.calibration import CalibrationSettings
 
-    settings = request.calibration.settings(request.method)
     timings: dict[str, float] = {}
     began = time.perf_counter()
     warnings: list[str] = []
-    keys = (request.input_kind, request.scores_key, request.labels_key, request.nan_policy)
+    keys = (request.input_kind, request.scores_key, request.labels_key, settings.nan_policy)
     if request.fit_file is not None:
         _refuse_fit_on_itself(request.logits, request.fit_file)
     data = load_logits(request.logits, *keys)
@@ -450,7 +397,7 @@ def run_metrics(
             fit=None if fit_data is None else (fit_data.scores, fit_data.labels),
             fit_source=str(request.fit_file),
             fit_split="fit-file",
-            fraction=request.calibration.val_split,
+            fraction=settings.val_split,
         )
     timings["calibration"] = time.perf_counter() - began
     _warn(analysis_warnings(analysis), warnings, reporter)
@@ -471,14 +418,15 @@ def run_metrics(
         results=analysis,
         inputs=described,
         settings={
-            **request.calibration.record(settings),
-            "input_kind": request.input_kind,
-            "scores_key": request.scores_key,
-            "labels_key": request.labels_key,
-            "fit": request.fit_file,
-            "apply": request.apply_file,
-            "nan_policy": request.nan_policy,
-            "strict": request.strict,
+            "logits": {
+                "input_kind": request.input_kind,
+                "scores_key": request.scores_key,
+                "labels_key": request.labels_key,
+                "fit": request.fit_file,
+                "apply": request.apply_file,
+                "strict": request.strict,
+            },
+            CalibrationSettings.GROUP: record(settings),
         },
         timings=timings,
         environment=environment(),

@@ -53,12 +53,13 @@ from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
 if TYPE_CHECKING:
     import torch
 
-    from curvcal.calibration.analysis import CalibrationAnalysis, CalibrationSettings
+    from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
     from curvcal.curvature.analysis import HessianSettings
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.load.checkpoint import LoadedModel
     from curvcal.load.data import LoadedData
+    from curvcal.settings.calibration import CalibrationSettings
 
 
 @dataclass(frozen=True)
@@ -321,9 +322,13 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
 def _calibration_settings(
     settings: Mapping[str, Any], method: str, where: Locator
 ) -> CalibrationSettings:
-    from curvcal.calibration.analysis import CalibrationSettings
+    from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
+    from curvcal.settings.calibration import CalibrationSettings
 
     gammas = settings["gammas"]
+    fraction = None  # recorded as calibrate records it: the fraction fitted on, if any
+    if method != "none" and settings["fit_data"] is None:
+        fraction = settings["val_split"] or DEFAULT_VAL_SPLIT
     with _at_the_setting(where):
         base = CalibrationSettings(
             method=method,
@@ -332,10 +337,11 @@ def _calibration_settings(
             bins=settings["bins"],
             edges=settings["edges"],
             seed=settings["seed"],
+            val_split=fraction,
         )
         if gammas is None:
             return base
-        return dataclasses.replace(base, gammas=tuple(float(g) for g in gammas))
+        return base.replace(gammas=tuple(float(g) for g in gammas))
 
 
 @contextlib.contextmanager

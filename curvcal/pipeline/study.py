@@ -10,17 +10,18 @@ the same split for every checkpoint. The arithmetic (summaries, Spearman correla
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import CurvcalError
 from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
 from curvcal.results import Report
+from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.fields import record
 
 if TYPE_CHECKING:
     from curvcal.console import Reporter
@@ -50,9 +51,7 @@ class StudyRequest:
     tol: float = 1e-4
     max_iter: int | None = None
     probes: int = 50
-    val_split: float = DEFAULT_VAL_SPLIT
-    gammas: tuple[float, ...] | None = None
-    bins: int = 15
+    calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
     seed: int = 0
     plot_dir: Path | None = None
 
@@ -67,14 +66,13 @@ class StudyRun:
 
 def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     """Measure every checkpoint of ``request`` (a progress count on ``reporter``)."""
-    from curvcal.calibration.analysis import CalibrationSettings, analyse_val_split
+    from curvcal.calibration.analysis import analyse_val_split
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import iter_batches, load_dataset, stratified_split
     from curvcal.load.text import text_model_at
     from curvcal.pipeline.inference import predict_logits
     from curvcal.pipeline.session import default_params
     from curvcal.provenance import environment
-    from curvcal.settings.fields import record
     from curvcal.settings.hessian import HessianSettings
     from curvcal.study import (
         CurvatureSettings,
@@ -97,9 +95,10 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
         probes=request.probes,
         seed=seed,
     )
-    calibration_settings = CalibrationSettings(method="both", bins=request.bins, seed=seed)
-    if request.gammas is not None:
-        calibration_settings = dataclasses.replace(calibration_settings, gammas=request.gammas)
+    val_split = request.calibration.val_split or DEFAULT_VAL_SPLIT
+    calibration_settings = request.calibration.replace(
+        method="both", seed=seed, val_split=val_split
+    )
 
     checkpoint_options, data_options = request.checkpoint_options, request.data_options
     trust = checkpoint_options.trust_checkpoint
@@ -113,7 +112,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             None,
             text_model,
         )
-    fit_idx, eval_idx = stratified_split(data.labels, request.val_split, seed, data.spec)
+    fit_idx, eval_idx = stratified_split(data.labels, val_split, seed, data.spec)
     paths = list(request.checkpoints)
     check_every_checkpoint(paths, checkpoint_options, data, hessian_data, request.curvature_data)
 
@@ -153,7 +152,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                     eval_idx,
                     "logits",
                     calibration_settings,
-                    request.val_split,
+                    val_split,
                     f"{path} on --data {data.spec}",
                 )
                 rows.append(
@@ -170,7 +169,9 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             advance(1)
 
     n_fit, n_eval = len(fit_idx), len(eval_idx)
-    columns = column_provenance(loss, gamma, hessian_data, data, n_fit, n_eval)
+    columns = column_provenance(
+        loss, gamma, hessian_data, data, n_fit, n_eval, bins=calibration_settings.bins
+    )
     result = StudyResult(tuple(rows), rank_correlations(rows), columns)
     messages = [
         duplicate_warning(group)
@@ -190,8 +191,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             "loss": loss,
             "gamma": gamma,
             "curvature": curvature_settings,
-            "calibration": calibration_settings,
-            "val_split": request.val_split,
+            CalibrationSettings.GROUP: record(calibration_settings),
             "batch_size": batch_size,
             "checkpoint": record(checkpoint_options),
             "data": record(data_options),
@@ -281,8 +281,10 @@ def column_provenance(
     data: LoadedData,
     n_fit: int,
     n_eval: int,
+    bins: int = 15,
 ) -> dict[str, str]:
-    """Which loss and which samples every column of the table comes from."""
+    """Which loss and which samples every column of the table comes from (ECE with ``bins``
+    equal-width bins)."""
     from curvcal.study import hessian_loss_label
 
     hessian = (
@@ -301,7 +303,7 @@ def column_provenance(
         "tr(H)": f"trace of the {curvature}: exact by Gauss–Newton where the logits are linear "
         "in each tensor, else its Gauss–Newton part exact and Hutch++ on the rest",
         "accuracy": evaluation,
-        "ECE": f"15-bin top-label ECE (bins (a,b]) on the {evaluation}, uncalibrated",
+        "ECE": f"{bins}-bin top-label ECE (bins (a,b]) on the {evaluation}, uncalibrated",
         "AdaECE": f"equal-mass ECE on the {evaluation}, uncalibrated",
         "NLL": f"mean −log p_y on the {evaluation}, uncalibrated",
         "T": f"temperature scaling (NLL objective) {fit}",

@@ -14,6 +14,19 @@ from typing import Any
 
 from curvcal.errors import InputError
 from curvcal.policy.parse import CALIBRATION_METRICS, Policy, Rule, setting_location
+from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.fields import defaults, settings_fields
+
+#: The calibration settings a policy may set: fields of
+#: :class:`~curvcal.settings.calibration.CalibrationSettings`, whose defaults and choices they
+#: take (``gammas`` too, but unset by default: the class's grid).
+CALIBRATION_KEYS = ("val_split", "seed", "bins", "edges", "method", "objective", "focal_objective")
+_CALIBRATION_DEFAULTS = defaults(CalibrationSettings)
+_CALIBRATION_CHOICES = {
+    field.name: spec.choices
+    for field, spec in settings_fields(CalibrationSettings)
+    if spec.choices is not None
+}
 
 #: Every evaluation setting ``check`` reads, with its default (``None``: unset).
 DEFAULTS: dict[str, Any] = {
@@ -33,13 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "max_length": None,
     "batch_size": 256,
     "fit_data": None,
-    "val_split": None,
-    "seed": 0,
-    "bins": 15,
-    "edges": "left",
-    "method": None,
-    "objective": "nll",
-    "focal_objective": "ece",
+    **{name: _CALIBRATION_DEFAULTS[name] for name in CALIBRATION_KEYS},
     "gammas": None,
     "top_k": 1,
     "eigen_method": None,
@@ -55,10 +62,11 @@ DEFAULTS: dict[str, Any] = {
 _CHOICES: dict[str, tuple[str, ...]] = {
     "device": (),  # checked by the loader (auto, cpu, cuda, cuda:N)
     "dtype": ("float32", "float64"),
-    "edges": ("left", "right"),
-    "method": ("ts", "focal-ts", "both", "none"),
-    "objective": ("nll", "ece", "adaece"),
-    "focal_objective": ("ece", "nll", "adaece", "adaece-grid"),
+    **{
+        name: _CALIBRATION_CHOICES[name]
+        for name in CALIBRATION_KEYS
+        if name in _CALIBRATION_CHOICES
+    },
     "eigen_method": ("power", "lanczos"),
     "loss": ("ce", "focal", "own"),
 }

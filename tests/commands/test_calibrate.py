@@ -60,7 +60,8 @@ def test_calibrate_demo_writes_logits_calibrator_and_plot(run_cli, tmp_path: Pat
     assert document["inputs"]["checkpoint"]["sha256"]
     assert document["inputs"]["checkpoint"]["num_classes"] == 10  # K, as hessian records it
     assert document["inputs"]["data"]["files"][0]["sha256"]
-    assert document["settings"]["val_split"] == 0.5 and document["settings"]["method"] == "both"
+    calibration = document["settings"]["calibration"]
+    assert calibration["val_split"] == 0.5 and calibration["method"] == "both"
     assert set(document["timings"]) >= {"inference", "calibration"}
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads(calibrator.read_text())

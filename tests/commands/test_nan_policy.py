@@ -40,7 +40,7 @@ def test_metrics_drop_measures_the_finite_rows_and_reports_the_count(run_cli, tm
     document = json.loads(dropped.stdout)
     assert document["inputs"]["logits"]["dropped_rows"] == 2
     assert document["inputs"]["logits"]["n_samples"] == 3
-    assert document["settings"]["nan_policy"] == "drop"
+    assert document["settings"]["calibration"]["nan_policy"] == "drop"
     message = f"{path}: left out 2 of 5 rows with a NaN or Inf (--nan-policy drop)"
     assert document["warnings"] == [message]
     assert "curvcal: warning:" in dropped.stderr and "left out 2 of 5 rows" in dropped.stderr

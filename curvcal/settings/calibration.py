@@ -1,0 +1,228 @@
+"""The settings of a calibration run (``curvcal calibrate`` and ``metrics``; ``study`` and
+``check`` take a part).
+
+Every field is one option of ``curvcal calibrate`` and ``curvcal metrics`` (field ``val_split``
+is ``--val-split``), declared once with its type, default and help
+(:mod:`curvcal.settings.fields`); the kernel (:mod:`curvcal.calibration.analysis`) takes the
+class itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from curvcal.choices import MAX_BINS, MAX_SEED
+from curvcal.errors import InputError
+from curvcal.settings.fields import Settings, check_fields, setting
+
+#: ``--method``: temperature scaling, focal temperature scaling, both, or none (metrics only).
+METHODS = ("ts", "focal-ts", "both", "none")
+#: ``--objective``: what temperature scaling minimises on the fit split.
+OBJECTIVES_TS = ("nll", "ece", "adaece")
+#: ``--focal-objective``: what focal temperature scaling minimises (``adaece-grid``: the
+#: authors' grid search).
+OBJECTIVES_FTS = ("ece", "nll", "adaece", "adaece-grid")
+#: ``--edges``: equal-width bins (a, b] (``left``) or [a, b) (``right``).
+EDGES = ("left", "right")
+#: ``--nan-policy``: a row of scores with a NaN or Inf stops the run, or is left out.
+NAN_POLICIES = ("error", "drop")
+#: The γ grid of focal temperature scaling.
+DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+
+
+def parse_gammas(ctx: Any, param: Any, value: str | None) -> tuple[float, ...] | None:
+    """``--gammas 0,0.5,1``: comma-separated finite numbers ≥ 0 (a click callback)."""
+    import click
+
+    if value is None:
+        return None
+    try:
+        gammas = tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"takes comma-separated numbers such as 0,0.5,1,2; got '{value}'", ctx, param
+        ) from None
+    if not gammas:
+        raise click.BadParameter("needs at least one value", ctx, param)
+    if any(not (0 <= g < math.inf) for g in gammas):
+        raise click.BadParameter(f"values must be finite and >= 0; got '{value}'", ctx, param)
+    return gammas
+
+
+@dataclass(frozen=True)
+class CalibrationSettings(Settings):
+    """What to fit and how to measure.
+
+    ``method``: the maps to fit, ``ts``, ``focal-ts``, ``both`` or ``none`` (``None``: the
+    command picks: ``both`` for ``calibrate``; for ``metrics``, ``both`` with a fit split and
+    ``none`` without; for the kernel, ``both`` when it is given a fit split). ``objective``:
+    what TS minimises on the fit split; ``focal_objective``: what focal TS minimises, over the
+    γ grid ``gammas`` (sorted, without repeats). ``bins`` equal-width and equal-mass bins with
+    the ``edges`` convention (``left``: (a, b], ``right``: [a, b)). ``bootstrap`` resamples
+    (0: none). ``val_split``: the stratified fraction the maps are fitted on (``None``: a
+    second dataset or file, or the command's default). ``seed`` seeds the split and the
+    bootstrap. ``nan_policy``: a row with a NaN or Inf stops the run or is left out.
+    ``plot``: reliability diagrams written there at ``dpi``, with classwise diagrams of the
+    ``plot_classes`` most frequent classes; ``save_calibrator``: the fitted maps as JSON.
+    """
+
+    GROUP: ClassVar[str] = "calibration"
+
+    method: str | None = setting(
+        None,
+        "Calibration maps to fit: temperature scaling, focal temperature scaling, both, or none "
+        "(measure only). Default: calibrate: both; metrics: none, or both with --fit or "
+        "--val-split.",
+        choices=METHODS,
+    )
+    objective: str = setting(
+        "nll", "What temperature scaling minimises on the fit split.", choices=OBJECTIVES_TS
+    )
+    focal_objective: str = setting(
+        "ece",
+        "What focal temperature scaling minimises on the fit split (picks γ and T). "
+        "adaece-grid: the authors' code (Komisarenko & Kull): T on the linear grid "
+        "0.05, 0.10, ..., 5.00 by equal-mass ECE, for each γ; γ likewise.",
+        choices=OBJECTIVES_FTS,
+    )
+    gammas: tuple[float, ...] = setting(
+        DEFAULT_GAMMAS,
+        "γ grid of focal temperature scaling.",
+        parse=parse_gammas,
+        metavar="G1,G2,...",
+        default_text=",".join(f"{g:g}" for g in DEFAULT_GAMMAS),
+    )
+    bins: int = setting(
+        15, "Bins of ECE, MCE, RMS-CE, AdaECE and classwise ECE.", low=1, high=MAX_BINS
+    )
+    edges: str = setting(
+        "left", "Equal-width bin edges: left = (a,b], right = [a,b).", choices=EDGES
+    )
+    bootstrap: int = setting(
+        0,
+        "Bootstrap resamples for 95% intervals of ECE, AdaECE, MCE and NLL.",
+        low=0,
+        metavar="N",
+    )
+    val_split: float | None = setting(
+        None,
+        "Fit on a stratified fraction F of the samples, evaluate on the rest (calibrate and "
+        "study: 0.5 unless the fit data is given apart).",
+        low=0,
+        high=1,
+        low_open=True,
+        high_open=True,
+        metavar="F",
+    )
+    seed: int = setting(0, "Seed of --val-split and of the bootstrap.", low=0, high=MAX_SEED)
+    plot: Path | None = setting(
+        None,
+        "Write reliability diagrams (uncalibrated, TS, focal TS) to a .png, .svg or .pdf file "
+        "(needs matplotlib).",
+        path="file",
+        metavar="FILE",
+    )
+    dpi: int = setting(
+        100,
+        "Resolution of --plot (dots per inch; the layout is fixed in inches).",
+        low=10,
+        high=2400,
+    )
+    plot_classes: int = setting(
+        0,
+        "Add classwise reliability diagrams (p_k against y = k) of the N most frequent classes "
+        "to --plot, one row per stage.",
+        low=0,
+        metavar="N",
+    )
+    save_calibrator: Path | None = setting(
+        None,
+        "Write the fitted calibrator(s) as JSON (for metrics --apply).",
+        path="file",
+        metavar="FILE",
+    )
+    nan_policy: str = setting(
+        "error",
+        "Rows of logits with a NaN or Inf: stop with an error naming the first, or leave them "
+        "out (counted in the report and warned about).",
+        choices=NAN_POLICIES,
+    )
+
+    def __post_init__(self) -> None:
+        # The rules with the kernel's own words first (``bins: the number of bins must be
+        # ...``), then each field's declared type and range (the seed, --dpi, --val-split).
+        self.validate()
+        check_fields(self)
+
+    def validate(self) -> None:
+        """Every rule of the settings a fit and its metrics depend on (each error names the
+        option at fault); the γ grid is sorted and its repeats dropped."""
+        if self.method is not None and self.method not in METHODS:
+            raise InputError("--method", f"unknown method {self.method!r}", _one_of(METHODS))
+        if self.objective not in OBJECTIVES_TS:
+            raise InputError(
+                "--objective", f"unknown objective {self.objective!r}", _one_of(OBJECTIVES_TS)
+            )
+        if self.focal_objective not in OBJECTIVES_FTS:
+            raise InputError(
+                "--focal-objective",
+                f"unknown objective {self.focal_objective!r}",
+                _one_of(OBJECTIVES_FTS),
+            )
+        check_bins(self.bins, self.edges)
+        if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int):
+            raise InputError("--bootstrap", f"must be a whole number, got {self.bootstrap!r}")
+        if self.bootstrap < 0:
+            raise InputError("--bootstrap", f"must be >= 0, got {self.bootstrap}")
+        if isinstance(self.gammas, str) or not self.gammas:
+            raise InputError("--gammas", "the gamma grid is empty", "0 is temperature scaling")
+        grid = tuple(sorted({check_gamma(g, "--gammas") for g in self.gammas}))
+        object.__setattr__(self, "gammas", grid)
+
+    @property
+    def fits_ts(self) -> bool:
+        return self.method in ("ts", "both")
+
+    @property
+    def fits_focal_ts(self) -> bool:
+        return self.method in ("focal-ts", "both")
+
+    @property
+    def reliability_classes(self) -> int:
+        """Classwise reliability tables to measure: ``plot_classes`` when there is a plot to
+        draw them in, else none."""
+        return self.plot_classes if self.plot is not None else 0
+
+    def outputs(self) -> list[tuple[str, Path]]:
+        """The files these settings write, as ``(option, path)``."""
+        named = (("--plot", self.plot), ("--save-calibrator", self.save_calibrator))
+        return [(option, path) for option, path in named if path is not None]
+
+
+def check_bins(n_bins: int, edges: str = "left") -> None:
+    """A bin count ≥ 1 and a known edge convention, else :class:`InputError`."""
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
+        raise InputError("bins", f"the number of bins must be an integer >= 1, got {n_bins!r}")
+    if edges not in EDGES:
+        raise InputError(
+            "edges", f"unknown edge convention {edges!r}", "left for (a,b], right for [a,b)"
+        )
+
+
+def check_gamma(gamma: float, what: str = "gamma") -> float:
+    """A finite γ >= 0 as a float, else :class:`InputError` (the words of
+    :func:`curvcal.losses.check_gamma`, which imports nothing of curvcal but its errors)."""
+    if (
+        isinstance(gamma, bool)
+        or not isinstance(gamma, int | float)
+        or not (0 <= gamma < float("inf"))
+    ):
+        raise InputError(what, f"gamma must be a finite number >= 0, got {gamma!r}")
+    return float(gamma)
+
+
+def _one_of(choices: tuple[str, ...]) -> str:
+    return f"one of {', '.join(choices)}"
