@@ -28,6 +28,7 @@ reported with the batches at fault), and each function returns the algorithm's r
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from typing import Any
 
@@ -69,6 +70,8 @@ from curvcal.settings.hessian import TRACE_METHODS, HessianSettings
 _OPTION_FIELDS = frozenset(field.name for field in dataclasses.fields(OperatorOptions))
 #: a trace method as the kernels spell it (``hutch++``) -> as the command line does (``hutchpp``)
 _COMMAND_LINE_NAMES = {kernel: name for name, kernel in TRACE_METHOD_ESTIMATORS.items()}
+#: :func:`hessian_trace`'s arguments named otherwise than the command's options
+_TRACE_ARGUMENTS = {"--trace-method": "method", "--probes": "n_probes"}
 #: settings fields that the operator fixes when it is built
 _OPERATOR_SETTINGS: tuple[str, ...] = (
     "loss",
@@ -237,14 +240,21 @@ def _trace_method(method: str) -> str:
     return str(name)
 
 
-def _python_names(error: InputError) -> InputError:
-    """``error`` of :func:`~curvcal.curvature.analysis.choose_trace_method`, its options named
-    as :func:`hessian_trace`'s arguments (``method``, ``n_probes``) instead of the command's."""
-    names = {"--trace-method": "method", "--probes": "n_probes"}
-    hint = error.hint
-    for option, argument in names.items():
-        hint = None if hint is None else hint.replace(option, argument)
-    return InputError(names.get(error.what, error.what), error.why, hint)
+def _python_names(error: InputError, names: dict[str, str] | None = None) -> InputError:
+    """``error`` of the settings or of :func:`~curvcal.curvature.analysis.choose_trace_method`
+    with each option named as the Python argument: ``names`` (``--probes`` → ``n_probes``), else
+    the settings field (``--top-k`` → ``top_k``; field names are option names)."""
+
+    def argument(found: re.Match[str]) -> str:
+        option = found.group(0)
+        return (names or {}).get(option, option[2:].replace("-", "_"))
+
+    def rename(text: str) -> str:
+        return re.sub(r"--[a-z][a-z0-9-]*", argument, text)
+
+    return InputError(
+        rename(error.what), error.why, None if error.hint is None else rename(error.hint)
+    )
 
 
 def hessian_trace(
@@ -308,7 +318,7 @@ def hessian_trace(
                 operator, HessianSettings(trace_method=name, probes=n_probes)
             )
         except InputError as error:
-            raise _python_names(error) from None
+            raise _python_names(error, _TRACE_ARGUMENTS) from None
         if method == "auto" and name == "hutchpp":
             warnings.warn(
                 f"trace method auto fell back to hutchpp: {why}", TraceMethodWarning, stacklevel=2
@@ -471,7 +481,10 @@ def analyse_hessian(
             )
         loss_object = as_loss(loss)
     if overrides:
-        settings = dataclasses.replace(settings, **overrides)
+        try:
+            settings = dataclasses.replace(settings, **overrides)
+        except InputError as error:
+            raise _python_names(error) from None
     if isinstance(model, NaNGuard | HessianOperator):
         defaults = HessianSettings()
         fixed = [
