@@ -65,7 +65,7 @@ def scipy_operator(operator: LinearOperator | Tensor) -> ScipyLinearOperator:
     >>> import torch, scipy.sparse.linalg
     >>> matrix = torch.diag(torch.tensor([3.0, 1.0, 2.0], dtype=torch.float64))
     >>> values = scipy.sparse.linalg.eigsh(scipy_operator(matrix), k=1)[0]
-    >>> [round(float(v), 6) for v in values]
-    [3.0]
+    >>> round(float(values[0]), 6)
+    3.0
     """
     return _ScipyOperator(as_operator(operator))
