@@ -28,8 +28,10 @@ _EXPORTS: dict[str, str] = {
     "hessian_density": "curvcal.curvature",
     "hessian_eigenvalues": "curvcal.curvature",
     "hessian_layers": "curvcal.curvature",
+    "hessian_operator": "curvcal.curvature",
     "hessian_trace": "curvcal.curvature",
     "hutchinson_trace_penalty": "curvcal.curvature",
+    "scipy_operator": "curvcal.curvature",
     # calibration
     "CalibrationMetrics": "curvcal.calibration",
     "Calibrator": "curvcal.calibration",
@@ -44,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "fit_temperature": "curvcal.calibration",
     "focal_calibration_map": "curvcal.calibration",
     "focal_loss": "curvcal.calibration",
+    "predict": "curvcal.calibration",
 }
 
 __all__ = [
@@ -67,8 +70,11 @@ __all__ = [
     "hessian_density",
     "hessian_eigenvalues",
     "hessian_layers",
+    "hessian_operator",
     "hessian_trace",
     "hutchinson_trace_penalty",
+    "predict",
+    "scipy_operator",
 ]
 
 
@@ -100,6 +106,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         fit_temperature,
         focal_calibration_map,
         focal_loss,
+        predict,
     )
     from curvcal.curvature import (
         HessianOperator,
@@ -108,6 +115,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         hessian_density,
         hessian_eigenvalues,
         hessian_layers,
+        hessian_operator,
         hessian_trace,
         hutchinson_trace_penalty,
+        scipy_operator,
     )

@@ -14,12 +14,16 @@ like the others: one Hessian operator serves all three.
 A loss object's :meth:`~Loss.sum` gives the loss *summed* over a batch (the curvature operator
 divides by the dataset size once); :func:`focal_loss` is the public function with a
 ``reduction``. :func:`loss_from_name` turns a name and γ (an option, or the training loss a
-checkpoint records) into one of these objects. Imports nothing of curvcal but its errors.
+checkpoint records) into one of these objects, and :func:`as_loss` turns whatever the Python
+API is given (a name, a loss object, a torch loss module, a callable) into one: a user's loss
+is a :class:`UserLoss`, whose Hessian in the logits curvcal does not know in closed form
+(:func:`closed_form_problem`). Imports nothing of curvcal but its errors.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -254,3 +258,122 @@ def loss_from_name(name: str, gamma: float | None = None) -> Loss:
             "gamma", f"gamma={gamma} is only used by criterion 'focal'", "pass criterion='focal'"
         )
     return CrossEntropy() if name == "ce" else FLSD53Loss()
+
+
+#: How a :class:`UserLoss` reduces a batch: its value is the batch's mean, or its sum.
+REDUCTIONS = ("mean", "sum")
+
+
+@dataclass(frozen=True)
+class UserLoss:
+    """A loss the user gives as a torch module or a callable ``function(logits, labels)`` that
+    returns one scalar per batch: the batch's ``mean`` of the per-sample loss (torch's default
+    reduction) or its ``sum``.
+
+    :meth:`sum` turns the value into the batch's sum: B·value for a mean over a batch of B rows,
+    the value itself for a sum. The Hessian operator divides the sum over every batch by N once,
+    so a batch mean is weighted by B/N and the Hessian is that of the mean over the dataset of
+    the per-sample loss, whatever the batch sizes. The operator may split a batch into smaller
+    chunks (a memory budget, an out-of-memory retry), so the function must be a mean or sum of
+    per-sample terms; a torch loss whose ``mean`` divides by something else than the number of
+    rows (``weight=`` or ``ignore_index`` of ``CrossEntropyLoss``) gives the batch-size-weighted
+    mean of those batch values: give such a module ``reduction="sum"`` for the dataset mean of
+    its per-sample loss. ``gamma`` is ``None``: a user's loss has no focal γ.
+    """
+
+    function: Callable[[Tensor, Tensor], Tensor]
+    reduction: str = "mean"
+    name: str = "user"
+    gamma: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.reduction not in REDUCTIONS:
+            raise InputError(
+                "loss",
+                f"{self.name} has reduction={self.reduction!r}: the Hessian needs one scalar per "
+                "batch",
+                "use reduction='mean' or 'sum'",
+            )
+
+    def sum(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Σ over the batch of the per-sample loss: B·value for a ``mean``, else the value."""
+        value = self.function(logits, labels)
+        if not isinstance(value, Tensor) or value.ndim != 0:
+            got = (
+                f"a tensor of shape {tuple(value.shape)}"
+                if isinstance(value, Tensor)
+                else f"a {type(value).__name__}"
+            )
+            raise InputError(
+                "loss",
+                f"{self.name} returned {got} for a batch of {logits.shape[0]} samples, not a "
+                "scalar tensor",
+                "return the batch's mean (or sum, with reduction='sum') as a 0-d tensor",
+            )
+        return value * logits.shape[0] if self.reduction == "mean" else value
+
+
+def _reduction_of(function: Any) -> str:
+    """The reduction a loss module or callable declares (its ``reduction`` attribute, or the
+    ``reduction`` keyword of a ``functools.partial``); ``mean`` when it declares none."""
+    declared = getattr(function, "reduction", None)
+    if declared is None:
+        declared = (getattr(function, "keywords", None) or {}).get("reduction")
+    return "mean" if declared is None else declared
+
+
+def _name_of(function: Any) -> str:
+    name = getattr(function, "__name__", None) or getattr(
+        getattr(function, "func", None), "__name__", None
+    )
+    return name or type(function).__name__
+
+
+def as_loss(loss: Any = "ce", gamma: float | None = None) -> Loss:
+    """The loss object of what the Python API is given as ``loss``.
+
+    A name (``"ce"``, ``"focal"`` with ``gamma``, ``"flsd53"``: :func:`loss_from_name`), a loss
+    object of this module (returned as it is), a ``torch.nn.CrossEntropyLoss`` without class
+    weights, label smoothing or another ``ignore_index`` (exactly cross-entropy: :class:`CrossEntropy`, whose Hessian in
+    the logits is known), or any other torch loss module or callable ``loss(logits, labels)``
+    returning a scalar: a :class:`UserLoss` with the reduction the module declares (``mean``
+    unless it says ``sum``; ``none`` is refused). ``gamma`` goes with a name only.
+    """
+    if isinstance(loss, str):
+        return loss_from_name(loss, gamma)
+    if gamma is not None:
+        raise InputError(
+            "gamma", "goes with a loss name ('focal')", "leave gamma unset when passing a loss"
+        )
+    if isinstance(loss, CrossEntropy | Focal | FLSD53Loss | UserLoss | Linearised):
+        return loss
+    if not callable(loss):
+        raise InputError(
+            "loss",
+            f"expected a loss name, a torch loss module or a callable, got {type(loss).__name__}",
+            f"one of {', '.join(LOSS_NAMES)}, torch.nn.CrossEntropyLoss(), or "
+            "loss(logits, labels) -> scalar",
+        )
+    reduction = _reduction_of(loss)
+    if (
+        isinstance(loss, torch.nn.CrossEntropyLoss)
+        and loss.weight is None
+        and loss.label_smoothing == 0.0
+        and loss.ignore_index == -100  # F.cross_entropy's, as CrossEntropy calls it
+        and reduction in REDUCTIONS
+    ):
+        return CrossEntropy()
+    return UserLoss(loss, reduction, _name_of(loss))
+
+
+def closed_form_problem(loss: Loss) -> str:
+    """Why the Hessian of ``loss`` in the logits is not known in closed form ('' when it is):
+    cross-entropy, focal and FLSD-53 are; a user's loss is not, so the Gauss–Newton trace, whose
+    Λ_n and ∂ℓ/∂z_n come from that closed form, cannot be taken of it."""
+    if isinstance(loss, CrossEntropy | Focal | FLSD53Loss):
+        return ""
+    name = loss.name if isinstance(loss, UserLoss) else type(loss).__name__
+    return (
+        f"the loss {name} is a module or callable whose Hessian in the logits curvcal does not "
+        "know in closed form (it knows ce, focal and flsd53)"
+    )

@@ -133,3 +133,18 @@ def describe_shape(x: Inputs) -> str:
     if isinstance(x, Tensor):
         return str(tuple(x.shape))
     return ", ".join(f"{key} {tuple(value.shape)}" for key, value in x.items())
+
+
+def as_batches(data: Any) -> Any:
+    """``data`` as a source of ``(x, y)`` batches: an ``(inputs, labels)`` pair of tensors (the
+    inputs a tensor or a mapping of them) is one batch, ``[(x, y)]``; anything else (a
+    DataLoader, a list of pairs, a function returning an iterator) is returned as it is."""
+    if (
+        isinstance(data, tuple)
+        and len(data) == 2
+        and isinstance(data[1], Tensor)
+        and (isinstance(data[0], Tensor) or (isinstance(data[0], Mapping) and data[0]))
+        and all(isinstance(value, Tensor) for value in tensors(data[0]))
+    ):
+        return [data]
+    return data

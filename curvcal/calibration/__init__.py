@@ -5,6 +5,7 @@ dataclasses of :mod:`curvcal.calibration.results`.
 """
 
 from curvcal.calibration.focal import focal_calibration_map, focal_loss
+from curvcal.calibration.inference import predict
 from curvcal.calibration.metrics import (
     accuracy,
     adaptive_calibration_error,
@@ -62,6 +63,7 @@ __all__ = [
     "mean_confidence",
     "negative_log_likelihood",
     "positive_class_calibration_error",
+    "predict",
     "reliability_bins",
     "rms_calibration_error",
     "smooth_ece",

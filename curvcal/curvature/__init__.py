@@ -5,14 +5,18 @@
 ``OperatorOptions``, its products computed by the engines of engines.py and wrapped in the NaN
 guard (guard.py); ``eigenvalues`` (eigen.py), ``trace_estimate`` (trace.py) and
 ``spectral_density`` (density.py) accept it or any operator with ``shape``, ``dtype``,
-``device`` and ``matmat`` — or a dense symmetric tensor.
+``device`` and ``matmat`` — or a dense symmetric tensor. The Python API (api.py:
+``hessian_operator``, ``hessian_eigenvalues``, ``hessian_trace``, ``hessian_density``,
+``hessian_layers``, ``analyse_hessian``) builds the operator from a model, its data and any
+loss, or takes one built before; ``scipy_operator`` (linear_operator.py) hands it to scipy.
 """
 
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian
 from curvcal.curvature.api import (
+    analyse_hessian,
     hessian_density,
     hessian_eigenvalues,
     hessian_layers,
+    hessian_operator,
     hessian_trace,
 )
 from curvcal.curvature.density import spectral_density
@@ -20,6 +24,7 @@ from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
 from curvcal.curvature.engines import double_backward_hvp
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
+from curvcal.curvature.linear_operator import scipy_operator
 from curvcal.curvature.operator import HessianOperator, OperatorOptions, build_operator
 from curvcal.curvature.operators import DenseOperator, LinearOperator, as_operator
 from curvcal.curvature.penalty import hutchinson_trace_penalty
@@ -30,6 +35,7 @@ from curvcal.curvature.results import (
     EigenSpectrum,
     HessianAnalysis,
     LayerCurvature,
+    TraceMethodWarning,
     TraceResult,
 )
 from curvcal.curvature.trace import (
@@ -39,6 +45,7 @@ from curvcal.curvature.trace import (
     trace_estimate,
     xtrace,
 )
+from curvcal.settings.hessian import HessianSettings
 
 __all__ = [
     "ConvergenceWarning",
@@ -53,6 +60,7 @@ __all__ = [
     "LinearOperator",
     "NaNGuard",
     "OperatorOptions",
+    "TraceMethodWarning",
     "TraceResult",
     "analyse_hessian",
     "as_operator",
@@ -63,6 +71,7 @@ __all__ = [
     "hessian_density",
     "hessian_eigenvalues",
     "hessian_layers",
+    "hessian_operator",
     "hessian_trace",
     "hutchinson_trace",
     "hutchinson_trace_penalty",
@@ -70,6 +79,7 @@ __all__ = [
     "lanczos",
     "layer_curvature",
     "power_iteration",
+    "scipy_operator",
     "spectral_density",
     "trace_estimate",
     "xtrace",

@@ -50,7 +50,7 @@ from curvcal.curvature.residual import (
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
 from curvcal.curvature.trace import sketch_bytes, sketch_columns, trace_estimate
 from curvcal.errors import InputError
-from curvcal.losses import loss_from_name
+from curvcal.losses import Loss, loss_from_name
 from curvcal.progress import OnStageStep, OnStep
 from curvcal.settings.hessian import HessianSettings
 
@@ -132,7 +132,7 @@ def choose_trace_method(operator: NaNGuard, settings: HessianSettings) -> tuple[
         require_exact(operator, "--trace-method")
         return settings.trace_method, ""
     if method in SPLIT_METHODS:
-        problem = split_problem(operator.mode, settings.probes, n_classes(operator))
+        problem = split_problem(operator.mode, settings.probes, n_classes(operator), operator.loss)
         if problem:
             raise InputError(
                 "--trace-method",
@@ -271,8 +271,12 @@ def analyse_hessian(
     on_step: OnStageStep = None,
     on_note: Callable[[str], None] | None = None,
     on_plan: Callable[[HessianSettings], None] | None = None,
+    loss: Loss | None = None,
 ) -> HessianAnalysis:
     """Measure the Hessian of the mean loss of ``model`` over ``batches`` as ``settings`` ask.
+
+    ``loss``: a loss object (:func:`~curvcal.losses.as_loss`) that takes the place of
+    ``settings.loss`` and ``settings.gamma``.
 
     ``on_plan`` receives the settings as they will run, before any product: ``trace_method``
     resolved from ``auto`` (:func:`choose_trace_method`).
@@ -287,24 +291,51 @@ def analyse_hessian(
     The trace's sketch is checked against the memory budget before any product
     (:func:`check_sketch_memory`): a refusal raises, a warning goes to ``on_note`` at once.
     """
-    timings: dict[str, float] = {}
     began = time.perf_counter()
     operator = build_operator(
         model,
-        loss_from_name(settings.loss, settings.focal_gamma),
+        loss_from_name(settings.loss, settings.focal_gamma) if loss is None else loss,
         batches,
-        OperatorOptions(
-            params=settings.params or None,
-            engine=settings.hvp,
-            mode=settings.mode,
-            cache=settings.cache,
-            probe_batch=settings.probe_batch,
-            memory_budget=settings.memory_budget,
-            keep_graphs=settings.keep_graphs,
-        ),
+        operator_options(settings),
         all_reduce=all_reduce,
     )
-    timings["setup"] = time.perf_counter() - began
+    return analyse_operator(
+        operator,
+        settings,
+        on_step=on_step,
+        on_note=on_note,
+        on_plan=on_plan,
+        timings={"setup": time.perf_counter() - began},
+    )
+
+
+def operator_options(settings: HessianSettings) -> OperatorOptions:
+    """How the operator of ``settings`` runs: the fields ``params``, ``hvp``, ``mode``,
+    ``cache``, ``probe_batch``, ``memory_budget`` and ``keep_graphs``."""
+    return OperatorOptions(
+        params=settings.params or None,
+        engine=settings.hvp,
+        mode=settings.mode,
+        cache=settings.cache,
+        probe_batch=settings.probe_batch,
+        memory_budget=settings.memory_budget,
+        keep_graphs=settings.keep_graphs,
+    )
+
+
+def analyse_operator(
+    operator: NaNGuard,
+    settings: HessianSettings,
+    *,
+    on_step: OnStageStep = None,
+    on_note: Callable[[str], None] | None = None,
+    on_plan: Callable[[HessianSettings], None] | None = None,
+    timings: dict[str, float] | None = None,
+) -> HessianAnalysis:
+    """:func:`analyse_hessian` on an operator already built (its loss, parameters and how it
+    runs are the operator's: the operator fields of ``settings`` are not read again).
+    ``timings`` holds the seconds already spent (``setup``); the stages' are added to it."""
+    timings = {} if timings is None else dict(timings)
     n_params = operator.shape[0]
     if settings.top_k > n_params:
         raise InputError(
@@ -461,7 +492,7 @@ def analyse_hessian(
         stop()
 
     description = {
-        "loss": settings.loss,
+        "loss": operator.criterion,
         "gamma": operator.gamma,
         "mean_loss": mean_loss,
         "mode": operator.mode,

@@ -1,25 +1,47 @@
-"""Convenience functions: build the Hessian operator and run one algorithm on it.
+"""The Python API: the Hessian of a model's mean loss over a dataset, and one algorithm on it.
 
-Each takes the model and the data, the loss (``loss``: a loss object of :mod:`curvcal.losses`,
-or the keywords ``criterion`` and ``gamma``) and how the operator runs (``options``: an
-:class:`~curvcal.curvature.operator.OperatorOptions`, or its fields ``params``, ``engine``,
-``mode``, ``cache``, ``device``, ``probe_batch``, ``allow_tf32`` as keywords), plus
-``all_reduce`` for sharded data. The operator comes from
-:func:`~curvcal.curvature.operator.build_operator` (NaN/Inf reported with the batches at
-fault), and each function returns the algorithm's result with ``engine`` set to the
-Hessian-vector-product engine that ran.
+Each function takes either a model and its data, or an operator already built by
+:func:`hessian_operator` (so that λmax, the trace and the density of one model share one
+operator, its cached batches and its counts)::
+
+    H = curvcal.hessian_operator(model, loader)
+    lambda_max = curvcal.hessian_eigenvalues(H).eigenvalues[0]
+    trace = curvcal.hessian_trace(H).estimate
+
+The data: a DataLoader, any re-iterable of ``(x, y)`` batches, a function returning a fresh
+iterator of them, or one ``(x, y)`` pair of tensors. The loss (``loss``): a name (``"ce"``,
+default; ``"focal"`` with ``gamma``; ``"flsd53"``), a loss object of :mod:`curvcal.losses`, a
+torch loss module or a callable ``loss(logits, labels) -> scalar``
+(:func:`~curvcal.losses.as_loss`). The Hessian is always that of the mean over the dataset of
+the per-sample loss, L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i): a module or callable is called once per
+batch and its value taken as the batch's mean (weighted by batch size / N) unless it declares
+``reduction="sum"`` (taken as the batch's sum, divided by N); ``reduction="none"`` is refused.
+How the operator runs (``options``: an :class:`~curvcal.curvature.operator.OperatorOptions`, or
+its fields ``params``, ``engine``, ``mode``, ``cache``, ``device``, ``probe_batch``,
+``allow_tf32``, ``memory_budget``, ``keep_graphs`` as keywords), plus ``all_reduce`` for sharded
+data. The operator comes from :func:`~curvcal.curvature.operator.build_operator` (NaN/Inf
+reported with the batches at fault), and each function returns the algorithm's result with
+``engine`` set to the Hessian-vector-product engine that ran. :func:`scipy_operator
+<curvcal.curvature.linear_operator.scipy_operator>` hands the operator to scipy.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import warnings
 from typing import Any
 
 from torch import nn
 
-from curvcal.curvature.batches import AllReduce, BatchSource
+from curvcal import rows
+from curvcal.curvature.analysis import TRACE_METHODS as TRACE_METHOD_ESTIMATORS
+from curvcal.curvature.analysis import analyse_hessian as analyse_batches
+from curvcal.curvature.analysis import analyse_operator, choose_trace_method
+from curvcal.curvature.batches import AllReduce
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
+from curvcal.curvature.gauss_newton import gauss_newton_trace
 from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.memory import (
@@ -28,40 +50,116 @@ from curvcal.curvature.memory import (
     lanczos_basis,
     sketch_limit,
 )
-from curvcal.curvature.operator import OperatorOptions, build_operator
+from curvcal.curvature.operator import HessianOperator, OperatorOptions, build_operator
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
-from curvcal.curvature.residual import estimator_of, split_trace
-from curvcal.curvature.results import DensityResult, EigenSpectrum, LayerCurvature, TraceResult
-from curvcal.curvature.trace import METHODS as TRACE_METHODS
+from curvcal.curvature.residual import MIN_PRODUCTS, estimator_of, split_trace
+from curvcal.curvature.results import (
+    DensityResult,
+    EigenSpectrum,
+    HessianAnalysis,
+    LayerCurvature,
+    TraceMethodWarning,
+    TraceResult,
+)
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
-from curvcal.losses import Loss, loss_from_name
-from curvcal.progress import OnStep
+from curvcal.losses import as_loss
+from curvcal.progress import OnStageStep, OnStep
+from curvcal.settings.hessian import TRACE_METHODS, HessianSettings
 
 _OPTION_FIELDS = frozenset(field.name for field in dataclasses.fields(OperatorOptions))
+#: a trace method as the kernels spell it (``hutch++``) -> as the command line does (``hutchpp``)
+_COMMAND_LINE_NAMES = {kernel: name for name, kernel in TRACE_METHOD_ESTIMATORS.items()}
+#: :func:`hessian_trace`'s arguments named otherwise than the command's options
+_TRACE_ARGUMENTS = {"--trace-method": "method", "--probes": "n_probes"}
+#: settings fields that the operator fixes when it is built
+_OPERATOR_SETTINGS: tuple[str, ...] = (
+    "loss",
+    "gamma",
+    "params",
+    "hvp",
+    "mode",
+    "cache",
+    "probe_batch",
+    "memory_budget",
+    "keep_graphs",
+)
+
+#: what the functions take as their first argument: a model, or an operator built before
+ModelOrOperator = nn.Module | NaNGuard | HessianOperator
+
+
+def hessian_operator(
+    model: nn.Module,
+    data: Any,
+    loss: Any = None,
+    *,
+    gamma: float | None = None,
+    options: OperatorOptions | None = None,
+    all_reduce: AllReduce | None = None,
+    **operator_keywords: Any,
+) -> NaNGuard:
+    """The Hessian of the mean ``loss`` of ``model`` over ``data`` as an operator of shape
+    (P, P) with ``matvec``, ``matmat`` and ``@``, to hand to every function of this module (one
+    operator, its batches counted and cached once) or to scipy
+    (:func:`~curvcal.curvature.linear_operator.scipy_operator`).
+
+    ``data``, ``loss`` (default ``"ce"``), ``gamma``, ``options`` and the operator keywords as
+    the module's docstring says. The caller's model is never altered.
+
+    >>> import torch; from torch import nn; import curvcal
+    >>> model = nn.Linear(4, 3).double()
+    >>> x, y = torch.randn(20, 4, dtype=torch.float64), torch.randint(0, 3, (20,))
+    >>> H = curvcal.hessian_operator(model, (x, y), loss=nn.CrossEntropyLoss())
+    >>> H.shape
+    (15, 15)
+    """
+    return _operator(
+        "hessian_operator", model, data, loss, gamma, options, all_reduce, operator_keywords
+    )
 
 
 def _operator(
     function: str,
-    model: nn.Module,
-    batches: BatchSource,
-    loss: Loss | None,
+    model: ModelOrOperator,
+    data: Any,
+    loss: Any,
+    gamma: float | None,
     options: OperatorOptions | None,
     all_reduce: AllReduce | None,
     keywords: dict[str, Any],
 ) -> NaNGuard:
-    """The operator of an API call: ``loss`` or ``criterion``/``gamma``, and ``options`` or
-    its fields as ``keywords`` (one or the other, never both)."""
-    unknown = sorted(set(keywords) - _OPTION_FIELDS - {"criterion", "gamma"})
+    """The operator of an API call: ``model`` itself when it is an operator (then nothing else
+    may describe one), else one built from ``model``, ``data``, the loss and ``options`` or its
+    fields as ``keywords`` (one or the other, never both)."""
+    unknown = sorted(set(keywords) - _OPTION_FIELDS)
     if unknown:
         raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
-    loss_keywords = {k: keywords[k] for k in ("criterion", "gamma") if k in keywords}
-    option_keywords = {k: v for k, v in keywords.items() if k in _OPTION_FIELDS}
-    if loss is None:
-        loss = loss_from_name(loss_keywords.get("criterion", "ce"), loss_keywords.get("gamma", 0.0))
-    elif loss_keywords:
-        raise InputError("loss", "give either a loss object or criterion/gamma, not both")
+    if isinstance(model, NaNGuard | HessianOperator):
+        given = [
+            name
+            for name, value in (
+                ("data", data),
+                ("loss", loss),
+                ("gamma", gamma),
+                ("options", options),
+                ("all_reduce", all_reduce),
+            )
+            if value is not None
+        ]
+        if given or keywords:
+            raise InputError(
+                (given or sorted(keywords))[0],
+                "the operator already holds its data, loss and options",
+                "pass the operator alone, or the model and its data",
+            )
+        return model if isinstance(model, NaNGuard) else NaNGuard(model)
+    if data is None:
+        raise InputError(
+            "data", f"{function}() needs the data the loss is averaged over, besides the model"
+        )
     if options is None:
+        option_keywords = dict(keywords)
         if option_keywords.get("params") is not None:
             option_keywords["params"] = tuple(
                 [option_keywords["params"]]
@@ -69,15 +167,21 @@ def _operator(
                 else option_keywords["params"]
             )
         options = OperatorOptions(**option_keywords)
-    elif option_keywords:
-        shown = ", ".join(sorted(option_keywords))
+    elif keywords:
+        shown = ", ".join(sorted(keywords))
         raise InputError("options", f"give either an OperatorOptions or {shown}, not both")
-    return build_operator(model, loss, batches, options, all_reduce=all_reduce)
+    return build_operator(
+        model,
+        as_loss("ce" if loss is None else loss, gamma),
+        rows.as_batches(data),
+        options,
+        all_reduce=all_reduce,
+    )
 
 
 def hessian_eigenvalues(
-    model: nn.Module,
-    batches: BatchSource,
+    model: ModelOrOperator,
+    data: Any = None,
     k: int = 1,
     *,
     method: str | None = None,
@@ -86,17 +190,18 @@ def hessian_eigenvalues(
     max_iter: int | None = None,
     max_basis: int | None = None,
     seed: int = 0,
-    loss: Loss | None = None,
+    loss: Any = None,
+    gamma: float | None = None,
     options: OperatorOptions | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
 ) -> EigenSpectrum:
     """The k largest (``which="smallest"``: smallest) algebraic eigenvalues of the Hessian of
-    the mean loss over ``batches``; Lanczos by default (``method="power"`` for power iteration).
-    ``max_basis``: the most vectors Lanczos' basis holds before it restarts (default: what the
-    operator's memory budget holds, :func:`~curvcal.curvature.memory.lanczos_basis`, as in
-    ``curvcal hessian``).
+    the mean loss of ``model`` over ``data`` (or of the operator ``model``); Lanczos by default
+    (``method="power"`` for power iteration). ``max_basis``: the most vectors Lanczos' basis
+    holds before it restarts (default: what the operator's memory budget holds,
+    :func:`~curvcal.curvature.memory.lanczos_basis`, as in ``curvcal hessian``).
 
     >>> import torch; from torch import nn; import curvcal
     >>> model = nn.Linear(4, 3).double()
@@ -106,7 +211,7 @@ def hessian_eigenvalues(
     True
     """
     operator = _operator(
-        "hessian_eigenvalues", model, batches, loss, options, all_reduce, operator_keywords
+        "hessian_eigenvalues", model, data, loss, gamma, options, all_reduce, operator_keywords
     )
     spectrum = eigenvalues(
         operator,
@@ -122,55 +227,116 @@ def hessian_eigenvalues(
     return dataclasses.replace(spectrum, engine=operator.engine)
 
 
+def _trace_method(method: str) -> str:
+    """``method`` as the command line spells it (``--trace-method``); the kernels' spellings
+    (``hutch++``, ``gauss-newton+hutch++``) are accepted too."""
+    name = _COMMAND_LINE_NAMES.get(method, method) if isinstance(method, str) else method
+    if name not in TRACE_METHODS:
+        raise InputError(
+            "method",
+            f"unknown trace method {method!r}",
+            f"choose one of {', '.join(TRACE_METHODS)}",
+        )
+    return str(name)
+
+
+def _python_names(error: InputError, names: dict[str, str] | None = None) -> InputError:
+    """``error`` of the settings or of :func:`~curvcal.curvature.analysis.choose_trace_method`
+    with each option named as the Python argument: ``names`` (``--probes`` → ``n_probes``), else
+    the settings field (``--top-k`` → ``top_k``; field names are option names)."""
+
+    def argument(found: re.Match[str]) -> str:
+        option = found.group(0)
+        return (names or {}).get(option, option[2:].replace("-", "_"))
+
+    def rename(text: str) -> str:
+        return re.sub(r"--[a-z][a-z0-9-]*", argument, text)
+
+    return InputError(
+        rename(error.what), error.why, None if error.hint is None else rename(error.hint)
+    )
+
+
 def hessian_trace(
-    model: nn.Module,
-    batches: BatchSource,
+    model: ModelOrOperator,
+    data: Any = None,
     n_probes: int = 100,
     *,
-    method: str = "hutch++",
+    method: str = "auto",
     rtol: float | None = None,
     max_probes: int = 1000,
     min_probes: int = 10,
     distribution: str = "rademacher",
     seed: int = 0,
-    loss: Loss | None = None,
+    loss: Any = None,
+    gamma: float | None = None,
     options: OperatorOptions | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
 ) -> TraceResult:
-    """tr(H) by Hutch++ (the default) or XTrace with ``n_probes`` products, or Hutchinson (fixed
-    ``n_probes``, or adaptive with ``rtol``), with standard error and 95% interval; or by
-    ``"gauss-newton+hutch++"`` / ``"gauss-newton+xtrace"``: the Gauss–Newton part exactly and
-    the rest by that estimator, within ``n_probes`` products
-    (:func:`~curvcal.curvature.residual.split_trace`). A Hutch++ sketch is bounded by the
-    operator's memory budget as ``curvcal hessian`` bounds it
+    """tr(H) of the Hessian of the mean loss of ``model`` over ``data`` (or of the operator
+    ``model``), by any ``--trace-method`` of ``curvcal hessian`` within ``n_probes`` products:
+
+    - ``"auto"`` (default): chosen by :func:`~curvcal.curvature.analysis.choose_trace_method`,
+      as the command chooses: ``"gauss-newton"`` where it is exact, else
+      ``"gauss-newton+hutchpp"`` where that can run, else ``"hutchpp"``; when it falls back to
+      Hutch++ alone (a loss whose Hessian in the logits is not known in closed form, such as a
+      user's module or callable; train mode; too few products) a
+      :class:`~curvcal.curvature.results.TraceMethodWarning` says why;
+    - ``"gauss-newton"``: the exact trace of the Gauss–Newton part, refused (naming why) unless
+      the logits are linear in each parameter tensor and the loss is ce, focal or FLSD-53;
+    - ``"gauss-newton+hutchpp"`` / ``"gauss-newton+xtrace"``: that part exactly and the rest by
+      the estimator (:func:`~curvcal.curvature.residual.split_trace`);
+    - ``"hutchpp"``, ``"xtrace"`` (``n_probes`` products), or ``"hutchinson"`` (fixed
+      ``n_probes``, or adaptive with ``rtol`` up to ``max_probes``, at least ``min_probes``),
+      each with its standard error and 95% interval.
+
+    The kernels' spellings (``"hutch++"``, ``"gauss-newton+hutch++"``) are accepted too. A
+    Hutch++ sketch is bounded by the operator's memory budget as ``curvcal hessian`` bounds it
     (:func:`~curvcal.curvature.memory.sketch_limit`)."""
-    if method not in (*TRACE_METHODS, *SPLIT_METHODS):
+    name = _trace_method(method)
+    if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < 1:
+        raise InputError("n_probes", f"must be a positive integer, got {n_probes!r}")
+    if rtol is not None and name != "hutchinson":
         raise InputError(
-            "method",
-            f"unknown trace method {method!r}",
-            f"choose one of {', '.join((*TRACE_METHODS, *SPLIT_METHODS))}",
+            "rtol",
+            f"the adaptive stop is only available with method 'hutchinson', not {method!r}",
+            "add method='hutchinson'",
         )
     operator = _operator(
-        "hessian_trace", model, batches, loss, options, all_reduce, operator_keywords
+        "hessian_trace", model, data, loss, gamma, options, all_reduce, operator_keywords
     )
+    if name == "auto" or name.startswith("gauss-newton"):
+        if n_probes < MIN_PRODUCTS:
+            raise InputError(
+                "n_probes",
+                f"method {method!r} needs at least {MIN_PRODUCTS} products, got {n_probes}",
+            )
+        try:
+            name, why = choose_trace_method(
+                operator, HessianSettings(trace_method=name, probes=n_probes)
+            )
+        except InputError as error:
+            raise _python_names(error, _TRACE_ARGUMENTS) from None
+        if method == "auto" and name == "hutchpp":
+            warnings.warn(
+                f"trace method auto fell back to hutchpp: {why}", TraceMethodWarning, stacklevel=2
+            )
+    if name == "gauss-newton":  # shown exact by choose_trace_method
+        return gauss_newton_trace(operator, on_step=on_step, checked=True)
+    kernel_method = TRACE_METHOD_ESTIMATORS[name]
     max_sketch = sketch_limit(
-        estimator_of(method),
+        estimator_of(kernel_method),
         operator.shape[0],
         operator.dtype,
         operator.budget,
         free_memory(operator.device),
     )
-    if method in SPLIT_METHODS:
-        if rtol is not None:
-            raise InputError(
-                "rtol",
-                f"the adaptive stop is only available with method 'hutchinson', not {method!r}",
-            )
+    if kernel_method in SPLIT_METHODS:
         return split_trace(
             operator,
-            method,
+            kernel_method,
             n_probes,
             distribution=distribution,
             seed=seed,
@@ -181,7 +347,7 @@ def hessian_trace(
     result = trace_estimate(
         operator,
         n_probes,
-        method=method,
+        method=kernel_method,
         rtol=rtol,
         max_probes=max_probes,
         min_probes=min_probes,
@@ -195,8 +361,8 @@ def hessian_trace(
 
 
 def hessian_density(
-    model: nn.Module,
-    batches: BatchSource,
+    model: ModelOrOperator,
+    data: Any = None,
     *,
     runs: int = 5,
     steps: int = 40,
@@ -204,22 +370,24 @@ def hessian_density(
     bandwidth: float | None = None,
     seed: int = 0,
     max_basis: int | None = None,
-    loss: Loss | None = None,
+    loss: Any = None,
+    gamma: float | None = None,
     options: OperatorOptions | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
 ) -> DensityResult:
-    """The Hessian's eigenvalue density by stochastic Lanczos quadrature. Each run keeps its
-    Lanczos basis (full reorthogonalisation) when ``max_basis`` vectors, or else the memory
-    budget, hold ``steps`` of them; otherwise it runs the three-term recurrence alone
+    """The eigenvalue density of the Hessian of the mean loss of ``model`` over ``data`` (or of
+    the operator ``model``) by stochastic Lanczos quadrature. Each run keeps its Lanczos basis
+    (full reorthogonalisation) when ``max_basis`` vectors, or else the memory budget, hold
+    ``steps`` of them; otherwise it runs the three-term recurrence alone
     (:func:`~curvcal.curvature.memory.density_keeps_basis`; ``result.reorthogonalised``)."""
     if max_basis is not None and (
         isinstance(max_basis, bool) or not isinstance(max_basis, int) or max_basis < 1
     ):
         raise InputError("max_basis", f"must be a positive integer, got {max_basis!r}")
     operator = _operator(
-        "hessian_density", model, batches, loss, options, all_reduce, operator_keywords
+        "hessian_density", model, data, loss, gamma, options, all_reduce, operator_keywords
     )
     result = spectral_density(
         operator,
@@ -237,15 +405,16 @@ def hessian_density(
 
 
 def hessian_layers(
-    model: nn.Module,
-    batches: BatchSource,
+    model: ModelOrOperator,
+    data: Any = None,
     *,
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,
     n_probes: int = 100,
     distribution: str = "rademacher",
     seed: int = 0,
-    loss: Loss | None = None,
+    loss: Any = None,
+    gamma: float | None = None,
     options: OperatorOptions | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
@@ -253,7 +422,7 @@ def hessian_layers(
 ) -> list[LayerCurvature]:
     """λmax and trace of each module's diagonal Hessian block (see :mod:`curvcal.curvature.layers`)."""
     operator = _operator(
-        "hessian_layers", model, batches, loss, options, all_reduce, operator_keywords
+        "hessian_layers", model, data, loss, gamma, options, all_reduce, operator_keywords
     )
     return layer_curvature(
         operator,
@@ -263,4 +432,86 @@ def hessian_layers(
         distribution=distribution,
         seed=seed,
         on_step=on_step,
+    )
+
+
+def analyse_hessian(
+    model: ModelOrOperator,
+    data: Any = None,
+    settings: HessianSettings | None = None,
+    *,
+    all_reduce: AllReduce | None = None,
+    on_step: OnStageStep = None,
+    on_note: Any = None,
+    **overrides: Any,
+) -> HessianAnalysis:
+    """Everything ``curvcal hessian`` measures, of ``model`` over ``data`` (or of the operator
+    ``model``), on one operator: the mean loss, the top-k eigenvalues, λmin when asked, the
+    trace, the density and the per-module blocks
+    (:func:`~curvcal.curvature.analysis.analyse_hessian`).
+
+    ``settings``: a :class:`~curvcal.settings.hessian.HessianSettings` (default: the command's
+    defaults), and any of its fields as keywords on top (``top_k=3``, ``density=True``,
+    ``trace_method="hutchpp"``), checked as the command checks them. ``loss`` may also be a loss
+    object, a torch loss module or a callable, as for :func:`hessian_operator`. With an
+    operator, the fields the operator fixed when it was built (loss, ``params``, ``hvp``,
+    ``mode``, ``cache``, ``probe_batch``, ``memory_budget``, ``keep_graphs``) cannot be given.
+    ``on_note`` receives the notes of the plan (memory, kept graphs) at once.
+
+    >>> import torch; from torch import nn; import curvcal
+    >>> model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+    >>> x, y = torch.randn(30, 4, dtype=torch.float64), torch.randint(0, 3, (30,))
+    >>> analysis = curvcal.analyse_hessian(model, (x, y), top_k=2)
+    >>> len(analysis.spectrum.values), analysis.trace.method
+    (2, 'gauss-newton')
+    """
+    settings = HessianSettings() if settings is None else settings
+    loss = overrides.pop("loss", None)
+    known = {field.name for field in dataclasses.fields(HessianSettings)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"analyse_hessian() got an unexpected keyword argument {unknown[0]!r}")
+    loss_object = None
+    if isinstance(loss, str):
+        overrides["loss"] = loss
+    elif loss is not None:
+        if overrides.get("gamma", settings.gamma) is not None:
+            raise InputError(
+                "gamma", "goes with a loss name ('focal')", "leave gamma unset when passing a loss"
+            )
+        loss_object = as_loss(loss)
+    if overrides:
+        try:
+            settings = dataclasses.replace(settings, **overrides)
+        except InputError as error:
+            raise _python_names(error) from None
+    if isinstance(model, NaNGuard | HessianOperator):
+        defaults = HessianSettings()
+        fixed = [
+            name
+            for name in _OPERATOR_SETTINGS
+            if getattr(settings, name) != getattr(defaults, name)
+        ]
+        if loss_object is not None:
+            fixed.insert(0, "loss")
+        if fixed or data is not None or all_reduce is not None:
+            raise InputError(
+                (fixed or ["data" if data is not None else "all_reduce"])[0],
+                "the operator already holds its data, loss and options",
+                "pass it to hessian_operator, or pass the model and its data",
+            )
+        operator = model if isinstance(model, NaNGuard) else NaNGuard(model)
+        return analyse_operator(operator, settings, on_step=on_step, on_note=on_note)
+    if data is None:
+        raise InputError(
+            "data", "analyse_hessian() needs the data the loss is averaged over, besides the model"
+        )
+    return analyse_batches(
+        model,
+        rows.as_batches(data),
+        settings,
+        all_reduce=all_reduce,
+        on_step=on_step,
+        on_note=on_note,
+        loss=loss_object,
     )

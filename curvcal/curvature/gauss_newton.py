@@ -81,7 +81,7 @@ from curvcal.curvature.per_sample import (
 )
 from curvcal.curvature.results import TraceResult
 from curvcal.errors import InputError, NumericalError
-from curvcal.losses import CrossEntropy, Loss
+from curvcal.losses import CrossEntropy, Loss, closed_form_problem
 from curvcal.progress import OnStep
 from curvcal.rows import Inputs, as_batch_of_one, device_of, n_rows, take_rows
 
@@ -573,7 +573,12 @@ def gauss_newton_problem(operator: GaussNewtonSource) -> str:
     changes the answer. A tensor is
     nonlinear when any batch shows curvature in it, unreached when no batch's logits depend on
     it. When the data is sharded every process checks its own batches and the flags are summed
-    across processes: a failure anywhere is a failure everywhere."""
+    across processes: a failure anywhere is a failure everywhere. A loss whose Hessian in the
+    logits is not known in closed form (a user's loss,
+    :func:`~curvcal.losses.closed_form_problem`) is refused before any pass."""
+    loss_problem = closed_form_problem(operator.loss)
+    if loss_problem:
+        return loss_problem
     if operator.mode != "eval":
         return "train mode couples the samples of a batch (BatchNorm's batch statistics)"
     names, params = operator.param_names, operator.parameters

@@ -42,7 +42,7 @@ from curvcal.curvature.operator import engines_between
 from curvcal.curvature.results import TraceResult
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
-from curvcal.losses import Linearised, Loss
+from curvcal.losses import Linearised, Loss, closed_form_problem
 from curvcal.progress import OnStep
 
 #: the split methods -> the estimator of tr(R) each runs
@@ -75,7 +75,7 @@ def auto_method(operator: SplitSource, probes: int) -> tuple[str, str]:
             f"{linear_claim(operator)}, so the Gauss–Newton trace is exact, "
             f"at up to {classes - 1} gradient norms per sample"
         )
-    if split_problem(operator.mode, probes, classes):
+    if split_problem(operator.mode, probes, classes, operator.loss):
         return "hutch++", why
     return "gauss-newton+hutch++", (
         f"{why}; so its Gauss–Newton part is taken exactly (up to {classes - 1} gradient norms "
@@ -90,9 +90,14 @@ def residual_products(probes: int, classes: int) -> int:
     return probes - (classes - 1)
 
 
-def split_problem(mode: str, probes: int, classes: int) -> str:
-    """Why the split trace cannot run ('' when it can): train mode (BatchNorm's batch statistics
-    couple the samples, so G is not a sum over samples), or too few products left for R."""
+def split_problem(mode: str, probes: int, classes: int, loss: Loss | None = None) -> str:
+    """Why the split trace cannot run ('' when it can): a ``loss`` whose Hessian and gradient in
+    the logits are not known in closed form (:func:`~curvcal.losses.closed_form_problem`), train
+    mode (BatchNorm's batch statistics couple the samples, so G is not a sum over samples), or
+    too few products left for R."""
+    loss_problem = "" if loss is None else closed_form_problem(loss)
+    if loss_problem:
+        return loss_problem
     if mode != "eval":
         return "train mode couples the samples of a batch (BatchNorm's batch statistics)"
     left = residual_products(probes, classes)
@@ -128,7 +133,7 @@ def split_trace(
             "method", f"unknown split trace method {method!r}", f"choose {' or '.join(METHODS)}"
         )
     classes = n_classes(operator)
-    problem = split_problem(operator.mode, probes, classes)
+    problem = split_problem(operator.mode, probes, classes, operator.loss)
     if problem:
         raise InputError(
             "method",

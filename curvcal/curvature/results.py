@@ -18,6 +18,12 @@ class ConvergenceWarning(UserWarning):
     """
 
 
+class TraceMethodWarning(UserWarning):
+    """``method="auto"`` could take no Gauss–Newton part of the trace (a loss without a
+    closed-form Hessian in the logits, train mode, too few products): the trace is Hutch++
+    alone, and the message says why."""
+
+
 @dataclass(frozen=True)
 class EigenResult:
     """One eigenvalue estimate of a symmetric operator ``A``.

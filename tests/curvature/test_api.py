@@ -26,8 +26,10 @@ def test_eigenvalues_trace_density_layers_on_a_batchnorm_cnn(
     assert spectrum.engine == "func" and spectrum.method == "lanczos"
     assert spectrum.eigenvalues == pytest.approx((float(exact[-1]), float(exact[-2])), abs=1e-8)
 
-    trace = curvcal.hessian_trace(model, batches, 32, engine="autograd", probe_batch=16)
-    # Hutch++ by default: 32 products = a sketch of 10, 10 more for it, 12 remainder probes
+    trace = curvcal.hessian_trace(
+        model, batches, 32, method="hutchpp", engine="autograd", probe_batch=16
+    )
+    # Hutch++: 32 products = a sketch of 10, 10 more for it, 12 remainder probes
     assert trace.engine == "autograd" and trace.method == "hutch++"
     assert (trace.matvecs, trace.n_probes) == (32, 12)
     assert trace.ci95[0] <= float(torch.trace(hessian)) <= trace.ci95[1]

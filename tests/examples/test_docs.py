@@ -28,6 +28,9 @@ DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 RECIPES = sorted((DOCS / "recipes").glob("*.md"))
 BLOCK_PAGES = [page for page in PAGES if page not in RECIPES]
+#: pages whose Python blocks build on each other: run in order by their own test
+#: (tests/examples/test_python_api_page.py), not one by one here
+PYTHON_SESSIONS = [DOCS / "guide" / "python-api.md"]
 
 
 def _page_blocks() -> list[tuple[Path, int]]:
@@ -73,7 +76,12 @@ def _python_blocks(page: Path) -> list[str]:
 
 @pytest.mark.parametrize(
     ("page", "code"),
-    [(page, code) for page in BLOCK_PAGES for code in _python_blocks(page)],
+    [
+        (page, code)
+        for page in BLOCK_PAGES
+        if page not in PYTHON_SESSIONS
+        for code in _python_blocks(page)
+    ],
     ids=lambda v: v.name if isinstance(v, Path) else "",
 )
 def test_docs_python_block(page: Path, code: str, tmp_path: Path, run_cli, monkeypatch) -> None:
