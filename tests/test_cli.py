@@ -32,7 +32,7 @@ def test_json_on_command_and_on_group_give_only_json(run_cli) -> None:
         result = run_cli(*args)
         assert result.code == 0, result.output
         document = json.loads(result.stdout)
-        assert document["schema"] == "1.0"
+        assert document["schema"] == "2.0"
         assert document["curvcal"] == __version__
         assert document["status"] == "ok"
         assert document["environment"]["torch"]

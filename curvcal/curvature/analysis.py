@@ -271,11 +271,13 @@ def analyse_hessian(
     on_step: OnStageStep = None,
     on_note: Callable[[str], None] | None = None,
     on_plan: Callable[[HessianSettings], None] | None = None,
+    on_operator: Callable[[NaNGuard], None] | None = None,
 ) -> HessianAnalysis:
     """Measure the Hessian of the mean loss of ``model`` over ``batches`` as ``settings`` ask.
 
     ``on_plan`` receives the settings as they will run, before any product: ``trace_method``
-    resolved from ``auto`` (:func:`choose_trace_method`).
+    resolved from ``auto`` (:func:`choose_trace_method`). ``on_operator`` receives the operator
+    once it is built, before any pass over the data (``study`` counts FLSD-53's γ groups on it).
 
     One operator serves every stage (``all_reduce`` sums the sample count and every product
     across processes when the data is sharded). Raises :class:`~curvcal.errors.InputError` for
@@ -305,6 +307,8 @@ def analyse_hessian(
         all_reduce=all_reduce,
     )
     timings["setup"] = time.perf_counter() - began
+    if on_operator is not None:
+        on_operator(operator)
     n_params = operator.shape[0]
     if settings.top_k > n_params:
         raise InputError(

@@ -68,7 +68,7 @@ def run_hessian(
     """Measure the Hessian of ``checkpoint``'s mean loss over the data as ``settings`` ask;
     under torchrun every rank runs this on its shard."""
     from curvcal.console import Reporter
-    from curvcal.load.checkpoint import load_model, recorded_loss
+    from curvcal.load.checkpoint import load_model
     from curvcal.load.data import iter_batches, load_dataset
     from curvcal.load.text import text_model_of
     from curvcal.pipeline.fitness import check_fitness, say_preprocessing
@@ -82,11 +82,7 @@ def run_hessian(
             reporter = Reporter(quiet=True)
         checkpoint_options = dataclasses.replace(checkpoint_options, device=str(device))
         loaded = load_model(checkpoint, checkpoint_options)
-        if settings.loss == "own":
-            criterion, gamma = recorded_loss(loaded)
-            settings = settings.replace(
-                loss=criterion, gamma=gamma if criterion == "focal" else None
-            )
+        settings = resolve_loss(loaded, settings)
         params, params_choice, say_choice = default_params(loaded, settings.params)
         settings = dataclasses.replace(settings, params=params)
         _check_parameters(loaded, settings)
@@ -148,6 +144,18 @@ def run_hessian(
         warnings=data_warnings + notes + messages,
     )
     return HessianRun(analysis, report, str(loaded.device), context.is_main, failure)
+
+
+def resolve_loss(loaded: LoadedModel, settings: HessianSettings) -> HessianSettings:
+    """``settings`` with ``--loss own`` replaced by the loss ``loaded`` records in its metadata
+    (:func:`~curvcal.load.checkpoint.recorded_loss`; γ kept for focal only); other losses as
+    given."""
+    from curvcal.load.checkpoint import recorded_loss
+
+    if settings.loss != "own":
+        return settings
+    criterion, gamma = recorded_loss(loaded)
+    return settings.replace(loss=criterion, gamma=gamma if criterion == "focal" else None)
 
 
 def _check_parameters(loaded: LoadedModel, settings: HessianSettings) -> None:
@@ -254,17 +262,6 @@ def data_record(options: DataOptions, batch_size: int) -> dict[str, Any]:
         **_text_record(options),
         "batch_size": batch_size,
     }
-
-
-def data_settings(options: DataOptions) -> dict[str, Any]:
-    """Every field of ``options`` for a report, the text ones only for text data."""
-    from curvcal.load.text import is_text_spec
-
-    record = dataclasses.asdict(options)
-    if not is_text_spec(options.spec):
-        for name in ("text_key", "label_key", "text_pair_key", "tokenizer", "max_length"):
-            record.pop(name)
-    return record
 
 
 def _text_record(options: DataOptions) -> dict[str, Any]:

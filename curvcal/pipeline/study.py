@@ -2,9 +2,9 @@
 between their curvature and their calibration.
 
 The data is loaded once and every checkpoint is checked against it before any is measured;
-then, one checkpoint at a time, the Hessian's λmax and trace on the curvature data
-(:func:`curvcal.study.measure_curvature`) and calibration on a stratified split of the data,
-the same split for every checkpoint. The arithmetic (summaries, Spearman correlations) is
+then, one checkpoint at a time, the Hessian's λmax and trace on the curvature data (by
+:func:`curvcal.curvature.analysis.analyse_hessian`, as ``curvcal hessian`` measures them) and
+calibration on a stratified split of the data, the same split for every checkpoint. The arithmetic (summaries, Spearman correlations) is
 :mod:`curvcal.study`.
 """
 
@@ -20,13 +20,18 @@ from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import CurvcalError
 from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
-from curvcal.results import Report
+from curvcal.results import Report, to_jsonable
+from curvcal.settings.fields import record
+from curvcal.settings.hessian import HessianSettings
+from curvcal.settings.study import StudySettings
 
 if TYPE_CHECKING:
     from curvcal.console import Reporter
+    from curvcal.curvature.batches import BatchSource
+    from curvcal.curvature.guard import NaNGuard
     from curvcal.load.checkpoint import CheckpointOptions, LoadedModel
     from curvcal.load.data import DataOptions, LoadedData
-    from curvcal.study import StudyResult
+    from curvcal.study import CurvatureSummary, StudyResult
 
 #: Metadata key of the trace-penalty weight λ a checkpoint was trained with (CE + λ·tr(H)).
 PENALTY_METADATA_KEY = "curvcal.trace_penalty"
@@ -35,24 +40,19 @@ PENALTY_METADATA_KEY = "curvcal.trace_penalty"
 @dataclass(frozen=True)
 class StudyRequest:
     """What ``curvcal study`` was asked: the checkpoint files (globs expanded), the data and
-    options every checkpoint is measured with, and the plot folder (recorded only)."""
+    the settings every checkpoint is measured with: the Hessian's (``hessian``; its ``seed``
+    also draws the ``val_split``), the study's own (``study``: the curvature data, the plot
+    folder, recorded only) and the calibration's (``val_split``, ``gammas``, ``bins``)."""
 
     checkpoints: tuple[Path, ...]
     checkpoint_options: CheckpointOptions
     data_options: DataOptions
     batch_size: int
-    curvature_data: str | None = None
-    loss: str = "ce"
-    gamma: float | None = None
-    method: str = "lanczos"
-    tol: float = 1e-4
-    max_iter: int | None = None
-    probes: int = 50
+    hessian: HessianSettings
+    study: StudySettings
     val_split: float = DEFAULT_VAL_SPLIT
     gammas: tuple[float, ...] | None = None
     bins: int = 15
-    seed: int = 0
-    plot_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -69,30 +69,21 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import iter_batches, load_dataset, stratified_split
     from curvcal.load.text import text_model_at
-    from curvcal.pipeline.hessian import check_loss_options, data_settings, default_params
+    from curvcal.pipeline.hessian import checkpoint_record, data_record
     from curvcal.pipeline.inference import predict_logits
     from curvcal.provenance import environment
     from curvcal.study import (
-        CurvatureSettings,
         StudyResult,
         StudyRow,
         calibration_summary,
         duplicate_checkpoints,
         duplicate_warning,
-        measure_curvature,
         rank_correlations,
     )
 
     began = time.perf_counter()
-    loss, gamma, seed = request.loss, request.gamma, request.seed
-    check_loss_options(loss, gamma)
-    curvature_settings = CurvatureSettings(
-        method=request.method,
-        tol=request.tol,
-        max_iter=request.max_iter,
-        probes=request.probes,
-        seed=seed,
-    )
+    hessian, curvature_data = request.hessian, request.study.curvature_data
+    seed = hessian.seed
     calibration_settings = CalibrationSettings(method="both", bins=request.bins, seed=seed)
     if request.gammas is not None:
         calibration_settings = dataclasses.replace(calibration_settings, gammas=request.gammas)
@@ -103,15 +94,15 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     text_model = text_model_at(request.checkpoints[0], checkpoint_options.arch)
     data = load_dataset(dataclasses.replace(data_options, trust=trust), None, text_model)
     hessian_data = data
-    if request.curvature_data is not None:
+    if curvature_data is not None:
         hessian_data = load_dataset(
-            dataclasses.replace(data_options, spec=request.curvature_data, trust=trust),
+            dataclasses.replace(data_options, spec=curvature_data, trust=trust),
             None,
             text_model,
         )
     fit_idx, eval_idx = stratified_split(data.labels, request.val_split, seed, data.spec)
     paths = list(request.checkpoints)
-    check_every_checkpoint(paths, checkpoint_options, data, hessian_data, request.curvature_data)
+    check_every_checkpoint(paths, checkpoint_options, data, hessian_data, curvature_data)
 
     rows: list[StudyRow] = []
     inputs: list[dict[str, Any]] = []
@@ -122,23 +113,11 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             with naming_the_checkpoint(path):
                 loaded = load_model(path, checkpoint_options)
                 trained_loss, trained_gamma, penalty = training_loss(loaded)
-                hessian_loss, hessian_gamma = _hessian_loss(loaded, loss, gamma)
 
                 def batches(source: LoadedData = hessian_data) -> Any:
                     return iter_batches(source.dataset, batch_size)
 
-                params, choice, say_choice = default_params(loaded, ())
-                if say_choice and choice not in said:
-                    said.add(choice)
-                    reporter.warn(f"Hessian over {choice}")
-                curvature = measure_curvature(
-                    loaded.module,
-                    batches,
-                    hessian_loss,
-                    hessian_gamma,
-                    curvature_settings,
-                    params=params or None,
-                )
+                curvature = measure_curvature(loaded, batches, hessian, reporter, said)
                 logits, labels = predict_logits(
                     loaded.module, iter_batches(data.dataset, batch_size), loaded.device
                 )
@@ -166,7 +145,9 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             advance(1)
 
     n_fit, n_eval = len(fit_idx), len(eval_idx)
-    columns = column_provenance(loss, gamma, hessian_data, data, n_fit, n_eval)
+    columns = column_provenance(
+        hessian.loss, hessian.gamma, hessian_data, data, n_fit, n_eval, calibration_settings.bins
+    )
     result = StudyResult(tuple(rows), rank_correlations(rows), columns)
     messages = [
         duplicate_warning(group)
@@ -183,22 +164,53 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             "curvature_data": hessian_data.describe(),
         },
         settings={
-            "loss": loss,
-            "gamma": gamma,
-            "curvature": curvature_settings,
-            "calibration": calibration_settings,
-            "val_split": request.val_split,
-            "batch_size": batch_size,
-            "checkpoint": checkpoint_options,
-            "data": data_settings(data_options),
-            "curvature_data": request.curvature_data,
-            "plot": request.plot_dir,
+            "checkpoint": checkpoint_record(checkpoint_options),
+            "data": data_record(data_options, batch_size),
+            HessianSettings.GROUP: record(hessian),
+            StudySettings.GROUP: record(request.study),
+            "calibration": {
+                **to_jsonable(calibration_settings),
+                "val_split": request.val_split,
+            },
         },
         timings={"total": time.perf_counter() - began},
         environment=environment(loaded.device),
         warnings=messages,
     )
     return StudyRun(result, report)
+
+
+def measure_curvature(
+    loaded: LoadedModel,
+    batches: BatchSource,
+    settings: HessianSettings,
+    reporter: Reporter,
+    said: set[str],
+) -> CurvatureSummary:
+    """λmax and tr(H) of one checkpoint, by the analysis behind ``curvcal hessian``
+    (:func:`~curvcal.curvature.analysis.analyse_hessian`) with the study's ``settings``:
+    ``--loss own`` resolved to the checkpoint's recorded loss, every trainable parameter (the
+    token embeddings of a text model left out, said once per choice on ``reporter``; ``said``
+    holds the choices already said), and FLSD-53's γ groups counted on the same operator."""
+    from curvcal.curvature.analysis import analyse_hessian
+    from curvcal.curvature.flsd53 import flsd53_group_sizes
+    from curvcal.pipeline.hessian import default_params, resolve_loss
+    from curvcal.study import curvature_summary
+
+    settings = resolve_loss(loaded, settings)
+    params, choice, say_choice = default_params(loaded, settings.params)
+    if say_choice and choice not in said:
+        said.add(choice)
+        reporter.warn(f"Hessian over {choice}")
+    settings = settings.replace(params=params)
+    groups: list[tuple[float, int]] = []
+
+    def count_groups(operator: NaNGuard) -> None:
+        if settings.loss == "flsd53":
+            groups.extend(flsd53_group_sizes(operator))
+
+    analysis = analyse_hessian(loaded.module, batches, settings, on_operator=count_groups)
+    return curvature_summary(analysis, tuple(groups))
 
 
 def check_every_checkpoint(
@@ -259,17 +271,6 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def _hessian_loss(loaded: LoadedModel, loss: str, gamma: float | None) -> tuple[str, float | None]:
-    """The Hessian's loss for this checkpoint: --loss, or with ``own`` its recorded one."""
-    from curvcal.load.checkpoint import LOSS_METADATA_KEY, recorded_loss
-
-    if loss != "own":
-        return loss, gamma
-    if (loaded.metadata.get(LOSS_METADATA_KEY) or "").strip().lower() == "flsd53":
-        return "flsd53", None
-    return recorded_loss(loaded)
-
-
 def column_provenance(
     loss: str,
     gamma: float | None,
@@ -277,8 +278,10 @@ def column_provenance(
     data: LoadedData,
     n_fit: int,
     n_eval: int,
+    bins: int,
 ) -> dict[str, str]:
-    """Which loss and which samples every column of the table comes from."""
+    """Which loss and which samples every column of the table comes from (``bins``: the
+    equal-width bins of the ECE columns)."""
     from curvcal.study import hessian_loss_label
 
     hessian = (
@@ -297,7 +300,7 @@ def column_provenance(
         "tr(H)": f"trace of the {curvature}: exact by Gauss–Newton where the logits are linear "
         "in each tensor, else its Gauss–Newton part exact and Hutch++ on the rest",
         "accuracy": evaluation,
-        "ECE": f"15-bin top-label ECE (bins (a,b]) on the {evaluation}, uncalibrated",
+        "ECE": f"{bins}-bin top-label ECE (bins (a,b]) on the {evaluation}, uncalibrated",
         "AdaECE": f"equal-mass ECE on the {evaluation}, uncalibrated",
         "NLL": f"mean −log p_y on the {evaluation}, uncalibrated",
         "T": f"temperature scaling (NLL objective) {fit}",

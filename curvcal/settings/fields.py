@@ -334,10 +334,17 @@ def cli_fields(
     ]
 
 
-def gather(cls: type[S], kwargs: dict[str, Any], exclude: tuple[str, ...] = (), **fixed: Any) -> S:
-    """Pop the options of ``cls`` out of a command's ``kwargs`` and build the settings."""
+def gather(
+    cls: type[S],
+    kwargs: dict[str, Any],
+    exclude: tuple[str, ...] = (),
+    only: tuple[str, ...] | None = None,
+    **fixed: Any,
+) -> S:
+    """Pop the options of ``cls`` out of a command's ``kwargs`` (all but ``exclude``, or just
+    ``only``) and build the settings; the fields that are not options keep their defaults."""
     values: dict[str, Any] = {}
-    for field, spec in cli_fields(cls, exclude):
+    for field, spec in cli_fields(cls, exclude, only):
         value = kwargs.pop(field.name)
         if spec.multiple and value is not None:
             value = tuple(value)

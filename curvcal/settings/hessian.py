@@ -165,9 +165,12 @@ class HessianSettings(Settings):
     strict: bool = setting(False, "Exit 3 when an estimate does not converge.", flag=True)
 
     def lowest(self, name: str) -> float | None:
-        """Every trace method but Hutchinson's needs at least 4 products."""
+        """Every trace method but Hutchinson's needs at least 4 products; Lanczos' basis holds
+        at least ``top_k`` + 2 vectors."""
         if name == "probes" and self.trace_method != "hutchinson":
             return 4
+        if name == "max_basis":
+            return self.top_k + 2
         return None
 
     def validate(self) -> None:
@@ -185,11 +188,6 @@ class HessianSettings(Settings):
                 "--trace-rtol",
                 "the adaptive stop works only with --trace-method hutchinson",
                 "add --trace-method hutchinson",
-            )
-        if self.max_basis is not None and self.max_basis < self.top_k + 2:
-            raise InputError(
-                "--max-basis",
-                f"must be at least --top-k + 2 = {self.top_k + 2}, got {self.max_basis}",
             )
         if self.memory_budget is not None:
             from curvcal.settings.sizes import parse_memory_budget
