@@ -295,9 +295,9 @@ def test_load_report_rejects_bad_files(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a curvcal report"):
         load_report(other)
     future = write(
-        tmp_path, json.dumps({"schema": "2.0", "command": "x", "results": {}}), "future.json"
+        tmp_path, json.dumps({"schema": "3.0", "command": "x", "results": {}}), "future.json"
     )
-    with pytest.raises(InputError, match=r"schema 2\.0"):
+    with pytest.raises(InputError, match=r"schema 3\.0"):
         load_report(future)
     with pytest.raises(InputError, match="no such report"):
         load_report(tmp_path / "absent.json")

@@ -18,6 +18,9 @@ from curvcal.policy.evaluate import MetricValue, finite_value
 from curvcal.policy.parse import CALIBRATION_METRICS, STAGES, UNCALIBRATED
 from curvcal.results import SCHEMA_VERSION, to_jsonable
 
+#: the schema majors a baseline may have: this one, and 1.x (whose settings were flat)
+READABLE_MAJORS = ("1", SCHEMA_VERSION.split(".")[0])
+
 # Where each gated metric lives in a saved report's JSON document, as dotted paths tried in
 # order (the first one present wins). THIS TABLE IS THE ONE PLACE TO CHANGE when a command's
 # result layout changes. A value at a path is a number, or an object with ``estimate`` (and
@@ -145,10 +148,11 @@ def load_report(path: Path) -> dict[str, Any]:
             "write one with --output",
         )
     schema = str(document["schema"])
-    if schema.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+    if schema.split(".")[0] not in READABLE_MAJORS:
         raise InputError(
             str(path),
-            f"report schema {schema} is not readable by this curvcal (it reads {SCHEMA_VERSION})",
+            f"report schema {schema} is not readable by this curvcal (it reads 1.x and "
+            f"{SCHEMA_VERSION})",
         )
     return document
 

@@ -91,7 +91,8 @@ def spec_of(field: dataclasses.Field[Any]) -> Spec | None:
 def settings_fields(cls: type[Settings] | Settings) -> list[tuple[dataclasses.Field[Any], Spec]]:
     """The fields of ``cls`` made by :func:`setting`, in declaration order."""
     found = []
-    for field in dataclasses.fields(cls):
+    # every Settings subclass is a dataclass; the base class itself declares no field
+    for field in dataclasses.fields(typing.cast(Any, cls)):
         spec = spec_of(field)
         if spec is not None:
             found.append((field, spec))
@@ -383,6 +384,6 @@ def click_options(
         command: Any = wrapper
         for field, spec in reversed(cli_fields(cls, exclude, only)):
             command = click_option(cls, field, spec)(command)
-        return command  # type: ignore[no-any-return]
+        return typing.cast(F, command)
 
     return decorate
