@@ -81,11 +81,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import curvcal
 from curvcal.curvature import HessianOperator, eigenvalues, exact_trace, trace_estimate
-from curvcal.curvature.analysis import TRACE_METHODS, HessianSettings, choose_trace_method
+from curvcal.curvature.analysis import TRACE_METHODS, choose_trace_method
 from curvcal.curvature.gauss_newton import gauss_newton_trace
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import split_trace
 from curvcal.losses import CrossEntropy, Loss
+from curvcal.settings.hessian import HessianSettings
 
 Batch = tuple[Tensor, Tensor]
 

@@ -1,17 +1,19 @@
 """Curvature against calibration across checkpoints: the library behind ``curvcal study``.
 
-For each checkpoint, :func:`measure_curvature` gives λmax (the largest algebraic eigenvalue of
+For each checkpoint, :func:`curvature_summary` picks λmax (the largest algebraic eigenvalue of
 the Hessian H of the mean loss over a dataset) and tr(H) (exact by Gauss–Newton where the
-logits are linear in each tensor, else a Hutch++ estimate), every
-checkpoint with the same :class:`CurvatureSettings`; :func:`calibration_summary` picks the
-numbers of a :class:`~curvcal.calibration.analysis.CalibrationAnalysis` (all measured on its
-evaluation split). :func:`rank_correlations` then gives Spearman's rank correlation ρ between
+logits are linear in each tensor, else its Gauss–Newton part exact and Hutch++ on the rest,
+else a Hutch++ estimate: the ``auto`` trace) of the analysis
+:func:`~curvcal.curvature.analysis.analyse_hessian` made with the same settings for every
+checkpoint; :func:`calibration_summary` picks the numbers of a
+:class:`~curvcal.calibration.analysis.CalibrationAnalysis` (all measured on its evaluation
+split). :func:`rank_correlations` then gives Spearman's rank correlation ρ between
 every curvature measure and every calibration measure across the checkpoints, with its two-sided
 p-value (exact by enumerating the pairings up to n = 10, see :mod:`curvcal.spearman`).
 :func:`duplicate_checkpoints` names the checkpoints that are byte-identical (same SHA-256), which
 count twice in every correlation.
 
-Pure: no file I/O, no printing; every random draw comes from ``seed``.
+Pure: no file I/O, no printing, no random draw.
 """
 
 from __future__ import annotations
@@ -20,20 +22,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from torch import nn
-
 from curvcal.calibration.analysis import CalibrationAnalysis
-from curvcal.curvature.batches import BatchSource
-from curvcal.curvature.eigen import eigenvalues
-from curvcal.curvature.flsd53 import flsd53_group_sizes
-from curvcal.curvature.gauss_newton import gauss_newton_trace
-from curvcal.curvature.memory import free_memory, lanczos_basis, sketch_limit
-from curvcal.curvature.operator import OperatorOptions, build_operator
-from curvcal.curvature.residual import METHODS as SPLIT_METHODS
-from curvcal.curvature.residual import auto_method, split_trace
-from curvcal.curvature.trace import trace_estimate
+from curvcal.curvature.results import HessianAnalysis
 from curvcal.errors import InputError
-from curvcal.losses import FLSD53, LOSS_NAMES, loss_from_name
 
 #: Row attributes correlated, in table order, with their display names.
 CURVATURE_MEASURES = {"lambda_max": "λmax", "trace": "tr(H)"}
@@ -47,35 +38,7 @@ CALIBRATION_MEASURES = {
     "ece_after_ts": "ECE after TS",
     "ece_after_fts": "ECE after FTS",
 }
-#: Hessian losses :func:`measure_curvature` knows.
-CURVATURE_LOSSES = LOSS_NAMES
 MIN_CORRELATION_SAMPLES = 3
-
-
-@dataclass(frozen=True)
-class CurvatureSettings:
-    """How every checkpoint's Hessian is measured: λmax by ``method`` (``lanczos`` or ``power``)
-    to relative tolerance ``tol`` within ``max_iter`` steps (``None``: the method's default);
-    the trace by Hutch++ with ``probes`` products (Rademacher), or exactly by Gauss–Newton where
-    that costs at most ``probes`` norms per sample; ``seed`` seeds both; ``engine``,
-    ``mode`` and ``probe_batch`` as for :class:`~curvcal.curvature.operator.HessianOperator`."""
-
-    method: str = "lanczos"
-    tol: float = 1e-4
-    max_iter: int | None = None
-    probes: int = 50
-    seed: int = 0
-    engine: str = "auto"
-    mode: str = "eval"
-    probe_batch: int = 8
-
-    def __post_init__(self) -> None:
-        if self.method not in ("lanczos", "power"):
-            raise InputError("method", f"unknown method {self.method!r}", "lanczos or power")
-        if not (isinstance(self.tol, int | float) and math.isfinite(self.tol) and self.tol > 0):
-            raise InputError("tol", f"must be a finite number > 0, got {self.tol!r}")
-        if isinstance(self.probes, bool) or not isinstance(self.probes, int) or self.probes < 4:
-            raise InputError("probes", f"must be a whole number ≥ 4, got {self.probes!r}")
 
 
 @dataclass(frozen=True)
@@ -112,93 +75,31 @@ def hessian_loss_label(loss: str, gamma: float | None) -> str:
     return loss
 
 
-def measure_curvature(
-    model: nn.Module,
-    batches: BatchSource,
-    loss: str,
-    gamma: float | None,
-    settings: CurvatureSettings,
-    *,
-    cache: str = "auto",
-    params: tuple[str, ...] | None = None,
+def curvature_summary(
+    analysis: HessianAnalysis, groups: tuple[tuple[float, int], ...] = ()
 ) -> CurvatureSummary:
-    """λmax and tr(H) (as ``--trace-method auto`` takes it: Gauss–Newton where exact, else its
-    Gauss–Newton part exact and Hutch++ on the rest, else Hutch++) of H = ∇²_θ (1/N) Σ_i ℓ(f_θ(x_i), y_i) over ``batches``.
-
-    ``loss`` ``ce``, ``focal`` (with ``gamma``) or ``flsd53`` (the exact Hessian of FLSD-53
-    away from its switching set, see :mod:`curvcal.losses`); ``cache`` as for
-    :class:`~curvcal.curvature.operator.HessianOperator`; ``params`` glob patterns of the
-    parameters covered (``None``: all trainable ones). The operator is built by
-    :func:`~curvcal.curvature.operator.build_operator`, so a NaN or Inf stops the measurement
-    with the batches at fault.
-    """
-    if loss not in CURVATURE_LOSSES:
-        raise InputError("loss", f"unknown loss {loss!r}", f"one of {', '.join(CURVATURE_LOSSES)}")
-    if loss == "focal" and gamma is None:
-        raise InputError("gamma", "the focal loss needs γ")
-    objective = loss_from_name(loss, float(gamma or 0.0) if loss == "focal" else None)
-    operator = build_operator(
-        model,
-        objective,
-        batches,
-        OperatorOptions(
-            engine=settings.engine,
-            mode=settings.mode,
-            cache=cache,
-            probe_batch=settings.probe_batch,
-            params=params,
-        ),
-    )
-    groups = flsd53_group_sizes(operator) if loss == FLSD53 else ()
-    gamma = objective.gamma if loss == "focal" else None
-    mean_loss = operator.mean_loss()
-    budget = operator.budget  # bounds the basis and the sketch
-    free = free_memory(operator.device)  # read before any product holds memory
-    spectrum = eigenvalues(
-        operator,
-        1,
-        method=settings.method,
-        tol=settings.tol,
-        max_iter=settings.max_iter,
-        max_basis=lanczos_basis(1, operator.shape[0], budget),
-        seed=settings.seed,
-    )
-    method, _why = auto_method(operator, settings.probes)
-    max_sketch = sketch_limit("hutch++", operator.shape[0], operator.dtype, budget, free)
-    if method == "gauss-newton":  # exact: the logits are linear in each tensor
-        trace = gauss_newton_trace(operator, checked=True)
-    elif method in SPLIT_METHODS:  # its Gauss–Newton part exact, the rest estimated
-        trace = split_trace(
-            operator,
-            method,
-            settings.probes,
-            seed=settings.seed,
-            probe_batch=operator.probe_batch,
-            max_sketch=max_sketch,
-        )
-    else:
-        trace = trace_estimate(
-            operator,
-            settings.probes,
-            seed=settings.seed,
-            probe_batch=operator.probe_batch,
-            max_sketch=max_sketch,
-        )
-    top = spectrum.values[0]
+    """The study's curvature numbers of one checkpoint from its Hessian analysis
+    (:func:`~curvcal.curvature.analysis.analyse_hessian` with the study's settings: the top
+    eigenvalue and the ``auto`` trace); ``groups``: FLSD-53's ``(γ, samples)``."""
+    if analysis.trace is None:
+        raise InputError("trace", "the study needs the trace of every checkpoint's Hessian")
+    operator = analysis.operator
+    top = analysis.spectrum.values[0]
+    loss = str(operator["loss"])
     return CurvatureSummary(
         lambda_max=top.value,
         lambda_max_converged=top.converged,
         lambda_max_residual=top.residual,
-        trace=trace.estimate,
-        trace_standard_error=trace.standard_error,
-        trace_method=trace.method,
+        trace=analysis.trace.estimate,
+        trace_standard_error=analysis.trace.standard_error,
+        trace_method=analysis.trace.method,
         loss=loss,
-        gamma=gamma,
-        mean_loss=mean_loss,
-        n_samples=operator.n_samples,
-        n_params=operator.shape[0],
-        matvecs=spectrum.matvecs + trace.matvecs,
-        engine=operator.engine,
+        gamma=operator["gamma"] if loss == "focal" else None,
+        mean_loss=operator["mean_loss"],
+        n_samples=operator["n_samples"],
+        n_params=operator["n_params"],
+        matvecs=analysis.spectrum.matvecs + analysis.trace.matvecs,
+        engine=operator["engine"],
         groups=groups,
     )
 

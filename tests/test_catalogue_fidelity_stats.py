@@ -239,7 +239,7 @@ def test_golden_files_mask_the_memory_plan() -> None:
         operator = document["results"]["operator"]
         for key in ("lanczos_basis", "kept_rows", "probe_batch"):
             assert operator[key] == "<masked>", (name, key)
-        assert document["settings"]["probe_batch"] == 8  # the user's option stays
+        assert document["settings"]["hessian"]["probe_batch"] == 8  # the user's option stays
 
 
 def test_golden_workspace_is_the_same_on_every_cpu_vector_path(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ def _no_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     for target in (
         "curvcal.pipeline.inference.predict_logits",
         "curvcal.curvature.analysis.analyse_hessian_with_messages",
-        "curvcal.study.measure_curvature",
+        "curvcal.curvature.analysis.analyse_hessian",
     ):
         monkeypatch.setattr(target, forbidden)
 

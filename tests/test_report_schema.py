@@ -127,7 +127,7 @@ def test_broken_envelopes_are_rejected(validator: Any) -> None:
     assert _errors(validator, good) == []
     breakages = [
         lambda d: d.pop("results"),
-        lambda d: d.update(schema="2.0"),
+        lambda d: d.update(schema="3.0"),
         lambda d: d.update(status="passed"),
         lambda d: d.update(command="train"),
         lambda d: d.update(extra=1),

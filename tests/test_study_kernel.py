@@ -6,15 +6,17 @@ import pytest
 import torch
 from torch import nn
 
+from curvcal.curvature.analysis import analyse_hessian
+from curvcal.curvature.batches import BatchSource
 from curvcal.errors import InputError
+from curvcal.settings.hessian import HessianSettings
 from curvcal.study import (
     CALIBRATION_MEASURES,
     CURVATURE_MEASURES,
     CalibrationSummary,
-    CurvatureSettings,
     CurvatureSummary,
     StudyRow,
-    measure_curvature,
+    curvature_summary,
     rank_correlations,
 )
 
@@ -58,6 +60,14 @@ def test_fewer_than_three_checkpoints_give_no_correlation() -> None:
         assert correlation.rho is None and correlation.p_value is None and correlation.n == 2
 
 
+def measure_curvature(
+    model: nn.Module, batches: BatchSource, settings: HessianSettings
+) -> CurvatureSummary:
+    """The study's curvature numbers as ``curvcal study`` takes them: the analysis behind
+    ``curvcal hessian`` with the study's settings, summarised."""
+    return curvature_summary(analyse_hessian(model, batches, settings))
+
+
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 3)).to(F64)
@@ -83,7 +93,7 @@ def test_curvature_matches_the_dense_hessian() -> None:
     dense = torch.autograd.functional.hessian(
         loss, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     )
-    summary = measure_curvature(model, batches, "ce", None, CurvatureSettings(tol=1e-8, probes=400))
+    summary = measure_curvature(model, batches, HessianSettings(tol=1e-8, probes=400))
     assert summary.lambda_max == pytest.approx(float(torch.linalg.eigvalsh(dense)[-1]), rel=1e-6)
     # tanh: the Gauss–Newton trace is not exact, so its part is taken exactly and Hutch++ on
     # the rest, whose 398 products ≥ 3·P sketch the whole space: exact up to rounding
@@ -99,7 +109,7 @@ def test_curvature_matches_the_dense_hessian() -> None:
         lambda theta: _loss_at(relu, theta, x, y),
         torch.cat([p.detach().reshape(-1) for p in relu.parameters()]),
     )
-    summary = measure_curvature(relu, batches, "ce", None, CurvatureSettings(probes=4))
+    summary = measure_curvature(relu, batches, HessianSettings(probes=4))
     assert summary.trace_method == "gauss-newton"
     assert summary.trace == pytest.approx(float(torch.trace(exact)), rel=1e-12)
 
@@ -118,14 +128,12 @@ def _loss_at(
 
 def test_bad_settings_and_losses() -> None:
     with pytest.raises(InputError, match="probes"):
-        CurvatureSettings(probes=1)
+        HessianSettings(probes=1)
     with pytest.raises(InputError, match="tol"):
-        CurvatureSettings(tol=0.0)
+        HessianSettings(tol=0.0)
     with pytest.raises(InputError, match="method"):
-        CurvatureSettings(method="arnoldi")
-    model = _model()
-    batches = [(torch.randn(4, 3, dtype=F64), torch.tensor([0, 1, 2, 0]))]
+        HessianSettings(method="arnoldi")
     with pytest.raises(InputError, match="loss"):
-        measure_curvature(model, batches, "hinge", None, CurvatureSettings())
+        HessianSettings(loss="hinge")
     with pytest.raises(InputError, match="γ"):
-        measure_curvature(model, batches, "focal", None, CurvatureSettings())
+        HessianSettings(loss="focal")

@@ -272,6 +272,7 @@ def analyse_hessian(
     on_note: Callable[[str], None] | None = None,
     on_plan: Callable[[HessianSettings], None] | None = None,
     loss: Loss | None = None,
+    on_operator: Callable[[NaNGuard], None] | None = None,
 ) -> HessianAnalysis:
     """Measure the Hessian of the mean loss of ``model`` over ``batches`` as ``settings`` ask.
 
@@ -279,7 +280,8 @@ def analyse_hessian(
     ``settings.loss`` and ``settings.gamma``.
 
     ``on_plan`` receives the settings as they will run, before any product: ``trace_method``
-    resolved from ``auto`` (:func:`choose_trace_method`).
+    resolved from ``auto`` (:func:`choose_trace_method`). ``on_operator`` receives the operator
+    once it is built, before any pass over the data (``study`` counts FLSD-53's γ groups on it).
 
     One operator serves every stage (``all_reduce`` sums the sample count and every product
     across processes when the data is sharded). Raises :class:`~curvcal.errors.InputError` for
@@ -299,6 +301,8 @@ def analyse_hessian(
         operator_options(settings),
         all_reduce=all_reduce,
     )
+    if on_operator is not None:
+        on_operator(operator)
     return analyse_operator(
         operator,
         settings,
@@ -535,6 +539,7 @@ def analyse_hessian_with_messages(
     on_step: OnStageStep = None,
     on_note: Callable[[str], None] | None = None,
     on_plan: Callable[[HessianSettings], None] | None = None,
+    on_operator: Callable[[NaNGuard], None] | None = None,
 ) -> tuple[HessianAnalysis, list[str]]:
     """:func:`analyse_hessian`, returning the warnings a report shows (unconverged estimates, an
     engine fallback to double backward) as messages; other warnings are passed on untouched.
@@ -552,6 +557,7 @@ def analyse_hessian_with_messages(
             on_step=on_step,
             on_note=on_note,
             on_plan=on_plan,
+            on_operator=on_operator,
         )
     messages = []
     for warning in caught:

@@ -49,13 +49,14 @@ from curvcal.policy.settings import (
 )
 from curvcal.progress import OnStageStep as OnStep  # stage: inference, calibration, hessian:<stage>
 from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
+from curvcal.settings.fields import from_mapping
+from curvcal.settings.hessian import HessianSettings
 
 if TYPE_CHECKING:
     import torch
 
     from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
-    from curvcal.curvature.analysis import HessianSettings
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.load.checkpoint import LoadedModel
     from curvcal.load.data import LoadedData
@@ -374,9 +375,18 @@ def _blame_the_setting(where: Locator, sources: Mapping[str, str]) -> Iterator[N
         raise type(error)(where(name), error.why, error.hint) from None
 
 
-def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) -> HessianSettings:
-    from curvcal.curvature.analysis import HessianSettings
+#: policy keys that set a HessianSettings field of another name
+_HESSIAN_SPELLING = {"eigen_method": "method"}
+#: policy keys named like a HessianSettings field but meaning something else: ``method`` is the
+#: calibration's; ``trace`` is true, false or a trace method (``trace_method``)
+_NOT_HESSIAN = ("method", "trace")
 
+
+def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) -> HessianSettings:
+    """The Hessian settings of a policy: each key that is a field's name sets that field
+    (:func:`~curvcal.settings.fields.from_mapping`), ``eigen_method`` sets ``method``,
+    ``trace`` sets ``trace_method`` when it names one, and the trace is measured when a rule
+    gates it."""
     trace = settings["trace"]
     if need.trace and trace is False:
         raise InputError(where("trace"), "trace = false, but the policy gates [trace]")
@@ -385,18 +395,17 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) 
         raise InputError(where("loss"), "loss 'focal' needs gamma under [settings]")
     if loss != "focal" and gamma not in (None, 0, 0.0):
         raise InputError(where("gamma"), f"gamma {gamma} is only used with loss 'focal'")
-    renamed = {"method": "eigen_method", "trace_method": "trace"}
-    with _at_the_setting(where, renamed):
-        return HessianSettings(
-            top_k=settings["top_k"],
-            method=settings["eigen_method"],
-            tol=float(settings["tol"]),
-            max_iter=settings["max_iter"],
+    values = {key: value for key, value in settings.items() if key not in _NOT_HESSIAN}
+    for key, name in _HESSIAN_SPELLING.items():
+        values[name] = values.pop(key)
+    policy_key = {name: key for key, name in _HESSIAN_SPELLING.items()} | {"trace_method": "trace"}
+    with _at_the_setting(where, policy_key):
+        return from_mapping(
+            HessianSettings,
+            values,
             trace=need.trace,
             trace_method=trace if isinstance(trace, str) else "auto",
-            probes=settings["probes"],
-            seed=settings["seed"],
-            loss="ce" if loss == "own" else loss,
+            tol=float(settings["tol"]),
             gamma=None if loss != "focal" else float(gamma),
         )
 
@@ -468,15 +477,10 @@ def _hessian(
 ) -> tuple[HessianAnalysis, list[str]]:
     """The Hessian analysis, with its convergence warnings returned as messages."""
     from curvcal.curvature.analysis import analyse_hessian_with_messages
-    from curvcal.load.checkpoint import recorded_loss
     from curvcal.load.data import iter_batches
-    from curvcal.pipeline.session import default_params
+    from curvcal.pipeline.session import default_params, resolve_loss
 
-    if settings["loss"] == "own":
-        criterion, gamma = recorded_loss(loaded)
-        hessian_settings = dataclasses.replace(
-            hessian_settings, loss=criterion, gamma=gamma if criterion == "focal" else None
-        )
+    hessian_settings = resolve_loss(loaded, hessian_settings)
     params, choice, say_choice = default_params(loaded, hessian_settings.params)
     hessian_settings = dataclasses.replace(hessian_settings, params=params)
     batch_size = settings["batch_size"]

@@ -89,6 +89,10 @@ class Session:
             self._add_time("load", began)
         return self._models[path]
 
+    def release(self, path: Path) -> None:
+        """Forget the checkpoint at ``path`` (its memory goes back once nothing holds it)."""
+        self._models.pop(path, None)
+
     def dataset(
         self,
         loaded: LoadedModel | None,
@@ -175,11 +179,7 @@ class Session:
         token embeddings are left out; a ``--params`` glob that matches nothing and a
         ``--top-k`` above P are refused. Also returns the parameter choice where it is worth
         saying (not the plain "every parameter" or the given ``--params``), else None."""
-        from curvcal.load.checkpoint import recorded_loss
-
-        if settings.loss == "own":
-            loss, gamma = recorded_loss(loaded)
-            settings = settings.replace(loss=loss, gamma=gamma if loss == "focal" else None)
+        settings = resolve_loss(loaded, settings)
         params, choice, say_choice = default_params(loaded, settings.params)
         settings = settings.replace(params=params)
         check_parameters(loaded, settings)
@@ -194,17 +194,20 @@ class Session:
         *,
         choice: str | None = None,
         option: str = "--data",
+        on_operator: Callable[[Any], None] | None = None,
     ) -> Curvature:
         """The Hessian analysis of ``loaded``'s mean loss over ``data`` with ``settings`` as
         :meth:`hessian_settings` resolved them (and their parameter ``choice``, said on stderr
-        and recorded in the results), products summed across ranks under torchrun."""
+        and recorded in the results), products summed across ranks under torchrun.
+        ``on_operator`` sees the operator once it is built (``study`` counts FLSD-53's γ
+        groups on it)."""
         import dataclasses
 
         if choice is not None and settings.params and self.is_main:
             self.reporter.warn(f"Hessian over {choice}")
         batches = self.batches(data, batch_size, option)
         analysis, notes, messages = _measure(
-            loaded.module, batches, settings, self.reporter, self.context
+            loaded.module, batches, settings, self.reporter, self.context, on_operator
         )
         analysis = dataclasses.replace(
             analysis,
@@ -262,6 +265,18 @@ def finite_rows(
 def dropped_warning(count: int, total: int, source: str) -> str:
     """The warning for rows left out by ``--nan-policy drop``."""
     return f"{source}: left out {count} of {total} rows with a NaN or Inf (--nan-policy drop)"
+
+
+def resolve_loss(loaded: LoadedModel, settings: HessianSettings) -> HessianSettings:
+    """``settings`` with ``--loss own`` replaced by the loss ``loaded`` records in its metadata
+    (:func:`~curvcal.load.checkpoint.recorded_loss`; γ kept for focal only); other losses as
+    given."""
+    from curvcal.load.checkpoint import recorded_loss
+
+    if settings.loss != "own":
+        return settings
+    loss, gamma = recorded_loss(loaded)
+    return settings.replace(loss=loss, gamma=gamma if loss == "focal" else None)
 
 
 def default_params(
@@ -325,6 +340,7 @@ def _measure(
     settings: HessianSettings,
     reporter: Reporter,
     context: DistContext,
+    on_operator: Callable[[Any], None] | None = None,
 ) -> tuple[HessianAnalysis, list[str], list[str]]:
     """Run the analysis with a progress count of Hessian-vector products on stderr, and the
     long-run note (:mod:`~curvcal.curvature.forecast`) once the first products are timed.
@@ -363,5 +379,6 @@ def _measure(
             on_step=on_step,
             on_note=on_note,
             on_plan=replan,
+            on_operator=on_operator,
         )
     return analysis, notes, messages

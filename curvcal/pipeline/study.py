@@ -1,11 +1,11 @@
 """``curvcal study``: several checkpoints measured the same way, and the rank correlations
 between their curvature and their calibration.
 
-The data is loaded once and every checkpoint is checked against it before any is measured;
-then, one checkpoint at a time, the Hessian's λmax and trace on the curvature data
-(:func:`curvcal.study.measure_curvature`) and calibration on a stratified split of the data,
-the same split for every checkpoint. The arithmetic (summaries, Spearman correlations) is
-:mod:`curvcal.study`.
+In one run session (:mod:`curvcal.pipeline.session`) the data is loaded once and every
+checkpoint is checked against it before any is measured; then, one checkpoint at a time, the
+Hessian's λmax and trace on the curvature data (the session's Hessian, as ``curvcal hessian``
+measures them) and calibration on a stratified split of the data, the same split for every
+checkpoint. The arithmetic (summaries, Spearman correlations) is :mod:`curvcal.study`.
 """
 
 from __future__ import annotations
@@ -13,23 +13,27 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import CurvcalError
 from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
 from curvcal.results import Report
-from curvcal.settings.calibration import CalibrationSettings
-from curvcal.settings.fields import record
+from curvcal.settings.fields import groups
 
 if TYPE_CHECKING:
     from curvcal.console import Reporter
+    from curvcal.curvature.guard import NaNGuard
     from curvcal.load.checkpoint import LoadedModel
     from curvcal.load.data import LoadedData
+    from curvcal.pipeline.session import Session
+    from curvcal.settings.calibration import CalibrationSettings
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
-    from curvcal.study import StudyResult
+    from curvcal.settings.hessian import HessianSettings
+    from curvcal.settings.study import StudySettings
+    from curvcal.study import CurvatureSummary, StudyResult
 
 #: Metadata key of the trace-penalty weight λ a checkpoint was trained with (CE + λ·tr(H)).
 PENALTY_METADATA_KEY = "curvcal.trace_penalty"
@@ -38,147 +42,117 @@ PENALTY_METADATA_KEY = "curvcal.trace_penalty"
 @dataclass(frozen=True)
 class StudyRequest:
     """What ``curvcal study`` was asked: the checkpoint files (globs expanded), the data and
-    options every checkpoint is measured with, and the plot folder (recorded only)."""
+    the settings every checkpoint is measured with: the Hessian's (``hessian``; its ``seed``
+    also draws the ``--val-split``), the study's own (``study``: the curvature data, the plot
+    folder) and the calibration's (``calibration``: ``val_split``, ``gammas``, ``bins``)."""
 
     checkpoints: tuple[Path, ...]
     checkpoint_options: CheckpointSettings
     data_options: DataSettings
-    batch_size: int
-    curvature_data: str | None = None
-    loss: str = "ce"
-    gamma: float | None = None
-    method: str = "lanczos"
-    tol: float = 1e-4
-    max_iter: int | None = None
-    probes: int = 50
-    calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
-    seed: int = 0
-    plot_dir: Path | None = None
+    hessian: HessianSettings
+    study: StudySettings
+    calibration: CalibrationSettings
 
 
 @dataclass(frozen=True)
 class StudyRun:
-    """The study's rows and correlations, and its report."""
+    """The study's rows and correlations, its report, and whether this process speaks for
+    the run (rank 0; the only one that writes)."""
 
     result: StudyResult
     report: Report
+    is_main: bool = True
 
 
 def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
-    """Measure every checkpoint of ``request`` (a progress count on ``reporter``)."""
+    """Measure every checkpoint of ``request`` (a progress count on ``reporter``) in one run
+    session: each checkpoint is loaded once where the models fit in memory together (else
+    loaded again to be measured, said in a note), checked against the data before any pass."""
     from curvcal.calibration.analysis import analyse_val_split
-    from curvcal.load.checkpoint import load_model
-    from curvcal.load.data import iter_batches, load_dataset, stratified_split
+    from curvcal.load.data import stratified_split
     from curvcal.load.text import text_model_at
-    from curvcal.pipeline.inference import predict_logits
-    from curvcal.pipeline.session import default_params
+    from curvcal.pipeline.session import open_session
     from curvcal.provenance import environment
-    from curvcal.settings.hessian import HessianSettings
     from curvcal.study import (
-        CurvatureSettings,
         StudyResult,
         StudyRow,
         calibration_summary,
         duplicate_checkpoints,
         duplicate_warning,
-        measure_curvature,
         rank_correlations,
     )
 
     began = time.perf_counter()
-    loss, gamma, seed = request.loss, request.gamma, request.seed
-    HessianSettings(loss=loss, gamma=gamma)  # the --loss/--gamma rules
-    curvature_settings = CurvatureSettings(
-        method=request.method,
-        tol=request.tol,
-        max_iter=request.max_iter,
-        probes=request.probes,
-        seed=seed,
-    )
+    hessian, curvature_data = request.hessian, request.study.curvature_data
+    seed = hessian.seed
     val_split = request.calibration.val_split or DEFAULT_VAL_SPLIT
-    calibration_settings = request.calibration.replace(
-        method="both", seed=seed, val_split=val_split
-    )
-
-    checkpoint_options, data_options = request.checkpoint_options, request.data_options
-    trust = checkpoint_options.trust_checkpoint
-    # text data is tokenized once, with the first checkpoint's tokenizer (or --tokenizer)
-    text_model = text_model_at(request.checkpoints[0], checkpoint_options.arch)
-    data = load_dataset(data_options.replace(trust_checkpoint=trust), None, text_model)
-    hessian_data = data
-    if request.curvature_data is not None:
-        hessian_data = load_dataset(
-            data_options.replace(data=request.curvature_data, trust_checkpoint=trust),
-            None,
-            text_model,
-        )
-    fit_idx, eval_idx = stratified_split(data.labels, val_split, seed, data.spec)
+    calibration = request.calibration.replace(method="both", seed=seed, val_split=val_split)
+    data_options, batch_size = request.data_options, request.data_options.batch_size
     paths = list(request.checkpoints)
-    check_every_checkpoint(paths, checkpoint_options, data, hessian_data, request.curvature_data)
-
     rows: list[StudyRow] = []
     inputs: list[dict[str, Any]] = []
-    batch_size = request.batch_size
     said: set[str] = set()  # parameter choices already noted on stderr
-    with reporter.progress("checkpoints", len(paths)) as advance:
-        for path in paths:
-            with naming_the_checkpoint(path):
-                loaded = load_model(path, checkpoint_options)
-                trained_loss, trained_gamma, penalty = training_loss(loaded)
-                hessian_loss, hessian_gamma = _hessian_loss(loaded, loss, gamma)
-
-                def batches(source: LoadedData = hessian_data) -> Any:
-                    return iter_batches(source.dataset, batch_size)
-
-                params, choice, say_choice = default_params(loaded, ())
-                if say_choice and choice not in said:
-                    said.add(choice)
-                    reporter.warn(f"Hessian over {choice}")
-                curvature = measure_curvature(
-                    loaded.module,
-                    batches,
-                    hessian_loss,
-                    hessian_gamma,
-                    curvature_settings,
-                    params=params or None,
-                )
-                logits, labels = predict_logits(
-                    loaded.module, iter_batches(data.dataset, batch_size), loaded.device
-                )
-                analysis = analyse_val_split(
-                    logits,
-                    labels,
-                    fit_idx,
-                    eval_idx,
-                    "logits",
-                    calibration_settings,
-                    val_split,
-                    f"{path} on --data {data.spec}",
-                )
-                rows.append(
-                    StudyRow(
-                        checkpoint=path.name,
-                        training_loss=trained_loss,
-                        training_gamma=trained_gamma,
-                        penalty=penalty,
-                        curvature=curvature,
-                        calibration=calibration_summary(analysis),
+    with open_session(request.checkpoint_options, reporter) as session:
+        # text data is tokenized once, with the first checkpoint's tokenizer (or --tokenizer)
+        text_model = text_model_at(paths[0], request.checkpoint_options.arch)
+        data = session.dataset(None, data_options, text_model=text_model, check=False)
+        hessian_data = data
+        if curvature_data is not None:
+            hessian_data = session.dataset(
+                None,
+                data_options.replace(data=curvature_data),
+                "--curvature-data",
+                text_model=text_model,
+                check=False,
+            )
+        fit_idx, eval_idx = stratified_split(data.labels, val_split, seed, data.spec)
+        check_every_checkpoint(session, paths, data, hessian_data, curvature_data)
+        with session.reporter.progress("checkpoints", len(paths)) as advance:
+            for path in paths:
+                with naming_the_checkpoint(path):
+                    loaded = session.model(path)
+                    trained_loss, trained_gamma, penalty = training_loss(loaded)
+                    curvature = measure_curvature(
+                        session, loaded, hessian_data, hessian, batch_size, said
                     )
-                )
-                inputs.append(loaded.describe())
-            advance(1)
+                    predictions = session.predict(loaded, data, batch_size)
+                    session.release(path)
+                    if predictions is not None:  # rank 0 gets every row
+                        logits, labels, _dropped = predictions
+                        analysis = analyse_val_split(
+                            logits,
+                            labels,
+                            fit_idx,
+                            eval_idx,
+                            "logits",
+                            calibration,
+                            val_split,
+                            f"{path} on --data {data.spec}",
+                        )
+                        rows.append(
+                            StudyRow(
+                                checkpoint=path.name,
+                                training_loss=trained_loss,
+                                training_gamma=trained_gamma,
+                                penalty=penalty,
+                                curvature=curvature,
+                                calibration=calibration_summary(analysis),
+                            )
+                        )
+                    inputs.append(loaded.describe())
+                advance(1)
 
     n_fit, n_eval = len(fit_idx), len(eval_idx)
     columns = column_provenance(
-        loss, gamma, hessian_data, data, n_fit, n_eval, bins=calibration_settings.bins
+        hessian.loss, hessian.gamma, hessian_data, data, n_fit, n_eval, calibration.bins
     )
     result = StudyResult(tuple(rows), rank_correlations(rows), columns)
-    messages = [
+    messages = session.warnings + [
         duplicate_warning(group)
         for group in duplicate_checkpoints([str(p) for p in paths], [i["sha256"] for i in inputs])
     ]
-    for message in messages:
-        reporter.warn(message)
+    for message in messages[len(session.warnings) :]:
+        session.reporter.warn(message)
     report = Report(
         command="study",
         results=result,
@@ -187,44 +161,88 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
             "data": data.describe(),
             "curvature_data": hessian_data.describe(),
         },
-        settings={
-            "loss": loss,
-            "gamma": gamma,
-            "curvature": curvature_settings,
-            CalibrationSettings.GROUP: record(calibration_settings),
-            "batch_size": batch_size,
-            "checkpoint": record(checkpoint_options),
-            "data": record(data_options),
-            "curvature_data": request.curvature_data,
-            "plot": request.plot_dir,
-        },
+        settings=groups(
+            request.checkpoint_options.replace(device=str(session.device)),
+            data_options,
+            hessian,
+            request.study,
+            calibration,
+        ),
         timings={"total": time.perf_counter() - began},
-        environment=environment(loaded.device),
+        environment=environment(session.device),
         warnings=messages,
     )
-    return StudyRun(result, report)
+    return StudyRun(result, report, session.is_main)
+
+
+def measure_curvature(
+    session: Session,
+    loaded: LoadedModel,
+    data: LoadedData,
+    settings: HessianSettings,
+    batch_size: int,
+    said: set[str],
+) -> CurvatureSummary:
+    """λmax and tr(H) of one checkpoint, by the session's Hessian (the analysis behind
+    ``curvcal hessian``) with the study's ``settings``: ``--loss own`` resolved to the
+    checkpoint's recorded loss, every trainable parameter (the token embeddings of a text model
+    left out, said once per choice; ``said`` holds the choices already said), and FLSD-53's γ
+    groups counted on the same operator."""
+    from curvcal.curvature.flsd53 import flsd53_group_sizes
+    from curvcal.study import curvature_summary
+
+    settings, choice = session.hessian_settings(loaded, settings)
+    if choice in said:
+        choice = None
+    elif choice is not None:
+        said.add(choice)
+    groups: list[tuple[float, int]] = []
+
+    def count_groups(operator: NaNGuard) -> None:
+        if settings.loss == "flsd53":
+            groups.extend(flsd53_group_sizes(operator))
+
+    curvature = session.hessian(
+        loaded, data, settings, batch_size, choice=choice, on_operator=count_groups
+    )
+    return curvature_summary(curvature.analysis, tuple(groups))
 
 
 def check_every_checkpoint(
+    session: Session,
     paths: list[Path],
-    options: CheckpointSettings,
     data: LoadedData,
     hessian_data: LoadedData,
     curvature_data: str | None,
 ) -> None:
     """Every checkpoint loads and fits --data (and --curvature-data) before any is measured,
-    so a misfit late in the list stops the run in seconds, not after the others' passes. Each
-    model is dropped after its check (the loop reloads it) to hold one model at a time."""
-    from curvcal.load.checkpoint import load_model
+    so a misfit late in the list stops the run in seconds, not after the others' passes. The
+    models stay loaded for their measurement while they fit in half the free memory together;
+    one that does not is dropped after its check and loaded again when its turn comes (said
+    in a note)."""
+    from curvcal.curvature.memory import FREE_FRACTION, free_memory
     from curvcal.pipeline.fitness import check_fitness
 
+    free = free_memory(session.device)
+    held = 0
+    reloads = 0
     for path in paths:
         with naming_the_checkpoint(path):
-            loaded = load_model(path, options)
+            loaded = session.model(path)
             check_fitness(loaded, data, "--data")
             if curvature_data is not None:
                 check_fitness(loaded, hessian_data, "--curvature-data")
-            del loaded
+            size = sum(t.numel() * t.element_size() for t in loaded.module.state_dict().values())
+            if free is not None and held + size > FREE_FRACTION * free:
+                session.release(path)
+                reloads += 1
+            else:
+                held += size
+    if reloads and session.is_main:
+        session.reporter.info(
+            f"curvcal: note: {reloads} of the {len(paths)} checkpoints do not fit in memory "
+            "together: each is loaded again when it is measured"
+        )
 
 
 @contextmanager
@@ -263,17 +281,6 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def _hessian_loss(loaded: LoadedModel, loss: str, gamma: float | None) -> tuple[str, float | None]:
-    """The Hessian's loss for this checkpoint: --loss, or with ``own`` its recorded one."""
-    from curvcal.load.checkpoint import LOSS_METADATA_KEY, recorded_loss
-
-    if loss != "own":
-        return loss, gamma
-    if (loaded.metadata.get(LOSS_METADATA_KEY) or "").strip().lower() == "flsd53":
-        return "flsd53", None
-    return recorded_loss(loaded)
-
-
 def column_provenance(
     loss: str,
     gamma: float | None,
@@ -281,10 +288,10 @@ def column_provenance(
     data: LoadedData,
     n_fit: int,
     n_eval: int,
-    bins: int = 15,
+    bins: int,
 ) -> dict[str, str]:
-    """Which loss and which samples every column of the table comes from (ECE with ``bins``
-    equal-width bins)."""
+    """Which loss and which samples every column of the table comes from (``bins``: the
+    equal-width bins of the ECE columns)."""
     from curvcal.study import hessian_loss_label
 
     hessian = (

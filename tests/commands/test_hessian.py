@@ -138,8 +138,9 @@ def test_json_matches_the_dense_hessian(run_cli, files: Files, dense: Tensor, tm
         mean_loss = float(nn.functional.cross_entropy(files.model(files.x), files.y))
     assert operator["mean_loss"] == pytest.approx(mean_loss, rel=1e-12)
     settings = document["settings"]
-    assert settings["top_k"] == 3 and settings["seed"] == 0 and settings["loss"] == "ce"
-    assert settings["data"] == str(files.data) and settings["batch_size"] == 16
+    hessian = settings["hessian"]
+    assert hessian["top_k"] == 3 and hessian["seed"] == 0 and hessian["loss"] == "ce"
+    assert settings["data"]["data"] == str(files.data) and settings["data"]["batch_size"] == 16
     assert document["inputs"]["checkpoint"]["sha256"]
     assert document["inputs"]["data"]["n_samples"] == N_SAMPLES
     assert document["inputs"]["data"]["files"][0]["sha256"]
@@ -190,8 +191,8 @@ def test_own_loss_is_read_from_the_checkpoint(run_cli, files: Files) -> None:
         log_p = torch.log_softmax(files.model(files.x), dim=1).gather(1, files.y[:, None])
     focal = float((-((1 - log_p.exp()) ** 2) * log_p).mean())
     assert operator["mean_loss"] == pytest.approx(focal, rel=1e-12)
-    assert document["settings"]["loss"] == "own"
-    assert document["settings"]["criterion"] == "focal"
+    assert document["settings"]["hessian"]["loss"] == "own"
+    assert document["results"]["operator"]["loss"] == "focal"
 
 
 @pytest.mark.parametrize(
@@ -282,7 +283,7 @@ def test_a_small_memory_budget_splits_batches_and_keeps_the_numbers(
     operator = document["results"]["operator"]
     assert operator["micro_batch"] is not None and 1 <= operator["micro_batch"] < 16
     assert operator["probe_batch"] == 1
-    assert document["settings"]["memory_budget"] == "30KB"
+    assert document["settings"]["hessian"]["memory_budget"] == "30KB"
     exact = torch.linalg.eigvalsh(dense)
     assert document["results"]["eigenvalues"] == pytest.approx(
         exact[-2:].flip(0).tolist(), rel=1e-6
@@ -299,7 +300,7 @@ def test_a_bounded_lanczos_basis_restarts_and_keeps_the_numbers(
     result = run_cli(*_base(files, *args, "--max-basis", "6"))
     assert result.code == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["settings"]["max_basis"] == 6
+    assert document["settings"]["hessian"]["max_basis"] == 6
     assert document["results"]["operator"]["lanczos_basis"] == 6
     assert document["results"]["spectrum"]["values"][0]["iterations"] > 6
     exact = torch.linalg.eigvalsh(dense)
@@ -307,7 +308,7 @@ def test_a_bounded_lanczos_basis_restarts_and_keeps_the_numbers(
         exact[-2:].flip(0).tolist(), rel=1e-7
     )
     default = json.loads(run_cli(*_base(files, *args)).stdout)
-    assert default["settings"]["max_basis"] is None
+    assert default["settings"]["hessian"]["max_basis"] is None
     assert default["results"]["operator"]["lanczos_basis"] == 1185
 
 
@@ -321,7 +322,7 @@ def test_kept_graphs_are_reported_and_keep_the_numbers(
     document = json.loads(result.stdout)
     operator = document["results"]["operator"]
     assert operator["graphs_kept"] is kept and operator["graphs_dropped"] is None
-    assert document["settings"]["keep_graphs"] == keep
+    assert document["settings"]["hessian"]["keep_graphs"] == keep
     # kept: the mean loss and the graphs read the data once each; else one pass per product
     passes = operator["n_data_passes"]
     assert passes == 2 if kept else passes > 10

@@ -76,8 +76,8 @@ def test_own_loss_of_an_flsd53_checkpoint_matches_the_dense_hessian(
     found = [v["value"] for v in document["results"]["spectrum"]["values"]]
     assert found == pytest.approx(expected, rel=1e-8)
     assert document["results"]["lambda_max"] == pytest.approx(expected[0], rel=1e-8)
-    assert document["settings"]["loss"] == "own"
-    assert document["settings"]["criterion"] == "flsd53"
+    assert document["settings"]["hessian"]["loss"] == "own"
+    assert document["results"]["operator"]["loss"] == "flsd53"
 
 
 def test_flsd53_with_a_focal_gamma_in_its_metadata_is_refused(run_cli, tmp_path: Path) -> None:

@@ -234,7 +234,7 @@ def test_torchrun_one_process_matches_plain_run(
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-4000:]
     distributed = json.loads(completed.stdout)
-    assert distributed["settings"]["world_size"] == 1
+    assert distributed["results"]["operator"]["world_size"] == 1
     plain = run_json(run_cli, *_hessian_args(device))
     assert_same_numbers(_curvature(distributed), _curvature(plain), rel=1e-9)
     assert_same_numbers(_curvature(distributed), _curvature(cpu_hessian), rel=CURVATURE_RTOL)

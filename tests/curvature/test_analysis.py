@@ -211,17 +211,17 @@ def test_impossible_settings_are_refused_before_any_product(mlp_case: MLPCase) -
         analyse_hessian(model, source, HessianSettings(top_k=76))
     assert source.reads == 1  # counted once, no product
     for bad, field in (
-        ({"top_k": 0}, "top_k"),
-        ({"probes": 1}, "probes"),
-        ({"trace_method": "hutchpp", "probes": 3}, "probes"),
-        ({"trace_method": "hutchpp", "trace_rtol": 0.1}, "trace_rtol"),
-        ({"trace_rtol": -1.0}, "trace_rtol"),
-        ({"tol": math.nan}, "tol"),
-        ({"gamma": 1.0}, "gamma"),
-        ({"criterion": "focal", "gamma": -1.0}, "gamma"),
-        ({"engine": "jax"}, "engine"),
-        ({"method": "arnoldi"}, "method"),
-        ({"max_iter": 0}, "max_iter"),
+        ({"top_k": 0}, "--top-k"),
+        ({"probes": 1}, "--probes"),
+        ({"trace_method": "hutchpp", "probes": 3}, "--probes"),
+        ({"trace_method": "hutchpp", "trace_rtol": 0.1}, "--trace-rtol"),
+        ({"trace_rtol": -1.0}, "--trace-rtol"),
+        ({"tol": math.nan}, "--tol"),
+        ({"gamma": 1.0}, "--gamma"),
+        ({"loss": "focal", "gamma": -1.0}, "--gamma"),
+        ({"hvp": "jax"}, "--hvp"),
+        ({"method": "arnoldi"}, "--method"),
+        ({"max_iter": 0}, "--max-iter"),
     ):
         with pytest.raises(InputError, match=f"^{field}:"):
             HessianSettings(**bad)  # type: ignore[arg-type]

@@ -295,7 +295,7 @@ def test_unknown_choice_is_refused(mlp_case: Case) -> None:
     model, x, y, _ = mlp_case
     with pytest.raises(InputError, match="keep_graphs"):
         HessianOperator(model, split(x, y, BATCH), keep_graphs="sometimes")
-    with pytest.raises(InputError, match="keep_graphs"):
+    with pytest.raises(InputError, match="--keep-graphs"):
         HessianSettings(keep_graphs="yes")
 
 

@@ -242,8 +242,8 @@ def test_hessian_lambda_max_equals_eigsh_on_the_library_forward(
     document = json.loads(result.stdout)
     # batches of 4 are padded to their own longest text; the reference pads all 11 together
     assert document["results"]["lambda_max"] == pytest.approx(reference, rel=1e-6)
-    assert skip not in document["settings"]["params"]
-    assert "except the token embeddings" in document["settings"]["params_choice"]
+    assert skip not in document["results"]["operator"]["params"]
+    assert "except the token embeddings" in document["results"]["operator"]["params_choice"]
     assert "token embeddings" in result.stderr
     jsonschema = pytest.importorskip("jsonschema")
     from curvcal.assets import report_schema
@@ -257,8 +257,9 @@ def test_hessian_lambda_max_equals_eigsh_on_the_library_forward(
         "--device", "cpu", "--params", "all", "--no-trace", "--max-iter", "5", "--json",
     )  # fmt: skip
     assert everything.code == 0, everything.stderr
-    settings = json.loads(everything.stdout)["settings"]
-    assert settings["params"] == [] and "--params all" in settings["params_choice"]
+    document = json.loads(everything.stdout)
+    settings, operator = document["settings"]["hessian"], document["results"]["operator"]
+    assert settings["params"] == ["all"] and "--params all" in operator["params_choice"]
 
 
 def test_calibrate_and_metrics_equal_the_library_logits(

@@ -65,7 +65,7 @@ def test_two_processes_match_one(run_cli, tmp_path: Path) -> None:
     assert single.code == 0, single.stderr
     reference = json.loads(single.stdout)
 
-    assert distributed["settings"]["world_size"] == 2
+    assert distributed["settings"]["hessian"] == reference["settings"]["hessian"]
     assert distributed["results"]["operator"]["world_size"] == 2
     assert distributed["results"]["operator"]["n_samples"] == N_SAMPLES
     expected, got = reference["results"], distributed["results"]

@@ -1,0 +1,42 @@
+"""The settings of ``curvcal study`` that are its own (the Hessian's come from
+:class:`~curvcal.settings.hessian.HessianSettings`, the calibration's from the calibration
+settings).
+
+Every field is one option of ``curvcal study`` (field ``curvature_data`` is
+``--curvature-data``), declared once with its type, default and help
+(:mod:`curvcal.settings.fields`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from curvcal.settings.fields import Settings, setting
+
+#: The Hessian options ``study`` takes (the fields of
+#: :class:`~curvcal.settings.hessian.HessianSettings` it offers; the others keep their
+#: defaults: the top eigenvalue, the ``auto`` trace, every trainable parameter).
+STUDY_HESSIAN_OPTIONS = ("method", "tol", "max_iter", "probes", "seed", "loss", "gamma")
+
+
+@dataclass(frozen=True)
+class StudySettings(Settings):
+    """Where ``study`` measures the Hessian (``curvature_data``: a dataset spec read with the
+    same data options as ``--data``; ``None``: ``--data`` itself) and the folder its two plots
+    go to (``plot``; ``None``: no plot)."""
+
+    GROUP: ClassVar[str] = "study"
+
+    curvature_data: str | None = setting(
+        None,
+        "Measure the Hessian on this dataset (same data options as --data); default --data.",
+        metavar="SPEC",
+    )
+    plot: Path | None = setting(
+        None,
+        "Write lambda_max_vs_gamma.png and trace_vs_ece.png into DIR (needs matplotlib).",
+        path="dir",
+        metavar="DIR",
+    )
