@@ -57,8 +57,8 @@ if TYPE_CHECKING:
     from curvcal.console import Reporter
     from curvcal.curvature.analysis import HessianSettings
     from curvcal.curvature.results import HessianAnalysis
-    from curvcal.load.checkpoint import LoadedModel
-    from curvcal.load.data import LoadedData
+    from curvcal.load.loaded_data import LoadedData
+    from curvcal.load.loaded_model import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -462,8 +462,8 @@ def _hessian(
 ) -> tuple[HessianAnalysis, list[str]]:
     """The Hessian analysis, with its convergence warnings returned as messages."""
     from curvcal.curvature.analysis import analyse_hessian_with_messages
-    from curvcal.load.checkpoint import recorded_loss
-    from curvcal.load.data import iter_batches
+    from curvcal.load.batches import iter_batches
+    from curvcal.load.metadata import recorded_loss
     from curvcal.pipeline.session import default_params
 
     if settings["loss"] == "own":

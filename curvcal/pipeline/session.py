@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from curvcal.console import Reporter
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.distributed import DistContext
-    from curvcal.load.checkpoint import LoadedModel
-    from curvcal.load.data import LoadedData
+    from curvcal.load.loaded_data import LoadedData
+    from curvcal.load.loaded_model import LoadedModel
     from curvcal.rows import Inputs
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
@@ -133,7 +133,7 @@ class Session:
         self, data: LoadedData, batch_size: int, option: str = "--data"
     ) -> Callable[[], Iterator[tuple[Inputs, torch.Tensor]]]:
         """A fresh iterator over this rank's batches of ``data`` at each call."""
-        from curvcal.load.data import iter_batches
+        from curvcal.load.batches import iter_batches
 
         indices = self.shard(data, option)
 
@@ -175,7 +175,7 @@ class Session:
         token embeddings are left out; a ``--params`` glob that matches nothing and a
         ``--top-k`` above P are refused. Also returns the parameter choice where it is worth
         saying (not the plain "every parameter" or the given ``--params``), else None."""
-        from curvcal.load.checkpoint import recorded_loss
+        from curvcal.load.metadata import recorded_loss
 
         if settings.loss == "own":
             loss, gamma = recorded_loss(loaded)

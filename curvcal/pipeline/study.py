@@ -24,8 +24,8 @@ from curvcal.results import Report
 
 if TYPE_CHECKING:
     from curvcal.console import Reporter
-    from curvcal.load.checkpoint import LoadedModel
-    from curvcal.load.data import LoadedData
+    from curvcal.load.loaded_data import LoadedData
+    from curvcal.load.loaded_model import LoadedModel
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
     from curvcal.study import StudyResult
@@ -68,8 +68,10 @@ class StudyRun:
 def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     """Measure every checkpoint of ``request`` (a progress count on ``reporter``)."""
     from curvcal.calibration.analysis import CalibrationSettings, analyse_val_split
+    from curvcal.load.batches import iter_batches
     from curvcal.load.checkpoint import load_model
-    from curvcal.load.data import iter_batches, load_dataset, stratified_split
+    from curvcal.load.data import load_dataset
+    from curvcal.load.labels import stratified_split
     from curvcal.load.text import text_model_at
     from curvcal.pipeline.inference import predict_logits
     from curvcal.pipeline.session import default_params
@@ -242,7 +244,7 @@ def training_loss(loaded: LoadedModel) -> tuple[str | None, float | None, float 
     """``(loss, γ, λ)`` from the metadata: ``ce``/``focal``/``flsd53`` (``None`` when not
     recorded), the focal γ (``None`` for FLSD-53 and unknown losses, 0 for ce) and the trace
     penalty λ of a CE + λ·tr(H) training (``None`` without one)."""
-    from curvcal.load.checkpoint import GAMMA_METADATA_KEY, LOSS_METADATA_KEY
+    from curvcal.load.metadata import GAMMA_METADATA_KEY, LOSS_METADATA_KEY
 
     meta = loaded.metadata
     raw = (meta.get(LOSS_METADATA_KEY) or "").strip().lower()
@@ -265,7 +267,7 @@ def _number(text: str | None) -> float | None:
 
 def _hessian_loss(loaded: LoadedModel, loss: str, gamma: float | None) -> tuple[str, float | None]:
     """The Hessian's loss for this checkpoint: --loss, or with ``own`` its recorded one."""
-    from curvcal.load.checkpoint import LOSS_METADATA_KEY, recorded_loss
+    from curvcal.load.metadata import LOSS_METADATA_KEY, recorded_loss
 
     if loss != "own":
         return loss, gamma
