@@ -33,7 +33,7 @@ class ModuleFound:
 @dataclass(frozen=True)
 class LoadedModel:
     """A module loaded from ``path`` (eval mode, on ``device``, in ``dtype``, owned by us) and
-    how it was found."""
+    how it was found: the fields of :class:`ModuleFound`, and where it was placed."""
 
     module: nn.Module
     form: str
@@ -90,25 +90,11 @@ def place(path: Path, found: ModuleFound, device: torch.device, dtype: torch.dty
     """Move the found module to ``device`` and ``dtype`` in eval mode (an exported program
     keeps the mode it was exported in); ``num_classes`` from its labels, else its last 2-D
     weight."""
-    module = found.module
-    module.to(device=device, dtype=dtype)
+    found.module.to(device=device, dtype=dtype)
     if found.form != "exported_program":
-        module.eval()
-    shapes = [(name, tuple(t.shape)) for name, t in module.state_dict().items()]
+        found.module.eval()
+    shapes = [(name, tuple(t.shape)) for name, t in found.module.state_dict().items()]
     num_classes = len(found.labels) if found.labels else infer_num_classes(shapes)
     return LoadedModel(
-        module=module,
-        form=found.form,
-        path=path,
-        arch=found.arch,
-        state_dict_key=found.state_dict_key,
-        stripped_prefix=found.stripped_prefix,
-        num_classes=num_classes,
-        metadata=found.metadata,
-        device=device,
-        dtype=dtype,
-        architecture=found.architecture,
-        labels=found.labels,
-        modality=found.modality,
-        preprocessing=found.preprocessing,
+        **vars(found), path=path, num_classes=num_classes, device=device, dtype=dtype
     )
