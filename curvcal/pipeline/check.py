@@ -58,8 +58,8 @@ if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
     from curvcal.curvature.results import HessianAnalysis
-    from curvcal.load.checkpoint import LoadedModel
-    from curvcal.load.data import LoadedData
+    from curvcal.load.loaded_data import LoadedData
+    from curvcal.load.loaded_model import LoadedModel
     from curvcal.settings.calibration import CalibrationSettings
 
 
@@ -477,7 +477,7 @@ def _hessian(
 ) -> tuple[HessianAnalysis, list[str]]:
     """The Hessian analysis, with its convergence warnings returned as messages."""
     from curvcal.curvature.analysis import analyse_hessian_with_messages
-    from curvcal.load.data import iter_batches
+    from curvcal.load.batches import iter_batches
     from curvcal.pipeline.session import default_params, resolve_loss
 
     hessian_settings = resolve_loss(loaded, hessian_settings)

@@ -44,9 +44,10 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun:
     from curvcal.assets import demo_checkpoint, demo_data, demo_policy
     from curvcal.calibration.metrics import accuracy as top1_accuracy
     from curvcal.calibration.metrics import mean_confidence
-    from curvcal.load.checkpoint import inspect_checkpoint, load_model
+    from curvcal.load.checkpoint import load_model
     from curvcal.load.data import load_dataset
     from curvcal.load.digest import file_info
+    from curvcal.load.inspect import inspect_checkpoint
     from curvcal.pipeline.check import run_check
     from curvcal.pipeline.fitness import check_fitness
     from curvcal.pipeline.runtime import predict
