@@ -35,6 +35,8 @@ POLICY_MAY_IMPORT = (
     "curvcal.paths",
     "curvcal.jsontext",
     "curvcal.policy",
+    # the settings' declarations (torch-free): a policy's keys are their fields (issue 30)
+    "curvcal.settings",
 )
 
 

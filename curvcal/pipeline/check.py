@@ -437,12 +437,11 @@ def _calibrate(
 
     assert plan.calibration is not None
     calibration, batch_size = plan.calibration, plan.data.batch_size
-    nan_policy = calibration.nan_policy
-    predicted = session.predict(loaded, data, batch_size, option="data", nan_policy=nan_policy)
+    predicted = _predict(session, loaded, data, batch_size, "data", calibration.nan_policy)
     fit_predicted = None
     if fit is not None:
-        fit_predicted = session.predict(
-            loaded, fit, batch_size, option="fit_data", nan_policy=nan_policy
+        fit_predicted = _predict(
+            session, loaded, fit, batch_size, "fit_data", calibration.nan_policy
         )
     if predicted is None:
         return None, 0
@@ -463,6 +462,26 @@ def _calibrate(
         return analysis, n_classes
     fraction = settings["val_split"] or DEFAULT_VAL_SPLIT
     return analyse(logits, labels, "logits", calibration, source, fraction=fraction), n_classes
+
+
+def _predict(
+    session: Session,
+    loaded: LoadedModel,
+    data: LoadedData,
+    batch_size: int,
+    option: str,
+    nan_policy: str,
+) -> tuple[Any, Any, int] | None:
+    """The session's predictions under ``nan_policy``; a stop names the checkpoint, as a
+    check's numerical failures do (the policy, not an option, named the data)."""
+    try:
+        return session.predict(loaded, data, batch_size, option=option, nan_policy=nan_policy)
+    except NumericalError as error:
+        raise NumericalError(
+            str(loaded.path),
+            f"the model's logits on {option} {data.spec} contain NaN or infinity ({error.why})",
+            error.hint,
+        ) from None
 
 
 __all__ = ["CheckRequest", "CheckResult", "CheckRun", "OnStep", "check_checkpoint", "run_check"]

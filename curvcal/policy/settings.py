@@ -141,6 +141,10 @@ def settings_of(cls: type[S], settings: Mapping[str, Any], where: Locator, **fix
     values: dict[str, Any] = {}
     for field, key in keys.key_of(cls).items():
         value = settings[key]
+        if key == keys.TRACE_KEY:  # true/false, or a trace method (which means true)
+            if field == "trace_method" and not isinstance(value, str):
+                continue
+            value = value if field == "trace_method" else value is not False
         if value is None and not field_kind(cls, field)[1]:
             continue  # unset: the field's default
         values[field] = value

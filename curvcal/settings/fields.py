@@ -180,13 +180,15 @@ def check_value(
 ) -> None:
     """Raise :class:`InputError` when ``value`` is not of the field's type, range or choices,
     naming the option (or, with ``where``, the place and name it gives for the field)."""
-    address = where(field.name) if where is not None else None
-    what, label = address if address is not None else (option_name(field.name), "")
     try:
-        _check_value(cls, field, spec, value, what)
+        _check_value(cls, field, spec, value, option_name(field.name))
     except InputError as error:
-        if not label:
+        address = where(field.name) if where is not None else None
+        if address is None:
             raise
+        what, label = address
+        if not label:
+            raise InputError(what, error.why, error.hint) from None
         if spec.choices is not None and value not in spec.choices:
             raise InputError(
                 what, f"{label} {value!r} is not one of {', '.join(spec.choices)}"
