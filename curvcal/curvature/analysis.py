@@ -23,13 +23,13 @@ from torch import nn
 from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import eigenvalues
+from curvcal.curvature.engines import engines_between
 from curvcal.curvature.gauss_newton import (
     n_classes,
     require_exact,
     tensor_traces,
     trace_result,
 )
-from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.memory import (
     FREE_FRACTION,
@@ -38,7 +38,8 @@ from curvcal.curvature.memory import (
     lanczos_basis,
     sketch_limit,
 )
-from curvcal.curvature.operator import OperatorOptions, build_operator, engines_between
+from curvcal.curvature.operator import HessianOperator, build_operator
+from curvcal.curvature.options import OperatorOptions
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import (
     auto_method,
@@ -119,7 +120,7 @@ def kept_graphs_note(
     )
 
 
-def choose_trace_method(operator: NaNGuard, settings: HessianSettings) -> tuple[str, str]:
+def choose_trace_method(operator: HessianOperator, settings: HessianSettings) -> tuple[str, str]:
     """The trace method ``settings`` resolve to on ``operator``, and why (for ``auto``).
 
     ``auto``: ``gauss-newton`` where it is exact and costs at most ``probes`` gradient norms per
@@ -175,7 +176,7 @@ def _refuse_needless_probes(settings: HessianSettings, n_params: int) -> None:
         )
 
 
-def _estimator_products(operator: NaNGuard, settings: HessianSettings) -> int:
+def _estimator_products(operator: HessianOperator, settings: HessianSettings) -> int:
     """The products the trace's estimator gets: ``--probes``, less the C − 1 gradient norms per
     sample a split trace's exact part takes."""
     if settings.trace and TRACE_METHODS[settings.trace_method] in SPLIT_METHODS:
@@ -272,7 +273,7 @@ def analyse_hessian(
     on_note: Callable[[str], None] | None = None,
     on_plan: Callable[[HessianSettings], None] | None = None,
     loss: Loss | None = None,
-    on_operator: Callable[[NaNGuard], None] | None = None,
+    on_operator: Callable[[HessianOperator], None] | None = None,
 ) -> HessianAnalysis:
     """Measure the Hessian of the mean loss of ``model`` over ``batches`` as ``settings`` ask.
 
@@ -328,7 +329,7 @@ def operator_options(settings: HessianSettings) -> OperatorOptions:
 
 
 def analyse_operator(
-    operator: NaNGuard,
+    operator: HessianOperator,
     settings: HessianSettings,
     *,
     on_step: OnStageStep = None,
@@ -460,7 +461,9 @@ def analyse_operator(
                 max_sketch=max_sketch,
                 on_step=hook("trace"),
             )
-            trace = dataclasses.replace(trace, engine=engines_between(operator, before))
+            trace = dataclasses.replace(
+                trace, engine=engines_between(operator.engine_products, before)
+            )
         stop()
 
     density = None
@@ -477,7 +480,9 @@ def analyse_operator(
             ),
             on_step=hook("density"),
         )
-        density = dataclasses.replace(density, engine=engines_between(operator, before))
+        density = dataclasses.replace(
+            density, engine=engines_between(operator.engine_products, before)
+        )
         stop()
 
     layers = None
@@ -539,7 +544,7 @@ def analyse_hessian_with_messages(
     on_step: OnStageStep = None,
     on_note: Callable[[str], None] | None = None,
     on_plan: Callable[[HessianSettings], None] | None = None,
-    on_operator: Callable[[NaNGuard], None] | None = None,
+    on_operator: Callable[[HessianOperator], None] | None = None,
 ) -> tuple[HessianAnalysis, list[str]]:
     """:func:`analyse_hessian`, returning the warnings a report shows (unconverged estimates, an
     engine fallback to double backward) as messages; other warnings are passed on untouched.
@@ -576,7 +581,7 @@ def analyse_hessian_with_messages(
 
 
 def _eigen(
-    operator: NaNGuard,
+    operator: HessianOperator,
     settings: HessianSettings,
     k: int,
     which: str,
@@ -598,4 +603,4 @@ def _eigen(
         seed=settings.seed,
         on_step=on_step,
     )
-    return dataclasses.replace(spectrum, engine=engines_between(operator, before))
+    return dataclasses.replace(spectrum, engine=engines_between(operator.engine_products, before))
