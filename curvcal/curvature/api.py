@@ -35,9 +35,8 @@ from typing import Any
 from torch import nn
 
 from curvcal import rows
-from curvcal.curvature.analysis import TRACE_METHODS as TRACE_METHOD_ESTIMATORS
 from curvcal.curvature.analysis import analyse_hessian as analyse_batches
-from curvcal.curvature.analysis import analyse_operator, choose_trace_method
+from curvcal.curvature.analysis import analyse_operator
 from curvcal.curvature.batches import AllReduce
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
@@ -51,6 +50,8 @@ from curvcal.curvature.memory import (
 )
 from curvcal.curvature.operator import HessianOperator, build_operator
 from curvcal.curvature.options import OperatorOptions
+from curvcal.curvature.plan import TRACE_METHODS as TRACE_METHOD_ESTIMATORS
+from curvcal.curvature.plan import choose_trace_method
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import MIN_PRODUCTS, estimator_of, split_trace
 from curvcal.curvature.results import (
@@ -241,7 +242,7 @@ def _trace_method(method: str) -> str:
 
 
 def _python_names(error: InputError, names: dict[str, str] | None = None) -> InputError:
-    """``error`` of the settings or of :func:`~curvcal.curvature.analysis.choose_trace_method`
+    """``error`` of the settings or of :func:`~curvcal.curvature.plan.choose_trace_method`
     with each option named as the Python argument: ``names`` (``--probes`` → ``n_probes``), else
     the settings field (``--top-k`` → ``top_k``; field names are option names)."""
 
@@ -278,7 +279,7 @@ def hessian_trace(
     """tr(H) of the Hessian of the mean loss of ``model`` over ``data`` (or of the operator
     ``model``), by any ``--trace-method`` of ``curvcal hessian`` within ``n_probes`` products:
 
-    - ``"auto"`` (default): chosen by :func:`~curvcal.curvature.analysis.choose_trace_method`,
+    - ``"auto"`` (default): chosen by :func:`~curvcal.curvature.plan.choose_trace_method`,
       as the command chooses: ``"gauss-newton"`` where it is exact, else
       ``"gauss-newton+hutchpp"`` where that can run, else ``"hutchpp"``; when it falls back to
       Hutch++ alone (a loss whose Hessian in the logits is not known in closed form, such as a
