@@ -14,6 +14,7 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable
+from typing import TypeVar
 
 from torch import nn
 
@@ -37,12 +38,21 @@ from curvcal.curvature.plan import (
     refuse_needless_probes,
 )
 from curvcal.curvature.residual import estimator_of, split_trace
-from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
+from curvcal.curvature.results import (
+    ConvergenceWarning,
+    DensityResult,
+    EigenSpectrum,
+    HessianAnalysis,
+    TraceResult,
+)
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
 from curvcal.losses import Loss, loss_from_name
 from curvcal.progress import OnStageStep, OnStep
 from curvcal.settings.hessian import HessianSettings
+
+#: a stage's result, which records the engines that made its products
+Measured = TypeVar("Measured", EigenSpectrum, TraceResult, DensityResult)
 
 __all__ = [
     "TRACE_METHODS",
@@ -236,21 +246,22 @@ def analyse_operator(
                 on_step=hook("trace"),
             )
         else:
-            trace = trace_estimate(
+            trace = _with_engines(
                 operator,
-                settings.probes,
-                method=TRACE_METHODS[settings.trace_method],
-                rtol=settings.trace_rtol,
-                max_probes=settings.probes,
-                min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
-                distribution=settings.probe_dist,
-                seed=settings.seed,
-                probe_batch=operator.probe_batch,
-                max_sketch=max_sketch,
-                on_step=hook("trace"),
-            )
-            trace = dataclasses.replace(
-                trace, engine=engines_between(operator.engine_products, before)
+                before,
+                trace_estimate(
+                    operator,
+                    settings.probes,
+                    method=TRACE_METHODS[settings.trace_method],
+                    rtol=settings.trace_rtol,
+                    max_probes=settings.probes,
+                    min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
+                    distribution=settings.probe_dist,
+                    seed=settings.seed,
+                    probe_batch=operator.probe_batch,
+                    max_sketch=max_sketch,
+                    on_step=hook("trace"),
+                ),
             )
         stop()
 
@@ -258,18 +269,19 @@ def analyse_operator(
     if settings.density:
         stop = timed("density")
         before = dict(operator.engine_products)
-        density = spectral_density(
+        density = _with_engines(
             operator,
-            runs=settings.density_runs,
-            steps=settings.density_steps,
-            seed=settings.seed,
-            reorthogonalise=density_keeps_basis(
-                settings.density_steps, n_params, budget, settings.max_basis, operator.dtype
+            before,
+            spectral_density(
+                operator,
+                runs=settings.density_runs,
+                steps=settings.density_steps,
+                seed=settings.seed,
+                reorthogonalise=density_keeps_basis(
+                    settings.density_steps, n_params, budget, settings.max_basis, operator.dtype
+                ),
+                on_step=hook("density"),
             ),
-            on_step=hook("density"),
-        )
-        density = dataclasses.replace(
-            density, engine=engines_between(operator.engine_products, before)
         )
         stop()
 
@@ -362,6 +374,12 @@ def analyse_hessian_with_messages(
     return analysis, messages
 
 
+def _with_engines(operator: HessianOperator, before: dict[str, int], result: Measured) -> Measured:
+    """``result`` with the engines that made its products, those ``operator`` ran since
+    ``before`` (a copy of its ``engine_products``)."""
+    return dataclasses.replace(result, engine=engines_between(operator.engine_products, before))
+
+
 def _eigen(
     operator: HessianOperator,
     settings: HessianSettings,
@@ -385,4 +403,4 @@ def _eigen(
         seed=settings.seed,
         on_step=on_step,
     )
-    return dataclasses.replace(spectrum, engine=engines_between(operator.engine_products, before))
+    return _with_engines(operator, before, spectrum)

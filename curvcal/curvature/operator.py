@@ -42,6 +42,7 @@ model, a loss, batches and :class:`~curvcal.curvature.options.OperatorOptions`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import glob
 import itertools
 import math
@@ -261,21 +262,8 @@ def build_operator(
     ``restrict`` are checked the same way. ``all_reduce`` sums the sample count and every
     product across processes when the data is sharded.
     """
-    return HessianOperator(
-        model,
-        batches,
-        loss,
-        params=options.params,
-        engine=options.engine,
-        mode=options.mode,
-        cache=options.cache,
-        device=options.device,
-        probe_batch=options.probe_batch,
-        all_reduce=all_reduce,
-        allow_tf32=options.allow_tf32,
-        memory_budget=options.memory_budget,
-        keep_graphs=options.keep_graphs,
-    )
+    fields = {field.name: getattr(options, field.name) for field in dataclasses.fields(options)}
+    return HessianOperator(model, batches, loss, all_reduce=all_reduce, **fields)
 
 
 class _Totals:
