@@ -2,8 +2,8 @@
 
 ``HessianOperator`` (operator.py) is the Hessian of the mean loss over a dataset, built with
 ``build_operator`` from a model, a loss of :mod:`curvcal.losses`, batches (batches.py) and
-``OperatorOptions``, its products computed by the engines of engines.py and wrapped in the NaN
-guard (guard.py); ``eigenvalues`` (eigen.py), ``trace_estimate`` (trace.py) and
+``OperatorOptions`` (options.py), its products computed by the kernels beside it and checked
+for NaN/Inf, the batches at fault named (guard.py); ``eigenvalues`` (eigen.py), ``trace_estimate`` (trace.py) and
 ``spectral_density`` (density.py) accept it or any operator with ``shape``, ``dtype``,
 ``device`` and ``matmat`` — or a dense symmetric tensor. The Python API (api.py:
 ``hessian_operator``, ``hessian_eigenvalues``, ``hessian_trace``, ``hessian_density``,
@@ -21,12 +21,11 @@ from curvcal.curvature.api import (
 )
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
-from curvcal.curvature.engines import double_backward_hvp
-from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.linear_operator import scipy_operator
-from curvcal.curvature.operator import HessianOperator, OperatorOptions, build_operator
+from curvcal.curvature.operator import HessianOperator, build_operator, double_backward_hvp
 from curvcal.curvature.operators import DenseOperator, LinearOperator, as_operator
+from curvcal.curvature.options import OperatorOptions
 from curvcal.curvature.penalty import hutchinson_trace_penalty
 from curvcal.curvature.results import (
     ConvergenceWarning,
@@ -58,7 +57,6 @@ __all__ = [
     "HessianSettings",
     "LayerCurvature",
     "LinearOperator",
-    "NaNGuard",
     "OperatorOptions",
     "TraceMethodWarning",
     "TraceResult",

@@ -11,255 +11,59 @@ equals what the corresponding function of :mod:`curvcal.curvature.api` returns o
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import math
 import time
 import warnings
 from collections.abc import Callable
+from typing import TypeVar
 
-import torch
 from torch import nn
 
 from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import eigenvalues
-from curvcal.curvature.gauss_newton import (
-    n_classes,
-    require_exact,
-    tensor_traces,
-    trace_result,
-)
-from curvcal.curvature.guard import NaNGuard
+from curvcal.curvature.engines import engines_between
+from curvcal.curvature.gauss_newton import tensor_traces, trace_result
 from curvcal.curvature.layers import layer_curvature
-from curvcal.curvature.memory import (
-    FREE_FRACTION,
-    density_keeps_basis,
-    free_memory,
-    lanczos_basis,
-    sketch_limit,
+from curvcal.curvature.memory import density_keeps_basis, free_memory, lanczos_basis, sketch_limit
+from curvcal.curvature.operator import HessianOperator, build_operator
+from curvcal.curvature.plan import (
+    MIN_ADAPTIVE_PROBES,
+    SPLIT_METHODS,
+    TRACE_METHODS,
+    check_sketch_memory,
+    choose_trace_method,
+    estimator_products,
+    kept_graphs_note,
+    operator_options,
+    refuse_needless_probes,
 )
-from curvcal.curvature.operator import OperatorOptions, build_operator, engines_between
-from curvcal.curvature.residual import METHODS as SPLIT_METHODS
-from curvcal.curvature.residual import (
-    auto_method,
-    estimator_of,
-    residual_products,
-    split_problem,
-    split_trace,
+from curvcal.curvature.residual import estimator_of, split_trace
+from curvcal.curvature.results import (
+    ConvergenceWarning,
+    DensityResult,
+    EigenSpectrum,
+    HessianAnalysis,
+    TraceResult,
 )
-from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum, HessianAnalysis
-from curvcal.curvature.trace import sketch_bytes, sketch_columns, trace_estimate
+from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
 from curvcal.losses import Loss, loss_from_name
 from curvcal.progress import OnStageStep, OnStep
 from curvcal.settings.hessian import HessianSettings
 
-# Trace method names as the settings (and the CLI) spell them -> the kernels' names.
-TRACE_METHODS = {
-    "auto": "auto",
-    "gauss-newton": "gauss-newton",
-    "hutchinson": "hutchinson",
-    "hutchpp": "hutch++",
-    "xtrace": "xtrace",
-    "gauss-newton+hutchpp": "gauss-newton+hutch++",
-    "gauss-newton+xtrace": "gauss-newton+xtrace",
-}
-MIN_ADAPTIVE_PROBES = 10
+#: a stage's result, which records the engines that made its products
+Measured = TypeVar("Measured", EigenSpectrum, TraceResult, DensityResult)
 
-
-def selected_parameter_count(model: nn.Module, params: tuple[str, ...] = ()) -> int:
-    """P, the dimension of the Hessian: elements of the trainable parameters (``requires_grad``)
-    whose names match one of the glob patterns ``params`` (all of them when empty)."""
-    return sum(
-        p.numel()
-        for name, p in model.named_parameters()
-        if p.requires_grad and (not params or any(fnmatch.fnmatchcase(name, g) for g in params))
-    )
-
-
-def _size(n_bytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n_bytes >= scale:
-            return f"{n_bytes / scale:.3g} {unit}"
-    return f"{n_bytes:.0f} bytes"
-
-
-def kept_graphs_note(
-    settings: HessianSettings,
-    need: int | None,
-    kept_rows: int | None,
-    n_samples: int,
-    free: int | None,
-) -> str | None:
-    """A note when ``keep_graphs="auto"`` rebuilt the gradient graphs of some or all of the
-    ``n_samples`` samples for every product (``kept_rows`` kept, None for none) only because the
-    default memory budget was too small for them (``need`` bytes: the kept graphs and a product
-    through them) while half the ``free`` memory would hold them: the ``--memory-budget`` that
-    keeps them. None when all are kept, when the user chose the budget or ``never``, when they
-    cannot be kept (``func``, train mode), or when memory is short."""
-    if kept_rows == n_samples or need is None:
-        return None
-    if settings.keep_graphs != "auto" or settings.memory_budget:
-        return None
-    if settings.hvp == "func" or settings.mode == "train":
-        return None
-    if free is not None and need > FREE_FRACTION * free:
-        return None
-    rebuilt = (
-        "every Hessian-vector product builds the gradient graphs again"
-        if kept_rows is None
-        else f"every Hessian-vector product builds the gradient graphs of {n_samples - kept_rows} "
-        f"of the {n_samples} samples again"
-    )
-    return (
-        f"{rebuilt}: keeping them all needs "
-        f"about {_size(need)}, more than the default memory budget; --memory-budget "
-        f"{math.ceil(need / 2**20)}MiB keeps them, and each product then skips the forward and "
-        "first backward (--keep-graphs never: no note)"
-    )
-
-
-def choose_trace_method(operator: NaNGuard, settings: HessianSettings) -> tuple[str, str]:
-    """The trace method ``settings`` resolve to on ``operator``, and why (for ``auto``).
-
-    ``auto``: ``gauss-newton`` where it is exact and costs at most ``probes`` gradient norms per
-    sample; else ``gauss-newton+hutchpp`` (:mod:`~curvcal.curvature.residual`: tr(G) exact,
-    Hutch++ on the rest) where that can run; else ``hutchpp``. An explicit ``gauss-newton`` that
-    would not be exact, or a split method that cannot run, raises :class:`InputError` naming
-    why. The reason is '' for a method that was asked for by name."""
-    method = TRACE_METHODS[settings.trace_method]
-    if method == "gauss-newton":
-        require_exact(operator, "--trace-method")
-        return settings.trace_method, ""
-    if method in SPLIT_METHODS:
-        problem = split_problem(operator.mode, settings.probes, n_classes(operator), operator.loss)
-        if problem:
-            raise InputError(
-                "--trace-method",
-                f"the split trace {settings.trace_method} cannot run here: {problem}",
-                "ask for hutchpp or xtrace, or more --probes",
-            )
-        return settings.trace_method, ""
-    if method != "auto":
-        return settings.trace_method, ""
-    chosen, why = auto_method(operator, settings.probes)
-    return _SETTING_NAMES[chosen], why
-
-
-#: the kernels' method names -> the settings' (and the CLI's)
-_SETTING_NAMES = {
-    "gauss-newton": "gauss-newton",
-    "gauss-newton+hutch++": "gauss-newton+hutchpp",
-    "hutch++": "hutchpp",
-}
-
-
-#: the trace methods whose ``probes`` are all products of the P × P Hessian
-_PURE_ESTIMATORS = ("hutchinson", "hutchpp", "xtrace")
-
-
-def _refuse_needless_probes(settings: HessianSettings, n_params: int) -> None:
-    """Refuse ``--probes`` above 3P for an estimator whose every probe is a Hessian product.
-
-    P products with the unit vectors give tr(H) exactly, and Hutch++ with 3P products has a
-    sketch of P columns that spans the space (exact up to rounding); a plan of more products
-    cannot be closer to the trace than one that is already exact, only longer (10^12 probes
-    would run for ever)."""
-    most = 3 * n_params
-    if settings.trace_method in _PURE_ESTIMATORS and settings.probes > most:
-        raise InputError(
-            "--probes",
-            f"{settings.probes} trace probes asked of a Hessian with {n_params} parameters: "
-            f"{most} (3P) products are enough for the exact trace (Hutch++ or XTrace)",
-            f"use --probes {most} or fewer",
-        )
-
-
-def _estimator_products(operator: NaNGuard, settings: HessianSettings) -> int:
-    """The products the trace's estimator gets: ``--probes``, less the C − 1 gradient norms per
-    sample a split trace's exact part takes."""
-    if settings.trace and TRACE_METHODS[settings.trace_method] in SPLIT_METHODS:
-        return residual_products(settings.probes, n_classes(operator))
-    return settings.probes
-
-
-def check_sketch_memory(
-    settings: HessianSettings,
-    n_params: int,
-    dtype: torch.dtype,
-    budget: int,
-    *,
-    explicit: bool,
-    free: int | None,
-    products: int | None = None,
-) -> str | None:
-    """Whether the trace's sketch (Hutch++, XTrace: s × P values of ``dtype`` held besides the
-    products, :func:`~curvcal.curvature.trace.sketch_bytes`) fits the memory ``budget``.
-    ``products``: those the estimator gets (default ``settings.probes``; fewer for a split
-    trace, whose exact part takes C − 1 of them).
-
-    A Hutch++ sketch that does not fit is bounded to what fits
-    (:func:`~curvcal.curvature.memory.sketch_limit`, at least one column; the products it does
-    not take go to Hutchinson probes of the deflated rest): the returned note says so. An XTrace
-    sketch cannot be bounded (every product is in it): it raises
-    :class:`~curvcal.errors.InputError` (before any product is spent) when it exceeds a budget
-    the user gave (``explicit``), or the ``free`` memory when that is known (it could only end in
-    an out-of-memory error), and returns a warning when it exceeds the default budget (the
-    budget then bounds the products only, and the run goes on). None when the sketch fits. The
-    message says how much the sketch holds and what to change.
-    """
-    if not settings.trace:
-        return None
-    method = estimator_of(TRACE_METHODS[settings.trace_method])
-    products = settings.probes if products is None else products
-    held = sketch_bytes(method, products, n_params, dtype)
-    over_budget = held > budget
-    over_free = free is not None and held > free
-    if held == 0 or not (over_budget or over_free):
-        return None
-    columns = sketch_columns(method, products, n_params)
-    name = "Hutch++" if method == "hutch++" else "XTrace"
-    held_text = (
-        f"the {name} sketch of {products} products holds {columns:,} × {n_params:,} values "
-        f"({_size(held)} in {str(dtype).replace('torch.', '')}) besides the products"
-    )
-    if method == "hutch++":
-        kept = sketch_limit(method, n_params, dtype, budget, free) or 1
-        element = torch.empty((), dtype=dtype).element_size()
-        limit = (
-            f"the free memory ({_size(free or 0)})"
-            if over_free and (free or 0) < budget
-            else f"the {'' if explicit else 'default '}memory budget of {_size(budget)}"
-        )
-        return (
-            f"{held_text.replace(' holds ', ' would hold ')}, more than {limit}: it holds "
-            f"{kept:,} column{'s' if kept > 1 else ''} ({_size(kept * n_params * element)}) and "
-            "the products it does not take are Hutchinson probes of the deflated rest (a larger "
-            "--memory-budget gives the sketch more columns and the trace a smaller error)"
-        )
-    limit_bytes = min(budget, free) if free is not None and over_free else budget
-    most = limit_bytes // (n_params * torch.empty((), dtype=dtype).element_size())
-    spare = settings.probes - products  # taken by a split trace's exact part
-    fewer = (
-        f"--probes {2 * most + 1 + spare} or fewer" if most >= 2 else "fewer parameters (--params)"
-    )
-    advice = f"use {fewer}, --trace-method hutchpp or hutchinson, or a larger --memory-budget"
-    if over_free:
-        raise InputError(
-            "--probes",
-            f"{held_text}, more than the free memory ({_size(free or 0)})",
-            advice,
-        )
-    if explicit:
-        raise InputError(
-            "--memory-budget",
-            f"{held_text}, more than the memory budget of {_size(budget)}",
-            advice,
-        )
-    return (
-        f"{held_text}, more than the default memory budget of {_size(budget)} (which bounds "
-        f"the products); to stay within it, {advice}"
-    )
+__all__ = [
+    "TRACE_METHODS",
+    "HessianSettings",
+    "analyse_hessian",
+    "analyse_hessian_with_messages",
+    "analyse_operator",
+    "check_sketch_memory",
+    "choose_trace_method",
+    "kept_graphs_note",
+]
 
 
 def analyse_hessian(
@@ -272,7 +76,7 @@ def analyse_hessian(
     on_note: Callable[[str], None] | None = None,
     on_plan: Callable[[HessianSettings], None] | None = None,
     loss: Loss | None = None,
-    on_operator: Callable[[NaNGuard], None] | None = None,
+    on_operator: Callable[[HessianOperator], None] | None = None,
 ) -> HessianAnalysis:
     """Measure the Hessian of the mean loss of ``model`` over ``batches`` as ``settings`` ask.
 
@@ -293,6 +97,22 @@ def analyse_hessian(
     The trace's sketch is checked against the memory budget before any product
     (:func:`check_sketch_memory`): a refusal raises, a warning goes to ``on_note`` at once.
     """
+    operator, timings = _built(model, batches, settings, all_reduce, loss, on_operator)
+    return analyse_operator(
+        operator, settings, on_step=on_step, on_note=on_note, on_plan=on_plan, timings=timings
+    )
+
+
+def _built(
+    model: nn.Module,
+    batches: BatchSource,
+    settings: HessianSettings,
+    all_reduce: AllReduce | None,
+    loss: Loss | None,
+    on_operator: Callable[[HessianOperator], None] | None,
+) -> tuple[HessianOperator, dict[str, float]]:
+    """The one operator of an analysis (handed to ``on_operator``), and the seconds spent
+    building it (``setup``)."""
     began = time.perf_counter()
     operator = build_operator(
         model,
@@ -303,32 +123,11 @@ def analyse_hessian(
     )
     if on_operator is not None:
         on_operator(operator)
-    return analyse_operator(
-        operator,
-        settings,
-        on_step=on_step,
-        on_note=on_note,
-        on_plan=on_plan,
-        timings={"setup": time.perf_counter() - began},
-    )
-
-
-def operator_options(settings: HessianSettings) -> OperatorOptions:
-    """How the operator of ``settings`` runs: the fields ``params``, ``hvp``, ``mode``,
-    ``cache``, ``probe_batch``, ``memory_budget`` and ``keep_graphs``."""
-    return OperatorOptions(
-        params=settings.params or None,
-        engine=settings.hvp,
-        mode=settings.mode,
-        cache=settings.cache,
-        probe_batch=settings.probe_batch,
-        memory_budget=settings.memory_budget,
-        keep_graphs=settings.keep_graphs,
-    )
+    return operator, {"setup": time.perf_counter() - began}
 
 
 def analyse_operator(
-    operator: NaNGuard,
+    operator: HessianOperator,
     settings: HessianSettings,
     *,
     on_step: OnStageStep = None,
@@ -359,7 +158,7 @@ def analyse_operator(
     if settings.trace:
         method, trace_choice = choose_trace_method(operator, settings)
         settings = dataclasses.replace(settings, trace_method=method)
-        _refuse_needless_probes(settings, n_params)
+        refuse_needless_probes(settings, n_params)
     if on_plan is not None:
         on_plan(settings)
     budget = operator.budget
@@ -374,7 +173,7 @@ def analyse_operator(
                 budget,
                 explicit=settings.memory_budget is not None,
                 free=free,
-                products=_estimator_products(operator, settings),
+                products=estimator_products(operator, settings),
             )
         )
     notes.append(
@@ -447,37 +246,43 @@ def analyse_operator(
                 on_step=hook("trace"),
             )
         else:
-            trace = trace_estimate(
+            trace = _with_engines(
                 operator,
-                settings.probes,
-                method=TRACE_METHODS[settings.trace_method],
-                rtol=settings.trace_rtol,
-                max_probes=settings.probes,
-                min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
-                distribution=settings.probe_dist,
-                seed=settings.seed,
-                probe_batch=operator.probe_batch,
-                max_sketch=max_sketch,
-                on_step=hook("trace"),
+                before,
+                trace_estimate(
+                    operator,
+                    settings.probes,
+                    method=TRACE_METHODS[settings.trace_method],
+                    rtol=settings.trace_rtol,
+                    max_probes=settings.probes,
+                    min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
+                    distribution=settings.probe_dist,
+                    seed=settings.seed,
+                    probe_batch=operator.probe_batch,
+                    max_sketch=max_sketch,
+                    on_step=hook("trace"),
+                ),
             )
-            trace = dataclasses.replace(trace, engine=engines_between(operator, before))
         stop()
 
     density = None
     if settings.density:
         stop = timed("density")
         before = dict(operator.engine_products)
-        density = spectral_density(
+        density = _with_engines(
             operator,
-            runs=settings.density_runs,
-            steps=settings.density_steps,
-            seed=settings.seed,
-            reorthogonalise=density_keeps_basis(
-                settings.density_steps, n_params, budget, settings.max_basis, operator.dtype
+            before,
+            spectral_density(
+                operator,
+                runs=settings.density_runs,
+                steps=settings.density_steps,
+                seed=settings.seed,
+                reorthogonalise=density_keeps_basis(
+                    settings.density_steps, n_params, budget, settings.max_basis, operator.dtype
+                ),
+                on_step=hook("density"),
             ),
-            on_step=hook("density"),
         )
-        density = dataclasses.replace(density, engine=engines_between(operator, before))
         stop()
 
     layers = None
@@ -539,9 +344,9 @@ def analyse_hessian_with_messages(
     on_step: OnStageStep = None,
     on_note: Callable[[str], None] | None = None,
     on_plan: Callable[[HessianSettings], None] | None = None,
-    on_operator: Callable[[NaNGuard], None] | None = None,
+    on_operator: Callable[[HessianOperator], None] | None = None,
 ) -> tuple[HessianAnalysis, list[str]]:
-    """:func:`analyse_hessian`, returning the warnings a report shows (unconverged estimates, an
+    """:func:`analyse_hessian` (the same operator and stages), returning the warnings a report shows (unconverged estimates, an
     engine fallback to double backward) as messages; other warnings are passed on untouched.
     ``on_note`` receives the notes that cannot wait for the end (the sketch's memory, the
     budget that would keep the gradient graphs)."""
@@ -549,15 +354,9 @@ def analyse_hessian_with_messages(
         warnings.simplefilter("always", ConvergenceWarning)
         # torch.func's first use imports torch internals that warn about their own deprecations.
         warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
-        analysis = analyse_hessian(
-            model,
-            batches,
-            settings,
-            all_reduce=all_reduce,
-            on_step=on_step,
-            on_note=on_note,
-            on_plan=on_plan,
-            on_operator=on_operator,
+        operator, timings = _built(model, batches, settings, all_reduce, None, on_operator)
+        analysis = analyse_operator(
+            operator, settings, on_step=on_step, on_note=on_note, on_plan=on_plan, timings=timings
         )
     messages = []
     for warning in caught:
@@ -575,8 +374,14 @@ def analyse_hessian_with_messages(
     return analysis, messages
 
 
+def _with_engines(operator: HessianOperator, before: dict[str, int], result: Measured) -> Measured:
+    """``result`` with the engines that made its products, those ``operator`` ran since
+    ``before`` (a copy of its ``engine_products``)."""
+    return dataclasses.replace(result, engine=engines_between(operator.engine_products, before))
+
+
 def _eigen(
-    operator: NaNGuard,
+    operator: HessianOperator,
     settings: HessianSettings,
     k: int,
     which: str,
@@ -598,4 +403,4 @@ def _eigen(
         seed=settings.seed,
         on_step=on_step,
     )
-    return dataclasses.replace(spectrum, engine=engines_between(operator, before))
+    return _with_engines(operator, before, spectrum)

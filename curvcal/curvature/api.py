@@ -16,7 +16,7 @@ torch loss module or a callable ``loss(logits, labels) -> scalar``
 the per-sample loss, L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i): a module or callable is called once per
 batch and its value taken as the batch's mean (weighted by batch size / N) unless it declares
 ``reduction="sum"`` (taken as the batch's sum, divided by N); ``reduction="none"`` is refused.
-How the operator runs (``options``: an :class:`~curvcal.curvature.operator.OperatorOptions`, or
+How the operator runs (``options``: an :class:`~curvcal.curvature.options.OperatorOptions`, or
 its fields ``params``, ``engine``, ``mode``, ``cache``, ``device``, ``probe_batch``,
 ``allow_tf32``, ``memory_budget``, ``keep_graphs`` as keywords), plus ``all_reduce`` for sharded
 data. The operator comes from :func:`~curvcal.curvature.operator.build_operator` (NaN/Inf
@@ -35,14 +35,12 @@ from typing import Any
 from torch import nn
 
 from curvcal import rows
-from curvcal.curvature.analysis import TRACE_METHODS as TRACE_METHOD_ESTIMATORS
 from curvcal.curvature.analysis import analyse_hessian as analyse_batches
-from curvcal.curvature.analysis import analyse_operator, choose_trace_method
+from curvcal.curvature.analysis import analyse_operator
 from curvcal.curvature.batches import AllReduce
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.gauss_newton import gauss_newton_trace
-from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.memory import (
     density_keeps_basis,
@@ -50,7 +48,10 @@ from curvcal.curvature.memory import (
     lanczos_basis,
     sketch_limit,
 )
-from curvcal.curvature.operator import HessianOperator, OperatorOptions, build_operator
+from curvcal.curvature.operator import HessianOperator, build_operator
+from curvcal.curvature.options import OperatorOptions
+from curvcal.curvature.plan import TRACE_METHODS as TRACE_METHOD_ESTIMATORS
+from curvcal.curvature.plan import choose_trace_method
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import MIN_PRODUCTS, estimator_of, split_trace
 from curvcal.curvature.results import (
@@ -86,7 +87,7 @@ _OPERATOR_SETTINGS: tuple[str, ...] = (
 )
 
 #: what the functions take as their first argument: a model, or an operator built before
-ModelOrOperator = nn.Module | NaNGuard | HessianOperator
+ModelOrOperator = nn.Module | HessianOperator
 
 
 def hessian_operator(
@@ -98,7 +99,7 @@ def hessian_operator(
     options: OperatorOptions | None = None,
     all_reduce: AllReduce | None = None,
     **operator_keywords: Any,
-) -> NaNGuard:
+) -> HessianOperator:
     """The Hessian of the mean ``loss`` of ``model`` over ``data`` as an operator of shape
     (P, P) with ``matvec``, ``matmat`` and ``@``, to hand to every function of this module (one
     operator, its batches counted and cached once) or to scipy
@@ -128,14 +129,14 @@ def _operator(
     options: OperatorOptions | None,
     all_reduce: AllReduce | None,
     keywords: dict[str, Any],
-) -> NaNGuard:
+) -> HessianOperator:
     """The operator of an API call: ``model`` itself when it is an operator (then nothing else
     may describe one), else one built from ``model``, ``data``, the loss and ``options`` or its
     fields as ``keywords`` (one or the other, never both)."""
     unknown = sorted(set(keywords) - _OPTION_FIELDS)
     if unknown:
         raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
-    if isinstance(model, NaNGuard | HessianOperator):
+    if isinstance(model, HessianOperator):
         given = [
             name
             for name, value in (
@@ -153,7 +154,7 @@ def _operator(
                 "the operator already holds its data, loss and options",
                 "pass the operator alone, or the model and its data",
             )
-        return model if isinstance(model, NaNGuard) else NaNGuard(model)
+        return model
     if data is None:
         raise InputError(
             "data", f"{function}() needs the data the loss is averaged over, besides the model"
@@ -241,7 +242,7 @@ def _trace_method(method: str) -> str:
 
 
 def _python_names(error: InputError, names: dict[str, str] | None = None) -> InputError:
-    """``error`` of the settings or of :func:`~curvcal.curvature.analysis.choose_trace_method`
+    """``error`` of the settings or of :func:`~curvcal.curvature.plan.choose_trace_method`
     with each option named as the Python argument: ``names`` (``--probes`` → ``n_probes``), else
     the settings field (``--top-k`` → ``top_k``; field names are option names)."""
 
@@ -278,7 +279,7 @@ def hessian_trace(
     """tr(H) of the Hessian of the mean loss of ``model`` over ``data`` (or of the operator
     ``model``), by any ``--trace-method`` of ``curvcal hessian`` within ``n_probes`` products:
 
-    - ``"auto"`` (default): chosen by :func:`~curvcal.curvature.analysis.choose_trace_method`,
+    - ``"auto"`` (default): chosen by :func:`~curvcal.curvature.plan.choose_trace_method`,
       as the command chooses: ``"gauss-newton"`` where it is exact, else
       ``"gauss-newton+hutchpp"`` where that can run, else ``"hutchpp"``; when it falls back to
       Hutch++ alone (a loss whose Hessian in the logits is not known in closed form, such as a
@@ -485,7 +486,7 @@ def analyse_hessian(
             settings = dataclasses.replace(settings, **overrides)
         except InputError as error:
             raise _python_names(error) from None
-    if isinstance(model, NaNGuard | HessianOperator):
+    if isinstance(model, HessianOperator):
         defaults = HessianSettings()
         fixed = [
             name
@@ -500,8 +501,7 @@ def analyse_hessian(
                 "the operator already holds its data, loss and options",
                 "pass it to hessian_operator, or pass the model and its data",
             )
-        operator = model if isinstance(model, NaNGuard) else NaNGuard(model)
-        return analyse_operator(operator, settings, on_step=on_step, on_note=on_note)
+        return analyse_operator(model, settings, on_step=on_step, on_note=on_note)
     if data is None:
         raise InputError(
             "data", "analyse_hessian() needs the data the loss is averaged over, besides the model"

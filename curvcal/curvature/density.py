@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from curvcal.curvature.krylov import operator_basis
-from curvcal.curvature.operators import LinearOperator, as_operator, matvec_into
+from curvcal.curvature.operators import LinearOperator, as_operator, product_into
 from curvcal.curvature.results import DensityResult
 from curvcal.curvature.trace import draw_probes
 from curvcal.errors import InputError
@@ -34,14 +34,16 @@ def _tridiagonal_kept(
     :func:`~curvcal.curvature.eigen.lanczos` keeps it, float32 rows for float32 products
     computed in float64, and α is the coefficient the float64 clearing removes along q_m."""
     # at most steps + 1 rows: the start, steps − 1 commits and the row the last image goes to
-    basis, product = operator_basis(op, max_rows=steps + 1)  # A·q_m into the next row
+    basis, buffer = operator_basis(op, max_rows=steps + 1)
+    product = product_into(op)
     basis.append(start)
     alphas: list[float] = []
     betas: list[float] = []
     scale = 0.0
 
     for _ in range(steps):
-        image, coefficients = basis.extend_into(product)  # full reorthogonalisation, in place
+        product(basis.latest(buffer), basis.next_row())  # A·q_m into the next row
+        image, coefficients = basis.clear_next()  # full reorthogonalisation, in place
         alphas.append(float(coefficients[-1]))
         scale = max(scale, abs(alphas[-1]))
         beta = float(image.norm())
@@ -64,11 +66,12 @@ def _tridiagonal_three_term(
     previous = torch.zeros_like(current)
     work = torch.empty_like(current)
     tangent = None if op.dtype == wide else torch.empty(n_params, dtype=op.dtype, device=op.device)
+    product = product_into(op)
     alphas: list[float] = []
     betas: list[float] = []
     scale = 0.0
     for _ in range(steps):
-        matvec_into(op, current if tangent is None else tangent.copy_(current), work)
+        product(current if tangent is None else tangent.copy_(current), work)
         if betas:
             work.sub_(previous, alpha=betas[-1])
         alphas.append(float(torch.dot(current, work)))

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from curvcal.curvature.krylov import RESTART_COLUMNS, KrylovBasis, operator_basis
-from curvcal.curvature.operators import LinearOperator, as_operator
+from curvcal.curvature.operators import LinearOperator, as_operator, product_into
 from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpectrum
 from curvcal.errors import InputError
 from curvcal.progress import OnStep
@@ -277,7 +277,8 @@ def lanczos(
     steps_allowed = min(n_params, steps) if rows is None else steps
     generator = torch.Generator().manual_seed(seed)
     wide = torch.float64
-    basis, product = operator_basis(op, max_rows=rows)  # A·q_m straight into the next row
+    basis, buffer = operator_basis(op, max_rows=rows)
+    product = product_into(op)
     basis.append(_random_unit(op, generator).to(wide))
     columns = steps_allowed if rows is None else rows - 1
     projected = torch.zeros(columns + 1, columns, dtype=wide)
@@ -298,7 +299,8 @@ def lanczos(
         if max_matvecs is not None and used + 1 + k > max_matvecs:
             stopped_by = "max_matvecs"
             break
-        image, coefficients = basis.extend_into(product)  # cleared in the basis' next row
+        product(basis.latest(buffer), basis.next_row())  # A·q_m straight into the next row
+        image, coefficients = basis.clear_next()  # cleared there of the basis
         steps += 1
         size += 1
         used += 1

@@ -1,4 +1,4 @@
-"""FLSD-53's curvature: the sizes of its two γ groups, and the deprecated operator name.
+"""FLSD-53's curvature: the sizes of its two γ groups.
 
 FLSD-53 (Mukhoti et al. 2020) is the focal loss −(1 − p_y)^γ_i log p_y with a per-sample
 γ_i = 5 where p_y < 0.2 and 3 otherwise (p = softmax of the logits at the current θ). γ_i is
@@ -11,7 +11,7 @@ samples fall in each γ group.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -19,10 +19,9 @@ from torch import Tensor, nn
 from curvcal import rows
 from curvcal.curvature.batches import Batch, BatchSource
 from curvcal.curvature.engines import MODES, prepared_model
-from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
-from curvcal.losses import FLSD53_GAMMAS, FLSD53_THRESHOLD, FLSD53Loss, flsd53_gammas
+from curvcal.losses import FLSD53_GAMMAS, FLSD53_THRESHOLD, flsd53_gammas
 
 
 def _group_counts(logits: Tensor, labels: Tensor) -> Tensor:
@@ -33,7 +32,7 @@ def _group_counts(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 def flsd53_group_sizes(
-    operator: HessianOperator | NaNGuard,
+    operator: HessianOperator,
 ) -> tuple[tuple[float, int], ...]:
     """``(γ, N_γ)`` for the non-empty FLSD-53 groups of ``operator``'s data (γ = 5 where
     p_y < 0.2, then γ = 3), p from the model in the operator's mode; one pass, no grad."""
@@ -67,32 +66,3 @@ def flsd53_groups(
             if bool((~switched).any()):
                 high.append((rows.take_rows(x, ~switched), y[~switched]))
     return low, high
-
-
-class FLSD53Hessian(HessianOperator):
-    """Deprecated name: the :class:`HessianOperator` of :class:`~curvcal.losses.FLSD53Loss`
-    (build it with :func:`~curvcal.curvature.operator.build_operator`); ``groups`` lists
-    ``(γ, N_γ)``."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        batches: BatchSource,
-        *,
-        params: Sequence[str] | None = None,
-        engine: str = "auto",
-        mode: str = "eval",
-        cache: str = "auto",
-        probe_batch: int = 8,
-    ) -> None:
-        super().__init__(
-            model,
-            batches,
-            FLSD53Loss(),
-            params=params,
-            engine=engine,
-            mode=mode,
-            cache=cache,
-            probe_batch=probe_batch,
-        )
-        self.groups = flsd53_group_sizes(self)

@@ -26,7 +26,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from curvcal.curvature.analysis import HessianSettings, selected_parameter_count
+from curvcal.curvature.plan import selected_parameter_count
+from curvcal.settings.hessian import HessianSettings
 
 #: forecasts above this many seconds get the advice
 SLOW_RUN_SECONDS = 60.0

@@ -5,7 +5,8 @@ that builds the gradient g_B = ∇_θ ℓ_B with its graph (``create_graph=True`
 backward, the vector-Jacobian product J_{g_B}(θ)ᵀ v = H_B·v. The first two do not depend on v.
 When the graphs of every batch fit in memory they are built once, the batch gradients are
 summed into g = Σ_B g_B (the sum keeps the graph: addition saves no tensors), and every product
-is then one backward through that graph::
+is then one backward through that graph
+(:func:`~curvcal.curvature.operator.kept_hvp`, beside the operator's other kernels)::
 
     H·v = J_g(θ)ᵀ v = Σ_B H_B·v        (retain_graph=True, so the graph serves the next product)
 
@@ -117,45 +118,6 @@ def build_kept_graph(
                 current = total[i]
                 total[i] = piece if current is None else current + piece
     return KeptGraph(tuple(params), tuple(total), tuple(watched), versions)
-
-
-def kept_hvp(
-    kept: KeptGraph,
-    indices: Sequence[int],
-    tangents: Sequence[Tensor],
-    out: Sequence[Tensor],
-) -> None:
-    """Σ_B H_B·v_j for the parameters ``kept.params[i]``, i in ``indices``, written into ``out``.
-
-    ``tangents[k]`` has shape ``(m, *params[indices[k]].shape)`` (the k-th selected parameter's
-    piece of every vector) and ``out[k]`` the same shape; ``out`` is overwritten. One backward
-    through the kept graph per vector, H·v_j = J_g(θ)ᵀ v_j restricted to the selected rows and
-    columns, the graph retained for the next product. (One backward vmapped over the vectors,
-    ``is_grads_batched=True``, measured slower on the CPU: 1.11× on the bundled CNN, 1.39× on
-    ResNet-18, for 8 vectors.)
-    """
-    params = [kept.params[i] for i in indices]
-    live = [k for k, i in enumerate(indices) if kept.gradient[i] is not None]
-    outputs = [g for g in (kept.gradient[i] for i in indices) if g is not None]
-    m = int(tangents[0].shape[0]) if tangents else 0
-    with torch.enable_grad():
-        for j in range(m):
-            if not live:
-                for slot in out:
-                    slot[j].zero_()
-                continue
-            products = torch.autograd.grad(
-                outputs,
-                params,
-                grad_outputs=[tangents[k][j] for k in live],
-                retain_graph=True,
-                allow_unused=True,
-            )
-            for slot, product in zip(out, products, strict=True):
-                if product is None:
-                    slot[j].zero_()
-                else:
-                    slot[j].copy_(product)
 
 
 def kept_bytes(

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
-from curvcal.curvature.operators import LinearOperator, matvec_into
+from curvcal.curvature.operators import LinearOperator
 
 #: rows of the largest block; smaller blocks come first, so a short run allocates little more
 #: than it uses
@@ -102,13 +102,26 @@ class KrylovBasis:
 
     def extend_into(self, write: Callable[[Tensor], object]) -> tuple[Tensor, Tensor]:
         """As :meth:`extend`, with the vector written into the basis' next row by ``write(row)``
-        (a product computed in place: :func:`~curvcal.curvature.operators.matvec_into`), so
-        that no P-long vector at all is made for it."""
+        (a product computed in place), so that no P-long vector at all is made for it: the
+        same as ``write(basis.next_row())`` then :meth:`clear_next`."""
+        write(self._next_row())
+        return self.clear_next()
+
+    def next_row(self) -> Tensor:
+        """The row q_{m+1} goes to, for a product to be written into (then :meth:`clear_next`)."""
+        return self._next_row()
+
+    def clear_next(self) -> tuple[Tensor, Tensor]:
+        """What was written into :meth:`next_row`, cleared of the basis in place: the remainder
+        and the coefficients removed, as :meth:`extend` returns them."""
         row = self._next_row()
-        write(row)
         if self.narrow:  # cleared in the wide work vector, stored by commit
             row = self._wide().copy_(row)
         return row, self._clear(row)
+
+    def latest(self, buffer: Tensor | None = None) -> Tensor:
+        """q_m, the latest vector (a view), or copied into ``buffer`` (another dtype) when given."""
+        return self[-1] if buffer is None else buffer.copy_(self[-1])
 
     def _wide(self) -> Tensor:
         """The work vector a narrow basis clears new vectors in (allocated once)."""
@@ -301,20 +314,16 @@ def basis_storage(dtype: torch.dtype) -> torch.dtype:
 
 def operator_basis(
     op: LinearOperator, max_rows: int | None = None
-) -> tuple[KrylovBasis, Callable[[Tensor], None]]:
+) -> tuple[KrylovBasis, Tensor | None]:
     """A float64 basis for Lanczos on ``op`` (rows in :func:`basis_storage` of its dtype, at
-    most ``max_rows``) and ``product(row)``, which writes A·q_m — q_m the latest vector — into
-    ``row`` for :meth:`KrylovBasis.extend_into`: straight from the stored row, or through one
-    buffer in the operator's dtype (allocated once) when the rows are stored in another."""
+    most ``max_rows``) and the buffer in the operator's dtype that q_m is copied into for a
+    product when the rows are stored in another (None: the stored row itself is multiplied).
+    A step is then ``product(basis.latest(buffer), basis.next_row())`` — A·q_m straight into the
+    next row, ``product`` from :func:`~curvcal.curvature.operators.product_into` — and
+    :meth:`KrylovBasis.clear_next`."""
     n_params = op.shape[0]
     storage = basis_storage(op.dtype)
     basis = KrylovBasis(n_params, torch.float64, op.device, max_rows=max_rows, storage=storage)
-    tangent = (
-        None if op.dtype == storage else torch.empty(n_params, dtype=op.dtype, device=op.device)
-    )
-
-    def product(row: Tensor) -> None:
-        current = basis[-1] if tangent is None else tangent.copy_(basis[-1])
-        matvec_into(op, current, row)
-
-    return basis, product
+    if op.dtype == storage:
+        return basis, None
+    return basis, torch.empty(n_params, dtype=op.dtype, device=op.device)

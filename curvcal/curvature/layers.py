@@ -11,7 +11,6 @@ import glob
 
 from curvcal.curvature.eigen import DEFAULT_TOL, power_iteration
 from curvcal.curvature.gauss_newton import TensorTraces, trace_result
-from curvcal.curvature.guard import NaNGuard
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.results import LayerCurvature
 from curvcal.curvature.trace import exact_trace, hutchinson_trace
@@ -23,7 +22,7 @@ def _module_of(parameter_name: str) -> str:
 
 
 def layer_curvature(
-    operator: HessianOperator | NaNGuard,
+    operator: HessianOperator,
     *,
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,

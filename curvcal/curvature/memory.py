@@ -246,7 +246,7 @@ def lanczos_basis(
     counted at 8 bytes a value (a float32 basis holds half that, and its float64 work vector), but at least 2k + :data:`BASIS_FLOOR` (fewer restarts the basis so often that the
     products, not the memory, become the cost), and at most P (a basis of P vectors spans the space: no restart); None (no bound) without a
     budget. The basis is held beside the products, as a trace sketch is
-    (:func:`~curvcal.curvature.analysis.check_sketch_memory`): a λ run holds at most its
+    (:func:`~curvcal.curvature.plan.check_sketch_memory`): a λ run holds at most its
     products' budget plus this."""
     if asked is not None:
         return min(asked, n_params)

@@ -2,7 +2,7 @@
 
 An operator is anything with ``shape`` (P, P), ``dtype``, ``device`` and
 ``matmat(V: Tensor[P, m]) -> Tensor[P, m]`` (plus ``matvec``). One may also offer
-``matvec_into(v, out)``, the product written into a given vector, which :func:`matvec_into` uses
+``matvec_into(v, out)``, the product written into a given vector, which :func:`product_into` uses
 when it is there (the Hessian operator does: no P-long temporary per product). A dense symmetric
 ``torch.Tensor`` is accepted everywhere an operator is, through :func:`as_operator`; that is how
 the algorithms are tested against exact eigenvalues and traces.
@@ -10,6 +10,7 @@ the algorithms are tested against exact eigenvalues and traces.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -74,15 +75,27 @@ class DenseOperator:
         return self.matmat(vector.reshape(-1, 1)).reshape(-1)
 
 
-def matvec_into(operator: LinearOperator, vector: Tensor, out: Tensor) -> Tensor:
-    """A·v written into ``out`` (shape (P,), on the operator's device, any floating dtype) and
-    returned: by the operator's own ``matvec_into`` when it has one, else ``matvec`` and a copy
-    (cast to ``out``'s dtype)."""
-    into = getattr(operator, "matvec_into", None)
+ProductInto = Callable[[Tensor, Tensor], Tensor]
+"""(v, out) -> out holding A·v."""
+
+
+def product_into(operator: LinearOperator) -> ProductInto:
+    """``(v, out) -> out``, A·v written into ``out`` (shape (P,), on the operator's device, any
+    floating dtype): the operator's own ``matvec_into`` when it has one (itself, so that a
+    product calls it directly), else ``matvec`` and a copy (cast to ``out``'s dtype)."""
+    into: ProductInto | None = getattr(operator, "matvec_into", None)
     if into is not None:
-        into(vector, out)
-    else:
-        out.copy_(operator.matvec(vector))
+        return into
+
+    def copied(vector: Tensor, out: Tensor) -> Tensor:
+        return out.copy_(operator.matvec(vector))
+
+    return copied
+
+
+def matvec_into(operator: LinearOperator, vector: Tensor, out: Tensor) -> Tensor:
+    """A·v written into ``out`` and returned (:func:`product_into`, for one product)."""
+    product_into(operator)(vector, out)
     return out
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from curvcal.curvature.engines import engines_between
 from curvcal.curvature.gauss_newton import (
     GaussNewtonSource,
     TensorTraces,
@@ -38,7 +39,6 @@ from curvcal.curvature.gauss_newton import (
     n_classes,
     tensor_traces,
 )
-from curvcal.curvature.operator import engines_between
 from curvcal.curvature.results import TraceResult
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
@@ -152,7 +152,7 @@ def split_trace(
         max_sketch=max_sketch if estimator_of(method) == "hutch++" else None,
         on_step=on_step,
     )
-    engine = engines_between(linearised, {})
+    engine = engines_between(linearised.engine_products, {})
     return split_result(method, exact, dataclasses.replace(residual, engine=engine))
 
 

@@ -314,7 +314,7 @@ def default_params(
 
 def check_parameters(loaded: LoadedModel, settings: HessianSettings) -> None:
     """--params patterns that match nothing and a --top-k above P, before the data is read."""
-    from curvcal.curvature.analysis import selected_parameter_count
+    from curvcal.curvature.plan import selected_parameter_count
 
     for pattern in settings.params:
         if selected_parameter_count(loaded.module, (pattern,)) == 0:

@@ -24,7 +24,7 @@ from curvcal.settings.fields import groups
 
 if TYPE_CHECKING:
     from curvcal.console import Reporter
-    from curvcal.curvature.guard import NaNGuard
+    from curvcal.curvature.operator import HessianOperator
     from curvcal.load.loaded_data import LoadedData
     from curvcal.load.loaded_model import LoadedModel
     from curvcal.pipeline.session import Session
@@ -198,7 +198,7 @@ def measure_curvature(
         said.add(choice)
     groups: list[tuple[float, int]] = []
 
-    def count_groups(operator: NaNGuard) -> None:
+    def count_groups(operator: HessianOperator) -> None:
         if settings.loss == "flsd53":
             groups.extend(flsd53_group_sizes(operator))
 

@@ -17,9 +17,9 @@ from curvcal.curvature.analysis import (
     HessianSettings,
     analyse_hessian,
     analyse_hessian_with_messages,
-    selected_parameter_count,
 )
 from curvcal.curvature.memory import lanczos_basis
+from curvcal.curvature.plan import selected_parameter_count
 from curvcal.curvature.results import ConvergenceWarning
 from curvcal.curvature.trace import draw_probes
 from curvcal.errors import InputError, NumericalError

@@ -7,9 +7,10 @@ import torch
 from torch import nn
 
 from curvcal.calibration.focal import focal_loss
-from curvcal.curvature.flsd53 import FLSD53Hessian, flsd53_groups
+from curvcal.curvature.flsd53 import flsd53_group_sizes, flsd53_groups
 from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
+from curvcal.losses import FLSD53Loss
 
 F64 = torch.float64
 
@@ -59,8 +60,8 @@ def test_matches_the_dense_hessian_with_per_sample_gamma_held_fixed() -> None:
     model = _model()
     x, y = _data(model)
     batches = [(x[:10], y[:10]), (x[10:], y[10:])]
-    operator = FLSD53Hessian(model, batches)
-    gammas = dict(operator.groups)
+    operator = HessianOperator(model, batches, FLSD53Loss())
+    gammas = dict(flsd53_group_sizes(operator))
     assert set(gammas) == {5.0, 3.0} and sum(gammas.values()) == 24
     dense = _dense_fixed_gamma_hessian(model, x, y)
     identity = torch.eye(operator.shape[0], dtype=F64)
@@ -75,8 +76,8 @@ def test_all_confident_samples_give_the_gamma_three_focal_hessian() -> None:
     x, _ = _data(model)
     with torch.no_grad():
         y = model(x).argmax(1)  # p_y ≥ 1/3 > 0.2 for every sample
-    operator = FLSD53Hessian(model, [(x, y)])
-    assert operator.groups == ((3.0, 24),)
+    operator = HessianOperator(model, [(x, y)], FLSD53Loss())
+    assert flsd53_group_sizes(operator) == ((3.0, 24),)
     reference = HessianOperator(model, [(x, y)], criterion="focal", gamma=3.0)
     vectors = torch.randn(operator.shape[0], 2, dtype=F64)
     torch.testing.assert_close(operator.matmat(vectors), reference.matmat(vectors))
@@ -93,4 +94,4 @@ def test_grouping_restores_the_model_and_rejects_bad_input() -> None:
     with pytest.raises(InputError, match="mode"):
         flsd53_groups(model, [], mode="test")
     with pytest.raises(InputError, match="empty"):
-        FLSD53Hessian(model, [])
+        HessianOperator(model, [], FLSD53Loss())
