@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from curvcal.study import CalibrationSummary, CurvatureSummary, StudyRow
+from curvcal.study.summary import CalibrationSummary, CurvatureSummary, StudyRow
 from tests.conftest import CliResult
 
 # --- honest statistics -------------------------------------------------------------------------
@@ -68,7 +68,7 @@ def _samples(n: int, seed: int, ties: bool) -> tuple[list[float], list[float]]:
 def test_spearman_p_is_scipys_exact_permutation_p(n: int, ties: bool) -> None:
     from scipy.stats import spearmanr
 
-    from curvcal.spearman import spearman
+    from curvcal.study.spearman import spearman
 
     for seed in range(3):
         xs, ys = _samples(n, seed, ties)
@@ -82,7 +82,7 @@ def test_spearman_p_matches_brute_force_enumeration_at_n_8() -> None:
     """Past what scipy's exact pairings enumerate in memory: every one of the 8! pairings."""
     from scipy.stats import rankdata
 
-    from curvcal.spearman import spearman
+    from curvcal.study.spearman import spearman
 
     xs, ys = _samples(8, 5, ties=True)
     rx, ry = rankdata(xs), rankdata(ys)
@@ -104,7 +104,7 @@ def _row(name: str, values: tuple[float, ...]) -> StudyRow:
 def test_three_checkpoints_two_identical_give_no_p_below_one_third() -> None:
     """Finding: ρ = −1 with p = 0 at n = 3 (the t approximation's infinite t). Of the 3! = 6
     pairings of three ranks, the observed order and its reverse are two: p ≥ 2·1/6 = 1/3."""
-    from curvcal.study import rank_correlations
+    from curvcal.study.summary import rank_correlations
 
     twin = (1.0, 2.0, 0.5)
     rows = [_row("a", twin), _row("b", twin), _row("c", (2.0, 1.0, 0.25))]
@@ -121,7 +121,7 @@ def test_three_checkpoints_two_identical_give_no_p_below_one_third() -> None:
 def test_two_checkpoints_give_one_line_not_sixteen() -> None:
     """Finding: sixteen rows of "needs at least 3" for two checkpoints."""
     from curvcal.report.study import correlation_table
-    from curvcal.study import rank_correlations
+    from curvcal.study.summary import rank_correlations
 
     rows = [_row("a", (1.0, 2.0, 0.5)), _row("b", (2.0, 1.0, 0.25))]
     table = correlation_table(rank_correlations(rows))
@@ -131,7 +131,7 @@ def test_two_checkpoints_give_one_line_not_sixteen() -> None:
 
 def test_a_constant_measure_is_one_line_naming_it() -> None:
     from curvcal.report.study import correlation_table
-    from curvcal.study import CALIBRATION_MEASURES, CURVATURE_MEASURES, rank_correlations
+    from curvcal.study.summary import CALIBRATION_MEASURES, CURVATURE_MEASURES, rank_correlations
 
     rows = [_row(str(i), (1.0 + i, 3.0 - i, 0.1 * i * i)) for i in range(4)]
     correlations = rank_correlations(rows)
@@ -146,7 +146,7 @@ def test_a_constant_measure_is_one_line_naming_it() -> None:
 
 
 def test_byte_identical_checkpoints_are_grouped() -> None:
-    from curvcal.study import duplicate_checkpoints
+    from curvcal.study.summary import duplicate_checkpoints
 
     groups = duplicate_checkpoints(["a", "b", "c", "d"], ["x", "y", "x", "z"])
     assert groups == [("a", "c")]
@@ -430,7 +430,7 @@ def test_the_eight_model_p_values_in_the_guide_are_exact() -> None:
     """Finding: the guide quoted p = 3e-5 for ρ = 0.98 over 8 models, below the smallest p
     that 8! pairings allow (2/8! = 5e-5). By hand: one adjacent swap (Σd² = 2, ρ = 0.976) is
     matched or beaten by the identity and the 7 adjacent swaps, so p = 2·8/8! = 4.0e-4."""
-    from curvcal.spearman import spearman
+    from curvcal.study.spearman import spearman
 
     result = spearman(list(range(8)), [1, 0, 2, 3, 4, 5, 6, 7])
     assert result.rho == pytest.approx(1 - 6 * 2 / (8 * 63))

@@ -165,9 +165,7 @@ def test_settings_import_only_the_standard_library_and_leaf_helpers(module: str)
     stdlib = sys.stdlib_module_names | {"__future__"}
     allowed = ("curvcal.errors", "curvcal.jsontext", "curvcal.settings", "click")
     wrong = sorted(
-        t
-        for t in all_imports(module)
-        if not within(t, allowed) and t.split(".")[0] not in stdlib
+        t for t in all_imports(module) if not within(t, allowed) and t.split(".")[0] not in stdlib
     )
     assert not wrong, f"{module} imports {wrong}"
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from curvcal.commands.clashes import arch_inputs, data_inputs, refuse_clashes
 from curvcal.errors import InputError
-from curvcal.outputs import arch_inputs, data_inputs, refuse_clashes
 
 # ---------------------------------------------------------------------------------------------
 # the refusal itself

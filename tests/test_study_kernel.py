@@ -10,7 +10,7 @@ from curvcal.curvature.analysis import analyse_hessian
 from curvcal.curvature.batches import BatchSource
 from curvcal.errors import InputError
 from curvcal.settings.hessian import HessianSettings
-from curvcal.study import (
+from curvcal.study.summary import (
     CALIBRATION_MEASURES,
     CURVATURE_MEASURES,
     CalibrationSummary,

@@ -59,7 +59,12 @@ def calibrate(
     The fit split is --val-split F of --data (stratified, default 0.5, seeded by --seed), or
     all of --fit-data. Every metric is measured on the evaluation split only.
     """
-    from curvcal.outputs import arch_inputs, checkpoint_inputs, data_inputs, tokenizer_inputs
+    from curvcal.commands.clashes import (
+        arch_inputs,
+        checkpoint_inputs,
+        data_inputs,
+        tokenizer_inputs,
+    )
     from curvcal.pipeline.calibration import CalibrateRequest, run_calibrate
 
     written = calibration.outputs()

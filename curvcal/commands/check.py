@@ -68,8 +68,13 @@ def check(
     Exit 0 when every bound holds, 1 when one fails, 2 for bad input, 3 for a
     numerical failure (a gated metric NaN/Inf; an estimate unconverged under --strict).
     """
+    from curvcal.commands.clashes import (
+        arch_inputs,
+        checkpoint_inputs,
+        data_inputs,
+        tokenizer_inputs,
+    )
     from curvcal.errors import InputError
-    from curvcal.outputs import arch_inputs, checkpoint_inputs, data_inputs, tokenizer_inputs
     from curvcal.pipeline.check import CheckRequest, check_checkpoint
     from curvcal.policy.parse import find_pyproject_policy, load_policy
     from curvcal.policy.settings import overrides_of, resolve_settings

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import click
 
+from curvcal.commands.clashes import Named, refuse_clashes
 from curvcal.console import Reporter
 from curvcal.errors import EXIT_CHECK_FAILED, EXIT_NUMERICAL, EXIT_OK
-from curvcal.outputs import Named, refuse_clashes
 from curvcal.report.tables import FORMATS, Table, check_output_path, emit
 from curvcal.results import STATUS_ERROR, STATUS_FAIL, Report
 

@@ -82,7 +82,12 @@ def hessian(
 
     The loss is averaged over every sample of --data, in eval mode unless --mode train.
     """
-    from curvcal.outputs import arch_inputs, checkpoint_inputs, data_inputs, tokenizer_inputs
+    from curvcal.commands.clashes import (
+        arch_inputs,
+        checkpoint_inputs,
+        data_inputs,
+        tokenizer_inputs,
+    )
     from curvcal.pipeline.hessian import run_hessian
 
     options, reporter = start(

@@ -62,7 +62,12 @@ def study(
     calibration on --data, maps fitted on a stratified --val-split part (drawn with --seed) and
     every metric measured on the rest.
     """
-    from curvcal.outputs import arch_inputs, checkpoint_inputs, data_inputs, tokenizer_inputs
+    from curvcal.commands.clashes import (
+        arch_inputs,
+        checkpoint_inputs,
+        data_inputs,
+        tokenizer_inputs,
+    )
     from curvcal.pipeline.study import StudyRequest, run_study
 
     paths = expand_checkpoints(checkpoints)

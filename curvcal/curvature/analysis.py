@@ -37,6 +37,7 @@ from curvcal.curvature.plan import (
     operator_options,
     refuse_needless_probes,
 )
+from curvcal.curvature.progress import OnStageStep, OnStep
 from curvcal.curvature.residual import estimator_of, split_trace
 from curvcal.curvature.results import (
     ConvergenceWarning,
@@ -48,7 +49,6 @@ from curvcal.curvature.results import (
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
 from curvcal.losses import Loss, loss_from_name
-from curvcal.progress import OnStageStep, OnStep
 from curvcal.settings.hessian import HessianSettings
 
 #: a stage's result, which records the engines that made its products

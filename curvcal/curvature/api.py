@@ -52,6 +52,7 @@ from curvcal.curvature.operator import HessianOperator, build_operator
 from curvcal.curvature.options import OperatorOptions
 from curvcal.curvature.plan import TRACE_METHODS as TRACE_METHOD_ESTIMATORS
 from curvcal.curvature.plan import choose_trace_method
+from curvcal.curvature.progress import OnStageStep, OnStep
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import MIN_PRODUCTS, estimator_of, split_trace
 from curvcal.curvature.results import (
@@ -65,7 +66,6 @@ from curvcal.curvature.results import (
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
 from curvcal.losses import as_loss
-from curvcal.progress import OnStageStep, OnStep
 from curvcal.settings.hessian import TRACE_METHODS, HessianSettings
 
 _OPTION_FIELDS = frozenset(field.name for field in dataclasses.fields(OperatorOptions))

@@ -20,10 +20,10 @@ from torch import Tensor
 
 from curvcal.curvature.krylov import operator_basis
 from curvcal.curvature.operators import LinearOperator, as_operator, product_into
+from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import DensityResult
 from curvcal.curvature.trace import draw_probes
 from curvcal.errors import InputError
-from curvcal.progress import OnStep
 
 
 def _tridiagonal_kept(

@@ -39,9 +39,9 @@ from torch import Tensor
 
 from curvcal.curvature.krylov import RESTART_COLUMNS, KrylovBasis, operator_basis
 from curvcal.curvature.operators import LinearOperator, as_operator, product_into
+from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpectrum
 from curvcal.errors import InputError
-from curvcal.progress import OnStep
 
 METHODS = ("power", "lanczos")
 WHICH = ("largest", "smallest")

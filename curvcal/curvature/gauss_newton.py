@@ -79,10 +79,10 @@ from curvcal.curvature.per_sample import (
     proof_cotangent,
     unseen_uses,
 )
+from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import TraceResult
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import CrossEntropy, Loss, closed_form_problem
-from curvcal.progress import OnStep
 from curvcal.rows import Inputs, as_batch_of_one, device_of, n_rows, take_rows
 
 METHOD = "gauss-newton"

@@ -12,9 +12,9 @@ import glob
 from curvcal.curvature.eigen import DEFAULT_TOL, power_iteration
 from curvcal.curvature.gauss_newton import TensorTraces, trace_result
 from curvcal.curvature.operator import HessianOperator
+from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import LayerCurvature
 from curvcal.curvature.trace import exact_trace, hutchinson_trace
-from curvcal.progress import OnStep
 
 
 def _module_of(parameter_name: str) -> str:

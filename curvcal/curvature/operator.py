@@ -87,9 +87,9 @@ from curvcal.curvature.options import (
     checked_loss,
     select_parameters,
 )
+from curvcal.curvature.progress import OnStep
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import LOSS_NAMES, Loss
-from curvcal.progress import OnStep
 from curvcal.rows import Inputs
 from curvcal.settings.sizes import MemoryBudget
 

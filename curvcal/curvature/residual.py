@@ -39,11 +39,11 @@ from curvcal.curvature.gauss_newton import (
     n_classes,
     tensor_traces,
 )
+from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import TraceResult
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError
 from curvcal.losses import Linearised, Loss, closed_form_problem
-from curvcal.progress import OnStep
 
 #: the split methods -> the estimator of tr(R) each runs
 METHODS = {"gauss-newton+hutch++": "hutch++", "gauss-newton+xtrace": "xtrace"}

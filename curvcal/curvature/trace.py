@@ -40,9 +40,9 @@ from scipy.special import stdtrit
 from torch import Tensor
 
 from curvcal.curvature.operators import LinearOperator, as_operator
+from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import ConvergenceWarning, TraceResult
 from curvcal.errors import InputError
-from curvcal.progress import OnStep
 
 DISTRIBUTIONS = ("rademacher", "gaussian")
 METHODS = ("hutchinson", "hutch++", "xtrace")

@@ -175,7 +175,11 @@ def run_calibrate(
     from curvcal.load.text import text_model_of
     from curvcal.pipeline.calibration_warnings import analysis_warnings, probabilities_as_logits
     from curvcal.pipeline.calibrator import CalibratorProvenance
-    from curvcal.pipeline.fitness import check_fitness, say_preprocessing, single_class_warning
+    from curvcal.pipeline.compatibility import (
+        check_compatible,
+        say_preprocessing,
+        single_class_warning,
+    )
     from curvcal.pipeline.runtime import distributed_run, predict
     from curvcal.provenance import environment
 
@@ -202,7 +206,7 @@ def run_calibrate(
             loaded.preprocessing,
             text_model_of(loaded),
         )
-        n_classes = check_fitness(loaded, data, "--data")
+        n_classes = check_compatible(loaded, data, "--data")
         fit_loaded = None
         if fit_data is not None:
             fit_loaded = load_dataset(
@@ -210,7 +214,7 @@ def run_calibrate(
                 loaded.preprocessing,
                 text_model_of(loaded),
             )
-            check_fitness(loaded, fit_loaded, "--fit-data")
+            check_compatible(loaded, fit_loaded, "--fit-data")
         say_preprocessing(data, reporter, warnings)
         if fit_loaded is not None:
             say_preprocessing(fit_loaded, reporter, warnings, "--fit-data")
@@ -542,7 +546,7 @@ def _refuse_fit_on_itself(
 def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:
     """The file's provenance and shape; rows left out by --nan-policy drop add a warning."""
     from curvcal.load.digest import file_info
-    from curvcal.pipeline.fitness import single_class_warning
+    from curvcal.pipeline.compatibility import single_class_warning
 
     info = file_info(path)
     n_samples, n_classes = data.scores.shape

@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from curvcal.curvature.progress import (
+    OnStageStep as OnStep,  # stage: inference, calibration, hessian
+)
 from curvcal.errors import InputError, NumericalError
 from curvcal.policy.baseline import measured_values
 from curvcal.policy.evaluate import MetricValue, Verdict, evaluate
@@ -49,7 +52,6 @@ from curvcal.policy.settings import (
     resolve_settings,
     settings_of,
 )
-from curvcal.progress import OnStageStep as OnStep  # stage: inference, calibration, hessian
 from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
 from curvcal.settings.calibration import CalibrationSettings
 from curvcal.settings.checkpoint import CheckpointSettings
@@ -188,7 +190,7 @@ def run_check(
     comes out non-finite is listed in ``nonfinite`` (its rows fail).
     """
     from curvcal.console import Reporter
-    from curvcal.pipeline.fitness import single_class_warning
+    from curvcal.pipeline.compatibility import single_class_warning
     from curvcal.pipeline.session import open_session
 
     settings, sources = resolve_settings(policy, overrides)

@@ -49,7 +49,7 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun:
     from curvcal.load.digest import file_info
     from curvcal.load.inspect import inspect_checkpoint
     from curvcal.pipeline.check import run_check
-    from curvcal.pipeline.fitness import check_fitness
+    from curvcal.pipeline.compatibility import check_compatible
     from curvcal.pipeline.runtime import predict
     from curvcal.policy.parse import load_policy
     from curvcal.provenance import environment
@@ -67,7 +67,7 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun:
     began = time.perf_counter()
     loaded = load_model(checkpoint, CheckpointSettings(device="cpu"))
     data = load_dataset(DataSettings(data="curvcal:digits"))
-    check_fitness(loaded, data, "--data")
+    check_compatible(loaded, data, "--data")
     with reporter.progress("inference", data.n_samples) as advance:
         predictions = predict(loaded, data, request.batch_size, advance)
     assert predictions is not None  # one process

@@ -108,7 +108,7 @@ class Session:
         (several checkpoints): ``text_model`` gives the tokenizer's folder."""
         from curvcal.load.data import load_dataset
         from curvcal.load.text import text_model_of
-        from curvcal.pipeline.fitness import check_fitness, say_preprocessing
+        from curvcal.pipeline.compatibility import check_compatible, say_preprocessing
 
         began = time.perf_counter()
         settings = settings.replace(trust_checkpoint=self.checkpoint_settings.trust_checkpoint)
@@ -121,7 +121,7 @@ class Session:
             self._datasets[key] = load_dataset(settings, preprocessing, text_model)
         data = self._datasets[key]
         if check and loaded is not None:
-            check_fitness(loaded, data, option)
+            check_compatible(loaded, data, option)
         if new and self.is_main:  # once the model is known to take it
             say_preprocessing(data, self.reporter, self.warnings, option)
         self._add_time("load", began)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from curvcal.settings.data import DataSettings
     from curvcal.settings.hessian import HessianSettings
     from curvcal.settings.study import StudySettings
-    from curvcal.study import CurvatureSummary, StudyResult
+    from curvcal.study.summary import CurvatureSummary, StudyResult
 
 #: Metadata key of the trace-penalty weight λ a checkpoint was trained with (CE + λ·tr(H)).
 PENALTY_METADATA_KEY = "curvcal.trace_penalty"
@@ -73,7 +73,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     from curvcal.load.text import text_model_at
     from curvcal.pipeline.session import open_session
     from curvcal.provenance import environment
-    from curvcal.study import (
+    from curvcal.study.summary import (
         StudyResult,
         StudyRow,
         calibration_summary,
@@ -189,7 +189,7 @@ def measure_curvature(
     left out, said once per choice; ``said`` holds the choices already said), and FLSD-53's γ
     groups counted on the same operator."""
     from curvcal.curvature.flsd53 import flsd53_group_sizes
-    from curvcal.study import curvature_summary
+    from curvcal.study.summary import curvature_summary
 
     settings, choice = session.hessian_settings(loaded, settings)
     if choice in said:
@@ -221,7 +221,7 @@ def check_every_checkpoint(
     one that does not is dropped after its check and loaded again when its turn comes (said
     in a note)."""
     from curvcal.curvature.memory import FREE_FRACTION, free_memory
-    from curvcal.pipeline.fitness import check_fitness
+    from curvcal.pipeline.compatibility import check_compatible
 
     free = free_memory(session.device)
     held = 0
@@ -229,9 +229,9 @@ def check_every_checkpoint(
     for path in paths:
         with naming_the_checkpoint(path):
             loaded = session.model(path)
-            check_fitness(loaded, data, "--data")
+            check_compatible(loaded, data, "--data")
             if curvature_data is not None:
-                check_fitness(loaded, hessian_data, "--curvature-data")
+                check_compatible(loaded, hessian_data, "--curvature-data")
             size = sum(t.numel() * t.element_size() for t in loaded.module.state_dict().values())
             if free is not None and held + size > FREE_FRACTION * free:
                 session.release(path)
@@ -292,7 +292,7 @@ def column_provenance(
 ) -> dict[str, str]:
     """Which loss and which samples every column of the table comes from (``bins``: the
     equal-width bins of the ECE columns)."""
-    from curvcal.study import hessian_loss_label
+    from curvcal.study.summary import hessian_loss_label
 
     hessian = (
         "each checkpoint's own training loss (column 'H loss')"

@@ -9,7 +9,7 @@ from curvcal.errors import InputError
 from curvcal.report.tables import Table, check_output_path, fmt_float
 
 if TYPE_CHECKING:
-    from curvcal.study import Correlation, StudyResult, StudyRow
+    from curvcal.study.summary import Correlation, StudyResult, StudyRow
 
 #: ``--plot DIR`` files, by what they show.
 PLOT_FILES = {"gamma": "lambda_max_vs_gamma.png", "ece": "trace_vs_ece.png"}
@@ -29,7 +29,7 @@ def _trained(row: StudyRow) -> str:
 
 def study_tables(result: StudyResult) -> list[Table]:
     """The study table (one row per checkpoint), the column provenance and the correlations."""
-    from curvcal.study import hessian_loss_label
+    from curvcal.study.summary import hessian_loss_label
 
     rows = tuple(
         (
@@ -90,8 +90,8 @@ def study_tables(result: StudyResult) -> list[Table]:
 def correlation_table(correlations: tuple[Correlation, ...]) -> Table:
     """Spearman ρ and p-value of every (curvature, calibration) pair that has one; the pairs
     without one share a line per cause (fewer than 3 checkpoints, a constant measure)."""
-    from curvcal.spearman import EXACT, EXACT_MAX_N
-    from curvcal.study import CALIBRATION_MEASURES, CURVATURE_MEASURES
+    from curvcal.study.spearman import EXACT, EXACT_MAX_N
+    from curvcal.study.summary import CALIBRATION_MEASURES, CURVATURE_MEASURES
 
     defined = tuple(
         (

@@ -9,7 +9,7 @@ checkpoint; :func:`calibration_summary` picks the numbers of a
 :class:`~curvcal.calibration.analysis.CalibrationAnalysis` (all measured on its evaluation
 split). :func:`rank_correlations` then gives Spearman's rank correlation ρ between
 every curvature measure and every calibration measure across the checkpoints, with its two-sided
-p-value (exact by enumerating the pairings up to n = 10, see :mod:`curvcal.spearman`).
+p-value (exact by enumerating the pairings up to n = 10, see :mod:`curvcal.study.spearman`).
 :func:`duplicate_checkpoints` names the checkpoints that are byte-identical (same SHA-256), which
 count twice in every correlation.
 
@@ -181,9 +181,9 @@ class Correlation:
 
 
 def rank_correlations(rows: Sequence[StudyRow]) -> tuple[Correlation, ...]:
-    """Spearman's ρ and its p-value (:func:`curvcal.spearman.spearman`) for every
+    """Spearman's ρ and its p-value (:func:`curvcal.study.spearman.spearman`) for every
     (curvature, calibration) measure pair."""
-    from curvcal.spearman import spearman
+    from curvcal.study.spearman import spearman
 
     out = []
     for curvature in CURVATURE_MEASURES:

@@ -2,7 +2,7 @@
 count, before any pass over the data.
 
 Every command that runs a model (``hessian``, ``calibrate``, ``check``, ``study``, ``demo``)
-calls :func:`check_fitness` once per (checkpoint, dataset) pair right after loading them, so
+calls :func:`check_compatible` once per (checkpoint, dataset) pair right after loading them, so
 that a model that cannot take the inputs (wrong channels or image size) or has fewer outputs
 than the labels need is refused in seconds, naming both, instead of failing deep inside a
 pass over the data.
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from curvcal.load.loaded_model import LoadedModel
 
 
-def check_fitness(loaded: LoadedModel, data: LoadedData, option: str = "--data") -> int:
+def check_compatible(loaded: LoadedModel, data: LoadedData, option: str = "--data") -> int:
     """Run ``loaded`` on the first sample of ``data`` and check every label against the number
     of logits K it returns (and against the dataset's own class count when it knows one).
 
