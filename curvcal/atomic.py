@@ -120,11 +120,7 @@ def _publish(temp: Path, path: Path) -> None:
     try:
         os.link(temp, path)
     except FileExistsError:
-        raise InputError(
-            str(path),
-            "already exists (it was created while this run worked)",
-            "pass --force to overwrite it, or name another file",
-        ) from None
+        raise _created_meanwhile(path) from None
     except OSError as error:
         if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
             raise
@@ -133,17 +129,22 @@ def _publish(temp: Path, path: Path) -> None:
     temp.unlink()
 
 
+def _created_meanwhile(path: Path) -> InputError:
+    """The error for an output that another process created while this run worked."""
+    return InputError(
+        str(path),
+        "already exists (it was created while this run worked)",
+        "pass --force to overwrite it, or name another file",
+    )
+
+
 def _publish_without_links(temp: Path, path: Path) -> None:
     """Where hard links are not supported: claim the name with ``O_EXCL``, then replace the
     (empty) claimed file with the finished one."""
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
-        raise InputError(
-            str(path),
-            "already exists (it was created while this run worked)",
-            "pass --force to overwrite it, or name another file",
-        ) from None
+        raise _created_meanwhile(path) from None
     os.replace(temp, path)
 
 

@@ -67,6 +67,13 @@ def shorten(word: str, head: int = 60, tail: int = 20) -> str:
     )
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """The message of ``exc`` (a library's error, quoted in ours) on one line of at most
+    ``limit`` characters; its type's name when it has no message."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class StdoutClosed(Exception):
     """The reader of stdout went away before the output was written (a broken pipe); the CLI
     ends quietly with :data:`EXIT_BROKEN_PIPE`."""

@@ -107,7 +107,7 @@ def checkpoint_inputs(name: str, path: Path, arch: object = None) -> list[Named]
     if arch is not None or path.suffix.lower() != ".safetensors" or not path.is_file():
         return named
     from curvcal.errors import CurvcalError
-    from curvcal.load.checkpoint import ARCH_METADATA_KEY
+    from curvcal.load.metadata import ARCH_METADATA_KEY
     from curvcal.load.tensorfile import read_safetensors_metadata
 
     try:

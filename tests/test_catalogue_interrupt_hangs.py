@@ -365,7 +365,8 @@ def test_a_named_pipe_as_a_jsonl_file_is_refused_as_what_it_is(tmp_path: Path) -
 def test_a_named_pipe_as_an_image_of_a_folder_is_refused(tmp_path: Path) -> None:
     from PIL import Image
 
-    from curvcal.load.data import iter_batches, load_dataset
+    from curvcal.load.batches import iter_batches
+    from curvcal.load.data import load_dataset
     from curvcal.settings.data import DataSettings
 
     root = tmp_path / "images"

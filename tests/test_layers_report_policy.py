@@ -35,6 +35,8 @@ POLICY_MAY_IMPORT = (
     "curvcal.paths",
     "curvcal.jsontext",
     "curvcal.policy",
+    # the settings' declarations, from which a policy's keys, defaults and choices derive
+    "curvcal.settings",
 )
 
 
@@ -152,6 +154,18 @@ def test_policy_imports_only_the_standard_library_errors_and_results(module: str
         t
         for t in all_imports(module)
         if not within(t, POLICY_MAY_IMPORT) and t.split(".")[0] not in stdlib
+    )
+    assert not wrong, f"{module} imports {wrong}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in EDGES if within(m, "curvcal.settings")))
+def test_settings_import_only_the_standard_library_and_leaf_helpers(module: str) -> None:
+    """The declarations are a leaf every layer may read: no kernel, loader, pipeline or
+    command (and so no torch), whatever imports them."""
+    stdlib = sys.stdlib_module_names | {"__future__"}
+    allowed = ("curvcal.errors", "curvcal.jsontext", "curvcal.settings", "click")
+    wrong = sorted(
+        t for t in all_imports(module) if not within(t, allowed) and t.split(".")[0] not in stdlib
     )
     assert not wrong, f"{module} imports {wrong}"
 

@@ -91,7 +91,7 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
 
     for target in (
         "curvcal.load.checkpoint.load_model",
-        "curvcal.load.checkpoint.inspect_checkpoint",
+        "curvcal.load.inspect.inspect_checkpoint",
         "curvcal.load.data.load_dataset",
         "curvcal.load.logits.load_logits",
         "curvcal.pipeline.calibrator.load_calibrators",

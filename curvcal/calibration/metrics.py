@@ -399,16 +399,20 @@ def _bootstrap_intervals(
 # Small public functions, one per metric, sharing the stages above.
 
 
+def _top_of(scores: Any, labels: Any, kind: str) -> Any:
+    """The top-label statistics of one set of scores (no binning)."""
+    logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
+    return _top(logp, y, kind)
+
+
 def accuracy(scores: Any, labels: Any, kind: str = "logits") -> float:
     """Top-1 accuracy (argmax, lowest index on ties)."""
-    logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
-    return float(_top(logp, y, kind).correct.mean())
+    return float(_top_of(scores, labels, kind).correct.mean())
 
 
 def mean_confidence(scores: Any, labels: Any, kind: str = "logits") -> float:
     """Mean of the top-label confidence max_k p_k."""
-    logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
-    return float(_top(logp, y, kind).confidence.mean())
+    return float(_top_of(scores, labels, kind).confidence.mean())
 
 
 def _width_errors(scores: Any, labels: Any, kind: str, bins: int, edges: str) -> BinnedErrors:
@@ -477,14 +481,12 @@ def positive_class_calibration_error(
 
 def negative_log_likelihood(scores: Any, labels: Any, kind: str = "logits") -> float:
     """Mean -log p_y in nats (infinite when some p_y is exactly 0)."""
-    logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
-    return float(_top(logp, y, kind).nll.mean())
+    return float(_top_of(scores, labels, kind).nll.mean())
 
 
 def brier_score(scores: Any, labels: Any, kind: str = "logits") -> float:
     """Mean over samples of Σ_k (p_k - 1[y = k])² (sum over classes)."""
-    logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
-    return float(_top(logp, y, kind).brier.mean())
+    return float(_top_of(scores, labels, kind).brier.mean())
 
 
 def reliability_bins(

@@ -8,40 +8,21 @@ will read), and hands the verdict to the report.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from curvcal import choices
-from curvcal.commands.checkpoint_options import checkpoint_options
-from curvcal.commands.common import finish, output_options, start, typed_options
-from curvcal.commands.data_options import text_options
+from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.repeats import Command
 from curvcal.report.check import check_tables
+from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.checkpoint import CheckpointSettings
+from curvcal.settings.data import TEXT_FIELDS, DataSettings
+from curvcal.settings.fields import click_options
 
-if TYPE_CHECKING:
-    from curvcal.settings.checkpoint import CheckpointSettings
-
-# Command-line parameter -> the policy setting it overrides.
-_OVERRIDES = {
-    "arch": "arch",
-    "arch_kwargs": "arch_kwargs",
-    "arch_kwarg": "arch_kwargs",
-    "num_classes": "num_classes",
-    "state_dict_key": "state_dict_key",
-    "device": "device",
-    "dtype": "dtype",
-    "data": "data",
-    "data_root": "data_root",
-    "max_samples": "max_samples",
-    "text_key": "text_key",
-    "label_key": "label_key",
-    "text_pair_key": "text_pair_key",
-    "tokenizer": "tokenizer",
-    "max_length": "max_length",
-    "batch_size": "batch_size",
-    "seed": "seed",
-}
+#: the data options of ``check`` (the rest of a dataset's settings are the defaults)
+_DATA_OPTIONS = ("data", "data_root", "max_samples", *TEXT_FIELDS, "batch_size")
+_POLICY = "the policy's"
 
 
 @click.command(cls=Command)
@@ -59,20 +40,15 @@ _OVERRIDES = {
     metavar="REPORT.json",
     help="A saved curvcal report (check, hessian, calibrate, ...) for the change bounds.",
 )
-@checkpoint_options
-@click.option("--data", metavar="SPEC", help="Dataset (overrides the policy's data).")
-@click.option(
-    "--data-root",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder of torchvision datasets.",
-)
-@click.option("--max-samples", type=click.IntRange(min=1), help="Use a random subset.")
-@text_options
-@click.option("--batch-size", type=click.IntRange(min=1), help="Samples per batch [default: 256].")
-@click.option(
-    "--seed",
-    type=click.IntRange(0, choices.MAX_SEED),
-    help="Seed of splits and probes [default: 0].",
+@click_options(CheckpointSettings, "checkpoint_given", no_defaults=True, fallback=_POLICY)
+@click_options(DataSettings, "data_given", only=_DATA_OPTIONS, no_defaults=True, fallback=_POLICY)
+@click_options(
+    CalibrationSettings,
+    "seed_given",
+    only=("seed",),
+    no_defaults=True,
+    fallback=_POLICY,
+    helps={"seed": "Seed of splits, bootstrap and probes."},
 )
 @click.option("--strict", is_flag=True, help="Exit 3 when a Hessian estimate does not converge.")
 @output_options
@@ -80,17 +56,9 @@ def check(
     checkpoint: Path,
     policy_path: Path | None,
     baseline: Path | None,
-    checkpoint_options: CheckpointSettings,
-    data: str | None,
-    data_root: Path | None,
-    max_samples: int | None,
-    text_key: str | None,
-    label_key: str | None,
-    text_pair_key: str | None,
-    tokenizer: Path | None,
-    max_length: int | None,
-    batch_size: int | None,
-    seed: int | None,
+    checkpoint_given: dict[str, Any],
+    data_given: dict[str, Any],
+    seed_given: dict[str, Any],
     strict: bool,
 ) -> int:
     """Measure what the policy gates on CHECKPOINT and judge every bound.
@@ -104,7 +72,7 @@ def check(
     from curvcal.outputs import arch_inputs, checkpoint_inputs, data_inputs, tokenizer_inputs
     from curvcal.pipeline.check import CheckRequest, check_checkpoint
     from curvcal.policy.parse import find_pyproject_policy, load_policy
-    from curvcal.policy.settings import resolve_settings
+    from curvcal.policy.settings import overrides_of, resolve_settings
 
     if policy_path is None:
         policy_path = find_pyproject_policy(Path.cwd())
@@ -115,25 +83,16 @@ def check(
                 "pass --policy FILE",
             )
     policy = load_policy(policy_path)
-    given = {
-        "data": data,
-        "data_root": str(data_root) if data_root is not None else None,
-        "max_samples": max_samples,
-        "text_key": text_key,
-        "label_key": label_key,
-        "text_pair_key": text_pair_key,
-        "tokenizer": str(tokenizer) if tokenizer is not None else None,
-        "max_length": max_length,
-        "batch_size": batch_size,
-        "seed": seed,
-        "arch": checkpoint_options.arch,
-        "arch_kwargs": dict(checkpoint_options.keywords),
-        "num_classes": checkpoint_options.num_classes,
-        "state_dict_key": checkpoint_options.state_dict_key,
-        "device": checkpoint_options.device,
-        "dtype": checkpoint_options.dtype,
+    trust = bool(checkpoint_given.pop("trust_checkpoint", False))
+    allow_globals = tuple(checkpoint_given.pop("allow_global", ()))
+    pairs = checkpoint_given.pop("arch_kwarg", None)
+    if pairs is not None:  # -k pairs win over --arch-kwargs, as on every command
+        checkpoint_given["arch_kwargs"] = {**checkpoint_given.get("arch_kwargs", {}), **pairs}
+    overrides = {
+        **overrides_of(CheckpointSettings, checkpoint_given),
+        **overrides_of(DataSettings, data_given),
+        **overrides_of(CalibrationSettings, seed_given),
     }
-    overrides = _given_on_command_line(given)
     settings, _sources = resolve_settings(policy, overrides)
     inputs = [
         *checkpoint_inputs("CHECKPOINT", checkpoint, settings["arch"]),
@@ -155,19 +114,16 @@ def check(
         policy=policy,
         overrides=overrides,
         baseline=baseline,
-        trust=checkpoint_options.trust_checkpoint,
-        allow_globals=checkpoint_options.allow_global,
+        trust=trust,
+        allow_globals=allow_globals,
         strict=strict,
     )
     run = check_checkpoint(request, reporter)
+    if not run.result.is_main:  # under torchrun, rank 0 writes the report
+        return 0
     code = finish(
         run.report, check_tables(run.result, f"curvcal check: {checkpoint} against {policy_path}")
     )
     if run.failure is not None:
         raise run.failure
     return code
-
-
-def _given_on_command_line(values: dict[str, Any]) -> dict[str, Any]:
-    """The settings whose options were typed on the command line (not left at a default)."""
-    return {_OVERRIDES[name]: values[_OVERRIDES[name]] for name in typed_options(_OVERRIDES)}

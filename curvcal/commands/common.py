@@ -73,6 +73,13 @@ def _setter(attr: str, transform: Callable[[Any], Any] = lambda v: v) -> Callabl
     return callback
 
 
+def _flag(option: str, attr: str, help: str, *more: str) -> Callable[[F], F]:
+    """An output switch recorded in :class:`OutputOptions` (``attr``)."""
+    return click.option(
+        option, *more, attr, is_flag=True, expose_value=False, callback=_setter(attr), help=help
+    )
+
+
 def output_options(func: F) -> F:
     """Add ``--json``, ``--format``, ``-o/--output``, ``--force``, ``-q/--quiet``, ``--debug``."""
     decorators = [
@@ -102,28 +109,11 @@ def output_options(func: F) -> F:
             callback=_setter("output"),
             help="Also write the JSON result to this file (atomically).",
         ),
-        click.option(
-            "--force",
-            is_flag=True,
-            expose_value=False,
-            callback=_setter("force"),
-            help="Overwrite an existing --output file.",
+        _flag("--force", "force", "Overwrite an existing --output file."),
+        _flag(
+            "-q", "quiet", "No progress or messages on stderr (warnings still shown).", "--quiet"
         ),
-        click.option(
-            "-q",
-            "--quiet",
-            is_flag=True,
-            expose_value=False,
-            callback=_setter("quiet"),
-            help="No progress or messages on stderr (warnings still shown).",
-        ),
-        click.option(
-            "--debug",
-            is_flag=True,
-            expose_value=False,
-            callback=_setter("debug"),
-            help="Show a traceback on errors.",
-        ),
+        _flag("--debug", "debug", "Show a traceback on errors."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)

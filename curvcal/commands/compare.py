@@ -64,7 +64,7 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
             "old": file_info(old),
             "policy": file_info(policy_path),
         },
-        settings={"policy": str(policy_path), "rules": policy.rules},
+        settings={"compare": {"policy": str(policy_path), "rules": policy.rules}},
         environment=environment(),
         warnings=warnings,
     )

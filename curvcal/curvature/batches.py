@@ -25,11 +25,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from curvcal import choices, rows
+from curvcal import rows
 from curvcal.errors import InputError
 from curvcal.rows import Inputs
 
-CACHES = choices.CACHES
+#: ``--cache``: where batches stay between products (the settings' choices: a test holds them
+#: equal)
+CACHES = ("auto", "device", "host", "none")
 
 Batch = tuple[Inputs, Tensor]
 BatchSource = Iterable[Batch] | Callable[[], Iterator[Batch]]

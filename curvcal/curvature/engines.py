@@ -39,12 +39,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from curvcal import choices
 from curvcal.errors import InputError
 from curvcal.rows import Inputs
 
-ENGINES = choices.ENGINES
-MODES = choices.MODES
+#: ``--hvp``: picked per product width, torch.func forward-over-reverse, or double backward
+#: (the settings' choices: a test holds them equal)
+ENGINES = ("auto", "func", "autograd")
+#: ``--mode``: the module mode while the loss is computed
+MODES = ("eval", "train")
 
 # probe_batch="auto": the share of free CUDA memory the probes of one pass may use, and the
 # largest block chosen (beyond it a pass gains nothing measurable).

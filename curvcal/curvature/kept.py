@@ -34,11 +34,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from curvcal import choices
 from curvcal.curvature.memory import GraphSizes, pass_bytes, widest
 from curvcal.rows import Inputs
 
-KEEP_GRAPHS = choices.KEEP_GRAPHS
+#: ``--keep-graphs``: keep the gradient graphs between products when they fit in the memory
+#: budget, whatever the budget, or never (the settings' choices: a test holds them equal)
+KEEP_GRAPHS = ("auto", "always", "never")
 
 
 def _versions(tensors: Iterable[Tensor]) -> tuple[int, ...]:

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 import torch
 
 from curvcal import jsontext
-from curvcal.errors import InputError
+from curvcal.errors import InputError, one_line
 from curvcal.paths import readable_file
 
 KNOWN_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pt2", ".tar")
@@ -118,7 +118,7 @@ def plain_pickle_globals(path: Path) -> tuple[str, ...]:
         with _BoundedReader(path) as stream:
             return pickle_globals(stream).names
     except (ValueError, EOFError, IndexError, struct.error) as exc:
-        raise InputError(str(path), f"truncated or corrupt pickle ({_one_line(exc)})") from exc
+        raise InputError(str(path), f"truncated or corrupt pickle ({one_line(exc, 200)})") from exc
 
 
 def _sniff_zip(path: Path) -> Container:
@@ -136,7 +136,7 @@ def _sniff_zip(path: Path) -> Container:
         NotImplementedError,  # an unsupported zip version or compression method
         zlib.error,  # a deflated member that does not inflate
     ) as exc:
-        raise InputError(what, f"truncated or corrupt zip archive ({_one_line(exc)})") from exc
+        raise InputError(what, f"truncated or corrupt zip archive ({one_line(exc, 200)})") from exc
     if bad is not None:
         raise InputError(what, f"corrupt zip archive (member {bad} fails its CRC check)")
     members = tuple(_strip_top(names))
@@ -401,7 +401,7 @@ def unsafe_globals(
             else:
                 scanned = pickle_globals(stream)
     except (ValueError, EOFError, IndexError, struct.error, zipfile.BadZipFile) as exc:
-        raise InputError(str(path), f"truncated or corrupt pickle ({_one_line(exc)})") from exc
+        raise InputError(str(path), f"truncated or corrupt pickle ({one_line(exc, 200)})") from exc
     names = list(scanned.names)
     if container.kind == "torch-zip":
         # torch's own static scan is the reference; ours adds STACK_GLOBAL and the top object.
@@ -433,7 +433,7 @@ def pt2_weight_specs(path: Path) -> tuple[TensorSpec, ...]:
                 archive, archive.namelist(), "data/weights/model_weights_config.json"
             )
     except (zipfile.BadZipFile, OSError) as exc:
-        raise InputError(str(path), f"corrupt pt2 archive ({_one_line(exc)})") from exc
+        raise InputError(str(path), f"corrupt pt2 archive ({one_line(exc, 200)})") from exc
     if raw is None:
         return ()
     specs = []
@@ -463,8 +463,3 @@ def _pt2_dtype(code: Any) -> str:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."

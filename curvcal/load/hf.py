@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from curvcal import jsontext
-from curvcal.errors import InputError, TrustError
+from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
 from curvcal.load.limits import check_num_classes
 from curvcal.load.tensorfile import read_safetensors_metadata
@@ -163,7 +163,7 @@ def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
     except (ValueError, KeyError, OSError, ImportError, TypeError) as exc:
         raise InputError(
             str(folder.path),
-            f"transformers cannot build {folder.architecture} from config.json: {_one_line(exc)}",
+            f"transformers cannot build {folder.architecture} from config.json: {one_line(exc)}",
             "is transformers recent enough for this model?",
         ) from exc
     return LogitsModule(model, folder.modality)
@@ -197,7 +197,7 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     except (ValueError, KeyError, OSError, ImportError, TypeError, RuntimeError) as exc:
         raise InputError(
             str(folder.path),
-            f"transformers cannot load {folder.architecture}: {_one_line(exc)}",
+            f"transformers cannot load {folder.architecture}: {one_line(exc)}",
             "is transformers recent enough for this model?",
         ) from exc
     finally:
@@ -285,7 +285,7 @@ def build_timm(name: str, kwargs: Mapping[str, Any], what: str = "--arch-kwargs"
         model: nn.Module = timm.create_model(name, pretrained=False, **kwargs)
     except Exception as exc:  # a model's own checks raise anything: TypeError, ValueError, ...
         raise InputError(
-            what, f"timm:{name} cannot be built with {dict(kwargs)}: {_one_line(exc)}"
+            what, f"timm:{name} cannot be built with {dict(kwargs)}: {one_line(exc)}"
         ) from exc
     return model
 
@@ -320,7 +320,7 @@ def read_state(
                 state.update(load_file(str(file), device="cpu"))
             except Exception as exc:  # safetensors raises its own error types
                 raise InputError(
-                    str(file), f"cannot read safetensors file: {_one_line(exc)}"
+                    str(file), f"cannot read safetensors file: {one_line(exc)}"
                 ) from exc
         else:
             state.update(read_torch_file(file))
@@ -473,7 +473,7 @@ def read_json(path: Path) -> Any:
     try:
         return jsontext.loads(path.read_text(encoding="utf-8"), str(path), wide_ints=True)
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(str(path), f"is not valid JSON: {_one_line(exc)}") from None
+        raise InputError(str(path), f"is not valid JSON: {one_line(exc)}") from None
 
 
 def _labels(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -531,8 +531,3 @@ def _preprocessing(
         if isinstance(crop_pct, int | float) and 0 < crop_pct <= 1:
             out["crop_pct"] = float(crop_pct)
     return out if len(out) > 1 else None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."

@@ -1,7 +1,7 @@
 """Sizes checked before anything is allocated for them, so that a small file or option cannot
 ask for more memory than there is (an out-of-memory kill, or an hour of swapping, otherwise).
 
-- ``num_classes``: a classifier head of at most :data:`~curvcal.choices.MAX_CLASSES` rows.
+- ``num_classes``: a classifier head of at most :data:`~curvcal.settings.checkpoint.MAX_CLASSES` rows.
 - Zip archives (``.npz``, ``torch.save`` files): a member's uncompressed size is in the
   archive's central directory, so one that would inflate to gigabytes (a few kilobytes of
   deflated zeros) is refused before a reader allocates for it; so is a ``.npy`` member whose
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from curvcal.choices import MAX_CLASSES
 from curvcal.errors import InputError
+from curvcal.settings.checkpoint import MAX_CLASSES
 
 _GIB = 2**30
 

@@ -28,8 +28,8 @@ def is_tensor_file(path: Path) -> bool:
     return path.suffix.lower() in (*TENSOR_FILE_SUFFIXES, ".pth")
 
 
-def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
-    """Read every tensor stored in ``path`` (on the CPU), keyed by name."""
+def _known_suffix(path: Path) -> str:
+    """The lower-case suffix of a tensor file, refused when it names no format curvcal reads."""
     suffix = path.suffix.lower()
     if suffix not in (*TENSOR_FILE_SUFFIXES, ".pth"):
         raise InputError(
@@ -37,6 +37,12 @@ def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
             f"unknown file type '{path.suffix or '(none)'}'",
             "use a .pt, .npz or .safetensors file",
         )
+    return suffix
+
+
+def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
+    """Read every tensor stored in ``path`` (on the CPU), keyed by name."""
+    suffix = _known_suffix(path)
     readable_file(path)
     try:
         if suffix == ".npz":
@@ -185,13 +191,7 @@ def write_tensor_file(
     ``os.replace``, so a reader never sees half a file. ``metadata`` is kept only by
     ``.safetensors``.
     """
-    suffix = path.suffix.lower()
-    if suffix not in (*TENSOR_FILE_SUFFIXES, ".pth"):
-        raise InputError(
-            str(path),
-            f"unknown file type '{path.suffix or '(none)'}'",
-            "use a .pt, .npz or .safetensors file",
-        )
+    suffix = _known_suffix(path)
     plain = {key: t.detach().to("cpu").contiguous() for key, t in tensors.items()}
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():

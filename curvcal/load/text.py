@@ -45,7 +45,7 @@ from curvcal.load.hf import read_json
 from curvcal.paths import readable_file
 
 if TYPE_CHECKING:
-    from curvcal.load.checkpoint import LoadedModel
+    from curvcal.load.loaded_model import LoadedModel
 
 TEXT_SUFFIXES = (".jsonl", ".csv", ".parquet")
 #: files of which a saved tokenizer has at least one

@@ -87,7 +87,7 @@ def analyse(
     ``fit_split``), else on a stratified ``fraction`` of the rows (seeded by the settings), else
     nothing fitted; every stage measured on the evaluation rows only."""
     from curvcal.calibration.analysis import analyse_calibration, analyse_val_split
-    from curvcal.load.data import stratified_split
+    from curvcal.load.labels import stratified_split
 
     if fit is not None:
         return analyse_calibration(

@@ -5,8 +5,11 @@
 scripts call.
 
 :func:`run_check` reads the evaluation settings (command-line overrides first, then the policy's
-``[settings]``, then the defaults of :data:`~curvcal.policy.settings.DEFAULTS`), loads the checkpoint and the data with
-the ordinary loaders, and measures **only what the rules need** (see :func:`~curvcal.policy.settings.needs`):
+``[settings]``, then the defaults of :data:`~curvcal.policy.settings.DEFAULTS`), builds the
+settings objects of the fields they set (each value checked first, an error naming the option or
+the policy line), and in one run session (:mod:`curvcal.pipeline.session`: torchrun, the NaN
+policy, each input loaded once and checked against the model before any pass) measures **only
+what the rules need** (see :func:`~curvcal.policy.settings.needs`):
 
 * calibration metrics of the uncalibrated model: one inference pass, no fit (every sample of
   ``data`` is evaluated, as ``curvcal calibrate --method none`` does);
@@ -27,7 +30,6 @@ prints; progress goes through the ``on_step`` hook.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -39,28 +41,29 @@ from curvcal.policy.baseline import measured_values
 from curvcal.policy.evaluate import MetricValue, Verdict, evaluate
 from curvcal.policy.parse import Policy
 from curvcal.policy.settings import (
-    DEFAULTS,
     Locator,
     Needs,
     calibration_method,
     check_choices,
     needs,
     resolve_settings,
+    settings_of,
 )
-from curvcal.progress import OnStageStep as OnStep  # stage: inference, calibration, hessian:<stage>
+from curvcal.progress import OnStageStep as OnStep  # stage: inference, calibration, hessian
 from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
-from curvcal.settings.fields import from_mapping
+from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.checkpoint import CheckpointSettings
+from curvcal.settings.data import DataSettings
+from curvcal.settings.fields import Settings, groups
 from curvcal.settings.hessian import HessianSettings
 
 if TYPE_CHECKING:
-    import torch
-
     from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
     from curvcal.curvature.results import HessianAnalysis
-    from curvcal.load.checkpoint import LoadedModel
-    from curvcal.load.data import LoadedData
-    from curvcal.settings.calibration import CalibrationSettings
+    from curvcal.load.loaded_data import LoadedData
+    from curvcal.load.loaded_model import LoadedModel
+    from curvcal.pipeline.session import Session
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,16 @@ class CheckResult:
 
     ``verdict``: every bound's row; ``values``: the gated metrics measured (key as
     :attr:`~curvcal.policy.parse.Rule.key`); ``hessian``/``calibration``: the analyses that produced
-    them (``None`` when the policy needed none); ``settings``: the evaluation settings used and
-    ``sources``: where each came from (``option``, ``policy`` or ``default``); ``nonfinite``: the
-    gated metrics whose value came out NaN or infinite (a numerical failure); ``unconverged``:
-    the Hessian estimates that missed their tolerance; ``warnings``: messages for the user;
+    them (``None`` when the policy needed none); ``settings``: the evaluation settings used, by
+    policy key, and ``sources``: where each came from (``option``, ``policy`` or ``default``);
+    ``record``: the settings objects the check ran with, as a report records them
+    (``{group: {option: value}}``, :func:`~curvcal.settings.fields.groups`); ``nonfinite``:
+    the gated metrics whose value came out NaN or infinite (a numerical failure);
+    ``unconverged``: the Hessian estimates that missed their tolerance; ``warnings``: messages
+    for the user, of which the first ``said`` were already said on stderr as they came;
     ``inputs``: the checkpoint and data as loaded; ``timings``: wall seconds by stage (``load``,
-    ``calibration``, ``hessian``).
+    ``calibration``, ``hessian``); ``is_main``: whether this process speaks for the run (rank 0
+    under torchrun).
     """
 
     verdict: Verdict
@@ -83,11 +90,14 @@ class CheckResult:
     calibration: CalibrationAnalysis | None
     settings: dict[str, Any]
     sources: dict[str, str]
+    record: dict[str, dict[str, Any]] = field(default_factory=dict)
     nonfinite: tuple[str, ...] = ()
     unconverged: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    said: int = 0
     inputs: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    is_main: bool = True
 
     @property
     def passed(self) -> bool:
@@ -112,6 +122,50 @@ class CheckResult:
         }
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The settings objects of a check, built and checked before anything is loaded."""
+
+    checkpoint: CheckpointSettings
+    data: DataSettings
+    fit_data: DataSettings | None
+    calibration: CalibrationSettings | None
+    hessian: HessianSettings | None
+    method: str
+
+
+def _plan(
+    policy: Policy,
+    settings: Mapping[str, Any],
+    where: Locator,
+    need: Needs,
+    trust: bool,
+    allow_globals: tuple[str, ...],
+) -> _Plan:
+    """Every settings object the rules need, from the policy keys (each value checked through
+    its field, errors naming the option or the policy line)."""
+    check_choices(settings, where)
+    method = calibration_method(settings, need, where)
+    if settings["data"] is None:
+        raise InputError(
+            str(policy.path),
+            "no data to measure on",
+            'add data = "SPEC" under [settings] or pass --data SPEC',
+        )
+    data = settings_of(DataSettings, settings, where, trust_checkpoint=trust)
+    fitted = need.predictions and method != "none" and settings["fit_data"] is not None
+    return _Plan(
+        checkpoint=settings_of(
+            CheckpointSettings, settings, where, trust_checkpoint=trust, allow_global=allow_globals
+        ),
+        data=data,
+        fit_data=data.replace(data=settings["fit_data"]) if fitted else None,
+        calibration=_calibration_settings(settings, method, where) if need.predictions else None,
+        hessian=_hessian_settings(settings, need, where) if need.hessian else None,
+        method=method,
+    )
+
+
 def run_check(
     policy: Policy,
     checkpoint: Path,
@@ -121,104 +175,83 @@ def run_check(
     trust: bool = False,
     allow_globals: tuple[str, ...] = (),
     on_step: OnStep | None = None,
+    reporter: Reporter | None = None,
 ) -> CheckResult:
     """Measure what ``policy`` gates on ``checkpoint`` and judge it, with ``baseline`` (the
-    values of an earlier report, from :func:`~curvcal.policy.baseline.metric_values`) for change bounds.
+    values of an earlier report, from :func:`~curvcal.policy.baseline.metric_values`) for change
+    bounds. Progress and the notes of the run go to ``reporter`` (default: quiet); ``on_step``
+    hears each stage as it ends.
 
     Raises :class:`InputError` for unusable settings (naming the policy line or the option) and
-    files, and :class:`~curvcal.errors.NumericalError` when the Hessian's loss or a product is
-    NaN/Inf. A gated metric that comes out non-finite is listed in ``nonfinite`` (its rows fail).
+    files, and :class:`~curvcal.errors.NumericalError` when the model's logits (under the
+    policy's ``nan_policy``), the Hessian's loss or a product are NaN/Inf. A gated metric that
+    comes out non-finite is listed in ``nonfinite`` (its rows fail).
     """
-    from curvcal.load.checkpoint import load_model
-    from curvcal.load.data import load_dataset
-    from curvcal.load.text import text_model_of
-    from curvcal.pipeline.fitness import check_fitness, single_class_warning
-    from curvcal.settings.checkpoint import CheckpointSettings
-    from curvcal.settings.data import DataSettings
+    from curvcal.console import Reporter
+    from curvcal.pipeline.fitness import single_class_warning
+    from curvcal.pipeline.session import open_session
 
     settings, sources = resolve_settings(policy, overrides)
     where = Locator(policy, sources)
-    check_choices(settings, where)
     need = needs(policy.rules)
-    method = calibration_method(settings, need, where)
-    if settings["data"] is None:
-        raise InputError(
-            str(policy.path),
-            "no data to measure on",
-            'add data = "SPEC" under [settings] or pass --data SPEC',
-        )
-    hessian_settings = _hessian_settings(settings, need, where) if need.hessian else None
-    calibration_settings = (
-        _calibration_settings(settings, method, where) if need.predictions else None
-    )
+    plan = _plan(policy, settings, where, need, trust, allow_globals)
 
     timings: dict[str, float] = {}
-    began = time.perf_counter()
-    with _blame_the_setting(where, sources):
-        loaded = load_model(
-            checkpoint,
-            CheckpointSettings(
-                arch=settings["arch"],
-                arch_kwargs=dict(settings["arch_kwargs"]),
-                num_classes=settings["num_classes"],
-                state_dict_key=settings["state_dict_key"],
-                trust_checkpoint=trust,
-                allow_global=allow_globals,
-                device=settings["device"],
-                dtype=settings["dtype"],
-            ),
-        )
-        data_options = DataSettings(
-            data=settings["data"],
-            data_root=Path(settings["data_root"]) if settings["data_root"] else None,
-            max_samples=settings["max_samples"],
-            trust_checkpoint=trust,
-            text_key=settings["text_key"],
-            label_key=settings["label_key"],
-            text_pair_key=settings["text_pair_key"],
-            tokenizer=Path(settings["tokenizer"]) if settings["tokenizer"] else None,
-            max_length=settings["max_length"],
-        )
-        data = load_dataset(data_options, loaded.preprocessing, text_model_of(loaded))
-    n_classes = check_fitness(loaded, data, "data")
-    inputs: dict[str, Any] = {"checkpoint": loaded.describe(), "data": data.describe()}
-    messages: list[str] = list(data.warnings)
-    if n_classes == 1 and calibration_settings is not None:
-        messages.append(single_class_warning(str(checkpoint)))
-    fit = None
-    if calibration_settings is not None and method != "none" and settings["fit_data"] is not None:
-        fit = load_dataset(
-            data_options.replace(data=settings["fit_data"]),
-            loaded.preprocessing,
-            text_model_of(loaded),
-        )
-        check_fitness(loaded, fit, "fit_data")
-        messages.extend(fit.warnings)
-        inputs["fit_data"] = fit.describe()
-    timings["load"] = time.perf_counter() - began
+    messages: list[str] = []
+    said: list[str] = []
+    calibration = hessian = None
+    with (
+        _at_the_policy(where),
+        open_session(plan.checkpoint, reporter or Reporter(True)) as session,
+    ):
+        loaded = session.model(checkpoint)
+        hessian_settings, choice = (None, None)
+        if plan.hessian is not None:  # impossible requests refused before the data is read
+            hessian_settings, choice = session.hessian_settings(loaded, plan.hessian)
+        data = session.dataset(loaded, plan.data, "data")
+        fit = None if plan.fit_data is None else session.dataset(loaded, plan.fit_data, "fit_data")
+        inputs: dict[str, Any] = {"checkpoint": loaded.describe(), "data": data.describe()}
+        if fit is not None:
+            inputs["fit_data"] = fit.describe()
+        timings["load"] = session.timings.get("load", 0.0)
 
-    calibration = None
-    began = time.perf_counter()
-    if calibration_settings is not None:
-        if method == "none" and (settings["fit_data"] or settings["val_split"]):
-            messages.append(
-                "the policy gates no calibrated stage, so nothing is fitted: val_split and "
-                "fit_data are unused and every sample is evaluated"
+        if plan.calibration is not None:
+            began = time.perf_counter()
+            if plan.method == "none" and (settings["fit_data"] or settings["val_split"]):
+                messages.append(
+                    "the policy gates no calibrated stage, so nothing is fitted: val_split and "
+                    "fit_data are unused and every sample is evaluated"
+                )
+            calibration, n_classes = _calibrate(session, loaded, data, fit, settings, plan)
+            if n_classes == 1:
+                messages.append(single_class_warning(str(checkpoint)))
+            timings["calibration"] = time.perf_counter() - began
+            if on_step is not None:
+                on_step("calibration", 1)
+
+        if hessian_settings is not None:
+            began = time.perf_counter()
+            curvature = session.hessian(
+                loaded, data, hessian_settings, plan.data.batch_size, choice=choice, option="data"
             )
-        calibration = _calibrate(loaded, data, fit, settings, calibration_settings, method, on_step)
-        timings["calibration"] = time.perf_counter() - began
-
-    hessian = None
-    if hessian_settings is not None:
-        began = time.perf_counter()
-        hessian, hessian_messages = _hessian(loaded, data, settings, hessian_settings, on_step)
-        messages.extend(hessian_messages)
-        timings["hessian"] = time.perf_counter() - began
+            hessian = curvature.analysis
+            said += [f"Hessian over {choice}"] if choice and hessian_settings.params else []
+            said += curvature.notes
+            messages += curvature.messages
+            timings["hessian"] = time.perf_counter() - began
+            if on_step is not None:
+                on_step("hessian", 1)
+    said = session.warnings + said
 
     values = measured_values(hessian, calibration)
     gated = {rule.key for rule in policy.rules}
     nonfinite = tuple(sorted(key for key in gated if key in values and values[key].value is None))
     verdict = evaluate(policy.rules, values, baseline)
+    used: list[Settings] = [
+        plan.checkpoint.replace(device=str(session.device)),
+        plan.data,
+        *(item for item in (plan.calibration, plan.hessian) if item is not None),
+    ]
     return CheckResult(
         verdict=verdict,
         values={key: value for key, value in values.items() if key in gated},
@@ -226,11 +259,14 @@ def run_check(
         calibration=calibration,
         settings=settings,
         sources=sources,
+        record=groups(*used),
         nonfinite=nonfinite,
         unconverged=tuple(hessian.unconverged) if hessian is not None else (),
-        warnings=tuple(messages),
+        warnings=tuple(said + messages),
+        said=len(said),
         inputs=inputs,
         timings=timings,
+        is_main=session.is_main,
     )
 
 
@@ -265,27 +301,38 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
     from curvcal.load.digest import file_info
     from curvcal.policy.baseline import load_report, metric_values, setting_differences
     from curvcal.provenance import environment
+    from curvcal.results import SCHEMA_VERSION
 
     began = time.perf_counter()
     baseline_report = load_report(request.baseline) if request.baseline is not None else None
-    with reporter.progress("measuring", None) as advance:
-        result = run_check(
-            request.policy,
-            request.checkpoint,
-            request.overrides,
-            metric_values(baseline_report) if baseline_report is not None else None,
-            trust=request.trust,
-            allow_globals=request.allow_globals,
-            on_step=lambda _stage, _n: advance(1),
-        )
+    result = run_check(
+        request.policy,
+        request.checkpoint,
+        request.overrides,
+        metric_values(baseline_report) if baseline_report is not None else None,
+        trust=request.trust,
+        allow_globals=request.allow_globals,
+        reporter=reporter,
+    )
+    settings: dict[str, Any] = {
+        **result.record,
+        "check": {
+            "policy": str(request.policy.path),
+            "fit_data": result.settings["fit_data"],
+            "rules": request.policy.rules,
+            "strict": request.strict,
+        },
+    }
     messages = list(result.warnings)
     if baseline_report is not None:
+        new = {"schema": SCHEMA_VERSION, "command": "check", "settings": settings}
         messages += [
             f"the baseline was computed with different settings: {difference}"
-            for difference in setting_differences({"settings": result.settings}, baseline_report)
+            for difference in setting_differences(new, baseline_report)
         ]
-    for message in messages:
-        reporter.warn(message)
+    if result.is_main:
+        for message in messages[result.said :]:
+            reporter.warn(message)
     failure = None
     if result.nonfinite:
         failure = NumericalError(
@@ -308,7 +355,7 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
         results=result,
         status=status,
         inputs=described,
-        settings={**result.settings, "rules": request.policy.rules, "strict": request.strict},
+        settings=settings,
         timings={**result.timings, "total": time.perf_counter() - began},
         environment=environment(),
         warnings=messages,
@@ -320,73 +367,39 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
 # settings
 
 
+@contextlib.contextmanager
+def _at_the_policy(where: Locator) -> Iterator[None]:
+    """A loader's error about the value of a setting (``--device: ...``) at the policy's line
+    when the policy set that value, not at the option the user never typed."""
+    classes = (CheckpointSettings, DataSettings, HessianSettings, CalibrationSettings)
+    try:
+        yield
+    except InputError as error:
+        for cls in classes:
+            readdressed = where.option_errors(cls)(error)
+            if readdressed is not error:
+                raise readdressed from None
+        raise
+
+
 def _calibration_settings(
     settings: Mapping[str, Any], method: str, where: Locator
 ) -> CalibrationSettings:
+    """The calibration settings of a policy (``method``: the maps the rules need); the
+    fraction fitted on recorded as ``calibrate`` records it (``None`` when nothing is fitted
+    on a split)."""
     from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
-    from curvcal.settings.calibration import CalibrationSettings
 
-    gammas = settings["gammas"]
-    fraction = None  # recorded as calibrate records it: the fraction fitted on, if any
+    fraction = None
     if method != "none" and settings["fit_data"] is None:
         fraction = settings["val_split"] or DEFAULT_VAL_SPLIT
-    with _at_the_setting(where):
-        base = CalibrationSettings(
-            method=method,
-            objective=settings["objective"],
-            focal_objective=settings["focal_objective"],
-            bins=settings["bins"],
-            edges=settings["edges"],
-            seed=settings["seed"],
-            val_split=fraction,
-        )
-        if gammas is None:
-            return base
-        return base.replace(gammas=tuple(float(g) for g in gammas))
-
-
-@contextlib.contextmanager
-def _at_the_setting(where: Locator, renamed: Mapping[str, str] | None = None) -> Iterator[None]:
-    """Re-address a settings kernel's error (``probes: must be ...``, or ``--probes: ...``) to
-    where the setting came from, naming the setting: the kernel's message names the value, the
-    policy line alone would not say which setting it is. ``renamed``: the kernel's names of
-    settings that the policy spells otherwise."""
-    try:
-        yield
-    except InputError as error:
-        kernel_name = error.what.lstrip("-").replace("-", "_")
-        name = (renamed or {}).get(kernel_name, kernel_name)
-        if name not in DEFAULTS:
-            raise
-        raise InputError(where(name), f"{name} {error.why}", error.hint) from None
-
-
-@contextlib.contextmanager
-def _blame_the_setting(where: Locator, sources: Mapping[str, str]) -> Iterator[None]:
-    """Re-address a loader's error about an option (``--device: ...``) to the policy's line
-    when the value came from the policy, not from that option."""
-    try:
-        yield
-    except InputError as error:
-        option = error.what.split(" ")[0]
-        name = option.lstrip("-").replace("-", "_")
-        if not option.startswith("--") or name not in DEFAULTS or sources.get(name) != "policy":
-            raise
-        raise type(error)(where(name), error.why, error.hint) from None
-
-
-#: policy keys that set a HessianSettings field of another name
-_HESSIAN_SPELLING = {"eigen_method": "method"}
-#: policy keys named like a HessianSettings field but meaning something else: ``method`` is the
-#: calibration's; ``trace`` is true, false or a trace method (``trace_method``)
-_NOT_HESSIAN = ("method", "trace")
+    return settings_of(CalibrationSettings, settings, where, method=method, val_split=fraction)
 
 
 def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) -> HessianSettings:
-    """The Hessian settings of a policy: each key that is a field's name sets that field
-    (:func:`~curvcal.settings.fields.from_mapping`), ``eigen_method`` sets ``method``,
-    ``trace`` sets ``trace_method`` when it names one, and the trace is measured when a rule
-    gates it."""
+    """The Hessian settings of a policy: each key sets the field of its name
+    (:mod:`curvcal.policy.keys`: ``eigen_method`` sets ``method``, ``trace`` the switch or the
+    ``trace_method``), and the trace is measured when a rule gates it."""
     trace = settings["trace"]
     if need.trace and trace is False:
         raise InputError(where("trace"), "trace = false, but the policy gates [trace]")
@@ -395,19 +408,14 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) 
         raise InputError(where("loss"), "loss 'focal' needs gamma under [settings]")
     if loss != "focal" and gamma not in (None, 0, 0.0):
         raise InputError(where("gamma"), f"gamma {gamma} is only used with loss 'focal'")
-    values = {key: value for key, value in settings.items() if key not in _NOT_HESSIAN}
-    for key, name in _HESSIAN_SPELLING.items():
-        values[name] = values.pop(key)
-    policy_key = {name: key for key, name in _HESSIAN_SPELLING.items()} | {"trace_method": "trace"}
-    with _at_the_setting(where, policy_key):
-        return from_mapping(
-            HessianSettings,
-            values,
-            trace=need.trace,
-            trace_method=trace if isinstance(trace, str) else "auto",
-            tol=float(settings["tol"]),
-            gamma=None if loss != "focal" else float(gamma),
-        )
+    return settings_of(
+        HessianSettings,
+        settings,
+        where,
+        trace=need.trace,
+        trace_method=trace if isinstance(trace, str) else "auto",
+        gamma=None if loss != "focal" else float(gamma),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,84 +423,65 @@ def _hessian_settings(settings: Mapping[str, Any], need: Needs, where: Locator) 
 
 
 def _calibrate(
+    session: Session,
     loaded: LoadedModel,
     data: LoadedData,
     fit: LoadedData | None,
     settings: Mapping[str, Any],
-    calibration_settings: CalibrationSettings,
-    method: str,
-    on_step: OnStep | None,
-) -> CalibrationAnalysis:
-    """Predict and run the calibration analysis exactly as ``curvcal calibrate`` would."""
+    plan: _Plan,
+) -> tuple[CalibrationAnalysis | None, int]:
+    """Predict (under the policy's ``nan_policy``) and run the calibration analysis exactly as
+    ``curvcal calibrate`` would; also the number of logits K. ``(None, 0)`` on the ranks but
+    0, which get no predictions."""
     from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT, analyse
 
-    logits, labels = _predict(loaded, data, settings["batch_size"], on_step)
-    source = f"data {data.spec}"
-    if method == "none":
-        return analyse(logits, labels, "logits", calibration_settings, source)
+    assert plan.calibration is not None
+    calibration, batch_size = plan.calibration, plan.data.batch_size
+    predicted = _predict(session, loaded, data, batch_size, "data", calibration.nan_policy)
+    fit_predicted = None
     if fit is not None:
-        return analyse(
+        fit_predicted = _predict(
+            session, loaded, fit, batch_size, "fit_data", calibration.nan_policy
+        )
+    if predicted is None:
+        return None, 0
+    logits, labels, _dropped = predicted
+    source, n_classes = f"data {data.spec}", int(logits.shape[1])
+    if plan.method == "none":
+        return analyse(logits, labels, "logits", calibration, source), n_classes
+    if fit is not None and fit_predicted is not None:
+        analysis = analyse(
             logits,
             labels,
             "logits",
-            calibration_settings,
+            calibration,
             source,
-            fit=_predict(loaded, fit, settings["batch_size"], on_step),
+            fit=fit_predicted[:2],
             fit_source=f"fit_data {fit.spec}",
         )
+        return analysis, n_classes
     fraction = settings["val_split"] or DEFAULT_VAL_SPLIT
-    return analyse(logits, labels, "logits", calibration_settings, source, fraction=fraction)
+    return analyse(logits, labels, "logits", calibration, source, fraction=fraction), n_classes
 
 
 def _predict(
-    loaded: LoadedModel, data: LoadedData, batch_size: int, on_step: OnStep | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and labels of every sample; a NaN or infinite logit is a numerical failure."""
-    import torch
-
-    from curvcal.pipeline.runtime import predict
-
-    advance = None if on_step is None else (lambda n: on_step("inference", n))
-    predictions = predict(loaded, data, batch_size, advance)
-    assert predictions is not None  # one process: every sample is predicted here
-    logits, labels = predictions
-    finite = torch.isfinite(logits).all(dim=1)
-    if not bool(finite.all()):
-        first = int((~finite).nonzero()[0, 0])
-        raise NumericalError(
-            str(loaded.path),
-            f"the model's logits on data {data.spec} contain NaN or infinity (first at sample "
-            f"{first})",
-            "check the weights and the input normalisation",
-        )
-    return logits, labels
-
-
-def _hessian(
+    session: Session,
     loaded: LoadedModel,
     data: LoadedData,
-    settings: Mapping[str, Any],
-    hessian_settings: HessianSettings,
-    on_step: OnStep | None,
-) -> tuple[HessianAnalysis, list[str]]:
-    """The Hessian analysis, with its convergence warnings returned as messages."""
-    from curvcal.curvature.analysis import analyse_hessian_with_messages
-    from curvcal.load.data import iter_batches
-    from curvcal.pipeline.session import default_params, resolve_loss
-
-    hessian_settings = resolve_loss(loaded, hessian_settings)
-    params, choice, say_choice = default_params(loaded, hessian_settings.params)
-    hessian_settings = dataclasses.replace(hessian_settings, params=params)
-    batch_size = settings["batch_size"]
-
-    def batches() -> Any:
-        return iter_batches(data.dataset, batch_size)
-
-    hook = None if on_step is None else (lambda stage, n: on_step(f"hessian:{stage}", n))
-    analysis, messages = analyse_hessian_with_messages(
-        loaded.module, batches, hessian_settings, on_step=hook
-    )
-    return analysis, ([f"Hessian over {choice}"] if say_choice and params else []) + messages
+    batch_size: int,
+    option: str,
+    nan_policy: str,
+) -> tuple[Any, Any, int] | None:
+    """The session's predictions under ``nan_policy``; a stop names the checkpoint, as a
+    check's numerical failures do (the policy, not an option, named the data)."""
+    try:
+        return session.predict(loaded, data, batch_size, option=option, nan_policy=nan_policy)
+    except NumericalError as error:
+        raise NumericalError(
+            str(loaded.path),
+            f"the model's logits on {option} {data.spec} contain NaN or infinity ({error.why})",
+            error.hint,
+        ) from None
 
 
 __all__ = ["CheckRequest", "CheckResult", "CheckRun", "OnStep", "check_checkpoint", "run_check"]

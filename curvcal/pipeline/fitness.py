@@ -16,8 +16,8 @@ from curvcal.errors import InputError
 
 if TYPE_CHECKING:
     from curvcal.console import Reporter
-    from curvcal.load.checkpoint import LoadedModel
-    from curvcal.load.data import LoadedData
+    from curvcal.load.loaded_data import LoadedData
+    from curvcal.load.loaded_model import LoadedModel
 
 
 def check_fitness(loaded: LoadedModel, data: LoadedData, option: str = "--data") -> int:
@@ -28,7 +28,8 @@ def check_fitness(loaded: LoadedModel, data: LoadedData, option: str = "--data")
     ``option SPEC`` when the model cannot run on the inputs, does not return ``(1, K)`` logits,
     or K does not cover the labels. Costs one forward pass of one sample.
     """
-    from curvcal.load.data import check_labels, first_input
+    from curvcal.load.batches import first_input
+    from curvcal.load.labels import check_labels
     from curvcal.pipeline.inference import check_model_runs
 
     where = f"{loaded.path} on {option} {data.spec}"

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from curvcal.console import Reporter
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.distributed import DistContext
-    from curvcal.load.checkpoint import LoadedModel
-    from curvcal.load.data import LoadedData
+    from curvcal.load.loaded_data import LoadedData
+    from curvcal.load.loaded_model import LoadedModel
     from curvcal.rows import Inputs
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
@@ -137,7 +137,7 @@ class Session:
         self, data: LoadedData, batch_size: int, option: str = "--data"
     ) -> Callable[[], Iterator[tuple[Inputs, torch.Tensor]]]:
         """A fresh iterator over this rank's batches of ``data`` at each call."""
-        from curvcal.load.data import iter_batches
+        from curvcal.load.batches import iter_batches
 
         indices = self.shard(data, option)
 
@@ -271,7 +271,7 @@ def resolve_loss(loaded: LoadedModel, settings: HessianSettings) -> HessianSetti
     """``settings`` with ``--loss own`` replaced by the loss ``loaded`` records in its metadata
     (:func:`~curvcal.load.checkpoint.recorded_loss`; γ kept for focal only); other losses as
     given."""
-    from curvcal.load.checkpoint import recorded_loss
+    from curvcal.load.metadata import recorded_loss
 
     if settings.loss != "own":
         return settings

@@ -184,13 +184,53 @@ def _v1_group(name: str) -> str | None:
     return None
 
 
+#: a 1.x ``check`` (and ``demo``) report's flat keys that are no policy key, by group
+_V1_VERDICT_KEYS = {"rules": "check", "strict": "check", "policy": "compare"}
+#: policy keys a 1.x check recorded as the policy set them, ``None`` meaning "chosen by the
+#: check" (the maps the rules need, the class's γ grid, the default split), not a value
+_V1_CHOSEN = ("method", "gammas", "val_split")
+
+
+def _v1_verdict_settings(
+    document: Mapping[str, Any], settings: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A 1.x ``check``, ``demo`` or ``compare`` report's flat settings (policy keys) as
+    today's ``group.option``: each key under the fields it sets (:mod:`curvcal.policy.keys`;
+    ``seed`` under both seeds), the check's and compare's own under ``check``/``compare``."""
+    from curvcal.policy.keys import KEYS
+
+    command = str(document.get("command"))
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key in _V1_VERDICT_KEYS:
+            group = "compare" if command == "compare" else _V1_VERDICT_KEYS[key]
+            flat[f"{group}.{key}"] = value
+        elif key == "fit_data":
+            flat["check.fit_data"] = value
+        elif key == "trace":  # true/false, or the trace method
+            flat["hessian.trace" if isinstance(value, bool) else "hessian.trace_method"] = value
+        elif key in KEYS:
+            if value is None and key in _V1_CHOSEN:
+                continue
+            for cls, name in KEYS[key]:
+                flat[f"{cls.GROUP}.{name}"] = value
+        else:
+            flat[key] = value
+    return flat
+
+
 def flat_settings(document: Mapping[str, Any]) -> dict[str, Any]:
     """A report's ``settings`` as ``{"group.option": value}`` (``option`` alone where a report
-    records a setting outside a group), 1.x reports read with today's names and groups."""
+    records a setting outside a group), 1.x reports read with today's names and groups: a
+    hessian report's flat options under their settings' groups, a check's (and demo's)
+    policy keys under the fields they set, so that any two reports compare the same
+    settings."""
     settings = document.get("settings")
     if not isinstance(settings, Mapping):
         return {}
     v1 = str(document.get("schema", "")).split(".")[0] == "1"
+    if v1 and document.get("command") in ("check", "compare", "demo"):
+        return _v1_verdict_settings(document, settings)
     flat: dict[str, Any] = {}
     for key, value in settings.items():
         if isinstance(value, Mapping) and not (v1 and key == "arch_kwargs"):

@@ -48,6 +48,7 @@ from typing import Any, NoReturn
 
 from curvcal.errors import InputError
 from curvcal.paths import readable_file
+from curvcal.policy.keys import Kind, kinds
 
 CALIBRATION_METRICS = (
     "ece",
@@ -88,57 +89,11 @@ _DOMAIN: dict[str, tuple[float, float]] = {
     "focal_temperature": (0.0, math.inf),
 }
 
-# Evaluation settings a policy may hold under [settings], with the type each must have. The
-# values themselves (an architecture's name, a dataset spec) are checked by the command that
-# uses them, exactly as if they had been given as options.
-_STR = "a string"
-_COUNT = "a whole number >= 1"
-_SEED = "a whole number >= 0 and <= 2**63-1"
-_BINS = "a whole number >= 1 and <= 10000"
-#: ``curvcal.choices.MAX_SEED`` and ``MAX_BINS`` (a policy imports no other part of curvcal; a
-#: test holds the copies equal)
-MAX_SEED = 2**63 - 1
-MAX_BINS = 10_000
-_TABLE = "a table"
-_FRACTION = "a number between 0 and 1 (exclusive)"
-_POSITIVE = "a number > 0"
-_NONNEGATIVE = "a number >= 0"
-_STR_OR_BOOL = "a string or true/false"
-_NUMBERS = "a non-empty list of numbers >= 0"
-SETTINGS: dict[str, str] = {
-    "arch": _STR,
-    "arch_kwargs": _TABLE,
-    "num_classes": _COUNT,
-    "state_dict_key": _STR,
-    "device": _STR,
-    "dtype": _STR,
-    "data": _STR,
-    "data_root": _STR,
-    "fit_data": _STR,
-    "val_split": _FRACTION,
-    "seed": _SEED,
-    "bins": _BINS,
-    "edges": _STR,
-    "method": _STR,
-    "objective": _STR,
-    "focal_objective": _STR,
-    "gammas": _NUMBERS,
-    "probes": _COUNT,
-    "top_k": _COUNT,
-    "eigen_method": _STR,
-    "max_iter": _COUNT,
-    "batch_size": _COUNT,
-    "max_samples": _COUNT,
-    "text_key": _STR,
-    "label_key": _STR,
-    "text_pair_key": _STR,
-    "tokenizer": _STR,
-    "max_length": _COUNT,
-    "loss": _STR,
-    "gamma": _NONNEGATIVE,
-    "tol": _POSITIVE,
-    "trace": _STR_OR_BOOL,
-}
+# Evaluation settings a policy may hold under [settings], with the kind each must have: the
+# fields they set (curvcal.policy.keys) give both. The values themselves (an architecture's
+# name, a dataset spec, a word of a setting's choices) are checked when a check runs, naming
+# where the value came from, as if they had been given as options.
+SETTINGS: dict[str, Kind] = dict(kinds())
 
 
 @dataclass(frozen=True)
@@ -285,8 +240,8 @@ class _Parser:
                     f"unknown setting '{key}'",
                     _choices("settings", tuple(SETTINGS)),
                 )
-            if not _has_kind(item, kind):
-                self._fail(("settings", key), f"setting '{key}' must be {kind}, not {item!r}")
+            if not kind.accepts(item):
+                self._fail(("settings", key), f"setting '{key}' must be {kind.text}, not {item!r}")
         return dict(value)
 
     def _rule(self, metric: str, stage: str | None, bounds: Any, where: tuple[str, ...]) -> Rule:
@@ -370,40 +325,6 @@ def _finite(number: float) -> bool:
         return math.isfinite(number)
     except OverflowError:
         return False
-
-
-def _has_kind(value: Any, kind: str) -> bool:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if kind == _STR:
-        return isinstance(value, str)
-    if kind == _TABLE:
-        return isinstance(value, dict)
-    if kind == _STR_OR_BOOL:
-        return isinstance(value, str | bool)
-    if kind == _NUMBERS:
-        return (
-            isinstance(value, list)
-            and bool(value)
-            and all(
-                isinstance(item, int | float)
-                and not isinstance(item, bool)
-                and _finite(item)
-                and item >= 0
-                for item in value
-            )
-        )
-    if kind in (_COUNT, _SEED, _BINS):
-        lowest = 0 if kind == _SEED else 1
-        highest = MAX_BINS if kind == _BINS else MAX_SEED  # counts, too, are int64 at most
-        whole = isinstance(value, int) and not isinstance(value, bool)
-        return whole and lowest <= value <= highest
-    if kind == _FRACTION:
-        return number and 0 < value < 1
-    if kind == _POSITIVE:
-        return number and _finite(value) and value > 0
-    if kind == _NONNEGATIVE:
-        return number and _finite(value) and value >= 0
-    raise AssertionError(kind)
 
 
 def _choices(what: str, names: Sequence[str]) -> str:

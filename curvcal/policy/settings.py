@@ -1,87 +1,29 @@
 """A policy's evaluation settings and what its rules need measured.
 
 A setting's value comes from the command line first, then the policy's ``[settings]``, then
-:data:`DEFAULTS`; errors about a value name where it came from (the option, or the policy's
-line). :func:`needs` says which measurements the rules call for, so that a check measures
-nothing more.
+:data:`DEFAULTS` (the defaults of the fields the keys set, :mod:`curvcal.policy.keys`);
+:func:`settings_of` builds a settings class from them, checking each value through its field
+first so that an error names where the value came from (the option, or the policy's line).
+:func:`needs` says which measurements the rules call for, so that a check measures nothing
+more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from curvcal.errors import InputError
+from curvcal.policy import keys
 from curvcal.policy.parse import CALIBRATION_METRICS, Policy, Rule, setting_location
-from curvcal.settings.calibration import CalibrationSettings
-from curvcal.settings.fields import defaults, settings_fields
+from curvcal.settings.fields import Settings, field_kind, from_mapping, option_name
 
-#: The calibration settings a policy may set: fields of
-#: :class:`~curvcal.settings.calibration.CalibrationSettings`, whose defaults and choices they
-#: take (``gammas`` too, but unset by default: the class's grid).
-CALIBRATION_KEYS = ("val_split", "seed", "bins", "edges", "method", "objective", "focal_objective")
-_CALIBRATION_DEFAULTS = defaults(CalibrationSettings)
-_CALIBRATION_CHOICES = {
-    field.name: spec.choices
-    for field, spec in settings_fields(CalibrationSettings)
-    if spec.choices is not None
-}
+S = TypeVar("S", bound=Settings)
 
-#: Every evaluation setting ``check`` reads, with its default (``None``: unset).
-DEFAULTS: dict[str, Any] = {
-    "arch": None,
-    "arch_kwargs": {},
-    "num_classes": None,
-    "state_dict_key": None,
-    "device": "auto",
-    "dtype": "float32",
-    "data": None,
-    "data_root": None,
-    "max_samples": None,
-    "text_key": "text",
-    "label_key": "label",
-    "text_pair_key": None,
-    "tokenizer": None,
-    "max_length": None,
-    "batch_size": 256,
-    "fit_data": None,
-    **{name: _CALIBRATION_DEFAULTS[name] for name in CALIBRATION_KEYS},
-    "gammas": None,
-    "top_k": 1,
-    "eigen_method": None,
-    "tol": 1e-4,
-    "max_iter": None,
-    "probes": 100,
-    "trace": True,
-    "loss": "ce",
-    "gamma": None,
-}
-
-# Settings whose value must be one of a few words.
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "device": (),  # checked by the loader (auto, cpu, cuda, cuda:N)
-    "dtype": ("float32", "float64"),
-    **{
-        name: _CALIBRATION_CHOICES[name]
-        for name in CALIBRATION_KEYS
-        if name in _CALIBRATION_CHOICES
-    },
-    "eigen_method": ("power", "lanczos"),
-    "loss": ("ce", "focal", "own"),
-}
-
-#: the ``trace`` setting's method names, ``--trace-method``'s (held equal to
-#: ``curvcal.choices.TRACE_METHODS`` by a test: a policy imports no other part of curvcal)
-TRACE_METHODS = (
-    "auto",
-    "gauss-newton",
-    "gauss-newton+hutchpp",
-    "gauss-newton+xtrace",
-    "hutchpp",
-    "xtrace",
-    "hutchinson",
-)
+#: Every evaluation setting ``check`` reads, with its default (``None``: unset): the default of
+#: the field it sets (:mod:`curvcal.policy.keys`).
+DEFAULTS: dict[str, Any] = {key: keys.default(key) for key in keys.KEYS}
 
 
 @dataclass(frozen=True)
@@ -156,20 +98,74 @@ class Locator:
             return setting_location(self.policy, name)
         return f"{self.policy.path} (default {name} = {DEFAULTS.get(name)!r})"
 
+    def of(self, cls: type[Settings]) -> Callable[[str], tuple[str, str] | None]:
+        """Where each field of ``cls`` came from, by field name: the place of the policy key
+        that set it and the key's name (``None`` for a field no key sets: the code set it)."""
+        named = keys.key_of(cls)
+
+        def where(field: str) -> tuple[str, str] | None:
+            key = named.get(field)
+            return None if key is None else (self(key), key)
+
+        return where
+
+    def option_errors(self, cls: type[Settings]) -> Callable[[InputError], InputError]:
+        """For the errors a loader raises about the value of a field of ``cls`` (naming its
+        option, ``--device``): the same error at the policy's line when the policy set that
+        value, not the option the user never typed; any other error as it is."""
+        policy_set = {
+            option_name(field): self(key)
+            for field, key in keys.key_of(cls).items()
+            if self.sources.get(key) == "policy"
+        }
+
+        def readdress(error: InputError) -> InputError:
+            where = policy_set.get(error.what)
+            return error if where is None else type(error)(where, error.why, error.hint)
+
+        return readdress
+
+
+def overrides_of(cls: type[Settings], typed: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy keys that options of ``cls``'s fields typed on the command line set,
+    ``{key: value}`` (fields no key sets are left out)."""
+    named = keys.key_of(cls)
+    return {named[field]: value for field, value in typed.items() if field in named}
+
+
+def settings_of(cls: type[S], settings: Mapping[str, Any], where: Locator, **fixed: Any) -> S:
+    """The ``cls`` settings of a check: each field a policy key sets takes that key's value
+    (unset keys: the field's default), ``fixed`` the rest; every value is checked against its
+    field before the object is built, an error naming the option or the policy line and the
+    key (``probes must be an integer ≥ 4, got 1``)."""
+    values: dict[str, Any] = {}
+    for field, key in keys.key_of(cls).items():
+        value = settings[key]
+        if key == keys.TRACE_KEY:  # true/false, or a trace method (which means true)
+            if field == "trace_method" and not isinstance(value, str):
+                continue
+            value = value if field == "trace_method" else value is not False
+        if value is None and not field_kind(cls, field)[1]:
+            continue  # unset: the field's default
+        values[field] = value
+    return from_mapping(cls, values, where.of(cls), **fixed)
+
 
 def check_choices(settings: Mapping[str, Any], where: Locator) -> None:
-    for name, choices in _CHOICES.items():
-        value = settings[name]
+    """Each setting that takes words against its field's choices (``trace``: true, false or
+    a trace method), and the settings that exclude each other."""
+    for name in keys.KEYS:
+        choices, value = keys.choices(name), settings[name]
         if choices and value is not None and value not in choices:
             raise InputError(
                 where(name),
                 f"{name} {value!r} is not one of {', '.join(choices)}",
             )
-    trace = settings["trace"]
-    if isinstance(trace, str) and trace not in TRACE_METHODS:
+    trace, methods = settings["trace"], keys.trace_methods()
+    if isinstance(trace, str) and trace not in methods:
         raise InputError(
             where("trace"),
-            f"trace {trace!r} is not true, false, {' or '.join(TRACE_METHODS)}",
+            f"trace {trace!r} is not true, false, {' or '.join(methods)}",
         )
     if settings["fit_data"] is not None and settings["val_split"] is not None:
         raise InputError(

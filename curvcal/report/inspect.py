@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from curvcal.report.tables import Table
 
 if TYPE_CHECKING:
-    from curvcal.load.checkpoint import CheckpointInfo
+    from curvcal.load.inspect import CheckpointInfo
 
 TENSOR_ROWS = 40
 _LIST_CELL = 8

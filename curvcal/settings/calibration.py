@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from curvcal.choices import MAX_BINS, MAX_SEED
 from curvcal.errors import InputError
 from curvcal.settings.fields import Settings, check_fields, setting
+from curvcal.settings.hessian import MAX_SEED
 
+#: The most ``--bins``: more bins than this hold no samples on any data set curvcal can score,
+#: and each stage keeps a row per bin (classwise ECE one per class).
+MAX_BINS = 10_000
 #: ``--method``: temperature scaling, focal temperature scaling, both, or none (metrics only).
 METHODS = ("ts", "focal-ts", "both", "none")
 #: ``--objective``: what temperature scaling minimises on the fit split.
@@ -91,6 +94,7 @@ class CalibrationSettings(Settings):
     gammas: tuple[float, ...] = setting(
         DEFAULT_GAMMAS,
         "γ grid of focal temperature scaling.",
+        low=0,
         parse=parse_gammas,
         metavar="G1,G2,...",
         default_text=",".join(f"{g:g}" for g in DEFAULT_GAMMAS),

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from curvcal import jsontext
 from curvcal.errors import InputError
+from curvcal.jsontext import loads as json_loads
 from curvcal.settings.fields import Settings, setting
 
 #: The most classes (``--num-classes``, a ``num_classes`` keyword or config entry): a classifier
@@ -27,7 +27,7 @@ def _parse_kwargs_json(_ctx: Any, param: Any, value: str | None) -> dict[str, An
     if value is None:
         return {}
     try:
-        parsed = jsontext.loads(value, str(param.name))
+        parsed = json_loads(value, str(param.name))
     except InputError as exc:
         raise click.BadParameter(exc.why, param=param) from None
     except json.JSONDecodeError as exc:
@@ -49,7 +49,7 @@ def _parse_pairs(_ctx: Any, param: Any, values: tuple[str, ...]) -> dict[str, An
         if not sep or not key.strip():
             raise click.BadParameter(f"{item!r} is not key=value", param=param)
         try:
-            pairs[key.strip()] = jsontext.loads(raw, item)
+            pairs[key.strip()] = json_loads(raw, item)
         except InputError as exc:
             raise click.BadParameter(f"{item!r}: {exc.why}", param=param) from None
         except json.JSONDecodeError:

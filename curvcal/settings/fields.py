@@ -122,6 +122,12 @@ def _kind(cls: type, name: str) -> tuple[type, bool]:
     return (origin if isinstance(origin, type) else object), optional
 
 
+def field_kind(cls: type, name: str) -> tuple[type, bool]:
+    """The base type of field ``name`` of ``cls`` (int, float, str, bool, Path, tuple, dict,
+    object) and whether it may be None."""
+    return _kind(cls, name)
+
+
 def default_of(field: dataclasses.Field[Any]) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
@@ -159,10 +165,40 @@ def _in_bounds(spec: Spec, value: float) -> bool:
     )
 
 
-def check_value(cls: type, field: dataclasses.Field[Any], spec: Spec, value: Any) -> None:
-    """Raise :class:`InputError` naming the option when ``value`` is not of the field's type,
-    range or choices."""
-    what = option_name(field.name)
+#: where a value came from, for messages: field name -> ``(what, label)``: the error's ``what``
+#: (an option, a policy's ``FILE:LINE``) and the name the message starts with (``""``: none,
+#: the option already names it); ``None``: the field's option
+Where = Callable[[str], tuple[str, str] | None]
+
+
+def check_value(
+    cls: type,
+    field: dataclasses.Field[Any],
+    spec: Spec,
+    value: Any,
+    where: Where | None = None,
+) -> None:
+    """Raise :class:`InputError` when ``value`` is not of the field's type, range or choices,
+    naming the option (or, with ``where``, the place and name it gives for the field)."""
+    try:
+        _check_value(cls, field, spec, value, option_name(field.name))
+    except InputError as error:
+        address = where(field.name) if where is not None else None
+        if address is None:
+            raise
+        what, label = address
+        if not label:
+            raise InputError(what, error.why, error.hint) from None
+        if spec.choices is not None and value not in spec.choices:
+            raise InputError(
+                what, f"{label} {value!r} is not one of {', '.join(spec.choices)}"
+            ) from None
+        raise InputError(what, f"{label} {error.why}", error.hint) from None
+
+
+def _check_value(
+    cls: type, field: dataclasses.Field[Any], spec: Spec, value: Any, what: str
+) -> None:
     kind, optional = _kind(cls, field.name)
     if value is None:
         if optional or kind is object:
@@ -198,15 +234,16 @@ def check_value(cls: type, field: dataclasses.Field[Any], spec: Spec, value: Any
         raise InputError(what, f"must be {noun} {_bound_text(spec)}, got {value!r}")
 
 
-def check_fields(settings: Settings) -> None:
+def check_fields(settings: Settings, where: Where | None = None) -> None:
     """Every setting of ``settings`` against its declared type, range and choices (a lower
-    bound that depends on another field comes from :meth:`Settings.lowest`)."""
+    bound that depends on another field comes from :meth:`Settings.lowest`); ``where`` says
+    where each value came from (default: its option)."""
     cls = type(settings)
     for field, spec in settings_fields(cls):
         low = settings.lowest(field.name)
         if low is not None:
             spec = dataclasses.replace(spec, low=low, low_open=False)
-        check_value(cls, field, spec, getattr(settings, field.name))
+        check_value(cls, field, spec, getattr(settings, field.name), where)
 
 
 class Settings:
@@ -259,11 +296,38 @@ def groups(*settings: Settings) -> dict[str, dict[str, Any]]:
     return {type(item).GROUP: record(item) for item in settings}
 
 
-def from_mapping(cls: type[S], values: Mapping[str, Any], **fixed: Any) -> S:
-    """An instance of ``cls`` from those ``values`` that name its fields (others ignored)."""
+def _as_field_type(cls: type, name: str, value: Any) -> Any:
+    """A value as a mapping (TOML, JSON) holds it, in the field's type: a string as a path, a
+    list as a tuple, an integer as a float; anything else as it is (checked later)."""
+    kind, _optional = _kind(cls, name)
+    if kind is Path and isinstance(value, str):
+        return Path(value)
+    if kind is tuple and isinstance(value, list):
+        return tuple(value)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def from_mapping(
+    cls: type[S], values: Mapping[str, Any], where: Where | None = None, **fixed: Any
+) -> S:
+    """An instance of ``cls`` from those ``values`` that name its fields (others ignored), each
+    converted to its field's type, and ``fixed``. With ``where``, every field is checked first
+    and an error names the place ``where`` gives for it (a policy's line, not an option the
+    user never typed)."""
     names = {field.name for field, _spec in settings_fields(cls)}
-    chosen = {name: value for name, value in values.items() if name in names}
-    return cls(**{**chosen, **fixed})
+    chosen = {
+        name: _as_field_type(cls, name, value) for name, value in values.items() if name in names
+    }
+    arguments = {**chosen, **fixed}
+    if where is not None:
+        draft = object.__new__(cls)  # the values unchecked: lowest() may read other fields
+        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+            value = arguments[field.name] if field.name in arguments else default_of(field)
+            object.__setattr__(draft, field.name, value)
+        check_fields(draft, where)
+    return cls(**arguments)
 
 
 # --------------------------------------------------------------------------- command line
@@ -296,12 +360,35 @@ def _click_type(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Any:
 
 
 def click_option(
-    cls: type, field: dataclasses.Field[Any], spec: Spec, required: bool = False
+    cls: type,
+    field: dataclasses.Field[Any],
+    spec: Spec,
+    required: bool = False,
+    *,
+    no_default: bool = False,
+    fallback: str | None = None,
+    help: str | None = None,
 ) -> Callable[[F], F]:
-    """The click option of one settings field (``required`` on this command)."""
+    """The click option of one settings field (``required`` on this command). ``no_default``:
+    the option has no default of its own (a value from elsewhere, ``fallback``, applies unless
+    it is typed; the help says so and gives the field's default); ``help`` replaces the field's
+    help text."""
     import click
 
     default = default_of(field)
+    if help is not None:
+        spec = dataclasses.replace(spec, help=help)
+    if no_default:
+        shown = spec.default_text or (
+            None if default in (None, (), {}) or spec.flag else _default_text(default)
+        )
+        if spec.flag or spec.multiple:  # a switch or a list typed here adds to what is set
+            fallback = shown = None
+        said = ", else ".join(part for part in (fallback, shown) if part)
+        spec = dataclasses.replace(
+            spec, help=spec.help + (f"  [default: {said}]" if said else ""), default_text=None
+        )
+        default = None
     names = [option_name(field.name), *spec.aliases]
     if spec.short:
         names.insert(0, spec.short)
@@ -310,7 +397,7 @@ def click_option(
         if spec.negatable:
             names = [f"{option_name(field.name)}/--no-{field.name.replace('_', '-')}"]
         kwargs.update(is_flag=True, default=bool(default))
-        kwargs["show_default"] = spec.negatable
+        kwargs["show_default"] = spec.negatable and not no_default
     else:
         click_type = _click_type(cls, field, spec)
         if click_type is not None:
@@ -328,6 +415,12 @@ def click_option(
     if spec.default_text:
         kwargs["help"] = f"{spec.help}  [default: {spec.default_text}]"
     return click.option(*names, field.name, **kwargs)
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return ",".join(f"{item:g}" if isinstance(item, float) else str(item) for item in value)
+    return str(value)
 
 
 def cli_fields(
@@ -361,6 +454,26 @@ def gather(
     return cls(**{**values, **fixed})
 
 
+def _typed(
+    cls: type[Settings],
+    kwargs: dict[str, Any],
+    exclude: tuple[str, ...],
+    only: tuple[str, ...] | None,
+) -> dict[str, Any]:
+    """Pop the options of ``cls`` out of ``kwargs``: those typed, ``{field name: value}``."""
+    import click
+    from click.core import ParameterSource
+
+    context = click.get_current_context()
+    typed: dict[str, Any] = {}
+    for field, spec in cli_fields(cls, exclude, only):
+        value = kwargs.pop(field.name)
+        if context.get_parameter_source(field.name) in (None, ParameterSource.DEFAULT):
+            continue
+        typed[field.name] = tuple(value) if spec.multiple and isinstance(value, list) else value
+    return typed
+
+
 def click_options(
     cls: type[Settings],
     keyword: str,
@@ -370,20 +483,30 @@ def click_options(
     required: tuple[str, ...] = (),
     build: Callable[[dict[str, Any]], Any] | None = None,
     before: Callable[[dict[str, Any]], None] | None = None,
+    no_defaults: bool = False,
+    fallback: str | None = None,
+    helps: Mapping[str, str] | None = None,
 ) -> Callable[[F], F]:
     """A decorator adding one click option per field of ``cls`` (but ``exclude``, or just
     ``only``: a command that takes a part of a class, ``study`` of the Hessian's; ``required``:
     the fields this command cannot do without); the command
     receives the settings as one ``keyword`` argument. ``build`` (given the command's keyword
     arguments) replaces the plain construction where a class needs more (an optional group);
-    ``before`` sees the typed values first (to refuse options that would do nothing)."""
+    ``before`` sees the typed values first (to refuse options that would do nothing).
+
+    ``no_defaults``: the options have no defaults, and the command receives only the values
+    typed on the command line (or given by an environment variable), ``{field name: value}``,
+    for a command whose settings come from elsewhere unless an option is typed (``check``'s
+    policy); ``fallback`` says in the help where an untyped value comes from. ``helps``: help texts that say more on this command than the field's."""
 
     def decorate(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if before is not None:
                 before(kwargs)
-            if build is not None:
+            if no_defaults:
+                kwargs[keyword] = _typed(cls, kwargs, exclude, only)
+            elif build is not None:
                 kwargs[keyword] = build(kwargs)
             else:
                 kwargs[keyword] = gather(cls, kwargs, exclude, only)
@@ -391,7 +514,15 @@ def click_options(
 
         command: Any = wrapper
         for field, spec in reversed(cli_fields(cls, exclude, only)):
-            command = click_option(cls, field, spec, field.name in required)(command)
+            command = click_option(
+                cls,
+                field,
+                spec,
+                field.name in required,
+                no_default=no_defaults,
+                fallback=fallback,
+                help=(helps or {}).get(field.name),
+            )(command)
         return command
 
     return decorate

@@ -12,7 +12,8 @@ from typing import ClassVar
 from curvcal.errors import InputError
 from curvcal.settings.fields import Settings, setting
 
-#: The largest seed: torch's and numpy's generators take a 64-bit seed.
+#: The largest seed: torch's and numpy's generators take a 64-bit seed, and a larger integer
+#: overflows inside them.
 MAX_SEED = 2**63 - 1
 #: Default relative tolerance of an eigenvalue.
 DEFAULT_TOL = 1e-4

@@ -15,15 +15,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from curvcal.errors import InputError, TrustError
-from curvcal.load.checkpoint import (
-    FORMS,
-    CheckpointSettings,
-    inspect_checkpoint,
-    load_model,
-    resolve_device,
-    resolve_dtype,
-)
+from curvcal.load.checkpoint import FORMS, load_model
+from curvcal.load.device import resolve_device, resolve_dtype
+from curvcal.load.inspect import inspect_checkpoint
 from curvcal.models import DigitsCNN
+from curvcal.settings.checkpoint import CheckpointSettings
 
 DIGITS = "curvcal:DigitsCNN"
 

@@ -12,14 +12,11 @@ import torch
 from safetensors.torch import save_file
 
 from curvcal.errors import InputError, TrustError
-from curvcal.load.data import (
-    NORMALISATION_PRESETS,
-    DataSettings,
-    check_labels,
-    iter_batches,
-    load_dataset,
-    stratified_split,
-)
+from curvcal.load.batches import iter_batches
+from curvcal.load.data import load_dataset
+from curvcal.load.labels import check_labels, stratified_split
+from curvcal.load.preprocessing import NORMALISATION_PRESETS
+from curvcal.settings.data import DataSettings
 
 
 def _xy(n: int = 12, k: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -304,7 +301,7 @@ def test_bundled_digits() -> None:
 
 def test_iter_batches_bad_size() -> None:
     x, y = _xy()
-    from curvcal.load.data import TensorPairDataset
+    from curvcal.load.tensor_dataset import TensorPairDataset
 
     with pytest.raises(InputError, match="--batch-size"):
         list(iter_batches(TensorPairDataset(x, y), 0))

@@ -15,7 +15,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from curvcal.errors import InputError, TrustError  # noqa: E402
-from curvcal.load.checkpoint import inspect_checkpoint, load_model  # noqa: E402
+from curvcal.load.checkpoint import load_model  # noqa: E402
+from curvcal.load.inspect import inspect_checkpoint  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
 
 LABELS = ("cat", "dog", "bird")

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from curvcal.errors import InputError
-from curvcal.load.checkpoint import LoadedModel, recorded_loss
+from curvcal.load.loaded_model import LoadedModel
+from curvcal.load.metadata import recorded_loss
 
 
 def _loaded(metadata: dict[str, str]) -> LoadedModel:

@@ -16,8 +16,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from curvcal.errors import InputError  # noqa: E402
+from curvcal.load.batches import iter_batches  # noqa: E402
 from curvcal.load.checkpoint import load_model  # noqa: E402
-from curvcal.load.data import iter_batches, load_dataset  # noqa: E402
+from curvcal.load.data import load_dataset  # noqa: E402
 from curvcal.load.text import text_model_of  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
 from curvcal.settings.data import DataSettings  # noqa: E402

@@ -1,0 +1,208 @@
+"""``torch.save`` pickles, loaded without running their code unless trusted.
+
+Every pickle is scanned opcode by opcode first (:func:`curvcal.load.formats.unsafe_globals`):
+without ``--trust-checkpoint`` one that needs a global outside torch's weights-only allowlist
+and ``--allow-global`` is refused, and the rest go through ``torch.load(weights_only=True)``.
+Nothing here falls back to an unsafe load by itself.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import struct
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from curvcal.errors import InputError, TrustError, one_line
+from curvcal.load.allowlist import allowed_classes, could_be_allowed
+from curvcal.load.formats import (
+    Container,
+    PickleGlobals,
+    plain_pickle_globals,
+    sniff,
+    torch_safe_globals,
+    unsafe_globals,
+)
+from curvcal.load.limits import check_zip_sizes
+from curvcal.load.loaded_model import ModuleFound
+from curvcal.load.state_dict import find_state_dict, is_state_dict, scalar_extras, top_level_keys
+from curvcal.load.weights import from_state_dict
+from curvcal.settings.checkpoint import CheckpointSettings
+
+TRUST_HINT = "pass --trust-checkpoint only if you trust the file's source"
+_DICT_GLOBALS = frozenset({"collections.OrderedDict", "builtins.dict"})
+
+
+def import_globals(names: tuple[str, ...]) -> list[Any]:
+    """Import each ``module.Class`` given with ``--allow-global``, refusing anything but plain
+    data classes (the rule is :mod:`curvcal.load.allowlist`)."""
+    return list(allowed_classes(names))
+
+
+def is_module_like(scan: PickleGlobals) -> bool:
+    """Whether the pickle's top-level object is built by a class other than a dict (a pickled
+    module, as far as a scan can tell)."""
+    return scan.top_level is not None and scan.top_level not in _DICT_GLOBALS
+
+
+def refuse_plain_pickle(path: Path) -> None:
+    """A plain Python pickle (not written by ``torch.save``) is never loaded: the error lists
+    the globals it would import."""
+    names = plain_pickle_globals(path)
+    listed = f"; it imports {', '.join(names)}" if names else ""
+    raise InputError(
+        str(path),
+        f"is a plain Python pickle, not a torch.save checkpoint{listed}",
+        "curvcal reads files written by torch.save or safetensors; "
+        "curvcal inspect lists a pickle's globals without running it",
+    )
+
+
+def outside_torch_allowlist(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``names`` that torch's weights-only unpickler does not admit."""
+    safe = torch_safe_globals()
+    return tuple(name for name in names if name not in safe)
+
+
+def load_pickle(
+    path: Path, container: Container, options: CheckpointSettings, allowed: list[Any]
+) -> ModuleFound:
+    """A pickled module, or the state dict in a pickle (under ``--state-dict-key`` or a
+    wrapper key such as ``state_dict``) loaded into ``--arch``."""
+    scan = unsafe_globals(path, container, options.allow_global, allowed)
+    if scan.names and not options.trust_checkpoint:
+        module_like = is_module_like(scan)
+        what = f"is a pickled {scan.top_level} object" if module_like else "is a pickle"
+        raise TrustError(
+            str(path),
+            f"{what} that needs {', '.join(scan.names)} to load, which a weights-only load refuses "
+            "and a full unpickling could use to run code",
+            _refusal_hint(scan.names, module_like),
+        )
+    # With trust and globals outside the allowlist, the full unpickler; otherwise weights-only.
+    obj = _full_load(path) if scan.names else weights_only_load(path, allowed)
+    if isinstance(obj, nn.Module):
+        return ModuleFound(module=obj, form="pickled_module")
+    try:
+        key, state = find_state_dict(obj, options.state_dict_key)
+    except KeyError:
+        keys = ", ".join(top_level_keys(obj)[:20]) or "none: the file holds no mapping"
+        raise InputError(
+            "--state-dict-key", f"{options.state_dict_key!r} is not a key of {path} (keys: {keys})"
+        ) from None
+    except LookupError:
+        keys = ", ".join(top_level_keys(obj)[:20])
+        raise InputError(
+            str(path),
+            f"holds a {type_name(obj)} with no state dict"
+            + (f" (top-level keys: {keys})" if keys else ""),
+            "name the key holding the weights with --state-dict-key",
+        ) from None
+    extras = scalar_extras(obj, key)
+    if isinstance(state, nn.Module):
+        return ModuleFound(state, "pickled_module", state_dict_key=key, metadata=extras)
+    if not is_state_dict(state):
+        raise InputError(str(path), f"the value under {key!r} is not a state dict (str -> tensor)")
+    return from_state_dict(
+        path, "state_dict", state, key, options.arch, dict(options.keywords), options, extras
+    )
+
+
+def load_state_file(path: Path, options: CheckpointSettings) -> dict[str, torch.Tensor]:
+    """The state dict in a ``torch.save`` file, through a weights-only load only (a model
+    folder's ``pytorch_model.bin``: its globals are never trusted, whatever the options)."""
+    allowed = import_globals(options.allow_global)
+    container = sniff(path)
+    if container.kind not in ("torch-zip", "torch-legacy"):
+        raise InputError(str(path), f"is a {container.kind} file, not torch.save weights")
+    scan = unsafe_globals(path, container, options.allow_global, allowed)
+    if scan.names:
+        raise TrustError(
+            str(path),
+            f"needs {', '.join(scan.names)} to load, which a weights-only load refuses",
+            "re-save the folder with safetensors (save_pretrained does by default)",
+        )
+    obj = weights_only_load(path, allowed)
+    try:
+        _key, state = find_state_dict(obj)
+    except LookupError:
+        raise InputError(str(path), "holds no state dict") from None
+    if not is_state_dict(state):
+        raise InputError(str(path), "holds no state dict (str -> tensor)")
+    return dict(state)
+
+
+def _refusal_hint(names: tuple[str, ...], module_like: bool) -> str:
+    """The trust hint, plus ``--allow-global`` only when every refused global could be a plain
+    data class (never for whole modules, functions or anything from a denied module)."""
+    if module_like or not all(could_be_allowed(name) for name in names):
+        return TRUST_HINT
+    flags = " ".join(f"--allow-global {name}" for name in names)
+    return f"{TRUST_HINT}; if these are plain data classes you trust, {flags} admits them and runs no code from the file"
+
+
+def weights_only_load(path: Path, allowed: list[Any]) -> Any:
+    """``torch.load(weights_only=True)`` admitting ``allowed``, after the archive's sizes are
+    checked; a refusal is a :class:`TrustError`, a corrupt file an :class:`InputError`."""
+    check_zip_sizes(path)
+    try:
+        with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            # torch warns while validating a sparse tensor: the refusal of the layout says it
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights only load failed" in str(exc).lower():
+            refused = re.findall(r"GLOBAL ([\w.]+)", str(exc))
+            raise TrustError(
+                str(path),
+                f"a weights-only load refused it{' (needs ' + ', '.join(refused) + ')' if refused else ''}",
+                TRUST_HINT,
+            ) from exc
+        raise InputError(str(path), f"corrupt pickle: {one_line(exc)}") from exc
+    except (
+        RuntimeError,
+        EOFError,
+        ValueError,
+        OSError,
+        IndexError,
+        KeyError,
+        # a corrupt legacy pickle calls torch's allow-listed rebuild functions with the wrong
+        # arguments, or names a storage it never defines
+        TypeError,
+        AssertionError,
+        # a corrupt legacy persistent id whose storage type is some other allowed object
+        # (a dict: "'dict' object has no attribute 'dtype'"); no code from the file runs here
+        AttributeError,
+        struct.error,  # a legacy file cut inside a storage's size
+    ) as exc:
+        raise InputError(
+            str(path), f"cannot be read (truncated or corrupt?): {one_line(exc)}"
+        ) from exc
+
+
+def _full_load(path: Path) -> Any:
+    """Full unpickling: runs code from the file. Only reached with ``trust``."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (ImportError, AttributeError) as exc:
+        raise InputError(
+            str(path),
+            f"needs code that is not importable here: {one_line(exc)}",
+            "install the package that defined the model",
+        ) from exc
+    except (RuntimeError, EOFError, ValueError, OSError, pickle.UnpicklingError) as exc:
+        raise InputError(
+            str(path), f"cannot be read (truncated or corrupt?): {one_line(exc)}"
+        ) from exc
+
+
+def type_name(obj: Any) -> str:
+    """``module.QualifiedName`` of ``obj``'s class."""
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,68 @@
+"""Text classification data as a dataset: texts and labels read from a table
+(:func:`curvcal.load.text.read_table`), tokenized once, padded per batch by the dataset's
+``collate``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from curvcal.errors import InputError
+from curvcal.load.loaded_data import LoadedData
+from curvcal.load.preprocessing import reject_image_transforms
+from curvcal.settings.data import DataSettings
+
+if TYPE_CHECKING:
+    from curvcal.load.text import TextModel
+
+
+def load_text(options: DataSettings, model: TextModel | None) -> LoadedData:
+    """The texts (and text pairs) of the table ``options.spec``, tokenized with
+    ``options.tokenizer`` or ``model``'s, their label names mapped through its ``label2id``."""
+    from curvcal.load import text
+
+    reject_image_transforms(options, "text data")
+    if options.mean is not None or options.std is not None:
+        raise InputError("--mean/--std", "do not apply to text data")
+    columns, files, file = text.read_table(options.spec)
+    texts = text.as_texts(
+        text.text_column(columns, options.text_key, file, "--text-key"), file, options.text_key
+    )
+    pairs = None
+    if options.text_pair_key is not None:
+        pairs = text.as_texts(
+            text.text_column(columns, options.text_pair_key, file, "--text-pair-key"),
+            file,
+            options.text_pair_key,
+        )
+    raw_labels = text.text_column(columns, options.label_key, file, "--label-key")
+    labels = text.text_labels(raw_labels, model.label2id if model else {}, file, options.label_key)
+    tokenizer, source = text.load_tokenizer(options.tokenizer, model, options.trust_checkpoint)
+    if options.max_length is not None:
+        max_length, length_source = options.max_length, "--max-length"
+    else:
+        max_length, length_source = text.default_max_length(tokenizer, model)
+    encodings, truncated = text.tokenize(tokenizer, texts, pairs, max_length)
+    return LoadedData(
+        dataset=text.TextDataset(encodings, labels, tokenizer),
+        spec=options.spec,
+        n_samples=len(encodings),
+        num_classes=int(labels.max()) + 1 if labels.numel() else None,
+        labels=labels,
+        files=files,
+        num_classes_source="inferred",
+        transforms=("tokenize", "pad per batch"),
+        text={
+            "file": file,
+            "columns": {
+                "text": options.text_key,
+                "text_pair": options.text_pair_key,
+                "label": options.label_key,
+            },
+            "n_texts": len(encodings),
+            "max_length": max_length,
+            "max_length_source": length_source,
+            "truncated": truncated,
+            "tokenizer": source,
+            "tokenizer_class": type(tokenizer).__name__,
+        },
+    )

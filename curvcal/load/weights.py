@@ -1,0 +1,147 @@
+"""Weights into the module they belong to: a state dict (from a pickle or a safetensors file)
+loaded into the architecture that ``--arch``, or the file's own metadata, names.
+
+The architecture's ``num_classes`` is ``--num-classes``, else the row count of the last 2-D
+weight when the architecture takes that keyword. The keys must match the module's after a
+wrapper prefix (``module.``, ``_orig_mod.``) is stripped (:mod:`curvcal.load.state_dict`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from curvcal.errors import InputError, one_line
+from curvcal.load.architecture import accepts_keyword, build_architecture
+from curvcal.load.formats import Container, safetensors_metadata
+from curvcal.load.loaded_model import ModuleFound
+from curvcal.load.metadata import ARCH_METADATA_KEY, recorded_arch_kwargs
+from curvcal.load.state_dict import infer_num_classes, match_keys, unloadable_tensors
+from curvcal.settings.checkpoint import CheckpointSettings
+
+
+def load_safetensors(path: Path, container: Container, options: CheckpointSettings) -> ModuleFound:
+    """A safetensors file: its state dict into ``--arch``, or into the architecture its
+    metadata records (``curvcal.arch``, ``curvcal.arch_kwargs``) when ``--arch`` is not given."""
+    from safetensors.torch import load_file
+
+    metadata = safetensors_metadata(container.header)
+    arch, kwargs = options.arch, dict(options.keywords)
+    from_metadata = arch is None and ARCH_METADATA_KEY in metadata
+    if from_metadata:
+        arch = metadata[ARCH_METADATA_KEY]
+        kwargs = {**recorded_arch_kwargs(path, metadata), **kwargs}
+    try:
+        state = load_file(str(path), device="cpu")
+    except Exception as exc:  # safetensors raises its own error types
+        raise InputError(str(path), f"cannot read safetensors file: {one_line(exc)}") from exc
+    try:
+        return from_state_dict(path, "safetensors", state, None, arch, kwargs, options, metadata)
+    except InputError as error:
+        if not (from_metadata and error.what.startswith("--arch")):
+            raise
+        # the architecture was named by the file, not by --arch: say so
+        what = f"{path} (its metadata {ARCH_METADATA_KEY} = {arch!r})"
+        raise type(error)(what, error.why, error.hint) from None
+
+
+def from_state_dict(
+    path: Path,
+    form: str,
+    state: Mapping[str, torch.Tensor],
+    key: str | None,
+    arch: str | None,
+    kwargs: dict[str, Any],
+    options: CheckpointSettings,
+    metadata: dict[str, str],
+) -> ModuleFound:
+    """Build ``arch`` with ``kwargs`` and load ``state`` into it, strictly. ``metadata`` is
+    what the file recorded beside the weights; the result's adds how ``num_classes`` was
+    chosen and how many keys outside the prefix were ignored."""
+    if arch is None:
+        recorded = metadata.get("arch")
+        hint = "pass --arch tv:NAME, timm:NAME, hf:FOLDER, curvcal:NAME or py:package.module:Class"
+        if recorded:  # timm's training script records the model name under "arch"
+            hint = (
+                f"the file records arch {recorded!r}: pass --arch timm:{recorded} if it is timm's"
+            )
+        raise InputError(
+            str(path), "holds only weights; the architecture they belong to is not recorded", hint
+        )
+    metadata = dict(metadata)
+    if options.num_classes is not None:
+        if kwargs.get("num_classes", options.num_classes) != options.num_classes:
+            raise InputError(
+                "--num-classes",
+                f"{options.num_classes} conflicts with num_classes={kwargs['num_classes']} "
+                "in the architecture keyword arguments",
+            )
+        kwargs["num_classes"] = options.num_classes
+    elif "num_classes" not in kwargs and accepts_keyword(
+        arch, "num_classes", options.trust_checkpoint
+    ):
+        inferred = infer_num_classes([(k, tuple(v.shape)) for k, v in state.items()])
+        if inferred is not None:
+            kwargs["num_classes"] = inferred
+            metadata["num_classes_source"] = "inferred from the last 2-D weight"
+    module = build_architecture(arch, kwargs, options.trust_checkpoint)
+    match = match_keys(state, module.state_dict())
+    if not match.ok:
+        hint = "check --arch, --arch-kwargs, --num-classes and --state-dict-key"
+        if "num_classes_source" in metadata:
+            hint += f"; num_classes={kwargs['num_classes']} was inferred from the checkpoint"
+        raise InputError(str(path), f"weights do not fit {arch}: {match.describe_problems()}", hint)
+    refuse_unloadable(path, match.renamed, module)
+    module.load_state_dict(match.renamed, strict=True)
+    if match.ignored:
+        metadata["ignored_keys"] = f"{match.ignored} keys outside prefix {match.prefix!r}"
+    facts = architecture_facts(arch, module)
+    return ModuleFound(
+        module=module,
+        form=form,
+        arch=arch,
+        state_dict_key=key,
+        stripped_prefix=match.prefix or None,
+        metadata=metadata,
+        **facts,
+    )
+
+
+def refuse_unloadable(path: Path, state: Mapping[str, torch.Tensor], module: nn.Module) -> None:
+    """Weights that cannot become the module's (:func:`~curvcal.load.state_dict.unloadable_tensors`:
+    a sparse or meta tensor, complex or boolean into real) are an :class:`InputError` listing
+    the first three."""
+    bad = unloadable_tensors(state, module.state_dict())
+    if bad:
+        shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise InputError(str(path), f"{len(bad)} weights cannot be loaded: {shown}")
+
+
+def architecture_facts(arch: str, module: nn.Module) -> dict[str, Any]:
+    """Architecture name, labels, input modality and preprocessing of a module built from
+    ``arch`` (``hf:FOLDER`` reads the folder's config; ``timm:NAME`` the model's
+    ``pretrained_cfg``); nothing for other architectures."""
+    scheme, _, name = arch.partition(":")
+    if scheme == "hf":
+        from curvcal.load.hf import read_folder
+
+        folder = read_folder(Path(name).expanduser(), need_weights=False)
+        return {
+            "architecture": folder.architecture,
+            "labels": folder.labels,
+            "modality": folder.modality,
+            "preprocessing": folder.preprocessing,
+        }
+    if scheme == "timm":
+        from curvcal.load.hf import timm_preprocessing
+
+        return {
+            "architecture": name,
+            "modality": "image",
+            "preprocessing": timm_preprocessing(module, name),
+        }
+    return {}
