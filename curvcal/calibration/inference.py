@@ -1,20 +1,60 @@
 """The logits a calibration is measured on: one inference pass of a model over a dataset.
 
-:func:`predict` runs a user's model over a DataLoader (or a list of ``(x, y)`` batches, or one
-``(x, y)`` pair) in eval mode and hands back every logit and label, ready for
+:func:`batch_logits` is the one inference loop (the command line's pass,
+:func:`curvcal.pipeline.inference.predict_logits`, runs it too). :func:`predict` runs a user's
+model over a DataLoader (or a list of ``(x, y)`` batches, or one ``(x, y)`` pair) in eval mode
+and hands back every logit and label, ready for
 :func:`~curvcal.calibration.metrics.calibration_metrics` and the scaling fits. The model is
 left as it was handed in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from curvcal import rows
-from curvcal.errors import InputError
+from curvcal.errors import CurvcalError, InputError, NumericalError
+
+
+def batch_logits(
+    model: nn.Module,
+    batches: Iterable[tuple[rows.Inputs, Tensor]],
+    device: torch.device,
+    dtype: torch.dtype | None,
+    on_step: Callable[[int], None] | None = None,
+    *,
+    error: type[CurvcalError] = NumericalError,
+    where: str = "model output",
+) -> tuple[Tensor, Tensor]:
+    """Concatenated logits ``(N, K)`` and labels ``(N,)`` of ``model`` over ``batches``.
+
+    The model is used as it is (its train/eval mode untouched), without gradients. Inputs are
+    moved to ``device``, floating ones cast to ``dtype`` (``None``: kept). An output that is
+    not ``(batch, K)`` logits raises ``error`` naming ``where`` and the batch. Logits come
+    back on the CPU in the model's dtype, labels as int64; ``on_step`` receives the number of
+    samples of each finished batch. No batch: empty tensors ``(0, 0)`` and ``(0,)``.
+    """
+    logits: list[Tensor] = []
+    labels: list[Tensor] = []
+    with torch.no_grad():
+        for index, (x, y) in enumerate(batches):
+            out = model(rows.to_device(x, device, dtype, non_blocking=True))
+            if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[0] != len(y):
+                got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                raise error(
+                    where, f"batch {index}: expected logits of shape ({len(y)}, classes), got {got}"
+                )
+            logits.append(out.detach().cpu())
+            labels.append(y.detach().cpu().long())
+            if on_step is not None:
+                on_step(len(y))
+    if not logits:
+        return torch.empty(0, 0, dtype=dtype or torch.float32), torch.empty(0, dtype=torch.long)
+    return torch.cat(logits), torch.cat(labels)
 
 
 def predict(model: nn.Module, data: Any) -> tuple[Tensor, Tensor]:
@@ -40,28 +80,25 @@ def predict(model: nn.Module, data: Any) -> tuple[Tensor, Tensor]:
     device = first.device if first is not None else torch.device("cpu")
     dtype = first.dtype if first is not None and first.is_floating_point() else None
     flags = [(module, module.training) for module in model.modules()]
-    logits: list[Tensor] = []
-    labels: list[Tensor] = []
+    n_batches = 0
+
+    def pairs() -> Any:
+        nonlocal n_batches
+        for index, batch in enumerate(rows.as_batches(data)):
+            n_batches += 1
+            yield _pair(batch, index)
+
     try:
         model.eval()
-        with torch.no_grad():
-            for index, batch in enumerate(rows.as_batches(data)):
-                x, y = _pair(batch, index)
-                out = model(rows.to_device(x, device, dtype))
-                if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[0] != len(y):
-                    got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-                    raise InputError(
-                        "model",
-                        f"batch {index}: expected logits of shape ({len(y)}, classes), got {got}",
-                    )
-                logits.append(out.detach().cpu())
-                labels.append(y.detach().cpu().long())
+        logits, labels = batch_logits(
+            model, pairs(), device, dtype, error=InputError, where="model"
+        )
     finally:
         for module, flag in flags:
             module.training = flag
-    if not logits:
+    if not n_batches:
         raise InputError("data", "holds no batch", "pass a DataLoader or a list of (x, y) pairs")
-    return torch.cat(logits), torch.cat(labels)
+    return logits, labels
 
 
 def _pair(batch: Any, index: int) -> tuple[rows.Inputs, Tensor]:

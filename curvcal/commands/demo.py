@@ -1,10 +1,10 @@
 """`curvcal demo`: the main job on the bundled digits example, as a guided tour.
 
-It inspects the bundled checkpoint, measures it on the held-out digits, and runs the CI gate of
-the bundled policy (``curvcal/assets/demo_policy.toml``) through the same library function as
-``curvcal check`` (see :mod:`curvcal.pipeline.demo`): Hessian (top-3 eigenvalues by Lanczos,
-Hutch++ trace), calibration (TS and focal TS fitted on half the digits, measured on the other
-half) and the verdict.
+It inspects the bundled checkpoint, predicts the held-out digits once, and judges them by the
+CI gate of the bundled policy (``curvcal/assets/demo_policy.toml``, read as ``curvcal check``
+reads it; see :mod:`curvcal.pipeline.demo`): Hessian (top-3 eigenvalues by Lanczos, the trace),
+calibration (TS and focal TS fitted on half the digits, measured on the other half) and the
+verdict.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
     )
     plots = plot_paths(plot_dir, options.force) if plot_dir is not None else None
     run = run_demo(DemoRequest(batch_size, plots or ()), reporter)
+    if run is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return 0
     result = run.check
     assert result.hessian is not None and result.calibration is not None
     if plots is not None:

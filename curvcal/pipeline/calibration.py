@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from curvcal.errors import InputError, NumericalError
+from curvcal.errors import InputError
 from curvcal.results import Report
 from curvcal.settings.calibration import CalibrationSettings
 from curvcal.settings.fields import groups, record
 
 if TYPE_CHECKING:
-    import torch
-
     from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
     from curvcal.load.logits import LogitsData
@@ -71,11 +69,6 @@ class CalibrationRun:
 
     analysis: CalibrationAnalysis
     report: Report
-
-
-def dropped_warning(count: int, total: int, source: str) -> str:
-    """The warning for rows left out by ``--nan-policy drop``."""
-    return f"{source}: left out {count} of {total} rows with a NaN or Inf (--nan-policy drop)"
 
 
 def analyse(
@@ -159,28 +152,19 @@ def run_calibrate(
     reporter: Reporter,
     write: WriteOutputs | None = None,
 ) -> CalibrationRun | None:
-    """Predict every sample of the data (and fit data), then fit and measure the maps as
-    ``settings`` ask (``settings.method`` resolved: ``none`` fits nothing).
+    """Predict every sample of the data (and fit data) in one run session, then fit and
+    measure the maps as ``settings`` ask (``settings.method`` resolved: ``none`` fits nothing).
 
     Under torchrun every rank predicts its shard and leaves; rank 0 gets the logits of all
-    samples, runs the analysis and returns the run (the other ranks return ``None``).
+    samples (rows with a NaN or Inf handled by ``--nan-policy``), runs the analysis and returns
+    the run (the other ranks return ``None``).
     """
-    import dataclasses
-
     from curvcal.calibration.inputs import looks_like_probabilities
-    from curvcal.console import Reporter
-    from curvcal.load.checkpoint import load_model
-    from curvcal.load.data import load_dataset
     from curvcal.load.digest import file_info
-    from curvcal.load.text import text_model_of
     from curvcal.pipeline.calibration_warnings import analysis_warnings, probabilities_as_logits
     from curvcal.pipeline.calibrator import CalibratorProvenance
-    from curvcal.pipeline.compatibility import (
-        check_compatible,
-        say_preprocessing,
-        single_class_warning,
-    )
-    from curvcal.pipeline.runtime import distributed_run, predict
+    from curvcal.pipeline.compatibility import single_class_warning
+    from curvcal.pipeline.session import open_session
     from curvcal.provenance import environment
 
     fit_data = request.fit_data
@@ -190,54 +174,26 @@ def run_calibrate(
     if settings.method != "none" and fit_data is None:
         fraction = settings.val_split or DEFAULT_VAL_SPLIT
     settings = settings.replace(val_split=fraction)
-    timings: dict[str, float] = {}
-    warnings: list[str] = []
-    began = time.perf_counter()
-    with distributed_run(request.checkpoint_options.device) as (device, context):
-        if not context.is_main:  # rank 0 speaks for the run
-            reporter = Reporter(quiet=True)
-        loaded = load_model(
-            request.checkpoint,
-            dataclasses.replace(request.checkpoint_options, device=str(device)),
-        )
-        trust = request.checkpoint_options.trust_checkpoint
-        data = load_dataset(
-            request.data_options.replace(trust_checkpoint=trust),
-            loaded.preprocessing,
-            text_model_of(loaded),
-        )
-        n_classes = check_compatible(loaded, data, "--data")
+    data_options, batch_size = request.data_options, request.batch_size
+    with open_session(request.checkpoint_options, reporter) as session:
+        loaded = session.model(request.checkpoint)
+        data = session.dataset(loaded, data_options)
         fit_loaded = None
         if fit_data is not None:
-            fit_loaded = load_dataset(
-                request.data_options.replace(data=fit_data, trust_checkpoint=trust),
-                loaded.preprocessing,
-                text_model_of(loaded),
-            )
-            check_compatible(loaded, fit_loaded, "--fit-data")
-        say_preprocessing(data, reporter, warnings)
-        if fit_loaded is not None:
-            say_preprocessing(fit_loaded, reporter, warnings, "--fit-data")
-        if n_classes == 1:
-            warnings.append(single_class_warning(str(request.checkpoint)))
-            reporter.warn(warnings[-1])
-        timings["load"] = time.perf_counter() - began
-
-        began = time.perf_counter()
-        with reporter.progress("inference", _shard_size(data, context)) as advance:
-            predictions = predict(loaded, data, request.batch_size, advance)
+            fit_loaded = session.dataset(loaded, data_options.replace(data=fit_data), "--fit-data")
+        said = len(session.warnings)  # the preprocessing warnings, already said
+        predictions = session.predict(loaded, data, batch_size, nan_policy=settings.nan_policy)
         fit_predictions = None
         if fit_loaded is not None:
-            with reporter.progress(
-                "inference (fit data)", _shard_size(fit_loaded, context)
-            ) as advance:
-                fit_predictions = predict(
-                    loaded, fit_loaded, request.batch_size, advance, "--fit-data"
-                )
-        timings["inference"] = time.perf_counter() - began
+            fit_predictions = session.predict(
+                loaded, fit_loaded, batch_size, option="--fit-data", nan_policy=settings.nan_policy
+            )
     if predictions is None:
         return None
-    logits, labels = predictions
+    logits, labels, dropped = predictions
+    warnings, timings = session.warnings, session.timings
+    if logits.shape[1] == 1:
+        warnings.insert(said, single_class_warning(str(request.checkpoint)))
     if request.save_logits is not None:
         from curvcal.load.logits import save_logits
 
@@ -245,16 +201,7 @@ def run_calibrate(
 
     began = time.perf_counter()
     source = f"--data {data.spec}"
-    dropped = {"data": 0, "fit_data": 0}
-    shown = len(warnings)
-    logits, labels, dropped["data"] = _finite_rows(
-        logits, labels, settings.nan_policy, source, warnings
-    )
-    if fit_predictions is not None:
-        fit_logits, fit_labels, dropped["fit_data"] = _finite_rows(
-            *fit_predictions, settings.nan_policy, f"--fit-data {fit_data}", warnings
-        )
-        fit_predictions = (fit_logits, fit_labels)
+    fit = None if fit_predictions is None else fit_predictions[:2]
     if looks_like_probabilities(logits):
         warnings.append(
             probabilities_as_logits(
@@ -263,26 +210,26 @@ def run_calibrate(
                 "them with curvcal metrics --input-kind probs",
             )
         )
-    for warning in warnings[shown:]:
-        reporter.warn(warning)
+    for warning in warnings[said:]:
+        session.reporter.warn(warning)
     analysis = analyse(
         logits,
         labels,
         "logits",
         settings,
         source,
-        fit=fit_predictions,
+        fit=fit,
         fit_source=f"--fit-data {fit_data}",
         fraction=fraction,
     )
     timings["calibration"] = time.perf_counter() - began
-    _warn(analysis_warnings(analysis), warnings, reporter)
+    _warn(analysis_warnings(analysis), warnings, session.reporter)
     inputs: dict[str, Any] = {
         "checkpoint": loaded.describe(),
-        "data": {**data.describe(), "dropped_rows": dropped["data"]},
+        "data": {**data.describe(), "dropped_rows": dropped},
     }
-    if fit_loaded is not None:
-        inputs["fit_data"] = {**fit_loaded.describe(), "dropped_rows": dropped["fit_data"]}
+    if fit_loaded is not None and fit_predictions is not None:
+        inputs["fit_data"] = {**fit_loaded.describe(), "dropped_rows": fit_predictions[2]}
     fitted_on = fit_loaded if fit_loaded is not None else data
     names = tuple(loaded.labels) if len(loaded.labels) == analysis.n_classes else None
     provenance = CalibratorProvenance(
@@ -303,47 +250,17 @@ def run_calibrate(
         inputs=inputs,
         settings={
             **groups(
-                request.checkpoint_options.replace(device=str(device)),
-                request.data_options,
+                request.checkpoint_options.replace(device=str(session.device)),
+                data_options,
                 settings,
             ),
             "calibrate": {"fit_data": fit_data, "save_logits": request.save_logits},
         },
         timings=timings,
-        environment={**environment(loaded.device), "world_size": context.world_size},
+        environment={**environment(loaded.device), "world_size": session.context.world_size},
         warnings=warnings,
     )
     return CalibrationRun(analysis, report)
-
-
-def _shard_size(data: Any, context: Any) -> int:
-    from curvcal.distributed import shard_indices
-
-    return len(shard_indices(data.n_samples, context.rank, context.world_size))
-
-
-def _finite_rows(
-    logits: torch.Tensor, labels: torch.Tensor, policy: str, source: str, warnings: list[str]
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The model's logits under ``--nan-policy``: rows with a NaN or Inf stop the run (exit 3,
-    naming the data and the first such sample) or are left out with a warning."""
-    from curvcal.load.logits import drop_rows, nonfinite_rows
-
-    rows = nonfinite_rows(logits)
-    count, total = int(rows.numel()), int(logits.shape[0])
-    if count == 0:
-        return logits, labels, 0
-    if policy == "error" or count == total:
-        raise NumericalError(
-            source,
-            f"the model's logits are NaN or Inf for {count} of {total} samples, the first "
-            f"being sample {int(rows[0])}",
-            "check the weights and inputs"
-            + ("; --nan-policy drop leaves such samples out" if count < total else ""),
-        )
-    warnings.append(dropped_warning(count, total, source))
-    kept_logits, kept_labels = drop_rows(logits, labels, rows)
-    return kept_logits, kept_labels, count
 
 
 def run_metrics(
@@ -547,6 +464,7 @@ def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, An
     """The file's provenance and shape; rows left out by --nan-policy drop add a warning."""
     from curvcal.load.digest import file_info
     from curvcal.pipeline.compatibility import single_class_warning
+    from curvcal.pipeline.session import dropped_warning
 
     info = file_info(path)
     n_samples, n_classes = data.scores.shape

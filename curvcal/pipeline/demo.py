@@ -1,5 +1,12 @@
 """``curvcal demo``: the bundled checkpoint inspected, its held-out digits predicted, and the
-bundled policy's check run (Hessian, calibration, verdict) through :func:`run_check`."""
+bundled policy's gate run on them (Hessian, calibration, verdict), all in one run session.
+
+The model is loaded once and the digits predicted once (:mod:`curvcal.pipeline.session`):
+accuracy, mean confidence and the calibration analysis come from the same predictions, and the
+Hessian is the session's (the analysis behind ``curvcal hessian``). The measurement settings
+are the bundled policy's ``[settings]``, read as ``curvcal check`` reads them, so
+``curvcal check`` on the bundled checkpoint and policy judges the same numbers.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +18,16 @@ from typing import TYPE_CHECKING, Any
 from curvcal.results import STATUS_OK, Report
 
 if TYPE_CHECKING:
+    import torch
+
+    from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
+    from curvcal.curvature.results import HessianAnalysis
+    from curvcal.load.loaded_data import LoadedData
     from curvcal.pipeline.check import CheckResult
+    from curvcal.policy.parse import Policy
+    from curvcal.settings.calibration import CalibrationSettings
+    from curvcal.settings.hessian import HessianSettings
 
 
 @dataclass(frozen=True)
@@ -39,63 +54,83 @@ class DemoRun:
     report: Report
 
 
-def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun:
-    """Inspect, predict and check the bundled example, saying each step on ``reporter``."""
+@dataclass(frozen=True)
+class _Gate:
+    """The bundled policy read as ``curvcal check`` reads it: its evaluation ``settings`` and
+    their ``sources``, and the Hessian and calibration settings they make."""
+
+    policy: Policy
+    settings: dict[str, Any]
+    sources: dict[str, str]
+    hessian: HessianSettings
+    calibration: CalibrationSettings
+
+
+def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun | None:
+    """Inspect, predict and check the bundled example in one run session, saying each step on
+    ``reporter``. Under torchrun every rank predicts its shard and sums the Hessian's products;
+    rank 0 gets the predictions, measures and judges, and returns the run (``None`` on the
+    other ranks)."""
     from curvcal.assets import demo_checkpoint, demo_data, demo_policy
     from curvcal.calibration.metrics import accuracy as top1_accuracy
     from curvcal.calibration.metrics import mean_confidence
-    from curvcal.load.checkpoint import load_model
-    from curvcal.load.data import load_dataset
     from curvcal.load.digest import file_info
     from curvcal.load.inspect import inspect_checkpoint
-    from curvcal.pipeline.check import run_check
-    from curvcal.pipeline.compatibility import check_compatible
-    from curvcal.pipeline.runtime import predict
-    from curvcal.policy.parse import load_policy
+    from curvcal.pipeline.session import open_session
     from curvcal.provenance import environment
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
+    from curvcal.settings.fields import groups
 
     checkpoint, policy_path = demo_checkpoint(), demo_policy()
-    reporter.info(f"[bold]1. inspect[/bold] the bundled checkpoint {checkpoint.name}")
+    gate = _read_gate(policy_path, request.batch_size)
+    checkpoint_settings = CheckpointSettings(device=gate.settings["device"])
+    data_settings = DataSettings(data=gate.settings["data"], batch_size=request.batch_size)
     timings: dict[str, float] = {}
-    began = time.perf_counter()
-    info = inspect_checkpoint(checkpoint)
-    timings["inspect"] = time.perf_counter() - began
+    with open_session(checkpoint_settings, reporter) as session:
+        say = session.reporter.info
+        say(f"[bold]1. inspect[/bold] the bundled checkpoint {checkpoint.name}")
+        began = time.perf_counter()
+        info = inspect_checkpoint(checkpoint)
+        timings["inspect"] = time.perf_counter() - began
 
-    reporter.info("[bold]2. predict[/bold] the held-out digits with it")
-    began = time.perf_counter()
-    loaded = load_model(checkpoint, CheckpointSettings(device="cpu"))
-    data = load_dataset(DataSettings(data="curvcal:digits"))
-    check_compatible(loaded, data, "--data")
-    with reporter.progress("inference", data.n_samples) as advance:
-        predictions = predict(loaded, data, request.batch_size, advance)
-    assert predictions is not None  # one process
-    logits, labels = predictions
-    timings["inference"] = time.perf_counter() - began
+        say("[bold]2. predict[/bold] the held-out digits with it")
+        loaded = session.model(checkpoint)
+        hessian_settings, choice = session.hessian_settings(loaded, gate.hessian)
+        data = session.dataset(loaded, data_settings)
+        predictions = session.predict(loaded, data, request.batch_size)
+
+        say(
+            "[bold]3. calibrate, hessian and check[/bold]: the bundled policy "
+            f"{policy_path.name} gates calibration (TS and focal TS fitted on half the digits, "
+            "measured on the other half) and curvature (top-3 eigenvalues by Lanczos, and the "
+            "trace of the Hessian of the mean loss, exact by Gauss–Newton for this ReLU CNN)"
+        )
+        began = time.perf_counter()
+        curvature = session.hessian(
+            loaded, data, hessian_settings, request.batch_size, choice=choice
+        )
+        timings["hessian"] = time.perf_counter() - began
+    if predictions is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return None
+    logits, labels, _dropped = predictions
     accuracy = top1_accuracy(logits, labels)
     confidence = mean_confidence(logits, labels)
-
-    reporter.info(
-        "[bold]3. calibrate, hessian and check[/bold]: the bundled policy "
-        f"{policy_path.name} gates calibration (TS and focal TS fitted on half the digits, "
-        "measured on the other half) and curvature (top-3 eigenvalues by Lanczos, and the trace "
-        "of the Hessian of the mean loss, exact by Gauss–Newton for this ReLU CNN)"
-    )
     began = time.perf_counter()
-    policy = load_policy(policy_path)
-    with reporter.progress("calibration and Hessian-vector products", None) as advance:
-        result = run_check(
-            policy,
-            checkpoint,
-            {"batch_size": request.batch_size},
-            on_step=lambda _stage, _n: advance(1),
-        )
-    timings.update(result.timings)
-    timings["check"] = time.perf_counter() - began
-    for message in result.warnings:
-        reporter.warn(message)
-    assert result.hessian is not None and result.calibration is not None
+    calibration = _calibrate(logits, labels, data, gate.calibration)
+    timings["calibration"] = time.perf_counter() - began
+    warnings = session.warnings + curvature.notes + curvature.messages
+    for message in curvature.messages:  # the session said the rest as they came
+        session.reporter.warn(message)
+    inputs = {"checkpoint": loaded.describe(), "data": data.describe()}
+    result = _judge(gate, curvature.analysis, calibration, warnings, inputs, timings)
+    timings = {
+        "inspect": timings["inspect"],
+        **session.timings,
+        "calibration": timings["calibration"],
+        "hessian": timings["hessian"],
+        "check": timings["calibration"] + timings["hessian"] + timings["judge"],
+    }
 
     results = {
         "checkpoint": info,
@@ -119,11 +154,94 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun:
             "data": {**data.describe(), "file": file_info(demo_data())},
             "policy": file_info(policy_path),
         },
-        settings={"batch_size": request.batch_size, "device": "cpu", **result.settings},
+        settings=groups(
+            checkpoint_settings.replace(device=str(session.device)),
+            data_settings,
+            gate.hessian,
+            gate.calibration,
+        ),
         timings=timings,
         environment=environment(loaded.device),
-        warnings=list(result.warnings),
+        warnings=warnings,
     )
     return DemoRun(
         info, data.n_samples, accuracy, confidence, result, policy_path, str(loaded.device), report
     )
+
+
+def _read_gate(policy_path: Path, batch_size: int) -> _Gate:
+    """The bundled policy and the settings ``curvcal check --batch-size N`` would measure it
+    with (the same reading: :func:`~curvcal.policy.settings.resolve_settings`, then the Hessian
+    and calibration settings as :mod:`curvcal.pipeline.check` makes them)."""
+    from curvcal.pipeline.check import _calibration_settings, _hessian_settings
+    from curvcal.policy.parse import load_policy
+    from curvcal.policy.settings import (
+        Locator,
+        calibration_method,
+        check_choices,
+        needs,
+        resolve_settings,
+    )
+
+    policy = load_policy(policy_path)
+    settings, sources = resolve_settings(policy, {"batch_size": batch_size})
+    where = Locator(policy, sources)
+    check_choices(settings, where)
+    need = needs(policy.rules)
+    method = calibration_method(settings, need, where)
+    return _Gate(
+        policy,
+        settings,
+        sources,
+        _hessian_settings(settings, need, where),
+        _calibration_settings(settings, method, where),
+    )
+
+
+def _calibrate(
+    logits: torch.Tensor, labels: torch.Tensor, data: LoadedData, settings: CalibrationSettings
+) -> CalibrationAnalysis:
+    """The calibration analysis of the predictions as ``curvcal check`` runs it: maps fitted
+    on the stratified ``val_split`` of the digits, every stage measured on the other part."""
+    from curvcal.pipeline.calibration import analyse
+
+    return analyse(
+        logits, labels, "logits", settings, f"data {data.spec}", fraction=settings.val_split
+    )
+
+
+def _judge(
+    gate: _Gate,
+    hessian: HessianAnalysis,
+    calibration: CalibrationAnalysis,
+    warnings: list[str],
+    inputs: dict[str, Any],
+    timings: dict[str, float],
+) -> CheckResult:
+    """The bundled policy's verdict on the measured values, read through the same table as
+    ``curvcal check`` and ``compare`` read them (no baseline)."""
+    from curvcal.pipeline.check import CheckResult
+    from curvcal.policy.baseline import measured_values
+    from curvcal.policy.evaluate import evaluate
+
+    began = time.perf_counter()
+    values = measured_values(hessian, calibration)
+    gated = {rule.key for rule in gate.policy.rules}
+    verdict = evaluate(gate.policy.rules, values, None)
+    timings["judge"] = time.perf_counter() - began
+    return CheckResult(
+        verdict=verdict,
+        values={key: value for key, value in values.items() if key in gated},
+        hessian=hessian,
+        calibration=calibration,
+        settings=gate.settings,
+        sources=gate.sources,
+        nonfinite=tuple(sorted(k for k in gated if k in values and values[k].value is None)),
+        unconverged=tuple(hessian.unconverged),
+        warnings=tuple(warnings),
+        inputs=inputs,
+        timings=dict(timings),
+    )
+
+
+__all__ = ["DemoRequest", "DemoRun", "run_demo"]

@@ -1,4 +1,5 @@
-"""One batched inference pass: a model and batches in, logits and labels out (on the CPU)."""
+"""One batched inference pass: a model and batches in, logits and labels out (on the CPU);
+and the one-sample check that a model runs on a dataset's inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from curvcal import rows
 from curvcal.console import StepCallback
-from curvcal.errors import InputError, NumericalError
+from curvcal.errors import InputError
 
 
 def predict_logits(
@@ -17,30 +18,18 @@ def predict_logits(
     device: torch.device,
     on_step: StepCallback | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Concatenated logits ``(N, K)`` and labels ``(N,)`` of ``model`` over ``batches``.
+    """Concatenated logits ``(N, K)`` and labels ``(N,)`` of ``model`` over ``batches``, by the
+    one inference loop :func:`~curvcal.calibration.inference.batch_logits`.
 
     The model is used as it is (the loader hands over a module in eval mode); no gradients are
-    kept. Logits come back on the CPU in the model's dtype; ``on_step`` receives the number of
-    samples of each finished batch.
+    kept. Inputs are cast to the model's dtype; logits come back on the CPU in that dtype; an
+    output that is not ``(batch, K)`` logits is a :class:`~curvcal.errors.NumericalError`; ``on_step``
+    receives the number of samples of each finished batch.
     """
+    from curvcal.calibration.inference import batch_logits
+
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    logits_parts: list[torch.Tensor] = []
-    label_parts: list[torch.Tensor] = []
-    with torch.inference_mode():
-        for x, y in batches:
-            out = model(rows.to_device(x, device, dtype, non_blocking=True))
-            if not isinstance(out, torch.Tensor) or out.dim() != 2:
-                shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise NumericalError(
-                    "model output", f"expected logits of shape (batch, classes), got {shape}"
-                )
-            logits_parts.append(out.detach().cpu())
-            label_parts.append(y.detach().cpu().long())
-            if on_step is not None:
-                on_step(len(y))
-    if not logits_parts:
-        return torch.empty(0, 0, dtype=dtype), torch.empty(0, dtype=torch.long)
-    return torch.cat(logits_parts), torch.cat(label_parts)
+    return batch_logits(model, batches, device, dtype, on_step)
 
 
 def check_model_runs(
