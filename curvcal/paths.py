@@ -39,6 +39,17 @@ def readable_file(path: Path, noun: str = "file", expected: str | None = None) -
     return status
 
 
+def read_text_file(path: Path, noun: str) -> str:
+    """The UTF-8 text of the file ``path`` (a ``noun``: ``policy``, ``report``), checked by
+    :func:`readable_file` first; :class:`InputError` naming the path when it cannot be read or
+    decoded."""
+    readable_file(path, f"{noun} file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(str(path), f"cannot read the {noun}: {exc}") from None
+
+
 def _why(path: Path, exc: OSError, noun: str) -> str:
     if exc.errno == errno.ENOENT:
         if path.is_symlink():

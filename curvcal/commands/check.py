@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.common import finish, output_options, policy_option, start
 from curvcal.commands.repeats import Command
 from curvcal.report.check import check_tables
 from curvcal.settings.calibration import CalibrationSettings
@@ -27,13 +27,7 @@ _POLICY = "the policy's"
 
 @click.command(cls=Command)
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option(
-    "--policy",
-    "policy_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Policy TOML file [default: [tool.curvcal] in ./pyproject.toml].",
-)
+@policy_option
 @click.option(
     "--baseline",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -74,19 +68,11 @@ def check(
         data_inputs,
         tokenizer_inputs,
     )
-    from curvcal.errors import InputError
     from curvcal.pipeline.check import CheckRequest, check_checkpoint
-    from curvcal.policy.parse import find_pyproject_policy, load_policy
+    from curvcal.policy.parse import load_policy, policy_file
     from curvcal.policy.settings import overrides_of, resolve_settings
 
-    if policy_path is None:
-        policy_path = find_pyproject_policy(Path.cwd())
-        if policy_path is None:
-            raise InputError(
-                "--policy",
-                "no policy given and ./pyproject.toml has no [tool.curvcal] table",
-                "pass --policy FILE",
-            )
+    policy_path = policy_file(policy_path, Path.cwd())
     policy = load_policy(policy_path)
     trust = bool(checkpoint_given.pop("trust_checkpoint", False))
     allow_globals = tuple(checkpoint_given.pop("allow_global", ()))

@@ -80,6 +80,17 @@ def _flag(option: str, attr: str, help: str, *more: str) -> Callable[[F], F]:
     )
 
 
+#: ``--policy FILE`` of ``check`` and ``compare`` (the keyword ``policy_path``; None: the
+#: ``[tool.curvcal]`` table of ./pyproject.toml, :func:`~curvcal.policy.parse.policy_file`)
+policy_option = click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Policy TOML file [default: [tool.curvcal] in ./pyproject.toml].",
+)
+
+
 def output_options(func: F) -> F:
     """Add ``--json``, ``--format``, ``-o/--output``, ``--force``, ``-q/--quiet``, ``--debug``."""
     decorators = [

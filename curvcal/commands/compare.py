@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from curvcal.commands.common import finish, output_options, start
+from curvcal.commands.common import finish, output_options, policy_option, start
 from curvcal.commands.repeats import Command
 from curvcal.report.verdict import verdict_table
 
@@ -14,13 +14,7 @@ from curvcal.report.verdict import verdict_table
 @click.command(cls=Command)
 @click.argument("new", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("old", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "policy_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Policy TOML file [default: [tool.curvcal] in ./pyproject.toml].",
-)
+@policy_option
 @output_options
 def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     """Judge NEW against the policy, with OLD as the baseline, without recomputing.
@@ -28,22 +22,14 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     \b
     Exit 0 when every bound holds, 1 when one fails, 2 for a bad file or policy.
     """
-    from curvcal.errors import InputError
     from curvcal.load.digest import file_info
     from curvcal.policy.baseline import load_report, metric_values, setting_differences
     from curvcal.policy.evaluate import evaluate
-    from curvcal.policy.parse import find_pyproject_policy, load_policy
+    from curvcal.policy.parse import load_policy, policy_file
     from curvcal.provenance import environment
     from curvcal.results import STATUS_FAIL, STATUS_PASS, Report
 
-    if policy_path is None:
-        policy_path = find_pyproject_policy(Path.cwd())
-        if policy_path is None:
-            raise InputError(
-                "--policy",
-                "no policy given and ./pyproject.toml has no [tool.curvcal] table",
-                "pass --policy FILE",
-            )
+    policy_path = policy_file(policy_path, Path.cwd())
     _options, reporter = start(inputs=[("NEW", new), ("OLD", old), ("--policy", policy_path)])
     policy = load_policy(policy_path)
     new_report, old_report = load_report(new), load_report(old)

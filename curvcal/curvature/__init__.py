@@ -21,9 +21,10 @@ from curvcal.curvature.api import (
 )
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
+from curvcal.curvature.engines import double_backward_hvp
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.linear_operator import scipy_operator
-from curvcal.curvature.operator import HessianOperator, build_operator, double_backward_hvp
+from curvcal.curvature.operator import HessianOperator, build_operator
 from curvcal.curvature.operators import DenseOperator, LinearOperator, as_operator
 from curvcal.curvature.options import OperatorOptions
 from curvcal.curvature.penalty import hutchinson_trace_penalty

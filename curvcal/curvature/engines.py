@@ -4,12 +4,12 @@ For a batch loss ℓ_B(θ) = Σ_{i∈B} ℓ(f_θ(x_i), y_i) and m vectors v_1..v
 return H_B·v_j = ∇²_θ ℓ_B · v_j, each vector split into one piece per parameter (``tangents[i]`` has
 shape ``(m, *params[i].shape)``):
 
-* ``autograd``: :func:`~curvcal.curvature.operator.double_backward_hvp` — the gradient g = ∇_θ ℓ_B is formed once with
+* ``autograd``: :func:`double_backward_hvp` — the gradient g = ∇_θ ℓ_B is formed once with
   ``create_graph=True`` and each product is the vector-Jacobian product J_g(θ)ᵀ·v_j = H_B·v_j
   against that graph (one backward per vector, the forward and first backward shared). Works on
   TorchScript modules too, and (``create_graph=True``) keeps the products differentiable in θ,
   which the trace penalty of :mod:`curvcal.curvature.penalty` trains through.
-* ``func``: :func:`~curvcal.curvature.operator.func_hvp`, forward-over-reverse: ``torch.func.jvp`` of ``torch.func.grad``
+* ``func``: :func:`func_hvp`, forward-over-reverse: ``torch.func.jvp`` of ``torch.func.grad``
   of a ``functional_call`` of the model, vectorised over the vectors with ``torch.func.vmap``.
 
 :func:`engine_for` is the ``auto`` rule: ``autograd`` for a single vector (on the bundled CNN
@@ -22,7 +22,7 @@ against 17 ms on a 64-32-10 MLP) while holding one graph instead of m and never 
 torch.func's first-call cost (0.3–2.4 s). On CUDA ``func`` runs blocks of several vectors,
 unless torch.func cannot trace the model (TorchScript, custom autograd Functions without
 ``setup_context``, BatchNorm in train mode), when the operator falls back to ``autograd``.
-The kernels live beside the operator that sums them over the data.
+Both kernels are here, one batch at a time; the operator sums them over the data.
 
 :func:`prepared_model` puts a model in the requested mode for the products and restores its
 modules' training flags, the global TF32 flags and, in train mode, its buffers afterwards; during products
@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from curvcal.errors import InputError
 from curvcal.rows import Inputs
 
 #: ``--hvp``: picked per product width, torch.func forward-over-reverse, or double backward
@@ -146,6 +147,107 @@ def measure_probe_batch(
     per_probe = max(peaks[1] - peaks[0], 1)
     budget = free * _AUTO_PROBE_FRACTION - peaks[0]
     return int(min(_MAX_AUTO_PROBE_BATCH, max(1, budget // per_probe + 1)))
+
+
+def double_backward_hvp(
+    loss: Tensor,
+    params: Sequence[Tensor],
+    tangents: Sequence[Tensor],
+    *,
+    create_graph: bool = False,
+) -> tuple[Tensor, ...]:
+    """H·v_j for m vectors at once, by double backward, H = ∇²_θ ``loss``.
+
+    ``tangents[i]`` has shape ``(m, *params[i].shape)``: the i-th parameter's piece of every
+    vector. Returns the same layout. The gradient ∇_θ loss is formed once with
+    ``create_graph=True`` and each product is the vector-Jacobian product J_g(θ)ᵀ v_j (= H·v_j,
+    H being symmetric) against that graph; with
+    ``create_graph=True`` the products stay differentiable in θ. Parameters the gradient does not
+    depend on get zero products.
+    """
+    if loss.ndim != 0:
+        raise InputError("loss", f"must be a scalar tensor, got shape {tuple(loss.shape)}")
+    if not loss.requires_grad:
+        raise InputError("loss", "does not depend on the parameters (no autograd graph)")
+    if len(tangents) != len(params):
+        raise InputError("tangents", f"{len(tangents)} pieces for {len(params)} parameters")
+    m = int(tangents[0].shape[0]) if tangents else 0
+    for tangent, p in zip(tangents, params, strict=True):
+        if tuple(tangent.shape) != (m, *p.shape):
+            raise InputError(
+                "tangents", f"expected shape {(m, *p.shape)}, got {tuple(tangent.shape)}"
+            )
+    with torch.enable_grad():
+        grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+        # H·v_j = J_g(θ)ᵀ v_j (H is symmetric): the vector-Jacobian product of the gradient with
+        # v_j as its grad_outputs, which spares building and differentiating the dot g·v_j
+        live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
+        live_grads = [grads[i] for i in live]
+        outputs: list[list[Tensor]] = []
+        for j in range(m):
+            if not live:  # the gradient does not depend on these parameters
+                outputs.append([torch.zeros_like(p) for p in params])
+                continue
+            second = torch.autograd.grad(
+                live_grads,
+                params,
+                grad_outputs=[tangents[i][j] for i in live],
+                retain_graph=create_graph or j < m - 1,
+                create_graph=create_graph,
+                allow_unused=True,
+            )
+            outputs.append(
+                [
+                    torch.zeros_like(p) if h is None else h
+                    for h, p in zip(second, params, strict=True)
+                ]
+            )
+    if m == 1:  # a view, not a copy (stacking copies the whole product)
+        return tuple(h.unsqueeze(0) for h in outputs[0])
+    return tuple(torch.stack([row[i] for row in outputs]) for i in range(len(params)))
+
+
+def autograd_hvp(
+    model: nn.Module,
+    loss: BatchLoss,
+    params: Sequence[Tensor],
+    x: Inputs,
+    y: Tensor,
+    tangents: tuple[Tensor, ...],
+) -> tuple[Tensor, ...]:
+    """The ``autograd`` engine: H_B·v_j of the batch loss ``loss(model(x), y)`` by
+    :func:`double_backward_hvp`."""
+    with torch.enable_grad():
+        return double_backward_hvp(loss(model(x), y), params, tangents)
+
+
+def func_hvp(
+    model: nn.Module,
+    loss: BatchLoss,
+    names: Sequence[str],
+    params: Sequence[Tensor],
+    x: Inputs,
+    y: Tensor,
+    tangents: tuple[Tensor, ...],
+) -> tuple[Tensor, ...]:
+    """The ``func`` engine: H_B·v_j of ``loss(model(x), y)`` with respect to the parameters
+    ``names`` (``params`` their tensors; the others fixed), by jvp of grad, vmapped over j."""
+    frozen = {name: p.detach() for name, p in model.named_parameters()}
+    primals = tuple(p.detach() for p in params)
+    selected_names = tuple(names)
+
+    def batch_loss(selected: tuple[Tensor, ...]) -> Tensor:
+        values = {**frozen, **dict(zip(selected_names, selected, strict=True))}
+        return loss(torch.func.functional_call(model, values, (x,)), y)
+
+    gradient = torch.func.grad(batch_loss)
+
+    def hvp(tangent: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        return torch.func.jvp(gradient, (primals,), (tangent,))[1]
+
+    if tangents[0].shape[0] == 1:  # one vector: skip vmap's overhead
+        return tuple(h.unsqueeze(0) for h in hvp(tuple(t[0] for t in tangents)))
+    return torch.func.vmap(hvp)(tangents)
 
 
 def engines_between(products: Mapping[str, int], before: Mapping[str, int]) -> str:

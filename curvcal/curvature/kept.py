@@ -6,7 +6,7 @@ backward, the vector-Jacobian product J_{g_B}(θ)ᵀ v = H_B·v. The first two d
 When the graphs of every batch fit in memory they are built once, the batch gradients are
 summed into g = Σ_B g_B (the sum keeps the graph: addition saves no tensors), and every product
 is then one backward through that graph
-(:func:`~curvcal.curvature.operator.kept_hvp`, beside the operator's other kernels)::
+(:func:`~curvcal.curvature.operator.kept_hvp`, beside the operator's loop)::
 
     H·v = J_g(θ)ᵀ v = Σ_B H_B·v        (retain_graph=True, so the graph serves the next product)
 

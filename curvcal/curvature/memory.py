@@ -29,7 +29,6 @@ for float32 products, with one float64 work vector; float64 otherwise):
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +38,7 @@ from torch import Tensor
 from curvcal import rows as rows_of
 from curvcal.curvature.krylov import basis_storage
 from curvcal.rows import Inputs
+from curvcal.settings.sizes import host_memory
 
 #: the floor of the default budget: below it, memory is not worth trading time for
 MIN_DEFAULT_BUDGET = 256 * 2**20
@@ -59,17 +59,7 @@ def free_memory(device: torch.device) -> int | None:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
-    try:
-        with open("/proc/meminfo", encoding="ascii") as lines:
-            for line in lines:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, OSError, ValueError):
-        return None
+    return host_memory("SC_AVPHYS_PAGES")
 
 
 @dataclass(frozen=True)

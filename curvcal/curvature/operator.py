@@ -32,11 +32,12 @@ product); one that is NaN or infinite raises :class:`~curvcal.errors.NumericalEr
 number of batches whose own loss or product is not finite and the first of them with its sample
 range (:mod:`curvcal.curvature.guard` searches them, only after a check failed).
 
-The kernels (one batch's products by double backward or forward-over-reverse, and the products
-through kept gradient graphs) are written here, beside the loop that sums them: they are the
-operator's one real method, cut per batch. :func:`build_operator` is how every user-facing path
-(the API functions, the analysis behind ``curvcal hessian``, the study) builds one: from a
-model, a loss, batches and :class:`~curvcal.curvature.options.OperatorOptions`.
+The product through kept gradient graphs (:func:`kept_hvp`) is written here, beside the loop
+that sums it: it is the operator's one real method when the graphs fit; one batch's products by
+double backward or forward-over-reverse are the kernels of :mod:`curvcal.curvature.engines`.
+:func:`build_operator` is how every user-facing path (the API functions, the analysis behind
+``curvcal hessian``, the study) builds one: from a model, a loss, batches and
+:class:`~curvcal.curvature.options.OperatorOptions`.
 """
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ from torch import Tensor, nn
 from curvcal import rows as rows_of
 from curvcal.curvature.batches import AllReduce, Batch, Batches, BatchSource, is_out_of_memory
 from curvcal.curvature.engines import (
-    BatchLoss,
     BatchProduct,
+    autograd_hvp,
     engine_for,
     engines_between,
+    func_hvp,
     is_torchscript,
     measure_probe_batch,
     prepared_model,
@@ -69,18 +71,9 @@ from curvcal.curvature.kept import (
     KeptState,
     build_kept_graph,
     chunk_rows,
-    kept_bytes,
-    kept_pass_bytes,
-    kept_prefix,
 )
-from curvcal.curvature.memory import (
-    GraphSizes,
-    PassPlan,
-    default_budget,
-    free_memory,
-    measure_graph,
-    plan_pass,
-)
+from curvcal.curvature.memory import GraphSizes, PassPlan, free_memory, measure_graph
+from curvcal.curvature.memory_fit import fit_memory
 from curvcal.curvature.options import (
     OperatorOptions,
     check_options,
@@ -101,108 +94,7 @@ DEFAULT_OPTIONS = OperatorOptions()
 _CPU_PROBE_BATCH = 8
 
 
-# -- the kernels: one batch, or the kept graphs, and m vectors ------------------------------
-
-
-def double_backward_hvp(
-    loss: Tensor,
-    params: Sequence[Tensor],
-    tangents: Sequence[Tensor],
-    *,
-    create_graph: bool = False,
-) -> tuple[Tensor, ...]:
-    """H·v_j for m vectors at once, by double backward, H = ∇²_θ ``loss``.
-
-    ``tangents[i]`` has shape ``(m, *params[i].shape)``: the i-th parameter's piece of every
-    vector. Returns the same layout. The gradient ∇_θ loss is formed once with
-    ``create_graph=True`` and each product is the vector-Jacobian product J_g(θ)ᵀ v_j (= H·v_j,
-    H being symmetric) against that graph; with
-    ``create_graph=True`` the products stay differentiable in θ. Parameters the gradient does not
-    depend on get zero products.
-    """
-    if loss.ndim != 0:
-        raise InputError("loss", f"must be a scalar tensor, got shape {tuple(loss.shape)}")
-    if not loss.requires_grad:
-        raise InputError("loss", "does not depend on the parameters (no autograd graph)")
-    if len(tangents) != len(params):
-        raise InputError("tangents", f"{len(tangents)} pieces for {len(params)} parameters")
-    m = int(tangents[0].shape[0]) if tangents else 0
-    for tangent, p in zip(tangents, params, strict=True):
-        if tuple(tangent.shape) != (m, *p.shape):
-            raise InputError(
-                "tangents", f"expected shape {(m, *p.shape)}, got {tuple(tangent.shape)}"
-            )
-    with torch.enable_grad():
-        grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
-        # H·v_j = J_g(θ)ᵀ v_j (H is symmetric): the vector-Jacobian product of the gradient with
-        # v_j as its grad_outputs, which spares building and differentiating the dot g·v_j
-        live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
-        live_grads = [grads[i] for i in live]
-        outputs: list[list[Tensor]] = []
-        for j in range(m):
-            if not live:  # the gradient does not depend on these parameters
-                outputs.append([torch.zeros_like(p) for p in params])
-                continue
-            second = torch.autograd.grad(
-                live_grads,
-                params,
-                grad_outputs=[tangents[i][j] for i in live],
-                retain_graph=create_graph or j < m - 1,
-                create_graph=create_graph,
-                allow_unused=True,
-            )
-            outputs.append(
-                [
-                    torch.zeros_like(p) if h is None else h
-                    for h, p in zip(second, params, strict=True)
-                ]
-            )
-    if m == 1:  # a view, not a copy (stacking copies the whole product)
-        return tuple(h.unsqueeze(0) for h in outputs[0])
-    return tuple(torch.stack([row[i] for row in outputs]) for i in range(len(params)))
-
-
-def autograd_hvp(
-    model: nn.Module,
-    loss: BatchLoss,
-    params: Sequence[Tensor],
-    x: Inputs,
-    y: Tensor,
-    tangents: tuple[Tensor, ...],
-) -> tuple[Tensor, ...]:
-    """The ``autograd`` engine: H_B·v_j of the batch loss ``loss(model(x), y)`` by
-    :func:`double_backward_hvp`."""
-    with torch.enable_grad():
-        return double_backward_hvp(loss(model(x), y), params, tangents)
-
-
-def func_hvp(
-    model: nn.Module,
-    loss: BatchLoss,
-    names: Sequence[str],
-    params: Sequence[Tensor],
-    x: Inputs,
-    y: Tensor,
-    tangents: tuple[Tensor, ...],
-) -> tuple[Tensor, ...]:
-    """The ``func`` engine: H_B·v_j of ``loss(model(x), y)`` with respect to the parameters
-    ``names`` (``params`` their tensors; the others fixed), by jvp of grad, vmapped over j."""
-    frozen = {name: p.detach() for name, p in model.named_parameters()}
-    primals = tuple(p.detach() for p in params)
-    selected_names = tuple(names)
-
-    def batch_loss(selected: tuple[Tensor, ...]) -> Tensor:
-        values = {**frozen, **dict(zip(selected_names, selected, strict=True))}
-        return loss(torch.func.functional_call(model, values, (x,)), y)
-
-    gradient = torch.func.grad(batch_loss)
-
-    def hvp(tangent: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-        return torch.func.jvp(gradient, (primals,), (tangent,))[1]
-
-    if tangents[0].shape[0] == 1:  # one vector: skip vmap's overhead
-        return tuple(h.unsqueeze(0) for h in hvp(tuple(t[0] for t in tangents)))
-    return torch.func.vmap(hvp)(tangents)
+# -- the kernel of the kept graphs: Σ_B H_B·v_j by one backward per vector ----------------
 
 
 def kept_hvp(
@@ -610,78 +502,38 @@ class HessianOperator:
         return engine_for(self.requested_engine, self._func_usable, width, self._device)
 
     def _plan_memory(self) -> None:
-        """Measure the first batch's graphs and fit the passes in the memory budget: vectors per
-        pass at most ``probe_batch``, batches split into chunks when one alone does not fit."""
+        """Measure the first batch's graphs and fit the passes, and the kept graphs, in the memory
+        budget (:func:`~curvcal.curvature.memory_fit.fit_memory`)."""
         x, y = self._batches.first()
         with self._prepared_model():
             graphs = measure_graph(
                 lambda xs, ys: self.loss.sum(self.model(xs), ys), self._params, x, y
             )
-        rows = self._batches.batch_size
-        param_bytes = self.shape[0] * self._params[0].element_size()
-        free = free_memory(self._device)
-        budget = self.memory_budget.resolve(free) if self.memory_budget is not None else None
-        if budget is None:
-            budget = default_budget(graphs, param_bytes, rows, free)
-        sharded = self._all_reduce is not None
-        plan = plan_pass(
-            graphs,
-            param_bytes=param_bytes,
-            rows=rows,
-            width=1 if sharded else self.probe_batch,
-            budget=budget,
-            vmapped=self._engine_for(2) == "func",
-        )
-        if not sharded:
-            self.probe_batch = plan.width
-        if plan.rows < rows:
-            self._batches.limit = plan.rows
-        self.memory_graphs = graphs
-        self.memory_plan = plan
-        self._plan_kept_graphs(x, param_bytes, budget)
-
-    def _plan_kept_graphs(self, first_x: Inputs, param_bytes: int, budget: int) -> None:
-        """Keep the gradient graphs when asked to, or (``auto``) when they and a product through
-        them fit in ``budget``; the vectors per pass then come from that fit. When only some
-        fit, ``auto`` keeps those of the leading chunks and rebuilds the others' per product
-        (:func:`~curvcal.curvature.kept.kept_prefix`)."""
-        state = self._graphs
         # train mode: BatchNorm's graph saves the running statistics, which are restored in place
         # after every product, so a kept graph could not be differentiated again
-        if self.keep_graphs == "never" or self.requested_engine == "func" or self.mode == "train":
-            return
-        assert self.memory_graphs is not None
-        chunks = chunk_rows(self._batches.sizes, self._batches.limit)
+        keepable = self.requested_engine != "func" and self.mode != "train"
         # streamed batches would be freed after each pass; kept graphs hold their inputs
-        first_rows = max(1, rows_of.n_rows(first_x))
-        input_row_bytes = (
-            rows_of.nbytes(first_x) / first_rows if self._batches.mode == "none" else 0.0
-        )
-        held = kept_bytes(self.memory_graphs, param_bytes, chunks, input_row_bytes)
-        self.kept_estimate = math.ceil(held)
-        self.kept_need = math.ceil(
-            held + kept_pass_bytes(self.memory_graphs, param_bytes, max(chunks), 1)
-        )
-        if self.keep_graphs == "always":
-            state.enabled = True
-            return
-        kept, width = kept_prefix(
-            self.memory_graphs,
-            param_bytes=param_bytes,
-            chunks=chunks,
-            input_row_bytes=input_row_bytes,
+        streamed = self._batches.mode == "none"
+        fit = fit_memory(
+            graphs,
+            param_bytes=self.shape[0] * self._params[0].element_size(),
+            batch_sizes=self._batches.sizes,
+            rows=self._batches.batch_size,
             width=self.probe_batch,
-            budget=budget,
-            # ranks hold different chunk counts: each would keep a different share (exact all
-            # the same, but not the same passes), so sharded runs keep all or nothing
-            partial=self._all_reduce is None,
+            requested=self.memory_budget,
+            free=free_memory(self._device),
+            vmapped=self._engine_for(2) == "func",
+            sharded=self._all_reduce is not None,
+            keep_graphs=self.keep_graphs if keepable else "never",
+            input_row_bytes=rows_of.nbytes(x) / max(1, rows_of.n_rows(x)) if streamed else 0.0,
         )
-        if kept == 0:
-            return
-        state.enabled = True
-        state.chunks = None if kept == len(chunks) else kept
-        if self._all_reduce is None:
-            self.probe_batch = width
+        self.probe_batch = fit.width
+        if fit.limit is not None:
+            self._batches.limit = fit.limit
+        self.memory_graphs = graphs
+        self.memory_plan = fit.plan
+        self.kept_estimate, self.kept_need = fit.kept_estimate, fit.kept_need
+        self._graphs.enabled, self._graphs.chunks = fit.keep, fit.kept_chunks
 
     @property
     def graphs_kept(self) -> bool:

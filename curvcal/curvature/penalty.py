@@ -10,7 +10,7 @@ and every term is differentiable in θ when H·v is formed by double backward wi
 ``create_graph=True``: g = ∇_θ L (kept in the graph), H·v = ∇_θ (g·v) (kept in the graph too),
 so ∇_θ (vᵀHv) = ∇_θ Σ_i v_i (Hv)_i involves third derivatives that autograd takes care of.
 
-:func:`~curvcal.curvature.operator.double_backward_hvp` is the product itself (several vectors
+:func:`~curvcal.curvature.engines.double_backward_hvp` is the product itself (several vectors
 against one kept graph, the same kernel the Hessian operator's ``autograd`` engine runs);
 :func:`hutchinson_trace_penalty` draws the probes and averages the quadratic forms. Pure: no
 global RNG (probes come from the caller's ``torch.Generator``), nothing written to ``.grad``.
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature.operator import double_backward_hvp
+from curvcal.curvature.engines import double_backward_hvp
 from curvcal.curvature.trace import draw_probes
 from curvcal.errors import InputError
 

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from curvcal.errors import InputError
-from curvcal.load.loaded_data import LoadedData
+from curvcal.load.loaded_data import LoadedData, loaded_data
 from curvcal.load.preprocessing import image_transform
 from curvcal.load.tensorfile import as_labels
 from curvcal.paths import readable_file
@@ -69,21 +69,10 @@ def load_image_folder(options: DataSettings, model: Mapping[str, Any] | None) ->
     folder.transform = image.transform
     dataset = CheckedImages(folder)
     labels = as_labels(torch.as_tensor(dataset.targets, dtype=torch.int64), what)
-    return LoadedData(
-        dataset=dataset,
-        spec=options.spec,
-        n_samples=len(dataset),
-        num_classes=len(dataset.classes),
-        labels=labels,
-        # the folder, not each image: its digest covers every file's relative name and size,
-        # so a report records what was read without hashing a whole image collection
-        files=(path,),
-        num_classes_source="dataset",
-        normalisation=image.normalisation,
-        transforms=image.names,
-        chosen=image.chosen,
-        warnings=image.warnings,
-    )
+    # the folder, not each image: its digest covers every file's relative name and size, so a
+    # report records what was read without hashing a whole image collection
+    files = (path,)
+    return loaded_data(dataset, options.spec, labels, files, dataset.classes, **image.provenance())
 
 
 def _first_image_size(folder: Any) -> tuple[int, int] | None:

@@ -10,7 +10,6 @@ ask for more memory than there is (an out-of-memory kill, or an hour of swapping
 
 from __future__ import annotations
 
-import os
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from curvcal.errors import InputError
 from curvcal.settings.checkpoint import MAX_CLASSES
+from curvcal.settings.sizes import host_memory
 
 _GIB = 2**30
 
@@ -25,17 +25,7 @@ _GIB = 2**30
 def available_memory() -> int | None:
     """Bytes of memory available to a new allocation (``MemAvailable`` on Linux, else the
     physical memory); ``None`` when the system does not say."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return host_memory("SC_PHYS_PAGES")
 
 
 def check_zip_sizes(path: Path, limit: int | None = None) -> None:

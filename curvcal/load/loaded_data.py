@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,3 +63,32 @@ class LoadedData:
             "subset": self.subset,
             "files": [file_info(path) for path in self.files],
         }
+
+
+def loaded_data(
+    dataset: Dataset[Any],
+    spec: str,
+    labels: torch.Tensor,
+    files: tuple[Path, ...] = (),
+    classes: Sized | None = None,
+    **provenance: Any,
+) -> LoadedData:
+    """``dataset`` (N = its length) read for ``--data spec`` from ``files``: ``num_classes`` is
+    ``len(classes)`` when the dataset names its classes (source ``"dataset"``), else
+    ``max(label) + 1`` (``"inferred"``; None for no labels). ``provenance``: the other fields
+    of :class:`LoadedData` (normalisation, transforms, text, chosen, warnings)."""
+    num_classes: int | None = None
+    if classes:
+        num_classes = len(classes)
+    elif labels.numel():
+        num_classes = int(labels.max()) + 1
+    return LoadedData(
+        dataset=dataset,
+        spec=spec,
+        n_samples=len(dataset),  # type: ignore[arg-type]
+        num_classes=num_classes,
+        labels=labels,
+        files=files,
+        num_classes_source="dataset" if classes else "inferred",
+        **provenance,
+    )

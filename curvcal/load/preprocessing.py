@@ -73,6 +73,15 @@ class ImageTransform:
     chosen: tuple[str, ...]
     warnings: tuple[str, ...]
 
+    def provenance(self) -> dict[str, Any]:
+        """What a :class:`~curvcal.load.loaded_data.LoadedData` records of this pipeline."""
+        return {
+            "normalisation": self.normalisation,
+            "transforms": self.names,
+            "chosen": self.chosen,
+            "warnings": self.warnings,
+        }
+
 
 def image_transform(
     options: DataSettings,

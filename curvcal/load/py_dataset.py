@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from curvcal.errors import InputError, TrustError
-from curvcal.load.loaded_data import LoadedData
+from curvcal.load.loaded_data import LoadedData, loaded_data
 from curvcal.load.preprocessing import reject_image_transforms
 from curvcal.load.tensor_dataset import tensor_pair
 from curvcal.load.tensorfile import as_labels
@@ -60,17 +60,8 @@ def load_py_dataset(options: DataSettings) -> LoadedData:
         labels = _dataset_labels(dataset, what)
         description, names = None, ("as returned",)
         classes = getattr(dataset, "classes", None)
-    num_classes = len(classes) if classes else (int(labels.max()) + 1 if len(labels) else None)
-    return LoadedData(
-        dataset=dataset,
-        spec=options.spec,
-        n_samples=len(dataset),
-        num_classes=num_classes,
-        labels=labels,
-        files=(),
-        num_classes_source="dataset" if classes else "inferred",
-        normalisation=description,
-        transforms=names,
+    return loaded_data(
+        dataset, options.spec, labels, classes=classes, normalisation=description, transforms=names
     )
 
 

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset
 
 from curvcal.errors import InputError
-from curvcal.load.loaded_data import LoadedData
+from curvcal.load.loaded_data import LoadedData, loaded_data
 from curvcal.load.preprocessing import normalisation, reject_image_transforms
 from curvcal.load.tensorfile import as_labels, read_tensor_file
 from curvcal.settings.data import DataSettings
@@ -83,17 +83,7 @@ def load_tensor_file(options: DataSettings, path: Path, spec: str) -> LoadedData
     dataset, labels, description, names = tensor_pair(
         tensors[options.x_key], tensors[options.y_key], options, str(path)
     )
-    return LoadedData(
-        dataset=dataset,
-        spec=spec,
-        n_samples=len(dataset),
-        num_classes=int(labels.max()) + 1 if labels.numel() else None,
-        labels=labels,
-        files=(path,),
-        num_classes_source="inferred",
-        normalisation=description,
-        transforms=names,
-    )
+    return loaded_data(dataset, spec, labels, (path,), normalisation=description, transforms=names)
 
 
 def load_bundled(options: DataSettings) -> LoadedData:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from curvcal.errors import InputError
-from curvcal.load.loaded_data import LoadedData
+from curvcal.load.loaded_data import LoadedData, loaded_data
 from curvcal.load.preprocessing import reject_image_transforms
 from curvcal.settings.data import DataSettings
 
@@ -42,14 +42,11 @@ def load_text(options: DataSettings, model: TextModel | None) -> LoadedData:
     else:
         max_length, length_source = text.default_max_length(tokenizer, model)
     encodings, truncated = text.tokenize(tokenizer, texts, pairs, max_length)
-    return LoadedData(
-        dataset=text.TextDataset(encodings, labels, tokenizer),
-        spec=options.spec,
-        n_samples=len(encodings),
-        num_classes=int(labels.max()) + 1 if labels.numel() else None,
-        labels=labels,
-        files=files,
-        num_classes_source="inferred",
+    return loaded_data(
+        text.TextDataset(encodings, labels, tokenizer),
+        options.spec,
+        labels,
+        files,
         transforms=("tokenize", "pad per batch"),
         text={
             "file": file,

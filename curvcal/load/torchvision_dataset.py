@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from curvcal.errors import InputError
-from curvcal.load.loaded_data import LoadedData
+from curvcal.load.loaded_data import LoadedData, loaded_data
 from curvcal.load.preprocessing import image_transform
 from curvcal.load.tensorfile import as_labels
 from curvcal.settings.data import DataSettings
@@ -70,18 +70,10 @@ def load_torchvision(options: DataSettings, model: Mapping[str, Any] | None) -> 
         ) from exc
     raw = dataset.labels if name == "svhn" else dataset.targets
     labels = as_labels(torch.as_tensor(raw), f"--data {options.spec}")
-    classes = getattr(dataset, "classes", None)
-    num_classes = len(classes) if classes else 10
-    return LoadedData(
-        dataset=dataset,
-        spec=options.spec,
-        n_samples=len(dataset),
-        num_classes=num_classes,
-        labels=labels,
-        files=(),
-        num_classes_source="dataset",
-        normalisation=image.normalisation,
-        transforms=image.names,
-        chosen=image.chosen,
-        warnings=image.warnings,
+    return loaded_data(
+        dataset,
+        options.spec,
+        labels,
+        classes=getattr(dataset, "classes", None) or range(10),  # all of them have 10
+        **image.provenance(),
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from curvcal.errors import InputError
 from curvcal.jsontext import loads as load_json_text
-from curvcal.paths import readable_file
+from curvcal.paths import read_text_file
 from curvcal.policy.evaluate import MetricValue, finite_value
 from curvcal.policy.parse import CALIBRATION_METRICS, STAGES, UNCALIBRATED
 from curvcal.results import SCHEMA_VERSION, to_jsonable
@@ -120,11 +120,7 @@ def _interval(item: Any) -> tuple[float, float] | None:
 def load_report(path: Path) -> dict[str, Any]:
     """Read a saved curvcal JSON report, checking that it is one and that its schema is one this
     version reads (same major version)."""
-    readable_file(path, "report file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(str(path), f"cannot read the report: {exc}") from None
+    text = read_text_file(path, "report")
     try:
         document = load_json_text(text, str(path))
     except json.JSONDecodeError as exc:

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from curvcal.errors import InputError
-from curvcal.paths import readable_file
+from curvcal.paths import read_text_file
 from curvcal.policy.keys import Kind, kinds
 
 CALIBRATION_METRICS = (
@@ -142,11 +142,7 @@ def load_policy(path: Path) -> Policy:
     A file named ``pyproject.toml`` is read from its ``[tool.curvcal]`` table; any other file is a
     policy as a whole. Errors are :class:`InputError` with ``what`` = ``FILE:LINE``.
     """
-    readable_file(path, "policy file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(str(path), f"cannot read the policy: {exc}") from None
+    text = read_text_file(path, "policy")
     try:
         document = tomllib.loads(text)
     except RecursionError:  # tomllib recurses once per level of nested arrays or inline tables
@@ -189,6 +185,21 @@ def find_pyproject_policy(directory: Path) -> Path | None:
         return candidate  # let load_policy report what is wrong with it
     tool = document.get("tool", {})
     return candidate if isinstance(tool, dict) and "curvcal" in tool else None
+
+
+def policy_file(given: Path | None, directory: Path) -> Path:
+    """The policy a command follows: ``given`` (``--policy``), else ``directory/pyproject.toml``
+    when it has a ``[tool.curvcal]`` table; :class:`InputError` naming ``--policy`` when neither."""
+    if given is not None:
+        return given
+    found = find_pyproject_policy(directory)
+    if found is None:
+        raise InputError(
+            "--policy",
+            "no policy given and ./pyproject.toml has no [tool.curvcal] table",
+            "pass --policy FILE",
+        )
+    return found
 
 
 class _Parser:

@@ -1,4 +1,5 @@
-"""Sizes typed as text: a memory budget in bytes with a unit, or a share of the free memory.
+"""Sizes typed as text: a memory budget in bytes with a unit, or a share of the free memory;
+and the host memory such a share is taken of.
 
 Torch-free, so that settings can be checked before any model is loaded.
 """
@@ -6,6 +7,7 @@ Torch-free, so that settings can be checked before any model is loaded.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
@@ -74,3 +76,20 @@ def parse_memory_budget(text: str | int | MemoryBudget) -> MemoryBudget:
     if not math.isfinite(value) or value < 1:
         raise InputError("--memory-budget", f"must be at least 1 byte, got {text!r}", hint)
     return MemoryBudget(bytes=int(value))
+
+
+def host_memory(pages: str = "SC_AVPHYS_PAGES") -> int | None:
+    """Bytes of host memory available to a new allocation: ``MemAvailable`` of /proc/meminfo on
+    Linux, elsewhere ``os.sysconf(pages)`` pages (``SC_AVPHYS_PAGES`` the free ones,
+    ``SC_PHYS_PAGES`` all of them); ``None`` when the system says neither."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as lines:
+            for line in lines:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf(pages)) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature import hessian_eigenvalues
+from curvcal.curvature import hessian_eigenvalues, memory_fit
 from curvcal.curvature import operator as operator_module
 from curvcal.curvature.analysis import HessianSettings, analyse_hessian, kept_graphs_note
 from curvcal.curvature.kept import (
@@ -380,7 +380,7 @@ def test_analysis_passes_the_note_on_when_the_default_budget_is_short(
     assert need is not None
     top = float(torch.linalg.eigvalsh(hessian)[-1])
     for budget, kept_rows in ((need - 1, 7 * BATCH), (1, None)):  # the 1-row chunk rebuilt
-        monkeypatch.setattr(operator_module, "default_budget", lambda *_args, b=budget: b)
+        monkeypatch.setattr(memory_fit, "default_budget", lambda *_args, b=budget: b)
         notes: list[str] = []
         result = analyse_hessian(
             model, split(x, y, BATCH), HessianSettings(tol=1e-8, trace=False), on_note=notes.append
