@@ -19,6 +19,7 @@ from curvcal.commands.repeats import Command
 from curvcal.errors import EXIT_OK
 from curvcal.report.calibration import calibration_tables
 from curvcal.report.tables import check_output_path
+from curvcal.settings.calibrate import CalibrateSettings
 from curvcal.settings.calibration import CalibrationSettings
 from curvcal.settings.fields import click_options
 
@@ -31,26 +32,15 @@ if TYPE_CHECKING:
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @checkpoint_options
 @data_options()
-@click.option(
-    "--fit-data",
-    metavar="SPEC",
-    help="Fit the maps on this dataset (same data options as --data) and evaluate on --data.",
-)
+@click_options(CalibrateSettings, "files")
 @click_options(CalibrationSettings, "calibration", before=refuse_unused_map_options)
-@click.option(
-    "--save-logits",
-    type=click.Path(dir_okay=False, path_type=Path),
-    metavar="FILE",
-    help="Write the logits and labels of all of --data to a .npz, .pt or .safetensors file.",
-)
 @output_options
 def calibrate(
     checkpoint: Path,
     checkpoint_options: CheckpointSettings,
     data_options: DataSettings,
-    fit_data: str | None,
+    files: CalibrateSettings,
     calibration: CalibrationSettings,
-    save_logits: Path | None,
 ) -> int:
     """Fit temperature scaling and focal temperature scaling on one split of the data and
     measure ECE, AdaECE, NLL, Brier and friends on another.
@@ -68,35 +58,33 @@ def calibrate(
     from curvcal.pipeline.calibration import CalibrateRequest, run_calibrate
 
     written = calibration.outputs()
-    if save_logits is not None:
-        written.append(("--save-logits", save_logits))
+    if files.save_logits is not None:
+        written.append(("--save-logits", files.save_logits))
     output, reporter = start(
         inputs=[
             *checkpoint_inputs("CHECKPOINT", checkpoint, checkpoint_options.arch),
             *arch_inputs("--arch", checkpoint_options.arch),
             *data_inputs("--data", data_options.data, data_options.data_root),
-            *data_inputs("--fit-data", fit_data, data_options.data_root),
+            *data_inputs("--fit-data", files.fit_data, data_options.data_root),
             *tokenizer_inputs("--tokenizer", data_options.tokenizer),
         ],
         outputs=written,
     )
     method = calibration.method or "both"
-    if method == "none" and (calibration.val_split is not None or fit_data is not None):
+    if method == "none" and (calibration.val_split is not None or files.fit_data is not None):
         raise click.UsageError("--method none fits nothing: drop --val-split/--fit-data")
-    if fit_data is not None and calibration.val_split is not None:
+    if files.fit_data is not None and calibration.val_split is not None:
         raise click.UsageError("give --val-split or --fit-data, not both")
     if method == "none" and calibration.save_calibrator is not None:
         raise click.UsageError("--save-calibrator needs a fit: --method ts, focal-ts or both")
     check_outputs(calibration, output.force)
-    if save_logits is not None:
-        _check_logits_path(save_logits, output.force)
+    if files.save_logits is not None:
+        _check_logits_path(files.save_logits, output.force)
     request = CalibrateRequest(
         checkpoint=checkpoint,
         checkpoint_options=checkpoint_options,
         data_options=data_options,
-        batch_size=data_options.batch_size,
-        fit_data=fit_data,
-        save_logits=save_logits,
+        files=files,
     )
     run = run_calibrate(
         request,

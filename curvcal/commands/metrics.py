@@ -16,62 +16,20 @@ from curvcal.commands.repeats import Command
 from curvcal.report.calibration import calibration_tables
 from curvcal.settings.calibration import CalibrationSettings
 from curvcal.settings.fields import click_options
+from curvcal.settings.scores import ScoresSettings
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
 @click.command(cls=Command)
 @click.argument("logits", type=_FILE)
-@click.option(
-    "--input-kind",
-    type=click.Choice(("logits", "probs", "logprobs")),
-    default="logits",
-    show_default=True,
-    help="What the scores are (never guessed).",
-)
-@click.option(
-    "--scores-key", default="logits", show_default=True, help="Name of the scores in the files."
-)
-@click.option(
-    "--labels-key", default="labels", show_default=True, help="Name of the labels in the files."
-)
-@click.option(
-    "--fit",
-    "fit_file",
-    type=_FILE,
-    metavar="FILE",
-    help="Fit the maps on this logits file (same kind and keys) and evaluate on LOGITS.",
-)
-@click.option(
-    "--apply",
-    "apply_file",
-    type=_FILE,
-    metavar="CALIBRATOR.json",
-    help="Measure the calibrators saved by --save-calibrator on LOGITS (fits nothing).",
-)
-@click.option(
-    "--apply-anyway",
-    is_flag=True,
-    help="Apply --apply's calibrators even where their provenance (classes, input kind, "
-    "model) does not match LOGITS.",
-)
+@click_options(ScoresSettings, "scores")
 @click_options(CalibrationSettings, "calibration", before=refuse_unused_map_options)
-@click.option(
-    "--strict",
-    is_flag=True,
-    help="Refuse (exit 2) scores read as logits that look like probabilities.",
-)
 @output_options
 def metrics(
     logits: Path,
-    input_kind: str,
-    scores_key: str,
-    labels_key: str,
-    fit_file: Path | None,
-    apply_file: Path | None,
-    apply_anyway: bool,
+    scores: ScoresSettings,
     calibration: CalibrationSettings,
-    strict: bool,
 ) -> int:
     """Calibration metrics of saved logits, probabilities or log-probabilities.
 
@@ -82,25 +40,16 @@ def metrics(
     """
     from curvcal.pipeline.calibration import MetricsRequest, run_metrics
 
-    inputs = [("LOGITS", logits), ("--fit", fit_file), ("--apply", apply_file)]
+    inputs = [("LOGITS", logits), ("--fit", scores.fit), ("--apply", scores.apply)]
     output, reporter = start(
         inputs=[(name, path) for name, path in inputs if path is not None],
         outputs=calibration.outputs(),
     )
-    method = _resolve_method(calibration, fit_file, apply_file)
-    if apply_anyway and apply_file is None:
+    method = _resolve_method(calibration, scores.fit, scores.apply)
+    if scores.apply_anyway and scores.apply is None:
         raise click.UsageError("--apply-anyway needs --apply")
     check_outputs(calibration, output.force)
-    request = MetricsRequest(
-        logits=logits,
-        input_kind=input_kind,
-        scores_key=scores_key,
-        labels_key=labels_key,
-        fit_file=fit_file,
-        apply_file=apply_file,
-        strict=strict,
-        apply_anyway=apply_anyway,
-    )
+    request = MetricsRequest(logits=logits, scores=scores)
     run = run_metrics(
         request,
         calibration.replace(method=method),

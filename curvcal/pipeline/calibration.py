@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import InputError
 from curvcal.results import Report
+from curvcal.settings.calibrate import CalibrateSettings
 from curvcal.settings.calibration import CalibrationSettings
 from curvcal.settings.fields import groups, record
+from curvcal.settings.scores import ScoresSettings
 
 if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
@@ -36,31 +38,22 @@ WriteOutputs = Callable[["CalibrationAnalysis", "CalibratorProvenance"], None]
 @dataclass(frozen=True)
 class CalibrateRequest:
     """What ``curvcal calibrate`` reads and writes beyond its calibration settings: the
-    checkpoint and data (with ``fit_data`` to fit on), and the ``save_logits`` file."""
+    checkpoint and data, and ``files``: the data to fit on and the file the logits are saved to."""
 
     checkpoint: Path
     checkpoint_options: CheckpointSettings
     data_options: DataSettings
-    batch_size: int
-    fit_data: str | None = None
-    save_logits: Path | None = None
+    files: CalibrateSettings
 
 
 @dataclass(frozen=True)
 class MetricsRequest:
     """What ``curvcal metrics`` reads beyond its calibration settings: the logits file and how
-    to read it, the ``fit_file`` to fit on or the ``apply_file`` of saved calibrators, and
-    whether to refuse probability-like logits (``strict``) or a calibrator that does not match
-    them (unless ``apply_anyway``)."""
+    to read it (``scores``: its kind and keys, the file to fit on or the saved calibrators to
+    apply)."""
 
     logits: Path
-    input_kind: str
-    scores_key: str
-    labels_key: str
-    fit_file: Path | None = None
-    apply_file: Path | None = None
-    strict: bool = False
-    apply_anyway: bool = False
+    scores: ScoresSettings
 
 
 @dataclass(frozen=True)
@@ -167,14 +160,14 @@ def run_calibrate(
     from curvcal.pipeline.session import open_session
     from curvcal.provenance import environment
 
-    fit_data = request.fit_data
+    fit_data = request.files.fit_data
     if fit_data is not None:
         _refuse_fit_on_itself(request.data_options.spec, fit_data, "--fit-data", "--data")
     fraction = None
     if settings.method != "none" and fit_data is None:
         fraction = settings.val_split or DEFAULT_VAL_SPLIT
     settings = settings.replace(val_split=fraction)
-    data_options, batch_size = request.data_options, request.batch_size
+    data_options, batch_size = request.data_options, request.data_options.batch_size
     with open_session(request.checkpoint_options, reporter) as session:
         loaded = session.model(request.checkpoint)
         data = session.dataset(loaded, data_options)
@@ -194,10 +187,10 @@ def run_calibrate(
     warnings, timings = session.warnings, session.timings
     if logits.shape[1] == 1:
         warnings.insert(said, single_class_warning(str(request.checkpoint)))
-    if request.save_logits is not None:
+    if request.files.save_logits is not None:
         from curvcal.load.logits import save_logits
 
-        save_logits(request.save_logits, logits, labels)
+        save_logits(request.files.save_logits, logits, labels)
 
     began = time.perf_counter()
     source = f"--data {data.spec}"
@@ -248,14 +241,12 @@ def run_calibrate(
         command="calibrate",
         results=analysis,
         inputs=inputs,
-        settings={
-            **groups(
-                request.checkpoint_options.replace(device=str(session.device)),
-                data_options,
-                settings,
-            ),
-            "calibrate": {"fit_data": fit_data, "save_logits": request.save_logits},
-        },
+        settings=groups(
+            request.checkpoint_options.replace(device=str(session.device)),
+            data_options,
+            settings,
+            request.files,
+        ),
         timings=timings,
         environment={**environment(loaded.device), "world_size": session.context.world_size},
         warnings=warnings,
@@ -282,21 +273,26 @@ def run_metrics(
     timings: dict[str, float] = {}
     began = time.perf_counter()
     warnings: list[str] = []
-    keys = (request.input_kind, request.scores_key, request.labels_key, settings.nan_policy)
-    if request.fit_file is not None:
-        _refuse_fit_on_itself(request.logits, request.fit_file)
+    keys = (
+        request.scores.input_kind,
+        request.scores.scores_key,
+        request.scores.labels_key,
+        settings.nan_policy,
+    )
+    if request.scores.fit is not None:
+        _refuse_fit_on_itself(request.logits, request.scores.fit)
     data = load_logits(request.logits, *keys)
     described: dict[str, Any] = {"logits": _describe(request.logits, data, warnings)}
     _check_kind(request.logits, data, request, warnings)
     fit_data = None
-    if request.fit_file is not None:
-        fit_data = load_logits(request.fit_file, *keys)
-        described["fit"] = _describe(request.fit_file, fit_data, warnings)
-        _check_kind(request.fit_file, fit_data, request, warnings)
+    if request.scores.fit is not None:
+        fit_data = load_logits(request.scores.fit, *keys)
+        described["fit"] = _describe(request.scores.fit, fit_data, warnings)
+        _check_kind(request.scores.fit, fit_data, request, warnings)
     for warning in warnings:
         reporter.warn(warning)
     calibrators = None
-    if request.apply_file is not None:
+    if request.scores.apply is not None:
         calibrators, described["calibrator"] = _applied_calibrators(
             request, int(data.scores.shape[1]), reporter, warnings
         )
@@ -306,29 +302,29 @@ def run_metrics(
     source = str(request.logits)
     if calibrators is not None:
         analysis = evaluate_calibrators(
-            data.scores, data.labels, request.input_kind, calibrators, settings, source
+            data.scores, data.labels, request.scores.input_kind, calibrators, settings, source
         )
     else:
         analysis = analyse(
             data.scores,
             data.labels,
-            request.input_kind,
+            request.scores.input_kind,
             settings,
             source,
             fit=None if fit_data is None else (fit_data.scores, fit_data.labels),
-            fit_source=str(request.fit_file),
+            fit_source=str(request.scores.fit),
             fit_split="fit-file",
             fraction=settings.val_split,
         )
     timings["calibration"] = time.perf_counter() - began
     _warn(analysis_warnings(analysis), warnings, reporter)
-    fit_path = request.fit_file or request.logits
+    fit_path = request.scores.fit or request.logits
     provenance = CalibratorProvenance(
         n_classes=analysis.n_classes,
-        input_kind=request.input_kind,
+        input_kind=request.scores.input_kind,
         fit_data=_fit_record(
             analysis,
-            f"--fit {fit_path}" if request.fit_file else _split_source(analysis, source),
+            f"--fit {fit_path}" if request.scores.fit else _split_source(analysis, source),
             [file_info(fit_path)],
         ),
     )
@@ -339,14 +335,7 @@ def run_metrics(
         results=analysis,
         inputs=described,
         settings={
-            "logits": {
-                "input_kind": request.input_kind,
-                "scores_key": request.scores_key,
-                "labels_key": request.labels_key,
-                "fit": request.fit_file,
-                "apply": request.apply_file,
-                "strict": request.strict,
-            },
+            ScoresSettings.GROUP: record(request.scores),
             CalibrationSettings.GROUP: record(settings),
         },
         timings=timings,
@@ -368,12 +357,12 @@ def _applied_calibrators(
     from curvcal.load.digest import file_info
     from curvcal.pipeline.calibrator import load_calibrator_file, provenance_mismatches
 
-    assert request.apply_file is not None
-    where = str(request.apply_file)
-    read = load_calibrator_file(request.apply_file)
+    assert request.scores.apply is not None
+    where = str(request.scores.apply)
+    read = load_calibrator_file(request.scores.apply)
     saved = read.provenance
     record: dict[str, Any] = {
-        **asdict(file_info(request.apply_file)),
+        **asdict(file_info(request.scores.apply)),
         "provenance": None if saved is None else saved.to_dict(),
     }
     if saved is None:
@@ -394,8 +383,8 @@ def _applied_calibrators(
         f"{fit.get('size_bytes')} bytes, {fit.get('n_samples')} samples); "
         + (f"model sha256 {model}" if model else "no model recorded (scores from a file)")
     )
-    mismatches = provenance_mismatches(saved, n_classes, request.input_kind)
-    if mismatches and not request.apply_anyway:
+    mismatches = provenance_mismatches(saved, n_classes, request.scores.input_kind)
+    if mismatches and not request.scores.apply_anyway:
         raise InputError(
             where,
             f"does not match {request.logits}: {'; '.join(mismatches)}",
@@ -423,9 +412,9 @@ def _check_kind(path: Path, data: LogitsData, request: MetricsRequest, warnings:
     from curvcal.errors import InputError
     from curvcal.pipeline.calibration_warnings import PROBS_REMEDY, probabilities_as_logits
 
-    if request.input_kind != "logits" or not looks_like_probabilities(data.scores):
+    if request.scores.input_kind != "logits" or not looks_like_probabilities(data.scores):
         return
-    if request.strict:
+    if request.scores.strict:
         raise InputError(
             str(path),
             "every score is non-negative and every row sums to 1, so these look like "
