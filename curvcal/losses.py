@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from curvcal.errors import InputError
+from curvcal.settings.calibration import check_gamma
 
 FLSD53 = "flsd53"
 #: The losses :func:`loss_from_name` knows.
@@ -38,17 +39,6 @@ LOSS_NAMES = ("ce", "focal", FLSD53)
 #: p_y below which FLSD-53 uses γ = 5 (else 3).
 FLSD53_THRESHOLD = 0.2
 FLSD53_GAMMAS = (5.0, 3.0)
-
-
-def check_gamma(gamma: float, what: str = "gamma") -> float:
-    """A finite γ >= 0 as a float, else :class:`InputError`."""
-    if (
-        isinstance(gamma, bool)
-        or not isinstance(gamma, int | float)
-        or not (0 <= gamma < float("inf"))
-    ):
-        raise InputError(what, f"gamma must be a finite number >= 0, got {gamma!r}")
-    return float(gamma)
 
 
 def flsd53_gammas(p_y: Tensor) -> Tensor:

@@ -109,7 +109,8 @@ def test_curvature_imports_no_calibration_and_no_loader(module: str) -> None:
 
 
 def test_losses_import_only_errors_and_results_import_no_solver() -> None:
-    assert imports_of("curvcal.losses") <= {"curvcal.errors"}
+    # and the torch-free declaration of the focal parameter's rule (settings.calibration)
+    assert imports_of("curvcal.losses") <= {"curvcal.errors", "curvcal.settings.calibration"}
     assert "curvcal.calibration.scaling" not in imports_of("curvcal.calibration.results")
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from curvcal.settings.fields import Settings, setting
+from curvcal.settings.fields import Settings, file_setting, setting
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,6 @@ class CalibrateSettings(Settings):
         "Fit the maps on this dataset (same data options as --data) and evaluate on --data.",
         metavar="SPEC",
     )
-    save_logits: Path | None = setting(
-        None,
+    save_logits: Path | None = file_setting(
         "Write the logits and labels of all of --data to a .npz, .pt or .safetensors file.",
-        path="file",
-        metavar="FILE",
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from curvcal.errors import InputError
-from curvcal.settings.fields import Settings, check_fields, setting
+from curvcal.settings.fields import Settings, check_fields, comma_numbers, file_setting, setting
 from curvcal.settings.hessian import MAX_SEED
 
 #: The most ``--bins``: more bins than this hold no samples on any data set curvcal can score,
@@ -42,14 +42,13 @@ def parse_gammas(ctx: Any, param: Any, value: str | None) -> tuple[float, ...] |
 
     if value is None:
         return None
-    try:
-        gammas = tuple(float(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(
-            f"takes comma-separated numbers such as 0,0.5,1,2; got '{value}'", ctx, param
-        ) from None
-    if not gammas:
-        raise click.BadParameter("needs at least one value", ctx, param)
+    gammas = comma_numbers(
+        ctx,
+        param,
+        value,
+        f"takes comma-separated numbers such as 0,0.5,1,2; got '{value}'",
+        "needs at least one value",
+    )
     if any(not (0 <= g < math.inf) for g in gammas):
         raise click.BadParameter(f"values must be finite and >= 0; got '{value}'", ctx, param)
     return gammas
@@ -122,12 +121,9 @@ class CalibrationSettings(Settings):
         metavar="F",
     )
     seed: int = setting(0, "Seed of --val-split and of the bootstrap.", low=0, high=MAX_SEED)
-    plot: Path | None = setting(
-        None,
+    plot: Path | None = file_setting(
         "Write reliability diagrams (uncalibrated, TS, focal TS) to a .png, .svg or .pdf file "
         "(needs matplotlib).",
-        path="file",
-        metavar="FILE",
     )
     dpi: int = setting(
         100,
@@ -142,11 +138,8 @@ class CalibrationSettings(Settings):
         low=0,
         metavar="N",
     )
-    save_calibrator: Path | None = setting(
-        None,
+    save_calibrator: Path | None = file_setting(
         "Write the fitted calibrator(s) as JSON (for metrics --apply).",
-        path="file",
-        metavar="FILE",
     )
     nan_policy: str = setting(
         "error",
@@ -217,8 +210,8 @@ def check_bins(n_bins: int, edges: str = "left") -> None:
 
 
 def check_gamma(gamma: float, what: str = "gamma") -> float:
-    """A finite γ >= 0 as a float, else :class:`InputError` (the words of
-    :func:`curvcal.losses.check_gamma`, which imports nothing of curvcal but its errors)."""
+    """A finite γ >= 0 as a float, else :class:`InputError` naming ``what`` (the focal
+    parameter of every loss, map and option that takes one)."""
     if (
         isinstance(gamma, bool)
         or not isinstance(gamma, int | float)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from curvcal.settings.fields import Settings, setting
+from curvcal.settings.fields import Settings, comma_numbers, folder_setting, setting
 
 #: ``resize``/``crop`` value of an explicit ``none``: no resize or crop, and no model config's.
 NO_RESIZE = 0
@@ -21,14 +21,13 @@ def _float_list(ctx: Any, param: Any, value: str | None) -> tuple[float, ...] | 
     if value is None:
         return None
     name = param.opts[0] if param.opts else str(param.name)
-    try:
-        numbers = tuple(float(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(
-            f"{name} takes comma-separated numbers, e.g. 0.5,0.5,0.5; got '{value}'", ctx, param
-        ) from None
-    if not numbers:
-        raise click.BadParameter(f"{name} needs at least one number", ctx, param)
+    numbers = comma_numbers(
+        ctx,
+        param,
+        value,
+        f"{name} takes comma-separated numbers, e.g. 0.5,0.5,0.5; got '{value}'",
+        f"{name} needs at least one number",
+    )
     if any(not math.isfinite(n) for n in numbers):
         raise click.BadParameter(f"{name} values must be finite; got '{value}'", ctx, param)
     if param.name == "std" and any(n <= 0 for n in numbers):
@@ -77,8 +76,8 @@ class DataSettings(Settings):
         "curvcal:digits.",
         metavar="SPEC",
     )
-    data_root: Path | None = setting(
-        None, "Folder of torchvision datasets (default ./data).", path="dir"
+    data_root: Path | None = folder_setting(
+        "Folder of torchvision datasets (default ./data).", metavar=None
     )
     download: bool = setting(False, "Download a torchvision dataset if missing.", flag=True)
     mean: tuple[float, ...] | None = setting(
@@ -112,10 +111,9 @@ class DataSettings(Settings):
     text_key: str = setting("text", "Text column of text data.")
     label_key: str = setting("label", "Label column of text data.")
     text_pair_key: str | None = setting(None, "Second text column, for sentence pairs.")
-    tokenizer: Path | None = setting(
-        None,
+    tokenizer: Path | None = folder_setting(
         "Tokenizer folder (save_pretrained).",
-        path="dir",
+        metavar=None,
         default_text="the model folder's",
     )
     max_length: int | None = setting(

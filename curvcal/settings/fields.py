@@ -78,6 +78,16 @@ def setting(default: Any = None, help: str = "", **spec: Any) -> Any:
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def file_setting(help: str, metavar: str = "FILE", **spec: Any) -> Any:
+    """A settings field naming a file, unset by default (:func:`setting` with ``path="file"``)."""
+    return setting(None, help, path="file", metavar=metavar, **spec)
+
+
+def folder_setting(help: str, metavar: str | None = "DIR", **spec: Any) -> Any:
+    """A settings field naming a folder, unset by default (``path="dir"``)."""
+    return setting(None, help, path="dir", metavar=metavar, **spec)
+
+
 def option_name(name: str) -> str:
     """The option that sets field ``name``: ``top_k`` -> ``--top-k``."""
     return "--" + name.replace("_", "-")
@@ -331,6 +341,22 @@ def from_mapping(
 
 
 # --------------------------------------------------------------------------- command line
+
+
+def comma_numbers(
+    ctx: Any, param: Any, value: str, malformed: str, empty: str
+) -> tuple[float, ...]:
+    """The numbers of a comma-separated list option (``0.5,0.4,0.3``; empty parts skipped),
+    or :class:`click.BadParameter` with ``malformed`` (a part is no number) or ``empty``."""
+    import click
+
+    try:
+        numbers = tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(malformed, ctx, param) from None
+    if not numbers:
+        raise click.BadParameter(empty, ctx, param)
+    return numbers
 
 
 def _click_type(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Any:

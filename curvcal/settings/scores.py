@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from curvcal.settings.fields import Settings, setting
+from curvcal.settings.fields import Settings, file_setting, setting
 
 #: ``--input-kind``: what the scores are (never guessed).
 INPUT_KINDS = ("logits", "probs", "logprobs")
@@ -24,16 +24,11 @@ class ScoresSettings(Settings):
     input_kind: str = setting("logits", "What the scores are (never guessed).", choices=INPUT_KINDS)
     scores_key: str = setting("logits", "Name of the scores in the files.")
     labels_key: str = setting("labels", "Name of the labels in the files.")
-    fit: Path | None = setting(
-        None,
+    fit: Path | None = file_setting(
         "Fit the maps on this logits file (same kind and keys) and evaluate on LOGITS.",
-        path="file",
-        metavar="FILE",
     )
-    apply: Path | None = setting(
-        None,
+    apply: Path | None = file_setting(
         "Measure the calibrators saved by --save-calibrator on LOGITS (fits nothing).",
-        path="file",
         metavar="CALIBRATOR.json",
     )
     apply_anyway: bool = setting(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from curvcal.settings.fields import Settings, setting
+from curvcal.settings.fields import Settings, folder_setting, setting
 
 #: The Hessian options ``study`` takes (the fields of
 #: :class:`~curvcal.settings.hessian.HessianSettings` it offers; the others keep their
@@ -34,9 +34,6 @@ class StudySettings(Settings):
         "Measure the Hessian on this dataset (same data options as --data); default --data.",
         metavar="SPEC",
     )
-    plot: Path | None = setting(
-        None,
+    plot: Path | None = folder_setting(
         "Write lambda_max_vs_gamma.png and trace_vs_ece.png into DIR (needs matplotlib).",
-        path="dir",
-        metavar="DIR",
     )

@@ -89,6 +89,7 @@ def test_the_report_records_the_settings_as_one_group(run_cli, tmp_path: Path) -
             "labels_key": "labels",
             "fit": None,
             "apply": None,
+            "apply_anyway": False,
             "strict": False,
         },
         "calibration": record(asked),
