@@ -23,10 +23,10 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     Exit 0 when every bound holds, 1 when one fails, 2 for a bad file or policy.
     """
     from curvcal.load.digest import file_info
+    from curvcal.pipeline.provenance import environment
     from curvcal.policy.baseline import load_report, metric_values, setting_differences
     from curvcal.policy.evaluate import evaluate
     from curvcal.policy.parse import load_policy, policy_file
-    from curvcal.provenance import environment
     from curvcal.results import STATUS_FAIL, STATUS_PASS, Report
 
     policy_path = policy_file(policy_path, Path.cwd())

@@ -27,7 +27,7 @@ def inspect(checkpoint: Path, checkpoint_options: CheckpointSettings) -> int:
     """
     from curvcal.load.digest import file_info
     from curvcal.load.inspect import inspect_checkpoint
-    from curvcal.provenance import environment
+    from curvcal.pipeline.provenance import environment
 
     start(inputs=[("CHECKPOINT", checkpoint)])
     began = time.perf_counter()

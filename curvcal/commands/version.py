@@ -17,7 +17,7 @@ def version(device: str) -> int:
     """Show versions of curvcal, torch and the device in use."""
     import torch
 
-    from curvcal.provenance import environment
+    from curvcal.pipeline.provenance import environment
 
     start()
     if device == "auto":

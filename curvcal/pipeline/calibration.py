@@ -157,8 +157,8 @@ def run_calibrate(
     from curvcal.pipeline.calibration_warnings import analysis_warnings, probabilities_as_logits
     from curvcal.pipeline.calibrator import CalibratorProvenance
     from curvcal.pipeline.compatibility import single_class_warning
+    from curvcal.pipeline.provenance import environment
     from curvcal.pipeline.session import open_session
-    from curvcal.provenance import environment
 
     fit_data = request.files.fit_data
     if fit_data is not None:
@@ -267,7 +267,7 @@ def run_metrics(
     from curvcal.load.logits import load_logits
     from curvcal.pipeline.calibration_warnings import analysis_warnings
     from curvcal.pipeline.calibrator import CalibratorProvenance
-    from curvcal.provenance import environment
+    from curvcal.pipeline.provenance import environment
     from curvcal.settings.calibration import CalibrationSettings
 
     timings: dict[str, float] = {}

@@ -301,8 +301,8 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
     the report; warnings (the run's, and settings the baseline was computed with differently)
     go to ``reporter``."""
     from curvcal.load.digest import file_info
+    from curvcal.pipeline.provenance import environment
     from curvcal.policy.baseline import load_report, metric_values, setting_differences
-    from curvcal.provenance import environment
     from curvcal.results import SCHEMA_VERSION
 
     began = time.perf_counter()

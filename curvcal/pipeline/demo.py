@@ -76,8 +76,8 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun | None:
     from curvcal.calibration.metrics import mean_confidence
     from curvcal.load.digest import file_info
     from curvcal.load.inspect import inspect_checkpoint
+    from curvcal.pipeline.provenance import environment
     from curvcal.pipeline.session import open_session
-    from curvcal.provenance import environment
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
     from curvcal.settings.fields import groups

@@ -61,8 +61,8 @@ def run_hessian(
 ) -> HessianRun:
     """Measure the Hessian of ``checkpoint``'s mean loss over the data as ``settings`` ask;
     under torchrun every rank runs this on its shard."""
+    from curvcal.pipeline.provenance import environment
     from curvcal.pipeline.session import open_session
-    from curvcal.provenance import environment
 
     began = time.perf_counter()
     with open_session(checkpoint_options, reporter) as session:

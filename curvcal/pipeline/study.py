@@ -71,8 +71,8 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     from curvcal.calibration.analysis import analyse_val_split
     from curvcal.load.labels import stratified_split
     from curvcal.load.text import text_model_at
+    from curvcal.pipeline.provenance import environment
     from curvcal.pipeline.session import open_session
-    from curvcal.provenance import environment
     from curvcal.study.summary import (
         StudyResult,
         StudyRow,
