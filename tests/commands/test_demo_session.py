@@ -4,9 +4,6 @@ run under torchrun (gloo, CPU, two processes) judged on the numbers of one proce
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from curvcal.assets import demo_checkpoint
+from tests.scale.launch import torchrun_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,25 +39,8 @@ def test_nan_logits_stop_the_demo_naming_the_data(run_cli, tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_demo_under_torchrun_matches_one_process(run_cli, tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "OMP_NUM_THREADS": "1",
-    }
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     out = tmp_path / "demo.json"
-    completed = subprocess.run(
-        [*launcher, "--nproc-per-node", "2", "-m", "curvcal", "demo", "--json", "-o", str(out)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.count('"schema"') == 1  # rank 1 printed nothing
-    distributed = json.loads(completed.stdout)
+    distributed = torchrun_json(["demo", "-o", str(out)], tmp_path)
     assert json.loads(out.read_text()) == distributed
 
     single = run_cli("demo", "--json")

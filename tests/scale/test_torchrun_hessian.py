@@ -4,9 +4,6 @@ of one process, and only rank 0 speaks."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +12,8 @@ from safetensors.torch import save_file
 
 from curvcal.models import DigitsCNN
 
-ROOT = Path(__file__).resolve().parents[2]
+from .launch import torchrun_json
+
 N_SAMPLES = 51  # odd: the two shards differ in size (26 and 25)
 
 
@@ -41,24 +39,7 @@ def test_two_processes_match_one(run_cli, tmp_path: Path) -> None:
             "--device", "cpu", "--top-k", "2", "--probes", "20", "--batch-size", "10"]  # fmt: skip
 
     out = tmp_path / "distributed.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "OMP_NUM_THREADS": "1",
-    }
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    completed = subprocess.run(
-        [*launcher, "--nproc-per-node", "2", "-m", "curvcal", *args, "--json", "-o", str(out)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.count('"schema"') == 1  # rank 1 printed nothing
-    distributed = json.loads(completed.stdout)
+    distributed = torchrun_json([*args, "-o", str(out)], tmp_path)
     assert json.loads(out.read_text()) == distributed
 
     single = run_cli(*args, "--json")

@@ -5,15 +5,14 @@ run gives the numbers of one process."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+
+from .launch import torchrun_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["good", "bad", "film", "very", "plot", "not"]
@@ -35,27 +34,6 @@ def _folder(path: Path) -> None:
     transformers.BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(path)
 
 
-def _torchrun(args: list[str], cwd: Path) -> dict:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "OMP_NUM_THREADS": "1",
-    }
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    completed = subprocess.run(
-        [*launcher, "--nproc-per-node", "2", "-m", "curvcal", *args, "--json"],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.count('"schema"') == 1  # rank 1 printed nothing
-    return json.loads(completed.stdout)
-
-
 @pytest.mark.slow
 def test_two_processes_match_one_on_texts(run_cli, tmp_path: Path) -> None:
     folder = tmp_path / "model"
@@ -66,7 +44,7 @@ def test_two_processes_match_one_on_texts(run_cli, tmp_path: Path) -> None:
     )
     common = ["--data", str(data), "--dtype", "float64", "--device", "cpu", "--batch-size", "4"]
     hessian = ["hessian", str(folder), *common, "--no-trace", "--tol", "1e-8"]
-    distributed = _torchrun(hessian, tmp_path)
+    distributed = torchrun_json(hessian, tmp_path)
     single = run_cli(*hessian, "--json")
     assert single.code == 0, single.stderr
     assert distributed["results"]["operator"]["n_samples"] == len(TEXTS)
@@ -74,7 +52,7 @@ def test_two_processes_match_one_on_texts(run_cli, tmp_path: Path) -> None:
         json.loads(single.stdout)["results"]["lambda_max"], rel=1e-6
     )
     calibrate = ["calibrate", str(folder), *common, "--method", "none"]
-    distributed = _torchrun(calibrate, tmp_path)
+    distributed = torchrun_json(calibrate, tmp_path)
     single = run_cli(*calibrate, "--json")
     assert single.code == 0, single.stderr
     got = distributed["results"]["evaluation"]["uncalibrated"]
