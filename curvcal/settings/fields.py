@@ -367,6 +367,8 @@ def _click_type(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Any:
         return None
     if spec.choices is not None:
         return click.Choice(spec.choices)
+    if kind in (int, float) and spec.low is None and spec.high is None:
+        return click.INT if kind is int else click.FLOAT
     if kind is int:
         return click.IntRange(
             None if spec.low is None else int(spec.low),
