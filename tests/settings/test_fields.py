@@ -42,6 +42,7 @@ class Toy(Settings):
     names: tuple[str, ...] = setting((), "Repeatable.", multiple=True)
     folder: Path | None = setting(None, "A folder.", path="dir")
     hidden: int = setting(7, "Set by the code.", cli=False)
+    free: int = setting(0, "Any integer.")
     secret: str = setting("s", "Not recorded.", record=False)
 
     def lowest(self, name: str) -> float | None:
@@ -68,8 +69,10 @@ def test_every_field_is_one_option_with_its_default_and_help() -> None:
     command = _command()
     options = {p.name: p for p in command.params}
     assert set(options) == {
-        "count", "ratio", "word", "maybe", "loud", "keep", "names", "folder", "secret"
+        "count", "ratio", "word", "maybe", "loud", "keep", "names", "folder", "secret", "free"
     }  # fmt: skip
+    assert options["free"].type is click.INT  # no range shown for an unbounded integer
+    assert isinstance(options["count"].type, click.IntRange)
     assert options["count"].opts == ["--count"] and options["count"].default == 3
     assert options["keep"].secondary_opts == ["--no-keep"]
     assert options["names"].multiple
@@ -139,7 +142,7 @@ def test_the_record_is_the_fields_by_option_name_as_json() -> None:
     toy = Toy(names=("x",), folder=Path("f"))
     assert record(toy) == {
         "count": 3, "ratio": 0.5, "word": "a", "maybe": None, "loud": False, "keep": True,
-        "names": ["x"], "folder": "f", "hidden": 7,
+        "names": ["x"], "folder": "f", "hidden": 7, "free": 0,
     }  # fmt: skip
     assert groups(toy, DataSettings(data="d.pt")) == {
         "toy": record(toy),
