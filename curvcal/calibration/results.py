@@ -57,6 +57,9 @@ class CalibrationMetrics:
     over samples of the sum over classes. ``intervals`` maps a metric name to its bootstrap
     percentile interval ``(low, high)`` at ``interval_level`` (empty when ``n_bootstrap`` is 0).
     ``positive_class_ece`` is the ECE of p_1 against 1[y = 1], only for K = 2.
+    ``ks_ce``, ``kuiper`` and ``mmce`` are binning-free (:mod:`curvcal.calibration.binfree`);
+    ``aurc``, ``e_aurc`` and ``risk_coverage`` ((coverage, selective risk) at coverages
+    0.1, 0.2, ..., 1.0) summarise selective prediction (:mod:`curvcal.calibration.selective`).
     """
 
     n_samples: int
@@ -84,6 +87,12 @@ class CalibrationMetrics:
     interval_level: float = 0.95
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     class_bins: tuple[ClassReliability, ...] = ()
+    ks_ce: float = 0.0
+    kuiper: float = 0.0
+    mmce: float = 0.0
+    aurc: float = 0.0
+    e_aurc: float = 0.0
+    risk_coverage: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
