@@ -15,6 +15,9 @@ Conventions (printed with every result):
 - Positive-class ECE (K = 2 only): the classwise term of class 1.
 - NLL = mean -log p_y (natural log, nats). Brier = mean over samples of Σ_k (p_k - 1[y = k])²
   (a sum over classes, in [0, 2]).
+- KS calibration error, Kuiper statistic, MMCE: binning-free, see
+  :mod:`curvcal.calibration.binfree`. Risk–coverage curve, AURC and E-AURC: see
+  :mod:`curvcal.calibration.selective`. All three and the curve are order-free on ties.
 - Bootstrap intervals: percentile intervals of ECE, AdaECE, MCE and NLL over resamples drawn
   with a private generator seeded by ``seed``.
 """
@@ -27,6 +30,7 @@ from typing import Any
 
 import torch
 
+from curvcal.calibration import binfree
 from curvcal.calibration import bins as binning
 from curvcal.calibration.inputs import (
     check_bins,
@@ -36,6 +40,7 @@ from curvcal.calibration.inputs import (
     validated_scores,
 )
 from curvcal.calibration.results import CalibrationMetrics, ClassReliability, ReliabilityBin
+from curvcal.calibration.selective import RiskCoverage, optimal_aurc, risk_coverage_curve
 from curvcal.calibration.smooth import smooth_ece
 from curvcal.errors import InputError
 
@@ -299,6 +304,7 @@ def calibration_metrics(
     per_class = (c_y - c_p).abs().sum(dim=1) / n
     smooth = smooth_ece(top.confidence, top.correct)
     intervals = _bootstrap_intervals(top, index, order, bins, bootstrap, seed) if bootstrap else {}
+    selective = risk_coverage_curve(top.confidence, top.correct, order)
     return CalibrationMetrics(
         n_samples=n,
         n_classes=k,
@@ -327,6 +333,12 @@ def calibration_metrics(
         interval_level=INTERVAL_LEVEL,
         intervals=intervals,
         class_bins=_class_tables(c_n, c_p, c_y, y, reliability_classes),
+        ks_ce=binfree.ks_calibration_error(top.confidence, top.correct, order),
+        kuiper=binfree.kuiper_statistic(top.confidence, top.correct, order),
+        mmce=binfree.mmce(top.confidence, top.correct, order),
+        aurc=selective.aurc,
+        e_aurc=selective.aurc - optimal_aurc(top.correct),
+        risk_coverage=selective.summary(),
     )
 
 
@@ -487,6 +499,42 @@ def negative_log_likelihood(scores: Any, labels: Any, kind: str = "logits") -> f
 def brier_score(scores: Any, labels: Any, kind: str = "logits") -> float:
     """Mean over samples of Σ_k (p_k - 1[y = k])² (sum over classes)."""
     return float(_top_of(scores, labels, kind).brier.mean())
+
+
+def ks_calibration_error(scores: Any, labels: Any, kind: str = "logits") -> float:
+    """Top-label KS calibration error (Gupta et al. 2021), binning-free."""
+    top = _top_of(scores, labels, kind)
+    return binfree.ks_calibration_error(top.confidence, top.correct)
+
+
+def kuiper_statistic(scores: Any, labels: Any, kind: str = "logits") -> float:
+    """Top-label Kuiper statistic (Gupta et al. 2021), binning-free."""
+    top = _top_of(scores, labels, kind)
+    return binfree.kuiper_statistic(top.confidence, top.correct)
+
+
+def maximum_mean_calibration_error(scores: Any, labels: Any, kind: str = "logits") -> float:
+    """MMCE (Kumar et al. 2018), root form, Laplacian kernel of width 0.4 on confidences."""
+    top = _top_of(scores, labels, kind)
+    return binfree.mmce(top.confidence, top.correct)
+
+
+def risk_coverage(scores: Any, labels: Any, kind: str = "logits") -> RiskCoverage:
+    """The risk–coverage curve of the top-label predictions ranked by confidence (its
+    ``aurc`` is the area)."""
+    top = _top_of(scores, labels, kind)
+    return risk_coverage_curve(top.confidence, top.correct)
+
+
+def aurc(scores: Any, labels: Any, kind: str = "logits") -> float:
+    """AURC (Geifman et al. 2019): the mean selective risk over coverages k/N, k = 1..N."""
+    return float(risk_coverage(scores, labels, kind).aurc)
+
+
+def excess_aurc(scores: Any, labels: Any, kind: str = "logits") -> float:
+    """E-AURC: AURC minus the AURC of an oracle ranking every correct prediction first."""
+    top = _top_of(scores, labels, kind)
+    return risk_coverage_curve(top.confidence, top.correct).aurc - optimal_aurc(top.correct)
 
 
 def reliability_bins(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,10 @@ class CalibrationMetrics:
     over samples of the sum over classes. ``intervals`` maps a metric name to its bootstrap
     percentile interval ``(low, high)`` at ``interval_level`` (empty when ``n_bootstrap`` is 0).
     ``positive_class_ece`` is the ECE of p_1 against 1[y = 1], only for K = 2.
+    ``ks_ce``, ``kuiper`` and ``mmce`` are binning-free (:mod:`curvcal.calibration.binfree`);
+    ``aurc``, ``e_aurc`` and ``risk_coverage`` ((coverage, selective risk) at coverages
+    0.1, 0.2, ..., 1.0) summarise selective prediction (:mod:`curvcal.calibration.selective`);
+    ``calibration_metrics`` fills them all (NaN and () mean "not computed").
     """
 
     n_samples: int
@@ -84,6 +89,12 @@ class CalibrationMetrics:
     interval_level: float = 0.95
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     class_bins: tuple[ClassReliability, ...] = ()
+    ks_ce: float = math.nan
+    kuiper: float = math.nan
+    mmce: float = math.nan
+    aurc: float = math.nan
+    e_aurc: float = math.nan
+    risk_coverage: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)

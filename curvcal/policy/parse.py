@@ -60,6 +60,11 @@ CALIBRATION_METRICS = (
     "brier",
     "accuracy",
     "smooth_ece",
+    "ks_ce",
+    "kuiper",
+    "mmce",
+    "aurc",
+    "e_aurc",
 )
 """Metrics of predicted probabilities; each can be gated at any stage of :data:`STAGES`."""
 
@@ -79,6 +84,7 @@ CHANGE_BOUNDS = BOUNDS[2:]
 _DOMAIN: dict[str, tuple[float, float]] = {
     **{name: (0.0, 1.0) for name in ("ece", "adaece", "mce", "classwise_ece", "rms_ce")},
     "smooth_ece": (0.0, 1.0),
+    **{name: (0.0, 1.0) for name in ("ks_ce", "kuiper", "mmce", "aurc", "e_aurc")},
     "accuracy": (0.0, 1.0),
     "nll": (0.0, math.inf),
     "brier": (0.0, 2.0),

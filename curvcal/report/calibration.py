@@ -83,8 +83,13 @@ _METRIC_ROWS = (
     ("RMS-CE", "rms_ce", None),
     ("classwise ECE", "classwise_ece", None),
     ("smooth ECE", "smooth_ece", None),
+    ("KS calibration error", "ks_ce", None),
+    ("Kuiper", "kuiper", None),
+    ("MMCE", "mmce", None),
     ("NLL", "nll", "nll"),
     ("Brier", "brier", None),
+    ("AURC", "aurc", None),
+    ("E-AURC", "e_aurc", None),
 )
 
 
@@ -119,7 +124,9 @@ def conventions(analysis: CalibrationAnalysis) -> str:
     text = (
         f"ECE top-label, {settings.bins} equal-width bins {side}; AdaECE {settings.bins} "
         f"equal-mass bins ({used} used uncalibrated); classwise ECE: mean over "
-        f"{analysis.n_classes} classes; NLL in nats; Brier summed over classes"
+        f"{analysis.n_classes} classes; NLL in nats; Brier summed over classes; KS, Kuiper, "
+        "MMCE (Laplacian kernel, width 0.4, root form) binning-free; AURC: mean selective risk "
+        "over coverages k/N, ties spread evenly"
     )
     if settings.bootstrap:
         text += f"; [95% bootstrap interval, {settings.bootstrap} resamples, seed {settings.seed}]"
