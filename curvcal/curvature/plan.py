@@ -99,7 +99,7 @@ def choose_trace_method(operator: HessianOperator, settings: HessianSettings) ->
     would not be exact, or a split method that cannot run, raises :class:`InputError` naming
     why. The reason is '' for a method that was asked for by name."""
     method = TRACE_METHODS[settings.trace_method]
-    if settings.curvature != "hessian":
+    if operator.curvature != "hessian":
         return _kind_trace_method(operator, settings)
     if method == "gauss-newton":
         require_exact(operator, "--trace-method")
@@ -128,7 +128,7 @@ def _kind_trace_method(operator: HessianOperator, settings: HessianSettings) -> 
     in ``probes``, else Hutch++. The split traces (Gauss–Newton part + an estimate of H − G)
     are the Hessian's only, and refused."""
     method = TRACE_METHODS[settings.trace_method]
-    kind = settings.curvature
+    kind = operator.curvature
     exact = kind == "ggn" or (kind == "fisher" and operator.criterion == "ce")
     if method in SPLIT_METHODS:
         raise InputError(
@@ -141,8 +141,8 @@ def _kind_trace_method(operator: HessianOperator, settings: HessianSettings) -> 
         if not exact:
             raise InputError(
                 "--trace-method",
-                f"gauss-newton is the trace of the GGN, not of --curvature {kind} with "
-                f"--loss {operator.criterion}",
+                f"gauss-newton is the trace of the GGN, not of the {kind} of the "
+                f"{operator.criterion} loss (for cross-entropy only the Fisher equals the GGN)",
                 "ask for auto, hutchpp, xtrace or hutchinson",
             )
         return settings.trace_method, ""

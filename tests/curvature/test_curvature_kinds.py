@@ -289,8 +289,8 @@ def test_train_mode_and_func_are_refused() -> None:
     ("kind", "method", "loss", "gamma", "message"),
     [
         ("ggn", "gauss-newton+hutchpp", "ce", None, "no meaning for --curvature ggn"),
-        ("empirical-fisher", "gauss-newton", "ce", None, "not of --curvature empirical-fisher"),
-        ("fisher", "gauss-newton", "focal", 2.0, "not of --curvature fisher with --loss focal"),
+        ("empirical-fisher", "gauss-newton", "ce", None, "not of the empirical-fisher of the ce"),
+        ("fisher", "gauss-newton", "focal", 2.0, "not of the fisher of the focal loss"),
     ],
 )
 def test_trace_methods_a_kind_cannot_take_are_refused(
@@ -308,3 +308,67 @@ def test_the_settings_and_kernel_lists_agree() -> None:
     from curvcal.settings.hessian import CURVATURES as OPTION
 
     assert KERNEL == OPTION
+
+
+def test_python_api_takes_the_kind() -> None:
+    from curvcal.curvature.api import hessian_eigenvalues, hessian_trace
+
+    model = _model("cnn")
+    x, y = _data("cnn")
+    truth = dense_ggn(model, x, y, 0.0)
+    spectrum = hessian_eigenvalues(model, _batches(x, y), 2, tol=1e-8, curvature="ggn")
+    found = [value.value for value in spectrum.values]
+    assert found == pytest.approx(torch.linalg.eigvalsh(truth).flip(0)[:2].tolist(), rel=1e-6)
+    trace = hessian_trace(model, _batches(x, y), method="gauss-newton", curvature="ggn")
+    assert trace.estimate == pytest.approx(float(truth.trace()), rel=1e-10)
+    assert "Gauss–Newton matrix itself" in trace.interval
+    with pytest.raises(
+        InputError,
+        match="method: gauss-newton is the trace of the GGN, not of the empirical-fisher",
+    ):
+        hessian_trace(model, _batches(x, y), method="gauss-newton", curvature="empirical-fisher")
+
+
+def test_the_gauss_newton_trace_refuses_a_kind_it_is_not_the_trace_of() -> None:
+    """Called directly on an operator, not only through the trace-method choice."""
+    from curvcal.curvature.gauss_newton import gauss_newton_trace
+
+    model = _model("mlp")
+    x, y = _data("mlp")
+    operator = _operator(model, x, y, "empirical-fisher", 0.0)
+    with pytest.raises(InputError, match="trace of the GGN, not of the empirical-fisher"):
+        gauss_newton_trace(operator)
+    # the GGN's own trace needs no linearity (the MLP has tanh)
+    ggn = _operator(model, x, y, "ggn", 0.0)
+    assert gauss_newton_trace(ggn).estimate == pytest.approx(
+        float(dense_ggn(model, x, y, 0.0).trace()), rel=1e-10
+    )
+
+
+@pytest.mark.parametrize("loss", [CrossEntropy(), Focal(2.0)])
+def test_many_classes_without_a_matrix_per_row(loss: CrossEntropy | Focal) -> None:
+    """K = 400: the O(B·K) products equal Λ_n w_n with Λ_n from autograd (K × K per row)."""
+    from curvcal.losses import logit_fisher_product
+
+    generator = torch.Generator().manual_seed(5)
+    logits = 3.0 * torch.randn(3, 400, dtype=torch.float64, generator=generator)
+    labels = torch.tensor([0, 17, 399])
+    w = torch.randn(3, 400, dtype=torch.float64, generator=generator)
+    gamma = 0.0 if isinstance(loss, CrossEntropy) else 2.0
+    found = logit_hessian_product(loss, logits, labels, w)
+    fisher = logit_fisher_product(loss, logits, labels, w)
+    for n in range(3):
+        row = logits[n]
+        lam = torch.autograd.functional.hessian(
+            lambda z, n=n: _row_loss(gamma)(z, int(labels[n])), row
+        )
+        assert torch.allclose(found[n], lam @ w[n], rtol=1e-9, atol=1e-14)
+        grads = torch.stack(
+            [
+                torch.autograd.functional.jacobian(lambda z, k=k: _row_loss(gamma)(z, k), row)
+                for k in range(400)
+            ]
+        )
+        p = torch.softmax(row, dim=0)
+        expected = grads.T @ (p * (grads @ w[n]))
+        assert torch.allclose(fisher[n], expected, rtol=1e-9, atol=1e-14)
