@@ -338,11 +338,12 @@ def test_the_gauss_newton_trace_refuses_a_kind_it_is_not_the_trace_of() -> None:
     operator = _operator(model, x, y, "empirical-fisher", 0.0)
     with pytest.raises(InputError, match="trace of the GGN, not of the empirical-fisher"):
         gauss_newton_trace(operator)
-    # the GGN's own trace needs no linearity (the MLP has tanh)
-    ggn = _operator(model, x, y, "ggn", 0.0)
-    assert gauss_newton_trace(ggn).estimate == pytest.approx(
-        float(dense_ggn(model, x, y, 0.0).trace()), rel=1e-10
-    )
+    # the GGN's own trace needs no linearity (the MLP has tanh); the focal Λ_n are indefinite
+    for gamma in (0.0, 2.0):
+        ggn = _operator(model, x, y, "ggn", gamma)
+        assert gauss_newton_trace(ggn).estimate == pytest.approx(
+            float(dense_ggn(model, x, y, gamma).trace()), rel=1e-10
+        )
 
 
 @pytest.mark.parametrize("loss", [CrossEntropy(), Focal(2.0)])
