@@ -211,7 +211,7 @@ def _layers_table(analysis: HessianAnalysis) -> Table:
         title=f"per-module {_kind(analysis)} blocks",
         columns=("module", "params", "λmax", "trace", "converged"),
         rows=rows,
-        caption="each block is the Hessian with respect to the module's own parameters; "
+        caption=f"each block is the {_kind(analysis)} with respect to the module's own parameters; "
         + (
             "every block's trace is its exact Gauss–Newton share"
             if analysis.trace is not None and analysis.trace.method == "gauss-newton"

@@ -99,6 +99,7 @@ def test_empirical_fisher_density_layers_and_tables(run_cli, case) -> None:
     for title in ("empirical Fisher eigenvalues", "empirical Fisher trace",
                   "per-module empirical Fisher blocks", "empirical Fisher eigenvalue density"):  # fmt: skip
         assert title in result.stdout
+    assert "each block is the empirical Fisher with respect to" in result.stdout
     json_run = run_cli(*_args(checkpoint, data, *extra[:-2], "--tol", "1e-8", "--json"))
     assert json_run.code == 0, json_run.stderr
     results = json.loads(json_run.stdout)["results"]
