@@ -199,6 +199,93 @@ def logit_gradient(loss: Loss, logits: Tensor, labels: Tensor) -> Tensor:
     return weight[:, None] * gradient
 
 
+def _focal_derivatives(gamma: Tensor | float, logp: Tensor) -> tuple[Tensor, Tensor]:
+    """φ'(u) and φ''(u) of the focal loss φ(u) = −(1 − e^u)^γ u at u = ``logp`` (any shape),
+    with q = 1 − e^u and r = e^u·u/q (−1 at q = 0, its limit):
+
+        φ'(u)  = q^γ (γ r − 1)
+        φ''(u) = γ q^(γ−1) e^u (2 + u − (γ − 1) r)        (0 for γ = 0, cross-entropy)
+
+    At q = 0 (p = 1) φ'' is γ(γ+1)·0^(γ−1): 0 for γ > 1, 2 for γ = 1, infinite for 0 < γ < 1,
+    as the focal loss itself is there."""
+    p = logp.exp()
+    q = -torch.expm1(logp)
+    ratio = torch.where(q > 0, p * logp / torch.where(q > 0, q, 1.0), -1.0)
+    first = torch.pow(q, gamma) * (gamma * ratio - 1.0)
+    second = (
+        gamma
+        * torch.pow(q, torch.as_tensor(gamma) - 1.0)
+        * p
+        * (2.0 + logp - (torch.as_tensor(gamma) - 1.0) * ratio)
+    )
+    second = torch.where(torch.as_tensor(gamma) > 0, second, 0.0)
+    return first, second
+
+
+def _row_gamma(loss: Loss, p: Tensor) -> Tensor | float:
+    """The focal γ of ``loss`` for probabilities ``p`` of the label (FLSD-53's γ_i from them)."""
+    if loss.gamma is None:
+        return flsd53_gammas(p)
+    return float(loss.gamma)
+
+
+def _softmax_fisher_product(p: Tensor, w: Tensor) -> Tensor:
+    """(diag p − p pᵀ) w for every row: the Hessian of cross-entropy in the logits, O(B·K)."""
+    return p * w - p * (p * w).sum(1, keepdim=True)
+
+
+def logit_hessian_product(loss: Loss, logits: Tensor, labels: Tensor, w: Tensor) -> Tensor:
+    """Λ_n w_n with Λ_n = ∇²_z ℓ(z_n, y_n), for every row n, in closed form and O(B·K) (no
+    (B, K, K) tensor), computed in float64 and returned in the dtype of ``w``.
+
+    With u = log p_y and a = e_y − p = ∂u/∂z, ∇²_z u = −(diag p − p pᵀ), so for ℓ = φ(u)
+
+        Λ = φ''(u) a aᵀ − φ'(u) (diag p − p pᵀ)
+
+    cross-entropy: φ' = −1, φ'' = 0, Λ = diag p − p pᵀ (positive semi-definite); focal γ and
+    FLSD-53 (γ_i held fixed): :func:`_focal_derivatives` (Λ may be indefinite)."""
+    z, v = logits.to(torch.float64), w.to(torch.float64)
+    logp = torch.log_softmax(z, dim=1)
+    p = logp.exp()
+    product = _softmax_fisher_product(p, v)
+    if not (loss.name == "ce" or loss.gamma == 0.0):
+        index = labels[:, None].to(torch.int64)
+        logp_y = logp.gather(1, index)[:, 0]
+        first, second = _focal_derivatives(_row_gamma(loss, logp_y.exp()), logp_y)
+        a = -p.scatter_add(1, index, -torch.ones_like(index, dtype=p.dtype))  # e_y − p
+        product = second[:, None] * a * (a * v).sum(1, keepdim=True) - first[:, None] * product
+    return product.to(w.dtype)
+
+
+def logit_fisher_product(loss: Loss, logits: Tensor, labels: Tensor, w: Tensor) -> Tensor:
+    """F_n w_n with F_n = E_{k~p_n}[∇_z ℓ(z_n, k) ∇_z ℓ(z_n, k)ᵀ], the Fisher of the loss under
+    the model's own predictive distribution p_n = softmax(z_n) (``labels`` are not used), in
+    closed form and O(B·K), float64 inside, returned in the dtype of ``w``.
+
+    ∇_z ℓ(z, k) = −φ'(log p_k)(e_k − p), so with c_k = p_k φ'(log p_k)² (w_k − pᵀw),
+    F w = c − p Σ_k c_k. For cross-entropy φ' = −1 and F = diag p − p pᵀ: the Fisher is the
+    GGN. For the focal loss it is the Fisher of the focal loss's gradients (each candidate label
+    k with its own γ under FLSD-53), positive semi-definite, and not the GGN."""
+    del labels
+    z, v = logits.to(torch.float64), w.to(torch.float64)
+    logp = torch.log_softmax(z, dim=1)
+    p = logp.exp()
+    if loss.name == "ce" or loss.gamma == 0.0:
+        return _softmax_fisher_product(p, v).to(w.dtype)
+    first, _ = _focal_derivatives(_row_gamma(loss, p), logp)
+    c = p * first.square() * (v - (p * v).sum(1, keepdim=True))
+    return (c - p * c.sum(1, keepdim=True)).to(w.dtype)
+
+
+def logit_gradient_product(loss: Loss, logits: Tensor, labels: Tensor, w: Tensor) -> Tensor:
+    """g_n (g_nᵀ w_n) with g_n = ∂ℓ(z_n, y_n)/∂z_n (:func:`logit_gradient`): the empirical
+    Fisher's matrix in the logits, since the per-sample gradient is ∇_θ ℓ_n = J_nᵀ g_n and so
+    ∇_θ ℓ_n ∇_θ ℓ_nᵀ = J_nᵀ g_n g_nᵀ J_n. O(B·K), float64 inside, the dtype of ``w`` out."""
+    g = logit_gradient(loss, logits.to(torch.float64), labels)
+    v = w.to(torch.float64)
+    return (g * (g * v).sum(1, keepdim=True)).to(w.dtype)
+
+
 @dataclass(frozen=True)
 class Linearised:
     """``inner`` linearised in the logits at the current parameters: ℓ̃(z) = ḡᵀz with

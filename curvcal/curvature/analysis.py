@@ -301,6 +301,7 @@ def analyse_operator(
         stop()
 
     description = {
+        "curvature": operator.curvature,
         "loss": operator.criterion,
         "gamma": operator.gamma,
         "mean_loss": mean_loss,

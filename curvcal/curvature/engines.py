@@ -255,3 +255,65 @@ def engines_between(products: Mapping[str, int], before: Mapping[str, int]) -> s
     ``engine_products``, the vectors per engine), joined by ``+`` in name order; empty when none
     did."""
     return "+".join(sorted(e for e, n in products.items() if n > before.get(e, 0)))
+
+
+#: ``--curvature``: the Hessian, the generalised Gauss–Newton matrix, the Fisher (its
+#: expectation over the model's own labels) and the empirical Fisher (over the data's labels)
+CURVATURES = ("hessian", "ggn", "fisher", "empirical-fisher")
+
+LogitProduct = Callable[[Tensor, Tensor, Tensor], Tensor]
+"""(logits (B, K), labels (B,), w (B, K)) -> M_n w_n for every row n: a curvature's matrix in
+the logits applied to one tangent of the logits per row."""
+
+
+def gauss_newton_product(
+    model: nn.Module,
+    logit_product: LogitProduct,
+    params: Sequence[Tensor],
+    x: Inputs,
+    y: Tensor,
+    tangents: tuple[Tensor, ...],
+) -> tuple[Tensor, ...]:
+    """Σ_{n∈B} J_nᵀ M_n J_n v_j for m vectors, J_n = ∂z_n/∂θ the Jacobian of the logits z_n of
+    row n and M_n the (K × K) matrix ``logit_product`` applies (the loss Hessian in the logits
+    for the GGN, the Fisher of the predictive distribution, ∇ℓ_n∇ℓ_nᵀ for the empirical Fisher).
+
+    J v_j by the double-vjp trick: with a dummy cotangent u, the vjp g(u) = Jᵀu is linear in u,
+    so differentiating ⟨g(u), v_j⟩ in u gives J v_j (no forward-mode rule needed, TorchScript
+    runs too); then M_n (J v_j)_n in closed form, O(B·K) — no (B, K, K) tensor is formed —, then
+    one vjp Jᵀ(·). The forward and the first vjp are shared by the m vectors. Parameters the
+    logits do not depend on get zero products. Same layout as :func:`double_backward_hvp`.
+    """
+    m = int(tangents[0].shape[0])
+    with torch.enable_grad():
+        logits = model(x)
+        dummy = torch.zeros_like(logits, requires_grad=True)
+        grads = torch.autograd.grad(
+            logits, params, grad_outputs=dummy, create_graph=True, allow_unused=True
+        )
+        live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
+        detached = logits.detach()
+        outputs: list[tuple[Tensor, ...]] = []
+        for j in range(m):
+            if not live:
+                outputs.append(tuple(torch.zeros_like(p) for p in params))
+                continue
+            (jv,) = torch.autograd.grad(
+                [grads[i] for i in live],
+                dummy,
+                grad_outputs=[tangents[i][j] for i in live],
+                retain_graph=True,
+            )
+            cotangent = logit_product(detached, y, jv)
+            back = torch.autograd.grad(
+                logits, params, grad_outputs=cotangent, retain_graph=j < m - 1, allow_unused=True
+            )
+            outputs.append(
+                tuple(
+                    torch.zeros_like(p) if h is None else h
+                    for h, p in zip(back, params, strict=True)
+                )
+            )
+    if m == 1:
+        return tuple(h.unsqueeze(0) for h in outputs[0])
+    return tuple(torch.stack([row[i] for row in outputs]) for i in range(len(params)))

@@ -61,6 +61,7 @@ from curvcal.curvature.engines import (
     engine_for,
     engines_between,
     func_hvp,
+    gauss_newton_product,
     is_torchscript,
     measure_probe_batch,
     prepared_model,
@@ -76,13 +77,20 @@ from curvcal.curvature.memory import GraphSizes, PassPlan, free_memory, measure_
 from curvcal.curvature.memory_fit import fit_memory
 from curvcal.curvature.options import (
     OperatorOptions,
+    check_curvature,
     check_options,
     checked_loss,
     select_parameters,
 )
 from curvcal.curvature.progress import OnStep
 from curvcal.errors import InputError, NumericalError
-from curvcal.losses import LOSS_NAMES, Loss
+from curvcal.losses import (
+    LOSS_NAMES,
+    Loss,
+    logit_fisher_product,
+    logit_gradient_product,
+    logit_hessian_product,
+)
 from curvcal.rows import Inputs
 from curvcal.settings.sizes import MemoryBudget
 
@@ -90,6 +98,12 @@ from curvcal.settings.sizes import MemoryBudget
 CRITERIA = LOSS_NAMES
 #: how an operator runs when no options are given
 DEFAULT_OPTIONS = OperatorOptions()
+#: each kind's matrix in the logits, M_n in Σ_n J_nᵀ M_n J_n (the Hessian is not of this form)
+_LOGIT_PRODUCTS: dict[str, Callable[[Loss, Tensor, Tensor, Tensor], Tensor]] = {
+    "ggn": logit_hessian_product,
+    "fisher": logit_fisher_product,
+    "empirical-fisher": logit_gradient_product,
+}
 # probe_batch="auto" on the CPU (measured on CUDA, see HessianOperator).
 _CPU_PROBE_BATCH = 8
 
@@ -225,6 +239,17 @@ class HessianOperator:
         which are restored after every product). :attr:`graphs_kept` says whether products run
         that way; on a CUDA out-of-memory error the graphs are dropped (:attr:`graphs_dropped`
         says why) and products go on without them.
+    curvature:
+        ``"hessian"`` (default) or a matrix of the form G = (1/N) Σ_n J_nᵀ M_n J_n, J_n = ∂z_n/∂θ
+        the Jacobian of sample n's logits: ``"ggn"`` (M_n = Λ_n = ∇²_z ℓ, the generalised
+        Gauss–Newton matrix), ``"fisher"`` (M_n = E_{k~softmax(z_n)}[∇_zℓ(z_n,k)∇_zℓ(z_n,k)ᵀ]; for
+        cross-entropy this is Λ_n, the Fisher equals the GGN) or ``"empirical-fisher"``
+        (M_n = g_n g_nᵀ, g_n = ∇_zℓ(z_n, y_n): (1/N) Σ_n ∇_θℓ_n ∇_θℓ_nᵀ). Their products are
+        :func:`~curvcal.curvature.engines.gauss_newton_product` with M_n in closed form
+        (:mod:`curvcal.losses`), the same data loop, weighting, checks and sums as the Hessian's;
+        refused for a loss without closed-form derivatives in the logits, in train mode and with
+        ``engine="func"`` (:func:`~curvcal.curvature.options.check_curvature`). No graph is kept
+        between their products.
 
     Floating-point inputs are cast to the parameters' dtype. ``n_matvecs`` counts vectors
     multiplied, ``n_data_passes`` passes over the data (products, retried passes and
@@ -249,6 +274,7 @@ class HessianOperator:
         allow_tf32: bool = False,
         memory_budget: str | int | MemoryBudget | None = None,
         keep_graphs: str = "auto",
+        curvature: str = "hessian",
     ) -> None:
         budget = check_options(
             model,
@@ -260,7 +286,9 @@ class HessianOperator:
             keep_graphs=keep_graphs,
         )
         loss = checked_loss(criterion, gamma)
+        check_curvature(curvature, loss, engine, mode)
         scripted = is_torchscript(model)
+        self.curvature = curvature
         self.model = model
         self.loss = loss
         self.criterion = loss.name
@@ -272,7 +300,8 @@ class HessianOperator:
         self.oom_retries = 0
         self.requested_engine = engine
         self.engine_fallback: str | None = None
-        self._func_usable = engine != "autograd" and not scripted
+        # the GGN and Fisher kernel is one of its own (double vjp), never torch.func's
+        self._func_usable = engine != "autograd" and not scripted and curvature == "hessian"
         #: vectors multiplied by each engine so far (``engine`` and per-stage reports read it)
         self.engine_products: dict[str, int] = {}
         self._all_reduce = all_reduce
@@ -365,6 +394,7 @@ class HessianOperator:
             allow_tf32=self.allow_tf32,
             memory_budget=self.memory_budget,
             keep_graphs="never",
+            curvature=self.curvature,
         )
         single._locates = False
         return single
@@ -511,7 +541,10 @@ class HessianOperator:
             )
         # train mode: BatchNorm's graph saves the running statistics, which are restored in place
         # after every product, so a kept graph could not be differentiated again
-        keepable = self.requested_engine != "func" and self.mode != "train"
+        # the GGN and Fisher kernels keep no graph between products
+        keepable = (
+            self.requested_engine != "func" and self.mode != "train" and self.curvature == "hessian"
+        )
         # streamed batches would be freed after each pass; kept graphs hold their inputs
         streamed = self._batches.mode == "none"
         fit = fit_memory(
@@ -587,7 +620,18 @@ class HessianOperator:
         self._free_memory()
 
     def _batch_product(self, engine: str) -> BatchProduct:
+        if self.curvature != "hessian":
+            return self._batch_gauss_newton
         return self._batch_hvp_func if engine == "func" else self._batch_hvp_autograd
+
+    def _batch_gauss_newton(
+        self, x: Inputs, y: Tensor, tangents: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
+        """Σ_n J_nᵀ M_n J_n v over the batch, M_n this curvature's matrix in the logits."""
+        return gauss_newton_product(self.model, self._logit_product, self._params, x, y, tangents)
+
+    def _logit_product(self, logits: Tensor, labels: Tensor, w: Tensor) -> Tensor:
+        return _LOGIT_PRODUCTS[self.curvature](self.loss, logits, labels, w)
 
     def _batch_hvp_func(
         self, x: Inputs, y: Tensor, tangents: tuple[Tensor, ...]

@@ -16,10 +16,16 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.batches import CACHES
-from curvcal.curvature.engines import ENGINES, MODES, is_torchscript, stochastic_layers
+from curvcal.curvature.engines import (
+    CURVATURES,
+    ENGINES,
+    MODES,
+    is_torchscript,
+    stochastic_layers,
+)
 from curvcal.curvature.kept import KEEP_GRAPHS
 from curvcal.errors import InputError
-from curvcal.losses import Loss, loss_from_name
+from curvcal.losses import Loss, closed_form_problem, loss_from_name
 from curvcal.settings.sizes import MemoryBudget, parse_memory_budget
 
 
@@ -44,6 +50,35 @@ class OperatorOptions:
     allow_tf32: bool = False
     memory_budget: str | int | MemoryBudget | None = None
     keep_graphs: str = "auto"
+    curvature: str = "hessian"
+
+
+def check_curvature(curvature: str, loss: Loss, engine: str, mode: str) -> None:
+    """Refuse a curvature kind the loss or the options cannot give (each error names its
+    option): the GGN and both Fishers need the loss's derivatives in the logits in closed form
+    (ce, focal, flsd53: not a user's loss), independent samples (eval mode: train-mode BatchNorm
+    couples a batch's rows, so ∂z_n/∂θ is not one sample's), and are made by their own kernel
+    (``gauss_newton_product``), not by torch.func's Hessian product."""
+    _choice("curvature", curvature, CURVATURES, "curvature")
+    if curvature == "hessian":
+        return
+    problem = closed_form_problem(loss)
+    if problem:
+        raise InputError(
+            "--curvature", f"{curvature} cannot be taken of this loss: {problem}", "use hessian"
+        )
+    if mode != "eval":
+        raise InputError(
+            "--curvature",
+            f"{curvature} needs per-sample logits, and train mode couples the samples of a batch",
+            "use --mode eval",
+        )
+    if engine == "func":
+        raise InputError(
+            "--hvp",
+            f"func computes Hessian products; {curvature} products have their own kernel",
+            "use --hvp auto or autograd",
+        )
 
 
 def checked_loss(criterion: str | Loss, gamma: float) -> Loss:

@@ -72,7 +72,7 @@ def kept_graphs_note(
         return None
     if settings.keep_graphs != "auto" or settings.memory_budget:
         return None
-    if settings.hvp == "func" or settings.mode == "train":
+    if settings.hvp == "func" or settings.mode == "train" or settings.curvature != "hessian":
         return None
     if free is not None and need > FREE_FRACTION * free:
         return None
@@ -99,6 +99,8 @@ def choose_trace_method(operator: HessianOperator, settings: HessianSettings) ->
     would not be exact, or a split method that cannot run, raises :class:`InputError` naming
     why. The reason is '' for a method that was asked for by name."""
     method = TRACE_METHODS[settings.trace_method]
+    if operator.curvature != "hessian":
+        return _kind_trace_method(operator, settings)
     if method == "gauss-newton":
         require_exact(operator, "--trace-method")
         return settings.trace_method, ""
@@ -115,6 +117,46 @@ def choose_trace_method(operator: HessianOperator, settings: HessianSettings) ->
         return settings.trace_method, ""
     chosen, why = auto_method(operator, settings.probes)
     return _SETTING_NAMES[chosen], why
+
+
+def _kind_trace_method(operator: HessianOperator, settings: HessianSettings) -> tuple[str, str]:
+    """:func:`choose_trace_method` for a curvature other than the Hessian.
+
+    The Gauss–Newton trace tr(G) = (1/N) Σ_n Σ_k λ_{n,k} ‖J_nᵀ u_{n,k}‖² (no product) *is* the
+    GGN's trace, exact on any network (no linearity needed), and the Fisher's for cross-entropy,
+    whose Fisher is its GGN. ``auto``: that trace where its C − 1 gradient norms per sample fit
+    in ``probes``, else Hutch++. The split traces (Gauss–Newton part + an estimate of H − G)
+    are the Hessian's only, and refused."""
+    method = TRACE_METHODS[settings.trace_method]
+    kind = operator.curvature
+    exact = kind == "ggn" or (kind == "fisher" and operator.criterion == "ce")
+    if method in SPLIT_METHODS:
+        raise InputError(
+            "--trace-method",
+            f"{settings.trace_method} splits the Hessian into its Gauss–Newton part and the rest; "
+            f"it has no meaning for --curvature {kind}",
+            "ask for auto, gauss-newton, hutchpp, xtrace or hutchinson",
+        )
+    if method == "gauss-newton":
+        if not exact:
+            raise InputError(
+                "--trace-method",
+                f"gauss-newton is the trace of the GGN, not of the {kind} of the "
+                f"{operator.criterion} loss (for cross-entropy only the Fisher equals the GGN)",
+                "ask for auto, hutchpp, xtrace or hutchinson",
+            )
+        return settings.trace_method, ""
+    if method != "auto":
+        return settings.trace_method, ""
+    if not exact:
+        return "hutchpp", f"Hutch++: the {kind} of this loss has no product-free exact trace here"
+    classes = n_classes(operator)
+    if classes - 1 > settings.probes:
+        return "hutchpp", (
+            f"Hutch++: the exact Gauss–Newton trace would take up to {classes - 1} gradient norms "
+            f"per sample, more than --probes {settings.probes}"
+        )
+    return "gauss-newton", f"the exact trace of the {kind} (its Gauss–Newton form, no product)"
 
 
 #: the kernels' method names -> the settings' (and the CLI's)
@@ -244,4 +286,5 @@ def operator_options(settings: HessianSettings) -> OperatorOptions:
         probe_batch=settings.probe_batch,
         memory_budget=settings.memory_budget,
         keep_graphs=settings.keep_graphs,
+        curvature=settings.curvature,
     )

@@ -80,6 +80,21 @@ def hessian_tables(analysis: HessianAnalysis, device: str) -> list[Table]:
     return tables
 
 
+#: how a table names each curvature kind (results.operator.curvature)
+_KIND_NAMES = {
+    "hessian": "Hessian",
+    "ggn": "GGN",
+    "fisher": "Fisher",
+    "empirical-fisher": "empirical Fisher",
+}
+
+
+def _kind(analysis: HessianAnalysis) -> str:
+    """The matrix measured, as the tables' titles say it."""
+    kind = str(analysis.operator.get("curvature", "hessian"))
+    return _KIND_NAMES.get(kind, kind)
+
+
 def _yes_no(flag: bool) -> str:
     return "yes" if flag else "NO"
 
@@ -115,7 +130,7 @@ def _eigen_table(analysis: HessianAnalysis) -> Table:
     if spectrum.shift is not None:
         caption += f"; dominant eigenvalue {spectrum.shift:.4g} was negative, so the search was shifted by it"
     return Table(
-        title="Hessian eigenvalues",
+        title=f"{_kind(analysis)} eigenvalues",
         columns=("index", "λ", "residual", "iterations", "HVPs", "converged"),
         rows=tuple(rows),
         caption=caption,
@@ -152,7 +167,7 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
     if trace.sketch_bytes:
         caption += f"; sketch memory {trace.sketch_bytes / 2**20:.4g} MiB"
     return Table(
-        title="Hessian trace",
+        title=f"{_kind(analysis)} trace",
         columns=("estimate", "95% CI", "products", "estimator"),
         rows=(
             (
@@ -193,10 +208,10 @@ def _layers_table(analysis: HessianAnalysis) -> Table:
         for layer in analysis.layers or []
     )
     return Table(
-        title="per-module Hessian blocks",
+        title=f"per-module {_kind(analysis)} blocks",
         columns=("module", "params", "λmax", "trace", "converged"),
         rows=rows,
-        caption="each block is the Hessian with respect to the module's own parameters; "
+        caption=f"each block is the {_kind(analysis)} with respect to the module's own parameters; "
         + (
             "every block's trace is its exact Gauss–Newton share"
             if analysis.trace is not None and analysis.trace.method == "gauss-newton"
@@ -209,7 +224,9 @@ def _density_table(analysis: HessianAnalysis) -> Table:
     density = analysis.density
     assert density is not None
     return Table(
-        title="eigenvalue density (SLQ)",
+        title="eigenvalue density (SLQ)"
+        if _kind(analysis) == "Hessian"
+        else f"{_kind(analysis)} eigenvalue density (SLQ)",
         columns=("grid min", "grid max", "runs", "steps", "bandwidth"),
         rows=(
             (

@@ -42,6 +42,9 @@ ENGINES = ("auto", "func", "autograd")
 MODES = ("eval", "train")
 CACHES = ("auto", "device", "host", "none")
 KEEP_GRAPHS = ("auto", "always", "never")
+#: ``--curvature``: the Hessian, the generalised Gauss–Newton matrix, the Fisher, or the
+#: empirical Fisher (the kernels' list: a test holds them equal)
+CURVATURES = ("hessian", "ggn", "fisher", "empirical-fisher")
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,13 @@ class HessianSettings(Settings):
         choices=KEEP_GRAPHS,
     )
     strict: bool = setting(False, "Exit 3 when an estimate does not converge.", flag=True)
+    curvature: str = setting(
+        "hessian",
+        "The matrix measured: the Hessian; ggn, the generalised Gauss–Newton matrix Jᵀ H_loss J; "
+        "fisher, its expectation over the model's own labels (for ce, the GGN); "
+        "empirical-fisher, the mean of per-sample gradient outer products.",
+        choices=CURVATURES,
+    )
 
     def lowest(self, name: str) -> float | None:
         """Every trace method but Hutchinson's needs at least 4 products; Lanczos' basis holds
