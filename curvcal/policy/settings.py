@@ -50,8 +50,10 @@ class Needs:
         return "focal-ts" if self.focal_ts else "none"
 
 
-def needs(rules: tuple[Rule, ...] | list[Rule]) -> Needs:
-    """The measurements ``rules`` need (nothing more)."""
+def needs(rules: tuple[Rule, ...] | list[Rule], where: str = "policy") -> Needs:
+    """The measurements ``rules`` need (nothing more); a policy that gates a linear map with
+    another map (no one ``--method`` fits them together) is an :class:`InputError` naming
+    ``where``."""
     stages = {rule.stage for rule in rules if rule.metric in CALIBRATION_METRICS}
     metrics = {rule.metric for rule in rules}
     ts = "ts" in stages or "temperature" in metrics
@@ -61,7 +63,7 @@ def needs(rules: tuple[Rule, ...] | list[Rule]) -> Needs:
     if linear and (len(linear) > 1 or ts or focal):
         gated = sorted({*linear, *(("ts",) if ts else ()), *(("focal_ts",) if focal else ())})
         raise InputError(
-            "policy",
+            where,
             f"gates the stages {', '.join(gated)}, which no one --method fits together",
             "gate vector or matrix alone, or check each map with its own policy",
         )
