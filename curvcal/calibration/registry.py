@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from curvcal.calibration.linear import LinearMap, fit_linear
+from curvcal.calibration.linear import LinearMap, fit_linear, fit_matrix_odir
 from curvcal.calibration.results import Calibrator
 from curvcal.calibration.scaling import fit_focal_temperature, fit_temperature
 from curvcal.settings.calibration import CalibrationSettings
@@ -76,13 +76,16 @@ def _fit_focal_ts(
     )
 
 
-def _linear(method: str) -> Callable[..., Any]:
-    def fit(
-        scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-    ) -> Any:
-        return fit_linear(scores, labels, method, kind=kind, **common)
+def _fit_vector(
+    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+) -> Any:
+    return fit_linear(scores, labels, "vector", kind=kind, **common)
 
-    return fit
+
+def _fit_matrix(
+    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+) -> Any:
+    return fit_matrix_odir(scores, labels, kind=kind, seed=settings.seed, **common)
 
 
 MAPS: dict[str, MapKind] = {
@@ -97,8 +100,8 @@ MAPS: dict[str, MapKind] = {
             _fit_focal_ts,
             Calibrator.from_dict,
         ),
-        MapKind("vector", "vector", "vector", "vector", _linear("vector"), LinearMap.from_dict),
-        MapKind("matrix", "matrix", "matrix", "matrix", _linear("matrix"), LinearMap.from_dict),
+        MapKind("vector", "vector", "vector", "vector", _fit_vector, LinearMap.from_dict),
+        MapKind("matrix", "matrix", "matrix", "matrix", _fit_matrix, LinearMap.from_dict),
     )
 }
 #: The saved method of every stage.

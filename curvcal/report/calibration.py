@@ -288,6 +288,7 @@ def linear_fits_table(fits: list[LinearFit], n_fit: int) -> Table:
     rows = (
         ("scores scaled", *(fit.input for fit in fits)),
         ("parameters", *(str(fit.n_parameters) for fit in fits)),
+        ("ODIR λ chosen by", *(_strength_source(fit) for fit in fits)),
         ("L2 off-diagonal", *(fmt_float(fit.l2_off_diagonal) for fit in fits)),
         ("L2 intercept", *(fmt_float(fit.l2_bias) for fit in fits)),
         ("NLL before", *(fmt_float(fit.nll_before) for fit in fits)),
@@ -303,6 +304,14 @@ def linear_fits_table(fits: list[LinearFit], n_fit: int) -> Table:
         caption=f"L-BFGS in float64 from the identity map; converged: max |gradient| < "
         f"{fmt_float(fits[0].gradient_tol, 2)}; before/after: in-sample",
     )
+
+
+def _strength_source(fit: LinearFit) -> str:
+    if fit.method == "vector":
+        return "-"
+    if not fit.cv_folds:
+        return "fixed (too few samples for CV)"
+    return f"{fit.cv_folds}-fold CV over {len(fit.cv_strengths)} values"
 
 
 _SPLIT_CAPTIONS = {

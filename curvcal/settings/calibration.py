@@ -78,7 +78,8 @@ class CalibrationSettings(Settings):
     method: str | None = setting(
         None,
         "Calibration maps to fit: temperature scaling, focal temperature scaling, both of them, "
-        "vector scaling (w·z + b), matrix scaling (W z + b, off-diagonal and intercept L2), or "
+        "vector scaling (w·z + b), matrix scaling (W z + b, off-diagonal and intercept L2 chosen "
+        "by cross-validation on the fit split), or "
         "none (measure only). Default: calibrate: both; metrics: none, or both with --fit or "
         "--val-split.",
         choices=METHODS,
@@ -123,7 +124,13 @@ class CalibrationSettings(Settings):
         high_open=True,
         metavar="F",
     )
-    seed: int = setting(0, "Seed of --val-split and of the bootstrap.", low=0, high=MAX_SEED)
+    seed: int = setting(
+        0,
+        "Seed of --val-split, of the bootstrap and of the folds of matrix scaling's "
+        "cross-validation.",
+        low=0,
+        high=MAX_SEED,
+    )
     plot: Path | None = file_setting(
         "Write reliability diagrams (uncalibrated and every fitted map) to a .png, .svg or .pdf file "
         "(needs matplotlib).",

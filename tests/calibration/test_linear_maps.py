@@ -13,8 +13,11 @@ from curvcal.calibration.linear import (
     L2_BIAS,
     L2_OFF_DIAGONAL,
     MAX_MATRIX_CLASSES,
+    ODIR_GRID,
     LinearMap,
+    cv_folds,
     fit_linear,
+    fit_matrix_odir,
     matrix_memory_bytes,
 )
 from curvcal.calibration.scaling import fit_temperature
@@ -199,3 +202,46 @@ def test_matrix_scaling_memory_bound() -> None:
     k = MAX_MATRIX_CLASSES + 1
     with pytest.raises(InputError, match=f"{k} classes need .* GB"):
         fit_linear(torch.zeros(3, k), torch.tensor([0, 1, 2]), "matrix")
+
+
+def test_cv_folds_are_stratified_and_seeded() -> None:
+    _, y = synthetic(503, 4, 1.0, seed=6)
+    folds = cv_folds(torch.from_numpy(y), 5, seed=1)
+    for cls in range(4):
+        sizes = np.bincount(folds[y == cls], minlength=5)
+        assert sizes.max() - sizes.min() <= 1
+    assert np.array_equal(folds, cv_folds(torch.from_numpy(y), 5, seed=1))
+    assert not np.array_equal(folds, cv_folds(torch.from_numpy(y), 5, seed=2))
+
+
+def test_odir_strength_is_the_cross_validated_minimum() -> None:
+    z, y = synthetic(600, 3, 2.0, seed=7)
+    fit = fit_matrix_odir(torch.from_numpy(z), torch.from_numpy(y), seed=3)
+    assert fit.cv_folds == 5 and fit.cv_strengths == ODIR_GRID
+    # each held-out NLL again, from the fitted weights with SciPy's log_softmax
+    folds = cv_folds(torch.from_numpy(y), 5, seed=3)
+    for strength, recorded in zip(fit.cv_strengths, fit.cv_nll, strict=True):
+        total = 0.0
+        for f in range(5):
+            train, test = folds != f, folds == f
+            fitted = fit_linear(
+                torch.from_numpy(z[train]),
+                torch.from_numpy(y[train]),
+                "matrix",
+                l2_off_diagonal=strength,
+                l2_bias=strength,
+            ).calibrator
+            w, b = np.array(fitted.weights), np.array(fitted.bias)
+            logq = log_softmax(z[test] @ w.T + b, axis=1)
+            total -= logq[np.arange(test.sum()), y[test]].sum()
+        assert recorded == pytest.approx(total / len(y), rel=1e-10)
+    best = int(np.argmin(fit.cv_nll))
+    assert fit.l2_off_diagonal == fit.l2_bias == ODIR_GRID[best]
+
+
+def test_odir_falls_back_to_the_fixed_strength_on_a_small_split() -> None:
+    z, y = synthetic(40, 3, 2.0, seed=8)
+    y[y == 2] = 0
+    y[:3] = 2  # class 2: 3 samples, fewer than 2 per fold
+    fit = fit_matrix_odir(torch.from_numpy(z), torch.from_numpy(y))
+    assert fit.cv_folds == 0 and fit.l2_off_diagonal == L2_OFF_DIAGONAL
