@@ -101,3 +101,16 @@ def test_policy_gates_a_linear_map_alone(tmp_path: Path) -> None:
     path.write_text("[matrix.ece]\nmax = 0.1\n[ts.ece]\nmax = 0.5\n")
     with pytest.raises(InputError, match="no one --method fits"):
         needs(load_policy(path).rules, str(path))
+
+
+def test_compare_gates_the_vector_stage(run_cli, tmp_path: Path) -> None:
+    fit = logits_file(tmp_path / "fit.npz", 300, 4, seed=2)
+    test = logits_file(tmp_path / "test.npz", 200, 4, seed=3)
+    report = tmp_path / "new.json"
+    assert run_cli("metrics", test, "--fit", fit, "--method", "vector", "-o", report).code == 0
+    ece = json.loads(report.read_text())["results"]["evaluation"]["vector"]["ece"]
+    policy = tmp_path / "gate.toml"
+    policy.write_text(f"[vector.ece]\nmax = {ece + 1e-9}\n")
+    assert run_cli("compare", report, report, "--policy", policy).code == 0
+    policy.write_text(f"[vector.ece]\nmax = {ece - 1e-9}\n")
+    assert run_cli("compare", report, report, "--policy", policy).code == 1
