@@ -22,23 +22,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from curvcal.calibration.inputs import as_tensor, check_kind
+from curvcal.calibration.linear import LinearFit
 from curvcal.calibration.metrics import calibration_metrics
+from curvcal.calibration.registry import MAPS, CalibrationMap, fitted_stages
+from curvcal.calibration.registry import STAGE_METHODS as STAGE_METHODS
 from curvcal.calibration.results import (
     CalibrationMetrics,
-    Calibrator,
     FocalTemperatureFit,
     TemperatureFit,
 )
-from curvcal.calibration.scaling import apply_calibrator, fit_focal_temperature, fit_temperature
 from curvcal.errors import InputError
 from curvcal.settings.calibration import CalibrationSettings as CalibrationSettings
 
 #: Where the fit split came from: carved out of the data (``val-split``), a second dataset
 #: (``fit-data``), a second logits file (``fit-file``), or no fit at all (``none``).
 SPLIT_METHODS = ("val-split", "fit-data", "fit-file", "none")
-#: Evaluation stages in report order, and the calibrator method each one applies.
-STAGES = ("uncalibrated", "ts", "focal_ts")
-STAGE_METHODS = {"ts": "temperature", "focal_ts": "focal-temperature"}
+#: Evaluation stages in report order (the calibrator method each one applies:
+#: :data:`STAGE_METHODS`, from the registry of maps).
+STAGES = ("uncalibrated", *MAPS)
+#: Stages whose key the JSON always carries (``null`` when not run); later maps' keys appear
+#: only when they ran.
+_ALWAYS = ("uncalibrated", "ts", "focal_ts")
+
+
+def _present_keys(value: Any) -> dict[str, Any]:
+    return {
+        name: getattr(value, name)
+        for name in value.__dataclass_fields__
+        if name in _ALWAYS or getattr(value, name) is not None
+    }
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,11 @@ class StageMetrics:
     uncalibrated: CalibrationMetrics
     ts: CalibrationMetrics | None = None
     focal_ts: CalibrationMetrics | None = None
+    vector: CalibrationMetrics | None = None
+    matrix: CalibrationMetrics | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _present_keys(self)
 
     def present(self) -> list[tuple[str, CalibrationMetrics]]:
         """``(stage, metrics)`` for every stage that ran, in :data:`STAGES` order."""
@@ -77,6 +94,16 @@ class CalibrationFits:
 
     ts: TemperatureFit | None = None
     focal_ts: FocalTemperatureFit | None = None
+    vector: LinearFit | None = None
+    matrix: LinearFit | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _present_keys(self)
+
+    def present(self) -> list[tuple[str, Any]]:
+        """``(stage, fit)`` for every map fitted, in :data:`STAGES` order."""
+        fits = [(name, getattr(self, name)) for name in MAPS]
+        return [(name, fit) for name, fit in fits if fit is not None]
 
 
 @dataclass(frozen=True)
@@ -96,15 +123,13 @@ class CalibrationAnalysis:
     settings: CalibrationSettings
     kind: str
     n_classes: int
-    applied: dict[str, Calibrator] = field(default_factory=dict)
+    applied: dict[str, CalibrationMap] = field(default_factory=dict)
 
-    def calibrators(self) -> dict[str, Calibrator]:
+    def calibrators(self) -> dict[str, CalibrationMap]:
         """The calibrator of every stage that has one (fitted or applied), keyed by stage."""
         out = dict(self.applied)
-        if self.fits.ts is not None:
-            out["ts"] = self.fits.ts.calibrator
-        if self.fits.focal_ts is not None:
-            out["focal_ts"] = self.fits.focal_ts.calibrator
+        for stage, fit in self.fits.present():
+            out[stage] = fit.calibrator
         return out
 
 
@@ -153,28 +178,20 @@ def analyse_calibration(
         raise InputError(
             fit_source, f"has {fit_k} classes but the evaluation scores have {n_classes}"
         )
-    common: dict[str, Any] = {
-        "kind": kind,
-        "bins": settings.bins,
-        "edges": settings.edges,
-        "source": fit_source,
-        "labels_source": f"{fit_source} labels",
-    }
-    ts_fit = focal_fit = None
-    if settings.fits_ts:
-        ts_fit = fit_temperature(fit_scores, fit_labels, objective=settings.objective, **common)
-    if settings.fits_focal_ts:
-        focal_fit = fit_focal_temperature(
+    fits = {
+        stage: MAPS[stage].fit(
             fit_scores,
             fit_labels,
-            objective=settings.focal_objective,
-            gammas=settings.gammas,
-            **common,
+            kind,
+            settings,
+            source=fit_source,
+            labels_source=f"{fit_source} labels",
         )
+        for stage in fitted_stages(settings.method)
+    }
     evaluation = StageMetrics(
         uncalibrated,
-        ts=None if ts_fit is None else evaluate(eval_scores, ts_fit.calibrator),
-        focal_ts=None if focal_fit is None else evaluate(eval_scores, focal_fit.calibrator),
+        **{stage: evaluate(eval_scores, fit.calibrator) for stage, fit in fits.items()},
     )
     split = SplitInfo(
         split_method,
@@ -184,7 +201,7 @@ def analyse_calibration(
         seed=settings.seed if split_method == "val-split" else None,
     )
     return CalibrationAnalysis(
-        evaluation, CalibrationFits(ts_fit, focal_fit), split, settings, kind, n_classes
+        evaluation, CalibrationFits(**fits), split, settings, kind, n_classes
     )
 
 
@@ -219,15 +236,16 @@ def evaluate_calibrators(
     scores: Any,
     labels: Any,
     kind: str,
-    calibrators: Mapping[str, Calibrator],
+    calibrators: Mapping[str, CalibrationMap],
     settings: CalibrationSettings,
     source: str = "scores",
 ) -> CalibrationAnalysis:
-    """Measure saved ``calibrators`` (keyed by stage ``ts``/``focal_ts``) on all of ``scores``.
+    """Measure saved ``calibrators`` (keyed by stage: ``ts``, ``focal_ts``, ``vector``,
+    ``matrix``) on all of ``scores``.
 
     Nothing is fitted, so every sample is evaluation data (split method ``none``). A stage's
     calibrator must carry that stage's method (``ts``: temperature, ``focal_ts``:
-    focal-temperature).
+    focal-temperature, ``vector``/``matrix``: the same name).
     """
     check_kind(kind)
     for stage, calibrator in calibrators.items():
@@ -242,8 +260,7 @@ def evaluate_calibrators(
     uncalibrated = evaluate(scores)
     evaluation = StageMetrics(
         uncalibrated,
-        ts=evaluate(scores, calibrators["ts"]) if "ts" in calibrators else None,
-        focal_ts=evaluate(scores, calibrators["focal_ts"]) if "focal_ts" in calibrators else None,
+        **{stage: evaluate(scores, calibrators[stage]) for stage in MAPS if stage in calibrators},
     )
     split = SplitInfo("none", 0, uncalibrated.n_samples)
     return CalibrationAnalysis(
@@ -260,7 +277,7 @@ def evaluate_calibrators(
 def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str) -> Any:
     """``evaluate(scores, calibrator=None)``: the metrics of one stage on these labels."""
 
-    def evaluate(scores: Any, calibrator: Calibrator | None = None) -> CalibrationMetrics:
+    def evaluate(scores: Any, calibrator: CalibrationMap | None = None) -> CalibrationMetrics:
         options: dict[str, Any] = {
             "bins": settings.bins,
             "edges": settings.edges,
@@ -271,7 +288,7 @@ def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str)
         }
         if calibrator is None:
             return calibration_metrics(scores, labels, kind=kind, source=source, **options)
-        logp = apply_calibrator(calibrator, scores, kind, source)
+        logp = calibrator.apply(scores, kind, source)
         return calibration_metrics(logp, labels, kind="logprobs", source=source, **options)
 
     return evaluate

@@ -124,6 +124,12 @@ class Calibrator:
             scores, kind, source, self.temperature, self.gamma, identity=self.method == "none"
         )
 
+    def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
+        """float64 calibrated probabilities of N×K ``scores``."""
+        import torch
+
+        return torch.exp(self.apply(scores, kind, source))
+
     @classmethod
     def from_dict(cls, data: Any, source: str = "calibrator") -> Calibrator:
         """Rebuild from :meth:`to_dict` output; ``source`` names the file in errors."""

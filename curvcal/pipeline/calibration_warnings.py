@@ -49,6 +49,13 @@ def analysis_warnings(analysis: CalibrationAnalysis) -> list[str]:
                 "true class has probability 0 (rounded or clipped probabilities?); NLL and "
                 "any fit by NLL cannot be trusted"
             )
+    for linear in (analysis.fits.vector, analysis.fits.matrix):
+        if linear is not None and not linear.converged:
+            messages.append(
+                f"{linear.method} scaling did not converge in {linear.iterations} L-BFGS "
+                f"iterations (max |gradient| {linear.gradient_max:.2g}, wanted < "
+                f"{linear.gradient_tol:g}): the fitted map is not the minimum of its NLL"
+            )
     for name, fit in (("temperature scaling", ts), ("focal temperature scaling", focal)):
         if fit is not None and math.isinf(fit.nll_before):
             messages.append(

@@ -5,6 +5,8 @@ Layout (``--save-calibrator FILE``, read by ``curvcal metrics --apply FILE``)::
     {"schema": "1.1", "curvcal": "<version>",
      "ts": {"method": "temperature", "temperature": T, "gamma": 0.0} | null,
      "focal_ts": {"method": "focal-temperature", "temperature": T, "gamma": γ} | null,
+     "vector": {"method": "vector", "weights": [w_1..w_K], "bias": [b_1..b_K]},
+     "matrix": {"method": "matrix", "weights": [[W_11..W_1K], ...], "bias": [b_1..b_K]},
      "provenance": {"n_classes": K, "class_names": [...] | null, "input_kind": "logits",
                     "fit_data": {"source", "path", "sha256", "size_bytes", "n_samples"},
                     "model": {"path", "sha256"} | null}}
@@ -12,7 +14,10 @@ Layout (``--save-calibrator FILE``, read by ``curvcal metrics --apply FILE``)::
 A map acts on log-probabilities, but a temperature fitted on logits means something else for
 rounded probabilities, and a map fitted for one model's classes means nothing for another's:
 :func:`provenance_mismatches` lists where a file's provenance disagrees with the scores it is
-applied to. Schema ``1.0`` files (no provenance) are still read. The command writes the text of
+applied to. The ``vector`` and ``matrix`` keys appear only in files that hold those maps
+(schema ``1.2``; a file with TS and focal TS only stays ``1.1``). Every value is a plain
+number: reading a file runs nothing from it. Schema ``1.0`` files (no provenance) are still
+read. The command writes the text of
 :func:`calibrators_json` atomically; every fault in a file read back is an
 :class:`~curvcal.errors.InputError` naming the file.
 """
@@ -26,14 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from curvcal import jsontext
-from curvcal.calibration.analysis import STAGE_METHODS
-from curvcal.calibration.results import Calibrator
+from curvcal.calibration.registry import MAPS, STAGE_METHODS, CalibrationMap
 from curvcal.errors import InputError
 from curvcal.paths import readable_file
 
 CALIBRATOR_SCHEMA = "1.1"
+#: The schema of a file holding a map other than TS and focal TS.
+MAPS_SCHEMA = "1.2"
 #: Schemas read back: 1.0 files carry no provenance.
-_READ_SCHEMAS = ("1.0", CALIBRATOR_SCHEMA)
+_READ_SCHEMAS = ("1.0", CALIBRATOR_SCHEMA, MAPS_SCHEMA)
+#: Stages every file names (``null`` when absent); the others only when present.
+_ALWAYS = ("ts", "focal_ts")
 _KEYS = ("schema", "curvcal", *STAGE_METHODS, "provenance")
 _PROVENANCE_KEYS = ("n_classes", "class_names", "input_kind", "fit_data", "model")
 _INPUT_KINDS = ("logits", "probs", "logprobs")
@@ -108,7 +116,7 @@ class CalibratorFile:
     """A calibrator file read back: its maps keyed by stage, and its provenance (``None`` for
     a schema 1.0 file, written before provenance was recorded)."""
 
-    calibrators: dict[str, Calibrator]
+    calibrators: dict[str, CalibrationMap]
     provenance: CalibratorProvenance | None
 
 
@@ -150,21 +158,26 @@ def _names(names: tuple[str, ...]) -> str:
 
 
 def calibrators_json(
-    calibrators: Mapping[str, Calibrator], provenance: CalibratorProvenance | None = None
+    calibrators: Mapping[str, CalibrationMap], provenance: CalibratorProvenance | None = None
 ) -> str:
     """The JSON text of a calibrator file holding ``calibrators`` (keyed by stage) and the
     ``provenance`` of their fit."""
     from curvcal import __version__
 
-    document: dict[str, object] = {"schema": CALIBRATOR_SCHEMA, "curvcal": __version__}
+    newer = any(stage not in _ALWAYS for stage in calibrators)
+    document: dict[str, object] = {
+        "schema": MAPS_SCHEMA if newer else CALIBRATOR_SCHEMA,
+        "curvcal": __version__,
+    }
     for stage in STAGE_METHODS:
         calibrator = calibrators.get(stage)
-        document[stage] = None if calibrator is None else calibrator.to_dict()
+        if calibrator is not None or stage in _ALWAYS:
+            document[stage] = None if calibrator is None else calibrator.to_dict()
     document["provenance"] = None if provenance is None else provenance.to_dict()
     return json.dumps(document, indent=2) + "\n"
 
 
-def load_calibrators(path: Path) -> dict[str, Calibrator]:
+def load_calibrators(path: Path) -> dict[str, CalibrationMap]:
     """The calibrators a calibrator file holds, keyed by stage (:func:`load_calibrator_file`
     without the provenance)."""
     return load_calibrator_file(path).calibrators
@@ -175,7 +188,8 @@ def load_calibrator_file(path: Path) -> CalibratorFile:
 
     Refuses a missing or unreadable file, text that is not a JSON object, another schema,
     unknown keys, a stage whose method does not match it (``ts`` must be ``temperature``,
-    ``focal_ts`` ``focal-temperature``), bad numbers, and a file with no calibrator at all.
+    ``focal_ts`` ``focal-temperature``, ``vector`` and ``matrix`` their own name), bad numbers
+    or shapes, and a file with no calibrator at all.
     """
     where = str(path)
     readable_file(path, expected="calibrator file")
@@ -210,12 +224,18 @@ def load_calibrator_file(path: Path) -> CalibratorFile:
     provenance = None
     if document.get("provenance") is not None:
         provenance = CalibratorProvenance.from_dict(document["provenance"], where)
-    calibrators: dict[str, Calibrator] = {}
+    calibrators: dict[str, CalibrationMap] = {}
     for stage, method in STAGE_METHODS.items():
         entry = document.get(stage)
         if entry is None:
             continue
-        calibrator = Calibrator.from_dict(entry, f"{where} ({stage})")
+        if stage not in _ALWAYS and schema != MAPS_SCHEMA:
+            raise InputError(where, f"a schema {schema} calibrator file has no {stage!r}")
+        if stage not in _ALWAYS and isinstance(entry, dict) and entry.get("method") != method:
+            raise InputError(
+                where, f"'{stage}' must be a {method!r} calibrator, got {entry.get('method')!r}"
+            )
+        calibrator = MAPS[stage].load(entry, f"{where} ({stage})")
         if calibrator.method != method:
             raise InputError(
                 where, f"'{stage}' must be a {method!r} calibrator, got {calibrator.method!r}"

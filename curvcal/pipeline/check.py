@@ -195,7 +195,7 @@ def run_check(
 
     settings, sources = resolve_settings(policy, overrides)
     where = Locator(policy, sources)
-    need = needs(policy.rules)
+    need = needs(policy.rules, str(policy.path))
     plan = _plan(policy, settings, where, need, trust, allow_globals)
 
     timings: dict[str, float] = {}

@@ -35,10 +35,14 @@ class Needs:
     focal_ts: bool
     hessian: bool
     trace: bool
+    linear: tuple[str, ...] = ()
+    """The linear maps (``vector``, ``matrix``) gated."""
 
     @property
     def method(self) -> str:
         """The calibration maps to fit, spelled as ``--method`` spells them."""
+        if self.linear:
+            return self.linear[0]
         if self.ts and self.focal_ts:
             return "both"
         if self.ts:
@@ -46,19 +50,30 @@ class Needs:
         return "focal-ts" if self.focal_ts else "none"
 
 
-def needs(rules: tuple[Rule, ...] | list[Rule]) -> Needs:
-    """The measurements ``rules`` need (nothing more)."""
+def needs(rules: tuple[Rule, ...] | list[Rule], where: str = "policy") -> Needs:
+    """The measurements ``rules`` need (nothing more); a policy that gates a linear map with
+    another map (no one ``--method`` fits them together) is an :class:`InputError` naming
+    ``where``."""
     stages = {rule.stage for rule in rules if rule.metric in CALIBRATION_METRICS}
     metrics = {rule.metric for rule in rules}
     ts = "ts" in stages or "temperature" in metrics
     focal = "focal_ts" in stages or bool({"focal_gamma", "focal_temperature"} & metrics)
     trace = "trace" in metrics
+    linear = tuple(stage for stage in ("vector", "matrix") if stage in stages)
+    if linear and (len(linear) > 1 or ts or focal):
+        gated = sorted({*linear, *(("ts",) if ts else ()), *(("focal_ts",) if focal else ())})
+        raise InputError(
+            where,
+            f"gates the stages {', '.join(gated)}, which no one --method fits together",
+            "gate vector or matrix alone, or check each map with its own policy",
+        )
     return Needs(
         predictions=bool(stages) or ts or focal,
         ts=ts,
         focal_ts=focal,
         hessian=trace or "lambda_max" in metrics,
         trace=trace,
+        linear=linear,
     )
 
 
@@ -188,6 +203,7 @@ def calibration_method(settings: Mapping[str, Any], need: Needs, where: Locator)
         for name, needed, fitted in (
             ("ts", need.ts, fits_ts),
             ("focal_ts", need.focal_ts, fits_focal),
+            *((stage, True, given == stage) for stage in need.linear),
         )
         if needed and not fitted
     ]
@@ -195,6 +211,8 @@ def calibration_method(settings: Mapping[str, Any], need: Needs, where: Locator)
         raise InputError(
             where("method"),
             f"method {given!r} fits no {' or '.join(missing)} map, which the policy gates",
-            'use method = "both" or leave method out',
+            f'use method = "{need.linear[0]}" or leave method out'
+            if need.linear
+            else 'use method = "both" or leave method out',
         )
     return str(given)

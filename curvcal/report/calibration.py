@@ -11,9 +11,16 @@ from curvcal.report.tables import Table, fmt_float
 
 if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
+    from curvcal.calibration.linear import LinearFit
     from curvcal.calibration.results import CalibrationMetrics, FocalTemperatureFit
 
-STAGE_TITLES = {"uncalibrated": "uncalibrated", "ts": "TS", "focal_ts": "focal TS"}
+STAGE_TITLES = {
+    "uncalibrated": "uncalibrated",
+    "ts": "TS",
+    "focal_ts": "focal TS",
+    "vector": "vector",
+    "matrix": "matrix",
+}
 CHART_WIDTH = 20
 
 
@@ -103,6 +110,9 @@ def calibration_tables(analysis: CalibrationAnalysis, chart: bool = True) -> lis
         tables.append(fits_table(analysis))
     if analysis.fits.focal_ts is not None:
         tables.append(profile_table(analysis.fits.focal_ts))
+    linear = [fit for fit in (analysis.fits.vector, analysis.fits.matrix) if fit is not None]
+    if linear:
+        tables.append(linear_fits_table(linear, analysis.split.n_fit))
     tables.append(split_table(analysis))
     return tables
 
@@ -277,6 +287,38 @@ def profile_table(fit: FocalTemperatureFit) -> Table:
         rows=rows,
         caption="γ is weakly identified: read the whole profile, not only the chosen γ",
     )
+
+
+def linear_fits_table(fits: list[LinearFit], n_fit: int) -> Table:
+    """Vector and matrix scaling fits: what was fitted, the regulariser, NLL before/after on
+    the fit split and whether L-BFGS converged."""
+    rows = (
+        ("scores scaled", *(fit.input for fit in fits)),
+        ("parameters", *(str(fit.n_parameters) for fit in fits)),
+        ("ODIR λ chosen by", *(_strength_source(fit) for fit in fits)),
+        ("L2 off-diagonal", *(fmt_float(fit.l2_off_diagonal) for fit in fits)),
+        ("L2 intercept", *(fmt_float(fit.l2_bias) for fit in fits)),
+        ("NLL before", *(fmt_float(fit.nll_before) for fit in fits)),
+        ("NLL after", *(fmt_float(fit.nll_after) for fit in fits)),
+        ("iterations", *(str(fit.iterations) for fit in fits)),
+        ("max |gradient|", *(fmt_float(fit.gradient_max, 2) for fit in fits)),
+        ("converged", *(_yes(fit.converged) for fit in fits)),
+    )
+    return Table(
+        title=f"linear maps (on the fit split, {n_fit} samples)",
+        columns=("quantity", *(STAGE_TITLES[fit.method] for fit in fits)),
+        rows=rows,
+        caption=f"L-BFGS in float64 from the identity map; converged: max |gradient| < "
+        f"{fmt_float(fits[0].gradient_tol, 2)}; before/after: in-sample",
+    )
+
+
+def _strength_source(fit: LinearFit) -> str:
+    if fit.method == "vector":
+        return "-"
+    if not fit.cv_folds:
+        return "fixed (too few samples for CV)"
+    return f"{fit.cv_folds}-fold CV over {len(fit.cv_strengths)} values"
 
 
 _SPLIT_CAPTIONS = {

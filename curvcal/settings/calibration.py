@@ -21,8 +21,9 @@ from curvcal.settings.hessian import MAX_SEED
 #: The most ``--bins``: more bins than this hold no samples on any data set curvcal can score,
 #: and each stage keeps a row per bin (classwise ECE one per class).
 MAX_BINS = 10_000
-#: ``--method``: temperature scaling, focal temperature scaling, both, or none (metrics only).
-METHODS = ("ts", "focal-ts", "both", "none")
+#: ``--method``: temperature scaling, focal temperature scaling, both, vector scaling, matrix
+#: scaling, or none (metrics only).
+METHODS = ("ts", "focal-ts", "both", "vector", "matrix", "none")
 #: ``--objective``: what temperature scaling minimises on the fit split.
 OBJECTIVES_TS = ("nll", "ece", "adaece")
 #: ``--focal-objective``: what focal temperature scaling minimises (``adaece-grid``: the
@@ -58,7 +59,8 @@ def parse_gammas(ctx: Any, param: Any, value: str | None) -> tuple[float, ...] |
 class CalibrationSettings(Settings):
     """What to fit and how to measure.
 
-    ``method``: the maps to fit, ``ts``, ``focal-ts``, ``both`` or ``none`` (``None``: the
+    ``method``: the maps to fit, ``ts``, ``focal-ts``, ``both`` (TS and focal TS), ``vector``,
+    ``matrix`` or ``none`` (``None``: the
     command picks: ``both`` for ``calibrate``; for ``metrics``, ``both`` with a fit split and
     ``none`` without; for the kernel, ``both`` when it is given a fit split). ``objective``:
     what TS minimises on the fit split; ``focal_objective``: what focal TS minimises, over the
@@ -75,8 +77,10 @@ class CalibrationSettings(Settings):
 
     method: str | None = setting(
         None,
-        "Calibration maps to fit: temperature scaling, focal temperature scaling, both, or none "
-        "(measure only). Default: calibrate: both; metrics: none, or both with --fit or "
+        "Calibration maps to fit: temperature scaling, focal temperature scaling, both of them, "
+        "vector scaling (w·z + b), matrix scaling (W z + b, off-diagonal and intercept L2 chosen "
+        "by cross-validation on the fit split), or "
+        "none (measure only). Default: calibrate: both; metrics: none, or both with --fit or "
         "--val-split.",
         choices=METHODS,
     )
@@ -120,9 +124,15 @@ class CalibrationSettings(Settings):
         high_open=True,
         metavar="F",
     )
-    seed: int = setting(0, "Seed of --val-split and of the bootstrap.", low=0, high=MAX_SEED)
+    seed: int = setting(
+        0,
+        "Seed of --val-split, of the bootstrap and of the folds of matrix scaling's "
+        "cross-validation.",
+        low=0,
+        high=MAX_SEED,
+    )
     plot: Path | None = file_setting(
-        "Write reliability diagrams (uncalibrated, TS, focal TS) to a .png, .svg or .pdf file "
+        "Write reliability diagrams (uncalibrated and every fitted map) to a .png, .svg or .pdf file "
         "(needs matplotlib).",
     )
     dpi: int = setting(
