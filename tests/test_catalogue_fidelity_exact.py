@@ -13,17 +13,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-
-class TiedParallel(nn.Module):
-    """Two linear layers sharing one weight, side by side."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b, self.head = nn.Linear(5, 6), nn.Linear(5, 6), nn.Linear(6, 3)
-        self.b.weight = self.a.weight
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(torch.relu(self.a(x)) + torch.relu(self.b(x.flip(1))))
+from tests.curvature.cases import TiedParallel  # the --arch py: path below names it here
 
 
 class LateGate(nn.Module):

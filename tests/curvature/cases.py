@@ -131,3 +131,15 @@ def record_max_basis(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> lis
 
     monkeypatch.setattr(module, "eigenvalues", recorded)
     return seen
+
+
+class TiedParallel(nn.Module):
+    """Two linear layers sharing one weight, side by side (on x and on x reversed): linear in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(5, 6), nn.Linear(5, 6), nn.Linear(6, 3)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.relu(self.a(x)) + torch.relu(self.b(x.flip(1))))

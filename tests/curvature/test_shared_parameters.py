@@ -25,19 +25,7 @@ from curvcal.curvature.per_sample import layer_plan
 from curvcal.curvature.residual import split_trace
 from curvcal.losses import CrossEntropy
 
-from .cases import dense_gauss_newton, dense_hessian
-
-
-class TiedParallel(nn.Module):
-    """Two linear layers sharing one weight, side by side (on x and on x reversed): linear in it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b, self.head = nn.Linear(5, 6), nn.Linear(5, 6), nn.Linear(6, 3)
-        self.b.weight = self.a.weight
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(torch.relu(self.a(x)) + torch.relu(self.b(x.flip(1))))
+from .cases import TiedParallel, dense_gauss_newton, dense_hessian
 
 
 class TiedSeries(nn.Module):
