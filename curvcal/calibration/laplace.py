@@ -1,0 +1,546 @@
+"""Last-layer Laplace approximation: a Gaussian posterior over the weights of the model's final
+``nn.Linear``, built from the GGN of the cross-entropy, and its predictive.
+
+The last layer maps features φ(x) ∈ R^D to logits f = W φ + b (W: K×D, b: K, optional).
+Its parameters θ are ordered as laplace-torch orders them: θ = [vec(W) row by row, b], so
+θ_{k·D + d} = W_{kd} and θ_{K·D + k} = b_k (P = K·D, plus K with a bias).
+
+**Curvature.** With p_n = softmax(f(x_n)) at the trained weights θ* (the MAP, the posterior
+mean) and Λ_n = diag(p_n) − p_n p_nᵀ (the Hessian of the cross-entropy in the logits), the
+GGN of the *summed* cross-entropy over the N fit samples is
+
+    H = Σ_n J_nᵀ Λ_n J_n,    J_n = ∂f(x_n)/∂θ = [I_K ⊗ φ_nᵀ, I_K]
+
+(``full``: the P×P matrix). ``kron`` is laplace-torch's KFAC for a linear layer (curvlinops'
+type-2 GGN, weight and bias as separate blocks): the weight block is G ⊗ A with
+G = Σ_n Λ_n (K×K) and A = (1/N) Σ_n φ_n φ_nᵀ (D×D), the bias block is G itself, and the
+weight–bias coupling is dropped. ``auto`` picks ``full`` when P ≤ :data:`FULL_MAX_PARAMETERS`.
+
+**Prior and marginal likelihood.** Prior θ ~ N(0, δ⁻¹ I) with one scalar precision δ on every
+weight and bias. The posterior precision is H + δI, its covariance Σ = (H + δI)⁻¹, and the
+Laplace log marginal likelihood (laplace-torch's ``log_marginal_likelihood``) is
+
+    log Z(δ) = log p(D | θ*) − ½ [δ ‖θ*‖² + log det(H + δI) − P log δ]
+
+with log p(D | θ*) = −Σ_n CE(f(x_n), y_n); this is log p(D|θ*) + log p(θ*) − ½ log det((H+δI)/2π).
+With λ_i the eigenvalues of H (products a_j g_i plus the g_i of the bias block for ``kron``),
+d log Z / d log δ = ½ [Σ_i λ_i/(λ_i + δ) − δ ‖θ*‖²], decreasing in δ: the maximum is the one
+root, found by Brent's method in log δ over [:data:`PRIOR_BRACKET`] to machine precision
+(laplace-torch takes 100 Adam steps of 0.1 in log δ from δ = 1 instead).
+
+**Predictive.** f_μ = W φ + b, logit covariance Σ_f = J Σ Jᵀ (K×K). ``probit`` (MacKay 1992,
+laplace-torch's ``link_approx="probit"``): p = softmax(κ ⊙ f_μ) with κ_k = 1/√(1 + π/8·Σ_f,kk).
+``mc``: p = mean over S seeded draws f ~ N(f_μ, Σ_f) of softmax(f).
+
+Everything is float64 on the CPU. Pure: no file I/O, no printing, no global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from scipy.optimize import brentq
+from torch import Tensor, nn
+
+from curvcal.calibration.inputs import as_tensor, class_labels
+from curvcal.errors import InputError, NumericalError
+
+#: ``--laplace-structure``: the GGN in full, Kronecker-factored, or chosen by size.
+STRUCTURES = ("auto", "full", "kron")
+#: ``--laplace-predictive``: the probit approximation or Monte Carlo.
+PREDICTIVES = ("probit", "mc")
+#: ``auto`` takes the full GGN up to this many last-layer parameters: a P×P float64 matrix of
+#: 8 MiB and an eigendecomposition of under a second; the saved covariance is P² numbers.
+FULL_MAX_PARAMETERS = 1024
+#: The prior precisions δ searched by the marginal likelihood.
+PRIOR_BRACKET = (1e-8, 1e8)
+#: Most elements of one chunk's temporary (rows × K × K or rows × K × D).
+CHUNK_ELEMENTS = 1 << 22
+
+
+def last_linear(module: nn.Module, where: str = "model") -> tuple[str, nn.Linear]:
+    """The name and module of the last ``nn.Linear`` registered in ``module`` (the head whose
+    output should be the logits; the caller checks that it is), else :class:`InputError`."""
+    found = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
+    if not found:
+        raise InputError(
+            where,
+            "has no nn.Linear layer, so there is no last layer for --method laplace",
+            "the Laplace approximation needs a final nn.Linear producing the logits",
+        )
+    return found[-1]
+
+
+def resolve_structure(structure: str, n_parameters: int) -> str:
+    """``full`` or ``kron``: ``auto`` becomes ``full`` up to :data:`FULL_MAX_PARAMETERS`."""
+    if structure not in STRUCTURES:
+        raise InputError("--laplace-structure", f"unknown structure {structure!r}")
+    if structure == "auto":
+        return "full" if n_parameters <= FULL_MAX_PARAMETERS else "kron"
+    return structure
+
+
+@dataclass(frozen=True)
+class LaplaceMap:
+    """A fitted last-layer Laplace posterior, saved as plain numbers.
+
+    ``weight`` (K×D) and ``bias`` (K, or ``None``) are the posterior mean (the checkpoint's own
+    last layer); ``prior_precision`` δ; ``structure`` ``full`` with ``covariance`` (P×P, θ in
+    the module docstring's order) or ``kron`` with the factors ``kron_a`` (D×D) and ``kron_g``
+    (K×K); ``predictive`` ``probit`` or ``mc`` with ``samples`` draws seeded by ``seed``;
+    ``layer``: the head's name in the model. Applied to features φ (N×D), not to logits.
+    """
+
+    weight: Tensor
+    bias: Tensor | None
+    prior_precision: float
+    structure: str
+    predictive: str
+    samples: int
+    seed: int
+    layer: str
+    covariance: Tensor | None = None
+    kron_a: Tensor | None = None
+    kron_g: Tensor | None = None
+
+    @property
+    def method(self) -> str:
+        return "laplace"
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (numbers and names only)."""
+        out: dict[str, Any] = {
+            "method": self.method,
+            "layer": self.layer,
+            "structure": self.structure,
+            "predictive": self.predictive,
+            "samples": self.samples,
+            "seed": self.seed,
+            "prior_precision": self.prior_precision,
+            "weight": self.weight.tolist(),
+            "bias": None if self.bias is None else self.bias.tolist(),
+        }
+        if self.structure == "full":
+            assert self.covariance is not None
+            out["covariance"] = self.covariance.tolist()
+        else:
+            assert self.kron_a is not None and self.kron_g is not None
+            out["kron_a"] = self.kron_a.tolist()
+            out["kron_g"] = self.kron_g.tolist()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "calibrator") -> LaplaceMap:
+        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
+        ``source``. Nothing in the file is run: it is numbers and names."""
+        if not isinstance(data, dict):
+            raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
+        common = ("method", "layer", "structure", "predictive", "samples", "seed")
+        common += ("prior_precision", "weight", "bias")
+        structure = data.get("structure")
+        if structure not in ("full", "kron"):
+            raise InputError(source, f"Laplace structure must be full or kron, got {structure!r}")
+        extra = ("covariance",) if structure == "full" else ("kron_a", "kron_g")
+        unknown = sorted(set(data) - set(common) - set(extra))
+        if unknown:
+            raise InputError(source, f"unknown calibrator keys {unknown}")
+        missing = [key for key in (*common, *extra) if key not in data]
+        if missing:
+            raise InputError(source, f"missing keys {missing}")
+        if data["method"] != "laplace":
+            raise InputError(source, f"method must be 'laplace', got {data['method']!r}")
+        if data["predictive"] not in PREDICTIVES:
+            raise InputError(source, f"predictive must be probit or mc, got {data['predictive']!r}")
+        for key in ("samples", "seed"):
+            value = data[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InputError(source, f"{key} must be a whole number >= 0, got {value!r}")
+        if data["predictive"] == "mc" and data["samples"] < 1:
+            raise InputError(source, "a Monte Carlo predictive needs samples >= 1")
+        if not isinstance(data["layer"], str):
+            raise InputError(source, "layer must be a string")
+        delta = data["prior_precision"]
+        if isinstance(delta, bool) or not isinstance(delta, int | float) or not delta > 0:
+            raise InputError(source, f"prior_precision must be a number > 0, got {delta!r}")
+        if not math.isfinite(delta):
+            raise InputError(source, "prior_precision must be finite")
+        weight = _matrix(data["weight"], source, "weight")
+        k, d = weight.shape
+        bias = None if data["bias"] is None else _vector(data["bias"], source, "bias", k)
+        n_params = k * d + (0 if bias is None else k)
+        matrices: dict[str, Tensor] = {}
+        shapes = {"covariance": (n_params, n_params), "kron_a": (d, d), "kron_g": (k, k)}
+        for key in extra:
+            matrices[key] = _matrix(data[key], source, key, shapes[key])
+        return cls(
+            weight=weight,
+            bias=bias,
+            prior_precision=float(delta),
+            structure=structure,
+            predictive=data["predictive"],
+            samples=data["samples"],
+            seed=data["seed"],
+            layer=data["layer"],
+            **matrices,
+        )
+
+    def apply(self, features: Any, kind: str = "features", source: str = "features") -> Tensor:
+        """float64 log-probabilities of the predictive at N×D ``features`` (the inputs of
+        the last layer; ``kind`` must be ``features``: logits are not enough)."""
+        if kind != "features":
+            raise InputError(
+                source,
+                "a Laplace calibrator acts on the features of its checkpoint's last layer, "
+                f"not on {kind}",
+                "apply it with curvcal calibrate CHECKPOINT --data SPEC --apply FILE",
+            )
+        phi = _features(features, source, self.n_features)
+        return predictive_log_probs(self, phi)
+
+    def probabilities(
+        self, features: Any, kind: str = "features", source: str = "features"
+    ) -> Tensor:
+        return torch.exp(self.apply(features, kind, source))
+
+
+@dataclass(frozen=True)
+class LaplaceFit:
+    """A last-layer Laplace approximation fitted on one split (see the module docstring).
+
+    ``prior_precision``: δ maximising ``log_marginal_likelihood`` (``at_bracket_end``: δ sits
+    on an end of ``prior_bracket``); ``log_likelihood``: −Σ CE at the MAP; ``nll_before`` /
+    ``nll_after``: mean NLL on the fit split of the MAP softmax and of the predictive
+    (in-sample). ``n_parameters`` P, ``n_features`` D, ``has_bias``, ``layer`` its name.
+    """
+
+    structure: str
+    predictive: str
+    samples: int
+    prior_precision: float
+    log_marginal_likelihood: float
+    log_likelihood: float
+    at_bracket_end: bool
+    prior_bracket: tuple[float, float]
+    n_parameters: int
+    n_features: int
+    has_bias: bool
+    layer: str
+    nll_before: float
+    nll_after: float
+    n_samples: int
+    calibrator: LaplaceMap
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fit's record without the posterior (it is in the saved calibrator)."""
+        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
+
+
+@dataclass(frozen=True)
+class Curvature:
+    """The GGN of one fit: ``full`` (the P×P matrix ``ggn``) or ``kron`` (``kron_a``, ``kron_g``),
+    and its eigenvalues (clipped at 0: H is positive semi-definite, eigh's rounding is not)."""
+
+    structure: str
+    eigenvalues: Tensor
+    ggn: Tensor | None = None
+    kron_a: Tensor | None = None
+    kron_g: Tensor | None = None
+
+
+def _rows(n: int, width: int) -> int:
+    return max(1, CHUNK_ELEMENTS // max(1, width))
+
+
+def ggn_full(features: Tensor, probs: Tensor, has_bias: bool) -> Tensor:
+    """H = Σ_n J_nᵀ (diag p_n − p_n p_nᵀ) J_n over θ = [vec(W), b] (float64, P×P).
+
+    Built in the augmented order (k, d̃) with φ̃ = [φ, 1], where H = Σ_n Λ_n ⊗ φ̃_n φ̃_nᵀ
+    = blockdiag_k(Σ_n p_nk φ̃φ̃ᵀ) − Σ_n (p_n ⊗ φ̃_n)(p_n ⊗ φ̃_n)ᵀ, then permuted to θ's order.
+    """
+    phi = _augment(features, has_bias)
+    n, dt = phi.shape
+    k = probs.shape[1]
+    h = torch.zeros(k * dt, k * dt, dtype=torch.float64)
+    for c in range(k):
+        block = (phi * probs[:, c : c + 1]).T @ phi
+        h[c * dt : (c + 1) * dt, c * dt : (c + 1) * dt] = block
+    step = _rows(n, k * dt)
+    for start in range(0, n, step):
+        u = (probs[start : start + step, :, None] * phi[start : start + step, None, :]).reshape(
+            -1, k * dt
+        )
+        h -= u.T @ u
+    h = 0.5 * (h + h.T)
+    order = _theta_order(k, features.shape[1], has_bias)
+    return h[order][:, order]
+
+
+def kron_factors(features: Tensor, probs: Tensor) -> tuple[Tensor, Tensor]:
+    """laplace-torch's KFAC factors of a linear layer: A = (1/N) Σ φφᵀ (D×D) and
+    G = Σ_n (diag p_n − p_n p_nᵀ) (K×K); the weight block is G ⊗ A, the bias block G."""
+    n = features.shape[0]
+    a = features.T @ features / n
+    g = torch.diag(probs.sum(0)) - probs.T @ probs
+    return 0.5 * (a + a.T), 0.5 * (g + g.T)
+
+
+def curvature(features: Tensor, probs: Tensor, has_bias: bool, structure: str) -> Curvature:
+    """The GGN of ``structure`` (``full`` or ``kron``) and its eigenvalues."""
+    if structure == "full":
+        h = ggn_full(features, probs, has_bias)
+        return Curvature("full", torch.linalg.eigvalsh(h).clamp_min(0.0), ggn=h)
+    a, g = kron_factors(features, probs)
+    ga = torch.linalg.eigvalsh(g).clamp_min(0.0)
+    aa = torch.linalg.eigvalsh(a).clamp_min(0.0)
+    eigs = torch.outer(ga, aa).reshape(-1)
+    if has_bias:
+        eigs = torch.cat([eigs, ga])
+    return Curvature("kron", eigs, kron_a=a, kron_g=g)
+
+
+def log_marginal_likelihood(
+    delta: float, eigenvalues: Tensor, theta_sq: float, log_likelihood: float
+) -> float:
+    """log Z(δ) = log p(D|θ*) − ½ [δ‖θ*‖² + Σ_i log(λ_i + δ) − P log δ] (module docstring)."""
+    p = eigenvalues.numel()
+    logdet = float(torch.log(eigenvalues + delta).sum())
+    return log_likelihood - 0.5 * (delta * theta_sq + logdet - p * math.log(delta))
+
+
+def optimise_prior_precision(eigenvalues: Tensor, theta_sq: float) -> tuple[float, bool]:
+    """δ maximising the log marginal likelihood: the root in log δ of
+    Σ_i λ_i/(λ_i + δ) − δ‖θ*‖² (decreasing in δ) by Brent's method over :data:`PRIOR_BRACKET`,
+    and whether δ is an end of the bracket (a root outside it, e.g. θ* = 0 or H = 0)."""
+
+    def slope(log_delta: float) -> float:
+        delta = math.exp(log_delta)
+        return float((eigenvalues / (eigenvalues + delta)).sum()) - delta * theta_sq
+
+    low, high = (math.log(end) for end in PRIOR_BRACKET)
+    if slope(low) <= 0:
+        return PRIOR_BRACKET[0], True
+    if slope(high) >= 0:
+        return PRIOR_BRACKET[1], True
+    root = brentq(slope, low, high, xtol=1e-14, rtol=1e-15, maxiter=500)
+    return math.exp(root), False
+
+
+def posterior_covariance(ggn: Tensor, delta: float) -> Tensor:
+    """Σ = (H + δI)⁻¹ by a symmetric eigendecomposition (float64)."""
+    values, vectors = torch.linalg.eigh(ggn)
+    inverse = 1.0 / (values.clamp_min(0.0) + delta)
+    cov = (vectors * inverse) @ vectors.T
+    return 0.5 * (cov + cov.T)
+
+
+def fit_laplace(
+    features: Any,
+    labels: Any,
+    weight: Any,
+    bias: Any = None,
+    *,
+    structure: str = "auto",
+    predictive: str = "probit",
+    samples: int = 100,
+    seed: int = 0,
+    layer: str = "",
+    source: str = "features",
+    labels_source: str = "labels",
+) -> LaplaceFit:
+    """Fit the last-layer Laplace approximation of a head (``weight`` K×D, ``bias`` K or
+    ``None``) on its input ``features`` (N×D) and ``labels``: GGN, prior precision by the
+    marginal likelihood, posterior (module docstring)."""
+    w = _matrix_tensor(weight, "last layer weight")
+    k, d = w.shape
+    b = None if bias is None else as_tensor(bias, "last layer bias").to(torch.float64).reshape(-1)
+    if b is not None and b.numel() != k:
+        raise InputError("last layer bias", f"has {b.numel()} entries for {k} outputs")
+    phi = _features(features, source, d)
+    n = phi.shape[0]
+    if n == 0:
+        raise InputError(source, "the fit split holds no sample", "give a larger fit split")
+    y = class_labels(labels, n, k, labels_source)
+    if predictive not in PREDICTIVES:
+        raise InputError("--laplace-predictive", f"unknown predictive {predictive!r}")
+    if predictive == "mc" and samples < 1:
+        raise InputError("--laplace-samples", "a Monte Carlo predictive needs at least 1 draw")
+    has_bias = b is not None
+    n_params = k * d + (k if has_bias else 0)
+    chosen = resolve_structure(structure, n_params)
+    logits = phi @ w.T + (b if b is not None else 0.0)
+    logp = torch.log_softmax(logits, dim=1)
+    if not bool(torch.isfinite(logp).all()):
+        raise NumericalError(source, "the last layer's logits are not finite on the fit split")
+    nll = -logp.gather(1, y[:, None])[:, 0]
+    log_likelihood = -float(nll.sum())
+    curv = curvature(phi, torch.exp(logp), has_bias, chosen)
+    theta_sq = float((w * w).sum()) + (float((b * b).sum()) if b is not None else 0.0)
+    delta, at_end = optimise_prior_precision(curv.eigenvalues, theta_sq)
+    logz = log_marginal_likelihood(delta, curv.eigenvalues, theta_sq, log_likelihood)
+    common = {
+        "weight": w,
+        "bias": b,
+        "prior_precision": delta,
+        "predictive": predictive,
+        "samples": samples,
+        "seed": seed,
+        "layer": layer,
+    }
+    if chosen == "full":
+        assert curv.ggn is not None
+        posterior = LaplaceMap(
+            structure="full", covariance=posterior_covariance(curv.ggn, delta), **common
+        )
+    else:
+        posterior = LaplaceMap(structure="kron", kron_a=curv.kron_a, kron_g=curv.kron_g, **common)
+    after = predictive_log_probs(posterior, phi)
+    return LaplaceFit(
+        structure=chosen,
+        predictive=predictive,
+        samples=samples if predictive == "mc" else 0,
+        prior_precision=delta,
+        log_marginal_likelihood=logz,
+        log_likelihood=log_likelihood,
+        at_bracket_end=at_end,
+        prior_bracket=PRIOR_BRACKET,
+        n_parameters=n_params,
+        n_features=d,
+        has_bias=has_bias,
+        layer=layer,
+        nll_before=float(nll.mean()),
+        nll_after=float(-after.gather(1, y[:, None])[:, 0].mean()),
+        n_samples=n,
+        calibrator=posterior,
+    )
+
+
+def logit_moments(posterior: LaplaceMap, features: Tensor) -> tuple[Tensor, Tensor]:
+    """f_μ = W φ + b (N×K) and the logit covariance Σ_f = J Σ Jᵀ (N×K×K) at ``features``."""
+    w, b = posterior.weight, posterior.bias
+    k, d = w.shape
+    mean = features @ w.T + (b if b is not None else 0.0)
+    n = features.shape[0]
+    cov = torch.empty(n, k, k, dtype=torch.float64)
+    if posterior.structure == "full":
+        assert posterior.covariance is not None
+        has_bias = b is not None
+        dt = d + int(has_bias)
+        order = _theta_order(k, d, has_bias)
+        aug = torch.empty_like(posterior.covariance)
+        aug[order[:, None], order[None, :]] = posterior.covariance
+        blocks = aug.reshape(k, dt, k, dt).permute(0, 2, 1, 3)  # [k, l, d̃, ẽ]
+        phi = _augment(features, has_bias)
+        step = _rows(n, k * k * dt)
+        for start in range(0, n, step):
+            x = phi[start : start + step]
+            cov[start : start + step] = torch.einsum("nd,klde,ne->nkl", x, blocks, x)
+        return mean, cov
+    assert posterior.kron_a is not None and posterior.kron_g is not None
+    delta = posterior.prior_precision
+    ga, qg = torch.linalg.eigh(posterior.kron_g)
+    aa, qa = torch.linalg.eigh(posterior.kron_a)
+    inverse = 1.0 / (torch.outer(ga.clamp_min(0.0), aa.clamp_min(0.0)) + delta)  # [i, j]
+    bias_cov = None
+    if b is not None:
+        bias_cov = (qg / (ga.clamp_min(0.0) + delta)) @ qg.T
+    step = _rows(n, k * k + d)
+    for start in range(0, n, step):
+        c = features[start : start + step] @ qa
+        m = (c * c) @ inverse.T  # [n, i] = Σ_j c_j² / (g_i a_j + δ)
+        block = torch.einsum("ki,ni,li->nkl", qg, m, qg)
+        if bias_cov is not None:
+            block = block + bias_cov
+        cov[start : start + step] = block
+    return mean, cov
+
+
+def predictive_log_probs(posterior: LaplaceMap, features: Tensor) -> Tensor:
+    """log p of the predictive at ``features`` (float64 N×K): probit or Monte Carlo."""
+    mean, cov = logit_moments(posterior, features)
+    if posterior.predictive == "probit":
+        variance = torch.diagonal(cov, dim1=1, dim2=2).clamp_min(0.0)
+        kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variance)
+        return torch.log_softmax(kappa * mean, dim=1)
+    generator = torch.Generator().manual_seed(posterior.seed)
+    values, vectors = torch.linalg.eigh(cov)
+    root = vectors * values.clamp_min(0.0).sqrt()[:, None, :]  # Σ_f = root rootᵀ
+    n, k = mean.shape
+    draws = torch.randn(posterior.samples, n, k, generator=generator, dtype=torch.float64)
+    logits = mean + torch.einsum("nkj,snj->snk", root, draws)
+    log_probs = torch.log_softmax(logits, dim=2)
+    return torch.logsumexp(log_probs, dim=0) - math.log(posterior.samples)
+
+
+def _theta_order(k: int, d: int, has_bias: bool) -> Tensor:
+    """Indices into the augmented order (k, d̃) of θ = [vec(W), b] (laplace-torch's order)."""
+    dt = d + int(has_bias)
+    weights = (torch.arange(k)[:, None] * dt + torch.arange(d)[None, :]).reshape(-1)
+    if not has_bias:
+        return weights
+    return torch.cat([weights, torch.arange(k) * dt + d])
+
+
+def _augment(features: Tensor, has_bias: bool) -> Tensor:
+    if not has_bias:
+        return features
+    return torch.cat([features, torch.ones(features.shape[0], 1, dtype=features.dtype)], 1)
+
+
+def _features(features: Any, source: str, n_features: int) -> Tensor:
+    phi = as_tensor(features, source)
+    if phi.ndim != 2:
+        raise InputError(source, f"features must be 2-D (samples × D), got {tuple(phi.shape)}")
+    if phi.shape[1] != n_features:
+        raise InputError(
+            source,
+            f"features have {phi.shape[1]} columns, the last layer takes {n_features}",
+            "a Laplace calibrator applies to the model it was fitted on",
+        )
+    phi = phi.to(device="cpu", dtype=torch.float64)
+    if not bool(torch.isfinite(phi).all()):
+        raise NumericalError(source, "the last layer's input features hold a NaN or Inf")
+    return phi
+
+
+def _matrix_tensor(value: Any, what: str) -> Tensor:
+    m = as_tensor(value, what).to(device="cpu", dtype=torch.float64)
+    if m.ndim != 2 or m.shape[0] < 1 or m.shape[1] < 1:
+        raise InputError(what, f"must be a non-empty 2-D matrix, got shape {tuple(m.shape)}")
+    return m
+
+
+def _matrix(value: Any, source: str, key: str, shape: tuple[int, int] | None = None) -> Tensor:
+    if not isinstance(value, list) or not value or not all(isinstance(r, list) for r in value):
+        raise InputError(source, f"{key} must be a non-empty list of rows of numbers")
+    width = len(value[0])
+    if any(len(row) != width for row in value):
+        raise InputError(source, f"the rows of {key} differ in length")
+    rows = [_vector(row, source, key, width) for row in value]
+    m = torch.stack(rows) if width else torch.empty(len(rows), 0, dtype=torch.float64)
+    if shape is not None and tuple(m.shape) != shape:
+        raise InputError(source, f"{key} has shape {tuple(m.shape)}, expected {shape}")
+    if m.shape[1] < 1:
+        raise InputError(source, f"{key} has no columns")
+    return m
+
+
+def _vector(value: Any, source: str, key: str, length: int) -> Tensor:
+    if not isinstance(value, list) or len(value) != length:
+        raise InputError(source, f"{key} must be a list of {length} numbers")
+    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in value):
+        raise InputError(source, f"{key} must hold numbers only")
+    t = torch.tensor(value, dtype=torch.float64)
+    if not bool(torch.isfinite(t).all()):
+        raise InputError(source, f"{key} holds a NaN or Inf")
+    return t
