@@ -130,7 +130,7 @@ def test_kron_posterior_from_its_factors() -> None:
     )
     cov = torch.linalg.inv(precision)
     x = phi[:7]
-    for i, row in enumerate(x):
+    for row in x:
         jac = torch.cat(
             [
                 torch.kron(torch.eye(k, dtype=torch.float64), row[None]),
@@ -142,7 +142,7 @@ def test_kron_posterior_from_its_factors() -> None:
         expected = torch.softmax((w @ row + b) / torch.sqrt(1 + math.pi / 8 * var), 0)
         assert torch.allclose(fit.calibrator.probabilities(row[None])[0], expected, atol=1e-12)
     eigs = torch.linalg.eigvalsh(precision - delta * torch.eye(len(precision), dtype=torch.float64))
-    sign, logdet = torch.linalg.slogdet(precision)
+    _sign, logdet = torch.linalg.slogdet(precision)
     theta_sq = float((w * w).sum() + (b * b).sum())
     loglik = -float(torch.nn.functional.cross_entropy(phi @ w.T + b, y, reduction="sum"))
     expected_logz = loglik - 0.5 * (delta * theta_sq + float(logdet) - len(eigs) * math.log(delta))
@@ -215,7 +215,7 @@ def test_last_linear_is_found_and_its_absence_refused() -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 3)))
     name, layer = lp.last_linear(model)
     assert name == "2.0" and layer is model[2][0]
-    with pytest.raises(InputError, match="no nn.Linear"):
+    with pytest.raises(InputError, match=r"no nn\.Linear"):
         lp.last_linear(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten()))
 
 
