@@ -78,6 +78,7 @@ class StageMetrics:
     focal_ts: CalibrationMetrics | None = None
     vector: CalibrationMetrics | None = None
     matrix: CalibrationMetrics | None = None
+    laplace: CalibrationMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)
@@ -96,6 +97,7 @@ class CalibrationFits:
     focal_ts: FocalTemperatureFit | None = None
     vector: LinearFit | None = None
     matrix: LinearFit | None = None
+    laplace: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)
@@ -144,6 +146,7 @@ def analyse_calibration(
     fraction: float | None = None,
     fit_source: str = "fit scores",
     eval_source: str = "scores",
+    features: tuple[Any, Any] | None = None,
 ) -> CalibrationAnalysis:
     """Fit the maps ``settings.method`` names on (``fit_scores``, ``fit_labels``) and measure
     the uncalibrated and calibrated scores on (``eval_scores``, ``eval_labels``) only.
@@ -154,7 +157,10 @@ def analyse_calibration(
     method ``none`` no fit split is needed: pass ``None`` for ``fit_scores``/``fit_labels`` and
     ``split_method="none"``. ``fit_source``/``eval_source`` name the inputs in errors. A
     ``settings.method`` of ``None`` fits both maps when a fit split is given and none otherwise
-    (the analysis records the method it ran).
+    (the analysis records the method it ran). ``features``: the model's last-layer inputs of
+    the (fit, evaluation) samples (:class:`~curvcal.calibration.laplace.HeadFeatures`), which
+    a map whose registry ``input`` is ``features`` (Laplace) fits and acts on instead of the
+    scores.
     """
     check_kind(kind)
     if settings.method is None:
@@ -178,20 +184,25 @@ def analyse_calibration(
         raise InputError(
             fit_source, f"has {fit_k} classes but the evaluation scores have {n_classes}"
         )
+    stages = fitted_stages(settings.method)
+    _need_features(stages, features)
     fits = {
         stage: MAPS[stage].fit(
-            fit_scores,
+            _inputs(stage, fit_scores, features, 0),
             fit_labels,
             kind,
             settings,
             source=fit_source,
             labels_source=f"{fit_source} labels",
         )
-        for stage in fitted_stages(settings.method)
+        for stage in stages
     }
     evaluation = StageMetrics(
         uncalibrated,
-        **{stage: evaluate(eval_scores, fit.calibrator) for stage, fit in fits.items()},
+        **{
+            stage: evaluate(eval_scores, fit.calibrator, _inputs(stage, None, features, 1))
+            for stage, fit in fits.items()
+        },
     )
     split = SplitInfo(
         split_method,
@@ -214,10 +225,12 @@ def analyse_val_split(
     settings: CalibrationSettings,
     fraction: float,
     source: str,
+    features: Any = None,
 ) -> CalibrationAnalysis:
     """:func:`analyse_calibration` on two disjoint parts of one set of scores: the maps are
     fitted on the rows ``fit_idx`` and every stage is measured on the rows ``eval_idx``
-    (``fraction`` is recorded as the share fitted; ``source`` names the scores in errors)."""
+    (``fraction`` is recorded as the share fitted; ``source`` names the scores in errors;
+    ``features``: the model's last-layer inputs of the same rows, split alike)."""
     return analyse_calibration(
         scores[fit_idx],
         labels[fit_idx],
@@ -229,6 +242,7 @@ def analyse_val_split(
         fraction,
         fit_source=f"{source} (fit split)",
         eval_source=f"{source} (evaluation split)",
+        features=None if features is None else (features.rows(fit_idx), features.rows(eval_idx)),
     )
 
 
@@ -239,9 +253,11 @@ def evaluate_calibrators(
     calibrators: Mapping[str, CalibrationMap],
     settings: CalibrationSettings,
     source: str = "scores",
+    features: Any = None,
 ) -> CalibrationAnalysis:
     """Measure saved ``calibrators`` (keyed by stage: ``ts``, ``focal_ts``, ``vector``,
-    ``matrix``) on all of ``scores``.
+    ``matrix``, ``laplace``) on all of ``scores`` (a ``laplace`` calibrator on ``features``,
+    the model's last-layer inputs of the same rows).
 
     Nothing is fitted, so every sample is evaluation data (split method ``none``). A stage's
     calibrator must carry that stage's method (``ts``: temperature, ``focal_ts``:
@@ -256,11 +272,16 @@ def evaluate_calibrators(
                 "calibrators",
                 f"stage {stage} needs method {STAGE_METHODS[stage]!r}, got {calibrator.method!r}",
             )
+    _need_features(tuple(calibrators), None if features is None else (None, features))
     evaluate = _measure(labels, kind, settings, source)
     uncalibrated = evaluate(scores)
     evaluation = StageMetrics(
         uncalibrated,
-        **{stage: evaluate(scores, calibrators[stage]) for stage in MAPS if stage in calibrators},
+        **{
+            stage: evaluate(scores, calibrators[stage], _inputs(stage, None, (None, features), 1))
+            for stage in MAPS
+            if stage in calibrators
+        },
     )
     split = SplitInfo("none", 0, uncalibrated.n_samples)
     return CalibrationAnalysis(
@@ -277,7 +298,9 @@ def evaluate_calibrators(
 def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str) -> Any:
     """``evaluate(scores, calibrator=None)``: the metrics of one stage on these labels."""
 
-    def evaluate(scores: Any, calibrator: CalibrationMap | None = None) -> CalibrationMetrics:
+    def evaluate(
+        scores: Any, calibrator: CalibrationMap | None = None, features: Any = None
+    ) -> CalibrationMetrics:
         options: dict[str, Any] = {
             "bins": settings.bins,
             "edges": settings.edges,
@@ -288,10 +311,35 @@ def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str)
         }
         if calibrator is None:
             return calibration_metrics(scores, labels, kind=kind, source=source, **options)
-        logp = calibrator.apply(scores, kind, source)
+        if features is not None:
+            logp = calibrator.apply(features, "features", source)
+        else:
+            logp = calibrator.apply(scores, kind, source)
         return calibration_metrics(logp, labels, kind="logprobs", source=source, **options)
 
     return evaluate
+
+
+def _need_features(stages: tuple[str, ...], features: tuple[Any, Any] | None) -> None:
+    """A map that reads the model's features (Laplace) with no features given: refused."""
+    needing = [stage for stage in stages if MAPS[stage].input == "features"]
+    if needing and features is None:
+        raise InputError(
+            "--method laplace",
+            "needs the model, not only its logits: the Laplace approximation is over the "
+            "weights of the model's last layer and acts on that layer's inputs",
+            "run curvcal calibrate CHECKPOINT --data SPEC --method laplace",
+        )
+
+
+def _inputs(stage: str, scores: Any, features: tuple[Any, Any] | None, side: int) -> Any:
+    """What ``stage``'s map reads on one side (0: fit, 1: evaluation): the scores, or the
+    model's features for a map whose registry ``input`` is ``features`` (``None`` on the
+    evaluation side of a score map: the scores are passed as they are)."""
+    if MAPS[stage].input != "features":
+        return scores
+    assert features is not None
+    return features[side]
 
 
 def _shape(scores: Any, source: str) -> tuple[int, int]:

@@ -47,11 +47,9 @@ from torch import Tensor, nn
 
 from curvcal.calibration.inputs import as_tensor, class_labels
 from curvcal.errors import InputError, NumericalError
+from curvcal.settings.calibration import LAPLACE_PREDICTIVES as PREDICTIVES
+from curvcal.settings.calibration import LAPLACE_STRUCTURES as STRUCTURES
 
-#: ``--laplace-structure``: the GGN in full, Kronecker-factored, or chosen by size.
-STRUCTURES = ("auto", "full", "kron")
-#: ``--laplace-predictive``: the probit approximation or Monte Carlo.
-PREDICTIVES = ("probit", "mc")
 #: ``auto`` takes the full GGN up to this many last-layer parameters: a P×P float64 matrix of
 #: 8 MiB and an eigendecomposition of under a second; the saved covariance is P² numbers.
 FULL_MAX_PARAMETERS = 1024
@@ -72,6 +70,24 @@ def last_linear(module: nn.Module, where: str = "model") -> tuple[str, nn.Linear
             "the Laplace approximation needs a final nn.Linear producing the logits",
         )
     return found[-1]
+
+
+@dataclass(frozen=True)
+class HeadFeatures:
+    """What a last-layer Laplace fit reads from the model: the inputs of its head,
+    ``features`` (N×D, row n for sample n), and the head itself (``weight`` K×D, ``bias`` K or
+    ``None``, its name ``layer``). :meth:`rows` keeps the samples of a split."""
+
+    features: Tensor
+    weight: Tensor
+    bias: Tensor | None
+    layer: str
+
+    def rows(self, index: Any) -> HeadFeatures:
+        return HeadFeatures(self.features[index], self.weight, self.bias, self.layer)
+
+    def __len__(self) -> int:
+        return int(self.features.shape[0])
 
 
 def resolve_structure(structure: str, n_parameters: int) -> str:
@@ -498,6 +514,8 @@ def _augment(features: Tensor, has_bias: bool) -> Tensor:
 
 
 def _features(features: Any, source: str, n_features: int) -> Tensor:
+    if isinstance(features, HeadFeatures):
+        features = features.features
     phi = as_tensor(features, source)
     if phi.ndim != 2:
         raise InputError(source, f"features must be 2-D (samples × D), got {tuple(phi.shape)}")

@@ -5,8 +5,10 @@ which returns a fit record whose ``calibrator`` is a frozen map object (:class:`
 ``apply(scores, kind, source)`` gives float64 log-probabilities, ``probabilities`` their
 exponentials, ``to_dict()`` plain numbers only and ``load(dict, source)`` (the entry's) rebuilds
 it from them without running anything from the file. The report stage of a map is its key
-(``ts``, ``focal_ts``, ``vector``, ``matrix``); ``option`` is its ``--method`` spelling and
-``method`` the name its saved form carries.
+(``ts``, ``focal_ts``, ``vector``, ``matrix``, ``laplace``); ``option`` is its ``--method``
+spelling and ``method`` the name its saved form carries. ``input`` is what the map reads:
+``scores`` (N×K), or ``features`` (a :class:`~curvcal.calibration.laplace.HeadFeatures`: the
+model's last-layer inputs and head, which logits alone do not give).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class MapKind:
     title: str
     fit: Callable[..., Any]
     load: Callable[[Any, str], CalibrationMap]
+    input: str = "scores"
 
 
 def _fit_ts(
@@ -88,6 +91,31 @@ def _fit_matrix(
     return fit_matrix_odir(scores, labels, kind=kind, seed=settings.seed, **common)
 
 
+def _fit_laplace(
+    head: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+) -> Any:
+    from curvcal.calibration.laplace import fit_laplace
+
+    return fit_laplace(
+        head.features,
+        labels,
+        head.weight,
+        head.bias,
+        structure=settings.laplace_structure,
+        predictive=settings.laplace_predictive,
+        samples=settings.laplace_samples,
+        seed=settings.seed,
+        layer=head.layer,
+        **common,
+    )
+
+
+def _load_laplace(data: Any, source: str) -> CalibrationMap:
+    from curvcal.calibration.laplace import LaplaceMap
+
+    return LaplaceMap.from_dict(data, source)
+
+
 MAPS: dict[str, MapKind] = {
     kind.stage: kind
     for kind in (
@@ -102,6 +130,9 @@ MAPS: dict[str, MapKind] = {
         ),
         MapKind("vector", "vector", "vector", "vector", _fit_vector, LinearMap.from_dict),
         MapKind("matrix", "matrix", "matrix", "matrix", _fit_matrix, LinearMap.from_dict),
+        MapKind(
+            "laplace", "laplace", "laplace", "Laplace", _fit_laplace, _load_laplace, "features"
+        ),
     )
 }
 #: The saved method of every stage.

@@ -67,10 +67,23 @@ def calibrate(
             *data_inputs("--data", data_options.data, data_options.data_root),
             *data_inputs("--fit-data", files.fit_data, data_options.data_root),
             *tokenizer_inputs("--tokenizer", data_options.tokenizer),
+            *([("--apply", files.apply)] if files.apply is not None else []),
         ],
         outputs=written,
     )
-    method = calibration.method or "both"
+    if files.apply is not None:
+        if (
+            calibration.method is not None
+            or calibration.val_split is not None
+            or files.fit_data is not None
+        ):
+            raise click.UsageError(
+                "--apply measures saved calibrators and fits nothing: drop "
+                "--method/--val-split/--fit-data"
+            )
+        if calibration.save_calibrator is not None:
+            raise click.UsageError("--save-calibrator needs a fit, and --apply fits nothing")
+    method = calibration.method or ("none" if files.apply is not None else "both")
     if method == "none" and (calibration.val_split is not None or files.fit_data is not None):
         raise click.UsageError("--method none fits nothing: drop --val-split/--fit-data")
     if files.fit_data is not None and calibration.val_split is not None:

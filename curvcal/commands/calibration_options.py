@@ -24,6 +24,9 @@ _MAP_OPTIONS = {
     "objective": ("--objective", ("ts", "both")),
     "focal_objective": ("--focal-objective", ("focal-ts", "both")),
     "gammas": ("--gammas", ("focal-ts", "both")),
+    "laplace_structure": ("--laplace-structure", ("laplace",)),
+    "laplace_predictive": ("--laplace-predictive", ("laplace",)),
+    "laplace_samples": ("--laplace-samples", ("laplace",)),
 }
 
 

@@ -63,6 +63,12 @@ def _resolve_method(
     calibration: CalibrationSettings, fit_file: Path | None, apply_file: Path | None
 ) -> str:
     """``--method`` as given, else ``both`` with a fit split and ``none`` without one."""
+    if calibration.method == "laplace":
+        raise click.UsageError(
+            "--method laplace needs the model, not only logits (the posterior is over the "
+            "weights of its last layer): run curvcal calibrate CHECKPOINT --data SPEC "
+            "--method laplace"
+        )
     has_split = fit_file is not None or calibration.val_split is not None
     if fit_file is not None and calibration.val_split is not None:
         raise click.UsageError("give --fit or --val-split, not both")

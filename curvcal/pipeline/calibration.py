@@ -23,8 +23,11 @@ from curvcal.settings.scores import ScoresSettings
 if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
+    from curvcal.load.loaded_data import LoadedData
+    from curvcal.load.loaded_model import LoadedModel
     from curvcal.load.logits import LogitsData
-    from curvcal.pipeline.calibrator import CalibratorProvenance
+    from curvcal.pipeline.calibrator import CalibratorFile, CalibratorProvenance
+    from curvcal.pipeline.session import Session
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
 
@@ -75,10 +78,13 @@ def analyse(
     fit_source: str = "",
     fit_split: str = "fit-data",
     fraction: float | None = None,
+    features: Any = None,
+    fit_features: Any = None,
 ) -> CalibrationAnalysis:
     """The calibration analysis of ``scores``: maps fitted on ``fit`` (a separate split named
     ``fit_split``), else on a stratified ``fraction`` of the rows (seeded by the settings), else
-    nothing fitted; every stage measured on the evaluation rows only."""
+    nothing fitted; every stage measured on the evaluation rows only. ``features`` and
+    ``fit_features``: the model's last-layer inputs of the same rows (Laplace), or ``None``."""
     from curvcal.calibration.analysis import analyse_calibration, analyse_val_split
     from curvcal.load.labels import stratified_split
 
@@ -92,11 +98,12 @@ def analyse(
             fit_split,
             fit_source=fit_source,
             eval_source=source,
+            features=None if features is None else (fit_features, features),
         )
     if fraction is not None:
         fit_idx, eval_idx = stratified_split(labels, fraction, settings.seed, source)
         return analyse_val_split(
-            scores, labels, fit_idx, eval_idx, kind, settings, fraction, source
+            scores, labels, fit_idx, eval_idx, kind, settings, fraction, source, features
         )
     return analyse_calibration(
         None, None, scores, labels, kind, settings, "none", eval_source=source
@@ -170,16 +177,30 @@ def run_calibrate(
     data_options, batch_size = request.data_options, request.data_options.batch_size
     with open_session(request.checkpoint_options, reporter) as session:
         loaded = session.model(request.checkpoint)
+        applied = None
+        if request.files.apply is not None:
+            applied = _calibrators_for(request.files.apply, loaded)
         data = session.dataset(loaded, data_options)
         fit_loaded = None
         if fit_data is not None:
             fit_loaded = session.dataset(loaded, data_options.replace(data=fit_data), "--fit-data")
         said = len(session.warnings)  # the preprocessing warnings, already said
-        predictions = session.predict(loaded, data, batch_size, nan_policy=settings.nan_policy)
-        fit_predictions = None
+        wants_features = settings.method == "laplace" or (
+            applied is not None and "laplace" in applied.calibrators
+        )
+        predictions, features = _predict(
+            session, loaded, data, batch_size, "--data", settings.nan_policy, wants_features
+        )
+        fit_predictions, fit_features = None, None
         if fit_loaded is not None:
-            fit_predictions = session.predict(
-                loaded, fit_loaded, batch_size, option="--fit-data", nan_policy=settings.nan_policy
+            fit_predictions, fit_features = _predict(
+                session,
+                loaded,
+                fit_loaded,
+                batch_size,
+                "--fit-data",
+                settings.nan_policy,
+                wants_features,
             )
     if predictions is None:
         return None
@@ -205,16 +226,26 @@ def run_calibrate(
         )
     for warning in warnings[said:]:
         session.reporter.warn(warning)
-    analysis = analyse(
-        logits,
-        labels,
-        "logits",
-        settings,
-        source,
-        fit=fit,
-        fit_source=f"--fit-data {fit_data}",
-        fraction=fraction,
-    )
+    if applied is not None:
+        from curvcal.calibration.analysis import evaluate_calibrators
+
+        _check_applied(applied, request, loaded, int(logits.shape[1]))
+        analysis = evaluate_calibrators(
+            logits, labels, "logits", applied.calibrators, settings, source, features
+        )
+    else:
+        analysis = analyse(
+            logits,
+            labels,
+            "logits",
+            settings,
+            source,
+            fit=fit,
+            fit_source=f"--fit-data {fit_data}",
+            fraction=fraction,
+            features=features,
+            fit_features=fit_features,
+        )
     timings["calibration"] = time.perf_counter() - began
     _warn(analysis_warnings(analysis), warnings, session.reporter)
     inputs: dict[str, Any] = {
@@ -252,6 +283,79 @@ def run_calibrate(
         warnings=warnings,
     )
     return CalibrationRun(analysis, report)
+
+
+def _calibrators_for(path: Path, loaded: LoadedModel) -> CalibratorFile:
+    """The calibrators of ``calibrate --apply FILE``, refused before any inference when a
+    Laplace calibrator in it was not fitted on this checkpoint: it is a posterior over this
+    model's last layer and acts on that layer's inputs, so the SHA-256 of the checkpoint it
+    records must be this one's."""
+    from curvcal.load.digest import file_info
+    from curvcal.pipeline.calibrator import load_calibrator_file
+
+    read = load_calibrator_file(path)
+    if "laplace" not in read.calibrators:
+        return read
+    saved = (read.provenance.model or {}) if read.provenance is not None else {}
+    digest = file_info(loaded.path).sha256
+    if saved.get("sha256") != digest:
+        recorded = saved.get("sha256")
+        raise InputError(
+            str(path),
+            "holds a Laplace calibrator fitted on "
+            + (f"checkpoint sha256 {recorded[:12]}..." if recorded else "an unrecorded model")
+            + f", not on {loaded.path} (sha256 {digest[:12]}...)",
+            "a Laplace calibrator applies only to the checkpoint it was fitted on",
+        )
+    return read
+
+
+def _check_applied(
+    applied: CalibratorFile, request: CalibrateRequest, loaded: LoadedModel, n_classes: int
+) -> None:
+    """The classes, input kind and model recorded with ``calibrate --apply``'s calibrators
+    must match the checkpoint's logits (every mismatch named in one line)."""
+    from curvcal.load.digest import file_info
+    from curvcal.pipeline.calibrator import provenance_mismatches
+
+    saved = applied.provenance
+    if saved is None:
+        return
+    names = tuple(loaded.labels) if len(loaded.labels) == n_classes else None
+    mismatches = provenance_mismatches(
+        saved, n_classes, "logits", names, file_info(loaded.path).sha256
+    )
+    if mismatches:
+        raise InputError(
+            str(request.files.apply),
+            f"does not match {request.checkpoint}: {'; '.join(mismatches)}",
+            "apply it to the model and classes it was fitted on",
+        )
+
+
+def _predict(
+    session: Session,
+    loaded: LoadedModel,
+    data: LoadedData,
+    batch_size: int,
+    option: str,
+    nan_policy: str,
+    features: bool,
+) -> tuple[Any, Any]:
+    """The session's predictions of ``data`` and, when ``features`` is asked (Laplace), the
+    inputs of the model's last layer for the same rows (``None`` otherwise, and on ranks but 0)."""
+    if not features:
+        return session.predict(loaded, data, batch_size, option=option, nan_policy=nan_policy), None
+    from curvcal.pipeline.laplace import capture_head, head_features
+
+    with capture_head(loaded) as capture:
+        predictions = session.predict(
+            loaded, data, batch_size, option=option, nan_policy=nan_policy
+        )
+    shard = session.shard(data, option)
+    local_rows = data.n_samples if shard is None else len(shard)
+    logits = None if predictions is None else predictions[0]
+    return predictions, head_features(capture, data, local_rows, logits)
 
 
 def run_metrics(
@@ -360,6 +464,14 @@ def _applied_calibrators(
     assert request.scores.apply is not None
     where = str(request.scores.apply)
     read = load_calibrator_file(request.scores.apply)
+    if "laplace" in read.calibrators:
+        raise InputError(
+            where,
+            "holds a Laplace calibrator, which acts on the inputs of its model's last layer, "
+            "not on logits",
+            "apply it with curvcal calibrate CHECKPOINT --data SPEC --apply FILE, with the "
+            "checkpoint it was fitted on",
+        )
     saved = read.provenance
     record: dict[str, Any] = {
         **asdict(file_info(request.scores.apply)),

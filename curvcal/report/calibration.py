@@ -20,6 +20,7 @@ STAGE_TITLES = {
     "focal_ts": "focal TS",
     "vector": "vector",
     "matrix": "matrix",
+    "laplace": "Laplace",
 }
 CHART_WIDTH = 20
 
@@ -113,6 +114,8 @@ def calibration_tables(analysis: CalibrationAnalysis, chart: bool = True) -> lis
     linear = [fit for fit in (analysis.fits.vector, analysis.fits.matrix) if fit is not None]
     if linear:
         tables.append(linear_fits_table(linear, analysis.split.n_fit))
+    if analysis.fits.laplace is not None:
+        tables.append(laplace_fit_table(analysis.fits.laplace))
     tables.append(split_table(analysis))
     return tables
 
@@ -310,6 +313,32 @@ def linear_fits_table(fits: list[LinearFit], n_fit: int) -> Table:
         rows=rows,
         caption=f"L-BFGS in float64 from the identity map; converged: max |gradient| < "
         f"{fmt_float(fits[0].gradient_tol, 2)}; before/after: in-sample",
+    )
+
+
+def laplace_fit_table(fit: Any) -> Table:
+    """The last-layer Laplace fit: the layer, the GGN structure, the prior precision chosen by
+    the marginal likelihood and the predictive."""
+    predictive = fit.predictive + (f" ({fit.samples} draws)" if fit.predictive == "mc" else "")
+    bracket = f"[{fmt_float(fit.prior_bracket[0], 2)}, {fmt_float(fit.prior_bracket[1], 2)}]"
+    rows = (
+        ("last layer", f"{fit.layer} ({fit.n_features} features, bias: {_yes(fit.has_bias)})"),
+        ("parameters", str(fit.n_parameters)),
+        ("GGN", "full" if fit.structure == "full" else "Kronecker-factored (KFAC)"),
+        ("prior precision δ", fmt_float(fit.prior_precision)),
+        ("δ at a bracket end", f"{_yes(fit.at_bracket_end)} {bracket}"),
+        ("log marginal likelihood", fmt_float(fit.log_marginal_likelihood)),
+        ("log likelihood at the MAP", fmt_float(fit.log_likelihood)),
+        ("predictive", predictive),
+        ("NLL before", fmt_float(fit.nll_before)),
+        ("NLL after", fmt_float(fit.nll_after)),
+    )
+    return Table(
+        title=f"Laplace (last layer, on the fit split, {fit.n_samples} samples)",
+        columns=("quantity", "value"),
+        rows=rows,
+        caption="δ maximises the Laplace log marginal likelihood (scalar prior, GGN of the "
+        "summed cross-entropy); before/after: in-sample",
     )
 
 

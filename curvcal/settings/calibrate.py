@@ -26,3 +26,8 @@ class CalibrateSettings(Settings):
     save_logits: Path | None = file_setting(
         "Write the logits and labels of all of --data to a .npz, .pt or .safetensors file.",
     )
+    apply: Path | None = file_setting(
+        "Measure the calibrators saved by --save-calibrator on all of --data (fits nothing). "
+        "A Laplace calibrator needs the checkpoint it was fitted on (its SHA-256 is checked).",
+        metavar="CALIBRATOR.json",
+    )

@@ -22,8 +22,12 @@ from curvcal.settings.hessian import MAX_SEED
 #: and each stage keeps a row per bin (classwise ECE one per class).
 MAX_BINS = 10_000
 #: ``--method``: temperature scaling, focal temperature scaling, both, vector scaling, matrix
-#: scaling, or none (metrics only).
-METHODS = ("ts", "focal-ts", "both", "vector", "matrix", "none")
+#: scaling, the last-layer Laplace approximation (calibrate only: it needs the model), or none.
+METHODS = ("ts", "focal-ts", "both", "vector", "matrix", "laplace", "none")
+#: ``--laplace-structure``: the last layer's GGN in full, Kronecker-factored, or chosen by size.
+LAPLACE_STRUCTURES = ("auto", "full", "kron")
+#: ``--laplace-predictive``: the probit approximation or Monte Carlo.
+LAPLACE_PREDICTIVES = ("probit", "mc")
 #: ``--objective``: what temperature scaling minimises on the fit split.
 OBJECTIVES_TS = ("nll", "ece", "adaece")
 #: ``--focal-objective``: what focal temperature scaling minimises (``adaece-grid``: the
@@ -69,6 +73,8 @@ class CalibrationSettings(Settings):
     (0: none). ``val_split``: the stratified fraction the maps are fitted on (``None``: a
     second dataset or file, or the command's default). ``seed`` seeds the split and the
     bootstrap. ``nan_policy``: a row with a NaN or Inf stops the run or is left out.
+    ``laplace_structure``, ``laplace_predictive``, ``laplace_samples``: the GGN, the predictive
+    and its draws of ``laplace``.
     ``plot``: reliability diagrams written there at ``dpi``, with classwise diagrams of the
     ``plot_classes`` most frequent classes; ``save_calibrator``: the fitted maps as JSON.
     """
@@ -79,7 +85,8 @@ class CalibrationSettings(Settings):
         None,
         "Calibration maps to fit: temperature scaling, focal temperature scaling, both of them, "
         "vector scaling (w·z + b), matrix scaling (W z + b, off-diagonal and intercept L2 chosen "
-        "by cross-validation on the fit split), or "
+        "by cross-validation on the fit split), a last-layer Laplace approximation (calibrate "
+        "only: it needs the model), or "
         "none (measure only). Default: calibrate: both; metrics: none, or both with --fit or "
         "--val-split.",
         choices=METHODS,
@@ -126,8 +133,8 @@ class CalibrationSettings(Settings):
     )
     seed: int = setting(
         0,
-        "Seed of --val-split, of the bootstrap and of the folds of matrix scaling's "
-        "cross-validation.",
+        "Seed of --val-split, of the bootstrap, of the folds of matrix scaling's "
+        "cross-validation and of the Monte Carlo draws of --method laplace.",
         low=0,
         high=MAX_SEED,
     )
@@ -150,6 +157,25 @@ class CalibrationSettings(Settings):
     )
     save_calibrator: Path | None = file_setting(
         "Write the fitted calibrator(s) as JSON (for metrics --apply).",
+    )
+    laplace_structure: str = setting(
+        "auto",
+        "GGN of the last layer for --method laplace: full, Kronecker-factored (KFAC), or auto "
+        "(full up to 1024 last-layer parameters).",
+        choices=LAPLACE_STRUCTURES,
+    )
+    laplace_predictive: str = setting(
+        "probit",
+        "Predictive of --method laplace: the probit approximation or Monte Carlo over the "
+        "logits (--laplace-samples draws, seeded by --seed).",
+        choices=LAPLACE_PREDICTIVES,
+    )
+    laplace_samples: int = setting(
+        100,
+        "Monte Carlo draws of --laplace-predictive mc.",
+        low=1,
+        high=100_000,
+        metavar="S",
     )
     nan_policy: str = setting(
         "error",
