@@ -162,8 +162,8 @@ class LaplaceMap:
         ``source``. Nothing in the file is run: it is numbers and names."""
         if not isinstance(data, dict):
             raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
-        common = ("method", "layer", "structure", "predictive", "samples", "seed")
-        common += ("prior_precision", "weight", "bias")
+        common: tuple[str, ...] = ("method", "layer", "structure", "predictive", "samples")
+        common += ("seed", "prior_precision", "weight", "bias")
         structure = data.get("structure")
         if structure not in ("full", "kron"):
             raise InputError(source, f"Laplace structure must be full or kron, got {structure!r}")
@@ -404,22 +404,24 @@ def fit_laplace(
     theta_sq = float((w * w).sum()) + (float((b * b).sum()) if b is not None else 0.0)
     delta, at_end = optimise_prior_precision(curv.eigenvalues, theta_sq)
     logz = log_marginal_likelihood(delta, curv.eigenvalues, theta_sq, log_likelihood)
-    common = {
-        "weight": w,
-        "bias": b,
-        "prior_precision": delta,
-        "predictive": predictive,
-        "samples": samples,
-        "seed": seed,
-        "layer": layer,
-    }
     if chosen == "full":
         assert curv.ggn is not None
-        posterior = LaplaceMap(
-            structure="full", covariance=posterior_covariance(curv.ggn, delta), **common
-        )
+        covariance, kron_a, kron_g = posterior_covariance(curv.ggn, delta), None, None
     else:
-        posterior = LaplaceMap(structure="kron", kron_a=curv.kron_a, kron_g=curv.kron_g, **common)
+        covariance, kron_a, kron_g = None, curv.kron_a, curv.kron_g
+    posterior = LaplaceMap(
+        weight=w,
+        bias=b,
+        prior_precision=delta,
+        structure=chosen,
+        predictive=predictive,
+        samples=samples,
+        seed=seed,
+        layer=layer,
+        covariance=covariance,
+        kron_a=kron_a,
+        kron_g=kron_g,
+    )
     after = predictive_log_probs(posterior, phi)
     return LaplaceFit(
         structure=chosen,

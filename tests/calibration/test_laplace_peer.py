@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import math
 
+import laplace
 import pytest
 import torch
 from torch import nn
 
-import laplace  # noqa: E402  (the dev extra: a missing peer fails, never skips)
-
-from curvcal.calibration.laplace import fit_laplace  # noqa: E402
+from curvcal.calibration.laplace import fit_laplace
 
 
 def _problem(k: int, bias: bool, seed: int = 0):
