@@ -443,61 +443,116 @@ def fit_laplace(
     )
 
 
-def logit_moments(posterior: LaplaceMap, features: Tensor) -> tuple[Tensor, Tensor]:
-    """f_μ = W φ + b (N×K) and the logit covariance Σ_f = J Σ Jᵀ (N×K×K) at ``features``."""
-    w, b = posterior.weight, posterior.bias
-    k, d = w.shape
-    mean = features @ w.T + (b if b is not None else 0.0)
-    n = features.shape[0]
-    cov = torch.empty(n, k, k, dtype=torch.float64)
-    if posterior.structure == "full":
-        assert posterior.covariance is not None
-        has_bias = b is not None
-        dt = d + int(has_bias)
-        order = _theta_order(k, d, has_bias)
-        aug = torch.empty_like(posterior.covariance)
-        aug[order[:, None], order[None, :]] = posterior.covariance
-        blocks = aug.reshape(k, dt, k, dt).permute(0, 2, 1, 3)  # [k, l, d̃, ẽ]
-        phi = _augment(features, has_bias)
-        step = _rows(n, k * k * dt)
-        for start in range(0, n, step):
-            x = phi[start : start + step]
-            cov[start : start + step] = torch.einsum("nd,klde,ne->nkl", x, blocks, x)
-        return mean, cov
+def _augmented_covariance(posterior: LaplaceMap) -> Tensor:
+    """The full posterior covariance in the augmented order (k, d̃), as a K×D̃×K×D̃ tensor."""
+    assert posterior.covariance is not None
+    k, d = posterior.weight.shape
+    has_bias = posterior.bias is not None
+    dt = d + int(has_bias)
+    order = _theta_order(k, d, has_bias)
+    aug = torch.empty_like(posterior.covariance)
+    aug[order[:, None], order[None, :]] = posterior.covariance
+    return aug.reshape(k, dt, k, dt)
+
+
+def _kron_basis(posterior: LaplaceMap) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The eigenbases Q_G, Q_A and the weight-block inverse eigenvalues 1/(g_i a_j + δ), and
+    the bias block's 1/(g_i + δ) (``None`` without a bias): in the basis Q_G every logit
+    covariance is diagonal, Σ_f = Q_G diag(v) Q_Gᵀ."""
     assert posterior.kron_a is not None and posterior.kron_g is not None
     delta = posterior.prior_precision
     ga, qg = torch.linalg.eigh(posterior.kron_g)
     aa, qa = torch.linalg.eigh(posterior.kron_a)
-    inverse = 1.0 / (torch.outer(ga.clamp_min(0.0), aa.clamp_min(0.0)) + delta)  # [i, j]
-    bias_cov = None
-    if b is not None:
-        bias_cov = (qg / (ga.clamp_min(0.0) + delta)) @ qg.T
-    step = _rows(n, k * k + d)
+    ga, aa = ga.clamp_min(0.0), aa.clamp_min(0.0)
+    inverse = 1.0 / (torch.outer(ga, aa) + delta)
+    bias = None if posterior.bias is None else 1.0 / (ga + delta)
+    return qg, qa, inverse, bias
+
+
+def _kron_spectrum(basis: tuple[Tensor, Tensor, Tensor, Tensor | None], x: Tensor) -> Tensor:
+    """v (n×K) with Σ_f(x_n) = Q_G diag(v_n) Q_Gᵀ: v_ni = Σ_j (Q_Aᵀφ_n)_j² / (g_i a_j + δ)
+    (+ 1/(g_i + δ) with a bias)."""
+    _qg, qa, inverse, bias = basis
+    c = x @ qa
+    v = (c * c) @ inverse.T
+    return v if bias is None else v + bias
+
+
+def logit_mean(posterior: LaplaceMap, features: Tensor) -> Tensor:
+    """f_μ = W φ + b (N×K)."""
+    b = posterior.bias
+    return features @ posterior.weight.T + (b if b is not None else 0.0)
+
+
+def logit_variances(posterior: LaplaceMap, features: Tensor) -> Tensor:
+    """The diagonal of Σ_f = J Σ Jᵀ at every row of ``features`` (N×K), in chunks (never the
+    N×K×K covariances): ``full`` φ̃ᵀ Σ_kk φ̃ per class, ``kron`` (Q_G ⊙ Q_G) v_n."""
+    k, d = posterior.weight.shape
+    n = features.shape[0]
+    out = torch.empty(n, k, dtype=torch.float64)
+    if posterior.structure == "full":
+        blocks = torch.diagonal(_augmented_covariance(posterior), dim1=0, dim2=2)  # d̃ ẽ k
+        blocks = blocks.permute(2, 0, 1).contiguous()
+        phi = _augment(features, posterior.bias is not None)
+        step = _rows(n, k * phi.shape[1])
+        for start in range(0, n, step):
+            x = phi[start : start + step]
+            out[start : start + step] = torch.einsum("nd,kde,ne->nk", x, blocks, x)
+        return out.clamp_min(0.0)
+    basis = _kron_basis(posterior)
+    squares = basis[0] * basis[0]
+    step = _rows(n, k + d)
     for start in range(0, n, step):
-        c = features[start : start + step] @ qa
-        m = (c * c) @ inverse.T  # [n, i] = Σ_j c_j² / (g_i a_j + δ)
-        block = torch.einsum("ki,ni,li->nkl", qg, m, qg)
-        if bias_cov is not None:
-            block = block + bias_cov
-        cov[start : start + step] = block
-    return mean, cov
+        out[start : start + step] = (
+            _kron_spectrum(basis, features[start : start + step]) @ squares.T
+        )
+    return out
+
+
+def logit_moments(posterior: LaplaceMap, features: Tensor) -> tuple[Tensor, Tensor]:
+    """f_μ (N×K) and the whole logit covariances Σ_f = J Σ Jᵀ (N×K×K): N·K² numbers, for a
+    few rows at a time (the predictives work in chunks)."""
+    mean = logit_mean(posterior, features)
+    if posterior.structure == "full":
+        phi = _augment(features, posterior.bias is not None)
+        cov = torch.einsum("nd,kdle,ne->nkl", phi, _augmented_covariance(posterior), phi)
+        return mean, 0.5 * (cov + cov.transpose(1, 2))
+    basis = _kron_basis(posterior)
+    qg = basis[0]
+    v = _kron_spectrum(basis, features)
+    return mean, torch.einsum("ki,ni,li->nkl", qg, v, qg)
 
 
 def predictive_log_probs(posterior: LaplaceMap, features: Tensor) -> Tensor:
-    """log p of the predictive at ``features`` (float64 N×K): probit or Monte Carlo."""
-    mean, cov = logit_moments(posterior, features)
+    """log p of the predictive at ``features`` (float64 N×K): probit or Monte Carlo.
+
+    Monte Carlo draws f = f_μ + R ε with R Rᵀ = Σ_f (``kron``: R = Q_G diag(√v); ``full``: from
+    an eigendecomposition of Σ_f), ε standard normal from one generator seeded by ``seed``,
+    taken row chunk by row chunk in order (the same rows and seed give the same draws), and
+    averages softmax(f) over the draws."""
+    mean = logit_mean(posterior, features)
     if posterior.predictive == "probit":
-        variance = torch.diagonal(cov, dim1=1, dim2=2).clamp_min(0.0)
-        kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variance)
+        kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * logit_variances(posterior, features))
         return torch.log_softmax(kappa * mean, dim=1)
     generator = torch.Generator().manual_seed(posterior.seed)
-    values, vectors = torch.linalg.eigh(cov)
-    root = vectors * values.clamp_min(0.0).sqrt()[:, None, :]  # Σ_f = root rootᵀ
     n, k = mean.shape
-    draws = torch.randn(posterior.samples, n, k, generator=generator, dtype=torch.float64)
-    logits = mean + torch.einsum("nkj,snj->snk", root, draws)
-    log_probs = torch.log_softmax(logits, dim=2)
-    return torch.logsumexp(log_probs, dim=0) - math.log(posterior.samples)
+    samples = posterior.samples
+    out = torch.empty(n, k, dtype=torch.float64)
+    basis = _kron_basis(posterior) if posterior.structure == "kron" else None
+    step = _rows(n, k * k + samples * k)
+    for start in range(0, n, step):
+        x = features[start : start + step]
+        if basis is not None:
+            root = basis[0][None] * _kron_spectrum(basis, x).clamp_min(0.0).sqrt()[:, None, :]
+        else:
+            _mean, cov = logit_moments(posterior, x)
+            values, vectors = torch.linalg.eigh(cov)
+            root = vectors * values.clamp_min(0.0).sqrt()[:, None, :]
+        draws = torch.randn(samples, x.shape[0], k, generator=generator, dtype=torch.float64)
+        logits = mean[start : start + step] + torch.einsum("nkj,snj->snk", root, draws)
+        log_probs = torch.log_softmax(logits, dim=2)
+        out[start : start + step] = torch.logsumexp(log_probs, dim=0) - math.log(samples)
+    return out
 
 
 def _theta_order(k: int, d: int, has_bias: bool) -> Tensor:

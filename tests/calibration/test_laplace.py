@@ -170,6 +170,26 @@ def test_mc_predictive_converges_to_gaussian_average_and_is_seeded() -> None:
     assert not torch.equal(first, other)
 
 
+def test_kron_mc_predictive_draws_the_kron_logit_gaussian() -> None:
+    k, d = 3, 4
+    w, b = _head(k, d, True)
+    phi, y = _data(30, d, k, w, b)
+    fit = lp.fit_laplace(phi, y, w, b, structure="kron", predictive="mc", samples=4000)
+    probs = torch.softmax(phi @ w.T + b, 1)
+    g = sum(torch.diag(p) - torch.outer(p, p) for p in probs)
+    a = sum(torch.outer(x, x) for x in phi) / len(phi)
+    precision = torch.block_diag(torch.kron(g, a), g) + fit.prior_precision * _eye(k * d + k)
+    cov = torch.linalg.inv(precision)
+    got = fit.calibrator.probabilities(phi[:4])
+    torch.manual_seed(1)
+    for i, row in enumerate(phi[:4]):
+        jac = torch.cat([torch.kron(_eye(k), row[None]), _eye(k)], 1)
+        logits = torch.distributions.MultivariateNormal(
+            w @ row + b, jac @ cov @ jac.T + 1e-12 * _eye(k)
+        ).sample((40000,))
+        assert float((torch.softmax(logits, 1).mean(0) - got[i]).abs().max()) < 0.03
+
+
 def _eye(n: int) -> torch.Tensor:
     return torch.eye(n, dtype=torch.float64)
 
