@@ -149,3 +149,20 @@ def test_api_pages_render_examples_and_cross_references(site: Path) -> None:
     assert examples and "(15, 15)" in examples[0]
     assert 'class="autorefs autorefs-internal"' in text
     assert "OperatorOptions" in text and "int" in text
+
+
+def test_the_timm_recipe_names_the_files_save_for_hf_writes(tmp_path: Path) -> None:
+    """timm's ``save_for_hf`` writes ``pytorch_model.bin`` unless ``safe_serialization=True``
+    (then ``model.safetensors``): the recipe says so and saves the second."""
+    import timm
+    from timm.models import save_for_hf
+
+    model = timm.create_model("test_resnet", num_classes=3)
+    save_for_hf(model, str(tmp_path / "default"))
+    save_for_hf(model, str(tmp_path / "safe"), safe_serialization=True)
+    assert (tmp_path / "default" / "pytorch_model.bin").is_file()
+    assert not (tmp_path / "default" / "model.safetensors").exists()
+    assert (tmp_path / "safe" / "model.safetensors").is_file()
+    recipe = (ROOT / "docs" / "recipes" / "timm.md").read_text(encoding="utf-8")
+    assert "`pytorch_model.bin`" in recipe and "`model.safetensors`" in recipe
+    assert 'save_for_hf(model, "test_resnet-cifar10", safe_serialization=True)' in recipe
