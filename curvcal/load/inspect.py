@@ -25,6 +25,7 @@ from curvcal.load.formats import (
     dtype_name,
     plain_pickle_globals,
     pt2_weight_specs,
+    refuse_foreign_folder,
     safetensors_metadata,
     safetensors_specs,
     sniff,
@@ -96,6 +97,7 @@ def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) ->
     """
     path = Path(path)
     allowed = import_globals(allow_globals)
+    refuse_foreign_folder(path)
     if is_folder(path):
         return _inspect_folder(path, allow_globals)
     container = sniff(path)
