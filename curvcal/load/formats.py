@@ -542,3 +542,45 @@ def _pt2_dtype(code: Any) -> str:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def pickle_string_pairs(path: Path, container: Container) -> tuple[tuple[str, str], ...]:
+    """The (key, value) pairs of strings a torch zip's pickle holds in its dicts and plain
+    objects (``{"arch": "resnet18"}``, an ``argparse.Namespace`` with ``model="resnet18"``),
+    in order: each string pushed right after another string, read opcode by opcode without
+    running anything. A hint for ``curvcal inspect``, not a parse: a list of strings also
+    yields pairs. Empty for other containers and for an unreadable pickle."""
+    if container.kind != "torch-zip":
+        return ()
+    pairs: list[tuple[str, str]] = []
+    memo: dict[int, str | None] = {}
+    last: str | None = None  # the string the last opcode pushed
+    key: str | None = None  # a string waiting for the string after it
+    try:
+        with _pickle_stream(path, container) as stream:
+            for opcode, arg, _pos in pickletools.genops(stream):
+                name = opcode.name
+                if name in _NEUTRAL_OPS:
+                    continue
+                if name == "MEMOIZE":
+                    memo[len(memo)] = last
+                    continue
+                if name in _PUT_OPS:
+                    memo[arg if isinstance(arg, int) else -1] = last
+                    continue
+                value = None
+                if name in _STRING_OPS:
+                    value = str(arg)
+                elif name in _GET_OPS:
+                    value = memo.get(arg if isinstance(arg, int) else -1)
+                last = value
+                if value is None:
+                    key = None
+                elif key is None:
+                    key = value
+                else:
+                    pairs.append((key, value))
+                    key = None
+    except (ValueError, EOFError, IndexError, struct.error, zipfile.BadZipFile):
+        return ()
+    return tuple(pairs)
