@@ -194,6 +194,12 @@ def test_one_probability_per_row_is_that_of_class_one(tmp_path: Path) -> None:
         load_logits(path, kind="probs", scores_key="probs")
 
 
+def test_one_score_per_row_with_more_than_two_classes_says_why(run_cli, tmp_path: Path) -> None:
+    path = tmp_path / "l.npz"
+    np.savez(path, logits=np.array([1.0, 2.0, 3.0]), labels=np.array([0, 1, 2]))
+    _one_line_error(run_cli("metrics", path), "binary problem", "label 2 in row 2", "2-D (N, K)")
+
+
 def test_one_hot_labels_are_their_class_indices(run_cli, tmp_path: Path) -> None:
     logits = np.array([[2.0, 0.0, -1.0], [0.0, 1.0, 0.5], [0.1, 0.2, 3.0], [1.0, 0.0, 0.0]])
     classes = np.array([0, 2, 2, 1])

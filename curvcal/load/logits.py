@@ -100,6 +100,15 @@ def load_logits(
     labels = as_labels(tensors[labels_key], str(path))
     scores = raw_scores.to(torch.float64)
     if scores.dim() == 1:
+        outside = (labels > 1).nonzero()
+        if outside.numel():
+            row = int(outside[0, 0])
+            raise InputError(
+                str(path),
+                f"'{scores_key}' has one score per row, read as a binary problem's score of "
+                f"class 1, but label {int(labels[row])} in row {row} is not 0 or 1",
+                "scores of K > 2 classes must be 2-D (N, K)",
+            )
         scores = binary_columns(scores, kind, f"{path} ('{scores_key}')")
     dropped = 0
     if nan_policy == "drop" and scores.dim() == 2 and labels.shape[0] == scores.shape[0]:
