@@ -76,6 +76,18 @@ def test_no_sentinel_or_raw_roles(site: Path) -> None:
         assert not RAW_ROLE.search(text), (page, RAW_ROLE.search(text))
 
 
+def test_no_page_repeats_a_heading(site: Path) -> None:
+    for page in pages(site):
+        text = page.read_text(encoding="utf-8")
+        article = text[text.find("<article") : text.find("</article>")]
+        headings = [
+            " ".join(re.sub(r"<[^>]+>|&para;|¶", "", found).split())
+            for found in re.findall(r"<h[1-3][^>]*>(.*?)</h[1-3]>", article, re.DOTALL)
+        ]
+        repeated = {h for h in headings if headings.count(h) > 1}
+        assert not repeated, (page, repeated)
+
+
 def test_every_table_row_has_the_header_width(site: Path) -> None:
     widths = 0
     for page in pages(site):
