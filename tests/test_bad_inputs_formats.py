@@ -306,6 +306,18 @@ def test_inspect_counts_parameters_not_buffers_and_shows_the_lightning_prefix(
         assert torch.equal(loaded.module.state_dict()[name], tensor), name
 
 
+def test_timms_recorded_arch_suggests_timm(run_cli, tmp_path: Path) -> None:
+    """timm's train.py records the model name under a top-level "arch"."""
+    import timm
+
+    model = timm.create_model("resnet18", num_classes=3)
+    path = tmp_path / "model_best.pth.tar"
+    torch.save({"epoch": 1, "arch": "resnet18", "state_dict": model.state_dict()}, path)
+    info = json.loads(run_cli("inspect", path, "--json").stdout)["results"]
+    assert info["recorded_arch"] == "arch = 'resnet18'"
+    assert info["suggested_arch"] == "timm:resnet18"
+
+
 def test_a_weights_file_beside_a_config_suggests_hf(run_cli, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"architectures": ["BertForSequenceClassification"]}')
     path = tmp_path / "weights.pt"

@@ -188,6 +188,10 @@ def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) ->
         state_dict_key=key,
         metadata=scalar_extras(obj, key),
     )
+    recorded = obj.get("arch") if isinstance(obj, Mapping) else None
+    if isinstance(recorded, str) and _MODEL_NAME.match(recorded):
+        # a top-level "arch" is what timm's train.py records: timm's model of that name first
+        hints = f"arch = {recorded!r}", _arch_spec(recorded, timm_first=True)
     return dataclasses.replace(info, recorded_arch=hints[0], suggested_arch=hints[1])
 
 
@@ -307,18 +311,20 @@ def _arch_hint(path: Path, container: Container) -> tuple[str | None, str | None
     return None, None
 
 
-def _arch_spec(name: str) -> str | None:
+def _arch_spec(name: str, timm_first: bool = False) -> str | None:
     """The ``--arch`` of a recorded model name: ``tv:NAME`` for a torchvision classifier,
-    ``timm:NAME`` for a timm model (when timm is installed), else ``None``."""
+    ``timm:NAME`` for a timm model (when timm is installed), the one of timm first when
+    ``timm_first``; ``None`` when neither has it."""
     import importlib.util
 
     import torchvision
 
+    found = []
     if name in torchvision.models.list_models(module=torchvision.models):
-        return f"tv:{name}"
+        found.append(f"tv:{name}")
     if importlib.util.find_spec("timm") is not None:
         import timm
 
         if timm.is_model(name):
-            return f"timm:{name}"
-    return None
+            found.insert(0 if timm_first else len(found), f"timm:{name}")
+    return found[0] if found else None
