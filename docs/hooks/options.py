@@ -46,9 +46,11 @@ def _kind(option: click.Option, extra: dict[str, Any]) -> str:
     kind = option.type
     if isinstance(kind, click.Choice):
         return "one of " + ", ".join(code(str(choice)) for choice in kind.choices)
-    name = {"integer range": "integer", "float range": "number", "float": "number"}.get(
-        kind.name, kind.name
-    )
+    name = option.metavar or {
+        "integer range": "integer",
+        "float range": "number",
+        "float": "number",
+    }.get(kind.name, kind.name)
     if "range" in extra:
         name += " " + code(str(extra["range"]))
     if option.multiple:
