@@ -34,7 +34,7 @@ from pathlib import Path
 from curvcal.errors import InputError
 from curvcal.load.device import resolve_device, resolve_dtype
 from curvcal.load.folders import is_folder, load_folder
-from curvcal.load.formats import sniff
+from curvcal.load.formats import refuse_foreign_folder, sniff
 from curvcal.load.loaded_model import LoadedModel, ModuleFound, place
 from curvcal.load.pickles import import_globals, load_pickle, refuse_plain_pickle
 from curvcal.load.programs import load_exported, load_torchscript
@@ -67,6 +67,7 @@ def load_model(path: str | Path, options: CheckpointSettings) -> LoadedModel:
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype)
     allowed = import_globals(options.allow_global)
+    refuse_foreign_folder(path)
     if is_folder(path):
         _refuse_state_dict_key(path, "model folder", options)
         return place(path, load_folder(path, options), device, dtype)

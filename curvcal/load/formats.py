@@ -20,6 +20,7 @@ from __future__ import annotations
 import _compat_pickle
 import io
 import json
+import os
 import pickle
 import pickletools
 import struct
@@ -87,6 +88,7 @@ def sniff(path: Path) -> Container:
             return Container(kind="safetensors", header=header)
     if head[0] == _PICKLE_PROTO and len(head) > 1 and 2 <= head[1] <= 5:
         return Container(kind="torch-legacy" if _starts_with_torch_magic(path) else "pickle")
+    refuse_foreign(path, head)
     suffix = path.suffix or "(none)"
     known = ", ".join(KNOWN_EXTENSIONS)
     if path.suffix.lower() not in KNOWN_EXTENSIONS:
@@ -94,6 +96,81 @@ def sniff(path: Path) -> Container:
     else:
         why = f"content is not a checkpoint (not a torch zip, safetensors or pickle; {size} bytes)"
     raise InputError(what, why, f"curvcal reads {known} files written by torch or safetensors")
+
+
+# -- formats of other frameworks: named, with the routes that work ----------------------------
+
+ONNX = "an ONNX model"
+KERAS = "a Keras/HDF5 model"
+SAVED_MODEL = "a TensorFlow SavedModel"
+FLAX = "Flax weights (msgpack)"
+GGUF = "a GGUF file (llama.cpp)"
+
+#: What each foreign format can become: weights curvcal reads, or logits for ``curvcal metrics``.
+_ROUTES = {
+    ONNX: "an ONNX graph has no autograd for the Hessian: run it and give its logits and labels "
+    "(.npz) to curvcal metrics, or measure the PyTorch model it was exported from",
+    KERAS: "run it and give its logits and labels (.npz) to curvcal metrics; for curvature, "
+    "rebuild the network in PyTorch and save its weights as safetensors",
+    SAVED_MODEL: "run it and give its logits and labels (.npz) to curvcal metrics; for "
+    "curvature, rebuild the network in PyTorch and save its weights as safetensors",
+    FLAX: "transformers converts them: from_pretrained(FOLDER, from_flax=True) then "
+    "save_pretrained writes model.safetensors; or give logits and labels (.npz) to curvcal metrics",
+    GGUF: "convert the weights to safetensors for the PyTorch model (transformers reads GGUF "
+    "with from_pretrained(..., gguf_file=...)), or give logits and labels (.npz) to curvcal metrics",
+}
+_FOREIGN_SUFFIXES = {
+    ".onnx": ONNX,
+    ".h5": KERAS,
+    ".hdf5": KERAS,
+    ".keras": KERAS,
+    ".msgpack": FLAX,
+    ".gguf": GGUF,
+}
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+_GGUF_MAGIC = b"GGUF"
+_SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+
+
+def foreign_format(path: Path, head: bytes = b"") -> str | None:
+    """The other framework's format ``path`` holds (:data:`ONNX`, :data:`KERAS`,
+    :data:`SAVED_MODEL`, :data:`FLAX`, :data:`GGUF`), from its name, its first bytes ``head``
+    (HDF5's and GGUF's signatures) or, for a folder, a ``saved_model.pb`` in it; ``None`` for
+    anything else. Reads nothing but ``head`` and the folder's listing."""
+    if os.path.isdir(path):  # never raises (a name too long is simply not a folder)
+        return SAVED_MODEL if any((path / name).is_file() for name in _SAVED_MODEL_FILES) else None
+    if path.name in _SAVED_MODEL_FILES:
+        return SAVED_MODEL
+    if head.startswith(_HDF5_MAGIC):
+        return KERAS
+    if head.startswith(_GGUF_MAGIC):
+        return GGUF
+    return _FOREIGN_SUFFIXES.get(path.suffix.lower())
+
+
+def raise_foreign(path: Path, name: str, instead: str = "") -> None:
+    """Refuse ``path``, a file of the foreign format ``name``, saying what works instead."""
+    raise InputError(
+        str(path),
+        f"is {name}, which curvcal does not read; it reads PyTorch checkpoints "
+        f"({', '.join(KNOWN_EXTENSIONS)}) and model folders",
+        instead or _ROUTES[name],
+    )
+
+
+def refuse_foreign(path: Path, head: bytes) -> None:
+    """:func:`raise_foreign` when the file ``path``, whose first bytes are ``head`` and which no
+    content test recognised, is of another framework's format; nothing otherwise."""
+    found = foreign_format(path, head)
+    if found is not None:
+        raise_foreign(path, found)
+
+
+def refuse_foreign_folder(path: Path) -> None:
+    """:func:`raise_foreign` when the folder ``path`` is a TensorFlow SavedModel; nothing for
+    anything else (a file, a missing path, another folder)."""
+    if os.path.isdir(path) and foreign_format(path) is not None:
+        raise_foreign(path, SAVED_MODEL)
 
 
 def _starts_with_torch_magic(path: Path) -> bool:
@@ -147,6 +224,8 @@ def _sniff_zip(path: Path) -> Container:
         return Container(kind="torchscript", members=members)
     if "data.pkl" in member_set:
         return Container(kind="torch-zip", members=members, pickle_name="data.pkl")
+    if path.suffix.lower() == ".keras" or {"config.json", "model.weights.h5"} <= member_set:
+        raise_foreign(path, KERAS)
     raise InputError(
         what,
         "is a zip archive but not a torch checkpoint (no data.pkl, TorchScript code or pt2 layout)",
@@ -463,3 +542,45 @@ def _pt2_dtype(code: Any) -> str:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def pickle_string_pairs(path: Path, container: Container) -> tuple[tuple[str, str], ...]:
+    """The (key, value) pairs of strings a torch zip's pickle holds in its dicts and plain
+    objects (``{"arch": "resnet18"}``, an ``argparse.Namespace`` with ``model="resnet18"``),
+    in order: each string pushed right after another string, read opcode by opcode without
+    running anything. A hint for ``curvcal inspect``, not a parse: a list of strings also
+    yields pairs. Empty for other containers and for an unreadable pickle."""
+    if container.kind != "torch-zip":
+        return ()
+    pairs: list[tuple[str, str]] = []
+    memo: dict[int, str | None] = {}
+    last: str | None = None  # the string the last opcode pushed
+    key: str | None = None  # a string waiting for the string after it
+    try:
+        with _pickle_stream(path, container) as stream:
+            for opcode, arg, _pos in pickletools.genops(stream):
+                name = opcode.name
+                if name in _NEUTRAL_OPS:
+                    continue
+                if name == "MEMOIZE":
+                    memo[len(memo)] = last
+                    continue
+                if name in _PUT_OPS:
+                    memo[arg if isinstance(arg, int) else -1] = last
+                    continue
+                value = None
+                if name in _STRING_OPS:
+                    value = str(arg)
+                elif name in _GET_OPS:
+                    value = memo.get(arg if isinstance(arg, int) else -1)
+                last = value
+                if value is None:
+                    key = None
+                elif key is None:
+                    key = value
+                else:
+                    pairs.append((key, value))
+                    key = None
+    except (ValueError, EOFError, IndexError, struct.error, zipfile.BadZipFile):
+        return ()
+    return tuple(pairs)

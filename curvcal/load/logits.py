@@ -4,7 +4,9 @@ The input kind is always explicit (``--input-kind logits|probs|logprobs``); it i
 from the numbers. Checks (``references.md``): scores are 2-D ``(N, K)`` with ``N >= 1`` and
 ``K >= 1``, one label per row, labels integers in ``[0, K)``; logits finite; probabilities
 finite, non-negative, each row summing to 1 within ``1e-4``; log-probabilities finite, ``<= 0``,
-each row's ``exp`` summing to 1 within ``1e-4``.
+each row's ``exp`` summing to 1 within ``1e-4``. One score per row (shape ``(N,)``) is a binary
+problem's score of class 1, read as two columns (:func:`binary_columns`); one-hot labels
+``(N, K)`` are read as their class indices (:func:`~curvcal.load.tensorfile.as_labels`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from curvcal.errors import InputError
 from curvcal.load.tables import is_table, read_table
-from curvcal.load.tensorfile import as_labels, read_tensor_file, write_tensor_file
+from curvcal.load.tensorfile import as_labels, is_tensor_file, read_tensor_file, write_tensor_file
 
 INPUT_KINDS = ("logits", "probs", "logprobs")
 ROW_SUM_TOLERANCE = 1e-4
@@ -71,6 +73,7 @@ def load_logits(
         raise InputError("--nan-policy", f"'{nan_policy}' is not one of {', '.join(NAN_POLICIES)}")
     if kind not in INPUT_KINDS:
         raise InputError("--input-kind", f"'{kind}' is not one of {', '.join(INPUT_KINDS)}")
+    _refuse_unknown_type(path)
     tensors = read_table(path, scores_key, labels_key) if is_table(path) else read_tensor_file(path)
     if scores_key not in tensors:
         present = ", ".join(sorted(tensors)) or "none"
@@ -96,6 +99,17 @@ def load_logits(
         )
     labels = as_labels(tensors[labels_key], str(path))
     scores = raw_scores.to(torch.float64)
+    if scores.dim() == 1:
+        outside = (labels > 1).nonzero()
+        if outside.numel():
+            row = int(outside[0, 0])
+            raise InputError(
+                str(path),
+                f"'{scores_key}' has one score per row, read as a binary problem's score of "
+                f"class 1, but label {int(labels[row])} in row {row} is not 0 or 1",
+                "scores of K > 2 classes must be 2-D (N, K)",
+            )
+        scores = binary_columns(scores, kind, f"{path} ('{scores_key}')")
     dropped = 0
     if nan_policy == "drop" and scores.dim() == 2 and labels.shape[0] == scores.shape[0]:
         rows = nonfinite_rows(scores)
@@ -105,6 +119,60 @@ def load_logits(
         scores, labels = drop_rows(scores, labels, rows)
     validate_scores(scores, labels, kind, str(path))
     return LogitsData(scores=scores, labels=labels, kind=kind, path=path, dropped_rows=dropped)
+
+
+#: What ``curvcal metrics`` reads scores and labels from.
+LOGITS_FILE_TYPES = ".npz, .pt, .safetensors, .parquet or .csv"
+
+
+def _refuse_unknown_type(path: Path) -> None:
+    """An :class:`InputError` naming the file's type (another framework's model, by name) when
+    it is no file of scores and labels; nothing for a missing file (refused as missing)."""
+    if is_table(path) or is_tensor_file(path) or not path.exists():
+        return
+    from curvcal.load.formats import foreign_format
+
+    head = b""
+    if path.is_file():
+        with path.open("rb") as handle:
+            head = handle.read(8)
+    found = foreign_format(path, head)
+    why = (
+        f"is {found}, not a file of scores"
+        if found
+        else f"unknown file type '{path.suffix or '(none)'}'"
+    )
+    raise InputError(
+        str(path),
+        why,
+        f"run the model and save its logits and labels to a {LOGITS_FILE_TYPES} file "
+        "(arrays 'logits' (N, K) and 'labels' (N,))",
+    )
+
+
+def binary_columns(scores: torch.Tensor, kind: str, source: str) -> torch.Tensor:
+    """One score per row, a binary problem's score of class 1, as the two columns ``(N, 2)``
+    the metrics take.
+
+    Logits: z is the logit of class 1, P(class 1) = σ(z), and ``[0, z]`` gives exactly that
+    under softmax (softmax([0, z])₁ = 1/(1 + e^(−z)) = σ(z)); temperature scaling of ``[0, z]``
+    scales z. Probabilities: p = P(class 1), ``[1 − p, p]`` (p must lie in [0, 1]).
+    Log-probabilities: l = log P(class 1) ≤ 0, ``[log(1 − e^l), l]``."""
+    if kind == "logits":
+        return torch.stack([torch.zeros_like(scores), scores], dim=1)
+    finite = torch.isfinite(scores)
+    bad = finite & ((scores < 0) | (scores > 1) if kind == "probs" else scores > 0)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        rule = "in [0, 1]" if kind == "probs" else "at most 0"
+        raise InputError(
+            source,
+            f"row {row} is {float(scores[row]):.6g}; one {_noun(kind)} per row is read as that of "
+            f"class 1 and must be {rule}",
+        )
+    if kind == "probs":
+        return torch.stack([1.0 - scores, scores], dim=1)
+    return torch.stack([torch.log1p(-torch.exp(scores)), scores], dim=1)
 
 
 def save_logits(path: str | Path, logits: torch.Tensor, labels: torch.Tensor) -> None:

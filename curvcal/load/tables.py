@@ -7,6 +7,8 @@ Layouts, for scores named ``S`` (``--scores-key``, default ``logits``) and label
   JSON list such as ``"[1.5, -0.2, 0.1]"``);
 - one column per class, ``S_0``, ``S_1``, ... ``S_{K-1}`` (indices from 0 with none missing,
   in any column order);
+- a column ``S`` of one number per row: a binary problem's score of class 1 (read as
+  :func:`curvcal.load.logits.load_logits` says);
 
 and an integer column ``L``. Other columns are ignored. An empty score cell reads as NaN (so
 ``--nan-policy`` decides); an empty or non-integer label is refused with its row.
@@ -59,6 +61,13 @@ def _scores(path: Path, columns: dict[str, Any], key: str) -> torch.Tensor:
         rows = columns[key]
         if isinstance(rows, np.ndarray) and rows.ndim == 2:  # parquet fast path
             return torch.from_numpy(rows.astype(np.float64))
+        if isinstance(rows, np.ndarray) and rows.ndim == 1 and rows.dtype.kind in "iuf":
+            return torch.from_numpy(rows.astype(np.float64))  # one score per row
+        if not any(isinstance(row, list | tuple | np.ndarray) for row in rows):
+            # one score per row (a binary problem's logit of class 1, as load_logits reads it)
+            return torch.tensor(
+                [_float(path, key, i, v) for i, v in enumerate(rows)], dtype=torch.float64
+            )
         widths = {len(row) if isinstance(row, Sequence) else -1 for row in rows}
         if -1 in widths:
             row = next(i for i, r in enumerate(rows) if not isinstance(r, Sequence))

@@ -32,9 +32,14 @@ def _known_suffix(path: Path) -> str:
     """The lower-case suffix of a tensor file, refused when it names no format curvcal reads."""
     suffix = path.suffix.lower()
     if suffix not in (*TENSOR_FILE_SUFFIXES, ".pth"):
+        from curvcal.load.formats import foreign_format
+
+        found = foreign_format(path) if path.exists() else None
         raise InputError(
             str(path),
-            f"unknown file type '{path.suffix or '(none)'}'",
+            f"is {found}, not a file of tensors"
+            if found
+            else f"unknown file type '{path.suffix or '(none)'}'",
             "use a .pt, .npz or .safetensors file",
         )
     return suffix
@@ -214,8 +219,13 @@ def as_labels(values: torch.Tensor, what: str) -> torch.Tensor:
     """Check class labels and return them as int64 ``(N,)``.
 
     Integer tensors are accepted; floating tensors only when every value is a whole number
-    (a common result of saving through numpy). Negative labels are rejected.
+    (a common result of saving through numpy). Negative labels are rejected. One-hot labels,
+    ``(N, K)`` with K ≥ 2 and each row all zeros but a single one (any dtype, bool too), are
+    their argmax; other 2-D labels (soft or multi-label targets) are refused with the first
+    row that is not one-hot.
     """
+    if values.dim() == 2 and values.shape[1] >= 2:
+        values = _one_hot_indices(values, what)
     if values.dim() != 1:
         raise InputError(what, f"labels must be one-dimensional, got shape {tuple(values.shape)}")
     if values.dtype == torch.bool or values.is_complex():
@@ -235,3 +245,23 @@ def as_labels(values: torch.Tensor, what: str) -> torch.Tensor:
         row = int((labels < 0).nonzero()[0, 0])
         raise InputError(what, f"label {row} is {int(labels[row])}; labels must be >= 0")
     return labels
+
+
+def _one_hot_indices(values: torch.Tensor, what: str) -> torch.Tensor:
+    """The class index of each row of one-hot labels ``(N, K)``; an :class:`InputError` naming
+    the first row that is not one 1 among zeros."""
+    if values.is_complex():
+        raise InputError(what, f"labels must be integers, got dtype {values.dtype}")
+    numbers = values.to(torch.float64)
+    one_hot = ((numbers == 0) | (numbers == 1)).all(dim=1) & (numbers.sum(dim=1) == 1)
+    if not bool(one_hot.all()):
+        row = int((~one_hot).nonzero()[0, 0])
+        cells = ", ".join(f"{float(v):g}" for v in numbers[row, :6])
+        more = ", ..." if numbers.shape[1] > 6 else ""
+        raise InputError(
+            what,
+            f"labels have shape {tuple(values.shape)} but row {row} ([{cells}{more}]) is not "
+            "one-hot; soft or multi-label targets are not class labels",
+            "give one integer class per sample, shape (N,)",
+        )
+    return numbers.argmax(dim=1)

@@ -22,14 +22,21 @@ def inspect_tables(info: CheckpointInfo) -> list[Table]:
         ("top-level type", info.top_level_type or "-"),
         ("top-level keys", _short_list(info.top_level_keys)),
         ("state-dict key", info.state_dict_key or "-"),
-        ("prefix", info.detected_prefix or "-"),
+        ("prefix", _prefix(info)),
         ("tensors", str(len(info.tensors)) if info.tensors else "-"),
-        ("parameters", f"{info.parameter_count:,}" if info.parameter_count is not None else "-"),
+        ("parameters", _parameters(info)),
         ("classes", str(info.num_classes) if info.num_classes is not None else "-"),
         *((("architecture", info.architecture),) if info.architecture else ()),
         *((("labels", _short_list(info.labels)),) if info.labels else ()),
+        *((("recorded model", info.recorded_arch),) if info.recorded_arch else ()),
+        *((("suggested --arch", info.suggested_arch),) if info.suggested_arch else ()),
         ("unsafe globals", _short_list(info.unsafe_globals, limit=len(info.unsafe_globals))),
         ("needs --trust-checkpoint", "yes" if info.needs_trust else "no"),
+        *(
+            (("needs", " ".join(f"--allow-global {name}" for name in info.needs_allow_global)),)
+            if info.needs_allow_global
+            else ()
+        ),
     ]
     if info.container == "pickle":  # a plain pickle: what it would import is all there is
         rows.append(("pickle globals", _short_list(info.pickle_globals, len(info.pickle_globals))))
@@ -60,3 +67,19 @@ def _short_list(items: tuple[str, ...], limit: int = _LIST_CELL) -> str:
     if len(items) > limit:
         text += f", ... ({len(items) - limit} more)"
     return text
+
+
+def _prefix(info: CheckpointInfo) -> str:
+    if info.detected_prefix is None:
+        return "-"
+    if info.prefix_is_wrapper:  # DataParallel's and torch.compile's, always stripped
+        return f"{info.detected_prefix} (stripped)"
+    return f"{info.detected_prefix} (shared by every key; stripped when the architecture's keys lack it)"
+
+
+def _parameters(info: CheckpointInfo) -> str:
+    if info.parameter_count is None:
+        return "-"
+    if info.buffer_count:
+        return f"{info.parameter_count:,} (and {info.buffer_count:,} in buffers)"
+    return f"{info.parameter_count:,}"

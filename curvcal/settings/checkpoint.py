@@ -61,7 +61,8 @@ def _parse_pairs(_ctx: Any, param: Any, values: tuple[str, ...]) -> dict[str, An
 class CheckpointSettings(Settings):
     """How to turn a checkpoint file into a module.
 
-    ``arch``: ``tv:NAME``, ``curvcal:NAME`` or ``py:package.module:Class`` (the last needs
+    ``arch``: ``tv:NAME``, ``timm:NAME``, ``hf:FOLDER``, ``curvcal:NAME`` or
+    ``py:package.module:Class`` (the last needs
     ``trust_checkpoint``), built with ``arch_kwargs`` and the ``-k`` pairs ``arch_kwarg`` (which
     win; :attr:`keywords` holds both). ``num_classes`` is passed to the architecture as
     ``num_classes``; when absent and the architecture takes it, it is inferred from the
@@ -73,8 +74,9 @@ class CheckpointSettings(Settings):
 
     arch: str | None = setting(
         None,
-        "Architecture of a weights-only file: tv:NAME (torchvision), curvcal:NAME (bundled) or "
-        "py:package.module:Class (needs --trust-checkpoint).",
+        "Architecture of a weights-only file: tv:NAME (torchvision), timm:NAME (timm), "
+        "hf:FOLDER (the transformers classifier of a save_pretrained folder's config.json), "
+        "curvcal:NAME (bundled) or py:package.module:Class (needs --trust-checkpoint).",
         metavar="SPEC",
     )
     arch_kwargs: dict[str, Any] = setting(

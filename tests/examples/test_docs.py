@@ -6,7 +6,7 @@ placeholder tables ``ARGUMENTS``, ``FILES`` and ``REPORTS``), Python blocks are 
 folder holding the files they name. A recipe page (``docs/recipes/``) is run as one session
 instead: its Python and shell blocks in page order in one folder, with no placeholders, so the
 files its Python saves with the real libraries are the ones its commands read. ``mkdocs build --strict`` turns every warning (a broken link,
-a docstring mkdocstrings cannot read, a command mkdocs-click cannot render) into a failure.
+a docstring mkdocstrings cannot read, a command page whose options cannot be rendered) into a failure.
 """
 
 from __future__ import annotations

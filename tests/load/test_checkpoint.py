@@ -434,8 +434,9 @@ def _missing(d: Path) -> Path:
 
 
 def _unknown_extension(d: Path) -> Path:
-    (d / "model.onnx").write_bytes(b"\x08\x07\x12\x07pytorch" + bytes(100))
-    return d / "model.onnx"
+    # (an ONNX file is named as one: tests/test_bad_inputs_formats.py)
+    (d / "model.xyz").write_bytes(b"\x08\x07\x12\x07pytorch" + bytes(100))
+    return d / "model.xyz"
 
 
 def _foreign_zip(d: Path) -> Path:
@@ -452,7 +453,7 @@ BAD_FILES: dict[str, tuple[Callable[[Path], Path], str]] = {
     "empty": (_empty, "empty"),
     "directory": (_directory, "directory"),
     "missing": (_missing, "no such file"),
-    "unknown-extension": (_unknown_extension, "unknown checkpoint extension .onnx"),
+    "unknown-extension": (_unknown_extension, "unknown checkpoint extension .xyz"),
     "foreign-zip": (_foreign_zip, "not a torch checkpoint"),
 }
 

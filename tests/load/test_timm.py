@@ -133,9 +133,9 @@ def test_a_timm_folder_is_a_checkpoint(model, tmp_path: Path, safe: bool) -> Non
     info = inspect_checkpoint(folder)
     assert info.format == "timm_folder" and info.architecture == NAME
     assert info.num_classes == 4
-    # floating tensors, BatchNorm statistics included (a file does not tell them apart)
-    floating = [t for t in model.state_dict().values() if t.is_floating_point()]
-    assert info.parameter_count == sum(t.numel() for t in floating)
+    # the parameters; BatchNorm's running statistics are counted as buffers
+    assert info.parameter_count == sum(p.numel() for p in model.parameters())
+    assert info.buffer_count == sum(b.numel() for b in model.buffers() if b.is_floating_point())
 
 
 def test_pretrained_cfg_preprocessing_matches_timms_own_transform(model, tmp_path: Path) -> None:
