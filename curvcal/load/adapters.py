@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,19 +160,39 @@ def apply_adapter(adapter: AdapterFolder, base: nn.Module, trust: bool) -> nn.Mo
         raise InputError(str(adapter.path), "the base model is not a transformers model")
     library_model = base.__dict__["library_model"]
     try:
-        with warnings.catch_warnings():  # the libraries' deprecation notes are not the user's
-            warnings.simplefilter("ignore", FutureWarning)
+        with offline(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # the libraries' notes to themselves
             model = peft.PeftModel.from_pretrained(
                 library_model, str(adapter.path), is_trainable=True, local_files_only=True
             )
+            _check_every_tensor_loaded(adapter, model, peft)
     except (ValueError, KeyError, RuntimeError, TypeError, AttributeError, OSError) as exc:
         raise InputError(
             str(adapter.path),
             f"the adapter does not fit its base model: {one_line(exc)}",
             "pass --base-model DIR naming the model the adapter was trained on",
         ) from exc
-    _check_every_tensor_loaded(adapter, model, peft)
     return LogitsModule(model, base.modality)
+
+
+@contextmanager
+def offline() -> Iterator[None]:
+    """Hugging Face hub offline mode while peft runs (the hub client's constant and the
+    ``HF_HUB_OFFLINE`` variable peft reads): whatever path of peft would look a name up on the
+    hub answers "not found" instead of going to the network."""
+    import huggingface_hub.constants as hub
+
+    saved, saved_env = hub.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE")
+    hub.HF_HUB_OFFLINE = True
+    os.environ["HF_HUB_OFFLINE"] = "1"  # peft reads the variable itself
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE = saved
+        if saved_env is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = saved_env
 
 
 def _check_every_tensor_loaded(adapter: AdapterFolder, model: nn.Module, peft: Any) -> None:
@@ -185,7 +206,8 @@ def _check_every_tensor_loaded(adapter: AdapterFolder, model: nn.Module, peft: A
             saved = set(handle.keys())
     else:
         saved = set(peft.utils.load_peft_weights(str(adapter.path), device="cpu"))
-    exported = set(peft.get_peft_model_state_dict(model))
+    # no embedding-layer guess: "auto" asks the hub about the base model's config
+    exported = set(peft.get_peft_model_state_dict(model, save_embedding_layers=False))
     if saved == exported:
         return
     lost = sorted(saved - exported)
