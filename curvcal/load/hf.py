@@ -88,13 +88,10 @@ def is_model_folder(path: Path) -> bool:
 
 
 def folder_files(path: Path) -> tuple[Path, ...]:
-    """The files a model folder's loader reads (config, weights, preprocessor config; an
-    adapter folder's config and weights), for provenance digests; empty when ``path`` is not
-    a model folder or its config is unreadable."""
+    """The files a model folder's loader reads (config, weights, preprocessor config), for
+    provenance digests; empty when ``path`` is not a model folder or its config is unreadable."""
     if not is_model_folder(path):
-        from curvcal.load.adapters import adapter_files, is_adapter_folder
-
-        return adapter_files(path) if is_adapter_folder(path) else ()
+        return ()
     try:
         weights = _weight_files(path)
     except InputError:

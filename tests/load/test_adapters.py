@@ -128,6 +128,9 @@ def test_hessian_over_the_adapter_equals_a_dense_float64_one(run_cli, lora: Adap
     checkpoint = document["inputs"]["checkpoint"]
     assert checkpoint["form"] == "peft_adapter"
     assert checkpoint["metadata"]["base_model"] == str(lora.base)
+    # the digest covers the adapter's config and weights
+    files = ("adapter_config.json", "adapter_model.safetensors")
+    assert checkpoint["size_bytes"] == sum((lora.adapter / f).stat().st_size for f in files)
 
 
 def test_calibration_uses_the_adapted_model(run_cli, lora: Adapter, tmp_path: Path) -> None:
