@@ -212,3 +212,39 @@ def test_a_tokenizer_padding_with_another_id_is_refused(decoder: Decoder, tmp_pa
         InputError, match=r"pads with token id 3 but config\.json's pad_token_id is 2"
     ):
         load_dataset(DataSettings(data=str(decoder.jsonl)), None, text_model_of(loaded))
+
+
+@pytest.mark.parametrize(
+    ("config_name", "architecture", "expected"),
+    [
+        ("LlamaConfig", "LlamaForSequenceClassification", True),
+        ("Qwen2Config", "Qwen2ForSequenceClassification", True),
+        ("MistralConfig", "MistralForSequenceClassification", True),
+        ("GPT2Config", "GPT2ForSequenceClassification", True),  # its own pooling code
+        ("BertConfig", "BertForSequenceClassification", False),  # reads [CLS]
+    ],
+)
+def test_which_classifiers_read_the_last_non_padding_token(
+    tmp_path: Path, config_name: str, architecture: str, expected: bool
+) -> None:
+    """Decided from config.json alone (the class transformers names, or the model type), and
+    the same as transformers' own forward: a pad token appended to a text changes the logits
+    of a last-token classifier unless it is the config's pad id."""
+    from curvcal.load.hf import pools_last_token, read_folder
+
+    config = getattr(transformers, config_name)(
+        vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, num_labels=2, pad_token_id=0, n_embd=8, n_layer=1, n_head=2,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    config.architectures = [architecture]
+    config.save_pretrained(tmp_path)
+    assert pools_last_token(read_folder(tmp_path, need_weights=False)) is expected
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config).eval()
+    ids = torch.tensor([[5, 6, 7, 0]])
+    with torch.no_grad():
+        padded = model(input_ids=ids, attention_mask=torch.tensor([[1, 1, 1, 0]])).logits
+        config.pad_token_id = 29  # the same batch, read as if 0 were text
+        unpadded = model(input_ids=ids, attention_mask=torch.tensor([[1, 1, 1, 0]])).logits
+    assert (not torch.equal(padded, unpadded)) is expected
