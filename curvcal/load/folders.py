@@ -121,6 +121,7 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
     if adapter.weights.suffix != ".safetensors":  # scanned, refused if it needs any global
         load_state_file(adapter.weights, options)
     base_path = base_folder(adapter, options.base_model)
+    _refuse_base_without_head(base_path)
     base = load_folder(base_path, options.replace(base_model=None))
     module = apply_adapter(adapter, base.module, options.trust_checkpoint)
     trainable = [n for n, p in module.named_parameters() if p.requires_grad]
@@ -143,3 +144,20 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
         modality=base.modality,
         preprocessing=base.preprocessing,
     )
+
+
+def _refuse_base_without_head(base_path: Path) -> None:
+    """A base folder holding a language model (``LlamaForCausalLM``, as a hub snapshot does) is
+    not the classifier an adapter's head was trained on: say how to save that classifier."""
+    from curvcal.load.hf import CONFIG_NAME, TASKS, read_json
+
+    config = read_json(base_path / CONFIG_NAME)
+    names = config.get("architectures") if isinstance(config, dict) else None
+    name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
+    if name is not None and not name.endswith(tuple(TASKS)):
+        raise InputError(
+            str(base_path),
+            f"holds a {name}, not the classifier the adapter was trained on",
+            "save that classifier once with AutoModelForSequenceClassification.from_pretrained"
+            "(BASE, num_labels=K).save_pretrained(DIR) and pass --base-model DIR",
+        )

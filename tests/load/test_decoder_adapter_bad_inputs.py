@@ -126,7 +126,9 @@ def _base_not_a_classifier(files: Files, tmp: Path) -> tuple[list[object], tuple
     transformers.LlamaForCausalLM(config).save_pretrained(causal)
     return ["hessian", files.adapter, "--data", files.jsonl, "--base-model", causal], (
         str(causal),
-        "LlamaForCausalLM, not an image or sequence classifier",
+        "LlamaForCausalLM, not the classifier the adapter was trained on",
+        "AutoModelForSequenceClassification.from_pretrained(BASE, num_labels=K)",
+        "--base-model DIR",
     )
 
 
