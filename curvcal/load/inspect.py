@@ -201,7 +201,7 @@ def _inspect_adapter(path: Path, allow_globals: tuple[str, ...]) -> CheckpointIn
     entries = code_entries(adapter)
     if entries:
         metadata["custom_code"] = ", ".join(entries)
-    return _info(
+    info = _info(
         path,
         "peft_adapter",
         Container(kind="folder"),
@@ -209,6 +209,15 @@ def _inspect_adapter(path: Path, allow_globals: tuple[str, ...]) -> CheckpointIn
         metadata=metadata,
         needs_trust=bool(entries),
     )
+    # classes: rows of a saved head (modules_to_save), never of a LoRA matrix
+    heads = [
+        spec.shape[0]
+        for spec in specs
+        if len(spec.shape) == 2
+        and "lora_" not in spec.name
+        and any(f".{m}." in f".{spec.name}" for m in adapter.modules_to_save)
+    ]
+    return dataclasses.replace(info, num_classes=heads[-1] if heads else None)
 
 
 def _info(

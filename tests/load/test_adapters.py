@@ -185,6 +185,7 @@ def test_inspect_reads_the_adapter_config_and_header_only(run_cli, lora: Adapter
     reference = _peft_model(lora)
     saved = peft.get_peft_model_state_dict(reference)
     assert {t.name for t in info.tensors} == set(saved)
+    assert info.num_classes == 2  # the saved head's rows, not a LoRA matrix's
     result = run_cli("inspect", lora.adapter)
     assert result.code == 0, result.stderr
     assert "peft_adapter" in result.stdout and "LORA" in result.stdout
@@ -202,3 +203,20 @@ def test_adapter_code_needs_trust(run_cli, lora: Adapter, tmp_path: Path) -> Non
     assert result.code == 2 and "Traceback" not in result.stderr
     line = result.stderr.strip().splitlines()[-1]
     assert "megatron_config" in line and "--trust-checkpoint" in line
+
+
+def test_inspect_counts_no_classes_without_a_saved_head(lora: Adapter, tmp_path: Path) -> None:
+    """An adapter of LoRA matrices alone has no head to count: a LoRA B matrix's rows (the
+    projection's width) are not a class count."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "lora_only"
+    shutil.copytree(lora.adapter, folder)
+    weights = folder / "adapter_model.safetensors"
+    save_file({k: v for k, v in load_file(weights).items() if "lora_" in k}, weights)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["modules_to_save"] = None
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    info = inspect_checkpoint(folder)
+    assert info.tensors and all("lora_" in t.name for t in info.tensors)
+    assert info.num_classes is None
