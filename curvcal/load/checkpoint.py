@@ -15,6 +15,8 @@ form                  written by                                  loading needs
 ``hf_folder``         transformers ``save_pretrained`` (a folder)  nothing (``auto_map``:
                                                                    ``--trust-checkpoint``)
 ``timm_folder``       ``timm.models.save_for_hf`` (a folder)       nothing
+``peft_adapter``      peft ``PeftModel.save_pretrained`` (a        a local base model folder
+                      folder)                                      (``--base-model``)
 ====================  ==========================================  ===========================
 
 A state dict saved from a transformers model loads with ``--arch hf:FOLDER`` (the folder's
@@ -49,6 +51,7 @@ FORMS = (
     "exported_program",
     "hf_folder",
     "timm_folder",
+    "peft_adapter",
 )
 
 #: containers that hold one set of weights with no keys above it, and what to call them

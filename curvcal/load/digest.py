@@ -1,7 +1,8 @@
 """Digests of the files a run read: size and SHA-256 of a file, a model folder or a directory.
 
 Lives with the loaders because a model folder's identity is the files its loader reads
-(:func:`curvcal.load.hf.folder_files`).
+(:func:`curvcal.load.hf.folder_files`; an adapter folder's config and weights,
+:func:`curvcal.load.adapters.adapter_files`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from curvcal.load.adapters import adapter_files, is_adapter_folder
 from curvcal.load.hf import folder_files
 from curvcal.results import FileInfo
 
@@ -17,12 +19,13 @@ _CHUNK = 1 << 20
 
 def file_info(path: str | Path) -> FileInfo:
     """Size and SHA-256 of a file (read in 1 MiB chunks; never modified). A model folder
-    (``config.json`` and weights): total size of the files its loader reads, digest of each
-    one's relative name, a NUL byte and its contents, in load order. Other directories: size 0,
-    digest of the sorted relative names and sizes of the files beneath."""
+    (``config.json`` and weights; an adapter folder's ``adapter_config.json`` and weights):
+    total size of the files its loader reads, digest of each one's relative name, a NUL byte
+    and its contents, in load order. Other directories: size 0, digest of the sorted relative
+    names and sizes of the files beneath."""
     p = Path(path)
     digest = hashlib.sha256()
-    model_files = folder_files(p)
+    model_files = folder_files(p) or (adapter_files(p) if is_adapter_folder(p) else ())
     if model_files:  # a model folder: its config and weights are what identify the model
         for child in model_files:
             digest.update(f"{child.relative_to(p)}\0".encode())

@@ -1,8 +1,12 @@
 """Model folders as checkpoints: a transformers ``save_pretrained`` folder or a timm
-``save_for_hf`` folder, its ``config.json`` naming the architecture (:mod:`curvcal.load.hf`).
+``save_for_hf`` folder, its ``config.json`` naming the architecture (:mod:`curvcal.load.hf`),
+and a PEFT adapter folder over a local base model folder (:mod:`curvcal.load.adapters`).
 
 A folder's ``.bin`` weights go through a weights-only load whatever the options; custom code
-named by its config (``auto_map``) needs ``--trust-checkpoint``.
+named by its config (``auto_map``) needs ``--trust-checkpoint``. A Hugging Face Trainer
+``checkpoint-N`` folder is one of these with the Trainer's files beside it: only
+``trainer_state.json`` is read (for the step); ``optimizer.pt``, ``scheduler.pt``,
+``rng_state.pth`` and ``training_args.bin`` (a pickle of arbitrary objects) are never opened.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ def is_folder(path: Path) -> bool:
     """A directory given as a checkpoint: a model folder, or an error saying what one is."""
     if not os.path.isdir(path):  # never raises (a name too long is simply not a folder)
         return False
+    from curvcal.load.adapters import is_adapter_folder
     from curvcal.load.hf import CONFIG_NAME, is_model_folder
 
-    if not is_model_folder(path):
+    if not is_model_folder(path) and not is_adapter_folder(path):
         raise InputError(
             str(path),
-            f"is a directory, not a checkpoint file nor a model folder (it has no {CONFIG_NAME})",
+            f"is a directory, not a checkpoint file nor a model folder (it has no {CONFIG_NAME} "
+            "nor adapter_config.json)",
             "a model folder holds config.json and its weights, as save_pretrained writes them",
         )
     return True
@@ -35,12 +41,34 @@ def is_folder(path: Path) -> bool:
 
 def folder_form(library: str) -> str:
     """The form (:data:`curvcal.load.checkpoint.FORMS`) of a folder saved by ``library``."""
-    return "hf_folder" if library == "transformers" else "timm_folder"
+    return {"transformers": "hf_folder", "peft": "peft_adapter"}.get(library, "timm_folder")
+
+
+def trainer_step(path: Path) -> dict[str, str]:
+    """``{"trainer_checkpoint": "step N"}`` for a Hugging Face Trainer ``checkpoint-N`` folder
+    (one holding ``trainer_state.json``, whose ``global_step`` is N); empty otherwise. Reads
+    that JSON file only."""
+    from curvcal.load.hf import read_json
+
+    state_file = path / "trainer_state.json"
+    if not state_file.is_file():
+        return {}
+    state = read_json(state_file)
+    step = state.get("global_step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise InputError(str(state_file), "has no integer global_step")
+    return {"trainer_checkpoint": f"step {step}"}
 
 
 def load_folder(path: Path, options: CheckpointSettings) -> ModuleFound:
     """The model of the folder at ``path``, with its labels, modality and preprocessing."""
-    from curvcal.load.hf import build_folder_model, load_pretrained, read_folder, read_state
+    from curvcal.load.hf import (
+        build_folder_model,
+        is_model_folder,
+        load_pretrained,
+        read_folder,
+        read_state,
+    )
 
     if options.arch is not None:
         raise InputError(
@@ -48,6 +76,10 @@ def load_folder(path: Path, options: CheckpointSettings) -> ModuleFound:
             f"{path} is a model folder, whose config.json names its architecture",
             "drop --arch (hf:FOLDER is for a separate weights file)",
         )
+    from curvcal.load.adapters import is_adapter_folder
+
+    if is_adapter_folder(path) and not is_model_folder(path):
+        return _load_adapter(path, options)
     folder = read_folder(path)
     if folder.library == "timm":
         module = build_folder_model(folder, options.trust_checkpoint)
@@ -64,7 +96,7 @@ def load_folder(path: Path, options: CheckpointSettings) -> ModuleFound:
             if file.suffix != ".safetensors":  # scanned, refused if it needs any global
                 load_state_file(file, options)
         module = load_pretrained(folder, options.trust_checkpoint)
-    metadata = {"library": folder.library}
+    metadata = {"library": folder.library, **trainer_step(path)}
     if folder.custom_code:
         metadata["custom_code"] = ", ".join(folder.custom_code)
     return ModuleFound(
@@ -77,3 +109,55 @@ def load_folder(path: Path, options: CheckpointSettings) -> ModuleFound:
         modality=folder.modality,
         preprocessing=folder.preprocessing,
     )
+
+
+def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
+    """The base model folder with the adapter at ``path`` put on it; the adapter's parameters
+    are the trainable ones."""
+    from curvcal.load.adapters import apply_adapter, base_folder, read_adapter
+    from curvcal.load.digest import file_info
+
+    adapter = read_adapter(path)
+    if adapter.weights.suffix != ".safetensors":  # scanned, refused if it needs any global
+        load_state_file(adapter.weights, options)
+    base_path = base_folder(adapter, options.base_model)
+    _refuse_base_without_head(base_path)
+    base = load_folder(base_path, options.replace(base_model=None))
+    module = apply_adapter(adapter, base.module, options.trust_checkpoint)
+    trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+    metadata = {
+        "library": "peft",
+        "peft_type": adapter.peft_type,
+        "base_model": str(base_path),
+        "base_model_sha256": file_info(base_path).sha256,
+        "adapter_parameters": f"{len(trainable)} tensors, "
+        f"{sum(p.numel() for p in module.parameters() if p.requires_grad):,} elements",
+        **trainer_step(path),
+    }
+    return ModuleFound(
+        module=module,
+        form="peft_adapter",
+        arch=None,
+        metadata=metadata,
+        architecture=f"{adapter.peft_type} adapter on {base.architecture}",
+        labels=base.labels,
+        modality=base.modality,
+        preprocessing=base.preprocessing,
+    )
+
+
+def _refuse_base_without_head(base_path: Path) -> None:
+    """A base folder holding a language model (``LlamaForCausalLM``, as a hub snapshot does) is
+    not the classifier an adapter's head was trained on: say how to save that classifier."""
+    from curvcal.load.hf import CONFIG_NAME, TASKS, read_json
+
+    config = read_json(base_path / CONFIG_NAME)
+    names = config.get("architectures") if isinstance(config, dict) else None
+    name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
+    if name is not None and not name.endswith(tuple(TASKS)):
+        raise InputError(
+            str(base_path),
+            f"holds a {name}, not the classifier the adapter was trained on",
+            "save that classifier once with AutoModelForSequenceClassification.from_pretrained"
+            "(BASE, num_labels=K).save_pretrained(DIR) and pass --base-model DIR",
+        )

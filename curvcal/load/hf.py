@@ -379,6 +379,36 @@ def token_embedding_names(module: nn.Module) -> tuple[str, ...]:
     return tuple(name for name, p in module.named_parameters() if p is weight)
 
 
+#: model types whose ``*ForSequenceClassification`` pools at the last non-padding token with
+#: its own code rather than transformers' ``GenericForSequenceClassification`` (which Llama,
+#: Qwen2, Mistral and most recent decoders use)
+LAST_TOKEN_MODEL_TYPES = frozenset(
+    {
+        "biogpt", "bloom", "ctrl", "falcon", "gpt2", "gpt_bigcode", "gpt_neo", "gpt_neox",
+        "gptj", "modernbert-decoder", "mpt", "openai-gpt", "opt", "t5gemma", "zamba", "zamba2",
+    }
+)  # fmt: skip
+
+
+def pools_last_token(folder: FolderModel) -> bool:
+    """Whether ``folder``'s sequence classifier is a decoder that reads each text's logits at
+    its last non-padding token: the position of the rightmost ``input_ids`` entry that differs
+    from ``config.pad_token_id`` (so padded batches need that id). Decided from the class
+    transformers names ``architecture`` (looked up in the library, never imported from the
+    folder) or the config's ``model_type``; False for folders with custom code."""
+    if folder.library != "transformers" or folder.modality != "text" or folder.custom_code:
+        return False
+    if folder.config.get("model_type") in LAST_TOKEN_MODEL_TYPES:
+        return True
+    transformers = require("hf", "transformers", str(folder.path))
+    cls = getattr(transformers, folder.architecture, None)
+    try:
+        from transformers.modeling_layers import GenericForSequenceClassification
+    except ImportError:  # an older transformers: the model types above are what it has
+        return False
+    return isinstance(cls, type) and issubclass(cls, GenericForSequenceClassification)
+
+
 # --- helpers ---------------------------------------------------------------------------------
 
 

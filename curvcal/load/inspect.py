@@ -196,8 +196,12 @@ def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) ->
 
 
 def _inspect_folder(path: Path, allow_globals: tuple[str, ...]) -> CheckpointInfo:
-    from curvcal.load.hf import read_folder
+    from curvcal.load.adapters import is_adapter_folder
+    from curvcal.load.folders import trainer_step
+    from curvcal.load.hf import is_model_folder, read_folder
 
+    if is_adapter_folder(path) and not is_model_folder(path):
+        return _inspect_adapter(path, allow_globals)
     folder = read_folder(path)
     specs: list[TensorSpec] = []
     for file in folder.weights:
@@ -205,7 +209,7 @@ def _inspect_folder(path: Path, allow_globals: tuple[str, ...]) -> CheckpointInf
             specs.extend(safetensors_specs(sniff(file).header))
         else:
             specs.extend(inspect_checkpoint(file, allow_globals).tensors)
-    metadata = {"library": folder.library, "modality": folder.modality}
+    metadata = {"library": folder.library, "modality": folder.modality, **trainer_step(path)}
     for key in ("model_type", "problem_type"):
         if isinstance(folder.config.get(key), str):
             metadata[key] = folder.config[key]
@@ -225,6 +229,45 @@ def _inspect_folder(path: Path, allow_globals: tuple[str, ...]) -> CheckpointInf
     return dataclasses.replace(
         info, architecture=folder.architecture, labels=folder.labels, num_classes=num_classes
     )
+
+
+def _inspect_adapter(path: Path, allow_globals: tuple[str, ...]) -> CheckpointInfo:
+    """A PEFT adapter folder from its config and weight header: its tensors, peft type, the
+    base model it names, rank and targets (the base is not read)."""
+    from curvcal.load.adapters import code_entries, read_adapter
+    from curvcal.load.folders import trainer_step
+
+    adapter = read_adapter(path)
+    if adapter.weights.suffix == ".safetensors":
+        specs = safetensors_specs(sniff(adapter.weights).header)
+    else:
+        specs = inspect_checkpoint(adapter.weights, allow_globals).tensors
+    metadata = {"library": "peft", "peft_type": adapter.peft_type, **trainer_step(path)}
+    metadata["base_model"] = adapter.base_named or "(none named: pass --base-model)"
+    for key in ("task_type", "r", "lora_alpha", "target_modules", "modules_to_save"):
+        value = adapter.config.get(key)
+        if value is not None and value != []:
+            metadata[key] = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+    entries = code_entries(adapter)
+    if entries:
+        metadata["custom_code"] = ", ".join(entries)
+    info = _info(
+        path,
+        "peft_adapter",
+        Container(kind="folder"),
+        tuple(specs),
+        metadata=metadata,
+        needs_trust=bool(entries),
+    )
+    # classes: rows of a saved head (modules_to_save), never of a LoRA matrix
+    heads = [
+        spec.shape[0]
+        for spec in specs
+        if len(spec.shape) == 2
+        and "lora_" not in spec.name
+        and any(f".{m}." in f".{spec.name}" for m in adapter.modules_to_save)
+    ]
+    return dataclasses.replace(info, num_classes=heads[-1] if heads else None)
 
 
 def _info(

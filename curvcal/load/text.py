@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import json
 import os
 import tempfile
@@ -65,11 +66,17 @@ _DATASET_DICT = "dataset_dict.json"
 @dataclass(frozen=True)
 class TextModel:
     """What the text model says about its inputs: the folder its tokenizer may be saved in,
-    its ``label2id`` and its ``max_position_embeddings`` (``None`` when not recorded)."""
+    its ``label2id`` and its ``max_position_embeddings`` (``None`` when not recorded); for a
+    decoder classifier (``pools_last_token``: logits read at each text's last non-padding
+    token), its ``architecture`` and ``config.json``'s ``pad_token_id`` and ``eos_token_id``."""
 
     folder: Path | None
     label2id: Mapping[str, int] = field(default_factory=dict)
     max_positions: int | None = None
+    pools_last_token: bool = False
+    architecture: str = ""
+    pad_token_id: int | None = None
+    eos_token_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -474,6 +481,12 @@ def text_model_of(loaded: LoadedModel) -> TextModel | None:
     other model)."""
     if loaded.modality != "text":
         return None
+    if loaded.form == "peft_adapter":  # the base's config; the adapter folder's own tokenizer
+        facts = text_model_at(Path(loaded.metadata["base_model"]), None)
+        own = any((loaded.path / name).is_file() for name in TOKENIZER_FILES)
+        if facts is not None and own:
+            return dataclasses.replace(facts, folder=loaded.path)
+        return facts
     return text_model_at(loaded.path, loaded.arch)
 
 
@@ -491,6 +504,8 @@ def text_model_at(path: Path, arch: str | None) -> TextModel | None:
     described = read_folder(folder, need_weights=False)
     if described.modality != "text":
         return None
+    from curvcal.load.hf import pools_last_token
+
     config = described.config
     label2id = config.get("label2id")
     positions = config.get("max_position_embeddings")
@@ -500,4 +515,67 @@ def text_model_at(path: Path, arch: str | None) -> TextModel | None:
         if isinstance(label2id, dict)
         else {},
         max_positions=positions if isinstance(positions, int) else None,
+        pools_last_token=pools_last_token(described),
+        architecture=described.architecture,
+        pad_token_id=_token_id(config.get("pad_token_id")),
+        eos_token_id=_token_id(config.get("eos_token_id")),
     )
+
+
+def _token_id(value: Any) -> int | None:
+    """A config's token id: an integer, the first of a list (``eos_token_id`` may list
+    several), else None."""
+    if isinstance(value, list) and value:
+        value = value[0]
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def padding_token(tokenizer: Any, model: TextModel | None, padded: bool) -> dict[str, Any]:
+    """Make ``tokenizer`` pad with the id the model reads as padding, and say which one.
+
+    A decoder classifier (``model.pools_last_token``) reads each text's logits at the last
+    position whose token differs from ``config.json``'s ``pad_token_id``, so the id decides
+    which token is classified: it is never guessed (not even as the eos token, which would
+    move the read position one token left of where the model was fine-tuned to read it).
+    When the batches are ``padded`` (more than one text per batch):
+
+    - no ``pad_token_id`` in the config: :class:`InputError` naming the folder and the fix;
+    - a tokenizer with no pad token pads with the config's id (the tokenizer object in memory
+      is changed, no file is);
+    - a tokenizer whose pad id differs from the config's: :class:`InputError` (the padding
+      would be read as text).
+
+    Any other model: a tokenizer with no pad token takes the config's ``pad_token_id`` when
+    it has one. Returns ``{"pad_token_id", "pad_token_source"}`` for the data's report.
+    """
+    own = getattr(tokenizer, "pad_token_id", None)
+    config_id = model.pad_token_id if model is not None else None
+    where = str(model.folder) if model is not None and model.folder else "the model"
+    if model is not None and model.pools_last_token and padded:
+        if config_id is None:
+            eos = f", often eos_token_id {model.eos_token_id}" if model.eos_token_id else ""
+            raise InputError(
+                where,
+                f"{model.architecture} reads each text at its last non-padding token, but "
+                "config.json sets no pad_token_id, so padded batches cannot be read",
+                f"set pad_token_id in config.json to the id the model was fine-tuned with{eos}; "
+                "or pass --batch-size 1",
+            )
+        if own is not None and own != config_id:
+            raise InputError(
+                where,
+                f"the tokenizer pads with token id {own} but config.json's pad_token_id is "
+                f"{config_id}; {model.architecture} would read the padding as text",
+                "make the tokenizer's pad token and config.json's pad_token_id the same",
+            )
+    if own is None and config_id is not None:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config_id)
+        return {"pad_token_id": config_id, "pad_token_source": "config.json pad_token_id"}
+    if own is None and padded:
+        raise InputError(
+            where,
+            "the tokenizer has no pad token and config.json no pad_token_id, so texts of "
+            "different lengths cannot share a batch",
+            "set pad_token_id in config.json, or pass --batch-size 1",
+        )
+    return {"pad_token_id": own, "pad_token_source": "tokenizer"}

@@ -41,6 +41,7 @@ def load_text(options: DataSettings, model: TextModel | None) -> LoadedData:
         max_length, length_source = options.max_length, "--max-length"
     else:
         max_length, length_source = text.default_max_length(tokenizer, model)
+    padding = text.padding_token(tokenizer, model, options.batch_size > 1 and len(texts) > 1)
     encodings, truncated = text.tokenize(tokenizer, texts, pairs, max_length)
     return loaded_data(
         text.TextDataset(encodings, labels, tokenizer),
@@ -61,5 +62,6 @@ def load_text(options: DataSettings, model: TextModel | None) -> LoadedData:
             "truncated": truncated,
             "tokenizer": source,
             "tokenizer_class": type(tokenizer).__name__,
+            **padding,
         },
     )

@@ -286,8 +286,8 @@ def default_params(
     saying (it is not the plain "every parameter" or the given ``--params``).
 
     ``--params all`` (alone) is every trainable parameter. Without ``--params``: every
-    trainable parameter for image models; for text models every one except the token
-    embedding matrix (vocab x hidden, whose Hessian block is almost all zero rows: only the
+    trainable parameter for image models; for a PEFT adapter the adapter's (peft freezes the
+    base model's); for text models every one except the token embedding matrix (vocab x hidden, whose Hessian block is almost all zero rows: only the
     tokens in the data get gradient), listed by name. Given globs are used as given.
     """
     from curvcal.load.hf import token_embedding_names
@@ -296,6 +296,14 @@ def default_params(
         return (), "all trainable parameters (--params all)", True
     if params:
         return params, "--params", False
+    if loaded.form == "peft_adapter":  # peft froze the base: the trainable ones are the adapter's
+        names = tuple(n for n, p in loaded.module.named_parameters() if p.requires_grad)
+        return (
+            names,
+            f"the adapter's parameters, {loaded.metadata.get('adapter_parameters', '')} "
+            "(LoRA matrices and modules_to_save; the base model is frozen)",
+            True,
+        )
     excluded = token_embedding_names(loaded.module) if loaded.modality == "text" else ()
     if not excluded:
         return (), "all trainable parameters", False

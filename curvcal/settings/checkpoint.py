@@ -1,17 +1,19 @@
 """The settings that turn a checkpoint file into a module: every command that loads one takes
 them (``--arch``, ``--arch-kwargs``, ``-k``, ``--num-classes``, ``--state-dict-key``,
-``--trust-checkpoint``, ``--allow-global``, ``--device``, ``--dtype``), declared once."""
+``--trust-checkpoint``, ``--allow-global``, ``--base-model``, ``--device``, ``--dtype``),
+declared once."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from curvcal.errors import InputError
 from curvcal.jsontext import loads as json_loads
-from curvcal.settings.fields import Settings, setting
+from curvcal.settings.fields import Settings, folder_setting, setting
 
 #: The most classes (``--num-classes``, a ``num_classes`` keyword or config entry): a classifier
 #: head of more rows than this would not fit in memory next to any network.
@@ -67,6 +69,7 @@ class CheckpointSettings(Settings):
     win; :attr:`keywords` holds both). ``num_classes`` is passed to the architecture as
     ``num_classes``; when absent and the architecture takes it, it is inferred from the
     checkpoint. ``allow_global``: ``module.Class`` names a weights-only load may build.
+    ``base_model``: the base model folder of a PEFT adapter folder.
     ``device``: ``auto|cpu|cuda|cuda:N``; ``dtype``: ``float32|float64``.
     """
 
@@ -118,6 +121,10 @@ class CheckpointSettings(Settings):
         "that reaches the OS or the interpreter; only --trust-checkpoint runs code); repeatable.",
         metavar="module.Class",
         multiple=True,
+    )
+    base_model: Path | None = folder_setting(
+        "Base model folder of a PEFT adapter folder (default: the adapter config's "
+        "base_model_name_or_path, when that is a local folder; nothing is ever downloaded).",
     )
     device: str = setting("auto", "auto (CUDA when available), cpu, cuda or cuda:N.")
     dtype: str = setting("float32", "Floating-point precision of the model.", choices=DTYPES)
