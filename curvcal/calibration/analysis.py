@@ -21,7 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from curvcal.calibration.binary import BinaryFit
+from curvcal.calibration.binning import HistogramFit
 from curvcal.calibration.inputs import as_tensor, check_kind
+from curvcal.calibration.isotonic import IsotonicFit
 from curvcal.calibration.linear import LinearFit
 from curvcal.calibration.metrics import calibration_metrics
 from curvcal.calibration.registry import MAPS, CalibrationMap, fitted_stages
@@ -78,6 +81,12 @@ class StageMetrics:
     focal_ts: CalibrationMetrics | None = None
     vector: CalibrationMetrics | None = None
     matrix: CalibrationMetrics | None = None
+    histogram: CalibrationMetrics | None = None
+    histogram_ovr: CalibrationMetrics | None = None
+    isotonic: CalibrationMetrics | None = None
+    isotonic_ovr: CalibrationMetrics | None = None
+    platt: CalibrationMetrics | None = None
+    beta: CalibrationMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)
@@ -96,6 +105,12 @@ class CalibrationFits:
     focal_ts: FocalTemperatureFit | None = None
     vector: LinearFit | None = None
     matrix: LinearFit | None = None
+    histogram: HistogramFit | None = None
+    histogram_ovr: HistogramFit | None = None
+    isotonic: IsotonicFit | None = None
+    isotonic_ovr: IsotonicFit | None = None
+    platt: BinaryFit | None = None
+    beta: BinaryFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)

@@ -24,6 +24,8 @@ _MAP_OPTIONS = {
     "objective": ("--objective", ("ts", "both")),
     "focal_objective": ("--focal-objective", ("focal-ts", "both")),
     "gammas": ("--gammas", ("focal-ts", "both")),
+    "histogram_bins": ("--histogram-bins", ("histogram", "histogram-ovr")),
+    "histogram_scheme": ("--histogram-scheme", ("histogram", "histogram-ovr")),
 }
 
 

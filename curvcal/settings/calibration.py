@@ -22,8 +22,24 @@ from curvcal.settings.hessian import MAX_SEED
 #: and each stage keeps a row per bin (classwise ECE one per class).
 MAX_BINS = 10_000
 #: ``--method``: temperature scaling, focal temperature scaling, both, vector scaling, matrix
-#: scaling, or none (metrics only).
-METHODS = ("ts", "focal-ts", "both", "vector", "matrix", "none")
+#: scaling, histogram binning and isotonic regression (top-label or one-vs-rest), Platt
+#: scaling, beta calibration, or none (metrics only).
+METHODS = (
+    "ts",
+    "focal-ts",
+    "both",
+    "vector",
+    "matrix",
+    "histogram",
+    "histogram-ovr",
+    "isotonic",
+    "isotonic-ovr",
+    "platt",
+    "beta",
+    "none",
+)
+#: ``--histogram-scheme``: how histogram binning cuts the scores.
+HISTOGRAM_SCHEMES = ("equal-mass", "equal-width")
 #: ``--objective``: what temperature scaling minimises on the fit split.
 OBJECTIVES_TS = ("nll", "ece", "adaece")
 #: ``--focal-objective``: what focal temperature scaling minimises (``adaece-grid``: the
@@ -60,12 +76,14 @@ class CalibrationSettings(Settings):
     """What to fit and how to measure.
 
     ``method``: the maps to fit, ``ts``, ``focal-ts``, ``both`` (TS and focal TS), ``vector``,
-    ``matrix`` or ``none`` (``None``: the
+    ``matrix``, ``histogram``, ``histogram-ovr``, ``isotonic``, ``isotonic-ovr``, ``platt``,
+    ``beta`` or ``none`` (``None``: the
     command picks: ``both`` for ``calibrate``; for ``metrics``, ``both`` with a fit split and
     ``none`` without; for the kernel, ``both`` when it is given a fit split). ``objective``:
     what TS minimises on the fit split; ``focal_objective``: what focal TS minimises, over the
     γ grid ``gammas`` (sorted, without repeats). ``bins`` equal-width and equal-mass bins with
-    the ``edges`` convention (``left``: (a, b], ``right``: [a, b)). ``bootstrap`` resamples
+    the ``edges`` convention (``left``: (a, b], ``right``: [a, b)). ``histogram_bins`` bins of
+    ``histogram_scheme`` for histogram binning. ``bootstrap`` resamples
     (0: none). ``val_split``: the stratified fraction the maps are fitted on (``None``: a
     second dataset or file, or the command's default). ``seed`` seeds the split and the
     bootstrap. ``nan_policy``: a row with a NaN or Inf stops the run or is left out.
@@ -79,8 +97,10 @@ class CalibrationSettings(Settings):
         None,
         "Calibration maps to fit: temperature scaling, focal temperature scaling, both of them, "
         "vector scaling (w·z + b), matrix scaling (W z + b, off-diagonal and intercept L2 chosen "
-        "by cross-validation on the fit split), or "
-        "none (measure only). Default: calibrate: both; metrics: none, or both with --fit or "
+        "by cross-validation on the fit split), histogram binning or isotonic regression of the "
+        "top-label confidence (histogram, isotonic) or of each class against the rest, "
+        "renormalised (histogram-ovr, isotonic-ovr), Platt scaling or beta calibration (two "
+        "classes only), or none (measure only). Default: calibrate: both; metrics: none, or both with --fit or "
         "--val-split.",
         choices=METHODS,
     )
@@ -107,6 +127,20 @@ class CalibrationSettings(Settings):
     )
     edges: str = setting(
         "left", "Equal-width bin edges: left = (a,b], right = [a,b).", choices=EDGES
+    )
+    histogram_bins: int = setting(
+        15,
+        "Bins of histogram binning (--method histogram, histogram-ovr); the fit split needs at "
+        "least as many samples.",
+        low=1,
+        high=MAX_BINS,
+    )
+    histogram_scheme: str = setting(
+        "equal-mass",
+        "How histogram binning cuts the scores: equal-mass (as AdaECE: the fit split's sorted "
+        "scores in bins of equal size, ties kept together) or equal-width ((m/M, (m+1)/M]; an "
+        "empty bin takes the middle of its edges).",
+        choices=HISTOGRAM_SCHEMES,
     )
     bootstrap: int = setting(
         0,
