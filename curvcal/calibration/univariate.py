@@ -8,9 +8,11 @@ A one-dimensional map f: [0, 1] → [0, 1] is used in two ways:
   keeps its share of the rest, q_j = p_j · (1 − q_t) / (1 − c). c_tie = p_s / (p_s + 1 − c),
   p_s the runner-up, is where the rescaled runner-up would reach the top class: the floor
   keeps the prediction (and the correctness of every row) what it was, so the map only
-  re-states how sure the model is. 1 − c is computed as Σ_{j≠t} p_j (a logsumexp of the
-  others' log-probabilities), exact even where c rounds to 1; a row whose other classes all
-  have probability 0 shares 1 − q_t evenly among them.
+  re-states how sure the model is. At the floor the runner-up would equal the top class and
+  the lowest index would win, so every other class is held under q_t by a relative
+  :data:`TIE_MARGIN` (1e-12) and the row renormalised. 1 − c is computed as Σ_{j≠t} p_j (a
+  logsumexp of the others' log-probabilities), exact even where c rounds to 1; a row whose
+  other classes all have probability 0 shares 1 − q_t evenly among them (floor: 1/K).
 * **one-vs-rest**: a map f_k per class, fitted on (p_k, 1[y = k]) over every sample, then
   q_k = f_k(p_k) / Σ_j f_j(p_j) (renormalised; a row where every f_j is 0 gets 1/K, as
   scikit-learn's ``CalibratedClassifierCV`` does). The prediction may change.
@@ -30,6 +32,10 @@ import torch
 
 from curvcal.errors import InputError
 
+#: At the floor of the top-label rule the other classes are held this relative amount under
+#: the top class, so the prediction cannot change.
+TIE_MARGIN = 1e-12
+
 
 def top_label_parts(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(top index t, log c, log(1 − c)) of float64 N×K log-probabilities, 1 − c as the
@@ -47,16 +53,21 @@ def top_label_log_probabilities(logp: torch.Tensor, confidence: torch.Tensor) ->
     top, _, log_rest = top_label_parts(logp)
     others = logp.scatter(1, top[:, None], -math.inf)
     log_second = others.max(dim=1).values
-    # c_tie = p_s / (p_s + 1 − c), in log space (0 when every other class has probability 0)
+    spread = torch.isneginf(log_rest)  # every other class has probability 0
+    # c_tie = p_s / (p_s + 1 − c) in log space; 1/K where the rest is shared evenly
     log_tie = log_second - torch.logaddexp(log_second, log_rest)
-    log_tie = torch.where(torch.isfinite(log_rest), log_tie, torch.full_like(log_tie, -math.inf))
+    log_tie = torch.where(spread, torch.full_like(log_tie, -math.log(k)), log_tie)
     q_top = torch.maximum(confidence.to(torch.float64), torch.exp(log_tie)).clamp(0.0, 1.0)
-    log_share = torch.log1p(-q_top)  # log(1 − q_t)
-    spread = torch.isneginf(log_rest)
+    log_top = torch.log(q_top)
     scaled = others - torch.where(spread, torch.zeros_like(log_rest), log_rest)[:, None]
     even = torch.full_like(others, -math.log(max(k - 1, 1)))
-    log_q = torch.where(spread[:, None], even, scaled) + log_share[:, None]
-    return log_q.scatter(1, top[:, None], torch.log(q_top)[:, None])
+    log_q = torch.where(spread[:, None], even, scaled) + torch.log1p(-q_top)[:, None]
+    # the top class stays the strict maximum (at the floor the runner-up would equal it, and
+    # the lowest index would win): the others are held a relative TIE_MARGIN under it, then the
+    # row is renormalised (a change in the 12th digit, only where the floor binds)
+    log_q = torch.minimum(log_q, (log_top + math.log1p(-TIE_MARGIN))[:, None])
+    log_q = log_q.scatter(1, top[:, None], log_top[:, None])
+    return torch.log_softmax(log_q, dim=1)
 
 
 def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,11 @@ def test_top_label_rule_keeps_proportions_and_prediction() -> None:
     np.testing.assert_allclose(q[0].numpy(), [0.8, 0.12, 0.08], atol=1e-15)
     # 0.1 is under the tie value 0.4 / (0.4 + 0.4) = 0.5: floored there; p = 0 stays 0
     np.testing.assert_allclose(q[1].numpy(), [0.5, 0.5, 0.0], atol=1e-15)
+    # at the floor the runner-up (a lower index) stays under the top class: same prediction
+    logp = torch.log(torch.tensor([[0.35, 0.6, 0.05]], dtype=torch.float64))
+    q = torch.exp(top_label_log_probabilities(logp, torch.tensor([0.2])))
+    assert int(q.argmax()) == 1 and float(q[0, 1] - q[0, 0]) > 0
+    np.testing.assert_allclose(q[0].numpy(), [0.35 / 0.75, 0.35 / 0.75, 0.05 / 0.75], rtol=1e-11)
     saturated = torch.tensor([[0.0, -math.inf, -math.inf]], dtype=torch.float64)
     q = torch.exp(top_label_log_probabilities(saturated, torch.tensor([0.7])))
     np.testing.assert_allclose(q[0].numpy(), [0.7, 0.15, 0.15], atol=1e-15)
@@ -141,7 +146,7 @@ def test_beta_constraint_fixes_a_negative_coefficient() -> None:
     rng = np.random.default_rng(3)
     p1 = rng.uniform(0.01, 0.99, 4000)
     # true map decreasing in ln p_1: a < 0 in the free fit, so a is fixed at 0
-    y = (rng.random(4000) < 1 / (1 + p1 ** 2)).astype(np.int64)
+    y = (rng.random(4000) < 1 / (1 + p1**2)).astype(np.int64)
     scores = torch.tensor(np.stack([1 - p1, p1], 1))
     fit = fit_binary(scores, torch.tensor(y), "beta", kind="probs")
     assert fit.fixed == "a" and fit.coefficients["a"] == 0.0

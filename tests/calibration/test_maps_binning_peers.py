@@ -118,9 +118,9 @@ def test_equal_width_histogram_is_netcals(k: int, sharpen: float) -> None:
     fit = fit_histogram(torch.tensor(zf), torch.tensor(yf), n_bins=10, scheme="equal-width")
     edges, values = np.asarray(fit.calibrator.edges[0]), np.asarray(fit.calibrator.values[0])
     netcal = quiet(
-        lambda: netcal_binning.HistogramBinning(bins=10)
-        .fit(c, (pred == yf).astype(int))
-        .transform(ce)
+        lambda: (
+            netcal_binning.HistogramBinning(bins=10).fit(c, (pred == yf).astype(int)).transform(ce)
+        )
     )
     np.testing.assert_allclose(values[bin_of(ce, edges)], netcal, rtol=0, atol=1e-15)
     if k > 2:  # netcal's multiclass mode is one-vs-rest, renormalised
