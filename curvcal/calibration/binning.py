@@ -31,6 +31,7 @@ import torch
 from curvcal.calibration.bins import equal_mass_index
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
+    by_rows,
     check_classes,
     check_keys,
     check_unit,
@@ -129,6 +130,9 @@ class HistogramMap:
                 source,
                 f"has {logp.shape[1]} classes but the {self.method} map has {self.n_classes}",
             )
+        return by_rows(logp, self._map_rows)
+
+    def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         edges = [np.asarray(row) for row in self.edges]
         values = [np.asarray(row) for row in self.values]
         if self.method == "histogram":

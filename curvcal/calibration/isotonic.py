@@ -29,6 +29,7 @@ import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
+    by_rows,
     check_classes,
     check_keys,
     check_unit,
@@ -149,6 +150,9 @@ class IsotonicMap:
                 source,
                 f"has {logp.shape[1]} classes but the {self.method} map has {self.n_classes}",
             )
+        return by_rows(logp, self._map_rows)
+
+    def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         if self.method == "isotonic":
             _, log_c, _ = top_label_parts(logp)
             f = np.interp(torch.exp(log_c).numpy(), self.x[0], self.y[0])

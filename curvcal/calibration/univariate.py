@@ -25,11 +25,13 @@ printing, no global RNG.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
+from curvcal.calibration.inputs import chunk_rows
 from curvcal.errors import InputError
 
 #: At the floor of the top-label rule the other classes are held this relative amount under
@@ -68,6 +70,15 @@ def top_label_log_probabilities(logp: torch.Tensor, confidence: torch.Tensor) ->
     log_q = torch.minimum(log_q, (log_top + math.log1p(-TIE_MARGIN))[:, None])
     log_q = log_q.scatter(1, top[:, None], log_top[:, None])
     return torch.log_softmax(log_q, dim=1)
+
+
+def by_rows(logp: torch.Tensor, block_map: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``block_map`` applied to row chunks of N×K ``logp`` (bounding the work arrays)."""
+    out = torch.empty_like(logp)
+    step = chunk_rows(logp.shape[1])
+    for start in range(0, logp.shape[0], step):
+        out[start : start + step] = block_map(logp[start : start + step])
+    return out
 
 
 def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:

@@ -93,3 +93,30 @@ def test_check_gates_the_histogram_stage(run_cli, tmp_path: Path) -> None:
     assert run_cli("compare", report, report, "--policy", policy).code == 0
     policy.write_text(f"[histogram_ovr.ece]\nmax = {ece - 1e-9}\n")
     assert run_cli("compare", report, report, "--policy", policy).code == 1
+
+
+def test_calibrate_fits_plots_and_saves_a_one_vs_rest_map(run_cli, tmp_path: Path) -> None:
+    from tests.commands.test_calibrate import CKPT, DATA
+
+    calibrator, plot = tmp_path / "cal.json", tmp_path / "rel.png"
+    args = ("--method", "isotonic-ovr", "--save-calibrator", calibrator, "--plot", plot)
+    document = as_json(run_cli("calibrate", CKPT, *DATA, *args, "--json"))
+    results = document["results"]
+    assert results["settings"]["method"] == "isotonic-ovr"
+    assert results["evaluation"]["isotonic_ovr"]["n_samples"] == results["split"]["n_eval"]
+    assert json.loads(calibrator.read_text())["isotonic_ovr"]["n_classes"] == 10
+    assert plot.stat().st_size > 0
+
+
+def test_check_fits_only_the_gated_map(run_cli, tmp_path: Path) -> None:
+    from curvcal.assets import demo_checkpoint
+    from tests.commands.test_check_command import SETTINGS
+
+    policy = tmp_path / "gate.toml"
+    policy.write_text(SETTINGS + "\n[histogram.ece]\nmax = 0.9\n")
+    result = run_cli("check", demo_checkpoint(), "--policy", policy, "--json")
+    assert result.code == 0, result.output
+    calibration = json.loads(result.stdout)["results"]["calibration"]
+    assert calibration["settings"]["method"] == "histogram"
+    assert set(calibration["fits"]) == {"ts", "focal_ts", "histogram"}
+    assert calibration["fits"]["histogram"]["scheme"] == "equal-mass"
