@@ -42,6 +42,9 @@ from curvcal.calibration.univariate import (
 from curvcal.errors import InputError
 
 ISOTONIC_METHODS = ("isotonic", "isotonic-ovr")
+#: Vectorised pooling passes before the linear-time stack pass of
+#: :func:`pool_adjacent_violators`.
+VECTOR_PASSES = 8
 #: Scores closer than this to the first score of their tie group join it (scikit-learn's rule).
 TIE_RESOLUTION = float(np.finfo(np.float64).resolution)
 
@@ -70,25 +73,47 @@ def tie_starts(x: np.ndarray) -> np.ndarray:
 def pool_adjacent_violators(targets: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """The non-decreasing ŷ minimising Σ w_i (t_i − ŷ_i)² for ordered ``targets``.
 
-    Pools every maximal run of decreasing adjacent blocks in one vectorised pass and repeats
-    until no block exceeds the next (pooling adjacent violators in any order reaches the same
-    unique solution); each pass removes at least one block.
+    Pooling adjacent violators in any order reaches the same unique solution, and adjacent
+    blocks of equal means always end with equal values (at the optimum the last point of a
+    block is at most its value and the first point of the next at least its own), so they may
+    be pooled too. First up to :data:`VECTOR_PASSES` vectorised passes each pool every maximal
+    run of non-increasing adjacent blocks (cheap: most pooling is local, and the runs of equal
+    targets of a one-vs-rest problem go in one pass); then one stack pass over the blocks left pools
+    the rest in linear time (a cascade of pools reaching far back would otherwise take a pass
+    per block).
     """
     weight: np.ndarray = weights.astype(np.float64)
     total: np.ndarray = targets.astype(np.float64) * weight
     size = np.ones(len(targets), dtype=np.int64)
-    while len(weight) > 1:
-        mean = total / weight
-        violates = mean[:-1] > mean[1:]
-        if not violates.any():
+    for _ in range(VECTOR_PASSES):
+        if len(weight) < 2:
             break
+        mean = total / weight
+        violates = mean[:-1] >= mean[1:]
+        if not violates.any():
+            return np.repeat(mean, size)
         opens = np.ones(len(weight), dtype=bool)
         opens[1:] = ~violates
         block = np.cumsum(opens) - 1
         weight = np.bincount(block, weights=weight)
         total = np.bincount(block, weights=total)
         size = np.bincount(block, weights=size).astype(np.int64)
-    return np.repeat(total / weight, size)
+    stack_weight: list[float] = []
+    stack_total: list[float] = []
+    stack_size: list[int] = []
+    for w, t, n in zip(weight.tolist(), total.tolist(), size.tolist(), strict=True):
+        stack_weight.append(w)
+        stack_total.append(t)
+        stack_size.append(n)
+        while (
+            len(stack_weight) > 1
+            and stack_total[-2] / stack_weight[-2] > stack_total[-1] / stack_weight[-1]
+        ):
+            w, t, n = stack_weight.pop(), stack_total.pop(), stack_size.pop()
+            stack_weight[-1] += w
+            stack_total[-1] += t
+            stack_size[-1] += n
+    return np.repeat(np.array(stack_total) / np.array(stack_weight), stack_size)
 
 
 def isotonic_points(x: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

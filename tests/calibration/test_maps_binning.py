@@ -164,3 +164,19 @@ def test_beta_constraint_fixes_a_negative_coefficient() -> None:
 def test_saved_form_round_trips(calibrator) -> None:
     again = type(calibrator).from_dict(calibrator.to_dict())
     assert again == calibrator
+
+
+def test_pool_adjacent_violators_long_cascades_match_scipy() -> None:
+    from scipy.optimize import isotonic_regression
+
+    # a pool that cascades back over 300 blocks: past the vectorised passes, into the stack
+    cascade = np.r_[np.ones(300), np.zeros(300)]
+    np.testing.assert_allclose(pool_adjacent_violators(cascade, np.ones(600)), 0.5)
+    rng = np.random.default_rng(7)
+    for rate in (np.linspace(0, 1, 5000), np.full(5000, 0.02), np.linspace(1, 0, 5000)):
+        targets = (rng.random(5000) < rate).astype(float)
+        weights = rng.integers(1, 4, 5000).astype(float)
+        reference = isotonic_regression(targets, weights=weights).x
+        np.testing.assert_allclose(
+            pool_adjacent_violators(targets, weights), reference, rtol=0, atol=1e-12
+        )

@@ -180,3 +180,17 @@ def test_beta_is_the_reference_procedure_and_netcals(sharpen: float) -> None:
     _, _, pe = top(ze)
     netcal = quiet(lambda: netcal_scaling.BetaCalibration().fit(p[:, 1], yf).transform(pe[:, 1]))
     np.testing.assert_allclose(ours, netcal, rtol=0, atol=1e-4)
+
+
+def test_platt_on_saturated_rows_is_sklearns() -> None:
+    zf, yf, ze, _ = split(2, 3.0)
+    zf, ze = zf.copy(), ze.copy()
+    zf[:100, 1] += 45.0  # logit differences beyond 40: p_1 rounds to 1 in float64
+    zf[100:150, 0] += 45.0
+    ze[:50, 1] += 45.0
+    x, xe = zf[:, 1] - zf[:, 0], ze[:, 1] - ze[:, 0]
+    fit = fit_binary(torch.tensor(zf), torch.tensor(yf), "platt")
+    ours = fit.calibrator.probabilities(torch.tensor(ze)).numpy()[:, 1]
+    a, b = sklearn_calibration._sigmoid_calibration(x, yf)
+    np.testing.assert_allclose(ours, 1 / (1 + np.exp(a * xe + b)), rtol=0, atol=1e-6)
+    assert np.isfinite(fit.calibrator.apply(torch.tensor(ze)).numpy()).all()

@@ -113,10 +113,12 @@ def test_check_fits_only_the_gated_map(run_cli, tmp_path: Path) -> None:
     from tests.commands.test_check_command import SETTINGS
 
     policy = tmp_path / "gate.toml"
-    policy.write_text(SETTINGS + "\n[histogram.ece]\nmax = 0.9\n")
+    settings = 'histogram_bins = 6\nhistogram_scheme = "equal-width"\n'
+    policy.write_text(SETTINGS + settings + "\n[histogram.ece]\nmax = 0.9\n")
     result = run_cli("check", demo_checkpoint(), "--policy", policy, "--json")
     assert result.code == 0, result.output
     calibration = json.loads(result.stdout)["results"]["calibration"]
     assert calibration["settings"]["method"] == "histogram"
     assert set(calibration["fits"]) == {"ts", "focal_ts", "histogram"}
-    assert calibration["fits"]["histogram"]["scheme"] == "equal-mass"
+    assert calibration["fits"]["histogram"]["scheme"] == "equal-width"
+    assert calibration["fits"]["histogram"]["n_bins"] == 6
