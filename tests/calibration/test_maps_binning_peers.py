@@ -194,3 +194,16 @@ def test_platt_on_saturated_rows_is_sklearns() -> None:
     a, b = sklearn_calibration._sigmoid_calibration(x, yf)
     np.testing.assert_allclose(ours, 1 / (1 + np.exp(a * xe + b)), rtol=0, atol=1e-6)
     assert np.isfinite(fit.calibrator.apply(torch.tensor(ze)).numpy()).all()
+
+
+@pytest.mark.parametrize("sharpen", [3.0, 0.5])
+def test_binary_isotonic_one_vs_rest_is_sklearns_class_one_map(sharpen: float) -> None:
+    # scikit-learn calibrates K = 2 with the class-1 map alone (q_0 = 1 − q_1); curvcal fits
+    # both classes and renormalises: the two isotonic maps mirror each other, so they agree
+    zf, yf, ze, _ = split(2, sharpen)
+    _, _, p = top(zf)
+    _, _, pe = top(ze)
+    fitted = fit_isotonic(torch.tensor(zf), torch.tensor(yf), "isotonic-ovr").calibrator
+    ours = fitted.probabilities(torch.tensor(ze)).numpy()[:, 1]
+    reference = isotonic_reference(p[:, 1], yf.astype(float), pe[:, 1])
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-12)
