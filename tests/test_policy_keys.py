@@ -44,8 +44,9 @@ def test_every_key_takes_the_default_and_words_of_its_field() -> None:
     assert keys.choices("loss") == LOSSES  # flsd53 too, as `hessian --loss`
     assert keys.choices("eigen_method") == ("power", "lanczos")
     assert keys.choices("method") == (
-        "ts", "focal-ts", "both", "vector", "matrix", "laplace", "none"
-    )  # fmt: skip
+        *("ts", "focal-ts", "both", "vector", "matrix", "laplace", "histogram"),
+        *("histogram-ovr", "isotonic", "isotonic-ovr", "platt", "beta", "none"),
+    )
     assert keys.choices("nan_policy") == ("error", "drop")
     assert keys.kind("bins").text == f"a whole number >= 1 and <= {MAX_BINS}"
     # seed sets both seeds: the tighter range of the two fields

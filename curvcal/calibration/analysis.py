@@ -21,7 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from curvcal.calibration.binary import BinaryFit
+from curvcal.calibration.binning import HistogramFit
 from curvcal.calibration.inputs import as_tensor, check_kind
+from curvcal.calibration.isotonic import IsotonicFit
 from curvcal.calibration.linear import LinearFit
 from curvcal.calibration.metrics import calibration_metrics
 from curvcal.calibration.registry import MAPS, CalibrationMap, fitted_stages
@@ -79,6 +82,12 @@ class StageMetrics:
     vector: CalibrationMetrics | None = None
     matrix: CalibrationMetrics | None = None
     laplace: CalibrationMetrics | None = None
+    histogram: CalibrationMetrics | None = None
+    histogram_ovr: CalibrationMetrics | None = None
+    isotonic: CalibrationMetrics | None = None
+    isotonic_ovr: CalibrationMetrics | None = None
+    platt: CalibrationMetrics | None = None
+    beta: CalibrationMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)
@@ -98,6 +107,12 @@ class CalibrationFits:
     vector: LinearFit | None = None
     matrix: LinearFit | None = None
     laplace: Any = None
+    histogram: HistogramFit | None = None
+    histogram_ovr: HistogramFit | None = None
+    isotonic: IsotonicFit | None = None
+    isotonic_ovr: IsotonicFit | None = None
+    platt: BinaryFit | None = None
+    beta: BinaryFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)

@@ -5,10 +5,11 @@ which returns a fit record whose ``calibrator`` is a frozen map object (:class:`
 ``apply(scores, kind, source)`` gives float64 log-probabilities, ``probabilities`` their
 exponentials, ``to_dict()`` plain numbers only and ``load(dict, source)`` (the entry's) rebuilds
 it from them without running anything from the file. The report stage of a map is its key
-(``ts``, ``focal_ts``, ``vector``, ``matrix``, ``laplace``); ``option`` is its ``--method``
-spelling and ``method`` the name its saved form carries. ``input`` is what the map reads:
-``scores`` (N×K), or ``features`` (a :class:`~curvcal.calibration.laplace.HeadFeatures`: the
-model's last-layer inputs and head, which logits alone do not give).
+(``ts``, ``focal_ts``, ``vector``, ``matrix``, ``laplace``, ``histogram``, ``histogram_ovr``,
+``isotonic``, ``isotonic_ovr``, ``platt``, ``beta``); ``option`` is its ``--method`` spelling and
+``method`` the name its saved form carries. ``input`` is what the map reads: ``scores`` (N×K), or
+``features`` (a :class:`~curvcal.calibration.laplace.HeadFeatures`: the model's last-layer inputs
+and head, which logits alone do not give).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from curvcal.calibration.binary import BinaryMap, fit_binary
+from curvcal.calibration.binning import HistogramMap, fit_histogram
+from curvcal.calibration.isotonic import IsotonicMap, fit_isotonic
 from curvcal.calibration.linear import LinearMap, fit_linear, fit_matrix_odir
 from curvcal.calibration.results import Calibrator
 from curvcal.calibration.scaling import fit_focal_temperature, fit_temperature
@@ -114,6 +118,39 @@ def _load_laplace(data: Any, source: str) -> CalibrationMap:
     from curvcal.calibration.laplace import LaplaceMap
 
     return LaplaceMap.from_dict(data, source)
+def _fit_histogram(method: str) -> Callable[..., Any]:
+    def fit(
+        scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+    ) -> Any:
+        return fit_histogram(
+            scores,
+            labels,
+            method,
+            kind=kind,
+            n_bins=settings.histogram_bins,
+            scheme=settings.histogram_scheme,
+            **common,
+        )
+
+    return fit
+
+
+def _fit_isotonic(method: str) -> Callable[..., Any]:
+    def fit(
+        scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+    ) -> Any:
+        return fit_isotonic(scores, labels, method, kind=kind, **common)
+
+    return fit
+
+
+def _fit_binary(method: str) -> Callable[..., Any]:
+    def fit(
+        scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+    ) -> Any:
+        return fit_binary(scores, labels, method, kind=kind, **common)
+
+    return fit
 
 
 MAPS: dict[str, MapKind] = {
@@ -133,6 +170,39 @@ MAPS: dict[str, MapKind] = {
         MapKind(
             "laplace", "laplace", "laplace", "Laplace", _fit_laplace, _load_laplace, "features"
         ),
+            "histogram",
+            "histogram",
+            "histogram",
+            "histogram",
+            _fit_histogram("histogram"),
+            HistogramMap.from_dict,
+        ),
+        MapKind(
+            "histogram_ovr",
+            "histogram-ovr",
+            "histogram-ovr",
+            "histogram OvR",
+            _fit_histogram("histogram-ovr"),
+            HistogramMap.from_dict,
+        ),
+        MapKind(
+            "isotonic",
+            "isotonic",
+            "isotonic",
+            "isotonic",
+            _fit_isotonic("isotonic"),
+            IsotonicMap.from_dict,
+        ),
+        MapKind(
+            "isotonic_ovr",
+            "isotonic-ovr",
+            "isotonic-ovr",
+            "isotonic OvR",
+            _fit_isotonic("isotonic-ovr"),
+            IsotonicMap.from_dict,
+        ),
+        MapKind("platt", "platt", "platt", "Platt", _fit_binary("platt"), BinaryMap.from_dict),
+        MapKind("beta", "beta", "beta", "beta", _fit_binary("beta"), BinaryMap.from_dict),
     )
 }
 #: The saved method of every stage.

@@ -27,6 +27,8 @@ _MAP_OPTIONS = {
     "laplace_structure": ("--laplace-structure", ("laplace",)),
     "laplace_predictive": ("--laplace-predictive", ("laplace",)),
     "laplace_samples": ("--laplace-samples", ("laplace",)),
+    "histogram_bins": ("--histogram-bins", ("histogram", "histogram-ovr")),
+    "histogram_scheme": ("--histogram-scheme", ("histogram", "histogram-ovr")),
 }
 
 

@@ -56,6 +56,15 @@ def analysis_warnings(analysis: CalibrationAnalysis) -> list[str]:
                 f"iterations (max |gradient| {linear.gradient_max:.2g}, wanted < "
                 f"{linear.gradient_tol:g}): the fitted map is not the minimum of its NLL"
             )
+    for binary in (analysis.fits.platt, analysis.fits.beta):
+        if binary is not None and not binary.converged:
+            messages.append(
+                f"{'Platt scaling' if binary.method == 'platt' else 'beta calibration'} did "
+                f"not converge in {binary.iterations} Newton "
+                f"steps (max |gradient| {binary.gradient_max:.2g}, wanted < "
+                f"{binary.gradient_tol:g}; separable fit data?): the fitted map is not the "
+                "minimum of its objective"
+            )
     for name, fit in (("temperature scaling", ts), ("focal temperature scaling", focal)):
         if fit is not None and math.isinf(fit.nll_before):
             messages.append(

@@ -15,7 +15,10 @@ A map acts on log-probabilities, but a temperature fitted on logits means someth
 rounded probabilities, and a map fitted for one model's classes means nothing for another's:
 :func:`provenance_mismatches` lists where a file's provenance disagrees with the scores it is
 applied to. The ``vector`` and ``matrix`` keys appear only in files that hold those maps
-(schema ``1.2``; a file with TS and focal TS only stays ``1.1``). Every value is a plain
+(schema ``1.2``; a file with TS and focal TS only stays ``1.1``); ``histogram``,
+``histogram_ovr``, ``isotonic``, ``isotonic_ovr``, ``platt`` and ``beta`` keys only in files of
+schema ``1.3``, which hold such a map (their numbers: :mod:`curvcal.calibration.binning`,
+:mod:`~curvcal.calibration.isotonic`, :mod:`~curvcal.calibration.binary`). Every value is a plain
 number: reading a file runs nothing from it. Schema ``1.0`` files (no provenance) are still
 read. The command writes the text of
 :func:`calibrators_json` atomically; every fault in a file read back is an
@@ -38,8 +41,13 @@ from curvcal.paths import readable_file
 CALIBRATOR_SCHEMA = "1.1"
 #: The schema of a file holding a map other than TS and focal TS.
 MAPS_SCHEMA = "1.2"
+#: The schema of a file holding histogram binning, isotonic regression, Platt scaling or beta
+#: calibration.
+ONE_DIMENSIONAL_SCHEMA = "1.3"
 #: Schemas read back: 1.0 files carry no provenance.
-_READ_SCHEMAS = ("1.0", CALIBRATOR_SCHEMA, MAPS_SCHEMA)
+_READ_SCHEMAS = ("1.0", CALIBRATOR_SCHEMA, MAPS_SCHEMA, ONE_DIMENSIONAL_SCHEMA)
+#: The stages a schema 1.3 file may hold and older ones may not.
+_SINCE_1_3 = ("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta")
 #: Stages every file names (``null`` when absent); the others only when present.
 _ALWAYS = ("ts", "focal_ts")
 _KEYS = ("schema", "curvcal", *STAGE_METHODS, "provenance")
@@ -165,8 +173,10 @@ def calibrators_json(
     from curvcal import __version__
 
     newer = any(stage not in _ALWAYS for stage in calibrators)
+    newest = any(stage in _SINCE_1_3 for stage in calibrators)
+    schema = MAPS_SCHEMA if newer else CALIBRATOR_SCHEMA
     document: dict[str, object] = {
-        "schema": MAPS_SCHEMA if newer else CALIBRATOR_SCHEMA,
+        "schema": ONE_DIMENSIONAL_SCHEMA if newest else schema,
         "curvcal": __version__,
     }
     for stage in STAGE_METHODS:
@@ -229,7 +239,9 @@ def load_calibrator_file(path: Path) -> CalibratorFile:
         entry = document.get(stage)
         if entry is None:
             continue
-        if stage not in _ALWAYS and schema != MAPS_SCHEMA:
+        if stage not in _ALWAYS and schema not in (MAPS_SCHEMA, ONE_DIMENSIONAL_SCHEMA):
+            raise InputError(where, f"a schema {schema} calibrator file has no {stage!r}")
+        if stage in _SINCE_1_3 and schema != ONE_DIMENSIONAL_SCHEMA:
             raise InputError(where, f"a schema {schema} calibrator file has no {stage!r}")
         if stage not in _ALWAYS and isinstance(entry, dict) and entry.get("method") != method:
             raise InputError(

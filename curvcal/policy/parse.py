@@ -13,8 +13,8 @@ A policy is a TOML file (``--policy FILE``) or the ``[tool.curvcal]`` table of a
 
 Calibration metrics are measured at a *stage*: ``[ece]`` (same as ``[uncalibrated.ece]``) gates
 the uncalibrated model, ``[ts.ece]`` the model after temperature scaling and ``[focal_ts.ece]``
-after focal temperature scaling (``[vector.ece]`` and ``[matrix.ece]``: after vector or matrix
-scaling). Their keys in values and verdicts are ``ece``, ``ts.ece`` and ``focal_ts.ece``. The other metrics (``lambda_max``, ``trace``, ``temperature``, ``focal_gamma``,
+after focal temperature scaling (``[vector.ece]``, ``[matrix.ece]``, ``[histogram.ece]``,
+``[isotonic_ovr.ece]``, ``[platt.ece]``, …: after that map). Their keys in values and verdicts are ``ece``, ``ts.ece`` and ``focal_ts.ece``. The other metrics (``lambda_max``, ``trace``, ``temperature``, ``focal_gamma``,
 ``focal_temperature``) take no stage.
 
 Example::
@@ -73,11 +73,24 @@ SCALING_METRICS = ("temperature", "focal_gamma", "focal_temperature")
 METRICS = CALIBRATION_METRICS + CURVATURE_METRICS + SCALING_METRICS
 
 UNCALIBRATED = "uncalibrated"
-STAGES = (UNCALIBRATED, "ts", "focal_ts", "vector", "matrix")
+STAGES = (
+    UNCALIBRATED,
+    "ts",
+    "focal_ts",
+    "vector",
+    "matrix",
+    "histogram",
+    "histogram_ovr",
+    "isotonic",
+    "isotonic_ovr",
+    "platt",
+    "beta",
+)
 """``uncalibrated``: the model's own probabilities; ``ts``: after temperature scaling;
 ``focal_ts``: after focal temperature scaling; ``vector``/``matrix``: after vector or matrix
-scaling (a policy gates one of these two, and not with ``ts`` or ``focal_ts``: ``--method``
-fits one of them alone)."""
+scaling; ``histogram``/``histogram_ovr``, ``isotonic``/``isotonic_ovr``, ``platt``, ``beta``:
+after that map (a policy gates one map other than TS and focal TS, and not with ``ts`` or
+``focal_ts``: ``--method`` fits one of them alone)."""
 
 BOUNDS = ("max", "min", "max_increase", "max_rel_increase", "max_decrease", "max_rel_decrease")
 CHANGE_BOUNDS = BOUNDS[2:]

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from curvcal.errors import InputError
 from curvcal.policy import keys
-from curvcal.policy.parse import CALIBRATION_METRICS, Policy, Rule, setting_location
+from curvcal.policy.parse import CALIBRATION_METRICS, STAGES, Policy, Rule, setting_location
 from curvcal.settings.fields import Settings, field_kind, from_mapping, option_name
 
 S = TypeVar("S", bound=Settings)
@@ -36,13 +36,14 @@ class Needs:
     hessian: bool
     trace: bool
     linear: tuple[str, ...] = ()
-    """The linear maps (``vector``, ``matrix``) gated."""
+    """The maps other than TS and focal TS gated (``vector``, ``matrix``, ``histogram``, …),
+    by stage."""
 
     @property
     def method(self) -> str:
         """The calibration maps to fit, spelled as ``--method`` spells them."""
         if self.linear:
-            return self.linear[0]
+            return _option(self.linear[0])
         if self.ts and self.focal_ts:
             return "both"
         if self.ts:
@@ -59,13 +60,14 @@ def needs(rules: tuple[Rule, ...] | list[Rule], where: str = "policy") -> Needs:
     ts = "ts" in stages or "temperature" in metrics
     focal = "focal_ts" in stages or bool({"focal_gamma", "focal_temperature"} & metrics)
     trace = "trace" in metrics
-    linear = tuple(stage for stage in ("vector", "matrix") if stage in stages)
+    linear = tuple(stage for stage in STAGES[3:] if stage in stages)
     if linear and (len(linear) > 1 or ts or focal):
         gated = sorted({*linear, *(("ts",) if ts else ()), *(("focal_ts",) if focal else ())})
         raise InputError(
             where,
             f"gates the stages {', '.join(gated)}, which no one --method fits together",
-            "gate vector or matrix alone, or check each map with its own policy",
+            "gate one of vector, matrix, histogram, isotonic, platt, beta, ... alone, or check "
+            "each map with its own policy",
         )
     return Needs(
         predictions=bool(stages) or ts or focal,
@@ -210,7 +212,7 @@ def calibration_method(settings: Mapping[str, Any], need: Needs, where: Locator)
         for name, needed, fitted in (
             ("ts", need.ts, fits_ts),
             ("focal_ts", need.focal_ts, fits_focal),
-            *((stage, True, given == stage) for stage in need.linear),
+            *((stage, True, given == _option(stage)) for stage in need.linear),
         )
         if needed and not fitted
     ]
@@ -218,8 +220,13 @@ def calibration_method(settings: Mapping[str, Any], need: Needs, where: Locator)
         raise InputError(
             where("method"),
             f"method {given!r} fits no {' or '.join(missing)} map, which the policy gates",
-            f'use method = "{need.linear[0]}" or leave method out'
+            f'use method = "{_option(need.linear[0])}" or leave method out'
             if need.linear
             else 'use method = "both" or leave method out',
         )
     return str(given)
+
+
+def _option(stage: str) -> str:
+    """The ``--method`` spelling of a stage (``histogram_ovr``: ``histogram-ovr``)."""
+    return stage.replace("_", "-")

@@ -21,7 +21,15 @@ STAGE_TITLES = {
     "vector": "vector",
     "matrix": "matrix",
     "laplace": "Laplace",
+    "histogram": "histogram",
+    "histogram_ovr": "histogram OvR",
+    "isotonic": "isotonic",
+    "isotonic_ovr": "isotonic OvR",
+    "platt": "Platt",
+    "beta": "beta",
 }
+#: Stages of the maps the "binning, isotonic and binary maps" table describes.
+ONE_DIMENSIONAL_STAGES = ("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta")
 CHART_WIDTH = 20
 
 
@@ -116,6 +124,11 @@ def calibration_tables(analysis: CalibrationAnalysis, chart: bool = True) -> lis
         tables.append(linear_fits_table(linear, analysis.split.n_fit))
     if analysis.fits.laplace is not None:
         tables.append(laplace_fit_table(analysis.fits.laplace))
+    one_dimensional = [
+        (stage, fit) for stage, fit in analysis.fits.present() if stage in ONE_DIMENSIONAL_STAGES
+    ]
+    if one_dimensional:
+        tables.append(one_dimensional_fits_table(one_dimensional, analysis.split.n_fit))
     tables.append(split_table(analysis))
     return tables
 
@@ -340,6 +353,54 @@ def laplace_fit_table(fit: Any) -> Table:
         caption="δ maximises the Laplace log marginal likelihood (scalar prior, GGN of the "
         "summed cross-entropy); before/after: in-sample",
     )
+
+
+def one_dimensional_fits_table(fits: list[tuple[str, Any]], n_fit: int) -> Table:
+    """Histogram binning, isotonic regression, Platt scaling and beta calibration fits: what
+    each was fitted on, its shape, NLL before/after on the fit split."""
+    rows = (
+        ("fitted on", *(_fitted_on(fit) for _, fit in fits)),
+        ("shape", *(_shape(fit) for _, fit in fits)),
+        ("parameters", *(str(_parameters(fit)) for _, fit in fits)),
+        ("NLL before", *(fmt_float(fit.nll_before) for _, fit in fits)),
+        ("NLL after", *(fmt_float(fit.nll_after) for _, fit in fits)),
+        (
+            "converged",
+            *(_yes(fit.converged) if hasattr(fit, "converged") else "-" for _, fit in fits),
+        ),
+    )
+    return Table(
+        title=f"binning, isotonic and binary maps (on the fit split, {n_fit} samples)",
+        columns=("quantity", *(STAGE_TITLES[stage] for stage, _ in fits)),
+        rows=rows,
+        caption="top-label: the top class gets f(confidence), the others share the rest in "
+        "proportion; OvR: f_k(p_k) renormalised; before/after: in-sample",
+    )
+
+
+def _fitted_on(fit: Any) -> str:
+    if fit.method in ("platt", "beta"):
+        return str(fit.input)
+    return "each p_k vs rest" if fit.method.endswith("-ovr") else "top-label confidence"
+
+
+def _shape(fit: Any) -> str:
+    if fit.method.startswith("histogram"):
+        used = sum(fit.bins_used)
+        per = " per class" if fit.method.endswith("-ovr") else ""
+        return f"{fit.n_bins} {fit.scheme} bins{per} ({used} used, {fit.empty_bins} empty)"
+    if fit.method.startswith("isotonic"):
+        return f"{sum(fit.points)} points"
+    text = ", ".join(f"{name} = {value:.4g}" for name, value in fit.coefficients.items())
+    return text + (f" ({fit.fixed} fixed at 0: a, b >= 0)" if fit.fixed else "")
+
+
+def _parameters(fit: Any) -> int:
+    if fit.method == "platt":
+        return 2
+    if fit.method == "beta":
+        return 2 if fit.fixed else 3
+    return int(fit.n_parameters)
 
 
 def _strength_source(fit: LinearFit) -> str:

@@ -22,12 +22,30 @@ from curvcal.settings.hessian import MAX_SEED
 #: and each stage keeps a row per bin (classwise ECE one per class).
 MAX_BINS = 10_000
 #: ``--method``: temperature scaling, focal temperature scaling, both, vector scaling, matrix
-#: scaling, the last-layer Laplace approximation (calibrate only: it needs the model), or none.
-METHODS = ("ts", "focal-ts", "both", "vector", "matrix", "laplace", "none")
+#: scaling, the last-layer Laplace approximation (calibrate only: it needs the model), histogram
+#: binning and isotonic regression (top-label or one-vs-rest), Platt scaling, beta calibration,
+#: or none (metrics only).
+METHODS = (
+    "ts",
+    "focal-ts",
+    "both",
+    "vector",
+    "matrix",
+    "laplace",
+    "histogram",
+    "histogram-ovr",
+    "isotonic",
+    "isotonic-ovr",
+    "platt",
+    "beta",
+    "none",
+)
 #: ``--laplace-structure``: the last layer's GGN in full, Kronecker-factored, or chosen by size.
 LAPLACE_STRUCTURES = ("auto", "full", "kron")
 #: ``--laplace-predictive``: the probit approximation or Monte Carlo.
 LAPLACE_PREDICTIVES = ("probit", "mc")
+#: ``--histogram-scheme``: how histogram binning cuts the scores.
+HISTOGRAM_SCHEMES = ("equal-mass", "equal-width")
 #: ``--objective``: what temperature scaling minimises on the fit split.
 OBJECTIVES_TS = ("nll", "ece", "adaece")
 #: ``--focal-objective``: what focal temperature scaling minimises (``adaece-grid``: the
@@ -64,12 +82,14 @@ class CalibrationSettings(Settings):
     """What to fit and how to measure.
 
     ``method``: the maps to fit, ``ts``, ``focal-ts``, ``both`` (TS and focal TS), ``vector``,
-    ``matrix`` or ``none`` (``None``: the
+    ``matrix``, ``histogram``, ``histogram-ovr``, ``isotonic``, ``isotonic-ovr``, ``platt``,
+    ``beta`` or ``none`` (``None``: the
     command picks: ``both`` for ``calibrate``; for ``metrics``, ``both`` with a fit split and
     ``none`` without; for the kernel, ``both`` when it is given a fit split). ``objective``:
     what TS minimises on the fit split; ``focal_objective``: what focal TS minimises, over the
     γ grid ``gammas`` (sorted, without repeats). ``bins`` equal-width and equal-mass bins with
-    the ``edges`` convention (``left``: (a, b], ``right``: [a, b)). ``bootstrap`` resamples
+    the ``edges`` convention (``left``: (a, b], ``right``: [a, b)). ``histogram_bins`` bins of
+    ``histogram_scheme`` for histogram binning. ``bootstrap`` resamples
     (0: none). ``val_split``: the stratified fraction the maps are fitted on (``None``: a
     second dataset or file, or the command's default). ``seed`` seeds the split and the
     bootstrap. ``nan_policy``: a row with a NaN or Inf stops the run or is left out.
@@ -86,8 +106,11 @@ class CalibrationSettings(Settings):
         "Calibration maps to fit: temperature scaling, focal temperature scaling, both of them, "
         "vector scaling (w·z + b), matrix scaling (W z + b, off-diagonal and intercept L2 chosen "
         "by cross-validation on the fit split), a last-layer Laplace approximation (calibrate "
-        "only: it needs the model), or "
-        "none (measure only). Default: calibrate: both; metrics: none, or both with --fit or "
+        "only: it needs the model), histogram binning or isotonic regression of the "
+        "top-label confidence (histogram, isotonic) or of each class against the rest, "
+        "renormalised (histogram-ovr, isotonic-ovr), Platt scaling or beta calibration (two "
+        "classes only), or none (measure only). Default: calibrate: both; metrics: none, or both "
+        "with --fit or "
         "--val-split.",
         choices=METHODS,
     )
@@ -114,6 +137,20 @@ class CalibrationSettings(Settings):
     )
     edges: str = setting(
         "left", "Equal-width bin edges: left = (a,b], right = [a,b).", choices=EDGES
+    )
+    histogram_bins: int = setting(
+        15,
+        "Bins of histogram binning (--method histogram, histogram-ovr); the fit split needs at "
+        "least as many samples.",
+        low=1,
+        high=MAX_BINS,
+    )
+    histogram_scheme: str = setting(
+        "equal-mass",
+        "How histogram binning cuts the scores: equal-mass (as AdaECE: the fit split's sorted "
+        "scores in bins of equal size, ties kept together) or equal-width ((m/M, (m+1)/M]; an "
+        "empty bin takes the middle of its edges).",
+        choices=HISTOGRAM_SCHEMES,
     )
     bootstrap: int = setting(
         0,

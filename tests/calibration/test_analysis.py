@@ -223,7 +223,7 @@ def test_fit_split_and_method_must_agree() -> None:
 @pytest.mark.parametrize(
     ("changes", "option"),
     [
-        ({"method": "platt"}, "--method"),
+        ({"method": "bbq"}, "--method"),
         ({"objective": "brier"}, "--objective"),
         ({"focal_objective": "mse"}, "--focal-objective"),
         ({"bins": 0}, "bins"),

@@ -155,7 +155,7 @@ def test_calibrator_round_trip_through_json() -> None:
     "data",
     [
         [],
-        {"method": "platt"},
+        {"method": "bbq"},
         {"method": "temperature", "temperature": 0.0},
         {"method": "temperature", "temperature": -1.0},
         {"method": "temperature", "temperature": "2"},

@@ -1,0 +1,141 @@
+"""Full K-vectors from one-dimensional calibration maps (histogram binning, isotonic
+regression), and the checks of their saved numbers.
+
+A one-dimensional map f: [0, 1] → [0, 1] is used in two ways:
+
+* **top-label**: f is fitted on (c, 1[prediction = y]), c = max_k p_k the confidence; the top
+  class t (argmax, lowest index on ties) gets q_t = max(f(c), c_tie) and every other class
+  keeps its share of the rest, q_j = p_j · (1 − q_t) / (1 − c). c_tie = p_s / (p_s + 1 − c),
+  p_s the runner-up, is where the rescaled runner-up would reach the top class: the floor
+  keeps the prediction (and the correctness of every row) what it was, so the map only
+  re-states how sure the model is. At the floor the runner-up would equal the top class and
+  the lowest index would win, so every other class is held under q_t by a relative
+  :data:`TIE_MARGIN` (1e-12) and the row renormalised. 1 − c is computed as Σ_{j≠t} p_j (a
+  logsumexp of the others' log-probabilities), exact even where c rounds to 1; a row whose
+  other classes all have probability 0 shares 1 − q_t evenly among them (floor: 1/K).
+* **one-vs-rest**: a map f_k per class, fitted on (p_k, 1[y = k]) over every sample, then
+  q_k = f_k(p_k) / Σ_j f_j(p_j) (renormalised; a row where every f_j is 0 gets 1/K, as
+  scikit-learn's ``CalibratedClassifierCV`` does). The prediction may change.
+
+The metrics of a stage are computed from q itself, so its confidence is max_k q_k (for
+top-label maps: q_t, by the floor) and its prediction argmax_k q_k. Pure: no file I/O, no
+printing, no global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from curvcal.calibration.inputs import chunk_rows
+from curvcal.errors import InputError
+
+#: At the floor of the top-label rule the other classes are held this relative amount under
+#: the top class, so the prediction cannot change.
+TIE_MARGIN = 1e-12
+
+
+def top_label_parts(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(top index t, log c, log(1 − c)) of float64 N×K log-probabilities, 1 − c as the
+    logsumexp of the other classes (−inf when they are all 0)."""
+    top = logp.argmax(dim=1)
+    log_c = logp.gather(1, top[:, None])[:, 0]
+    others = logp.scatter(1, top[:, None], -math.inf)
+    return top, log_c, torch.logsumexp(others, dim=1)
+
+
+def top_label_log_probabilities(logp: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
+    """log q of the top-label rule (module docstring) for float64 N×K ``logp`` and the
+    calibrated confidences f(c) (length N, in [0, 1])."""
+    k = logp.shape[1]
+    top, _, log_rest = top_label_parts(logp)
+    others = logp.scatter(1, top[:, None], -math.inf)
+    log_second = others.max(dim=1).values
+    spread = torch.isneginf(log_rest)  # every other class has probability 0
+    # c_tie = p_s / (p_s + 1 − c) in log space; 1/K where the rest is shared evenly
+    log_tie = log_second - torch.logaddexp(log_second, log_rest)
+    log_tie = torch.where(spread, torch.full_like(log_tie, -math.log(k)), log_tie)
+    q_top = torch.maximum(confidence.to(torch.float64), torch.exp(log_tie)).clamp(0.0, 1.0)
+    log_top = torch.log(q_top)
+    scaled = others - torch.where(spread, torch.zeros_like(log_rest), log_rest)[:, None]
+    even = torch.full_like(others, -math.log(max(k - 1, 1)))
+    log_q = torch.where(spread[:, None], even, scaled) + torch.log1p(-q_top)[:, None]
+    # the top class stays the strict maximum (at the floor the runner-up would equal it, and
+    # the lowest index would win): the others are held a relative TIE_MARGIN under it, then the
+    # row is renormalised (a change in the 12th digit, only where the floor binds)
+    log_q = torch.minimum(log_q, (log_top + math.log1p(-TIE_MARGIN))[:, None])
+    log_q = log_q.scatter(1, top[:, None], log_top[:, None])
+    return torch.log_softmax(log_q, dim=1)
+
+
+def by_rows(logp: torch.Tensor, block_map: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``block_map`` applied to row chunks of N×K ``logp`` (bounding the work arrays)."""
+    out = torch.empty_like(logp)
+    step = chunk_rows(logp.shape[1])
+    for start in range(0, logp.shape[0], step):
+        out[start : start + step] = block_map(logp[start : start + step])
+    return out
+
+
+def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
+    """log q_k = log f_k − log Σ_j f_j of N×K non-negative ``values`` f_k(p_k); a row of
+    zeros gives 1/K."""
+    values = values.to(torch.float64)
+    total = values.sum(dim=1, keepdim=True)
+    k = values.shape[1]
+    uniform = torch.full_like(values, -math.log(k))
+    log_q = torch.log(values) - torch.log(total)
+    return torch.where(total > 0, log_q, uniform)
+
+
+def check_classes(n_classes: int, method: str, source: str) -> None:
+    """A one-dimensional map needs K ≥ 2 score columns."""
+    if n_classes < 2:
+        raise InputError(source, f"has {n_classes} class; {method} needs at least 2")
+
+
+def numbers(values: Any, source: str, what: str) -> np.ndarray:
+    """A JSON list of finite numbers as float64, else :class:`InputError` naming ``source``."""
+    if not isinstance(values, list) or not values:
+        raise InputError(source, f"{what} must be a non-empty list of numbers")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InputError(source, f"{what} must hold numbers only, got {value!r}")
+    out = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(out).all():
+        raise InputError(source, f"{what} must be finite")
+    return out
+
+
+def rows_of(values: Any, source: str, what: str) -> list[np.ndarray]:
+    """A JSON list of non-empty lists of finite numbers."""
+    if not isinstance(values, list) or not values:
+        raise InputError(source, f"{what} must be a non-empty list of lists of numbers")
+    return [numbers(row, source, what) for row in values]
+
+
+def check_unit(values: np.ndarray, source: str, what: str) -> None:
+    """Every value in [0, 1]."""
+    if values.min() < 0 or values.max() > 1:
+        raise InputError(source, f"{what} must lie in [0, 1]")
+
+
+def check_keys(data: Any, keys: tuple[str, ...], source: str) -> None:
+    """``data`` is a JSON object with exactly ``keys``."""
+    if not isinstance(data, dict):
+        raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise InputError(source, f"unknown calibrator keys {unknown}")
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise InputError(source, f"missing keys {missing}")
+
+
+def fit_nll(logq: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean −log q_y (in-sample NLL of a fitted map; ∞ when some q_y is 0)."""
+    return float(-logq.gather(1, labels[:, None]).mean())
