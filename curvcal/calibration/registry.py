@@ -118,6 +118,8 @@ def _load_laplace(data: Any, source: str) -> CalibrationMap:
     from curvcal.calibration.laplace import LaplaceMap
 
     return LaplaceMap.from_dict(data, source)
+
+
 def _fit_histogram(method: str) -> Callable[..., Any]:
     def fit(
         scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
@@ -170,6 +172,7 @@ MAPS: dict[str, MapKind] = {
         MapKind(
             "laplace", "laplace", "laplace", "Laplace", _fit_laplace, _load_laplace, "features"
         ),
+        MapKind(
             "histogram",
             "histogram",
             "histogram",
