@@ -17,7 +17,7 @@ from curvcal.settings.fields import Settings, setting
 #: head of more rows than this would not fit in memory next to any network.
 MAX_CLASSES = 1_000_000
 #: ``--dtype``: the floating-point precisions a model runs in.
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 def _parse_kwargs_json(_ctx: Any, param: Any, value: str | None) -> dict[str, Any]:
@@ -66,7 +66,8 @@ class CheckpointSettings(Settings):
     win; :attr:`keywords` holds both). ``num_classes`` is passed to the architecture as
     ``num_classes``; when absent and the architecture takes it, it is inferred from the
     checkpoint. ``allow_global``: ``module.Class`` names a weights-only load may build.
-    ``device``: ``auto|cpu|cuda|cuda:N``; ``dtype``: ``float32|float64``.
+    ``device``: ``auto|cpu|cuda|cuda:N``; ``dtype``: ``float32|float64|bfloat16|float16`` (half precisions run the model in
+    that dtype; curvature and calibration arithmetic stays in float32 or wider).
     """
 
     GROUP: ClassVar[str] = "checkpoint"
@@ -118,7 +119,12 @@ class CheckpointSettings(Settings):
         multiple=True,
     )
     device: str = setting("auto", "auto (CUDA when available), cpu, cuda or cuda:N.")
-    dtype: str = setting("float32", "Floating-point precision of the model.", choices=DTYPES)
+    dtype: str = setting(
+        "float32",
+        "Floating-point precision of the model (bfloat16/float16: parameters and activations in "
+        "half precision; eigenvalue, trace and calibration arithmetic in float32 or wider).",
+        choices=DTYPES,
+    )
 
     @property
     def keywords(self) -> Mapping[str, Any]:
