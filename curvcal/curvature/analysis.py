@@ -314,7 +314,7 @@ def analyse_operator(
         "n_params": n_params,
         "n_samples": operator.n_samples,
         "model_dtype": str(operator.model_dtype).removeprefix("torch."),
-        "precision_floor": operator.precision_floor,
+        "precision_floor": operator.precision_floor or None,
         "significant_digits": significant_digits(operator.precision_floor),
         "params": list(operator.param_names),
         "probe_batch": operator.probe_batch,
