@@ -178,8 +178,8 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
         )
     if trace.parts is not None:
         caption += (
-            f"; tr(G) = {fmt_float(trace.parts['gauss_newton'], 6)} (Gauss–Newton part, exact), "
-            f"tr(R) ≈ {fmt_float(trace.parts['residual'], 6)} (the network's own curvature)"
+            f"; tr(G) = {_value(trace.parts['gauss_newton'], digits)} (Gauss–Newton part, exact), "
+            f"tr(R) ≈ {_value(trace.parts['residual'], digits)} (the network's own curvature)"
         )
     choice = analysis.operator.get("trace_choice")
     if choice:
@@ -216,12 +216,13 @@ _TRACE_NAMES = {
 
 
 def _layers_table(analysis: HessianAnalysis) -> Table:
+    digits = _digits(analysis)
     rows = tuple(
         (
             layer.module,
             f"{layer.n_params:,}",
-            fmt_float(layer.lambda_max.value, 6),
-            fmt_float(layer.trace.estimate, 6)
+            _value(layer.lambda_max.value, digits),
+            _value(layer.trace.estimate, digits)
             + (
                 ""
                 if layer.trace.method == "exact"
@@ -247,6 +248,7 @@ def _layers_table(analysis: HessianAnalysis) -> Table:
 def _density_table(analysis: HessianAnalysis) -> Table:
     density = analysis.density
     assert density is not None
+    digits = _digits(analysis)
     return Table(
         title="eigenvalue density (SLQ)"
         if _kind(analysis) == "Hessian"
@@ -254,8 +256,8 @@ def _density_table(analysis: HessianAnalysis) -> Table:
         columns=("grid min", "grid max", "runs", "steps", "bandwidth"),
         rows=(
             (
-                fmt_float(density.grid[0], 6),
-                fmt_float(density.grid[-1], 6),
+                _value(density.grid[0], digits),
+                _value(density.grid[-1], digits),
                 str(density.runs),
                 str(density.steps),
                 fmt_float(density.bandwidth, 3),
@@ -276,7 +278,7 @@ def _run_table(analysis: HessianAnalysis, device: str) -> Table:
     loss = op["loss"] if op["loss"] != "focal" else f"{op['loss']} (γ = {op['gamma']:g})"
     engine = op["engine"] + (" (fallback)" if op.get("engine_fallback") else "")
     rows = [
-        ("loss", f"{loss}, mean over all samples = {fmt_float(op['mean_loss'], 6)}"),
+        ("loss", f"{loss}, mean over all samples = {_value(op['mean_loss'], _digits(analysis))}"),
         ("mode", op["mode"]),
         ("engine", engine),
         ("samples (N)", f"{op['n_samples']:,}"),

@@ -286,3 +286,15 @@ def test_hessian_json_states_the_floor(tmp_path: Path, run_cli) -> None:
     assert abs(half["lambda_max"] - wide["lambda_max"]) <= 0.02 * abs(wide["lambda_max"])
     estimate, reference = half["trace"]["estimate"], wide["trace"]["estimate"]
     assert abs(estimate - reference) <= 0.03 * abs(reference)
+
+
+def test_tables_show_only_the_digits_the_floor_gives() -> None:
+    from curvcal.report.hessian import _value
+    from curvcal.report.tables import fmt_float
+
+    assert _value(131.35, 2) == "130"
+    assert _value(43.066, 2) == "43"
+    assert _value(0.0123456, 3) == "0.0123"
+    assert _value(-2.7182, 3) == "-2.72"
+    assert _value(1.5e7, 2) == "1.5e+07"
+    assert _value(3.14159265, 6) == fmt_float(3.14159265, 6)
