@@ -566,7 +566,8 @@ class HessianOperator:
         streamed = self._batches.mode == "none"
         fit = fit_memory(
             graphs,
-            param_bytes=self.shape[0] * self._params[0].element_size(),
+            # the vectors are in the compute dtype (float32 for a 16-bit model): the wider
+            param_bytes=self.shape[0] * self._dtype.itemsize,
             batch_sizes=self._batches.sizes,
             rows=self._batches.batch_size,
             width=self.probe_batch,
