@@ -48,7 +48,7 @@ import glob
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor, nn
@@ -84,7 +84,6 @@ from curvcal.curvature.options import (
 )
 from curvcal.curvature.precision import compute_dtype, precision_floor
 from curvcal.curvature.progress import OnStep
-from curvcal.curvature.recompute import recomputed_activations
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import (
     LOSS_NAMES,
@@ -252,12 +251,6 @@ class HessianOperator:
         refused for a loss without closed-form derivatives in the logits, in train mode and with
         ``engine="func"`` (:func:`~curvcal.curvature.options.check_curvature`). No graph is kept
         between their products.
-    checkpoint_activations:
-        recompute the activations of the model's blocks during products instead of keeping them
-        (:mod:`curvcal.curvature.recompute`: ``torch.utils.checkpoint`` with
-        ``use_reentrant=False`` around a transformer's layers or a network's top-level stages):
-        less memory for one more forward per product, the products unchanged. Products then run
-        by double backward (refused with ``engine="func"``) and no graph is kept between them.
 
     Floating-point inputs are cast to the parameters' dtype. ``n_matvecs`` counts vectors
     multiplied, ``n_data_passes`` passes over the data (products, retried passes and
@@ -283,7 +276,6 @@ class HessianOperator:
         memory_budget: str | int | MemoryBudget | None = None,
         keep_graphs: str = "auto",
         curvature: str = "hessian",
-        checkpoint_activations: bool = False,
     ) -> None:
         budget = check_options(
             model,
@@ -296,16 +288,8 @@ class HessianOperator:
         )
         loss = checked_loss(criterion, gamma)
         check_curvature(curvature, loss, engine, mode)
-        if checkpoint_activations and engine == "func":
-            raise InputError(
-                "checkpoint_activations",
-                "torch.func cannot run through activation checkpointing (it refuses saved-tensor "
-                "hooks)",
-                "use engine='autograd' or 'auto'",
-            )
         scripted = is_torchscript(model)
         self.curvature = curvature
-        self.checkpoint_activations = bool(checkpoint_activations)
         self.model = model
         self.loss = loss
         self.criterion = loss.name
@@ -317,14 +301,8 @@ class HessianOperator:
         self.oom_retries = 0
         self.requested_engine = engine
         self.engine_fallback: str | None = None
-        # the GGN and Fisher kernel is one of its own (double vjp), never torch.func's; the
-        # recomputation of checkpointed blocks is autograd's (saved-tensor hooks)
-        self._func_usable = (
-            engine != "autograd"
-            and not scripted
-            and curvature == "hessian"
-            and not self.checkpoint_activations
-        )
+        # the GGN and Fisher kernel is one of its own (double vjp), never torch.func's
+        self._func_usable = engine != "autograd" and not scripted and curvature == "hessian"
         #: vectors multiplied by each engine so far (``engine`` and per-stage reports read it)
         self.engine_products: dict[str, int] = {}
         self._all_reduce = all_reduce
@@ -419,7 +397,6 @@ class HessianOperator:
             memory_budget=self.memory_budget,
             keep_graphs="never",
             curvature=self.curvature,
-            checkpoint_activations=self.checkpoint_activations,
         )
         single._locates = False
         return single
@@ -582,12 +559,8 @@ class HessianOperator:
         # train mode: BatchNorm's graph saves the running statistics, which are restored in place
         # after every product, so a kept graph could not be differentiated again
         # the GGN and Fisher kernels keep no graph between products
-        # recomputed activations would be held by a kept graph: nothing saved, so none is kept
         keepable = (
-            self.requested_engine != "func"
-            and self.mode != "train"
-            and self.curvature == "hessian"
-            and not self.checkpoint_activations
+            self.requested_engine != "func" and self.mode != "train" and self.curvature == "hessian"
         )
         # streamed batches would be freed after each pass; kept graphs hold their inputs
         streamed = self._batches.mode == "none"
@@ -894,10 +867,5 @@ class HessianOperator:
         if self._device.type == "cuda":
             torch.cuda.empty_cache()
 
-    @contextmanager
-    def _prepared_model(self) -> Iterator[None]:
-        with (
-            prepared_model(self.model, self.mode, self.allow_tf32),
-            recomputed_activations(self.model, self.checkpoint_activations),
-        ):
-            yield
+    def _prepared_model(self) -> AbstractContextManager[None]:
+        return prepared_model(self.model, self.mode, self.allow_tf32)

@@ -37,9 +37,8 @@ class OperatorOptions:
     ``params`` (``None``: every parameter with ``requires_grad``; else glob patterns),
     ``engine`` (``auto``/``func``/``autograd``), ``mode`` (``eval``/``train``), ``cache``
     (``auto``/``device``/``host``/``none``), ``device``, ``probe_batch`` (an integer ≥ 1 or
-    ``"auto"``), ``allow_tf32``, ``memory_budget``, ``keep_graphs``
-    (``auto``/``always``/``never``) and ``checkpoint_activations``, as the operator documents
-    them; checked when it is built.
+    ``"auto"``), ``allow_tf32``, ``memory_budget`` and ``keep_graphs``
+    (``auto``/``always``/``never``), as the operator documents them; checked when it is built.
     """
 
     params: tuple[str, ...] | None = None
@@ -52,7 +51,6 @@ class OperatorOptions:
     memory_budget: str | int | MemoryBudget | None = None
     keep_graphs: str = "auto"
     curvature: str = "hessian"
-    checkpoint_activations: bool = False
 
 
 def check_curvature(curvature: str, loss: Loss, engine: str, mode: str) -> None:

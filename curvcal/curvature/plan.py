@@ -277,8 +277,7 @@ def check_sketch_memory(
 
 def operator_options(settings: HessianSettings) -> OperatorOptions:
     """How the operator of ``settings`` runs: the fields ``params``, ``hvp``, ``mode``,
-    ``cache``, ``probe_batch``, ``memory_budget``, ``keep_graphs``, ``curvature`` and
-    ``checkpoint_activations``."""
+    ``cache``, ``probe_batch``, ``memory_budget`` and ``keep_graphs``."""
     return OperatorOptions(
         params=settings.params or None,
         engine=settings.hvp,
@@ -288,5 +287,4 @@ def operator_options(settings: HessianSettings) -> OperatorOptions:
         memory_budget=settings.memory_budget,
         keep_graphs=settings.keep_graphs,
         curvature=settings.curvature,
-        checkpoint_activations=settings.checkpoint_activations,
     )

@@ -166,13 +166,6 @@ class HessianSettings(Settings):
         "auto: when they fit in --memory-budget).",
         choices=KEEP_GRAPHS,
     )
-    checkpoint_activations: bool = setting(
-        False,
-        "Recompute the activations of the model's blocks (transformer layers, top-level "
-        "stages) during products instead of keeping them: less memory, one more forward per "
-        "product; the products are unchanged. Graphs are then not kept between products.",
-        flag=True,
-    )
     strict: bool = setting(False, "Exit 3 when an estimate does not converge.", flag=True)
     curvature: str = setting(
         "hessian",
@@ -201,12 +194,6 @@ class HessianSettings(Settings):
             raise InputError("--loss focal", "needs --gamma γ (γ = 0 is cross-entropy)")
         if self.loss in ("ce", "flsd53") and self.gamma not in (None, 0.0):
             raise InputError("--gamma", f"{self.gamma} is only used by --loss focal")
-        if self.checkpoint_activations and self.hvp == "func":
-            raise InputError(
-                "--checkpoint-activations",
-                "torch.func cannot run through activation checkpointing",
-                "use --hvp autograd or auto",
-            )
         if self.trace_rtol is not None and self.trace_method != "hutchinson":
             raise InputError(
                 "--trace-rtol",
