@@ -37,6 +37,7 @@ from curvcal.curvature.plan import (
     operator_options,
     refuse_needless_probes,
 )
+from curvcal.curvature.precision import significant_digits
 from curvcal.curvature.progress import OnStageStep, OnStep
 from curvcal.curvature.residual import estimator_of, split_trace
 from curvcal.curvature.results import (
@@ -312,6 +313,9 @@ def analyse_operator(
         "cache_mode": operator.cache_mode,
         "n_params": n_params,
         "n_samples": operator.n_samples,
+        "model_dtype": str(operator.model_dtype).removeprefix("torch."),
+        "precision_floor": operator.precision_floor or None,
+        "significant_digits": significant_digits(operator.precision_floor),
         "params": list(operator.param_names),
         "probe_batch": operator.probe_batch,
         "micro_batch": operator.micro_batch,

@@ -11,6 +11,11 @@ is the one reported, measured with a product. A value that does not converge is 
 that stopped the run (``EigenSpectrum.stopped_by``: ``max_iter``, ``max_matvecs``, the
 operator's precision floor, or Lanczos' basis spanning the whole space).
 
+Precision floor. An operator whose products are rounded more coarsely than its vectors (a model
+in bfloat16 or float16: :mod:`curvcal.curvature.precision`) states the relative accuracy of a
+product as ``precision_floor``; no residual can fall below it, so the rule is judged against
+max(tol, floor) instead of tol, and the spectrum records the floor (``precision_floor``).
+
 Orders: ``which="largest"`` returns λ1 ≥ λ2 ≥ … ≥ λk, the largest *algebraic* eigenvalues;
 ``which="smallest"`` returns the k smallest, smallest first.
 
@@ -39,6 +44,7 @@ from torch import Tensor
 
 from curvcal.curvature.krylov import RESTART_COLUMNS, KrylovBasis, operator_basis
 from curvcal.curvature.operators import LinearOperator, as_operator, product_into
+from curvcal.curvature.precision import effective_tol
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpectrum
 from curvcal.errors import InputError
@@ -48,6 +54,11 @@ WHICH = ("largest", "smallest")
 DEFAULT_TOL = 1e-4
 DEFAULT_POWER_ITER = 1000
 DEFAULT_LANCZOS_STEPS = 300
+
+
+def _floor(op: LinearOperator) -> float:
+    """The relative accuracy of ``op``'s products (0 for an operator that states none)."""
+    return float(getattr(op, "precision_floor", 0.0))
 
 
 def _check_common(op: LinearOperator, k: int, tol: float, max_iter: int | None, which: str) -> None:
@@ -151,6 +162,8 @@ def power_iteration(
     """
     op = as_operator(operator)
     _check_common(op, k, tol, max_iter, which)
+    floor = _floor(op)
+    asked, tol = tol, effective_tol(tol, floor)
     iterations = DEFAULT_POWER_ITER if max_iter is None else max_iter
     generator = torch.Generator().manual_seed(seed)
     found: list[Tensor] = []
@@ -180,12 +193,13 @@ def power_iteration(
         values=tuple(final),
         method="power",
         which=which,
-        tol=float(tol),
+        tol=float(asked),
         matvecs=used,
         converged=all(r.converged for r in final),
         shift=shift,
         dominant=tuple(passes) if shift is not None else None,
         stopped_by="tol" if all(r.converged for r in final) else "max_iter",
+        precision_floor=floor,
         limit=(
             "tol"
             if all(r.converged for r in final)
@@ -260,6 +274,8 @@ def lanczos(
             f"must be an integer ≥ 2·k = {2 * k} (k steps and k verification products), "
             f"got {max_matvecs!r}",
         )
+    floor = _floor(op)
+    asked, tol = tol, effective_tol(tol, floor)
     n_params = op.shape[0]
     if max_basis is not None and (
         isinstance(max_basis, bool)
@@ -396,11 +412,12 @@ def lanczos(
         values=tuple(results),
         method="lanczos",
         which=which,
-        tol=float(tol),
+        tol=float(asked),
         matvecs=used,
         converged=converged,
         stopped_by="tol" if converged else stopped_by,
         limit=_limit("tol" if converged else stopped_by, steps, max_matvecs, op.dtype),
+        precision_floor=floor,
     )
     _warn_unconverged(spectrum)
     return spectrum
@@ -505,7 +522,7 @@ def _warn_unconverged(spectrum: EigenSpectrum) -> None:
         worst = max(r.residual for r in spectrum.values)
         warnings.warn(
             ConvergenceWarning(
-                f"{spectrum.method}: eigenvalues did not meet tol={spectrum.tol:g} "
+                f"{spectrum.method}: eigenvalues did not meet tol={spectrum.tol_met:g} "
                 f"(worst relative residual {worst:.3g}); stopped by {spectrum.limit}"
             ),
             stacklevel=3,

@@ -79,6 +79,7 @@ from curvcal.curvature.per_sample import (
     proof_cotangent,
     unseen_uses,
 )
+from curvcal.curvature.precision import is_half, precision_floor
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import TraceResult
 from curvcal.errors import InputError, NumericalError
@@ -91,13 +92,13 @@ INTERVAL = (
     "every sample: structurally on every batch's autograd graph, numerically by a second "
     "derivative along a random direction for the tensors the graph did not prove, so tr(H) is "
     "the trace of the Gauss–Newton matrix); the interval is a rounding allowance of 1024 ε of "
-    "the parameters' dtype times (1/N) Σ |λ|·‖Jᵀu‖²"
+    "the parameters' dtype (bfloat16/float16: their precision floor) times (1/N) Σ |λ|·‖Jᵀu‖²"
 )
 #: the interval's text when the matrix measured is the GGN itself (no linearity needed)
 GGN_INTERVAL = (
     "exact up to rounding (the trace of the Gauss–Newton matrix itself, on any network); the "
-    "interval is a rounding allowance of 1024 ε of the parameters' dtype times "
-    "(1/N) Σ |λ|·‖Jᵀu‖²"
+    "interval is a rounding allowance of 1024 ε of the parameters' dtype (bfloat16/float16: "
+    "their precision floor) times (1/N) Σ |λ|·‖Jᵀu‖²"
 )
 #: the rounding allowance, in units of the parameters' ε: float32 1.2e-4 of Σ|λ|‖Jᵀu‖², float64
 #: 2.3e-13. Measured on ResNet-18 in float32 against float64 (64 images): 1.4e-7 by the hooks,
@@ -676,8 +677,10 @@ def tensor_traces(operator: GaussNewtonSource, *, on_step: OnStep = None) -> Ten
 
     totals = operator.sum_over_data(per_batch, on_batch=on_step)
     traces = (totals[:-2] / operator.n_samples).tolist()
-    epsilon = torch.finfo(params[0].dtype).eps
-    rounding = ROUNDING_ULPS * epsilon * float(totals[-2]) / operator.n_samples
+    # half precision: the products' precision floor, not 1024 ε (800 % in bfloat16)
+    dtype = params[0].dtype
+    share = precision_floor(dtype) if is_half(dtype) else ROUNDING_ULPS * torch.finfo(dtype).eps
+    rounding = share * float(totals[-2]) / operator.n_samples
     if not all(math.isfinite(value) for value in traces):
         raise NumericalError(
             "trace",

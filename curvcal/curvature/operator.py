@@ -82,6 +82,7 @@ from curvcal.curvature.options import (
     checked_loss,
     select_parameters,
 )
+from curvcal.curvature.precision import compute_dtype, precision_floor
 from curvcal.curvature.progress import OnStep
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import (
@@ -320,7 +321,7 @@ class HessianOperator:
                 f"the model's parameters are on {param_device}, not {wanted}",
                 "move the model before building the operator, or leave device unset",
             )
-        self._batches = Batches(batches, cache, self._device, self._dtype, all_reduce)
+        self._batches = Batches(batches, cache, self._device, self._model_dtype, all_reduce)
         self.n_matvecs = 0
         self.n_data_passes = 0
         self._totals = _Totals()
@@ -346,7 +347,8 @@ class HessianOperator:
     def _select(self, patterns: Sequence[str] | None) -> None:
         self.param_names, self._params = select_parameters(self.model, patterns)
         self._numels = [p.numel() for p in self._params]
-        self._dtype = self._params[0].dtype
+        self._model_dtype = self._params[0].dtype
+        self._dtype = compute_dtype(self._model_dtype)
 
     def restrict(self, params: Sequence[str]) -> HessianOperator:
         """A new operator on a subset of the parameters, sharing this one's data and sample count.
@@ -423,7 +425,22 @@ class HessianOperator:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the vectors multiplied and of the products: the parameters' dtype, or
+        float32 for a model in bfloat16 or float16 (:mod:`curvcal.curvature.precision`)."""
         return self._dtype
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        """The dtype the model runs in (its parameters'): vectors are cast to it inside a
+        product and the product cast back to :attr:`dtype`."""
+        return self._model_dtype
+
+    @property
+    def precision_floor(self) -> float:
+        """The relative accuracy of one product in :attr:`model_dtype`
+        (:func:`~curvcal.curvature.precision.precision_floor`); the eigenvalue stopping rule
+        never asks for less."""
+        return precision_floor(self._model_dtype)
 
     @property
     def device(self) -> torch.device:
@@ -537,7 +554,7 @@ class HessianOperator:
         x, y = self._batches.first()
         with self._prepared_model():
             graphs = measure_graph(
-                lambda xs, ys: self.loss.sum(self.model(xs), ys), self._params, x, y
+                lambda xs, ys: self._loss_sum(self.model(xs), ys), self._params, x, y
             )
         # train mode: BatchNorm's graph saves the running statistics, which are restored in place
         # after every product, so a kept graph could not be differentiated again
@@ -549,7 +566,8 @@ class HessianOperator:
         streamed = self._batches.mode == "none"
         fit = fit_memory(
             graphs,
-            param_bytes=self.shape[0] * self._params[0].element_size(),
+            # the vectors are in the compute dtype (float32 for a 16-bit model): the wider
+            param_bytes=self.shape[0] * self._dtype.itemsize,
             batch_sizes=self._batches.sizes,
             rows=self._batches.batch_size,
             width=self.probe_batch,
@@ -602,7 +620,7 @@ class HessianOperator:
         if kept is None or not kept.is_current():
             state.kept = None  # free a stale graph before building its replacement
             kept = build_kept_graph(
-                lambda xs, ys: self.loss.sum(self.model(xs), ys),
+                lambda xs, ys: self._loss_sum(self.model(xs), ys),
                 state.params,
                 itertools.islice(self._batches, state.chunks),
                 self._watched(),
@@ -636,12 +654,17 @@ class HessianOperator:
     def _batch_hvp_func(
         self, x: Inputs, y: Tensor, tangents: tuple[Tensor, ...]
     ) -> tuple[Tensor, ...]:
-        return func_hvp(self.model, self.loss.sum, self.param_names, self._params, x, y, tangents)
+        return func_hvp(self.model, self._loss_sum, self.param_names, self._params, x, y, tangents)
 
     def _batch_hvp_autograd(
         self, x: Inputs, y: Tensor, tangents: tuple[Tensor, ...]
     ) -> tuple[Tensor, ...]:
-        return autograd_hvp(self.model, self.loss.sum, self._params, x, y, tangents)
+        return autograd_hvp(self.model, self._loss_sum, self._params, x, y, tangents)
+
+    def _loss_sum(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """The summed loss of ``logits`` widened to :attr:`dtype` first: a bfloat16 or float16
+        model's logits meet the softmax in float32 (a no-op for float32 and float64 models)."""
+        return self.loss.sum(logits.to(self._dtype), labels)
 
     def _product(self, block: Tensor, total: Tensor | None = None) -> Tensor:
         """H·``block`` (P, m) as a (P, m) view of ``total`` (m, P), allocated when not given."""
@@ -788,7 +811,7 @@ class HessianOperator:
 
         Raises :class:`NumericalError` when it is NaN or infinite: the Hessian would be too.
         """
-        total = self.sum_outputs(self.loss.sum)
+        total = self.sum_outputs(self._loss_sum)
         value = float(total) / self.n_samples
         if not math.isfinite(value):
             raise self._located(
@@ -824,6 +847,8 @@ class HessianOperator:
     def _tangents(self, block: Tensor) -> tuple[Tensor, ...]:
         """The columns of ``block`` (P, m) cut into per-parameter pieces of shape (m, *shape)."""
         m = block.shape[1]
+        # the model's dtype for the model (a no-op unless it runs in bfloat16 or float16)
+        block = block.to(self._model_dtype)
         return tuple(
             piece.reshape(m, *p.shape)
             for piece, p in zip(block.t().split(self._numels, dim=1), self._params, strict=True)

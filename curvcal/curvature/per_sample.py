@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from curvcal.curvature.precision import rounding_share
+
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 #: elements of per-sample weight gradients, or of T × T Gram matrices, formed at once (the rest
 #: in row chunks)
@@ -328,16 +330,17 @@ def differing_gradient(
     """The first selected parameter whose gradient ``found`` by a per-sample engine (summed over
     the rows, for the cotangent w of :func:`proof_cotangent`) differs from autograd's ``truth``
     for the same rows and w — which differentiates the Parameter itself, so every use of it — by
-    more than ``ulps`` ε of the parameters' dtype relative to the two gradients' norms ('' when
+    more than ``ulps`` ε of the parameters' dtype (capped in half precision:
+    :func:`~curvcal.curvature.precision.rounding_share`) relative to the two gradients' norms ('' when
     none does: the engine saw every use). ``None`` is a zero gradient. A use the engine missed
     changes autograd's gradient for almost every w: it is the one proof that the layer hooks
     (:func:`unseen_uses`) and ``torch.func`` share."""
-    epsilon = torch.finfo(params[0].dtype).eps
+    share = rounding_share(params[0].dtype, ulps)
     for name, param, got_, want_ in zip(names, params, found, truth, strict=True):
         zero = torch.zeros(param.numel(), dtype=torch.float64, device=param.device)
         want = zero if want_ is None else want_.detach().double().flatten()
         got = zero if got_ is None else got_.detach().double().flatten()
-        allowed = ulps * epsilon * (float(want.norm()) + float(got.norm()))
+        allowed = share * (float(want.norm()) + float(got.norm()))
         if not float((got - want).norm()) <= allowed:
             return name
     return ""

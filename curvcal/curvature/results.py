@@ -34,7 +34,8 @@ class EigenResult:
     For a value found by deflation, the residual is that of the deflated operator
     (I − UUᵀ)A(I − UUᵀ), U the vectors found before it. ``matvecs`` counts the operator products
     spent on this value; Lanczos values share one run, and each reports the run's total.
-    ``converged`` is ``residual ≤ tol`` and ``relative_change ≤ tol``.
+    ``converged`` is ``residual ≤ tol`` and ``relative_change ≤ tol``, tol raised to the
+    operator's precision floor when it is above it (:attr:`EigenSpectrum.tol_met`).
     """
 
     value: float
@@ -60,6 +61,9 @@ class EigenSpectrum:
     ``"max_iter"``, ``"max_matvecs"`` (the products budget), ``"precision"`` (rounding in the
     products keeps the true residual above tol: the operator's precision floor) or
     ``"exhausted"`` (Lanczos' basis spans the whole space); ``limit`` says it in words.
+    ``precision_floor``: the relative accuracy of the operator's products (a model in bfloat16
+    or float16; 0 when the operator states none); the values met max(``tol``, floor),
+    :attr:`tol_met`, and carry no more relative accuracy than the floor.
     """
 
     values: tuple[EigenResult, ...]
@@ -73,6 +77,12 @@ class EigenSpectrum:
     engine: str | None = None
     stopped_by: str = "tol"
     limit: str = "tol"
+    precision_floor: float = 0.0
+
+    @property
+    def tol_met(self) -> float:
+        """The tolerance the stopping rule judged: max(tol, precision_floor)."""
+        return max(self.tol, self.precision_floor)
 
     @property
     def eigenvalues(self) -> tuple[float, ...]:

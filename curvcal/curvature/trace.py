@@ -158,7 +158,9 @@ def hutchinson_trace(
             on_step(len(samples))
         if adaptive and len(samples) >= min_probes:
             estimate, _error, (low, high) = _interval(samples)
-            if (high - low) / 2 <= rtol * abs(estimate):  # type: ignore[operator]
+            # a half-width under the products' own relative accuracy is not asked for
+            wanted = max(float(rtol or 0.0), float(getattr(op, "precision_floor", 0.0)))
+            if (high - low) / 2 <= wanted * abs(estimate):
                 stopped_by = "rtol"
                 break
     else:

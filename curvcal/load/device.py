@@ -8,7 +8,12 @@ import torch
 
 from curvcal.errors import InputError
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -34,10 +39,10 @@ def resolve_device(spec: str) -> torch.device:
 
 
 def resolve_dtype(spec: str) -> torch.dtype:
-    """``float32`` or ``float64``."""
+    """``float32``, ``float64``, ``bfloat16`` or ``float16``."""
     try:
         return DTYPES[spec.strip().lower()]
     except KeyError:
         raise InputError(
-            "--dtype", f"{spec!r} is not supported", "use float32 or float64"
+            "--dtype", f"{spec!r} is not supported", "use float32, float64, bfloat16 or float16"
         ) from None

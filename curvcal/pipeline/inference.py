@@ -32,14 +32,30 @@ def predict_logits(
     return batch_logits(model, batches, device, dtype, on_step)
 
 
+#: how torch says an operation has no kernel for a dtype
+_DTYPE_REFUSALS = (
+    "not implemented for 'Half'",
+    "not implemented for 'BFloat16'",
+    "Low precision dtypes not supported",
+    "Unsupported dtype Half",
+    "Unsupported dtype BFloat16",
+)
+
+
+def _unsupported_dtype(reason: str) -> bool:
+    """Whether torch's error ``reason`` says an operation has no half-precision kernel."""
+    return any(refusal in reason for refusal in _DTYPE_REFUSALS)
+
+
 def check_model_runs(
     model: torch.nn.Module, x: rows.Inputs, device: torch.device, where: str
 ) -> int:
     """Run ``model`` on a batch ``x`` of one sample (a tensor with its batch dimension, or a
     mapping of them) and return its number of logits K, before any real work is done.
 
-    A model that cannot take the inputs (wrong channels or image size, say) raises
-    :class:`InputError` naming ``where`` — the dataset option — with torch's reason, instead of
+    A model with an operation torch has no bfloat16/float16 kernel for on the device raises
+    :class:`InputError` naming ``--dtype``. A model that cannot take the inputs (wrong channels
+    or image size, say) raises :class:`InputError` naming ``where`` — the dataset option — with torch's reason, instead of
     failing deep inside a pass; so does an output that is not ``(batch, K)`` logits.
     """
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
@@ -52,6 +68,13 @@ def check_model_runs(
             out = model(rows.to_device(x, device, dtype))
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        if dtype in (torch.bfloat16, torch.float16) and _unsupported_dtype(reason):
+            name = str(dtype).removeprefix("torch.")
+            raise InputError(
+                "--dtype",
+                f"the model cannot run in {name} on {device.type}: {reason}",
+                "use --dtype float32 (or float16/bfloat16 on a device that supports the operation)",
+            ) from exc
         raise InputError(
             where, f"the model cannot run on inputs of shape {shape}: {reason}", hint
         ) from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -99,12 +100,28 @@ def _yes_no(flag: bool) -> str:
     return "yes" if flag else "NO"
 
 
+def _digits(analysis: HessianAnalysis) -> int:
+    """Significant digits of a value: 6, fewer when the model runs in bfloat16 or float16 (the
+    products' precision floor allows no more; results.operator.significant_digits)."""
+    return int(analysis.operator.get("significant_digits", 6))
+
+
+def _value(value: float, digits: int) -> str:
+    """``value`` to ``digits`` significant digits; positional (131, not 1.3e+02) when it is
+    between 1e-3 and 1e6 and the digits are cut by a precision floor."""
+    if digits >= 6 or value != value or not 1e-3 <= abs(value) < 1e6:
+        return fmt_float(value, digits)
+    decimals = digits - 1 - math.floor(math.log10(abs(value)))
+    return f"{round(value, decimals):.{max(0, decimals)}f}"
+
+
 def _eigen_table(analysis: HessianAnalysis) -> Table:
     spectrum = analysis.spectrum
+    digits = _digits(analysis)
     rows = [
         (
             str(index + 1),
-            fmt_float(value.value, 6),
+            _value(value.value, digits),
             fmt_float(value.residual, 2),
             str(value.iterations),
             str(value.matvecs),
@@ -117,7 +134,7 @@ def _eigen_table(analysis: HessianAnalysis) -> Table:
         rows.append(
             (
                 "min",
-                fmt_float(low.value, 6),
+                _value(low.value, digits),
                 fmt_float(low.residual, 2),
                 str(low.iterations),
                 str(low.matvecs),
@@ -127,6 +144,12 @@ def _eigen_table(analysis: HessianAnalysis) -> Table:
     caption = (
         f"{spectrum.method}, tol {spectrum.tol:g}; λ1 is λmax, the largest algebraic eigenvalue"
     )
+    if spectrum.precision_floor > spectrum.tol:
+        caption += (
+            f"; {analysis.operator.get('model_dtype', 'half-precision')} products: judged against "
+            f"their precision floor {spectrum.precision_floor:.2g} (relative), {digits} "
+            "significant digits shown"
+        )
     if spectrum.shift is not None:
         caption += f"; dominant eigenvalue {spectrum.shift:.4g} was negative, so the search was shifted by it"
     return Table(
@@ -140,6 +163,7 @@ def _eigen_table(analysis: HessianAnalysis) -> Table:
 def _trace_table(analysis: HessianAnalysis) -> Table:
     trace = analysis.trace
     assert trace is not None
+    digits = _digits(analysis)
     low, high = trace.ci95
     if trace.method == "gauss-newton":
         caption = (
@@ -154,8 +178,8 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
         )
     if trace.parts is not None:
         caption += (
-            f"; tr(G) = {fmt_float(trace.parts['gauss_newton'], 6)} (Gauss–Newton part, exact), "
-            f"tr(R) ≈ {fmt_float(trace.parts['residual'], 6)} (the network's own curvature)"
+            f"; tr(G) = {_value(trace.parts['gauss_newton'], digits)} (Gauss–Newton part, exact), "
+            f"tr(R) ≈ {_value(trace.parts['residual'], digits)} (the network's own curvature)"
         )
     choice = analysis.operator.get("trace_choice")
     if choice:
@@ -171,8 +195,8 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
         columns=("estimate", "95% CI", "products", "estimator"),
         rows=(
             (
-                f"{fmt_float(trace.estimate, 6)} ± {fmt_float(trace.half_width, 3)}",
-                f"[{fmt_float(low, 6)}, {fmt_float(high, 6)}]",
+                f"{_value(trace.estimate, digits)} ± {fmt_float(trace.half_width, 3)}",
+                f"[{_value(low, digits)}, {_value(high, digits)}]",
                 str(trace.matvecs),
                 trace.method,
             ),
@@ -192,12 +216,13 @@ _TRACE_NAMES = {
 
 
 def _layers_table(analysis: HessianAnalysis) -> Table:
+    digits = _digits(analysis)
     rows = tuple(
         (
             layer.module,
             f"{layer.n_params:,}",
-            fmt_float(layer.lambda_max.value, 6),
-            fmt_float(layer.trace.estimate, 6)
+            _value(layer.lambda_max.value, digits),
+            _value(layer.trace.estimate, digits)
             + (
                 ""
                 if layer.trace.method == "exact"
@@ -223,6 +248,7 @@ def _layers_table(analysis: HessianAnalysis) -> Table:
 def _density_table(analysis: HessianAnalysis) -> Table:
     density = analysis.density
     assert density is not None
+    digits = _digits(analysis)
     return Table(
         title="eigenvalue density (SLQ)"
         if _kind(analysis) == "Hessian"
@@ -230,8 +256,8 @@ def _density_table(analysis: HessianAnalysis) -> Table:
         columns=("grid min", "grid max", "runs", "steps", "bandwidth"),
         rows=(
             (
-                fmt_float(density.grid[0], 6),
-                fmt_float(density.grid[-1], 6),
+                _value(density.grid[0], digits),
+                _value(density.grid[-1], digits),
                 str(density.runs),
                 str(density.steps),
                 fmt_float(density.bandwidth, 3),
@@ -252,7 +278,7 @@ def _run_table(analysis: HessianAnalysis, device: str) -> Table:
     loss = op["loss"] if op["loss"] != "focal" else f"{op['loss']} (γ = {op['gamma']:g})"
     engine = op["engine"] + (" (fallback)" if op.get("engine_fallback") else "")
     rows = [
-        ("loss", f"{loss}, mean over all samples = {fmt_float(op['mean_loss'], 6)}"),
+        ("loss", f"{loss}, mean over all samples = {_value(op['mean_loss'], _digits(analysis))}"),
         ("mode", op["mode"]),
         ("engine", engine),
         ("samples (N)", f"{op['n_samples']:,}"),

@@ -19,7 +19,7 @@ from curvcal.settings.fields import Settings, folder_setting, setting
 #: head of more rows than this would not fit in memory next to any network.
 MAX_CLASSES = 1_000_000
 #: ``--dtype``: the floating-point precisions a model runs in.
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 def _parse_kwargs_json(_ctx: Any, param: Any, value: str | None) -> dict[str, Any]:
@@ -70,7 +70,9 @@ class CheckpointSettings(Settings):
     ``num_classes``; when absent and the architecture takes it, it is inferred from the
     checkpoint. ``allow_global``: ``module.Class`` names a weights-only load may build.
     ``base_model``: the base model folder of a PEFT adapter folder.
-    ``device``: ``auto|cpu|cuda|cuda:N``; ``dtype``: ``float32|float64``.
+    ``device``: ``auto|cpu|cuda|cuda:N``; ``dtype``: ``float32|float64|bfloat16|float16`` (half
+    precisions run the model in that dtype; curvature and calibration arithmetic stays in float32
+    or wider).
     """
 
     GROUP: ClassVar[str] = "checkpoint"
@@ -127,7 +129,12 @@ class CheckpointSettings(Settings):
         "base_model_name_or_path, when that is a local folder; nothing is ever downloaded).",
     )
     device: str = setting("auto", "auto (CUDA when available), cpu, cuda or cuda:N.")
-    dtype: str = setting("float32", "Floating-point precision of the model.", choices=DTYPES)
+    dtype: str = setting(
+        "float32",
+        "Floating-point precision of the model (bfloat16/float16: parameters and activations in "
+        "half precision; eigenvalue, trace and calibration arithmetic in float32 or wider).",
+        choices=DTYPES,
+    )
 
     @property
     def keywords(self) -> Mapping[str, Any]:

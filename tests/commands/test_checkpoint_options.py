@@ -73,7 +73,7 @@ def test_all_options_collected() -> None:
         (("--arch-kwargs", "[1, 2]"), "--arch-kwargs"),
         (("-k", "width"), "--arch-kwarg"),
         (("--num-classes", "0"), "--num-classes"),
-        (("--dtype", "float16"), "--dtype"),
+        (("--dtype", "int8"), "--dtype"),
     ],
 )
 def test_bad_values_name_the_option(args: tuple[str, ...], option: str) -> None:

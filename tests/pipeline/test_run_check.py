@@ -134,5 +134,5 @@ def test_bad_settings_name_the_policy_line(tmp_path: Path, settings: str, what: 
 def test_option_is_named_when_it_set_the_bad_value(tmp_path: Path) -> None:
     policy = load_policy(write(tmp_path, "[settings]\ndata = 'curvcal:digits'\n[trace]\nmax = 1\n"))
     with pytest.raises(InputError) as info:
-        run_check(policy, demo_checkpoint(), {"dtype": "float16"})
+        run_check(policy, demo_checkpoint(), {"dtype": "int8"})
     assert info.value.what == "--dtype"

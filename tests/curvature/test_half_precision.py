@@ -1,0 +1,300 @@
+"""A model in bfloat16 or float16: products against dense float64 Hessians built independently
+(torch.autograd.functional.hessian of a functional_call), the stopping rule at the precision
+floor, and the border of a saturated softmax."""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from curvcal.assets import demo_checkpoint
+from curvcal.curvature.api import hessian_operator
+from curvcal.curvature.eigen import eigenvalues
+from curvcal.curvature.precision import precision_floor, significant_digits
+from curvcal.curvature.results import ConvergenceWarning
+from curvcal.load.checkpoint import load_model
+from curvcal.settings.checkpoint import CheckpointSettings
+
+HALVES = (torch.bfloat16, torch.float16)
+
+
+class TinyTransformer(nn.Module):
+    """Embedding, one encoder layer (self-attention, LayerNorm, GELU), mean pool, head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3, 4)
+        layer = nn.TransformerEncoderLayer(
+            4, 2, 8, dropout=0.0, activation="gelu", batch_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(x)).mean(1))
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, stride=2),
+        nn.Tanh(),
+        nn.Flatten(),
+        nn.Linear(16, 3),
+    )
+
+
+def _case(name: str) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A float64 model and uneven batches of its data."""
+    torch.manual_seed(0)
+    if name == "cnn":
+        model: nn.Module = _cnn()
+        x = torch.randn(37, 2, 7, 7)
+    else:
+        model = TinyTransformer()
+        x = torch.randn(37, 4, 3)
+    y = torch.randint(0, 3, (37,))
+    return model.double().eval(), [(x[:20], y[:20]), (x[20:], y[20:])]
+
+
+def dense_hessian(
+    model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """∇²_θ of the mean cross-entropy over all batches, float64, from a flat-parameter function."""
+    model = copy.deepcopy(model).double()
+    named = list(model.named_parameters())
+    x = torch.cat([b[0] for b in batches]).double()
+    y = torch.cat([b[1] for b in batches])
+
+    def loss(flat: torch.Tensor) -> torch.Tensor:
+        pieces = flat.split([p.numel() for _, p in named])
+        values = {n: piece.view_as(p) for (n, p), piece in zip(named, pieces, strict=True)}
+        logits = torch.func.functional_call(model, values, (x,))
+        return nn.functional.cross_entropy(logits, y)
+
+    flat = torch.cat([p.detach().flatten() for _, p in named])
+    # the fused attention kernels have no second derivative
+    with sdpa_kernel([SDPBackend.MATH]):
+        return torch.autograd.functional.hessian(loss, flat)
+
+
+@pytest.fixture(scope="module", params=["cnn", "transformer"])
+def case(request: pytest.FixtureRequest) -> tuple[nn.Module, list, torch.Tensor]:
+    model, batches = _case(request.param)
+    return model, batches, dense_hessian(model, batches)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=["bfloat16", "float16"])
+def test_products_are_float32_and_within_the_floor(case, dtype: torch.dtype) -> None:
+    model, batches, _ = case
+    half = copy.deepcopy(model).to(dtype)
+    op = hessian_operator(half, batches, probe_batch=64)
+    assert op.model_dtype == dtype and op.dtype == torch.float32
+    assert all(p.dtype == dtype for p in half.parameters())  # the model is not widened
+    n_params = op.shape[0]
+    columns = op.matmat(torch.eye(n_params, dtype=torch.float32))
+    assert columns.dtype == torch.float32
+    # the truth for the products: the same (rounded) weights in float64
+    truth = dense_hessian(half, batches)
+    error = float((columns.double() - truth).norm() / truth.norm())
+    assert error <= op.precision_floor, error
+    assert op.precision_floor == precision_floor(dtype)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "lambda_rtol", "top3_rtol", "trace_rtol"),
+    [(torch.bfloat16, 0.02, 0.05, 0.03), (torch.float16, 0.005, 0.01, 0.005)],
+    ids=["bfloat16", "float16"],
+)
+def test_eigenvalues_and_trace_move_little_from_float64(
+    case, dtype: torch.dtype, lambda_rtol: float, top3_rtol: float, trace_rtol: float
+) -> None:
+    """The issue's target: bf16 λmax within 2 % of float64 (the unrounded model's dense
+    Hessian); top-3 and the trace within the tolerances measured plus a margin."""
+    model, batches, dense = case
+    exact = torch.linalg.eigvalsh(dense).flip(0)[:3]
+    op = hessian_operator(copy.deepcopy(model).to(dtype), batches, probe_batch=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        spectrum = eigenvalues(op, 3, tol=1e-4, seed=1)
+    assert spectrum.converged and spectrum.stopped_by == "tol"
+    assert spectrum.precision_floor == op.precision_floor
+    values = torch.tensor(spectrum.eigenvalues, dtype=torch.float64)
+    assert abs(values[0] - exact[0]) <= lambda_rtol * abs(exact[0])
+    assert torch.all((values - exact).abs() <= top3_rtol * exact.abs())
+    trace = float(op.matmat(torch.eye(op.shape[0])).diagonal().double().sum())
+    assert abs(trace - float(dense.trace())) <= trace_rtol * abs(float(dense.trace()))
+
+
+def test_no_not_converged_below_the_floor() -> None:
+    """A tol far below the bf16 floor is met at the floor, without a warning; the tol asked for
+    is kept in the record beside the floor."""
+    model, batches = _case("cnn")
+    op = hessian_operator(model.to(torch.bfloat16), batches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        spectrum = eigenvalues(op, 1, tol=1e-8, seed=0)
+        power = eigenvalues(op, 1, method="power", tol=1e-8, seed=0, max_iter=400)
+    for result in (spectrum, power):
+        assert result.converged and result.tol == 1e-8
+        assert result.tol_met == precision_floor(torch.bfloat16)
+        assert 1e-8 < result.values[0].residual <= result.tol_met
+
+
+def test_float32_and_float64_keep_their_tolerance() -> None:
+    """float32 and float64 state no floor: the rule is unchanged."""
+    model, batches = _case("cnn")
+    for dtype in (torch.float32, torch.float64):
+        op = hessian_operator(copy.deepcopy(model).to(dtype), batches)
+        assert op.dtype == dtype == op.model_dtype
+        spectrum = eigenvalues(op, 1, tol=1e-5, seed=0)
+        assert spectrum.tol_met == 1e-5
+        assert spectrum.values[0].residual <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=["bfloat16", "float16"])
+def test_saturated_softmax(dtype: torch.dtype) -> None:
+    """Border: every sample right with a margin of tens of logits, so 1 − p_y is below the
+    half-precision resolution (a softmax in bf16 would round p_y to 1 and the Hessian to 0). The
+    logits are widened before the loss, so λmax is found; its error then grows with the logit
+    scale (rounding δz ≈ u·|z| moves e^{−margin}), within floor × max |z|, the documented bound."""
+    torch.manual_seed(3)
+    model = nn.Linear(6, 3).double()
+    x = torch.randn(80, 6, dtype=torch.float64)
+    with torch.no_grad():
+        model.weight.mul_(30.0)
+        logits = model(x)
+        top = logits.topk(2, dim=1).values
+        keep = (top[:, 0] - top[:, 1]) > 10.0
+    x = x[keep]
+    y = model(x).argmax(1).detach()
+    batches = [(x[:17], y[:17]), (x[17:], y[17:])]
+    half = copy.deepcopy(model).to(dtype)
+    with torch.no_grad():
+        probabilities = torch.softmax(half(x.to(dtype)), dim=1)
+        scale = float(half(x.to(dtype)).abs().max().float())
+    assert bool((probabilities.max(1).values == 1).any())  # a 16-bit softmax saturates
+    exact = float(torch.linalg.eigvalsh(dense_hessian(model, batches))[-1])
+    op = hessian_operator(half, batches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        spectrum = eigenvalues(op, 1, seed=0)
+    value = spectrum.values[0].value
+    assert exact > 0.0 and value > 0.0
+    assert abs(value - exact) <= op.precision_floor * scale * exact
+
+
+def test_digits_shown() -> None:
+    assert significant_digits(precision_floor(torch.bfloat16)) == 2
+    assert significant_digits(precision_floor(torch.float16)) == 3
+    assert precision_floor(torch.float32) == precision_floor(torch.float64) == 0.0
+    assert significant_digits(0.0) == 6
+
+
+# -- the command line: loading, a bad input, the JSON record -----------------------------------
+
+DIGITS_ARCH = "curvcal:DigitsCNN"
+
+
+def _bf16_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The bundled digits CNN's weights saved in bfloat16."""
+    from safetensors.torch import load_file, save_file
+
+    weights = {
+        name: value.to(torch.bfloat16) for name, value in load_file(str(demo_checkpoint())).items()
+    }
+    path = tmp_path / "digits_bf16.safetensors"
+    save_file(weights, str(path))
+    return path, weights
+
+
+def test_a_bf16_checkpoint_loads_in_bf16_or_widened(tmp_path: Path) -> None:
+    path, weights = _bf16_checkpoint(tmp_path)
+    for dtype, name in ((torch.bfloat16, "bfloat16"), (torch.float32, "float32")):
+        loaded = load_model(path, CheckpointSettings(arch=DIGITS_ARCH, device="cpu", dtype=name))
+        state = loaded.module.state_dict()
+        assert loaded.dtype == dtype
+        for key, value in weights.items():
+            assert state[key].dtype == dtype
+            assert torch.equal(state[key], value.to(dtype))  # the file's values, unrounded
+
+
+def test_an_operation_without_a_half_kernel_is_a_dtype_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli
+) -> None:
+    """torch's CPU cdist has no float16 or bfloat16 kernel: one line naming --dtype, exit 2."""
+    from safetensors.torch import save_file
+
+    (tmp_path / "half_prototypes.py").write_text(
+        "import torch\nfrom torch import nn\n\n\n"
+        "class Prototypes(nn.Module):\n"
+        "    def __init__(self, num_classes: int = 3) -> None:\n"
+        "        super().__init__()\n"
+        "        self.centres = nn.Parameter(torch.zeros(num_classes, 4))\n\n"
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+        "        return -torch.cdist(x.flatten(1), self.centres)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    save_file({"centres": torch.randn(3, 4)}, str(tmp_path / "p.safetensors"))
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).normal(size=(9, 4)), y=np.arange(9) % 3)
+    for dtype in ("float16", "bfloat16"):
+        result = run_cli(
+            "hessian",
+            tmp_path / "p.safetensors",
+            "--arch",
+            "py:half_prototypes:Prototypes",
+            "--trust-checkpoint",
+            "--data",
+            tmp_path / "d.npz",
+            "--dtype",
+            dtype,
+        )
+        assert result.code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--dtype" in lines[0] and dtype in lines[0]
+        assert "cdist" in lines[0] and "Traceback" not in result.output
+
+
+def test_hessian_json_states_the_floor(tmp_path: Path, run_cli) -> None:
+    """``curvcal hessian --dtype bfloat16`` on a bf16 checkpoint: converged, the floor and the
+    digits in the record, λmax within 2 % and the trace within 3 % of the float64 run."""
+    path, _ = _bf16_checkpoint(tmp_path)
+    runs = {}
+    for dtype in ("float64", "bfloat16"):
+        result = run_cli(
+            "hessian", path, "--arch", DIGITS_ARCH, "--data", "curvcal:digits",
+            "--max-samples", "120", "--top-k", "2", "--trace-method", "hutchinson",
+            "--probes", "8", "--seed", "2", "--dtype", dtype, "--json",
+        )  # fmt: skip
+        assert result.code == 0, result.output
+        runs[dtype] = json.loads(result.stdout)["results"]
+    half, wide = runs["bfloat16"], runs["float64"]
+    assert half["operator"]["model_dtype"] == "bfloat16"
+    assert half["operator"]["precision_floor"] == precision_floor(torch.bfloat16)
+    assert half["operator"]["significant_digits"] == 2
+    assert wide["operator"]["precision_floor"] is None
+    assert half["converged"] and half["spectrum"]["stopped_by"] == "tol"
+    assert abs(half["lambda_max"] - wide["lambda_max"]) <= 0.02 * abs(wide["lambda_max"])
+    estimate, reference = half["trace"]["estimate"], wide["trace"]["estimate"]
+    assert abs(estimate - reference) <= 0.03 * abs(reference)
+
+
+def test_tables_show_only_the_digits_the_floor_gives() -> None:
+    from curvcal.report.hessian import _value
+    from curvcal.report.tables import fmt_float
+
+    assert _value(131.35, 2) == "130"
+    assert _value(43.066, 2) == "43"
+    assert _value(0.0123456, 3) == "0.0123"
+    assert _value(-2.7182, 3) == "-2.72"
+    assert _value(1.5e7, 2) == "1.5e+07"
+    assert _value(3.14159265, 6) == fmt_float(3.14159265, 6)
