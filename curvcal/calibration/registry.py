@@ -7,6 +7,11 @@ exponentials, ``to_dict()`` plain numbers only and ``load(dict, source)`` (the e
 it from them without running anything from the file. The report stage of a map is its key
 (``ts``, ``focal_ts``, ``vector``, ``matrix``); ``option`` is its ``--method`` spelling and
 ``method`` the name its saved form carries.
+
+A map says when it applies by ``skip_reason(n_classes, has_model)``: ``None`` when it can be
+fitted to scores with ``n_classes`` columns (and, with ``has_model``, the model at hand), else
+the reason it cannot (:func:`binary_only`, :func:`needs_model`). The default applies always.
+``--method all`` fits every map that applies and says why each other one was skipped.
 """
 
 from __future__ import annotations
@@ -34,10 +39,33 @@ class CalibrationMap(Protocol):
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any: ...
 
 
+#: ``--method`` value that fits every map that applies.
+ALL = "all"
+
+
+def applies_always(n_classes: int, has_model: bool) -> str | None:
+    """The default ``skip_reason``: the map applies to any scores."""
+    return None
+
+
+def binary_only(n_classes: int, has_model: bool) -> str | None:
+    """``skip_reason`` of a map defined for binary problems only (K = 2)."""
+    return (
+        None
+        if n_classes == 2
+        else f"binary problems only (K = 2; these scores have K = {n_classes})"
+    )
+
+
+def needs_model(n_classes: int, has_model: bool) -> str | None:
+    """``skip_reason`` of a map fitted from the model itself, not from its scores."""
+    return None if has_model else "needs the model (a checkpoint), not only its scores"
+
+
 @dataclass(frozen=True)
 class MapKind:
     """One calibration map: its report ``stage``, ``--method`` ``option``, saved ``method``,
-    table ``title``, ``fit`` and ``load`` (see the module docstring)."""
+    table ``title``, ``fit``, ``load`` and ``skip_reason`` (see the module docstring)."""
 
     stage: str
     option: str
@@ -45,6 +73,7 @@ class MapKind:
     title: str
     fit: Callable[..., Any]
     load: Callable[[Any, str], CalibrationMap]
+    skip_reason: Callable[[int, bool], str | None] = applies_always
 
 
 def _fit_ts(
@@ -109,7 +138,20 @@ STAGE_METHODS = {stage: kind.method for stage, kind in MAPS.items()}
 
 
 def fitted_stages(method: str | None) -> tuple[str, ...]:
-    """The stages a ``--method`` value fits (``both``: TS and focal TS; ``none``: nothing)."""
+    """The stages a ``--method`` value fits (``both``: TS and focal TS; ``all``: every map,
+    before :func:`applicable_stages` leaves out those that do not apply; ``none``: nothing)."""
     if method == "both":
         return ("ts", "focal_ts")
+    if method == ALL:
+        return tuple(MAPS)
     return tuple(stage for stage, kind in MAPS.items() if kind.option == method)
+
+
+def applicable_stages(
+    stages: tuple[str, ...], n_classes: int, has_model: bool
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``stages`` split into those that apply to ``n_classes`` scores (in order) and, for each
+    other one, the reason it does not (its entry's ``skip_reason``)."""
+    reasons = {stage: MAPS[stage].skip_reason(n_classes, has_model) for stage in stages}
+    kept = tuple(stage for stage in stages if reasons[stage] is None)
+    return kept, {stage: reason for stage, reason in reasons.items() if reason is not None}

@@ -22,8 +22,8 @@ from curvcal.settings.hessian import MAX_SEED
 #: and each stage keeps a row per bin (classwise ECE one per class).
 MAX_BINS = 10_000
 #: ``--method``: temperature scaling, focal temperature scaling, both, vector scaling, matrix
-#: scaling, or none (metrics only).
-METHODS = ("ts", "focal-ts", "both", "vector", "matrix", "none")
+#: scaling, every map that applies (ranked), or none (metrics only).
+METHODS = ("ts", "focal-ts", "both", "vector", "matrix", "all", "none")
 #: ``--objective``: what temperature scaling minimises on the fit split.
 OBJECTIVES_TS = ("nll", "ece", "adaece")
 #: ``--focal-objective``: what focal temperature scaling minimises (``adaece-grid``: the
@@ -60,7 +60,8 @@ class CalibrationSettings(Settings):
     """What to fit and how to measure.
 
     ``method``: the maps to fit, ``ts``, ``focal-ts``, ``both`` (TS and focal TS), ``vector``,
-    ``matrix`` or ``none`` (``None``: the
+    ``matrix``, ``all`` (every map that applies, ranked on the evaluation split) or ``none``
+    (``None``: the
     command picks: ``both`` for ``calibrate``; for ``metrics``, ``both`` with a fit split and
     ``none`` without; for the kernel, ``both`` when it is given a fit split). ``objective``:
     what TS minimises on the fit split; ``focal_objective``: what focal TS minimises, over the
@@ -79,7 +80,8 @@ class CalibrationSettings(Settings):
         None,
         "Calibration maps to fit: temperature scaling, focal temperature scaling, both of them, "
         "vector scaling (w·z + b), matrix scaling (W z + b, off-diagonal and intercept L2 chosen "
-        "by cross-validation on the fit split), or "
+        "by cross-validation on the fit split), all (every map that applies, ranked by NLL and "
+        "ECE on the evaluation split with paired bootstrap intervals of the differences), or "
         "none (measure only). Default: calibrate: both; metrics: none, or both with --fit or "
         "--val-split.",
         choices=METHODS,
@@ -110,7 +112,8 @@ class CalibrationSettings(Settings):
     )
     bootstrap: int = setting(
         0,
-        "Bootstrap resamples for 95% intervals of ECE, AdaECE, MCE and NLL.",
+        "Bootstrap resamples for 95% intervals of ECE, AdaECE, MCE and NLL (with --method all, "
+        "also of each map's NLL and ECE difference from the best and from uncalibrated).",
         low=0,
         metavar="N",
     )
@@ -191,11 +194,11 @@ class CalibrationSettings(Settings):
 
     @property
     def fits_ts(self) -> bool:
-        return self.method in ("ts", "both")
+        return self.method in ("ts", "both", "all")
 
     @property
     def fits_focal_ts(self) -> bool:
-        return self.method in ("focal-ts", "both")
+        return self.method in ("focal-ts", "both", "all")
 
     @property
     def reliability_classes(self) -> int:
