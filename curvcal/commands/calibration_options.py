@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 #: the options that shape one map's fit, and the --method values that fit that map
 _MAP_OPTIONS = {
-    "objective": ("--objective", ("ts", "both")),
-    "focal_objective": ("--focal-objective", ("focal-ts", "both")),
-    "gammas": ("--gammas", ("focal-ts", "both")),
+    "objective": ("--objective", ("ts", "both", "all")),
+    "focal_objective": ("--focal-objective", ("focal-ts", "both", "all")),
+    "gammas": ("--gammas", ("focal-ts", "both", "all")),
 }
 
 
