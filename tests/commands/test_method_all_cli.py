@@ -107,3 +107,22 @@ def test_a_policy_gates_several_maps_through_method_all(run_cli, tmp_path: Path)
     )
     result = run_cli("check", demo_checkpoint(), "--policy", narrow)
     assert result.code == 2 and 'use method = "all"' in result.stderr, result.stderr
+
+
+def test_the_ranking_schema_is_not_vacuous(run_cli, tmp_path: Path) -> None:
+    test = logits_file(tmp_path / "test.npz", 200, 3, seed=3)
+    args = ("--val-split", "0.5", "--method", "all", "--gammas", "0", "--json")
+    document = as_json(run_cli("metrics", test, *args))
+    _validate(document)
+    broken = [
+        lambda r: r.pop("stages"),
+        lambda r: r["stages"][0].pop("vs_best"),
+        lambda r: r["stages"][0]["vs_best"]["nll"].update(interval=[0.0]),
+        lambda r: r.update(edges="middle"),
+        lambda r: r["skipped"].append({"stage": "platt"}),
+    ]
+    for breaks in broken:
+        copy = json.loads(json.dumps(document))
+        breaks(copy["results"]["ranking"])
+        with pytest.raises(jsonschema.ValidationError):
+            _validate(copy)
