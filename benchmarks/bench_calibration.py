@@ -630,6 +630,7 @@ def bench_maps(
             for label, _library, task in tasks:
                 if label in failed:
                     continue
+                print(f"  {label} ...", file=sys.stderr)
                 try:
                     elapsed, values[label], peak = measure(task)
                 except Exception as error:  # a peer that cannot run this size is reported
