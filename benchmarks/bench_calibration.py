@@ -630,12 +630,12 @@ def bench_maps(
             for label, _library, task in tasks:
                 if label in failed:
                     continue
-                print(f"  {label} ...", file=sys.stderr)
                 try:
                     elapsed, values[label], peak = measure(task)
                 except Exception as error:  # a peer that cannot run this size is reported
                     failed[label] = f"{type(error).__name__}: {error}"[:200]
                     continue
+                print(f"  {label}: {elapsed:.3f} s, +{peak:.0f} MB", file=sys.stderr)
                 seconds[label] = min(seconds.get(label, math.inf), elapsed)
                 memory[label] = max(memory.get(label, 0.0), peak)
         ours_label = tasks[0][0]
