@@ -19,7 +19,15 @@ Peers are imported lazily; a missing one is reported as "not installed" and skip
 The focal temperature fit with its defaults (10 γ, ECE objective) runs in the same repeats and
 is quoted as a ratio to the plain NLL temperature fit, with its passes over the data.
 
+With ``--maps`` a per-map section follows, driven by the registry of calibration maps: for every
+map (or those ``--map-names`` names) that applies at a size (``--map-sizes``, default 200,000 ×
+100 and 50,000 × 1,000), the fit on the logits and the map applied to them are timed, interleaved
+with each installed peer's own implementation of the same map (:data:`PEER_MAPS`), one thread,
+minimum over ``--repeats``, with the ratio peer / curvcal and the peak resident memory each task
+added above what the process held before it (sampled every millisecond).
+
     python benchmarks/bench_calibration.py [--quick] [--repeats R] [--json OUT]
+    python benchmarks/bench_calibration.py --maps --only-maps --map-sizes 20000x100
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import math
 import os
 import resource
 import sys
+import threading
 import time
 import types
 import warnings
@@ -52,6 +61,7 @@ from curvcal.calibration import (
 )
 
 FULL_SIZES = ((1_000_000, 100), (50_000, 1_000))
+MAP_SIZES = ((200_000, 100), (50_000, 1_000))
 QUICK_SIZES = ((100_000, 100), (20_000, 1_000))
 OVERCONFIDENCE = 2.5
 N_BINS = 15
@@ -406,6 +416,269 @@ def conventions(peers: dict[str, Any], recipe_rows: int) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Per-map section: every map of the registry against the peers' own implementations.
+
+
+def rss_mb() -> float:
+    """Resident set size of this process now, in MB (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            pages = int(handle.read().split()[1])
+    except OSError:
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def measure(task: Callable[[], Any]) -> tuple[float, Any, float]:
+    """``(seconds, value, peak MB)`` of one run of ``task``: wall time, its result, and the
+    peak resident memory above the level before it (a thread samples it every millisecond)."""
+    gc.collect()
+    before = rss_mb()
+    peak = [before]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.001):
+            peak[0] = max(peak[0], rss_mb())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    try:
+        value = task()
+    finally:
+        elapsed = time.perf_counter() - start
+        done.set()
+        sampler.join()
+    peak[0] = max(peak[0], rss_mb())
+    return elapsed, value, peak[0] - before
+
+
+def curvcal_map(stage: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Fit the registry's map ``stage`` with its default settings and apply it to the same
+    logits: N×K float64 probabilities."""
+    from curvcal.calibration.registry import MAPS
+    from curvcal.settings.calibration import CalibrationSettings
+
+    settings = CalibrationSettings()
+
+    def run(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        fit = MAPS[stage].fit(
+            logits, labels, "logits", settings, source="logits", labels_source="labels"
+        )
+        return fit.calibrator.probabilities(logits, "logits", "logits")
+
+    return run
+
+
+#: A peer's fit + apply on (float32 logits, int64 labels, float64 probabilities, NumPy labels),
+#: returning N×K probabilities.
+PeerMap = Callable[[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray], Any]
+
+
+def netcal_map(module: str, name: str, **options: Any) -> PeerMap:
+    """netcal's ``netcal.<module>.<name>(**options)``: ``fit(probs, labels)`` then
+    ``transform(probs)`` (netcal takes probabilities, not logits)."""
+
+    def run(logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray) -> Any:
+        cls = getattr(importlib.import_module(f"netcal.{module}"), name)
+        model = cls(**options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if module == "scaling":
+                model.fit(probs, y, tensorboard=False)
+            else:
+                model.fit(probs, y)
+            return np.asarray(model.transform(probs))
+
+    return run
+
+
+def probmetrics_calibrator(module: str, name: str) -> Any:
+    """``probmetrics.calibrators.<module>.<name>``, loaded as
+    :func:`probmetrics_temperature_module` loads its module (the package ``__init__`` needs
+    numba)."""
+    probmetrics_temperature_module()  # registers the package without its __init__ if need be
+    return getattr(importlib.import_module(f"probmetrics.calibrators.{module}"), name)
+
+
+def probmetrics_map(module: str, name: str) -> PeerMap:
+    """probmetrics' calibrator ``name``: ``fit_torch`` on the logits, ``predict_proba_torch``."""
+
+    def run(logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray) -> Any:
+        from probmetrics.distributions import CategoricalLogits
+
+        model = probmetrics_calibrator(module, name)()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.fit_torch(CategoricalLogits(logits), labels)
+            return model.predict_proba_torch(CategoricalLogits(logits)).get_probs()
+
+    return run
+
+
+def sklearn_top_label_isotonic(
+    logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray
+) -> np.ndarray:
+    """scikit-learn's ``IsotonicRegression`` on the top-label confidence against correctness
+    (fitted and applied; returns the calibrated confidences, N values)."""
+    from sklearn.isotonic import IsotonicRegression
+
+    confidence = probs.max(axis=1)
+    correct = (probs.argmax(axis=1) == y).astype(np.float64)
+    model = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
+    return model.fit(confidence, correct).predict(confidence)
+
+
+#: Registry method name -> (peer label, library, fit + apply) for each peer's own implementation
+#: of the same map. Keys of maps the registry lacks are skipped; a peer not installed is skipped.
+PEER_MAPS: dict[str, tuple[tuple[str, str, PeerMap], ...]] = {
+    "ts": (
+        ("netcal TemperatureScaling", "netcal", netcal_map("scaling", "TemperatureScaling")),
+        (
+            "probmetrics TemperatureScaling",
+            "probmetrics",
+            probmetrics_map("temperature_scaling", "TemperatureScalingCalibrator"),
+        ),
+    ),
+    "vector": (
+        (
+            "probmetrics VectorScaling",
+            "probmetrics",
+            probmetrics_map("logistic", "VectorScalingCalibrator"),
+        ),
+    ),
+    "matrix": (
+        (
+            "probmetrics MatrixScaling",
+            "probmetrics",
+            probmetrics_map("logistic", "MatrixScalingCalibrator"),
+        ),
+    ),
+    "histogram": (
+        (
+            "netcal HistogramBinning",
+            "netcal",
+            netcal_map("binning", "HistogramBinning", bins=N_BINS),
+        ),
+    ),
+    "isotonic": (
+        ("netcal IsotonicRegression", "netcal", netcal_map("binning", "IsotonicRegression")),
+        ("scikit-learn IsotonicRegression (top-label)", "sklearn", sklearn_top_label_isotonic),
+    ),
+    "platt": (
+        ("netcal LogisticCalibration", "netcal", netcal_map("scaling", "LogisticCalibration")),
+    ),
+    "beta": (("netcal BetaCalibration", "netcal", netcal_map("scaling", "BetaCalibration")),),
+    "dirichlet": (
+        (
+            "probmetrics DirichletCalibrator",
+            "probmetrics",
+            probmetrics_map("logistic", "DirichletCalibrator"),
+        ),
+    ),
+    "ensemble_ts": (),  # no installed peer implements it
+}
+#: The libraries the peer maps come from.
+MAP_PEERS = ("netcal", "probmetrics", "sklearn")
+
+
+def _max_difference(ours: torch.Tensor, theirs: Any) -> float | None:
+    """max |p_curvcal - p_peer| over all entries when both are N×K probabilities."""
+    peer = torch.as_tensor(np.asarray(theirs) if not torch.is_tensor(theirs) else theirs)
+    if peer.shape != ours.shape:
+        return None
+    return float((ours - peer.to(torch.float64)).abs().max())
+
+
+def bench_maps(
+    n: int,
+    k: int,
+    repeats: int,
+    libraries: dict[str, Any],
+    names: tuple[str, ...] | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Fit + apply of every registry map that applies at N × K (``names``: only those), each
+    interleaved with its peers (``libraries``: the installed ones by name; others skipped)."""
+    from curvcal.calibration.registry import MAPS
+
+    logits, labels = synthetic_logits(n, k, seed)
+    probs, y = probabilities(logits), labels.numpy()
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    for stage, kind in MAPS.items():
+        if names is not None and stage not in names:
+            continue
+        reason = kind.skip_reason(k, False)
+        if reason is not None:
+            skipped[stage] = reason
+            continue
+        tasks: list[tuple[str, str | None, Callable[[], Any]]] = [
+            (f"curvcal {kind.title}", None, lambda s=stage: curvcal_map(s)(logits, labels))
+        ]
+        for label, library, peer in PEER_MAPS.get(stage, ()):
+            if libraries.get(library) is None:
+                continue
+            tasks.append((label, library, lambda p=peer: p(logits, labels, probs, y)))
+        seconds: dict[str, float] = {}
+        memory: dict[str, float] = {}
+        values: dict[str, Any] = {}
+        failed: dict[str, str] = {}
+        for _ in range(repeats):
+            for label, _library, task in tasks:
+                if label in failed:
+                    continue
+                try:
+                    elapsed, values[label], peak = measure(task)
+                except Exception as error:  # a peer that cannot run this size is reported
+                    failed[label] = f"{type(error).__name__}: {error}"[:200]
+                    continue
+                print(f"  {label}: {elapsed:.3f} s, +{peak:.0f} MB", file=sys.stderr)
+                seconds[label] = min(seconds.get(label, math.inf), elapsed)
+                memory[label] = max(memory.get(label, 0.0), peak)
+        ours_label = tasks[0][0]
+        ours = values.get(ours_label)
+        for label, library, _task in tasks:
+            row: dict[str, Any] = {
+                "map": stage,
+                "task": label,
+                "library": library or "curvcal",
+                "seconds": seconds.get(label),
+                "peak_mb": memory.get(label),
+                "ratio_to_curvcal": None,
+                "max_abs_diff_probs": None,
+                "error": failed.get(label),
+            }
+            if library is not None and label in seconds and ours_label in seconds:
+                row["ratio_to_curvcal"] = seconds[label] / seconds[ours_label]
+                if ours is not None:
+                    row["max_abs_diff_probs"] = _max_difference(ours, values[label])
+            rows.append(row)
+        values.clear()
+        gc.collect()
+    return {"n": n, "k": k, "rows": rows, "skipped": skipped, "peak_rss_mb": peak_rss_mb()}
+
+
+def maps_markdown(sizes: list[dict[str, Any]]) -> str:
+    """The per-map tables: seconds (minimum of repeats), peer / curvcal, peak memory."""
+    lines = []
+    for size in sizes:
+        lines.append(f"\n### maps at {size['n']:,} × {size['k']:,} (fit + apply)\n")
+        lines.append("| map | task | seconds (min) | peer / curvcal | peak MB | max abs diff p |")
+        lines.append("|---|---|---:|---:|---:|---:|")
+        for r in size["rows"]:
+            ratio = "" if r["ratio_to_curvcal"] is None else f"{r['ratio_to_curvcal']:.2f}"
+            diff = "" if r["max_abs_diff_probs"] is None else f"{r['max_abs_diff_probs']:.1e}"
+            secs = r["error"] if r["seconds"] is None else f"{r['seconds']:.3f}"
+            peak = "" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"
+            lines.append(f"| {r['map']} | {r['task']} | {secs} | {ratio} | {peak} | {diff} |")
+        for stage, reason in size["skipped"].items():
+            lines.append(f"\n{stage}: skipped ({reason})")
+    return "\n".join(lines)
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The tables of benchmarks/README.md for one run."""
     lines = []
@@ -445,6 +718,20 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _sizes(text: str) -> tuple[tuple[int, int], ...]:
+    """``"2000x10,500x50"`` as ((2000, 10), (500, 50))."""
+    return tuple((int(n), int(k)) for n, k in (s.lower().split("x") for s in text.split(",")))
+
+
+def _one_blas_thread() -> None:
+    """One thread for NumPy's BLAS and OpenMP too (the peers compute with NumPy)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds, not minutes)")
@@ -455,12 +742,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-peers", action="store_true", help="curvcal only")
     parser.add_argument("--no-focal", action="store_true", help="skip the focal temperature fit")
+    parser.add_argument(
+        "--maps", action="store_true", help="add the per-map section (fit + apply, peers' maps)"
+    )
+    parser.add_argument(
+        "--only-maps", action="store_true", help="the per-map section alone (implies --maps)"
+    )
+    parser.add_argument(
+        "--map-sizes",
+        metavar="NxK,...",
+        help="sizes of the per-map section (default 200000x100,50000x1000)",
+    )
+    parser.add_argument(
+        "--map-names", metavar="NAME,...", help="only these registry maps (e.g. ts,focal_ts)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if args.sizes:
-        sizes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in args.sizes.split(","))
-    else:
-        sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    _one_blas_thread()
+    sizes = _sizes(args.sizes) if args.sizes else QUICK_SIZES if args.quick else FULL_SIZES
     peers = {} if args.no_peers else {name: load_peer(name) for name in PEERS}
     for name in PEERS:
         if peers.get(name) is None:
@@ -475,14 +774,29 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "sizes": [],
     }
-    for n, k in sizes:
-        print(f"size {n} x {k} ...", file=sys.stderr)
-        result["sizes"].append(bench_size(n, k, args.repeats, peers, focal=not args.no_focal))
-    recipe_rows = min(RECIPE_ROWS, sizes[0][0])
-    result["conventions"] = conventions(peers, recipe_rows)
+    if not args.only_maps:
+        for n, k in sizes:
+            print(f"size {n} x {k} ...", file=sys.stderr)
+            result["sizes"].append(bench_size(n, k, args.repeats, peers, focal=not args.no_focal))
+        recipe_rows = min(RECIPE_ROWS, sizes[0][0])
+        result["conventions"] = conventions(peers, recipe_rows)
+    if args.maps or args.only_maps:
+        libraries = {} if args.no_peers else {name: load_peer(name) for name in MAP_PEERS}
+        result["map_peers"] = {
+            name: getattr(libraries.get(name), "__version__", "not installed") for name in MAP_PEERS
+        }
+        map_sizes = _sizes(args.map_sizes) if args.map_sizes else MAP_SIZES
+        names = tuple(args.map_names.split(",")) if args.map_names else None
+        result["maps"] = []
+        for n, k in map_sizes:
+            print(f"maps at {n} x {k} ...", file=sys.stderr)
+            result["maps"].append(bench_maps(n, k, args.repeats, libraries, names))
     result["peak_rss_mb"] = peak_rss_mb()
-    print(markdown(result))
-    print(json.dumps(result["conventions"], indent=2))
+    if result["sizes"]:
+        print(markdown(result))
+        print(json.dumps(result["conventions"], indent=2))
+    if "maps" in result:
+        print(maps_markdown(result["maps"]))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2)

@@ -8,6 +8,10 @@
    for the uncalibrated scores and for every fitted stage, with the same bins, edge convention
    and bootstrap seed (so bootstrap resamples are paired across stages).
 
+With ``method`` ``all`` every map of the registry that applies to the scores is fitted (the
+others are skipped with their reason) and the stages are ranked on the evaluation split by NLL
+and ECE with paired bootstrap intervals (:mod:`curvcal.calibration.ranking`).
+
 The evaluation split never takes part in a fit, and nothing is measured in-sample on the fit
 split except what the fit itself reports (its objective and NLL before/after, labelled as such).
 :func:`evaluate_calibrators` measures saved calibrators on a whole set of scores, fitting nothing.
@@ -26,8 +30,15 @@ from curvcal.calibration.binning import HistogramFit
 from curvcal.calibration.inputs import as_tensor, check_kind
 from curvcal.calibration.isotonic import IsotonicFit
 from curvcal.calibration.linear import LinearFit
-from curvcal.calibration.metrics import calibration_metrics
-from curvcal.calibration.registry import MAPS, CalibrationMap, fitted_stages
+from curvcal.calibration.metrics import TopLabel, calibration_metrics, top_label_of
+from curvcal.calibration.ranking import Ranking, rank_stages
+from curvcal.calibration.registry import (
+    ALL,
+    MAPS,
+    CalibrationMap,
+    applicable_stages,
+    fitted_stages,
+)
 from curvcal.calibration.registry import STAGE_METHODS as STAGE_METHODS
 from curvcal.calibration.results import (
     CalibrationMetrics,
@@ -130,8 +141,9 @@ class CalibrationAnalysis:
     JSON layout (read by the CI gate): ``evaluation.<stage>.<metric>`` for the stages
     ``uncalibrated``, ``ts`` and ``focal_ts`` (all measured on the evaluation split),
     ``fits.ts`` (a :class:`TemperatureFit`), ``fits.focal_ts`` (a :class:`FocalTemperatureFit`),
-    ``split`` (:class:`SplitInfo`), ``settings`` (:class:`CalibrationSettings`) and ``applied``
-    (the saved calibrators measured by :func:`evaluate_calibrators`; empty otherwise).
+    ``split`` (:class:`SplitInfo`), ``settings`` (:class:`CalibrationSettings`), ``applied``
+    (the saved calibrators measured by :func:`evaluate_calibrators`; empty otherwise) and, with
+    method ``all`` only, ``ranking`` (:class:`Ranking`; the key is absent otherwise).
     """
 
     evaluation: StageMetrics
@@ -141,6 +153,13 @@ class CalibrationAnalysis:
     kind: str
     n_classes: int
     applied: dict[str, CalibrationMap] = field(default_factory=dict)
+    ranking: Ranking | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if self.ranking is None:
+            del out["ranking"]
+        return out
 
     def calibrators(self) -> dict[str, CalibrationMap]:
         """The calibrator of every stage that has one (fitted or applied), keyed by stage."""
@@ -175,7 +194,9 @@ def analyse_calibration(
     (the analysis records the method it ran). ``features``: the model's last-layer inputs of
     the (fit, evaluation) samples (:class:`~curvcal.calibration.laplace.HeadFeatures`), which
     a map whose registry ``input`` is ``features`` (Laplace) fits and acts on instead of the
-    scores.
+    scores. A map named by ``settings.method`` that does not apply to these scores (or, for a
+    map that needs the model, to scores without ``features``) is an :class:`InputError`;
+    ``all`` skips it and records why.
     """
     check_kind(kind)
     if settings.method is None:
@@ -199,8 +220,12 @@ def analyse_calibration(
         raise InputError(
             fit_source, f"has {fit_k} classes but the evaluation scores have {n_classes}"
         )
-    stages = fitted_stages(settings.method)
-    _need_features(stages, features)
+    requested = fitted_stages(settings.method)
+    if settings.method != ALL:
+        _need_features(requested, features)
+    stages, skipped = applicable_stages(requested, n_classes, features is not None)
+    if skipped and settings.method != ALL:
+        raise InputError("--method", f"{settings.method}: {next(iter(skipped.values()))}")
     fits = {
         stage: MAPS[stage].fit(
             _inputs(stage, fit_scores, features, 0),
@@ -212,13 +237,23 @@ def analyse_calibration(
         )
         for stage in stages
     }
+    tops: dict[str, TopLabel] | None = None
+    if settings.method == ALL:
+        tops = {"uncalibrated": top_label_of(eval_scores, eval_labels, kind, eval_source)}
     evaluation = StageMetrics(
         uncalibrated,
         **{
-            stage: evaluate(eval_scores, fit.calibrator, _inputs(stage, None, features, 1))
+            stage: evaluate(
+                eval_scores, fit.calibrator, _inputs(stage, None, features, 1), stage, tops
+            )
             for stage, fit in fits.items()
         },
     )
+    ranking = None
+    if tops is not None:
+        ranking = rank_stages(
+            tops, settings.bins, settings.edges, settings.bootstrap, settings.seed, skipped
+        )
     split = SplitInfo(
         split_method,
         n_fit,
@@ -227,7 +262,13 @@ def analyse_calibration(
         seed=settings.seed if split_method == "val-split" else None,
     )
     return CalibrationAnalysis(
-        evaluation, CalibrationFits(**fits), split, settings, kind, n_classes
+        evaluation,
+        CalibrationFits(**fits),
+        split,
+        settings,
+        kind,
+        n_classes,
+        ranking=ranking,
     )
 
 
@@ -311,10 +352,16 @@ def evaluate_calibrators(
 
 
 def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str) -> Any:
-    """``evaluate(scores, calibrator=None)``: the metrics of one stage on these labels."""
+    """``evaluate(scores, calibrator=None, features=None, stage="", tops=None)``: the metrics of one stage on
+    these labels; with ``tops``, its per-sample top-label quantities are added to it under
+    ``stage`` (from the same calibrated scores)."""
 
     def evaluate(
-        scores: Any, calibrator: CalibrationMap | None = None, features: Any = None
+        scores: Any,
+        calibrator: CalibrationMap | None = None,
+        features: Any = None,
+        stage: str = "",
+        tops: dict[str, TopLabel] | None = None,
     ) -> CalibrationMetrics:
         options: dict[str, Any] = {
             "bins": settings.bins,
@@ -330,6 +377,8 @@ def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str)
             logp = calibrator.apply(features, "features", source)
         else:
             logp = calibrator.apply(scores, kind, source)
+        if tops is not None:
+            tops[stage] = top_label_of(logp, labels, "logprobs", source, f"{source} labels")
         return calibration_metrics(logp, labels, kind="logprobs", source=source, **options)
 
     return evaluate

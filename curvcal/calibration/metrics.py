@@ -25,6 +25,7 @@ Conventions (printed with every result):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,6 +254,19 @@ def _top(scores: torch.Tensor, labels: torch.Tensor, kind: str) -> TopLabel:
     return _scan(scores, labels, kind=kind)[0]
 
 
+def top_label_of(
+    scores: Any,
+    labels: Any,
+    kind: str = "logits",
+    source: str = "scores",
+    labels_source: str = "labels",
+) -> TopLabel:
+    """The per-sample confidence, correctness, NLL and Brier of N×K ``scores`` of ``kind``
+    (validated; errors name ``source`` and ``labels_source``)."""
+    z, y = _prepare(scores, labels, kind, 1, "left", source, labels_source)
+    return _top(z, y, kind)
+
+
 def _prepare(
     scores: Any, labels: Any, kind: str, n_bins: int, edges: str, source: str, labels_source: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -368,6 +382,27 @@ def _class_tables(
     )
 
 
+def resample_weights(n: int, n_resamples: int, seed: int) -> Iterator[torch.Tensor]:
+    """``n_resamples`` bootstrap resamples of ``n`` rows, each as float64 multiplicities
+    (``bincount`` of ``n`` indices drawn uniformly with replacement from a private generator
+    seeded by ``seed``). Every stage of an analysis draws the same resamples (paired)."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(n_resamples):
+        draw = torch.randint(n, (n,), generator=generator)
+        yield torch.bincount(draw, minlength=n).to(torch.float64)
+
+
+def percentile_interval(draws: torch.Tensor) -> tuple[float, float]:
+    """The central :data:`INTERVAL_LEVEL` percentile interval of 1-D float64 ``draws``."""
+    # Linear interpolation between an infinite and a finite draw is undefined: fall back
+    # to the nearest order statistic when a resample has an infinite NLL.
+    tail = (1 - INTERVAL_LEVEL) / 2
+    method = "linear" if torch.isfinite(draws).all() else "nearest"
+    levels = torch.tensor([tail, 1 - tail], dtype=torch.float64)
+    low, high = torch.quantile(draws, levels, interpolation=method)
+    return float(low), float(high)
+
+
 def _bootstrap_intervals(
     top: TopLabel,
     index: torch.Tensor,
@@ -378,12 +413,8 @@ def _bootstrap_intervals(
 ) -> dict[str, tuple[float, float]]:
     """Percentile intervals; a resample is the multiplicity of each sample (weights)."""
     n = top.confidence.shape[0]
-    generator = torch.Generator().manual_seed(seed)
     draws: dict[str, list[float]] = {"ece": [], "mce": [], "adaece": [], "nll": []}
-    for _ in range(n_bootstrap):
-        weights = torch.bincount(torch.randint(n, (n,), generator=generator), minlength=n).to(
-            torch.float64
-        )
+    for weights in resample_weights(n, n_bootstrap, seed):
         width = binned_errors(
             *binning.bin_sums(index, top.confidence, top.correct, n_bins, weights)
         )
@@ -395,17 +426,10 @@ def _bootstrap_intervals(
         draws["mce"].append(width.mce)
         draws["adaece"].append(mass.ece)
         draws["nll"].append(float((weights * top.nll).sum()) / n)
-    tail = (1 - INTERVAL_LEVEL) / 2
-    out = {}
-    for name, values in draws.items():
-        sample = torch.tensor(values, dtype=torch.float64)
-        # Linear interpolation between an infinite and a finite draw is undefined: fall back
-        # to the nearest order statistic when a resample has an infinite NLL.
-        method = "linear" if torch.isfinite(sample).all() else "nearest"
-        levels = torch.tensor([tail, 1 - tail], dtype=torch.float64)
-        low, high = torch.quantile(sample, levels, interpolation=method)
-        out[name] = (float(low), float(high))
-    return out
+    return {
+        name: percentile_interval(torch.tensor(values, dtype=torch.float64))
+        for name, values in draws.items()
+    }
 
 
 # Small public functions, one per metric, sharing the stages above.

@@ -10,6 +10,11 @@ it from them without running anything from the file. The report stage of a map i
 ``method`` the name its saved form carries. ``input`` is what the map reads: ``scores`` (N×K), or
 ``features`` (a :class:`~curvcal.calibration.laplace.HeadFeatures`: the model's last-layer inputs
 and head, which logits alone do not give).
+
+A map says when it applies by ``skip_reason(n_classes, has_model)``: ``None`` when it can be
+fitted to scores with ``n_classes`` columns (and, with ``has_model``, the model at hand), else
+the reason it cannot (:func:`binary_only`, :func:`needs_model`). The default applies always.
+``--method all`` fits every map that applies and says why each other one was skipped.
 """
 
 from __future__ import annotations
@@ -40,10 +45,38 @@ class CalibrationMap(Protocol):
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any: ...
 
 
+#: ``--method`` value that fits every map that applies.
+ALL = "all"
+
+
+def applies_always(n_classes: int, has_model: bool) -> str | None:
+    """The default ``skip_reason``: the map applies to any scores."""
+    return None
+
+
+def binary_only(n_classes: int, has_model: bool) -> str | None:
+    """``skip_reason`` of a map defined for binary problems only (K = 2)."""
+    return (
+        None
+        if n_classes == 2
+        else f"binary problems only (K = 2; these scores have K = {n_classes})"
+    )
+
+
+def needs_model(n_classes: int, has_model: bool) -> str | None:
+    """``skip_reason`` of a map fitted from the model itself, not from its scores."""
+    return (
+        None
+        if has_model
+        else "needs the model's last-layer inputs (a checkpoint whose logits come from a final "
+        "nn.Linear), not only its scores"
+    )
+
+
 @dataclass(frozen=True)
 class MapKind:
     """One calibration map: its report ``stage``, ``--method`` ``option``, saved ``method``,
-    table ``title``, ``fit`` and ``load`` (see the module docstring)."""
+    table ``title``, ``fit``, ``load`` and ``skip_reason`` (see the module docstring)."""
 
     stage: str
     option: str
@@ -52,6 +85,7 @@ class MapKind:
     fit: Callable[..., Any]
     load: Callable[[Any, str], CalibrationMap]
     input: str = "scores"
+    skip_reason: Callable[[int, bool], str | None] = applies_always
 
 
 def _fit_ts(
@@ -170,7 +204,14 @@ MAPS: dict[str, MapKind] = {
         MapKind("vector", "vector", "vector", "vector", _fit_vector, LinearMap.from_dict),
         MapKind("matrix", "matrix", "matrix", "matrix", _fit_matrix, LinearMap.from_dict),
         MapKind(
-            "laplace", "laplace", "laplace", "Laplace", _fit_laplace, _load_laplace, "features"
+            "laplace",
+            "laplace",
+            "laplace",
+            "Laplace",
+            _fit_laplace,
+            _load_laplace,
+            "features",
+            needs_model,
         ),
         MapKind(
             "histogram",
@@ -204,8 +245,24 @@ MAPS: dict[str, MapKind] = {
             _fit_isotonic("isotonic-ovr"),
             IsotonicMap.from_dict,
         ),
-        MapKind("platt", "platt", "platt", "Platt", _fit_binary("platt"), BinaryMap.from_dict),
-        MapKind("beta", "beta", "beta", "beta", _fit_binary("beta"), BinaryMap.from_dict),
+        MapKind(
+            "platt",
+            "platt",
+            "platt",
+            "Platt",
+            _fit_binary("platt"),
+            BinaryMap.from_dict,
+            skip_reason=binary_only,
+        ),
+        MapKind(
+            "beta",
+            "beta",
+            "beta",
+            "beta",
+            _fit_binary("beta"),
+            BinaryMap.from_dict,
+            skip_reason=binary_only,
+        ),
     )
 }
 #: The saved method of every stage.
@@ -213,7 +270,20 @@ STAGE_METHODS = {stage: kind.method for stage, kind in MAPS.items()}
 
 
 def fitted_stages(method: str | None) -> tuple[str, ...]:
-    """The stages a ``--method`` value fits (``both``: TS and focal TS; ``none``: nothing)."""
+    """The stages a ``--method`` value fits (``both``: TS and focal TS; ``all``: every map,
+    before :func:`applicable_stages` leaves out those that do not apply; ``none``: nothing)."""
     if method == "both":
         return ("ts", "focal_ts")
+    if method == ALL:
+        return tuple(MAPS)
     return tuple(stage for stage, kind in MAPS.items() if kind.option == method)
+
+
+def applicable_stages(
+    stages: tuple[str, ...], n_classes: int, has_model: bool
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``stages`` split into those that apply to ``n_classes`` scores (in order) and, for each
+    other one, the reason it does not (its entry's ``skip_reason``)."""
+    reasons = {stage: MAPS[stage].skip_reason(n_classes, has_model) for stage in stages}
+    kept = tuple(stage for stage in stages if reasons[stage] is None)
+    return kept, {stage: reason for stage, reason in reasons.items() if reason is not None}

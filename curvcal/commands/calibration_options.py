@@ -21,14 +21,14 @@ if TYPE_CHECKING:
 
 #: the options that shape one map's fit, and the --method values that fit that map
 _MAP_OPTIONS = {
-    "objective": ("--objective", ("ts", "both")),
-    "focal_objective": ("--focal-objective", ("focal-ts", "both")),
-    "gammas": ("--gammas", ("focal-ts", "both")),
-    "laplace_structure": ("--laplace-structure", ("laplace",)),
-    "laplace_predictive": ("--laplace-predictive", ("laplace",)),
-    "laplace_samples": ("--laplace-samples", ("laplace",)),
-    "histogram_bins": ("--histogram-bins", ("histogram", "histogram-ovr")),
-    "histogram_scheme": ("--histogram-scheme", ("histogram", "histogram-ovr")),
+    "objective": ("--objective", ("ts", "both", "all")),
+    "focal_objective": ("--focal-objective", ("focal-ts", "both", "all")),
+    "gammas": ("--gammas", ("focal-ts", "both", "all")),
+    "laplace_structure": ("--laplace-structure", ("laplace", "all")),
+    "laplace_predictive": ("--laplace-predictive", ("laplace", "all")),
+    "laplace_samples": ("--laplace-samples", ("laplace", "all")),
+    "histogram_bins": ("--histogram-bins", ("histogram", "histogram-ovr", "all")),
+    "histogram_scheme": ("--histogram-scheme", ("histogram", "histogram-ovr", "all")),
 }
 
 

@@ -185,11 +185,19 @@ def run_calibrate(
         if fit_data is not None:
             fit_loaded = session.dataset(loaded, data_options.replace(data=fit_data), "--fit-data")
         said = len(session.warnings)  # the preprocessing warnings, already said
-        wants_features = settings.method == "laplace" or (
+        wants_features = settings.method in ("laplace", "all") or (
             applied is not None and "laplace" in applied.calibrators
         )
+        optional = settings.method == "all"
         predictions, features = _predict(
-            session, loaded, data, batch_size, "--data", settings.nan_policy, wants_features
+            session,
+            loaded,
+            data,
+            batch_size,
+            "--data",
+            settings.nan_policy,
+            wants_features,
+            optional,
         )
         fit_predictions, fit_features = None, None
         if fit_loaded is not None:
@@ -200,8 +208,11 @@ def run_calibrate(
                 batch_size,
                 "--fit-data",
                 settings.nan_policy,
-                wants_features,
+                wants_features and (features is not None or not optional),
+                optional,
             )
+            if fit_features is None:
+                features = None
     if predictions is None:
         return None
     logits, labels, dropped = predictions
@@ -341,21 +352,30 @@ def _predict(
     option: str,
     nan_policy: str,
     features: bool,
+    optional: bool = False,
 ) -> tuple[Any, Any]:
     """The session's predictions of ``data`` and, when ``features`` is asked (Laplace), the
-    inputs of the model's last layer for the same rows (``None`` otherwise, and on ranks but 0)."""
+    inputs of the model's last layer for the same rows (``None`` otherwise, and on ranks but 0).
+    ``optional`` (``--method all``): a model whose head gives no features is said in a warning
+    and yields ``None`` (the Laplace map is then skipped) instead of stopping the run."""
     if not features:
         return session.predict(loaded, data, batch_size, option=option, nan_policy=nan_policy), None
     from curvcal.pipeline.laplace import capture_head, head_features
 
-    with capture_head(loaded) as capture:
-        predictions = session.predict(
-            loaded, data, batch_size, option=option, nan_policy=nan_policy
-        )
-    shard = session.shard(data, option)
-    local_rows = data.n_samples if shard is None else len(shard)
-    logits = None if predictions is None else predictions[0]
-    return predictions, head_features(capture, data, local_rows, logits)
+    try:
+        with capture_head(loaded) as capture:
+            predictions = session.predict(
+                loaded, data, batch_size, option=option, nan_policy=nan_policy
+            )
+        shard = session.shard(data, option)
+        local_rows = data.n_samples if shard is None else len(shard)
+        logits = None if predictions is None else predictions[0]
+        return predictions, head_features(capture, data, local_rows, logits)
+    except InputError as error:
+        if not optional:
+            raise
+        session.warnings.append(f"--method all: the Laplace map is skipped: {error}")
+        return session.predict(loaded, data, batch_size, option=option, nan_policy=nan_policy), None
 
 
 def run_metrics(

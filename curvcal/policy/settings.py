@@ -41,7 +41,10 @@ class Needs:
 
     @property
     def method(self) -> str:
-        """The calibration maps to fit, spelled as ``--method`` spells them."""
+        """The calibration maps to fit, spelled as ``--method`` spells them (``all`` when the
+        rules gate maps that no narrower method fits together)."""
+        if self.linear and (len(self.linear) > 1 or self.ts or self.focal_ts):
+            return "all"
         if self.linear:
             return _option(self.linear[0])
         if self.ts and self.focal_ts:
@@ -52,23 +55,13 @@ class Needs:
 
 
 def needs(rules: tuple[Rule, ...] | list[Rule], where: str = "policy") -> Needs:
-    """The measurements ``rules`` need (nothing more); a policy that gates a linear map with
-    another map (no one ``--method`` fits them together) is an :class:`InputError` naming
-    ``where``."""
+    """The measurements ``rules`` need (nothing more); ``where`` names the policy."""
     stages = {rule.stage for rule in rules if rule.metric in CALIBRATION_METRICS}
     metrics = {rule.metric for rule in rules}
     ts = "ts" in stages or "temperature" in metrics
     focal = "focal_ts" in stages or bool({"focal_gamma", "focal_temperature"} & metrics)
     trace = "trace" in metrics
     linear = tuple(stage for stage in STAGES[3:] if stage in stages)
-    if linear and (len(linear) > 1 or ts or focal):
-        gated = sorted({*linear, *(("ts",) if ts else ()), *(("focal_ts",) if focal else ())})
-        raise InputError(
-            where,
-            f"gates the stages {', '.join(gated)}, which no one --method fits together",
-            "gate one of vector, matrix, histogram, isotonic, platt, beta, ... alone, or check "
-            "each map with its own policy",
-        )
     return Needs(
         predictions=bool(stages) or ts or focal,
         ts=ts,
@@ -206,13 +199,14 @@ def calibration_method(settings: Mapping[str, Any], need: Needs, where: Locator)
             "which a check's calibration pass does not keep)",
             "measure it with curvcal calibrate CHECKPOINT --data SPEC --method laplace",
         )
-    fits_ts, fits_focal = given in ("ts", "both"), given in ("focal-ts", "both")
+    fits_ts = given in ("ts", "both", "all")
+    fits_focal = given in ("focal-ts", "both", "all")
     missing = [
         name
         for name, needed, fitted in (
             ("ts", need.ts, fits_ts),
             ("focal_ts", need.focal_ts, fits_focal),
-            *((stage, True, given == _option(stage)) for stage in need.linear),
+            *((stage, True, given in (_option(stage), "all")) for stage in need.linear),
         )
         if needed and not fitted
     ]
@@ -220,7 +214,7 @@ def calibration_method(settings: Mapping[str, Any], need: Needs, where: Locator)
         raise InputError(
             where("method"),
             f"method {given!r} fits no {' or '.join(missing)} map, which the policy gates",
-            f'use method = "{_option(need.linear[0])}" or leave method out'
+            f'use method = "{need.method}" or leave method out'
             if need.linear
             else 'use method = "both" or leave method out',
         )

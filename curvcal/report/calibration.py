@@ -12,6 +12,7 @@ from curvcal.report.tables import Table, fmt_float
 if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.calibration.linear import LinearFit
+    from curvcal.calibration.ranking import Difference, Ranking
     from curvcal.calibration.results import CalibrationMetrics, FocalTemperatureFit
 
 STAGE_TITLES = {
@@ -129,7 +130,94 @@ def calibration_tables(analysis: CalibrationAnalysis, chart: bool = True) -> lis
     ]
     if one_dimensional:
         tables.append(one_dimensional_fits_table(one_dimensional, analysis.split.n_fit))
+    if analysis.ranking is not None:
+        tables.extend(ranking_tables(analysis.ranking))
     tables.append(split_table(analysis))
+    return tables
+
+
+def stage_title(stage: str) -> str:
+    """A stage's column title: the table's own name, else the registry entry's title."""
+    if stage in STAGE_TITLES:
+        return STAGE_TITLES[stage]
+    from curvcal.calibration.registry import MAPS
+
+    return MAPS[stage].title if stage in MAPS else stage
+
+
+def _difference(difference: Difference) -> str:
+    text = fmt_float(difference.value, 3)
+    if difference.interval is not None:
+        low, high = difference.interval
+        text += f" [{fmt_float(low, 3)}, {fmt_float(high, 3)}]"
+    return text
+
+
+def _mark(stage: str, best: str, difference: Difference) -> str:
+    if stage == best:
+        return "best"
+    if difference.distinguishable is None:
+        return "-"
+    return "worse" if difference.distinguishable else "≈ best"
+
+
+def ranking_tables(ranking: Ranking) -> list[Table]:
+    """Every stage ranked on the evaluation split, once by NLL (the proper score, with the
+    Brier score beside it) and once by ECE: its score, its difference from the best with the
+    paired bootstrap interval, whether that interval contains 0 (``≈ best``: not
+    distinguishable from the best) and its difference from uncalibrated; skipped maps with
+    their reason in the caption."""
+    if ranking.n_bootstrap:
+        how = (
+            f"Δ = map − best (or − uncalibrated) [{ranking.interval_level:.0%} paired bootstrap "
+            f"interval: {ranking.n_bootstrap} resamples of the evaluation rows, the same for "
+            f"every map, seed {ranking.seed}]; ≈ best: the interval contains 0"
+        )
+    else:
+        how = "Δ = map − best; no intervals: pass --bootstrap N to see which differences are real"
+    side = "(a,b]" if ranking.edges == "left" else "[a,b)"
+    units = {
+        "nll": "NLL in nats; Brier summed over classes",
+        "ece": f"ECE top-label, {ranking.n_bins} equal-width bins {side}",
+    }
+    skipped = ""
+    if ranking.skipped:
+        skipped = "; skipped: " + "; ".join(
+            f"{stage_title(item.stage)} ({item.reason})" for item in ranking.skipped
+        )
+    tables = []
+    for score, name in (("nll", "NLL"), ("ece", "ECE")):
+        rows = []
+        for item in sorted(ranking.stages, key=lambda r: r.rank[score]):
+            best = item.stage == ranking.best[score]
+            to_uncalibrated = item.vs_uncalibrated
+            rows.append(
+                (
+                    str(item.rank[score]),
+                    stage_title(item.stage),
+                    fmt_float(getattr(item, score)),
+                    "-" if best else _difference(item.vs_best[score]),
+                    _mark(item.stage, ranking.best[score], item.vs_best[score]),
+                    "-" if to_uncalibrated is None else _difference(to_uncalibrated[score]),
+                    *((fmt_float(item.brier),) if score == "nll" else ()),
+                )
+            )
+        tables.append(
+            Table(
+                title=f"which map to trust: ranked by {name} on the evaluation split",
+                columns=(
+                    "rank",
+                    "map",
+                    name,
+                    f"Δ{name} to best",
+                    "vs best",
+                    f"Δ{name} to uncalibrated",
+                    *(("Brier",) if score == "nll" else ()),
+                ),
+                rows=tuple(rows),
+                caption=f"{how}; {units[score]}{skipped}",
+            )
+        )
     return tables
 
 
@@ -184,7 +272,7 @@ def metrics_table(analysis: CalibrationAnalysis) -> Table:
 
 
 def _stage_title(analysis: CalibrationAnalysis, stage: str) -> str:
-    title = STAGE_TITLES[stage]
+    title = stage_title(stage)
     return f"{title} (applied)" if stage in analysis.applied else title
 
 

@@ -24,7 +24,7 @@ MAX_BINS = 10_000
 #: ``--method``: temperature scaling, focal temperature scaling, both, vector scaling, matrix
 #: scaling, the last-layer Laplace approximation (calibrate only: it needs the model), histogram
 #: binning and isotonic regression (top-label or one-vs-rest), Platt scaling, beta calibration,
-#: or none (metrics only).
+#: every map that applies (ranked), or none (metrics only).
 METHODS = (
     "ts",
     "focal-ts",
@@ -38,6 +38,7 @@ METHODS = (
     "isotonic-ovr",
     "platt",
     "beta",
+    "all",
     "none",
 )
 #: ``--laplace-structure``: the last layer's GGN in full, Kronecker-factored, or chosen by size.
@@ -83,7 +84,8 @@ class CalibrationSettings(Settings):
 
     ``method``: the maps to fit, ``ts``, ``focal-ts``, ``both`` (TS and focal TS), ``vector``,
     ``matrix``, ``histogram``, ``histogram-ovr``, ``isotonic``, ``isotonic-ovr``, ``platt``,
-    ``beta`` or ``none`` (``None``: the
+    ``beta``, ``all`` (every map that applies, ranked on the evaluation split) or ``none``
+    (``None``: the
     command picks: ``both`` for ``calibrate``; for ``metrics``, ``both`` with a fit split and
     ``none`` without; for the kernel, ``both`` when it is given a fit split). ``objective``:
     what TS minimises on the fit split; ``focal_objective``: what focal TS minimises, over the
@@ -109,8 +111,9 @@ class CalibrationSettings(Settings):
         "only: it needs the model), histogram binning or isotonic regression of the "
         "top-label confidence (histogram, isotonic) or of each class against the rest, "
         "renormalised (histogram-ovr, isotonic-ovr), Platt scaling or beta calibration (two "
-        "classes only), or none (measure only). Default: calibrate: both; metrics: none, or both "
-        "with --fit or "
+        "classes only), all (every map that applies, ranked by NLL and ECE on the evaluation "
+        "split with paired bootstrap intervals of the differences), or none (measure only). "
+        "Default: calibrate: both; metrics: none, or both with --fit or "
         "--val-split.",
         choices=METHODS,
     )
@@ -154,7 +157,8 @@ class CalibrationSettings(Settings):
     )
     bootstrap: int = setting(
         0,
-        "Bootstrap resamples for 95% intervals of ECE, AdaECE, MCE and NLL.",
+        "Bootstrap resamples for 95% intervals of ECE, AdaECE, MCE and NLL (with --method all, "
+        "also of each map's NLL and ECE difference from the best and from uncalibrated).",
         low=0,
         metavar="N",
     )
@@ -254,11 +258,11 @@ class CalibrationSettings(Settings):
 
     @property
     def fits_ts(self) -> bool:
-        return self.method in ("ts", "both")
+        return self.method in ("ts", "both", "all")
 
     @property
     def fits_focal_ts(self) -> bool:
-        return self.method in ("focal-ts", "both")
+        return self.method in ("focal-ts", "both", "all")
 
     @property
     def reliability_classes(self) -> int:
