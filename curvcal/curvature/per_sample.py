@@ -60,8 +60,12 @@ def layer_plan(model: nn.Module, names: Sequence[str]) -> dict[str, Layer] | str
     """Every layer holding one of the selected parameters ``names`` (matched by identity, so a
     tied Parameter is planned in each layer that holds it), by module name, or why the hooks
     cannot give their per-sample norms (a parameter of another kind of module, a grouped or
-    non-zero-padded convolution, a BatchNorm without running statistics)."""
-    selected = {id(model.get_parameter(name)): name for name in names}
+    non-zero-padded convolution, a BatchNorm without running statistics, a TorchScript model,
+    which runs no Python hooks)."""
+    if isinstance(model, torch.jit.ScriptModule):
+        return "a TorchScript model runs no forward hooks"
+    params = dict(model.named_parameters(remove_duplicate=False))
+    selected = {id(params[name]): name for name in names}
     plan: dict[str, Layer] = {}
     seen: set[int] = set()
     for owner, module in model.named_modules(remove_duplicate=False):
