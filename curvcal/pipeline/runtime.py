@@ -91,14 +91,35 @@ def predict(
     from curvcal.distributed import current, gather_rows
     from curvcal.load.batches import iter_batches
     from curvcal.pipeline.inference import predict_logits
+    from curvcal.sharding import is_sharded
 
     context = current()
     indices = shard(data, context, option)
     logits, labels = predict_logits(
         loaded.module, iter_batches(data.dataset, batch_size, indices), loaded.device, on_step
     )
+    if is_sharded(loaded.module):  # each forward is a collective: as many on every rank
+        pad_predictions(loaded, data, batch_size, indices)
     all_logits = gather_rows(logits, data.n_samples)
     all_labels = gather_rows(labels, data.n_samples)
     if all_logits is None or all_labels is None:
         return None
     return all_logits, all_labels
+
+
+def pad_predictions(
+    loaded: LoadedModel, data: LoadedData, batch_size: int, indices: list[int] | None
+) -> None:
+    """The forwards of a sharded model this rank owes the others (each forward gathers the
+    parameters from every rank): as many batches as the busiest rank, the missing ones run on
+    this rank's first batch and dropped."""
+    from curvcal.load.batches import iter_batches
+    from curvcal.pipeline.inference import predict_logits
+    from curvcal.sharding import agreed_count
+
+    count = len(indices) if indices is not None else data.n_samples
+    mine = -(-count // batch_size)
+    missing = agreed_count(mine) - mine
+    first = indices[:batch_size] if indices is not None else list(range(batch_size))
+    for _ in range(missing):
+        predict_logits(loaded.module, iter_batches(data.dataset, batch_size, first), loaded.device)

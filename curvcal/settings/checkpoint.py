@@ -66,7 +66,8 @@ class CheckpointSettings(Settings):
     win; :attr:`keywords` holds both). ``num_classes`` is passed to the architecture as
     ``num_classes``; when absent and the architecture takes it, it is inferred from the
     checkpoint. ``allow_global``: ``module.Class`` names a weights-only load may build.
-    ``device``: ``auto|cpu|cuda|cuda:N``; ``dtype``: ``float32|float64``.
+    ``device``: ``auto|cpu|cuda|cuda:N``; ``dtype``: ``float32|float64``. ``shard_model``:
+    ``none``, or under torchrun ``blocks``/``modules`` (:mod:`curvcal.sharding`).
     """
 
     GROUP: ClassVar[str] = "checkpoint"
@@ -116,6 +117,13 @@ class CheckpointSettings(Settings):
         "that reaches the OS or the interpreter; only --trust-checkpoint runs code); repeatable.",
         metavar="module.Class",
         multiple=True,
+    )
+    shard_model: str = setting(
+        "none",
+        "Under torchrun, shard the model over the ranks with FSDP2: per repeated block "
+        "(transformer layers) or per top-level module; Hessian products become central "
+        "differences of gradients.",
+        choices=("none", "blocks", "modules"),
     )
     device: str = setting("auto", "auto (CUDA when available), cpu, cuda or cuda:N.")
     dtype: str = setting("float32", "Floating-point precision of the model.", choices=DTYPES)
