@@ -7,7 +7,8 @@ mesh of every rank: each rank keeps 1/W of every parameter (its rows along dimen
 - ``blocks``: every element of a repeated block list (an ``nn.ModuleList`` whose elements all have
   one class, such as the layers of a transformer encoder or decoder) is one unit, the rest of the
   model the root unit; a model without such a list is sharded per top-level module.
-- ``modules``: every top-level child that holds parameters is one unit, the rest the root unit.
+- ``modules``: every top-level child that holds parameters is one unit (the elements of a
+  top-level ``nn.ModuleList`` or ``nn.ModuleDict``, which has no forward), the rest the root unit.
 
 Gradients are reduce-scattered as *sums* over the ranks (the divide factor is set to 1), so a
 backward of each rank's summed loss leaves on each rank its shard of Σ over every sample.
@@ -59,8 +60,12 @@ def shard_units(model: nn.Module, how: str) -> list[nn.Module]:
     if how not in SHARD_MODES[1:]:
         raise ValueError(f"unknown sharding {how!r}")
     units = repeated_blocks(model) if how == "blocks" else []
-    if not units:
-        units = [child for child in model.children() if any(True for _ in child.parameters())]
+    if not units:  # a container has no forward of its own: its elements are the units
+        for child in model.children():
+            members = child.values() if isinstance(child, nn.ModuleDict) else [child]
+            if isinstance(child, nn.ModuleList):
+                members = list(child)
+            units.extend(m for m in members if any(True for _ in m.parameters()))
     return units
 
 
