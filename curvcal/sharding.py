@@ -20,6 +20,7 @@ missing forwards on a rank with fewer batches (their outputs are dropped).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -130,6 +131,46 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def gather_whole(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The whole of each tensor (DTensors sharded along dimension 0 by FSDP2, all of one dtype
+    and device) on every rank, by ONE all-gather of the concatenated shards (a gather per tensor
+    costs a collective each); plain tensors are returned as they are."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not tensors or not all(
+        isinstance(t, DTensor) and tuple(t.placements) == (Shard(0),) for t in tensors
+    ):
+        return [full_tensor(t) for t in tensors]
+    world = dist.get_world_size()
+
+    def sizes(shape: torch.Size) -> list[int]:
+        """Rows of each rank's shard of a tensor of ``shape`` (``torch.chunk``'s split)."""
+        rows = -(-shape[0] // world)
+        return [max(0, min(shape[0], (r + 1) * rows) - r * rows) for r in range(world)]
+
+    shapes = [t.shape for t in tensors]
+    per_row = [math.prod(shape[1:]) for shape in shapes]
+    lengths = [
+        sum(sizes(shape)[r] * row for shape, row in zip(shapes, per_row, strict=True))
+        for r in range(world)
+    ]
+    local = torch.cat([t.to_local().reshape(-1) for t in tensors])  # type: ignore[attr-defined]
+    padded = local.new_zeros(max(lengths))
+    padded[: local.numel()] = local
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    offsets = [0] * world
+    whole = []
+    for shape, row in zip(shapes, per_row, strict=True):
+        pieces = []
+        for r, count in enumerate(sizes(shape)):
+            size = count * row
+            pieces.append(parts[r][offsets[r] : offsets[r] + size].view(count, *shape[1:]))
+            offsets[r] += size
+        whole.append(torch.cat(pieces))
+    return whole
 
 
 def agreed_count(count: int) -> int:

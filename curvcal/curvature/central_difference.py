@@ -6,26 +6,33 @@ backward (``torch.autograd.grad`` with ``create_graph=True``) fails. Double back
 respect to the *gathered* parameters can be made to work (every unit kept unsharded after its
 forward and backward, gradient reduction off), but then every rank holds the whole model during
 a product: the memory sharding is meant to save. What FSDP2 does give, sharded, is the gradient
-of a backward. So the product is
+of a backward, G(θ) = Σ_{i=1..N} ∇_θ ℓ(f_θ(x_i), y_i), summed over every rank's samples by
+FSDP's reduce-scatter (divide factor 1). So the product is a central difference of G along v:
 
-    H·v ≈ D(ε) = (G(θ + εv) − G(θ − εv)) / (2ε N),   G(θ) = Σ_{i=1..N} ∇_θ ℓ(f_θ(x_i), y_i),
+* float64, three-point (order 2): D(ε) = (G(θ + εv) − G(θ − εv)) / (2εN), two gradient passes;
+  D(ε) − H·v = (ε²/6)∇³L[v, v, ·] + O(ε⁴);
+* float32 and narrower, five-point (order 4):
+  D(ε) = (8(G(θ + εv) − G(θ − εv)) − (G(θ + 2εv) − G(θ − 2εv))) / (12εN), four gradient
+  passes; D(ε) − H·v = −(ε⁴/30)∇⁵L[v, v, v, v, ·] + O(ε⁶). Measured on a GELU transformer
+  classifier in float32, the three-point rule's truncation was 2e-4 relative at this step
+  (best 3e-5 at a third of it), the five-point rule's 1e-5.
 
-G summed over every rank's samples by FSDP's reduce-scatter (divide factor 1) and gathered per
-parameter at the end (:meth:`CentralDifferenceOperator._gradient_difference`).
-
-Step. Taylor's theorem gives D(ε) − H·v = (ε²/6) ∇³L[v, v, ·] + O(ε⁴) (truncation), and each
-gradient carries a rounding error of about u·‖G‖/N (u the unit roundoff of the dtype), which
-the difference divides by 2ε. With the loss varying on a length scale s = max(1, ‖θ‖) in
-parameter space (‖∇³L[v,v]‖ ≈ ‖H v‖·‖v‖²/s², the rounding ≈ u·‖H v‖·s/‖v‖), the error
-ε²‖v‖²/(6 s²) + u·s/(ε‖v‖) (relative to ‖H·v‖) is smallest at
+Step. Each gradient carries a rounding error of about u·‖G‖ (u the unit roundoff of the
+dtype), which the difference divides by ε. With the loss varying on a length scale
+s = max(1, ‖θ‖) in parameter space (‖∇³L[v,v]‖ ≈ ‖H v‖·‖v‖²/s², the rounding ≈ u·‖H v‖·s/‖v‖)
+the three-point error relative to ‖H·v‖ is about h²/6 + u/h for the relative step h = ε‖v‖/s,
+smallest at h = (3u)^{1/3}; both rules take
 
     ε = (3u)^{1/3} · max(1, ‖θ‖) / ‖v‖,
 
-a relative step h = (3u)^{1/3} (4.9e-3 in float32, 8.7e-6 in float64) and a relative error of
-about h²/6 + u/h (1.0e-5 and 3.8e-11): the floor of the method, :func:`relative_floor`.
-:meth:`CentralDifferenceOperator.error_estimate` measures it on one vector: the truncation by
-Richardson's rule from D(2ε) − D(ε) = 3·(ε²/6)∇³L[v,v] + O(ε⁴), the rounding from the
-gradients' size.
+h = 5.6e-3 in float32 and 6.9e-6 in float64, a relative error floor of h²/6 + u/h = 2.4e-11 in
+float64 and h⁴/30 + (3/2)u/h = 1.6e-5 in float32 (:func:`relative_floor`).
+:meth:`CentralDifferenceOperator.error_estimate` measures the error of one product: the
+truncation by Richardson's rule, ‖D(2ε) − D(ε)‖/(2^p − 1) for a rule of order p, and the
+rounding from the gradient's size.
+
+The loss must be smooth along ±2εv: a ReLU kink crossed by the step adds a gradient jump
+divided by ε (a large truncation estimate says so).
 
 Every rank must run the same number of forwards and backwards (each is a collective): a rank
 with fewer batches runs the missing ones on its first batch with a zero loss.
@@ -42,14 +49,35 @@ from torch import Tensor, nn
 
 from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.guard import PRODUCT
-from curvcal.curvature.operator import HessianOperator
+from curvcal.curvature.operator import DEFAULT_OPTIONS, HessianOperator, build_operator
+from curvcal.curvature.options import OperatorOptions
 from curvcal.curvature.progress import OnStep
-from curvcal.errors import NumericalError
+from curvcal.errors import InputError, NumericalError
 from curvcal.losses import Loss
 from curvcal.rows import Inputs
 
 #: the engine name the operator records
 ENGINE = "central-difference"
+
+
+@dataclass(frozen=True)
+class Stencil:
+    """A central-difference rule: Σ_k w_k G(θ + c_k εv) / (``denominator`` ε) = H·v + O(ε^order),
+    ``points`` the pairs (c_k, w_k)."""
+
+    name: str
+    points: tuple[tuple[float, float], ...]
+    denominator: float
+    order: int
+
+
+THREE_POINT = Stencil("3-point", ((1.0, 1.0), (-1.0, -1.0)), 2.0, 2)
+FIVE_POINT = Stencil("5-point", ((1.0, 8.0), (-1.0, -8.0), (2.0, -1.0), (-2.0, 1.0)), 12.0, 4)
+
+
+def stencil_for(dtype: torch.dtype) -> Stencil:
+    """Three points in float64 (its truncation is far below 1e-7), five in narrower dtypes."""
+    return THREE_POINT if unit_roundoff(dtype) <= 2.0**-53 else FIVE_POINT
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -63,10 +91,13 @@ def relative_step(dtype: torch.dtype) -> float:
 
 
 def relative_floor(dtype: torch.dtype) -> float:
-    """h²/6 + u/h: the relative error of a product at the chosen step, under the module
-    docstring's scale model (1.0e-5 in float32, 3.8e-11 in float64)."""
-    h = relative_step(dtype)
-    return h * h / 6 + unit_roundoff(dtype) / h
+    """The relative error of a product at the chosen step under the module docstring's scale
+    model: h²/6 + u/h for three points (2.4e-11 in float64), h⁴/30 + (3/2)u/h for five
+    (1.6e-5 in float32)."""
+    h, u = relative_step(dtype), unit_roundoff(dtype)
+    if stencil_for(dtype) is THREE_POINT:
+        return h * h / 6 + u / h
+    return h**4 / 30 + 1.5 * u / h
 
 
 @dataclass(frozen=True)
@@ -79,6 +110,7 @@ class ProductError:
     floor: float
     truncation: float
     rounding: float
+    stencil: str = THREE_POINT.name
 
     @property
     def bound(self) -> float:
@@ -87,6 +119,7 @@ class ProductError:
     def as_dict(self) -> dict[str, object]:
         return {
             "method": ENGINE,
+            "stencil": self.stencil,
             "step": "epsilon = (3u)^(1/3) * max(1, |theta|) / |v|",
             "relative_step": self.relative_step,
             "relative_floor": self.floor,
@@ -135,6 +168,8 @@ class CentralDifferenceOperator(HessianOperator):
             keep_graphs="never",
         )
         self.requested_engine = ENGINE
+        #: the central-difference rule of the dtype (:func:`stencil_for`)
+        self.stencil = stencil_for(self._dtype)
         self._func_usable = False
         self._locates = False  # the NaN search runs one batch alone: not on a sharded model
         # forwards and backwards are collectives: each rank runs as many as the busiest one
@@ -157,8 +192,8 @@ class CentralDifferenceOperator(HessianOperator):
         return relative_step(self._dtype) * max(1.0, self.parameter_norm) / max(norm, 1e-300)
 
     def _product(self, block: Tensor, total: Tensor | None = None) -> Tensor:
-        """H·``block`` (P, m) as a (P, m) view of ``total`` (m, P): per column, two gradient
-        passes and their gathered difference."""
+        """H·``block`` (P, m) as a (P, m) view of ``total`` (m, P): per column, the stencil's
+        gradient passes and their gathered weighted sum."""
         m = block.shape[1]
         if total is None:
             total = block.new_empty((m, self.shape[0]))
@@ -166,9 +201,9 @@ class CentralDifferenceOperator(HessianOperator):
         slots = self._slots(total)
         for j in range(m):
             epsilon = self.step(block[:, j])
-            difference = self._gradient_difference([t[j] for t in tangents], epsilon)
-            for slot, piece in zip(slots, difference, strict=True):
-                slot[j].copy_(piece).div_(2 * epsilon)
+            weighted = self._stencil_sum([t[j] for t in tangents], epsilon)
+            for slot, piece in zip(slots, weighted, strict=True):
+                slot[j].copy_(piece).div_(self.stencil.denominator * epsilon)
         self.engine_products[ENGINE] = self.engine_products.get(ENGINE, 0) + m
         return self._finish(total, m)
 
@@ -183,48 +218,42 @@ class CentralDifferenceOperator(HessianOperator):
             )
         return result
 
-    def _gradient_difference(self, tangents: Sequence[Tensor], epsilon: float) -> list[Tensor]:
-        """G(θ + εv) − G(θ − εv) per selected parameter (whole, on every rank), G summed over
-        every sample of every rank; the parameters are restored bit for bit afterwards."""
-        from curvcal.sharding import full_tensor, local_shard, reshard
+    def _stencil_sum(self, tangents: Sequence[Tensor], epsilon: float) -> list[Tensor]:
+        """Σ_k w_k G(θ + c_k εv) over the stencil's points, per selected parameter (whole, on
+        every rank), G summed over every sample of every rank and accumulated in the sharded
+        ``.grad``; the parameters are restored bit for bit afterwards."""
+        from curvcal.sharding import gather_whole, local_shard, reshard
 
-        reshard(self.model)  # the next forwards gather the written shards
         pieces = [local_shard(t, p) for t, p in zip(tangents, self._params, strict=True)]
         locals_ = [_local(p) for p in self._params]
         saved = [tensor.detach().clone() for tensor in locals_]
         self._clear_gradients()
         try:
-            with torch.no_grad():
-                for tensor, piece in zip(locals_, pieces, strict=True):
-                    tensor.add_(piece, alpha=epsilon)
-            self._gradient_pass(1.0)
-            with torch.no_grad():
-                for tensor, value, piece in zip(locals_, saved, pieces, strict=True):
-                    tensor.copy_(value).add_(piece, alpha=-epsilon)
-            reshard(self.model)
-            self._gradient_pass(-1.0)
+            for offset, weight in self.stencil.points:
+                with torch.no_grad():
+                    for tensor, value, piece in zip(locals_, saved, pieces, strict=True):
+                        tensor.copy_(value).add_(piece, alpha=offset * epsilon)
+                reshard(self.model)  # the next forwards gather the written shards
+                self._gradient_pass(weight)
         finally:
             with torch.no_grad():
                 for tensor, value in zip(locals_, saved, strict=True):
                     tensor.copy_(value)
             reshard(self.model)
-        difference = [
-            torch.zeros(p.shape, dtype=self._dtype, device=self._device)
-            if p.grad is None
-            else full_tensor(p.grad).to(self._device)
-            for p in self._params
-        ]
+        # a parameter the loss does not reach has no gradient: zero
+        gradients = [torch.zeros_like(p) if p.grad is None else p.grad for p in self._params]
+        weighted = [g.to(self._device) for g in gather_whole(gradients)]
         self._clear_gradients()
-        return difference
+        return weighted
 
-    def _gradient_pass(self, sign: float) -> None:
-        """``sign`` × the gradient of the summed loss over this rank's batches, accumulated
+    def _gradient_pass(self, weight: float) -> None:
+        """``weight`` × the gradient of the summed loss over this rank's batches, accumulated
         into the parameters' (sharded, summed over ranks) ``.grad``; zero-loss passes on the
         first batch make up for the batches this rank lacks."""
         self._count(matvecs=0, passes=1)
         with self._prepared_model(), torch.enable_grad():
             for x, y in self._batches:
-                (self.loss.sum(self.model(x), y) * sign).backward()
+                (self.loss.sum(self.model(x), y) * weight).backward()
             if self._padding:
                 x, y = self._batches.first()
                 for _ in range(self._padding):
@@ -238,39 +267,60 @@ class CentralDifferenceOperator(HessianOperator):
         self, per_batch: Callable[[Inputs, Tensor], Tensor], *, on_batch: OnStep = None
     ) -> Tensor:
         """As :meth:`HessianOperator.sum_over_data`, with the forwards this rank owes the others
-        run on its first batch (their values dropped)."""
+        run on its first batch (their values dropped) before the sum across ranks: every rank
+        reaches the all-reduce after as many parameter gathers."""
         from curvcal.sharding import pad_forwards
 
-        total = super().sum_over_data(per_batch, on_batch=on_batch)
-        if self._padding:
-            x, y = self._batches.first()
-            with self._prepared_model():
+        total: Tensor | None = None
+        with self._prepared_model():
+            for index, (x, y) in enumerate(self._batches):
+                value = per_batch(x, y).to(torch.float64)
+                total = value if total is None else total + value
+                if on_batch is not None:
+                    on_batch(index + 1)
+            if self._padding:
+                x, y = self._batches.first()
                 pad_forwards(lambda: per_batch(x, y), self._padding)
-        return total
+        assert total is not None  # every batch source holds a sample
+        self._count(matvecs=0, passes=1)
+        return self.sum_across(total)
 
     def error_estimate(self, seed: int = 0) -> ProductError:
-        """The error of one product on a Gaussian vector (seeded by ``seed``): truncation
-        ‖D(2ε) − D(ε)‖/3 (Richardson) and rounding u·(‖G(θ+εv)‖ + ‖G(θ−εv)‖)·√B/(2ε), B the
-        batches summed, each relative to ‖D(ε)‖. Four gradient passes."""
+        """The error of one product on a Gaussian vector (seeded by ``seed``), relative to its
+        norm: truncation ‖D(2ε) − D(ε)‖/(2^p − 1) (Richardson, p the stencil's order) and
+        rounding u·‖G(θ)‖·√B·Σ_k|w_k| / (denominator·ε), B the batches summed. Two products
+        and a gradient pass."""
         generator = torch.Generator().manual_seed(seed)
         vector = torch.randn(self.shape[0], generator=generator, dtype=torch.float64)
         vector = vector.to(device=self._device, dtype=self._dtype)
         epsilon = self.step(vector)
-        tangents = self._tangents(vector.reshape(-1, 1))
-        single = [t[0] for t in tangents]
-        near = torch.cat([d.reshape(-1) for d in self._gradient_difference(single, epsilon)])
-        far = torch.cat([d.reshape(-1) for d in self._gradient_difference(single, 2 * epsilon)])
-        product = near.to(torch.float64) / (2 * epsilon)
-        wide = far.to(torch.float64) / (4 * epsilon)
-        norm = max(float(product.norm()), 1e-300)
-        truncation = float((wide - product).norm()) / 3 / norm
-        gradient = self._gradient_norm()
+        single = [t[0] for t in self._tangents(vector.reshape(-1, 1))]
+        stencil = self.stencil
+
+        def product(step: float) -> Tensor:
+            weighted = self._stencil_sum(single, step)
+            flat = torch.cat([w.reshape(-1) for w in weighted]).to(torch.float64)
+            return flat / (stencil.denominator * step)
+
+        near, far = product(epsilon), product(2 * epsilon)
+        norm = max(float(near.norm()), 1e-300)
+        truncation = float((far - near).norm()) / (2**stencil.order - 1) / norm
+        weights = sum(abs(w) for _, w in stencil.points)
         batches = self._batches.n_batches + self._padding
         rounding = (
-            unit_roundoff(self._dtype) * 2 * gradient * math.sqrt(batches) / (2 * epsilon) / norm
+            unit_roundoff(self._dtype)
+            * self._gradient_norm()
+            * math.sqrt(batches)
+            * weights
+            / (stencil.denominator * epsilon)
+            / norm
         )
         return ProductError(
-            relative_step(self._dtype), relative_floor(self._dtype), truncation, rounding
+            relative_step(self._dtype),
+            relative_floor(self._dtype),
+            truncation,
+            rounding,
+            stencil.name,
         )
 
     def _gradient_norm(self) -> float:
@@ -297,38 +347,57 @@ def _local(parameter: Tensor) -> Tensor:
     return local_tensor(parameter)
 
 
-def build_sharded_operator(
+def operator_for(
     model: nn.Module,
     loss: Loss,
     batches: BatchSource,
+    options: OperatorOptions = DEFAULT_OPTIONS,
     *,
-    params: Sequence[str] | None,
-    mode: str,
-    cache: str,
-    probe_batch: int,
-    all_reduce: AllReduce | None,
-    allow_tf32: bool = False,
-) -> CentralDifferenceOperator:
-    """The :class:`CentralDifferenceOperator` of ``model`` (sharded) over ``batches``."""
+    all_reduce: AllReduce | None = None,
+) -> HessianOperator:
+    """:func:`~curvcal.curvature.operator.build_operator`, or for a model sharded by
+    ``fully_shard`` a :class:`CentralDifferenceOperator`; on a sharded model what needs double
+    backward or torch.func (another curvature, ``engine="func"``, train mode) is refused."""
+    from curvcal.sharding import is_sharded
+
+    if not is_sharded(model):
+        return build_operator(model, loss, batches, options, all_reduce=all_reduce)
+    refused = {
+        "curvature": options.curvature != "hessian",
+        "engine": options.engine == "func",
+        "mode": options.mode == "train",
+        "probe_batch": not isinstance(options.probe_batch, int),
+    }
+    for name, bad in refused.items():
+        if bad:
+            raise InputError(
+                name,
+                f"{getattr(options, name)!r} cannot run on a model sharded with fully_shard "
+                "(its products are central differences of gradients, Hessian only, eval mode)",
+            )
+    assert isinstance(options.probe_batch, int)
     return CentralDifferenceOperator(
         model,
         batches,
         loss,
-        params=params,
-        mode=mode,
-        cache=cache,
-        probe_batch=probe_batch,
+        params=options.params,
+        mode=options.mode,
+        cache=options.cache,
+        probe_batch=options.probe_batch,
         all_reduce=all_reduce,
-        allow_tf32=allow_tf32,
+        allow_tf32=options.allow_tf32,
     )
 
 
 __all__ = [
     "ENGINE",
+    "FIVE_POINT",
+    "THREE_POINT",
     "CentralDifferenceOperator",
     "ProductError",
-    "build_sharded_operator",
+    "operator_for",
     "relative_floor",
     "relative_step",
+    "stencil_for",
     "unit_roundoff",
 ]

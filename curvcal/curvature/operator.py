@@ -168,51 +168,8 @@ def build_operator(
     ``restrict`` are checked the same way. ``all_reduce`` sums the sample count and every
     product across processes when the data is sharded.
     """
-    from curvcal.sharding import is_sharded
-
-    if is_sharded(model):
-        return _sharded_operator(model, loss, batches, options, all_reduce)
     fields = {field.name: getattr(options, field.name) for field in dataclasses.fields(options)}
     return HessianOperator(model, batches, loss, all_reduce=all_reduce, **fields)
-
-
-def _sharded_operator(
-    model: nn.Module,
-    loss: Loss,
-    batches: BatchSource,
-    options: OperatorOptions,
-    all_reduce: AllReduce | None,
-) -> HessianOperator:
-    """The operator of a model sharded by ``fully_shard``: the Hessian by central differences
-    of gradients (:mod:`curvcal.curvature.central_difference`); what needs double backward or
-    torch.func is refused."""
-    from curvcal.curvature.central_difference import build_sharded_operator
-
-    refused = {
-        "curvature": options.curvature != "hessian",
-        "engine": options.engine == "func",
-        "mode": options.mode == "train",
-        "probe_batch": not isinstance(options.probe_batch, int),
-    }
-    for name, bad in refused.items():
-        if bad:
-            raise InputError(
-                name,
-                f"{getattr(options, name)!r} cannot run on a model sharded with fully_shard "
-                "(its products are central differences of gradients, Hessian only, eval mode)",
-            )
-    assert isinstance(options.probe_batch, int)
-    return build_sharded_operator(
-        model,
-        loss,
-        batches,
-        params=options.params,
-        mode=options.mode,
-        cache=options.cache,
-        probe_batch=options.probe_batch,
-        all_reduce=all_reduce,
-        allow_tf32=options.allow_tf32,
-    )
 
 
 class _Totals:

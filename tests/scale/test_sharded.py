@@ -39,24 +39,34 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got - expected).abs().max() / expected.abs().max())
 
 
-@pytest.mark.slow  # 2 and 4 ranks, each product two gradient passes: about a minute
-@pytest.mark.parametrize(("ranks", "how"), [(2, "blocks"), (4, "modules")])
-def test_sharded_ranks_equal_one_exact_process_in_float64(
-    tmp_path: Path, ranks: int, how: str
+#: (ranks, sharding, dtype, relative tolerance of λmax/top 3/trace/metrics, of one product)
+CASES = [
+    (2, "blocks", "float64", 1e-7, 1e-8),
+    (4, "modules", "float64", 1e-7, 1e-8),
+    (2, "blocks", "float32", 1e-4, 1e-4),
+]
+
+
+@pytest.mark.slow  # W ranks, each product 2 (float64) or 4 (float32) gradient passes
+@pytest.mark.parametrize(("ranks", "how", "dtype", "tolerance", "product_tolerance"), CASES)
+def test_sharded_ranks_equal_one_exact_process(
+    tmp_path: Path, ranks: int, how: str, dtype: str, tolerance: float, product_tolerance: float
 ) -> None:
-    single = measure(*make_problem(torch.float64), list(range(N_SAMPLES)), sharded=False)
-    figures = _run(tmp_path, ranks, "float64", how)
+    """λmax, the top 3, the trace and the calibration metrics of W ranks sharing a sharded model
+    (central-difference products) equal one process's exact (double backward) figures in the
+    same dtype: 1e-7 in float64, 1e-4 in float32."""
+    single = measure(*make_problem(getattr(torch, dtype)), list(range(N_SAMPLES)), sharded=False)
+    figures = _run(tmp_path, ranks, dtype, how)
     for rank, got in enumerate(figures):
         assert int(got["n_samples"]) == N_SAMPLES
-        # the product itself: central differences within 1e-8 of double backward
-        assert _relative(got["product"], single["product"]) < 1e-8
-        assert _relative(got["eigenvalues"], single["eigenvalues"]) < 1e-7  # λmax and top 3
-        assert _relative(got["trace"], single["trace"]) < 1e-7
-        assert float(got["error_bound"]) < 1e-8
+        assert _relative(got["product"], single["product"]) < product_tolerance
+        assert _relative(got["eigenvalues"], single["eigenvalues"]) < tolerance  # λmax, top 3
+        assert _relative(got["trace"], single["trace"]) < tolerance
+        assert float(got["error_bound"]) < product_tolerance  # the bound the report states
         if rank == 0:  # the calibration metrics of the sharded model's gathered predictions
-            assert _relative(got["logits"], single["logits"]) < 1e-12
+            assert _relative(got["logits"], single["logits"]) < tolerance
             for metric in ("ece", "nll", "brier"):
-                assert _relative(got[metric], single[metric]) < 1e-7
+                assert _relative(got[metric], single[metric]) < tolerance
     assert single["eigenvalues"][0] > 1.0 and single["trace"] > 1.0  # not trivial
 
 
