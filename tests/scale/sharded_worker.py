@@ -86,10 +86,11 @@ def measure(
         "trace": torch.tensor(trace.estimate, dtype=torch.float64),
         "n_samples": torch.tensor(operator.n_samples),
     }
+    # every rank runs as many forwards as the busiest (agreed before any: each is a gather)
+    missing = agreed_count(len(batches)) - len(batches) if sharded else 0
     with torch.no_grad():
         logits = torch.cat([model(bx) for bx, _ in batches])
-        if sharded:  # every rank runs as many forwards as the busiest
-            pad_forwards(lambda: model(batches[0][0]), agreed_count(len(batches)) - len(batches))
+        pad_forwards(lambda: model(batches[0][0]), missing)
     every = gather_rows(logits, N_SAMPLES) if sharded else logits
     labels = gather_rows(ys, N_SAMPLES) if sharded else ys
     if every is not None and labels is not None:
