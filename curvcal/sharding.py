@@ -85,6 +85,8 @@ def shard_model(model: nn.Module, how: str, device: torch.device) -> int:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
+            # a plain sum (gloo has no pre-multiplied sum, which FSDP would use in float32)
+            module.set_force_sum_reduction_for_comms(True)
     return len(units) + 1
 
 

@@ -151,8 +151,12 @@ class CentralDifferenceOperator(HessianOperator):
         all_reduce: AllReduce | None = None,
         allow_tf32: bool = False,
     ) -> None:
-        from curvcal.sharding import agreed_count
+        from curvcal.sharding import agreed_count, reshard
 
+        # FSDP2 leaves the root unit gathered after a no-grad forward (the check that the model
+        # takes the data): its registered parameters are then the gathered tensors, whose
+        # storage is freed at the next reshard. Select the sharded ones.
+        reshard(model)
         super().__init__(
             model,
             batches,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from curvcal.curvature.central_difference import relative_floor, relative_step
+from curvcal.curvature.central_difference import relative_floor, relative_step, stencil_for
 
 from .sharded_worker import N_SAMPLES, make_problem, measure
 
@@ -71,11 +71,14 @@ def test_sharded_ranks_equal_one_exact_process(
 
 
 def test_the_step_and_floor_follow_the_dtype() -> None:
-    """h = (3u)^(1/3), the relative error h²/6 + u/h at that step."""
+    """h = (3u)^(1/3); the relative error h²/6 + u/h of three points (float64) and
+    h⁴/30 + (3/2)u/h of five (float32) at that step."""
     for dtype, unit in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
         h = (3 * unit) ** (1 / 3)
         assert relative_step(dtype) == pytest.approx(h, rel=1e-12)
-        assert relative_floor(dtype) == pytest.approx(h * h / 6 + unit / h, rel=1e-12)
+        floor = h * h / 6 + unit / h if dtype == torch.float64 else h**4 / 30 + 1.5 * unit / h
+        assert relative_floor(dtype) == pytest.approx(floor, rel=1e-12)
+    assert stencil_for(torch.float64).order == 2 and stencil_for(torch.float32).order == 4
     assert 9e-6 < relative_floor(torch.float32) < 2e-5
     assert 1e-11 < relative_floor(torch.float64) < 1e-10
 
