@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from curvcal.curvature.operator import build_operator
+from curvcal.curvature.central_difference import operator_for
 from curvcal.distributed import all_reduce_sum, shard_indices
 from curvcal.losses import loss_from_name
 from curvcal.sharding import shard_model
@@ -64,7 +64,7 @@ def main(mode: str) -> None:
     batches = [(x[mine][i : i + BATCH], y[mine][i : i + BATCH]) for i in range(0, len(mine), BATCH)]
     if mode == "sharded":
         shard_model(model, "blocks", torch.device("cpu"))
-    operator = build_operator(model, loss_from_name("ce", 0.0), batches, all_reduce=all_reduce_sum)
+    operator = operator_for(model, loss_from_name("ce", 0.0), batches, all_reduce=all_reduce_sum)
     vector = torch.randn(operator.shape[0], generator=torch.Generator().manual_seed(2))
     times = []
     for _ in range(4):
