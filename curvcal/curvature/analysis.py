@@ -19,13 +19,14 @@ from typing import TypeVar
 from torch import nn
 
 from curvcal.curvature.batches import AllReduce, BatchSource
+from curvcal.curvature.central_difference import operator_for
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import eigenvalues
 from curvcal.curvature.engines import engines_between
 from curvcal.curvature.gauss_newton import tensor_traces, trace_result
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.memory import density_keeps_basis, free_memory, lanczos_basis, sketch_limit
-from curvcal.curvature.operator import HessianOperator, build_operator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.plan import (
     MIN_ADAPTIVE_PROBES,
     SPLIT_METHODS,
@@ -115,7 +116,7 @@ def _built(
     """The one operator of an analysis (handed to ``on_operator``), and the seconds spent
     building it (``setup``)."""
     began = time.perf_counter()
-    operator = build_operator(
+    operator = operator_for(
         model,
         loss_from_name(settings.loss, settings.focal_gamma) if loss is None else loss,
         batches,

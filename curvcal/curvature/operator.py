@@ -169,6 +169,14 @@ def build_operator(
     ``restrict`` are checked the same way. ``all_reduce`` sums the sample count and every
     product across processes when the data is sharded.
     """
+    from curvcal.sharding import is_sharded
+
+    if is_sharded(model):  # its parameters cannot be differentiated twice
+        raise InputError(
+            "model",
+            "is sharded with fully_shard, whose parameters double backward cannot reach",
+            "build its operator with curvcal.curvature.central_difference.operator_for",
+        )
     fields = {field.name: getattr(options, field.name) for field in dataclasses.fields(options)}
     return HessianOperator(model, batches, loss, all_reduce=all_reduce, **fields)
 

@@ -58,13 +58,17 @@ def check_model_runs(
     or image size, say) raises :class:`InputError` naming ``where`` — the dataset option — with torch's reason, instead of
     failing deep inside a pass; so does an output that is not ``(batch, K)`` logits.
     """
+    from curvcal.sharding import is_sharded
+
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
     shape = rows.describe_shape(x)
     if isinstance(x, torch.Tensor):
         shape = str(tuple(x.shape[1:]))  # one sample's shape, as the dataset holds it
     hint = "check --data (and --resize/--crop) against the architecture"
     try:
-        with torch.inference_mode():
+        # no_grad, not inference_mode, on a sharded model: FSDP2 keeps the root unit's gathered
+        # parameters after a forward, and inference tensors there could not be written later
+        with torch.no_grad() if is_sharded(model) else torch.inference_mode():
             out = model(rows.to_device(x, device, dtype))
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__

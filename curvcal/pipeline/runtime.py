@@ -91,14 +91,45 @@ def predict(
     from curvcal.distributed import current, gather_rows
     from curvcal.load.batches import iter_batches
     from curvcal.pipeline.inference import predict_logits
+    from curvcal.sharding import is_sharded
 
     context = current()
     indices = shard(data, context, option)
+    # a sharded model's forwards are collectives: as many on every rank, agreed before any
+    missing = missing_batches(data, batch_size, indices) if is_sharded(loaded.module) else 0
     logits, labels = predict_logits(
         loaded.module, iter_batches(data.dataset, batch_size, indices), loaded.device, on_step
     )
+    pad_predictions(loaded, data, batch_size, indices, missing)
     all_logits = gather_rows(logits, data.n_samples)
     all_labels = gather_rows(labels, data.n_samples)
     if all_logits is None or all_labels is None:
         return None
     return all_logits, all_labels
+
+
+def missing_batches(data: LoadedData, batch_size: int, indices: list[int] | None) -> int:
+    """How many batches fewer than the busiest rank this rank has (agreed by an all-reduce,
+    which every rank must reach before its first forward)."""
+    from curvcal.sharding import agreed_count
+
+    count = len(indices) if indices is not None else data.n_samples
+    mine = -(-count // batch_size)
+    return agreed_count(mine) - mine
+
+
+def pad_predictions(
+    loaded: LoadedModel,
+    data: LoadedData,
+    batch_size: int,
+    indices: list[int] | None,
+    missing: int,
+) -> None:
+    """The ``missing`` forwards of a sharded model this rank owes the others (each forward
+    gathers the parameters from every rank), run on this rank's first batch and dropped."""
+    from curvcal.load.batches import iter_batches
+    from curvcal.pipeline.inference import predict_logits
+
+    first = indices[:batch_size] if indices is not None else list(range(batch_size))
+    for _ in range(missing):
+        predict_logits(loaded.module, iter_batches(data.dataset, batch_size, first), loaded.device)

@@ -85,9 +85,30 @@ class Session:
         if path not in self._models:
             began = time.perf_counter()
             options = self.checkpoint_settings.replace(device=str(self.device))
-            self._models[path] = load_model(path, options)
+            loaded = load_model(path, options)
+            if options.shard_model != "none":
+                self._shard(loaded, options.shard_model)
+            self._models[path] = loaded
             self._add_time("load", began)
         return self._models[path]
+
+    def _shard(self, loaded: LoadedModel, how: str) -> None:
+        """Shard ``loaded``'s module over the ranks (``--shard-model``); refused in one
+        process."""
+        from curvcal.sharding import shard_model
+
+        if not self.context.active:
+            raise InputError(
+                f"--shard-model {how}",
+                "shards the model over torchrun's processes, and this is one process",
+                "launch with torchrun --nproc-per-node 2 (or more), or drop --shard-model",
+            )
+        units = shard_model(loaded.module, how, self.device)
+        if self.is_main:
+            self.reporter.warn(
+                f"model sharded over {self.context.world_size} ranks in {units} units "
+                f"(--shard-model {how}); Hessian products by central differences of gradients"
+            )
 
     def release(self, path: Path) -> None:
         """Forget the checkpoint at ``path`` (its memory goes back once nothing holds it)."""
@@ -183,6 +204,8 @@ class Session:
         params, choice, say_choice = default_params(loaded, settings.params)
         settings = settings.replace(params=params)
         check_parameters(loaded, settings)
+        if self.checkpoint_settings.shard_model != "none":
+            settings = sharded_settings(settings, self.checkpoint_settings.shard_model)
         return settings, choice if say_choice else None
 
     def hessian(
@@ -206,15 +229,36 @@ class Session:
         if choice is not None and settings.params and self.is_main:
             self.reporter.warn(f"Hessian over {choice}")
         batches = self.batches(data, batch_size, option)
+        built: list[Any] = []
+
+        def seen(operator: Any) -> None:
+            built.append(operator)
+            if on_operator is not None:
+                on_operator(operator)
+
         analysis, notes, messages = _measure(
-            loaded.module, batches, settings, self.reporter, self.context, on_operator
+            loaded.module, batches, settings, self.reporter, self.context, seen
         )
+        extra: dict[str, Any] = {}
+        error_estimate = getattr(built[0], "error_estimate", None) if built else None
+        if error_estimate is not None:  # a sharded model: say how exact its products are
+            estimate = error_estimate(settings.seed)
+            extra["product"] = estimate.as_dict()
+            notes.append(
+                "Hessian products by central differences of gradients (--shard-model "
+                f"{self.checkpoint_settings.shard_model}): relative error about "
+                f"{estimate.bound:.1e} (truncation {estimate.truncation:.1e}, rounding "
+                f"{estimate.rounding:.1e}, measured on one product)"
+            )
+            if self.is_main:
+                self.reporter.warn(notes[-1])
         analysis = dataclasses.replace(
             analysis,
             operator={
                 **analysis.operator,
                 "world_size": self.context.world_size,
                 **({"params_choice": choice} if choice is not None else {}),
+                **extra,
             },
         )
         return Curvature(analysis, settings, notes, messages)
@@ -265,6 +309,42 @@ def finite_rows(
 def dropped_warning(count: int, total: int, source: str) -> str:
     """The warning for rows left out by ``--nan-policy drop``."""
     return f"{source}: left out {count} of {total} rows with a NaN or Inf (--nan-policy drop)"
+
+
+#: what a sharded model's products (central differences of gradients) cannot do, by option
+_SHARDED_REFUSALS = (
+    ("curvature", "hessian", "--curvature"),
+    ("mode", "eval", "--mode"),
+    ("per_layer", False, "--per-layer"),
+)
+
+
+def sharded_settings(settings: HessianSettings, how: str) -> HessianSettings:
+    """``settings`` as they run on a model sharded with ``--shard-model``: the Hessian only, in
+    eval mode, without --per-layer, --hvp func or a Gauss–Newton trace (which need double
+    backward or torch.func on the whole model), each refused in one line; ``--trace-method
+    auto`` becomes ``hutchpp``."""
+    for name, allowed, option in _SHARDED_REFUSALS:
+        value = getattr(settings, name)
+        if value != allowed:
+            shown = option if isinstance(value, bool) else f"{option} {value}"
+            raise InputError(
+                shown,
+                f"cannot run on a model sharded with --shard-model {how}: its products are "
+                "central differences of gradients (Hessian only, eval mode, whole model)",
+                "drop it, or drop --shard-model",
+            )
+    if settings.hvp == "func" or settings.trace_method.startswith("gauss-newton"):
+        option = "--hvp func" if settings.hvp == "func" else "--trace-method"
+        raise InputError(
+            option,
+            f"cannot run on a model sharded with --shard-model {how}: it needs double backward "
+            "or torch.func through the whole model",
+            "use --trace-method hutchpp, xtrace or hutchinson, or drop --shard-model",
+        )
+    if settings.trace_method == "auto":
+        settings = settings.replace(trace_method="hutchpp")
+    return settings
 
 
 def resolve_loss(loaded: LoadedModel, settings: HessianSettings) -> HessianSettings:

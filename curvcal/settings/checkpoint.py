@@ -69,7 +69,8 @@ class CheckpointSettings(Settings):
     win; :attr:`keywords` holds both). ``num_classes`` is passed to the architecture as
     ``num_classes``; when absent and the architecture takes it, it is inferred from the
     checkpoint. ``allow_global``: ``module.Class`` names a weights-only load may build.
-    ``base_model``: the base model folder of a PEFT adapter folder.
+    ``base_model``: the base model folder of a PEFT adapter folder. ``shard_model``: ``none``, or
+    under torchrun ``blocks``/``modules`` (:mod:`curvcal.sharding`).
     ``device``: ``auto|cpu|cuda|cuda:N``; ``dtype``: ``float32|float64|bfloat16|float16`` (half
     precisions run the model in that dtype; curvature and calibration arithmetic stays in float32
     or wider).
@@ -127,6 +128,13 @@ class CheckpointSettings(Settings):
     base_model: Path | None = folder_setting(
         "Base model folder of a PEFT adapter folder (default: the adapter config's "
         "base_model_name_or_path, when that is a local folder; nothing is ever downloaded).",
+    )
+    shard_model: str = setting(
+        "none",
+        "Under torchrun, shard the model over the ranks with FSDP2: per repeated block "
+        "(transformer layers) or per top-level module; Hessian products become central "
+        "differences of gradients.",
+        choices=("none", "blocks", "modules"),
     )
     device: str = setting("auto", "auto (CUDA when available), cpu, cuda or cuda:N.")
     dtype: str = setting(

@@ -1,0 +1,81 @@
+"""Per-product time and peak memory per rank, the model sharded (FSDP2, central differences)
+against replicated (double backward, products all-reduced), on a small transformer classifier.
+
+    python -m torch.distributed.run --standalone --nproc-per-node W benchmarks/bench_sharded.py
+
+prints one line per rank: world size, mode, seconds per product (median of 3 after one warm-up),
+peak resident memory (MiB, the process's maximum, so each mode runs in its own launch: pass
+``sharded`` or ``replicated`` as the argument).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from curvcal.curvature.central_difference import operator_for
+from curvcal.distributed import all_reduce_sum, shard_indices
+from curvcal.losses import loss_from_name
+from curvcal.sharding import shard_model
+
+WIDTH, LAYERS, TOKENS, SAMPLES, BATCH = 128, 4, 16, 64, 16
+
+
+class Classifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, WIDTH)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(WIDTH, 4, 4 * WIDTH, dropout=0.0, activation="gelu",
+                                       batch_first=True)
+            for _ in range(LAYERS)
+        )  # fmt: skip
+        self.head = nn.Linear(WIDTH, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h.mean(dim=1))
+
+
+def main(mode: str) -> None:
+    torch.set_num_threads(1)
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29561")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    else:
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = Classifier().eval()
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(SAMPLES, TOKENS, 8, generator=generator)
+    y = torch.randint(0, 10, (SAMPLES,), generator=generator)
+    mine = shard_indices(SAMPLES, rank, world)
+    batches = [(x[mine][i : i + BATCH], y[mine][i : i + BATCH]) for i in range(0, len(mine), BATCH)]
+    if mode == "sharded":
+        shard_model(model, "blocks", torch.device("cpu"))
+    operator = operator_for(model, loss_from_name("ce", 0.0), batches, all_reduce=all_reduce_sum)
+    vector = torch.randn(operator.shape[0], generator=torch.Generator().manual_seed(2))
+    times = []
+    for _ in range(4):
+        began = time.perf_counter()
+        operator.matvec(vector)
+        times.append(time.perf_counter() - began)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"world={world} rank={rank} mode={mode} P={operator.shape[0]} "
+          f"s_per_product={statistics.median(times[1:]):.3f} peak_rss_MiB={peak:.0f}", flush=True)  # fmt: skip
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "sharded")

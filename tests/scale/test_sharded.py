@@ -1,0 +1,139 @@
+"""The model sharded over gloo ranks with FSDP2 (``--shard-model``): central-difference products
+give the one-process exact figures, calibration forwards run on the sharded model, and what
+cannot run sharded is refused in one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from curvcal.curvature.central_difference import relative_floor, relative_step, stencil_for
+
+from .sharded_worker import N_SAMPLES, make_problem, measure
+
+WORKER = Path(__file__).with_name("sharded_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(out: Path, ranks: int, dtype: str, how: str) -> list[dict[str, torch.Tensor]]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+        str(ranks), str(WORKER), str(out), dtype, how,
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+
+
+def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got - expected).abs().max() / expected.abs().max())
+
+
+#: (ranks, sharding, dtype, relative tolerance of the trace and the calibration metrics, of
+#: one product, of λmax and the top 3)
+#: float32: the five-point products are good to 1.4e-5, but Lanczos stops at the precision
+#: floor their asymmetry sets (stopped_by "precision", 29 steps) with λmax 2e-3 low: the
+#: eigenvalues are held to 5e-3 there, not 1e-4 (stated in docs/guide/scale.md)
+CASES = [
+    (2, "blocks", "float64", 1e-7, 1e-8, 1e-7),
+    (4, "modules", "float64", 1e-7, 1e-8, 1e-7),
+    (2, "blocks", "float32", 1e-4, 1e-4, 5e-3),
+]
+
+
+@pytest.mark.slow  # W ranks, each product 2 (float64) or 4 (float32) gradient passes
+@pytest.mark.parametrize(
+    ("ranks", "how", "dtype", "tolerance", "product_tolerance", "eigen_tolerance"), CASES
+)
+def test_sharded_ranks_equal_one_exact_process(
+    tmp_path: Path,
+    ranks: int,
+    how: str,
+    dtype: str,
+    tolerance: float,
+    product_tolerance: float,
+    eigen_tolerance: float,
+) -> None:
+    """λmax, the top 3, the trace and the calibration metrics of W ranks sharing a sharded model
+    (central-difference products) equal one process's exact (double backward) figures in the
+    same dtype: 1e-7 in float64, 1e-4 in float32 (λmax and the top 3: 5e-3, see CASES)."""
+    single = measure(*make_problem(getattr(torch, dtype)), list(range(N_SAMPLES)), sharded=False)
+    figures = _run(tmp_path, ranks, dtype, how)
+    for rank, got in enumerate(figures):
+        assert int(got["n_samples"]) == N_SAMPLES
+        assert _relative(got["product"], single["product"]) < product_tolerance
+        assert _relative(got["eigenvalues"], single["eigenvalues"]) < eigen_tolerance
+        assert _relative(got["trace"], single["trace"]) < tolerance
+        assert float(got["error_bound"]) < product_tolerance  # the bound the report states
+        if rank == 0:  # the calibration metrics of the sharded model's gathered predictions
+            assert _relative(got["logits"], single["logits"]) < tolerance
+            for metric in ("ece", "nll", "brier"):
+                assert _relative(got[metric], single[metric]) < tolerance
+    assert single["eigenvalues"][0] > 1.0 and single["trace"] > 1.0  # not trivial
+
+
+def test_the_step_and_floor_follow_the_dtype() -> None:
+    """h = (3u)^(1/3); the relative error h²/6 + u/h of three points (float64) and
+    h⁴/30 + (3/2)u/h of five (float32) at that step."""
+    for dtype, unit in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
+        h = (3 * unit) ** (1 / 3)
+        assert relative_step(dtype) == pytest.approx(h, rel=1e-12)
+        floor = h * h / 6 + unit / h if dtype == torch.float64 else h**4 / 30 + 1.5 * unit / h
+        assert relative_floor(dtype) == pytest.approx(floor, rel=1e-12)
+    assert stencil_for(torch.float64).order == 2 and stencil_for(torch.float32).order == 4
+    assert 9e-6 < relative_floor(torch.float32) < 2e-5
+    assert 1e-11 < relative_floor(torch.float64) < 1e-10
+
+
+def test_one_process_refuses_shard_model_in_one_line(run_cli, tmp_path: Path) -> None:
+    result = run_cli(
+        "hessian", str(ROOT / "curvcal" / "assets" / "digits_cnn.safetensors"), "--data", "curvcal:digits", "--device", "cpu",
+        "--shard-model", "blocks",
+    )  # fmt: skip
+    assert result.code == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "curvcal: error: --shard-model blocks: shards the model over torchrun's processes, "
+        "and this is one process (launch with torchrun --nproc-per-node 2 (or more), or drop "
+        "--shard-model)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "option"),
+    [
+        ({"curvature": "ggn"}, "--curvature ggn"),
+        ({"mode": "train"}, "--mode train"),
+        ({"per_layer": True}, "--per-layer"),
+        ({"hvp": "func"}, "--hvp func"),
+        ({"trace_method": "gauss-newton"}, "--trace-method"),
+    ],
+)
+def test_what_needs_double_backward_is_refused_on_a_sharded_model(
+    change: dict[str, object], option: str
+) -> None:
+    from curvcal.errors import InputError
+    from curvcal.pipeline.session import sharded_settings
+    from curvcal.settings.hessian import HessianSettings
+
+    with pytest.raises(InputError, match="--shard-model blocks") as caught:
+        sharded_settings(HessianSettings(**change), "blocks")  # type: ignore[arg-type]
+    assert caught.value.message.startswith(option)
+
+
+def test_a_sharded_model_traces_by_hutchpp_unless_told() -> None:
+    from curvcal.pipeline.session import sharded_settings
+    from curvcal.settings.hessian import HessianSettings
+
+    assert sharded_settings(HessianSettings(), "modules").trace_method == "hutchpp"
+    told = HessianSettings(trace_method="hutchinson")
+    assert sharded_settings(told, "modules").trace_method == "hutchinson"
