@@ -225,7 +225,7 @@ def analyse_calibration(
         _need_features(requested, features)
     stages, skipped = applicable_stages(requested, n_classes, features is not None)
     if skipped and settings.method != ALL:
-        raise InputError("--method", f"{settings.method}: {next(iter(skipped.values()))}")
+        raise InputError(f"--method {settings.method}", next(iter(skipped.values())))
     fits = {
         stage: MAPS[stage].fit(
             _inputs(stage, fit_scores, features, 0),

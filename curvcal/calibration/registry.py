@@ -59,7 +59,7 @@ def binary_only(n_classes: int, has_model: bool) -> str | None:
     return (
         None
         if n_classes == 2
-        else f"binary problems only (K = 2; these scores have K = {n_classes})"
+        else f"binary problems (K = 2) only; these scores have {n_classes} classes"
     )
 
 

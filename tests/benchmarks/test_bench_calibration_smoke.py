@@ -111,7 +111,9 @@ def test_per_map_section_skips_maps_that_do_not_apply(bench: ModuleType, monkeyp
     monkeypatch.setitem(registry.MAPS, "vector", binary)
     size = bench.bench_maps(200, 3, 1, {}, names=("ts", "vector"))
     assert [row["map"] for row in size["rows"]] == ["ts"]
-    assert size["skipped"] == {"vector": "binary problems only (K = 2; these scores have K = 3)"}
+    assert size["skipped"] == {
+        "vector": "binary problems (K = 2) only; these scores have 3 classes"
+    }
 
 
 def test_peer_table_keys_are_registry_method_names(bench: ModuleType) -> None:
