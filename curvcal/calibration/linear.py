@@ -231,7 +231,7 @@ def linear_inputs(scores: Any, kind: str, source: str, method: str = "matrix") -
 
 
 def penalty_weights(
-    method: str, regulariser: str, k: int, strength_off: float, strength_bias: float
+    regulariser: str, k: int, strength_off: float, strength_bias: float
 ) -> torch.Tensor:
     """The K×(K+1) weights c of the regulariser Σ c ⊙ [W, b]² of a full map (W ∈ R^{K×K} and b
     side by side): ``odir`` λ_od/(K(K−1)) off the diagonal of W, 0 on it, λ_b/K on b; ``l2``
@@ -246,6 +246,10 @@ def penalty_weights(
     return c
 
 
+#: A Hessian-vector product at a point, and a preconditioner for it (``None``: none).
+_Hessian = tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray] | None]
+
+
 @dataclass(frozen=True)
 class _Solution:
     theta: np.ndarray
@@ -257,7 +261,7 @@ class _Solution:
 
 def _minimise(
     value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
-    hessian_at: Callable[[np.ndarray], Callable[[np.ndarray], np.ndarray]],
+    hessian_at: Callable[[np.ndarray], _Hessian],
     measure: Callable[[np.ndarray], float],
     theta0: np.ndarray,
     gradient_tol: float,
@@ -363,7 +367,7 @@ class _FullProblem:
             last_nll[0] = nll
             return nll + float((penalty * v * v).sum()), grad.reshape(-1).numpy()
 
-        def hessian_at(theta: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        def hessian_at(theta: np.ndarray) -> _Hessian:
             q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
 
             def times(vector: np.ndarray) -> np.ndarray:
@@ -428,7 +432,7 @@ def _fit_vector(
         last_nll[0] = nll
         return nll, torch.cat([(g * x).sum(0), g.sum(0)]).numpy()
 
-    def hessian_at(theta: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    def hessian_at(theta: np.ndarray) -> _Hessian:
         t = torch.from_numpy(theta)
         q = torch.softmax(x * t[:k] + t[k:], dim=1)
 
@@ -634,7 +638,7 @@ def fit_matrix_odir(
     present = counts[counts > 0]
     given = "logits" if kind == "logits" and method != "dirichlet" else "log-probabilities"
 
-    def fit(rows: Any, strength: float, start: Any = None, problem: Any = None) -> LinearFit:
+    def fit(rows: Any, strength: float | None, start: Any = None, problem: Any = None) -> LinearFit:
         lam = (strength, strength) if strength is not None else (L2_OFF_DIAGONAL, L2_BIAS)
         return _fit_inputs(
             x[rows],
@@ -685,7 +689,7 @@ def _map_matrix(fitted: LinearMap) -> torch.Tensor:
 def _newton_polish(
     theta: np.ndarray,
     nll_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
-    hessian_at: Callable[[np.ndarray], Callable[[np.ndarray], np.ndarray]],
+    hessian_at: Callable[[np.ndarray], _Hessian],
     gradient_tol: float,
     measure: Callable[[np.ndarray], float],
 ) -> np.ndarray:
