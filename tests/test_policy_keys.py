@@ -43,7 +43,17 @@ def test_every_key_takes_the_default_and_words_of_its_field() -> None:
     assert DEFAULTS["probes"] == HessianSettings().probes == 100
     assert keys.choices("loss") == LOSSES  # flsd53 too, as `hessian --loss`
     assert keys.choices("eigen_method") == ("power", "lanczos")
-    assert keys.choices("method") == ("ts", "focal-ts", "both", "vector", "matrix", "none")
+    assert keys.choices("method") == (
+        "ts",
+        "focal-ts",
+        "both",
+        "vector",
+        "matrix",
+        "dirichlet",
+        "dirichlet-l2",
+        "ets",
+        "none",
+    )
     assert keys.choices("nan_policy") == ("error", "drop")
     assert keys.kind("bins").text == f"a whole number >= 1 and <= {MAX_BINS}"
     # seed sets both seeds: the tighter range of the two fields

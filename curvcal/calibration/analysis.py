@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from curvcal.calibration.ensemble import EnsembleFit
 from curvcal.calibration.inputs import as_tensor, check_kind
 from curvcal.calibration.linear import LinearFit
 from curvcal.calibration.metrics import calibration_metrics
@@ -78,6 +79,9 @@ class StageMetrics:
     focal_ts: CalibrationMetrics | None = None
     vector: CalibrationMetrics | None = None
     matrix: CalibrationMetrics | None = None
+    dirichlet: CalibrationMetrics | None = None
+    dirichlet_l2: CalibrationMetrics | None = None
+    ets: CalibrationMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)
@@ -96,6 +100,9 @@ class CalibrationFits:
     focal_ts: FocalTemperatureFit | None = None
     vector: LinearFit | None = None
     matrix: LinearFit | None = None
+    dirichlet: LinearFit | None = None
+    dirichlet_l2: LinearFit | None = None
+    ets: EnsembleFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)

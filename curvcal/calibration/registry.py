@@ -5,7 +5,7 @@ which returns a fit record whose ``calibrator`` is a frozen map object (:class:`
 ``apply(scores, kind, source)`` gives float64 log-probabilities, ``probabilities`` their
 exponentials, ``to_dict()`` plain numbers only and ``load(dict, source)`` (the entry's) rebuilds
 it from them without running anything from the file. The report stage of a map is its key
-(``ts``, ``focal_ts``, ``vector``, ``matrix``); ``option`` is its ``--method`` spelling and
+(``ts``, ``focal_ts``, ``vector``, ``matrix``, ``dirichlet``, ``dirichlet_l2``, ``ets``); ``option`` is its ``--method`` spelling and
 ``method`` the name its saved form carries.
 """
 
@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from curvcal.calibration.dirichlet import fit_dirichlet
+from curvcal.calibration.ensemble import EnsembleMap, fit_ensemble_temperature
 from curvcal.calibration.linear import LinearMap, fit_linear, fit_matrix_odir
 from curvcal.calibration.results import Calibrator
 from curvcal.calibration.scaling import fit_focal_temperature, fit_temperature
@@ -88,6 +90,24 @@ def _fit_matrix(
     return fit_matrix_odir(scores, labels, kind=kind, seed=settings.seed, **common)
 
 
+def _fit_dirichlet(
+    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+) -> Any:
+    return fit_dirichlet(scores, labels, kind=kind, seed=settings.seed, **common)
+
+
+def _fit_dirichlet_l2(
+    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+) -> Any:
+    return fit_dirichlet(scores, labels, kind=kind, seed=settings.seed, regulariser="l2", **common)
+
+
+def _fit_ets(
+    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+) -> Any:
+    return fit_ensemble_temperature(scores, labels, kind=kind, **common)
+
+
 MAPS: dict[str, MapKind] = {
     kind.stage: kind
     for kind in (
@@ -102,6 +122,18 @@ MAPS: dict[str, MapKind] = {
         ),
         MapKind("vector", "vector", "vector", "vector", _fit_vector, LinearMap.from_dict),
         MapKind("matrix", "matrix", "matrix", "matrix", _fit_matrix, LinearMap.from_dict),
+        MapKind(
+            "dirichlet", "dirichlet", "dirichlet", "Dirichlet", _fit_dirichlet, LinearMap.from_dict
+        ),
+        MapKind(
+            "dirichlet_l2",
+            "dirichlet-l2",
+            "dirichlet",
+            "Dirichlet L2",
+            _fit_dirichlet_l2,
+            LinearMap.from_dict,
+        ),
+        MapKind("ets", "ets", "ensemble-temperature", "ETS", _fit_ets, EnsembleMap.from_dict),
     )
 }
 #: The saved method of every stage.

@@ -73,7 +73,16 @@ SCALING_METRICS = ("temperature", "focal_gamma", "focal_temperature")
 METRICS = CALIBRATION_METRICS + CURVATURE_METRICS + SCALING_METRICS
 
 UNCALIBRATED = "uncalibrated"
-STAGES = (UNCALIBRATED, "ts", "focal_ts", "vector", "matrix")
+STAGES = (
+    UNCALIBRATED,
+    "ts",
+    "focal_ts",
+    "vector",
+    "matrix",
+    "dirichlet",
+    "dirichlet_l2",
+    "ets",
+)
 """``uncalibrated``: the model's own probabilities; ``ts``: after temperature scaling;
 ``focal_ts``: after focal temperature scaling; ``vector``/``matrix``: after vector or matrix
 scaling (a policy gates one of these two, and not with ``ts`` or ``focal_ts``: ``--method``

@@ -26,6 +26,10 @@ S = TypeVar("S", bound=Settings)
 DEFAULTS: dict[str, Any] = {key: keys.default(key) for key in keys.KEYS}
 
 
+#: Stages of the maps ``--method`` fits one at a time (its value: the stage with ``-`` for ``_``).
+SINGLE_MAP_STAGES = ("vector", "matrix", "dirichlet", "dirichlet_l2", "ets")
+
+
 @dataclass(frozen=True)
 class Needs:
     """What a policy's rules need measured."""
@@ -36,13 +40,13 @@ class Needs:
     hessian: bool
     trace: bool
     linear: tuple[str, ...] = ()
-    """The linear maps (``vector``, ``matrix``) gated."""
+    """The maps gated that ``--method`` fits alone (:data:`SINGLE_MAP_STAGES`)."""
 
     @property
     def method(self) -> str:
         """The calibration maps to fit, spelled as ``--method`` spells them."""
         if self.linear:
-            return self.linear[0]
+            return self.linear[0].replace("_", "-")
         if self.ts and self.focal_ts:
             return "both"
         if self.ts:
@@ -59,13 +63,13 @@ def needs(rules: tuple[Rule, ...] | list[Rule], where: str = "policy") -> Needs:
     ts = "ts" in stages or "temperature" in metrics
     focal = "focal_ts" in stages or bool({"focal_gamma", "focal_temperature"} & metrics)
     trace = "trace" in metrics
-    linear = tuple(stage for stage in ("vector", "matrix") if stage in stages)
+    linear = tuple(stage for stage in SINGLE_MAP_STAGES if stage in stages)
     if linear and (len(linear) > 1 or ts or focal):
         gated = sorted({*linear, *(("ts",) if ts else ()), *(("focal_ts",) if focal else ())})
         raise InputError(
             where,
             f"gates the stages {', '.join(gated)}, which no one --method fits together",
-            "gate vector or matrix alone, or check each map with its own policy",
+            "gate one of these maps alone, or check each map with its own policy",
         )
     return Needs(
         predictions=bool(stages) or ts or focal,
@@ -203,7 +207,7 @@ def calibration_method(settings: Mapping[str, Any], need: Needs, where: Locator)
         for name, needed, fitted in (
             ("ts", need.ts, fits_ts),
             ("focal_ts", need.focal_ts, fits_focal),
-            *((stage, True, given == stage) for stage in need.linear),
+            *((stage, True, given == stage.replace("_", "-")) for stage in need.linear),
         )
         if needed and not fitted
     ]
@@ -211,7 +215,7 @@ def calibration_method(settings: Mapping[str, Any], need: Needs, where: Locator)
         raise InputError(
             where("method"),
             f"method {given!r} fits no {' or '.join(missing)} map, which the policy gates",
-            f'use method = "{need.linear[0]}" or leave method out'
+            f'use method = "{need.linear[0].replace("_", "-")}" or leave method out'
             if need.linear
             else 'use method = "both" or leave method out',
         )

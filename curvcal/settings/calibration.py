@@ -23,7 +23,17 @@ from curvcal.settings.hessian import MAX_SEED
 MAX_BINS = 10_000
 #: ``--method``: temperature scaling, focal temperature scaling, both, vector scaling, matrix
 #: scaling, or none (metrics only).
-METHODS = ("ts", "focal-ts", "both", "vector", "matrix", "none")
+METHODS = (
+    "ts",
+    "focal-ts",
+    "both",
+    "vector",
+    "matrix",
+    "dirichlet",
+    "dirichlet-l2",
+    "ets",
+    "none",
+)
 #: ``--objective``: what temperature scaling minimises on the fit split.
 OBJECTIVES_TS = ("nll", "ece", "adaece")
 #: ``--focal-objective``: what focal temperature scaling minimises (``adaece-grid``: the
@@ -79,8 +89,10 @@ class CalibrationSettings(Settings):
         None,
         "Calibration maps to fit: temperature scaling, focal temperature scaling, both of them, "
         "vector scaling (w·z + b), matrix scaling (W z + b, off-diagonal and intercept L2 chosen "
-        "by cross-validation on the fit split), or "
-        "none (measure only). Default: calibrate: both; metrics: none, or both with --fit or "
+        "by cross-validation on the fit split), Dirichlet calibration (W log p + b; dirichlet: "
+        "off-diagonal and intercept L2, dirichlet-l2: L2 on every parameter; strength by "
+        "cross-validation), ensemble temperature scaling (ets: TS, uncalibrated and uniform "
+        "mixed by NLL), or none (measure only). Default: calibrate: both; metrics: none, or both with --fit or "
         "--val-split.",
         choices=METHODS,
     )
