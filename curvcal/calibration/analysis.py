@@ -27,6 +27,7 @@ from typing import Any
 
 from curvcal.calibration.binary import BinaryFit
 from curvcal.calibration.binning import HistogramFit
+from curvcal.calibration.ensemble import EnsembleFit
 from curvcal.calibration.inputs import as_tensor, check_kind
 from curvcal.calibration.isotonic import IsotonicFit
 from curvcal.calibration.linear import LinearFit
@@ -99,6 +100,9 @@ class StageMetrics:
     isotonic_ovr: CalibrationMetrics | None = None
     platt: CalibrationMetrics | None = None
     beta: CalibrationMetrics | None = None
+    dirichlet: CalibrationMetrics | None = None
+    dirichlet_l2: CalibrationMetrics | None = None
+    ets: CalibrationMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)
@@ -124,6 +128,9 @@ class CalibrationFits:
     isotonic_ovr: IsotonicFit | None = None
     platt: BinaryFit | None = None
     beta: BinaryFit | None = None
+    dirichlet: LinearFit | None = None
+    dirichlet_l2: LinearFit | None = None
+    ets: EnsembleFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)

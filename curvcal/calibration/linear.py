@@ -1,29 +1,35 @@
-"""Vector and matrix scaling: a linear map of the scores, then softmax, fitted by NLL.
+"""Vector, matrix and Dirichlet scaling: a linear map of the scores, then softmax, fitted by NLL.
 
-For N×K inputs x (the logits z themselves for ``kind`` ``logits``; log p, floored at
-:data:`LOG_FLOOR`, for ``probs``/``logprobs``) the calibrated probabilities are
+The calibrated probabilities of N×K inputs x are
 
     q = softmax(w ⊙ x + b)          vector scaling (Guo et al. 2017), w, b ∈ R^K
     q = softmax(W x + b)            matrix scaling (Guo et al. 2017), W ∈ R^{K×K}, b ∈ R^K
+    q = softmax(W log p + b)        Dirichlet calibration (Kull et al. 2019), the same W, b
 
-(on log-probabilities matrix scaling is Dirichlet calibration, Kull et al. 2019). The fit
-minimises on the fit split, in float64,
+where x, for vector and matrix scaling, is the logits z themselves for ``kind`` ``logits`` and
+log p for ``probs``/``logprobs``; Dirichlet calibration always takes log p (log_softmax z for
+logits). log p is floored at :data:`LOG_FLOOR`. On probabilities matrix scaling and Dirichlet
+calibration are the same map; on logits they differ (W z and W (z − logsumexp z) differ
+unless every row of W sums to the same number). The fit minimises on the fit split, in
+float64,
 
-    L = mean_n[logsumexp(s_n) − s_{n,y_n}]
-        + λ_od · Σ_{i≠j} W_ij² / (K(K−1)) + λ_b · Σ_j b_j² / K      (matrix scaling only)
+    L = mean_n[logsumexp(s_n) − s_{n,y_n}] + R(W, b)
 
-the off-diagonal and intercept regulariser (ODIR) of Kull et al. 2019, its strength λ_od = λ_b
-chosen by stratified cross-validation on the fit split (:func:`fit_matrix_odir`); vector scaling has no
+with R, for the full maps (:func:`penalty_weights`), the off-diagonal and intercept
+regulariser (ODIR) of Kull et al. 2019, λ_od · Σ_{i≠j} W_ij² / (K(K−1)) + λ_b · Σ_j b_j² / K,
+or (Dirichlet's L2 variant) λ · (Σ_ij W_ij² + Σ_j b_j²) / (K(K+1)), its strength chosen by
+stratified cross-validation on the fit split (:func:`fit_matrix_odir`); vector scaling has no
 regulariser (its b is reported centred, Σ_j b_j = 0: softmax ignores a common shift). L is
-convex in the parameters (the scores are linear in them), so L-BFGS
-started at the identity (w = 1 or W = I, b = 0) reaches the minimum; it stops when the largest
-component of the gradient falls under :data:`GRADIENT_TOL` (``converged``) or after
-:data:`MAX_ITERATIONS` (a line search that ends early is restarted, at most :data:`RESTARTS`
-times), then polishes with Newton steps (conjugate gradients on exact Hessian-vector
-products, a step kept only when it lowers max |gradient|), and says whether the gradient
-ended under the tolerance. Gradients are closed form: with G = (q − onehot(y))/N,
-∂L/∂w = Σ_n G_n ⊙ x_n, ∂L/∂W = Gᵀx (+ the regulariser), ∂L/∂b = Σ_n G_n. Pure: no file I/O,
-no printing, no global RNG.
+convex in the parameters (the scores are linear in them), so L-BFGS started at the identity
+(w = 1 or W = I, b = 0) reaches the minimum; it stops when the largest component of the
+gradient falls under :data:`GRADIENT_TOL` (``converged``) or after :data:`MAX_ITERATIONS` (a
+line search that ends early is restarted, at most :data:`RESTARTS` times), then polishes with
+Newton steps (conjugate gradients on exact Hessian-vector products, a step kept only when it
+lowers max |gradient|), and says whether the gradient ended under the tolerance. The full maps
+are fitted in whitened coordinates (:class:`_FullProblem`): the same minimiser, far fewer
+steps. Gradients are closed form: with G = (q − onehot(y))/N, ∂L/∂w = Σ_n G_n ⊙ x_n,
+∂L/∂W = Gᵀx (+ the regulariser), ∂L/∂b = Σ_n G_n. Pure: no file I/O, no printing, no global
+RNG.
 """
 
 from __future__ import annotations
@@ -47,7 +53,12 @@ from curvcal.calibration.inputs import (
 )
 from curvcal.errors import InputError
 
-LINEAR_METHODS = ("vector", "matrix")
+LINEAR_METHODS = ("vector", "matrix", "dirichlet")
+#: Regularisers of the full maps: off-diagonal and intercept (ODIR), or L2 on every parameter.
+REGULARISERS = ("odir", "l2")
+#: Eigenvalues of AᵀA/N below this fraction of the largest are raised to it when whitening
+#: (a direction the scores do not span is then left to the regulariser).
+WHITEN_FLOOR = 1e-10
 #: Stop when max |∂L/∂θ| falls under this (L is a mean NLL in nats).
 GRADIENT_TOL = 1e-8
 #: Most L-BFGS iterations; a fit that reaches it reports ``converged`` false.
@@ -56,13 +67,17 @@ MAX_ITERATIONS = 10_000
 RESTARTS = 5
 #: Newton steps after L-BFGS, and conjugate-gradient iterations (Hessian-vector products,
 #: one pass over the N×K scores each) per step.
-NEWTON_STEPS = 4
+NEWTON_STEPS = 8
 #: The polish stops once max |gradient| is this fraction of the tolerance.
 POLISH_FACTOR = 1e-2
 CG_ITERATIONS = 200
 #: Relative residual at which conjugate gradients stop: an inexact Newton step still shrinks
-#: the gradient by about this factor.
-CG_RTOL = 1e-8
+#: the gradient by about this factor (and each step starts from a new Hessian, so a loose
+#: solve costs steps, not accuracy).
+CG_RTOL = 1e-3
+#: L-BFGS hands over to the Newton polish once the largest component of its gradient is under
+#: this; only when the polish cannot reach :data:`GRADIENT_TOL` does L-BFGS go on to it.
+HANDOFF_TOL = 1e-4
 #: L-BFGS history (pairs of parameter-sized vectors kept).
 HISTORY = 10
 #: ODIR strengths of matrix scaling when fixed (:func:`fit_linear`'s default, and the fallback
@@ -74,22 +89,27 @@ ODIR_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 CV_FOLDS = 5
 #: log p below this (exact zeros among them) is raised to it: log of float64's smallest normal.
 LOG_FLOOR = math.log(2.2250738585072014e-308)
-#: The most classes matrix scaling takes: its K² + K parameters and L-BFGS history in float64
-#: need about 8·(2·HISTORY + 6)·(K² + K) bytes (K = 1000: 0.21 GB; K = 2048: 0.87 GB).
+#: The most classes the full maps take: their K² + K parameters, L-BFGS history and whitening
+#: in float64 need about 8·(2·HISTORY + 10)·(K² + K) bytes (K = 1000: 0.24 GB; K = 2048:
+#: 1.0 GB).
 MAX_MATRIX_CLASSES = 2048
 
 
 def matrix_memory_bytes(n_classes: int) -> int:
-    """Bytes of float64 parameters, gradient and L-BFGS history of matrix scaling with
-    ``n_classes`` classes (the work arrays come on top: about six float64 arrays of N×K)."""
-    return 8 * (2 * HISTORY + 6) * (n_classes * n_classes + n_classes)
+    """Bytes of the float64 (K+1)-sized state of a full map's fit with ``n_classes`` classes:
+    parameters, gradient, 2·:data:`HISTORY` L-BFGS vectors, scipy's work copies and the four
+    (K+1)×(K+1) whitening matrices, bounded by 8·(2·HISTORY + 10)·(K² + K) bytes. The work
+    arrays come on top: four float64 arrays of N×(K+1) (whitened scores, scores, softmax,
+    the Hessian-vector product's)."""
+    return 8 * (2 * HISTORY + 10) * (n_classes * n_classes + n_classes)
 
 
 @dataclass(frozen=True)
 class LinearMap:
-    """A fitted vector or matrix scaling map: ``method`` ``vector`` (``weights`` K numbers) or
-    ``matrix`` (``weights`` K rows of K numbers, W with s = W x + b), and ``bias`` K numbers.
-    ``input_kind`` decides x: the logits for ``logits``, log p otherwise."""
+    """A fitted vector, matrix or Dirichlet scaling map: ``method`` ``vector`` (``weights`` K
+    numbers), ``matrix`` or ``dirichlet`` (``weights`` K rows of K numbers, W with
+    s = W x + b), and ``bias`` K numbers. x: log p for ``dirichlet``; for the others the
+    logits when applied to logits, log p otherwise."""
 
     method: str
     weights: tuple[Any, ...]
@@ -123,7 +143,7 @@ class LinearMap:
             raise InputError(source, f"missing keys {missing}")
         method, weights, bias = data["method"], data["weights"], data["bias"]
         if method not in LINEAR_METHODS:
-            raise InputError(source, f"unknown method {method!r}", "vector or matrix")
+            raise InputError(source, f"unknown method {method!r}", "vector, matrix or dirichlet")
         bias_t = _numbers(bias, source, "bias")
         if method == "vector":
             weights_t: tuple[Any, ...] = _numbers(weights, source, "weights")
@@ -137,7 +157,7 @@ class LinearMap:
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities log softmax(w ⊙ x + b) or log softmax(W x + b) of N×K
         ``scores``."""
-        x = linear_inputs(scores, kind, source)
+        x = linear_inputs(scores, kind, source, self.method)
         if x.shape[1] != self.n_classes:
             raise InputError(
                 source,
@@ -163,7 +183,9 @@ class LinearFit:
     """Vector or matrix scaling fitted on one split (see the module docstring).
 
     ``nll_before``/``nll_after``: NLL on the fit split under the identity map and the fitted
-    one; ``objective_after`` adds the regulariser. ``converged``: the largest gradient
+    one; ``objective_after`` adds the regulariser, ``regulariser`` (``odir``, ``l2`` or
+    ``none`` for vector scaling) with strengths ``l2_off_diagonal``/``l2_bias`` (equal for
+    ``l2``). ``converged``: the largest gradient
     component ``gradient_max`` fell under ``gradient_tol`` within ``max_iterations``.
     ``cv_strengths``/``cv_nll``: the ODIR strengths λ (λ_od = λ_b = λ) tried by
     :func:`fit_matrix_odir` and their mean held-out NLL over ``cv_folds`` folds (empty when the
@@ -188,22 +210,276 @@ class LinearFit:
     cv_folds: int = 0
     cv_strengths: tuple[float, ...] = ()
     cv_nll: tuple[float, ...] = ()
+    regulariser: str = "odir"
 
     def to_dict(self) -> dict[str, Any]:
         """The fit's record without its parameters (they are in the saved calibrator)."""
         return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
-def linear_inputs(scores: Any, kind: str, source: str) -> torch.Tensor:
-    """The float64 x the linear maps act on: the logits for ``logits`` (validated finite),
-    else log p floored at :data:`LOG_FLOOR`."""
-    if kind == "logits":
+def linear_inputs(scores: Any, kind: str, source: str, method: str = "matrix") -> torch.Tensor:
+    """The float64 x the linear maps act on: for vector and matrix scaling the logits for
+    ``logits`` (validated finite); else, and always for ``dirichlet``, log p floored at
+    :data:`LOG_FLOOR`."""
+    if kind == "logits" and method != "dirichlet":
         z = validated_scores(scores, kind, source).to(torch.float64)
         step = chunk_rows(z.shape[1])
         for start in range(0, z.shape[0], step):
             check_finite_logits(z[start : start + step], start, source)
         return z
     return log_probabilities(scores, kind, source).clamp_min(LOG_FLOOR)
+
+
+def penalty_weights(
+    regulariser: str, k: int, strength_off: float, strength_bias: float
+) -> torch.Tensor:
+    """The K×(K+1) weights c of the regulariser Σ c ⊙ [W, b]² of a full map (W ∈ R^{K×K} and b
+    side by side): ``odir`` λ_od/(K(K−1)) off the diagonal of W, 0 on it, λ_b/K on b; ``l2``
+    λ/(K(K+1)) on every entry (λ = ``strength_off``); ``none`` zero."""
+    c = torch.zeros((k, k + 1), dtype=torch.float64)
+    if regulariser == "odir":
+        c[:, :k] = strength_off / max(k * (k - 1), 1)
+        c[:, :k].fill_diagonal_(0.0)
+        c[:, k] = strength_bias / k
+    elif regulariser == "l2":
+        c[:] = strength_off / (k * (k + 1))
+    return c
+
+
+#: A Hessian-vector product at a point, and a preconditioner for it (``None``: none).
+_Hessian = tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray] | None]
+
+
+@dataclass(frozen=True)
+class _Solution:
+    theta: np.ndarray
+    value: float
+    nll: float
+    iterations: int
+    gradient_max: float
+
+
+def _minimise(
+    value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
+    hessian_at: Callable[[np.ndarray], _Hessian],
+    measure: Callable[[np.ndarray], float],
+    theta0: np.ndarray,
+    gradient_tol: float,
+    max_iterations: int,
+    lbfgs_tol: float,
+) -> tuple[np.ndarray, int]:
+    """L-BFGS from ``theta0`` until the largest component of its gradient is under
+    :data:`HANDOFF_TOL`, then :func:`_newton_polish`; if that does not reach ``gradient_tol``,
+    L-BFGS on to ``lbfgs_tol`` (its own gradient's bound that guarantees ``gradient_tol``),
+    restarted after a line search that ends early, and the polish again. ``measure`` maps a
+    gradient to the max |∂L/∂θ| in the map's own parameters, which decides convergence."""
+    result = minimize(
+        value_and_gradient,
+        theta0,
+        jac=True,
+        method="L-BFGS-B",
+        options={
+            "maxiter": max_iterations,
+            "maxfun": 4 * max_iterations,
+            "gtol": max(HANDOFF_TOL, lbfgs_tol),
+            "ftol": 0.0,
+            "maxcor": HISTORY,
+        },
+    )
+    theta, iterations = result.x, int(result.nit)
+    theta = _newton_polish(theta, value_and_gradient, hessian_at, gradient_tol, measure)
+    if measure(value_and_gradient(theta)[1]) < gradient_tol or iterations >= max_iterations:
+        return theta, iterations
+    # A line search in float64 cannot resolve decreases below the rounding of L, and may end
+    # early with the gradient still above the tolerance: restart from there with a fresh
+    # history (the gradient test, not the line search, decides convergence).
+    for _ in range(RESTARTS):
+        result = minimize(
+            value_and_gradient,
+            theta,
+            jac=True,
+            method="L-BFGS-B",
+            options={
+                "maxiter": max_iterations - iterations,
+                "maxfun": 4 * max_iterations,
+                "gtol": lbfgs_tol,
+                "ftol": 0.0,
+                "maxcor": HISTORY,
+            },
+        )
+        theta, iterations = result.x, iterations + int(result.nit)
+        if measure(result.jac) < gradient_tol or iterations >= max_iterations:
+            break
+        if int(result.nit) == 0:
+            break
+    theta = _newton_polish(theta, value_and_gradient, hessian_at, gradient_tol, measure)
+    return theta, iterations
+
+
+class _FullProblem:
+    """The NLL of a full map s = W x + b on fixed (x, y), in whitened coordinates.
+
+    With A = [x, 1] (N×(K+1)) and V = [W, b], s = A Vᵀ. The fit runs in Ṽ = V P⁻¹ with P the
+    symmetric inverse square root of AᵀA/N (eigenvalues below :data:`WHITEN_FLOOR` of the
+    largest raised to it), so that s = (AP) Ṽᵀ with (AP)ᵀ(AP)/N ≈ I: the same minimiser (an
+    invertible change of variables) but a Hessian whose x-side factor is the identity, which
+    is what makes L-BFGS and conjugate gradients take few steps when the scores are large or
+    correlated. Built once per data set and reused for every regulariser strength."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        n, k = x.shape
+        self.n, self.k, self.y = n, k, y
+        a = torch.cat([x, torch.ones((n, 1), dtype=torch.float64)], dim=1)
+        gram = a.T @ a / n
+        eigenvalues, vectors = torch.linalg.eigh(gram)
+        eigenvalues = eigenvalues.clamp_min(float(eigenvalues.max()) * WHITEN_FLOOR)
+        self.gram_values, self.gram_vectors = eigenvalues, vectors
+        self.p = (vectors * eigenvalues.rsqrt()) @ vectors.T
+        self.p_inverse = (vectors * eigenvalues.sqrt()) @ vectors.T
+        self.a = a @ self.p
+        # max |G_V| ≤ max |G_Ṽ| · max column sum of |P⁻¹| (G_V = G_Ṽ P⁻¹)
+        self.gradient_scale = float(self.p_inverse.abs().sum(0).max())
+        self.rows = torch.arange(n)
+
+    def to_whitened(self, v: torch.Tensor) -> np.ndarray:
+        return (v @ self.p_inverse).reshape(-1).numpy()
+
+    def to_map(self, theta: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(theta).view(self.k, self.k + 1) @ self.p
+
+    def solve(
+        self, penalty: torch.Tensor, start: torch.Tensor, gradient_tol: float, max_iterations: int
+    ) -> _Solution:
+        """Minimise mean NLL + Σ ``penalty`` ⊙ V² from V = ``start`` (K×(K+1))."""
+        n, k, y, rows = self.n, self.k, self.y, self.rows
+        a, p = self.a, self.p
+        last_nll = [0.0]
+
+        def value_and_gradient(theta: np.ndarray) -> tuple[float, np.ndarray]:
+            vt = torch.from_numpy(theta).view(k, k + 1)
+            logq = torch.log_softmax(a @ vt.T, dim=1)
+            nll = -float(logq[rows, y].sum()) / n
+            g = logq.exp_()
+            g[rows, y] -= 1.0
+            grad = g.T @ a / n
+            v = vt @ p
+            grad += (2.0 * penalty * v) @ p
+            last_nll[0] = nll
+            return nll + float((penalty * v * v).sum()), grad.reshape(-1).numpy()
+
+        def hessian_at(theta: np.ndarray) -> _Hessian:
+            q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
+
+            def times(vector: np.ndarray) -> np.ndarray:
+                dvt = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float64))
+                dvt = dvt.view(k, k + 1)
+                ds = a @ dvt.T
+                r = q * ds
+                r -= q * r.sum(1, keepdim=True)
+                product = r.T @ a / n + (2.0 * penalty * (dvt @ p)) @ p
+                return product.reshape(-1).numpy()
+
+            # H ≈ M ⊗ I + 2c̄ · I ⊗ P²: the mean softmax curvature M = mean_n(diag q_n − q_n q_nᵀ)
+            # times the whitened scores' second moment (the identity), plus the regulariser
+            # with its weights c replaced by their mean c̄ (P² = U diag(1/e) Uᵀ): both factors
+            # diagonalise at once, so the inverse costs two K×K×(K+1) products.
+            curvature = torch.diag(q.mean(0)) - q.T @ q / n
+            m_values, m_vectors = torch.linalg.eigh(curvature)
+            shift = 2.0 * float(penalty.mean()) / self.gram_values
+            inverse = 1.0 / (m_values.clamp_min(0.0)[:, None] + shift[None, :])
+            inverse = torch.where(torch.isfinite(inverse), inverse, 0.0)
+
+            def precondition(vector: np.ndarray) -> np.ndarray:
+                d = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float64)).view(k, k + 1)
+                rotated = m_vectors.T @ d @ self.gram_vectors
+                out = m_vectors @ (inverse * rotated) @ self.gram_vectors.T
+                return out.reshape(-1).numpy()
+
+            return times, precondition
+
+        def measure(gradient: np.ndarray) -> float:
+            g = torch.from_numpy(np.ascontiguousarray(gradient)).view(k, k + 1)
+            return float((g @ self.p_inverse).abs().max())
+
+        theta, iterations = _minimise(
+            value_and_gradient,
+            hessian_at,
+            measure,
+            self.to_whitened(start),
+            gradient_tol,
+            max_iterations,
+            gradient_tol / self.gradient_scale,
+        )
+        value, gradient = value_and_gradient(theta)
+        return _Solution(theta, value, last_nll[0], iterations, measure(gradient))
+
+
+def _fit_vector(
+    x: torch.Tensor, y: torch.Tensor, gradient_tol: float, max_iterations: int
+) -> tuple[torch.Tensor, torch.Tensor, _Solution]:
+    """Vector scaling s = w ⊙ x + b from w = 1, b = 0 (no regulariser)."""
+    n, k = x.shape
+    rows = torch.arange(n)
+    last_nll = [0.0]
+
+    def value_and_gradient(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        t = torch.from_numpy(theta)
+        logq = torch.log_softmax(x * t[:k] + t[k:], dim=1)
+        nll = -float(logq[rows, y].sum()) / n
+        g = logq.exp_()
+        g[rows, y] -= 1.0
+        g /= n
+        last_nll[0] = nll
+        return nll, torch.cat([(g * x).sum(0), g.sum(0)]).numpy()
+
+    def hessian_at(theta: np.ndarray) -> _Hessian:
+        t = torch.from_numpy(theta)
+        q = torch.softmax(x * t[:k] + t[k:], dim=1)
+
+        def times(vector: np.ndarray) -> np.ndarray:
+            d = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float64))
+            ds = x * d[:k] + d[k:]
+            r = q * ds
+            r -= q * r.sum(1, keepdim=True)
+            r /= n
+            return torch.cat([(r * x).sum(0), r.sum(0)]).numpy()
+
+        return times, None
+
+    def measure(gradient: np.ndarray) -> float:
+        return float(np.abs(gradient).max())
+
+    theta0 = torch.cat([torch.ones(k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64)])
+    theta, iterations = _minimise(
+        value_and_gradient,
+        hessian_at,
+        measure,
+        theta0.numpy(),
+        gradient_tol,
+        max_iterations,
+        gradient_tol,
+    )
+    value, gradient = value_and_gradient(theta)
+    t = torch.from_numpy(theta)
+    solution = _Solution(theta, value, last_nll[0], iterations, measure(gradient))
+    return t[:k].clone(), t[k:].clone(), solution
+
+
+def _identity(k: int) -> torch.Tensor:
+    return torch.cat(
+        [torch.eye(k, dtype=torch.float64), torch.zeros((k, 1), dtype=torch.float64)], 1
+    )
+
+
+def _nll_of(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> float:
+    """Mean NLL of the full map V = [W, b] on (x, y), summed in row chunks."""
+    k = x.shape[1]
+    total = 0.0
+    step = chunk_rows(k)
+    for start in range(0, x.shape[0], step):
+        logq = torch.log_softmax(x[start : start + step] @ v[:, :k].T + v[:, k], dim=1)
+        total -= float(logq[torch.arange(logq.shape[0]), y[start : start + step]].sum())
+    return total / max(x.shape[0], 1)
 
 
 def fit_linear(
@@ -217,124 +493,107 @@ def fit_linear(
     l2_bias: float = L2_BIAS,
     gradient_tol: float = GRADIENT_TOL,
     max_iterations: int = MAX_ITERATIONS,
+    regulariser: str = "odir",
+    start: torch.Tensor | None = None,
+    problem: _FullProblem | None = None,
 ) -> LinearFit:
-    """Fit vector (``method="vector"``) or matrix scaling on (``scores``, ``labels``) by
-    L-BFGS on the regularised mean NLL, in float64, from the identity map."""
+    """Fit vector (``method="vector"``), matrix or Dirichlet scaling on (``scores``,
+    ``labels``) by L-BFGS and a Newton polish on the regularised mean NLL, in float64.
+
+    ``regulariser`` (full maps): ``odir`` (λ_od = ``l2_off_diagonal``, λ_b = ``l2_bias``) or
+    ``l2`` (λ = ``l2_off_diagonal``), see :func:`penalty_weights`. The fit starts at the
+    identity map, or at ``start`` ([W, b], K×(K+1)) when given (a warm start: the minimiser is
+    the same, the path shorter). ``problem``: the whitened data of these scores, when the
+    caller already built it."""
     if method not in LINEAR_METHODS:
-        raise InputError("--method", f"unknown linear map {method!r}", "vector or matrix")
-    x = linear_inputs(scores, kind, source)
-    n, k = x.shape
-    if method == "matrix" and k > MAX_MATRIX_CLASSES:
         raise InputError(
-            "--method matrix",
+            "--method", f"unknown linear map {method!r}", "vector, matrix or dirichlet"
+        )
+    x = linear_inputs(scores, kind, source, method)
+    y = class_labels(labels, x.shape[0], x.shape[1], labels_source)
+    given = "logits" if kind == "logits" and method != "dirichlet" else "log-probabilities"
+    return _fit_inputs(
+        x,
+        y,
+        method,
+        given,
+        l2_off_diagonal,
+        l2_bias,
+        gradient_tol,
+        max_iterations,
+        regulariser,
+        start,
+        problem,
+    )
+
+
+def _fit_inputs(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    method: str,
+    given: str,
+    l2_off_diagonal: float,
+    l2_bias: float,
+    gradient_tol: float = GRADIENT_TOL,
+    max_iterations: int = MAX_ITERATIONS,
+    regulariser: str = "odir",
+    start: torch.Tensor | None = None,
+    problem: _FullProblem | None = None,
+) -> LinearFit:
+    """:func:`fit_linear` on validated float64 inputs ``x`` (what the map multiplies) and
+    labels ``y``; ``given`` names the scale of ``x`` in the record."""
+    if regulariser not in REGULARISERS:
+        raise InputError("regulariser", f"unknown regulariser {regulariser!r}", "odir or l2")
+    n, k = x.shape
+    if method != "vector" and k > MAX_MATRIX_CLASSES:
+        raise InputError(
+            f"--method {method}",
             f"{k} classes need {k * k + k:,} parameters and about "
             f"{matrix_memory_bytes(k) / 1e9:.1f} GB for the fit (most: {MAX_MATRIX_CLASSES} "
             "classes)",
             "use --method vector or ts",
         )
-    y = class_labels(labels, n, k, labels_source)
-    onehot = torch.zeros((n, k), dtype=torch.float64)
-    onehot[torch.arange(n), y] = 1.0
-    lam_od, lam_b = (l2_off_diagonal, l2_bias) if method == "matrix" else (0.0, 0.0)
-    off = 1.0 - torch.eye(k, dtype=torch.float64)
-    weight_shape = (k,) if method == "vector" else (k, k)
-    n_weights = int(np.prod(weight_shape))
-
-    def split(theta: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        t = torch.from_numpy(theta)
-        return t[:n_weights].reshape(weight_shape), t[n_weights:]
-
-    def nll_and_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
-        weights, bias = split(theta)
-        s = (x * weights if method == "vector" else x @ weights.T) + bias
-        logq = torch.log_softmax(s, dim=1)
-        value = float(-(logq * onehot).sum()) / n
-        g = (torch.exp(logq) - onehot) / n
-        grad_w = (g * x).sum(0) if method == "vector" else g.T @ x
-        grad_b = g.sum(0)
-        if method == "matrix":
-            value += lam_od * float((weights * off).pow(2).sum()) / max(k * (k - 1), 1)
-            value += lam_b * float(bias.pow(2).sum()) / k
-            grad_w = grad_w + 2 * lam_od * weights * off / max(k * (k - 1), 1)
-            grad_b = grad_b + 2 * lam_b * bias / k
-        return value, torch.cat([grad_w.reshape(-1), grad_b]).numpy()
-
-    start_w = torch.ones(k, dtype=torch.float64) if method == "vector" else torch.eye(k)
-    theta0 = torch.cat([start_w.to(torch.float64).reshape(-1), torch.zeros(k)]).numpy()
-    nll_before = nll_and_grad(theta0)[0]
-    # A line search in float64 cannot resolve decreases below the rounding of L, and may end
-    # early with the gradient still above the tolerance: restart from there with a fresh
-    # history (the gradient test, not the line search, decides convergence).
-    theta, iterations = theta0, 0
-    for _ in range(RESTARTS):
-        result = minimize(
-            nll_and_grad,
-            theta,
-            jac=True,
-            method="L-BFGS-B",
-            options={
-                "maxiter": max_iterations - iterations,
-                "maxfun": 4 * max_iterations,
-                "gtol": gradient_tol,
-                "ftol": 0.0,
-                "maxcor": HISTORY,
-            },
-        )
-        theta, iterations = result.x, iterations + int(result.nit)
-        if np.abs(result.jac).max() < gradient_tol or iterations >= max_iterations:
-            break
-        if int(result.nit) == 0:
-            break
-
-    def hessian_at(theta: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-        weights, bias = split(theta)
-        q = torch.softmax((x * weights if method == "vector" else x @ weights.T) + bias, dim=1)
-
-        def times(vector: np.ndarray) -> np.ndarray:
-            d_weights, d_bias = split(np.ascontiguousarray(vector, dtype=np.float64))
-            ds = (x * d_weights if method == "vector" else x @ d_weights.T) + d_bias
-            r = (q * ds - q * (q * ds).sum(1, keepdim=True)) / n
-            h_w = (r * x).sum(0) if method == "vector" else r.T @ x
-            h_b = r.sum(0)
-            if method == "matrix":
-                h_w = h_w + 2 * lam_od * d_weights * off / max(k * (k - 1), 1)
-                h_b = h_b + 2 * lam_b * d_bias / k
-            return torch.cat([h_w.reshape(-1), h_b]).numpy()
-
-        return times
-
-    theta = _newton_polish(theta, nll_and_grad, hessian_at, gradient_tol)
-    value, grad = nll_and_grad(theta)
-    gradient_max = float(np.abs(grad).max())
-    weights, bias = split(theta)
-    if method == "vector":  # softmax ignores a common shift of b: report the centred one
-        bias = bias - bias.mean()
-    fitted = LinearMap(
-        method,
-        tuple(weights.tolist()) if method == "vector" else tuple(map(tuple, weights.tolist())),
-        tuple(bias.tolist()),
-    )
-    penalty = 0.0
-    if method == "matrix":
-        penalty = lam_od * float((weights * off).pow(2).sum()) / max(k * (k - 1), 1)
-        penalty += lam_b * float(bias.pow(2).sum()) / k
+    if method == "vector":
+        weights, bias, solution = _fit_vector(x, y, gradient_tol, max_iterations)
+        bias = bias - bias.mean()  # softmax ignores a common shift of b: report the centred one
+        fitted = LinearMap(method, tuple(weights.tolist()), tuple(bias.tolist()))
+        nll_before = _vector_nll(x, y)
+        lam_od = lam_b = 0.0
+        used = "none"
+    else:
+        lam_od = l2_off_diagonal
+        lam_b = l2_bias if regulariser == "odir" else l2_off_diagonal
+        penalty = penalty_weights(regulariser, k, lam_od, lam_b)
+        problem = problem if problem is not None else _FullProblem(x, y)
+        initial = _identity(k) if start is None else start
+        solution = problem.solve(penalty, initial, gradient_tol, max_iterations)
+        v = problem.to_map(solution.theta)
+        fitted = LinearMap(method, tuple(map(tuple, v[:, :k].tolist())), tuple(v[:, k].tolist()))
+        nll_before = _nll_of(x, y, _identity(k))
+        used = regulariser
     return LinearFit(
         method=method,
-        input="logits" if kind == "logits" else "log-probabilities",
+        input=given,
         nll_before=nll_before,
-        nll_after=value - penalty,
-        objective_after=value,
+        nll_after=solution.nll,
+        objective_after=solution.value,
         l2_off_diagonal=lam_od,
         l2_bias=lam_b,
-        n_parameters=n_weights + k,
-        iterations=iterations,
-        gradient_max=gradient_max,
+        n_parameters=2 * k if method == "vector" else k * k + k,
+        iterations=solution.iterations,
+        gradient_max=solution.gradient_max,
         gradient_tol=gradient_tol,
         max_iterations=max_iterations,
-        converged=gradient_max < gradient_tol,
+        converged=solution.gradient_max < gradient_tol,
         n_samples=n,
         calibrator=fitted,
+        regulariser=used,
     )
+
+
+def _vector_nll(x: torch.Tensor, y: torch.Tensor) -> float:
+    logq = torch.log_softmax(x, dim=1)
+    return -float(logq[torch.arange(x.shape[0]), y].sum()) / max(x.shape[0], 1)
 
 
 def cv_folds(labels: torch.Tensor, folds: int, seed: int) -> np.ndarray:
@@ -358,65 +617,107 @@ def fit_matrix_odir(
     seed: int = 0,
     grid: tuple[float, ...] = ODIR_GRID,
     folds: int = CV_FOLDS,
+    method: str = "matrix",
+    regulariser: str = "odir",
 ) -> LinearFit:
-    """Matrix scaling with the ODIR strength λ chosen by ``folds``-fold stratified
-    cross-validation on (``scores``, ``labels``) (Kull et al. 2019): for every λ of ``grid``
-    fit on all folds but one and take the mean NLL of the held-out fold; the λ with the lowest
-    mean (the larger λ on ties) is refitted on all samples. A split with fewer than two
-    samples of some class per fold falls back to the fixed strengths of :func:`fit_linear`."""
-    x = linear_inputs(scores, kind, source)
+    """A full map (``method`` ``matrix`` or ``dirichlet``) with its regulariser strength λ
+    chosen by ``folds``-fold stratified cross-validation on (``scores``, ``labels``) (Kull et
+    al. 2019): for every λ of ``grid`` fit on all folds but one and take the mean NLL of the
+    held-out fold; the λ with the lowest mean (the larger λ on ties) is refitted on all
+    samples. ``regulariser``: ``odir`` (λ_od = λ_b = λ) or ``l2``. A split with fewer than two
+    samples of some class per fold falls back to the fixed strengths of :func:`fit_linear`.
+
+    Within a fold the strengths are fitted from the largest down, each fit starting where the
+    previous one ended (warm starts: the minimiser of each is unchanged, within the gradient
+    tolerance), with the fold's whitened data built once; the final fit starts from the mean
+    of the folds' maps at the chosen λ."""
+    x = linear_inputs(scores, kind, source, method)
     n, k = x.shape
     y = class_labels(labels, n, k, labels_source)
     counts = torch.bincount(y, minlength=k)
     present = counts[counts > 0]
-    given = "logits" if kind == "logits" else "log-probabilities"
+    given = "logits" if kind == "logits" and method != "dirichlet" else "log-probabilities"
+
+    def fit(rows: Any, strength: float | None, start: Any = None, problem: Any = None) -> LinearFit:
+        lam = (strength, strength) if strength is not None else (L2_OFF_DIAGONAL, L2_BIAS)
+        return _fit_inputs(
+            x[rows],
+            y[rows],
+            method,
+            given,
+            lam[0],
+            lam[1],
+            regulariser=regulariser,
+            start=start,
+            problem=problem,
+        )
+
     if len(present) < 2 or int(present.min()) < 2 * folds:
-        return replace(fit_linear(x, y, "matrix", "logits", source, labels_source), input=given)
+        return fit(slice(None), None)
     fold = torch.from_numpy(cv_folds(y, folds, seed))
-    held_out_nll = []
-    for strength in grid:
-        total = 0.0
-        for f in range(folds):
-            train, test = fold != f, fold == f
-            fitted = fit_linear(
-                x[train], y[train], "matrix", "logits", source, labels_source, strength, strength
-            ).calibrator
-            logq = fitted.apply(x[test], "logits", source)
-            total += float(-logq[torch.arange(len(logq)), y[test]].sum())
-        held_out_nll.append(total / n)
+    order = sorted(range(len(grid)), key=lambda i: -grid[i])
+    held_out = [0.0] * len(grid)
+    maps: list[list[torch.Tensor]] = [[] for _ in grid]
+    for f in range(folds):
+        train, test = fold != f, fold == f
+        problem = _FullProblem(x[train], y[train])
+        start = None
+        for i in order:
+            fitted = fit(train, grid[i], start, problem).calibrator
+            v = _map_matrix(fitted)
+            held_out[i] += _nll_of(x[test], y[test], v) * int(test.sum())
+            maps[i].append(v)
+            start = v
+    held_out_nll = [total / n for total in held_out]
     best = min(range(len(grid)), key=lambda i: (held_out_nll[i], -grid[i]))
-    chosen = fit_linear(x, y, "matrix", "logits", source, labels_source, grid[best], grid[best])
+    chosen = fit(slice(None), grid[best], torch.stack(maps[best]).mean(0))
     return replace(
         chosen,
-        input=given,
         cv_folds=folds,
         cv_strengths=tuple(grid),
         cv_nll=tuple(held_out_nll),
     )
 
 
+def _map_matrix(fitted: LinearMap) -> torch.Tensor:
+    """[W, b] (K×(K+1)) of a fitted full map."""
+    w = torch.tensor(fitted.weights, dtype=torch.float64)
+    b = torch.tensor(fitted.bias, dtype=torch.float64)
+    return torch.cat([w, b[:, None]], dim=1)
+
+
 def _newton_polish(
     theta: np.ndarray,
     nll_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
-    hessian_at: Callable[[np.ndarray], Callable[[np.ndarray], np.ndarray]],
+    hessian_at: Callable[[np.ndarray], _Hessian],
     gradient_tol: float,
+    measure: Callable[[np.ndarray], float],
 ) -> np.ndarray:
     """Newton steps θ − H⁻¹∇L, each solved by at most :data:`CG_ITERATIONS` conjugate-gradient
     iterations with exact Hessian-vector products; a step is kept only when it lowers
-    max |∇L| (a test that, unlike a line search on L, is not lost in the rounding of L). Stops
-    once max |∇L| is under ``POLISH_FACTOR`` · ``gradient_tol``."""
+    ``measure``(∇L), the max |∂L/∂θ| in the map's own parameters (a test that, unlike a line
+    search on L, is not lost in the rounding of L). Stops once that is under
+    ``POLISH_FACTOR`` · ``gradient_tol``."""
     gradient = nll_and_grad(theta)[1]
+    current = measure(gradient)
     for _ in range(NEWTON_STEPS):
-        if np.abs(gradient).max() < POLISH_FACTOR * gradient_tol:
+        if current < POLISH_FACTOR * gradient_tol:
             break
         size = theta.size
-        operator = LinearOperator((size, size), matvec=hessian_at(theta), dtype=np.float64)
-        step, _ = cg(operator, gradient, rtol=CG_RTOL, maxiter=CG_ITERATIONS)
+        times, precondition = hessian_at(theta)
+        operator = LinearOperator((size, size), matvec=times, dtype=np.float64)
+        preconditioner = (
+            None
+            if precondition is None
+            else LinearOperator((size, size), matvec=precondition, dtype=np.float64)
+        )
+        step, _ = cg(operator, gradient, rtol=CG_RTOL, maxiter=CG_ITERATIONS, M=preconditioner)
         candidate = theta - step
         new_gradient = nll_and_grad(candidate)[1]
-        if not np.abs(new_gradient).max() < np.abs(gradient).max():
+        new = measure(new_gradient)
+        if not new < current:
             break
-        theta, gradient = candidate, new_gradient
+        theta, gradient, current = candidate, new_gradient, new
     return theta
 
 
@@ -431,7 +732,7 @@ def _numbers(values: Any, source: str, what: str) -> tuple[float, ...]:
 
 def _check_map(method: Any, weights: tuple[Any, ...], bias: tuple[float, ...], source: str) -> None:
     if method not in LINEAR_METHODS:
-        raise InputError(source, f"unknown method {method!r}", "vector or matrix")
+        raise InputError(source, f"unknown method {method!r}", "vector, matrix or dirichlet")
     k = len(bias)
     rows = [weights] if method == "vector" else list(weights)
     if len(weights) != k or any(len(row) != k for row in rows):

@@ -6,10 +6,11 @@ which returns a fit record whose ``calibrator`` is a frozen map object (:class:`
 exponentials, ``to_dict()`` plain numbers only and ``load(dict, source)`` (the entry's) rebuilds
 it from them without running anything from the file. The report stage of a map is its key
 (``ts``, ``focal_ts``, ``vector``, ``matrix``, ``laplace``, ``histogram``, ``histogram_ovr``,
-``isotonic``, ``isotonic_ovr``, ``platt``, ``beta``); ``option`` is its ``--method`` spelling and
-``method`` the name its saved form carries. ``input`` is what the map reads: ``scores`` (N×K), or
-``features`` (a :class:`~curvcal.calibration.laplace.HeadFeatures`: the model's last-layer inputs
-and head, which logits alone do not give).
+``isotonic``, ``isotonic_ovr``, ``platt``, ``beta``, ``dirichlet``, ``dirichlet_l2``, ``ets``);
+``option`` is its ``--method`` spelling and ``method`` the name its saved form carries.
+``input`` is what the map reads: ``scores`` (N×K), or ``features`` (a
+:class:`~curvcal.calibration.laplace.HeadFeatures`: the model's last-layer inputs and head,
+which logits alone do not give).
 
 A map says when it applies by ``skip_reason(n_classes, has_model)``: ``None`` when it can be
 fitted to scores with ``n_classes`` columns (and, with ``has_model``, the model at hand), else
@@ -25,6 +26,8 @@ from typing import Any, Protocol
 
 from curvcal.calibration.binary import BinaryMap, fit_binary
 from curvcal.calibration.binning import HistogramMap, fit_histogram
+from curvcal.calibration.dirichlet import fit_dirichlet
+from curvcal.calibration.ensemble import EnsembleMap, fit_ensemble_temperature
 from curvcal.calibration.isotonic import IsotonicMap, fit_isotonic
 from curvcal.calibration.linear import LinearMap, fit_linear, fit_matrix_odir
 from curvcal.calibration.results import Calibrator
@@ -189,6 +192,24 @@ def _fit_binary(method: str) -> Callable[..., Any]:
     return fit
 
 
+def _fit_dirichlet(
+    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+) -> Any:
+    return fit_dirichlet(scores, labels, kind=kind, seed=settings.seed, **common)
+
+
+def _fit_dirichlet_l2(
+    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+) -> Any:
+    return fit_dirichlet(scores, labels, kind=kind, seed=settings.seed, regulariser="l2", **common)
+
+
+def _fit_ets(
+    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+) -> Any:
+    return fit_ensemble_temperature(scores, labels, kind=kind, **common)
+
+
 MAPS: dict[str, MapKind] = {
     kind.stage: kind
     for kind in (
@@ -263,6 +284,18 @@ MAPS: dict[str, MapKind] = {
             BinaryMap.from_dict,
             skip_reason=binary_only,
         ),
+        MapKind(
+            "dirichlet", "dirichlet", "dirichlet", "Dirichlet", _fit_dirichlet, LinearMap.from_dict
+        ),
+        MapKind(
+            "dirichlet_l2",
+            "dirichlet-l2",
+            "dirichlet",
+            "Dirichlet L2",
+            _fit_dirichlet_l2,
+            LinearMap.from_dict,
+        ),
+        MapKind("ets", "ets", "ensemble-temperature", "ETS", _fit_ets, EnsembleMap.from_dict),
     )
 }
 #: The saved method of every stage.

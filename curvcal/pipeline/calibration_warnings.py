@@ -49,7 +49,8 @@ def analysis_warnings(analysis: CalibrationAnalysis) -> list[str]:
                 "true class has probability 0 (rounded or clipped probabilities?); NLL and "
                 "any fit by NLL cannot be trusted"
             )
-    for linear in (analysis.fits.vector, analysis.fits.matrix):
+    fits = analysis.fits
+    for linear in (fits.vector, fits.matrix, fits.dirichlet, fits.dirichlet_l2):
         if linear is not None and not linear.converged:
             messages.append(
                 f"{linear.method} scaling did not converge in {linear.iterations} L-BFGS "

@@ -42,14 +42,15 @@ CALIBRATOR_SCHEMA = "1.1"
 #: The schema of a file holding a map other than TS and focal TS.
 MAPS_SCHEMA = "1.2"
 #: The schema of a file holding histogram binning, isotonic regression, Platt scaling, beta
-#: calibration or the last-layer Laplace approximation.
+#: calibration, the last-layer Laplace approximation, Dirichlet calibration or ensemble
+#: temperature scaling.
 ONE_DIMENSIONAL_SCHEMA = "1.3"
 #: Schemas read back: 1.0 files carry no provenance.
 _READ_SCHEMAS = ("1.0", CALIBRATOR_SCHEMA, MAPS_SCHEMA, ONE_DIMENSIONAL_SCHEMA)
 #: The stages a schema 1.3 file may hold and older ones may not.
 _SINCE_1_3 = (
     *("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta"),
-    "laplace",
+    *("laplace", "dirichlet", "dirichlet_l2", "ets"),
 )
 #: Stages every file names (``null`` when absent); the others only when present.
 _ALWAYS = ("ts", "focal_ts")

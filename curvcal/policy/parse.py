@@ -85,6 +85,9 @@ STAGES = (
     "isotonic_ovr",
     "platt",
     "beta",
+    "dirichlet",
+    "dirichlet_l2",
+    "ets",
 )
 """``uncalibrated``: the model's own probabilities; ``ts``: after temperature scaling;
 ``focal_ts``: after focal temperature scaling; ``vector``/``matrix``: after vector or matrix

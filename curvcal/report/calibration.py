@@ -11,6 +11,7 @@ from curvcal.report.tables import Table, fmt_float
 
 if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
+    from curvcal.calibration.ensemble import EnsembleFit
     from curvcal.calibration.linear import LinearFit
     from curvcal.calibration.ranking import Difference, Ranking
     from curvcal.calibration.results import CalibrationMetrics, FocalTemperatureFit
@@ -28,6 +29,9 @@ STAGE_TITLES = {
     "isotonic_ovr": "isotonic OvR",
     "platt": "Platt",
     "beta": "beta",
+    "dirichlet": "Dirichlet",
+    "dirichlet_l2": "Dirichlet L2",
+    "ets": "ETS",
 }
 #: Stages of the maps the "binning, isotonic and binary maps" table describes.
 ONE_DIMENSIONAL_STAGES = ("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta")
@@ -120,9 +124,19 @@ def calibration_tables(analysis: CalibrationAnalysis, chart: bool = True) -> lis
         tables.append(fits_table(analysis))
     if analysis.fits.focal_ts is not None:
         tables.append(profile_table(analysis.fits.focal_ts))
-    linear = [fit for fit in (analysis.fits.vector, analysis.fits.matrix) if fit is not None]
+    linear = [
+        (stage, fit)
+        for stage, fit in analysis.fits.present()
+        if stage in ("vector", "matrix", "dirichlet", "dirichlet_l2")
+    ]
     if linear:
-        tables.append(linear_fits_table(linear, analysis.split.n_fit))
+        tables.append(
+            linear_fits_table(
+                [fit for _, fit in linear],
+                analysis.split.n_fit,
+                [STAGE_TITLES[stage] for stage, _ in linear],
+            )
+        )
     if analysis.fits.laplace is not None:
         tables.append(laplace_fit_table(analysis.fits.laplace))
     one_dimensional = [
@@ -130,6 +144,8 @@ def calibration_tables(analysis: CalibrationAnalysis, chart: bool = True) -> lis
     ]
     if one_dimensional:
         tables.append(one_dimensional_fits_table(one_dimensional, analysis.split.n_fit))
+    if analysis.fits.ets is not None:
+        tables.append(ensemble_fit_table(analysis.fits.ets, analysis.split.n_fit))
     if analysis.ranking is not None:
         tables.extend(ranking_tables(analysis.ranking))
     tables.append(split_table(analysis))
@@ -393,13 +409,15 @@ def profile_table(fit: FocalTemperatureFit) -> Table:
     )
 
 
-def linear_fits_table(fits: list[LinearFit], n_fit: int) -> Table:
-    """Vector and matrix scaling fits: what was fitted, the regulariser, NLL before/after on
-    the fit split and whether L-BFGS converged."""
+def linear_fits_table(fits: list[LinearFit], n_fit: int, titles: list[str] | None = None) -> Table:
+    """Vector, matrix and Dirichlet scaling fits (columns ``titles``, default the method's
+    stage title): what was fitted, the regulariser, NLL before/after on the fit split and
+    whether the fit converged."""
     rows = (
         ("scores scaled", *(fit.input for fit in fits)),
         ("parameters", *(str(fit.n_parameters) for fit in fits)),
-        ("ODIR λ chosen by", *(_strength_source(fit) for fit in fits)),
+        ("regulariser", *(fit.regulariser for fit in fits)),
+        ("λ chosen by", *(_strength_source(fit) for fit in fits)),
         ("L2 off-diagonal", *(fmt_float(fit.l2_off_diagonal) for fit in fits)),
         ("L2 intercept", *(fmt_float(fit.l2_bias) for fit in fits)),
         ("NLL before", *(fmt_float(fit.nll_before) for fit in fits)),
@@ -410,7 +428,7 @@ def linear_fits_table(fits: list[LinearFit], n_fit: int) -> Table:
     )
     return Table(
         title=f"linear maps (on the fit split, {n_fit} samples)",
-        columns=("quantity", *(STAGE_TITLES[fit.method] for fit in fits)),
+        columns=("quantity", *(titles or [STAGE_TITLES[fit.method] for fit in fits])),
         rows=rows,
         caption=f"L-BFGS in float64 from the identity map; converged: max |gradient| < "
         f"{fmt_float(fits[0].gradient_tol, 2)}; before/after: in-sample",
@@ -489,6 +507,27 @@ def _parameters(fit: Any) -> int:
     if fit.method == "beta":
         return 2 if fit.fixed else 3
     return int(fit.n_parameters)
+
+
+def ensemble_fit_table(fit: EnsembleFit, n_fit: int) -> Table:
+    """Ensemble temperature scaling: T, the three weights, NLL before, after TS alone and
+    after the ensemble, on the fit split."""
+    rows = (
+        ("T (TS on NLL)", fmt_float(fit.temperature)),
+        ("weight of TS", fmt_float(fit.weights[0])),
+        ("weight of uncalibrated", fmt_float(fit.weights[1])),
+        ("weight of uniform", fmt_float(fit.weights[2])),
+        ("NLL before", fmt_float(fit.nll_before)),
+        ("NLL after TS", fmt_float(fit.nll_ts)),
+        ("NLL after", fmt_float(fit.nll_after)),
+    )
+    return Table(
+        title=f"ensemble temperature scaling (on the fit split, {n_fit} samples)",
+        columns=("quantity", "ETS"),
+        rows=rows,
+        caption="T fitted first, then the weights (≥ 0, sum 1) by NLL with T fixed; "
+        "before/after: in-sample",
+    )
 
 
 def _strength_source(fit: LinearFit) -> str:

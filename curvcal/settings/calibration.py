@@ -24,7 +24,8 @@ MAX_BINS = 10_000
 #: ``--method``: temperature scaling, focal temperature scaling, both, vector scaling, matrix
 #: scaling, the last-layer Laplace approximation (calibrate only: it needs the model), histogram
 #: binning and isotonic regression (top-label or one-vs-rest), Platt scaling, beta calibration,
-#: every map that applies (ranked), or none (metrics only).
+#: Dirichlet calibration (ODIR or L2), ensemble temperature scaling, every map that applies
+#: (ranked), or none (metrics only).
 METHODS = (
     "ts",
     "focal-ts",
@@ -38,6 +39,9 @@ METHODS = (
     "isotonic-ovr",
     "platt",
     "beta",
+    "dirichlet",
+    "dirichlet-l2",
+    "ets",
     "all",
     "none",
 )
@@ -107,7 +111,10 @@ class CalibrationSettings(Settings):
         None,
         "Calibration maps to fit: temperature scaling, focal temperature scaling, both of them, "
         "vector scaling (w·z + b), matrix scaling (W z + b, off-diagonal and intercept L2 chosen "
-        "by cross-validation on the fit split), a last-layer Laplace approximation (calibrate "
+        "by cross-validation on the fit split), Dirichlet calibration (W log p + b; dirichlet: "
+        "off-diagonal and intercept L2, dirichlet-l2: L2 on every parameter; strength by "
+        "cross-validation), ensemble temperature scaling (ets: TS, uncalibrated and uniform "
+        "mixed by NLL), a last-layer Laplace approximation (calibrate "
         "only: it needs the model), histogram binning or isotonic regression of the "
         "top-label confidence (histogram, isotonic) or of each class against the rest, "
         "renormalised (histogram-ovr, isotonic-ovr), Platt scaling or beta calibration (two "

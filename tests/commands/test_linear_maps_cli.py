@@ -85,7 +85,7 @@ def test_nan_in_the_fit_file_is_one_line(run_cli, tmp_path: Path, method: str) -
 
 def test_unknown_method_names_the_choices(run_cli, tmp_path: Path) -> None:
     test = logits_file(tmp_path / "test.npz", 50, 3, seed=3)
-    result = run_cli("metrics", test, "--val-split", "0.5", "--method", "dirichlet")
+    result = run_cli("metrics", test, "--val-split", "0.5", "--method", "dirichlet-l3")
     assert result.code == 2 and "vector" in result.stderr and "matrix" in result.stderr
 
 
