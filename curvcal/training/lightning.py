@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from curvcal.load.extras import require
@@ -74,7 +75,11 @@ class CurvatureCallback(_pl.Callback):  # type: ignore[misc,name-defined]
         )
         self.history.append((trainer.current_epoch, trainer.global_step, values))
         pl_module.log_dict(
-            {self.prefix + name: value for name, value in values.items()},
+            # float64 tensors: a bare float would be logged as float32
+            {
+                self.prefix + name: torch.tensor(value, dtype=torch.float64)
+                for name, value in values.items()
+            },
             on_step=on_step,
             on_epoch=not on_step,
             batch_size=1,
