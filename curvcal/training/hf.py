@@ -30,7 +30,7 @@ def logits_model(model: nn.Module) -> nn.Module:
     return model
 
 
-class CurvatureTrainerCallback(_transformers.TrainerCallback):  # type: ignore[misc,name-defined]
+class CurvatureTrainerCallback(_transformers.TrainerCallback):  # type: ignore[name-defined]
     """Every ``every_n_steps`` optimizer steps and/or every ``every_n_epochs`` epochs, measure
     ``quantities`` of the trainer's model on ``loader`` (:func:`curvcal.training.measure.measure`:
     eval mode, training flags, ``.grad`` and random states put back) and log each as

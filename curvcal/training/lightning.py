@@ -18,7 +18,7 @@ from curvcal.training.measure import check_request, measure
 _pl = require("lightning", "lightning.pytorch", "CurvatureCallback")
 
 
-class CurvatureCallback(_pl.Callback):  # type: ignore[misc,name-defined]
+class CurvatureCallback(_pl.Callback):  # type: ignore[name-defined]
     """Every ``every_n_epochs`` epochs (at the end of the training epoch) and/or every
     ``every_n_train_steps`` optimizer steps, measure ``quantities`` of the module on ``loader``
     (:func:`curvcal.training.measure.measure`: eval mode, training flags, ``.grad`` and random
@@ -49,7 +49,9 @@ class CurvatureCallback(_pl.Callback):  # type: ignore[misc,name-defined]
             ("every_n_epochs", every_n_epochs),
             ("every_n_train_steps", every_n_train_steps),
         ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
                 from curvcal.errors import InputError
 
                 raise InputError(name, f"must be a positive integer or None, got {value!r}")

@@ -76,7 +76,9 @@ def check_request(quantities: Sequence[str], overrides: dict[str, Any]) -> tuple
             )
         if name not in _SETTINGS:
             raise InputError(
-                name, "is not a curvature setting", "use HessianSettings field names (top_k, probes)"
+                name,
+                "is not a curvature setting",
+                "use HessianSettings field names (top_k, probes)",
             )
     _settings(chosen, overrides)  # checked now, not at the first measurement
     return chosen

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from curvcal.calibration.metrics import _prepare, _scan, binned_errors
 from curvcal.calibration.bins import bin_sums, equal_width_index
+from curvcal.calibration.metrics import _prepare, _scan, binned_errors
 
 #: the metrics :meth:`StreamingCalibration.compute` returns
 STREAMED = (
@@ -112,8 +112,7 @@ class StreamingCalibration:
         group is initialised) and K."""
         k = self.n_classes or 0
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            k = _all_reduce(torch.tensor([float(k)], dtype=torch.float64), "max").item()
-            k = int(k)
+            k = int(_all_reduce(torch.tensor([float(k)], dtype=torch.float64), "max")[0])
         per_class = torch.zeros(3, k, self.bins, dtype=torch.float64)
         if self.class_count is not None and self.class_sum_p is not None:
             assert self.class_sum_y is not None

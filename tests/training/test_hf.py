@@ -34,7 +34,9 @@ def _model() -> Any:
     return transformers.BertForSequenceClassification(config)
 
 
-def _data() -> tuple[list[dict[str, torch.Tensor]], list[tuple[dict[str, torch.Tensor], torch.Tensor]]]:
+def _data() -> tuple[
+    list[dict[str, torch.Tensor]], list[tuple[dict[str, torch.Tensor], torch.Tensor]]
+]:
     generator = torch.Generator().manual_seed(2)
     ids = torch.randint(VOCAB, (60, LENGTH), generator=generator)
     labels = ids[:, 0] % 3  # learnable from the first token
@@ -121,8 +123,13 @@ def test_every_n_steps_without_attach_writes_the_log_history(tmp_path: Path) -> 
     )
     train, _ = _data()
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), num_train_epochs=2, per_device_train_batch_size=8,
-        use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
+        output_dir=str(tmp_path),
+        num_train_epochs=2,
+        per_device_train_batch_size=8,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
     )
     trainer = transformers.Trainer(
         model=_model(), args=args, train_dataset=train, callbacks=[callback]

@@ -139,7 +139,7 @@ def test_logged_lambda_max_is_the_dense_one_and_training_is_undisturbed() -> Non
 
 
 def test_every_n_train_steps_and_settings_overrides() -> None:
-    _, held_out, (x, y) = _loaders()
+    _, held_out, (_x, _y) = _loaders()
     callback = CurvatureCallback(
         held_out,
         every_n_epochs=None,
@@ -152,7 +152,13 @@ def test_every_n_train_steps_and_settings_overrides() -> None:
     _train([callback])
     steps = [step for _, step, _ in callback.history]
     assert steps == [4, 8, 12]  # 4 steps an epoch, 3 epochs
-    assert set(callback.history[0][2]) == {"eigenvalue_1", "eigenvalue_2", "trace", "trace_se", "nll"}
+    assert set(callback.history[0][2]) == {
+        "eigenvalue_1",
+        "eigenvalue_2",
+        "trace",
+        "trace_se",
+        "nll",
+    }
 
 
 def test_bad_requests_are_refused_before_training() -> None:

@@ -5,6 +5,7 @@ the single-process result on the union of the ranks' batches."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import tempfile
@@ -25,7 +26,9 @@ def _data(n: int = 500, k: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     logits = torch.randn(n, k, generator=generator, dtype=torch.float64) * 3
     # a third of the rows favour the true label strongly (under-confident bins appear beside
     # over-confident ones), a few rows saturate to confidence exactly 1.0
-    logits[: n // 3].scatter_add_(1, labels[: n // 3, None], torch.full((n // 3, 1), 4.0, dtype=torch.float64))
+    logits[: n // 3].scatter_add_(
+        1, labels[: n // 3, None], torch.full((n // 3, 1), 4.0, dtype=torch.float64)
+    )
     logits[-5:, 0] = 800.0
     return logits, labels
 
@@ -33,19 +36,26 @@ def _data(n: int = 500, k: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
 SPLITS = [0, 7, 8, 130, 131, 400, 500]
 
 
-def _expected(logits: torch.Tensor, labels: torch.Tensor, bins: int, edges: str) -> dict[str, float]:
+def _expected(
+    logits: torch.Tensor, labels: torch.Tensor, bins: int, edges: str
+) -> dict[str, float]:
     m = calibration_metrics(logits, labels, bins=bins, edges=edges)
     assert float(logits.softmax(1).max()) == 1.0  # confidences of exactly 1.0 are in
     signs = {math.copysign(1, b.gap) for b in m.ece_bins if b.count and b.gap}
-    assert bins == 1 or signs == {1.0, -1.0}  # both kinds of bins, or the ECE proves nothing about binning
+    assert bins == 1 or signs == {
+        1.0,
+        -1.0,
+    }  # both kinds of bins, or the ECE proves nothing about binning
     return {name: getattr(m, name) for name in STREAMED}
 
 
 @pytest.mark.parametrize(("bins", "edges"), [(15, "left"), (10, "right"), (1, "left")])
-def test_streamed_metrics_equal_the_batch_metrics_of_the_concatenation(bins: int, edges: str) -> None:
+def test_streamed_metrics_equal_the_batch_metrics_of_the_concatenation(
+    bins: int, edges: str
+) -> None:
     logits, labels = _data()
     metric = StreamingCalibration(bins=bins, edges=edges)
-    for start, stop in zip(SPLITS, SPLITS[1:], strict=False):
+    for start, stop in itertools.pairwise(SPLITS):
         metric.update(logits[start:stop], labels[start:stop])
     got = metric.compute()
     for name, value in _expected(logits, labels, bins, edges).items():
