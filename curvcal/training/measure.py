@@ -1,0 +1,183 @@
+"""One measurement of chosen curvature and calibration quantities of a model on a held-out
+loader, taken in the middle of training without disturbing it.
+
+Curvature comes from :func:`curvcal.analyse_hessian` (the Hessian of the mean loss over the
+loader, as ``curvcal hessian`` measures it, with :class:`~curvcal.settings.hessian.HessianSettings`
+field names as keyword overrides: ``top_k``, ``probes``, ``trace_method``, ``params``, ``loss``,
+``seed`` ...); calibration from :func:`curvcal.calibration_metrics` of the model's logits over
+the loader (``bins``, ``edges``). Both run in eval mode by default.
+
+Training is left exactly as it was: every module's training flag, each parameter's ``.grad``
+(the tensor object itself), grad mode, and the global random states (torch's CPU and CUDA
+generators, Python's ``random`` and NumPy's), which shuffling the held-out loader would
+otherwise advance. The Hessian's own probes come from its seeded private generator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from curvcal.errors import InputError
+from curvcal.settings.hessian import HessianSettings
+
+#: curvature quantities: λmax, the top-k eigenvalues (``eigenvalue_1`` .. ``eigenvalue_k``,
+#: with ``top_k``), λmin, and the trace (with its standard error ``trace_se``)
+CURVATURE = ("lambda_max", "top_k", "lambda_min", "trace")
+#: calibration quantities: fields of :class:`~curvcal.calibration.results.CalibrationMetrics`
+CALIBRATION = (
+    "accuracy",
+    "mean_confidence",
+    "ece",
+    "mce",
+    "rms_ce",
+    "rms_ce_debiased",
+    "adaece",
+    "classwise_ece",
+    "nll",
+    "brier",
+    "smooth_ece",
+    "ks_ce",
+    "kuiper",
+    "mmce",
+    "aurc",
+    "e_aurc",
+)
+QUANTITIES = CURVATURE + CALIBRATION
+_SETTINGS = frozenset(field.name for field in dataclasses.fields(HessianSettings))
+#: settings the measurement decides from ``quantities``
+_DECIDED = frozenset({"trace", "smallest"})
+
+
+def check_request(quantities: Sequence[str], overrides: dict[str, Any]) -> tuple[str, ...]:
+    """``quantities`` as a tuple, refused (naming the bad one) unless each is one of
+    :data:`QUANTITIES` and each override is a ``HessianSettings`` field; the overrides are
+    checked as ``curvcal hessian`` checks its options."""
+    if isinstance(quantities, str):
+        quantities = (quantities,)
+    chosen = tuple(quantities)
+    if not chosen:
+        raise InputError("quantities", "is empty", f"choose from {', '.join(QUANTITIES)}")
+    for name in chosen:
+        if name not in QUANTITIES:
+            raise InputError(
+                "quantities", f"unknown quantity {name!r}", f"choose from {', '.join(QUANTITIES)}"
+            )
+    for name in overrides:
+        if name in _DECIDED:
+            raise InputError(
+                name, "is decided by quantities", "name 'trace' or 'lambda_min' in quantities"
+            )
+        if name not in _SETTINGS:
+            raise InputError(
+                name,
+                "is not a curvature setting",
+                "use HessianSettings field names (top_k, probes)",
+            )
+    _settings(chosen, overrides)  # checked now, not at the first measurement
+    return chosen
+
+
+def _settings(quantities: tuple[str, ...], overrides: dict[str, Any]) -> HessianSettings:
+    values = {k: v for k, v in overrides.items() if not callable(v) or isinstance(v, str)}
+    values["trace"] = "trace" in quantities
+    values["smallest"] = "lambda_min" in quantities
+    if isinstance(values.get("params"), str):
+        values["params"] = (values["params"],)
+    if "loss" in values and not isinstance(values["loss"], str):
+        values.pop("loss")
+    return dataclasses.replace(HessianSettings(), **values)
+
+
+@contextlib.contextmanager
+def undisturbed(model: nn.Module) -> Iterator[None]:
+    """Run the body with gradients enabled (outside inference mode) and put back afterwards
+    every module's training flag, each parameter's ``.grad`` object, and the global random
+    states of torch (CPU and every CUDA device), Python and NumPy."""
+    flags = [(module, module.training) for module in model.modules()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    python_state = random.getstate()
+    numpy_state = _numpy_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        with (
+            torch.random.fork_rng(devices=devices),
+            torch.inference_mode(False),
+            torch.enable_grad(),
+        ):
+            yield
+    finally:
+        for module, flag in flags:
+            module.training = flag
+        for parameter, grad in grads:
+            parameter.grad = grad
+        random.setstate(python_state)
+        if numpy_state is not None:
+            import numpy
+
+            numpy.random.set_state(numpy_state)
+
+
+def _numpy_state() -> Any:
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        return None
+    return numpy.random.get_state()
+
+
+def measure(
+    model: nn.Module,
+    data: Any,
+    quantities: Sequence[str] = ("lambda_max", "ece"),
+    *,
+    bins: int = 15,
+    edges: str = "left",
+    **overrides: Any,
+) -> dict[str, float]:
+    """The chosen ``quantities`` of ``model`` on ``data`` (a DataLoader or any re-iterable of
+    ``(x, y)`` batches), as ``{name: value}``, without disturbing training
+    (:func:`undisturbed`).
+
+    Curvature: ``lambda_max`` (the largest algebraic eigenvalue of the Hessian of the mean
+    loss), ``top_k`` (``eigenvalue_1`` .. ``eigenvalue_k``), ``lambda_min``, ``trace`` (and
+    ``trace_se``, its standard error; 0 when the method is exact), measured by
+    :func:`curvcal.analyse_hessian` with ``overrides`` (``HessianSettings`` fields; ``loss`` may
+    also be a torch loss module or a callable). Calibration: any field of
+    :data:`CALIBRATION`, from :func:`curvcal.calibration_metrics` with ``bins`` and ``edges``.
+    """
+    from curvcal.calibration.inference import predict
+    from curvcal.calibration.metrics import calibration_metrics
+    from curvcal.curvature.api import analyse_hessian
+
+    chosen = check_request(quantities, overrides)
+    results: dict[str, float] = {}
+    with undisturbed(model):
+        if any(name in CURVATURE for name in chosen):
+            settings = _settings(chosen, overrides)
+            loss = overrides.get("loss")
+            extra = {} if loss is None or isinstance(loss, str) else {"loss": loss}
+            analysis = analyse_hessian(model, data, settings, **extra)
+            if "lambda_max" in chosen:
+                results["lambda_max"] = float(analysis.lambda_max)
+            if "top_k" in chosen:
+                for index, value in enumerate(analysis.spectrum.eigenvalues, start=1):
+                    results[f"eigenvalue_{index}"] = float(value)
+            if "lambda_min" in chosen and analysis.lambda_min is not None:
+                results["lambda_min"] = float(analysis.lambda_min)
+            if "trace" in chosen and analysis.trace is not None:
+                results["trace"] = float(analysis.trace.estimate)
+                results["trace_se"] = float(analysis.trace.standard_error)
+        asked = [name for name in chosen if name in CALIBRATION]
+        if asked:
+            logits, labels = predict(model, data)
+            metrics = calibration_metrics(logits, labels, bins=bins, edges=edges)
+            for name in asked:
+                results[name] = float(getattr(metrics, name))
+    return results
