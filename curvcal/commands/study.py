@@ -98,7 +98,8 @@ def study(
     if not run.is_main:  # under torchrun, rank 0 writes
         return 0
     if plots is not None:
-        draw_plots(run.result, plots)
+        for note in draw_plots(run.result, plots):
+            reporter.info(note)
     return finish(run.report, study_tables(run.result))
 
 

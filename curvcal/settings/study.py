@@ -35,5 +35,6 @@ class StudySettings(Settings):
         metavar="SPEC",
     )
     plot: Path | None = folder_setting(
-        "Write lambda_max_vs_gamma.png and trace_vs_ece.png into DIR (needs matplotlib).",
+        "Write lambda_max_vs_gamma.png (when the checkpoints record two or more focal γ), "
+        "lambda_max_vs_ece.png and trace_vs_ece.png into DIR (needs matplotlib).",
     )
