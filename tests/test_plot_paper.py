@@ -289,3 +289,84 @@ def test_vector_files_parse(tmp_path: Path) -> None:
     ElementTree.parse(tmp_path / "s.svg")
     per_layer_plot(["a"], [1.0], [2.0], tmp_path / "l.pdf")
     assert (tmp_path / "l.pdf").read_bytes().startswith(b"%PDF-")
+
+
+def _row(name: str, gamma: float | None, lambda_max: float, ece: float) -> object:
+    from curvcal.study.summary import CalibrationSummary, CurvatureSummary, StudyRow
+
+    curvature = CurvatureSummary(
+        lambda_max=lambda_max,
+        lambda_max_converged=True,
+        lambda_max_residual=0.01,
+        trace=10 * lambda_max,
+        trace_standard_error=0.5,
+        loss="ce",
+        gamma=None,
+        mean_loss=0.3,
+        n_samples=40,
+        n_params=100,
+        matvecs=20,
+        engine="double-backward",
+    )
+    calibration = CalibrationSummary(
+        n_eval=20, n_fit=20, accuracy=0.9, ece=ece, adaece=ece, nll=0.3, temperature=1.5,
+        focal_gamma=1.0, focal_temperature=1.2, ece_after_ts=ece / 2, ece_after_fts=ece / 3,
+    )  # fmt: skip
+    loss = None if gamma is None else ("ce" if gamma == 0 else "focal")
+    return StudyRow(name, loss, gamma, None, curvature, calibration)
+
+
+def test_study_plots_skip_gamma_without_two_gammas_and_show_rho(tmp_path: Path) -> None:
+    from curvcal.report.study import draw_plots, plot_files
+    from curvcal.study.summary import StudyResult, rank_correlations
+
+    rows = tuple(
+        _row(f"run_{i}.safetensors", 0.0 if i == 0 else None, lam, ece)
+        for i, (lam, ece) in enumerate([(1.0, 0.05), (2.0, 0.04), (3.0, 0.02), (4.0, 0.01)])
+    )
+    result = StudyResult(rows, rank_correlations(rows), {})  # type: ignore[arg-type]
+    paths = plot_files(tmp_path)
+    notes = draw_plots(result, paths)
+    assert not paths["gamma"].exists()
+    assert notes == [
+        "lambda_max_vs_gamma.png not written: it needs checkpoints trained with at least two "
+        "focal γ (ce counts as γ = 0) recorded in their metadata; 1 of 4 record one"
+    ]
+    assert paths["lambda_ece"].stat().st_size > 0 and paths["ece"].stat().st_size > 0
+    tagged = tuple(
+        _row(f"run_{g}.safetensors", g, lam, 0.01) for g, lam in [(0.0, 3.0), (2.0, 1.0)]
+    )
+    both = StudyResult(tagged, rank_correlations(tagged), {})  # type: ignore[arg-type]
+    (tmp_path / "b").mkdir()
+    tagged_paths = plot_files(tmp_path / "b")
+    assert draw_plots(both, tagged_paths) == []  # two γ: the γ plot is drawn
+    assert tagged_paths["gamma"].stat().st_size > 0
+
+
+def test_study_rho_note_is_the_correlation_table_value() -> None:
+    from curvcal.report.study import _rho
+    from curvcal.study.summary import StudyResult, rank_correlations
+
+    rows = tuple(
+        _row(f"r{i}", None, lam, ece)
+        for i, (lam, ece) in enumerate([(1.0, 0.05), (2.0, 0.04), (3.0, 0.02), (4.0, 0.01)])
+    )
+    result = StudyResult(rows, rank_correlations(rows), {})  # type: ignore[arg-type]
+    assert _rho(result, "lambda_max").startswith("Spearman ρ = -1.000, p = ")
+    assert _rho(result, "lambda_max").endswith("(n = 4)")
+
+
+def test_metrics_cli_smooth_curve_log_counts_and_bootstrap_svg(run_cli, tmp_path: Path) -> None:
+    logits, labels = scores(200, 3, seed=5, sharpen=4.0)
+    data = tmp_path / "z.npz"
+    np.savez(data, logits=logits.numpy(), labels=labels.numpy())
+    plot = tmp_path / "r.svg"
+    result = run_cli(
+        "metrics", data, "--val-split", "0.5", "--method", "ts", "--bootstrap", "20",
+        "--plot-smooth", "--plot-counts", "log", "--plot", plot, "--quiet",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    text = plot.read_text()
+    ElementTree.fromstring(text)
+    bad = run_cli("metrics", data, "--plot-counts", "sqrt", "--plot", tmp_path / "x.png")
+    assert bad.code == 2 and "--plot-counts" in bad.stderr
