@@ -562,7 +562,8 @@ def scatter_plot(
 ) -> Figure:
     """One point per (x, y) with symmetric error bars ``xerr``/``yerr`` when given; with
     ``labels`` each point is numbered and the numbers are keyed to the labels on the right
-    (long names never overlap or leave the figure); ``note`` (ρ) in a box. One axis."""
+    (long names never overlap or leave the figure; a prefix they share heads the key);
+    ``note`` (ρ) under the title. One axis."""
     if len(x) != len(y) or (labels is not None and len(labels) != len(x)):
         raise ValueError("x, y and labels differ in length")
     for name, err in (("xerr", xerr), ("yerr", yerr)):
@@ -602,10 +603,9 @@ def scatter_plot(
             )
         ax.set(xlabel=xlabel, ylabel=ylabel)
         ax.margins(0.12)
-        if title:
-            ax.set_title(title)
-        if note:
-            ax.text(0.03, 0.97, note, transform=ax.transAxes, ha="left", va="top", bbox=BOX)
+        heading = "\n".join(part for part in (title, note) if part)
+        if heading:  # above the axes: a box inside would hide points
+            ax.set_title(heading)
         save(figure, path, fmt)
     return figure
 
