@@ -370,3 +370,22 @@ def test_metrics_cli_smooth_curve_log_counts_and_bootstrap_svg(run_cli, tmp_path
     ElementTree.fromstring(text)
     bad = run_cli("metrics", data, "--plot-counts", "sqrt", "--plot", tmp_path / "x.png")
     assert bad.code == 2 and "--plot-counts" in bad.stderr
+
+
+def test_study_plot_format_writes_vector_files(tmp_path: Path) -> None:
+    from curvcal.report.study import draw_plots, plot_paths
+    from curvcal.settings.study import StudySettings
+    from curvcal.study.summary import StudyResult, rank_correlations
+
+    settings = StudySettings(plot=tmp_path / "plots", plot_format="pdf")
+    paths = plot_paths(settings.plot, False, settings.plot_format)
+    assert paths is not None
+    assert sorted(p.name for p in paths.values()) == [
+        "lambda_max_vs_ece.pdf",
+        "lambda_max_vs_gamma.pdf",
+        "trace_vs_ece.pdf",
+    ]
+    rows = tuple(_row(f"r{g}", g, 1.0 + g, 0.01 * (1 + g)) for g in (0.0, 1.0, 2.0))
+    draw_plots(StudyResult(rows, rank_correlations(rows), {}), paths)  # type: ignore[arg-type]
+    for path in paths.values():
+        assert path.read_bytes().startswith(b"%PDF-")

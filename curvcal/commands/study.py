@@ -83,9 +83,12 @@ def study(
             *data_inputs("--curvature-data", study_settings.curvature_data, data_options.data_root),
             *tokenizer_inputs("--tokenizer", data_options.tokenizer),
         ],
-        outputs=[("--plot", path) for path in plot_files(study_settings.plot).values()],
+        outputs=[
+            ("--plot", path)
+            for path in plot_files(study_settings.plot, study_settings.plot_format).values()
+        ],
     )
-    plots = plot_paths(study_settings.plot, output.force)
+    plots = plot_paths(study_settings.plot, output.force, study_settings.plot_format)
     request = StudyRequest(
         checkpoints=tuple(paths),
         checkpoint_options=checkpoint_options,

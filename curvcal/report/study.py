@@ -13,9 +13,9 @@ if TYPE_CHECKING:
 
 #: ``--plot DIR`` files, by what they show.
 PLOT_FILES = {
-    "gamma": "lambda_max_vs_gamma.png",
-    "lambda_ece": "lambda_max_vs_ece.png",
-    "ece": "trace_vs_ece.png",
+    "gamma": "lambda_max_vs_gamma",
+    "lambda_ece": "lambda_max_vs_ece",
+    "ece": "trace_vs_ece",
 }
 
 
@@ -207,14 +207,14 @@ def _rho(result: StudyResult, curvature: str) -> str:
     return "Spearman ρ not measured"
 
 
-def plot_files(plot_dir: Path | None) -> dict[str, Path]:
-    """The files ``--plot DIR`` writes (none without it)."""
+def plot_files(plot_dir: Path | None, fmt: str = "png") -> dict[str, Path]:
+    """The files ``--plot DIR`` writes in format ``fmt`` (none without it)."""
     if plot_dir is None:
         return {}
-    return {key: plot_dir / name for key, name in PLOT_FILES.items()}
+    return {key: plot_dir / f"{name}.{fmt}" for key, name in PLOT_FILES.items()}
 
 
-def plot_paths(plot_dir: Path | None, force: bool) -> dict[str, Path] | None:
+def plot_paths(plot_dir: Path | None, force: bool, fmt: str = "png") -> dict[str, Path] | None:
     """The plot files, checked before any work (the folder is created if missing)."""
     if plot_dir is None:
         return None
@@ -224,7 +224,7 @@ def plot_paths(plot_dir: Path | None, force: bool) -> dict[str, Path] | None:
     if plot_dir.exists() and not plot_dir.is_dir():
         raise InputError("--plot", f"{plot_dir} is not a directory")
     plot_dir.mkdir(parents=True, exist_ok=True)
-    paths = plot_files(plot_dir)
+    paths = plot_files(plot_dir, fmt)
     for path in paths.values():
         check_output_path(path, force)
     return paths
