@@ -115,9 +115,10 @@ def test_smooth_curve_matches_a_direct_kernel_smoother() -> None:
         if weights.mean() > 1e-3:
             assert accuracy == pytest.approx(t + (weights * r).sum() / weights.sum(), abs=2e-3)
     # smECE = ∫ |r̂| δ̂ dt (trapezoid on the plotted grid)
-    gaps = np.abs(np.array(curve.accuracy) - np.array(curve.confidence))
-    integrand = np.nan_to_num(gaps * np.array(curve.density))
-    value = float(((integrand[1:] + integrand[:-1]) / 2).sum() / 32)
+    t = np.array(curve.confidence)
+    integrand = np.abs(np.array(curve.accuracy) - t) * np.array(curve.density)
+    value = float(((integrand[1:] + integrand[:-1]) / 2 * np.diff(t)).sum())
+    assert all(math.isfinite(a) for a in curve.accuracy)  # JSON carries no NaN
     assert value == pytest.approx(smooth_ece(confidence, correct).value, rel=0.05)
 
 
@@ -389,3 +390,11 @@ def test_study_plot_format_writes_vector_files(tmp_path: Path) -> None:
     draw_plots(StudyResult(rows, rank_correlations(rows), {}), paths)  # type: ignore[arg-type]
     for path in paths.values():
         assert path.read_bytes().startswith(b"%PDF-")
+
+
+def test_smooth_curve_leaves_out_points_no_sample_reaches() -> None:
+    confidence = torch.linspace(0.95, 1.0, 200, dtype=torch.float64)
+    correct = (torch.arange(200) % 10 != 0).to(torch.float64)
+    curve = smooth_reliability(confidence, correct, bandwidth=0.01)
+    assert 0 < len(curve.confidence) < 257 and min(curve.confidence) > 0.8
+    assert all(math.isfinite(a) for a in curve.accuracy)

@@ -41,8 +41,8 @@ class SmoothECE:
 @dataclass(frozen=True)
 class SmoothReliability:
     """The smooth reliability curve (:func:`curvcal.calibration.smooth.smooth_reliability`):
-    at each ``confidence`` t the kernel-smoothed ``accuracy`` t + r̂(t) (NaN where no sample
-    reaches) and the kernel ``density`` δ̂(t) of the confidences (integrates to 1 over [0, 1]),
+    at each ``confidence`` t the kernel-smoothed ``accuracy`` t + r̂(t) (points no sample
+    reaches are left out) and the kernel ``density`` δ̂(t) of the confidences (integrates to 1 over [0, 1]),
     for the Gaussian ``kernel`` of width ``bandwidth``."""
 
     confidence: tuple[float, ...]

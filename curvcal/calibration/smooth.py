@@ -116,7 +116,7 @@ def smooth_reliability(
     r̂(t) = Σ_i K_σ(t, f_i)(y_i − f_i) / Σ_i K_σ(t, f_i), and the curve is t + r̂(t) (the
     accuracy the kernel sees at confidence t), so smECE_σ = ∫_0^1 |r̂(t)| δ̂(t) dt. σ defaults to
     smooth ECE's fixed point σ*. Returned at ``points`` evenly spaced t (``points`` − 1 must
-    divide ``intervals``); the curve is NaN where δ̂ < 1e-9 of its maximum (no sample near).
+    divide ``intervals``), less those where δ̂ < 1e-9 of its maximum (no sample near).
     """
     if points < 2 or intervals % (points - 1):
         raise ValueError(f"points - 1 must divide {intervals}, got points = {points}")
@@ -129,12 +129,14 @@ def smooth_reliability(
     step = intervals // (points - 1)
     mass, density = mass[: intervals + 1 : step], density[: intervals + 1 : step]
     grid = np.linspace(0.0, 1.0, points)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        curve = np.where(density > 1e-9 * density.max(), grid + mass / density, np.nan)
+    # Where no sample is near, r̂ is a ratio of rounding errors: those points are left out
+    # (never NaN, which JSON cannot carry).
+    kept = density > 1e-9 * density.max()
+    curve = grid[kept] + mass[kept] / density[kept]
     return SmoothReliability(
-        confidence=tuple(float(t) for t in grid),
+        confidence=tuple(float(t) for t in grid[kept]),
         accuracy=tuple(float(a) for a in curve),
-        density=tuple(float(d) for d in np.maximum(density, 0.0)),
+        density=tuple(float(d) for d in density[kept]),
         bandwidth=float(bandwidth),
         kernel=KERNEL,
     )

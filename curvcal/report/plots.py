@@ -9,9 +9,9 @@ figure; the same numbers give the same bytes.
 Figure sizes (inches; pixels are inches × :data:`DPI`):
 
 * reliability diagram: 3 × 4 per panel, side by side or ``columns`` to a row (300·P × 400
-  px at the default :data:`DPI`; ``dpi`` scales the pixels, not the layout), plus 0.3 in of
-  caption when given;
-* spectrum: 4 × 3.2, or 8 × 3.2 with a density panel (400 or 800 × 320 px);
+  px at the default :data:`DPI`; ``dpi`` scales the pixels, not the layout);
+* spectrum: 4 × 3.2, or 8 × 3.2 with a density panel (400 or 800 × 320 px), 0.3 taller with a
+  caption;
 * per-layer: (2 + 3.5·A) × max(2.5, 1 + 0.25·L) for A = 1 or 2 bar charts and L layers;
 * scatter: 6.4 × 4 (640 × 400 px), the key of the numbered points on the right.
 """
@@ -140,7 +140,7 @@ def reliability_diagram(
     fmt = file_format(path)
     per_row = len(panels) if columns is None else max(1, min(columns, len(panels)))
     rows = math.ceil(len(panels) / per_row)
-    height = 4.0 * rows + (0.3 if caption else 0.0)
+    height = 4.0 * rows  # the caption heads the legend: no extra height
     _check_pixels(3.0 * per_row, height, dpi, fmt, len(panels))
     scale = _histogram_scale(panels, counts)
     with drawing(dpi) as new_figure:
