@@ -428,9 +428,6 @@ def spectrum_plot(
                 va="bottom" if value >= 0 else "top",
                 fontsize=7.0,
             )
-        low, high = min(0.0, *values), max(0.0, *values)
-        margin = 0.15 * (high - low or 1.0)
-        top_k.set_ylim(low - (margin if low < 0 else 0.0), high + margin)
         top_k.set_xlim(0.4, len(values) + 0.6)
         top_k.set(xlabel="k", ylabel="eigenvalue", title=f"top {len(values)} eigenvalues")
         top_k.set_xticks(index if len(index) <= 20 else index[:: math.ceil(len(index) / 20)])
@@ -440,9 +437,16 @@ def spectrum_plot(
         if trace is not None:
             estimate, t_low, t_high = trace
             lines.append(f"tr(H) = {estimate:.4g}\n95% CI [{t_low:.4g}, {t_high:.4g}]")
-        top_k.text(
-            0.97, 0.97, "\n".join(lines), transform=top_k.transAxes, ha="right", va="top", bbox=BOX
+        box = "\n".join(lines)
+        # Head room above the tallest stem for the box (about 0.12 of the span per line), so
+        # the box never sits on a stem or its label.
+        low, high = min(0.0, *values), max(0.0, *values)
+        span = high - low or 1.0
+        top_k.set_ylim(
+            low - (0.15 * span if low < 0 else 0.0),
+            high + span * (0.1 + 0.12 * (box.count("\n") + 1)),
         )
+        top_k.text(0.97, 0.97, box, transform=top_k.transAxes, ha="right", va="top", bbox=BOX)
         if caption:
             figure.suptitle(caption)
         save(figure, path, fmt)
