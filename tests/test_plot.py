@@ -106,9 +106,11 @@ def test_scatter_plot_labels_points(tmp_path: Path) -> None:
         tmp_path / "s.png",
         "focal",
     )
-    assert png_shape(tmp_path / "s.png") == (400, 480)
+    assert png_shape(tmp_path / "s.png") == (400, 640)
     (ax,) = figure.axes
-    assert [text.get_text() for text in ax.texts] == ["γ=0", "γ=1", "γ=3"]
+    assert [text.get_text() for text in ax.texts] == ["1", "2", "3"]  # numbered points
+    (key,) = figure.legends  # keyed to their labels outside the axes
+    assert [t.get_text() for t in key.get_texts()] == ["1  γ=0", "2  γ=1", "3  γ=3"]
     assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("λmax", "ECE", "focal")
 
 

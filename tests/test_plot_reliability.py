@@ -22,13 +22,17 @@ BINS = [
 def test_counts_n_sparse_note_and_legend_outside(tmp_path: Path) -> None:
     figure = reliability_diagram([ReliabilityPanel("TS", BINS, 0.03)], tmp_path / "r.png")
     top, bottom = figure.axes
-    assert top.get_title() == "TS (n = 73)"
+    assert top.get_title() == "TS\nn = 73"
     assert [t.get_text() for t in bottom.texts] == ["3", "10", "20", "40"]  # per-bin counts
     assert bottom.get_xlabel() == f"confidence\n1 bin with < {SPARSE_BIN} samples (faded)"
     accuracy, _ = top.containers
     assert [bar.get_alpha() for bar in accuracy] == [0.3, None, None, None]
     assert top.get_legend() is None and len(figure.legends) == 1  # above the panels
-    assert [t.get_text() for t in figure.legends[0].get_texts()] == ["accuracy", "gap", "perfect"]
+    assert [t.get_text() for t in figure.legends[0].get_texts()] == [
+        "accuracy",
+        "gap to mean confidence",
+        "perfect calibration",
+    ]
 
 
 def test_ece_box_avoids_the_bars(tmp_path: Path) -> None:

@@ -377,6 +377,7 @@ def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str)
             "seed": settings.seed,
             "labels_source": f"{source} labels",
             "reliability_classes": settings.reliability_classes,
+            "smooth_curve": settings.smooth_curve,
         }
         if calibrator is None:
             return calibration_metrics(scores, labels, kind=kind, source=source, **options)

@@ -42,7 +42,7 @@ from curvcal.calibration.inputs import (
 )
 from curvcal.calibration.results import CalibrationMetrics, ClassReliability, ReliabilityBin
 from curvcal.calibration.selective import RiskCoverage, optimal_aurc, risk_coverage_curve
-from curvcal.calibration.smooth import smooth_ece
+from curvcal.calibration.smooth import smooth_ece, smooth_reliability
 from curvcal.errors import InputError
 
 INTERVAL_LEVEL = 0.95
@@ -287,6 +287,7 @@ def calibration_metrics(
     source: str = "scores",
     labels_source: str = "labels",
     reliability_classes: int = 0,
+    smooth_curve: bool = False,
 ) -> CalibrationMetrics:
     """Every metric of the module docstring in one pass over N×K ``scores``.
 
@@ -295,7 +296,8 @@ def calibration_metrics(
     ``bootstrap`` resamples (0 = no intervals) drawn from a generator seeded by ``seed``.
     ``source``/``labels_source`` name the inputs in error messages. ``reliability_classes``
     > 0 adds the classwise reliability tables of that many classes, the most frequent labels
-    first (ties to the lower index).
+    first (ties to the lower index). ``smooth_curve`` adds the smooth reliability curve at
+    smooth ECE's bandwidth (:func:`curvcal.calibration.smooth.smooth_reliability`).
 
     >>> import torch
     >>> m = calibration_metrics(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))
@@ -317,7 +319,9 @@ def calibration_metrics(
     mass = binned_errors(m_count, m_conf, m_correct)
     per_class = (c_y - c_p).abs().sum(dim=1) / n
     smooth = smooth_ece(top.confidence, top.correct)
-    intervals = _bootstrap_intervals(top, index, order, bins, bootstrap, seed) if bootstrap else {}
+    intervals, bin_intervals = (
+        _bootstrap_intervals(top, index, order, bins, bootstrap, seed) if bootstrap else ({}, ())
+    )
     selective = risk_coverage_curve(top.confidence, top.correct, order)
     return CalibrationMetrics(
         n_samples=n,
@@ -346,6 +350,12 @@ def calibration_metrics(
         n_bootstrap=bootstrap,
         interval_level=INTERVAL_LEVEL,
         intervals=intervals,
+        bin_intervals=bin_intervals,
+        smooth_curve=(
+            smooth_reliability(top.confidence, top.correct, smooth.bandwidth)
+            if smooth_curve
+            else None
+        ),
         class_bins=_class_tables(c_n, c_p, c_y, y, reliability_classes),
         ks_ce=binfree.ks_calibration_error(top.confidence, top.correct, order),
         kuiper=binfree.kuiper_statistic(top.confidence, top.correct, order),
@@ -410,14 +420,17 @@ def _bootstrap_intervals(
     n_bins: int,
     n_bootstrap: int,
     seed: int,
-) -> dict[str, tuple[float, float]]:
-    """Percentile intervals; a resample is the multiplicity of each sample (weights)."""
+) -> tuple[dict[str, tuple[float, float]], tuple[tuple[float, float] | None, ...]]:
+    """Percentile intervals of the metrics, and of each equal-width bin's accuracy (over the
+    resamples in which the bin is not empty; ``None`` for a bin empty in the data); a resample
+    is the multiplicity of each sample (weights)."""
     n = top.confidence.shape[0]
     draws: dict[str, list[float]] = {"ece": [], "mce": [], "adaece": [], "nll": []}
+    bin_accuracy: list[torch.Tensor] = []
     for weights in resample_weights(n, n_bootstrap, seed):
-        width = binned_errors(
-            *binning.bin_sums(index, top.confidence, top.correct, n_bins, weights)
-        )
+        sums = binning.bin_sums(index, top.confidence, top.correct, n_bins, weights)
+        width = binned_errors(*sums)
+        bin_accuracy.append(torch.where(sums[0] > 0, sums[2] / sums[0], math.nan))
         mass_index = binning.equal_mass_index(top.confidence, n_bins, weights=weights, order=order)
         mass = binned_errors(
             *binning.bin_sums(mass_index, top.confidence, top.correct, n_bins, weights)
@@ -426,10 +439,23 @@ def _bootstrap_intervals(
         draws["mce"].append(width.mce)
         draws["adaece"].append(mass.ece)
         draws["nll"].append(float((weights * top.nll).sum()) / n)
-    return {
+    out = {
         name: percentile_interval(torch.tensor(values, dtype=torch.float64))
         for name, values in draws.items()
     }
+    tail = (1 - INTERVAL_LEVEL) / 2
+    levels = torch.tensor([tail, 1 - tail], dtype=torch.float64)
+    present = torch.bincount(index, minlength=n_bins) > 0
+    per_bin = torch.stack(bin_accuracy)  # resamples × bins
+    bins_out: list[tuple[float, float] | None] = []
+    for b in range(n_bins):
+        column = per_bin[:, b][~torch.isnan(per_bin[:, b])]
+        if not present[b] or column.numel() == 0:
+            bins_out.append(None)
+            continue
+        low, high = torch.quantile(column, levels)
+        bins_out.append((float(low), float(high)))
+    return out, tuple(bins_out)
 
 
 # Small public functions, one per metric, sharing the stages above.

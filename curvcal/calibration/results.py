@@ -39,6 +39,20 @@ class SmoothECE:
 
 
 @dataclass(frozen=True)
+class SmoothReliability:
+    """The smooth reliability curve (:func:`curvcal.calibration.smooth.smooth_reliability`):
+    at each ``confidence`` t the kernel-smoothed ``accuracy`` t + r̂(t) (points no sample
+    reaches are left out) and the kernel ``density`` δ̂(t) of the confidences (integrates to 1 over [0, 1]),
+    for the Gaussian ``kernel`` of width ``bandwidth``."""
+
+    confidence: tuple[float, ...]
+    accuracy: tuple[float, ...]
+    density: tuple[float, ...]
+    bandwidth: float
+    kernel: str
+
+
+@dataclass(frozen=True)
 class ClassReliability:
     """The classwise reliability table of one class k: equal-width bins of p_k, each with
     the number of samples, the mean p_k and the frequency of y = k (the classwise-ECE sums);
@@ -56,7 +70,9 @@ class CalibrationMetrics:
     Binned metrics use ``n_bins`` bins and the ``edges`` convention (``"left"``: bins
     (a, b], an edge value goes to the lower bin; ``"right"``: [a, b)). ``brier`` is the mean
     over samples of the sum over classes. ``intervals`` maps a metric name to its bootstrap
-    percentile interval ``(low, high)`` at ``interval_level`` (empty when ``n_bootstrap`` is 0).
+    percentile interval ``(low, high)`` at ``interval_level`` (empty when ``n_bootstrap`` is 0);
+    ``bin_intervals`` the same interval of each ``ece_bins`` bin's accuracy (``None`` for an
+    empty bin). ``smooth_curve``: the smooth reliability curve, when asked for.
     ``positive_class_ece`` is the ECE of p_1 against 1[y = 1], only for K = 2.
     ``ks_ce``, ``kuiper`` and ``mmce`` are binning-free (:mod:`curvcal.calibration.binfree`);
     ``aurc``, ``e_aurc`` and ``risk_coverage`` ((coverage, selective risk) at coverages
@@ -88,6 +104,8 @@ class CalibrationMetrics:
     n_bootstrap: int = 0
     interval_level: float = 0.95
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    bin_intervals: tuple[tuple[float, float] | None, ...] = ()
+    smooth_curve: SmoothReliability | None = None
     class_bins: tuple[ClassReliability, ...] = ()
     ks_ce: float = math.nan
     kuiper: float = math.nan

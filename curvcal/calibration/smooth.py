@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from scipy.optimize import brentq
 
-from curvcal.calibration.results import SmoothECE
+from curvcal.calibration.results import SmoothECE, SmoothReliability
 
 KERNEL = "gaussian, reflected at 0 and 1"
 GRID_INTERVALS = 8192
@@ -58,15 +58,18 @@ class _SmoothedResidual:
         self.spectrum = np.fft.rfft(extended)
         self.offsets = np.minimum(np.arange(period), period - np.arange(period)) / intervals
 
-    def value(self, sigma: float) -> float:
+    def smoothed(self, sigma: float) -> np.ndarray:
+        """(1/N) Σ_i K_σ(u, f_i) r_i at the grid points u over one period (2·intervals)."""
         period = 2 * self.intervals
         images = math.ceil(8 * sigma / 2) + 1
         distance = self.offsets[:, None] + 2.0 * np.arange(-images, images + 1)[None, :]
         kernel = np.exp(-0.5 * (distance / sigma) ** 2).sum(axis=1)
         kernel *= self.intervals / kernel.sum()  # Σ kernel·Δ over one period = 1
-        smoothed = np.fft.irfft(self.spectrum * np.fft.rfft(kernel), n=period)
+        return np.fft.irfft(self.spectrum * np.fft.rfft(kernel), n=period)
+
+    def value(self, sigma: float) -> float:
         # Trapezoid over [0, 1] of an even, period-2 function = half the sum over a period.
-        return float(np.abs(smoothed).sum() / (2 * self.intervals))
+        return float(np.abs(self.smoothed(sigma)).sum() / (2 * self.intervals))
 
 
 def smooth_ece_at(
@@ -97,3 +100,43 @@ def smooth_ece(
     # smECE_σ <= mean |r| <= 1, so the fixed point lies below 1.
     sigma = float(brentq(lambda s: smoothed.value(s) - s, low, 1.0, xtol=1e-12, rtol=1e-10))
     return SmoothECE(value=smoothed.value(sigma), bandwidth=sigma, kernel=KERNEL)
+
+
+def smooth_reliability(
+    confidence: torch.Tensor,
+    correct: torch.Tensor,
+    bandwidth: float | None = None,
+    points: int = 257,
+    intervals: int = GRID_INTERVALS,
+) -> SmoothReliability:
+    """The smooth reliability curve of Błasiok & Nakkiran 2023 (relplot's diagram), with the
+    same reflected Gaussian kernel K_σ and grid as :func:`smooth_ece`.
+
+    At t in [0, 1]: density δ̂(t) = (1/N) Σ_i K_σ(t, f_i), smoothed residual
+    r̂(t) = Σ_i K_σ(t, f_i)(y_i − f_i) / Σ_i K_σ(t, f_i), and the curve is t + r̂(t) (the
+    accuracy the kernel sees at confidence t), so smECE_σ = ∫_0^1 |r̂(t)| δ̂(t) dt. σ defaults to
+    smooth ECE's fixed point σ*. Returned at ``points`` evenly spaced t (``points`` − 1 must
+    divide ``intervals``), less those where δ̂ < 1e-9 of its maximum (no sample near).
+    """
+    if points < 2 or intervals % (points - 1):
+        raise ValueError(f"points - 1 must divide {intervals}, got points = {points}")
+    if bandwidth is None:
+        bandwidth = smooth_ece(confidence, correct, intervals).bandwidth
+    residual = correct.to(torch.float64) - confidence.to(torch.float64)
+    mass = _SmoothedResidual(confidence, residual, intervals).smoothed(bandwidth)
+    ones = torch.ones_like(residual)
+    density = _SmoothedResidual(confidence, ones, intervals).smoothed(bandwidth)
+    step = intervals // (points - 1)
+    mass, density = mass[: intervals + 1 : step], density[: intervals + 1 : step]
+    grid = np.linspace(0.0, 1.0, points)
+    # Where no sample is near, r̂ is a ratio of rounding errors: those points are left out
+    # (never NaN, which JSON cannot carry).
+    kept = density > 1e-9 * density.max()
+    curve = grid[kept] + mass[kept] / density[kept]
+    return SmoothReliability(
+        confidence=tuple(float(t) for t in grid[kept]),
+        accuracy=tuple(float(a) for a in curve),
+        density=tuple(float(d) for d in density[kept]),
+        bandwidth=float(bandwidth),
+        kernel=KERNEL,
+    )

@@ -103,7 +103,9 @@ def calibrate(
         request,
         calibration.replace(method=method),
         reporter,
-        lambda analysis, provenance: write_outputs(analysis, provenance, calibration),
+        lambda analysis, provenance: write_outputs(
+            analysis, provenance, calibration, f"{checkpoint.name} on {data_options.data}"
+        ),
     )
     if run is None:  # a rank other than 0 under torchrun: rank 0 reports
         return EXIT_OK

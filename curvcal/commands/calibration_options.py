@@ -66,10 +66,14 @@ def check_outputs(settings: CalibrationSettings, force: bool) -> None:
 
 
 def write_outputs(
-    analysis: CalibrationAnalysis, provenance: CalibratorProvenance, settings: CalibrationSettings
+    analysis: CalibrationAnalysis,
+    provenance: CalibratorProvenance,
+    settings: CalibrationSettings,
+    caption: str | None = None,
 ) -> None:
     """Write the ``--save-calibrator`` (with the ``provenance`` of the fit) and ``--plot``
-    files that were asked for."""
+    files that were asked for; the plot names its classes as the provenance does and carries
+    ``caption`` (model and data)."""
     if settings.save_calibrator is not None:
         from curvcal.pipeline.calibrator import calibrators_json
 
@@ -77,4 +81,11 @@ def write_outputs(
     if settings.plot is not None:
         from curvcal.report.calibration import write_reliability_plot
 
-        write_reliability_plot(analysis, settings.plot, settings.dpi, settings.plot_classes)
+        write_reliability_plot(
+            analysis,
+            settings.plot,
+            settings.dpi,
+            settings.plot_classes,
+            provenance.class_names,
+            caption,
+        )

@@ -105,7 +105,7 @@ def hessian(
         return run.exit_code
     code = finish(run.report, hessian_tables(run.analysis, run.device))
     if plots is not None:
-        write_plots(run.analysis, *plots)
+        write_plots(run.analysis, *plots, caption=f"{checkpoint.name} on {data_options.data}")
     if run.failure is not None:
         raise run.failure
     return code

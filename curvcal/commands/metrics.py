@@ -54,7 +54,7 @@ def metrics(
         request,
         calibration.replace(method=method),
         reporter,
-        lambda analysis, provenance: write_outputs(analysis, provenance, calibration),
+        lambda analysis, provenance: write_outputs(analysis, provenance, calibration, logits.name),
     )
     return finish(run.report, calibration_tables(run.analysis, chart=output.fmt == "table"))
 

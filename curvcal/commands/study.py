@@ -83,9 +83,12 @@ def study(
             *data_inputs("--curvature-data", study_settings.curvature_data, data_options.data_root),
             *tokenizer_inputs("--tokenizer", data_options.tokenizer),
         ],
-        outputs=[("--plot", path) for path in plot_files(study_settings.plot).values()],
+        outputs=[
+            ("--plot", path)
+            for path in plot_files(study_settings.plot, study_settings.plot_format).values()
+        ],
     )
-    plots = plot_paths(study_settings.plot, output.force)
+    plots = plot_paths(study_settings.plot, output.force, study_settings.plot_format)
     request = StudyRequest(
         checkpoints=tuple(paths),
         checkpoint_options=checkpoint_options,
@@ -98,7 +101,8 @@ def study(
     if not run.is_main:  # under torchrun, rank 0 writes
         return 0
     if plots is not None:
-        draw_plots(run.result, plots)
+        for note in draw_plots(run.result, plots):
+            reporter.info(note)
     return finish(run.report, study_tables(run.result))
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,25 +44,63 @@ CHART_WIDTH = 20
 
 
 def write_reliability_plot(
-    analysis: CalibrationAnalysis, path: Path, dpi: int = 100, plot_classes: int = 0
+    analysis: CalibrationAnalysis,
+    path: Path,
+    dpi: int = 100,
+    plot_classes: int = 0,
+    class_names: Sequence[str] | None = None,
+    caption: str | None = None,
 ) -> None:
     """Reliability diagrams of every evaluated stage to ``path`` (the format from its suffix) at
     ``dpi``; with ``plot_classes`` > 0 one row per stage: its top-label panel, then one panel per
-    class of the classwise tables."""
+    class of the classwise tables (named by ``class_names`` when given). ``caption`` (model and
+    data) goes above the panels; the histogram scale is the settings' ``plot_counts``."""
     from curvcal.report.plots import reliability_diagram
 
-    panels = reliability_panels(analysis)
+    panels = reliability_panels(analysis, class_names)
     stages = len(analysis.evaluation.present())
     columns = len(panels) if plot_classes == 0 else len(panels) // stages
-    reliability_diagram(panels, path, dpi=dpi, columns=columns)
+    reliability_diagram(
+        panels,
+        path,
+        dpi=dpi,
+        columns=columns,
+        counts=analysis.settings.plot_counts,
+        caption=caption,
+    )
 
 
-def reliability_panels(analysis: CalibrationAnalysis) -> list[Any]:
-    """One reliability panel per evaluated stage, from the equal-width bins of the metrics;
-    with classwise tables, each stage's panel is followed by one panel per class."""
-    from curvcal.report.plots import ReliabilityBin, ReliabilityPanel
+def stage_detail(calibrator: Any) -> str | None:
+    """The scalar parameters a map was fitted to, as a title line (``γ = 1.5, T = 2.31``):
+    any map whose saved form names a ``gamma`` or a ``temperature``; ``None`` for others."""
+    if calibrator is None:
+        return None
+    try:
+        saved = calibrator.to_dict()
+    except (AttributeError, TypeError, ValueError):
+        return None
+    parts = []
+    for key, symbol in (("gamma", "γ"), ("temperature", "T")):
+        value = saved.get(key) if isinstance(saved, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key == "gamma" and value == 0 and "focal" not in str(saved.get("method")):
+                continue  # plain temperature scaling records γ = 0
+            parts.append(f"{symbol} = {value:.3g}")
+    return ", ".join(parts) or None
 
-    def plot_bins(table: Any) -> list[Any]:
+
+def reliability_panels(
+    analysis: CalibrationAnalysis, class_names: Sequence[str] | None = None
+) -> list[Any]:
+    """One reliability panel per evaluated stage, from the equal-width bins of the metrics,
+    whatever maps were run: titled by stage (``(applied)`` for a map read with ``--apply``), the
+    map's T and γ when it has them, the bootstrap intervals of the bins and of the ECE when
+    measured and the smooth curve when measured; with classwise tables, each stage's panel is
+    followed by one panel per class, named by ``class_names`` when given."""
+    from curvcal.report.plots import ReliabilityBin, ReliabilityPanel, SmoothCurve
+
+    def plot_bins(table: Any, intervals: Sequence[Any] = ()) -> list[Any]:
+        spans = list(intervals) if len(intervals) == len(table) else [None] * len(table)
         return [
             ReliabilityBin(
                 item.lower,
@@ -69,23 +108,45 @@ def reliability_panels(analysis: CalibrationAnalysis) -> list[Any]:
                 item.count,
                 item.confidence if item.count else None,
                 item.accuracy if item.count else None,
+                None if span is None or not item.count else (float(span[0]), float(span[1])),
             )
-            for item in table
+            for item, span in zip(table, spans, strict=True)
         ]
 
+    calibrators = analysis.calibrators()
     panels = []
     for stage, metrics in analysis.evaluation.present():
-        title = STAGE_TITLES[stage]
-        panels.append(ReliabilityPanel(title, plot_bins(metrics.ece_bins), metrics.ece))
+        title = stage_title(stage)
+        if stage in analysis.applied:
+            title += " (applied)"
+        curve = metrics.smooth_curve
+        panels.append(
+            ReliabilityPanel(
+                title,
+                plot_bins(metrics.ece_bins, metrics.bin_intervals),
+                metrics.ece,
+                detail=stage_detail(calibrators.get(stage)),
+                ece_interval=metrics.intervals.get("ece"),
+                curve=None
+                if curve is None
+                else SmoothCurve(curve.confidence, curve.accuracy, curve.density),
+            )
+        )
         for table in metrics.class_bins:
+            index = table.class_index
+            name = (
+                class_names[index]
+                if class_names is not None and index < len(class_names)
+                else f"class {index}"
+            )
             n = sum(item.count for item in table.bins)
             gap = sum(item.count * abs(item.gap) for item in table.bins if item.count) / n
             panels.append(
                 ReliabilityPanel(
-                    f"{title}: class {table.class_index}",
+                    f"{title}: {name}",
                     plot_bins(table.bins),
                     gap,
-                    f"p_{table.class_index} (frequency of y = {table.class_index} on the y axis)",
+                    f"p({name})\nvs. frequency of y = {name}",
                 )
             )
     return panels

@@ -68,5 +68,13 @@ def write_plots(
     from curvcal.report.calibration import reliability_panels
     from curvcal.report.plots import reliability_diagram, spectrum_plot
 
-    reliability_diagram(reliability_panels(calibration), paths[0])
-    spectrum_plot(list(hessian.spectrum.eigenvalues), paths[1])
+    caption = "bundled digits CNN on curvcal:digits"
+    reliability_diagram(reliability_panels(calibration), paths[0], caption=caption)
+    trace = hessian.trace
+    spectrum_plot(
+        list(hessian.spectrum.eigenvalues),
+        paths[1],
+        trace=None if trace is None else (trace.estimate, *trace.ci95),
+        lambda_min=hessian.lambda_min,
+        caption=caption,
+    )

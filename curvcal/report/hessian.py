@@ -12,17 +12,27 @@ if TYPE_CHECKING:
     from curvcal.curvature.results import HessianAnalysis
 
 
-def write_plots(analysis: HessianAnalysis, spectrum_path: Path, layers_path: Path | None) -> None:
-    """The top-k eigenvalues (with the SLQ density beside them when measured) and, when asked
-    and measured, λmax and trace per module."""
+def write_plots(
+    analysis: HessianAnalysis,
+    spectrum_path: Path,
+    layers_path: Path | None,
+    caption: str | None = None,
+) -> None:
+    """The top-k eigenvalues with λmin and the trace when measured (and the SLQ density beside
+    them when measured) and, when asked and measured, λmax and trace per module with the
+    trace's 95% interval; ``caption`` (model and data) above each."""
     from curvcal.report.plots import per_layer_plot, spectrum_plot
 
     density = analysis.density
+    trace = analysis.trace
     spectrum_plot(
         list(analysis.spectrum.eigenvalues),
         spectrum_path,
         None if density is None else list(density.grid),
         None if density is None else list(density.density),
+        trace=None if trace is None else (trace.estimate, *trace.ci95),
+        lambda_min=analysis.lambda_min,
+        caption=caption,
     )
     if layers_path is not None and analysis.layers:
         per_layer_plot(
@@ -30,6 +40,8 @@ def write_plots(analysis: HessianAnalysis, spectrum_path: Path, layers_path: Pat
             [layer.lambda_max.value for layer in analysis.layers],
             [layer.trace.estimate for layer in analysis.layers],
             layers_path,
+            trace_intervals=[layer.trace.ci95 for layer in analysis.layers],
+            caption=caption,
         )
 
 

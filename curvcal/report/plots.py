@@ -3,139 +3,222 @@
 Needs matplotlib (the ``plot`` extra: ``pip install 'curvcal[plot]'``); it is imported only when
 a plot is drawn. Every function takes plain numbers, writes one file whose format follows its
 suffix (``.png``, ``.svg`` or ``.pdf``) and returns the :class:`~matplotlib.figure.Figure`.
-
-Output is deterministic: figures are drawn on matplotlib's own Figure/Agg canvas (pyplot and the
-global backend are never touched), under matplotlib's default style plus fixed fonts and sizes
-(a user's ``matplotlibrc`` does not leak in, and our settings do not leak out), at
-:data:`DPI` dots per inch, with fixed SVG hash salt and no dates in SVG/PDF metadata, so the same
-numbers give the same bytes. Files are written atomically (a temporary file in the same
-directory, then a rename).
+Colours, fonts, the canvas and the writer are :mod:`curvcal.report.style`'s, the same for every
+figure; the same numbers give the same bytes.
 
 Figure sizes (inches; pixels are inches × :data:`DPI`):
 
 * reliability diagram: 3 × 4 per panel, side by side or ``columns`` to a row (300·P × 400
   px at the default :data:`DPI`; ``dpi`` scales the pixels, not the layout);
-* spectrum: 4 × 3.2, or 8 × 3.2 with a density panel (400 or 800 × 320 px);
+* spectrum: 4 × 3.2, or 8 × 3.2 with a density panel (400 or 800 × 320 px), 0.3 taller with a
+  caption;
 * per-layer: (2 + 3.5·A) × max(2.5, 1 + 0.25·L) for A = 1 or 2 bar charts and L layers;
-* scatter: 4.8 × 4 (480 × 400 px).
+* scatter: 6.4 × 4 (640 × 400 px), the key of the numbered points on the right.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from curvcal.atomic import atomic_output
 from curvcal.errors import InputError
+from curvcal.report.style import (
+    BOX,
+    DPI,
+    ERROR,
+    GAP,
+    GUIDE,
+    MAIN,
+    OPTION,
+    SECOND,
+    SUFFIXES,
+    drawing,
+    file_format,
+    require_matplotlib,
+    save,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-    from matplotlib.typing import RcKeyType
 
-DPI = 100
+__all__ = [
+    "DPI",
+    "OPTION",
+    "SUFFIXES",
+    "ReliabilityBin",
+    "ReliabilityPanel",
+    "SmoothCurve",
+    "per_layer_plot",
+    "reliability_diagram",
+    "require_matplotlib",
+    "scatter_plot",
+    "spectrum_plot",
+]
+
 #: Bins holding fewer samples than this are drawn faded, with a note.
 SPARSE_BIN = 10
-SUFFIXES = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
-OPTION = "--plot"
-
-_STYLE: dict[RcKeyType, Any] = {
-    "font.family": "DejaVu Sans",  # ships with matplotlib: the same glyphs everywhere
-    "font.size": 9.0,
-    "axes.titlesize": 10.0,
-    "axes.labelsize": 9.0,
-    "xtick.labelsize": 8.0,
-    "ytick.labelsize": 8.0,
-    "legend.fontsize": 8.0,
-    "lines.linewidth": 1.2,
-    "svg.hashsalt": "curvcal",
-    "svg.fonttype": "path",
-    "pdf.fonttype": 42,
-    "path.simplify": False,
-}
-_METADATA: dict[str, dict[str, str | None]] = {
-    "png": {"Software": "curvcal"},
-    "svg": {"Creator": "curvcal", "Date": None},
-    "pdf": {"Creator": "curvcal", "Producer": "curvcal", "CreationDate": None},
-}
-_BAR = "#4C72B0"
-_GAP = "#DD4444"
-_GUIDE = "#888888"
+#: ``counts="auto"`` draws the histogram on a log scale when one bin holds more than this.
+CROWDED_BIN = 0.5
+#: The density of a spectrum is drawn where it is at least this fraction of its maximum.
+DENSITY_RANGE = 1e-6
+#: The smooth reliability curve is drawn where its kernel density is at least this fraction of
+#: its maximum (elsewhere no sample is near and the curve says nothing).
+CURVE_SUPPORT = 1e-3
 
 
 @dataclass(frozen=True)
 class ReliabilityBin:
     """One confidence bin: edges, number of samples, and (for a non-empty bin) the mean
-    confidence and the accuracy of its samples, all in [0, 1]."""
+    confidence and the accuracy of its samples, all in [0, 1]; ``interval``: a (bootstrap)
+    interval of the accuracy, drawn as an error bar."""
 
     lower: float
     upper: float
     count: int
     confidence: float | None
     accuracy: float | None
+    interval: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class SmoothCurve:
+    """A smooth reliability curve: accuracy against confidence on a grid, with the kernel
+    density of the confidences (the curve is drawn where the density is not negligible)."""
+
+    confidence: Sequence[float]
+    accuracy: Sequence[float]
+    density: Sequence[float]
 
 
 @dataclass(frozen=True)
 class ReliabilityPanel:
-    """One model's reliability diagram: a title (``uncalibrated``, ``TS``, ``focal TS``), its
-    bins and, when known, its ECE (shown in the panel); ``xlabel`` names what was binned
-    (``p_k`` for a classwise panel)."""
+    """One model's reliability diagram: a title (``uncalibrated``, ``TS (applied)``), an
+    optional ``detail`` line (the map's parameters, ``T = 2.31``), its bins and, when known, its
+    ECE with its interval (shown in the panel) and a smooth ``curve``; ``xlabel`` names what was
+    binned (``p_k`` for a classwise panel)."""
 
     title: str
     bins: Sequence[ReliabilityBin]
     ece: float | None = None
     xlabel: str = "confidence"
+    detail: str | None = None
+    ece_interval: tuple[float, float] | None = None
+    curve: SmoothCurve | None = None
 
 
 def reliability_diagram(
-    panels: Sequence[ReliabilityPanel], path: Path, dpi: int = DPI, columns: int | None = None
+    panels: Sequence[ReliabilityPanel],
+    path: Path,
+    dpi: int = DPI,
+    columns: int | None = None,
+    counts: str = "auto",
+    caption: str | None = None,
 ) -> Figure:
     """Reliability diagrams, one column per panel (``columns`` per row when given: a grid).
 
     Top: accuracy per bin as bars over the bin's width, the gap to the bin's mean confidence
-    shaded (red), and the diagonal (perfect calibration); bins with fewer than
-    :data:`SPARSE_BIN` samples are drawn faded and counted in a note under the histogram. The
-    ECE box sits in the upper-left corner unless a bar reaches it, else in the lower-right.
-    Bottom: the fraction of samples per bin (the confidence histogram) with each bin's count
-    above its bar. The title carries n; the legend sits above the panels, outside the data.
-    Empty bins are left blank. Two axes per panel; ``dpi`` sets the pixels per inch.
+    hatched in red (never blended with the bar), the diagonal (perfect calibration), error
+    bars where the bins carry intervals and the smooth curve where the panel has one; bins with
+    fewer than :data:`SPARSE_BIN` samples are drawn faded and counted in a note. The ECE box
+    sits in the upper-left corner unless a bar reaches it, else in the lower-right.
+    Bottom: the fraction of samples per bin with each bin's count, on the same y axis in every
+    panel, at most 1: linear (``counts="fraction"``), log (``"log"``), or log when one bin
+    holds more than :data:`CROWDED_BIN` of its panel (``"auto"``). Titles carry n; the legend
+    (headed by the ``caption``: model and data) sits above the panels. Empty bins are left blank.
     """
     if not panels:
         raise ValueError("reliability_diagram needs at least one panel")
+    if counts not in ("auto", "fraction", "log"):
+        raise ValueError(f"counts must be auto, fraction or log, got {counts!r}")
     for panel in panels:
         _check_bins(panel)
     _check_dpi(dpi)
-    fmt = _format(path)
+    fmt = file_format(path)
     per_row = len(panels) if columns is None else max(1, min(columns, len(panels)))
     rows = math.ceil(len(panels) / per_row)
-    _check_pixels(3.0 * per_row, 4.0 * rows, dpi, fmt, len(panels))
-    with _drawing(dpi) as new_figure:
-        figure = new_figure(3.0 * per_row, 4.0 * rows)
+    height = 4.0 * rows  # the caption heads the legend: no extra height
+    _check_pixels(3.0 * per_row, height, dpi, fmt, len(panels))
+    scale = _histogram_scale(panels, counts)
+    with drawing(dpi) as new_figure:
+        figure = new_figure(3.0 * per_row, height)
         grid = figure.add_gridspec(2 * rows, per_row, height_ratios=(3, 1) * rows)
         for index, panel in enumerate(panels):
             row, column = divmod(index, per_row)
             top = figure.add_subplot(grid[2 * row, column])
             bottom = figure.add_subplot(grid[2 * row + 1, column], sharex=top)
-            _reliability(top, bottom, panel, first=column == 0)
-        figure.legend(handles=_legend_handles(), loc="outside upper center", ncols=3)
-        _save(figure, path, fmt, dpi)
+            _reliability(top, bottom, panel, scale, first=column == 0)
+        handles = _legend_handles(
+            intervals=any(_has_intervals(panel) for panel in panels),
+            curve=any(panel.curve is not None for panel in panels),
+        )
+        figure.legend(
+            handles=handles,
+            loc="outside upper center",
+            ncols=min(len(handles), 3),
+            title=caption,  # the caption heads the legend: one block above the panels
+        )
+        save(figure, path, fmt, dpi)
     return figure
 
 
-def _legend_handles() -> list[Any]:
+@dataclass(frozen=True)
+class _Scale:
+    """The histogram's y axis, shared by every panel."""
+
+    log: bool
+    low: float
+    high: float
+
+    def position(self, value: float) -> float:
+        """Where ``value`` sits on the axis, 0 (bottom) to 1 (top)."""
+        if self.log:
+            return (math.log(value) - math.log(self.low)) / (
+                math.log(self.high) - math.log(self.low)
+            )
+        return (value - self.low) / (self.high - self.low)
+
+
+def _histogram_scale(panels: Sequence[ReliabilityPanel], counts: str) -> _Scale:
+    fractions = [
+        item.count / total
+        for panel in panels
+        if (total := sum(item.count for item in panel.bins))
+        for item in panel.bins
+        if item.count
+    ]
+    largest = max(fractions, default=1.0)
+    log = counts == "log" or (counts == "auto" and largest > CROWDED_BIN)
+    if log:
+        smallest = min(fractions, default=1.0)
+        return _Scale(True, min(smallest, 1.0) / 2.0, 1.0)
+    return _Scale(False, 0.0, min(1.0, 1.3 * largest))
+
+
+def _has_intervals(panel: ReliabilityPanel) -> bool:
+    return any(item.interval is not None for item in panel.bins)
+
+
+def _legend_handles(intervals: bool = False, curve: bool = False) -> list[Any]:
     """Legend entries drawn afresh (a faded first bar must not fade the legend)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    return [
-        Patch(facecolor=_BAR, edgecolor="black", linewidth=0.5, label="accuracy"),
-        Patch(facecolor=_GAP, alpha=0.35, edgecolor=_GAP, hatch="//", label="gap"),
-        Line2D([0, 1], [0, 0], linestyle="--", color=_GUIDE, label="perfect"),
+    handles: list[Any] = [
+        Patch(facecolor=MAIN, edgecolor="black", linewidth=0.5, label="accuracy"),
+        Patch(facecolor="none", edgecolor=GAP, hatch="////", label="gap to mean confidence"),
+        Line2D([0, 1], [0, 0], linestyle="--", color=GUIDE, label="perfect calibration"),
     ]
+    if intervals:
+        handles.append(
+            Line2D([0], [0], color=ERROR, marker="_", markersize=6, label="95% bootstrap interval")
+        )
+    if curve:
+        handles.append(Line2D([0, 1], [0, 0], color=SECOND, linewidth=1.8, label="smooth curve"))
+    return handles
 
 
 def _check_dpi(dpi: int) -> None:
@@ -172,9 +255,13 @@ def _check_bins(panel: ReliabilityPanel) -> None:
             raise ValueError(f"reliability panel {panel.title!r}: bad bin {item}")
         if item.count > 0 and (item.confidence is None or item.accuracy is None):
             raise ValueError(f"reliability panel {panel.title!r}: non-empty bin without values")
+        if item.interval is not None and not item.interval[0] <= item.interval[1]:
+            raise ValueError(f"reliability panel {panel.title!r}: bad interval in {item}")
 
 
-def _reliability(top: Axes, bottom: Axes, panel: ReliabilityPanel, first: bool) -> None:
+def _reliability(
+    top: Axes, bottom: Axes, panel: ReliabilityPanel, scale: _Scale, first: bool
+) -> None:
     filled = [item for item in panel.bins if item.count > 0]
     total = sum(item.count for item in panel.bins)
     lefts = [item.lower for item in filled]
@@ -183,67 +270,55 @@ def _reliability(top: Axes, bottom: Axes, panel: ReliabilityPanel, first: bool) 
     confidence = [float(item.confidence or 0.0) for item in filled]
     sparse = [item.count < SPARSE_BIN for item in filled]
     bars = top.bar(
-        lefts,
-        accuracy,
-        widths,
-        align="edge",
-        color=_BAR,
-        edgecolor="black",
-        linewidth=0.5,
-        label="accuracy",
+        lefts, accuracy, widths, align="edge", color=MAIN, edgecolor="black", linewidth=0.5
     )
+    # Hatched and unfilled: over a bar (under-confidence) it reads as red on blue, never purple.
     gaps = top.bar(
         lefts,
         [c - a for c, a in zip(confidence, accuracy, strict=True)],
         widths,
         bottom=accuracy,
         align="edge",
-        color=_GAP,
-        alpha=0.35,
-        edgecolor=_GAP,
-        linewidth=0.5,
-        hatch="//",
-        label="gap",
+        facecolor="none",
+        edgecolor=GAP,
+        linewidth=0.8,
+        hatch="////",
     )
     for bar, gap, faint in zip(bars, gaps, sparse, strict=True):
         if faint:  # a handful of samples: the bar says little
             bar.set_alpha(0.3)
-            gap.set_alpha(0.15)
-    top.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color=_GUIDE, label="perfect")
-    top.set(xlim=(0.0, 1.0), ylim=(0.0, 1.0), title=f"{panel.title} (n = {total:,})")
+            gap.set_alpha(0.3)
+    with_interval = [item for item in filled if item.interval is not None]
+    if with_interval:
+        centres = [(item.lower + item.upper) / 2 for item in with_interval]
+        values = [float(item.accuracy or 0.0) for item in with_interval]
+        below = [v - item.interval[0] for v, item in zip(values, with_interval, strict=True)]  # type: ignore[index]
+        above = [item.interval[1] - v for v, item in zip(values, with_interval, strict=True)]  # type: ignore[index]
+        top.errorbar(
+            centres,
+            values,
+            yerr=[[max(b, 0.0) for b in below], [max(a, 0.0) for a in above]],
+            fmt="none",
+            ecolor=ERROR,
+            elinewidth=0.8,
+            capsize=2.0,
+        )
+    if panel.curve is not None:
+        _smooth_curve(top, panel.curve)
+    top.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color=GUIDE)
+    title = panel.title + "\n" + (f"{panel.detail}, " if panel.detail else "") + f"n = {total:,}"
+    top.set(xlim=(0.0, 1.0), ylim=(0.0, 1.0), title=title)
     if panel.ece is not None and math.isfinite(panel.ece):
-        # The box is about 0.45 wide and 0.12 high in axes units.
-        corner_free = all(  # faded (sparse) bars may sit under the box
-            max(a, c) < 0.85
-            for item, a, c, faint in zip(filled, accuracy, confidence, sparse, strict=True)
-            if item.lower < 0.5 and not faint
-        )
-        x, y, ha, va = (
-            (0.03, 0.97, "left", "top") if corner_free else (0.97, 0.03, "right", "bottom")
-        )
-        top.text(
-            x,
-            y,
-            f"ECE = {panel.ece:.4f}",
-            transform=top.transAxes,
-            ha=ha,
-            va=va,
-            bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": _GUIDE},
-        )
+        _ece_box(top, panel, filled, accuracy, confidence, sparse)
     top.tick_params(labelbottom=False)
     fractions = [item.count / total for item in filled] if total else []
     histogram = bottom.bar(
-        lefts, fractions, widths, align="edge", color=_GUIDE, edgecolor="black", linewidth=0.5
+        lefts, fractions, widths, align="edge", color=GUIDE, edgecolor="black", linewidth=0.5
     )
-    crowded = len(filled) > 10
-    bottom.bar_label(
-        histogram,
-        [f"{item.count:,}" for item in filled],
-        fontsize=5.5 if crowded else 6.5,
-        rotation=90 if crowded else 0,
-        padding=1.5,
-    )
-    bottom.set(xlim=(0.0, 1.0), ylim=(0.0, (1.9 if crowded else 1.3) * max(fractions, default=1.0)))
+    if scale.log:
+        bottom.set_yscale("log")
+    bottom.set(xlim=(0.0, 1.0), ylim=(scale.low, scale.high))
+    _count_labels(bottom, histogram, [item.count for item in filled], fractions, scale)
     faded = sum(sparse)
     xlabel = panel.xlabel
     if faded:
@@ -251,7 +326,60 @@ def _reliability(top: Axes, bottom: Axes, panel: ReliabilityPanel, first: bool) 
     bottom.set_xlabel(xlabel)
     if first:
         top.set_ylabel("accuracy")
-        bottom.set_ylabel("fraction")
+        bottom.set_ylabel("fraction (log)" if scale.log else "fraction")
+
+
+def _smooth_curve(top: Axes, curve: SmoothCurve) -> None:
+    """The curve where the kernel density is not negligible (NaN breaks the line elsewhere)."""
+    peak = max((d for d in curve.density if math.isfinite(d)), default=0.0)
+    shown = [  # t + r̂(t) may pass 1 near t = 1; accuracy cannot
+        min(max(a, 0.0), 1.0) if math.isfinite(d) and d >= CURVE_SUPPORT * peak > 0 else math.nan
+        for a, d in zip(curve.accuracy, curve.density, strict=True)
+    ]
+    top.plot(list(curve.confidence), shown, color=SECOND, linewidth=1.8)
+
+
+def _ece_box(
+    top: Axes,
+    panel: ReliabilityPanel,
+    filled: Sequence[ReliabilityBin],
+    accuracy: Sequence[float],
+    confidence: Sequence[float],
+    sparse: Sequence[bool],
+) -> None:
+    # The box is about 0.45 wide and 0.12 (0.2 with an interval) high in axes units.
+    reach = 0.85 if panel.ece_interval is None else 0.75
+    corner_free = all(  # faded (sparse) bars may sit under the box
+        max(a, c) < reach
+        for item, a, c, faint in zip(filled, accuracy, confidence, sparse, strict=True)
+        if item.lower < 0.5 and not faint
+    )
+    x, y, ha, va = (0.03, 0.97, "left", "top") if corner_free else (0.97, 0.03, "right", "bottom")
+    text = f"ECE = {panel.ece:.4f}"
+    if panel.ece_interval is not None:
+        low, high = panel.ece_interval
+        text += f"\n95% CI [{low:.4f}, {high:.4f}]"
+    top.text(x, y, text, transform=top.transAxes, ha=ha, va=va, bbox=BOX)
+
+
+def _count_labels(
+    bottom: Axes, bars: Any, counts: Sequence[int], fractions: Sequence[float], scale: _Scale
+) -> None:
+    """Each bin's count, vertical in every panel: above its bar, or inside a bar that reaches
+    past 60% of the axis (in white), so no label leaves the axes."""
+    for bar, count, fraction in zip(bars, counts, fractions, strict=True):
+        inside = scale.position(fraction) > 0.6
+        bottom.annotate(
+            f"{count:,}",
+            (bar.get_x() + bar.get_width() / 2, fraction),
+            xytext=(0, -2 if inside else 2),
+            textcoords="offset points",
+            ha="center",
+            va="top" if inside else "bottom",
+            rotation=90,
+            fontsize=6.0,
+            color="white" if inside else "black",
+        )
 
 
 def spectrum_plot(
@@ -259,35 +387,84 @@ def spectrum_plot(
     path: Path,
     density_grid: Sequence[float] | None = None,
     density: Sequence[float] | None = None,
+    trace: tuple[float, float, float] | None = None,
+    lambda_min: float | None = None,
+    caption: str | None = None,
 ) -> Figure:
-    """The top-k Hessian eigenvalues (stems at k = 1..K, in the order given) and, with
-    ``density_grid`` and ``density``, the eigenvalue density beside them (log scale, values below
-    1e-12 × its maximum clipped there). One axis, or two with a density."""
+    """The top-k Hessian eigenvalues (stems at k = 1..K, in the order given, each labelled with
+    its value) with λmax, λmin and the trace ``(estimate, low, high)`` in a box when given, and,
+    with ``density_grid`` and ``density``, the eigenvalue density beside them on a log scale,
+    drawn only where it is at least :data:`DENSITY_RANGE` of its maximum (the x range is clipped
+    to that support). One axis, or two with a density; ``caption`` above them."""
     if not eigenvalues:
         raise ValueError("spectrum_plot needs at least one eigenvalue")
     if (density_grid is None) != (density is None):
         raise ValueError("density_grid and density go together")
     if density_grid is not None and density is not None and len(density_grid) != len(density):
         raise ValueError("density_grid and density differ in length")
-    fmt = _format(path)
-    with _drawing() as new_figure:
+    fmt = file_format(path)
+    values = [float(v) for v in eigenvalues]
+    with drawing() as new_figure:
         panels = 1 if density is None else 2
-        figure = new_figure(4.0 * panels, 3.2)
+        figure = new_figure(4.0 * panels, 3.2 + (0.3 if caption else 0.0))
         axes = figure.subplots(1, panels, squeeze=False)[0]
         if density_grid is not None and density is not None:
-            floor = 1e-12 * max((d for d in density if math.isfinite(d)), default=1.0)
-            shown = [max(d, floor) if math.isfinite(d) else math.nan for d in density]
-            axes[0].plot(list(density_grid), shown, color=_BAR)
-            axes[0].set(yscale="log", xlabel="eigenvalue", ylabel="density", title="density")
+            _density(axes[0], [float(t) for t in density_grid], [float(d) for d in density])
+            axes[0].axvline(max(values), color=SECOND, linestyle=":", linewidth=1.0)
         top_k = axes[-1]
-        index = list(range(1, len(eigenvalues) + 1))
-        top_k.vlines(index, 0.0, list(eigenvalues), color=_BAR)
-        top_k.plot(index, list(eigenvalues), "o", color=_BAR)
-        top_k.axhline(0.0, color=_GUIDE, linewidth=0.8)
-        top_k.set(xlabel="k", ylabel="eigenvalue", title=f"top {len(eigenvalues)} eigenvalues")
+        index = list(range(1, len(values) + 1))
+        top_k.vlines(index, 0.0, values, color=MAIN)
+        top_k.plot(index, values, "o", color=MAIN)
+        top_k.axhline(0.0, color=GUIDE, linewidth=0.8)
+        labelled = index if len(index) <= 12 else [index[0], index[-1]]
+        for k in labelled:
+            value = values[k - 1]
+            top_k.annotate(
+                f"{value:.4g}",
+                (k, value),
+                xytext=(0, 4 if value >= 0 else -4),
+                textcoords="offset points",
+                ha="center",
+                va="bottom" if value >= 0 else "top",
+                fontsize=7.0,
+            )
+        top_k.set_xlim(0.4, len(values) + 0.6)
+        top_k.set(xlabel="k", ylabel="eigenvalue", title=f"top {len(values)} eigenvalues")
         top_k.set_xticks(index if len(index) <= 20 else index[:: math.ceil(len(index) / 20)])
-        _save(figure, path, fmt)
+        lines = [f"λmax = {max(values):.4g}"]
+        if lambda_min is not None:
+            lines.append(f"λmin = {lambda_min:.4g}")
+        if trace is not None:
+            estimate, t_low, t_high = trace
+            lines.append(f"tr(H) = {estimate:.4g}\n95% CI [{t_low:.4g}, {t_high:.4g}]")
+        box = "\n".join(lines)
+        # Head room above the tallest stem for the box (about 0.12 of the span per line), so
+        # the box never sits on a stem or its label.
+        low, high = min(0.0, *values), max(0.0, *values)
+        span = high - low or 1.0
+        top_k.set_ylim(
+            low - (0.15 * span if low < 0 else 0.0),
+            high + span * (0.1 + 0.12 * (box.count("\n") + 1)),
+        )
+        top_k.text(0.97, 0.97, box, transform=top_k.transAxes, ha="right", va="top", bbox=BOX)
+        if caption:
+            figure.suptitle(caption)
+        save(figure, path, fmt)
     return figure
+
+
+def _density(ax: Axes, grid: list[float], density: list[float]) -> None:
+    """The density on a log axis, where it is at least DENSITY_RANGE of its maximum."""
+    peak = max((d for d in density if math.isfinite(d)), default=0.0)
+    floor = DENSITY_RANGE * peak
+    shown = [d if math.isfinite(d) and d >= floor > 0 else math.nan for d in density]
+    ax.plot(grid, shown, color=MAIN)
+    support = [t for t, d in zip(grid, shown, strict=True) if not math.isnan(d)]
+    ax.set(yscale="log", xlabel="eigenvalue", ylabel="density", title="eigenvalue density")
+    if support and peak > 0:
+        width = (support[-1] - support[0]) or 1.0
+        ax.set_xlim(support[0] - 0.02 * width, support[-1] + 0.02 * width)
+        ax.set_ylim(floor, 2.0 * peak)
 
 
 def per_layer_plot(
@@ -295,29 +472,84 @@ def per_layer_plot(
     lambda_max: Sequence[float],
     traces: Sequence[float | None] | None,
     path: Path,
+    trace_intervals: Sequence[tuple[float, float] | None] | None = None,
+    caption: str | None = None,
 ) -> Figure:
     """Horizontal bars per parameter group (top to bottom in the order given): λmax and, when
-    ``traces`` is given, the trace beside it (a missing trace is left blank)."""
+    ``traces`` is given, the trace beside it (a missing trace is left blank) with its interval
+    as an error bar when ``trace_intervals`` is given. Each chart is on a log scale when all its
+    values are positive, else symmetric-log (linear within the smallest non-zero |value|)."""
     if not names:
         raise ValueError("per_layer_plot needs at least one layer")
     if len(lambda_max) != len(names) or (traces is not None and len(traces) != len(names)):
         raise ValueError("names, lambda_max and traces differ in length")
-    fmt = _format(path)
-    columns: list[tuple[str, list[float]]] = [("λmax", [float(v) for v in lambda_max])]
+    if trace_intervals is not None and (traces is None or len(trace_intervals) != len(names)):
+        raise ValueError("trace_intervals needs traces of the same length")
+    fmt = file_format(path)
+    columns: list[tuple[str, list[float], list[tuple[float, float] | None] | None]] = [
+        ("λmax", [float(v) for v in lambda_max], None)
+    ]
     if traces is not None:
-        columns.append(("trace", [math.nan if v is None else float(v) for v in traces]))
-    with _drawing() as new_figure:
-        figure = new_figure(2.0 + 3.5 * len(columns), max(2.5, 1.0 + 0.25 * len(names)))
+        columns.append(
+            (
+                "trace",
+                [math.nan if v is None else float(v) for v in traces],
+                None if trace_intervals is None else list(trace_intervals),
+            )
+        )
+    with drawing() as new_figure:
+        figure = new_figure(
+            2.0 + 3.5 * len(columns),
+            max(2.5, 1.0 + 0.25 * len(names)) + (0.3 if caption else 0.0),
+        )
         axes = figure.subplots(1, len(columns), squeeze=False, sharey=True)[0]
         rows = list(range(len(names)))
-        for ax, (title, numbers) in zip(axes, columns, strict=True):
-            ax.barh(rows, numbers, color=_BAR)
-            ax.axvline(0.0, color=_GUIDE, linewidth=0.8)
-            ax.set(title=title, xlabel=title)
+        for ax, (title, numbers, intervals) in zip(axes, columns, strict=True):
+            xerr = None
+            if intervals is not None:
+                xerr = [
+                    [
+                        0.0 if span is None or math.isnan(v) else max(v - span[0], 0.0)
+                        for v, span in zip(numbers, intervals, strict=True)
+                    ],
+                    [
+                        0.0 if span is None or math.isnan(v) else max(span[1] - v, 0.0)
+                        for v, span in zip(numbers, intervals, strict=True)
+                    ],
+                ]
+            bars = ax.barh(
+                rows,
+                numbers,
+                color=MAIN,
+                xerr=xerr,
+                error_kw={"ecolor": ERROR, "elinewidth": 0.8, "capsize": 2.0},
+            )
+            ax.bar_label(bars, [f"{v:.3g}" for v in numbers], padding=3.0, fontsize=7.0)
+            _layer_scale(ax, numbers)
+            label = title if intervals is None else f"{title} (95% interval)"
+            ax.set(title=title, xlabel=label)
         axes[0].set_yticks(rows, list(names))
         axes[0].invert_yaxis()
-        _save(figure, path, fmt)
+        if caption:
+            figure.suptitle(caption)
+        save(figure, path, fmt)
     return figure
+
+
+def _layer_scale(ax: Axes, numbers: Sequence[float]) -> None:
+    """Log scale from the decade below the smallest value (bars keep their relative length),
+    major ticks labelled only; symmetric-log when a value is not positive."""
+    from matplotlib.ticker import NullFormatter
+
+    finite = [v for v in numbers if math.isfinite(v)]
+    if finite and all(v > 0 for v in finite):
+        ax.set_xscale("log")
+        ax.set_xlim(10.0 ** math.floor(math.log10(min(finite))), 4.0 * max(finite))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        return
+    nonzero = [abs(v) for v in finite if v != 0]
+    ax.set_xscale("symlog", linthresh=min(nonzero) if nonzero else 1.0)
+    ax.axvline(0.0, color=GUIDE, linewidth=0.8)
 
 
 def scatter_plot(
@@ -328,65 +560,79 @@ def scatter_plot(
     ylabel: str,
     path: Path,
     title: str | None = None,
+    xerr: Sequence[float] | None = None,
+    yerr: Sequence[float] | None = None,
+    note: str | None = None,
 ) -> Figure:
-    """One point per (x, y), each annotated with its label when ``labels`` is given; one axis."""
+    """One point per (x, y) with symmetric error bars ``xerr``/``yerr`` when given; with
+    ``labels`` each point is numbered and the numbers are keyed to the labels on the right
+    (long names never overlap or leave the figure; a prefix they share heads the key);
+    ``note`` (ρ) under the title. One axis."""
     if len(x) != len(y) or (labels is not None and len(labels) != len(x)):
         raise ValueError("x, y and labels differ in length")
-    fmt = _format(path)
-    with _drawing() as new_figure:
-        figure = new_figure(4.8, 4.0)
+    for name, err in (("xerr", xerr), ("yerr", yerr)):
+        if err is not None and len(err) != len(x):
+            raise ValueError(f"{name} and x differ in length")
+    fmt = file_format(path)
+    with drawing() as new_figure:
+        from matplotlib.lines import Line2D
+
+        figure = new_figure(6.4, 4.0)
         ax = figure.add_subplot()
-        ax.plot(list(x), list(y), "o", color=_BAR)
-        for i, label in enumerate(labels or ()):
-            ax.annotate(label, (x[i], y[i]), xytext=(4, 4), textcoords="offset points")
+        ax.errorbar(
+            list(x),
+            list(y),
+            xerr=None if xerr is None else list(xerr),
+            yerr=None if yerr is None else list(yerr),
+            fmt="o",
+            color=MAIN,
+            ecolor=ERROR,
+            elinewidth=0.8,
+            capsize=2.0,
+        )
+        if labels:
+            for i in range(len(labels)):
+                ax.annotate(str(i + 1), (x[i], y[i]), xytext=(4, 4), textcoords="offset points")
+            shared, rests = _common_prefix(labels)
+            key = [
+                Line2D([], [], linestyle="none", label=f"{i + 1}  {_shorten(rest)}")
+                for i, rest in enumerate(rests)
+            ]
+            figure.legend(
+                handles=key,
+                loc="outside right upper",
+                handlelength=0,
+                handletextpad=0,
+                title=f"{_shorten(shared)}…" if shared else None,
+            )
         ax.set(xlabel=xlabel, ylabel=ylabel)
-        if title:
-            ax.set_title(title)
-        _save(figure, path, fmt)
+        ax.margins(0.12)
+        heading = "\n".join(part for part in (title, note) if part)
+        if heading:  # above the axes: a box inside would hide points
+            ax.set_title(heading)
+        save(figure, path, fmt)
     return figure
 
 
-def _format(path: Path) -> str:
-    """The file format from the suffix; the directory must exist (checked before drawing)."""
-    fmt = SUFFIXES.get(path.suffix.lower())
-    if fmt is None:
-        raise InputError(
-            OPTION, f"cannot tell the format of {path}", "name a .png, .svg or .pdf file"
-        )
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(OPTION, f"directory {parent} does not exist")
-    if path.is_dir():
-        raise InputError(OPTION, f"{path} is a directory")
-    return fmt
+def _common_prefix(labels: Sequence[str]) -> tuple[str, list[str]]:
+    """The prefix all of several labels share (cut back to a ``_``, ``-`` or ``.`` boundary,
+    and kept only when 4 characters or longer) and what is left of each label."""
+    if len(labels) < 2:
+        return "", list(labels)
+    prefix = labels[0]
+    for label in labels[1:]:
+        while not label.startswith(prefix):
+            prefix = prefix[:-1]
+    cut = max(prefix.rfind(mark) for mark in "_-.") + 1
+    prefix = prefix[:cut]
+    if len(prefix) < 4 or any(len(label) == len(prefix) for label in labels):
+        return "", list(labels)
+    return prefix, [label[len(prefix) :] for label in labels]
 
 
-def require_matplotlib() -> None:
-    """Raise the :class:`InputError` a plot would raise when matplotlib is missing (commands
-    call it before any work, so that a missing extra does not waste a run)."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise InputError(
-            OPTION, "matplotlib is not installed", "pip install 'curvcal[plot]'"
-        ) from None
-
-
-@contextmanager
-def _drawing(dpi: int = DPI) -> Iterator[Any]:
-    """matplotlib under a fixed style; yields ``new_figure(width_in, height_in)``."""
-    require_matplotlib()
-    import matplotlib
-    import matplotlib.style
-    from matplotlib.figure import Figure
-
-    def new_figure(width: float, height: float) -> Figure:
-        return Figure(figsize=(width, height), dpi=dpi, layout="constrained")
-
-    with matplotlib.style.context("default"), matplotlib.rc_context(_STYLE):
-        yield new_figure
-
-
-def _save(figure: Figure, path: Path, fmt: str, dpi: int = DPI) -> None:
-    with atomic_output(path) as out:
-        figure.savefig(out, format=fmt, dpi=dpi, metadata=_METADATA[fmt])
+def _shorten(label: str, limit: int = 28) -> str:
+    """A label cut in the middle to ``limit`` characters (both ends tell checkpoints apart)."""
+    if len(label) <= limit:
+        return label
+    half = (limit - 1) // 2
+    return f"{label[:half]}…{label[-(limit - 1 - half) :]}"

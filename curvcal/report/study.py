@@ -12,7 +12,11 @@ if TYPE_CHECKING:
     from curvcal.study.summary import Correlation, StudyResult, StudyRow
 
 #: ``--plot DIR`` files, by what they show.
-PLOT_FILES = {"gamma": "lambda_max_vs_gamma.png", "ece": "trace_vs_ece.png"}
+PLOT_FILES = {
+    "gamma": "lambda_max_vs_gamma",
+    "lambda_ece": "lambda_max_vs_ece",
+    "ece": "trace_vs_ece",
+}
 
 
 def _trained(row: StudyRow) -> str:
@@ -136,40 +140,81 @@ def correlation_table(correlations: tuple[Correlation, ...]) -> Table:
     )
 
 
-def draw_plots(result: StudyResult, paths: dict[str, Path]) -> None:
-    """λmax against the training γ (checkpoints trained with ce or a fixed-γ focal loss only)
-    and tr(H) against ECE (every checkpoint)."""
+def draw_plots(result: StudyResult, paths: dict[str, Path]) -> list[str]:
+    """λmax against the training γ (checkpoints trained with ce or a fixed-γ focal loss, when
+    they span at least two γ), λmax against ECE and tr(H) against ECE (every checkpoint), each
+    with Spearman's ρ and the curvature's error bars: λmax ± its residual bound ‖Hv − λv‖
+    (an eigenvalue of H lies that close), tr(H) ± 1.96 standard errors. Returns a note for each
+    plot left out, saying why."""
     from curvcal.report.plots import scatter_plot
 
-    fixed = [row for row in result.rows if row.training_gamma is not None]
+    rows = result.rows
+    names = [row.checkpoint.rsplit(".", 1)[0] for row in rows]
+    residual = [abs(row.curvature.lambda_max_residual * row.curvature.lambda_max) for row in rows]
+    notes = []
+    fixed = [i for i, row in enumerate(rows) if row.training_gamma is not None]
+    if len({rows[i].training_gamma for i in fixed}) < 2:
+        notes.append(
+            f"{paths['gamma'].name} not written: it needs checkpoints trained with at least two "
+            "focal γ (ce counts as γ = 0) recorded in their metadata; "
+            f"{len(fixed)} of {len(rows)} record one"
+        )
+    else:
+        scatter_plot(
+            [rows[i].training_gamma or 0.0 for i in fixed],
+            [rows[i].curvature.lambda_max for i in fixed],
+            [names[i] for i in fixed],
+            "training focal γ (ce = 0)",
+            "λmax",
+            paths["gamma"],
+            title="λmax vs focal γ (FLSD-53 and untagged left out)",
+            yerr=[residual[i] for i in fixed],
+        )
+    ece = [row.calibration.ece for row in rows]
     scatter_plot(
-        [row.training_gamma or 0.0 for row in fixed],
-        [row.curvature.lambda_max for row in fixed],
-        [row.checkpoint.rsplit(".", 1)[0] for row in fixed],
-        "training focal γ (ce = 0)",
-        "λmax",
-        paths["gamma"],
-        title="λmax vs focal γ (FLSD-53 and untagged left out)",
+        [row.curvature.lambda_max for row in rows],
+        ece,
+        names,
+        "λmax (± residual bound)",
+        "ECE (uncalibrated)",
+        paths["lambda_ece"],
+        title="λmax vs ECE",
+        xerr=residual,
+        note=_rho(result, "lambda_max"),
     )
     scatter_plot(
-        [row.curvature.trace for row in result.rows],
-        [row.calibration.ece for row in result.rows],
-        [row.checkpoint.rsplit(".", 1)[0] for row in result.rows],
-        "tr(H)",
+        [row.curvature.trace for row in rows],
+        ece,
+        names,
+        "tr(H) (± 1.96 SE)",
         "ECE (uncalibrated)",
         paths["ece"],
         title="tr(H) vs ECE",
+        xerr=[1.96 * row.curvature.trace_standard_error for row in rows],
+        note=_rho(result, "trace"),
     )
+    return notes
 
 
-def plot_files(plot_dir: Path | None) -> dict[str, Path]:
-    """The files ``--plot DIR`` writes (none without it)."""
+def _rho(result: StudyResult, curvature: str) -> str:
+    """Spearman's ρ of ``curvature`` against ECE, as the correlation table has it."""
+    for item in result.correlations:
+        if item.curvature == curvature and item.calibration == "ece":
+            if item.rho is None:
+                return f"Spearman ρ undefined: {item.note}"
+            p = "" if item.p_value is None else f", p = {item.p_value:.3g}"
+            return f"Spearman ρ = {item.rho:.3f}{p} (n = {item.n})"
+    return "Spearman ρ not measured"
+
+
+def plot_files(plot_dir: Path | None, fmt: str = "png") -> dict[str, Path]:
+    """The files ``--plot DIR`` writes in format ``fmt`` (none without it)."""
     if plot_dir is None:
         return {}
-    return {key: plot_dir / name for key, name in PLOT_FILES.items()}
+    return {key: plot_dir / f"{name}.{fmt}" for key, name in PLOT_FILES.items()}
 
 
-def plot_paths(plot_dir: Path | None, force: bool) -> dict[str, Path] | None:
+def plot_paths(plot_dir: Path | None, force: bool, fmt: str = "png") -> dict[str, Path] | None:
     """The plot files, checked before any work (the folder is created if missing)."""
     if plot_dir is None:
         return None
@@ -179,7 +224,7 @@ def plot_paths(plot_dir: Path | None, force: bool) -> dict[str, Path] | None:
     if plot_dir.exists() and not plot_dir.is_dir():
         raise InputError("--plot", f"{plot_dir} is not a directory")
     plot_dir.mkdir(parents=True, exist_ok=True)
-    paths = plot_files(plot_dir)
+    paths = plot_files(plot_dir, fmt)
     for path in paths.values():
         check_output_path(path, force)
     return paths

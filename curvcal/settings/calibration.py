@@ -102,7 +102,8 @@ class CalibrationSettings(Settings):
     ``laplace_structure``, ``laplace_predictive``, ``laplace_samples``: the GGN, the predictive
     and its draws of ``laplace``.
     ``plot``: reliability diagrams written there at ``dpi``, with classwise diagrams of the
-    ``plot_classes`` most frequent classes; ``save_calibrator``: the fitted maps as JSON.
+    ``plot_classes`` most frequent classes, the smooth curve with ``plot_smooth``, the
+    histogram's scale ``plot_counts``; ``save_calibrator``: the fitted maps as JSON.
     """
 
     GROUP: ClassVar[str] = "calibration"
@@ -203,6 +204,18 @@ class CalibrationSettings(Settings):
         low=0,
         metavar="N",
     )
+    plot_smooth: bool = setting(
+        False,
+        "Draw the smooth reliability curve (kernel-smoothed as for smooth ECE, Błasiok & "
+        "Nakkiran 2023) over the bins of --plot.",
+        flag=True,
+    )
+    plot_counts: str = setting(
+        "auto",
+        "Scale of the confidence histogram under each --plot panel: fraction (linear), log, or "
+        "auto (log when one bin holds more than half the samples).",
+        choices=("auto", "fraction", "log"),
+    )
     save_calibrator: Path | None = file_setting(
         "Write the fitted calibrator(s) as JSON (for metrics --apply).",
     )
@@ -276,6 +289,11 @@ class CalibrationSettings(Settings):
         """Classwise reliability tables to measure: ``plot_classes`` when there is a plot to
         draw them in, else none."""
         return self.plot_classes if self.plot is not None else 0
+
+    @property
+    def smooth_curve(self) -> bool:
+        """Whether to measure the smooth reliability curve: ``plot_smooth`` with a plot."""
+        return self.plot_smooth and self.plot is not None
 
     def outputs(self) -> list[tuple[str, Path]]:
         """The files these settings write, as ``(option, path)``."""

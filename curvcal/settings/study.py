@@ -25,7 +25,7 @@ STUDY_HESSIAN_OPTIONS = ("method", "tol", "max_iter", "probes", "seed", "loss", 
 class StudySettings(Settings):
     """Where ``study`` measures the Hessian (``curvature_data``: a dataset spec read with the
     same data options as ``--data``; ``None``: ``--data`` itself) and the folder its two plots
-    go to (``plot``; ``None``: no plot)."""
+    go to (``plot``; ``None``: no plot) in ``plot_format``."""
 
     GROUP: ClassVar[str] = "study"
 
@@ -35,5 +35,11 @@ class StudySettings(Settings):
         metavar="SPEC",
     )
     plot: Path | None = folder_setting(
-        "Write lambda_max_vs_gamma.png and trace_vs_ece.png into DIR (needs matplotlib).",
+        "Write lambda_max_vs_gamma.png (when the checkpoints record two or more focal γ), "
+        "lambda_max_vs_ece.png and trace_vs_ece.png into DIR (needs matplotlib).",
+    )
+    plot_format: str = setting(
+        "png",
+        "Format of the --plot files: png, or svg / pdf (vector, for a paper).",
+        choices=("png", "svg", "pdf"),
     )

@@ -33,7 +33,7 @@ def test_demo_json_reports_accuracy_check_and_plots(run_cli, tmp_path) -> None:
 
     reliability, spectrum = tmp_path / "reliability.png", tmp_path / "spectrum.png"
     assert imread(str(reliability)).shape[:2] == (400, 900)  # three panels of 3 × 4 in
-    assert imread(str(spectrum)).shape[:2] == (320, 400)
+    assert imread(str(spectrum)).shape[:2] == (350, 400)  # 4 × 3.2 in + 0.3 of caption
 
 
 def test_demo_markdown_and_tour(run_cli) -> None:

@@ -43,7 +43,7 @@ def test_spectrum_png_size_and_refusals(run_cli, tmp_path: Path) -> None:
     plot = tmp_path / "spectrum.png"
     result = run_cli("hessian", demo_checkpoint(), *NO_TRACE, "--plot", plot)
     assert result.code == 0, result.output
-    assert png_size(plot) == (400, 320)  # 4 × 3.2 inches at 100 dpi, one axis
+    assert png_size(plot) == (400, 350)  # 4 × 3.2 inches + 0.3 of caption at 100 dpi, one axis
     first = plot.read_bytes()
     again = run_cli("hessian", demo_checkpoint(), *NO_TRACE, "--plot", plot)
     assert again.code == 2 and "already exists" in again.stderr  # checked before any work
