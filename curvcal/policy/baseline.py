@@ -65,7 +65,8 @@ def metric_values(report: Mapping[str, Any]) -> dict[str, MetricValue]:
     """The gated metrics found in a report's JSON document, by key.
 
     A ``check``/``compare`` document carries the values it judged in its verdict rows
-    (``results.rows``); any other document is read through :func:`metric_paths`. Metrics the
+    (``results.rows``); any other document is read through :func:`metric_paths`, a calibration
+    stage's metric with its bootstrap interval (``intervals.<metric>`` beside it). Metrics the
     document lacks are left out; one present as ``null`` (a non-finite number) maps to
     ``MetricValue(None)``.
     """
@@ -82,6 +83,10 @@ def metric_values(report: Mapping[str, Any]) -> dict[str, MetricValue]:
             present, item = _lookup(report, path)
             if present:
                 found[key] = _metric_value(item)
+                if found[key].interval is None:  # a calibration stage's bootstrap interval
+                    parent, _dot, name = path.rpartition(".")
+                    _present, interval = _lookup(report, f"{parent}.intervals.{name}")
+                    found[key] = MetricValue(found[key].value, _interval(interval))
                 break
     return found
 
