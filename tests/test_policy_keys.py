@@ -185,4 +185,4 @@ def test_a_v1_check_report_reads_as_todays_groups() -> None:
         "schema": "2.0",
         "settings": {"calibration": {"seed": 4, "method": "ts"}, "hessian": {"seed": 3}},
     }
-    assert setting_differences(new, old) == ["calibration.seed: 4 (new) vs 3 (old)"]
+    assert setting_differences(new, old) == ["--seed: 3 → 4"]

@@ -38,7 +38,7 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     verdict = evaluate(policy.rules, metric_values(new_report), metric_values(old_report), judge)
 
     warnings = [
-        f"the reports were computed with different settings: {difference}"
+        f"the reports were computed with different settings (OLD → NEW): {difference}"
         for difference in setting_differences(new_report, old_report)
     ]
     for warning in warnings:

@@ -333,7 +333,8 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
     if baseline_report is not None:
         new = {"schema": SCHEMA_VERSION, "command": "check", "settings": settings}
         messages += [
-            f"the baseline was computed with different settings: {difference}"
+            "the baseline was computed with different settings (baseline → this check): "
+            + difference
             for difference in setting_differences(new, baseline_report)
         ]
     if result.is_main:
