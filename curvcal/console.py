@@ -127,13 +127,18 @@ class Reporter:
 
     def __init__(self, quiet: bool = False) -> None:
         self.quiet = quiet
+        #: every warning said, in order: a command's report carries each of them in its JSON
+        #: ``warnings`` (:func:`curvcal.commands.common.finish`), so none is printed only
+        self.warned: list[str] = []
 
     def info(self, message: str) -> None:
         if not self.quiet:
             stderr_console().print(message, highlight=False)
 
     def warn(self, message: str) -> None:
-        """Warnings are shown even under --quiet (they also go into the JSON report)."""
+        """Warnings are shown even under --quiet, and kept in :attr:`warned` for the JSON
+        report."""
+        self.warned.append(message)
         stderr_console().print(f"[yellow]curvcal: warning:[/yellow] {message}", highlight=False)
 
     @contextmanager

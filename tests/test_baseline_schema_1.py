@@ -53,8 +53,8 @@ def test_a_v1_hessian_report_reads_with_todays_groups(tmp_path: Path) -> None:
         },
     }
     assert setting_differences(new, old) == [
-        "checkpoint.dtype: 'float64' (new) vs 'float32' (old)",
-        f"hessian.seed: {seed + 1} (new) vs {seed} (old)",
+        "--dtype: float32 → float64",
+        f"--seed: {seed} → {seed + 1}",
     ]
 
 

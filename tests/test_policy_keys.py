@@ -17,6 +17,7 @@ from curvcal.policy.baseline import flat_settings, setting_differences
 from curvcal.policy.parse import load_policy
 from curvcal.policy.settings import DEFAULTS, Locator, check_choices, settings_of
 from curvcal.settings.calibration import MAX_BINS, CalibrationSettings
+from curvcal.settings.check import CheckSettings
 from curvcal.settings.checkpoint import CheckpointSettings
 from curvcal.settings.data import DataSettings
 from curvcal.settings.fields import defaults
@@ -35,6 +36,7 @@ def test_every_key_takes_the_default_and_words_of_its_field() -> None:
         DataSettings: defaults(DataSettings),
         CalibrationSettings: defaults(CalibrationSettings),
         HessianSettings: defaults(HessianSettings),
+        CheckSettings: defaults(CheckSettings),
     }
     for key, targets in keys.KEYS.items():
         cls, name = targets[0]
@@ -185,4 +187,4 @@ def test_a_v1_check_report_reads_as_todays_groups() -> None:
         "schema": "2.0",
         "settings": {"calibration": {"seed": 4, "method": "ts"}, "hessian": {"seed": 3}},
     }
-    assert setting_differences(new, old) == ["calibration.seed: 4 (new) vs 3 (old)"]
+    assert setting_differences(new, old) == ["--seed: 3 → 4"]

@@ -16,12 +16,17 @@ from curvcal.commands.common import finish, output_options, policy_option, start
 from curvcal.commands.repeats import Command
 from curvcal.report.check import check_tables
 from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.check import CheckSettings
 from curvcal.settings.checkpoint import CheckpointSettings
 from curvcal.settings.data import TEXT_FIELDS, DataSettings
 from curvcal.settings.fields import click_options
+from curvcal.settings.hessian import HessianSettings
 
 #: the data options of ``check`` (the rest of a dataset's settings are the defaults)
-_DATA_OPTIONS = ("data", "data_root", "max_samples", *TEXT_FIELDS, "batch_size")
+_DATA_OPTIONS = (
+    "data", "data_root", "max_samples", "mean", "std", "resize", "crop", "x_key", "y_key",
+    *TEXT_FIELDS, "batch_size",
+)  # fmt: skip
 _POLICY = "the policy's"
 
 
@@ -39,11 +44,19 @@ _POLICY = "the policy's"
 @click_options(
     CalibrationSettings,
     "seed_given",
-    only=("seed",),
+    only=("seed", "bootstrap"),
     no_defaults=True,
     fallback=_POLICY,
     helps={"seed": "Seed of splits, bootstrap and probes."},
 )
+@click_options(
+    HessianSettings,
+    "hessian_given",
+    only=("params", "memory_budget"),
+    no_defaults=True,
+    fallback=_POLICY,
+)
+@click_options(CheckSettings, "check_given", no_defaults=True, fallback=_POLICY)
 @click.option("--strict", is_flag=True, help="Exit 3 when a Hessian estimate does not converge.")
 @output_options
 def check(
@@ -53,6 +66,8 @@ def check(
     checkpoint_given: dict[str, Any],
     data_given: dict[str, Any],
     seed_given: dict[str, Any],
+    hessian_given: dict[str, Any],
+    check_given: dict[str, Any],
     strict: bool,
 ) -> int:
     """Measure what the policy gates on CHECKPOINT and judge every bound.
@@ -83,6 +98,8 @@ def check(
         **overrides_of(CheckpointSettings, checkpoint_given),
         **overrides_of(DataSettings, data_given),
         **overrides_of(CalibrationSettings, seed_given),
+        **overrides_of(HessianSettings, hessian_given),
+        **overrides_of(CheckSettings, check_given),
     }
     settings, _sources = resolve_settings(policy, overrides)
     inputs = [

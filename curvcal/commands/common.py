@@ -143,12 +143,26 @@ def start(
     refuse_clashes([*written, *outputs], inputs)
     if options.output is not None:
         check_output_path(options.output, options.force)
-    return options, Reporter(quiet=options.quiet)
+    reporter = Reporter(quiet=options.quiet)
+    click.get_current_context().find_root().meta[_REPORTER] = reporter
+    return options, reporter
+
+
+#: where :func:`start` keeps the run's reporter for :func:`finish`
+_REPORTER = "curvcal.reporter"
 
 
 def finish(report: Report, tables: Sequence[Table]) -> int:
-    """Emit the report and return the exit code its status implies."""
+    """Emit the report and return the exit code its status implies. Every warning the run's
+    reporter said on stderr is in the report's ``warnings`` (the one path by which a warning
+    reaches the JSON as well as stderr): those the pipeline did not record are added, in the
+    order they were said."""
     options = get_output_options()
+    reporter = click.get_current_context().find_root().meta.get(_REPORTER)
+    if isinstance(reporter, Reporter):
+        recorded = set(report.warnings)
+        missing = [message for message in reporter.warned if message not in recorded]
+        report.warnings = [*report.warnings, *dict.fromkeys(missing)]
     emit(report, tables, options.fmt, options.output)
     if report.status == STATUS_FAIL:
         return EXIT_CHECK_FAILED

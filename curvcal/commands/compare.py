@@ -26,6 +26,7 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     from curvcal.pipeline.provenance import environment
     from curvcal.policy.baseline import load_report, metric_values, setting_differences
     from curvcal.policy.evaluate import evaluate
+    from curvcal.policy.keys import default
     from curvcal.policy.parse import load_policy, policy_file
     from curvcal.results import STATUS_FAIL, STATUS_PASS, Report
 
@@ -33,10 +34,11 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     _options, reporter = start(inputs=[("NEW", new), ("OLD", old), ("--policy", policy_path)])
     policy = load_policy(policy_path)
     new_report, old_report = load_report(new), load_report(old)
-    verdict = evaluate(policy.rules, metric_values(new_report), metric_values(old_report))
+    judge = policy.settings.get("judge", default("judge"))
+    verdict = evaluate(policy.rules, metric_values(new_report), metric_values(old_report), judge)
 
     warnings = [
-        f"the reports were computed with different settings: {difference}"
+        f"the reports were computed with different settings (OLD → NEW): {difference}"
         for difference in setting_differences(new_report, old_report)
     ]
     for warning in warnings:
@@ -50,7 +52,7 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
             "old": file_info(old),
             "policy": file_info(policy_path),
         },
-        settings={"compare": {"policy": str(policy_path), "rules": policy.rules}},
+        settings={"compare": {"policy": str(policy_path), "rules": policy.rules, "judge": judge}},
         environment=environment(),
         warnings=warnings,
     )

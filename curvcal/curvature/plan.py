@@ -10,7 +10,6 @@ budget would keep). :func:`~curvcal.curvature.analysis.analyse_hessian` runs the
 from __future__ import annotations
 
 import fnmatch
-import math
 
 import torch
 from torch import nn
@@ -55,6 +54,13 @@ def _size(n_bytes: float) -> str:
     return f"{n_bytes:.0f} bytes"
 
 
+#: the shares of the free memory a note on kept graphs may suggest, smallest first
+BUDGET_SHARES = (0.1, 0.25, FREE_FRACTION)
+#: the least share of the samples whose graphs must be rebuilt for keeping them to be worth a
+#: note: below it a product would skip the forward and first backward of too few samples
+REBUILT_SHARE = 0.1
+
+
 def kept_graphs_note(
     settings: HessianSettings,
     need: int | None,
@@ -65,28 +71,35 @@ def kept_graphs_note(
     """A note when ``keep_graphs="auto"`` rebuilt the gradient graphs of some or all of the
     ``n_samples`` samples for every product (``kept_rows`` kept, None for none) only because the
     default memory budget was too small for them (``need`` bytes: the kept graphs and a product
-    through them) while half the ``free`` memory would hold them: the ``--memory-budget`` that
-    keeps them. None when all are kept, when the user chose the budget or ``never``, when they
-    cannot be kept (``func``, train mode), or when memory is short."""
-    if kept_rows == n_samples or need is None:
+    through them), suggesting the smallest share of this machine's ``free`` memory (10 %, 25 %
+    or 50 %) that holds them with as much again to spare, so that the products keep their
+    width. Said only when it would help: None when all are kept, when fewer than
+    :data:`REBUILT_SHARE` of the samples are rebuilt, when the user chose the budget or
+    ``never``, when they cannot be kept (``func``, train mode, another curvature), and when the
+    free memory is unknown or no share holds them."""
+    if kept_rows == n_samples or need is None or free is None:
+        return None
+    rebuilt_rows = n_samples - (kept_rows or 0)
+    if rebuilt_rows < REBUILT_SHARE * n_samples:
         return None
     if settings.keep_graphs != "auto" or settings.memory_budget:
         return None
     if settings.hvp == "func" or settings.mode == "train" or settings.curvature != "hessian":
         return None
-    if free is not None and need > FREE_FRACTION * free:
+    share = next((share for share in BUDGET_SHARES if 2 * need <= share * free), None)
+    if share is None:
         return None
     rebuilt = (
         "every Hessian-vector product builds the gradient graphs again"
         if kept_rows is None
-        else f"every Hessian-vector product builds the gradient graphs of {n_samples - kept_rows} "
+        else f"every Hessian-vector product builds the gradient graphs of {rebuilt_rows} "
         f"of the {n_samples} samples again"
     )
     return (
-        f"{rebuilt}: keeping them all needs "
-        f"about {_size(need)}, more than the default memory budget; --memory-budget "
-        f"{math.ceil(need / 2**20)}MiB keeps them, and each product then skips the forward and "
-        "first backward (--keep-graphs never: no note)"
+        f"{rebuilt}: keeping them all needs about {_size(need)}, more than the default memory "
+        f"budget; --memory-budget {round(100 * share)}% (of the {_size(free)} free) keeps them, "
+        "and each product then skips the forward and first backward (--keep-graphs never: no "
+        "note)"
     )
 
 

@@ -54,6 +54,7 @@ from curvcal.policy.settings import (
 )
 from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, Report
 from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.check import CheckSettings
 from curvcal.settings.checkpoint import CheckpointSettings
 from curvcal.settings.data import DataSettings
 from curvcal.settings.fields import Settings, groups
@@ -134,6 +135,7 @@ class _Plan:
     calibration: CalibrationSettings | None
     hessian: HessianSettings | None
     method: str
+    check: CheckSettings
 
 
 def _plan(
@@ -165,6 +167,7 @@ def _plan(
         calibration=_calibration_settings(settings, method, where) if need.predictions else None,
         hessian=_hessian_settings(settings, need, where) if need.hessian else None,
         method=method,
+        check=settings_of(CheckSettings, settings, where),
     )
 
 
@@ -248,7 +251,7 @@ def run_check(
     values = measured_values(hessian, calibration)
     gated = {rule.key for rule in policy.rules}
     nonfinite = tuple(sorted(key for key in gated if key in values and values[key].value is None))
-    verdict = evaluate(policy.rules, values, baseline)
+    verdict = evaluate(policy.rules, values, baseline, plan.check.judge)
     used: list[Settings] = [
         plan.checkpoint.replace(device=str(session.device)),
         plan.data,
@@ -323,13 +326,15 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
             "fit_data": result.settings["fit_data"],
             "rules": request.policy.rules,
             "strict": request.strict,
+            "judge": result.settings["judge"],
         },
     }
     messages = list(result.warnings)
     if baseline_report is not None:
         new = {"schema": SCHEMA_VERSION, "command": "check", "settings": settings}
         messages += [
-            f"the baseline was computed with different settings: {difference}"
+            "the baseline was computed with different settings (baseline → this check): "
+            + difference
             for difference in setting_differences(new, baseline_report)
         ]
     if result.is_main:

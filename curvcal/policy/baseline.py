@@ -65,7 +65,8 @@ def metric_values(report: Mapping[str, Any]) -> dict[str, MetricValue]:
     """The gated metrics found in a report's JSON document, by key.
 
     A ``check``/``compare`` document carries the values it judged in its verdict rows
-    (``results.rows``); any other document is read through :func:`metric_paths`. Metrics the
+    (``results.rows``); any other document is read through :func:`metric_paths`, a calibration
+    stage's metric with its bootstrap interval (``intervals.<metric>`` beside it). Metrics the
     document lacks are left out; one present as ``null`` (a non-finite number) maps to
     ``MetricValue(None)``.
     """
@@ -82,6 +83,10 @@ def metric_values(report: Mapping[str, Any]) -> dict[str, MetricValue]:
             present, item = _lookup(report, path)
             if present:
                 found[key] = _metric_value(item)
+                if found[key].interval is None:  # a calibration stage's bootstrap interval
+                    parent, _dot, name = path.rpartition(".")
+                    _present, interval = _lookup(report, f"{parent}.intervals.{name}")
+                    found[key] = MetricValue(found[key].value, _interval(interval))
                 break
     return found
 
@@ -243,15 +248,48 @@ def flat_settings(document: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
+#: groups a report records that say how it was judged or written, not how its numbers were
+#: measured: never a difference worth a warning (two policies differ in their rules)
+_UNMEASURED_GROUPS = ("check", "compare")
+
+
 def setting_differences(new: Mapping[str, Any], old: Mapping[str, Any]) -> list[str]:
-    """Settings both reports record with different values (a comparison of numbers computed
-    differently may mean little): ``["seed: 1 (new) vs 0 (old)", ...]``, sorted by name."""
+    """The measured settings both reports record with different values (a comparison of
+    numbers computed differently may mean little), each named by its option, old value first:
+    ``["--probes: 100 → 50", "--seed: 0 → 7"]``, sorted by option. A setting two groups record
+    alike (``seed``) is said once; one two groups record differently is named with its group
+    (``--method (hessian): power → lanczos``). Empty when every shared setting is the same."""
     new_settings, old_settings = flat_settings(new), flat_settings(old)
-    return [
-        f"{name}: {new_settings[name]!r} (new) vs {old_settings[name]!r} (old)"
-        for name in sorted(new_settings.keys() & old_settings.keys())
-        if new_settings[name] != old_settings[name]
-    ]
+    found: dict[tuple[str, str, str], set[str]] = {}
+    for name in sorted(new_settings.keys() & old_settings.keys()):
+        group, _dot, field = name.rpartition(".")
+        if group in _UNMEASURED_GROUPS or new_settings[name] == old_settings[name]:
+            continue
+        option = "--" + field.replace("_", "-")
+        change = (option, _option_text(old_settings[name]), _option_text(new_settings[name]))
+        found.setdefault(change, set()).add(group)
+    options = [option for option, _old, _new in found]
+    lines = []
+    for (option, before, after), named in sorted(found.items()):
+        label = option
+        if options.count(option) > 1 and named != {""}:
+            label = f"{option} ({', '.join(sorted(g for g in named if g))})"
+        lines.append(f"{label}: {before} → {after}")
+    return sorted(lines)
+
+
+def _option_text(value: Any) -> str:
+    """A recorded setting as its option is typed: words and numbers as they are, true/false,
+    lists comma-separated, tables as JSON, an unset value (or empty list) as ``unset``."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(_option_text(item) for item in value) if value else "unset"
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
 
 
 def measured_values(hessian: object | None, calibration: object | None) -> dict[str, MetricValue]:

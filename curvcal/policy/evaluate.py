@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from curvcal.policy.parse import BOUNDS, CHANGE_BOUNDS, Rule
+from curvcal.policy.parse import BOUNDS, CALIBRATION_METRICS, CHANGE_BOUNDS, Rule
 
 _RELATIVE_BOUNDS = ("max_rel_increase", "max_rel_decrease")
 
@@ -18,7 +18,9 @@ _RELATIVE_BOUNDS = ("max_rel_increase", "max_rel_decrease")
 @dataclass(frozen=True)
 class MetricValue:
     """A measured metric: ``value`` (``None`` when missing or not finite) and, for estimates such
-    as the trace, its 95 % ``interval``. Bounds are judged on ``value``."""
+    as the trace and calibration metrics measured with a bootstrap, its 95 % ``interval``.
+    Bounds are judged on ``value``, or for a calibration metric on its interval as
+    :func:`evaluate`'s ``judge`` says."""
 
     value: float | None
     interval: tuple[float, float] | None = None
@@ -78,6 +80,7 @@ def evaluate(
     rules: Sequence[Rule],
     values: Mapping[str, MetricValue],
     baseline: Mapping[str, MetricValue] | None,
+    judge: str = "estimate",
 ) -> Verdict:
     """Judge every bound of ``rules`` on ``values`` (keys as :attr:`Rule.key`).
 
@@ -92,6 +95,13 @@ def evaluate(
       (any decrease from a zero baseline fails).
     * A missing or non-finite value fails; a change bound with no baseline value (no baseline
       given, or the metric missing or non-finite in it) fails with reason ``no baseline``.
+
+    * A ``max``/``min`` bound on a calibration metric with a 95 % interval [lo, hi] (a
+      bootstrap's) is judged as ``judge`` says: ``interval``: ``max`` fails only when
+      lo > max, ``min`` only when hi < min; ``whole-interval``: ``max`` passes only when
+      hi ≤ max, ``min`` only when lo ≥ min; ``estimate``: on the value. The row's reason says
+      where the interval and the value disagree. The trace and the change bounds are judged on
+      the value.
 
     One row per bound, in the order of ``rules`` and :data:`BOUNDS`.
     """
@@ -110,12 +120,9 @@ def evaluate(
             if value is None:
                 passed = False
                 reason = "not in the report" if measured is None else "value is not finite"
-            elif bound == "max":
-                passed = value <= limit
-                reason = "" if passed else "above max"
-            elif bound == "min":
-                passed = value >= limit
-                reason = "" if passed else "below min"
+            elif bound in ("max", "min"):
+                judged = interval if rule.metric in CALIBRATION_METRICS else None
+                passed, reason = _absolute(bound, limit, value, judged, judge)
             elif base is None:
                 passed, reason = False, "no baseline"
             else:
@@ -141,6 +148,27 @@ def evaluate(
                 )
             )
     return Verdict(passed=all(row.passed for row in rows), rows=tuple(rows))
+
+
+def _absolute(
+    bound: str, limit: float, value: float, interval: tuple[float, float] | None, judge: str
+) -> tuple[bool, str]:
+    """A ``max``/``min`` bound judged on ``value`` or on ``interval`` (see :func:`evaluate`):
+    whether it passed, and the reason (empty for a pass the value agrees with)."""
+    word = "above max" if bound == "max" else "below min"
+    on_value = value <= limit if bound == "max" else value >= limit
+    if interval is None or judge == "estimate":
+        return on_value, "" if on_value else word
+    low, high = interval
+    if judge == "interval":  # fails only when the whole interval is beyond the bound
+        passed = low <= limit if bound == "max" else high >= limit
+        if passed and not on_value:
+            return True, f"value {word}, its 95% interval is not"
+        return passed, "" if passed else f"{word} (whole 95% interval)"
+    passed = high <= limit if bound == "max" else low >= limit  # whole interval within
+    if not passed and on_value:
+        return False, f"95% interval goes {word}"
+    return passed, "" if passed else word
 
 
 def finite_value(value: float | None) -> float | None:

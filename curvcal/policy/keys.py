@@ -8,6 +8,9 @@ two classes share a name, or a key is ``check``'s own, does a key name another f
 - ``eigen_method`` sets the Hessian's ``method`` (``method`` is the calibration's);
 - ``trace`` is true, false or a trace method: the Hessian's ``trace`` and ``trace_method``;
 - ``fit_data`` is the dataset spec (``data``) of the data the maps are fitted on.
+
+``params`` is a glob or a list of them; ``resize`` and ``crop`` a size or ``"none"``, as their
+options take.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from curvcal.settings.calibration import CalibrationSettings
+from curvcal.settings.check import CheckSettings
 from curvcal.settings.checkpoint import CheckpointSettings
-from curvcal.settings.data import DataSettings
+from curvcal.settings.data import NO_RESIZE, DataSettings
 from curvcal.settings.fields import Settings, Spec, default_of, field_kind, settings_fields
 from curvcal.settings.hessian import MAX_SEED, HessianSettings
 
@@ -38,24 +42,43 @@ KEYS: dict[str, tuple[Target, ...]] = dict(
     [
         *_own(CheckpointSettings, "arch", "arch_kwargs", "num_classes", "state_dict_key"),
         *_own(CheckpointSettings, "device", "dtype"),
-        *_own(DataSettings, "data", "data_root", "max_samples", "text_key", "label_key"),
+        *_own(DataSettings, "data", "data_root", "max_samples", "mean", "std", "resize", "crop"),
+        *_own(DataSettings, "x_key", "y_key", "text_key", "label_key"),
         *_own(DataSettings, "text_pair_key", "tokenizer", "max_length", "batch_size"),
         ("fit_data", ((DataSettings, "data"),)),
         *_own(CalibrationSettings, "val_split"),
         ("seed", ((CalibrationSettings, "seed"), (HessianSettings, "seed"))),
         *_own(CalibrationSettings, "bins", "edges", "method", "objective", "focal_objective"),
-        *_own(CalibrationSettings, "gammas", "nan_policy"),
+        *_own(CalibrationSettings, "gammas", "nan_policy", "bootstrap"),
         *_own(CalibrationSettings, "histogram_bins", "histogram_scheme"),
+        *_own(CheckSettings, "judge"),
         *_own(HessianSettings, "top_k"),
         ("eigen_method", ((HessianSettings, "method"),)),
         *_own(HessianSettings, "tol", "max_iter", "probes"),
         ("trace", ((HessianSettings, "trace"), (HessianSettings, "trace_method"))),
-        *_own(HessianSettings, "loss", "gamma"),
+        *_own(HessianSettings, "loss", "gamma", "params", "memory_budget"),
     ]
 )
 
 #: ``trace``'s words: a trace method (``--trace-method``'s choices), or true/false
 TRACE_KEY = "trace"
+#: keys that take a size or ``"none"`` (kept as :data:`~curvcal.settings.data.NO_RESIZE`)
+SIZE_KEYS = ("resize", "crop")
+#: keys that take a string or a list of strings (one string is a list of one)
+STRINGS_KEYS = ("params",)
+
+
+def field_value(key: str, value: Any) -> Any:
+    """A policy's value of ``key`` as its field holds it: ``"none"`` of a size as
+    :data:`~curvcal.settings.data.NO_RESIZE`, one glob of ``params`` as a list of one, a list
+    of numbers as floats."""
+    if key in SIZE_KEYS and isinstance(value, str) and value.strip().lower() == "none":
+        return NO_RESIZE
+    if key in STRINGS_KEYS and isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(_number_in(v, None, None, False, False) for v in value):
+        return [float(v) for v in value]
+    return value
 
 
 def field_of(target: Target) -> tuple[dataclasses.Field[Any], Spec]:
@@ -123,6 +146,10 @@ class Kind:
             return "a table"
         if self.base == "str|bool":
             return "a string or true/false"
+        if self.base == "strs":
+            return "a string or a non-empty list of strings"
+        if self.base == "size":
+            return 'a whole number >= 1 or "none"'
         if self.base == "list":
             low = "" if self.low is None else f" >= {_number(self.low)}"
             return f"a non-empty list of numbers{low}"
@@ -144,6 +171,17 @@ class Kind:
             return isinstance(value, dict)
         if self.base == "str|bool":
             return isinstance(value, str | bool)
+        if self.base == "strs":
+            strings = (
+                isinstance(value, list)
+                and bool(value)
+                and all(isinstance(item, str) for item in value)
+            )
+            return isinstance(value, str) or strings
+        if self.base == "size":
+            if isinstance(value, str):
+                return value.strip().lower() == "none"
+            return _number_in(value, 1, MAX_SEED, False, False) and isinstance(value, int)
         if self.base == "list":
             return (
                 isinstance(value, list)
@@ -195,6 +233,10 @@ def kind(key: str) -> Kind:
     it sets two). ``trace`` is a string or true/false."""
     if key == TRACE_KEY:
         return Kind("str|bool")
+    if key in SIZE_KEYS:
+        return Kind("size")
+    if key in STRINGS_KEYS:
+        return Kind("strs")
     targets = KEYS[key]
     specs = [field_of(target)[1] for target in targets]
     lows = [s for s in specs if s.low is not None]

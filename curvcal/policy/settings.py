@@ -157,7 +157,7 @@ def settings_of(cls: type[S], settings: Mapping[str, Any], where: Locator, **fix
             value = value if field == "trace_method" else value is not False
         if value is None and not field_kind(cls, field)[1]:
             continue  # unset: the field's default
-        values[field] = value
+        values[field] = keys.field_value(key, value)
     return from_mapping(cls, values, where.of(cls), **fixed)
 
 

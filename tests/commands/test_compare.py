@@ -190,7 +190,7 @@ def test_reports_with_different_settings_warn(run_cli, files, tmp_path) -> None:
     other.write_text(json.dumps(calibrate_and_hessian(0.09, 0.02, 11.0, 104.0, seed=7)))
     result = run_cli("compare", other, files["old"], "--policy", files["policy"], "--json")
     assert result.code == 0
-    assert "different settings: seed: 7 (new) vs 0 (old)" in result.stderr
+    assert "different settings (OLD → NEW): --seed: 0 → 7" in result.stderr
     assert json.loads(result.stdout)["warnings"] == [
-        "the reports were computed with different settings: seed: 7 (new) vs 0 (old)"
+        "the reports were computed with different settings (OLD → NEW): --seed: 0 → 7"
     ]
