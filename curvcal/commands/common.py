@@ -11,9 +11,9 @@ import click
 
 from curvcal.commands.clashes import Named, refuse_clashes
 from curvcal.console import Reporter
-from curvcal.errors import EXIT_CHECK_FAILED, EXIT_NUMERICAL, EXIT_OK
+from curvcal.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_NUMERICAL, EXIT_OK
 from curvcal.report.tables import FORMATS, Table, check_output_path, emit
-from curvcal.results import STATUS_ERROR, STATUS_FAIL, Report
+from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_INTERRUPTED, Report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -154,4 +154,9 @@ def finish(report: Report, tables: Sequence[Table]) -> int:
         return EXIT_CHECK_FAILED
     if report.status == STATUS_ERROR:
         return EXIT_NUMERICAL
+    if report.status == STATUS_INTERRUPTED:  # the stages finished are written; say so last
+        from curvcal import interrupt
+
+        interrupt.interrupted_line()
+        return EXIT_INTERRUPTED
     return EXIT_OK
