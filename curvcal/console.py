@@ -146,20 +146,21 @@ class Reporter:
         self._began = clock()
         self._held_stage: str | None = None
 
-    def _plain(self, text: str, *, stage: bool = False) -> None:
+    def _plain(self, text: str, *, stage: bool = False) -> bool:
         """A line for a stderr that is not a terminal: none in the first
         :data:`~curvcal.pace.PLAIN_GRACE_SECONDS` (a quick run, or one that fails on its
         input, says only its result or its one error line); the stage said last in that time
-        comes first when the run goes on longer."""
+        comes first when the run goes on longer. Returns whether the line was written."""
         if self.clock() - self._began < PLAIN_GRACE_SECONDS:
             if stage:
                 self._held_stage = text
-            return
+            return False
         console = stderr_console()
         if self._held_stage is not None and not stage:
             console.print(self._held_stage, highlight=False, markup=False)
         self._held_stage = None
         console.print(text, highlight=False, markup=False)
+        return True
 
     def info(self, message: str) -> None:
         if not self.quiet:

@@ -185,12 +185,6 @@ def stop_now() -> None:
     _stop()
 
 
-def interrupted_line() -> None:
-    """Say ``curvcal: interrupted`` on stderr (the last line of a run that kept its results)."""
-    with suppress(OSError):
-        os.write(_REGISTER.stderr_fd, _MESSAGE)
-
-
 def _on_interrupt(signum: int, frame: FrameType | None) -> None:
     if os.getpid() != _REGISTER.owner:  # a forked worker: its parent speaks for the run
         os._exit(EXIT_INTERRUPTED)

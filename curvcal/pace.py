@@ -86,13 +86,14 @@ class Pace:
 class PlainLines:
     """Progress as plain lines for a stream that is not a terminal: one when the stage
     changes, then one each time :data:`LINE_FRACTION` more of the total is done or
-    :data:`LINE_SECONDS` have passed since the last line, whichever comes first."""
+    :data:`LINE_SECONDS` have passed since the last line, whichever comes first. A ``write``
+    that returns False held the line back: it is due again at the next report."""
 
     def __init__(
         self,
         description: str,
         total: int | None,
-        write: Callable[[str], None],
+        write: Callable[[str], bool | None],
         clock: Clock = time.monotonic,
     ) -> None:
         self.pace = Pace(total, clock)
@@ -133,7 +134,8 @@ class PlainLines:
             self._line(self._clock())
 
     def _line(self, now: float) -> None:
-        self._write(f"curvcal: {self._description}: {self.pace.text()}")
+        if self._write(f"curvcal: {self._description}: {self.pace.text()}") is False:
+            return  # held back (the run's first seconds): due again at the next report
         self._last_time = now
         self._last_done = self.pace.done
         self._said_stage = True

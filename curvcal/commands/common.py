@@ -155,8 +155,6 @@ def finish(report: Report, tables: Sequence[Table]) -> int:
     if report.status == STATUS_ERROR:
         return EXIT_NUMERICAL
     if report.status == STATUS_INTERRUPTED:  # the stages finished are written; say so last
-        from curvcal import interrupt
-
-        interrupt.interrupted_line()
+        click.echo("curvcal: interrupted", err=True)
         return EXIT_INTERRUPTED
     return EXIT_OK

@@ -1,0 +1,88 @@
+"""The time left and the plain progress lines, driven by a hand-set clock (no real time)."""
+
+from __future__ import annotations
+
+from curvcal.pace import LINE_SECONDS, Pace, PlainLines, duration_text
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_time_left_from_the_pace_since_the_first_report() -> None:
+    clock = FakeClock()
+    pace = Pace(100, clock)
+    clock.now = 50.0  # loading and the first product: not timed
+    pace.update(1)
+    assert pace.remaining() is None  # one report: no pace yet
+    clock.now = 58.0
+    pace.update(5)  # 4 products in 8 s: 2 s each, 95 left
+    assert pace.seconds_per_unit() == 2.0
+    assert pace.remaining() == 190.0
+    clock.now = 98.0
+    pace.update(15)  # revised: 14 products in 48 s
+    assert abs(pace.remaining() - 85 * 48 / 14) < 1e-9
+    assert pace.text() == "15/100, about 5 min left"
+
+
+def test_a_total_the_work_outgrows_becomes_the_count_and_a_new_plan_replaces_it() -> None:
+    clock = FakeClock()
+    pace = Pace(10, clock)
+    pace.update(1)
+    clock.now = 1.0
+    pace.update(12)
+    assert pace.total == 12 and pace.remaining() == 0.0
+    pace.plan(40)
+    assert pace.total == 40 and abs(pace.remaining() - 28 / 11) < 1e-9
+    uncountable = Pace(None, clock)
+    uncountable.update(3)
+    assert uncountable.total is None and uncountable.text() == "3"
+
+
+def test_duration_text() -> None:
+    assert duration_text(42) == "42 s"
+    assert duration_text(600) == "10 min"
+    assert duration_text(9000) == "2.5 h"
+
+
+def test_plain_lines_every_tenth_of_the_total() -> None:
+    clock = FakeClock()
+    lines: list[str] = []
+    plain = PlainLines("products", 100, lines.append, clock)
+    for done in range(1, 101):
+        clock.now = done * 0.01  # fast: the 10% rule, never the 30 s one
+        plain.update(done)
+    plain.finish()
+    # the first report (the stage), one at each further 10 products, and the last count
+    assert len(lines) == 11, lines
+    assert lines[0].startswith("curvcal: products: 1/100")
+    assert lines[-2].startswith("curvcal: products: 91/100")
+    assert lines[-1] == "curvcal: products: 100/100, about 0 s left"
+
+
+def test_plain_lines_every_30_seconds_when_progress_is_slow() -> None:
+    clock = FakeClock()
+    lines: list[str] = []
+    plain = PlainLines("trace", 10_000, lines.append, clock)
+    plain.update(1)
+    for done in range(2, 40):
+        clock.now += 10.0  # 10 s a product, far under 10% per line
+        plain.update(done)
+    # 38 updates 10 s apart after the first line: a line at each 30 s
+    assert len(lines) == 1 + 380 // int(LINE_SECONDS)
+    assert all(line.startswith("curvcal: trace: ") for line in lines)
+
+
+def test_plain_lines_say_a_new_stage_at_once() -> None:
+    clock = FakeClock()
+    lines: list[str] = []
+    plain = PlainLines("eigenvalues", 100, lines.append, clock)
+    plain.update(1)
+    plain.update(2)
+    plain.describe("trace")
+    plain.update(3)
+    assert [line.split(":")[1].strip() for line in lines] == ["eigenvalues", "trace"]
