@@ -27,6 +27,7 @@ class OutputOptions:
     force: bool = False
     quiet: bool = False
     debug: bool = False
+    explain: bool = False
     #: the option that set each of ``fmt`` and ``output``, to refuse a second, different one
     given: dict[str, str] = field(default_factory=dict)
 
@@ -92,7 +93,8 @@ policy_option = click.option(
 
 
 def output_options(func: F) -> F:
-    """Add ``--json``, ``--format``, ``-o/--output``, ``--force``, ``-q/--quiet``, ``--debug``."""
+    """Add ``--json``, ``--format``, ``-o/--output``, ``--force``, ``-q/--quiet``, ``--debug``,
+    ``--explain``."""
     decorators = [
         click.option(
             "--json",
@@ -125,6 +127,7 @@ def output_options(func: F) -> F:
             "-q", "quiet", "No progress or messages on stderr (warnings still shown).", "--quiet"
         ),
         _flag("--debug", "debug", "Show a traceback on errors."),
+        _flag("--explain", "explain", "Show the tables' captions whole (the conventions)."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -149,7 +152,7 @@ def start(
 def finish(report: Report, tables: Sequence[Table]) -> int:
     """Emit the report and return the exit code its status implies."""
     options = get_output_options()
-    emit(report, tables, options.fmt, options.output)
+    emit(report, tables, options.fmt, options.output, options.explain)
     if report.status == STATUS_FAIL:
         return EXIT_CHECK_FAILED
     if report.status == STATUS_ERROR:

@@ -67,17 +67,96 @@ def to_json_text(report: Report) -> str:
     return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
 
 
-def render_rich(tables: Sequence[Table]) -> None:
+#: a caption longer than this many characters (two lines at 80 columns) keeps its first
+#: clauses; the rest is shown with ``--explain``
+CAPTION_CHARACTERS = 156
+
+
+def short_caption(caption: str | None, explain: bool = False) -> str | None:
+    """``caption`` as shown: whole with ``explain``; otherwise its first ``; ``-separated
+    clauses that fit in :data:`CAPTION_CHARACTERS`, and ``(more: --explain)`` when some were
+    left out."""
+    if caption is None or explain or len(caption) <= CAPTION_CHARACTERS:
+        return caption
+    marker = " (more: --explain)"
+    kept = ""
+    for clause in caption.split("; "):
+        candidate = clause if not kept else f"{kept}; {clause}"
+        if len(candidate) + len(marker) > CAPTION_CHARACTERS:
+            break
+        kept = candidate
+    if not kept:  # one long clause: cut at a word
+        kept = caption[: CAPTION_CHARACTERS - len(marker) - 1].rsplit(" ", 1)[0] + "…"
+    return kept + marker
+
+
+def _grid(table: Table, explain: bool) -> RichTable:
+    grid = RichTable(
+        title=table.title,
+        caption=short_caption(table.caption, explain),
+        box=box.SIMPLE_HEAVY,
+        show_header=any(table.columns),
+    )
+    for i, column in enumerate(table.columns):
+        cells = [row[i] for row in table.rows if i < len(row)]
+        numeric = i > 0 and all(_looks_numeric(cell) for cell in cells)
+        # a cell too long for its column wraps (folding a word if it must), never ends in "…"
+        grid.add_column(column, justify="right" if numeric else "left", overflow="fold")
+    for row in table.rows:
+        grid.add_row(*row)
+    return grid
+
+
+def _transposed(table: Table) -> list[Table]:
+    """A table too wide for the console as one two-column table per row (column, value),
+    titled by the row's first cell."""
+    tables = []
+    for row in table.rows:
+        pairs = tuple(zip(table.columns[1:], row[1:], strict=False))
+        tables.append(
+            Table(title=f"{table.title}: {row[0]}", columns=(table.columns[0], row[0]), rows=pairs)
+        )
+    if tables and table.caption:
+        last = tables[-1]
+        tables[-1] = Table(last.title, last.columns, last.rows, table.caption)
+    return tables
+
+
+def render_rich(tables: Sequence[Table], explain: bool = False) -> None:
+    """Each table on stdout; one whose words cannot all fit the console's width whole (a wide
+    ``study`` or ``check`` table at 80 columns) is shown transposed, a small table per row,
+    rather than with its cells cut."""
+    from rich.measure import Measurement
+
     console = stdout_console()
     for table in tables:
-        grid = RichTable(title=table.title, caption=table.caption, box=box.SIMPLE_HEAVY)
-        for i, column in enumerate(table.columns):
-            cells = [row[i] for row in table.rows if i < len(row)]
-            numeric = i > 0 and all(_looks_numeric(cell) for cell in cells)
-            grid.add_column(column, justify="right" if numeric else "left")
-        for row in table.rows:
-            grid.add_row(*row)
+        grid = _grid(table, explain)
+        needed = Measurement.get(console, console.options, grid).minimum
+        words = max((len(w) for row in table.rows for cell in row for w in cell.split()), default=0)
+        squeezed = _squeezes_words(console.width, table, words)
+        if (needed > console.width or squeezed) and len(table.columns) > 2:
+            for part in _transposed(table):
+                console.print(_grid(part, explain))
+            continue
         console.print(grid)
+
+
+def _squeezes_words(width: int, table: Table, longest_word: int) -> bool:
+    """Whether the columns, shared out over ``width``, would leave a column narrower than
+    its longest word (rich would fold it)."""
+    columns = len(table.columns)
+    if columns == 0:
+        return False
+    natural = [
+        max([len(table.columns[i])] + [len(row[i]) for row in table.rows if i < len(row)])
+        for i in range(columns)
+    ]
+    padding = 3 * columns + 1
+    return sum(natural) + padding > width and any(
+        max((len(w) for row in table.rows if i < len(row) for w in row[i].split()), default=0)
+        > (width - padding) // columns
+        for i in range(columns)
+    )
 
 
 def _looks_numeric(cell: str) -> bool:
@@ -92,8 +171,9 @@ def _looks_numeric(cell: str) -> bool:
     return True
 
 
-def render_markdown(tables: Sequence[Table]) -> str:
-    """GitHub-flavoured markdown: a heading and a pipe table per :class:`Table`."""
+def render_markdown(tables: Sequence[Table], explain: bool = False) -> str:
+    """GitHub-flavoured markdown: a heading and a pipe table per :class:`Table` (captions
+    shortened as on the terminal unless ``explain``)."""
     parts: list[str] = []
     for table in tables:
         parts.append(f"### {table.title}\n")
@@ -101,8 +181,9 @@ def render_markdown(tables: Sequence[Table]) -> str:
         parts.append("|" + "|".join(["---"] + ["---:"] * (len(table.columns) - 1)) + "|")
         for row in table.rows:
             parts.append("| " + " | ".join(_md(c) for c in row) + " |")
-        if table.caption:
-            parts.append(f"\n{table.caption}")
+        caption = short_caption(table.caption, explain)
+        if caption:
+            parts.append(f"\n{caption}")
         parts.append("")
     return "\n".join(parts)
 
@@ -146,17 +227,30 @@ def write_atomic(path: Path, text: str) -> None:
         out.write(text.encode("utf-8"))
 
 
-def emit(report: Report, tables: Sequence[Table], fmt: str, output: Path | None) -> None:
-    """Show ``report`` on stdout in ``fmt`` and, with ``output``, write its JSON to that file."""
+def emit(
+    report: Report,
+    tables: Sequence[Table],
+    fmt: str,
+    output: Path | None,
+    explain: bool = False,
+) -> None:
+    """Show ``report`` on stdout in ``fmt`` and, with ``output``, write its JSON to that file.
+    Tables and markdown begin with what was measured
+    (:func:`~curvcal.report.header.measured_table`); ``explain`` shows captions whole."""
+    from curvcal.report.header import measured_table
+
     text = to_json_text(report)  # also validates that the report is JSON-clean
     chosen = chosen_preprocessing_table(report)
     if chosen is not None:
         tables = [chosen, *tables]
+    measured = measured_table(report)
+    if measured is not None:
+        tables = [measured, *tables]
     if output is not None:
         write_atomic(output, text)
     if fmt == "json":
         stdout_console().out(text, end="", highlight=False)
     elif fmt == "markdown":
-        stdout_console().out(render_markdown(tables), highlight=False)
+        stdout_console().out(render_markdown(tables, explain), highlight=False)
     else:
-        render_rich(tables)
+        render_rich(tables, explain)
