@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
+from rich.console import Console
 from rich.table import Table as RichTable
 
 from curvcal import interrupt
@@ -90,13 +91,8 @@ def short_caption(caption: str | None, explain: bool = False) -> str | None:
     return kept + marker
 
 
-def _grid(table: Table, explain: bool) -> RichTable:
-    grid = RichTable(
-        title=table.title,
-        caption=short_caption(table.caption, explain),
-        box=box.SIMPLE_HEAVY,
-        show_header=any(table.columns),
-    )
+def _grid(table: Table) -> RichTable:
+    grid = RichTable(title=table.title, box=box.SIMPLE_HEAVY, show_header=any(table.columns))
     for i, column in enumerate(table.columns):
         cells = [row[i] for row in table.rows if i < len(row)]
         numeric = i > 0 and all(_looks_numeric(cell) for cell in cells)
@@ -107,56 +103,57 @@ def _grid(table: Table, explain: bool) -> RichTable:
     return grid
 
 
-def _transposed(table: Table) -> list[Table]:
-    """A table too wide for the console as one two-column table per row (column, value),
-    titled by the row's first cell."""
-    tables = []
-    for row in table.rows:
-        pairs = tuple(zip(table.columns[1:], row[1:], strict=False))
-        tables.append(
-            Table(title=f"{table.title}: {row[0]}", columns=(table.columns[0], row[0]), rows=pairs)
+def _transposed(table: Table) -> Table:
+    """``table`` with rows and columns exchanged: one column per row (headed by the row's first
+    cell), one row per column."""
+    columns = (table.columns[0], *(row[0] for row in table.rows))
+    rows = tuple(
+        (name, *(row[i] if i < len(row) else "" for row in table.rows))
+        for i, name in enumerate(table.columns)
+        if i > 0
+    )
+    return Table(title=table.title, columns=columns, rows=rows)
+
+
+def _per_row(table: Table) -> list[Table]:
+    """``table`` as one two-column table per row (column, value), titled by the row's first
+    cell."""
+    return [
+        Table(
+            title=f"{table.title}: {row[0]}",
+            columns=(table.columns[0], row[0]),
+            rows=tuple(zip(table.columns[1:], row[1:], strict=False)),
         )
-    if tables and table.caption:
-        last = tables[-1]
-        tables[-1] = Table(last.title, last.columns, last.rows, table.caption)
-    return tables
+        for row in table.rows
+    ]
+
+
+def _fits(console: Console, table: Table) -> bool:
+    from rich.measure import Measurement
+
+    # a table's minimum width keeps every column as wide as its longest word
+    return Measurement.get(console, console.options, _grid(table)).minimum <= console.width
 
 
 def render_rich(tables: Sequence[Table], explain: bool = False) -> None:
-    """Each table on stdout; one whose words cannot all fit the console's width whole (a wide
-    ``study`` or ``check`` table at 80 columns) is shown transposed, a small table per row,
-    rather than with its cells cut."""
-    from rich.measure import Measurement
-
+    """Each table on stdout, its caption below it at the console's full width (two lines at
+    most unless ``explain``, :func:`short_caption`). A table that cannot fit the console's
+    width with its words whole (a wide ``study`` table at 80 columns) is shown transposed (a
+    column per row) or, if that does not fit either, as a small table per row, rather than
+    with its cells cut."""
     console = stdout_console()
     for table in tables:
-        grid = _grid(table, explain)
-        needed = Measurement.get(console, console.options, grid).minimum
-        words = max((len(w) for row in table.rows for cell in row for w in cell.split()), default=0)
-        squeezed = _squeezes_words(console.width, table, words)
-        if (needed > console.width or squeezed) and len(table.columns) > 2:
-            for part in _transposed(table):
-                console.print(_grid(part, explain))
-            continue
-        console.print(grid)
-
-
-def _squeezes_words(width: int, table: Table, longest_word: int) -> bool:
-    """Whether the columns, shared out over ``width``, would leave a column narrower than
-    its longest word (rich would fold it)."""
-    columns = len(table.columns)
-    if columns == 0:
-        return False
-    natural = [
-        max([len(table.columns[i])] + [len(row[i]) for row in table.rows if i < len(row)])
-        for i in range(columns)
-    ]
-    padding = 3 * columns + 1
-    return sum(natural) + padding > width and any(
-        max((len(w) for row in table.rows if i < len(row) for w in row[i].split()), default=0)
-        > (width - padding) // columns
-        for i in range(columns)
-    )
+        if len(table.columns) <= 2 or _fits(console, table):
+            parts = [table]
+        else:
+            turned = _transposed(table)
+            parts = [turned] if _fits(console, turned) else _per_row(table)
+        for part in parts:
+            console.print(_grid(part))
+        caption = short_caption(table.caption, explain)
+        if caption:
+            console.print(caption, style="dim", highlight=False, markup=False)
+            console.print()
 
 
 def _looks_numeric(cell: str) -> bool:
