@@ -132,7 +132,9 @@ def _fits(console: Console, table: Table) -> bool:
     from rich.measure import Measurement
 
     # a table's minimum width keeps every column as wide as its longest word
-    return Measurement.get(console, console.options, _grid(table)).minimum <= console.width
+    # (measured without the console's limit, which the measurement would be clamped to)
+    unbounded = console.options.update_width(1_000_000)
+    return Measurement.get(console, unbounded, _grid(table)).minimum <= console.width
 
 
 def render_rich(tables: Sequence[Table], explain: bool = False) -> None:
