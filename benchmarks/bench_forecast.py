@@ -81,7 +81,7 @@ MODELS: dict[str, tuple[Callable[[], tuple[nn.Module, list]], HessianSettings]] 
             density_runs=2,
             density_steps=20,
         ),
-    ),  # fmt: skip
+    ),
     "ResNet-18 (random, 64 × 3×64×64)": (
         _resnet18,
         HessianSettings(top_k=1, trace_method="hutchinson", probes=20),

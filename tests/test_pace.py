@@ -86,3 +86,52 @@ def test_plain_lines_say_a_new_stage_at_once() -> None:
     plain.describe("trace")
     plain.update(3)
     assert [line.split(":")[1].strip() for line in lines] == ["eigenvalues", "trace"]
+
+
+def test_the_terminal_bar_shows_total_and_time_left(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import io
+
+    from rich.console import Console
+
+    from curvcal import console as console_module
+    from curvcal.console import Reporter
+
+    stream = io.StringIO()
+    monkeypatch.setattr(
+        console_module,
+        "stderr_console",
+        lambda: Console(file=stream, force_terminal=True, width=120, color_system=None),
+    )
+    clock = FakeClock()
+    with Reporter(clock=clock).progress("Hessian-vector products", 10) as advance:
+        advance(1)
+        clock.now = 20.0
+        advance(4)  # 4 products in 20 s: 5 s each, 5 left
+        advance.plan(14)  # the run resolved its settings: 9 left
+    shown = stream.getvalue()
+    assert "5/14, about 45 s left" in shown
+
+
+def test_off_a_terminal_lines_begin_after_the_first_seconds(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import io
+
+    from rich.console import Console
+
+    from curvcal import console as console_module
+    from curvcal.console import Reporter
+    from curvcal.pace import PLAIN_GRACE_SECONDS
+
+    stream = io.StringIO()
+    monkeypatch.setattr(console_module, "stderr_console", lambda: Console(file=stream, width=200))
+    clock = FakeClock()
+    reporter = Reporter(clock=clock)
+    reporter.stage("loading model.safetensors")
+    assert stream.getvalue() == ""  # a quick run says nothing
+    with reporter.progress("products", 100) as advance:
+        advance(1)
+        assert stream.getvalue() == ""
+        clock.now = PLAIN_GRACE_SECONDS + 1
+        advance(1)  # the held stage line, then the count
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "curvcal: loading model.safetensors"
+    assert lines[1].startswith("curvcal: products: 2/100")

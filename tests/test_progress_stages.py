@@ -29,9 +29,14 @@ def _model_and_batches() -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tens
         HessianSettings(top_k=3, trace=False),  # ends in Lanczos's residual checks
         HessianSettings(top_k=2, smallest=True, trace_method="hutchinson", probes=7),
         HessianSettings(
-            top_k=3, trace_method="hutchinson", probes=7, density=True, density_runs=2,
-            density_steps=5, per_layer=True,
-        ),  # fmt: skip
+            top_k=3,
+            trace_method="hutchinson",
+            probes=7,
+            density=True,
+            density_runs=2,
+            density_steps=5,
+            per_layer=True,
+        ),
     ],
 )
 def test_the_last_count_equals_the_products_the_report_counts(settings: HessianSettings) -> None:
