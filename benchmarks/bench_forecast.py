@@ -9,7 +9,7 @@ product. Models: the bundled digits CNN on 200 digits, a torchvision ResNet-18 w
 weights on 64 random 3×64×64 images, and a two-layer transformer encoder on 128 random token
 sequences.
 
-    python benchmarks/bench_forecast.py
+    python benchmarks/bench_forecast.py [MODEL-NAME-PART ...]
 """
 
 from __future__ import annotations
@@ -93,54 +93,66 @@ MODELS: dict[str, tuple[Callable[[], tuple[nn.Module, list]], HessianSettings]] 
 }
 
 
-def measure(
-    model: nn.Module, batches: list, settings: HessianSettings
-) -> tuple[int, int, float, float, float, float]:
-    """Planned and made products, the forecast of the time left at the fifth product and the
-    time it took, the whole-run forecast and the time after the first product."""
+def measure(model: nn.Module, batches: list, settings: HessianSettings) -> dict[str, float]:
+    """Planned and made products; the forecast of the time left at the fifth product and the
+    time the run then took; the same at the fifth product of the last stage (the forecast as
+    revised, its pace measured afresh in each stage as the progress bar does)."""
     n_params = selected_parameter_count(model, settings.params)
     blocks = {n.rpartition(".")[0] for n, p in model.named_parameters() if p.requires_grad}
     pace = Pace(sum(planned_by_stage(settings, n_params, len(blocks)).values()), time.monotonic)
-    at_five: list[tuple[float, float, float]] = []  # (time, forecast left, whole forecast)
-    first: list[float] = []
+    marks: dict[str, tuple[float, float]] = {}  # label: (time, forecast of the time left)
+    stage_start: dict[str, int] = {}
+    current = [""]
 
-    def on_step(_stage: str, done: int) -> None:
+    def on_step(stage: str, done: int) -> None:
+        if stage != current[0]:
+            current[0] = stage
+            stage_start[stage] = done
+            pace.restart()
         pace.update(done)
-        if not first:
-            first.append(time.monotonic())
-        if not at_five and done >= FORECAST_PRODUCTS:
-            per = pace.seconds_per_unit()
-            if per is not None:
-                at_five.append((time.monotonic(), pace.remaining() or 0.0, pace.total * per))
+        left = pace.remaining()
+        if left is None:
+            return
+        if "first" not in marks and done >= FORECAST_PRODUCTS:
+            marks["first"] = (time.monotonic(), left)
+        if done - stage_start[stage] >= FORECAST_PRODUCTS:
+            marks.setdefault(stage, (time.monotonic(), left))
 
     def on_plan(resolved: HessianSettings) -> None:
         pace.plan(sum(planned_by_stage(resolved, n_params, len(blocks)).values()))
 
     analysis = analyse_hessian(model, batches, settings, on_step=on_step, on_plan=on_plan)
     end = time.monotonic()
-    when, left, whole = at_five[0]
-    return (
-        pace.total or 0,
-        int(analysis.operator["n_matvecs"]),
-        left,
-        end - when,
-        whole,
-        end - first[0],
-    )
+    last = [stage for stage in stage_start if stage in marks][-1]
+    return {
+        "planned": float(pace.total or 0),
+        "made": float(analysis.operator["n_matvecs"]),
+        "left": marks["first"][1],
+        "took": end - marks["first"][0],
+        "last stage": last,  # type: ignore[dict-item]
+        "left last": marks[last][1],
+        "took last": end - marks[last][0],
+    }
 
 
 def main() -> None:
+    import sys
+
     torch.set_num_threads(1)
-    print(
-        "| model | planned | made | left at 5: forecast | took | ratio | whole: forecast | took | ratio |"
-    )
+    chosen = sys.argv[1:] or list(MODELS)
+    print("| model | planned | made | at 5 products: forecast left | took | ratio "
+          "| at 5 into the last stage: forecast left | took | ratio |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, (build, settings) in MODELS.items():
+        if not any(key in name for key in chosen):
+            continue
         model, batches = build()
-        planned, made, left, took, whole, whole_took = measure(model, batches, settings)
+        m = measure(model, batches, settings)
         print(
-            f"| {name} | {planned} | {made} | {left:.1f} s | {took:.1f} s | {left / took:.2f} "
-            f"| {whole:.1f} s | {whole_took:.1f} s | {whole / whole_took:.2f} |",
+            f"| {name} | {m['planned']:.0f} | {m['made']:.0f} | {m['left']:.1f} s "
+            f"| {m['took']:.1f} s | {m['left'] / m['took']:.2f} | {m['last stage']}: "
+            f"{m['left last']:.1f} s | {m['took last']:.1f} s "
+            f"| {m['left last'] / m['took last']:.2f} |",
             flush=True,
         )
 

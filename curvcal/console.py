@@ -217,4 +217,12 @@ class Reporter:
                 pace.plan(new_total)
                 bar.update(task, total=pace.total, pace=pace.text())
 
-            yield Advance(step, lambda text: bar.update(task, description=text), plan)
+            shown = [description]
+
+            def describe(text: str) -> None:
+                if text != shown[0]:
+                    shown[0] = text
+                    pace.restart()
+                    bar.update(task, description=text)
+
+            yield Advance(step, describe, plan)

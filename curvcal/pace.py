@@ -2,8 +2,9 @@
 lines written where no bar can be drawn (stderr not a terminal: a CI log, a pipe).
 
 The estimate of the time left is (total − done) × (seconds per unit), the seconds per unit
-measured from the first report on (the first report comes after the first unit, so loading and
-the setup before it are not counted), so it is revised at every report. A total that the work
+measured from the first report of the current stage on (the first report comes after the first
+unit, so loading and the setup before it are not counted), so it is revised at every report and
+follows a stage whose units cost more or less than the last one's. A total that the work
 outgrows (eigenvalue counts are typical, not bounds) becomes the count done.
 
 Nothing here imports torch or rich; the clock is an argument, so tests drive it by hand.
@@ -61,10 +62,20 @@ class Pace:
             self._first = (now, done)
         self._last = (now, done)
 
+    def restart(self) -> None:
+        """A new stage begins, whose units may cost more or less (a per-layer block's product
+        is cheaper than a whole-model one): measure the pace again from the next report on,
+        keeping the last one until two reports of the new stage have measured it."""
+        self._previous = self.seconds_per_unit()
+        self._first = None
+
+    _previous: float | None = None
+
     def seconds_per_unit(self) -> float | None:
-        """Seconds per unit since the first report (None before a second count)."""
+        """Seconds per unit since the first report of the stage (the previous stage's before
+        two reports; None before any pace is measured)."""
         if self._first is None or self._last is None or self._last[1] <= self._first[1]:
-            return None
+            return self._previous
         (t0, n0), (t1, n1) = self._first, self._last
         return (t1 - t0) / (n1 - n0)
 
@@ -108,6 +119,7 @@ class PlainLines:
         if description != self._description:
             self._description = description
             self._said_stage = False
+            self.pace.restart()
 
     def plan(self, total: int | None) -> None:
         self.pace.plan(total)

@@ -135,3 +135,19 @@ def test_off_a_terminal_lines_begin_after_the_first_seconds(monkeypatch) -> None
     lines = stream.getvalue().splitlines()
     assert lines[0] == "curvcal: loading model.safetensors"
     assert lines[1].startswith("curvcal: products: 2/100")
+
+
+def test_a_new_stage_is_timed_afresh() -> None:
+    clock = FakeClock()
+    lines: list[str] = []
+    plain = PlainLines("eigenvalues", 100, lines.append, clock)
+    plain.update(1)
+    clock.now = 40.0
+    plain.update(5)  # 10 s a product
+    plain.describe("layers")
+    clock.now = 41.0
+    plain.update(6)  # the new stage's first report: the last pace still holds
+    assert plain.pace.seconds_per_unit() == 10.0
+    clock.now = 45.0
+    plain.update(10)  # 4 products in 4 s: 1 s each from now on
+    assert plain.pace.seconds_per_unit() == 1.0 and plain.pace.remaining() == 90.0
