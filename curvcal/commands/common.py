@@ -150,9 +150,13 @@ def start(
 
 
 def finish(report: Report, tables: Sequence[Table]) -> int:
-    """Emit the report and return the exit code its status implies."""
+    """Emit the report, its tables after what was measured
+    (:func:`~curvcal.report.header.measured_table`, for every command alike), and return the
+    exit code its status implies."""
     options = get_output_options()
-    emit(report, tables, options.fmt, options.output, options.explain)
+    from curvcal.report.header import measured_table
+
+    emit(report, tables, options.fmt, options.output, options.explain, measured_table(report))
     if report.status == STATUS_FAIL:
         return EXIT_CHECK_FAILED
     if report.status == STATUS_ERROR:

@@ -232,19 +232,17 @@ def emit(
     fmt: str,
     output: Path | None,
     explain: bool = False,
+    header: Table | None = None,
 ) -> None:
     """Show ``report`` on stdout in ``fmt`` and, with ``output``, write its JSON to that file.
-    Tables and markdown begin with what was measured
-    (:func:`~curvcal.report.header.measured_table`); ``explain`` shows captions whole."""
-    from curvcal.report.header import measured_table
-
+    ``header``, what was measured (:func:`~curvcal.report.header.measured_table`), comes
+    first; ``explain`` shows captions whole."""
     text = to_json_text(report)  # also validates that the report is JSON-clean
     chosen = chosen_preprocessing_table(report)
     if chosen is not None:
         tables = [chosen, *tables]
-    measured = measured_table(report)
-    if measured is not None:
-        tables = [measured, *tables]
+    if header is not None:
+        tables = [header, *tables]
     if output is not None:
         write_atomic(output, text)
     if fmt == "json":
