@@ -86,9 +86,13 @@ MODELS: dict[str, tuple[Callable[[], tuple[nn.Module, list]], HessianSettings]] 
         _resnet18,
         HessianSettings(top_k=1, trace_method="hutchinson", probes=20),
     ),
-    "transformer (2 layers, 128 × 16 tokens)": (
+    "transformer (2 layers, 128 × 16 tokens), --per-layer": (
         _transformer,
         HessianSettings(top_k=2, trace_method="hutchinson", probes=20, per_layer=True),
+    ),
+    "transformer (2 layers, 128 × 16 tokens), whole model": (
+        _transformer,
+        HessianSettings(top_k=2, trace_method="hutchinson", probes=60),
     ),
 }
 
