@@ -147,13 +147,15 @@ class Reporter:
         self._held_stage: str | None = None
 
     def _plain(self, text: str, *, stage: bool = False) -> bool:
-        """A line for a stderr that is not a terminal: none in the first
-        :data:`~curvcal.pace.PLAIN_GRACE_SECONDS` (a quick run, or one that fails on its
-        input, says only its result or its one error line); the stage said last in that time
-        comes first when the run goes on longer. Returns whether the line was written."""
+        """A line for a stderr that is not a terminal. A stage line is held and written just
+        before the next progress line, and no line comes in the first
+        :data:`~curvcal.pace.PLAIN_GRACE_SECONDS` of the run: a quick run, or one that stops
+        on its input, says only its result or its one error line. Returns whether the line
+        was written."""
+        if stage:  # said with the next count: a run that stops on bad input says one line
+            self._held_stage = text
+            return False
         if self.clock() - self._began < PLAIN_GRACE_SECONDS:
-            if stage:
-                self._held_stage = text
             return False
         console = stderr_console()
         if self._held_stage is not None and not stage:

@@ -151,3 +151,21 @@ def test_a_new_stage_is_timed_afresh() -> None:
     clock.now = 45.0
     plain.update(10)  # 4 products in 4 s: 1 s each from now on
     assert plain.pace.seconds_per_unit() == 1.0 and plain.pace.remaining() == 90.0
+
+
+def test_off_a_terminal_a_stage_line_waits_for_a_count(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A slow start that then stops on bad input says only its error line."""
+    import io
+
+    from rich.console import Console
+
+    from curvcal import console as console_module
+    from curvcal.console import Reporter
+
+    stream = io.StringIO()
+    monkeypatch.setattr(console_module, "stderr_console", lambda: Console(file=stream, width=200))
+    clock = FakeClock()
+    reporter = Reporter(clock=clock)
+    clock.now = 60.0  # a minute of loading
+    reporter.stage("checking that the model takes the data")
+    assert stream.getvalue() == ""
