@@ -1,8 +1,8 @@
 """Terminal streams: data on stdout, messages and progress on stderr.
 
 Consoles are created on each call so that the streams are the ones in force at write time (click's
-test runner swaps them). ``NO_COLOR`` is honoured by rich itself; progress is shown only on an
-interactive stderr and never under ``--quiet``.
+test runner swaps them). ``NO_COLOR`` is honoured by rich itself. Progress is a bar on an
+interactive stderr, plain lines every 10% or 30 s elsewhere (a CI log), nothing under ``--quiet``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ import contextlib
 import errno
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from curvcal.pace import PLAIN_GRACE_SECONDS, Clock, Pace, PlainLines
 
 _FALLBACK_WIDTH = 120
 
@@ -108,11 +111,18 @@ StepCallback = Callable[[int], None]
 
 class Advance:
     """What :meth:`Reporter.progress` yields: called with the units just finished; its
-    :meth:`describe` changes the text before the bar (the stage a long run is in)."""
+    :meth:`describe` changes the text before the count (the stage a long run is in) and
+    :meth:`plan` the total (a plan revised once the run resolved its settings)."""
 
-    def __init__(self, step: StepCallback, describe: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        step: StepCallback,
+        describe: Callable[[str], None] | None = None,
+        plan: Callable[[int | None], None] | None = None,
+    ) -> None:
         self._step = step
         self._describe = describe
+        self._plan = plan
 
     def __call__(self, units: int) -> None:
         self._step(units)
@@ -121,19 +131,56 @@ class Advance:
         if self._describe is not None:
             self._describe(text)
 
+    def plan(self, total: int | None) -> None:
+        if self._plan is not None:
+            self._plan(total)
+
 
 class Reporter:
-    """Messages and progress for one command run; silent under ``quiet``."""
+    """Messages and progress for one command run; silent under ``quiet``. ``clock`` times the
+    progress (tests pass their own)."""
 
-    def __init__(self, quiet: bool = False) -> None:
+    def __init__(self, quiet: bool = False, clock: Clock = time.monotonic) -> None:
         self.quiet = quiet
         #: every warning said, in order: a command's report carries each of them in its JSON
         #: ``warnings`` (:func:`curvcal.commands.common.finish`), so none is printed only
         self.warned: list[str] = []
+        self.clock = clock
+        self._began = clock()
+        self._held_stage: str | None = None
+
+    def _plain(self, text: str, *, stage: bool = False) -> bool:
+        """A line for a stderr that is not a terminal. A stage line is held and written just
+        before the next progress line, and no line comes in the first
+        :data:`~curvcal.pace.PLAIN_GRACE_SECONDS` of the run: a quick run, or one that stops
+        on its input, says only its result or its one error line. Returns whether the line
+        was written."""
+        if stage:  # said with the next count: a run that stops on bad input says one line
+            self._held_stage = text
+            return False
+        if self.clock() - self._began < PLAIN_GRACE_SECONDS:
+            return False
+        console = stderr_console()
+        if self._held_stage is not None and not stage:
+            console.print(self._held_stage, highlight=False, markup=False)
+        self._held_stage = None
+        console.print(text, highlight=False, markup=False)
+        return True
 
     def info(self, message: str) -> None:
         if not self.quiet:
             stderr_console().print(message, highlight=False)
+
+    def stage(self, text: str) -> None:
+        """Say which step the run is in (``loading the checkpoint``), as a line on stderr,
+        so that the first second of a run already says something."""
+        if self.quiet:
+            return
+        console = stderr_console()
+        if console.is_terminal:
+            console.print(f"curvcal: {text}", highlight=False, markup=False)
+        else:
+            self._plain(f"curvcal: {text}", stage=True)
 
     def warn(self, message: str) -> None:
         """Warnings are shown even under --quiet, and kept in :attr:`warned` for the JSON
@@ -143,24 +190,46 @@ class Reporter:
 
     @contextmanager
     def progress(self, description: str, total: int | None) -> Iterator[Advance]:
-        """A progress bar on an interactive stderr; yields an :class:`Advance` taking completed
-        units (and a new description).
+        """Progress of countable work on stderr; yields an :class:`Advance` taking completed
+        units (and a new description, a new total).
 
-        ``total=None`` when the amount of work is not known in advance (a count, no bar end)."""
+        On a terminal, a bar with the count, the total and the time left
+        (:class:`~curvcal.pace.Pace`); elsewhere (a CI log) plain lines, one every 10% or
+        30 s (:class:`~curvcal.pace.PlainLines`). ``total=None`` when the amount of work is not
+        known in advance (a count, no bar end)."""
         console = stderr_console()
-        if self.quiet or not console.is_terminal:
+        if self.quiet:
             yield Advance(lambda _n: None)
             return
+        if not console.is_terminal:
+            lines = PlainLines(description, total, self._plain, self.clock)
+            yield Advance(lines.advance, lines.describe, lines.plan)
+            lines.finish()
+            return
+        pace = Pace(total, self.clock)
         columns = (
             TextColumn("{task.description}"),
             BarColumn(),
-            TextColumn("{task.completed}" if total is None else "{task.completed}/{task.total}"),
+            TextColumn("{task.fields[pace]}"),
             TimeElapsedColumn(),
-            TimeRemainingColumn(),
         )
         with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task(description, total=total)
-            yield Advance(
-                lambda n: bar.advance(task, n),
-                lambda text: bar.update(task, description=text),
-            )
+            task = bar.add_task(description, total=total, pace=pace.text())
+
+            def step(units: int) -> None:
+                pace.update(pace.done + units)
+                bar.update(task, completed=pace.done, total=pace.total, pace=pace.text())
+
+            def plan(new_total: int | None) -> None:
+                pace.plan(new_total)
+                bar.update(task, total=pace.total, pace=pace.text())
+
+            shown = [description]
+
+            def describe(text: str) -> None:
+                if text != shown[0]:
+                    shown[0] = text
+                    pace.restart()
+                    bar.update(task, description=text)
+
+            yield Advance(step, describe, plan)

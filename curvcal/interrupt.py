@@ -24,6 +24,15 @@ in progress, and each output once it is moved into place. The register lives for
 The steps that must not be cut in two (create a temporary file and register it; move it into
 place and register the output) run inside :func:`held`, which postpones an interrupt to the end
 of the block. Library code that never calls :func:`install` keeps Python's own Ctrl-C.
+
+A staged computation whose finished stages are worth keeping (the Hessian analysis: the
+eigenvalues done, the trace running) runs inside :func:`stages`: there the first Ctrl-C only
+asks it to stop; its progress hook reads :func:`stop_requested` between products (in Python
+code, never from the signal handler) and raises
+:class:`~curvcal.curvature.progress.Stopped`, which the computation returns with what it
+finished. The command then writes those results, whole and atomically, with
+``status: interrupted`` and exits 130. A second Ctrl-C, or one before any stage finished,
+ends the run as above, nothing written.
 """
 
 from __future__ import annotations
@@ -56,6 +65,8 @@ class _Register:
         self.on_stop: list[Callable[[], None]] = []
         #: the descriptor ``curvcal: interrupted`` is written to (2 unless it is held elsewhere)
         self.stderr_fd = 2
+        self.staged = 0  # inside stages(): the first Ctrl-C asks, it does not stop
+        self.stop_asked = False
 
 
 _REGISTER = _Register()
@@ -87,6 +98,7 @@ def run_scope() -> Iterator[None]:
     _REGISTER.temporary.clear()
     _REGISTER.outputs.clear()
     _REGISTER.active = True
+    _REGISTER.stop_asked = False
     try:
         yield
     finally:
@@ -152,9 +164,33 @@ def discard() -> None:
     _REGISTER.outputs.clear()
 
 
+@contextmanager
+def stages() -> Iterator[None]:
+    """A staged computation: the first Ctrl-C sets :func:`stop_requested` instead of ending
+    the process (only where :func:`install` handles SIGINT)."""
+    _REGISTER.staged += 1
+    try:
+        yield
+    finally:
+        _REGISTER.staged -= 1
+
+
+def stop_requested() -> bool:
+    """Whether Ctrl-C asked the staged computation running to stop."""
+    return _REGISTER.stop_asked
+
+
+def stop_now() -> None:
+    """End the run as an interrupt outside :func:`stages` does: remove what it wrote, exit 130."""
+    _stop()
+
+
 def _on_interrupt(signum: int, frame: FrameType | None) -> None:
     if os.getpid() != _REGISTER.owner:  # a forked worker: its parent speaks for the run
         os._exit(EXIT_INTERRUPTED)
+    if _REGISTER.staged and not _REGISTER.stop_asked and not _REGISTER.holding:
+        _REGISTER.stop_asked = True
+        return
     if _REGISTER.holding:
         _REGISTER.pending = True
         return

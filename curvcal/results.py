@@ -22,6 +22,8 @@ STATUS_OK = "ok"
 STATUS_PASS = "pass"
 STATUS_FAIL = "fail"
 STATUS_ERROR = "error"
+#: Ctrl-C stopped the run; the report holds the stages it finished
+STATUS_INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Ctrl-C: a real `python -m curvcal hessian` process gets SIGINT mid-run, exits 130, prints
-`curvcal: interrupted` last, leaves no output file (nor a temporary one) and no terminal codes."""
+`curvcal: interrupted` last and no terminal codes. Before the first stage (the eigenvalues) is
+finished it leaves no output file (nor a temporary one); after it, the whole report of the
+stages finished, with status interrupted."""
 
 from __future__ import annotations
 
@@ -28,10 +30,11 @@ def test_sigint_exits_130_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": str(Path(curvcal.__file__).parent.parent), "NO_COLOR": "1"}
     command = [sys.executable, "-m", "curvcal", "hessian", str(CHECKPOINT),
-               "--data", "curvcal:digits", "--device", "cpu", "--probes", "29000",
-               "--trace-method", "hutchinson", "-o", str(out)]  # fmt: skip
-    # Hutchinson keeps the run in its product loop; a 100,000-product Hutch++ would first draw
-    # a 9,802 × 33,333 float64 sketch (2.6 GB), which under a loaded machine can outlast the wait.
+               "--data", "curvcal:digits", "--device", "cpu", "--method", "power",
+               "--top-k", "20", "--tol", "1e-30", "--max-iter", "100000",
+               "--no-trace", "-o", str(out)]  # fmt: skip
+    # power iteration for 20 values to a tolerance float32 never meets keeps the run in its
+    # first stage (the eigenvalues) for minutes: nothing is finished when the signal comes
     process = subprocess.Popen(
         command,
         cwd=tmp_path,
@@ -62,3 +65,47 @@ def test_sigint_exits_130_and_writes_nothing(tmp_path: Path) -> None:
     assert stderr.rstrip().endswith("curvcal: interrupted")
     assert "Traceback" not in stderr and "\x1b" not in stderr and stdout == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sigint_in_the_trace_writes_the_eigenvalues_with_status_interrupted(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    out = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(curvcal.__file__).parent.parent), "NO_COLOR": "1"}
+    command = [sys.executable, "-m", "curvcal", "hessian", str(CHECKPOINT),
+               "--data", "curvcal:digits", "--device", "cpu", "--probes", "29000",
+               "--trace-method", "hutchinson", "-o", str(out)]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_a_shell_starts_it,
+    )
+    said: list[str] = []
+    try:
+        assert process.stderr is not None
+        # off a terminal the progress lines begin after a few seconds; the first one of the
+        # trace stage says the eigenvalues are finished
+        for line in process.stderr:
+            said.append(line)
+            if "(trace)" in line:
+                break
+        assert any("(trace)" in line for line in said), said
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, stderr
+    assert stderr.rstrip().endswith("curvcal: interrupted")
+    assert "Traceback" not in stderr
+    assert [path.name for path in tmp_path.iterdir()] == ["report.json"]  # no temporary file
+    report = json.loads(out.read_text())
+    assert report["status"] == "interrupted" and report["results"]["trace"] is None
+    assert report["results"]["spectrum"]["values"][0]["converged"]
+    assert "Hessian eigenvalues" in stdout

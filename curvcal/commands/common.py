@@ -11,9 +11,9 @@ import click
 
 from curvcal.commands.clashes import Named, refuse_clashes
 from curvcal.console import Reporter
-from curvcal.errors import EXIT_CHECK_FAILED, EXIT_NUMERICAL, EXIT_OK
+from curvcal.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_NUMERICAL, EXIT_OK
 from curvcal.report.tables import FORMATS, Table, check_output_path, emit
-from curvcal.results import STATUS_ERROR, STATUS_FAIL, Report
+from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_INTERRUPTED, Report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,6 +27,7 @@ class OutputOptions:
     force: bool = False
     quiet: bool = False
     debug: bool = False
+    explain: bool = False
     #: the option that set each of ``fmt`` and ``output``, to refuse a second, different one
     given: dict[str, str] = field(default_factory=dict)
 
@@ -92,7 +93,8 @@ policy_option = click.option(
 
 
 def output_options(func: F) -> F:
-    """Add ``--json``, ``--format``, ``-o/--output``, ``--force``, ``-q/--quiet``, ``--debug``."""
+    """Add ``--json``, ``--format``, ``-o/--output``, ``--force``, ``-q/--quiet``, ``--debug``,
+    ``--explain``."""
     decorators = [
         click.option(
             "--json",
@@ -125,6 +127,7 @@ def output_options(func: F) -> F:
             "-q", "quiet", "No progress or messages on stderr (warnings still shown).", "--quiet"
         ),
         _flag("--debug", "debug", "Show a traceback on errors."),
+        _flag("--explain", "explain", "Show the tables' captions whole (the conventions)."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -153,19 +156,25 @@ _REPORTER = "curvcal.reporter"
 
 
 def finish(report: Report, tables: Sequence[Table]) -> int:
-    """Emit the report and return the exit code its status implies. Every warning the run's
-    reporter said on stderr is in the report's ``warnings`` (the one path by which a warning
-    reaches the JSON as well as stderr): those the pipeline did not record are added, in the
-    order they were said."""
+    """Emit the report, its tables after what was measured
+    (:func:`~curvcal.report.header.measured_table`, for every command alike), and return the
+    exit code its status implies. Every warning the run's reporter said on stderr is in the
+    report's ``warnings`` (the one path by which a warning reaches the JSON as well as stderr):
+    those the pipeline did not record are added, in the order they were said."""
     options = get_output_options()
+    from curvcal.report.header import measured_table
+
     reporter = click.get_current_context().find_root().meta.get(_REPORTER)
     if isinstance(reporter, Reporter):
         recorded = set(report.warnings)
         missing = [message for message in reporter.warned if message not in recorded]
         report.warnings = [*report.warnings, *dict.fromkeys(missing)]
-    emit(report, tables, options.fmt, options.output)
+    emit(report, tables, options.fmt, options.output, options.explain, measured_table(report))
     if report.status == STATUS_FAIL:
         return EXIT_CHECK_FAILED
     if report.status == STATUS_ERROR:
         return EXIT_NUMERICAL
+    if report.status == STATUS_INTERRUPTED:  # the stages finished are written; say so last
+        click.echo("curvcal: interrupted", err=True)
+        return EXIT_INTERRUPTED
     return EXIT_OK

@@ -39,7 +39,7 @@ from curvcal.curvature.plan import (
     refuse_needless_probes,
 )
 from curvcal.curvature.precision import significant_digits
-from curvcal.curvature.progress import OnStageStep, OnStep
+from curvcal.curvature.progress import OnStageStep, OnStep, Stopped
 from curvcal.curvature.residual import estimator_of, split_trace
 from curvcal.curvature.results import (
     ConvergenceWarning,
@@ -139,7 +139,11 @@ def analyse_operator(
 ) -> HessianAnalysis:
     """:func:`analyse_hessian` on an operator already built (its loss, parameters and how it
     runs are the operator's: the operator fields of ``settings`` are not read again).
-    ``timings`` holds the seconds already spent (``setup``); the stages' are added to it."""
+    ``timings`` holds the seconds already spent (``setup``); the stages' are added to it.
+    ``on_step`` is also called at the end of each stage with the products made so far (its
+    last products come after its last step). When ``on_step`` raises
+    :class:`~curvcal.curvature.progress.Stopped` after the eigenvalues, it is raised again
+    carrying the analysis of the stages finished (the others ``None``)."""
     timings = {} if timings is None else dict(timings)
     n_params = operator.shape[0]
     if settings.top_k > n_params:
@@ -197,6 +201,10 @@ def analyse_operator(
 
         def stop() -> None:
             timings[stage] = time.perf_counter() - start
+            # the stage's last products (Lanczos's residual checks, a final block) come
+            # after its last step report: the count at its end is the one the table shows
+            if on_step is not None and stage != "loss":
+                on_step(stage, operator.total_matvecs)
 
         return stop
 
@@ -209,98 +217,107 @@ def analyse_operator(
     stop()
 
     smallest = None
-    if settings.smallest:
-        stop = timed("smallest")
-        smallest = _eigen(operator, settings, 1, "smallest", budget, hook("smallest"))
-        stop()
-
     trace, shares = None, None
-    if settings.trace:
-        stop = timed("trace")
-        before = dict(operator.engine_products)
-        method = TRACE_METHODS[settings.trace_method]
-        max_sketch = sketch_limit(estimator_of(method), n_params, operator.dtype, budget, free)
-        if settings.trace_method == "gauss-newton":  # checked by choose_trace_method
-            # no product is made: the stage's name carries the batches done
-            shares = tensor_traces(
-                operator,
-                on_step=None
-                if on_step is None
-                else lambda done: on_step(
-                    f"Gauss–Newton trace, batch {done}", operator.total_matvecs
-                ),
-            )
-            trace = trace_result(shares)
-        elif method in SPLIT_METHODS:
-            trace = split_trace(
-                operator,
-                method,
-                settings.probes,
-                distribution=settings.probe_dist,
-                seed=settings.seed,
-                probe_batch=operator.probe_batch,
-                max_sketch=max_sketch,
-                on_exact=None
-                if on_step is None
-                else lambda done: on_step(
-                    f"Gauss–Newton part, batch {done}", operator.total_matvecs
-                ),
-                on_step=hook("trace"),
-            )
-        else:
-            trace = _with_engines(
-                operator,
-                before,
-                trace_estimate(
+    density = None
+    layers = None
+    stopped: Stopped | None = None
+    try:  # the stages after λmax: a hook that stops the run keeps what they finished
+        smallest = None
+        if settings.smallest:
+            stop = timed("smallest")
+            smallest = _eigen(operator, settings, 1, "smallest", budget, hook("smallest"))
+            stop()
+
+        trace, shares = None, None
+        if settings.trace:
+            stop = timed("trace")
+            before = dict(operator.engine_products)
+            method = TRACE_METHODS[settings.trace_method]
+            max_sketch = sketch_limit(estimator_of(method), n_params, operator.dtype, budget, free)
+            if settings.trace_method == "gauss-newton":  # checked by choose_trace_method
+                # no product is made: the stage's name carries the batches done
+                shares = tensor_traces(
                     operator,
+                    on_step=None
+                    if on_step is None
+                    else lambda done: on_step(
+                        f"Gauss–Newton trace, batch {done}", operator.total_matvecs
+                    ),
+                )
+                trace = trace_result(shares)
+            elif method in SPLIT_METHODS:
+                trace = split_trace(
+                    operator,
+                    method,
                     settings.probes,
-                    method=TRACE_METHODS[settings.trace_method],
-                    rtol=settings.trace_rtol,
-                    max_probes=settings.probes,
-                    min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
                     distribution=settings.probe_dist,
                     seed=settings.seed,
                     probe_batch=operator.probe_batch,
                     max_sketch=max_sketch,
+                    on_exact=None
+                    if on_step is None
+                    else lambda done: on_step(
+                        f"Gauss–Newton part, batch {done}", operator.total_matvecs
+                    ),
                     on_step=hook("trace"),
+                )
+            else:
+                trace = _with_engines(
+                    operator,
+                    before,
+                    trace_estimate(
+                        operator,
+                        settings.probes,
+                        method=TRACE_METHODS[settings.trace_method],
+                        rtol=settings.trace_rtol,
+                        max_probes=settings.probes,
+                        min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
+                        distribution=settings.probe_dist,
+                        seed=settings.seed,
+                        probe_batch=operator.probe_batch,
+                        max_sketch=max_sketch,
+                        on_step=hook("trace"),
+                    ),
+                )
+            stop()
+
+        density = None
+        if settings.density:
+            stop = timed("density")
+            before = dict(operator.engine_products)
+            density = _with_engines(
+                operator,
+                before,
+                spectral_density(
+                    operator,
+                    runs=settings.density_runs,
+                    steps=settings.density_steps,
+                    seed=settings.seed,
+                    reorthogonalise=density_keeps_basis(
+                        settings.density_steps, n_params, budget, settings.max_basis, operator.dtype
+                    ),
+                    on_step=hook("density"),
                 ),
             )
-        stop()
+            stop()
 
-    density = None
-    if settings.density:
-        stop = timed("density")
-        before = dict(operator.engine_products)
-        density = _with_engines(
-            operator,
-            before,
-            spectral_density(
+        layers = None
+        if settings.per_layer:
+            stop = timed("layers")
+            layers = layer_curvature(
                 operator,
-                runs=settings.density_runs,
-                steps=settings.density_steps,
+                tol=settings.tol,
+                max_iter=settings.max_iter,
+                n_probes=settings.probes,
+                distribution=settings.probe_dist,
                 seed=settings.seed,
-                reorthogonalise=density_keeps_basis(
-                    settings.density_steps, n_params, budget, settings.max_basis, operator.dtype
-                ),
-                on_step=hook("density"),
-            ),
-        )
-        stop()
+                on_step=hook("layers"),
+                gauss_newton=shares,
+            )
+            stop()
 
-    layers = None
-    if settings.per_layer:
-        stop = timed("layers")
-        layers = layer_curvature(
-            operator,
-            tol=settings.tol,
-            max_iter=settings.max_iter,
-            n_probes=settings.probes,
-            distribution=settings.probe_dist,
-            seed=settings.seed,
-            on_step=hook("layers"),
-            gauss_newton=shares,
-        )
-        stop()
+    except Stopped as signal:
+        stopped = signal
 
     description = {
         "curvature": operator.curvature,
@@ -328,7 +345,7 @@ def analyse_operator(
         "n_data_passes": operator.total_data_passes,
         "trace_choice": trace_choice,
     }
-    return HessianAnalysis(
+    analysis = HessianAnalysis(
         lambda_max=spectrum.values[0].value,
         lambda_min=smallest.values[0].value if smallest is not None else None,
         spectrum=spectrum,
@@ -339,6 +356,9 @@ def analyse_operator(
         operator=description,
         timings=timings,
     )
+    if stopped is not None:
+        raise Stopped(analysis, stopped.stage) from None
+    return analysis
 
 
 def analyse_hessian_with_messages(

@@ -1,7 +1,7 @@
 """How long a Hessian analysis will take, forecast from its first products, and what to do about it.
 
-The forecast is (products planned) × (seconds per product), the second measured between the
-first two progress reports of the run (so it excludes loading, the memory measurement and the
+The forecast is (products planned) × (seconds per product), the second measured from the
+first progress report of the run until five products are done (so it excludes loading, the memory measurement and the
 loss pass). Products planned, for :class:`~curvcal.curvature.analysis.HessianSettings`:
 
 * eigenvalues, Lanczos (the default): 10 + 3k steps and k residual checks, at most the step
@@ -46,20 +46,28 @@ def _eigen_products(k: int, method: str, max_iter: int | None, n_params: int) ->
     return min(steps, allowed) + k
 
 
-def planned_products(settings: HessianSettings, n_params: int, n_blocks: int = 0) -> int:
-    """The products a run of ``settings`` typically makes on a Hessian of ``n_params`` rows,
-    ``n_blocks`` module blocks with ``per_layer`` (the counts of this module's docstring)."""
+def planned_by_stage(settings: HessianSettings, n_params: int, n_blocks: int = 0) -> dict[str, int]:
+    """The products a run of ``settings`` typically makes in each stage (``eigenvalues``,
+    ``smallest``, ``trace``, ``density``, ``layers``; stages that run no product left out) on a
+    Hessian of ``n_params`` rows with ``n_blocks`` module blocks (the counts of this module's
+    docstring)."""
     method = settings.method or "lanczos"
-    total = _eigen_products(settings.top_k, method, settings.max_iter, n_params)
+    stages = {"eigenvalues": _eigen_products(settings.top_k, method, settings.max_iter, n_params)}
     if settings.smallest:
-        total += _eigen_products(1, settings.method or "lanczos", settings.max_iter, n_params)
+        stages["smallest"] = _eigen_products(1, "lanczos", settings.max_iter, n_params)
     if settings.trace and settings.trace_method != "gauss-newton":  # it makes no product
-        total += settings.probes  # auto: the most, when it falls back to Hutch++
+        stages["trace"] = settings.probes  # auto: the most, when it falls back to Hutch++
     if settings.density:
-        total += settings.density_runs * settings.density_steps
+        stages["density"] = settings.density_runs * settings.density_steps
     if settings.per_layer:
-        total += n_blocks * (_TYPICAL_POWER_ITERATIONS + settings.probes)
-    return total
+        stages["layers"] = n_blocks * (_TYPICAL_POWER_ITERATIONS + settings.probes)
+    return stages
+
+
+def planned_products(settings: HessianSettings, n_params: int, n_blocks: int = 0) -> int:
+    """The products a run of ``settings`` typically makes: the sum of
+    :func:`planned_by_stage`."""
+    return sum(planned_by_stage(settings, n_params, n_blocks).values())
 
 
 def _duration(seconds: float) -> str:
@@ -70,33 +78,102 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _hints(
+    plan: dict[str, int], settings: HessianSettings | None, given: frozenset[str], device: str
+) -> list[str]:
+    """What would shorten the run, the stages that cost most first; nothing already given."""
+    total = max(sum(plan.values()), 1)
+    hints: list[tuple[int, str]] = []
+    if "layers" in plan:
+        hints.append(
+            (
+                plan["layers"],
+                f"--per-layer costs {plan['layers']} products (leave it out, or narrow it with --params)",
+            )
+        )
+    if "density" in plan and settings is not None:
+        hints.append(
+            (
+                plan["density"],
+                f"--density costs {plan['density']} products ({settings.density_runs} runs × {settings.density_steps} steps: fewer with --density-runs, --density-steps)",
+            )
+        )
+    if "trace" in plan and (settings is None or settings.probes > 20):
+        hints.append(
+            (
+                plan["trace"],
+                f"the trace costs {plan['trace']} products (--probes 20 for a rougher one, or --no-trace)",
+            )
+        )
+    if "smallest" in plan:
+        hints.append((plan["smallest"], f"--smallest costs {plan['smallest']} products"))
+    if settings is not None and settings.top_k > 1:
+        hints.append(
+            (
+                plan.get("eigenvalues", 0),
+                f"--top-k {settings.top_k} costs {plan.get('eigenvalues', 0)} products (--top-k 1 for λmax alone)",
+            )
+        )
+    named = [text for cost, text in sorted(hints, key=lambda pair: -pair[0]) if cost * 10 >= total]
+    general = []
+    if settings is None or not settings.params:
+        general.append("--params 'PATTERN' (the block of some layers)")
+    if "--max-samples" not in given:
+        general.append("--max-samples N (fewer samples)")
+    if settings is None or settings.tol < 1e-3:
+        general.append("--tol 1e-3 (looser eigenvalues)")
+    if settings is None and "--probes" not in given:
+        general.append("--probes 20 (a rougher trace)")
+    if device == "cpu":
+        general.append("a GPU (--device cuda)")
+    if general:
+        named.append("to trade accuracy for time: " + ", ".join(general))
+    return named
+
+
 def slow_run_advice(
-    seconds_per_product: float, planned: int, threshold: float = SLOW_RUN_SECONDS
+    seconds_per_product: float,
+    planned: int | dict[str, int],
+    threshold: float = SLOW_RUN_SECONDS,
+    *,
+    settings: HessianSettings | None = None,
+    given: frozenset[str] = frozenset(),
+    device: str = "cpu",
 ) -> str | None:
     """The note for a run forecast at ``planned`` × ``seconds_per_product`` seconds, or None
-    when that is at most ``threshold`` seconds."""
-    total = planned * seconds_per_product
+    when that is at most ``threshold`` seconds. ``planned`` by stage (:func:`planned_by_stage`)
+    lets the note name the stages that cost most, the options behind them first; options
+    already in ``settings`` or ``given`` (``--max-samples``) and a GPU already used are not
+    suggested again."""
+    plan = planned if isinstance(planned, dict) else {"products": planned}
+    count = sum(plan.values())
+    total = count * seconds_per_product
     if not total > threshold:
         return None
+    hints = _hints(plan, settings, given, device)
     return (
-        f"this run will take about {_duration(total)} (about {planned} Hessian-vector products "
-        f"of {seconds_per_product:.3g} s each); to trade accuracy for time: --params 'PATTERN' "
-        "(the block of some layers), --max-samples N (fewer samples), --tol 1e-3 (looser "
-        "eigenvalues), --probes 20 (a rougher trace), or a GPU (--device cuda)"
+        f"this run will take about {_duration(total)} (about {count} Hessian-vector products "
+        f"of {seconds_per_product:.3g} s each)" + "".join(f"; {hint}" for hint in hints)
     )
 
 
+#: products timed before the note is said (the first product, which warms caches and
+#: kernels, is not counted: the pace is measured over the next ones)
+FORECAST_PRODUCTS = 5
+
+
 def forecast_hook(
-    planned: int | Callable[[], int],
+    planned: int | Callable[[], int | dict[str, int]],
     notify: Callable[[str], None],
     *,
     threshold: float = SLOW_RUN_SECONDS,
     clock: Callable[[], float] = time.perf_counter,
+    advise: Callable[[float, int | dict[str, int]], str | None] | None = None,
 ) -> Callable[[str, int], None]:
-    """A progress hook (stage, products so far) that times the products between its first two
-    calls and, when :func:`slow_run_advice` has something to say, passes it to ``notify`` once.
-    ``planned`` may be a callable, read at that moment (the plan can change once the run has
-    chosen its trace method)."""
+    """A progress hook (stage, products so far) that times the products from its first call
+    until :data:`FORECAST_PRODUCTS` are done and, when :func:`slow_run_advice` (or ``advise``)
+    has something to say, passes it to ``notify`` once. ``planned`` may be a callable, read at
+    that moment (the plan can change once the run has chosen its trace method)."""
     first: list[tuple[float, int]] = []
     done = [False]
 
@@ -108,11 +185,15 @@ def forecast_hook(
             first.append((now, matvecs))
             return
         then, before = first[0]
-        if matvecs <= before:
+        if matvecs <= before or matvecs < FORECAST_PRODUCTS:
             return
         done[0] = True
         count = planned() if callable(planned) else planned
-        advice = slow_run_advice((now - then) / (matvecs - before), count, threshold)
+        per_product = (now - then) / (matvecs - before)
+        if advise is not None:
+            advice = advise(per_product, count)
+        else:
+            advice = slow_run_advice(per_product, count, threshold)
         if advice is not None:
             notify(advice)
 
@@ -120,12 +201,17 @@ def forecast_hook(
 
 
 def forecast_for(
-    model: nn.Module, settings: HessianSettings, notify: Callable[[str], None]
-) -> tuple[Callable[[str, int], None], Callable[[HessianSettings], None]]:
+    model: nn.Module,
+    settings: HessianSettings,
+    notify: Callable[[str], None],
+    given: frozenset[str] = frozenset(),
+) -> tuple[Callable[[str, int], None], Callable[[HessianSettings], None], Callable[[], int]]:
     """:func:`forecast_hook` for ``settings`` on ``model`` (P and the module blocks counted
-    from its trainable parameters selected by ``settings.params``), and a function that plans
+    from its trainable parameters selected by ``settings.params``), a function that plans
     again from the settings the run resolved (``--trace-method auto`` become ``gauss-newton``,
-    which makes no product, or ``hutchpp``): the analysis's ``on_plan``."""
+    which makes no product, or ``hutchpp``): the analysis's ``on_plan``, and the products
+    planned now (the progress total). ``given``: options the user gave that the advice must
+    not suggest again (``--max-samples``)."""
     n_params = selected_parameter_count(model, settings.params)
     owners = {
         name.rpartition(".")[0]
@@ -133,9 +219,18 @@ def forecast_for(
         if p.requires_grad
         and (not settings.params or any(fnmatch.fnmatchcase(name, g) for g in settings.params))
     }
-    planned = [planned_products(settings, n_params, len(owners))]
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    plan = [planned_by_stage(settings, n_params, len(owners))]
+    resolved = [settings]
 
-    def replan(resolved: HessianSettings) -> None:
-        planned[0] = planned_products(resolved, n_params, len(owners))
+    def replan(new: HessianSettings) -> None:
+        resolved[0] = new
+        plan[0] = planned_by_stage(new, n_params, len(owners))
 
-    return forecast_hook(lambda: planned[0], notify, threshold=SLOW_RUN_SECONDS), replan
+    def advise(per_product: float, count: int | dict[str, int]) -> str | None:
+        return slow_run_advice(
+            per_product, count, SLOW_RUN_SECONDS, settings=resolved[0], given=given, device=device
+        )
+
+    hook = forecast_hook(lambda: plan[0], notify, advise=advise)
+    return hook, replan, lambda: sum(plan[0].values())

@@ -2,7 +2,8 @@
 
 A hook is called with the count done so far (products, probes, steps or modules, as the
 function that takes it documents); a staged computation also names the stage running. Both are
-optional arguments: ``None`` means nobody is listening. Kernels call them, never print.
+optional arguments: ``None`` means nobody is listening. Kernels call them, never print. A hook
+may raise :class:`Stopped` to end a staged computation early with the stages it finished.
 """
 
 from __future__ import annotations
@@ -15,3 +16,14 @@ OnStep = Callable[[int], None] | None
 OnStageStep = Callable[[str, int], None] | None
 """Progress of a staged computation: the stage running and the count done so far in all stages,
 or ``None`` for no hook."""
+
+
+class Stopped(Exception):
+    """Raised by a progress hook to stop a staged computation between products (Ctrl-C in
+    the CLI). The computation raises it again with ``finished``, the result of the stages it
+    finished (``None`` if none), and ``stage``, the one it stopped in."""
+
+    def __init__(self, finished: object = None, stage: str = "") -> None:
+        super().__init__(stage)
+        self.finished = finished
+        self.stage = stage

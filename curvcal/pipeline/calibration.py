@@ -237,6 +237,11 @@ def run_calibrate(
         )
     for warning in warnings[said:]:
         session.reporter.warn(warning)
+    session.reporter.stage(
+        "evaluating the saved calibrators"
+        if applied is not None
+        else f"fitting and evaluating the calibration maps (--method {settings.method})"
+    )
     if applied is not None:
         from curvcal.calibration.analysis import evaluate_calibrators
 

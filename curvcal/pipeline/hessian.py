@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from curvcal.errors import EXIT_NUMERICAL, EXIT_OK, NumericalError
-from curvcal.results import STATUS_ERROR, STATUS_OK, Report
+from curvcal.errors import EXIT_INTERRUPTED, EXIT_NUMERICAL, EXIT_OK, NumericalError
+from curvcal.results import STATUS_ERROR, STATUS_INTERRUPTED, STATUS_OK, Report
 from curvcal.settings.fields import groups
 from curvcal.settings.hessian import HessianSettings
 
@@ -39,6 +39,8 @@ class HessianRun:
 
     @property
     def exit_code(self) -> int:
+        if self.report.status == STATUS_INTERRUPTED:
+            return EXIT_INTERRUPTED
         return EXIT_NUMERICAL if self.report.status == STATUS_ERROR else EXIT_OK
 
 
@@ -69,10 +71,19 @@ def run_hessian(
         loaded = session.model(checkpoint)
         resolved, choice = session.hessian_settings(loaded, settings)
         data = session.dataset(loaded, data_options)
-        curvature = session.hessian(loaded, data, resolved, data_options.batch_size, choice=choice)
+        curvature = session.hessian(
+            loaded, data, resolved, data_options.batch_size, choice=choice, keep_stages=True
+        )
     analysis, messages = curvature.analysis, curvature.messages
     failed = analysis.unconverged
     status = STATUS_ERROR if (settings.strict and failed) else STATUS_OK
+    stopped = []
+    if curvature.interrupted is not None:
+        status = STATUS_INTERRUPTED
+        stopped = [
+            f"interrupted (Ctrl-C) in the {curvature.interrupted} stage: the results hold the "
+            "stages finished before it"
+        ]
     failure = None
     if status == STATUS_ERROR:
         failure = NumericalError(
@@ -95,6 +106,6 @@ def run_hessian(
             "total": time.perf_counter() - began,
         },
         environment=environment(loaded.device),
-        warnings=session.warnings + curvature.notes + messages,
+        warnings=session.warnings + curvature.notes + messages + stopped,
     )
     return HessianRun(analysis, report, str(loaded.device), session.is_main, failure)

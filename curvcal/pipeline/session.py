@@ -20,6 +20,7 @@ the NaN policy and loading once hold for every command alike.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,6 +57,8 @@ class Curvature:
     settings: HessianSettings
     notes: list[str]
     messages: list[str]
+    #: the stage Ctrl-C stopped (the analysis holds the stages before it), or None
+    interrupted: str | None = None
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Session:
         from curvcal.load.checkpoint import load_model
 
         if path not in self._models:
+            self.reporter.stage(f"loading {path.name}")
             began = time.perf_counter()
             options = self.checkpoint_settings.replace(device=str(self.device))
             loaded = load_model(path, options)
@@ -136,12 +140,15 @@ class Session:
         key = (settings, None if loaded is None else loaded.path)
         new = key not in self._datasets
         if new:
+            self.reporter.stage(f"reading {option} {settings.data}")
             if loaded is not None:
                 text_model = text_model_of(loaded)
             preprocessing = None if loaded is None else loaded.preprocessing
             self._datasets[key] = load_dataset(settings, preprocessing, text_model)
         data = self._datasets[key]
         if check and loaded is not None:
+            if new:
+                self.reporter.stage("checking that the model takes the data")
             check_compatible(loaded, data, option)
         if new and self.is_main:  # once the model is known to take it
             say_preprocessing(data, self.reporter, self.warnings, option)
@@ -218,12 +225,15 @@ class Session:
         choice: str | None = None,
         option: str = "--data",
         on_operator: Callable[[Any], None] | None = None,
+        keep_stages: bool = False,
     ) -> Curvature:
         """The Hessian analysis of ``loaded``'s mean loss over ``data`` with ``settings`` as
         :meth:`hessian_settings` resolved them (and their parameter ``choice``, said on stderr
         and recorded in the results), products summed across ranks under torchrun.
         ``on_operator`` sees the operator once it is built (``study`` counts FLSD-53's γ
-        groups on it)."""
+        groups on it). ``keep_stages``: the first Ctrl-C after the eigenvalues stops the
+        analysis and keeps the stages finished (``Curvature.interrupted`` names the stage
+        stopped); only a command that reports them as interrupted asks for it."""
         import dataclasses
 
         if choice is not None and settings.params and self.is_main:
@@ -236,8 +246,16 @@ class Session:
             if on_operator is not None:
                 on_operator(operator)
 
-        analysis, notes, messages = _measure(
-            loaded.module, batches, settings, self.reporter, self.context, seen
+        given = frozenset({"--max-samples"}) if data.subset is not None else frozenset()
+        analysis, notes, messages, stopped = _measure(
+            loaded.module,
+            batches,
+            settings,
+            self.reporter,
+            self.context,
+            seen,
+            given,
+            keep_stages and not self.context.active,
         )
         extra: dict[str, Any] = {}
         error_estimate = getattr(built[0], "error_estimate", None) if built else None
@@ -261,7 +279,7 @@ class Session:
                 **extra,
             },
         )
-        return Curvature(analysis, settings, notes, messages)
+        return Curvature(analysis, settings, notes, messages, stopped)
 
     def _add_time(self, stage: str, began: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - began
@@ -429,19 +447,27 @@ def _measure(
     reporter: Reporter,
     context: DistContext,
     on_operator: Callable[[Any], None] | None = None,
-) -> tuple[HessianAnalysis, list[str], list[str]]:
-    """Run the analysis with a progress count of Hessian-vector products on stderr, and the
-    long-run note (:mod:`~curvcal.curvature.forecast`) once the first products are timed.
+    given: frozenset[str] = frozenset(),
+    keep_stages: bool = False,
+) -> tuple[HessianAnalysis, list[str], list[str], str | None]:
+    """Run the analysis with a progress count of Hessian-vector products against the products
+    planned (:mod:`~curvcal.curvature.forecast`) on stderr, and the long-run note once the
+    first products are timed.
 
-    Returns the analysis, the notes already said on stderr as they came (the sketch's memory)
-    and the warnings it raised (convergence, engine fallback) as messages to say at the end.
-    Only rank 0 says notes."""
+    Returns the analysis, the notes already said on stderr as they came (the sketch's memory),
+    the warnings it raised (convergence, engine fallback) as messages to say at the end, and
+    the stage Ctrl-C stopped (``None``: it ran to the end). With ``keep_stages`` the first
+    Ctrl-C after the eigenvalues keeps the stages finished (:func:`curvcal.interrupt.stages`);
+    before them, or without it, it ends the run with nothing written. Only rank 0 says notes."""
+    from curvcal import interrupt
     from curvcal.curvature.analysis import analyse_hessian_with_messages
     from curvcal.curvature.forecast import forecast_for
+    from curvcal.curvature.progress import Stopped
+    from curvcal.curvature.results import HessianAnalysis
     from curvcal.distributed import all_reduce_sum
 
-    forecast, replan = forecast_for(
-        module, settings, lambda text: reporter.info(f"curvcal: note: {text}")
+    forecast, replan, planned = forecast_for(
+        module, settings, lambda text: reporter.info(f"curvcal: note: {text}"), given
     )
     notes: list[str] = []
 
@@ -450,23 +476,37 @@ def _measure(
         if context.is_main:
             reporter.warn(text)
 
-    with reporter.progress("Hessian-vector products", None) as advance:
+    reporter.stage("Hessian: the mean loss and the first product")
+    staged = interrupt.stages() if keep_stages else contextlib.nullcontext()
+    with staged, reporter.progress("Hessian-vector products", planned()) as advance:
         done = [0]
+
+        def on_plan(resolved: HessianSettings) -> None:
+            replan(resolved)
+            advance.plan(planned())
 
         def on_step(stage: str, matvecs: int) -> None:
             advance.describe(f"Hessian-vector products ({stage})")
             advance(matvecs - done[0])
             done[0] = matvecs
             forecast(stage, matvecs)
+            if interrupt.stop_requested():
+                raise Stopped(stage=stage)
 
-        analysis, messages = analyse_hessian_with_messages(
-            module,
-            batches,
-            settings,
-            all_reduce=all_reduce_sum if context.active else None,
-            on_step=on_step,
-            on_note=on_note,
-            on_plan=replan,
-            on_operator=on_operator,
-        )
-    return analysis, notes, messages
+        try:
+            analysis, messages = analyse_hessian_with_messages(
+                module,
+                batches,
+                settings,
+                all_reduce=all_reduce_sum if context.active else None,
+                on_step=on_step,
+                on_note=on_note,
+                on_plan=on_plan,
+                on_operator=on_operator,
+            )
+        except Stopped as stopped:
+            if not isinstance(stopped.finished, HessianAnalysis):
+                interrupt.stop_now()
+                raise
+            return stopped.finished, notes, [], stopped.stage
+    return analysis, notes, messages, None

@@ -275,12 +275,17 @@ def _density_table(analysis: HessianAnalysis) -> Table:
                 fmt_float(density.bandwidth, 3),
             ),
         ),
-        caption="the density itself is in the JSON result (results.density)"
+        caption=(
+            ""
+            if density.reorthogonalised
+            else "each run by the three-term Lanczos recurrence, without reorthogonalisation; "
+        )
+        + "the density itself is in the JSON result (results.density)"
         + (
             ""
             if density.reorthogonalised
-            else "; each run by the three-term Lanczos recurrence, without reorthogonalisation "
-            "(its basis would exceed the memory budget or --max-basis; converged values repeat as copies that share their weight)"
+            else "; its basis would exceed the memory budget or --max-basis; converged values "
+            "repeat as copies that share their weight"
         ),
     )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
+from rich.console import Console
 from rich.table import Table as RichTable
 
 from curvcal import interrupt
@@ -67,17 +68,94 @@ def to_json_text(report: Report) -> str:
     return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
 
 
-def render_rich(tables: Sequence[Table]) -> None:
+#: a caption longer than this many characters (two lines at 80 columns) keeps its first
+#: clauses; the rest is shown with ``--explain``
+CAPTION_CHARACTERS = 156
+
+
+def short_caption(caption: str | None, explain: bool = False) -> str | None:
+    """``caption`` as shown: whole with ``explain``; otherwise its first ``; ``-separated
+    clauses that fit in :data:`CAPTION_CHARACTERS`, and ``(more: --explain)`` when some were
+    left out."""
+    if caption is None or explain or len(caption) <= CAPTION_CHARACTERS:
+        return caption
+    marker = " (more: --explain)"
+    kept = ""
+    for clause in caption.split("; "):
+        candidate = clause if not kept else f"{kept}; {clause}"
+        if len(candidate) + len(marker) > CAPTION_CHARACTERS:
+            break
+        kept = candidate
+    if not kept:  # one long clause: cut at a word
+        kept = caption[: CAPTION_CHARACTERS - len(marker) - 1].rsplit(" ", 1)[0] + "…"
+    return kept + marker
+
+
+def _grid(table: Table) -> RichTable:
+    grid = RichTable(title=table.title, box=box.SIMPLE_HEAVY, show_header=any(table.columns))
+    for i, column in enumerate(table.columns):
+        cells = [row[i] for row in table.rows if i < len(row)]
+        numeric = i > 0 and all(_looks_numeric(cell) for cell in cells)
+        # a cell too long for its column wraps (folding a word if it must), never ends in "…"
+        grid.add_column(column, justify="right" if numeric else "left", overflow="fold")
+    for row in table.rows:
+        grid.add_row(*row)
+    return grid
+
+
+def _transposed(table: Table) -> Table:
+    """``table`` with rows and columns exchanged: one column per row (headed by the row's first
+    cell), one row per column."""
+    columns = (table.columns[0], *(row[0] for row in table.rows))
+    rows = tuple(
+        (name, *(row[i] if i < len(row) else "" for row in table.rows))
+        for i, name in enumerate(table.columns)
+        if i > 0
+    )
+    return Table(title=table.title, columns=columns, rows=rows)
+
+
+def _per_row(table: Table) -> list[Table]:
+    """``table`` as one two-column table per row (column, value), titled by the row's first
+    cell."""
+    return [
+        Table(
+            title=f"{table.title}: {row[0]}",
+            columns=(table.columns[0], row[0]),
+            rows=tuple(zip(table.columns[1:], row[1:], strict=False)),
+        )
+        for row in table.rows
+    ]
+
+
+def _fits(console: Console, table: Table) -> bool:
+    from rich.measure import Measurement
+
+    # a table's minimum width keeps every column as wide as its longest word
+    # (measured without the console's limit, which the measurement would be clamped to)
+    unbounded = console.options.update_width(1_000_000)
+    return Measurement.get(console, unbounded, _grid(table)).minimum <= console.width
+
+
+def render_rich(tables: Sequence[Table], explain: bool = False) -> None:
+    """Each table on stdout, its caption below it at the console's full width (two lines at
+    most unless ``explain``, :func:`short_caption`). A table that cannot fit the console's
+    width with its words whole (a wide ``study`` table at 80 columns) is shown transposed (a
+    column per row) or, if that does not fit either, as a small table per row, rather than
+    with its cells cut."""
     console = stdout_console()
     for table in tables:
-        grid = RichTable(title=table.title, caption=table.caption, box=box.SIMPLE_HEAVY)
-        for i, column in enumerate(table.columns):
-            cells = [row[i] for row in table.rows if i < len(row)]
-            numeric = i > 0 and all(_looks_numeric(cell) for cell in cells)
-            grid.add_column(column, justify="right" if numeric else "left")
-        for row in table.rows:
-            grid.add_row(*row)
-        console.print(grid)
+        if len(table.columns) <= 2 or _fits(console, table):
+            parts = [table]
+        else:
+            turned = _transposed(table)
+            parts = [turned] if _fits(console, turned) else _per_row(table)
+        for part in parts:
+            console.print(_grid(part))
+        caption = short_caption(table.caption, explain)
+        if caption:
+            console.print(caption, style="dim", highlight=False, markup=False)
+            console.print()
 
 
 def _looks_numeric(cell: str) -> bool:
@@ -92,8 +170,9 @@ def _looks_numeric(cell: str) -> bool:
     return True
 
 
-def render_markdown(tables: Sequence[Table]) -> str:
-    """GitHub-flavoured markdown: a heading and a pipe table per :class:`Table`."""
+def render_markdown(tables: Sequence[Table], explain: bool = False) -> str:
+    """GitHub-flavoured markdown: a heading and a pipe table per :class:`Table` (captions
+    shortened as on the terminal unless ``explain``)."""
     parts: list[str] = []
     for table in tables:
         parts.append(f"### {table.title}\n")
@@ -101,8 +180,9 @@ def render_markdown(tables: Sequence[Table]) -> str:
         parts.append("|" + "|".join(["---"] + ["---:"] * (len(table.columns) - 1)) + "|")
         for row in table.rows:
             parts.append("| " + " | ".join(_md(c) for c in row) + " |")
-        if table.caption:
-            parts.append(f"\n{table.caption}")
+        caption = short_caption(table.caption, explain)
+        if caption:
+            parts.append(f"\n{caption}")
         parts.append("")
     return "\n".join(parts)
 
@@ -146,17 +226,28 @@ def write_atomic(path: Path, text: str) -> None:
         out.write(text.encode("utf-8"))
 
 
-def emit(report: Report, tables: Sequence[Table], fmt: str, output: Path | None) -> None:
-    """Show ``report`` on stdout in ``fmt`` and, with ``output``, write its JSON to that file."""
+def emit(
+    report: Report,
+    tables: Sequence[Table],
+    fmt: str,
+    output: Path | None,
+    explain: bool = False,
+    header: Table | None = None,
+) -> None:
+    """Show ``report`` on stdout in ``fmt`` and, with ``output``, write its JSON to that file.
+    ``header``, what was measured (:func:`~curvcal.report.header.measured_table`), comes
+    first; ``explain`` shows captions whole."""
     text = to_json_text(report)  # also validates that the report is JSON-clean
     chosen = chosen_preprocessing_table(report)
     if chosen is not None:
         tables = [chosen, *tables]
+    if header is not None:
+        tables = [header, *tables]
     if output is not None:
         write_atomic(output, text)
     if fmt == "json":
         stdout_console().out(text, end="", highlight=False)
     elif fmt == "markdown":
-        stdout_console().out(render_markdown(tables), highlight=False)
+        stdout_console().out(render_markdown(tables, explain), highlight=False)
     else:
-        render_rich(tables)
+        render_rich(tables, explain)

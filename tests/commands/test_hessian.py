@@ -147,7 +147,7 @@ def test_json_matches_the_dense_hessian(run_cli, files: Files, dense: Tensor, tm
 
 
 def test_default_lanczos_and_tables(run_cli, files: Files, dense: Tensor) -> None:
-    result = run_cli(*_base(files, "--probes", "10", "--format", "markdown"))
+    result = run_cli(*_base(files, "--probes", "10", "--format", "markdown", "--explain"))
     assert result.code == 0, result.stderr
     for title in ("Hessian eigenvalues", "Hessian trace", "run"):
         assert f"### {title}" in result.stdout
@@ -158,8 +158,9 @@ def test_default_lanczos_and_tables(run_cli, files: Files, dense: Tensor) -> Non
     assert "chosen by --trace-method auto: the logits are linear" in result.stdout
 
     result = run_cli(
-        *_base(files, "--probes", "10", "--trace-method", "hutchpp", "--format", "markdown")
-    )
+        *_base(files, "--probes", "10", "--trace-method", "hutchpp", "--format", "markdown",
+               "--explain")
+    )  # fmt: skip
     assert result.code == 0, result.stderr
     assert "| hutch++ |" in result.stdout and "chosen by" not in result.stdout
     assert "95% interval: Student-t over the probe values of the deflated remainder" in (
@@ -267,7 +268,7 @@ def test_the_split_trace_reports_its_parts(run_cli, files: Files, dense: Tensor)
     assert trace["parts"]["gauss_newton"] == pytest.approx(exact, rel=1e-12)
     assert trace["ci95"][0] <= exact <= trace["ci95"][1]
     assert trace["estimate"] == pytest.approx(exact + trace["parts"]["residual"], rel=1e-15)
-    table = run_cli(*_base(files, *args[:-1]))
+    table = run_cli(*_base(files, *args[:-1], "--explain"))
     assert table.code == 0, table.stderr
     assert "Gauss–Newton part exact + Hutch++ on the rest, 28 products" in table.stdout
     assert "(Gauss–Newton part, exact)" in table.stdout

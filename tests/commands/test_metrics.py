@@ -116,7 +116,7 @@ def test_bootstrap_intervals_in_json_and_table(run_cli, tmp_path: Path) -> None:
     document = as_json(run_cli("metrics", path, "--bootstrap", "30", "--json"))
     low, high = document["results"]["evaluation"]["uncalibrated"]["intervals"]["ece"]
     assert low <= high
-    table = run_cli("metrics", path, "--bootstrap", "30")
+    table = run_cli("metrics", path, "--bootstrap", "30", "--explain")
     assert "95% bootstrap interval, 30 resamples" in " ".join(table.stdout.split())
 
 

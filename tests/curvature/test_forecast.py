@@ -41,37 +41,39 @@ def test_advice_only_above_the_threshold_and_naming_the_options() -> None:
     assert "about 90 s" in (slow_run_advice(1.0, 90) or "")
 
 
-def test_hook_times_the_products_between_its_first_two_calls_and_speaks_once() -> None:
-    times = iter([100.0, 130.0, 131.0, 500.0])
+def test_hook_times_the_first_five_products_and_speaks_once() -> None:
+    times = iter([100.0, 110.0, 130.0, 131.0, 500.0])
     notes: list[str] = []
     hook = forecast_hook(50, notes.append, clock=lambda: next(times))
     hook("eigenvalues", 1)  # t = 100 (after setup and the first product: not used)
-    hook("eigenvalues", 4)  # t = 130: 3 products in 30 s → 10 s each, 50 planned → 500 s
-    assert len(notes) == 1 and "about 8 min" in notes[0] and "of 10 s each" in notes[0]
+    hook("eigenvalues", 3)  # t = 110: fewer than 5 products, no forecast yet
+    assert notes == []
+    hook("eigenvalues", 5)  # t = 130: 4 products in 30 s → 7.5 s each, 50 planned → 375 s
+    assert len(notes) == 1 and "about 6 min" in notes[0] and "of 7.5 s each" in notes[0]
     hook("trace", 12)
     hook("trace", 20)
     assert len(notes) == 1
 
 
 def test_hook_reads_a_plan_that_changed_before_it_spoke() -> None:
-    times = iter([0.0, 10.0])
+    times = iter([0.0, 40.0])
     notes: list[str] = []
     planned = [100]
     hook = forecast_hook(lambda: planned[0], notes.append, clock=lambda: next(times))
     hook("eigenvalues", 1)
     planned[0] = 20  # the run took the Gauss–Newton trace: no trace products
-    hook("eigenvalues", 2)  # 10 s a product × 20 = 200 s
+    hook("eigenvalues", 5)  # 10 s a product × 20 = 200 s
     assert len(notes) == 1 and "about 20 Hessian-vector products" in notes[0]
     assert planned_products(HessianSettings(trace_method="gauss-newton"), 10**6) == 14
 
 
 def test_hook_stays_silent_for_a_fast_run_and_ignores_repeated_counts() -> None:
-    times = iter([0.0, 0.5, 1.0])
+    times = iter([0.0, 0.5, 2.0])
     notes: list[str] = []
     hook = forecast_hook(100, notes.append, clock=lambda: next(times))
     hook("eigenvalues", 1)
     hook("eigenvalues", 1)  # no new product: no rate yet
-    hook("eigenvalues", 3)  # 2 products in 1 s: 100 × 0.5 s = 50 s ≤ 60 s
+    hook("eigenvalues", 5)  # 4 products in 2 s: 100 × 0.5 s = 50 s ≤ 60 s
     assert notes == []
 
 
@@ -115,6 +117,31 @@ def test_the_command_prints_the_note_once_on_stderr(
     assert result.code == 0, result.stderr
     assert result.stderr.count("curvcal: note: this run will take about") == 1
     assert "--max-samples" in result.stderr
+    # --probes 4 is already small: the note does not suggest a rougher trace
+    assert "--probes 20" not in result.stderr
     json.loads(result.stdout)  # stdout holds the JSON alone
     quiet = run_cli(*args, "--quiet")
     assert quiet.code == 0 and "note" not in quiet.stderr
+
+
+def test_advice_names_the_stages_that_cost_and_not_options_already_given() -> None:
+    from curvcal.curvature.forecast import planned_by_stage
+
+    settings = HessianSettings(
+        per_layer=True, density=True, density_runs=5, density_steps=40, probes=100, params=("fc*",)
+    )
+    plan = planned_by_stage(settings, 10**6, n_blocks=3)
+    # λ1 14, trace 100, density 5 × 40, 3 blocks × (20 + 100)
+    assert plan == {"eigenvalues": 14, "trace": 100, "density": 200, "layers": 360}
+    advice = slow_run_advice(
+        1.0, plan, settings=settings, given=frozenset({"--max-samples"}), device="cuda"
+    )
+    assert advice is not None
+    # the costly stage is named first, with its count; the options given are not repeated
+    assert advice.index("--per-layer costs 360 products") < advice.index("--density costs 200")
+    assert "--params 'PATTERN'" not in advice and "--max-samples N" not in advice
+    assert "--device cuda" not in advice
+    # λ1 alone on the default settings: only the general hints
+    plain = slow_run_advice(10.0, planned_by_stage(HessianSettings(trace=False), 10**6))
+    assert plain is not None and "--per-layer" not in plain and "--density" not in plain
+    assert "--params 'PATTERN'" in plain and "--max-samples N" in plain

@@ -1,0 +1,171 @@
+"""The time left and the plain progress lines, driven by a hand-set clock (no real time)."""
+
+from __future__ import annotations
+
+from curvcal.pace import LINE_SECONDS, Pace, PlainLines, duration_text
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_time_left_from_the_pace_since_the_first_report() -> None:
+    clock = FakeClock()
+    pace = Pace(100, clock)
+    clock.now = 50.0  # loading and the first product: not timed
+    pace.update(1)
+    assert pace.remaining() is None  # one report: no pace yet
+    clock.now = 58.0
+    pace.update(5)  # 4 products in 8 s: 2 s each, 95 left
+    assert pace.seconds_per_unit() == 2.0
+    assert pace.remaining() == 190.0
+    clock.now = 98.0
+    pace.update(15)  # revised: 14 products in 48 s
+    assert abs(pace.remaining() - 85 * 48 / 14) < 1e-9
+    assert pace.text() == "15/100, about 5 min left"
+
+
+def test_a_total_the_work_outgrows_becomes_the_count_and_a_new_plan_replaces_it() -> None:
+    clock = FakeClock()
+    pace = Pace(10, clock)
+    pace.update(1)
+    clock.now = 1.0
+    pace.update(12)
+    assert pace.total == 12 and pace.remaining() == 0.0
+    pace.plan(40)
+    assert pace.total == 40 and abs(pace.remaining() - 28 / 11) < 1e-9
+    uncountable = Pace(None, clock)
+    uncountable.update(3)
+    assert uncountable.total is None and uncountable.text() == "3"
+
+
+def test_duration_text() -> None:
+    assert duration_text(42) == "42 s"
+    assert duration_text(600) == "10 min"
+    assert duration_text(9000) == "2.5 h"
+
+
+def test_plain_lines_every_tenth_of_the_total() -> None:
+    clock = FakeClock()
+    lines: list[str] = []
+    plain = PlainLines("products", 100, lines.append, clock)
+    for done in range(1, 101):
+        clock.now = done * 0.01  # fast: the 10% rule, never the 30 s one
+        plain.update(done)
+    plain.finish()
+    # the first report (the stage), one at each further 10 products, and the last count
+    assert len(lines) == 11, lines
+    assert lines[0].startswith("curvcal: products: 1/100")
+    assert lines[-2].startswith("curvcal: products: 91/100")
+    assert lines[-1] == "curvcal: products: 100/100, about 0 s left"
+
+
+def test_plain_lines_every_30_seconds_when_progress_is_slow() -> None:
+    clock = FakeClock()
+    lines: list[str] = []
+    plain = PlainLines("trace", 10_000, lines.append, clock)
+    plain.update(1)
+    for done in range(2, 40):
+        clock.now += 10.0  # 10 s a product, far under 10% per line
+        plain.update(done)
+    # 38 updates 10 s apart after the first line: a line at each 30 s
+    assert len(lines) == 1 + 380 // int(LINE_SECONDS)
+    assert all(line.startswith("curvcal: trace: ") for line in lines)
+
+
+def test_plain_lines_say_a_new_stage_at_once() -> None:
+    clock = FakeClock()
+    lines: list[str] = []
+    plain = PlainLines("eigenvalues", 100, lines.append, clock)
+    plain.update(1)
+    plain.update(2)
+    plain.describe("trace")
+    plain.update(3)
+    assert [line.split(":")[1].strip() for line in lines] == ["eigenvalues", "trace"]
+
+
+def test_the_terminal_bar_shows_total_and_time_left(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import io
+
+    from rich.console import Console
+
+    from curvcal import console as console_module
+    from curvcal.console import Reporter
+
+    stream = io.StringIO()
+    monkeypatch.setattr(
+        console_module,
+        "stderr_console",
+        lambda: Console(file=stream, force_terminal=True, width=120, color_system=None),
+    )
+    clock = FakeClock()
+    with Reporter(clock=clock).progress("Hessian-vector products", 10) as advance:
+        advance(1)
+        clock.now = 20.0
+        advance(4)  # 4 products in 20 s: 5 s each, 5 left
+        advance.plan(14)  # the run resolved its settings: 9 left
+    shown = stream.getvalue()
+    assert "5/14, about 45 s left" in shown
+
+
+def test_off_a_terminal_lines_begin_after_the_first_seconds(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import io
+
+    from rich.console import Console
+
+    from curvcal import console as console_module
+    from curvcal.console import Reporter
+    from curvcal.pace import PLAIN_GRACE_SECONDS
+
+    stream = io.StringIO()
+    monkeypatch.setattr(console_module, "stderr_console", lambda: Console(file=stream, width=200))
+    clock = FakeClock()
+    reporter = Reporter(clock=clock)
+    reporter.stage("loading model.safetensors")
+    assert stream.getvalue() == ""  # a quick run says nothing
+    with reporter.progress("products", 100) as advance:
+        advance(1)
+        assert stream.getvalue() == ""
+        clock.now = PLAIN_GRACE_SECONDS + 1
+        advance(1)  # the held stage line, then the count
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "curvcal: loading model.safetensors"
+    assert lines[1].startswith("curvcal: products: 2/100")
+
+
+def test_a_new_stage_is_timed_afresh() -> None:
+    clock = FakeClock()
+    lines: list[str] = []
+    plain = PlainLines("eigenvalues", 100, lines.append, clock)
+    plain.update(1)
+    clock.now = 40.0
+    plain.update(5)  # 10 s a product
+    plain.describe("layers")
+    clock.now = 41.0
+    plain.update(6)  # the new stage's first report: the last pace still holds
+    assert plain.pace.seconds_per_unit() == 10.0
+    clock.now = 45.0
+    plain.update(10)  # 4 products in 4 s: 1 s each from now on
+    assert plain.pace.seconds_per_unit() == 1.0 and plain.pace.remaining() == 90.0
+
+
+def test_off_a_terminal_a_stage_line_waits_for_a_count(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A slow start that then stops on bad input says only its error line."""
+    import io
+
+    from rich.console import Console
+
+    from curvcal import console as console_module
+    from curvcal.console import Reporter
+
+    stream = io.StringIO()
+    monkeypatch.setattr(console_module, "stderr_console", lambda: Console(file=stream, width=200))
+    clock = FakeClock()
+    reporter = Reporter(clock=clock)
+    clock.now = 60.0  # a minute of loading
+    reporter.stage("checking that the model takes the data")
+    assert stream.getvalue() == ""

@@ -1,0 +1,147 @@
+"""The Hessian progress: the count at the end equals the products the report counts; Ctrl-C
+after a finished stage writes the stages finished with status interrupted (exit 130)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from curvcal import interrupt
+from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.progress import Stopped
+
+
+def _model_and_batches() -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3))
+    x = torch.randn(23, 5)
+    y = torch.randint(0, 3, (23,))
+    return model, [(x[:10], y[:10]), (x[10:], y[10:])]  # uneven batches
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        HessianSettings(top_k=3, trace=False),  # ends in Lanczos's residual checks
+        HessianSettings(top_k=2, smallest=True, trace_method="hutchinson", probes=7),
+        HessianSettings(
+            top_k=3,
+            trace_method="hutchinson",
+            probes=7,
+            density=True,
+            density_runs=2,
+            density_steps=5,
+            per_layer=True,
+        ),
+    ],
+)
+def test_the_last_count_equals_the_products_the_report_counts(settings: HessianSettings) -> None:
+    model, batches = _model_and_batches()
+    counts: list[tuple[str, int]] = []
+    analysis = analyse_hessian(
+        model, batches, settings, on_step=lambda stage, done: counts.append((stage, done))
+    )
+    # Lanczos's residual checks come after its last step: the count at the stage's end has them
+    assert counts[-1][1] == analysis.operator["n_matvecs"]
+    eigen_end = max(done for stage, done in counts if stage == "eigenvalues")
+    assert eigen_end == analysis.spectrum.matvecs
+
+
+def test_a_hook_that_stops_after_the_eigenvalues_keeps_them() -> None:
+    model, batches = _model_and_batches()
+    settings = HessianSettings(top_k=2, trace_method="hutchinson", probes=50)
+
+    def on_step(stage: str, _done: int) -> None:
+        if stage == "trace":
+            raise Stopped(stage=stage)
+
+    with pytest.raises(Stopped) as stopped:
+        analyse_hessian(model, batches, settings, on_step=on_step)
+    finished = stopped.value.finished
+    full = analyse_hessian(model, batches, settings)
+    assert stopped.value.stage == "trace"
+    assert finished is not None and finished.trace is None  # type: ignore[attr-defined]
+    assert finished.spectrum.eigenvalues == full.spectrum.eigenvalues  # type: ignore[attr-defined]
+
+
+def test_a_hook_that_stops_in_the_eigenvalues_keeps_nothing() -> None:
+    model, batches = _model_and_batches()
+
+    def on_step(stage: str, _done: int) -> None:
+        raise Stopped(stage=stage)
+
+    with pytest.raises(Stopped) as stopped:
+        analyse_hessian(model, batches, HessianSettings(top_k=2), on_step=on_step)
+    assert stopped.value.finished is None
+
+
+def _cli_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    from safetensors.torch import save_file
+
+    from curvcal.models import DigitsCNN
+
+    torch.manual_seed(0)
+    model = DigitsCNN(num_classes=3, width=1)
+    checkpoint = tmp_path / "model.safetensors"
+    metadata = {
+        "curvcal.arch": "curvcal:DigitsCNN",
+        "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
+    }
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(checkpoint), metadata)
+    generator = torch.Generator().manual_seed(1)
+    data = tmp_path / "data.pt"
+    torch.save(
+        {
+            "x": torch.randn(20, 1, 8, 8, generator=generator),
+            "y": torch.randint(0, 3, (20,), generator=generator),
+        },
+        data,
+    )
+    return checkpoint, data
+
+
+def test_ctrl_c_in_the_trace_writes_the_eigenvalues_with_status_interrupted(
+    run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint, data = _cli_inputs(tmp_path)
+    out = tmp_path / "report.json"
+    asked: list[str] = []
+
+    def stop_requested() -> bool:  # Ctrl-C pressed once the trace has begun
+        return bool(asked)
+
+    import curvcal.pipeline.session as session
+
+    real = session._measure
+
+    def measure(*args, **kwargs):  # type: ignore[no-untyped-def]
+        assert args[-1] is True  # hessian asks to keep finished stages
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session, "_measure", measure)
+    monkeypatch.setattr(interrupt, "stop_requested", stop_requested)
+    from curvcal.curvature import analysis as analysis_module
+
+    real_trace = analysis_module.trace_estimate
+
+    def trace_estimate(*args, **kwargs):  # type: ignore[no-untyped-def]
+        asked.append("trace")
+        return real_trace(*args, **kwargs)
+
+    monkeypatch.setattr(analysis_module, "trace_estimate", trace_estimate)
+    result = run_cli(
+        "hessian", checkpoint, "--data", data, "--device", "cpu", "--top-k", "2",
+        "--trace-method", "hutchinson", "--probes", "40", "-o", out,
+    )  # fmt: skip
+    assert result.code == 130, result.stderr
+    assert result.stderr.rstrip().endswith("curvcal: interrupted")
+    report = json.loads(out.read_text())  # whole JSON, written atomically
+    assert report["status"] == "interrupted"
+    assert len(report["results"]["spectrum"]["values"]) == 2
+    assert report["results"]["trace"] is None
+    assert any("interrupted (Ctrl-C) in the trace stage" in w for w in report["warnings"])
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
