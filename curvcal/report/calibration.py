@@ -242,8 +242,8 @@ def ranking_tables(ranking: Ranking) -> list[Table]:
     """Every stage ranked on the evaluation split, once by NLL (the proper score, with the
     Brier score beside it) and once by ECE: its score, its difference from the best with the
     paired bootstrap interval, whether that interval contains 0 (``≈ best``: not
-    distinguishable from the best) and its difference from uncalibrated; skipped maps with
-    their reason in the caption."""
+    distinguishable from the best) and its difference from uncalibrated; a map that does not
+    apply is a row of its own, last, with the reason it was skipped."""
     if ranking.n_bootstrap:
         how = (
             f"Δ = map − best (or − uncalibrated) [{ranking.interval_level:.0%} paired bootstrap "
@@ -257,11 +257,6 @@ def ranking_tables(ranking: Ranking) -> list[Table]:
         "nll": "NLL in nats; Brier summed over classes",
         "ece": f"ECE top-label, {ranking.n_bins} equal-width bins {side}",
     }
-    skipped = ""
-    if ranking.skipped:
-        skipped = "; skipped: " + "; ".join(
-            f"{stage_title(item.stage)} ({item.reason})" for item in ranking.skipped
-        )
     tables = []
     for score, name in (("nll", "NLL"), ("ece", "ECE")):
         rows = []
@@ -279,6 +274,18 @@ def ranking_tables(ranking: Ranking) -> list[Table]:
                     *((fmt_float(item.brier),) if score == "nll" else ()),
                 )
             )
+        for skip in ranking.skipped:  # said where the ranking is read, never cut from a caption
+            rows.append(
+                (
+                    "-",
+                    stage_title(skip.stage),
+                    "-",
+                    "-",
+                    f"skipped: {skip.reason}",
+                    "-",
+                    *(("-",) if score == "nll" else ()),
+                )
+            )
         tables.append(
             Table(
                 title=f"which map to trust: ranked by {name} on the evaluation split",
@@ -292,7 +299,7 @@ def ranking_tables(ranking: Ranking) -> list[Table]:
                     *(("Brier",) if score == "nll" else ()),
                 ),
                 rows=tuple(rows),
-                caption=f"{how}; {units[score]}{skipped}",
+                caption=f"{how}; {units[score]}",
             )
         )
     return tables
