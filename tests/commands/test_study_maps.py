@@ -97,7 +97,7 @@ def test_vector_map_matches_calibrate_and_scipy_spearman(
         assert by_pair[curvature, "ece_after_vector"]["rho"] == pytest.approx(
             spearmanr(xs, after).statistic, abs=1e-12
         )
-    table = run_cli(
+    markdown = run_cli(
         "study",
         *(str(workspace / f"{name}.safetensors") for name in NAMES),
         "--data",
@@ -105,10 +105,16 @@ def test_vector_map_matches_calibrate_and_scipy_spearman(
         "--maps",
         "vector",
         *FAST,
+        "--format",
+        "markdown",
     )
-    assert table.code == 0, table.stderr
-    assert "after calibration: each map per checkpoint" in table.stdout
-    assert "ECE after vector" in table.stdout
+    assert markdown.code == 0, markdown.stderr
+    assert "after calibration: each map per checkpoint" in markdown.stdout
+    first = rows[0]["calibration"]["maps"]["vector"]
+    assert f"| a_ce.safetensors | vector | {first['ece']:.4g} | {first['nll']:.4g} |" in (
+        markdown.stdout
+    )
+    assert "| λmax | ECE after vector |" in markdown.stdout
 
 
 def test_laplace_in_study_uses_the_model_as_calibrate_does(
