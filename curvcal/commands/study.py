@@ -52,15 +52,15 @@ def study(
     hessian: HessianSettings,
     study_settings: StudySettings,
 ) -> int:
-    """λmax and tr(H) against ECE, AdaECE, NLL, temperature and focal TS for several
-    checkpoints, with Spearman rank correlations.
+    """λmax and tr(H) against ECE, AdaECE, NLL and the calibration maps (TS and focal TS, or
+    --maps) for several checkpoints, with Spearman rank correlations.
 
     \b
     CKPT... are files or quoted globs ('runs/*.safetensors'). Every checkpoint is measured with
     the same settings: the Hessian of the mean --loss over all of --curvature-data (default
     --data), as `curvcal hessian` measures it (λmax; tr(H) by --trace-method auto), and
-    calibration on --data, maps fitted on a stratified --val-split part (drawn with --seed) and
-    every metric measured on the rest.
+    calibration on --data, the --maps fitted on a stratified --val-split part (drawn with
+    --seed) and every metric measured on the rest.
     """
     from curvcal.commands.clashes import (
         arch_inputs,

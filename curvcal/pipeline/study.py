@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from curvcal.errors import CurvcalError
+from curvcal.calibration.registry import MAPS, fitted_stages
+from curvcal.errors import CurvcalError, InputError
 from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
 from curvcal.results import Report
 from curvcal.settings.fields import groups
@@ -80,13 +81,16 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
         duplicate_checkpoints,
         duplicate_warning,
         rank_correlations,
+        row_stages,
     )
 
     began = time.perf_counter()
     hessian, curvature_data = request.hessian, request.study.curvature_data
     seed = hessian.seed
     val_split = request.calibration.val_split or DEFAULT_VAL_SPLIT
-    calibration = request.calibration.replace(method="both", seed=seed, val_split=val_split)
+    maps = request.study.maps
+    calibration = request.calibration.replace(method=maps, seed=seed, val_split=val_split)
+    wants_features = any(MAPS[stage].input == "features" for stage in fitted_stages(maps))
     data_options, batch_size = request.data_options, request.data_options.batch_size
     paths = list(request.checkpoints)
     rows: list[StudyRow] = []
@@ -106,7 +110,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                 check=False,
             )
         fit_idx, eval_idx = stratified_split(data.labels, val_split, seed, data.spec)
-        check_every_checkpoint(session, paths, data, hessian_data, curvature_data)
+        check_every_checkpoint(session, paths, data, hessian_data, curvature_data, maps)
         with session.reporter.progress("checkpoints", len(paths)) as advance:
             for path in paths:
                 with naming_the_checkpoint(path):
@@ -115,7 +119,9 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                     curvature = measure_curvature(
                         session, loaded, hessian_data, hessian, batch_size, said
                     )
-                    predictions = session.predict(loaded, data, batch_size)
+                    predictions, features = predict_for_maps(
+                        session, loaded, data, batch_size, wants_features, maps
+                    )
                     session.release(path)
                     if predictions is not None:  # rank 0 gets every row
                         logits, labels, _dropped = predictions
@@ -128,6 +134,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                             calibration,
                             val_split,
                             f"{path} on --data {data.spec}",
+                            features,
                         )
                         rows.append(
                             StudyRow(
@@ -136,7 +143,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                                 training_gamma=trained_gamma,
                                 penalty=penalty,
                                 curvature=curvature,
-                                calibration=calibration_summary(analysis),
+                                calibration=calibration_summary(analysis, maps),
                             )
                         )
                     inputs.append(loaded.describe())
@@ -144,7 +151,15 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
 
     n_fit, n_eval = len(fit_idx), len(eval_idx)
     columns = column_provenance(
-        hessian.loss, hessian.gamma, hessian_data, data, n_fit, n_eval, calibration.bins
+        hessian.loss,
+        hessian.gamma,
+        hessian_data,
+        data,
+        n_fit,
+        n_eval,
+        calibration.bins,
+        maps,
+        row_stages(rows),
     )
     result = StudyResult(tuple(rows), rank_correlations(rows), columns)
     messages = session.warnings + [
@@ -214,9 +229,12 @@ def check_every_checkpoint(
     data: LoadedData,
     hessian_data: LoadedData,
     curvature_data: str | None,
+    maps: str = "both",
 ) -> None:
     """Every checkpoint loads and fits --data (and --curvature-data) before any is measured,
-    so a misfit late in the list stops the run in seconds, not after the others' passes. The
+    so a misfit late in the list stops the run in seconds, not after the others' passes; a map
+    named by ``--maps`` (not ``all``) that does not apply to a checkpoint's K classes (Platt
+    and beta: K = 2 only) is refused then too. The
     models stay loaded for their measurement while they fit in half the free memory together;
     one that does not is dropped after its check and loaded again when its turn comes (said
     in a note)."""
@@ -229,7 +247,8 @@ def check_every_checkpoint(
     for path in paths:
         with naming_the_checkpoint(path):
             loaded = session.model(path)
-            check_compatible(loaded, data, "--data")
+            n_classes = check_compatible(loaded, data, "--data")
+            check_maps_apply(maps, n_classes, path)
             if curvature_data is not None:
                 check_compatible(loaded, hessian_data, "--curvature-data")
             size = sum(t.numel() * t.element_size() for t in loaded.module.state_dict().values())
@@ -243,6 +262,50 @@ def check_every_checkpoint(
             f"curvcal: note: {reloads} of the {len(paths)} checkpoints do not fit in memory "
             "together: each is loaded again when it is measured"
         )
+
+
+def check_maps_apply(maps: str, n_classes: int, path: Path) -> None:
+    """Refuse ``--maps`` naming a map that does not apply to ``n_classes`` logits (``all``
+    skips such maps instead, saying why)."""
+    from curvcal.calibration.registry import ALL, applicable_stages
+
+    if maps == ALL:
+        return
+    _kept, skipped = applicable_stages(fitted_stages(maps), n_classes, True)
+    if skipped:
+        raise InputError(
+            f"--maps {maps}",
+            f"does not apply to {path}: {next(iter(skipped.values()))}",
+            "choose a map for these scores, or --maps all to fit every map that applies",
+        )
+
+
+def predict_for_maps(
+    session: Session,
+    loaded: LoadedModel,
+    data: LoadedData,
+    batch_size: int,
+    features: bool,
+    maps: str,
+) -> tuple[Any, Any]:
+    """The checkpoint's predictions of ``data`` and, when a map reads the model's features
+    (Laplace), the inputs of its last layer for the same rows (as ``calibrate`` gets them).
+    With ``--maps all``, a model whose head gives no features is said in a warning and its
+    Laplace map skipped; with ``--maps laplace`` it stops the run (exit 2)."""
+    from curvcal.calibration.registry import ALL
+    from curvcal.pipeline.calibration import _predict
+
+    if not features:
+        return session.predict(loaded, data, batch_size), None
+    try:
+        return _predict(session, loaded, data, batch_size, "--data", "error", True)
+    except InputError as error:
+        if maps != ALL:
+            raise
+        message = f"--maps all: the Laplace map is skipped for {loaded.path}: {error}"
+        session.warnings.append(message)
+        session.reporter.warn(message)
+        return session.predict(loaded, data, batch_size), None
 
 
 @contextmanager
@@ -289,10 +352,13 @@ def column_provenance(
     n_fit: int,
     n_eval: int,
     bins: int,
+    maps: str = "both",
+    stages: tuple[str, ...] = ("ts", "focal_ts"),
 ) -> dict[str, str]:
     """Which loss and which samples every column of the table comes from (``bins``: the
-    equal-width bins of the ECE columns)."""
-    from curvcal.study.summary import hessian_loss_label
+    equal-width bins of the ECE columns; ``maps``: the ``--maps`` selection, ``stages``: the
+    maps it fitted)."""
+    from curvcal.study.summary import DEFAULT_MAPS, calibration_measures, hessian_loss_label
 
     hessian = (
         "each checkpoint's own training loss (column 'H loss')"
@@ -305,7 +371,7 @@ def column_provenance(
     )
     evaluation = f"evaluation split ({n_eval} of {data.n_samples} samples of {data.spec})"
     fit = f"fitted on the other {n_fit} samples (stratified)"
-    return {
+    columns = {
         "λmax": f"largest eigenvalue of the {curvature}",
         "tr(H)": f"trace of the {curvature}: exact by Gauss–Newton where the logits are linear "
         "in each tensor, else its Gauss–Newton part exact and Hutch++ on the rest",
@@ -313,8 +379,22 @@ def column_provenance(
         "ECE": f"{bins}-bin top-label ECE (bins (a,b]) on the {evaluation}, uncalibrated",
         "AdaECE": f"equal-mass ECE on the {evaluation}, uncalibrated",
         "NLL": f"mean −log p_y on the {evaluation}, uncalibrated",
-        "T": f"temperature scaling (NLL objective) {fit}",
-        "FTS γ, T": f"focal temperature scaling (ECE objective) {fit}",
-        "ECE after TS": f"ECE on the {evaluation} after TS",
-        "ECE after FTS": f"ECE on the {evaluation} after focal TS",
     }
+    if "ts" in stages:
+        columns["T"] = f"temperature scaling (NLL objective) {fit}"
+    if "focal_ts" in stages:
+        columns["FTS γ, T"] = f"focal temperature scaling (ECE objective) {fit}"
+    if maps == DEFAULT_MAPS:
+        columns["ECE after TS"] = f"ECE on the {evaluation} after TS"
+        columns["ECE after FTS"] = f"ECE on the {evaluation} after focal TS"
+        return columns
+    names = calibration_measures(stages)
+    titles = [names[key].removeprefix("ECE after ") for key in names if key.startswith("ece_")]
+    columns["ECE, NLL after each map"] = (
+        f"ECE and mean −log p_y on the {evaluation} after each map ({', '.join(titles)}), {fit}"
+    )
+    if maps == "all":
+        columns["best by NLL"] = (
+            f"the stage of lowest NLL on the {evaluation} (calibrate --method all's ranking)"
+        )
+    return columns

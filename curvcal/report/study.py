@@ -31,50 +31,71 @@ def _trained(row: StudyRow) -> str:
     return text
 
 
-def study_tables(result: StudyResult) -> list[Table]:
-    """The study table (one row per checkpoint), the column provenance and the correlations."""
-    from curvcal.study.summary import hessian_loss_label
+def _trace_cell(row: StudyRow) -> str:
+    curvature = row.curvature
+    if curvature.trace_method == "gauss-newton":
+        return f"{fmt_float(curvature.trace, 4)} (exact)"
+    return f"{fmt_float(curvature.trace, 4)} ± {fmt_float(curvature.trace_standard_error, 2)}"
 
-    rows = tuple(
-        (
+
+def study_tables(result: StudyResult) -> list[Table]:
+    """The study table (one row per checkpoint), the maps table (one row per checkpoint and
+    map, when ``--maps`` is not the default), the column provenance and the correlations."""
+    from curvcal.study.summary import hessian_loss_label, row_stages
+
+    stages = row_stages(result.rows)
+    default = all(row.calibration.maps is None for row in result.rows)
+    columns: list[str] = [
+        "checkpoint",
+        "trained with",
+        "H loss",
+        "λmax",
+        "tr(H) ± s.e.",
+        "accuracy",
+        "ECE",
+        "AdaECE",
+        "NLL",
+    ]
+    if "ts" in stages:
+        columns.append("T")
+    if "focal_ts" in stages:
+        columns.append("FTS γ, T")
+    if default:
+        columns += ["ECE after TS", "ECE after FTS"]
+    rows = []
+    for row in result.rows:
+        calibration = row.calibration
+        cells = [
             row.checkpoint,
             _trained(row),
             hessian_loss_label(row.curvature.loss, row.curvature.gamma),
             fmt_float(row.curvature.lambda_max, 4)
             + ("" if row.curvature.lambda_max_converged else " (unconverged)"),
-            f"{fmt_float(row.curvature.trace, 4)} (exact)"
-            if row.curvature.trace_method == "gauss-newton"
-            else f"{fmt_float(row.curvature.trace, 4)} ± {fmt_float(row.curvature.trace_standard_error, 2)}",
-            fmt_float(row.calibration.accuracy, 4),
-            fmt_float(row.calibration.ece, 4),
-            fmt_float(row.calibration.adaece, 4),
-            fmt_float(row.calibration.nll, 4),
-            fmt_float(row.calibration.temperature, 4),
-            f"{row.calibration.focal_gamma:g}, {fmt_float(row.calibration.focal_temperature, 4)}",
-            fmt_float(row.calibration.ece_after_ts, 4),
-            fmt_float(row.calibration.ece_after_fts, 4),
-        )
-        for row in result.rows
-    )
+            _trace_cell(row),
+            fmt_float(calibration.accuracy, 4),
+            fmt_float(calibration.ece, 4),
+            fmt_float(calibration.adaece, 4),
+            fmt_float(calibration.nll, 4),
+        ]
+        if "ts" in stages:
+            cells.append(fmt_float(calibration.temperature, 4))
+        if "focal_ts" in stages:
+            cells.append(
+                "—"
+                if calibration.focal_gamma is None
+                else f"{calibration.focal_gamma:g}, {fmt_float(calibration.focal_temperature, 4)}"
+            )
+        if default:
+            cells += [
+                fmt_float(calibration.ece_after_ts, 4),
+                fmt_float(calibration.ece_after_fts, 4),
+            ]
+        rows.append(tuple(cells))
     first = result.rows[0]
     study_table = Table(
         title="curvature and calibration per checkpoint",
-        columns=(
-            "checkpoint",
-            "trained with",
-            "H loss",
-            "λmax",
-            "tr(H) ± s.e.",
-            "accuracy",
-            "ECE",
-            "AdaECE",
-            "NLL",
-            "T",
-            "FTS γ, T",
-            "ECE after TS",
-            "ECE after FTS",
-        ),
-        rows=rows,
+        columns=tuple(columns),
+        rows=tuple(rows),
         caption=(
             f"λmax, tr(H): Hessian on {first.curvature.n_samples} samples (tr(H) exact by "
             "Gauss–Newton where the logits are linear in each tensor, else its Gauss–Newton "
@@ -88,19 +109,64 @@ def study_tables(result: StudyResult) -> list[Table]:
         columns=("column", "measured as"),
         rows=tuple(result.columns.items()),
     )
-    return [study_table, columns_table, correlation_table(result.correlations)]
+    tables = [study_table]
+    if not default:
+        tables.append(maps_table(result, stages))
+    return [*tables, columns_table, correlation_table(result.correlations, result.measures())]
 
 
-def correlation_table(correlations: tuple[Correlation, ...]) -> Table:
+def maps_table(result: StudyResult, stages: tuple[str, ...]) -> Table:
+    """ECE and NLL after each map, one row per checkpoint and map (long, so that any number of
+    maps fits 80 columns), the best by NLL marked (``--maps all``)."""
+    from curvcal.calibration.registry import MAPS
+
+    rows = []
+    for row in result.rows:
+        calibration = row.calibration
+        scores = calibration.maps or {}
+        for stage in stages:
+            score = scores.get(stage)
+            reason = (calibration.skipped or {}).get(stage)
+            if score is None:
+                cells = ("—", "—", f"skipped: {reason}" if reason else "not fitted")
+            else:
+                best = "best by NLL" if calibration.best == stage else ""
+                cells = (fmt_float(score.ece, 4), fmt_float(score.nll, 4), best)
+            rows.append((row.checkpoint, MAPS[stage].title, *cells))
+        if calibration.best == "uncalibrated":
+            rows.append((row.checkpoint, "uncalibrated", "", "", "best by NLL"))
+    skipped = {
+        stage: reason
+        for row in result.rows
+        for stage, reason in (row.calibration.skipped or {}).items()
+        if stage not in stages
+    }
+    not_fitted = "".join(f"; {MAPS[stage].title} skipped: {why}" for stage, why in skipped.items())
+    return Table(
+        title="after calibration: each map per checkpoint",
+        columns=("checkpoint", "map", "ECE", "NLL", "note"),
+        rows=tuple(rows),
+        caption=(
+            f"ECE and NLL on the {result.rows[0].calibration.n_eval} evaluation samples after "
+            "each map, fitted on the others; 'best by NLL' (--maps all): calibrate --method "
+            f"all's ranking{not_fitted}"
+        ),
+    )
+
+
+def correlation_table(
+    correlations: tuple[Correlation, ...], measures: dict[str, str] | None = None
+) -> Table:
     """Spearman ρ and p-value of every (curvature, calibration) pair that has one; the pairs
     without one share a line per cause (fewer than 3 checkpoints, a constant measure)."""
     from curvcal.study.spearman import EXACT, EXACT_MAX_N
     from curvcal.study.summary import CALIBRATION_MEASURES, CURVATURE_MEASURES
 
+    calibration_names = CALIBRATION_MEASURES if measures is None else measures
     defined = tuple(
         (
             CURVATURE_MEASURES[c.curvature],
-            CALIBRATION_MEASURES[c.calibration],
+            calibration_names[c.calibration],
             fmt_float(c.rho, 3),
             fmt_float(c.p_value, 2) + ("" if c.p_method == EXACT else " (t approx.)"),
             str(c.n),
@@ -114,14 +180,14 @@ def correlation_table(correlations: tuple[Correlation, ...]) -> Table:
             curvature, calibration, _n = causes.setdefault(c.note or "undefined", ([], [], c.n))
             for names, key, seen in (
                 (CURVATURE_MEASURES, c.curvature, curvature),
-                (CALIBRATION_MEASURES, c.calibration, calibration),
+                (calibration_names, c.calibration, calibration),
             ):
                 if names[key] not in seen:
                     seen.append(names[key])
     undefined = tuple(
         (
             "all" if len(curvature) == len(CURVATURE_MEASURES) else ", ".join(curvature),
-            "all" if len(calibration) == len(CALIBRATION_MEASURES) else ", ".join(calibration),
+            "all" if len(calibration) == len(calibration_names) else ", ".join(calibration),
             f"undefined: {note}",
             "—",
             str(n),

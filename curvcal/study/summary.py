@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from curvcal.calibration.analysis import CalibrationAnalysis
 from curvcal.curvature.results import HessianAnalysis
@@ -105,9 +106,23 @@ def curvature_summary(
 
 
 @dataclass(frozen=True)
+class MapScore:
+    """One map's ECE and NLL on the evaluation split after calibration."""
+
+    ece: float
+    nll: float
+
+
+@dataclass(frozen=True)
 class CalibrationSummary:
     """The calibration numbers of one checkpoint, all on the evaluation split: accuracy, ECE,
-    AdaECE and NLL uncalibrated; the fitted TS temperature and focal-TS (γ, T); ECE after each."""
+    AdaECE and NLL uncalibrated; the fitted TS temperature and focal-TS (γ, T) and ECE after
+    each (``None`` for a map not fitted); ``maps``: every fitted map's :class:`MapScore` by
+    stage (``None`` with the default selection, TS and focal TS, whose layout is the one above);
+    ``best``: the stage of lowest NLL (``--maps all`` only); ``skipped``: the maps of
+    ``--maps all`` that do not apply, with the reason.
+
+    JSON: the keys whose value is ``None`` are left out."""
 
     n_eval: int
     n_fit: int
@@ -115,20 +130,72 @@ class CalibrationSummary:
     ece: float
     adaece: float
     nll: float
-    temperature: float
-    focal_gamma: float
-    focal_temperature: float
-    ece_after_ts: float
-    ece_after_fts: float
+    temperature: float | None
+    focal_gamma: float | None
+    focal_temperature: float | None
+    ece_after_ts: float | None
+    ece_after_fts: float | None
+    maps: dict[str, MapScore] | None = None
+    best: str | None = None
+    skipped: dict[str, str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            name: getattr(self, name)
+            for name in self.__dataclass_fields__
+            if getattr(self, name) is not None
+        }
+
+    def after(self, stage: str) -> float | None:
+        """ECE after the map of ``stage`` (``None`` when it was not fitted)."""
+        if self.maps is not None:
+            score = self.maps.get(stage)
+            return None if score is None else score.ece
+        return {"ts": self.ece_after_ts, "focal_ts": self.ece_after_fts}.get(stage)
 
 
-def calibration_summary(analysis: CalibrationAnalysis) -> CalibrationSummary:
-    """The study's calibration numbers from an analysis that fitted both maps."""
-    ts, fts = analysis.fits.ts, analysis.fits.focal_ts
-    after_ts, after_fts = analysis.evaluation.ts, analysis.evaluation.focal_ts
-    if ts is None or fts is None or after_ts is None or after_fts is None:
+#: The selection whose rows keep the layout of earlier versions (no ``maps`` key).
+DEFAULT_MAPS = "both"
+
+
+def ece_after_key(stage: str) -> str:
+    """The measure key of the ECE after a map: ``ece_after_ts``, ``ece_after_fts`` (focal TS),
+    else ``ece_after_<stage>``."""
+    return {"ts": "ece_after_ts", "focal_ts": "ece_after_fts"}.get(stage, f"ece_after_{stage}")
+
+
+def calibration_measures(stages: Sequence[str]) -> dict[str, str]:
+    """The calibration measures correlated when the maps of ``stages`` (registry stages, in
+    registry order) were fitted, with their display names: ECE, AdaECE and NLL uncalibrated,
+    TS's T and focal TS's γ and T when fitted, then the ECE after each map. With TS and focal
+    TS this is :data:`CALIBRATION_MEASURES`."""
+    from curvcal.calibration.registry import MAPS
+
+    out = {"ece": "ECE", "adaece": "AdaECE", "nll": "NLL"}
+    if "ts" in stages:
+        out["temperature"] = "T"
+    if "focal_ts" in stages:
+        out["focal_gamma"] = "FTS γ"
+        out["focal_temperature"] = "FTS T"
+    for stage in stages:
+        title = {"focal_ts": "FTS"}.get(stage, MAPS[stage].title)
+        out[ece_after_key(stage)] = f"ECE after {title}"
+    return out
+
+
+def calibration_summary(
+    analysis: CalibrationAnalysis, maps: str = DEFAULT_MAPS
+) -> CalibrationSummary:
+    """The study's calibration numbers from an analysis that fitted the maps ``maps`` selects
+    (a ``calibrate --method`` value; with the default, TS and focal TS, the row has no
+    ``maps``)."""
+    fits, evaluation = analysis.fits, analysis.evaluation
+    ts, fts = fits.ts, fits.focal_ts
+    if maps == DEFAULT_MAPS and (ts is None or fts is None):
         raise InputError("calibration", "the study needs both TS and focal TS fitted")
-    before = analysis.evaluation.uncalibrated
+    before = evaluation.uncalibrated
+    after = {stage: metrics for stage, metrics in evaluation.present() if stage != "uncalibrated"}
+    ranking = analysis.ranking
     return CalibrationSummary(
         n_eval=before.n_samples,
         n_fit=analysis.split.n_fit,
@@ -136,11 +203,16 @@ def calibration_summary(analysis: CalibrationAnalysis) -> CalibrationSummary:
         ece=before.ece,
         adaece=before.adaece,
         nll=before.nll,
-        temperature=ts.calibrator.temperature,
-        focal_gamma=fts.calibrator.gamma,
-        focal_temperature=fts.calibrator.temperature,
-        ece_after_ts=after_ts.ece,
-        ece_after_fts=after_fts.ece,
+        temperature=None if ts is None else ts.calibrator.temperature,
+        focal_gamma=None if fts is None else fts.calibrator.gamma,
+        focal_temperature=None if fts is None else fts.calibrator.temperature,
+        ece_after_ts=after["ts"].ece if "ts" in after else None,
+        ece_after_fts=after["focal_ts"].ece if "focal_ts" in after else None,
+        maps=None
+        if maps == DEFAULT_MAPS
+        else {stage: MapScore(m.ece, m.nll) for stage, m in after.items()},
+        best=None if ranking is None else ranking.best["nll"],
+        skipped=None if ranking is None else {skip.stage: skip.reason for skip in ranking.skipped},
     )
 
 
@@ -157,11 +229,17 @@ class StudyRow:
     curvature: CurvatureSummary
     calibration: CalibrationSummary
 
-    def measure(self, name: str) -> float:
-        """The value of a measure of :data:`CURVATURE_MEASURES` or :data:`CALIBRATION_MEASURES`."""
+    def measure(self, name: str) -> float | None:
+        """The value of a curvature or calibration measure (:func:`calibration_measures`;
+        ``None`` when this checkpoint has none, e.g. a map skipped for it)."""
         if name in CURVATURE_MEASURES:
             return float(getattr(self.curvature, name))
-        return float(getattr(self.calibration, name))
+        calibration = self.calibration
+        if name.startswith("ece_after_") and calibration.maps is not None:
+            stages = [s for s in calibration.maps if ece_after_key(s) == name]
+            return calibration.after(stages[0]) if stages else None
+        value = getattr(calibration, name, None)
+        return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -180,22 +258,43 @@ class Correlation:
     p_method: str | None = None
 
 
-def rank_correlations(rows: Sequence[StudyRow]) -> tuple[Correlation, ...]:
+def row_stages(rows: Sequence[StudyRow]) -> tuple[str, ...]:
+    """The maps fitted on any of ``rows``, in registry order."""
+    from curvcal.calibration.registry import MAPS
+
+    fitted: set[str] = set()
+    for row in rows:
+        calibration = row.calibration
+        if calibration.maps is not None:
+            fitted.update(calibration.maps)
+        else:
+            fitted.update(s for s in ("ts", "focal_ts") if calibration.after(s) is not None)
+    return tuple(stage for stage in MAPS if stage in fitted)
+
+
+def rank_correlations(
+    rows: Sequence[StudyRow], measures: dict[str, str] | None = None
+) -> tuple[Correlation, ...]:
     """Spearman's ρ and its p-value (:func:`curvcal.study.spearman.spearman`) for every
-    (curvature, calibration) measure pair."""
+    (curvature, calibration) measure pair; ``measures``: the calibration measures
+    (default: :func:`calibration_measures` of the maps the rows fitted)."""
     from curvcal.study.spearman import spearman
 
+    if measures is None:
+        measures = calibration_measures(row_stages(rows))
     out = []
     for curvature in CURVATURE_MEASURES:
-        for calibration in CALIBRATION_MEASURES:
+        for calibration in measures:
             xs = [row.measure(curvature) for row in rows]
             ys = [row.measure(calibration) for row in rows]
             n = len(rows)
-            note = _undefined(curvature, xs, calibration, ys)
+            note = _undefined(curvature, xs, calibration, ys, measures)
             if note is not None:
                 out.append(Correlation(curvature, calibration, None, None, n, note))
                 continue
-            result = spearman(xs, ys)
+            result = spearman(
+                [float(x) for x in xs if x is not None], [float(y) for y in ys if y is not None]
+            )
             out.append(
                 Correlation(
                     curvature, calibration, result.rho, result.p_value, n, None, result.p_method
@@ -205,21 +304,23 @@ def rank_correlations(rows: Sequence[StudyRow]) -> tuple[Correlation, ...]:
 
 
 def _undefined(
-    curvature: str, xs: Sequence[float], calibration: str, ys: Sequence[float]
+    curvature: str,
+    xs: Sequence[float | None],
+    calibration: str,
+    ys: Sequence[float | None],
+    measures: dict[str, str],
 ) -> str | None:
     """Why ρ of this pair cannot be computed (``None`` when it can), naming the measure."""
     if len(xs) < MIN_CORRELATION_SAMPLES:
         return f"needs at least {MIN_CORRELATION_SAMPLES} checkpoints, got {len(xs)}"
-    for key, names, values in (
-        (curvature, CURVATURE_MEASURES, xs),
-        (calibration, CALIBRATION_MEASURES, ys),
-    ):
-        if not all(math.isfinite(v) for v in values):
+    pairs = ((curvature, CURVATURE_MEASURES, xs), (calibration, measures, ys))
+    for key, names, values in pairs:
+        if any(v is None for v in values):
+            return f"{names[key]} was not measured for every checkpoint"
+    for key, names, values in pairs:
+        if not all(v is not None and math.isfinite(v) for v in values):
             return f"{names[key]} is not finite for every checkpoint"
-    for key, names, values in (
-        (curvature, CURVATURE_MEASURES, xs),
-        (calibration, CALIBRATION_MEASURES, ys),
-    ):
+    for key, names, values in pairs:
         if len(set(values)) == 1:
             return f"{names[key]} is constant across the checkpoints"
     return None
@@ -250,3 +351,7 @@ class StudyResult:
     rows: tuple[StudyRow, ...]
     correlations: tuple[Correlation, ...]
     columns: dict[str, str]
+
+    def measures(self) -> dict[str, str]:
+        """The calibration measures of the correlations, with their display names."""
+        return calibration_measures(row_stages(self.rows))
