@@ -45,7 +45,7 @@ KEYS: dict[str, tuple[Target, ...]] = dict(
         ("seed", ((CalibrationSettings, "seed"), (HessianSettings, "seed"))),
         *_own(CalibrationSettings, "bins", "edges", "method", "objective", "focal_objective"),
         *_own(CalibrationSettings, "gammas", "nan_policy"),
-        *_own(CalibrationSettings, "histogram_bins", "histogram_scheme"),
+        *_own(CalibrationSettings, "histogram_bins", "histogram_scheme", "bootstrap"),
         *_own(HessianSettings, "top_k"),
         ("eigen_method", ((HessianSettings, "method"),)),
         *_own(HessianSettings, "tol", "max_iter", "probes"),
