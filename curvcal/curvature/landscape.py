@@ -6,7 +6,9 @@ on the whole dataset:
 
     loss(α, β) = (1/N) Σ_i ℓ(f(x_i; θ + α d₁ + β d₂), y_i)   (the loss object's per-sample ℓ),
     accuracy   = fraction of rows whose argmax (first index on ties) is the label,
-    ECE        = top-label ECE, equal-width bins (:func:`curvcal.calibration.metrics`).
+    ECE        = the ``ece(logits, labels)`` the caller passes (the pipeline passes top-label
+                 ECE with equal-width bins, :func:`curvcal.calibration.metrics`; the
+                 curvature kernels import nothing of calibration).
 
 Directions are either top Hessian eigenvectors (unit vectors over all selected parameters, so
 the second difference of the loss along one is its eigenvalue, exactly for a quadratic loss) or
@@ -30,8 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from curvcal.calibration.metrics import expected_calibration_error
 from curvcal.errors import InputError
+from curvcal.rows import to_device
 
 #: A direction: one tensor per parameter name, each of that parameter's shape.
 Direction = Mapping[str, Tensor]
@@ -58,7 +60,6 @@ class Landscape:
     points: tuple[LandscapePoint, ...]
     directions: str
     n_samples: int
-    n_bins: int
 
     def grid(self, name: str) -> list[list[float]]:
         """``name`` (loss, accuracy, ece) as rows over β of values over α (one row in 1-D)."""
@@ -90,20 +91,28 @@ def filter_normalised_direction(model: nn.Module, generator: torch.Generator) ->
     return direction
 
 
-def _check_direction(direction: Direction, params: Mapping[str, Tensor], which: str) -> None:
-    missing = sorted(set(params) - set(direction))
-    extra = sorted(set(direction) - set(params))
-    if missing or extra:
-        raise InputError(
-            which,
-            f"does not match the model's parameters (missing {missing[:3]}, unknown {extra[:3]})",
-        )
-    for name, p in params.items():
-        if tuple(direction[name].shape) != tuple(p.shape):
+def _moved_parameters(model: nn.Module, directions: Sequence[Direction]) -> dict[str, Tensor]:
+    """The parameters the directions move (the names of the first; every direction must name
+    the same ones, each a ``requires_grad`` parameter, with its shape)."""
+    params = selected_parameters(model)
+    names = list(directions[0])
+    for index, direction in enumerate(directions):
+        which = f"direction {index + 1}"
+        unknown = sorted(set(direction) - set(params))
+        if unknown or set(direction) != set(names) or not names:
             raise InputError(
                 which,
-                f"{name} has shape {tuple(direction[name].shape)}, the parameter {tuple(p.shape)}",
+                "must name the same trainable parameters as direction 1"
+                + (f" (not parameters of the model: {unknown[:3]})" if unknown else ""),
             )
+        for name in names:
+            if tuple(direction[name].shape) != tuple(params[name].shape):
+                raise InputError(
+                    which,
+                    f"{name} has shape {tuple(direction[name].shape)}, the parameter "
+                    f"{tuple(params[name].shape)}",
+                )
+    return {name: params[name] for name in names}
 
 
 def loss_landscape(
@@ -114,24 +123,26 @@ def loss_landscape(
     alphas: Sequence[float],
     betas: Sequence[float] = (),
     *,
+    ece: Callable[[Tensor, Tensor], float],
     kind: str = "random",
-    n_bins: int = 15,
+    on_point: Callable[[int], None] | None = None,
 ) -> Landscape:
     """Measure ``model`` at θ + α d₁ (+ β d₂) for every α in ``alphas`` (and β in ``betas``).
 
     ``batches()`` gives a fresh iterator of ``(x, y)`` (``x`` a tensor, or a mapping of keyword
-    tensors); ``loss_sum(logits, labels)`` is the loss summed over a batch. One direction with
+    tensors); ``loss_sum(logits, labels)`` is the loss summed over a batch; ``ece(logits,
+    labels)`` the calibration error of all rows' float64 logits (on the CPU); ``on_point(1)``
+    hears each point as it is measured. One direction with
     no ``betas`` draws a 1-D line, two with ``betas`` a 2-D grid. The model runs in the mode it
     is in (eval for BatchNorm's running statistics) under ``torch.no_grad``; its parameters and
-    mode are as before on return.
+    mode are as before on return. The directions may cover some of the parameters (those the
+    Hessian was restricted to); the others stay where they are.
     """
     if len(directions) not in (1, 2) or (len(directions) == 2) != bool(betas):
         raise InputError("directions", "give one direction and no betas, or two and betas")
     if not alphas:
         raise InputError("alphas", "give at least one step")
-    params = selected_parameters(model)
-    for index, direction in enumerate(directions):
-        _check_direction(direction, params, f"direction {index + 1}")
+    params = _moved_parameters(model, directions)
     saved = {name: p.detach().clone() for name, p in params.items()}
     training = model.training
     points: list[LandscapePoint] = []
@@ -145,7 +156,7 @@ def loss_landscape(
                         if beta is not None:
                             moved = moved + float(beta) * directions[1][name]
                         p.copy_(moved)
-                    logits, labels, total = _measure(model, batches, loss_sum)
+                    logits, labels, total = _measure(model, batches, loss_sum, saved)
                     n_samples = int(labels.shape[0])
                     points.append(
                         LandscapePoint(
@@ -153,9 +164,11 @@ def loss_landscape(
                             beta=None if beta is None else float(beta),
                             loss=total / n_samples,
                             accuracy=float((logits.argmax(dim=1) == labels).double().mean()),
-                            ece=expected_calibration_error(logits, labels, "logits", n_bins),
+                            ece=float(ece(logits, labels)),
                         )
                     )
+                    if on_point is not None:
+                        on_point(1)
     finally:
         with torch.no_grad():
             for name, p in params.items():
@@ -167,7 +180,6 @@ def loss_landscape(
         points=tuple(points),
         directions=kind,
         n_samples=n_samples,
-        n_bins=n_bins,
     )
 
 
@@ -175,12 +187,17 @@ def _measure(
     model: nn.Module,
     batches: Callable[[], Iterable[tuple[Any, Tensor]]],
     loss_sum: Callable[[Tensor, Tensor], Tensor],
+    like: Mapping[str, Tensor],
 ) -> tuple[Tensor, Tensor, float]:
-    """Logits and labels of every row (on the CPU, float64) and the summed loss."""
+    """Logits and labels of every row (on the CPU, float64) and the summed loss; the inputs
+    moved to the device of the parameters and, when floating, to their dtype."""
+    first = next(iter(like.values()))
     all_logits: list[Tensor] = []
     all_labels: list[Tensor] = []
     total = 0.0
-    for x, y in batches():
+    for inputs, labels in batches():
+        x = to_device(inputs, first.device, first.dtype)
+        y = labels.to(first.device)
         logits = model(**x) if isinstance(x, Mapping) else model(x)
         total += float(loss_sum(logits, y))
         all_logits.append(logits.detach().to("cpu", torch.float64))

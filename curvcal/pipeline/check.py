@@ -162,7 +162,7 @@ def _plan(
             where("bootstrap"),
             f"require_improvement ({', '.join(improving)}) is judged on a paired bootstrap "
             "interval, but bootstrap is 0",
-            "set bootstrap = 1000 under [settings] or pass --bootstrap 1000",
+            "set bootstrap = 1000 under [settings]",
         )
     return _Plan(
         checkpoint=settings_of(

@@ -195,19 +195,20 @@ class Session:
         choice: str | None = None,
         option: str = "--data",
         on_operator: Callable[[Any], None] | None = None,
+        on_vectors: Callable[[list[dict[str, torch.Tensor]]], None] | None = None,
     ) -> Curvature:
         """The Hessian analysis of ``loaded``'s mean loss over ``data`` with ``settings`` as
         :meth:`hessian_settings` resolved them (and their parameter ``choice``, said on stderr
         and recorded in the results), products summed across ranks under torchrun.
         ``on_operator`` sees the operator once it is built (``study`` counts FLSD-53's γ
-        groups on it)."""
+        groups on it); ``on_vectors`` the top-k eigenvectors by parameter name."""
         import dataclasses
 
         if choice is not None and settings.params and self.is_main:
             self.reporter.warn(f"Hessian over {choice}")
         batches = self.batches(data, batch_size, option)
         analysis, notes, messages = _measure(
-            loaded.module, batches, settings, self.reporter, self.context, on_operator
+            loaded.module, batches, settings, self.reporter, self.context, on_operator, on_vectors
         )
         analysis = dataclasses.replace(
             analysis,
@@ -349,6 +350,7 @@ def _measure(
     reporter: Reporter,
     context: DistContext,
     on_operator: Callable[[Any], None] | None = None,
+    on_vectors: Callable[[list[dict[str, torch.Tensor]]], None] | None = None,
 ) -> tuple[HessianAnalysis, list[str], list[str]]:
     """Run the analysis with a progress count of Hessian-vector products on stderr, and the
     long-run note (:mod:`~curvcal.curvature.forecast`) once the first products are timed.
@@ -388,5 +390,6 @@ def _measure(
             on_note=on_note,
             on_plan=replan,
             on_operator=on_operator,
+            on_vectors=on_vectors,
         )
     return analysis, notes, messages

@@ -32,6 +32,10 @@ def _problem(seed: int = 0) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.T
     return model, [(x[:10], y[:10]), (x[10:17], y[10:17]), (x[17:], y[17:])]
 
 
+def _ece(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    return expected_calibration_error(logits, labels, "logits", 5)
+
+
 def _ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels, reduction="sum")
 
@@ -84,7 +88,9 @@ def test_curvature_along_the_top_eigenvector_is_lambda_max(
     hessian, layout = _dense_hessian(model, batches, loss_sum)
     values, vectors = torch.linalg.eigh(hessian)
     top = _as_direction(vectors[:, -1], layout)
-    line = loss_landscape(model, lambda: iter(batches), loss_sum, [top], [-step, 0.0, step])
+    line = loss_landscape(
+        model, lambda: iter(batches), loss_sum, [top], [-step, 0.0, step], ece=_ece
+    )
     (curvature,) = second_difference([point.loss for point in line.points], step)
     assert curvature == pytest.approx(float(values[-1]), rel=rtol)
 
@@ -96,7 +102,7 @@ def test_every_point_equals_the_model_perturbed_by_hand() -> None:
     second = filter_normalised_direction(model, generator)
     alphas, betas = [-0.5, 0.0, 0.25], [-1.0, 0.75]
     grid = loss_landscape(
-        model, lambda: iter(batches), _ce_sum, [first, second], alphas, betas, n_bins=5
+        model, lambda: iter(batches), _ce_sum, [first, second], alphas, betas, ece=_ece
     )
     x = torch.cat([b[0] for b in batches])
     y = torch.cat([b[1] for b in batches])
@@ -119,7 +125,7 @@ def test_the_model_is_left_as_it_was_even_on_error() -> None:
     model.train()
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     direction = filter_normalised_direction(model, torch.Generator().manual_seed(0))
-    loss_landscape(model, lambda: iter(batches), _ce_sum, [direction], [1.0, 2.0])
+    loss_landscape(model, lambda: iter(batches), _ce_sum, [direction], [1.0, 2.0], ece=_ece)
     assert model.training
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name])
@@ -128,7 +134,7 @@ def test_the_model_is_left_as_it_was_even_on_error() -> None:
         raise RuntimeError("stop")
 
     with pytest.raises(RuntimeError, match="stop"):
-        loss_landscape(model, lambda: iter(batches), failing, [direction], [3.0])
+        loss_landscape(model, lambda: iter(batches), failing, [direction], [3.0], ece=_ece)
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name])
 
@@ -151,6 +157,20 @@ def test_a_direction_of_the_wrong_shape_is_refused() -> None:
     model, batches = _problem()
     bad = {"weight": torch.zeros(3, 4, dtype=torch.float64), "bias": torch.zeros(2)}
     with pytest.raises(InputError, match="bias has shape"):
-        loss_landscape(model, lambda: iter(batches), _ce_sum, [bad], [0.0])
-    with pytest.raises(InputError, match="missing"):
-        loss_landscape(model, lambda: iter(batches), _ce_sum, [{"weight": bad["weight"]}], [0.0])
+        loss_landscape(model, lambda: iter(batches), _ce_sum, [bad], [0.0], ece=_ece)
+    with pytest.raises(InputError, match="not parameters of the model"):
+        loss_landscape(
+            model, lambda: iter(batches), _ce_sum, [{"w": bad["weight"]}], [0.0], ece=_ece
+        )
+    # a direction over some parameters moves those alone
+    only = {"weight": torch.ones(3, 4, dtype=torch.float64)}
+    line = loss_landscape(model, lambda: iter(batches), _ce_sum, [only], [1.0], ece=_ece)
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        moved.weight += 1.0
+    x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    with torch.no_grad():
+        direct = float(F.cross_entropy(moved(x), y))
+    assert line.points[0].loss == pytest.approx(direct, rel=1e-12)
+    with pytest.raises(InputError, match="same trainable parameters"):
+        loss_landscape(model, lambda: iter(batches), _ce_sum, [only, bad], [0.0], [0.0], ece=_ece)
