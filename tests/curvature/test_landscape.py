@@ -174,3 +174,23 @@ def test_a_direction_of_the_wrong_shape_is_refused() -> None:
     assert line.points[0].loss == pytest.approx(direct, rel=1e-12)
     with pytest.raises(InputError, match="same trainable parameters"):
         loss_landscape(model, lambda: iter(batches), _ce_sum, [only, bad], [0.0], [0.0], ece=_ece)
+
+
+@pytest.mark.parametrize("method", ["power", "lanczos"])
+def test_eigenvalues_hand_over_their_unit_eigenvectors(method: str) -> None:
+    """``on_vectors`` gets the eigenvectors of the values returned, in their order (against
+    ``torch.linalg.eigh`` of a dense symmetric matrix with a clear gap)."""
+    from curvcal.curvature.eigen import eigenvalues
+
+    generator = torch.Generator().manual_seed(0)
+    basis, _ = torch.linalg.qr(torch.randn(12, 12, generator=generator, dtype=torch.float64))
+    spectrum = torch.tensor([9.0, 5.0, 2.0] + [0.1 * i for i in range(9)], dtype=torch.float64)
+    matrix = basis @ torch.diag(spectrum) @ basis.T
+    seen: list[torch.Tensor] = []
+    found = eigenvalues(matrix, 2, method=method, tol=1e-10, on_vectors=seen.append)
+    (vectors,) = seen
+    assert found.eigenvalues == pytest.approx((9.0, 5.0), rel=1e-8)
+    assert vectors.shape == (12, 2)
+    for column in range(2):
+        assert float(vectors[:, column].norm()) == pytest.approx(1.0, abs=1e-12)
+        assert abs(float(vectors[:, column] @ basis[:, column])) == pytest.approx(1.0, abs=1e-6)
