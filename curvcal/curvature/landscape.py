@@ -68,6 +68,17 @@ class Landscape:
         return [values[row : row + width] for row in range(0, len(values), width)]
 
 
+@dataclass(frozen=True)
+class LandscapeAnalysis:
+    """The grid measured (``landscape``), the loss it measured, how many parameter values the
+    directions move, and, for eigenvector directions, their eigenvalues (largest first)."""
+
+    landscape: Landscape
+    loss: str
+    n_parameters: int
+    eigenvalues: tuple[float, ...] | None
+
+
 def selected_parameters(model: nn.Module) -> dict[str, Tensor]:
     """The parameters a landscape moves: every ``requires_grad`` one, by name."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}

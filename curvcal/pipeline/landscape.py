@@ -19,21 +19,10 @@ from curvcal.settings.fields import groups
 
 if TYPE_CHECKING:
     from curvcal.console import Reporter
-    from curvcal.curvature.landscape import Landscape
+    from curvcal.curvature.landscape import LandscapeAnalysis
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
     from curvcal.settings.landscape import LandscapeSettings
-
-
-@dataclass(frozen=True)
-class LandscapeAnalysis:
-    """The grid measured (``landscape``), the loss it measured, how many parameter values the
-    directions move, and, for eigenvector directions, their eigenvalues (largest first)."""
-
-    landscape: Landscape
-    loss: str
-    n_parameters: int
-    eigenvalues: tuple[float, ...] | None
 
 
 @dataclass(frozen=True)
@@ -57,7 +46,11 @@ def run_landscape(
     import torch
 
     from curvcal.calibration.metrics import expected_calibration_error
-    from curvcal.curvature.landscape import filter_normalised_direction, loss_landscape
+    from curvcal.curvature.landscape import (
+        LandscapeAnalysis,
+        filter_normalised_direction,
+        loss_landscape,
+    )
     from curvcal.losses import loss_from_name
     from curvcal.pipeline.provenance import environment
     from curvcal.pipeline.session import open_session, resolve_loss

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
     from matplotlib.figure import Figure
 
-    from curvcal.pipeline.landscape import LandscapeAnalysis
+    from curvcal.curvature.landscape import LandscapeAnalysis
 
 
 def landscape_tables(analysis: LandscapeAnalysis) -> list[Table]:
