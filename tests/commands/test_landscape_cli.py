@@ -107,7 +107,9 @@ def test_saved_eigenvectors_are_the_dense_hessian_s(tmp_path: Path) -> None:
 def test_landscape_along_the_top_eigenvector(tmp_path: Path) -> None:
     """λ from the run, the loss at α = 0 equal to the unmoved model's, each point equal to the
     model moved by hand along the saved eigenvector, and the second difference ≈ λmax
-    (h = 1e-3: the cubic and quartic terms of CE err by O(h²) relative)."""
+    (h = 1e-4: the quartic term errs by O(h²), rounding by ε·loss/h², both far below 1e-4;
+    a ReLU network's loss is only piecewise smooth, and a larger h can straddle a kink: on all
+    797 digits h = 1e-3 errs by 6e-4 relative, h = 1e-4 by 2e-7)."""
     vectors = tmp_path / "v.safetensors"
     code, text = _run(
         "hessian", str(demo_checkpoint()), *DATA, "--no-trace", "--tol", "1e-8",
@@ -118,7 +120,7 @@ def test_landscape_along_the_top_eigenvector(tmp_path: Path) -> None:
     plot = tmp_path / "l.svg"
     code, text = _run(
         "landscape", str(demo_checkpoint()), *DATA, "--tol", "1e-8", "--seed", "3",
-        "--steps", "3", "--radius", "1e-3", "--plot", str(plot), "-o", str(report),
+        "--steps", "3", "--radius", "1e-4", "--plot", str(plot), "-o", str(report),
     )  # fmt: skip
     assert code == 0, text
     assert plot.read_text().lstrip().startswith("<?xml")
@@ -129,7 +131,7 @@ def test_landscape_along_the_top_eigenvector(tmp_path: Path) -> None:
         direction = {key[3:]: stored.get_tensor(key) for key in names}
     assert results["eigenvalues"][0] == pytest.approx(lambda_max, rel=1e-6)
     points = results["landscape"]["points"]
-    assert [p["alpha"] for p in points] == [-1e-3, 0.0, 1e-3]
+    assert [p["alpha"] for p in points] == [-1e-4, 0.0, 1e-4]
 
     model, x, y = _model_and_data()
     with torch.no_grad():
@@ -143,8 +145,8 @@ def test_landscape_along_the_top_eigenvector(tmp_path: Path) -> None:
                 logits = torch.func.functional_call(model, moved, (x,))
                 losses.append(float(F.cross_entropy(logits, y)))
             assert min(abs(point["loss"] - loss) for loss in losses) <= 1e-12 * point["loss"]
-    (curvature,) = second_difference([p["loss"] for p in points], 1e-3)
-    assert curvature == pytest.approx(lambda_max, rel=1e-3)
+    (curvature,) = second_difference([p["loss"] for p in points], 1e-4)
+    assert curvature == pytest.approx(lambda_max, rel=1e-4)
 
 
 def test_landscape_grid_of_random_directions_and_bad_options(tmp_path: Path) -> None:
