@@ -90,6 +90,7 @@ RUNS: dict[str, list[str]] = {
     "inspect": ["inspect", "{ckpt}"],
     "hessian": ["hessian", "{ckpt}", *_SMALL, "--top-k", "2", "--probes", "4", "--per-layer"],
     "calibrate": ["calibrate", "{ckpt}", *_SMALL],
+    "landscape": ["landscape", "{ckpt}", *_SMALL, "--steps", "3"],
     "metrics": ["metrics", "logits.npz", "--val-split", "0.5"],
     "check": ["check", "{ckpt}", "--policy", "{policy}", "--max-samples", "200", "-o", "new.json"],
     "compare": ["compare", "new.json", "new.json", "--policy", "{policy}"],

@@ -150,7 +150,9 @@ class CalibrationAnalysis:
     ``fits.ts`` (a :class:`TemperatureFit`), ``fits.focal_ts`` (a :class:`FocalTemperatureFit`),
     ``split`` (:class:`SplitInfo`), ``settings`` (:class:`CalibrationSettings`), ``applied``
     (the saved calibrators measured by :func:`evaluate_calibrators`; empty otherwise) and, with
-    method ``all`` only, ``ranking`` (:class:`Ranking`; the key is absent otherwise).
+    method ``all`` or with bootstrap resamples for any method that fits a map, ``ranking``
+    (:class:`Ranking`: each stage's paired bootstrap differences from the best and from
+    uncalibrated; the key is absent otherwise).
     """
 
     evaluation: StageMetrics
@@ -245,7 +247,7 @@ def analyse_calibration(
         for stage in stages
     }
     tops: dict[str, TopLabel] | None = None
-    if settings.method == ALL:
+    if settings.method == ALL or settings.bootstrap > 0:
         tops = {"uncalibrated": top_label_of(eval_scores, eval_labels, kind, eval_source)}
     evaluation = StageMetrics(
         uncalibrated,

@@ -43,6 +43,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "inspect",
         "What a checkpoint holds, without running any of its code.",
     ),
+    "landscape": (
+        "curvcal.commands.landscape",
+        "landscape",
+        "Loss, accuracy and ECE along the top Hessian eigenvectors or random directions.",
+    ),
     "metrics": (
         "curvcal.commands.metrics",
         "metrics",

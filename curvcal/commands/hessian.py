@@ -18,6 +18,7 @@ from curvcal.commands.common import finish, output_options, start, typed_options
 from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.commands.repeats import Command
 from curvcal.report.hessian import hessian_tables, plot_outputs, plot_paths, write_plots
+from curvcal.report.landscape import eigenvector_bytes, eigenvector_path, write_eigenvectors
 from curvcal.settings.fields import click_options
 from curvcal.settings.hessian import HessianSettings
 
@@ -70,6 +71,14 @@ def _refuse_unused_trace_options(values: dict[str, Any]) -> None:
     help="Write the top-k spectrum (and the density with --density) to a .png, .svg or .pdf "
     "file; with --per-layer also a bar chart to FILE's name + '-layers' (needs matplotlib).",
 )
+@click.option(
+    "--save-eigenvectors",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Write the top-k eigenvectors to a .safetensors file, one tensor per eigenvector and "
+    "parameter ('v0/fc.weight' for λmax), with the eigenvalues and the checkpoint's SHA-256 "
+    "in its metadata.",
+)
 @output_options
 def hessian(
     checkpoint: Path,
@@ -77,6 +86,7 @@ def hessian(
     data_options: DataSettings,
     settings: HessianSettings,
     plot: Path | None,
+    save_eigenvectors: Path | None,
 ) -> int:
     """Top eigenvalues, trace and more of the Hessian of the mean loss over a dataset.
 
@@ -97,12 +107,31 @@ def hessian(
             *data_inputs("--data", data_options.data, data_options.data_root),
             *tokenizer_inputs("--tokenizer", data_options.tokenizer),
         ],
-        outputs=plot_outputs(plot, settings.per_layer),
+        outputs=[
+            *plot_outputs(plot, settings.per_layer),
+            *([("--save-eigenvectors", save_eigenvectors)] if save_eigenvectors else []),
+        ],
     )
     plots = plot_paths(plot, settings.per_layer, options.force) if plot is not None else None
-    run = run_hessian(checkpoint, checkpoint_options, data_options, settings, reporter)
+    if save_eigenvectors is not None:
+        eigenvector_path(save_eigenvectors, options.force)
+    run = run_hessian(
+        checkpoint,
+        checkpoint_options,
+        data_options,
+        settings,
+        reporter,
+        keep_vectors=save_eigenvectors is not None,
+    )
     if not run.is_main:
         return run.exit_code
+    if save_eigenvectors is not None:
+        write_eigenvectors(
+            save_eigenvectors,
+            eigenvector_bytes(
+                run.vectors, run.analysis.spectrum.eigenvalues, run.report.inputs["checkpoint"]
+            ),
+        )
     code = finish(run.report, hessian_tables(run.analysis, run.device))
     if plots is not None:
         write_plots(run.analysis, *plots, caption=f"{checkpoint.name} on {data_options.data}")

@@ -16,7 +16,8 @@ import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.central_difference import operator_for
@@ -53,6 +54,9 @@ from curvcal.errors import InputError
 from curvcal.losses import Loss, loss_from_name
 from curvcal.settings.hessian import HessianSettings
 
+#: Receives the top-k eigenvectors, one ``{parameter name: tensor}`` per value.
+OnEigenvectors = Callable[[list[dict[str, Tensor]]], None]
+
 #: a stage's result, which records the engines that made its products
 Measured = TypeVar("Measured", EigenSpectrum, TraceResult, DensityResult)
 
@@ -79,6 +83,7 @@ def analyse_hessian(
     on_plan: Callable[[HessianSettings], None] | None = None,
     loss: Loss | None = None,
     on_operator: Callable[[HessianOperator], None] | None = None,
+    on_vectors: OnEigenvectors | None = None,
 ) -> HessianAnalysis:
     """Measure the Hessian of the mean loss of ``model`` over ``batches`` as ``settings`` ask.
 
@@ -88,6 +93,8 @@ def analyse_hessian(
     ``on_plan`` receives the settings as they will run, before any product: ``trace_method``
     resolved from ``auto`` (:func:`choose_trace_method`). ``on_operator`` receives the operator
     once it is built, before any pass over the data (``study`` counts FLSD-53's γ groups on it).
+    ``on_vectors`` receives the top-k eigenvectors, one ``{parameter name: tensor}`` per value
+    in the order of the values (:func:`vectors_by_name`).
 
     One operator serves every stage (``all_reduce`` sums the sample count and every product
     across processes when the data is sharded). Raises :class:`~curvcal.errors.InputError` for
@@ -101,7 +108,13 @@ def analyse_hessian(
     """
     operator, timings = _built(model, batches, settings, all_reduce, loss, on_operator)
     return analyse_operator(
-        operator, settings, on_step=on_step, on_note=on_note, on_plan=on_plan, timings=timings
+        operator,
+        settings,
+        on_step=on_step,
+        on_note=on_note,
+        on_plan=on_plan,
+        timings=timings,
+        on_vectors=on_vectors,
     )
 
 
@@ -136,6 +149,7 @@ def analyse_operator(
     on_note: Callable[[str], None] | None = None,
     on_plan: Callable[[HessianSettings], None] | None = None,
     timings: dict[str, float] | None = None,
+    on_vectors: OnEigenvectors | None = None,
 ) -> HessianAnalysis:
     """:func:`analyse_hessian` on an operator already built (its loss, parameters and how it
     runs are the operator's: the operator fields of ``settings`` are not read again).
@@ -213,7 +227,15 @@ def analyse_operator(
     stop()
 
     stop = timed("eigenvalues")
-    spectrum = _eigen(operator, settings, settings.top_k, "largest", budget, hook("eigenvalues"))
+    spectrum = _eigen(
+        operator,
+        settings,
+        settings.top_k,
+        "largest",
+        budget,
+        hook("eigenvalues"),
+        None if on_vectors is None else lambda v: on_vectors(vectors_by_name(operator, v)),
+    )
     stop()
 
     smallest = None
@@ -371,6 +393,7 @@ def analyse_hessian_with_messages(
     on_note: Callable[[str], None] | None = None,
     on_plan: Callable[[HessianSettings], None] | None = None,
     on_operator: Callable[[HessianOperator], None] | None = None,
+    on_vectors: OnEigenvectors | None = None,
 ) -> tuple[HessianAnalysis, list[str]]:
     """:func:`analyse_hessian` (the same operator and stages), returning the warnings a report shows (unconverged estimates, an
     engine fallback to double backward) as messages; other warnings are passed on untouched.
@@ -382,7 +405,13 @@ def analyse_hessian_with_messages(
         warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
         operator, timings = _built(model, batches, settings, all_reduce, None, on_operator)
         analysis = analyse_operator(
-            operator, settings, on_step=on_step, on_note=on_note, on_plan=on_plan, timings=timings
+            operator,
+            settings,
+            on_step=on_step,
+            on_note=on_note,
+            on_plan=on_plan,
+            timings=timings,
+            on_vectors=on_vectors,
         )
     messages = []
     for warning in caught:
@@ -413,6 +442,7 @@ def _eigen(
     which: str,
     budget: int | None,
     on_step: OnStep,
+    on_vectors: Callable[[Tensor], None] | None = None,
 ) -> EigenSpectrum:
     # λmin of a Hessian sits among many eigenvalues near zero, where power iteration (even
     # shifted) converges at a crawl; Lanczos reaches both ends of the spectrum directly.
@@ -428,5 +458,23 @@ def _eigen(
         max_basis=lanczos_basis(k, operator.shape[0], budget, settings.max_basis),
         seed=settings.seed,
         on_step=on_step,
+        on_vectors=on_vectors,
     )
     return _with_engines(operator, before, spectrum)
+
+
+def vectors_by_name(operator: HessianOperator, vectors: Tensor) -> list[dict[str, Tensor]]:
+    """The columns of ``vectors`` (P×k, over the operator's selected parameters in their
+    order) as one ``{parameter name: tensor of its shape}`` per column."""
+    out: list[dict[str, Tensor]] = []
+    for column in vectors.T:
+        pieces = torch.split(column, [p.numel() for p in operator.parameters])
+        out.append(
+            {
+                name: piece.reshape(p.shape)
+                for name, piece, p in zip(
+                    operator.param_names, pieces, operator.parameters, strict=True
+                )
+            }
+        )
+    return out

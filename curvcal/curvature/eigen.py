@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,9 @@ from curvcal.curvature.precision import effective_tol
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpectrum
 from curvcal.errors import InputError
+
+#: Receives the P×k unit eigenvectors found, columns in the order of the values.
+OnVectors = Callable[[Tensor], None] | None
 
 METHODS = ("power", "lanczos")
 WHICH = ("largest", "smallest")
@@ -155,10 +159,12 @@ def power_iteration(
     max_iter: int | None = None,
     seed: int = 0,
     on_step: OnStep = None,
+    on_vectors: OnVectors = None,
 ) -> EigenSpectrum:
     """The k largest (or smallest) algebraic eigenvalues by power iteration with deflation.
 
     ``max_iter`` (default 1000) bounds the iterations spent on each value and on each pass.
+    ``on_vectors`` receives the P×k unit eigenvectors, columns in the order of the values.
     """
     op = as_operator(operator)
     _check_common(op, k, tol, max_iter, which)
@@ -188,7 +194,10 @@ def power_iteration(
                 continue
         found.append(vector)
         results.append(result)
-    final = sorted(results, key=lambda r: r.value, reverse=which == "largest")
+    order = sorted(range(k), key=lambda i: results[i].value, reverse=which == "largest")
+    final = [results[i] for i in order]
+    if on_vectors is not None:
+        on_vectors(torch.stack([found[i] for i in order], dim=1))
     spectrum = EigenSpectrum(
         values=tuple(final),
         method="power",
@@ -221,6 +230,7 @@ def lanczos(
     max_basis: int | None = None,
     seed: int = 0,
     on_step: OnStep = None,
+    on_vectors: OnVectors = None,
 ) -> EigenSpectrum:
     """The k largest (or smallest) algebraic eigenvalues by Lanczos with full reorthogonalisation.
 
@@ -398,6 +408,9 @@ def lanczos(
     if verified is None or verified.steps != steps:
         verified = _verify(op, basis, ritz, ritz_vectors, wanted, scale, steps)
         used += k
+    if on_vectors is not None:  # y = Q_m s, as verified (no product)
+        vectors = basis.combine(ritz_vectors[:, wanted], dtype=op.dtype)
+        on_vectors(vectors.div_(vectors.norm(dim=0, keepdim=True)))
     results = []
     for column, index in enumerate(wanted):
         residual = verified.residuals[column]
@@ -540,6 +553,7 @@ def eigenvalues(
     max_basis: int | None = None,
     seed: int = 0,
     on_step: OnStep = None,
+    on_vectors: OnVectors = None,
 ) -> EigenSpectrum:
     """The k largest (or smallest) algebraic eigenvalues of a symmetric operator.
 
@@ -559,7 +573,14 @@ def eigenvalues(
         )
     if method == "power":
         return power_iteration(
-            operator, k, which=which, tol=tol, max_iter=max_iter, seed=seed, on_step=on_step
+            operator,
+            k,
+            which=which,
+            tol=tol,
+            max_iter=max_iter,
+            seed=seed,
+            on_step=on_step,
+            on_vectors=on_vectors,
         )
     return lanczos(
         operator,
@@ -570,4 +591,5 @@ def eigenvalues(
         max_basis=max_basis,
         seed=seed,
         on_step=on_step,
+        on_vectors=on_vectors,
     )

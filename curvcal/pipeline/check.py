@@ -158,6 +158,14 @@ def _plan(
         )
     data = settings_of(DataSettings, settings, where, trust_checkpoint=trust)
     fitted = need.predictions and method != "none" and settings["fit_data"] is not None
+    improving = [rule.key for rule in policy.rules if rule.require_improvement]
+    if improving and not settings["bootstrap"]:
+        raise InputError(
+            where("bootstrap"),
+            f"require_improvement ({', '.join(improving)}) is judged on a paired bootstrap "
+            "interval, but bootstrap is 0",
+            "set bootstrap = 1000 under [settings]",
+        )
     return _Plan(
         checkpoint=settings_of(
             CheckpointSettings, settings, where, trust_checkpoint=trust, allow_global=allow_globals

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import EXIT_INTERRUPTED, EXIT_NUMERICAL, EXIT_OK, NumericalError
 from curvcal.results import STATUS_ERROR, STATUS_INTERRUPTED, STATUS_OK, Report
@@ -36,6 +36,9 @@ class HessianRun:
     device: str
     is_main: bool
     failure: NumericalError | None
+    vectors: tuple[dict[str, Any], ...] = ()
+    """The top-k eigenvectors by parameter name (one per eigenvalue, in their order), when
+    asked for."""
 
     @property
     def exit_code(self) -> int:
@@ -60,9 +63,11 @@ def run_hessian(
     data_options: DataSettings,
     settings: HessianSettings,
     reporter: Reporter,
+    keep_vectors: bool = False,
 ) -> HessianRun:
     """Measure the Hessian of ``checkpoint``'s mean loss over the data as ``settings`` ask;
-    under torchrun every rank runs this on its shard."""
+    under torchrun every rank runs this on its shard. ``keep_vectors``: also return the top-k
+    eigenvectors (the same on every rank)."""
     from curvcal.pipeline.provenance import environment
     from curvcal.pipeline.session import open_session
 
@@ -71,8 +76,15 @@ def run_hessian(
         loaded = session.model(checkpoint)
         resolved, choice = session.hessian_settings(loaded, settings)
         data = session.dataset(loaded, data_options)
+        vectors: list[dict[str, Any]] = []
         curvature = session.hessian(
-            loaded, data, resolved, data_options.batch_size, choice=choice, keep_stages=True
+            loaded,
+            data,
+            resolved,
+            data_options.batch_size,
+            choice=choice,
+            keep_stages=True,
+            on_vectors=vectors.extend if keep_vectors else None,
         )
     analysis, messages = curvature.analysis, curvature.messages
     failed = analysis.unconverged
@@ -108,4 +120,6 @@ def run_hessian(
         environment=environment(loaded.device),
         warnings=session.warnings + curvature.notes + messages + stopped,
     )
-    return HessianRun(analysis, report, str(loaded.device), session.is_main, failure)
+    return HessianRun(
+        analysis, report, str(loaded.device), session.is_main, failure, tuple(vectors)
+    )

@@ -226,14 +226,16 @@ class Session:
         option: str = "--data",
         on_operator: Callable[[Any], None] | None = None,
         keep_stages: bool = False,
+        on_vectors: Callable[[list[dict[str, torch.Tensor]]], None] | None = None,
     ) -> Curvature:
         """The Hessian analysis of ``loaded``'s mean loss over ``data`` with ``settings`` as
         :meth:`hessian_settings` resolved them (and their parameter ``choice``, said on stderr
         and recorded in the results), products summed across ranks under torchrun.
         ``on_operator`` sees the operator once it is built (``study`` counts FLSD-53's γ
-        groups on it). ``keep_stages``: the first Ctrl-C after the eigenvalues stops the
-        analysis and keeps the stages finished (``Curvature.interrupted`` names the stage
-        stopped); only a command that reports them as interrupted asks for it."""
+        groups on it); ``on_vectors`` the top-k eigenvectors by parameter name. ``keep_stages``:
+        the first Ctrl-C after the eigenvalues stops the analysis and keeps the stages finished
+        (``Curvature.interrupted`` names the stage stopped); only a command that reports them
+        as interrupted asks for it."""
         import dataclasses
 
         if choice is not None and settings.params and self.is_main:
@@ -256,6 +258,7 @@ class Session:
             seen,
             given,
             keep_stages and not self.context.active,
+            on_vectors,
         )
         extra: dict[str, Any] = {}
         error_estimate = getattr(built[0], "error_estimate", None) if built else None
@@ -449,10 +452,11 @@ def _measure(
     on_operator: Callable[[Any], None] | None = None,
     given: frozenset[str] = frozenset(),
     keep_stages: bool = False,
+    on_vectors: Callable[[list[dict[str, torch.Tensor]]], None] | None = None,
 ) -> tuple[HessianAnalysis, list[str], list[str], str | None]:
     """Run the analysis with a progress count of Hessian-vector products against the products
     planned (:mod:`~curvcal.curvature.forecast`) on stderr, and the long-run note once the
-    first products are timed.
+    first products are timed; ``on_vectors`` receives the top eigenvectors by parameter name.
 
     Returns the analysis, the notes already said on stderr as they came (the sketch's memory),
     the warnings it raised (convergence, engine fallback) as messages to say at the end, and
@@ -503,6 +507,7 @@ def _measure(
                 on_note=on_note,
                 on_plan=on_plan,
                 on_operator=on_operator,
+                on_vectors=on_vectors,
             )
         except Stopped as stopped:
             if not isinstance(stopped.finished, HessianAnalysis):

@@ -88,6 +88,35 @@ def metric_values(report: Mapping[str, Any]) -> dict[str, MetricValue]:
                     _present, interval = _lookup(report, f"{parent}.intervals.{name}")
                     found[key] = MetricValue(found[key].value, _interval(interval))
                 break
+    found.update(improvements(report))
+    return found
+
+
+_RANKING_PATHS = ("results.ranking.stages", "results.calibration.ranking.stages")
+
+
+def improvements(report: Mapping[str, Any]) -> dict[str, MetricValue]:
+    """Each calibrated stage's improvement over uncalibrated from a report's ``ranking``:
+    ``{"ts.ece.improvement": metric(uncalibrated) − metric(ts), with its paired interval}``
+    for every ranked score (the ranking holds stage − uncalibrated; the sign and the
+    interval's ends are flipped)."""
+    found: dict[str, MetricValue] = {}
+    for path in _RANKING_PATHS:
+        present, stages = _lookup(report, path)
+        if not present or not isinstance(stages, list):
+            continue
+        for ranked in stages:
+            against = ranked.get("vs_uncalibrated") if isinstance(ranked, Mapping) else None
+            if not isinstance(against, Mapping):
+                continue
+            for score, difference in against.items():
+                measured = _metric_value(difference)
+                value = None if measured.value is None else -measured.value
+                interval = measured.interval
+                flipped = None if interval is None else (-interval[1], -interval[0])
+                prefix = "" if ranked["stage"] == UNCALIBRATED else f"{ranked['stage']}."
+                found[f"{prefix}{score}.improvement"] = MetricValue(value, flipped)
+        break
     return found
 
 

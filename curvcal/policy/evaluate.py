@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from curvcal.policy.parse import BOUNDS, CALIBRATION_METRICS, CHANGE_BOUNDS, Rule
+from curvcal.policy.parse import BOUNDS, CALIBRATION_METRICS, CHANGE_BOUNDS, IMPROVEMENT, Rule
 
 _RELATIVE_BOUNDS = ("max_rel_increase", "max_rel_decrease")
 
@@ -57,6 +57,8 @@ class VerdictRow:
             return f"change <= {100 * self.limit:+.4g}%"
         if self.bound == "max_decrease":
             return f"change >= {-self.limit:+.4g}"
+        if self.bound == IMPROVEMENT:
+            return "uncal − stage > 0 (whole interval)"
         return f"change >= {-100 * self.limit:+.4g}%"
 
 
@@ -102,8 +104,13 @@ def evaluate(
       hi ≤ max, ``min`` only when lo ≥ min; ``estimate``: on the value. The row's reason says
       where the interval and the value disagree. The trace and the change bounds are judged on
       the value.
+    * ``require_improvement``: the value under :attr:`Rule.improvement_key` is
+      metric(uncalibrated) − metric(stage) with its paired bootstrap interval; passes when the
+      interval's lower end is above 0 (an interval touching 0 is no significant improvement);
+      no interval fails with reason ``no paired interval``. The row's ``metric`` is the
+      improvement key, its ``limit`` 0.
 
-    One row per bound, in the order of ``rules`` and :data:`BOUNDS`.
+    One row per bound, in the order of ``rules`` and :data:`BOUNDS`, then the improvement.
     """
     rows: list[VerdictRow] = []
     for rule in rules:
@@ -147,6 +154,8 @@ def evaluate(
                     reason=reason,
                 )
             )
+        if rule.require_improvement:
+            rows.append(_improvement_row(rule, values.get(rule.improvement_key)))
     return Verdict(passed=all(row.passed for row in rows), rows=tuple(rows))
 
 
@@ -169,6 +178,30 @@ def _absolute(
     if not passed and on_value:
         return False, f"95% interval goes {word}"
     return passed, "" if passed else word
+
+
+def _improvement_row(rule: Rule, measured: MetricValue | None) -> VerdictRow:
+    """The verdict on ``rule``'s required improvement over uncalibrated."""
+    value = finite_value(measured.value if measured else None)
+    interval = measured.interval if measured else None
+    if value is None:
+        passed, reason = False, "not in the report" if measured is None else "not finite"
+    elif interval is None:
+        passed, reason = False, "no paired interval (set bootstrap)"
+    else:
+        passed = interval[0] > 0.0
+        reason = "" if passed else "improvement not significant"
+    return VerdictRow(
+        metric=rule.improvement_key,
+        bound=IMPROVEMENT,
+        limit=0.0,
+        value=value,
+        interval=interval,
+        baseline=None,
+        change=None,
+        passed=passed,
+        reason=reason,
+    )
 
 
 def finite_value(value: float | None) -> float | None:

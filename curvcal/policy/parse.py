@@ -31,6 +31,14 @@ Example::
     [lambda_max]
     max_rel_increase = 0.10
 
+A calibrated stage's table may also demand a *significant improvement* over the uncalibrated
+model: ``require_improvement = "ece"`` (or ``"nll"``, or a list of both) under ``[ts]`` passes
+only when the whole paired bootstrap interval of ece(uncalibrated) − ece(ts) lies above 0
+(:mod:`curvcal.calibration.ranking`; the policy must set ``bootstrap`` under ``[settings]``)::
+
+    [ts]
+    require_improvement = "ece"
+
 This module reads and validates policies; :mod:`curvcal.policy.evaluate` judges numbers that
 the caller measured or read from a saved report with
 :func:`curvcal.policy.baseline.metric_values`.
@@ -42,7 +50,7 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -95,6 +103,11 @@ scaling; ``histogram``/``histogram_ovr``, ``isotonic``/``isotonic_ovr``, ``platt
 after that map (a policy gates one map other than TS and focal TS, and not with ``ts`` or
 ``focal_ts``: ``--method`` fits one of them alone)."""
 
+IMPROVEMENT = "require_improvement"
+#: The scores a stage can be required to improve: those ranked with paired intervals
+#: (:data:`curvcal.calibration.ranking.RANK_SCORES`).
+IMPROVEMENT_SCORES = ("nll", "ece")
+
 BOUNDS = ("max", "min", "max_increase", "max_rel_increase", "max_decrease", "max_rel_decrease")
 CHANGE_BOUNDS = BOUNDS[2:]
 
@@ -133,6 +146,9 @@ class Rule:
     max_decrease: float | None = None
     max_rel_decrease: float | None = None
     stage: str | None = None
+    require_improvement: bool = False
+    """Pass only when the paired bootstrap interval of metric(uncalibrated) − metric(stage)
+    lies wholly above 0."""
 
     @property
     def key(self) -> str:
@@ -140,6 +156,11 @@ class Rule:
         if self.stage is None or self.stage == UNCALIBRATED:
             return self.metric
         return f"{self.stage}.{self.metric}"
+
+    @property
+    def improvement_key(self) -> str:
+        """The key of the stage's improvement over uncalibrated: ``ts.ece.improvement``."""
+        return f"{self.key}.improvement"
 
 
 @dataclass(frozen=True)
@@ -237,6 +258,7 @@ class _Parser:
     def policy(self, document: Mapping[str, Any]) -> Policy:
         settings: dict[str, Any] = {}
         rules: dict[str, Rule] = {}
+        improvements: list[tuple[str, str]] = []
         for name, value in document.items():
             if name == "settings":
                 settings = self._settings(value)
@@ -244,7 +266,10 @@ class _Parser:
                 if not isinstance(value, dict):
                     self._fail((name,), f"'{name}' must be a table of metrics, like [{name}.ece]")
                 for metric, bounds in value.items():
-                    self._add(rules, self._rule(metric, name, bounds, (name, metric)))
+                    if metric == IMPROVEMENT:
+                        improvements += [(name, s) for s in self._improvement(name, bounds)]
+                    else:
+                        self._add(rules, self._rule(metric, name, bounds, (name, metric)))
             elif name in METRICS:
                 stage = UNCALIBRATED if name in CALIBRATION_METRICS else None
                 self._add(rules, self._rule(name, stage, value, (name,)))
@@ -258,6 +283,10 @@ class _Parser:
                 self._fail(
                     (name,), f"unknown metric or table '{name}'", _choices("metrics", METRICS)
                 )
+        for stage, score in improvements:
+            key = Rule(metric=score, stage=stage).key
+            rule = rules.get(key, Rule(metric=score, stage=stage))
+            rules[key] = replace(rule, require_improvement=True)
         if not rules:
             self._fail(
                 (), "the policy gates no metric", "add a table such as [ece] with max = 0.05"
@@ -279,6 +308,29 @@ class _Parser:
                 self._fail(("settings", key), f"setting '{key}' must be {kind.text}, not {item!r}")
         return dict(value)
 
+    def _improvement(self, stage: str, value: Any) -> list[str]:
+        """The scores of ``[stage] require_improvement``: one of :data:`IMPROVEMENT_SCORES`
+        or a list of them."""
+        where = (stage, IMPROVEMENT)
+        if stage == UNCALIBRATED:
+            self._fail(
+                where,
+                "uncalibrated cannot improve on itself",
+                f"put {IMPROVEMENT} under a calibrated stage, such as [ts]",
+            )
+        scores = [value] if isinstance(value, str) else value
+        if (
+            not isinstance(scores, list)
+            or not scores
+            or any(score not in IMPROVEMENT_SCORES for score in scores)
+        ):
+            self._fail(
+                where,
+                f"{stage}.{IMPROVEMENT} must be one of {', '.join(IMPROVEMENT_SCORES)} or a "
+                f"list of them, not {value!r}",
+            )
+        return list(dict.fromkeys(scores))
+
     def _rule(self, metric: str, stage: str | None, bounds: Any, where: tuple[str, ...]) -> Rule:
         if metric not in METRICS:
             self._fail(where, f"unknown metric '{metric}'", _choices("metrics", METRICS))
@@ -294,7 +346,7 @@ class _Parser:
             self._fail(
                 where, f"'{label}' must be a table of bounds, like [{label}] max = 0.1", hint
             )
-        numbers: dict[str, float] = {}
+        numbers: dict[str, Any] = {}  # bound -> float
         for key, item in bounds.items():
             if key not in BOUNDS:
                 self._fail(

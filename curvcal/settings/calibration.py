@@ -165,8 +165,8 @@ class CalibrationSettings(Settings):
     )
     bootstrap: int = setting(
         0,
-        "Bootstrap resamples for 95% intervals of ECE, AdaECE, MCE and NLL (with --method all, "
-        "also of each map's NLL and ECE difference from the best and from uncalibrated).",
+        "Bootstrap resamples for 95% intervals of ECE, AdaECE, MCE and NLL, and paired "
+        "intervals of each map's NLL and ECE difference from the best and from uncalibrated.",
         low=0,
         metavar="N",
     )

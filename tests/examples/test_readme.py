@@ -210,7 +210,14 @@ REPORTS = {
 }
 
 # What a command writes (checked to exist afterwards).
-OUTPUTS = {"-o", "--plot", "--save-calibrator", "--plot-dir", "--save-logits"}
+OUTPUTS = {
+    "-o",
+    "--plot",
+    "--save-calibrator",
+    "--plot-dir",
+    "--save-logits",
+    "--save-eigenvectors",
+}
 
 
 @dataclass(frozen=True)
