@@ -197,6 +197,14 @@ class CentralDifferenceOperator(HessianOperator):
         )
         self.parameter_norm = math.sqrt(float(self.sum_across(squares.to(self._device))))
 
+    @property
+    def precision_floor(self) -> float:
+        """The relative accuracy of one product: the stated floor of the rule at its step,
+        :func:`relative_floor` (1.6e-5 in float32, 2.4e-11 in float64; a 16-bit model's own
+        floor when that is larger). The eigenvalue and trace stopping rules never ask for less,
+        as for a model in half precision."""
+        return max(relative_floor(self._dtype), super().precision_floor)
+
     def _plan_memory(self) -> None:
         """No measured plan: the sharded parameters cannot be differentiated twice."""
 
