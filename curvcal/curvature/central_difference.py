@@ -237,9 +237,11 @@ class CentralDifferenceOperator(HessianOperator):
         self.engine_products[ENGINE] = self.engine_products.get(ENGINE, 0) + m
         return self._finish(total, m)
 
-    def curved_step(self, vector: Tensor, inner: Sequence[Tensor], epsilon: float) -> float:
-        """The step of the five-point rule along ``vector`` given ``inner`` = G(θ + εv) −
-        G(θ − εv) at the default step ε (:meth:`step`): ε·min(1, ℓ/s), ℓ = 1/√|ρ| the length
+    def curved_step(
+        self, tangents: Sequence[Tensor], inner: Sequence[Tensor], epsilon: float
+    ) -> float:
+        """The step of the five-point rule along v (per-parameter pieces ``tangents``) given
+        ``inner`` = G(θ + εv) − G(θ − εv) (the same pieces) at the default step ε (:meth:`step`): ε·min(1, ℓ/s), ℓ = 1/√|ρ| the length
         over which the loss bends along v, ρ = vᵀ(H·v)/‖v‖² its curvature measured by the
         three-point rule, s = max(1, ‖θ‖) the default scale.
 
@@ -249,16 +251,18 @@ class CentralDifferenceOperator(HessianOperator):
         top eigenvector of the test transformer (λ 13, ℓ 0.27, s 9.6), while a Gaussian v
         (ρ ≈ tr H/P, small) was good to 8e-6. Taking ε ∝ min(s, ℓ) keeps the relative step
         h = (3u)^{1/3} against the length the loss really varies on, in every direction."""
-        self_scale = max(1.0, self.parameter_norm)
-        flat = torch.cat([piece.reshape(-1) for piece in inner]).to(torch.float64)
-        v = vector.to(device=flat.device, dtype=torch.float64)
-        squared = float(v.dot(v))
+        scale = max(1.0, self.parameter_norm)
+        squared, along = 0.0, 0.0
+        for tangent, piece in zip(tangents, inner, strict=True):  # one piece at a time in float64
+            v = tangent.reshape(-1).to(device=piece.device, dtype=torch.float64)
+            squared += float(v.dot(v))
+            along += float(v.dot(piece.reshape(-1).to(torch.float64)))
         if squared == 0.0:
             return epsilon
-        curvature = abs(float(v.dot(flat))) / (2 * epsilon * self.n_samples * squared)
-        if curvature * self_scale * self_scale <= 1.0:
+        curvature = abs(along) / (2 * epsilon * self.n_samples * squared)
+        if curvature * scale * scale <= 1.0:
             return epsilon
-        return epsilon / (math.sqrt(curvature) * self_scale)
+        return epsilon / (math.sqrt(curvature) * scale)
 
     def _five_point(self, vector: Tensor, tangents: Sequence[Tensor]) -> tuple[float, list[Tensor]]:
         """(ε, Σ_k w_k G(θ + c_k εv)) of the five-point rule at the step :meth:`curved_step`
@@ -267,12 +271,12 @@ class CentralDifferenceOperator(HessianOperator):
         there (4 gradient passes), otherwise the rule runs at the shorter step (6 passes)."""
         epsilon = self.step(vector)
         inner = self._points_sum(tangents, epsilon, INNER)
-        curved = self.curved_step(vector, inner, epsilon)
+        curved = self.curved_step(tangents, inner, epsilon)
         if curved < epsilon / 2:
             epsilon = curved
             inner = self._points_sum(tangents, epsilon, INNER)
         outer = self._points_sum(tangents, epsilon, OUTER)
-        return epsilon, [8 * a + b for a, b in zip(inner, outer, strict=True)]
+        return epsilon, [b.add_(a, alpha=8.0) for a, b in zip(inner, outer, strict=True)]
 
     def _finish(self, total: Tensor, m: int) -> Tensor:
         """The mean over the samples of ``total`` (m, P), already summed over the ranks by the
