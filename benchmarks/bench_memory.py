@@ -125,12 +125,17 @@ def hessian_command(
     checkpoint: Path, data: Path, samples: int, method: str, output: Path, args: argparse.Namespace
 ) -> list[str]:
     """``curvcal hessian`` with the trace by ``method`` (``none``: no trace)."""
-    trace = ["--no-trace"] if method == "none" else ["--trace-method", method]
+    # --probes is refused without a trace
+    trace = (
+        ["--no-trace"]
+        if method == "none"
+        else ["--trace-method", method, "--probes", str(args.probes)]
+    )
     return [
         sys.executable, "-m", "curvcal", "hessian", str(checkpoint),
         "--arch", "tv:resnet18", "--num-classes", "10", "--data", str(data),
         "--batch-size", str(args.batch or samples), "--top-k", "1", "--max-iter", str(args.max_iter),
-        *trace, "--probes", str(args.probes), "--device", "cpu", "--quiet", "--json",
+        *trace, "--device", "cpu", "--quiet", "--json",
         "-o", str(output), "--dtype", args.dtype,
         *(["--memory-budget", args.memory_budget] if args.memory_budget else []),
         *(["--params", args.params] if args.params else []),
