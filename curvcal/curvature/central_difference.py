@@ -205,6 +205,14 @@ class CentralDifferenceOperator(HessianOperator):
         as for a model in half precision."""
         return max(relative_floor(self._dtype), super().precision_floor)
 
+    @property
+    def product_error(self) -> float:
+        """b in ‖computed H·v − H·v‖ ≤ b·‖H‖·‖v‖, what the eigenvalue rules allow for
+        (:mod:`curvcal.curvature.eigen`): twice :func:`relative_floor` — measured on the test
+        transformer in float32, the error reached 1.07× the floor (in units of ‖H‖‖v‖) along
+        the top eigenvector, 0.02× along a Gaussian vector."""
+        return 2 * relative_floor(self._dtype)
+
     def _plan_memory(self) -> None:
         """No measured plan: the sharded parameters cannot be differentiated twice."""
 

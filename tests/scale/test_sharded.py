@@ -77,6 +77,8 @@ def test_sharded_ranks_equal_one_exact_process(
         assert float(got["error_bound"]) < product_tolerance  # the bound the report states
         # the eigenvalue rule was judged against the products' stated floor
         assert float(got["floor"]) == relative_floor(getattr(torch, dtype))
+        if dtype == "float32":  # the products' noise is allowed for: the run ends at tol
+            assert bool(got["converged"])
         if rank == 0:  # the calibration metrics of the sharded model's gathered predictions
             assert _relative(got["logits"], single["logits"]) < tolerance
             for metric in ("ece", "nll", "brier"):
