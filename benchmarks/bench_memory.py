@@ -15,6 +15,8 @@ run:
   ``--params`` restricts the Hessian to matching parameters (a smaller P). ``--density-steps S``
   adds one SLQ density run of S steps (its basis kept only if the budget, or ``--max-basis``,
   holds S vectors).
+  ``--dtype bfloat16|float16`` runs the model (gradient child and ``curvcal hessian --dtype``) in
+  half precision, its vectors in float32: the ratio hessian/gradient of that path.
 
 Each measurement runs in a fresh process started by a fresh wrapper, whose
 ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` is the child's peak resident set (Linux: KiB).
@@ -80,22 +82,26 @@ def peak_kib(command: list[str]) -> tuple[int, float]:
     return int(peak), seconds
 
 
-def child(kind: str, checkpoint: Path, data: Path, batch_size: int | None = None) -> None:
-    """Load the model and the data; for ``gradient`` also compute one gradient of the summed loss
-    (over batches of ``batch_size``, accumulated, when given)."""
+def child(
+    kind: str, checkpoint: Path, data: Path, batch_size: int | None = None, dtype: str = "float32"
+) -> None:
+    """Load the model and the data (cast to ``dtype``); for ``gradient`` also compute one
+    gradient of the summed loss (over batches of ``batch_size``, accumulated, when given), the
+    logits widened to float32 as curvcal does."""
     import torchvision
     from safetensors.torch import load_file
 
     torch.set_num_threads(1)
     model = torchvision.models.resnet18(num_classes=10)
     model.load_state_dict(load_file(str(checkpoint)))
-    model.eval()
+    model.to(getattr(torch, dtype)).eval()
     batch = torch.load(data)
-    x, y = batch["x"], batch["y"]
+    x, y = batch["x"].to(getattr(torch, dtype)), batch["y"]
     if kind == "gradient":
         size = batch_size or x.shape[0]
         for xs, ys in zip(x.split(size), y.split(size), strict=True):
-            torch.nn.functional.cross_entropy(model(xs), ys, reduction="sum").backward()
+            logits = model(xs).float()
+            torch.nn.functional.cross_entropy(logits, ys, reduction="sum").backward()
 
 
 def write_inputs(folder: Path, samples: int) -> tuple[Path, Path]:
@@ -119,13 +125,18 @@ def hessian_command(
     checkpoint: Path, data: Path, samples: int, method: str, output: Path, args: argparse.Namespace
 ) -> list[str]:
     """``curvcal hessian`` with the trace by ``method`` (``none``: no trace)."""
-    trace = ["--no-trace"] if method == "none" else ["--trace-method", method]
+    # --probes is refused without a trace
+    trace = (
+        ["--no-trace"]
+        if method == "none"
+        else ["--trace-method", method, "--probes", str(args.probes)]
+    )
     return [
         sys.executable, "-m", "curvcal", "hessian", str(checkpoint),
         "--arch", "tv:resnet18", "--num-classes", "10", "--data", str(data),
         "--batch-size", str(args.batch or samples), "--top-k", "1", "--max-iter", str(args.max_iter),
-        *trace, "--probes", str(args.probes), "--device", "cpu", "--quiet", "--json",
-        "-o", str(output),
+        *trace, "--device", "cpu", "--quiet", "--json",
+        "-o", str(output), "--dtype", args.dtype,
         *(["--memory-budget", args.memory_budget] if args.memory_budget else []),
         *(["--params", args.params] if args.params else []),
         *(["--max-basis", str(args.max_basis)] if args.max_basis else []),
@@ -143,7 +154,7 @@ def measure(samples: int, folder: Path, args: argparse.Namespace) -> dict[str, A
     methods = args.trace_methods.split(",")
     output = {method: folder / f"hessian-{samples}-{method}.json" for method in methods}
     runs = [
-        ("idle", [*this, "--child", "idle", str(checkpoint), str(data)]),
+        ("idle", [*this, "--child", "idle", str(checkpoint), str(data), "--dtype", args.dtype]),
         (
             "gradient",
             [
@@ -153,6 +164,8 @@ def measure(samples: int, folder: Path, args: argparse.Namespace) -> dict[str, A
                 str(checkpoint),
                 str(data),
                 *(["--batch", str(args.batch)] if args.batch else []),
+                "--dtype",
+                args.dtype,
             ],
         ),
     ] + [
@@ -213,13 +226,19 @@ def main() -> None:
     parser.add_argument(
         "--batch", type=int, default=None, help="batch size (default: all N images in one batch)"
     )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "float64", "bfloat16", "float16"),
+        help="the model's dtype (passed to curvcal hessian --dtype)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument(
         "--child", nargs=3, metavar=("KIND", "CKPT", "DATA"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], Path(args.child[1]), Path(args.child[2]), args.batch)
+        child(args.child[0], Path(args.child[1]), Path(args.child[2]), args.batch, args.dtype)
         return
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -229,7 +248,7 @@ def main() -> None:
         f"\nResNet-18 (11.2 M parameters, random weights), CIFAR-size synthetic images, "
         f"{f'batches of {args.batch}' if args.batch else 'one batch'}, "
         f"CPU, 1 thread; {platform.processor() or platform.machine()}, torch {torch.__version__}; "
-        f"--probes {args.probes}, --params {args.params or 'all'}\n"
+        f"--probes {args.probes}, --params {args.params or 'all'}, --dtype {args.dtype}\n"
     )
     print("| N | trace | P | idle MiB | gradient peak MiB | hessian peak MiB | peak ratio | "
           "growth ratio | vectors/pass, micro-batch | kept graphs (samples) |")  # fmt: skip

@@ -5,7 +5,11 @@ against replicated (double backward, products all-reduced), on a small transform
 
 prints one line per rank: world size, mode, seconds per product (median of 3 after one warm-up),
 peak resident memory (MiB, the process's maximum, so each mode runs in its own launch: pass
-``sharded`` or ``replicated`` as the argument).
+``sharded`` or ``replicated`` as the argument). ``sharded-gradient`` and
+``replicated-gradient`` run plain gradient passes over the same batches instead of products
+(seconds per pass, and the peak a product is compared with: a product's peak should stay within
+2× a gradient pass's); ``sharded-idle`` and ``replicated-idle`` build the operator and stop
+(the resident set every run starts from).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from curvcal.distributed import all_reduce_sum, shard_indices
 from curvcal.losses import loss_from_name
 from curvcal.sharding import shard_model
 
-WIDTH, LAYERS, TOKENS, SAMPLES, BATCH = 128, 4, 16, 64, 16
+#: ``BENCH_WIDTH`` widens the model (512: P = 12.6 M, where whole P-long vectors show in the peak)
+WIDTH = int(os.environ.get("BENCH_WIDTH", "128"))
+LAYERS, TOKENS, SAMPLES, BATCH = 4, 16, 64, 16
 
 
 class Classifier(nn.Module):
@@ -62,18 +68,24 @@ def main(mode: str) -> None:
     y = torch.randint(0, 10, (SAMPLES,), generator=generator)
     mine = shard_indices(SAMPLES, rank, world)
     batches = [(x[mine][i : i + BATCH], y[mine][i : i + BATCH]) for i in range(0, len(mine), BATCH)]
-    if mode == "sharded":
+    if mode.startswith("sharded"):
         shard_model(model, "blocks", torch.device("cpu"))
-    operator = operator_for(model, loss_from_name("ce", 0.0), batches, all_reduce=all_reduce_sum)
+    loss = loss_from_name("ce", 0.0)
+    operator = operator_for(model, loss, batches, all_reduce=all_reduce_sum)
     vector = torch.randn(operator.shape[0], generator=torch.Generator().manual_seed(2))
-    times = []
-    for _ in range(4):
+    times: list[float] = []
+    for _ in range(0 if mode.endswith("idle") else 4):
         began = time.perf_counter()
-        operator.matvec(vector)
+        if mode.endswith("gradient"):
+            for xs, ys in batches:
+                loss.sum(model(xs), ys).backward()
+            model.zero_grad(set_to_none=True)
+        else:
+            operator.matvec(vector)
         times.append(time.perf_counter() - began)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"world={world} rank={rank} mode={mode} P={operator.shape[0]} "
-          f"s_per_product={statistics.median(times[1:]):.3f} peak_rss_MiB={peak:.0f}", flush=True)  # fmt: skip
+          f"s_per_pass={statistics.median(times[1:]) if times else 0.0:.3f} peak_rss_MiB={peak:.0f}", flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 

@@ -106,6 +106,8 @@ def measure(
         estimate = operator.error_estimate(seed=6)  # type: ignore[attr-defined]
         figures["error_bound"] = torch.tensor(estimate.bound, dtype=torch.float64)
         figures["truncation"] = torch.tensor(estimate.truncation, dtype=torch.float64)
+        figures["floor"] = torch.tensor(spectrum.precision_floor, dtype=torch.float64)
+        figures["converged"] = torch.tensor(spectrum.converged)
     return figures
 
 

@@ -1,0 +1,46 @@
+"""Smoke test of benchmarks/bench_sharded.py at a tiny width: every mode runs under torchrun and
+prints its line; a product's peak is at least its idle resident set."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE = re.compile(r"world=1 rank=0 mode=(\S+) P=(\d+) s_per_pass=([0-9.]+) peak_rss_MiB=(\d+)")
+
+
+def _run(mode: str) -> tuple[str, int, float, int]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+        "BENCH_WIDTH": "16",
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+    }
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+        str(ROOT / "benchmarks" / "bench_sharded.py"), mode,
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = LINE.search(done.stdout)
+    assert found is not None, done.stdout
+    return found[1], int(found[2]), float(found[3]), int(found[4])
+
+
+@pytest.mark.slow  # three torchrun launches
+def test_every_mode_prints_its_line() -> None:
+    idle = _run("sharded-idle")
+    gradient = _run("sharded-gradient")
+    product = _run("sharded")
+    # 4 blocks of width 16 (feed-forward 64) between Linear(8, 16) and Linear(16, 10)
+    block = 3 * 16 * 16 + 3 * 16 + 16 * 16 + 16 + 16 * 64 + 64 + 64 * 16 + 16 + 4 * 16
+    assert idle[1] == gradient[1] == product[1] == 8 * 16 + 16 + 4 * block + 16 * 10 + 10
+    assert idle[2] == 0.0 and gradient[2] > 0.0 and product[2] > 0.0
+    assert product[3] >= idle[3] and gradient[3] >= idle[3]
