@@ -98,9 +98,18 @@ class Session:
 
     def _shard(self, loaded: LoadedModel, how: str) -> None:
         """Shard ``loaded``'s module over the ranks (``--shard-model``); refused in one
-        process."""
+        process, and for a 16-bit model (the central-difference step is sized for float32 and
+        float64 rounding, far too small for 16-bit gradients)."""
         from curvcal.sharding import shard_model
 
+        dtype = self.checkpoint_settings.dtype
+        if dtype in ("bfloat16", "float16"):
+            raise InputError(
+                f"--shard-model {how}",
+                f"is not offered with --dtype {dtype}: its central-difference products size "
+                "their step for float32 and float64 rounding, far too small for 16-bit gradients",
+                "use --dtype float32 (or float64) with --shard-model",
+            )
         if not self.context.active:
             raise InputError(
                 f"--shard-model {how}",

@@ -112,6 +112,21 @@ def test_one_process_refuses_shard_model_in_one_line(run_cli, tmp_path: Path) ->
     ]
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_sixteen_bit_model_is_refused_with_shard_model(run_cli, dtype: str) -> None:
+    """The central-difference step is sized for float32/float64 rounding: refused, one line."""
+    result = run_cli(
+        "hessian", str(ROOT / "curvcal" / "assets" / "digits_cnn.safetensors"), "--data", "curvcal:digits", "--device", "cpu",
+        "--shard-model", "blocks", "--dtype", dtype,
+    )  # fmt: skip
+    assert result.code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        f"curvcal: error: --shard-model blocks: is not offered with --dtype {dtype}"
+    )
+
+
 @pytest.mark.parametrize(
     ("change", "option"),
     [
