@@ -439,8 +439,10 @@ class _FullProblem:
         # The regulariser's Hessian in whitened coordinates is 2 P diag(c_i) P for row i;
         # replacing c_i by the column means c̄ of c (exact for ``l2``; for ``odir`` it differs
         # only on the diagonal of W) makes it the same for every row, 2 P diag(c̄) P = U D Uᵀ.
-        product_dtype = torch.float32 if newton_float32 else torch.float64
-        a_product = a.to(product_dtype)
+        # float32 first; float64 when Newton stalls with it (a regulariser so weak that the
+        # softmax's flat directions drown in float32 rounding).
+        precision = [torch.float32 if newton_float32 else torch.float64]
+        a32 = a.to(torch.float32) if newton_float32 else a
         column_mean = penalty.mean(0)
         penalty_values, penalty_vectors = torch.linalg.eigh(2.0 * (p * column_mean) @ p)
         penalty_values = penalty_values.clamp_min(0.0)
@@ -453,6 +455,8 @@ class _FullProblem:
             # The data part of the product in float32 (half the time of two N×K×(K+1)
             # products): it only steers the step; the gradient that decides convergence, and
             # the regulariser's part, stay float64.
+            product_dtype = precision[0]
+            a_product = a32 if product_dtype == torch.float32 else a
             q32 = q.to(product_dtype)
 
             def times(vector: np.ndarray) -> np.ndarray:
@@ -495,6 +499,17 @@ class _FullProblem:
             gradient_tol,
             min(max_iterations, NEWTON_ITERATIONS),
         )
+        if not done and precision[0] == torch.float32:
+            precision[0] = torch.float64
+            theta, more, done = _newton(
+                value_and_gradient,
+                hessian_at,
+                measure,
+                theta,
+                gradient_tol,
+                max(min(max_iterations, NEWTON_ITERATIONS) - iterations, 1),
+            )
+            iterations += more
         if not done:
             theta, more = _minimise(
                 value_and_gradient,
