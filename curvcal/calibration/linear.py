@@ -26,8 +26,9 @@ gradient falls under :data:`GRADIENT_TOL` (``converged``) or after :data:`MAX_IT
 line search that ends early is restarted, at most :data:`RESTARTS` times), then polishes with
 Newton steps (conjugate gradients on exact Hessian-vector products, a step kept only when it
 lowers max |gradient|), and says whether the gradient ended under the tolerance. The full maps
-are fitted in whitened coordinates (:class:`_FullProblem`): the same minimiser, far fewer
-steps. Gradients are closed form: with G = (q − onehot(y))/N, ∂L/∂w = Σ_n G_n ⊙ x_n,
+are fitted in whitened coordinates (:class:`_FullProblem`) by preconditioned inexact Newton
+from the start (:func:`_newton`; L-BFGS and the polish only if it stalls): the same minimiser,
+far fewer passes over the data. Gradients are closed form: with G = (q − onehot(y))/N, ∂L/∂w = Σ_n G_n ⊙ x_n,
 ∂L/∂W = Gᵀx (+ the regulariser), ∂L/∂b = Σ_n G_n. Pure: no file I/O, no printing, no global
 RNG.
 """
@@ -71,6 +72,10 @@ NEWTON_STEPS = 8
 #: The polish stops once max |gradient| is this fraction of the tolerance.
 POLISH_FACTOR = 1e-2
 CG_ITERATIONS = 200
+#: Most Newton steps of a full map's fit before it falls back to L-BFGS and the polish, and
+#: halvings of a step in its line search.
+NEWTON_ITERATIONS = 100
+LINE_SEARCH_HALVINGS = 30
 #: Relative residual at which conjugate gradients stop: an inexact Newton step still shrinks
 #: the gradient by about this factor (and each step starts from a new Hessian, so a loose
 #: solve costs steps, not accuracy).
@@ -99,8 +104,9 @@ def matrix_memory_bytes(n_classes: int) -> int:
     """Bytes of the float64 (K+1)-sized state of a full map's fit with ``n_classes`` classes:
     parameters, gradient, 2·:data:`HISTORY` L-BFGS vectors, scipy's work copies and the four
     (K+1)×(K+1) whitening matrices, bounded by 8·(2·HISTORY + 10)·(K² + K) bytes. The work
-    arrays come on top: four float64 arrays of N×(K+1) (whitened scores, scores, softmax,
-    the Hessian-vector product's)."""
+    arrays come on top: five float64 arrays of N×(K+1) (scores, whitened scores, scores of
+    the map, softmax and its copy for the Hessian) and four float32 ones (whitened scores,
+    softmax, and the Hessian-vector product's two)."""
     return 8 * (2 * HISTORY + 10) * (n_classes * n_classes + n_classes)
 
 
@@ -316,6 +322,60 @@ def _minimise(
     return theta, iterations
 
 
+def _newton(
+    value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
+    hessian_at: Callable[[np.ndarray], _Hessian],
+    measure: Callable[[np.ndarray], float],
+    theta0: np.ndarray,
+    gradient_tol: float,
+    max_steps: int,
+) -> tuple[np.ndarray, int, bool]:
+    """Inexact Newton from ``theta0``: each step solves H d = ∇L by preconditioned conjugate
+    gradients on exact Hessian-vector products to a relative residual η = min(½, max(√g, t/(2g))) (g =
+    ``measure``(∇L), the max |∂L/∂θ| in the map's own parameters, t the target
+    ``POLISH_FACTOR`` · ``gradient_tol``: loose far from the minimum, tight near it, so the
+    convergence is superlinear, but no tighter than the last step needs), then backtracks on L (Armijo, halving)
+    from the full step. Near the minimum, where L's rounding hides its decrease, a step is
+    kept when it lowers g instead. Stops once g is under ``POLISH_FACTOR`` · ``gradient_tol``;
+    returns the point, the steps taken and whether g ended under ``gradient_tol``."""
+    theta = theta0
+    value, gradient = value_and_gradient(theta)
+    current = measure(gradient)
+    size = theta.size
+    steps = 0
+    while steps < max_steps and not current < POLISH_FACTOR * gradient_tol:
+        times, precondition = hessian_at(theta)
+        operator = LinearOperator((size, size), matvec=times, dtype=np.float64)
+        preconditioner = (
+            None
+            if precondition is None
+            else LinearOperator((size, size), matvec=precondition, dtype=np.float64)
+        )
+        target = POLISH_FACTOR * gradient_tol
+        rtol = min(0.5, max(math.sqrt(current), 0.5 * target / current))
+        step, _ = cg(operator, gradient, rtol=rtol, maxiter=CG_ITERATIONS, M=preconditioner)
+        slope = -float(step @ gradient)
+        if not slope < 0.0:
+            break
+        steps += 1
+        t = 1.0
+        accepted = False
+        for _ in range(LINE_SEARCH_HALVINGS):
+            candidate = theta - t * step
+            new_value, new_gradient = value_and_gradient(candidate)
+            new = measure(new_gradient)
+            if new_value <= value + 1e-4 * t * slope or (
+                new < current and abs(new_value - value) <= 1e-12 * max(abs(value), 1.0)
+            ):
+                accepted = True
+                break
+            t *= 0.5
+        if not accepted:
+            break
+        theta, value, gradient, current = candidate, new_value, new_gradient, new
+    return theta, steps, current < gradient_tol
+
+
 class _FullProblem:
     """The NLL of a full map s = W x + b on fixed (x, y), in whitened coordinates.
 
@@ -348,51 +408,81 @@ class _FullProblem:
         return torch.from_numpy(theta).view(self.k, self.k + 1) @ self.p
 
     def solve(
-        self, penalty: torch.Tensor, start: torch.Tensor, gradient_tol: float, max_iterations: int
+        self,
+        penalty: torch.Tensor,
+        start: torch.Tensor,
+        gradient_tol: float,
+        max_iterations: int,
+        newton_float32: bool = True,
     ) -> _Solution:
         """Minimise mean NLL + Σ ``penalty`` ⊙ V² from V = ``start`` (K×(K+1))."""
         n, k, y, rows = self.n, self.k, self.y, self.rows
         a, p = self.a, self.p
         last_nll = [0.0]
 
+        # The softmax at the last point evaluated, which the Hessian at that point reuses.
+        last_q: list[Any] = [None, None]
+
         def value_and_gradient(theta: np.ndarray) -> tuple[float, np.ndarray]:
             vt = torch.from_numpy(theta).view(k, k + 1)
             logq = torch.log_softmax(a @ vt.T, dim=1)
             nll = -float(logq[rows, y].sum()) / n
-            g = logq.exp_()
-            g[rows, y] -= 1.0
-            grad = g.T @ a / n
+            q = logq.exp_()
+            last_q[0], last_q[1] = theta, q.clone()
+            q[rows, y] -= 1.0
+            grad = q.T @ a / n
             v = vt @ p
             grad += (2.0 * penalty * v) @ p
             last_nll[0] = nll
             return nll + float((penalty * v * v).sum()), grad.reshape(-1).numpy()
 
+        # The regulariser's Hessian in whitened coordinates is 2 P diag(c_i) P for row i;
+        # replacing c_i by the column means c̄ of c (exact for ``l2``; for ``odir`` it differs
+        # only on the diagonal of W) makes it the same for every row, 2 P diag(c̄) P = U D Uᵀ.
+        # float32 first; float64 when Newton stalls with it (a regulariser so weak that the
+        # softmax's flat directions drown in float32 rounding).
+        precision = [torch.float32 if newton_float32 else torch.float64]
+        a32 = a.to(torch.float32) if newton_float32 else a
+        column_mean = penalty.mean(0)
+        penalty_values, penalty_vectors = torch.linalg.eigh(2.0 * (p * column_mean) @ p)
+        penalty_values = penalty_values.clamp_min(0.0)
+
         def hessian_at(theta: np.ndarray) -> _Hessian:
-            q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
+            if last_q[0] is theta:
+                q = last_q[1]
+            else:
+                q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
+            # The data part of the product in float32 (half the time of two N×K×(K+1)
+            # products): it only steers the step; the gradient that decides convergence, and
+            # the regulariser's part, stay float64.
+            product_dtype = precision[0]
+            a_product = a32 if product_dtype == torch.float32 else a
+            q32 = q.to(product_dtype)
 
             def times(vector: np.ndarray) -> np.ndarray:
                 dvt = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float64))
                 dvt = dvt.view(k, k + 1)
-                ds = a @ dvt.T
-                r = q * ds
-                r -= q * r.sum(1, keepdim=True)
-                product = r.T @ a / n + (2.0 * penalty * (dvt @ p)) @ p
+                ds = a_product @ dvt.T.to(product_dtype)
+                r = q32 * ds
+                r -= q32 * r.sum(1, keepdim=True)
+                product = (r.T @ a_product).to(torch.float64) / n
+                product += (2.0 * penalty * (dvt @ p)) @ p
                 return product.reshape(-1).numpy()
 
-            # H ≈ M ⊗ I + 2c̄ · I ⊗ P²: the mean softmax curvature M = mean_n(diag q_n − q_n q_nᵀ)
+            # H ≈ M ⊗ I + I ⊗ U D Uᵀ: the mean softmax curvature M = mean_n(diag q_n − q_n q_nᵀ)
             # times the whitened scores' second moment (the identity), plus the regulariser
-            # with its weights c replaced by their mean c̄ (P² = U diag(1/e) Uᵀ): both factors
-            # diagonalise at once, so the inverse costs two K×K×(K+1) products.
+            # with the column means c̄ of its weights: both factors diagonalise at once
+            # (M = Q m Qᵀ), so the inverse, Q [(Qᵀ R U) / (m_i + D_j)] Uᵀ, costs four
+            # K×K×(K+1) products.
             curvature = torch.diag(q.mean(0)) - q.T @ q / n
             m_values, m_vectors = torch.linalg.eigh(curvature)
-            shift = 2.0 * float(penalty.mean()) / self.gram_values
-            inverse = 1.0 / (m_values.clamp_min(0.0)[:, None] + shift[None, :])
+            inverse = 1.0 / (m_values.clamp_min(0.0)[:, None] + penalty_values[None, :])
             inverse = torch.where(torch.isfinite(inverse), inverse, 0.0)
 
             def precondition(vector: np.ndarray) -> np.ndarray:
                 d = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float64)).view(k, k + 1)
-                rotated = m_vectors.T @ d @ self.gram_vectors
-                out = m_vectors @ (inverse * rotated) @ self.gram_vectors.T
+                rotated = m_vectors.T @ d @ penalty_vectors
+                out = m_vectors @ (inverse * rotated) @ penalty_vectors.T
                 return out.reshape(-1).numpy()
 
             return times, precondition
@@ -401,15 +491,36 @@ class _FullProblem:
             g = torch.from_numpy(np.ascontiguousarray(gradient)).view(k, k + 1)
             return float((g @ self.p_inverse).abs().max())
 
-        theta, iterations = _minimise(
+        theta, iterations, done = _newton(
             value_and_gradient,
             hessian_at,
             measure,
             self.to_whitened(start),
             gradient_tol,
-            max_iterations,
-            gradient_tol / self.gradient_scale,
+            min(max_iterations, NEWTON_ITERATIONS),
         )
+        if not done and precision[0] == torch.float32:
+            precision[0] = torch.float64
+            theta, more, done = _newton(
+                value_and_gradient,
+                hessian_at,
+                measure,
+                theta,
+                gradient_tol,
+                max(min(max_iterations, NEWTON_ITERATIONS) - iterations, 1),
+            )
+            iterations += more
+        if not done:
+            theta, more = _minimise(
+                value_and_gradient,
+                hessian_at,
+                measure,
+                theta,
+                gradient_tol,
+                max(max_iterations - iterations, 1),
+                gradient_tol / self.gradient_scale,
+            )
+            iterations += more
         value, gradient = value_and_gradient(theta)
         return _Solution(theta, value, last_nll[0], iterations, measure(gradient))
 
