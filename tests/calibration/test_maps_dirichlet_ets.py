@@ -259,7 +259,7 @@ def test_fit_save_and_apply_through_metrics(run_cli, tmp_path: Path, method: str
     assert set(fitted["evaluation"]) == {"uncalibrated", "ts", "focal_ts", stage}
     assert fitted["evaluation"][stage]["nll"] < fitted["evaluation"]["uncalibrated"]["nll"]
     saved = json.loads(calibrator.read_text())
-    assert saved["schema"] == "1.2" and stage in saved
+    assert saved["schema"] == "1.3" and stage in saved
     applied = as_json(run_cli("metrics", test, "--apply", calibrator, "--json"))["results"]
     for metric in ("ece", "nll", "brier"):
         assert applied["evaluation"][stage][metric] == pytest.approx(
