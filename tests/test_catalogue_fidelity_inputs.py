@@ -156,7 +156,8 @@ def test_folder_imagenet_default_is_said_in_the_table_header(
         "markdown",
     )
     assert result.code == 0, result.stderr
-    header = result.stdout.split("###")[1]
+    # the first table after the "what was measured" header that opens every output
+    header = result.stdout.split("###")[2]
     assert "preprocessing chosen by curvcal" in header
     assert "0.485,0.456,0.406" in header and "imagenet preset" in header
     assert "curvcal chose normalisation mean 0.485,0.456,0.406" in result.stderr

@@ -119,7 +119,7 @@ def test_ctrl_c_in_the_trace_writes_the_eigenvalues_with_status_interrupted(
     real = session._measure
 
     def measure(*args, **kwargs):  # type: ignore[no-untyped-def]
-        assert args[-1] is True  # hessian asks to keep finished stages
+        assert kwargs["keep_stages"] is True  # hessian asks to keep finished stages
         return real(*args, **kwargs)
 
     monkeypatch.setattr(session, "_measure", measure)

@@ -266,8 +266,8 @@ class Session:
             self.context,
             seen,
             given,
-            keep_stages and not self.context.active,
-            on_vectors,
+            keep_stages=keep_stages and not self.context.active,
+            on_vectors=on_vectors,
         )
         extra: dict[str, Any] = {}
         error_estimate = getattr(built[0], "error_estimate", None) if built else None

@@ -214,12 +214,13 @@ def calibration_tables(analysis: CalibrationAnalysis, chart: bool = True) -> lis
 
 
 def stage_title(stage: str) -> str:
-    """A stage's column title: the table's own name, else the registry entry's title."""
+    """A stage's column title: the table's own name, else the registry entry's title, else its
+    key with spaces for underscores."""
     if stage in STAGE_TITLES:
         return STAGE_TITLES[stage]
     from curvcal.calibration.registry import MAPS
 
-    return MAPS[stage].title if stage in MAPS else stage
+    return MAPS[stage].title if stage in MAPS else stage.replace("_", " ")
 
 
 def _difference(difference: Difference) -> str:

@@ -84,7 +84,12 @@ def test_study_measures_what_hessian_measures(
     assert curvature["gamma"] == results["operator"]["gamma"] == 2.0
     assert curvature["mean_loss"] == results["operator"]["mean_loss"]
     assert document["settings"]["hessian"] == reference["settings"]["hessian"]
-    assert document["settings"]["study"] == {"curvature_data": None, "maps": "both", "plot": None}
+    assert document["settings"]["study"] == {
+        "curvature_data": None,
+        "maps": "both",
+        "plot": None,
+        "plot_format": "png",
+    }
 
 
 def test_the_ece_column_names_the_bins_asked_for(
