@@ -31,7 +31,7 @@ import torch
 from curvcal.calibration.bins import equal_mass_index
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
-    by_rows,
+    apply_by_rows,
     check_classes,
     check_keys,
     check_unit,
@@ -124,13 +124,7 @@ class HistogramMap:
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""
-        logp = log_probabilities(scores, kind, source)
-        if logp.shape[1] != self.n_classes:
-            raise InputError(
-                source,
-                f"has {logp.shape[1]} classes but the {self.method} map has {self.n_classes}",
-            )
-        return by_rows(logp, self._map_rows)
+        return apply_by_rows(scores, kind, source, self.method, self.n_classes, self._map_rows)
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         edges = [np.asarray(row) for row in self.edges]

@@ -29,7 +29,7 @@ import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
-    by_rows,
+    apply_by_rows,
     check_classes,
     check_keys,
     check_unit,
@@ -169,13 +169,7 @@ class IsotonicMap:
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""
-        logp = log_probabilities(scores, kind, source)
-        if logp.shape[1] != self.n_classes:
-            raise InputError(
-                source,
-                f"has {logp.shape[1]} classes but the {self.method} map has {self.n_classes}",
-            )
-        return by_rows(logp, self._map_rows)
+        return apply_by_rows(scores, kind, source, self.method, self.n_classes, self._map_rows)
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         if self.method == "isotonic":

@@ -81,6 +81,27 @@ def by_rows(logp: torch.Tensor, block_map: Callable[[torch.Tensor], torch.Tensor
     return out
 
 
+def apply_by_rows(
+    scores: Any,
+    kind: str,
+    source: str,
+    method: str,
+    n_classes: int,
+    block_map: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """float64 log-probabilities of N×K ``scores`` after a per-row map fitted on ``n_classes``
+    classes (``block_map`` on row chunks of their log-probabilities); another K is an
+    :class:`InputError` naming ``source``."""
+    from curvcal.calibration.inputs import log_probabilities
+
+    logp = log_probabilities(scores, kind, source)
+    if logp.shape[1] != n_classes:
+        raise InputError(
+            source, f"has {logp.shape[1]} classes but the {method} map has {n_classes}"
+        )
+    return by_rows(logp, block_map)
+
+
 def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
     """log q_k = log f_k − log Σ_j f_j of N×K non-negative ``values`` f_k(p_k); a row of
     zeros gives 1/K."""
