@@ -13,7 +13,7 @@ from torch import nn
 
 from curvcal.errors import InputError
 from curvcal.load.extras import require
-from curvcal.training.measure import check_request, measure
+from curvcal.training.measure import check_every, check_request, measure
 
 _transformers = require("hf", "transformers", "CurvatureTrainerCallback")
 
@@ -62,11 +62,7 @@ class CurvatureTrainerCallback(_transformers.TrainerCallback):  # type: ignore[n
         edges: str = "left",
         **overrides: Any,
     ) -> None:
-        for name, value in (("every_n_steps", every_n_steps), ("every_n_epochs", every_n_epochs)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise InputError(name, f"must be a positive integer or None, got {value!r}")
+        check_every(every_n_steps=every_n_steps, every_n_epochs=every_n_epochs)
         self.loader = loader
         self.every_n_steps = every_n_steps
         self.every_n_epochs = every_n_epochs

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from curvcal.load.extras import require
-from curvcal.training.measure import check_request, measure
+from curvcal.training.measure import check_every, check_request, measure
 
 _pl = require("lightning", "lightning.pytorch", "CurvatureCallback")
 
@@ -45,16 +45,7 @@ class CurvatureCallback(_pl.Callback):  # type: ignore[name-defined]
         **overrides: Any,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("every_n_epochs", every_n_epochs),
-            ("every_n_train_steps", every_n_train_steps),
-        ):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                from curvcal.errors import InputError
-
-                raise InputError(name, f"must be a positive integer or None, got {value!r}")
+        check_every(every_n_epochs=every_n_epochs, every_n_train_steps=every_n_train_steps)
         self.loader = loader
         self.every_n_epochs = every_n_epochs
         self.every_n_train_steps = every_n_train_steps

@@ -181,3 +181,13 @@ def measure(
             for name in asked:
                 results[name] = float(getattr(metrics, name))
     return results
+
+
+def check_every(**counts: int | None) -> None:
+    """Each ``every_n_*`` count is a positive integer or ``None``; else an :class:`InputError`
+    naming it."""
+    for name, value in counts.items():
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise InputError(name, f"must be a positive integer or None, got {value!r}")
