@@ -1,6 +1,8 @@
 """Model folders as checkpoints: a transformers ``save_pretrained`` folder or a timm
 ``save_for_hf`` folder, its ``config.json`` naming the architecture (:mod:`curvcal.load.hf`),
-and a PEFT adapter folder over a local base model folder (:mod:`curvcal.load.adapters`).
+and a PEFT adapter folder over a local base model folder (:mod:`curvcal.load.adapters`): the
+classifier it was trained on, or a causal language model the classifier is built from
+(:mod:`curvcal.load.causal_base`).
 
 A folder's ``.bin`` weights go through a weights-only load whatever the options; custom code
 named by its config (``auto_map``) needs ``--trust-checkpoint``. A Hugging Face Trainer
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from curvcal.errors import InputError
 from curvcal.load.loaded_model import ModuleFound
@@ -20,6 +23,9 @@ from curvcal.load.pickles import load_state_file
 from curvcal.load.state_dict import match_keys
 from curvcal.load.weights import refuse_unloadable
 from curvcal.settings.checkpoint import CheckpointSettings
+
+if TYPE_CHECKING:
+    from curvcal.load.adapters import AdapterFolder
 
 
 def is_folder(path: Path) -> bool:
@@ -121,8 +127,14 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
     if adapter.weights.suffix != ".safetensors":  # scanned, refused if it needs any global
         load_state_file(adapter.weights, options)
     base_path = base_folder(adapter, options.base_model)
-    _refuse_base_without_head(base_path)
-    base = load_folder(base_path, options.replace(base_model=None))
+    built: dict[str, str] = {}
+    from curvcal.load.causal_base import is_causal_lm_folder
+
+    if is_causal_lm_folder(base_path):
+        base, built = _causal_base(adapter, base_path, options)
+    else:
+        _refuse_base_without_head(base_path)
+        base = load_folder(base_path, options.replace(base_model=None))
     module = apply_adapter(adapter, base.module, options.trust_checkpoint)
     trainable = [n for n, p in module.named_parameters() if p.requires_grad]
     metadata = {
@@ -132,6 +144,7 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
         "base_model_sha256": file_info(base_path).sha256,
         "adapter_parameters": f"{len(trainable)} tensors, "
         f"{sum(p.numel() for p in module.parameters() if p.requires_grad):,} elements",
+        **built,
         **trainer_step(path),
     }
     return ModuleFound(
@@ -144,6 +157,33 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
         modality=base.modality,
         preprocessing=base.preprocessing,
     )
+
+
+def _causal_base(
+    adapter: AdapterFolder, base_path: Path, options: CheckpointSettings
+) -> tuple[ModuleFound, dict[str, str]]:
+    """The sequence classifier built from the causal-LM folder ``base_path`` for ``adapter``
+    (:mod:`curvcal.load.causal_base`), and the metadata saying what was built."""
+    from curvcal.load.causal_base import build_classifier, plan_classifier
+    from curvcal.load.formats import safetensors_specs, sniff
+    from curvcal.load.hf import folder_files
+
+    for file in folder_files(base_path):
+        if file.suffix == ".bin":  # scanned, refused if it needs any global
+            load_state_file(file, options)
+    if adapter.weights.suffix == ".safetensors":
+        shapes = {s.name: s.shape for s in safetensors_specs(sniff(adapter.weights).header)}
+    else:
+        state = load_state_file(adapter.weights, options)
+        shapes = {k: tuple(v.shape) for k, v in state.items()}
+    plan = plan_classifier(adapter, base_path, shapes, options.trust_checkpoint)
+    found = ModuleFound(
+        module=build_classifier(plan, options.trust_checkpoint),
+        form="hf_folder",
+        architecture=plan.classifier,
+        modality="text",
+    )
+    return found, {"sequence_classifier": plan.classifier, "classifier_built": plan.describe()}
 
 
 def _refuse_base_without_head(base_path: Path) -> None:

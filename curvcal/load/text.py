@@ -46,6 +46,7 @@ from curvcal.load.hf import read_json
 from curvcal.paths import readable_file
 
 if TYPE_CHECKING:
+    from curvcal.load.hf import FolderModel
     from curvcal.load.loaded_model import LoadedModel
 
 TEXT_SUFFIXES = (".jsonl", ".csv", ".parquet")
@@ -482,7 +483,15 @@ def text_model_of(loaded: LoadedModel) -> TextModel | None:
     if loaded.modality != "text":
         return None
     if loaded.form == "peft_adapter":  # the base's config; the adapter folder's own tokenizer
-        facts = text_model_at(Path(loaded.metadata["base_model"]), None)
+        base = Path(loaded.metadata["base_model"])
+        built = loaded.metadata.get("sequence_classifier")
+        if built:  # a classifier built from a causal LM: its config as the model holds it
+            from curvcal.load.causal_base import classifier_folder
+
+            pad = loaded.module.__dict__["library_model"].config.pad_token_id
+            facts = _facts(classifier_folder(base, built, pad))
+        else:
+            facts = text_model_at(base, None)
         own = any((loaded.path / name).is_file() for name in TOKENIZER_FILES)
         if facts is not None and own:
             return dataclasses.replace(facts, folder=loaded.path)
@@ -501,7 +510,11 @@ def text_model_at(path: Path, arch: str | None) -> TextModel | None:
         folder = Path(arch[3:]).expanduser()
     if folder is None or not is_model_folder(folder):
         return None
-    described = read_folder(folder, need_weights=False)
+    return _facts(read_folder(folder, need_weights=False))
+
+
+def _facts(described: FolderModel) -> TextModel | None:
+    """The :class:`TextModel` facts of a described model folder (None: not a text model)."""
     if described.modality != "text":
         return None
     from curvcal.load.hf import pools_last_token
@@ -510,7 +523,7 @@ def text_model_at(path: Path, arch: str | None) -> TextModel | None:
     label2id = config.get("label2id")
     positions = config.get("max_position_embeddings")
     return TextModel(
-        folder=folder,
+        folder=described.path,
         label2id={str(k): int(v) for k, v in label2id.items()}
         if isinstance(label2id, dict)
         else {},

@@ -1,0 +1,316 @@
+"""A SEQ_CLS LoRA adapter over a causal-LM base folder (``LlamaForCausalLM``,
+``Qwen2ForCausalLM``), as decoder classifiers are usually fine-tuned: curvcal builds the
+sequence classifier from the base (``lm_head`` dropped, the head from the adapter). Logits
+against peft's own merged model over a classifier assembled by hand from the causal LM's
+weights; the Hessian over the adapter's parameters against a dense float64 one; each refusal
+one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from hf_decoder_builders import TEXTS, LABELS, decoder_config, train_tokenizer  # noqa: E402
+
+from curvcal.load.checkpoint import load_model  # noqa: E402
+from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
+
+
+@dataclass(frozen=True)
+class CausalAdapter:
+    kind: str
+    base: Path
+    adapter: Path
+    jsonl: Path
+    num_labels: int
+    pad_token_id: int
+
+
+def _causal_config(kind: str, vocab_size: int, pad_in_config: int | None) -> object:
+    """The decoder config of :func:`decoder_config` as a language model's: Llama with no label
+    names and no pad id (as Llama releases ship), Qwen2 with its labels named, its pad id set and
+    the output embedding tied to the input one (no lm_head weight saved)."""
+    values = decoder_config(kind, vocab_size, pad_in_config).to_dict()
+    if kind == "llama":
+        for key in ("id2label", "label2id", "num_labels"):
+            values.pop(key, None)
+    else:
+        values["tie_word_embeddings"] = True
+    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[kind]
+    return config_class(**values)
+
+
+def _causal_class(kind: str) -> type:
+    return {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM}[kind]
+
+
+def _classifier_class(kind: str) -> type:
+    return {
+        "llama": transformers.LlamaForSequenceClassification,
+        "qwen2": transformers.Qwen2ForSequenceClassification,
+    }[kind]
+
+
+@pytest.fixture(scope="module", params=("llama", "qwen2"))
+def causal(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> CausalAdapter:
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"causal_{kind}")
+    tokenizer = train_tokenizer()
+    pad = tokenizer.pad_token_id
+    num_labels = 3 if kind == "llama" else len(LABELS)
+    torch.manual_seed(5)
+    config = _causal_config(kind, len(tokenizer), None if kind == "llama" else pad)
+    _causal_class(kind)(config).save_pretrained(root / "base")
+    tokenizer.save_pretrained(root / "base")
+    # fine-tuning as people do it: the classifier from the language model, then LoRA on it
+    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(
+        root / "base", num_labels=num_labels, pad_token_id=pad, attn_implementation="eager"
+    )
+    lora = peft.LoraConfig(task_type="SEQ_CLS", r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(classifier, lora)
+    torch.manual_seed(6)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name or "modules_to_save" in name:
+                parameter.normal_(0, 0.5)
+    model.save_pretrained(root / "adapter")
+    jsonl = root / "reviews.jsonl"
+    with jsonl.open("w") as handle:
+        for i, text in enumerate(TEXTS):
+            handle.write(json.dumps({"text": text, "label": i % num_labels}) + "\n")
+    return CausalAdapter(kind, root / "base", root / "adapter", jsonl, num_labels, pad)
+
+
+def _reference(causal: CausalAdapter, merge: bool) -> torch.nn.Module:
+    """peft's own model over a classifier assembled by hand: the class built from the causal
+    config with the causal LM's state dict loaded into it (all but lm_head; the head missing)."""
+    config = transformers.AutoConfig.from_pretrained(causal.base)
+    config.num_labels = causal.num_labels
+    config.pad_token_id = causal.pad_token_id
+    config._attn_implementation = "eager"
+    language_model = _causal_class(causal.kind).from_pretrained(causal.base)
+    state = {k: v for k, v in language_model.state_dict().items() if not k.startswith("lm_head.")}
+    classifier = _classifier_class(causal.kind)(config)
+    result = classifier.load_state_dict(state, strict=False)
+    assert result.missing_keys == ["score.weight"] and result.unexpected_keys == []
+    model = peft.PeftModel.from_pretrained(
+        classifier.double(), causal.adapter, is_trainable=not merge
+    ).double()
+    if merge:  # in float64: the merged weights W + BA carry no float32 rounding
+        model = model.merge_and_unload()
+    return model.eval()
+
+
+def _inputs(causal: CausalAdapter) -> dict[str, torch.Tensor]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(causal.base)
+    return dict(tokenizer(list(TEXTS), padding=True, return_tensors="pt"))
+
+
+def test_logits_equal_peft_merged_model(causal: CausalAdapter) -> None:
+    loaded = load_model(causal.adapter, CheckpointSettings(device="cpu", dtype="float64"))
+    assert loaded.form == "peft_adapter"
+    classifier = _classifier_class(causal.kind).__name__
+    assert loaded.metadata["sequence_classifier"] == classifier
+    built = loaded.metadata["classifier_built"]
+    assert built.startswith(f"built {classifier} from the {_causal_class(causal.kind).__name__}")
+    assert f"{causal.num_labels} labels from the adapter's score head" in built
+    source = "the base folder's tokenizer" if causal.kind == "llama" else "config.json"
+    assert f"pad_token_id {causal.pad_token_id} from {source}" in built
+    assert loaded.num_classes == causal.num_labels
+    library = loaded.module.__dict__["library_model"]
+    assert library.config.pad_token_id == causal.pad_token_id
+    inputs = _inputs(causal)
+    assert (inputs["input_ids"] == causal.pad_token_id).any()  # padding is read in this batch
+    with torch.no_grad():
+        expected = _reference(causal, merge=True)(**inputs).logits
+        got = loaded.module(inputs)
+    assert got.shape == (len(TEXTS), causal.num_labels)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    trainable = [n for n, p in loaded.module.named_parameters() if p.requires_grad]
+    assert trainable and all(("lora_" in n or "modules_to_save" in n) for n in trainable)
+    assert any("score.modules_to_save" in n for n in trainable)
+
+
+def test_hessian_over_the_adapter_equals_a_dense_float64_one(run_cli, causal: CausalAdapter) -> None:
+    model = _reference(causal, merge=False)
+    inputs = _inputs(causal)
+    labels = torch.tensor([i % causal.num_labels for i in range(len(TEXTS))])
+    chosen = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    shapes = [(n, p.shape, p.numel()) for n, p in chosen.items()]
+
+    def loss(vector: torch.Tensor) -> torch.Tensor:
+        params, start = {}, 0
+        for name, shape, count in shapes:
+            params[name] = vector[start : start + count].reshape(shape)
+            start += count
+        out = torch.func.functional_call(model, params, args=(), kwargs=inputs)
+        return torch.nn.functional.cross_entropy(out.logits, labels)
+
+    dense = torch.func.hessian(loss)(torch.cat([p.reshape(-1) for p in chosen.values()]))
+    exact = torch.linalg.eigvalsh(dense)
+    result = run_cli(
+        "hessian", causal.adapter, "--base-model", causal.base, "--data", causal.jsonl,
+        "--dtype", "float64", "--device", "cpu", "--top-k", "2", "--tol", "1e-10",
+        "--no-trace", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["results"]["eigenvalues"] == pytest.approx(
+        exact[-2:].flip(0).tolist(), rel=1e-6
+    )
+    assert document["results"]["operator"]["n_params"] == dense.shape[0]
+    checkpoint = document["inputs"]["checkpoint"]
+    built = checkpoint["metadata"]["classifier_built"]
+    assert built in document["warnings"]
+    said = [line for line in result.stderr.splitlines() if "built " in line]
+    assert len(said) == 1 and _classifier_class(causal.kind).__name__ in said[0]
+    assert "LOAD REPORT" not in result.stderr and "lm_head.weight" not in result.stderr
+
+
+def test_calibrate_and_check_run_on_the_built_classifier(
+    run_cli, causal: CausalAdapter, tmp_path: Path
+) -> None:
+    saved = tmp_path / "logits.npz"
+    result = run_cli(
+        "calibrate", causal.adapter, "--data", causal.jsonl, "--device", "cpu", "--method",
+        "ts", "--val-split", "0.5", "--save-logits", saved,
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    import numpy as np
+
+    with torch.no_grad():
+        expected = _reference(causal, merge=True).float()(**_inputs(causal)).logits
+    with np.load(saved) as arrays:
+        torch.testing.assert_close(torch.from_numpy(arrays["logits"]), expected)
+    assert run_cli("metrics", saved).code == 0
+    assert run_cli("inspect", causal.adapter).code == 0
+
+
+# --- refusals --------------------------------------------------------------------------------
+
+
+def _copy_adapter(causal: CausalAdapter, tmp: Path, **changes: object) -> Path:
+    folder = tmp / "adapter"
+    shutil.copytree(causal.adapter, folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config.update(changes)
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _rewrite_head(folder: Path, change: Callable[[dict[str, torch.Tensor]], None]) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "adapter_model.safetensors"
+    state = load_file(weights)
+    change(state)
+    save_file(state, weights)
+    return weights
+
+
+Case = tuple[list[object], tuple[str, ...]]
+
+
+def _not_seq_cls(causal: CausalAdapter, tmp: Path) -> Case:
+    folder = _copy_adapter(causal, tmp, task_type="CAUSAL_LM")
+    return ["hessian", folder, "--base-model", causal.base, "--data", causal.jsonl], (
+        str(folder / "adapter_config.json"),
+        "task_type 'CAUSAL_LM', not 'SEQ_CLS'",
+        "a language-model adapter, not a classifier",
+    )
+
+
+def _no_saved_head(causal: CausalAdapter, tmp: Path) -> Case:
+    folder = _copy_adapter(causal, tmp, modules_to_save=None)
+
+    def drop(state: dict[str, torch.Tensor]) -> None:
+        for key in [k for k in state if ".score." in k]:
+            del state[key]
+
+    weights = _rewrite_head(folder, drop)
+    return ["calibrate", folder, "--base-model", causal.base, "--data", causal.jsonl], (
+        str(weights),
+        "holds no classification head",
+        "modules_to_save is None",
+        "head would be random",
+        "modules_to_save",
+    )
+
+
+def _head_rows_against_labels(causal: CausalAdapter, tmp: Path) -> Case:
+    base = tmp / "named_base"
+    shutil.copytree(causal.base, base)
+    config = json.loads((base / "config.json").read_text())
+    config["id2label"] = {"0": "no", "1": "yes", "2": "maybe", "3": "unsure"}
+    config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
+    (base / "config.json").write_text(json.dumps(config))
+    return ["hessian", causal.adapter, "--base-model", base, "--data", causal.jsonl], (
+        str(causal.adapter / "adapter_model.safetensors"),
+        f"score head has {causal.num_labels} rows",
+        "names 4 labels",
+    )
+
+
+def _head_width(causal: CausalAdapter, tmp: Path) -> Case:
+    folder = _copy_adapter(causal, tmp)
+    key = "base_model.model.score.weight"
+
+    def widen(state: dict[str, torch.Tensor]) -> None:
+        state[key] = torch.zeros(causal.num_labels, 24)
+
+    weights = _rewrite_head(folder, widen)
+    return ["hessian", folder, "--base-model", causal.base, "--data", causal.jsonl], (
+        str(weights),
+        f"shape [{causal.num_labels}, 24]",
+        "hidden_size 16",
+    )
+
+
+def _no_sequence_classifier(causal: CausalAdapter, tmp: Path) -> Case:
+    """CodeGen is a causal LM transformers has no sequence classifier for."""
+    base = tmp / "codegen"
+    config = transformers.CodeGenConfig(
+        vocab_size=320, n_embd=16, n_layer=1, n_head=2, n_positions=64, rotary_dim=4
+    )
+    transformers.CodeGenForCausalLM(config).save_pretrained(base)
+    return ["hessian", causal.adapter, "--base-model", base, "--data", causal.jsonl], (
+        str(base),
+        "CodeGenForCausalLM (model_type 'codegen')",
+        "transformers has no sequence classifier",
+    )
+
+
+CASES: dict[str, Callable[[CausalAdapter, Path], Case]] = {
+    "adapter task not SEQ_CLS": _not_seq_cls,
+    "adapter with no saved head": _no_saved_head,
+    "head rows against the base's labels": _head_rows_against_labels,
+    "head width against the base's hidden size": _head_width,
+    "causal LM with no sequence classifier": _no_sequence_classifier,
+}
+
+
+@pytest.mark.parametrize("causal", ["llama"], indirect=True)  # the refusals on the Llama base
+@pytest.mark.parametrize("name", list(CASES))
+def test_refusal_is_one_clear_line(
+    run_cli, causal: CausalAdapter, tmp_path: Path, name: str
+) -> None:
+    args, needles = CASES[name](causal, tmp_path)
+    root = causal.base.parent
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    result = run_cli(*args, "--device", "cpu")
+    assert result.code == 2, (name, result.output)
+    assert "Traceback" not in result.stderr, name
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith("curvcal: error: "), (name, lines)
+    for needle in needles:
+        assert needle in lines[-1], (name, needle, lines[-1])
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
