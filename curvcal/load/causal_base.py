@@ -162,8 +162,7 @@ def build_classifier(plan: CausalBase, trust: bool) -> LogitsModule:
     except (ValueError, KeyError, OSError, ImportError, TypeError, RuntimeError) as exc:
         raise InputError(
             str(plan.path),
-            f"transformers cannot build {plan.classifier} from its {plan.causal}: "
-            f"{one_line(exc)}",
+            f"transformers cannot build {plan.classifier} from its {plan.causal}: {one_line(exc)}",
             "is transformers recent enough for this model?",
         ) from exc
     finally:
@@ -174,12 +173,12 @@ def build_classifier(plan: CausalBase, trust: bool) -> LogitsModule:
     return LogitsModule(model, "text")
 
 
-def classifier_folder(plan_path: Path, classifier: str, pad_token_id: int | None) -> FolderModel:
-    """The causal-LM folder at ``plan_path`` described as the ``classifier`` built from it (for
+def classifier_folder(base_path: Path, classifier: str, pad_token_id: int | None) -> FolderModel:
+    """The causal-LM folder at ``base_path`` described as the ``classifier`` built from it (for
     the text loader's facts: label names, positions, padding); read from ``config.json``."""
-    config = read_json(plan_path / CONFIG_NAME)
+    config = read_json(base_path / CONFIG_NAME)
     return FolderModel(
-        path=plan_path,
+        path=base_path,
         config={**config, "architectures": [classifier], "pad_token_id": pad_token_id},
         library="transformers",
         architecture=classifier,
@@ -254,8 +253,7 @@ def _saved_head(
     # transformers' default names (LABEL_0, LABEL_1) say nothing about the classes
     expected = (
         len(named)
-        if isinstance(named, dict)
-        and any(str(v) != f"LABEL_{k}" for k, v in named.items())
+        if isinstance(named, dict) and any(str(v) != f"LABEL_{k}" for k, v in named.items())
         else None
     )
     hint = "the head's rows are the classes: pass the base and adapter trained together"
@@ -297,12 +295,8 @@ def _pad_token(
 
 def _check_weights(plan: CausalBase, info: Mapping[str, Any]) -> None:
     """transformers' loading report: only the head missing, only ``lm_head`` left over."""
-    missing = sorted(
-        k for k in info.get("missing_keys", ()) if k.split(".")[0] != plan.head
-    )
-    unexpected = sorted(
-        k for k in info.get("unexpected_keys", ()) if not k.startswith("lm_head.")
-    )
+    missing = sorted(k for k in info.get("missing_keys", ()) if k.split(".")[0] != plan.head)
+    unexpected = sorted(k for k in info.get("unexpected_keys", ()) if not k.startswith("lm_head."))
     mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
     problems = []
     if missing:

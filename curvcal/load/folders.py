@@ -187,8 +187,9 @@ def _causal_base(
 
 
 def _refuse_base_without_head(base_path: Path) -> None:
-    """A base folder holding a language model (``LlamaForCausalLM``, as a hub snapshot does) is
-    not the classifier an adapter's head was trained on: say how to save that classifier."""
+    """A base folder holding neither a classifier nor a causal language model (a bare
+    ``LlamaModel``, say) is not what an adapter's head was trained on: say how to save that
+    classifier."""
     from curvcal.load.hf import CONFIG_NAME, TASKS, read_json
 
     config = read_json(base_path / CONFIG_NAME)

@@ -90,7 +90,7 @@ class Session:
             began = time.perf_counter()
             options = self.checkpoint_settings.replace(device=str(self.device))
             loaded = load_model(path, options)
-            if "classifier_built" in loaded.metadata and self.is_main:  # a classifier made from a base LM
+            if "classifier_built" in loaded.metadata and self.is_main:  # from a causal LM
                 self.reporter.warn(loaded.metadata["classifier_built"])
             if options.shard_model != "none":
                 self._shard(loaded, options.shard_model)

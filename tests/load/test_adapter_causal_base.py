@@ -7,6 +7,7 @@ one line, exit 2."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from hf_decoder_builders import TEXTS, LABELS, decoder_config, train_tokenizer  # noqa: E402
+from hf_decoder_builders import LABELS, TEXTS, decoder_config, train_tokenizer  # noqa: E402
 
 from curvcal.load.checkpoint import load_model  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
@@ -61,7 +62,9 @@ def _classifier_class(kind: str) -> type:
 
 
 @pytest.fixture(scope="module", params=("llama", "qwen2"))
-def causal(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> CausalAdapter:
+def causal(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> CausalAdapter:
     kind = request.param
     root = tmp_path_factory.mktemp(f"causal_{kind}")
     tokenizer = train_tokenizer()
@@ -75,7 +78,9 @@ def causal(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     classifier = transformers.AutoModelForSequenceClassification.from_pretrained(
         root / "base", num_labels=num_labels, pad_token_id=pad, attn_implementation="eager"
     )
-    lora = peft.LoraConfig(task_type="SEQ_CLS", r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    lora = peft.LoraConfig(
+        task_type="SEQ_CLS", r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]
+    )
     model = peft.get_peft_model(classifier, lora)
     torch.manual_seed(6)
     with torch.no_grad():
@@ -110,8 +115,8 @@ def _reference(causal: CausalAdapter, merge: bool) -> torch.nn.Module:
     return model.eval()
 
 
-def _inputs(causal: CausalAdapter) -> dict[str, torch.Tensor]:
-    tokenizer = transformers.AutoTokenizer.from_pretrained(causal.base)
+def _inputs(causal: CausalAdapter, folder: Path | None = None) -> dict[str, torch.Tensor]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder or causal.base)
     return dict(tokenizer(list(TEXTS), padding=True, return_tensors="pt"))
 
 
@@ -140,7 +145,9 @@ def test_logits_equal_peft_merged_model(causal: CausalAdapter) -> None:
     assert any("score.modules_to_save" in n for n in trainable)
 
 
-def test_hessian_over_the_adapter_equals_a_dense_float64_one(run_cli, causal: CausalAdapter) -> None:
+def test_hessian_over_the_adapter_equals_a_dense_float64_one(
+    run_cli, causal: CausalAdapter
+) -> None:
     model = _reference(causal, merge=False)
     inputs = _inputs(causal)
     labels = torch.tensor([i % causal.num_labels for i in range(len(TEXTS))])
@@ -174,6 +181,32 @@ def test_hessian_over_the_adapter_equals_a_dense_float64_one(run_cli, causal: Ca
     said = [line for line in result.stderr.splitlines() if "built " in line]
     assert len(said) == 1 and _classifier_class(causal.kind).__name__ in said[0]
     assert "LOAD REPORT" not in result.stderr and "lm_head.weight" not in result.stderr
+
+
+@pytest.mark.parametrize("causal", ["llama"], indirect=True)
+def test_pad_token_from_the_tokenizer_saved_with_the_adapter(
+    causal: CausalAdapter, tmp_path: Path
+) -> None:
+    """A fine-tuning run that padded with the eos token saves that tokenizer with the adapter:
+    the classifier reads padding as that id, and the data is padded with it."""
+    folder = tmp_path / "adapter"
+    shutil.copytree(causal.adapter, folder)
+    tokenizer = train_tokenizer(pad=False)
+    tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.save_pretrained(folder)
+    loaded = load_model(folder, CheckpointSettings(device="cpu", dtype="float64"))
+    eos = tokenizer.eos_token_id
+    assert eos != causal.pad_token_id
+    assert (
+        f"pad_token_id {eos} from the adapter folder's tokenizer"
+        in (loaded.metadata["classifier_built"])
+    )
+    moved = dataclasses.replace(causal, adapter=folder, pad_token_id=eos)
+    inputs = _inputs(causal, folder)
+    assert (inputs["input_ids"] == eos).any()  # the batch is padded with it
+    with torch.no_grad():
+        expected = _reference(moved, merge=True)(**inputs).logits
+        torch.testing.assert_close(loaded.module(inputs), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_calibrate_and_check_run_on_the_built_classifier(
@@ -289,12 +322,45 @@ def _no_sequence_classifier(causal: CausalAdapter, tmp: Path) -> Case:
     )
 
 
+def _no_pad_token(causal: CausalAdapter, tmp: Path) -> Case:
+    """No pad id in config.json nor in any tokenizer: padded batches cannot be read."""
+    base = tmp / "no_pad"
+    shutil.copytree(causal.base, base)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (base / name).unlink(missing_ok=True)
+    train_tokenizer(pad=False).save_pretrained(base)
+    return ["calibrate", causal.adapter, "--base-model", base, "--data", causal.jsonl], (
+        str(base),
+        "LlamaForSequenceClassification reads each text at its last non-padding token",
+        "sets no pad_token_id",
+        "--batch-size 1",
+    )
+
+
+def _base_weights_missing(causal: CausalAdapter, tmp: Path) -> Case:
+    """A base whose weight file lacks a tensor: transformers would start it at random."""
+    from safetensors.torch import load_file, save_file
+
+    base = tmp / "short"
+    shutil.copytree(causal.base, base)
+    state = load_file(base / "model.safetensors")
+    del state["model.norm.weight"]
+    save_file(state, base / "model.safetensors", metadata={"format": "pt"})
+    return ["hessian", causal.adapter, "--base-model", base, "--data", causal.jsonl], (
+        str(base),
+        "weights do not fit LlamaForSequenceClassification",
+        "1 weights missing (model.norm.weight)",
+    )
+
+
 CASES: dict[str, Callable[[CausalAdapter, Path], Case]] = {
     "adapter task not SEQ_CLS": _not_seq_cls,
     "adapter with no saved head": _no_saved_head,
     "head rows against the base's labels": _head_rows_against_labels,
     "head width against the base's hidden size": _head_width,
     "causal LM with no sequence classifier": _no_sequence_classifier,
+    "no pad token anywhere": _no_pad_token,
+    "base weights missing a tensor": _base_weights_missing,
 }
 
 

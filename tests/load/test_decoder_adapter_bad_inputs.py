@@ -119,14 +119,16 @@ def _mismatched_modules(files: Files, tmp: Path) -> tuple[list[object], tuple[st
 
 
 def _base_not_a_classifier(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
+    """A bare transformer (no head); a causal LM base is built into the classifier instead
+    (tests/load/test_adapter_causal_base.py)."""
     import transformers
 
-    causal = tmp / "causal"
+    bare = tmp / "bare"
     config = transformers.AutoConfig.from_pretrained(files.base)
-    transformers.LlamaForCausalLM(config).save_pretrained(causal)
-    return ["hessian", files.adapter, "--data", files.jsonl, "--base-model", causal], (
-        str(causal),
-        "LlamaForCausalLM, not the classifier the adapter was trained on",
+    transformers.LlamaModel(config).save_pretrained(bare)
+    return ["hessian", files.adapter, "--data", files.jsonl, "--base-model", bare], (
+        str(bare),
+        "LlamaModel, not the classifier the adapter was trained on",
         "AutoModelForSequenceClassification.from_pretrained(BASE, num_labels=K)",
         "--base-model DIR",
     )
