@@ -38,7 +38,6 @@ from curvcal.load.adapters import AdapterFolder
 from curvcal.load.extras import require
 from curvcal.load.hf import (
     CONFIG_NAME,
-    FolderModel,
     LogitsModule,
     custom_code_entries,
     no_prompt,
@@ -171,23 +170,6 @@ def build_classifier(plan: CausalBase, trust: bool) -> LogitsModule:
             logging.enable_progress_bar()
     _check_weights(plan, info)
     return LogitsModule(model, "text")
-
-
-def classifier_folder(base_path: Path, classifier: str, pad_token_id: int | None) -> FolderModel:
-    """The causal-LM folder at ``base_path`` described as the ``classifier`` built from it (for
-    the text loader's facts: label names, positions, padding); read from ``config.json``."""
-    config = read_json(base_path / CONFIG_NAME)
-    return FolderModel(
-        path=base_path,
-        config={**config, "architectures": [classifier], "pad_token_id": pad_token_id},
-        library="transformers",
-        architecture=classifier,
-        modality="text",
-        labels=(),
-        weights=(),
-        custom_code=custom_code_entries(config),
-        preprocessing=None,
-    )
 
 
 # --- helpers ---------------------------------------------------------------------------------

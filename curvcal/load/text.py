@@ -486,10 +486,8 @@ def text_model_of(loaded: LoadedModel) -> TextModel | None:
         base = Path(loaded.metadata["base_model"])
         built = loaded.metadata.get("sequence_classifier")
         if built:  # a classifier built from a causal LM: its config as the model holds it
-            from curvcal.load.causal_base import classifier_folder
-
             pad = loaded.module.__dict__["library_model"].config.pad_token_id
-            facts = _facts(classifier_folder(base, built, pad))
+            facts = _facts(_built_classifier(base, built, pad))
         else:
             facts = text_model_at(base, None)
         own = any((loaded.path / name).is_file() for name in TOKENIZER_FILES)
@@ -511,6 +509,25 @@ def text_model_at(path: Path, arch: str | None) -> TextModel | None:
     if folder is None or not is_model_folder(folder):
         return None
     return _facts(read_folder(folder, need_weights=False))
+
+
+def _built_classifier(base: Path, classifier: str, pad_token_id: int | None) -> FolderModel:
+    """The causal-LM folder ``base`` described as the ``classifier`` curvcal built from it
+    (:mod:`curvcal.load.causal_base`) with ``pad_token_id``, from its ``config.json``."""
+    from curvcal.load.hf import CONFIG_NAME, FolderModel, custom_code_entries
+
+    config = read_json(base / CONFIG_NAME)
+    return FolderModel(
+        path=base,
+        config={**config, "architectures": [classifier], "pad_token_id": pad_token_id},
+        library="transformers",
+        architecture=classifier,
+        modality="text",
+        labels=(),
+        weights=(),
+        custom_code=custom_code_entries(config),
+        preprocessing=None,
+    )
 
 
 def _facts(described: FolderModel) -> TextModel | None:
