@@ -38,6 +38,8 @@ from curvcal.load.adapters import AdapterFolder
 from curvcal.load.extras import require
 from curvcal.load.hf import (
     CONFIG_NAME,
+    SAFETENSORS_INDEX,
+    SAFETENSORS_NAME,
     LogitsModule,
     custom_code_entries,
     no_prompt,
@@ -48,6 +50,7 @@ from curvcal.load.hf import (
 #: (``PeftModelForSequenceClassification`` adds them to ``modules_to_save``)
 HEAD_NAMES = ("classifier", "score")
 _PREFIX = "base_model.model."
+SAFETENSORS_FILES = (SAFETENSORS_NAME, SAFETENSORS_INDEX)
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,8 @@ def build_classifier(plan: CausalBase, trust: bool) -> LogitsModule:
                 pad_token_id=plan.pad_token_id,
                 local_files_only=True,
                 trust_remote_code=trust,
+                # the weights curvcal scanned: safetensors when present, else the .bin
+                use_safetensors=any((plan.path / n).is_file() for n in SAFETENSORS_FILES),
                 attn_implementation="eager",
                 output_loading_info=True,
             )

@@ -395,8 +395,12 @@ class TextDataset(Dataset[tuple[dict[str, list[int]], int]]):
     def collate(
         self, items: Sequence[tuple[dict[str, list[int]], int]]
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """``(inputs, labels)``: int64 tensors padded to the batch's longest text."""
-        padded = self.tokenizer.pad([dict(item[0]) for item in items], return_tensors="pt")
+        """``(inputs, labels)``: int64 tensors padded to the batch's longest text (one text
+        is not padded: a tokenizer with no pad token serves ``--batch-size 1``)."""
+        if len(items) == 1:
+            padded = {key: [value] for key, value in items[0][0].items()}
+        else:
+            padded = self.tokenizer.pad([dict(item[0]) for item in items], return_tensors="pt")
         inputs = {key: torch.as_tensor(value, dtype=torch.int64) for key, value in padded.items()}
         labels = torch.as_tensor([int(item[1]) for item in items], dtype=torch.int64)
         return inputs, labels

@@ -209,6 +209,30 @@ def test_pad_token_from_the_tokenizer_saved_with_the_adapter(
         torch.testing.assert_close(loaded.module(inputs), expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("causal", ["llama"], indirect=True)
+def test_no_pad_token_anywhere_runs_one_text_per_batch(
+    run_cli, causal: CausalAdapter, tmp_path: Path
+) -> None:
+    """With no pad id in config.json nor in the tokenizer, ``--batch-size 1`` pads nothing:
+    each text's logits are the library's on that text alone."""
+    base = _base_without_pad(causal, tmp_path)
+    saved = tmp_path / "logits.npz"
+    result = run_cli(
+        "calibrate", causal.adapter, "--base-model", base, "--data", causal.jsonl,
+        "--device", "cpu", "--method", "none", "--batch-size", "1", "--save-logits", saved,
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    assert "no pad_token_id" in " ".join(result.stderr.split())  # rich wraps the line
+    import numpy as np
+
+    model = _reference(dataclasses.replace(causal, pad_token_id=None), merge=True).float()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(base)
+    with torch.no_grad():
+        expected = torch.cat([model(**tokenizer(t, return_tensors="pt")).logits for t in TEXTS])
+    with np.load(saved) as arrays:
+        torch.testing.assert_close(torch.from_numpy(arrays["logits"]), expected)
+
+
 def test_calibrate_and_check_run_on_the_built_classifier(
     run_cli, causal: CausalAdapter, tmp_path: Path
 ) -> None:
@@ -322,13 +346,19 @@ def _no_sequence_classifier(causal: CausalAdapter, tmp: Path) -> Case:
     )
 
 
-def _no_pad_token(causal: CausalAdapter, tmp: Path) -> Case:
-    """No pad id in config.json nor in any tokenizer: padded batches cannot be read."""
+def _base_without_pad(causal: CausalAdapter, tmp: Path) -> Path:
+    """A copy of the base whose tokenizer has no pad token (its config has no pad id)."""
     base = tmp / "no_pad"
     shutil.copytree(causal.base, base)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (base / name).unlink(missing_ok=True)
     train_tokenizer(pad=False).save_pretrained(base)
+    return base
+
+
+def _no_pad_token(causal: CausalAdapter, tmp: Path) -> Case:
+    """No pad id in config.json nor in any tokenizer: padded batches cannot be read."""
+    base = _base_without_pad(causal, tmp)
     return ["calibrate", causal.adapter, "--base-model", base, "--data", causal.jsonl], (
         str(base),
         "LlamaForSequenceClassification reads each text at its last non-padding token",
