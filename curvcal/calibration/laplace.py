@@ -50,7 +50,7 @@ Everything is float64 on the CPU. Pure: no file I/O, no printing, no global RNG.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -472,6 +472,7 @@ class HeldOutFold:
     curvature: Curvature
     features: Tensor
     labels: Tensor
+    cache: dict[str, Tensor] = field(default_factory=dict, compare=False, repr=False)
 
 
 def heldout_folds(
@@ -510,10 +511,39 @@ def heldout_nll(delta: float, folds: list[HeldOutFold], template: LaplaceMap) ->
     for fold in folds:
         if fold.labels.numel() == 0:
             continue
-        logp = predictive_log_probs(_posterior(template, fold.curvature, delta), fold.features)
+        squares = _eigen_projections(template, fold)
+        if squares is not None:  # full GGN, probit: the same predictive, δ only rescales
+            variances = squares @ (1.0 / (fold.curvature.eigenvalues + delta))
+            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances.clamp_min(0.0))
+            logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
+        else:
+            posterior = _posterior(template, fold.curvature, delta)
+            logp = predictive_log_probs(posterior, fold.features)
         total -= float(logp.gather(1, fold.labels[:, None]).sum())
         count += int(fold.labels.numel())
     return total / count
+
+
+def _eigen_projections(template: LaplaceMap, fold: HeldOutFold) -> Tensor | None:
+    """For a full GGN H = V diag(λ) Vᵀ and the probit predictive: (J_nk · v_i)² (n×K×P), so
+    that the logit variances at any δ are Σ_i (J_nk · v_i)² / (λ_i + δ) (the diagonal of
+    J (H + δI)⁻¹ Jᵀ); cached on the fold. ``None`` otherwise, or when that tensor would exceed
+    4 × :data:`CHUNK_ELEMENTS` (the posterior is then built at each δ)."""
+    curv = fold.curvature
+    if template.predictive != "probit" or curv.eigenvectors is None:
+        return None
+    k, d = template.weight.shape
+    n, p = fold.features.shape[0], curv.eigenvectors.shape[1]
+    if n * k * p > 4 * CHUNK_ELEMENTS:
+        return None
+    cached = fold.cache.get("squares")
+    if cached is None:
+        vectors = curv.eigenvectors
+        proj = torch.einsum("nd,kdp->nkp", fold.features, vectors[: k * d].reshape(k, d, p))
+        if template.bias is not None:
+            proj = proj + vectors[k * d :][None]
+        cached = fold.cache["squares"] = proj * proj
+    return cached
 
 
 @dataclass(frozen=True)
