@@ -149,7 +149,8 @@ class CalibrationAnalysis:
     ``uncalibrated``, ``ts`` and ``focal_ts`` (all measured on the evaluation split),
     ``fits.ts`` (a :class:`TemperatureFit`), ``fits.focal_ts`` (a :class:`FocalTemperatureFit`),
     ``split`` (:class:`SplitInfo`), ``settings`` (:class:`CalibrationSettings`), ``applied``
-    (the saved calibrators measured by :func:`evaluate_calibrators`; empty otherwise) and, with
+    (the saved calibrators measured by :func:`evaluate_calibrators`, a Laplace one as its
+    summary; empty otherwise) and, with
     method ``all`` or with bootstrap resamples for any method that fits a map, ``ranking``
     (:class:`Ranking`: each stage's paired bootstrap differences from the best and from
     uncalibrated; the key is absent otherwise).
@@ -165,7 +166,14 @@ class CalibrationAnalysis:
     ranking: Ranking | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as the report writes them; an applied calibrator with a ``summary()``
+        (Laplace: a posterior covariance of P² numbers) is written as that summary, its numbers
+        staying in the calibrator file."""
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["applied"] = {
+            stage: calibrator.summary() if hasattr(calibrator, "summary") else calibrator
+            for stage, calibrator in self.applied.items()
+        }
         if self.ranking is None:
             del out["ranking"]
         return out

@@ -28,6 +28,18 @@ d log Z / d log δ = ½ [Σ_i λ_i/(λ_i + δ) − δ ‖θ*‖²], decreasing i
 root, found by Brent's method in log δ over [:data:`PRIOR_BRACKET`] to machine precision
 (laplace-torch takes 100 Adam steps of 0.1 in log δ from δ = 1 instead).
 
+**Prior chosen by held-out NLL** (``prior="nll"``). The fit split is dealt into
+:data:`PRIOR_FOLDS` stratified folds seeded by ``seed`` (:func:`~curvcal.calibration.linear.cv_folds`,
+as matrix scaling's cross-validation). For each δ, fold j's rows are predicted by the
+posterior built from the GGN of the other folds (same θ*, same structure and predictive), and
+the objective is the mean NLL −log p_y of those held-out predictions over every fit row. δ is
+the minimum over :data:`NLL_GRID` (4 points a decade over :data:`PRIOR_BRACKET`; the smallest δ
+on ties, as laplace-torch's ``gridsearch`` takes ``argmin``), refined by Brent's method
+(bounded) in log δ between the grid neighbours of that minimum, kept only if it is no worse; a
+minimum on an end of the grid stays there (``at_bracket_end``). The posterior is then built from
+the GGN of the whole fit split at that δ (the refit after cross-validation). The Monte Carlo
+predictive draws the same ε for every δ (one seed), so its objective is smooth in δ.
+
 **Predictive.** f_μ = W φ + b, logit covariance Σ_f = J Σ Jᵀ (K×K). ``probit`` (MacKay 1992,
 laplace-torch's ``link_approx="probit"``): p = softmax(κ ⊙ f_μ) with κ_k = 1/√(1 + π/8·Σ_f,kk).
 ``mc``: p = mean over S seeded draws f ~ N(f_μ, Σ_f) of softmax(f).
@@ -38,16 +50,18 @@ Everything is float64 on the CPU. Pure: no file I/O, no printing, no global RNG.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from scipy.optimize import brentq
+from scipy.optimize import brentq, minimize_scalar
 from torch import Tensor, nn
 
 from curvcal.calibration.inputs import as_tensor, class_labels
+from curvcal.calibration.linear import CV_FOLDS, cv_folds
 from curvcal.errors import InputError, NumericalError
 from curvcal.settings.calibration import LAPLACE_PREDICTIVES as PREDICTIVES
+from curvcal.settings.calibration import LAPLACE_PRIORS as PRIORS
 from curvcal.settings.calibration import LAPLACE_STRUCTURES as STRUCTURES
 
 #: ``auto`` takes the full GGN up to this many last-layer parameters: a P×P float64 matrix of
@@ -55,6 +69,11 @@ from curvcal.settings.calibration import LAPLACE_STRUCTURES as STRUCTURES
 FULL_MAX_PARAMETERS = 1024
 #: The prior precisions δ searched by the marginal likelihood.
 PRIOR_BRACKET = (1e-8, 1e8)
+#: The prior precisions δ searched by the held-out NLL rule: 4 points a decade over
+#: :data:`PRIOR_BRACKET` (10^(i/4), i = −32 … 32), then refined by Brent's method in log δ.
+NLL_GRID = tuple(10.0 ** (i / 4) for i in range(-32, 33))
+#: Folds of the fit split for the held-out NLL rule.
+PRIOR_FOLDS = CV_FOLDS
 #: Most elements of one chunk's temporary (rows × K × K or rows × K × D).
 CHUNK_ELEMENTS = 1 << 22
 
@@ -121,10 +140,46 @@ class LaplaceMap:
     covariance: Tensor | None = None
     kron_a: Tensor | None = None
     kron_g: Tensor | None = None
+    prior_rule: str | None = None
+    log_marginal_likelihood: float | None = None
 
     @property
     def method(self) -> str:
         return "laplace"
+
+    @property
+    def n_parameters(self) -> int:
+        k, d = self.weight.shape
+        return k * d + (0 if self.bias is None else k)
+
+    def summary(self) -> dict[str, Any]:
+        """What a report shows of this calibrator instead of its numbers (a full covariance is
+        P² of them): its kind, layer, P, δ and the rule that chose it, log Z of the fit, the
+        covariance's structure and shapes, the predictive, and ``sha256``: the SHA-256 of
+        :meth:`to_dict` as compact JSON with sorted keys (:func:`saved_form_digest`)."""
+        shapes = (
+            {"covariance": [self.n_parameters, self.n_parameters]}
+            if self.structure == "full"
+            else {"kron_a": [self.n_features] * 2, "kron_g": [self.n_classes] * 2}
+        )
+        return {
+            "method": self.method,
+            "summary": True,
+            "layer": self.layer,
+            "n_parameters": self.n_parameters,
+            "n_features": self.n_features,
+            "n_classes": self.n_classes,
+            "has_bias": self.bias is not None,
+            "prior_precision": self.prior_precision,
+            "prior_rule": self.prior_rule,
+            "log_marginal_likelihood": self.log_marginal_likelihood,
+            "structure": self.structure,
+            "shapes": shapes,
+            "predictive": self.predictive,
+            "samples": self.samples,
+            "seed": self.seed,
+            "sha256": saved_form_digest(self.to_dict()),
+        }
 
     @property
     def n_classes(self) -> int:
@@ -144,6 +199,8 @@ class LaplaceMap:
             "samples": self.samples,
             "seed": self.seed,
             "prior_precision": self.prior_precision,
+            "prior_rule": self.prior_rule,
+            "log_marginal_likelihood": self.log_marginal_likelihood,
             "weight": self.weight.tolist(),
             "bias": None if self.bias is None else self.bias.tolist(),
         }
@@ -168,7 +225,8 @@ class LaplaceMap:
         if structure not in ("full", "kron"):
             raise InputError(source, f"Laplace structure must be full or kron, got {structure!r}")
         extra = ("covariance",) if structure == "full" else ("kron_a", "kron_g")
-        unknown = sorted(set(data) - set(common) - set(extra))
+        optional = ("prior_rule", "log_marginal_likelihood")  # absent from older files
+        unknown = sorted(set(data) - set(common) - set(extra) - set(optional))
         if unknown:
             raise InputError(source, f"unknown calibrator keys {unknown}")
         missing = [key for key in (*common, *extra) if key not in data]
@@ -191,6 +249,16 @@ class LaplaceMap:
             raise InputError(source, f"prior_precision must be a number > 0, got {delta!r}")
         if not math.isfinite(delta):
             raise InputError(source, "prior_precision must be finite")
+        rule = data.get("prior_rule")
+        if rule is not None and rule not in PRIORS:
+            raise InputError(source, f"prior_rule must be marglik or nll, got {rule!r}")
+        logz = data.get("log_marginal_likelihood")
+        if logz is not None and (
+            isinstance(logz, bool) or not isinstance(logz, int | float) or not math.isfinite(logz)
+        ):
+            raise InputError(
+                source, f"log_marginal_likelihood must be a finite number, got {logz!r}"
+            )
         weight = _matrix(data["weight"], source, "weight")
         k, d = weight.shape
         bias = None if data["bias"] is None else _vector(data["bias"], source, "bias", k)
@@ -208,6 +276,8 @@ class LaplaceMap:
             samples=data["samples"],
             seed=data["seed"],
             layer=data["layer"],
+            prior_rule=rule,
+            log_marginal_likelihood=None if logz is None else float(logz),
             **matrices,
         )
 
@@ -234,8 +304,10 @@ class LaplaceMap:
 class LaplaceFit:
     """A last-layer Laplace approximation fitted on one split (see the module docstring).
 
-    ``prior_precision``: δ maximising ``log_marginal_likelihood`` (``at_bracket_end``: δ sits
-    on an end of ``prior_bracket``); ``log_likelihood``: −Σ CE at the MAP; ``nll_before`` /
+    ``prior_precision``: δ chosen by ``prior_rule``: ``marglik`` maximises
+    ``log_marginal_likelihood`` (``at_bracket_end``: δ sits on an end of ``prior_bracket``),
+    ``nll`` minimises ``heldout_nll`` over ``prior_folds`` folds (``prior_bracket``: the grid's
+    ends; ``heldout_nll`` is ``None`` for ``marglik``); ``log_likelihood``: −Σ CE at the MAP; ``nll_before`` /
     ``nll_after``: mean NLL on the fit split of the MAP softmax and of the predictive
     (in-sample). ``n_parameters`` P, ``n_features`` D, ``has_bias``, ``layer`` its name.
     """
@@ -248,6 +320,9 @@ class LaplaceFit:
     log_likelihood: float
     at_bracket_end: bool
     prior_bracket: tuple[float, float]
+    prior_rule: str
+    prior_folds: int
+    heldout_nll: float | None
     n_parameters: int
     n_features: int
     has_bias: bool
@@ -272,6 +347,8 @@ class Curvature:
     ggn: Tensor | None = None
     kron_a: Tensor | None = None
     kron_g: Tensor | None = None
+    eigenvectors: Tensor | None = None
+    """``full``: the eigenvectors of ``ggn`` (columns, in the order of ``eigenvalues``)."""
 
 
 def _rows(n: int, width: int) -> int:
@@ -315,7 +392,8 @@ def curvature(features: Tensor, probs: Tensor, has_bias: bool, structure: str) -
     """The GGN of ``structure`` (``full`` or ``kron``) and its eigenvalues."""
     if structure == "full":
         h = ggn_full(features, probs, has_bias)
-        return Curvature("full", torch.linalg.eigvalsh(h).clamp_min(0.0), ggn=h)
+        values, vectors = torch.linalg.eigh(h)
+        return Curvature("full", values.clamp_min(0.0), ggn=h, eigenvectors=vectors)
     a, g = kron_factors(features, probs)
     ga = torch.linalg.eigvalsh(g).clamp_min(0.0)
     aa = torch.linalg.eigvalsh(a).clamp_min(0.0)
@@ -352,12 +430,159 @@ def optimise_prior_precision(eigenvalues: Tensor, theta_sq: float) -> tuple[floa
     return math.exp(root), False
 
 
-def posterior_covariance(ggn: Tensor, delta: float) -> Tensor:
-    """Σ = (H + δI)⁻¹ by a symmetric eigendecomposition (float64)."""
-    values, vectors = torch.linalg.eigh(ggn)
+def posterior_covariance(ggn: Tensor, delta: float, curv: Curvature | None = None) -> Tensor:
+    """Σ = (H + δI)⁻¹ by a symmetric eigendecomposition (float64; that of ``curv`` when
+    given, the same H)."""
+    if curv is not None and curv.eigenvectors is not None:
+        values, vectors = curv.eigenvalues, curv.eigenvectors
+    else:
+        values, vectors = torch.linalg.eigh(ggn)
     inverse = 1.0 / (values.clamp_min(0.0) + delta)
     cov = (vectors * inverse) @ vectors.T
     return 0.5 * (cov + cov.T)
+
+
+def _posterior(template: LaplaceMap, curv: Curvature, delta: float) -> LaplaceMap:
+    """``template``'s head, predictive and seed with the posterior of ``curv`` at δ."""
+    if curv.structure == "full":
+        assert curv.ggn is not None
+        return replace(
+            template,
+            prior_precision=delta,
+            structure="full",
+            covariance=posterior_covariance(curv.ggn, delta, curv),
+            kron_a=None,
+            kron_g=None,
+        )
+    return replace(
+        template,
+        prior_precision=delta,
+        structure="kron",
+        covariance=None,
+        kron_a=curv.kron_a,
+        kron_g=curv.kron_g,
+    )
+
+
+@dataclass(frozen=True)
+class HeldOutFold:
+    """One fold of the held-out NLL rule: the GGN of the other folds' rows, and this fold's
+    ``features`` and ``labels``."""
+
+    curvature: Curvature
+    features: Tensor
+    labels: Tensor
+    cache: dict[str, Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+
+def heldout_folds(
+    features: Tensor,
+    probs: Tensor,
+    labels: Tensor,
+    has_bias: bool,
+    structure: str,
+    folds: int = PRIOR_FOLDS,
+    seed: int = 0,
+) -> list[HeldOutFold]:
+    """The ``folds`` stratified folds of the fit split (seeded by ``seed``), each with the
+    GGN of ``structure`` built from every other fold's rows (a fold with no row, or with every
+    row, is left out)."""
+    fold_of = torch.as_tensor(cv_folds(labels, folds, seed))
+    out = []
+    for j in range(folds):
+        held = fold_of == j
+        train = ~held
+        if not bool(held.any()) or not bool(train.any()):
+            continue  # a class-poor split leaves some folds empty
+        out.append(
+            HeldOutFold(
+                curvature(features[train], probs[train], has_bias, structure),
+                features[held],
+                labels[held],
+            )
+        )
+    return out
+
+
+def heldout_nll(delta: float, folds: list[HeldOutFold], template: LaplaceMap) -> float:
+    """Mean over every held-out row of −log p_y, p the predictive of ``template`` (head,
+    predictive, draws, seed) with the posterior of its fold's GGN at prior precision δ."""
+    total, count = 0.0, 0
+    for fold in folds:
+        if fold.labels.numel() == 0:
+            continue
+        squares = _eigen_projections(template, fold)
+        if squares is not None:  # full GGN, probit: the same predictive, δ only rescales
+            variances = squares @ (1.0 / (fold.curvature.eigenvalues + delta))
+            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances.clamp_min(0.0))
+            logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
+        else:
+            posterior = _posterior(template, fold.curvature, delta)
+            logp = predictive_log_probs(posterior, fold.features)
+        total -= float(logp.gather(1, fold.labels[:, None]).sum())
+        count += int(fold.labels.numel())
+    return total / count
+
+
+def _eigen_projections(template: LaplaceMap, fold: HeldOutFold) -> Tensor | None:
+    """For a full GGN H = V diag(λ) Vᵀ and the probit predictive: (J_nk · v_i)² (n×K×P), so
+    that the logit variances at any δ are Σ_i (J_nk · v_i)² / (λ_i + δ) (the diagonal of
+    J (H + δI)⁻¹ Jᵀ); cached on the fold. ``None`` otherwise, or when that tensor would exceed
+    4 × :data:`CHUNK_ELEMENTS` (the posterior is then built at each δ)."""
+    curv = fold.curvature
+    if template.predictive != "probit" or curv.eigenvectors is None:
+        return None
+    k, d = template.weight.shape
+    n, p = fold.features.shape[0], curv.eigenvectors.shape[1]
+    if n * k * p > 4 * CHUNK_ELEMENTS:
+        return None
+    cached = fold.cache.get("squares")
+    if cached is None:
+        vectors = curv.eigenvectors
+        proj = torch.einsum("nd,kdp->nkp", fold.features, vectors[: k * d].reshape(k, d, p))
+        if template.bias is not None:
+            proj = proj + vectors[k * d :][None]
+        cached = fold.cache["squares"] = proj * proj
+    return cached
+
+
+@dataclass(frozen=True)
+class PriorSearch:
+    """The held-out NLL rule's search: ``prior_precision`` chosen, ``grid_choice`` the grid's
+    minimiser, ``objective`` the held-out NLL at the choice, ``at_bracket_end`` whether the grid
+    minimum is an end of the grid."""
+
+    prior_precision: float
+    grid_choice: float
+    objective: float
+    at_bracket_end: bool
+
+
+def minimise_on_grid(
+    objective: Any, grid: tuple[float, ...] = NLL_GRID, refine: bool = True
+) -> PriorSearch:
+    """δ minimising ``objective(δ)``: the grid's minimum (the first, i.e. smallest δ, on ties;
+    a non-finite value counts as +inf), then, inside the grid, Brent's bounded method in log δ
+    between the minimum's neighbours (``refine``), kept only when its value is no larger."""
+    values = [objective(delta) for delta in grid]
+    finite = [v if math.isfinite(v) else math.inf for v in values]
+    best = min(range(len(grid)), key=lambda i: (finite[i], i))
+    if not math.isfinite(finite[best]):
+        raise NumericalError("--laplace-prior nll", "the held-out NLL is not finite at any δ")
+    choice, value = grid[best], finite[best]
+    at_end = best in (0, len(grid) - 1)
+    if refine and not at_end:
+        found = minimize_scalar(
+            lambda t: objective(math.exp(t)),
+            bounds=(math.log(grid[best - 1]), math.log(grid[best + 1])),
+            method="bounded",
+            options={"xatol": 1e-10},
+        )
+        refined = math.exp(float(found.x))
+        refined_value = objective(refined)
+        if math.isfinite(refined_value) and refined_value <= value:
+            choice, value = refined, refined_value
+    return PriorSearch(choice, grid[best], value, at_end)
 
 
 def fit_laplace(
@@ -373,10 +598,13 @@ def fit_laplace(
     layer: str = "",
     source: str = "features",
     labels_source: str = "labels",
+    prior: str = "marglik",
+    grid: tuple[float, ...] = NLL_GRID,
 ) -> LaplaceFit:
     """Fit the last-layer Laplace approximation of a head (``weight`` K×D, ``bias`` K or
     ``None``) on its input ``features`` (N×D) and ``labels``: GGN, prior precision by the
-    marginal likelihood, posterior (module docstring)."""
+    marginal likelihood (``prior="marglik"``) or by the held-out NLL of the predictive over
+    ``grid`` (``prior="nll"``; folds seeded by ``seed``), posterior (module docstring)."""
     w = _matrix_tensor(weight, "last layer weight")
     k, d = w.shape
     b = None if bias is None else as_tensor(bias, "last layer bias").to(torch.float64).reshape(-1)
@@ -391,6 +619,8 @@ def fit_laplace(
         raise InputError("--laplace-predictive", f"unknown predictive {predictive!r}")
     if predictive == "mc" and samples < 1:
         raise InputError("--laplace-samples", "a Monte Carlo predictive needs at least 1 draw")
+    if prior not in PRIORS:
+        raise InputError("--laplace-prior", f"unknown prior rule {prior!r}")
     has_bias = b is not None
     n_params = k * d + (k if has_bias else 0)
     chosen = resolve_structure(structure, n_params)
@@ -402,26 +632,36 @@ def fit_laplace(
     log_likelihood = -float(nll.sum())
     curv = curvature(phi, torch.exp(logp), has_bias, chosen)
     theta_sq = float((w * w).sum()) + (float((b * b).sum()) if b is not None else 0.0)
-    delta, at_end = optimise_prior_precision(curv.eigenvalues, theta_sq)
-    logz = log_marginal_likelihood(delta, curv.eigenvalues, theta_sq, log_likelihood)
-    if chosen == "full":
-        assert curv.ggn is not None
-        covariance, kron_a, kron_g = posterior_covariance(curv.ggn, delta), None, None
-    else:
-        covariance, kron_a, kron_g = None, curv.kron_a, curv.kron_g
-    posterior = LaplaceMap(
+    template = LaplaceMap(
         weight=w,
         bias=b,
-        prior_precision=delta,
+        prior_precision=1.0,
         structure=chosen,
         predictive=predictive,
         samples=samples,
         seed=seed,
         layer=layer,
-        covariance=covariance,
-        kron_a=kron_a,
-        kron_g=kron_g,
+        prior_rule=prior,
     )
+    search, n_folds = None, 0
+    if prior == "marglik":
+        delta, at_end = optimise_prior_precision(curv.eigenvalues, theta_sq)
+    else:
+        folds = heldout_folds(phi, torch.exp(logp), y, has_bias, chosen, PRIOR_FOLDS, seed)
+        if not folds:
+            raise InputError(
+                "--laplace-prior nll",
+                f"the fit split ({n} samples) cannot be dealt into {PRIOR_FOLDS} folds with "
+                "held-out and training rows",
+                "give a larger fit split or use --laplace-prior marglik",
+            )
+        search, n_folds = (
+            minimise_on_grid(lambda d: heldout_nll(d, folds, template), grid),
+            len(folds),
+        )
+        delta, at_end = search.prior_precision, search.at_bracket_end
+    logz = log_marginal_likelihood(delta, curv.eigenvalues, theta_sq, log_likelihood)
+    posterior = replace(_posterior(template, curv, delta), log_marginal_likelihood=logz)
     after = predictive_log_probs(posterior, phi)
     return LaplaceFit(
         structure=chosen,
@@ -431,7 +671,10 @@ def fit_laplace(
         log_marginal_likelihood=logz,
         log_likelihood=log_likelihood,
         at_bracket_end=at_end,
-        prior_bracket=PRIOR_BRACKET,
+        prior_bracket=PRIOR_BRACKET if search is None else (grid[0], grid[-1]),
+        prior_rule=prior,
+        prior_folds=n_folds,
+        heldout_nll=None if search is None else search.objective,
         n_parameters=n_params,
         n_features=d,
         has_bias=has_bias,
@@ -553,6 +796,16 @@ def predictive_log_probs(posterior: LaplaceMap, features: Tensor) -> Tensor:
         log_probs = torch.log_softmax(logits, dim=2)
         out[start : start + step] = torch.logsumexp(log_probs, dim=0) - math.log(samples)
     return out
+
+
+def saved_form_digest(saved: dict[str, Any]) -> str:
+    """SHA-256 (hex) of a saved form as UTF-8 JSON with sorted keys and no spaces
+    (``json.dumps(saved, sort_keys=True, separators=(",", ":"))``)."""
+    import hashlib
+    import json
+
+    text = json.dumps(saved, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _theta_order(k: int, d: int, has_bias: bool) -> Tensor:

@@ -145,6 +145,7 @@ def _fit_laplace(
         structure=settings.laplace_structure,
         predictive=settings.laplace_predictive,
         samples=settings.laplace_samples,
+        prior=settings.laplace_prior,
         seed=settings.seed,
         layer=head.layer,
         **common,

@@ -27,6 +27,7 @@ _MAP_OPTIONS = {
     "laplace_structure": ("--laplace-structure", ("laplace", "all")),
     "laplace_predictive": ("--laplace-predictive", ("laplace", "all")),
     "laplace_samples": ("--laplace-samples", ("laplace", "all")),
+    "laplace_prior": ("--laplace-prior", ("laplace", "all")),
     "histogram_bins": ("--histogram-bins", ("histogram", "histogram-ovr", "all")),
     "histogram_scheme": ("--histogram-scheme", ("histogram", "histogram-ovr", "all")),
 }

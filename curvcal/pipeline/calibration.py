@@ -189,7 +189,7 @@ def run_calibrate(
             applied is not None and "laplace" in applied.calibrators
         )
         optional = settings.method == "all"
-        predictions, features = _predict(
+        predictions, features = predict_with_features(
             session,
             loaded,
             data,
@@ -201,7 +201,7 @@ def run_calibrate(
         )
         fit_predictions, fit_features = None, None
         if fit_loaded is not None:
-            fit_predictions, fit_features = _predict(
+            fit_predictions, fit_features = predict_with_features(
                 session,
                 loaded,
                 fit_loaded,
@@ -349,7 +349,7 @@ def _check_applied(
         )
 
 
-def _predict(
+def predict_with_features(
     session: Session,
     loaded: LoadedModel,
     data: LoadedData,

@@ -16,7 +16,9 @@ what the rules need** (see :func:`~curvcal.policy.settings.needs`):
 * any ``ts.*`` metric or ``temperature``: a temperature-scaling fit; any ``focal_ts.*`` metric,
   ``focal_gamma`` or ``focal_temperature``: a focal-temperature-scaling fit. Maps are fitted on a
   stratified ``val_split`` of ``data`` (default 0.5) or on ``fit_data``, and every stage is then
-  measured on the evaluation split only, as ``curvcal calibrate`` does;
+  measured on the evaluation split only, as ``curvcal calibrate`` does; any other map's metric
+  (``vector.*``, ``laplace.*``, ...): that map (Laplace from the inputs of the model's last
+  ``nn.Linear``, caught in the same inference pass);
 * ``lambda_max``: the Hessian's top eigenvalues (``top_k``, default 1), without the trace;
   ``trace``: the trace as well (``auto``: exact by Gauss–Newton where the model allows it,
   else its Gauss–Newton part exact and Hutch++ on the rest, else Hutch++) (the analysis always finds λmax, so a trace-only policy
@@ -136,6 +138,8 @@ class _Plan:
     hessian: HessianSettings | None
     method: str
     check: CheckSettings
+    gated: tuple[str, ...] = ()
+    """The calibrated stages the rules gate other than TS and focal TS (``laplace``, ...)."""
 
 
 def _plan(
@@ -176,6 +180,7 @@ def _plan(
         hessian=_hessian_settings(settings, need, where) if need.hessian else None,
         method=method,
         check=settings_of(CheckSettings, settings, where),
+        gated=need.linear,
     )
 
 
@@ -217,7 +222,7 @@ def run_check(
         _at_the_policy(where),
         open_session(plan.checkpoint, reporter or Reporter(True)) as session,
     ):
-        loaded = session.model(checkpoint)
+        loaded = _model(session, checkpoint, need)
         hessian_settings, choice = (None, None)
         if plan.hessian is not None:  # impossible requests refused before the data is read
             hessian_settings, choice = session.hessian_settings(loaded, plan.hessian)
@@ -452,12 +457,27 @@ def _calibrate(
 
     assert plan.calibration is not None
     calibration, batch_size = plan.calibration, plan.data.batch_size
-    predicted = _predict(session, loaded, data, batch_size, "data", calibration.nan_policy)
-    fit_predicted = None
+    # the Laplace map reads the model's last-layer inputs, caught in the same inference pass;
+    # with method "all" and no rule on it, a model without such a head only skips it
+    wants = plan.method in ("laplace", "all")
+    optional = plan.method == "all" and "laplace" not in plan.gated
+    predicted, features = _predict(
+        session, loaded, data, batch_size, "data", calibration.nan_policy, wants, optional
+    )
+    fit_predicted, fit_features = None, None
     if fit is not None:
-        fit_predicted = _predict(
-            session, loaded, fit, batch_size, "fit_data", calibration.nan_policy
+        fit_predicted, fit_features = _predict(
+            session,
+            loaded,
+            fit,
+            batch_size,
+            "fit_data",
+            calibration.nan_policy,
+            wants and (features is not None or not optional),
+            optional,
         )
+        if fit_features is None:
+            features = None
     if predicted is None:
         return None, 0
     logits, labels, _dropped = predicted
@@ -473,10 +493,43 @@ def _calibrate(
             source,
             fit=fit_predicted[:2],
             fit_source=f"fit_data {fit.spec}",
+            features=features,
+            fit_features=fit_features,
         )
         return analysis, n_classes
     fraction = settings["val_split"] or DEFAULT_VAL_SPLIT
-    return analyse(logits, labels, "logits", calibration, source, fraction=fraction), n_classes
+    analysis = analyse(
+        logits, labels, "logits", calibration, source, fraction=fraction, features=features
+    )
+    return analysis, n_classes
+
+
+def _model(session: Session, checkpoint: Path, need: Needs) -> LoadedModel:
+    """The checkpoint as the session loads it; a file that is no model but a logits file,
+    under a policy that gates the Laplace map (fitted from the model itself), is refused with
+    that reason rather than the loader's."""
+    try:
+        return session.model(checkpoint)
+    except InputError:
+        if "laplace" not in need.linear or not _holds_logits(checkpoint):
+            raise
+        raise InputError(
+            str(checkpoint),
+            "holds logits and labels, not a model: the policy's laplace rules need the model's "
+            "last layer and its inputs",
+            "check the checkpoint itself, or gate the logits' maps with curvcal metrics",
+        ) from None
+
+
+def _holds_logits(path: Path) -> bool:
+    """Whether ``path`` reads as a logits file (scores and labels)."""
+    from curvcal.load.logits import load_logits
+
+    try:
+        load_logits(path)
+    except (InputError, NumericalError, OSError, ValueError):
+        return False
+    return True
 
 
 def _predict(
@@ -486,11 +539,19 @@ def _predict(
     batch_size: int,
     option: str,
     nan_policy: str,
-) -> tuple[Any, Any, int] | None:
-    """The session's predictions under ``nan_policy``; a stop names the checkpoint, as a
-    check's numerical failures do (the policy, not an option, named the data)."""
+    features: bool,
+    optional: bool,
+) -> tuple[Any, Any]:
+    """The session's predictions under ``nan_policy`` and, with ``features``, the inputs of
+    the model's last layer (:func:`~curvcal.pipeline.calibration.predict_with_features`); a
+    stop names the checkpoint, as a check's numerical failures do (the policy, not an option,
+    named the data)."""
+    from curvcal.pipeline.calibration import predict_with_features
+
     try:
-        return session.predict(loaded, data, batch_size, option=option, nan_policy=nan_policy)
+        return predict_with_features(
+            session, loaded, data, batch_size, option, nan_policy, features, optional
+        )
     except NumericalError as error:
         raise NumericalError(
             str(loaded.path),

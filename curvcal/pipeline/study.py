@@ -293,12 +293,12 @@ def predict_for_maps(
     With ``--maps all``, a model whose head gives no features is said in a warning and its
     Laplace map skipped; with ``--maps laplace`` it stops the run (exit 2)."""
     from curvcal.calibration.registry import ALL
-    from curvcal.pipeline.calibration import _predict
+    from curvcal.pipeline.calibration import predict_with_features
 
     if not features:
         return session.predict(loaded, data, batch_size), None
     try:
-        return _predict(session, loaded, data, batch_size, "--data", "error", True)
+        return predict_with_features(session, loaded, data, batch_size, "--data", "error", True)
     except InputError as error:
         if maps != ALL:
             raise

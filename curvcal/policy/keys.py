@@ -51,6 +51,8 @@ KEYS: dict[str, tuple[Target, ...]] = dict(
         *_own(CalibrationSettings, "bins", "edges", "method", "objective", "focal_objective"),
         *_own(CalibrationSettings, "gammas", "nan_policy", "bootstrap"),
         *_own(CalibrationSettings, "histogram_bins", "histogram_scheme"),
+        *_own(CalibrationSettings, "laplace_structure", "laplace_predictive", "laplace_samples"),
+        *_own(CalibrationSettings, "laplace_prior"),
         *_own(CheckSettings, "judge"),
         *_own(HessianSettings, "top_k"),
         ("eigen_method", ((HessianSettings, "method"),)),

@@ -87,6 +87,7 @@ STAGES = (
     "focal_ts",
     "vector",
     "matrix",
+    "laplace",
     "histogram",
     "histogram_ovr",
     "isotonic",
@@ -99,7 +100,7 @@ STAGES = (
 )
 """``uncalibrated``: the model's own probabilities; ``ts``: after temperature scaling;
 ``focal_ts``: after focal temperature scaling; ``vector``/``matrix``: after vector or matrix
-scaling; ``histogram``/``histogram_ovr``, ``isotonic``/``isotonic_ovr``, ``platt``, ``beta``:
+scaling; ``laplace``: the last-layer Laplace predictive (fitted from the model's features); ``histogram``/``histogram_ovr``, ``isotonic``/``isotonic_ovr``, ``platt``, ``beta``:
 after that map (a policy gates one map other than TS and focal TS, and not with ``ts`` or
 ``focal_ts``: ``--method`` fits one of them alone)."""
 

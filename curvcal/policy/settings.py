@@ -192,13 +192,6 @@ def calibration_method(settings: Mapping[str, Any], need: Needs, where: Locator)
     given = settings["method"]
     if given is None:
         return need.method
-    if given == "laplace":
-        raise InputError(
-            where("method"),
-            "check does not fit the Laplace approximation (it needs the model's features, "
-            "which a check's calibration pass does not keep)",
-            "measure it with curvcal calibrate CHECKPOINT --data SPEC --method laplace",
-        )
     fits_ts = given in ("ts", "both", "all")
     fits_focal = given in ("focal-ts", "both", "all")
     missing = [

@@ -506,15 +506,18 @@ def linear_fits_table(fits: list[LinearFit], n_fit: int, titles: list[str] | Non
 
 def laplace_fit_table(fit: Any) -> Table:
     """The last-layer Laplace fit: the layer, the GGN structure, the prior precision chosen by
-    the marginal likelihood and the predictive."""
+    the marginal likelihood or the held-out NLL, and the predictive."""
     predictive = fit.predictive + (f" ({fit.samples} draws)" if fit.predictive == "mc" else "")
     bracket = f"[{fmt_float(fit.prior_bracket[0], 2)}, {fmt_float(fit.prior_bracket[1], 2)}]"
+    by_nll = fit.prior_rule == "nll"
+    rule = f"held-out NLL ({fit.prior_folds} folds)" if by_nll else "marginal likelihood"
     rows = (
         ("last layer", f"{fit.layer} ({fit.n_features} features, bias: {_yes(fit.has_bias)})"),
         ("parameters", str(fit.n_parameters)),
         ("GGN", "full" if fit.structure == "full" else "Kronecker-factored (KFAC)"),
-        ("prior precision δ", fmt_float(fit.prior_precision)),
+        ("prior precision δ", f"{fmt_float(fit.prior_precision)} (by {rule})"),
         ("δ at a bracket end", f"{_yes(fit.at_bracket_end)} {bracket}"),
+        *((("held-out NLL at δ", fmt_float(fit.heldout_nll)),) if by_nll else ()),
         ("log marginal likelihood", fmt_float(fit.log_marginal_likelihood)),
         ("log likelihood at the MAP", fmt_float(fit.log_likelihood)),
         ("predictive", predictive),
@@ -525,8 +528,13 @@ def laplace_fit_table(fit: Any) -> Table:
         title=f"Laplace (last layer, on the fit split, {fit.n_samples} samples)",
         columns=("quantity", "value"),
         rows=rows,
-        caption="δ maximises the Laplace log marginal likelihood (scalar prior, GGN of the "
-        "summed cross-entropy); before/after: in-sample",
+        caption=(
+            "δ minimises the predictive's NLL on held-out folds of the fit split (grid, then "
+            "Brent in log δ; posterior from the whole fit split)"
+            if by_nll
+            else "δ maximises the Laplace log marginal likelihood"
+        )
+        + " (scalar prior, GGN of the summed cross-entropy); before/after: in-sample",
     )
 
 

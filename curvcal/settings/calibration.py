@@ -49,6 +49,9 @@ METHODS = (
 LAPLACE_STRUCTURES = ("auto", "full", "kron")
 #: ``--laplace-predictive``: the probit approximation or Monte Carlo.
 LAPLACE_PREDICTIVES = ("probit", "mc")
+#: ``--laplace-prior``: the prior precision that maximises the marginal likelihood of the fit
+#: split, or that minimises the predictive's NLL on held-out folds of it.
+LAPLACE_PRIORS = ("marglik", "nll")
 #: ``--histogram-scheme``: how histogram binning cuts the scores.
 HISTOGRAM_SCHEMES = ("equal-mass", "equal-width")
 #: ``--objective``: what temperature scaling minimises on the fit split.
@@ -99,8 +102,8 @@ class CalibrationSettings(Settings):
     (0: none). ``val_split``: the stratified fraction the maps are fitted on (``None``: a
     second dataset or file, or the command's default). ``seed`` seeds the split and the
     bootstrap. ``nan_policy``: a row with a NaN or Inf stops the run or is left out.
-    ``laplace_structure``, ``laplace_predictive``, ``laplace_samples``: the GGN, the predictive
-    and its draws of ``laplace``.
+    ``laplace_structure``, ``laplace_predictive``, ``laplace_samples``, ``laplace_prior``: the
+    GGN, the predictive, its draws and the rule choosing the prior precision of ``laplace``.
     ``plot``: reliability diagrams written there at ``dpi``, with classwise diagrams of the
     ``plot_classes`` most frequent classes, the smooth curve with ``plot_smooth``, the
     histogram's scale ``plot_counts``; ``save_calibrator``: the fitted maps as JSON.
@@ -237,6 +240,15 @@ class CalibrationSettings(Settings):
         low=1,
         high=100_000,
         metavar="S",
+    )
+    laplace_prior: str = setting(
+        "marglik",
+        "How --method laplace chooses its prior precision: marglik (maximise the Laplace "
+        "marginal likelihood of the fit split) or nll (minimise the NLL of the predictive on "
+        "held-out folds: stratified 5-fold cross-validation of the fit split seeded by --seed, "
+        "a grid of 4 points per decade over [1e-8, 1e8] refined by Brent's method in log δ). "
+        "nll is usually better calibrated; marglik needs no held-out data.",
+        choices=LAPLACE_PRIORS,
     )
     nan_policy: str = setting(
         "error",

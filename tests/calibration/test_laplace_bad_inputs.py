@@ -175,12 +175,14 @@ def test_a_fit_split_of_one_sample_per_class_still_fits(run_cli, tmp_path: Path)
     assert fit["n_samples"] == 2 and fit["prior_precision"] > 0
 
 
-def test_a_check_policy_asking_for_laplace_is_one_line(run_cli, tmp_path: Path) -> None:
+def test_a_check_policy_with_method_laplace_gating_ts_is_one_line(run_cli, tmp_path: Path) -> None:
     from curvcal.assets import demo_checkpoint
     from tests.commands.test_check_command import SETTINGS
 
-    text = SETTINGS.replace("[settings]", '[settings]\nmethod = "laplace"') + "[ece]\nmax = 0.5\n"
+    text = (
+        SETTINGS.replace("[settings]", '[settings]\nmethod = "laplace"') + "[ts.ece]\nmax = 0.5\n"
+    )
     gate = tmp_path / "gate.toml"
     gate.write_text(text)
     result = run_cli("check", demo_checkpoint(), "--policy", gate)
-    one_line_error(result, str(gate), "check does not fit the Laplace approximation")
+    one_line_error(result, str(gate), "method 'laplace' fits no ts map")
