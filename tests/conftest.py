@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,3 +42,13 @@ def run_cli() -> Callable[..., CliResult]:
         return CliResult(code, stdout.getvalue().decode(), stderr.getvalue().decode())
 
     return invoke
+
+
+@pytest.fixture(scope="session")
+def digits_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 3-class digits checkpoint whose metadata names its architecture and 30 images for it
+    (labels 0, 1, 2 in turn), written once per session: tests read them and write elsewhere."""
+    from catalogue_inputs import digit_images, digits_model
+
+    folder = tmp_path_factory.mktemp("digits")
+    return digits_model(folder), digit_images(folder, 30)
