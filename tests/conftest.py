@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -52,3 +57,29 @@ def digits_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
     folder = tmp_path_factory.mktemp("digits")
     return digits_model(folder), digit_images(folder, 30)
+
+
+@dataclass(frozen=True)
+class DocsSite:
+    path: Path
+    stderr: str
+
+
+@pytest.fixture(scope="session")
+def docs_site(tmp_path_factory: pytest.TempPathFactory) -> DocsSite:
+    """The documentation site, built once per session with ``mkdocs build --strict`` (the
+    build takes tens of seconds: the tests that read the site share it)."""
+    site = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml")]
+    result = subprocess.run(
+        [*command, "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return DocsSite(site, result.stderr)
