@@ -71,15 +71,14 @@ def docs_site(tmp_path_factory: pytest.TempPathFactory) -> DocsSite:
     build takes tens of seconds: the tests that read the site share it)."""
     site = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml")]
+    build = ["mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)]
     result = subprocess.run(
-        [*command, "--site-dir", str(site)],
+        [sys.executable, "-m", *build],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
-        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return DocsSite(site, result.stderr)
