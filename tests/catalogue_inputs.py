@@ -1,6 +1,6 @@
-"""Inputs the bad-input catalogue files build alike: a small digits model whose safetensors
-metadata names its architecture, a tensor file of images for it, and digests of what a run was
-given (to show nothing was modified)."""
+"""Inputs many test files build alike: a small digits model whose safetensors metadata names its
+architecture, a tensor file of images for it, and digests of what a run was given (to show
+nothing was modified)."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def digits_model(folder: Path) -> Path:
     return path
 
 
-def digit_images(folder: Path) -> Path:
-    """Twelve 8×8 one-channel images and labels 0, 1, 2 for :func:`digits_model`."""
+def digit_images(folder: Path, n_samples: int = 12) -> Path:
+    """``n_samples`` 8×8 one-channel images and labels 0, 1, 2 in turn for :func:`digits_model`."""
     generator = torch.Generator().manual_seed(1)
     path = folder / "data.pt"
-    x = torch.randn(12, 1, 8, 8, generator=generator)
-    torch.save({"x": x, "y": torch.arange(12) % 3}, path)
+    x = torch.randn(n_samples, 1, 8, 8, generator=generator)
+    torch.save({"x": x, "y": torch.arange(n_samples) % 3}, path)
     return path

@@ -3,9 +3,7 @@ no raw Sphinx roles, doctest examples as code blocks, every table row as wide as
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -13,7 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MKDOCS = Path(sys.executable).with_name("mkdocs")
 RAW_ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):`")
 
 
@@ -47,19 +44,8 @@ class Tables(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [str(MKDOCS), "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def site(docs_site) -> Path:
+    return docs_site.path
 
 
 def pages(site: Path) -> list[Path]:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import torch
 
 from curvcal.assets import demo_checkpoint
 from curvcal.distributed import gather_rows
+from tests.scale.launch import torchrun_json
 
 
 def test_one_process_returns_the_rows_unchanged() -> None:
@@ -21,29 +19,15 @@ def test_one_process_returns_the_rows_unchanged() -> None:
 
 
 @pytest.mark.slow
-def test_calibrate_under_torchrun_matches_one_process(tmp_path: Path) -> None:
+def test_calibrate_under_torchrun_matches_one_process(run_cli, tmp_path: Path) -> None:
     """Two gloo ranks take the samples r, r + 2, ... (797 is odd: uneven shards); rank 0 gathers
     the logits back in dataset order, so the split, the fit and the metrics are those of one
     process, and only rank 0 writes to stdout."""
-    args = [str(demo_checkpoint()), "--data", "curvcal:digits", "--method", "ts", "--json"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    one = subprocess.run(
-        [sys.executable, "-m", "curvcal", "calibrate", *args],
-        capture_output=True, text=True, env=env, check=True,
-    )  # fmt: skip
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-    ]
-    two = subprocess.run(
-        [*launcher, "-m", "curvcal", "calibrate", *args],
-        capture_output=True, text=True, env=env, check=True, cwd=tmp_path,
-    )  # fmt: skip
-    single, sharded = json.loads(one.stdout), json.loads(two.stdout)
+    args = ["calibrate", str(demo_checkpoint()), "--data", "curvcal:digits", "--method", "ts"]
+    one = run_cli(*args, "--json")
+    assert one.code == 0, one.stderr
+    sharded = torchrun_json(args, tmp_path)
+    single = json.loads(one.stdout)
     assert sharded["environment"]["world_size"] == 2
     assert sharded["results"]["split"] == single["results"]["split"]
     assert sharded["results"]["fits"]["ts"]["temperature"] == pytest.approx(

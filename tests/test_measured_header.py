@@ -119,38 +119,12 @@ def test_a_wide_table_at_80_columns_is_turned_not_cut(
     assert words <= printed, words - printed  # every word whole, none folded
 
 
-def _checkpoint_and_data(tmp_path: Path) -> tuple[Path, Path]:
-    import torch
-    from safetensors.torch import save_file
-
-    from curvcal.models import DigitsCNN
-
-    torch.manual_seed(0)
-    model = DigitsCNN(num_classes=3, width=1)
-    checkpoint = tmp_path / "model.safetensors"
-    metadata = {
-        "curvcal.arch": "curvcal:DigitsCNN",
-        "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
-    }
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(checkpoint), metadata)
-    generator = torch.Generator().manual_seed(1)
-    data = tmp_path / "data.pt"
-    torch.save(
-        {
-            "x": torch.randn(30, 1, 8, 8, generator=generator),
-            "y": torch.arange(30) % 3,
-        },
-        data,
-    )
-    return checkpoint, data
-
-
 def test_hessian_and_calibrate_markdown_begin_with_what_was_measured(
-    run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    run_cli, digits_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import hashlib
 
-    checkpoint, data = _checkpoint_and_data(tmp_path)
+    checkpoint, data = digits_files
     digest = hashlib.sha256(checkpoint.read_bytes()).hexdigest()[:12]
     common = ("--data", str(data), "--device", "cpu", "--format", "markdown")
     hessian = run_cli("hessian", checkpoint, *common, "--probes", "4", "--loss", "ce")

@@ -79,35 +79,10 @@ def test_a_hook_that_stops_in_the_eigenvalues_keeps_nothing() -> None:
     assert stopped.value.finished is None
 
 
-def _cli_inputs(tmp_path: Path) -> tuple[Path, Path]:
-    from safetensors.torch import save_file
-
-    from curvcal.models import DigitsCNN
-
-    torch.manual_seed(0)
-    model = DigitsCNN(num_classes=3, width=1)
-    checkpoint = tmp_path / "model.safetensors"
-    metadata = {
-        "curvcal.arch": "curvcal:DigitsCNN",
-        "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
-    }
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(checkpoint), metadata)
-    generator = torch.Generator().manual_seed(1)
-    data = tmp_path / "data.pt"
-    torch.save(
-        {
-            "x": torch.randn(20, 1, 8, 8, generator=generator),
-            "y": torch.randint(0, 3, (20,), generator=generator),
-        },
-        data,
-    )
-    return checkpoint, data
-
-
 def test_ctrl_c_in_the_trace_writes_the_eigenvalues_with_status_interrupted(
-    run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    run_cli, digits_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    checkpoint, data = _cli_inputs(tmp_path)
+    checkpoint, data = digits_files
     out = tmp_path / "report.json"
     asked: list[str] = []
 

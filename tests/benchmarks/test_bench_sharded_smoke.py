@@ -1,5 +1,6 @@
-"""Smoke test of benchmarks/bench_sharded.py at a tiny width: every mode runs under torchrun and
-prints its line; a product's peak is at least its idle resident set."""
+"""Smoke test of benchmarks/bench_sharded.py at a tiny width: every mode runs and prints its line
+(the product under torchrun, the others as one plain process, the script's own world of one); a
+product's peak is at least its idle resident set."""
 
 from __future__ import annotations
 
@@ -15,7 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"world=1 rank=0 mode=(\S+) P=(\d+) s_per_pass=([0-9.]+) peak_rss_MiB=(\d+)")
 
 
-def _run(mode: str) -> tuple[str, int, float, int]:
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _run(mode: str, torchrun: bool = False) -> tuple[str, int, float, int]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -23,10 +32,11 @@ def _run(mode: str) -> tuple[str, int, float, int]:
         "BENCH_WIDTH": "16",
         "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
     }
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-        str(ROOT / "benchmarks" / "bench_sharded.py"), mode,
-    ]  # fmt: skip
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_sharded.py"), mode]
+    if torchrun:
+        command[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+    else:  # the script's own group of one, on a free port (its default may be taken)
+        env["MASTER_PORT"] = str(_free_port())
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     found = LINE.search(done.stdout)
@@ -34,11 +44,11 @@ def _run(mode: str) -> tuple[str, int, float, int]:
     return found[1], int(found[2]), float(found[3]), int(found[4])
 
 
-@pytest.mark.slow  # three torchrun launches
+@pytest.mark.slow  # three processes, one of them under torchrun
 def test_every_mode_prints_its_line() -> None:
     idle = _run("sharded-idle")
     gradient = _run("sharded-gradient")
-    product = _run("sharded")
+    product = _run("sharded", torchrun=True)
     # 4 blocks of width 16 (feed-forward 64) between Linear(8, 16) and Linear(16, 10)
     block = 3 * 16 * 16 + 3 * 16 + 16 * 16 + 16 + 16 * 64 + 64 + 64 * 16 + 16 + 4 * 16
     assert idle[1] == gradient[1] == product[1] == 8 * 16 + 16 + 4 * block + 16 * 10 + 10

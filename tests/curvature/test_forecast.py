@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-import torch
 
 from curvcal.curvature import forecast
 from curvcal.curvature.analysis import HessianSettings
@@ -78,29 +78,9 @@ def test_hook_stays_silent_for_a_fast_run_and_ignores_repeated_counts() -> None:
 
 
 def test_the_command_prints_the_note_once_on_stderr(
-    run_cli, tmp_path, monkeypatch: pytest.MonkeyPatch
+    run_cli, digits_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from safetensors.torch import save_file
-
-    from curvcal.models import DigitsCNN
-
-    torch.manual_seed(0)
-    model = DigitsCNN(num_classes=3, width=1)
-    checkpoint = tmp_path / "model.safetensors"
-    metadata = {
-        "curvcal.arch": "curvcal:DigitsCNN",
-        "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
-    }
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(checkpoint), metadata)
-    generator = torch.Generator().manual_seed(1)
-    data = tmp_path / "data.pt"
-    torch.save(
-        {
-            "x": torch.randn(20, 1, 8, 8, generator=generator),
-            "y": torch.randint(0, 3, (20,), generator=generator),
-        },
-        data,
-    )
+    checkpoint, data = digits_files
     monkeypatch.setattr(forecast, "SLOW_RUN_SECONDS", 0.0)
     args = [
         "hessian",

@@ -1,5 +1,6 @@
 """``torchrun --standalone --nproc-per-node 2 -m curvcal ...`` on the CPU (gloo), as the scale
-tests launch it: the checkout first on the path, one thread per process."""
+tests launch it: the checkout first on the path, one thread per process; and the small text
+classifier folder the text runs are launched on."""
 
 from __future__ import annotations
 
@@ -10,27 +11,72 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[2]
+WORDS = ["good", "bad", "film", "very", "plot", "not"]
+TEXTS = ["good film", "bad plot", "very good film", "not good", "very very bad", "plot", "film"] * 3
 
 
-def torchrun_json(args: list[str], cwd: Path, timeout: float = 180) -> dict[str, Any]:
-    """The report two ranks of ``curvcal ARGS --json`` print; asserts the run succeeded and
-    that only rank 0 printed."""
-    env = {
+def torchrun(
+    args: list[str],
+    cwd: Path,
+    *,
+    path: tuple[Path, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess[str]:
+    """``torchrun`` of two ranks of ``curvcal ARGS`` with ``path`` after the checkout on
+    PYTHONPATH and ``env`` added to the environment; its exit code, stdout and stderr."""
+    pythonpath = [str(ROOT), *map(str, path), os.environ.get("PYTHONPATH", "")]
+    full_env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, pythonpath)),
         "OMP_NUM_THREADS": "1",
+        **(env or {}),
     }
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    completed = subprocess.run(
-        [*launcher, "--nproc-per-node", "2", "-m", "curvcal", *args, "--json"],
-        env=env,
+    return subprocess.run(
+        [*launcher, "--nproc-per-node", "2", "-m", "curvcal", *args],
+        env=full_env,
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
     )
+
+
+def torchrun_json(args: list[str], cwd: Path, timeout: float = 180) -> dict[str, Any]:
+    """The report two ranks of ``curvcal ARGS --json`` print; asserts the run succeeded and
+    that only rank 0 printed."""
+    completed = torchrun([*args, "--json"], cwd, timeout=timeout)
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.count('"schema"') == 1  # rank 1 printed nothing
     return json.loads(completed.stdout)  # type: ignore[no-any-return]
+
+
+def text_classifier(folder: Path, layers: int) -> tuple[Path, Path]:
+    """A BERT classifier of ``layers`` layers (a repeated block list) with its tokenizer in
+    ``folder/model``, and ``folder/texts.jsonl``: the texts of :data:`TEXTS`, labels 0, 1 in
+    turn. The model folder and the data file."""
+    import transformers
+
+    model_folder = folder / "model"
+    torch.manual_seed(4)
+    config = transformers.BertConfig(
+        vocab_size=11, hidden_size=8, num_hidden_layers=layers, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=16, num_labels=2,
+    )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config)
+    with torch.no_grad():
+        model.classifier.weight.normal_(0, 2.0)
+    model.save_pretrained(model_folder)
+    vocab = model_folder / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    transformers.BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(model_folder)
+    data = folder / "texts.jsonl"
+    data.write_text(
+        "".join(json.dumps({"text": t, "label": i % 2}) + "\n" for i, t in enumerate(TEXTS))
+    )
+    return model_folder, data

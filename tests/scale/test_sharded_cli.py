@@ -5,48 +5,20 @@ rank that fails on a sharded model stops every rank with one line."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
-from .launch import torchrun_json  # noqa: E402
+from tests.test_catalogue_interrupt_hangs import CHECKPOINT, RANKED
 
-ROOT = Path(__file__).resolve().parents[2]
-CHECKPOINT = ROOT / "curvcal" / "assets" / "digits_cnn.safetensors"
-WORDS = ["good", "bad", "film", "very", "plot", "not"]
-TEXTS = ["good film", "bad plot", "very good film", "not good", "very very bad", "plot", "film"] * 3
-
-
-def _folder(path: Path) -> None:
-    """A two-layer BERT classifier (its layers: a repeated block list) and its tokenizer."""
-    torch.manual_seed(4)
-    config = transformers.BertConfig(
-        vocab_size=11, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=16, max_position_embeddings=16, num_labels=2,
-    )  # fmt: skip
-    model = transformers.BertForSequenceClassification(config)
-    with torch.no_grad():
-        model.classifier.weight.normal_(0, 2.0)
-    model.save_pretrained(path)
-    vocab = path / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    transformers.BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(path)
+from .launch import text_classifier, torchrun, torchrun_json
 
 
 @pytest.mark.slow  # two torchrun launches and two one-process runs
 def test_sharded_bert_matches_one_process(run_cli, tmp_path: Path) -> None:
-    folder = tmp_path / "model"
-    _folder(folder)
-    data = tmp_path / "texts.jsonl"
-    data.write_text(
-        "".join(json.dumps({"text": t, "label": i % 2}) + "\n" for i, t in enumerate(TEXTS))
-    )
+    folder, data = text_classifier(tmp_path, layers=2)
     common = ["--data", str(data), "--dtype", "float64", "--device", "cpu", "--batch-size", "4"]
     hessian = ["hessian", str(folder), *common, "--trace-method", "hutchinson", "--probes", "4",
                "--tol", "1e-8"]  # fmt: skip
@@ -76,45 +48,19 @@ def test_sharded_bert_matches_one_process(run_cli, tmp_path: Path) -> None:
         assert got[metric] == pytest.approx(expected[metric], rel=1e-10, abs=1e-12)
 
 
-RANKED = """
-import os
-
-import torch
-from torch.utils.data import Dataset
-
-GENERATOR = torch.Generator().manual_seed(0)
-X = torch.rand(40, 1, 8, 8, generator=GENERATOR)
-Y = torch.randint(0, 10, (40,), generator=GENERATOR)
-
-
-class LastSampleUnreadable(Dataset):
-    def __len__(self):
-        return 40
-
-    def __getitem__(self, index):
-        if os.environ.get("RANK") == "1" and index == 39:
-            raise RuntimeError("sample 39 is unreadable")
-        return X[index], Y[index]
-
-
-def failing_late():
-    return LastSampleUnreadable()
-"""
-
-
 @pytest.mark.slow
 def test_a_rank_failing_on_a_sharded_model_stops_every_rank(tmp_path: Path) -> None:
     """Rank 1 fails on its last sample while rank 0 waits in the sharded model's parameter
     gather: both stop with one line each, and nothing is written."""
     (tmp_path / "ranked.py").write_text(RANKED)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
-           "NO_COLOR": "1", "OMP_NUM_THREADS": "1", "CURVCAL_DIST_TIMEOUT": "300"}  # fmt: skip
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-               "2", "-m", "curvcal", "calibrate", str(CHECKPOINT), "--data",
-               "py:ranked:failing_late", "--trust-checkpoint", "--device", "cpu",
-               "--shard-model", "modules", "-o", "report.json"]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = torchrun(
+        ["calibrate", str(CHECKPOINT), "--data", "py:ranked:failing_late", "--trust-checkpoint",
+         "--device", "cpu", "--shard-model", "modules", "-o", "report.json"],
+        tmp_path,
+        path=(tmp_path,),
+        env={"NO_COLOR": "1", "CURVCAL_DIST_TIMEOUT": "300"},
+        timeout=120,
+    )  # fmt: skip
     cause = "internal error: RuntimeError: sample 39 is unreadable"
     lines = done.stderr.splitlines()
     assert done.returncode != 0
