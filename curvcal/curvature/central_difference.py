@@ -465,7 +465,7 @@ class CentralDifferenceOperator(HessianOperator):
         and a gradient pass."""
         generator = torch.Generator().manual_seed(seed)
         space = self.vector_space or VectorSpace(self.shape[0])
-        vector = space.normal(generator).to(device=self._device, dtype=self._dtype)
+        vector = space.normal(generator, self._dtype).to(device=self._device)
         epsilon = self.step(vector)
         single = [t[0] for t in self._tangents(vector.reshape(-1, 1))]
         stencil = self.stencil

@@ -115,7 +115,7 @@ def _check_common(op: LinearOperator, k: int, tol: float, max_iter: int | None, 
 def _random_unit(op: LinearOperator, generator: torch.Generator) -> Tensor:
     """A Gaussian start vector drawn on the CPU (same vector on every device), normalised."""
     space = space_of(op)
-    vector = space.normal(generator).to(device=op.device, dtype=op.dtype)
+    vector = space.normal(generator, op.dtype).to(device=op.device)
     return vector / space.norm(vector)
 
 

@@ -80,9 +80,10 @@ class VectorSpace:
         (or the vector) ``block``: k × m (or k)."""
         return rows @ block
 
-    def normal(self, generator: torch.Generator) -> Tensor:
-        """A standard normal vector (float64, CPU): one draw of P values."""
-        return torch.randn(self.size, generator=generator, dtype=torch.float64)
+    def normal(self, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
+        """A standard normal vector on the CPU: one float64 draw of P values, rounded to
+        ``dtype``."""
+        return torch.randn(self.size, generator=generator, dtype=torch.float64).to(dtype)
 
     def probes(
         self,
@@ -144,13 +145,22 @@ class SlicedSpace(VectorSpace):
         """Σ_r Q_r·B_r."""
         return self._reduce(rows @ block)
 
-    def _drawn(self, draw: Callable[[int], Tensor]) -> Tensor:
-        """This rank's slice of a vector drawn a full parameter at a time, in parameter order."""
-        return torch.cat([draw(numel)[start:stop] for numel, start, stop in self.pieces])
+    def _draw_into(self, out: Tensor, draw: Callable[[int], Tensor]) -> Tensor:
+        """``out`` (length ``size``) holding this rank's slice of a vector drawn a full
+        parameter at a time, in parameter order (one parameter's draw in memory at a time)."""
+        offset = 0
+        for numel, start, stop in self.pieces:
+            out[offset : offset + stop - start] = draw(numel)[start:stop]
+            offset += stop - start
+        return out
 
-    def normal(self, generator: torch.Generator) -> Tensor:
-        """This rank's slice of a standard normal vector drawn a parameter at a time."""
-        return self._drawn(lambda n: torch.randn(n, generator=generator, dtype=torch.float64))
+    def normal(self, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
+        """This rank's slice of a standard normal vector drawn a parameter at a time (float64
+        draws rounded to ``dtype``)."""
+        return self._draw_into(
+            torch.empty(self.size, dtype=dtype),
+            lambda n: torch.randn(n, generator=generator, dtype=torch.float64),
+        )
 
     def probes(
         self,
@@ -162,7 +172,7 @@ class SlicedSpace(VectorSpace):
         """This rank's slices of ``count`` probes, each drawn a parameter at a time."""
         probes = torch.empty((self.size, count), dtype=dtype)
         for j in range(count):
-            probes[:, j] = self._drawn(lambda n: draw_column(n, distribution, generator))
+            self._draw_into(probes[:, j], lambda n: draw_column(n, distribution, generator))
         return probes
 
     def whole(self, block: Tensor) -> Tensor:
