@@ -94,8 +94,9 @@ def main(mode: str) -> None:
             operator.matvec(vector)
         times.append(time.perf_counter() - began)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"world={world} rank={rank} mode={mode} P={operator.shape[0]} vector={space.size} "
-          f"s_per_pass={statistics.median(times[1:]) if times else 0.0:.3f} peak_rss_MiB={peak:.0f}", flush=True)  # fmt: skip
+    print(f"world={world} rank={rank} mode={mode} P={operator.shape[0]} "
+          f"s_per_pass={statistics.median(times[1:]) if times else 0.0:.3f} peak_rss_MiB={peak:.0f} "
+          f"vector={space.size}", flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 
