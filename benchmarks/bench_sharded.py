@@ -9,7 +9,9 @@ peak resident memory (MiB, the process's maximum, so each mode runs in its own l
 ``replicated-gradient`` run plain gradient passes over the same batches instead of products
 (seconds per pass, and the peak a product is compared with: a product's peak should stay within
 2× a gradient pass's); ``sharded-idle`` and ``replicated-idle`` build the operator and stop
-(the resident set every run starts from).
+(the resident set every run starts from). On the sharded model the vectors are each rank's
+slice of P/W values (``sharded``); ``sharded-whole`` multiplies whole P-long vectors instead
+(the product's gradients all-gathered: the path before slices).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from curvcal.curvature.central_difference import operator_for
+from curvcal.curvature.vectors import space_of
 from curvcal.distributed import all_reduce_sum, shard_indices
 from curvcal.losses import loss_from_name
 from curvcal.sharding import shard_model
@@ -71,9 +74,15 @@ def main(mode: str) -> None:
     if mode.startswith("sharded"):
         shard_model(model, "blocks", torch.device("cpu"))
     loss = loss_from_name("ce", 0.0)
-    operator = operator_for(model, loss, batches, all_reduce=all_reduce_sum)
-    vector = torch.randn(operator.shape[0], generator=torch.Generator().manual_seed(2))
+    vectors = "whole" if mode == "sharded-whole" else "sliced"
+    operator = operator_for(model, loss, batches, all_reduce=all_reduce_sum, vectors=vectors)
+    space = space_of(operator)  # this rank's slices on the sharded model, else whole vectors
     times: list[float] = []
+    vector = (
+        None
+        if mode.endswith(("idle", "gradient"))
+        else space.normal(torch.Generator().manual_seed(2), operator.dtype)
+    )
     for _ in range(0 if mode.endswith("idle") else 4):
         began = time.perf_counter()
         if mode.endswith("gradient"):
@@ -81,11 +90,13 @@ def main(mode: str) -> None:
                 loss.sum(model(xs), ys).backward()
             model.zero_grad(set_to_none=True)
         else:
+            assert vector is not None
             operator.matvec(vector)
         times.append(time.perf_counter() - began)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"world={world} rank={rank} mode={mode} P={operator.shape[0]} "
-          f"s_per_pass={statistics.median(times[1:]) if times else 0.0:.3f} peak_rss_MiB={peak:.0f}", flush=True)  # fmt: skip
+          f"s_per_pass={statistics.median(times[1:]) if times else 0.0:.3f} peak_rss_MiB={peak:.0f} "
+          f"vector={space.size}", flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 

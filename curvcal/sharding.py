@@ -175,6 +175,51 @@ def gather_whole(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return whole
 
 
+def local_range(parameter: torch.Tensor) -> tuple[int, int, int] | None:
+    """(numel, start, stop): this rank's shard of ``parameter`` as the entries [start, stop) of
+    the flattened whole tensor (rows along dimension 0, ``torch.chunk``'s split, are contiguous
+    there), or None when ``parameter`` is not a DTensor sharded along dimension 0."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(parameter, DTensor) or tuple(parameter.placements) != (Shard(0),):
+        return None
+    shape = parameter.shape
+    if len(shape) == 0:
+        return None
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = -(-shape[0] // world)
+    per_row = math.prod(shape[1:])
+    start, stop = min(shape[0], rank * rows) * per_row, min(shape[0], (rank + 1) * rows) * per_row
+    if stop - start != parameter.to_local().numel():
+        raise RuntimeError(
+            f"rank {rank}: a shard of {parameter.to_local().numel()} values is not rows "
+            f"{rank * rows}..{(rank + 1) * rows} of {tuple(shape)}"
+        )
+    return parameter.numel(), start, stop
+
+
+def gather_slices(block: torch.Tensor, parameters: list[torch.Tensor]) -> torch.Tensor:
+    """The whole columns of ``block`` (local slices × m: each parameter's local shard, flattened,
+    in order) on every rank, one all-gather per column (:func:`gather_whole`)."""
+    from torch.distributed.tensor import DTensor
+
+    sizes = [local_tensor(p).numel() for p in parameters]
+    columns = []
+    for column in block.t():
+        shards: list[torch.Tensor] = [
+            DTensor.from_local(
+                piece.reshape(local_tensor(p).shape).contiguous(),
+                p.device_mesh,  # type: ignore[attr-defined]
+                p.placements,  # type: ignore[attr-defined]
+                shape=p.shape,
+                stride=p.stride(),
+            )
+            for piece, p in zip(column.split(sizes), parameters, strict=True)
+        ]
+        columns.append(torch.cat([t.reshape(-1) for t in gather_whole(shards)]))
+    return torch.stack(columns, dim=1)
+
+
 def agreed_count(count: int) -> int:
     """The largest ``count`` among the ranks (``count`` itself in one process)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

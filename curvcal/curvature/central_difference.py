@@ -57,6 +57,7 @@ from curvcal.curvature.guard import PRODUCT
 from curvcal.curvature.operator import DEFAULT_OPTIONS, HessianOperator, build_operator
 from curvcal.curvature.options import OperatorOptions
 from curvcal.curvature.progress import OnStep
+from curvcal.curvature.vectors import SlicedSpace, VectorSpace
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import Loss
 from curvcal.rows import Inputs
@@ -108,6 +109,24 @@ def relative_floor(dtype: torch.dtype) -> float:
     return h**4 / 30 + 1.5 * u / h
 
 
+def sixteen_bit_floor(dtype: torch.dtype) -> tuple[float, float]:
+    """(h, error): the best relative step of the five-point rule for a model whose weights and
+    gradients are rounded to ``dtype`` (unit roundoff u), and the product's relative error there.
+
+    The perturbed weights θ + cεv are rounded to the weights' grid (the step from a float32
+    master copy can be no finer than the 16-bit resolution of the weights, about u·|θ_i| per
+    entry) and each gradient carries u·‖G‖: both divided by the step, about 3u/h relative,
+    against the truncation h⁴/30. The sum is least at h = (22.5u)^{1/5}: h = 0.61 and 2.4%
+    in bfloat16, h = 0.41 and 0.45% in float16 (float32: 1.6e-5 at h = 5.6e-3). A step of
+    0.61 of the weights' scale is outside the smooth-loss model the step rests on: along a
+    sharply curved direction (ℓ = 0.27 against a scale of 9.6 on the test transformer) the
+    truncation is far larger, and the shorter step that fixes it in float32 multiplies the
+    rounding by s/ℓ (35× there)."""
+    u = unit_roundoff(dtype)
+    h = (22.5 * u) ** 0.2
+    return h, h**4 / 30 + 3 * u / h
+
+
 @dataclass(frozen=True)
 class ProductError:
     """The measured error of one central-difference product (relative to its norm):
@@ -147,9 +166,15 @@ class CentralDifferenceOperator(HessianOperator):
     central differences of gradients (module docstring); same interface and counts as
     :class:`HessianOperator`. Products are exact to the error :meth:`error_estimate` measures.
 
-    Every rank holds the whole product (the gradients are gathered). Batches are not kept on
-    the device beyond what the cache says, no gradient graph is kept, and the memory plan is
-    not measured (a product costs two gradient passes)."""
+    ``vectors``: ``"sliced"`` (the default) — the vectors multiplied and the products are this
+    rank's local slices (:attr:`vector_space`, a
+    :class:`~curvcal.curvature.vectors.SlicedSpace`: each selected parameter's local shard,
+    flattened, in order), the product the local shard of the reduce-scattered gradient
+    difference, so no rank ever holds a P-long vector; ``"whole"`` — whole P-long vectors on
+    every rank, the product's gradients all-gathered. Parameters not sharded along dimension 0
+    fall back to whole vectors. Batches are not kept on the device beyond what the cache says,
+    no gradient graph is kept, and the memory plan is not measured (a product costs two to six
+    gradient passes)."""
 
     def __init__(
         self,
@@ -163,6 +188,7 @@ class CentralDifferenceOperator(HessianOperator):
         probe_batch: int = 8,
         all_reduce: AllReduce | None = None,
         allow_tf32: bool = False,
+        vectors: str = "sliced",
     ) -> None:
         from curvcal.sharding import agreed_count, reshard
 
@@ -196,6 +222,54 @@ class CentralDifferenceOperator(HessianOperator):
             start=torch.zeros((), dtype=torch.float64),
         )
         self.parameter_norm = math.sqrt(float(self.sum_across(squares.to(self._device))))
+        #: where the vectors multiplied live: this rank's slices (None: whole vectors)
+        self.vector_space = self._sliced_space() if vectors == "sliced" else None
+
+    def _sliced_space(self) -> SlicedSpace | None:
+        """The space of this rank's slices of the selected parameters, or None when one of them
+        is not sharded along dimension 0 (or no sum across ranks is given)."""
+        from curvcal.sharding import gather_slices, local_range
+
+        ranges = [local_range(p) for p in self._params]
+        pieces = [r for r in ranges if r is not None]
+        if len(pieces) != len(ranges) or self._all_reduce is None:
+            return None
+        params = list(self._params)
+        return SlicedSpace(pieces, self._all_reduce, lambda block: gather_slices(block, params))
+
+    def _vector_length(self) -> int:
+        return self.shape[0] if self.vector_space is None else self.vector_space.size
+
+    def _norm(self, vector: Tensor) -> float:
+        """‖v‖ in float64 (summed over the ranks' slices when sliced)."""
+        wide = vector.to(torch.float64)
+        return float(wide.norm() if self.vector_space is None else self.vector_space.norm(wide))
+
+    def _tangents(self, block: Tensor) -> tuple[Tensor, ...]:
+        """As :meth:`HessianOperator._tangents`; sliced, the pieces have the local shards'
+        shapes."""
+        if self.vector_space is None:
+            return super()._tangents(block)
+        m = block.shape[1]
+        block = block.to(self._model_dtype)
+        shapes = [_local(p).shape for p in self._params]
+        sizes = [_local(p).numel() for p in self._params]
+        return tuple(
+            piece.reshape(m, *shape)
+            for piece, shape in zip(block.t().split(sizes, dim=1), shapes, strict=True)
+        )
+
+    def _slots(self, total: Tensor) -> list[Tensor]:
+        """As :meth:`HessianOperator._slots`; sliced, views of the local shards' shapes."""
+        if self.vector_space is None:
+            return super()._slots(total)
+        m = total.shape[0]
+        shapes = [_local(p).shape for p in self._params]
+        sizes = [_local(p).numel() for p in self._params]
+        return [
+            piece.view(m, *shape)
+            for piece, shape in zip(total.split(sizes, dim=1), shapes, strict=True)
+        ]
 
     @property
     def precision_floor(self) -> float:
@@ -221,7 +295,7 @@ class CentralDifferenceOperator(HessianOperator):
 
     def step(self, vector: Tensor) -> float:
         """ε = (3u)^{1/3} · max(1, ‖θ‖) / ‖v‖ for the vector ``vector`` (module docstring)."""
-        norm = float(vector.to(torch.float64).norm())
+        norm = self._norm(vector)
         return relative_step(self._dtype) * max(1.0, self.parameter_norm) / max(norm, 1e-300)
 
     def _product(self, block: Tensor, total: Tensor | None = None) -> Tensor:
@@ -230,7 +304,7 @@ class CentralDifferenceOperator(HessianOperator):
         :meth:`curved_step` sets)."""
         m = block.shape[1]
         if total is None:
-            total = block.new_empty((m, self.shape[0]))
+            total = block.new_empty((m, self._vector_length()))
         tangents = self._tangents(block)
         slots = self._slots(total)
         for j in range(m):
@@ -260,11 +334,14 @@ class CentralDifferenceOperator(HessianOperator):
         (ρ ≈ tr H/P, small) was good to 8e-6. Taking ε ∝ min(s, ℓ) keeps the relative step
         h = (3u)^{1/3} against the length the loss really varies on, in every direction."""
         scale = max(1.0, self.parameter_norm)
-        squared, along = 0.0, 0.0
+        sums = torch.zeros(2, dtype=torch.float64, device=self._device)
         for tangent, piece in zip(tangents, inner, strict=True):  # one piece at a time in float64
-            v = tangent.reshape(-1).to(device=piece.device, dtype=torch.float64)
-            squared += float(v.dot(v))
-            along += float(v.dot(piece.reshape(-1).to(torch.float64)))
+            v = tangent.reshape(-1).to(device=sums.device, dtype=torch.float64)
+            sums[0] += v.dot(v)
+            sums[1] += v.dot(piece.reshape(-1).to(device=sums.device, dtype=torch.float64))
+        if self.vector_space is not None:  # vᵀv and vᵀ(G₊ − G₋) over every rank's slice
+            sums = self.vector_space.reduce(sums)
+        squared, along = (float(x) for x in sums)
         if squared == 0.0:
             return epsilon
         curvature = abs(along) / (2 * epsilon * self.n_samples * squared)
@@ -291,7 +368,10 @@ class CentralDifferenceOperator(HessianOperator):
         gradients' reduce-scatter; counted and checked for finiteness; shape (P, m)."""
         self._count(matvecs=m, passes=0)
         result = total.div_(self.n_samples).t()
-        if not bool(torch.isfinite(result.sum())) and not bool(torch.isfinite(result).all()):
+        check = result.sum()
+        if self.vector_space is not None:  # every rank raises, or none: a NaN on one slice
+            check = self.vector_space.reduce(check.to(torch.float64))
+        if not bool(torch.isfinite(check)) and not bool(torch.isfinite(result).all()):
             raise NumericalError(
                 "hessian", PRODUCT, "check the model and data for NaN, or use float64"
             )
@@ -304,12 +384,18 @@ class CentralDifferenceOperator(HessianOperator):
     def _points_sum(
         self, tangents: Sequence[Tensor], epsilon: float, points: Sequence[tuple[float, float]]
     ) -> list[Tensor]:
-        """Σ_k w_k G(θ + c_k εv) over ``points`` (c_k, w_k), per selected parameter (whole, on
-        every rank), G summed over every sample of every rank and accumulated in the sharded
-        ``.grad``; the parameters are restored bit for bit afterwards."""
+        """Σ_k w_k G(θ + c_k εv) over ``points`` (c_k, w_k), per selected parameter (whole on
+        every rank, or this rank's shard when the vectors are sliced), G summed over every
+        sample of every rank and accumulated in the sharded ``.grad``; the parameters are
+        restored bit for bit afterwards."""
         from curvcal.sharding import gather_whole, local_shard, reshard
 
-        pieces = [local_shard(t, p) for t, p in zip(tangents, self._params, strict=True)]
+        sliced = self.vector_space is not None
+        pieces = (
+            list(tangents)
+            if sliced
+            else [local_shard(t, p) for t, p in zip(tangents, self._params, strict=True)]
+        )
         locals_ = [_local(p) for p in self._params]
         saved = [tensor.detach().clone() for tensor in locals_]
         self._clear_gradients()
@@ -327,7 +413,9 @@ class CentralDifferenceOperator(HessianOperator):
             reshard(self.model)
         # a parameter the loss does not reach has no gradient: zero
         gradients = [torch.zeros_like(p) if p.grad is None else p.grad for p in self._params]
-        weighted = [g.to(self._device) for g in gather_whole(gradients)]
+        # the reduce-scattered gradients are already this rank's slice: nothing to gather
+        shards = [_local(g) for g in gradients] if sliced else gather_whole(gradients)
+        weighted = [g.to(self._device) for g in shards]
         self._clear_gradients()
         return weighted
 
@@ -376,8 +464,8 @@ class CentralDifferenceOperator(HessianOperator):
         rounding u·‖G(θ)‖·√B·Σ_k|w_k| / (denominator·ε), B the batches summed. Two products
         and a gradient pass."""
         generator = torch.Generator().manual_seed(seed)
-        vector = torch.randn(self.shape[0], generator=generator, dtype=torch.float64)
-        vector = vector.to(device=self._device, dtype=self._dtype)
+        space = self.vector_space or VectorSpace(self.shape[0])
+        vector = space.normal(generator, self._dtype).to(device=self._device)
         epsilon = self.step(vector)
         single = [t[0] for t in self._tangents(vector.reshape(-1, 1))]
         stencil = self.stencil
@@ -388,8 +476,8 @@ class CentralDifferenceOperator(HessianOperator):
             return flat / (stencil.denominator * step)
 
         near, far = product(epsilon), product(2 * epsilon)
-        norm = max(float(near.norm()), 1e-300)
-        truncation = float((far - near).norm()) / (2**stencil.order - 1) / norm
+        norm = max(float(space.norm(near)), 1e-300)
+        truncation = float(space.norm(far - near)) / (2**stencil.order - 1) / norm
         weights = sum(abs(w) for _, w in stencil.points)
         batches = self._batches.n_batches + self._padding
         rounding = (
@@ -409,21 +497,16 @@ class CentralDifferenceOperator(HessianOperator):
         )
 
     def _gradient_norm(self) -> float:
-        """‖G(θ)‖, the summed gradient over every sample."""
-        from curvcal.sharding import full_tensor
-
+        """‖G(θ)‖, the summed gradient over every sample (each rank's shards' squares summed
+        over the ranks: no parameter is gathered)."""
         self._clear_gradients()
         self._gradient_pass(1.0)
-        squares = sum(
-            (
-                float(full_tensor(p.grad).to(torch.float64).square().sum())
-                for p in self._params
-                if p.grad is not None
-            ),
-            start=0.0,
-        )
+        squares = torch.zeros((), dtype=torch.float64, device=self._device)
+        for p in self._params:
+            if p.grad is not None:
+                squares += _local(p.grad).to(torch.float64).square().sum()
         self._clear_gradients()
-        return math.sqrt(squares)
+        return math.sqrt(float(self.sum_across(squares)))
 
 
 def _local(parameter: Tensor) -> Tensor:
@@ -439,9 +522,11 @@ def operator_for(
     options: OperatorOptions = DEFAULT_OPTIONS,
     *,
     all_reduce: AllReduce | None = None,
+    vectors: str = "sliced",
 ) -> HessianOperator:
     """:func:`~curvcal.curvature.operator.build_operator`, or for a model sharded by
-    ``fully_shard`` a :class:`CentralDifferenceOperator`; on a sharded model what needs double
+    ``fully_shard`` a :class:`CentralDifferenceOperator` (its vectors ``vectors``: each rank's
+    slices, or ``"whole"``); on a sharded model what needs double
     backward or torch.func (another curvature, ``engine="func"``, train mode) is refused."""
     from curvcal.sharding import is_sharded
 
@@ -471,6 +556,7 @@ def operator_for(
         probe_batch=options.probe_batch,
         all_reduce=all_reduce,
         allow_tf32=options.allow_tf32,
+        vectors=vectors,
     )
 
 
@@ -483,6 +569,7 @@ __all__ = [
     "operator_for",
     "relative_floor",
     "relative_step",
+    "sixteen_bit_floor",
     "stencil_for",
     "unit_roundoff",
 ]

@@ -9,6 +9,11 @@ the span of the Ritz values) and evaluated on ``n_grid`` points spanning the Rit
 
 The quadrature is exact for polynomials of degree ≤ 2·steps − 1: in particular
 Σ_j w_j θ_j = vᵀAv, which the tests check.
+
+For an operator whose vectors are each rank's slice (a model sharded over ranks,
+:mod:`curvcal.curvature.vectors`), the start vector is drawn a parameter at a time (the same ±1
+values as a whole draw), and α = qᵀAq, β = ‖w‖ and the basis' projections are summed over the
+ranks: the tridiagonal matrix is the whole vectors' up to the order of summation.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from curvcal.curvature.krylov import operator_basis
 from curvcal.curvature.operators import LinearOperator, as_operator, product_into
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import DensityResult
-from curvcal.curvature.trace import draw_probes
+from curvcal.curvature.vectors import space_of
 from curvcal.errors import InputError
 
 
@@ -46,7 +51,7 @@ def _tridiagonal_kept(
         image, coefficients = basis.clear_next()  # full reorthogonalisation, in place
         alphas.append(float(coefficients[-1]))
         scale = max(scale, abs(alphas[-1]))
-        beta = float(image.norm())
+        beta = float(basis.space.norm(image))
         if len(alphas) == steps or _invariant(beta, scale, op.dtype):
             break  # a quadrature on an invariant subspace is already exact for this v
         betas.append(beta)
@@ -61,7 +66,8 @@ def _tridiagonal_three_term(
     w = A q_m − β_{m−1} q_{m−1}, α_m = q_mᵀw, β_m q_{m+1} = w − α_m q_m, in float64 (Paige's
     ordering): three float64 vectors and one in the operator's dtype, whatever ``steps``.
     ``start`` (float64) becomes one of the three: it is overwritten."""
-    n_params, wide = op.shape[0], torch.float64
+    space, wide = space_of(op), torch.float64
+    n_params = space.size
     current = start.to(wide)
     previous = torch.zeros_like(current)
     work = torch.empty_like(current)
@@ -74,10 +80,10 @@ def _tridiagonal_three_term(
         product(current if tangent is None else tangent.copy_(current), work)
         if betas:
             work.sub_(previous, alpha=betas[-1])
-        alphas.append(float(torch.dot(current, work)))
+        alphas.append(float(space.dot(current, work)))
         work.sub_(current, alpha=alphas[-1])
         scale = max(scale, abs(alphas[-1]))
-        beta = float(work.norm())
+        beta = float(space.norm(work))
         if len(alphas) == steps or _invariant(beta, scale, op.dtype):
             break
         betas.append(beta)
@@ -125,11 +131,12 @@ def spectral_density(
     n_params = op.shape[0]
     steps = min(steps, n_params)
     generator = torch.Generator().manual_seed(seed)
+    space = space_of(op)
     all_nodes: list[Tensor] = []
     all_weights: list[Tensor] = []
     matvecs = 0
     for run in range(runs):
-        start = draw_probes(n_params, 1, "rademacher", generator)[:, 0] / math.sqrt(n_params)
+        start = space.probes(1, "rademacher", generator)[:, 0] / math.sqrt(n_params)
         tridiagonal_of = _tridiagonal_kept if reorthogonalise else _tridiagonal_three_term
         alphas, betas = tridiagonal_of(op, start.to(device=op.device, dtype=torch.float64), steps)
         del start  # the three-term recurrence works in it

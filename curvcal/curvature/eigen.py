@@ -38,6 +38,11 @@ Orders: ``which="largest"`` returns λ1 ≥ λ2 ≥ … ≥ λk, the largest *al
   products are float32) with a float64 Rayleigh–Ritz step whatever the operator's dtype; once the k wanted Ritz pairs meet the rule by their estimated residual,
   one block product measures the true residuals, and iteration goes on if those fail (see
   :func:`lanczos`). Both ends of the spectrum come directly, without a shift.
+
+Vectors: whole (P values) or, for an operator that states a sliced
+:class:`~curvcal.curvature.vectors.VectorSpace` (a model sharded over ranks), each rank's slice;
+every inner product and norm is then summed over the ranks, and the eigenvectors handed to
+``on_vectors`` are gathered whole.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from curvcal.curvature.operators import LinearOperator, as_operator, product_int
 from curvcal.curvature.precision import effective_tol
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpectrum
+from curvcal.curvature.vectors import VectorSpace, space_of
 from curvcal.errors import InputError
 
 #: Receives the P×k unit eigenvectors found, columns in the order of the values.
@@ -108,9 +114,9 @@ def _check_common(op: LinearOperator, k: int, tol: float, max_iter: int | None, 
 
 def _random_unit(op: LinearOperator, generator: torch.Generator) -> Tensor:
     """A Gaussian start vector drawn on the CPU (same vector on every device), normalised."""
-    vector = torch.randn(op.shape[0], generator=generator, dtype=torch.float64)
-    vector = vector.to(device=op.device, dtype=op.dtype)
-    return vector / vector.norm()
+    space = space_of(op)
+    vector = space.normal(generator, op.dtype).to(device=op.device)
+    return vector / space.norm(vector)
 
 
 def _relative(amount: float, value: float, scale: float, dtype: torch.dtype) -> float:
@@ -121,11 +127,11 @@ def _relative(amount: float, value: float, scale: float, dtype: torch.dtype) -> 
     return amount / denominator
 
 
-def _orthogonalise(vector: Tensor, basis: list[Tensor]) -> Tensor:
+def _orthogonalise(vector: Tensor, basis: list[Tensor], space: VectorSpace) -> Tensor:
     """Remove the components along orthonormal ``basis`` (twice: classical Gram-Schmidt is unstable once)."""
     for _ in range(2):
         for b in basis:
-            vector = vector - torch.dot(b, vector) * b
+            vector = vector - space.dot(b, vector) * b
     return vector
 
 
@@ -140,8 +146,9 @@ def _power_one(
     on_step: OnStep,
 ) -> tuple[EigenResult, Tensor]:
     """Dominant eigenvalue of (I − UUᵀ)(A − σI)(I − UUᵀ), U the ``found`` vectors; returns λ + σ."""
-    vector = _orthogonalise(_random_unit(op, generator), found)
-    vector = vector / vector.norm()
+    space = space_of(op)
+    vector = _orthogonalise(_random_unit(op, generator), found, space)
+    vector = vector / space.norm(vector)
     previous: float | None = None
     value, residual, change = 0.0, math.inf, math.inf
     iterations = 0
@@ -149,11 +156,11 @@ def _power_one(
     allowed = tol
     for iterations in range(1, max_iter + 1):
         # the deflated operator's image: its residual is not floored by the found vectors' error
-        image = _orthogonalise(op.matvec(vector) - shift * vector, found)
-        rayleigh = float(torch.dot(vector, image))
+        image = _orthogonalise(op.matvec(vector) - shift * vector, found, space)
+        rayleigh = float(space.dot(vector, image))
         value = rayleigh + shift
         scale = max(scale, abs(value), abs(rayleigh))
-        residual = _relative(float((image - rayleigh * vector).norm()), value, scale, op.dtype)
+        residual = _relative(float(space.norm(image - rayleigh * vector)), value, scale, op.dtype)
         change = (
             math.inf
             if previous is None
@@ -165,7 +172,7 @@ def _power_one(
         allowed = _allowed(tol, noise, [value], scale, op.dtype)[0]
         if residual <= allowed and change <= tol:
             break
-        norm = image.norm()
+        norm = space.norm(image)
         if float(norm) > 0.0:
             vector = image / norm
     converged = residual <= allowed and change <= tol
@@ -219,7 +226,7 @@ def power_iteration(
     order = sorted(range(k), key=lambda i: results[i].value, reverse=which == "largest")
     final = [results[i] for i in order]
     if on_vectors is not None:
-        on_vectors(torch.stack([found[i] for i in order], dim=1))
+        on_vectors(space_of(op).whole(torch.stack([found[i] for i in order], dim=1)))
     spectrum = EigenSpectrum(
         values=tuple(final),
         method="power",
@@ -358,7 +365,7 @@ def lanczos(
         steps += 1
         size += 1
         used += 1
-        beta = float(image.norm())
+        beta = float(basis.space.norm(image))
         projected[:size, size - 1] = coefficients.cpu()
         projected[size, size - 1] = beta
         ritz, ritz_vectors, skew = _rayleigh_ritz(projected[:size, :size])
@@ -422,7 +429,7 @@ def lanczos(
         if beta <= 100 * torch.finfo(op.dtype).eps * scale:
             # invariant subspace: restart orthogonally to it
             fresh, _ = basis.extend(_random_unit(op, generator))
-            norm = float(fresh.norm())
+            norm = float(basis.space.norm(fresh))
             if norm == 0.0:
                 stopped_by = "exhausted"
                 break
@@ -441,7 +448,7 @@ def lanczos(
         used += k
     if on_vectors is not None:  # y = Q_m s, as verified (no product)
         vectors = basis.combine(ritz_vectors[:, wanted], dtype=op.dtype)
-        on_vectors(vectors.div_(vectors.norm(dim=0, keepdim=True)))
+        on_vectors(basis.space.whole(vectors.div_(basis.space.column_norms(vectors))))
     allowed = _allowed(tol, noisy(size), [float(ritz[i]) for i in wanted], scale, op.dtype)
     results = []
     for column, index in enumerate(wanted):
@@ -513,7 +520,7 @@ def _verify(
     time: besides the product, the check holds the k vectors and their images, never a float64
     copy of them (at P = 10⁷ that spares two 80 MB vectors per value)."""
     vectors = basis.combine(ritz_vectors[:, wanted], dtype=op.dtype)  # y = Q_m s
-    vectors.div_(vectors.norm(dim=0, keepdim=True))
+    vectors.div_(basis.space.column_norms(vectors))
     images = op.matmat(vectors)  # only read: an operator may hand back a tensor it keeps
     values = ritz[wanted].to(device=vectors.device)
     squares = torch.zeros(len(wanted), dtype=torch.float64, device=vectors.device)
@@ -521,7 +528,7 @@ def _verify(
         end = begin + RESTART_COLUMNS
         piece = images[begin:end].to(torch.float64) - vectors[begin:end].to(torch.float64) * values
         squares += piece.square().sum(dim=0)
-    amounts = squares.sqrt().tolist()
+    amounts = basis.space.reduce(squares).sqrt().tolist()
     residuals = [
         _relative(amount, float(value), scale, op.dtype)
         for amount, value in zip(amounts, values, strict=True)

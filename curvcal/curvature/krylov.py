@@ -23,6 +23,11 @@ A basis may be given the most rows it will ever hold (``max_rows``, the row bein
 included); :meth:`KrylovBasis.restart` then replaces it, in place, by a few combinations of its
 vectors (a thick restart of Lanczos keeps its best Ritz vectors), so that a long run holds no
 more memory than a short one.
+
+The vectors may be each rank's slice of vectors sharded over ranks (``space``, a
+:class:`~curvcal.curvature.vectors.SlicedSpace`): every inner product (Q_bᵀv, qᵀv, ‖v‖) is then
+the local one summed over the ranks, one all-reduce of m values per block pass; the updates,
+combinations and restarts are local.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from torch import Tensor
 
 from curvcal.curvature.operators import LinearOperator
+from curvcal.curvature.vectors import VectorSpace, space_of
 
 #: rows of the largest block; smaller blocks come first, so a short run allocates little more
 #: than it uses
@@ -50,7 +56,8 @@ class KrylovBasis:
     """Orthonormal vectors of length ``size``, computed in ``dtype`` on ``device`` and stored in
     ``storage`` (default: ``dtype``; a narrower one keeps one ``dtype`` work vector besides the
     rows), appended one at a time; at most ``max_rows`` rows are ever allocated (None: no
-    limit)."""
+    limit). ``space`` says how inner products are summed (default: whole vectors of ``size``;
+    a sliced space's ``size`` must equal ``size``)."""
 
     def __init__(
         self,
@@ -59,10 +66,12 @@ class KrylovBasis:
         device: torch.device | str,
         max_rows: int | None = None,
         storage: torch.dtype | None = None,
+        space: VectorSpace | None = None,
     ) -> None:
         if max_rows is not None and max_rows < 2:
             raise ValueError(f"a basis needs room for at least 2 rows, got max_rows={max_rows}")
         self.size = size
+        self.space = space or VectorSpace(size)
         self.dtype = dtype
         self.storage = storage or dtype
         self.device = torch.device(device)
@@ -181,12 +190,12 @@ class KrylovBasis:
                 self._subtract(vector, rows, amounts)
                 coefficients[index] += amounts[0]
                 continue
-            amount = torch.dot(self[index], vector)
+            amount = self.space.dot(self[index], vector)
             vector.addcmul_(self[index], amount, value=-1.0)
             coefficients[index] += amount
-        before = vector.norm()
+        before = self.space.norm(vector)
         self._pass(vector, coefficients)
-        if float(vector.norm()) < DGKS_ETA * float(before):
+        if float(self.space.norm(vector)) < DGKS_ETA * float(before):
             self._pass(vector, coefficients)
         return coefficients
 
@@ -202,12 +211,12 @@ class KrylovBasis:
     def _project(self, rows: Tensor, vector: Tensor) -> Tensor:
         """Q_b·v in the basis' dtype (narrow rows widened :data:`RESTART_COLUMNS` at a time)."""
         if not self.narrow:
-            return rows @ vector
+            return self.space.project(rows, vector)
         amounts = torch.zeros(rows.shape[0], dtype=self.dtype, device=self.device)
         for begin in range(0, self.size, RESTART_COLUMNS):
             end = min(begin + RESTART_COLUMNS, self.size)
             amounts.addmv_(rows[:, begin:end].to(self.dtype), vector[begin:end])
-        return amounts
+        return self.space.reduce(amounts)
 
     def _subtract(self, vector: Tensor, rows: Tensor, amounts: Tensor) -> None:
         """v ← v − Q_bᵀc in place, in the basis' dtype."""
@@ -321,9 +330,12 @@ def operator_basis(
     A step is then ``product(basis.latest(buffer), basis.next_row())`` — A·q_m straight into the
     next row, ``product`` from :func:`~curvcal.curvature.operators.product_into` — and
     :meth:`KrylovBasis.clear_next`."""
-    n_params = op.shape[0]
+    space = space_of(op)
+    n_params = space.size  # this rank's slice when the vectors are sliced
     storage = basis_storage(op.dtype)
-    basis = KrylovBasis(n_params, torch.float64, op.device, max_rows=max_rows, storage=storage)
+    basis = KrylovBasis(
+        n_params, torch.float64, op.device, max_rows=max_rows, storage=storage, space=space
+    )
     if op.dtype == storage:
         return basis, None
     return basis, torch.empty(n_params, dtype=op.dtype, device=op.device)

@@ -496,7 +496,7 @@ class HessianOperator:
         batches, the mean and the finiteness check run there, so the P-long result
         :meth:`matvec` allocates is never made (Lanczos writes its products into its float64
         basis this way)."""
-        n_params = self.shape[0]
+        n_params = self._vector_length()
         if tuple(vector.shape) != (n_params,):
             raise InputError("vector", f"expected shape ({n_params},), got {tuple(vector.shape)}")
         if (
@@ -517,12 +517,17 @@ class HessianOperator:
             raise self._located(error, block) from None
         return out
 
+    def _vector_length(self) -> int:
+        """The length of the vectors this operator multiplies: P (a sharded model's operator
+        may take each rank's slice instead)."""
+        return self.shape[0]
+
     def __matmul__(self, other: Tensor) -> Tensor:
         return self.matvec(other) if other.ndim == 1 else self.matmat(other)
 
     def matmat(self, vectors: Tensor) -> Tensor:
         """H·V for V of shape (P, m), ``probe_batch`` columns per pass over the data."""
-        n_params = self.shape[0]
+        n_params = self._vector_length()
         if vectors.ndim != 2 or vectors.shape[0] != n_params:
             raise InputError(
                 "vectors", f"expected shape ({n_params}, m), got {tuple(vectors.shape)}"

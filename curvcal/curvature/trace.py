@@ -24,6 +24,15 @@ blocks of Q as Σ_j q_jᵀ(A q_j). The extra memory is the sketch, s·P values i
 dtype (:func:`sketch_bytes`), plus the blocks in flight. The sketch never has more than P
 columns: once Q spans the whole space (rank P), tr(QᵀAQ) is tr(A) up to rounding, the remaining
 products are not spent and the result says ``stopped_by="exhausted"``.
+
+Sliced vectors: for an operator whose vectors are each rank's slice (a model sharded over ranks,
+:mod:`curvcal.curvature.vectors`), probes are drawn a parameter at a time and each rank keeps its
+rows (Rademacher probes are then the same values as a whole draw), the sketch holds s × P/W
+values per rank, and every inner product — vᵀAv, QᵀB, the column norms — is the local one summed
+over the ranks. The streamed QR below needs nothing else: with Q and B held in row slices,
+QᵀB = Σ_r Q_rᵀB_r and ‖b‖² = Σ_r ‖b_r‖² (an all-reduce of a k × b matrix or of one number), and
+every update B ← B − Q(QᵀB), b ← b/‖b‖ is local; so the basis, its R and the estimates are
+those of the whole vectors up to the order of summation.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from torch import Tensor
 from curvcal.curvature.operators import LinearOperator, as_operator
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import ConvergenceWarning, TraceResult
+from curvcal.curvature.vectors import VectorSpace, space_of
 from curvcal.errors import InputError
 
 DISTRIBUTIONS = ("rademacher", "gaussian")
@@ -71,14 +81,7 @@ def draw_probes(
 
     The values do not depend on ``dtype`` beyond rounding: ±1 (Rademacher), or float64 normal
     draws rounded to ``dtype``. Only one column's temporaries exist besides the result."""
-    probes = torch.empty((n_params, count), dtype=dtype)
-    for j in range(count):
-        if distribution == "rademacher":
-            column = torch.randint(0, 2, (n_params,), generator=generator, dtype=torch.int64)
-            probes[:, j] = column.mul_(2).sub_(1)
-        else:
-            probes[:, j] = torch.randn(n_params, generator=generator, dtype=torch.float64)
-    return probes
+    return VectorSpace(n_params).probes(count, distribution, generator, dtype)
 
 
 def _interval(samples: list[float]) -> tuple[float, float, tuple[float, float]]:
@@ -109,7 +112,8 @@ def _quadratic_forms(op: LinearOperator, probes: Tensor) -> list[float]:
     """v_iᵀ A v_i for each column v_i of ``probes`` (CPU), computed on the operator's device."""
     vectors = probes.to(device=op.device, dtype=op.dtype)
     images = op.matmat(vectors)
-    return [float(x) for x in (vectors * images).sum(dim=0).to(torch.float64).cpu()]
+    forms = space_of(op).reduce((vectors * images).sum(dim=0))
+    return [float(x) for x in forms.to(torch.float64).cpu()]
 
 
 def hutchinson_trace(
@@ -146,13 +150,13 @@ def hutchinson_trace(
         _positive_int("n_probes", n_probes, 2)
         budget = n_probes
     generator = torch.Generator().manual_seed(seed)
-    n_params = op.shape[0]
+    space = space_of(op)
     samples: list[float] = []
     stopped_by = "n_probes"
     while len(samples) < budget:
         block = min(probe_batch, budget - len(samples))
         # drawn in the operator's dtype: the same values, half the memory of float64 probes
-        probes = draw_probes(n_params, block, distribution, generator, op.dtype)
+        probes = space.probes(block, distribution, generator, op.dtype)
         samples += _quadratic_forms(op, probes)
         if on_step is not None:
             on_step(len(samples))
@@ -222,8 +226,9 @@ def hutchpp_trace(
     if max_sketch is not None:
         sketch_size = min(sketch_size, max_sketch)
     count = spent = _Spent(on_step)
-    basis = _StreamedBasis(n_params, sketch_size, op.dtype, op.device)
-    for block in _probe_blocks(n_params, sketch_size, probe_batch, distribution, generator, op):
+    space = space_of(op)
+    basis = _StreamedBasis(space, sketch_size, op.dtype, op.device)
+    for block in _probe_blocks(sketch_size, probe_batch, distribution, generator, op):
         basis.extend(op.matmat(block))
         count(block.shape[1])
     exact_part = _projected_trace(op, basis.columns, probe_batch, count)
@@ -232,11 +237,12 @@ def hutchpp_trace(
     n_residual = matvecs - spent.total
     q = basis.columns
     samples: list[float] = []
-    for probes in _probe_blocks(n_params, n_residual, probe_batch, distribution, generator, op):
-        deflated = probes - q @ (q.t() @ probes)
+    for probes in _probe_blocks(n_residual, probe_batch, distribution, generator, op):
+        deflated = probes - q @ space.project(q.t(), probes)
         images = op.matmat(deflated)
-        images = images - q @ (q.t() @ images)
-        samples += [float(x) for x in (deflated * images).sum(dim=0).to(torch.float64).cpu()]
+        images = images - q @ space.project(q.t(), images)
+        forms = space.reduce((deflated * images).sum(dim=0))
+        samples += [float(x) for x in forms.to(torch.float64).cpu()]
         count(probes.shape[1])
     remainder, error, (low, high) = _interval(samples)
     return TraceResult(
@@ -305,14 +311,15 @@ def xtrace(
     n_params = op.shape[0]
     count = sketch_columns("xtrace", matvecs, n_params)
     counted = spent = _Spent(on_step)
-    basis = _StreamedBasis(n_params, count, op.dtype, op.device)
+    space = space_of(op)
+    basis = _StreamedBasis(space, count, op.dtype, op.device)
     diagonal = []
     blocks = _probe_blocks(
-        n_params, count, probe_batch, distribution, torch.Generator().manual_seed(seed), op
+        count, probe_batch, distribution, torch.Generator().manual_seed(seed), op
     )
     for probes in blocks:
         images = op.matmat(probes)
-        diagonal.append((probes * images).sum(dim=0).to(torch.float64).cpu())
+        diagonal.append(space.reduce((probes * images).sum(dim=0)).to(torch.float64).cpu())
         basis.extend(images)
         counted(probes.shape[1])
     q = basis.columns
@@ -322,10 +329,10 @@ def xtrace(
             "xtrace", exact_part, spent.total, count, distribution, seed, basis.nbytes
         )
     projected = _projected_matrix(op, q, probe_batch, counted)
-    again = _probe_blocks(
-        n_params, count, probe_batch, distribution, torch.Generator().manual_seed(seed), op
+    again = _probe_blocks(count, probe_batch, distribution, torch.Generator().manual_seed(seed), op)
+    coordinates = torch.cat(
+        [space.project(q.t(), probes).to(torch.float64).cpu() for probes in again], dim=1
     )
-    coordinates = torch.cat([(q.t() @ probes).to(torch.float64).cpu() for probes in again], dim=1)
     sketch = _Sketch(
         triangle=basis.triangle.to(torch.float64).cpu(),
         projected=projected,
@@ -650,7 +657,6 @@ def sketch_bytes(method: str, matvecs: int, n_params: int, dtype: torch.dtype) -
 
 
 def _probe_blocks(
-    n_params: int,
     count: int,
     probe_batch: int,
     distribution: str,
@@ -658,11 +664,11 @@ def _probe_blocks(
     op: LinearOperator,
 ) -> Iterator[Tensor]:
     """``count`` probes from ``generator``, ``probe_batch`` columns at a time, in the operator's
-    dtype on its device (the same probes, in the same order, as one call of :func:`draw_probes`)."""
+    dtype on its device (the same probes, in the same order, as one call of :func:`draw_probes`;
+    this rank's slices of them when the operator's vectors are sliced)."""
+    space = space_of(op)
     for start in range(0, count, probe_batch):
-        block = draw_probes(
-            n_params, min(probe_batch, count - start), distribution, generator, op.dtype
-        )
+        block = space.probes(min(probe_batch, count - start), distribution, generator, op.dtype)
         yield block.to(device=op.device)
 
 
@@ -674,7 +680,8 @@ def _projected_trace(
     total = 0.0
     for start in range(0, basis.shape[1], probe_batch):
         block = basis[:, start : start + probe_batch]
-        total += float((block * op.matmat(block)).sum(dim=0).to(torch.float64).sum())
+        forms = space_of(op).reduce((block * op.matmat(block)).sum(dim=0))
+        total += float(forms.to(torch.float64).sum())
         counted(block.shape[1])
     return total
 
@@ -687,7 +694,7 @@ def _projected_matrix(
     columns = []
     for start in range(0, basis.shape[1], probe_batch):
         block = basis[:, start : start + probe_batch]
-        columns.append((basis.t() @ op.matmat(block)).to(torch.float64).cpu())
+        columns.append(space_of(op).project(basis.t(), op.matmat(block)).to(torch.float64).cpu())
         counted(block.shape[1])
     if not columns:
         return torch.zeros((0, 0), dtype=torch.float64)
@@ -743,8 +750,11 @@ class _StreamedBasis:
     Y = QR up to rounding: R is upper triangular when no column was dropped (positive diagonal).
     """
 
-    def __init__(self, n_params: int, capacity: int, dtype: torch.dtype, device: torch.device):
-        self._rows = torch.empty((capacity, n_params), dtype=dtype, device=device)
+    def __init__(
+        self, space: VectorSpace, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.space = space  # how inner products are summed (module docstring: sliced vectors)
+        self._rows = torch.empty((capacity, space.size), dtype=dtype, device=device)
         self._coefficients = torch.zeros((capacity, capacity), dtype=dtype, device=device)
         self._floor = 10 * capacity * torch.finfo(dtype).eps
         self.rank = 0
@@ -770,12 +780,12 @@ class _StreamedBasis:
         width = block.shape[1]
         if self.added + width > self._rows.shape[0]:
             raise ValueError("more columns than the basis was sized for")
-        arrived = block.norm(dim=0)
+        arrived = self.space.column_norms(block)
         coefficients = self._coefficients[:, self.added : self.added + width]
         q = self.columns
         if self.rank:
             for _ in range(2):
-                along = q.t() @ block
+                along = self.space.project(q.t(), block)
                 block.sub_(q @ along)
                 coefficients[: self.rank] += along
         first = self.rank
@@ -784,20 +794,20 @@ class _StreamedBasis:
         self.added += width
 
     def _add_column(self, column: Tensor, arrived: float, coefficients: Tensor, first: int) -> None:
-        projected = float(column.norm())
+        projected = float(self.space.norm(column))
         if self.rank > first:
             block_rows = self._rows[first : self.rank]
             for _ in range(2):
-                along = block_rows @ column
+                along = self.space.project(block_rows, column)
                 column.sub_(block_rows.t() @ along)
                 coefficients[first : self.rank] += along
-            norm = float(column.norm())
+            norm = float(self.space.norm(column))
             if norm < 0.5 * projected and self.rank:
                 rows = self._rows[: self.rank]
-                along = rows @ column
+                along = self.space.project(rows, column)
                 column.sub_(rows.t() @ along)
                 coefficients[: self.rank] += along
-                norm = float(column.norm())
+                norm = float(self.space.norm(column))
         else:
             norm = projected
         if not (norm > self._floor * arrived) or not math.isfinite(norm):

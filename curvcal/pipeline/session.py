@@ -102,14 +102,20 @@ class Session:
         """Shard ``loaded``'s module over the ranks (``--shard-model``); refused in one
         process, and for a 16-bit model (the central-difference step is sized for float32 and
         float64 rounding, far too small for 16-bit gradients)."""
+        import torch
+
+        from curvcal.curvature.central_difference import sixteen_bit_floor
         from curvcal.sharding import shard_model
 
         dtype = self.checkpoint_settings.dtype
         if dtype in ("bfloat16", "float16"):
+            step, error = sixteen_bit_floor(getattr(torch, dtype))
             raise InputError(
                 f"--shard-model {how}",
-                f"is not offered with --dtype {dtype}: its central-difference products size "
-                "their step for float32 and float64 rounding, far too small for 16-bit gradients",
+                f"is not offered with --dtype {dtype}: its products are central differences "
+                f"of gradients, and with {dtype} weights and gradients the best step "
+                f"({step:.2g} of the weights' scale) still leaves about {error:.1%} error "
+                "(rounding 3u/h against truncation h^4/30), more along sharply curved directions",
                 "use --dtype float32 (or float64) with --shard-model",
             )
         if not self.context.active:

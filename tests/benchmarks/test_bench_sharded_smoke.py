@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LINE = re.compile(r"world=1 rank=0 mode=(\S+) P=(\d+) s_per_pass=([0-9.]+) peak_rss_MiB=(\d+)")
+LINE = re.compile(
+    r"world=1 rank=0 mode=(\S+) P=(\d+) s_per_pass=([0-9.]+) peak_rss_MiB=(\d+) vector=(\d+)"
+)
 
 
 def _free_port() -> int:
@@ -24,7 +26,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _run(mode: str, torchrun: bool = False) -> tuple[str, int, float, int]:
+def _run(mode: str, torchrun: bool = False) -> tuple[str, int, float, int, int]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -41,16 +43,21 @@ def _run(mode: str, torchrun: bool = False) -> tuple[str, int, float, int]:
     assert done.returncode == 0, done.stderr[-3000:]
     found = LINE.search(done.stdout)
     assert found is not None, done.stdout
-    return found[1], int(found[2]), float(found[3]), int(found[4])
+    return found[1], int(found[2]), float(found[3]), int(found[4]), int(found[5])
 
 
-@pytest.mark.slow  # three processes, one of them under torchrun
+@pytest.mark.slow  # four processes, two of them under torchrun
 def test_every_mode_prints_its_line() -> None:
     idle = _run("sharded-idle")
     gradient = _run("sharded-gradient")
     product = _run("sharded", torchrun=True)
+    whole = _run("sharded-whole", torchrun=True)
     # 4 blocks of width 16 (feed-forward 64) between Linear(8, 16) and Linear(16, 10)
     block = 3 * 16 * 16 + 3 * 16 + 16 * 16 + 16 + 16 * 64 + 64 + 64 * 16 + 16 + 4 * 16
-    assert idle[1] == gradient[1] == product[1] == 8 * 16 + 16 + 4 * block + 16 * 10 + 10
-    assert idle[2] == 0.0 and gradient[2] > 0.0 and product[2] > 0.0
+    assert (
+        idle[1] == gradient[1] == product[1] == whole[1] == 8 * 16 + 16 + 4 * block + 16 * 10 + 10
+    )
+    assert idle[2] == 0.0 and gradient[2] > 0.0 and product[2] > 0.0 and whole[2] > 0.0
     assert product[3] >= idle[3] and gradient[3] >= idle[3]
+    # one rank: its slice of a vector is the whole vector
+    assert product[4] == whole[4] == product[1]

@@ -23,6 +23,8 @@ from curvcal.calibration.metrics import (
 )
 from curvcal.curvature import eigenvalues, hutchinson_trace
 from curvcal.curvature.central_difference import operator_for
+from curvcal.curvature.operator import HessianOperator
+from curvcal.curvature.vectors import SlicedSpace, space_of
 from curvcal.distributed import all_reduce_sum, gather_rows, init_from_env, shard_indices, shutdown
 from curvcal.losses import loss_from_name
 from curvcal.sharding import agreed_count, pad_forwards, shard_model
@@ -66,6 +68,20 @@ def make_problem(dtype: torch.dtype) -> tuple[nn.Module, Tensor, Tensor]:
     return model, x, y
 
 
+def _product(operator: HessianOperator, vector: Tensor) -> Tensor:
+    """H·v for a whole v; on a sharded model each rank multiplies its slice of v (its rows of
+    each parameter) and the slices of the product are gathered whole."""
+    space = space_of(operator)
+    if not space.sliced:
+        return operator.matvec(vector)
+    assert isinstance(space, SlicedSpace)
+    offset, local = 0, []
+    for numel, start, stop in space.pieces:
+        local.append(vector[offset + start : offset + stop])
+        offset += numel
+    return space.whole(operator.matvec(torch.cat(local)).reshape(-1, 1)).reshape(-1)
+
+
 def measure(
     model: nn.Module, x: Tensor, y: Tensor, indices: list[int], sharded: bool
 ) -> dict[str, Tensor]:
@@ -81,7 +97,7 @@ def measure(
         operator.shape[0], generator=torch.Generator().manual_seed(5), dtype=torch.float64
     ).to(x.dtype)
     figures = {
-        "product": operator.matvec(vector).to(torch.float64),
+        "product": _product(operator, vector).to(torch.float64),
         "eigenvalues": torch.tensor(spectrum.eigenvalues, dtype=torch.float64),
         "trace": torch.tensor(trace.estimate, dtype=torch.float64),
         "n_samples": torch.tensor(operator.n_samples),
