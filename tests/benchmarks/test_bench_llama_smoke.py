@@ -70,11 +70,12 @@ def test_dtype_rows_against_a_dense_hessian(
 
 @pytest.mark.slow  # six torchrun launches
 def test_rank_rows_replicated_and_sharded(bench: ModuleType) -> None:
-    fields = (arg[2:].split("=") for arg in TINY)
-    shape = bench.Shape(**{name.replace("-", "_"): int(value) for name, value in fields})
-    rows = bench.rank_rows(shape, [1], repeats=1)
+    report = bench.main(["ranks", "--worlds=1", "--repeats=1", *TINY])
+    rows = report["rows"]
     assert [row["mode"] for row in rows] == ["none", "blocks"]
-    n_params = sum(p.numel() for p in bench.build_model(shape).parameters())
+    n_params = sum(
+        p.numel() for p in bench.build_model(bench.Shape(**report["shape"])).parameters()
+    )
     assert rows[0]["n_params"] == rows[1]["n_params"] == n_params
     for row in rows:
         assert row["gradient_s"] > 0.0 and row["product_s"] > 0.0 and row["idle_s"] == 0.0
@@ -131,3 +132,18 @@ def test_plan_memory_and_time_worked_by_hand(bench: ModuleType) -> None:
     # activations: (34·d + 5·a·T) bytes per layer and token in 16-bit, doubled in float32
     assert row["activations_gb"] == pytest.approx(32 * (34 * 4096 + 5 * 32 * 512) * 2 * 2048 / 1e9)
     assert row["total_whole_gb"] > 80 > row["total_sliced_gb"]
+
+
+def test_plan_command_of_the_scale_guide(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command the scale guide shows prints the rows it quotes."""
+    bench.main(["plan", "--k-bf16", "3.76", "--passes", "4,6"])
+    out = capsys.readouterr().out
+    assert "| 1B | 1.24 B | bf16 replicated | 1 | 1.9 | 7.4 | 9.9 | 12.4 | 30 fits | — |" in out
+    assert "| 7B | 6.61 B | bf16 replicated | 8 | 1.6 |" in out
+    assert "| 135 **does not fit** | — |" in out
+    assert (
+        "| 7B | 6.61 B | fp32 sharded | 8 | 20–30 | 11.5 | 29.0 | 132.1 / 16.5 "
+        "| 173 **does not fit** | 57 fits |"
+    ) in out
