@@ -23,9 +23,9 @@ central differences: 5 points in float32, 4–6 gradient passes), three fresh la
 ``python -m torch.distributed.run --standalone --nproc-per-node W benchmarks/bench_llama.py rank
 MODE STEP`` (STEP ``idle``: the model and operator built, nothing run; ``gradient``: gradient
 passes; ``product``: Hessian products), each rank on one thread with its shard of the samples.
-A rank prints its seconds per pass (minimum of ``--repeats`` after one warm-up) and its peak
-resident set (``ru_maxrss``, the process's maximum: hence a fresh launch per step); the table
-gives the largest over the ranks::
+Each rank measures its seconds per pass (minimum of ``--repeats`` after one warm-up) and its
+peak resident set (``ru_maxrss``, the process's maximum: hence a fresh launch per step); rank 0
+prints every rank's, and the table gives the largest over the ranks::
 
     python benchmarks/bench_llama.py ranks [--worlds 1,2,4] [--repeats 2] [--json OUT]
 
@@ -207,8 +207,8 @@ def dtype_table(rows: list[dict[str, Any]]) -> str:
 
 def rank_main(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any]:
     """One rank of a ``torch.distributed.run`` launch: the model replicated (``none``) or sharded
-    per decoder layer (``blocks``), this rank's samples, then ``step``; its seconds per pass and
-    peak resident set."""
+    per decoder layer (``blocks``), this rank's samples, then ``step``; on rank 0 every rank's
+    seconds per pass and peak resident set (``{"records": [...]}``), on the others nothing."""
     import torch.distributed as dist
 
     from curvcal.curvature import OperatorOptions
@@ -238,8 +238,7 @@ def rank_main(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any
     }[step]
     seconds = 0.0 if step == "idle" else fastest({step: run}, repeats)[step]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    dist.destroy_process_group()
-    return {
+    record = {
         "world": world,
         "rank": rank,
         "mode": mode,
@@ -248,6 +247,10 @@ def rank_main(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any
         "seconds": seconds,
         "peak_rss_mib": peak,
     }
+    records: list[Any] = [None] * world
+    dist.all_gather_object(records, record)  # rank 0 prints them all: one line, never interleaved
+    dist.destroy_process_group()
+    return {"records": records} if rank == 0 else {}
 
 
 def shape_arguments(shape: Shape) -> list[str]:
@@ -273,7 +276,8 @@ def launch(world: int, mode: str, step: str, shape: Shape, repeats: int) -> list
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command[3:])} failed:\n{done.stderr[-3000:]}")
-    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith('{"records"')]
+    records = json.loads(lines[-1])["records"] if lines else []
     if len(records) != world:
         raise RuntimeError(f"expected {world} rank lines, got:\n{done.stdout}")
     return records
@@ -500,7 +504,9 @@ def main(argv: list[str] | None = None) -> Any:
     if args.what == "rank":
         if args.mode is None or args.step is None:
             raise SystemExit("bench_llama.py rank: give MODE (none|blocks) and STEP")
-        print(json.dumps(rank_main(args.mode, args.step, shape, args.repeats)), flush=True)
+        result = rank_main(args.mode, args.step, shape, args.repeats)
+        if result:
+            print(json.dumps(result), flush=True)
         return None
     if args.what == "plan":
         low, high = (float(n) for n in args.passes.split(","))
