@@ -32,6 +32,7 @@ import torch
 from curvcal.calibration.bins import equal_mass_index
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
+    ONE_VS_REST_ELEMENTS,
     apply_by_rows,
     by_rows,
     check_classes,
@@ -125,7 +126,14 @@ class HistogramMap:
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(scores, kind, source, self.method, self.n_classes, self._map_rows)
+        return apply_by_rows(
+            scores, kind, source, self.method, self.n_classes, self._map_rows, self._chunk
+        )
+
+    @property
+    def _chunk(self) -> int | None:
+        """Entries per row chunk: larger for one-vs-rest (one NumPy call per class and chunk)."""
+        return ONE_VS_REST_ELEMENTS if self.method == "histogram-ovr" else None
 
     @cached_property
     def _bins(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
@@ -210,8 +218,8 @@ def fit_histogram(
         xs = [torch.exp(log_c).numpy()]
         targets = [(top == y).numpy().astype(np.float64)]
     else:
-        p = torch.exp(logp).numpy()
-        xs = [np.ascontiguousarray(p[:, j]) for j in range(k)]
+        columns = torch.exp(logp).T.contiguous().numpy()  # one transposed copy, K×N
+        xs = list(columns)
         targets = [(y == j).numpy().astype(np.float64) for j in range(k)]
     edges, values, empty = [], [], 0
     for x, target in zip(xs, targets, strict=True):
@@ -231,7 +239,7 @@ def fit_histogram(
             len(row) + (len(row) - 1 if scheme == "equal-mass" else 0) for row in values
         ),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y),
+        nll_after=fit_nll(by_rows(logp, fitted._map_rows, fitted._chunk), y),
         n_samples=n,
         calibrator=fitted,
     )

@@ -30,6 +30,7 @@ import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
+    ONE_VS_REST_ELEMENTS,
     apply_by_rows,
     by_rows,
     check_classes,
@@ -194,7 +195,14 @@ class IsotonicMap:
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(scores, kind, source, self.method, self.n_classes, self._map_rows)
+        return apply_by_rows(
+            scores, kind, source, self.method, self.n_classes, self._map_rows, self._chunk
+        )
+
+    @property
+    def _chunk(self) -> int | None:
+        """Entries per row chunk: larger for one-vs-rest (one NumPy call per class and chunk)."""
+        return ONE_VS_REST_ELEMENTS if self.method == "isotonic-ovr" else None
 
     @cached_property
     def _points(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
@@ -258,10 +266,8 @@ def fit_isotonic(
         log_c = logp.gather(1, top[:, None])[:, 0]
         pairs = [(torch.exp(log_c).numpy(), (top == y).numpy().astype(np.float64))]
     else:
-        p = torch.exp(logp).numpy()
-        pairs = [
-            (np.ascontiguousarray(p[:, j]), (y == j).numpy().astype(np.float64)) for j in range(k)
-        ]
+        columns = torch.exp(logp).T.contiguous().numpy()  # one transposed copy, K×N
+        pairs = [(columns[j], (y == j).numpy().astype(np.float64)) for j in range(k)]
     fitted_x, fitted_y = [], []
     for x, target in pairs:
         px, py = isotonic_points(x, target)
@@ -274,7 +280,7 @@ def fit_isotonic(
         points=points,
         n_parameters=2 * sum(points),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y),
+        nll_after=fit_nll(by_rows(logp, fitted._map_rows, fitted._chunk), y),
         n_samples=n,
         calibrator=fitted,
     )

@@ -94,10 +94,21 @@ def _top_label_rule(
     return torch.log_softmax(log_q, dim=1)
 
 
-def by_rows(logp: torch.Tensor, block_map: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """``block_map`` applied to row chunks of N×K ``logp`` (bounding the work arrays)."""
+#: Entries per row chunk of a one-vs-rest map: its work is one NumPy call per class and chunk,
+#: so larger chunks than an N×K pass's keep the calls few (16 MB per float64 work array).
+ONE_VS_REST_ELEMENTS = 1 << 21
+
+
+def by_rows(
+    logp: torch.Tensor,
+    block_map: Callable[[torch.Tensor], torch.Tensor],
+    elements: int | None = None,
+) -> torch.Tensor:
+    """``block_map`` applied to row chunks of N×K ``logp`` (bounding the work arrays) of about
+    ``elements`` entries each (default: :func:`~curvcal.calibration.inputs.chunk_rows`)."""
     out = torch.empty_like(logp)
-    step = chunk_rows(logp.shape[1])
+    k = logp.shape[1]
+    step = chunk_rows(k) if elements is None else max(1, elements // max(1, k))
     for start in range(0, logp.shape[0], step):
         out[start : start + step] = block_map(logp[start : start + step])
     return out
@@ -110,10 +121,11 @@ def apply_by_rows(
     method: str,
     n_classes: int,
     block_map: Callable[[torch.Tensor], torch.Tensor],
+    elements: int | None = None,
 ) -> torch.Tensor:
     """float64 log-probabilities of N×K ``scores`` after a per-row map fitted on ``n_classes``
-    classes (``block_map`` on row chunks of their log-probabilities); another K is an
-    :class:`InputError` naming ``source``."""
+    classes (``block_map`` on row chunks of their log-probabilities, :func:`by_rows`); another
+    K is an :class:`InputError` naming ``source``."""
     from curvcal.calibration.inputs import log_probabilities
 
     logp = log_probabilities(scores, kind, source)
@@ -121,7 +133,7 @@ def apply_by_rows(
         raise InputError(
             source, f"has {logp.shape[1]} classes but the {method} map has {n_classes}"
         )
-    return by_rows(logp, block_map)
+    return by_rows(logp, block_map, elements)
 
 
 def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
