@@ -662,12 +662,20 @@ PEER_MAPS: dict[str, tuple[tuple[str, str, PeerMap], ...]] = {
 MAP_PEERS = ("netcal", "probmetrics", "sklearn", "torch_uncertainty")
 
 
-def _max_difference(ours: torch.Tensor, theirs: Any) -> float | None:
-    """max |p_curvcal - p_peer| over all entries when both are N×K probabilities; for a peer
-    that returns N top-label confidences, over curvcal's top-class probabilities."""
+#: Maps whose peers calibrate the top-label confidence alone (they return N values).
+TOP_LABEL_MAPS = ("histogram", "isotonic")
+
+
+def _max_difference(ours: torch.Tensor, theirs: Any, top_label: bool = False) -> float | None:
+    """max |p_curvcal - p_peer| over all entries when both are N×K probabilities; a peer that
+    returns N values is compared with curvcal's top-class probability (``top_label``) or, for
+    K = 2, with its probability of class 1 (netcal's binary output)."""
     peer = torch.as_tensor(np.asarray(theirs) if not torch.is_tensor(theirs) else theirs)
     if peer.ndim == 1 and peer.shape[0] == ours.shape[0]:
-        ours = ours.max(dim=1).values
+        if top_label:
+            ours = ours.max(dim=1).values
+        elif ours.shape[1] == 2:
+            ours = ours[:, 1]
     if peer.shape != ours.shape:
         return None
     return float((ours - peer.to(torch.float64)).abs().max())
@@ -735,7 +743,9 @@ def bench_maps(
             if library is not None and label in seconds and ours_label in seconds:
                 row["ratio_to_curvcal"] = seconds[label] / seconds[ours_label]
                 if ours is not None:
-                    row["max_abs_diff_probs"] = _max_difference(ours, values[label])
+                    row["max_abs_diff_probs"] = _max_difference(
+                        ours, values[label], stage in TOP_LABEL_MAPS
+                    )
             rows.append(row)
         values.clear()
         gc.collect()
