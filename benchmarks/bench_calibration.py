@@ -809,6 +809,17 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _version(module: str) -> str:
+    """An installed library's version (probmetrics has no ``__version__``)."""
+    from importlib import metadata
+
+    names = {"sklearn": "scikit-learn", "torch_uncertainty": "torch-uncertainty"}
+    try:
+        return metadata.version(names.get(module, module))
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
 def _sizes(text: str) -> tuple[tuple[int, int], ...]:
     """``"2000x10,500x50"`` as ((2000, 10), (500, 50))."""
     return tuple((int(n), int(k)) for n, k in (s.lower().split("x") for s in text.split(",")))
@@ -874,7 +885,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.maps or args.only_maps:
         libraries = {} if args.no_peers else {name: load_peer(name) for name in MAP_PEERS}
         result["map_peers"] = {
-            name: getattr(libraries.get(name), "__version__", "not installed") for name in MAP_PEERS
+            name: _version(name) if libraries.get(name) else "not installed" for name in MAP_PEERS
         }
         map_sizes = _sizes(args.map_sizes) if args.map_sizes else MAP_SIZES
         names = tuple(args.map_names.split(",")) if args.map_names else None
