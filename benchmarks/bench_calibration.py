@@ -455,13 +455,23 @@ def measure(task: Callable[[], Any]) -> tuple[float, Any, float]:
     return elapsed, value, peak[0] - before
 
 
+#: Settings a map runs with in the per-map section where its default is not the definition the
+#: peers implement: their histogram binning is equal-width (curvcal's default is equal-mass).
+MAP_SETTINGS: dict[str, dict[str, Any]] = {
+    "histogram": {"histogram_scheme": "equal-width", "histogram_bins": N_BINS},
+    "histogram_ovr": {"histogram_scheme": "equal-width", "histogram_bins": N_BINS},
+}
+
+
 def curvcal_map(stage: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Fit the registry's map ``stage`` with its default settings and apply it to the same
-    logits: N×K float64 probabilities."""
+    """Fit the registry's map ``stage`` with its default settings (or those of
+    :data:`MAP_SETTINGS`) and apply it to the same logits: N×K float64 probabilities."""
+    import dataclasses
+
     from curvcal.calibration.registry import MAPS
     from curvcal.settings.calibration import CalibrationSettings
 
-    settings = CalibrationSettings()
+    settings = dataclasses.replace(CalibrationSettings(), **MAP_SETTINGS.get(stage, {}))
 
     def run(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         fit = MAPS[stage].fit(
@@ -503,19 +513,25 @@ def probmetrics_calibrator(module: str, name: str) -> Any:
     return getattr(importlib.import_module(f"probmetrics.calibrators.{module}"), name)
 
 
-def probmetrics_map(module: str, name: str) -> PeerMap:
-    """probmetrics' calibrator ``name``: ``fit_torch`` on the logits, ``predict_proba_torch``."""
+def probmetrics_map(module: str, name: str, **options: Any) -> PeerMap:
+    """probmetrics' calibrator ``name(**options)``: ``fit_torch`` on the logits,
+    ``predict_proba_torch``."""
 
     def run(logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray) -> Any:
         from probmetrics.distributions import CategoricalLogits
 
-        model = probmetrics_calibrator(module, name)()
+        model = probmetrics_calibrator(module, name)(**options)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model.fit_torch(CategoricalLogits(logits), labels)
             return model.predict_proba_torch(CategoricalLogits(logits)).get_probs()
 
     return run
+
+
+def top_label_pairs(probs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(confidence max_k p_k, 1[argmax = y]) of N×K probabilities."""
+    return probs.max(axis=1), (probs.argmax(axis=1) == y).astype(np.float64)
 
 
 def sklearn_top_label_isotonic(
@@ -525,10 +541,48 @@ def sklearn_top_label_isotonic(
     (fitted and applied; returns the calibrated confidences, N values)."""
     from sklearn.isotonic import IsotonicRegression
 
-    confidence = probs.max(axis=1)
-    correct = (probs.argmax(axis=1) == y).astype(np.float64)
+    confidence, correct = top_label_pairs(probs, y)
     model = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
     return model.fit(confidence, correct).predict(confidence)
+
+
+def netcal_top_label_histogram(
+    logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray
+) -> np.ndarray:
+    """netcal's binary ``HistogramBinning`` (equal-width, :data:`N_BINS`) on the top-label
+    confidence against correctness (fitted and applied; the calibrated confidences)."""
+    from netcal.binning import HistogramBinning
+
+    confidence, correct = top_label_pairs(probs, y)
+    model = HistogramBinning(bins=N_BINS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(confidence, correct)
+        return np.asarray(model.transform(confidence))
+
+
+def torch_uncertainty_map(name: str, **options: Any) -> PeerMap:
+    """torch-uncertainty's ``torch_uncertainty.post_processing.<name>(**options)`` without a
+    model: ``fit`` on one batch of (logits, labels), then ``forward`` on the logits, whose
+    output (log-probabilities or scaled logits) is softmaxed to N×K probabilities."""
+
+    def run(logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray) -> Any:
+        import logging
+
+        from torch.utils.data import DataLoader, TensorDataset
+
+        cls = getattr(importlib.import_module("torch_uncertainty.post_processing"), name)
+        model = cls(model=None, **options)
+        loader = DataLoader(TensorDataset(logits, labels), batch_size=len(labels))
+        logging.disable(logging.WARNING)  # "model is None" on every fit
+        try:
+            model.fit(loader, progress=False)
+        finally:
+            logging.disable(logging.NOTSET)
+        with torch.no_grad():
+            return torch.softmax(model(logits).to(torch.float64), dim=1)
+
+    return run
 
 
 #: Registry method name -> (peer label, library, fit + apply) for each peer's own implementation
@@ -540,6 +594,11 @@ PEER_MAPS: dict[str, tuple[tuple[str, str, PeerMap], ...]] = {
             "probmetrics TemperatureScaling",
             "probmetrics",
             probmetrics_map("temperature_scaling", "TemperatureScalingCalibrator"),
+        ),
+        (
+            "torch-uncertainty TemperatureScaler",
+            "torch_uncertainty",
+            torch_uncertainty_map("TemperatureScaler"),
         ),
     ),
     "vector": (
@@ -556,16 +615,29 @@ PEER_MAPS: dict[str, tuple[tuple[str, str, PeerMap], ...]] = {
             probmetrics_map("logistic", "MatrixScalingCalibrator"),
         ),
     ),
-    "histogram": (
+    "histogram": (("netcal HistogramBinning (top-label)", "netcal", netcal_top_label_histogram),),
+    "histogram_ovr": (
         (
             "netcal HistogramBinning",
             "netcal",
             netcal_map("binning", "HistogramBinning", bins=N_BINS),
         ),
+        (
+            "torch-uncertainty HistogramBinningScaler",
+            "torch_uncertainty",
+            torch_uncertainty_map("HistogramBinningScaler", num_bins=N_BINS),
+        ),
     ),
     "isotonic": (
-        ("netcal IsotonicRegression", "netcal", netcal_map("binning", "IsotonicRegression")),
         ("scikit-learn IsotonicRegression (top-label)", "sklearn", sklearn_top_label_isotonic),
+    ),
+    "isotonic_ovr": (
+        ("netcal IsotonicRegression", "netcal", netcal_map("binning", "IsotonicRegression")),
+        (
+            "torch-uncertainty IsotonicRegressionScaler (scikit-learn per class)",
+            "torch_uncertainty",
+            torch_uncertainty_map("IsotonicRegressionScaler"),
+        ),
     ),
     "platt": (
         ("netcal LogisticCalibration", "netcal", netcal_map("scaling", "LogisticCalibration")),
@@ -578,15 +650,32 @@ PEER_MAPS: dict[str, tuple[tuple[str, str, PeerMap], ...]] = {
             probmetrics_map("logistic", "DirichletCalibrator"),
         ),
     ),
-    "ensemble_ts": (),  # no installed peer implements it
+    "ets": (
+        (
+            "probmetrics ETSCalibrator (NLL)",
+            "probmetrics",
+            probmetrics_map("temperature_scaling", "ETSCalibrator", loss="ce"),
+        ),
+    ),
 }
 #: The libraries the peer maps come from.
-MAP_PEERS = ("netcal", "probmetrics", "sklearn")
+MAP_PEERS = ("netcal", "probmetrics", "sklearn", "torch_uncertainty")
 
 
-def _max_difference(ours: torch.Tensor, theirs: Any) -> float | None:
-    """max |p_curvcal - p_peer| over all entries when both are N×K probabilities."""
+#: Maps whose peers calibrate the top-label confidence alone (they return N values).
+TOP_LABEL_MAPS = ("histogram", "isotonic")
+
+
+def _max_difference(ours: torch.Tensor, theirs: Any, top_label: bool = False) -> float | None:
+    """max |p_curvcal - p_peer| over all entries when both are N×K probabilities; a peer that
+    returns N values is compared with curvcal's top-class probability (``top_label``) or, for
+    K = 2, with its probability of class 1 (netcal's binary output)."""
     peer = torch.as_tensor(np.asarray(theirs) if not torch.is_tensor(theirs) else theirs)
+    if peer.ndim == 1 and peer.shape[0] == ours.shape[0]:
+        if top_label:
+            ours = ours.max(dim=1).values
+        elif ours.shape[1] == 2:
+            ours = ours[:, 1]
     if peer.shape != ours.shape:
         return None
     return float((ours - peer.to(torch.float64)).abs().max())
@@ -654,7 +743,9 @@ def bench_maps(
             if library is not None and label in seconds and ours_label in seconds:
                 row["ratio_to_curvcal"] = seconds[label] / seconds[ours_label]
                 if ours is not None:
-                    row["max_abs_diff_probs"] = _max_difference(ours, values[label])
+                    row["max_abs_diff_probs"] = _max_difference(
+                        ours, values[label], stage in TOP_LABEL_MAPS
+                    )
             rows.append(row)
         values.clear()
         gc.collect()
@@ -716,6 +807,17 @@ def markdown(result: dict[str, Any]) -> str:
                 f"({f['n_exact_evaluations']} in float64)"
             )
     return "\n".join(lines)
+
+
+def _version(module: str) -> str:
+    """An installed library's version (probmetrics has no ``__version__``)."""
+    from importlib import metadata
+
+    names = {"sklearn": "scikit-learn", "torch_uncertainty": "torch-uncertainty"}
+    try:
+        return metadata.version(names.get(module, module))
+    except metadata.PackageNotFoundError:
+        return "?"
 
 
 def _sizes(text: str) -> tuple[tuple[int, int], ...]:
@@ -783,7 +885,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.maps or args.only_maps:
         libraries = {} if args.no_peers else {name: load_peer(name) for name in MAP_PEERS}
         result["map_peers"] = {
-            name: getattr(libraries.get(name), "__version__", "not installed") for name in MAP_PEERS
+            name: _version(name) if libraries.get(name) else "not installed" for name in MAP_PEERS
         }
         map_sizes = _sizes(args.map_sizes) if args.map_sizes else MAP_SIZES
         names = tuple(args.map_names.split(",")) if args.map_names else None

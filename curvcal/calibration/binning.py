@@ -23,6 +23,7 @@ Pure: no file I/O, no printing, no global RNG.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -31,15 +32,16 @@ import torch
 from curvcal.calibration.bins import equal_mass_index
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
+    ONE_VS_REST_ELEMENTS,
     apply_by_rows,
+    by_rows,
     check_classes,
     check_keys,
     check_unit,
     fit_nll,
     one_vs_rest_log_probabilities,
     rows_of,
-    top_label_log_probabilities,
-    top_label_parts,
+    top_label_map,
 )
 from curvcal.errors import InputError
 from curvcal.settings.calibration import HISTOGRAM_SCHEMES
@@ -124,16 +126,28 @@ class HistogramMap:
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(scores, kind, source, self.method, self.n_classes, self._map_rows)
+        return apply_by_rows(
+            scores, kind, source, self.method, self.n_classes, self._map_rows, self._chunk
+        )
+
+    @property
+    def _chunk(self) -> int | None:
+        """Entries per row chunk: larger for one-vs-rest (one NumPy call per class and chunk)."""
+        return ONE_VS_REST_ELEMENTS if self.method == "histogram-ovr" else None
+
+    @cached_property
+    def _bins(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """Each map's (edges, values) as float64 arrays, made once (not at every chunk)."""
+        return tuple(
+            (np.asarray(e, dtype=np.float64), np.asarray(v, dtype=np.float64))
+            for e, v in zip(self.edges, self.values, strict=True)
+        )
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
-        edges = [np.asarray(row) for row in self.edges]
-        values = [np.asarray(row) for row in self.values]
+        edges = [row[0] for row in self._bins]
+        values = [row[1] for row in self._bins]
         if self.method == "histogram":
-            _, log_c, _ = top_label_parts(logp)
-            c = torch.exp(log_c).numpy()
-            f = values[0][bin_of(c, edges[0])]
-            return top_label_log_probabilities(logp, torch.from_numpy(f))
+            return top_label_map(logp, lambda c: values[0][bin_of(c, edges[0])])
         p = torch.exp(logp).numpy()
         f = np.empty_like(p)
         for k in range(self.n_classes):
@@ -199,12 +213,13 @@ def fit_histogram(
             "lower --histogram-bins or fit on more samples",
         )
     if method == "histogram":
-        top, log_c, _ = top_label_parts(logp)
+        top = logp.argmax(dim=1)
+        log_c = logp.gather(1, top[:, None])[:, 0]
         xs = [torch.exp(log_c).numpy()]
         targets = [(top == y).numpy().astype(np.float64)]
     else:
-        p = torch.exp(logp).numpy()
-        xs = [np.ascontiguousarray(p[:, j]) for j in range(k)]
+        columns = torch.exp(logp).T.contiguous().numpy()  # one transposed copy, K×N
+        xs = list(columns)
         targets = [(y == j).numpy().astype(np.float64) for j in range(k)]
     edges, values, empty = [], [], 0
     for x, target in zip(xs, targets, strict=True):
@@ -224,7 +239,7 @@ def fit_histogram(
             len(row) + (len(row) - 1 if scheme == "equal-mass" else 0) for row in values
         ),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(fitted.apply(logp, "logprobs", source), y),
+        nll_after=fit_nll(by_rows(logp, fitted._map_rows, fitted._chunk), y),
         n_samples=n,
         calibrator=fitted,
     )

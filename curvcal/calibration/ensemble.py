@@ -41,6 +41,10 @@ WEIGHT_GRADIENT_TOL = 1e-13
 #: A point where no Newton step lowers the NLL (its rounding reached) is the interior minimum
 #: when its gradient is under this.
 ROUNDING_GRADIENT = 1e-8
+#: The interior Newton gives up after this many steps in a row cut short by the boundary (each
+#: goes 0.99 of the way there): the minimum is then on an edge, which the edge searches find
+#: exactly (a minimum near an edge but inside is SLSQP's candidate).
+BLOCKED_STEPS = 20
 
 
 @dataclass(frozen=True)
@@ -246,7 +250,8 @@ def _slsqp_minimum(a: np.ndarray) -> np.ndarray:
 def _interior_minimum(a: np.ndarray) -> np.ndarray | None:
     """Newton on (w_0, w_1) with w_2 = 1 − w_0 − w_1 from the centre, each step shortened to
     stay strictly inside the simplex and to lower the objective; ``None`` when it does not
-    converge inside (the minimum is then on the boundary)."""
+    converge inside (the minimum is then on the boundary), or when :data:`BLOCKED_STEPS`
+    steps in a row were cut short by the boundary."""
     d = a[:, :2] - a[:, 2:3]
     w = np.full(2, 1.0 / 3.0)
 
@@ -256,6 +261,7 @@ def _interior_minimum(a: np.ndarray) -> np.ndarray | None:
         return float(-np.log(mixed).mean()), -ratio.mean(0), ratio.T @ ratio / len(a)
 
     value, gradient, hessian = parts(w)
+    blocked_in_a_row = 0
     for _ in range(NEWTON_STEPS):
         if np.abs(gradient).max() < WEIGHT_GRADIENT_TOL:
             return np.array([w[0], w[1], 1.0 - w.sum()])
@@ -270,6 +276,9 @@ def _interior_minimum(a: np.ndarray) -> np.ndarray | None:
         blocked = moves > 0
         if blocked.any():
             scale = min(1.0, 0.99 * float((room[blocked] / moves[blocked]).min()))
+        blocked_in_a_row = blocked_in_a_row + 1 if scale < 1.0 else 0
+        if blocked_in_a_row > BLOCKED_STEPS:
+            return None
         while scale > 1e-20:
             trial = w - scale * step
             if trial.min() > 0.0 and trial.sum() < 1.0:

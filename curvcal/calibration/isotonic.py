@@ -22,6 +22,7 @@ file I/O, no printing, no global RNG.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -29,15 +30,16 @@ import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
+    ONE_VS_REST_ELEMENTS,
     apply_by_rows,
+    by_rows,
     check_classes,
     check_keys,
     check_unit,
     fit_nll,
     one_vs_rest_log_probabilities,
     rows_of,
-    top_label_log_probabilities,
-    top_label_parts,
+    top_label_map,
 )
 from curvcal.errors import InputError
 
@@ -51,22 +53,46 @@ TIE_RESOLUTION = float(np.finfo(np.float64).resolution)
 
 def tie_starts(x: np.ndarray) -> np.ndarray:
     """Boolean mask of the sorted scores ``x`` that open a tie group: x_j − x_first ≥
-    :data:`TIE_RESOLUTION`, x_first the first score of the group before j."""
+    :data:`TIE_RESOLUTION`, x_first the first score of the group before j.
+
+    A gap of at least the resolution always opens a group. Between two such gaps (a run of
+    smaller gaps) the groups are decided against their first score, in order; a run whose
+    whole span is under the resolution is one group, so only runs that span more are walked,
+    a group at a time: every score's first successor far enough from it is found by one
+    vectorised binary search, and a run's groups follow those jumps from its first score."""
     start = np.zeros(len(x), dtype=bool)
     if len(x) == 0:
         return start
     gap = np.diff(x)
     start[0] = True
     start[1:] = gap >= TIE_RESOLUTION  # always a new group
-    unsure = np.flatnonzero((gap > 0) & (gap < TIE_RESOLUTION)) + 1
-    if len(unsure):  # a chain of tiny gaps: decided against the group's first score, in order
-        definite = np.flatnonzero(start)
-        last = 0
-        for j in unsure:
-            first = max(int(definite[np.searchsorted(definite, j) - 1]), last)
-            if x[j] - x[first] >= TIE_RESOLUTION:
-                start[j] = True
-                last = int(j)
+    definite = np.flatnonzero(start)
+    ends = np.append(definite[1:], len(x))  # each run of small gaps: [definite, end)
+    wide = np.flatnonzero(x[ends - 1] - x[definite] >= TIE_RESOLUTION)
+    if len(wide) == 0:
+        return start
+    # for every score i, the first j > i with x_j − x_i ≥ the resolution: a binary search for
+    # x_i + r, then stepped to the difference's own test (the two may differ in the last bit;
+    # x_j − x_i rises with j)
+    index = np.arange(len(x))
+    following = np.maximum(np.searchsorted(x, x + TIE_RESOLUTION), index + 1)
+    while True:
+        back = (following > index + 1) & (x[following - 1] - x >= TIE_RESOLUTION)
+        if not back.any():
+            break
+        following[back] -= 1
+    while True:
+        inside = np.minimum(following, len(x) - 1)
+        ahead = (following < len(x)) & (x[inside] - x < TIE_RESOLUTION)
+        if not ahead.any():
+            break
+        following[ahead] += 1
+    jumps = following.tolist()
+    for first, end in zip(definite[wide].tolist(), ends[wide].tolist(), strict=True):
+        j = jumps[first]
+        while j < end:  # the groups of a run, each opened by the first score far enough
+            start[j] = True
+            j = jumps[j]
     return start
 
 
@@ -169,17 +195,31 @@ class IsotonicMap:
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(scores, kind, source, self.method, self.n_classes, self._map_rows)
+        return apply_by_rows(
+            scores, kind, source, self.method, self.n_classes, self._map_rows, self._chunk
+        )
+
+    @property
+    def _chunk(self) -> int | None:
+        """Entries per row chunk: larger for one-vs-rest (one NumPy call per class and chunk)."""
+        return ONE_VS_REST_ELEMENTS if self.method == "isotonic-ovr" else None
+
+    @cached_property
+    def _points(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """Each map's (x, y) as float64 arrays, made once (not at every chunk)."""
+        return tuple(
+            (np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+            for x, y in zip(self.x, self.y, strict=True)
+        )
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
+        points = self._points
         if self.method == "isotonic":
-            _, log_c, _ = top_label_parts(logp)
-            f = np.interp(torch.exp(log_c).numpy(), self.x[0], self.y[0])
-            return top_label_log_probabilities(logp, torch.from_numpy(f))
+            return top_label_map(logp, lambda c: np.interp(c, *points[0]))
         p = torch.exp(logp).numpy()
         f = np.empty_like(p)
         for k in range(self.n_classes):
-            f[:, k] = np.interp(p[:, k], self.x[k], self.y[k])
+            f[:, k] = np.interp(p[:, k], *points[k])
         return one_vs_rest_log_probabilities(torch.from_numpy(f))
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
@@ -222,13 +262,12 @@ def fit_isotonic(
     check_classes(k, f"{method} regression", source)
     y = class_labels(labels, n, k, labels_source)
     if method == "isotonic":
-        top, log_c, _ = top_label_parts(logp)
+        top = logp.argmax(dim=1)
+        log_c = logp.gather(1, top[:, None])[:, 0]
         pairs = [(torch.exp(log_c).numpy(), (top == y).numpy().astype(np.float64))]
     else:
-        p = torch.exp(logp).numpy()
-        pairs = [
-            (np.ascontiguousarray(p[:, j]), (y == j).numpy().astype(np.float64)) for j in range(k)
-        ]
+        columns = torch.exp(logp).T.contiguous().numpy()  # one transposed copy, K×N
+        pairs = [(columns[j], (y == j).numpy().astype(np.float64)) for j in range(k)]
     fitted_x, fitted_y = [], []
     for x, target in pairs:
         px, py = isotonic_points(x, target)
@@ -241,7 +280,7 @@ def fit_isotonic(
         points=points,
         n_parameters=2 * sum(points),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(fitted.apply(logp, "logprobs", source), y),
+        nll_after=fit_nll(by_rows(logp, fitted._map_rows, fitted._chunk), y),
         n_samples=n,
         calibrator=fitted,
     )

@@ -51,9 +51,29 @@ def top_label_parts(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
 def top_label_log_probabilities(logp: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
     """log q of the top-label rule (module docstring) for float64 N×K ``logp`` and the
     calibrated confidences f(c) (length N, in [0, 1])."""
-    k = logp.shape[1]
-    top, _, log_rest = top_label_parts(logp)
+    top = logp.argmax(dim=1)
     others = logp.scatter(1, top[:, None], -math.inf)
+    return _top_label_rule(top, others, torch.logsumexp(others, dim=1), confidence)
+
+
+def top_label_map(
+    logp: torch.Tensor, calibrate: Callable[[np.ndarray], np.ndarray]
+) -> torch.Tensor:
+    """log q of the top-label rule for float64 N×K ``logp`` whose confidences c are mapped by
+    ``calibrate`` (float64 NumPy in, f(c) out): :func:`top_label_log_probabilities` with the
+    top class and the other classes' log-probabilities found once."""
+    log_c, top = logp.max(dim=1)  # the first maximum, as argmax
+    others = logp.scatter(1, top[:, None], -math.inf)
+    confidence = torch.from_numpy(np.asarray(calibrate(torch.exp(log_c).numpy())))
+    return _top_label_rule(top, others, torch.logsumexp(others, dim=1), confidence)
+
+
+def _top_label_rule(
+    top: torch.Tensor, others: torch.Tensor, log_rest: torch.Tensor, confidence: torch.Tensor
+) -> torch.Tensor:
+    """The top-label rule from the top class ``top``, the N×K log-probabilities ``others``
+    with the top class at −inf, log(1 − c) = ``log_rest`` and f(c) = ``confidence``."""
+    k = others.shape[1]
     log_second = others.max(dim=1).values
     spread = torch.isneginf(log_rest)  # every other class has probability 0
     # c_tie = p_s / (p_s + 1 − c) in log space; 1/K where the rest is shared evenly
@@ -62,20 +82,33 @@ def top_label_log_probabilities(logp: torch.Tensor, confidence: torch.Tensor) ->
     q_top = torch.maximum(confidence.to(torch.float64), torch.exp(log_tie)).clamp(0.0, 1.0)
     log_top = torch.log(q_top)
     scaled = others - torch.where(spread, torch.zeros_like(log_rest), log_rest)[:, None]
-    even = torch.full_like(others, -math.log(max(k - 1, 1)))
-    log_q = torch.where(spread[:, None], even, scaled) + torch.log1p(-q_top)[:, None]
+    if bool(spread.any()):
+        even = torch.full_like(others, -math.log(max(k - 1, 1)))
+        scaled = torch.where(spread[:, None], even, scaled)
+    log_q = scaled + torch.log1p(-q_top)[:, None]
     # the top class stays the strict maximum (at the floor the runner-up would equal it, and
     # the lowest index would win): the others are held a relative TIE_MARGIN under it, then the
     # row is renormalised (a change in the 12th digit, only where the floor binds)
     log_q = torch.minimum(log_q, (log_top + math.log1p(-TIE_MARGIN))[:, None])
-    log_q = log_q.scatter(1, top[:, None], log_top[:, None])
+    log_q = log_q.scatter_(1, top[:, None], log_top[:, None])
     return torch.log_softmax(log_q, dim=1)
 
 
-def by_rows(logp: torch.Tensor, block_map: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """``block_map`` applied to row chunks of N×K ``logp`` (bounding the work arrays)."""
+#: Entries per row chunk of a one-vs-rest map: its work is one NumPy call per class and chunk,
+#: so larger chunks than an N×K pass's keep the calls few (16 MB per float64 work array).
+ONE_VS_REST_ELEMENTS = 1 << 21
+
+
+def by_rows(
+    logp: torch.Tensor,
+    block_map: Callable[[torch.Tensor], torch.Tensor],
+    elements: int | None = None,
+) -> torch.Tensor:
+    """``block_map`` applied to row chunks of N×K ``logp`` (bounding the work arrays) of about
+    ``elements`` entries each (default: :func:`~curvcal.calibration.inputs.chunk_rows`)."""
     out = torch.empty_like(logp)
-    step = chunk_rows(logp.shape[1])
+    k = logp.shape[1]
+    step = chunk_rows(k) if elements is None else max(1, elements // max(1, k))
     for start in range(0, logp.shape[0], step):
         out[start : start + step] = block_map(logp[start : start + step])
     return out
@@ -88,10 +121,11 @@ def apply_by_rows(
     method: str,
     n_classes: int,
     block_map: Callable[[torch.Tensor], torch.Tensor],
+    elements: int | None = None,
 ) -> torch.Tensor:
     """float64 log-probabilities of N×K ``scores`` after a per-row map fitted on ``n_classes``
-    classes (``block_map`` on row chunks of their log-probabilities); another K is an
-    :class:`InputError` naming ``source``."""
+    classes (``block_map`` on row chunks of their log-probabilities, :func:`by_rows`); another
+    K is an :class:`InputError` naming ``source``."""
     from curvcal.calibration.inputs import log_probabilities
 
     logp = log_probabilities(scores, kind, source)
@@ -99,7 +133,7 @@ def apply_by_rows(
         raise InputError(
             source, f"has {logp.shape[1]} classes but the {method} map has {n_classes}"
         )
-    return by_rows(logp, block_map)
+    return by_rows(logp, block_map, elements)
 
 
 def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
