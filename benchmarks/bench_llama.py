@@ -213,6 +213,7 @@ def rank_main(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any
 
     from curvcal.curvature import OperatorOptions
     from curvcal.curvature.central_difference import operator_for
+    from curvcal.curvature.vectors import space_of
     from curvcal.distributed import all_reduce_sum, shard_indices
     from curvcal.sharding import shard_model
 
@@ -230,7 +231,13 @@ def rank_main(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any
     operator = operator_for(
         model, loss_from_name("ce", 0.0), batches, options, all_reduce=all_reduce_sum
     )
-    vector = torch.randn(operator.shape[0], generator=torch.Generator().manual_seed(2))
+    # this rank's slice of v on the sharded model (whole on the replicated one), drawn only for
+    # products, so that idle and gradient peaks hold no vector
+    vector = (
+        space_of(operator).normal(torch.Generator().manual_seed(2), operator.dtype)
+        if step == "product"
+        else None
+    )
     run: Callable[[], Any] = {
         "idle": lambda: None,
         "gradient": lambda: gradient_pass(model, batches),
