@@ -2,7 +2,8 @@
 cost of curvcal's cross-validated strength choice as a multiple of one fit.
 
 On the synthetic over-confident logits of ``bench_calibration.py`` (float32, fixed seed), one
-thread, tasks interleaved, minimum wall time over ``--repeats``:
+thread, tasks interleaved, minimum over ``--repeats`` of the CPU seconds (``--memory``: wall
+seconds and the peak resident memory each task added, sampled every millisecond):
 
 - ``vector``: curvcal's unregularised fit against probmetrics ``VectorScalingCalibrator``
   (torchmin BFGS, float32), torch-uncertainty ``VectorScaler`` (torch LBFGS, ``max_iter`` 200)
