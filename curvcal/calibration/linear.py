@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,10 @@ L2_BIAS = 1e-2
 #: The ODIR strengths λ (λ_od = λ_b = λ) cross-validation chooses from, and its folds.
 ODIR_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 CV_FOLDS = 5
+#: Cross-validation walks the grid from the largest λ down and stops once the mean held-out
+#: NLL has risen at this many strengths in a row (the smaller ones, the costliest fits, are
+#: then not tried); ``None`` tries the whole grid.
+CV_PATIENCE = 2
 #: log p below this (exact zeros among them) is raised to it: log of float64's smallest normal.
 LOG_FLOOR = math.log(2.2250738585072014e-308)
 #: The most classes the full maps take: their K² + K parameters, L-BFGS history and whitening
@@ -384,22 +389,47 @@ class _FullProblem:
     largest raised to it), so that s = (AP) Ṽᵀ with (AP)ᵀ(AP)/N ≈ I: the same minimiser (an
     invertible change of variables) but a Hessian whose x-side factor is the identity, which
     is what makes L-BFGS and conjugate gradients take few steps when the scores are large or
-    correlated. Built once per data set and reused for every regulariser strength."""
+    correlated. Built once per data set and reused for every regulariser strength; the
+    cross-validation folds are subsets of rows of it (:meth:`subset`)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        n, k = x.shape
-        self.n, self.k, self.y = n, k, y
+        n = x.shape[0]
         a = torch.cat([x, torch.ones((n, 1), dtype=torch.float64)], dim=1)
         gram = a.T @ a / n
         eigenvalues, vectors = torch.linalg.eigh(gram)
         eigenvalues = eigenvalues.clamp_min(float(eigenvalues.max()) * WHITEN_FLOOR)
-        self.gram_values, self.gram_vectors = eigenvalues, vectors
-        self.p = (vectors * eigenvalues.rsqrt()) @ vectors.T
-        self.p_inverse = (vectors * eigenvalues.sqrt()) @ vectors.T
-        self.a = a @ self.p
+        p = (vectors * eigenvalues.rsqrt()) @ vectors.T
+        p_inverse = (vectors * eigenvalues.sqrt()) @ vectors.T
+        self._set(a @ p, y, p, p_inverse)
+
+    def _set(
+        self, a: torch.Tensor, y: torch.Tensor, p: torch.Tensor, p_inverse: torch.Tensor
+    ) -> None:
+        self.n, self.k, self.y = a.shape[0], a.shape[1] - 1, y
+        self.a, self.p, self.p_inverse = a, p, p_inverse
         # max |G_V| ≤ max |G_Ṽ| · max column sum of |P⁻¹| (G_V = G_Ṽ P⁻¹)
-        self.gradient_scale = float(self.p_inverse.abs().sum(0).max())
-        self.rows = torch.arange(n)
+        self.gradient_scale = float(p_inverse.abs().sum(0).max())
+        self.rows = torch.arange(self.n)
+
+    def subset(self, rows: torch.Tensor) -> _FullProblem:
+        """The same problem on the rows ``rows`` (a mask) only, whitened by this P, not by the
+        subset's own: still an invertible change of variables (the same minimiser), and a
+        cross-validation fold of 1 − 1/folds of the rows has nearly the same second moment,
+        so the Hessian's x-side factor stays close to the identity. Saves the fold's own
+        whitening (two N·(K+1)² passes and an eigendecomposition)."""
+        problem = _FullProblem.__new__(_FullProblem)
+        problem._set(self.a[rows], self.y[rows], self.p, self.p_inverse)
+        return problem
+
+    def nll(self, theta: np.ndarray) -> float:
+        """Mean NLL of the map ``theta`` (whitened) on these rows, summed in row chunks."""
+        vt = torch.from_numpy(theta).view(self.k, self.k + 1)
+        total = 0.0
+        step = chunk_rows(self.k)
+        for start in range(0, self.n, step):
+            logq = torch.log_softmax(self.a[start : start + step] @ vt.T, dim=1)
+            total -= float(logq[torch.arange(logq.shape[0]), self.y[start : start + step]].sum())
+        return total / max(self.n, 1)
 
     def to_whitened(self, v: torch.Tensor) -> np.ndarray:
         return (v @ self.p_inverse).reshape(-1).numpy()
@@ -555,21 +585,50 @@ def _fit_vector(
             r /= n
             return torch.cat([(r * x).sum(0), r.sum(0)]).numpy()
 
-        return times, None
+        # Block Jacobi: the Hessian's 2×2 block of (w_j, b_j), Σ_n q_nj(1 − q_nj) [x², x; x, 1]
+        # / N, inverted exactly for every class (one pass over the scores); it leaves out only
+        # the coupling −q_ni q_nj between classes.
+        c = q * (1.0 - q)
+        cx = c * x
+        h_bb = c.sum(0) / n
+        h_wb = cx.sum(0) / n
+        h_ww = (cx * x).sum(0) / n
+        det = h_ww * h_bb - h_wb * h_wb
+        usable = det > 1e-300
+        det = torch.where(usable, det, 1.0)
+
+        def precondition(vector: np.ndarray) -> np.ndarray:
+            d = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float64))
+            dw, db = d[:k], d[k:]
+            out_w = torch.where(usable, (h_bb * dw - h_wb * db) / det, dw)
+            out_b = torch.where(usable, (h_ww * db - h_wb * dw) / det, db)
+            return torch.cat([out_w, out_b]).numpy()
+
+        return times, precondition
 
     def measure(gradient: np.ndarray) -> float:
         return float(np.abs(gradient).max())
 
     theta0 = torch.cat([torch.ones(k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64)])
-    theta, iterations = _minimise(
+    theta, iterations, done = _newton(
         value_and_gradient,
         hessian_at,
         measure,
         theta0.numpy(),
         gradient_tol,
-        max_iterations,
-        gradient_tol,
+        min(max_iterations, NEWTON_ITERATIONS),
     )
+    if not done:
+        theta, more = _minimise(
+            value_and_gradient,
+            hessian_at,
+            measure,
+            theta,
+            gradient_tol,
+            max(max_iterations - iterations, 1),
+            gradient_tol,
+        )
+        iterations += more
     value, gradient = value_and_gradient(theta)
     t = torch.from_numpy(theta)
     solution = _Solution(theta, value, last_nll[0], iterations, measure(gradient))
@@ -730,6 +789,7 @@ def fit_matrix_odir(
     folds: int = CV_FOLDS,
     method: str = "matrix",
     regulariser: str = "odir",
+    patience: int | None = CV_PATIENCE,
 ) -> LinearFit:
     """A full map (``method`` ``matrix`` or ``dirichlet``) with its regulariser strength λ
     chosen by ``folds``-fold stratified cross-validation on (``scores``, ``labels``) (Kull et
@@ -738,10 +798,13 @@ def fit_matrix_odir(
     samples. ``regulariser``: ``odir`` (λ_od = λ_b = λ) or ``l2``. A split with fewer than two
     samples of some class per fold falls back to the fixed strengths of :func:`fit_linear`.
 
-    Within a fold the strengths are fitted from the largest down, each fit starting where the
-    previous one ended (warm starts: the minimiser of each is unchanged, within the gradient
-    tolerance), with the fold's whitened data built once; the final fit starts from the mean
-    of the folds' maps at the chosen λ."""
+    The strengths are tried from the largest down, and the walk stops once the mean held-out
+    NLL has risen at ``patience`` strengths in a row (``None``: the whole grid);
+    ``cv_strengths``/``cv_nll`` record the strengths tried. Each fold's fit starts where its
+    fit at the previous strength ended (warm starts: the minimiser of each is unchanged,
+    within the gradient tolerance); the data are whitened once, for all samples, and the
+    folds are subsets of those rows (:meth:`_FullProblem.subset`); the final fit starts from
+    the mean of the folds' maps at the chosen λ."""
     x = linear_inputs(scores, kind, source, method)
     n, k = x.shape
     y = class_labels(labels, n, k, labels_source)
@@ -766,28 +829,41 @@ def fit_matrix_odir(
     if len(present) < 2 or int(present.min()) < 2 * folds:
         return fit(slice(None), None)
     fold = torch.from_numpy(cv_folds(y, folds, seed))
+    problem = _FullProblem(x, y)
     order = sorted(range(len(grid)), key=lambda i: -grid[i])
-    held_out = [0.0] * len(grid)
-    maps: list[list[torch.Tensor]] = [[] for _ in grid]
-    for f in range(folds):
-        train, test = fold != f, fold == f
-        problem = _FullProblem(x[train], y[train])
-        start = None
-        for i in order:
-            fitted = fit(train, grid[i], start, problem).calibrator
-            v = _map_matrix(fitted)
-            held_out[i] += _nll_of(x[test], y[test], v) * int(test.sum())
-            maps[i].append(v)
-            start = v
-    held_out_nll = [total / n for total in held_out]
-    best = min(range(len(grid)), key=lambda i: (held_out_nll[i], -grid[i]))
-    chosen = fit(slice(None), grid[best], torch.stack(maps[best]).mean(0))
+    held_out: dict[int, float] = {}
+    starts: list[torch.Tensor] = [_identity(k)] * folds
+    best, best_start = order[0], starts[0]
+    for position, i in enumerate(order):
+        penalty = penalty_weights(regulariser, k, grid[i], grid[i])
+        total = 0.0
+        for f in range(folds):
+            train, test = problem.subset(fold != f), problem.subset(fold == f)
+            solution = train.solve(penalty, starts[f], GRADIENT_TOL, MAX_ITERATIONS)
+            total += test.nll(solution.theta) * test.n
+            starts[f] = train.to_map(solution.theta)
+        held_out[i] = total / n
+        if position == 0 or held_out[i] < held_out[best]:  # ties keep the larger λ
+            best, best_start = i, torch.stack(starts).mean(0)
+        if patience is not None and _past_the_minimum(
+            [held_out[j] for j in order[: position + 1]], patience
+        ):
+            break
+    tried = sorted(held_out)
+    chosen = fit(slice(None), grid[best], best_start, problem)
     return replace(
         chosen,
         cv_folds=folds,
-        cv_strengths=tuple(grid),
-        cv_nll=tuple(held_out_nll),
+        cv_strengths=tuple(grid[i] for i in tried),
+        cv_nll=tuple(held_out[i] for i in tried),
     )
+
+
+def _past_the_minimum(path: list[float], patience: int) -> bool:
+    """Whether the held-out NLLs ``path`` (strengths from the largest down) rose at each of the
+    last ``patience`` strengths (so the lowest so far lies before them)."""
+    tail = path[-patience - 1 :]
+    return len(tail) > patience and all(b > a for a, b in pairwise(tail))
 
 
 def _map_matrix(fitted: LinearMap) -> torch.Tensor:
