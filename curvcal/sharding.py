@@ -70,16 +70,26 @@ def shard_units(model: nn.Module, how: str) -> list[nn.Module]:
     return units
 
 
-def shard_model(model: nn.Module, how: str, device: torch.device) -> int:
+def shard_model(
+    model: nn.Module, how: str, device: torch.device, checkpoint_activations: bool = False
+) -> int:
     """Shard ``model`` in place over every rank of the process group (``how``: ``blocks`` or
     ``modules``) and return how many units it was cut into (the root included). Gradients are
-    reduce-scattered as sums over the ranks."""
+    reduce-scattered as sums over the ranks.
+
+    ``checkpoint_activations``: each unit but the root keeps only its inputs in a forward and
+    recomputes its activations when the backward reaches it (non-reentrant activation
+    checkpointing, applied by hooks: parameter names and outputs do not change). A gradient pass
+    then holds one unit's activations at a time, for one more forward."""
+    from torch.distributed._composable import checkpoint
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     units = shard_units(model, how)
     for unit in units:
+        if checkpoint_activations:
+            checkpoint(unit)  # before fully_shard: the recompute gathers the unit's parameters
         fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
     for module in model.modules():

@@ -124,11 +124,13 @@ class Session:
                 "shards the model over torchrun's processes, and this is one process",
                 "launch with torchrun --nproc-per-node 2 (or more), or drop --shard-model",
             )
-        units = shard_model(loaded.module, how, self.device)
+        activations = self.checkpoint_settings.checkpoint_activations
+        units = shard_model(loaded.module, how, self.device, checkpoint_activations=activations)
         if self.is_main:
             self.reporter.warn(
                 f"model sharded over {self.context.world_size} ranks in {units} units "
                 f"(--shard-model {how}); Hessian products by central differences of gradients"
+                + ("; activations recomputed in each backward" if activations else "")
             )
 
     def release(self, path: Path) -> None:
@@ -313,6 +315,14 @@ def open_session(checkpoint_settings: CheckpointSettings, reporter: Reporter) ->
     from curvcal.console import Reporter
     from curvcal.pipeline.runtime import distributed_run
 
+    if checkpoint_settings.checkpoint_activations and checkpoint_settings.shard_model == "none":
+        raise InputError(
+            "--checkpoint-activations",
+            "is offered only with --shard-model blocks|modules: a product by double backward "
+            "keeps the first backward's graph, recomputed activations included (measured to "
+            "save no memory)",
+            "add --shard-model blocks under torchrun, or drop --checkpoint-activations",
+        )
     with distributed_run(checkpoint_settings.device) as (device, context):
         if not context.is_main:  # rank 0 speaks for the run
             reporter = Reporter(quiet=True)

@@ -70,7 +70,8 @@ class CheckpointSettings(Settings):
     ``num_classes``; when absent and the architecture takes it, it is inferred from the
     checkpoint. ``allow_global``: ``module.Class`` names a weights-only load may build.
     ``base_model``: the base model folder of a PEFT adapter folder. ``shard_model``: ``none``, or
-    under torchrun ``blocks``/``modules`` (:mod:`curvcal.sharding`).
+    under torchrun ``blocks``/``modules`` (:mod:`curvcal.sharding`); ``checkpoint_activations``:
+    recompute each shard unit's activations in the backward (only with ``shard_model``).
     ``device``: ``auto|cpu|cuda|cuda:N``; ``dtype``: ``float32|float64|bfloat16|float16`` (half
     precisions run the model in that dtype; curvature and calibration arithmetic stays in float32
     or wider).
@@ -135,6 +136,13 @@ class CheckpointSettings(Settings):
         "(transformer layers) or per top-level module; Hessian products become central "
         "differences of gradients.",
         choices=("none", "blocks", "modules"),
+    )
+    checkpoint_activations: bool = setting(
+        False,
+        "With --shard-model, recompute each unit's activations in the backward instead of "
+        "keeping them (activation checkpointing): less memory per gradient pass, one more "
+        "forward per pass.",
+        flag=True,
     )
     device: str = setting("auto", "auto (CUDA when available), cpu, cuda or cuda:N.")
     dtype: str = setting(
