@@ -11,7 +11,8 @@ peak resident memory (MiB, the process's maximum, so each mode runs in its own l
 2× a gradient pass's); ``sharded-idle`` and ``replicated-idle`` build the operator and stop
 (the resident set every run starts from). On the sharded model the vectors are each rank's
 slice of P/W values (``sharded``); ``sharded-whole`` multiplies whole P-long vectors instead
-(the product's gradients all-gathered: the path before slices).
+(the product's gradients all-gathered: the path before slices). ``BENCH_CHECKPOINT=1`` shards
+with activation checkpointing (``--checkpoint-activations``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ from curvcal.sharding import shard_model
 
 #: ``BENCH_WIDTH`` widens the model (512: P = 12.6 M, where whole P-long vectors show in the peak)
 WIDTH = int(os.environ.get("BENCH_WIDTH", "128"))
-LAYERS, TOKENS, SAMPLES, BATCH = 4, 16, 64, 16
+#: ``BENCH_CHECKPOINT=1``: the sharded model's blocks recompute their activations in the backward
+CHECKPOINT = os.environ.get("BENCH_CHECKPOINT", "0") == "1"
+#: ``BENCH_TOKENS``: tokens per sample (activations grow with it; the parameters do not)
+TOKENS = int(os.environ.get("BENCH_TOKENS", "16"))
+LAYERS, SAMPLES, BATCH = 4, 64, 16
 
 
 class Classifier(nn.Module):
@@ -72,7 +77,7 @@ def main(mode: str) -> None:
     mine = shard_indices(SAMPLES, rank, world)
     batches = [(x[mine][i : i + BATCH], y[mine][i : i + BATCH]) for i in range(0, len(mine), BATCH)]
     if mode.startswith("sharded"):
-        shard_model(model, "blocks", torch.device("cpu"))
+        shard_model(model, "blocks", torch.device("cpu"), checkpoint_activations=CHECKPOINT)
     loss = loss_from_name("ce", 0.0)
     vectors = "whole" if mode == "sharded-whole" else "sliced"
     operator = operator_for(model, loss, batches, all_reduce=all_reduce_sum, vectors=vectors)
@@ -96,7 +101,7 @@ def main(mode: str) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"world={world} rank={rank} mode={mode} P={operator.shape[0]} "
           f"s_per_pass={statistics.median(times[1:]) if times else 0.0:.3f} peak_rss_MiB={peak:.0f} "
-          f"vector={space.size}", flush=True)  # fmt: skip
+          f"vector={space.size} checkpoint={int(CHECKPOINT)}", flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 

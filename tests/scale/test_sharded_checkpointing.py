@@ -4,6 +4,7 @@ forward; refused without ``--shard-model`` (a double-backward product saves noth
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -59,3 +60,46 @@ def test_checkpoint_activations_without_shard_model_is_refused(run_cli) -> None:
         "recomputed activations included (measured to save no memory) (add --shard-model "
         "blocks under torchrun, or drop --checkpoint-activations)"
     ]
+
+
+@pytest.mark.slow  # one torchrun launch of two ranks
+def test_torchrun_hessian_with_checkpoint_activations(tmp_path: Path) -> None:
+    """The option reaches the sharded model from the command line, and the report records it."""
+    pytest.importorskip("transformers")
+    from .launch import text_classifier, torchrun
+
+    folder, data = text_classifier(tmp_path, layers=2)
+    done = torchrun(
+        ["hessian", str(folder), "--data", str(data), "--dtype", "float64", "--device", "cpu",
+         "--batch-size", "4", "--trace-method", "hutchinson", "--probes", "2",
+         "--shard-model", "blocks", "--checkpoint-activations", "--json"],
+        tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["settings"]["checkpoint"]["checkpoint_activations"] is True
+    assert report["results"]["operator"]["engine"] == "central-difference"
+    assert "activations recomputed in each backward" in done.stderr
+
+
+def test_bench_sharded_runs_checkpointed(tmp_path: Path) -> None:
+    """``BENCH_CHECKPOINT=1 benchmarks/bench_sharded.py sharded-gradient`` (the scale guide's
+    measurement) runs, in one process of its own group, at a tiny width."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+        "BENCH_WIDTH": "16",
+        "BENCH_TOKENS": "4",
+        "BENCH_CHECKPOINT": "1",
+        "MASTER_PORT": port,
+    }
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_sharded.py"), "sharded-gradient"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "mode=sharded-gradient" in done.stdout and "checkpoint=1" in done.stdout
