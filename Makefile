@@ -5,8 +5,6 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# the suite runs on this many pytest workers (CI has two cores; 1 runs it in one process)
-TEST_WORKERS ?= 2
 PIP    := $(BIN)/python -m pip
 CONSTRAINTS := constraints.txt
 
@@ -48,7 +46,7 @@ typecheck: $(VENV)/.stamp-dev
 	$(BIN)/mypy
 
 pytest: $(VENV)/.stamp-dev
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q
 
 # PyTorch picks a vector path per CPU (AVX-512, AVX2, scalar) and float32 results differ in the
 # last bits between them. This reruns the float32 goldens and the curvature tests most exposed
