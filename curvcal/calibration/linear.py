@@ -270,6 +270,33 @@ class _Solution:
     gradient_max: float
 
 
+def _fall_back(
+    value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
+    hessian_at: Callable[[np.ndarray], _Hessian],
+    measure: Callable[[np.ndarray], float],
+    theta: np.ndarray,
+    done: bool,
+    iterations: int,
+    gradient_tol: float,
+    max_iterations: int,
+    fallback_tol: float,
+) -> tuple[np.ndarray, int]:
+    """``theta`` and ``iterations`` as Newton left them when it converged (``done``); else
+    :func:`_minimise` from there for the iterations left (at least one), its count added."""
+    if done:
+        return theta, iterations
+    theta, more = _minimise(
+        value_and_gradient,
+        hessian_at,
+        measure,
+        theta,
+        gradient_tol,
+        max(max_iterations - iterations, 1),
+        fallback_tol,
+    )
+    return theta, iterations + more
+
+
 def _minimise(
     value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
     hessian_at: Callable[[np.ndarray], _Hessian],
@@ -540,17 +567,10 @@ class _FullProblem:
                 max(min(max_iterations, NEWTON_ITERATIONS) - iterations, 1),
             )
             iterations += more
-        if not done:
-            theta, more = _minimise(
-                value_and_gradient,
-                hessian_at,
-                measure,
-                theta,
-                gradient_tol,
-                max(max_iterations - iterations, 1),
-                gradient_tol / self.gradient_scale,
-            )
-            iterations += more
+        theta, iterations = _fall_back(
+            value_and_gradient, hessian_at, measure, theta, done, iterations,
+            gradient_tol, max_iterations, gradient_tol / self.gradient_scale,
+        )  # fmt: skip
         value, gradient = value_and_gradient(theta)
         return _Solution(theta, value, last_nll[0], iterations, measure(gradient))
 
@@ -618,17 +638,10 @@ def _fit_vector(
         gradient_tol,
         min(max_iterations, NEWTON_ITERATIONS),
     )
-    if not done:
-        theta, more = _minimise(
-            value_and_gradient,
-            hessian_at,
-            measure,
-            theta,
-            gradient_tol,
-            max(max_iterations - iterations, 1),
-            gradient_tol,
-        )
-        iterations += more
+    theta, iterations = _fall_back(
+        value_and_gradient, hessian_at, measure, theta, done, iterations,
+        gradient_tol, max_iterations, gradient_tol,
+    )  # fmt: skip
     value, gradient = value_and_gradient(theta)
     t = torch.from_numpy(theta)
     solution = _Solution(theta, value, last_nll[0], iterations, measure(gradient))
