@@ -47,6 +47,26 @@ def torchrun(
     )
 
 
+def worker_results(
+    worker: Path, out: Path, ranks: int, *args: str, timeout: float = 600
+) -> list[dict[str, torch.Tensor]]:
+    """``torchrun`` of ``ranks`` ranks of the script ``worker OUT ARGS`` (the checkout first on
+    the path, one thread per process); asserts it succeeded and loads what each rank saved as
+    ``OUT/rank{r}.pt``."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+        str(ranks), str(worker), str(out), *args,
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+
+
 def torchrun_json(args: list[str], cwd: Path, timeout: float = 180) -> dict[str, Any]:
     """The report two ranks of ``curvcal ARGS --json`` print; asserts the run succeeded and
     that only rank 0 printed."""

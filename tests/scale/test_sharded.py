@@ -4,9 +4,6 @@ cannot run sharded is refused in one line."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ import torch
 
 from curvcal.curvature.central_difference import relative_floor, relative_step, stencil_for
 
+from .launch import worker_results
 from .sharded_worker import N_SAMPLES, make_problem, measure
 
 WORKER = Path(__file__).with_name("sharded_worker.py")
@@ -21,18 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(out: Path, ranks: int, dtype: str, how: str) -> list[dict[str, torch.Tensor]]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-        str(ranks), str(WORKER), str(out), dtype, how,
-    ]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+    return worker_results(WORKER, out, ranks, dtype, how, timeout=400)
 
 
 def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:

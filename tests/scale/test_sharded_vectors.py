@@ -6,9 +6,6 @@ one process's exact figures and the whole-vector sharded path."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +22,7 @@ from curvcal.curvature import (
 )
 from curvcal.curvature.vectors import SlicedSpace, VectorSpace
 
+from .launch import worker_results
 from .ranks_in_threads import SlicedDense, ThreadRanks, global_indices, local_ranges
 
 #: "parameters" of uneven first dimensions: 3 ranks leave one an empty shard of the (2, 5) one
@@ -186,18 +184,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _torchrun(out: Path, ranks: int, dtype: str, how: str) -> list[dict[str, torch.Tensor]]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-        str(ranks), str(WORKER), str(out), dtype, how,
-    ]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+    return worker_results(WORKER, out, ranks, dtype, how, timeout=600)
 
 
 def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
