@@ -10,6 +10,9 @@ Parts, in order (each in its own process group, killed when its budget is spent)
   images, a few Lanczos steps;
 * ``bert_base``: a transformers ``BertForSequenceClassification`` of BERT-base size (random
   weights, a locally written WordPiece vocabulary) on 1,000 texts of 128 tokens, a few steps;
+* ``llama_1b``: the scale guide's 1B Llama classifier on 64 sequences of 512 tokens, bfloat16
+  replicated (double backward) and float32 sharded with FSDP2 over one rank (central
+  differences), each against the plan's seconds and gigabytes (``llama_part.py``);
 * ``calibration``: temperature scaling, focal temperature scaling (its defaults) and all
   metrics on 100,000 × 1,000 and then 1,000,000 × 1,000 synthetic logits (the fits run on the
   CPU; the logits are drawn on the device).
@@ -52,9 +55,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("cuda-tests", "resnet18", "vit_b_16", "bert_base", "calibration")
+PARTS = ("cuda-tests", "resnet18", "vit_b_16", "bert_base", "llama_1b", "calibration")
 # seconds each part may take at most (the total budget may leave it less)
-BUDGETS = {"cuda-tests": 150, "resnet18": 100, "vit_b_16": 90, "bert_base": 70, "calibration": 90}
+BUDGETS = {"cuda-tests": 240, "resnet18": 100, "vit_b_16": 90, "bert_base": 70, "llama_1b": 200,
+           "calibration": 90}  # fmt: skip
 SMOKE_BUDGETS = {part: 60 for part in PARTS}
 MIN_START = 15.0  # a part is not started with less than this left of the total budget
 LOG_TAIL = 200_000  # characters of each part's output kept in gpu-run.log
@@ -303,6 +307,29 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(r['seconds_per_product'], '.3f')} | {_fmt(r['product_ratio'], '.2f')} | "
                 f"{peak} | {r['engine']}, {r['cache_mode']} |"
             )
+    llama = [r for p in report["parts"] for r in p["records"] if r.get("kind") == "llama"]
+    if llama:
+        lines += ["", "## The plan's 1B classifier, measured", "",
+                  "| path | P | tokens (micro-batch) | gradient s | product s | product / gradient "
+                  "| data passes / product | peak GB, gradient / product | plan: s, GB |",
+                  "|---|---:|---|---:|---:|---:|---:|---|---|"]  # fmt: skip
+        for r in llama:
+            plan_s = "–".join(f"{v:.3g}" for v in r["plan_seconds"] or ())
+            peaks = "—" if r["product_peak_bytes"] is None else (
+                f"{r['gradient_peak_bytes'] / 1e9:.1f} / {r['product_peak_bytes'] / 1e9:.1f}")  # fmt: skip
+            lines.append(
+                f"| {r['path']} | {r['n_params']:,} | {r['sequences']} × {r['tokens']} "
+                f"({r['micro_batch']}) | {r['gradient_s']:.2f} | {r['product_s']:.2f} | "
+                f"{r['product_per_gradient']:.2f} | {_fmt(r['data_passes_per_product'])} | {peaks} | "
+                f"{plan_s} s, {_fmt(r['plan_gb'], '.0f')} GB |"
+            )
+        for r in (r for p in report["parts"] for r in p["records"]):
+            if r.get("kind") == "llama-lambda":
+                lines.append(
+                    f"\nλmax ({r['dtype']}): {r['lambda_max']:.6g} after {r['products']} products "
+                    f"in {r['seconds']:.1f} s (converged: {r['converged']}, precision floor "
+                    f"{_fmt(r['precision_floor'], '.2g')})"
+                )
     calibration = latest_calibration([r for p in report["parts"] for r in p["records"]])
     if calibration:
         lines += ["", "## Calibration (CPU fits)", "",
@@ -335,6 +362,10 @@ def worker(args: argparse.Namespace) -> None:
             cuda_tests(emit)
         elif args.worker == "calibration":
             calibration(args, emit)
+        elif args.worker == "llama_1b":
+            from llama_part import llama_part  # type: ignore[import-not-found]
+
+            llama_part(args, emit)
         else:
             sizes = SMOKE if args.smoke else FULL
             hessian_part(args.worker, sizes[args.worker], args, emit)

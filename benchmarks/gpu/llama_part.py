@@ -1,0 +1,217 @@
+"""The GPU run's ``llama_1b`` part: the 1B row of the scale guide's plan, measured on one device.
+
+The model is the plan's 1B classifier (``bench_llama.ARCHITECTURES[0]``: the Llama-3.2-1B shape,
+P = 1.24 B, a two-class score head; random weights, eager attention as curvcal's loader builds
+it) on the plan's data: 64 random sequences of 512 tokens in micro-batches of 4. Two paths, as
+the plan's rows:
+
+* ``bf16 replicated``: the model in bfloat16, products by double backward with the graphs
+  rebuilt (``keep_graphs="never"``): seconds per gradient pass and per product, and the peak of
+  ``torch.cuda.max_memory_allocated`` in each;
+* ``fp32 sharded``: the model in float32, sharded per decoder layer with FSDP2 over a process
+  group of one rank (NCCL on CUDA), products by central differences on sliced vectors.
+
+Every record carries the plan's figures for the same row (seconds per product and gigabytes per
+GPU, sliced vectors; ``bench_llama.plan_rows`` with the guide's assumptions) beside the measured
+ones. Last, if the budget allows, λmax of the bfloat16 model by a few Lanczos steps. TF32 is off
+throughout, as in curvcal's products. ``--smoke`` runs a tiny shape on the CPU (gloo).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the plan's data per product and micro-batch (docs/guide/scale.md)
+SEQUENCES, TOKENS, MICRO = 64, 512, 4
+SMOKE_DATA = (4, 8, 2)
+#: the plan's assumptions (bench_llama's defaults, the scale guide's table)
+K_BF16, FP32_PASSES = 3.76, (4.0, 6.0)
+
+
+class Meter:
+    """Wall time with ``torch.cuda.synchronize`` and, on CUDA, the peak allocated bytes."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.cuda = device.type == "cuda"
+        self.peak: int | None = None
+
+    def __enter__(self) -> Meter:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.reset_peak_memory_stats()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+            self.peak = self.torch.cuda.max_memory_allocated()
+        self.seconds = time.perf_counter() - self.start
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_llama import ARCHITECTURES, Architecture, Device, plan_rows
+
+    from curvcal.curvature import HessianOperator, OperatorOptions, eigenvalues
+    from curvcal.curvature.central_difference import operator_for
+    from curvcal.distributed import all_reduce_sum
+    from curvcal.losses import loss_from_name
+    from curvcal.sharding import shard_model
+
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    arch = ARCHITECTURES[0]
+    sequences, tokens, micro = SEQUENCES, TOKENS, MICRO
+    if args.smoke:
+        arch = Architecture("tiny", 32, 2, 64, 4, 2, 300)
+        sequences, tokens, micro = SMOKE_DATA
+    plan = {
+        row["path"]: row
+        for row in plan_rows(Device(), K_BF16, FP32_PASSES, sequences, tokens, micro, (1,))
+        if row["model"] == arch.name
+    }
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, arch.vocab, (sequences, tokens), generator=generator)
+    labels = torch.randint(0, arch.labels, (sequences,), generator=generator)
+    batches = [
+        (
+            {
+                "input_ids": ids[i : i + micro].to(device),
+                "attention_mask": torch.ones_like(ids[i : i + micro]).to(device),
+            },
+            labels[i : i + micro].to(device),
+        )
+        for i in range(0, sequences, micro)
+    ]
+    loss = loss_from_name("ce", 0.0)
+
+    def gradient_pass(model: torch.nn.Module) -> None:
+        for x, y in batches:
+            loss.sum(model(x), y).backward()
+        model.zero_grad(set_to_none=True)
+
+    def measure(step: Callable[[], Any], rounds: int = 2) -> Meter:
+        meters = []
+        for _ in range(rounds):  # the first warms the kernels up
+            with Meter(device) as meter:
+                step()
+            meters.append(meter)
+        return meters[-1]
+
+    def record(path: str, operator: Any, gradient: Meter) -> None:
+        vector = torch.randn(
+            operator.shape[0] if path.startswith("bf16") else operator.vector_space.size,
+            generator=torch.Generator(device).manual_seed(2),
+            device=device,
+            dtype=operator.dtype,
+        )
+        passes = operator.n_data_passes
+        product = measure(lambda: operator.matvec(vector))
+        passes = (operator.n_data_passes - passes) / 2
+        expected = plan.get(path, {})
+        emit({
+            "kind": "llama", "path": path, "model": arch.name, "n_params": arch.n_params,
+            "sequences": sequences, "tokens": tokens, "micro_batch": micro,
+            "gradient_s": gradient.seconds, "gradient_peak_bytes": gradient.peak,
+            "product_s": product.seconds, "product_peak_bytes": product.peak,
+            "product_per_gradient": product.seconds / gradient.seconds,
+            "data_passes_per_product": passes,
+            "plan_seconds": expected.get("seconds"), "plan_gb": expected.get("total_sliced_gb")
+            or expected.get("total_whole_gb"),
+        })  # fmt: skip
+        _say(f"{path}: gradient {gradient.seconds:.2f} s, product {product.seconds:.2f} s, "
+             f"peak {(product.peak or 0) / 1e9:.1f} GB (plan {expected.get('seconds')} s, "
+             f"{expected.get('total_sliced_gb') or expected.get('total_whole_gb')} GB)")  # fmt: skip
+
+    # bfloat16, replicated (one device: nothing to reduce)
+    _say(f"{arch.name}: building the bfloat16 model (P = {arch.n_params:,})")
+    model = build(arch, tokens, torch.bfloat16, device)
+    operator = HessianOperator(model, batches, keep_graphs="never", device=device)
+    record("bf16 replicated", operator, measure(lambda: gradient_pass(model)))
+    bf16_model = model
+
+    # float32, sharded per decoder layer over one rank, sliced vectors
+    del operator
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    _free_port_environment()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        _say(f"{arch.name}: building the float32 model, sharded per decoder layer")
+        bf16_model.cpu()
+        sharded = build(arch, tokens, torch.float32, device)
+        shard_model(sharded, "blocks", device)
+        options = OperatorOptions(keep_graphs="never")
+        central = operator_for(sharded, loss, batches, options, all_reduce=all_reduce_sum)
+        gradient = measure(lambda: gradient_pass(sharded))
+        record("fp32 sharded", central, gradient)
+        del central
+    finally:
+        dist.destroy_process_group()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    # λmax of the bfloat16 model by a few Lanczos steps
+    model = bf16_model.to(device)
+    operator = HessianOperator(model, batches, device=device, keep_graphs="never")
+    began = time.perf_counter()
+    spectrum = eigenvalues(operator, 1, tol=1e-2, max_iter=8, seed=0)
+    value = spectrum.values[0]
+    emit({
+        "kind": "llama-lambda", "model": arch.name, "dtype": "bfloat16",
+        "lambda_max": value.value, "converged": value.converged, "products": value.matvecs,
+        "seconds": time.perf_counter() - began, "precision_floor": spectrum.precision_floor,
+    })  # fmt: skip
+
+
+def build(arch: Any, tokens: int, dtype: Any, device: Any) -> Any:
+    """The plan's classifier in ``dtype`` on ``device``: the same weights for every dtype (drawn
+    in float32 from seed 0, on the device, then cast), eval mode, returning the logits."""
+    import torch
+    import transformers
+
+    from curvcal.load.hf import LogitsModule
+
+    config = transformers.LlamaConfig(
+        vocab_size=arch.vocab, hidden_size=arch.hidden, intermediate_size=arch.intermediate,
+        num_hidden_layers=arch.layers, num_attention_heads=arch.heads,
+        num_key_value_heads=arch.kv_heads, max_position_embeddings=max(tokens, 16),
+        num_labels=arch.labels, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.LlamaForSequenceClassification._from_config(
+            config, attn_implementation="eager"
+        )
+    with torch.no_grad():
+        model.score.weight.normal_(0.0, 3.0 / arch.hidden**0.5)
+    return LogitsModule(model.to(device=device, dtype=dtype).eval(), "text").eval()
+
+
+def _free_port_environment() -> None:
+    """A one-rank process group's rendezvous: this host, a free port, rank 0 of 1."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0")  # fmt: skip
