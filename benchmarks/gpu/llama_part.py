@@ -15,6 +15,10 @@ Every record carries the plan's figures for the same row (seconds per product an
 GPU, sliced vectors; ``bench_llama.plan_rows`` with the guide's assumptions) beside the measured
 ones. Last, if the budget allows, λmax of the bfloat16 model by a few Lanczos steps. TF32 is off
 throughout, as in curvcal's products. ``--smoke`` runs a tiny shape on the CPU (gloo).
+
+``CURVCAL_LLAMA_STEPS`` (comma-separated, default ``bf16,fp32,lambda``) picks the steps; ``profile``
+adds torch's profiler over one micro-batch's gradient pass and one micro-batch's bfloat16 product:
+the operators with the most device (else CPU) time, each with its share, in the record and the log.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ SEQUENCES, TOKENS, MICRO = 64, 512, 4
 SMOKE_DATA = (4, 8, 2)
 #: the plan's assumptions (bench_llama's defaults, the scale guide's table)
 K_BF16, FP32_PASSES = 3.76, (4.0, 6.0)
+STEPS = "bf16,fp32,lambda"
+PROFILE_ROWS = 25
 
 
 class Meter:
@@ -103,6 +109,7 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
         for i in range(0, sequences, micro)
     ]
     loss = loss_from_name("ce", 0.0)
+    steps = set(os.environ.get("CURVCAL_LLAMA_STEPS", STEPS).split(","))
 
     def gradient_pass(model: torch.nn.Module) -> None:
         for x, y in batches:
@@ -144,44 +151,87 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
 
     # bfloat16, replicated (one device: nothing to reduce)
     _say(f"{arch.name}: building the bfloat16 model (P = {arch.n_params:,})")
-    model = build(arch, tokens, torch.bfloat16, device)
-    operator = HessianOperator(model, batches, keep_graphs="never", device=device)
-    record("bf16 replicated", operator, measure(lambda: gradient_pass(model)))
-    bf16_model = model
+    bf16_model = build(arch, tokens, torch.bfloat16, device)
+    if "bf16" in steps:
+        operator = HessianOperator(bf16_model, batches, keep_graphs="never", device=device)
+        record("bf16 replicated", operator, measure(lambda: gradient_pass(bf16_model)))
+        del operator
+    if "profile" in steps:
+        profile(bf16_model, batches[:1], gradient_pass, device, emit)
 
     # float32, sharded per decoder layer over one rank, sliced vectors
-    del operator
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    _free_port_environment()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    try:
-        _say(f"{arch.name}: building the float32 model, sharded per decoder layer")
+    if "fp32" in steps:
         bf16_model.cpu()
-        sharded = build(arch, tokens, torch.float32, device)
-        shard_model(sharded, "blocks", device)
-        options = OperatorOptions(keep_graphs="never")
-        central = operator_for(sharded, loss, batches, options, all_reduce=all_reduce_sum)
-        gradient = measure(lambda: gradient_pass(sharded))
-        record("fp32 sharded", central, gradient)
-        del central
-    finally:
-        dist.destroy_process_group()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        _free_port_environment()
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        try:
+            _say(f"{arch.name}: building the float32 model, sharded per decoder layer")
+            sharded = build(arch, tokens, torch.float32, device)
+            shard_model(sharded, "blocks", device)
+            options = OperatorOptions(keep_graphs="never")
+            central = operator_for(sharded, loss, batches, options, all_reduce=all_reduce_sum)
+            gradient = measure(lambda: gradient_pass(sharded))
+            record("fp32 sharded", central, gradient)
+            del central
+        finally:
+            dist.destroy_process_group()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # λmax of the bfloat16 model by a few Lanczos steps
-    model = bf16_model.to(device)
-    operator = HessianOperator(model, batches, device=device, keep_graphs="never")
-    began = time.perf_counter()
-    spectrum = eigenvalues(operator, 1, tol=1e-2, max_iter=8, seed=0)
-    value = spectrum.values[0]
-    emit({
-        "kind": "llama-lambda", "model": arch.name, "dtype": "bfloat16",
-        "lambda_max": value.value, "converged": value.converged, "products": value.matvecs,
-        "seconds": time.perf_counter() - began, "precision_floor": spectrum.precision_floor,
-    })  # fmt: skip
+    if "lambda" in steps:
+        model = bf16_model.to(device)
+        operator = HessianOperator(model, batches, device=device, keep_graphs="never")
+        began = time.perf_counter()
+        spectrum = eigenvalues(operator, 1, tol=1e-2, max_iter=5, seed=0)
+        value = spectrum.values[0]
+        emit({
+            "kind": "llama-lambda", "model": arch.name, "dtype": "bfloat16",
+            "lambda_max": value.value, "converged": value.converged, "products": value.matvecs,
+            "seconds": time.perf_counter() - began, "precision_floor": spectrum.precision_floor,
+        })  # fmt: skip
+
+
+def profile(
+    model: Any,
+    batches: list[Any],
+    gradient_pass: Callable[[Any], None],
+    device: Any,
+    emit: Callable[[dict[str, Any]], None],
+) -> None:
+    """torch's profiler over one gradient pass and one product (graphs rebuilt) on ``batches``:
+    the :data:`PROFILE_ROWS` operators with the most self time on the device (the CPU without
+    one), each with its calls and milliseconds, and the total."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    from curvcal.curvature import HessianOperator
+
+    operator = HessianOperator(model, batches, keep_graphs="never", device=device)
+    vector = torch.randn(operator.shape[0], device=device, dtype=operator.dtype)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    for name, step in (("gradient", lambda: gradient_pass(model)),
+                       ("product", lambda: operator.matvec(vector))):  # fmt: skip
+        step()  # warm-up
+        with profiler(activities=activities) as prof:
+            step()
+            if cuda:
+                torch.cuda.synchronize()
+        averages = prof.key_averages()
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        total = sum(getattr(event, key) for event in averages) / 1e3
+        rows = sorted(averages, key=lambda event: getattr(event, key), reverse=True)
+        top = [{"op": event.key, "calls": event.count, "ms": getattr(event, key) / 1e3}
+               for event in rows[:PROFILE_ROWS]]  # fmt: skip
+        emit({"kind": "llama-profile", "step": name, "total_ms": total, "top": top})
+        _say(f"profile of one micro-batch's {name}: {total:.1f} ms of {key}")
+        for row in top:
+            _say(f"  {row['ms']:9.2f} ms {row['calls']:6d} x {row['op']}")
 
 
 def build(arch: Any, tokens: int, dtype: Any, device: Any) -> Any:
