@@ -16,7 +16,9 @@ GPU, sliced vectors; ``bench_llama.plan_rows`` with the guide's assumptions) bes
 ones. Last, if the budget allows, λmax of the bfloat16 model by a few Lanczos steps. TF32 is off
 throughout, as in curvcal's products. ``--smoke`` runs a tiny shape on the CPU (gloo).
 
-``CURVCAL_LLAMA_STEPS`` (comma-separated, default ``bf16,fp32,lambda``) picks the steps; ``profile``
+``CURVCAL_LLAMA_STEPS`` (comma-separated, default ``bf16,bf16-half,fp32,lambda``) picks the steps;
+``bf16-half`` repeats the bfloat16 product with ``memory_budget="50%"`` of the free memory instead
+of the default (twice a gradient pass, which may cut each micro-batch into chunks); ``profile``
 adds torch's profiler over one micro-batch's gradient pass and one micro-batch's bfloat16 product:
 the operators with the most device (else CPU) time, each with its share, in the record and the log.
 """
@@ -37,7 +39,7 @@ SEQUENCES, TOKENS, MICRO = 64, 512, 4
 SMOKE_DATA = (4, 8, 2)
 #: the plan's assumptions (bench_llama's defaults, the scale guide's table)
 K_BF16, FP32_PASSES = 3.76, (4.0, 6.0)
-STEPS = "bf16,fp32,lambda"
+STEPS = "bf16,bf16-half,fp32,lambda"
 PROFILE_ROWS = 25
 
 
@@ -134,7 +136,8 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
         passes = operator.n_data_passes
         product = measure(lambda: operator.matvec(vector))
         passes = (operator.n_data_passes - passes) / 2
-        expected = plan.get(path, {})
+        expected = plan.get(path, {}) if path in plan else plan.get(path.split(",")[0], {})
+        memory_plan = getattr(operator, "memory_plan", None)
         emit({
             "kind": "llama", "path": path, "model": arch.name, "n_params": arch.n_params,
             "sequences": sequences, "tokens": tokens, "micro_batch": micro,
@@ -142,6 +145,9 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
             "product_s": product.seconds, "product_peak_bytes": product.peak,
             "product_per_gradient": product.seconds / gradient.seconds,
             "data_passes_per_product": passes,
+            "plan_rows": None if memory_plan is None else memory_plan.rows,
+            "plan_budget_bytes": None if memory_plan is None else memory_plan.budget,
+            "plan_estimate_bytes": None if memory_plan is None else memory_plan.estimate,
             "plan_seconds": expected.get("seconds"), "plan_gb": expected.get("total_sliced_gb")
             or expected.get("total_whole_gb"),
         })  # fmt: skip
@@ -155,6 +161,13 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
     if "bf16" in steps:
         operator = HessianOperator(bf16_model, batches, keep_graphs="never", device=device)
         record("bf16 replicated", operator, measure(lambda: gradient_pass(bf16_model)))
+        del operator
+    if "bf16-half" in steps:
+        # the default budget (twice a gradient pass) may cut each micro-batch into chunks
+        operator = HessianOperator(
+            bf16_model, batches, keep_graphs="never", device=device, memory_budget="50%"
+        )
+        record("bf16 replicated, budget 50%", operator, measure(lambda: gradient_pass(bf16_model)))
         del operator
     if "profile" in steps:
         profile(bf16_model, batches[:1], gradient_pass, device, emit)

@@ -311,8 +311,8 @@ def markdown(report: dict[str, Any]) -> str:
     if llama:
         lines += ["", "## The plan's 1B classifier, measured", "",
                   "| path | P | tokens (micro-batch) | gradient s | product s | product / gradient "
-                  "| data passes / product | peak GB, gradient / product | plan: s, GB |",
-                  "|---|---:|---|---:|---:|---:|---:|---|---|"]  # fmt: skip
+                  "| data passes / product | rows per chunk | peak GB, gradient / product | plan: s, GB |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---|---|"]  # fmt: skip
         for r in llama:
             plan_s = "–".join(f"{v:.3g}" for v in r["plan_seconds"] or ())
             peaks = "—" if r["product_peak_bytes"] is None else (
@@ -320,7 +320,8 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['path']} | {r['n_params']:,} | {r['sequences']} × {r['tokens']} "
                 f"({r['micro_batch']}) | {r['gradient_s']:.2f} | {r['product_s']:.2f} | "
-                f"{r['product_per_gradient']:.2f} | {_fmt(r['data_passes_per_product'])} | {peaks} | "
+                f"{r['product_per_gradient']:.2f} | {_fmt(r['data_passes_per_product'])} | "
+                f"{_fmt(r.get('plan_rows'))} | {peaks} | "
                 f"{plan_s} s, {_fmt(r['plan_gb'], '.0f')} GB |"
             )
         for r in (r for p in report["parts"] for r in p["records"]):

@@ -1,0 +1,56 @@
+"""Smoke test of the GPU run's ``llama_1b`` part (benchmarks/gpu/llama_part.py) on the CPU: a
+tiny Llama classifier, bfloat16 replicated and float32 sharded over a one-rank gloo group, both
+with their measured seconds, passes and chunking in the table; the plan's 1B row by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_llama_part_runs_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = importlib.util.spec_from_file_location("gpu_run_llama", ROOT / "benchmarks/gpu/run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_run_llama"] = module
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("CURVCAL_LLAMA_STEPS", "bf16,fp32")
+    module.main(["--smoke", "--device", "cpu", "--parts", "llama_1b",
+                 "--part-budget", "600", "--results-dir", str(tmp_path)])  # fmt: skip
+    written = json.loads((tmp_path / "gpu-run-smoke.json").read_text())
+    (part,) = written["parts"]
+    assert part["status"] == "ok", part
+    rows = {r["path"]: r for r in part["records"]}
+    assert set(rows) == {"bf16 replicated", "fp32 sharded"}
+    assert rows["bf16 replicated"]["data_passes_per_product"] == 1  # one double-backward pass
+    # central differences in float32: a five-point stencil, one pass per point and one for the
+    # step's curvature, so 4 to 6 gradient passes
+    assert 4 <= rows["fp32 sharded"]["data_passes_per_product"] <= 6
+    assert all(r["product_s"] > 0 and r["gradient_s"] > 0 for r in rows.values())
+    table = (tmp_path / "gpu-run-smoke.md").read_text()
+    assert "| bf16 replicated | 28,256 | 4 × 8 (2) |" in table
+    assert "| fp32 sharded | 28,256 |" in table
+
+
+def test_plan_row_of_the_1b_model_by_hand() -> None:
+    """The 1B row the part compares with: P of Llama-3.2-1B with a two-class head, and the
+    bfloat16 product's seconds from the guide's assumptions (k = 3.76, 40 % of 989 TFLOP/s)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_llama import ARCHITECTURES, Device, plan_rows
+
+    one_b = ARCHITECTURES[0]
+    assert one_b.n_params == 1_235_814_400 + 2 * 2048  # Llama-3.2-1B's count, plus the score head
+    (row,) = [r for r in plan_rows(Device(), 3.76, (4.0, 6.0), 64, 512, 4, (1,))
+              if r["model"] == "1B" and r["path"] == "bf16 replicated"]  # fmt: skip
+    d, kv, ff, layers = 2048, 512, 8192, 16
+    forward = layers * (2 * (2 * d * d + 2 * d * kv + 3 * d * ff) + 4 * 512 * d) + 2 * d * 2
+    seconds = 3.76 * 3 * forward * 64 * 512 / (989e12 * 0.4)
+    assert row["seconds"][0] == pytest.approx(seconds, rel=1e-12)
