@@ -175,20 +175,14 @@ def _fit_histogram(method: str) -> Callable[..., Any]:
     return fit
 
 
-def _fit_isotonic(method: str) -> Callable[..., Any]:
+def _fit_method(fitter: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """The entry's ``fit`` of a fitter taking only the method's name, ``fitter(scores, labels,
+    method, kind=kind, ...)``: no settings."""
+
     def fit(
         scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
     ) -> Any:
-        return fit_isotonic(scores, labels, method, kind=kind, **common)
-
-    return fit
-
-
-def _fit_binary(method: str) -> Callable[..., Any]:
-    def fit(
-        scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-    ) -> Any:
-        return fit_binary(scores, labels, method, kind=kind, **common)
+        return fitter(scores, labels, method, kind=kind, **common)
 
     return fit
 
@@ -256,7 +250,7 @@ MAPS: dict[str, MapKind] = {
             "isotonic",
             "isotonic",
             "isotonic",
-            _fit_isotonic("isotonic"),
+            _fit_method(fit_isotonic, "isotonic"),
             IsotonicMap.from_dict,
         ),
         MapKind(
@@ -264,7 +258,7 @@ MAPS: dict[str, MapKind] = {
             "isotonic-ovr",
             "isotonic-ovr",
             "isotonic OvR",
-            _fit_isotonic("isotonic-ovr"),
+            _fit_method(fit_isotonic, "isotonic-ovr"),
             IsotonicMap.from_dict,
         ),
         MapKind(
@@ -272,7 +266,7 @@ MAPS: dict[str, MapKind] = {
             "platt",
             "platt",
             "Platt",
-            _fit_binary("platt"),
+            _fit_method(fit_binary, "platt"),
             BinaryMap.from_dict,
             skip_reason=binary_only,
         ),
@@ -281,7 +275,7 @@ MAPS: dict[str, MapKind] = {
             "beta",
             "beta",
             "beta",
-            _fit_binary("beta"),
+            _fit_method(fit_binary, "beta"),
             BinaryMap.from_dict,
             skip_reason=binary_only,
         ),

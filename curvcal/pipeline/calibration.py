@@ -189,30 +189,16 @@ def run_calibrate(
             applied is not None and "laplace" in applied.calibrators
         )
         optional = settings.method == "all"
-        predictions, features = predict_with_features(
+        predictions, features, fit_predictions, fit_features = predict_with_fit(
             session,
             loaded,
-            data,
+            (data, fit_loaded),
             batch_size,
-            "--data",
+            ("--data", "--fit-data"),
             settings.nan_policy,
             wants_features,
             optional,
         )
-        fit_predictions, fit_features = None, None
-        if fit_loaded is not None:
-            fit_predictions, fit_features = predict_with_features(
-                session,
-                loaded,
-                fit_loaded,
-                batch_size,
-                "--fit-data",
-                settings.nan_policy,
-                wants_features and (features is not None or not optional),
-                optional,
-            )
-            if fit_features is None:
-                features = None
     if predictions is None:
         return None
     logits, labels, dropped = predictions
@@ -381,6 +367,43 @@ def predict_with_features(
             raise
         session.warnings.append(f"--method all: the Laplace map is skipped: {error}")
         return session.predict(loaded, data, batch_size, option=option, nan_policy=nan_policy), None
+
+
+def predict_with_fit(
+    session: Session,
+    loaded: LoadedModel,
+    datasets: tuple[LoadedData, LoadedData | None],
+    batch_size: int,
+    options: tuple[str, str],
+    nan_policy: str,
+    features: bool,
+    optional: bool,
+    predict: Callable[..., tuple[Any, Any]] = predict_with_features,
+) -> tuple[Any, Any, Any, Any]:
+    """``predict`` (:func:`predict_with_features` or a wrapper of it) of the data and, when
+    there is one, of the fit data (``datasets``, named by ``options``): ``(predictions,
+    features, fit predictions, fit features)``. The fit data's features are asked for only
+    when the data's came or had to (not ``optional``), and the data's are dropped when the fit
+    data's did not come: a map fitted from features sees them on both or on neither."""
+    data, fit = datasets
+    predictions, data_features = predict(
+        session, loaded, data, batch_size, options[0], nan_policy, features, optional
+    )
+    if fit is None:
+        return predictions, data_features, None, None
+    fit_predictions, fit_features = predict(
+        session,
+        loaded,
+        fit,
+        batch_size,
+        options[1],
+        nan_policy,
+        features and (data_features is not None or not optional),
+        optional,
+    )
+    if fit_features is None:
+        data_features = None
+    return predictions, data_features, fit_predictions, fit_features
 
 
 def run_metrics(

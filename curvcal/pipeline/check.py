@@ -453,7 +453,7 @@ def _calibrate(
     """Predict (under the policy's ``nan_policy``) and run the calibration analysis exactly as
     ``curvcal calibrate`` would; also the number of logits K. ``(None, 0)`` on the ranks but
     0, which get no predictions."""
-    from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT, analyse
+    from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT, analyse, predict_with_fit
 
     assert plan.calibration is not None
     calibration, batch_size = plan.calibration, plan.data.batch_size
@@ -461,23 +461,17 @@ def _calibrate(
     # with method "all" and no rule on it, a model without such a head only skips it
     wants = plan.method in ("laplace", "all")
     optional = plan.method == "all" and "laplace" not in plan.gated
-    predicted, features = _predict(
-        session, loaded, data, batch_size, "data", calibration.nan_policy, wants, optional
+    predicted, features, fit_predicted, fit_features = predict_with_fit(
+        session,
+        loaded,
+        (data, fit),
+        batch_size,
+        ("data", "fit_data"),
+        calibration.nan_policy,
+        wants,
+        optional,
+        predict=_predict,
     )
-    fit_predicted, fit_features = None, None
-    if fit is not None:
-        fit_predicted, fit_features = _predict(
-            session,
-            loaded,
-            fit,
-            batch_size,
-            "fit_data",
-            calibration.nan_policy,
-            wants and (features is not None or not optional),
-            optional,
-        )
-        if fit_features is None:
-            features = None
     if predicted is None:
         return None, 0
     logits, labels, _dropped = predicted

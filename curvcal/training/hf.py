@@ -13,7 +13,7 @@ from torch import nn
 
 from curvcal.errors import InputError
 from curvcal.load.extras import require
-from curvcal.training.measure import check_every, check_request, measure
+from curvcal.training.measure import check_callback, measure
 
 _transformers = require("hf", "transformers", "CurvatureTrainerCallback")
 
@@ -62,11 +62,12 @@ class CurvatureTrainerCallback(_transformers.TrainerCallback):  # type: ignore[n
         edges: str = "left",
         **overrides: Any,
     ) -> None:
-        check_every(every_n_steps=every_n_steps, every_n_epochs=every_n_epochs)
+        self.quantities = check_callback(
+            quantities, overrides, every_n_steps=every_n_steps, every_n_epochs=every_n_epochs
+        )
         self.loader = loader
         self.every_n_steps = every_n_steps
         self.every_n_epochs = every_n_epochs
-        self.quantities = check_request(quantities, overrides)
         self.prefix = prefix
         self.model = model
         self.bins, self.edges = bins, edges

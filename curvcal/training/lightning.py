@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from curvcal.load.extras import require
-from curvcal.training.measure import check_every, check_request, measure
+from curvcal.training.measure import check_callback, measure
 
 _pl = require("lightning", "lightning.pytorch", "CurvatureCallback")
 
@@ -45,11 +45,15 @@ class CurvatureCallback(_pl.Callback):  # type: ignore[name-defined]
         **overrides: Any,
     ) -> None:
         super().__init__()
-        check_every(every_n_epochs=every_n_epochs, every_n_train_steps=every_n_train_steps)
+        self.quantities = check_callback(
+            quantities,
+            overrides,
+            every_n_epochs=every_n_epochs,
+            every_n_train_steps=every_n_train_steps,
+        )
         self.loader = loader
         self.every_n_epochs = every_n_epochs
         self.every_n_train_steps = every_n_train_steps
-        self.quantities = check_request(quantities, overrides)
         self.prefix = prefix
         self.model = model
         self.bins, self.edges = bins, edges

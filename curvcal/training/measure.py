@@ -183,11 +183,15 @@ def measure(
     return results
 
 
-def check_every(**counts: int | None) -> None:
-    """Each ``every_n_*`` count is a positive integer or ``None``; else an :class:`InputError`
-    naming it."""
+def check_callback(
+    quantities: Sequence[str], overrides: dict[str, Any], **counts: int | None
+) -> tuple[str, ...]:
+    """What a training callback checks when it is built: each ``every_n_*`` count is a positive
+    integer or ``None`` (else an :class:`InputError` naming it), and ``quantities`` and
+    ``overrides`` pass :func:`check_request`; the quantities as a tuple."""
     for name, value in counts.items():
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise InputError(name, f"must be a positive integer or None, got {value!r}")
+    return check_request(quantities, overrides)

@@ -13,7 +13,7 @@ from curvcal.curvature import krylov as krylov_module
 from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
 from curvcal.curvature.krylov import KrylovBasis
 from curvcal.curvature.operator import HessianOperator
-from curvcal.curvature.operators import matvec_into
+from curvcal.curvature.operators import DenseOperator, matvec_into
 from curvcal.curvature.results import ConvergenceWarning
 from curvcal.errors import InputError
 
@@ -208,36 +208,20 @@ def test_non_square_operator_is_refused() -> None:
         eigenvalues(torch.ones(3, 4))
 
 
-class NoisyOperator:
+class NoisyOperator(DenseOperator):
     """A dense symmetric matrix whose products carry seeded rounding-like noise: A v + e with
     ‖e‖ = noise·‖v‖ in a random direction, fresh for every product (as float32 rounding is)."""
 
     def __init__(self, matrix: Tensor, noise: float, seed: int = 0) -> None:
-        self.matrix = matrix
+        super().__init__(matrix)
         self.noise = noise
         self.generator = torch.Generator().manual_seed(seed)
-        self.n_matvecs = 0
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (int(self.matrix.shape[0]), int(self.matrix.shape[1]))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.matrix.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.matrix.device
 
     def matmat(self, vectors: Tensor) -> Tensor:
         self.n_matvecs += int(vectors.shape[1])
         error = torch.randn(vectors.shape, generator=self.generator, dtype=torch.float64)
         error = error / error.norm(dim=0) * vectors.norm(dim=0) * self.noise
         return self.matrix @ vectors + error
-
-    def matvec(self, vector: Tensor) -> Tensor:
-        return self.matmat(vector.reshape(-1, 1)).reshape(-1)
 
 
 def _gapped(seed: int = 3) -> Tensor:

@@ -11,31 +11,20 @@ import torch
 from torch import Tensor
 
 from curvcal.curvature.eigen import lanczos, power_iteration
+from curvcal.curvature.operators import DenseOperator
 
 TOP = (13.3, 11.2, 2.09)
 
 
-class NoisyOperator:
+class NoisyOperator(DenseOperator):
     """A float64 symmetric matrix whose products carry an error of b·‖A‖·‖v‖ along a direction
     drawn from v's own entries (so not linear in v), and which states b as ``product_error``."""
 
     def __init__(self, matrix: Tensor, bound: float) -> None:
-        self.matrix = matrix
+        super().__init__(matrix)
         self.bound = bound
         self.product_error = bound  # what it states (the tests may withdraw it)
         self.norm = float(torch.linalg.matrix_norm(matrix, 2))
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.matrix.shape[0], self.matrix.shape[1])
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.matrix.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.matrix.device
 
     def matmat(self, vectors: Tensor) -> Tensor:
         out = self.matrix @ vectors
@@ -47,9 +36,6 @@ class NoisyOperator:
             )
             out[:, j] += self.bound * self.norm * float(v.norm()) * noise / noise.norm()
         return out
-
-    def matvec(self, vector: Tensor) -> Tensor:
-        return self.matmat(vector.reshape(-1, 1)).reshape(-1)
 
 
 def _operator(bound: float) -> NoisyOperator:

@@ -6,6 +6,7 @@ checkpoint tests."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -113,15 +114,17 @@ def library_logits(model: Any, folder: Path, texts: tuple[str, ...] = TEXTS) -> 
         return model(**encoded).logits
 
 
-def save_lora(base_folder: Path, adapter_folder: Path, seed: int = 2) -> Any:
+def save_lora(base_folder: Path, adapter_folder: Path, seed: int = 2, **classifier: Any) -> Any:
     """A LoRA adapter (r=2 on the attention's query and value projections, the head as
-    ``modules_to_save``) over the classifier in ``base_folder``, its B matrices made non-zero,
-    saved by peft; returns the PeftModel."""
+    ``modules_to_save``) over the classifier in ``base_folder`` (built with ``classifier`` as
+    config overrides, ``num_labels=3``, when the folder holds a language model), its B matrices
+    and head drawn from N(0, 0.5²) after seeding ``seed``, saved by peft; returns the
+    PeftModel."""
     import peft
     import transformers
 
     base = transformers.AutoModelForSequenceClassification.from_pretrained(
-        base_folder, attn_implementation="eager"
+        base_folder, attn_implementation="eager", **classifier
     )
     targets = ["query", "value"] if base.config.model_type == "bert" else ["q_proj", "v_proj"]
     config = peft.LoraConfig(task_type="SEQ_CLS", r=2, lora_alpha=4, target_modules=targets)
@@ -133,3 +136,33 @@ def save_lora(base_folder: Path, adapter_folder: Path, seed: int = 2) -> Any:
                 parameter.normal_(0, 0.5)
     model.save_pretrained(adapter_folder)
     return model
+
+
+def copy_adapter(adapter_folder: Path, parent: Path, **changes: object) -> Path:
+    """A copy of ``adapter_folder`` as ``parent/adapter`` with ``changes`` written over its
+    ``adapter_config.json``; the copy's folder."""
+    folder = parent / "adapter"
+    shutil.copytree(adapter_folder, folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config.update(changes)
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def dense_hessian(
+    model: Any, chosen: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor], labels: Any
+) -> torch.Tensor:
+    """Dense Hessian of the mean cross-entropy of ``model(**inputs).logits`` against ``labels``
+    over the parameters ``chosen`` (name to value, flattened in that order), from the library's
+    own forward: ``torch.func.hessian`` of a ``functional_call``."""
+    shapes = [(n, p.shape, p.numel()) for n, p in chosen.items()]
+
+    def loss(vector: torch.Tensor) -> torch.Tensor:
+        params, start = {}, 0
+        for name, shape, count in shapes:
+            params[name] = vector[start : start + count].reshape(shape)
+            start += count
+        out = torch.func.functional_call(model, params, args=(), kwargs=inputs)
+        return torch.nn.functional.cross_entropy(out.logits, labels)
+
+    return torch.func.hessian(loss)(torch.cat([p.reshape(-1) for p in chosen.values()]))

@@ -20,7 +20,15 @@ import torch
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from hf_decoder_builders import LABELS, TEXTS, decoder_config, train_tokenizer  # noqa: E402
+from hf_decoder_builders import (  # noqa: E402
+    LABELS,
+    TEXTS,
+    copy_adapter,
+    decoder_config,
+    dense_hessian,
+    save_lora,
+    train_tokenizer,
+)
 
 from curvcal.load.checkpoint import load_model  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
@@ -75,19 +83,7 @@ def causal(
     _causal_class(kind)(config).save_pretrained(root / "base")
     tokenizer.save_pretrained(root / "base")
     # fine-tuning as people do it: the classifier from the language model, then LoRA on it
-    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(
-        root / "base", num_labels=num_labels, pad_token_id=pad, attn_implementation="eager"
-    )
-    lora = peft.LoraConfig(
-        task_type="SEQ_CLS", r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]
-    )
-    model = peft.get_peft_model(classifier, lora)
-    torch.manual_seed(6)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name or "modules_to_save" in name:
-                parameter.normal_(0, 0.5)
-    model.save_pretrained(root / "adapter")
+    save_lora(root / "base", root / "adapter", seed=6, num_labels=num_labels, pad_token_id=pad)
     jsonl = root / "reviews.jsonl"
     with jsonl.open("w") as handle:
         for i, text in enumerate(TEXTS):
@@ -152,17 +148,7 @@ def test_hessian_over_the_adapter_equals_a_dense_float64_one(
     inputs = _inputs(causal)
     labels = torch.tensor([i % causal.num_labels for i in range(len(TEXTS))])
     chosen = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    shapes = [(n, p.shape, p.numel()) for n, p in chosen.items()]
-
-    def loss(vector: torch.Tensor) -> torch.Tensor:
-        params, start = {}, 0
-        for name, shape, count in shapes:
-            params[name] = vector[start : start + count].reshape(shape)
-            start += count
-        out = torch.func.functional_call(model, params, args=(), kwargs=inputs)
-        return torch.nn.functional.cross_entropy(out.logits, labels)
-
-    dense = torch.func.hessian(loss)(torch.cat([p.reshape(-1) for p in chosen.values()]))
+    dense = dense_hessian(model, chosen, inputs, labels)
     exact = torch.linalg.eigvalsh(dense)
     result = run_cli(
         "hessian", causal.adapter, "--base-model", causal.base, "--data", causal.jsonl,
@@ -255,15 +241,6 @@ def test_calibrate_and_check_run_on_the_built_classifier(
 # --- refusals --------------------------------------------------------------------------------
 
 
-def _copy_adapter(causal: CausalAdapter, tmp: Path, **changes: object) -> Path:
-    folder = tmp / "adapter"
-    shutil.copytree(causal.adapter, folder)
-    config = json.loads((folder / "adapter_config.json").read_text())
-    config.update(changes)
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    return folder
-
-
 def _rewrite_head(folder: Path, change: Callable[[dict[str, torch.Tensor]], None]) -> Path:
     from safetensors.torch import load_file, save_file
 
@@ -278,7 +255,7 @@ Case = tuple[list[object], tuple[str, ...]]
 
 
 def _not_seq_cls(causal: CausalAdapter, tmp: Path) -> Case:
-    folder = _copy_adapter(causal, tmp, task_type="CAUSAL_LM")
+    folder = copy_adapter(causal.adapter, tmp, task_type="CAUSAL_LM")
     return ["hessian", folder, "--base-model", causal.base, "--data", causal.jsonl], (
         str(folder / "adapter_config.json"),
         "task_type 'CAUSAL_LM', not 'SEQ_CLS'",
@@ -287,7 +264,7 @@ def _not_seq_cls(causal: CausalAdapter, tmp: Path) -> Case:
 
 
 def _no_saved_head(causal: CausalAdapter, tmp: Path) -> Case:
-    folder = _copy_adapter(causal, tmp, modules_to_save=None)
+    folder = copy_adapter(causal.adapter, tmp, modules_to_save=None)
 
     def drop(state: dict[str, torch.Tensor]) -> None:
         for key in [k for k in state if ".score." in k]:
@@ -318,7 +295,7 @@ def _head_rows_against_labels(causal: CausalAdapter, tmp: Path) -> Case:
 
 
 def _head_width(causal: CausalAdapter, tmp: Path) -> Case:
-    folder = _copy_adapter(causal, tmp)
+    folder = copy_adapter(causal.adapter, tmp)
     key = "base_model.model.score.weight"
 
     def widen(state: dict[str, torch.Tensor]) -> None:

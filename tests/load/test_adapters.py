@@ -17,7 +17,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from hf_decoder_builders import TEXTS, save_decoder, save_lora, write_reviews  # noqa: E402
+from hf_decoder_builders import (  # noqa: E402
+    TEXTS,
+    dense_hessian,
+    save_decoder,
+    save_lora,
+    write_reviews,
+)
 
 from curvcal.load.checkpoint import load_model  # noqa: E402
 from curvcal.load.inspect import inspect_checkpoint  # noqa: E402
@@ -100,17 +106,7 @@ def test_hessian_over_the_adapter_equals_a_dense_float64_one(run_cli, lora: Adap
     model = _peft_model(lora)
     inputs = _inputs(lora)
     chosen = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    shapes = [(n, p.shape, p.numel()) for n, p in chosen.items()]
-
-    def loss(vector: torch.Tensor) -> torch.Tensor:
-        params, start = {}, 0
-        for name, shape, count in shapes:
-            params[name] = vector[start : start + count].reshape(shape)
-            start += count
-        out = torch.func.functional_call(model, params, args=(), kwargs=inputs)
-        return torch.nn.functional.cross_entropy(out.logits, lora.labels)
-
-    dense = torch.func.hessian(loss)(torch.cat([p.reshape(-1) for p in chosen.values()]))
+    dense = dense_hessian(model, chosen, inputs, lora.labels)
     exact = torch.linalg.eigvalsh(dense)
     result = run_cli(
         "hessian", lora.adapter, "--data", lora.jsonl, "--dtype", "float64", "--device", "cpu",
@@ -121,7 +117,7 @@ def test_hessian_over_the_adapter_equals_a_dense_float64_one(run_cli, lora: Adap
     results = document["results"]
     assert results["eigenvalues"] == pytest.approx(exact[-2:].flip(0).tolist(), rel=1e-6)
     operator = results["operator"]
-    assert operator["n_params"] == dense.shape[0] == sum(c for _, _, c in shapes)
+    assert operator["n_params"] == dense.shape[0] == sum(p.numel() for p in chosen.values())
     assert operator["params"] == list(chosen)
     assert "the adapter's parameters" in operator["params_choice"]
     assert "the adapter's parameters" in result.stderr

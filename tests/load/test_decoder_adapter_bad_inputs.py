@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from hf_decoder_builders import save_decoder, save_lora, write_reviews
+from hf_decoder_builders import copy_adapter, save_decoder, save_lora, write_reviews
 
 
 @dataclass(frozen=True)
@@ -33,17 +33,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
     return Files(base, root / "adapter", write_reviews(root / "reviews.jsonl"), root)
 
 
-def _adapter_with(files: Files, tmp: Path, **changes: object) -> Path:
-    folder = tmp / "adapter"
-    shutil.copytree(files.adapter, folder)
-    config = json.loads((folder / "adapter_config.json").read_text())
-    config.update(changes)
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    return folder
-
-
 def _missing_base(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
-    folder = _adapter_with(files, tmp, base_model_name_or_path=str(tmp / "gone" / "base"))
+    folder = copy_adapter(files.adapter, tmp, base_model_name_or_path=str(tmp / "gone" / "base"))
     return ["hessian", folder, "--data", files.jsonl], (
         str(folder / "adapter_config.json"),
         "gone/base",
@@ -53,7 +44,7 @@ def _missing_base(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...
 
 
 def _hub_id(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
-    folder = _adapter_with(files, tmp, base_model_name_or_path="meta-llama/Llama-3.2-1B")
+    folder = copy_adapter(files.adapter, tmp, base_model_name_or_path="meta-llama/Llama-3.2-1B")
     return ["calibrate", folder, "--data", files.jsonl], (
         str(folder / "adapter_config.json"),
         "'meta-llama/Llama-3.2-1B', which is not a local folder",
@@ -63,7 +54,7 @@ def _hub_id(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
 
 
 def _no_base_named(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
-    folder = _adapter_with(files, tmp, base_model_name_or_path=None)
+    folder = copy_adapter(files.adapter, tmp, base_model_name_or_path=None)
     return ["hessian", folder, "--data", files.jsonl], (
         "names no base_model_name_or_path",
         "--base-model DIR",
@@ -99,7 +90,7 @@ def _mismatched_modules(files: Files, tmp: Path) -> tuple[list[object], tuple[st
     peft's non-strict load would drop them without a word."""
     from safetensors.torch import load_file, save_file
 
-    folder = _adapter_with(files, tmp)
+    folder = copy_adapter(files.adapter, tmp)
     weights = folder / "adapter_model.safetensors"
     state = load_file(weights)
     state.update(
@@ -135,7 +126,7 @@ def _base_not_a_classifier(files: Files, tmp: Path) -> tuple[list[object], tuple
 
 
 def _no_weights(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
-    folder = _adapter_with(files, tmp)
+    folder = copy_adapter(files.adapter, tmp)
     (folder / "adapter_model.safetensors").unlink()
     return ["inspect", folder], (str(folder), "no adapter_model.safetensors")
 

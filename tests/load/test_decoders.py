@@ -20,6 +20,7 @@ pytest.importorskip("tokenizers")
 from hf_decoder_builders import (  # noqa: E402
     LABELS,
     TEXTS,
+    dense_hessian,
     library_logits,
     save_decoder,
     train_tokenizer,
@@ -72,17 +73,7 @@ def _dense_hessian(decoder: Decoder, prefixes: tuple[str, ...]) -> torch.Tensor:
     tokenizer = transformers.AutoTokenizer.from_pretrained(decoder.folder)
     inputs = dict(tokenizer(list(TEXTS), padding=True, return_tensors="pt"))
     chosen = {n: p.detach() for n, p in model.named_parameters() if n.startswith(prefixes)}
-    shapes = [(n, p.shape, p.numel()) for n, p in chosen.items()]
-
-    def loss(vector: torch.Tensor) -> torch.Tensor:
-        params, start = {}, 0
-        for name, shape, count in shapes:
-            params[name] = vector[start : start + count].reshape(shape)
-            start += count
-        out = torch.func.functional_call(model, params, args=(), kwargs=inputs)
-        return torch.nn.functional.cross_entropy(out.logits, decoder.labels)
-
-    return torch.func.hessian(loss)(torch.cat([p.reshape(-1) for p in chosen.values()]))
+    return dense_hessian(model, chosen, inputs, decoder.labels)
 
 
 def test_loads_without_arch_or_trust_and_equals_the_library_on_padded_batches(

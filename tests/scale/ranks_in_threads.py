@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from curvcal.curvature.operators import DenseOperator
 from curvcal.curvature.vectors import SlicedSpace
 
 
@@ -91,13 +92,14 @@ def global_indices(pieces: Sequence[tuple[int, int, int]]) -> Tensor:
     return torch.cat(indices)
 
 
-class SlicedDense:
-    """A dense symmetric ``matrix`` seen by rank ``rank`` of ``ranks`` through sliced vectors."""
+class SlicedDense(DenseOperator):
+    """A dense symmetric ``matrix`` seen by rank ``rank`` of ``ranks`` through sliced vectors
+    (shape, dtype, device and ``matvec`` those of the whole :class:`DenseOperator`)."""
 
     def __init__(
         self, matrix: Tensor, shapes: Sequence[tuple[int, ...]], ranks: ThreadRanks, rank: int
     ) -> None:
-        self.matrix = matrix
+        super().__init__(matrix)
         self.rank = rank
         self.ranks = ranks
         self.pieces = local_ranges(shapes, rank, ranks.world)
@@ -108,19 +110,6 @@ class SlicedDense:
         self.vector_space = SlicedSpace(
             self.pieces, lambda value: ranks.reduce(rank, value), self._whole
         )
-        self.n_matvecs = 0
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (int(self.matrix.shape[0]), int(self.matrix.shape[1]))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.matrix.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.matrix.device
 
     def _whole(self, block: Tensor) -> Tensor:
         whole = block.new_zeros((self.shape[0], block.shape[1]))
@@ -133,6 +122,3 @@ class SlicedDense:
         self.n_matvecs += int(vectors.shape[1])
         whole = self._whole(vectors.to(self.dtype))
         return self.matrix[self.indices] @ whole
-
-    def matvec(self, vector: Tensor) -> Tensor:
-        return self.matmat(vector.reshape(-1, 1)).reshape(-1)

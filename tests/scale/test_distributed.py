@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,30 +10,15 @@ import torch
 from curvcal.distributed import shard_indices
 
 from .dist_worker import N_SAMPLES, measure, operator_on
+from .launch import worker_results
 
 WORKER = Path(__file__).with_name("dist_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run_two_ranks(out: Path) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(WORKER), str(out),
-    ]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.mark.slow  # three Python processes start torch: about 20 s on two busy cores
 def test_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
-    _run_two_ranks(tmp_path)
+    ranks = worker_results(WORKER, tmp_path, 2, timeout=120)
     single = measure(list(range(N_SAMPLES)), None)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [int(r["n_local"]) for r in ranks] == [26, 25]  # unpadded, disjoint shards
     for figures in ranks:  # every rank holds the all-reduced, identical answer
         assert int(figures["n_samples"]) == N_SAMPLES

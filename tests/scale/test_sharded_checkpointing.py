@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from .launch import worker_results
+
 WORKER = Path(__file__).with_name("checkpointing_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,19 +25,7 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 @pytest.mark.slow  # two ranks, two sharded models, each product 2 gradient passes
 def test_checkpointed_units_give_the_same_products(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(WORKER), str(tmp_path),
-    ]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for rank in range(2):
-        figures = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+    for rank, figures in enumerate(worker_results(WORKER, tmp_path, 2, timeout=400)):
         plain, checkpointed = figures["plain"], figures["checkpointed"]
         for name in ("eigenvalues", "trace", "product"):
             assert _relative(checkpointed[name], plain[name]) < 1e-9, name

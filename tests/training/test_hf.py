@@ -137,3 +137,17 @@ def test_every_n_steps_without_attach_writes_the_log_history(tmp_path: Path) -> 
     trainer.train()
     rows = [row for row in trainer.state.log_history if "curvcal/accuracy" in row]
     assert [row["step"] for row in rows] == [5, 10]
+
+
+def test_bad_requests_are_refused_when_the_callback_is_built() -> None:
+    """The same checks as the Lightning callback's, each naming what is wrong."""
+    from curvcal.errors import InputError
+
+    with pytest.raises(InputError, match="lamda_max"):
+        CurvatureTrainerCallback([], quantities=("lamda_max",))
+    with pytest.raises(InputError, match="top_kk"):
+        CurvatureTrainerCallback([], top_kk=2)
+    with pytest.raises(InputError, match="every_n_steps"):
+        CurvatureTrainerCallback([], every_n_steps=0)
+    with pytest.raises(InputError, match="every_n_epochs"):
+        CurvatureTrainerCallback([], every_n_epochs=True)
