@@ -38,11 +38,13 @@ on ties, as laplace-torch's ``gridsearch`` takes ``argmin``), refined by Brent's
 (bounded) in log δ between the grid neighbours of that minimum, kept only if it is no worse; a
 minimum on an end of the grid stays there (``at_bracket_end``). The posterior is then built from
 the GGN of the whole fit split at that δ (the refit after cross-validation). The Monte Carlo
-predictive draws the same ε for every δ (one seed), so its objective is smooth in δ.
+predictive draws the same ε for every δ (one seed; drawn once per fold, with the fold's
+eigenbases: :class:`MonteCarloFold`) and its roots R(δ) are smooth in δ, so its objective is.
 
 **Predictive.** f_μ = W φ + b, logit covariance Σ_f = J Σ Jᵀ (K×K). ``probit`` (MacKay 1992,
 laplace-torch's ``link_approx="probit"``): p = softmax(κ ⊙ f_μ) with κ_k = 1/√(1 + π/8·Σ_f,kk).
-``mc``: p = mean over S seeded draws f ~ N(f_μ, Σ_f) of softmax(f).
+``mc``: p = mean over S seeded draws f = f_μ + R ε ~ N(f_μ, Σ_f) of softmax(f), R Rᵀ = Σ_f:
+the Cholesky factor for ``full`` (as laplace-torch draws), Q_G diag(√v) for ``kron``.
 
 Everything is float64 on the CPU. Pure: no file I/O, no printing, no global RNG.
 """
