@@ -521,9 +521,14 @@ def heldout_nll(delta: float, folds: list[HeldOutFold], template: LaplaceMap) ->
             kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances.clamp_min(0.0))
             logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
         elif draws is not None:  # Monte Carlo: the same draws and bases at every δ
-            total -= _monte_carlo_label_log_likelihood(draws, fold.curvature, delta)
+            total -= _monte_carlo_label_log_likelihood(draws, fold, delta)
             count += int(fold.labels.numel())
             continue
+        elif fold.curvature.structure == "kron":  # probit: Σ_f is diagonal in Q_G at every δ
+            qg = _kron_fold_basis(fold)[0]
+            variances = _kron_fold_spectrum(fold, delta, template.bias is not None) @ (qg * qg).T
+            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances)
+            logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
         else:
             posterior = _posterior(template, fold.curvature, delta)
             logp = predictive_log_probs(posterior, fold.features)
@@ -559,14 +564,35 @@ def _projections(template: LaplaceMap, features: Tensor, vectors: Tensor) -> Ten
     return proj if template.bias is None else proj + vectors[k * d :][None]
 
 
+def _kron_fold_basis(fold: HeldOutFold) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """For a ``kron`` fold: Q_G, the eigenvalues g of G and a of A (clipped at 0, as
+    :func:`_kron_basis`) and (Q_Aᵀφ_n)² (n×D) of the fold's rows; cached on the fold."""
+    cached: tuple[Tensor, Tensor, Tensor, Tensor] | None = fold.cache.get("kron_basis")
+    if cached is None:
+        curv = fold.curvature
+        assert curv.kron_a is not None and curv.kron_g is not None
+        ga, qg = torch.linalg.eigh(curv.kron_g)
+        aa, qa = torch.linalg.eigh(curv.kron_a)
+        c = fold.features @ qa
+        cached = fold.cache["kron_basis"] = (qg, ga.clamp_min(0.0), aa.clamp_min(0.0), c * c)
+    return cached
+
+
+def _kron_fold_spectrum(fold: HeldOutFold, delta: float, has_bias: bool) -> Tensor:
+    """v (n×K, ≥ 0) with Σ_f(x_n) = Q_G diag(v_n) Q_Gᵀ at prior precision δ for the fold's rows
+    (:func:`_kron_spectrum` from the cached :func:`_kron_fold_basis`)."""
+    _qg, ga, aa, c_sq = _kron_fold_basis(fold)
+    v = c_sq @ (1.0 / (torch.outer(ga, aa) + delta)).T
+    return (v + 1.0 / (ga + delta) if has_bias else v).clamp_min(0.0)
+
+
 @dataclass(frozen=True)
 class MonteCarloFold:
     """What the Monte Carlo predictive of one held-out fold keeps across δ: the logit means
     ``mean`` (n×K), the labels, the standard normal draws ``normals`` (n×K×S) that
     :func:`predictive_log_probs` draws for these rows, and the δ-free part of the logit
     covariance, ``basis``: for ``full`` the projections (J_n v_i)_k onto the GGN's
-    eigenvectors (n×K×P), for ``kron`` Q_G (K×K) with its eigenvalues g, those a of A, and
-    (Q_Aᵀφ_n)² (n×D)."""
+    eigenvectors (n×K×P); empty for ``kron`` (the fold's :func:`_kron_fold_basis`)."""
 
     mean: Tensor
     labels: Tensor
@@ -597,11 +623,7 @@ def _monte_carlo_fold(template: LaplaceMap, fold: HeldOutFold) -> MonteCarloFold
         assert curv.eigenvectors is not None
         basis: tuple[Tensor, ...] = (_projections(template, fold.features, curv.eigenvectors),)
     else:
-        assert curv.kron_a is not None and curv.kron_g is not None
-        ga, qg = torch.linalg.eigh(curv.kron_g)
-        aa, qa = torch.linalg.eigh(curv.kron_a)
-        c = fold.features @ qa
-        basis = (qg, ga.clamp_min(0.0), aa.clamp_min(0.0), c * c)
+        basis = ()  # the fold's own (_kron_fold_basis)
     state = MonteCarloFold(
         logit_mean(template, fold.features),
         fold.labels,
@@ -614,7 +636,7 @@ def _monte_carlo_fold(template: LaplaceMap, fold: HeldOutFold) -> MonteCarloFold
 
 
 def _monte_carlo_label_log_likelihood(
-    state: MonteCarloFold, curv: Curvature, delta: float
+    state: MonteCarloFold, fold: HeldOutFold, delta: float
 ) -> float:
     """Σ_n log p_{y_n} of the Monte Carlo predictive at prior precision δ: the same roots R_n
     (:func:`covariance_root` of Σ_f = B_n diag(1/(λ+δ)) B_nᵀ, B_n the cached projections, for
@@ -622,16 +644,13 @@ def _monte_carlo_label_log_likelihood(
     in one batched product; log p_y = logsumexp_s(f_sy − logsumexp_k f_sk) − log S."""
     normals = state.normals
     samples = normals.shape[2]
-    if curv.structure == "full":
+    if fold.curvature.structure == "full":
         (proj,) = state.basis
-        inverse = 1.0 / (curv.eigenvalues + delta)
+        inverse = 1.0 / (fold.curvature.eigenvalues + delta)
         root = covariance_root(torch.bmm(proj * inverse, proj.transpose(1, 2)))
     else:
-        qg, ga, aa, c_sq = state.basis
-        v = c_sq @ (1.0 / (torch.outer(ga, aa) + delta)).T
-        if state.has_bias:
-            v = v + 1.0 / (ga + delta)
-        root = qg[None] * v.clamp_min(0.0).sqrt()[:, None, :]
+        qg = _kron_fold_basis(fold)[0]
+        root = qg[None] * _kron_fold_spectrum(fold, delta, state.has_bias).sqrt()[:, None, :]
     logits = _logit_draws(state.mean, root, normals)
     label = logits.gather(1, state.labels[:, None, None].expand(-1, 1, samples))[:, 0]
     log_probs = label - torch.logsumexp(logits, dim=1)
@@ -881,10 +900,10 @@ def logit_moments(posterior: LaplaceMap, features: Tensor) -> tuple[Tensor, Tens
 def predictive_log_probs(posterior: LaplaceMap, features: Tensor) -> Tensor:
     """log p of the predictive at ``features`` (float64 N×K): probit or Monte Carlo.
 
-    Monte Carlo draws f = f_μ + R ε with R Rᵀ = Σ_f (``kron``: R = Q_G diag(√v); ``full``: the
-    Cholesky factor, :func:`covariance_root`), ε standard normal from one generator seeded by ``seed``,
-    taken row chunk by row chunk in order (the same rows and seed give the same draws), and
-    averages softmax(f) over the draws."""
+    Monte Carlo draws f = f_μ + R ε with R Rᵀ = Σ_f (``kron``: R = Q_G diag(√v); ``full``:
+    the Cholesky factor, :func:`covariance_root`), ε standard normal from one generator seeded
+    by ``seed``, taken row chunk by row chunk in order (:func:`_normal_chunks`: the same rows
+    and seed give the same draws), and averages softmax(f) over the draws."""
     mean = logit_mean(posterior, features)
     if posterior.predictive == "probit":
         kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * logit_variances(posterior, features))
