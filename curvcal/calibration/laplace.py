@@ -38,11 +38,13 @@ on ties, as laplace-torch's ``gridsearch`` takes ``argmin``), refined by Brent's
 (bounded) in log δ between the grid neighbours of that minimum, kept only if it is no worse; a
 minimum on an end of the grid stays there (``at_bracket_end``). The posterior is then built from
 the GGN of the whole fit split at that δ (the refit after cross-validation). The Monte Carlo
-predictive draws the same ε for every δ (one seed), so its objective is smooth in δ.
+predictive draws the same ε for every δ (one seed; drawn once per fold, with the fold's
+eigenbases: :class:`MonteCarloFold`) and its roots R(δ) are smooth in δ, so its objective is.
 
 **Predictive.** f_μ = W φ + b, logit covariance Σ_f = J Σ Jᵀ (K×K). ``probit`` (MacKay 1992,
 laplace-torch's ``link_approx="probit"``): p = softmax(κ ⊙ f_μ) with κ_k = 1/√(1 + π/8·Σ_f,kk).
-``mc``: p = mean over S seeded draws f ~ N(f_μ, Σ_f) of softmax(f).
+``mc``: p = mean over S seeded draws f = f_μ + R ε ~ N(f_μ, Σ_f) of softmax(f), R Rᵀ = Σ_f:
+the Cholesky factor for ``full`` (as laplace-torch draws), Q_G diag(√v) for ``kron``.
 
 Everything is float64 on the CPU. Pure: no file I/O, no printing, no global RNG.
 """
@@ -50,6 +52,7 @@ Everything is float64 on the CPU. Pure: no file I/O, no printing, no global RNG.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -472,7 +475,7 @@ class HeldOutFold:
     curvature: Curvature
     features: Tensor
     labels: Tensor
-    cache: dict[str, Tensor] = field(default_factory=dict, compare=False, repr=False)
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def heldout_folds(
@@ -512,9 +515,19 @@ def heldout_nll(delta: float, folds: list[HeldOutFold], template: LaplaceMap) ->
         if fold.labels.numel() == 0:
             continue
         squares = _eigen_projections(template, fold)
+        draws = _monte_carlo_fold(template, fold)
         if squares is not None:  # full GGN, probit: the same predictive, δ only rescales
             variances = squares @ (1.0 / (fold.curvature.eigenvalues + delta))
             kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances.clamp_min(0.0))
+            logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
+        elif draws is not None:  # Monte Carlo: the same draws and bases at every δ
+            total -= _monte_carlo_label_log_likelihood(draws, fold, delta)
+            count += int(fold.labels.numel())
+            continue
+        elif fold.curvature.structure == "kron":  # probit: Σ_f is diagonal in Q_G at every δ
+            qg = _kron_fold_basis(fold)[0]
+            variances = _kron_fold_spectrum(fold, delta, template.bias is not None) @ (qg * qg).T
+            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances)
             logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
         else:
             posterior = _posterior(template, fold.curvature, delta)
@@ -532,18 +545,136 @@ def _eigen_projections(template: LaplaceMap, fold: HeldOutFold) -> Tensor | None
     curv = fold.curvature
     if template.predictive != "probit" or curv.eigenvectors is None:
         return None
-    k, d = template.weight.shape
+    k = template.n_classes
     n, p = fold.features.shape[0], curv.eigenvectors.shape[1]
     if n * k * p > 4 * CHUNK_ELEMENTS:
         return None
-    cached = fold.cache.get("squares")
+    cached: Tensor | None = fold.cache.get("squares")
     if cached is None:
-        vectors = curv.eigenvectors
-        proj = torch.einsum("nd,kdp->nkp", fold.features, vectors[: k * d].reshape(k, d, p))
-        if template.bias is not None:
-            proj = proj + vectors[k * d :][None]
+        proj = _projections(template, fold.features, curv.eigenvectors)
         cached = fold.cache["squares"] = proj * proj
     return cached
+
+
+def _projections(template: LaplaceMap, features: Tensor, vectors: Tensor) -> Tensor:
+    """(J_n v_i)_k (n×K×P): the logits' Jacobian at each row of ``features`` times each column
+    v_i of ``vectors`` (P×P, θ in the module docstring's order)."""
+    k, d = template.weight.shape
+    proj = torch.einsum("nd,kdp->nkp", features, vectors[: k * d].reshape(k, d, vectors.shape[1]))
+    return proj if template.bias is None else proj + vectors[k * d :][None]
+
+
+def _kron_fold_basis(fold: HeldOutFold) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """For a ``kron`` fold: Q_G, the eigenvalues g of G and a of A (clipped at 0, as
+    :func:`_kron_basis`) and (Q_Aᵀφ_n)² (n×D) of the fold's rows; cached on the fold."""
+    cached: tuple[Tensor, Tensor, Tensor, Tensor] | None = fold.cache.get("kron_basis")
+    if cached is None:
+        curv = fold.curvature
+        assert curv.kron_a is not None and curv.kron_g is not None
+        ga, qg = torch.linalg.eigh(curv.kron_g)
+        aa, qa = torch.linalg.eigh(curv.kron_a)
+        c = fold.features @ qa
+        cached = fold.cache["kron_basis"] = (qg, ga.clamp_min(0.0), aa.clamp_min(0.0), c * c)
+    return cached
+
+
+def _kron_fold_spectrum(fold: HeldOutFold, delta: float, has_bias: bool) -> Tensor:
+    """v (n×K, ≥ 0) with Σ_f(x_n) = Q_G diag(v_n) Q_Gᵀ at prior precision δ for the fold's rows
+    (:func:`_kron_spectrum` from the cached :func:`_kron_fold_basis`)."""
+    _qg, ga, aa, c_sq = _kron_fold_basis(fold)
+    v = c_sq @ (1.0 / (torch.outer(ga, aa) + delta)).T
+    return (v + 1.0 / (ga + delta) if has_bias else v).clamp_min(0.0)
+
+
+@dataclass(frozen=True)
+class MonteCarloFold:
+    """What the Monte Carlo predictive of one held-out fold keeps across δ: the logit means
+    ``mean`` (n×K), the labels, the standard normal draws ``normals`` (n×K×S) that
+    :func:`predictive_log_probs` draws for these rows, and the δ-free part of the logit
+    covariance, ``basis``: for ``full`` the projections (J_n v_i)_k onto the GGN's
+    eigenvectors (n×K×P); empty for ``kron`` (the fold's :func:`_kron_fold_basis`)."""
+
+    mean: Tensor
+    labels: Tensor
+    normals: Tensor
+    basis: tuple[Tensor, ...]
+    has_bias: bool
+
+
+def _monte_carlo_fold(template: LaplaceMap, fold: HeldOutFold) -> MonteCarloFold | None:
+    """The fold's :class:`MonteCarloFold` for the Monte Carlo predictive of ``template``'s
+    draws and seed (cached on the fold under both);
+    ``None`` for probit, or when the draws or the full projections would exceed
+    4 × :data:`CHUNK_ELEMENTS` (the posterior is then built at each δ)."""
+    if template.predictive != "mc":
+        return None
+    key = ("monte_carlo", template.samples, template.seed)
+    cached = fold.cache.get(key)
+    if cached is not None:
+        return cached
+    curv = fold.curvature
+    n, k = fold.features.shape[0], template.n_classes
+    samples = template.samples
+    wide = curv.eigenvectors is not None and n * k * curv.eigenvectors.shape[1] > 4 * CHUNK_ELEMENTS
+    if samples * n * k > 4 * CHUNK_ELEMENTS or wide:
+        return None
+    normals = torch.cat([draws for _, draws in _normal_chunks(n, k, samples, template.seed)], dim=1)
+    if curv.structure == "full":
+        assert curv.eigenvectors is not None
+        basis: tuple[Tensor, ...] = (_projections(template, fold.features, curv.eigenvectors),)
+    else:
+        basis = ()  # the fold's own (_kron_fold_basis)
+    state = MonteCarloFold(
+        logit_mean(template, fold.features),
+        fold.labels,
+        normals.permute(1, 2, 0).contiguous(),
+        basis,
+        template.bias is not None,
+    )
+    fold.cache[key] = state
+    return state
+
+
+def _monte_carlo_label_log_likelihood(
+    state: MonteCarloFold, fold: HeldOutFold, delta: float
+) -> float:
+    """Σ_n log p_{y_n} of the Monte Carlo predictive at prior precision δ: the same roots R_n
+    (:func:`covariance_root` of Σ_f = B_n diag(1/(λ+δ)) B_nᵀ, B_n the cached projections, for
+    ``full``; Q_G diag(√v_n) for ``kron``) and the same draws ε as :func:`predictive_log_probs`,
+    in one batched product; log p_y = logsumexp_s(f_sy − logsumexp_k f_sk) − log S."""
+    normals = state.normals
+    samples = normals.shape[2]
+    if fold.curvature.structure == "full":
+        (proj,) = state.basis
+        inverse = 1.0 / (fold.curvature.eigenvalues + delta)
+        root = covariance_root(torch.bmm(proj * inverse, proj.transpose(1, 2)))
+    else:
+        qg = _kron_fold_basis(fold)[0]
+        root = qg[None] * _kron_fold_spectrum(fold, delta, state.has_bias).sqrt()[:, None, :]
+    logits = _logit_draws(state.mean, root, normals)
+    label = logits.gather(1, state.labels[:, None, None].expand(-1, 1, samples))[:, 0]
+    log_probs = label - torch.logsumexp(logits, dim=1)
+    return float((torch.logsumexp(log_probs, dim=1) - math.log(samples)).sum())
+
+
+def covariance_root(cov: Tensor) -> Tensor:
+    """R with R Rᵀ = Σ for each K×K matrix of ``cov`` (n×K×K, symmetrised first): the lower
+    Cholesky factor (as ``torch.distributions.MultivariateNormal`` and laplace-torch's Monte
+    Carlo predictive draw), or U √max(Λ, 0) of the eigendecomposition Σ = U Λ Uᵀ for a
+    matrix that is not numerically positive definite (a zero Σ_f, rounding)."""
+    cov = 0.5 * (cov + cov.transpose(-1, -2))
+    root, info = torch.linalg.cholesky_ex(cov)
+    failed = info != 0
+    if bool(failed.any()):
+        values, vectors = torch.linalg.eigh(cov[failed])
+        root[failed] = vectors * values.clamp_min(0.0).sqrt()[:, None, :]
+    return root
+
+
+def _logit_draws(mean: Tensor, root: Tensor, normals: Tensor) -> Tensor:
+    """f_μ,n + R_n ε_s for every row n and draw s: n×K×S from the means (n×K), the roots
+    (n×K×K) and the standard normals (n×K×S)."""
+    return mean[:, :, None] + torch.bmm(root, normals)
 
 
 @dataclass(frozen=True)
@@ -769,33 +900,39 @@ def logit_moments(posterior: LaplaceMap, features: Tensor) -> tuple[Tensor, Tens
 def predictive_log_probs(posterior: LaplaceMap, features: Tensor) -> Tensor:
     """log p of the predictive at ``features`` (float64 N×K): probit or Monte Carlo.
 
-    Monte Carlo draws f = f_μ + R ε with R Rᵀ = Σ_f (``kron``: R = Q_G diag(√v); ``full``: from
-    an eigendecomposition of Σ_f), ε standard normal from one generator seeded by ``seed``,
-    taken row chunk by row chunk in order (the same rows and seed give the same draws), and
-    averages softmax(f) over the draws."""
+    Monte Carlo draws f = f_μ + R ε with R Rᵀ = Σ_f (``kron``: R = Q_G diag(√v); ``full``:
+    the Cholesky factor, :func:`covariance_root`), ε standard normal from one generator seeded
+    by ``seed``, taken row chunk by row chunk in order (:func:`_normal_chunks`: the same rows
+    and seed give the same draws), and averages softmax(f) over the draws."""
     mean = logit_mean(posterior, features)
     if posterior.predictive == "probit":
         kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * logit_variances(posterior, features))
         return torch.log_softmax(kappa * mean, dim=1)
-    generator = torch.Generator().manual_seed(posterior.seed)
     n, k = mean.shape
     samples = posterior.samples
     out = torch.empty(n, k, dtype=torch.float64)
     basis = _kron_basis(posterior) if posterior.structure == "kron" else None
-    step = _rows(n, k * k + samples * k)
-    for start in range(0, n, step):
+    for start, draws in _normal_chunks(n, k, samples, posterior.seed):
+        step = draws.shape[1]
         x = features[start : start + step]
         if basis is not None:
             root = basis[0][None] * _kron_spectrum(basis, x).clamp_min(0.0).sqrt()[:, None, :]
         else:
-            _mean, cov = logit_moments(posterior, x)
-            values, vectors = torch.linalg.eigh(cov)
-            root = vectors * values.clamp_min(0.0).sqrt()[:, None, :]
-        draws = torch.randn(samples, x.shape[0], k, generator=generator, dtype=torch.float64)
-        logits = mean[start : start + step] + torch.einsum("nkj,snj->snk", root, draws)
-        log_probs = torch.log_softmax(logits, dim=2)
-        out[start : start + step] = torch.logsumexp(log_probs, dim=0) - math.log(samples)
+            root = covariance_root(logit_moments(posterior, x)[1])
+        logits = _logit_draws(mean[start : start + step], root, draws.permute(1, 2, 0))
+        log_probs = torch.log_softmax(logits, dim=1)
+        out[start : start + step] = torch.logsumexp(log_probs, dim=2) - math.log(samples)
     return out
+
+
+def _normal_chunks(n: int, k: int, samples: int, seed: int) -> Iterator[tuple[int, Tensor]]:
+    """The standard normals of the Monte Carlo predictive of n rows: row chunks in order, each
+    (first row, S×rows×K draws) from one generator seeded by ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    step = _rows(n, k * k + samples * k)
+    for start in range(0, n, step):
+        rows = min(step, n - start)
+        yield start, torch.randn(samples, rows, k, generator=generator, dtype=torch.float64)
 
 
 def saved_form_digest(saved: dict[str, Any]) -> str:

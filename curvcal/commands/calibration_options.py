@@ -33,18 +33,19 @@ _MAP_OPTIONS = {
 }
 
 
-def refuse_unused_map_options(values: dict[str, Any]) -> None:
+def refuse_unused_map_options(values: dict[str, Any], selector: str = "method") -> None:
     """An option typed for a map that ``--method`` (when given) does not fit would do nothing:
     ``--method none --objective ece``, ``--method ts --gammas 0,1``. Refused, not ignored
-    (``values``: the command's typed options, seen before the settings are built)."""
-    method = values["method"]
+    (``values``: the command's typed options, seen before the settings are built;
+    ``selector``: the option that names the maps, ``maps`` for ``study``)."""
+    method = values[selector]
     if method is None:
         return
     idle = [name for name, (_option, methods) in _MAP_OPTIONS.items() if method not in methods]
     unused = [_MAP_OPTIONS[name][0] for name in typed_options(idle)]
     if unused:
         raise click.UsageError(
-            f"--method {method} fits no map that {', '.join(unused)} would shape; leave "
+            f"--{selector} {method} fits no map that {', '.join(unused)} would shape; leave "
             f"{'it' if len(unused) == 1 else 'them'} out or pick another --method"
         )
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from curvcal.commands.calibration_options import refuse_unused_map_options
 from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
 from curvcal.commands.common import finish, output_options, start
 from curvcal.commands.data_options import data_options as data_options_decorator
@@ -32,15 +33,35 @@ if TYPE_CHECKING:
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
 
-#: the calibration options study takes (its --seed, the Hessian's, also draws the split)
-STUDY_CALIBRATION_OPTIONS = ("val_split", "gammas", "bins")
+#: the calibration options study takes (its --seed, the Hessian's, also draws the split and
+#: seeds the Laplace folds and draws)
+STUDY_CALIBRATION_OPTIONS = (
+    "val_split",
+    "gammas",
+    "bins",
+    "laplace_structure",
+    "laplace_predictive",
+    "laplace_samples",
+    "laplace_prior",
+)
+
+
+def _refuse_unused_map_options(values: dict[str, Any]) -> None:
+    """A map option typed with ``--maps`` that fits no map it shapes is refused, as
+    ``calibrate`` refuses it with ``--method``."""
+    refuse_unused_map_options(values, "maps")
 
 
 @click.command(cls=Command)
 @click.argument("checkpoints", nargs=-1, required=True, metavar="CKPT...")
 @checkpoint_options_decorator
 @data_options_decorator()
-@click_options(CalibrationSettings, "calibration", only=STUDY_CALIBRATION_OPTIONS)
+@click_options(
+    CalibrationSettings,
+    "calibration",
+    only=STUDY_CALIBRATION_OPTIONS,
+    before=_refuse_unused_map_options,
+)
 @click_options(HessianSettings, "hessian", only=STUDY_HESSIAN_OPTIONS)
 @click_options(StudySettings, "study_settings")
 @output_options

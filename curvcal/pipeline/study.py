@@ -45,7 +45,8 @@ class StudyRequest:
     """What ``curvcal study`` was asked: the checkpoint files (globs expanded), the data and
     the settings every checkpoint is measured with: the Hessian's (``hessian``; its ``seed``
     also draws the ``--val-split``), the study's own (``study``: the curvature data, the plot
-    folder) and the calibration's (``calibration``: ``val_split``, ``gammas``, ``bins``)."""
+    folder) and the calibration's (``calibration``: ``val_split``, ``gammas``, ``bins`` and the
+    Laplace map's ``laplace_*``)."""
 
     checkpoints: tuple[Path, ...]
     checkpoint_options: CheckpointSettings

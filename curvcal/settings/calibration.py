@@ -185,8 +185,9 @@ class CalibrationSettings(Settings):
     )
     seed: int = setting(
         0,
-        "Seed of --val-split, of the bootstrap, of the folds of matrix scaling's "
-        "cross-validation and of the Monte Carlo draws of --method laplace.",
+        "Seed of --val-split, of the bootstrap, of the folds of matrix scaling's and "
+        "--laplace-prior nll's cross-validation and of the Monte Carlo draws of --method "
+        "laplace.",
         low=0,
         high=MAX_SEED,
     )
