@@ -194,3 +194,18 @@ def test_without_near_ties_the_groups_are_the_exact_ties() -> None:
     ascending = torch.softmax(logits, 1).max(1).values.sort().values
     _, exact = torch.unique_consecutive(ascending, return_counts=True)
     assert torch.equal(ties.group_sizes(ascending), exact)
+
+
+@pytest.mark.parametrize("fit", [fit_histogram, fit_isotonic], ids=["histogram", "isotonic"])
+def test_fitted_map_metrics_do_not_move_with_last_bits_of_the_logits(fit: Any) -> None:
+    # the device finding end to end: a map fitted once, applied to logits and to the same
+    # logits changed by a relative 1e-15 (as another device computes them)
+    logits, labels, _ = piecewise_constant_case(1200)
+    fitted = fit(logits[:600], labels[:600], kind="logits").calibrator
+    noise = torch.randn(600, 10, generator=torch.Generator().manual_seed(4), dtype=F64)
+    evaluation = logits[600:]
+
+    def metrics(z: torch.Tensor) -> Any:
+        return calibration_metrics(fitted.apply(z, "logits", "scores"), labels[600:], "logprobs")
+
+    assert_same_metrics(metrics(evaluation * (1 + 1e-15 * noise)), metrics(evaluation))
