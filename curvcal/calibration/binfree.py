@@ -9,7 +9,9 @@ label] as tensors of length N (N ≥ 1; computed in float64), and returns a floa
 - Kuiper statistic (same paper): max(0, max_j S_j) - min(0, min_j S_j) (S_0 = 0 included).
 - Ties: S is evaluated only after a whole group of equal confidences (the cumulative sums of
   the empirical distribution at each distinct confidence), so neither value depends on the
-  order of the samples. The paper's code takes every position of an argsort, whose values
+  order of the samples. Equal means equal up to float64 rounding (the tie groups of
+  :mod:`curvcal.calibration.ties`: sorted neighbours at most 16·2⁻⁵³ apart, relative), so
+  confidences equal in exact arithmetic are not split by their last bits. The paper's code takes every position of an argsort, whose values
   inside a tie group depend on that order; without ties the two agree.
 - MMCE (Kumar, Sarawagi & Jain 2018, "Trainable calibration measures for neural networks from
   kernel mean embeddings", ICML): with the Laplacian kernel k(r, r') = exp(-|r - r'|/0.4) on
@@ -30,6 +32,8 @@ import math
 
 import torch
 
+from curvcal.calibration.ties import group_starts
+
 #: Width w of MMCE's Laplacian kernel exp(-|r - r'|/w) (Kumar et al. 2018).
 MMCE_WIDTH = 0.4
 
@@ -41,7 +45,8 @@ def _ascending(confidence: torch.Tensor, order: torch.Tensor | None) -> torch.Te
 def cumulative_gaps(
     confidence: torch.Tensor, correct: torch.Tensor, order: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """S at the end of every group of equal confidences, ascending, with S_0 = 0 first.
+    """S at the end of every tie group of confidences (equal up to float64 rounding,
+    :mod:`curvcal.calibration.ties`), ascending, with S_0 = 0 first.
 
     ``order`` is an ascending argsort of ``confidence`` when the caller has one.
     """
@@ -51,7 +56,7 @@ def cumulative_gaps(
     n = confidence.shape[0]
     partial = torch.cumsum(sorted_confidence - correct[order], dim=0) / n
     last = torch.ones(n, dtype=torch.bool)
-    last[:-1] = sorted_confidence[1:] != sorted_confidence[:-1]
+    last[:-1] = group_starts(sorted_confidence)[1:]
     return torch.cat((partial.new_zeros(1), partial[last]))
 
 

@@ -10,13 +10,18 @@ RMS-CE differ once a confidence reaches 1: 0.4667 against curvcal's 0.200 for th
 
 Equal-mass (AdaECE): the confidences sorted ascending are cut at positions round(i·N/M),
 i = 1..M-1 (round half up); each cut moves forward to the end of its tie group so equal
-confidences never straddle two bins; empty bins are dropped. With sample weights (a bootstrap
+confidences never straddle two bins; empty bins are dropped. A tie group is a run of sorted
+confidences equal up to float64 rounding (:mod:`curvcal.calibration.ties`: neighbours at most
+16·2⁻⁵³ apart, relative), so confidences that are equal in exact arithmetic but differ in their
+last bits are not split by rounding noise. With sample weights (a bootstrap
 resample given as multiplicities) the positions are counted in the weighted, expanded order.
 """
 
 from __future__ import annotations
 
 import torch
+
+from curvcal.calibration.ties import group_sizes
 
 
 def equal_width_index(values: torch.Tensor, n_bins: int, edges: str = "left") -> torch.Tensor:
@@ -55,14 +60,16 @@ def equal_mass_index(
     """Equal-mass bin index of each value (1-D), int64; indices may skip dropped empty bins.
 
     ``order`` (an ascending ``argsort`` of ``values``) may be passed to avoid sorting again;
-    the result depends only on the multiset of values, never on their order.
+    the result depends only on the multiset of values, never on their order. Tie groups are
+    those of :func:`curvcal.calibration.ties.group_starts` (equal up to float64 rounding).
     """
     n = values.shape[0]
     if order is None:
         order = torch.argsort(values, stable=True)
     ranked = values[order]
-    _, group, group_size = torch.unique_consecutive(ranked, return_inverse=True, return_counts=True)
-    group_end = torch.cumsum(group_size, 0)[group]  # one past the last index of each tie group
+    group_size = group_sizes(ranked)
+    # one past the last index of each sample's tie group
+    group_end = torch.repeat_interleave(torch.cumsum(group_size, 0), group_size)
     w = torch.ones(n, dtype=torch.float64) if weights is None else weights.to(torch.float64)[order]
     cumulative = torch.cumsum(w, 0)
     total = float(cumulative[-1]) if n else 0.0

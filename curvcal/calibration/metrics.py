@@ -10,6 +10,9 @@ Conventions (printed with every result):
 - Debiased RMS-CE (Kumar et al. 2019): sqrt(max(0, Σ_b |B_b|/N · [(acc_b - conf_b)² -
   acc_b(1 - acc_b)/(|B_b| - 1)])); bins with fewer than 2 samples contribute 0.
 - AdaECE: the ECE formula over equal-mass, tie-safe bins; the number of bins used is reported.
+  A tie group is a run of sorted confidences equal up to float64 rounding (neighbours at most
+  16·2⁻⁵³ apart, relative: :mod:`curvcal.calibration.ties`), so confidences equal in exact
+  arithmetic but a few units of rounding apart are never split by that noise.
 - Classwise ECE: for every class k in 0..K-1 (K = number of score columns), the ECE formula with
   equal-width bins of p_k against 1[y = k]; the mean over the K classes.
 - Positive-class ECE (K = 2 only): the classwise term of class 1.
@@ -17,7 +20,8 @@ Conventions (printed with every result):
   (a sum over classes, in [0, 2]).
 - KS calibration error, Kuiper statistic, MMCE: binning-free, see
   :mod:`curvcal.calibration.binfree`. Risk–coverage curve, AURC and E-AURC: see
-  :mod:`curvcal.calibration.selective`. All three and the curve are order-free on ties.
+  :mod:`curvcal.calibration.selective`. All three and the curve are order-free on ties; KS,
+  Kuiper and the curve use the tie groups of AdaECE.
 - Bootstrap intervals: percentile intervals of ECE, AdaECE, MCE and NLL over resamples drawn
   with a private generator seeded by ``seed``.
 """
@@ -513,7 +517,8 @@ def rms_calibration_error(
 def adaptive_calibration_error(
     scores: Any, labels: Any, kind: str = "logits", bins: int = 15
 ) -> float:
-    """AdaECE: the ECE formula over equal-mass, tie-safe bins."""
+    """AdaECE: the ECE formula over equal-mass bins whose cuts never split a tie group
+    (confidences equal up to float64 rounding, :mod:`curvcal.calibration.ties`)."""
     logp, y = _prepare(scores, labels, kind, bins, "left", "scores", "labels")
     count, sum_conf, sum_correct, _, _ = _equal_mass(_top(logp, y, kind), bins)
     return binned_errors(count, sum_conf, sum_correct).ece

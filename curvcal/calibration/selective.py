@@ -9,7 +9,9 @@ selective risk, the error rate among them:
     E-AURC = AURC - AURC*,  AURC* = (1/N) Σ_k max(0, k - (N - E))/k,
 
 where E is the number of errors and AURC* the area of an oracle that ranks every correct
-prediction first. Ties: within a group of equal confidences the errors are spread evenly
+prediction first. Ties: within a group of equal confidences (equal up to float64 rounding: the
+tie groups of :mod:`curvcal.calibration.ties`, sorted neighbours at most 16·2⁻⁵³ apart,
+relative) the errors are spread evenly
 (the expectation over every order of the group), so risk_k and the areas never depend on the
 order of the samples: risk_k = (E_< + (k - n_<)·e_g/n_g)/k for k inside a group of n_g samples
 holding e_g errors, with n_< samples and E_< errors more confident than the group. Without ties
@@ -21,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from curvcal.calibration.ties import group_sizes
 
 #: A calibration result records the selective risk at coverages j/SUMMARY_STEPS, j = 1..
 SUMMARY_STEPS = 10
@@ -57,9 +61,8 @@ def risk_coverage_curve(
     n = confidence.shape[0]
     ascending = torch.argsort(confidence, stable=True) if order is None else order
     descending = ascending.flip(0)
-    sorted_confidence = confidence[descending]
     errors = 1.0 - correct[descending]
-    _, sizes = torch.unique_consecutive(sorted_confidence, return_counts=True)
+    sizes = group_sizes(confidence[ascending]).flip(0)  # the tie groups, most confident first
     ends = torch.cumsum(sizes, dim=0)  # samples up to the end of each group
     error_ends = torch.cumsum(errors, dim=0)[ends - 1]
     starts = ends - sizes

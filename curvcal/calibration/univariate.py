@@ -10,7 +10,10 @@ A one-dimensional map f: [0, 1] → [0, 1] is used in two ways:
   keeps the prediction (and the correctness of every row) what it was, so the map only
   re-states how sure the model is. At the floor the runner-up would equal the top class and
   the lowest index would win, so every other class is held under q_t by a relative
-  :data:`TIE_MARGIN` (1e-12) and the row renormalised. 1 − c is computed as Σ_{j≠t} p_j (a
+  :data:`TIE_MARGIN` (1e-12) and such a row renormalised. Every other row is not
+  renormalised: its q_t is f(c) itself (log q_t = log f(c), the same bits for every row with
+  the same f(c)), so rows that a piecewise-constant map sends to one value keep exactly equal
+  confidences, whatever their other entries. 1 − c is computed as Σ_{j≠t} p_j (a
   logsumexp of the others' log-probabilities), exact even where c rounds to 1; a row whose
   other classes all have probability 0 shares 1 − q_t evenly among them (floor: 1/K).
 * **one-vs-rest**: a map f_k per class, fitted on (p_k, 1[y = k]) over every sample, then
@@ -87,11 +90,17 @@ def _top_label_rule(
         scaled = torch.where(spread[:, None], even, scaled)
     log_q = scaled + torch.log1p(-q_top)[:, None]
     # the top class stays the strict maximum (at the floor the runner-up would equal it, and
-    # the lowest index would win): the others are held a relative TIE_MARGIN under it, then the
-    # row is renormalised (a change in the 12th digit, only where the floor binds)
-    log_q = torch.minimum(log_q, (log_top + math.log1p(-TIE_MARGIN))[:, None])
-    log_q = log_q.scatter_(1, top[:, None], log_top[:, None])
-    return torch.log_softmax(log_q, dim=1)
+    # the lowest index would win): the others are held a relative TIE_MARGIN under it, and only
+    # the rows where that bound holds something down are renormalised (a change in the 12th
+    # digit). Every other row keeps log q_t = log f(c) as it is: renormalising it would mix the
+    # rounding of its other entries into q_t, and rows with the same f(c) would no longer have
+    # the same confidence bit for bit.
+    cap = (log_top + math.log1p(-TIE_MARGIN))[:, None]
+    held = (log_q > cap).scatter_(1, top[:, None], False).any(dim=1)
+    log_q = torch.minimum(log_q, cap).scatter_(1, top[:, None], log_top[:, None])
+    if bool(held.any()):
+        log_q[held] = torch.log_softmax(log_q[held], dim=1)
+    return log_q
 
 
 #: Entries per row chunk of a one-vs-rest map: its work is one NumPy call per class and chunk,
