@@ -160,6 +160,17 @@ def apply_by_rows(
     return by_rows(logp, block_map, elements)
 
 
+def by_columns(logp: torch.Tensor) -> np.ndarray:
+    """The probabilities of N×K log-probabilities as a K×N float64 array, one contiguous row
+    per class (a one-vs-rest map's per-class work then reads memory in order)."""
+    return np.ascontiguousarray(torch.exp(logp).numpy().T)
+
+
+def from_columns(columns: np.ndarray) -> torch.Tensor:
+    """The N×K tensor (row-major) of K×N ``columns``."""
+    return torch.from_numpy(np.ascontiguousarray(columns.T))
+
+
 def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
     """log q_k = log f_k − log Σ_j f_j of N×K non-negative ``values`` f_k(p_k); a row of
     zeros gives 1/K."""
