@@ -176,10 +176,11 @@ def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
     zeros gives 1/K."""
     values = values.to(torch.float64)
     total = values.sum(dim=1, keepdim=True)
-    k = values.shape[1]
-    uniform = torch.full_like(values, -math.log(k))
-    log_q = torch.log(values) - torch.log(total)
-    return torch.where(total > 0, log_q, uniform)
+    log_q = torch.log(values).sub_(torch.log(total))
+    zero = (total[:, 0] == 0).nonzero()[:, 0]
+    if len(zero):
+        log_q[zero] = -math.log(values.shape[1])
+    return log_q
 
 
 def check_classes(n_classes: int, method: str, source: str) -> None:
