@@ -62,16 +62,25 @@ def histogram_edges(x: np.ndarray, n_bins: int, scheme: str) -> np.ndarray:
     np.maximum.at(highest, index, x)
     used = np.unique(index)
     below, above = highest[used[:-1]], lowest[used[1:]]
+    return _edges_between(below, above)
+
+
+def _edges_between(below: np.ndarray, above: np.ndarray) -> np.ndarray:
+    """0, the inner edges halfway between each bin's largest score ``below`` and the next
+    bin's smallest ``above``, and 1. Halfway may round up onto ``above`` (then the edge is
+    ``below``); a bin of scores 0 followed by one whose smallest score is under twice the
+    smallest subnormal has no float edge above 0 to separate them, so the two are one bin."""
     inner = below + (above - below) / 2
-    inner = np.where(inner < above, inner, below)  # halfway may round up onto the next score
-    return np.concatenate([[0.0], inner, [1.0]])
+    inner = np.where(inner < above, inner, below)
+    return np.concatenate([[0.0], inner[inner > 0], [1.0]])
 
 
 def bin_of(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Bin index of every score (any shape): (e_m, e_{m+1}], x ≤ e_1 in the first bin,
     x > e_{B−1} in the last; the number of inner edges below x (``torch.bucketize``, the same
     search as ``numpy.searchsorted(side="left")`` and faster on one thread)."""
-    return torch.bucketize(torch.from_numpy(x), torch.from_numpy(edges[1:-1])).numpy()
+    scores = torch.from_numpy(np.ascontiguousarray(x))
+    return torch.bucketize(scores, torch.from_numpy(edges[1:-1])).numpy()
 
 
 def histogram_values(
@@ -144,9 +153,7 @@ def sorted_equal_mass_edges(ranked: np.ndarray, n_bins: int) -> np.ndarray:
     cuts = np.maximum.accumulate(cuts) if len(cuts) else cuts
     boundary = np.unique(cuts[(cuts > 0) & (cuts < n)])
     below, above = ranked[boundary - 1], ranked[boundary]
-    inner = below + (above - below) / 2
-    inner = np.where(inner < above, inner, below)  # halfway may round up onto the next score
-    return np.concatenate([[0.0], inner, [1.0]])
+    return _edges_between(below, above)
 
 
 @dataclass(frozen=True)
