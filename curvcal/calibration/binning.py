@@ -11,7 +11,8 @@ bin, x = 0 to the first and x = 1 to the last (curvcal's ECE convention, and net
   (:func:`curvcal.calibration.bins.equal_mass_index`: at round(i·N/M), each cut moved to the
   end of its tie group, empty bins dropped), and each inner edge set halfway between the
   largest score of one bin and the smallest of the next; a bin is never empty on the fit
-  split, but ties may leave fewer than M bins.
+  split, but ties may leave fewer than M bins (and so may a bin of zeros followed by a score
+  under twice the smallest subnormal: no float edge above 0 separates them).
 
 An equal-width bin that holds no fit sample takes the middle of its edges, (e_m + e_{m+1})/2
 (the value an uncalibrated score in it would have on average; netcal does the same). M needs
