@@ -43,6 +43,7 @@ from curvcal.calibration.univariate import (
     fit_nll,
     from_columns,
     one_vs_rest_log_probabilities,
+    one_vs_rest_nll,
     rows_of,
     top_label_map,
 )
@@ -230,15 +231,17 @@ class HistogramMap:
         values = [row[1] for row in self._bins]
         if self.method == "histogram":
             return top_label_map(logp, lambda c: values[0][bin_of(c, edges[0])])
+        return one_vs_rest_log_probabilities(self._values(logp))
+
+    def _values(self, logp: torch.Tensor) -> torch.Tensor:
+        """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation)."""
         if self.scheme == "equal-width":  # every class has the same edges: no transpose
             p = torch.exp(logp).numpy()
-            return one_vs_rest_log_probabilities(
-                torch.from_numpy(self._table[bin_of(p, edges[0]) + self._offsets])
-            )
+            return torch.from_numpy(self._table[bin_of(p, self._bins[0][0]) + self._offsets])
         columns = by_columns(logp)
-        for column, row_edges, row_values in zip(columns, edges, values, strict=True):
+        for column, (row_edges, row_values) in zip(columns, self._bins, strict=True):
             column[:] = row_values[bin_of(column, row_edges)]
-        return one_vs_rest_log_probabilities(from_columns(columns))
+        return from_columns(columns)
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
         """float64 calibrated probabilities of N×K ``scores``."""
@@ -321,7 +324,9 @@ def fit_histogram(
             len(row) + (len(row) - 1 if scheme == "equal-mass" else 0) for row in values
         ),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows, fitted._chunk), y),
+        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y)
+        if method == "histogram"
+        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_ELEMENTS),
         n_samples=n,
         calibrator=fitted,
     )

@@ -40,6 +40,7 @@ from curvcal.calibration.univariate import (
     fit_nll,
     from_columns,
     one_vs_rest_log_probabilities,
+    one_vs_rest_nll,
     rows_of,
     top_label_map,
 )
@@ -255,10 +256,14 @@ class IsotonicMap:
         points = self._points
         if self.method == "isotonic":
             return top_label_map(logp, lambda c: np.interp(c, *points[0]))
+        return one_vs_rest_log_probabilities(self._values(logp))
+
+    def _values(self, logp: torch.Tensor) -> torch.Tensor:
+        """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation)."""
         columns = by_columns(logp)
-        for column, (px, py) in zip(columns, points, strict=True):
+        for column, (px, py) in zip(columns, self._points, strict=True):
             column[:] = np.interp(column, px, py)
-        return one_vs_rest_log_probabilities(from_columns(columns))
+        return from_columns(columns)
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
         """float64 calibrated probabilities of N×K ``scores``."""
@@ -315,7 +320,9 @@ def fit_isotonic(
         points=points,
         n_parameters=2 * sum(points),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows, fitted._chunk), y),
+        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y)
+        if method == "isotonic"
+        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_ELEMENTS),
         n_samples=n,
         calibrator=fitted,
     )

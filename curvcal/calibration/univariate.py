@@ -183,6 +183,29 @@ def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
     return log_q
 
 
+def one_vs_rest_nll(
+    logp: torch.Tensor,
+    labels: torch.Tensor,
+    values: Callable[[torch.Tensor], torch.Tensor],
+    elements: int,
+) -> float:
+    """Mean −log q_y of a one-vs-rest map on float64 N×K ``logp``, from its per-class values
+    (``values``: a row chunk's N×K f_k(p_k)) by chunks of about ``elements`` entries, without
+    the N×K logarithms of the calibrated rows: −log q_y = log Σ_j f_j − log f_y (log K where
+    Σ_j f_j = 0, the uniform row of :func:`one_vs_rest_log_probabilities`)."""
+    n, k = logp.shape
+    step = max(1, elements // k)
+    log_q = torch.empty(n, dtype=torch.float64)
+    for start in range(0, n, step):
+        f = values(logp[start : start + step])
+        total = f.sum(dim=1)
+        own = f.gather(1, labels[start : start + step, None])[:, 0]
+        log_q[start : start + step] = torch.where(
+            total > 0, torch.log(own) - torch.log(total), -math.log(k)
+        )
+    return float(-log_q.mean())
+
+
 def check_classes(n_classes: int, method: str, source: str) -> None:
     """A one-dimensional map needs K ≥ 2 score columns."""
     if n_classes < 2:

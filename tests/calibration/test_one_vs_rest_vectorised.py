@@ -192,3 +192,14 @@ def test_equal_mass_bin_of_zeros_before_a_tiny_subnormal_is_merged() -> None:
     np.testing.assert_array_equal(
         saved.probabilities(probs, "probs"), fit.calibrator.probabilities(probs, "probs")
     )
+
+
+@pytest.mark.parametrize("method", ["histogram-ovr", "isotonic-ovr"])
+@pytest.mark.parametrize("k", [2, 100])
+def test_one_vs_rest_in_sample_nll_is_that_of_the_applied_map(method: str, k: int) -> None:
+    """The fit's NLL is found from f_y and Σ_j f_j alone; it is the mean −log q_y of the
+    calibrated rows the map gives."""
+    z, y = hard_scores(600, k, seed=3 * k)
+    fit = (fit_histogram if method == "histogram-ovr" else fit_isotonic)(z, y, method)
+    expected = float(-fit.calibrator.apply(z).gather(1, y[:, None]).mean())
+    assert fit.nll_after == pytest.approx(expected, rel=1e-14)
