@@ -11,7 +11,8 @@ bin, x = 0 to the first and x = 1 to the last (curvcal's ECE convention, and net
   (:func:`curvcal.calibration.bins.equal_mass_index`: at round(i·N/M), each cut moved to the
   end of its tie group, empty bins dropped), and each inner edge set halfway between the
   largest score of one bin and the smallest of the next; a bin is never empty on the fit
-  split, but ties may leave fewer than M bins.
+  split, but ties may leave fewer than M bins (and so may a bin of zeros followed by a score
+  under twice the smallest subnormal: no float edge above 0 separates them).
 
 An equal-width bin that holds no fit sample takes the middle of its edges, (e_m + e_{m+1})/2
 (the value an uncalibrated score in it would have on average; netcal does the same). M needs
@@ -34,12 +35,15 @@ from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
     ONE_VS_REST_ELEMENTS,
     apply_by_rows,
+    by_columns,
     by_rows,
     check_classes,
     check_keys,
     check_unit,
     fit_nll,
+    from_columns,
     one_vs_rest_log_probabilities,
+    one_vs_rest_nll,
     rows_of,
     top_label_map,
 )
@@ -60,15 +64,25 @@ def histogram_edges(x: np.ndarray, n_bins: int, scheme: str) -> np.ndarray:
     np.maximum.at(highest, index, x)
     used = np.unique(index)
     below, above = highest[used[:-1]], lowest[used[1:]]
+    return _edges_between(below, above)
+
+
+def _edges_between(below: np.ndarray, above: np.ndarray) -> np.ndarray:
+    """0, the inner edges halfway between each bin's largest score ``below`` and the next
+    bin's smallest ``above``, and 1. Halfway may round up onto ``above`` (then the edge is
+    ``below``); a bin of scores 0 followed by one whose smallest score is under twice the
+    smallest subnormal has no float edge above 0 to separate them, so the two are one bin."""
     inner = below + (above - below) / 2
-    inner = np.where(inner < above, inner, below)  # halfway may round up onto the next score
-    return np.concatenate([[0.0], inner, [1.0]])
+    inner = np.where(inner < above, inner, below)
+    return np.concatenate([[0.0], inner[inner > 0], [1.0]])
 
 
 def bin_of(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Bin index of every score: (e_m, e_{m+1}], x ≤ e_1 in the first bin, x > e_{B−1} in the
-    last."""
-    return np.searchsorted(edges[1:-1], x, side="left")
+    """Bin index of every score (any shape): (e_m, e_{m+1}], x ≤ e_1 in the first bin,
+    x > e_{B−1} in the last; the number of inner edges below x (``torch.bucketize``, the same
+    search as ``numpy.searchsorted(side="left")`` and faster on one thread)."""
+    scores = torch.from_numpy(np.ascontiguousarray(x))
+    return torch.bucketize(scores, torch.from_numpy(edges[1:-1])).numpy()
 
 
 def histogram_values(
@@ -83,6 +97,65 @@ def histogram_values(
     middle = (edges[:-1] + edges[1:]) / 2
     values = np.where(count > 0, hits / np.maximum(count, 1.0), middle)
     return values, int((count == 0).sum())
+
+
+def one_vs_rest_bins(
+    p: np.ndarray, labels: np.ndarray, n_bins: int, scheme: str
+) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """(edges, values, empty bins) of every class's histogram of 1[y = k] on p_k, for the N×K
+    probabilities ``p`` and the N ``labels``.
+
+    The same bins as :func:`histogram_edges` and :func:`histogram_values` on each column, with
+    the work shared: a bin's hits come only from the N_k samples of class k (N searches over
+    all classes, not K·N); its count, for equal-width bins (the same edges for every class),
+    from one search of all N×K scores, and for equal-mass bins from the K×N sorted columns
+    (one sort call) as differences of cut positions. Counts and hits are whole numbers, so
+    every value is bit for bit the per-column fit's."""
+    n, n_classes = p.shape
+    own = p[np.arange(n), labels]  # each sample's score for its own class
+    if scheme == "equal-width":
+        edges = histogram_edges(own, n_bins, scheme)
+        offsets = np.arange(n_classes) * n_bins
+        count = np.bincount((bin_of(p, edges) + offsets).ravel(), minlength=n_classes * n_bins)
+        hits = np.bincount(labels * n_bins + bin_of(own, edges), minlength=n_classes * n_bins)
+        middle = (edges[:-1] + edges[1:]) / 2
+        counts = count.reshape(n_classes, n_bins).astype(np.float64)
+        all_values = np.where(
+            counts > 0, hits.reshape(counts.shape) / np.maximum(counts, 1.0), middle
+        )
+        return [
+            (edges, values, int((row == 0).sum()))
+            for values, row in zip(all_values, counts, strict=True)
+        ]
+    by_class = np.argsort(labels, kind="stable")
+    starts = np.searchsorted(labels[by_class], np.arange(n_classes + 1))
+    columns = np.ascontiguousarray(p.T)
+    columns.sort(axis=1)
+    bins = []
+    for k, ranked in enumerate(columns):
+        edges = sorted_equal_mass_edges(ranked, n_bins)
+        cuts = np.searchsorted(ranked, edges[1:-1], side="right")
+        count = np.diff(cuts, prepend=0, append=n).astype(np.float64)
+        positives = own[by_class[starts[k] : starts[k + 1]]]
+        hits = np.bincount(bin_of(positives, edges), minlength=len(count)).astype(np.float64)
+        middle = (edges[:-1] + edges[1:]) / 2
+        values = np.where(count > 0, hits / np.maximum(count, 1.0), middle)
+        bins.append((edges, values, int((count == 0).sum())))
+    return bins
+
+
+def sorted_equal_mass_edges(ranked: np.ndarray, n_bins: int) -> np.ndarray:
+    """:func:`histogram_edges` ``equal-mass`` of scores already sorted ascending: the cuts of
+    :func:`~curvcal.calibration.bins.equal_mass_index` (at round(i·N/M), each moved to the end
+    of its tie group; empty bins dropped) read off the sorted scores."""
+    n = len(ranked)
+    targets = np.floor(np.arange(1, n_bins, dtype=np.float64) * n / n_bins + 0.5)
+    last_before = np.clip(targets.astype(np.int64) - 1, 0, n - 1)
+    cuts = np.where(targets > 0, np.searchsorted(ranked, ranked[last_before], side="right"), 0)
+    cuts = np.maximum.accumulate(cuts) if len(cuts) else cuts
+    boundary = np.unique(cuts[(cuts > 0) & (cuts < n)])
+    below, above = ranked[boundary - 1], ranked[boundary]
+    return _edges_between(below, above)
 
 
 @dataclass(frozen=True)
@@ -143,16 +216,32 @@ class HistogramMap:
             for e, v in zip(self.edges, self.values, strict=True)
         )
 
+    @cached_property
+    def _table(self) -> np.ndarray:
+        """Every class's values end to end (classes of equal-width bins: B each)."""
+        return np.concatenate([row[1] for row in self._bins])
+
+    @cached_property
+    def _offsets(self) -> np.ndarray:
+        """Where each class's values start in :attr:`_table`."""
+        return np.arange(self.n_classes) * len(self._bins[0][1])
+
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         edges = [row[0] for row in self._bins]
         values = [row[1] for row in self._bins]
         if self.method == "histogram":
             return top_label_map(logp, lambda c: values[0][bin_of(c, edges[0])])
-        p = torch.exp(logp).numpy()
-        f = np.empty_like(p)
-        for k in range(self.n_classes):
-            f[:, k] = values[k][bin_of(p[:, k], edges[k])]
-        return one_vs_rest_log_probabilities(torch.from_numpy(f))
+        return one_vs_rest_log_probabilities(self._values(logp))
+
+    def _values(self, logp: torch.Tensor) -> torch.Tensor:
+        """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation)."""
+        if self.scheme == "equal-width":  # every class has the same edges: no transpose
+            p = torch.exp(logp).numpy()
+            return torch.from_numpy(self._table[bin_of(p, self._bins[0][0]) + self._offsets])
+        columns = by_columns(logp)
+        for column, (row_edges, row_values) in zip(columns, self._bins, strict=True):
+            column[:] = row_values[bin_of(column, row_edges)]
+        return from_columns(columns)
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
         """float64 calibrated probabilities of N×K ``scores``."""
@@ -215,19 +304,15 @@ def fit_histogram(
     if method == "histogram":
         top = logp.argmax(dim=1)
         log_c = logp.gather(1, top[:, None])[:, 0]
-        xs = [torch.exp(log_c).numpy()]
-        targets = [(top == y).numpy().astype(np.float64)]
+        confidence = torch.exp(log_c).numpy()
+        row_edges = histogram_edges(confidence, n_bins, scheme)
+        correct = (top == y).numpy().astype(np.float64)
+        bins = [(row_edges, *histogram_values(confidence, correct, row_edges))]
     else:
-        columns = torch.exp(logp).T.contiguous().numpy()  # one transposed copy, K×N
-        xs = list(columns)
-        targets = [(y == j).numpy().astype(np.float64) for j in range(k)]
-    edges, values, empty = [], [], 0
-    for x, target in zip(xs, targets, strict=True):
-        row_edges = histogram_edges(x, n_bins, scheme)
-        row_values, row_empty = histogram_values(x, target, row_edges)
-        edges.append(tuple(row_edges.tolist()))
-        values.append(tuple(row_values.tolist()))
-        empty += row_empty
+        bins = one_vs_rest_bins(torch.exp(logp).numpy(), y.numpy(), n_bins, scheme)
+    edges = [tuple(row_edges.tolist()) for row_edges, _, _ in bins]
+    values = [tuple(row_values.tolist()) for _, row_values, _ in bins]
+    empty = sum(row_empty for _, _, row_empty in bins)
     fitted = HistogramMap(method, scheme, k, tuple(edges), tuple(values))
     return HistogramFit(
         method=method,
@@ -239,7 +324,9 @@ def fit_histogram(
             len(row) + (len(row) - 1 if scheme == "equal-mass" else 0) for row in values
         ),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows, fitted._chunk), y),
+        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y)
+        if method == "histogram"
+        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_ELEMENTS),
         n_samples=n,
         calibrator=fitted,
     )

@@ -32,12 +32,15 @@ from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
     ONE_VS_REST_ELEMENTS,
     apply_by_rows,
+    by_columns,
     by_rows,
     check_classes,
     check_keys,
     check_unit,
     fit_nll,
+    from_columns,
     one_vs_rest_log_probabilities,
+    one_vs_rest_nll,
     rows_of,
     top_label_map,
 )
@@ -71,28 +74,35 @@ def tie_starts(x: np.ndarray) -> np.ndarray:
     wide = np.flatnonzero(x[ends - 1] - x[definite] >= TIE_RESOLUTION)
     if len(wide) == 0:
         return start
-    # for every score i, the first j > i with x_j − x_i ≥ the resolution: a binary search for
-    # x_i + r, then stepped to the difference's own test (the two may differ in the last bit;
-    # x_j − x_i rises with j)
-    index = np.arange(len(x))
-    following = np.maximum(np.searchsorted(x, x + TIE_RESOLUTION), index + 1)
+    # for every score i inside a wide run, the first j > i with x_j − x_i ≥ the resolution: a
+    # binary search for x_i + r, then stepped to the difference's own test (the two may differ
+    # in the last bit; x_j − x_i rises with j)
+    first, end = definite[wide], ends[wide]
+    length = end - first
+    index = np.arange(int(length.sum())) + np.repeat(first - (np.cumsum(length) - length), length)
+    base = x[index]
+    following = np.maximum(np.searchsorted(x, base + TIE_RESOLUTION), index + 1)
     while True:
-        back = (following > index + 1) & (x[following - 1] - x >= TIE_RESOLUTION)
+        back = (following > index + 1) & (x[following - 1] - base >= TIE_RESOLUTION)
         if not back.any():
             break
         following[back] -= 1
     while True:
         inside = np.minimum(following, len(x) - 1)
-        ahead = (following < len(x)) & (x[inside] - x < TIE_RESOLUTION)
+        ahead = (following < len(x)) & (x[inside] - base < TIE_RESOLUTION)
         if not ahead.any():
             break
         following[ahead] += 1
-    jumps = following.tolist()
-    for first, end in zip(definite[wide].tolist(), ends[wide].tolist(), strict=True):
-        j = jumps[first]
-        while j < end:  # the groups of a run, each opened by the first score far enough
-            start[j] = True
-            j = jumps[j]
+    jumps = following.tolist()  # jumps[offset + j − run_first]: the jump from score j
+    opened: list[int] = []
+    offset = 0
+    for run_first, run_end in zip(first.tolist(), end.tolist(), strict=True):
+        j = jumps[offset]
+        while j < run_end:  # the groups of a run, each opened by the first score far enough
+            opened.append(j)
+            j = jumps[offset + j - run_first]
+        offset += run_end - run_first
+    start[opened] = True
     return start
 
 
@@ -150,8 +160,38 @@ def isotonic_points(x: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.n
     group = np.cumsum(opens) - 1
     count = np.bincount(group).astype(np.float64)
     mean = np.bincount(group, weights=ts) / count
-    points_x = xs[opens]
-    points_y = pool_adjacent_violators(mean, count)
+    return _kept_points(xs[opens], pool_adjacent_violators(mean, count))
+
+
+def one_vs_rest_points(
+    columns: np.ndarray, labels: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The kept fitted points of every class's isotonic regression of 1[y = k] on p_k, for the
+    K×N scores ``columns`` (overwritten: sorted in place) and the N ``labels``.
+
+    The same fit as :func:`isotonic_points` on each column, with the work shared: all columns
+    are sorted in one call, and a class's targets are never sorted: they are 1 only at the N_k
+    samples of class k, so each tie group's count of them is found by locating those N_k
+    scores among the sorted column (N searches over all classes, not K·N). The group means are
+    sums of ones over counts, so they are bit for bit the per-column fit's."""
+    n_classes, n = columns.shape
+    by_class = np.argsort(labels, kind="stable")
+    starts = np.searchsorted(labels[by_class], np.arange(n_classes + 1))
+    positives = [columns[k, by_class[starts[k] : starts[k + 1]]] for k in range(n_classes)]
+    columns.sort(axis=1)
+    points = []
+    for xs, scores in zip(columns, positives, strict=True):
+        opens = tie_starts(xs)
+        first = np.flatnonzero(opens)
+        count = np.diff(first, append=n).astype(np.float64)
+        group = np.cumsum(opens)[np.searchsorted(xs, scores, side="right") - 1] - 1
+        hits = np.bincount(group, minlength=len(first)).astype(np.float64)
+        points.append(_kept_points(xs[first], pool_adjacent_violators(hits / count, count)))
+    return points
+
+
+def _kept_points(points_x: np.ndarray, points_y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fitted points without those whose ŷ equals both neighbours' (they change nothing)."""
     keep = np.ones(len(points_y), dtype=bool)
     keep[1:-1] = (points_y[1:-1] != points_y[:-2]) | (points_y[1:-1] != points_y[2:])
     return points_x[keep], points_y[keep]
@@ -216,11 +256,14 @@ class IsotonicMap:
         points = self._points
         if self.method == "isotonic":
             return top_label_map(logp, lambda c: np.interp(c, *points[0]))
-        p = torch.exp(logp).numpy()
-        f = np.empty_like(p)
-        for k in range(self.n_classes):
-            f[:, k] = np.interp(p[:, k], *points[k])
-        return one_vs_rest_log_probabilities(torch.from_numpy(f))
+        return one_vs_rest_log_probabilities(self._values(logp))
+
+    def _values(self, logp: torch.Tensor) -> torch.Tensor:
+        """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation)."""
+        columns = by_columns(logp)
+        for column, (px, py) in zip(columns, self._points, strict=True):
+            column[:] = np.interp(column, px, py)
+        return from_columns(columns)
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
         """float64 calibrated probabilities of N×K ``scores``."""
@@ -264,15 +307,12 @@ def fit_isotonic(
     if method == "isotonic":
         top = logp.argmax(dim=1)
         log_c = logp.gather(1, top[:, None])[:, 0]
-        pairs = [(torch.exp(log_c).numpy(), (top == y).numpy().astype(np.float64))]
+        confidence = torch.exp(log_c).numpy()
+        fitted_points = [isotonic_points(confidence, (top == y).numpy().astype(np.float64))]
     else:
-        columns = torch.exp(logp).T.contiguous().numpy()  # one transposed copy, K×N
-        pairs = [(columns[j], (y == j).numpy().astype(np.float64)) for j in range(k)]
-    fitted_x, fitted_y = [], []
-    for x, target in pairs:
-        px, py = isotonic_points(x, target)
-        fitted_x.append(tuple(px.tolist()))
-        fitted_y.append(tuple(py.tolist()))
+        fitted_points = one_vs_rest_points(by_columns(logp), y.numpy())
+    fitted_x = [tuple(px.tolist()) for px, _ in fitted_points]
+    fitted_y = [tuple(py.tolist()) for _, py in fitted_points]
     fitted = IsotonicMap(method, k, tuple(fitted_x), tuple(fitted_y))
     points = tuple(len(row) for row in fitted_x)
     return IsotonicFit(
@@ -280,7 +320,9 @@ def fit_isotonic(
         points=points,
         n_parameters=2 * sum(points),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows, fitted._chunk), y),
+        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y)
+        if method == "isotonic"
+        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_ELEMENTS),
         n_samples=n,
         calibrator=fitted,
     )

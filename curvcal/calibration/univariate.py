@@ -45,18 +45,15 @@ TIE_MARGIN = 1e-12
 def top_label_parts(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(top index t, log c, log(1 − c)) of float64 N×K log-probabilities, 1 − c as the
     logsumexp of the other classes (−inf when they are all 0)."""
-    top = logp.argmax(dim=1)
-    log_c = logp.gather(1, top[:, None])[:, 0]
-    others = logp.scatter(1, top[:, None], -math.inf)
-    return top, log_c, torch.logsumexp(others, dim=1)
+    top, log_c, _, _, log_rest = _top_and_rest(logp)
+    return top, log_c, log_rest
 
 
 def top_label_log_probabilities(logp: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
     """log q of the top-label rule (module docstring) for float64 N×K ``logp`` and the
     calibrated confidences f(c) (length N, in [0, 1])."""
-    top = logp.argmax(dim=1)
-    others = logp.scatter(1, top[:, None], -math.inf)
-    return _top_label_rule(top, others, torch.logsumexp(others, dim=1), confidence)
+    top, _, others, log_second, log_rest = _top_and_rest(logp)
+    return _top_label_rule(others, top, log_second, log_rest, confidence)
 
 
 def top_label_map(
@@ -65,41 +62,64 @@ def top_label_map(
     """log q of the top-label rule for float64 N×K ``logp`` whose confidences c are mapped by
     ``calibrate`` (float64 NumPy in, f(c) out): :func:`top_label_log_probabilities` with the
     top class and the other classes' log-probabilities found once."""
-    log_c, top = logp.max(dim=1)  # the first maximum, as argmax
-    others = logp.scatter(1, top[:, None], -math.inf)
+    top, log_c, others, log_second, log_rest = _top_and_rest(logp)
     confidence = torch.from_numpy(np.asarray(calibrate(torch.exp(log_c).numpy())))
-    return _top_label_rule(top, others, torch.logsumexp(others, dim=1), confidence)
+    return _top_label_rule(others, top, log_second, log_rest, confidence)
+
+
+def _top_and_rest(
+    logp: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(top index t (the first maximum, as argmax), log c, ``logp`` with the top class at
+    −inf, the runner-up's log p_s, log(1 − c)) of float64 N×K ``logp``; 1 − c is the
+    logsumexp of the other classes (exact where c rounds to 1; −inf when they are all 0)."""
+    log_c, top = logp.max(dim=1)
+    others = logp.scatter(1, top[:, None], -math.inf)
+    return top, log_c, others, others.max(dim=1).values, torch.logsumexp(others, dim=1)
 
 
 def _top_label_rule(
-    top: torch.Tensor, others: torch.Tensor, log_rest: torch.Tensor, confidence: torch.Tensor
+    others: torch.Tensor,
+    top: torch.Tensor,
+    log_second: torch.Tensor,
+    log_rest: torch.Tensor,
+    confidence: torch.Tensor,
 ) -> torch.Tensor:
-    """The top-label rule from the top class ``top``, the N×K log-probabilities ``others``
-    with the top class at −inf, log(1 − c) = ``log_rest`` and f(c) = ``confidence``."""
+    """The top-label rule from the N×K log-probabilities ``others`` with the top class
+    ``top`` at −inf, the runner-up's ``log_second``, log(1 − c) = ``log_rest`` and f(c) =
+    ``confidence``.
+
+    Every other class is (log p_j − log(1 − c)) + log(1 − q_t), written into ``others``. Only
+    the rows where that puts the runner-up within :data:`TIE_MARGIN` of q_t (the floor binds)
+    are then held under it and renormalised."""
     k = others.shape[1]
-    log_second = others.max(dim=1).values
     spread = torch.isneginf(log_rest)  # every other class has probability 0
     # c_tie = p_s / (p_s + 1 − c) in log space; 1/K where the rest is shared evenly
     log_tie = log_second - torch.logaddexp(log_second, log_rest)
     log_tie = torch.where(spread, torch.full_like(log_tie, -math.log(k)), log_tie)
     q_top = torch.maximum(confidence.to(torch.float64), torch.exp(log_tie)).clamp(0.0, 1.0)
     log_top = torch.log(q_top)
-    scaled = others - torch.where(spread, torch.zeros_like(log_rest), log_rest)[:, None]
+    log_share = torch.log1p(-q_top)
+    log_q = others.sub_(torch.where(spread, torch.zeros_like(log_rest), log_rest)[:, None])
+    log_q.add_(log_share[:, None])
+    log_even = log_share - math.log(max(k - 1, 1))  # a spread row's other classes
     if bool(spread.any()):
-        even = torch.full_like(others, -math.log(max(k - 1, 1)))
-        scaled = torch.where(spread[:, None], even, scaled)
-    log_q = scaled + torch.log1p(-q_top)[:, None]
+        rows = spread.nonzero()[:, 0]
+        log_q[rows] = log_even[rows, None]
+    log_q.scatter_(1, top[:, None], log_top[:, None])
     # the top class stays the strict maximum (at the floor the runner-up would equal it, and
-    # the lowest index would win): the others are held a relative TIE_MARGIN under it, and only
-    # the rows where that bound holds something down are renormalised (a change in the 12th
-    # digit). Every other row keeps log q_t = log f(c) as it is: renormalising it would mix the
-    # rounding of its other entries into q_t, and rows with the same f(c) would no longer have
-    # the same confidence bit for bit.
-    cap = (log_top + math.log1p(-TIE_MARGIN))[:, None]
-    held = (log_q > cap).scatter_(1, top[:, None], False).any(dim=1)
-    log_q = torch.minimum(log_q, cap).scatter_(1, top[:, None], log_top[:, None])
-    if bool(held.any()):
-        log_q[held] = torch.log_softmax(log_q[held], dim=1)
+    # the lowest index would win): in the rows where the largest other class reaches the cap,
+    # the others are held a relative TIE_MARGIN under it, then the row is renormalised (a
+    # change in the 12th digit, only where the floor binds). Every other row keeps
+    # log q_t = log f(c) as it is: renormalising it would mix the rounding of its other entries
+    # into q_t, and rows with the same f(c) would no longer have the same confidence bit for bit.
+    cap = log_top + math.log1p(-TIE_MARGIN)
+    largest = torch.where(spread, log_even, (log_second - log_rest) + log_share)
+    held = (largest > cap).nonzero()[:, 0]
+    if len(held):
+        rows = torch.minimum(log_q[held], cap[held, None])
+        rows.scatter_(1, top[held, None], log_top[held, None])
+        log_q[held] = torch.log_softmax(rows, dim=1)
     return log_q
 
 
@@ -145,15 +165,50 @@ def apply_by_rows(
     return by_rows(logp, block_map, elements)
 
 
+def by_columns(logp: torch.Tensor) -> np.ndarray:
+    """The probabilities of N×K log-probabilities as a K×N float64 array, one contiguous row
+    per class (a one-vs-rest map's per-class work then reads memory in order)."""
+    return np.ascontiguousarray(torch.exp(logp).numpy().T)
+
+
+def from_columns(columns: np.ndarray) -> torch.Tensor:
+    """The N×K tensor (row-major) of K×N ``columns``."""
+    return torch.from_numpy(np.ascontiguousarray(columns.T))
+
+
 def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
     """log q_k = log f_k − log Σ_j f_j of N×K non-negative ``values`` f_k(p_k); a row of
     zeros gives 1/K."""
     values = values.to(torch.float64)
     total = values.sum(dim=1, keepdim=True)
-    k = values.shape[1]
-    uniform = torch.full_like(values, -math.log(k))
-    log_q = torch.log(values) - torch.log(total)
-    return torch.where(total > 0, log_q, uniform)
+    log_q = torch.log(values).sub_(torch.log(total))
+    zero = (total[:, 0] == 0).nonzero()[:, 0]
+    if len(zero):
+        log_q[zero] = -math.log(values.shape[1])
+    return log_q
+
+
+def one_vs_rest_nll(
+    logp: torch.Tensor,
+    labels: torch.Tensor,
+    values: Callable[[torch.Tensor], torch.Tensor],
+    elements: int,
+) -> float:
+    """Mean −log q_y of a one-vs-rest map on float64 N×K ``logp``, from its per-class values
+    (``values``: a row chunk's N×K f_k(p_k)) by chunks of about ``elements`` entries, without
+    the N×K logarithms of the calibrated rows: −log q_y = log Σ_j f_j − log f_y (log K where
+    Σ_j f_j = 0, the uniform row of :func:`one_vs_rest_log_probabilities`)."""
+    n, k = logp.shape
+    step = max(1, elements // k)
+    log_q = torch.empty(n, dtype=torch.float64)
+    for start in range(0, n, step):
+        f = values(logp[start : start + step])
+        total = f.sum(dim=1)
+        own = f.gather(1, labels[start : start + step, None])[:, 0]
+        log_q[start : start + step] = torch.where(
+            total > 0, torch.log(own) - torch.log(total), -math.log(k)
+        )
+    return float(-log_q.mean())
 
 
 def check_classes(n_classes: int, method: str, source: str) -> None:
