@@ -708,7 +708,9 @@ def fit_linear(
     ``l2`` (λ = ``l2_off_diagonal``), see :func:`penalty_weights`. The fit starts at the
     identity map, or at ``start`` ([W, b], K×(K+1)) when given (a warm start: the minimiser is
     the same, the path shorter). ``problem``: the whitened data of these scores, when the
-    caller already built it."""
+    caller already built it. A full map with both strengths 0 on classes that a linear map of
+    the scores separates has no minimiser and is refused (:class:`InputError`) as soon as the
+    fit meets such a map."""
     if method not in LINEAR_METHODS:
         raise InputError(
             "--method", f"unknown linear map {method!r}", "vector, matrix or dirichlet"
