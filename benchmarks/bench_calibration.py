@@ -23,16 +23,21 @@ With ``--maps`` a per-map section follows, driven by the registry of calibration
 map (or those ``--map-names`` names) that applies at a size (``--map-sizes``, default 200,000 ×
 100 and 50,000 × 1,000), the fit on the logits and the map applied to them are timed, interleaved
 with each installed peer's own implementation of the same map (:data:`PEER_MAPS`), one thread,
-minimum over ``--repeats``, with the ratio peer / curvcal and the peak resident memory each task
-added above what the process held before it (sampled every millisecond).
+minimum over ``--repeats``, with the ratio peer / curvcal in wall seconds and in CPU seconds
+(the machine may be shared: a one-thread task's CPU time is what it computed, its wall time
+grows with the load) and the peak resident memory each task added above what the process held
+before it (sampled every millisecond). The full maps' rows at a fixed strength, against the
+peers of the same objective, follow (:data:`FIXED_MAPS`). ``--json`` and ``--markdown`` are
+rewritten whole after every map, so a long run that is stopped keeps what it measured.
 
-    python benchmarks/bench_calibration.py [--quick] [--repeats R] [--json OUT]
+    python benchmarks/bench_calibration.py [--quick] [--repeats R] [--json OUT] [--markdown OUT]
     python benchmarks/bench_calibration.py --maps --only-maps --map-sizes 20000x100
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib
 import importlib.util
@@ -433,26 +438,39 @@ def rss_mb() -> float:
 def measure(task: Callable[[], Any]) -> tuple[float, Any, float]:
     """``(seconds, value, peak MB)`` of one run of ``task``: wall time, its result, and the
     peak resident memory above the level before it (a thread samples it every millisecond)."""
+    elapsed, _cpu, value, peak = measure_cpu(task)
+    return elapsed, value, peak
+
+
+def measure_cpu(task: Callable[[], Any]) -> tuple[float, float, Any, float]:
+    """``(wall seconds, CPU seconds, value, peak MB)`` of one run of ``task``, as
+    :func:`measure`, with the CPU time the process spent on it (``time.process_time``, less the
+    memory sampler's own ``thread_time``): on a shared machine the wall time of a one-thread
+    task grows with the load, its CPU time much less."""
     gc.collect()
     before = rss_mb()
     peak = [before]
+    sampler_cpu = [0.0]
     done = threading.Event()
 
     def sample() -> None:
+        start = time.thread_time()
         while not done.wait(0.001):
             peak[0] = max(peak[0], rss_mb())
+        sampler_cpu[0] = time.thread_time() - start
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     try:
         value = task()
     finally:
         elapsed = time.perf_counter() - start
         done.set()
         sampler.join()
+        cpu = time.process_time() - start_cpu - sampler_cpu[0]
     peak[0] = max(peak[0], rss_mb())
-    return elapsed, value, peak[0] - before
+    return elapsed, max(cpu, 0.0), value, peak[0] - before
 
 
 #: Settings a map runs with in the per-map section where its default is not the definition the
@@ -561,9 +579,10 @@ def netcal_top_label_histogram(
         return np.asarray(model.transform(confidence))
 
 
-def torch_uncertainty_map(name: str, **options: Any) -> PeerMap:
+def torch_uncertainty_map(name: str, classes: bool = False, **options: Any) -> PeerMap:
     """torch-uncertainty's ``torch_uncertainty.post_processing.<name>(**options)`` without a
-    model: ``fit`` on one batch of (logits, labels), then ``forward`` on the logits, whose
+    model (``classes``: with ``num_classes`` K, which its vector, matrix and Dirichlet scalers
+    need): ``fit`` on one batch of (logits, labels), then ``forward`` on the logits, whose
     output (log-probabilities or scaled logits) is softmaxed to N×K probabilities."""
 
     def run(logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray) -> Any:
@@ -572,7 +591,8 @@ def torch_uncertainty_map(name: str, **options: Any) -> PeerMap:
         from torch.utils.data import DataLoader, TensorDataset
 
         cls = getattr(importlib.import_module("torch_uncertainty.post_processing"), name)
-        model = cls(model=None, **options)
+        extra = {"num_classes": logits.shape[1]} if classes else {}
+        model = cls(model=None, **options, **extra)
         loader = DataLoader(TensorDataset(logits, labels), batch_size=len(labels))
         logging.disable(logging.WARNING)  # "model is None" on every fit
         try:
@@ -661,6 +681,80 @@ PEER_MAPS: dict[str, tuple[tuple[str, str, PeerMap], ...]] = {
 #: The libraries the peer maps come from.
 MAP_PEERS = ("netcal", "probmetrics", "sklearn", "torch_uncertainty")
 
+#: The ODIR strength of the fixed-strength Dirichlet row (λ = μ; curvcal's CV grid point 1e-2).
+FIXED_STRENGTH = 1e-2
+
+
+def curvcal_fixed(
+    method: str, strength: float
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """curvcal's ``method`` (matrix or dirichlet) at the fixed ODIR strength λ_od = λ_b =
+    ``strength`` (:func:`~curvcal.calibration.linear.fit_linear`, no cross-validation), applied
+    to the same logits: N×K float64 probabilities."""
+    from curvcal.calibration.linear import fit_linear
+
+    def run(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        fit = fit_linear(logits, labels, method, l2_off_diagonal=strength, l2_bias=strength)
+        return fit.calibrator.probabilities(logits, "logits", "logits")
+
+    return run
+
+
+#: Rows outside the registry: curvcal's full maps at the strength a peer fixes (the registry's
+#: ``matrix`` and ``dirichlet`` rows choose theirs by cross-validation, which no peer does, so
+#: they are timed as rows of their own). Name -> (registry map whose ``skip_reason`` applies,
+#: curvcal's task label, curvcal's fit + apply, the peers of the same objective).
+#:
+#: - ``matrix_unregularised``: s = W z + b by mean NLL alone (λ = 0), the definition of
+#:   probmetrics' ``MatrixScalingCalibrator`` and torch-uncertainty's ``MatrixScaler``;
+#: - ``dirichlet_fixed``: s = W log p + b by mean NLL + λ Σ_{i≠j} W_ij² / (K(K−1)) + μ Σ_j
+#:   b_j² / K, which is torch-uncertainty's ``DirichletScaler(lambda_reg=λ, mu_reg=μ)``
+#:   (``CrossEntropyLoss`` is the mean over the N rows; it divides the off-diagonal sum by
+#:   K(K−1) and takes the mean of b², as curvcal's ODIR does), here λ = μ =
+#:   :data:`FIXED_STRENGTH`.
+#:
+#: torch-uncertainty's ``VectorScaler`` is w ⊙ z without the bias curvcal's (and probmetrics')
+#: vector scaling has: another map, not a row.
+FIXED_MAPS: dict[
+    str,
+    tuple[str, str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor], tuple[Any, ...]],
+] = {
+    "matrix_unregularised": (
+        "matrix",
+        "curvcal matrix λ = 0",
+        curvcal_fixed("matrix", 0.0),
+        (
+            (
+                "probmetrics MatrixScaling",
+                "probmetrics",
+                probmetrics_map("logistic", "MatrixScalingCalibrator"),
+            ),
+            (
+                "torch-uncertainty MatrixScaler",
+                "torch_uncertainty",
+                torch_uncertainty_map("MatrixScaler", classes=True),
+            ),
+        ),
+    ),
+    "dirichlet_fixed": (
+        "dirichlet",
+        f"curvcal Dirichlet ODIR λ = μ = {FIXED_STRENGTH:g}",
+        curvcal_fixed("dirichlet", FIXED_STRENGTH),
+        (
+            (
+                f"torch-uncertainty DirichletScaler λ = μ = {FIXED_STRENGTH:g}",
+                "torch_uncertainty",
+                torch_uncertainty_map(
+                    "DirichletScaler",
+                    classes=True,
+                    lambda_reg=FIXED_STRENGTH,
+                    mu_reg=FIXED_STRENGTH,
+                ),
+            ),
+        ),
+    ),
+}
+
 
 #: Maps whose peers calibrate the top-label confidence alone (they return N values).
 TOP_LABEL_MAPS = ("histogram", "isotonic")
@@ -688,30 +782,42 @@ def bench_maps(
     libraries: dict[str, Any],
     names: tuple[str, ...] | None = None,
     seed: int = 0,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Fit + apply of every registry map that applies at N × K (``names``: only those), each
-    interleaved with its peers (``libraries``: the installed ones by name; others skipped)."""
+    """Fit + apply of every registry map that applies at N × K, then the fixed-strength rows
+    of :data:`FIXED_MAPS` (``names``: only those), each interleaved with its peers
+    (``libraries``: the installed ones by name; others skipped). ``progress`` is called with
+    the size's result so far after every map (so a long run that is stopped keeps its rows)."""
     from curvcal.calibration.registry import MAPS
 
     logits, labels = synthetic_logits(n, k, seed)
     probs, y = probabilities(logits), labels.numpy()
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
+    result = {"n": n, "k": k, "rows": rows, "skipped": skipped, "peak_rss_mb": peak_rss_mb()}
+    stages: list[tuple[str, str, Callable[[], Any], tuple[Any, ...], str | None]] = []
     for stage, kind in MAPS.items():
+        registry_task = functools.partial(lambda s: curvcal_map(s)(logits, labels), stage)
+        stages.append(
+            (stage, f"curvcal {kind.title}", registry_task, PEER_MAPS.get(stage, ()), stage)
+        )
+    for stage, (like, label, fit, peers) in FIXED_MAPS.items():
+        fixed_task = functools.partial(fit, logits, labels)
+        stages.append((stage, label, fixed_task, peers, like if like in MAPS else None))
+    for stage, ours_label, ours_task, peers, like in stages:
         if names is not None and stage not in names:
             continue
-        reason = kind.skip_reason(k, False)
+        reason = None if like is None else MAPS[like].skip_reason(k, False)
         if reason is not None:
             skipped[stage] = reason
             continue
-        tasks: list[tuple[str, str | None, Callable[[], Any]]] = [
-            (f"curvcal {kind.title}", None, lambda s=stage: curvcal_map(s)(logits, labels))
-        ]
-        for label, library, peer in PEER_MAPS.get(stage, ()):
+        tasks: list[tuple[str, str | None, Callable[[], Any]]] = [(ours_label, None, ours_task)]
+        for label, library, peer in peers:
             if libraries.get(library) is None:
                 continue
             tasks.append((label, library, lambda p=peer: p(logits, labels, probs, y)))
         seconds: dict[str, float] = {}
+        cpu_seconds: dict[str, float] = {}
         memory: dict[str, float] = {}
         values: dict[str, Any] = {}
         failed: dict[str, str] = {}
@@ -720,14 +826,16 @@ def bench_maps(
                 if label in failed:
                     continue
                 try:
-                    elapsed, values[label], peak = measure(task)
+                    elapsed, cpu, values[label], peak = measure_cpu(task)
                 except Exception as error:  # a peer that cannot run this size is reported
                     failed[label] = f"{type(error).__name__}: {error}"[:200]
                     continue
-                print(f"  {label}: {elapsed:.3f} s, +{peak:.0f} MB", file=sys.stderr)
+                print(
+                    f"  {label}: {elapsed:.3f} s ({cpu:.3f} CPU s), +{peak:.0f} MB", file=sys.stderr
+                )
                 seconds[label] = min(seconds.get(label, math.inf), elapsed)
+                cpu_seconds[label] = min(cpu_seconds.get(label, math.inf), cpu)
                 memory[label] = max(memory.get(label, 0.0), peak)
-        ours_label = tasks[0][0]
         ours = values.get(ours_label)
         for label, library, _task in tasks:
             row: dict[str, Any] = {
@@ -735,13 +843,17 @@ def bench_maps(
                 "task": label,
                 "library": library or "curvcal",
                 "seconds": seconds.get(label),
+                "cpu_seconds": cpu_seconds.get(label),
                 "peak_mb": memory.get(label),
                 "ratio_to_curvcal": None,
+                "cpu_ratio_to_curvcal": None,
                 "max_abs_diff_probs": None,
                 "error": failed.get(label),
             }
             if library is not None and label in seconds and ours_label in seconds:
                 row["ratio_to_curvcal"] = seconds[label] / seconds[ours_label]
+                if cpu_seconds[ours_label] > 0:
+                    row["cpu_ratio_to_curvcal"] = cpu_seconds[label] / cpu_seconds[ours_label]
                 if ours is not None:
                     row["max_abs_diff_probs"] = _max_difference(
                         ours, values[label], stage in TOP_LABEL_MAPS
@@ -749,7 +861,10 @@ def bench_maps(
             rows.append(row)
         values.clear()
         gc.collect()
-    return {"n": n, "k": k, "rows": rows, "skipped": skipped, "peak_rss_mb": peak_rss_mb()}
+        result["peak_rss_mb"] = peak_rss_mb()
+        if progress is not None:
+            progress(result)
+    return result
 
 
 def maps_markdown(sizes: list[dict[str, Any]]) -> str:
@@ -757,14 +872,26 @@ def maps_markdown(sizes: list[dict[str, Any]]) -> str:
     lines = []
     for size in sizes:
         lines.append(f"\n### maps at {size['n']:,} × {size['k']:,} (fit + apply)\n")
-        lines.append("| map | task | seconds (min) | peer / curvcal | peak MB | max abs diff p |")
-        lines.append("|---|---|---:|---:|---:|---:|")
+        lines.append(
+            "| map | task | seconds (min) | CPU seconds (min) | peer / curvcal | "
+            "peer / curvcal (CPU) | peak MB | max abs diff p |"
+        )
+        lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
+
+        def number(value: float | None, form: str) -> str:
+            return "" if value is None else format(value, form)
+
         for r in size["rows"]:
-            ratio = "" if r["ratio_to_curvcal"] is None else f"{r['ratio_to_curvcal']:.2f}"
-            diff = "" if r["max_abs_diff_probs"] is None else f"{r['max_abs_diff_probs']:.1e}"
+            ratio = number(r["ratio_to_curvcal"], ".2f")
+            cpu_ratio = number(r.get("cpu_ratio_to_curvcal"), ".2f")
+            diff = number(r["max_abs_diff_probs"], ".1e")
             secs = r["error"] if r["seconds"] is None else f"{r['seconds']:.3f}"
-            peak = "" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"
-            lines.append(f"| {r['map']} | {r['task']} | {secs} | {ratio} | {peak} | {diff} |")
+            cpu = number(r.get("cpu_seconds"), ".3f")
+            peak = number(r["peak_mb"], ".0f")
+            lines.append(
+                f"| {r['map']} | {r['task']} | {secs} | {cpu} | {ratio} | {cpu_ratio} | {peak} "
+                f"| {diff} |"
+            )
         for stage, reason in size["skipped"].items():
             lines.append(f"\n{stage}: skipped ({reason})")
     return "\n".join(lines)
@@ -834,11 +961,43 @@ def _one_blas_thread() -> None:
     threadpool_limits(1)
 
 
+def report_markdown(result: dict[str, Any]) -> str:
+    """Every table of a run so far (the sizes' tables and conventions, then the maps')."""
+    parts = []
+    if result["sizes"]:
+        parts.append(markdown(result))
+        if "conventions" in result:
+            parts.append(json.dumps(result["conventions"], indent=2))
+    if "maps" in result:
+        parts.append(maps_markdown(result["maps"]))
+    return "\n".join(parts)
+
+
+def write_outputs(result: dict[str, Any], json_path: str | None, markdown_path: str | None) -> None:
+    """(Re)write the whole JSON and markdown of the run so far, each through a temporary file
+    renamed over the old one (a run stopped while writing leaves the previous whole file)."""
+    for path, text in (
+        (json_path, lambda: json.dumps(result, indent=2)),
+        (markdown_path, lambda: report_markdown(result) + "\n"),
+    ):
+        if path is None:
+            continue
+        partial = f"{path}.partial"
+        with open(partial, "w") as handle:
+            handle.write(text())
+        os.replace(partial, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds, not minutes)")
     parser.add_argument("--repeats", type=int, default=2, help="timed repeats (minimum quoted)")
-    parser.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT")
+    parser.add_argument(
+        "--json", metavar="OUT", help="write the results as JSON to OUT (after every map too)"
+    )
+    parser.add_argument(
+        "--markdown", metavar="OUT", help="write the tables to OUT (after every map too)"
+    )
     parser.add_argument(
         "--sizes", metavar="NxK,...", help="override the sizes, e.g. 2000x10,500x50"
     )
@@ -880,6 +1039,7 @@ def main(argv: list[str] | None = None) -> int:
         for n, k in sizes:
             print(f"size {n} x {k} ...", file=sys.stderr)
             result["sizes"].append(bench_size(n, k, args.repeats, peers, focal=not args.no_focal))
+            write_outputs(result, args.json, args.markdown)
         recipe_rows = min(RECIPE_ROWS, sizes[0][0])
         result["conventions"] = conventions(peers, recipe_rows)
     if args.maps or args.only_maps:
@@ -890,18 +1050,22 @@ def main(argv: list[str] | None = None) -> int:
         map_sizes = _sizes(args.map_sizes) if args.map_sizes else MAP_SIZES
         names = tuple(args.map_names.split(",")) if args.map_names else None
         result["maps"] = []
+        done = len(result["maps"])
+
+        def progress(size: dict[str, Any]) -> None:
+            result["maps"][done:] = [size]
+            result["peak_rss_mb"] = peak_rss_mb()
+            write_outputs(result, args.json, args.markdown)
+
         for n, k in map_sizes:
             print(f"maps at {n} x {k} ...", file=sys.stderr)
-            result["maps"].append(bench_maps(n, k, args.repeats, libraries, names))
+            done = len(result["maps"])
+            result["maps"][done:] = [
+                bench_maps(n, k, args.repeats, libraries, names, progress=progress)
+            ]
     result["peak_rss_mb"] = peak_rss_mb()
-    if result["sizes"]:
-        print(markdown(result))
-        print(json.dumps(result["conventions"], indent=2))
-    if "maps" in result:
-        print(maps_markdown(result["maps"]))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+    print(report_markdown(result))
+    write_outputs(result, args.json, args.markdown)
     return 0
 
 

@@ -476,6 +476,7 @@ class _FullProblem:
         n, k, y, rows = self.n, self.k, self.y, self.rows
         a, p = self.a, self.p
         last_nll = [0.0]
+        unregularised = not bool((penalty > 0).any())
 
         # The softmax at the last point evaluated, which the Hessian at that point reuses.
         last_q: list[Any] = [None, None]
@@ -484,6 +485,8 @@ class _FullProblem:
             vt = torch.from_numpy(theta).view(k, k + 1)
             logq = torch.log_softmax(a @ vt.T, dim=1)
             nll = -float(logq[rows, y].sum()) / n
+            if unregularised:
+                _refuse_separated(logq, y)
             q = logq.exp_()
             last_q[0], last_q[1] = theta, q.clone()
             q[rows, y] -= 1.0
@@ -573,6 +576,24 @@ class _FullProblem:
         )  # fmt: skip
         value, gradient = value_and_gradient(theta)
         return _Solution(theta, value, last_nll[0], iterations, measure(gradient))
+
+
+def _refuse_separated(logq: torch.Tensor, y: torch.Tensor) -> None:
+    """Raise when the map whose log-probabilities are ``logq`` puts every row's label strictly
+    first: then the classes are separated by a linear map of the scores, and scaling that map
+    by c → ∞ drives the unregularised NLL to 0, so it has no minimiser (the fit would chase
+    it with ever larger weights until the gradient, which falls like e^{−c}, passes the
+    tolerance: a meaningless map, reached slowly through a singular Hessian)."""
+    rows = torch.arange(logq.shape[0])
+    labelled = logq[rows, y]
+    others = logq.index_put((rows, y), torch.tensor(-math.inf, dtype=logq.dtype))
+    if bool((labelled > others.max(dim=1).values).all()):
+        raise InputError(
+            "full-map fit with no regulariser (λ = 0)",
+            f"a linear map of the scores classifies all {logq.shape[0]:,} fit rows correctly, "
+            "so the NLL has no minimum (it falls towards 0 as the weights grow)",
+            "use an ODIR strength λ > 0; the default chooses one by cross-validation",
+        )
 
 
 def _fit_vector(
@@ -687,7 +708,9 @@ def fit_linear(
     ``l2`` (λ = ``l2_off_diagonal``), see :func:`penalty_weights`. The fit starts at the
     identity map, or at ``start`` ([W, b], K×(K+1)) when given (a warm start: the minimiser is
     the same, the path shorter). ``problem``: the whitened data of these scores, when the
-    caller already built it."""
+    caller already built it. A full map with both strengths 0 on classes that a linear map of
+    the scores separates has no minimiser and is refused (:class:`InputError`) as soon as the
+    fit meets such a map."""
     if method not in LINEAR_METHODS:
         raise InputError(
             "--method", f"unknown linear map {method!r}", "vector, matrix or dirichlet"
