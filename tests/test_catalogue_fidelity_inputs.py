@@ -87,7 +87,7 @@ def test_a_timm_config_that_upscales_the_images_is_a_warning(
     chosen = document["inputs"]["data"]["chosen_preprocessing"]
     assert any("resize 168, center-crop 160" in note for note in chosen)
     assert any("normalisation mean 0.5,0.5,0.5" in note for note in chosen)
-    assert "curvcal chose resize 168" in result.stderr
+    assert said("curvcal chose resize 168", result.stderr)
     _valid(document)
 
 
@@ -161,7 +161,7 @@ def test_folder_imagenet_default_is_said_in_the_table_header(
     header = result.stdout.split("###")[2]
     assert "preprocessing chosen by curvcal" in header
     assert "0.485,0.456,0.406" in header and "imagenet preset" in header
-    assert "curvcal chose normalisation mean 0.485,0.456,0.406" in result.stderr
+    assert said("curvcal chose normalisation mean 0.485,0.456,0.406", result.stderr)
 
 
 def test_an_hf_image_processor_size_that_differs_is_a_warning(
@@ -364,7 +364,7 @@ def test_an_old_calibrator_file_is_read_and_said_to_have_no_provenance(
     result = run_cli("metrics", test, "--apply", old, "--json")
     document = _json(result)
     assert any("has no provenance" in w for w in document["warnings"])
-    assert "has no provenance" in result.stderr
+    assert said("has no provenance", result.stderr)
     assert document["inputs"]["calibrator"]["provenance"] is None
 
 
@@ -380,7 +380,7 @@ def test_a_temperature_at_its_bracket_end_is_a_warning(run_cli, tmp_path: Path) 
         "temperature scaling stopped at T = 100" in w and "[0.01, 100]" in w
         for w in document["warnings"]
     )
-    assert "stopped at T = 100" in result.stderr
+    assert said("stopped at T = 100", result.stderr)
 
 
 def test_a_softmax_model_calibrated_as_logits_is_a_warning(run_cli, tmp_path: Path) -> None:
