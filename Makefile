@@ -5,6 +5,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# the suite runs on this many pytest workers, each test file whole on one (CI has two cores and
+# most tests use one); 1 runs it in one process
+TEST_WORKERS ?= 2
 PIP    := $(BIN)/python -m pip
 CONSTRAINTS := constraints.txt
 
@@ -46,7 +49,7 @@ typecheck: $(VENV)/.stamp-dev
 	$(BIN)/mypy
 
 pytest: $(VENV)/.stamp-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # PyTorch picks a vector path per CPU (AVX-512, AVX2, scalar) and float32 results differ in the
 # last bits between them. This reruns the float32 goldens and the curvature tests most exposed

@@ -24,6 +24,7 @@ transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
 
 from curvcal.calibration.metrics import calibration_metrics  # noqa: E402
+from tests.console_text import said, shown  # noqa: E402
 
 
 def _images(root: Path, side: int, per_class: int = 4, classes: str = "abc") -> Path:
@@ -86,7 +87,7 @@ def test_a_timm_config_that_upscales_the_images_is_a_warning(
     chosen = document["inputs"]["data"]["chosen_preprocessing"]
     assert any("resize 168, center-crop 160" in note for note in chosen)
     assert any("normalisation mean 0.5,0.5,0.5" in note for note in chosen)
-    assert "curvcal chose resize 168" in result.stderr
+    assert said("curvcal chose resize 168", result.stderr)
     _valid(document)
 
 
@@ -160,7 +161,7 @@ def test_folder_imagenet_default_is_said_in_the_table_header(
     header = result.stdout.split("###")[2]
     assert "preprocessing chosen by curvcal" in header
     assert "0.485,0.456,0.406" in header and "imagenet preset" in header
-    assert "curvcal chose normalisation mean 0.485,0.456,0.406" in result.stderr
+    assert said("curvcal chose normalisation mean 0.485,0.456,0.406", result.stderr)
 
 
 def test_an_hf_image_processor_size_that_differs_is_a_warning(
@@ -239,7 +240,7 @@ def test_probabilities_read_as_logits_are_a_warning_naming_input_kind(
     result = run_cli("metrics", path, "--json")
     document = _json(result)
     assert any("--input-kind probs" in w and "look like" in w for w in document["warnings"])
-    assert "--input-kind probs" in result.stderr
+    assert said("--input-kind probs", result.stderr)
     # the number it warns about is not the truth; with --input-kind probs it is
     truth = calibration_metrics(torch.from_numpy(sharp), torch.from_numpy(labels), kind="probs")
     read = _json(run_cli("metrics", path, "--input-kind", "probs", "--json"))
@@ -253,7 +254,7 @@ def test_probabilities_read_as_logits_are_refused_under_strict(run_cli, probabil
     path, _sharp, _labels = probabilities
     result = run_cli("metrics", path, "--strict")
     assert result.code == 2 and result.stdout == ""
-    assert result.stderr.startswith(f"curvcal: error: {path}:")
+    assert result.stderr.startswith(f"curvcal: error: {shown(path, ':')}")
     assert "--input-kind probs" in result.stderr and "--strict" in result.stderr
 
 
@@ -326,7 +327,9 @@ def test_a_calibrator_fitted_on_logits_is_refused_on_probabilities(run_cli, tmp_
     np.savez(probs, logits=rounded, labels=np.load(fit)["labels"])
     refused = run_cli("metrics", probs, "--input-kind", "probs", "--apply", calibrator)
     assert refused.code == 2 and refused.stdout == ""
-    assert f"curvcal: error: {calibrator}: does not match {probs}" in refused.stderr
+    assert (
+        f"curvcal: error: {shown(calibrator, ':')} does not match {shown(probs)}" in refused.stderr
+    )
     assert "fitted on logits, applied to probs" in refused.stderr
     assert "--apply-anyway" in refused.stderr
     anyway = run_cli(
@@ -361,7 +364,7 @@ def test_an_old_calibrator_file_is_read_and_said_to_have_no_provenance(
     result = run_cli("metrics", test, "--apply", old, "--json")
     document = _json(result)
     assert any("has no provenance" in w for w in document["warnings"])
-    assert "has no provenance" in result.stderr
+    assert said("has no provenance", result.stderr)
     assert document["inputs"]["calibrator"]["provenance"] is None
 
 
@@ -377,7 +380,7 @@ def test_a_temperature_at_its_bracket_end_is_a_warning(run_cli, tmp_path: Path) 
         "temperature scaling stopped at T = 100" in w and "[0.01, 100]" in w
         for w in document["warnings"]
     )
-    assert "stopped at T = 100" in result.stderr
+    assert said("stopped at T = 100", result.stderr)
 
 
 def test_a_softmax_model_calibrated_as_logits_is_a_warning(run_cli, tmp_path: Path) -> None:
@@ -395,4 +398,4 @@ def test_a_softmax_model_calibrated_as_logits_is_a_warning(run_cli, tmp_path: Pa
     assert any(
         "look like probabilities" in w and "--save-logits" in w for w in document["warnings"]
     )
-    assert "look like probabilities" in result.stderr
+    assert said("look like probabilities", result.stderr)

@@ -24,6 +24,7 @@ from catalogue_inputs import digests, digit_images, digits_model
 from safetensors.torch import save_file
 
 from curvcal.models import DigitsCNN
+from tests.console_text import shown
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,7 +151,7 @@ def test_a_tokenizer_with_auto_map_never_runs_and_nothing_prompts(
     )
     assert result.returncode == 2, result.stderr
     _one_error_line(
-        result.stderr, str(tokenizer / config_name), "custom code", "--trust-checkpoint"
+        result.stderr, shown(tokenizer / config_name, ":"), "custom code", "--trust-checkpoint"
     )
     assert "[y/N]" not in result.stdout + result.stderr  # nothing asked
     assert not marker.exists()
@@ -175,7 +176,12 @@ def test_a_policy_tokenizer_setting_is_held_to_the_same_rule(
     before = digests(model, table, tokenizer, policy)
     result = run_cli("check", model, "--policy", policy, input="y\n")
     assert result.code == 2, result.output
-    _one_error_line(result.stderr, "tokenizer_config.json", "custom code", "--trust-checkpoint")
+    _one_error_line(
+        result.stderr,
+        shown(tokenizer / "tokenizer_config.json", ":"),
+        "custom code",
+        "--trust-checkpoint",
+    )
     assert not marker.exists()
     assert digests(model, table, tokenizer, policy) == before
 
@@ -207,7 +213,7 @@ def test_a_timm_folder_whose_model_args_name_a_checkpoint_is_refused(
     result = run_cli("hessian", folder, "--data", data, "--device", "cpu", "--no-trace")
     assert result.code == 2, result.output
     _one_error_line(
-        result.stderr, str(folder / "config.json"), "checkpoint_path", "read another file"
+        result.stderr, shown(folder / "config.json"), "checkpoint_path", "read another file"
     )
     assert not marker.exists()
     assert digests(folder, evil, data) == before
@@ -468,7 +474,7 @@ def test_a_file_created_while_the_run_works_is_not_replaced(
     monkeypatch.setattr(tables, "to_json_text", meanwhile)
     result = run_cli("metrics", logits, "-o", out, "-q")
     assert result.code == 2, result.output
-    _one_error_line(result.stderr, str(out), "already exists", "--force")
+    _one_error_line(result.stderr, shown(out, ":"), "already exists", "--force")
     assert out.read_text() == "the other run's report"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logits.npz", "report.json"]
 
@@ -640,6 +646,6 @@ def test_a_transformers_timm_wrapper_config_is_held_to_the_same_rule(
     before = digests(folder, evil, data)
     result = run_cli("hessian", folder, "--data", data, "--device", "cpu", "--no-trace")
     assert result.code == 2, result.output
-    _one_error_line(result.stderr, str(folder / "config.json"), "checkpoint_path")
+    _one_error_line(result.stderr, shown(folder / "config.json"), "checkpoint_path")
     assert not marker.exists()
     assert digests(folder, evil, data) == before

@@ -13,6 +13,8 @@ import pytest
 import torch
 from test_malicious_checkpoints import _Reduce
 
+from tests.console_text import said, shown
+
 DIGITS = ["--arch", "curvcal:DigitsCNN", "--device", "cpu"]
 
 
@@ -53,10 +55,13 @@ def test_a_plain_pickle_is_named_and_inspected_without_running(
     assert info["unsafe_globals"] == [system]  # OrderedDict is on torch's weights-only list
     assert "not a torch.save checkpoint" in info["metadata"]["note"]
     table = run_cli("inspect", path)
-    assert "pickle globals" in table.stdout and "not a torch.save checkpoint" in table.stdout
+    assert said("pickle globals", table.stdout)
+    assert said("not a torch.save checkpoint", table.stdout)
     for command in ("hessian", "calibrate"):
         args = [command, path, "--data", good["data"], *DIGITS, "--trust-checkpoint"]
-        line = _one_line(run_cli(*args), f"{path}: is a plain Python pickle, not a torch.save")
+        line = _one_line(
+            run_cli(*args), f"{shown(path, ':')} is a plain Python pickle, not a torch.save"
+        )
         assert system in line
     assert not marker.exists()
 
@@ -64,7 +69,7 @@ def test_a_plain_pickle_is_named_and_inspected_without_running(
 def test_a_plain_pickle_of_a_dict_is_not_called_corrupt(tmp_path: Path, run_cli) -> None:
     path = tmp_path / "raw.pkl"
     path.write_bytes(pickle.dumps({"a": 1}))
-    line = _one_line(run_cli("check", path, "--policy", path), f"{path}: ")
+    line = _one_line(run_cli("check", path, "--policy", path), f"{shown(path, ':')} ")
     assert "corrupt" not in line
     result = run_cli("inspect", path, "--json")
     assert json.loads(result.stdout)["results"]["pickle_globals"] == []
@@ -101,13 +106,13 @@ def test_every_input_path_failure_is_told_apart(
         "baseline": ["check", model, "--policy", good["policy"], "--baseline", bad],
         "apply": ["metrics", good["logits"], "--apply", bad],
     }[role]
-    line = _one_line(run_cli(*args), f"{bad}: ")
+    line = _one_line(run_cli(*args), f"{shown(bad, ':')} ")
     assert why in line
 
 
 def test_a_directory_is_not_a_checkpoint(tmp_path: Path, good: dict[str, Path], run_cli) -> None:
     for args in (["inspect", tmp_path], ["hessian", tmp_path, "--data", good["data"], *DIGITS]):
-        _one_line(run_cli(*args), f"{tmp_path}: is a directory, not a checkpoint file")
+        _one_line(run_cli(*args), f"{shown(tmp_path, ':')} is a directory, not a checkpoint file")
 
 
 def test_long_values_are_cut_in_messages(tmp_path: Path, good: dict[str, Path], run_cli) -> None:

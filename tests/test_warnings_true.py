@@ -12,22 +12,19 @@ import pytest
 
 from curvcal.assets import demo_checkpoint
 from curvcal.policy.baseline import setting_differences
+from tests.console_text import said, unwrapped
 from tests.load.test_text import TextFiles, text_model  # noqa: F401  (the module's fixture)
 
 PACKAGE = Path(__file__).resolve().parents[1] / "curvcal"
 WARNING = "curvcal: warning:"
 
 
-def _normal(text: str) -> str:
-    return " ".join(text.split())
-
-
 def printed_only(stderr: str, document: dict) -> list[str]:
     """The warnings said on stderr that the JSON ``warnings`` lack (rich may wrap a long one
     over lines, so both are compared with their white space collapsed)."""
-    recorded = [_normal(warning) for warning in document["warnings"]]
-    said = [_normal(chunk) for chunk in stderr.split(WARNING)[1:]]
-    return [text for text in said if not any(text.startswith(w) for w in recorded)]
+    recorded = [unwrapped(warning) for warning in document["warnings"]]
+    printed = [unwrapped(chunk) for chunk in stderr.split(WARNING)[1:]]
+    return [text for text in printed if not any(text.startswith(w) for w in recorded)]
 
 
 def test_no_module_prints_a_warning_around_the_reporter() -> None:
@@ -39,8 +36,8 @@ def test_no_module_prints_a_warning_around_the_reporter() -> None:
             continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            said = isinstance(node, ast.Constant) and isinstance(node.value, str)
-            if said and re.search(r"curvcal: warning", node.value):
+            quoted = isinstance(node, ast.Constant) and isinstance(node.value, str)
+            if quoted and re.search(r"curvcal: warning", node.value):
                 offenders.append(f"{path.name}:{node.lineno}")
             called = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
             if called and node.func.id == "stderr_console":
@@ -55,7 +52,7 @@ def test_the_token_embedding_exclusion_is_in_the_json(run_cli, text_model: TextF
     )  # fmt: skip
     assert result.code == 0, result.stderr
     document = json.loads(result.stdout)
-    assert "token embeddings" in result.stderr
+    assert said("token embeddings", result.stderr)
     assert any("token embeddings" in warning for warning in document["warnings"])
     assert printed_only(result.stderr, document) == []
 

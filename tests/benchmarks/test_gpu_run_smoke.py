@@ -27,7 +27,9 @@ def gpu_run() -> ModuleType:
 
 def test_smoke_run_writes_results_and_table(gpu_run: ModuleType, tmp_path: Path) -> None:
     results, out = tmp_path / "results", tmp_path / "out"
+    # --smoke gives each part 60 s, which a loaded machine can take: budgets no load reaches
     argv = ["--smoke", "--device", "cpu", "--parts", "cuda-tests,bert_base,calibration",
+            "--part-budget", "600", "--total-budget", "1200",
             "--results-dir", str(results), "--out", str(out)]  # fmt: skip
     report = gpu_run.main(argv)
     names = {"gpu-run-smoke.json", "gpu-run-smoke.md", "gpu-run-smoke.log"}

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from curvcal.results import Report
+from tests.console_text import said, shown
 
 POLICY = """\
 [settings]
@@ -159,24 +160,25 @@ def test_malformed_policy_is_input_error_naming_the_line(run_cli, files, tmp_pat
     policy.write_text("[ece]\nmax = 0.1\n\n[ts.ece]\nmax = 0.1\nmin = 0.5\n")
     result = run_cli("compare", files["good"], files["old"], "--policy", policy)
     assert result.code == 2
-    assert f"curvcal: error: {policy}:6: [ts.ece] min 0.5 is above max 0.1" in result.stderr
+    line = f"curvcal: error: {shown(f'{policy}:6', ':')} [ts.ece] min 0.5 is above max 0.1"
+    assert line in result.stderr
 
 
 @pytest.mark.parametrize(
-    ("content", "why"),
+    ("content", "where", "why"),
     [
-        ("{not json", "not valid JSON"),
-        ('{"name": "x"}', "not a curvcal report"),
-        ('{"schema": "9.0", "command": "hessian", "results": {}}', "schema 9.0"),
+        ("{not json", ":1", "not valid JSON"),
+        ('{"name": "x"}', "", "not a curvcal report"),
+        ('{"schema": "9.0", "command": "hessian", "results": {}}', "", "schema 9.0"),
     ],
 )
-def test_bad_report_files_are_input_errors(run_cli, files, tmp_path, content, why) -> None:
+def test_bad_report_files_are_input_errors(run_cli, files, tmp_path, content, where, why) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(content)
     for args in ((bad, files["old"]), (files["good"], bad)):
         result = run_cli("compare", *args, "--policy", files["policy"])
         assert result.code == 2
-        assert str(bad) in result.stderr and why in result.stderr
+        assert f"{shown(f'{bad}{where}', ':')} " in result.stderr and why in result.stderr
         assert result.stdout == ""
 
 
@@ -190,7 +192,7 @@ def test_reports_with_different_settings_warn(run_cli, files, tmp_path) -> None:
     other.write_text(json.dumps(calibrate_and_hessian(0.09, 0.02, 11.0, 104.0, seed=7)))
     result = run_cli("compare", other, files["old"], "--policy", files["policy"], "--json")
     assert result.code == 0
-    assert "different settings (OLD → NEW): --seed: 0 → 7" in result.stderr
+    assert said("different settings (OLD → NEW): --seed: 0 → 7", result.stderr)
     assert json.loads(result.stdout)["warnings"] == [
         "the reports were computed with different settings (OLD → NEW): --seed: 0 → 7"
     ]

@@ -14,6 +14,7 @@ from curvcal.assets import demo_checkpoint
 from curvcal.calibration import registry
 from tests.commands.test_check_command import SETTINGS, run_check
 from tests.commands.test_metrics import as_json, logits_file
+from tests.console_text import cells
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema comes with the dev extra")
 
@@ -74,8 +75,8 @@ def test_a_map_that_does_not_apply_is_skipped_and_said(
     assert set(skipped) == {"matrix", "platt", "beta", "laplace"}  # K = 3, and scores only
     assert "matrix" not in document["results"]["evaluation"]
     table = run_cli("metrics", test, *args)
-    rows = [line for line in table.stdout.splitlines() if " matrix " in line]
-    assert rows and all("skipped: binary" in row for row in rows)  # one row per ranking table
+    rows = cells(table.stdout, " matrix ", "skipped:")  # one row per ranking table
+    assert rows and all(row.startswith("skipped: binary problems (K = 2) only") for row in rows)
     refused = run_cli("metrics", test, "--val-split", "0.5", "--method", "matrix")
     assert refused.code == 2 and "binary problems (K = 2) only" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1

@@ -32,6 +32,7 @@ from hf_decoder_builders import (  # noqa: E402
 
 from curvcal.load.checkpoint import load_model  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
+from tests.console_text import shown  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,7 @@ Case = tuple[list[object], tuple[str, ...]]
 def _not_seq_cls(causal: CausalAdapter, tmp: Path) -> Case:
     folder = copy_adapter(causal.adapter, tmp, task_type="CAUSAL_LM")
     return ["hessian", folder, "--base-model", causal.base, "--data", causal.jsonl], (
-        str(folder / "adapter_config.json"),
+        shown(folder / "adapter_config.json", ":"),
         "task_type 'CAUSAL_LM', not 'SEQ_CLS'",
         "a language-model adapter, not a classifier",
     )
@@ -272,7 +273,7 @@ def _no_saved_head(causal: CausalAdapter, tmp: Path) -> Case:
 
     weights = _rewrite_head(folder, drop)
     return ["calibrate", folder, "--base-model", causal.base, "--data", causal.jsonl], (
-        str(weights),
+        shown(weights, ":"),
         "holds no classification head",
         "modules_to_save is None",
         "head would be random",
@@ -288,7 +289,7 @@ def _head_rows_against_labels(causal: CausalAdapter, tmp: Path) -> Case:
     config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
     (base / "config.json").write_text(json.dumps(config))
     return ["hessian", causal.adapter, "--base-model", base, "--data", causal.jsonl], (
-        str(causal.adapter / "adapter_model.safetensors"),
+        shown(causal.adapter / "adapter_model.safetensors", ":"),
         f"score head has {causal.num_labels} rows",
         "names 4 labels",
     )
@@ -303,7 +304,7 @@ def _head_width(causal: CausalAdapter, tmp: Path) -> Case:
 
     weights = _rewrite_head(folder, widen)
     return ["hessian", folder, "--base-model", causal.base, "--data", causal.jsonl], (
-        str(weights),
+        shown(weights, ":"),
         f"shape [{causal.num_labels}, 24]",
         "hidden_size 16",
     )
@@ -317,7 +318,7 @@ def _no_sequence_classifier(causal: CausalAdapter, tmp: Path) -> Case:
     )
     transformers.CodeGenForCausalLM(config).save_pretrained(base)
     return ["hessian", causal.adapter, "--base-model", base, "--data", causal.jsonl], (
-        str(base),
+        shown(base, ":"),
         "CodeGenForCausalLM (model_type 'codegen')",
         "transformers has no sequence classifier",
     )
@@ -337,7 +338,7 @@ def _no_pad_token(causal: CausalAdapter, tmp: Path) -> Case:
     """No pad id in config.json nor in any tokenizer: padded batches cannot be read."""
     base = _base_without_pad(causal, tmp)
     return ["calibrate", causal.adapter, "--base-model", base, "--data", causal.jsonl], (
-        str(base),
+        shown(base, ":"),
         "LlamaForSequenceClassification reads each text at its last non-padding token",
         "sets no pad_token_id",
         "--batch-size 1",
@@ -354,7 +355,7 @@ def _base_weights_missing(causal: CausalAdapter, tmp: Path) -> Case:
     del state["model.norm.weight"]
     save_file(state, base / "model.safetensors", metadata={"format": "pt"})
     return ["hessian", causal.adapter, "--base-model", base, "--data", causal.jsonl], (
-        str(base),
+        shown(base, ":"),
         "weights do not fit LlamaForSequenceClassification",
         "1 weights missing (model.norm.weight)",
     )

@@ -16,6 +16,8 @@ pytest.importorskip("peft")
 
 from hf_decoder_builders import copy_adapter, save_decoder, save_lora, write_reviews
 
+from tests.console_text import shown
+
 
 @dataclass(frozen=True)
 class Files:
@@ -36,7 +38,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
 def _missing_base(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
     folder = copy_adapter(files.adapter, tmp, base_model_name_or_path=str(tmp / "gone" / "base"))
     return ["hessian", folder, "--data", files.jsonl], (
-        str(folder / "adapter_config.json"),
+        shown(folder / "adapter_config.json", ":"),
         "gone/base",
         "not a model folder here",
         "--base-model DIR",
@@ -46,7 +48,7 @@ def _missing_base(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...
 def _hub_id(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
     folder = copy_adapter(files.adapter, tmp, base_model_name_or_path="meta-llama/Llama-3.2-1B")
     return ["calibrate", folder, "--data", files.jsonl], (
-        str(folder / "adapter_config.json"),
+        shown(folder / "adapter_config.json", ":"),
         "'meta-llama/Llama-3.2-1B', which is not a local folder",
         "never downloads",
         "--base-model DIR",
@@ -63,7 +65,7 @@ def _no_base_named(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ..
 
 def _base_option_not_a_folder(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
     return ["hessian", files.adapter, "--data", files.jsonl, "--base-model", tmp / "nope"], (
-        f"--base-model {tmp / 'nope'}",
+        f"--base-model {shown(tmp / 'nope', ':')}",
         "does not exist",
     )
 
@@ -78,7 +80,7 @@ def _mismatched_width(files: Files, tmp: Path) -> tuple[list[object], tuple[str,
     model = transformers.LlamaForSequenceClassification(transformers.LlamaConfig(**config))
     model.save_pretrained(other)
     return ["hessian", files.adapter, "--data", files.jsonl, "--base-model", other], (
-        str(files.adapter),
+        shown(files.adapter, ":"),
         "the adapter does not fit its base model",
         "size mismatch",
         "--base-model DIR",
@@ -102,7 +104,7 @@ def _mismatched_modules(files: Files, tmp: Path) -> tuple[list[object], tuple[st
     )
     save_file(state, weights)
     return ["calibrate", folder, "--data", files.jsonl], (
-        str(weights),
+        shown(weights, ":"),
         "the adapter does not fit its base model",
         "saved tensors fit no module of the base",
         "layers.7.",
@@ -118,7 +120,7 @@ def _base_not_a_classifier(files: Files, tmp: Path) -> tuple[list[object], tuple
     config = transformers.AutoConfig.from_pretrained(files.base)
     transformers.LlamaModel(config).save_pretrained(bare)
     return ["hessian", files.adapter, "--data", files.jsonl, "--base-model", bare], (
-        str(bare),
+        shown(bare, ":"),
         "LlamaModel, not the classifier the adapter was trained on",
         "AutoModelForSequenceClassification.from_pretrained(BASE, num_labels=K)",
         "--base-model DIR",
@@ -128,14 +130,17 @@ def _base_not_a_classifier(files: Files, tmp: Path) -> tuple[list[object], tuple
 def _no_weights(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
     folder = copy_adapter(files.adapter, tmp)
     (folder / "adapter_model.safetensors").unlink()
-    return ["inspect", folder], (str(folder), "no adapter_model.safetensors")
+    return ["inspect", folder], (shown(folder, ":"), "no adapter_model.safetensors")
 
 
 def _trainer_state_without_step(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
     folder = tmp / "checkpoint-3"
     shutil.copytree(files.base, folder)
     (folder / "trainer_state.json").write_text('{"global_step": "three"}')
-    return ["inspect", folder], (str(folder / "trainer_state.json"), "no integer global_step")
+    return ["inspect", folder], (
+        shown(folder / "trainer_state.json", ":"),
+        "no integer global_step",
+    )
 
 
 def _no_pad_token_id(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:
@@ -145,7 +150,7 @@ def _no_pad_token_id(files: Files, tmp: Path) -> tuple[list[object], tuple[str, 
     config["pad_token_id"] = None
     (folder / "config.json").write_text(json.dumps(config))
     return ["calibrate", folder, "--data", files.jsonl], (
-        str(folder),
+        shown(folder, ":"),
         "sets no pad_token_id",
         "--batch-size 1",
     )

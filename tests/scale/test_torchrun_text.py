@@ -1,36 +1,118 @@
-"""`torchrun --nproc-per-node 2 -m curvcal hessian|calibrate` on a text classifier folder (gloo,
-CPU): each rank tokenizes the texts, takes its shard of them padded per batch, and the sharded
-run gives the numbers of one process."""
+"""`torchrun --nproc-per-node 2 -m curvcal hessian|calibrate` on text classifier folders (gloo,
+CPU): each rank tokenizes the texts, takes its shard of them padded per batch, and the run gives
+the numbers of one process, with the model whole on every rank or sharded (`--shard-model
+blocks`, whose products are central differences). The four command lines run in one launch
+(tests/scale/cli_worker.py): a launch's start-up costs more than a command here."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("transformers")
 
-from .launch import TEXTS, text_classifier, torchrun_json
+from .launch import TEXTS, text_classifier, worker_results
+
+WORKER = Path(__file__).with_name("cli_worker.py")
+COMMON = ["--dtype", "float64", "--device", "cpu", "--batch-size", "4"]
+
+
+def _common(data: Path) -> list[str]:
+    return ["--data", str(data), *COMMON]
+
+
+def _hessian(folder: Path, data: Path) -> list[str]:
+    return ["hessian", str(folder), *_common(data), "--no-trace", "--tol", "1e-8"]
+
+
+def _calibrate(folder: Path, data: Path) -> list[str]:
+    return ["calibrate", str(folder), *_common(data), "--method", "none"]
+
+
+def _sharded_hessian(folder: Path, data: Path) -> list[str]:
+    return ["hessian", str(folder), *_common(data), "--trace-method", "hutchinson", "--probes",
+            "4", "--tol", "1e-8"]  # fmt: skip
+
+
+def _sharded_calibrate(folder: Path, data: Path) -> list[str]:
+    return ["calibrate", str(folder), *_common(data), "--method", "ts"]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One torchrun launch of two ranks running the four command lines: a one-layer BERT's
+    hessian and calibrate, a two-layer one's with ``--shard-model blocks``. The folders, the
+    data files and what each rank's commands gave."""
+    root = tmp_path_factory.mktemp("torchrun_text")
+    one, one_data = text_classifier(root / "one", layers=1)
+    two, two_data = text_classifier(root / "two", layers=2)
+    shard = ["--shard-model", "blocks", "--json"]
+    runs = {
+        "hessian": [*_hessian(one, one_data), "--json"],
+        "calibrate": [*_calibrate(one, one_data), "--json"],
+        "sharded hessian": [*_sharded_hessian(two, two_data), *shard],
+        "sharded calibrate": [*_sharded_calibrate(two, two_data), *shard],
+    }
+    (root / "runs.json").write_text(json.dumps(runs))
+    (root / "out").mkdir()
+    ranks = worker_results(WORKER, root / "out", 2, str(root / "runs.json"))
+    return {"one": (one, one_data), "two": (two, two_data), "ranks": ranks}
+
+
+def _report(launched: dict[str, Any], name: str) -> dict[str, Any]:
+    """The report of the launch's command ``name``: it succeeded on both ranks and only rank 0
+    printed it."""
+    first, second = (rank[name] for rank in launched["ranks"])
+    assert first["code"] == second["code"] == 0, (first["stderr"], second["stderr"])
+    assert first["stdout"].count('"schema"') == 1 and '"schema"' not in second["stdout"]
+    return json.loads(first["stdout"])  # type: ignore[no-any-return]
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_on_texts(run_cli, tmp_path: Path) -> None:
-    folder, data = text_classifier(tmp_path, layers=1)
-    common = ["--data", str(data), "--dtype", "float64", "--device", "cpu", "--batch-size", "4"]
-    hessian = ["hessian", str(folder), *common, "--no-trace", "--tol", "1e-8"]
-    distributed = torchrun_json(hessian, tmp_path)
-    single = run_cli(*hessian, "--json")
+def test_two_processes_match_one_on_texts(run_cli, launched: dict[str, Any]) -> None:
+    folder, data = launched["one"]
+    distributed = _report(launched, "hessian")
+    single = run_cli(*_hessian(folder, data), "--json")
     assert single.code == 0, single.stderr
     assert distributed["results"]["operator"]["n_samples"] == len(TEXTS)
     assert distributed["results"]["lambda_max"] == pytest.approx(
         json.loads(single.stdout)["results"]["lambda_max"], rel=1e-6
     )
-    calibrate = ["calibrate", str(folder), *common, "--method", "none"]
-    distributed = torchrun_json(calibrate, tmp_path)
-    single = run_cli(*calibrate, "--json")
+    distributed = _report(launched, "calibrate")
+    single = run_cli(*_calibrate(folder, data), "--json")
     assert single.code == 0, single.stderr
     got = distributed["results"]["evaluation"]["uncalibrated"]
     expected = json.loads(single.stdout)["results"]["evaluation"]["uncalibrated"]
     for metric in ("accuracy", "nll", "ece"):
         assert got[metric] == pytest.approx(expected[metric], abs=1e-12)
+
+
+@pytest.mark.slow
+def test_sharded_bert_matches_one_process(run_cli, launched: dict[str, Any]) -> None:
+    folder, data = launched["two"]
+    sharded = _report(launched, "sharded hessian")
+    single = run_cli(*_sharded_hessian(folder, data), "--json")
+    assert single.code == 0, single.stderr
+    expected = json.loads(single.stdout)["results"]
+    got = sharded["results"]
+    assert got["operator"]["engine"] == "central-difference"
+    assert got["operator"]["world_size"] == 2
+    product = got["operator"]["product"]
+    assert product["method"] == "central-difference" and product["stencil"] == "3-point"
+    assert 0 < product["relative_error_bound"] < 1e-7
+    # products good to 5e-9 here, but Lanczos stops at the precision floor the products'
+    # asymmetry sets (a true residual near 7e-7 against --tol 1e-8): λmax within 1.1e-6
+    assert got["lambda_max"] == pytest.approx(expected["lambda_max"], rel=1e-5)
+    assert got["trace"]["estimate"] == pytest.approx(expected["trace"]["estimate"], rel=1e-7)
+    assert sharded["settings"]["checkpoint"]["shard_model"] == "blocks"
+
+    sharded = _report(launched, "sharded calibrate")
+    single = run_cli(*_sharded_calibrate(folder, data), "--json")
+    assert single.code == 0, single.stderr
+    got = sharded["results"]["evaluation"]["uncalibrated"]
+    expected = json.loads(single.stdout)["results"]["evaluation"]["uncalibrated"]
+    for metric in ("accuracy", "nll", "ece", "brier"):
+        assert got[metric] == pytest.approx(expected[metric], rel=1e-10, abs=1e-12)
