@@ -98,8 +98,13 @@ def reference_fit(z: np.ndarray, y: np.ndarray, method: str) -> np.ndarray:
     return np.exp(log_softmax(scores(theta), axis=1))
 
 
-@pytest.mark.parametrize("method", ["vector", "matrix"])
-@pytest.mark.parametrize("k", [2, 10, 100])
+# matrix scaling's largest case is K = 40 (1,640 parameters): at K = 100 the reference's own
+# L-BFGS on 10,100 parameters took minutes, and K = 100 is covered by vector scaling here and by
+# the same-objective agreement with torch-uncertainty's DirichletScaler
+@pytest.mark.parametrize(
+    ("method", "k"),
+    [("vector", 2), ("vector", 10), ("vector", 100), ("matrix", 2), ("matrix", 10), ("matrix", 40)],
+)
 @pytest.mark.parametrize("sharpen", [3.0, 0.4])
 def test_fit_matches_an_independent_minimisation(method: str, k: int, sharpen: float) -> None:
     n = 3000 if k < 100 else 2000
