@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from meter import Meter  # type: ignore[import-not-found]
+
 ROOT = Path(__file__).resolve().parents[2]
 #: the plan's data per product and micro-batch (docs/guide/scale.md)
 SEQUENCES, TOKENS, MICRO = 64, 512, 4
@@ -41,30 +43,6 @@ SMOKE_DATA = (4, 8, 2)
 K_BF16, FP32_PASSES = 3.76, (4.0, 6.0)
 STEPS = "bf16,bf16-half,fp32,lambda"
 PROFILE_ROWS = 25
-
-
-class Meter:
-    """Wall time with ``torch.cuda.synchronize`` and, on CUDA, the peak allocated bytes."""
-
-    def __init__(self, device: Any) -> None:
-        import torch
-
-        self.torch = torch
-        self.cuda = device.type == "cuda"
-        self.peak: int | None = None
-
-    def __enter__(self) -> Meter:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.reset_peak_memory_stats()
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-            self.peak = self.torch.cuda.max_memory_allocated()
-        self.seconds = time.perf_counter() - self.start
 
 
 def _say(message: str) -> None:

@@ -54,6 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the parts' modules beside this script
+from meter import Meter  # type: ignore[import-not-found]
+
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("cuda-tests", "resnet18", "vit_b_16", "bert_base", "llama_1b", "calibration")
 # seconds each part may take at most (the total budget may leave it less)
@@ -398,30 +401,6 @@ def cuda_tests(emit: Callable[[dict[str, Any]], None]) -> None:
                   "seconds": float(case.get("time") or 0.0)})  # fmt: skip
         if code != 0:
             emit({"error": f"pytest exit code {code}"})
-
-
-class Meter:
-    """Wall time with ``torch.cuda.synchronize`` and, on CUDA, the peak allocated memory."""
-
-    def __init__(self, device: Any) -> None:
-        import torch
-
-        self.torch = torch
-        self.cuda = device.type == "cuda"
-
-    def __enter__(self) -> Meter:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.empty_cache()
-            self.torch.cuda.reset_peak_memory_stats()
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-        self.seconds = time.perf_counter() - self.start
-        self.peak = self.torch.cuda.max_memory_allocated() if self.cuda else None
 
 
 def hessian_part(

@@ -10,7 +10,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-import torch
 
 
 @pytest.fixture(scope="module")
@@ -77,21 +76,3 @@ def test_cpu_seconds_count_the_task_not_the_memory_sampler_nor_sleep(bench: Modu
     wall, cpu, value, _peak = bench.measure_cpu(spin_then_sleep)
     assert value == 7 and wall >= 0.5
     assert 0.2 <= cpu < 0.45  # the 0.2 s of work, not the 0.3 s asleep
-
-
-def test_a_peer_row_has_its_ratio_in_wall_and_cpu_seconds(
-    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from curvcal.calibration import fit_temperature
-
-    def peer(logits, labels, probs, y):
-        temperature = fit_temperature(logits, labels).temperature
-        return torch.softmax(logits.double() / temperature, dim=1)
-
-    monkeypatch.setitem(bench.PEER_MAPS, "ts", (("stand-in TS", "netcal", peer),))
-    size = bench.bench_maps(400, 5, 1, {"netcal": object()}, names=("ts",))
-    ours, theirs = size["rows"]
-    assert ours["cpu_seconds"] > 0 and theirs["cpu_seconds"] > 0
-    assert theirs["cpu_ratio_to_curvcal"] == pytest.approx(
-        theirs["cpu_seconds"] / ours["cpu_seconds"]
-    )

@@ -132,7 +132,7 @@ def test_a_peer_map_is_timed_beside_curvcal_with_its_ratio_and_difference(
     bench: ModuleType, monkeypatch
 ) -> None:
     """A stand-in peer (the exact softmax of the fitted temperature, computed apart) gives a
-    ratio and a probability difference at rounding level."""
+    ratio in wall and in CPU seconds and a probability difference at rounding level."""
     from curvcal.calibration import fit_temperature
 
     def peer(logits, labels, probs, y):
@@ -144,4 +144,8 @@ def test_a_peer_map_is_timed_beside_curvcal_with_its_ratio_and_difference(
     ours, theirs = size["rows"]
     assert ours["task"].startswith("curvcal") and theirs["task"] == "stand-in TS"
     assert theirs["ratio_to_curvcal"] > 0
+    assert ours["cpu_seconds"] > 0 and theirs["cpu_seconds"] > 0
+    assert theirs["cpu_ratio_to_curvcal"] == pytest.approx(
+        theirs["cpu_seconds"] / ours["cpu_seconds"]
+    )
     assert theirs["max_abs_diff_probs"] < 1e-12

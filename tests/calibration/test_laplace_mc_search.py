@@ -110,7 +110,8 @@ def test_monte_carlo_heldout_nll_matches_dense_reference(structure, k, d, bias) 
 
 
 @pytest.mark.parametrize(
-    ("structure", "predictive"), [("full", "mc"), ("kron", "mc"), ("kron", "probit")]
+    ("structure", "predictive"),
+    [("full", "mc"), ("full", "probit"), ("kron", "mc"), ("kron", "probit")],
 )
 def test_search_objective_is_the_predictive_built_at_each_delta(structure, predictive) -> None:
     """The bases and draws kept per fold give what building each fold's posterior at δ and

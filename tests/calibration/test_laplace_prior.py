@@ -152,19 +152,3 @@ def test_unknown_prior_rule_is_refused() -> None:
     phi, y, w, b = _problem(n=10)
     with pytest.raises(InputError, match="--laplace-prior"):
         lp.fit_laplace(phi, y, w, b, prior="evidence")
-
-
-def test_full_probit_shortcut_is_the_predictive_built_at_each_delta() -> None:
-    phi, y, w, b = _problem(n=80)
-    probs = torch.softmax(phi @ w.T + b, 1)
-    folds = lp.heldout_folds(phi, probs, y, True, "full", lp.PRIOR_FOLDS, 2)
-    template = lp.LaplaceMap(w, b, 1.0, "full", "probit", 1, 0, "")
-    for delta in (1e-3, 0.7, 40.0):
-        built = [
-            lp.predictive_log_probs(lp._posterior(template, f.curvature, delta), f.features)
-            .gather(1, f.labels[:, None])
-            .sum()
-            for f in folds
-        ]
-        expected = -float(sum(built)) / 80
-        assert abs(lp.heldout_nll(delta, folds, template) - expected) < 1e-12
