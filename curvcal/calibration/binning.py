@@ -32,6 +32,7 @@ import torch
 
 from curvcal.calibration.bins import equal_mass_index
 from curvcal.calibration.inputs import class_labels, log_probabilities
+from curvcal.calibration.ties import group_starts
 from curvcal.calibration.univariate import (
     ONE_VS_REST_ELEMENTS,
     apply_by_rows,
@@ -151,7 +152,10 @@ def sorted_equal_mass_edges(ranked: np.ndarray, n_bins: int) -> np.ndarray:
     n = len(ranked)
     targets = np.floor(np.arange(1, n_bins, dtype=np.float64) * n / n_bins + 0.5)
     last_before = np.clip(targets.astype(np.int64) - 1, 0, n - 1)
-    cuts = np.where(targets > 0, np.searchsorted(ranked, ranked[last_before], side="right"), 0)
+    # one past the end of each position's tie group (equal up to float64 rounding, as there)
+    starts = group_starts(torch.from_numpy(ranked)).numpy()
+    group_end = np.append(np.flatnonzero(starts)[1:], n)[np.cumsum(starts) - 1]
+    cuts = np.where(targets > 0, group_end[last_before], 0)
     cuts = np.maximum.accumulate(cuts) if len(cuts) else cuts
     boundary = np.unique(cuts[(cuts > 0) & (cuts < n)])
     below, above = ranked[boundary - 1], ranked[boundary]

@@ -203,3 +203,18 @@ def test_one_vs_rest_in_sample_nll_is_that_of_the_applied_map(method: str, k: in
     fit = (fit_histogram if method == "histogram-ovr" else fit_isotonic)(z, y, method)
     expected = float(-fit.calibrator.apply(z).gather(1, y[:, None]).mean())
     assert fit.nll_after == pytest.approx(expected, rel=1e-14)
+
+
+def test_equal_mass_edges_of_sorted_columns_tie_as_the_per_column_fit() -> None:
+    """Scores equal up to float64 rounding (a few units of 2⁻⁵³ apart) at a cut stay in one bin
+    in the shared one-vs-rest fit exactly as in :func:`histogram_edges` (the tie groups of
+    curvcal.calibration.ties); exact ties alone would cut the near-tied run."""
+    from curvcal.calibration.binning import histogram_edges, sorted_equal_mass_edges
+
+    base = 0.3
+    near = base + np.arange(6) * 2.0 * np.spacing(base)  # six scores 2 ulps apart
+    x = np.sort(np.concatenate([np.linspace(0.01, 0.29, 7), near, np.linspace(0.31, 0.9, 7)]))
+    expected = histogram_edges(x, 4, "equal-mass")
+    np.testing.assert_array_equal(sorted_equal_mass_edges(x, 4), expected)
+    inner = expected[1:-1]
+    assert not ((inner >= near[0]) & (inner < near[-1])).any()  # no edge inside the run
