@@ -230,6 +230,29 @@ def gather_slices(block: torch.Tensor, parameters: list[torch.Tensor]) -> torch.
     return torch.stack(columns, dim=1)
 
 
+def collect_rows(piece: torch.Tensor, numel: int) -> torch.Tensor | None:
+    """The ``numel`` × m whole rows of one parameter's block on rank 0 (None on the others),
+    from every rank's contiguous run of them (``piece``, FSDP2's split of the parameter along
+    dimension 0, flattened: rank r holds the r-th run). One all-gather of the runs' lengths
+    and one gather of the runs, padded to the longest: rank 0 holds W runs of one parameter,
+    never a P-long vector."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    length = torch.tensor([piece.shape[0]], dtype=torch.int64, device=piece.device)
+    lengths = [torch.empty_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length)
+    counts = [int(n) for n in lengths]
+    padded = piece.new_zeros((max(counts), *piece.shape[1:]))
+    padded[: piece.shape[0]] = piece
+    parts = [torch.empty_like(padded) for _ in range(world)] if rank == 0 else None
+    dist.gather(padded, parts, dst=0)
+    if parts is None:
+        return None
+    rows = torch.cat([part[:count] for part, count in zip(parts, counts, strict=True)])
+    if rows.shape[0] != numel:
+        raise RuntimeError(f"the ranks' runs hold {rows.shape[0]} values of a parameter of {numel}")
+    return rows
+
+
 def agreed_count(count: int) -> int:
     """The largest ``count`` among the ranks (``count`` itself in one process)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

@@ -8,6 +8,7 @@ the data, products are summed across ranks, and only rank 0 prints or writes any
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from curvcal.commands.common import finish, output_options, start, typed_options
 from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.commands.repeats import Command
 from curvcal.report.hessian import hessian_tables, plot_outputs, plot_paths, write_plots
-from curvcal.report.landscape import eigenvector_bytes, eigenvector_path, write_eigenvectors
+from curvcal.report.landscape import eigenvector_path, write_eigenvectors
 from curvcal.settings.fields import click_options
 from curvcal.settings.hessian import HessianSettings
 
@@ -121,17 +122,12 @@ def hessian(
         data_options,
         settings,
         reporter,
-        keep_vectors=save_eigenvectors is not None,
+        save_vectors=None
+        if save_eigenvectors is None
+        else functools.partial(write_eigenvectors, save_eigenvectors),
     )
     if not run.is_main:
         return run.exit_code
-    if save_eigenvectors is not None:
-        write_eigenvectors(
-            save_eigenvectors,
-            eigenvector_bytes(
-                run.vectors, run.analysis.spectrum.eigenvalues, run.report.inputs["checkpoint"]
-            ),
-        )
     code = finish(run.report, hessian_tables(run.analysis, run.device))
     if plots is not None:
         write_plots(run.analysis, *plots, caption=f"{checkpoint.name} on {data_options.data}")

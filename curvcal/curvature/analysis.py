@@ -16,13 +16,13 @@ import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
-import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.central_difference import operator_for
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import eigenvalues
+from curvcal.curvature.eigenvectors import TopEigenvectors
 from curvcal.curvature.engines import engines_between
 from curvcal.curvature.gauss_newton import tensor_traces, trace_result
 from curvcal.curvature.layers import layer_curvature
@@ -50,12 +50,13 @@ from curvcal.curvature.results import (
     TraceResult,
 )
 from curvcal.curvature.trace import trace_estimate
+from curvcal.curvature.vectors import space_of
 from curvcal.errors import InputError
 from curvcal.losses import Loss, loss_from_name
 from curvcal.settings.hessian import HessianSettings
 
-#: Receives the top-k eigenvectors, one ``{parameter name: tensor}`` per value.
-OnEigenvectors = Callable[[list[dict[str, Tensor]]], None]
+#: Receives the top-k eigenvectors with their values, as the operator's vector space holds them.
+OnEigenvectors = Callable[[TopEigenvectors], None]
 
 #: a stage's result, which records the engines that made its products
 Measured = TypeVar("Measured", EigenSpectrum, TraceResult, DensityResult)
@@ -93,8 +94,8 @@ def analyse_hessian(
     ``on_plan`` receives the settings as they will run, before any product: ``trace_method``
     resolved from ``auto`` (:func:`choose_trace_method`). ``on_operator`` receives the operator
     once it is built, before any pass over the data (``study`` counts FLSD-53's γ groups on it).
-    ``on_vectors`` receives the top-k eigenvectors, one ``{parameter name: tensor}`` per value
-    in the order of the values (:func:`vectors_by_name`).
+    ``on_vectors`` receives the top-k eigenvectors and their values
+    (:class:`~curvcal.curvature.eigenvectors.TopEigenvectors`) once the eigenvalue stage ends.
 
     One operator serves every stage (``all_reduce`` sums the sample count and every product
     across processes when the data is sharded). Raises :class:`~curvcal.errors.InputError` for
@@ -227,6 +228,7 @@ def analyse_operator(
     stop()
 
     stop = timed("eigenvalues")
+    kept: list[Tensor] = []
     spectrum = _eigen(
         operator,
         settings,
@@ -234,9 +236,19 @@ def analyse_operator(
         "largest",
         budget,
         hook("eigenvalues"),
-        None if on_vectors is None else lambda v: on_vectors(vectors_by_name(operator, v)),
+        None if on_vectors is None else kept.append,
     )
     stop()
+    if on_vectors is not None and kept:
+        on_vectors(
+            TopEigenvectors(
+                spectrum.eigenvalues,
+                tuple(operator.param_names),
+                tuple(p.shape for p in operator.parameters),
+                space_of(operator),
+                kept[0],
+            )
+        )
 
     smallest = None
     trace, shares = None, None
@@ -461,20 +473,3 @@ def _eigen(
         on_vectors=on_vectors,
     )
     return _with_engines(operator, before, spectrum)
-
-
-def vectors_by_name(operator: HessianOperator, vectors: Tensor) -> list[dict[str, Tensor]]:
-    """The columns of ``vectors`` (P×k, over the operator's selected parameters in their
-    order) as one ``{parameter name: tensor of its shape}`` per column."""
-    out: list[dict[str, Tensor]] = []
-    for column in vectors.T:
-        pieces = torch.split(column, [p.numel() for p in operator.parameters])
-        out.append(
-            {
-                name: piece.reshape(p.shape)
-                for name, piece, p in zip(
-                    operator.param_names, pieces, operator.parameters, strict=True
-                )
-            }
-        )
-    return out

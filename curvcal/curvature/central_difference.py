@@ -228,14 +228,16 @@ class CentralDifferenceOperator(HessianOperator):
     def _sliced_space(self) -> SlicedSpace | None:
         """The space of this rank's slices of the selected parameters, or None when one of them
         is not sharded along dimension 0 (or no sum across ranks is given)."""
-        from curvcal.sharding import gather_slices, local_range
+        from curvcal.sharding import collect_rows, gather_slices, local_range
 
         ranges = [local_range(p) for p in self._params]
         pieces = [r for r in ranges if r is not None]
         if len(pieces) != len(ranges) or self._all_reduce is None:
             return None
         params = list(self._params)
-        return SlicedSpace(pieces, self._all_reduce, lambda block: gather_slices(block, params))
+        return SlicedSpace(
+            pieces, self._all_reduce, lambda block: gather_slices(block, params), collect_rows
+        )
 
     def _vector_length(self) -> int:
         return self.shape[0] if self.vector_space is None else self.vector_space.size

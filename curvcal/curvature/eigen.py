@@ -42,7 +42,9 @@ Orders: ``which="largest"`` returns λ1 ≥ λ2 ≥ … ≥ λk, the largest *al
 Vectors: whole (P values) or, for an operator that states a sliced
 :class:`~curvcal.curvature.vectors.VectorSpace` (a model sharded over ranks), each rank's slice;
 every inner product and norm is then summed over the ranks, and the eigenvectors handed to
-``on_vectors`` are gathered whole.
+``on_vectors`` are the rank's slices (:meth:`~curvcal.curvature.vectors.VectorSpace.whole`
+gathers them; :meth:`~curvcal.curvature.vectors.VectorSpace.parameter_rows` collects them a
+parameter at a time).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpec
 from curvcal.curvature.vectors import VectorSpace, space_of
 from curvcal.errors import InputError
 
-#: Receives the P×k unit eigenvectors found, columns in the order of the values.
+#: Receives the P×k unit eigenvectors found, columns in the order of the values (this rank's
+#: slices of them for a sliced vector space).
 OnVectors = Callable[[Tensor], None] | None
 
 METHODS = ("power", "lanczos")
@@ -193,7 +196,8 @@ def power_iteration(
     """The k largest (or smallest) algebraic eigenvalues by power iteration with deflation.
 
     ``max_iter`` (default 1000) bounds the iterations spent on each value and on each pass.
-    ``on_vectors`` receives the P×k unit eigenvectors, columns in the order of the values.
+    ``on_vectors`` receives the P×k unit eigenvectors, columns in the order of the values (each
+    rank's slices of them for a sliced vector space).
     """
     op = as_operator(operator)
     _check_common(op, k, tol, max_iter, which)
@@ -226,7 +230,7 @@ def power_iteration(
     order = sorted(range(k), key=lambda i: results[i].value, reverse=which == "largest")
     final = [results[i] for i in order]
     if on_vectors is not None:
-        on_vectors(space_of(op).whole(torch.stack([found[i] for i in order], dim=1)))
+        on_vectors(torch.stack([found[i] for i in order], dim=1))
     spectrum = EigenSpectrum(
         values=tuple(final),
         method="power",
@@ -448,7 +452,7 @@ def lanczos(
         used += k
     if on_vectors is not None:  # y = Q_m s, as verified (no product)
         vectors = basis.combine(ritz_vectors[:, wanted], dtype=op.dtype)
-        on_vectors(basis.space.whole(vectors.div_(basis.space.column_norms(vectors))))
+        on_vectors(vectors.div_(basis.space.column_norms(vectors)))
     allowed = _allowed(tol, noisy(size), [float(ritz[i]) for i in wanted], scale, op.dtype)
     results = []
     for column, index in enumerate(wanted):

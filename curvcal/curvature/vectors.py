@@ -30,7 +30,7 @@ bit for bit what it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -103,24 +103,32 @@ class VectorSpace:
         """The whole P-long columns of ``block`` (itself here)."""
         return block
 
+    def parameter_rows(self, block: Tensor, sizes: Sequence[int]) -> Iterator[Tensor | None]:
+        """Each parameter's rows of the whole columns of ``block`` (size × m), in parameter
+        order (``sizes``: each parameter's number of values): views of ``block`` here."""
+        yield from torch.split(block, list(sizes))
+
 
 class SlicedSpace(VectorSpace):
     """Vectors held a slice per rank: this rank's values are the entries
     ``[start, stop)`` of each parameter's flattened full block (``pieces``: (numel of the full
     parameter, start, stop) in parameter order), and ``reduce`` sums over the ranks; ``gather``
-    (optional) makes the whole columns of a block of slices (for eigenvectors a caller asked
-    for). See the module docstring for the formulas."""
+    (optional) makes the whole columns of a block of slices on every rank, and ``collect``
+    (optional) one parameter's whole rows on the first rank only (for eigenvectors a caller
+    asked for). See the module docstring for the formulas."""
 
     def __init__(
         self,
         pieces: Sequence[tuple[int, int, int]],
         reduce: Reduce,
         gather: Callable[[Tensor], Tensor] | None = None,
+        collect: Callable[[Tensor, int], Tensor | None] | None = None,
     ) -> None:
         super().__init__(sum(stop - start for _, start, stop in pieces))
         self.pieces = tuple(pieces)
         self._reduce = reduce
         self._gather = gather
+        self._collect = collect
 
     @property
     def sliced(self) -> bool:
@@ -180,6 +188,19 @@ class SlicedSpace(VectorSpace):
         if self._gather is None:
             raise RuntimeError("this vector space cannot gather whole vectors")
         return self._gather(block)
+
+    def parameter_rows(self, block: Tensor, sizes: Sequence[int]) -> Iterator[Tensor | None]:
+        """Each parameter's whole rows (numel × m) of a (size, m) block of slices, made on the
+        first rank one parameter at a time from every rank's slice (None on the other ranks):
+        no rank holds more than one parameter's m columns beyond its slices, where
+        :meth:`whole` puts P × m on every rank. Collective: every rank iterates to the end."""
+        if self._collect is None:
+            raise RuntimeError("this vector space cannot collect whole parameters")
+        if list(sizes) != [numel for numel, _, _ in self.pieces]:
+            raise RuntimeError(f"parameter sizes {list(sizes)} are not this space's pieces")
+        local = torch.split(block, [stop - start for _, start, stop in self.pieces])
+        for (numel, _, _), piece in zip(self.pieces, local, strict=True):
+            yield self._collect(piece, numel)
 
 
 def space_of(operator: object) -> VectorSpace:

@@ -19,7 +19,10 @@ from curvcal.settings.fields import groups
 from curvcal.settings.hessian import HessianSettings
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from curvcal.console import Reporter
+    from curvcal.curvature.eigenvectors import TopEigenvectors
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
@@ -36,9 +39,6 @@ class HessianRun:
     device: str
     is_main: bool
     failure: NumericalError | None
-    vectors: tuple[dict[str, Any], ...] = ()
-    """The top-k eigenvectors by parameter name (one per eigenvalue, in their order), when
-    asked for."""
 
     @property
     def exit_code(self) -> int:
@@ -63,20 +63,30 @@ def run_hessian(
     data_options: DataSettings,
     settings: HessianSettings,
     reporter: Reporter,
-    keep_vectors: bool = False,
+    save_vectors: Callable[[TopEigenvectors, dict[str, Any], bool], None] | None = None,
 ) -> HessianRun:
     """Measure the Hessian of ``checkpoint``'s mean loss over the data as ``settings`` ask;
-    under torchrun every rank runs this on its shard. ``keep_vectors``: also return the top-k
-    eigenvectors (the same on every rank)."""
+    under torchrun every rank runs this on its shard. ``save_vectors`` (the command's
+    writer, e.g. :func:`~curvcal.report.landscape.write_eigenvectors`) receives the top-k
+    eigenvectors once the eigenvalue stage ends, with the checkpoint's description and
+    whether this is rank 0, on every rank, while the ranks can still gather (it streams them a
+    parameter at a time, so a sharded model's ranks never hold a whole vector)."""
     from curvcal.pipeline.provenance import environment
     from curvcal.pipeline.session import open_session
 
     began = time.perf_counter()
     with open_session(checkpoint_options, reporter) as session:
         loaded = session.model(checkpoint)
+        described = loaded.describe()
         resolved, choice = session.hessian_settings(loaded, settings)
         data = session.dataset(loaded, data_options)
-        vectors: list[dict[str, Any]] = []
+        on_vectors = None
+        if save_vectors is not None:
+            save, is_main = save_vectors, session.is_main
+
+            def on_vectors(top: TopEigenvectors) -> None:
+                save(top, described, is_main)
+
         curvature = session.hessian(
             loaded,
             data,
@@ -84,7 +94,7 @@ def run_hessian(
             data_options.batch_size,
             choice=choice,
             keep_stages=True,
-            on_vectors=vectors.extend if keep_vectors else None,
+            on_vectors=on_vectors,
         )
     analysis, messages = curvature.analysis, curvature.messages
     failed = analysis.unconverged
@@ -108,7 +118,7 @@ def run_hessian(
         command="hessian",
         results=analysis,
         status=status,
-        inputs={"checkpoint": loaded.describe(), "data": data.describe()},
+        inputs={"checkpoint": described, "data": data.describe()},
         settings=groups(
             checkpoint_options.replace(device=str(session.device)), data_options, settings
         ),
@@ -120,6 +130,4 @@ def run_hessian(
         environment=environment(loaded.device),
         warnings=session.warnings + curvature.notes + messages + stopped,
     )
-    return HessianRun(
-        analysis, report, str(loaded.device), session.is_main, failure, tuple(vectors)
-    )
+    return HessianRun(analysis, report, str(loaded.device), session.is_main, failure)

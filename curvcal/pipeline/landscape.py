@@ -72,7 +72,7 @@ def run_landscape(
                 resolved,
                 data_options.batch_size,
                 choice=choice,
-                on_vectors=directions.extend,
+                on_vectors=lambda top: directions.extend(top.by_name()),
             )
             eigenvalues = curvature.analysis.spectrum.eigenvalues
             notes = curvature.notes + curvature.messages

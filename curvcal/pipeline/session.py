@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from curvcal.console import Reporter
+    from curvcal.curvature.analysis import OnEigenvectors
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.distributed import DistContext
     from curvcal.load.loaded_data import LoadedData
@@ -245,13 +246,13 @@ class Session:
         option: str = "--data",
         on_operator: Callable[[Any], None] | None = None,
         keep_stages: bool = False,
-        on_vectors: Callable[[list[dict[str, torch.Tensor]]], None] | None = None,
+        on_vectors: OnEigenvectors | None = None,
     ) -> Curvature:
         """The Hessian analysis of ``loaded``'s mean loss over ``data`` with ``settings`` as
         :meth:`hessian_settings` resolved them (and their parameter ``choice``, said on stderr
         and recorded in the results), products summed across ranks under torchrun.
         ``on_operator`` sees the operator once it is built (``study`` counts FLSD-53's γ
-        groups on it); ``on_vectors`` the top-k eigenvectors by parameter name. ``keep_stages``:
+        groups on it); ``on_vectors`` the top-k eigenvectors and their values. ``keep_stages``:
         the first Ctrl-C after the eigenvalues stops the analysis and keeps the stages finished
         (``Curvature.interrupted`` names the stage stopped); only a command that reports them
         as interrupted asks for it."""
@@ -479,11 +480,11 @@ def _measure(
     on_operator: Callable[[Any], None] | None = None,
     given: frozenset[str] = frozenset(),
     keep_stages: bool = False,
-    on_vectors: Callable[[list[dict[str, torch.Tensor]]], None] | None = None,
+    on_vectors: OnEigenvectors | None = None,
 ) -> tuple[HessianAnalysis, list[str], list[str], str | None]:
     """Run the analysis with a progress count of Hessian-vector products against the products
     planned (:mod:`~curvcal.curvature.forecast`) on stderr, and the long-run note once the
-    first products are timed; ``on_vectors`` receives the top eigenvectors by parameter name.
+    first products are timed; ``on_vectors`` receives the top eigenvectors and their values.
 
     Returns the analysis, the notes already said on stderr as they came (the sketch's memory),
     the warnings it raised (convergence, engine fallback) as messages to say at the end, and

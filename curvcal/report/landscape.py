@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
     from matplotlib.figure import Figure
 
+    from curvcal.curvature.eigenvectors import TopEigenvectors
     from curvcal.curvature.landscape import LandscapeAnalysis
 
 
@@ -87,39 +88,53 @@ def landscape_plot(analysis: LandscapeAnalysis, path: Path) -> Figure:
     return figure
 
 
-def eigenvector_bytes(
-    vectors: Sequence[Mapping[str, torch.Tensor]],
-    eigenvalues: Sequence[float],
-    checkpoint: Mapping[str, Any],
-) -> bytes:
-    """The top eigenvectors as a safetensors file: tensor ``v{i}/{parameter name}`` holds
-    eigenvector i (0 for λmax) restricted to that parameter, in the parameter's shape (the
-    concatenation over parameters has unit norm). Metadata (strings, as safetensors requires):
-    ``eigenvalues`` (a JSON list, largest first), ``checkpoint_sha256``, ``checkpoint``
-    (its path), ``parameters`` (a JSON list of the names, in order)."""
-    from safetensors.torch import save
+def write_eigenvectors(
+    path: Path, top: TopEigenvectors, checkpoint: Mapping[str, Any], is_main: bool = True
+) -> None:
+    """Write the top eigenvectors as a safetensors file, atomically, on the first rank
+    (``is_main``): tensor ``v{i}/{parameter name}`` holds eigenvector i (0 for λmax)
+    restricted to that parameter, in the parameter's shape (the concatenation over parameters
+    has unit norm). Metadata (strings, as safetensors requires): ``eigenvalues`` (a JSON
+    list, largest first), ``checkpoint_sha256``, ``checkpoint`` (its path), ``parameters`` (a
+    JSON list of the names, in order).
 
-    tensors = {
-        f"v{index}/{name}": tensor.detach().to("cpu").contiguous()
-        for index, vector in enumerate(vectors)
-        for name, tensor in vector.items()
-    }
+    Streamed a parameter at a time (:meth:`TopEigenvectors.per_parameter`): on a sharded model
+    the first rank gathers one parameter's k columns at a time and writes them, so no rank
+    holds a whole eigenvector. Every rank must call this (the gathers are collective); the
+    others take part and write nothing."""
+    from curvcal.atomic import atomic_output
+    from curvcal.report.tensor_stream import write_stream
+
+    k = len(top.values)
+    entries = [
+        (f"v{index}/{name}", top.block.dtype, tuple(shape))
+        for name, shape in zip(top.names, top.shapes, strict=True)
+        for index in range(k)
+    ]
     metadata = {
         "format": "curvcal-eigenvectors",
-        "eigenvalues": json.dumps([float(v) for v in eigenvalues]),
+        "eigenvalues": json.dumps([float(v) for v in top.values]),
         "checkpoint_sha256": str(checkpoint.get("sha256", "")),
         "checkpoint": str(checkpoint.get("path", "")),
-        "parameters": json.dumps(list(vectors[0]) if vectors else []),
+        "parameters": json.dumps(list(top.names)),
     }
-    return save(tensors, metadata=metadata)
+    parts = top.per_parameter()
+    if not is_main:
+        for _ in parts:  # take part in every gather
+            pass
+        return
 
+    def tensors() -> Iterator[torch.Tensor]:
+        for _, part in parts:
+            assert part is not None
+            yield from part
 
-def write_eigenvectors(path: Path, data: bytes) -> None:
-    """Write the file of :func:`eigenvector_bytes` atomically (checked before the run)."""
-    from curvcal.atomic import atomic_output
-
-    with atomic_output(path) as out:
-        out.write(data)
+    try:
+        with atomic_output(path) as out:
+            write_stream(out, entries, metadata, tensors())
+    finally:
+        for _ in parts:  # the other ranks wait in the gathers of what is left
+            pass
 
 
 def eigenvector_path(path: Path, force: bool) -> None:

@@ -108,14 +108,25 @@ class SlicedDense(DenseOperator):
             global_indices(local_ranges(shapes, r, ranks.world)) for r in range(ranks.world)
         ]
         self.vector_space = SlicedSpace(
-            self.pieces, lambda value: ranks.reduce(rank, value), self._whole
+            self.pieces, lambda value: ranks.reduce(rank, value), self._whole, self._collect
         )
+        self.longest_collected = 0
 
     def _whole(self, block: Tensor) -> Tensor:
         whole = block.new_zeros((self.shape[0], block.shape[1]))
         for indices, part in zip(self.everyone, self.ranks.gather(self.rank, block), strict=True):
             whole[indices] = part
         return whole
+
+    def _collect(self, piece: Tensor, numel: int) -> Tensor | None:
+        """One parameter's whole rows on rank 0 from every rank's run of them (None elsewhere)."""
+        parts = self.ranks.gather(self.rank, piece)
+        if self.rank != 0:
+            return None
+        rows = torch.cat(parts)
+        assert rows.shape[0] == numel
+        self.longest_collected = max(self.longest_collected, numel)
+        return rows
 
     def matmat(self, vectors: Tensor) -> Tensor:
         assert vectors.shape[0] == self.vector_space.size  # a slice, never a whole vector

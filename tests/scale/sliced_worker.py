@@ -3,7 +3,9 @@
 Under ``python -m torch.distributed.run --nproc-per-node W sliced_worker.py OUT DTYPE HOW``:
 shard the transformer of :mod:`tests.scale.sharded_worker` with FSDP2, and write to
 ``OUT/rank{r}.pt`` λmax and the top 3 (Lanczos), the Hutchinson, Hutch++ and XTrace traces and
-the first three SLQ moments with the vectors held a slice per rank, the top 3 and the Hutch++
+the first three SLQ moments with the vectors held a slice per rank, the top 3 eigenvectors as
+rank 0 collects them a parameter at a time (the eigenvector file's path) and the longest
+dimension made while collecting them, the top 3 and the Hutch++
 trace with whole vectors (the path before slices), the length of this rank's vectors, and the
 longest dimension of any tensor made while the sliced figures were computed. Imported without
 torchrun, :func:`figures` gives one process's exact (double backward) figures.
@@ -21,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from curvcal.curvature import eigenvalues, spectral_density, trace_estimate
 from curvcal.curvature.central_difference import operator_for
+from curvcal.curvature.eigenvectors import TopEigenvectors
 from curvcal.curvature.operator import HessianOperator
 from curvcal.distributed import all_reduce_sum, init_from_env, shard_indices, shutdown
 from curvcal.losses import loss_from_name
@@ -58,9 +61,18 @@ def _moments(density: Any) -> Tensor:
     return total / len(density.nodes)
 
 
-def figures(operator: HessianOperator, dtype: torch.dtype) -> dict[str, Tensor]:
-    """The figures of ``operator`` (a whole-vector one or a sliced one)."""
-    spectrum = eigenvalues(operator, 3, tol=TOLERANCE[dtype], seed=3)
+def figures(
+    operator: HessianOperator, dtype: torch.dtype, vectors: list[Tensor] | None = None
+) -> dict[str, Tensor]:
+    """The figures of ``operator`` (a whole-vector one or a sliced one); ``vectors`` receives
+    the top 3 eigenvectors as the operator's space holds them."""
+    spectrum = eigenvalues(
+        operator,
+        3,
+        tol=TOLERANCE[dtype],
+        seed=3,
+        on_vectors=None if vectors is None else vectors.append,
+    )
     out = {"eigenvalues": torch.tensor(spectrum.eigenvalues, dtype=torch.float64)}
     for method, probes in TRACES.items():
         trace = trace_estimate(operator, probes, method=method, seed=4, probe_batch=4)
@@ -87,8 +99,23 @@ def main(out: Path, dtype_name: str, how: str) -> None:
         loss = loss_from_name("ce", 0.0)
         sliced = operator_for(model, loss, batches, all_reduce=all_reduce_sum)
         space = sliced.vector_space  # type: ignore[attr-defined]
+        kept: list[Tensor] = []
         with LongestDimension() as watch:
-            result = figures(sliced, dtype)
+            result = figures(sliced, dtype, kept)
+        top = TopEigenvectors(
+            tuple(result["eigenvalues"].tolist()),
+            tuple(sliced.param_names),
+            tuple(p.shape for p in sliced.parameters),
+            space,
+            kept[0],
+        )
+        with LongestDimension() as streaming:  # the eigenvector file's path: a parameter at a time
+            parts = list(top.per_parameter())
+        if context.rank == 0:  # P × 3, made here only to be saved for the test
+            result["streamed"] = torch.cat([part.reshape(3, -1) for _, part in parts], 1).T
+        else:
+            result["streamed_none"] = torch.tensor(all(part is None for _, part in parts))
+        result["longest_streaming"] = torch.tensor(streaming.longest)
         whole = operator_for(model, loss, batches, all_reduce=all_reduce_sum, vectors="whole")
         result["whole_eigenvalues"] = torch.tensor(
             eigenvalues(whole, 3, tol=TOLERANCE[dtype], seed=3).eigenvalues, dtype=torch.float64

@@ -115,18 +115,56 @@ def test_gaussian_draws_do_not_depend_on_the_ranks() -> None:
 def test_lanczos_and_power_on_slices_find_the_exact_eigenvalues(world: int) -> None:
     exact = torch.linalg.eigvalsh(_matrix()).flip(0)[:3]
 
-    def job(op: SlicedDense) -> tuple[list[float], list[float], torch.Tensor]:
+    def job(op: SlicedDense) -> tuple[list[float], list[float], torch.Tensor, torch.Tensor]:
         vectors: list[torch.Tensor] = []
         spectrum = eigenvalues(op, 3, tol=1e-10, seed=3, on_vectors=vectors.append)
         power = power_iteration(op, 1, tol=1e-10, seed=3)
-        return list(spectrum.eigenvalues), list(power.eigenvalues), vectors[0]
+        assert vectors[0].shape == (op.vector_space.size, 3)  # the rank's slices
+        whole = op.vector_space.whole(vectors[0])
+        return list(spectrum.eigenvalues), list(power.eigenvalues), whole, vectors[0]
 
-    for values, power, vectors in _on_ranks(world, job):
+    for values, power, vectors, _ in _on_ranks(world, job):
         np.testing.assert_allclose(values, exact.numpy(), rtol=1e-9)
         assert power[0] == pytest.approx(float(exact[0]), rel=1e-9)
-        # the eigenvectors handed on are whole: A y = λ y
+        # the slices handed on, gathered whole, are eigenvectors: A y = λ y
         residual = _matrix() @ vectors - vectors * torch.tensor(values, dtype=torch.float64)
         assert vectors.shape == (P, 3) and float(residual.abs().max()) < 1e-6
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_eigenvectors_reach_the_first_rank_a_parameter_at_a_time(world: int) -> None:
+    """:meth:`TopEigenvectors.per_parameter` on simulated ranks: rank 0 gets each parameter's
+    rows of the whole eigenvectors (as :meth:`by_name` and numpy's eigenvectors give them),
+    never more than one parameter at a time; the other ranks get None."""
+    from curvcal.curvature.eigenvectors import TopEigenvectors
+
+    names = tuple(f"p{i}" for i in range(len(SHAPES)))
+    shapes = tuple(torch.Size(shape) for shape in SHAPES)
+
+    def job(op: SlicedDense) -> tuple[list, list, int]:  # type: ignore[type-arg]
+        kept: list[torch.Tensor] = []
+        spectrum = eigenvalues(op, 2, tol=1e-10, seed=3, on_vectors=kept.append)
+        top = TopEigenvectors(spectrum.eigenvalues, names, shapes, op.vector_space, kept[0])
+        streamed = list(top.per_parameter())
+        return streamed, top.by_name(), op.longest_collected
+
+    results = _on_ranks(world, job)
+    _, exact_vectors = torch.linalg.eigh(_matrix())
+    top_two = exact_vectors.flip(1)[:, :2]
+    for rank, (streamed, by_name, longest) in enumerate(results):
+        assert [name for name, _ in streamed] == list(names)
+        # by_name is whole on every rank: v_i up to sign
+        whole = torch.stack([torch.cat([v[n].reshape(-1) for n in names]) for v in by_name], 1)
+        signs = torch.sign((whole * top_two).sum(0))
+        assert float((whole - top_two * signs).abs().max()) < 1e-6
+        if rank:
+            assert all(part is None for _, part in streamed) and longest == 0
+            continue
+        assert longest == max(math.prod(shape) for shape in SHAPES) < P
+        for (name, part), shape in zip(streamed, SHAPES, strict=True):
+            assert part is not None and part.shape == (2, *shape)
+            for i in range(2):
+                assert torch.equal(part[i], by_name[i][name])
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -197,7 +235,8 @@ def test_sliced_vectors_equal_one_exact_process(tmp_path: Path, ranks: int, how:
     """float64, W ranks, every vector a slice of P/W values: λmax and the top 3, the Hutchinson,
     Hutch++ and XTrace traces and the SLQ moments equal one process's exact (double backward)
     figures within 1e-7, and the whole-vector sharded path's; no tensor with a dimension of P
-    is made on any rank."""
+    is made on any rank, while computing or while rank 0 collects the top eigenvectors a
+    parameter at a time (those equal one process's up to sign)."""
     from curvcal.curvature.central_difference import operator_for
     from curvcal.losses import loss_from_name
 
@@ -205,9 +244,11 @@ def test_sliced_vectors_equal_one_exact_process(tmp_path: Path, ranks: int, how:
     from .sliced_worker import batches_of, figures
 
     model, x, y = make_problem(torch.float64)
+    single_vectors: list[torch.Tensor] = []
     single = figures(
         operator_for(model, loss_from_name("ce", 0.0), batches_of(x, y, list(range(N_SAMPLES)))),
         torch.float64,
+        single_vectors,
     )
     results = _torchrun(tmp_path, ranks, "float64", how)
     n_params = int(results[0]["n_params"])
@@ -219,6 +260,13 @@ def test_sliced_vectors_equal_one_exact_process(tmp_path: Path, ranks: int, how:
             assert _relative(got[name], single[name]) < 1e-7, name
         assert _relative(got["eigenvalues"], got["whole_eigenvalues"]) < 1e-7
         assert _relative(got["hutch++"][0], got["whole_hutch++"]) < 1e-7
+        # the eigenvectors reach rank 0 a parameter at a time: no P-long tensor on any rank
+        assert int(got["longest_streaming"]) < n_params
+    streamed, exact = results[0]["streamed"], single_vectors[0]
+    assert streamed.shape == exact.shape == (n_params, 3)
+    signs = torch.sign((streamed * exact).sum(0))  # the vectors, up to sign
+    assert float((streamed * signs - exact).abs().max()) < 1e-5
+    assert all(bool(r["streamed_none"]) for r in results[1:])
     assert single["eigenvalues"][0] > 1.0 and single["hutch++"][0] > 1.0  # not trivial
 
 

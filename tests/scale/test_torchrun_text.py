@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -53,13 +54,18 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runs = {
         "hessian": [*_hessian(one, one_data), "--json"],
         "calibrate": [*_calibrate(one, one_data), "--json"],
-        "sharded hessian": [*_sharded_hessian(two, two_data), *shard],
+        "sharded hessian": [
+            *_sharded_hessian(two, two_data),
+            *shard,
+            "--save-eigenvectors",
+            str(root / "sharded.safetensors"),
+        ],
         "sharded calibrate": [*_sharded_calibrate(two, two_data), *shard],
     }
     (root / "runs.json").write_text(json.dumps(runs))
     (root / "out").mkdir()
     ranks = worker_results(WORKER, root / "out", 2, str(root / "runs.json"))
-    return {"one": (one, one_data), "two": (two, two_data), "ranks": ranks}
+    return {"one": (one, one_data), "two": (two, two_data), "ranks": ranks, "root": root}
 
 
 def _report(launched: dict[str, Any], name: str) -> dict[str, Any]:
@@ -90,11 +96,37 @@ def test_two_processes_match_one_on_texts(run_cli, launched: dict[str, Any]) -> 
         assert got[metric] == pytest.approx(expected[metric], abs=1e-12)
 
 
+def _same_eigenvectors(got_path: Path, expected_path: Path) -> None:
+    from safetensors import safe_open
+
+    with (
+        safe_open(str(got_path), framework="pt") as got,
+        safe_open(str(expected_path), framework="pt") as expected,
+    ):
+        keys = list(got.keys())
+        assert sorted(keys) == sorted(expected.keys())
+        got_meta, expected_meta = got.metadata(), expected.metadata()
+        assert got_meta["parameters"] == expected_meta["parameters"]
+        assert got_meta["checkpoint_sha256"] == expected_meta["checkpoint_sha256"]
+        values = json.loads(got_meta["eigenvalues"])
+        assert values == pytest.approx(json.loads(expected_meta["eigenvalues"]), rel=1e-5)
+        for index in range(len(values)):  # each eigenvector, up to its sign
+            names = sorted(n for n in keys if n.startswith(f"v{index}/"))
+            a = torch.cat([got.get_tensor(n).reshape(-1) for n in names])
+            b = torch.cat([expected.get_tensor(n).reshape(-1) for n in names])
+            assert float(a.norm()) == pytest.approx(1.0, rel=1e-9)
+            sign = 1.0 if float(a @ b) > 0 else -1.0
+            assert float((sign * a - b).abs().max()) < 1e-3 * float(b.abs().max())
+
+
 @pytest.mark.slow
 def test_sharded_bert_matches_one_process(run_cli, launched: dict[str, Any]) -> None:
     folder, data = launched["two"]
     sharded = _report(launched, "sharded hessian")
-    single = run_cli(*_sharded_hessian(folder, data), "--json")
+    single_vectors = launched["root"] / "single.safetensors"
+    single = run_cli(
+        *_sharded_hessian(folder, data), "--json", "--save-eigenvectors", str(single_vectors)
+    )
     assert single.code == 0, single.stderr
     expected = json.loads(single.stdout)["results"]
     got = sharded["results"]
@@ -108,6 +140,9 @@ def test_sharded_bert_matches_one_process(run_cli, launched: dict[str, Any]) -> 
     assert got["lambda_max"] == pytest.approx(expected["lambda_max"], rel=1e-5)
     assert got["trace"]["estimate"] == pytest.approx(expected["trace"]["estimate"], rel=1e-7)
     assert sharded["settings"]["checkpoint"]["shard_model"] == "blocks"
+    # the eigenvector file, written by rank 0 a parameter at a time from the ranks' slices:
+    # one process's tensors (up to the sign of the vector) and metadata
+    _same_eigenvectors(launched["root"] / "sharded.safetensors", single_vectors)
 
     sharded = _report(launched, "sharded calibrate")
     single = run_cli(*_sharded_calibrate(folder, data), "--json")
