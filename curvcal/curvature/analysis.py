@@ -249,6 +249,7 @@ def analyse_operator(
                 kept[0],
             )
         )
+        kept.clear()  # not held through the later stages
 
     smallest = None
     trace, shares = None, None

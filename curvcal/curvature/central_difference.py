@@ -155,6 +155,12 @@ class ProductError:
             ),
             "relative_step": self.relative_step,
             "relative_floor": self.floor,
+            **self.errors(),
+        }
+
+    def errors(self) -> dict[str, float]:
+        """The measured errors alone (for a second vector's estimate)."""
+        return {
             "truncation_estimate": self.truncation,
             "rounding_estimate": self.rounding,
             "relative_error_bound": self.bound,
@@ -460,24 +466,36 @@ class CentralDifferenceOperator(HessianOperator):
         self._count(matvecs=0, passes=1)
         return self.sum_across(total)
 
-    def error_estimate(self, seed: int = 0) -> ProductError:
-        """The error of one product on a Gaussian vector (seeded by ``seed``), relative to its
-        norm: truncation ‖D(2ε) − D(ε)‖/(2^p − 1) (Richardson, p the stencil's order) and
+    def error_estimate(self, seed: int = 0, vector: Tensor | None = None) -> ProductError:
+        """The error of one product, relative to its norm, on ``vector`` (as the operator's
+        vectors are held: whole, or this rank's slice; e.g. the top eigenvector, along which
+        the error is largest) or else on a Gaussian vector seeded by ``seed``: truncation
+        ‖D(2ε) − D(ε)‖/(2^p − 1) (Richardson, p the stencil's order) at the step ε the
+        product along that vector takes (:meth:`curved_step`'s for the five-point rule) and
         rounding u·‖G(θ)‖·√B·Σ_k|w_k| / (denominator·ε), B the batches summed. Two products
         and a gradient pass."""
-        generator = torch.Generator().manual_seed(seed)
         space = self.vector_space or VectorSpace(self.shape[0])
-        vector = space.normal(generator, self._dtype).to(device=self._device)
-        epsilon = self.step(vector)
+        if vector is None:
+            vector = space.normal(torch.Generator().manual_seed(seed), self._dtype)
+        vector = vector.to(device=self._device, dtype=self._dtype)
         single = [t[0] for t in self._tangents(vector.reshape(-1, 1))]
         stencil = self.stencil
 
         def product(step: float) -> Tensor:
             weighted = self._stencil_sum(single, step)
+            return flatten(weighted, step)
+
+        def flatten(weighted: Sequence[Tensor], step: float) -> Tensor:
             flat = torch.cat([w.reshape(-1) for w in weighted]).to(torch.float64)
             return flat / (stencil.denominator * step)
 
-        near, far = product(epsilon), product(2 * epsilon)
+        if stencil is FIVE_POINT:  # the step and the product the operator itself takes
+            epsilon, weighted = self._five_point(vector, single)
+            near = flatten(weighted, epsilon)
+        else:
+            epsilon = self.step(vector)
+            near = product(epsilon)
+        far = product(2 * epsilon)
         norm = max(float(space.norm(near)), 1e-300)
         truncation = float(space.norm(far - near)) / (2**stencil.order - 1) / norm
         weights = sum(abs(w) for _, w in stencil.points)

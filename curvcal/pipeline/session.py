@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from curvcal.console import Reporter
     from curvcal.curvature.analysis import OnEigenvectors
+    from curvcal.curvature.eigenvectors import TopEigenvectors
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.distributed import DistContext
     from curvcal.load.loaded_data import LoadedData
@@ -268,6 +269,16 @@ class Session:
             if on_operator is not None:
                 on_operator(operator)
 
+        # a central-difference operator (a sharded model) measures its products' error along
+        # the top eigenvector too, where it is largest: that vector (this rank's slice) is kept
+        top: list[Any] = []
+
+        def vectors_seen(vectors: TopEigenvectors) -> None:
+            if built and hasattr(built[0], "error_estimate"):
+                top.append(vectors.block[:, 0].clone())
+            if on_vectors is not None:
+                on_vectors(vectors)
+
         given = frozenset({"--max-samples"}) if data.subset is not None else frozenset()
         analysis, notes, messages, stopped = _measure(
             loaded.module,
@@ -278,18 +289,23 @@ class Session:
             seen,
             given,
             keep_stages=keep_stages and not self.context.active,
-            on_vectors=on_vectors,
+            on_vectors=vectors_seen,
         )
         extra: dict[str, Any] = {}
         error_estimate = getattr(built[0], "error_estimate", None) if built else None
         if error_estimate is not None:  # a sharded model: say how exact its products are
             estimate = error_estimate(settings.seed)
             extra["product"] = estimate.as_dict()
+            along = ""
+            if top:  # the eigenvalue stage finished
+                top_estimate = error_estimate(settings.seed, vector=top[0])
+                extra["product"]["top_eigenvector"] = top_estimate.errors()
+                along = f"; {top_estimate.bound:.1e} along the top eigenvector"
             notes.append(
                 "Hessian products by central differences of gradients (--shard-model "
                 f"{self.checkpoint_settings.shard_model}): relative error about "
-                f"{estimate.bound:.1e} (truncation {estimate.truncation:.1e}, rounding "
-                f"{estimate.rounding:.1e}, measured on one product)"
+                f"{estimate.bound:.1e} on a Gaussian vector (truncation "
+                f"{estimate.truncation:.1e}, rounding {estimate.rounding:.1e}){along}"
             )
             if self.is_main:
                 self.reporter.warn(notes[-1])

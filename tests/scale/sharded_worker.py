@@ -91,7 +91,8 @@ def measure(
     operator = operator_for(
         model, loss_from_name("ce", 0.0), batches, all_reduce=all_reduce_sum if sharded else None
     )
-    spectrum = eigenvalues(operator, 3, tol=TOLERANCE[x.dtype], seed=3)
+    kept: list[Tensor] = []
+    spectrum = eigenvalues(operator, 3, tol=TOLERANCE[x.dtype], seed=3, on_vectors=kept.append)
     trace = hutchinson_trace(operator, 6, seed=4)
     vector = torch.randn(
         operator.shape[0], generator=torch.Generator().manual_seed(5), dtype=torch.float64
@@ -122,6 +123,15 @@ def measure(
         estimate = operator.error_estimate(seed=6)  # type: ignore[attr-defined]
         figures["error_bound"] = torch.tensor(estimate.bound, dtype=torch.float64)
         figures["truncation"] = torch.tensor(estimate.truncation, dtype=torch.float64)
+        # along the top eigenvector, where the product's error is largest: the estimate, and
+        # the vector and the product along it (whole) for the test to measure the true error
+        top = kept[0][:, :1]
+        along = operator.error_estimate(seed=6, vector=top[:, 0])  # type: ignore[attr-defined]
+        figures["top_error_bound"] = torch.tensor(along.bound, dtype=torch.float64)
+        figures["top_truncation"] = torch.tensor(along.truncation, dtype=torch.float64)
+        whole_top = space_of(operator).whole(top)[:, 0]
+        figures["top_vector"] = whole_top.to(torch.float64)
+        figures["top_product"] = _product(operator, whole_top).to(torch.float64)
         figures["floor"] = torch.tensor(spectrum.precision_floor, dtype=torch.float64)
         figures["converged"] = torch.tensor(spectrum.converged)
     return figures

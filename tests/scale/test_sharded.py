@@ -71,6 +71,24 @@ def test_sharded_ranks_equal_one_exact_process(
             for metric in ("ece", "nll", "brier"):
                 assert _relative(got[metric], single[metric]) < tolerance
     assert single["eigenvalues"][0] > 1.0 and single["trace"] > 1.0  # not trivial
+    # the error estimate along the top eigenvector (the direction of the eigenvalues, where the
+    # truncation is largest: 25× the Gaussian vector's in float64) against the true error of
+    # the sharded product along that vector, exact double backward in float64
+    model, x, y = make_problem(getattr(torch, dtype))
+    exact = _exact_product(model.double(), x.double(), y, figures[0]["top_vector"])
+    actual = float((figures[0]["top_product"] - exact).norm() / exact.norm())
+    bound = float(figures[0]["top_error_bound"])
+    assert actual <= 2 * bound and bound <= 3 * actual, (actual, bound)
+
+
+def _exact_product(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor):  # type: ignore[no-untyped-def]
+    from curvcal.curvature.central_difference import operator_for
+    from curvcal.losses import loss_from_name
+
+    from .sharded_worker import BATCH
+
+    batches = [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, N_SAMPLES, BATCH)]
+    return operator_for(model, loss_from_name("ce", 0.0), batches).matvec(v)
 
 
 def test_the_step_and_floor_follow_the_dtype() -> None:
