@@ -5,6 +5,22 @@ Marked ``cuda`` (``pytest -m cuda``) and skipped where ``torch.cuda.is_available
 CPU) at the smaller sizes of :mod:`tests.cuda.sizes`, so that every command line, option and
 file of the tests runs on a machine without a GPU (``make test-cuda-standin``, part of
 ``make test``).
+
+What the stand-in puts in place of the device, and so cannot check:
+
+* ``torchrun`` and the FSDP2 test take gloo where the device takes NCCL (curvcal picks the
+  backend from ``--device``): NCCL's collectives, tensors moved to the rank's GPU for them, and
+  the mapping of ``LOCAL_RANK`` to a device are not run;
+* batches are never pinned (``--cache host`` and ``none`` pin on CUDA only), ``--cache auto``
+  keeps the data where it is instead of sizing a device cache from free memory, and free
+  memory (``--memory-budget 50%``) is the host's ``MemAvailable``, not
+  ``torch.cuda.mem_get_info``;
+* the out-of-memory test raises ``torch.cuda.OutOfMemoryError`` itself rather than having the
+  CUDA allocator fail on a petabyte, and ``torch.cuda.empty_cache`` is not called;
+* TF32 does not exist on the CPU: the test checks only that the caller's flags are restored;
+* bfloat16 λmax is the CPU kernels' rounding, not cuBLAS's;
+* CPU against CPU gives the same numbers bit for bit, so the tolerances (1e-5 relative, 1e-9)
+  are computed and compared but never tested by a second device's rounding.
 """
 
 from __future__ import annotations
