@@ -30,9 +30,7 @@ import os
 import pytest
 import torch
 
-from tests.cuda.sizes import Sizes, sizes_for
-
-STAND_IN = "CURVCAL_CUDA_TESTS_DEVICE"
+from tests.cuda.sizes import STAND_IN, Sizes, sizes_for
 
 
 @pytest.fixture(scope="session")

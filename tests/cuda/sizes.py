@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+#: the environment variable that names the device standing in for CUDA (``cpu``)
+STAND_IN = "CURVCAL_CUDA_TESTS_DEVICE"
+
 
 @dataclass(frozen=True)
 class Sizes:

@@ -11,8 +11,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from curvcal import assets
-from tests.cuda.conftest import STAND_IN
-from tests.cuda.sizes import DEVICE_SIZES, STAND_IN_SIZES, Sizes, sizes_for
+from tests.cuda.sizes import DEVICE_SIZES, STAND_IN, STAND_IN_SIZES, Sizes, sizes_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
