@@ -11,12 +11,14 @@ TEST_WORKERS ?= 2
 PIP    := $(BIN)/python -m pip
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test docs lint typecheck pytest test-cpu-capability fuzz bench clean help
+.PHONY: demo test docs lint typecheck pytest test-cpu-capability test-cuda-standin fuzz bench \
+	clean help
 
 help:
 	@echo "make demo   create .venv, install curvcal, run 'curvcal demo' on the bundled example (plots in build/demo)"
 	@echo "make test   install dev extras, run ruff, mypy, the whole test suite, and the float32"
-	@echo "            goldens and curvature tests again under other CPU vector paths"
+	@echo "            goldens and curvature tests again under other CPU vector paths, and the"
+	@echo "            CUDA tests with the CPU standing in for the device (make test-cuda-standin)"
 	@echo "make docs   build the documentation site into build/site (mkdocs build --strict)"
 	@echo "make lint   ruff check and format check"
 	@echo "make fuzz   a long fuzz run of the file loaders (CURVCAL_FUZZ_CASES, CURVCAL_FUZZ_SEED)"
@@ -68,7 +70,15 @@ test-cpu-capability: $(VENV)/.stamp-dev
 			$(CPU_CAPABILITY_SELECT) $(CPU_CAPABILITY_TESTS); \
 	fi
 
-test: lint typecheck pytest test-cpu-capability
+# The CUDA tests (tests/cuda) are skipped without a device. This runs every one of them with the
+# CPU standing in for it, at smaller sizes (tests/cuda/conftest.py): every command line, option
+# and file they use runs, so a defect in a test fails here rather than first on a GPU. It cannot
+# check what only a device does (NCCL, pinned copies, real out-of-memory errors, CUDA kernels'
+# rounding). About 50 CPU seconds.
+test-cuda-standin: $(VENV)/.stamp-dev
+	CURVCAL_CUDA_TESTS_DEVICE=cpu $(BIN)/python -m pytest -q -p no:cacheprovider -m cuda tests/cuda
+
+test: lint typecheck pytest test-cpu-capability test-cuda-standin
 
 docs: $(VENV)/.stamp-dev
 	$(BIN)/mkdocs build --strict --site-dir build/site

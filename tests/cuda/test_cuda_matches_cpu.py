@@ -3,7 +3,8 @@
 λmax and trace agree to 1e-5 relative, calibration to 1e-9; the device cache, pinned-memory
 streaming, a memory budget read from the device, a forced out-of-memory error recovered by
 halving the batches, and ``torchrun --nproc-per-node 1`` (NCCL) all give the same numbers.
-Skipped without a CUDA device (see ``conftest.py`` for running them with a stand-in device).
+Skipped without a CUDA device; ``conftest.py`` runs them with the CPU standing in, at the
+smaller sizes of :data:`~tests.cuda.sizes.STAND_IN_SIZES` (fewer digits, smaller batches).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from curvcal import assets
 from curvcal.curvature import eigenvalues
 from curvcal.curvature.operator import HessianOperator
 from curvcal.models import DigitsCNN
+from tests.cuda.sizes import Sizes
 
 pytestmark = pytest.mark.cuda
 
@@ -78,21 +80,22 @@ def run_json(run_cli: Callable[..., Any], *args: str, code: int = 0) -> dict[str
 
 
 @pytest.fixture(scope="module")
-def cpu_hessian() -> dict[str, Any]:
+def cpu_hessian(sizes: Sizes) -> dict[str, Any]:
     from click.testing import CliRunner
 
     from curvcal.cli import main
 
     runner = CliRunner()
     with runner.isolation() as streams:
-        code = main([*_hessian_args("cpu"), "--json"])
+        code = main([*_hessian_args("cpu", sizes), "--json"])
     assert code == 0, streams[1].getvalue().decode()
     return json.loads(streams[0].getvalue().decode())
 
 
-def _hessian_args(device: str, *extra: str) -> list[str]:
-    return ["hessian", CHECKPOINT, "--data", DATA, "--device", device, "--dtype", "float64",
-            "--batch-size", "300", "--tol", "1e-8", *extra]  # fmt: skip
+def _hessian_args(device: str, sizes: Sizes, *extra: str) -> list[str]:
+    return ["hessian", CHECKPOINT, "--data", DATA, *sizes.subset(), "--device", device,
+            "--dtype", "float64", "--batch-size", str(sizes.batch_size), "--tol", "1e-8",
+            *extra]  # fmt: skip
 
 
 def _curvature(result: dict[str, Any]) -> dict[str, float]:
@@ -114,22 +117,25 @@ def _curvature(result: dict[str, Any]) -> dict[str, float]:
 def test_hessian_matches_cpu(
     run_cli: Callable[..., Any],
     device: str,
+    sizes: Sizes,
     cpu_hessian: dict[str, Any],
     extra: tuple[str, ...],
     cache_mode: str,
 ) -> None:
-    result = run_json(run_cli, *_hessian_args(device, *extra))
+    result = run_json(run_cli, *_hessian_args(device, sizes, *extra))
     assert result["environment"]["device"].startswith(device)
     assert result["results"]["operator"]["cache_mode"] == cache_mode
     assert result["results"]["converged"]
     assert_same_numbers(_curvature(result), _curvature(cpu_hessian), rel=CURVATURE_RTOL)
 
 
-def test_hutchinson_probes_match_cpu(run_cli: Callable[..., Any], device: str) -> None:
+def test_hutchinson_probes_match_cpu(
+    run_cli: Callable[..., Any], device: str, sizes: Sizes
+) -> None:
     """Probes are drawn on the CPU and moved, so a Hutchinson estimate is the CPU's."""
     extra = ("--trace-method", "hutchinson", "--probes", "12", "--top-k", "2")
-    got = run_json(run_cli, *_hessian_args(device, *extra))["results"]
-    expected = run_json(run_cli, *_hessian_args("cpu", *extra))["results"]
+    got = run_json(run_cli, *_hessian_args(device, sizes, *extra))["results"]
+    expected = run_json(run_cli, *_hessian_args("cpu", sizes, *extra))["results"]
     keys = {"estimate", "standard_error"}
     assert_same_numbers(
         {**numbers(got["trace"], keys), "top2": got["eigenvalues"][1]},
@@ -183,26 +189,28 @@ class _RefuseLargeBatches(nn.Module):
         return self.model(x)
 
 
-def _digits_batches(size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _digits_batches(size: int, samples: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first ``samples`` digits (all when ``None``) in batches of ``size``."""
     tensors = load_file(str(assets.demo_data()))
-    x, y = tensors["x"].double(), tensors["y"]
+    x, y = tensors["x"][:samples].double(), tensors["y"][:samples]
     return list(zip(x.split(size), y.split(size), strict=True))
 
 
 @pytest.mark.parametrize("keep_graphs", ["auto", "never"])
 def test_out_of_memory_halves_the_batches_with_the_same_numbers(
-    device: str, keep_graphs: str
+    device: str, sizes: Sizes, keep_graphs: str
 ) -> None:
     model = _digits_model().to(device)  # the operator runs where the parameters are
-    batches = _digits_batches(300)
+    batches = _digits_batches(sizes.oom_batch, sizes.samples)
     plain = HessianOperator(model, batches, device=device, keep_graphs=keep_graphs)
     expected = [e.value for e in eigenvalues(plain, 2, tol=1e-10).values]
-    refusing = _RefuseLargeBatches(model, limit=100)
+    limit = sizes.oom_batch // 3
+    refusing = _RefuseLargeBatches(model, limit=limit)
     halved = HessianOperator(refusing, batches, device=device, keep_graphs=keep_graphs)
     got = [e.value for e in eigenvalues(halved, 2, tol=1e-10).values]
     assert refusing.refused >= 1
-    assert halved.oom_retries >= 2  # 300 -> 150 -> 75 rows per chunk
-    assert halved._batches.batch_size <= 100
+    assert halved.oom_retries >= 2  # 300 -> 150 -> 75 rows per chunk (48 -> 24 -> 12)
+    assert halved._batches.batch_size <= limit
     assert got == pytest.approx(expected, rel=1e-9)
 
 
@@ -213,7 +221,11 @@ def _digits_model() -> nn.Module:
 
 
 def test_torchrun_one_process_matches_plain_run(
-    tmp_path: Path, device: str, cpu_hessian: dict[str, Any], run_cli: Callable[..., Any]
+    tmp_path: Path,
+    device: str,
+    sizes: Sizes,
+    cpu_hessian: dict[str, Any],
+    run_cli: Callable[..., Any],
 ) -> None:
     """``torchrun --nproc-per-node 1``: NCCL on CUDA (gloo on a stand-in CPU)."""
     env = {
@@ -229,28 +241,29 @@ def test_torchrun_one_process_matches_plain_run(
         "1",
     ]
     completed = subprocess.run(
-        [*launcher, "-m", "curvcal", *_hessian_args(device), "--json"],
+        [*launcher, "-m", "curvcal", *_hessian_args(device, sizes), "--json"],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-4000:]
     distributed = json.loads(completed.stdout)
     assert distributed["results"]["operator"]["world_size"] == 1
-    plain = run_json(run_cli, *_hessian_args(device))
+    plain = run_json(run_cli, *_hessian_args(device, sizes))
     assert_same_numbers(_curvature(distributed), _curvature(plain), rel=1e-9)
     assert_same_numbers(_curvature(distributed), _curvature(cpu_hessian), rel=CURVATURE_RTOL)
 
 
-def _calibrate_args(device: str, logits: Path) -> list[str]:
-    return ["calibrate", CHECKPOINT, "--data", DATA, "--device", device, "--dtype", "float64",
-            "--val-split", "0.5", "--method", "both", "--save-logits", str(logits)]  # fmt: skip
+def _calibrate_args(device: str, sizes: Sizes, logits: Path) -> list[str]:
+    return ["calibrate", CHECKPOINT, "--data", DATA, *sizes.subset(), "--device", device,
+            "--dtype", "float64", "--val-split", "0.5", "--method", "both", "--save-logits",
+            str(logits)]  # fmt: skip
 
 
 def test_calibrate_and_metrics_match_cpu(
-    run_cli: Callable[..., Any], device: str, tmp_path: Path
+    run_cli: Callable[..., Any], device: str, sizes: Sizes, tmp_path: Path
 ) -> None:
     on_device, on_cpu = tmp_path / "device.safetensors", tmp_path / "cpu.safetensors"
-    got = run_json(run_cli, *_calibrate_args(device, on_device))["results"]
-    expected = run_json(run_cli, *_calibrate_args("cpu", on_cpu))["results"]
+    got = run_json(run_cli, *_calibrate_args(device, sizes, on_device))["results"]
+    expected = run_json(run_cli, *_calibrate_args("cpu", sizes, on_cpu))["results"]
     assert_same_numbers(
         numbers(got, CALIBRATION_KEYS), numbers(expected, CALIBRATION_KEYS), abs=CALIBRATION_ATOL
     )
@@ -271,8 +284,9 @@ def _check_values(result: dict[str, Any]) -> Iterator[tuple[str, float]]:
         yield metric, entry["value"]
 
 
-def test_check_matches_cpu(run_cli: Callable[..., Any], device: str) -> None:
-    args = ["check", CHECKPOINT, "--policy", POLICY, "--dtype", "float64"]
+def test_check_matches_cpu(run_cli: Callable[..., Any], device: str, sizes: Sizes) -> None:
+    args = ["check", CHECKPOINT, "--policy", POLICY, *sizes.subset(policy=True), "--dtype",
+            "float64"]  # fmt: skip
     got = run_json(run_cli, *args, "--device", device)
     expected = run_json(run_cli, *args, "--device", "cpu")
     assert got["status"] == expected["status"] == "pass"
@@ -290,8 +304,9 @@ def test_check_matches_cpu(run_cli: Callable[..., Any], device: str) -> None:
     )
 
 
-def test_study_matches_cpu(run_cli: Callable[..., Any], device: str) -> None:
-    args = ["study", CHECKPOINT, "--data", DATA, "--dtype", "float64", "--val-split", "0.5"]
+def test_study_matches_cpu(run_cli: Callable[..., Any], device: str, sizes: Sizes) -> None:
+    args = ["study", CHECKPOINT, "--data", DATA, *sizes.subset(), "--dtype", "float64",
+            "--val-split", "0.5"]  # fmt: skip
     got = run_json(run_cli, *args, "--device", device)["results"]
     expected = run_json(run_cli, *args, "--device", "cpu")["results"]
     curvature = {"lambda_max", "estimate"}

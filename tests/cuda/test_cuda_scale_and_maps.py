@@ -8,7 +8,8 @@
 * every calibration map (``--method all``) and the last-layer Laplace map (full by the marginal
   likelihood, Kronecker-factored by held-out NLL) give the CPU's numbers.
 
-Skipped without a CUDA device (``conftest.py`` says how to run them with a stand-in device).
+Skipped without a CUDA device; ``conftest.py`` runs them with the CPU standing in (gloo in
+place of NCCL), at the smaller sizes of :data:`~tests.cuda.sizes.STAND_IN_SIZES`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.cuda.sizes import Sizes
 from tests.cuda.test_cuda_matches_cpu import (
     CALIBRATION_ATOL,
     CALIBRATION_KEYS,
@@ -91,10 +93,10 @@ def test_sharded_model_on_the_device_matches_one_cpu_process(device: str, checkp
 
 
 def test_bfloat16_lambda_max_lies_within_its_stated_floor(
-    run_cli: Callable[..., Any], device: str
+    run_cli: Callable[..., Any], device: str, sizes: Sizes
 ) -> None:
-    common = ["hessian", CHECKPOINT, "--data", DATA, "--batch-size", "300", "--no-trace",
-              "--tol", "1e-3"]  # fmt: skip
+    common = ["hessian", CHECKPOINT, "--data", DATA, *sizes.subset(), "--batch-size",
+              str(sizes.batch_size), "--no-trace", "--tol", "1e-3"]  # fmt: skip
     reference = run_json(run_cli, *common, "--dtype", "float64", "--device", "cpu")["results"]
     got = run_json(run_cli, *common, "--dtype", "bfloat16", "--device", device)["results"]
     floor = got["operator"]["precision_floor"]
@@ -103,9 +105,11 @@ def test_bfloat16_lambda_max_lies_within_its_stated_floor(
     assert error <= floor, (got["lambda_max"], reference["lambda_max"], floor)
 
 
-def test_every_calibration_map_matches_cpu(run_cli: Callable[..., Any], device: str) -> None:
-    args = ["calibrate", CHECKPOINT, "--data", DATA, "--dtype", "float64", "--val-split", "0.5",
-            "--method", "all"]  # fmt: skip
+def test_every_calibration_map_matches_cpu(
+    run_cli: Callable[..., Any], device: str, sizes: Sizes
+) -> None:
+    args = ["calibrate", CHECKPOINT, "--data", DATA, *sizes.subset(), "--dtype", "float64",
+            "--val-split", "0.5", "--method", "all"]  # fmt: skip
     got = run_json(run_cli, *args, "--device", device)["results"]
     expected = run_json(run_cli, *args, "--device", "cpu")["results"]
     assert got["ranking"]["best"] == expected["ranking"]["best"]
@@ -115,10 +119,11 @@ def test_every_calibration_map_matches_cpu(run_cli: Callable[..., Any], device: 
 
 
 def test_kronecker_laplace_by_heldout_nll_matches_cpu(
-    run_cli: Callable[..., Any], device: str
+    run_cli: Callable[..., Any], device: str, sizes: Sizes
 ) -> None:
-    args = ["calibrate", CHECKPOINT, "--data", DATA, "--dtype", "float64", "--val-split", "0.5",
-            "--method", "laplace", "--laplace-structure", "kron", "--laplace-prior", "nll"]  # fmt: skip
+    args = ["calibrate", CHECKPOINT, "--data", DATA, *sizes.subset(), "--dtype", "float64",
+            "--val-split", "0.5", "--method", "laplace", "--laplace-structure", "kron",
+            "--laplace-prior", "nll"]  # fmt: skip
     got = run_json(run_cli, *args, "--device", device)["results"]
     expected = run_json(run_cli, *args, "--device", "cpu")["results"]
     assert got["fits"]["laplace"]["structure"] == "kron"
