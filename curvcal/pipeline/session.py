@@ -270,8 +270,11 @@ class Session:
                 on_operator(operator)
 
         # a central-difference operator (a sharded model) measures its products' error along
-        # the top eigenvector too, where it is largest: that vector (this rank's slice) is kept
+        # the top eigenvector too, where it is largest: that vector (this rank's slice) is kept.
+        # Elsewhere the eigenvectors (k x P values at the end of the eigenvalue stage) are made
+        # only when the caller asks for them.
         top: list[Any] = []
+        sharded = self.checkpoint_settings.shard_model != "none"
 
         def vectors_seen(vectors: TopEigenvectors) -> None:
             if built and hasattr(built[0], "error_estimate"):
@@ -289,7 +292,7 @@ class Session:
             seen,
             given,
             keep_stages=keep_stages and not self.context.active,
-            on_vectors=vectors_seen,
+            on_vectors=vectors_seen if sharded or on_vectors is not None else None,
         )
         extra: dict[str, Any] = {}
         error_estimate = getattr(built[0], "error_estimate", None) if built else None
