@@ -76,3 +76,29 @@ def test_no_tensors_is_a_valid_empty_file() -> None:
     out = io.BytesIO()
     write_stream(out, [], {"format": "x"}, iter([]))
     assert load(out.getvalue()) == {}
+
+
+def test_every_tensor_is_aligned_to_its_dtype() -> None:
+    """Wider dtypes first, every offset is a multiple of its dtype's size and safetensors reads
+    the file; a float64 tensor after 12 bytes of float32 (offset 12) is refused before any byte
+    is written."""
+    ordered = {
+        "wide": torch.arange(3, dtype=torch.float64),
+        "odd": torch.ones(3, dtype=torch.float32),
+        "half": torch.ones(1, dtype=torch.bfloat16),
+    }
+    data = _streamed(ordered, {})
+    parsed = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
+    for name, tensor in ordered.items():
+        assert parsed[name]["data_offsets"][0] % tensor.element_size() == 0
+    assert all(torch.equal(load(data)[n], t) for n, t in ordered.items())
+    out = io.BytesIO()
+    misaligned = {"odd": ordered["odd"], "wide": ordered["wide"]}
+    with pytest.raises(ValueError, match=r"tensor wide: offset 12 .* 8-byte dtype F64"):
+        write_stream(
+            out,
+            [(n, t.dtype, tuple(t.shape)) for n, t in misaligned.items()],
+            {},
+            iter(misaligned.values()),
+        )
+    assert out.getvalue() == b""

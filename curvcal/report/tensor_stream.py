@@ -6,6 +6,11 @@ n, then n bytes of JSON — ``{"__metadata__": {str: str}, name: {"dtype", "shap
 spaces to a multiple of 8 bytes — then the tensors' bytes (little-endian, C order), back to
 back in the order of their offsets, with no gap. Every name, dtype and shape is known before
 the first byte of data, so the header is written first and each tensor as it arrives.
+
+Each tensor's offset is a multiple of its dtype's size, as in the files safetensors' own writer
+makes (it orders the tensors by alignment): a reader that maps the file may then view every
+tensor in place. With no gap allowed, that is the caller's order to keep (wider dtypes first);
+an entry that would break it is refused.
 """
 
 from __future__ import annotations
@@ -31,10 +36,16 @@ def header_bytes(
     entries: Sequence[tuple[str, torch.dtype, Sequence[int]]], metadata: Mapping[str, str]
 ) -> bytes:
     """The length field and the JSON header of a file holding ``entries`` (name, dtype, shape)
-    back to back in their order."""
+    back to back in their order. Raises ValueError for an entry whose offset would not be a
+    multiple of its dtype's size (a narrower dtype listed before it)."""
     header: dict[str, object] = {"__metadata__": dict(metadata)}
     offset = 0
     for name, dtype, shape in entries:
+        if offset % dtype.itemsize:
+            raise ValueError(
+                f"tensor {name}: offset {offset} is not a multiple of its {dtype.itemsize}-byte "
+                f"dtype {DTYPES[dtype]}; list the wider dtypes first"
+            )
         size = dtype.itemsize
         for dim in shape:
             size *= int(dim)
