@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from curvcal.commands.common import finish, output_options, policy_option, start
+from curvcal.commands.common import end_with, finish, output_options, policy_option, start
 from curvcal.commands.repeats import Command
 from curvcal.report.check import check_tables
 from curvcal.settings.calibration import CalibrationSettings
@@ -132,6 +132,4 @@ def check(
     code = finish(
         run.report, check_tables(run.result, f"curvcal check: {checkpoint} against {policy_path}")
     )
-    if run.failure is not None:
-        raise run.failure
-    return code
+    return end_with(run.failure, code)

@@ -11,7 +11,13 @@ import click
 
 from curvcal.commands.clashes import Named, refuse_clashes
 from curvcal.console import Reporter
-from curvcal.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_NUMERICAL, EXIT_OK
+from curvcal.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NUMERICAL,
+    EXIT_OK,
+    CurvcalError,
+)
 from curvcal.report.tables import FORMATS, Table, check_output_path, emit
 from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_INTERRUPTED, Report
 
@@ -178,3 +184,16 @@ def finish(report: Report, tables: Sequence[Table]) -> int:
         click.echo("curvcal: interrupted", err=True)
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def end_with(failure: CurvcalError | None, code: int) -> int:
+    """The exit code of a run whose report is out: ``code`` (:func:`finish`'s), or, for a
+    ``failure`` found in the results (``--strict``'s unconverged estimate, a gated metric that
+    came out NaN), its one ``curvcal: error:`` line and its exit code. Returned, not raised: the
+    run ended with a result, so the outputs it wrote (the report that says ``status: error``,
+    the plots) stay, where an error raised removes them (:func:`curvcal.cli.main`) — and with
+    ``--force``, the file they replaced would be lost with them."""
+    if failure is None:
+        return code
+    click.echo(f"curvcal: error: {failure.message}", err=True)
+    return failure.exit_code

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
-from curvcal.commands.common import finish, output_options, start, typed_options
+from curvcal.commands.common import end_with, finish, output_options, start, typed_options
 from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.commands.repeats import Command
 from curvcal.report.hessian import hessian_tables, plot_outputs, plot_paths, write_plots
@@ -131,6 +131,4 @@ def hessian(
     code = finish(run.report, hessian_tables(run.analysis, run.device))
     if plots is not None:
         write_plots(run.analysis, *plots, caption=f"{checkpoint.name} on {data_options.data}")
-    if run.failure is not None:
-        raise run.failure
-    return code
+    return end_with(run.failure, code)
