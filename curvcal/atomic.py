@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import signal
 import stat
 import tempfile
@@ -95,9 +96,9 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
                 stream.flush()
                 os.fsync(stream.fileno())
             with interrupt.held():  # the output and its registration appear together
-                _publish(Path(temp_name), path)
+                replaced = _publish(Path(temp_name), path)
                 interrupt.temporary_gone(temp_name)
-                interrupt.output_written(path)
+                interrupt.output_written(path, replaced)
         except BaseException as error:
             Path(temp_name).unlink(missing_ok=True)
             interrupt.temporary_gone(temp_name)
@@ -106,16 +107,25 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
             raise
 
 
-def _publish(temp: Path, path: Path) -> None:
-    """Move the finished ``temp`` to ``path``: exclusively when so marked, else replacing."""
+def _publish(temp: Path, path: Path) -> str | None:
+    """Move the finished ``temp`` to ``path``: exclusively when so marked, else replacing.
+    Returns the name of a hard link to the file replaced, inside a CLI run (None otherwise)."""
     if _key(path) not in _EXCLUSIVE:
         try:
             mode = stat.S_IMODE(path.stat().st_mode)
         except FileNotFoundError:
             mode = 0o666 & ~_umask()
+            old = None
+        else:
+            old = _link_old(path) if interrupt.active() else None
         os.chmod(temp, mode)
-        os.replace(temp, path)
-        return
+        try:
+            os.replace(temp, path)
+        except BaseException:
+            if old is not None:
+                Path(old).unlink(missing_ok=True)
+            raise
+        return old
     os.chmod(temp, 0o666 & ~_umask())
     try:
         os.link(temp, path)
@@ -124,9 +134,26 @@ def _publish(temp: Path, path: Path) -> None:
     except OSError as error:
         if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
             raise
-        _publish_without_links(temp, path)
-        return
+        return _publish_without_links(temp, path)
     temp.unlink()
+    return None
+
+
+def _link_old(path: Path) -> str | None:
+    """A hidden hard link beside ``path`` to the file it names, which a failed run puts back
+    (:func:`curvcal.interrupt.discard`): with ``--force`` the old file is replaced only once
+    the run has ended with a result. None where the file system has no hard links (there the
+    old file is replaced at once, as before)."""
+    for _ in range(16):
+        name = path.parent / f"{temp_prefix(path)}{secrets.token_hex(4)}.old"
+        try:
+            os.link(path, name)
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+        return str(name)
+    return None
 
 
 def _created_meanwhile(path: Path) -> InputError:
@@ -138,7 +165,7 @@ def _created_meanwhile(path: Path) -> InputError:
     )
 
 
-def _publish_without_links(temp: Path, path: Path) -> None:
+def _publish_without_links(temp: Path, path: Path) -> str | None:
     """Where hard links are not supported: claim the name with ``O_EXCL``, then replace the
     (empty) claimed file with the finished one."""
     try:
@@ -146,6 +173,7 @@ def _publish_without_links(temp: Path, path: Path) -> None:
     except FileExistsError:
         raise _created_meanwhile(path) from None
     os.replace(temp, path)
+    return None
 
 
 @contextmanager

@@ -58,6 +58,8 @@ class _Register:
         self.active = False  # inside a run_scope
         self.temporary: set[str] = set()
         self.outputs: list[Path] = []
+        #: output → the hard link to the file it replaced, put back if the run fails
+        self.replaced: dict[Path, str] = {}
         self.holding = 0
         self.pending = False
         #: called (errors ignored) once the run's files are removed, before the process ends:
@@ -86,9 +88,18 @@ def on_stop(hook: Callable[[], None] | None) -> None:
 def decided() -> None:
     """The exit code is decided and every output is in place: ignore SIGINT from now on."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _forget_replaced()
     _REGISTER.temporary.clear()
     _REGISTER.outputs.clear()
     _REGISTER.active = False
+
+
+def _forget_replaced() -> None:
+    """The run kept its outputs: drop the links to the files they replaced."""
+    for backup in _REGISTER.replaced.values():
+        with suppress(OSError):
+            os.unlink(backup)
+    _REGISTER.replaced.clear()
 
 
 @contextmanager
@@ -103,6 +114,7 @@ def run_scope() -> Iterator[None]:
         yield
     finally:
         _REGISTER.active = False
+        _forget_replaced()
         _REGISTER.temporary.clear()
         _REGISTER.outputs.clear()
 
@@ -149,17 +161,41 @@ def temporary_gone(name: str) -> None:
     _REGISTER.temporary.discard(name)
 
 
-def output_written(path: Path) -> None:
-    """An output of the run is in place (call inside :func:`held`, right after the move)."""
-    if _REGISTER.active:
-        _REGISTER.outputs.append(path)
+def output_written(path: Path, replaced: str | None = None) -> None:
+    """An output of the run is in place (call inside :func:`held`, right after the move);
+    ``replaced``: a hard link to the file it replaced (``--force``), put back by
+    :func:`discard` and removed once the run has kept its outputs."""
+    if not _REGISTER.active:
+        return
+    if path in _REGISTER.outputs:  # written twice: what it replaced now is this run's own
+        if replaced is not None:
+            with suppress(OSError):
+                os.unlink(replaced)
+        return
+    _REGISTER.outputs.append(path)
+    if replaced is not None:
+        _REGISTER.replaced[path] = replaced
+
+
+def active() -> bool:
+    """Whether a CLI invocation is registering what it writes (:func:`run_scope`)."""
+    return _REGISTER.active
 
 
 def discard() -> None:
-    """Remove every temporary file and every output the current run has written."""
-    for name in [*_REGISTER.temporary, *(str(path) for path in _REGISTER.outputs)]:
+    """Undo what the current run wrote: remove every temporary file and every output, and put
+    back the file an output replaced (so a failed ``--force`` run loses nothing)."""
+    for name in _REGISTER.temporary:
         with suppress(OSError):  # already gone
             os.unlink(name)
+    for path in _REGISTER.outputs:
+        backup = _REGISTER.replaced.pop(path, None)
+        with suppress(OSError):
+            if backup is not None:
+                os.replace(backup, path)
+            else:
+                os.unlink(path)
+    _forget_replaced()
     _REGISTER.temporary.clear()
     _REGISTER.outputs.clear()
 
