@@ -554,6 +554,14 @@ class _FullProblem:
                 d = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float64)).view(k, k + 1)
                 rotated = m_vectors.T @ d @ penalty_vectors
                 out = m_vectors @ (inverse * rotated) @ penalty_vectors.T
+                if unregularised:
+                    # Without a regulariser L ignores a common shift of every class's row of
+                    # Ṽ (softmax ignores it); M's eigenvalue there is 0 only up to rounding,
+                    # and its inverse (up to 1e17) sent the steps far along that direction:
+                    # the same probabilities, but a map with |W| in the hundreds and CG near
+                    # its cap at every step. Projecting it out keeps the iterates' class mean
+                    # at the start's.
+                    out -= out.mean(0, keepdim=True)
                 return out.reshape(-1).numpy()
 
             return times, precondition
