@@ -27,8 +27,11 @@ minimum over ``--repeats``, with the ratio peer / curvcal in wall seconds and in
 (the machine may be shared: a one-thread task's CPU time is what it computed, its wall time
 grows with the load) and the peak resident memory each task added above what the process held
 before it (sampled every millisecond). The full maps' rows at a fixed strength, against the
-peers of the same objective, follow (:data:`FIXED_MAPS`). ``--json`` and ``--markdown`` are
-rewritten whole after every map, so a long run that is stopped keeps what it measured.
+peers of the same objective, follow (:data:`FIXED_MAPS`); as the peers stop earlier than
+curvcal's solve to a 10⁻⁸ gradient, each peer's final objective is evaluated too, and the CPU
+seconds curvcal's solver took to first reach it (from the solver's trace) are reported beside
+its whole fit ("to the peer's objective"). ``--json`` and ``--markdown`` are rewritten whole
+after every map, so a long run that is stopped keeps what it measured.
 
     python benchmarks/bench_calibration.py [--quick] [--repeats R] [--json OUT] [--markdown OUT]
     python benchmarks/bench_calibration.py --maps --only-maps --map-sizes 20000x100
@@ -531,9 +534,10 @@ def probmetrics_calibrator(module: str, name: str) -> Any:
     return getattr(importlib.import_module(f"probmetrics.calibrators.{module}"), name)
 
 
-def probmetrics_map(module: str, name: str, **options: Any) -> PeerMap:
+def probmetrics_map(module: str, name: str, parameters: bool = False, **options: Any) -> PeerMap:
     """probmetrics' calibrator ``name(**options)``: ``fit_torch`` on the logits,
-    ``predict_proba_torch``."""
+    ``predict_proba_torch`` (``parameters``, for ``MatrixScalingCalibrator``, whose scores are
+    z · itemp + bias: a :class:`FullMapFit` with W = itempᵀ and b)."""
 
     def run(logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray) -> Any:
         from probmetrics.distributions import CategoricalLogits
@@ -542,7 +546,14 @@ def probmetrics_map(module: str, name: str, **options: Any) -> PeerMap:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model.fit_torch(CategoricalLogits(logits), labels)
-            return model.predict_proba_torch(CategoricalLogits(logits)).get_probs()
+            probs = model.predict_proba_torch(CategoricalLogits(logits)).get_probs()
+        if not parameters:
+            return probs
+        return FullMapFit(
+            probs,
+            model.itemp_.detach().to(torch.float64).T.contiguous(),
+            model.bias_.detach().to(torch.float64),
+        )
 
     return run
 
@@ -579,11 +590,26 @@ def netcal_top_label_histogram(
         return np.asarray(model.transform(confidence))
 
 
-def torch_uncertainty_map(name: str, classes: bool = False, **options: Any) -> PeerMap:
+@dataclass(frozen=True)
+class FullMapFit:
+    """A peer's fitted full map: its N×K ``probabilities`` and its parameters, W (K×K, with
+    s = W x + b) and b (K), as float64 tensors, so that its objective can be evaluated
+    (:func:`full_map_objective`)."""
+
+    probabilities: Any
+    weights: torch.Tensor
+    bias: torch.Tensor
+
+
+def torch_uncertainty_map(
+    name: str, classes: bool = False, parameters: bool = False, **options: Any
+) -> PeerMap:
     """torch-uncertainty's ``torch_uncertainty.post_processing.<name>(**options)`` without a
     model (``classes``: with ``num_classes`` K, which its vector, matrix and Dirichlet scalers
     need): ``fit`` on one batch of (logits, labels), then ``forward`` on the logits, whose
-    output (log-probabilities or scaled logits) is softmaxed to N×K probabilities."""
+    output (log-probabilities or scaled logits) is softmaxed to N×K probabilities
+    (``parameters``: a :class:`FullMapFit` with its W and b too, for its matrix and Dirichlet
+    scalers)."""
 
     def run(logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray) -> Any:
         import logging
@@ -600,7 +626,14 @@ def torch_uncertainty_map(name: str, classes: bool = False, **options: Any) -> P
         finally:
             logging.disable(logging.NOTSET)
         with torch.no_grad():
-            return torch.softmax(model(logits).to(torch.float64), dim=1)
+            probs = torch.softmax(model(logits).to(torch.float64), dim=1)
+        if not parameters:
+            return probs
+        return FullMapFit(
+            probs,
+            model.inv_temperature_weight.detach().to(torch.float64),
+            model.inv_temperature_bias.detach().to(torch.float64),
+        )
 
     return run
 
@@ -685,19 +718,68 @@ MAP_PEERS = ("netcal", "probmetrics", "sklearn", "torch_uncertainty")
 FIXED_STRENGTH = 1e-2
 
 
+#: A solver's path: (CPU seconds of the fitting thread since the fit began, objective) at
+#: every point where it evaluated its objective.
+Path = list[tuple[float, float]]
+
+
 def curvcal_fixed(
     method: str, strength: float
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+) -> Callable[[torch.Tensor, torch.Tensor, Path | None], torch.Tensor]:
     """curvcal's ``method`` (matrix or dirichlet) at the fixed ODIR strength λ_od = λ_b =
     ``strength`` (:func:`~curvcal.calibration.linear.fit_linear`, no cross-validation), applied
-    to the same logits: N×K float64 probabilities."""
+    to the same logits: N×K float64 probabilities. When given a list ``path``, the fit's trace
+    appends (``time.thread_time()`` since the call began, objective) to it at every objective
+    the solver evaluates (the fit runs in this thread, one thread: its CPU time)."""
     from curvcal.calibration.linear import fit_linear
 
-    def run(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        fit = fit_linear(logits, labels, method, l2_off_diagonal=strength, l2_bias=strength)
+    def run(logits: torch.Tensor, labels: torch.Tensor, path: Path | None = None) -> torch.Tensor:
+        began = time.thread_time()
+        trace = None
+        if path is not None:
+
+            def trace(objective: float, _point: Callable[[], torch.Tensor]) -> None:
+                path.append((time.thread_time() - began, objective))
+
+        fit = fit_linear(
+            logits, labels, method, l2_off_diagonal=strength, l2_bias=strength, trace=trace
+        )
         return fit.calibrator.probabilities(logits, "logits", "logits")
 
     return run
+
+
+def full_map_objective(
+    method: str,
+    strength: float,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    bias: torch.Tensor,
+) -> float:
+    """The objective of the fixed rows in float64 on the fit rows, for any map (W, b): mean
+    NLL of softmax(W x + b) (x = z for ``matrix``, log_softmax z for ``dirichlet``) +
+    λ Σ_{i≠j} W_ij² / (K(K−1)) + λ Σ_j b_j² / K with λ = ``strength`` (curvcal's ODIR;
+    torch-uncertainty's ``DirichletScaler`` loss term for term)."""
+    z = logits.to(torch.float64)
+    x = torch.log_softmax(z, dim=1) if method == "dirichlet" else z
+    k = x.shape[1]
+    total = 0.0
+    for start in range(0, x.shape[0], 4096):
+        logq = torch.log_softmax(x[start : start + 4096] @ weights.T + bias, dim=1)
+        chunk = labels[start : start + 4096]
+        total -= float(logq[torch.arange(chunk.shape[0]), chunk].sum())
+    off_diagonal = float((weights**2).sum() - (weights.diagonal() ** 2).sum())
+    penalty = strength * off_diagonal / max(k * (k - 1), 1) + strength * float((bias**2).sum()) / k
+    return total / x.shape[0] + penalty
+
+
+def seconds_to_objective(paths: list[Path], target: float) -> float | None:
+    """The least CPU seconds, over the repeats' ``paths``, at which a path first reached an
+    objective ≤ ``target`` (``None``: none did)."""
+    reached = [next((t for t, value in path if value <= target), None) for path in paths]
+    times = [t for t in reached if t is not None]
+    return min(times) if times else None
 
 
 #: Rows outside the registry: curvcal's full maps at the strength a peer fixes (the registry's
@@ -717,7 +799,9 @@ def curvcal_fixed(
 #: vector scaling has: another map, not a row.
 FIXED_MAPS: dict[
     str,
-    tuple[str, str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor], tuple[Any, ...]],
+    tuple[
+        str, str, Callable[[torch.Tensor, torch.Tensor, Path | None], torch.Tensor], tuple[Any, ...]
+    ],
 ] = {
     "matrix_unregularised": (
         "matrix",
@@ -727,12 +811,12 @@ FIXED_MAPS: dict[
             (
                 "probmetrics MatrixScaling",
                 "probmetrics",
-                probmetrics_map("logistic", "MatrixScalingCalibrator"),
+                probmetrics_map("logistic", "MatrixScalingCalibrator", parameters=True),
             ),
             (
                 "torch-uncertainty MatrixScaler",
                 "torch_uncertainty",
-                torch_uncertainty_map("MatrixScaler", classes=True),
+                torch_uncertainty_map("MatrixScaler", classes=True, parameters=True),
             ),
         ),
     ),
@@ -747,6 +831,7 @@ FIXED_MAPS: dict[
                 torch_uncertainty_map(
                     "DirichletScaler",
                     classes=True,
+                    parameters=True,
                     lambda_reg=FIXED_STRENGTH,
                     mu_reg=FIXED_STRENGTH,
                 ),
@@ -755,6 +840,13 @@ FIXED_MAPS: dict[
     ),
 }
 
+
+#: The objective of each fixed row (method, λ), on which the peers' final objectives are
+#: evaluated and curvcal's path is timed to reach them (:func:`full_map_objective`).
+FIXED_OBJECTIVES: dict[str, tuple[str, float]] = {
+    "matrix_unregularised": ("matrix", 0.0),
+    "dirichlet_fixed": ("dirichlet", FIXED_STRENGTH),
+}
 
 #: Maps whose peers calibrate the top-label confidence alone (they return N values).
 TOP_LABEL_MAPS = ("histogram", "isotonic")
@@ -801,8 +893,14 @@ def bench_maps(
         stages.append(
             (stage, f"curvcal {kind.title}", registry_task, PEER_MAPS.get(stage, ()), stage)
         )
+    paths: dict[str, list[Path]] = {stage: [] for stage in FIXED_MAPS}
+
+    def traced(fit: Callable[..., torch.Tensor], stage: str) -> torch.Tensor:
+        paths[stage].append([])
+        return fit(logits, labels, paths[stage][-1])
+
     for stage, (like, label, fit, peers) in FIXED_MAPS.items():
-        fixed_task = functools.partial(fit, logits, labels)
+        fixed_task = functools.partial(traced, fit, stage)
         stages.append((stage, label, fixed_task, peers, like if like in MAPS else None))
     for stage, ours_label, ours_task, peers, like in stages:
         if names is not None and stage not in names:
@@ -837,6 +935,16 @@ def bench_maps(
                 cpu_seconds[label] = min(cpu_seconds.get(label, math.inf), cpu)
                 memory[label] = max(memory.get(label, 0.0), peak)
         ours = values.get(ours_label)
+        objectives: dict[str, float] = {}
+        if stage in FIXED_OBJECTIVES and ours_label in seconds:
+            method, strength = FIXED_OBJECTIVES[stage]
+            objectives[ours_label] = paths[stage][-1][-1][1]  # the last point is the fitted map
+            for label, value in values.items():
+                if isinstance(value, FullMapFit):
+                    objectives[label] = full_map_objective(
+                        method, strength, logits, labels, value.weights, value.bias
+                    )
+                    values[label] = value.probabilities
         for label, library, _task in tasks:
             row: dict[str, Any] = {
                 "map": stage,
@@ -849,7 +957,15 @@ def bench_maps(
                 "cpu_ratio_to_curvcal": None,
                 "max_abs_diff_probs": None,
                 "error": failed.get(label),
+                "objective": objectives.get(label),
+                "curvcal_cpu_seconds_to_objective": None,
+                "cpu_ratio_at_objective": None,
             }
+            if library is not None and label in objectives:
+                to_objective = seconds_to_objective(paths[stage], objectives[label])
+                row["curvcal_cpu_seconds_to_objective"] = to_objective
+                if to_objective and label in cpu_seconds:
+                    row["cpu_ratio_at_objective"] = cpu_seconds[label] / to_objective
             if library is not None and label in seconds and ours_label in seconds:
                 row["ratio_to_curvcal"] = seconds[label] / seconds[ours_label]
                 if cpu_seconds[ours_label] > 0:
@@ -892,6 +1008,27 @@ def maps_markdown(sizes: list[dict[str, Any]]) -> str:
                 f"| {r['map']} | {r['task']} | {secs} | {cpu} | {ratio} | {cpu_ratio} | {peak} "
                 f"| {diff} |"
             )
+        at_objective = [r for r in size["rows"] if r.get("objective") is not None]
+        if at_objective:
+            lines.append(
+                "\nTo the peer's objective (fixed rows: the objective evaluated in float64 on the "
+                "fit rows for each final map; curvcal's CPU seconds until its solver first "
+                "reached the peer's objective, fit only, minimum of repeats):\n"
+            )
+            lines.append(
+                "| map | task | objective | CPU seconds (min) | curvcal CPU s to peer's "
+                "objective | peer / curvcal (CPU) at peer's objective |"
+            )
+            lines.append("|---|---|---:|---:|---:|---:|")
+            for r in at_objective:
+                to_objective = number(r["curvcal_cpu_seconds_to_objective"], ".3f")
+                if r["library"] != "curvcal" and not to_objective:
+                    to_objective = "not reached"
+                lines.append(
+                    f"| {r['map']} | {r['task']} | {r['objective']:.10f} "
+                    f"| {number(r.get('cpu_seconds'), '.3f')} | {to_objective} "
+                    f"| {number(r['cpu_ratio_at_objective'], '.2f')} |"
+                )
         for stage, reason in size["skipped"].items():
             lines.append(f"\n{stage}: skipped ({reason})")
     return "\n".join(lines)

@@ -259,6 +259,12 @@ def penalty_weights(
 
 #: A Hessian-vector product at a point, and a preconditioner for it (``None``: none).
 _Hessian = tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray] | None]
+#: A full map's fit calls a trace, when given, at every point where it evaluates its
+#: objective, with the objective (mean NLL + regulariser, float64) and a function that returns
+#: that point's map [W, b] (K×(K+1), a new tensor; call it inside the trace, not later). It
+#: changes nothing in the fit: a caller that takes its own clock in it gets the solver's
+#: (time, objective) path.
+Trace = Callable[[float, Callable[[], torch.Tensor]], None]
 
 
 @dataclass(frozen=True)
@@ -471,8 +477,10 @@ class _FullProblem:
         gradient_tol: float,
         max_iterations: int,
         newton_float32: bool = True,
+        trace: Trace | None = None,
     ) -> _Solution:
-        """Minimise mean NLL + Σ ``penalty`` ⊙ V² from V = ``start`` (K×(K+1))."""
+        """Minimise mean NLL + Σ ``penalty`` ⊙ V² from V = ``start`` (K×(K+1)); ``trace``
+        (:data:`Trace`) sees every objective evaluated."""
         n, k, y, rows = self.n, self.k, self.y, self.rows
         a, p = self.a, self.p
         last_nll = [0.0]
@@ -494,7 +502,10 @@ class _FullProblem:
             v = vt @ p
             grad += (2.0 * penalty * v) @ p
             last_nll[0] = nll
-            return nll + float((penalty * v * v).sum()), grad.reshape(-1).numpy()
+            objective = nll + float((penalty * v * v).sum())
+            if trace is not None:
+                trace(objective, lambda: v.clone())
+            return objective, grad.reshape(-1).numpy()
 
         # The regulariser's Hessian in whitened coordinates is 2 P diag(c_i) P for row i;
         # replacing c_i by the column means c̄ of c (exact for ``l2``; for ``odir`` it differs
@@ -543,6 +554,14 @@ class _FullProblem:
                 d = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float64)).view(k, k + 1)
                 rotated = m_vectors.T @ d @ penalty_vectors
                 out = m_vectors @ (inverse * rotated) @ penalty_vectors.T
+                if unregularised:
+                    # Without a regulariser L ignores a common shift of every class's row of
+                    # Ṽ (softmax ignores it); M's eigenvalue there is 0 only up to rounding,
+                    # and its inverse (up to 1e17) sent the steps far along that direction:
+                    # the same probabilities, but a map with |W| in the hundreds and CG near
+                    # its cap at every step. Projecting it out keeps the iterates' class mean
+                    # at the start's.
+                    out -= out.mean(0, keepdim=True)
                 return out.reshape(-1).numpy()
 
             return times, precondition
@@ -700,6 +719,7 @@ def fit_linear(
     regulariser: str = "odir",
     start: torch.Tensor | None = None,
     problem: _FullProblem | None = None,
+    trace: Trace | None = None,
 ) -> LinearFit:
     """Fit vector (``method="vector"``), matrix or Dirichlet scaling on (``scores``,
     ``labels``) by L-BFGS and a Newton polish on the regularised mean NLL, in float64.
@@ -710,7 +730,8 @@ def fit_linear(
     the same, the path shorter). ``problem``: the whitened data of these scores, when the
     caller already built it. A full map with both strengths 0 on classes that a linear map of
     the scores separates has no minimiser and is refused (:class:`InputError`) as soon as the
-    fit meets such a map."""
+    fit meets such a map. ``trace`` (full maps only, off by default): called at every
+    objective the solver evaluates (:data:`Trace`); the fit is the same with or without it."""
     if method not in LINEAR_METHODS:
         raise InputError(
             "--method", f"unknown linear map {method!r}", "vector, matrix or dirichlet"
@@ -730,6 +751,7 @@ def fit_linear(
         regulariser,
         start,
         problem,
+        trace,
     )
 
 
@@ -745,12 +767,15 @@ def _fit_inputs(
     regulariser: str = "odir",
     start: torch.Tensor | None = None,
     problem: _FullProblem | None = None,
+    trace: Trace | None = None,
 ) -> LinearFit:
     """:func:`fit_linear` on validated float64 inputs ``x`` (what the map multiplies) and
     labels ``y``; ``given`` names the scale of ``x`` in the record."""
     if regulariser not in REGULARISERS:
         raise InputError("regulariser", f"unknown regulariser {regulariser!r}", "odir or l2")
     n, k = x.shape
+    if method == "vector" and trace is not None:
+        raise InputError("trace", "only the full maps (matrix, dirichlet) report a trace")
     if method != "vector" and k > MAX_MATRIX_CLASSES:
         raise InputError(
             f"--method {method}",
@@ -772,7 +797,7 @@ def _fit_inputs(
         penalty = penalty_weights(regulariser, k, lam_od, lam_b)
         problem = problem if problem is not None else _FullProblem(x, y)
         initial = _identity(k) if start is None else start
-        solution = problem.solve(penalty, initial, gradient_tol, max_iterations)
+        solution = problem.solve(penalty, initial, gradient_tol, max_iterations, trace=trace)
         v = problem.to_map(solution.theta)
         fitted = LinearMap(method, tuple(map(tuple, v[:, :k].tolist())), tuple(v[:, k].tolist()))
         nll_before = _nll_of(x, y, _identity(k))
