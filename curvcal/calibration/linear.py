@@ -601,8 +601,9 @@ def _refuse_separated(logq: torch.Tensor, y: torch.Tensor) -> None:
 #: A formed Hessian costs a Gram product of N·(2K)² multiply-adds a Newton step, the products
 #: about (m + ½) passes of N·K (m ≈ 1–3 conjugate-gradient iterations a step): both linear in
 #: N, so the crossover is in K alone. Measured (one thread, N = 200,000, both paths to the same
-#: minimiser): the formed Hessian 1.1–1.6× faster at K ≤ 30, level at K = 40–64, 1.7–1.9×
-#: slower at K = 100, and 5× slower at K = 1,000 (one Hessian 9 s against a whole 11 s fit).
+#: minimiser): the formed Hessian 1.0–1.6× faster at K ≤ 30, level at K = 40–64, 1.7–1.9×
+#: slower at K = 100; at K = 1,000 one formed Hessian (9 s) costs nearly a whole fit by
+#: products (11 s).
 VECTOR_DENSE_CLASSES = 32
 #: Eigenvalues of vector scaling's Hessian at most this fraction of the largest count as zero.
 VECTOR_RCOND = 1e-13
