@@ -352,12 +352,13 @@ def knot_table(points: Sequence[tuple[np.ndarray, np.ndarray]]) -> KnotTable:
     counts = np.bincount(knot_cells, minlength=n_classes * n_cells).reshape(n_classes, n_cells)
     # the segment of each cell's lowest value: the class's left sentinel and its knots below
     lowest = np.cumsum(counts, axis=1) - counts + start[:, None]
-    slope = np.concatenate(
-        [
-            np.concatenate([[0.0], (y[1:] - y[:-1]) / (x[1:] - x[:-1]), [0.0, 0.0]])
-            for x, y in points
-        ]
-    )
+    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
+        slope = np.concatenate(
+            [
+                np.concatenate([[0.0], (y[1:] - y[:-1]) / (x[1:] - x[:-1]), [0.0, 0.0]])
+                for x, y in points
+            ]
+        )
     return KnotTable(
         knots=np.concatenate([np.concatenate([[-np.inf], x, [np.inf]]) for x, _ in points]),
         origin=np.concatenate([np.concatenate([x[:1], x, x[-1:]]) for x, _ in points]),
@@ -398,7 +399,8 @@ def interpolate(table: KnotTable, p: np.ndarray) -> np.ndarray:
         flat[inside] = low
     out = np.take(table.origin, segment)
     np.subtract(p, out, out=out)
-    out *= np.take(table.slope, segment)
+    with np.errstate(invalid="ignore"):  # ∞ · 0 at the knot of an infinite slope: below
+        out *= np.take(table.slope, segment)
     out += np.take(table.value, segment)
     if table.steep:  # an infinite slope times 0 where x is its knot: numpy.interp's y there
         at_knot = np.isnan(out)
