@@ -452,7 +452,7 @@ class IsotonicMap:
 
     @property
     def _chunk(self) -> int | None:
-        """Entries per row chunk: larger for one-vs-rest (one NumPy call per class and chunk)."""
+        """Entries per row chunk of a one-vs-rest map (:data:`INTERPOLATE_ELEMENTS`)."""
         return INTERPOLATE_ELEMENTS if self.method == "isotonic-ovr" else None
 
     @cached_property
