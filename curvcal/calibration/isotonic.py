@@ -21,6 +21,7 @@ file I/O, no printing, no global RNG.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -30,15 +31,14 @@ import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
-    ONE_VS_REST_ELEMENTS,
     apply_by_rows,
     by_columns,
     by_rows,
     check_classes,
     check_keys,
     check_unit,
+    exp_of_log_probabilities,
     fit_nll,
-    from_columns,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
     rows_of,
@@ -54,56 +54,115 @@ VECTOR_PASSES = 8
 TIE_RESOLUTION = float(np.finfo(np.float64).resolution)
 
 
+#: Sorted scores per block of the gap pass of :func:`sorted_tie_starts` (bounds its work array).
+GAP_BLOCK = 1 << 20
+#: Runs followed together by :func:`sorted_tie_starts`; fewer are walked one at a time.
+FRONTIER_RUNS = 32
+
+
 def tie_starts(x: np.ndarray) -> np.ndarray:
     """Boolean mask of the sorted scores ``x`` that open a tie group: x_j − x_first ≥
-    :data:`TIE_RESOLUTION`, x_first the first score of the group before j.
+    :data:`TIE_RESOLUTION`, x_first the first score of the group before j
+    (:func:`sorted_tie_starts` of one row)."""
+    return sorted_tie_starts(x.reshape(1, -1)).reshape(-1)
+
+
+def sorted_tie_starts(rows: np.ndarray) -> np.ndarray:
+    """Boolean mask over the C-contiguous 2-D ``rows`` (each sorted ascending, groups never
+    spanning two rows) of the scores that open a tie group, as :func:`tie_starts` per row.
 
     A gap of at least the resolution always opens a group. Between two such gaps (a run of
     smaller gaps) the groups are decided against their first score, in order; a run whose
     whole span is under the resolution is one group, so only runs that span more are walked,
-    a group at a time: every score's first successor far enough from it is found by one
-    vectorised binary search, and a run's groups follow those jumps from its first score."""
-    start = np.zeros(len(x), dtype=bool)
-    if len(x) == 0:
-        return start
-    gap = np.diff(x)
-    start[0] = True
-    start[1:] = gap >= TIE_RESOLUTION  # always a new group
-    definite = np.flatnonzero(start)
-    ends = np.append(definite[1:], len(x))  # each run of small gaps: [definite, end)
-    wide = np.flatnonzero(x[ends - 1] - x[definite] >= TIE_RESOLUTION)
-    if len(wide) == 0:
-        return start
-    # for every score i inside a wide run, the first j > i with x_j − x_i ≥ the resolution: a
-    # binary search for x_i + r, then stepped to the difference's own test (the two may differ
+    a group at a time and every run of every row together: each step finds, for every run
+    not yet done, the first score far enough from its current group's first score
+    (exponential then binary search, on the difference's own test: x_j − x_f rises with j).
+    The last few runs (fewer than :data:`FRONTIER_RUNS`, so a long run of many groups costs no
+    step per group for all the others) are walked one by one."""
+    n_rows, n = rows.shape
+    x = rows.reshape(-1)
+    start = np.empty(len(x), dtype=bool)
+    for low in range(0, len(x), GAP_BLOCK):  # a gap of at least the resolution always opens one
+        high = min(low + GAP_BLOCK, len(x))
+        gap = x[low + 1 : high + 1] - x[low : min(high, len(x) - 1)]
+        np.greater_equal(gap, TIE_RESOLUTION, out=start[low + 1 : high + 1])
+    if len(x):
+        start[::n] = True
+        start[0] = True
+    # runs of small gaps [first, end) of two or more scores, and those spanning the resolution
+    inner = ~start
+    first = np.flatnonzero(start[:-1] & inner[1:])
+    end = np.flatnonzero(inner[:-1] & start[1:]) + 1
+    if len(end) < len(first):
+        end = np.append(end, len(x))
+    wide = x[end - 1] - x[first] >= TIE_RESOLUTION
+    first, end = first[wide], end[wide]
+    opened = []
+    while len(first) >= FRONTIER_RUNS:
+        first = _next_group(x, first, end)
+        more = first < end
+        first, end = first[more], end[more]
+        opened.append(first)
+    for run_first, run_end in zip(first.tolist(), end.tolist(), strict=True):
+        opened.append(run_first + _walk_run(x[run_first:run_end]))
+    if opened:
+        start[np.concatenate(opened)] = True
+    return start.reshape(n_rows, n)
+
+
+def _next_group(x: np.ndarray, first: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For every run [first, end) of the sorted scores ``x``, the first j > first with x_j −
+    x_first ≥ :data:`TIE_RESOLUTION` (``end`` where none): exponential steps from first, then
+    bisection (the difference rises with j)."""
+    base = x[first]
+    low, high = first.copy(), end.copy()  # x_low − base < r; high past the run or far enough
+    active = np.arange(len(first))
+    step = 1
+    while len(active):
+        probe = first[active] + step
+        within = probe < high[active]
+        active, probe = active[within], probe[within]
+        far = x[probe] - base[active] >= TIE_RESOLUTION
+        high[active[far]] = probe[far]
+        low[active[~far]] = probe[~far]
+        active = active[~far]
+        step *= 2
+    active = np.flatnonzero(high - low > 1)
+    while len(active):
+        middle = (low[active] + high[active]) >> 1
+        far = x[middle] - base[active] >= TIE_RESOLUTION
+        high[active[far]] = middle[far]
+        low[active[~far]] = middle[~far]
+        active = active[high[active] - low[active] > 1]
+    return high
+
+
+def _walk_run(x: np.ndarray) -> np.ndarray:
+    """The positions after 0 that open a tie group in one run of sorted scores ``x`` (its first
+    score opens one): every score's first successor far enough from it by one vectorised
+    binary search, then the groups follow those jumps from the first score."""
+    # a binary search for x_i + r, then stepped to the difference's own test (the two may differ
     # in the last bit; x_j − x_i rises with j)
-    first, end = definite[wide], ends[wide]
-    length = end - first
-    index = np.arange(int(length.sum())) + np.repeat(first - (np.cumsum(length) - length), length)
-    base = x[index]
-    following = np.maximum(np.searchsorted(x, base + TIE_RESOLUTION), index + 1)
+    index = np.arange(len(x))
+    following = np.maximum(np.searchsorted(x, x + TIE_RESOLUTION), index + 1)
     while True:
-        back = (following > index + 1) & (x[following - 1] - base >= TIE_RESOLUTION)
+        back = (following > index + 1) & (x[following - 1] - x >= TIE_RESOLUTION)
         if not back.any():
             break
         following[back] -= 1
     while True:
         inside = np.minimum(following, len(x) - 1)
-        ahead = (following < len(x)) & (x[inside] - base < TIE_RESOLUTION)
+        ahead = (following < len(x)) & (x[inside] - x < TIE_RESOLUTION)
         if not ahead.any():
             break
         following[ahead] += 1
-    jumps = following.tolist()  # jumps[offset + j − run_first]: the jump from score j
+    jumps = following.tolist()
     opened: list[int] = []
-    offset = 0
-    for run_first, run_end in zip(first.tolist(), end.tolist(), strict=True):
-        j = jumps[offset]
-        while j < run_end:  # the groups of a run, each opened by the first score far enough
-            opened.append(j)
-            j = jumps[offset + j - run_first]
-        offset += run_end - run_first
-    start[opened] = True
-    return start
+    j = jumps[0]
+    while j < len(x):
+        opened.append(j)
+        j = jumps[j]
+    return np.array(opened, dtype=np.int64)
 
 
 def pool_adjacent_violators(targets: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -169,25 +228,61 @@ def one_vs_rest_points(
     """The kept fitted points of every class's isotonic regression of 1[y = k] on p_k, for the
     K×N scores ``columns`` (overwritten: sorted in place) and the N ``labels``.
 
-    The same fit as :func:`isotonic_points` on each column, with the work shared: all columns
-    are sorted in one call, and a class's targets are never sorted: they are 1 only at the N_k
-    samples of class k, so each tie group's count of them is found by locating those N_k
-    scores among the sorted column (N searches over all classes, not K·N). The group means are
-    sums of ones over counts, so they are bit for bit the per-column fit's."""
+    The same fit as :func:`isotonic_points` on each column, bit for bit, with the work shared:
+    all columns are sorted in one call and their tie groups found together
+    (:func:`sorted_tie_starts`), and a class's targets are never sorted: they are 1 only at
+    the N_k samples of class k, so only the tie groups holding those are located
+    (:func:`_class_points`)."""
     n_classes, n = columns.shape
+    own = columns[labels, np.arange(n)]  # each sample's score for its own class
     by_class = np.argsort(labels, kind="stable")
     starts = np.searchsorted(labels[by_class], np.arange(n_classes + 1))
-    positives = [columns[k, by_class[starts[k] : starts[k + 1]]] for k in range(n_classes)]
     columns.sort(axis=1)
-    points = []
-    for xs, scores in zip(columns, positives, strict=True):
-        opens = tie_starts(xs)
-        first = np.flatnonzero(opens)
-        count = np.diff(first, append=n).astype(np.float64)
-        group = np.cumsum(opens)[np.searchsorted(xs, scores, side="right") - 1] - 1
-        hits = np.bincount(group, minlength=len(first)).astype(np.float64)
-        points.append(_kept_points(xs[first], pool_adjacent_violators(hits / count, count)))
-    return points
+    opens = sorted_tie_starts(columns)
+    return [
+        _class_points(columns[k], opens[k], own[by_class[starts[k] : starts[k + 1]]])
+        for k in range(n_classes)
+    ]
+
+
+def _class_points(
+    ranked: np.ndarray, opens: np.ndarray, positives: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One class's kept points from its sorted scores ``ranked``, their tie starts ``opens``
+    and the scores of the samples of the class (``positives``).
+
+    A tie group without positives has target 0, and a run of them is non-increasing, so the
+    first vectorised pass of :func:`pool_adjacent_violators` would pool it whole, into the
+    block of the group before it: it is given to the pooling as one point (target 0, weight
+    its size), which makes the same blocks with the same sums from that pass on (adding 0
+    changes no sum), and the groups holding positives (target hits/count, weight count) as
+    they are. A run of equal fitted values keeps its first and last group, as
+    :func:`_kept_points` keeps them."""
+    first = np.flatnonzero(opens)
+    bounds = np.append(first, len(ranked))
+    group = np.searchsorted(first, np.searchsorted(ranked, positives, side="right") - 1, "right")
+    positive, hits = np.unique(group - 1, return_counts=True)
+    # the points in order: the zero run before each group with positives, that group, ..., and
+    # the zero run after the last (first and last group of each, end exclusive)
+    low = np.empty(2 * len(positive) + 1, dtype=np.int64)
+    high = np.empty_like(low)
+    low[0], low[2::2], low[1::2] = 0, positive + 1, positive
+    high[-1], high[:-1:2], high[1::2] = len(first), positive, positive + 1
+    weight = bounds[high] - bounds[low]
+    target = np.zeros(len(low))
+    target[1::2] = hits / weight[1::2]
+    used = high > low  # not the empty zero runs
+    low, high = low[used], high[used]
+    fitted = pool_adjacent_violators(target[used], weight[used].astype(np.float64))
+    change = np.flatnonzero(fitted[1:] != fitted[:-1]) + 1
+    run_first = np.concatenate([[0], change])
+    run_last = np.append(change, len(fitted)) - 1
+    ends = np.stack([low[run_first], high[run_last] - 1], axis=1)
+    both = ends[:, 0] < ends[:, 1]
+    kept = np.where(both[:, None], ends, ends[:, :1]).reshape(-1)
+    kept = kept[np.stack([np.ones(len(both), dtype=bool), both], axis=1).reshape(-1)]
+    values = np.repeat(fitted[run_first], np.where(both, 2, 1))
+    return ranked[first[kept]], values
 
 
 def _kept_points(points_x: np.ndarray, points_y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -195,6 +290,122 @@ def _kept_points(points_x: np.ndarray, points_y: np.ndarray) -> tuple[np.ndarray
     keep = np.ones(len(points_y), dtype=bool)
     keep[1:-1] = (points_y[1:-1] != points_y[:-2]) | (points_y[1:-1] != points_y[2:])
     return points_x[keep], points_y[keep]
+
+
+#: Entries per row chunk of a one-vs-rest map's apply (its work arrays stay in cache).
+INTERPOLATE_ELEMENTS = 1 << 17
+#: Entries of a :class:`KnotTable`'s cell index (K × cells, int64): the cells per class are
+#: as fine as this allows (16 MB; at K ≥ 2,048 a cell spans more than a binade).
+TABLE_ENTRIES = 1 << 21
+#: Bit patterns of non-negative float64 values rise with the value, and every score below 2 has
+#: one below this; the top cell holds every larger score.
+_BITS_OF_TWO = int(np.float64(2.0).view(np.int64))
+
+
+@dataclass(frozen=True)
+class KnotTable:
+    """Every class's kept points end to end, for evaluating all K interpolations of a
+    one-vs-rest map at once in the N×K layout (:func:`interpolate`).
+
+    Class k owns the positions ``start[k]`` … ``start[k] + M_k + 1``: a left sentinel
+    (``knots`` −∞), its M_k knots, a right sentinel (+∞). A score x of class k falls in the
+    segment j whose ``knots[j] ≤ x < knots[j + 1]`` and gets ``slope[j]·(x − origin[j]) +
+    value[j]``: at a knot i < M_k − 1 the origin is x_i, the slope (y_{i+1} − y_i)/(x_{i+1} −
+    x_i) and the value y_i (``numpy.interp``'s formula, term for term); at the left sentinel
+    (x < x_0) and the last knot (x ≥ x_{M−1}) the slope is 0, the origin a knot and the value
+    y_0 or y_{M−1} (the clip). The segment is found without a search over the knots: ``cells``
+    gives, for each class and cell of the score's float64 bit pattern (``bits >> shift``, a
+    fraction of a binade; ``top`` the last cell, every score ≥ 2), the segment of the cell's
+    lowest value, bitwise negated (``~j``) where knots fall inside the cell; only scores in
+    such cells are searched, among that cell's knots."""
+
+    knots: np.ndarray
+    origin: np.ndarray
+    slope: np.ndarray
+    value: np.ndarray
+    cells: np.ndarray
+    cell_offsets: np.ndarray
+    shift: int
+    top: int
+    steep: bool
+
+
+def knot_table(points: Sequence[tuple[np.ndarray, np.ndarray]]) -> KnotTable:
+    """The :class:`KnotTable` of per-class kept points (x rising strictly in [0, 1], y not
+    falling). A stored −0.0 acts as 0 (its bit pattern is negative; as a value only the sign of
+    a zero result differs)."""
+    points = [(x + 0.0, y + 0.0) for x, y in points]
+    n_classes = len(points)
+    sizes = np.array([len(x) for x, _ in points], dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(sizes + 2)[:-1]])
+    shift = 44
+    while n_classes * ((_BITS_OF_TWO >> shift) + 1) > TABLE_ENTRIES and shift < 62:
+        shift += 1
+    top = _BITS_OF_TWO >> shift
+    n_cells = top + 1
+    knot_cells = np.concatenate(
+        [
+            np.minimum(x.view(np.int64) >> shift, top) + k * n_cells
+            for k, (x, _) in enumerate(points)
+        ]
+    )
+    counts = np.bincount(knot_cells, minlength=n_classes * n_cells).reshape(n_classes, n_cells)
+    # the segment of each cell's lowest value: the class's left sentinel and its knots below
+    lowest = np.cumsum(counts, axis=1) - counts + start[:, None]
+    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
+        slope = np.concatenate(
+            [
+                np.concatenate([[0.0], (y[1:] - y[:-1]) / (x[1:] - x[:-1]), [0.0, 0.0]])
+                for x, y in points
+            ]
+        )
+    return KnotTable(
+        knots=np.concatenate([np.concatenate([[-np.inf], x, [np.inf]]) for x, _ in points]),
+        origin=np.concatenate([np.concatenate([x[:1], x, x[-1:]]) for x, _ in points]),
+        slope=slope,
+        value=np.concatenate([np.concatenate([y[:1], y, y[-1:]]) for _, y in points]),
+        cells=np.where(counts > 0, ~lowest, lowest).ravel(),
+        cell_offsets=np.arange(n_classes, dtype=np.int64) * n_cells,
+        shift=shift,
+        top=top,
+        steep=bool(np.isinf(slope).any()),
+    )
+
+
+def interpolate(table: KnotTable, p: np.ndarray) -> np.ndarray:
+    """f_k(p_ik) of every entry of the C-contiguous N×K float64 scores ``p`` (non-negative),
+    bit for bit ``numpy.interp(p[:, k], x_k, y_k)``."""
+    cell = p.view(np.int64) >> table.shift
+    np.minimum(cell, table.top, out=cell)
+    cell += table.cell_offsets
+    segment = np.take(table.cells, cell)
+    inside = np.flatnonzero(segment < 0)  # cells holding knots: search among them
+    if len(inside):
+        flat = segment.reshape(-1)
+        x = p.reshape(-1)[inside]
+        low = ~flat[inside]  # knots[low] <= x
+        # the next cell's lowest value is past the cell's last knot, so x < knots[high]: a
+        # cell holding knots is never a class's top cell (knots are at most 1)
+        after = table.cells[cell.reshape(-1)[inside] + 1]
+        high = np.where(after < 0, ~after, after) + 1
+        while True:
+            open_ = np.flatnonzero(high - low > 1)
+            if not len(open_):
+                break
+            middle = (low[open_] + high[open_]) >> 1
+            below = table.knots[middle] <= x[open_]
+            low[open_] = np.where(below, middle, low[open_])
+            high[open_] = np.where(below, high[open_], middle)
+        flat[inside] = low
+    out = np.take(table.origin, segment)
+    np.subtract(p, out, out=out)
+    with np.errstate(invalid="ignore"):  # ∞ · 0 at the knot of an infinite slope: below
+        out *= np.take(table.slope, segment)
+    out += np.take(table.value, segment)
+    if table.steep:  # an infinite slope times 0 where x is its knot: numpy.interp's y there
+        at_knot = np.isnan(out)
+        out[at_knot] = table.value[segment[at_knot]]
+    return out
 
 
 @dataclass(frozen=True)
@@ -241,8 +452,8 @@ class IsotonicMap:
 
     @property
     def _chunk(self) -> int | None:
-        """Entries per row chunk: larger for one-vs-rest (one NumPy call per class and chunk)."""
-        return ONE_VS_REST_ELEMENTS if self.method == "isotonic-ovr" else None
+        """Entries per row chunk of a one-vs-rest map (:data:`INTERPOLATE_ELEMENTS`)."""
+        return INTERPOLATE_ELEMENTS if self.method == "isotonic-ovr" else None
 
     @cached_property
     def _points(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
@@ -258,16 +469,30 @@ class IsotonicMap:
             return top_label_map(logp, lambda c: np.interp(c, *points[0]))
         return one_vs_rest_log_probabilities(self._values(logp))
 
+    @cached_property
+    def _table(self) -> KnotTable:
+        """Every class's points end to end (a one-vs-rest map), made once."""
+        return knot_table(self._points)
+
     def _values(self, logp: torch.Tensor) -> torch.Tensor:
-        """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation)."""
-        columns = by_columns(logp)
-        for column, (px, py) in zip(columns, self._points, strict=True):
-            column[:] = np.interp(column, px, py)
-        return from_columns(columns)
+        """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation), in the rows' own
+        layout."""
+        return torch.from_numpy(interpolate(self._table, torch.exp(logp).numpy()))
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×K ``scores``."""
-        return torch.exp(self.apply(scores, kind, source))
+        """float64 calibrated probabilities of N×K ``scores``: exp of :meth:`apply` (for
+        one-vs-rest maps taken chunk by chunk, where most of it is exp(−∞) = 0)."""
+        if self.method == "isotonic":
+            return torch.exp(self.apply(scores, kind, source))
+        return apply_by_rows(
+            scores,
+            kind,
+            source,
+            self.method,
+            self.n_classes,
+            lambda logp: exp_of_log_probabilities(self._map_rows(logp)),
+            self._chunk,
+        )
 
 
 @dataclass(frozen=True)
@@ -322,7 +547,7 @@ def fit_isotonic(
         nll_before=fit_nll(logp, y),
         nll_after=fit_nll(by_rows(logp, fitted._map_rows), y)
         if method == "isotonic"
-        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_ELEMENTS),
+        else one_vs_rest_nll(logp, y, fitted._values, INTERPOLATE_ELEMENTS),
         n_samples=n,
         calibrator=fitted,
     )

@@ -165,10 +165,20 @@ def apply_by_rows(
     return by_rows(logp, block_map, elements)
 
 
+#: Entries per block of rows of :func:`by_columns`: a block's probabilities stay in cache
+#: while they are written out by class (a whole-array transpose reads and writes across it).
+TRANSPOSE_ELEMENTS = 1 << 18
+
+
 def by_columns(logp: torch.Tensor) -> np.ndarray:
     """The probabilities of N×K log-probabilities as a K×N float64 array, one contiguous row
     per class (a one-vs-rest map's per-class work then reads memory in order)."""
-    return np.ascontiguousarray(torch.exp(logp).numpy().T)
+    n, k = logp.shape
+    columns = np.empty((k, n), dtype=np.float64)
+    step = max(1, TRANSPOSE_ELEMENTS // max(1, k))
+    for start in range(0, n, step):
+        columns[:, start : start + step] = torch.exp(logp[start : start + step]).numpy().T
+    return columns
 
 
 def from_columns(columns: np.ndarray) -> torch.Tensor:
@@ -178,14 +188,24 @@ def from_columns(columns: np.ndarray) -> torch.Tensor:
 
 def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
     """log q_k = log f_k − log Σ_j f_j of N×K non-negative ``values`` f_k(p_k); a row of
-    zeros gives 1/K."""
+    zeros gives 1/K. An f_k of 0 gives −∞ without its logarithm being taken (the logarithm
+    of 0 takes many times as long as any other, and most f_k are 0 at large K)."""
     values = values.to(torch.float64)
     total = values.sum(dim=1, keepdim=True)
-    log_q = torch.log(values).sub_(torch.log(total))
-    zero = (total[:, 0] == 0).nonzero()[:, 0]
-    if len(zero):
-        log_q[zero] = -math.log(values.shape[1])
+    zero = values == 0
+    log_q = torch.log(values.masked_fill(zero, 1.0)).sub_(torch.log(total))
+    log_q.masked_fill_(zero, -math.inf)
+    empty = (total[:, 0] == 0).nonzero()[:, 0]
+    if len(empty):
+        log_q[empty] = -math.log(values.shape[1])
     return log_q
+
+
+def exp_of_log_probabilities(log_q: torch.Tensor) -> torch.Tensor:
+    """exp(``log_q``), with exp(−∞) = 0 written directly (it takes many times as long as
+    any other exponential, and most log q_k of a one-vs-rest map are −∞ at large K)."""
+    zero = torch.isneginf(log_q)
+    return torch.exp(log_q.masked_fill(zero, 0.0)).masked_fill_(zero, 0.0)
 
 
 def one_vs_rest_nll(
