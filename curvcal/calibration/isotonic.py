@@ -212,14 +212,55 @@ def pool_adjacent_violators(targets: np.ndarray, weights: np.ndarray) -> np.ndar
 
 
 def isotonic_points(x: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The kept fitted points (x_i, ŷ_i) of isotonic regression of ``target`` on ``x``."""
-    order = np.lexsort((target, x))
-    xs, ts = x[order], target[order].astype(np.float64)
+    """The kept fitted points (x_i, ŷ_i) of isotonic regression of ``target`` on ``x``.
+
+    The scores are sorted with their targets (ties by target, ascending); each tie group
+    (:func:`tie_starts`) is one point, its mean target weighted by its size, pooled by
+    :func:`pool_adjacent_violators`. Targets of 0 and 1 (correctness) with float64 scores in
+    [0, 2) take one integer sort of the scores' bit patterns with the target in the lowest bit
+    (the same order, so the same points bit for bit: a group's sum of 0s and 1s is exact in
+    any order)."""
+    packed = _packed_pairs(x, target)
+    if packed is None:
+        order = np.lexsort((target, x))
+        xs, ts = x[order], target[order].astype(np.float64)
+        opens = tie_starts(xs)
+        group = np.cumsum(opens) - 1
+        count = np.bincount(group).astype(np.float64)
+        mean = np.bincount(group, weights=ts) / count
+        return _kept_points(xs[opens], pool_adjacent_violators(mean, count))
+    packed.sort()
+    xs = (packed >> 1).view(np.float64)
+    hit = packed & 1
     opens = tie_starts(xs)
-    group = np.cumsum(opens) - 1
-    count = np.bincount(group).astype(np.float64)
-    mean = np.bincount(group, weights=ts) / count
-    return _kept_points(xs[opens], pool_adjacent_violators(mean, count))
+    first = np.flatnonzero(opens)
+    if len(first) == len(xs):  # every score its own group: its target is its mean
+        count, mean = np.ones(len(xs)), hit.astype(np.float64)
+    else:
+        count = np.diff(np.append(first, len(xs))).astype(np.float64)
+        mean = np.add.reduceat(hit, first).astype(np.float64) / count
+    return _kept_points(xs[first], pool_adjacent_violators(mean, count))
+
+
+def _packed_pairs(x: np.ndarray, target: np.ndarray) -> np.ndarray | None:
+    """int64 ``bits(x) << 1 | target`` of float64 scores in [0, 2) (+0.0 included, −0.0 and NaN
+    not) and targets of 0 and 1, whose ascending order is ``lexsort((target, x))``'s (bit
+    patterns of non-negative float64 values rise with the value); None for other inputs."""
+    if x.dtype != np.float64 or x.ndim != 1 or len(x) == 0:
+        return None
+    bits = np.ascontiguousarray(x).view(np.int64)
+    if bits.min() < 0 or bits.max() >= _BITS_OF_TWO:
+        return None
+    hit = np.asarray(target)
+    if hit.dtype == np.bool_:
+        hit = hit.astype(np.int64)
+    elif not ((hit == 0) | (hit == 1)).all():
+        return None
+    else:
+        hit = hit.astype(np.int64)
+    packed = bits << 1
+    packed |= hit
+    return packed
 
 
 def one_vs_rest_points(
@@ -285,6 +326,62 @@ def _class_points(
     return ranked[first[kept]], values
 
 
+#: Cells per knot of :func:`interpolate_points`' cell index (fewer where there are fewer scores
+#: or more than :data:`TABLE_ENTRIES` cells).
+CELLS_PER_KNOT = 128
+
+
+def interpolate_points(points_x: np.ndarray, points_y: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``numpy.interp(c, points_x, points_y)`` bit for bit, for fitted points (float64 x rising
+    strictly, y not falling) and 1-D float64 scores ``c``, without a search over the knots for
+    most scores.
+
+    The knots' bit-pattern range [x_0, x_{M−1}] is cut into cells of 2^shift patterns (about
+    :data:`CELLS_PER_KNOT`·M of them, at most about as many as scores), with one cell below it
+    and one above (non-negative finite float64 values have bit patterns that rise with the
+    value); a cell without knots gives its scores' segment directly, and only the scores in
+    cells holding knots are searched (``numpy.searchsorted``).
+    Each score then gets the segment's ``slope·(c − origin) + value`` as in
+    :class:`KnotTable` (numpy.interp's formula term for term, the clip at both ends and a knot
+    hit exactly included). Other scores (negative, −0.0, NaN, ±∞) and fewer than two knots go to
+    numpy.interp."""
+    n_knots = len(points_x)
+    bits = np.ascontiguousarray(c, dtype=np.float64).reshape(-1).view(np.int64)
+    if n_knots < 2 or not len(bits) or bits.min() < 0 or bits.max() >= _BITS_OF_INFINITY:
+        return np.interp(c, points_x, points_y)
+    knot_bits = (points_x + 0.0).view(np.int64)
+    low_bits = int(knot_bits[0])
+    span = int(knot_bits[-1]) - low_bits
+    wanted = min(CELLS_PER_KNOT * n_knots, max(len(bits), 64), TABLE_ENTRIES)
+    shift = max(0, span.bit_length() - wanted.bit_length())
+    n_cells = (span >> shift) + 3  # below x_0, the range, above x_{M−1}
+    # cell 1 + ((bits − bits(x_0)) >> shift), clipped: 0 holds every score below x_0
+    knot_cells = ((knot_bits - low_bits) >> shift) + 1
+    counts = np.bincount(knot_cells, minlength=n_cells)
+    lowest = np.cumsum(counts) - counts  # segment of each cell's lowest value (0: below x_0)
+    cells = np.where(counts > 0, -1, lowest)
+    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
+        slope = np.concatenate([[0.0], np.diff(points_y) / np.diff(points_x), [0.0]])
+    origin = np.concatenate([points_x[:1], points_x])
+    value = np.concatenate([points_y[:1], points_y])
+    cell = bits - low_bits
+    cell >>= shift
+    cell += 1
+    np.clip(cell, 0, n_cells - 1, out=cell)
+    segment = np.take(cells, cell)
+    inside = np.flatnonzero(segment < 0)  # cells holding knots: searched
+    segment[inside] = np.searchsorted(points_x, bits[inside].view(np.float64), side="right")
+    out = np.take(origin, segment)
+    np.subtract(bits.view(np.float64), out, out=out)
+    with np.errstate(invalid="ignore"):  # ∞ · 0 at the knot of an infinite slope: below
+        out *= np.take(slope, segment)
+    out += np.take(value, segment)
+    if np.isinf(slope).any():  # an infinite slope times 0 where c is its knot: numpy's y there
+        at_knot = np.isnan(out)
+        out[at_knot] = value[segment[at_knot]]
+    return out.reshape(np.shape(c))
+
+
 def _kept_points(points_x: np.ndarray, points_y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The fitted points without those whose ŷ equals both neighbours' (they change nothing)."""
     keep = np.ones(len(points_y), dtype=bool)
@@ -300,6 +397,8 @@ TABLE_ENTRIES = 1 << 21
 #: Bit patterns of non-negative float64 values rise with the value, and every score below 2 has
 #: one below this; the top cell holds every larger score.
 _BITS_OF_TWO = int(np.float64(2.0).view(np.int64))
+#: The bit pattern of +∞: every finite non-negative float64 value has a smaller one.
+_BITS_OF_INFINITY = int(np.float64(np.inf).view(np.int64))
 
 
 @dataclass(frozen=True)
@@ -466,7 +565,7 @@ class IsotonicMap:
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         points = self._points
         if self.method == "isotonic":
-            return top_label_map(logp, lambda c: np.interp(c, *points[0]))
+            return top_label_map(logp, lambda c: interpolate_points(*points[0], c))
         return one_vs_rest_log_probabilities(self._values(logp))
 
     @cached_property
