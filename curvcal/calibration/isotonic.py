@@ -363,60 +363,107 @@ def _class_points(
     return ranked[first[kept]], values
 
 
-#: Cells per knot of :func:`interpolate_points`' cell index (fewer where there are fewer scores
-#: or more than :data:`TABLE_ENTRIES` cells).
+#: Cells per knot of a :class:`PointTable` (fewer where there are fewer scores to map, or
+#: more than :data:`TABLE_ENTRIES` cells).
 CELLS_PER_KNOT = 128
+#: Below this many scores numpy's own search (``numpy.interp``, ``torch.bucketize``) is the
+#: faster lookup (measured: level at about 500–1,000 scores, 2–4× slower from 4,096 up).
+FEW_SCORES = 512
+
+
+@dataclass(frozen=True)
+class PointTable:
+    """One map's kept points (x rising strictly in [0, 2), y not falling) for evaluating its
+    interpolation at many scores (:func:`interpolate_table`), ``numpy.interp`` bit for bit.
+
+    Segment j ∈ {0, …, M} holds the scores with x_{j−1} ≤ c < x_j (x_{−1} = −∞, x_M = +∞) and
+    gives ``slope[j]·(c − origin[j]) + value[j]``, as in :class:`KnotTable`: numpy.interp's
+    formula term for term between knots, slope 0 at the clip below x_0 and from x_{M−1} up. The
+    knots' bit-pattern range is cut into cells of 2^``shift`` patterns starting at
+    ``low_bits`` (non-negative finite float64 values have bit patterns that rise with the
+    value), with cell 0 below x_0 and the last cell above x_{M−1}; ``cells`` gives each cell's
+    segment, or −1 where the cell holds knots (its scores are searched)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    origin: np.ndarray
+    slope: np.ndarray
+    value: np.ndarray
+    cells: np.ndarray
+    low_bits: int
+    shift: int
+    steep: bool
+
+
+def point_table(
+    points_x: np.ndarray, points_y: np.ndarray, n_scores: int | None = None
+) -> PointTable:
+    """The :class:`PointTable` of kept points, about :data:`CELLS_PER_KNOT` cells per knot (at
+    most about ``n_scores``, the number of scores it will map, when given)."""
+    x, y = points_x + 0.0, points_y + 0.0  # a stored −0.0 acts as 0 (its bit pattern is negative)
+    knot_bits = x.view(np.int64)
+    low_bits = int(knot_bits[0]) if len(x) else 0
+    span = int(knot_bits[-1]) - low_bits if len(x) else 0
+    wanted = min(CELLS_PER_KNOT * len(x), TABLE_ENTRIES)
+    if n_scores is not None:
+        wanted = min(wanted, max(n_scores, 64))
+    shift = max(0, span.bit_length() - max(wanted, 1).bit_length())
+    n_cells = (span >> shift) + 3  # below x_0, the range, above x_{M−1}
+    counts = np.bincount(((knot_bits - low_bits) >> shift) + 1, minlength=n_cells)
+    lowest = np.cumsum(counts) - counts  # the segment of each cell's lowest value
+    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
+        slope = np.concatenate([[0.0], np.diff(y) / np.diff(x), [0.0]])
+    return PointTable(
+        x=x,
+        y=y,
+        origin=np.concatenate([x[:1], x]),
+        slope=slope,
+        value=np.concatenate([y[:1], y]),
+        cells=np.where(counts > 0, -1, lowest),
+        low_bits=low_bits,
+        shift=shift,
+        steep=bool(np.isinf(slope).any()),
+    )
+
+
+def interpolate_table(table: PointTable, c: np.ndarray) -> np.ndarray:
+    """``numpy.interp(c, x, y)`` of the table's points at float64 scores ``c`` (any shape), bit
+    for bit: each score's cell gives its segment, and only scores in cells holding knots are
+    searched (``numpy.searchsorted``). Fewer than :data:`FEW_SCORES` scores, scores that are not
+    non-negative and finite (−0.0, NaN, ±∞, negative) and maps of fewer than two points go to
+    numpy.interp."""
+    bits = np.ascontiguousarray(c, dtype=np.float64).reshape(-1).view(np.int64)
+    if (
+        len(table.x) < 2
+        or not len(bits)
+        or len(bits) < FEW_SCORES
+        or bits.min() < 0
+        or bits.max() >= _BITS_OF_INFINITY
+    ):
+        return np.interp(c, table.x, table.y)
+    cell = bits - table.low_bits
+    cell >>= table.shift
+    cell += 1
+    np.clip(cell, 0, len(table.cells) - 1, out=cell)
+    segment = np.take(table.cells, cell)
+    inside = np.flatnonzero(segment < 0)  # cells holding knots: searched
+    segment[inside] = np.searchsorted(table.x, bits[inside].view(np.float64), side="right")
+    out = np.take(table.origin, segment)
+    np.subtract(bits.view(np.float64), out, out=out)
+    with np.errstate(invalid="ignore"):  # ∞ · 0 at the knot of an infinite slope: below
+        out *= np.take(table.slope, segment)
+    out += np.take(table.value, segment)
+    if table.steep:  # an infinite slope times 0 where c is its knot: numpy.interp's y there
+        at_knot = np.isnan(out)
+        out[at_knot] = table.value[segment[at_knot]]
+    return out.reshape(np.shape(c))
 
 
 def interpolate_points(points_x: np.ndarray, points_y: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``numpy.interp(c, points_x, points_y)`` bit for bit, for fitted points (float64 x rising
-    strictly, y not falling) and 1-D float64 scores ``c``, without a search over the knots for
-    most scores.
-
-    The knots' bit-pattern range [x_0, x_{M−1}] is cut into cells of 2^shift patterns (about
-    :data:`CELLS_PER_KNOT`·M of them, at most about as many as scores), with one cell below it
-    and one above (non-negative finite float64 values have bit patterns that rise with the
-    value); a cell without knots gives its scores' segment directly, and only the scores in
-    cells holding knots are searched (``numpy.searchsorted``).
-    Each score then gets the segment's ``slope·(c − origin) + value`` as in
-    :class:`KnotTable` (numpy.interp's formula term for term, the clip at both ends and a knot
-    hit exactly included). Other scores (negative, −0.0, NaN, ±∞) and fewer than two knots go to
-    numpy.interp."""
-    n_knots = len(points_x)
-    bits = np.ascontiguousarray(c, dtype=np.float64).reshape(-1).view(np.int64)
-    if n_knots < 2 or not len(bits) or bits.min() < 0 or bits.max() >= _BITS_OF_INFINITY:
-        return np.interp(c, points_x, points_y)
-    knot_bits = (points_x + 0.0).view(np.int64)
-    low_bits = int(knot_bits[0])
-    span = int(knot_bits[-1]) - low_bits
-    wanted = min(CELLS_PER_KNOT * n_knots, max(len(bits), 64), TABLE_ENTRIES)
-    shift = max(0, span.bit_length() - wanted.bit_length())
-    n_cells = (span >> shift) + 3  # below x_0, the range, above x_{M−1}
-    # cell 1 + ((bits − bits(x_0)) >> shift), clipped: 0 holds every score below x_0
-    knot_cells = ((knot_bits - low_bits) >> shift) + 1
-    counts = np.bincount(knot_cells, minlength=n_cells)
-    lowest = np.cumsum(counts) - counts  # segment of each cell's lowest value (0: below x_0)
-    cells = np.where(counts > 0, -1, lowest)
-    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
-        slope = np.concatenate([[0.0], np.diff(points_y) / np.diff(points_x), [0.0]])
-    origin = np.concatenate([points_x[:1], points_x])
-    value = np.concatenate([points_y[:1], points_y])
-    cell = bits - low_bits
-    cell >>= shift
-    cell += 1
-    np.clip(cell, 0, n_cells - 1, out=cell)
-    segment = np.take(cells, cell)
-    inside = np.flatnonzero(segment < 0)  # cells holding knots: searched
-    segment[inside] = np.searchsorted(points_x, bits[inside].view(np.float64), side="right")
-    out = np.take(origin, segment)
-    np.subtract(bits.view(np.float64), out, out=out)
-    with np.errstate(invalid="ignore"):  # ∞ · 0 at the knot of an infinite slope: below
-        out *= np.take(slope, segment)
-    out += np.take(value, segment)
-    if np.isinf(slope).any():  # an infinite slope times 0 where c is its knot: numpy's y there
-        at_knot = np.isnan(out)
-        out[at_knot] = value[segment[at_knot]]
-    return out.reshape(np.shape(c))
+    """``numpy.interp(c, points_x, points_y)`` bit for bit for fitted points (x rising strictly
+    in [0, 2), y not falling): :func:`interpolate_table` of their :func:`point_table`, made for
+    this many scores."""
+    return interpolate_table(point_table(points_x, points_y, np.size(c)), c)
 
 
 def _kept_points(points_x: np.ndarray, points_y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -600,10 +647,16 @@ class IsotonicMap:
         )
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
-        points = self._points
         if self.method == "isotonic":
-            return top_label_map(logp, lambda c: interpolate_points(*points[0], c))
+            table = self._point_table
+            return top_label_map(logp, lambda c: interpolate_table(table, c))
         return one_vs_rest_log_probabilities(self._values(logp))
+
+    @cached_property
+    def _point_table(self) -> PointTable:
+        """The top-label map's points as a :class:`PointTable`, made once (not at every
+        chunk)."""
+        return point_table(*self._points[0])
 
     @cached_property
     def _table(self) -> KnotTable:

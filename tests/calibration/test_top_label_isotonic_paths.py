@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from curvcal.calibration import isotonic
 from curvcal.calibration.isotonic import (
     TIE_RESOLUTION,
     _kept_points,
@@ -30,6 +31,16 @@ from curvcal.calibration.isotonic import (
 )
 from curvcal.calibration.ties import TIE_RELATIVE
 from curvcal.calibration.univariate import top_label_map
+
+
+@pytest.fixture(autouse=True, params=["cells", "as-shipped"])
+def cell_path_at_every_size(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test twice: with the cell lookup taken at every size (the test data are small), and
+    as shipped (numpy.interp below FEW_SCORES scores)."""
+    if request.param == "cells":
+        monkeypatch.setattr(isotonic, "FEW_SCORES", 0)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
