@@ -193,42 +193,6 @@ def pool_adjacent_violators(targets: np.ndarray, weights: np.ndarray) -> np.ndar
         weight = np.bincount(block, weights=weight)
         total = np.bincount(block, weights=total)
         size = np.bincount(block, weights=size).astype(np.int64)
-    return _stack_pool(weight, total, size)
-
-
-def _pool_counts(hits: np.ndarray, count: np.ndarray | None) -> np.ndarray:
-    """``pool_adjacent_violators(hits / count, count)`` bit for bit, for whole-number ``hits``
-    and ``count`` (int64; None: all 1) whose hits/count·count is hits exactly in float64 (so
-    every block's total is a whole number, summed exactly in any order): the same passes, each
-    block's total and weight differences of prefix sums instead of sums of its points."""
-    bounds = np.arange(len(hits) + 1)  # block b is the points bounds[b] … bounds[b + 1] − 1
-    hit_sum = np.zeros(len(hits) + 1, dtype=np.int64)
-    np.cumsum(hits, out=hit_sum[1:])
-    if count is None:
-        count_sum, total, weight = bounds, hits, np.ones(len(hits), dtype=np.int64)
-    else:
-        count_sum = np.zeros(len(hits) + 1, dtype=np.int64)
-        np.cumsum(count, out=count_sum[1:])
-        total, weight = hits, count
-    for _ in range(VECTOR_PASSES):
-        if len(weight) < 2:
-            break
-        mean = total / weight
-        violates = mean[:-1] >= mean[1:]
-        if not violates.any():
-            return np.repeat(mean, np.diff(bounds))
-        opens = np.ones(len(bounds), dtype=bool)
-        opens[1:-1] = ~violates
-        bounds = bounds[opens]
-        total = hit_sum[bounds[1:]] - hit_sum[bounds[:-1]]
-        weight = count_sum[bounds[1:]] - count_sum[bounds[:-1]]
-    return _stack_pool(weight.astype(np.float64), total.astype(np.float64), np.diff(bounds))
-
-
-def _stack_pool(weight: np.ndarray, total: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """The last pass of :func:`pool_adjacent_violators` over its blocks (``weight``, ``total``
-    and ``size`` in points): each pooled into the one before while that one's mean is larger;
-    each point's fitted value."""
     stack_weight: list[float] = []
     stack_total: list[float] = []
     stack_size: list[int] = []
@@ -270,13 +234,10 @@ def isotonic_points(x: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.n
     hit = packed & 1
     first = np.flatnonzero(tie_starts(xs))
     if len(first) == len(xs):  # every score its own group: its target is its mean
-        return _kept_points(xs, _pool_counts(hit, None))
-    count = np.diff(np.append(first, len(xs)))
-    hits = np.add.reduceat(hit, first)
-    mean = hits / count
-    if (mean * count == hits).all():  # every group's total is its hits: summed exactly
-        return _kept_points(xs[first], _pool_counts(hits, count))
-    return _kept_points(xs[first], pool_adjacent_violators(mean, count.astype(np.float64)))
+        return _kept_points(xs, pool_adjacent_violators(hit.astype(np.float64), np.ones(len(xs))))
+    count = np.diff(np.append(first, len(xs))).astype(np.float64)
+    mean = np.add.reduceat(hit, first) / count
+    return _kept_points(xs[first], pool_adjacent_violators(mean, count))
 
 
 def _packed_pairs(x: np.ndarray, target: np.ndarray) -> np.ndarray | None:

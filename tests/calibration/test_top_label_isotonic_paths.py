@@ -1,13 +1,13 @@
 """The top-label isotonic fit's and map's fast paths against plain references written here, bit
 for bit:
 
-* :func:`isotonic_points` (scores and 0/1 targets sorted as packed integers, group totals
-  pooled by prefix sums) against a lexsort, the tie rule applied score by score, each group's
-  mean and size, and :func:`pool_adjacent_violators` on every group: ties, near ties (within
-  16·2⁻⁵³ relative, the rule of curvcal.calibration.ties), groups whose mean times size is not
-  their count of right predictions in float64 (15/22·22, 1/49·49), saturated confidences, all right and
-  none right, N = 1 and 2, boolean targets, and the inputs that take the general path
-  (targets other than 0 and 1, scores of 2 or more, −0.0);
+* :func:`isotonic_points` (scores and 0/1 targets sorted as packed integers) against a
+  lexsort, the tie rule applied score by score, each group's mean and size, and
+  :func:`pool_adjacent_violators` on every group: ties, near ties (within 16·2⁻⁵³ relative,
+  the rule of curvcal.calibration.ties), groups whose mean times size is not their count of
+  right predictions in float64 (15/22·22, 27/49·49), saturated confidences, all right and none
+  right, N = 1 and 2, boolean targets, and the inputs that take the general path (targets
+  other than 0 and 1, scores of 2 or more, −0.0);
 * :func:`interpolate_points` (segments found from bit-pattern cells) against ``numpy.interp``:
   scores at, between, below and above the knots, above 1 and 2, knots a subnormal apart (an
   infinite slope), one and two knots, more knots than cells, NaN and negative scores;
