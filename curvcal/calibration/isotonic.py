@@ -343,7 +343,9 @@ class PointTable:
     knots' bit-pattern range is cut into cells of 2^``shift`` patterns starting at
     ``low_bits`` (non-negative finite float64 values have bit patterns that rise with the
     value), with cell 0 below x_0 and the last cell above x_{M−1}; ``cells`` gives each cell's
-    segment, or −1 where the cell holds knots (its scores are searched)."""
+    segment, or −1 where the cell holds knots (its scores are searched). The one difference
+    from numpy.interp: at a knot hit exactly whose y is −0.0 (a saved map can hold one, a fit
+    gives none) the value is +0.0."""
 
     x: np.ndarray
     y: np.ndarray
@@ -361,7 +363,10 @@ def point_table(
 ) -> PointTable:
     """The :class:`PointTable` of kept points, about :data:`CELLS_PER_KNOT` cells per knot (at
     most about ``n_scores``, the number of scores it will map, when given)."""
-    x, y = points_x + 0.0, points_y + 0.0  # a stored −0.0 acts as 0 (its bit pattern is negative)
+    x = (
+        np.asarray(points_x, dtype=np.float64) + 0.0
+    )  # a −0.0 knot as 0 (its bit pattern is negative)
+    y = np.asarray(points_y, dtype=np.float64)
     knot_bits = x.view(np.int64)
     low_bits = int(knot_bits[0]) if len(x) else 0
     span = int(knot_bits[-1]) - low_bits if len(x) else 0
