@@ -6,7 +6,8 @@ and return N calibrated confidences; curvcal's map (``bench_calibration.py --map
 logits and returns the calibrated N×K rows, about 16 passes over N×K more (benchmarks/README.md).
 This benchmark times the same one-dimensional work on both sides: fit on (c, correct) and map
 the N confidences, curvcal's kernels (:func:`~curvcal.calibration.binning.histogram_edges`,
-:func:`~curvcal.calibration.binning.histogram_values`, :func:`~curvcal.calibration.isotonic.isotonic_points`)
+:func:`~curvcal.calibration.binning.histogram_values`, :func:`~curvcal.calibration.binning.cell_bin_of`, :func:`~curvcal.calibration.isotonic.isotonic_points`,
+:func:`~curvcal.calibration.isotonic.interpolate_points`, which the map's apply uses)
 against the peers', interleaved, one thread, the minimum CPU seconds (``time.process_time``) of
 ``--repeats``, with the largest difference of the outputs::
 
@@ -30,8 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calibration import N_BINS, probabilities, synthetic_logits, top_label_pairs
 
-from curvcal.calibration.binning import bin_of, histogram_edges, histogram_values
-from curvcal.calibration.isotonic import isotonic_points
+from curvcal.calibration.binning import cell_bin_of, histogram_edges, histogram_values
+from curvcal.calibration.isotonic import interpolate_points, isotonic_points
 
 
 def tasks(c: np.ndarray, correct: np.ndarray) -> dict[str, tuple[str, Callable[[], np.ndarray]]]:
@@ -40,11 +41,11 @@ def tasks(c: np.ndarray, correct: np.ndarray) -> dict[str, tuple[str, Callable[[
     def curvcal_histogram() -> np.ndarray:
         edges = histogram_edges(c, N_BINS, "equal-width")
         values, _empty = histogram_values(c, correct, edges)
-        return values[bin_of(c, edges)]
+        return values[cell_bin_of(c, edges)]
 
     def curvcal_isotonic() -> np.ndarray:
         points_x, points_y = isotonic_points(c, correct)
-        return np.interp(c, points_x, points_y)
+        return interpolate_points(points_x, points_y, c)
 
     def netcal_histogram() -> np.ndarray:
         from netcal.binning import HistogramBinning

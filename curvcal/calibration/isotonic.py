@@ -212,14 +212,53 @@ def pool_adjacent_violators(targets: np.ndarray, weights: np.ndarray) -> np.ndar
 
 
 def isotonic_points(x: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The kept fitted points (x_i, ŷ_i) of isotonic regression of ``target`` on ``x``."""
-    order = np.lexsort((target, x))
-    xs, ts = x[order], target[order].astype(np.float64)
-    opens = tie_starts(xs)
-    group = np.cumsum(opens) - 1
-    count = np.bincount(group).astype(np.float64)
-    mean = np.bincount(group, weights=ts) / count
-    return _kept_points(xs[opens], pool_adjacent_violators(mean, count))
+    """The kept fitted points (x_i, ŷ_i) of isotonic regression of ``target`` on ``x``.
+
+    The scores are sorted with their targets (ties by target, ascending); each tie group
+    (:func:`tie_starts`) is one point, its mean target weighted by its size, pooled by
+    :func:`pool_adjacent_violators`. Targets of 0 and 1 (correctness) with float64 scores in
+    [0, 2) take one integer sort of the scores' bit patterns with the target in the lowest bit
+    (the same order, so the same points bit for bit: a group's sum of 0s and 1s is exact in
+    any order)."""
+    packed = _packed_pairs(x, target)
+    if packed is None:
+        order = np.lexsort((target, x))
+        xs, ts = x[order], target[order].astype(np.float64)
+        opens = tie_starts(xs)
+        group = np.cumsum(opens) - 1
+        count = np.bincount(group).astype(np.float64)
+        mean = np.bincount(group, weights=ts) / count
+        return _kept_points(xs[opens], pool_adjacent_violators(mean, count))
+    packed.sort()
+    xs = (packed >> 1).view(np.float64)
+    hit = packed & 1
+    first = np.flatnonzero(tie_starts(xs))
+    if len(first) == len(xs):  # every score its own group: its target is its mean
+        return _kept_points(xs, pool_adjacent_violators(hit.astype(np.float64), np.ones(len(xs))))
+    count = np.diff(np.append(first, len(xs))).astype(np.float64)
+    mean = np.add.reduceat(hit, first) / count
+    return _kept_points(xs[first], pool_adjacent_violators(mean, count))
+
+
+def _packed_pairs(x: np.ndarray, target: np.ndarray) -> np.ndarray | None:
+    """int64 ``bits(x) << 1 | target`` of float64 scores in [0, 2) (+0.0 included, −0.0 and NaN
+    not) and targets of 0 and 1, whose ascending order is ``lexsort((target, x))``'s (bit
+    patterns of non-negative float64 values rise with the value); None for other inputs."""
+    if x.dtype != np.float64 or x.ndim != 1 or len(x) == 0:
+        return None
+    bits = np.ascontiguousarray(x).view(np.int64)
+    if bits.min() < 0 or bits.max() >= _BITS_OF_TWO:
+        return None
+    hit = np.asarray(target)
+    if hit.dtype == np.bool_:
+        hit = hit.astype(np.int64)
+    elif not ((hit == 0) | (hit == 1)).all():
+        return None
+    else:
+        hit = hit.astype(np.int64)
+    packed = bits << 1
+    packed |= hit
+    return packed
 
 
 def one_vs_rest_points(
@@ -285,6 +324,114 @@ def _class_points(
     return ranked[first[kept]], values
 
 
+#: Cells per knot of a :class:`PointTable` (fewer where there are fewer scores to map, or
+#: more than :data:`TABLE_ENTRIES` cells).
+CELLS_PER_KNOT = 128
+#: Below this many scores numpy's own search (``numpy.interp``, ``torch.bucketize``) is the
+#: faster lookup (measured: level at about 500–1,000 scores, 2–4× slower from 4,096 up).
+FEW_SCORES = 512
+
+
+@dataclass(frozen=True)
+class PointTable:
+    """One map's kept points (x rising strictly in [0, 2), y not falling) for evaluating its
+    interpolation at many scores (:func:`interpolate_table`), ``numpy.interp`` bit for bit.
+
+    Segment j ∈ {0, …, M} holds the scores with x_{j−1} ≤ c < x_j (x_{−1} = −∞, x_M = +∞) and
+    gives ``slope[j]·(c − origin[j]) + value[j]``, as in :class:`KnotTable`: numpy.interp's
+    formula term for term between knots, slope 0 at the clip below x_0 and from x_{M−1} up. The
+    knots' bit-pattern range is cut into cells of 2^``shift`` patterns starting at
+    ``low_bits`` (non-negative finite float64 values have bit patterns that rise with the
+    value), with cell 0 below x_0 and the last cell above x_{M−1}; ``cells`` gives each cell's
+    segment, or −1 where the cell holds knots (its scores are searched). The one difference
+    from numpy.interp: at a knot hit exactly whose y is −0.0 (a saved map can hold one, a fit
+    gives none) the value is +0.0."""
+
+    x: np.ndarray
+    y: np.ndarray
+    origin: np.ndarray
+    slope: np.ndarray
+    value: np.ndarray
+    cells: np.ndarray
+    low_bits: int
+    shift: int
+    steep: bool
+
+
+def point_table(
+    points_x: np.ndarray, points_y: np.ndarray, n_scores: int | None = None
+) -> PointTable:
+    """The :class:`PointTable` of kept points, about :data:`CELLS_PER_KNOT` cells per knot (at
+    most about ``n_scores``, the number of scores it will map, when given)."""
+    x = (
+        np.asarray(points_x, dtype=np.float64) + 0.0
+    )  # a −0.0 knot as 0 (its bit pattern is negative)
+    y = np.asarray(points_y, dtype=np.float64)
+    knot_bits = x.view(np.int64)
+    low_bits = int(knot_bits[0]) if len(x) else 0
+    span = int(knot_bits[-1]) - low_bits if len(x) else 0
+    wanted = min(CELLS_PER_KNOT * len(x), TABLE_ENTRIES)
+    if n_scores is not None:
+        wanted = min(wanted, max(n_scores, 64))
+    shift = max(0, span.bit_length() - max(wanted, 1).bit_length())
+    n_cells = (span >> shift) + 3  # below x_0, the range, above x_{M−1}
+    counts = np.bincount(((knot_bits - low_bits) >> shift) + 1, minlength=n_cells)
+    lowest = np.cumsum(counts) - counts  # the segment of each cell's lowest value
+    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
+        slope = np.concatenate([[0.0], np.diff(y) / np.diff(x), [0.0]])
+    return PointTable(
+        x=x,
+        y=y,
+        origin=np.concatenate([x[:1], x]),
+        slope=slope,
+        value=np.concatenate([y[:1], y]),
+        cells=np.where(counts > 0, -1, lowest),
+        low_bits=low_bits,
+        shift=shift,
+        steep=bool(np.isinf(slope).any()),
+    )
+
+
+def interpolate_table(table: PointTable, c: np.ndarray) -> np.ndarray:
+    """``numpy.interp(c, x, y)`` of the table's points at float64 scores ``c`` (any shape), bit
+    for bit: each score's cell gives its segment, and only scores in cells holding knots are
+    searched (``numpy.searchsorted``). Fewer than :data:`FEW_SCORES` scores, scores that are not
+    non-negative and finite (−0.0, NaN, ±∞, negative) and maps of fewer than two points go to
+    numpy.interp."""
+    bits = np.ascontiguousarray(c, dtype=np.float64).reshape(-1).view(np.int64)
+    if (
+        len(table.x) < 2
+        or not len(bits)
+        or len(bits) < FEW_SCORES
+        or bits.min() < 0
+        or bits.max() >= _BITS_OF_INFINITY
+    ):
+        return np.interp(c, table.x, table.y)
+    cell = bits - table.low_bits
+    cell >>= table.shift
+    cell += 1
+    np.clip(cell, 0, len(table.cells) - 1, out=cell)
+    segment = np.take(table.cells, cell)
+    inside = np.flatnonzero(segment < 0)  # cells holding knots: searched
+    segment[inside] = np.searchsorted(table.x, bits[inside].view(np.float64), side="right")
+    out = np.take(table.origin, segment)
+    np.subtract(bits.view(np.float64), out, out=out)
+    with np.errstate(invalid="ignore"):  # ∞ · 0 at the knot of an infinite slope: below
+        out *= np.take(table.slope, segment)
+    out += np.take(table.value, segment)
+    if table.steep:  # an infinite slope times 0 where c is its knot: numpy.interp's y there
+        at_knot = np.isnan(out)
+        out[at_knot] = table.value[segment[at_knot]]
+    return out.reshape(np.shape(c))
+
+
+def interpolate_points(points_x: np.ndarray, points_y: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``numpy.interp(c, points_x, points_y)`` bit for bit for fitted points (x rising strictly
+    in [0, 2), y not falling): :func:`interpolate_table` of their :func:`point_table`, made for
+    this many scores."""
+    return interpolate_table(point_table(points_x, points_y, np.size(c)), c)
+
+
 def _kept_points(points_x: np.ndarray, points_y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The fitted points without those whose ŷ equals both neighbours' (they change nothing)."""
     keep = np.ones(len(points_y), dtype=bool)
@@ -300,6 +447,8 @@ TABLE_ENTRIES = 1 << 21
 #: Bit patterns of non-negative float64 values rise with the value, and every score below 2 has
 #: one below this; the top cell holds every larger score.
 _BITS_OF_TWO = int(np.float64(2.0).view(np.int64))
+#: The bit pattern of +∞: every finite non-negative float64 value has a smaller one.
+_BITS_OF_INFINITY = int(np.float64(np.inf).view(np.int64))
 
 
 @dataclass(frozen=True)
@@ -464,10 +613,16 @@ class IsotonicMap:
         )
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
-        points = self._points
         if self.method == "isotonic":
-            return top_label_map(logp, lambda c: np.interp(c, *points[0]))
+            table = self._point_table
+            return top_label_map(logp, lambda c: interpolate_table(table, c))
         return one_vs_rest_log_probabilities(self._values(logp))
+
+    @cached_property
+    def _point_table(self) -> PointTable:
+        """The top-label map's points as a :class:`PointTable`, made once (not at every
+        chunk)."""
+        return point_table(*self._points[0])
 
     @cached_property
     def _table(self) -> KnotTable:
