@@ -414,15 +414,7 @@ def interpolate_table(table: PointTable, c: np.ndarray) -> np.ndarray:
     segment = np.take(table.cells, cell)
     inside = np.flatnonzero(segment < 0)  # cells holding knots: searched
     segment[inside] = np.searchsorted(table.x, bits[inside].view(np.float64), side="right")
-    out = np.take(table.origin, segment)
-    np.subtract(bits.view(np.float64), out, out=out)
-    with np.errstate(invalid="ignore"):  # ∞ · 0 at the knot of an infinite slope: below
-        out *= np.take(table.slope, segment)
-    out += np.take(table.value, segment)
-    if table.steep:  # an infinite slope times 0 where c is its knot: numpy.interp's y there
-        at_knot = np.isnan(out)
-        out[at_knot] = table.value[segment[at_knot]]
-    return out.reshape(np.shape(c))
+    return _on_segments(table, segment, bits.view(np.float64)).reshape(np.shape(c))
 
 
 def interpolate_points(points_x: np.ndarray, points_y: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -546,15 +538,7 @@ def interpolate(table: KnotTable, p: np.ndarray) -> np.ndarray:
             low[open_] = np.where(below, middle, low[open_])
             high[open_] = np.where(below, high[open_], middle)
         flat[inside] = low
-    out = np.take(table.origin, segment)
-    np.subtract(p, out, out=out)
-    with np.errstate(invalid="ignore"):  # ∞ · 0 at the knot of an infinite slope: below
-        out *= np.take(table.slope, segment)
-    out += np.take(table.value, segment)
-    if table.steep:  # an infinite slope times 0 where x is its knot: numpy.interp's y there
-        at_knot = np.isnan(out)
-        out[at_knot] = table.value[segment[at_knot]]
-    return out
+    return _on_segments(table, segment, p)
 
 
 @dataclass(frozen=True)
@@ -732,3 +716,18 @@ def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarra
         check_unit(row_x, source, "x")
         check_unit(row_y, source, "y")
     return xs, ys
+
+
+def _on_segments(table: PointTable | KnotTable, segment: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """slope[j]·(x − origin[j]) + value[j] for each x and its segment j of ``table``
+    (:class:`PointTable` or :class:`KnotTable`: numpy.interp's formula, term for term), with
+    numpy.interp's y at the knot of an infinite slope (∞ · 0 there)."""
+    out = np.take(table.origin, segment)
+    np.subtract(x, out, out=out)
+    with np.errstate(invalid="ignore"):  # ∞ · 0 at the knot of an infinite slope: below
+        out *= np.take(table.slope, segment)
+    out += np.take(table.value, segment)
+    if table.steep:
+        at_knot = np.isnan(out)
+        out[at_knot] = table.value[segment[at_knot]]
+    return out

@@ -25,7 +25,6 @@ import torch
 
 from curvcal.calibration.isotonic import (
     FRONTIER_RUNS,
-    TIE_RESOLUTION,
     _kept_points,
     fit_isotonic,
     interpolate,
@@ -39,23 +38,12 @@ from curvcal.calibration.univariate import (
     exp_of_log_probabilities,
     one_vs_rest_log_probabilities,
 )
+from tests.calibration.test_isotonic_ties import sequential_starts
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return a.shape == b.shape and bool((a.view(np.int64) == b.view(np.int64)).all())
-
-
-def sequential_starts(x: np.ndarray) -> np.ndarray:
-    """The tie rule as written: a score opens a group when it is at least the resolution
-    above the current group's first score."""
-    start = np.zeros(len(x), dtype=bool)
-    first = 0
-    for j in range(len(x)):
-        if j == 0 or x[j] - x[first] >= TIE_RESOLUTION:
-            start[j] = True
-            first = j
-    return start
 
 
 def column_points(x: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,6 @@ import torch
 
 from curvcal.calibration import isotonic
 from curvcal.calibration.isotonic import (
-    TIE_RESOLUTION,
     _kept_points,
     fit_isotonic,
     interpolate_points,
@@ -31,6 +30,7 @@ from curvcal.calibration.isotonic import (
 )
 from curvcal.calibration.ties import TIE_RELATIVE
 from curvcal.calibration.univariate import top_label_map
+from tests.calibration.test_isotonic_ties import sequential_starts
 
 
 @pytest.fixture(autouse=True, params=["cells", "as-shipped"])
@@ -53,12 +53,7 @@ def reference_points(x: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.
     each group's mean target and size pooled by pool-adjacent-violators."""
     order = np.lexsort((target, x))
     xs, ts = x[order], np.asarray(target, dtype=np.float64)[order]
-    opens = np.zeros(len(xs), dtype=bool)
-    first = 0
-    for j in range(len(xs)):
-        if j == 0 or xs[j] - xs[first] >= TIE_RESOLUTION:
-            opens[j] = True
-            first = j
+    opens = sequential_starts(xs)
     group = np.cumsum(opens) - 1
     count = np.bincount(group).astype(np.float64)
     mean = np.bincount(group, weights=ts) / count
