@@ -653,9 +653,10 @@ class _FullProblem:
                 q = last_q[1]
             else:
                 q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
-            # The product and the preconditioner in float32 (half the time of two N×K×(K+1)
-            # and six K×K×(K+1) products): they only steer the step; the gradient that
-            # decides convergence stays float64.
+            # The product in float32 (half the time of two N×K×(K+1) and two K×(K+1)×(K+1)
+            # products): it only steers the step; the gradient that decides convergence stays
+            # float64. The preconditioner stays float64: float32's rounding of the directions
+            # where M's eigenvalues are tiny, times their huge inverse, would swamp the rest.
             product_dtype = precision[0]
             a_product = a32 if product_dtype == torch.float32 else a
             p_product = p.to(product_dtype)
@@ -686,14 +687,12 @@ class _FullProblem:
             curvature = torch.diag(q.mean(0)) - q.T @ q / n
             m_values, m_vectors = torch.linalg.eigh(curvature)
             inverse = 1.0 / (m_values.clamp_min(0.0)[:, None] + penalty_values[None, :])
-            inverse = torch.where(torch.isfinite(inverse), inverse, 0.0).to(product_dtype)
-            q_basis = m_vectors.to(product_dtype)
-            u_basis = penalty_vectors.to(product_dtype)
+            inverse = torch.where(torch.isfinite(inverse), inverse, 0.0)
 
             def precondition(vector: np.ndarray) -> np.ndarray:
                 d = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float64)).view(k, k + 1)
-                rotated = q_basis.T @ d.to(product_dtype) @ u_basis
-                out = (q_basis @ (inverse * rotated) @ u_basis.T).to(torch.float64)
+                rotated = m_vectors.T @ d @ penalty_vectors
+                out = m_vectors @ (inverse * rotated) @ penalty_vectors.T
                 if unregularised:
                     # Without a regulariser L ignores a common shift of every class's row of
                     # Ṽ (softmax ignores it); M's eigenvalue there is 0 only up to rounding,
