@@ -426,13 +426,15 @@ def _steihaug(
     radius: float,
     rtol: float,
     max_products: int,
+    floor: float = -math.inf,
 ) -> tuple[np.ndarray, float, float]:
     """Steihaug–Toint truncated conjugate gradients: an approximate minimiser d of the model
     m(d) = gᵀd + ½ dᵀHd (g = ``gradient``, H by ``times``) within ‖d‖_M ≤ ``radius``, in the
     norm of M, the matrix whose inverse ``precondition`` applies (the identity when ``None``).
     Preconditioned CG from d = 0; it stops at a relative residual ‖Hd + g‖ ≤ ``rtol`` ‖g‖, on
     the boundary (the last direction followed to it) when an iterate would leave the region or
-    meets dᵀHd ≤ 0, or after ``max_products`` products. ‖d‖_M is carried by the recurrences of
+    meets dᵀHd ≤ 0, where m would fall under ``floor`` (at m = ``floor``), or after
+    ``max_products`` products. ‖d‖_M is carried by the recurrences of
     Gould et al. (1999), so M itself is never applied. Returns d, m(d) and ‖d‖_M (``radius`` when d
     is on the boundary)."""
 
@@ -452,11 +454,19 @@ def _steihaug(
         hp = times(p)
         curvature = float(p @ hp)
         r_p = float(r @ p)
+        if not curvature > 0.0 and math.isinf(radius):
+            break  # no region to go to the edge of: keep the iterate so far
         alpha = rz / curvature if curvature > 0.0 else math.inf
         if not curvature > 0.0 or d_md + 2.0 * alpha * d_mp + alpha * alpha * p_mp >= radius**2:
             # To the boundary along p: the positive root of ‖d + τp‖²_M = radius².
             tau = (-d_mp + math.sqrt(max(d_mp**2 + p_mp * (radius**2 - d_md), 0.0))) / p_mp
             return d + tau * p, model + tau * r_p + 0.5 * tau * tau * curvature, radius
+        if model + alpha * r_p + 0.5 * alpha * alpha * curvature < floor:
+            # the first τ on p where m = floor: ½ c τ² + (rᵀp) τ + (m − floor) = 0, r_p < 0
+            disc = max(r_p * r_p - 2.0 * curvature * (model - floor), 0.0)
+            tau = (-r_p - math.sqrt(disc)) / curvature
+            norm = d_md + 2.0 * tau * d_mp + tau * tau * p_mp
+            return d + tau * p, floor, math.sqrt(max(norm, 0.0))
         d += alpha * p
         r += alpha * hp
         model += alpha * r_p + 0.5 * alpha * alpha * curvature
@@ -496,20 +506,23 @@ def _trust_newton(
     boundary: twice the radius; after backtracking: the length kept. Far from the minimum,
     where the model is poor (a weak regulariser, many classes), CG stops at the boundary after
     a few products instead of running to its cap and the step cannot overshoot far; near it
-    every step is interior: plain Newton. The first radius is √(2 L(θ₀)) (the decrease
-    ½‖d‖²_H that the model predicts for an interior step cannot exceed L ≥ 0). Returns the
-    point, the steps kept and whether g ended under ``gradient_tol``."""
+    every step is interior: plain Newton. There is no radius until the model first predicts
+    a decrease larger than L itself, which L ≥ 0 cannot make: CG stops there (m = −L) and
+    that step's length is the first radius. Returns the point, the steps kept and whether g
+    ended under ``gradient_tol``."""
     theta = theta0
     value, gradient = value_and_gradient(theta)
     current = measure(gradient)
-    radius = math.sqrt(2.0 * max(value, 0.0)) or 1.0
+    radius = math.inf
     target = POLISH_FACTOR * gradient_tol
     steps = 0
     progress = 0.0
     while steps < max_steps and not current < target:
         times, precondition = hessian_at(theta)
         rtol = min(0.5, max(math.sqrt(current), 0.5 * target / current, progress))
-        step, model, length = _steihaug(times, precondition, gradient, radius, rtol, CG_ITERATIONS)
+        step, model, length = _steihaug(
+            times, precondition, gradient, radius, rtol, CG_ITERATIONS, -value
+        )
         slope = float(gradient @ step)
         if not (model < 0.0 and slope < 0.0):
             break
@@ -529,6 +542,8 @@ def _trust_newton(
             scale *= 0.25
         else:
             break
+        if model == -value and math.isinf(radius):
+            radius = length  # the first time the model's floor stopped a step
         if ratio < 0.25:
             radius = 0.25 * scale * length
         elif scale < 1.0:

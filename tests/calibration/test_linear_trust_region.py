@@ -98,3 +98,15 @@ def test_far_from_the_minimum_the_first_steps_do_not_overshoot() -> None:
         fit_linear(z, y, "dirichlet", l2_off_diagonal=0.01, l2_bias=0.01, trace=trace)
     assert min(seen) < 0.05 * seen[0]
     assert max(seen) < 1000.0 * seen[0]
+
+
+def test_the_model_floor_stops_the_step_where_the_model_reaches_it() -> None:
+    h, m, m_inverse, g = _problem(4)
+    full = np.linalg.solve(h, -g)
+    floor = 0.5 * (g @ full + 0.5 * full @ h @ full)  # half the model's whole decrease
+    d, model, length = _steihaug(
+        lambda v: h @ v, lambda v: m_inverse @ v, g, np.inf, 1e-12, 200, floor
+    )
+    assert model == floor
+    assert g @ d + 0.5 * d @ h @ d == pytest.approx(floor, rel=1e-9)
+    assert length == pytest.approx(np.sqrt(d @ m @ d), rel=1e-9)
