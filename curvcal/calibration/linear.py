@@ -26,9 +26,9 @@ gradient falls under :data:`GRADIENT_TOL` (``converged``) or after :data:`MAX_IT
 line search that ends early is restarted, at most :data:`RESTARTS` times), then polishes with
 Newton steps (conjugate gradients on exact Hessian-vector products, a step kept only when it
 lowers max |gradient|), and says whether the gradient ended under the tolerance. The full maps
-are fitted in whitened coordinates (:class:`_FullProblem`) by preconditioned inexact Newton
-from the start (:func:`_newton`; L-BFGS and the polish only if it stalls): the same minimiser,
-far fewer passes over the data. Gradients are closed form: with G = (q − onehot(y))/N, ∂L/∂w = Σ_n G_n ⊙ x_n,
+are fitted in whitened coordinates (:class:`_FullProblem`) by a preconditioned trust-region
+Newton–CG from the start (:func:`_trust_newton`; L-BFGS and the polish only if it stalls): the
+same minimiser, far fewer passes over the data. Gradients are closed form: with G = (q − onehot(y))/N, ∂L/∂w = Σ_n G_n ⊙ x_n,
 ∂L/∂W = Gᵀx (+ the regulariser), ∂L/∂b = Σ_n G_n. Pure: no file I/O, no printing, no global
 RNG.
 """
@@ -77,6 +77,11 @@ CG_ITERATIONS = 200
 #: halvings of a step in its line search.
 NEWTON_ITERATIONS = 100
 LINE_SEARCH_HALVINGS = 30
+#: The full maps' trust-region Newton (:func:`_trust_newton`) keeps a step when L falls by at
+#: least this fraction of the decrease its quadratic model predicts, and gives up at a point
+#: after this many tries along a step (each a quarter of the last).
+TRUST_ACCEPT = 1e-4
+TRUST_REJECTIONS = 30
 #: Relative residual at which conjugate gradients stop: an inexact Newton step still shrinks
 #: the gradient by about this factor (and each step starts from a new Hessian, so a loose
 #: solve costs steps, not accuracy).
@@ -414,6 +419,146 @@ def _newton(
     return theta, steps, current < gradient_tol
 
 
+def _steihaug(
+    times: Callable[[np.ndarray], np.ndarray],
+    precondition: Callable[[np.ndarray], np.ndarray] | None,
+    gradient: np.ndarray,
+    radius: float,
+    rtol: float,
+    max_products: int,
+    floor: float = -math.inf,
+) -> tuple[np.ndarray, float, float]:
+    """Steihaug–Toint truncated conjugate gradients: an approximate minimiser d of the model
+    m(d) = gᵀd + ½ dᵀHd (g = ``gradient``, H by ``times``) within ‖d‖_M ≤ ``radius``, in the
+    norm of M, the matrix whose inverse ``precondition`` applies (the identity when ``None``).
+    Preconditioned CG from d = 0; it stops at a relative residual ‖Hd + g‖ ≤ ``rtol`` ‖g‖, on
+    the boundary (the last direction followed to it) when an iterate would leave the region or
+    meets dᵀHd ≤ 0, where m would fall under ``floor`` (at m = ``floor``), or after
+    ``max_products`` products. ‖d‖_M is carried by the recurrences of
+    Gould et al. (1999), so M itself is never applied. Returns d, m(d) and ‖d‖_M (``radius`` when d
+    is on the boundary)."""
+
+    def apply(vector: np.ndarray) -> np.ndarray:
+        return vector.copy() if precondition is None else precondition(vector)
+
+    d = np.zeros_like(gradient)
+    r = gradient.copy()
+    z = apply(r)
+    p = -z
+    rz = float(r @ z)
+    stop = rtol * float(np.linalg.norm(gradient))
+    d_md, d_mp, p_mp, model = 0.0, 0.0, rz, 0.0
+    for _ in range(max_products):
+        if not rz > 0.0:
+            break
+        hp = times(p)
+        curvature = float(p @ hp)
+        r_p = float(r @ p)
+        if not curvature > 0.0 and math.isinf(radius):
+            break  # no region to go to the edge of: keep the iterate so far
+        alpha = rz / curvature if curvature > 0.0 else math.inf
+        if not curvature > 0.0 or d_md + 2.0 * alpha * d_mp + alpha * alpha * p_mp >= radius**2:
+            # To the boundary along p: the positive root of ‖d + τp‖²_M = radius².
+            tau = (-d_mp + math.sqrt(max(d_mp**2 + p_mp * (radius**2 - d_md), 0.0))) / p_mp
+            return d + tau * p, model + tau * r_p + 0.5 * tau * tau * curvature, radius
+        if model + alpha * r_p + 0.5 * alpha * alpha * curvature < floor:
+            # the first τ on p where m = floor: ½ c τ² + (rᵀp) τ + (m − floor) = 0, r_p < 0
+            disc = max(r_p * r_p - 2.0 * curvature * (model - floor), 0.0)
+            tau = (-r_p - math.sqrt(disc)) / curvature
+            norm = d_md + 2.0 * tau * d_mp + tau * tau * p_mp
+            return d + tau * p, floor, math.sqrt(max(norm, 0.0))
+        d += alpha * p
+        r += alpha * hp
+        model += alpha * r_p + 0.5 * alpha * alpha * curvature
+        d_md += 2.0 * alpha * d_mp + alpha * alpha * p_mp
+        if float(np.linalg.norm(r)) <= stop:
+            break
+        z = apply(r)
+        rz_next = float(r @ z)
+        beta = rz_next / rz
+        d_mp = beta * (d_mp + alpha * p_mp)
+        p_mp = rz_next + beta * beta * p_mp
+        p = -z + beta * p
+        rz = rz_next
+    return d, model, math.sqrt(max(d_md, 0.0))
+
+
+def _trust_newton(
+    value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
+    hessian_at: Callable[[np.ndarray], _Hessian],
+    measure: Callable[[np.ndarray], float],
+    theta0: np.ndarray,
+    gradient_tol: float,
+    max_steps: int,
+) -> tuple[np.ndarray, int, bool]:
+    """Trust-region inexact Newton (Newton–CG, Steihaug) from ``theta0``, for the full maps.
+
+    Each step minimises L's quadratic model m within a radius Δ in the preconditioner's norm
+    by :func:`_steihaug`, to a relative residual η = min(½, max(√g, t/(2g))) (g =
+    ``measure``(∇L), the max |∂L/∂θ| in the map's own parameters, t = ``POLISH_FACTOR`` ·
+    ``gradient_tol``) as :func:`_newton` does, loosened to Eisenstat and Walker's 0.9 (g/g₋₁)²
+    when the last step cut g by less than that. The step d is kept when L falls by at least
+    :data:`TRUST_ACCEPT` of the model's decrease (near the minimum, where L's rounding hides
+    its decrease, when it lowers g instead); when it does not, τd is tried for τ = ¼, 1/16, …
+    (m(τd) = τ gᵀd + τ² ½ dᵀHd: no new products), as in Nocedal and Yuan's (1998) trust
+    region with backtracking. The ratio ρ of L's decrease to m's at the step kept sets the
+    next radius: ρ < ¼: a quarter of the step's length; ρ > ¾ with the whole step on the
+    boundary: twice the radius; after backtracking: the length kept. Far from the minimum,
+    where the model is poor (a weak regulariser, many classes), CG stops at the boundary after
+    a few products instead of running to its cap and the step cannot overshoot far; near it
+    every step is interior: plain Newton. There is no radius until the model first predicts
+    a decrease larger than L itself, which L ≥ 0 cannot make: CG stops there (m = −L) and
+    that step's length is the first radius. Returns the point, the steps kept and whether g
+    ended under ``gradient_tol``."""
+    theta = theta0
+    value, gradient = value_and_gradient(theta)
+    current = measure(gradient)
+    radius = math.inf
+    target = POLISH_FACTOR * gradient_tol
+    steps = 0
+    progress = 0.0
+    while steps < max_steps and not current < target:
+        times, precondition = hessian_at(theta)
+        rtol = min(0.5, max(math.sqrt(current), 0.5 * target / current, progress))
+        step, model, length = _steihaug(
+            times, precondition, gradient, radius, rtol, CG_ITERATIONS, -value
+        )
+        slope = float(gradient @ step)
+        if not (model < 0.0 and slope < 0.0):
+            break
+        half_curvature = model - slope  # ½ dᵀHd
+        scale = 1.0
+        for _ in range(TRUST_REJECTIONS):
+            candidate = theta + scale * step
+            new_value, new_gradient = value_and_gradient(candidate)
+            new = measure(new_gradient)
+            predicted = scale * slope + scale * scale * half_curvature
+            if abs(new_value - value) <= 1e-12 * max(abs(value), 1.0):
+                ratio = 1.0 if new < current else 0.0
+            else:
+                ratio = (value - new_value) / -predicted
+            if ratio >= TRUST_ACCEPT:
+                break
+            scale *= 0.25
+        else:
+            break
+        if model == -value and math.isinf(radius):
+            radius = length  # the first time the model's floor stopped a step
+        if ratio < 0.25:
+            radius = 0.25 * scale * length
+        elif scale < 1.0:
+            radius = scale * length
+        elif ratio > 0.75 and length >= radius:
+            radius *= 2.0
+        # Eisenstat and Walker's (1996) forcing term 0.9 (g_new / g)²: when the last step cut g
+        # by a factor only (a nearly interpolating fit, where L's tail is exponential and a
+        # Newton step gains about a factor e whatever the solve), a tighter solve buys nothing.
+        progress = 0.9 * (new / current) ** 2 if current > 0.0 else 0.0
+        theta, value, gradient, current = candidate, new_value, new_gradient, new
+        steps += 1
+    return theta, steps, current < gradient_tol
+
+
 class _FullProblem:
     """The NLL of a full map s = W x + b on fixed (x, y), in whitened coordinates.
 
@@ -523,22 +668,31 @@ class _FullProblem:
                 q = last_q[1]
             else:
                 q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
-            # The data part of the product in float32 (half the time of two N×K×(K+1)
-            # products): it only steers the step; the gradient that decides convergence, and
-            # the regulariser's part, stay float64.
+            # The product in float32 (half the time of two N×K×(K+1) and two K×(K+1)×(K+1)
+            # products): it only steers the step; the gradient that decides convergence stays
+            # float64. The preconditioner stays float64: float32's rounding of the directions
+            # where M's eigenvalues are tiny, times their huge inverse, would swamp the rest.
             product_dtype = precision[0]
             a_product = a32 if product_dtype == torch.float32 else a
+            p_product = p.to(product_dtype)
+            penalty_product = (2.0 * penalty).to(product_dtype)
             q32 = q.to(product_dtype)
+            top = q.argmax(1, keepdim=True)
 
             def times(vector: np.ndarray) -> np.ndarray:
                 dvt = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float64))
                 dvt = dvt.view(k, k + 1)
                 ds = a_product @ dvt.T.to(product_dtype)
+                # (diag q − q qᵀ) ds ignores a shift of ds's row; measured from the most
+                # probable class's entry, q ⊙ ds − q (qᵀds) loses nothing to cancellation when
+                # q is nearly one-hot (where the fit nearly interpolates, as at K = 1000 with
+                # few samples per class, float32 would otherwise keep no digit of it).
+                ds -= ds.gather(1, top)
                 r = q32 * ds
                 r -= q32 * r.sum(1, keepdim=True)
-                product = (r.T @ a_product).to(torch.float64) / n
-                product += (2.0 * penalty * (dvt @ p)) @ p
-                return product.reshape(-1).numpy()
+                product = r.T @ a_product / n
+                product += (penalty_product * (dvt.to(product_dtype) @ p_product)) @ p_product
+                return product.to(torch.float64).reshape(-1).numpy()
 
             # H ≈ M ⊗ I + I ⊗ U D Uᵀ: the mean softmax curvature M = mean_n(diag q_n − q_n q_nᵀ)
             # times the whitened scores' second moment (the identity), plus the regulariser
@@ -570,7 +724,7 @@ class _FullProblem:
             g = torch.from_numpy(np.ascontiguousarray(gradient)).view(k, k + 1)
             return float((g @ self.p_inverse).abs().max())
 
-        theta, iterations, done = _newton(
+        theta, iterations, done = _trust_newton(
             value_and_gradient,
             hessian_at,
             measure,
@@ -580,7 +734,7 @@ class _FullProblem:
         )
         if not done and precision[0] == torch.float32:
             precision[0] = torch.float64
-            theta, more, done = _newton(
+            theta, more, done = _trust_newton(
                 value_and_gradient,
                 hessian_at,
                 measure,
