@@ -31,6 +31,7 @@ import io
 import json
 import math
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ QUICK_SIZES = "400x8x3,300x6x12"
 #: ``full`` up to this many parameters: a P×P float64 GGN of 210 MB (laplace-torch also holds a
 #: float32 identity of P² and a float64 copy for the inverse).
 FULL_MAX = 5200
+LIBRARIES = (("curvcal", "curvcal_stages"), ("laplace-torch", "peer_stages"))
 
 
 def problem(n: int, d: int, k: int, n_eval: int, seed: int = 0) -> dict[str, Tensor]:
@@ -64,12 +66,19 @@ def problem(n: int, d: int, k: int, n_eval: int, seed: int = 0) -> dict[str, Ten
     return {"fit": phi[:n], "eval": phi[n:], "labels": labels, "weight": weight, "bias": bias}
 
 
-def run_curvcal(data: dict[str, Tensor], structure: str) -> tuple[float, Tensor]:
-    """δ and the probit predictive probabilities at the evaluation rows."""
+def run_curvcal(
+    data: dict[str, Tensor], structure: str, stages: dict[str, float]
+) -> tuple[float, Tensor]:
+    """δ and the probit predictive probabilities at the evaluation rows; the CPU seconds of
+    the fit (GGN and δ) and of the predictive go into ``stages``."""
+    start = time.process_time()
     fit = fit_laplace(
         data["fit"], data["labels"], data["weight"], data["bias"], structure=structure
     )
-    return fit.prior_precision, fit.calibrator.probabilities(data["eval"])
+    middle = time.process_time()
+    probs = fit.calibrator.probabilities(data["eval"])
+    stages["fit"], stages["predictive"] = middle - start, time.process_time() - middle
+    return fit.prior_precision, probs
 
 
 def peer_model(data: dict[str, Tensor]) -> nn.Module:
@@ -83,9 +92,16 @@ def peer_model(data: dict[str, Tensor]) -> nn.Module:
 
 
 def run_peer(
-    laplace: Any, data: dict[str, Tensor], structure: str, batch_size: int
+    laplace: Any,
+    data: dict[str, Tensor],
+    structure: str,
+    batch_size: int,
+    rows: int,
+    stages: dict[str, float],
 ) -> tuple[Any, float, Tensor]:
-    """laplace-torch's fitted object, its δ and its probit predictive at the evaluation rows."""
+    """laplace-torch's fitted object, its δ and its probit predictive at the evaluation rows
+    (``rows`` rows a call: see :func:`predictive_rows`); CPU seconds of each step in ``stages``."""
+    start = time.process_time()
     la = laplace.Laplace(
         peer_model(data),
         "classification",
@@ -94,17 +110,29 @@ def run_peer(
     )
     dataset = torch.utils.data.TensorDataset(data["fit"], data["labels"])
     la.fit(torch.utils.data.DataLoader(dataset, batch_size=batch_size))
+    fitted = time.process_time()
     la.optimize_prior_precision(method="marglik")
     delta = float(la.prior_precision)
-    return la, delta, peer_predictive(la, data["eval"], batch_size)
+    prior = time.process_time()
+    probs = peer_predictive(la, data["eval"], rows)
+    stages["fit"], stages["prior"] = fitted - start, prior - fitted
+    stages["predictive"] = time.process_time() - prior
+    return la, delta, probs
 
 
-def peer_predictive(la: Any, x: Tensor, batch_size: int) -> Tensor:
-    """laplace-torch's probit predictive, ``batch_size`` rows a call, without autograd."""
+def predictive_rows(k: int, parameters: int, budget_mb: float) -> int:
+    """Rows per call of laplace-torch's predictive: it builds the last layer's Jacobian of every
+    row, K×P float64 numbers a row (and a temporary as large), so rows = budget / (2·8·K·P);
+    0 when one row is over the budget."""
+    return int(budget_mb * 2**20 // (2 * 8 * k * parameters))
+
+
+def peer_predictive(la: Any, x: Tensor, rows: int) -> Tensor:
+    """laplace-torch's probit predictive, ``rows`` rows a call, without autograd."""
     with torch.no_grad():
         parts = [
-            la(x[start : start + batch_size], link_approx="probit")
-            for start in range(0, x.shape[0], batch_size)
+            la(x[start : start + rows], link_approx="probit")
+            for start in range(0, x.shape[0], rows)
         ]
     return torch.cat(parts)
 
@@ -117,20 +145,36 @@ def bench_case(
     data = problem(n, d, k, args.eval)
     row: dict[str, Any] = {"n": n, "d": d, "k": k, "structure": structure}
     row["parameters"] = (d + 1) * k
+    rows = min(args.batch_size, predictive_rows(k, row["parameters"], args.peer_mb))
+    if rows < 1:
+        row["peer_skipped"] = (
+            f"one row of laplace-torch's predictive Jacobian is K·P float64 = "
+            f"{8 * k * row['parameters'] / 2**20:,.0f} MiB, twice that over --peer-mb {args.peer_mb:g}"
+        )
+        laplace = None
     best: dict[str, list[float]] = {"curvcal": [math.inf, 0.0], "laplace-torch": [math.inf, 0.0]}
     ours: tuple[float, Tensor] | None = None
     peer: tuple[Any, float, Tensor] | None = None
     for _ in range(args.repeats):
-        _wall, cpu, ours, peak = measure_cpu(lambda: run_curvcal(data, structure))
+        stages: dict[str, float] = {}
+        _wall, cpu, ours, peak = measure_cpu(
+            lambda stages=stages: run_curvcal(data, structure, stages)
+        )
+        if cpu < best["curvcal"][0]:
+            row["curvcal_stages"] = stages
         best["curvcal"] = [min(best["curvcal"][0], cpu), max(best["curvcal"][1], peak)]
         if laplace is None:
             continue
-        peer = None
+        peer, peer_stages = None, {}
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             _wall, cpu, peer, peak = measure_cpu(
-                lambda: run_peer(laplace, data, structure, args.batch_size)
+                lambda peer_stages=peer_stages: run_peer(
+                    laplace, data, structure, args.batch_size, rows, peer_stages
+                )
             )
+        if cpu < best["laplace-torch"][0]:
+            row["peer_stages"] = peer_stages
         best["laplace-torch"] = [
             min(best["laplace-torch"][0], cpu),
             max(best["laplace-torch"][1], peak),
@@ -147,7 +191,7 @@ def bench_case(
     row["delta_rel_diff"] = abs(peer_delta / ours[0] - 1)
     row["probs_max_diff_own_delta"] = float((peer_probs - ours[1]).abs().max())
     la.prior_precision = torch.tensor(ours[0], dtype=torch.float64)
-    same = peer_predictive(la, data["eval"], args.batch_size)
+    same = peer_predictive(la, data["eval"], rows)
     row["probs_max_diff_same_delta"] = float((same - ours[1]).abs().max())
     return row
 
@@ -176,6 +220,18 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{r['probs_max_diff_same_delta']:.1e}" if peer else "—",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    for r in rows:
+        stages = [
+            f"{name} {step} {seconds:.3g}"
+            for name, key in LIBRARIES
+            if key in r
+            for step, seconds in r[key].items()
+        ]
+        head = f"{r['n']} × {r['d']} × {r['k']} {r['structure']}"
+        if stages:
+            lines.append(f"\n{head}, CPU s of the fastest repeat: " + ", ".join(stages))
+        if "peer_skipped" in r:
+            lines.append(f"\n{head}: laplace-torch not run: {r['peer_skipped']}")
     return "\n".join(lines)
 
 
@@ -194,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", type=int, default=10000, help="evaluation rows")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=4096, help="laplace-torch's batches")
+    parser.add_argument(
+        "--peer-mb",
+        type=float,
+        default=2048,
+        help="memory for laplace-torch's predictive Jacobians",
+    )
     parser.add_argument("--full-max", type=int, default=FULL_MAX, help="largest P for full")
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes (unless given), one repeat"

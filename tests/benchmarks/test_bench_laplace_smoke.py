@@ -48,8 +48,14 @@ def test_quick_run_agrees_with_laplace_torch(
     assert "| 400 × 8 × 3 | kron | 27 |" in capsys.readouterr().out
 
 
-def test_full_is_left_out_above_full_max(bench: ModuleType, tmp_path: Path) -> None:
+def test_full_left_out_above_full_max_and_peer_above_its_memory(
+    bench: ModuleType, tmp_path: Path
+) -> None:
     out = tmp_path / "laplace.json"
-    argv = ["--quick", "--sizes", "60x4x3", "--full-max", "14", "--json", str(out)]
-    assert bench.main(argv) == 0
-    assert [r["structure"] for r in json.loads(out.read_text())] == ["kron"]
+    # one row of the peer's Jacobian: K·P = 3·15 float64 = 360 B, twice that over 500 B
+    argv = ["--quick", "--sizes", "60x4x3", "--full-max", "14", "--peer-mb", str(500 / 2**20)]
+    assert bench.main([*argv, "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["structure"] == "kron" and "peer_seconds" not in row
+    assert "over --peer-mb" in row["peer_skipped"]
+    assert bench.predictive_rows(3, 15, 720 / 2**20) == 1
