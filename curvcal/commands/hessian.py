@@ -8,7 +8,7 @@ the data, products are summed across ranks, and only rank 0 prints or writes any
 
 from __future__ import annotations
 
-import contextlib
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from curvcal.commands.common import end_with, finish, output_options, start, typ
 from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.commands.repeats import Command
 from curvcal.report.hessian import hessian_tables, plot_outputs, plot_paths, write_plots
-from curvcal.report.landscape import eigenvector_file, eigenvector_path
+from curvcal.report.landscape import eigenvector_path, write_eigenvectors
 from curvcal.settings.fields import click_options
 from curvcal.settings.hessian import HessianSettings
 
@@ -116,16 +116,14 @@ def hessian(
     plots = plot_paths(plot, settings.per_layer, options.force) if plot is not None else None
     if save_eigenvectors is not None:
         eigenvector_path(save_eigenvectors, options.force)
-    # the eigenvector file is streamed when the eigenvalue stage ends, and takes its name here,
-    # once the run has ended without error
-    with (
-        contextlib.nullcontext(None)
+    save_vectors = (
+        None
         if save_eigenvectors is None
-        else eigenvector_file(save_eigenvectors)
-    ) as save_vectors:
-        run = run_hessian(
-            checkpoint, checkpoint_options, data_options, settings, reporter, save_vectors
-        )
+        else functools.partial(write_eigenvectors, save_eigenvectors)
+    )
+    run = run_hessian(
+        checkpoint, checkpoint_options, data_options, settings, reporter, save_vectors
+    )
     if not run.is_main:
         return run.exit_code
     code = finish(run.report, hessian_tables(run.analysis, run.device))

@@ -67,7 +67,7 @@ def run_hessian(
 ) -> HessianRun:
     """Measure the Hessian of ``checkpoint``'s mean loss over the data as ``settings`` ask;
     under torchrun every rank runs this on its shard. ``save_vectors`` (the command's
-    writer, e.g. :func:`~curvcal.report.landscape.eigenvector_file`'s) receives the top-k
+    writer, e.g. :func:`~curvcal.report.landscape.write_eigenvectors`) receives the top-k
     eigenvectors once the eigenvalue stage ends, with the checkpoint's description and
     whether this is rank 0, on every rank, while the ranks can still gather (it streams them a
     parameter at a time, so a sharded model's ranks never hold a whole vector)."""

@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,34 +88,11 @@ def landscape_plot(analysis: LandscapeAnalysis, path: Path) -> Figure:
     return figure
 
 
-#: what :func:`eigenvector_file` hands the run: (eigenvectors, checkpoint description, is_main)
-SaveVectors = Callable[["TopEigenvectors", Mapping[str, Any], bool], None]
-
-
-@contextmanager
-def eigenvector_file(path: Path) -> Iterator[SaveVectors]:
-    """The writer of ``--save-eigenvectors`` for the run inside the block. Called on every rank
-    when the eigenvalue stage ends, it streams the file (:func:`write_eigenvectors`) into a
-    temporary file beside ``path`` on the first rank; that file takes ``path``'s place only when
-    the block ends without error, as the run's other outputs do at its end. A run that fails in
-    a later stage (the trace, the density), or is ended by Ctrl-C or SIGTERM there, leaves
-    ``path`` as it was, a file that ``--force`` would have replaced included, and no temporary
-    file."""
-    with ExitStack() as held:
-
-        def save(top: TopEigenvectors, checkpoint: Mapping[str, Any], is_main: bool) -> None:
-            write_eigenvectors(path, top, checkpoint, is_main, held=held)
-
-        yield save
-
-
 def write_eigenvectors(
     path: Path,
     top: TopEigenvectors,
     checkpoint: Mapping[str, Any],
     is_main: bool = True,
-    *,
-    held: ExitStack | None = None,
 ) -> None:
     """Write the top eigenvectors as a safetensors file, atomically, on the first rank
     (``is_main``): tensor ``v{i}/{parameter name}`` holds eigenvector i (0 for λmax)
@@ -128,8 +104,9 @@ def write_eigenvectors(
     Streamed a parameter at a time (:meth:`TopEigenvectors.per_parameter`): on a sharded model
     the first rank gathers one parameter's k columns at a time and writes them, so no rank
     holds a whole eigenvector. Every rank must call this (the gathers are collective); the
-    others take part and write nothing. With ``held``, the file is published when that stack
-    closes without error (:func:`eigenvector_file`), else when this returns."""
+    others take part and write nothing. The file takes its name when the eigenvalue stage
+    ends; a run that then fails puts back the file it replaced (:mod:`curvcal.atomic`), as
+    for every output."""
     from curvcal.atomic import atomic_output
     from curvcal.report.tensor_stream import write_stream
 
@@ -158,11 +135,8 @@ def write_eigenvectors(
             yield from part
 
     try:
-        if held is not None:
-            write_stream(held.enter_context(atomic_output(path)), entries, metadata, tensors())
-        else:
-            with atomic_output(path) as out:
-                write_stream(out, entries, metadata, tensors())
+        with atomic_output(path) as out:
+            write_stream(out, entries, metadata, tensors())
     finally:
         for _ in parts:  # the other ranks wait in the gathers of what is left
             pass

@@ -1,7 +1,6 @@
-"""`curvcal hessian --save-eigenvectors`: the file is streamed when the eigenvalue stage ends,
-but takes its name only when the run ends without error. A run that fails in a later stage
-(here the trace: a product that turned NaN) leaves the named file as it was, a file `--force`
-would have replaced included, and no temporary file beside it."""
+"""`curvcal hessian --save-eigenvectors`: the file is streamed when the eigenvalue stage ends.
+A run that fails in a later stage (here the trace: a product that turned NaN) leaves the named
+file as it was — a file `--force` replaced is put back — and no temporary file beside it."""
 
 from __future__ import annotations
 
