@@ -277,7 +277,7 @@ class Session:
         sharded = self.checkpoint_settings.shard_model != "none"
 
         def vectors_seen(vectors: TopEigenvectors) -> None:
-            if built and hasattr(built[0], "error_estimate"):
+            if sharded:
                 top.append(vectors.block[:, 0].clone())
             if on_vectors is not None:
                 on_vectors(vectors)
