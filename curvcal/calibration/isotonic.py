@@ -52,6 +52,11 @@ ISOTONIC_METHODS = ("isotonic", "isotonic-ovr")
 VECTOR_PASSES = 8
 #: Scores closer than this to the first score of their tie group join it (scikit-learn's rule).
 TIE_RESOLUTION = float(np.finfo(np.float64).resolution)
+#: Bit patterns of non-negative float64 values rise with the value, and every score below 2 has
+#: one below this (a :class:`KnotTable`'s top cell holds every larger score).
+_BITS_OF_TWO = int(np.float64(2.0).view(np.int64))
+#: The bit pattern of +∞: every finite non-negative float64 value has a smaller one.
+_BITS_OF_INFINITY = int(np.float64(np.inf).view(np.int64))
 
 
 #: Sorted scores per block of the gap pass of :func:`sorted_tie_starts` (bounds its work array).
@@ -327,9 +332,13 @@ def _class_points(
 #: Cells per knot of a :class:`PointTable` (fewer where there are fewer scores to map, or
 #: more than :data:`TABLE_ENTRIES` cells).
 CELLS_PER_KNOT = 128
-#: Below this many scores numpy's own search (``numpy.interp``, ``torch.bucketize``) is the
-#: faster lookup (measured: level at about 500–1,000 scores, 2–4× slower from 4,096 up).
+#: Below this many scores ``numpy.interp``'s own search is the faster lookup (measured: level
+#: at about 500–1,000 scores, 2–4× slower from 4,096 up).
 FEW_SCORES = 512
+#: Entries of a cell index, at most: a :class:`PointTable`'s cells, and a :class:`KnotTable`'s
+#: (K × cells, int64), whose cells per class are as fine as this allows (16 MB; at K ≥ 2,048 a
+#: cell spans more than a binade).
+TABLE_ENTRIES = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -363,9 +372,8 @@ def point_table(
 ) -> PointTable:
     """The :class:`PointTable` of kept points, about :data:`CELLS_PER_KNOT` cells per knot (at
     most about ``n_scores``, the number of scores it will map, when given)."""
-    x = (
-        np.asarray(points_x, dtype=np.float64) + 0.0
-    )  # a −0.0 knot as 0 (its bit pattern is negative)
+    # a −0.0 knot as 0 (its bit pattern is negative)
+    x = np.asarray(points_x, dtype=np.float64) + 0.0
     y = np.asarray(points_y, dtype=np.float64)
     knot_bits = x.view(np.int64)
     low_bits = int(knot_bits[0]) if len(x) else 0
@@ -433,14 +441,6 @@ def _kept_points(points_x: np.ndarray, points_y: np.ndarray) -> tuple[np.ndarray
 
 #: Entries per row chunk of a one-vs-rest map's apply (its work arrays stay in cache).
 INTERPOLATE_ELEMENTS = 1 << 17
-#: Entries of a :class:`KnotTable`'s cell index (K × cells, int64): the cells per class are
-#: as fine as this allows (16 MB; at K ≥ 2,048 a cell spans more than a binade).
-TABLE_ENTRIES = 1 << 21
-#: Bit patterns of non-negative float64 values rise with the value, and every score below 2 has
-#: one below this; the top cell holds every larger score.
-_BITS_OF_TWO = int(np.float64(2.0).view(np.int64))
-#: The bit pattern of +∞: every finite non-negative float64 value has a smaller one.
-_BITS_OF_INFINITY = int(np.float64(np.inf).view(np.int64))
 
 
 @dataclass(frozen=True)
