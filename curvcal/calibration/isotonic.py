@@ -92,8 +92,7 @@ def sorted_tie_starts(rows: np.ndarray) -> np.ndarray:
         gap = x[low + 1 : high + 1] - x[low : min(high, len(x) - 1)]
         np.greater_equal(gap, TIE_RESOLUTION, out=start[low + 1 : high + 1])
     if len(x):
-        start[::n] = True
-        start[0] = True
+        start[::n] = True  # each row's first score
     # runs of small gaps [first, end) of two or more scores, and those spanning the resolution
     inner = ~start
     first = np.flatnonzero(start[:-1] & inner[1:])
@@ -255,14 +254,10 @@ def _packed_pairs(x: np.ndarray, target: np.ndarray) -> np.ndarray | None:
     if bits.min() < 0 or bits.max() >= _BITS_OF_TWO:
         return None
     hit = np.asarray(target)
-    if hit.dtype == np.bool_:
-        hit = hit.astype(np.int64)
-    elif not ((hit == 0) | (hit == 1)).all():
+    if hit.dtype != np.bool_ and not ((hit == 0) | (hit == 1)).all():
         return None
-    else:
-        hit = hit.astype(np.int64)
     packed = bits << 1
-    packed |= hit
+    packed |= hit.astype(np.int64)
     return packed
 
 
