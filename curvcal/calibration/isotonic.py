@@ -380,14 +380,13 @@ def point_table(
     n_cells = (span >> shift) + 3  # below x_0, the range, above x_{M−1}
     counts = np.bincount(((knot_bits - low_bits) >> shift) + 1, minlength=n_cells)
     lowest = np.cumsum(counts) - counts  # the segment of each cell's lowest value
-    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
-        slope = np.concatenate([[0.0], np.diff(y) / np.diff(x), [0.0]])
+    origin, slope, value = _segment_terms(x, y)
     return PointTable(
         x=x,
         y=y,
-        origin=np.concatenate([x[:1], x]),
+        origin=origin,
         slope=slope,
-        value=np.concatenate([y[:1], y]),
+        value=value,
         cells=np.where(counts > 0, -1, lowest),
         low_bits=low_bits,
         shift=shift,
@@ -488,18 +487,18 @@ def knot_table(points: Sequence[tuple[np.ndarray, np.ndarray]]) -> KnotTable:
     counts = np.bincount(knot_cells, minlength=n_classes * n_cells).reshape(n_classes, n_cells)
     # the segment of each cell's lowest value: the class's left sentinel and its knots below
     lowest = np.cumsum(counts, axis=1) - counts + start[:, None]
-    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
-        slope = np.concatenate(
-            [
-                np.concatenate([[0.0], (y[1:] - y[:-1]) / (x[1:] - x[:-1]), [0.0, 0.0]])
-                for x, y in points
-            ]
-        )
+    origins, slopes, values = [], [], []
+    for x, y in points:  # a class's segments as a PointTable's, then its right sentinel's (clip)
+        origin, slope, value = _segment_terms(x, y)
+        origins.append(np.append(origin, x[-1:]))
+        slopes.append(np.append(slope, 0.0))
+        values.append(np.append(value, y[-1:]))
+    slope = np.concatenate(slopes)
     return KnotTable(
         knots=np.concatenate([np.concatenate([[-np.inf], x, [np.inf]]) for x, _ in points]),
-        origin=np.concatenate([np.concatenate([x[:1], x, x[-1:]]) for x, _ in points]),
+        origin=np.concatenate(origins),
         slope=slope,
-        value=np.concatenate([np.concatenate([y[:1], y, y[-1:]]) for _, y in points]),
+        value=np.concatenate(values),
         cells=np.where(counts > 0, ~lowest, lowest).ravel(),
         cell_offsets=np.arange(n_classes, dtype=np.int64) * n_cells,
         shift=shift,
@@ -711,6 +710,16 @@ def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarra
         check_unit(row_x, source, "x")
         check_unit(row_y, source, "y")
     return xs, ys
+
+
+def _segment_terms(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(origin, slope, value) of segments 0 … M of kept points ``x``, ``y`` (M of them), as
+    numpy.interp computes them: the clip below x_0 (origin x_0, slope 0, value y_0), then at
+    each knot i the origin x_i, the slope (y_{i+1} − y_i)/(x_{i+1} − x_i) (0 from the last
+    knot: the clip) and the value y_i."""
+    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
+        slope = np.concatenate([[0.0], np.diff(y) / np.diff(x), [0.0]])
+    return np.concatenate([x[:1], x]), slope, np.concatenate([y[:1], y])
 
 
 def _on_segments(table: PointTable | KnotTable, segment: np.ndarray, x: np.ndarray) -> np.ndarray:
