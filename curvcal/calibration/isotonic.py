@@ -52,6 +52,11 @@ ISOTONIC_METHODS = ("isotonic", "isotonic-ovr")
 VECTOR_PASSES = 8
 #: Scores closer than this to the first score of their tie group join it (scikit-learn's rule).
 TIE_RESOLUTION = float(np.finfo(np.float64).resolution)
+#: Bit patterns of non-negative float64 values rise with the value, and every score below 2 has
+#: one below this (a :class:`KnotTable`'s top cell holds every larger score).
+_BITS_OF_TWO = int(np.float64(2.0).view(np.int64))
+#: The bit pattern of +∞: every finite non-negative float64 value has a smaller one.
+_BITS_OF_INFINITY = int(np.float64(np.inf).view(np.int64))
 
 
 #: Sorted scores per block of the gap pass of :func:`sorted_tie_starts` (bounds its work array).
@@ -87,8 +92,7 @@ def sorted_tie_starts(rows: np.ndarray) -> np.ndarray:
         gap = x[low + 1 : high + 1] - x[low : min(high, len(x) - 1)]
         np.greater_equal(gap, TIE_RESOLUTION, out=start[low + 1 : high + 1])
     if len(x):
-        start[::n] = True
-        start[0] = True
+        start[::n] = True  # each row's first score
     # runs of small gaps [first, end) of two or more scores, and those spanning the resolution
     inner = ~start
     first = np.flatnonzero(start[:-1] & inner[1:])
@@ -250,14 +254,10 @@ def _packed_pairs(x: np.ndarray, target: np.ndarray) -> np.ndarray | None:
     if bits.min() < 0 or bits.max() >= _BITS_OF_TWO:
         return None
     hit = np.asarray(target)
-    if hit.dtype == np.bool_:
-        hit = hit.astype(np.int64)
-    elif not ((hit == 0) | (hit == 1)).all():
+    if hit.dtype != np.bool_ and not ((hit == 0) | (hit == 1)).all():
         return None
-    else:
-        hit = hit.astype(np.int64)
     packed = bits << 1
-    packed |= hit
+    packed |= hit.astype(np.int64)
     return packed
 
 
@@ -327,9 +327,13 @@ def _class_points(
 #: Cells per knot of a :class:`PointTable` (fewer where there are fewer scores to map, or
 #: more than :data:`TABLE_ENTRIES` cells).
 CELLS_PER_KNOT = 128
-#: Below this many scores numpy's own search (``numpy.interp``, ``torch.bucketize``) is the
-#: faster lookup (measured: level at about 500–1,000 scores, 2–4× slower from 4,096 up).
+#: Below this many scores ``numpy.interp``'s own search is the faster lookup (measured: level
+#: at about 500–1,000 scores, 2–4× slower from 4,096 up).
 FEW_SCORES = 512
+#: Entries of a cell index, at most: a :class:`PointTable`'s cells, and a :class:`KnotTable`'s
+#: (K × cells, int64), whose cells per class are as fine as this allows (16 MB; at K ≥ 2,048 a
+#: cell spans more than a binade).
+TABLE_ENTRIES = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -363,9 +367,8 @@ def point_table(
 ) -> PointTable:
     """The :class:`PointTable` of kept points, about :data:`CELLS_PER_KNOT` cells per knot (at
     most about ``n_scores``, the number of scores it will map, when given)."""
-    x = (
-        np.asarray(points_x, dtype=np.float64) + 0.0
-    )  # a −0.0 knot as 0 (its bit pattern is negative)
+    # a −0.0 knot as 0 (its bit pattern is negative)
+    x = np.asarray(points_x, dtype=np.float64) + 0.0
     y = np.asarray(points_y, dtype=np.float64)
     knot_bits = x.view(np.int64)
     low_bits = int(knot_bits[0]) if len(x) else 0
@@ -377,14 +380,13 @@ def point_table(
     n_cells = (span >> shift) + 3  # below x_0, the range, above x_{M−1}
     counts = np.bincount(((knot_bits - low_bits) >> shift) + 1, minlength=n_cells)
     lowest = np.cumsum(counts) - counts  # the segment of each cell's lowest value
-    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
-        slope = np.concatenate([[0.0], np.diff(y) / np.diff(x), [0.0]])
+    origin, slope, value = _segment_terms(x, y)
     return PointTable(
         x=x,
         y=y,
-        origin=np.concatenate([x[:1], x]),
+        origin=origin,
         slope=slope,
-        value=np.concatenate([y[:1], y]),
+        value=value,
         cells=np.where(counts > 0, -1, lowest),
         low_bits=low_bits,
         shift=shift,
@@ -433,14 +435,6 @@ def _kept_points(points_x: np.ndarray, points_y: np.ndarray) -> tuple[np.ndarray
 
 #: Entries per row chunk of a one-vs-rest map's apply (its work arrays stay in cache).
 INTERPOLATE_ELEMENTS = 1 << 17
-#: Entries of a :class:`KnotTable`'s cell index (K × cells, int64): the cells per class are
-#: as fine as this allows (16 MB; at K ≥ 2,048 a cell spans more than a binade).
-TABLE_ENTRIES = 1 << 21
-#: Bit patterns of non-negative float64 values rise with the value, and every score below 2 has
-#: one below this; the top cell holds every larger score.
-_BITS_OF_TWO = int(np.float64(2.0).view(np.int64))
-#: The bit pattern of +∞: every finite non-negative float64 value has a smaller one.
-_BITS_OF_INFINITY = int(np.float64(np.inf).view(np.int64))
 
 
 @dataclass(frozen=True)
@@ -493,18 +487,18 @@ def knot_table(points: Sequence[tuple[np.ndarray, np.ndarray]]) -> KnotTable:
     counts = np.bincount(knot_cells, minlength=n_classes * n_cells).reshape(n_classes, n_cells)
     # the segment of each cell's lowest value: the class's left sentinel and its knots below
     lowest = np.cumsum(counts, axis=1) - counts + start[:, None]
-    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
-        slope = np.concatenate(
-            [
-                np.concatenate([[0.0], (y[1:] - y[:-1]) / (x[1:] - x[:-1]), [0.0, 0.0]])
-                for x, y in points
-            ]
-        )
+    origins, slopes, values = [], [], []
+    for x, y in points:  # a class's segments as a PointTable's, then its right sentinel's (clip)
+        origin, slope, value = _segment_terms(x, y)
+        origins.append(np.append(origin, x[-1:]))
+        slopes.append(np.append(slope, 0.0))
+        values.append(np.append(value, y[-1:]))
+    slope = np.concatenate(slopes)
     return KnotTable(
         knots=np.concatenate([np.concatenate([[-np.inf], x, [np.inf]]) for x, _ in points]),
-        origin=np.concatenate([np.concatenate([x[:1], x, x[-1:]]) for x, _ in points]),
+        origin=np.concatenate(origins),
         slope=slope,
-        value=np.concatenate([np.concatenate([y[:1], y, y[-1:]]) for _, y in points]),
+        value=np.concatenate(values),
         cells=np.where(counts > 0, ~lowest, lowest).ravel(),
         cell_offsets=np.arange(n_classes, dtype=np.int64) * n_cells,
         shift=shift,
@@ -716,6 +710,16 @@ def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarra
         check_unit(row_x, source, "x")
         check_unit(row_y, source, "y")
     return xs, ys
+
+
+def _segment_terms(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(origin, slope, value) of segments 0 … M of kept points ``x``, ``y`` (M of them), as
+    numpy.interp computes them: the clip below x_0 (origin x_0, slope 0, value y_0), then at
+    each knot i the origin x_i, the slope (y_{i+1} − y_i)/(x_{i+1} − x_i) (0 from the last
+    knot: the clip) and the value y_i."""
+    with np.errstate(over="ignore"):  # knots a subnormal apart: an infinite slope, as numpy's
+        slope = np.concatenate([[0.0], np.diff(y) / np.diff(x), [0.0]])
+    return np.concatenate([x[:1], x]), slope, np.concatenate([y[:1], y])
 
 
 def _on_segments(table: PointTable | KnotTable, segment: np.ndarray, x: np.ndarray) -> np.ndarray:

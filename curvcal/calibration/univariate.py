@@ -123,8 +123,9 @@ def _top_label_rule(
     return log_q
 
 
-#: Entries per row chunk of a one-vs-rest map: its work is one NumPy call per class and chunk,
-#: so larger chunks than an N×K pass's keep the calls few (16 MB per float64 work array).
+#: Entries per row chunk of a one-vs-rest map whose work is one NumPy call per class and chunk
+#: (the histogram's; the isotonic map's works on the N×K rows at once), so larger chunks than
+#: an N×K pass's keep the calls few (16 MB per float64 work array).
 ONE_VS_REST_ELEMENTS = 1 << 21
 
 

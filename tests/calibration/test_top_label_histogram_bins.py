@@ -15,16 +15,10 @@ import torch
 from curvcal.calibration import binning
 from curvcal.calibration.binning import cell_bin_of, fit_histogram, histogram_edges
 from curvcal.calibration.univariate import top_label_map
+from tests.calibration.lookup_paths import cell_path_at_every_size as every_size
 
-
-@pytest.fixture(autouse=True, params=["cells", "as-shipped"])
-def cell_path_at_every_size(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each test twice: with the cell lookup taken at every size (the test data are small), and
-    as shipped (torch.bucketize below FEW_BIN_SCORES scores)."""
-    if request.param == "cells":
-        monkeypatch.setattr(binning, "FEW_BIN_SCORES", 0)
+#: each test twice: the cell lookup at every size, and as shipped
+cell_path_at_every_size = every_size(binning, "FEW_BIN_SCORES")
 
 
 def defined_bins(x: np.ndarray, edges: np.ndarray) -> np.ndarray:

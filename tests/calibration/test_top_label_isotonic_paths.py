@@ -30,17 +30,11 @@ from curvcal.calibration.isotonic import (
 )
 from curvcal.calibration.ties import TIE_RELATIVE
 from curvcal.calibration.univariate import top_label_map
+from tests.calibration.lookup_paths import cell_path_at_every_size as every_size
 from tests.calibration.test_isotonic_ties import sequential_starts
 
-
-@pytest.fixture(autouse=True, params=["cells", "as-shipped"])
-def cell_path_at_every_size(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each test twice: with the cell lookup taken at every size (the test data are small), and
-    as shipped (numpy.interp below FEW_SCORES scores)."""
-    if request.param == "cells":
-        monkeypatch.setattr(isotonic, "FEW_SCORES", 0)
+#: each test twice: the cell lookup at every size, and as shipped
+cell_path_at_every_size = every_size(isotonic, "FEW_SCORES")
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
