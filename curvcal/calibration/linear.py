@@ -621,7 +621,6 @@ class _FullProblem:
         start: torch.Tensor,
         gradient_tol: float,
         max_iterations: int,
-        newton_float32: bool = True,
         trace: Trace | None = None,
     ) -> _Solution:
         """Minimise mean NLL + Σ ``penalty`` ⊙ V² from V = ``start`` (K×(K+1)); ``trace``
@@ -657,8 +656,8 @@ class _FullProblem:
         # only on the diagonal of W) makes it the same for every row, 2 P diag(c̄) P = U D Uᵀ.
         # float32 first; float64 when Newton stalls with it (a regulariser so weak that the
         # softmax's flat directions drown in float32 rounding).
-        precision = [torch.float32 if newton_float32 else torch.float64]
-        a32 = a.to(torch.float32) if newton_float32 else a
+        precision = [torch.float32]
+        a32 = a.to(torch.float32)
         column_mean = penalty.mean(0)
         penalty_values, penalty_vectors = torch.linalg.eigh(2.0 * (p * column_mean) @ p)
         penalty_values = penalty_values.clamp_min(0.0)
@@ -1217,13 +1216,6 @@ def _past_the_minimum(path: list[float], patience: int) -> bool:
     last ``patience`` strengths (so the lowest so far lies before them)."""
     tail = path[-patience - 1 :]
     return len(tail) > patience and all(b > a for a, b in pairwise(tail))
-
-
-def _map_matrix(fitted: LinearMap) -> torch.Tensor:
-    """[W, b] (K×(K+1)) of a fitted full map."""
-    w = torch.tensor(fitted.weights, dtype=torch.float64)
-    b = torch.tensor(fitted.bias, dtype=torch.float64)
-    return torch.cat([w, b[:, None]], dim=1)
 
 
 def _newton_polish(
