@@ -281,6 +281,34 @@ class _Solution:
     gradient_max: float
 
 
+def _residual_tol(current: float, target: float, floor: float = 0.0) -> float:
+    """The relative residual η = min(½, max(√g, t/(2g), ``floor``)) a Newton step's solve
+    stops at (g = ``current``, t = ``target``): loose far from the minimum, tight near it, but
+    no tighter than the last step needs."""
+    return min(0.5, max(math.sqrt(current), 0.5 * target / current, floor))
+
+
+def _rounding_hides(value: float, new_value: float) -> bool:
+    """Whether L's change from ``value`` to ``new_value`` is within its rounding (near the
+    minimum, where a step is then judged by the gradient instead)."""
+    return abs(new_value - value) <= 1e-12 * max(abs(value), 1.0)
+
+
+def _cg_step(hessian: _Hessian, gradient: np.ndarray, rtol: float) -> np.ndarray:
+    """H⁻¹∇L by at most :data:`CG_ITERATIONS` (preconditioned) conjugate-gradient iterations
+    on the products ``hessian``, to the relative residual ``rtol``."""
+    times, precondition = hessian
+    size = gradient.size
+    operator = LinearOperator((size, size), matvec=times, dtype=np.float64)
+    preconditioner = (
+        None
+        if precondition is None
+        else LinearOperator((size, size), matvec=precondition, dtype=np.float64)
+    )
+    step, _ = cg(operator, gradient, rtol=rtol, maxiter=CG_ITERATIONS, M=preconditioner)
+    return step
+
+
 def _fall_back(
     value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
     hessian_at: Callable[[np.ndarray], _Hessian],
@@ -384,19 +412,10 @@ def _newton(
     theta = theta0
     value, gradient = value_and_gradient(theta)
     current = measure(gradient)
-    size = theta.size
+    target = POLISH_FACTOR * gradient_tol
     steps = 0
-    while steps < max_steps and not current < POLISH_FACTOR * gradient_tol:
-        times, precondition = hessian_at(theta)
-        operator = LinearOperator((size, size), matvec=times, dtype=np.float64)
-        preconditioner = (
-            None
-            if precondition is None
-            else LinearOperator((size, size), matvec=precondition, dtype=np.float64)
-        )
-        target = POLISH_FACTOR * gradient_tol
-        rtol = min(0.5, max(math.sqrt(current), 0.5 * target / current))
-        step, _ = cg(operator, gradient, rtol=rtol, maxiter=CG_ITERATIONS, M=preconditioner)
+    while steps < max_steps and not current < target:
+        step = _cg_step(hessian_at(theta), gradient, _residual_tol(current, target))
         slope = -float(step @ gradient)
         if not slope < 0.0:
             break
@@ -408,7 +427,7 @@ def _newton(
             new_value, new_gradient = value_and_gradient(candidate)
             new = measure(new_gradient)
             if new_value <= value + 1e-4 * t * slope or (
-                new < current and abs(new_value - value) <= 1e-12 * max(abs(value), 1.0)
+                new < current and _rounding_hides(value, new_value)
             ):
                 accepted = True
                 break
@@ -519,7 +538,7 @@ def _trust_newton(
     progress = 0.0
     while steps < max_steps and not current < target:
         times, precondition = hessian_at(theta)
-        rtol = min(0.5, max(math.sqrt(current), 0.5 * target / current, progress))
+        rtol = _residual_tol(current, target, progress)
         step, model, length = _steihaug(
             times, precondition, gradient, radius, rtol, CG_ITERATIONS, -value
         )
@@ -533,7 +552,7 @@ def _trust_newton(
             new_value, new_gradient = value_and_gradient(candidate)
             new = measure(new_gradient)
             predicted = scale * slope + scale * scale * half_curvature
-            if abs(new_value - value) <= 1e-12 * max(abs(value), 1.0):
+            if _rounding_hides(value, new_value):
                 ratio = 1.0 if new < current else 0.0
             else:
                 ratio = (value - new_value) / -predicted
@@ -1235,15 +1254,7 @@ def _newton_polish(
     for _ in range(NEWTON_STEPS):
         if current < POLISH_FACTOR * gradient_tol:
             break
-        size = theta.size
-        times, precondition = hessian_at(theta)
-        operator = LinearOperator((size, size), matvec=times, dtype=np.float64)
-        preconditioner = (
-            None
-            if precondition is None
-            else LinearOperator((size, size), matvec=precondition, dtype=np.float64)
-        )
-        step, _ = cg(operator, gradient, rtol=CG_RTOL, maxiter=CG_ITERATIONS, M=preconditioner)
+        step = _cg_step(hessian_at(theta), gradient, CG_RTOL)
         candidate = theta - step
         new_gradient = nll_and_grad(candidate)[1]
         new = measure(new_gradient)
