@@ -20,17 +20,18 @@ regulariser (ODIR) of Kull et al. 2019, λ_od · Σ_{i≠j} W_ij² / (K(K−1)) 
 or (Dirichlet's L2 variant) λ · (Σ_ij W_ij² + Σ_j b_j²) / (K(K+1)), its strength chosen by
 stratified cross-validation on the fit split (:func:`fit_matrix_odir`); vector scaling has no
 regulariser (its b is reported centred, Σ_j b_j = 0: softmax ignores a common shift). L is
-convex in the parameters (the scores are linear in them), so L-BFGS started at the identity
-(w = 1 or W = I, b = 0) reaches the minimum; it stops when the largest component of the
-gradient falls under :data:`GRADIENT_TOL` (``converged``) or after :data:`MAX_ITERATIONS` (a
-line search that ends early is restarted, at most :data:`RESTARTS` times), then polishes with
-Newton steps (conjugate gradients on exact Hessian-vector products, a step kept only when it
-lowers max |gradient|), and says whether the gradient ended under the tolerance. The full maps
-are fitted in whitened coordinates (:class:`_FullProblem`) by a preconditioned trust-region
-Newton–CG from the start (:func:`_trust_newton`; L-BFGS and the polish only if it stalls): the
-same minimiser, far fewer passes over the data. Gradients are closed form: with G = (q − onehot(y))/N, ∂L/∂w = Σ_n G_n ⊙ x_n,
-∂L/∂W = Gᵀx (+ the regulariser), ∂L/∂b = Σ_n G_n. Pure: no file I/O, no printing, no global
-RNG.
+convex in the parameters (the scores are linear in them), so a descent method started at the
+identity (w = 1 or W = I, b = 0) reaches the minimum. Vector scaling takes Newton steps with a
+backtracking line search (:func:`_newton`: exact steps from the formed 2K×2K Hessian up to
+:data:`VECTOR_DENSE_CLASSES` classes, else conjugate gradients on Hessian-vector products); the
+full maps are fitted in whitened coordinates (:class:`_FullProblem`) by a preconditioned
+trust-region Newton–CG (:func:`_trust_newton`). Only if Newton stalls above the tolerance does
+L-BFGS go on from there (a line search that ends early is restarted, at most
+:data:`RESTARTS` times), followed by Newton polish steps (each kept only when it lowers
+max |gradient|). The fit is ``converged`` when the largest component of the gradient ends
+under :data:`GRADIENT_TOL` within :data:`MAX_ITERATIONS`. Gradients are closed form: with
+G = (q − onehot(y))/N, ∂L/∂w = Σ_n G_n ⊙ x_n, ∂L/∂W = Gᵀx (+ the regulariser),
+∂L/∂b = Σ_n G_n. Pure: no file I/O, no printing, no global RNG.
 """
 
 from __future__ import annotations
@@ -1032,7 +1033,8 @@ def fit_linear(
     trace: Trace | None = None,
 ) -> LinearFit:
     """Fit vector (``method="vector"``), matrix or Dirichlet scaling on (``scores``,
-    ``labels``) by L-BFGS and a Newton polish on the regularised mean NLL, in float64.
+    ``labels``) by Newton's method (see the module docstring) on the regularised mean NLL, in
+    float64.
 
     ``regulariser`` (full maps): ``odir`` (λ_od = ``l2_off_diagonal``, λ_b = ``l2_bias``) or
     ``l2`` (λ = ``l2_off_diagonal``), see :func:`penalty_weights`. The fit starts at the
