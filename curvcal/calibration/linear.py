@@ -20,17 +20,18 @@ regulariser (ODIR) of Kull et al. 2019, λ_od · Σ_{i≠j} W_ij² / (K(K−1)) 
 or (Dirichlet's L2 variant) λ · (Σ_ij W_ij² + Σ_j b_j²) / (K(K+1)), its strength chosen by
 stratified cross-validation on the fit split (:func:`fit_matrix_odir`); vector scaling has no
 regulariser (its b is reported centred, Σ_j b_j = 0: softmax ignores a common shift). L is
-convex in the parameters (the scores are linear in them), so L-BFGS started at the identity
-(w = 1 or W = I, b = 0) reaches the minimum; it stops when the largest component of the
-gradient falls under :data:`GRADIENT_TOL` (``converged``) or after :data:`MAX_ITERATIONS` (a
-line search that ends early is restarted, at most :data:`RESTARTS` times), then polishes with
-Newton steps (conjugate gradients on exact Hessian-vector products, a step kept only when it
-lowers max |gradient|), and says whether the gradient ended under the tolerance. The full maps
-are fitted in whitened coordinates (:class:`_FullProblem`) by a preconditioned trust-region
-Newton–CG from the start (:func:`_trust_newton`; L-BFGS and the polish only if it stalls): the
-same minimiser, far fewer passes over the data. Gradients are closed form: with G = (q − onehot(y))/N, ∂L/∂w = Σ_n G_n ⊙ x_n,
-∂L/∂W = Gᵀx (+ the regulariser), ∂L/∂b = Σ_n G_n. Pure: no file I/O, no printing, no global
-RNG.
+convex in the parameters (the scores are linear in them), so a descent method started at the
+identity (w = 1 or W = I, b = 0) reaches the minimum. Vector scaling takes Newton steps with a
+backtracking line search (:func:`_newton`: exact steps from the formed 2K×2K Hessian up to
+:data:`VECTOR_DENSE_CLASSES` classes, else conjugate gradients on Hessian-vector products); the
+full maps are fitted in whitened coordinates (:class:`_FullProblem`) by a preconditioned
+trust-region Newton–CG (:func:`_trust_newton`). Only if Newton stalls above the tolerance does
+L-BFGS go on from there (a line search that ends early is restarted, at most
+:data:`RESTARTS` times), followed by Newton polish steps (each kept only when it lowers
+max |gradient|). The fit is ``converged`` when the largest component of the gradient ends
+under :data:`GRADIENT_TOL` within :data:`MAX_ITERATIONS`. Gradients are closed form: with
+G = (q − onehot(y))/N, ∂L/∂w = Σ_n G_n ⊙ x_n, ∂L/∂W = Gᵀx (+ the regulariser),
+∂L/∂b = Σ_n G_n. Pure: no file I/O, no printing, no global RNG.
 """
 
 from __future__ import annotations
@@ -281,6 +282,34 @@ class _Solution:
     gradient_max: float
 
 
+def _residual_tol(current: float, target: float, floor: float = 0.0) -> float:
+    """The relative residual η = min(½, max(√g, t/(2g), ``floor``)) a Newton step's solve
+    stops at (g = ``current``, t = ``target``): loose far from the minimum, tight near it, but
+    no tighter than the last step needs."""
+    return min(0.5, max(math.sqrt(current), 0.5 * target / current, floor))
+
+
+def _rounding_hides(value: float, new_value: float) -> bool:
+    """Whether L's change from ``value`` to ``new_value`` is within its rounding (near the
+    minimum, where a step is then judged by the gradient instead)."""
+    return abs(new_value - value) <= 1e-12 * max(abs(value), 1.0)
+
+
+def _cg_step(hessian: _Hessian, gradient: np.ndarray, rtol: float) -> np.ndarray:
+    """H⁻¹∇L by at most :data:`CG_ITERATIONS` (preconditioned) conjugate-gradient iterations
+    on the products ``hessian``, to the relative residual ``rtol``."""
+    times, precondition = hessian
+    size = gradient.size
+    operator = LinearOperator((size, size), matvec=times, dtype=np.float64)
+    preconditioner = (
+        None
+        if precondition is None
+        else LinearOperator((size, size), matvec=precondition, dtype=np.float64)
+    )
+    step, _ = cg(operator, gradient, rtol=rtol, maxiter=CG_ITERATIONS, M=preconditioner)
+    return step
+
+
 def _fall_back(
     value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
     hessian_at: Callable[[np.ndarray], _Hessian],
@@ -384,19 +413,10 @@ def _newton(
     theta = theta0
     value, gradient = value_and_gradient(theta)
     current = measure(gradient)
-    size = theta.size
+    target = POLISH_FACTOR * gradient_tol
     steps = 0
-    while steps < max_steps and not current < POLISH_FACTOR * gradient_tol:
-        times, precondition = hessian_at(theta)
-        operator = LinearOperator((size, size), matvec=times, dtype=np.float64)
-        preconditioner = (
-            None
-            if precondition is None
-            else LinearOperator((size, size), matvec=precondition, dtype=np.float64)
-        )
-        target = POLISH_FACTOR * gradient_tol
-        rtol = min(0.5, max(math.sqrt(current), 0.5 * target / current))
-        step, _ = cg(operator, gradient, rtol=rtol, maxiter=CG_ITERATIONS, M=preconditioner)
+    while steps < max_steps and not current < target:
+        step = _cg_step(hessian_at(theta), gradient, _residual_tol(current, target))
         slope = -float(step @ gradient)
         if not slope < 0.0:
             break
@@ -408,7 +428,7 @@ def _newton(
             new_value, new_gradient = value_and_gradient(candidate)
             new = measure(new_gradient)
             if new_value <= value + 1e-4 * t * slope or (
-                new < current and abs(new_value - value) <= 1e-12 * max(abs(value), 1.0)
+                new < current and _rounding_hides(value, new_value)
             ):
                 accepted = True
                 break
@@ -519,7 +539,7 @@ def _trust_newton(
     progress = 0.0
     while steps < max_steps and not current < target:
         times, precondition = hessian_at(theta)
-        rtol = min(0.5, max(math.sqrt(current), 0.5 * target / current, progress))
+        rtol = _residual_tol(current, target, progress)
         step, model, length = _steihaug(
             times, precondition, gradient, radius, rtol, CG_ITERATIONS, -value
         )
@@ -533,7 +553,7 @@ def _trust_newton(
             new_value, new_gradient = value_and_gradient(candidate)
             new = measure(new_gradient)
             predicted = scale * slope + scale * scale * half_curvature
-            if abs(new_value - value) <= 1e-12 * max(abs(value), 1.0):
+            if _rounding_hides(value, new_value):
                 ratio = 1.0 if new < current else 0.0
             else:
                 ratio = (value - new_value) / -predicted
@@ -621,7 +641,6 @@ class _FullProblem:
         start: torch.Tensor,
         gradient_tol: float,
         max_iterations: int,
-        newton_float32: bool = True,
         trace: Trace | None = None,
     ) -> _Solution:
         """Minimise mean NLL + Σ ``penalty`` ⊙ V² from V = ``start`` (K×(K+1)); ``trace``
@@ -657,8 +676,8 @@ class _FullProblem:
         # only on the diagonal of W) makes it the same for every row, 2 P diag(c̄) P = U D Uᵀ.
         # float32 first; float64 when Newton stalls with it (a regulariser so weak that the
         # softmax's flat directions drown in float32 rounding).
-        precision = [torch.float32 if newton_float32 else torch.float64]
-        a32 = a.to(torch.float32) if newton_float32 else a
+        precision = [torch.float32]
+        a32 = a.to(torch.float32)
         column_mean = penalty.mean(0)
         penalty_values, penalty_vectors = torch.linalg.eigh(2.0 * (p * column_mean) @ p)
         penalty_values = penalty_values.clamp_min(0.0)
@@ -1014,7 +1033,8 @@ def fit_linear(
     trace: Trace | None = None,
 ) -> LinearFit:
     """Fit vector (``method="vector"``), matrix or Dirichlet scaling on (``scores``,
-    ``labels``) by L-BFGS and a Newton polish on the regularised mean NLL, in float64.
+    ``labels``) by Newton's method (see the module docstring) on the regularised mean NLL, in
+    float64.
 
     ``regulariser`` (full maps): ``odir`` (λ_od = ``l2_off_diagonal``, λ_b = ``l2_bias``) or
     ``l2`` (λ = ``l2_off_diagonal``), see :func:`penalty_weights`. The fit starts at the
@@ -1219,13 +1239,6 @@ def _past_the_minimum(path: list[float], patience: int) -> bool:
     return len(tail) > patience and all(b > a for a, b in pairwise(tail))
 
 
-def _map_matrix(fitted: LinearMap) -> torch.Tensor:
-    """[W, b] (K×(K+1)) of a fitted full map."""
-    w = torch.tensor(fitted.weights, dtype=torch.float64)
-    b = torch.tensor(fitted.bias, dtype=torch.float64)
-    return torch.cat([w, b[:, None]], dim=1)
-
-
 def _newton_polish(
     theta: np.ndarray,
     nll_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
@@ -1243,15 +1256,7 @@ def _newton_polish(
     for _ in range(NEWTON_STEPS):
         if current < POLISH_FACTOR * gradient_tol:
             break
-        size = theta.size
-        times, precondition = hessian_at(theta)
-        operator = LinearOperator((size, size), matvec=times, dtype=np.float64)
-        preconditioner = (
-            None
-            if precondition is None
-            else LinearOperator((size, size), matvec=precondition, dtype=np.float64)
-        )
-        step, _ = cg(operator, gradient, rtol=CG_RTOL, maxiter=CG_ITERATIONS, M=preconditioner)
+        step = _cg_step(hessian_at(theta), gradient, CG_RTOL)
         candidate = theta - step
         new_gradient = nll_and_grad(candidate)[1]
         new = measure(new_gradient)
