@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from curvcal.calibration.bbq import BBQFit
 from curvcal.calibration.binary import BinaryFit
 from curvcal.calibration.binning import HistogramFit
 from curvcal.calibration.ensemble import EnsembleFit
@@ -103,6 +104,7 @@ class StageMetrics:
     dirichlet: CalibrationMetrics | None = None
     dirichlet_l2: CalibrationMetrics | None = None
     ets: CalibrationMetrics | None = None
+    bbq: CalibrationMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)
@@ -131,6 +133,7 @@ class CalibrationFits:
     dirichlet: LinearFit | None = None
     dirichlet_l2: LinearFit | None = None
     ets: EnsembleFit | None = None
+    bbq: BBQFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)

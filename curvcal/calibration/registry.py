@@ -6,7 +6,8 @@ which returns a fit record whose ``calibrator`` is a frozen map object (:class:`
 exponentials, ``to_dict()`` plain numbers only and ``load(dict, source)`` (the entry's) rebuilds
 it from them without running anything from the file. The report stage of a map is its key
 (``ts``, ``focal_ts``, ``vector``, ``matrix``, ``laplace``, ``histogram``, ``histogram_ovr``,
-``isotonic``, ``isotonic_ovr``, ``platt``, ``beta``, ``dirichlet``, ``dirichlet_l2``, ``ets``);
+``isotonic``, ``isotonic_ovr``, ``platt``, ``beta``, ``dirichlet``, ``dirichlet_l2``, ``ets``,
+``bbq``);
 ``option`` is its ``--method`` spelling and ``method`` the name its saved form carries.
 ``input`` is what the map reads: ``scores`` (N×K), or ``features`` (a
 :class:`~curvcal.calibration.laplace.HeadFeatures`: the model's last-layer inputs and head,
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from curvcal.calibration.bbq import BBQMap, fit_bbq
 from curvcal.calibration.binary import BinaryMap, fit_binary
 from curvcal.calibration.binning import HistogramMap, fit_histogram
 from curvcal.calibration.dirichlet import fit_dirichlet
@@ -291,6 +293,7 @@ MAPS: dict[str, MapKind] = {
             LinearMap.from_dict,
         ),
         MapKind("ets", "ets", "ensemble-temperature", "ETS", _fit_ets, EnsembleMap.from_dict),
+        MapKind("bbq", "bbq", "bbq", "BBQ", _fit_method(fit_bbq, "bbq"), BBQMap.from_dict),
     )
 }
 #: The saved method of every stage.

@@ -33,9 +33,13 @@ STAGE_TITLES = {
     "dirichlet": "Dirichlet",
     "dirichlet_l2": "Dirichlet L2",
     "ets": "ETS",
+    "bbq": "BBQ",
 }
 #: Stages of the maps the "binning, isotonic and binary maps" table describes.
-ONE_DIMENSIONAL_STAGES = ("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta")
+ONE_DIMENSIONAL_STAGES = (
+    *("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta"),
+    "bbq",
+)
 CHART_WIDTH = 20
 
 
@@ -574,6 +578,11 @@ def _shape(fit: Any) -> str:
         return f"{fit.n_bins} {fit.scheme} bins{per} ({used} used, {fit.empty_bins} empty)"
     if fit.method.startswith("isotonic"):
         return f"{sum(fit.points)} points"
+    if fit.method == "bbq":
+        return (
+            f"{fit.n_models} equal-mass binnings of {fit.min_bins}-{fit.max_bins} bins "
+            f"({fit.models_kept} kept, largest weight {fit.largest_weight:.3g})"
+        )
     text = ", ".join(f"{name} = {value:.4g}" for name, value in fit.coefficients.items())
     return text + (f" ({fit.fixed} fixed at 0: a, b >= 0)" if fit.fixed else "")
 

@@ -24,7 +24,8 @@ MAX_BINS = 10_000
 #: ``--method``: temperature scaling, focal temperature scaling, both, vector scaling, matrix
 #: scaling, the last-layer Laplace approximation (calibrate only: it needs the model), histogram
 #: binning and isotonic regression (top-label or one-vs-rest), Platt scaling, beta calibration,
-#: Dirichlet calibration (ODIR or L2), ensemble temperature scaling, every map that applies
+#: Dirichlet calibration (ODIR or L2), ensemble temperature scaling, Bayesian binning into
+#: quantiles (BBQ), every map that applies
 #: (ranked), or none (metrics only).
 METHODS = (
     "ts",
@@ -42,6 +43,7 @@ METHODS = (
     "dirichlet",
     "dirichlet-l2",
     "ets",
+    "bbq",
     "all",
     "none",
 )
@@ -91,7 +93,7 @@ class CalibrationSettings(Settings):
 
     ``method``: the maps to fit, ``ts``, ``focal-ts``, ``both`` (TS and focal TS), ``vector``,
     ``matrix``, ``histogram``, ``histogram-ovr``, ``isotonic``, ``isotonic-ovr``, ``platt``,
-    ``beta``, ``all`` (every map that applies, ranked on the evaluation split) or ``none``
+    ``beta``, ``bbq``, ``all`` (every map that applies, ranked on the evaluation split) or ``none``
     (``None``: the
     command picks: ``both`` for ``calibrate``; for ``metrics``, ``both`` with a fit split and
     ``none`` without; for the kernel, ``both`` when it is given a fit split). ``objective``:
@@ -122,7 +124,8 @@ class CalibrationSettings(Settings):
         "only: it needs the model), histogram binning or isotonic regression of the "
         "top-label confidence (histogram, isotonic) or of each class against the rest, "
         "renormalised (histogram-ovr, isotonic-ovr), Platt scaling or beta calibration (two "
-        "classes only), all (every map that applies, ranked by NLL and ECE on the evaluation "
+        "classes only), Bayesian binning into quantiles of the top-label confidence (bbq), "
+        "all (every map that applies, ranked by NLL and ECE on the evaluation "
         "split with paired bootstrap intervals of the differences), or none (measure only). "
         "Default: calibrate: both; metrics: none, or both with --fit or "
         "--val-split.",
