@@ -18,8 +18,9 @@ with a uniform prior over the models, and the top class gets f(c) by the top-lab
 (:func:`~curvcal.calibration.univariate.top_label_map`). Conventions:
 
 * **models**: B from B_min = max(1, ⌊N^{1/3}/10⌋) to B_max = min(⌈N/5⌉, ⌈10·N^{1/3}⌉) (the
-  paper's range with C = 10, as netcal and the authors' code); binnings that ties make
-  identical are one model (each distinct binning once in the uniform prior).
+  paper's range with C = 10, as netcal and the authors' code; computed in whole numbers);
+  binnings that ties make identical are one model (each distinct binning once in the uniform
+  prior).
 * **edges**: the equal-mass cuts of histogram binning and AdaECE
   (:func:`~curvcal.calibration.binning.sorted_equal_mass_edges`: at round(i·N/B), each moved to
   the end of its tie group, inner edges halfway between neighbouring scores), outer edges 0
@@ -39,7 +40,6 @@ no global RNG.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -67,8 +67,6 @@ from curvcal.errors import InputError
 BBQ_METHOD = "bbq"
 #: N', the equivalent sample size of the BDeu prior (the paper's value).
 PRIOR_STRENGTH = 2.0
-#: C of the paper's range of bin counts, N^{1/3}/C to C·N^{1/3}.
-RANGE_FACTOR = 10.0
 #: Models whose weight is under this (float64's machine epsilon) are not saved.
 SMALLEST_WEIGHT = 2.0**-52
 #: How far the saved weights may sum from 1.
@@ -76,12 +74,25 @@ WEIGHT_SUM_TOLERANCE = 1e-9
 
 
 def bin_counts(n_samples: int) -> tuple[int, ...]:
-    """The numbers of bins B of the candidate models for ``n_samples`` fit samples:
-    max(1, ⌊N^{1/3}/10⌋) to min(⌈N/5⌉, ⌈10·N^{1/3}⌉)."""
-    root = n_samples ** (1.0 / 3.0)
-    low = max(1, math.floor(root / RANGE_FACTOR))
-    high = max(low, min(math.ceil(n_samples / 5), math.ceil(RANGE_FACTOR * root)))
+    """The numbers of bins B of the candidate models for ``n_samples`` fit samples N:
+    max(1, ⌊N^{1/3}/10⌋) to min(⌈N/5⌉, ⌈10·N^{1/3}⌉), in whole numbers (⌊N^{1/3}/10⌋ is the
+    largest m with 1000·m³ ≤ N, ⌈10·N^{1/3}⌉ the smallest m with m³ ≥ 1000·N), so a perfect
+    cube is not moved across an integer by the rounding of a floating cube root."""
+    low = max(1, _largest_cube_root(n_samples // 1000))
+    top = _largest_cube_root(1000 * n_samples)
+    top += top**3 < 1000 * n_samples
+    high = max(low, min(-(-n_samples // 5), top))
     return tuple(range(low, high + 1))
+
+
+def _largest_cube_root(value: int) -> int:
+    """The largest whole m ≥ 0 with m³ ≤ ``value`` (≥ 0)."""
+    m = round(value ** (1.0 / 3.0))
+    while m**3 > value:
+        m -= 1
+    while (m + 1) ** 3 <= value:
+        m += 1
+    return m
 
 
 def log_marginal_likelihood(
