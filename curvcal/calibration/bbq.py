@@ -280,6 +280,8 @@ def fit_bbq(
     confidence = torch.exp(logp.gather(1, top[:, None])[:, 0]).numpy()
     correct = (top == y).numpy().astype(np.float64)
     tried = bin_counts(n) if counts is None else tuple(counts)
+    if not tried or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tried):
+        raise InputError("counts", f"bins must be whole numbers >= 1, got {tried!r}")
     edges, values, weights, _ = fit_models(confidence, correct, tried)
     kept = np.flatnonzero(weights >= SMALLEST_WEIGHT)
     fitted = BBQMap(
