@@ -49,7 +49,13 @@ import numpy as np
 import torch
 from scipy.special import gammaln
 
-from curvcal.calibration.binning import bin_cells, bin_of, cell_bin_of, sorted_equal_mass_edges
+from curvcal.calibration.binning import (
+    bin_cells,
+    bin_of,
+    cell_bin_of,
+    sorted_equal_mass_edges,
+    tie_group_ends,
+)
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
     apply_by_rows,
@@ -129,12 +135,13 @@ def fit_models(
     ranked = confidence[order]
     hits_before = np.concatenate([[0.0], np.cumsum(target[order])])
     n = len(ranked)
+    group_end = tie_group_ends(ranked)
     all_edges: list[np.ndarray] = []
     all_values: list[np.ndarray] = []
     scores: list[float] = []
     seen: set[bytes] = set()
     for n_bins in bin_counts(n) if counts is None else counts:
-        edges = sorted_equal_mass_edges(ranked, n_bins)
+        edges = sorted_equal_mass_edges(ranked, n_bins, group_end)
         key = edges.tobytes()
         if key in seen:
             continue
