@@ -40,10 +40,12 @@ after every map, so a long run that is stopped keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import importlib
 import importlib.util
+import io
 import json
 import math
 import os
@@ -590,6 +592,49 @@ def netcal_top_label_histogram(
         return np.asarray(model.transform(confidence))
 
 
+def netcal_top_label_bbq(
+    logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray
+) -> np.ndarray:
+    """netcal's binary ``BBQ`` (its defaults: equal-width binnings, BIC, the elbow rule) on the
+    top-label confidence against correctness (fitted and applied; the calibrated
+    confidences)."""
+    from netcal.binning import BBQ
+
+    confidence, correct = top_label_pairs(probs, y)
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),  # its progress bar
+    ):
+        warnings.simplefilter("ignore")
+        model = BBQ().fit(confidence, correct)
+        return np.asarray(model.transform(confidence))
+
+
+def torch_uncertainty_top_label_bbq(
+    logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray
+) -> np.ndarray:
+    """torch-uncertainty's ``BBQScaler`` (its defaults: bin counts 2..15) on the top-label
+    confidence against correctness, given as one float32 logit per sample (its binary case;
+    its quantiles need float32): fitted and applied, the calibrated confidences."""
+    import logging
+
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch_uncertainty.post_processing import BBQScaler
+
+    confidence, correct = top_label_pairs(probs, y)
+    x = torch.logit(torch.from_numpy(confidence)).to(torch.float32)
+    model = BBQScaler(model=None)
+    loader = DataLoader(TensorDataset(x, torch.from_numpy(correct)), batch_size=len(x))
+    logging.disable(logging.WARNING)  # "model is None" on every fit
+    try:
+        model.fit(loader, progress=False)
+    finally:
+        logging.disable(logging.NOTSET)
+    with torch.no_grad():
+        return torch.sigmoid(model(x)).to(torch.float64).numpy()
+
+
 @dataclass(frozen=True)
 class FullMapFit:
     """A peer's fitted full map: its N×K ``probabilities`` and its parameters, W (K×K, with
@@ -701,6 +746,14 @@ PEER_MAPS: dict[str, tuple[tuple[str, str, PeerMap], ...]] = {
             "probmetrics DirichletCalibrator",
             "probmetrics",
             probmetrics_map("logistic", "DirichletCalibrator"),
+        ),
+    ),
+    "bbq": (
+        ("netcal BBQ (top-label)", "netcal", netcal_top_label_bbq),
+        (
+            "torch-uncertainty BBQScaler (top-label)",
+            "torch_uncertainty",
+            torch_uncertainty_top_label_bbq,
         ),
     ),
     "ets": (
@@ -849,7 +902,7 @@ FIXED_OBJECTIVES: dict[str, tuple[str, float]] = {
 }
 
 #: Maps whose peers calibrate the top-label confidence alone (they return N values).
-TOP_LABEL_MAPS = ("histogram", "isotonic")
+TOP_LABEL_MAPS = ("histogram", "isotonic", "bbq")
 
 
 def _max_difference(ours: torch.Tensor, theirs: Any, top_label: bool = False) -> float | None:
