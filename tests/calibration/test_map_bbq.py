@@ -378,14 +378,27 @@ def test_calibrate_method_bbq_on_a_checkpoint(run_cli, tmp_path: Path) -> None:
     from curvcal.assets import demo_checkpoint
 
     small = ("--data", "curvcal:digits", "--max-samples", "200", "--batch-size", "100")
-    calibrator = tmp_path / "cal.json"
+    calibrator, logits = tmp_path / "cal.json", tmp_path / "all.npz"
     result = run_cli(
         "calibrate", demo_checkpoint(), *small, "--method", "bbq",
-        "--save-calibrator", calibrator, "--json",
+        "--save-calibrator", calibrator, "--save-logits", logits, "--json",
     )  # fmt: skip
-    document = as_json(result)
-    assert "bbq" in document["results"]["fits"]
-    assert json.loads(calibrator.read_text())["bbq"]["method"] == "bbq"
+    assert "bbq" in as_json(result)["results"]["fits"]
+    saved = json.loads(calibrator.read_text())["bbq"]
+    # --apply measures the saved map on all of --data: the numbers of the map applied here
+    applied = as_json(
+        run_cli("calibrate", demo_checkpoint(), *small, "--apply", calibrator, "--json")
+    )
+    data = np.load(logits)
+    q = BBQMap.from_dict(saved).probabilities(torch.tensor(data["logits"]))
+    y = torch.tensor(data["labels"])
+    nll = -float(torch.log(q[torch.arange(len(y)), y]).mean())
+    assert applied["results"]["evaluation"]["bbq"]["nll"] == pytest.approx(nll, rel=1e-12)
+    again = as_json(run_cli("metrics", logits, "--apply", calibrator, "--json"))
+    for metric in ("ece", "nll", "brier"):
+        assert again["results"]["evaluation"]["bbq"][metric] == pytest.approx(
+            applied["results"]["evaluation"]["bbq"][metric], rel=1e-12
+        )
 
 
 def test_method_all_includes_bbq(run_cli, tmp_path: Path) -> None:
