@@ -18,7 +18,8 @@ applied to. The ``vector`` and ``matrix`` keys appear only in files that hold th
 (schema ``1.2``; a file with TS and focal TS only stays ``1.1``); ``histogram``,
 ``histogram_ovr``, ``isotonic``, ``isotonic_ovr``, ``platt`` and ``beta`` keys only in files of
 schema ``1.3``, which hold such a map (their numbers: :mod:`curvcal.calibration.binning`,
-:mod:`~curvcal.calibration.isotonic`, :mod:`~curvcal.calibration.binary`). Every value is a plain
+:mod:`~curvcal.calibration.isotonic`, :mod:`~curvcal.calibration.binary`; a ``bbq`` key:
+:mod:`~curvcal.calibration.bbq`). Every value is a plain
 number: reading a file runs nothing from it. Schema ``1.0`` files (no provenance) are still
 read. The command writes the text of
 :func:`calibrators_json` atomically; every fault in a file read back is an
