@@ -50,13 +50,7 @@ import numpy as np
 import torch
 from scipy.special import gammaln
 
-from curvcal.calibration.binning import (
-    bin_cells,
-    bin_of,
-    cell_bin_of,
-    sorted_equal_mass_edges,
-    tie_group_ends,
-)
+from curvcal.calibration.binning import bin_cells, bin_of, cell_bin_of, tie_group_ends
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.univariate import (
     apply_by_rows,
@@ -102,16 +96,20 @@ def _largest_cube_root(value: int) -> int:
     return m
 
 
-def log_marginal_likelihood(
-    count: np.ndarray, hits: np.ndarray, edges: np.ndarray, prior_strength: float = PRIOR_STRENGTH
-) -> tuple[float, np.ndarray]:
-    """(log P(D | M), posterior means θ_b) of one binning: per-bin ``count`` n_b and ``hits``
-    k_b, bin ``edges`` (B + 1 values from 0 to 1), the BDeu Beta prior of the module
-    docstring."""
-    a = prior_strength / (len(edges) - 1)
-    middle = (edges[:-1] + edges[1:]) / 2
+def bin_evidence(
+    count: np.ndarray,
+    hits: np.ndarray,
+    middle: np.ndarray,
+    n_bins: np.ndarray,
+    prior_strength: float = PRIOR_STRENGTH,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(log evidence, posterior mean) of every bin: its ``count`` n_b and ``hits`` k_b, its
+    ``middle`` m_b and the number of bins ``n_bins`` B of its model, under the BDeu Beta prior
+    of the module docstring (a = N'/B, α = a·m, β = a·(1 − m)). A model's log P(D | M) is the
+    sum over its bins."""
+    a = prior_strength / n_bins
     alpha, beta = a * middle, a * (1.0 - middle)
-    score = (
+    log_evidence = (
         gammaln(a)
         - gammaln(count + a)
         + gammaln(hits + alpha)
@@ -119,7 +117,33 @@ def log_marginal_likelihood(
         + gammaln(count - hits + beta)
         - gammaln(beta)
     )
-    return float(score.sum()), (hits + alpha) / (count + a)
+    return log_evidence, (hits + alpha) / (count + a)
+
+
+def equal_mass_cuts(ranked: np.ndarray, counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(model of each inner edge, the inner edges) of the equal-mass binnings of the sorted
+    scores ``ranked`` into each of ``counts`` bins, all at once, model by model and rising
+    within a model: the edges of :func:`~curvcal.calibration.binning.sorted_equal_mass_edges`
+    (cuts at round(i·N/B) moved to the end of their tie group, repeated cuts dropped, each
+    edge halfway between the scores either side, or the lower one where halfway rounds onto
+    the upper, edges at 0 dropped)."""
+    n = len(ranked)
+    group_end = tie_group_ends(ranked)
+    sizes = np.asarray(counts, dtype=np.int64)
+    model = np.repeat(np.arange(len(sizes)), sizes - 1)
+    first = np.repeat(np.cumsum(sizes - 1) - (sizes - 1), sizes - 1)
+    i = np.arange(len(model)) - first + 1  # i = 1 .. B − 1 within each model
+    targets = np.floor(i.astype(np.float64) * n / sizes[model] + 0.5)
+    last_before = np.clip(targets.astype(np.int64) - 1, 0, n - 1)
+    cuts = np.where(targets > 0, group_end[last_before], 0)
+    inside = (cuts > 0) & (cuts < n)
+    keys = np.unique(model[inside] * (n + 1) + cuts[inside])  # by model, then cut; no repeats
+    model, boundary = keys // (n + 1), keys % (n + 1)
+    below, above = ranked[boundary - 1], ranked[boundary]
+    inner = below + (above - below) / 2
+    inner = np.where(inner < above, inner, below)
+    positive = inner > 0
+    return model[positive], inner[positive]
 
 
 def fit_models(
@@ -131,34 +155,42 @@ def fit_models(
     """(edges per model, posterior means per model, normalised weights, log marginal
     likelihoods) of BBQ on 1-D scores ``confidence`` ∈ [0, 1] and 0/1 ``target``, over the
     equal-mass binnings with ``counts`` bins (default :func:`bin_counts`); binnings made
-    identical by ties are fitted once. Every model is returned, weight 0 included."""
+    identical by ties are fitted once. Every model is returned, weight 0 included. The bins of
+    all models are scored in one vectorised pass."""
     order = np.argsort(confidence, kind="stable")
     ranked = confidence[order]
     hits_before = np.concatenate([[0.0], np.cumsum(target[order])])
     n = len(ranked)
-    group_end = tie_group_ends(ranked)
-    all_edges: list[np.ndarray] = []
-    all_values: list[np.ndarray] = []
-    scores: list[float] = []
+    tried = bin_counts(n) if counts is None else tuple(counts)
+    model, inner = equal_mass_cuts(ranked, tried)
+    offsets = np.searchsorted(model, np.arange(len(tried) + 1))
     seen: set[bytes] = set()
-    for n_bins in bin_counts(n) if counts is None else counts:
-        edges = sorted_equal_mass_edges(ranked, n_bins, group_end)
-        key = edges.tobytes()
-        if key in seen:
-            continue
-        seen.add(key)
-        # bins (e_b, e_{b+1}]: the scores <= each inner edge end a bin
-        ends = np.concatenate([np.searchsorted(ranked, edges[1:-1], side="right"), [n]])
-        starts = np.concatenate([[0], ends[:-1]])
-        count = (ends - starts).astype(np.float64)
-        hits = hits_before[ends] - hits_before[starts]
-        score, values = log_marginal_likelihood(count, hits, edges, prior_strength)
-        all_edges.append(edges)
-        all_values.append(values)
-        scores.append(score)
-    log_evidence = np.asarray(scores, dtype=np.float64)
+    distinct = []  # the first model of each distinct binning
+    for j in range(len(tried)):
+        key = inner[offsets[j] : offsets[j + 1]].tobytes()
+        if key not in seen:
+            seen.add(key)
+            distinct.append(j)
+    picked = np.asarray(distinct)
+    inner_of = [inner[offsets[j] : offsets[j + 1]] for j in picked]
+    edges = [np.concatenate([[0.0], row, [1.0]]) for row in inner_of]
+    n_bins = np.asarray([len(row) - 1 for row in edges])
+    lower = np.concatenate([row[:-1] for row in edges])
+    upper = np.concatenate([row[1:] for row in edges])
+    # bins (e_b, e_{b+1}]: the scores <= each edge end the bin below it
+    starts = np.searchsorted(ranked, lower, side="right")
+    starts[lower == 0.0] = 0  # the first bin holds the scores equal to 0 too
+    ends = np.searchsorted(ranked, upper, side="right")
+    ends[upper == 1.0] = n  # and the last every score above its lower edge
+    count = (ends - starts).astype(np.float64)
+    hits = hits_before[ends] - hits_before[starts]
+    first_bin = np.concatenate([[0], np.cumsum(n_bins)[:-1]])
+    per_bin, values = bin_evidence(
+        count, hits, (lower + upper) / 2, np.repeat(n_bins, n_bins), prior_strength
+    )
+    log_evidence = np.add.reduceat(per_bin, first_bin)
     weights = np.exp(log_evidence - log_evidence.max())
-    return all_edges, all_values, weights / weights.sum(), log_evidence
+    return edges, np.split(values, first_bin[1:]), weights / weights.sum(), log_evidence
 
 
 def merged_map(

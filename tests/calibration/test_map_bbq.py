@@ -42,6 +42,7 @@ from curvcal.calibration.bbq import (
     fit_bbq,
     fit_models,
 )
+from curvcal.calibration.binning import sorted_equal_mass_edges
 from tests.calibration.test_linear_maps import synthetic
 from tests.commands.test_metrics import as_json, logits_file
 
@@ -113,6 +114,40 @@ def test_a_tie_moves_the_cut_to_its_end() -> None:
     np.testing.assert_allclose(saved["values"][1], [low_value, high_value], rtol=0, atol=1e-12)
     np.testing.assert_allclose(saved["values"][0], [theta1], rtol=0, atol=1e-12)
     np.testing.assert_allclose(saved["weights"], [1 - w2, w2], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["plain", "ties", "saturated", "tiny"])
+def test_the_models_are_histogram_binnings_equal_mass_bins(case: str) -> None:
+    # every candidate binning, found for all B at once, is the equal-mass histogram's binning
+    # for that B, bit for bit; each bin's evidence is the formula's
+    z, y = synthetic(60 if case == "tiny" else 3000, 10, 3.0, 7)
+    if case == "ties":
+        z[:1500] = np.round(z[:1500], 1)
+    if case == "saturated":
+        z[:800, 0] += 60.0
+    c, t = top_label(z, y)
+    edges, values, _, log_evidence = fit_models(c, t)
+    ranked = np.sort(c)
+    expected = []
+    for n_bins in bin_counts(len(c)):
+        row = sorted_equal_mass_edges(ranked, n_bins)
+        if not any(np.array_equal(row, seen) for seen in expected):
+            expected.append(row)
+    assert len(edges) == len(expected)
+    for row, reference, row_values, score in zip(
+        edges, expected, values, log_evidence, strict=True
+    ):
+        assert np.array_equal(row, reference)
+        index = np.searchsorted(row[1:-1], c, side="left")
+        total = 0.0
+        for b in range(len(row) - 1):
+            inside = index == b
+            evidence, mean = beta_bin(
+                inside.sum(), t[inside].sum(), row[b], row[b + 1], 2.0 / (len(row) - 1)
+            )
+            total += evidence
+            assert row_values[b] == pytest.approx(mean, rel=1e-13)
+        assert score == pytest.approx(total, rel=1e-12)
 
 
 def test_bin_counts_are_the_papers_range_in_whole_numbers() -> None:
