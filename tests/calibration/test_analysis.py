@@ -223,7 +223,7 @@ def test_fit_split_and_method_must_agree() -> None:
 @pytest.mark.parametrize(
     ("changes", "option"),
     [
-        ({"method": "bbq"}, "--method"),
+        ({"method": "no-such-map"}, "--method"),
         ({"objective": "brier"}, "--objective"),
         ({"focal_objective": "mse"}, "--focal-objective"),
         ({"bins": 0}, "bins"),

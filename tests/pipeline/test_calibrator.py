@@ -39,7 +39,7 @@ def test_one_stage_may_be_null(tmp_path: Path) -> None:
         ('{"schema": "1.0", "ts": null, "focal_ts": null}', "holds no calibrator"),
         ('{"schema": "9", "ts": null}', "calibrator schema '9'"),
         ('{"ts": {"method": "temperature", "temperature": 2}}', "calibrator schema None"),
-        ('{"schema": "1.0", "bbq": {}}', "unknown keys"),
+        ('{"schema": "1.0", "no_such_map": {}}', "unknown keys"),
         (
             '{"schema": "1.0", "ts": {"method": "focal-temperature", "temperature": 2, "gamma": 1}}',
             "'ts' must be a 'temperature' calibrator",

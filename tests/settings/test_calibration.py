@@ -117,7 +117,7 @@ def test_the_kernel_fits_both_maps_when_no_method_is_given() -> None:
         ({"bins": 0}, "bins", "the number of bins must be an integer >= 1, got 0"),
         ({"gammas": (0.0, -1.0)}, "--gammas", "gamma must be a finite number >= 0, got -1.0"),
         ({"bootstrap": -1}, "--bootstrap", "must be >= 0, got -1"),
-        ({"method": "bbq"}, "--method", "unknown method 'bbq'"),
+        ({"method": "no-such-map"}, "--method", "unknown method 'no-such-map'"),
         ({"bins": 10_001}, "--bins", "must be an integer ≥ 1 and ≤ 10000, got 10001"),
         ({"seed": -1}, "--seed", "must be an integer ≥ 0"),
         ({"val_split": 1.0}, "--val-split", "must be a number > 0 and < 1, got 1.0"),
