@@ -195,18 +195,14 @@ def tie_group_ends(ranked: np.ndarray) -> np.ndarray:
     return np.append(np.flatnonzero(starts)[1:], len(ranked))[np.cumsum(starts) - 1]
 
 
-def sorted_equal_mass_edges(
-    ranked: np.ndarray, n_bins: int, group_end: np.ndarray | None = None
-) -> np.ndarray:
+def sorted_equal_mass_edges(ranked: np.ndarray, n_bins: int) -> np.ndarray:
     """:func:`histogram_edges` ``equal-mass`` of scores already sorted ascending: the cuts of
     :func:`~curvcal.calibration.bins.equal_mass_index` (at round(i·N/M), each moved to the end
-    of its tie group; empty bins dropped) read off the sorted scores (``group_end``: their
-    :func:`tie_group_ends`, when already known)."""
+    of its tie group; empty bins dropped) read off the sorted scores."""
     n = len(ranked)
     targets = np.floor(np.arange(1, n_bins, dtype=np.float64) * n / n_bins + 0.5)
     last_before = np.clip(targets.astype(np.int64) - 1, 0, n - 1)
-    if group_end is None:
-        group_end = tie_group_ends(ranked)
+    group_end = tie_group_ends(ranked)
     cuts = np.where(targets > 0, group_end[last_before], 0)
     cuts = np.maximum.accumulate(cuts) if len(cuts) else cuts
     boundary = np.unique(cuts[(cuts > 0) & (cuts < n)])
