@@ -45,6 +45,9 @@ from curvcal.calibration.bbq import (
 from curvcal.calibration.binning import sorted_equal_mass_edges
 from tests.calibration.test_linear_maps import synthetic
 from tests.commands.test_metrics import as_json, logits_file
+from tests.commands.test_study_maps import GOLDEN
+from tests.commands.test_study_maps import _calibrate as calibrate_evaluation
+from tests.commands.test_study_maps import _study as study_maps
 
 CASES = [(k, sharpen) for k in (2, 10, 100) for sharpen in (3.0, 0.5)]
 
@@ -455,3 +458,30 @@ def test_a_policy_gates_the_bbq_stage(run_cli, tmp_path: Path) -> None:
     assert run_cli("compare", report, report, "--policy", policy).code == 0
     policy.write_text(f"[bbq.ece]\nmax = {ece - 1e-9}\n")
     assert run_cli("compare", report, report, "--policy", policy).code == 1
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The golden study's tiny DigitsCNN checkpoints (10 classes) and data."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("golden_regenerate_bbq", GOLDEN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    folder = tmp_path_factory.mktemp("study_bbq")
+    module.build_workspace(folder)
+    return folder
+
+
+def test_study_maps_bbq_is_calibrates_bbq(workspace: Path, run_cli) -> None:
+    # the study's map equals calibrate's for the same checkpoint, split and seed
+    names = ("a_ce", "b_flsd")
+    result = study_maps(run_cli, workspace, "bbq", names)
+    assert result.code == 0, result.stderr
+    rows = json.loads(result.stdout)["results"]["rows"]
+    for name, row in zip(names, rows, strict=True):
+        truth = calibrate_evaluation(run_cli, workspace, name, "bbq")["bbq"]
+        ours = row["calibration"]["maps"]["bbq"]
+        assert ours["ece"] == pytest.approx(truth["ece"], rel=1e-9, abs=1e-12)
+        assert ours["nll"] == pytest.approx(truth["nll"], rel=1e-9)
