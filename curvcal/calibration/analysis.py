@@ -46,6 +46,7 @@ from curvcal.calibration.results import (
     FocalTemperatureFit,
     TemperatureFit,
 )
+from curvcal.calibration.venn_abers import VennAbersFit
 from curvcal.errors import InputError
 from curvcal.settings.calibration import CalibrationSettings as CalibrationSettings
 
@@ -103,6 +104,7 @@ class StageMetrics:
     dirichlet: CalibrationMetrics | None = None
     dirichlet_l2: CalibrationMetrics | None = None
     ets: CalibrationMetrics | None = None
+    venn_abers: CalibrationMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)
@@ -131,6 +133,7 @@ class CalibrationFits:
     dirichlet: LinearFit | None = None
     dirichlet_l2: LinearFit | None = None
     ets: EnsembleFit | None = None
+    venn_abers: VennAbersFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)

@@ -51,6 +51,7 @@ _READ_SCHEMAS = ("1.0", CALIBRATOR_SCHEMA, MAPS_SCHEMA, ONE_DIMENSIONAL_SCHEMA)
 _SINCE_1_3 = (
     *("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta"),
     *("laplace", "dirichlet", "dirichlet_l2", "ets"),
+    "venn_abers",
 )
 #: Stages every file names (``null`` when absent); the others only when present.
 _ALWAYS = ("ts", "focal_ts")

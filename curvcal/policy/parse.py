@@ -97,6 +97,7 @@ STAGES = (
     "dirichlet",
     "dirichlet_l2",
     "ets",
+    "venn_abers",
 )
 """``uncalibrated``: the model's own probabilities; ``ts``: after temperature scaling;
 ``focal_ts``: after focal temperature scaling; ``vector``/``matrix``: after vector or matrix

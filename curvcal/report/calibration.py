@@ -33,9 +33,18 @@ STAGE_TITLES = {
     "dirichlet": "Dirichlet",
     "dirichlet_l2": "Dirichlet L2",
     "ets": "ETS",
+    "venn_abers": "Venn-Abers",
 }
 #: Stages of the maps the "binning, isotonic and binary maps" table describes.
-ONE_DIMENSIONAL_STAGES = ("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta")
+ONE_DIMENSIONAL_STAGES = (
+    "histogram",
+    "histogram_ovr",
+    "isotonic",
+    "isotonic_ovr",
+    "platt",
+    "beta",
+    "venn_abers",
+)
 CHART_WIDTH = 20
 
 
@@ -562,7 +571,7 @@ def one_dimensional_fits_table(fits: list[tuple[str, Any]], n_fit: int) -> Table
 
 
 def _fitted_on(fit: Any) -> str:
-    if fit.method in ("platt", "beta"):
+    if fit.method in ("platt", "beta", "venn-abers"):
         return str(fit.input)
     return "each p_k vs rest" if fit.method.endswith("-ovr") else "top-label confidence"
 
@@ -574,6 +583,8 @@ def _shape(fit: Any) -> str:
         return f"{fit.n_bins} {fit.scheme} bins{per} ({used} used, {fit.empty_bins} empty)"
     if fit.method.startswith("isotonic"):
         return f"{sum(fit.points)} points"
+    if fit.method == "venn-abers":
+        return f"{sum(fit.distinct_scores)} scores, p1 − p0 mean {fit.width_mean:.3g}"
     text = ", ".join(f"{name} = {value:.4g}" for name, value in fit.coefficients.items())
     return text + (f" ({fit.fixed} fixed at 0: a, b >= 0)" if fit.fixed else "")
 

@@ -42,6 +42,7 @@ METHODS = (
     "dirichlet",
     "dirichlet-l2",
     "ets",
+    "venn-abers",
     "all",
     "none",
 )
@@ -122,7 +123,9 @@ class CalibrationSettings(Settings):
         "only: it needs the model), histogram binning or isotonic regression of the "
         "top-label confidence (histogram, isotonic) or of each class against the rest, "
         "renormalised (histogram-ovr, isotonic-ovr), Platt scaling or beta calibration (two "
-        "classes only), all (every map that applies, ranked by NLL and ECE on the evaluation "
+        "classes only), "
+        "venn-abers (inductive Venn-Abers: one-vs-all for K > 2), "
+        "all (every map that applies, ranked by NLL and ECE on the evaluation "
         "split with paired bootstrap intervals of the differences), or none (measure only). "
         "Default: calibrate: both; metrics: none, or both with --fit or "
         "--val-split.",
