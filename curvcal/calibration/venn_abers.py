@@ -169,10 +169,9 @@ def _tangent_slopes(
     while len(active):
         fixed = (x[b[active]] + 1.0, y[b[active]] + rise)
         cur = _walk(left, a[active], (x, y), fixed, fixed_right=True)
-        moved = cur != a[active]
         a[active] = cur
         cur = _walk(right, b[active], (x + 1.0, y + rise), (x[cur], y[cur]), fixed_right=False)
-        moved |= cur != b[active]
+        moved = cur != b[active]  # else a is already the tangent from b: done
         b[active] = cur
         active = active[moved]
     return (y[b] + rise - y[a]) / (x[b] + 1.0 - x[a])
