@@ -279,3 +279,16 @@ def test_calibrate_a_checkpoint(run_cli, digits_files: tuple[Path, Path], tmp_pa
     document = as_json(result)
     assert "venn_abers" in document["results"]["evaluation"]
     assert json.loads(calibrator.read_text())["venn_abers"]["n_classes"] == 3
+
+
+def test_policy_gates_the_stage(run_cli, tmp_path: Path) -> None:
+    fit = logits_file(tmp_path / "fit.npz", 300, 3, seed=2)
+    test = logits_file(tmp_path / "test.npz", 200, 3, seed=3)
+    report = tmp_path / "va.json"
+    assert run_cli("metrics", test, "--fit", fit, "--method", "venn-abers", "-o", report).code == 0
+    ece = json.loads(report.read_text())["results"]["evaluation"]["venn_abers"]["ece"]
+    policy = tmp_path / "gate.toml"
+    policy.write_text(f"[venn_abers.ece]\nmax = {ece + 1e-9}\n")
+    assert run_cli("compare", report, report, "--policy", policy).code == 0
+    policy.write_text(f"[venn_abers.ece]\nmax = {ece - 1e-9}\n")
+    assert run_cli("compare", report, report, "--policy", policy).code == 1
