@@ -98,49 +98,54 @@ def log_odds(logp: torch.Tensor) -> np.ndarray:
 
 def _lower_hull_links(x: np.ndarray, y: np.ndarray, reverse: bool) -> np.ndarray:
     """For each point j of the diagram (x rising strictly), its neighbour on the lower hull of
-    the points 0 … j (``reverse`` False: the previous vertex, −1 for point 0) or of j … m
-    (``reverse`` True: the next vertex, −1 for the last point). One stack pass; collinear
-    points are dropped from the hull."""
+    the points 0 … j (``reverse`` False: the previous vertex) or of j … m (``reverse`` True:
+    the next vertex); the end of every chain (point 0, resp. m) links to itself. One stack
+    pass; collinear points are dropped from the hull."""
     n = len(x)
-    link = np.full(n, -1, dtype=np.int64)
+    link = list(range(n))
     xs, ys = x.tolist(), y.tolist()
     order = range(n - 1, -1, -1) if reverse else range(n)
+    turn = -1.0 if reverse else 1.0  # the sign of (b − a) × (j − a) that keeps b
     stack: list[int] = []
+    stack_x: list[float] = []
+    stack_y: list[float] = []
     for j in order:
         xj, yj = xs[j], ys[j]
         while len(stack) > 1:
-            a, b = stack[-2], stack[-1]
-            # (b − a) × (j − a): drop b unless it lies strictly below the chord a–j
-            cross = (xs[b] - xs[a]) * (yj - ys[a]) - (ys[b] - ys[a]) * (xj - xs[a])
-            if (cross < 0) if reverse else (cross > 0):
-                break  # b is strictly below the chord: it stays on the hull
+            ax, ay, bx, by = stack_x[-2], stack_y[-2], stack_x[-1], stack_y[-1]
+            if turn * ((bx - ax) * (yj - ay) - (by - ay) * (xj - ax)) > 0:
+                break  # b is strictly below the chord a–j: it stays on the hull
             stack.pop()
+            stack_x.pop()
+            stack_y.pop()
         if stack:
             link[j] = stack[-1]
         stack.append(j)
-    return link
+        stack_x.append(xj)
+        stack_y.append(yj)
+    return np.array(link, dtype=np.int64)
 
 
-def _lift(link: np.ndarray) -> list[np.ndarray]:
-    """Binary-lifting tables of the parent links: table[k][j] = link applied 2^k times (−1
-    past the end of the chain)."""
+@dataclass(frozen=True)
+class _Chains:
+    """The hull chains of one diagram in one direction: ``tables[k][j]``, the vertex 2^k links
+    from j (a chain's end links to itself), and each vertex's edge to its next one (``dx``,
+    ``dy``; 0 at a chain's end)."""
+
+    tables: list[np.ndarray]
+    dx: np.ndarray
+    dy: np.ndarray
+
+
+def _chains(x: np.ndarray, y: np.ndarray, reverse: bool) -> _Chains:
+    link = _lower_hull_links(x, y, reverse)
     tables = [link]
     while True:
-        last = tables[-1]
-        step = np.where(last >= 0, last[np.maximum(last, 0)], -1)
-        if not (step >= 0).any():
+        step = tables[-1][tables[-1]]
+        if np.array_equal(step, tables[-1]):
             break
         tables.append(step)
-    return tables
-
-
-def _below(
-    ax: np.ndarray, ay: np.ndarray, bx: np.ndarray, by: np.ndarray, cx: np.ndarray, cy: np.ndarray
-) -> np.ndarray:
-    """True where the point c lies strictly below the line through a and b (b right of a; c
-    anywhere in x), in exact arithmetic on whole-number coordinates."""
-    # c below line(a, b) ⟺ (b − a) × (c − a) < 0
-    return (bx - ax) * (cy - ay) - (by - ay) * (cx - ax) < 0
+    return _Chains(tables, x[link] - x, y[link] - y)
 
 
 def gap_values(weights: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -150,67 +155,59 @@ def gap_values(weights: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, 
     starting at P_i + (1, label)). The hulls are shared by the two labels."""
     x = np.concatenate([[0], np.cumsum(weights)]).astype(np.float64)
     y = np.concatenate([[0], np.cumsum(positives)]).astype(np.float64)
-    left = _lift(_lower_hull_links(x, y, reverse=False))
-    right = _lift(_lower_hull_links(x, y, reverse=True))
+    left, right = _chains(x, y, reverse=False), _chains(x, y, reverse=True)
     p0, p1 = (_tangent_slopes(x, y, left, right, float(label)) for label in (0, 1))
     return p0, p1
 
 
 def _tangent_slopes(
-    x: np.ndarray, y: np.ndarray, left: list[np.ndarray], right: list[np.ndarray], rise: float
+    x: np.ndarray, y: np.ndarray, left: _Chains, right: _Chains, rise: float
 ) -> np.ndarray:
     """Slope of the lower common tangent, for every gap i, of the prefix hull ending at
-    (x_i, y_i) (parent links ``left``, lifted) and the suffix hull starting there (``right``)
-    shifted by (1, ``rise``): Preparata & Hong's walk, the left end moving left and the right
-    end right, each move a binary-lifting search for the tangent from the other end."""
+    (x_i, y_i) (``left``) and the suffix hull starting there (``right``) shifted by
+    (1, ``rise``): Preparata & Hong's walk, the left end moving left and the right end right,
+    each move a binary-lifting search for the tangent from the other end. A gap is done when a
+    round leaves its right end in place (its left end is then the tangent from it already)."""
     a = np.arange(len(x))  # tangent vertex on the prefix hull, per gap
     b = np.arange(len(x))  # on the suffix hull
     active = np.arange(len(x))
     while len(active):
         fixed = (x[b[active]] + 1.0, y[b[active]] + rise)
-        cur = _walk(left, a[active], (x, y), fixed, fixed_right=True)
+        cur = _walk(left, a[active], (x, y, 0.0, 0.0), fixed, 1.0)
         a[active] = cur
-        cur = _walk(right, b[active], (x + 1.0, y + rise), (x[cur], y[cur]), fixed_right=False)
-        moved = cur != b[active]  # else a is already the tangent from b: done
+        cur = _walk(right, b[active], (x, y, 1.0, rise), (x[cur], y[cur]), -1.0)
+        moved = cur != b[active]
         b[active] = cur
         active = active[moved]
     return (y[b] + rise - y[a]) / (x[b] + 1.0 - x[a])
 
 
 def _walk(
-    tables: list[np.ndarray],
+    chains: _Chains,
     start: np.ndarray,
-    chain: tuple[np.ndarray, np.ndarray],
+    points: tuple[np.ndarray, np.ndarray, float, float],
     fixed: tuple[np.ndarray, np.ndarray],
-    fixed_right: bool,
+    side: float,
 ) -> np.ndarray:
-    """From each ``start`` vertex, the first vertex along its chain (``tables``: the lifted
-    links; ``chain``: the coordinates of every vertex) whose step to the next one does not
-    lower the line to its ``fixed`` end (right of the chain with ``fixed_right``, else left).
-    A step lowers the line where the next vertex lies strictly below it, which holds on a run
-    of the chain from the start up to the tangent (the chain is convex), so binary lifting
-    finds its end."""
-    link = tables[0]
-    x, y = chain
+    """From each ``start`` vertex, the first vertex along its chain whose step to the next one
+    does not lower the line to the chain's other end ``fixed`` (right of the chain for ``side``
+    1, left for −1); ``points``: the vertices' x, y and the shift of the chain. A step lowers
+    the line where the next vertex lies strictly below it, which holds on a run of the chain
+    from the start up to the tangent (the chain is convex), so binary lifting finds its end.
+    Exact: every coordinate is a whole number."""
+    x, y, shift_x, shift_y = points
     fx, fy = fixed
+    fx, fy = fx - shift_x, fy - shift_y
 
     def steps(v: np.ndarray) -> np.ndarray:
-        w = link[v]
-        w_safe = np.maximum(w, 0)
-        if fixed_right:
-            below = _below(x[v], y[v], fx, fy, x[w_safe], y[w_safe])
-        else:
-            below = _below(fx, fy, x[v], y[v], x[w_safe], y[w_safe])
-        return (w >= 0) & below
+        # the next vertex below the line v–fixed: side · (fixed − v) × edge < 0
+        return side * ((fx - x[v]) * chains.dy[v] - (fy - y[v]) * chains.dx[v]) < 0
 
-    cur = start.copy()
-    for table in reversed(tables):
+    cur = start
+    for table in reversed(chains.tables):
         target = table[cur]
-        safe = np.maximum(target, 0)
-        go = (target >= 0) & steps(safe)
-        cur = np.where(go, safe, cur)
-    last = steps(cur)
-    return np.where(last, link[cur], cur)
+        cur = np.where(steps(target), target, cur)
+    return np.where(steps(cur), chains.tables[0][cur], cur)
 
 
 def interval_of(
