@@ -39,9 +39,11 @@ Conventions:
   is found at once by alternating binary-lifting searches along the two chains (Preparata &
   Hong's merge: the left end only moves left, the right end only right); all coordinates are
   whole numbers, compared exactly. O(m log m) per map, m the distinct scores.
-* **saved form**: per map the distinct calibration scores c (m, rising) and p0, p1 per gap
-  (m + 1 each: gap i holds the scores with exactly i of c below them). Applying it is a
-  binary search: nothing runs from the file.
+* **saved form**: per map the distinct calibration scores c (rising) at which p0 or p1
+  changes (a score between two gaps of equal values is left out, which changes no value: most
+  are, where the fit split has many samples per step) and p0, p1 per gap (len(c) + 1 each: gap i
+  holds the scores with exactly i of c below them). Applying it is a binary search: nothing
+  runs from the file.
 
 The fit record carries the interval's width p1 − p0 at the fit split's own scores (in-sample;
 its mean and maximum over samples and maps): how far the two isotonic fits disagree, the
@@ -212,13 +214,21 @@ def _walk(
 
 def interval_of(
     scores: np.ndarray, labels: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(c, p0, p1) of one IVAP fitted on float64 ``scores`` and 0/1 ``labels``: the distinct
-    scores (rising) and the values of every gap (:func:`gap_values`)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(c, p0, p1, m) of one IVAP fitted on float64 ``scores`` and 0/1 ``labels``: the distinct
+    scores (rising) at which p0 or p1 changes, the values of every gap between them
+    (:func:`gap_values`) and the number m of distinct scores. A score between two gaps of
+    equal p0 and p1 is left out: the two gaps are one, and a new score equal to it gets the
+    same values either way (p0 from the gap above, p1 from the gap below)."""
     c, group, weights = np.unique(scores, return_inverse=True, return_counts=True)
     positives = np.bincount(group.reshape(-1), weights=labels, minlength=len(c))
     p0, p1 = gap_values(weights, positives)
-    return c, p0, p1
+    change = (p0[:-1] != p0[1:]) | (p1[:-1] != p1[1:])
+    if not change.any():  # one constant map: keep one score
+        change[0] = True
+    after = np.flatnonzero(change) + 1
+    kept_p0 = np.concatenate([p0[:1], p0[after]])
+    return c[change], kept_p0, np.concatenate([p1[:1], p1[after]]), len(c)
 
 
 def lookup(c: np.ndarray, p0: np.ndarray, p1: np.ndarray, s: np.ndarray) -> tuple[Any, Any]:
@@ -301,13 +311,15 @@ class VennAbersMap:
 
 @dataclass(frozen=True)
 class VennAbersFit:
-    """An IVAP fitted on one split: ``input`` (the score), ``distinct_scores`` per map, the
+    """An IVAP fitted on one split: ``input`` (the score), ``distinct_scores`` per map and the
+    ``knots`` kept of them (where p0 or p1 changes), the
     in-sample width p1 − p0 at the fit scores (``width_mean``, ``width_max``), NLL before and
     after on the fit split (in-sample)."""
 
     method: str
     input: str
     distinct_scores: tuple[int, ...]
+    knots: tuple[int, ...]
     n_parameters: int
     width_mean: float
     width_max: float
@@ -342,17 +354,18 @@ def fit_venn_abers(
     fitted = [interval_of(s[:, j], (targets == j).astype(np.float64)) for j in columns]
     calibrator = VennAbersMap(
         k,
-        tuple(tuple(c.tolist()) for c, _, _ in fitted),
-        tuple(tuple(p0.tolist()) for _, p0, _ in fitted),
-        tuple(tuple(p1.tolist()) for _, _, p1 in fitted),
+        tuple(tuple(c.tolist()) for c, _, _, _ in fitted),
+        tuple(tuple(p0.tolist()) for _, p0, _, _ in fitted),
+        tuple(tuple(p1.tolist()) for _, _, p1, _ in fitted),
     )
     low, high = calibrator.intervals(logp)
     width = high - low
     return VennAbersFit(
         method=METHOD,
         input="log-odds of class 1" if k == 2 else "log-odds of each class vs rest",
-        distinct_scores=tuple(len(c) for c, _, _ in fitted),
-        n_parameters=sum(3 * len(c) + 2 for c, _, _ in fitted),
+        distinct_scores=tuple(m for _, _, _, m in fitted),
+        knots=tuple(len(c) for c, _, _, _ in fitted),
+        n_parameters=sum(3 * len(c) + 2 for c, _, _, _ in fitted),
         width_mean=float(width.mean()),
         width_max=float(width.max()),
         nll_before=fit_nll(logp, y),

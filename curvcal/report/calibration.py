@@ -584,7 +584,7 @@ def _shape(fit: Any) -> str:
     if fit.method.startswith("isotonic"):
         return f"{sum(fit.points)} points"
     if fit.method == "venn-abers":
-        return f"{sum(fit.distinct_scores)} scores, p1 − p0 mean {fit.width_mean:.3g}"
+        return f"{sum(fit.knots)} steps, p1 − p0 mean {fit.width_mean:.3g}"
     text = ", ".join(f"{name} = {value:.4g}" for name, value in fit.coefficients.items())
     return text + (f" ({fit.fixed} fixed at 0: a, b >= 0)" if fit.fixed else "")
 
