@@ -13,12 +13,14 @@ p0 < 1 and p1 > 0 always (the added point pulls its own block), so p lies strict
 Conventions:
 
 * **score**: the log-odds of the class, s_k = log p_k − log(1 − p_k), from the float64
-  log-probabilities (log_softmax of the logits; 1 − p_k as the logsumexp of the other classes,
-  exact where p_k rounds to 1; logarithms of rounded probabilities raised to
-  :data:`~curvcal.calibration.linear.LOG_FLOOR`). Isotonic regression depends only on the
-  order of the scores, so this is the IVAP of p_k itself, as the ``venn-abers`` package takes
-  it (``p_cal[:, 1]``), except that rows whose p_k rounds to the same float64 number
-  (saturated rows, p_k = 1.0) stay apart here and are one tie group there.
+  log-probabilities (log_softmax of the logits; log(1 − p_k) as log1p(−p_k) where p_k ≤ 1/2
+  and as the logsumexp of the other classes above, exact where p_k rounds to 1; logarithms of
+  rounded probabilities raised to :data:`~curvcal.calibration.linear.LOG_FLOOR`). Isotonic
+  regression depends only on the order of the scores, so this is the IVAP of p_k itself, as
+  the ``venn-abers`` package takes it (``p_cal[:, 1]``), except that rows whose p_k rounds to
+  the same float64 number (saturated rows, p_k = 1.0) stay apart here and are one tie group
+  there. Scores equal in exact arithmetic but rounded apart (rows of whole-number logits in
+  another order) are not merged; probabilities computed another way may round them together.
 * **ties**: calibration scores that are equal (exactly, as ``numpy.unique`` has them) are one
   point whose target is their mean, weight their count (scikit-learn's and the package's
   rule). A test score equal to a calibration score joins its group: p0 is then the value of
