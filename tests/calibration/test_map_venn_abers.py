@@ -52,6 +52,25 @@ def test_gap_values_match_scikit_learn_on_random_small_sets_with_ties() -> None:
         np.testing.assert_allclose(p1, ref1, rtol=0, atol=1e-12)
 
 
+def test_gap_values_on_long_hull_chains_and_the_saved_steps() -> None:
+    """400 samples, 300 distinct scores, labels following a noisy rising curve: hull chains
+    long enough for several binary-lifting levels; the saved map (steps where p0 or p1
+    changes) gives the same values at every fit score and in every gap."""
+    rng = np.random.default_rng(11)
+    s = np.round(rng.normal(size=400) * 60.0)
+    y = (rng.random(400) < 1 / (1 + np.exp(-s / 40.0))).astype(np.int64)
+    c = np.unique(s)
+    tests = np.concatenate([c, (c[:-1] + c[1:]) / 2, [c[0] - 1, c[-1] + 1]])
+    ref0, ref1, ref = brute_force(s, y, tests)
+    fit = fit_venn_abers(binary_logits(s), torch.from_numpy(y))
+    assert fit.distinct_scores == (len(c),) and fit.knots[0] < len(c)
+    low, high = fit.calibrator.intervals(torch.log_softmax(binary_logits(tests), 1))
+    np.testing.assert_allclose(low[:, 0], ref0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(high[:, 0], ref1, rtol=0, atol=1e-12)
+    q = fit.calibrator.probabilities(binary_logits(tests))[:, 1].numpy()
+    np.testing.assert_allclose(q, ref, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_binary_map_matches_the_definition_at_ties_gaps_and_ends(seed: int) -> None:
     rng = np.random.default_rng(seed)
