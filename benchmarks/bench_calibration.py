@@ -763,6 +763,13 @@ PEER_MAPS: dict[str, tuple[tuple[str, str, PeerMap], ...]] = {
             probmetrics_map("temperature_scaling", "ETSCalibrator", loss="ce"),
         ),
     ),
+    "venn_abers": (
+        (
+            "probmetrics VennAbersCalibrator (venn-abers, one-vs-all)",
+            "probmetrics",
+            probmetrics_map("nonparametric", "VennAbersCalibrator"),
+        ),
+    ),
 }
 #: The libraries the peer maps come from.
 MAP_PEERS = ("netcal", "probmetrics", "sklearn", "torch_uncertainty")

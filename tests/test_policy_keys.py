@@ -48,7 +48,7 @@ def test_every_key_takes_the_default_and_words_of_its_field() -> None:
     assert keys.choices("method") == (
         *("ts", "focal-ts", "both", "vector", "matrix", "laplace", "histogram"),
         *("histogram-ovr", "isotonic", "isotonic-ovr", "platt", "beta", "dirichlet"),
-        *("dirichlet-l2", "ets", "bbq", "all", "none"),
+        *("dirichlet-l2", "ets", "bbq", "venn-abers", "all", "none"),
     )
     assert keys.choices("nan_policy") == ("error", "drop")
     assert keys.kind("bins").text == f"a whole number >= 1 and <= {MAX_BINS}"

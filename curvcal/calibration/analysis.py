@@ -47,6 +47,7 @@ from curvcal.calibration.results import (
     FocalTemperatureFit,
     TemperatureFit,
 )
+from curvcal.calibration.venn_abers import VennAbersFit
 from curvcal.errors import InputError
 from curvcal.settings.calibration import CalibrationSettings as CalibrationSettings
 
@@ -105,6 +106,7 @@ class StageMetrics:
     dirichlet_l2: CalibrationMetrics | None = None
     ets: CalibrationMetrics | None = None
     bbq: CalibrationMetrics | None = None
+    venn_abers: CalibrationMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)
@@ -134,6 +136,7 @@ class CalibrationFits:
     dirichlet_l2: LinearFit | None = None
     ets: EnsembleFit | None = None
     bbq: BBQFit | None = None
+    venn_abers: VennAbersFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _present_keys(self)

@@ -7,7 +7,7 @@ exponentials, ``to_dict()`` plain numbers only and ``load(dict, source)`` (the e
 it from them without running anything from the file. The report stage of a map is its key
 (``ts``, ``focal_ts``, ``vector``, ``matrix``, ``laplace``, ``histogram``, ``histogram_ovr``,
 ``isotonic``, ``isotonic_ovr``, ``platt``, ``beta``, ``dirichlet``, ``dirichlet_l2``, ``ets``,
-``bbq``);
+``bbq``, ``venn_abers``);
 ``option`` is its ``--method`` spelling and ``method`` the name its saved form carries.
 ``input`` is what the map reads: ``scores`` (N×K), or ``features`` (a
 :class:`~curvcal.calibration.laplace.HeadFeatures`: the model's last-layer inputs and head,
@@ -34,6 +34,7 @@ from curvcal.calibration.isotonic import IsotonicMap, fit_isotonic
 from curvcal.calibration.linear import LinearMap, fit_linear, fit_matrix_odir
 from curvcal.calibration.results import Calibrator
 from curvcal.calibration.scaling import fit_focal_temperature, fit_temperature
+from curvcal.calibration.venn_abers import VennAbersMap, fit_venn_abers
 from curvcal.settings.calibration import CalibrationSettings
 
 
@@ -207,6 +208,12 @@ def _fit_ets(
     return fit_ensemble_temperature(scores, labels, kind=kind, **common)
 
 
+def _fit_venn_abers(
+    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+) -> Any:
+    return fit_venn_abers(scores, labels, kind=kind, **common)
+
+
 MAPS: dict[str, MapKind] = {
     kind.stage: kind
     for kind in (
@@ -294,6 +301,14 @@ MAPS: dict[str, MapKind] = {
         ),
         MapKind("ets", "ets", "ensemble-temperature", "ETS", _fit_ets, EnsembleMap.from_dict),
         MapKind("bbq", "bbq", "bbq", "BBQ", _fit_method(fit_bbq, "bbq"), BBQMap.from_dict),
+        MapKind(
+            "venn_abers",
+            "venn-abers",
+            "venn-abers",
+            "Venn-Abers",
+            _fit_venn_abers,
+            VennAbersMap.from_dict,
+        ),
     )
 }
 #: The saved method of every stage.

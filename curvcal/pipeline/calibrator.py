@@ -53,6 +53,7 @@ _SINCE_1_3 = (
     *("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta"),
     *("laplace", "dirichlet", "dirichlet_l2", "ets"),
     "bbq",
+    "venn_abers",
 )
 #: Stages every file names (``null`` when absent); the others only when present.
 _ALWAYS = ("ts", "focal_ts")

@@ -98,6 +98,7 @@ STAGES = (
     "dirichlet_l2",
     "ets",
     "bbq",
+    "venn_abers",
 )
 """``uncalibrated``: the model's own probabilities; ``ts``: after temperature scaling;
 ``focal_ts``: after focal temperature scaling; ``vector``/``matrix``: after vector or matrix

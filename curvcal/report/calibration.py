@@ -34,11 +34,12 @@ STAGE_TITLES = {
     "dirichlet_l2": "Dirichlet L2",
     "ets": "ETS",
     "bbq": "BBQ",
+    "venn_abers": "Venn-Abers",
 }
 #: Stages of the maps the "binning, isotonic and binary maps" table describes.
 ONE_DIMENSIONAL_STAGES = (
     *("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta"),
-    "bbq",
+    *("bbq", "venn_abers"),
 )
 CHART_WIDTH = 20
 
@@ -566,7 +567,7 @@ def one_dimensional_fits_table(fits: list[tuple[str, Any]], n_fit: int) -> Table
 
 
 def _fitted_on(fit: Any) -> str:
-    if fit.method in ("platt", "beta"):
+    if fit.method in ("platt", "beta", "venn-abers"):
         return str(fit.input)
     return "each p_k vs rest" if fit.method.endswith("-ovr") else "top-label confidence"
 
@@ -583,6 +584,8 @@ def _shape(fit: Any) -> str:
             f"{fit.n_models} equal-mass binnings of {fit.min_bins}-{fit.max_bins} bins "
             f"({fit.models_kept} kept, largest weight {fit.largest_weight:.3g})"
         )
+    if fit.method == "venn-abers":
+        return f"{sum(fit.knots)} steps, p1 − p0 mean {fit.width_mean:.3g}"
     text = ", ".join(f"{name} = {value:.4g}" for name, value in fit.coefficients.items())
     return text + (f" ({fit.fixed} fixed at 0: a, b >= 0)" if fit.fixed else "")
 

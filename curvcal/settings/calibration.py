@@ -44,6 +44,7 @@ METHODS = (
     "dirichlet-l2",
     "ets",
     "bbq",
+    "venn-abers",
     "all",
     "none",
 )
@@ -93,7 +94,7 @@ class CalibrationSettings(Settings):
 
     ``method``: the maps to fit, ``ts``, ``focal-ts``, ``both`` (TS and focal TS), ``vector``,
     ``matrix``, ``histogram``, ``histogram-ovr``, ``isotonic``, ``isotonic-ovr``, ``platt``,
-    ``beta``, ``bbq``, ``all`` (every map that applies, ranked on the evaluation split) or ``none``
+    ``beta``, ``bbq``, ``venn-abers``, ``all`` (every map that applies, ranked on the evaluation split) or ``none``
     (``None``: the
     command picks: ``both`` for ``calibrate``; for ``metrics``, ``both`` with a fit split and
     ``none`` without; for the kernel, ``both`` when it is given a fit split). ``objective``:
@@ -125,6 +126,7 @@ class CalibrationSettings(Settings):
         "top-label confidence (histogram, isotonic) or of each class against the rest, "
         "renormalised (histogram-ovr, isotonic-ovr), Platt scaling or beta calibration (two "
         "classes only), Bayesian binning into quantiles of the top-label confidence (bbq), "
+        "venn-abers (inductive Venn-Abers: one-vs-all for K > 2), "
         "all (every map that applies, ranked by NLL and ECE on the evaluation "
         "split with paired bootstrap intervals of the differences), or none (measure only). "
         "Default: calibrate: both; metrics: none, or both with --fit or "

@@ -1,0 +1,403 @@
+"""Inductive Venn–Abers predictors (IVAP; Vovk & Petej 2014, Vovk, Petej & Fedorova 2015).
+
+For a test score s and a calibration set of (score, label) pairs, let p0(s) and p1(s) be the
+values at s of the isotonic regressions of the calibration set with (s, 0), resp. (s, 1),
+added. The IVAP gives the interval [p0, p1] and the merged probability (the log-loss-optimal
+merge of the 2015 paper)
+
+    p = p1 / (1 − p0 + p1).
+
+p0 < 1 and p1 > 0 always (the added point pulls its own block), so p lies strictly inside
+(0, 1) and no row of a fitted map has an infinite NLL.
+
+Conventions:
+
+* **score**: the log-odds of the class, s_k = log p_k − log(1 − p_k), from the float64
+  log-probabilities (log_softmax of the logits; log(1 − p_k) as log1p(−p_k) where p_k ≤ 1/2
+  and as the logsumexp of the other classes above, exact where p_k rounds to 1; logarithms of
+  rounded probabilities raised to :data:`~curvcal.calibration.linear.LOG_FLOOR`). Isotonic
+  regression depends only on the order of the scores, so this is the IVAP of p_k itself, as
+  the ``venn-abers`` package takes it (``p_cal[:, 1]``), except that rows whose p_k rounds to
+  the same float64 number (saturated rows, p_k = 1.0) stay apart here and are one tie group
+  there. Scores equal in exact arithmetic but rounded apart (rows of whole-number logits in
+  another order) are not merged; probabilities computed another way may round them together.
+* **ties**: calibration scores that are equal (exactly, as ``numpy.unique`` has them) are one
+  point whose target is their mean, weight their count (scikit-learn's and the package's
+  rule). A test score equal to a calibration score joins its group: p0 is then the value of
+  the gap just above it and p1 the value of the gap just below (adding a 0 at a tie group
+  pools it with the group as adding it just above does; a 1, as just below), the lookups
+  ``searchsorted(c, s, "right")`` and ``"left"`` that the package uses.
+* **binary** (K = 2): one IVAP of class 1 (score log p_1 − log p_0), q_1 = p, q_0 = 1 − p, as
+  the package's ``VennAbers``; **multiclass** (K > 2): one IVAP per class k of 1[y = k] on
+  s_k (one-vs-all, the package's ``va_type="one_vs_all"``), then q_k = p_k / Σ_j p_j
+  (renormalised as curvcal's other one-vs-rest maps). A class absent from the fit split still
+  gets its map (p0 = 0, p1 = 1/(n_above + 1)); the package drops such classes.
+* **fit**: on the cumulative sum diagram P_0 = (0, 0), P_{g+1} = P_g + (w_g, h_g) of the
+  groups g = 0 … m−1 in score order (w_g samples, h_g positives), adding (s, y) in the gap
+  below group i inserts the step (1, y) after P_i, and the isotonic value at s is the slope of
+  the greatest convex minorant over that step: the lower common tangent of the lower hull of
+  P_0 … P_i and of the lower hull of P_i … P_m shifted by (1, y). Every prefix hull and every
+  suffix hull is a chain of parent links (one stack pass each), and the tangent of every gap
+  is found at once by alternating binary-lifting searches along the two chains (Preparata &
+  Hong's merge: the left end only moves left, the right end only right); all coordinates are
+  whole numbers, compared exactly. O(m log m) per map, m the distinct scores.
+* **saved form**: per map the distinct calibration scores c (rising) at which p0 or p1
+  changes (a score between two gaps of equal values is left out, which changes no value: most
+  are, where the fit split has many samples per step) and p0, p1 per gap (len(c) + 1 each: gap i
+  holds the scores with exactly i of c below them). Applying it is a binary search: nothing
+  runs from the file.
+
+The fit record carries the interval's width p1 − p0 at the fit split's own scores (in-sample;
+its mean and maximum over samples and maps): how far the two isotonic fits disagree, the
+IVAP's own measure of how little the calibration set says there. Pure: no file I/O, no
+printing, no global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+
+from curvcal.calibration.inputs import class_labels, log_probabilities
+from curvcal.calibration.linear import LOG_FLOOR
+from curvcal.calibration.univariate import (
+    apply_by_rows,
+    check_classes,
+    check_keys,
+    fit_nll,
+    numbers,
+    one_vs_rest_log_probabilities,
+)
+from curvcal.errors import InputError
+
+METHOD = "venn-abers"
+
+
+# ---------------------------------------------------------------------------------------------
+# scores
+
+
+def log_odds(logp: torch.Tensor) -> np.ndarray:
+    """N×K float64 log-odds log p_k − log(1 − p_k) of float64 N×K log-probabilities, both
+    logarithms raised to :data:`LOG_FLOOR`; 1 − p_k is log1p(−p_k) where p_k ≤ 1/2 and the
+    logsumexp of the other classes where p_k > 1/2 (only a row's top class can be)."""
+    logs = logp.clamp_min(LOG_FLOOR)
+    rest = torch.log1p(-torch.exp(logs).clamp_max(0.5))
+    log_c, top = logp.max(dim=1)
+    big = (log_c > -math.log(2.0)).nonzero()[:, 0]
+    if len(big):
+        others = logp[big].scatter(1, top[big, None], -math.inf)
+        rest[big, top[big]] = torch.logsumexp(others, dim=1)
+    return (logs - rest.clamp_min(LOG_FLOOR)).numpy()
+
+
+# ---------------------------------------------------------------------------------------------
+# the fit: p0 and p1 of every gap
+
+
+def _lower_hull_links(x: np.ndarray, y: np.ndarray, reverse: bool) -> np.ndarray:
+    """For each point j of the diagram (x rising strictly), its neighbour on the lower hull of
+    the points 0 … j (``reverse`` False: the previous vertex) or of j … m (``reverse`` True:
+    the next vertex); the end of every chain (point 0, resp. m) links to itself. One stack
+    pass; collinear points are dropped from the hull."""
+    n = len(x)
+    link = list(range(n))
+    xs, ys = x.tolist(), y.tolist()
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    turn = -1.0 if reverse else 1.0  # the sign of (b − a) × (j − a) that keeps b
+    stack: list[int] = []
+    stack_x: list[float] = []
+    stack_y: list[float] = []
+    for j in order:
+        xj, yj = xs[j], ys[j]
+        while len(stack) > 1:
+            ax, ay, bx, by = stack_x[-2], stack_y[-2], stack_x[-1], stack_y[-1]
+            if turn * ((bx - ax) * (yj - ay) - (by - ay) * (xj - ax)) > 0:
+                break  # b is strictly below the chord a–j: it stays on the hull
+            stack.pop()
+            stack_x.pop()
+            stack_y.pop()
+        if stack:
+            link[j] = stack[-1]
+        stack.append(j)
+        stack_x.append(xj)
+        stack_y.append(yj)
+    return np.array(link, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _Chains:
+    """The hull chains of one diagram in one direction: ``tables[k][j]``, the vertex 2^k links
+    from j (a chain's end links to itself), and each vertex's edge to its next one (``dx``,
+    ``dy``; 0 at a chain's end)."""
+
+    tables: list[np.ndarray]
+    dx: np.ndarray
+    dy: np.ndarray
+
+
+def _chains(x: np.ndarray, y: np.ndarray, reverse: bool) -> _Chains:
+    link = _lower_hull_links(x, y, reverse)
+    tables = [link]
+    while True:
+        step = tables[-1][tables[-1]]
+        if np.array_equal(step, tables[-1]):
+            break
+        tables.append(step)
+    return _Chains(tables, x[link] - x, y[link] - y)
+
+
+def gap_values(weights: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(p0, p1): the isotonic value at an added point with label 0, resp. 1, in every gap
+    i = 0 … m of m ordered tie groups of ``weights`` samples with ``positives`` ones (module
+    docstring: the lower common tangent of the prefix hull ending at P_i and the suffix hull
+    starting at P_i + (1, label)). The hulls are shared by the two labels."""
+    x = np.concatenate([[0], np.cumsum(weights)]).astype(np.float64)
+    y = np.concatenate([[0], np.cumsum(positives)]).astype(np.float64)
+    left, right = _chains(x, y, reverse=False), _chains(x, y, reverse=True)
+    p0, p1 = (_tangent_slopes(x, y, left, right, float(label)) for label in (0, 1))
+    return p0, p1
+
+
+def _tangent_slopes(
+    x: np.ndarray, y: np.ndarray, left: _Chains, right: _Chains, rise: float
+) -> np.ndarray:
+    """Slope of the lower common tangent, for every gap i, of the prefix hull ending at
+    (x_i, y_i) (``left``) and the suffix hull starting there (``right``) shifted by
+    (1, ``rise``): Preparata & Hong's walk, the left end moving left and the right end right,
+    each move a binary-lifting search for the tangent from the other end. A gap is done when a
+    round leaves its right end in place (its left end is then the tangent from it already)."""
+    a = np.arange(len(x))  # tangent vertex on the prefix hull, per gap
+    b = np.arange(len(x))  # on the suffix hull
+    active = np.arange(len(x))
+    while len(active):
+        fixed = (x[b[active]] + 1.0, y[b[active]] + rise)
+        cur = _walk(left, a[active], (x, y, 0.0, 0.0), fixed, 1.0)
+        a[active] = cur
+        cur = _walk(right, b[active], (x, y, 1.0, rise), (x[cur], y[cur]), -1.0)
+        moved = cur != b[active]
+        b[active] = cur
+        active = active[moved]
+    return (y[b] + rise - y[a]) / (x[b] + 1.0 - x[a])
+
+
+def _walk(
+    chains: _Chains,
+    start: np.ndarray,
+    points: tuple[np.ndarray, np.ndarray, float, float],
+    fixed: tuple[np.ndarray, np.ndarray],
+    side: float,
+) -> np.ndarray:
+    """From each ``start`` vertex, the first vertex along its chain whose step to the next one
+    does not lower the line to the chain's other end ``fixed`` (right of the chain for ``side``
+    1, left for −1); ``points``: the vertices' x, y and the shift of the chain. A step lowers
+    the line where the next vertex lies strictly below it, which holds on a run of the chain
+    from the start up to the tangent (the chain is convex), so binary lifting finds its end.
+    Exact: every coordinate is a whole number."""
+    x, y, shift_x, shift_y = points
+    fx, fy = fixed
+    fx, fy = fx - shift_x, fy - shift_y
+
+    def steps(v: np.ndarray) -> np.ndarray:
+        # the next vertex below the line v–fixed: side · (fixed − v) × edge < 0
+        return side * ((fx - x[v]) * chains.dy[v] - (fy - y[v]) * chains.dx[v]) < 0
+
+    cur = start
+    for table in reversed(chains.tables):
+        target = table[cur]
+        cur = np.where(steps(target), target, cur)
+    return np.where(steps(cur), chains.tables[0][cur], cur)
+
+
+def interval_of(
+    scores: np.ndarray, labels: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(c, p0, p1, m) of one IVAP fitted on float64 ``scores`` and 0/1 ``labels``: the distinct
+    scores (rising) at which p0 or p1 changes, the values of every gap between them
+    (:func:`gap_values`) and the number m of distinct scores. A score between two gaps of
+    equal p0 and p1 is left out: the two gaps are one, and a new score equal to it gets the
+    same values either way (p0 from the gap above, p1 from the gap below)."""
+    c, group, weights = np.unique(scores, return_inverse=True, return_counts=True)
+    positives = np.bincount(group.reshape(-1), weights=labels, minlength=len(c))
+    p0, p1 = gap_values(weights, positives)
+    change = (p0[:-1] != p0[1:]) | (p1[:-1] != p1[1:])
+    if not change.any():  # one constant map: keep one score
+        change[0] = True
+    after = np.flatnonzero(change) + 1
+    kept_p0 = np.concatenate([p0[:1], p0[after]])
+    return c[change], kept_p0, np.concatenate([p1[:1], p1[after]]), len(c)
+
+
+def lookup(c: np.ndarray, p0: np.ndarray, p1: np.ndarray, s: np.ndarray) -> tuple[Any, Any]:
+    """(p0(s), p1(s)) of a fitted IVAP at scores ``s``: gap searchsorted(c, s, "right") for p0
+    and "left" for p1 (the tie rule of the module docstring)."""
+    return p0[np.searchsorted(c, s, "right")], p1[np.searchsorted(c, s, "left")]
+
+
+def merged(low: Any, high: Any) -> Any:
+    """p = p1 / (1 − p0 + p1) (the log-loss merge of Vovk, Petej & Fedorova 2015)."""
+    return high / (1.0 - low + high)
+
+
+@dataclass(frozen=True)
+class VennAbersMap:
+    """Fitted inductive Venn–Abers predictor(s): one map (K = 2: class 1 against class 0) or
+    one per class (K > 2, one-vs-all), each the distinct calibration scores ``c`` and the
+    values ``p0``, ``p1`` of every gap (len(c) + 1 each); scores are log-odds."""
+
+    n_classes: int
+    c: tuple[tuple[float, ...], ...]
+    p0: tuple[tuple[float, ...], ...]
+    p1: tuple[tuple[float, ...], ...]
+    method: str = METHOD
+
+    def __post_init__(self) -> None:
+        _check_map(self.to_dict(), "calibrator")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form: ``{"method": "venn-abers", "n_classes", "c", "p0", "p1"}`` (one
+        list per map)."""
+        return {
+            "method": self.method,
+            "n_classes": self.n_classes,
+            "c": [list(row) for row in self.c],
+            "p0": [list(row) for row in self.p0],
+            "p1": [list(row) for row in self.p1],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "calibrator") -> VennAbersMap:
+        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
+        ``source``."""
+        c, p0, p1 = (
+            tuple(tuple(row.tolist()) for row in part) for part in _check_map(data, source)
+        )
+        return cls(data["n_classes"], c, p0, p1)
+
+    @cached_property
+    def _arrays(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        return [
+            (np.asarray(c), np.asarray(p0), np.asarray(p1))
+            for c, p0, p1 in zip(self.c, self.p0, self.p1, strict=True)
+        ]
+
+    def intervals(self, logp: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """(p0, p1) of float64 N×K log-probabilities: N×1 (K = 2, class 1) or N×K."""
+        s = log_odds(logp)
+        if self.n_classes == 2:
+            s = s[:, 1:]
+        low, high = np.empty_like(s), np.empty_like(s)
+        for k, (c, p0, p1) in enumerate(self._arrays):
+            low[:, k], high[:, k] = lookup(c, p0, p1, s[:, k])
+        return low, high
+
+    def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
+        p = torch.from_numpy(merged(*self.intervals(logp)))
+        if self.n_classes == 2:
+            return torch.cat([torch.log1p(-p), torch.log(p)], dim=1)
+        return one_vs_rest_log_probabilities(p)
+
+    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
+        """float64 log-probabilities of N×K ``scores`` after the map."""
+        return apply_by_rows(scores, kind, source, METHOD, self.n_classes, self._map_rows)
+
+    def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
+        """float64 calibrated probabilities of N×K ``scores``."""
+        return torch.exp(self.apply(scores, kind, source))
+
+
+@dataclass(frozen=True)
+class VennAbersFit:
+    """An IVAP fitted on one split: ``input`` (the score), ``distinct_scores`` per map and the
+    ``knots`` kept of them (where p0 or p1 changes), the
+    in-sample width p1 − p0 at the fit scores (``width_mean``, ``width_max``), NLL before and
+    after on the fit split (in-sample)."""
+
+    method: str
+    input: str
+    distinct_scores: tuple[int, ...]
+    knots: tuple[int, ...]
+    n_parameters: int
+    width_mean: float
+    width_max: float
+    nll_before: float
+    nll_after: float
+    n_samples: int
+    calibrator: VennAbersMap
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fit's record without its parameters (they are in the saved calibrator)."""
+        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
+
+
+def fit_venn_abers(
+    scores: Any,
+    labels: Any,
+    kind: str = "logits",
+    source: str = "scores",
+    labels_source: str = "labels",
+) -> VennAbersFit:
+    """Fit the inductive Venn–Abers predictor on (``scores``, ``labels``): binary for K = 2,
+    one-vs-all for K > 2 (module docstring)."""
+    logp = log_probabilities(scores, kind, source)
+    n, k = logp.shape
+    check_classes(k, "Venn-Abers", source)
+    y = class_labels(labels, n, k, labels_source)
+    if n == 0:
+        raise InputError(source, "has no samples; Venn-Abers needs at least one to fit")
+    s = log_odds(logp)
+    targets = y.numpy()
+    columns = [1] if k == 2 else list(range(k))
+    fitted = [interval_of(s[:, j], (targets == j).astype(np.float64)) for j in columns]
+    calibrator = VennAbersMap(
+        k,
+        tuple(tuple(c.tolist()) for c, _, _, _ in fitted),
+        tuple(tuple(p0.tolist()) for _, p0, _, _ in fitted),
+        tuple(tuple(p1.tolist()) for _, _, p1, _ in fitted),
+    )
+    low, high = calibrator.intervals(logp)
+    width = high - low
+    return VennAbersFit(
+        method=METHOD,
+        input="log-odds of class 1" if k == 2 else "log-odds of each class vs rest",
+        distinct_scores=tuple(m for _, _, _, m in fitted),
+        knots=tuple(len(c) for c, _, _, _ in fitted),
+        n_parameters=sum(3 * len(c) + 2 for c, _, _, _ in fitted),
+        width_mean=float(width.mean()),
+        width_max=float(width.max()),
+        nll_before=fit_nll(logp, y),
+        nll_after=fit_nll(calibrator._map_rows(logp), y),
+        n_samples=n,
+        calibrator=calibrator,
+    )
+
+
+def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], ...]:
+    check_keys(data, ("method", "n_classes", "c", "p0", "p1"), source)
+    method, k = data["method"], data["n_classes"]
+    if method != METHOD:
+        raise InputError(source, f"unknown method {method!r}", METHOD)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+        raise InputError(source, f"n_classes must be a whole number >= 2, got {k!r}")
+    rows = 1 if k == 2 else k
+    parts = []
+    for name in ("c", "p0", "p1"):
+        value = data[name]
+        if not isinstance(value, list) or len(value) != rows:
+            raise InputError(source, f"{METHOD} with {k} classes needs {rows} row(s) of {name}")
+        parts.append([numbers(row, source, name) for row in value])
+    for c, p0, p1 in zip(*parts, strict=True):
+        if len(p0) != len(c) + 1 or len(p1) != len(c) + 1:
+            raise InputError(source, "every row of p0 and p1 needs one more value than c")
+        if not (np.diff(c) > 0).all():
+            raise InputError(source, "c must rise strictly")
+        if (p0 < 0).any() or (p0 >= 1).any() or (p1 <= 0).any() or (p1 > 1).any():
+            raise InputError(source, "p0 must lie in [0, 1) and p1 in (0, 1]")
+        if (np.diff(p0) < 0).any() or (np.diff(p1) < 0).any():
+            raise InputError(source, "p0 and p1 must not fall")
+    return parts[0], parts[1], parts[2]
