@@ -1,0 +1,76 @@
+"""Saved calibrators edited by hand or crafted, given to ``metrics --apply``: a fault of the file
+is named as the file's (one line, exit 2), never read as a default, never blamed on the scores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.commands.test_metrics import logits_file, one_line_error
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """Scores of 3 classes and a calibrator file of TS, focal TS, vector, matrix, Dirichlet and
+    isotonic maps fitted on other scores of the same kind."""
+    from click.testing import CliRunner
+
+    from curvcal.cli import main
+
+    folder = tmp_path_factory.mktemp("saved")
+    fit = logits_file(folder / "fit.npz", 120, 3, seed=0)
+    test = logits_file(folder / "test.npz", 80, 3, seed=1)
+    for method in ("both", "vector", "matrix", "dirichlet", "isotonic", "histogram"):
+        part = folder / f"{method}.json"
+        with CliRunner().isolation():
+            args = ["metrics", str(test), "--fit", str(fit), "--method", method]
+            assert main([*args, "--save-calibrator", str(part), "--quiet"]) == 0
+        document = json.loads(part.read_text())
+        if method == "both":
+            merged = document
+        else:
+            merged.update({key: value for key, value in document.items() if key == method})
+    return test, merged
+
+
+def _write(tmp_path: Path, document: dict, **entries: dict | None) -> Path:
+    """The calibrator file holding only ``entries`` (stage: entry) and ``document``'s
+    provenance."""
+    path = tmp_path / "edited.json"
+    only = {"schema": "1.3", "curvcal": document["curvcal"], "ts": None, "focal_ts": None}
+    path.write_text(json.dumps({**only, **entries, "provenance": document["provenance"]}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("stage", "dropped"),
+    [("ts", "temperature"), ("focal_ts", "temperature"), ("focal_ts", "gamma")],
+)
+def test_a_temperature_map_without_its_parameter_is_refused(
+    run_cli, tmp_path: Path, saved: tuple[Path, dict], stage: str, dropped: str
+) -> None:
+    # Before: the missing value took its default (T = 1, γ = 0), and the uncalibrated scores
+    # (or plain TS) were reported under the map's name with exit 0.
+    test, document = saved
+    entry = {key: value for key, value in document[stage].items() if key != dropped}
+    path = _write(tmp_path, document, **{stage: entry})
+    one_line_error(run_cli("metrics", test, "--apply", path), str(path), f"no {dropped}")
+
+
+def test_a_temperature_map_without_gamma_is_still_read(
+    run_cli, tmp_path: Path, saved: tuple[Path, dict]
+) -> None:
+    """γ of plain TS can only be 0: leaving it out changes nothing."""
+    test, document = saved
+    entry = {key: value for key, value in document["ts"].items() if key != "gamma"}
+    whole = run_cli("metrics", test, "--apply", _write(tmp_path, document, ts=document["ts"]))
+    left_out = run_cli("metrics", test, "--apply", _write(tmp_path, document, ts=entry), "--json")
+    assert whole.code == 0 and left_out.code == 0, left_out.stderr
+    nll = json.loads(left_out.stdout)["results"]["evaluation"]["ts"]["nll"]
+    z = np.load(test)["logits"] / document["ts"]["temperature"]
+    labels = np.load(test)["labels"]
+    logp = z - np.log(np.exp(z - z.max(1, keepdims=True)).sum(1, keepdims=True)) - z.max(1)[:, None]
+    assert nll == pytest.approx(-logp[np.arange(len(labels)), labels].mean(), rel=1e-10)
