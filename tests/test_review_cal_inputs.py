@@ -74,3 +74,24 @@ def test_a_temperature_map_without_gamma_is_still_read(
     labels = np.load(test)["labels"]
     logp = z - np.log(np.exp(z - z.max(1, keepdims=True)).sum(1, keepdims=True)) - z.max(1)[:, None]
     assert nll == pytest.approx(-logp[np.arange(len(labels)), labels].mean(), rel=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("stage", "edit"),
+    [
+        ("isotonic", {"n_classes": 4}),
+        ("histogram", {"n_classes": 5}),
+        ("matrix", {"weights": [[1.0, 0.0], [0.0, 1.0]], "bias": [0.0, 0.0]}),
+        ("vector", {"weights": [1.0, 1.0], "bias": [0.0, 0.0]}),
+    ],
+)
+def test_a_map_of_other_classes_than_its_provenance_is_the_files_fault(
+    run_cli, tmp_path: Path, saved: tuple[Path, dict], stage: str, edit: dict
+) -> None:
+    # Before: the provenance (3 classes) matched the scores, and the map's own class count
+    # was found only when applied, as an error naming the scores file.
+    test, document = saved
+    path = _write(tmp_path, document, **{stage: {**document[stage], **edit}})
+    result = run_cli("metrics", test, "--apply", path)
+    one_line_error(result, str(path), f"'{stage}' is a map of", "provenance records 3")
+    assert str(test) not in result.stderr

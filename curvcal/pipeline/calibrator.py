@@ -203,7 +203,8 @@ def load_calibrator_file(path: Path) -> CalibratorFile:
     Refuses a missing or unreadable file, text that is not a JSON object, another schema,
     unknown keys, a stage whose method does not match it (``ts`` must be ``temperature``,
     ``focal_ts`` ``focal-temperature``, ``vector`` and ``matrix`` their own name), bad numbers
-    or shapes, and a file with no calibrator at all.
+    or shapes, a map whose class count differs from the provenance's ``n_classes``, and a
+    file with no calibrator at all.
     """
     where = str(path)
     readable_file(path, expected="calibrator file")
@@ -259,4 +260,19 @@ def load_calibrator_file(path: Path) -> CalibratorFile:
         calibrators[stage] = calibrator
     if not calibrators:
         raise InputError(where, "holds no calibrator", "both 'ts' and 'focal_ts' are null")
+    if provenance is not None:
+        _check_classes(calibrators, provenance.n_classes, where)
     return CalibratorFile(calibrators, provenance)
+
+
+def _check_classes(calibrators: Mapping[str, CalibrationMap], n_classes: int, where: str) -> None:
+    """Every map that has a class count must have the ``n_classes`` its file's provenance
+    records: a file that disagrees with itself is the file's fault, not that of the scores it
+    is applied to (which would otherwise be named, or pass the provenance check wrongly)."""
+    for stage, calibrator in calibrators.items():
+        own = getattr(calibrator, "n_classes", None)
+        if own is not None and own != n_classes:
+            raise InputError(
+                where,
+                f"'{stage}' is a map of {own} classes but the provenance records {n_classes}",
+            )
