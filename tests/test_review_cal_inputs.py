@@ -95,3 +95,39 @@ def test_a_map_of_other_classes_than_its_provenance_is_the_files_fault(
     result = run_cli("metrics", test, "--apply", path)
     one_line_error(result, str(path), f"'{stage}' is a map of", "provenance records 3")
     assert str(test) not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("stage", "edit"),
+    [
+        ("vector", {"weights": [1e308, 1e308, 1e308]}),
+        ("matrix", {"weights": [[1e308] * 3] * 3}),
+        ("dirichlet", {"weights": [[-1e308] * 3] * 3}),
+    ],
+)
+def test_parameters_that_overflow_on_the_scores_name_the_calibrator(
+    run_cli, tmp_path: Path, saved: tuple[Path, dict], stage: str, edit: dict
+) -> None:
+    # Before: the NaN the map made was reported as "log-probabilities contain NaN" of the
+    # scores file, which holds nothing wrong.
+    test, document = saved
+    path = _write(tmp_path, document, **{stage: {**document[stage], **edit}})
+    result = run_cli("metrics", test, "--apply", path, "--quiet")
+    one_line_error(result, f"{path} ({stage})", "NaN or +inf", "overflow")
+
+
+def test_large_but_finite_parameters_are_applied_as_written(
+    run_cli, tmp_path: Path, saved: tuple[Path, dict]
+) -> None:
+    """A valid file is measured as it says: vector scaling w = (10, 10, 10), b = 0 is TS with
+    T = 0.1, whose NLL is worked here in float64."""
+    test, document = saved
+    entry = {"method": "vector", "weights": [10.0] * 3, "bias": [0.0] * 3}
+    result = run_cli("metrics", test, "--apply", _write(tmp_path, document, vector=entry), "--json")
+    assert result.code == 0, result.stderr
+    z = 10.0 * np.load(test)["logits"].astype(np.float64)
+    labels = np.load(test)["labels"]
+    top = z.max(1, keepdims=True)
+    logp = z - top - np.log(np.exp(z - top).sum(1, keepdims=True))
+    nll = json.loads(result.stdout)["results"]["evaluation"]["vector"]["nll"]
+    assert nll == pytest.approx(-logp[np.arange(len(labels)), labels].mean(), rel=1e-10)

@@ -233,7 +233,14 @@ def run_calibrate(
 
         _check_applied(applied, request, loaded, int(logits.shape[1]))
         analysis = evaluate_calibrators(
-            logits, labels, "logits", applied.calibrators, settings, source, features
+            logits,
+            labels,
+            "logits",
+            applied.calibrators,
+            settings,
+            source,
+            features,
+            calibrators_source=str(request.files.apply),
         )
     else:
         analysis = analyse(
@@ -454,7 +461,13 @@ def run_metrics(
     source = str(request.logits)
     if calibrators is not None:
         analysis = evaluate_calibrators(
-            data.scores, data.labels, request.scores.input_kind, calibrators, settings, source
+            data.scores,
+            data.labels,
+            request.scores.input_kind,
+            calibrators,
+            settings,
+            source,
+            calibrators_source=str(request.scores.apply),
         )
     else:
         analysis = analyse(
