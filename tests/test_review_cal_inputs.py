@@ -131,3 +131,19 @@ def test_large_but_finite_parameters_are_applied_as_written(
     logp = z - top - np.log(np.exp(z - top).sum(1, keepdims=True))
     nll = json.loads(result.stdout)["results"]["evaluation"]["vector"]["nll"]
     assert nll == pytest.approx(-logp[np.arange(len(labels)), labels].mean(), rel=1e-10)
+
+
+@pytest.mark.parametrize("gated", ["platt.ece", "beta.nll"])
+def test_a_policy_gating_a_map_that_does_not_apply_is_refused(
+    run_cli, tmp_path: Path, gated: str
+) -> None:
+    # Before: with a second map gated, every map was fitted, the binary map was skipped on the
+    # 10-class model, and its rule failed as 'not in the report' (exit 1: a broken bound no
+    # model could meet); gated alone the same rule was refused (exit 2).
+    from curvcal.assets import demo_checkpoint
+    from tests.commands.test_check_command import SETTINGS
+
+    policy = tmp_path / "gate.toml"
+    policy.write_text(f"{SETTINGS}\n[{gated}]\nmax = 0.9\n\n[ts.ece]\nmax = 0.9\n")
+    result = run_cli("check", demo_checkpoint(), "--policy", policy)
+    one_line_error(result, str(policy), f"[{gated}]", "binary problems (K = 2) only")

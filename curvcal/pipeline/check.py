@@ -241,6 +241,7 @@ def run_check(
                     "fit_data are unused and every sample is evaluated"
                 )
             calibration, n_classes = _calibrate(session, loaded, data, fit, settings, plan)
+            _refuse_skipped_gates(policy, calibration)
             if n_classes == 1:
                 messages.append(single_class_warning(str(checkpoint)))
             timings["calibration"] = time.perf_counter() - began
@@ -496,6 +497,24 @@ def _calibrate(
         logits, labels, "logits", calibration, source, fraction=fraction, features=features
     )
     return analysis, n_classes
+
+
+def _refuse_skipped_gates(policy: Policy, analysis: CalibrationAnalysis | None) -> None:
+    """A rule on a map that the run fitting every map skipped (Platt scaling on ten classes,
+    say) is refused as the policy's fault, with the map's reason, as it is when that map is
+    gated alone: judged, it would fail as 'not in the report', a broken bound (exit 1) that
+    no model can meet."""
+    if analysis is None or analysis.ranking is None:
+        return
+    reasons = {skipped.stage: skipped.reason for skipped in analysis.ranking.skipped}
+    for rule in policy.rules:
+        if rule.stage in reasons:
+            raise InputError(
+                str(policy.path),
+                f"[{rule.key}] gates the {rule.stage} map, which does not apply here: "
+                f"{reasons[rule.stage]}",
+                "remove the rule, or check a model the map applies to",
+            )
 
 
 def _model(session: Session, checkpoint: Path, need: Needs) -> LoadedModel:
