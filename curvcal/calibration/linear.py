@@ -206,7 +206,9 @@ class LinearFit:
     component ``gradient_max`` fell under ``gradient_tol`` within ``max_iterations``.
     ``cv_strengths``/``cv_nll``: the ODIR strengths λ (λ_od = λ_b = λ) tried by
     :func:`fit_matrix_odir` and their mean held-out NLL over ``cv_folds`` folds (empty when the
-    strength was fixed).
+    strength was fixed). ``separated`` (vector scaling, which has no regulariser): the fitted
+    map puts every fit row's label first, so the NLL has no minimum (it falls towards 0 as the
+    map is scaled up) and the map is only where the gradient fell under the tolerance.
     """
 
     method: str
@@ -228,6 +230,7 @@ class LinearFit:
     cv_strengths: tuple[float, ...] = ()
     cv_nll: tuple[float, ...] = ()
     regulariser: str = "odir"
+    separated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The fit's record without its parameters (they are in the saved calibrator)."""
@@ -770,16 +773,34 @@ class _FullProblem:
         return _Solution(theta, value, last_nll[0], iterations, measure(gradient))
 
 
+def _labels_first(scores: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether every row of N×K ``scores`` puts its label ``y`` strictly first."""
+    rows = torch.arange(scores.shape[0])
+    labelled = scores[rows, y]
+    others = scores.index_put((rows, y), torch.tensor(-math.inf, dtype=scores.dtype))
+    return bool((labelled > others.max(dim=1).values).all())
+
+
+def _vector_separates(
+    x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor
+) -> bool:
+    """Whether the vector map s = w ⊙ x + b puts every row's label strictly first (in row
+    chunks): then c·s does too for every c > 1, with a lower NLL, so the unregularised NLL
+    has no minimum and the fit is only where its gradient fell under the tolerance."""
+    step = chunk_rows(x.shape[1])
+    return all(
+        _labels_first(x[start : start + step] * weights + bias, y[start : start + step])
+        for start in range(0, x.shape[0], step)
+    )
+
+
 def _refuse_separated(logq: torch.Tensor, y: torch.Tensor) -> None:
     """Raise when the map whose log-probabilities are ``logq`` puts every row's label strictly
     first: then the classes are separated by a linear map of the scores, and scaling that map
     by c → ∞ drives the unregularised NLL to 0, so it has no minimiser (the fit would chase
     it with ever larger weights until the gradient, which falls like e^{−c}, passes the
     tolerance: a meaningless map, reached slowly through a singular Hessian)."""
-    rows = torch.arange(logq.shape[0])
-    labelled = logq[rows, y]
-    others = logq.index_put((rows, y), torch.tensor(-math.inf, dtype=logq.dtype))
-    if bool((labelled > others.max(dim=1).values).all()):
+    if _labels_first(logq, y):
         raise InputError(
             "full-map fit with no regulariser (λ = 0)",
             f"a linear map of the scores classifies all {logq.shape[0]:,} fit rows correctly, "
@@ -1103,6 +1124,7 @@ def _fit_inputs(
         nll_before = _vector_nll(x, y)
         lam_od = lam_b = 0.0
         used = "none"
+        separated = _vector_separates(x, y, weights, bias)
     else:
         lam_od = l2_off_diagonal
         lam_b = l2_bias if regulariser == "odir" else l2_off_diagonal
@@ -1114,6 +1136,7 @@ def _fit_inputs(
         fitted = LinearMap(method, tuple(map(tuple, v[:, :k].tolist())), tuple(v[:, k].tolist()))
         nll_before = _nll_of(x, y, _identity(k))
         used = regulariser
+        separated = False  # refused above with no regulariser; with one, a minimum exists
     return LinearFit(
         method=method,
         input=given,
@@ -1131,6 +1154,7 @@ def _fit_inputs(
         n_samples=n,
         calibrator=fitted,
         regulariser=used,
+        separated=separated,
     )
 
 

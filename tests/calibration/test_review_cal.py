@@ -1,0 +1,58 @@
+"""Border cases of the calibration maps where a fit can claim more than it holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from curvcal.calibration.linear import fit_linear
+from tests.calibration.test_linear_maps import synthetic
+
+
+def _nll(z: np.ndarray, y: np.ndarray, weights: np.ndarray, bias: np.ndarray) -> float:
+    """Mean NLL of softmax(w ⊙ z + b), written in NumPy float64."""
+    s = z * weights + bias
+    s = s - s.max(axis=1, keepdims=True)
+    logq = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+    return float(-logq[np.arange(len(y)), y].mean())
+
+
+@pytest.mark.parametrize("case", ["argmax", "one-class"])
+def test_vector_scaling_on_separated_rows_says_it_has_no_minimum(case: str) -> None:
+    # Before: the fit reported converged and nothing else, though its NLL has no minimum
+    # (w = c·1 on rows whose argmax is their label, or b_0 = c on rows of class 0 only).
+    z, y = synthetic(90, 4, 3.0, 7)
+    y = z.argmax(axis=1) if case == "argmax" else np.zeros_like(y)
+    fit = fit_linear(torch.tensor(z), torch.tensor(y), "vector")
+    assert fit.separated
+    weights = np.array(fit.calibrator.weights)
+    bias = np.array(fit.calibrator.bias)
+    # the ground truth of 'no minimum': the same map scaled up fits strictly better
+    assert _nll(z, y, 2 * weights, 2 * bias) < _nll(z, y, weights, bias)
+
+
+def test_vector_scaling_on_overlapping_rows_is_not_called_separated() -> None:
+    z, y = synthetic(300, 4, 3.0, 7)
+    assert (z.argmax(axis=1) != y).any()
+    fit = fit_linear(torch.tensor(z), torch.tensor(y), "vector")
+    assert not fit.separated and fit.converged
+    weights, bias = np.array(fit.calibrator.weights), np.array(fit.calibrator.bias)
+    # a minimum: scaling the map either way fits worse
+    for factor in (0.9, 1.1):
+        assert _nll(z, y, factor * weights, factor * bias) > _nll(z, y, weights, bias)
+
+
+def test_metrics_warns_when_vector_scaling_has_no_minimum(run_cli, tmp_path: Path) -> None:
+    z, y = synthetic(200, 3, 3.0, 1)
+    fit, test = tmp_path / "fit.npz", tmp_path / "test.npz"
+    np.savez(fit, logits=z[:80], labels=np.zeros(80, dtype=np.int64))
+    np.savez(test, logits=z[80:], labels=y[80:])
+    result = run_cli("metrics", test, "--fit", fit, "--method", "vector", "--json")
+    assert result.code == 0, result.stderr
+    warnings = json.loads(result.stdout)["warnings"]
+    assert any("vector scaling classifies all 80 fit rows" in line for line in warnings)
+    assert json.loads(result.stdout)["results"]["fits"]["vector"]["separated"] is True
