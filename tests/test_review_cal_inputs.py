@@ -147,3 +147,44 @@ def test_a_policy_gating_a_map_that_does_not_apply_is_refused(
     policy.write_text(f"{SETTINGS}\n[{gated}]\nmax = 0.9\n\n[ts.ece]\nmax = 0.9\n")
     result = run_cli("check", demo_checkpoint(), "--policy", policy)
     one_line_error(result, str(policy), f"[{gated}]", "binary problems (K = 2) only")
+
+
+@pytest.mark.parametrize("fitted", ["val-split", "whole file"])
+def test_a_map_applied_to_the_scores_it_was_fitted_on_is_refused(
+    run_cli, tmp_path: Path, fitted: str
+) -> None:
+    # Before: metrics --fit refused a fit file with the evaluation file's contents, but a map
+    # saved from such a fit (or from --val-split of the file) and applied to the same file was
+    # measured on every row, the fitted ones included, as evaluation data (exit 0).
+    scores = logits_file(tmp_path / "scores.npz", 120, 3, seed=4)
+    other = logits_file(tmp_path / "other.npz", 120, 3, seed=5)
+    calibrator = tmp_path / "cal.json"
+    if fitted == "val-split":
+        fit = ("metrics", scores, "--val-split", "0.5")
+    else:
+        fit = ("metrics", other, "--fit", scores)
+    assert run_cli(*fit, "--method", "vector", "--save-calibrator", calibrator).code == 0
+    result = run_cli("metrics", scores, "--apply", calibrator, "--quiet")
+    one_line_error(result, str(calibrator), "fitted on rows of these very scores")
+    # forced, it is measured and said
+    forced = run_cli("metrics", scores, "--apply", calibrator, "--apply-anyway", "--json")
+    assert forced.code == 0
+    assert any("these very scores" in line for line in json.loads(forced.stdout)["warnings"])
+    # to other scores it applies as before
+    assert run_cli("metrics", other, "--apply", calibrator).code == 0
+
+
+def test_calibrate_warns_when_a_map_is_measured_on_its_fit_rows(run_cli, tmp_path: Path) -> None:
+    # Before: calibrate --apply measured a map fitted on --val-split of the same data on every
+    # row, and said only 'nothing fitted: every sample evaluated'.
+    from curvcal.assets import demo_checkpoint
+
+    data = ("--data", "curvcal:digits", "--max-samples", "120")
+    calibrator = tmp_path / "cal.json"
+    fitted = run_cli("calibrate", demo_checkpoint(), *data, "--method", "ts",
+                     "--save-calibrator", calibrator)  # fmt: skip
+    assert fitted.code == 0, fitted.stderr
+    applied = run_cli("calibrate", demo_checkpoint(), *data, "--apply", calibrator, "--json")
+    assert applied.code == 0, applied.stderr
+    warnings = json.loads(applied.stdout)["warnings"]
+    assert any(f"{calibrator} is fitted on rows of these very scores" in w for w in warnings)

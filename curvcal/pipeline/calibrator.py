@@ -138,10 +138,13 @@ def provenance_mismatches(
     input_kind: str,
     class_names: tuple[str, ...] | None = None,
     model_sha256: str | None = None,
+    scores_sha256: str | None = None,
 ) -> list[str]:
     """Where the scores a calibrator is applied to disagree with what it was fitted on: the
     class count, the class names (when both sides name them), the input kind and the model's
-    SHA-256 (when both sides know it). Empty when nothing disagrees."""
+    SHA-256 (when both sides know it). Also, when the SHA-256 of the file of scores
+    (``scores_sha256``) is the fit data's: the map was fitted on rows of these very scores, and
+    measured on them it looks better than it is. Empty when nothing is wrong."""
     found: list[str] = []
     if saved.n_classes != n_classes:
         found.append(f"fitted on {saved.n_classes} classes, applied to {n_classes}")
@@ -161,7 +164,24 @@ def provenance_mismatches(
             f"fitted on the outputs of model sha256 {saved_model[:12]}..., applied to model "
             f"sha256 {model_sha256[:12]}..."
         )
+    in_sample = fitted_on_these(saved, scores_sha256)
+    if in_sample is not None:
+        found.append(in_sample)
     return found
+
+
+def fitted_on_these(saved: CalibratorProvenance, scores_sha256: str | None) -> str | None:
+    """Why a calibrator must not be measured on scores from the file whose SHA-256 is
+    ``scores_sha256`` when that is the file its fit data came from (the rows it was fitted on
+    would count as evaluation rows, and the map would look better than it is); ``None``
+    otherwise, or when either side does not know the digest."""
+    fitted_on = (saved.fit_data or {}).get("sha256")
+    if not fitted_on or not scores_sha256 or fitted_on != scores_sha256:
+        return None
+    return (
+        f"fitted on rows of these very scores ({(saved.fit_data or {}).get('source')}): "
+        "measured on the rows it was fitted on, the map looks better than it is"
+    )
 
 
 def _names(names: tuple[str, ...]) -> str:
