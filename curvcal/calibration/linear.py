@@ -206,9 +206,10 @@ class LinearFit:
     component ``gradient_max`` fell under ``gradient_tol`` within ``max_iterations``.
     ``cv_strengths``/``cv_nll``: the ODIR strengths λ (λ_od = λ_b = λ) tried by
     :func:`fit_matrix_odir` and their mean held-out NLL over ``cv_folds`` folds (empty when the
-    strength was fixed). ``separated`` (vector scaling, which has no regulariser): the fitted
-    map puts every fit row's label first, so the NLL has no minimum (it falls towards 0 as the
-    map is scaled up) and the map is only where the gradient fell under the tolerance.
+    strength was fixed). ``no_minimum`` (vector scaling, which has no regulariser): why its
+    NLL has no minimum on these rows (a class with no fit row, or a fitted map that puts every
+    fit row's label first), so that the map is only where the gradient fell under the
+    tolerance; ``None`` when it has one.
     """
 
     method: str
@@ -230,7 +231,7 @@ class LinearFit:
     cv_strengths: tuple[float, ...] = ()
     cv_nll: tuple[float, ...] = ()
     regulariser: str = "odir"
-    separated: bool = False
+    no_minimum: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fit's record without its parameters (they are in the saved calibrator)."""
@@ -781,17 +782,33 @@ def _labels_first(scores: torch.Tensor, y: torch.Tensor) -> bool:
     return bool((labelled > others.max(dim=1).values).all())
 
 
-def _vector_separates(
+def _vector_no_minimum(
     x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor
-) -> bool:
-    """Whether the vector map s = w ⊙ x + b puts every row's label strictly first (in row
-    chunks): then c·s does too for every c > 1, with a lower NLL, so the unregularised NLL
-    has no minimum and the fit is only where its gradient fell under the tolerance."""
-    step = chunk_rows(x.shape[1])
-    return all(
+) -> str | None:
+    """Why vector scaling's (unregularised) NLL has no minimum on (``x``, ``y``), given its
+    fitted map s = w ⊙ x + b; ``None`` when it has one as far as these two tests tell.
+
+    A class k with no row: ∂L/∂b_k = mean_n q_nk > 0 everywhere, so L falls without end as
+    b_k → −∞. A map that puts every row's label strictly first: c·s does too for every
+    c > 1, with a lower NLL, which falls towards 0 as c grows."""
+    n, k = x.shape
+    absent = (torch.bincount(y, minlength=k) == 0).nonzero().reshape(-1).tolist()
+    if absent:
+        named = ", ".join(str(cls) for cls in absent[:10]) + (", ..." if len(absent) > 10 else "")
+        return (
+            f"{len(absent)} of its {k} classes ({named}) have no fit row, and the NLL falls "
+            "without end as their bias goes to −∞"
+        )
+    step = chunk_rows(k)
+    if all(
         _labels_first(x[start : start + step] * weights + bias, y[start : start + step])
-        for start in range(0, x.shape[0], step)
-    )
+        for start in range(0, n, step)
+    ):
+        return (
+            f"the fitted map classifies all {n:,} fit rows correctly, and the NLL falls towards "
+            "0 as the map is scaled up"
+        )
+    return None
 
 
 def _refuse_separated(logq: torch.Tensor, y: torch.Tensor) -> None:
@@ -1124,7 +1141,7 @@ def _fit_inputs(
         nll_before = _vector_nll(x, y)
         lam_od = lam_b = 0.0
         used = "none"
-        separated = _vector_separates(x, y, weights, bias)
+        no_minimum = _vector_no_minimum(x, y, weights, bias)
     else:
         lam_od = l2_off_diagonal
         lam_b = l2_bias if regulariser == "odir" else l2_off_diagonal
@@ -1136,7 +1153,7 @@ def _fit_inputs(
         fitted = LinearMap(method, tuple(map(tuple, v[:, :k].tolist())), tuple(v[:, k].tolist()))
         nll_before = _nll_of(x, y, _identity(k))
         used = regulariser
-        separated = False  # refused above with no regulariser; with one, a minimum exists
+        no_minimum = None  # refused above with no regulariser; with one, a minimum exists
     return LinearFit(
         method=method,
         input=given,
@@ -1154,7 +1171,7 @@ def _fit_inputs(
         n_samples=n,
         calibrator=fitted,
         regulariser=used,
-        separated=separated,
+        no_minimum=no_minimum,
     )
 
 

@@ -21,25 +21,45 @@ def _nll(z: np.ndarray, y: np.ndarray, weights: np.ndarray, bias: np.ndarray) ->
     return float(-logq[np.arange(len(y)), y].mean())
 
 
-@pytest.mark.parametrize("case", ["argmax", "one-class"])
-def test_vector_scaling_on_separated_rows_says_it_has_no_minimum(case: str) -> None:
+def test_vector_scaling_on_separated_rows_says_it_has_no_minimum() -> None:
     # Before: the fit reported converged and nothing else, though its NLL has no minimum
-    # (w = c·1 on rows whose argmax is their label, or b_0 = c on rows of class 0 only).
-    z, y = synthetic(90, 4, 3.0, 7)
-    y = z.argmax(axis=1) if case == "argmax" else np.zeros_like(y)
+    # (w = c·1 on rows whose argmax is their label).
+    z, _ = synthetic(90, 4, 3.0, 7)
+    y = z.argmax(axis=1)
     fit = fit_linear(torch.tensor(z), torch.tensor(y), "vector")
-    assert fit.separated
+    assert fit.no_minimum is not None and "classifies all 90 fit rows" in fit.no_minimum
     weights = np.array(fit.calibrator.weights)
     bias = np.array(fit.calibrator.bias)
     # the ground truth of 'no minimum': the same map scaled up fits strictly better
     assert _nll(z, y, 2 * weights, 2 * bias) < _nll(z, y, weights, bias)
 
 
+@pytest.mark.parametrize("absent", [[2], [1, 2, 3]])
+def test_vector_scaling_with_a_class_missing_from_the_fit_says_it_has_no_minimum(
+    absent: list[int],
+) -> None:
+    # Before: converged, and nothing said; the missing class's bias was wherever the gradient
+    # tolerance stopped it, which sets that class's probability on the evaluation split.
+    z, y = synthetic(300, 4, 3.0, 7)
+    keep = ~np.isin(y, absent)
+    z, y = z[keep], y[keep]
+    fit = fit_linear(torch.tensor(z), torch.tensor(y), "vector")
+    assert fit.no_minimum is not None
+    assert f"{len(absent)} of its 4 classes ({', '.join(map(str, absent))}) have no fit row" in (
+        fit.no_minimum
+    )
+    weights, bias = np.array(fit.calibrator.weights), np.array(fit.calibrator.bias)
+    lower = bias.copy()
+    lower[absent] -= 1.0
+    # the ground truth: a lower bias of the missing classes fits strictly better
+    assert _nll(z, y, weights, lower) < _nll(z, y, weights, bias)
+
+
 def test_vector_scaling_on_overlapping_rows_is_not_called_separated() -> None:
     z, y = synthetic(300, 4, 3.0, 7)
     assert (z.argmax(axis=1) != y).any()
     fit = fit_linear(torch.tensor(z), torch.tensor(y), "vector")
-    assert not fit.separated and fit.converged
+    assert fit.no_minimum is None and fit.converged
     weights, bias = np.array(fit.calibrator.weights), np.array(fit.calibrator.bias)
     # a minimum: scaling the map either way fits worse
     for factor in (0.9, 1.1):
@@ -54,5 +74,6 @@ def test_metrics_warns_when_vector_scaling_has_no_minimum(run_cli, tmp_path: Pat
     result = run_cli("metrics", test, "--fit", fit, "--method", "vector", "--json")
     assert result.code == 0, result.stderr
     warnings = json.loads(result.stdout)["warnings"]
-    assert any("vector scaling classifies all 80 fit rows" in line for line in warnings)
-    assert json.loads(result.stdout)["results"]["fits"]["vector"]["separated"] is True
+    assert any("vector scaling's NLL has no minimum" in line for line in warnings)
+    no_minimum = json.loads(result.stdout)["results"]["fits"]["vector"]["no_minimum"]
+    assert no_minimum.startswith("2 of its 3 classes (1, 2) have no fit row")
