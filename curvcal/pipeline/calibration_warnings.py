@@ -57,12 +57,13 @@ def analysis_warnings(analysis: CalibrationAnalysis) -> list[str]:
                 f"iterations (max |gradient| {linear.gradient_max:.2g}, wanted < "
                 f"{linear.gradient_tol:g}): the fitted map is not the minimum of its NLL"
             )
-    if fits.vector is not None and fits.vector.no_minimum is not None:
-        messages.append(
-            f"vector scaling's NLL has no minimum on the fit split: {fits.vector.no_minimum}; "
-            "the fitted map is where the gradient fell under the tolerance, and its "
-            "confidence is arbitrary (fit on more, or more varied, rows)"
-        )
+    for linear in (fits.vector, fits.matrix, fits.dirichlet, fits.dirichlet_l2):
+        if linear is not None and linear.no_minimum is not None:
+            messages.append(
+                f"{linear.method} scaling's NLL has no minimum on the fit split: "
+                f"{linear.no_minimum}; the fitted map is where the gradient fell under the "
+                "tolerance, and its confidence is arbitrary (fit on more, or more varied, rows)"
+            )
     for binary in (analysis.fits.platt, analysis.fits.beta):
         if binary is not None and not binary.converged:
             messages.append(

@@ -45,9 +45,9 @@ def test_vector_scaling_with_a_class_missing_from_the_fit_says_it_has_no_minimum
     z, y = z[keep], y[keep]
     fit = fit_linear(torch.tensor(z), torch.tensor(y), "vector")
     assert fit.no_minimum is not None
-    assert f"{len(absent)} of its 4 classes ({', '.join(map(str, absent))}) have no fit row" in (
-        fit.no_minimum
-    )
+    verb = "has" if len(absent) == 1 else "have"
+    named = ", ".join(map(str, absent))
+    assert f"{len(absent)} of its 4 classes ({named}) {verb} no fit row" in fit.no_minimum
     weights, bias = np.array(fit.calibrator.weights), np.array(fit.calibrator.bias)
     lower = bias.copy()
     lower[absent] -= 1.0
@@ -77,3 +77,35 @@ def test_metrics_warns_when_vector_scaling_has_no_minimum(run_cli, tmp_path: Pat
     assert any("vector scaling's NLL has no minimum" in line for line in warnings)
     no_minimum = json.loads(result.stdout)["results"]["fits"]["vector"]["no_minimum"]
     assert no_minimum.startswith("2 of its 3 classes (1, 2) have no fit row")
+
+
+def _full_nll(x: np.ndarray, y: np.ndarray, weights: np.ndarray, bias: np.ndarray) -> float:
+    """Mean NLL of softmax(W x + b), written in NumPy float64."""
+    s = x @ weights.T + bias
+    s = s - s.max(axis=1, keepdims=True)
+    logq = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+    return float(-logq[np.arange(len(y)), y].mean())
+
+
+def test_dirichlet_odir_with_a_class_missing_from_the_fit_says_it_has_no_minimum() -> None:
+    # Before: converged, and nothing said; ODIR leaves W_kk free, and with class k absent
+    # ∂L/∂W_kk = mean q_k log p_k < 0 everywhere, so W_kk ran off (to about 70 here).
+    from curvcal.calibration.dirichlet import fit_dirichlet
+
+    z, y = synthetic(300, 3, 3.0, 7)
+    keep = y != 2
+    z, y = z[keep], y[keep]
+    fit = fit_dirichlet(torch.tensor(z), torch.tensor(y), seed=0)
+    assert fit.no_minimum is not None and "1 of its 3 classes (2) has no fit row" in (
+        fit.no_minimum
+    )
+    assert "diagonal weight" in fit.no_minimum
+    logp = z - z.max(axis=1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    weights, bias = np.array(fit.calibrator.weights), np.array(fit.calibrator.bias)
+    larger = weights.copy()
+    larger[2, 2] += 1.0
+    # the ground truth: ODIR does not charge W_22, and a larger W_22 fits strictly better
+    assert _full_nll(logp, y, larger, bias) < _full_nll(logp, y, weights, bias)
+    # L2 on every parameter (λ > 0) has a minimum on the same rows
+    assert fit_dirichlet(torch.tensor(z), torch.tensor(y), regulariser="l2").no_minimum is None
