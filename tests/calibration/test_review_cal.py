@@ -109,3 +109,20 @@ def test_dirichlet_odir_with_a_class_missing_from_the_fit_says_it_has_no_minimum
     assert _full_nll(logp, y, larger, bias) < _full_nll(logp, y, weights, bias)
     # L2 on every parameter (λ > 0) has a minimum on the same rows
     assert fit_dirichlet(torch.tensor(z), torch.tensor(y), regulariser="l2").no_minimum is None
+
+
+def test_an_infinite_nll_of_a_binning_map_is_not_blamed_on_rounded_scores(
+    run_cli, tmp_path: Path
+) -> None:
+    # Before: 'rounded or clipped probabilities?', of float logits that hold no zero: the
+    # one-vs-rest maps give 0 to class 2, which the fit split never held.
+    z, y = synthetic(300, 3, 3.0, 2)
+    fit, test = tmp_path / "fit.npz", tmp_path / "test.npz"
+    np.savez(fit, logits=z[:150], labels=np.where(y[:150] == 2, 0, y[:150]))
+    np.savez(test, logits=z[150:], labels=y[150:])
+    result = run_cli("metrics", test, "--fit", fit, "--method", "histogram-ovr", "--json")
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["results"]["evaluation"]["histogram_ovr"]["nll"] is None  # infinite
+    (warning,) = [w for w in document["warnings"] if "histogram_ovr stage" in w]
+    assert "no row of that class" in warning and "rounded" not in warning
