@@ -206,6 +206,7 @@ def run_check(
     comes out non-finite is listed in ``nonfinite`` (its rows fail).
     """
     from curvcal.console import Reporter
+    from curvcal.pipeline.calibration_warnings import analysis_warnings
     from curvcal.pipeline.compatibility import single_class_warning
     from curvcal.pipeline.session import open_session
 
@@ -244,6 +245,10 @@ def run_check(
             _refuse_skipped_gates(policy, calibration)
             if n_classes == 1:
                 messages.append(single_class_warning(str(checkpoint)))
+            if calibration is not None:
+                # what calibrate says of the same fits (a temperature at its bracket's end, a
+                # map with no minimum or not converged, an infinite NLL), said of the gated ones
+                messages += analysis_warnings(calibration)
             timings["calibration"] = time.perf_counter() - began
             if on_step is not None:
                 on_step("calibration", 1)

@@ -126,3 +126,18 @@ def test_an_infinite_nll_of_a_binning_map_is_not_blamed_on_rounded_scores(
     assert document["results"]["evaluation"]["histogram_ovr"]["nll"] is None  # infinite
     (warning,) = [w for w in document["warnings"] if "histogram_ovr stage" in w]
     assert "no row of that class" in warning and "rounded" not in warning
+
+
+def test_check_says_what_calibrate_says_of_a_gated_fit(run_cli, tmp_path: Path) -> None:
+    # Before: check gated vector.ece on a fit split missing half of the classes, with no
+    # word that the map had no minimum; calibrate warned of the same fit.
+    from curvcal.assets import demo_checkpoint
+    from tests.commands.test_check_command import SETTINGS
+
+    policy = tmp_path / "gate.toml"
+    settings = SETTINGS.replace("max_samples = 120", "max_samples = 12")
+    policy.write_text(f"{settings}\n[vector.ece]\nmax = 0.9\n")
+    result = run_cli("check", demo_checkpoint(), "--policy", policy, "--json")
+    assert result.code in (0, 1), result.stderr
+    warnings = json.loads(result.stdout)["warnings"]
+    assert any(w.startswith("vector scaling's NLL has no minimum") for w in warnings)
