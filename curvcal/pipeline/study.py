@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from curvcal.calibration.registry import MAPS, fitted_stages
 from curvcal.errors import CurvcalError, InputError
 from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
+from curvcal.pipeline.calibration_warnings import analysis_warnings
 from curvcal.results import Report
 from curvcal.settings.fields import groups
 
@@ -137,6 +138,11 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                             f"{path} on --data {data.spec}",
                             features,
                         )
+                        for warning in analysis_warnings(analysis):
+                            # what calibrate says of the same fits, per checkpoint
+                            message = f"{path}: {warning}"
+                            session.warnings.append(message)
+                            session.reporter.warn(message)
                         rows.append(
                             StudyRow(
                                 checkpoint=path.name,

@@ -141,3 +141,15 @@ def test_check_says_what_calibrate_says_of_a_gated_fit(run_cli, tmp_path: Path) 
     assert result.code in (0, 1), result.stderr
     warnings = json.loads(result.stdout)["warnings"]
     assert any(w.startswith("vector scaling's NLL has no minimum") for w in warnings)
+
+
+def test_study_says_what_calibrate_says_of_each_checkpoints_fit(run_cli) -> None:
+    # Before: study fitted the maps exactly as calibrate does but said none of its warnings.
+    from curvcal.assets import demo_checkpoint
+
+    checkpoint = demo_checkpoint()
+    result = run_cli("study", checkpoint, "--data", "curvcal:digits", "--max-samples", "12",
+                     "--maps", "vector", "--probes", "4", "--tol", "1e-2", "--json")  # fmt: skip
+    assert result.code == 0, result.stderr
+    warnings = json.loads(result.stdout)["warnings"]
+    assert any(w.startswith(f"{checkpoint}: vector scaling's NLL has no minimum") for w in warnings)
