@@ -216,7 +216,8 @@ def analyse_calibration(
     a map whose registry ``input`` is ``features`` (Laplace) fits and acts on instead of the
     scores. A map named by ``settings.method`` that does not apply to these scores (or, for a
     map that needs the model, to scores without ``features``) is an :class:`InputError`;
-    ``all`` skips it and records why.
+    ``all`` skips it and records why, as it does a map whose fit refuses the fit split (an
+    :class:`InputError` of any map but TS, whose refusal stops the run).
     """
     check_kind(kind)
     if settings.method is None:
@@ -246,17 +247,25 @@ def analyse_calibration(
     stages, skipped = applicable_stages(requested, n_classes, features is not None)
     if skipped and settings.method != ALL:
         raise InputError(f"--method {settings.method}", next(iter(skipped.values())))
-    fits = {
-        stage: MAPS[stage].fit(
-            _inputs(stage, fit_scores, features, 0),
-            fit_labels,
-            kind,
-            settings,
-            source=fit_source,
-            labels_source=f"{fit_source} labels",
-        )
-        for stage in stages
-    }
+    fits = {}
+    for stage in stages:
+        try:
+            fits[stage] = MAPS[stage].fit(
+                _inputs(stage, fit_scores, features, 0),
+                fit_labels,
+                kind,
+                settings,
+                source=fit_source,
+                labels_source=f"{fit_source} labels",
+            )
+        except InputError as error:
+            # ``all``: a map this fit split cannot fit (too few rows for its bins, one class
+            # for beta calibration) is skipped with its reason like one that does not apply,
+            # rather than losing every other map. TS fits any scores it can read, so its
+            # refusal is the inputs' fault and stops the run.
+            if settings.method != ALL or stage == "ts":
+                raise
+            skipped[stage] = error.message
     tops: dict[str, TopLabel] | None = None
     if settings.method == ALL or settings.bootstrap > 0:
         tops = {"uncalibrated": top_label_of(eval_scores, eval_labels, kind, eval_source)}

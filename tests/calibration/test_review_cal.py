@@ -153,3 +153,24 @@ def test_study_says_what_calibrate_says_of_each_checkpoints_fit(run_cli) -> None
     assert result.code == 0, result.stderr
     warnings = json.loads(result.stdout)["warnings"]
     assert any(w.startswith(f"{checkpoint}: vector scaling's NLL has no minimum") for w in warnings)
+
+
+def test_method_all_skips_a_map_the_fit_split_cannot_fit(run_cli, tmp_path: Path) -> None:
+    # Before: a 4-row fit split, too small for 15 histogram bins, stopped the whole run
+    # (exit 2) and no map was measured.
+    z, y = synthetic(120, 3, 3.0, 3)
+    fit, test = tmp_path / "fit.npz", tmp_path / "test.npz"
+    np.savez(fit, logits=z[:4], labels=np.array([0, 1, 2, 0]))
+    np.savez(test, logits=z[4:], labels=y[4:])
+    result = run_cli("metrics", test, "--fit", fit, "--method", "all", "--json")
+    assert result.code == 0, result.stderr
+    results = json.loads(result.stdout)["results"]
+    reasons = {row["stage"]: row["reason"] for row in results["ranking"]["skipped"]}
+    for stage in ("histogram", "histogram_ovr"):
+        assert "--histogram-bins: 15 bins need at least 15 fit samples" in reasons[stage]
+        assert stage not in results["evaluation"]
+    assert {"ts", "vector", "isotonic", "ets"} <= set(results["evaluation"])
+    # a fault of the fit split's labels still stops the run, from TS
+    np.savez(fit, logits=z[:4], labels=np.array([0, 1, 5, 0]))
+    refused = run_cli("metrics", test, "--fit", fit, "--method", "all")
+    assert refused.code == 2 and "out of range" in refused.stderr
