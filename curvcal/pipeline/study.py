@@ -98,6 +98,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     rows: list[StudyRow] = []
     inputs: list[dict[str, Any]] = []
     said: set[str] = set()  # parameter choices already noted on stderr
+    fit_warnings: list[str] = []
     with open_session(request.checkpoint_options, reporter) as session:
         # text data is tokenized once, with the first checkpoint's tokenizer (or --tokenizer)
         text_model = text_model_at(paths[0], request.checkpoint_options.arch)
@@ -138,11 +139,9 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                             f"{path} on --data {data.spec}",
                             features,
                         )
-                        for warning in analysis_warnings(analysis):
-                            # what calibrate says of the same fits, per checkpoint
-                            message = f"{path}: {warning}"
-                            session.warnings.append(message)
-                            session.reporter.warn(message)
+                        # what calibrate says of the same fits, per checkpoint; said with the
+                        # study's own warnings once every checkpoint is measured
+                        fit_warnings += [f"{path}: {w}" for w in analysis_warnings(analysis)]
                         rows.append(
                             StudyRow(
                                 checkpoint=path.name,
@@ -169,10 +168,16 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
         row_stages(rows),
     )
     result = StudyResult(tuple(rows), rank_correlations(rows), columns)
-    messages = session.warnings + [
-        duplicate_warning(group)
-        for group in duplicate_checkpoints([str(p) for p in paths], [i["sha256"] for i in inputs])
-    ]
+    messages = (
+        session.warnings
+        + fit_warnings
+        + [
+            duplicate_warning(group)
+            for group in duplicate_checkpoints(
+                [str(p) for p in paths], [i["sha256"] for i in inputs]
+            )
+        ]
+    )
     for message in messages[len(session.warnings) :]:
         session.reporter.warn(message)
     report = Report(
