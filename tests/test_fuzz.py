@@ -183,7 +183,9 @@ def _metrics(c: Corpus, f: Path) -> list[str]:
 
 
 def _apply(c: Corpus, f: Path) -> list[str]:
-    return ["metrics", str(c.files["logits-npz"]), "--bins", "5", "--apply", str(f)]
+    # the scores of the .npz the calibrator was fitted on (a --val-split of it), from another
+    # file: applied to the .npz itself it would be refused as measured on its fit rows
+    return ["metrics", str(c.files["logits-pt"]), "--bins", "5", "--apply", str(f)]
 
 
 def _policy(c: Corpus, f: Path) -> list[str]:

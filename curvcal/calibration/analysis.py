@@ -21,9 +21,12 @@ Pure: no file I/O, no printing, no global RNG.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from curvcal.calibration.bbq import BBQFit
 from curvcal.calibration.binary import BinaryFit
@@ -48,7 +51,7 @@ from curvcal.calibration.results import (
     TemperatureFit,
 )
 from curvcal.calibration.venn_abers import VennAbersFit
-from curvcal.errors import InputError
+from curvcal.errors import InputError, NumericalError
 from curvcal.settings.calibration import CalibrationSettings as CalibrationSettings
 
 #: Where the fit split came from: carved out of the data (``val-split``), a second dataset
@@ -219,7 +222,8 @@ def analyse_calibration(
     a map whose registry ``input`` is ``features`` (Laplace) fits and acts on instead of the
     scores. A map named by ``settings.method`` that does not apply to these scores (or, for a
     map that needs the model, to scores without ``features``) is an :class:`InputError`;
-    ``all`` skips it and records why.
+    ``all`` skips it and records why, as it does a map whose fit refuses the fit split (an
+    :class:`InputError` of any map but TS, whose refusal stops the run).
     """
     check_kind(kind)
     if settings.method is None:
@@ -249,17 +253,25 @@ def analyse_calibration(
     stages, skipped = applicable_stages(requested, n_classes, features is not None)
     if skipped and settings.method != ALL:
         raise InputError(f"--method {settings.method}", next(iter(skipped.values())))
-    fits = {
-        stage: MAPS[stage].fit(
-            _inputs(stage, fit_scores, features, 0),
-            fit_labels,
-            kind,
-            settings,
-            source=fit_source,
-            labels_source=f"{fit_source} labels",
-        )
-        for stage in stages
-    }
+    fits = {}
+    for stage in stages:
+        try:
+            fits[stage] = MAPS[stage].fit(
+                _inputs(stage, fit_scores, features, 0),
+                fit_labels,
+                kind,
+                settings,
+                source=fit_source,
+                labels_source=f"{fit_source} labels",
+            )
+        except InputError as error:
+            # ``all``: a map this fit split cannot fit (too few rows for its bins, one class
+            # for beta calibration) is skipped with its reason like one that does not apply,
+            # rather than losing every other map. TS fits any scores it can read, so its
+            # refusal is the inputs' fault and stops the run.
+            if settings.method != ALL or stage == "ts":
+                raise
+            skipped[stage] = error.message
     tops: dict[str, TopLabel] | None = None
     if settings.method == ALL or settings.bootstrap > 0:
         tops = {"uncalibrated": top_label_of(eval_scores, eval_labels, kind, eval_source)}
@@ -333,10 +345,13 @@ def evaluate_calibrators(
     settings: CalibrationSettings,
     source: str = "scores",
     features: Any = None,
+    calibrators_source: str = "calibrators",
 ) -> CalibrationAnalysis:
     """Measure saved ``calibrators`` (keyed by stage: ``ts``, ``focal_ts``, ``vector``,
     ``matrix``, ``laplace``) on all of ``scores`` (a ``laplace`` calibrator on ``features``,
-    the model's last-layer inputs of the same rows).
+    the model's last-layer inputs of the same rows). ``calibrators_source`` (the file they
+    were read from) is named when a map's output is NaN or +inf on these scores (parameters
+    that overflow on them: an :class:`InputError`).
 
     Nothing is fitted, so every sample is evaluation data (split method ``none``). A stage's
     calibrator must carry that stage's method (``ts``: temperature, ``focal_ts``:
@@ -352,12 +367,14 @@ def evaluate_calibrators(
                 f"stage {stage} needs method {STAGE_METHODS[stage]!r}, got {calibrator.method!r}",
             )
     _need_features(tuple(calibrators), None if features is None else (None, features))
-    evaluate = _measure(labels, kind, settings, source)
+    evaluate = _measure(labels, kind, settings, source, calibrators_source)
     uncalibrated = evaluate(scores)
     evaluation = StageMetrics(
         uncalibrated,
         **{
-            stage: evaluate(scores, calibrators[stage], _inputs(stage, None, (None, features), 1))
+            stage: evaluate(
+                scores, calibrators[stage], _inputs(stage, None, (None, features), 1), stage
+            )
             for stage in MAPS
             if stage in calibrators
         },
@@ -374,10 +391,19 @@ def evaluate_calibrators(
     )
 
 
-def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str) -> Any:
+def _measure(
+    labels: Any,
+    kind: str,
+    settings: CalibrationSettings,
+    source: str,
+    calibrators_source: str | None = None,
+) -> Any:
     """``evaluate(scores, calibrator=None, features=None, stage="", tops=None)``: the metrics of one stage on
     these labels; with ``tops``, its per-sample top-label quantities are added to it under
-    ``stage`` (from the same calibrated scores)."""
+    ``stage`` (from the same calibrated scores). A map whose log-probabilities hold a NaN or
+    +inf is refused naming the map, not the scores: an :class:`InputError` naming
+    ``calibrators_source`` for saved maps, a :class:`NumericalError` for maps just fitted
+    (``calibrators_source`` ``None``)."""
 
     def evaluate(
         scores: Any,
@@ -401,11 +427,29 @@ def _measure(labels: Any, kind: str, settings: CalibrationSettings, source: str)
             logp = calibrator.apply(features, "features", source)
         else:
             logp = calibrator.apply(scores, kind, source)
+        _check_map_output(logp, stage or calibrator.method, source, calibrators_source)
         if tops is not None:
             tops[stage] = top_label_of(logp, labels, "logprobs", source, f"{source} labels")
         return calibration_metrics(logp, labels, kind="logprobs", source=source, **options)
 
     return evaluate
+
+
+def _check_map_output(logp: Any, stage: str, source: str, calibrators_source: str | None) -> None:
+    """Refuse a map's log-probabilities holding a NaN or +inf (−inf, probability 0, is a value
+    a map may give): the map's parameters overflow on these scores, and the metrics would
+    otherwise name the scores as the fault."""
+    bad = torch.isnan(logp) | (logp == math.inf)
+    if not bool(bad.any()):
+        return
+    rows = bad.any(dim=1).nonzero().reshape(-1)
+    why = (
+        f"the {stage} map gives NaN or +inf log-probabilities on {rows.numel()} row(s) of "
+        f"{source} (first: row {int(rows[0])}): its parameters overflow on these scores"
+    )
+    if calibrators_source is not None:
+        raise InputError(f"{calibrators_source} ({stage})", why, "refit the map on such scores")
+    raise NumericalError(f"--method {MAPS[stage].option}" if stage in MAPS else stage, why)
 
 
 def _need_features(stages: tuple[str, ...], features: tuple[Any, Any] | None) -> None:

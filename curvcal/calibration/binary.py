@@ -131,6 +131,11 @@ class BinaryMap:
         if not all(math.isfinite(v) for v in (*self.weights, self.intercept)):
             raise InputError("calibrator", f"{self.method} coefficients must be finite")
 
+    @property
+    def n_classes(self) -> int:
+        """Platt scaling and beta calibration are maps of binary problems: 2."""
+        return 2
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form: ``{"method": "platt", "slope": a, "intercept": b}`` or
         ``{"method": "beta", "a": a, "b": b, "c": c}``."""

@@ -206,7 +206,11 @@ class LinearFit:
     component ``gradient_max`` fell under ``gradient_tol`` within ``max_iterations``.
     ``cv_strengths``/``cv_nll``: the ODIR strengths λ (λ_od = λ_b = λ) tried by
     :func:`fit_matrix_odir` and their mean held-out NLL over ``cv_folds`` folds (empty when the
-    strength was fixed).
+    strength was fixed). ``no_minimum``: why the objective has no minimum on these rows (a
+    class with no fit row whose bias, or diagonal weight, is not regularised; for vector
+    scaling, which has no regulariser, also a fitted map that puts every fit row's label
+    first), so that the map is only where the gradient fell under the tolerance; ``None``
+    when it has one (:func:`_no_minimum`).
     """
 
     method: str
@@ -228,6 +232,7 @@ class LinearFit:
     cv_strengths: tuple[float, ...] = ()
     cv_nll: tuple[float, ...] = ()
     regulariser: str = "odir"
+    no_minimum: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fit's record without its parameters (they are in the saved calibrator)."""
@@ -770,16 +775,71 @@ class _FullProblem:
         return _Solution(theta, value, last_nll[0], iterations, measure(gradient))
 
 
+def _labels_first(scores: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether every row of N×K ``scores`` puts its label ``y`` strictly first."""
+    rows = torch.arange(scores.shape[0])
+    labelled = scores[rows, y]
+    others = scores.index_put((rows, y), torch.tensor(-math.inf, dtype=scores.dtype))
+    return bool((labelled > others.max(dim=1).values).all())
+
+
+def _no_minimum(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    bias: torch.Tensor,
+    penalty: torch.Tensor | None = None,
+) -> str | None:
+    """Why the NLL (plus regulariser) of a linear map fitted on (``x``, ``y``) has no minimum,
+    given the fitted ``weights`` and ``bias``; ``None`` when it has one as far as these tests
+    tell. ``penalty``: the K×(K+1) regulariser weights of a full map (:func:`penalty_weights`),
+    ``None`` for vector scaling (no regulariser).
+
+    A class k with no row: ∂L/∂b_k = mean_n q_nk > 0 everywhere, so L falls without end as
+    b_k → −∞ when b_k is not regularised; and ∂L/∂W_kk = mean_n q_nk x_nk, of one sign when
+    x_k is (log p ≤ 0 of Dirichlet calibration), so L falls without end along W_kk when it is
+    not regularised (ODIR leaves the diagonal free). Vector scaling with a map that puts every
+    row's label strictly first: c·s does too for every c > 1, with a lower NLL."""
+    n, k = x.shape
+    free = []
+    for cls in (torch.bincount(y, minlength=k) == 0).nonzero().reshape(-1).tolist():
+        column = x[:, cls]
+        one_sign = bool((column <= 0).all() or (column >= 0).all()) and bool((column != 0).any())
+        if penalty is None or penalty[cls, k] == 0 or (penalty[cls, cls] == 0 and one_sign):
+            free.append(cls)
+    if free:
+        named = ", ".join(str(cls) for cls in free[:10]) + (", ..." if len(free) > 10 else "")
+        along = (
+            "their bias goes to −∞"
+            if penalty is None or bool((penalty[free, k] == 0).all())
+            else "their diagonal weight grows (not regularised; their input has one sign)"
+        )
+        return (
+            f"{len(free)} of its {k} classes ({named}) {'has' if len(free) == 1 else 'have'} "
+            "no fit row, and the NLL falls "
+            f"without end as {along}"
+        )
+    if penalty is not None:
+        return None  # a full map that separates the rows with no regulariser is refused
+    step = chunk_rows(k)
+    if all(
+        _labels_first(x[start : start + step] * weights + bias, y[start : start + step])
+        for start in range(0, n, step)
+    ):
+        return (
+            f"the fitted map classifies all {n:,} fit rows correctly, and the NLL falls towards "
+            "0 as the map is scaled up"
+        )
+    return None
+
+
 def _refuse_separated(logq: torch.Tensor, y: torch.Tensor) -> None:
     """Raise when the map whose log-probabilities are ``logq`` puts every row's label strictly
     first: then the classes are separated by a linear map of the scores, and scaling that map
     by c → ∞ drives the unregularised NLL to 0, so it has no minimiser (the fit would chase
     it with ever larger weights until the gradient, which falls like e^{−c}, passes the
     tolerance: a meaningless map, reached slowly through a singular Hessian)."""
-    rows = torch.arange(logq.shape[0])
-    labelled = logq[rows, y]
-    others = logq.index_put((rows, y), torch.tensor(-math.inf, dtype=logq.dtype))
-    if bool((labelled > others.max(dim=1).values).all()):
+    if _labels_first(logq, y):
         raise InputError(
             "full-map fit with no regulariser (λ = 0)",
             f"a linear map of the scores classifies all {logq.shape[0]:,} fit rows correctly, "
@@ -1103,6 +1163,7 @@ def _fit_inputs(
         nll_before = _vector_nll(x, y)
         lam_od = lam_b = 0.0
         used = "none"
+        no_minimum = _no_minimum(x, y, weights, bias)
     else:
         lam_od = l2_off_diagonal
         lam_b = l2_bias if regulariser == "odir" else l2_off_diagonal
@@ -1114,6 +1175,7 @@ def _fit_inputs(
         fitted = LinearMap(method, tuple(map(tuple, v[:, :k].tolist())), tuple(v[:, k].tolist()))
         nll_before = _nll_of(x, y, _identity(k))
         used = regulariser
+        no_minimum = _no_minimum(x, y, v[:, :k], v[:, k], penalty)
     return LinearFit(
         method=method,
         input=given,
@@ -1131,6 +1193,7 @@ def _fit_inputs(
         n_samples=n,
         calibrator=fitted,
         regulariser=used,
+        no_minimum=no_minimum,
     )
 
 

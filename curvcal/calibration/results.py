@@ -150,7 +150,9 @@ class Calibrator:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "calibrator") -> Calibrator:
-        """Rebuild from :meth:`to_dict` output; ``source`` names the file in errors."""
+        """Rebuild from :meth:`to_dict` output; ``source`` names the file in errors. A
+        ``temperature`` map needs its ``temperature``, a ``focal-temperature`` map its
+        ``temperature`` and ``gamma`` (``gamma`` of a ``temperature`` map may be left out: 0)."""
         if not isinstance(data, dict):
             raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
         unknown = sorted(set(data) - {"method", "temperature", "gamma"})
@@ -158,6 +160,14 @@ class Calibrator:
             raise InputError(source, f"unknown calibrator keys {unknown}")
         if "method" not in data:
             raise InputError(source, "missing key 'method'", f"one of {list(CALIBRATOR_METHODS)}")
+        # A missing parameter is not given its default: a temperature map without its T read
+        # as T = 1 would report the uncalibrated scores under the map's name.
+        needed = {"temperature": ("temperature",), "focal-temperature": ("temperature", "gamma")}
+        method = data["method"]
+        required = needed.get(method, ()) if isinstance(method, str) else ()
+        missing = [key for key in required if key not in data]
+        if missing:
+            raise InputError(source, f"the {method!r} calibrator has no {' or '.join(missing)}")
         method, temperature, gamma = (
             data["method"],
             data.get("temperature", 1.0),

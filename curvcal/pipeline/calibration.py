@@ -232,8 +232,16 @@ def run_calibrate(
         from curvcal.calibration.analysis import evaluate_calibrators
 
         _check_applied(applied, request, loaded, int(logits.shape[1]))
+        _warn_in_sample(applied, request, data.files, warnings, session.reporter)
         analysis = evaluate_calibrators(
-            logits, labels, "logits", applied.calibrators, settings, source, features
+            logits,
+            labels,
+            "logits",
+            applied.calibrators,
+            settings,
+            source,
+            features,
+            calibrators_source=str(request.files.apply),
         )
     else:
         analysis = analyse(
@@ -310,6 +318,26 @@ def _calibrators_for(path: Path, loaded: LoadedModel) -> CalibratorFile:
             "a Laplace calibrator applies only to the checkpoint it was fitted on",
         )
     return read
+
+
+def _warn_in_sample(
+    applied: CalibratorFile,
+    request: CalibrateRequest,
+    files: tuple[Path, ...],
+    warnings: list[str],
+    reporter: Reporter,
+) -> None:
+    """A warning when ``calibrate --apply``'s calibrators were fitted on the data they are
+    measured on (the first of its ``files`` is their fit data's): the fitted rows are then
+    counted as evaluation rows. A warning, not a refusal: calibrate has no --apply-anyway."""
+    from curvcal.load.digest import file_info
+    from curvcal.pipeline.calibrator import fitted_on_these
+
+    if applied.provenance is None or not files:
+        return
+    why = fitted_on_these(applied.provenance, file_info(files[0]).sha256)
+    if why is not None:
+        _warn([f"{request.files.apply} is {why}"], warnings, reporter)
 
 
 def _check_applied(
@@ -446,7 +474,7 @@ def run_metrics(
     calibrators = None
     if request.scores.apply is not None:
         calibrators, described["calibrator"] = _applied_calibrators(
-            request, int(data.scores.shape[1]), reporter, warnings
+            request, int(data.scores.shape[1]), reporter, warnings, described["logits"]["sha256"]
         )
     timings["load"] = time.perf_counter() - began
 
@@ -454,7 +482,13 @@ def run_metrics(
     source = str(request.logits)
     if calibrators is not None:
         analysis = evaluate_calibrators(
-            data.scores, data.labels, request.scores.input_kind, calibrators, settings, source
+            data.scores,
+            data.labels,
+            request.scores.input_kind,
+            calibrators,
+            settings,
+            source,
+            calibrators_source=str(request.scores.apply),
         )
     else:
         analysis = analyse(
@@ -498,11 +532,16 @@ def run_metrics(
 
 
 def _applied_calibrators(
-    request: MetricsRequest, n_classes: int, reporter: Reporter, warnings: list[str]
+    request: MetricsRequest,
+    n_classes: int,
+    reporter: Reporter,
+    warnings: list[str],
+    scores_sha256: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The calibrators of ``--apply`` and their record for the report's inputs. A file whose
-    provenance disagrees with LOGITS (classes, input kind) is refused, naming the file and
-    every mismatch, unless ``--apply-anyway`` (then each mismatch is a warning); a file with
+    provenance disagrees with LOGITS (classes, input kind, or fit data whose SHA-256 is
+    ``scores_sha256``, that of LOGITS: in-sample rows) is refused, naming the file and every
+    mismatch, unless ``--apply-anyway`` (then each mismatch is a warning); a file with
     no provenance is a warning."""
     from dataclasses import asdict
 
@@ -543,7 +582,9 @@ def _applied_calibrators(
         f"{fit.get('size_bytes')} bytes, {fit.get('n_samples')} samples); "
         + (f"model sha256 {model}" if model else "no model recorded (scores from a file)")
     )
-    mismatches = provenance_mismatches(saved, n_classes, request.scores.input_kind)
+    mismatches = provenance_mismatches(
+        saved, n_classes, request.scores.input_kind, scores_sha256=scores_sha256
+    )
     if mismatches and not request.scores.apply_anyway:
         raise InputError(
             where,

@@ -24,10 +24,16 @@ def probabilities_as_logits(source: str, remedy: str = PROBS_REMEDY) -> str:
     )
 
 
+#: Stages whose map is piecewise constant, fitted to label frequencies: 0 where a bin or step
+#: of the fit split held no row of a class.
+_STEP_MAPS = ("histogram", "histogram_ovr", "isotonic", "isotonic_ovr")
+
+
 def analysis_warnings(analysis: CalibrationAnalysis) -> list[str]:
     """A fitted temperature stopped at an end of its bracket (the optimum may lie beyond it,
     so the map is not the fit it claims to be), and any infinite NLL (a true class given
-    probability 0, e.g. by rounded probabilities)."""
+    probability 0: by rounded probabilities, or by a binning or isotonic map where its fit
+    split had no row of that class)."""
     messages: list[str] = []
     ts, focal = analysis.fits.ts, analysis.fits.focal_ts
     if ts is not None and ts.at_bracket_end:
@@ -43,7 +49,15 @@ def analysis_warnings(analysis: CalibrationAnalysis) -> list[str]:
                 )
             )
     for stage, metrics in analysis.evaluation.present():
-        if math.isinf(metrics.nll):
+        if math.isinf(metrics.nll) and stage in _STEP_MAPS:
+            # these maps give 0 by design where the fit split had no row of a class: the
+            # scores need not hold a single rounded probability
+            messages.append(
+                f"NLL of the {stage} stage on the evaluation split is infinite: the map gives "
+                "some sample's true class probability 0 (a bin or step where the fit split had "
+                "no row of that class); NLL cannot rank it"
+            )
+        elif math.isinf(metrics.nll):
             messages.append(
                 f"NLL of the {stage} stage on the evaluation split is infinite: some sample's "
                 "true class has probability 0 (rounded or clipped probabilities?); NLL and "
@@ -56,6 +70,13 @@ def analysis_warnings(analysis: CalibrationAnalysis) -> list[str]:
                 f"{linear.method} scaling did not converge in {linear.iterations} L-BFGS "
                 f"iterations (max |gradient| {linear.gradient_max:.2g}, wanted < "
                 f"{linear.gradient_tol:g}): the fitted map is not the minimum of its NLL"
+            )
+    for linear in (fits.vector, fits.matrix, fits.dirichlet, fits.dirichlet_l2):
+        if linear is not None and linear.no_minimum is not None:
+            messages.append(
+                f"{linear.method} scaling's NLL has no minimum on the fit split: "
+                f"{linear.no_minimum}; the fitted map is where the gradient fell under the "
+                "tolerance, and its confidence is arbitrary (fit on more, or more varied, rows)"
             )
     for binary in (analysis.fits.platt, analysis.fits.beta):
         if binary is not None and not binary.converged:

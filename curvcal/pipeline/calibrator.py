@@ -141,10 +141,13 @@ def provenance_mismatches(
     input_kind: str,
     class_names: tuple[str, ...] | None = None,
     model_sha256: str | None = None,
+    scores_sha256: str | None = None,
 ) -> list[str]:
     """Where the scores a calibrator is applied to disagree with what it was fitted on: the
     class count, the class names (when both sides name them), the input kind and the model's
-    SHA-256 (when both sides know it). Empty when nothing disagrees."""
+    SHA-256 (when both sides know it). Also, when the SHA-256 of the file of scores
+    (``scores_sha256``) is the fit data's: the map was fitted on rows of these very scores, and
+    measured on them it looks better than it is. Empty when nothing is wrong."""
     found: list[str] = []
     if saved.n_classes != n_classes:
         found.append(f"fitted on {saved.n_classes} classes, applied to {n_classes}")
@@ -164,7 +167,24 @@ def provenance_mismatches(
             f"fitted on the outputs of model sha256 {saved_model[:12]}..., applied to model "
             f"sha256 {model_sha256[:12]}..."
         )
+    in_sample = fitted_on_these(saved, scores_sha256)
+    if in_sample is not None:
+        found.append(in_sample)
     return found
+
+
+def fitted_on_these(saved: CalibratorProvenance, scores_sha256: str | None) -> str | None:
+    """Why a calibrator must not be measured on scores from the file whose SHA-256 is
+    ``scores_sha256`` when that is the file its fit data came from (the rows it was fitted on
+    would count as evaluation rows, and the map would look better than it is); ``None``
+    otherwise, or when either side does not know the digest."""
+    fitted_on = (saved.fit_data or {}).get("sha256")
+    if not fitted_on or not scores_sha256 or fitted_on != scores_sha256:
+        return None
+    return (
+        f"fitted on rows of these very scores ({(saved.fit_data or {}).get('source')}): "
+        "measured on the rows it was fitted on, the map looks better than it is"
+    )
 
 
 def _names(names: tuple[str, ...]) -> str:
@@ -206,7 +226,8 @@ def load_calibrator_file(path: Path) -> CalibratorFile:
     Refuses a missing or unreadable file, text that is not a JSON object, another schema,
     unknown keys, a stage whose method does not match it (``ts`` must be ``temperature``,
     ``focal_ts`` ``focal-temperature``, ``vector`` and ``matrix`` their own name), bad numbers
-    or shapes, and a file with no calibrator at all.
+    or shapes, a map whose class count differs from the provenance's ``n_classes``, and a
+    file with no calibrator at all.
     """
     where = str(path)
     readable_file(path, expected="calibrator file")
@@ -262,4 +283,19 @@ def load_calibrator_file(path: Path) -> CalibratorFile:
         calibrators[stage] = calibrator
     if not calibrators:
         raise InputError(where, "holds no calibrator", "both 'ts' and 'focal_ts' are null")
+    if provenance is not None:
+        _check_classes(calibrators, provenance.n_classes, where)
     return CalibratorFile(calibrators, provenance)
+
+
+def _check_classes(calibrators: Mapping[str, CalibrationMap], n_classes: int, where: str) -> None:
+    """Every map that has a class count must have the ``n_classes`` its file's provenance
+    records: a file that disagrees with itself is the file's fault, not that of the scores it
+    is applied to (which would otherwise be named, or pass the provenance check wrongly)."""
+    for stage, calibrator in calibrators.items():
+        own = getattr(calibrator, "n_classes", None)
+        if own is not None and own != n_classes:
+            raise InputError(
+                where,
+                f"'{stage}' is a map of {own} classes but the provenance records {n_classes}",
+            )

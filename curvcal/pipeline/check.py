@@ -206,6 +206,7 @@ def run_check(
     comes out non-finite is listed in ``nonfinite`` (its rows fail).
     """
     from curvcal.console import Reporter
+    from curvcal.pipeline.calibration_warnings import analysis_warnings
     from curvcal.pipeline.compatibility import single_class_warning
     from curvcal.pipeline.session import open_session
 
@@ -241,8 +242,13 @@ def run_check(
                     "fit_data are unused and every sample is evaluated"
                 )
             calibration, n_classes = _calibrate(session, loaded, data, fit, settings, plan)
+            _refuse_skipped_gates(policy, calibration)
             if n_classes == 1:
                 messages.append(single_class_warning(str(checkpoint)))
+            if calibration is not None:
+                # what calibrate says of the same fits (a temperature at its bracket's end, a
+                # map with no minimum or not converged, an infinite NLL), said of the gated ones
+                messages += analysis_warnings(calibration)
             timings["calibration"] = time.perf_counter() - began
             if on_step is not None:
                 on_step("calibration", 1)
@@ -496,6 +502,24 @@ def _calibrate(
         logits, labels, "logits", calibration, source, fraction=fraction, features=features
     )
     return analysis, n_classes
+
+
+def _refuse_skipped_gates(policy: Policy, analysis: CalibrationAnalysis | None) -> None:
+    """A rule on a map that the run fitting every map skipped (Platt scaling on ten classes,
+    say) is refused as the policy's fault, with the map's reason, as it is when that map is
+    gated alone: judged, it would fail as 'not in the report', a broken bound (exit 1) that
+    no model can meet."""
+    if analysis is None or analysis.ranking is None:
+        return
+    reasons = {skipped.stage: skipped.reason for skipped in analysis.ranking.skipped}
+    for rule in policy.rules:
+        if rule.stage in reasons:
+            raise InputError(
+                str(policy.path),
+                f"[{rule.key}] gates the {rule.stage} map, which does not apply here: "
+                f"{reasons[rule.stage]}",
+                "remove the rule, or check a model the map applies to",
+            )
 
 
 def _model(session: Session, checkpoint: Path, need: Needs) -> LoadedModel:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from curvcal.calibration.registry import MAPS, fitted_stages
 from curvcal.errors import CurvcalError, InputError
 from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
+from curvcal.pipeline.calibration_warnings import analysis_warnings
 from curvcal.results import Report
 from curvcal.settings.fields import groups
 
@@ -97,6 +98,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     rows: list[StudyRow] = []
     inputs: list[dict[str, Any]] = []
     said: set[str] = set()  # parameter choices already noted on stderr
+    fit_warnings: list[str] = []
     with open_session(request.checkpoint_options, reporter) as session:
         # text data is tokenized once, with the first checkpoint's tokenizer (or --tokenizer)
         text_model = text_model_at(paths[0], request.checkpoint_options.arch)
@@ -137,6 +139,9 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                             f"{path} on --data {data.spec}",
                             features,
                         )
+                        # what calibrate says of the same fits, per checkpoint; said with the
+                        # study's own warnings once every checkpoint is measured
+                        fit_warnings += [f"{path}: {w}" for w in analysis_warnings(analysis)]
                         rows.append(
                             StudyRow(
                                 checkpoint=path.name,
@@ -163,10 +168,16 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
         row_stages(rows),
     )
     result = StudyResult(tuple(rows), rank_correlations(rows), columns)
-    messages = session.warnings + [
-        duplicate_warning(group)
-        for group in duplicate_checkpoints([str(p) for p in paths], [i["sha256"] for i in inputs])
-    ]
+    messages = (
+        session.warnings
+        + fit_warnings
+        + [
+            duplicate_warning(group)
+            for group in duplicate_checkpoints(
+                [str(p) for p in paths], [i["sha256"] for i in inputs]
+            )
+        ]
+    )
     for message in messages[len(session.warnings) :]:
         session.reporter.warn(message)
     report = Report(
