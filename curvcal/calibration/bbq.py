@@ -193,6 +193,17 @@ def fit_models(
     return edges, np.split(values, first_bin[1:]), weights / weights.sum(), log_evidence
 
 
+def kept_models(
+    edges: Sequence[np.ndarray], values: Sequence[np.ndarray], weights: np.ndarray
+) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """(edges, posterior means, weights) of the models :func:`fit_models` returned whose
+    weight is at least :data:`SMALLEST_WEIGHT`, the weights renormalised to sum to 1: the
+    models a :class:`BBQMap` saves."""
+    kept = np.flatnonzero(weights >= SMALLEST_WEIGHT)
+    rows = kept.tolist()
+    return [edges[i] for i in rows], [values[i] for i in rows], weights[kept] / weights[kept].sum()
+
+
 def merged_map(
     edges: Sequence[np.ndarray], values: Sequence[np.ndarray], weights: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -323,21 +334,21 @@ def fit_bbq(
     if not tried or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tried):
         raise InputError("counts", f"bins must be whole numbers >= 1, got {tried!r}")
     edges, values, weights, _ = fit_models(confidence, correct, tried)
-    kept = np.flatnonzero(weights >= SMALLEST_WEIGHT)
+    kept_edges, kept_values, kept_weights = kept_models(edges, values, weights)
     fitted = BBQMap(
         k,
-        tuple(tuple(edges[i].tolist()) for i in kept),
-        tuple(tuple(values[i].tolist()) for i in kept),
-        tuple((weights[kept] / weights[kept].sum()).tolist()),
+        tuple(tuple(row.tolist()) for row in kept_edges),
+        tuple(tuple(row.tolist()) for row in kept_values),
+        tuple(kept_weights.tolist()),
     )
     return BBQFit(
         method=method,
         min_bins=min(tried),
         max_bins=max(tried),
         n_models=len(weights),
-        models_kept=len(kept),
+        models_kept=len(kept_weights),
         largest_weight=float(weights.max()),
-        n_parameters=int(sum(2 * len(values[i]) for i in kept)),
+        n_parameters=int(sum(2 * len(row) for row in kept_values)),
         nll_before=fit_nll(logp, y),
         nll_after=fit_nll(by_rows(logp, fitted._map_rows), y),
         n_samples=n,
