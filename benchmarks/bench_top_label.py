@@ -1,15 +1,21 @@
 """The top-label maps' one-dimensional work against the peers that do only that work.
 
-The top-label peers (netcal's ``HistogramBinning`` and scikit-learn's ``IsotonicRegression`` on
-the top-label confidence) take the confidences c and correctness computed outside their timing
-and return N calibrated confidences; curvcal's map (``bench_calibration.py --maps``) takes the
-logits and returns the calibrated N×K rows, about 16 passes over N×K more (benchmarks/README.md).
-This benchmark times the same one-dimensional work on both sides: fit on (c, correct) and map
-the N confidences, curvcal's kernels (:func:`~curvcal.calibration.binning.histogram_edges`,
-:func:`~curvcal.calibration.binning.histogram_values`, :func:`~curvcal.calibration.binning.cell_bin_of`, :func:`~curvcal.calibration.isotonic.isotonic_points`,
-:func:`~curvcal.calibration.isotonic.interpolate_points`, which the map's apply uses)
-against the peers', interleaved, one thread, the minimum CPU seconds (``time.process_time``) of
-``--repeats``, with the largest difference of the outputs::
+The top-label peers (netcal's ``HistogramBinning`` and ``BBQ``, scikit-learn's
+``IsotonicRegression`` and torch-uncertainty's ``BBQScaler`` on the top-label confidence) take
+the confidences c and correctness computed outside their timing and return N calibrated
+confidences; curvcal's map (``bench_calibration.py --maps``) takes the logits and returns the
+calibrated N×K rows, about 16 passes over N×K more (benchmarks/README.md). This benchmark times
+the same one-dimensional work on both sides: fit on (c, correct) and map the N confidences,
+curvcal's kernels (:func:`~curvcal.calibration.binning.histogram_edges`,
+:func:`~curvcal.calibration.binning.histogram_values`,
+:func:`~curvcal.calibration.binning.cell_bin_of`,
+:func:`~curvcal.calibration.isotonic.isotonic_points`,
+:func:`~curvcal.calibration.isotonic.interpolate_points`,
+:func:`~curvcal.calibration.bbq.fit_models`, :func:`~curvcal.calibration.bbq.kept_models`,
+:func:`~curvcal.calibration.bbq.merged_map`, which the maps' fit and apply use) against the
+peers', interleaved, one thread, the minimum CPU seconds (``time.process_time``) of
+``--repeats``, with the largest difference of the outputs. torch-uncertainty's binary case
+takes logits: it is handed the float32 logits of c, made outside its timing::
 
     python benchmarks/bench_top_label.py [--n 200000] [--k 100] [--repeats 5] [--json OUT]
 """
@@ -17,7 +23,10 @@ against the peers', interleaved, one thread, the minimum CPU seconds (``time.pro
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import logging
 import sys
 import time
 import warnings
@@ -31,7 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calibration import N_BINS, probabilities, synthetic_logits, top_label_pairs
 
-from curvcal.calibration.binning import cell_bin_of, histogram_edges, histogram_values
+from curvcal.calibration.bbq import fit_models, kept_models, merged_map
+from curvcal.calibration.binning import bin_cells, cell_bin_of, histogram_edges, histogram_values
 from curvcal.calibration.isotonic import interpolate_points, isotonic_points
 
 
@@ -62,11 +72,47 @@ def tasks(c: np.ndarray, correct: np.ndarray) -> dict[str, tuple[str, Callable[[
         model = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
         return np.asarray(model.fit(c, correct).predict(c))
 
+    def curvcal_bbq() -> np.ndarray:
+        edges, values, weights = kept_models(*fit_models(c, correct)[:3])
+        union, merged = merged_map(edges, values, weights)
+        return merged[cell_bin_of(c, union, bin_cells(union))]
+
+    def netcal_bbq() -> np.ndarray:
+        from netcal.binning import BBQ
+
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),  # its progress bar
+        ):
+            warnings.simplefilter("ignore")
+            return np.asarray(BBQ().fit(c, correct).transform(c))
+
+    logit = torch.logit(torch.from_numpy(c)).to(torch.float32)
+    target = torch.from_numpy(correct)
+
+    def torch_uncertainty_bbq() -> np.ndarray:
+        from torch.utils.data import DataLoader, TensorDataset
+        from torch_uncertainty.post_processing import BBQScaler
+
+        model = BBQScaler(model=None)
+        loader = DataLoader(TensorDataset(logit, target), batch_size=len(logit))
+        logging.disable(logging.WARNING)  # "model is None" on every fit
+        try:
+            model.fit(loader, progress=False)
+        finally:
+            logging.disable(logging.NOTSET)
+        with torch.no_grad():
+            return torch.sigmoid(model(logit)).to(torch.float64).numpy()
+
     return {
         "curvcal histogram (equal-width)": ("histogram", curvcal_histogram),
         "netcal HistogramBinning": ("histogram", netcal_histogram),
         "curvcal isotonic": ("isotonic", curvcal_isotonic),
         "scikit-learn IsotonicRegression": ("isotonic", sklearn_isotonic),
+        "curvcal BBQ": ("bbq", curvcal_bbq),
+        "torch-uncertainty BBQScaler": ("bbq", torch_uncertainty_bbq),
+        "netcal BBQ": ("bbq", netcal_bbq),
     }
 
 

@@ -52,6 +52,7 @@ from scipy.special import gammaln
 
 from curvcal.calibration.binning import bin_cells, bin_of, cell_bin_of, tie_group_ends
 from curvcal.calibration.inputs import class_labels, log_probabilities
+from curvcal.calibration.isotonic import _packed_pairs
 from curvcal.calibration.univariate import (
     apply_by_rows,
     by_rows,
@@ -120,13 +121,17 @@ def bin_evidence(
     return log_evidence, (hits + alpha) / (count + a)
 
 
-def equal_mass_cuts(ranked: np.ndarray, counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(model of each inner edge, the inner edges) of the equal-mass binnings of the sorted
-    scores ``ranked`` into each of ``counts`` bins, all at once, model by model and rising
-    within a model: the edges of :func:`~curvcal.calibration.binning.sorted_equal_mass_edges`
-    (cuts at round(i·N/B) moved to the end of their tie group, repeated cuts dropped, each
-    edge halfway between the scores either side, or the lower one where halfway rounds onto
-    the upper, edges at 0 dropped)."""
+def equal_mass_cuts(
+    ranked: np.ndarray, counts: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(model of each inner edge, the inner edges, the cuts) of the equal-mass binnings of the
+    sorted scores ``ranked`` into each of ``counts`` bins, all at once, model by model and
+    rising within a model: the edges of
+    :func:`~curvcal.calibration.binning.sorted_equal_mass_edges` (cuts at round(i·N/B) moved
+    to the end of their tie group, repeated cuts dropped, each edge halfway between the scores
+    either side, or the lower one where halfway rounds onto the upper, edges at 0 dropped). An
+    edge's cut is the number of sorted scores at or below it (they all lie below the next
+    score up)."""
     n = len(ranked)
     group_end = tie_group_ends(ranked)
     sizes = np.asarray(counts, dtype=np.int64)
@@ -137,13 +142,15 @@ def equal_mass_cuts(ranked: np.ndarray, counts: Sequence[int]) -> tuple[np.ndarr
     last_before = np.clip(targets.astype(np.int64) - 1, 0, n - 1)
     cuts = np.where(targets > 0, group_end[last_before], 0)
     inside = (cuts > 0) & (cuts < n)
-    keys = np.unique(model[inside] * (n + 1) + cuts[inside])  # by model, then cut; no repeats
+    # by model, then cut: already ascending (the cuts rise with i), so a repeat follows its twin
+    keys = model[inside] * (n + 1) + cuts[inside]
+    keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if len(keys) else keys
     model, boundary = keys // (n + 1), keys % (n + 1)
     below, above = ranked[boundary - 1], ranked[boundary]
     inner = below + (above - below) / 2
     inner = np.where(inner < above, inner, below)
     positive = inner > 0
-    return model[positive], inner[positive]
+    return model[positive], inner[positive], boundary[positive]
 
 
 def fit_models(
@@ -156,13 +163,21 @@ def fit_models(
     likelihoods) of BBQ on 1-D scores ``confidence`` ∈ [0, 1] and 0/1 ``target``, over the
     equal-mass binnings with ``counts`` bins (default :func:`bin_counts`); binnings made
     identical by ties are fitted once. Every model is returned, weight 0 included. The bins of
-    all models are scored in one vectorised pass."""
-    order = np.argsort(confidence, kind="stable")
-    ranked = confidence[order]
-    hits_before = np.concatenate([[0.0], np.cumsum(target[order])])
+    all models are scored in one vectorised pass. Scores in [0, 2) with 0/1 targets are sorted
+    as one integer array (:func:`~curvcal.calibration.isotonic.isotonic_points`'s packing):
+    the same sorted scores, and the same hit counts at every cut, each the end of a tie
+    group."""
+    packed = _packed_pairs(confidence, target)
+    if packed is None:
+        order = np.argsort(confidence, kind="stable")
+        ranked, ranked_target = confidence[order], target[order]
+    else:
+        packed.sort()
+        ranked, ranked_target = (packed >> 1).view(np.float64), packed & 1
+    hits_before = np.concatenate([[0.0], np.cumsum(ranked_target)])
     n = len(ranked)
     tried = bin_counts(n) if counts is None else tuple(counts)
-    model, inner = equal_mass_cuts(ranked, tried)
+    model, inner, cut = equal_mass_cuts(ranked, tried)
     offsets = np.searchsorted(model, np.arange(len(tried) + 1))
     seen: set[bytes] = set()
     distinct = []  # the first model of each distinct binning
@@ -177,11 +192,11 @@ def fit_models(
     n_bins = np.asarray([len(row) - 1 for row in edges])
     lower = np.concatenate([row[:-1] for row in edges])
     upper = np.concatenate([row[1:] for row in edges])
-    # bins (e_b, e_{b+1}]: the scores <= each edge end the bin below it
-    starts = np.searchsorted(ranked, lower, side="right")
-    starts[lower == 0.0] = 0  # the first bin holds the scores equal to 0 too
-    ends = np.searchsorted(ranked, upper, side="right")
-    ends[upper == 1.0] = n  # and the last every score above its lower edge
+    # bins (e_b, e_{b+1}]: the scores <= each inner edge (its cut) end the bin below it; the
+    # first bin holds the scores equal to 0 too, and the last every score above its lower edge
+    cut_of = [np.concatenate([[0], cut[offsets[j] : offsets[j + 1]], [n]]) for j in picked]
+    starts = np.concatenate([row[:-1] for row in cut_of])
+    ends = np.concatenate([row[1:] for row in cut_of])
     count = (ends - starts).astype(np.float64)
     hits = hits_before[ends] - hits_before[starts]
     first_bin = np.concatenate([[0], np.cumsum(n_bins)[:-1]])
@@ -191,6 +206,17 @@ def fit_models(
     log_evidence = np.add.reduceat(per_bin, first_bin)
     weights = np.exp(log_evidence - log_evidence.max())
     return edges, np.split(values, first_bin[1:]), weights / weights.sum(), log_evidence
+
+
+def kept_models(
+    edges: Sequence[np.ndarray], values: Sequence[np.ndarray], weights: np.ndarray
+) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """(edges, posterior means, weights) of the models :func:`fit_models` returned whose
+    weight is at least :data:`SMALLEST_WEIGHT`, the weights renormalised to sum to 1: the
+    models a :class:`BBQMap` saves."""
+    kept = np.flatnonzero(weights >= SMALLEST_WEIGHT)
+    rows = kept.tolist()
+    return [edges[i] for i in rows], [values[i] for i in rows], weights[kept] / weights[kept].sum()
 
 
 def merged_map(
@@ -323,21 +349,21 @@ def fit_bbq(
     if not tried or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tried):
         raise InputError("counts", f"bins must be whole numbers >= 1, got {tried!r}")
     edges, values, weights, _ = fit_models(confidence, correct, tried)
-    kept = np.flatnonzero(weights >= SMALLEST_WEIGHT)
+    kept_edges, kept_values, kept_weights = kept_models(edges, values, weights)
     fitted = BBQMap(
         k,
-        tuple(tuple(edges[i].tolist()) for i in kept),
-        tuple(tuple(values[i].tolist()) for i in kept),
-        tuple((weights[kept] / weights[kept].sum()).tolist()),
+        tuple(tuple(row.tolist()) for row in kept_edges),
+        tuple(tuple(row.tolist()) for row in kept_values),
+        tuple(kept_weights.tolist()),
     )
     return BBQFit(
         method=method,
         min_bins=min(tried),
         max_bins=max(tried),
         n_models=len(weights),
-        models_kept=len(kept),
+        models_kept=len(kept_weights),
         largest_weight=float(weights.max()),
-        n_parameters=int(sum(2 * len(values[i]) for i in kept)),
+        n_parameters=int(sum(2 * len(row) for row in kept_values)),
         nll_before=fit_nll(logp, y),
         nll_after=fit_nll(by_rows(logp, fitted._map_rows), y),
         n_samples=n,
