@@ -783,27 +783,45 @@ FIXED_STRENGTH = 1e-2
 Path = list[tuple[float, float]]
 
 
+class FitStopped(Exception):
+    """Raised from a traced fit's trace once it has run past its CPU-second cap."""
+
+
 def curvcal_fixed(
     method: str, strength: float
-) -> Callable[[torch.Tensor, torch.Tensor, Path | None], torch.Tensor]:
+) -> Callable[[torch.Tensor, torch.Tensor, Path | None, float | None], torch.Tensor | None]:
     """curvcal's ``method`` (matrix or dirichlet) at the fixed ODIR strength λ_od = λ_b =
     ``strength`` (:func:`~curvcal.calibration.linear.fit_linear`, no cross-validation), applied
     to the same logits: N×K float64 probabilities. When given a list ``path``, the fit's trace
     appends (``time.thread_time()`` since the call began, objective) to it at every objective
-    the solver evaluates (the fit runs in this thread, one thread: its CPU time)."""
+    the solver evaluates (the fit runs in this thread, one thread: its CPU time). With ``cap``
+    (CPU seconds) the fit is stopped at the first evaluation past it and ``None`` is returned:
+    the path up to there still times curvcal to a peer's objective, where the fit to curvcal's
+    own convergence test would take far longer (a fit that nearly interpolates)."""
     from curvcal.calibration.linear import fit_linear
 
-    def run(logits: torch.Tensor, labels: torch.Tensor, path: Path | None = None) -> torch.Tensor:
+    def run(
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        path: Path | None = None,
+        cap: float | None = None,
+    ) -> torch.Tensor | None:
         began = time.thread_time()
         trace = None
         if path is not None:
 
             def trace(objective: float, _point: Callable[[], torch.Tensor]) -> None:
-                path.append((time.thread_time() - began, objective))
+                spent = time.thread_time() - began
+                path.append((spent, objective))
+                if cap is not None and spent > cap:
+                    raise FitStopped
 
-        fit = fit_linear(
-            logits, labels, method, l2_off_diagonal=strength, l2_bias=strength, trace=trace
-        )
+        try:
+            fit = fit_linear(
+                logits, labels, method, l2_off_diagonal=strength, l2_bias=strength, trace=trace
+            )
+        except FitStopped:
+            return None
         return fit.calibrator.probabilities(logits, "logits", "logits")
 
     return run
@@ -860,7 +878,10 @@ def seconds_to_objective(paths: list[Path], target: float) -> float | None:
 FIXED_MAPS: dict[
     str,
     tuple[
-        str, str, Callable[[torch.Tensor, torch.Tensor, Path | None], torch.Tensor], tuple[Any, ...]
+        str,
+        str,
+        Callable[[torch.Tensor, torch.Tensor, Path | None, float | None], torch.Tensor | None],
+        tuple[Any, ...],
     ],
 ] = {
     "matrix_unregularised": (
@@ -935,11 +956,14 @@ def bench_maps(
     names: tuple[str, ...] | None = None,
     seed: int = 0,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    fixed_cap: float | None = None,
 ) -> dict[str, Any]:
     """Fit + apply of every registry map that applies at N × K, then the fixed-strength rows
     of :data:`FIXED_MAPS` (``names``: only those), each interleaved with its peers
     (``libraries``: the installed ones by name; others skipped). ``progress`` is called with
-    the size's result so far after every map (so a long run that is stopped keeps its rows)."""
+    the size's result so far after every map (so a long run that is stopped keeps its rows).
+    ``fixed_cap``: stop curvcal's fixed-row fits after that many CPU seconds (the row says
+    ``stopped_at_cap``; its whole-fit ratios are then left out, the to-objective ones kept)."""
     from curvcal.calibration.registry import MAPS
 
     logits, labels = synthetic_logits(n, k, seed)
@@ -957,7 +981,7 @@ def bench_maps(
 
     def traced(fit: Callable[..., torch.Tensor], stage: str) -> torch.Tensor:
         paths[stage].append([])
-        return fit(logits, labels, paths[stage][-1])
+        return fit(logits, labels, paths[stage][-1], fixed_cap)
 
     for stage, (like, label, fit, peers) in FIXED_MAPS.items():
         fixed_task = functools.partial(traced, fit, stage)
@@ -995,6 +1019,7 @@ def bench_maps(
                 cpu_seconds[label] = min(cpu_seconds.get(label, math.inf), cpu)
                 memory[label] = max(memory.get(label, 0.0), peak)
         ours = values.get(ours_label)
+        stopped = stage in FIXED_MAPS and ours_label in seconds and ours is None
         objectives: dict[str, float] = {}
         if stage in FIXED_OBJECTIVES and ours_label in seconds:
             method, strength = FIXED_OBJECTIVES[stage]
@@ -1020,13 +1045,14 @@ def bench_maps(
                 "objective": objectives.get(label),
                 "curvcal_cpu_seconds_to_objective": None,
                 "cpu_ratio_at_objective": None,
+                "stopped_at_cap": stopped if library is None else None,
             }
             if library is not None and label in objectives:
                 to_objective = seconds_to_objective(paths[stage], objectives[label])
                 row["curvcal_cpu_seconds_to_objective"] = to_objective
                 if to_objective and label in cpu_seconds:
                     row["cpu_ratio_at_objective"] = cpu_seconds[label] / to_objective
-            if library is not None and label in seconds and ours_label in seconds:
+            if library is not None and label in seconds and ours_label in seconds and not stopped:
                 row["ratio_to_curvcal"] = seconds[label] / seconds[ours_label]
                 if cpu_seconds[ours_label] > 0:
                     row["cpu_ratio_to_curvcal"] = cpu_seconds[label] / cpu_seconds[ours_label]
@@ -1062,6 +1088,8 @@ def maps_markdown(sizes: list[dict[str, Any]]) -> str:
             cpu_ratio = number(r.get("cpu_ratio_to_curvcal"), ".2f")
             diff = number(r["max_abs_diff_probs"], ".1e")
             secs = r["error"] if r["seconds"] is None else f"{r['seconds']:.3f}"
+            if r.get("stopped_at_cap"):
+                secs += " (stopped at --fixed-cap, not converged)"
             cpu = number(r.get("cpu_seconds"), ".3f")
             peak = number(r["peak_mb"], ".0f")
             lines.append(
@@ -1212,6 +1240,13 @@ def main(argv: list[str] | None = None) -> int:
         help="sizes of the per-map section (default 200000x100,50000x1000)",
     )
     parser.add_argument(
+        "--fixed-cap",
+        type=float,
+        metavar="SECONDS",
+        help="stop curvcal's fixed-strength fits after SECONDS CPU seconds (timed to the peers' "
+        "objectives only; for fits that nearly interpolate)",
+    )
+    parser.add_argument(
         "--map-names", metavar="NAME,...", help="only these registry maps (e.g. ts,focal_ts)"
     )
     args = parser.parse_args(argv)
@@ -1258,7 +1293,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"maps at {n} x {k} ...", file=sys.stderr)
             done = len(result["maps"])
             result["maps"][done:] = [
-                bench_maps(n, k, args.repeats, libraries, names, progress=progress)
+                bench_maps(
+                    n,
+                    k,
+                    args.repeats,
+                    libraries,
+                    names,
+                    progress=progress,
+                    fixed_cap=args.fixed_cap,
+                )
             ]
     result["peak_rss_mb"] = peak_rss_mb()
     print(report_markdown(result))

@@ -157,3 +157,26 @@ def test_peer_parameters_are_the_map_they_applied(
     torch.testing.assert_close(
         torch.as_tensor(fitted.probabilities, dtype=torch.float64), expected, rtol=0, atol=1e-5
     )
+
+
+@pytest.mark.parametrize(("cap", "stopped"), [(0.0, True), (1e9, False)])
+def test_fixed_cap_stops_curvcal_fit_and_keeps_its_path(
+    bench: ModuleType, tmp_path: Path, cap: float, stopped: bool
+) -> None:
+    """``--fixed-cap``: a fit past the cap is stopped at its next evaluation; the row says so
+    and drops its whole-fit ratios (a stopped fit's time is not a whole fit's), while the path up
+    to there still times curvcal to the peer's objective. A cap never reached changes nothing."""
+    out = tmp_path / "maps.json"
+    argv = ["--only-maps", "--map-sizes", "300x4", "--map-names", "dirichlet_fixed"]
+    bench.main([*argv, "--repeats", "1", "--fixed-cap", str(cap), "--json", str(out)])
+    (size,) = json.loads(out.read_text())["maps"]
+    ours, *peers = size["rows"]
+    assert ours["library"] == "curvcal" and ours["stopped_at_cap"] is stopped
+    assert ours["objective"] is not None
+    for row in peers:
+        assert row["objective"] is not None
+        assert (row["cpu_ratio_to_curvcal"] is None) is stopped
+        assert (row["max_abs_diff_probs"] is None) is stopped
+    if stopped:  # one evaluation (the start), above any fitted map's objective
+        assert ours["objective"] > max(row["objective"] for row in peers)
+        assert all(row["curvcal_cpu_seconds_to_objective"] is None for row in peers)

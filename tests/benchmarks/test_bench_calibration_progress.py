@@ -75,4 +75,6 @@ def test_cpu_seconds_count_the_task_not_the_memory_sampler_nor_sleep(bench: Modu
 
     wall, cpu, value, _peak = bench.measure_cpu(spin_then_sleep)
     assert value == 7 and wall >= 0.5
-    assert 0.2 <= cpu < 0.45  # the 0.2 s of work, not the 0.3 s asleep
+    # the 0.2 s of work, not the 0.3 s asleep; the lower bound leaves 5 % for the two clocks'
+    # granularity (the process's CPU time less the sampler thread's, read at different moments)
+    assert 0.19 <= cpu < 0.45
