@@ -96,15 +96,85 @@ def log_odds(logp: torch.Tensor) -> np.ndarray:
     return (logs - rest.clamp_min(LOG_FLOOR)).numpy()
 
 
+#: Entries per row chunk of a pass over N×K scores: its work arrays are a few of these (a few
+#: MB), not a few N×K.
+CHUNK_ELEMENTS = 1 << 17
+
+
+def _row_chunks(n: int, k: int) -> list[slice]:
+    """Row slices of about :data:`CHUNK_ELEMENTS` entries of an N×K array."""
+    step = max(1, CHUNK_ELEMENTS // max(1, k))
+    return [slice(start, start + step) for start in range(0, n, step)]
+
+
+def log_odds_by_class(logp: torch.Tensor, columns: list[int]) -> np.ndarray:
+    """:func:`log_odds` of the ``columns`` of N×K ``logp`` as a len(columns)×N array, one
+    contiguous row per class, computed by row chunks (no N×K temporaries)."""
+    n, k = logp.shape
+    out = np.empty((len(columns), n))
+    for rows in _row_chunks(n, k):
+        out[:, rows] = log_odds(logp[rows])[:, columns].T
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # the fit: p0 and p1 of every gap
 
 
 def _lower_hull_links(x: np.ndarray, y: np.ndarray, reverse: bool) -> np.ndarray:
-    """For each point j of the diagram (x rising strictly), its neighbour on the lower hull of
-    the points 0 … j (``reverse`` False: the previous vertex) or of j … m (``reverse`` True:
-    the next vertex); the end of every chain (point 0, resp. m) links to itself. One stack
-    pass; collinear points are dropped from the hull."""
+    """For each point j of the diagram (x rising strictly, y not falling), its neighbour on
+    the lower hull of the points 0 … j (``reverse`` False: the previous vertex) or of j … m
+    (``reverse`` True: the next vertex); the end of every chain (point 0, resp. m) links to
+    itself; collinear points are dropped from the hull.
+
+    Only a corner (a point the diagram rises after: y_{v+1} > y_v) or an end of the range can
+    be a vertex of the lower hull of a range of points: after any other point the hull's edge
+    is flat, and the edge before it cannot be flatter than that without the point lying on
+    it. So one stack pass runs over the corners and the two ends only (a one-vs-all map has as
+    many as its class has samples), and every other point's neighbour is its tangent to the
+    chain of the nearest corner on the chain's side, found by binary lifting (the stack pass
+    would pop a prefix of that chain: the chain is convex)."""
+    n = len(x)
+    corner = np.empty(n, dtype=bool)
+    corner[:-1] = y[1:] > y[:-1]
+    corner[0] = corner[-1] = True
+    ends = np.flatnonzero(corner)
+    xc, yc = x[ends], y[ends]
+    local = _stack_links(xc, yc, reverse)
+    link = np.arange(n, dtype=np.int64)
+    link[ends] = ends[local]
+    rest = np.flatnonzero(~corner)
+    if not len(rest):
+        return link
+    above = np.searchsorted(ends, rest)
+    start = above if reverse else above - 1
+    tables = [local]
+    while True:
+        step = tables[-1][tables[-1]]
+        if np.array_equal(step, tables[-1]):
+            break
+        tables.append(step)
+    xj, yj = x[rest], y[rest]
+    turn = -1.0 if reverse else 1.0
+
+    def popped(v: np.ndarray) -> np.ndarray:
+        # the stack pass's test at j: v leaves unless strictly below the chord link(v)–j
+        a = local[v]
+        cross = (xc[v] - xc[a]) * (yj - yc[a]) - (yc[v] - yc[a]) * (xj - xc[a])
+        return (a != v) & (turn * cross <= 0)
+
+    first = popped(start)
+    cur = start
+    for table in reversed(tables):
+        target = table[cur]
+        cur = np.where(first & popped(target), target, cur)
+    link[rest] = ends[np.where(first, local[cur], start)]
+    return link
+
+
+def _stack_links(x: np.ndarray, y: np.ndarray, reverse: bool) -> np.ndarray:
+    """:func:`_lower_hull_links` of every point by one stack pass (points 0 … n−1, x rising
+    strictly)."""
     n = len(x)
     link = list(range(n))
     xs, ys = x.tolist(), y.tolist()
@@ -257,7 +327,8 @@ class VennAbersMap:
     method: str = METHOD
 
     def __post_init__(self) -> None:
-        _check_map(self.to_dict(), "calibrator")
+        c, p0, p1 = _check_map(self.to_dict(), "calibrator")
+        self.__dict__["_arrays"] = list(zip(c, p0, p1, strict=True))  # the cached property
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form: ``{"method": "venn-abers", "n_classes", "c", "p0", "p1"}`` (one
@@ -288,6 +359,14 @@ class VennAbersMap:
 
     def intervals(self, logp: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """(p0, p1) of float64 N×K log-probabilities: N×1 (K = 2, class 1) or N×K."""
+        n, k = logp.shape
+        shape = (n, 1 if self.n_classes == 2 else k)
+        low, high = np.empty(shape), np.empty(shape)
+        for rows in _row_chunks(n, k):
+            low[rows], high[rows] = self._chunk_intervals(logp[rows])
+        return low, high
+
+    def _chunk_intervals(self, logp: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         s = log_odds(logp)
         if self.n_classes == 2:
             s = s[:, 1:]
@@ -297,14 +376,20 @@ class VennAbersMap:
         return low, high
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
-        p = torch.from_numpy(merged(*self.intervals(logp)))
+        return self._log_rows(*self._chunk_intervals(logp))
+
+    def _log_rows(self, low: np.ndarray, high: np.ndarray) -> torch.Tensor:
+        """log q of the rows whose intervals are (``low``, ``high``)."""
+        p = torch.from_numpy(merged(low, high))
         if self.n_classes == 2:
             return torch.cat([torch.log1p(-p), torch.log(p)], dim=1)
         return one_vs_rest_log_probabilities(p)
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(scores, kind, source, METHOD, self.n_classes, self._map_rows)
+        return apply_by_rows(
+            scores, kind, source, METHOD, self.n_classes, self._map_rows, CHUNK_ELEMENTS
+        )
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
         """float64 calibrated probabilities of N×K ``scores``."""
@@ -350,18 +435,23 @@ def fit_venn_abers(
     y = class_labels(labels, n, k, labels_source)
     if n == 0:
         raise InputError(source, "has no samples; Venn-Abers needs at least one to fit")
-    s = log_odds(logp)
     targets = y.numpy()
     columns = [1] if k == 2 else list(range(k))
-    fitted = [interval_of(s[:, j], (targets == j).astype(np.float64)) for j in columns]
+    s = log_odds_by_class(logp, columns)
+    fitted = [interval_of(s[i], (targets == j).astype(np.float64)) for i, j in enumerate(columns)]
+    del s
     calibrator = VennAbersMap(
         k,
         tuple(tuple(c.tolist()) for c, _, _, _ in fitted),
         tuple(tuple(p0.tolist()) for _, p0, _, _ in fitted),
         tuple(tuple(p1.tolist()) for _, _, p1, _ in fitted),
     )
-    low, high = calibrator.intervals(logp)
-    width = high - low
+    width = np.empty((n, len(columns)))
+    own = torch.empty(n, 1, dtype=torch.float64)  # log q_y of every fit row
+    for rows in _row_chunks(n, k):
+        low, high = calibrator._chunk_intervals(logp[rows])
+        width[rows] = high - low
+        own[rows] = calibrator._log_rows(low, high).gather(1, y[rows, None])
     return VennAbersFit(
         method=METHOD,
         input="log-odds of class 1" if k == 2 else "log-odds of each class vs rest",
@@ -371,7 +461,7 @@ def fit_venn_abers(
         width_mean=float(width.mean()),
         width_max=float(width.max()),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(calibrator._map_rows(logp), y),
+        nll_after=float(-own.mean()),  # fit_nll of the mapped rows
         n_samples=n,
         calibrator=calibrator,
     )
