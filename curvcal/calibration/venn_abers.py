@@ -56,6 +56,7 @@ printing, no global RNG.
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -318,17 +319,25 @@ def merged(low: Any, high: Any) -> Any:
 class VennAbersMap:
     """Fitted inductive Venn–Abers predictor(s): one map (K = 2: class 1 against class 0) or
     one per class (K > 2, one-vs-all), each the distinct calibration scores ``c`` and the
-    values ``p0``, ``p1`` of every gap (len(c) + 1 each); scores are log-odds."""
+    values ``p0``, ``p1`` of every gap (len(c) + 1 each); scores are log-odds. Each row is an
+    ``array("d")`` (:func:`float_row`): 8 bytes a number, where a tuple of floats takes 32,
+    and a map keeps up to three numbers per fit sample and class."""
 
     n_classes: int
-    c: tuple[tuple[float, ...], ...]
-    p0: tuple[tuple[float, ...], ...]
-    p1: tuple[tuple[float, ...], ...]
+    c: tuple[array[float], ...]
+    p0: tuple[array[float], ...]
+    p1: tuple[array[float], ...]
     method: str = METHOD
 
     def __post_init__(self) -> None:
-        c, p0, p1 = _check_map(self.to_dict(), "calibrator")
-        self.__dict__["_arrays"] = list(zip(c, p0, p1, strict=True))  # the cached property
+        fields = (self.c, self.p0, self.p1)
+        if all(_is_row(row) for rows in fields for row in rows):
+            views = tuple([np.frombuffer(row, dtype=np.float64) for row in rows] for rows in fields)
+            head = {"method": self.method, "n_classes": self.n_classes}
+            parts = _check_map(head, "calibrator", views)
+        else:  # rows of another kind: checked (and their faults named) as a file's would be
+            parts = _check_map(self.to_dict(), "calibrator")
+        self.__dict__["_arrays"] = list(zip(*parts, strict=True))  # the cached property
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form: ``{"method": "venn-abers", "n_classes", "c", "p0", "p1"}`` (one
@@ -345,9 +354,7 @@ class VennAbersMap:
     def from_dict(cls, data: Any, source: str = "calibrator") -> VennAbersMap:
         """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
         ``source``."""
-        c, p0, p1 = (
-            tuple(tuple(row.tolist()) for row in part) for part in _check_map(data, source)
-        )
+        c, p0, p1 = (tuple(map(float_row, part)) for part in _check_map(data, source))
         return cls(data["n_classes"], c, p0, p1)
 
     @cached_property
@@ -442,10 +449,12 @@ def fit_venn_abers(
     del s
     calibrator = VennAbersMap(
         k,
-        tuple(tuple(c.tolist()) for c, _, _, _ in fitted),
-        tuple(tuple(p0.tolist()) for _, p0, _, _ in fitted),
-        tuple(tuple(p1.tolist()) for _, _, p1, _ in fitted),
+        tuple(float_row(c) for c, _, _, _ in fitted),
+        tuple(float_row(p0) for _, p0, _, _ in fitted),
+        tuple(float_row(p1) for _, _, p1, _ in fitted),
     )
+    fitted_sizes = [(len(c), m) for c, _, _, m in fitted]
+    del fitted
     width = np.empty((n, len(columns)))
     own = torch.empty(n, 1, dtype=torch.float64)  # log q_y of every fit row
     for rows in _row_chunks(n, k):
@@ -455,9 +464,9 @@ def fit_venn_abers(
     return VennAbersFit(
         method=METHOD,
         input="log-odds of class 1" if k == 2 else "log-odds of each class vs rest",
-        distinct_scores=tuple(m for _, _, _, m in fitted),
-        knots=tuple(len(c) for c, _, _, _ in fitted),
-        n_parameters=sum(3 * len(c) + 2 for c, _, _, _ in fitted),
+        distinct_scores=tuple(m for _, m in fitted_sizes),
+        knots=tuple(kept for kept, _ in fitted_sizes),
+        n_parameters=sum(3 * kept + 2 for kept, _ in fitted_sizes),
         width_mean=float(width.mean()),
         width_max=float(width.max()),
         nll_before=fit_nll(logp, y),
@@ -467,20 +476,41 @@ def fit_venn_abers(
     )
 
 
-def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], ...]:
-    check_keys(data, ("method", "n_classes", "c", "p0", "p1"), source)
+def float_row(values: np.ndarray) -> array[float]:
+    """A float64 array as an ``array("d")`` of the same numbers (bit for bit)."""
+    row = array("d")
+    row.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+    return row
+
+
+def _is_row(row: Any) -> bool:
+    return isinstance(row, array) and row.typecode == "d" and len(row) > 0
+
+
+def _check_map(
+    data: Any, source: str, rows: tuple[list[np.ndarray], ...] | None = None
+) -> tuple[list[np.ndarray], ...]:
+    """The rows (c, p0, p1) of a saved map, checked; ``rows`` given: those, already float64
+    arrays (a map made in memory), checked for everything but their JSON form."""
+    if rows is None:
+        check_keys(data, ("method", "n_classes", "c", "p0", "p1"), source)
     method, k = data["method"], data["n_classes"]
     if method != METHOD:
         raise InputError(source, f"unknown method {method!r}", METHOD)
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:
         raise InputError(source, f"n_classes must be a whole number >= 2, got {k!r}")
-    rows = 1 if k == 2 else k
+    n_rows = 1 if k == 2 else k
     parts = []
-    for name in ("c", "p0", "p1"):
-        value = data[name]
-        if not isinstance(value, list) or len(value) != rows:
-            raise InputError(source, f"{METHOD} with {k} classes needs {rows} row(s) of {name}")
-        parts.append([numbers(row, source, name) for row in value])
+    for i, name in enumerate(("c", "p0", "p1")):
+        value = data[name] if rows is None else rows[i]
+        if not isinstance(value, list) or len(value) != n_rows:
+            raise InputError(source, f"{METHOD} with {k} classes needs {n_rows} row(s) of {name}")
+        if rows is None:
+            parts.append([numbers(row, source, name) for row in value])
+        else:
+            if not all(np.isfinite(row).all() for row in value):
+                raise InputError(source, f"{name} must be finite")
+            parts.append(value)
     for c, p0, p1 in zip(*parts, strict=True):
         if len(p0) != len(c) + 1 or len(p1) != len(c) + 1:
             raise InputError(source, "every row of p0 and p1 needs one more value than c")
