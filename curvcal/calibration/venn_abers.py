@@ -99,7 +99,7 @@ def log_odds(logp: torch.Tensor) -> np.ndarray:
 
 #: Entries per row chunk of a pass over N×K scores: its work arrays are a few of these (a few
 #: MB), not a few N×K.
-CHUNK_ELEMENTS = 1 << 17
+CHUNK_ELEMENTS = 1 << 20
 
 
 def _row_chunks(n: int, k: int) -> list[slice]:
@@ -374,13 +374,17 @@ class VennAbersMap:
         return low, high
 
     def _chunk_intervals(self, logp: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """(p0, p1) of a row chunk, N×1 or N×K C-ordered; the lookups run by class on a
+        class-major copy of the scores (a column of a row-major chunk is read with one cache
+        miss per row)."""
         s = log_odds(logp)
         if self.n_classes == 2:
             s = s[:, 1:]
-        low, high = np.empty_like(s), np.empty_like(s)
+        by_class = np.ascontiguousarray(s.T)
+        low, high = np.empty_like(by_class), np.empty_like(by_class)
         for k, (c, p0, p1) in enumerate(self._arrays):
-            low[:, k], high[:, k] = lookup(c, p0, p1, s[:, k])
-        return low, high
+            low[k], high[k] = lookup(c, p0, p1, by_class[k])
+        return np.ascontiguousarray(low.T), np.ascontiguousarray(high.T)
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         return self._log_rows(*self._chunk_intervals(logp))
@@ -399,8 +403,17 @@ class VennAbersMap:
         )
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×K ``scores``."""
-        return torch.exp(self.apply(scores, kind, source))
+        """float64 calibrated probabilities of N×K ``scores`` (exp of :meth:`apply`, by row
+        chunks)."""
+        return apply_by_rows(
+            scores,
+            kind,
+            source,
+            METHOD,
+            self.n_classes,
+            lambda logp: torch.exp(self._map_rows(logp)),
+            CHUNK_ELEMENTS,
+        )
 
 
 @dataclass(frozen=True)
@@ -445,16 +458,17 @@ def fit_venn_abers(
     targets = y.numpy()
     columns = [1] if k == 2 else list(range(k))
     s = log_odds_by_class(logp, columns)
-    fitted = [interval_of(s[i], (targets == j).astype(np.float64)) for i, j in enumerate(columns)]
+    maps: list[tuple[array[float], ...]] = []  # (c, p0, p1) per map, kept as rows at once
+    fitted_sizes = []  # (kept scores, distinct scores) per map
+    for i, j in enumerate(columns):
+        c, p0, p1, m = interval_of(s[i], (targets == j).astype(np.float64))
+        maps.append((float_row(c), float_row(p0), float_row(p1)))
+        fitted_sizes.append((len(c), m))
     del s
-    calibrator = VennAbersMap(
-        k,
-        tuple(float_row(c) for c, _, _, _ in fitted),
-        tuple(float_row(p0) for _, p0, _, _ in fitted),
-        tuple(float_row(p1) for _, _, p1, _ in fitted),
-    )
-    fitted_sizes = [(len(c), m) for c, _, _, m in fitted]
-    del fitted
+    c_rows, p0_rows, p1_rows = zip(*maps, strict=True)
+    del maps
+    calibrator = VennAbersMap(k, c_rows, p0_rows, p1_rows)
+    del c_rows, p0_rows, p1_rows
     width = np.empty((n, len(columns)))
     own = torch.empty(n, 1, dtype=torch.float64)  # log q_y of every fit row
     for rows in _row_chunks(n, k):
