@@ -37,8 +37,9 @@ Conventions:
   below group i inserts the step (1, y) after P_i, and the isotonic value at s is the slope of
   the greatest convex minorant over that step: the lower common tangent of the lower hull of
   P_0 … P_i and of the lower hull of P_i … P_m shifted by (1, y). Every prefix hull and every
-  suffix hull is a chain of parent links (one stack pass each), and the tangent of every gap
-  is found at once by alternating binary-lifting searches along the two chains (Preparata &
+  suffix hull is a chain of parent links (one stack pass each, over the points the diagram
+  rises after: no other point is a hull vertex; every other point's link by binary lifting),
+  and the tangent of every gap is found at once by alternating binary-lifting searches along the two chains (Preparata &
   Hong's merge: the left end only moves left, the right end only right); all coordinates are
   whole numbers, compared exactly. O(m log m) per map, m the distinct scores.
 * **saved form**: per map the distinct calibration scores c (rising) at which p0 or p1
