@@ -242,9 +242,10 @@ def numbers(values: Any, source: str, what: str) -> np.ndarray:
     """A JSON list of finite numbers as float64, else :class:`InputError` naming ``source``."""
     if not isinstance(values, list) or not values:
         raise InputError(source, f"{what} must be a non-empty list of numbers")
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InputError(source, f"{what} must hold numbers only, got {value!r}")
+    if not set(map(type, values)) <= {float, int}:  # the common case checked in one C pass
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InputError(source, f"{what} must hold numbers only, got {value!r}")
     out = np.asarray(values, dtype=np.float64)
     if not np.isfinite(out).all():
         raise InputError(source, f"{what} must be finite")

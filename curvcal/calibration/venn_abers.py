@@ -37,8 +37,9 @@ Conventions:
   below group i inserts the step (1, y) after P_i, and the isotonic value at s is the slope of
   the greatest convex minorant over that step: the lower common tangent of the lower hull of
   P_0 … P_i and of the lower hull of P_i … P_m shifted by (1, y). Every prefix hull and every
-  suffix hull is a chain of parent links (one stack pass each), and the tangent of every gap
-  is found at once by alternating binary-lifting searches along the two chains (Preparata &
+  suffix hull is a chain of parent links (one stack pass each, over the points the diagram
+  rises after: no other point is a hull vertex; every other point's link by binary lifting),
+  and the tangent of every gap is found at once by alternating binary-lifting searches along the two chains (Preparata &
   Hong's merge: the left end only moves left, the right end only right); all coordinates are
   whole numbers, compared exactly. O(m log m) per map, m the distinct scores.
 * **saved form**: per map the distinct calibration scores c (rising) at which p0 or p1
@@ -56,6 +57,7 @@ printing, no global RNG.
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -96,15 +98,85 @@ def log_odds(logp: torch.Tensor) -> np.ndarray:
     return (logs - rest.clamp_min(LOG_FLOOR)).numpy()
 
 
+#: Entries per row chunk of a pass over N×K scores: its work arrays are a few of these (a few
+#: MB), not a few N×K.
+CHUNK_ELEMENTS = 1 << 20
+
+
+def _row_chunks(n: int, k: int) -> list[slice]:
+    """Row slices of about :data:`CHUNK_ELEMENTS` entries of an N×K array."""
+    step = max(1, CHUNK_ELEMENTS // max(1, k))
+    return [slice(start, start + step) for start in range(0, n, step)]
+
+
+def log_odds_by_class(logp: torch.Tensor, columns: list[int]) -> np.ndarray:
+    """:func:`log_odds` of the ``columns`` of N×K ``logp`` as a len(columns)×N array, one
+    contiguous row per class, computed by row chunks (no N×K temporaries)."""
+    n, k = logp.shape
+    out = np.empty((len(columns), n))
+    for rows in _row_chunks(n, k):
+        out[:, rows] = log_odds(logp[rows])[:, columns].T
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # the fit: p0 and p1 of every gap
 
 
 def _lower_hull_links(x: np.ndarray, y: np.ndarray, reverse: bool) -> np.ndarray:
-    """For each point j of the diagram (x rising strictly), its neighbour on the lower hull of
-    the points 0 … j (``reverse`` False: the previous vertex) or of j … m (``reverse`` True:
-    the next vertex); the end of every chain (point 0, resp. m) links to itself. One stack
-    pass; collinear points are dropped from the hull."""
+    """For each point j of the diagram (x rising strictly, y not falling), its neighbour on
+    the lower hull of the points 0 … j (``reverse`` False: the previous vertex) or of j … m
+    (``reverse`` True: the next vertex); the end of every chain (point 0, resp. m) links to
+    itself; collinear points are dropped from the hull.
+
+    Only a corner (a point the diagram rises after: y_{v+1} > y_v) or an end of the range can
+    be a vertex of the lower hull of a range of points: after any other point the hull's edge
+    is flat, and the edge before it cannot be flatter than that without the point lying on
+    it. So one stack pass runs over the corners and the two ends only (a one-vs-all map has as
+    many as its class has samples), and every other point's neighbour is its tangent to the
+    chain of the nearest corner on the chain's side, found by binary lifting (the stack pass
+    would pop a prefix of that chain: the chain is convex)."""
+    n = len(x)
+    corner = np.empty(n, dtype=bool)
+    corner[:-1] = y[1:] > y[:-1]
+    corner[0] = corner[-1] = True
+    ends = np.flatnonzero(corner)
+    xc, yc = x[ends], y[ends]
+    local = _stack_links(xc, yc, reverse)
+    link = np.arange(n, dtype=np.int64)
+    link[ends] = ends[local]
+    rest = np.flatnonzero(~corner)
+    if not len(rest):
+        return link
+    above = np.searchsorted(ends, rest)
+    start = above if reverse else above - 1
+    tables = [local]
+    while True:
+        step = tables[-1][tables[-1]]
+        if np.array_equal(step, tables[-1]):
+            break
+        tables.append(step)
+    xj, yj = x[rest], y[rest]
+    turn = -1.0 if reverse else 1.0
+
+    def popped(v: np.ndarray) -> np.ndarray:
+        # the stack pass's test at j: v leaves unless strictly below the chord link(v)–j
+        a = local[v]
+        cross = (xc[v] - xc[a]) * (yj - yc[a]) - (yc[v] - yc[a]) * (xj - xc[a])
+        return (a != v) & (turn * cross <= 0)
+
+    first = popped(start)
+    cur = start
+    for table in reversed(tables):
+        target = table[cur]
+        cur = np.where(first & popped(target), target, cur)
+    link[rest] = ends[np.where(first, local[cur], start)]
+    return link
+
+
+def _stack_links(x: np.ndarray, y: np.ndarray, reverse: bool) -> np.ndarray:
+    """:func:`_lower_hull_links` of every point by one stack pass (points 0 … n−1, x rising
+    strictly)."""
     n = len(x)
     link = list(range(n))
     xs, ys = x.tolist(), y.tolist()
@@ -248,16 +320,25 @@ def merged(low: Any, high: Any) -> Any:
 class VennAbersMap:
     """Fitted inductive Venn–Abers predictor(s): one map (K = 2: class 1 against class 0) or
     one per class (K > 2, one-vs-all), each the distinct calibration scores ``c`` and the
-    values ``p0``, ``p1`` of every gap (len(c) + 1 each); scores are log-odds."""
+    values ``p0``, ``p1`` of every gap (len(c) + 1 each); scores are log-odds. Each row is an
+    ``array("d")`` (:func:`float_row`): 8 bytes a number, where a tuple of floats takes 32,
+    and a map keeps up to three numbers per fit sample and class."""
 
     n_classes: int
-    c: tuple[tuple[float, ...], ...]
-    p0: tuple[tuple[float, ...], ...]
-    p1: tuple[tuple[float, ...], ...]
+    c: tuple[array[float], ...]
+    p0: tuple[array[float], ...]
+    p1: tuple[array[float], ...]
     method: str = METHOD
 
     def __post_init__(self) -> None:
-        _check_map(self.to_dict(), "calibrator")
+        fields = (self.c, self.p0, self.p1)
+        if all(_is_row(row) for rows in fields for row in rows):
+            views = tuple([np.frombuffer(row, dtype=np.float64) for row in rows] for rows in fields)
+            head = {"method": self.method, "n_classes": self.n_classes}
+            parts = _check_map(head, "calibrator", views)
+        else:  # rows of another kind: checked (and their faults named) as a file's would be
+            parts = _check_map(self.to_dict(), "calibrator")
+        self.__dict__["_arrays"] = list(zip(*parts, strict=True))  # the cached property
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form: ``{"method": "venn-abers", "n_classes", "c", "p0", "p1"}`` (one
@@ -274,9 +355,7 @@ class VennAbersMap:
     def from_dict(cls, data: Any, source: str = "calibrator") -> VennAbersMap:
         """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
         ``source``."""
-        c, p0, p1 = (
-            tuple(tuple(row.tolist()) for row in part) for part in _check_map(data, source)
-        )
+        c, p0, p1 = (tuple(map(float_row, part)) for part in _check_map(data, source))
         return cls(data["n_classes"], c, p0, p1)
 
     @cached_property
@@ -288,27 +367,54 @@ class VennAbersMap:
 
     def intervals(self, logp: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """(p0, p1) of float64 N×K log-probabilities: N×1 (K = 2, class 1) or N×K."""
+        n, k = logp.shape
+        shape = (n, 1 if self.n_classes == 2 else k)
+        low, high = np.empty(shape), np.empty(shape)
+        for rows in _row_chunks(n, k):
+            low[rows], high[rows] = self._chunk_intervals(logp[rows])
+        return low, high
+
+    def _chunk_intervals(self, logp: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """(p0, p1) of a row chunk, N×1 or N×K C-ordered; the lookups run by class on a
+        class-major copy of the scores (a column of a row-major chunk is read with one cache
+        miss per row)."""
         s = log_odds(logp)
         if self.n_classes == 2:
             s = s[:, 1:]
-        low, high = np.empty_like(s), np.empty_like(s)
+        by_class = np.ascontiguousarray(s.T)
+        low, high = np.empty_like(by_class), np.empty_like(by_class)
         for k, (c, p0, p1) in enumerate(self._arrays):
-            low[:, k], high[:, k] = lookup(c, p0, p1, s[:, k])
-        return low, high
+            low[k], high[k] = lookup(c, p0, p1, by_class[k])
+        return np.ascontiguousarray(low.T), np.ascontiguousarray(high.T)
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
-        p = torch.from_numpy(merged(*self.intervals(logp)))
+        return self._log_rows(*self._chunk_intervals(logp))
+
+    def _log_rows(self, low: np.ndarray, high: np.ndarray) -> torch.Tensor:
+        """log q of the rows whose intervals are (``low``, ``high``)."""
+        p = torch.from_numpy(merged(low, high))
         if self.n_classes == 2:
             return torch.cat([torch.log1p(-p), torch.log(p)], dim=1)
         return one_vs_rest_log_probabilities(p)
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(scores, kind, source, METHOD, self.n_classes, self._map_rows)
+        return apply_by_rows(
+            scores, kind, source, METHOD, self.n_classes, self._map_rows, CHUNK_ELEMENTS
+        )
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×K ``scores``."""
-        return torch.exp(self.apply(scores, kind, source))
+        """float64 calibrated probabilities of N×K ``scores`` (exp of :meth:`apply`, by row
+        chunks)."""
+        return apply_by_rows(
+            scores,
+            kind,
+            source,
+            METHOD,
+            self.n_classes,
+            lambda logp: torch.exp(self._map_rows(logp)),
+            CHUNK_ELEMENTS,
+        )
 
 
 @dataclass(frozen=True)
@@ -350,47 +456,76 @@ def fit_venn_abers(
     y = class_labels(labels, n, k, labels_source)
     if n == 0:
         raise InputError(source, "has no samples; Venn-Abers needs at least one to fit")
-    s = log_odds(logp)
     targets = y.numpy()
     columns = [1] if k == 2 else list(range(k))
-    fitted = [interval_of(s[:, j], (targets == j).astype(np.float64)) for j in columns]
-    calibrator = VennAbersMap(
-        k,
-        tuple(tuple(c.tolist()) for c, _, _, _ in fitted),
-        tuple(tuple(p0.tolist()) for _, p0, _, _ in fitted),
-        tuple(tuple(p1.tolist()) for _, _, p1, _ in fitted),
-    )
-    low, high = calibrator.intervals(logp)
-    width = high - low
+    s = log_odds_by_class(logp, columns)
+    maps: list[tuple[array[float], ...]] = []  # (c, p0, p1) per map, kept as rows at once
+    fitted_sizes = []  # (kept scores, distinct scores) per map
+    for i, j in enumerate(columns):
+        c, p0, p1, m = interval_of(s[i], (targets == j).astype(np.float64))
+        maps.append((float_row(c), float_row(p0), float_row(p1)))
+        fitted_sizes.append((len(c), m))
+    del s
+    c_rows, p0_rows, p1_rows = zip(*maps, strict=True)
+    del maps
+    calibrator = VennAbersMap(k, c_rows, p0_rows, p1_rows)
+    del c_rows, p0_rows, p1_rows
+    width = np.empty((n, len(columns)))
+    own = torch.empty(n, 1, dtype=torch.float64)  # log q_y of every fit row
+    for rows in _row_chunks(n, k):
+        low, high = calibrator._chunk_intervals(logp[rows])
+        width[rows] = high - low
+        own[rows] = calibrator._log_rows(low, high).gather(1, y[rows, None])
     return VennAbersFit(
         method=METHOD,
         input="log-odds of class 1" if k == 2 else "log-odds of each class vs rest",
-        distinct_scores=tuple(m for _, _, _, m in fitted),
-        knots=tuple(len(c) for c, _, _, _ in fitted),
-        n_parameters=sum(3 * len(c) + 2 for c, _, _, _ in fitted),
+        distinct_scores=tuple(m for _, m in fitted_sizes),
+        knots=tuple(kept for kept, _ in fitted_sizes),
+        n_parameters=sum(3 * kept + 2 for kept, _ in fitted_sizes),
         width_mean=float(width.mean()),
         width_max=float(width.max()),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(calibrator._map_rows(logp), y),
+        nll_after=float(-own.mean()),  # fit_nll of the mapped rows
         n_samples=n,
         calibrator=calibrator,
     )
 
 
-def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], ...]:
-    check_keys(data, ("method", "n_classes", "c", "p0", "p1"), source)
+def float_row(values: np.ndarray) -> array[float]:
+    """A float64 array as an ``array("d")`` of the same numbers (bit for bit)."""
+    row = array("d")
+    row.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+    return row
+
+
+def _is_row(row: Any) -> bool:
+    return isinstance(row, array) and row.typecode == "d" and len(row) > 0
+
+
+def _check_map(
+    data: Any, source: str, rows: tuple[list[np.ndarray], ...] | None = None
+) -> tuple[list[np.ndarray], ...]:
+    """The rows (c, p0, p1) of a saved map, checked; ``rows`` given: those, already float64
+    arrays (a map made in memory), checked for everything but their JSON form."""
+    if rows is None:
+        check_keys(data, ("method", "n_classes", "c", "p0", "p1"), source)
     method, k = data["method"], data["n_classes"]
     if method != METHOD:
         raise InputError(source, f"unknown method {method!r}", METHOD)
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:
         raise InputError(source, f"n_classes must be a whole number >= 2, got {k!r}")
-    rows = 1 if k == 2 else k
+    n_rows = 1 if k == 2 else k
     parts = []
-    for name in ("c", "p0", "p1"):
-        value = data[name]
-        if not isinstance(value, list) or len(value) != rows:
-            raise InputError(source, f"{METHOD} with {k} classes needs {rows} row(s) of {name}")
-        parts.append([numbers(row, source, name) for row in value])
+    for i, name in enumerate(("c", "p0", "p1")):
+        value = data[name] if rows is None else rows[i]
+        if not isinstance(value, list) or len(value) != n_rows:
+            raise InputError(source, f"{METHOD} with {k} classes needs {n_rows} row(s) of {name}")
+        if rows is None:
+            parts.append([numbers(row, source, name) for row in value])
+        else:
+            if not all(np.isfinite(row).all() for row in value):
+                raise InputError(source, f"{name} must be finite")
+            parts.append(value)
     for c, p0, p1 in zip(*parts, strict=True):
         if len(p0) != len(c) + 1 or len(p1) != len(c) + 1:
             raise InputError(source, "every row of p0 and p1 needs one more value than c")
