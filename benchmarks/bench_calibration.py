@@ -611,28 +611,34 @@ def netcal_top_label_bbq(
         return np.asarray(model.transform(confidence))
 
 
-def torch_uncertainty_top_label_bbq(
-    logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray
-) -> np.ndarray:
-    """torch-uncertainty's ``BBQScaler`` (its defaults: bin counts 2..15) on the top-label
-    confidence against correctness, given as one float32 logit per sample (its binary case;
-    its quantiles need float32): fitted and applied, the calibrated confidences."""
+def torch_uncertainty_bbq(logit: torch.Tensor, correct: torch.Tensor) -> np.ndarray:
+    """torch-uncertainty's ``BBQScaler`` (its defaults: bin counts 2..15) fitted on one float32
+    logit per sample against its 0/1 target (its binary case; its quantiles need float32) and
+    applied to the same logits: the calibrated probabilities."""
     import logging
 
     from torch.utils.data import DataLoader, TensorDataset
     from torch_uncertainty.post_processing import BBQScaler
 
-    confidence, correct = top_label_pairs(probs, y)
-    x = torch.logit(torch.from_numpy(confidence)).to(torch.float32)
     model = BBQScaler(model=None)
-    loader = DataLoader(TensorDataset(x, torch.from_numpy(correct)), batch_size=len(x))
+    loader = DataLoader(TensorDataset(logit, correct), batch_size=len(logit))
     logging.disable(logging.WARNING)  # "model is None" on every fit
     try:
         model.fit(loader, progress=False)
     finally:
         logging.disable(logging.NOTSET)
     with torch.no_grad():
-        return torch.sigmoid(model(x)).to(torch.float64).numpy()
+        return torch.sigmoid(model(logit)).to(torch.float64).numpy()
+
+
+def torch_uncertainty_top_label_bbq(
+    logits: torch.Tensor, labels: torch.Tensor, probs: np.ndarray, y: np.ndarray
+) -> np.ndarray:
+    """:func:`torch_uncertainty_bbq` on the top-label confidence (as a logit) against
+    correctness: the calibrated confidences."""
+    confidence, correct = top_label_pairs(probs, y)
+    x = torch.logit(torch.from_numpy(confidence)).to(torch.float32)
+    return torch_uncertainty_bbq(x, torch.from_numpy(correct))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import io
 import json
-import logging
 import sys
 import time
 import warnings
@@ -38,7 +37,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_calibration import N_BINS, probabilities, synthetic_logits, top_label_pairs
+from bench_calibration import (
+    N_BINS,
+    probabilities,
+    synthetic_logits,
+    top_label_pairs,
+    torch_uncertainty_bbq,
+)
 
 from curvcal.calibration.bbq import fit_models, kept_models, merged_map
 from curvcal.calibration.binning import bin_cells, cell_bin_of, histogram_edges, histogram_values
@@ -91,27 +96,13 @@ def tasks(c: np.ndarray, correct: np.ndarray) -> dict[str, tuple[str, Callable[[
     logit = torch.logit(torch.from_numpy(c)).to(torch.float32)
     target = torch.from_numpy(correct)
 
-    def torch_uncertainty_bbq() -> np.ndarray:
-        from torch.utils.data import DataLoader, TensorDataset
-        from torch_uncertainty.post_processing import BBQScaler
-
-        model = BBQScaler(model=None)
-        loader = DataLoader(TensorDataset(logit, target), batch_size=len(logit))
-        logging.disable(logging.WARNING)  # "model is None" on every fit
-        try:
-            model.fit(loader, progress=False)
-        finally:
-            logging.disable(logging.NOTSET)
-        with torch.no_grad():
-            return torch.sigmoid(model(logit)).to(torch.float64).numpy()
-
     return {
         "curvcal histogram (equal-width)": ("histogram", curvcal_histogram),
         "netcal HistogramBinning": ("histogram", netcal_histogram),
         "curvcal isotonic": ("isotonic", curvcal_isotonic),
         "scikit-learn IsotonicRegression": ("isotonic", sklearn_isotonic),
         "curvcal BBQ": ("bbq", curvcal_bbq),
-        "torch-uncertainty BBQScaler": ("bbq", torch_uncertainty_bbq),
+        "torch-uncertainty BBQScaler": ("bbq", lambda: torch_uncertainty_bbq(logit, target)),
         "netcal BBQ": ("bbq", netcal_bbq),
     }
 
