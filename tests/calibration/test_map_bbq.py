@@ -28,6 +28,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import warnings
 from pathlib import Path
 
@@ -80,6 +81,10 @@ def test_ten_points_by_hand() -> None:
     fit = fit_bbq(torch.tensor(binary_probs(c)), torch.tensor(t), kind="probs")
     # one bin: n = 10, k = 7, Beta(1, 1)
     s1, theta1 = beta_bin(10, 7, 0.0, 1.0, 2.0)
+    # the written-out term against the closed form under the uniform prior Beta(1, 1):
+    # P(D) = ∫ θ^7 (1 − θ)^3 dθ = 1 / (11 · C(10, 7)), posterior mean (7 + 1)/(10 + 2)
+    assert s1 == pytest.approx(-math.log(11 * math.comb(10, 7)), rel=1e-14)
+    assert theta1 == pytest.approx(8 / 12, rel=1e-15)
     # two bins cut at round(10/2) = 5, halfway between 0.75 and 0.8: 3 of 5 and 4 of 5 right
     cut = (0.75 + 0.8) / 2
     left, low_value = beta_bin(5, 3, 0.0, cut, 1.0)
