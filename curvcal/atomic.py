@@ -31,7 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
-from curvcal import interrupt
+from curvcal import inputs, interrupt
 from curvcal.errors import InputError
 
 #: resolved paths that must be created, never replaced (checked without ``--force``)
@@ -77,10 +77,12 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
     error (no such folder, no permission, disk full) becomes an :class:`InputError` naming
     ``path``. A ``path`` that exists and is not a regular file (a symbolic link, a device, a
     pipe, a socket, a folder) is refused before anything is written: replacing it would destroy
-    it, not write through it.
+    it, not write through it. So is a ``path`` that is an input of the run or lies inside an
+    input folder (:func:`curvcal.inputs.refuse_output`), whatever ``--force`` says.
     """
     parent = path.parent if str(path.parent) else Path(".")
     refuse_special(path)
+    inputs.refuse_output(path)  # an input of the run, whenever it was opened: never replaced
     with _terminate_raises():
         try:
             with interrupt.held():

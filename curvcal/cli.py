@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import click
 
-from curvcal import __version__, interrupt
+from curvcal import __version__, inputs, interrupt
 from curvcal.commands import LazyGroup
 from curvcal.commands.common import output_options
 from curvcal.errors import (
@@ -45,6 +45,8 @@ def cli() -> None:
     error, 3 numerical failure, 70 internal error, 130 interrupted, 141 stdout
     closed early (a broken pipe).
     """
+    # every file the run opens is recorded as an input, for this invocation only
+    click.get_current_context().with_resource(inputs.recording())
 
 
 def _error(message: str) -> None:

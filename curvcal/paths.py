@@ -2,7 +2,10 @@
 
 Every loader of a user's file (checkpoints, tensor and logits files, calibrators, policies,
 reports) calls :func:`readable_file` before reading, so a symbolic-link loop, a permission
-problem, a directory or a missing file is told apart the same way everywhere.
+problem, a directory or a missing file is told apart the same way everywhere. The same call
+records the file as an input of the run (:func:`curvcal.inputs.record`), so whatever a loader
+reads through it is protected from the run's outputs without a list of its own; a loader that
+hands a whole folder to a library records that folder with :func:`readable_folder`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 import stat
 from pathlib import Path
 
+from curvcal import inputs
 from curvcal.errors import InputError
 
 
@@ -21,7 +25,8 @@ def readable_file(path: Path, noun: str = "file", expected: str | None = None) -
     symbolic link), a symbolic-link loop, unreadable (permission denied), a directory, not a
     regular file (a FIFO, socket or device), a path through something that is not a folder, or
     a path too long for the file system. ``noun`` names the file in "no such ..." (``policy
-    file``), ``expected`` what a directory is not (default ``noun``)."""
+    file``), ``expected`` what a directory is not (default ``noun``). A readable file is
+    recorded as an input of the run, in the role ``expected`` (else ``noun``)."""
     what = str(path)
     try:
         status = path.stat()
@@ -36,7 +41,17 @@ def readable_file(path: Path, noun: str = "file", expected: str | None = None) -
             pass
     except OSError as exc:
         raise InputError(what, _why(path, exc, noun)) from None
+    inputs.record(path, expected or noun)
     return status
+
+
+def readable_folder(path: Path, role: str) -> Path:
+    """``path``, recorded as an input folder of the run read as ``role`` (``model folder``,
+    ``tokenizer folder``): a library reads the files beneath it by itself, and no output may be
+    written there. Nothing is checked here: the loaders tell a missing folder in their own
+    words."""
+    inputs.record(path, role)
+    return path
 
 
 def read_text_file(path: Path, noun: str) -> str:

@@ -62,7 +62,9 @@ def calibrate(
         written.append(("--save-logits", files.save_logits))
     output, reporter = start(
         inputs=[
-            *checkpoint_inputs("CHECKPOINT", checkpoint, checkpoint_options.arch),
+            *checkpoint_inputs(
+                "CHECKPOINT", checkpoint, checkpoint_options.arch, checkpoint_options.base_model
+            ),
             *arch_inputs("--arch", checkpoint_options.arch),
             *data_inputs("--data", data_options.data, data_options.data_root),
             *data_inputs("--fit-data", files.fit_data, data_options.data_root),

@@ -103,7 +103,7 @@ def check(
     }
     settings, _sources = resolve_settings(policy, overrides)
     inputs = [
-        *checkpoint_inputs("CHECKPOINT", checkpoint, settings["arch"]),
+        *checkpoint_inputs("CHECKPOINT", checkpoint, settings["arch"], settings.get("base_model")),
         ("--policy", policy_path),
     ]
     if baseline is not None:

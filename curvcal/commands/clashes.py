@@ -12,50 +12,30 @@ files of a plot folder) once, and :func:`refuse_clashes` refuses, before any wor
   would no longer describe what was read;
 * two outputs naming the same file (one would silently replace the other).
 
-Each refusal is one line naming the output with its option and the input it would replace.
+The inputs named here are those known when the options are parsed; they join the run's record
+of every file it opens (:mod:`curvcal.inputs`), whose check at publication covers the files
+found later (an adapter's base model folder). Both checks use the same identity and the same
+refusal. Each refusal is one line naming the output with its option and the input it would
+replace.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from contextlib import suppress
 from pathlib import Path
 
 from curvcal.errors import InputError
+from curvcal.inputs import Identity, Input, Named, identity, recorded, refuse_input_target
 
-#: ``(what it is, path)``: an option or argument name (``--data``, ``CHECKPOINT``) and a path.
-Named = tuple[str, Path]
-
-_HINT = "curvcal never writes over a file it reads, even with --force; name another file"
-
-
-@dataclass(frozen=True)
-class _Identity:
-    """Where a path really points: its resolved form, and its (device, inode) when it exists."""
-
-    resolved: Path
-    inode: tuple[int, int] | None
-    is_dir: bool
-
-    def same_file(self, other: _Identity) -> bool:
-        if self.resolved == other.resolved:
-            return True
-        return self.inode is not None and self.inode == other.inode
-
-    def inside(self, folder: _Identity) -> bool:
-        return folder.is_dir and self.resolved.is_relative_to(folder.resolved)
-
-
-def _identity(path: Path) -> _Identity:
-    # os.path.realpath (not Path.resolve) never raises on a symlink loop; a loop or an
-    # unreadable path simply has no inode, and the loaders report it in their own words.
-    resolved = Path(os.path.realpath(os.path.abspath(os.path.expanduser(path))))
-    try:
-        status = os.stat(resolved)
-    except (OSError, ValueError):
-        return _Identity(resolved, None, False)
-    return _Identity(resolved, (status.st_dev, status.st_ino), os.path.isdir(resolved))
+__all__ = [
+    "Named",
+    "arch_inputs",
+    "checkpoint_inputs",
+    "data_inputs",
+    "refuse_clashes",
+    "tokenizer_inputs",
+]
 
 
 def data_inputs(option: str, spec: object, data_root: object = None) -> list[Named]:
@@ -99,14 +79,30 @@ def tokenizer_inputs(option: str, folder: object) -> list[Named]:
     return []
 
 
-def checkpoint_inputs(name: str, path: Path, arch: object = None) -> list[Named]:
-    """The checkpoint, and a model folder its safetensors metadata names
-    (``curvcal.arch = hf:FOLDER``) when no ``--arch`` is given: that folder's ``config.json``
-    is read too. The header is read as JSON; no tensor and no code is loaded."""
+def checkpoint_inputs(
+    name: str, path: Path, arch: object = None, base_model: object = None
+) -> list[Named]:
+    """The checkpoint, and what it names that is read with it: a model folder its safetensors
+    metadata names (``curvcal.arch = hf:FOLDER``) when no ``--arch`` is given (that folder's
+    ``config.json`` is read too), and an adapter folder's base model folder (``--base-model``,
+    else the one its ``adapter_config.json`` names). Only headers and JSON configs are read;
+    no tensor and no code is loaded. A base model folder found later is refused all the same,
+    when the output is published (:mod:`curvcal.inputs`); named here, it is refused before any
+    work."""
     named: list[Named] = [(name, path)]
+    if isinstance(base_model, str | Path) and str(base_model):
+        named.append(("--base-model", Path(base_model)))
+    from curvcal.errors import CurvcalError
+
+    if base_model is None:
+        from curvcal.load.adapters import base_folder, is_adapter_folder, read_adapter
+
+        # a missing or bad base: the loader reports it in its own words
+        if is_adapter_folder(path):
+            with suppress(CurvcalError, OSError, ValueError):
+                named.append((f"{name}'s base model", base_folder(read_adapter(path), None)))
     if arch is not None or path.suffix.lower() != ".safetensors" or not path.is_file():
         return named
-    from curvcal.errors import CurvcalError
     from curvcal.load.metadata import ARCH_METADATA_KEY
     from curvcal.load.tensorfile import read_safetensors_metadata
 
@@ -129,24 +125,17 @@ def arch_inputs(option: str, spec: object) -> list[Named]:
 def refuse_clashes(outputs: Sequence[Named], inputs: Sequence[Named]) -> None:
     """Raise :class:`InputError` when an output is an input, lies inside an input folder, or
     names the same file as another output. ``outputs`` are ``(option, path)``; ``inputs`` are
-    ``(option or argument, path)``."""
-    read = [(name, path, _identity(path)) for name, path in inputs]
-    written: list[tuple[str, Path, _Identity]] = []
+    ``(option or argument, path)``, checked together with every input the run has recorded so
+    far (:func:`curvcal.inputs.recorded`)."""
+    read = [
+        *(Input(name, Path(path), identity(Path(path)), declared=True) for name, path in inputs),
+        *recorded(),
+    ]
+    written: list[tuple[str, Path, Identity]] = []
     for option, path in outputs:
-        target = _identity(path)
-        for name, source, identity in read:
-            if target.same_file(identity):
-                raise InputError(
-                    f"{option} {path}", f"would replace the input {name} {source}", _HINT
-                )
-            if target.inside(identity):
-                raise InputError(
-                    f"{option} {path}",
-                    f"lies inside the input folder {name} {source}, which it would change",
-                    _HINT,
-                )
-        for other_option, other, identity in written:
-            if target.same_file(identity):
+        target = refuse_input_target(option, path, read)
+        for other_option, other, other_identity in written:
+            if target.same_file(other_identity):
                 raise InputError(
                     f"{option} {path}",
                     f"names the same file as {other_option} {other}",

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from curvcal import inputs as run_inputs
 from curvcal.commands.clashes import Named, refuse_clashes
 from curvcal.console import Reporter
 from curvcal.errors import (
@@ -143,17 +144,24 @@ def output_options(func: F) -> F:
 def start(
     inputs: Sequence[Named] = (), outputs: Sequence[Named] = ()
 ) -> tuple[OutputOptions, Reporter]:
-    """Called first by every command, with every file the run reads (``inputs``) and writes
-    besides ``-o`` (``outputs``, as ``(option, path)``): refuses, before any work, an output
-    that would replace an input or another output, whatever ``--force`` says, then checks
-    that ``-o`` can be written."""
+    """Called first by every command, with the files its options name that the run reads
+    (``inputs``) and writes besides ``-o`` (``outputs``, as ``(option, path)``): refuses,
+    before any work, an output that would replace an input or another output, whatever
+    ``--force`` says, then checks that ``-o`` can be written. The inputs join the run's record
+    (:mod:`curvcal.inputs`), with every file the loaders open later, and the outputs' options
+    name them when a write is refused at publication."""
     options = get_output_options()
     written = [("-o/--output", options.output)] if options.output is not None else []
+    ctx = click.get_current_context()
+    if not run_inputs.active():  # a command invoked without the group (the group records)
+        ctx.find_root().with_resource(run_inputs.recording())
     refuse_clashes([*written, *outputs], inputs)
+    run_inputs.declare(inputs)
+    run_inputs.name_outputs([*written, *outputs])
     if options.output is not None:
         check_output_path(options.output, options.force)
     reporter = Reporter(quiet=options.quiet)
-    click.get_current_context().find_root().meta[_REPORTER] = reporter
+    ctx.find_root().meta[_REPORTER] = reporter
     return options, reporter
 
 

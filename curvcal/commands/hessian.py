@@ -103,7 +103,9 @@ def hessian(
 
     options, reporter = start(
         inputs=[
-            *checkpoint_inputs("CHECKPOINT", checkpoint, checkpoint_options.arch),
+            *checkpoint_inputs(
+                "CHECKPOINT", checkpoint, checkpoint_options.arch, checkpoint_options.base_model
+            ),
             *arch_inputs("--arch", checkpoint_options.arch),
             *data_inputs("--data", data_options.data, data_options.data_root),
             *tokenizer_inputs("--tokenizer", data_options.tokenizer),

@@ -97,7 +97,9 @@ def study(
             *(
                 named
                 for path in paths
-                for named in checkpoint_inputs("CKPT", path, checkpoint_options.arch)
+                for named in checkpoint_inputs(
+                    "CKPT", path, checkpoint_options.arch, checkpoint_options.base_model
+                )
             ),
             *arch_inputs("--arch", checkpoint_options.arch),
             *data_inputs("--data", data_options.data, data_options.data_root),

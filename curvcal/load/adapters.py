@@ -36,6 +36,7 @@ from torch import nn
 from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
 from curvcal.load.hf import LogitsModule, is_model_folder, read_json
+from curvcal.paths import readable_folder
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_SAFETENSORS = "adapter_model.safetensors"
@@ -72,6 +73,7 @@ def adapter_files(path: Path) -> tuple[Path, ...]:
 def read_adapter(path: Path) -> AdapterFolder:
     """Describe the adapter folder at ``path`` from ``adapter_config.json`` and its files'
     names, without importing peft."""
+    readable_folder(path, "adapter folder")  # peft reads its files itself
     config = read_json(path / ADAPTER_CONFIG)
     if not isinstance(config, dict):
         raise InputError(str(path / ADAPTER_CONFIG), "is not a JSON object")
@@ -108,7 +110,8 @@ def code_entries(adapter: AdapterFolder) -> tuple[str, ...]:
 
 def base_folder(adapter: AdapterFolder, base_model: Path | None) -> Path:
     """The local model folder the adapter goes on: ``base_model`` (``--base-model``), else the
-    config's ``base_model_name_or_path`` as given or relative to the adapter folder.
+    config's ``base_model_name_or_path`` as given or relative to the adapter folder, recorded
+    as an input folder of the run either way (transformers reads its files itself).
     :class:`InputError` when there is none (never a download)."""
     if base_model is not None:
         folder = Path(base_model).expanduser()
@@ -118,7 +121,7 @@ def base_folder(adapter: AdapterFolder, base_model: Path | None) -> Path:
                 "is not a model folder (no config.json)" if folder.is_dir() else "does not exist",
                 "name the base model's save_pretrained folder",
             )
-        return folder
+        return readable_folder(folder, "base model folder (--base-model)")
     config_file = str(adapter.path / ADAPTER_CONFIG)
     named = adapter.base_named
     if named is None:
@@ -131,7 +134,7 @@ def base_folder(adapter: AdapterFolder, base_model: Path | None) -> Path:
     candidates = [given] if given.is_absolute() else [given, adapter.path / given]
     for folder in candidates:
         if is_model_folder(folder):
-            return folder
+            return readable_folder(folder, f"base model folder (named in {config_file})")
     looks_like_hub_id = not given.is_absolute() and not any(c.exists() for c in candidates)
     why = (
         f"names base model {named!r}, which is not a local folder (a hub id? curvcal never "

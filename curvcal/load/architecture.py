@@ -24,6 +24,7 @@ from typing import Any
 from torch import nn
 
 from curvcal.errors import InputError, TrustError
+from curvcal.inputs import record_module
 from curvcal.load.limits import check_num_classes
 
 ARCH_OPTION = "--arch"
@@ -153,6 +154,7 @@ def _import_object(spec: str, target: str) -> Callable[..., Any]:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise InputError(ARCH_OPTION, f"cannot import {module_name}: {_one_line(exc)}") from exc
+    record_module(obj, "--arch module source")
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise InputError(ARCH_OPTION, f"{module_name} has no attribute {attr!r}")

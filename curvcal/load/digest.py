@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from curvcal.inputs import record
 from curvcal.load.adapters import adapter_files, is_adapter_folder
 from curvcal.load.hf import folder_files
 from curvcal.results import FileInfo
@@ -22,8 +23,10 @@ def file_info(path: str | Path) -> FileInfo:
     (``config.json`` and weights; an adapter folder's ``adapter_config.json`` and weights):
     total size of the files its loader reads, digest of each one's relative name, a NUL byte
     and its contents, in load order. Other directories: size 0, digest of the sorted relative
-    names and sizes of the files beneath."""
+    names and sizes of the files beneath. What is digested was read: it is recorded as an
+    input of the run (:mod:`curvcal.inputs`)."""
     p = Path(path)
+    record(p, "digested folder" if p.is_dir() else "digested file")
     digest = hashlib.sha256()
     model_files = folder_files(p) or (adapter_files(p) if is_adapter_folder(p) else ())
     if model_files:  # a model folder: its config and weights are what identify the model

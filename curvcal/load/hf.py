@@ -46,6 +46,7 @@ from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
 from curvcal.load.limits import check_num_classes
 from curvcal.load.tensorfile import read_safetensors_metadata
+from curvcal.paths import readable_file, readable_folder
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -107,6 +108,7 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
     elsewhere, as with ``--arch hf:FOLDER``)."""
     if not path.is_dir():
         raise InputError(str(path), "is not a folder", "hf:FOLDER names a save_pretrained folder")
+    readable_folder(path, "model folder")  # transformers and timm read its files themselves
     config = read_json(path / CONFIG_NAME)
     if not isinstance(config, dict):
         raise InputError(str(path / CONFIG_NAME), "is not a JSON object")
@@ -497,8 +499,6 @@ def read_json(path: Path) -> Any:
     """A library's JSON metadata file in a folder (``config.json``, ``tokenizer_config.json``,
     a saved dataset's ``state.json``...), read through :func:`curvcal.jsontext.loads` with
     ``wide_ints``; a file that is not readable or not JSON is an :class:`InputError` on it."""
-    from curvcal.paths import readable_file
-
     readable_file(path)
     try:
         return jsontext.loads(path.read_text(encoding="utf-8"), str(path), wide_ints=True)

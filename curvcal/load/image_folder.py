@@ -15,7 +15,7 @@ from curvcal.errors import InputError
 from curvcal.load.loaded_data import LoadedData, loaded_data
 from curvcal.load.preprocessing import image_transform
 from curvcal.load.tensorfile import as_labels
-from curvcal.paths import readable_file
+from curvcal.paths import readable_file, readable_folder
 from curvcal.settings.data import DataSettings
 
 
@@ -58,6 +58,7 @@ def load_image_folder(options: DataSettings, model: Mapping[str, Any] | None) ->
     what = f"--data {options.spec}"
     if not path.is_dir():
         raise InputError(what, f"{path} is not a folder")
+    readable_folder(path, "image folder")  # torchvision lists it and reads every image
     try:
         folder = ImageFolder(str(path))
     except Exception as exc:

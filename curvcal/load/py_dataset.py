@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from curvcal.errors import InputError, TrustError
+from curvcal.inputs import record_module
 from curvcal.load.loaded_data import LoadedData, loaded_data
 from curvcal.load.preprocessing import reject_image_transforms
 from curvcal.load.tensor_dataset import tensor_pair
@@ -38,6 +39,7 @@ def load_py_dataset(options: DataSettings) -> LoadedData:
         raise InputError(
             what, f"cannot import {module_name} ({exc})", "is it on PYTHONPATH?"
         ) from exc
+    record_module(module, "--data module source")
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise InputError(what, f"{module_name} has no function {function_name}")

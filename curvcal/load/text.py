@@ -43,7 +43,7 @@ from curvcal import interrupt, jsontext
 from curvcal.errors import InputError
 from curvcal.load.extras import require
 from curvcal.load.hf import read_json
-from curvcal.paths import readable_file
+from curvcal.paths import readable_file, readable_folder
 
 if TYPE_CHECKING:
     from curvcal.load.hf import FolderModel
@@ -215,6 +215,7 @@ def _read_saved_dataset(folder: Path) -> tuple[dict[str, list[Any]], tuple[Path,
     state_path = folder / _DATASET_STATE
     if not state_path.is_file():
         raise InputError(str(folder), f"is not a saved dataset (no {_DATASET_STATE})")
+    readable_folder(folder, "saved dataset folder")
     state = read_json(state_path)
     entries = state.get("_data_files") if isinstance(state, dict) else None
     if not isinstance(entries, list) or not entries:
@@ -267,6 +268,7 @@ def load_tokenizer(
     where = "--tokenizer" if tokenizer is not None else "the model folder"
     if not folder.is_dir():
         raise InputError(str(folder), f"{where} is not a folder")
+    readable_folder(folder, "tokenizer folder")  # transformers reads its files itself
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         # transformers would build a tokenizer with an empty vocabulary from config.json alone
         hint = (

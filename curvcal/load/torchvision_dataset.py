@@ -14,6 +14,7 @@ from curvcal.errors import InputError
 from curvcal.load.loaded_data import LoadedData, loaded_data
 from curvcal.load.preprocessing import image_transform
 from curvcal.load.tensorfile import as_labels
+from curvcal.paths import readable_folder
 from curvcal.settings.data import DataSettings
 
 _TV_CHANNELS = {"cifar10": 3, "cifar100": 3, "mnist": 1, "fashionmnist": 1, "svhn": 3}
@@ -44,7 +45,7 @@ def load_torchvision(options: DataSettings, model: Mapping[str, Any] | None) -> 
         raise InputError(f"--data {options.spec}", f"unknown split '{split}'", "use train or test")
     import torchvision.datasets
 
-    root = (options.data_root or Path("data")).expanduser()
+    root = readable_folder((options.data_root or Path("data")).expanduser(), "--data-root folder")
     side = _TV_SIDE[name]
     image = image_transform(options, name, _TV_CHANNELS[name], model, (side, side))
     factory = getattr(torchvision.datasets, _TV_CLASS_NAMES[name])

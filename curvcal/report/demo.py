@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from curvcal.errors import InputError
+from curvcal.inputs import refuse_output
 from curvcal.report.tables import Table, check_output_path, fmt_float
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ def plot_paths(plot_dir: Path, force: bool) -> tuple[Path, Path]:
     require_matplotlib()
     if plot_dir.exists() and not plot_dir.is_dir():
         raise InputError("--plot-dir", f"{plot_dir} exists and is not a folder")
+    refuse_output(plot_dir, "--plot-dir")  # a folder created inside an input would change it
     try:
         plot_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from curvcal.errors import InputError
+from curvcal.inputs import refuse_output
 from curvcal.report.tables import Table, check_output_path, fmt_float
 
 if TYPE_CHECKING:
@@ -289,6 +290,7 @@ def plot_paths(plot_dir: Path | None, force: bool, fmt: str = "png") -> dict[str
     require_matplotlib()
     if plot_dir.exists() and not plot_dir.is_dir():
         raise InputError("--plot", f"{plot_dir} is not a directory")
+    refuse_output(plot_dir, "--plot")  # a folder created inside an input would change it
     plot_dir.mkdir(parents=True, exist_ok=True)
     paths = plot_files(plot_dir, fmt)
     for path in paths.values():

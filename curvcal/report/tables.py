@@ -22,6 +22,7 @@ from curvcal import interrupt
 from curvcal.atomic import atomic_output, mark_output, refuse_special, temp_prefix
 from curvcal.console import stdout_console
 from curvcal.errors import InputError
+from curvcal.inputs import refuse_output
 from curvcal.results import Report
 
 FORMATS = ("table", "json", "markdown")
@@ -199,6 +200,7 @@ def check_output_path(path: Path, force: bool) -> None:
             "-o -", "reports are written to files, not to standard output", "use --json to print it"
         )
     refuse_special(path)
+    refuse_output(path)  # an input of the run (so far), whatever --force says
     if path.exists() and not force:
         raise InputError(str(path), "already exists", "pass --force to overwrite it")
     # without --force, a file that takes the name while the run works is not replaced either

@@ -1,0 +1,211 @@
+"""Every file or folder a run reads is an input, recorded as it is opened; no output replaces one.
+
+The record is kept here, whoever opens what: :func:`curvcal.paths.readable_file` (every
+loader's file: checkpoints, tensor and logits files, tables, calibrators, policies, baselines,
+JSON configs of model folders) records the file it checked, a loader that hands a whole folder
+to a library (transformers, peft, a tokenizer, torchvision, an image folder, a saved dataset)
+records the folder with :func:`record`, and :func:`curvcal.load.digest.file_info` records what
+it digests. Each entry keeps the role it was read in, the path as given, the resolved path,
+the ``(st_dev, st_ino)`` pair and whether it is a folder. A command also *declares* the inputs
+its options name (:func:`declare`, called by :func:`curvcal.commands.common.start`), so the
+refusal before any work names them by their options.
+
+The no-overwrite rule reads this record, never a list of its own:
+
+* before any work (:func:`curvcal.commands.clashes.refuse_clashes`, from ``start``): each
+  output the command line names against every input declared or opened so far;
+* when an output is published (:func:`curvcal.atomic.atomic_output`, and a folder created for
+  outputs, :func:`refuse_output`): against every input of the run, so a file opened late (an
+  adapter's base model folder, found in the adapter's config) is protected as well, with or
+  without ``--force``.
+
+A path is an input's when it is the same file (the same resolved path, or the same device and
+inode: a hard link) or lies inside an input folder (a file written there would change what
+was read, and the folder's digest in the report would no longer describe it).
+
+The record is per run: :func:`recording` opens a fresh one (the CLI group does, for every
+invocation) and drops it when the run ends. Outside a run (the library used directly) nothing
+is recorded and nothing is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from curvcal.errors import InputError
+
+#: ``(what it is, path)``: an option or argument name (``--data``, ``CHECKPOINT``) and a path.
+Named = tuple[str, Path]
+
+HINT = "curvcal never writes over a file it reads, even with --force; name another file"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Where a path really points: its resolved form, its ``(st_dev, st_ino)`` when it exists,
+    and whether it is a folder."""
+
+    resolved: Path
+    inode: tuple[int, int] | None
+    is_dir: bool
+
+    def same_file(self, other: Identity) -> bool:
+        """The same resolved path, or the same existing file under another name (a hard link)."""
+        if self.resolved == other.resolved:
+            return True
+        return self.inode is not None and self.inode == other.inode
+
+    def inside(self, folder: Identity) -> bool:
+        """Beneath the folder ``folder`` (at any depth)."""
+        return folder.is_dir and self.resolved.is_relative_to(folder.resolved)
+
+
+def identity(path: Path) -> Identity:
+    """The :class:`Identity` of ``path`` (``~`` expanded, symbolic links and ``..`` followed)."""
+    # os.path.realpath (not Path.resolve) never raises on a symlink loop; a loop or an
+    # unreadable path simply has no inode, and the loaders report it in their own words.
+    resolved = Path(os.path.realpath(os.path.abspath(os.path.expanduser(path))))
+    try:
+        status = os.stat(resolved)
+    except (OSError, ValueError):
+        return Identity(resolved, None, False)
+    return Identity(resolved, (status.st_dev, status.st_ino), os.path.isdir(resolved))
+
+
+@dataclass(frozen=True)
+class Input:
+    """One thing a run reads: ``name`` is the option or argument that named it (``declared``)
+    or the role it was opened in (``model folder``, ``policy file``), ``path`` as given."""
+
+    name: str
+    path: Path
+    identity: Identity
+    declared: bool = False
+
+    def described(self) -> str:
+        """How a refusal names it: by its option when declared, else by its role."""
+        kind = "input folder" if self.identity.is_dir else "input"
+        if self.declared:
+            return f"the {kind} {self.name} {self.path}"
+        return f"the {self.name} {self.path}, an {kind} of this run"
+
+
+@dataclass
+class _Record:
+    """One run's inputs, and the option that names each of its outputs."""
+
+    inputs: list[Input] = field(default_factory=list)
+    seen: set[tuple[str, str]] = field(default_factory=set)
+    outputs: dict[Path, str] = field(default_factory=dict)
+
+
+_LOCK = threading.Lock()
+_RUN: list[_Record] = []  # the active record last; empty outside a run
+
+
+@contextmanager
+def recording() -> Iterator[None]:
+    """One run: a fresh, empty record while the block runs, dropped when it ends (an enclosing
+    record, if any, comes back)."""
+    with _LOCK:
+        _RUN.append(_Record())
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _RUN.pop()
+
+
+def active() -> bool:
+    """Whether a run is recording its inputs."""
+    return bool(_RUN)
+
+
+def record(path: Path, role: str) -> None:
+    """Record ``path`` (a file or a folder) as an input of the run, read as ``role``; nothing
+    outside a run. A path already recorded in that role is not recorded again (an image read
+    once per pass over the data costs one look-up)."""
+    if not _RUN:
+        return
+    key = (role, os.fspath(path))
+    with _LOCK:
+        if not _RUN or key in _RUN[-1].seen:
+            return
+    entry = Input(role, Path(path), identity(Path(path)))
+    with _LOCK:
+        if _RUN:
+            _RUN[-1].seen.add(key)
+            _RUN[-1].inputs.append(entry)
+
+
+def record_module(module: ModuleType, role: str) -> None:
+    """Record the source file of an imported ``module`` (a ``py:`` factory's), when it has one."""
+    source = getattr(module, "__file__", None)
+    if isinstance(source, str) and source:
+        record(Path(source), role)
+
+
+def declare(named: Sequence[Named]) -> None:
+    """Record the inputs a command's options name, under those names (before any is opened)."""
+    if not _RUN:
+        return
+    entries = [Input(name, Path(path), identity(Path(path)), declared=True) for name, path in named]
+    with _LOCK:
+        if _RUN:
+            _RUN[-1].inputs[:0] = entries  # named by their options first
+
+
+def name_outputs(named: Sequence[Named]) -> None:
+    """Remember the option that names each output, for the refusal at publication."""
+    if not _RUN:
+        return
+    with _LOCK:
+        if _RUN:
+            for option, path in named:
+                _RUN[-1].outputs[identity(path).resolved] = option
+
+
+def recorded() -> tuple[Input, ...]:
+    """The inputs of the run so far (declared first, then in the order opened); empty outside
+    a run."""
+    with _LOCK:
+        return tuple(_RUN[-1].inputs) if _RUN else ()
+
+
+def refuse_input_target(option: str, path: Path, inputs: Sequence[Input]) -> Identity:
+    """Raise :class:`InputError` when ``path`` (named by ``option``) is one of ``inputs`` or
+    lies inside one of their folders: one line naming the output and the input. Returns the
+    identity of ``path``. The same file is looked for among all inputs before any folder."""
+    target = identity(path)
+    for source in inputs:
+        if target.same_file(source.identity):
+            raise InputError(f"{option} {path}", f"would replace {source.described()}", HINT)
+    for source in inputs:
+        if target.inside(source.identity):
+            raise InputError(
+                f"{option} {path}",
+                f"lies inside {source.described()}, which it would change",
+                HINT,
+            )
+    return target
+
+
+def refuse_output(path: Path, option: str | None = None) -> None:
+    """Refuse writing ``path`` (a file, or a folder to create for outputs) when it is an input
+    of the run or lies inside an input folder; ``option`` names it, else the option the
+    command gave it (:func:`name_outputs`), else ``output``. Nothing outside a run."""
+    if not _RUN:
+        return
+    with _LOCK:
+        if not _RUN:
+            return
+        inputs = tuple(_RUN[-1].inputs)
+        named = _RUN[-1].outputs
+        option = option or named.get(identity(path).resolved) or "output"
+    refuse_input_target(option, path, inputs)
