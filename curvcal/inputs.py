@@ -93,7 +93,7 @@ class Input:
         kind = "input folder" if self.identity.is_dir else "input"
         if self.declared:
             return f"the {kind} {self.name} {self.path}"
-        return f"the {self.name} {self.path}, an {kind} of this run"
+        return f"the {kind} {self.path} ({self.name})"
 
 
 @dataclass

@@ -121,7 +121,7 @@ def base_folder(adapter: AdapterFolder, base_model: Path | None) -> Path:
                 "is not a model folder (no config.json)" if folder.is_dir() else "does not exist",
                 "name the base model's save_pretrained folder",
             )
-        return readable_folder(folder, "base model folder (--base-model)")
+        return readable_folder(folder, "base model folder, from --base-model")
     config_file = str(adapter.path / ADAPTER_CONFIG)
     named = adapter.base_named
     if named is None:
@@ -134,7 +134,7 @@ def base_folder(adapter: AdapterFolder, base_model: Path | None) -> Path:
     candidates = [given] if given.is_absolute() else [given, adapter.path / given]
     for folder in candidates:
         if is_model_folder(folder):
-            return readable_folder(folder, f"base model folder (named in {config_file})")
+            return readable_folder(folder, f"base model folder, named in {config_file}")
     looks_like_hub_id = not given.is_absolute() and not any(c.exists() for c in candidates)
     why = (
         f"names base model {named!r}, which is not a local folder (a hub id? curvcal never "
