@@ -21,6 +21,7 @@ from torch import nn
 
 from curvcal import jsontext
 from curvcal.errors import InputError
+from curvcal.inputs import record
 from curvcal.load.allowlist import could_be_allowed
 from curvcal.load.folders import folder_form, is_folder
 from curvcal.load.formats import (
@@ -345,6 +346,7 @@ def _arch_hint(path: Path, container: Container) -> tuple[str | None, str | None
             return f"{key} = {value!r}", _arch_spec(value)
     config = path.parent / "config.json"
     if config.is_file() and config.stat().st_size < 1_000_000:
+        record(config, "config.json beside the checkpoint")
         try:
             names = jsontext.loads(config.read_bytes(), str(config)).get("architectures")
         except (ValueError, UnicodeDecodeError, AttributeError, InputError):
