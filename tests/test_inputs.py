@@ -62,7 +62,8 @@ def test_a_folder_handed_to_a_library_protects_everything_beneath_it(tmp_path: P
         readable_folder(folder, "model folder")
         for target in (folder / "config.json", folder / "sub" / "new" / "r.json", folder):
             with pytest.raises(
-                InputError, match=r"(lies inside|would replace) the input folder .* \(model folder\)"
+                InputError,
+                match=r"(lies inside|would replace) the input folder .* \(model folder\)",
             ):
                 inputs.refuse_output(target, "--plot")
         inputs.refuse_output(tmp_path / "model.json")  # a sibling whose name starts alike
