@@ -31,6 +31,7 @@ is recorded and nothing is refused.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -48,10 +49,10 @@ HINT = "curvcal never writes over a file it reads, even with --force; name anoth
 
 @dataclass(frozen=True)
 class Identity:
-    """Where a path really points: its resolved form, its ``(st_dev, st_ino)`` when it exists,
-    and whether it is a folder."""
+    """Where a path really points: its resolved form (absolute, every symbolic link followed),
+    its ``(st_dev, st_ino)`` when it exists, and whether it is a folder."""
 
-    resolved: Path
+    resolved: str
     inode: tuple[int, int] | None
     is_dir: bool
 
@@ -63,19 +64,44 @@ class Identity:
 
     def inside(self, folder: Identity) -> bool:
         """Beneath the folder ``folder`` (at any depth)."""
-        return folder.is_dir and self.resolved.is_relative_to(folder.resolved)
+        if not folder.is_dir:
+            return False
+        base = folder.resolved.rstrip(os.sep) + os.sep  # the root folder ends with one already
+        return self.resolved == folder.resolved or self.resolved.startswith(base)
 
 
-def identity(path: Path) -> Identity:
-    """The :class:`Identity` of ``path`` (``~`` expanded, symbolic links and ``..`` followed)."""
-    # os.path.realpath (not Path.resolve) never raises on a symlink loop; a loop or an
-    # unreadable path simply has no inode, and the loaders report it in their own words.
-    resolved = Path(os.path.realpath(os.path.abspath(os.path.expanduser(path))))
+def identity(path: Path, folders: dict[str, str] | None = None) -> Identity:
+    """The :class:`Identity` of ``path`` (``~`` expanded, symbolic links and ``..`` followed).
+
+    ``folders`` caches the resolved form of parent folders: the files of one folder (the
+    images of an image folder, read one by one) then cost one ``lstat`` and one ``stat`` each,
+    not a walk of every component of the path."""
+    absolute = os.path.abspath(os.path.expanduser(path))
+    resolved = _resolved(absolute, folders)
     try:
         status = os.stat(resolved)
     except (OSError, ValueError):
         return Identity(resolved, None, False)
-    return Identity(resolved, (status.st_dev, status.st_ino), os.path.isdir(resolved))
+    return Identity(resolved, (status.st_dev, status.st_ino), stat.S_ISDIR(status.st_mode))
+
+
+def _resolved(absolute: str, folders: dict[str, str] | None) -> str:
+    """``absolute`` with every symbolic link followed; the parent's resolved form from
+    ``folders`` when the last component is not a link itself."""
+    # os.path.realpath (not Path.resolve) never raises on a symlink loop; a loop or an
+    # unreadable path simply has no inode, and the loaders report it in their own words.
+    parent, name = os.path.split(absolute)
+    if folders is None or not name:
+        return os.path.realpath(absolute)
+    try:
+        if stat.S_ISLNK(os.lstat(absolute).st_mode):
+            return os.path.realpath(absolute)
+    except (OSError, ValueError):
+        return os.path.realpath(absolute)
+    real_parent = folders.get(parent)
+    if real_parent is None:
+        real_parent = folders[parent] = os.path.realpath(parent)
+    return os.path.join(real_parent, name)
 
 
 @dataclass(frozen=True)
@@ -102,7 +128,9 @@ class _Record:
 
     inputs: list[Input] = field(default_factory=list)
     seen: set[tuple[str, str]] = field(default_factory=set)
-    outputs: dict[Path, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    #: the resolved form of each folder whose files were recorded (see :func:`identity`)
+    folders: dict[str, str] = field(default_factory=dict)
 
 
 _LOCK = threading.Lock()
@@ -137,7 +165,9 @@ def record(path: Path, role: str) -> None:
     with _LOCK:
         if not _RUN or key in _RUN[-1].seen:
             return
-    entry = Input(role, Path(path), identity(Path(path)))
+        folders = _RUN[-1].folders
+    given = path if isinstance(path, Path) else Path(path)
+    entry = Input(role, given, identity(given, folders))
     with _LOCK:
         if _RUN:
             _RUN[-1].seen.add(key)

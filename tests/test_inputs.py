@@ -43,7 +43,7 @@ def test_a_new_loader_that_reads_through_the_opener_is_recorded_without_a_list(
         (entry,) = inputs.recorded()
         status = os.stat(file)
         assert entry.name == "new-format file" and entry.path == file
-        assert entry.identity.resolved == file.resolve()
+        assert entry.identity.resolved == str(file.resolve())
         assert entry.identity.inode == (status.st_dev, status.st_ino)
         assert not entry.identity.is_dir
         for target in (file, link, tmp_path / "." / "weights.bin"):
@@ -67,6 +67,31 @@ def test_a_folder_handed_to_a_library_protects_everything_beneath_it(tmp_path: P
             ):
                 inputs.refuse_output(target, "--plot")
         inputs.refuse_output(tmp_path / "model.json")  # a sibling whose name starts alike
+
+
+def test_symbolic_links_are_followed_to_the_file_they_name(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "real.png").write_bytes(b"a")
+    (outside / "dir" / "x.png").write_bytes(b"b")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "link.png").symlink_to(outside / "real.png")
+    (folder / "sub").symlink_to(outside / "dir")
+    (folder / "own.png").write_bytes(b"c")
+    with inputs.recording():
+        for name in ("own.png", "link.png", "sub/x.png"):  # one folder's files, one by one
+            readable_file(folder / name, "image file")
+        resolved = [entry.identity.resolved for entry in inputs.recorded()]
+        assert resolved == [
+            str((folder / "own.png").resolve()),
+            str((outside / "real.png").resolve()),
+            str((outside / "dir" / "x.png").resolve()),
+        ]
+        for target in (outside / "real.png", outside / "dir" / "x.png", folder / "own.png"):
+            with pytest.raises(InputError, match="would replace the input"):
+                inputs.refuse_output(target)
+        inputs.refuse_output(outside / "dir" / "y.png")  # not read: the folder is no input
 
 
 def test_outside_a_run_nothing_is_recorded_nor_refused(tmp_path: Path) -> None:
@@ -304,7 +329,7 @@ def test_every_loader_records_what_it_opens(case: str, importable: Path) -> None
         with suppress(CurvcalError):
             load()
         recorded = {entry.identity.resolved for entry in inputs.recorded()}
-        assert expected.resolve() in recorded, (case, recorded)
+        assert str(expected.resolve()) in recorded, (case, recorded)
         target = expected / "sub" / "out.json" if expected.is_dir() else expected
         with pytest.raises(InputError, match="never writes over a file it reads"):
             inputs.refuse_output(target, "-o/--output")
