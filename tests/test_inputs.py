@@ -482,3 +482,65 @@ def test_a_base_found_while_loading_is_refused_when_the_output_is_published(
     line = _refused(result, option[0], lora)
     assert str(lora.base) in line and "the input" in line
     assert _digest(lora.base) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# the files of every command's loaders, with only the record to protect them
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A digits checkpoint and its data, logits, a policy and two saved reports."""
+    from catalogue_inputs import digit_images, digits_model
+
+    folder = tmp_path_factory.mktemp("opener_small")
+    digits_model(folder)
+    digit_images(folder, 12)
+    generator = np.random.default_rng(0)
+    for name in ("l.npz", "f.npz"):
+        np.savez(
+            folder / name,
+            logits=generator.normal(size=(40, 3)).astype(np.float32),
+            labels=np.arange(40) % 3,
+        )
+    (folder / "policy.toml").write_text('[settings]\ndata = "data.pt"\n\n[ece]\nmax = 1\n')
+    return folder
+
+
+#: (command line, the input it reads that the output names); run in the folder of small_run
+RECORDED = [
+    ("metrics l.npz -o l.npz", "l.npz"),
+    ("metrics l.npz --val-split 0.5 --save-calibrator l.npz", "l.npz"),
+    ("metrics l.npz --fit f.npz -o f.npz", "f.npz"),
+    ("calibrate model.safetensors --data data.pt --method ts -o data.pt", "data.pt"),
+    (
+        "calibrate model.safetensors --data data.pt --method ts --save-calibrator "
+        "model.safetensors",
+        "model.safetensors",
+    ),
+    ("check model.safetensors --policy policy.toml -o policy.toml", "policy.toml"),
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "victim"),
+    RECORDED,
+    ids=["logits", "logits-calibrator", "fit", "data", "checkpoint-calibrator", "policy"],
+)
+def test_what_a_loader_opened_is_refused_as_an_output(
+    run_cli,
+    small_run: Path,
+    record_only: None,
+    monkeypatch: pytest.MonkeyPatch,
+    line: str,
+    victim: str,
+) -> None:
+    monkeypatch.chdir(small_run)
+    before = hashlib.sha256((small_run / victim).read_bytes()).hexdigest()
+    listing = sorted(p.name for p in small_run.iterdir())
+    result = run_cli(*line.split(), "--force")
+    assert result.code == 2, result.output
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("curvcal: error: ") and f"would replace the input {victim}" in error
+    assert hashlib.sha256((small_run / victim).read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in small_run.iterdir()) == listing
