@@ -36,6 +36,7 @@ from torch import nn
 from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
 from curvcal.load.hf import LogitsModule, is_model_folder, read_json
+from curvcal.load.library_limits import check_adapter_on_base
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_SAFETENSORS = "adapter_model.safetensors"
@@ -159,6 +160,12 @@ def apply_adapter(adapter: AdapterFolder, base: nn.Module, trust: bool) -> nn.Mo
     if not isinstance(base, LogitsModule):
         raise InputError(str(adapter.path), "the base model is not a transformers model")
     library_model = base.__dict__["library_model"]
+    check_adapter_on_base(
+        adapter.path / ADAPTER_CONFIG,
+        adapter.config,
+        [name for name, _ in library_model.named_modules()],
+        getattr(getattr(library_model, "config", None), "num_hidden_layers", None),
+    )
     try:
         with offline(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # the libraries' notes to themselves
