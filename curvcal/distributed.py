@@ -32,7 +32,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -247,18 +247,19 @@ class RanksDisagree(DistributedError):
 _SAME = "every rank must run the same command on the same checkpoint and data"
 
 
-def agree(what: str, fingerprint: Mapping[str, object]) -> None:
-    """Gather every rank's ``fingerprint`` of ``what`` (``settings``, ``checkpoint``, ``data``:
+def agree(what: str, fingerprint: Callable[[], Mapping[str, object]]) -> None:
+    """Gather every rank's ``fingerprint()`` of ``what`` (``settings``, ``checkpoint``, ``data``:
     names to JSON-ready values) and raise :class:`RanksDisagree` on every rank alike when one
     differs from rank 0's, naming the lowest such rank, the first name that differs (in
     sorted order) and both values. Values are compared as JSON text (a NaN equals a NaN). In
-    one process this does nothing; under torchrun every rank must call it at the same point.
+    one process this does nothing (``fingerprint`` is not even called: digests cost a read of
+    the files); under torchrun every rank must call it at the same point.
     """
     context = current()
     if not context.active:
         return
     mine = {
-        key: json.dumps(value, sort_keys=True, default=str) for key, value in fingerprint.items()
+        key: json.dumps(value, sort_keys=True, default=str) for key, value in fingerprint().items()
     }
     everyone: list[dict[str, str] | None] = [None] * context.world_size
     dist.all_gather_object(everyone, mine)

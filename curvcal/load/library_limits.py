@@ -23,6 +23,10 @@ for the others), against every module name of the base, in a child process stopp
 pattern and names), and one that does not is refused, naming the file and the key.
 
 Every refusal is an :class:`~curvcal.errors.InputError` (exit 2) naming the file and the key.
+
+What a library warns about while it loads (:func:`library_warnings`) is held back rather than
+printed in its own format before curvcal's lines: dropped when the load fails (curvcal's error
+says what is wrong), said once each in curvcal's words when it succeeds.
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ import math
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from curvcal.errors import InputError
+from curvcal.errors import InputError, one_line
 
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"
@@ -327,3 +333,20 @@ def _time_patterns(where: str, patterns: list[list[str]], names: list[str]) -> N
     except subprocess.CalledProcessError as exc:
         detail = exc.stderr.strip().splitlines()[-1:] or ["the matcher failed"]
         raise InputError(where, f"is not a regular expression peft can use: {detail[0]}") from None
+
+
+@contextmanager
+def library_warnings(library: str, notes: list[str]) -> Iterator[None]:
+    """Hold back the warnings ``library`` raises inside the block: when it ends normally each
+    is added to ``notes`` once, as ``"<library>: <message>"``, for the loader to pass on;
+    when it raises they are dropped (the error says what is wrong). ``FutureWarning`` and
+    ``DeprecationWarning`` (the libraries' notes to themselves) are dropped either way."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for warning in caught:
+        if issubclass(warning.category, FutureWarning | DeprecationWarning):
+            continue
+        text = f"{library}: {one_line(warning.message)}"  # type: ignore[arg-type]
+        if text not in notes:
+            notes.append(text)

@@ -81,7 +81,8 @@ def _samples_digest(data: LoadedData, indices: list[int]) -> str:
     digest = hashlib.sha256()
     for index in indices:
         x, _y = data.dataset[index]
-        for part in x if isinstance(x, tuple | list) else (x,):
+        parts = x.values() if isinstance(x, dict) else x if isinstance(x, tuple | list) else (x,)
+        for part in parts:
             if isinstance(part, torch.Tensor):
                 digest.update(_tensor_digest(part).encode())
             else:

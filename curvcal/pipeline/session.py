@@ -96,9 +96,12 @@ class Session:
             began = time.perf_counter()
             options = self.checkpoint_settings.replace(device=str(self.device))
             loaded = load_model(path, options)
-            agree("checkpoint", model_fingerprint(loaded))  # before any rank shards or sums
+            agree("checkpoint", lambda: model_fingerprint(loaded))  # before any rank shards or sums
             if "classifier_built" in loaded.metadata and self.is_main:  # from a causal LM
                 self.reporter.warn(loaded.metadata["classifier_built"])
+            notes = loaded.metadata.get("library_notes", "")  # held back by the loader
+            for note in notes.splitlines() if self.is_main else ():
+                self.reporter.warn(f"{path}: {note}")
             if options.shard_model != "none":
                 self._shard(loaded, options.shard_model)
             self._models[path] = loaded
@@ -173,8 +176,9 @@ class Session:
             if loaded is not None:
                 text_model = text_model_of(loaded)
             preprocessing = None if loaded is None else loaded.preprocessing
-            self._datasets[key] = load_dataset(settings, preprocessing, text_model)
-            agree("data", data_fingerprint(self._datasets[key], self.context.world_size))
+            read = load_dataset(settings, preprocessing, text_model)
+            agree("data", lambda: data_fingerprint(read, self.context.world_size))
+            self._datasets[key] = read
         data = self._datasets[key]
         if check and loaded is not None:
             if new:
@@ -366,7 +370,7 @@ def open_session(
     with distributed_run(checkpoint_settings.device) as (device, context):
         if not context.is_main:  # rank 0 speaks for the run
             reporter = Reporter(quiet=True)
-        agree("settings", settings_fingerprint((checkpoint_settings, *run_settings)))
+        agree("settings", lambda: settings_fingerprint((checkpoint_settings, *run_settings)))
         yield Session(device, context, reporter, checkpoint_settings)
 
 

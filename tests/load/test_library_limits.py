@@ -29,7 +29,7 @@ from curvcal.load.library_limits import (
     check_adapter_on_base,
     check_config,
 )
-from tests.console_text import shown
+from tests.console_text import shown, unwrapped
 
 NAN = float("nan")
 
@@ -287,3 +287,23 @@ def test_other_files_and_other_keys_are_left_to_their_readers() -> None:
     check_config(Path("adapter_config.json"), ["not", "an", "object"])
     with pytest.raises(InputError, match=r"config.json \(vocab_size\): 0 is not"):
         check_config(Path("config.json"), {"pad_token_id": 0, "vocab_size": 0})
+
+
+def test_a_peft_warning_is_said_once_in_curvcal_words(
+    run_cli: Any, files: Files, tmp_path: Path
+) -> None:
+    """peft corrects ``fan_in_fan_out`` on a ``torch.nn.Linear`` with a ``UserWarning`` that it
+    printed, file, line and source, before curvcal's lines: now one curvcal warning naming the
+    adapter."""
+    folder = copy_adapter(files.adapter, tmp_path, fan_in_fan_out=True)
+    result = run_cli("calibrate", folder, "--data", files.jsonl, "--device", "cpu",
+                     "--method", "none", "--json")  # fmt: skip
+    assert result.code == 0, result.stderr
+    assert "UserWarning" not in result.stderr and "warnings.warn" not in result.stderr
+    said = [line for line in unwrapped(result.stderr).splitlines() if "fan_in_fan_out" in line]
+    assert said == [
+        f"curvcal: warning: {folder}: peft: fan_in_fan_out is set to True but the target "
+        "module is `torch.nn.Linear`. Setting fan_in_fan_out to False."
+    ]
+    notes = json.loads(result.stdout)["inputs"]["checkpoint"]["metadata"]["library_notes"]
+    assert notes.startswith("peft: fan_in_fan_out is set to True")

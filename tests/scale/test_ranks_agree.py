@@ -127,7 +127,7 @@ def test_fingerprints_name_what_differs() -> None:
     from curvcal.load.loaded_data import loaded_data
     from curvcal.pipeline.agreement import data_fingerprint
 
-    agree("settings", {"--seed": 0})  # one process: a no-op
+    agree("settings", lambda: {"--seed": 0})  # one process: a no-op
     labels = torch.arange(6) % 3
     x = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
     one = data_fingerprint(loaded_data(torch.utils.data.TensorDataset(x, labels), "a", labels), 2)
