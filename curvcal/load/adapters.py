@@ -164,12 +164,7 @@ def apply_adapter(
     if not isinstance(base, LogitsModule):
         raise InputError(str(adapter.path), "the base model is not a transformers model")
     library_model = base.__dict__["library_model"]
-    check_adapter_on_base(
-        adapter.path / ADAPTER_CONFIG,
-        adapter.config,
-        [name for name, _ in library_model.named_modules()],
-        getattr(getattr(library_model, "config", None), "num_hidden_layers", None),
-    )
+    check_adapter_on_base(adapter.path / ADAPTER_CONFIG, adapter.config, library_model)
     notes: list[str] = []
     try:
         with offline(), library_warnings("peft", notes):

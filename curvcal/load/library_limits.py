@@ -251,16 +251,34 @@ def _patterns(config: Mapping[str, Any], key: str, template: str, how: str) -> l
     return [[template.format(entry), how] for entry in entries if isinstance(entry, str)]
 
 
-def check_adapter_on_base(
-    config_file: Path, config: Mapping[str, Any], module_names: list[str], n_layers: int | None
+def check_adapter_on_base(config_file: Path, config: Mapping[str, Any], base: Any) -> None:
+    """:func:`check_against` the library model ``base`` (a transformers ``PreTrainedModel``):
+    its module names, its ``config.num_hidden_layers``, and as the largest useful rank the
+    largest ``min(rows, columns)`` of its matrices (the rank of a LoRA product B·A never
+    exceeds that of the layer it adds to; a larger ``r`` only costs memory)."""
+    names = [name for name, _ in base.named_modules()]
+    layers = getattr(getattr(base, "config", None), "num_hidden_layers", None)
+    widths = [min(p.shape[-2:]) for p in base.parameters() if p.dim() >= 2]
+    check_against(config_file, config, names, layers, max(widths, default=None))
+
+
+def check_against(
+    config_file: Path,
+    config: Mapping[str, Any],
+    module_names: list[str],
+    n_layers: int | None,
+    most_rank: int | None = None,
 ) -> None:
     """Refuse what ``config`` (of ``config_file``) asks peft to do to a base whose modules are
-    ``module_names`` and which has ``n_layers`` layers (None: unknown): a ``layer_replication``
+    ``module_names`` and which has ``n_layers`` layers (None: unknown): an ``r`` or
+    ``rank_pattern`` rank above ``most_rank`` (None: unbounded here); a ``layer_replication``
     range past the last layer, or a stack of more than :data:`MAX_REPLICATION` times the
-    layers; a regular expression (``target_modules`` as a
-    string, ``exclude_modules``, ``rank_pattern``/``alpha_pattern`` keys, ``modules_to_save``,
-    ``layers_pattern``) that does not compile, or that takes longer than
-    :data:`PATTERN_SECONDS` to run over every module name as peft runs it."""
+    layers; a regular expression (``target_modules`` as a string, ``exclude_modules``,
+    ``rank_pattern``/``alpha_pattern`` keys, ``modules_to_save``, ``layers_pattern``) that does
+    not compile, or that takes longer than :data:`PATTERN_SECONDS` to run over every module
+    name as peft runs it."""
+    if most_rank is not None:
+        _check_ranks(config_file, config, most_rank)
     replication = config.get("layer_replication")
     if replication:
         _check_replication(config_file, replication, n_layers)
@@ -277,6 +295,20 @@ def check_adapter_on_base(
                     where, f"is not a regular expression peft can use: {exc}"
                 ) from None
         _time_patterns(where, patterns, module_names)
+
+
+def _check_ranks(config_file: Path, config: Mapping[str, Any], most_rank: int) -> None:
+    ranks: list[tuple[str, str, Any]] = [("r", "", config.get("r"))]
+    pattern = config.get("rank_pattern")
+    if isinstance(pattern, Mapping):
+        ranks += [("rank_pattern", f" for {key!r}", value) for key, value in pattern.items()]
+    for key, which, rank in ranks:
+        if _whole(rank) and rank > most_rank:
+            raise InputError(
+                f"{config_file} ({key})",
+                f"rank {rank:,}{which} is above {most_rank:,}, the largest rank a layer of the "
+                "base has (a larger one only costs memory)",
+            )
 
 
 def _check_replication(config_file: Path, replication: Any, n_layers: int | None) -> None:

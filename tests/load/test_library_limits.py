@@ -26,7 +26,7 @@ from curvcal.load.library_limits import (
     MAX_INIT_ITERATIONS,
     MAX_RANK,
     MAX_REPLICATION,
-    check_adapter_on_base,
+    check_against,
     check_config,
 )
 from tests.console_text import shown, unwrapped
@@ -98,6 +98,16 @@ ADAPTER_CASES: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
         ("entry 'v_proj': -2",),
     ),
     "dropout above one": ({"lora_dropout": 3.0}, "lora_dropout", ("not a probability",)),
+    "r above every layer's rank": (
+        {"r": 17},
+        "r",
+        ("rank 17 is above 16, the largest rank a layer of the base has",),
+    ),
+    "rank_pattern above every layer's rank": (
+        {"rank_pattern": {"q_proj": 40}},
+        "rank_pattern",
+        ("rank 40 for 'q_proj' is above 16",),
+    ),
     "backtracking target_modules": (
         {"target_modules": "(.|.)*(q|v)_projZ"},
         "target_modules",
@@ -273,11 +283,11 @@ def test_values_past_the_borders_are_refused(refused: dict[str, Any]) -> None:
 def test_replication_is_bounded_by_the_base_layers() -> None:
     config = Path("a") / "adapter_config.json"
     fourfold = [[0, 3]] * MAX_REPLICATION
-    check_adapter_on_base(config, {"layer_replication": fourfold}, ["model"], 3)
+    check_against(config, {"layer_replication": fourfold}, ["model"], 3)
     with pytest.raises(InputError, match=r"builds a stack of 15 layers from 3 \(at most 12"):
-        check_adapter_on_base(config, {"layer_replication": [*fourfold, [0, 3]]}, ["model"], 3)
+        check_against(config, {"layer_replication": [*fourfold, [0, 3]]}, ["model"], 3)
     with pytest.raises(InputError, match="does not say how many layers"):
-        check_adapter_on_base(config, {"layer_replication": [[0, 1]]}, ["model"], None)
+        check_against(config, {"layer_replication": [[0, 1]]}, ["model"], None)
 
 
 def test_other_files_and_other_keys_are_left_to_their_readers() -> None:
