@@ -31,6 +31,7 @@ says what is wrong), said once each in curvcal's words when it succeeds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -229,12 +230,15 @@ _PATTERNS: tuple[tuple[str, str, str], ...] = (
 _MATCHER = (
     "import json, re, sys\n"
     "patterns, names = json.load(sys.stdin)\n"
-    "for text, how in patterns:\n"
-    "    compiled = re.compile(text)\n"
-    "    run = compiled.fullmatch if how == 'fullmatch' else compiled.match\n"
+    "compiled = [(re.compile(text), how) for text, how in patterns]\n"
+    "sys.stdout.write('ready'); sys.stdout.flush()  # the clock starts here\n"
+    "for pattern, how in compiled:\n"
+    "    run = pattern.fullmatch if how == 'fullmatch' else pattern.match\n"
     "    for name in names:\n"
     "        run(name)\n"
 )
+#: seconds the matcher may take to start (a busy machine), not counted in PATTERN_SECONDS
+_START_SECONDS = 60.0
 
 
 def _patterns(config: Mapping[str, Any], key: str, template: str, how: str) -> list[list[str]]:
@@ -343,17 +347,24 @@ def _check_replication(config_file: Path, replication: Any, n_layers: int | None
 
 def _time_patterns(where: str, patterns: list[list[str]], names: list[str]) -> None:
     """Run ``patterns`` over ``names`` in a child Python (the ``re`` engine peft uses) and
-    refuse them when that takes longer than :data:`PATTERN_SECONDS`."""
-    payload = json.dumps([patterns, names])
+    refuse them when the matching (its start-up not counted) takes longer than
+    :data:`PATTERN_SECONDS`; the child is killed then."""
+    import select
+
+    child = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _MATCHER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _MATCHER],
-            input=payload,
-            text=True,
-            capture_output=True,
-            timeout=PATTERN_SECONDS,
-            check=True,
-        )
+        assert child.stdin is not None and child.stdout is not None
+        with contextlib.suppress(BrokenPipeError):  # a child that failed: its stderr says why
+            child.stdin.write(json.dumps([patterns, names]))
+            child.stdin.close()
+        select.select([child.stdout], [], [], _START_SECONDS)
+        child.wait(timeout=PATTERN_SECONDS)
     except subprocess.TimeoutExpired:
         raise InputError(
             where,
@@ -362,9 +373,17 @@ def _time_patterns(where: str, patterns: list[list[str]], names: list[str]) -> N
             "it at load",
             "list the module names instead",
         ) from None
-    except subprocess.CalledProcessError as exc:
-        detail = exc.stderr.strip().splitlines()[-1:] or ["the matcher failed"]
-        raise InputError(where, f"is not a regular expression peft can use: {detail[0]}") from None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if child.returncode != 0:
+        assert child.stderr is not None
+        detail = child.stderr.read().strip().splitlines()[-1:] or ["the matcher failed"]
+        raise InputError(where, f"is not a regular expression peft can use: {detail[0]}")
+    for stream in (child.stdout, child.stderr):
+        if stream is not None:
+            stream.close()
 
 
 @contextmanager
