@@ -9,7 +9,8 @@ Two moments, one table (:data:`BOUNDS`, one row per key):
   the vocabulary);
 - when an adapter is about to go on its base (:func:`check_adapter_on_base`, called by
   :func:`curvcal.load.adapters.apply_adapter` before peft): values checked against the base
-  model (``layer_replication`` within its layers; every string peft uses as a regular
+  model (ranks at most the largest rank of a base layer; ``layer_replication`` within its
+  layers; every string peft uses as a regular
   expression run, by the engine peft uses, against every module name of the base within
   :data:`PATTERN_SECONDS`).
 
