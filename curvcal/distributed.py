@@ -19,13 +19,20 @@ Failures are agreed, not waited out:
   with ``curvcal: interrupted``, the others with 130 and ``... stopped: interrupted``;
 * at the end every rank meets at a barrier with the same timeout: a rank that died without a
   word (killed, out of memory) is named there and the run fails instead of reporting success.
+
+Ranks agree before they add up (:func:`agree`): the run session gathers every rank's
+fingerprint of its settings, checkpoint and data, and a rank whose fingerprint differs from rank
+0's stops every rank with the same line naming that rank and what differs (exit 2), found by
+all of them at the same collective, so nothing is announced through the store.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -33,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from curvcal import interrupt
-from curvcal.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CurvcalError, InputError
+from curvcal.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, CurvcalError, InputError
 
 #: environment variable: seconds any collective (and the final barrier) may wait for the others
 TIMEOUT_VARIABLE = "CURVCAL_DIST_TIMEOUT"
@@ -217,6 +224,8 @@ class DistributedError(CurvcalError):
     failing rank's own error said otherwise)."""
 
     exit_code = EXIT_INTERNAL
+    #: every rank raised this same error at the same collective (nothing to announce)
+    agreed = False
 
     def __init__(
         self, what: str, why: str, hint: str | None = None, exit_code: int | None = None
@@ -224,6 +233,63 @@ class DistributedError(CurvcalError):
         super().__init__(what, why, hint)
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+class RanksDisagree(DistributedError):
+    """A rank was given other settings, another checkpoint or other data than rank 0: the run
+    would add up the products of different models, so every rank stops (exit 2)."""
+
+    exit_code = EXIT_INPUT
+    agreed = True
+
+
+#: what a rank must be given alike, said in the error
+_SAME = "every rank must run the same command on the same checkpoint and data"
+
+
+def agree(what: str, fingerprint: Callable[[], Mapping[str, object]]) -> None:
+    """Gather every rank's ``fingerprint()`` of ``what`` (``settings``, ``checkpoint``, ``data``:
+    names to JSON-ready values) and raise :class:`RanksDisagree` on every rank alike when one
+    differs from rank 0's, naming the lowest such rank, the first name that differs (in
+    sorted order) and both values. Values are compared as JSON text (a NaN equals a NaN). In
+    one process this does nothing (``fingerprint`` is not even called: digests cost a read of
+    the files); under torchrun every rank must call it at the same point.
+    """
+    context = current()
+    if not context.active:
+        return
+    mine = {
+        key: json.dumps(value, sort_keys=True, default=str) for key, value in fingerprint().items()
+    }
+    everyone: list[dict[str, str] | None] = [None] * context.world_size
+    dist.all_gather_object(everyone, mine)
+    first = everyone[0] or {}
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        theirs = theirs or {}
+        for key in sorted(set(first) | set(theirs)):
+            if first.get(key) != theirs.get(key):
+                raise RanksDisagree(
+                    f"rank {rank}",
+                    f"differs from rank 0 in its {what}: {key} {_shown(theirs.get(key))} on "
+                    f"rank {rank}, {_shown(first.get(key))} on rank 0",
+                    _SAME,
+                )
+
+
+def _shown(text: str | None) -> str:
+    """A fingerprint value as the error says it: each SHA-256 in it by its first 12 digits."""
+    if text is None:
+        return "(none)"
+
+    def short(value: object) -> object:
+        if isinstance(value, list):
+            return [short(item) for item in value]
+        if isinstance(value, str) and len(value) == 64 and set(value) <= set("0123456789abcdef"):
+            return value[:12] + "..."
+        return value
+
+    value = short(json.loads(text))
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def rank_error(error: BaseException, rank: int) -> DistributedError:
@@ -305,8 +371,9 @@ class _Watch:
         store = self.store
         if store is None:
             return
-        with contextlib.suppress(Exception), self.lock:  # the store may be gone with rank 0
-            store.compare_set("failed", "", f"{error.exit_code}\n{self.rank}\n{error.why}")
+        if not error.agreed:  # every rank found an agreed error itself: nothing to tell
+            with contextlib.suppress(Exception), self.lock:  # the store may be gone with rank 0
+                store.compare_set("failed", "", f"{error.exit_code}\n{self.rank}\n{error.why}")
         self._stop_with(f"curvcal: error: {error.message}\n", error.exit_code)
 
     def _stop_with(self, line: str, code: int) -> None:

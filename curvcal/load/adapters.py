@@ -24,7 +24,6 @@ An adapter config may name code: ``auto_mapping`` (a custom base class) and ``me
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from torch import nn
 from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
 from curvcal.load.hf import LogitsModule, is_model_folder, read_json
+from curvcal.load.library_limits import check_adapter_on_base, library_warnings
 from curvcal.paths import readable_folder
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -147,10 +147,15 @@ def base_folder(adapter: AdapterFolder, base_model: Path | None) -> Path:
     )
 
 
-def apply_adapter(adapter: AdapterFolder, base: nn.Module, trust: bool) -> nn.Module:
+def apply_adapter(
+    adapter: AdapterFolder, base: nn.Module, trust: bool
+) -> tuple[nn.Module, tuple[str, ...]]:
     """``base`` (a :class:`~curvcal.load.hf.LogitsModule`) with the adapter put on it by peft,
     as a :class:`LogitsModule` around the ``PeftModel``: adapter parameters trainable, base
-    parameters frozen. :class:`InputError` when the adapter does not fit the base."""
+    parameters frozen; and what peft warned about while loading, for the run to say once
+    (:func:`~curvcal.load.library_limits.library_warnings`). :class:`InputError` when the
+    adapter does not fit the base, or its config asks peft for more than
+    :mod:`curvcal.load.library_limits` allows."""
     entries = code_entries(adapter)
     if entries and not trust:
         raise TrustError(
@@ -162,9 +167,10 @@ def apply_adapter(adapter: AdapterFolder, base: nn.Module, trust: bool) -> nn.Mo
     if not isinstance(base, LogitsModule):
         raise InputError(str(adapter.path), "the base model is not a transformers model")
     library_model = base.__dict__["library_model"]
+    check_adapter_on_base(adapter.path / ADAPTER_CONFIG, adapter.config, library_model)
+    notes: list[str] = []
     try:
-        with offline(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # the libraries' notes to themselves
+        with offline(), library_warnings("peft", notes):
             model = peft.PeftModel.from_pretrained(
                 library_model, str(adapter.path), is_trainable=True, local_files_only=True
             )
@@ -175,7 +181,7 @@ def apply_adapter(adapter: AdapterFolder, base: nn.Module, trust: bool) -> nn.Mo
             f"the adapter does not fit its base model: {one_line(exc)}",
             "pass --base-model DIR naming the model the adapter was trained on",
         ) from exc
-    return LogitsModule(model, base.modality)
+    return LogitsModule(model, base.modality), tuple(notes)
 
 
 @contextmanager

@@ -135,7 +135,7 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
     else:
         _refuse_base_without_head(base_path)
         base = load_folder(base_path, options.replace(base_model=None))
-    module = apply_adapter(adapter, base.module, options.trust_checkpoint)
+    module, notes = apply_adapter(adapter, base.module, options.trust_checkpoint)
     trainable = [n for n, p in module.named_parameters() if p.requires_grad]
     metadata = {
         "library": "peft",
@@ -146,6 +146,7 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
         f"{sum(p.numel() for p in module.parameters() if p.requires_grad):,} elements",
         **built,
         **trainer_step(path),
+        **({"library_notes": "\n".join(notes)} if notes else {}),  # one line each
     }
     return ModuleFound(
         module=module,

@@ -498,12 +498,18 @@ def _weight_files(path: Path) -> tuple[Path, ...]:
 def read_json(path: Path) -> Any:
     """A library's JSON metadata file in a folder (``config.json``, ``tokenizer_config.json``,
     a saved dataset's ``state.json``...), read through :func:`curvcal.jsontext.loads` with
-    ``wide_ints``; a file that is not readable or not JSON is an :class:`InputError` on it."""
+    ``wide_ints``; a file that is not readable or not JSON is an :class:`InputError` on it, and
+    so is a ``config.json`` or ``adapter_config.json`` value outside the bounds of
+    :mod:`curvcal.load.library_limits`."""
+    from curvcal.load.library_limits import check_config
+
     readable_file(path)
     try:
-        return jsontext.loads(path.read_text(encoding="utf-8"), str(path), wide_ints=True)
+        value = jsontext.loads(path.read_text(encoding="utf-8"), str(path), wide_ints=True)
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"is not valid JSON: {one_line(exc)}") from None
+    check_config(path, value)  # library settings bounded before any library runs them
+    return value
 
 
 def _labels(config: Mapping[str, Any]) -> tuple[str, ...]:

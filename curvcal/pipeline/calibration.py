@@ -175,7 +175,9 @@ def run_calibrate(
         fraction = settings.val_split or DEFAULT_VAL_SPLIT
     settings = settings.replace(val_split=fraction)
     data_options, batch_size = request.data_options, request.data_options.batch_size
-    with open_session(request.checkpoint_options, reporter) as session:
+    with open_session(
+        request.checkpoint_options, reporter, (request.data_options, request.files, settings)
+    ) as session:
         loaded = session.model(request.checkpoint)
         applied = None
         if request.files.apply is not None:

@@ -142,6 +142,12 @@ class _Plan:
     """The calibrated stages the rules gate other than TS and focal TS (``laplace``, ...)."""
 
 
+def _run_settings(plan: _Plan) -> tuple[Settings, ...]:
+    """The settings objects of ``plan`` but the checkpoint's (which the session holds)."""
+    parts = (plan.data, plan.fit_data, plan.calibration, plan.hessian, plan.check)
+    return tuple(part for part in parts if part is not None)
+
+
 def _plan(
     policy: Policy,
     settings: Mapping[str, Any],
@@ -221,7 +227,7 @@ def run_check(
     calibration = hessian = None
     with (
         _at_the_policy(where),
-        open_session(plan.checkpoint, reporter or Reporter(True)) as session,
+        open_session(plan.checkpoint, reporter or Reporter(True), _run_settings(plan)) as session,
     ):
         loaded = _model(session, checkpoint, need)
         hessian_settings, choice = (None, None)

@@ -87,7 +87,7 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun | None:
     checkpoint_settings = CheckpointSettings(device=gate.settings["device"])
     data_settings = DataSettings(data=gate.settings["data"], batch_size=request.batch_size)
     timings: dict[str, float] = {}
-    with open_session(checkpoint_settings, reporter) as session:
+    with open_session(checkpoint_settings, reporter, (data_settings,)) as session:
         say = session.reporter.info
         say(f"[bold]1. inspect[/bold] the bundled checkpoint {checkpoint.name}")
         began = time.perf_counter()

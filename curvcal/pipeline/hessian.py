@@ -75,7 +75,7 @@ def run_hessian(
     from curvcal.pipeline.session import open_session
 
     began = time.perf_counter()
-    with open_session(checkpoint_options, reporter) as session:
+    with open_session(checkpoint_options, reporter, (data_options, settings)) as session:
         loaded = session.model(checkpoint)
         described = loaded.describe()
         resolved, choice = session.hessian_settings(loaded, settings)

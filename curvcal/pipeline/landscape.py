@@ -56,7 +56,7 @@ def run_landscape(
     from curvcal.pipeline.session import open_session, resolve_loss
 
     began = time.perf_counter()
-    with open_session(checkpoint_options, reporter) as session:
+    with open_session(checkpoint_options, reporter, (data_options, settings)) as session:
         if session.context.active:
             raise InputError("torchrun", "landscape runs in one process", "run it without torchrun")
         loaded = session.model(checkpoint)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from curvcal.rows import Inputs
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
+    from curvcal.settings.fields import Settings
     from curvcal.settings.hessian import HessianSettings
 
 #: ``--nan-policy``: stop at a sample whose logits are NaN or Inf, or leave such samples out
@@ -84,16 +85,23 @@ class Session:
         return bool(self.context.is_main)
 
     def model(self, path: Path) -> LoadedModel:
-        """The checkpoint at ``path`` on the session's device (loaded once per path)."""
+        """The checkpoint at ``path`` on the session's device (loaded once per path); under
+        torchrun every rank's must be the same file (:func:`~curvcal.distributed.agree`)."""
+        from curvcal.distributed import agree
         from curvcal.load.checkpoint import load_model
+        from curvcal.pipeline.agreement import model_fingerprint
 
         if path not in self._models:
             self.reporter.stage(f"loading {path.name}")
             began = time.perf_counter()
             options = self.checkpoint_settings.replace(device=str(self.device))
             loaded = load_model(path, options)
+            agree("checkpoint", lambda: model_fingerprint(loaded))  # before any rank shards or sums
             if "classifier_built" in loaded.metadata and self.is_main:  # from a causal LM
                 self.reporter.warn(loaded.metadata["classifier_built"])
+            notes = loaded.metadata.get("library_notes", "")  # held back by the loader
+            for note in notes.splitlines() if self.is_main else ():
+                self.reporter.warn(f"{path}: {note}")
             if options.shard_model != "none":
                 self._shard(loaded, options.shard_model)
             self._models[path] = loaded
@@ -151,9 +159,12 @@ class Session:
         """The dataset of ``settings`` (``option`` names it in messages) as ``loaded`` reads it:
         its preprocessing and tokenizer, ``--trust-checkpoint`` for ``py:`` factories; checked
         against the model (``check``) and its chosen preprocessing said once. ``loaded`` None
-        (several checkpoints): ``text_model`` gives the tokenizer's folder."""
+        (several checkpoints): ``text_model`` gives the tokenizer's folder. Under torchrun
+        every rank's data must be the same (:func:`~curvcal.distributed.agree`)."""
+        from curvcal.distributed import agree
         from curvcal.load.data import load_dataset
         from curvcal.load.text import text_model_of
+        from curvcal.pipeline.agreement import data_fingerprint
         from curvcal.pipeline.compatibility import check_compatible, say_preprocessing
 
         began = time.perf_counter()
@@ -165,7 +176,9 @@ class Session:
             if loaded is not None:
                 text_model = text_model_of(loaded)
             preprocessing = None if loaded is None else loaded.preprocessing
-            self._datasets[key] = load_dataset(settings, preprocessing, text_model)
+            read = load_dataset(settings, preprocessing, text_model)
+            agree("data", lambda: data_fingerprint(read, self.context.world_size))
+            self._datasets[key] = read
         data = self._datasets[key]
         if check and loaded is not None:
             if new:
@@ -328,11 +341,22 @@ class Session:
 
 
 @contextmanager
-def open_session(checkpoint_settings: CheckpointSettings, reporter: Reporter) -> Iterator[Session]:
+def open_session(
+    checkpoint_settings: CheckpointSettings,
+    reporter: Reporter,
+    run_settings: Sequence[Settings],
+) -> Iterator[Session]:
     """A :class:`Session` on the device of ``--device``; under torchrun, this process's rank
     in the process group, which every rank leaves together when the block ends (a failure on
-    one rank stops them all, :func:`~curvcal.pipeline.runtime.distributed_run`)."""
+    one rank stops them all, :func:`~curvcal.pipeline.runtime.distributed_run`).
+
+    ``run_settings``: the run's other settings objects. Under torchrun every rank's settings
+    (these and ``checkpoint_settings``) must be the same, and so must the checkpoints and data
+    the session loads (:mod:`~curvcal.pipeline.agreement`): a rank that differs stops every
+    rank, naming it and what differs, before anything is loaded or summed."""
     from curvcal.console import Reporter
+    from curvcal.distributed import agree
+    from curvcal.pipeline.agreement import settings_fingerprint
     from curvcal.pipeline.runtime import distributed_run
 
     if checkpoint_settings.checkpoint_activations and checkpoint_settings.shard_model == "none":
@@ -346,6 +370,7 @@ def open_session(checkpoint_settings: CheckpointSettings, reporter: Reporter) ->
     with distributed_run(checkpoint_settings.device) as (device, context):
         if not context.is_main:  # rank 0 speaks for the run
             reporter = Reporter(quiet=True)
+        agree("settings", lambda: settings_fingerprint((checkpoint_settings, *run_settings)))
         yield Session(device, context, reporter, checkpoint_settings)
 
 

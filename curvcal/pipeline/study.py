@@ -99,7 +99,11 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     inputs: list[dict[str, Any]] = []
     said: set[str] = set()  # parameter choices already noted on stderr
     fit_warnings: list[str] = []
-    with open_session(request.checkpoint_options, reporter) as session:
+    with open_session(
+        request.checkpoint_options,
+        reporter,
+        (request.data_options, request.hessian, request.study, request.calibration),
+    ) as session:
         # text data is tokenized once, with the first checkpoint's tokenizer (or --tokenizer)
         text_model = text_model_at(paths[0], request.checkpoint_options.arch)
         data = session.dataset(None, data_options, text_model=text_model, check=False)

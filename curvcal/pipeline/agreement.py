@@ -1,0 +1,90 @@
+"""What every rank of a torchrun run must have alike, as fingerprints the run session compares
+(:func:`curvcal.distributed.agree`) before any product is summed across ranks.
+
+- settings: the record of every settings object the run was given (``--option`` to value);
+- checkpoint: the SHA-256 of the checkpoint file or folder (and of an adapter's base folder),
+  the form it loaded as and its parameter count;
+- data: the SHA-256 of each file the data was read from, the number of samples (with the world
+  size this is the shard plan: rank r takes r, r + W, ...), the number of classes, a digest of
+  the labels, and, for data no file holds (a ``py:`` factory, a bundled set), a digest of the
+  first and the last sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from curvcal.load.loaded_data import LoadedData
+    from curvcal.load.loaded_model import LoadedModel
+    from curvcal.settings.fields import Settings
+
+
+def settings_fingerprint(settings: Iterable[Settings]) -> dict[str, Any]:
+    """``{--option: value}`` over every settings object of the run."""
+    from curvcal.settings.fields import option_name, record
+
+    fingerprint: dict[str, Any] = {}
+    for group in settings:
+        for name, value in record(group).items():
+            fingerprint[option_name(name)] = value
+    return fingerprint
+
+
+def model_fingerprint(loaded: LoadedModel) -> dict[str, Any]:
+    """The checkpoint's SHA-256 (its base folder's too, for an adapter), form and size."""
+    from curvcal.load.digest import file_info
+
+    return {
+        "checkpoint sha256": file_info(loaded.path).sha256,
+        "base model sha256": loaded.metadata.get("base_model_sha256"),
+        "form": loaded.form,
+        "parameter count": loaded.parameter_count,
+    }
+
+
+def data_fingerprint(data: LoadedData, world_size: int) -> dict[str, Any]:
+    """The data's files' SHA-256, N and the shard plan, K, and digests of the labels (and of
+    the first and last sample when no file holds the data)."""
+    from curvcal.load.digest import file_info
+
+    fingerprint: dict[str, Any] = {
+        "files sha256": [file_info(path).sha256 for path in data.files],
+        "samples": data.n_samples,
+        "shard plan": f"rank r of {world_size} takes samples r, r + {world_size}, ...",
+        "classes": data.num_classes,
+        "labels sha256": _tensor_digest(data.labels),
+    }
+    if not data.files and data.n_samples:
+        ends = {0, data.n_samples - 1}
+        fingerprint["first and last samples sha256"] = _samples_digest(data, sorted(ends))
+    return fingerprint
+
+
+def _tensor_digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's dtype, shape and bytes."""
+    import torch
+
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    digest = hashlib.sha256(f"{flat.dtype}{tuple(tensor.shape)}".encode())
+    digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _samples_digest(data: LoadedData, indices: list[int]) -> str:
+    import torch
+
+    digest = hashlib.sha256()
+    for index in indices:
+        x, _y = data.dataset[index]
+        parts = x.values() if isinstance(x, dict) else x if isinstance(x, tuple | list) else (x,)
+        for part in parts:
+            if isinstance(part, torch.Tensor):
+                digest.update(_tensor_digest(part).encode())
+            else:
+                digest.update(repr(part).encode())
+    return digest.hexdigest()

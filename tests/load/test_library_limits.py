@@ -1,0 +1,319 @@
+"""Library settings bounded before the library runs them: a LoRA adapter saved by peft over a
+tiny Llama classifier (and a tiny BERT one for the pad token), its ``adapter_config.json`` or the
+base's ``config.json`` rewritten as an attacker would. Each is refused with exit 2, one line
+naming the file and the key, before transformers or peft runs it (the iteration counts, the
+backtracking pattern and the 100,000 ranges hung at load; the pad token was an AssertionError,
+exit 70; ``lora_alpha: NaN`` was exit 3 blaming the data)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from hf_decoder_builders import copy_adapter, save_decoder, save_lora, write_reviews
+
+from curvcal.errors import InputError
+from curvcal.load.library_limits import (
+    MAX_INIT_ITERATIONS,
+    MAX_RANK,
+    MAX_REPLICATION,
+    check_against,
+    check_config,
+)
+from tests.console_text import shown, unwrapped
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Files:
+    base: Path
+    adapter: Path
+    jsonl: Path
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
+    root = tmp_path_factory.mktemp("library_limits")
+    base = save_decoder(root / "base", "llama", seed=4)
+    save_lora(base, root / "adapter")
+    return Files(base, root / "adapter", write_reviews(root / "reviews.jsonl"), root)
+
+
+def _refused(run_cli: Any, args: list[object], file: Path, key: str, *needles: str) -> str:
+    """Run ``args`` on the CPU: exit 2, no traceback, nothing printed before the one error
+    line, which names ``file`` and ``key`` and holds ``needles``; the line."""
+    result = run_cli(*args, "--device", "cpu", "--quiet")
+    assert result.code == 2, result.output
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr  # no library warning before it
+    line = lines[0]
+    assert line.startswith(f"curvcal: error: {shown(file)} ({key}): "), line
+    for needle in needles:
+        assert needle in line, (needle, line)
+    return str(line)
+
+
+ADAPTER_CASES: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
+    "PiSSA with a billion iterations": (
+        {"init_lora_weights": "pissa_niter_1000000000"},
+        "init_lora_weights",
+        ("1000000000 PiSSA iterations", f"1..{MAX_INIT_ITERATIONS}"),
+    ),
+    "LoftQ with a billion iterations": (
+        {"init_lora_weights": "loftq", "loftq_config": {"loftq_bits": 4, "loftq_iter": 10**9}},
+        "loftq_config",
+        ("loftq_iter 1000000000",),
+    ),
+    "an unknown initialisation": (
+        {"init_lora_weights": "svd_forever"},
+        "init_lora_weights",
+        ("'svd_forever' is none of",),
+    ),
+    "lora_alpha NaN": ({"lora_alpha": NAN}, "lora_alpha", ("nan is not a finite positive",)),
+    "lora_alpha infinite": ({"lora_alpha": float("inf")}, "lora_alpha", ("inf is not",)),
+    "lora_alpha zero": ({"lora_alpha": 0}, "lora_alpha", ("0 is not a finite positive",)),
+    "r zero": ({"r": 0}, "r", (f"0 is not a whole number in 1..{MAX_RANK:,}",)),
+    "r NaN": ({"r": NAN}, "r", ("nan is not a whole number",)),
+    "r beyond any layer": ({"r": MAX_RANK + 1}, "r", ("65537 is not",)),
+    "alpha_pattern NaN": (
+        {"alpha_pattern": {"q_proj": NAN}},
+        "alpha_pattern",
+        ("entry 'q_proj': nan",),
+    ),
+    "rank_pattern negative": (
+        {"rank_pattern": {"v_proj": -2}},
+        "rank_pattern",
+        ("entry 'v_proj': -2",),
+    ),
+    "dropout above one": ({"lora_dropout": 3.0}, "lora_dropout", ("not a probability",)),
+    "r above every layer's rank": (
+        {"r": 17},
+        "r",
+        ("rank 17 is above 16, the largest rank a layer of the base has",),
+    ),
+    "rank_pattern above every layer's rank": (
+        {"rank_pattern": {"q_proj": 40}},
+        "rank_pattern",
+        ("rank 40 for 'q_proj' is above 16",),
+    ),
+    "backtracking target_modules": (
+        {"target_modules": "(.|.)*(q|v)_projZ"},
+        "target_modules",
+        ("longer than 2 s", "module names", "list the module names instead"),
+    ),
+    "backtracking modules_to_save": (
+        {"modules_to_save": ["(.|.)*scoreZ"]},
+        "modules_to_save",
+        ("longer than 2 s",),
+    ),
+    "target_modules not a pattern": (
+        {"target_modules": "(q_proj"},
+        "target_modules",
+        ("not a regular expression", "missing )"),
+    ),
+    "100,000 replicated ranges": (
+        {"layer_replication": [[0, 1]] * 100_000},
+        "layer_replication",
+        ("100,000 ranges for a base of 1 layers", f"at most {MAX_REPLICATION}"),
+    ),
+    "a replicated range past the last layer": (
+        {"layer_replication": [[0, 5]]},
+        "layer_replication",
+        ("[0, 5] is not a [start, end] pair with 0 <= start < end <= 1",),
+    ),
+    "a replicated range backwards": (
+        {"layer_replication": [[1, 0]]},
+        "layer_replication",
+        ("[1, 0] is not a [start, end] pair",),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ADAPTER_CASES))
+def test_an_unbounded_adapter_setting_is_refused_before_peft_runs_it(
+    run_cli: Any, files: Files, tmp_path: Path, name: str
+) -> None:
+    changes, key, needles = ADAPTER_CASES[name]
+    folder = copy_adapter(files.adapter, tmp_path, **changes)
+    before = sorted(p.relative_to(files.root) for p in files.root.rglob("*"))
+    _refused(
+        run_cli,
+        ["calibrate", folder, "--data", files.jsonl, "-o", tmp_path / "out.json"],
+        folder / "adapter_config.json",
+        key,
+        *needles,
+    )
+    assert not (tmp_path / "out.json").exists()
+    assert sorted(p.relative_to(files.root) for p in files.root.rglob("*")) == before
+
+
+def test_peft_documented_patterns_still_load(run_cli: Any, files: Files, tmp_path: Path) -> None:
+    """The timed check lets the patterns peft's documentation shows through, and they select
+    the same modules as the list they replace: the same logits."""
+    listed = run_cli("calibrate", files.adapter, "--data", files.jsonl, "--device", "cpu",
+                     "--method", "none", "--json")  # fmt: skip
+    folder = copy_adapter(
+        files.adapter,
+        tmp_path,
+        target_modules=r".*layers.*(q|v)_proj$",
+        rank_pattern={r"layers\.0\.self_attn\.q_proj": 2},
+        alpha_pattern={"v_proj": 4},
+    )
+    pattern = run_cli("calibrate", folder, "--data", files.jsonl, "--device", "cpu",
+                      "--method", "none", "--json")  # fmt: skip
+    assert listed.code == pattern.code == 0, pattern.stderr
+    first, second = json.loads(listed.stdout), json.loads(pattern.stdout)
+    assert first["results"]["evaluation"] == second["results"]["evaluation"]
+
+
+def _base_with(files: Files, tmp_path: Path, **changes: object) -> Path:
+    folder = tmp_path / "base"
+    shutil.copytree(files.base, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("pad", [10**12, 320, -1, 2.5])
+def test_a_pad_token_outside_the_vocabulary_is_refused(
+    run_cli: Any, files: Files, tmp_path: Path, pad: object
+) -> None:
+    base = _base_with(files, tmp_path, pad_token_id=pad)
+    _refused(
+        run_cli,
+        ["calibrate", base, "--data", files.jsonl],
+        base / "config.json",
+        "pad_token_id",
+        f"{pad!r} is outside the vocabulary (token ids 0..319)",
+    )
+    # the same base config under an adapter (--base-model) is refused the same way
+    _refused(
+        run_cli,
+        ["hessian", files.adapter, "--base-model", base, "--data", files.jsonl],
+        base / "config.json",
+        "pad_token_id",
+    )
+
+
+def test_a_bert_pad_token_past_the_table_was_an_internal_error(
+    run_cli: Any, files: Files, tmp_path: Path
+) -> None:
+    """BERT builds its embedding with ``padding_idx = pad_token_id``: past the table, torch's
+    assertion (exit 70) before."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=12, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=16, num_labels=2,
+    )  # fmt: skip
+    transformers.BertForSequenceClassification(config).save_pretrained(tmp_path / "bert")
+    saved = json.loads((tmp_path / "bert" / "config.json").read_text())
+    saved["pad_token_id"] = 10**12
+    (tmp_path / "bert" / "config.json").write_text(json.dumps(saved))
+    _refused(run_cli, ["hessian", tmp_path / "bert", "--data", files.jsonl],
+             tmp_path / "bert" / "config.json", "pad_token_id",
+             "outside the vocabulary (token ids 0..11)")  # fmt: skip
+
+
+# -- the table's borders, without a run ------------------------------------------------------
+
+
+def _config_check(changes: dict[str, Any]) -> Callable[[], None]:
+    return lambda: check_config(Path("a") / "adapter_config.json", {"r": 2, **changes})
+
+
+@pytest.mark.parametrize(
+    "accepted",
+    [
+        {"r": 1},
+        {"r": MAX_RANK},
+        {"lora_alpha": 1e-6},
+        {"lora_dropout": 0.0},
+        {"lora_dropout": 1.0},
+        {"init_lora_weights": True},
+        {"init_lora_weights": False},
+        {"init_lora_weights": "pissa"},
+        {"init_lora_weights": f"pissa_niter_{MAX_INIT_ITERATIONS}"},
+        {"loftq_config": {"loftq_bits": 2, "loftq_iter": MAX_INIT_ITERATIONS}},
+        {"loftq_config": {}},
+        {"layer_replication": [[0, 2], [1, 3]]},
+        {"lora_alpha": None},  # peft's default
+    ],
+)
+def test_values_at_the_borders_pass(accepted: dict[str, Any]) -> None:
+    _config_check(accepted)()
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        {"r": True},
+        {"r": 2.0},
+        {"lora_alpha": "4"},
+        {"lora_alpha": -1e-300},
+        {"lora_dropout": -0.1},
+        {"init_lora_weights": f"pissa_niter_{MAX_INIT_ITERATIONS + 1}"},
+        {"init_lora_weights": "pissa_niter_0"},
+        {"init_lora_weights": "pissa_niter_-3"},
+        {"loftq_config": {"loftq_iter": MAX_INIT_ITERATIONS + 1}},
+        {"loftq_config": {"loftq_bits": 3}},
+        {"layer_replication": [[0, 2], [2]]},
+        {"layer_replication": "0-2"},
+    ],
+)
+def test_values_past_the_borders_are_refused(refused: dict[str, Any]) -> None:
+    (key,) = refused
+    with pytest.raises(InputError, match=rf"adapter_config.json \({key}\): "):
+        _config_check(refused)()
+
+
+def test_replication_is_bounded_by_the_base_layers() -> None:
+    config = Path("a") / "adapter_config.json"
+    fourfold = [[0, 3]] * MAX_REPLICATION
+    check_against(config, {"layer_replication": fourfold}, ["model"], 3)
+    with pytest.raises(InputError, match=r"builds a stack of 15 layers from 3 \(at most 12"):
+        check_against(config, {"layer_replication": [*fourfold, [0, 3]]}, ["model"], 3)
+    with pytest.raises(InputError, match="does not say how many layers"):
+        check_against(config, {"layer_replication": [[0, 1]]}, ["model"], None)
+
+
+def test_other_files_and_other_keys_are_left_to_their_readers() -> None:
+    check_config(Path("tokenizer_config.json"), {"pad_token_id": 10**12, "vocab_size": 3})
+    check_config(Path("config.json"), {"pad_token_id": 5})  # no vocabulary to bound it by
+    check_config(Path("config.json"), {"eos_token_id": 50256, "vocab_size": 30})  # GPT-2's
+    check_config(Path("adapter_config.json"), ["not", "an", "object"])
+    with pytest.raises(InputError, match=r"config.json \(vocab_size\): 0 is not"):
+        check_config(Path("config.json"), {"pad_token_id": 0, "vocab_size": 0})
+
+
+def test_a_peft_warning_is_said_once_in_curvcal_words(
+    run_cli: Any, files: Files, tmp_path: Path
+) -> None:
+    """peft corrects ``fan_in_fan_out`` on a ``torch.nn.Linear`` with a ``UserWarning`` that it
+    printed, file, line and source, before curvcal's lines: now one curvcal warning naming the
+    adapter."""
+    folder = copy_adapter(files.adapter, tmp_path, fan_in_fan_out=True)
+    result = run_cli("calibrate", folder, "--data", files.jsonl, "--device", "cpu",
+                     "--method", "none", "--json")  # fmt: skip
+    assert result.code == 0, result.stderr
+    assert "UserWarning" not in result.stderr and "warnings.warn" not in result.stderr
+    said = [line for line in unwrapped(result.stderr).splitlines() if "fan_in_fan_out" in line]
+    assert said == [
+        f"curvcal: warning: {folder}: peft: fan_in_fan_out is set to True but the target "
+        "module is `torch.nn.Linear`. Setting fan_in_fan_out to False."
+    ]
+    notes = json.loads(result.stdout)["inputs"]["checkpoint"]["metadata"]["library_notes"]
+    assert notes.startswith("peft: fan_in_fan_out is set to True")

@@ -1,0 +1,141 @@
+"""Ranks that agree or stop: two gloo ranks of ``curvcal hessian -o report.json`` on the CPU, each
+started with its own command line (as torchrun would start them, but with nothing to make the
+lines alike), one of them given another ``--seed``, another checkpoint of the same shape, or
+other data of the same shape. Before, each of these was exit 0 and a report summing two
+different models' products; now every rank stops with the same line naming rank 1 and what
+differs, exit 2, and no report is written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from curvcal.models import DigitsCNN
+
+ROOT = Path(__file__).resolve().parents[2]
+SAME = "(every rank must run the same command on the same checkpoint and data)"
+ARCH_META = {
+    "curvcal.arch": "curvcal:DigitsCNN",
+    "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _model(path: Path, seed: int) -> Path:
+    torch.manual_seed(seed)
+    state = {k: v.contiguous() for k, v in DigitsCNN(num_classes=3, width=1).state_dict().items()}
+    save_file(state, str(path), ARCH_META)
+    return path
+
+
+def _images(path: Path, seed: int, n_samples: int = 12) -> Path:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_samples, 1, 8, 8, generator=generator)
+    torch.save({"x": x, "y": torch.arange(n_samples) % 3}, path)
+    return path
+
+
+def _two_ranks(
+    folders: tuple[Path, Path], args: tuple[list[str], list[str]]
+) -> list[tuple[int, str]]:
+    """Ranks 0 and 1 of a gloo group of two, rank r running ``curvcal hessian model.safetensors
+    --data data.pt ARGS[r] -o report.json`` in ``folders[r]``: each rank's exit code and
+    stderr."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "OMP_NUM_THREADS": "1",
+           "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "CURVCAL_DIST_TIMEOUT": "120"}  # fmt: skip
+    common = ["model.safetensors", "--data", "data.pt", "--device", "cpu", "--top-k", "1",
+              "--max-iter", "5", "--probes", "4", "-o", "report.json"]  # fmt: skip
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "curvcal", "hessian", *common, *args[rank]],
+            cwd=folders[rank],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    results = []
+    try:
+        for process in ranks:
+            _, stderr = process.communicate(timeout=150)
+            results.append((process.returncode, stderr))
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+    return results
+
+
+#: what rank 1 is given otherwise (its --seed, its checkpoint's or data's seed), and the line
+CASES: dict[str, tuple[dict[str, int], str]] = {
+    "--seed": ({"seed": 1}, "its settings: --seed 1 on rank 1, 0 on rank 0"),
+    "checkpoint": ({"model": 1}, "its checkpoint: checkpoint sha256 "),
+    "data": ({"data": 2}, "its data: files sha256 "),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("differs", list(CASES))
+def test_a_rank_that_differs_stops_every_rank_naming_it(tmp_path: Path, differs: str) -> None:
+    """Each rank runs in its own folder, the files named alike (as on two machines): the
+    command lines differ in --seed at most, so a checkpoint or data of other content is found
+    by its digest, not its name."""
+    other, said = CASES[differs]
+    folders = (tmp_path / "rank0", tmp_path / "rank1")
+    for folder in folders:
+        folder.mkdir()
+    _model(folders[0] / "model.safetensors", seed=0)
+    _images(folders[0] / "data.pt", seed=1)
+    for name in ("model.safetensors", "data.pt"):  # rank 1's files the same bytes
+        shutil.copy(folders[0] / name, folders[1] / name)
+    if "model" in other:
+        _model(folders[1] / "model.safetensors", seed=other["model"])
+    if "data" in other:
+        _images(folders[1] / "data.pt", seed=other["data"])
+    args = (["--seed", "0"], ["--seed", str(other.get("seed", 0))])
+    (code0, err0), (code1, err1) = _two_ranks(folders, args)
+    assert (code0, code1) == (2, 2), (err0, err1)
+    for stderr in (err0, err1):  # every rank says the same one line
+        lines = stderr.splitlines()
+        assert len(lines) == 1, stderr
+        line = lines[0]
+        assert line.startswith(f"curvcal: error: rank 1: differs from rank 0 in {said}"), line
+        assert line.endswith(SAME), line
+    assert not any((folder / "report.json").exists() for folder in folders)
+
+
+def test_fingerprints_name_what_differs() -> None:
+    """One process: nothing is gathered. The data fingerprint of data no file holds digests its
+    first and last samples, so other samples of the same labels differ."""
+    from curvcal.distributed import agree
+    from curvcal.load.loaded_data import loaded_data
+    from curvcal.pipeline.agreement import data_fingerprint
+
+    agree("settings", lambda: {"--seed": 0})  # one process: a no-op
+    labels = torch.arange(6) % 3
+    x = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
+    one = data_fingerprint(loaded_data(torch.utils.data.TensorDataset(x, labels), "a", labels), 2)
+    other_x = x.clone()
+    other_x[-1, 0] += 1
+    two = data_fingerprint(
+        loaded_data(torch.utils.data.TensorDataset(other_x, labels), "a", labels), 2
+    )
+    assert one["labels sha256"] == two["labels sha256"]
+    assert one["first and last samples sha256"] != two["first and last samples sha256"]
+    assert one["samples"] == 6 and one["files sha256"] == []
