@@ -88,3 +88,11 @@ def effective_tol(tol: float, floor: float) -> float:
     """The tolerance a stopping rule can meet with products of relative accuracy ``floor``:
     max(tol, floor)."""
     return max(tol, floor)
+
+
+def float64_advice(dtype: torch.dtype | str, words: str) -> str:
+    """``words`` (advice to run in float64, e.g. ``", or compute in float64"``) where ``dtype``
+    (a torch dtype or its name, ``"float32"``) is not float64 already, else ``""``: advice
+    never names what is already in use."""
+    name = str(dtype).removeprefix("torch.")
+    return "" if name == "float64" else words
