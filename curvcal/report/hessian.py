@@ -161,12 +161,20 @@ def _eigen_table(analysis: HessianAnalysis) -> Table:
     caption = (
         f"{spectrum.method}, tol {spectrum.tol:g}; λ1 is λmax, the largest algebraic eigenvalue"
     )
+    bound = analysis.operator.get("accuracy_bound")
     if spectrum.precision_floor > spectrum.tol:
         caption += (
             f"; {analysis.operator.get('model_dtype', 'half-precision')} products: judged against "
-            f"their precision floor {spectrum.precision_floor:.2g} (relative), {digits} "
-            "significant digits shown"
+            f"their precision floor {spectrum.precision_floor:.2g} (relative)"
         )
+    if bound:
+        caption += (
+            f"; values within {bound:.2g} (relative) of the float64 model's (the "
+            f"{analysis.operator.get('model_dtype', 'half-precision')} accuracy bound: the "
+            f"precision floor plus its normalising layers), {digits} significant digits shown"
+        )
+    elif spectrum.precision_floor > spectrum.tol:
+        caption += f", {digits} significant digits shown"
     if spectrum.shift is not None:
         caption += f"; dominant eigenvalue {spectrum.shift:.4g} was negative, so the search was shifted by it"
     return Table(

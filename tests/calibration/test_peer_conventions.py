@@ -87,7 +87,7 @@ def test_histogram_ece_differs_from_netcals_by_the_floor_alone(k: int, sharpen: 
 def test_one_vs_all_venn_abers_is_the_packages_once_an_absent_class_is_dropped() -> None:
     """K = 100 with 400 calibration rows: one class is absent; the package returns 99 columns."""
     z, y = hidden_style(400, 100, 2.0, seed=3)
-    zt, yt = hidden_style(1000, 100, 2.0, seed=4)
+    zt, _ = hidden_style(1000, 100, 2.0, seed=4)
     present = np.unique(y)
     assert len(present) == 99
     q = fit_venn_abers(torch.from_numpy(z), torch.from_numpy(y)).calibrator.probabilities(
