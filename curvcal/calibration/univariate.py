@@ -10,7 +10,8 @@ A one-dimensional map f: [0, 1] → [0, 1] is used in two ways:
   keeps the prediction (and the correctness of every row) what it was, so the map only
   re-states how sure the model is. At the floor the runner-up would equal the top class and
   the lowest index would win, so every other class is held under q_t by a relative
-  :data:`TIE_MARGIN` (1e-12) and such a row renormalised. Every other row is not
+  :data:`TIE_MARGIN` (2^−20 ≈ 9.5e-7: wide enough that rounding q to float32, 2^−24
+  relative, cannot close it) and such a row renormalised. Every other row is not
   renormalised: its q_t is f(c) itself (log q_t = log f(c), the same bits for every row with
   the same f(c)), so rows that a piecewise-constant map sends to one value keep exactly equal
   confidences, whatever their other entries. 1 − c is computed as Σ_{j≠t} p_j (a
@@ -38,8 +39,12 @@ from curvcal.calibration.inputs import chunk_rows
 from curvcal.errors import InputError
 
 #: At the floor of the top-label rule the other classes are held this relative amount under
-#: the top class, so the prediction cannot change.
-TIE_MARGIN = 1e-12
+#: the top class, so the prediction cannot change: 2^−20, 16 times float32's unit roundoff
+#: 2^−24 (rounding both entries to float32 closes at most 2^−23 of it), so q rounded to float32
+#: (a saved or exported copy) keeps the top class the strict maximum too; a margin under
+#: float32's rounding vanishes there, and at K = 2 a bin worth 0.5 becomes an exact tie, which
+#: argmax hands to class 0. Half-precision copies (2^−11, 2^−8) can still tie.
+TIE_MARGIN = 2.0**-20
 
 
 def top_label_parts(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,7 +115,7 @@ def _top_label_rule(
     # the top class stays the strict maximum (at the floor the runner-up would equal it, and
     # the lowest index would win): in the rows where the largest other class reaches the cap,
     # the others are held a relative TIE_MARGIN under it, then the row is renormalised (a
-    # change in the 12th digit, only where the floor binds). Every other row keeps
+    # change of at most TIE_MARGIN in q_t, only where the floor binds). Every other row keeps
     # log q_t = log f(c) as it is: renormalising it would mix the rounding of its other entries
     # into q_t, and rows with the same f(c) would no longer have the same confidence bit for bit.
     cap = log_top + math.log1p(-TIE_MARGIN)

@@ -368,7 +368,10 @@ def analyse_operator(
         "n_samples": operator.n_samples,
         "model_dtype": str(operator.model_dtype).removeprefix("torch."),
         "precision_floor": operator.precision_floor or None,
-        "significant_digits": significant_digits(operator.precision_floor),
+        "accuracy_bound": operator.accuracy_bound or None,
+        "significant_digits": significant_digits(
+            max(operator.precision_floor, operator.accuracy_bound)
+        ),
         "params": list(operator.param_names),
         "probe_batch": operator.probe_batch,
         "micro_batch": operator.micro_batch,

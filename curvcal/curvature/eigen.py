@@ -49,6 +49,7 @@ parameter at a time).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -59,9 +60,14 @@ from torch import Tensor
 
 from curvcal.curvature.krylov import RESTART_COLUMNS, KrylovBasis, operator_basis
 from curvcal.curvature.operators import LinearOperator, as_operator, product_into
-from curvcal.curvature.precision import effective_tol
+from curvcal.curvature.precision import effective_tol, float64_advice
 from curvcal.curvature.progress import OnStep
-from curvcal.curvature.results import ConvergenceWarning, EigenResult, EigenSpectrum
+from curvcal.curvature.results import (
+    ConvergenceWarning,
+    EigenResult,
+    EigenSpectrum,
+    eigen_status,
+)
 from curvcal.curvature.vectors import VectorSpace, space_of
 from curvcal.errors import InputError
 
@@ -228,7 +234,7 @@ def power_iteration(
         found.append(vector)
         results.append(result)
     order = sorted(range(k), key=lambda i: results[i].value, reverse=which == "largest")
-    final = [results[i] for i in order]
+    final = [_with_status(results[i], asked, floor, "max_iter") for i in order]
     if on_vectors is not None:
         on_vectors(torch.stack([found[i] for i in order], dim=1))
     spectrum = EigenSpectrum(
@@ -459,7 +465,10 @@ def lanczos(
         residual = verified.residuals[column]
         change = changes[column]
         converged = residual <= allowed[column] and change <= tol
-        results.append(EigenResult(float(ritz[index]), steps, used, residual, change, converged))
+        status = eigen_status(residual, change, converged, asked, floor, stopped_by)
+        results.append(
+            EigenResult(float(ritz[index]), steps, used, residual, change, converged, status)
+        )
     converged = all(r.converged for r in results)
     spectrum = EigenSpectrum(
         values=tuple(results),
@@ -474,6 +483,14 @@ def lanczos(
     )
     _warn_unconverged(spectrum)
     return spectrum
+
+
+def _with_status(result: EigenResult, asked: float, floor: float, stopped_by: str) -> EigenResult:
+    """``result`` with its :attr:`~EigenResult.status` against the tol ``asked`` for."""
+    status = eigen_status(
+        result.residual, result.relative_change, result.converged, asked, floor, stopped_by
+    )
+    return dataclasses.replace(result, status=status)
 
 
 def _thick_restart(
@@ -558,7 +575,7 @@ def _limit(stopped_by: str, steps: int, max_matvecs: int | None, dtype: torch.dt
         name = str(dtype).removeprefix("torch.")
         return (
             f"the {name} precision floor: rounding in the products keeps the true residual "
-            f"above tol (loosen tol, or compute in float64)"
+            f"above tol (loosen tol{float64_advice(dtype, ', or compute in float64')})"
         )
     if stopped_by == "exhausted":
         return "the Krylov basis spanning the whole space"

@@ -82,7 +82,7 @@ from curvcal.curvature.options import (
     checked_loss,
     select_parameters,
 )
-from curvcal.curvature.precision import compute_dtype, precision_floor
+from curvcal.curvature.precision import accuracy_bound, compute_dtype, precision_floor
 from curvcal.curvature.progress import OnStep
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import (
@@ -449,6 +449,14 @@ class HessianOperator:
         (:func:`~curvcal.curvature.precision.precision_floor`); the eigenvalue stopping rule
         never asks for less."""
         return precision_floor(self._model_dtype)
+
+    @property
+    def accuracy_bound(self) -> float:
+        """The relative accuracy of a curvature value of the model in :attr:`model_dtype`
+        against the same model in float64
+        (:func:`~curvcal.curvature.precision.accuracy_bound`: the precision floor plus the
+        model's normalising layers); 0 for float32 and float64 models."""
+        return accuracy_bound(self._model_dtype, self.model)
 
     @property
     def device(self) -> torch.device:

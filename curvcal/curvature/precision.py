@@ -24,7 +24,10 @@ The floor bounds the rounding of the products for the weights the model holds. A
 float64 model before rounding, the weights' own rounding adds to it, and where the softmax
 saturates (large logits z) rounding δz ≈ u·|z| moves the curvature ∝ e^{−margin} by about
 u·|z| relatively: measured 3.3 % on a bf16 linear model with max |z| ≈ 47; the bound
-floor × max(1, max |z|) holds there.
+floor × max(1, max |z|) holds there. Normalising layers (LayerNorm, BatchNorm, attention's
+softmax) amplify both: the values a report states are stated within :func:`accuracy_bound`
+(the floor plus :data:`NORMALISER_UNITS` u per normalising layer, measured on MLPs, CNNs and
+transformers), and the digits printed follow it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 #: dtypes a model may run in whose products are widened for the algorithms
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -61,12 +65,72 @@ def precision_floor(model_dtype: torch.dtype) -> float:
     return FLOOR_UNITS * torch.finfo(model_dtype).eps / 2
 
 
+#: the accuracy bound's units of u per normalising layer (a LayerNorm, BatchNorm, GroupNorm or
+#: RMSNorm; an attention's softmax): each is rounded in the forward pass, the backward pass and
+#: the two passes of a Hessian-vector product, and amplified by its conditioning (a
+#: normalisation divides by a standard deviation, a softmax by a sum of exponentials); the
+#: rounding of the weights around it moves the curvature too. Measured (float16, briefly
+#: trained models, benchmarks/bench_half_accuracy.py): up to 8.2u per normalising layer above
+#: the floor (an MLP with two LayerNorms, 24.3u), 7.1u (a two-block transformer, 57.4u); 12
+#: leaves a margin of 1.3× or more over every case measured
+NORMALISER_UNITS = 12
+
+#: module types counted as normalising layers by :func:`normalisers`
+_NORMALISING = (
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+    nn.MultiheadAttention,
+    nn.Softmax,
+)
+
+
+def normalisers(model: nn.Module) -> int:
+    """The normalising layers of ``model``: modules of the torch normalisation and attention
+    types (:data:`_NORMALISING`, ``nn.RMSNorm`` included), and modules of other libraries whose
+    class name ends in ``Norm`` or in ``Attention`` without an ``Attention`` inside them (the
+    innermost attention of a transformers model, so that a block is counted once)."""
+
+    def named(module: nn.Module, suffix: str) -> bool:
+        return type(module).__name__.endswith(suffix)
+
+    def innermost_attention(module: nn.Module) -> bool:
+        inner = list(module.modules())[1:]
+        return named(module, "Attention") and not any(named(m, "Attention") for m in inner)
+
+    return sum(
+        isinstance(module, _NORMALISING) or named(module, "Norm") or innermost_attention(module)
+        for module in model.modules()
+    )
+
+
+def accuracy_bound(model_dtype: torch.dtype, model: nn.Module | None = None) -> float:
+    """The relative accuracy of a curvature value of a model in bfloat16 or float16 against the
+    same model in float64 (before its weights were rounded): u · (:data:`FLOOR_UNITS` +
+    :data:`NORMALISER_UNITS` · n), n its :func:`normalisers`, u = 2^−p; 0 for other dtypes.
+
+    A product's own rounding is the precision floor (8u). A normalising layer adds rounding in
+    each pass a product makes through it, amplified by its conditioning, and so does the
+    rounding of its weights, which moves the curvature itself. Measured λmax against float64
+    in float16 (benchmarks/bench_half_accuracy.py, six seeds, two brief trainings): MLP ≤ 3.5u,
+    CNN ≤ 5.1u (no normaliser: bound 8u), MLP with two LayerNorms ≤ 24.3u (bound 32u), one-block
+    transformer ≤ 23.8u (four: 56u), two-block transformer ≤ 57.4u (seven: 92u), where the
+    precision floor alone (8u) did not bound the last three. Printed digits follow this bound
+    (:func:`significant_digits`)."""
+    if not is_half(model_dtype):
+        return 0.0
+    units = FLOOR_UNITS + (NORMALISER_UNITS * normalisers(model) if model is not None else 0)
+    return units * torch.finfo(model_dtype).eps / 2
+
+
 def significant_digits(floor: float, most: int = 6) -> int:
     """Decimal significant digits a number of relative accuracy ``floor`` carries:
-    ⌊−log10(floor)⌋ + 1, at least 2 and at most ``most`` (bfloat16: 2, float16: 3)."""
+    ⌊−log10(floor)⌋ + 1, at least 1 and at most ``most`` (the precision floors: bfloat16 2,
+    float16 3; an accuracy bound of a few percent: 1 or 2)."""
     if floor <= 0.0:
         return most
-    return max(2, min(most, math.floor(-math.log10(floor)) + 1))
+    return max(1, min(most, math.floor(-math.log10(floor)) + 1))
 
 
 #: a half-precision rounding allowance in precision floors: room for the rounding of two
@@ -88,3 +152,11 @@ def effective_tol(tol: float, floor: float) -> float:
     """The tolerance a stopping rule can meet with products of relative accuracy ``floor``:
     max(tol, floor)."""
     return max(tol, floor)
+
+
+def float64_advice(dtype: torch.dtype | str, words: str) -> str:
+    """``words`` (advice to run in float64, e.g. ``", or compute in float64"``) where ``dtype``
+    (a torch dtype or its name, ``"float32"``) is not float64 already, else ``""``: advice
+    never names what is already in use."""
+    name = str(dtype).removeprefix("torch.")
+    return "" if name == "float64" else words

@@ -36,6 +36,11 @@ class EigenResult:
     spent on this value; Lanczos values share one run, and each reports the run's total.
     ``converged`` is ``residual ≤ tol`` and ``relative_change ≤ tol``, tol raised to the
     operator's precision floor when it is above it (:attr:`EigenSpectrum.tol_met`).
+    ``status`` says which rule was met, so that no report calls a value converged beyond what
+    was checked: ``"tol"`` (residual and change ≤ the tol asked for), ``"floor"`` (only ≤ the
+    tol raised to the precision floor), ``"noise"`` (only ≤ the bound the products' stated
+    error leaves in a residual), or, for a value that met none, what stopped the run
+    (:attr:`EigenSpectrum.stopped_by`). :func:`convergence_text` puts it in words.
     """
 
     value: float
@@ -44,6 +49,7 @@ class EigenResult:
     residual: float
     relative_change: float
     converged: bool
+    status: str = "tol"
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,49 @@ class EigenSpectrum:
         return tuple(r.value for r in self.values)
 
 
+#: the stops of a run whose values did not converge, in the few words a table cell holds
+_STOPS = {
+    "max_iter": "budget spent",
+    "max_matvecs": "budget spent",
+    "precision": "precision floor",
+    "exhausted": "basis exhausted",
+}
+
+
+def eigen_status(
+    residual: float, change: float, converged: bool, asked: float, floor: float, stopped_by: str
+) -> str:
+    """:attr:`EigenResult.status` of a value with relative ``residual`` and ``change``:
+    ``"tol"`` when both are ≤ the tol ``asked`` for, else ``"floor"`` when the value
+    ``converged`` within max(asked, ``floor``), else ``"noise"`` when it converged within a
+    bound raised by the products' stated error, else ``stopped_by`` (what ended the run)."""
+    if residual <= asked and change <= asked:
+        return "tol"
+    if converged:
+        return "floor" if floor > asked and residual <= floor and change <= floor else "noise"
+    return stopped_by
+
+
+def convergence_text(result: EigenResult, floor: float, dtype: str = "") -> str:
+    """A table's word for ``result``'s convergence: ``yes`` only when its residual and change
+    met the tol asked for; ``stopped at the bfloat16 floor (3.1e-02)`` when they met only the
+    precision ``floor`` of products in ``dtype``; ``at the products' noise bound`` when they met
+    only the bound the products' stated error allows; ``NO (budget spent)``, ``NO (precision
+    floor)`` or ``NO (basis exhausted)`` otherwise."""
+    if result.status == "tol":
+        return "yes"
+    if result.status == "floor":
+        return f"stopped at the {dtype or 'precision'} floor ({floor:.2g})"
+    if result.status == "noise":
+        return "at the products' noise bound"
+    return f"NO ({_STOPS.get(result.status, result.status)})"
+
+
+#: trace methods whose value is exact up to rounding (no sampling error, so no ± and no 95%
+#: interval: only an allowance for rounding)
+EXACT_TRACE_METHODS = ("exact", "gauss-newton")
+
+
 @dataclass(frozen=True)
 class TraceResult:
     """A stochastic estimate of tr(A) with its error bar.
@@ -129,6 +178,12 @@ class TraceResult:
     def half_width(self) -> float:
         """Half the width of the 95% interval."""
         return (self.ci95[1] - self.ci95[0]) / 2.0
+
+    @property
+    def exact(self) -> bool:
+        """Whether the value is exact up to rounding (:data:`EXACT_TRACE_METHODS`): its
+        ``ci95`` is then a rounding allowance, not a 95% interval, and no report prints ±."""
+        return self.method in EXACT_TRACE_METHODS
 
 
 @dataclass(frozen=True)

@@ -188,3 +188,15 @@ def _suggest(name: str, choices: Any) -> str:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def tied_output_widths(module: nn.Module) -> frozenset[int]:
+    """The output widths of the ``nn.Linear`` layers whose weight is an ``nn.Embedding``'s
+    (a head tied to the input embedding): such a layer is as wide as the vocabulary, which says
+    nothing about how many classes there are."""
+    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    return frozenset(
+        m.out_features
+        for m in module.modules()
+        if isinstance(m, nn.Linear) and id(m.weight) in embeddings
+    )

@@ -161,7 +161,11 @@ def run_calibrate(
     """
     from curvcal.calibration.inputs import looks_like_probabilities
     from curvcal.load.digest import file_info
-    from curvcal.pipeline.calibration_warnings import analysis_warnings, probabilities_as_logits
+    from curvcal.pipeline.calibration_warnings import (
+        analysis_warnings,
+        missing_classes,
+        probabilities_as_logits,
+    )
     from curvcal.pipeline.calibrator import CalibratorProvenance
     from curvcal.pipeline.compatibility import single_class_warning
     from curvcal.pipeline.provenance import environment
@@ -223,6 +227,13 @@ def run_calibrate(
                 "them with curvcal metrics --input-kind probs",
             )
         )
+    splits = [(source, labels)]
+    if fit_predictions is not None:
+        splits.append((f"--fit-data {fit_data}", fit_predictions[1]))
+    for where, rows in splits:
+        missing = missing_classes(rows, int(logits.shape[1]), where)
+        if missing:
+            warnings.append(missing)
     for warning in warnings[said:]:
         session.reporter.warn(warning)
     session.reporter.stage(
@@ -655,6 +666,7 @@ def _refuse_fit_on_itself(
 def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:
     """The file's provenance and shape; rows left out by --nan-policy drop add a warning."""
     from curvcal.load.digest import file_info
+    from curvcal.pipeline.calibration_warnings import missing_classes
     from curvcal.pipeline.compatibility import single_class_warning
     from curvcal.pipeline.session import dropped_warning
 
@@ -662,6 +674,9 @@ def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, An
     n_samples, n_classes = data.scores.shape
     if n_classes == 1:
         warnings.append(single_class_warning(str(path)))
+    missing = missing_classes(data.labels, int(n_classes), str(path))
+    if missing:
+        warnings.append(missing)
     if data.dropped_rows:
         warnings.append(
             dropped_warning(data.dropped_rows, n_samples + data.dropped_rows, str(path))

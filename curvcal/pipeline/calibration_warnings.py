@@ -10,6 +10,8 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from curvcal.calibration.analysis import CalibrationAnalysis
 
 
@@ -21,6 +23,31 @@ def probabilities_as_logits(source: str, remedy: str = PROBS_REMEDY) -> str:
     return (
         f"{source}: every score is non-negative and every row sums to 1, so these look like "
         f"probabilities, but they are read as logits (softmax is applied again); {remedy}"
+    )
+
+
+#: missing classes named one by one up to this many
+_MISSING_SHOWN = 8
+
+
+def missing_classes(labels: Tensor, n_classes: int, source: str) -> str | None:
+    """The warning for labels that hold only some of the model's ``n_classes`` classes
+    (``None`` when every class occurs, or for K = 1, which has its own warning): how many are
+    missing and which. Class-wise metrics and per-class maps have nothing of those classes, and
+    the calibration measured says nothing about rows of them."""
+    if n_classes < 2 or not labels.numel():
+        return None
+    present = set(labels.unique().tolist())
+    missing = [k for k in range(n_classes) if k not in present]
+    if not missing:
+        return None
+    shown = ", ".join(str(k) for k in missing[:_MISSING_SHOWN])
+    if len(missing) > _MISSING_SHOWN:
+        shown += f", ... and {len(missing) - _MISSING_SHOWN} more"
+    return (
+        f"{source}: the labels hold {n_classes - len(missing)} of the model's {n_classes} "
+        f"classes ({len(missing)} missing: {shown}); the calibration measured here says nothing "
+        "about samples of the missing classes"
     )
 
 

@@ -49,7 +49,33 @@ def check_compatible(loaded: LoadedModel, data: LoadedData, option: str = "--dat
         )
     n_outputs = check_model_runs(loaded.module, first_input(data.dataset), loaded.device, where)
     check_labels(data, n_outputs, where)
+    check_tied_head(loaded, data, n_outputs, where)
     return n_outputs
+
+
+def check_tied_head(loaded: LoadedModel, data: LoadedData, n_outputs: int, where: str) -> None:
+    """Refuse a class count inferred from a head tied to the input embedding when the labels
+    do not reach it: that width is the vocabulary's (:func:`~curvcal.load.architecture.
+    tied_output_widths`), so the model was built with a guessed class count; ``--num-classes``
+    (or ``num_classes`` in ``--arch-kwargs``) says the real one. A count the user gave, or
+    labels that use every output, pass."""
+    from curvcal.load.architecture import tied_output_widths
+    from curvcal.load.labels import as_labels
+
+    if "num_classes_source" not in loaded.metadata:  # not inferred: given, or built in
+        return
+    if n_outputs not in tied_output_widths(loaded.module):
+        return
+    labels = as_labels(data.labels, where)
+    span = int(labels.max()) + 1 if labels.numel() else 0
+    if span < n_outputs:
+        raise InputError(
+            where,
+            f"the model's {n_outputs} outputs were inferred from a head tied to its input "
+            f"embedding (a vocabulary of {n_outputs}), but the labels span {span} classes "
+            f"(0 to {span - 1})",
+            "give the class count with --num-classes",
+        )
 
 
 def single_class_warning(source: str) -> str:

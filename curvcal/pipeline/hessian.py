@@ -48,12 +48,18 @@ class HessianRun:
 
 
 def _strict_hint(analysis: HessianAnalysis) -> str:
-    """What to change, from the limits that stopped the unconverged estimates."""
+    """What to change, from the limits that stopped the unconverged estimates (float64 is
+    suggested only to a run not already in it)."""
+    from curvcal.curvature.precision import float64_advice
+
     stops = {analysis.spectrum.stopped_by}
     if analysis.smallest is not None:
         stops.add(analysis.smallest.stopped_by)
     if "precision" in stops:
-        return "the products' rounding floors the residual: loosen --tol, use --dtype float64, or drop --strict"
+        wider = float64_advice(
+            str(analysis.operator.get("model_dtype", "")), " use --dtype float64,"
+        )
+        return f"the products' rounding floors the residual: loosen --tol,{wider} or drop --strict"
     return "raise --max-iter (or --probes), loosen --tol/--trace-rtol, or drop --strict"
 
 

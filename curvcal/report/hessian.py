@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from curvcal.report.tables import Table, fmt_float
 
 if TYPE_CHECKING:
-    from curvcal.curvature.results import HessianAnalysis
+    from curvcal.curvature.results import EigenResult, HessianAnalysis
 
 
 def write_plots(
@@ -108,10 +108,6 @@ def _kind(analysis: HessianAnalysis) -> str:
     return _KIND_NAMES.get(kind, kind)
 
 
-def _yes_no(flag: bool) -> str:
-    return "yes" if flag else "NO"
-
-
 def _digits(analysis: HessianAnalysis) -> int:
     """Significant digits of a value: 6, fewer when the model runs in bfloat16 or float16 (the
     products' precision floor allows no more; results.operator.significant_digits)."""
@@ -127,6 +123,15 @@ def _value(value: float, digits: int) -> str:
     return f"{round(value, decimals):.{max(0, decimals)}f}"
 
 
+def _converged(analysis: HessianAnalysis, result: EigenResult) -> str:
+    """The converged cell of an eigenvalue: ``yes`` only when its residual met the tol asked
+    for, else the reason it stopped (:func:`~curvcal.curvature.results.convergence_text`)."""
+    from curvcal.curvature.results import convergence_text
+
+    dtype = str(analysis.operator.get("model_dtype", ""))
+    return convergence_text(result, analysis.spectrum.precision_floor, dtype)
+
+
 def _eigen_table(analysis: HessianAnalysis) -> Table:
     spectrum = analysis.spectrum
     digits = _digits(analysis)
@@ -137,7 +142,7 @@ def _eigen_table(analysis: HessianAnalysis) -> Table:
             fmt_float(value.residual, 2),
             str(value.iterations),
             str(value.matvecs),
-            _yes_no(value.converged),
+            _converged(analysis, value),
         )
         for index, value in enumerate(spectrum.values)
     ]
@@ -150,18 +155,26 @@ def _eigen_table(analysis: HessianAnalysis) -> Table:
                 fmt_float(low.residual, 2),
                 str(low.iterations),
                 str(low.matvecs),
-                _yes_no(low.converged),
+                _converged(analysis, low),
             )
         )
     caption = (
         f"{spectrum.method}, tol {spectrum.tol:g}; λ1 is λmax, the largest algebraic eigenvalue"
     )
+    bound = analysis.operator.get("accuracy_bound")
     if spectrum.precision_floor > spectrum.tol:
         caption += (
             f"; {analysis.operator.get('model_dtype', 'half-precision')} products: judged against "
-            f"their precision floor {spectrum.precision_floor:.2g} (relative), {digits} "
-            "significant digits shown"
+            f"their precision floor {spectrum.precision_floor:.2g} (relative)"
         )
+    if bound:
+        caption += (
+            f"; values within {bound:.2g} (relative) of the float64 model's (the "
+            f"{analysis.operator.get('model_dtype', 'half-precision')} accuracy bound: the "
+            f"precision floor plus its normalising layers), {digits} significant digits shown"
+        )
+    elif spectrum.precision_floor > spectrum.tol:
+        caption += f", {digits} significant digits shown"
     if spectrum.shift is not None:
         caption += f"; dominant eigenvalue {spectrum.shift:.4g} was negative, so the search was shifted by it"
     return Table(
@@ -179,8 +192,8 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
     low, high = trace.ci95
     if trace.method == "gauss-newton":
         caption = (
-            f"Gauss–Newton, {trace.n_probes} sample–eigenvector norms, no product; 95% interval: "
-            f"{trace.interval}"
+            f"Gauss–Newton, {trace.n_probes} sample–eigenvector norms, no product; exact, so no "
+            f"95% interval: the bounds shown are its rounding allowance ({trace.interval})"
         )
     else:
         caption = (
@@ -202,19 +215,40 @@ def _trace_table(analysis: HessianAnalysis) -> Table:
         caption += "; the sketch spans the whole space, so no further product was spent"
     if trace.sketch_bytes:
         caption += f"; sketch memory {trace.sketch_bytes / 2**20:.4g} MiB"
+    above = trace_below_lambda_max(analysis.lambda_max, trace.estimate, analysis.lambda_min)
+    if above:
+        caption += f"; {above}"
+    bounds = f"[{_value(low, digits)}, {_value(high, digits)}]"
     return Table(
         title=f"{_kind(analysis)} trace",
         columns=("estimate", "95% CI", "products", "estimator"),
         rows=(
             (
-                f"{_value(trace.estimate, digits)} ± {fmt_float(trace.half_width, 3)}",
-                f"[{_value(low, digits)}, {_value(high, digits)}]",
+                f"{_value(trace.estimate, digits)} (exact)"
+                if trace.exact
+                else f"{_value(trace.estimate, digits)} ± {fmt_float(trace.half_width, 3)}",
+                f"rounding {bounds}" if trace.exact else bounds,
                 str(trace.matvecs),
                 trace.method,
             ),
         ),
         caption=caption,
     )
+
+
+def trace_below_lambda_max(lambda_max: float, trace: float, lambda_min: float | None = None) -> str:
+    """A note when λmax exceeds the trace ('' otherwise): tr(H) = Σ λ_i, so a trace below its
+    largest term means negative eigenvalues pull the sum down (λmin named when measured).
+    The study and hessian tables both say it through this one function."""
+    if not lambda_max > trace:
+        return ""
+    note = (
+        f"λmax {fmt_float(lambda_max, 4)} exceeds the trace {fmt_float(trace, 4)}: the trace "
+        "is the sum of all eigenvalues, and negative ones pull it below the largest"
+    )
+    if lambda_min is not None:
+        note += f" (λmin {fmt_float(lambda_min, 4)})"
+    return note
 
 
 _TRACE_NAMES = {
@@ -235,12 +269,8 @@ def _layers_table(analysis: HessianAnalysis) -> Table:
             f"{layer.n_params:,}",
             _value(layer.lambda_max.value, digits),
             _value(layer.trace.estimate, digits)
-            + (
-                ""
-                if layer.trace.method == "exact"
-                else f" ± {fmt_float(layer.trace.half_width, 3)}"
-            ),
-            _yes_no(layer.lambda_max.converged),
+            + (" (exact)" if layer.trace.exact else f" ± {fmt_float(layer.trace.half_width, 3)}"),
+            _converged(analysis, layer.lambda_max),
         )
         for layer in analysis.layers or []
     )

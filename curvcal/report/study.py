@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from curvcal.errors import InputError
 from curvcal.inputs import refuse_output
+from curvcal.report.hessian import trace_below_lambda_max
 from curvcal.report.tables import Table, check_output_path, fmt_float
 
 if TYPE_CHECKING:
@@ -71,7 +72,11 @@ def study_tables(result: StudyResult) -> list[Table]:
             _trained(row),
             hessian_loss_label(row.curvature.loss, row.curvature.gamma),
             fmt_float(row.curvature.lambda_max, 4)
-            + ("" if row.curvature.lambda_max_converged else " (unconverged)"),
+            + (
+                ""
+                if row.curvature.lambda_max_convergence == "yes"
+                else f" ({row.curvature.lambda_max_convergence})"
+            ),
             _trace_cell(row),
             fmt_float(calibration.accuracy, 4),
             fmt_float(calibration.ece, 4),
@@ -93,6 +98,12 @@ def study_tables(result: StudyResult) -> list[Table]:
             ]
         rows.append(tuple(cells))
     first = result.rows[0]
+    above = [
+        f"{row.checkpoint}: "
+        + trace_below_lambda_max(row.curvature.lambda_max, row.curvature.trace)
+        for row in result.rows
+        if trace_below_lambda_max(row.curvature.lambda_max, row.curvature.trace)
+    ]
     study_table = Table(
         title="curvature and calibration per checkpoint",
         columns=tuple(columns),
@@ -103,6 +114,7 @@ def study_tables(result: StudyResult) -> list[Table]:
             "part exact and Hutch++ on the rest, ± its standard error); calibration columns "
             f"on {first.calibration.n_eval} evaluation samples, maps fitted on "
             f"{first.calibration.n_fit} others (see the 'columns' table)"
+            + "".join(f"; {note}" for note in above)
         ),
     )
     columns_table = Table(

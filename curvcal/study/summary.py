@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from curvcal.calibration.analysis import CalibrationAnalysis
-from curvcal.curvature.results import HessianAnalysis
+from curvcal.curvature.results import HessianAnalysis, convergence_text
 from curvcal.errors import InputError
 
 #: Row attributes correlated, in table order, with their display names.
@@ -50,7 +50,9 @@ class CurvatureSummary:
     ``mean_loss`` is its mean over the ``n_samples`` samples; ``groups`` lists FLSD-53's
     ``(γ, samples)`` (empty otherwise). ``trace_method``: ``gauss-newton`` (exact, where the
     logits are linear in each tensor) or ``hutch++`` (``probes`` products), as
-    ``curvcal hessian --trace-method auto`` chooses.
+    ``curvcal hessian --trace-method auto`` chooses. ``lambda_max_convergence`` is the
+    hessian table's word for λmax (:func:`~curvcal.curvature.results.convergence_text`):
+    ``yes`` only when its residual met the tol asked for, else why it stopped.
     """
 
     lambda_max: float
@@ -67,6 +69,7 @@ class CurvatureSummary:
     engine: str
     groups: tuple[tuple[float, int], ...] = ()
     trace_method: str = "hutch++"
+    lambda_max_convergence: str = "yes"
 
 
 def hessian_loss_label(loss: str, gamma: float | None) -> str:
@@ -90,6 +93,9 @@ def curvature_summary(
     return CurvatureSummary(
         lambda_max=top.value,
         lambda_max_converged=top.converged,
+        lambda_max_convergence=convergence_text(
+            top, analysis.spectrum.precision_floor, str(operator.get("model_dtype", ""))
+        ),
         lambda_max_residual=top.residual,
         trace=analysis.trace.estimate,
         trace_standard_error=analysis.trace.standard_error,

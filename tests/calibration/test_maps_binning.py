@@ -12,7 +12,7 @@ import torch
 from curvcal.calibration.binary import BinaryMap, fit_binary
 from curvcal.calibration.binning import HistogramMap, fit_histogram
 from curvcal.calibration.isotonic import IsotonicMap, fit_isotonic, pool_adjacent_violators
-from curvcal.calibration.univariate import top_label_log_probabilities
+from curvcal.calibration.univariate import TIE_MARGIN, top_label_log_probabilities
 
 
 def probs_with_confidence(c: list[float], k: int = 2) -> torch.Tensor:
@@ -33,8 +33,9 @@ def test_isotonic_six_samples_by_hand() -> None:
     assert fit.calibrator.y[0] == pytest.approx((0.4, 0.4, 1.0))
     q = fit.calibrator.probabilities(probs_with_confidence([0.85, 0.5, 0.95]), "probs")
     # 0.85: halfway between (0.8, 0.4) and (0.9, 1.0) → 0.7; 0.5 clips to 0.4, floored at the
-    # tie value 0.5 (K = 2: the prediction is kept); 0.95 clips to 1.0
-    np.testing.assert_allclose(q[:, 0].numpy(), [0.7, 0.5, 1.0], atol=1e-12)
+    # tie value 0.5 (K = 2: the prediction is kept, the runner-up held TIE_MARGIN under it);
+    # 0.95 clips to 1.0
+    np.testing.assert_allclose(q[:, 0].numpy(), [0.7, 1 / (2 - TIE_MARGIN), 1.0], atol=1e-12)
     np.testing.assert_allclose(q.sum(1).numpy(), 1.0, atol=1e-15)
 
 
@@ -75,13 +76,16 @@ def test_top_label_rule_keeps_proportions_and_prediction() -> None:
     logp = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.4, 0.0]], dtype=torch.float64))
     q = torch.exp(top_label_log_probabilities(logp, torch.tensor([0.8, 0.1])))
     np.testing.assert_allclose(q[0].numpy(), [0.8, 0.12, 0.08], atol=1e-15)
-    # 0.1 is under the tie value 0.4 / (0.4 + 0.4) = 0.5: floored there; p = 0 stays 0
-    np.testing.assert_allclose(q[1].numpy(), [0.5, 0.5, 0.0], atol=1e-15)
+    # 0.1 is under the tie value 0.4 / (0.4 + 0.4) = 0.5: floored there, the runner-up held a
+    # relative TIE_MARGIN under it and the row renormalised; p = 0 stays 0
+    held = np.array([1.0, 1 - TIE_MARGIN, 0.0])
+    np.testing.assert_allclose(q[1].numpy(), held / held.sum(), atol=1e-15)
     # at the floor the runner-up (a lower index) stays under the top class: same prediction
     logp = torch.log(torch.tensor([[0.35, 0.6, 0.05]], dtype=torch.float64))
     q = torch.exp(top_label_log_probabilities(logp, torch.tensor([0.2])))
     assert int(q.argmax()) == 1 and float(q[0, 1] - q[0, 0]) > 0
-    np.testing.assert_allclose(q[0].numpy(), [0.35 / 0.75, 0.35 / 0.75, 0.05 / 0.75], rtol=1e-11)
+    held = np.array([0.35 * (1 - TIE_MARGIN), 0.35, 0.05])
+    np.testing.assert_allclose(q[0].numpy(), held / held.sum(), rtol=1e-11)
     saturated = torch.tensor([[0.0, -math.inf, -math.inf]], dtype=torch.float64)
     q = torch.exp(top_label_log_probabilities(saturated, torch.tensor([0.7])))
     np.testing.assert_allclose(q[0].numpy(), [0.7, 0.15, 0.15], atol=1e-15)

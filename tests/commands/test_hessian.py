@@ -152,9 +152,11 @@ def test_default_lanczos_and_tables(run_cli, files: Files, dense: Tensor) -> Non
     for title in ("Hessian eigenvalues", "Hessian trace", "run"):
         assert f"### {title}" in result.stdout
     assert "| 1 |" in result.stdout and "| gauss-newton |" in result.stdout
-    assert "Gauss–Newton, " in result.stdout and "95% interval: exact up to rounding" in (
-        result.stdout
-    )
+    # an exact trace has no ± and no 95% interval: its bounds are labelled as rounding
+    assert "Gauss–Newton, " in result.stdout and "exact, so no 95% interval" in result.stdout
+    assert "rounding allowance (exact up to rounding" in result.stdout
+    trace_row = next(line for line in result.stdout.splitlines() if "| gauss-newton |" in line)
+    assert "(exact)" in trace_row and "| rounding [" in trace_row and "±" not in trace_row
     assert "chosen by --trace-method auto: the logits are linear" in result.stdout
 
     result = run_cli(

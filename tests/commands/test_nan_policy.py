@@ -42,7 +42,10 @@ def test_metrics_drop_measures_the_finite_rows_and_reports_the_count(run_cli, tm
     assert document["inputs"]["logits"]["n_samples"] == 3
     assert document["settings"]["calibration"]["nan_policy"] == "drop"
     message = f"{path}: left out 2 of 5 rows with a NaN or Inf (--nan-policy drop)"
-    assert document["warnings"] == [message]
+    # the three rows left hold labels 0 and 2 only: class 1 is missing, said too
+    missing = f"{path}: the labels hold 2 of the model's 3 classes (1 missing: 1)"
+    assert len(document["warnings"]) == 2 and message in document["warnings"]
+    assert any(w.startswith(missing) for w in document["warnings"])
     assert "curvcal: warning:" in dropped.stderr and "left out 2 of 5 rows" in dropped.stderr
     expected = json.loads(reference.stdout)["results"]["evaluation"]
     assert document["results"]["evaluation"] == expected
