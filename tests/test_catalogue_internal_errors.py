@@ -606,6 +606,76 @@ def test_a_zip_that_would_inflate_past_memory_is_refused_first(
         assert "bomb.npz: would inflate to 0.1 GiB ('logits.npy' alone 0.1 GiB)" in result.stderr
 
 
+def _torch_zip_bomb(path: Path, mib: int) -> Path:
+    """A ``torch.save``-shaped archive whose ``data.pkl`` is ``mib`` MiB of deflated zeros."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("bomb/version", "3\n")
+        with archive.open("bomb/data.pkl", "w", force_zip64=True) as member:
+            for _ in range(mib):
+                member.write(bytes(2**20))
+    return path
+
+
+def test_a_torch_zip_bomb_is_refused_before_its_pickle_is_read(
+    base: Base, tmp_path: Path, run_cli
+) -> None:
+    """128 MiB of zeros in 0.1 MiB, with all the memory there is: the ratio alone refuses it,
+    before the pickle scan reads ``data.pkl`` into memory (it read it whole, then called it a
+    corrupt pickle; 3 GiB of it ended in a MemoryError, exit 70)."""
+    path = _torch_zip_bomb(tmp_path / "bomb.pt", 128)
+    assert path.stat().st_size < 2**20
+    for args in (
+        ["inspect", path],
+        ["calibrate", path, "--data", base.data, *ARCH, "--device", "cpu"],
+        ["hessian", path, "--data", base.data, *ARCH, "--device", "cpu", "--trust-checkpoint"],
+    ):
+        result = run_cli(*args)
+        assert result.code == 2, result.output
+        lines = _without_warnings(result.stderr)
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith(
+            "curvcal: error: " + str(path) + ": would inflate to 0.1 GiB ('bomb/data.pkl' alone "
+            "0.1 GiB) from 0.1 MiB, more than 100 times its size"
+        ), lines[0]
+
+
+def _declaring(path: Path, member: str, content: bytes, size: int) -> Path:
+    """A zip whose one stored ``member`` holds ``content`` but whose headers (local and central)
+    declare ``size`` bytes: what a reader allocates for it, read from the archive alone."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr(member, content)
+    data = bytearray(path.read_bytes())
+    local, central = data.index(b"PK\x03\x04"), data.index(b"PK\x01\x02")
+    data[local + 22 : local + 26] = size.to_bytes(4, "little")
+    data[central + 24 : central + 28] = size.to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_zip_declaring_3_gib_is_refused_from_its_directory_alone(tmp_path: Path, run_cli) -> None:
+    """The finding's 3 GiB ``data.pkl``, declared by a 200-byte file: refused without reading
+    (or allocating for) any member."""
+    from curvcal.load.limits import MAX_INFLATION, SMALL_INFLATED, inflation_limit, open_zip
+
+    path = _declaring(tmp_path / "declared.pt", "declared/data.pkl", b"\x80\x02}q\x00.", 3 * 2**30)
+    with zipfile.ZipFile(path) as archive:  # the directory alone says 3 GiB
+        assert archive.getinfo("declared/data.pkl").file_size == 3 * 2**30
+    with pytest.raises(InputError, match=r"would inflate to 3\.0 GiB"):
+        open_zip(path)
+    result = run_cli("inspect", path)
+    assert result.code == 2, result.output
+    assert "declared.pt: would inflate to 3.0 GiB ('declared/data.pkl' alone 3.0 GiB)" in (
+        result.stderr
+    )
+    # the bound: MAX_INFLATION times the file, at least SMALL_INFLATED, never past the memory
+    assert inflation_limit(1000, None) == SMALL_INFLATED
+    assert inflation_limit(2**30, None) == MAX_INFLATION * 2**30
+    assert inflation_limit(2**30, 2**31) == 2**31
+    # a real checkpoint is stored, not deflated: 1x, read as before
+    torch.save({"w": torch.zeros(4)}, tmp_path / "plain.pt")
+    open_zip(tmp_path / "plain.pt").close()
+
+
 # --- stdout ----------------------------------------------------------------------------------
 
 
