@@ -702,6 +702,33 @@ def test_a_closed_stdout_pipe_ends_quietly_with_141(base: Base) -> None:
     assert _without_warnings(stderr) == []
 
 
+def _close_stdout() -> None:
+    os.close(1)  # as `curvcal ... >&-` starts it
+
+
+def test_a_closed_stdout_is_one_line_and_exit_2_and_leaves_no_output(
+    base: Base, tmp_path: Path
+) -> None:
+    """`>&-`: Python leaves sys.stdout None; the run ended in a traceback and exit 1 ("a check
+    failed"). Now the first write says so, the report written before it is removed."""
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        _curvcal("metrics", base.logits, "--val-split", "0.5", "-o", report),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        timeout=120,
+        preexec_fn=_close_stdout,
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 2, stderr
+    assert _without_warnings(stderr) == [
+        "curvcal: error: stdout: is closed (started with >&-), so the output cannot be written "
+        "(redirect it to a file or to /dev/null, or leave it open)"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
 def test_a_full_stdout_is_one_line_and_exit_2(base: Base) -> None:
     with open("/dev/full", "w") as full:
