@@ -217,6 +217,34 @@ def test_a_run_that_ends_with_a_result_keeps_its_outputs(tmp_path: Path) -> None
 # -- plans capped by what can exist ------------------------------------------------------------
 
 
+def _address_space_of_6_gib() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
+
+
+def test_a_batch_size_of_a_billion_is_a_batch_of_the_data(tmp_path: Path) -> None:
+    """`calibrate --batch-size 1000000000` made a list of a billion sample numbers (killed by
+    the kernel, or a MemoryError and exit 70 where memory is bounded, as here): a batch holds
+    at most the data, so the run is the run of a batch size of N."""
+    command = [sys.executable, "-m", "curvcal", "calibrate", str(CHECKPOINT), "--data",
+               "curvcal:digits", "--device", "cpu", "--batch-size", "1000000000", "-o",
+               "report.json"]  # fmt: skip
+    done = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        preexec_fn=_address_space_of_6_gib,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["settings"]["data"]["batch_size"] == 1_000_000_000  # as given, recorded
+
+
 class _Counted:
     """A cost function that counts its calls and refuses to be called more than ``limit`` times
     (a plan that scans every width from --probe-batch down would call it a billion times)."""
