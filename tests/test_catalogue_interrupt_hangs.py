@@ -182,6 +182,84 @@ def test_ctrl_c_waits_for_a_held_step_then_removes_what_it_wrote(tmp_path: Path)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["reached"]
 
 
+# The real command under a hook at the moment a signal must be handled (no sleeps that race):
+# `metrics LOGITS --val-split 0.5 -o report.json --save-calibrator c.json`, run by the entry
+# point with `curvcal.interrupt` patched where the moment is.
+_SIGNALLED_RUN = """
+import os, signal, sys
+from curvcal import interrupt
+moment, signum, name = sys.argv[1], getattr(signal, sys.argv[2]), sys.argv[3]
+if moment == "temporary":  # right after a temporary file of `name` appears and is registered
+    real_created = interrupt.temporary_created
+
+    def created(temp):
+        real_created(temp)
+        if os.path.basename(temp).startswith("." + name + "."):
+            os.kill(os.getpid(), signum)
+
+    interrupt.temporary_created = created
+else:  # after the command returned, before the exit code is decided
+    real_decided = interrupt.decided
+
+    def decided():
+        os.kill(os.getpid(), signum)
+        for _ in range(10_000):  # bytecodes: the handler runs between two of them
+            pass
+        real_decided()
+
+    interrupt.decided = decided
+from curvcal.cli import run
+sys.argv = ["curvcal", *sys.argv[4:]]
+run()
+"""
+
+
+def _signalled_run(tmp_path: Path, moment: str, signum: str, name: str) -> tuple[int, str]:
+    logits = tmp_path / "logits.npz"
+    rng = np.random.default_rng(0)
+    np.savez(logits, logits=rng.normal(size=(40, 3)), labels=rng.integers(0, 3, size=40))
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNALLED_RUN, moment, signum, name, "metrics", "logits.npz",
+         "--val-split", "0.5", "-o", "report.json", "--save-calibrator", "c.json"],
+        cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        timeout=120, preexec_fn=_as_a_shell_starts_it,
+    )  # fmt: skip
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("name", ["report.json", "c.json"])
+@pytest.mark.parametrize(
+    ("signum", "code", "said"),
+    [("SIGTERM", -signal.SIGTERM, "curvcal: terminated"), ("SIGINT", 130, "curvcal: interrupted")],
+)
+def test_a_signal_as_an_outputs_temporary_file_appears_leaves_nothing(
+    tmp_path: Path, name: str, signum: str, code: int, said: str
+) -> None:
+    """SIGTERM as c.json's (or the report's) temporary file appeared left the other output
+    behind, and the temporary file: SIGTERM then raised in the middle of the held step that
+    registers it, and ended the process by the signal without removing what the run wrote."""
+    returncode, stderr = _signalled_run(tmp_path, "temporary", signum, name)
+    assert returncode == code, stderr
+    assert stderr.strip().splitlines()[-1] == said
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["logits.npz"]
+
+
+@pytest.mark.parametrize(("signum", "code"), [("SIGINT", 0), ("SIGTERM", -signal.SIGTERM)])
+def test_a_signal_after_the_command_returned_comes_too_late_to_change_anything(
+    tmp_path: Path, signum: str, code: int
+) -> None:
+    """Between the command's return and the decided exit code the register was already empty:
+    Ctrl-C there ended the run with 130 ("nothing written") and left both outputs. Now the
+    outputs stand; SIGTERM, given back to its default, still ends the process by itself."""
+    returncode, stderr = _signalled_run(tmp_path, "decided", signum, "")
+    assert returncode == code, stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "c.json",
+        "logits.npz",
+        "report.json",
+    ]
+
+
 def test_a_failed_run_removes_the_outputs_it_had_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
