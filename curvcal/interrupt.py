@@ -27,8 +27,10 @@ of the block. Library code that never calls :func:`install` keeps Python's own C
 
 SIGTERM (a job scheduler, ``kill``, torchrun stopping its workers) ends a run the same way,
 outputs and temporary files removed, held steps finished first, but then by the signal itself
-(the process's status says SIGTERM, as before curvcal handled it) after the one line
-``curvcal: terminated``. It never asks a staged computation to stop: it stops the run.
+(the process's status says SIGTERM, as before curvcal handled it, and nothing is printed: a
+launcher such as torchrun sends it to ranks that have already said why they stop). It never
+asks a staged computation to stop, and it does not call the :func:`on_stop` hooks (the sender
+stops the other ranks itself).
 
 The moment the exit code is decided is also the end of :func:`run_scope` in the process that
 installed the handlers: both signals are then ignored (SIGTERM given back to the handler that
@@ -58,7 +60,6 @@ from types import FrameType
 from curvcal.errors import EXIT_INTERRUPTED
 
 _MESSAGE = b"curvcal: interrupted\n"
-_MESSAGES = {signal.SIGINT: _MESSAGE, signal.SIGTERM: b"curvcal: terminated\n"}
 
 
 class _Register:
@@ -282,7 +283,7 @@ def _on_terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def _end_by(signum: int) -> None:
-    """End the process by ``signum`` at its default action (130 for SIGINT if it survives)."""
+    """End the process by ``signum`` at its default action (``128 + signum`` should it not)."""
     signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
     os.kill(os.getpid(), signum)
@@ -290,20 +291,20 @@ def _end_by(signum: int) -> None:
 
 
 def _stop(signum: int = signal.SIGINT) -> None:
-    """Remove what the run wrote, say so in one line, and end the process: with 130 after
-    Ctrl-C, by the signal itself after SIGTERM."""
+    """Remove what the run wrote and end the process: after Ctrl-C, tell the other ranks, say
+    so in one line and exit 130; after SIGTERM, by the signal itself."""
     for each in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the cleanup
         signal.signal(each, signal.SIG_IGN)
     discard()
+    if signum == signal.SIGTERM:
+        _end_by(signal.SIGTERM)
     for hook in _REGISTER.on_stop:
         with suppress(Exception):
             hook()
-    message = _MESSAGES.get(signum, _MESSAGE)
+    message = _MESSAGE
     with suppress(OSError, ValueError):  # a closed stderr
         if sys.stderr is not None and sys.stderr.isatty():
             message = b"\x1b[?25h\n" + message  # a progress bar hid the cursor mid-line
     with suppress(OSError):
         os.write(_REGISTER.stderr_fd, message)
-    if signum == signal.SIGTERM:
-        _end_by(signal.SIGTERM)
     os._exit(EXIT_INTERRUPTED)

@@ -214,6 +214,12 @@ run()
 """
 
 
+def _without_warnings(stderr: str) -> str:
+    """``stderr`` less the warnings the random scores earn (a fit stopped at its bracket)."""
+    kept = [line for line in stderr.splitlines(keepends=True) if line.startswith("curvcal: ")]
+    return "".join(line for line in kept if not line.startswith("curvcal: warning: "))
+
+
 def _signalled_run(tmp_path: Path, moment: str, signum: str, name: str) -> tuple[int, str]:
     logits = tmp_path / "logits.npz"
     rng = np.random.default_rng(0)
@@ -230,7 +236,7 @@ def _signalled_run(tmp_path: Path, moment: str, signum: str, name: str) -> tuple
 @pytest.mark.parametrize("name", ["report.json", "c.json"])
 @pytest.mark.parametrize(
     ("signum", "code", "said"),
-    [("SIGTERM", -signal.SIGTERM, "curvcal: terminated"), ("SIGINT", 130, "curvcal: interrupted")],
+    [("SIGTERM", -signal.SIGTERM, ""), ("SIGINT", 130, "curvcal: interrupted\n")],
 )
 def test_a_signal_as_an_outputs_temporary_file_appears_leaves_nothing(
     tmp_path: Path, name: str, signum: str, code: int, said: str
@@ -240,7 +246,7 @@ def test_a_signal_as_an_outputs_temporary_file_appears_leaves_nothing(
     registers it, and ended the process by the signal without removing what the run wrote."""
     returncode, stderr = _signalled_run(tmp_path, "temporary", signum, name)
     assert returncode == code, stderr
-    assert stderr.strip().splitlines()[-1] == said
+    assert _without_warnings(stderr) == said, stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["logits.npz"]
 
 
