@@ -329,6 +329,37 @@ def test_a_batch_size_of_a_billion_is_a_batch_of_the_data(tmp_path: Path) -> Non
     assert report["settings"]["data"]["batch_size"] == 1_000_000_000  # as given, recorded
 
 
+def test_inspect_shows_a_bounded_part_of_a_huge_safetensors_metadata(
+    tmp_path: Path, run_cli
+) -> None:
+    """60 MB of header metadata (a million entries) made `inspect` lay out a table of a million
+    rows: past two minutes. The table shows the first entries, cut to a cell, and says how many
+    more; the JSON report keeps every entry whole."""
+    import torch
+    from safetensors.torch import save_file
+
+    from curvcal.report.inspect import METADATA_CELL, METADATA_ROWS
+
+    metadata = {f"key{i:05d}": f"value {i}" for i in range(5_000)}
+    path = tmp_path / "noted.safetensors"
+    save_file({"w": torch.zeros(2, 2)}, str(path), metadata)
+    report = tmp_path / "inspect.json"
+
+    result = run_cli("inspect", path, "-o", report)
+
+    assert result.code == 0, result.output
+    shown = [line for line in result.stdout.splitlines() if "metadata: key" in line]
+    assert len(shown) == METADATA_ROWS
+    assert f"{5_000 - METADATA_ROWS:,} more entries (all in --json)" in result.stdout
+    assert json.loads(report.read_text())["results"]["metadata"] == metadata
+
+    save_file({"w": torch.zeros(2, 2)}, str(path), {"long": "q" * 100_000})  # no other q
+    result = run_cli("inspect", path)
+    assert result.code == 0, result.output
+    assert result.stdout.count("q") == METADATA_CELL  # wrapped in its cell, but cut
+    assert "... (100,000 characters, all in --json)" in " ".join(result.stdout.split())
+
+
 class _Counted:
     """A cost function that counts its calls and refuses to be called more than ``limit`` times
     (a plan that scans every width from --probe-batch down would call it a billion times)."""
