@@ -489,6 +489,31 @@ def test_one_line_and_exit_2(name: str, base: Base, tmp_path: Path, run_cli, mon
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("temperature", "why"),
+    [
+        ("0", "temperature must be finite and > 0, got 0.0"),
+        ("-1", "temperature must be finite and > 0, got -1.0"),
+        ("1e-320", "temperature 1e-320 is outside 1.2e-38..8.5e+37"),
+    ],
+)
+def test_apply_of_an_impossible_temperature_prints_exactly_one_line(
+    temperature: str, why: str, base: Base, tmp_path: Path, run_cli
+) -> None:
+    """Exactly one line on stderr (no warning, no table first) and nothing on stdout, whether
+    the scores come from a file or from the model."""
+    calibrator = _calibrator(tmp_path, temperature)
+    for args in (
+        ["metrics", base.logits, "--apply", calibrator],
+        ["calibrate", base.model, "--data", base.data, "--device", "cpu", "--apply", calibrator],
+    ):
+        result = run_cli(*args)
+        assert result.code == 2, result.output
+        assert result.stdout == ""
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.stderr.startswith(f"curvcal: error: {calibrator} (ts): {why}")
+
+
 def _without_warnings(stderr: str) -> list[str]:
     """The messages of ``stderr`` other than warnings (a warning the data earns, such as a fit
     stopped at its bracket, may come first; it can wrap onto lines of its own)."""

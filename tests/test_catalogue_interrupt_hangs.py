@@ -266,6 +266,37 @@ def test_a_signal_after_the_command_returned_comes_too_late_to_change_anything(
     ]
 
 
+def test_the_run_that_loses_a_race_for_its_output_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli
+) -> None:
+    """Two runs to one `-o`: the other run's report appears while this one writes its own (as
+    its temporary file appears). This run ends with the one error line and exit 2, the other's
+    report untouched, its own second output removed."""
+    from curvcal import interrupt
+
+    logits = tmp_path / "logits.npz"
+    rng = np.random.default_rng(0)
+    np.savez(logits, logits=rng.normal(size=(40, 3)), labels=rng.integers(0, 3, size=40))
+    monkeypatch.chdir(tmp_path)
+    real_created = interrupt.temporary_created
+
+    def the_other_run_wins(temp: str) -> None:
+        real_created(temp)
+        if os.path.basename(temp).startswith(".report.json."):
+            Path("report.json").write_text('{"the other run": true}')
+
+    monkeypatch.setattr(interrupt, "temporary_created", the_other_run_wins)
+    result = run_cli("metrics", "logits.npz", "--val-split", "0.5", "--save-calibrator",
+                     "c.json", "-o", "report.json", "-q")  # fmt: skip
+    assert result.code == 2, result.output
+    assert _without_warnings(result.stderr) == (
+        "curvcal: error: report.json: already exists (it was created while this run worked) "
+        "(pass --force to overwrite it, or name another file)\n"
+    ), result.stderr
+    assert Path("report.json").read_text() == '{"the other run": true}'
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["logits.npz", "report.json"]
+
+
 def test_a_failed_run_removes_the_outputs_it_had_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
