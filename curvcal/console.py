@@ -133,7 +133,7 @@ class ClosedStdout:
 def stand_in_for_closed_stdout() -> None:
     """Put a :class:`ClosedStdout` where Python left no stdout (its descriptor was closed)."""
     if sys.stdout is None:
-        sys.stdout = ClosedStdout()  # type: ignore[assignment]
+        sys.stdout = ClosedStdout()
 
 
 StepCallback = Callable[[int], None]

@@ -24,7 +24,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 from curvcal.errors import InputError
 
@@ -374,13 +374,10 @@ def _int_range() -> Any:
             super().__init__(*args, **kwargs)
             self.reason = reason
 
-        def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-            try:
-                return super().convert(value, param, ctx)
-            except click.BadParameter as error:
-                if self.reason and "range" in error.message:
-                    error.message = f"{error.message.rstrip('.')} ({self.reason})"
-                raise
+        def fail(self, message: str, param: Any = None, ctx: Any = None) -> NoReturn:
+            if self.reason and "range" in message:  # not "is not a valid integer"
+                message = f"{message.rstrip('.')} ({self.reason})"
+            super().fail(message, param, ctx)
 
     return IntRange
 
