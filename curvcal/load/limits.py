@@ -41,7 +41,7 @@ MAX_INFLATION = 100
 SMALL_INFLATED = 64 * 2**20
 
 
-def inflation_limit(file_size: int, available: int | None) -> int | None:
+def inflation_limit(file_size: int, available: int | None) -> int:
     """The most bytes an archive of ``file_size`` bytes may inflate to: ``MAX_INFLATION``
     times its size (at least ``SMALL_INFLATED``), and never more than the ``available``
     memory (``None``: no bound known)."""
@@ -77,7 +77,7 @@ def _refuse_inflation(path: Path, members: list[zipfile.ZipInfo], available: int
     total = sum(info.file_size for info in members)
     size = path.stat().st_size
     limit = inflation_limit(size, available)
-    if limit is None or total <= limit or not members:
+    if total <= limit or not members:
         return
     largest = max(members, key=lambda info: info.file_size)
     inflates = (
@@ -94,7 +94,7 @@ def _refuse_inflation(path: Path, members: list[zipfile.ZipInfo], available: int
         str(path),
         f"{inflates} from {size / 2**20:.1f} MiB, more than {MAX_INFLATION} times its size: "
         "checkpoints and tensor files do not compress so far, zip bombs do",
-        "is it the file you meant?",
+        "if it is the file you meant, save it uncompressed (numpy.savez, torch.save)",
     )
 
 
