@@ -11,9 +11,11 @@ Two rules beyond atomicity:
 * **modes.** A replaced file keeps its permission bits (a private, mode-600 report stays
   private); a new file gets 0666 less the umask, as any new file would.
 
-A temporary file is removed on SIGTERM as on Ctrl-C: while one exists, SIGTERM raises
-:class:`Terminated` in the main thread (the same clean-up path as an error), then the signal is
-delivered again to the handler that was in place before, so the process still ends by it.
+A temporary file is removed on SIGTERM as on Ctrl-C. In a CLI run :mod:`curvcal.interrupt`
+handles SIGTERM for the whole run (temporary files and outputs alike); elsewhere, while a
+temporary file exists, SIGTERM raises :class:`Terminated` in the main thread (the same clean-up
+path as an error), then the signal is delivered again to the handler that was in place before,
+so the process still ends by it.
 """
 
 from __future__ import annotations
@@ -183,8 +185,10 @@ def _terminate_raises() -> Iterator[None]:
     """While the block runs, SIGTERM raises :class:`Terminated` (so ``finally`` and ``except``
     clauses clean up); afterwards the previous handler is restored and, when the signal came,
     it is delivered again so the process ends as it would have. Nothing changes outside the
-    main thread or where SIGTERM is ignored."""
-    if threading.current_thread() is not threading.main_thread():
+    main thread, where SIGTERM is ignored, or where :mod:`curvcal.interrupt` handles it (a CLI
+    run: its handler honours :func:`~curvcal.interrupt.held` and removes every registered file;
+    raising here instead, between creating a temporary file and registering it, lost it)."""
+    if threading.current_thread() is not threading.main_thread() or interrupt.handles_terminate():
         yield
         return
     previous = signal.getsignal(signal.SIGTERM)

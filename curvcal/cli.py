@@ -70,9 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _invoke(args: list[str]) -> tuple[int, bool]:
     """The exit code of one invocation, and whether it failed (ended in an exception)."""
-    from curvcal.console import tolerate_narrow_encodings
+    from curvcal.console import stand_in_for_closed_stdout, tolerate_narrow_encodings
 
     debug = "--debug" in args or bool(os.environ.get("CURVCAL_DEBUG"))
+    stand_in_for_closed_stdout()
     tolerate_narrow_encodings()
     try:
         result = cli.main(args=args, prog_name="curvcal", standalone_mode=False)
@@ -152,7 +153,7 @@ def run() -> NoReturn:
     code = main()
     interrupt.decided()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # closed, broken or None
             stream.flush()
     if code == EXIT_INTERRUPTED:  # an interrupt main caught itself: exit without unwinding
         os._exit(code)

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from curvcal.errors import InputError
 from curvcal.pace import PLAIN_GRACE_SECONDS, Clock, Pace, PlainLines
 
 _FALLBACK_WIDTH = 120
@@ -103,6 +104,36 @@ def tolerate_narrow_encodings() -> None:
                     reconfigure(errors=_ASCII_ERRORS)
         except LookupError:  # an encoding Python does not know: leave it to fail as before
             pass
+
+
+class ClosedStdout:
+    """What ``sys.stdout`` is while the shell started curvcal with stdout closed (``>&-``):
+    Python leaves it ``None``, and click and rich then drop what is printed without a word (or
+    fail on ``None``, exit 1, which means a check failed). A run that has nothing to print
+    (``-q -o FILE``) ends as usual; the first write is an :class:`InputError`, one line and
+    exit 2, as a full stdout is."""
+
+    encoding = "utf-8"
+    errors = "strict"
+
+    def write(self, text: str) -> int:
+        raise InputError(
+            "stdout",
+            "is closed (started with >&-), so the output cannot be written",
+            "redirect it to a file or to /dev/null, or leave it open",
+        )
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def stand_in_for_closed_stdout() -> None:
+    """Put a :class:`ClosedStdout` where Python left no stdout (its descriptor was closed)."""
+    if sys.stdout is None:
+        sys.stdout = ClosedStdout()
 
 
 StepCallback = Callable[[int], None]

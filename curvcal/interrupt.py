@@ -25,6 +25,18 @@ The steps that must not be cut in two (create a temporary file and register it; 
 place and register the output) run inside :func:`held`, which postpones an interrupt to the end
 of the block. Library code that never calls :func:`install` keeps Python's own Ctrl-C.
 
+SIGTERM (a job scheduler, ``kill``, torchrun stopping its workers) ends a run the same way,
+outputs and temporary files removed, held steps finished first, but then by the signal itself
+(the process's status says SIGTERM, as before curvcal handled it, and nothing is printed: a
+launcher such as torchrun sends it to ranks that have already said why they stop). It never
+asks a staged computation to stop, and it does not call the :func:`on_stop` hooks (the sender
+stops the other ranks itself).
+
+The moment the exit code is decided is also the end of :func:`run_scope` in the process that
+installed the handlers: both signals are then ignored (SIGTERM given back to the handler that
+was in place before) before the register is cleared, so no signal can land where it would end
+the run as interrupted and leave its outputs.
+
 A staged computation whose finished stages are worth keeping (the Hessian analysis: the
 eigenvalues done, the trace running) runs inside :func:`stages`: there the first Ctrl-C only
 asks it to stop; its progress hook reads :func:`stop_requested` between products (in Python
@@ -61,7 +73,10 @@ class _Register:
         #: output → the hard link to the file it replaced, put back if the run fails
         self.replaced: dict[Path, str] = {}
         self.holding = 0
-        self.pending = False
+        #: the signal (SIGINT or SIGTERM) that arrived during a held step, handled at its end
+        self.pending: int | None = None
+        #: SIGTERM's handler before :func:`install` (given back once the exit code is decided)
+        self.previous_terminate: object = signal.SIG_DFL
         #: called (errors ignored) once the run's files are removed, before the process ends:
         #: under torchrun, telling the other ranks (curvcal.distributed)
         self.on_stop: list[Callable[[], None]] = []
@@ -75,9 +90,20 @@ _REGISTER = _Register()
 
 
 def install() -> None:
-    """Handle SIGINT as described above (the entry point's first statement; idempotent)."""
+    """Handle SIGINT and SIGTERM as described above (the entry point's first statement;
+    idempotent). A SIGTERM the parent ignores stays ignored."""
     _REGISTER.owner = os.getpid()
     signal.signal(signal.SIGINT, _on_interrupt)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN or previous is _on_terminate:
+        return
+    _REGISTER.previous_terminate = previous if previous is not None else signal.SIG_DFL
+    signal.signal(signal.SIGTERM, _on_terminate)
+
+
+def handles_terminate() -> bool:
+    """Whether SIGTERM is handled here (removing what the run wrote), in this process."""
+    return _REGISTER.owner == os.getpid() and signal.getsignal(signal.SIGTERM) is _on_terminate
 
 
 def on_stop(hook: Callable[[], None] | None) -> None:
@@ -86,12 +112,22 @@ def on_stop(hook: Callable[[], None] | None) -> None:
 
 
 def decided() -> None:
-    """The exit code is decided and every output is in place: ignore SIGINT from now on."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """The exit code is decided and every output is in place: ignore SIGINT from now on, and
+    give SIGTERM back to the handler it had before."""
+    _signals_decided()
     _forget_replaced()
     _REGISTER.temporary.clear()
     _REGISTER.outputs.clear()
     _REGISTER.active = False
+
+
+def _signals_decided() -> None:
+    """Neither signal can end the run as interrupted any more (only where they are ours)."""
+    if _REGISTER.owner != os.getpid():
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if signal.getsignal(signal.SIGTERM) is _on_terminate:
+        signal.signal(signal.SIGTERM, _REGISTER.previous_terminate)  # type: ignore[arg-type]
 
 
 def _forget_replaced() -> None:
@@ -105,7 +141,9 @@ def _forget_replaced() -> None:
 @contextmanager
 def run_scope() -> Iterator[None]:
     """One CLI invocation: register what it writes, forget it when the invocation ends (the
-    caller calls :func:`discard` first when the invocation failed)."""
+    caller calls :func:`discard` first when the invocation failed). In the process that
+    installed the handlers its end decides the exit code (:func:`decided`): the signals are
+    ignored before the register is forgotten, so none lands in between."""
     _REGISTER.temporary.clear()
     _REGISTER.outputs.clear()
     _REGISTER.active = True
@@ -113,6 +151,7 @@ def run_scope() -> Iterator[None]:
     try:
         yield
     finally:
+        _signals_decided()
         _REGISTER.active = False
         _forget_replaced()
         _REGISTER.temporary.clear()
@@ -146,8 +185,8 @@ def held() -> Iterator[None]:
         yield
     finally:
         _REGISTER.holding -= 1
-        if _REGISTER.holding == 0 and _REGISTER.pending:
-            _stop()
+        if _REGISTER.holding == 0 and _REGISTER.pending is not None:
+            _stop(_REGISTER.pending)
 
 
 def temporary_created(name: str) -> None:
@@ -228,22 +267,44 @@ def _on_interrupt(signum: int, frame: FrameType | None) -> None:
         _REGISTER.stop_asked = True
         return
     if _REGISTER.holding:
-        _REGISTER.pending = True
+        if _REGISTER.pending is None:  # a SIGTERM already waiting stays a SIGTERM
+            _REGISTER.pending = signal.SIGINT
         return
     _stop()
 
 
-def _stop() -> None:
-    """Remove what the run wrote, say so in one line, and end the process with 130."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
+def _on_terminate(signum: int, frame: FrameType | None) -> None:
+    if os.getpid() != _REGISTER.owner:  # a forked worker: ends by the signal, as it would have
+        _end_by(signal.SIGTERM)
+    if _REGISTER.holding:
+        _REGISTER.pending = signal.SIGTERM  # a later Ctrl-C does not make it an interrupt
+        return
+    _stop(signal.SIGTERM)
+
+
+def _end_by(signum: int) -> None:
+    """End the process by ``signum`` at its default action (``128 + signum`` should it not)."""
+    signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)
+
+
+def _stop(signum: int = signal.SIGINT) -> None:
+    """Remove what the run wrote and end the process: after Ctrl-C, tell the other ranks, say
+    so in one line and exit 130; after SIGTERM, by the signal itself."""
+    for each in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the cleanup
+        signal.signal(each, signal.SIG_IGN)
     discard()
+    if signum == signal.SIGTERM:
+        _end_by(signal.SIGTERM)
     for hook in _REGISTER.on_stop:
         with suppress(Exception):
             hook()
     message = _MESSAGE
     with suppress(OSError, ValueError):  # a closed stderr
         if sys.stderr is not None and sys.stderr.isatty():
-            message = b"\x1b[?25h\n" + _MESSAGE  # a progress bar hid the cursor mid-line
+            message = b"\x1b[?25h\n" + message  # a progress bar hid the cursor mid-line
     with suppress(OSError):
         os.write(_REGISTER.stderr_fd, message)
     os._exit(EXIT_INTERRUPTED)

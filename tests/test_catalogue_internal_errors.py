@@ -489,6 +489,31 @@ def test_one_line_and_exit_2(name: str, base: Base, tmp_path: Path, run_cli, mon
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("temperature", "why"),
+    [
+        ("0", "temperature must be finite and > 0, got 0.0"),
+        ("-1", "temperature must be finite and > 0, got -1.0"),
+        ("1e-320", "temperature 1e-320 is outside 1.2e-38..8.5e+37"),
+    ],
+)
+def test_apply_of_an_impossible_temperature_prints_exactly_one_line(
+    temperature: str, why: str, base: Base, tmp_path: Path, run_cli
+) -> None:
+    """Exactly one line on stderr (no warning, no table first) and nothing on stdout, whether
+    the scores come from a file or from the model."""
+    calibrator = _calibrator(tmp_path, temperature)
+    for args in (
+        ["metrics", base.logits, "--apply", calibrator],
+        ["calibrate", base.model, "--data", base.data, "--device", "cpu", "--apply", calibrator],
+    ):
+        result = run_cli(*args)
+        assert result.code == 2, result.output
+        assert result.stdout == ""
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.stderr.startswith(f"curvcal: error: {calibrator} (ts): {why}")
+
+
 def _without_warnings(stderr: str) -> list[str]:
     """The messages of ``stderr`` other than warnings (a warning the data earns, such as a fit
     stopped at its bracket, may come first; it can wrap onto lines of its own)."""
@@ -606,6 +631,76 @@ def test_a_zip_that_would_inflate_past_memory_is_refused_first(
         assert "bomb.npz: would inflate to 0.1 GiB ('logits.npy' alone 0.1 GiB)" in result.stderr
 
 
+def _torch_zip_bomb(path: Path, mib: int) -> Path:
+    """A ``torch.save``-shaped archive whose ``data.pkl`` is ``mib`` MiB of deflated zeros."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("bomb/version", "3\n")
+        with archive.open("bomb/data.pkl", "w", force_zip64=True) as member:
+            for _ in range(mib):
+                member.write(bytes(2**20))
+    return path
+
+
+def test_a_torch_zip_bomb_is_refused_before_its_pickle_is_read(
+    base: Base, tmp_path: Path, run_cli
+) -> None:
+    """128 MiB of zeros in 0.1 MiB, with all the memory there is: the ratio alone refuses it,
+    before the pickle scan reads ``data.pkl`` into memory (it read it whole, then called it a
+    corrupt pickle; 3 GiB of it ended in a MemoryError, exit 70)."""
+    path = _torch_zip_bomb(tmp_path / "bomb.pt", 128)
+    assert path.stat().st_size < 2**20
+    for args in (
+        ["inspect", path],
+        ["calibrate", path, "--data", base.data, *ARCH, "--device", "cpu"],
+        ["hessian", path, "--data", base.data, *ARCH, "--device", "cpu", "--trust-checkpoint"],
+    ):
+        result = run_cli(*args)
+        assert result.code == 2, result.output
+        lines = _without_warnings(result.stderr)
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith(
+            "curvcal: error: " + str(path) + ": would inflate to 0.1 GiB ('bomb/data.pkl' alone "
+            "0.1 GiB) from 0.1 MiB, more than 100 times its size"
+        ), lines[0]
+
+
+def _declaring(path: Path, member: str, content: bytes, size: int) -> Path:
+    """A zip whose one stored ``member`` holds ``content`` but whose headers (local and central)
+    declare ``size`` bytes: what a reader allocates for it, read from the archive alone."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr(member, content)
+    data = bytearray(path.read_bytes())
+    local, central = data.index(b"PK\x03\x04"), data.index(b"PK\x01\x02")
+    data[local + 22 : local + 26] = size.to_bytes(4, "little")
+    data[central + 24 : central + 28] = size.to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_zip_declaring_3_gib_is_refused_from_its_directory_alone(tmp_path: Path, run_cli) -> None:
+    """The finding's 3 GiB ``data.pkl``, declared by a 200-byte file: refused without reading
+    (or allocating for) any member."""
+    from curvcal.load.limits import MAX_INFLATION, SMALL_INFLATED, inflation_limit, open_zip
+
+    path = _declaring(tmp_path / "declared.pt", "declared/data.pkl", b"\x80\x02}q\x00.", 3 * 2**30)
+    with zipfile.ZipFile(path) as archive:  # the directory alone says 3 GiB
+        assert archive.getinfo("declared/data.pkl").file_size == 3 * 2**30
+    with pytest.raises(InputError, match=r"would inflate to 3\.0 GiB"):
+        open_zip(path)
+    result = run_cli("inspect", path)
+    assert result.code == 2, result.output
+    assert "declared.pt: would inflate to 3.0 GiB ('declared/data.pkl' alone 3.0 GiB)" in (
+        result.stderr
+    )
+    # the bound: MAX_INFLATION times the file, at least SMALL_INFLATED, never past the memory
+    assert inflation_limit(1000, None) == SMALL_INFLATED
+    assert inflation_limit(2**30, None) == MAX_INFLATION * 2**30
+    assert inflation_limit(2**30, 2**31) == 2**31
+    # a real checkpoint is stored, not deflated: 1x, read as before
+    torch.save({"w": torch.zeros(4)}, tmp_path / "plain.pt")
+    open_zip(tmp_path / "plain.pt").close()
+
+
 # --- stdout ----------------------------------------------------------------------------------
 
 
@@ -630,6 +725,33 @@ def test_a_closed_stdout_pipe_ends_quietly_with_141(base: Base) -> None:
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141, stderr
     assert _without_warnings(stderr) == []
+
+
+def _close_stdout() -> None:
+    os.close(1)  # as `curvcal ... >&-` starts it
+
+
+def test_a_closed_stdout_is_one_line_and_exit_2_and_leaves_no_output(
+    base: Base, tmp_path: Path
+) -> None:
+    """`>&-`: Python leaves sys.stdout None; the run ended in a traceback and exit 1 ("a check
+    failed"). Now the first write says so, the report written before it is removed."""
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        _curvcal("metrics", base.logits, "--val-split", "0.5", "-o", report),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        timeout=120,
+        preexec_fn=_close_stdout,
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 2, stderr
+    assert _without_warnings(stderr) == [
+        "curvcal: error: stdout: is closed (started with >&-), so the output cannot be written "
+        "(redirect it to a file or to /dev/null, or leave it open)"
+    ]
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")

@@ -182,6 +182,121 @@ def test_ctrl_c_waits_for_a_held_step_then_removes_what_it_wrote(tmp_path: Path)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["reached"]
 
 
+# The real command under a hook at the moment a signal must be handled (no sleeps that race):
+# `metrics LOGITS --val-split 0.5 -o report.json --save-calibrator c.json`, run by the entry
+# point with `curvcal.interrupt` patched where the moment is.
+_SIGNALLED_RUN = """
+import os, signal, sys
+from curvcal import interrupt
+moment, signum, name = sys.argv[1], getattr(signal, sys.argv[2]), sys.argv[3]
+if moment == "temporary":  # right after a temporary file of `name` appears and is registered
+    real_created = interrupt.temporary_created
+
+    def created(temp):
+        real_created(temp)
+        if os.path.basename(temp).startswith("." + name + "."):
+            os.kill(os.getpid(), signum)
+
+    interrupt.temporary_created = created
+else:  # after the command returned, before the exit code is decided
+    real_decided = interrupt.decided
+
+    def decided():
+        os.kill(os.getpid(), signum)
+        for _ in range(10_000):  # bytecodes: the handler runs between two of them
+            pass
+        real_decided()
+
+    interrupt.decided = decided
+from curvcal.cli import run
+sys.argv = ["curvcal", *sys.argv[4:]]
+run()
+"""
+
+
+def _without_warnings(stderr: str) -> str:
+    """``stderr`` less the warnings the random scores earn (a fit stopped at its bracket)."""
+    kept = [line for line in stderr.splitlines(keepends=True) if line.startswith("curvcal: ")]
+    return "".join(line for line in kept if not line.startswith("curvcal: warning: "))
+
+
+def _signalled_run(tmp_path: Path, moment: str, signum: str, name: str) -> tuple[int, str]:
+    logits = tmp_path / "logits.npz"
+    rng = np.random.default_rng(0)
+    np.savez(logits, logits=rng.normal(size=(40, 3)), labels=rng.integers(0, 3, size=40))
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNALLED_RUN, moment, signum, name, "metrics", "logits.npz",
+         "--val-split", "0.5", "-o", "report.json", "--save-calibrator", "c.json"],
+        cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        timeout=120, preexec_fn=_as_a_shell_starts_it,
+    )  # fmt: skip
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("name", ["report.json", "c.json"])
+@pytest.mark.parametrize(
+    ("signum", "code", "said"),
+    [("SIGTERM", -signal.SIGTERM, ""), ("SIGINT", 130, "curvcal: interrupted\n")],
+)
+def test_a_signal_as_an_outputs_temporary_file_appears_leaves_nothing(
+    tmp_path: Path, name: str, signum: str, code: int, said: str
+) -> None:
+    """SIGTERM as c.json's (or the report's) temporary file appeared left the other output
+    behind, and the temporary file: SIGTERM then raised in the middle of the held step that
+    registers it, and ended the process by the signal without removing what the run wrote."""
+    returncode, stderr = _signalled_run(tmp_path, "temporary", signum, name)
+    assert returncode == code, stderr
+    assert _without_warnings(stderr) == said, stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["logits.npz"]
+
+
+@pytest.mark.parametrize(("signum", "code"), [("SIGINT", 0), ("SIGTERM", -signal.SIGTERM)])
+def test_a_signal_after_the_command_returned_comes_too_late_to_change_anything(
+    tmp_path: Path, signum: str, code: int
+) -> None:
+    """Between the command's return and the decided exit code the register was already empty:
+    Ctrl-C there ended the run with 130 ("nothing written") and left both outputs. Now the
+    outputs stand; SIGTERM, given back to its default, still ends the process by itself."""
+    returncode, stderr = _signalled_run(tmp_path, "decided", signum, "")
+    assert returncode == code, stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "c.json",
+        "logits.npz",
+        "report.json",
+    ]
+
+
+def test_the_run_that_loses_a_race_for_its_output_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli
+) -> None:
+    """Two runs to one `-o`: the other run's report appears while this one writes its own (as
+    its temporary file appears). This run ends with the one error line and exit 2, the other's
+    report untouched, its own second output removed."""
+    from curvcal import interrupt
+
+    logits = tmp_path / "logits.npz"
+    rng = np.random.default_rng(0)
+    np.savez(logits, logits=rng.normal(size=(40, 3)), labels=rng.integers(0, 3, size=40))
+    monkeypatch.chdir(tmp_path)
+    real_created = interrupt.temporary_created
+
+    def the_other_run_wins(temp: str) -> None:
+        real_created(temp)
+        if os.path.basename(temp).startswith(".report.json."):
+            Path("report.json").write_text('{"the other run": true}')
+
+    monkeypatch.setattr(interrupt, "temporary_created", the_other_run_wins)
+    result = run_cli("metrics", "logits.npz", "--val-split", "0.5", "--save-calibrator",
+                     "c.json", "-o", "report.json", "-q")  # fmt: skip
+    assert result.code == 2, result.output
+    assert _without_warnings(result.stderr) == (
+        "curvcal: error: report.json: already exists (it was created while this run worked) "
+        "(pass --force to overwrite it, or name another file)\n"
+    ), result.stderr
+    assert Path("report.json").read_text() == '{"the other run": true}'
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["logits.npz", "report.json"]
+
+
 def test_a_failed_run_removes_the_outputs_it_had_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,6 +330,65 @@ def test_a_run_that_ends_with_a_result_keeps_its_outputs(tmp_path: Path) -> None
 
 
 # -- plans capped by what can exist ------------------------------------------------------------
+
+
+def _address_space_of_6_gib() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
+
+
+def test_a_batch_size_of_a_billion_is_a_batch_of_the_data(tmp_path: Path) -> None:
+    """`calibrate --batch-size 1000000000` made a list of a billion sample numbers (killed by
+    the kernel, or a MemoryError and exit 70 where memory is bounded, as here): a batch holds
+    at most the data, so the run is the run of a batch size of N."""
+    command = [sys.executable, "-m", "curvcal", "calibrate", str(CHECKPOINT), "--data",
+               "curvcal:digits", "--device", "cpu", "--batch-size", "1000000000", "-o",
+               "report.json"]  # fmt: skip
+    done = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        preexec_fn=_address_space_of_6_gib,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["settings"]["data"]["batch_size"] == 1_000_000_000  # as given, recorded
+
+
+def test_inspect_shows_a_bounded_part_of_a_huge_safetensors_metadata(
+    tmp_path: Path, run_cli
+) -> None:
+    """60 MB of header metadata (a million entries) made `inspect` lay out a table of a million
+    rows: past two minutes. The table shows the first entries, cut to a cell, and says how many
+    more; the JSON report keeps every entry whole."""
+    import torch
+    from safetensors.torch import save_file
+
+    from curvcal.report.inspect import METADATA_CELL, METADATA_ROWS
+
+    metadata = {f"key{i:05d}": f"value {i}" for i in range(5_000)}
+    path = tmp_path / "noted.safetensors"
+    save_file({"w": torch.zeros(2, 2)}, str(path), metadata)
+    report = tmp_path / "inspect.json"
+
+    result = run_cli("inspect", path, "-o", report)
+
+    assert result.code == 0, result.output
+    shown = [line for line in result.stdout.splitlines() if "metadata: key" in line]
+    assert len(shown) == METADATA_ROWS
+    assert f"{5_000 - METADATA_ROWS:,} more entries (all in --json)" in result.stdout
+    assert json.loads(report.read_text())["results"]["metadata"] == metadata
+
+    save_file({"w": torch.zeros(2, 2)}, str(path), {"long": "q" * 100_000})  # no other q
+    result = run_cli("inspect", path)
+    assert result.code == 0, result.output
+    assert result.stdout.count("q") == METADATA_CELL  # wrapped in its cell, but cut
+    assert "... (100,000 characters, all in --json)" in " ".join(result.stdout.split())
 
 
 class _Counted:
@@ -295,7 +469,7 @@ def test_density_steps_beyond_the_parameter_count_are_capped_and_said() -> None:
     planned: list[int] = []
     notes: list[str] = []
     settings = HessianSettings(
-        trace=False, density=True, density_runs=1, density_steps=100_000, tol=1e-6
+        trace=False, density=True, density_runs=1, density_steps=200, tol=1e-6
     )
     result = analyse_hessian(
         model,
@@ -306,7 +480,7 @@ def test_density_steps_beyond_the_parameter_count_are_capped_and_said() -> None:
     )
     assert planned == [n_params]
     assert [note for note in notes if "--density-steps" in note] == [
-        f"--density-steps 100000 capped at {n_params}, the parameter count: Lanczos on a "
+        f"--density-steps 200 capped at {n_params}, the parameter count: Lanczos on a "
         "Hessian of P rows ends within P steps"
     ]
     assert result.density is not None and result.density.steps == n_params

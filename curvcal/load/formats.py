@@ -35,6 +35,7 @@ import torch
 
 from curvcal import jsontext
 from curvcal.errors import InputError, one_line
+from curvcal.load.limits import open_zip
 from curvcal.paths import readable_file
 
 KNOWN_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pt2", ".tar")
@@ -201,7 +202,7 @@ def plain_pickle_globals(path: Path) -> tuple[str, ...]:
 def _sniff_zip(path: Path) -> Container:
     what = str(path)
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_zip(path) as archive:
             names = archive.namelist()
             bad = archive.testzip()
             archive_format = _read_member(archive, names, "archive_format")
@@ -366,7 +367,7 @@ def _pickle_stream(path: Path, container: Container) -> BinaryIO:
     """The main pickle of a torch zip (in memory), or the legacy file itself."""
     if container.kind == "torch-legacy":
         return _BoundedReader(path)
-    with zipfile.ZipFile(path) as archive:
+    with open_zip(path) as archive:
         data = _read_member(archive, archive.namelist(), container.pickle_name or "data.pkl")
     return io.BytesIO(data or b"")
 
@@ -507,7 +508,7 @@ def torch_safe_globals() -> set[str]:
 def pt2_weight_specs(path: Path) -> tuple[TensorSpec, ...]:
     """Weight names, shapes and dtypes of a ``torch.export`` archive, from its JSON config."""
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_zip(path) as archive:
             raw = _read_member(
                 archive, archive.namelist(), "data/weights/model_weights_config.json"
             )

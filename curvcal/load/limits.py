@@ -2,10 +2,13 @@
 ask for more memory than there is (an out-of-memory kill, or an hour of swapping, otherwise).
 
 - ``num_classes``: a classifier head of at most :data:`~curvcal.settings.checkpoint.MAX_CLASSES` rows.
-- Zip archives (``.npz``, ``torch.save`` files): a member's uncompressed size is in the
-  archive's central directory, so one that would inflate to gigabytes (a few kilobytes of
-  deflated zeros) is refused before a reader allocates for it; so is a ``.npy`` member whose
-  header claims a larger array than the member holds.
+- Zip archives (``.npz``, ``torch.save`` files, TorchScript and exported programs): every
+  member's uncompressed size is in the archive's central directory, and every reader (Python's
+  ``zipfile``, torch's and numpy's) allocates or reads at most that much for it. :func:`open_zip`,
+  the one way curvcal opens an archive, refuses one whose members would inflate in all to more
+  than :func:`inflation_limit` of its size (a few megabytes of deflated zeros declaring
+  gigabytes) before any member is read; so is a ``.npy`` member whose header claims a larger
+  array than the member holds.
 """
 
 from __future__ import annotations
@@ -28,25 +31,71 @@ def available_memory() -> int | None:
     return host_memory("SC_PHYS_PAGES")
 
 
-def check_zip_sizes(path: Path, limit: int | None = None) -> None:
-    """Refuse a zip archive whose members would inflate to more than ``limit`` bytes in all
-    (default: the memory available now), naming ``path`` and the largest member."""
+#: the most an archive may inflate to, as a multiple of its size: ``torch.save`` stores its
+#: members uncompressed (1×) and ``numpy.savez_compressed`` of scores or labels inflates a few
+#: times; deflate itself reaches about 1,032× only on runs of one byte, which is what a zip
+#: bomb is made of
+MAX_INFLATION = 100
+#: an archive that inflates to at most this many bytes in all is read whatever its ratio
+#: (a small file of repeated values harms nobody)
+SMALL_INFLATED = 64 * 2**20
+
+
+def inflation_limit(file_size: int, available: int | None) -> int:
+    """The most bytes an archive of ``file_size`` bytes may inflate to: ``MAX_INFLATION``
+    times its size (at least ``SMALL_INFLATED``), and never more than the ``available``
+    memory (``None``: no bound known)."""
+    bound = max(SMALL_INFLATED, MAX_INFLATION * file_size)
+    return bound if available is None else min(bound, available)
+
+
+def open_zip(path: Path) -> zipfile.ZipFile:
+    """``path`` opened as a zip archive, after its members' declared sizes are checked against
+    :func:`inflation_limit`: an :class:`InputError` naming ``path`` and its largest member when
+    they add up to more. A file that is not a zip raises :class:`zipfile.BadZipFile` (and an
+    unreadable one :class:`OSError`), as ``zipfile.ZipFile`` does."""
+    archive = zipfile.ZipFile(path)
     try:
-        with zipfile.ZipFile(path) as archive:
-            members = archive.infolist()
+        _refuse_inflation(path, archive.infolist(), available_memory())
+    except BaseException:
+        archive.close()
+        raise
+    return archive
+
+
+def check_zip_sizes(path: Path) -> None:
+    """:func:`open_zip`'s check alone, for readers that open the archive themselves
+    (``torch.load``, ``numpy.load``); a file that is not a readable zip passes (the format's
+    own reader says what is wrong with it)."""
+    try:
+        open_zip(path).close()
     except (zipfile.BadZipFile, OSError, ValueError):
-        return  # not readable as a zip here: the format's own reader says what is wrong
+        return
+
+
+def _refuse_inflation(path: Path, members: list[zipfile.ZipInfo], available: int | None) -> None:
     total = sum(info.file_size for info in members)
-    limit = available_memory() if limit is None else limit
-    if limit is not None and total > limit:
-        largest = max(members, key=lambda info: info.file_size)
+    size = path.stat().st_size
+    limit = inflation_limit(size, available)
+    if total <= limit or not members:
+        return
+    largest = max(members, key=lambda info: info.file_size)
+    inflates = (
+        f"would inflate to {total / _GIB:.1f} GiB ({largest.filename!r} alone "
+        f"{largest.file_size / _GIB:.1f} GiB)"
+    )
+    if available is not None and limit == available:
         raise InputError(
             str(path),
-            f"would inflate to {total / _GIB:.1f} GiB ({largest.filename!r} alone "
-            f"{largest.file_size / _GIB:.1f} GiB), more than the {limit / _GIB:.1f} GiB of "
-            "memory available",
+            f"{inflates}, more than the {limit / _GIB:.1f} GiB of memory available",
             "is it the file you meant?",
         )
+    raise InputError(
+        str(path),
+        f"{inflates} from {size / 2**20:.1f} MiB, more than {MAX_INFLATION} times its size: "
+        "checkpoints and tensor files do not compress so far, zip bombs do",
+        "if it is the file you meant, save it uncompressed (numpy.savez, torch.save)",
+    )
 
 
 def check_npy_members(path: Path) -> None:
@@ -56,7 +105,7 @@ def check_npy_members(path: Path) -> None:
     from numpy.lib import format as npy
 
     try:
-        archive = zipfile.ZipFile(path)
+        archive = open_zip(path)
     except (zipfile.BadZipFile, OSError, ValueError):
         return
     with archive:

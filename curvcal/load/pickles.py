@@ -187,7 +187,9 @@ def weights_only_load(path: Path, allowed: list[Any]) -> Any:
 
 
 def _full_load(path: Path) -> Any:
-    """Full unpickling: runs code from the file. Only reached with ``trust``."""
+    """Full unpickling: runs code from the file. Only reached with ``trust``; the archive's
+    sizes are checked first, as for a weights-only load."""
+    check_zip_sizes(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except (ImportError, AttributeError) as exc:

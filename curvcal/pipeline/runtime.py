@@ -130,6 +130,10 @@ def pad_predictions(
     from curvcal.load.batches import iter_batches
     from curvcal.pipeline.inference import predict_logits
 
-    first = indices[:batch_size] if indices is not None else list(range(batch_size))
+    if not missing:
+        return
+    # the first batch is at most the data (never a list of --batch-size numbers: a batch size
+    # of 10**9 on 797 samples made one of a billion)
+    first = indices[:batch_size] if indices is not None else range(min(batch_size, data.n_samples))
     for _ in range(missing):
         predict_logits(loaded.module, iter_batches(data.dataset, batch_size, first), loaded.device)

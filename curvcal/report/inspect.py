@@ -10,6 +10,11 @@ if TYPE_CHECKING:
     from curvcal.load.inspect import CheckpointInfo
 
 TENSOR_ROWS = 40
+#: metadata entries shown in the table (all of them in --json): a file's header may hold a
+#: million (a safetensors header of 60 MB), which a table would take many minutes to lay out
+METADATA_ROWS = 40
+#: characters of a metadata value shown in the table
+METADATA_CELL = 200
 _LIST_CELL = 8
 
 
@@ -40,7 +45,7 @@ def inspect_tables(info: CheckpointInfo) -> list[Table]:
     ]
     if info.container == "pickle":  # a plain pickle: what it would import is all there is
         rows.append(("pickle globals", _short_list(info.pickle_globals, len(info.pickle_globals))))
-    rows += [(f"metadata: {key}", value) for key, value in info.metadata.items()]
+    rows += _metadata_rows(info.metadata)
     tables = [Table(title="checkpoint", columns=("item", "value"), rows=tuple(rows))]
     if info.tensors:
         shown = info.tensors[:TENSOR_ROWS]
@@ -58,6 +63,25 @@ def inspect_tables(info: CheckpointInfo) -> list[Table]:
             )
         )
     return tables
+
+
+def _metadata_rows(metadata: dict[str, str]) -> list[tuple[str, str]]:
+    """The first :data:`METADATA_ROWS` entries, keys and values cut to :data:`METADATA_CELL`
+    characters, and a row saying how many more there are."""
+    rows = []
+    for index, (key, value) in enumerate(metadata.items()):
+        if index == METADATA_ROWS:
+            more = len(metadata) - METADATA_ROWS
+            rows.append(("metadata: ...", f"{more:,} more entries (all in --json)"))
+            break
+        rows.append((f"metadata: {_cut(str(key))}", _cut(str(value))))
+    return rows
+
+
+def _cut(text: str) -> str:
+    if len(text) <= METADATA_CELL:
+        return text
+    return f"{text[:METADATA_CELL]}... ({len(text):,} characters, all in --json)"
 
 
 def _short_list(items: tuple[str, ...], limit: int = _LIST_CELL) -> str:

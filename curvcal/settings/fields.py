@@ -24,7 +24,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 from curvcal.errors import InputError
 
@@ -47,6 +47,8 @@ class Spec:
     ``"any"`` for a :class:`~pathlib.Path`) and ``default_text`` (shown instead of a computed
     default) shape the option; ``cli`` false keeps a field off the command line (set by the
     code, recorded in the report); ``record`` false keeps it out of the report.
+    ``bound_reason`` says why the bounds are what they are: the hint of an out-of-range error,
+    on the command line as from a policy or Python.
     """
 
     help: str
@@ -67,6 +69,7 @@ class Spec:
     cli: bool = True
     record: bool = True
     required: bool = False
+    bound_reason: str | None = None
 
 
 def setting(default: Any = None, help: str = "", **spec: Any) -> Any:
@@ -241,7 +244,9 @@ def _check_value(
         )
     if kind in (int, float) and not _in_bounds(spec, value):
         noun = "an integer" if kind is int else "a number"
-        raise InputError(what, f"must be {noun} {_bound_text(spec)}, got {value!r}")
+        raise InputError(
+            what, f"must be {noun} {_bound_text(spec)}, got {value!r}", spec.bound_reason
+        )
 
 
 def check_fields(settings: Settings, where: Where | None = None) -> None:
@@ -359,6 +364,24 @@ def comma_numbers(
     return numbers
 
 
+@functools.cache
+def _int_range() -> Any:
+    """click's IntRange whose out-of-range error also says why the range is what it is."""
+    import click
+
+    class IntRange(click.IntRange):
+        def __init__(self, *args: Any, reason: str | None = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.reason = reason
+
+        def fail(self, message: str, param: Any = None, ctx: Any = None) -> NoReturn:
+            if self.reason and "range" in message:  # not "is not a valid integer"
+                message = f"{message.rstrip('.')} ({self.reason})"
+            super().fail(message, param, ctx)
+
+    return IntRange
+
+
 def _click_type(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Any:
     import click
 
@@ -370,11 +393,12 @@ def _click_type(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Any:
     if kind in (int, float) and spec.low is None and spec.high is None:
         return click.INT if kind is int else click.FLOAT
     if kind is int:
-        return click.IntRange(
+        return _int_range()(
             None if spec.low is None else int(spec.low),
             None if spec.high is None else int(spec.high),
             min_open=spec.low_open,
             max_open=spec.high_open,
+            reason=spec.bound_reason,
         )
     if kind is float:
         return click.FloatRange(
