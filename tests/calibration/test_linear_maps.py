@@ -160,9 +160,9 @@ def test_saved_form_is_plain_numbers_and_round_trips() -> None:
     [
         (
             {"method": "vector", "weights": [1, 2], "bias": [0, 0, 0]},
-            "needs 3 weights for its 3 biases, got 2",
+            "bias has 3 entries where K = 2",
         ),
-        ({"method": "matrix", "weights": [[1, 0], [0]], "bias": [0, 0]}, "needs 2×2 weights"),
+        ({"method": "matrix", "weights": [[1, 0], [0]], "bias": [0, 0]}, "rows of one length"),
         ({"method": "vector", "weights": ["1", 2], "bias": [0, 0]}, "numbers only"),
         ({"method": "vector", "weights": [1, True], "bias": [0, 0]}, "numbers only"),
         ({"method": "vector", "weights": [1, 1e400], "bias": [0, 0]}, "finite"),
