@@ -50,6 +50,8 @@ class CalibrationMap(Protocol):
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any: ...
 
+    def check_model(self, module: Any, where: str) -> None: ...
+
 
 #: ``--method`` value that fits every map that applies.
 ALL = "all"

@@ -74,11 +74,18 @@ class Field:
 
     def out_of_range(self, value: Any) -> str:
         """What is wrong with ``value`` outside ``[low, high]``."""
+        if self.kind == "integer" and self.low > -math.inf and self.high < math.inf:
+            return f"{self.name} {value!r} is outside {int(self.low)}..{int(self.high)}"
         if self.low > -math.inf and self.high < math.inf:
-            return f"{self.name} {value!r} is outside {self.low:.1e}..{self.high:.1e}"
+            return f"{self.name} {value!r} is outside {_bound(self.low)}..{_bound(self.high)}"
         if self.low > -math.inf:
             return f"{self.name} must be >= {self.low:g}, got {value!r}"
         return f"{self.name} must be <= {self.high:g}, got {value!r}"
+
+
+def _bound(value: float) -> str:
+    """A bound as a reader reads it: 0, 1, 1e-08, or 1.2e-38 (not the full 17 digits)."""
+    return f"{value:g}" if value == 0 or 1e-4 <= abs(value) <= 1e6 else f"{value:.1e}"
 
 
 def number(name: str, low: float = -math.inf, high: float = math.inf, **more: Any) -> Field:
@@ -173,8 +180,8 @@ def _array(
     """An array of ``shape``; a ``None`` dimension makes each row its own array (bound names
     inside it are bound per row, so they are not shared across rows)."""
     name = spec.name
-    if not isinstance(value, list):
-        raise InputError(source, f"{name} must be a list ({_shape_text(spec.shape)})")
+    if not isinstance(value, list) or not value:
+        raise InputError(source, f"{name} must be {_shape_text(spec.shape)}")
     _check_length(spec, shape[0], len(value), source, bound)
     if len(shape) > 1 and shape[0] is None:
         return [_array(spec, row, shape[1:], source, dict(bound)) for row in value]
@@ -183,7 +190,7 @@ def _array(
     rows = value
     for depth in range(1, len(shape)):
         if not all(isinstance(row, list) for row in rows):
-            raise InputError(source, f"{name} must be nested lists ({_shape_text(spec.shape)})")
+            raise InputError(source, f"{name} must be {_shape_text(spec.shape)}")
         lengths = {len(row) for row in rows}
         if len(lengths) > 1:
             raise InputError(source, f"{name} must have rows of one length")
@@ -209,7 +216,7 @@ def _check_length(
         raise InputError(source, f"{spec.name} must have {dim} entries, got {length}")
     if isinstance(dim, str):
         if length == 0:
-            raise InputError(source, f"{spec.name} must not be empty")
+            raise InputError(source, f"{spec.name} must be {_shape_text(spec.shape)}")
         if bound.setdefault(dim, length) != length:
             raise InputError(
                 source,
@@ -217,11 +224,14 @@ def _check_length(
                 "(from the fields before it)",
             )
     if dim is None and length == 0:
-        raise InputError(source, f"{spec.name} must not be empty")
+        raise InputError(source, f"{spec.name} must be {_shape_text(spec.shape)}")
 
 
 def _shape_text(shape: tuple[Dimension, ...]) -> str:
-    return "×".join("n" if dim is None else str(dim) for dim in shape)
+    """``a non-empty list of lists of numbers (K×D)``."""
+    words = "a non-empty list of " + "lists of " * (len(shape) - 1) + "numbers"
+    sizes = "×".join("n" if dim is None else str(dim) for dim in shape)
+    return words if all(dim is None for dim in shape) else f"{words} ({sizes})"
 
 
 class SavedMap:

@@ -80,7 +80,7 @@ def _flip(row: list) -> list:
     ("stage", "key", "change", "needle"),
     [
         ("isotonic", "x", lambda rows: [_flip(rows[0])], "x must rise strictly"),
-        ("isotonic", "y", lambda rows: [[*rows[0][:-1], 2.0]], "y must lie in [0, 1]"),
+        ("isotonic", "y", lambda rows: [[*rows[0][:-1], 2.0]], "y 2.0 is outside 0..1"),
         ("isotonic", "x", lambda rows: "__import__('os')", "list of lists of numbers"),
         ("histogram", "edges", lambda rows: [_flip(rows[0])], "edges must rise strictly"),
         ("histogram", "values", lambda rows: [rows[0][:-1]], "one edge more than it has"),
