@@ -230,11 +230,23 @@ def merged_map(
     return union, total
 
 
+#: The saved body: per model one row of bin edges, one of posterior means and one weight.
+FIELDS = (
+    choice("method", (BBQ_METHOD,)),
+    integer("n_classes", 2),
+    array("edges", (None, None), 0.0, 1.0),
+    array("values", (None, None), 0.0, 1.0),
+    array("weights", ("models",), 0.0, 1.0),
+)
+
+
 @dataclass(frozen=True)
 class BBQMap(SavedMap):
     """Fitted BBQ on the top-label confidence of ``n_classes`` K classes: per model its
     ``edges`` and posterior means ``values``, and the normalised ``weights`` (models under
     :data:`SMALLEST_WEIGHT` left out)."""
+
+    FIELDS = FIELDS
 
     n_classes: int
     edges: tuple[tuple[float, ...], ...]
@@ -362,16 +374,6 @@ def fit_bbq(
         n_samples=n,
         calibrator=fitted,
     )
-
-
-#: The saved body: per model one row of bin edges, one of posterior means and one weight.
-FIELDS = (
-    choice("method", (BBQ_METHOD,)),
-    integer("n_classes", 2),
-    array("edges", (None, None), 0.0, 1.0),
-    array("values", (None, None), 0.0, 1.0),
-    array("weights", ("models",), 0.0, 1.0),
-)
 
 
 def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:

@@ -208,11 +208,23 @@ def sorted_equal_mass_edges(ranked: np.ndarray, n_bins: int) -> np.ndarray:
     return _edges_between(below, above)
 
 
+#: The saved body: one row of bin edges and one of values per map (rows may differ in length).
+FIELDS = (
+    choice("method", HISTOGRAM_METHODS),
+    choice("scheme", HISTOGRAM_SCHEMES),
+    integer("n_classes", 2),
+    array("edges", (None, None), 0.0, 1.0),
+    array("values", (None, None), 0.0, 1.0),
+)
+
+
 @dataclass(frozen=True)
 class HistogramMap(SavedMap):
     """Fitted histogram binning: ``method`` ``histogram`` (top-label: one row of ``edges``
     and ``values``) or ``histogram-ovr`` (one row per class), the bin ``scheme`` it was fitted
     with, and ``n_classes`` K."""
+
+    FIELDS = FIELDS
 
     method: str
     scheme: str
@@ -382,16 +394,6 @@ def fit_histogram(
         n_samples=n,
         calibrator=fitted,
     )
-
-
-#: The saved body: one row of bin edges and one of values per map (rows may differ in length).
-FIELDS = (
-    choice("method", HISTOGRAM_METHODS),
-    choice("scheme", HISTOGRAM_SCHEMES),
-    integer("n_classes", 2),
-    array("edges", (None, None), 0.0, 1.0),
-    array("values", (None, None), 0.0, 1.0),
-)
 
 
 def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -533,11 +533,22 @@ def interpolate(table: KnotTable, p: np.ndarray) -> np.ndarray:
     return _on_segments(table, segment, p)
 
 
+#: The saved body: one row of knots x and values y per map (rows may differ in length).
+FIELDS = (
+    choice("method", ISOTONIC_METHODS),
+    integer("n_classes", 2),
+    array("x", (None, None), 0.0, 1.0),
+    array("y", (None, None), 0.0, 1.0),
+)
+
+
 @dataclass(frozen=True)
 class IsotonicMap(SavedMap):
     """Fitted isotonic regression: ``method`` ``isotonic`` (top-label: one row of ``x`` and
     ``y``) or ``isotonic-ovr`` (one row per class), ``n_classes`` K; each row's points are
     interpolated linearly, clipped outside."""
+
+    FIELDS = FIELDS
 
     method: str
     n_classes: int
@@ -682,15 +693,6 @@ def fit_isotonic(
         n_samples=n,
         calibrator=fitted,
     )
-
-
-#: The saved body: one row of knots x and values y per map (rows may differ in length).
-FIELDS = (
-    choice("method", ISOTONIC_METHODS),
-    integer("n_classes", 2),
-    array("x", (None, None), 0.0, 1.0),
-    array("y", (None, None), 0.0, 1.0),
-)
 
 
 def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray]]:

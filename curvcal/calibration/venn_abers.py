@@ -316,6 +316,17 @@ def merged(low: Any, high: Any) -> Any:
     return high / (1.0 - low + high)
 
 
+#: The saved body: per map the calibration scores c (log-odds, rising) and the values p0, p1
+#: of every gap between them, probabilities.
+FIELDS = (
+    choice("method", (METHOD,)),
+    integer("n_classes", 2),
+    saved_array("c", (None, None)),
+    saved_array("p0", (None, None), 0.0, 1.0),
+    saved_array("p1", (None, None), 0.0, 1.0),
+)
+
+
 @dataclass(frozen=True)
 class VennAbersMap(SavedMap):
     """Fitted inductive Venn–Abers predictor(s): one map (K = 2: class 1 against class 0) or
@@ -323,6 +334,8 @@ class VennAbersMap(SavedMap):
     values ``p0``, ``p1`` of every gap (len(c) + 1 each); scores are log-odds. Each row is an
     ``array("d")`` (:func:`float_row`): 8 bytes a number, where a tuple of floats takes 32,
     and a map keeps up to three numbers per fit sample and class."""
+
+    FIELDS = FIELDS
 
     n_classes: int
     c: tuple[array[float], ...]
@@ -496,17 +509,6 @@ def float_row(values: np.ndarray) -> array[float]:
     row = array("d")
     row.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
     return row
-
-
-#: The saved body: per map the calibration scores c (log-odds, rising) and the values p0, p1
-#: of every gap between them, probabilities.
-FIELDS = (
-    choice("method", (METHOD,)),
-    integer("n_classes", 2),
-    saved_array("c", (None, None)),
-    saved_array("p0", (None, None), 0.0, 1.0),
-    saved_array("p1", (None, None), 0.0, 1.0),
-)
 
 
 def _is_row(row: Any) -> bool:
