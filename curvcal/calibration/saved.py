@@ -128,6 +128,13 @@ def read_fields(
     dimensions known beforehand. Every fault is an :class:`InputError` naming ``source``."""
     if not isinstance(data, dict):
         raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
+    bound: dict[str, int] = dict(sizes or {})
+    values: dict[str, Any] = {}
+    # the choices first: a method or structure decides which other keys the body holds, and a
+    # wrong one is the fault to name, not the keys that follow from it
+    for spec in fields:
+        if spec.kind == "choice" and spec.name in data:
+            values[spec.name] = _value(spec, data, source, bound)
     names = [f.name for f in fields]
     unknown = sorted(set(data) - set(names))
     if unknown:
@@ -135,15 +142,17 @@ def read_fields(
     missing = [f.name for f in fields if not f.optional and f.name not in data]
     if missing:
         raise InputError(source, f"missing keys {missing}")
-    bound: dict[str, int] = dict(sizes or {})
-    values: dict[str, Any] = {}
     for spec in fields:
-        value = data.get(spec.name)
-        if value is None and (spec.nullable or (spec.optional and spec.name not in data)):
-            values[spec.name] = None
-            continue
-        values[spec.name] = _read(spec, value, source, bound)
+        if spec.name not in values:
+            values[spec.name] = _value(spec, data, source, bound)
     return values
+
+
+def _value(spec: Field, data: dict[str, Any], source: str, bound: dict[str, int]) -> Any:
+    value = data.get(spec.name)
+    if value is None and (spec.nullable or (spec.optional and spec.name not in data)):
+        return None
+    return _read(spec, value, source, bound)
 
 
 def _read(spec: Field, value: Any, source: str, bound: dict[str, int]) -> Any:
