@@ -42,9 +42,9 @@ _EXPORTS: dict[str, str] = {
     "apply_focal_temperature": "curvcal.calibration",
     "apply_temperature": "curvcal.calibration",
     "calibration_metrics": "curvcal.calibration",
-    "FittedMap": "curvcal.calibration.fitted_map",
-    "fit_map": "curvcal.calibration.fitted_map",
-    "load_map": "curvcal.calibration.fitted_map",
+    "FittedMap": "curvcal.pipeline.fitted_map",
+    "fit_map": "curvcal.pipeline.fitted_map",
+    "load_map": "curvcal.pipeline.fitted_map",
     "fit_focal_temperature": "curvcal.calibration",
     "fit_temperature": "curvcal.calibration",
     "focal_calibration_map": "curvcal.calibration",
@@ -114,7 +114,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         focal_loss,
         predict,
     )
-    from curvcal.calibration.fitted_map import FittedMap, fit_map, load_map
+    from curvcal.pipeline.fitted_map import FittedMap, fit_map, load_map
     from curvcal.curvature import (
         HessianOperator,
         HessianSettings,
