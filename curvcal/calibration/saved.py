@@ -89,18 +89,22 @@ def _bound(value: float) -> str:
 
 
 def number(name: str, low: float = -math.inf, high: float = math.inf, **more: Any) -> Field:
+    """A finite number within ``[low, high]``."""
     return Field(name, "number", low=low, high=high, **more)
 
 
 def integer(name: str, low: float = -math.inf, high: float = math.inf, **more: Any) -> Field:
+    """A whole number within ``[low, high]``."""
     return Field(name, "integer", low=low, high=high, **more)
 
 
 def choice(name: str, choices: tuple[Any, ...], **more: Any) -> Field:
+    """One of ``choices`` (strings)."""
     return Field(name, "choice", choices=choices, **more)
 
 
 def text(name: str, **more: Any) -> Field:
+    """A string of at most :data:`MAX_TEXT` characters."""
     return Field(name, "text", **more)
 
 
@@ -111,6 +115,7 @@ def array(
     high: float = math.inf,
     **more: Any,
 ) -> Field:
+    """Nested lists of finite numbers of ``shape``, each within ``[low, high]``."""
     return Field(name, "array", shape=shape, low=low, high=high, **more)
 
 
