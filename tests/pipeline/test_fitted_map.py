@@ -19,7 +19,7 @@ import torch
 import curvcal
 from curvcal.calibration.laplace import HeadFeatures
 from curvcal.calibration.registry import MAPS
-from curvcal.calibration.saved import Field
+from curvcal.calibration.saved import Field, SavedMap
 from curvcal.errors import InputError
 from tests.commands.test_calibrate import one_line_error
 
@@ -69,6 +69,7 @@ def test_saved_and_loaded_maps_give_the_same_probabilities(saved) -> None:
     stage, fitted, path, test_scores = saved
     loaded = curvcal.load_map(path)
     assert loaded.stage == stage and loaded.method == fitted.method
+    assert isinstance(loaded.map, SavedMap) and type(loaded.map) is type(fitted.map)
     before = fitted.probabilities(test_scores)
     after = loaded.probabilities(test_scores)
     assert before.dtype == after.dtype == torch.float64
@@ -203,3 +204,13 @@ def test_a_file_with_two_maps_needs_the_stage(tmp_path: Path) -> None:
         rtol=0,
         atol=1e-12,
     )
+
+
+def test_the_method_option_lists_the_registry_maps() -> None:
+    """``--method`` (and so the policy key and study's maps) offers the registry's maps, each
+    once, and the three words that name sets of them."""
+    from curvcal.settings.calibration import METHODS
+
+    options = [entry.option for entry in MAPS.values()]
+    assert len(set(options)) == len(options) == 16
+    assert sorted(METHODS) == sorted([*options, "both", "all", "none"])
