@@ -114,7 +114,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         focal_loss,
         predict,
     )
-    from curvcal.pipeline.fitted_map import FittedMap, fit_map, load_map
     from curvcal.curvature import (
         HessianOperator,
         HessianSettings,
@@ -127,3 +126,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         hutchinson_trace_penalty,
         scipy_operator,
     )
+    from curvcal.pipeline.fitted_map import FittedMap, fit_map, load_map

@@ -1318,15 +1318,6 @@ def _newton_polish(
     return theta
 
 
-def _numbers(values: Any, source: str, what: str) -> tuple[float, ...]:
-    if not isinstance(values, list) or not values:
-        raise InputError(source, f"{what} must be a non-empty list of numbers")
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InputError(source, f"{what} must hold numbers only, got {value!r}")
-    return tuple(float(value) for value in values)
-
-
 def _check_map(method: Any, weights: tuple[Any, ...], bias: tuple[float, ...], source: str) -> None:
     if method not in LINEAR_METHODS:
         raise InputError(source, f"unknown method {method!r}", "vector, matrix or dirichlet")
