@@ -144,17 +144,6 @@ def test_probabilities_input_scales_log_probabilities() -> None:
     )
 
 
-def test_saved_form_is_plain_numbers_and_round_trips() -> None:
-    z, y = synthetic(400, 3, 2.0, seed=2)
-    for method in ("vector", "matrix"):
-        fitted = fit_linear(torch.from_numpy(z), torch.from_numpy(y), method).calibrator
-        saved = fitted.to_dict()
-        assert set(saved) == {"method", "weights", "bias"}
-        again = LinearMap.from_dict(saved)
-        assert again == fitted
-        assert torch.equal(again.apply(torch.from_numpy(z)), fitted.apply(torch.from_numpy(z)))
-
-
 @pytest.mark.parametrize(
     ("saved", "needle"),
     [

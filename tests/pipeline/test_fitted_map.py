@@ -70,6 +70,7 @@ def test_saved_and_loaded_maps_give_the_same_probabilities(saved) -> None:
     loaded = curvcal.load_map(path)
     assert loaded.stage == stage and loaded.method == fitted.method
     assert isinstance(loaded.map, SavedMap) and type(loaded.map) is type(fitted.map)
+    assert loaded.map.to_dict() == fitted.map.to_dict()  # every number read back exactly
     before = fitted.probabilities(test_scores)
     after = loaded.probabilities(test_scores)
     assert before.dtype == after.dtype == torch.float64
