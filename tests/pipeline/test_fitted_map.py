@@ -215,3 +215,29 @@ def test_the_method_option_lists_the_registry_maps() -> None:
     options = [entry.option for entry in MAPS.values()]
     assert len(set(options)) == len(options) == 16
     assert sorted(METHODS) == sorted([*options, "both", "all", "none"])
+
+
+#: A calibrator file written by release 0.1.0 (``metrics --method all`` on binary scores): every
+#: score map of the registry, as that release saved it.
+RELEASED = Path(__file__).resolve().parents[1] / "golden" / "calibrator_0.1.0_binary.json"
+
+
+def test_a_file_the_release_wrote_still_loads_and_applies() -> None:
+    from curvcal.pipeline.calibrator import load_calibrator_file
+
+    read = load_calibrator_file(RELEASED)
+    assert set(read.calibrators) == set(MAPS) - {"laplace"}
+    assert read.provenance is not None and read.provenance.n_classes == 2
+    logits, _ = _scores(30, 2, 5)
+    for stage in read.calibrators:
+        probs = curvcal.load_map(RELEASED, stage).probabilities(logits)
+        assert probs.shape == (30, 2) and bool(((probs >= 0) & (probs <= 1)).all()), stage
+        torch.testing.assert_close(probs.sum(1), torch.ones(30, dtype=torch.float64))
+    # TS by hand: softmax(z / T) with the T the file holds
+    temperature = json.loads(RELEASED.read_text())["ts"]["temperature"]
+    torch.testing.assert_close(
+        curvcal.load_map(RELEASED, "ts").probabilities(logits),
+        torch.softmax(logits / temperature, 1),
+        rtol=0,
+        atol=1e-12,
+    )
