@@ -153,6 +153,12 @@ def read_fields(
     return values
 
 
+def _shown(value: Any) -> str:
+    """``value`` as an error shows it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _value(spec: Field, data: dict[str, Any], source: str, bound: dict[str, int]) -> Any:
     value = data.get(spec.name)
     if value is None and (spec.nullable or (spec.optional and spec.name not in data)):
@@ -165,7 +171,7 @@ def _read(spec: Field, value: Any, source: str, bound: dict[str, int]) -> Any:
     if spec.kind == "choice":
         if isinstance(value, bool) or not isinstance(value, str) or value not in spec.choices:
             shown = " or ".join(map(str, spec.choices))
-            raise InputError(source, f"unknown {name} {value!r}", f"{name} is {shown}")
+            raise InputError(source, f"unknown {name} {_shown(value)}", f"{name} is {shown}")
         return value
     if spec.kind == "text":
         if not isinstance(value, str) or len(value) > MAX_TEXT:
@@ -173,13 +179,13 @@ def _read(spec: Field, value: Any, source: str, bound: dict[str, int]) -> Any:
         return value
     if spec.kind == "integer":
         if isinstance(value, bool) or not isinstance(value, int):
-            raise InputError(source, f"{name} must be a whole number, got {value!r}")
+            raise InputError(source, f"{name} must be a whole number, got {_shown(value)}")
         if not spec.low <= value <= spec.high:
             raise InputError(source, spec.out_of_range(value))
         return value
     if spec.kind == "number":
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InputError(source, f"{name} must be a number, got {value!r}")
+            raise InputError(source, f"{name} must be a number, got {_shown(value)}")
         if not math.isfinite(value):
             raise InputError(source, f"{name} must be finite, got {value!r}")
         if not spec.low <= value <= spec.high:
@@ -213,7 +219,7 @@ def _array(
     if not set(map(type, rows)) <= {float, int}:
         for item in rows:
             if isinstance(item, bool) or not isinstance(item, int | float):
-                raise InputError(source, f"{name} must hold numbers only, got {item!r}")
+                raise InputError(source, f"{name} must hold numbers only, got {_shown(item)}")
     out = np.asarray(value, dtype=np.float64)
     if not np.isfinite(out).all():
         raise InputError(source, f"{name} must be finite")
