@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from curvcal.calibration.binary import fit_binary
-from curvcal.calibration.binning import fit_histogram
-from curvcal.calibration.isotonic import fit_isotonic, pool_adjacent_violators
+from curvcal.calibration.binary import BinaryMap, fit_binary
+from curvcal.calibration.binning import HistogramMap, fit_histogram
+from curvcal.calibration.isotonic import IsotonicMap, fit_isotonic, pool_adjacent_violators
 from curvcal.calibration.univariate import top_label_log_probabilities
 
 
@@ -150,6 +150,20 @@ def test_beta_constraint_fixes_a_negative_coefficient() -> None:
     scores = torch.tensor(np.stack([1 - p1, p1], 1))
     fit = fit_binary(scores, torch.tensor(y), "beta", kind="probs")
     assert fit.fixed == "a" and fit.coefficients["a"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "calibrator",
+    [
+        HistogramMap("histogram", "equal-mass", 3, ((0.0, 0.5, 1.0),), ((0.2, 0.9),)),
+        IsotonicMap("isotonic-ovr", 2, ((0.1, 0.9), (0.5,)), ((0.0, 1.0), (0.3,))),
+        BinaryMap("platt", (1.5,), -0.2),
+        BinaryMap("beta", (1.0, 2.0), 0.1),
+    ],
+)
+def test_saved_form_round_trips(calibrator) -> None:
+    again = type(calibrator).from_dict(calibrator.to_dict())
+    assert again == calibrator
 
 
 def test_pool_adjacent_violators_long_cascades_match_scipy() -> None:
