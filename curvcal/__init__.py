@@ -42,6 +42,9 @@ _EXPORTS: dict[str, str] = {
     "apply_focal_temperature": "curvcal.calibration",
     "apply_temperature": "curvcal.calibration",
     "calibration_metrics": "curvcal.calibration",
+    "FittedMap": "curvcal.pipeline.fitted_map",
+    "fit_map": "curvcal.pipeline.fitted_map",
+    "load_map": "curvcal.pipeline.fitted_map",
     "fit_focal_temperature": "curvcal.calibration",
     "fit_temperature": "curvcal.calibration",
     "focal_calibration_map": "curvcal.calibration",
@@ -52,6 +55,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "CalibrationMetrics",
     "Calibrator",
+    "FittedMap",
     "FocalTemperatureFit",
     "HessianOperator",
     "HessianSettings",
@@ -64,6 +68,7 @@ __all__ = [
     "apply_temperature",
     "calibration_metrics",
     "fit_focal_temperature",
+    "fit_map",
     "fit_temperature",
     "focal_calibration_map",
     "focal_loss",
@@ -73,6 +78,7 @@ __all__ = [
     "hessian_operator",
     "hessian_trace",
     "hutchinson_trace_penalty",
+    "load_map",
     "predict",
     "scipy_operator",
 ]
@@ -120,3 +126,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         hutchinson_trace_penalty,
         scipy_operator,
     )
+    from curvcal.pipeline.fitted_map import FittedMap, fit_map, load_map

@@ -9,7 +9,9 @@ name the line), it refuses, as an :class:`~curvcal.errors.InputError` naming ``w
   and so do the walkers after it: 200,000 ``[`` would be a RecursionError deep inside either);
 - an integer outside the 64-bit signed range (no count, index, label, seed or size curvcal
   uses is larger, ``float()`` of one with 309 digits raises OverflowError, and one with more
-  than 4,300 digits does not even convert).
+  than 4,300 digits does not even convert);
+- an object that names one key twice (the decoder keeps the last, so a saved temperature or a
+  config value could be read as something other than what a reader of the file sees first).
 
 A library's own metadata (a Hugging Face ``config.json`` or ``tokenizer_config.json``, a saved
 dataset's ``state.json``) is read with ``wide_ints=True``: transformers writes
@@ -53,10 +55,28 @@ def loads(text: str | bytes, what: str, *, wide_ints: bool = False) -> Any:
     if _bracket_depth_at_least(text, MAX_DEPTH + 1):
         raise _too_deep(what)
     try:
-        value = json.loads(text, parse_int=lambda digits: _parse_int(digits, what, wide_ints))
+        value = json.loads(
+            text,
+            parse_int=lambda digits: _parse_int(digits, what, wide_ints),
+            object_pairs_hook=lambda pairs: _unique_keys(pairs, what),
+        )
     except RecursionError:  # pragma: no cover - the scan above refuses these first
         raise _too_deep(what) from None
     return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]], what: str) -> dict[str, Any]:
+    """The object of ``pairs``, refused when a key appears twice."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise InputError(
+                what,
+                f"the JSON object key {key!r} appears more than once",
+                "give each key once: JSON readers disagree on which value wins",
+            )
+        obj[key] = value
+    return obj
 
 
 def _too_deep(what: str) -> InputError:

@@ -45,3 +45,14 @@ def test_depth_is_refused_before_the_decoder_recurses() -> None:
     with pytest.raises(InputError, match="nested more than 100 levels"):
         jsontext.loads("[" * 101 + "]" * 101, "deep.json")
     assert jsontext.loads("[" * 100 + "]" * 100, "ok.json") is not None
+
+
+def test_a_key_given_twice_is_refused_naming_the_file_and_the_key() -> None:
+    # the standard decoder keeps the last value: {"temperature": 1.5, "temperature": 1e-30}
+    # would be read as 1e-30 by curvcal and as 1.5 by a reader who stops at the first
+    text = '{"ts": {"method": "temperature", "temperature": 1.5, "temperature": 0.25}}'
+    with pytest.raises(InputError, match="'temperature' appears more than once") as caught:
+        jsontext.loads(text, "c.json")
+    assert "c.json" in str(caught.value)
+    # the same key in two different objects is not a repeat
+    assert jsontext.loads('[{"a": 1}, {"a": 2}]', "c.json") == [{"a": 1}, {"a": 2}]

@@ -57,7 +57,9 @@ def test_a_temperature_map_without_its_parameter_is_refused(
     test, document = saved
     entry = {key: value for key, value in document[stage].items() if key != dropped}
     path = _write(tmp_path, document, **{stage: entry})
-    one_line_error(run_cli("metrics", test, "--apply", path), str(path), f"no {dropped}")
+    one_line_error(
+        run_cli("metrics", test, "--apply", path), str(path), f"missing keys ['{dropped}']"
+    )
 
 
 def test_a_temperature_map_without_gamma_is_still_read(
@@ -109,11 +111,13 @@ def test_parameters_that_overflow_on_the_scores_name_the_calibrator(
     run_cli, tmp_path: Path, saved: tuple[Path, dict], stage: str, edit: dict
 ) -> None:
     # Before: the NaN the map made was reported as "log-probabilities contain NaN" of the
-    # scores file, which holds nothing wrong.
+    # scores file, which holds nothing wrong. Then: an overflow named on the calibrator when
+    # applied. Now the file is refused as it is read: a coefficient past 1/T_min (the bound
+    # every saved linear coefficient shares) is out of its declared range.
     test, document = saved
     path = _write(tmp_path, document, **{stage: {**document[stage], **edit}})
     result = run_cli("metrics", test, "--apply", path, "--quiet")
-    one_line_error(result, f"{path} ({stage})", "NaN or +inf", "overflow")
+    one_line_error(result, f"{path} ({stage})", "weights", "is outside -8.5e+37..8.5e+37")
 
 
 def test_large_but_finite_parameters_are_applied_as_written(

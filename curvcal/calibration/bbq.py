@@ -53,15 +53,12 @@ from scipy.special import gammaln
 from curvcal.calibration.binning import bin_cells, bin_of, cell_bin_of, tie_group_ends
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.isotonic import _packed_pairs
+from curvcal.calibration.saved import SavedMap, array, choice, integer, read_fields
 from curvcal.calibration.univariate import (
     apply_by_rows,
     by_rows,
     check_classes,
-    check_keys,
-    check_unit,
     fit_nll,
-    numbers,
-    rows_of,
     top_label_map,
 )
 from curvcal.errors import InputError
@@ -233,11 +230,23 @@ def merged_map(
     return union, total
 
 
+#: The saved body: per model one row of bin edges, one of posterior means and one weight.
+FIELDS = (
+    choice("method", (BBQ_METHOD,)),
+    integer("n_classes", 2),
+    array("edges", (None, None), 0.0, 1.0),
+    array("values", (None, None), 0.0, 1.0),
+    array("weights", ("models",), 0.0, 1.0),
+)
+
+
 @dataclass(frozen=True)
-class BBQMap:
+class BBQMap(SavedMap):
     """Fitted BBQ on the top-label confidence of ``n_classes`` K classes: per model its
     ``edges`` and posterior means ``values``, and the normalised ``weights`` (models under
     :data:`SMALLEST_WEIGHT` left out)."""
+
+    FIELDS = FIELDS
 
     n_classes: int
     edges: tuple[tuple[float, ...], ...]
@@ -292,10 +301,6 @@ class BBQMap:
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""
         return apply_by_rows(scores, kind, source, self.method, self.n_classes, self._map_rows)
-
-    def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×K ``scores``."""
-        return torch.exp(self.apply(scores, kind, source))
 
 
 @dataclass(frozen=True)
@@ -372,15 +377,8 @@ def fit_bbq(
 
 
 def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
-    check_keys(data, ("method", "n_classes", "edges", "values", "weights"), source)
-    method, k = data["method"], data["n_classes"]
-    if method != BBQ_METHOD:
-        raise InputError(source, f"unknown method {method!r}", BBQ_METHOD)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise InputError(source, f"n_classes must be a whole number >= 2, got {k!r}")
-    edges = rows_of(data["edges"], source, "edges")
-    values = rows_of(data["values"], source, "values")
-    weights = numbers(data["weights"], source, "weights")
+    fields = read_fields(data, FIELDS, source)
+    edges, values, weights = fields["edges"], fields["values"], fields["weights"]
     if not len(edges) == len(values) == len(weights):
         raise InputError(
             source,
@@ -392,7 +390,6 @@ def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarra
             raise InputError(source, "every row needs one edge more than it has values")
         if row_edges[0] != 0 or row_edges[-1] != 1 or not (np.diff(row_edges) > 0).all():
             raise InputError(source, "edges must rise strictly from 0 to 1")
-        check_unit(row_values, source, "values")
-    if weights.min() < 0 or abs(float(weights.sum()) - 1.0) > WEIGHT_SUM_TOLERANCE:
+    if abs(float(weights.sum()) - 1.0) > WEIGHT_SUM_TOLERANCE:
         raise InputError(source, "weights must be >= 0 and sum to 1")
     return edges, values, weights

@@ -29,6 +29,7 @@ intercept gives. Pure: no file I/O, no printing, no global RNG.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,8 @@ import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.linear import LOG_FLOOR
-from curvcal.calibration.univariate import check_keys, fit_nll, numbers
+from curvcal.calibration.saved import COEFFICIENT_BOUND, Field, SavedMap, choice, number
+from curvcal.calibration.univariate import fit_nll
 from curvcal.errors import InputError
 
 BINARY_METHODS = ("platt", "beta")
@@ -115,7 +117,7 @@ def logistic_newton(
 
 
 @dataclass(frozen=True)
-class BinaryMap:
+class BinaryMap(SavedMap):
     """Fitted Platt scaling (``weights`` = (a,), s = a·x + ``intercept``) or beta calibration
     (``weights`` = (a, b), s = a·ln p_1 − b·ln p_0 + ``intercept``)."""
 
@@ -145,20 +147,18 @@ class BinaryMap:
         return {"method": "beta", "a": a, "b": b, "c": self.intercept}
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> BinaryMap:
-        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
-        ``source``."""
-        if not isinstance(data, dict):
-            raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
-        method = data.get("method")
-        if method not in BINARY_METHODS:
-            raise InputError(source, f"unknown method {method!r}", "platt or beta")
-        keys = ("method", "slope", "intercept") if method == "platt" else ("method", "a", "b", "c")
-        check_keys(data, keys, source)
-        values = numbers([data[key] for key in keys[1:]], source, f"{method} coefficients")
-        if method == "platt":
-            return cls("platt", (float(values[0]),), float(values[1]))
-        return cls("beta", (float(values[0]), float(values[1])), float(values[2]))
+    def saved_fields(cls, data: Mapping[str, Any]) -> tuple[Field, ...]:
+        """Platt: ``slope`` and ``intercept``; beta: ``a``, ``b``, ``c``; every coefficient
+        within ±:data:`~curvcal.calibration.saved.COEFFICIENT_BOUND`."""
+        names = ("slope", "intercept") if data.get("method") == "platt" else ("a", "b", "c")
+        bound = COEFFICIENT_BOUND
+        return (choice("method", BINARY_METHODS), *(number(n, -bound, bound) for n in names))
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any], source: str) -> BinaryMap:
+        if values["method"] == "platt":
+            return cls("platt", (values["slope"],), values["intercept"])
+        return cls("beta", (values["a"], values["b"]), values["c"])
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities [log σ(−s), log σ(s)] of N×2 ``scores``."""
@@ -172,10 +172,6 @@ class BinaryMap:
         return torch.stack(
             [torch.nn.functional.logsigmoid(-s), torch.nn.functional.logsigmoid(s)], 1
         )
-
-    def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×2 ``scores``."""
-        return torch.exp(self.apply(scores, kind, source))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import torch
 
 from curvcal.calibration.bins import equal_mass_index
 from curvcal.calibration.inputs import class_labels, log_probabilities
+from curvcal.calibration.saved import SavedMap, array, choice, integer, read_fields
 from curvcal.calibration.ties import group_starts
 from curvcal.calibration.univariate import (
     ONE_VS_REST_ELEMENTS,
@@ -39,13 +40,10 @@ from curvcal.calibration.univariate import (
     by_columns,
     by_rows,
     check_classes,
-    check_keys,
-    check_unit,
     fit_nll,
     from_columns,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
-    rows_of,
     top_label_map,
 )
 from curvcal.errors import InputError
@@ -210,11 +208,23 @@ def sorted_equal_mass_edges(ranked: np.ndarray, n_bins: int) -> np.ndarray:
     return _edges_between(below, above)
 
 
+#: The saved body: one row of bin edges and one of values per map (rows may differ in length).
+FIELDS = (
+    choice("method", HISTOGRAM_METHODS),
+    choice("scheme", HISTOGRAM_SCHEMES),
+    integer("n_classes", 2),
+    array("edges", (None, None), 0.0, 1.0),
+    array("values", (None, None), 0.0, 1.0),
+)
+
+
 @dataclass(frozen=True)
-class HistogramMap:
+class HistogramMap(SavedMap):
     """Fitted histogram binning: ``method`` ``histogram`` (top-label: one row of ``edges``
     and ``values``) or ``histogram-ovr`` (one row per class), the bin ``scheme`` it was fitted
     with, and ``n_classes`` K."""
+
+    FIELDS = FIELDS
 
     method: str
     scheme: str
@@ -300,10 +310,6 @@ class HistogramMap:
         for column, (row_edges, row_values) in zip(columns, self._bins, strict=True):
             column[:] = row_values[bin_of(column, row_edges)]
         return from_columns(columns)
-
-    def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×K ``scores``."""
-        return torch.exp(self.apply(scores, kind, source))
 
 
 @dataclass(frozen=True)
@@ -391,16 +397,9 @@ def fit_histogram(
 
 
 def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    check_keys(data, ("method", "scheme", "n_classes", "edges", "values"), source)
-    method, scheme, k = data["method"], data["scheme"], data["n_classes"]
-    if method not in HISTOGRAM_METHODS:
-        raise InputError(source, f"unknown method {method!r}", " or ".join(HISTOGRAM_METHODS))
-    if scheme not in HISTOGRAM_SCHEMES:
-        raise InputError(source, f"unknown scheme {scheme!r}", " or ".join(HISTOGRAM_SCHEMES))
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise InputError(source, f"n_classes must be a whole number >= 2, got {k!r}")
-    edges = rows_of(data["edges"], source, "edges")
-    values = rows_of(data["values"], source, "values")
+    fields = read_fields(data, FIELDS, source)
+    method, k = fields["method"], fields["n_classes"]
+    edges, values = fields["edges"], fields["values"]
     rows = 1 if method == "histogram" else k
     if len(edges) != rows or len(values) != rows:
         raise InputError(
@@ -413,5 +412,4 @@ def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarra
             raise InputError(source, "every row needs one edge more than it has values")
         if row_edges[0] != 0 or row_edges[-1] != 1 or not (np.diff(row_edges) > 0).all():
             raise InputError(source, "edges must rise strictly from 0 to 1")
-        check_unit(row_values, source, "values")
     return edges, values

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from curvcal.calibration.inputs import chunk_rows, class_labels, log_probabilities
+from curvcal.calibration.saved import TEMPERATURE_RANGE, SavedMap, array, choice, number
 from curvcal.calibration.scaling import fit_temperature
 from curvcal.errors import InputError
 
@@ -48,7 +49,7 @@ BLOCKED_STEPS = 20
 
 
 @dataclass(frozen=True)
-class EnsembleMap:
+class EnsembleMap(SavedMap):
     """A fitted ensemble temperature map: ``temperature`` T > 0 and ``weights``
     (w_ts, w_un, w_u) of the temperature-scaled, uncalibrated and uniform distributions."""
 
@@ -66,33 +67,18 @@ class EnsembleMap:
         """Plain-JSON form: ``{"method", "temperature", "weights"}`` (numbers only)."""
         return {"method": METHOD, "temperature": self.temperature, "weights": list(self.weights)}
 
+    #: The saved body: T within TS's range, three weights (TS, uncalibrated, uniform) in [0, 1].
+    FIELDS = (
+        choice("method", (METHOD,)),
+        number("temperature", *TEMPERATURE_RANGE),
+        array("weights", (3,), 0.0, 1.0),
+    )
+
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> EnsembleMap:
-        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
-        ``source``."""
-        if not isinstance(data, dict):
-            raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
-        keys = {"method", "temperature", "weights"}
-        unknown = sorted(set(data) - keys)
-        if unknown:
-            raise InputError(source, f"unknown calibrator keys {unknown}")
-        missing = sorted(keys - set(data))
-        if missing:
-            raise InputError(source, f"missing keys {missing}")
-        if data["method"] != METHOD:
-            raise InputError(source, f"unknown method {data['method']!r}", METHOD)
-        temperature, weights = data["temperature"], data["weights"]
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            raise InputError(source, f"temperature must be a number, got {temperature!r}")
-        if not isinstance(weights, list) or len(weights) != 3:
-            raise InputError(
-                source, "weights must be a list of 3 numbers (TS, uncalibrated, uniform)"
-            )
-        if any(isinstance(w, bool) or not isinstance(w, int | float) for w in weights):
-            raise InputError(source, f"weights must hold numbers only, got {weights!r}")
-        as_floats = (float(weights[0]), float(weights[1]), float(weights[2]))
-        _check(float(temperature), as_floats, source)
-        return cls(float(temperature), as_floats)
+    def from_fields(cls, values: dict[str, Any], source: str) -> EnsembleMap:
+        w_ts, w_un, w_u = values["weights"].tolist()
+        _check(values["temperature"], (w_ts, w_un, w_u), source)
+        return cls(values["temperature"], (w_ts, w_un, w_u))
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log q of N×K ``scores``: log Σ_i w_i q_i, summed as a logsumexp of
@@ -113,10 +99,6 @@ class EnsembleMap:
                 parts.append(torch.full_like(block, math.log(w_u) - math.log(k)))
             out[start : start + step] = torch.logsumexp(torch.stack(parts), dim=0)
         return out
-
-    def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×K ``scores``."""
-        return torch.exp(self.apply(scores, kind, source))
 
 
 @dataclass(frozen=True)

@@ -30,18 +30,16 @@ import numpy as np
 import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
+from curvcal.calibration.saved import SavedMap, array, choice, integer, read_fields
 from curvcal.calibration.univariate import (
     apply_by_rows,
     by_columns,
     by_rows,
     check_classes,
-    check_keys,
-    check_unit,
     exp_of_log_probabilities,
     fit_nll,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
-    rows_of,
     top_label_map,
 )
 from curvcal.errors import InputError
@@ -535,11 +533,22 @@ def interpolate(table: KnotTable, p: np.ndarray) -> np.ndarray:
     return _on_segments(table, segment, p)
 
 
+#: The saved body: one row of knots x and values y per map (rows may differ in length).
+FIELDS = (
+    choice("method", ISOTONIC_METHODS),
+    integer("n_classes", 2),
+    array("x", (None, None), 0.0, 1.0),
+    array("y", (None, None), 0.0, 1.0),
+)
+
+
 @dataclass(frozen=True)
-class IsotonicMap:
+class IsotonicMap(SavedMap):
     """Fitted isotonic regression: ``method`` ``isotonic`` (top-label: one row of ``x`` and
     ``y``) or ``isotonic-ovr`` (one row per class), ``n_classes`` K; each row's points are
     interpolated linearly, clipped outside."""
+
+    FIELDS = FIELDS
 
     method: str
     n_classes: int
@@ -687,14 +696,8 @@ def fit_isotonic(
 
 
 def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    check_keys(data, ("method", "n_classes", "x", "y"), source)
-    method, k = data["method"], data["n_classes"]
-    if method not in ISOTONIC_METHODS:
-        raise InputError(source, f"unknown method {method!r}", " or ".join(ISOTONIC_METHODS))
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise InputError(source, f"n_classes must be a whole number >= 2, got {k!r}")
-    xs = rows_of(data["x"], source, "x")
-    ys = rows_of(data["y"], source, "y")
+    fields = read_fields(data, FIELDS, source)
+    method, k, xs, ys = fields["method"], fields["n_classes"], fields["x"], fields["y"]
     rows = 1 if method == "isotonic" else k
     if len(xs) != rows or len(ys) != rows:
         raise InputError(
@@ -707,8 +710,6 @@ def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarra
             raise InputError(source, "every row needs as many x as y")
         if not (np.diff(row_x) > 0).all() or not (np.diff(row_y) >= 0).all():
             raise InputError(source, "x must rise strictly and y must not fall")
-        check_unit(row_x, source, "x")
-        check_unit(row_y, source, "y")
     return xs, ys
 
 

@@ -52,7 +52,8 @@ Everything is float64 on the CPU. Pure: no file I/O, no printing, no global RNG.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -62,10 +63,22 @@ from torch import Tensor, nn
 
 from curvcal.calibration.inputs import as_tensor, class_labels
 from curvcal.calibration.linear import CV_FOLDS, cv_folds
+from curvcal.calibration.saved import (
+    Field,
+    SavedMap,
+    array,
+    choice,
+    coefficients,
+    integer,
+    number,
+    text,
+)
 from curvcal.errors import InputError, NumericalError
 from curvcal.settings.calibration import LAPLACE_PREDICTIVES as PREDICTIVES
 from curvcal.settings.calibration import LAPLACE_PRIORS as PRIORS
 from curvcal.settings.calibration import LAPLACE_STRUCTURES as STRUCTURES
+from curvcal.settings.calibration import MAX_LAPLACE_SAMPLES
+from curvcal.settings.hessian import MAX_SEED
 
 #: ``auto`` takes the full GGN up to this many last-layer parameters: a P×P float64 matrix of
 #: 8 MiB and an eigendecomposition of under a second; the saved covariance is P² numbers.
@@ -122,7 +135,7 @@ def resolve_structure(structure: str, n_parameters: int) -> str:
 
 
 @dataclass(frozen=True)
-class LaplaceMap:
+class LaplaceMap(SavedMap):
     """A fitted last-layer Laplace posterior, saved as plain numbers.
 
     ``weight`` (K×D) and ``bias`` (K, or ``None``) are the posterior mean (the checkpoint's own
@@ -217,72 +230,120 @@ class LaplaceMap:
         return out
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> LaplaceMap:
-        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
-        ``source``. Nothing in the file is run: it is numbers and names."""
-        if not isinstance(data, dict):
-            raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
-        common: tuple[str, ...] = ("method", "layer", "structure", "predictive", "samples")
-        common += ("seed", "prior_precision", "weight", "bias")
-        structure = data.get("structure")
-        if structure not in ("full", "kron"):
-            raise InputError(source, f"Laplace structure must be full or kron, got {structure!r}")
-        extra = ("covariance",) if structure == "full" else ("kron_a", "kron_g")
-        optional = ("prior_rule", "log_marginal_likelihood")  # absent from older files
-        unknown = sorted(set(data) - set(common) - set(extra) - set(optional))
-        if unknown:
-            raise InputError(source, f"unknown calibrator keys {unknown}")
-        missing = [key for key in (*common, *extra) if key not in data]
-        if missing:
-            raise InputError(source, f"missing keys {missing}")
-        if data["method"] != "laplace":
-            raise InputError(source, f"method must be 'laplace', got {data['method']!r}")
-        if data["predictive"] not in PREDICTIVES:
-            raise InputError(source, f"predictive must be probit or mc, got {data['predictive']!r}")
-        for key in ("samples", "seed"):
-            value = data[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InputError(source, f"{key} must be a whole number >= 0, got {value!r}")
-        if data["predictive"] == "mc" and data["samples"] < 1:
-            raise InputError(source, "a Monte Carlo predictive needs samples >= 1")
-        if not isinstance(data["layer"], str):
-            raise InputError(source, "layer must be a string")
-        delta = data["prior_precision"]
-        if isinstance(delta, bool) or not isinstance(delta, int | float) or not delta > 0:
-            raise InputError(source, f"prior_precision must be a number > 0, got {delta!r}")
-        if not math.isfinite(delta):
-            raise InputError(source, "prior_precision must be finite")
-        rule = data.get("prior_rule")
-        if rule is not None and rule not in PRIORS:
-            raise InputError(source, f"prior_rule must be marglik or nll, got {rule!r}")
-        logz = data.get("log_marginal_likelihood")
-        if logz is not None and (
-            isinstance(logz, bool) or not isinstance(logz, int | float) or not math.isfinite(logz)
-        ):
-            raise InputError(
-                source, f"log_marginal_likelihood must be a finite number, got {logz!r}"
+    def saved_fields(cls, data: Mapping[str, Any]) -> tuple[Field, ...]:
+        """The head (``layer``, ``weight`` K×D, ``bias`` K or null), the predictive
+        (``samples`` within the cap every setting of Monte Carlo draws shares,
+        :data:`~curvcal.settings.calibration.MAX_LAPLACE_SAMPLES`), δ within
+        :data:`PRIOR_BRACKET`, and ``covariance`` (P×P, |Σ_ij| ≤ 1/δ_min) or the Kronecker
+        factors ``kron_a`` (D×D, |A_ij| ≤ float32's largest squared) and ``kron_g`` (K×K,
+        |G_ij| ≤ the most samples / 4)."""
+        full = data.get("structure") == "full"
+        spread = 1.0 / PRIOR_BRACKET[0]
+        matrices = (
+            (array("covariance", ("P", "P"), -spread, spread),)
+            if full
+            else (
+                array("kron_a", ("D", "D"), -KRON_A_BOUND, KRON_A_BOUND),
+                array("kron_g", ("K", "K"), -KRON_G_BOUND, KRON_G_BOUND),
             )
-        weight = _matrix(data["weight"], source, "weight")
-        k, d = weight.shape
-        bias = None if data["bias"] is None else _vector(data["bias"], source, "bias", k)
-        n_params = k * d + (0 if bias is None else k)
+        )
+        return (
+            choice("method", ("laplace",)),
+            text("layer"),
+            choice("structure", ("full", "kron")),
+            choice("predictive", PREDICTIVES),
+            integer("samples", 0, MAX_LAPLACE_SAMPLES),
+            integer("seed", 0, MAX_SEED),
+            number("prior_precision", *_SAVED_PRIOR_RANGE),
+            choice("prior_rule", PRIORS, optional=True, nullable=True),
+            number("log_marginal_likelihood", optional=True, nullable=True),
+            coefficients("weight", ("K", "D")),
+            coefficients("bias", ("K",), nullable=True),
+            *matrices,
+        )
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any], source: str) -> LaplaceMap:
+        """The map of checked fields, refused (naming ``source``) unless: a Monte Carlo
+        predictive draws at least once, ``layer`` is a module path, ``covariance`` is P×P for
+        the head's P = K·D (+ K) and, as (H + δI)⁻¹ is, symmetric positive semi-definite with
+        Σ ≼ δ⁻¹ I (its diagonal within [0, 1/δ]); ``kron_a`` and ``kron_g`` symmetric PSD."""
+        if values["predictive"] == "mc" and values["samples"] < 1:
+            raise InputError(source, "a Monte Carlo predictive needs samples >= 1")
+        layer = values["layer"]
+        if layer != WHOLE_MODEL and not _MODULE_PATH.fullmatch(layer):
+            raise InputError(
+                source,
+                f"layer {layer[:80]!r} is not a module path (names such as head or fc.2 "
+                "joined by dots)",
+            )
+        weight = torch.from_numpy(values["weight"])
+        bias = None if values["bias"] is None else torch.from_numpy(values["bias"])
+        delta = values["prior_precision"]
         matrices: dict[str, Tensor] = {}
-        shapes = {"covariance": (n_params, n_params), "kron_a": (d, d), "kron_g": (k, k)}
-        for key in extra:
-            matrices[key] = _matrix(data[key], source, key, shapes[key])
+        for key in ("covariance", "kron_a", "kron_g"):
+            if values.get(key) is not None:
+                matrices[key] = torch.from_numpy(values[key])
+                _check_psd(matrices[key], source, key)
+        if "covariance" in matrices:
+            k, d = weight.shape
+            n_params = k * d + (0 if bias is None else k)
+            cov = matrices["covariance"]
+            if cov.shape[0] != n_params:
+                raise InputError(
+                    source,
+                    f"covariance has shape {tuple(cov.shape)}, expected {(n_params, n_params)} "
+                    "for the head's weight and bias",
+                )
+            largest = float(cov.diagonal().max())
+            if largest > (1.0 + _ROUNDING) / delta:
+                raise InputError(
+                    source,
+                    f"covariance has a diagonal entry {largest:.3g} above 1/prior_precision = "
+                    f"{1.0 / delta:.3g}, which (H + δI)⁻¹ never exceeds",
+                )
         return cls(
             weight=weight,
             bias=bias,
-            prior_precision=float(delta),
-            structure=structure,
-            predictive=data["predictive"],
-            samples=data["samples"],
-            seed=data["seed"],
-            layer=data["layer"],
-            prior_rule=rule,
-            log_marginal_likelihood=None if logz is None else float(logz),
+            prior_precision=delta,
+            structure=values["structure"],
+            predictive=values["predictive"],
+            samples=values["samples"],
+            seed=values["seed"],
+            layer=layer,
+            prior_rule=values["prior_rule"],
+            log_marginal_likelihood=values["log_marginal_likelihood"],
             **matrices,
         )
+
+    def check_model(self, module: nn.Module, where: str) -> None:
+        """Refuse, naming ``where``, a posterior that is not over ``module``'s head: ``layer``
+        must be the model's last ``nn.Linear`` (looked up among its registered modules, never
+        by attribute), and the saved posterior mean, ``weight`` and ``bias``, must equal that
+        layer's weights exactly (the map replaces the head by them)."""
+        name, head = last_linear(module, where)
+        expected = name or WHOLE_MODEL
+        if self.layer != expected:
+            known = dict(module.named_modules())
+            what = "is not a layer of the model" if self.layer not in known else "is a layer"
+            raise InputError(
+                where,
+                f"its Laplace calibrator's layer {self.layer[:80]!r} {what}, but the model's "
+                f"last nn.Linear is {expected!r}",
+                "a Laplace calibrator applies only to the model it was fitted on",
+            )
+        for key, saved, own in (
+            ("weight", self.weight, head.weight),
+            ("bias", self.bias, head.bias),
+        ):
+            mismatch = _differs(saved, own)
+            if mismatch:
+                raise InputError(
+                    where,
+                    f"its Laplace calibrator's {key} differs from the {key} of the model's "
+                    f"layer {expected!r} ({mismatch})",
+                    "a Laplace calibrator applies only to the model it was fitted on: refit it",
+                )
 
     def apply(self, features: Any, kind: str = "features", source: str = "features") -> Tensor:
         """float64 log-probabilities of the predictive at N×D ``features`` (the inputs of
@@ -301,6 +362,47 @@ class LaplaceMap:
         self, features: Any, kind: str = "features", source: str = "features"
     ) -> Tensor:
         return torch.exp(self.apply(features, kind, source))
+
+
+#: The ``layer`` of a head that is the whole model (an ``nn.Linear`` loaded as the model).
+WHOLE_MODEL = "(the model itself)"
+_MODULE_PATH = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+#: Relative rounding allowed in a saved matrix's symmetry, eigenvalues and diagonal bound.
+_ROUNDING = 1e-9
+#: The prior precisions a saved map may hold: :data:`PRIOR_BRACKET`, widened by rounding.
+_SAVED_PRIOR_RANGE = (PRIOR_BRACKET[0] * (1 - _ROUNDING), PRIOR_BRACKET[1] * (1 + _ROUNDING))
+#: Largest entry of a saved A = (1/N) Σ φφᵀ: the square of float32's largest number.
+KRON_A_BOUND = 3.4028234663852886e38**2
+#: Largest entry of a saved G = Σ_n (diag p_n − p_n p_nᵀ): the most samples (2⁶³) over 4.
+KRON_G_BOUND = 2.0**61
+
+
+def _check_psd(matrix: Tensor, source: str, key: str) -> None:
+    """``matrix`` symmetric positive semi-definite up to :data:`_ROUNDING` of its scale."""
+    scale = float(matrix.abs().max())
+    if float((matrix - matrix.T).abs().max()) > _ROUNDING * scale:
+        raise InputError(source, f"{key} is not symmetric")
+    lowest = float(matrix.diagonal().min())
+    if lowest < 0:
+        raise InputError(source, f"{key} has a negative diagonal entry ({lowest:.3g})")
+    eigenvalues = torch.linalg.eigvalsh(matrix)
+    if float(eigenvalues[0]) < -_ROUNDING * max(scale, float(eigenvalues[-1])) * matrix.shape[0]:
+        raise InputError(
+            source,
+            f"{key} is not positive semi-definite (eigenvalue {float(eigenvalues[0]):.3g})",
+        )
+
+
+def _differs(saved: Tensor | None, own: Tensor | None) -> str | None:
+    """How a saved tensor differs from the model's, or ``None`` when they are equal."""
+    if saved is None or own is None:
+        return None if saved is None and own is None else "one has none"
+    model = own.detach().to(device="cpu", dtype=torch.float64)
+    if model.shape != saved.shape:
+        return f"shape {tuple(saved.shape)} against {tuple(model.shape)}"
+    if torch.equal(model, saved):
+        return None
+    return f"largest difference {float((model - saved).abs().max()):.3g}"
 
 
 @dataclass(frozen=True)
@@ -983,29 +1085,3 @@ def _matrix_tensor(value: Any, what: str) -> Tensor:
     if m.ndim != 2 or m.shape[0] < 1 or m.shape[1] < 1:
         raise InputError(what, f"must be a non-empty 2-D matrix, got shape {tuple(m.shape)}")
     return m
-
-
-def _matrix(value: Any, source: str, key: str, shape: tuple[int, int] | None = None) -> Tensor:
-    if not isinstance(value, list) or not value or not all(isinstance(r, list) for r in value):
-        raise InputError(source, f"{key} must be a non-empty list of rows of numbers")
-    width = len(value[0])
-    if any(len(row) != width for row in value):
-        raise InputError(source, f"the rows of {key} differ in length")
-    rows = [_vector(row, source, key, width) for row in value]
-    m = torch.stack(rows) if width else torch.empty(len(rows), 0, dtype=torch.float64)
-    if shape is not None and tuple(m.shape) != shape:
-        raise InputError(source, f"{key} has shape {tuple(m.shape)}, expected {shape}")
-    if m.shape[1] < 1:
-        raise InputError(source, f"{key} has no columns")
-    return m
-
-
-def _vector(value: Any, source: str, key: str, length: int) -> Tensor:
-    if not isinstance(value, list) or len(value) != length:
-        raise InputError(source, f"{key} must be a list of {length} numbers")
-    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in value):
-        raise InputError(source, f"{key} must hold numbers only")
-    t = torch.tensor(value, dtype=torch.float64)
-    if not bool(torch.isfinite(t).all()):
-        raise InputError(source, f"{key} holds a NaN or Inf")
-    return t

@@ -37,7 +37,7 @@ G = (q − onehot(y))/N, ∂L/∂w = Σ_n G_n ⊙ x_n, ∂L/∂W = Gᵀx (+ the 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
@@ -54,6 +54,7 @@ from curvcal.calibration.inputs import (
     log_probabilities,
     validated_scores,
 )
+from curvcal.calibration.saved import Field, SavedMap, choice, coefficients
 from curvcal.errors import InputError
 
 LINEAR_METHODS = ("vector", "matrix", "dirichlet")
@@ -122,7 +123,7 @@ def matrix_memory_bytes(n_classes: int) -> int:
 
 
 @dataclass(frozen=True)
-class LinearMap:
+class LinearMap(SavedMap):
     """A fitted vector, matrix or Dirichlet scaling map: ``method`` ``vector`` (``weights`` K
     numbers), ``matrix`` or ``dirichlet`` (``weights`` K rows of K numbers, W with
     s = W x + b), and ``bias`` K numbers. x: log p for ``dirichlet``; for the others the
@@ -147,29 +148,21 @@ class LinearMap:
         return {"method": self.method, "weights": weights, "bias": list(self.bias)}
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> LinearMap:
-        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError`
-        naming ``source``."""
-        if not isinstance(data, dict):
-            raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"method", "weights", "bias"})
-        if unknown:
-            raise InputError(source, f"unknown calibrator keys {unknown}")
-        missing = [key for key in ("method", "weights", "bias") if key not in data]
-        if missing:
-            raise InputError(source, f"missing keys {missing}")
-        method, weights, bias = data["method"], data["weights"], data["bias"]
-        if method not in LINEAR_METHODS:
-            raise InputError(source, f"unknown method {method!r}", "vector, matrix or dirichlet")
-        bias_t = _numbers(bias, source, "bias")
-        if method == "vector":
-            weights_t: tuple[Any, ...] = _numbers(weights, source, "weights")
-        else:
-            if not isinstance(weights, list):
-                raise InputError(source, "weights must be a list of rows")
-            weights_t = tuple(_numbers(row, source, "weights row") for row in weights)
-        _check_map(method, weights_t, bias_t, source)
-        return cls(method, weights_t, bias_t)
+    def saved_fields(cls, data: Mapping[str, Any]) -> tuple[Field, ...]:
+        """``method``, ``weights`` (K numbers for vector scaling, K×K otherwise) and ``bias``
+        (K), every coefficient within ±:data:`~curvcal.calibration.saved.COEFFICIENT_BOUND`."""
+        shape: tuple[str, ...] = ("K",) if data.get("method") == "vector" else ("K", "K")
+        return (
+            choice("method", LINEAR_METHODS),
+            coefficients("weights", shape),
+            coefficients("bias", ("K",)),
+        )
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any], source: str) -> LinearMap:
+        weights, bias = values["weights"], values["bias"]
+        rows = tuple(weights.tolist()) if weights.ndim == 1 else tuple(map(tuple, weights.tolist()))
+        return cls(values["method"], rows, tuple(bias.tolist()))
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities log softmax(w ⊙ x + b) or log softmax(W x + b) of N×K
@@ -189,10 +182,6 @@ class LinearMap:
             s = block * weights if self.method == "vector" else block @ weights.T
             out[start : start + step] = torch.log_softmax(s + bias, dim=1)
         return out
-
-    def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×K ``scores``."""
-        return torch.exp(self.apply(scores, kind, source))
 
 
 @dataclass(frozen=True)
@@ -1327,15 +1316,6 @@ def _newton_polish(
             break
         theta, gradient, current = candidate, new_gradient, new
     return theta
-
-
-def _numbers(values: Any, source: str, what: str) -> tuple[float, ...]:
-    if not isinstance(values, list) or not values:
-        raise InputError(source, f"{what} must be a non-empty list of numbers")
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InputError(source, f"{what} must hold numbers only, got {value!r}")
-    return tuple(float(value) for value in values)
 
 
 def _check_map(method: Any, weights: tuple[Any, ...], bias: tuple[float, ...], source: str) -> None:

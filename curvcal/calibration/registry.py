@@ -1,7 +1,8 @@
 """The calibration maps curvcal fits, by name: one entry per map, one interface.
 
 Every map is fitted by ``fit(fit_scores, fit_labels, kind, settings, source, labels_source)``,
-which returns a fit record whose ``calibrator`` is a frozen map object (:class:`CalibrationMap`):
+which returns a fit record whose ``calibrator`` is a frozen map object (:class:`CalibrationMap`,
+implemented once by :class:`~curvcal.calibration.saved.SavedMap`, which every map derives from):
 ``apply(scores, kind, source)`` gives float64 log-probabilities, ``probabilities`` their
 exponentials, ``to_dict()`` plain numbers only and ``load(dict, source)`` (the entry's) rebuilds
 it from them without running anything from the file. The report stage of a map is its key
@@ -49,6 +50,8 @@ class CalibrationMap(Protocol):
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any: ...
 
     def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any: ...
+
+    def check_model(self, module: Any, where: str) -> None: ...
 
 
 #: ``--method`` value that fits every map that applies.

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from curvcal.calibration.saved import TEMPERATURE_RANGE, Field, SavedMap, choice, number
 from curvcal.errors import InputError
 
 #: Calibration map names a :class:`Calibrator` can carry.
@@ -116,7 +118,7 @@ class CalibrationMetrics:
 
 
 @dataclass(frozen=True)
-class Calibrator:
+class Calibrator(SavedMap):
     """A fitted calibration map that can be saved as JSON and re-applied.
 
     ``method`` is ``"none"`` (identity), ``"temperature"`` (softmax(z / T)) or
@@ -142,46 +144,29 @@ class Calibrator:
             scores, kind, source, self.temperature, self.gamma, identity=self.method == "none"
         )
 
-    def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×K ``scores``."""
-        import torch
-
-        return torch.exp(self.apply(scores, kind, source))
+    @classmethod
+    def saved_fields(cls, data: Mapping[str, Any]) -> tuple[Field, ...]:
+        """``method``, ``temperature`` and ``gamma``; a ``temperature`` map needs its
+        ``temperature`` (its ``gamma`` may be left out: 0), a ``focal-temperature`` map both.
+        A missing parameter is not given its default otherwise: a temperature map without its
+        T read as T = 1 would report the uncalibrated scores under the map's name."""
+        method = data.get("method")
+        return (
+            choice("method", CALIBRATOR_METHODS),
+            number("temperature", *TEMPERATURE_RANGE, optional=method not in _NEEDS_TEMPERATURE),
+            number("gamma", 0.0, optional=method != "focal-temperature"),
+        )
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> Calibrator:
-        """Rebuild from :meth:`to_dict` output; ``source`` names the file in errors. A
-        ``temperature`` map needs its ``temperature``, a ``focal-temperature`` map its
-        ``temperature`` and ``gamma`` (``gamma`` of a ``temperature`` map may be left out: 0)."""
-        if not isinstance(data, dict):
-            raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"method", "temperature", "gamma"})
-        if unknown:
-            raise InputError(source, f"unknown calibrator keys {unknown}")
-        if "method" not in data:
-            raise InputError(source, "missing key 'method'", f"one of {list(CALIBRATOR_METHODS)}")
-        # A missing parameter is not given its default: a temperature map without its T read
-        # as T = 1 would report the uncalibrated scores under the map's name.
-        needed = {"temperature": ("temperature",), "focal-temperature": ("temperature", "gamma")}
-        method = data["method"]
-        required = needed.get(method, ()) if isinstance(method, str) else ()
-        missing = [key for key in required if key not in data]
-        if missing:
-            raise InputError(source, f"the {method!r} calibrator has no {' or '.join(missing)}")
-        method, temperature, gamma = (
-            data["method"],
-            data.get("temperature", 1.0),
-            data.get("gamma", 0.0),
-        )
-        for name, value in (("temperature", temperature), ("gamma", gamma)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InputError(source, f"{name} must be a number, got {value!r}")
-        _check_calibrator(method, float(temperature), float(gamma), source)
-        return cls(method=method, temperature=float(temperature), gamma=float(gamma))
+    def from_fields(cls, values: dict[str, Any], source: str) -> Calibrator:
+        temperature, gamma = values["temperature"], values["gamma"]
+        temperature = 1.0 if temperature is None else temperature
+        gamma = 0.0 if gamma is None else gamma
+        _check_calibrator(values["method"], temperature, gamma, source)
+        return cls(method=values["method"], temperature=temperature, gamma=gamma)
 
 
-#: Temperatures a saved calibrator may hold: float32's smallest normal number and its inverse.
-TEMPERATURE_RANGE = (1.1754943508222875e-38, 8.507059173023462e37)
+_NEEDS_TEMPERATURE = ("temperature", "focal-temperature")
 
 
 def _check_calibrator(method: Any, temperature: float, gamma: float, source: str) -> None:

@@ -243,45 +243,6 @@ def check_classes(n_classes: int, method: str, source: str) -> None:
         raise InputError(source, f"has {n_classes} class; {method} needs at least 2")
 
 
-def numbers(values: Any, source: str, what: str) -> np.ndarray:
-    """A JSON list of finite numbers as float64, else :class:`InputError` naming ``source``."""
-    if not isinstance(values, list) or not values:
-        raise InputError(source, f"{what} must be a non-empty list of numbers")
-    if not set(map(type, values)) <= {float, int}:  # the common case checked in one C pass
-        for value in values:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InputError(source, f"{what} must hold numbers only, got {value!r}")
-    out = np.asarray(values, dtype=np.float64)
-    if not np.isfinite(out).all():
-        raise InputError(source, f"{what} must be finite")
-    return out
-
-
-def rows_of(values: Any, source: str, what: str) -> list[np.ndarray]:
-    """A JSON list of non-empty lists of finite numbers."""
-    if not isinstance(values, list) or not values:
-        raise InputError(source, f"{what} must be a non-empty list of lists of numbers")
-    return [numbers(row, source, what) for row in values]
-
-
-def check_unit(values: np.ndarray, source: str, what: str) -> None:
-    """Every value in [0, 1]."""
-    if values.min() < 0 or values.max() > 1:
-        raise InputError(source, f"{what} must lie in [0, 1]")
-
-
-def check_keys(data: Any, keys: tuple[str, ...], source: str) -> None:
-    """``data`` is a JSON object with exactly ``keys``."""
-    if not isinstance(data, dict):
-        raise InputError(source, f"expected a JSON object, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(keys))
-    if unknown:
-        raise InputError(source, f"unknown calibrator keys {unknown}")
-    missing = [key for key in keys if key not in data]
-    if missing:
-        raise InputError(source, f"missing keys {missing}")
-
-
 def fit_nll(logq: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean −log q_y (in-sample NLL of a fitted map; ∞ when some q_y is 0)."""
     return float(-logq.gather(1, labels[:, None]).mean())

@@ -67,12 +67,12 @@ import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.linear import LOG_FLOOR
+from curvcal.calibration.saved import SavedMap, choice, integer, read_fields
+from curvcal.calibration.saved import array as saved_array
 from curvcal.calibration.univariate import (
     apply_by_rows,
     check_classes,
-    check_keys,
     fit_nll,
-    numbers,
     one_vs_rest_log_probabilities,
 )
 from curvcal.errors import InputError
@@ -316,13 +316,26 @@ def merged(low: Any, high: Any) -> Any:
     return high / (1.0 - low + high)
 
 
+#: The saved body: per map the calibration scores c (log-odds, rising) and the values p0, p1
+#: of every gap between them, probabilities.
+FIELDS = (
+    choice("method", (METHOD,)),
+    integer("n_classes", 2),
+    saved_array("c", (None, None)),
+    saved_array("p0", (None, None), 0.0, 1.0),
+    saved_array("p1", (None, None), 0.0, 1.0),
+)
+
+
 @dataclass(frozen=True)
-class VennAbersMap:
+class VennAbersMap(SavedMap):
     """Fitted inductive Venn–Abers predictor(s): one map (K = 2: class 1 against class 0) or
     one per class (K > 2, one-vs-all), each the distinct calibration scores ``c`` and the
     values ``p0``, ``p1`` of every gap (len(c) + 1 each); scores are log-odds. Each row is an
     ``array("d")`` (:func:`float_row`): 8 bytes a number, where a tuple of floats takes 32,
     and a map keeps up to three numbers per fit sample and class."""
+
+    FIELDS = FIELDS
 
     n_classes: int
     c: tuple[array[float], ...]
@@ -508,24 +521,19 @@ def _check_map(
     """The rows (c, p0, p1) of a saved map, checked; ``rows`` given: those, already float64
     arrays (a map made in memory), checked for everything but their JSON form."""
     if rows is None:
-        check_keys(data, ("method", "n_classes", "c", "p0", "p1"), source)
-    method, k = data["method"], data["n_classes"]
-    if method != METHOD:
-        raise InputError(source, f"unknown method {method!r}", METHOD)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise InputError(source, f"n_classes must be a whole number >= 2, got {k!r}")
+        data = read_fields(data, FIELDS, source)
+    else:
+        read_fields(data, FIELDS[:2], source)
+    k = data["n_classes"]
     n_rows = 1 if k == 2 else k
     parts = []
     for i, name in enumerate(("c", "p0", "p1")):
         value = data[name] if rows is None else rows[i]
-        if not isinstance(value, list) or len(value) != n_rows:
+        if len(value) != n_rows:
             raise InputError(source, f"{METHOD} with {k} classes needs {n_rows} row(s) of {name}")
-        if rows is None:
-            parts.append([numbers(row, source, name) for row in value])
-        else:
-            if not all(np.isfinite(row).all() for row in value):
-                raise InputError(source, f"{name} must be finite")
-            parts.append(value)
+        if rows is not None and not all(np.isfinite(row).all() for row in value):
+            raise InputError(source, f"{name} must be finite")
+        parts.append(value)
     for c, p0, p1 in zip(*parts, strict=True):
         if len(p0) != len(c) + 1 or len(p1) != len(c) + 1:
             raise InputError(source, "every row of p0 and p1 needs one more value than c")

@@ -318,7 +318,7 @@ def _calibrators_for(path: Path, loaded: LoadedModel) -> CalibratorFile:
 
     read = load_calibrator_file(path)
     if "laplace" not in read.calibrators:
-        return read
+        return _belonging(read, loaded, path)
     saved = (read.provenance.model or {}) if read.provenance is not None else {}
     digest = file_info(loaded.path).sha256
     if saved.get("sha256") != digest:
@@ -330,6 +330,14 @@ def _calibrators_for(path: Path, loaded: LoadedModel) -> CalibratorFile:
             + f", not on {loaded.path} (sha256 {digest[:12]}...)",
             "a Laplace calibrator applies only to the checkpoint it was fitted on",
         )
+    return _belonging(read, loaded, path)
+
+
+def _belonging(read: CalibratorFile, loaded: LoadedModel, path: Path) -> CalibratorFile:
+    """``read`` once every map in it has checked itself against the model (a map of scores
+    belongs to any model; a Laplace posterior must be over this model's head)."""
+    for calibrator in read.calibrators.values():
+        calibrator.check_model(loaded.module, str(path))
     return read
 
 

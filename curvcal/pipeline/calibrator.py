@@ -20,8 +20,11 @@ applied to. The ``vector`` and ``matrix`` keys appear only in files that hold th
 schema ``1.3``, which hold such a map (their numbers: :mod:`curvcal.calibration.binning`,
 :mod:`~curvcal.calibration.isotonic`, :mod:`~curvcal.calibration.binary`; a ``bbq`` key:
 :mod:`~curvcal.calibration.bbq`). Every value is a plain
-number: reading a file runs nothing from it. Schema ``1.0`` files (no provenance) are still
-read. The command writes the text of
+number: reading a file runs nothing from it. Each map's body is read by its class's declared
+fields (:mod:`curvcal.calibration.saved`: types, shapes, finite values, bounds), and the text
+by :func:`curvcal.jsontext.loads`, which refuses a key given twice. A map that depends on the
+model (Laplace) is checked against it where it is applied (``check_model``). Schema ``1.0``
+files (no provenance) are still read. The command writes the text of
 :func:`calibrators_json` atomically; every fault in a file read back is an
 :class:`~curvcal.errors.InputError` naming the file.
 """

@@ -43,11 +43,11 @@ class HeadCapture:
 def capture_head(loaded: LoadedModel) -> Iterator[HeadCapture]:
     """Hook the last ``nn.Linear`` of ``loaded`` for the duration of the block (the hook is
     removed after it, however it ends)."""
-    from curvcal.calibration.laplace import last_linear
+    from curvcal.calibration.laplace import WHOLE_MODEL, last_linear
 
     where = str(loaded.path)
     name, layer = last_linear(loaded.module, where)
-    capture = HeadCapture(name or "(the model itself)", layer, where)
+    capture = HeadCapture(name or WHOLE_MODEL, layer, where)
 
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
         capture.inputs.append(args[0].detach().cpu())

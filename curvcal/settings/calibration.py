@@ -48,6 +48,9 @@ METHODS = (
     "all",
     "none",
 )
+#: The most Monte Carlo draws of ``--laplace-predictive mc``, wherever the count is given (the
+#: option, a policy, a saved calibrator): each draw is a K-wide softmax of every sample.
+MAX_LAPLACE_SAMPLES = 100_000
 #: ``--laplace-structure``: the last layer's GGN in full, Kronecker-factored, or chosen by size.
 LAPLACE_STRUCTURES = ("auto", "full", "kron")
 #: ``--laplace-predictive``: the probit approximation or Monte Carlo.
@@ -244,7 +247,7 @@ class CalibrationSettings(Settings):
         100,
         "Monte Carlo draws of --laplace-predictive mc.",
         low=1,
-        high=100_000,
+        high=MAX_LAPLACE_SAMPLES,
         metavar="S",
     )
     laplace_prior: str = setting(

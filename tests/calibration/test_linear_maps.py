@@ -144,25 +144,14 @@ def test_probabilities_input_scales_log_probabilities() -> None:
     )
 
 
-def test_saved_form_is_plain_numbers_and_round_trips() -> None:
-    z, y = synthetic(400, 3, 2.0, seed=2)
-    for method in ("vector", "matrix"):
-        fitted = fit_linear(torch.from_numpy(z), torch.from_numpy(y), method).calibrator
-        saved = fitted.to_dict()
-        assert set(saved) == {"method", "weights", "bias"}
-        again = LinearMap.from_dict(saved)
-        assert again == fitted
-        assert torch.equal(again.apply(torch.from_numpy(z)), fitted.apply(torch.from_numpy(z)))
-
-
 @pytest.mark.parametrize(
     ("saved", "needle"),
     [
         (
             {"method": "vector", "weights": [1, 2], "bias": [0, 0, 0]},
-            "needs 3 weights for its 3 biases, got 2",
+            "bias has 3 entries where K = 2",
         ),
-        ({"method": "matrix", "weights": [[1, 0], [0]], "bias": [0, 0]}, "needs 2×2 weights"),
+        ({"method": "matrix", "weights": [[1, 0], [0]], "bias": [0, 0]}, "rows of one length"),
         ({"method": "vector", "weights": ["1", 2], "bias": [0, 0]}, "numbers only"),
         ({"method": "vector", "weights": [1, True], "bias": [0, 0]}, "numbers only"),
         ({"method": "vector", "weights": [1, 1e400], "bias": [0, 0]}, "finite"),

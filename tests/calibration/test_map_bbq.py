@@ -249,14 +249,6 @@ def test_saturated_and_tied_rows() -> None:
     assert len(same) >= 10 and len(np.unique(q[same].max(1))) == 1
 
 
-def test_saved_form_round_trips() -> None:
-    z, y = synthetic(500, 3, 2.0, 6)
-    fitted = fit_bbq(torch.tensor(z), torch.tensor(y)).calibrator
-    again = BBQMap.from_dict(json.loads(json.dumps(fitted.to_dict())))
-    assert again == fitted
-    assert torch.equal(again.apply(torch.tensor(z)), fitted.apply(torch.tensor(z)))
-
-
 # ---------------------------------------------------------------------------------------------
 # peers
 

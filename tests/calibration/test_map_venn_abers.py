@@ -14,7 +14,7 @@ import torch
 from scipy.special import log_softmax, logsumexp, softmax
 from sklearn.isotonic import IsotonicRegression
 
-from curvcal.calibration.venn_abers import VennAbersMap, fit_venn_abers, gap_values, log_odds
+from curvcal.calibration.venn_abers import fit_venn_abers, gap_values, log_odds
 from tests.commands.test_metrics import as_json, logits_file
 
 
@@ -243,14 +243,6 @@ def test_one_sample_all_scores_equal_and_one_class() -> None:
             q.sum(1), torch.ones(5).double()
         )
         assert only.calibrator.p0[-1][-1] == 0.0  # no positives of the last map: p0 = 0
-
-
-def test_saved_form_round_trips_and_apply_is_a_lookup() -> None:
-    z, y = hidden_style(300, 4, 2.0, seed=9)
-    fitted = fit_venn_abers(torch.from_numpy(z), torch.from_numpy(y)).calibrator
-    again = VennAbersMap.from_dict(json.loads(json.dumps(fitted.to_dict())), "cal.json")
-    assert again == fitted
-    assert torch.equal(again.apply(torch.from_numpy(z)), fitted.apply(torch.from_numpy(z)))
 
 
 # ---------------------------------------------------------------------------------------------

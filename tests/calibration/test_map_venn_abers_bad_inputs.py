@@ -27,9 +27,9 @@ def _fall(row: list[float]) -> list[float]:
         ("p1", lambda rows: [[0.0, *rows[0][1:]], *rows[1:]], "p1 in (0, 1]"),
         ("p1", lambda rows: [[*rows[0][:-1], 0.01], *rows[1:]], "must not fall"),
         ("p0", lambda rows: rows[:-1], "needs 3 row(s) of p0"),
-        ("p1", lambda rows: "__import__('os')", "needs 3 row(s) of p1"),
+        ("p1", lambda rows: "__import__('os')", "p1 must be a non-empty list of lists"),
         ("c", lambda rows: [["1", *rows[0][1:]], *rows[1:]], "numbers only"),
-        ("n_classes", lambda value: 1, "n_classes must be a whole number >= 2"),
+        ("n_classes", lambda value: 1, "n_classes must be >= 2"),
         ("method", lambda value: "venn", "must be a 'venn-abers' calibrator, got 'venn'"),
     ],
 )

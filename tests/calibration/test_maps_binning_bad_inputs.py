@@ -80,7 +80,7 @@ def _flip(row: list) -> list:
     ("stage", "key", "change", "needle"),
     [
         ("isotonic", "x", lambda rows: [_flip(rows[0])], "x must rise strictly"),
-        ("isotonic", "y", lambda rows: [[*rows[0][:-1], 2.0]], "y must lie in [0, 1]"),
+        ("isotonic", "y", lambda rows: [[*rows[0][:-1], 2.0]], "y 2.0 is outside 0..1"),
         ("isotonic", "x", lambda rows: "__import__('os')", "list of lists of numbers"),
         ("histogram", "edges", lambda rows: [_flip(rows[0])], "edges must rise strictly"),
         ("histogram", "values", lambda rows: [rows[0][:-1]], "one edge more than it has"),
@@ -111,7 +111,9 @@ def test_tampered_binary_map_and_old_schema(run_cli, tmp_path: Path) -> None:
     saved = json.loads(calibrator.read_text())
     assert saved["schema"] == "1.3"
     for entry, needle in (
-        ({**saved["beta"], "a": "1"}, "numbers only"),
+        ({**saved["beta"], "a": "1"}, "a must be a number, got '1'"),
+        # a coefficient past 1/T_min: a·ln p overflows and every probability rounds to 0 or 1
+        ({**saved["beta"], "a": 1e308}, "a 1e+308 is outside -8.5e+37..8.5e+37"),
         ({**saved["beta"], "a": float("inf")}, "must be finite"),
         ({"method": "beta", "a": 1.0, "b": 1.0}, "missing keys ['c']"),
         ({**saved["beta"], "slope": 1.0}, "unknown calibrator keys"),

@@ -20,10 +20,19 @@ from tests.commands.test_metrics import logits_file
 @pytest.mark.parametrize(
     ("saved", "needle"),
     [
-        ({"method": "ensemble-temperature", "temperature": 0.0, "weights": [1, 0, 0]}, "> 0"),
-        ({"method": "ensemble-temperature", "temperature": 1.0, "weights": [1, 0]}, "3 numbers"),
+        (
+            {"method": "ensemble-temperature", "temperature": 0.0, "weights": [1, 0, 0]},
+            "temperature 0.0 is outside",
+        ),
+        (
+            {"method": "ensemble-temperature", "temperature": 1.0, "weights": [1, 0]},
+            "weights must have 3 entries, got 2",
+        ),
         ({"method": "ensemble-temperature", "temperature": 1.0, "weights": [0.5, 0.6, 0]}, "sum"),
-        ({"method": "ensemble-temperature", "temperature": 1.0, "weights": [1.2, -0.2, 0]}, "≥ 0"),
+        (
+            {"method": "ensemble-temperature", "temperature": 1.0, "weights": [1.2, -0.2, 0]},
+            "weights -0.2 is outside 0",
+        ),
         ({"method": "ensemble-temperature", "temperature": "1", "weights": [1, 0, 0]}, "number"),
         ({"method": "ensemble-temperature", "temperature": 1.0}, "missing"),
         (
@@ -40,7 +49,7 @@ def test_bad_saved_ensemble_maps_are_refused(saved: object, needle: str) -> None
 
 
 def test_bad_saved_dirichlet_map_is_refused() -> None:
-    with pytest.raises(InputError, match="2×2 weights"):
+    with pytest.raises(InputError, match="bias has 2 entries where K = 1"):
         LinearMap.from_dict({"method": "dirichlet", "weights": [[1.0]], "bias": [0.0, 0.0]})
 
 

@@ -61,7 +61,7 @@ def test_tampered_saved_map_is_one_line_naming_the_file(run_cli, tmp_path: Path)
     saved = json.loads(calibrator.read_text())
     for entry, needle in (
         ({**saved["vector"], "weights": "__import__('os')"}, "non-empty list of numbers"),
-        ({**saved["vector"], "bias": [0.0, 0.0]}, "needs 2 weights for its 2 biases, got 3"),
+        ({**saved["vector"], "bias": [0.0, 0.0]}, "bias has 2 entries where K = 3"),
         ({**saved["vector"], "method": "matrix"}, "'vector' must be a 'vector' calibrator"),
     ):
         calibrator.write_text(json.dumps({**saved, "vector": entry}))
