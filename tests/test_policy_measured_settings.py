@@ -101,24 +101,43 @@ def test_a_bound_on_a_bootstrapped_metric_is_judged_as_judge_says() -> None:
     assert _row("estimate", "max", 0.05, 0.06, (0.02, 0.08)) == (False, "above max")
     assert _row("interval", "max", 0.05, 0.06, (0.02, 0.08)) == (
         True,
-        "value above max, its 95% interval is not",
+        "value above max, not shown above max: 95% interval reaches across the bound",
     )
-    assert _row("whole-interval", "max", 0.05, 0.06, (0.02, 0.08))[0] is False
-    # value 0.04 under max 0.05: the whole-interval rule fails it, the interval rule passes it
-    assert _row("interval", "max", 0.05, 0.04, (0.02, 0.08)) == (True, "")
+    assert _row("whole-interval", "max", 0.05, 0.06, (0.02, 0.08)) == (
+        False,
+        "above max, not shown below max: 95% interval goes above max",
+    )
+    # value 0.04 under max 0.05: the whole-interval rule fails it, the interval rule passes it,
+    # and the note says in words what passed and why
+    assert _row("interval", "max", 0.05, 0.04, (0.02, 0.08)) == (
+        True,
+        "not shown above max: 95% interval reaches across the bound",
+    )
     assert _row("whole-interval", "max", 0.05, 0.04, (0.02, 0.08)) == (
         False,
-        "95% interval goes above max",
+        "value below max, not shown below max: 95% interval goes above max",
     )
-    # the whole interval beyond the bound fails under every rule
+    # the whole interval beyond the bound fails under every rule, within it passes under every
     for judge in ("estimate", "interval", "whole-interval"):
         assert _row(judge, "max", 0.05, 0.07, (0.06, 0.08))[0] is False
-        assert _row(judge, "max", 0.05, 0.03, (0.02, 0.04)) == (True, "")
-    assert _row("interval", "max", 0.05, 0.07, (0.06, 0.08))[1] == "above max (whole 95% interval)"
+        assert _row(judge, "max", 0.05, 0.03, (0.02, 0.04))[0] is True
+    assert _row("estimate", "max", 0.05, 0.03, (0.02, 0.04)) == (True, "")
+    assert _row("interval", "max", 0.05, 0.07, (0.06, 0.08)) == (
+        False,
+        "shown above max: whole 95% interval above max",
+    )
+    assert _row("whole-interval", "max", 0.05, 0.03, (0.02, 0.04)) == (
+        True,
+        "shown below max: whole 95% interval below max",
+    )
     # min: mirrored (accuracy 0.88 below min 0.9, interval [0.85, 0.91])
     assert _row("interval", "min", 0.9, 0.88, (0.85, 0.91))[0] is True
     assert _row("whole-interval", "min", 0.9, 0.92, (0.89, 0.95))[0] is False
     assert _row("estimate", "min", 0.9, 0.92, (0.89, 0.95))[0] is True
+    assert _row("whole-interval", "min", 0.9, 0.93, (0.91, 0.95)) == (
+        True,
+        "shown above min: whole 95% interval above min",
+    )
     # the trace is judged on its estimate whatever judge says
     assert _row("interval", "max", 10.0, 11.0, (9.0, 13.0), metric="trace") == (False, "above max")
 
