@@ -41,8 +41,8 @@ The same bound serves each measure:
   bounds the deviation at every larger σ, and the fixed point σ* (smooth ECE = σ*) of a
   function of slope ≤ -1 moves by at most that: the interval is σ̂ ± q_σ at the largest
   σ of a small ladder below σ̂ that lies below the interval's lower end.
-* NLL is a mean: the percentile interval of its bootstrap (a mean's percentile interval
-  covers at the sample sizes measured).
+* NLL is a mean: Student's t interval x̄ ± t s/√N (the bootstrap's percentile interval
+  when some -log p_y is infinite).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 
 import torch
+from scipy import stats
 
 from curvcal.calibration import bins as binning
 from curvcal.calibration.smooth import smooth_ece_deviation
@@ -71,6 +72,17 @@ def norm_interval(estimate: float, deviation: float) -> tuple[float, float]:
     """[max(0, estimate - deviation), estimate + deviation]: the interval of a norm whose
     estimate is within ``deviation`` of the population's (the triangle inequality)."""
     return max(0.0, estimate - deviation), estimate + deviation
+
+
+def mean_interval(values: torch.Tensor) -> tuple[float, float] | None:
+    """Student's t interval of a mean, x̄ ± t_{0.975, N-1} s/√N (``None`` when a value is not
+    finite or N < 2: the caller falls back to the bootstrap's percentile interval)."""
+    n = values.shape[0]
+    if n < 2 or not bool(torch.isfinite(values).all()):
+        return None
+    mean = float(values.mean())
+    half = float(stats.t.ppf(0.5 + INTERVAL_LEVEL / 2, n - 1)) * float(values.std()) / math.sqrt(n)
+    return mean - half, mean + half
 
 
 def contains(interval: tuple[float, float], estimate: float) -> tuple[float, float]:

@@ -523,9 +523,8 @@ def _bootstrap_intervals(
         "mce": width.mce_interval(estimates.mce),
         "adaece": mass.ece_interval(estimates.adaece),
         "smooth_ece": smooth.interval(estimates.smooth_ece),
-        "nll": intervals.contains(
-            percentile_interval(torch.cat(nll)), nll_estimate
-        ),
+        "nll": intervals.mean_interval(top.nll)
+        or intervals.contains(percentile_interval(torch.cat(nll)), nll_estimate),
     }
     if classwise is not None:
         out["classwise_ece"] = classwise.interval(estimates.classwise_ece)

@@ -23,6 +23,7 @@ Population values, by adaptive quadrature over t (scipy's ``quad``, split at eve
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,10 +96,8 @@ class SimulatedModel:
         return self.accuracy(c) - c
 
     def _binned(self, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        h = np.array([self._integral(self._gap, a, b) for a, b in zip(edges[:-1], edges[1:])])
-        mass = np.array(
-            [self._integral(np.ones_like, a, b) for a, b in zip(edges[:-1], edges[1:])]
-        )
+        h = np.array([self._integral(self._gap, a, b) for a, b in itertools.pairwise(edges)])
+        mass = np.array([self._integral(np.ones_like, a, b) for a, b in itertools.pairwise(edges)])
         return h, mass
 
     def ece(self, n_bins: int = 15) -> float:
@@ -119,7 +118,7 @@ class SimulatedModel:
         k = self.n_classes
         edges = np.linspace(0.0, 1.0, n_bins + 1)
         total = 0.0
-        for a, b in zip(edges[:-1], edges[1:]):
+        for a, b in itertools.pairwise(edges):
             top = self._integral(self._gap, a, b)
             # (1 - c)/(K - 1) in (a, b]  <=>  c in [1 - (K - 1) b, 1 - (K - 1) a)
             rest = -self._integral(self._gap, 1.0 - (k - 1) * b, 1.0 - (k - 1) * a)

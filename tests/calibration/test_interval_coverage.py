@@ -145,4 +145,6 @@ def test_the_classwise_interval_is_left_out_above_its_size(
 @pytest.mark.parametrize("bootstrap", [-1, 2.5, True])
 def test_a_bad_resample_count_is_refused(bootstrap: object) -> None:
     with pytest.raises(InputError, match="bootstrap"):
-        calibration_metrics(torch.zeros(3, 2), torch.zeros(3, dtype=torch.int64), bootstrap=bootstrap)  # type: ignore[arg-type]
+        calibration_metrics(
+            torch.zeros(3, 2), torch.zeros(3, dtype=torch.int64), bootstrap=bootstrap
+        )  # type: ignore[arg-type]
