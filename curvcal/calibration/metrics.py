@@ -519,14 +519,15 @@ def _bootstrap_intervals(
         nll.append(weights @ top.nll / n)
     nll_estimate = float(top.nll.mean())
     out = {
-        "ece": width.ece_interval(estimates.ece),
         "mce": width.mce_interval(estimates.mce),
-        "adaece": mass.ece_interval(estimates.adaece),
         "smooth_ece": smooth.interval(estimates.smooth_ece),
-        "nll": intervals.mean_interval(top.nll)
+        "nll": intervals.mean_interval(top.nll, floor=0.0)
         or intervals.contains(percentile_interval(torch.cat(nll)), nll_estimate),
     }
-    if classwise is not None:
+    if intervals.enough_rows(n, n_bins):
+        out["ece"] = width.ece_interval(estimates.ece)
+        out["adaece"] = mass.ece_interval(estimates.adaece)
+    if classwise is not None and intervals.enough_rows(n, n_bins * classwise.k):
         out["classwise_ece"] = classwise.interval(estimates.classwise_ece)
     tail = (1 - INTERVAL_LEVEL) / 2
     levels = torch.tensor([tail, 1 - tail], dtype=torch.float64)
