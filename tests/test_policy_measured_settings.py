@@ -98,7 +98,10 @@ def _row(judge: str, bound: str, limit: float, value: float, interval, metric: s
 
 def test_a_bound_on_a_bootstrapped_metric_is_judged_as_judge_says() -> None:
     # value 0.06 above max 0.05, its interval [0.02, 0.08] straddles it
-    assert _row("estimate", "max", 0.05, 0.06, (0.02, 0.08)) == (False, "above max")
+    assert _row("estimate", "max", 0.05, 0.06, (0.02, 0.08)) == (
+        False,
+        "value above max, not shown: 95% interval reaches below max",
+    )
     assert _row("interval", "max", 0.05, 0.06, (0.02, 0.08)) == (
         True,
         "value above max, not shown above max: 95% interval reaches across the bound",
@@ -121,7 +124,15 @@ def test_a_bound_on_a_bootstrapped_metric_is_judged_as_judge_says() -> None:
     for judge in ("estimate", "interval", "whole-interval"):
         assert _row(judge, "max", 0.05, 0.07, (0.06, 0.08))[0] is False
         assert _row(judge, "max", 0.05, 0.03, (0.02, 0.04))[0] is True
-    assert _row("estimate", "max", 0.05, 0.03, (0.02, 0.04)) == (True, "")
+    assert _row("estimate", "max", 0.05, 0.03, (0.02, 0.04)) == (
+        True,
+        "value below max, shown: whole 95% interval below max",
+    )
+    assert _row("estimate", "max", 0.05, 0.07, (0.06, 0.08)) == (
+        False,
+        "value above max, shown: whole 95% interval above max",
+    )
+    assert _row("estimate", "max", 0.05, 0.04, None) == (True, "")
     assert _row("interval", "max", 0.05, 0.07, (0.06, 0.08)) == (
         False,
         "shown above max: whole 95% interval above max",
@@ -225,7 +236,9 @@ def test_a_policy_reproduces_calibrate_with_its_own_normalisation(
     recorded = checked["settings"]["data"]
     assert recorded["mean"] == [0.4, 0.45, 0.5] and recorded["resize"] == 32
     assert checked["settings"]["calibration"]["bootstrap"] == 40
-    assert checked["settings"]["check"]["judge"] == "interval"
+    assert (
+        checked["settings"]["check"]["judge"] == "estimate"
+    )  # the default, chosen in docs/guide/check.md
     # the preprocessing was applied: the model's own config (mean/std 0.5, 160 px) differs
     plain = _json(
         run_cli(

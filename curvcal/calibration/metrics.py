@@ -22,8 +22,10 @@ Conventions (printed with every result):
   :mod:`curvcal.calibration.binfree`. Risk–coverage curve, AURC and E-AURC: see
   :mod:`curvcal.calibration.selective`. All three and the curve are order-free on ties; KS,
   Kuiper and the curve use the tie groups of AdaECE.
-- Bootstrap intervals: percentile intervals of ECE, AdaECE, MCE and NLL over resamples drawn
-  with a private generator seeded by ``seed``.
+- Intervals (:mod:`curvcal.calibration.intervals`): 95% intervals that hold the population
+  ECE, AdaECE, classwise ECE and smooth ECE (the estimate ± the bootstrap's 95% quantile of its
+  error norm), MCE (Hoeffding per bin) and NLL (Student's t), over resamples drawn with a
+  private generator seeded by ``seed``.
 """
 
 from __future__ import annotations
