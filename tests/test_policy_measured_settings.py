@@ -232,7 +232,11 @@ def test_a_policy_reproduces_calibrate_with_its_own_normalisation(
         ("ts.nll", "ts", "nll"),
     ):
         assert math.isclose(values[key]["value"], evaluation[stage][metric], rel_tol=1e-9), key
-        assert values[key]["interval"] == pytest.approx(evaluation[stage]["intervals"][metric])
+        expected = evaluation[stage]["intervals"].get(metric)
+        if expected is None:  # a binned error over bins of under 5 rows each: no interval
+            assert metric != "nll" and values[key]["interval"] is None, key
+        else:
+            assert values[key]["interval"] == pytest.approx(expected), key
     recorded = checked["settings"]["data"]
     assert recorded["mean"] == [0.4, 0.45, 0.5] and recorded["resize"] == 32
     assert checked["settings"]["calibration"]["bootstrap"] == 40
