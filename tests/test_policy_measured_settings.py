@@ -19,6 +19,7 @@ from curvcal.policy.baseline import metric_values
 from curvcal.policy.evaluate import MetricValue, evaluate
 from curvcal.policy.parse import Rule, load_policy
 from curvcal.policy.settings import DEFAULTS, Locator, settings_of
+from curvcal.settings.check import CheckSettings
 from curvcal.settings.data import NO_RESIZE, DataSettings
 from curvcal.settings.hessian import HessianSettings
 
@@ -94,6 +95,17 @@ def _row(judge: str, bound: str, limit: float, value: float, interval, metric: s
     verdict = evaluate([rule], {rule.key: MetricValue(value, interval)}, None, judge)
     (row,) = verdict.rows
     return row.passed, row.reason
+
+
+def test_the_default_judge_fails_a_model_whose_ece_is_above_the_bound() -> None:
+    # a model with ECE 0.114 passed max = 0.1 under the former default (its interval reached
+    # below 0.1); the default is now the estimate, and the note says the interval cannot show it
+    judge = CheckSettings().judge
+    assert judge == "estimate"
+    assert _row(judge, "max", 0.1, 0.114, (0.06, 0.17)) == (
+        False,
+        "value above max, not shown: 95% interval reaches below max",
+    )
 
 
 def test_a_bound_on_a_bootstrapped_metric_is_judged_as_judge_says() -> None:
