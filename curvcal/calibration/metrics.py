@@ -22,8 +22,10 @@ Conventions (printed with every result):
   :mod:`curvcal.calibration.binfree`. Risk–coverage curve, AURC and E-AURC: see
   :mod:`curvcal.calibration.selective`. All three and the curve are order-free on ties; KS,
   Kuiper and the curve use the tie groups of AdaECE.
-- Bootstrap intervals: percentile intervals of ECE, AdaECE, MCE and NLL over resamples drawn
-  with a private generator seeded by ``seed``.
+- Intervals (:mod:`curvcal.calibration.intervals`): 95% intervals that hold the population
+  ECE, AdaECE, classwise ECE and smooth ECE (the estimate ± the bootstrap's 95% quantile of its
+  error norm), MCE (Hoeffding per bin) and NLL (Student's t), over resamples drawn with a
+  private generator seeded by ``seed``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 import torch
 
-from curvcal.calibration import binfree
+from curvcal.calibration import binfree, intervals
 from curvcal.calibration import bins as binning
 from curvcal.calibration.inputs import (
     check_bins,
@@ -49,7 +51,7 @@ from curvcal.calibration.selective import RiskCoverage, optimal_aurc, risk_cover
 from curvcal.calibration.smooth import smooth_ece, smooth_reliability
 from curvcal.errors import InputError
 
-INTERVAL_LEVEL = 0.95
+INTERVAL_LEVEL = intervals.INTERVAL_LEVEL
 #: Elements per chunk of the metrics scan: larger than the solvers' chunks, as the scan makes
 #: about thirty small calls per chunk and with many classes their overhead dominated.
 SCAN_ELEMENTS = 1 << 18
@@ -323,8 +325,24 @@ def calibration_metrics(
     mass = binned_errors(m_count, m_conf, m_correct)
     per_class = (c_y - c_p).abs().sum(dim=1) / n
     smooth = smooth_ece(top.confidence, top.correct)
-    intervals, bin_intervals = (
-        _bootstrap_intervals(top, index, order, bins, bootstrap, seed) if bootstrap else ({}, ())
+    estimates = Estimates(
+        width.ece, width.mce, mass.ece, float(per_class.mean()), smooth.value, smooth.bandwidth
+    )
+    metric_intervals, bin_intervals = (
+        _bootstrap_intervals(
+            top,
+            index,
+            order,
+            bins,
+            bootstrap,
+            seed,
+            estimates,
+            _dense_probabilities(z, y, kind, source),
+            y,
+            edges,
+        )
+        if bootstrap and n >= 2  # one sample has no sampling spread to measure
+        else ({}, ())
     )
     selective = risk_coverage_curve(top.confidence, top.correct, order)
     return CalibrationMetrics(
@@ -353,7 +371,7 @@ def calibration_metrics(
         ),
         n_bootstrap=bootstrap,
         interval_level=INTERVAL_LEVEL,
-        intervals=intervals,
+        intervals=metric_intervals,
         bin_intervals=bin_intervals,
         smooth_curve=(
             smooth_reliability(top.confidence, top.correct, smooth.bandwidth)
@@ -406,6 +424,23 @@ def resample_weights(n: int, n_resamples: int, seed: int) -> Iterator[torch.Tens
         yield torch.bincount(draw, minlength=n).to(torch.float64)
 
 
+#: Resamples drawn and measured together (an R×N matrix of multiplicities).
+RESAMPLE_BATCH = 32
+
+
+def resample_batches(n: int, n_resamples: int, seed: int) -> Iterator[torch.Tensor]:
+    """The resamples of :func:`resample_weights`, the same draws in the same order, stacked
+    :data:`RESAMPLE_BATCH` at a time (R×N float64)."""
+    batch: list[torch.Tensor] = []
+    for weights in resample_weights(n, n_resamples, seed):
+        batch.append(weights)
+        if len(batch) == RESAMPLE_BATCH:
+            yield torch.stack(batch)
+            batch = []
+    if batch:
+        yield torch.stack(batch)
+
+
 def percentile_interval(draws: torch.Tensor) -> tuple[float, float]:
     """The central :data:`INTERVAL_LEVEL` percentile interval of 1-D float64 ``draws``."""
     # Linear interpolation between an infinite and a finite draw is undefined: fall back
@@ -417,6 +452,33 @@ def percentile_interval(draws: torch.Tensor) -> tuple[float, float]:
     return float(low), float(high)
 
 
+def _dense_probabilities(
+    scores: torch.Tensor, labels: torch.Tensor, kind: str, source: str
+) -> torch.Tensor | None:
+    """The N×K float64 probabilities, or ``None`` above the classwise bootstrap's size."""
+    n, k = scores.shape
+    if n * k > intervals.CLASSWISE_ELEMENTS:
+        return None
+    out = torch.empty(n, k, dtype=torch.float64)
+    step = max(1, SCAN_ELEMENTS // k)
+    for start in range(0, n, step):
+        block, y = scores[start : start + step], labels[start : start + step]
+        out[start : start + block.shape[0]] = _probabilities(block, y, kind, start, source)[0]
+    return out
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """The point estimates the intervals are centred on."""
+
+    ece: float
+    mce: float
+    adaece: float
+    classwise_ece: float
+    smooth_ece: float
+    smooth_bandwidth: float
+
+
 def _bootstrap_intervals(
     top: TopLabel,
     index: torch.Tensor,
@@ -424,33 +486,55 @@ def _bootstrap_intervals(
     n_bins: int,
     n_bootstrap: int,
     seed: int,
+    estimates: Estimates,
+    probabilities: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    edges: str = "left",
 ) -> tuple[dict[str, tuple[float, float]], tuple[tuple[float, float] | None, ...]]:
-    """Percentile intervals of the metrics, and of each equal-width bin's accuracy (over the
-    resamples in which the bin is not empty; ``None`` for a bin empty in the data); a resample
-    is the multiplicity of each sample (weights)."""
+    """The metrics' 95% intervals (:mod:`curvcal.calibration.intervals`: error-norm bounds
+    centred on each estimate; NLL's a percentile interval), and the percentile interval of
+    each equal-width bin's accuracy (over the resamples in which the bin is not empty;
+    ``None`` for a bin empty in the data); a resample is the multiplicity of each sample.
+    ``probabilities`` (N×K, with ``labels``) add the classwise ECE's interval."""
     n = top.confidence.shape[0]
-    draws: dict[str, list[float]] = {"ece": [], "mce": [], "adaece": [], "nll": []}
+    residual = top.correct - top.confidence
+    width = intervals.BinnedDeviation(index, residual, n_bins)
+    mass_index = binning.equal_mass_index(top.confidence, n_bins, order=order)
+    mass = intervals.BinnedDeviation(mass_index, residual, n_bins)
+    smooth = intervals.SmoothDeviation(top.confidence, residual, estimates.smooth_bandwidth)
+    classwise = (
+        intervals.ClasswiseDeviation(probabilities, labels, n_bins, edges)
+        if probabilities is not None and labels is not None
+        else None
+    )
+    nll: list[torch.Tensor] = []
     bin_accuracy: list[torch.Tensor] = []
-    for weights in resample_weights(n, n_bootstrap, seed):
-        sums = binning.bin_sums(index, top.confidence, top.correct, n_bins, weights)
-        width = binned_errors(*sums)
-        bin_accuracy.append(torch.where(sums[0] > 0, sums[2] / sums[0], math.nan))
-        mass_index = binning.equal_mass_index(top.confidence, n_bins, weights=weights, order=order)
-        mass = binned_errors(
-            *binning.bin_sums(mass_index, top.confidence, top.correct, n_bins, weights)
-        )
-        draws["ece"].append(width.ece)
-        draws["mce"].append(width.mce)
-        draws["adaece"].append(mass.ece)
-        draws["nll"].append(float((weights * top.nll).sum()) / n)
+    for weights in resample_batches(n, n_bootstrap, seed):
+        for deviation in (width, mass, smooth):
+            deviation.draw(weights)
+        if classwise is not None:
+            classwise.draw(weights)
+        count = torch.zeros(weights.shape[0], n_bins, dtype=torch.float64)
+        count.index_add_(1, index, weights)
+        hits = torch.zeros_like(count).index_add_(1, index, weights * top.correct)
+        bin_accuracy.append(torch.where(count > 0, hits / count.clamp(min=1), math.nan))
+        nll.append(weights @ top.nll / n)
+    nll_estimate = float(top.nll.mean())
     out = {
-        name: percentile_interval(torch.tensor(values, dtype=torch.float64))
-        for name, values in draws.items()
+        "mce": width.mce_interval(estimates.mce),
+        "smooth_ece": smooth.interval(estimates.smooth_ece),
+        "nll": intervals.mean_interval(top.nll, floor=0.0)
+        or intervals.contains(percentile_interval(torch.cat(nll)), nll_estimate),
     }
+    if intervals.enough_rows(n, n_bins):
+        out["ece"] = width.ece_interval(estimates.ece)
+        out["adaece"] = mass.ece_interval(estimates.adaece)
+    if classwise is not None and intervals.enough_rows(n, n_bins * classwise.k):
+        out["classwise_ece"] = classwise.interval(estimates.classwise_ece)
     tail = (1 - INTERVAL_LEVEL) / 2
     levels = torch.tensor([tail, 1 - tail], dtype=torch.float64)
     present = torch.bincount(index, minlength=n_bins) > 0
-    per_bin = torch.stack(bin_accuracy)  # resamples × bins
+    per_bin = torch.cat(bin_accuracy)  # resamples × bins
     bins_out: list[tuple[float, float] | None] = []
     for b in range(n_bins):
         column = per_bin[:, b][~torch.isnan(per_bin[:, b])]

@@ -17,6 +17,7 @@ when every residual has the same sign smECE_σ = |mean residual| exactly, for ev
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -41,6 +42,21 @@ def _deposit(confidence: torch.Tensor, residual: torch.Tensor, intervals: int) -
     return grid.numpy()
 
 
+@functools.lru_cache(maxsize=16)
+def _kernel_spectrum(sigma: float, intervals: int) -> np.ndarray:
+    """The FFT of the reflected kernel K_σ on the period-2 grid (normalised: Σ kernel·Δ = 1
+    over one period); cached, as a bootstrap smooths every resample at the same σ."""
+    period = 2 * intervals
+    offsets = np.minimum(np.arange(period), period - np.arange(period)) / intervals
+    images = math.ceil(8 * sigma / 2) + 1
+    distance = offsets[:, None] + 2.0 * np.arange(-images, images + 1)[None, :]
+    kernel = np.exp(-0.5 * (distance / sigma) ** 2).sum(axis=1)
+    kernel *= intervals / kernel.sum()
+    spectrum = np.fft.rfft(kernel)
+    spectrum.flags.writeable = False
+    return spectrum
+
+
 class _SmoothedResidual:
     """smECE_σ for one data set, for any σ (one FFT per σ)."""
 
@@ -56,16 +72,11 @@ class _SmoothedResidual:
         extended[0] += grid[0]
         extended[intervals] += grid[intervals]
         self.spectrum = np.fft.rfft(extended)
-        self.offsets = np.minimum(np.arange(period), period - np.arange(period)) / intervals
 
     def smoothed(self, sigma: float) -> np.ndarray:
         """(1/N) Σ_i K_σ(u, f_i) r_i at the grid points u over one period (2·intervals)."""
-        period = 2 * self.intervals
-        images = math.ceil(8 * sigma / 2) + 1
-        distance = self.offsets[:, None] + 2.0 * np.arange(-images, images + 1)[None, :]
-        kernel = np.exp(-0.5 * (distance / sigma) ** 2).sum(axis=1)
-        kernel *= self.intervals / kernel.sum()  # Σ kernel·Δ over one period = 1
-        return np.fft.irfft(self.spectrum * np.fft.rfft(kernel), n=period)
+        kernel = _kernel_spectrum(sigma, self.intervals)
+        return np.fft.irfft(self.spectrum * kernel, n=2 * self.intervals)
 
     def value(self, sigma: float) -> float:
         # Trapezoid over [0, 1] of an even, period-2 function = half the sum over a period.
@@ -81,6 +92,40 @@ def smooth_ece_at(
     """smECE_σ at a fixed bandwidth σ > 0 (see the module docstring)."""
     residual = correct.to(torch.float64) - confidence.to(torch.float64)
     return _SmoothedResidual(confidence, residual, intervals).value(bandwidth)
+
+
+def smooth_ece_deviation(
+    confidence: torch.Tensor,
+    residual_changes: torch.Tensor,
+    bandwidths: tuple[float, ...],
+    intervals: int = GRID_INTERVALS,
+) -> np.ndarray:
+    """∫_0^1 |(1/N) Σ_i K_σ(t, f_i) d_i| dt for each row d of the R×N ``residual_changes``
+    and each σ of ``bandwidths`` (a len(bandwidths)×R array). With a resample's changes
+    d_i = (w_i - 1) r_i this is ∫ |ŝ*_σ - ŝ_σ| dt, as smoothing is linear: the deviation
+    :mod:`curvcal.calibration.intervals` bounds. Same grid, reflection and rule as smECE_σ."""
+    n = confidence.shape[0]
+    position = confidence.to(torch.float64).clamp(0.0, 1.0) * intervals
+    left = torch.floor(position).clamp_(max=intervals - 1)
+    frac = position - left
+    left_index = left.to(torch.int64)
+    mass = residual_changes.to(torch.float64) / n
+    grid = torch.zeros(mass.shape[0], intervals + 1, dtype=torch.float64)
+    grid.index_add_(1, left_index, mass * (1 - frac))
+    grid.index_add_(1, left_index + 1, mass * frac)
+    rows = grid.numpy()
+    period = 2 * intervals
+    extended = np.zeros((rows.shape[0], period))
+    extended[:, : intervals + 1] = rows
+    extended[:, period - intervals + 1 :] += rows[:, 1:intervals][:, ::-1]
+    extended[:, 0] += rows[:, 0]
+    extended[:, intervals] += rows[:, intervals]
+    spectrum = np.fft.rfft(extended, axis=1)
+    out = np.empty((len(bandwidths), rows.shape[0]))
+    for j, sigma in enumerate(bandwidths):
+        smoothed = np.fft.irfft(spectrum * _kernel_spectrum(sigma, intervals), n=period, axis=1)
+        out[j] = np.abs(smoothed).sum(axis=1) / period
+    return out
 
 
 def smooth_ece(

@@ -163,21 +163,37 @@ def _absolute(
     bound: str, limit: float, value: float, interval: tuple[float, float] | None, judge: str
 ) -> tuple[bool, str]:
     """A ``max``/``min`` bound judged on ``value`` or on ``interval`` (see :func:`evaluate`):
-    whether it passed, and the reason (empty for a pass the value agrees with)."""
+    whether it passed, and the note saying in words what passed and why (empty only for a
+    value without an interval that passed). ``estimate`` judges the value and says what the
+    interval shows; ``interval`` passes what is not shown beyond the bound; ``whole-interval``
+    passes only what is shown within it."""
     word = "above max" if bound == "max" else "below min"
+    within = "below max" if bound == "max" else "above min"
     on_value = value <= limit if bound == "max" else value >= limit
-    if interval is None or judge == "estimate":
+    if interval is None:
         return on_value, "" if on_value else word
     low, high = interval
-    if judge == "interval":  # fails only when the whole interval is beyond the bound
-        passed = low <= limit if bound == "max" else high >= limit
-        if passed and not on_value:
-            return True, f"value {word}, its 95% interval is not"
-        return passed, "" if passed else f"{word} (whole 95% interval)"
-    passed = high <= limit if bound == "max" else low >= limit  # whole interval within
-    if not passed and on_value:
-        return False, f"95% interval goes {word}"
-    return passed, "" if passed else word
+    shown_beyond = low > limit if bound == "max" else high < limit
+    shown_within = high <= limit if bound == "max" else low >= limit
+    if judge == "estimate":
+        if on_value:
+            if shown_within:
+                return True, f"value {within}, shown: whole 95% interval {within}"
+            return True, f"value {within}, not shown: 95% interval reaches {word}"
+        if shown_beyond:
+            return False, f"value {word}, shown: whole 95% interval {word}"
+        return False, f"value {word}, not shown: 95% interval reaches {within}"
+    if shown_beyond:
+        return False, f"shown {word}: whole 95% interval {word}"
+    if shown_within:
+        return True, f"shown {within}: whole 95% interval {within}"
+    if judge == "interval":  # passes what is not shown beyond the bound
+        if on_value:
+            return True, f"not shown {word}: 95% interval reaches across the bound"
+        return True, f"value {word}, not shown {word}: 95% interval reaches across the bound"
+    if on_value:  # whole-interval: passes only what is shown within the bound
+        return False, f"value {within}, not shown {within}: 95% interval goes {word}"
+    return False, f"{word}, not shown {within}: 95% interval goes {word}"
 
 
 def _improvement_row(rule: Rule, measured: MetricValue | None) -> VerdictRow:

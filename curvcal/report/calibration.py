@@ -168,8 +168,8 @@ _METRIC_ROWS = (
     ("AdaECE", "adaece", "adaece"),
     ("MCE", "mce", "mce"),
     ("RMS-CE", "rms_ce", None),
-    ("classwise ECE", "classwise_ece", None),
-    ("smooth ECE", "smooth_ece", None),
+    ("classwise ECE", "classwise_ece", "classwise_ece"),
+    ("smooth ECE", "smooth_ece", "smooth_ece"),
     ("KS calibration error", "ks_ce", None),
     ("Kuiper", "kuiper", None),
     ("MMCE", "mmce", None),
@@ -333,7 +333,11 @@ def conventions(analysis: CalibrationAnalysis) -> str:
         "over coverages k/N, ties spread evenly"
     )
     if settings.bootstrap:
-        text += f"; [95% bootstrap interval, {settings.bootstrap} resamples, seed {settings.seed}]"
+        text += (
+            f"; [95% interval of the population value: estimate ± the 95% quantile of its "
+            f"error over {settings.bootstrap} bootstrap resamples (seed {settings.seed}); "
+            "MCE by Hoeffding per bin; NLL percentile]"
+        )
     return text
 
 

@@ -176,8 +176,9 @@ class CalibrationSettings(Settings):
     )
     bootstrap: int = setting(
         0,
-        "Bootstrap resamples for 95% intervals of ECE, AdaECE, MCE and NLL, and paired "
-        "intervals of each map's NLL and ECE difference from the best and from uncalibrated.",
+        "Bootstrap resamples for 95% intervals of ECE, AdaECE, MCE, classwise ECE, smooth ECE "
+        "and NLL that hold the population value, and paired intervals of each map's NLL and ECE "
+        "difference from the best and from uncalibrated.",
         low=0,
         metavar="N",
     )

@@ -145,7 +145,9 @@ def test_bootstrap_intervals_are_seeded_and_bracket_the_estimate() -> None:
     b = calibration_metrics(z, y, bootstrap=40, seed=7)
     c = calibration_metrics(z, y, bootstrap=40, seed=8)
     assert a.intervals == b.intervals != c.intervals
-    assert set(a.intervals) == {"ece", "adaece", "mce", "nll"}
+    assert set(a.intervals) == {"ece", "adaece", "mce", "nll", "classwise_ece", "smooth_ece"}
+    for name, (low, high) in a.intervals.items():
+        assert low <= getattr(a, name) <= high, name
     low, high = a.intervals["nll"]
     assert low < a.nll < high
     assert a.n_bootstrap == 40 and calibration_metrics(z, y).intervals == {}

@@ -91,17 +91,31 @@ def test_resamples_are_shared_by_every_stage() -> None:
 
 def test_the_draws_are_the_metrics_own_resamples() -> None:
     """The ranking's resamples are those behind calibration_metrics' intervals (same seed):
-    the percentile interval of the weighted NLL over resample_weights is its NLL interval."""
+    over resample_weights, the 95% quantile q of the ECE's error norm
+    D* = Σ_b |ĥ*_b − ĥ_b| (ĥ_b the mean of (1[correct] − c)·1{c in bin b}), written out here,
+    gives the ECE's interval [ECE − q, ECE + q]."""
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(300, 4, generator=generator, dtype=torch.float64)
     labels = torch.randint(4, (300,), generator=generator)
     metrics = calibration_metrics(logits, labels, bootstrap=40, seed=7)
-    nll = -torch.log_softmax(logits, 1).gather(1, labels[:, None])[:, 0]
+    p = torch.softmax(logits, 1)
+    confidence, prediction = p.max(1)
+    residual = (prediction == labels).to(torch.float64) - confidence
+    index = (torch.ceil(confidence * 15) - 1).clamp(0, 14).to(torch.int64)  # (a, b] bins
+    mean = torch.bincount(index, weights=residual, minlength=15) / 300
     draws = torch.tensor(
-        [float((w * nll).sum()) / 300 for w in resample_weights(300, 40, 7)], dtype=torch.float64
+        [
+            float(
+                (torch.bincount(index, weights=w * residual, minlength=15) / 300 - mean).abs().sum()
+            )
+            for w in resample_weights(300, 40, 7)
+        ],
+        dtype=torch.float64,
     )
-    expected = torch.quantile(draws, torch.tensor([0.025, 0.975], dtype=torch.float64))
-    assert metrics.intervals["nll"] == pytest.approx(tuple(expected.tolist()), rel=1e-12)
+    q = float(torch.quantile(draws, 0.95))
+    low, high = metrics.intervals["ece"]
+    assert low == pytest.approx(max(0.0, metrics.ece - q), rel=1e-12, abs=1e-15)
+    assert high == pytest.approx(metrics.ece + q, rel=1e-12)
 
 
 def _under_confident(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -117,7 +117,8 @@ def test_bootstrap_intervals_in_json_and_table(run_cli, tmp_path: Path) -> None:
     low, high = document["results"]["evaluation"]["uncalibrated"]["intervals"]["ece"]
     assert low <= high
     table = run_cli("metrics", path, "--bootstrap", "30", "--explain")
-    assert "95% bootstrap interval, 30 resamples" in " ".join(table.stdout.split())
+    assert "95% interval of the population value" in " ".join(table.stdout.split())
+    assert "over 30 bootstrap resamples" in " ".join(table.stdout.split())
 
 
 def one_line_error(result, *needles: str) -> None:
