@@ -53,7 +53,12 @@ def test_beta_with_one_class_in_the_fit_split(run_cli, tmp_path: Path) -> None:
     fit = tmp_path / "fit.npz"
     np.savez(fit, logits=rng.standard_normal((30, 2)), labels=np.ones(30, dtype=np.int64))
     test = scores_file(tmp_path / "test.npz", 20, 2, seed=1)
-    one_line_error(run_cli("metrics", test, "--fit", fit, "--method", "beta"), "needs both classes")
+    result = run_cli("metrics", test, "--fit", fit, "--method", "beta")
+    # the fit file is described (its missing class warned about) before the map refuses it
+    errors = [line for line in result.stderr.splitlines() if line.startswith("curvcal: error:")]
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert len(errors) == 1 and "needs both classes" in errors[0]
+    assert "fit.npz: the labels hold 1 of the model's 2 classes" in " ".join(result.stderr.split())
 
 
 def test_saved_binary_map_applied_to_ten_classes(run_cli, tmp_path: Path) -> None:
