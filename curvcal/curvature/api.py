@@ -16,10 +16,12 @@ torch loss module or a callable ``loss(logits, labels) -> scalar``
 the per-sample loss, L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i): a module or callable is called once per
 batch and its value taken as the batch's mean (weighted by batch size / N) unless it declares
 ``reduction="sum"`` (taken as the batch's sum, divided by N); ``reduction="none"`` is refused.
-How the operator runs (``options``: an :class:`~curvcal.curvature.options.OperatorOptions`, or
-its fields ``params``, ``engine``, ``mode``, ``cache``, ``device``, ``probe_batch``,
-``allow_tf32``, ``memory_budget``, ``keep_graphs`` as keywords), plus ``all_reduce`` for sharded
-data. The operator comes from :func:`~curvcal.curvature.operator.build_operator` (NaN/Inf
+How the operator runs (``settings``: a :class:`~curvcal.settings.hessian.HessianSettings`, of
+which the operator reads the fields marked ``operator``; those fields as keywords on top:
+``params``, ``hvp``, ``mode``, ``cache``, ``probe_batch``, ``memory_budget``, ``keep_graphs``,
+``curvature``), plus ``device``, ``allow_tf32``, and ``all_reduce`` for sharded data. The former
+names ``engine`` (``hvp``) and ``options`` (``settings``) are taken with a
+:class:`DeprecationWarning`. The operator comes from :func:`~curvcal.curvature.operator.build_operator` (NaN/Inf
 reported with the batches at fault), and each function returns the algorithm's result with
 ``engine`` set to the Hessian-vector-product engine that ran. :func:`scipy_operator
 <curvcal.curvature.linear_operator.scipy_operator>` hands the operator to scipy.
@@ -28,8 +30,9 @@ reported with the batches at fault), and each function returns the algorithm's r
 from __future__ import annotations
 
 import dataclasses
-import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from torch import nn
@@ -48,8 +51,8 @@ from curvcal.curvature.memory import (
     lanczos_basis,
     sketch_limit,
 )
-from curvcal.curvature.operator import HessianOperator, build_operator
-from curvcal.curvature.options import OperatorOptions
+from curvcal.curvature.operator import HessianOperator
+from curvcal.curvature.options import OPERATOR_FIELDS
 from curvcal.curvature.plan import TRACE_METHODS as TRACE_METHOD_ESTIMATORS
 from curvcal.curvature.plan import choose_trace_method
 from curvcal.curvature.progress import OnStageStep, OnStep
@@ -64,27 +67,17 @@ from curvcal.curvature.results import (
     TraceResult,
 )
 from curvcal.curvature.trace import trace_estimate
-from curvcal.errors import InputError
+from curvcal.errors import InputError, wording
 from curvcal.losses import as_loss
+from curvcal.settings.fields import renamed
 from curvcal.settings.hessian import TRACE_METHODS, HessianSettings
 
-_OPTION_FIELDS = frozenset(field.name for field in dataclasses.fields(OperatorOptions))
+#: keywords of the API functions that describe the operator besides the settings fields
+_OPERATOR_KEYWORDS = frozenset({"device", "allow_tf32", "engine", "criterion"})
 #: a trace method as the kernels spell it (``hutch++``) -> as the command line does (``hutchpp``)
 _COMMAND_LINE_NAMES = {kernel: name for name, kernel in TRACE_METHOD_ESTIMATORS.items()}
-#: :func:`hessian_trace`'s arguments named otherwise than the command's options
-_TRACE_ARGUMENTS = {"--trace-method": "method", "--probes": "n_probes"}
-#: settings fields that the operator fixes when it is built
-_OPERATOR_SETTINGS: tuple[str, ...] = (
-    "loss",
-    "gamma",
-    "params",
-    "hvp",
-    "mode",
-    "cache",
-    "probe_batch",
-    "memory_budget",
-    "keep_graphs",
-)
+#: :func:`hessian_trace`'s arguments named otherwise than the settings fields
+_TRACE_ARGUMENTS = {"trace_method": "method", "probes": "n_probes"}
 
 #: what the functions take as their first argument: a model, or an operator built before
 ModelOrOperator = nn.Module | HessianOperator
@@ -96,7 +89,7 @@ def hessian_operator(
     loss: Any = None,
     *,
     gamma: float | None = None,
-    options: OperatorOptions | None = None,
+    settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     **operator_keywords: Any,
 ) -> HessianOperator:
@@ -105,7 +98,7 @@ def hessian_operator(
     operator, its batches counted and cached once) or to scipy
     (:func:`~curvcal.curvature.linear_operator.scipy_operator`).
 
-    ``data``, ``loss`` (default ``"ce"``), ``gamma``, ``options`` and the operator keywords as
+    ``data``, ``loss`` (default ``"ce"``), ``gamma``, ``settings`` and the operator keywords as
     the module's docstring says. The caller's model is never altered.
 
     >>> import torch; from torch import nn; import curvcal
@@ -116,7 +109,7 @@ def hessian_operator(
     (15, 15)
     """
     return _operator(
-        "hessian_operator", model, data, loss, gamma, options, all_reduce, operator_keywords
+        "hessian_operator", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
 
 
@@ -126,14 +119,24 @@ def _operator(
     data: Any,
     loss: Any,
     gamma: float | None,
-    options: OperatorOptions | None,
+    settings: HessianSettings | None,
     all_reduce: AllReduce | None,
     keywords: dict[str, Any],
 ) -> HessianOperator:
     """The operator of an API call: ``model`` itself when it is an operator (then nothing else
-    may describe one), else one built from ``model``, ``data``, the loss and ``options`` or its
-    fields as ``keywords`` (one or the other, never both)."""
-    unknown = sorted(set(keywords) - _OPTION_FIELDS)
+    may describe one), else one built from ``model``, ``data``, the loss, ``settings`` and the
+    operator fields given as ``keywords`` on top (with ``device`` and ``allow_tf32``)."""
+    keywords = dict(keywords)
+    if "options" in keywords:  # the former name of ``settings``
+        warnings.warn(
+            f"{function}: 'options' is now called 'settings' (a HessianSettings)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if settings is not None:
+            raise InputError("settings", "given twice, as 'settings' and as 'options'")
+        settings = keywords.pop("options")
+    unknown = sorted(set(keywords) - set(OPERATOR_FIELDS) - _OPERATOR_KEYWORDS)
     if unknown:
         raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
     if isinstance(model, HessianOperator):
@@ -143,7 +146,7 @@ def _operator(
                 ("data", data),
                 ("loss", loss),
                 ("gamma", gamma),
-                ("options", options),
+                ("settings", settings),
                 ("all_reduce", all_reduce),
             )
             if value is not None
@@ -151,7 +154,7 @@ def _operator(
         if given or keywords:
             raise InputError(
                 (given or sorted(keywords))[0],
-                "the operator already holds its data, loss and options",
+                "the operator already holds its data, loss and settings",
                 "pass the operator alone, or the model and its data",
             )
         return model
@@ -159,24 +162,13 @@ def _operator(
         raise InputError(
             "data", f"{function}() needs the data the loss is averaged over, besides the model"
         )
-    if options is None:
-        option_keywords = dict(keywords)
-        if option_keywords.get("params") is not None:
-            option_keywords["params"] = tuple(
-                [option_keywords["params"]]
-                if isinstance(option_keywords["params"], str)
-                else option_keywords["params"]
-            )
-        options = OperatorOptions(**option_keywords)
-    elif keywords:
-        shown = ", ".join(sorted(keywords))
-        raise InputError("options", f"give either an OperatorOptions or {shown}, not both")
-    return build_operator(
+    return HessianOperator(
         model,
-        as_loss("ce" if loss is None else loss, gamma),
         rows.as_batches(data),
-        options,
+        as_loss("ce" if loss is None else loss, gamma),
+        settings,
         all_reduce=all_reduce,
+        **keywords,
     )
 
 
@@ -193,7 +185,7 @@ def hessian_eigenvalues(
     seed: int = 0,
     loss: Any = None,
     gamma: float | None = None,
-    options: OperatorOptions | None = None,
+    settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
@@ -212,7 +204,7 @@ def hessian_eigenvalues(
     True
     """
     operator = _operator(
-        "hessian_eigenvalues", model, data, loss, gamma, options, all_reduce, operator_keywords
+        "hessian_eigenvalues", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
     spectrum = eigenvalues(
         operator,
@@ -241,21 +233,12 @@ def _trace_method(method: str) -> str:
     return str(name)
 
 
-def _python_names(error: InputError, names: dict[str, str] | None = None) -> InputError:
-    """``error`` of the settings or of :func:`~curvcal.curvature.plan.choose_trace_method`
-    with each option named as the Python argument: ``names`` (``--probes`` → ``n_probes``), else
-    the settings field (``--top-k`` → ``top_k``; field names are option names)."""
-
-    def argument(found: re.Match[str]) -> str:
-        option = found.group(0)
-        return (names or {}).get(option, option[2:].replace("-", "_"))
-
-    def rename(text: str) -> str:
-        return re.sub(r"--[a-z][a-z0-9-]*", argument, text)
-
-    return InputError(
-        rename(error.what), error.why, None if error.hint is None else rename(error.hint)
-    )
+@contextmanager
+def _trace_arguments() -> Iterator[None]:
+    """Errors made inside name settings as :func:`hessian_trace`'s arguments (``probes`` is
+    ``n_probes``, ``trace_method`` is ``method``), the others by their fields."""
+    with wording(lambda field: _TRACE_ARGUMENTS.get(field, field)):
+        yield
 
 
 def hessian_trace(
@@ -271,7 +254,7 @@ def hessian_trace(
     seed: int = 0,
     loss: Any = None,
     gamma: float | None = None,
-    options: OperatorOptions | None = None,
+    settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
@@ -306,7 +289,7 @@ def hessian_trace(
             "add method='hutchinson'",
         )
     operator = _operator(
-        "hessian_trace", model, data, loss, gamma, options, all_reduce, operator_keywords
+        "hessian_trace", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
     if name == "auto" or name.startswith("gauss-newton"):
         if n_probes < MIN_PRODUCTS:
@@ -314,12 +297,10 @@ def hessian_trace(
                 "n_probes",
                 f"method {method!r} needs at least {MIN_PRODUCTS} products, got {n_probes}",
             )
-        try:
+        with _trace_arguments():
             name, why = choose_trace_method(
                 operator, HessianSettings(trace_method=name, probes=n_probes)
             )
-        except InputError as error:
-            raise _python_names(error, _TRACE_ARGUMENTS) from None
         if method == "auto" and name == "hutchpp":
             warnings.warn(
                 f"trace method auto fell back to hutchpp: {why}", TraceMethodWarning, stacklevel=2
@@ -373,7 +354,7 @@ def hessian_density(
     max_basis: int | None = None,
     loss: Any = None,
     gamma: float | None = None,
-    options: OperatorOptions | None = None,
+    settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
@@ -388,7 +369,7 @@ def hessian_density(
     ):
         raise InputError("max_basis", f"must be a positive integer, got {max_basis!r}")
     operator = _operator(
-        "hessian_density", model, data, loss, gamma, options, all_reduce, operator_keywords
+        "hessian_density", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
     result = spectral_density(
         operator,
@@ -416,14 +397,14 @@ def hessian_layers(
     seed: int = 0,
     loss: Any = None,
     gamma: float | None = None,
-    options: OperatorOptions | None = None,
+    settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
 ) -> list[LayerCurvature]:
     """λmax and trace of each module's diagonal Hessian block (see :mod:`curvcal.curvature.layers`)."""
     operator = _operator(
-        "hessian_layers", model, data, loss, gamma, options, all_reduce, operator_keywords
+        "hessian_layers", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
     return layer_curvature(
         operator,
@@ -467,6 +448,7 @@ def analyse_hessian(
     (2, 'gauss-newton')
     """
     settings = HessianSettings() if settings is None else settings
+    overrides = renamed(HessianSettings, overrides, "analyse_hessian")
     loss = overrides.pop("loss", None)
     known = {field.name for field in dataclasses.fields(HessianSettings)}
     unknown = sorted(set(overrides) - known)
@@ -482,16 +464,11 @@ def analyse_hessian(
             )
         loss_object = as_loss(loss)
     if overrides:
-        try:
-            settings = dataclasses.replace(settings, **overrides)
-        except InputError as error:
-            raise _python_names(error) from None
+        settings = dataclasses.replace(settings, **overrides)
     if isinstance(model, HessianOperator):
         defaults = HessianSettings()
         fixed = [
-            name
-            for name in _OPERATOR_SETTINGS
-            if getattr(settings, name) != getattr(defaults, name)
+            name for name in OPERATOR_FIELDS if getattr(settings, name) != getattr(defaults, name)
         ]
         if loss_object is not None:
             fixed.insert(0, "loss")

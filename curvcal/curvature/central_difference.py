@@ -48,19 +48,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.guard import PRODUCT
-from curvcal.curvature.operator import DEFAULT_OPTIONS, HessianOperator, build_operator
-from curvcal.curvature.options import OperatorOptions
+from curvcal.curvature.operator import HessianOperator, build_operator
+from curvcal.curvature.options import operator_settings
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.vectors import SlicedSpace, VectorSpace
-from curvcal.errors import InputError, NumericalError
+from curvcal.errors import NumericalError, SettingsError
 from curvcal.losses import Loss
 from curvcal.rows import Inputs
+from curvcal.settings.hessian import HessianSettings
 
 #: the engine name the operator records
 ENGINE = "central-difference"
@@ -186,18 +188,21 @@ class CentralDifferenceOperator(HessianOperator):
         self,
         model: nn.Module,
         batches: BatchSource,
-        criterion: str | Loss = "ce",
-        gamma: float = 0.0,
-        params: Sequence[str] | None = None,
-        mode: str = "eval",
-        cache: str = "auto",
-        probe_batch: int = 8,
+        loss: str | Loss | None = None,
+        settings: HessianSettings | None = None,
+        *,
         all_reduce: AllReduce | None = None,
         allow_tf32: bool = False,
         vectors: str = "sliced",
+        **fields: Any,
     ) -> None:
         from curvcal.sharding import agreed_count, reshard
 
+        if isinstance(loss, str):
+            fields = {"loss": loss, **fields}
+            loss = None
+        settings, measure_width = operator_settings(settings, fields, type(self).__name__)
+        refuse_unsharded_settings(settings, measure_width)
         # FSDP2 leaves the root unit gathered after a no-grad forward (the check that the model
         # takes the data): its registered parameters are then the gathered tensors, whose
         # storage is freed at the next reshard. Select the sharded ones.
@@ -205,16 +210,10 @@ class CentralDifferenceOperator(HessianOperator):
         super().__init__(
             model,
             batches,
-            criterion,
-            gamma,
-            params=params,
-            engine="autograd",
-            mode=mode,
-            cache=cache,
-            probe_batch=probe_batch,
+            loss,
+            settings.replace(hvp="autograd", keep_graphs="never"),
             all_reduce=all_reduce,
             allow_tf32=allow_tf32,
-            keep_graphs="never",
         )
         self.requested_engine = ENGINE
         #: the central-difference rule of the dtype (:func:`stencil_for`)
@@ -535,48 +534,46 @@ def _local(parameter: Tensor) -> Tensor:
     return local_tensor(parameter)
 
 
+def refuse_unsharded_settings(settings: HessianSettings, measure_width: bool) -> None:
+    """Refuse what a model sharded by ``fully_shard`` cannot run (its products are central
+    differences of gradients: the Hessian only, eval mode, no torch.func, a fixed
+    ``probe_batch``), naming the field."""
+    refused = {
+        "curvature": settings.curvature != "hessian",
+        "hvp": settings.hvp == "func",
+        "mode": settings.mode == "train",
+        "probe_batch": measure_width,
+    }
+    for name, bad in refused.items():
+        if bad:
+            value = "auto" if name == "probe_batch" else getattr(settings, name)
+            raise SettingsError(
+                name,
+                f"{value!r} cannot run on a model sharded with fully_shard "
+                "(its products are central differences of gradients, Hessian only, eval mode)",
+            )
+
+
 def operator_for(
     model: nn.Module,
     loss: Loss,
     batches: BatchSource,
-    options: OperatorOptions = DEFAULT_OPTIONS,
+    settings: HessianSettings | None = None,
     *,
     all_reduce: AllReduce | None = None,
     vectors: str = "sliced",
 ) -> HessianOperator:
     """:func:`~curvcal.curvature.operator.build_operator`, or for a model sharded by
     ``fully_shard`` a :class:`CentralDifferenceOperator` (its vectors ``vectors``: each rank's
-    slices, or ``"whole"``); on a sharded model what needs double
-    backward or torch.func (another curvature, ``engine="func"``, train mode) is refused."""
+    slices, or ``"whole"``); on a sharded model what needs double backward or torch.func
+    (another curvature, ``hvp="func"``, train mode) is refused
+    (:func:`refuse_unsharded_settings`)."""
     from curvcal.sharding import is_sharded
 
     if not is_sharded(model):
-        return build_operator(model, loss, batches, options, all_reduce=all_reduce)
-    refused = {
-        "curvature": options.curvature != "hessian",
-        "engine": options.engine == "func",
-        "mode": options.mode == "train",
-        "probe_batch": not isinstance(options.probe_batch, int),
-    }
-    for name, bad in refused.items():
-        if bad:
-            raise InputError(
-                name,
-                f"{getattr(options, name)!r} cannot run on a model sharded with fully_shard "
-                "(its products are central differences of gradients, Hessian only, eval mode)",
-            )
-    assert isinstance(options.probe_batch, int)
+        return build_operator(model, loss, batches, settings, all_reduce=all_reduce)
     return CentralDifferenceOperator(
-        model,
-        batches,
-        loss,
-        params=options.params,
-        mode=options.mode,
-        cache=options.cache,
-        probe_batch=options.probe_batch,
-        all_reduce=all_reduce,
-        allow_tf32=options.allow_tf32,
-        vectors=vectors,
+        model, batches, loss, settings, all_reduce=all_reduce, vectors=vectors
     )
 
 
@@ -587,6 +584,7 @@ __all__ = [
     "CentralDifferenceOperator",
     "ProductError",
     "operator_for",
+    "refuse_unsharded_settings",
     "relative_floor",
     "relative_step",
     "sixteen_bit_floor",

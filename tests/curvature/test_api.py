@@ -22,12 +22,12 @@ def test_eigenvalues_trace_density_layers_on_a_batchnorm_cnn(
     batches = split(x, y, 20)
     exact = torch.linalg.eigvalsh(hessian)
 
-    spectrum = curvcal.hessian_eigenvalues(model, batches, k=2, tol=1e-8, engine="func")
+    spectrum = curvcal.hessian_eigenvalues(model, batches, k=2, tol=1e-8, hvp="func")
     assert spectrum.engine == "func" and spectrum.method == "lanczos"
     assert spectrum.eigenvalues == pytest.approx((float(exact[-1]), float(exact[-2])), abs=1e-8)
 
     trace = curvcal.hessian_trace(
-        model, batches, 32, method="hutchpp", engine="autograd", probe_batch=16
+        model, batches, 32, method="hutchpp", hvp="autograd", probe_batch=16
     )
     # Hutch++: 32 products = a sketch of 10, 10 more for it, 12 remainder probes
     assert trace.engine == "autograd" and trace.method == "hutch++"
