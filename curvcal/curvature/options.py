@@ -50,9 +50,12 @@ def operator_settings(
         values["params"] = (
             () if params is None else (params,) if isinstance(params, str) else tuple(params)
         )
-    measure = values.get("probe_batch") == AUTO_PROBE_BATCH
+    width = values.get("probe_batch")
+    measure = width == AUTO_PROBE_BATCH
     if measure:
         del values["probe_batch"]
+    elif isinstance(width, str):
+        raise SettingsError("probe_batch", f"must be a positive integer or 'auto', got {width!r}")
     base = HessianSettings() if settings is None else settings
     return (base.replace(**values) if values else base), measure
 
