@@ -30,9 +30,8 @@ reported with the batches at fault), and each function returns the algorithm's r
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from torch import nn
@@ -67,7 +66,7 @@ from curvcal.curvature.results import (
     TraceResult,
 )
 from curvcal.curvature.trace import trace_estimate
-from curvcal.errors import InputError, wording
+from curvcal.errors import InputError, SettingsError
 from curvcal.losses import as_loss
 from curvcal.settings.fields import renamed
 from curvcal.settings.hessian import TRACE_METHODS, HessianSettings
@@ -76,8 +75,6 @@ from curvcal.settings.hessian import TRACE_METHODS, HessianSettings
 _OPERATOR_KEYWORDS = frozenset({"device", "allow_tf32", "engine", "criterion"})
 #: a trace method as the kernels spell it (``hutch++``) -> as the command line does (``hutchpp``)
 _COMMAND_LINE_NAMES = {kernel: name for name, kernel in TRACE_METHOD_ESTIMATORS.items()}
-#: :func:`hessian_trace`'s arguments named otherwise than the settings fields
-_TRACE_ARGUMENTS = {"trace_method": "method", "probes": "n_probes"}
 
 #: what the functions take as their first argument: a model, or an operator built before
 ModelOrOperator = nn.Module | HessianOperator
@@ -221,36 +218,64 @@ def hessian_eigenvalues(
 
 
 def _trace_method(method: str) -> str:
-    """``method`` as the command line spells it (``--trace-method``); the kernels' spellings
+    """A trace method as the settings spell it (``trace_method``); the kernels' spellings
     (``hutch++``, ``gauss-newton+hutch++``) are accepted too."""
     name = _COMMAND_LINE_NAMES.get(method, method) if isinstance(method, str) else method
     if name not in TRACE_METHODS:
-        raise InputError(
-            "method",
+        raise SettingsError(
+            "trace_method",
             f"unknown trace method {method!r}",
             f"choose one of {', '.join(TRACE_METHODS)}",
         )
     return str(name)
 
 
-@contextmanager
-def _trace_arguments() -> Iterator[None]:
-    """Errors made inside name settings as :func:`hessian_trace`'s arguments (``probes`` is
-    ``n_probes``, ``trace_method`` is ``method``), the others by their fields."""
-    with wording(lambda field: _TRACE_ARGUMENTS.get(field, field)):
-        yield
+def _former_arguments(
+    function: Any, given: dict[str, Any], keywords: dict[str, Any], former: dict[str, str]
+) -> dict[str, Any]:
+    """The arguments ``given`` (by their names today) of the API ``function``, with those the
+    caller passed under a ``former`` name (found in ``keywords`` and taken out of them, with a
+    :class:`DeprecationWarning`). Both names at once are refused."""
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(function).parameters.items()
+    }
+    taken = dict(given)
+    for old, new in former.items():
+        if old not in keywords:
+            continue
+        if taken[new] != defaults[new]:
+            raise InputError(new, f"given twice, as {new!r} and as its former name {old!r}")
+        warnings.warn(
+            f"{function.__name__}: {old!r} is now called {new!r}, as the settings and the "
+            "command line name it; the old name will be removed",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        taken[new] = keywords.pop(old)
+    return taken
+
+
+#: :func:`hessian_trace`'s and :func:`hessian_layers`' former argument names -> today's (the
+#: settings fields')
+_FORMER_TRACE_ARGUMENTS = {
+    "n_probes": "probes",
+    "method": "trace_method",
+    "rtol": "trace_rtol",
+    "distribution": "probe_dist",
+}
 
 
 def hessian_trace(
     model: ModelOrOperator,
     data: Any = None,
-    n_probes: int = 100,
+    probes: int = 100,
     *,
-    method: str = "auto",
-    rtol: float | None = None,
+    trace_method: str = "auto",
+    trace_rtol: float | None = None,
     max_probes: int = 1000,
     min_probes: int = 10,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     loss: Any = None,
     gamma: float | None = None,
@@ -260,7 +285,7 @@ def hessian_trace(
     **operator_keywords: Any,
 ) -> TraceResult:
     """tr(H) of the Hessian of the mean loss of ``model`` over ``data`` (or of the operator
-    ``model``), by any ``--trace-method`` of ``curvcal hessian`` within ``n_probes`` products:
+    ``model``), by any ``trace_method`` of ``curvcal hessian`` within ``probes`` products:
 
     - ``"auto"`` (default): chosen by :func:`~curvcal.curvature.plan.choose_trace_method`,
       as the command chooses: ``"gauss-newton"`` where it is exact, else
@@ -272,36 +297,52 @@ def hessian_trace(
       the logits are linear in each parameter tensor and the loss is ce, focal or FLSD-53;
     - ``"gauss-newton+hutchpp"`` / ``"gauss-newton+xtrace"``: that part exactly and the rest by
       the estimator (:func:`~curvcal.curvature.residual.split_trace`);
-    - ``"hutchpp"``, ``"xtrace"`` (``n_probes`` products), or ``"hutchinson"`` (fixed
-      ``n_probes``, or adaptive with ``rtol`` up to ``max_probes``, at least ``min_probes``),
-      each with its standard error and 95% interval.
+    - ``"hutchpp"``, ``"xtrace"`` (``probes`` products), or ``"hutchinson"`` (fixed
+      ``probes``, or adaptive with ``trace_rtol`` up to ``max_probes``, at least
+      ``min_probes``), each with its standard error and 95% interval; probes drawn from
+      ``probe_dist``.
 
-    The kernels' spellings (``"hutch++"``, ``"gauss-newton+hutch++"``) are accepted too. A
-    Hutch++ sketch is bounded by the operator's memory budget as ``curvcal hessian`` bounds it
+    The arguments are named as the settings and the command line name them (``probes`` is
+    ``--probes``); the former names ``n_probes``, ``method``, ``rtol`` and ``distribution`` are
+    taken with a :class:`DeprecationWarning`. The kernels' spellings of the methods
+    (``"hutch++"``, ``"gauss-newton+hutch++"``) are accepted too. A Hutch++ sketch is bounded by
+    the operator's memory budget as ``curvcal hessian`` bounds it
     (:func:`~curvcal.curvature.memory.sketch_limit`)."""
-    name = _trace_method(method)
-    if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < 1:
-        raise InputError("n_probes", f"must be a positive integer, got {n_probes!r}")
-    if rtol is not None and name != "hutchinson":
-        raise InputError(
-            "rtol",
-            f"the adaptive stop is only available with method 'hutchinson', not {method!r}",
-            "add method='hutchinson'",
+    given = _former_arguments(
+        hessian_trace,
+        {
+            "probes": probes,
+            "trace_method": trace_method,
+            "trace_rtol": trace_rtol,
+            "probe_dist": probe_dist,
+        },
+        operator_keywords,
+        _FORMER_TRACE_ARGUMENTS,
+    )
+    probes, trace_method = given["probes"], given["trace_method"]
+    trace_rtol, probe_dist = given["trace_rtol"], given["probe_dist"]
+    name = _trace_method(trace_method)
+    if isinstance(probes, bool) or not isinstance(probes, int) or probes < 1:
+        raise SettingsError("probes", f"must be a positive integer, got {probes!r}")
+    if trace_rtol is not None and name != "hutchinson":
+        raise SettingsError(
+            "trace_rtol",
+            f"the adaptive stop is only available with trace_method 'hutchinson', not "
+            f"{trace_method!r}",
+            "add trace_method='hutchinson'",
         )
     operator = _operator(
         "hessian_trace", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
     if name == "auto" or name.startswith("gauss-newton"):
-        if n_probes < MIN_PRODUCTS:
-            raise InputError(
-                "n_probes",
-                f"method {method!r} needs at least {MIN_PRODUCTS} products, got {n_probes}",
+        if probes < MIN_PRODUCTS:
+            raise SettingsError(
+                "probes",
+                f"trace_method {trace_method!r} needs at least {MIN_PRODUCTS} products, got "
+                f"{probes}",
             )
-        with _trace_arguments():
-            name, why = choose_trace_method(
-                operator, HessianSettings(trace_method=name, probes=n_probes)
-            )
-        if method == "auto" and name == "hutchpp":
+        name, why = choose_trace_method(operator, HessianSettings(trace_method=name, probes=probes))
+        if trace_method == "auto" and name == "hutchpp":
             warnings.warn(
                 f"trace method auto fell back to hutchpp: {why}", TraceMethodWarning, stacklevel=2
             )
@@ -319,8 +360,8 @@ def hessian_trace(
         return split_trace(
             operator,
             kernel_method,
-            n_probes,
-            distribution=distribution,
+            probes,
+            distribution=probe_dist,
             seed=seed,
             probe_batch=operator.probe_batch,
             max_sketch=max_sketch,
@@ -328,12 +369,12 @@ def hessian_trace(
         )
     result = trace_estimate(
         operator,
-        n_probes,
+        probes,
         method=kernel_method,
-        rtol=rtol,
+        rtol=trace_rtol,
         max_probes=max_probes,
         min_probes=min_probes,
-        distribution=distribution,
+        distribution=probe_dist,
         seed=seed,
         probe_batch=operator.probe_batch,
         max_sketch=max_sketch,
@@ -392,8 +433,8 @@ def hessian_layers(
     *,
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,
-    n_probes: int = 100,
-    distribution: str = "rademacher",
+    probes: int = 100,
+    probe_dist: str = "rademacher",
     seed: int = 0,
     loss: Any = None,
     gamma: float | None = None,
@@ -402,7 +443,15 @@ def hessian_layers(
     on_step: OnStep = None,
     **operator_keywords: Any,
 ) -> list[LayerCurvature]:
-    """λmax and trace of each module's diagonal Hessian block (see :mod:`curvcal.curvature.layers`)."""
+    """λmax and trace of each module's diagonal Hessian block (see :mod:`curvcal.curvature.layers`),
+    each trace within ``probes`` products drawn from ``probe_dist`` (formerly ``n_probes`` and
+    ``distribution``, taken with a :class:`DeprecationWarning`)."""
+    given = _former_arguments(
+        hessian_layers,
+        {"probes": probes, "probe_dist": probe_dist},
+        operator_keywords,
+        {"n_probes": "probes", "distribution": "probe_dist"},
+    )
     operator = _operator(
         "hessian_layers", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
@@ -410,8 +459,8 @@ def hessian_layers(
         operator,
         tol=tol,
         max_iter=max_iter,
-        n_probes=n_probes,
-        distribution=distribution,
+        n_probes=given["probes"],
+        distribution=given["probe_dist"],
         seed=seed,
         on_step=on_step,
     )

@@ -72,12 +72,12 @@ def test_every_stage_equals_its_kernel_and_the_dense_hessian(mlp_case: MLPCase) 
 
     # tanh: auto takes the split trace, the Gauss–Newton part exact and Hutch++ on the rest
     assert result.trace == curvcal.hessian_trace(
-        model, batches, 40, method="gauss-newton+hutch++", seed=5
+        model, batches, 40, trace_method="gauss-newton+hutch++", seed=5
     )
     assert result.trace is not None
     assert result.trace.ci95[0] <= float(torch.trace(hessian)) <= result.trace.ci95[1]
     assert result.density == curvcal.hessian_density(model, batches, runs=2, steps=6, seed=5)
-    assert result.layers == curvcal.hessian_layers(model, batches, tol=1e-8, n_probes=40, seed=5)
+    assert result.layers == curvcal.hessian_layers(model, batches, tol=1e-8, probes=40, seed=5)
 
     assert result.operator["n_params"] == hessian.shape[0] == 75
     assert result.operator["n_samples"] == x.shape[0]

@@ -319,14 +319,16 @@ def test_python_api_takes_the_kind() -> None:
     spectrum = hessian_eigenvalues(model, _batches(x, y), 2, tol=1e-8, curvature="ggn")
     found = [value.value for value in spectrum.values]
     assert found == pytest.approx(torch.linalg.eigvalsh(truth).flip(0)[:2].tolist(), rel=1e-6)
-    trace = hessian_trace(model, _batches(x, y), method="gauss-newton", curvature="ggn")
+    trace = hessian_trace(model, _batches(x, y), trace_method="gauss-newton", curvature="ggn")
     assert trace.estimate == pytest.approx(float(truth.trace()), rel=1e-10)
     assert "Gauss–Newton matrix itself" in trace.interval
     with pytest.raises(
         InputError,
         match="method: gauss-newton is the trace of the GGN, not of the empirical-fisher",
     ):
-        hessian_trace(model, _batches(x, y), method="gauss-newton", curvature="empirical-fisher")
+        hessian_trace(
+            model, _batches(x, y), trace_method="gauss-newton", curvature="empirical-fisher"
+        )
 
 
 def test_the_gauss_newton_trace_refuses_a_kind_it_is_not_the_trace_of() -> None:

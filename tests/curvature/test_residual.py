@@ -189,10 +189,12 @@ def test_the_api_runs_the_split_trace_and_refuses_bad_requests() -> None:
     batches = split(x, y, BATCH)
     operator = build_operator(model, CrossEntropy(), batches)
     expected = split_trace(operator, "gauss-newton+xtrace", 40, seed=3)
-    assert curvcal.hessian_trace(model, batches, 40, method="gauss-newton+xtrace", seed=3) == (
-        expected
-    )
+    assert curvcal.hessian_trace(
+        model, batches, 40, trace_method="gauss-newton+xtrace", seed=3
+    ) == (expected)
     with pytest.raises(InputError, match="adaptive stop"):
-        curvcal.hessian_trace(model, batches, 40, method="gauss-newton+hutch++", rtol=0.1)
+        curvcal.hessian_trace(
+            model, batches, 40, trace_method="gauss-newton+hutch++", trace_rtol=0.1
+        )
     with pytest.raises(InputError, match="unknown trace method 'gauss-newton\\+power'"):
-        curvcal.hessian_trace(model, batches, 40, method="gauss-newton+power")
+        curvcal.hessian_trace(model, batches, 40, trace_method="gauss-newton+power")
