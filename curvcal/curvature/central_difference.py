@@ -56,7 +56,6 @@ from torch import Tensor, nn
 from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.guard import PRODUCT
 from curvcal.curvature.operator import HessianOperator, build_operator
-from curvcal.curvature.options import operator_settings
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.vectors import SlicedSpace, VectorSpace
 from curvcal.errors import NumericalError, SettingsError
@@ -191,30 +190,16 @@ class CentralDifferenceOperator(HessianOperator):
         loss: str | Loss | None = None,
         settings: HessianSettings | None = None,
         *,
-        all_reduce: AllReduce | None = None,
-        allow_tf32: bool = False,
         vectors: str = "sliced",
-        **fields: Any,
+        **keywords: Any,
     ) -> None:
         from curvcal.sharding import agreed_count, reshard
 
-        if isinstance(loss, str):
-            fields = {"loss": loss, **fields}
-            loss = None
-        settings, measure_width = operator_settings(settings, fields, type(self).__name__)
-        refuse_unsharded_settings(settings, measure_width)
         # FSDP2 leaves the root unit gathered after a no-grad forward (the check that the model
         # takes the data): its registered parameters are then the gathered tensors, whose
         # storage is freed at the next reshard. Select the sharded ones.
         reshard(model)
-        super().__init__(
-            model,
-            batches,
-            loss,
-            settings.replace(hvp="autograd", keep_graphs="never"),
-            all_reduce=all_reduce,
-            allow_tf32=allow_tf32,
-        )
+        super().__init__(model, batches, loss, settings, **keywords)
         self.requested_engine = ENGINE
         #: the central-difference rule of the dtype (:func:`stencil_for`)
         self.stencil = stencil_for(self._dtype)
@@ -229,6 +214,13 @@ class CentralDifferenceOperator(HessianOperator):
         self.parameter_norm = math.sqrt(float(self.sum_across(squares.to(self._device))))
         #: where the vectors multiplied live: this rank's slices (None: whole vectors)
         self.vector_space = self._sliced_space() if vectors == "sliced" else None
+
+    def _runnable(self, settings: HessianSettings, measure_width: bool) -> HessianSettings:
+        """The settings as central differences run them: refused where they need double
+        backward or torch.func (:func:`refuse_unsharded_settings`), products by gradients
+        (``autograd``) and no graph kept."""
+        refuse_unsharded_settings(settings, measure_width)
+        return settings.replace(hvp="autograd", keep_graphs="never")
 
     def _sliced_space(self) -> SlicedSpace | None:
         """The space of this rank's slices of the selected parameters, or None when one of them

@@ -289,6 +289,7 @@ class HessianOperator:
             fields = {"loss": loss, **fields}
             loss = None
         settings, measure_width = operator_settings(settings, fields, type(self).__name__)
+        settings = self._runnable(settings, measure_width)
         budget = check_options(model, settings)
         loss = checked_loss(settings, loss)
         check_curvature(settings, loss)
@@ -355,6 +356,11 @@ class HessianOperator:
         self.kept_estimate: int | None = None
         self.kept_need: int | None = None
         self._plan_memory()
+
+    def _runnable(self, settings: HessianSettings, measure_width: bool) -> HessianSettings:
+        """The settings as this kind of operator runs them (a subclass refuses or fixes some;
+        ``measure_width``: ``probe_batch="auto"`` was asked)."""
+        return settings
 
     # -- parameter selection ---------------------------------------------------------------
     def _select(self, patterns: Sequence[str] | None) -> None:
