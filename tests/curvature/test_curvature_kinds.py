@@ -303,11 +303,13 @@ def test_trace_methods_a_kind_cannot_take_are_refused(
         analyse_hessian(model, _batches(x, y), settings)
 
 
-def test_the_settings_and_kernel_lists_agree() -> None:
-    from curvcal.curvature.engines import CURVATURES as KERNEL
-    from curvcal.settings.hessian import CURVATURES as OPTION
+def test_every_kind_the_settings_offer_has_its_kernel() -> None:
+    """The kinds are declared once, by the settings; each but the Hessian is a matrix of the
+    loss in the logits that the operator multiplies through J_n."""
+    from curvcal.curvature.operator import _LOGIT_PRODUCTS
+    from curvcal.settings.hessian import CURVATURES
 
-    assert KERNEL == OPTION
+    assert set(CURVATURES) - {"hessian"} == set(_LOGIT_PRODUCTS)
 
 
 def test_python_api_takes_the_kind() -> None:
