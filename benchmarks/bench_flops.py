@@ -118,8 +118,8 @@ def steps_of(model: nn.Module, batches: Batches, vector: Tensor) -> dict[str, Ca
         for grads in kept_grads:
             torch.autograd.grad(grads, params, grad_outputs=pieces, retain_graph=True)
 
-    rebuilt = HessianOperator(model, list(batches), engine="autograd", keep_graphs="never")
-    kept = HessianOperator(model, list(batches), engine="autograd", keep_graphs="always")
+    rebuilt = HessianOperator(model, list(batches), hvp="autograd", keep_graphs="never")
+    kept = HessianOperator(model, list(batches), hvp="autograd", keep_graphs="always")
     kept.matvec(vector)  # builds the kept graphs
     steps: dict[str, Callable[[], Any]] = {
         "forward": forward,
@@ -130,7 +130,7 @@ def steps_of(model: nn.Module, batches: Batches, vector: Tensor) -> dict[str, Ca
         "curvcal kept": lambda: kept.matvec(vector),
     }
     try:
-        func = HessianOperator(model, list(batches), engine="func", keep_graphs="never")
+        func = HessianOperator(model, list(batches), hvp="func", keep_graphs="never")
         func.matvec(vector)  # traces torch.func once, outside the count
         steps["curvcal func"] = lambda: func.matvec(vector)
     except (RuntimeError, NotImplementedError) as error:  # an operator with no forward rule

@@ -407,7 +407,7 @@ def curvcal_lambda(
     method: str, tol: float, dtype: torch.dtype, engine: str = "auto"
 ) -> Callable[[Case, int], Outcome]:
     def run(case: Case, seed: int) -> Outcome:
-        operator = HessianOperator(case.fresh(dtype), case.batches, engine=engine)
+        operator = HessianOperator(case.fresh(dtype), case.batches, hvp=engine)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             spectrum = eigenvalues(operator, 1, method=method, tol=tol, max_iter=1000, seed=seed)
@@ -468,7 +468,7 @@ def _timed_product(product: Callable[[], Any], vectors: int) -> Outcome:
 
 def curvcal_hvp(engine: str, block: int) -> Callable[[Case, int], Outcome]:
     def run(case: Case, seed: int) -> Outcome:
-        operator = HessianOperator(case.fresh(), case.batches, engine=engine, probe_batch=block)
+        operator = HessianOperator(case.fresh(), case.batches, hvp=engine, probe_batch=block)
         vectors = torch.randn(case.n_params, block, generator=torch.Generator().manual_seed(seed))
         return _timed_product(lambda: operator.matmat(vectors), block)
 

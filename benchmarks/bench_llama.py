@@ -211,10 +211,10 @@ def rank_main(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any
     seconds per pass and peak resident set (``{"records": [...]}``), on the others nothing."""
     import torch.distributed as dist
 
-    from curvcal.curvature import OperatorOptions
     from curvcal.curvature.central_difference import operator_for
     from curvcal.curvature.vectors import space_of
     from curvcal.distributed import all_reduce_sum, shard_indices
+    from curvcal.settings.hessian import HessianSettings
     from curvcal.sharding import shard_model
 
     torch.set_num_threads(1)
@@ -227,9 +227,9 @@ def rank_main(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any
         shard_model(model, "blocks", torch.device("cpu"))
     # graphs rebuilt for every replicated product, as in the dtype rows (a sharded product
     # keeps none: it is gradient passes)
-    options = OperatorOptions(keep_graphs="never")
+    settings = HessianSettings(keep_graphs="never")
     operator = operator_for(
-        model, loss_from_name("ce", 0.0), batches, options, all_reduce=all_reduce_sum
+        model, loss_from_name("ce", 0.0), batches, settings, all_reduce=all_reduce_sum
     )
     # this rank's slice of v on the sharded model (whole on the replicated one), drawn only for
     # products, so that idle and gradient peaks hold no vector

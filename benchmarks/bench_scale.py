@@ -155,7 +155,7 @@ def bench_model(
     row.update(gradient_s=grad_s, gradient_peak_bytes=grad_peak, double_backward_s=dbl_s)
     row["double_backward_peak_bytes"] = dbl_peak
     for engine in ("autograd", "func"):
-        operator = HessianOperator(model, batches, engine=engine)
+        operator = HessianOperator(model, batches, hvp=engine)
         try:
             seconds, peak, _ = clock.measure(lambda op=operator: op.matvec(flat), repeats)
         except (RuntimeError, NotImplementedError) as error:

@@ -27,7 +27,9 @@ from curvcal.errors import (
     EXIT_OK,
     CurvcalError,
     StdoutClosed,
+    as_option,
     shorten,
+    wording,
 )
 
 
@@ -61,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed check's 1, ``--strict``'s 3 beside its report) keeps them.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    with interrupt.run_scope():
+    # the command line names every setting by its option, whoever raised the error
+    with interrupt.run_scope(), wording(as_option):
         code, failed = _invoke(args)
         if failed:
             interrupt.discard()

@@ -15,6 +15,10 @@ Exit codes (the CLI contract, also in README.md):
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_INPUT = 2
@@ -22,6 +26,47 @@ EXIT_NUMERICAL = 3
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell shows for a process killed by it
+
+
+# -- settings named in messages --------------------------------------------------------------
+#
+# A setting has one name, its field (``probe_batch``); each reader sees it in its own words: the
+# command line as the option (``--probe-batch``), Python as the field, an API function as its
+# argument. Kernels and settings name a field by :func:`setting_name`, which words it as the
+# context says (:func:`wording`); the context is set in one place per reader: the CLI's entry
+# point says "options".
+
+
+def as_field(field: str) -> str:
+    """A setting as Python names it: the field itself (``probe_batch``)."""
+    return field
+
+
+def as_option(field: str) -> str:
+    """A setting as the command line names it: ``probe_batch`` -> ``--probe-batch``."""
+    return "--" + field.replace("_", "-")
+
+
+#: how the messages made in this context name the settings (default: by their fields)
+_WORDING: contextvars.ContextVar[Callable[[str], str]] = contextvars.ContextVar(
+    "curvcal_setting_wording", default=as_field
+)
+
+
+def setting_name(field: str) -> str:
+    """Field ``field`` (``probe_batch``) as a message made now names it (:func:`wording`)."""
+    return _WORDING.get()(field)
+
+
+@contextlib.contextmanager
+def wording(naming: Callable[[str], str]) -> Iterator[None]:
+    """Messages made inside the block name settings by ``naming`` (:func:`as_option` on the
+    command line)."""
+    token = _WORDING.set(naming)
+    try:
+        yield
+    finally:
+        _WORDING.reset(token)
 
 
 class CurvcalError(Exception):
@@ -83,6 +128,17 @@ class InputError(CurvcalError):
     """A bad file, option or dataset given by the user (exit 2)."""
 
     exit_code = EXIT_INPUT
+
+
+class SettingsError(InputError):
+    """A setting's value refused, by the settings or a kernel: ``what`` is the field at fault
+    (``field``, then ``value`` when given: ``--loss focal``) as :func:`setting_name` words it
+    (the command line as the option, Python as the field); ``why`` and ``hint`` name other
+    settings the same way (exit 2)."""
+
+    def __init__(self, field: str, why: str, hint: str | None = None, *, value: str = "") -> None:
+        self.field = field
+        super().__init__(setting_name(field) + (f" {value}" if value else ""), why, hint)
 
 
 class TrustError(InputError):

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from curvcal.errors import InputError
+from curvcal.errors import InputError, SettingsError, setting_name
 from curvcal.settings.calibration import check_gamma
 
 FLSD53 = "flsd53"
@@ -320,20 +320,19 @@ def loss_from_name(name: str, gamma: float | None = None) -> Loss:
     loss.
     """
     if name not in LOSS_NAMES:
-        raise InputError(
-            "criterion", f"unknown criterion {name!r}", f"choose one of {', '.join(LOSS_NAMES)}"
+        raise SettingsError(
+            "loss", f"unknown loss {name!r}", f"choose one of {', '.join(LOSS_NAMES)}"
         )
     usable = isinstance(gamma, int | float) and not isinstance(gamma, bool)
     if gamma is not None and not (usable and 0.0 <= gamma < float("inf")):
-        raise InputError("gamma", f"the focal parameter must be finite and ≥ 0, got {gamma}")
+        raise SettingsError("gamma", f"the focal parameter must be finite and ≥ 0, got {gamma}")
     if name == "focal":
         if gamma is None:
-            raise InputError("gamma", "the focal loss needs γ")
+            raise SettingsError("gamma", "the focal loss needs γ")
         return Focal(float(gamma))
     if gamma not in (None, 0.0):
-        raise InputError(
-            "gamma", f"gamma={gamma} is only used by criterion 'focal'", "pass criterion='focal'"
-        )
+        loss = setting_name("loss")
+        raise SettingsError("gamma", f"{gamma} is only used by {loss} focal", f"pass {loss} focal")
     return CrossEntropy() if name == "ce" else FLSD53Loss()
 
 

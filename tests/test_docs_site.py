@@ -146,7 +146,7 @@ def test_api_pages_render_examples_and_cross_references(site: Path) -> None:
     examples = [block for block in parser.pre if ">>> H.shape" in block]
     assert examples and "(15, 15)" in examples[0]
     assert 'class="autorefs autorefs-internal"' in text
-    assert "OperatorOptions" in text and "int" in text
+    assert "HessianSettings" in text and "int" in text
 
 
 def test_the_timm_recipe_names_the_files_save_for_hf_writes(tmp_path: Path) -> None:

@@ -21,3 +21,19 @@ def test_the_message_cuts_what_why_and_hint_and_stays_one_line() -> None:
     error = InputError(f"--arch {long}", f"no model\n'{long}'", f"try {long}")
     assert len(error.message) < 400 and "\n" not in error.message
     assert error.message.count("[100,000 characters]") == 3
+
+
+def test_a_setting_is_named_in_the_words_of_whoever_reads_it() -> None:
+    """A setting has one name, its field: Python reads it as the field, the command line as the
+    option, and the wording set for a block is undone after it (nested blocks too)."""
+    from curvcal.errors import SettingsError, as_option, setting_name, wording
+
+    assert setting_name("probe_batch") == "probe_batch"
+    with wording(as_option):
+        assert setting_name("probe_batch") == "--probe-batch"
+        with wording(lambda field: field.upper()):
+            assert setting_name("probe_batch") == "PROBE_BATCH"
+        error = SettingsError("loss", "needs --gamma", value="focal")
+        assert error.message == "--loss focal: needs --gamma" and error.field == "loss"
+    assert setting_name("probe_batch") == "probe_batch"
+    assert SettingsError("top_k", "must be ≥ 1").message == "top_k: must be ≥ 1"

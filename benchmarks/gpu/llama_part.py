@@ -56,10 +56,11 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_llama import ARCHITECTURES, Architecture, Device, plan_rows
 
-    from curvcal.curvature import HessianOperator, OperatorOptions, eigenvalues
+    from curvcal.curvature import HessianOperator, eigenvalues
     from curvcal.curvature.central_difference import operator_for
     from curvcal.distributed import all_reduce_sum
     from curvcal.losses import loss_from_name
+    from curvcal.settings.hessian import HessianSettings
     from curvcal.sharding import shard_model
 
     device = torch.device(args.device)
@@ -162,8 +163,8 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
             _say(f"{arch.name}: building the float32 model, sharded per decoder layer")
             sharded = build(arch, tokens, torch.float32, device)
             shard_model(sharded, "blocks", device)
-            options = OperatorOptions(keep_graphs="never")
-            central = operator_for(sharded, loss, batches, options, all_reduce=all_reduce_sum)
+            settings = HessianSettings(keep_graphs="never")
+            central = operator_for(sharded, loss, batches, settings, all_reduce=all_reduce_sum)
             gradient = measure(lambda: gradient_pass(sharded))
             record("fp32 sharded", central, gradient)
             del central

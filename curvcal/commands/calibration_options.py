@@ -12,6 +12,7 @@ import click
 
 from curvcal.commands.common import typed_options
 from curvcal.report.tables import check_output_path, write_atomic
+from curvcal.settings.fields import option_name
 
 if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
@@ -19,17 +20,21 @@ if TYPE_CHECKING:
     from curvcal.settings.calibration import CalibrationSettings
 
 
-#: the options that shape one map's fit, and the --method values that fit that map
-_MAP_OPTIONS = {
-    "objective": ("--objective", ("ts", "both", "all")),
-    "focal_objective": ("--focal-objective", ("focal-ts", "both", "all")),
-    "gammas": ("--gammas", ("focal-ts", "both", "all")),
-    "laplace_structure": ("--laplace-structure", ("laplace", "all")),
-    "laplace_predictive": ("--laplace-predictive", ("laplace", "all")),
-    "laplace_samples": ("--laplace-samples", ("laplace", "all")),
-    "laplace_prior": ("--laplace-prior", ("laplace", "all")),
-    "histogram_bins": ("--histogram-bins", ("histogram", "histogram-ovr", "all")),
-    "histogram_scheme": ("--histogram-scheme", ("histogram", "histogram-ovr", "all")),
+_TS = ("ts", "both", "all")
+_FOCAL_TS = ("focal-ts", "both", "all")
+_LAPLACE = ("laplace", "all")
+_HISTOGRAM = ("histogram", "histogram-ovr", "all")
+#: the fields whose options shape one map's fit, and the --method values that fit that map
+_MAP_FIELDS = {
+    "objective": _TS,
+    "focal_objective": _FOCAL_TS,
+    "gammas": _FOCAL_TS,
+    "laplace_structure": _LAPLACE,
+    "laplace_predictive": _LAPLACE,
+    "laplace_samples": _LAPLACE,
+    "laplace_prior": _LAPLACE,
+    "histogram_bins": _HISTOGRAM,
+    "histogram_scheme": _HISTOGRAM,
 }
 
 
@@ -41,8 +46,8 @@ def refuse_unused_map_options(values: dict[str, Any], selector: str = "method") 
     method = values[selector]
     if method is None:
         return
-    idle = [name for name, (_option, methods) in _MAP_OPTIONS.items() if method not in methods]
-    unused = [_MAP_OPTIONS[name][0] for name in typed_options(idle)]
+    idle = [name for name, methods in _MAP_FIELDS.items() if method not in methods]
+    unused = [option_name(name) for name in typed_options(idle)]
     if unused:
         raise click.UsageError(
             f"--{selector} {method} fits no map that {', '.join(unused)} would shape; leave "

@@ -20,7 +20,7 @@ from curvcal.commands.data_options import data_options as data_options_decorator
 from curvcal.commands.repeats import Command
 from curvcal.report.hessian import hessian_tables, plot_outputs, plot_paths, write_plots
 from curvcal.report.landscape import eigenvector_path, write_eigenvectors
-from curvcal.settings.fields import click_options
+from curvcal.settings.fields import click_options, option_name
 from curvcal.settings.hessian import HessianSettings
 
 if TYPE_CHECKING:
@@ -28,13 +28,8 @@ if TYPE_CHECKING:
     from curvcal.settings.data import DataSettings
 
 
-#: the options that only shape the trace, by parameter name
-_TRACE_OPTIONS = {
-    "trace_method": "--trace-method",
-    "probes": "--probes",
-    "trace_rtol": "--trace-rtol",
-    "probe_dist": "--probe-dist",
-}
+#: the fields whose options only shape the trace
+_TRACE_FIELDS = ("trace_method", "probes", "trace_rtol", "probe_dist")
 
 
 def _refuse_unused_trace_options(values: dict[str, Any]) -> None:
@@ -45,8 +40,8 @@ def _refuse_unused_trace_options(values: dict[str, Any]) -> None:
     from curvcal.errors import InputError
 
     layers_use = ("probes", "probe_dist") if values["per_layer"] else ()
-    unused = [name for name in _TRACE_OPTIONS if name not in layers_use]
-    typed = [_TRACE_OPTIONS[name] for name in typed_options(unused)]
+    unused = [name for name in _TRACE_FIELDS if name not in layers_use]
+    typed = [option_name(name) for name in typed_options(unused)]
     if not values["trace"] and typed:
         raise InputError(
             "--no-trace", f"no trace is computed, so {', '.join(typed)} would do nothing",

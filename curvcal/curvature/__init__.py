@@ -2,7 +2,7 @@
 
 ``HessianOperator`` (operator.py) is the Hessian of the mean loss over a dataset, built with
 ``build_operator`` from a model, a loss of :mod:`curvcal.losses`, batches (batches.py) and
-``OperatorOptions`` (options.py), its products computed by the kernels beside it and checked
+the ``HessianSettings`` themselves (checked by options.py), its products computed by the kernels beside it and checked
 for NaN/Inf, the batches at fault named (guard.py); ``eigenvalues`` (eigen.py), ``trace_estimate`` (trace.py) and
 ``spectral_density`` (density.py) accept it or any operator with ``shape``, ``dtype``,
 ``device`` and ``matmat`` — or a dense symmetric tensor. The Python API (api.py:

@@ -36,7 +36,6 @@ from curvcal.curvature.plan import (
     choose_trace_method,
     estimator_products,
     kept_graphs_note,
-    operator_options,
     refuse_needless_probes,
 )
 from curvcal.curvature.precision import significant_digits
@@ -51,7 +50,7 @@ from curvcal.curvature.results import (
 )
 from curvcal.curvature.trace import trace_estimate
 from curvcal.curvature.vectors import space_of
-from curvcal.errors import InputError
+from curvcal.errors import SettingsError, setting_name
 from curvcal.losses import Loss, loss_from_name
 from curvcal.settings.hessian import HessianSettings
 
@@ -98,7 +97,7 @@ def analyse_hessian(
     (:class:`~curvcal.curvature.eigenvectors.TopEigenvectors`) once the eigenvalue stage ends.
 
     One operator serves every stage (``all_reduce`` sums the sample count and every product
-    across processes when the data is sharded). Raises :class:`~curvcal.errors.InputError` for
+    across processes when the data is sharded). Raises :class:`~curvcal.errors.SettingsError` for
     impossible settings (``top_k`` above the parameter count) before any product, and
     :class:`~curvcal.errors.NumericalError` when the loss or a product is NaN/Inf, with the
     number of offending batches and the first of them (:mod:`curvcal.curvature.guard`). Estimates
@@ -134,7 +133,7 @@ def _built(
         model,
         loss_from_name(settings.loss, settings.focal_gamma) if loss is None else loss,
         batches,
-        operator_options(settings),
+        settings,
         all_reduce=all_reduce,
     )
     if on_operator is not None:
@@ -162,7 +161,7 @@ def analyse_operator(
     timings = {} if timings is None else dict(timings)
     n_params = operator.shape[0]
     if settings.top_k > n_params:
-        raise InputError(
+        raise SettingsError(
             "top_k",
             f"asked for {settings.top_k} eigenvalues of a Hessian with {n_params} parameters",
             f"use at most {n_params}",
@@ -171,7 +170,7 @@ def analyse_operator(
     if settings.density and settings.density_steps > n_params:
         # Lanczos on a P-row matrix ends within P steps: more would plan products never made
         density_note = (
-            f"--density-steps {settings.density_steps} capped at {n_params}, the parameter "
+            f"{setting_name('density_steps')} {settings.density_steps} capped at {n_params}, the parameter "
             "count: Lanczos on a Hessian of P rows ends within P steps"
         )
         settings = dataclasses.replace(settings, density_steps=n_params)

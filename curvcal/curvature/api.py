@@ -16,10 +16,12 @@ torch loss module or a callable ``loss(logits, labels) -> scalar``
 the per-sample loss, L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i): a module or callable is called once per
 batch and its value taken as the batch's mean (weighted by batch size / N) unless it declares
 ``reduction="sum"`` (taken as the batch's sum, divided by N); ``reduction="none"`` is refused.
-How the operator runs (``options``: an :class:`~curvcal.curvature.options.OperatorOptions`, or
-its fields ``params``, ``engine``, ``mode``, ``cache``, ``device``, ``probe_batch``,
-``allow_tf32``, ``memory_budget``, ``keep_graphs`` as keywords), plus ``all_reduce`` for sharded
-data. The operator comes from :func:`~curvcal.curvature.operator.build_operator` (NaN/Inf
+How the operator runs (``settings``: a :class:`~curvcal.settings.hessian.HessianSettings`, of
+which the operator reads the fields marked ``operator``; those fields as keywords on top:
+``params``, ``hvp``, ``mode``, ``cache``, ``probe_batch``, ``memory_budget``, ``keep_graphs``,
+``curvature``), plus ``device``, ``allow_tf32``, and ``all_reduce`` for sharded data. The former
+names ``engine`` (``hvp``) and ``options`` (``settings``) are taken with a
+:class:`DeprecationWarning`. The operator comes from :func:`~curvcal.curvature.operator.build_operator` (NaN/Inf
 reported with the batches at fault), and each function returns the algorithm's result with
 ``engine`` set to the Hessian-vector-product engine that ran. :func:`scipy_operator
 <curvcal.curvature.linear_operator.scipy_operator>` hands the operator to scipy.
@@ -28,7 +30,7 @@ reported with the batches at fault), and each function returns the algorithm's r
 from __future__ import annotations
 
 import dataclasses
-import re
+import inspect
 import warnings
 from typing import Any
 
@@ -48,8 +50,8 @@ from curvcal.curvature.memory import (
     lanczos_basis,
     sketch_limit,
 )
-from curvcal.curvature.operator import HessianOperator, build_operator
-from curvcal.curvature.options import OperatorOptions
+from curvcal.curvature.operator import HessianOperator
+from curvcal.curvature.options import OPERATOR_FIELDS
 from curvcal.curvature.plan import TRACE_METHODS as TRACE_METHOD_ESTIMATORS
 from curvcal.curvature.plan import choose_trace_method
 from curvcal.curvature.progress import OnStageStep, OnStep
@@ -64,27 +66,15 @@ from curvcal.curvature.results import (
     TraceResult,
 )
 from curvcal.curvature.trace import trace_estimate
-from curvcal.errors import InputError
+from curvcal.errors import InputError, SettingsError
 from curvcal.losses import as_loss
+from curvcal.settings.fields import renamed
 from curvcal.settings.hessian import TRACE_METHODS, HessianSettings
 
-_OPTION_FIELDS = frozenset(field.name for field in dataclasses.fields(OperatorOptions))
+#: keywords of the API functions that describe the operator besides the settings fields
+_OPERATOR_KEYWORDS = frozenset({"device", "allow_tf32", "engine", "criterion"})
 #: a trace method as the kernels spell it (``hutch++``) -> as the command line does (``hutchpp``)
 _COMMAND_LINE_NAMES = {kernel: name for name, kernel in TRACE_METHOD_ESTIMATORS.items()}
-#: :func:`hessian_trace`'s arguments named otherwise than the command's options
-_TRACE_ARGUMENTS = {"--trace-method": "method", "--probes": "n_probes"}
-#: settings fields that the operator fixes when it is built
-_OPERATOR_SETTINGS: tuple[str, ...] = (
-    "loss",
-    "gamma",
-    "params",
-    "hvp",
-    "mode",
-    "cache",
-    "probe_batch",
-    "memory_budget",
-    "keep_graphs",
-)
 
 #: what the functions take as their first argument: a model, or an operator built before
 ModelOrOperator = nn.Module | HessianOperator
@@ -96,7 +86,7 @@ def hessian_operator(
     loss: Any = None,
     *,
     gamma: float | None = None,
-    options: OperatorOptions | None = None,
+    settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     **operator_keywords: Any,
 ) -> HessianOperator:
@@ -105,7 +95,7 @@ def hessian_operator(
     operator, its batches counted and cached once) or to scipy
     (:func:`~curvcal.curvature.linear_operator.scipy_operator`).
 
-    ``data``, ``loss`` (default ``"ce"``), ``gamma``, ``options`` and the operator keywords as
+    ``data``, ``loss`` (default ``"ce"``), ``gamma``, ``settings`` and the operator keywords as
     the module's docstring says. The caller's model is never altered.
 
     >>> import torch; from torch import nn; import curvcal
@@ -116,7 +106,7 @@ def hessian_operator(
     (15, 15)
     """
     return _operator(
-        "hessian_operator", model, data, loss, gamma, options, all_reduce, operator_keywords
+        "hessian_operator", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
 
 
@@ -126,14 +116,24 @@ def _operator(
     data: Any,
     loss: Any,
     gamma: float | None,
-    options: OperatorOptions | None,
+    settings: HessianSettings | None,
     all_reduce: AllReduce | None,
     keywords: dict[str, Any],
 ) -> HessianOperator:
     """The operator of an API call: ``model`` itself when it is an operator (then nothing else
-    may describe one), else one built from ``model``, ``data``, the loss and ``options`` or its
-    fields as ``keywords`` (one or the other, never both)."""
-    unknown = sorted(set(keywords) - _OPTION_FIELDS)
+    may describe one), else one built from ``model``, ``data``, the loss, ``settings`` and the
+    operator fields given as ``keywords`` on top (with ``device`` and ``allow_tf32``)."""
+    keywords = dict(keywords)
+    if "options" in keywords:  # the former name of ``settings``
+        warnings.warn(
+            f"{function}: 'options' is now called 'settings' (a HessianSettings)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if settings is not None:
+            raise InputError("settings", "given twice, as 'settings' and as 'options'")
+        settings = keywords.pop("options")
+    unknown = sorted(set(keywords) - set(OPERATOR_FIELDS) - _OPERATOR_KEYWORDS)
     if unknown:
         raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
     if isinstance(model, HessianOperator):
@@ -143,7 +143,7 @@ def _operator(
                 ("data", data),
                 ("loss", loss),
                 ("gamma", gamma),
-                ("options", options),
+                ("settings", settings),
                 ("all_reduce", all_reduce),
             )
             if value is not None
@@ -151,7 +151,7 @@ def _operator(
         if given or keywords:
             raise InputError(
                 (given or sorted(keywords))[0],
-                "the operator already holds its data, loss and options",
+                "the operator already holds its data, loss and settings",
                 "pass the operator alone, or the model and its data",
             )
         return model
@@ -159,24 +159,13 @@ def _operator(
         raise InputError(
             "data", f"{function}() needs the data the loss is averaged over, besides the model"
         )
-    if options is None:
-        option_keywords = dict(keywords)
-        if option_keywords.get("params") is not None:
-            option_keywords["params"] = tuple(
-                [option_keywords["params"]]
-                if isinstance(option_keywords["params"], str)
-                else option_keywords["params"]
-            )
-        options = OperatorOptions(**option_keywords)
-    elif keywords:
-        shown = ", ".join(sorted(keywords))
-        raise InputError("options", f"give either an OperatorOptions or {shown}, not both")
-    return build_operator(
+    return HessianOperator(
         model,
-        as_loss("ce" if loss is None else loss, gamma),
         rows.as_batches(data),
-        options,
+        as_loss("ce" if loss is None else loss, gamma),
+        settings,
         all_reduce=all_reduce,
+        **keywords,
     )
 
 
@@ -193,7 +182,7 @@ def hessian_eigenvalues(
     seed: int = 0,
     loss: Any = None,
     gamma: float | None = None,
-    options: OperatorOptions | None = None,
+    settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
@@ -212,7 +201,7 @@ def hessian_eigenvalues(
     True
     """
     operator = _operator(
-        "hessian_eigenvalues", model, data, loss, gamma, options, all_reduce, operator_keywords
+        "hessian_eigenvalues", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
     spectrum = eigenvalues(
         operator,
@@ -229,55 +218,74 @@ def hessian_eigenvalues(
 
 
 def _trace_method(method: str) -> str:
-    """``method`` as the command line spells it (``--trace-method``); the kernels' spellings
+    """A trace method as the settings spell it (``trace_method``); the kernels' spellings
     (``hutch++``, ``gauss-newton+hutch++``) are accepted too."""
     name = _COMMAND_LINE_NAMES.get(method, method) if isinstance(method, str) else method
     if name not in TRACE_METHODS:
-        raise InputError(
-            "method",
+        raise SettingsError(
+            "trace_method",
             f"unknown trace method {method!r}",
             f"choose one of {', '.join(TRACE_METHODS)}",
         )
     return str(name)
 
 
-def _python_names(error: InputError, names: dict[str, str] | None = None) -> InputError:
-    """``error`` of the settings or of :func:`~curvcal.curvature.plan.choose_trace_method`
-    with each option named as the Python argument: ``names`` (``--probes`` → ``n_probes``), else
-    the settings field (``--top-k`` → ``top_k``; field names are option names)."""
+def _former_arguments(
+    function: Any, given: dict[str, Any], keywords: dict[str, Any], former: dict[str, str]
+) -> dict[str, Any]:
+    """The arguments ``given`` (by their names today) of the API ``function``, with those the
+    caller passed under a ``former`` name (found in ``keywords`` and taken out of them, with a
+    :class:`DeprecationWarning`). Both names at once are refused."""
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(function).parameters.items()
+    }
+    taken = dict(given)
+    for old, new in former.items():
+        if old not in keywords:
+            continue
+        if taken[new] != defaults[new]:
+            raise InputError(new, f"given twice, as {new!r} and as its former name {old!r}")
+        warnings.warn(
+            f"{function.__name__}: {old!r} is now called {new!r}, as the settings and the "
+            "command line name it; the old name will be removed",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        taken[new] = keywords.pop(old)
+    return taken
 
-    def argument(found: re.Match[str]) -> str:
-        option = found.group(0)
-        return (names or {}).get(option, option[2:].replace("-", "_"))
 
-    def rename(text: str) -> str:
-        return re.sub(r"--[a-z][a-z0-9-]*", argument, text)
-
-    return InputError(
-        rename(error.what), error.why, None if error.hint is None else rename(error.hint)
-    )
+#: :func:`hessian_trace`'s and :func:`hessian_layers`' former argument names -> today's (the
+#: settings fields')
+_FORMER_TRACE_ARGUMENTS = {
+    "n_probes": "probes",
+    "method": "trace_method",
+    "rtol": "trace_rtol",
+    "distribution": "probe_dist",
+}
 
 
 def hessian_trace(
     model: ModelOrOperator,
     data: Any = None,
-    n_probes: int = 100,
+    probes: int = 100,
     *,
-    method: str = "auto",
-    rtol: float | None = None,
+    trace_method: str = "auto",
+    trace_rtol: float | None = None,
     max_probes: int = 1000,
     min_probes: int = 10,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     loss: Any = None,
     gamma: float | None = None,
-    options: OperatorOptions | None = None,
+    settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
 ) -> TraceResult:
     """tr(H) of the Hessian of the mean loss of ``model`` over ``data`` (or of the operator
-    ``model``), by any ``--trace-method`` of ``curvcal hessian`` within ``n_probes`` products:
+    ``model``), by any ``trace_method`` of ``curvcal hessian`` within ``probes`` products:
 
     - ``"auto"`` (default): chosen by :func:`~curvcal.curvature.plan.choose_trace_method`,
       as the command chooses: ``"gauss-newton"`` where it is exact, else
@@ -289,38 +297,52 @@ def hessian_trace(
       the logits are linear in each parameter tensor and the loss is ce, focal or FLSD-53;
     - ``"gauss-newton+hutchpp"`` / ``"gauss-newton+xtrace"``: that part exactly and the rest by
       the estimator (:func:`~curvcal.curvature.residual.split_trace`);
-    - ``"hutchpp"``, ``"xtrace"`` (``n_probes`` products), or ``"hutchinson"`` (fixed
-      ``n_probes``, or adaptive with ``rtol`` up to ``max_probes``, at least ``min_probes``),
-      each with its standard error and 95% interval.
+    - ``"hutchpp"``, ``"xtrace"`` (``probes`` products), or ``"hutchinson"`` (fixed
+      ``probes``, or adaptive with ``trace_rtol`` up to ``max_probes``, at least
+      ``min_probes``), each with its standard error and 95% interval; probes drawn from
+      ``probe_dist``.
 
-    The kernels' spellings (``"hutch++"``, ``"gauss-newton+hutch++"``) are accepted too. A
-    Hutch++ sketch is bounded by the operator's memory budget as ``curvcal hessian`` bounds it
+    The arguments are named as the settings and the command line name them (``probes`` is
+    ``--probes``); the former names ``n_probes``, ``method``, ``rtol`` and ``distribution`` are
+    taken with a :class:`DeprecationWarning`. The kernels' spellings of the methods
+    (``"hutch++"``, ``"gauss-newton+hutch++"``) are accepted too. A Hutch++ sketch is bounded by
+    the operator's memory budget as ``curvcal hessian`` bounds it
     (:func:`~curvcal.curvature.memory.sketch_limit`)."""
-    name = _trace_method(method)
-    if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < 1:
-        raise InputError("n_probes", f"must be a positive integer, got {n_probes!r}")
-    if rtol is not None and name != "hutchinson":
-        raise InputError(
-            "rtol",
-            f"the adaptive stop is only available with method 'hutchinson', not {method!r}",
-            "add method='hutchinson'",
+    given = _former_arguments(
+        hessian_trace,
+        {
+            "probes": probes,
+            "trace_method": trace_method,
+            "trace_rtol": trace_rtol,
+            "probe_dist": probe_dist,
+        },
+        operator_keywords,
+        _FORMER_TRACE_ARGUMENTS,
+    )
+    probes, trace_method = given["probes"], given["trace_method"]
+    trace_rtol, probe_dist = given["trace_rtol"], given["probe_dist"]
+    name = _trace_method(trace_method)
+    if isinstance(probes, bool) or not isinstance(probes, int) or probes < 1:
+        raise SettingsError("probes", f"must be a positive integer, got {probes!r}")
+    if trace_rtol is not None and name != "hutchinson":
+        raise SettingsError(
+            "trace_rtol",
+            f"the adaptive stop is only available with trace_method 'hutchinson', not "
+            f"{trace_method!r}",
+            "add trace_method='hutchinson'",
         )
     operator = _operator(
-        "hessian_trace", model, data, loss, gamma, options, all_reduce, operator_keywords
+        "hessian_trace", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
     if name == "auto" or name.startswith("gauss-newton"):
-        if n_probes < MIN_PRODUCTS:
-            raise InputError(
-                "n_probes",
-                f"method {method!r} needs at least {MIN_PRODUCTS} products, got {n_probes}",
+        if probes < MIN_PRODUCTS:
+            raise SettingsError(
+                "probes",
+                f"trace_method {trace_method!r} needs at least {MIN_PRODUCTS} products, got "
+                f"{probes}",
             )
-        try:
-            name, why = choose_trace_method(
-                operator, HessianSettings(trace_method=name, probes=n_probes)
-            )
-        except InputError as error:
-            raise _python_names(error, _TRACE_ARGUMENTS) from None
-        if method == "auto" and name == "hutchpp":
+        name, why = choose_trace_method(operator, HessianSettings(trace_method=name, probes=probes))
+        if trace_method == "auto" and name == "hutchpp":
             warnings.warn(
                 f"trace method auto fell back to hutchpp: {why}", TraceMethodWarning, stacklevel=2
             )
@@ -338,8 +360,8 @@ def hessian_trace(
         return split_trace(
             operator,
             kernel_method,
-            n_probes,
-            distribution=distribution,
+            probes,
+            distribution=probe_dist,
             seed=seed,
             probe_batch=operator.probe_batch,
             max_sketch=max_sketch,
@@ -347,12 +369,12 @@ def hessian_trace(
         )
     result = trace_estimate(
         operator,
-        n_probes,
+        probes,
         method=kernel_method,
-        rtol=rtol,
+        rtol=trace_rtol,
         max_probes=max_probes,
         min_probes=min_probes,
-        distribution=distribution,
+        distribution=probe_dist,
         seed=seed,
         probe_batch=operator.probe_batch,
         max_sketch=max_sketch,
@@ -373,7 +395,7 @@ def hessian_density(
     max_basis: int | None = None,
     loss: Any = None,
     gamma: float | None = None,
-    options: OperatorOptions | None = None,
+    settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
@@ -388,7 +410,7 @@ def hessian_density(
     ):
         raise InputError("max_basis", f"must be a positive integer, got {max_basis!r}")
     operator = _operator(
-        "hessian_density", model, data, loss, gamma, options, all_reduce, operator_keywords
+        "hessian_density", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
     result = spectral_density(
         operator,
@@ -411,26 +433,34 @@ def hessian_layers(
     *,
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,
-    n_probes: int = 100,
-    distribution: str = "rademacher",
+    probes: int = 100,
+    probe_dist: str = "rademacher",
     seed: int = 0,
     loss: Any = None,
     gamma: float | None = None,
-    options: OperatorOptions | None = None,
+    settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
     **operator_keywords: Any,
 ) -> list[LayerCurvature]:
-    """λmax and trace of each module's diagonal Hessian block (see :mod:`curvcal.curvature.layers`)."""
+    """λmax and trace of each module's diagonal Hessian block (see :mod:`curvcal.curvature.layers`),
+    each trace within ``probes`` products drawn from ``probe_dist`` (formerly ``n_probes`` and
+    ``distribution``, taken with a :class:`DeprecationWarning`)."""
+    given = _former_arguments(
+        hessian_layers,
+        {"probes": probes, "probe_dist": probe_dist},
+        operator_keywords,
+        {"n_probes": "probes", "distribution": "probe_dist"},
+    )
     operator = _operator(
-        "hessian_layers", model, data, loss, gamma, options, all_reduce, operator_keywords
+        "hessian_layers", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
     return layer_curvature(
         operator,
         tol=tol,
         max_iter=max_iter,
-        n_probes=n_probes,
-        distribution=distribution,
+        n_probes=given["probes"],
+        distribution=given["probe_dist"],
         seed=seed,
         on_step=on_step,
     )
@@ -467,6 +497,7 @@ def analyse_hessian(
     (2, 'gauss-newton')
     """
     settings = HessianSettings() if settings is None else settings
+    overrides = renamed(HessianSettings, overrides, "analyse_hessian")
     loss = overrides.pop("loss", None)
     known = {field.name for field in dataclasses.fields(HessianSettings)}
     unknown = sorted(set(overrides) - known)
@@ -482,16 +513,11 @@ def analyse_hessian(
             )
         loss_object = as_loss(loss)
     if overrides:
-        try:
-            settings = dataclasses.replace(settings, **overrides)
-        except InputError as error:
-            raise _python_names(error) from None
+        settings = dataclasses.replace(settings, **overrides)
     if isinstance(model, HessianOperator):
         defaults = HessianSettings()
         fixed = [
-            name
-            for name in _OPERATOR_SETTINGS
-            if getattr(settings, name) != getattr(defaults, name)
+            name for name in OPERATOR_FIELDS if getattr(settings, name) != getattr(defaults, name)
         ]
         if loss_object is not None:
             fixed.insert(0, "loss")

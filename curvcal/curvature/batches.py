@@ -29,10 +29,6 @@ from curvcal import rows
 from curvcal.errors import InputError
 from curvcal.rows import Inputs
 
-#: ``--cache``: where batches stay between products (the settings' choices: a test holds them
-#: equal)
-CACHES = ("auto", "device", "host", "none")
-
 Batch = tuple[Inputs, Tensor]
 BatchSource = Iterable[Batch] | Callable[[], Iterator[Batch]]
 AllReduce = Callable[[Tensor], Tensor]

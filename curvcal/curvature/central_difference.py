@@ -48,19 +48,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.guard import PRODUCT
-from curvcal.curvature.operator import DEFAULT_OPTIONS, HessianOperator, build_operator
-from curvcal.curvature.options import OperatorOptions
+from curvcal.curvature.operator import HessianOperator, build_operator
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.vectors import SlicedSpace, VectorSpace
-from curvcal.errors import InputError, NumericalError
+from curvcal.errors import NumericalError, SettingsError
 from curvcal.losses import Loss
 from curvcal.rows import Inputs
+from curvcal.settings.hessian import HessianSettings
 
 #: the engine name the operator records
 ENGINE = "central-difference"
@@ -186,15 +187,11 @@ class CentralDifferenceOperator(HessianOperator):
         self,
         model: nn.Module,
         batches: BatchSource,
-        criterion: str | Loss = "ce",
-        gamma: float = 0.0,
-        params: Sequence[str] | None = None,
-        mode: str = "eval",
-        cache: str = "auto",
-        probe_batch: int = 8,
-        all_reduce: AllReduce | None = None,
-        allow_tf32: bool = False,
+        loss: str | Loss | None = None,
+        settings: HessianSettings | None = None,
+        *,
         vectors: str = "sliced",
+        **keywords: Any,
     ) -> None:
         from curvcal.sharding import agreed_count, reshard
 
@@ -202,20 +199,7 @@ class CentralDifferenceOperator(HessianOperator):
         # takes the data): its registered parameters are then the gathered tensors, whose
         # storage is freed at the next reshard. Select the sharded ones.
         reshard(model)
-        super().__init__(
-            model,
-            batches,
-            criterion,
-            gamma,
-            params=params,
-            engine="autograd",
-            mode=mode,
-            cache=cache,
-            probe_batch=probe_batch,
-            all_reduce=all_reduce,
-            allow_tf32=allow_tf32,
-            keep_graphs="never",
-        )
+        super().__init__(model, batches, loss, settings, **keywords)
         self.requested_engine = ENGINE
         #: the central-difference rule of the dtype (:func:`stencil_for`)
         self.stencil = stencil_for(self._dtype)
@@ -230,6 +214,13 @@ class CentralDifferenceOperator(HessianOperator):
         self.parameter_norm = math.sqrt(float(self.sum_across(squares.to(self._device))))
         #: where the vectors multiplied live: this rank's slices (None: whole vectors)
         self.vector_space = self._sliced_space() if vectors == "sliced" else None
+
+    def _runnable(self, settings: HessianSettings, measure_width: bool) -> HessianSettings:
+        """The settings as central differences run them: refused where they need double
+        backward or torch.func (:func:`refuse_unsharded_settings`), products by gradients
+        (``autograd``) and no graph kept."""
+        refuse_unsharded_settings(settings, measure_width)
+        return settings.replace(hvp="autograd", keep_graphs="never")
 
     def _sliced_space(self) -> SlicedSpace | None:
         """The space of this rank's slices of the selected parameters, or None when one of them
@@ -535,48 +526,46 @@ def _local(parameter: Tensor) -> Tensor:
     return local_tensor(parameter)
 
 
+def refuse_unsharded_settings(settings: HessianSettings, measure_width: bool) -> None:
+    """Refuse what a model sharded by ``fully_shard`` cannot run (its products are central
+    differences of gradients: the Hessian only, eval mode, no torch.func, a fixed
+    ``probe_batch``), naming the field."""
+    refused = {
+        "curvature": settings.curvature != "hessian",
+        "hvp": settings.hvp == "func",
+        "mode": settings.mode == "train",
+        "probe_batch": measure_width,
+    }
+    for name, bad in refused.items():
+        if bad:
+            value = "auto" if name == "probe_batch" else getattr(settings, name)
+            raise SettingsError(
+                name,
+                f"{value!r} cannot run on a model sharded with fully_shard "
+                "(its products are central differences of gradients, Hessian only, eval mode)",
+            )
+
+
 def operator_for(
     model: nn.Module,
     loss: Loss,
     batches: BatchSource,
-    options: OperatorOptions = DEFAULT_OPTIONS,
+    settings: HessianSettings | None = None,
     *,
     all_reduce: AllReduce | None = None,
     vectors: str = "sliced",
 ) -> HessianOperator:
     """:func:`~curvcal.curvature.operator.build_operator`, or for a model sharded by
     ``fully_shard`` a :class:`CentralDifferenceOperator` (its vectors ``vectors``: each rank's
-    slices, or ``"whole"``); on a sharded model what needs double
-    backward or torch.func (another curvature, ``engine="func"``, train mode) is refused."""
+    slices, or ``"whole"``); on a sharded model what needs double backward or torch.func
+    (another curvature, ``hvp="func"``, train mode) is refused
+    (:func:`refuse_unsharded_settings`)."""
     from curvcal.sharding import is_sharded
 
     if not is_sharded(model):
-        return build_operator(model, loss, batches, options, all_reduce=all_reduce)
-    refused = {
-        "curvature": options.curvature != "hessian",
-        "engine": options.engine == "func",
-        "mode": options.mode == "train",
-        "probe_batch": not isinstance(options.probe_batch, int),
-    }
-    for name, bad in refused.items():
-        if bad:
-            raise InputError(
-                name,
-                f"{getattr(options, name)!r} cannot run on a model sharded with fully_shard "
-                "(its products are central differences of gradients, Hessian only, eval mode)",
-            )
-    assert isinstance(options.probe_batch, int)
+        return build_operator(model, loss, batches, settings, all_reduce=all_reduce)
     return CentralDifferenceOperator(
-        model,
-        batches,
-        loss,
-        params=options.params,
-        mode=options.mode,
-        cache=options.cache,
-        probe_batch=options.probe_batch,
-        all_reduce=all_reduce,
-        allow_tf32=options.allow_tf32,
-        vectors=vectors,
+        model, batches, loss, settings, all_reduce=all_reduce, vectors=vectors
     )
 
 
@@ -587,6 +576,7 @@ __all__ = [
     "CentralDifferenceOperator",
     "ProductError",
     "operator_for",
+    "refuse_unsharded_settings",
     "relative_floor",
     "relative_step",
     "sixteen_bit_floor",

@@ -43,12 +43,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from curvcal.errors import InputError
 from curvcal.rows import Inputs
 
-#: ``--hvp``: picked per product width, torch.func forward-over-reverse, or double backward
-#: (the settings' choices: a test holds them equal)
-ENGINES = ("auto", "func", "autograd")
-#: ``--mode``: the module mode while the loss is computed
-MODES = ("eval", "train")
-
 # probe_batch="auto": the share of free CUDA memory the probes of one pass may use, and the
 # largest block chosen (beyond it a pass gains nothing measurable).
 _AUTO_PROBE_FRACTION = 0.5
@@ -256,10 +250,6 @@ def engines_between(products: Mapping[str, int], before: Mapping[str, int]) -> s
     did."""
     return "+".join(sorted(e for e, n in products.items() if n > before.get(e, 0)))
 
-
-#: ``--curvature``: the Hessian, the generalised Gauss–Newton matrix, the Fisher (its
-#: expectation over the model's own labels) and the empirical Fisher (over the data's labels)
-CURVATURES = ("hessian", "ggn", "fisher", "empirical-fisher")
 
 LogitProduct = Callable[[Tensor, Tensor, Tensor], Tensor]
 """(logits (B, K), labels (B,), w (B, K)) -> M_n w_n for every row n: a curvature's matrix in

@@ -18,10 +18,11 @@ from torch import Tensor, nn
 
 from curvcal import rows
 from curvcal.curvature.batches import Batch, BatchSource
-from curvcal.curvature.engines import MODES, prepared_model
+from curvcal.curvature.engines import prepared_model
 from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
 from curvcal.losses import FLSD53_GAMMAS, FLSD53_THRESHOLD, flsd53_gammas
+from curvcal.settings.hessian import MODES
 
 
 def _group_counts(logits: Tensor, labels: Tensor) -> Tensor:

@@ -82,7 +82,7 @@ from curvcal.curvature.per_sample import (
 from curvcal.curvature.precision import is_half, precision_floor
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import TraceResult
-from curvcal.errors import InputError, NumericalError
+from curvcal.errors import NumericalError, SettingsError, setting_name
 from curvcal.losses import CrossEntropy, Loss, closed_form_problem
 from curvcal.rows import Inputs, as_batch_of_one, device_of, n_rows, take_rows
 
@@ -646,7 +646,7 @@ def declined(operator: GaussNewtonSource, probes: int) -> str:
     if classes - 1 > probes:
         return (
             f"the Gauss–Newton trace would take up to {classes - 1} gradient norms per sample, "
-            f"more than --probes {probes}"
+            f"more than {setting_name('probes')} {probes}"
         )
     return ""
 
@@ -705,7 +705,7 @@ def gauss_newton_trace(
     guard) as the trace of its Gauss–Newton matrix: exact when the logits are linear in each
     selected tensor, which is checked first.
 
-    Raises :class:`InputError` naming the reason when that is not shown
+    Raises :class:`~curvcal.errors.SettingsError` naming the reason when that is not shown
     (:func:`gauss_newton_problem`), :class:`NumericalError` when the result is not finite.
     ``n_probes`` of the result counts the norms ‖J_nᵀu_{n,k}‖² taken (one per sample and kept eigenpair of
     Λ_n); ``matvecs`` is 0. ``checked``: the caller has already found no problem (the check is
@@ -715,13 +715,14 @@ def gauss_newton_trace(
     return trace_result(tensor_traces(operator, on_step=on_step))
 
 
-def require_exact(operator: GaussNewtonSource, what: str = "trace_method") -> None:
-    """Raises :class:`InputError` on ``what`` with :func:`gauss_newton_problem`'s reason when
-    the Gauss–Newton trace of ``operator`` would not be exact."""
+def require_exact(operator: GaussNewtonSource) -> None:
+    """Raises :class:`~curvcal.errors.SettingsError` on ``trace_method`` with
+    :func:`gauss_newton_problem`'s reason when the Gauss–Newton trace of ``operator`` would not
+    be exact."""
     problem = gauss_newton_problem(operator)
     if problem:
-        raise InputError(
-            what,
+        raise SettingsError(
+            "trace_method",
             f"the Gauss–Newton trace is not exact here: {problem}",
             "ask for hutchpp or xtrace instead",
         )

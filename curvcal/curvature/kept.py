@@ -38,10 +38,6 @@ from torch import Tensor
 from curvcal.curvature.memory import GraphSizes, pass_bytes, widest
 from curvcal.rows import Inputs
 
-#: ``--keep-graphs``: keep the gradient graphs between products when they fit in the memory
-#: budget, whatever the budget, or never (the settings' choices: a test holds them equal)
-KEEP_GRAPHS = ("auto", "always", "never")
-
 
 def _versions(tensors: Iterable[Tensor]) -> tuple[int, ...]:
     return tuple(int(tensor._version) for tensor in tensors)

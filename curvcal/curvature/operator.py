@@ -36,19 +36,19 @@ The product through kept gradient graphs (:func:`kept_hvp`) is written here, bes
 that sums it: it is the operator's one real method when the graphs fit; one batch's products by
 double backward or forward-over-reverse are the kernels of :mod:`curvcal.curvature.engines`.
 :func:`build_operator` is how every user-facing path (the API functions, the analysis behind
-``curvcal hessian``, the study) builds one: from a model, a loss, batches and
-:class:`~curvcal.curvature.options.OperatorOptions`.
+``curvcal hessian``, the study) builds one: from a model, a loss, batches and the
+:class:`~curvcal.settings.hessian.HessianSettings` themselves.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import glob
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -76,10 +76,11 @@ from curvcal.curvature.kept import (
 from curvcal.curvature.memory import GraphSizes, PassPlan, free_memory, measure_graph
 from curvcal.curvature.memory_fit import fit_memory
 from curvcal.curvature.options import (
-    OperatorOptions,
+    AUTO_PROBE_BATCH,
     check_curvature,
     check_options,
     checked_loss,
+    operator_settings,
     select_parameters,
 )
 from curvcal.curvature.precision import accuracy_bound, compute_dtype, precision_floor
@@ -93,20 +94,16 @@ from curvcal.losses import (
     logit_hessian_product,
 )
 from curvcal.rows import Inputs
-from curvcal.settings.sizes import MemoryBudget
+from curvcal.settings.hessian import HessianSettings
 
-#: Loss names an operator accepts as ``criterion``.
+#: Loss names an operator accepts as ``loss``.
 CRITERIA = LOSS_NAMES
-#: how an operator runs when no options are given
-DEFAULT_OPTIONS = OperatorOptions()
 #: each kind's matrix in the logits, M_n in Σ_n J_nᵀ M_n J_n (the Hessian is not of this form)
 _LOGIT_PRODUCTS: dict[str, Callable[[Loss, Tensor, Tensor, Tensor], Tensor]] = {
     "ggn": logit_hessian_product,
     "fisher": logit_fisher_product,
     "empirical-fisher": logit_gradient_product,
 }
-# probe_batch="auto" on the CPU (measured on CUDA, see HessianOperator).
-_CPU_PROBE_BATCH = 8
 
 
 # -- the kernel of the kept graphs: Σ_B H_B·v_j by one backward per vector ----------------
@@ -155,11 +152,12 @@ def build_operator(
     model: nn.Module,
     loss: Loss,
     batches: BatchSource,
-    options: OperatorOptions = DEFAULT_OPTIONS,
+    settings: HessianSettings | None = None,
     *,
     all_reduce: AllReduce | None = None,
 ) -> HessianOperator:
-    """The Hessian of the mean ``loss`` of ``model`` over ``batches``, run as ``options`` say.
+    """The Hessian of the mean ``loss`` of ``model`` over ``batches``, run as ``settings`` say
+    (their fields marked ``operator``; default: the defaults).
 
     Every path behaves the same on non-finite numbers: :meth:`HessianOperator.mean_loss` and
     every product that is NaN or infinite anywhere raise :class:`~curvcal.errors.NumericalError`
@@ -177,8 +175,7 @@ def build_operator(
             "is sharded with fully_shard, whose parameters double backward cannot reach",
             "build its operator with curvcal.curvature.central_difference.operator_for",
         )
-    fields = {field.name: getattr(options, field.name) for field in dataclasses.fields(options)}
-    return HessianOperator(model, batches, loss, all_reduce=all_reduce, **fields)
+    return HessianOperator(model, batches, loss, settings, all_reduce=all_reduce)
 
 
 class _Totals:
@@ -202,14 +199,22 @@ class HessianOperator:
         returning a fresh iterator of them; ``y`` holds integer class labels, ``x`` is a tensor
         or a mapping of named tensors with the same rows (a text model's ``input_ids`` and
         ``attention_mask``), passed to the model as its one argument.
-    criterion:
-        the loss ℓ: a loss object of :mod:`curvcal.losses`, or its name — ``"ce"``
-        (cross-entropy, default), ``"focal"`` (−(1 − p_y)^γ log p_y with γ = ``gamma``) or
-        ``"flsd53"`` (the focal loss with γ_i = 5 where p_y < 0.2, else 3, γ_i held fixed).
+    loss:
+        the loss ℓ: a loss object of :mod:`curvcal.losses`, or its name (the settings field
+        ``loss``) — ``"ce"`` (cross-entropy, default), ``"focal"`` (−(1 − p_y)^γ log p_y with
+        γ = ``gamma``) or ``"flsd53"`` (the focal loss with γ_i = 5 where p_y < 0.2, else 3,
+        γ_i held fixed).
+    settings:
+        a :class:`~curvcal.settings.hessian.HessianSettings` (default: the defaults): the
+        operator reads its fields marked ``operator``, described below; any of them may also be
+        given as a keyword (``hvp="func"``), on top of ``settings``, checked as the command line
+        checks them (an error names the field). Former names (``criterion`` for ``loss``,
+        ``engine`` for ``hvp``) are taken with a :class:`DeprecationWarning`. :attr:`settings`
+        keeps them.
     params:
-        ``None`` for every parameter with ``requires_grad``, or glob patterns matched against
-        ``named_parameters()`` names (``["fc.*"]``); each pattern must match at least one.
-    engine:
+        ``()`` (or ``None``) for every parameter with ``requires_grad``, or glob patterns matched
+        against ``named_parameters()`` names (``["fc.*"]``); each pattern must match at least one.
+    hvp:
         ``"auto"``, ``"func"`` (forward-over-reverse) or ``"autograd"`` (double backward).
     mode:
         ``"eval"`` (default: BatchNorm running statistics, dropout off) or ``"train"`` (refused
@@ -218,18 +223,19 @@ class HessianOperator:
         ``"auto"`` (keep batches on the device when they fit in a quarter of its free memory,
         otherwise stream), ``"device"``, ``"host"`` or ``"none"``.
     device:
-        where the batches go; defaults to, and must equal, the device of the parameters (the
-        model is never moved).
+        (keyword) where the batches go; defaults to, and must equal, the device of the
+        parameters (the model is never moved).
     probe_batch:
-        how many vectors share one pass over the data (vectorised); bounds memory. ``"auto"``:
+        how many vectors share one pass over the data (vectorised); bounds memory. ``"auto"``
+        (a keyword of Python only):
         8 on the CPU; on CUDA, from the free memory (``torch.cuda.mem_get_info``) and the
         measured peak memory of a one- and a two-vector product on the first batch, at most 64.
         The value chosen is :attr:`probe_batch` (:attr:`probe_batch_requested` keeps ``"auto"``).
     all_reduce:
-        a sum across processes (for a dataset sharded over ranks), applied to the sample count
+        (keyword) a sum across processes (for a dataset sharded over ranks), applied to the sample count
         at construction and to every product's batch sum; ``None`` in one process.
     allow_tf32:
-        let CUDA matrix products and convolutions use TF32 (about 10 mantissa bits) during
+        (keyword) let CUDA matrix products and convolutions use TF32 (about 10 mantissa bits) during
         products; off by default, and the global flags are restored afterwards.
     memory_budget:
         bytes a pass of products may use (``"4GiB"``, ``"50%"`` of the free memory, an integer
@@ -244,7 +250,7 @@ class HessianOperator:
         one backward through them (:mod:`curvcal.curvature.kept`: on one CPU thread 1.8× a
         gradient pass on ResNet-18 instead of 3.0×); ``"always"``: keep them whatever the
         budget; ``"never"``: forward and first backward again for every product. Not with
-        ``engine="func"``, nor in train mode (BatchNorm's graph saves the running statistics,
+        ``hvp="func"``, nor in train mode (BatchNorm's graph saves the running statistics,
         which are restored after every product). :attr:`graphs_kept` says whether products run
         that way; on a CUDA out-of-memory error the graphs are dropped (:attr:`graphs_dropped`
         says why) and products go on without them.
@@ -257,7 +263,7 @@ class HessianOperator:
         :func:`~curvcal.curvature.engines.gauss_newton_product` with M_n in closed form
         (:mod:`curvcal.losses`), the same data loop, weighting, checks and sums as the Hessian's;
         refused for a loss without closed-form derivatives in the logits, in train mode and with
-        ``engine="func"`` (:func:`~curvcal.curvature.options.check_curvature`). No graph is kept
+        ``hvp="func"`` (:func:`~curvcal.curvature.options.check_curvature`). No graph is kept
         between their products.
 
     Floating-point inputs are cast to the parameters' dtype. ``n_matvecs`` counts vectors
@@ -271,53 +277,51 @@ class HessianOperator:
         self,
         model: nn.Module,
         batches: BatchSource,
-        criterion: str | Loss = "ce",
-        gamma: float = 0.0,
-        params: Sequence[str] | None = None,
-        engine: str = "auto",
-        mode: str = "eval",
-        cache: str = "auto",
-        device: torch.device | str | None = None,
-        probe_batch: int | str = 8,
+        loss: str | Loss | None = None,
+        settings: HessianSettings | None = None,
+        *,
         all_reduce: AllReduce | None = None,
+        device: torch.device | str | None = None,
         allow_tf32: bool = False,
-        memory_budget: str | int | MemoryBudget | None = None,
-        keep_graphs: str = "auto",
-        curvature: str = "hessian",
+        **fields: Any,
     ) -> None:
-        budget = check_options(
-            model,
-            engine=engine,
-            mode=mode,
-            cache=cache,
-            probe_batch=probe_batch,
-            memory_budget=memory_budget,
-            keep_graphs=keep_graphs,
-        )
-        loss = checked_loss(criterion, gamma)
-        check_curvature(curvature, loss, engine, mode)
+        if isinstance(loss, str):
+            fields = {"loss": loss, **fields}
+            loss = None
+        settings, measure_width = operator_settings(settings, fields, type(self).__name__)
+        settings = self._runnable(settings, measure_width)
+        budget = check_options(model, settings)
+        loss = checked_loss(settings, loss)
+        check_curvature(settings, loss)
+        #: the settings this operator was built with (its fields marked ``operator``; ``loss``
+        #: and ``gamma`` not read when a loss object was given: :attr:`loss` is the loss)
+        self.settings = settings
         scripted = is_torchscript(model)
-        self.curvature = curvature
+        self.curvature = settings.curvature
         self.model = model
         self.loss = loss
         self.criterion = loss.name
         self.gamma = loss.gamma
-        self.mode = mode
-        self.probe_batch_requested = probe_batch
-        self.probe_batch = probe_batch if isinstance(probe_batch, int) else _CPU_PROBE_BATCH
+        self.mode = settings.mode
+        self.probe_batch_requested: int | str = (
+            AUTO_PROBE_BATCH if measure_width else settings.probe_batch
+        )
+        self.probe_batch = settings.probe_batch
         self.allow_tf32 = bool(allow_tf32)
         self.oom_retries = 0
-        self.requested_engine = engine
+        self.requested_engine = settings.hvp
         self.engine_fallback: str | None = None
         # the GGN and Fisher kernel is one of its own (double vjp), never torch.func's
-        self._func_usable = engine != "autograd" and not scripted and curvature == "hessian"
+        self._func_usable = (
+            settings.hvp != "autograd" and not scripted and settings.curvature == "hessian"
+        )
         #: vectors multiplied by each engine so far (``engine`` and per-stage reports read it)
         self.engine_products: dict[str, int] = {}
         self._all_reduce = all_reduce
         # a failed check names the batches at fault (not in the one-batch operators that search)
         self._locates = True
-        self._select(params)
-        self.keep_graphs = keep_graphs
+        self._select(settings.params or None)
+        self.keep_graphs = settings.keep_graphs
         self._graphs = KeptState(self.param_names, self._params)
         param_device = self._params[0].device
         wanted = torch.device(device) if device is not None else param_device
@@ -329,11 +333,13 @@ class HessianOperator:
                 f"the model's parameters are on {param_device}, not {wanted}",
                 "move the model before building the operator, or leave device unset",
             )
-        self._batches = Batches(batches, cache, self._device, self._model_dtype, all_reduce)
+        self._batches = Batches(
+            batches, settings.cache, self._device, self._model_dtype, all_reduce
+        )
         self.n_matvecs = 0
         self.n_data_passes = 0
         self._totals = _Totals()
-        if probe_batch == "auto" and self._device.type == "cuda":
+        if measure_width and self._device.type == "cuda":
             with self._prepared_model():
                 self.probe_batch = measure_probe_batch(
                     self._batch_product(self._engine_for(2)),
@@ -350,6 +356,11 @@ class HessianOperator:
         self.kept_estimate: int | None = None
         self.kept_need: int | None = None
         self._plan_memory()
+
+    def _runnable(self, settings: HessianSettings, measure_width: bool) -> HessianSettings:
+        """The settings as this kind of operator runs them (a subclass refuses or fixes some;
+        ``measure_width``: ``probe_batch="auto"`` was asked)."""
+        return settings
 
     # -- parameter selection ---------------------------------------------------------------
     def _select(self, patterns: Sequence[str] | None) -> None:
@@ -396,15 +407,13 @@ class HessianOperator:
             self.model,
             batches,
             self.loss,
-            params=[glob.escape(name) for name in self.param_names],
-            engine=self.requested_engine,
-            mode=self.mode,
-            cache="none",
-            probe_batch=self.probe_batch,
+            self.settings.replace(
+                params=tuple(glob.escape(name) for name in self.param_names),
+                cache="none",
+                probe_batch=self.probe_batch,
+                keep_graphs="never",
+            ),
             allow_tf32=self.allow_tf32,
-            memory_budget=self.memory_budget,
-            keep_graphs="never",
-            curvature=self.curvature,
         )
         single._locates = False
         return single

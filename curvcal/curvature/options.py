@@ -1,142 +1,128 @@
-"""How a Hessian operator runs, apart from its model, loss and data: the options, checked.
+"""How a Hessian operator runs, apart from its model and data: its settings, checked.
 
-:class:`OperatorOptions` gathers them; :func:`checked_loss`, :func:`check_options` and
-:func:`select_parameters` refuse impossible requests (an unknown engine, train mode with
-dropout, a pattern that matches no parameter) before any pass over the data, each error naming
-the option at fault.
+An operator is built from a :class:`~curvcal.settings.hessian.HessianSettings` (the fields
+marked ``operator``: ``loss``, ``gamma``, ``params``, ``hvp``, ``mode``, ``cache``,
+``probe_batch``, ``memory_budget``, ``keep_graphs``, ``curvature``), the same object the
+command line and the report use: :func:`operator_settings` makes it from the settings and the
+fields given as keywords. :func:`checked_loss`, :func:`check_options`, :func:`check_curvature`
+and :func:`select_parameters` refuse impossible requests (train mode with dropout, a pattern
+that matches no parameter) before any pass over the data, each error naming the field at fault
+(:class:`~curvcal.errors.SettingsError`, worded as the option on the command line).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from curvcal.curvature.batches import CACHES
-from curvcal.curvature.engines import (
-    CURVATURES,
-    ENGINES,
-    MODES,
-    is_torchscript,
-    stochastic_layers,
-)
-from curvcal.curvature.kept import KEEP_GRAPHS
-from curvcal.errors import InputError
+from curvcal.curvature.engines import is_torchscript, stochastic_layers
+from curvcal.errors import InputError, SettingsError, setting_name
 from curvcal.losses import Loss, closed_form_problem, loss_from_name
+from curvcal.settings.fields import operator_fields, renamed
+from curvcal.settings.hessian import HessianSettings
 from curvcal.settings.sizes import MemoryBudget, parse_memory_budget
 
-
-@dataclass(frozen=True)
-class OperatorOptions:
-    """How a :class:`~curvcal.curvature.operator.HessianOperator` runs, apart from its model,
-    loss and data.
-
-    ``params`` (``None``: every parameter with ``requires_grad``; else glob patterns),
-    ``engine`` (``auto``/``func``/``autograd``), ``mode`` (``eval``/``train``), ``cache``
-    (``auto``/``device``/``host``/``none``), ``device``, ``probe_batch`` (an integer ≥ 1 or
-    ``"auto"``), ``allow_tf32``, ``memory_budget`` and ``keep_graphs``
-    (``auto``/``always``/``never``), as the operator documents them; checked when it is built.
-    """
-
-    params: tuple[str, ...] | None = None
-    engine: str = "auto"
-    mode: str = "eval"
-    cache: str = "auto"
-    device: torch.device | str | None = None
-    probe_batch: int | str = 8
-    allow_tf32: bool = False
-    memory_budget: str | int | MemoryBudget | None = None
-    keep_graphs: str = "auto"
-    curvature: str = "hessian"
+#: the settings fields an operator is built with (``operator=True`` in their declaration)
+OPERATOR_FIELDS = operator_fields(HessianSettings)
+#: ``probe_batch``'s value, in Python only, for "measure it" (on CUDA; 8 on the CPU)
+AUTO_PROBE_BATCH = "auto"
 
 
-def check_curvature(curvature: str, loss: Loss, engine: str, mode: str) -> None:
-    """Refuse a curvature kind the loss or the options cannot give (each error names its
-    option): the GGN and both Fishers need the loss's derivatives in the logits in closed form
+def operator_settings(
+    settings: HessianSettings | None, fields: Mapping[str, Any], caller: str, depth: int = 1
+) -> tuple[HessianSettings, bool]:
+    """The settings of an operator: ``settings`` (default: the defaults) with the operator
+    ``fields`` given as keywords on top, checked as the command line checks them (an error
+    names the field); former names (``engine``, ``criterion``) are taken with a
+    :class:`DeprecationWarning`. ``params`` may be one glob or ``None`` (every trainable
+    parameter), ``probe_batch`` ``"auto"``: the second value says so (the operator measures it).
+    A keyword that is no operator field is a :class:`TypeError`, as Python says it. ``depth``:
+    the frames between the caller and the user's code (for the warning)."""
+    values = renamed(HessianSettings, fields, caller, stacklevel=3 + depth)
+    unknown = sorted(set(values) - set(OPERATOR_FIELDS))
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    params = values.get("params", ())
+    if params is None or isinstance(params, str | list):
+        values["params"] = (
+            () if params is None else (params,) if isinstance(params, str) else tuple(params)
+        )
+    width = values.get("probe_batch")
+    measure = width == AUTO_PROBE_BATCH
+    if measure:
+        del values["probe_batch"]
+    elif isinstance(width, str):
+        raise SettingsError("probe_batch", f"must be a positive integer or 'auto', got {width!r}")
+    base = HessianSettings() if settings is None else settings
+    return (base.replace(**values) if values else base), measure
+
+
+def check_curvature(settings: HessianSettings, loss: Loss) -> None:
+    """Refuse a curvature kind the loss or the other settings cannot give (each error names its
+    field): the GGN and both Fishers need the loss's derivatives in the logits in closed form
     (ce, focal, flsd53: not a user's loss), independent samples (eval mode: train-mode BatchNorm
     couples a batch's rows, so ∂z_n/∂θ is not one sample's), and are made by their own kernel
-    (``gauss_newton_product``), not by torch.func's Hessian product."""
-    _choice("curvature", curvature, CURVATURES, "curvature")
+    (``gauss_newton_product``), not by torch.func's Hessian product (``hvp`` func)."""
+    curvature, mode, engine = settings.curvature, settings.mode, settings.hvp
     if curvature == "hessian":
         return
     problem = closed_form_problem(loss)
     if problem:
-        raise InputError(
-            "--curvature", f"{curvature} cannot be taken of this loss: {problem}", "use hessian"
+        raise SettingsError(
+            "curvature", f"{curvature} cannot be taken of this loss: {problem}", "use hessian"
         )
     if mode != "eval":
-        raise InputError(
-            "--curvature",
+        raise SettingsError(
+            "curvature",
             f"{curvature} needs per-sample logits, and train mode couples the samples of a batch",
-            "use --mode eval",
+            f"use {setting_name('mode')} eval",
         )
     if engine == "func":
-        raise InputError(
-            "--hvp",
+        hvp = setting_name("hvp")
+        raise SettingsError(
+            "hvp",
             f"func computes Hessian products; {curvature} products have their own kernel",
-            "use --hvp auto or autograd",
+            f"use {hvp} auto or autograd",
         )
 
 
-def checked_loss(criterion: str | Loss, gamma: float) -> Loss:
-    """The loss object of ``criterion`` (a name of :mod:`curvcal.losses` with its ``gamma``, or
-    a loss object, which carries its own γ: a ``gamma`` beside it is refused)."""
-    if isinstance(criterion, str):
-        return loss_from_name(criterion, gamma)
-    if gamma != 0.0:
-        raise InputError(
-            "gamma", "is part of the loss object", "leave gamma unset when passing a loss"
+def checked_loss(settings: HessianSettings, loss: Loss | None = None) -> Loss:
+    """The loss of an operator: ``loss`` when given (a loss object carries its own γ: another
+    ``gamma`` in the settings beside it is refused), else the one the settings name
+    (:func:`~curvcal.losses.loss_from_name` of ``loss`` with ``gamma``)."""
+    if loss is None:
+        return loss_from_name(settings.loss, settings.focal_gamma)
+    if settings.gamma not in (None, 0.0, loss.gamma):
+        gamma = setting_name("gamma")
+        raise SettingsError(
+            "gamma", "is part of the loss object", f"leave {gamma} unset when passing a loss"
         )
-    return criterion
+    return loss
 
 
-def _choice(option: str, value: str, allowed: Sequence[str], what: str) -> None:
-    if value not in allowed:
-        raise InputError(option, f"unknown {what} {value!r}", f"choose one of {', '.join(allowed)}")
-
-
-def check_options(
-    model: nn.Module,
-    *,
-    engine: str,
-    mode: str,
-    cache: str,
-    probe_batch: int | str,
-    memory_budget: str | int | MemoryBudget | None,
-    keep_graphs: str,
-) -> MemoryBudget | None:
-    """Refuse options that cannot run on ``model`` (each error names its option); the memory
-    budget parsed (None when not given)."""
+def check_options(model: nn.Module, settings: HessianSettings) -> MemoryBudget | None:
+    """Refuse settings that cannot run on ``model`` (train mode with dropout, torch.func on
+    TorchScript; each error names its field); the memory budget parsed (None when not given).
+    The values themselves were checked when the settings were made."""
     if not isinstance(model, nn.Module):
         raise InputError("model", f"expected a torch.nn.Module, got {type(model).__name__}")
-    _choice("engine", engine, ENGINES, "engine")
-    if mode not in MODES:
-        raise InputError("mode", f"unknown mode {mode!r}", "choose 'eval' or 'train'")
-    _choice("keep_graphs", keep_graphs, KEEP_GRAPHS, "choice")
-    _choice("cache", cache, CACHES, "cache mode")
-    if probe_batch != "auto" and (
-        isinstance(probe_batch, bool) or not isinstance(probe_batch, int) or probe_batch < 1
-    ):
-        raise InputError(
-            "probe_batch", f"must be a positive integer or 'auto', got {probe_batch!r}"
-        )
-    budget = None if memory_budget is None else parse_memory_budget(memory_budget)
-    if mode == "train":
+    budget = None if settings.memory_budget is None else parse_memory_budget(settings.memory_budget)
+    if settings.mode == "train":
         stochastic = stochastic_layers(model)
         if stochastic:
-            raise InputError(
+            raise SettingsError(
                 "mode",
                 f"train mode with dropout ({', '.join(stochastic)}) makes the loss random, so its Hessian is undefined",
-                "use mode='eval'",
+                f"use {setting_name('mode')} eval",
             )
-    if engine == "func" and is_torchscript(model):
-        raise InputError(
-            "engine",
+    if settings.hvp == "func" and is_torchscript(model):
+        raise SettingsError(
+            "hvp",
             "torch.func cannot trace a TorchScript module",
-            "use engine='autograd' (double backward) or 'auto'",
+            f"use {setting_name('hvp')} autograd (double backward) or auto",
         )
     return budget
 
@@ -159,7 +145,7 @@ def select_parameters(
                 names = ", ".join(n for n, _ in trainable[:8]) + (
                     ", …" if len(trainable) > 8 else ""
                 )
-                raise InputError(
+                raise SettingsError(
                     "params",
                     f"pattern {pattern!r} matches no trainable parameter",
                     f"names are: {names}",
@@ -171,8 +157,23 @@ def select_parameters(
         raise InputError("model", "has no trainable parameters (requires_grad=True)")
     dtypes = {p.dtype for _, p in chosen}
     if len(dtypes) != 1 or not chosen[0][1].is_floating_point():
-        raise InputError(
+        raise SettingsError(
             "params",
             f"the selected parameters must share one floating dtype, got {sorted(map(str, dtypes))}",
         )
     return tuple(n for n, _ in chosen), tuple(p for _, p in chosen)
+
+
+def OperatorOptions(**fields: Any) -> HessianSettings:
+    """Deprecated: the settings of an operator, now the
+    :class:`~curvcal.settings.hessian.HessianSettings` themselves (``engine`` is ``hvp``).
+    Returns them, with a :class:`DeprecationWarning`."""
+    import warnings
+
+    warnings.warn(
+        "OperatorOptions is deprecated: pass HessianSettings, or its fields as keywords",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    settings, _measure = operator_settings(None, fields, "OperatorOptions")
+    return settings

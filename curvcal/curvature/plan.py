@@ -17,11 +17,10 @@ from torch import nn
 from curvcal.curvature.gauss_newton import n_classes, require_exact
 from curvcal.curvature.memory import FREE_FRACTION, sketch_limit
 from curvcal.curvature.operator import HessianOperator
-from curvcal.curvature.options import OperatorOptions
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import auto_method, estimator_of, residual_products, split_problem
 from curvcal.curvature.trace import sketch_bytes, sketch_columns
-from curvcal.errors import InputError
+from curvcal.errors import SettingsError, setting_name
 from curvcal.settings.hessian import HessianSettings
 
 # Trace method names as the settings (and the CLI) spell them -> the kernels' names.
@@ -97,9 +96,9 @@ def kept_graphs_note(
     )
     return (
         f"{rebuilt}: keeping them all needs about {_size(need)}, more than the default memory "
-        f"budget; --memory-budget {round(100 * share)}% (of the {_size(free)} free) keeps them, "
-        "and each product then skips the forward and first backward (--keep-graphs never: no "
-        "note)"
+        f"budget; {setting_name('memory_budget')} {round(100 * share)}% (of the {_size(free)} "
+        "free) keeps them, and each product then skips the forward and first backward "
+        f"({setting_name('keep_graphs')} never: no note)"
     )
 
 
@@ -115,15 +114,15 @@ def choose_trace_method(operator: HessianOperator, settings: HessianSettings) ->
     if operator.curvature != "hessian":
         return _kind_trace_method(operator, settings)
     if method == "gauss-newton":
-        require_exact(operator, "--trace-method")
+        require_exact(operator)
         return settings.trace_method, ""
     if method in SPLIT_METHODS:
         problem = split_problem(operator.mode, settings.probes, n_classes(operator), operator.loss)
         if problem:
-            raise InputError(
-                "--trace-method",
+            raise SettingsError(
+                "trace_method",
                 f"the split trace {settings.trace_method} cannot run here: {problem}",
-                "ask for hutchpp or xtrace, or more --probes",
+                f"ask for hutchpp or xtrace, or more {setting_name('probes')}",
             )
         return settings.trace_method, ""
     if method != "auto":
@@ -144,16 +143,16 @@ def _kind_trace_method(operator: HessianOperator, settings: HessianSettings) -> 
     kind = operator.curvature
     exact = kind == "ggn" or (kind == "fisher" and operator.criterion == "ce")
     if method in SPLIT_METHODS:
-        raise InputError(
-            "--trace-method",
+        raise SettingsError(
+            "trace_method",
             f"{settings.trace_method} splits the Hessian into its Gauss–Newton part and the rest; "
-            f"it has no meaning for --curvature {kind}",
+            f"it has no meaning for {setting_name('curvature')} {kind}",
             "ask for auto, gauss-newton, hutchpp, xtrace or hutchinson",
         )
     if method == "gauss-newton":
         if not exact:
-            raise InputError(
-                "--trace-method",
+            raise SettingsError(
+                "trace_method",
                 f"gauss-newton is the trace of the GGN, not of the {kind} of the "
                 f"{operator.criterion} loss (for cross-entropy only the Fisher equals the GGN)",
                 "ask for auto, hutchpp, xtrace or hutchinson",
@@ -167,7 +166,7 @@ def _kind_trace_method(operator: HessianOperator, settings: HessianSettings) -> 
     if classes - 1 > settings.probes:
         return "hutchpp", (
             f"Hutch++: the exact Gauss–Newton trace would take up to {classes - 1} gradient norms "
-            f"per sample, more than --probes {settings.probes}"
+            f"per sample, more than {setting_name('probes')} {settings.probes}"
         )
     return "gauss-newton", f"the exact trace of the {kind} (its Gauss–Newton form, no product)"
 
@@ -193,11 +192,11 @@ def refuse_needless_probes(settings: HessianSettings, n_params: int) -> None:
     would run for ever)."""
     most = 3 * n_params
     if settings.trace_method in _PURE_ESTIMATORS and settings.probes > most:
-        raise InputError(
-            "--probes",
+        raise SettingsError(
+            "probes",
             f"{settings.probes} trace probes asked of a Hessian with {n_params} parameters: "
             f"{most} (3P) products are enough for the exact trace (Hutch++ or XTrace)",
-            f"use --probes {most} or fewer",
+            f"use {setting_name('probes')} {most} or fewer",
         )
 
 
@@ -261,43 +260,32 @@ def check_sketch_memory(
             f"{held_text.replace(' holds ', ' would hold ')}, more than {limit}: it holds "
             f"{kept:,} column{'s' if kept > 1 else ''} ({_size(kept * n_params * element)}) and "
             "the products it does not take are Hutchinson probes of the deflated rest (a larger "
-            "--memory-budget gives the sketch more columns and the trace a smaller error)"
+            f"{setting_name('memory_budget')} gives the sketch more columns and the trace a smaller error)"
         )
     limit_bytes = min(budget, free) if free is not None and over_free else budget
     most = limit_bytes // (n_params * torch.empty((), dtype=dtype).element_size())
     spare = settings.probes - products  # taken by a split trace's exact part
+    probes, params = setting_name("probes"), setting_name("params")
     fewer = (
-        f"--probes {2 * most + 1 + spare} or fewer" if most >= 2 else "fewer parameters (--params)"
+        f"{probes} {2 * most + 1 + spare} or fewer" if most >= 2 else f"fewer parameters ({params})"
     )
-    advice = f"use {fewer}, --trace-method hutchpp or hutchinson, or a larger --memory-budget"
+    advice = (
+        f"use {fewer}, {setting_name('trace_method')} hutchpp or hutchinson, or a larger "
+        f"{setting_name('memory_budget')}"
+    )
     if over_free:
-        raise InputError(
-            "--probes",
+        raise SettingsError(
+            "probes",
             f"{held_text}, more than the free memory ({_size(free or 0)})",
             advice,
         )
     if explicit:
-        raise InputError(
-            "--memory-budget",
+        raise SettingsError(
+            "memory_budget",
             f"{held_text}, more than the memory budget of {_size(budget)}",
             advice,
         )
     return (
         f"{held_text}, more than the default memory budget of {_size(budget)} (which bounds "
         f"the products); to stay within it, {advice}"
-    )
-
-
-def operator_options(settings: HessianSettings) -> OperatorOptions:
-    """How the operator of ``settings`` runs: the fields ``params``, ``hvp``, ``mode``,
-    ``cache``, ``probe_batch``, ``memory_budget`` and ``keep_graphs``."""
-    return OperatorOptions(
-        params=settings.params or None,
-        engine=settings.hvp,
-        mode=settings.mode,
-        cache=settings.cache,
-        probe_batch=settings.probe_batch,
-        memory_budget=settings.memory_budget,
-        keep_graphs=settings.keep_graphs,
-        curvature=settings.curvature,
     )

@@ -42,7 +42,7 @@ from curvcal.curvature.gauss_newton import (
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import TraceResult
 from curvcal.curvature.trace import trace_estimate
-from curvcal.errors import InputError
+from curvcal.errors import InputError, setting_name
 from curvcal.losses import Linearised, Loss, closed_form_problem
 
 #: the split methods -> the estimator of tr(R) each runs
@@ -104,7 +104,7 @@ def split_problem(mode: str, probes: int, classes: int, loss: Loss | None = None
     if left < MIN_PRODUCTS:
         return (
             f"its exact part takes {classes - 1} gradient norms per sample, leaving {left} of "
-            f"--probes {probes} for the rest, fewer than {MIN_PRODUCTS}"
+            f"{setting_name('probes')} {probes} for the rest, fewer than {MIN_PRODUCTS}"
         )
     return ""
 

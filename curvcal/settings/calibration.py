@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from curvcal.errors import InputError
+from curvcal.errors import InputError, SettingsError, setting_name
 from curvcal.settings.fields import Settings, check_fields, comma_numbers, file_setting, setting
 from curvcal.settings.hessian import MAX_SEED
 
@@ -275,27 +275,27 @@ class CalibrationSettings(Settings):
 
     def validate(self) -> None:
         """Every rule of the settings a fit and its metrics depend on (each error names the
-        option at fault); the γ grid is sorted and its repeats dropped."""
+        field at fault); the γ grid is sorted and its repeats dropped."""
         if self.method is not None and self.method not in METHODS:
-            raise InputError("--method", f"unknown method {self.method!r}", _one_of(METHODS))
+            raise SettingsError("method", f"unknown method {self.method!r}", _one_of(METHODS))
         if self.objective not in OBJECTIVES_TS:
-            raise InputError(
-                "--objective", f"unknown objective {self.objective!r}", _one_of(OBJECTIVES_TS)
+            raise SettingsError(
+                "objective", f"unknown objective {self.objective!r}", _one_of(OBJECTIVES_TS)
             )
         if self.focal_objective not in OBJECTIVES_FTS:
-            raise InputError(
-                "--focal-objective",
+            raise SettingsError(
+                "focal_objective",
                 f"unknown objective {self.focal_objective!r}",
                 _one_of(OBJECTIVES_FTS),
             )
         check_bins(self.bins, self.edges)
         if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int):
-            raise InputError("--bootstrap", f"must be a whole number, got {self.bootstrap!r}")
+            raise SettingsError("bootstrap", f"must be a whole number, got {self.bootstrap!r}")
         if self.bootstrap < 0:
-            raise InputError("--bootstrap", f"must be >= 0, got {self.bootstrap}")
+            raise SettingsError("bootstrap", f"must be >= 0, got {self.bootstrap}")
         if isinstance(self.gammas, str) or not self.gammas:
-            raise InputError("--gammas", "the gamma grid is empty", "0 is temperature scaling")
-        grid = tuple(sorted({check_gamma(g, "--gammas") for g in self.gammas}))
+            raise SettingsError("gammas", "the gamma grid is empty", "0 is temperature scaling")
+        grid = tuple(sorted({check_gamma(g, setting_name("gammas")) for g in self.gammas}))
         object.__setattr__(self, "gammas", grid)
 
     @property
@@ -326,9 +326,9 @@ class CalibrationSettings(Settings):
 def check_bins(n_bins: int, edges: str = "left") -> None:
     """A bin count ≥ 1 and a known edge convention, else :class:`InputError`."""
     if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
-        raise InputError("bins", f"the number of bins must be an integer >= 1, got {n_bins!r}")
+        raise SettingsError("bins", f"the number of bins must be an integer >= 1, got {n_bins!r}")
     if edges not in EDGES:
-        raise InputError(
+        raise SettingsError(
             "edges", f"unknown edge convention {edges!r}", "left for (a,b], right for [a,b)"
         )
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from curvcal.errors import SettingsError, setting_name
 from curvcal.settings.fields import Settings, comma_numbers, folder_setting, setting
 
 #: ``resize``/``crop`` value of an explicit ``none``: no resize or crop, and no model config's.
@@ -130,7 +131,7 @@ class DataSettings(Settings):
     def spec(self) -> str:
         """The dataset spec of ``--data``, which a loader cannot do without."""
         if self.data is None:
-            from curvcal.errors import InputError
-
-            raise InputError("--data", "no dataset given", "name one with --data SPEC")
+            raise SettingsError(
+                "data", "no dataset given", f"name one with {setting_name('data')} SPEC"
+            )
         return self.data

@@ -7,7 +7,9 @@ else about a setting is derived from that one field:
   type, range or choices, the default and the help text;
 - validation (:func:`check_fields`, called by :class:`Settings`' ``__post_init__``): the same
   type, range and choices, for values that arrive from Python or from a policy file rather than
-  from the command line; errors name the option (``--top-k: must be an integer ≥ 1, got 0``);
+  from the command line; errors name the field (:class:`~curvcal.errors.SettingsError`), which
+  the command line words as the option (``--top-k: must be an integer ≥ 1, got 0``) and Python
+  as the field (``top_k: ...``);
 - the report's record (:func:`record`): ``{field name: JSON value}``, the field names being the
   option names;
 - the defaults and the known names a policy may set (:func:`defaults`).
@@ -20,13 +22,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, TypeVar
 
-from curvcal.errors import InputError
+from curvcal.errors import InputError, SettingsError, as_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 S = TypeVar("S", bound="Settings")
@@ -70,6 +73,8 @@ class Spec:
     record: bool = True
     required: bool = False
     bound_reason: str | None = None
+    operator: bool = False
+    former: tuple[str, ...] = ()
 
 
 def setting(default: Any = None, help: str = "", **spec: Any) -> Any:
@@ -93,7 +98,43 @@ def folder_setting(help: str, metavar: str | None = "DIR", **spec: Any) -> Any:
 
 def option_name(name: str) -> str:
     """The option that sets field ``name``: ``top_k`` -> ``--top-k``."""
-    return "--" + name.replace("_", "-")
+    return as_option(name)
+
+
+def operator_fields(cls: type[Settings]) -> tuple[str, ...]:
+    """The fields of ``cls`` a Hessian operator is built with (``Spec.operator``)."""
+    return tuple(field.name for field, spec in settings_fields(cls) if spec.operator)
+
+
+def former_names(cls: type[Settings]) -> dict[str, str]:
+    """``{former name: field name}`` of the fields of ``cls`` that were renamed."""
+    return {old: field.name for field, spec in settings_fields(cls) for old in spec.former}
+
+
+def renamed(
+    cls: type[Settings], values: Mapping[str, Any], caller: str, stacklevel: int = 3
+) -> dict[str, Any]:
+    """``values`` with every former name of a field of ``cls`` (``engine``) replaced by the
+    field's (``hvp``), each with a :class:`DeprecationWarning` that ``caller`` took it (pointing
+    ``stacklevel`` frames up: the user's call); a value given under both names is refused."""
+    import warnings
+
+    former = former_names(cls)
+    current: dict[str, Any] = {}
+    for name, value in values.items():
+        field = former.get(name)
+        if field is None:
+            current[name] = value
+            continue
+        if field in values:
+            raise SettingsError(field, f"given twice, as {field!r} and as its former name {name!r}")
+        warnings.warn(
+            f"{caller}: {name!r} is now called {field!r}; the old name will be removed",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
+        current[field] = value
+    return current
 
 
 def spec_of(field: dataclasses.Field[Any]) -> Spec | None:
@@ -124,9 +165,11 @@ def _kind(cls: type, name: str) -> tuple[type, bool]:
     hint = _hints(cls)[name]
     args = typing.get_args(hint)
     optional = type(None) in args
-    if optional:
+    if optional or isinstance(hint, types.UnionType):
         rest = [a for a in args if a is not type(None)]
-        hint = rest[0] if len(rest) == 1 else hint
+        if len(rest) > 1:  # ``str | int``: either, checked by the class's own rules
+            return object, optional
+        hint = rest[0]
     origin = typing.get_origin(hint) or hint
     if origin in (tuple, list):
         return tuple, optional
@@ -191,10 +234,11 @@ def check_value(
     value: Any,
     where: Where | None = None,
 ) -> None:
-    """Raise :class:`InputError` when ``value`` is not of the field's type, range or choices,
-    naming the option (or, with ``where``, the place and name it gives for the field)."""
+    """Raise :class:`~curvcal.errors.SettingsError` when ``value`` is not of the field's type,
+    range or choices, naming the field (or, with ``where``, an :class:`InputError` naming the
+    place and name it gives for the field)."""
     try:
-        _check_value(cls, field, spec, value, option_name(field.name))
+        _check_value(cls, field, spec, value)
     except InputError as error:
         address = where(field.name) if where is not None else None
         if address is None:
@@ -209,42 +253,41 @@ def check_value(
         raise InputError(what, f"{label} {error.why}", error.hint) from None
 
 
-def _check_value(
-    cls: type, field: dataclasses.Field[Any], spec: Spec, value: Any, what: str
-) -> None:
+def _check_value(cls: type, field: dataclasses.Field[Any], spec: Spec, value: Any) -> None:
+    what = field.name
     kind, optional = _kind(cls, field.name)
     if value is None:
         if optional or kind is object:
             return
-        raise InputError(what, "must be given")
+        raise SettingsError(what, "must be given")
     if kind is bool:
         if not isinstance(value, bool):
-            raise InputError(what, f"must be true or false, got {value!r}")
+            raise SettingsError(what, f"must be true or false, got {value!r}")
         return
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise InputError(what, f"must be an integer, got {value!r}")
+            raise SettingsError(what, f"must be an integer, got {value!r}")
     elif kind is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InputError(what, f"must be a number, got {value!r}")
+            raise SettingsError(what, f"must be a number, got {value!r}")
         if not math.isfinite(value):
-            raise InputError(what, f"must be a finite number, got {value!r}")
+            raise SettingsError(what, f"must be a finite number, got {value!r}")
     elif kind is str and not isinstance(value, str):
-        raise InputError(what, f"must be a string, got {value!r}")
+        raise SettingsError(what, f"must be a string, got {value!r}")
     elif kind is Path and not isinstance(value, str | Path):
-        raise InputError(what, f"must be a path, got {value!r}")
+        raise SettingsError(what, f"must be a path, got {value!r}")
     elif kind is tuple:
         if isinstance(value, str) or not isinstance(value, tuple | list):
-            raise InputError(what, f"must be a list, got {value!r}")
+            raise SettingsError(what, f"must be a list, got {value!r}")
     elif kind is dict and not isinstance(value, Mapping):
-        raise InputError(what, f"must be a table of keys and values, got {value!r}")
+        raise SettingsError(what, f"must be a table of keys and values, got {value!r}")
     if spec.choices is not None and value not in spec.choices:
-        raise InputError(
+        raise SettingsError(
             what, f"unknown value {value!r}", f"choose one of {', '.join(spec.choices)}"
         )
     if kind in (int, float) and not _in_bounds(spec, value):
         noun = "an integer" if kind is int else "a number"
-        raise InputError(
+        raise SettingsError(
             what, f"must be {noun} {_bound_text(spec)}, got {value!r}", spec.bound_reason
         )
 
@@ -276,7 +319,8 @@ class Settings:
         self.validate()
 
     def validate(self) -> None:
-        """Rules that tie fields together; raise :class:`InputError` naming the option."""
+        """Rules that tie fields together; raise :class:`~curvcal.errors.SettingsError` naming
+        the field at fault."""
 
     def lowest(self, name: str) -> float | None:
         """The least value of field ``name`` where it depends on other fields (else None: the

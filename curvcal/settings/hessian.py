@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from curvcal.errors import InputError
+from curvcal.errors import SettingsError, setting_name
 from curvcal.settings.fields import Settings, setting
 
 #: The largest seed: torch's and numpy's generators take a 64-bit seed, and a larger integer
@@ -150,43 +150,54 @@ class HessianSettings(Settings):
         "ce",
         "ce, focal (with --gamma), flsd53, or own: the loss recorded in the checkpoint's metadata.",
         choices=LOSSES,
+        operator=True,
+        former=("criterion",),
     )
-    gamma: float | None = setting(None, "γ of the focal loss.", low=0)
+    gamma: float | None = setting(None, "γ of the focal loss.", low=0, operator=True)
     params: tuple[str, ...] = setting(
         (),
         "Only parameters whose names match this glob ('classifier.*'); repeatable; 'all': "
         "every trainable parameter, token embeddings too.",
         multiple=True,
         metavar="GLOB",
+        operator=True,
     )
     hvp: str = setting(
         "auto",
         "Hessian-vector products: torch.func forward-over-reverse, or double backward.",
         choices=ENGINES,
+        operator=True,
+        former=("engine",),
     )
     mode: str = setting(
         "eval",
         "Module mode during the loss (train: BatchNorm batch statistics; refused with dropout).",
         choices=MODES,
+        operator=True,
     )
-    cache: str = setting("auto", "Where batches stay between products.", choices=CACHES)
+    cache: str = setting(
+        "auto", "Where batches stay between products.", choices=CACHES, operator=True
+    )
     probe_batch: int = setting(
         8,
         "Vectors sharing one pass over the data (at most; fewer when the memory budget says so).",
         low=1,
+        operator=True,
     )
-    memory_budget: str | None = setting(
+    memory_budget: str | int | None = setting(
         None,
         "Memory one pass of products may use: bytes with a unit (4GiB, 512MB) or a share of "
         "the free memory (50%).",
         metavar="SIZE",
         default_text="2x a gradient pass or 256 MiB, at most half the free memory",
+        operator=True,
     )
     keep_graphs: str = setting(
         "auto",
         "Keep the gradient graphs between products (the forward and first backward run once; "
         "auto: when they fit in --memory-budget).",
         choices=KEEP_GRAPHS,
+        operator=True,
     )
     strict: bool = setting(False, "Exit 3 when an estimate does not converge.", flag=True)
     curvature: str = setting(
@@ -195,6 +206,7 @@ class HessianSettings(Settings):
         "fisher, its expectation over the model's own labels (for ce, the GGN); "
         "empirical-fisher, the mean of per-sample gradient outer products.",
         choices=CURVATURES,
+        operator=True,
     )
 
     def lowest(self, name: str) -> float | None:
@@ -207,20 +219,22 @@ class HessianSettings(Settings):
         return None
 
     def validate(self) -> None:
-        """The rules between options (each error names the option at fault)."""
+        """The rules between fields (each error names the field at fault)."""
+        gamma, loss = setting_name("gamma"), setting_name("loss")
         if self.loss == "own" and self.gamma is not None:
-            raise InputError(
-                "--gamma", "cannot be combined with --loss own, which reads γ from the checkpoint"
+            raise SettingsError(
+                "gamma", f"cannot be combined with {loss} own, which reads γ from the checkpoint"
             )
         if self.loss == "focal" and self.gamma is None:
-            raise InputError("--loss focal", "needs --gamma γ (γ = 0 is cross-entropy)")
+            raise SettingsError("loss", f"needs {gamma} γ (γ = 0 is cross-entropy)", value="focal")
         if self.loss in ("ce", "flsd53") and self.gamma not in (None, 0.0):
-            raise InputError("--gamma", f"{self.gamma} is only used by --loss focal")
+            raise SettingsError("gamma", f"{self.gamma} is only used by {loss} focal")
         if self.trace_rtol is not None and self.trace_method != "hutchinson":
-            raise InputError(
-                "--trace-rtol",
-                "the adaptive stop works only with --trace-method hutchinson",
-                "add --trace-method hutchinson",
+            method = setting_name("trace_method")
+            raise SettingsError(
+                "trace_rtol",
+                f"the adaptive stop works only with {method} hutchinson",
+                f"add {method} hutchinson",
             )
         if self.memory_budget is not None:
             from curvcal.settings.sizes import parse_memory_budget

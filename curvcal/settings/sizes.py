@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from curvcal.errors import InputError
+from curvcal.errors import SettingsError
 
 _UNITS = {
     "": 1,
@@ -51,30 +51,30 @@ class MemoryBudget:
 def parse_memory_budget(text: str | int | MemoryBudget) -> MemoryBudget:
     """``"4GiB"``, ``"512MB"``, ``"1.5G"``, ``"2000000"`` (bytes) or ``"50%"`` (of the free
     memory) as a :class:`MemoryBudget`; decimal units are powers of 10, ``KiB``/``MiB``/``GiB``/
-    ``TiB`` powers of 2. Raises :class:`~curvcal.errors.InputError` for anything else, zero or a
+    ``TiB`` powers of 2. Raises :class:`~curvcal.errors.SettingsError` (``memory_budget``) for anything else, zero or a
     share above 100%."""
     if isinstance(text, MemoryBudget):
         return text
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 1:
-            raise InputError("--memory-budget", f"must be at least 1 byte, got {text}")
+            raise SettingsError("memory_budget", f"must be at least 1 byte, got {text}")
         return MemoryBudget(bytes=text)
     hint = "give bytes with a unit (4GiB, 512MB) or a share of the free memory (50%)"
     match = _BUDGET.match(text) if isinstance(text, str) else None
     if match is None:
-        raise InputError("--memory-budget", f"cannot read {text!r}", hint)
+        raise SettingsError("memory_budget", f"cannot read {text!r}", hint)
     number, unit = float(match.group(1)), match.group(2).lower()
     if unit == "%":
         if not 0 < number <= 100:
-            raise InputError(
-                "--memory-budget", f"a share must be in (0%, 100%], got {text!r}", hint
+            raise SettingsError(
+                "memory_budget", f"a share must be in (0%, 100%], got {text!r}", hint
             )
         return MemoryBudget(fraction=number / 100)
     if unit not in _UNITS:
-        raise InputError("--memory-budget", f"unknown unit {match.group(2)!r} in {text!r}", hint)
+        raise SettingsError("memory_budget", f"unknown unit {match.group(2)!r} in {text!r}", hint)
     value = number * _UNITS[unit]
     if not math.isfinite(value) or value < 1:
-        raise InputError("--memory-budget", f"must be at least 1 byte, got {text!r}", hint)
+        raise SettingsError("memory_budget", f"must be at least 1 byte, got {text!r}", hint)
     return MemoryBudget(bytes=int(value))
 
 

@@ -2,7 +2,9 @@
 curvature and calibration quantities of a model on a held-out loader, and the callbacks that
 take it every N steps or epochs in a PyTorch Lightning or Hugging Face ``Trainer``.
 
-The names are imported on first use, so ``import curvcal.training`` imports neither Lightning
+``from curvcal.training import measure`` gives the function (its module is
+:mod:`curvcal.training.measurement`, named apart so that importing it cannot put the module in
+the function's place). The names are imported on first use, so ``import curvcal.training`` imports neither Lightning
 nor transformers; :class:`CurvatureCallback` needs the ``lightning`` extra and
 :class:`CurvatureTrainerCallback` the ``hf`` extra, and say so when it is missing.
 """
@@ -14,8 +16,8 @@ from typing import Any
 
 _PUBLIC = {
     "StreamingCalibration": "curvcal.training.streaming",
-    "QUANTITIES": "curvcal.training.measure",
-    "measure": "curvcal.training.measure",
+    "QUANTITIES": "curvcal.training.measurement",
+    "measure": "curvcal.training.measurement",
     "CurvatureCallback": "curvcal.training.lightning",
     "CurvatureTrainerCallback": "curvcal.training.hf",
 }

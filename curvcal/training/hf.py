@@ -13,7 +13,7 @@ from torch import nn
 
 from curvcal.errors import InputError
 from curvcal.load.extras import require
-from curvcal.training.measure import check_callback, measure
+from curvcal.training.measurement import check_callback, measure
 
 _transformers = require("hf", "transformers", "CurvatureTrainerCallback")
 
@@ -32,7 +32,7 @@ def logits_model(model: nn.Module) -> nn.Module:
 
 class CurvatureTrainerCallback(_transformers.TrainerCallback):  # type: ignore[name-defined]
     """Every ``every_n_steps`` optimizer steps and/or every ``every_n_epochs`` epochs, measure
-    ``quantities`` of the trainer's model on ``loader`` (:func:`curvcal.training.measure.measure`:
+    ``quantities`` of the trainer's model on ``loader`` (:func:`curvcal.training.measurement.measure`:
     eval mode, training flags, ``.grad`` and random states put back) and log each as
     ``prefix + name``.
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from curvcal.load.extras import require
-from curvcal.training.measure import check_callback, measure
+from curvcal.training.measurement import check_callback, measure
 
 _pl = require("lightning", "lightning.pytorch", "CurvatureCallback")
 
@@ -21,7 +21,7 @@ _pl = require("lightning", "lightning.pytorch", "CurvatureCallback")
 class CurvatureCallback(_pl.Callback):  # type: ignore[name-defined]
     """Every ``every_n_epochs`` epochs (at the end of the training epoch) and/or every
     ``every_n_train_steps`` optimizer steps, measure ``quantities`` of the module on ``loader``
-    (:func:`curvcal.training.measure.measure`: eval mode, training flags, ``.grad`` and random
+    (:func:`curvcal.training.measurement.measure`: eval mode, training flags, ``.grad`` and random
     states put back) and log each as ``prefix + name``.
 
     ``model``: a function from the LightningModule to the classifier to measure (default: the

@@ -23,7 +23,7 @@ from curvcal.curvature.memory import lanczos_basis
 from curvcal.curvature.plan import selected_parameter_count
 from curvcal.curvature.results import ConvergenceWarning
 from curvcal.curvature.trace import draw_probes
-from curvcal.errors import InputError, NumericalError
+from curvcal.errors import InputError, NumericalError, SettingsError, as_option, wording
 from curvcal.results import to_jsonable
 
 from .cases import record_max_basis, split
@@ -72,12 +72,12 @@ def test_every_stage_equals_its_kernel_and_the_dense_hessian(mlp_case: MLPCase) 
 
     # tanh: auto takes the split trace, the Gauss–Newton part exact and Hutch++ on the rest
     assert result.trace == curvcal.hessian_trace(
-        model, batches, 40, method="gauss-newton+hutch++", seed=5
+        model, batches, 40, trace_method="gauss-newton+hutch++", seed=5
     )
     assert result.trace is not None
     assert result.trace.ci95[0] <= float(torch.trace(hessian)) <= result.trace.ci95[1]
     assert result.density == curvcal.hessian_density(model, batches, runs=2, steps=6, seed=5)
-    assert result.layers == curvcal.hessian_layers(model, batches, tol=1e-8, n_probes=40, seed=5)
+    assert result.layers == curvcal.hessian_layers(model, batches, tol=1e-8, probes=40, seed=5)
 
     assert result.operator["n_params"] == hessian.shape[0] == 75
     assert result.operator["n_samples"] == x.shape[0]
@@ -224,7 +224,9 @@ def test_impossible_settings_are_refused_before_any_product(mlp_case: MLPCase) -
         ({"method": "arnoldi"}, "--method"),
         ({"max_iter": 0}, "--max-iter"),
     ):
-        with pytest.raises(InputError, match=f"^{field}:"):
+        with wording(as_option), pytest.raises(InputError, match=f"^{field}:"):
+            HessianSettings(**bad)  # type: ignore[arg-type]
+        with pytest.raises(SettingsError, match=f"^{field[2:].replace('-', '_')}:"):
             HessianSettings(**bad)  # type: ignore[arg-type]
 
 
@@ -264,7 +266,7 @@ def test_a_hutchpp_sketch_over_the_budget_holds_what_fits(mlp_case: MLPCase) -> 
     (note,) = [n for n in notes if "sketch" in n]
     for part in ("would hold 33 × 75 values", "19.3 KiB in float64", "holds 20 columns"):
         assert part in note
-    assert "11.7 KiB" in note and "--memory-budget" in note
+    assert "11.7 KiB" in note and "memory_budget" in note
 
 
 def test_a_split_traces_sketch_is_counted_on_the_products_it_gets() -> None:
@@ -300,10 +302,10 @@ def test_an_xtrace_sketch_over_a_given_budget_is_refused_before_any_product(
         analyse_hessian(model, source, settings, on_step=lambda _stage, n: steps.append(n))
     assert (source.reads, steps) == (1, [])  # counted once, no product
     message = str(error.value)
-    assert error.value.what == "--memory-budget"
-    for part in ("50 × 75 values", "29.3 KiB in float64", "11.7 KiB", "--probes 41 or fewer"):
+    assert error.value.what == "memory_budget"
+    for part in ("50 × 75 values", "29.3 KiB in float64", "11.7 KiB", "probes 41 or fewer"):
         assert part in message
-    assert "--trace-method hutchpp or hutchinson" in message
+    assert "trace_method hutchpp or hutchinson" in message
     # Hutchinson holds no sketch; a sketch within the budget runs
     assert analyse_hessian(model, source, HessianSettings(
         probes=100, memory_budget="12000", trace_method="hutchinson"
@@ -321,7 +323,7 @@ def test_xtrace_sketch_memory_warns_over_the_default_budget_and_refuses_over_fre
     check = analysis_module.check_sketch_memory
     assert check(settings, 1000, torch.float32, held, explicit=True, free=None) is None
     note = check(settings, 1000, torch.float32, held - 1, explicit=False, free=10**9)
-    assert note is not None and "default memory budget" in note and "--probes" in note
+    assert note is not None and "default memory budget" in note and "probes" in note
     with pytest.raises(InputError, match="free memory"):
         check(settings, 1000, torch.float32, 10**9, explicit=False, free=held - 1)
     with pytest.raises(InputError, match="fewer parameters"):  # not even the smallest sketch
@@ -425,14 +427,14 @@ def test_auto_trace_falls_back_to_hutchpp_where_the_split_cannot_run(mlp_case: M
     result = analyse_hessian(model, batches, HessianSettings(probes=4))
     assert result.trace is not None and result.trace.method == "hutch++"
     assert (
-        "up to 9 gradient norms per sample, more than --probes 4" in result.operator["trace_choice"]
+        "up to 9 gradient norms per sample, more than probes 4" in result.operator["trace_choice"]
     )
 
 
 @pytest.mark.parametrize(
     ("settings", "why"),
     [
-        ({"probes": 5}, "leaving 3 of --probes 5"),
+        ({"probes": 5}, "leaving 3 of probes 5"),
         ({"mode": "train"}, "train mode"),
     ],
 )
@@ -441,7 +443,7 @@ def test_a_split_trace_that_cannot_run_is_refused_before_any_product(
 ) -> None:
     model, x, y, _ = mlp_case
     source = CountingSource([(x, y)])
-    with pytest.raises(InputError, match=rf"^--trace-method: the split trace .*{why}"):
+    with pytest.raises(InputError, match=rf"^trace_method: the split trace .*{why}"):
         analyse_hessian(
             model,
             source,
@@ -455,7 +457,7 @@ def test_gauss_newton_asked_for_where_it_is_not_exact_is_refused_before_any_prod
 ) -> None:
     model, x, y, _ = mlp_case
     source = CountingSource([(x, y)])
-    with pytest.raises(InputError, match=r"^--trace-method: the Gauss–Newton trace is not exact"):
+    with pytest.raises(InputError, match=r"^trace_method: the Gauss–Newton trace is not exact"):
         analyse_hessian(model, source, HessianSettings(trace_method="gauss-newton"))
     assert source.reads == 1  # counted once, no product
 

@@ -22,12 +22,12 @@ def test_eigenvalues_trace_density_layers_on_a_batchnorm_cnn(
     batches = split(x, y, 20)
     exact = torch.linalg.eigvalsh(hessian)
 
-    spectrum = curvcal.hessian_eigenvalues(model, batches, k=2, tol=1e-8, engine="func")
+    spectrum = curvcal.hessian_eigenvalues(model, batches, k=2, tol=1e-8, hvp="func")
     assert spectrum.engine == "func" and spectrum.method == "lanczos"
     assert spectrum.eigenvalues == pytest.approx((float(exact[-1]), float(exact[-2])), abs=1e-8)
 
     trace = curvcal.hessian_trace(
-        model, batches, 32, method="hutchpp", engine="autograd", probe_batch=16
+        model, batches, 32, trace_method="hutchpp", hvp="autograd", probe_batch=16
     )
     # Hutch++: 32 products = a sketch of 10, 10 more for it, 12 remainder probes
     assert trace.engine == "autograd" and trace.method == "hutch++"
@@ -37,7 +37,7 @@ def test_eigenvalues_trace_density_layers_on_a_batchnorm_cnn(
     density = curvcal.hessian_density(model, batches, runs=1, steps=4)
     assert density.engine == "autograd" and density.runs == 1  # the auto choice
 
-    layers = curvcal.hessian_layers(model, batches, params=["head.*"], n_probes=200)
+    layers = curvcal.hessian_layers(model, batches, params=["head.*"], probes=200)
     assert [r.module for r in layers] == ["head"]
     assert layers[0].trace.estimate == pytest.approx(
         float(torch.trace(hessian[36:, 36:])), abs=1e-10
@@ -54,7 +54,7 @@ def test_bad_input_is_reported_before_any_work(
     model, x, y, _ = cnn_case
     with pytest.raises(InputError, match="k"):
         curvcal.hessian_eigenvalues(model, [(x, y)], k=10_000)
-    with pytest.raises(InputError, match="n_probes"):
+    with pytest.raises(InputError, match=r"^probes: must be a positive integer"):
         curvcal.hessian_trace(model, [(x, y)], 0)
 
 
@@ -104,3 +104,37 @@ def test_the_api_density_keeps_its_basis_as_the_command_does() -> None:
         with pytest.raises(InputError) as error:
             curvcal.hessian_density(model, [(x, y)], runs=1, steps=4, max_basis=bad)
         assert error.value.what == "max_basis"
+
+
+def test_the_api_names_each_setting_as_the_settings_do_and_takes_the_former_names() -> None:
+    """``probes``, ``trace_method``, ``probe_dist`` and ``hvp`` are the names of the settings,
+    the command line and the JSON record; the former ``n_probes``, ``method``,
+    ``distribution`` and ``engine`` give the same numbers, with a deprecation warning."""
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    x = torch.randn(12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    y = torch.arange(12) % 3
+    new = curvcal.hessian_trace(
+        model, (x, y), probes=12, trace_method="hutchinson", probe_dist="gaussian", hvp="autograd"
+    )
+    with pytest.warns(DeprecationWarning) as caught:
+        old = curvcal.hessian_trace(
+            model,
+            (x, y),
+            n_probes=12,
+            method="hutchinson",
+            distribution="gaussian",
+            engine="autograd",
+        )
+    said = " ".join(str(warning.message) for warning in caught)
+    for former, field in (("n_probes", "probes"), ("method", "trace_method"), ("engine", "hvp")):
+        assert f"'{former}' is now called '{field}'" in said
+    assert old.estimate == new.estimate and old.n_probes == new.n_probes == 12
+    with pytest.raises(InputError, match="given twice"):
+        curvcal.hessian_trace(model, (x, y), probes=20, n_probes=12)
+    layers = curvcal.hessian_layers(model, (x, y), probes=6, probe_dist="gaussian")
+    with pytest.warns(DeprecationWarning) as caught:
+        before = curvcal.hessian_layers(model, (x, y), n_probes=6, distribution="gaussian")
+    assert len(caught) == 2 and "'distribution' is now called 'probe_dist'" in str(
+        caught[1].message
+    )
+    assert [layer.trace.estimate for layer in before] == [layer.trace.estimate for layer in layers]

@@ -82,7 +82,7 @@ def test_any_loss_gives_the_hessian_of_the_mean_per_sample_loss(
     spectrum = curvcal.hessian_eigenvalues(operator, k=2, tol=1e-10)
     assert spectrum.eigenvalues == pytest.approx((float(exact[-1]), float(exact[-2])), rel=1e-8)
     products = dense.shape[0] * 3  # 3P products: Hutch++'s sketch spans the space
-    trace = curvcal.hessian_trace(operator, n_probes=products, method="hutchpp")
+    trace = curvcal.hessian_trace(operator, probes=products, trace_method="hutchpp")
     assert trace.estimate == pytest.approx(float(torch.trace(dense)), rel=1e-8)
 
 
@@ -109,7 +109,7 @@ def test_every_trace_method_of_the_command_line_against_the_dense_trace() -> Non
     products = 3 * dense.shape[0]
     for method in TRACE_METHODS:
         n_probes = 40 if method == "hutchinson" else products
-        result = curvcal.hessian_trace(operator, n_probes=n_probes, method=method)
+        result = curvcal.hessian_trace(operator, probes=n_probes, trace_method=method)
         if method in ("auto", "gauss-newton", "hutchpp", "xtrace") or method.startswith("gauss"):
             assert result.estimate == pytest.approx(exact, rel=1e-8), method
         assert result.ci95[0] - 1e-9 <= exact <= result.ci95[1] + 1e-9, method
@@ -138,8 +138,8 @@ def test_auto_falls_back_to_hutchpp_for_a_users_loss_and_says_why(
 def test_an_explicit_gauss_newton_trace_of_a_users_loss_is_refused(method: str) -> None:
     model = _relu_mlp()
     x, y = make_data("mlp")
-    with pytest.raises(InputError, match=r"^method: .*_squared_error .*closed form"):
-        curvcal.hessian_trace(model, (x, y), method=method, loss=_squared_error)
+    with pytest.raises(InputError, match=r"^trace_method: .*_squared_error .*closed form"):
+        curvcal.hessian_trace(model, (x, y), trace_method=method, loss=_squared_error)
 
 
 def test_bad_losses_are_refused_with_one_clear_line(
@@ -160,11 +160,11 @@ def test_bad_losses_are_refused_with_one_clear_line(
         curvcal.hessian_eigenvalues(model, (x, y), loss=3)
     with pytest.raises(InputError, match=r"^gamma: goes with a loss name"):
         curvcal.hessian_eigenvalues(model, (x, y), loss=nn.CrossEntropyLoss(), gamma=2.0)
-    with pytest.raises(InputError, match=r"^method: unknown trace method 'exact'"):
-        curvcal.hessian_trace(model, (x, y), method="exact")
-    with pytest.raises(InputError, match=r"^rtol: "):
-        curvcal.hessian_trace(model, (x, y), rtol=0.1)
-    with pytest.raises(InputError, match=r"^n_probes: method 'auto' needs at least 4"):
+    with pytest.raises(InputError, match=r"^trace_method: unknown trace method 'exact'"):
+        curvcal.hessian_trace(model, (x, y), trace_method="exact")
+    with pytest.raises(InputError, match=r"^trace_rtol: "):
+        curvcal.hessian_trace(model, (x, y), trace_rtol=0.1)
+    with pytest.raises(InputError, match=r"^probes: trace_method 'auto' needs at least 4"):
         curvcal.hessian_trace(model, (x, y), 3)
 
 
@@ -219,7 +219,7 @@ def test_lambda_max_and_trace_share_one_operator_and_its_cached_batches(
     operator = curvcal.hessian_operator(model, loader, cache="device")
     reads = loader.reads
     top = curvcal.hessian_eigenvalues(operator, tol=1e-10)
-    trace = curvcal.hessian_trace(operator, n_probes=225, method="hutchpp")
+    trace = curvcal.hessian_trace(operator, probes=225, trace_method="hutchpp")
     analysis = curvcal.analyse_hessian(operator, top_k=2, trace=False)
     assert loader.reads == reads  # no pass over the source after the operator was built
     assert operator.total_matvecs == (

@@ -78,7 +78,7 @@ def test_all_confident_samples_give_the_gamma_three_focal_hessian() -> None:
         y = model(x).argmax(1)  # p_y ≥ 1/3 > 0.2 for every sample
     operator = HessianOperator(model, [(x, y)], FLSD53Loss())
     assert flsd53_group_sizes(operator) == ((3.0, 24),)
-    reference = HessianOperator(model, [(x, y)], criterion="focal", gamma=3.0)
+    reference = HessianOperator(model, [(x, y)], loss="focal", gamma=3.0)
     vectors = torch.randn(operator.shape[0], 2, dtype=F64)
     torch.testing.assert_close(operator.matmat(vectors), reference.matmat(vectors))
 

@@ -19,9 +19,10 @@ from curvcal.curvature.gauss_newton import (
     loss_hessians,
     tensor_traces,
 )
-from curvcal.curvature.operator import HessianOperator, OperatorOptions, build_operator
+from curvcal.curvature.operator import HessianOperator, build_operator
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import CrossEntropy, FLSD53Loss, Focal, focal_loss
+from curvcal.settings.hessian import HessianSettings
 
 from .cases import BATCH, dense_gauss_newton, dense_hessian, make_cnn, make_data, make_mlp, split
 
@@ -120,7 +121,7 @@ def test_a_selected_block_in_which_the_logits_are_linear_is_exact_in_a_tanh_netw
     names = ["2.weight", "2.bias"]
     dense = dense_hessian(model, x, y, names=names)
     operator = build_operator(
-        model, CrossEntropy(), split(x, y, BATCH), OperatorOptions(params=("2.*",))
+        model, CrossEntropy(), split(x, y, BATCH), HessianSettings(params=("2.*",))
     )
     assert gauss_newton_trace(operator).estimate == pytest.approx(float(dense.trace()), rel=1e-10)
 
@@ -191,7 +192,7 @@ def test_a_parameter_the_logits_do_not_reach_is_not_shown_linear() -> None:
 def test_train_mode_is_refused() -> None:
     x, y = make_data("cnn")
     operator = build_operator(
-        make_cnn(), CrossEntropy(), split(x, y, BATCH), OperatorOptions(mode="train")
+        make_cnn(), CrossEntropy(), split(x, y, BATCH), HessianSettings(mode="train")
     )
     assert "train mode" in gauss_newton_problem(operator)
     with pytest.raises(InputError, match="train mode"):
@@ -201,7 +202,7 @@ def test_train_mode_is_refused() -> None:
 def test_one_sample_and_a_single_parameter_tensor() -> None:
     model, (x, y) = _relu_mlp().double(), make_data("mlp", n=1)
     dense = dense_hessian(model, x, y, names=["4.bias"])
-    operator = build_operator(model, CrossEntropy(), [(x, y)], OperatorOptions(params=("4.bias",)))
+    operator = build_operator(model, CrossEntropy(), [(x, y)], HessianSettings(params=("4.bias",)))
     assert gauss_newton_trace(operator).estimate == pytest.approx(float(dense.trace()), rel=1e-12)
 
 

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from curvcal.curvature.engines import engine_for
 from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
+from curvcal.settings.hessian import HessianSettings
 
 from .cases import BATCH, dense_hessian, make_data, make_mlp, split
 
@@ -25,7 +26,7 @@ def test_products_equal_dense_hessian(
     model, x, y, hessian = request.getfixturevalue(case)
     # graphs rebuilt for every pass: the engines themselves (test_kept.py keeps them)
     operator = HessianOperator(
-        model, split(x, y, BATCH), engine=engine, probe_batch=3, keep_graphs="never"
+        model, split(x, y, BATCH), hvp=engine, probe_batch=3, keep_graphs="never"
     )
     vectors = _vectors(hessian.shape[0], 5)
     assert operator.shape == tuple(hessian.shape)
@@ -44,8 +45,8 @@ def test_products_equal_dense_hessian(
 def test_engines_agree(cnn_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
     model, x, y, hessian = cnn_case
     vectors = _vectors(hessian.shape[0], 4)
-    by_func = HessianOperator(model, split(x, y, BATCH), engine="func").matmat(vectors)
-    by_autograd = HessianOperator(model, split(x, y, BATCH), engine="autograd").matmat(vectors)
+    by_func = HessianOperator(model, split(x, y, BATCH), hvp="func").matmat(vectors)
+    by_autograd = HessianOperator(model, split(x, y, BATCH), hvp="autograd").matmat(vectors)
     assert torch.allclose(by_func, by_autograd, rtol=0, atol=1e-12)
 
 
@@ -72,7 +73,7 @@ def test_torchscript_runs_through_double_backward(
     vectors = _vectors(75, 2)
     assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
     with pytest.raises(InputError, match="TorchScript"):
-        HessianOperator(scripted, split(x, y, BATCH), engine="func")
+        HessianOperator(scripted, split(x, y, BATCH), hvp="func")
 
 
 class _Square(torch.autograd.Function):
@@ -129,7 +130,7 @@ def test_auto_falls_back_to_double_backward_where_torch_func_fails(
     assert operator.engine == "autograd"  # a block of 2 tried torch.func first, which failed
     assert operator.engine_fallback is not None and "setup_context" in operator.engine_fallback
     with pytest.raises(RuntimeError, match="setup_context"):
-        HessianOperator(model, split(x, y, BATCH), engine="func").matmat(vectors)
+        HessianOperator(model, split(x, y, BATCH), hvp="func").matmat(vectors)
 
 
 def test_caller_model_mode_buffers_and_grads_untouched(
@@ -141,7 +142,7 @@ def test_caller_model_mode_buffers_and_grads_untouched(
     params = [p.clone() for p in model.parameters()]
     assert model.training  # handed over in train mode: the operator must still use eval mode
     for engine, mode in [("func", "eval"), ("autograd", "eval"), ("autograd", "train")]:
-        operator = HessianOperator(model, split(x, y, BATCH), engine=engine, mode=mode)
+        operator = HessianOperator(model, split(x, y, BATCH), hvp=engine, mode=mode)
         result = operator.matmat(_vectors(hessian.shape[0], 2))
         if mode == "eval":
             assert torch.allclose(
@@ -158,7 +159,7 @@ def test_train_mode_uses_batch_statistics(
 ) -> None:
     model, x, y, hessian = cnn_case
     vectors = _vectors(hessian.shape[0], 1)
-    train = HessianOperator(model, [(x, y)], mode="train", engine="autograd").matmat(vectors)
+    train = HessianOperator(model, [(x, y)], mode="train", hvp="autograd").matmat(vectors)
     assert not torch.allclose(train, hessian @ vectors, atol=1e-6)
 
 
@@ -190,7 +191,7 @@ def test_focal_criterion_matches_dense_focal_hessian(
 
     hessian = dense_hessian(model, x, y, loss=focal_mean)
     vectors = _vectors(75, 3)
-    operator = HessianOperator(model, split(x, y, BATCH), criterion="focal", gamma=gamma)
+    operator = HessianOperator(model, split(x, y, BATCH), loss="focal", gamma=gamma)
     assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
 
 
@@ -270,12 +271,12 @@ def test_one_parameter_and_zero_block(engine: str) -> None:
     x = torch.randn(9, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
     hessian = dense_hessian(model, x, y)
-    one = HessianOperator(model, split(x, y, 4), params=["t"], engine=engine)
+    one = HessianOperator(model, split(x, y, 4), params=["t"], hvp=engine)
     assert one.shape == (1, 1)
     assert torch.allclose(
         one.matvec(torch.ones(1, dtype=torch.float64)), hessian[:1, 0], rtol=0, atol=1e-12
     )
-    zero = HessianOperator(model, split(x, y, 4), params=["unused"], engine=engine)
+    zero = HessianOperator(model, split(x, y, 4), params=["unused"], hvp=engine)
     assert torch.equal(
         zero.matmat(torch.ones(2, 3, dtype=torch.float64)), torch.zeros(2, 3, dtype=torch.float64)
     )
@@ -284,9 +285,10 @@ def test_one_parameter_and_zero_block(engine: str) -> None:
 @pytest.mark.parametrize(
     ("options", "what"),
     [
-        ({"engine": "jax"}, "engine"),
-        ({"criterion": "mse"}, "criterion"),
-        ({"criterion": "focal", "gamma": -1.0}, "gamma"),
+        ({"hvp": "jax"}, "hvp"),
+        ({"loss": "mse"}, "loss"),
+        ({"loss": "focal", "gamma": -1.0}, "gamma"),
+        ({"loss": "focal"}, "loss focal"),
         ({"gamma": 2.0}, "gamma"),
         ({"mode": "test"}, "mode"),
         ({"cache": "disk"}, "cache"),
@@ -301,6 +303,37 @@ def test_bad_options_are_refused(options: dict[str, object], what: str) -> None:
     with pytest.raises(InputError) as error:
         HessianOperator(model, split(x, y, BATCH), **options)  # type: ignore[arg-type]
     assert error.value.what == what
+
+
+def test_the_operator_keeps_the_settings_it_was_built_with() -> None:
+    """The operator is built from the settings object itself: keywords go on top of it, and
+    what it reads is what :attr:`settings` holds."""
+    model = make_mlp()
+    x, y = make_data("mlp")
+    given = HessianSettings(hvp="autograd", probe_batch=3, keep_graphs="never", top_k=2)
+    operator = HessianOperator(model, split(x, y, BATCH), settings=given, cache="none")
+    assert operator.settings == given.replace(cache="none")
+    assert (operator.requested_engine, operator.probe_batch) == ("autograd", 3)
+    assert operator.keep_graphs == "never" and operator.criterion == "ce"
+
+
+@pytest.mark.parametrize(("former", "field"), [("engine", "hvp"), ("criterion", "loss")])
+def test_former_keyword_names_still_work_with_a_deprecation_warning(
+    former: str, field: str
+) -> None:
+    """``engine`` is now ``hvp`` and ``criterion`` ``loss``, as the command line and the JSON
+    record name them; the old keywords give the same operator, with a warning naming the new."""
+    model = make_mlp()
+    x, y = make_data("mlp")
+    value = {"hvp": "autograd", "loss": "flsd53"}[field]
+    with pytest.warns(DeprecationWarning, match=f"'{former}' is now called '{field}'"):
+        old = HessianOperator(model, split(x, y, BATCH), **{former: value})  # type: ignore[arg-type]
+    new = HessianOperator(model, split(x, y, BATCH), **{field: value})  # type: ignore[arg-type]
+    assert old.settings == new.settings
+    v = torch.randn(old.shape[0], 2, dtype=torch.float64)
+    assert torch.equal(old.matmat(v), new.matmat(v))
+    with pytest.raises(InputError, match="given twice"):
+        HessianOperator(model, split(x, y, BATCH), **{former: value, field: value})  # type: ignore[arg-type]
 
 
 def test_bad_data_is_refused() -> None:
@@ -324,7 +357,7 @@ def test_auto_uses_double_backward_for_one_vector_and_blocks_on_the_cpu() -> Non
     model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
     x, y = make_data("mlp")
     operator = HessianOperator(model, split(x, y, BATCH))
-    reference = HessianOperator(model, split(x, y, BATCH), engine="func")
+    reference = HessianOperator(model, split(x, y, BATCH), hvp="func")
     vectors = _vectors(operator.shape[0], 3)
     assert operator.engine == "autograd"  # what a single vector would use
     single = operator.matvec(vectors[:, 0])

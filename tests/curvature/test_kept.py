@@ -143,7 +143,7 @@ def test_never_and_func_rebuild_every_product(mlp_case: Case) -> None:
     model, x, y, hessian = mlp_case
     vectors = _vectors(75, 2)
     for keep, engine in (("never", "auto"), ("auto", "func"), ("always", "func")):
-        operator = HessianOperator(model, split(x, y, BATCH), keep_graphs=keep, engine=engine)
+        operator = HessianOperator(model, split(x, y, BATCH), keep_graphs=keep, hvp=engine)
         assert not operator.graphs_kept
         for _ in range(2):
             assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)
@@ -296,7 +296,7 @@ def test_unknown_choice_is_refused(mlp_case: Case) -> None:
     model, x, y, _ = mlp_case
     with pytest.raises(InputError, match="keep_graphs"):
         HessianOperator(model, split(x, y, BATCH), keep_graphs="sometimes")
-    with pytest.raises(InputError, match="--keep-graphs"):
+    with pytest.raises(InputError, match="keep_graphs"):
         HessianSettings(keep_graphs="yes")
 
 
@@ -355,13 +355,13 @@ def test_the_note_names_the_budget_that_keeps_the_graphs() -> None:
     need = 300 * 2**20
     note = kept_graphs_note(auto, need, None, 50, free=8 * 2**30)
     # 600 MiB (the graphs and as much again) is under 10 % of 8 GiB
-    assert note is not None and "--memory-budget 10% (of the 8 GiB free) keeps them" in note
+    assert note is not None and "memory_budget 10% (of the 8 GiB free) keeps them" in note
     assert "300 MiB" in note and "of the 50 samples" not in note
     partly = kept_graphs_note(auto, need, 42, 50, free=8 * 2**30)
     assert partly is not None and "gradient graphs of 8 of the 50 samples again" in partly
     # the share grows with what the graphs need of this machine's memory
-    assert "--memory-budget 25%" in str(kept_graphs_note(auto, need, None, 50, free=3 * 2**30))
-    assert "--memory-budget 50%" in str(kept_graphs_note(auto, need, None, 50, free=4 * need))
+    assert "memory_budget 25%" in str(kept_graphs_note(auto, need, None, 50, free=3 * 2**30))
+    assert "memory_budget 50%" in str(kept_graphs_note(auto, need, None, 50, free=4 * need))
     # no note: kept already, the user's own budget or choice, func or train mode, memory short
     # or unknown, or too few samples rebuilt for keeping them to help
     assert kept_graphs_note(auto, need, 50, 50, free=8 * 2**30) is None
@@ -395,7 +395,7 @@ def test_analysis_passes_the_note_on_when_the_default_budget_is_short(
         assert result.operator["graphs_kept"] is (kept_rows is not None)
         assert result.operator["kept_rows"] == kept_rows
         if kept_rows is None:  # every graph rebuilt: keeping them would help
-            assert len(notes) == 1 and re.search(r"--memory-budget (10|25|50)% \(of the", notes[0])
+            assert len(notes) == 1 and re.search(r"memory_budget (10|25|50)% \(of the", notes[0])
         else:  # 1 sample of 50 rebuilt: keeping it too would save next to nothing
             assert notes == []
         assert result.lambda_max == pytest.approx(top, rel=1e-8)

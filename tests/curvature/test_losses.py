@@ -29,3 +29,19 @@ def test_focal_with_gamma_zero_is_cross_entropy_and_saturation_is_finite() -> No
     )
     value = focal_loss_sum(logits[:1], labels[:1], 0.5)
     assert torch.isfinite(value) and float(value) >= 0.0
+
+
+def test_a_loss_by_name_refuses_by_field_in_the_readers_words() -> None:
+    """``loss_from_name`` names the settings at fault by field (``loss``, ``gamma``; formerly
+    ``criterion``), which the command line words as its options."""
+    from curvcal.errors import SettingsError, as_option, wording
+    from curvcal.losses import loss_from_name
+
+    with pytest.raises(SettingsError, match=r"^loss: unknown loss 'mse'") as unknown:
+        loss_from_name("mse", None)
+    assert unknown.value.field == "loss"
+    with pytest.raises(SettingsError, match=r"^gamma: 2\.0 is only used by loss focal"):
+        loss_from_name("ce", 2.0)
+    with wording(as_option), pytest.raises(SettingsError) as typed:
+        loss_from_name("flsd53", 2.0)
+    assert typed.value.message == "--gamma: 2.0 is only used by --loss focal (pass --loss focal)"

@@ -64,7 +64,7 @@ def test_products_over_mapping_batches_equal_the_dense_hessian(engine: str, cach
     model, x, y = _case()
     dense = dense_hessian(model, x, y)
     operator = HessianOperator(
-        model, _batches(x, y, [4, 5, 2]), engine=engine, cache=cache, device="cpu"
+        model, _batches(x, y, [4, 5, 2]), hvp=engine, cache=cache, device="cpu"
     )
     assert operator.n_samples == N
     vectors = torch.randn(operator.shape[0], 3, dtype=torch.float64)

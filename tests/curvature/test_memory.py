@@ -126,13 +126,13 @@ def test_micro_batched_products_equal_whole_batch_products(engine: str) -> None:
     torch.manual_seed(0)
     model = make_mlp()
     x, y = make_data("mlp")
-    whole = HessianOperator(model, split(x, y, BATCH), engine=engine, probe_batch=4)
+    whole = HessianOperator(model, split(x, y, BATCH), hvp=engine, probe_batch=4)
     assert whole.memory_graphs is not None
     param_bytes = whole.shape[0] * 8
     # room for chunks of 3 rows and one vector: batches of 7 go in chunks of 3, 3 and 1
     budget = int(pass_bytes(whole.memory_graphs, param_bytes, 3, 1, engine == "func")) + 1
     small = HessianOperator(
-        model, split(x, y, BATCH), engine=engine, probe_batch=4, memory_budget=budget
+        model, split(x, y, BATCH), hvp=engine, probe_batch=4, memory_budget=budget
     )
     assert whole.micro_batch is None and whole.probe_batch == 4
     assert small.micro_batch == 3 and small.probe_batch == 1

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 import curvcal
-from curvcal.curvature.operator import HessianOperator, OperatorOptions, build_operator
+from curvcal.curvature.operator import HessianOperator, build_operator
 from curvcal.curvature.residual import (
     METHODS,
     residual_products,
@@ -21,6 +21,7 @@ from curvcal.curvature.residual import (
 )
 from curvcal.errors import InputError
 from curvcal.losses import CrossEntropy, FLSD53Loss, Focal, Linearised, Loss, logit_gradient
+from curvcal.settings.hessian import HessianSettings
 
 from .cases import BATCH, dense_gauss_newton, dense_hessian, make_data, make_mlp, split
 
@@ -97,7 +98,7 @@ def test_with_loss_multiplies_by_the_residual(engine: str, keep: str) -> None:
     x, y = make_data("mlp")
     loss = CrossEntropy()
     residual = dense_hessian(model, x, y, loss=lambda z, t: Linearised(loss).sum(z, t) / t.shape[0])
-    operator = HessianOperator(model, split(x, y, BATCH), loss, engine=engine, keep_graphs=keep)
+    operator = HessianOperator(model, split(x, y, BATCH), loss, hvp=engine, keep_graphs=keep)
     vectors = torch.randn(75, 3, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     before = operator.matmat(vectors)
     other = operator.with_loss(Linearised(loss))
@@ -162,7 +163,7 @@ def test_the_split_interval_covers_at_least_93_percent() -> None:
 def test_split_problems_are_named() -> None:
     assert split_problem("eval", 100, 10) == ""
     assert "train mode" in split_problem("train", 100, 10)
-    assert "leaving 3 of --probes 12" in split_problem("eval", 12, 10)
+    assert "leaving 3 of probes 12" in split_problem("eval", 12, 10)
     assert split_problem("eval", 13, 10) == ""
 
 
@@ -170,11 +171,11 @@ def test_split_trace_refuses_what_cannot_run_before_any_product() -> None:
     model = make_mlp()
     x, y = make_data("mlp")
     operator = build_operator(model, CrossEntropy(), split(x, y, BATCH))
-    with pytest.raises(InputError, match="leaving 3 of --probes 5"):
+    with pytest.raises(InputError, match="leaving 3 of probes 5"):
         split_trace(operator, "gauss-newton+hutch++", 5)
     with pytest.raises(InputError, match="unknown split trace method"):
         split_trace(operator, "gauss-newton+hutchinson", 100)
-    train = build_operator(model, CrossEntropy(), split(x, y, BATCH), OperatorOptions(mode="train"))
+    train = build_operator(model, CrossEntropy(), split(x, y, BATCH), HessianSettings(mode="train"))
     with pytest.raises(InputError, match="train mode"):
         split_trace(train, "gauss-newton+xtrace", 100)
     assert operator.total_matvecs == 0 and train.total_matvecs == 0
@@ -188,10 +189,12 @@ def test_the_api_runs_the_split_trace_and_refuses_bad_requests() -> None:
     batches = split(x, y, BATCH)
     operator = build_operator(model, CrossEntropy(), batches)
     expected = split_trace(operator, "gauss-newton+xtrace", 40, seed=3)
-    assert curvcal.hessian_trace(model, batches, 40, method="gauss-newton+xtrace", seed=3) == (
-        expected
-    )
+    assert curvcal.hessian_trace(
+        model, batches, 40, trace_method="gauss-newton+xtrace", seed=3
+    ) == (expected)
     with pytest.raises(InputError, match="adaptive stop"):
-        curvcal.hessian_trace(model, batches, 40, method="gauss-newton+hutch++", rtol=0.1)
+        curvcal.hessian_trace(
+            model, batches, 40, trace_method="gauss-newton+hutch++", trace_rtol=0.1
+        )
     with pytest.raises(InputError, match="unknown trace method 'gauss-newton\\+power'"):
-        curvcal.hessian_trace(model, batches, 40, method="gauss-newton+power")
+        curvcal.hessian_trace(model, batches, 40, trace_method="gauss-newton+power")

@@ -181,7 +181,7 @@ def test_attention_models_have_exact_products(engine: str, keep: str) -> None:
     y = torch.randint(0, 3, (10,), generator=generator)
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
         hessian = dense_hessian(model, x, y)
-    operator = HessianOperator(model, split(x, y, 4), engine=engine, keep_graphs=keep)
+    operator = HessianOperator(model, split(x, y, 4), hvp=engine, keep_graphs=keep)
     assert operator.graphs_kept is (keep == "always")
     vectors = torch.randn(hessian.shape[0], 3, generator=generator, dtype=torch.float64)
     assert torch.allclose(operator.matmat(vectors), hessian @ vectors, rtol=0, atol=1e-10)

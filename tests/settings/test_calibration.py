@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from curvcal.calibration.analysis import analyse_calibration
 from curvcal.commands import load_command
-from curvcal.errors import InputError
+from curvcal.errors import InputError, as_option, wording
 from curvcal.settings.calibration import CalibrationSettings
 from curvcal.settings.fields import click_options, default_of, record, settings_fields
 
@@ -114,7 +114,7 @@ def test_the_kernel_fits_both_maps_when_no_method_is_given() -> None:
 @pytest.mark.parametrize(
     ("changes", "what", "why"),
     [
-        ({"bins": 0}, "bins", "the number of bins must be an integer >= 1, got 0"),
+        ({"bins": 0}, "--bins", "the number of bins must be an integer >= 1, got 0"),
         ({"gammas": (0.0, -1.0)}, "--gammas", "gamma must be a finite number >= 0, got -1.0"),
         ({"bootstrap": -1}, "--bootstrap", "must be >= 0, got -1"),
         ({"method": "no-such-map"}, "--method", "unknown method 'no-such-map'"),
@@ -127,10 +127,14 @@ def test_the_kernel_fits_both_maps_when_no_method_is_given() -> None:
     ],
 )
 def test_each_error_names_the_option(changes: dict[str, object], what: str, why: str) -> None:
-    with pytest.raises(InputError) as error:
+    """On the command line the error names the option; in Python, the field."""
+    with wording(as_option), pytest.raises(InputError) as error:
         CalibrationSettings(**changes)  # type: ignore[arg-type]
     assert error.value.what == what
     assert why in error.value.why
+    with pytest.raises(InputError) as in_python:
+        CalibrationSettings(**changes)  # type: ignore[arg-type]
+    assert in_python.value.what == what.lstrip("-").replace("-", "_")
 
 
 def test_the_plot_decides_the_classwise_tables() -> None:

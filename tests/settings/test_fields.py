@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from curvcal.errors import InputError
+from curvcal.errors import InputError, SettingsError, as_option, setting_name, wording
 from curvcal.settings.checkpoint import CheckpointSettings
 from curvcal.settings.data import DataSettings
 from curvcal.settings.fields import (
@@ -50,7 +50,7 @@ class Toy(Settings):
 
     def validate(self) -> None:
         if self.loud and self.word == "b":
-            raise InputError("--loud", "cannot be combined with --word b")
+            raise SettingsError("loud", f"cannot be combined with {setting_name('word')} b")
 
 
 def _command(**kwargs: Any) -> click.Command:
@@ -126,10 +126,17 @@ def test_the_declared_range_and_choices_are_the_options(args: list[str], text: s
 def test_values_from_python_or_a_policy_are_checked_like_options(
     values: dict[str, Any], what: str, why: str
 ) -> None:
-    with pytest.raises(InputError) as caught:
+    """The error names the field; the command line words it as the option, Python as the
+    field (``count``), in the why as in the what."""
+    with wording(as_option), pytest.raises(InputError) as caught:
         Toy(**values)
     assert caught.value.what == what
     assert why in caught.value.why
+    with pytest.raises(SettingsError) as in_python:
+        Toy(**values)
+    field = what[2:].replace("-", "_")
+    assert in_python.value.what == field and in_python.value.field == field
+    assert why.replace("--word", "word") in in_python.value.why
 
 
 def test_border_values_are_accepted() -> None:
@@ -153,7 +160,7 @@ def test_the_record_is_the_fields_by_option_name_as_json() -> None:
 def test_defaults_and_from_mapping() -> None:
     assert defaults(Toy)["count"] == 3 and defaults(Toy)["names"] == ()
     assert from_mapping(Toy, {"count": 5, "unknown": 1}) == Toy(count=5)
-    with pytest.raises(InputError, match="--count"):
+    with pytest.raises(InputError, match=r"^count: "):
         from_mapping(Toy, {"count": 50})
 
 
