@@ -69,7 +69,7 @@ ROWS_PER_CELL = 5
 #: The least number of calibrated null draws of the top-label bounds (see
 #: :func:`null_draw_count`), and the most outcomes drawn to reach it.
 NULL_DRAWS = 1000
-NULL_ELEMENTS = 1 << 26
+NULL_ELEMENTS = 1 << 24
 
 
 def enough_rows(n: int, cells: int) -> bool:
@@ -194,8 +194,9 @@ class BinnedDeviation:
         if self.confidence is None:
             raise ValueError("the null draws need the confidences")
         sums = torch.zeros(outcomes.shape[0], self.n_bins, dtype=torch.float64)
-        sums.index_add_(1, self.index, outcomes - self.confidence)
-        self.null.append((sums / self.n).abs().sum(dim=1))
+        sums.index_add_(1, self.index, outcomes)
+        confidence = torch.bincount(self.index, weights=self.confidence, minlength=self.n_bins)
+        self.null.append(((sums - confidence) / self.n).abs().sum(dim=1))
 
     def quantile(self) -> float:
         """q: the larger of the resample draws' and the null draws' 95 % quantiles."""
