@@ -531,7 +531,8 @@ def _bootstrap_intervals(
         count.index_add_(1, index, weights)
         hits = torch.zeros_like(count).index_add_(1, index, weights * top.correct)
         bin_accuracy.append(torch.where(count > 0, hits / count.clamp(min=1), math.nan))
-        nll.append(weights @ top.nll / n)
+        # a row not drawn adds nothing, an infinite -log p_y included (0·inf is nan)
+        nll.append(torch.where(weights > 0, weights * top.nll, 0.0).sum(dim=1) / n)
     for size in _batch_sizes(intervals.null_draw_count(n_bootstrap, n)):
         outcomes = intervals.calibrated_outcomes(top.confidence, size, null)
         for deviation in (width, mass):

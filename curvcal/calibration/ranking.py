@@ -245,7 +245,9 @@ def _draws(
     for w in weights:
         drawn += 1
         for stage, top in tops.items():
-            values[stage]["nll"].append(float((w * top.nll).sum()) / n)
+            # a row not drawn adds nothing, an infinite -log p_y included (0·inf is nan)
+            drawn_nll = torch.where(w > 0, w * top.nll, 0.0)
+            values[stage]["nll"].append(float(drawn_nll.sum()) / n)
             values[stage]["ece"].append(_ece(top, index[stage], n_bins, w))
             deviation[stage].draw(w[None, :])
     null = torch.Generator().manual_seed(intervals.null_seed(seed))

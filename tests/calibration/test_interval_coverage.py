@@ -225,3 +225,15 @@ def test_the_null_draw_count() -> None:
     assert intervals.null_draw_count(5000, 200) == 5000  # never fewer than the resamples
     assert intervals.null_draw_count(100, 1 << 26) == 100  # above the outcome budget
     assert intervals.null_draw_count(0, 0) == intervals.NULL_DRAWS
+
+
+def test_an_infinite_nll_keeps_a_percentile_interval_without_nan() -> None:
+    # one row with p_y = 0: the NLL is infinite, the t interval does not apply, and resamples
+    # that leave the row out must count it as 0, not 0·inf = nan
+    scores = torch.tensor([[0.8, 0.2]] * 39 + [[1.0, 0.0]], dtype=torch.float64)
+    labels = torch.tensor([0] * 39 + [1])
+    m = calibration_metrics(scores, labels, "probs", bootstrap=200, seed=0)
+    low, high = m.intervals["nll"]
+    assert m.nll == math.inf and high == math.inf
+    # (39/40)^40 ≈ 36 % of resamples leave the row out: their NLL is -ln 0.8, the lower end
+    assert low == pytest.approx(-math.log(0.8), abs=1e-12)

@@ -10,9 +10,12 @@ quadrature. The percentile interval of the resampled ECE difference these replac
 
 from __future__ import annotations
 
-import pytest
+import math
 
-from curvcal.calibration.metrics import calibration_metrics, top_label_of
+import pytest
+import torch
+
+from curvcal.calibration.metrics import TopLabel, calibration_metrics, top_label_of
 from curvcal.calibration.ranking import rank_stages
 from curvcal.calibration.simulate import binomial_se, models
 
@@ -52,3 +55,24 @@ def test_paired_differences_hold_the_population_difference() -> None:
             held[score] += low <= truth[score] <= high
     for score, count in held.items():
         assert count / datasets >= floor, (score, count)
+
+
+def test_an_infinite_nll_difference_falls_back_to_the_paired_percentiles() -> None:
+    # a row with p_y = 0 under one stage: the t interval needs finite differences, so the
+    # interval is the paired resamples' percentile one (nearest order statistic), here infinite
+    as64 = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    zeros = as64([0.0, 0.0, 0.0])
+    tops = {
+        "uncalibrated": TopLabel(
+            as64([0.9, 0.8, 0.7]), as64([1, 1, 0]), as64([0.1, 0.2, 1.2]), zeros
+        ),
+        "ts": TopLabel(as64([0.9, 0.8, 0.7]), as64([1, 1, 0]), as64([0.1, 0.2, math.inf]), zeros),
+    }
+    resamples = torch.tensor([[3.0, 0, 0], [0, 3, 0], [1, 1, 1]])
+    ranking = rank_stages(tops, n_bins=1, resamples=resamples)
+    ts = next(s for s in ranking.stages if s.stage == "ts")
+    assert ts.vs_uncalibrated is not None
+    nll = ts.vs_uncalibrated["nll"]
+    assert nll.value == math.inf
+    # resampled differences 0, 0, inf: percentiles 2.5 and 97.5 by the nearest draw
+    assert nll.interval == (0.0, math.inf)
