@@ -10,6 +10,8 @@ three ``judge`` rules of ``curvcal check`` on a ``max`` ECE bound.
     python benchmarks/bench_coverage.py                 # the table of the guide (minutes)
     python benchmarks/bench_coverage.py --full          # 100 data sets a cell, K = 100 at 50,000
     python benchmarks/bench_coverage.py --gate          # the judge table of docs/guide/check.md
+    python benchmarks/bench_coverage.py --ranking --classes 2 --sizes 500 2000 --datasets 100
+    python benchmarks/bench_coverage.py --classes 2 10 --sizes 200 500 --models calibrated --datasets 100
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import time
 
 import numpy as np
 
-from curvcal.calibration.metrics import calibration_metrics
+from curvcal.calibration.metrics import calibration_metrics, top_label_of
+from curvcal.calibration.ranking import rank_stages
 from curvcal.calibration.simulate import SimulatedModel, binomial_se, models
 
 METRICS = ("ece", "adaece", "mce", "classwise_ece", "smooth_ece", "nll")
@@ -60,6 +63,8 @@ def coverage_table(args: argparse.Namespace) -> None:
     print("|---|---|---|---|" + "---|" * len(HEADERS))
     for k in args.classes:
         for model in models(k):
+            if args.models and model.name not in args.models:
+                continue
             truth = model.population()
             for n in args.sizes:
                 if k >= 100 and n > 5000 and not args.full:
@@ -104,20 +109,58 @@ def gate_table(args: argparse.Namespace) -> None:
             print(f"| {truth:.4f} ({fraction:g}×) | {n} | {cells} |", flush=True)
 
 
+def ranking_table(args: argparse.Namespace) -> None:
+    """Coverage of ranking's paired difference intervals: the model's scores against their
+    perfect recalibration (population ECE 0, NLL by quadrature) on the same rows."""
+    print(f"datasets per cell: {args.datasets}; resamples: {args.resamples}; 15 bins")
+    print("| K | model | ΔECE | ΔNLL | N | ΔECE held | ΔNLL held |")
+    print("|---|---|---|---|---|---|---|")
+    for k in args.classes:
+        for model in models(k):
+            if args.models and model.name not in args.models:
+                continue
+            truth = {"ece": -model.ece(), "nll": model.recalibrated_nll() - model.nll()}
+            for n in args.sizes:
+                held: dict[str, list[bool]] = {"ece": [], "nll": []}
+                for seed in range(args.datasets):
+                    scores, labels = model.draw(n, seed=3_000_017 * n + seed)
+                    tops = {
+                        "uncalibrated": top_label_of(scores, labels, "probs"),
+                        "recalibrated": top_label_of(model.recalibrate(scores), labels, "probs"),
+                    }
+                    ranking = rank_stages(tops, n_bootstrap=args.resamples, seed=seed)
+                    stage = next(s for s in ranking.stages if s.stage == "recalibrated")
+                    assert stage.vs_uncalibrated is not None
+                    for score in held:
+                        interval = stage.vs_uncalibrated[score].interval
+                        assert interval is not None
+                        held[score].append(interval[0] <= truth[score] <= interval[1])
+                print(
+                    f"| {k} | {model.name} | {truth['ece']:.4f} | {truth['nll']:.4f} | {n} | "
+                    f"{_rate(held['ece'])} | {_rate(held['nll'])} |",
+                    flush=True,
+                )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=int, default=None)
     parser.add_argument("--resamples", type=int, default=100)
     parser.add_argument("--sizes", type=int, nargs="+", default=[200, 1000, 5000, 50000])
     parser.add_argument("--classes", type=int, nargs="+", default=[2, 10, 100])
+    parser.add_argument(
+        "--models", nargs="+", default=None, help="model names to run (default: all four)"
+    )
     parser.add_argument("--full", action="store_true", help="100 data sets, K = 100 at 50,000")
     parser.add_argument("--gate", action="store_true", help="the judge table instead")
+    parser.add_argument("--ranking", action="store_true", help="ranking's differences instead")
     parser.add_argument("--limit", type=float, default=0.05, help="the gate's max ECE")
     args = parser.parse_args(argv)
     if args.datasets is None:
         args.datasets = 100 if args.full else (40 if args.gate else 25)
     np.seterr(all="ignore")
-    (gate_table if args.gate else coverage_table)(args)
+    table = ranking_table if args.ranking else gate_table if args.gate else coverage_table
+    table(args)
     return 0
 
 

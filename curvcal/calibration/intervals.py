@@ -66,6 +66,10 @@ CLASSWISE_ELEMENTS = 1 << 24
 #: the row it has), and at K = 100, N = 200 (0.13 rows a class-bin cell) the classwise interval
 #: held a population value of 0.0006 in 0 of 25 data sets.
 ROWS_PER_CELL = 5
+#: The least number of calibrated null draws of the top-label bounds (see
+#: :func:`null_draw_count`), and the most outcomes drawn to reach it.
+NULL_DRAWS = 1000
+NULL_ELEMENTS = 1 << 24
 
 
 def enough_rows(n: int, cells: int) -> bool:
@@ -119,16 +123,65 @@ def mce_interval(count: torch.Tensor, gap: torch.Tensor, estimate: float) -> tup
     return min(low, estimate), max(high, estimate)
 
 
-class BinnedDeviation:
-    """Draws of D* = ‖ĥ* - ĥ‖₁ for bins fixed by ``index`` (and the MCE's interval)."""
+def null_draw_count(n_resamples: int, n: int) -> int:
+    """How many calibrated null draws of N outcomes the top-label bounds take: the resamples'
+    count, raised to :data:`NULL_DRAWS` while that stays within :data:`NULL_ELEMENTS` outcomes
+    (a 95 % quantile of 100 draws is itself noisy: AdaECE's bound held a calibrated model's 0
+    in 92 of 100 data sets at K = 2, N = 200 with 100 null draws, 95.5 of 100 with 400)."""
+    return max(n_resamples, min(NULL_DRAWS, NULL_ELEMENTS // max(n, 1)))
 
-    def __init__(self, index: torch.Tensor, residual: torch.Tensor, n_bins: int) -> None:
+
+def null_seed(seed: int) -> int:
+    """The seed of the null draws' private generator: apart from the resamples' ``seed``."""
+    return (seed * 2_654_435_761 + 97) % (1 << 63)
+
+
+def calibrated_outcomes(
+    probability: torch.Tensor, n_draws: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``n_draws``×N outcomes 1[u < p_i] (float64): each row's outcome drawn as a calibrated
+    model of that probability would draw it (the null draws of :class:`BinnedDeviation`)."""
+    u = torch.rand(n_draws, probability.shape[0], generator=generator, dtype=torch.float64)
+    return (u < probability).to(torch.float64)
+
+
+def calibrated_labels(
+    probabilities: torch.Tensor, n_draws: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``n_draws``×N labels, row i's drawn from its own probabilities p_i (a calibrated model's
+    labels; the classwise null draws of :class:`ClasswiseDeviation`)."""
+    p = probabilities.to(torch.float64).clamp(min=0.0)
+    return torch.multinomial(p, n_draws, replacement=True, generator=generator).T
+
+
+class BinnedDeviation:
+    """Draws of D* = ‖ĥ* - ĥ‖₁ for bins fixed by ``index`` (and the MCE's interval), and the
+    calibrated null's draws ‖ĥ⁰‖₁ with ĥ⁰_b = (1/N) Σ_{i ∈ b} (y⁰_i - c_i), y⁰_i ~ Bernoulli(c_i).
+
+    The 95 % quantile q of D is the larger of the two draws' quantiles. The resample draws are
+    consistent for every population, but a bin whose rows are all right (a thin high-confidence
+    equal-mass bin of a calibrated model: 13 rows at c ≈ 0.97 hold no error in 2 data sets of 3)
+    resamples to a residual spread near 0, and AdaECE's bound held a calibrated model's 0 in 81
+    of 100 data sets (K = 2, N = 200). Given the confidences, the calibrated model's D has
+    exactly the law of the null draws, whatever the data showed; where the population is far
+    from calibrated, the resample draws lead.
+    """
+
+    def __init__(
+        self,
+        index: torch.Tensor,
+        residual: torch.Tensor,
+        n_bins: int,
+        confidence: torch.Tensor | None = None,
+    ) -> None:
         self.index, self.residual, self.n_bins = index, residual, n_bins
+        self.confidence = confidence
         self.n = residual.shape[0]
         self.count = torch.bincount(index, minlength=n_bins).to(torch.float64)
         self.mean = torch.bincount(index, weights=residual, minlength=n_bins) / self.n
         self.gap = self.mean * self.n / self.count.clamp(min=1)
         self.l1: list[torch.Tensor] = []
+        self.null: list[torch.Tensor] = []
 
     def draw(self, weights: torch.Tensor) -> None:
         """Record the deviations of R resamples (``weights``: R×N multiplicities of the rows)."""
@@ -136,8 +189,22 @@ class BinnedDeviation:
         sums.index_add_(1, self.index, weights * self.residual)
         self.l1.append((sums / self.n - self.mean).abs().sum(dim=1))
 
+    def draw_null(self, outcomes: torch.Tensor) -> None:
+        """Record ‖ĥ⁰‖₁ of R calibrated outcome draws (``outcomes``: R×N, 1 for right)."""
+        if self.confidence is None:
+            raise ValueError("the null draws need the confidences")
+        sums = torch.zeros(outcomes.shape[0], self.n_bins, dtype=torch.float64)
+        sums.index_add_(1, self.index, outcomes)
+        confidence = torch.bincount(self.index, weights=self.confidence, minlength=self.n_bins)
+        self.null.append(((sums - confidence) / self.n).abs().sum(dim=1))
+
+    def quantile(self) -> float:
+        """q: the larger of the resample draws' and the null draws' 95 % quantiles."""
+        q = upper_quantile(_tensor(self.l1))
+        return max(q, upper_quantile(_tensor(self.null))) if self.null else q
+
     def ece_interval(self, estimate: float) -> tuple[float, float]:
-        return norm_interval(estimate, upper_quantile(_tensor(self.l1)))
+        return norm_interval(estimate, self.quantile())
 
     def mce_interval(self, estimate: float) -> tuple[float, float]:
         """[max_b (|ĝ_b| - r_b), max_b (|ĝ_b| + r_b)] ∩ [0, 1] over the non-empty bins, with
@@ -147,7 +214,11 @@ class BinnedDeviation:
 
 
 class ClasswiseDeviation:
-    """Draws of (1/K) Σ_k ‖ĥ*_k - ĥ_k‖₁ over the K×M classwise bins (dense N×K residuals)."""
+    """Draws of (1/K) Σ_k ‖ĥ*_k - ĥ_k‖₁ over the K×M classwise bins (dense N×K residuals), and
+    the calibrated null's (1/K) Σ_k ‖ĥ⁰_k‖₁ with labels drawn from each row's probabilities
+    (as in :class:`BinnedDeviation`: the bins of p_k near 0 rarely hold a y = k, which the
+    resamples cannot see; the bound held a calibrated model's 0 in 91 of 100 data sets at
+    K = 2, N = 500 without the null draws)."""
 
     def __init__(
         self, probabilities: torch.Tensor, labels: torch.Tensor, n_bins: int, edges: str
@@ -161,7 +232,9 @@ class ClasswiseDeviation:
         self.residual = residual
         self.mean = torch.bincount(self.flat, weights=residual.reshape(-1), minlength=self.size)
         self.mean /= n
+        self.probabilities = probabilities.to(torch.float64)
         self.draws: list[torch.Tensor] = []
+        self.null: list[torch.Tensor] = []
 
     def draw(self, weights: torch.Tensor) -> None:
         for row in weights:
@@ -169,8 +242,20 @@ class ClasswiseDeviation:
             sums = torch.bincount(self.flat, weights=weighted, minlength=self.size) / self.n
             self.draws.append((sums - self.mean).abs().sum().reshape(1) / self.k)
 
+    def draw_null(self, labels: torch.Tensor) -> None:
+        """Record (1/K) Σ_k ‖ĥ⁰_k‖₁ of R calibrated label draws (``labels``: R×N)."""
+        rows = torch.arange(self.n)
+        for drawn in labels:
+            residual = -self.probabilities
+            residual[rows, drawn] += 1.0
+            sums = torch.bincount(self.flat, weights=residual.reshape(-1), minlength=self.size)
+            self.null.append((sums / self.n).abs().sum().reshape(1) / self.k)
+
     def interval(self, estimate: float) -> tuple[float, float]:
-        return norm_interval(estimate, upper_quantile(_tensor(self.draws)))
+        q = upper_quantile(_tensor(self.draws))
+        if self.null:
+            q = max(q, upper_quantile(_tensor(self.null)))
+        return norm_interval(estimate, q)
 
 
 class SmoothDeviation:

@@ -441,6 +441,12 @@ def resample_batches(n: int, n_resamples: int, seed: int) -> Iterator[torch.Tens
         yield torch.stack(batch)
 
 
+def _batch_sizes(total: int) -> list[int]:
+    """``total`` split into batches of at most :data:`RESAMPLE_BATCH`."""
+    full, rest = divmod(total, RESAMPLE_BATCH)
+    return [RESAMPLE_BATCH] * full + ([rest] if rest else [])
+
+
 def percentile_interval(draws: torch.Tensor) -> tuple[float, float]:
     """The central :data:`INTERVAL_LEVEL` percentile interval of 1-D float64 ``draws``."""
     # Linear interpolation between an infinite and a finite draw is undefined: fall back
@@ -498,9 +504,9 @@ def _bootstrap_intervals(
     ``probabilities`` (N×K, with ``labels``) add the classwise ECE's interval."""
     n = top.confidence.shape[0]
     residual = top.correct - top.confidence
-    width = intervals.BinnedDeviation(index, residual, n_bins)
+    width = intervals.BinnedDeviation(index, residual, n_bins, top.confidence)
     mass_index = binning.equal_mass_index(top.confidence, n_bins, order=order)
-    mass = intervals.BinnedDeviation(mass_index, residual, n_bins)
+    mass = intervals.BinnedDeviation(mass_index, residual, n_bins, top.confidence)
     smooth = intervals.SmoothDeviation(top.confidence, residual, estimates.smooth_bandwidth)
     classwise = (
         intervals.ClasswiseDeviation(probabilities, labels, n_bins, edges)
@@ -509,16 +515,28 @@ def _bootstrap_intervals(
     )
     nll: list[torch.Tensor] = []
     bin_accuracy: list[torch.Tensor] = []
+    null = torch.Generator().manual_seed(intervals.null_seed(seed))
+    classwise_null = torch.Generator().manual_seed(intervals.null_seed(seed) + 1)
     for weights in resample_batches(n, n_bootstrap, seed):
         for deviation in (width, mass, smooth):
             deviation.draw(weights)
         if classwise is not None:
             classwise.draw(weights)
+            classwise.draw_null(
+                intervals.calibrated_labels(
+                    classwise.probabilities, weights.shape[0], classwise_null
+                )
+            )
         count = torch.zeros(weights.shape[0], n_bins, dtype=torch.float64)
         count.index_add_(1, index, weights)
         hits = torch.zeros_like(count).index_add_(1, index, weights * top.correct)
         bin_accuracy.append(torch.where(count > 0, hits / count.clamp(min=1), math.nan))
-        nll.append(weights @ top.nll / n)
+        # a row not drawn adds nothing, an infinite -log p_y included (0·inf is nan)
+        nll.append(torch.where(weights > 0, weights * top.nll, 0.0).sum(dim=1) / n)
+    for size in _batch_sizes(intervals.null_draw_count(n_bootstrap, n)):
+        outcomes = intervals.calibrated_outcomes(top.confidence, size, null)
+        for deviation in (width, mass):
+            deviation.draw_null(outcomes)
     nll_estimate = float(top.nll.mean())
     out = {
         "mce": width.mce_interval(estimates.mce),

@@ -75,6 +75,17 @@ class SimulatedModel:
         probabilities[np.arange(n), predicted] = c
         return torch.from_numpy(probabilities), torch.from_numpy(labels)
 
+    def recalibrate(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """The perfectly recalibrated scores of drawn ``probabilities``: the top class gets
+        a(c), every other class (1 - a(c))/(K - 1). Their population ECE, AdaECE and classwise
+        ECE are 0 (every bin's gap is a(c) - a(c)), their NLL :meth:`recalibrated_nll`."""
+        k = self.n_classes
+        c, predicted = probabilities.max(dim=1)
+        a = torch.from_numpy(self.accuracy(c.numpy()))
+        out = ((1.0 - a) / (k - 1))[:, None].repeat(1, k)
+        out[torch.arange(c.shape[0]), predicted] = a
+        return out
+
     # population values -------------------------------------------------------------------
 
     def _integral(self, g: Callable[[np.ndarray], np.ndarray], low: float, high: float) -> float:
@@ -132,6 +143,17 @@ class SimulatedModel:
             a = self.accuracy(c)
             wrong = np.log(np.maximum((1.0 - c) / (k - 1), 1e-300))
             return -a * np.log(c) - (1.0 - a) * wrong
+
+        return self._integral(loss, 0.0, 1.0)
+
+    def recalibrated_nll(self) -> float:
+        """The NLL of :meth:`recalibrate`'s scores: E[-a log a - (1 - a) log((1 - a)/(K - 1))]."""
+        k = self.n_classes
+
+        def loss(c: np.ndarray) -> np.ndarray:
+            a = self.accuracy(c)
+            wrong = np.log(np.maximum((1.0 - a) / (k - 1), 1e-300))
+            return -a * np.log(np.maximum(a, 1e-300)) - (1.0 - a) * wrong
 
         return self._integral(loss, 0.0, 1.0)
 

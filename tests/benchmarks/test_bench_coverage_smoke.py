@@ -22,3 +22,14 @@ def test_the_coverage_and_gate_tables_run(
     assert all(line.count(" ± ") == 6 for line in rows)
     # the gate's model hits its target population ECE exactly (a one-signed linear gap)
     assert bench.gate_model(0.04).ece() == pytest.approx(0.04, abs=1e-10)
+
+
+def test_the_ranking_table_runs(
+    load_bench: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = load_bench("bench_coverage")
+    argv = ["--ranking", "--datasets", "2", "--resamples", "10", "--sizes", "200"]
+    argv += ["--classes", "2", "--models", "over-confident"]
+    assert bench.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 1 and rows[0].count(" ± ") == 2

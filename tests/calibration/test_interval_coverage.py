@@ -165,3 +165,75 @@ def test_a_bad_resample_count_is_refused(bootstrap: object) -> None:
         calibration_metrics(
             torch.zeros(3, 2), torch.zeros(3, dtype=torch.int64), bootstrap=bootstrap
         )  # type: ignore[arg-type]
+
+
+def test_thin_bins_of_a_calibrated_model_do_not_hide_their_noise() -> None:
+    # K = 2, N = 200, calibrated: 15 equal-mass bins of 13 rows, most at c ≈ 0.97, where a bin
+    # holds no error in 2 data sets of 3; the resamples then see no spread and the bound held
+    # AdaECE's 0 in 81 of 100 data sets (classwise: bins of p_k near 0). The calibrated null
+    # draws see it. A 95 % interval must hold in 0.95 - 3 SE of 60 data sets (≥ 87 %).
+    datasets = 60
+    floor = 0.95 - 3 * binomial_se(0.95, datasets)
+    model = models(2)[3]
+    truth = model.population()
+    held = dict.fromkeys(("ece", "adaece", "classwise_ece"), 0)
+    for seed in range(datasets):
+        scores, labels = model.draw(200, seed=9_000 + seed)
+        m = calibration_metrics(scores, labels, kind="probs", bootstrap=100, seed=seed)
+        for name in held:
+            low, high = m.intervals[name]
+            held[name] += low <= truth[name] <= high
+    for name, count in held.items():
+        assert count / datasets >= floor, (name, count)
+
+
+def test_the_null_draws_by_hand() -> None:
+    # two bins: rows 0, 1 in bin 0 (c = 0.9, 0.8), row 2 in bin 1 (c = 0.6); outcomes
+    # (1, 0, 1): ĥ⁰ = [(0.1 - 0.8)/3, 0.4/3], ‖ĥ⁰‖₁ = 0.7/3 + 0.4/3 = 1.1/3
+    confidence = torch.tensor([0.9, 0.8, 0.6], dtype=torch.float64)
+    deviation = intervals.BinnedDeviation(
+        torch.tensor([0, 0, 1]), torch.zeros(3, dtype=torch.float64), 2, confidence
+    )
+    deviation.draw_null(torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]], dtype=torch.float64))
+    assert deviation.null[0].tolist() == pytest.approx([1.1 / 3, 0.7 / 3], abs=1e-15)
+    # the bound is the larger of the two quantiles: here the null draws lead
+    deviation.draw(torch.ones(1, 3, dtype=torch.float64))  # D* = 0
+    assert deviation.quantile() == pytest.approx(
+        float(torch.quantile(torch.tensor([1.1 / 3, 0.7 / 3], dtype=torch.float64), 0.95))
+    )
+    # a deviation built without confidences cannot draw the null
+    with pytest.raises(ValueError, match="confidences"):
+        intervals.BinnedDeviation(torch.tensor([0]), torch.zeros(1), 1).draw_null(torch.ones(1, 1))
+
+
+def test_calibrated_draws_follow_their_probabilities() -> None:
+    generator = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.0, 0.25, 1.0], dtype=torch.float64)
+    outcomes = intervals.calibrated_outcomes(p, 20_000, generator)
+    # border cases exactly, the middle within 5 SE (SE = sqrt(0.25·0.75/20,000) ≈ 0.003)
+    assert outcomes[:, 0].sum() == 0 and outcomes[:, 2].sum() == 20_000
+    assert float(outcomes[:, 1].mean()) == pytest.approx(0.25, abs=0.015)
+    rows = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]], dtype=torch.float64)
+    labels = intervals.calibrated_labels(rows, 20_000, generator)
+    assert labels.shape == (20_000, 2) and bool((labels[:, 0] == 1).all())
+    assert float((labels[:, 1] == 0).double().mean()) == pytest.approx(0.5, abs=0.02)
+    assert not bool((labels[:, 1] == 1).any())
+
+
+def test_the_null_draw_count() -> None:
+    assert intervals.null_draw_count(100, 200) == intervals.NULL_DRAWS
+    assert intervals.null_draw_count(5000, 200) == 5000  # never fewer than the resamples
+    assert intervals.null_draw_count(100, 1 << 26) == 100  # above the outcome budget
+    assert intervals.null_draw_count(0, 0) == intervals.NULL_DRAWS
+
+
+def test_an_infinite_nll_keeps_a_percentile_interval_without_nan() -> None:
+    # one row with p_y = 0: the NLL is infinite, the t interval does not apply, and resamples
+    # that leave the row out must count it as 0, not 0·inf = nan
+    scores = torch.tensor([[0.8, 0.2]] * 39 + [[1.0, 0.0]], dtype=torch.float64)
+    labels = torch.tensor([0] * 39 + [1])
+    m = calibration_metrics(scores, labels, "probs", bootstrap=200, seed=0)
+    low, high = m.intervals["nll"]
+    assert m.nll == math.inf and high == math.inf
+    # (39/40)^40 ≈ 36 % of resamples leave the row out: their NLL is -ln 0.8, the lower end
+    assert low == pytest.approx(-math.log(0.8), abs=1e-12)

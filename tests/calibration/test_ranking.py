@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from curvcal.calibration import registry
+from curvcal.calibration import intervals, registry
 from curvcal.calibration.analysis import analyse_calibration
 from curvcal.calibration.metrics import TopLabel, calibration_metrics, resample_weights
 from curvcal.calibration.ranking import Difference, rank_stages
@@ -28,12 +28,16 @@ def test_hand_worked_paired_bootstrap() -> None:
 
     uncalibrated: nll (1, 3), confidence 0.9 on both, correct (1, 0): NLL 2, ECE 0.4.
     ts:           nll (0.5, 2), confidence 0.6 on both, correct (1, 0): NLL 1.25, ECE 0.1.
-    Resamples (multiplicities): (2, 0), (0, 2), (1, 1).
-      NLL uncalibrated 1, 3, 2; ts 0.5, 2, 1.25 -> uncalibrated - ts: 0.5, 1, 0.75.
-      ECE uncalibrated 0.1, 0.9, 0.4; ts 0.4, 0.6, 0.1 -> uncalibrated - ts: -0.3, 0.3, 0.3.
-    Percentiles 2.5 / 97.5 of three sorted draws d: positions 0.05 and 1.95 (linear):
-      NLL: 0.5 + 0.05·0.25 = 0.5125, 0.75 + 0.95·0.25 = 0.9875 -> excludes 0: distinguishable;
-      ECE: -0.3 + 0.05·0.6 = -0.27, 0.3 -> contains 0: not distinguishable from the best.
+    NLL: the per-row differences uncalibrated - ts are (0.5, 1): mean 0.75, s = 0.5/√2, so
+      the t interval is 0.75 ± t_{0.975, 1}·s/√2 = 0.75 ± 12.7062·0.25 = (-2.4266, 3.9266):
+      two rows cannot tell the stages apart.
+    ECE: one bin, ĥ = mean(correct - c): uncalibrated -0.4, ts -0.1. Resamples (2, 0), (0, 2),
+      (1, 1) give ĥ* = (0.1, -0.9, -0.4) and (0.4, -0.6, -0.1), so D*_u + D*_ts =
+      (0.5 + 0.5, 0.5 + 0.5, 0 + 0) = (1, 1, 0), whose 95 % quantile (linear, position 1.9)
+      is 1. Calibrated null draws ‖ĥ⁰‖ = |mean(y⁰) - c|: at c = 0.9 the values 0.1, 0.4, 0.9
+      with probabilities 0.81, 0.18, 0.01 (97.5 % quantile 0.4), at c = 0.6 the values 0.4,
+      0.1, 0.6 with 0.36, 0.48, 0.16 (97.5 % quantile 0.6): the union bound is 1.0 as well.
+      The interval is 0.3 ± 1 = (-0.7, 1.3): not distinguishable from the best.
     """
     tops = {
         "uncalibrated": _top([0.9, 0.9], [1, 0], [1.0, 3.0]),
@@ -50,17 +54,21 @@ def test_hand_worked_paired_bootstrap() -> None:
     )
     assert (uncalibrated.nll, uncalibrated.ece) == pytest.approx((2.0, 0.4), abs=1e-15)
     assert (ts.nll, ts.ece) == pytest.approx((1.25, 0.1), abs=1e-15)
+    half = 12.706204736174698 * 0.25  # t_{0.975, 1} · s/√N
     nll = uncalibrated.vs_best["nll"]
     assert nll.value == pytest.approx(0.75, abs=1e-15)
-    assert nll.interval == pytest.approx((0.5125, 0.9875), abs=1e-12)
-    assert nll.distinguishable is True
+    assert nll.interval == pytest.approx((0.75 - half, 0.75 + half), abs=1e-9)
+    assert nll.distinguishable is False
     ece = uncalibrated.vs_best["ece"]
     assert ece.value == pytest.approx(0.3, abs=1e-15)
-    assert ece.interval == pytest.approx((-0.27, 0.3), abs=1e-12)
+    assert ece.interval == pytest.approx((-0.7, 1.3), abs=1e-12)
     assert ece.distinguishable is False
-    # ts against uncalibrated: the same draws with the sign turned.
+    # ts against uncalibrated: the same bound with the sign turned.
     assert ts.vs_uncalibrated is not None
-    assert ts.vs_uncalibrated["nll"].interval == pytest.approx((-0.9875, -0.5125), abs=1e-12)
+    assert ts.vs_uncalibrated["nll"].interval == pytest.approx(
+        (-0.75 - half, -0.75 + half), abs=1e-9
+    )
+    assert ts.vs_uncalibrated["ece"].interval == pytest.approx((-1.3, 0.7), abs=1e-12)
     assert uncalibrated.vs_uncalibrated is None
     assert ts.vs_best["nll"] == Difference(0.0, (0.0, 0.0))
 
@@ -85,15 +93,19 @@ def test_resamples_are_shared_by_every_stage() -> None:
     low, high = by_stage["uncalibrated"].vs_best["nll"].interval
     assert low == pytest.approx(0.01, abs=1e-12) and high == pytest.approx(0.01, abs=1e-12)
     assert by_stage["vector"].vs_best["nll"].interval == (0.0, 0.0)
-    assert by_stage["vector"].vs_best["ece"].interval == (0.0, 0.0)  # same bins, same draws
+    # the ECE difference's bound D_s + D_o is a sum over the two stages: it does not shrink
+    # for identical stages, but it holds the difference 0 and is symmetric about it
+    low, high = by_stage["vector"].vs_best["ece"].interval
+    assert by_stage["vector"].vs_best["ece"].value == 0.0 and low == -high < 0.0
     assert ranking.best["nll"] == "ts"  # a tie goes to the earlier stage
 
 
 def test_the_draws_are_the_metrics_own_resamples() -> None:
     """The ranking's resamples are those behind calibration_metrics' intervals (same seed):
-    over resample_weights, the 95% quantile q of the ECE's error norm
+    over resample_weights, the 95% quantile of the ECE's error norm
     D* = Σ_b |ĥ*_b − ĥ_b| (ĥ_b the mean of (1[correct] − c)·1{c in bin b}), written out here,
-    gives the ECE's interval [ECE − q, ECE + q]."""
+    and that of the calibrated null's ‖ĥ⁰‖₁, the larger being q, give the ECE's interval
+    [ECE − q, ECE + q]."""
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(300, 4, generator=generator, dtype=torch.float64)
     labels = torch.randint(4, (300,), generator=generator)
@@ -112,7 +124,18 @@ def test_the_draws_are_the_metrics_own_resamples() -> None:
         ],
         dtype=torch.float64,
     )
-    q = float(torch.quantile(draws, 0.95))
+    # the calibrated null draws: y⁰ ~ Bernoulli(c) from the generator of null_seed(7), 1000
+    # draws in batches of 32 (a 95 % quantile of 40 draws is too noisy), ‖ĥ⁰‖₁ each
+    null_generator = torch.Generator().manual_seed(intervals.null_seed(7))
+    null = []
+    for size in [32] * 31 + [8]:
+        u = torch.rand(size, 300, generator=null_generator, dtype=torch.float64)
+        outcomes = (u < confidence).to(torch.float64)
+        sums = torch.zeros(size, 15, dtype=torch.float64).index_add_(
+            1, index, outcomes - confidence
+        )
+        null.append((sums / 300).abs().sum(dim=1))
+    q = max(float(torch.quantile(draws, 0.95)), float(torch.quantile(torch.cat(null), 0.95)))
     low, high = metrics.intervals["ece"]
     assert low == pytest.approx(max(0.0, metrics.ece - q), rel=1e-12, abs=1e-15)
     assert high == pytest.approx(metrics.ece + q, rel=1e-12)

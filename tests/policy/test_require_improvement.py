@@ -31,16 +31,20 @@ def _hand_worked_report() -> dict:
     """Two rows, one bin, three named resamples (2, 0), (0, 2), (1, 1).
 
     uncalibrated: nll (1, 3), confidence 0.9, correct (1, 0): NLL 2, ECE 0.4.
-    ts:           nll (0.5, 2), confidence 0.6, correct (1, 0): NLL 1.25, ECE 0.1.
-    Improvement uncalibrated − ts on each resample:
-      NLL 0.5, 1, 0.75: point 0.75, interval (0.5 + 0.05·0.25, 0.75 + 0.95·0.25)
-          = (0.5125, 0.9875), wholly above 0: significant.
-      ECE (0.1 − 0.4, 0.9 − 0.6, 0.4 − 0.1) = (−0.3, 0.3, 0.3): point 0.3, interval
-          (−0.3 + 0.05·0.6, 0.3) = (−0.27, 0.3), touching 0: not significant.
+    ts:           nll (0.5, 2.48), confidence 0.6, correct (1, 0): NLL 1.49, ECE 0.1.
+    Improvement uncalibrated − ts:
+      NLL: per-row (0.5, 0.52), mean 0.51, s = 0.02/√2; the t interval
+          0.51 ± t_{0.975, 1}·s/√2 = 0.51 ± 12.7062·0.01 = (0.38294, 0.63706), wholly above 0:
+          significant.
+      ECE: point 0.3; one bin, ĥ = mean(correct − c) = −0.4 and −0.1; the resamples' ĥ* are
+          (0.1, −0.9, −0.4) and (0.4, −0.6, −0.1), D*_u + D*_ts = (1, 1, 0), 95 % quantile
+          (linear) 1; the calibrated null draws' 97.5 % quantiles are 0.4 (c = 0.9: values
+          0.1, 0.4, 0.9 with probabilities 0.81, 0.18, 0.01) and 0.6 (c = 0.6: 0.4, 0.1, 0.6
+          with 0.36, 0.48, 0.16), sum 1. Interval 0.3 ± 1 = (−0.7, 1.3): not significant.
     """
     tops = {
         "uncalibrated": _top([0.9, 0.9], [1, 0], [1.0, 3.0]),
-        "ts": _top([0.6, 0.6], [1, 0], [0.5, 2.0]),
+        "ts": _top([0.6, 0.6], [1, 0], [0.5, 2.48]),
     }
     ranking = rank_stages(tops, n_bins=1, resamples=torch.tensor([[2.0, 0], [0, 2], [1, 1]]))
     return {"command": "calibrate", "results": to_jsonable({"ranking": ranking})}
@@ -54,10 +58,11 @@ def test_hand_worked_improvements_from_a_report() -> None:
     found = improvements(_hand_worked_report())
     assert set(found) == {"ts.nll.improvement", "ts.ece.improvement"}
     nll, ece = found["ts.nll.improvement"], found["ts.ece.improvement"]
-    assert nll.value == pytest.approx(0.75, abs=1e-15)
-    assert nll.interval == pytest.approx((0.5125, 0.9875), abs=1e-12)
+    assert nll.value == pytest.approx(0.51, abs=1e-12)
+    half = 12.706204736174698 * 0.01  # t_{0.975, 1} · s/√N
+    assert nll.interval == pytest.approx((0.51 - half, 0.51 + half), abs=1e-9)
     assert ece.value == pytest.approx(0.3, abs=1e-15)
-    assert ece.interval == pytest.approx((-0.27, 0.3), abs=1e-12)
+    assert ece.interval == pytest.approx((-0.7, 1.3), abs=1e-12)
     # metric_values reads them beside the other metrics
     assert metric_values(_hand_worked_report())["ts.ece.improvement"] == ece
 
