@@ -83,9 +83,11 @@ def upper_quantile(draws: torch.Tensor) -> float:
 
 
 def norm_interval(estimate: float, deviation: float) -> tuple[float, float]:
-    """[max(0, estimate - deviation), estimate + deviation]: the interval of a norm whose
-    estimate is within ``deviation`` of the population's (the triangle inequality)."""
-    return max(0.0, estimate - deviation), estimate + deviation
+    """[max(0, estimate - deviation), min(1, estimate + deviation)]: the interval of a norm
+    whose estimate is within ``deviation`` of the population's (the triangle inequality),
+    clipped to [0, 1], where every calibration error of probabilities lies (a gap
+    |acc_b - conf_b| is at most 1 and the bin weights sum to 1)."""
+    return max(0.0, estimate - deviation), min(1.0, estimate + deviation)
 
 
 def mean_interval(values: torch.Tensor, floor: float = -math.inf) -> tuple[float, float] | None:

@@ -246,15 +246,16 @@ def _mark(stage: str, best: str, difference: Difference) -> str:
 
 def ranking_tables(ranking: Ranking) -> list[Table]:
     """Every stage ranked on the evaluation split, once by NLL (the proper score, with the
-    Brier score beside it) and once by ECE: its score, its difference from the best with the
-    paired bootstrap interval, whether that interval contains 0 (``≈ best``: not
+    Brier score beside it) and once by ECE: its score, its difference from the best with its
+    interval (:mod:`curvcal.calibration.ranking`), whether that interval contains 0 (``≈ best``: not
     distinguishable from the best) and its difference from uncalibrated; a map that does not
     apply is a row of its own, last, with the reason it was skipped."""
     if ranking.n_bootstrap:
         how = (
-            f"Δ = map − best (or − uncalibrated) [{ranking.interval_level:.0%} paired bootstrap "
-            f"interval: {ranking.n_bootstrap} resamples of the evaluation rows, the same for "
-            f"every map, seed {ranking.seed}]; ≈ best: the interval contains 0"
+            f"Δ = map − best (or − uncalibrated) [{ranking.interval_level:.0%} interval: NLL "
+            f"Δ by Student's t over the rows, ECE Δ ± the bound of both plug-ins' errors from "
+            f"{ranking.n_bootstrap} paired resamples of the evaluation rows, seed "
+            f"{ranking.seed}]; ≈ best: the interval contains 0"
         )
     else:
         how = "Δ = map − best; no intervals: pass --bootstrap N to see which differences are real"

@@ -59,6 +59,21 @@ def test_the_binned_deviation_of_a_resample_by_hand() -> None:
     assert deviation.l1[0].tolist() == pytest.approx([0.275, 0.0], abs=1e-15)
     assert intervals.norm_interval(0.1, 0.25) == (0.0, pytest.approx(0.35))
     assert intervals.norm_interval(0.5, 0.25) == (0.25, 0.75)
+    # a calibration error of probabilities is at most 1: the upper end is clipped there
+    assert intervals.norm_interval(1.0, 0.15) == (0.85, 1.0)
+
+
+def test_intervals_of_a_model_wrong_everywhere_stay_inside_zero_one() -> None:
+    # every prediction confident and wrong: ECE and classwise ECE near their largest value, 1
+    k, n = 3, 300
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.zeros((n, k), dtype=torch.float64)
+    logits[:, 0] = 2.0 + 8.0 * torch.rand(n, generator=generator, dtype=torch.float64)
+    labels = torch.randint(1, k, (n,), generator=generator)
+    result = calibration_metrics(logits, labels, bins=5, bootstrap=30, seed=0)
+    for name in ("ece", "adaece", "classwise_ece", "smooth_ece"):
+        low, high = result.intervals[name]
+        assert 0.0 <= low <= high <= 1.0, (name, low, high)
 
 
 def test_the_mce_interval_by_hand() -> None:
