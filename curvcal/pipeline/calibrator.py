@@ -75,7 +75,7 @@ _INPUT_KINDS = ("logits", "probs", "logprobs")
 #: The fields of the provenance's ``fit_data`` and ``model`` objects, read by the one schema
 #: reader every saved map's body goes through (:func:`curvcal.calibration.saved.read_fields`):
 #: what a file read back records is checked before anything prints, slices or compares it.
-_RECORD_FIELDS: dict[str, tuple[Field, ...]] = {
+RECORD_FIELDS: dict[str, tuple[Field, ...]] = {
     "fit_data": (
         text("source"),
         text("path", nullable=True),
@@ -142,7 +142,7 @@ class CalibratorProvenance:
                 f"characters or null, got {shown_value(names)}",
             )
         records: dict[str, dict[str, Any] | None] = {}
-        for key, fields in _RECORD_FIELDS.items():
+        for key, fields in RECORD_FIELDS.items():
             record = data.get(key)
             if record is not None and not isinstance(record, dict):
                 raise InputError(where, f"provenance {key} must be an object or null")
