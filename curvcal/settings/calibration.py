@@ -93,7 +93,7 @@ def parse_gammas(ctx: Any, param: Any, value: str | None) -> tuple[float, ...] |
     )
     if any(not (0 <= g <= MAX_GAMMA) for g in gammas):
         raise click.BadParameter(
-            f"values must be within 0..{MAX_GAMMA:g}; got '{value}'", ctx, param
+            f"values must be finite and >= 0, at most {MAX_GAMMA:g}; got '{value}'", ctx, param
         )
     return gammas
 
