@@ -9,6 +9,7 @@ from typing import Any
 
 from curvcal.calibration.saved import TEMPERATURE_RANGE, Field, SavedMap, choice, number
 from curvcal.errors import InputError
+from curvcal.settings.calibration import MAX_GAMMA
 
 #: Calibration map names a :class:`Calibrator` can carry.
 CALIBRATOR_METHODS = ("none", "temperature", "focal-temperature")
@@ -154,7 +155,7 @@ class Calibrator(SavedMap):
         return (
             choice("method", CALIBRATOR_METHODS),
             number("temperature", *TEMPERATURE_RANGE, optional=method not in _NEEDS_TEMPERATURE),
-            number("gamma", 0.0, optional=method != "focal-temperature"),
+            number("gamma", 0.0, MAX_GAMMA, optional=method != "focal-temperature"),
         )
 
     @classmethod
@@ -184,6 +185,8 @@ def _check_calibrator(method: Any, temperature: float, gamma: float, source: str
         )
     if not (gamma >= 0 and gamma < float("inf")):
         raise InputError(source, f"gamma must be finite and >= 0, got {gamma!r}")
+    if gamma > MAX_GAMMA:
+        raise InputError(source, f"gamma {gamma!r} is outside 0..{MAX_GAMMA:g}")
     if method != "focal-temperature" and gamma != 0:
         raise InputError(
             source,

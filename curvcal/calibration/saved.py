@@ -8,7 +8,7 @@ against them, for every map alike:
   older files lack it);
 - ``number``: a JSON number (not a boolean), finite, within ``[low, high]``; ``integer``: a
   whole number within ``[low, high]``; ``choice``: one of ``choices``; ``text``: a string of
-  at most :data:`MAX_TEXT` characters;
+  at most :data:`MAX_TEXT` characters; ``digest``: a SHA-256, 64 lowercase hex digits;
 - ``array``: nested lists of finite numbers within ``[low, high]``, of ``shape``: each
   dimension a fixed length, a named size (every field naming it must agree: ``weight`` K×D and
   ``bias`` K), or ``None`` (free, row by row: a ragged table such as per-class bin edges).
@@ -45,7 +45,9 @@ COEFFICIENT_BOUND = TEMPERATURE_RANGE[1]
 #: Longest string a saved field may hold.
 MAX_TEXT = 1000
 #: Field kinds.
-KINDS = ("number", "integer", "choice", "text", "array")
+KINDS = ("number", "integer", "choice", "text", "digest", "array")
+#: The characters of a hex digest as :mod:`hashlib` writes it.
+_HEX = frozenset("0123456789abcdef")
 
 Dimension = int | str | None
 
@@ -108,6 +110,11 @@ def text(name: str, **more: Any) -> Field:
     return Field(name, "text", **more)
 
 
+def digest(name: str, **more: Any) -> Field:
+    """A SHA-256 digest: 64 lowercase hex digits."""
+    return Field(name, "digest", **more)
+
+
 def array(
     name: str,
     shape: tuple[Dimension, ...],
@@ -153,7 +160,7 @@ def read_fields(
     return values
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
     """``value`` as an error shows it: its repr, cut to 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -171,21 +178,28 @@ def _read(spec: Field, value: Any, source: str, bound: dict[str, int]) -> Any:
     if spec.kind == "choice":
         if isinstance(value, bool) or not isinstance(value, str) or value not in spec.choices:
             shown = " or ".join(map(str, spec.choices))
-            raise InputError(source, f"unknown {name} {_shown(value)}", f"{name} is {shown}")
+            raise InputError(source, f"unknown {name} {shown_value(value)}", f"{name} is {shown}")
         return value
     if spec.kind == "text":
         if not isinstance(value, str) or len(value) > MAX_TEXT:
             raise InputError(source, f"{name} must be a string of at most {MAX_TEXT} characters")
         return value
+    if spec.kind == "digest":
+        if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX:
+            raise InputError(
+                source,
+                f"{name} must be a SHA-256 (64 lowercase hex digits), got {shown_value(value)}",
+            )
+        return value
     if spec.kind == "integer":
         if isinstance(value, bool) or not isinstance(value, int):
-            raise InputError(source, f"{name} must be a whole number, got {_shown(value)}")
+            raise InputError(source, f"{name} must be a whole number, got {shown_value(value)}")
         if not spec.low <= value <= spec.high:
             raise InputError(source, spec.out_of_range(value))
         return value
     if spec.kind == "number":
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InputError(source, f"{name} must be a number, got {_shown(value)}")
+            raise InputError(source, f"{name} must be a number, got {shown_value(value)}")
         if not math.isfinite(value):
             raise InputError(source, f"{name} must be finite, got {value!r}")
         if not spec.low <= value <= spec.high:
@@ -219,7 +233,7 @@ def _array(
     if not set(map(type, rows)) <= {float, int}:
         for item in rows:
             if isinstance(item, bool) or not isinstance(item, int | float):
-                raise InputError(source, f"{name} must hold numbers only, got {_shown(item)}")
+                raise InputError(source, f"{name} must hold numbers only, got {shown_value(item)}")
     out = np.asarray(value, dtype=np.float64)
     if not np.isfinite(out).all():
         raise InputError(source, f"{name} must be finite")

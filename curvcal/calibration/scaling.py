@@ -53,6 +53,7 @@ from curvcal.calibration.results import (
 )
 from curvcal.errors import InputError
 from curvcal.settings.calibration import DEFAULT_GAMMAS as DEFAULT_GAMMAS
+from curvcal.settings.calibration import MAX_GAMMA
 from curvcal.settings.calibration import OBJECTIVES_FTS as OBJECTIVES_FTS
 from curvcal.settings.calibration import OBJECTIVES_TS as OBJECTIVES_TS
 
@@ -573,7 +574,7 @@ def fit_focal_temperature(
         raise InputError(
             "objective", f"unknown objective {objective!r}", f"one of {', '.join(OBJECTIVES_FTS)}"
         )
-    grid = sorted({check_gamma(g, "gammas") for g in gammas})
+    grid = sorted({check_gamma(g, "gammas", MAX_GAMMA) for g in gammas})
     if not grid:
         raise InputError("gammas", "the gamma grid is empty", "0 is temperature scaling")
     low, high = _check_bracket(bracket)

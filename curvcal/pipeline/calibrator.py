@@ -39,6 +39,15 @@ from typing import Any
 
 from curvcal import jsontext
 from curvcal.calibration.registry import MAPS, STAGE_METHODS, CalibrationMap
+from curvcal.calibration.saved import (
+    MAX_TEXT,
+    Field,
+    digest,
+    integer,
+    read_fields,
+    shown_value,
+    text,
+)
 from curvcal.errors import InputError
 from curvcal.paths import readable_file
 
@@ -63,6 +72,19 @@ _ALWAYS = ("ts", "focal_ts")
 _KEYS = ("schema", "curvcal", *STAGE_METHODS, "provenance")
 _PROVENANCE_KEYS = ("n_classes", "class_names", "input_kind", "fit_data", "model")
 _INPUT_KINDS = ("logits", "probs", "logprobs")
+#: The fields of the provenance's ``fit_data`` and ``model`` objects, read by the one schema
+#: reader every saved map's body goes through (:func:`curvcal.calibration.saved.read_fields`):
+#: what a file read back records is checked before anything prints, slices or compares it.
+RECORD_FIELDS: dict[str, tuple[Field, ...]] = {
+    "fit_data": (
+        text("source"),
+        text("path", nullable=True),
+        digest("sha256", nullable=True),
+        integer("size_bytes", low=0, nullable=True),
+        integer("n_samples", low=0),
+    ),
+    "model": (text("path"), digest("sha256", nullable=True)),
+}
 
 
 @dataclass(frozen=True)
@@ -112,20 +134,29 @@ class CalibratorProvenance:
         if names is not None and (
             not isinstance(names, list)
             or len(names) != n_classes
-            or not all(isinstance(name, str) for name in names)
+            or not all(isinstance(name, str) and len(name) <= MAX_TEXT for name in names)
         ):
             raise InputError(
-                where, f"provenance class_names must be {n_classes} strings or null, got {names!r}"
+                where,
+                f"provenance class_names must be {n_classes} strings of at most {MAX_TEXT} "
+                f"characters or null, got {shown_value(names)}",
             )
-        for key in ("fit_data", "model"):
-            if data.get(key) is not None and not isinstance(data[key], dict):
+        records: dict[str, dict[str, Any] | None] = {}
+        for key, fields in RECORD_FIELDS.items():
+            record = data.get(key)
+            if record is not None and not isinstance(record, dict):
                 raise InputError(where, f"provenance {key} must be an object or null")
+            records[key] = (
+                None
+                if record is None
+                else read_fields(record, fields, f"{where} (provenance {key})")
+            )
         return cls(
             n_classes=n_classes,
             input_kind=kind,
             class_names=None if names is None else tuple(names),
-            fit_data=data.get("fit_data"),
-            model=data.get("model"),
+            fit_data=records["fit_data"],
+            model=records["model"],
         )
 
 

@@ -18,6 +18,7 @@ reader as ``--apply`` (its schema, bounds and provenance checks).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,14 @@ def fit_map(name: str, scores: Any, labels: Any, **options: Any) -> FittedMap:
 
     stage = map_stage(name)
     kind = options.pop("kind", "logits")
+    known = [field.name for field in dataclasses.fields(CalibrationSettings) if field.init]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InputError(
+            "fit_map",
+            f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
+            f"the settings are kind, {', '.join(known)}",
+        )
     entry = MAPS[stage]
     if entry.input == "features":
         kind = "features"
@@ -111,7 +120,7 @@ def load_map(path: str | Path, stage: str | None = None) -> FittedMap:
                 "name one: load_map(path, stage=...)",
             )
         stage = next(iter(read.calibrators))
-    stage = map_stage(stage)
+    stage = map_stage(stage, "stage")
     if stage not in read.calibrators:
         raise InputError(str(path), f"holds no {stage!r} map", f"it holds {list(read.calibrators)}")
     kind = "features" if MAPS[stage].input == "features" else "logits"
@@ -120,8 +129,9 @@ def load_map(path: str | Path, stage: str | None = None) -> FittedMap:
     return FittedMap(stage, read.calibrators[stage], kind, None, read.provenance)
 
 
-def map_stage(name: str) -> str:
-    """The registry stage of a map named by its ``--method`` spelling or its stage."""
+def map_stage(name: str, what: str = "name") -> str:
+    """The registry stage of a map named by its ``--method`` spelling or its stage (an unknown
+    one is an :class:`InputError` naming ``what``, the argument that gave it)."""
     from curvcal.calibration.registry import MAPS
 
     if name in MAPS:
@@ -130,4 +140,4 @@ def map_stage(name: str) -> str:
         if entry.option == name:
             return stage
     options = ", ".join(entry.option for entry in MAPS.values())
-    raise InputError("name", f"unknown calibration map {name!r}", f"one of {options}")
+    raise InputError(what, f"unknown calibration map {name!r}", f"one of {options}")

@@ -71,6 +71,11 @@ EDGES = ("left", "right")
 NAN_POLICIES = ("error", "drop")
 #: The γ grid of focal temperature scaling.
 DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+#: Largest γ of focal temperature scaling (``--gammas``, and a saved focal TS map): φ_γ sharpens
+#: a confident row like an inverse temperature of γ + 1, and the temperatures the fit searches
+#: end at 100, so at γ = 100 the pair (γ, T) can still undo the map's sharpening and beyond it
+#: none can. The grid the method's authors use ends at 7.
+MAX_GAMMA = 100.0
 
 
 def parse_gammas(ctx: Any, param: Any, value: str | None) -> tuple[float, ...] | None:
@@ -86,8 +91,10 @@ def parse_gammas(ctx: Any, param: Any, value: str | None) -> tuple[float, ...] |
         f"takes comma-separated numbers such as 0,0.5,1,2; got '{value}'",
         "needs at least one value",
     )
-    if any(not (0 <= g < math.inf) for g in gammas):
-        raise click.BadParameter(f"values must be finite and >= 0; got '{value}'", ctx, param)
+    if any(not (0 <= g <= MAX_GAMMA) for g in gammas):
+        raise click.BadParameter(
+            f"values must be finite and >= 0, at most {MAX_GAMMA:g}; got '{value}'", ctx, param
+        )
     return gammas
 
 
@@ -295,7 +302,9 @@ class CalibrationSettings(Settings):
             raise SettingsError("bootstrap", f"must be >= 0, got {self.bootstrap}")
         if isinstance(self.gammas, str) or not self.gammas:
             raise SettingsError("gammas", "the gamma grid is empty", "0 is temperature scaling")
-        grid = tuple(sorted({check_gamma(g, setting_name("gammas")) for g in self.gammas}))
+        grid = tuple(
+            sorted({check_gamma(g, setting_name("gammas"), MAX_GAMMA) for g in self.gammas})
+        )
         object.__setattr__(self, "gammas", grid)
 
     @property
@@ -333,15 +342,18 @@ def check_bins(n_bins: int, edges: str = "left") -> None:
         )
 
 
-def check_gamma(gamma: float, what: str = "gamma") -> float:
-    """A finite γ >= 0 as a float, else :class:`InputError` naming ``what`` (the focal
-    parameter of every loss, map and option that takes one)."""
+def check_gamma(gamma: float, what: str = "gamma", high: float = math.inf) -> float:
+    """A finite γ >= 0 (and <= ``high``: :data:`MAX_GAMMA` for focal temperature scaling) as a
+    float, else :class:`InputError` naming ``what`` (the focal parameter of every loss, map and
+    option that takes one)."""
     if (
         isinstance(gamma, bool)
         or not isinstance(gamma, int | float)
         or not (0 <= gamma < float("inf"))
     ):
         raise InputError(what, f"gamma must be a finite number >= 0, got {gamma!r}")
+    if gamma > high:
+        raise InputError(what, f"gamma {gamma!r} is outside 0..{high:g}")
     return float(gamma)
 
 

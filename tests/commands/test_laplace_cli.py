@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from curvcal.calibration.laplace import fit_laplace
-from tests.commands.test_calibrate import CKPT, DATA, as_json
+from tests.commands.test_calibrate import CKPT, DATA, as_json, one_line_error
 
 
 class TwoClass(nn.Module):
@@ -132,3 +132,39 @@ def test_mc_predictive_is_seeded(run_cli, tmp_path: Path) -> None:
     assert first["fits"]["laplace"]["samples"] == 50
     other = as_json(run_cli(*args, "--seed", "1"))["results"]
     assert other["evaluation"]["laplace"]["nll"] != first["evaluation"]["laplace"]["nll"]
+
+
+@pytest.mark.parametrize(
+    ("record", "key", "value", "word"),
+    [
+        ("model", "sha256", 5, "SHA-256"),
+        ("model", "sha256", True, "SHA-256"),
+        ("model", "sha256", {}, "SHA-256"),
+        ("model", "sha256", "ab" * 31, "SHA-256"),
+        ("model", "path", ["x"], "string"),
+        ("fit_data", "sha256", 5, "SHA-256"),
+        ("fit_data", "source", "x" * 1001, "at most 1000"),
+        ("fit_data", "size_bytes", -1, "size_bytes"),
+        ("fit_data", "n_samples", 1.5, "whole number"),
+        ("fit_data", "n_samples", "120", "whole number"),
+    ],
+)
+def test_a_tampered_provenance_record_is_exit_2_naming_the_file(
+    run_cli, tmp_path: Path, record: str, key: str, value: object, word: str
+) -> None:
+    """The provenance's fit_data and model are read by the schema reader of every saved field:
+    a digest that is not one (the Laplace check sliced it: an internal error), a text too
+    long, a count that is not a whole number >= 0 are one line, exit 2, naming the file."""
+    model, ckpt = write_model(tmp_path, TwoClass)
+    write_data(tmp_path / "fit.pt", model, 60, 1)
+    write_data(tmp_path / "test.pt", model, 40, 2)
+    calibrator = tmp_path / "cal.json"
+    args = ("calibrate", ckpt, *arch(TwoClass), "--data", tmp_path / "test.pt")
+    fitted = run_cli(*args, "--fit-data", tmp_path / "fit.pt", "--method", "laplace",
+                     "--save-calibrator", calibrator)  # fmt: skip
+    assert fitted.code == 0, fitted.stderr
+    document = json.loads(calibrator.read_text())
+    document["provenance"][record][key] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    one_line_error(run_cli(*args, "--apply", bad), str(bad), f"provenance {record}", key, word)

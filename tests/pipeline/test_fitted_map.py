@@ -93,6 +93,11 @@ def _tamperings(spec: Field, value: object) -> list[tuple[object, str]]:
     wrong_type = "__import__('os').system('true')"
     if spec.kind == "text":
         return [(12, spec.name), ("x" * 5000, "at most")]
+    if spec.kind == "digest":
+        # a number, a boolean, an object, one digit short, upper case, a non-hex digit
+        return [(5, spec.name), (True, spec.name), ({}, spec.name)] + [
+            (bad, "64 lowercase hex digits") for bad in ("ab" * 31 + "a", "AB" * 32, "g" * 64)
+        ]
     out: list[tuple[object, str]] = [(wrong_type, spec.name), (True, spec.name)]
     if spec.kind == "choice":
         out.append(("nope", "'nope'"))
@@ -131,6 +136,48 @@ def test_every_declared_field_refuses_a_tampered_value(saved, tmp_path: Path) ->
             assert caught.value.exit_code == 2
             tried += 1
     assert tried >= len([s for s in fields if s.name in body])
+
+
+def test_every_provenance_record_field_refuses_a_tampered_value(tmp_path: Path) -> None:
+    """The provenance's ``fit_data`` and ``model`` are read by the same schema reader as a map's
+    body: each declared field, broken each way its kind can be, is refused naming the file."""
+    from curvcal.pipeline.calibrator import (
+        RECORD_FIELDS,
+        CalibratorProvenance,
+        calibrators_json,
+    )
+
+    scores, labels = _scores(80, 3, 3)
+    records = {
+        "fit_data": {"source": "--fit v.npz", "path": "v.npz", "sha256": "ab" * 32,
+                     "size_bytes": 9, "n_samples": 80},
+        "model": {"path": "m.safetensors", "sha256": "cd" * 32},
+    }  # fmt: skip
+    provenance = CalibratorProvenance(3, "logits", fit_data=records["fit_data"])
+    document = json.loads(
+        calibrators_json({"ts": curvcal.fit_map("ts", scores, labels).map}, provenance)
+    )
+    document["provenance"]["model"] = records["model"]
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(document))
+    assert curvcal.load_map(good).provenance.model == records["model"]  # the fields read back
+    assert set(RECORD_FIELDS) == set(records)
+    tried = 0
+    for record, fields in RECORD_FIELDS.items():
+        assert {spec.name for spec in fields} == set(records[record])
+        for spec in fields:
+            for value, word in _tamperings(spec, records[record][spec.name]):
+                body = {**records[record], spec.name: value}
+                bad = tmp_path / f"{record}-{tried}.json"
+                bad.write_text(json.dumps({**document, "provenance": {
+                    **document["provenance"], record: body}}))  # fmt: skip
+                with pytest.raises(InputError) as caught:
+                    curvcal.load_map(bad)
+                message = str(caught.value)
+                assert str(bad) in message and f"provenance {record}" in message, message
+                assert word in message and caught.value.exit_code == 2, (spec, value, message)
+                tried += 1
+    assert tried >= 20
 
 
 def test_a_missing_and_an_unknown_key_are_refused(saved, tmp_path: Path) -> None:
@@ -173,6 +220,11 @@ def test_fit_map_takes_the_method_spelling_and_the_stage() -> None:
         curvcal.fit_map("ts", scores, labels, objective="mse")
     with pytest.raises(InputError, match="unknown calibration map 'tz'"):
         curvcal.fit_map("tz", scores, labels)
+    # an unknown keyword is named with the settings there are, as an option would be
+    with pytest.raises(InputError) as unknown:
+        curvcal.fit_map("ts", scores, labels, bogus=1, gamas=(0.0,))
+    assert unknown.value.what == "fit_map" and "unknown settings bogus, gamas" in unknown.value.why
+    assert "kind, method, objective" in str(unknown.value) and "gammas" in str(unknown.value)
 
 
 def test_fit_map_temperature_is_the_closed_form_optimum() -> None:
@@ -199,6 +251,9 @@ def test_a_file_with_two_maps_needs_the_stage(tmp_path: Path) -> None:
     )
     with pytest.raises(InputError, match=r"holds 2 maps \(ts, vector\)"):
         curvcal.load_map(path)
+    with pytest.raises(InputError, match="unknown calibration map 'nope'") as unknown:
+        curvcal.load_map(path, stage="nope")
+    assert unknown.value.what == "stage"  # the argument that named it
     torch.testing.assert_close(
         curvcal.load_map(path, "vector").probabilities(scores),
         vector.probabilities(scores),

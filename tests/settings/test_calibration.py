@@ -116,6 +116,7 @@ def test_the_kernel_fits_both_maps_when_no_method_is_given() -> None:
     [
         ({"bins": 0}, "--bins", "the number of bins must be an integer >= 1, got 0"),
         ({"gammas": (0.0, -1.0)}, "--gammas", "gamma must be a finite number >= 0, got -1.0"),
+        ({"gammas": (0.0, 100.5)}, "--gammas", "gamma 100.5 is outside 0..100"),
         ({"bootstrap": -1}, "--bootstrap", "must be >= 0, got -1"),
         ({"method": "no-such-map"}, "--method", "unknown method 'no-such-map'"),
         ({"bins": 10_001}, "--bins", "must be an integer ≥ 1 and ≤ 10000, got 10001"),
