@@ -6,8 +6,7 @@ Three moments, one table (:data:`BOUNDS`, one row per key) and two checks agains
 - when a config file is read (:func:`check_config`, called by :func:`curvcal.load.hf.read_json`,
   the one reader of ``config.json`` and ``adapter_config.json``): values checked on their own
   (ranks and scalings finite and positive, iteration counts and list lengths bounded, the pad
-  token id inside
-  the vocabulary);
+  token id inside the vocabulary);
 - when an adapter is about to go on its base (:func:`check_adapter_on_base`, called by
   :func:`curvcal.load.adapters.apply_adapter` before peft): values checked against the base
   model (ranks at most the largest rank of a base layer; ``layer_replication`` within its
