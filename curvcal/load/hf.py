@@ -45,7 +45,7 @@ from curvcal import jsontext
 from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
 from curvcal.load.limits import check_num_classes
-from curvcal.load.tensorfile import read_safetensors_metadata
+from curvcal.load.tensorfile import read_safetensors_metadata, read_safetensors_shapes
 from curvcal.paths import readable_file, readable_folder
 
 CONFIG_NAME = "config.json"
@@ -416,7 +416,9 @@ def pools_last_token(folder: FolderModel) -> bool:
 
 def _refuse_before_transformers(folder: FolderModel, trust: bool) -> None:
     """What transformers must not be handed: ``model_args`` keys that make timm read another
-    file (always), and ``auto_map`` custom code (without ``trust``)."""
+    file (always), ``auto_map`` custom code (without ``trust``), and a config that asks for
+    more layers or wider ones than the folder's safetensors weights can fill
+    (:func:`~curvcal.load.library_limits.check_config_against_weights`)."""
     model_args = folder.config.get("model_args")
     if isinstance(model_args, Mapping):  # transformers' timm wrapper hands them to timm
         refuse_timm_file_keywords(model_args, f"{folder.path / CONFIG_NAME} (model_args)")
@@ -427,6 +429,15 @@ def _refuse_before_transformers(folder: FolderModel, trust: bool) -> None:
             "building the model would import and run",
             _TRUST_HINT,
         )
+    from curvcal.load.library_limits import check_config_against_weights
+
+    shapes = [
+        shape
+        for file in folder.weights
+        if file.suffix == ".safetensors"
+        for shape in read_safetensors_shapes(file)
+    ]
+    check_config_against_weights(folder.path / CONFIG_NAME, folder.config, shapes)
 
 
 def _auto_name(folder: FolderModel) -> str:

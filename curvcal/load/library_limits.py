@@ -1,18 +1,22 @@
 """Bounds on the settings a model folder's or adapter folder's config hands to transformers and
 peft, checked before the library runs them: a few bytes of JSON must not buy an unbounded load.
 
-Two moments, one table (:data:`BOUNDS`, one row per key):
+Three moments, one table (:data:`BOUNDS`, one row per key) and two checks against what is there:
 
 - when a config file is read (:func:`check_config`, called by :func:`curvcal.load.hf.read_json`,
   the one reader of ``config.json`` and ``adapter_config.json``): values checked on their own
-  (ranks and scalings finite and positive, iteration counts bounded, the pad token id inside
-  the vocabulary);
+  (ranks and scalings finite and positive, iteration counts and list lengths bounded, the pad
+  token id inside the vocabulary);
 - when an adapter is about to go on its base (:func:`check_adapter_on_base`, called by
   :func:`curvcal.load.adapters.apply_adapter` before peft): values checked against the base
   model (ranks at most the largest rank of a base layer; ``layer_replication`` within its
   layers; every string peft uses as a regular
   expression run, by the engine peft uses, against every module name of the base within
-  :data:`PATTERN_SECONDS`).
+  :data:`PATTERN_SECONDS`);
+- when transformers is about to build a model folder's config
+  (:func:`check_config_against_weights`, called by the one gate every transformers build goes
+  through, ``curvcal.load.hf._refuse_before_transformers``): its layer counts and widths
+  against the tensors its safetensors weights' headers list.
 
 Why the patterns are timed rather than parsed: a rule on the pattern's shape (no repeat inside a
 repeat) still lets ``.*.*.*.*.*.*x`` take polynomial time of high degree, and a rule strict
@@ -61,6 +65,22 @@ MAX_INIT_ITERATIONS = 100
 MAX_REPLICATION = 4
 #: seconds every regular expression peft will run may take over all of the base's module names
 PATTERN_SECONDS = 2.0
+#: the most entries of a list peft reads name by name (``target_modules``, ``exclude_modules``,
+#: ``modules_to_save``, ``layers_to_transform``): peft's search for the shortest suffixes that
+#: tell listed modules from the others grows with the entries times their dots (2,000,000
+#: names ran past 120 s), while a list of every linear layer of a 100-layer model with ten per
+#: layer holds 1,000; a base with more modules than this names them by suffix (``q_proj``) or
+#: by one pattern
+MAX_LISTED = 10_000
+#: a model config's layer counts, bounded by the weights' tensor count (every layer transformers
+#: builds holds at least one weight tensor of its own, or shares one: never more layers than
+#: tensors), so a config cannot ask for 200,000 layers over the weights of one
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers",
+              "decoder_layers", "num_decoder_layers")  # fmt: skip
+#: a model config's widths, bounded by the weights' largest tensor (each is a dimension of some
+#: weight matrix: embedding, projection, MLP; packed quantised weights keep as many elements)
+WIDTH_KEYS = ("hidden_size", "intermediate_size", "vocab_size", "n_embd", "n_inner", "d_model",
+              "d_ff", "num_attention_heads", "num_key_value_heads")  # fmt: skip
 #: ``init_lora_weights`` values peft knows (and ``pissa_niter_N``)
 INIT_METHODS = ("gaussian", "eva", "olora", "pissa", "corda", "loftq", "orthogonal", "mica")
 
@@ -154,6 +174,12 @@ def _pair(pair: Any) -> bool:
     )
 
 
+def _listed(value: Any) -> str | None:
+    if isinstance(value, list | tuple | Mapping) and len(value) > MAX_LISTED:
+        return f"{len(value):,} entries (at most {MAX_LISTED:,})"
+    return None
+
+
 def _token_ids(config: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
     """A ``pad_token_id`` outside ``[0, vocab_size)``: key and why. The pad id is the one token
     id a classifier's forward uses (the embedding's ``padding_idx``, the padded positions a
@@ -192,6 +218,10 @@ BOUNDS: tuple[Bound, ...] = (
     Bound(ADAPTER_CONFIG, "init_lora_weights", _init_weights, "peft runs it at load"),
     Bound(ADAPTER_CONFIG, "loftq_config", _loftq, "peft runs LoftQ's iterations at load"),
     Bound(ADAPTER_CONFIG, "layer_replication", _replication, "peft copies these layers"),
+    *(
+        Bound(ADAPTER_CONFIG, key, _listed, "peft matches every entry against every module")
+        for key in ("target_modules", "exclude_modules", "modules_to_save", "layers_to_transform")
+    ),
 )
 
 
@@ -214,6 +244,33 @@ def check_config(path: Path, config: Any) -> None:
         refused = bound.check(config[bound.key])
         if refused is not None:
             raise InputError(f"{path} ({bound.key})", f"{refused}; {bound.what}")
+
+
+def check_config_against_weights(
+    config_file: Path, config: Mapping[str, Any], shapes: list[tuple[int, ...]]
+) -> None:
+    """Refuse a model ``config`` (of ``config_file``) that asks transformers to build more than
+    the weights (whose tensors have ``shapes``, read from the files' headers) can fill, before
+    it builds anything: a layer count (:data:`LAYER_KEYS`) above the number of weight tensors,
+    or a width (:data:`WIDTH_KEYS`) above the largest tensor's element count. Building is what
+    costs: 200,000 layers ran past 60 s before a weight was read. No shapes: nothing to bound
+    by (the weights are read elsewhere)."""
+    if not shapes:
+        return
+    tensors = len(shapes)
+    largest = max(math.prod(shape) for shape in shapes)
+    for keys, most, what in (
+        (LAYER_KEYS, tensors, f"the weights hold {tensors:,} tensors"),
+        (WIDTH_KEYS, largest, f"the weights' largest tensor holds {largest:,} numbers"),
+    ):
+        for key in keys:
+            value = config.get(key, 0)
+            if _whole(value) and value > most:
+                raise InputError(
+                    f"{config_file} ({key})",
+                    f"{value:,} is more than the weights can fill ({what})",
+                    "is it the config the weights were saved with?",
+                )
 
 
 #: strings peft turns into regular expressions, and how it uses each: (key, template the value

@@ -116,6 +116,18 @@ def read_safetensors_metadata(path: Path) -> dict[str, str]:
         raise InputError(str(path), f"cannot be read as a .safetensors file ({exc})") from exc
 
 
+def read_safetensors_shapes(path: Path) -> list[tuple[int, ...]]:
+    """The shape of every tensor of a ``.safetensors`` file, from its header (no tensor read)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            keys = handle.keys()  # a safe_open handle is not iterable itself
+            return [tuple(handle.get_slice(key).get_shape()) for key in keys]
+    except Exception as exc:
+        raise InputError(str(path), f"cannot be read as a .safetensors file ({exc})") from exc
+
+
 def _read_npz(path: Path) -> dict[str, torch.Tensor]:
     import zipfile
 

@@ -6,8 +6,10 @@
   the form it loaded as and its parameter count;
 - data: the SHA-256 of each file the data was read from, the number of samples (with the world
   size this is the shard plan: rank r takes r, r + W, ...), the number of classes, a digest of
-  the labels, and, for data no file holds (a ``py:`` factory, a bundled set), a digest of the
-  first and the last sample.
+  the labels, and a digest of the samples themselves as the model sees them: every
+  ⌈N/64⌉-th sample plus the last (at most 65 samples, cheap at any N). A folder's file
+  digest covers only its files' names and sizes, so the samples' own digest is what tells two
+  folders of same-size images with other pixels apart, and it is taken for every kind of data.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def model_fingerprint(loaded: LoadedModel) -> dict[str, Any]:
 
 
 def data_fingerprint(data: LoadedData, world_size: int) -> dict[str, Any]:
-    """The data's files' SHA-256, N and the shard plan, K, and digests of the labels (and of
-    the first and last sample when no file holds the data)."""
+    """The data's files' SHA-256, N and the shard plan, K, and digests of the labels and of
+    the strided samples (:func:`strided_indices`), whatever holds the data."""
     from curvcal.load.digest import file_info
 
     fingerprint: dict[str, Any] = {
@@ -59,10 +61,20 @@ def data_fingerprint(data: LoadedData, world_size: int) -> dict[str, Any]:
         "classes": data.num_classes,
         "labels sha256": _tensor_digest(data.labels),
     }
-    if not data.files and data.n_samples:
-        ends = {0, data.n_samples - 1}
-        fingerprint["first and last samples sha256"] = _samples_digest(data, sorted(ends))
+    if data.n_samples:
+        indices = strided_indices(data.n_samples)
+        fingerprint["strided samples sha256"] = _samples_digest(data, indices)
     return fingerprint
+
+
+SAMPLES_DIGESTED = 64
+
+
+def strided_indices(n_samples: int, count: int = SAMPLES_DIGESTED) -> list[int]:
+    """Samples 0, s, 2s, ... with s = ⌈N/count⌉, and N − 1: at most count + 1 of them, so the
+    digest costs the same at any N and still sees the first, the last and a spread between."""
+    stride = -(-n_samples // count)
+    return sorted({*range(0, n_samples, stride), n_samples - 1})
 
 
 def _tensor_digest(tensor: torch.Tensor) -> str:

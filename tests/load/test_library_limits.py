@@ -24,10 +24,12 @@ from hf_decoder_builders import copy_adapter, save_decoder, save_lora, write_rev
 from curvcal.errors import InputError
 from curvcal.load.library_limits import (
     MAX_INIT_ITERATIONS,
+    MAX_LISTED,
     MAX_RANK,
     MAX_REPLICATION,
     check_against,
     check_config,
+    check_config_against_weights,
 )
 from tests.console_text import shown, unwrapped
 
@@ -128,6 +130,16 @@ ADAPTER_CASES: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
         "layer_replication",
         ("100,000 ranges for a base of 1 layers", f"at most {MAX_REPLICATION}"),
     ),
+    "a list of target_modules longer than any base's": (
+        {"target_modules": [f"x{i}" for i in range(MAX_LISTED)] + ["q_proj", "v_proj"]},
+        "target_modules",
+        (f"{MAX_LISTED + 2:,} entries (at most {MAX_LISTED:,})",),
+    ),
+    "a list of layers_to_transform longer than any base's": (
+        {"layers_to_transform": [0] * (MAX_LISTED + 1)},
+        "layers_to_transform",
+        (f"{MAX_LISTED + 1:,} entries",),
+    ),
     "a replicated range past the last layer": (
         {"layer_replication": [[0, 5]]},
         "layer_replication",
@@ -206,6 +218,29 @@ def test_a_pad_token_outside_the_vocabulary_is_refused(
         base / "config.json",
         "pad_token_id",
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("num_hidden_layers", 200_000, "200,000 is more than the weights can fill (the weights "
+         "hold 12 tensors)"),
+        ("hidden_size", 10**9, "1,000,000,000 is more than the weights can fill (the weights' "
+         "largest tensor holds 5,120 numbers)"),
+        ("vocab_size", 10**7, "10,000,000 is more"),
+    ],
+)  # fmt: skip
+def test_a_config_larger_than_its_weights_is_refused_before_transformers_builds_it(
+    run_cli: Any, files: Files, tmp_path: Path, key: str, value: int, needle: str
+) -> None:
+    """Before, transformers built 200,000 Llama layers (past 60 s) before reading a weight.
+    The tiny Llama's weights: 12 tensors, the largest its 320 x 16 embedding."""
+    base = _base_with(files, tmp_path, **{key: value})
+    _refused(run_cli, ["calibrate", base, "--data", files.jsonl], base / "config.json", key,
+             needle)  # fmt: skip
+    # the same base config under an adapter (--base-model) is refused the same way
+    _refused(run_cli, ["hessian", files.adapter, "--base-model", base, "--data", files.jsonl],
+             base / "config.json", key, needle)  # fmt: skip
 
 
 def test_a_bert_pad_token_past_the_table_was_an_internal_error(
@@ -288,6 +323,23 @@ def test_replication_is_bounded_by_the_base_layers() -> None:
         check_against(config, {"layer_replication": [*fourfold, [0, 3]]}, ["model"], 3)
     with pytest.raises(InputError, match="does not say how many layers"):
         check_against(config, {"layer_replication": [[0, 1]]}, ["model"], None)
+
+
+def test_lists_and_model_sizes_at_their_borders() -> None:
+    listed = ["q_proj"] * MAX_LISTED
+    for key in ("target_modules", "exclude_modules", "modules_to_save", "layers_to_transform"):
+        _config_check({key: listed})()
+        with pytest.raises(InputError, match=rf"\({key}\): {MAX_LISTED + 1:,} entries"):
+            _config_check({key: [*listed, "x"]})()
+    _config_check({"target_modules": "q" * (MAX_LISTED + 1)})()  # a pattern: timed on the base
+    config = Path("m") / "config.json"
+    shapes = [(320, 16), (16,), (2, 16)]
+    check_config_against_weights(config, {"num_hidden_layers": 3, "hidden_size": 5120}, shapes)
+    check_config_against_weights(config, {"num_hidden_layers": 10**6}, [])  # weights elsewhere
+    with pytest.raises(InputError, match=r"\(num_hidden_layers\): 4 is more .* 3 tensors"):
+        check_config_against_weights(config, {"num_hidden_layers": 4}, shapes)
+    with pytest.raises(InputError, match=r"\(intermediate_size\): 5,121 is more .* 5,120"):
+        check_config_against_weights(config, {"intermediate_size": 5121}, shapes)
 
 
 def test_other_files_and_other_keys_are_left_to_their_readers() -> None:

@@ -121,8 +121,8 @@ def test_a_rank_that_differs_stops_every_rank_naming_it(tmp_path: Path, differs:
 
 
 def test_fingerprints_name_what_differs() -> None:
-    """One process: nothing is gathered. The data fingerprint of data no file holds digests its
-    first and last samples, so other samples of the same labels differ."""
+    """One process: nothing is gathered. The data fingerprint digests the samples themselves,
+    so other samples of the same labels differ."""
     from curvcal.distributed import agree
     from curvcal.load.loaded_data import loaded_data
     from curvcal.pipeline.agreement import data_fingerprint
@@ -137,5 +137,50 @@ def test_fingerprints_name_what_differs() -> None:
         loaded_data(torch.utils.data.TensorDataset(other_x, labels), "a", labels), 2
     )
     assert one["labels sha256"] == two["labels sha256"]
-    assert one["first and last samples sha256"] != two["first and last samples sha256"]
+    assert one["strided samples sha256"] != two["strided samples sha256"]
     assert one["samples"] == 6 and one["files sha256"] == []
+
+
+def _image_folder(root: Path, seed: int) -> None:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        for i in range(3):
+            pixels = rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.bmp")
+
+
+def test_image_folders_of_other_pixels_differ(tmp_path: Path) -> None:
+    """Two ``folder:`` sets of the same names and file sizes (BMPs of one shape) but other
+    pixels. Before, the fingerprint held only the folder's digest (names and sizes) and the
+    labels, so the two were alike and ranks reading them were summed together."""
+    from curvcal.load.image_folder import load_image_folder
+    from curvcal.pipeline.agreement import data_fingerprint
+    from curvcal.settings.data import DataSettings
+
+    prints = []
+    for seed in (0, 1):
+        _image_folder(tmp_path / str(seed), seed)
+        spec = f"folder:{tmp_path / str(seed)}"
+        prints.append(data_fingerprint(load_image_folder(DataSettings(data=spec), None), 2))
+    assert prints[0]["files sha256"] == prints[1]["files sha256"]  # names and sizes alike
+    assert prints[0]["labels sha256"] == prints[1]["labels sha256"]
+    assert prints[0] != prints[1]
+    assert prints[0]["strided samples sha256"] != prints[1]["strided samples sha256"]
+
+
+def test_strided_samples_span_the_data() -> None:
+    """Every ⌈N/64⌉-th sample and the last: the ends and a spread between, at most 65."""
+    from curvcal.pipeline.agreement import strided_indices
+
+    assert strided_indices(1) == [0]
+    assert strided_indices(5) == [0, 1, 2, 3, 4]
+    assert strided_indices(64) == list(range(64))
+    assert strided_indices(65) == [0, 2, 4, *range(6, 65, 2)]  # stride 2 reaches 64
+    assert strided_indices(66)[-2:] == [64, 65]  # stride 2 and the last
+    big = strided_indices(1_000_003)
+    assert big[0] == 0 and big[-1] == 1_000_002 and len(big) <= 65
+    assert big[1] == 15_626  # ⌈1,000,003 / 64⌉
