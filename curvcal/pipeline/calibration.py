@@ -488,8 +488,13 @@ def run_metrics(
     fit_data = None
     if request.scores.fit is not None:
         fit_data = load_logits(request.scores.fit, *keys)
-        described["fit"] = _describe(request.scores.fit, fit_data, warnings)
-        _check_kind(request.scores.fit, fit_data, request, warnings)
+        fit_warnings: list[str] = []
+        described["fit"] = _describe(request.scores.fit, fit_data, fit_warnings)
+        _check_kind(request.scores.fit, fit_data, request, fit_warnings)
+        if fit_data.scores.shape[1] == data.scores.shape[1]:
+            # a fit file of another class count is refused by the analysis in one line;
+            # warnings about its rows would only come before that line
+            warnings.extend(fit_warnings)
     for warning in warnings:
         reporter.warn(warning)
     calibrators = None
