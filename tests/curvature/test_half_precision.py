@@ -487,3 +487,28 @@ def test_float16_lambda_max_of_a_functional_transformer_is_within_the_stated_bou
     assert error > FLOOR_UNITS * u  # more than the module count's bound
     assert op.accuracy_bound == pytest.approx((FLOOR_UNITS + 7 * NORMALISER_UNITS) * u)
     assert error <= op.accuracy_bound
+
+
+def test_hessian_json_states_the_bound_of_a_functional_transformer(tmp_path: Path, run_cli) -> None:
+    """``curvcal hessian --dtype float16`` on the functional transformer: the record states the
+    bound of its seven normalising operations (92u), not the precision floor alone (8u)."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = FunctionalTransformer().eval()
+    checkpoint = tmp_path / "functional.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(checkpoint))
+    generator = torch.Generator().manual_seed(1)
+    data = tmp_path / "data.pt"
+    torch.save(
+        {"x": torch.randn(16, 8, 6, generator=generator), "y": torch.randint(0, 5, (16,))}, data
+    )
+    result = run_cli(
+        "hessian", checkpoint, "--arch", f"py:{__name__}:FunctionalTransformer",
+        "--trust-checkpoint", "--device", "cpu", "--data", data, "--dtype", "float16",
+        "--top-k", "1", "--no-trace", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.output
+    operator = json.loads(result.stdout)["results"]["operator"]
+    u = 2.0**-11
+    assert operator["accuracy_bound"] == pytest.approx((FLOOR_UNITS + 7 * NORMALISER_UNITS) * u)
