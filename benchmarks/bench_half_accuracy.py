@@ -107,11 +107,12 @@ def measure(name: str, seed: int, steps: int, lr: float, dtype: torch.dtype) -> 
     half = copy.deepcopy(model).to(dtype)
     narrow = eigenvalues(hessian_operator(half, batches, probe_batch=16), 1, tol=1e-4, seed=1)
     exact, value = wide.eigenvalues[0], narrow.eigenvalues[0]
+    sample = x[:1].to(dtype)  # the normalising operations one forward pass executes
     return {
         "lambda_max": exact,
         "error": abs(value - exact) / abs(exact),
-        "bound": accuracy_bound(dtype, half),
-        "normalisers": normalisers(half),
+        "bound": accuracy_bound(dtype, half, sample),
+        "normalisers": normalisers(half, sample),
     }
 
 

@@ -83,7 +83,12 @@ from curvcal.curvature.options import (
     operator_settings,
     select_parameters,
 )
-from curvcal.curvature.precision import accuracy_bound, compute_dtype, precision_floor
+from curvcal.curvature.precision import (
+    accuracy_bound,
+    compute_dtype,
+    is_half,
+    precision_floor,
+)
 from curvcal.curvature.progress import OnStep
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import (
@@ -338,6 +343,7 @@ class HessianOperator:
         )
         self.n_matvecs = 0
         self.n_data_passes = 0
+        self._accuracy_bound: float | None = None
         self._totals = _Totals()
         if measure_width and self._device.type == "cuda":
             with self._prepared_model():
@@ -464,8 +470,16 @@ class HessianOperator:
         """The relative accuracy of a curvature value of the model in :attr:`model_dtype`
         against the same model in float64
         (:func:`~curvcal.curvature.precision.accuracy_bound`: the precision floor plus the
-        model's normalising layers); 0 for float32 and float64 models."""
-        return accuracy_bound(self._model_dtype, self.model)
+        model's normalising layers, counted over one forward pass on a sample of the first
+        batch, once); 0 for float32 and float64 models."""
+        if not is_half(self._model_dtype):
+            return 0.0
+        if self._accuracy_bound is None:
+            x, _ = self._batches.first()
+            sample = x[:1] if isinstance(x, Tensor) else x
+            with self._prepared_model():
+                self._accuracy_bound = accuracy_bound(self._model_dtype, self.model, sample)
+        return self._accuracy_bound
 
     @property
     def device(self) -> torch.device:

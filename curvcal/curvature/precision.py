@@ -33,9 +33,12 @@ transformers), and the digits printed follow it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 #: dtypes a model may run in whose products are widened for the algorithms
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -85,30 +88,126 @@ _NORMALISING = (
     nn.Softmax,
 )
 
+#: names of the torch functions counted as normalising operations by :func:`normalisers`: the
+#: functional normalisations and softmax (``torch``, ``torch.nn.functional`` and ``Tensor``
+#: spellings share these names), attention (the fused kernel and a whole multi-head attention,
+#: each of whose calls holds one softmax)
+NORMALISING_OPS = frozenset(
+    {
+        "softmax",
+        "_softmax",
+        "softmin",
+        "layer_norm",
+        "native_layer_norm",
+        "batch_norm",
+        "native_batch_norm",
+        "instance_norm",
+        "group_norm",
+        "native_group_norm",
+        "rms_norm",
+        "_fused_rms_norm",
+        "local_response_norm",
+        "scaled_dot_product_attention",
+        "multi_head_attention_forward",
+        "_native_multi_head_attention",
+    }
+)
 
-def normalisers(model: nn.Module) -> int:
-    """The normalising layers of ``model``: modules of the torch normalisation and attention
-    types (:data:`_NORMALISING`, ``nn.RMSNorm`` included), and modules of other libraries whose
-    class name ends in ``Norm`` or in ``Attention`` without an ``Attention`` inside them (the
+
+def _normalising_module(module: nn.Module) -> bool:
+    """Whether ``module`` is a normalising layer by its type: a torch normalisation or attention
+    type (:data:`_NORMALISING`, ``nn.RMSNorm`` included), or a module of another library whose
+    class name ends in ``Norm``, or in ``Attention`` with no ``Attention`` inside it (the
     innermost attention of a transformers model, so that a block is counted once)."""
 
-    def named(module: nn.Module, suffix: str) -> bool:
-        return type(module).__name__.endswith(suffix)
+    def named(candidate: nn.Module, suffix: str) -> bool:
+        return type(candidate).__name__.endswith(suffix)
 
-    def innermost_attention(module: nn.Module) -> bool:
-        inner = list(module.modules())[1:]
-        return named(module, "Attention") and not any(named(m, "Attention") for m in inner)
-
-    return sum(
-        isinstance(module, _NORMALISING) or named(module, "Norm") or innermost_attention(module)
-        for module in model.modules()
-    )
+    if isinstance(module, _NORMALISING) or named(module, "Norm"):
+        return True
+    inner = list(module.modules())[1:]
+    return named(module, "Attention") and not any(named(m, "Attention") for m in inner)
 
 
-def accuracy_bound(model_dtype: torch.dtype, model: nn.Module | None = None) -> float:
+class _NormalisingCount(TorchFunctionMode):
+    """Counts the calls of :data:`NORMALISING_OPS` made while it is active. A handler runs with
+    the mode off, so a normalising function that calls others (``F.softmax`` calling
+    ``Tensor.softmax``, a multi-head attention calling its softmax) counts once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if getattr(func, "__name__", None) in NORMALISING_OPS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _traced_normalisers(model: nn.Module, sample: Any) -> int:
+    """The normalising operations one forward pass of ``model`` on ``sample`` executes, plus the
+    normalising modules (:func:`_normalising_module`) that ran without executing one (a norm
+    written as mean, rsqrt and product). Runs with gradients off; the caller sets the mode and
+    restores any buffer a train-mode pass updates."""
+    counter = _NormalisingCount()
+    silent = 0
+    entered: list[int] = []
+
+    def before(module: nn.Module, inputs: Any) -> None:
+        entered.append(counter.count + silent)
+
+    def after(module: nn.Module, inputs: Any, output: Any) -> None:
+        nonlocal silent
+        if counter.count + silent == entered.pop():
+            silent += 1
+
+    handles = []
+    for module in model.modules():
+        if _normalising_module(module):
+            handles.append(module.register_forward_pre_hook(before))
+            handles.append(module.register_forward_hook(after))
+    try:
+        with torch.no_grad(), counter:
+            model(sample)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return counter.count + silent
+
+
+def normalisers(model: nn.Module, sample: Any = None) -> int:
+    """The normalising layers of ``model``.
+
+    With ``sample`` (inputs the model takes, one sample is enough): the normalising operations
+    one forward pass executes — softmax, layer/batch/instance/group/RMS normalisation, scaled
+    dot-product and multi-head attention (:data:`NORMALISING_OPS`), whether called by a torch
+    module or directly from a model's own code — plus the normalising modules
+    (:func:`_normalising_module`) that ran without executing one of them (a norm written out as
+    mean, rsqrt and product). A layer run twice counts twice: each run rounds.
+
+    Without ``sample``, or when that pass fails: the modules of the normalising types, which
+    miss normalisations a model calls as functions."""
+    if sample is not None:
+        try:
+            return _traced_normalisers(model, sample)
+        except Exception:  # any failure of the pass: the module types below
+            pass
+    return sum(_normalising_module(module) for module in model.modules())
+
+
+def accuracy_bound(
+    model_dtype: torch.dtype, model: nn.Module | None = None, sample: Any = None
+) -> float:
     """The relative accuracy of a curvature value of a model in bfloat16 or float16 against the
     same model in float64 (before its weights were rounded): u · (:data:`FLOOR_UNITS` +
-    :data:`NORMALISER_UNITS` · n), n its :func:`normalisers`, u = 2^−p; 0 for other dtypes.
+    :data:`NORMALISER_UNITS` · n), n its :func:`normalisers` (those a forward pass on ``sample``
+    executes, when given), u = 2^−p; 0 for other dtypes.
 
     A product's own rounding is the precision floor (8u). A normalising layer adds rounding in
     each pass a product makes through it, amplified by its conditioning, and so does the
@@ -120,7 +219,9 @@ def accuracy_bound(model_dtype: torch.dtype, model: nn.Module | None = None) -> 
     (:func:`significant_digits`)."""
     if not is_half(model_dtype):
         return 0.0
-    units = FLOOR_UNITS + (NORMALISER_UNITS * normalisers(model) if model is not None else 0)
+    units = FLOOR_UNITS + (
+        NORMALISER_UNITS * normalisers(model, sample) if model is not None else 0
+    )
     return units * torch.finfo(model_dtype).eps / 2
 
 

@@ -376,3 +376,139 @@ def test_float16_lambda_max_of_a_transformer_is_within_the_stated_bound(seed: in
     assert error <= op.accuracy_bound
     digits = significant_digits(op.accuracy_bound)
     assert digits <= 2
+
+
+class FunctionalBlock(nn.Module):
+    """A post-norm encoder block written with ``F.scaled_dot_product_attention`` and
+    ``F.layer_norm`` in a module of no normalising type or name: three normalising operations
+    that no module declares."""
+
+    def __init__(self, width: int = 16, heads: int = 2, hidden: int = 32) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.up = nn.Linear(width, hidden)
+        self.down = nn.Linear(hidden, width)
+        self.scale1 = nn.Parameter(torch.ones(width))
+        self.shift1 = nn.Parameter(torch.zeros(width))
+        self.scale2 = nn.Parameter(torch.ones(width))
+        self.shift2 = nn.Parameter(torch.zeros(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, w = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        attended = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.out(attended.transpose(1, 2).reshape(b, t, w))
+        x = nn.functional.layer_norm(x, (w,), self.scale1, self.shift1)
+        x = x + self.down(nn.functional.gelu(self.up(x)))
+        return nn.functional.layer_norm(x, (w,), self.scale2, self.shift2)
+
+
+class FunctionalTransformer(nn.Module):
+    """:class:`TwoBlockTransformer` written with functional attention and normalisation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 16)
+        self.blocks = nn.Sequential(FunctionalBlock(), FunctionalBlock())
+        self.scale = nn.Parameter(torch.ones(16))
+        self.shift = nn.Parameter(torch.zeros(16))
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = nn.functional.layer_norm(self.blocks(self.embed(x)), (16,), self.scale, self.shift)
+        return self.head(pooled.mean(1))
+
+
+def _functional_twin(model: TwoBlockTransformer) -> FunctionalTransformer:
+    """A :class:`FunctionalTransformer` holding ``model``'s weights: the same function."""
+    twin = FunctionalTransformer().to(next(model.parameters()).dtype)
+    with torch.no_grad():
+        twin.embed.load_state_dict(model.embed.state_dict())
+        twin.head.load_state_dict(model.head.state_dict())
+        twin.scale.copy_(model.norm.weight)
+        twin.shift.copy_(model.norm.bias)
+        for block, layer in zip(twin.blocks, model.blocks, strict=True):
+            block.qkv.weight.copy_(layer.self_attn.in_proj_weight)
+            block.qkv.bias.copy_(layer.self_attn.in_proj_bias)
+            block.out.load_state_dict(layer.self_attn.out_proj.state_dict())
+            block.up.load_state_dict(layer.linear1.state_dict())
+            block.down.load_state_dict(layer.linear2.state_dict())
+            block.scale1.copy_(layer.norm1.weight)
+            block.shift1.copy_(layer.norm1.bias)
+            block.scale2.copy_(layer.norm2.weight)
+            block.shift2.copy_(layer.norm2.bias)
+    return twin.eval()
+
+
+class HandWrittenRMSNorm(nn.Module):
+    """An RMS norm written as mean, rsqrt and product: no normalising operation, a ``Norm``
+    name."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def test_normalising_operations_are_counted_whoever_calls_them() -> None:
+    """A model's normalisers are the normalising operations its forward pass executes: the
+    functional twin of the two-block transformer counts the seven of its module-built twin,
+    which the module types alone (0) missed; a norm written out by hand still counts by its
+    module; a layer run twice counts twice; a pass that fails falls back to the module types."""
+    x = torch.randn(1, 8, 6)
+    model = TwoBlockTransformer()
+    twin = _functional_twin(model.double())
+    assert normalisers(twin) == 0  # by module types alone
+    assert normalisers(twin, x.double()) == normalisers(model, x.double()) == 7
+    assert normalisers(nn.Sequential(nn.Linear(6, 6), HandWrittenRMSNorm()), x) == 1
+    shared = nn.LayerNorm(6)
+    assert normalisers(nn.Sequential(shared, nn.Softmax(-1), shared), x) == 3
+    assert normalisers(nn.Sequential(nn.LayerNorm(6)), torch.randn(1, 8, 7)) == 1  # fails: types
+    u = 2.0**-11
+    assert accuracy_bound(torch.float16, twin, x.double()) == pytest.approx(
+        (FLOOR_UNITS + 7 * NORMALISER_UNITS) * u
+    )
+
+
+def test_float16_lambda_max_of_a_functional_transformer_is_within_the_stated_bound() -> None:
+    """The functional twin of the trained two-block transformer (seed 4), in float16 against
+    float64: the operator counts its normalising operations, so its error (57u, as its
+    module-built twin's) lies within the bound it states (92u), not the 8u its modules gave."""
+    model, batches = _trained_transformer(4)
+    twin = _functional_twin(model)
+    x = batches[0][0]
+    torch.testing.assert_close(twin(x), model(x), rtol=1e-10, atol=1e-10)
+    wide = eigenvalues(hessian_operator(twin, batches, probe_batch=16), 1, tol=1e-8, seed=1)
+    op = hessian_operator(copy.deepcopy(twin).to(torch.float16), batches, probe_batch=16)
+    narrow = eigenvalues(op, 1, tol=1e-4, seed=1)
+    exact = wide.eigenvalues[0]
+    error = abs(narrow.eigenvalues[0] - exact) / abs(exact)
+    u = 2.0**-11
+    assert error > FLOOR_UNITS * u  # more than the module count's bound
+    assert op.accuracy_bound == pytest.approx((FLOOR_UNITS + 7 * NORMALISER_UNITS) * u)
+    assert error <= op.accuracy_bound
+
+
+def test_hessian_json_states_the_bound_of_a_functional_transformer(tmp_path: Path, run_cli) -> None:
+    """``curvcal hessian --dtype float16`` on the functional transformer: the record states the
+    bound of its seven normalising operations (92u), not the precision floor alone (8u)."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = FunctionalTransformer().eval()
+    checkpoint = tmp_path / "functional.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(checkpoint))
+    generator = torch.Generator().manual_seed(1)
+    data = tmp_path / "data.pt"
+    torch.save(
+        {"x": torch.randn(16, 8, 6, generator=generator), "y": torch.randint(0, 5, (16,))}, data
+    )
+    result = run_cli(
+        "hessian", checkpoint, "--arch", f"py:{__name__}:FunctionalTransformer",
+        "--trust-checkpoint", "--device", "cpu", "--data", data, "--dtype", "float16",
+        "--top-k", "1", "--no-trace", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.output
+    operator = json.loads(result.stdout)["results"]["operator"]
+    u = 2.0**-11
+    assert operator["accuracy_bound"] == pytest.approx((FLOOR_UNITS + 7 * NORMALISER_UNITS) * u)
