@@ -479,8 +479,9 @@ def test_density_steps_beyond_the_parameter_count_are_capped_and_said() -> None:
         on_plan=lambda resolved: planned.append(resolved.density_steps),
     )
     assert planned == [n_params]
-    assert [note for note in notes if "--density-steps" in note] == [
-        f"--density-steps 200 capped at {n_params}, the parameter count: Lanczos on a "
+    # from Python the note names the field (the command line words it --density-steps)
+    assert [note for note in notes if "density_steps" in note] == [
+        f"density_steps 200 capped at {n_params}, the parameter count: Lanczos on a "
         "Hessian of P rows ends within P steps"
     ]
     assert result.density is not None and result.density.steps == n_params

@@ -19,7 +19,7 @@ from curvcal.calibration.analysis import (
     analyse_calibration,
     evaluate_calibrators,
 )
-from curvcal.errors import InputError
+from curvcal.errors import InputError, as_option, wording
 from curvcal.results import to_jsonable
 
 GAMMAS = (0.0, 1.0)  # a short grid keeps the focal fits quick
@@ -221,22 +221,26 @@ def test_fit_split_and_method_must_agree() -> None:
 
 
 @pytest.mark.parametrize(
-    ("changes", "option"),
+    ("changes", "field"),
     [
-        ({"method": "no-such-map"}, "--method"),
-        ({"objective": "brier"}, "--objective"),
-        ({"focal_objective": "mse"}, "--focal-objective"),
+        ({"method": "no-such-map"}, "method"),
+        ({"objective": "brier"}, "objective"),
+        ({"focal_objective": "mse"}, "focal_objective"),
         ({"bins": 0}, "bins"),
         ({"edges": "both"}, "edges"),
-        ({"bootstrap": -1}, "--bootstrap"),
-        ({"gammas": ()}, "--gammas"),
-        ({"gammas": (0.0, -1.0)}, "--gammas"),
+        ({"bootstrap": -1}, "bootstrap"),
+        ({"gammas": ()}, "gammas"),
+        ({"gammas": (0.0, -1.0)}, "gammas"),
     ],
 )
-def test_bad_settings_name_the_option(changes: dict[str, object], option: str) -> None:
+def test_bad_settings_name_the_option(changes: dict[str, object], field: str) -> None:
+    # from Python the error names the field; on the command line, the option
     with pytest.raises(InputError) as error:
         CalibrationSettings(**changes)  # type: ignore[arg-type]
-    assert error.value.what == option
+    assert error.value.what == field
+    with wording(as_option), pytest.raises(InputError) as error:
+        CalibrationSettings(**changes)  # type: ignore[arg-type]
+    assert error.value.what == "--" + field.replace("_", "-")
 
 
 def test_gamma_grid_is_sorted_and_deduplicated() -> None:

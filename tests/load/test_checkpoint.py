@@ -538,7 +538,7 @@ def test_bad_options(options: CheckpointSettings, what: str, text: str, tmp_path
 def test_unsupported_dtype_is_refused_when_the_settings_are_made() -> None:
     with pytest.raises(InputError) as caught:
         CheckpointSettings(arch=DIGITS, dtype="int8")
-    assert caught.value.what == "--dtype"
+    assert caught.value.what == "dtype"  # the field from Python; --dtype on the command line
     assert "int8" in caught.value.message and "float32, float64" in caught.value.message
 
 

@@ -274,7 +274,9 @@ def test_the_method_option_lists_the_registry_maps() -> None:
 
 #: A calibrator file written by release 0.1.0 (``metrics --method all`` on binary scores): every
 #: score map of the registry, as that release saved it.
-RELEASED = Path(__file__).resolve().parents[1] / "golden" / "calibrator_0.1.0_binary.json"
+RELEASED = (
+    Path(__file__).resolve().parents[1] / "golden" / "calibrators" / "calibrator_0.1.0_binary.json"
+)
 
 
 def test_a_file_the_release_wrote_still_loads_and_applies() -> None:
