@@ -252,10 +252,10 @@ def ranking_tables(ranking: Ranking) -> list[Table]:
     apply is a row of its own, last, with the reason it was skipped."""
     if ranking.n_bootstrap:
         how = (
-            f"Δ = map − best (or − uncalibrated) [{ranking.interval_level:.0%} interval: NLL "
-            f"Δ by Student's t over the rows, ECE Δ ± the bound of both plug-ins' errors from "
-            f"{ranking.n_bootstrap} paired resamples of the evaluation rows, seed "
-            f"{ranking.seed}]; ≈ best: the interval contains 0"
+            f"Δ = map − best (or − uncalibrated) [{ranking.interval_level:.0%} paired interval, "
+            f"{ranking.n_bootstrap} resamples of the evaluation rows, seed {ranking.seed}: NLL Δ "
+            "by Student's t over the rows, ECE Δ ± the bound of both plug-ins' errors]; ≈ best: "
+            "the interval contains 0"
         )
     else:
         how = "Δ = map − best; no intervals: pass --bootstrap N to see which differences are real"

@@ -52,7 +52,7 @@ def test_metrics_ranks_every_map_in_json_and_table(run_cli, tmp_path: Path) -> N
     table = run_cli("metrics", test, *args)
     assert table.code == 0, table.stderr
     assert "ranked by NLL" in table.stdout and "ranked by ECE" in table.stdout
-    assert "best" in table.stdout and "paired resamples" in table.stdout
+    assert "best" in table.stdout and "paired interval" in table.stdout
 
 
 def test_other_methods_carry_no_ranking_key(run_cli, tmp_path: Path) -> None:
