@@ -142,3 +142,34 @@ def test_metrics_warns_for_a_scores_file_lacking_classes(
     assert result.code == 0, result.output  # type: ignore[attr-defined]
     warnings = json.loads(result.stdout)["warnings"]  # type: ignore[attr-defined]
     assert any("hold 3 of the model's 4 classes (1 missing: 3)" in w for w in warnings)
+
+
+def test_check_warns_when_the_data_lacks_classes(
+    tmp_path: Path, run_cli: Callable[..., object]
+) -> None:
+    """The same 10-class model gated by ``check`` on data holding classes 0..4 only: the
+    warning calibrate gives is in check's report too, said once."""
+    torch.manual_seed(0)
+    model = DigitsCNN(num_classes=10, width=1)
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(tmp_path / "m.safetensors"),
+        metadata={
+            "curvcal.arch": "curvcal:DigitsCNN",
+            "curvcal.arch_kwargs": json.dumps({"num_classes": 10, "width": 1}),
+        },
+    )
+    generator = torch.Generator().manual_seed(0)
+    save_file(
+        {"x": torch.randn(40, 1, 8, 8, generator=generator), "y": torch.arange(40) % 5},
+        str(tmp_path / "half.safetensors"),
+    )
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        f'[settings]\ndata = "{(tmp_path / "half.safetensors").as_posix()}"\ndevice = "cpu"\n'
+        'method = "none"\n\n[ece]\nmax = 1.0\n'
+    )
+    result = run_cli("check", tmp_path / "m.safetensors", "--policy", policy, "--json")
+    assert result.code == 0, result.output  # type: ignore[attr-defined]
+    warnings = json.loads(result.stdout)["warnings"]  # type: ignore[attr-defined]
+    assert sum("hold 5 of the model's 10 classes (5 missing: 5, 6" in w for w in warnings) == 1

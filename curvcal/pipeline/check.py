@@ -247,7 +247,9 @@ def run_check(
                     "the policy gates no calibrated stage, so nothing is fitted: val_split and "
                     "fit_data are unused and every sample is evaluated"
                 )
-            calibration, n_classes = _calibrate(session, loaded, data, fit, settings, plan)
+            calibration, n_classes = _calibrate(
+                session, loaded, data, fit, settings, plan, messages
+            )
             _refuse_skipped_gates(policy, calibration)
             if n_classes == 1:
                 messages.append(single_class_warning(str(checkpoint)))
@@ -461,11 +463,14 @@ def _calibrate(
     fit: LoadedData | None,
     settings: Mapping[str, Any],
     plan: _Plan,
+    messages: list[str],
 ) -> tuple[CalibrationAnalysis | None, int]:
     """Predict (under the policy's ``nan_policy``) and run the calibration analysis exactly as
     ``curvcal calibrate`` would; also the number of logits K. ``(None, 0)`` on the ranks but
-    0, which get no predictions."""
+    0, which get no predictions. The warnings calibrate gives of the data (a split lacking
+    some of the model's classes) are added to ``messages``."""
     from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT, analyse, predict_with_fit
+    from curvcal.pipeline.calibration_warnings import missing_classes
 
     assert plan.calibration is not None
     calibration, batch_size = plan.calibration, plan.data.batch_size
@@ -488,6 +493,13 @@ def _calibrate(
         return None, 0
     logits, labels, _dropped = predicted
     source, n_classes = f"data {data.spec}", int(logits.shape[1])
+    splits = [(source, labels)]
+    if fit is not None and fit_predicted is not None:
+        splits.append((f"fit_data {fit.spec}", fit_predicted[1]))
+    for where, rows in splits:  # what calibrate says of a set lacking some classes
+        missing = missing_classes(rows, n_classes, where)
+        if missing:
+            messages.append(missing)
     if plan.method == "none":
         return analyse(logits, labels, "logits", calibration, source), n_classes
     if fit is not None and fit_predicted is not None:
