@@ -102,10 +102,9 @@ def test_missing_classes_warning_counts_them() -> None:
     assert many is not None and "99 missing: 1, 2, 3, 4, 5, 6, 7, 8, ... and 91 more" in many
 
 
-def test_calibrate_warns_when_the_calibration_set_lacks_classes(
-    tmp_path: Path, run_cli: Callable[..., object]
-) -> None:
-    """A 10-class model calibrated on data holding classes 0..4 only."""
+def _ten_class_model_on_half_its_classes(tmp_path: Path) -> None:
+    """``m.safetensors``: a 10-class DigitsCNN; ``half.safetensors``: 40 samples of classes
+    0..4 only."""
     torch.manual_seed(0)
     model = DigitsCNN(num_classes=10, width=1)
     save_file(
@@ -121,6 +120,13 @@ def test_calibrate_warns_when_the_calibration_set_lacks_classes(
         {"x": torch.randn(40, 1, 8, 8, generator=generator), "y": torch.arange(40) % 5},
         str(tmp_path / "half.safetensors"),
     )
+
+
+def test_calibrate_warns_when_the_calibration_set_lacks_classes(
+    tmp_path: Path, run_cli: Callable[..., object]
+) -> None:
+    """A 10-class model calibrated on data holding classes 0..4 only."""
+    _ten_class_model_on_half_its_classes(tmp_path)
     result = run_cli(
         "calibrate", tmp_path / "m.safetensors", "--data", tmp_path / "half.safetensors", "--json"
     )
@@ -149,27 +155,35 @@ def test_check_warns_when_the_data_lacks_classes(
 ) -> None:
     """The same 10-class model gated by ``check`` on data holding classes 0..4 only: the
     warning calibrate gives is in check's report too, said once."""
-    torch.manual_seed(0)
-    model = DigitsCNN(num_classes=10, width=1)
-    save_file(
-        {k: v.contiguous() for k, v in model.state_dict().items()},
-        str(tmp_path / "m.safetensors"),
-        metadata={
-            "curvcal.arch": "curvcal:DigitsCNN",
-            "curvcal.arch_kwargs": json.dumps({"num_classes": 10, "width": 1}),
-        },
-    )
-    generator = torch.Generator().manual_seed(0)
-    save_file(
-        {"x": torch.randn(40, 1, 8, 8, generator=generator), "y": torch.arange(40) % 5},
-        str(tmp_path / "half.safetensors"),
-    )
+    _ten_class_model_on_half_its_classes(tmp_path)
     policy = tmp_path / "policy.toml"
     policy.write_text(
         f'[settings]\ndata = "{(tmp_path / "half.safetensors").as_posix()}"\ndevice = "cpu"\n'
         'method = "none"\n\n[ece]\nmax = 1.0\n'
     )
     result = run_cli("check", tmp_path / "m.safetensors", "--policy", policy, "--json")
+    assert result.code == 0, result.output  # type: ignore[attr-defined]
+    warnings = json.loads(result.stdout)["warnings"]  # type: ignore[attr-defined]
+    assert sum("hold 5 of the model's 10 classes (5 missing: 5, 6" in w for w in warnings) == 1
+
+
+def test_study_warns_when_the_data_lacks_classes(
+    tmp_path: Path, run_cli: Callable[..., object]
+) -> None:
+    """``study`` of the same model on the same half of the classes: the warning is in its
+    report too, once for the checkpoint."""
+    _ten_class_model_on_half_its_classes(tmp_path)
+    result = run_cli(
+        "study",
+        tmp_path / "m.safetensors",
+        "--data",
+        tmp_path / "half.safetensors",
+        "--probes",
+        "4",
+        "--tol",
+        "1e-3",
+        "--json",
+    )
     assert result.code == 0, result.output  # type: ignore[attr-defined]
     warnings = json.loads(result.stdout)["warnings"]  # type: ignore[attr-defined]
     assert sum("hold 5 of the model's 10 classes (5 missing: 5, 6" in w for w in warnings) == 1

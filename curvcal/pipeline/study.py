@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from curvcal.calibration.registry import MAPS, fitted_stages
 from curvcal.errors import CurvcalError, InputError
 from curvcal.pipeline.calibration import DEFAULT_VAL_SPLIT
-from curvcal.pipeline.calibration_warnings import analysis_warnings
+from curvcal.pipeline.calibration_warnings import analysis_warnings, missing_classes
 from curvcal.results import Report
 from curvcal.settings.fields import groups
 
@@ -143,8 +143,12 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
                             f"{path} on --data {data.spec}",
                             features,
                         )
-                        # what calibrate says of the same fits, per checkpoint; said with the
-                        # study's own warnings once every checkpoint is measured
+                        # what calibrate says of the same data and fits, per checkpoint; said
+                        # with the study's own warnings once every checkpoint is measured
+                        missing = missing_classes(
+                            labels, int(logits.shape[1]), f"{path} on --data {data.spec}"
+                        )
+                        fit_warnings += [missing] if missing else []
                         fit_warnings += [f"{path}: {w}" for w in analysis_warnings(analysis)]
                         rows.append(
                             StudyRow(
