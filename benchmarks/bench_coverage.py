@@ -11,6 +11,7 @@ three ``judge`` rules of ``curvcal check`` on a ``max`` ECE bound.
     python benchmarks/bench_coverage.py --full          # 100 data sets a cell, K = 100 at 50,000
     python benchmarks/bench_coverage.py --gate          # the judge table of docs/guide/check.md
     python benchmarks/bench_coverage.py --ranking --classes 2 --sizes 500 2000 --datasets 100
+    python benchmarks/bench_coverage.py --nll --classes 2 10 --sizes 5000 --datasets 400
     python benchmarks/bench_coverage.py --classes 2 10 --sizes 200 500 --models calibrated --datasets 100
 """
 
@@ -22,6 +23,7 @@ import time
 
 import numpy as np
 
+from curvcal.calibration.intervals import mean_interval
 from curvcal.calibration.metrics import calibration_metrics, top_label_of
 from curvcal.calibration.ranking import rank_stages
 from curvcal.calibration.simulate import SimulatedModel, binomial_se, models
@@ -142,6 +144,28 @@ def ranking_table(args: argparse.Namespace) -> None:
                 )
 
 
+def nll_table(args: argparse.Namespace) -> None:
+    """Coverage of the NLL's interval alone (Student's t over the rows' -log p_y, as
+    ``calibration_metrics`` forms it), which needs no resamples: so many more data sets a cell
+    than the whole table affords."""
+    print(f"NLL only; datasets per cell: {args.datasets}")
+    print("| K | model | population NLL | N | NLL held |")
+    print("|---|---|---|---|---|")
+    for k in args.classes:
+        for model in models(k):
+            if args.models and model.name not in args.models:
+                continue
+            truth = model.population()["nll"]
+            for n in args.sizes:
+                held: list[bool] = []
+                for seed in range(args.datasets):
+                    scores, labels = model.draw(n, seed=1_000_003 * n + seed)
+                    interval = mean_interval(top_label_of(scores, labels, "probs").nll, floor=0.0)
+                    assert interval is not None
+                    held.append(interval[0] <= truth <= interval[1])
+                print(f"| {k} | {model.name} | {truth:.4f} | {n} | {_rate(held)} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=int, default=None)
@@ -154,12 +178,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="100 data sets, K = 100 at 50,000")
     parser.add_argument("--gate", action="store_true", help="the judge table instead")
     parser.add_argument("--ranking", action="store_true", help="ranking's differences instead")
+    parser.add_argument("--nll", action="store_true", help="the NLL's interval alone instead")
     parser.add_argument("--limit", type=float, default=0.05, help="the gate's max ECE")
     args = parser.parse_args(argv)
     if args.datasets is None:
         args.datasets = 100 if args.full else (40 if args.gate else 25)
     np.seterr(all="ignore")
-    table = ranking_table if args.ranking else gate_table if args.gate else coverage_table
+    table = (
+        ranking_table
+        if args.ranking
+        else gate_table
+        if args.gate
+        else nll_table
+        if args.nll
+        else coverage_table
+    )
     table(args)
     return 0
 

@@ -33,3 +33,13 @@ def test_the_ranking_table_runs(
     assert bench.main(argv) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
     assert len(rows) == 1 and rows[0].count(" ± ") == 2
+
+
+def test_the_nll_table_runs_on_the_whole_tables_draws(
+    load_bench: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = load_bench("bench_coverage")
+    argv = ["--nll", "--datasets", "3", "--sizes", "200", "--classes", "2", "--models"]
+    assert bench.main([*argv, "calibrated"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 1 and rows[0].count(" ± ") == 1
