@@ -307,12 +307,14 @@ def load_calibrator_file(path: Path) -> CalibratorFile:
             raise InputError(where, f"a schema {schema} calibrator file has no {stage!r}")
         if stage not in _ALWAYS and isinstance(entry, dict) and entry.get("method") != method:
             raise InputError(
-                where, f"'{stage}' must be a {method!r} calibrator, got {entry.get('method')!r}"
+                where,
+                f"'{stage}' must be a {method!r} calibrator, got method {entry.get('method')!r}",
             )
         calibrator = MAPS[stage].load(entry, f"{where} ({stage})")
         if calibrator.method != method:
             raise InputError(
-                where, f"'{stage}' must be a {method!r} calibrator, got {calibrator.method!r}"
+                where,
+                f"'{stage}' must be a {method!r} calibrator, got method {calibrator.method!r}",
             )
         calibrators[stage] = calibrator
     if not calibrators:

@@ -30,7 +30,7 @@ def _fall(row: list[float]) -> list[float]:
         ("p1", lambda rows: "__import__('os')", "p1 must be a non-empty list of lists"),
         ("c", lambda rows: [["1", *rows[0][1:]], *rows[1:]], "numbers only"),
         ("n_classes", lambda value: 1, "n_classes must be >= 2"),
-        ("method", lambda value: "venn", "must be a 'venn-abers' calibrator, got 'venn'"),
+        ("method", lambda value: "venn", "must be a 'venn-abers' calibrator, got method 'venn'"),
     ],
 )
 def test_tampered_saved_maps(run_cli, tmp_path: Path, key: str, change, needle: str) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.commands.test_metrics import logits_file, one_line_error
+from tests.console_text import said
 
 
 def scores_file(path: Path, n: int, k: int, seed: int = 0) -> Path:
@@ -58,7 +59,7 @@ def test_beta_with_one_class_in_the_fit_split(run_cli, tmp_path: Path) -> None:
     errors = [line for line in result.stderr.splitlines() if line.startswith("curvcal: error:")]
     assert result.code == 2 and "Traceback" not in result.stderr
     assert len(errors) == 1 and "needs both classes" in errors[0]
-    assert "fit.npz: the labels hold 1 of the model's 2 classes" in " ".join(result.stderr.split())
+    assert said(f"{fit}: the labels hold 1 of the model's 2 classes", result.stderr)
 
 
 def test_saved_binary_map_applied_to_ten_classes(run_cli, tmp_path: Path) -> None:

@@ -128,7 +128,7 @@ def test_every_declared_field_refuses_a_tampered_value(saved, tmp_path: Path) ->
         if spec.name not in body or body[spec.name] is None:
             continue
         for value, word in _tamperings(spec, body[spec.name]):
-            bad = tmp_path / f"{spec.name}-{tried}.json"
+            bad = tmp_path / f"t{tried}.json"  # short: a long path is shown shortened
             bad.write_text(json.dumps({**document, stage: {**body, spec.name: value}}))
             with pytest.raises(InputError) as caught:
                 curvcal.load_map(bad)
@@ -168,7 +168,7 @@ def test_every_provenance_record_field_refuses_a_tampered_value(tmp_path: Path) 
         for spec in fields:
             for value, word in _tamperings(spec, records[record][spec.name]):
                 body = {**records[record], spec.name: value}
-                bad = tmp_path / f"{record}-{tried}.json"
+                bad = tmp_path / f"p{tried}.json"  # short: a long path is shown shortened
                 bad.write_text(json.dumps({**document, "provenance": {
                     **document["provenance"], record: body}}))  # fmt: skip
                 with pytest.raises(InputError) as caught:
