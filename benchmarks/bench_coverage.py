@@ -52,6 +52,11 @@ def coverage_cell(
     return held
 
 
+def chosen_models(args: argparse.Namespace, k: int) -> list[SimulatedModel]:
+    """The models of ``k`` classes that ``--models`` names (all four without it)."""
+    return [model for model in models(k) if not args.models or model.name in args.models]
+
+
 def _rate(flags: list[bool]) -> str:
     if not flags:
         return "—"
@@ -64,9 +69,7 @@ def coverage_table(args: argparse.Namespace) -> None:
     print("| K | model | population ECE | N | " + " | ".join(HEADERS) + " |")
     print("|---|---|---|---|" + "---|" * len(HEADERS))
     for k in args.classes:
-        for model in models(k):
-            if args.models and model.name not in args.models:
-                continue
+        for model in chosen_models(args, k):
             truth = model.population()
             for n in args.sizes:
                 if k >= 100 and n > 5000 and not args.full:
@@ -118,9 +121,7 @@ def ranking_table(args: argparse.Namespace) -> None:
     print("| K | model | ΔECE | ΔNLL | N | ΔECE held | ΔNLL held |")
     print("|---|---|---|---|---|---|---|")
     for k in args.classes:
-        for model in models(k):
-            if args.models and model.name not in args.models:
-                continue
+        for model in chosen_models(args, k):
             truth = {"ece": -model.ece(), "nll": model.recalibrated_nll() - model.nll()}
             for n in args.sizes:
                 held: dict[str, list[bool]] = {"ece": [], "nll": []}
@@ -152,9 +153,7 @@ def nll_table(args: argparse.Namespace) -> None:
     print("| K | model | population NLL | N | NLL held |")
     print("|---|---|---|---|---|")
     for k in args.classes:
-        for model in models(k):
-            if args.models and model.name not in args.models:
-                continue
+        for model in chosen_models(args, k):
             truth = model.population()["nll"]
             for n in args.sizes:
                 held: list[bool] = []

@@ -27,12 +27,16 @@ class Files:
     root: Path
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
-    root = tmp_path_factory.mktemp("bad_adapters")
+def llama_adapter_files(root: Path) -> Files:
+    """A tiny Llama base, a LoRA adapter over it and a JSON Lines review set, under ``root``."""
     base = save_decoder(root / "base", "llama", seed=4)
     save_lora(base, root / "adapter")
     return Files(base, root / "adapter", write_reviews(root / "reviews.jsonl"), root)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
+    return llama_adapter_files(tmp_path_factory.mktemp("bad_adapters"))
 
 
 def _missing_base(files: Files, tmp: Path) -> tuple[list[object], tuple[str, ...]]:

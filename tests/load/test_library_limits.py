@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from hf_decoder_builders import copy_adapter, save_decoder, save_lora, write_reviews
+from hf_decoder_builders import copy_adapter
 
 from curvcal.errors import InputError
 from curvcal.load.library_limits import (
@@ -32,24 +31,14 @@ from curvcal.load.library_limits import (
     check_config_against_weights,
 )
 from tests.console_text import said, shown, times_said
+from tests.load.test_decoder_adapter_bad_inputs import Files, llama_adapter_files
 
 NAN = float("nan")
 
 
-@dataclass(frozen=True)
-class Files:
-    base: Path
-    adapter: Path
-    jsonl: Path
-    root: Path
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
-    root = tmp_path_factory.mktemp("library_limits")
-    base = save_decoder(root / "base", "llama", seed=4)
-    save_lora(base, root / "adapter")
-    return Files(base, root / "adapter", write_reviews(root / "reviews.jsonl"), root)
+    return llama_adapter_files(tmp_path_factory.mktemp("library_limits"))
 
 
 def _refused(run_cli: Any, args: list[object], file: Path, key: str, *needles: str) -> str:
