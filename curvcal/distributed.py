@@ -29,6 +29,7 @@ all of them at the same collective, so nothing is announced through the store.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import threading
@@ -48,6 +49,7 @@ DEFAULT_TIMEOUT_S = 600.0
 #: how often each rank's watcher looks for another rank's failure, and how long a failing rank
 #: waits for the others to take note before it exits
 _POLL_S = 0.2
+_STORE_TIMEOUT_S = 30.0  # the failure watcher's store client: one call waits at most this
 _ACK_WAIT_S = 10.0
 _INTERRUPT_WAIT_S = 1.5  # Ctrl-C is answered within 2 s
 
@@ -215,6 +217,11 @@ def leave() -> None:
     """Stop the failure watcher and destroy the process group, without waiting for anyone."""
     _WATCH.stop()
     if dist.is_available() and dist.is_initialized():
+        # a sharded model's hooks form reference cycles that may hold gloo work objects (and
+        # their tensors): freed by the collector at interpreter exit, their destructors take
+        # the GIL of a dying interpreter and abort the rank ("terminate called without an
+        # active exception") after a successful run. Free them while the group is alive.
+        gc.collect()
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 
@@ -359,7 +366,9 @@ class _Watch:
         interrupt.on_stop(None)
         self.halt.set()
         if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join(timeout=5 * _POLL_S)
+            # until it has left any store call: a daemon thread still inside C++ when the
+            # interpreter exits is ended while taking the GIL, which aborts the process
+            self.thread.join(timeout=_STORE_TIMEOUT_S + 1.0)
         self.thread = None
         self.store = None
 
@@ -431,7 +440,11 @@ def _store_client() -> dist.Store | None:
         return None
     try:
         client = dist.TCPStore(
-            host, int(port), is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False
+            host,
+            int(port),
+            is_master=False,
+            timeout=timedelta(seconds=_STORE_TIMEOUT_S),
+            wait_for_workers=False,
         )
     except Exception:
         return None
