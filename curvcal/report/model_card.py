@@ -17,15 +17,14 @@ the Hub's model-card specification, which ``huggingface_hub`` reads
         - name: <metric key>
           type: <metric key>
           value: <number>
-        source:
-          name: curvcal <version> check
     ---
 
 One metric per gated key that has a finite value (each key once, though several bounds may
 judge it), in the verdict's order. ``task`` is ``text-classification`` for a dataset read
 through a tokenizer, else ``image-classification``. The YAML is written by hand (curvcal
 needs no YAML library): every string is a double-quoted scalar, JSON-escaped, which YAML
-reads as written.
+reads as written. No ``source`` entry: the Hub requires it to carry a URL, and a
+report names no place on the web.
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ def model_index(report: Report, judged: JudgedRun) -> list[dict[str, Any]]:
         "task": {"type": _task(report)},
         "dataset": {"name": data, "type": data},
         "metrics": list(metrics.values()),
-        "source": {"name": f"curvcal {judged.version} {judged.command}"},
     }
     return [{"name": judged.model.name, "results": [result]}]
 
