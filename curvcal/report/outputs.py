@@ -19,14 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from curvcal.errors import InputError
+from curvcal.report import tables as grids
 from curvcal.report.judged import JUDGING_COMMANDS, judged_run
-from curvcal.report.tables import (
-    Table,
-    chosen_preprocessing_table,
-    render_rich,
-    to_json_text,
-    write_atomic,
-)
+from curvcal.report.tables import Table
 from curvcal.results import Report
 
 #: the values of ``--format``
@@ -92,7 +87,7 @@ def _renderers() -> dict[str, Callable[[Report, Sequence[Table], bool], str]]:
     from curvcal.report.model_card import model_card_yaml
 
     return {
-        "json": lambda report, _tables, _explain: to_json_text(report),
+        "json": lambda report, _tables, _explain: grids.to_json_text(report),
         "markdown": markdown_report,
         "html": html_report,
         "junit": _verdict_renderer(lambda _r, judged, _t, _e: junit_xml(judged)),
@@ -123,20 +118,20 @@ def emit(
     whole."""
     from curvcal.console import stdout_console
 
-    text = to_json_text(report)  # also validates that the report is JSON-clean
-    chosen = chosen_preprocessing_table(report)
+    text = grids.to_json_text(report)  # also validates that the report is JSON-clean
+    chosen = grids.chosen_preprocessing_table(report)
     if chosen is not None:
         tables = [chosen, *tables]
     if header is not None:
         tables = [header, *tables]
     if output is not None:
         written = file_format(output)
-        write_atomic(
+        grids.write_atomic(
             output, text if written == "json" else render(written, report, tables, explain)
         )
     if fmt == "json":
         stdout_console().out(text, end="", highlight=False)
     elif fmt == "table":
-        render_rich(tables, explain)
+        grids.render_rich(tables, explain)
     else:
         stdout_console().out(render(fmt, report, tables, explain), end="", highlight=False)
