@@ -33,7 +33,7 @@ def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def annotations(judged: JudgedRun) -> list[str]:
+def workflow_commands(judged: JudgedRun) -> list[str]:
     """``::error`` for each broken bound, ``::warning`` for each borderline bound that held,
     in the verdict's order; the title names the model and the bound."""
     lines = []
@@ -57,6 +57,6 @@ def github_report(
     report: Report, judged: JudgedRun, tables: Sequence[Table], explain: bool = False
 ) -> str:
     """The workflow commands of ``judged``, then ``report``'s markdown summary."""
-    lines = annotations(judged)
+    lines = workflow_commands(judged)
     head = "\n".join(lines) + "\n" if lines else ""
     return head + markdown_report(report, tables, explain)

@@ -101,7 +101,8 @@ def judged_run(report: Report) -> JudgedRun | None:
 def _source(described: Any) -> Source | None:
     if not isinstance(described, dict) or "path" not in described:
         return None
-    revision = described.get("revision") if isinstance(described.get("revision"), dict) else {}
+    found = described.get("revision")
+    revision: dict[str, Any] = found if isinstance(found, dict) else {}
     sha = described.get("sha256")
     return Source(
         path=str(described["path"]),

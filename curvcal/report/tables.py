@@ -94,8 +94,9 @@ def _grid(table: Table) -> RichTable:
     grid = RichTable(title=table.title, box=box.SIMPLE_HEAVY, show_header=any(table.columns))
     for i, column in enumerate(table.columns):
         # a cell too long for its column wraps (folding a word if it must), never ends in "…"
-        justify = "right" if numeric_column(table, i) else "left"
-        grid.add_column(column, justify=justify, overflow="fold")
+        grid.add_column(
+            column, justify="right" if numeric_column(table, i) else "left", overflow="fold"
+        )
     for row in table.rows:
         grid.add_row(*row)
     return grid
