@@ -16,7 +16,6 @@ import html
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from curvcal.report.judged import JudgedRun, judged_run
 from curvcal.report.tables import Table, numeric_column, short_caption
@@ -114,10 +113,23 @@ def _figure(name: str, svg: bytes) -> str:
 def figures(report: Report) -> list[tuple[str, bytes]]:
     """The figures of ``report`` as SVG bytes, ``(name, svg)``: the reliability diagram of its
     calibration analysis and the spectrum of its Hessian analysis (a ``check`` that measured
-    them); none without matplotlib or without the analyses. Drawn by
-    :mod:`curvcal.report.plots` into a private temporary folder and read back."""
-    calibration = getattr(report.results, "calibration", None)
-    hessian = getattr(report.results, "hessian", None)
+    them, a ``calibrate``, ``metrics`` or ``hessian`` run); none without matplotlib or without
+    the analyses. Drawn by :mod:`curvcal.report.plots` into a private temporary folder and
+    read back."""
+    from curvcal.calibration.analysis import CalibrationAnalysis
+    from curvcal.curvature.results import HessianAnalysis
+
+    results = report.results
+    calibration = getattr(results, "calibration", None)
+    hessian = getattr(results, "hessian", None)
+    if isinstance(results, CalibrationAnalysis):
+        calibration = results
+    if isinstance(results, HessianAnalysis):
+        hessian = results
+    if not isinstance(calibration, CalibrationAnalysis):
+        calibration = None
+    if not isinstance(hessian, HessianAnalysis):
+        hessian = None
     if calibration is None and hessian is None:
         return []
     from curvcal.errors import InputError
@@ -139,20 +151,15 @@ def figures(report: Report) -> list[tuple[str, bytes]]:
             path = Path(folder) / "reliability.svg"
             reliability_diagram(reliability_panels(calibration), path, caption=caption)
             drawn.append(("reliability diagram", path.read_bytes()))
-        if hessian is not None and _eigenvalues(hessian):
+        if hessian is not None and hessian.spectrum.eigenvalues:
             path = Path(folder) / "spectrum.svg"
-            trace = getattr(hessian, "trace", None)
+            trace = hessian.trace
             spectrum_plot(
-                _eigenvalues(hessian),
+                list(hessian.spectrum.eigenvalues),
                 path,
                 trace=None if trace is None else (trace.estimate, *trace.ci95),
-                lambda_min=getattr(hessian, "lambda_min", None),
+                lambda_min=hessian.lambda_min,
                 caption=caption,
             )
             drawn.append(("Hessian spectrum", path.read_bytes()))
     return drawn
-
-
-def _eigenvalues(hessian: Any) -> list[float]:
-    spectrum = getattr(hessian, "spectrum", None)
-    return list(getattr(spectrum, "eigenvalues", ()) or ())

@@ -187,6 +187,11 @@ def test_html_is_offered_to_every_command_and_verdict_formats_only_to_judges(
 ) -> None:
     page = run_cli("inspect", demo_checkpoint(), "--format", "html")
     assert page.code == 0 and page.stdout.startswith("<!DOCTYPE html>")
+    assert "<h1>curvcal inspect</h1>" in page.stdout and "data:image" not in page.stdout
+    calibrated = run_cli("calibrate", demo_checkpoint(), "--data", "curvcal:digits",
+                         "--max-samples", "60", "--method", "ts", "--format", "html", "-q")  # fmt: skip
+    assert calibrated.code == 0, calibrated.output
+    assert calibrated.stdout.count('src="data:image/svg+xml;base64,') == 1  # its diagram
     for asked in (("--format", "junit"), ("-o", tmp_path / "j.xml"),
                   ("--format", "model-card"), ("--format", "github")):  # fmt: skip
         refused = run_cli("inspect", demo_checkpoint(), *asked)
