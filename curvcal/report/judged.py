@@ -53,13 +53,15 @@ class Source:
 @dataclass(frozen=True)
 class JudgedRun:
     """A verdict with the names around it: ``command`` (``check``/``compare``), the ``model``
-    judged (a checkpoint, or for ``compare`` the new report), the ``data`` (spec and N; empty
+    judged and its role among the inputs (``checkpoint``, or for ``compare`` the ``new``
+    report), the ``data`` (spec and N; empty
     for ``compare``), the ``baseline`` (None without one), the ``policy`` file, the run's
     wall seconds and the curvcal version."""
 
     command: str
     verdict: Verdict
     model: Source
+    model_role: str
     data_spec: str
     n_samples: int | None
     baseline: Source | None
@@ -89,6 +91,7 @@ def judged_run(report: Report) -> JudgedRun | None:
         command=report.command,
         verdict=verdict,
         model=_source(model) or Source(path="?"),
+        model_role="checkpoint" if "checkpoint" in inputs else "new",
         data_spec=str(data.get("spec", "")) if isinstance(data, dict) else "",
         n_samples=n_samples if isinstance(n_samples, int) else None,
         baseline=_source(baseline),

@@ -3,7 +3,7 @@
 The layout is the one Jenkins, GitLab and the GitHub test-reporter actions read (Ant's
 ``junit-10.xsd``): a ``<testsuites>`` holding one ``<testsuite>`` (name, ``tests``,
 ``failures``, ``errors``, ``skipped``, ``time``) with ``<properties>`` saying what was judged
-(model and its SHA-256, data and N, policy, baseline and its release, curvcal version), and
+(``checkpoint``, or ``new`` for ``compare``, and its SHA-256, data and N, policy, baseline and its release, curvcal version), and
 one ``<testcase>`` per bound: ``classname`` the metric as the policy keys it (``ece``,
 ``ts.ece``, ``lambda_max``), ``name`` the bound (``max <= 0.05``). A broken bound holds a
 ``<failure>`` whose ``message`` gives the value, its 95 % interval and the bound; ``errors``
@@ -64,9 +64,10 @@ def _text(value: str) -> str:
 
 
 def _properties(judged: JudgedRun) -> list[tuple[str, str]]:
-    found = [("model", judged.model.path)]
+    role = judged.model_role
+    found = [(role, judged.model.path)]
     if judged.model.sha256:
-        found.append(("model.sha256", judged.model.sha256))
+        found.append((f"{role}.sha256", judged.model.sha256))
     if judged.data_spec:
         found.append(("data", judged.data_spec))
     if judged.n_samples is not None:

@@ -95,9 +95,9 @@ def test_junit_has_one_case_per_bound_and_failures_with_value_bound_and_interval
     low, high = smooth["interval"]
     assert smooth["passed"] and low <= 0.06 <= high  # the borderline row the policy meant
     properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
-    assert properties["model"] == str(demo_checkpoint())
+    assert properties["checkpoint"] == str(demo_checkpoint())
     assert properties["data"] == "curvcal:digits" and properties["data.n_samples"] == "120"
-    assert properties["model.sha256"] == json.loads((tmp_path / "r.json").read_text())[
+    assert properties["checkpoint.sha256"] == json.loads((tmp_path / "r.json").read_text())[
         "inputs"]["checkpoint"]["sha256"]  # fmt: skip
 
 
@@ -253,7 +253,7 @@ def test_compare_renders_the_same_verdict_formats(run_cli, tmp_path: Path) -> No
     suite = ET.fromstring(result.stdout).find("testsuite")
     assert suite is not None and suite.get("failures") == "1" and suite.get("tests") == "4"
     properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
-    assert properties["baseline"] == str(tmp_path / "new.json")
+    assert properties["baseline"] == properties["new"] == str(tmp_path / "new.json")
 
 
 def test_an_output_file_never_replaces_an_input_whatever_its_format(
