@@ -276,3 +276,13 @@ def test_source_revision_reads_github_and_gitlab_variables() -> None:
     assert source_revision({"CI_COMMIT_SHA": "def", "CI_COMMIT_TAG": "v2"}) == {
         "commit": "def", "tag": "v2"
     }  # fmt: skip
+
+
+def test_a_passing_check_annotates_nothing_and_reports_no_failure(run_cli, tmp_path: Path) -> None:
+    result = check(run_cli, tmp_path, PASSING, "--format", "github", "-o", tmp_path / "j.xml")
+    assert result.code == 0
+    assert result.stdout.splitlines()[0] == "## ✅ PASS: all 2 bounds hold"
+    assert "::" not in result.stdout
+    root = ET.parse(tmp_path / "j.xml").getroot()
+    assert root.get("tests") == "2" and root.get("failures") == "0"
+    assert not list(root.iter("failure"))
