@@ -19,7 +19,8 @@ from curvcal.errors import (
     EXIT_OK,
     CurvcalError,
 )
-from curvcal.report.tables import FORMATS, Table, check_output_path, emit
+from curvcal.report.outputs import FORMATS, emit, refuse_unjudged_formats
+from curvcal.report.tables import Table, check_output_path
 from curvcal.results import STATUS_ERROR, STATUS_FAIL, STATUS_INTERRUPTED, Report
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -117,7 +118,8 @@ def output_options(func: F) -> F:
             type=click.Choice(FORMATS),
             expose_value=False,
             callback=_setter("fmt"),
-            help="Output on stdout: table (default), json or markdown.",
+            help="Output on stdout: table (default), json, markdown, html; for check and "
+            "compare also junit, github (workflow commands) and model-card.",
         ),
         click.option(
             "-o",
@@ -127,7 +129,9 @@ def output_options(func: F) -> F:
             type=click.Path(dir_okay=False, path_type=Path),
             expose_value=False,
             callback=_setter("output"),
-            help="Also write the JSON result to this file (atomically).",
+            help="Also write the result to this file (atomically), as its suffix says: .json "
+            "(JSON; any other suffix too), .md, .html, and for check and compare .xml "
+            "(JUnit) and .yml/.yaml (model card).",
         ),
         _flag("--force", "force", "Overwrite an existing --output file."),
         _flag(
@@ -158,6 +162,7 @@ def start(
     refuse_clashes([*written, *outputs], inputs)
     run_inputs.declare(inputs)
     run_inputs.name_outputs([*written, *outputs])
+    refuse_unjudged_formats(ctx.command.name or "", options.fmt, options.output)
     if options.output is not None:
         check_output_path(options.output, options.force)
     reporter = Reporter(quiet=options.quiet)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -24,7 +25,12 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     """
     from curvcal.load.digest import file_info
     from curvcal.pipeline.provenance import environment
-    from curvcal.policy.baseline import load_report, metric_values, setting_differences
+    from curvcal.policy.baseline import (
+        load_report,
+        metric_values,
+        report_origin,
+        setting_differences,
+    )
     from curvcal.policy.evaluate import evaluate
     from curvcal.policy.keys import default
     from curvcal.policy.parse import load_policy, policy_file
@@ -49,7 +55,7 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
         status=STATUS_PASS if verdict.passed else STATUS_FAIL,
         inputs={
             "new": file_info(new),
-            "old": file_info(old),
+            "old": {**dataclasses.asdict(file_info(old)), **report_origin(old_report)},
             "policy": file_info(policy_path),
         },
         settings={"compare": {"policy": str(policy_path), "rules": policy.rules, "judge": judge}},

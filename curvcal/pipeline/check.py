@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -332,7 +332,12 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
     go to ``reporter``."""
     from curvcal.load.digest import file_info
     from curvcal.pipeline.provenance import environment
-    from curvcal.policy.baseline import load_report, metric_values, setting_differences
+    from curvcal.policy.baseline import (
+        load_report,
+        metric_values,
+        report_origin,
+        setting_differences,
+    )
     from curvcal.results import SCHEMA_VERSION
 
     began = time.perf_counter()
@@ -383,7 +388,11 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
         status = STATUS_ERROR
     described: dict[str, Any] = {**result.inputs, "policy": file_info(request.policy.path)}
     if request.baseline is not None:
-        described["baseline"] = file_info(request.baseline)
+        assert baseline_report is not None
+        described["baseline"] = {
+            **asdict(file_info(request.baseline)),
+            **report_origin(baseline_report),
+        }
     report = Report(
         command="check",
         results=result,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -20,6 +22,9 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
         "platform": platform.platform(terse=True),
         "command_line": list(sys.argv),
     }
+    revision = source_revision(os.environ)
+    if revision:
+        env["revision"] = revision
     if device is not None:
         dev = torch.device(device)
         env["device"] = str(dev)
@@ -29,3 +34,21 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
             env["device_name"] = platform.processor() or platform.machine()
         env["torch_threads"] = torch.get_num_threads()
     return env
+
+
+def source_revision(environ: Mapping[str, str]) -> dict[str, str]:
+    """The commit (and tag) a CI job checked out, from the variables the CI service sets:
+    GitHub Actions (``GITHUB_SHA``; ``GITHUB_REF_NAME`` when ``GITHUB_REF_TYPE`` is ``tag``)
+    and GitLab CI (``CI_COMMIT_SHA``, ``CI_COMMIT_TAG``). Empty outside CI: a report made by
+    a release job names its release, so a later check can say which one it was compared with.
+    """
+    revision: dict[str, str] = {}
+    commit = environ.get("GITHUB_SHA") or environ.get("CI_COMMIT_SHA")
+    if commit:
+        revision["commit"] = commit
+    tag = environ.get("CI_COMMIT_TAG")
+    if not tag and environ.get("GITHUB_REF_TYPE") == "tag":
+        tag = environ.get("GITHUB_REF_NAME")
+    if tag:
+        revision["tag"] = tag
+    return revision

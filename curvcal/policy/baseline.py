@@ -151,6 +151,22 @@ def _interval(item: Any) -> tuple[float, float] | None:
     return None
 
 
+def report_origin(document: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a saved report came from, as a run that reads it records it beside the file's
+    digest: the ``command`` that made it and, when it was made in a CI job, the ``revision``
+    (``commit``, ``tag``) from its ``environment``. Missing parts are left out."""
+    origin: dict[str, Any] = {}
+    if isinstance(document.get("command"), str):
+        origin["command"] = document["command"]
+    environment = document.get("environment")
+    revision = environment.get("revision") if isinstance(environment, Mapping) else None
+    if isinstance(revision, Mapping):
+        kept = {k: str(v) for k, v in revision.items() if k in ("commit", "tag") and v}
+        if kept:
+            origin["revision"] = kept
+    return origin
+
+
 def load_report(path: Path) -> dict[str, Any]:
     """Read a saved curvcal JSON report, checking that it is one and that its schema is one this
     version reads (same major version)."""

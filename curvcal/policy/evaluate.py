@@ -61,6 +61,16 @@ class VerdictRow:
             return "uncal − stage > 0 (whole interval)"
         return f"change >= {-100 * self.limit:+.4g}%"
 
+    @property
+    def borderline(self) -> bool:
+        """Whether the 95 % interval straddles a ``max``/``min`` bound (lo ≤ limit ≤ hi): the
+        estimate's side of the bound is not shown, whichever way the row was judged. Change
+        bounds and the improvement are judged on other numbers and are never borderline."""
+        if self.interval is None or self.bound not in ("max", "min"):
+            return False
+        low, high = self.interval
+        return low <= self.limit <= high
+
 
 @dataclass(frozen=True)
 class Verdict:

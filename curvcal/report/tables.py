@@ -1,8 +1,8 @@
 """Presentation: tables (rich for people, markdown for CI summaries) and JSON files.
 
-Commands describe what to show as :class:`Table` objects; this module decides how it looks.
-JSON goes to stdout with ``--json`` (nothing else on stdout) and/or to a file with ``-o``, written
-atomically so that a report on disk is never half-written.
+Commands describe what to show as :class:`Table` objects; this module decides how they look.
+Files are written atomically so that a report on disk is never half-written; which format goes
+where is :mod:`curvcal.report.outputs`'s.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from curvcal.console import stdout_console
 from curvcal.errors import InputError
 from curvcal.inputs import refuse_output
 from curvcal.results import Report
-
-FORMATS = ("table", "json", "markdown")
 
 
 @dataclass(frozen=True)
@@ -95,10 +93,10 @@ def short_caption(caption: str | None, explain: bool = False) -> str | None:
 def _grid(table: Table) -> RichTable:
     grid = RichTable(title=table.title, box=box.SIMPLE_HEAVY, show_header=any(table.columns))
     for i, column in enumerate(table.columns):
-        cells = [row[i] for row in table.rows if i < len(row)]
-        numeric = i > 0 and all(_looks_numeric(cell) for cell in cells)
         # a cell too long for its column wraps (folding a word if it must), never ends in "…"
-        grid.add_column(column, justify="right" if numeric else "left", overflow="fold")
+        grid.add_column(
+            column, justify="right" if numeric_column(table, i) else "left", overflow="fold"
+        )
     for row in table.rows:
         grid.add_row(*row)
     return grid
@@ -159,6 +157,13 @@ def render_rich(tables: Sequence[Table], explain: bool = False) -> None:
             console.print()
 
 
+def numeric_column(table: Table, index: int) -> bool:
+    """Whether column ``index`` of ``table`` holds numbers (right-aligned in every output): not
+    the first column (it names the rows), and every cell :func:`_looks_numeric`."""
+    cells = [row[index] for row in table.rows if index < len(row)]
+    return index > 0 and all(_looks_numeric(cell) for cell in cells)
+
+
 def _looks_numeric(cell: str) -> bool:
     """Numbers (with ``±``, ``%``, ``,`` or a trailing unit word stripped) are right-aligned."""
     head = cell.split(" ")[0].replace(",", "").rstrip("%").lstrip("±")
@@ -173,14 +178,22 @@ def _looks_numeric(cell: str) -> bool:
 
 def render_markdown(tables: Sequence[Table], explain: bool = False) -> str:
     """GitHub-flavoured markdown: a heading and a pipe table per :class:`Table` (captions
-    shortened as on the terminal unless ``explain``)."""
+    shortened as on the terminal unless ``explain``). Columns align as on the terminal
+    (:func:`numeric_column`: numbers right, text left); a table without column names (what was
+    measured) is a list of ``**name**: value`` lines, not a pipe table under an empty header."""
     parts: list[str] = []
     for table in tables:
         parts.append(f"### {table.title}\n")
-        parts.append("| " + " | ".join(_md(c) for c in table.columns) + " |")
-        parts.append("|" + "|".join(["---"] + ["---:"] * (len(table.columns) - 1)) + "|")
-        for row in table.rows:
-            parts.append("| " + " | ".join(_md(c) for c in row) + " |")
+        if not any(table.columns) and all(len(row) == 2 for row in table.rows):
+            parts.extend(f"- **{_md(row[0])}**: {_md(row[1])}" for row in table.rows)
+        else:
+            parts.append("| " + " | ".join(_md(c) for c in table.columns) + " |")
+            rules = (
+                "---:" if numeric_column(table, i) else ":---" for i in range(len(table.columns))
+            )
+            parts.append("|" + "|".join(rules) + "|")
+            for row in table.rows:
+                parts.append("| " + " | ".join(_md(c) for c in row) + " |")
         caption = short_caption(table.caption, explain)
         if caption:
             parts.append(f"\n{caption}")
@@ -226,30 +239,3 @@ def write_atomic(path: Path, text: str) -> None:
     so readers see either the old file or the whole new one."""
     with atomic_output(path) as out:
         out.write(text.encode("utf-8"))
-
-
-def emit(
-    report: Report,
-    tables: Sequence[Table],
-    fmt: str,
-    output: Path | None,
-    explain: bool = False,
-    header: Table | None = None,
-) -> None:
-    """Show ``report`` on stdout in ``fmt`` and, with ``output``, write its JSON to that file.
-    ``header``, what was measured (:func:`~curvcal.report.header.measured_table`), comes
-    first; ``explain`` shows captions whole."""
-    text = to_json_text(report)  # also validates that the report is JSON-clean
-    chosen = chosen_preprocessing_table(report)
-    if chosen is not None:
-        tables = [chosen, *tables]
-    if header is not None:
-        tables = [header, *tables]
-    if output is not None:
-        write_atomic(output, text)
-    if fmt == "json":
-        stdout_console().out(text, end="", highlight=False)
-    elif fmt == "markdown":
-        stdout_console().out(render_markdown(tables, explain), highlight=False)
-    else:
-        render_rich(tables, explain)

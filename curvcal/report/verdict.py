@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from curvcal.policy.evaluate import Verdict, VerdictRow
+from curvcal.report.judged import value_text
 from curvcal.report.tables import Table, fmt_float
 
 VERDICT_COLUMNS = ("metric", "value", "bound", "baseline", "change", "result", "note")
@@ -13,21 +14,32 @@ VERDICT_COLUMNS = ("metric", "value", "bound", "baseline", "change", "result", "
 def verdict_table(verdict: Verdict, title: str) -> Table:
     """One row per judged bound; the caption says PASS or FAIL and how many bounds broke."""
     rows = tuple(_row(row) for row in verdict.rows)
-    broken = len(verdict.failed_rows)
+    return Table(title=title, columns=VERDICT_COLUMNS, rows=rows, caption=verdict_words(verdict))
+
+
+def verdict_words(verdict: Verdict) -> str:
+    """``PASS: all 8 bounds hold`` or ``FAIL: 2 of 8 bounds broken``, and how many bounds
+    are borderline (their 95 % interval straddles the bound, :attr:`VerdictRow.borderline`)."""
+    total = len(verdict.rows)
     if verdict.passed:
-        caption = f"PASS: all {len(verdict.rows)} bounds hold"
+        words = f"PASS: all {total} bounds hold"
     else:
-        caption = f"FAIL: {broken} of {len(verdict.rows)} bounds broken"
-    return Table(title=title, columns=VERDICT_COLUMNS, rows=rows, caption=caption)
+        words = f"FAIL: {len(verdict.failed_rows)} of {total} bounds broken"
+    borderline = sum(row.borderline for row in verdict.rows)
+    if borderline:
+        words += f" ({borderline} borderline: the 95% interval straddles the bound)"
+    return words
+
+
+def verdict_line(verdict: Verdict) -> str:
+    """:func:`verdict_words` behind a mark that reads at a glance: ✅ or ❌."""
+    return ("✅ " if verdict.passed else "❌ ") + verdict_words(verdict)
 
 
 def _row(row: VerdictRow) -> tuple[str, ...]:
-    value = fmt_float(row.value)
-    if row.interval is not None:
-        value += f" [{fmt_float(row.interval[0])}, {fmt_float(row.interval[1])}]"
     return (
         row.metric,
-        value,
+        value_text(row),
         row.bound_text,
         fmt_float(row.baseline),
         _change(row),

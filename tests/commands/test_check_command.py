@@ -234,7 +234,8 @@ def test_markdown_summary_is_a_pipe_table(run_cli, tmp_path) -> None:
     )  # fmt: skip
     assert result.code == 0, result.output
     lines = result.stdout.splitlines()
+    assert lines[0] == "## ✅ PASS: all 3 bounds hold"  # the verdict first, not under the table
     header = lines.index("| metric | value | bound | baseline | change | result | note |")
-    assert lines[header + 1].startswith("|---|")
+    assert lines[header + 1] == "|:---|---:|:---|---:|---:|:---|:---|"
     assert lines[header + 2].startswith("| accuracy |") and "| pass |" in lines[header + 2]
     assert "PASS: all 3 bounds hold" in result.stdout

@@ -115,7 +115,10 @@ def test_markdown_output_is_a_pipe_table(run_cli, files) -> None:
     assert result.code == 1
     lines = result.stdout.splitlines()
     assert "| metric | value | bound | baseline | change | result | note |" in lines
-    assert "|---|---:|---:|---:|---:|---:|---:|" in lines
+    # the verdict first; text columns left-aligned, numbers right-aligned
+    assert lines[0] == "## ❌ FAIL: 1 of 4 bounds broken"
+    assert any(line.startswith("baseline: old.json (sha256 ") for line in lines[:5])
+    assert "|:---|---:|:---|---:|---:|:---|:---|" in lines
     (ts_row,) = [line for line in lines if line.startswith("| ts.ece |")]
     assert ts_row == "| ts.ece | 0.05 | <= 0.03 | - | - | FAIL | above max |"
     (trace_row,) = [line for line in lines if line.startswith("| trace |")]

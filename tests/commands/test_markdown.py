@@ -12,13 +12,20 @@ DATA = ("--data", "curvcal:digits", "--max-samples", "60", "--device", "cpu")
 
 
 def assert_pipe_tables(markdown: str) -> None:
+    """Every heading is followed by a pipe table with a header of column names and a rule
+    that aligns each column (text left, numbers right), or, for a table without column names,
+    by a list of ``- **name**: value`` lines (never a pipe table under an empty header)."""
     lines = markdown.splitlines()
     headings = [i for i, line in enumerate(lines) if line.startswith("### ")]
     assert headings, markdown
     for i in headings:
-        header, rule = lines[i + 2], lines[i + 3]
+        header = lines[i + 2]
+        if header.startswith("- **"):
+            continue
+        rule = lines[i + 3]
         assert header.startswith("| ") and header.endswith(" |")
-        assert re.fullmatch(r"\|---(\|---:)*\|", rule)
+        assert re.sub(r"\|\s*\|", "", header) == header, f"an empty column name: {header}"
+        assert re.fullmatch(r"\|:---(\|(:---|---:))*\|", rule), rule
         assert rule.count("|") == header.count("|") - header.count("\\|")
 
 
@@ -49,3 +56,13 @@ def test_markdown_escapes_pipes_in_cells() -> None:
 
     text = render_markdown([Table("t", ("a", "b"), (("x|y", "1"),))])
     assert "| x\\|y | 1 |" in text
+
+
+def test_markdown_aligns_text_left_and_numbers_right_and_lists_unnamed_columns() -> None:
+    from curvcal.report.tables import Table, render_markdown
+
+    table = Table("t", ("metric", "value", "bound", "result"), (("ece", "0.03 [0.01, 0.05]",
+                  "<= 0.05", "pass"), ("nll", "-", ">= 1", "FAIL")))  # fmt: skip
+    assert "|:---|---:|:---|:---|" in render_markdown([table])
+    listed = render_markdown([Table("measured", ("", ""), (("checkpoint", "m.pt"), ("N", "3")))])
+    assert "- **checkpoint**: m.pt\n- **N**: 3\n" in listed and "|" not in listed
