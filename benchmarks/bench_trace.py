@@ -53,7 +53,7 @@ from curvcal.curvature import trace_estimate
 from curvcal.curvature.residual import residual_products
 from curvcal.losses import CrossEntropy, Linearised
 
-ESTIMATORS = ("hutch++", "xtrace", "hutchinson")
+ESTIMATORS = ("hutchpp", "xtrace", "hutchinson")
 
 
 def _random_basis(n: int, seed: int) -> Tensor:
@@ -330,7 +330,7 @@ def check_against_library(matrix: Tensor, values: Tensor, basis: Tensor, product
     worst = max(abs(direct[n].estimate - rotated[n].estimate) / scale for n in direct)
     library = {
         "hutchinson": "hutchinson",
-        f"hutch++ s={max(1, products // 3)} (default)": "hutch++",
+        f"hutchpp s={max(1, products // 3)} (default)": "hutchpp",
         "xtrace jackknife": "xtrace",
     }
     for name, method in library.items():

@@ -99,7 +99,7 @@ def test_curvature_matches_the_dense_hessian() -> None:
     # the rest, whose 398 products ≥ 3·P sketch the whole space: exact up to rounding
     assert summary.trace == pytest.approx(float(torch.trace(dense)), abs=1e-10)
     assert summary.n_samples == 20 and summary.n_params == dense.shape[0]
-    assert summary.trace_method == "gauss-newton+hutch++"
+    assert summary.trace_method == "gauss-newton+hutchpp"
 
     # ReLU: linear in each tensor, so the study takes the exact Gauss–Newton trace, even with a
     # product budget far too small for Hutch++ to be exact

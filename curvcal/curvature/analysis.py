@@ -31,7 +31,6 @@ from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.plan import (
     MIN_ADAPTIVE_PROBES,
     SPLIT_METHODS,
-    TRACE_METHODS,
     check_sketch_memory,
     choose_trace_method,
     estimator_products,
@@ -61,7 +60,6 @@ OnEigenvectors = Callable[[TopEigenvectors], None]
 Measured = TypeVar("Measured", EigenSpectrum, TraceResult, DensityResult)
 
 __all__ = [
-    "TRACE_METHODS",
     "HessianSettings",
     "analyse_hessian",
     "analyse_hessian_with_messages",
@@ -266,7 +264,7 @@ def analyse_operator(
         if settings.trace:
             stop = timed("trace")
             before = dict(operator.engine_products)
-            method = TRACE_METHODS[settings.trace_method]
+            method = settings.trace_method
             max_sketch = sketch_limit(estimator_of(method), n_params, operator.dtype, budget, free)
             if settings.trace_method == "gauss-newton":  # checked by choose_trace_method
                 # no product is made: the stage's name carries the batches done
@@ -302,7 +300,7 @@ def analyse_operator(
                     trace_estimate(
                         operator,
                         settings.probes,
-                        method=TRACE_METHODS[settings.trace_method],
+                        method=settings.trace_method,
                         rtol=settings.trace_rtol,
                         max_probes=settings.probes,
                         min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
@@ -342,8 +340,8 @@ def analyse_operator(
                 operator,
                 tol=settings.tol,
                 max_iter=settings.max_iter,
-                n_probes=settings.probes,
-                distribution=settings.probe_dist,
+                probes=settings.probes,
+                probe_dist=settings.probe_dist,
                 seed=settings.seed,
                 on_step=hook("layers"),
                 gauss_newton=shares,

@@ -52,7 +52,6 @@ from curvcal.curvature.memory import (
 )
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.options import OPERATOR_FIELDS
-from curvcal.curvature.plan import TRACE_METHODS as TRACE_METHOD_ESTIMATORS
 from curvcal.curvature.plan import choose_trace_method
 from curvcal.curvature.progress import OnStageStep, OnStep
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
@@ -69,12 +68,10 @@ from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError, SettingsError
 from curvcal.losses import as_loss
 from curvcal.settings.fields import renamed
-from curvcal.settings.hessian import TRACE_METHODS, HessianSettings
+from curvcal.settings.hessian import TRACE_METHODS, HessianSettings, trace_method_now
 
 #: keywords of the API functions that describe the operator besides the settings fields
 _OPERATOR_KEYWORDS = frozenset({"device", "allow_tf32", "engine", "criterion"})
-#: a trace method as the kernels spell it (``hutch++``) -> as the command line does (``hutchpp``)
-_COMMAND_LINE_NAMES = {kernel: name for name, kernel in TRACE_METHOD_ESTIMATORS.items()}
 
 #: what the functions take as their first argument: a model, or an operator built before
 ModelOrOperator = nn.Module | HessianOperator
@@ -218,9 +215,10 @@ def hessian_eigenvalues(
 
 
 def _trace_method(method: str) -> str:
-    """A trace method as the settings spell it (``trace_method``); the kernels' spellings
-    (``hutch++``, ``gauss-newton+hutch++``) are accepted too."""
-    name = _COMMAND_LINE_NAMES.get(method, method) if isinstance(method, str) else method
+    """A trace method as the settings spell it (``trace_method``); the former spellings
+    (``hutch++``, ``gauss-newton+hutch++``) are read as today's with a
+    :class:`~curvcal.errors.FormerSpellingWarning`."""
+    name = trace_method_now(method, "trace_method", stacklevel=5)
     if name not in TRACE_METHODS:
         raise SettingsError(
             "trace_method",
@@ -304,8 +302,9 @@ def hessian_trace(
 
     The arguments are named as the settings and the command line name them (``probes`` is
     ``--probes``); the former names ``n_probes``, ``method``, ``rtol`` and ``distribution`` are
-    taken with a :class:`DeprecationWarning`. The kernels' spellings of the methods
-    (``"hutch++"``, ``"gauss-newton+hutch++"``) are accepted too. A Hutch++ sketch is bounded by
+    taken with a :class:`DeprecationWarning`, the former spellings of the methods
+    (``"hutch++"``, ``"gauss-newton+hutch++"``) with a
+    :class:`~curvcal.errors.FormerSpellingWarning`. A Hutch++ sketch is bounded by
     the operator's memory budget as ``curvcal hessian`` bounds it
     (:func:`~curvcal.curvature.memory.sketch_limit`)."""
     given = _former_arguments(
@@ -348,18 +347,17 @@ def hessian_trace(
             )
     if name == "gauss-newton":  # shown exact by choose_trace_method
         return gauss_newton_trace(operator, on_step=on_step, checked=True)
-    kernel_method = TRACE_METHOD_ESTIMATORS[name]
     max_sketch = sketch_limit(
-        estimator_of(kernel_method),
+        estimator_of(name),
         operator.shape[0],
         operator.dtype,
         operator.budget,
         free_memory(operator.device),
     )
-    if kernel_method in SPLIT_METHODS:
+    if name in SPLIT_METHODS:
         return split_trace(
             operator,
-            kernel_method,
+            name,
             probes,
             distribution=probe_dist,
             seed=seed,
@@ -370,7 +368,7 @@ def hessian_trace(
     result = trace_estimate(
         operator,
         probes,
-        method=kernel_method,
+        method=name,
         rtol=trace_rtol,
         max_probes=max_probes,
         min_probes=min_probes,
@@ -459,8 +457,8 @@ def hessian_layers(
         operator,
         tol=tol,
         max_iter=max_iter,
-        n_probes=given["probes"],
-        distribution=given["probe_dist"],
+        probes=given["probes"],
+        probe_dist=given["probe_dist"],
         seed=seed,
         on_step=on_step,
     )

@@ -44,9 +44,10 @@ from curvcal.curvature.results import TraceResult
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError, setting_name
 from curvcal.losses import Linearised, Loss, closed_form_problem
+from curvcal.settings.hessian import trace_method_now
 
 #: the split methods -> the estimator of tr(R) each runs
-METHODS = {"gauss-newton+hutch++": "hutch++", "gauss-newton+xtrace": "xtrace"}
+METHODS = {"gauss-newton+hutchpp": "hutchpp", "gauss-newton+xtrace": "xtrace"}
 #: the fewest products the estimator of R may get (Hutch++ and XTrace need 4)
 MIN_PRODUCTS = 4
 
@@ -66,8 +67,8 @@ class SplitSource(GaussNewtonSource, Protocol):
 def auto_method(operator: SplitSource, probes: int) -> tuple[str, str]:
     """What ``--trace-method auto`` takes on ``operator`` with ``probes`` products, and why:
     ``"gauss-newton"`` where that is exact and costs at most ``probes`` gradient norms per
-    sample (:func:`~curvcal.curvature.gauss_newton.declined`), else ``"gauss-newton+hutch++"``
-    where the split can run (:func:`split_problem`), else ``"hutch++"``."""
+    sample (:func:`~curvcal.curvature.gauss_newton.declined`), else ``"gauss-newton+hutchpp"``
+    where the split can run (:func:`split_problem`), else ``"hutchpp"``."""
     why = declined(operator, probes)
     classes = n_classes(operator)
     if not why:
@@ -76,8 +77,8 @@ def auto_method(operator: SplitSource, probes: int) -> tuple[str, str]:
             f"at up to {classes - 1} gradient norms per sample"
         )
     if split_problem(operator.mode, probes, classes, operator.loss):
-        return "hutch++", why
-    return "gauss-newton+hutch++", (
+        return "hutchpp", why
+    return "gauss-newton+hutchpp", (
         f"{why}; so its Gauss–Newton part is taken exactly (up to {classes - 1} gradient norms "
         f"per sample, counted as products) and Hutch++ estimates the rest with "
         f"{residual_products(probes, classes)} products"
@@ -127,7 +128,10 @@ def split_trace(
     ``max_sketch`` bounds a Hutch++ sketch's columns and is ignored by XTrace).
 
     Raises :class:`InputError` naming why when it cannot run here (:func:`split_problem`),
-    before any product, and :class:`NumericalError` when tr(G) is not finite."""
+    before any product, and :class:`NumericalError` when tr(G) is not finite. The former
+    spelling ``"gauss-newton+hutch++"`` is read as today's with a
+    :class:`~curvcal.errors.FormerSpellingWarning`."""
+    method = trace_method_now(method)
     if method not in METHODS:
         raise InputError(
             "method", f"unknown split trace method {method!r}", f"choose {' or '.join(METHODS)}"
@@ -138,7 +142,7 @@ def split_trace(
         raise InputError(
             "method",
             f"the split trace {method} cannot run here: {problem}",
-            "ask for hutch++ or xtrace, or more probes",
+            "ask for hutchpp or xtrace, or more probes",
         )
     exact = tensor_traces(operator, on_step=on_exact)
     linearised = operator.with_loss(Linearised(operator.loss))  # its Hessian is R
@@ -149,7 +153,7 @@ def split_trace(
         distribution=distribution,
         seed=seed,
         probe_batch=probe_batch,
-        max_sketch=max_sketch if estimator_of(method) == "hutch++" else None,
+        max_sketch=max_sketch if estimator_of(method) == "hutchpp" else None,
         on_step=on_step,
     )
     engine = engines_between(linearised.engine_products, {})

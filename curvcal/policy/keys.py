@@ -25,7 +25,14 @@ from curvcal.settings.calibration import CalibrationSettings
 from curvcal.settings.check import CheckSettings
 from curvcal.settings.checkpoint import CheckpointSettings
 from curvcal.settings.data import NO_RESIZE, DataSettings
-from curvcal.settings.fields import Settings, Spec, default_of, field_kind, settings_fields
+from curvcal.settings.fields import (
+    Settings,
+    Spec,
+    default_of,
+    field_kind,
+    settings_fields,
+    spelled_now,
+)
 from curvcal.settings.hessian import MAX_SEED, HessianSettings
 
 #: a settings class and the name of one of its fields
@@ -116,6 +123,16 @@ def choices(key: str) -> tuple[str, ...] | None:
     if key == TRACE_KEY:
         return None
     return field_of(KEYS[key][0])[1].choices
+
+
+def spelled_key_value(key: str, value: Any, said: str) -> Any:
+    """``value`` of ``key`` in today's spelling: a former word of a field it sets
+    (:attr:`~curvcal.settings.fields.Spec.former_words`; ``trace``: of ``trace_method``) read
+    as today's, with a :class:`~curvcal.errors.FormerSpellingWarning` naming ``said``."""
+    targets = ((HessianSettings, "trace_method"),) if key == TRACE_KEY else KEYS[key]
+    for cls, name in targets:
+        value = spelled_now(cls, name, value, said, stacklevel=4)
+    return value
 
 
 def trace_methods() -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from curvcal.errors import SettingsError, setting_name
-from curvcal.settings.fields import Settings, setting
+from curvcal.settings.fields import Settings, setting, spelled_now
 
 #: The largest seed: torch's and numpy's generators take a 64-bit seed, and a larger integer
 #: overflows inside them.
@@ -66,6 +66,9 @@ TRACE_METHODS = (
     "xtrace",
     "hutchinson",
 )
+#: ``--trace-method``'s former spellings, still read (with a note) wherever a user could have
+#: written them: the kernels once spelled Hutch++ ``hutch++``
+FORMER_TRACE_METHODS = (("hutch++", "hutchpp"), ("gauss-newton+hutch++", "gauss-newton+hutchpp"))
 PROBE_DISTRIBUTIONS = ("rademacher", "gaussian")
 #: ``--hvp``: picked per product width, torch.func forward-over-reverse, or double backward.
 ENGINES = ("auto", "func", "autograd")
@@ -132,6 +135,7 @@ class HessianSettings(Settings):
         "(--probes products in all), or Hutchinson's estimator; auto: gauss-newton where it is "
         "exact, else gauss-newton+hutchpp where it can run, else Hutch++.",
         choices=TRACE_METHODS,
+        former_words=FORMER_TRACE_METHODS,
     )
     probes: int = setting(
         100,
@@ -265,3 +269,11 @@ class HessianSettings(Settings):
     def focal_gamma(self) -> float:
         """γ of the loss as the kernels take it (0 for cross-entropy)."""
         return float(self.gamma or 0.0)
+
+
+def trace_method_now(method: str, said: str = "method", stacklevel: int = 4) -> str:
+    """A trace method as it is spelled today: a former spelling (:data:`FORMER_TRACE_METHODS`,
+    ``hutch++``) becomes today's (``hutchpp``) with a
+    :class:`~curvcal.errors.FormerSpellingWarning` naming ``said`` (the argument it came in);
+    anything else as it is, for the caller to check."""
+    return str(spelled_now(HessianSettings, "trace_method", method, said, stacklevel))

@@ -49,7 +49,7 @@ class CurvatureSummary:
     ``loss`` names the Hessian's loss (``ce``, ``focal`` with ``gamma``, or ``flsd53``);
     ``mean_loss`` is its mean over the ``n_samples`` samples; ``groups`` lists FLSD-53's
     ``(γ, samples)`` (empty otherwise). ``trace_method``: ``gauss-newton`` (exact, where the
-    logits are linear in each tensor) or ``hutch++`` (``probes`` products), as
+    logits are linear in each tensor) or ``hutchpp`` (``probes`` products), as
     ``curvcal hessian --trace-method auto`` chooses. ``lambda_max_convergence`` is the
     hessian table's word for λmax (:func:`~curvcal.curvature.results.convergence_text`):
     ``yes`` only when its residual met the tol asked for, else why it stopped.
@@ -68,7 +68,7 @@ class CurvatureSummary:
     matvecs: int
     engine: str
     groups: tuple[tuple[float, int], ...] = ()
-    trace_method: str = "hutch++"
+    trace_method: str = "hutchpp"
     lambda_max_convergence: str = "yes"
 
 

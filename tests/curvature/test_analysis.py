@@ -72,7 +72,7 @@ def test_every_stage_equals_its_kernel_and_the_dense_hessian(mlp_case: MLPCase) 
 
     # tanh: auto takes the split trace, the Gauss–Newton part exact and Hutch++ on the rest
     assert result.trace == curvcal.hessian_trace(
-        model, batches, 40, trace_method="gauss-newton+hutch++", seed=5
+        model, batches, 40, trace_method="gauss-newton+hutchpp", seed=5
     )
     assert result.trace is not None
     assert result.trace.ci95[0] <= float(torch.trace(hessian)) <= result.trace.ci95[1]
@@ -146,7 +146,7 @@ def test_sharded_sums_give_the_same_numbers(mlp_case: MLPCase) -> None:
     assert doubled.spectrum.eigenvalues == pytest.approx(single.spectrum.eigenvalues, rel=1e-12)
     assert doubled.trace is not None and single.trace is not None
     # tanh: the split trace, whose exact part and products are both summed across ranks
-    assert doubled.trace.method == single.trace.method == "gauss-newton+hutch++"
+    assert doubled.trace.method == single.trace.method == "gauss-newton+hutchpp"
     assert doubled.trace.estimate == pytest.approx(single.trace.estimate, rel=1e-12)
     assert doubled.operator["mean_loss"] == pytest.approx(single.operator["mean_loss"], rel=1e-12)
 
@@ -260,7 +260,7 @@ def test_a_hutchpp_sketch_over_the_budget_holds_what_fits(mlp_case: MLPCase) -> 
     settings = HessianSettings(probes=100, memory_budget="12000", trace_method="hutchpp")
     result = analyse_hessian(model, [(x, y)], settings, on_note=notes.append)
     trace = result.trace
-    assert trace is not None and trace.method == "hutch++"
+    assert trace is not None and trace.method == "hutchpp"
     assert (trace.sketch_bytes, trace.n_probes, trace.matvecs) == (12_000, 60, 100)
     assert trace.ci95[0] <= float(torch.trace(hessian)) <= trace.ci95[1]
     (note,) = [n for n in notes if "sketch" in n]
@@ -398,7 +398,7 @@ def test_auto_trace_is_the_exact_gauss_newton_trace_for_a_relu_network() -> None
 def test_auto_trace_splits_off_the_gauss_newton_part_and_says_why(mlp_case: MLPCase) -> None:
     model, x, y, hessian = mlp_case  # tanh: not linear in the first layer
     result = analyse_hessian(model, split(x, y, 20), HessianSettings(probes=12))
-    assert result.trace is not None and result.trace.method == "gauss-newton+hutch++"
+    assert result.trace is not None and result.trace.method == "gauss-newton+hutchpp"
     assert result.trace.matvecs == 10  # 12 less the 2 gradient norms per sample of 3 classes
     choice = result.operator["trace_choice"]
     assert choice.startswith("the Gauss–Newton trace is not exact here") and "0.weight" in choice
@@ -415,17 +415,17 @@ def test_auto_trace_falls_back_to_hutchpp_where_the_split_cannot_run(mlp_case: M
     model, x, y, _ = mlp_case
     # 3 classes: 5 probes leave 3 products for the rest, fewer than Hutch++ needs
     result = analyse_hessian(model, split(x, y, 20), HessianSettings(probes=5))
-    assert result.trace is not None and result.trace.method == "hutch++"
+    assert result.trace is not None and result.trace.method == "hutchpp"
     assert result.trace.matvecs == 5
     # train mode: BatchNorm-free, but the Gauss–Newton part is not a sum over samples there
     result = analyse_hessian(model, split(x, y, 20), HessianSettings(probes=12, mode="train"))
-    assert result.trace is not None and result.trace.method == "hutch++"
+    assert result.trace is not None and result.trace.method == "hutchpp"
     assert "train mode" in result.operator["trace_choice"]
 
     # ten classes, four products: the Gauss–Newton trace would cost more than asked
     model, batches, _ = _relu_case(classes=10)
     result = analyse_hessian(model, batches, HessianSettings(probes=4))
-    assert result.trace is not None and result.trace.method == "hutch++"
+    assert result.trace is not None and result.trace.method == "hutchpp"
     assert (
         "up to 9 gradient norms per sample, more than probes 4" in result.operator["trace_choice"]
     )

@@ -211,7 +211,7 @@ def test_analysis_eigenvalues_trace_density_layers(kind: str) -> None:
     assert abs(analysis.lambda_min - float(eigenvalues[0])) < 1e-6 * float(eigenvalues[-1])
     assert analysis.trace is not None
     exact = kind != "empirical-fisher"  # auto: the Gauss–Newton trace for the GGN and CE's Fisher
-    assert analysis.trace.method == ("gauss-newton" if exact else "hutch++")
+    assert analysis.trace.method == ("gauss-newton" if exact else "hutchpp")
     low, high = analysis.trace.ci95
     rounding = 1e-12 * float(truth.trace())  # 100 probes ≥ 2P: Hutch++'s sketch spans the space
     assert low - rounding <= float(truth.trace()) <= high + rounding

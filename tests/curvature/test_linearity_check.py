@@ -72,7 +72,7 @@ def test_the_gauss_newton_trace_is_refused_and_auto_splits_and_covers_the_truth(
     with pytest.raises(InputError, match=r"not linear in fc\.weight"):
         gauss_newton_trace(HessianOperator(model, _batches(x, y)))
     result = analyse_hessian(model, _batches(x, y), HessianSettings(probes=300, seed=2))
-    assert result.trace is not None and result.trace.method == "gauss-newton+hutch++"
+    assert result.trace is not None and result.trace.method == "gauss-newton+hutchpp"
     low, high = result.trace.ci95
     assert low <= truth <= high and result.trace.estimate == pytest.approx(truth, rel=1e-6)
 

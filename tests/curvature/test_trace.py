@@ -81,7 +81,7 @@ def test_hutchpp_error_bar_is_honest() -> None:
     )
     assert 85 <= covered <= 100
     result = hutchpp_trace(matrix, 33)
-    assert (result.matvecs, result.n_probes, result.method) == (33, 11, "hutch++")
+    assert (result.matvecs, result.n_probes, result.method) == (33, 11, "hutchpp")
 
 
 def test_adaptive_stop_on_relative_half_width() -> None:
@@ -139,17 +139,17 @@ def test_border_cases() -> None:
 @pytest.mark.parametrize(
     ("options", "what"),
     [
-        ({"method": "hutchinson", "n_probes": 0}, "n_probes"),
-        ({"method": "hutchinson", "n_probes": 1}, "n_probes"),
-        ({"n_probes": 3}, "n_probes"),
+        ({"method": "hutchinson", "probes": 0}, "probes"),
+        ({"method": "hutchinson", "probes": 1}, "probes"),
+        ({"probes": 3}, "probes"),
         ({"distribution": "uniform"}, "distribution"),
         ({"method": "hutchinson", "rtol": 0.0}, "rtol"),
         ({"method": "hutchinson", "rtol": -0.1}, "rtol"),
         ({"method": "hutchinson", "rtol": 0.1, "max_probes": 5}, "max_probes"),
         ({"method": "girard"}, "method"),
-        ({"method": "hutch++", "rtol": 0.1}, "rtol"),
-        ({"method": "hutch++", "n_probes": 3}, "n_probes"),
-        ({"method": "xtrace", "n_probes": 3}, "n_probes"),
+        ({"method": "hutchpp", "rtol": 0.1}, "rtol"),
+        ({"method": "hutchpp", "probes": 3}, "probes"),
+        ({"method": "xtrace", "probes": 3}, "probes"),
         ({"method": "xtrace", "rtol": 0.1}, "rtol"),
         ({"method": "xtrace", "probe_batch": 0}, "probe_batch"),
         ({"method": "xtrace", "distribution": "uniform"}, "distribution"),
@@ -276,9 +276,9 @@ def test_xtrace_interval_of_a_sketch_holding_the_range_is_the_spread_of_its_valu
 @pytest.mark.parametrize(
     ("operator", "matvecs", "what"),
     [
-        (torch.eye(5, dtype=torch.float64), 3, "matvecs"),
-        (torch.eye(5, dtype=torch.float64), 0, "matvecs"),
-        (torch.eye(5, dtype=torch.float64), 4.0, "matvecs"),
+        (torch.eye(5, dtype=torch.float64), 3, "probes"),
+        (torch.eye(5, dtype=torch.float64), 0, "probes"),
+        (torch.eye(5, dtype=torch.float64), 4.0, "probes"),
     ],
 )
 def test_xtrace_refuses_bad_requests(operator: Tensor, matvecs: object, what: str) -> None:
@@ -292,9 +292,9 @@ def test_xtrace_beats_hutchpp_on_a_decaying_spectrum() -> None:
     exact = float(torch.trace(matrix))
     errors = {
         name: sum((estimator(matrix, 40, seed=s).estimate - exact) ** 2 for s in range(40))
-        for name, estimator in (("xtrace", xtrace), ("hutch++", hutchpp_trace))
+        for name, estimator in (("xtrace", xtrace), ("hutchpp", hutchpp_trace))
     }
-    assert errors["xtrace"] < 0.5 * errors["hutch++"]
+    assert errors["xtrace"] < 0.5 * errors["hutchpp"]
 
 
 def _coverage(matrix: Tensor, method: str, runs: int = 200) -> float:
@@ -318,8 +318,8 @@ def _coverage(matrix: Tensor, method: str, runs: int = 200) -> float:
 def test_default_trace_interval_covers_at_least_93_percent(spectrum: Tensor) -> None:
     """The default estimator's 95% interval, 100 products, 200 seeded runs against dense truth."""
     matrix = spectrum_matrix(spectrum, seed=1)
-    assert trace_estimate(matrix, 100).method == "hutch++"
-    assert 0.93 <= _coverage(matrix, "hutch++") <= 0.99
+    assert trace_estimate(matrix, 100).method == "hutchpp"
+    assert 0.93 <= _coverage(matrix, "hutchpp") <= 0.99
 
 
 @pytest.mark.parametrize("case", ["mlp_case", "cnn_case"])
@@ -327,7 +327,7 @@ def test_default_trace_interval_covers_a_model_hessian(
     case: str, request: pytest.FixtureRequest
 ) -> None:
     hessian = request.getfixturevalue(case)[3]
-    assert 0.93 <= _coverage(hessian, "hutch++") <= 0.99
+    assert 0.93 <= _coverage(hessian, "hutchpp") <= 0.99
 
 
 def test_xtrace_on_hessian_operator_and_rank_deficient_sketches(
@@ -488,13 +488,13 @@ def test_sketch_of_a_zero_operator() -> None:
 
 
 def test_sketch_sizes_and_bytes() -> None:
-    assert sketch_columns("hutch++", 100, 10**6) == 33
-    assert sketch_columns("hutch++", 100_000, 9802) == 9802
-    assert sketch_columns("hutch++", 4, 1) == 1
+    assert sketch_columns("hutchpp", 100, 10**6) == 33
+    assert sketch_columns("hutchpp", 100_000, 9802) == 9802
+    assert sketch_columns("hutchpp", 4, 1) == 1
     assert sketch_columns("xtrace", 100, 10**6) == 50
     assert sketch_columns("xtrace", 100, 1) == 2
     assert sketch_columns("hutchinson", 100, 10**6) == 0
-    assert sketch_bytes("hutch++", 100, 1000, torch.float32) == 33 * 1000 * 4
+    assert sketch_bytes("hutchpp", 100, 1000, torch.float32) == 33 * 1000 * 4
     assert sketch_bytes("xtrace", 100, 1000, torch.float64) == 50 * 1000 * 8
 
 
