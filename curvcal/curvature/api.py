@@ -30,7 +30,6 @@ reported with the batches at fault), and each function returns the algorithm's r
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
 from typing import Any
 
@@ -67,7 +66,7 @@ from curvcal.curvature.results import (
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError, SettingsError
 from curvcal.losses import as_loss
-from curvcal.settings.fields import renamed
+from curvcal.settings.fields import former_keywords, renamed
 from curvcal.settings.hessian import TRACE_METHODS, HessianSettings, trace_method_now
 
 #: keywords of the API functions that describe the operator besides the settings fields
@@ -228,32 +227,6 @@ def _trace_method(method: str) -> str:
     return str(name)
 
 
-def _former_arguments(
-    function: Any, given: dict[str, Any], keywords: dict[str, Any], former: dict[str, str]
-) -> dict[str, Any]:
-    """The arguments ``given`` (by their names today) of the API ``function``, with those the
-    caller passed under a ``former`` name (found in ``keywords`` and taken out of them, with a
-    :class:`DeprecationWarning`). Both names at once are refused."""
-    defaults = {
-        name: parameter.default
-        for name, parameter in inspect.signature(function).parameters.items()
-    }
-    taken = dict(given)
-    for old, new in former.items():
-        if old not in keywords:
-            continue
-        if taken[new] != defaults[new]:
-            raise InputError(new, f"given twice, as {new!r} and as its former name {old!r}")
-        warnings.warn(
-            f"{function.__name__}: {old!r} is now called {new!r}, as the settings and the "
-            "command line name it; the old name will be removed",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        taken[new] = keywords.pop(old)
-    return taken
-
-
 #: :func:`hessian_trace`'s and :func:`hessian_layers`' former argument names -> today's (the
 #: settings fields')
 _FORMER_TRACE_ARGUMENTS = {
@@ -264,6 +237,7 @@ _FORMER_TRACE_ARGUMENTS = {
 }
 
 
+@former_keywords(**_FORMER_TRACE_ARGUMENTS)
 def hessian_trace(
     model: ModelOrOperator,
     data: Any = None,
@@ -307,19 +281,6 @@ def hessian_trace(
     :class:`~curvcal.errors.FormerSpellingWarning`. A Hutch++ sketch is bounded by
     the operator's memory budget as ``curvcal hessian`` bounds it
     (:func:`~curvcal.curvature.memory.sketch_limit`)."""
-    given = _former_arguments(
-        hessian_trace,
-        {
-            "probes": probes,
-            "trace_method": trace_method,
-            "trace_rtol": trace_rtol,
-            "probe_dist": probe_dist,
-        },
-        operator_keywords,
-        _FORMER_TRACE_ARGUMENTS,
-    )
-    probes, trace_method = given["probes"], given["trace_method"]
-    trace_rtol, probe_dist = given["trace_rtol"], given["probe_dist"]
     name = _trace_method(trace_method)
     if isinstance(probes, bool) or not isinstance(probes, int) or probes < 1:
         raise SettingsError("probes", f"must be a positive integer, got {probes!r}")
@@ -425,6 +386,7 @@ def hessian_density(
     return dataclasses.replace(result, engine=operator.engine)
 
 
+@former_keywords(n_probes="probes", distribution="probe_dist")
 def hessian_layers(
     model: ModelOrOperator,
     data: Any = None,
@@ -444,12 +406,6 @@ def hessian_layers(
     """λmax and trace of each module's diagonal Hessian block (see :mod:`curvcal.curvature.layers`),
     each trace within ``probes`` products drawn from ``probe_dist`` (formerly ``n_probes`` and
     ``distribution``, taken with a :class:`DeprecationWarning`)."""
-    given = _former_arguments(
-        hessian_layers,
-        {"probes": probes, "probe_dist": probe_dist},
-        operator_keywords,
-        {"n_probes": "probes", "distribution": "probe_dist"},
-    )
     operator = _operator(
         "hessian_layers", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
@@ -457,8 +413,8 @@ def hessian_layers(
         operator,
         tol=tol,
         max_iter=max_iter,
-        probes=given["probes"],
-        probe_dist=given["probe_dist"],
+        probes=probes,
+        probe_dist=probe_dist,
         seed=seed,
         on_step=on_step,
     )

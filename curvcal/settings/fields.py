@@ -188,8 +188,8 @@ def former_keywords(**former: str) -> Callable[[F], F]:
                         new, f"given twice, as {new!r} and as its former name {old!r}"
                     )
                 warnings.warn(
-                    f"{func.__name__}: {old!r} is now called {new!r}, as the settings name it; "
-                    "the old name will be removed",
+                    f"{func.__name__}: {old!r} is now called {new!r}, as the settings and the "
+                    "command line name it; the old name will be removed",
                     DeprecationWarning,
                     stacklevel=2,
                 )
