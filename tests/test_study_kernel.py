@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from curvcal.curvature.analysis import analyse_hessian
+from curvcal.curvature.analysis import analyse_batches
 from curvcal.curvature.batches import BatchSource
 from curvcal.errors import InputError
 from curvcal.settings.hessian import HessianSettings
@@ -65,7 +65,7 @@ def measure_curvature(
 ) -> CurvatureSummary:
     """The study's curvature numbers as ``curvcal study`` takes them: the analysis behind
     ``curvcal hessian`` with the study's settings, summarised."""
-    return curvature_summary(analyse_hessian(model, batches, settings))
+    return curvature_summary(analyse_batches(model, batches, settings))
 
 
 def _model() -> nn.Module:

@@ -1,6 +1,6 @@
 """One Hessian, every requested measurement: the library behind ``curvcal hessian``.
 
-:func:`analyse_hessian` builds a single operator (:func:`~curvcal.curvature.operator.build_operator`) — the
+:func:`analyse_batches` builds a single operator (:func:`~curvcal.curvature.operator.build_operator`) — the
 Hessian of the mean loss over the whole dataset, L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i) — so the data
 is counted and cached once, then runs on it, in this order: the mean loss (one pass, checked for
 NaN/Inf before any product), the top-k eigenvalues, λmin when asked, the trace, the spectral
@@ -14,7 +14,7 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
@@ -61,7 +61,7 @@ Measured = TypeVar("Measured", EigenSpectrum, TraceResult, DensityResult)
 
 __all__ = [
     "HessianSettings",
-    "analyse_hessian",
+    "analyse_batches",
     "analyse_hessian_with_messages",
     "analyse_operator",
     "check_sketch_memory",
@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 
-def analyse_hessian(
+def analyse_batches(
     model: nn.Module,
     batches: BatchSource,
     settings: HessianSettings,
@@ -149,7 +149,7 @@ def analyse_operator(
     timings: dict[str, float] | None = None,
     on_vectors: OnEigenvectors | None = None,
 ) -> HessianAnalysis:
-    """:func:`analyse_hessian` on an operator already built (its loss, parameters and how it
+    """:func:`analyse_batches` on an operator already built (its loss, parameters and how it
     runs are the operator's: the operator fields of ``settings`` are not read again).
     ``timings`` holds the seconds already spent (``setup``); the stages' are added to it.
     ``on_step`` is also called at the end of each stage with the products made so far (its
@@ -408,7 +408,7 @@ def analyse_hessian_with_messages(
     on_operator: Callable[[HessianOperator], None] | None = None,
     on_vectors: OnEigenvectors | None = None,
 ) -> tuple[HessianAnalysis, list[str]]:
-    """:func:`analyse_hessian` (the same operator and stages), returning the warnings a report shows (unconverged estimates, an
+    """:func:`analyse_batches` (the same operator and stages), returning the warnings a report shows (unconverged estimates, an
     engine fallback to double backward) as messages; other warnings are passed on untouched.
     ``on_note`` receives the notes that cannot wait for the end (the sketch's memory, the
     budget that would keep the gradient graphs)."""
@@ -474,3 +474,18 @@ def _eigen(
         on_vectors=on_vectors,
     )
     return _with_engines(operator, before, spectrum)
+
+
+def __getattr__(name: str) -> Any:
+    """``analyse_hessian``, this module's former name of :func:`analyse_batches` (the public
+    :func:`curvcal.analyse_hessian` takes a model or an operator and any data), with a
+    :class:`DeprecationWarning`."""
+    if name == "analyse_hessian":
+        warnings.warn(
+            "curvcal.curvature.analysis.analyse_hessian is now analyse_batches "
+            "(curvcal.analyse_hessian is the public one); the old name will be removed",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return analyse_batches
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,8 +36,7 @@ from typing import Any
 from torch import nn
 
 from curvcal import rows
-from curvcal.curvature.analysis import analyse_hessian as analyse_batches
-from curvcal.curvature.analysis import analyse_operator
+from curvcal.curvature.analysis import analyse_batches, analyse_operator
 from curvcal.curvature.batches import AllReduce
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
@@ -433,7 +432,7 @@ def analyse_hessian(
     """Everything ``curvcal hessian`` measures, of ``model`` over ``data`` (or of the operator
     ``model``), on one operator: the mean loss, the top-k eigenvalues, λmin when asked, the
     trace, the density and the per-module blocks
-    (:func:`~curvcal.curvature.analysis.analyse_hessian`).
+    (:func:`~curvcal.curvature.analysis.analyse_batches`).
 
     ``settings``: a :class:`~curvcal.settings.hessian.HessianSettings` (default: the command's
     defaults), and any of its fields as keywords on top (``top_k=3``, ``density=True``,

@@ -249,20 +249,14 @@ def hutchpp_trace(
         samples += [float(x) for x in forms.to(torch.float64).cpu()]
         count(block.shape[1])
     remainder, error, (low, high) = _interval(samples)
-    return TraceResult(
-        estimate=exact_part + remainder,
-        standard_error=error,
-        ci95=(exact_part + low, exact_part + high),
-        n_probes=n_residual,
-        matvecs=spent.total,
-        method="hutchpp",
-        distribution=distribution,
-        interval=INTERVALS["hutchpp"],
-        seed=seed,
-        rtol=None,
-        stopped_by="n_probes",
-        converged=True,
-        sketch_bytes=basis.nbytes,
+    return _sketched(
+        "hutchpp",
+        (exact_part + remainder, error, (exact_part + low, exact_part + high)),
+        n_residual,
+        spent.total,
+        distribution,
+        seed,
+        basis.nbytes,
     )
 
 
@@ -349,20 +343,15 @@ def xtrace(
     estimate = _interval(samples)[0]
     error = math.sqrt(_jackknife_variance(sketch, samples))
     half = float(stdtrit(count - 1, 0.975)) * error
-    return TraceResult(
-        estimate=estimate,
-        standard_error=error,
-        ci95=(estimate - half, estimate + half),
-        n_probes=count,
-        matvecs=spent.total,
-        method="xtrace",
-        distribution=distribution,
-        interval=INTERVALS["xtrace"],
-        seed=seed,
-        rtol=None,
-        stopped_by="n_probes",
-        converged=True,
-        sketch_bytes=basis.nbytes,
+    interval = (estimate - half, estimate + half)
+    return _sketched(
+        "xtrace",
+        (estimate, error, interval),
+        count,
+        spent.total,
+        distribution,
+        seed,
+        basis.nbytes,
     )
 
 
@@ -707,6 +696,35 @@ def _projected_matrix(
     if not columns:
         return torch.zeros((0, 0), dtype=torch.float64)
     return torch.cat(columns, dim=1)
+
+
+def _sketched(
+    method: str,
+    estimate: tuple[float, float, tuple[float, float]],
+    n_probes: int,
+    matvecs: int,
+    distribution: str,
+    seed: int,
+    sketch_bytes: int,
+) -> TraceResult:
+    """The result of a sketching estimator (Hutch++, XTrace) that spent its fixed budget:
+    ``estimate`` is (value, standard error, 95% interval), formed as :data:`INTERVALS` says."""
+    value, error, interval = estimate
+    return TraceResult(
+        estimate=value,
+        standard_error=error,
+        ci95=interval,
+        n_probes=n_probes,
+        matvecs=matvecs,
+        method=method,
+        distribution=distribution,
+        interval=INTERVALS[method],
+        seed=seed,
+        rtol=None,
+        stopped_by="n_probes",
+        converged=True,
+        sketch_bytes=sketch_bytes,
+    )
 
 
 def _exhausted(

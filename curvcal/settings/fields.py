@@ -54,6 +54,11 @@ class Spec:
     on the command line as from a policy or Python. ``former_words``: ``(old word, the word
     today)`` pairs of a renamed choice, still read wherever a user could have written the old
     one (option, policy, Python, a report read back), with a :class:`FormerSpellingWarning`.
+    ``policy``: whether a ``check`` policy's ``[settings]`` may set the field (true: by the
+    field's name; a tuple: the keys that set it, ``("eigen_method",)``); ``study``: whether
+    ``curvcal study`` takes the field as an option (Hessian settings). ``None``: not said, which
+    a test refuses for every class a policy or ``study`` draws from
+    (:func:`field_policy_keys`).
     """
 
     help: str
@@ -78,6 +83,8 @@ class Spec:
     operator: bool = False
     former: tuple[str, ...] = ()
     former_words: tuple[tuple[str, str], ...] = ()
+    policy: bool | tuple[str, ...] | None = None
+    study: bool | None = None
 
 
 def setting(default: Any = None, help: str = "", **spec: Any) -> Any:
@@ -138,6 +145,20 @@ def renamed(
         )
         current[field] = value
     return current
+
+
+def field_policy_keys(field: dataclasses.Field[Any], spec: Spec) -> tuple[str, ...]:
+    """The keys of a policy's ``[settings]`` that set ``field`` (:attr:`Spec.policy`): its own
+    name when true, none when false or not said."""
+    if spec.policy is True:
+        return (field.name,)
+    return spec.policy or ()
+
+
+def study_fields(cls: type[Settings]) -> tuple[str, ...]:
+    """The fields of ``cls`` that ``curvcal study`` takes as options (:attr:`Spec.study`), in
+    declaration order."""
+    return tuple(field.name for field, spec in settings_fields(cls) if spec.study)
 
 
 def former_spelling_note(said: str, old: str, new: str) -> str:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.analysis import HessianSettings, analyse_batches
 from curvcal.curvature.gauss_newton import (
     gauss_newton_problem,
     gauss_newton_trace,
@@ -189,7 +189,7 @@ def test_auto_picks_an_honest_method_and_its_interval_covers_the_trace(
 ) -> None:
     model, x, y, batches = _case(kind)
     truth = float(dense_hessian(model, x, y).trace())
-    result = analyse_hessian(model, batches, HessianSettings(probes=300, seed=3))
+    result = analyse_batches(model, batches, HessianSettings(probes=300, seed=3))
     assert result.trace is not None
     want = "gauss-newton" if kind in LINEAR else "gauss-newton+hutchpp"
     assert result.trace.method == want
