@@ -167,6 +167,15 @@ def former_spelling_note(said: str, old: str, new: str) -> str:
     return f"{said} {old!r} is now spelled {new!r}; the old spelling will be removed"
 
 
+def word_today(cls: type[Settings], name: str, value: Any) -> Any:
+    """``value`` of field ``name`` of ``cls`` as it is spelled today, silently: a former word
+    (:attr:`Spec.former_words`) becomes today's; anything else is ``value`` itself."""
+    spec = next((s for f, s in settings_fields(cls) if f.name == name), None)
+    if spec is None or not isinstance(value, str):
+        return value
+    return dict(spec.former_words).get(value, value)
+
+
 def spelled_now(
     cls: type[Settings], name: str, value: Any, said: str | None = None, stacklevel: int = 3
 ) -> Any:
@@ -177,11 +186,8 @@ def spelled_now(
     """
     import warnings
 
-    spec = next((s for f, s in settings_fields(cls) if f.name == name), None)
-    if spec is None or not isinstance(value, str):
-        return value
-    now = dict(spec.former_words).get(value)
-    if now is None:
+    now = word_today(cls, name, value)
+    if now is value:
         return value
     warnings.warn(
         former_spelling_note(said or setting_name(name), value, now),

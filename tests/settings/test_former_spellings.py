@@ -143,3 +143,23 @@ def test_layer_curvature_takes_the_settings_names_and_the_former_keywords() -> N
         "'distribution'",
     }
     assert [row.trace.estimate for row in former] == [row.trace.estimate for row in today]
+
+
+def test_a_report_read_back_compares_the_former_spelling_as_todays() -> None:
+    """A baseline written with ``hutch++`` compared with a report of ``hutchpp``: the same
+    setting, so no difference is said; a real change still is."""
+    from curvcal.policy.baseline import flat_settings, setting_differences
+
+    def report(method: str, probes: int) -> dict[str, object]:
+        return {
+            "schema": "2.0",
+            "settings": {"hessian": {"trace_method": method, "probes": probes}},
+        }
+
+    old, new = report("gauss-newton+hutch++", 100), report("gauss-newton+hutchpp", 100)
+    assert flat_settings(old)["hessian.trace_method"] == "gauss-newton+hutchpp"
+    assert setting_differences(new, old) == []
+    assert setting_differences(report("xtrace", 50), old) == [
+        "--probes: 100 → 50",
+        "--trace-method: gauss-newton+hutchpp → xtrace",
+    ]
