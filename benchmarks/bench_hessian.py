@@ -448,7 +448,7 @@ def curvcal_auto_trace(n: int) -> Callable[[Case, int], Outcome]:
 def curvcal_trace(method: str, n: int) -> Callable[[Case, int], Outcome]:
     def run(case: Case, seed: int) -> Outcome:
         operator = HessianOperator(case.fresh(), case.batches)
-        result = trace_estimate(operator, n, method=method, seed=seed)
+        result = trace_estimate(operator, n, trace_method=method, seed=seed)
         return Outcome(
             result.estimate,
             operator.n_matvecs,

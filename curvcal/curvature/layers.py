@@ -60,7 +60,7 @@ def layer_curvature(
             trace = hutchinson_trace(
                 block,
                 probes,
-                distribution=probe_dist,
+                probe_dist=probe_dist,
                 seed=seed,
                 probe_batch=operator.probe_batch,
             )

@@ -104,7 +104,7 @@ def _positive_int(name: str, value: int, minimum: int = 1) -> None:
 def _check_distribution(distribution: str) -> None:
     if distribution not in DISTRIBUTIONS:
         raise InputError(
-            "distribution",
+            "probe_dist",
             f"unknown probe distribution {distribution!r}",
             "choose 'rademacher' or 'gaussian'",
         )
@@ -118,33 +118,36 @@ def _quadratic_forms(op: LinearOperator, probes: Tensor) -> list[float]:
     return [float(x) for x in forms.to(torch.float64).cpu()]
 
 
-@former_keywords(n_probes="probes")
+@former_keywords(n_probes="probes", rtol="trace_rtol", distribution="probe_dist")
 def hutchinson_trace(
     operator: LinearOperator | Tensor,
     probes: int = 100,
     *,
-    rtol: float | None = None,
+    trace_rtol: float | None = None,
     max_probes: int = 1000,
     min_probes: int = 10,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     probe_batch: int = 8,
     on_step: OnStep = None,
 ) -> TraceResult:
     """Hutchinson's estimate of tr(A) with a standard error and a 95% interval.
 
-    Without ``rtol``: exactly ``probes`` probes (≥ 2). With ``rtol`` > 0: adaptive, between
+    Without ``trace_rtol``: exactly ``probes`` probes (≥ 2). With ``trace_rtol`` > 0: adaptive, between
     ``min_probes`` and ``max_probes`` probes (``probes`` is then ignored). ``on_step`` receives
     the number of probes used so far after each block.
     """
     op = as_operator(operator)
-    _check_distribution(distribution)
+    _check_distribution(probe_dist)
     _positive_int("probe_batch", probe_batch)
-    adaptive = rtol is not None
+    adaptive = trace_rtol is not None
     if adaptive:
-        if not (isinstance(rtol, int | float) and math.isfinite(rtol) and rtol > 0):
+        if not (
+            isinstance(trace_rtol, int | float) and math.isfinite(trace_rtol) and trace_rtol > 0
+        ):
             raise InputError(
-                "rtol", f"the relative tolerance must be a finite number > 0, got {rtol!r}"
+                "trace_rtol",
+                f"the relative tolerance must be a finite number > 0, got {trace_rtol!r}",
             )
         _positive_int("min_probes", min_probes, 2)
         _positive_int("max_probes", max_probes, min_probes)
@@ -159,14 +162,14 @@ def hutchinson_trace(
     while len(samples) < budget:
         block = min(probe_batch, budget - len(samples))
         # drawn in the operator's dtype: the same values, half the memory of float64 probes
-        vectors = space.probes(block, distribution, generator, op.dtype)
+        vectors = space.probes(block, probe_dist, generator, op.dtype)
         samples += _quadratic_forms(op, vectors)
         if on_step is not None:
             on_step(len(samples))
         if adaptive and len(samples) >= min_probes:
             estimate, _error, (low, high) = _interval(samples)
             # a half-width under the products' own relative accuracy is not asked for
-            wanted = max(float(rtol or 0.0), float(getattr(op, "precision_floor", 0.0)))
+            wanted = max(float(trace_rtol or 0.0), float(getattr(op, "precision_floor", 0.0)))
             if (high - low) / 2 <= wanted * abs(estimate):
                 stopped_by = "rtol"
                 break
@@ -181,10 +184,10 @@ def hutchinson_trace(
         n_probes=len(samples),
         matvecs=len(samples),
         method="hutchinson",
-        distribution=distribution,
+        distribution=probe_dist,
         interval=INTERVALS["hutchinson"],
         seed=seed,
-        rtol=float(rtol) if rtol is not None else None,
+        rtol=float(trace_rtol) if trace_rtol is not None else None,
         stopped_by=stopped_by,
         converged=stopped_by != "max_probes",
     )
@@ -192,19 +195,19 @@ def hutchinson_trace(
         warnings.warn(
             ConvergenceWarning(
                 f"hutchinson: the 95% half-width {result.half_width:.3g} is still above "
-                f"rtol·|estimate| after {len(samples)} probes; raise max_probes or rtol"
+                f"trace_rtol·|estimate| after {len(samples)} probes; raise max_probes or trace_rtol"
             ),
             stacklevel=2,
         )
     return result
 
 
-@former_keywords(matvecs="probes")
+@former_keywords(matvecs="probes", distribution="probe_dist")
 def hutchpp_trace(
     operator: LinearOperator | Tensor,
     probes: int = 99,
     *,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     probe_batch: int = 8,
     max_sketch: int | None = None,
@@ -221,7 +224,7 @@ def hutchpp_trace(
     ``stopped_by`` is ``"exhausted"`` and the interval has width zero. Peak extra memory: the
     s × P sketch in the operator's dtype and ``probe_batch`` columns in flight.
     """
-    op = _sketching_operator(operator, distribution, probes, probe_batch)
+    op = _sketching_operator(operator, probe_dist, probes, probe_batch)
     if max_sketch is not None:
         _positive_int("max_sketch", max_sketch)
     generator = torch.Generator().manual_seed(seed)
@@ -232,16 +235,16 @@ def hutchpp_trace(
     count = spent = _Spent(on_step)
     space = space_of(op)
     basis = _StreamedBasis(space, sketch_size, op.dtype, op.device)
-    for block in _probe_blocks(sketch_size, probe_batch, distribution, generator, op):
+    for block in _probe_blocks(sketch_size, probe_batch, probe_dist, generator, op):
         basis.extend(op.matmat(block))
         count(block.shape[1])
     exact_part = _projected_trace(op, basis.columns, probe_batch, count)
     if basis.rank == n_params:
-        return _exhausted("hutchpp", exact_part, spent.total, 0, distribution, seed, basis.nbytes)
+        return _exhausted("hutchpp", exact_part, spent.total, 0, probe_dist, seed, basis.nbytes)
     n_residual = probes - spent.total
     q = basis.columns
     samples: list[float] = []
-    for block in _probe_blocks(n_residual, probe_batch, distribution, generator, op):
+    for block in _probe_blocks(n_residual, probe_batch, probe_dist, generator, op):
         deflated = block - q @ space.project(q.t(), block)
         images = op.matmat(deflated)
         images = images - q @ space.project(q.t(), images)
@@ -254,18 +257,18 @@ def hutchpp_trace(
         (exact_part + remainder, error, (exact_part + low, exact_part + high)),
         n_residual,
         spent.total,
-        distribution,
+        probe_dist,
         seed,
         basis.nbytes,
     )
 
 
-@former_keywords(matvecs="probes")
+@former_keywords(matvecs="probes", distribution="probe_dist")
 def xtrace(
     operator: LinearOperator | Tensor,
     probes: int = 100,
     *,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     probe_batch: int = 8,
     on_step: OnStep = None,
@@ -306,16 +309,14 @@ def xtrace(
     s × P matrix in the operator's dtype); Ω is drawn again from the seed for QᵀΩ instead of
     being held, and Z is reduced to QᵀZ block by block. Everything else is s × s.
     """
-    op = _sketching_operator(operator, distribution, probes, probe_batch)
+    op = _sketching_operator(operator, probe_dist, probes, probe_batch)
     n_params = op.shape[0]
     count = sketch_columns("xtrace", probes, n_params)
     counted = spent = _Spent(on_step)
     space = space_of(op)
     basis = _StreamedBasis(space, count, op.dtype, op.device)
     diagonal = []
-    blocks = _probe_blocks(
-        count, probe_batch, distribution, torch.Generator().manual_seed(seed), op
-    )
+    blocks = _probe_blocks(count, probe_batch, probe_dist, torch.Generator().manual_seed(seed), op)
     for block in blocks:
         images = op.matmat(block)
         diagonal.append(space.reduce((block * images).sum(dim=0)).to(torch.float64).cpu())
@@ -324,11 +325,9 @@ def xtrace(
     q = basis.columns
     if basis.rank == n_params:
         exact_part = _projected_trace(op, q, probe_batch, counted)
-        return _exhausted(
-            "xtrace", exact_part, spent.total, count, distribution, seed, basis.nbytes
-        )
+        return _exhausted("xtrace", exact_part, spent.total, count, probe_dist, seed, basis.nbytes)
     projected = _projected_matrix(op, q, probe_batch, counted)
-    again = _probe_blocks(count, probe_batch, distribution, torch.Generator().manual_seed(seed), op)
+    again = _probe_blocks(count, probe_batch, probe_dist, torch.Generator().manual_seed(seed), op)
     coordinates = torch.cat(
         [space.project(q.t(), block).to(torch.float64).cpu() for block in again], dim=1
     )
@@ -349,7 +348,7 @@ def xtrace(
         (estimate, error, interval),
         count,
         spent.total,
-        distribution,
+        probe_dist,
         seed,
         basis.nbytes,
     )
@@ -534,24 +533,26 @@ def exact_trace(operator: LinearOperator | Tensor, *, probe_batch: int = 8) -> T
     )
 
 
-@former_keywords(n_probes="probes")
+@former_keywords(
+    n_probes="probes", method="trace_method", rtol="trace_rtol", distribution="probe_dist"
+)
 def trace_estimate(
     operator: LinearOperator | Tensor,
     probes: int = 100,
     *,
-    method: str = DEFAULT_METHOD,
-    rtol: float | None = None,
+    trace_method: str = DEFAULT_METHOD,
+    trace_rtol: float | None = None,
     max_probes: int = 1000,
     min_probes: int = 10,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     probe_batch: int = 8,
     max_sketch: int | None = None,
     on_step: OnStep = None,
 ) -> TraceResult:
-    """tr(A) by ``method``: ``"hutchpp"`` (the default; ``probes`` operator products in all,
+    """tr(A) by ``trace_method``: ``"hutchpp"`` (the default; ``probes`` operator products in all,
     its sketch at most ``max_sketch`` columns), ``"xtrace"`` (``probes`` products, an odd one
-    unused) or ``"hutchinson"`` (``probes`` probes, or adaptive with ``rtol``; ``rtol`` only
+    unused) or ``"hutchinson"`` (``probes`` probes, or adaptive with ``trace_rtol``; ``trace_rtol`` only
     with Hutchinson). ``max_sketch`` only with Hutch++: every XTrace product is in its sketch.
 
     Hutch++ is the default because its interval is valid given the sketch (coverage measured
@@ -559,38 +560,38 @@ def trace_estimate(
     usually more accurate at equal products; its jackknife interval is conservative (coverage
     98.5–100% in the same study) and often wider than Hutch++'s. The former spelling
     ``"hutch++"`` is read as ``"hutchpp"`` with a :class:`~curvcal.errors.FormerSpellingWarning`."""
-    method = trace_method_now(method)
-    if max_sketch is not None and method != "hutchpp":
+    trace_method = trace_method_now(trace_method, "trace_method")
+    if max_sketch is not None and trace_method != "hutchpp":
         raise InputError(
             "max_sketch",
-            f"only Hutch++ can bound its sketch, not {method!r}",
+            f"only Hutch++ can bound its sketch, not {trace_method!r}",
             "pass max_sketch=None",
         )
-    if method == "hutchinson":
+    if trace_method == "hutchinson":
         return hutchinson_trace(
             operator,
             probes,
-            rtol=rtol,
+            trace_rtol=trace_rtol,
             max_probes=max_probes,
             min_probes=min_probes,
-            distribution=distribution,
+            probe_dist=probe_dist,
             seed=seed,
             probe_batch=probe_batch,
             on_step=on_step,
         )
-    if method in ("hutchpp", "xtrace"):
+    if trace_method in ("hutchpp", "xtrace"):
         _positive_int("probes", probes, 4)
-        if rtol is not None:
+        if trace_rtol is not None:
             raise InputError(
-                "rtol",
-                "the adaptive stop is only available with method 'hutchinson'",
-                "pass method='hutchinson' with rtol",
+                "trace_rtol",
+                "the adaptive stop is only available with trace_method 'hutchinson'",
+                "pass trace_method='hutchinson' with trace_rtol",
             )
-        if method == "hutchpp":
+        if trace_method == "hutchpp":
             return hutchpp_trace(
                 operator,
                 probes,
-                distribution=distribution,
+                probe_dist=probe_dist,
                 seed=seed,
                 probe_batch=probe_batch,
                 max_sketch=max_sketch,
@@ -599,14 +600,14 @@ def trace_estimate(
         return xtrace(
             operator,
             probes,
-            distribution=distribution,
+            probe_dist=probe_dist,
             seed=seed,
             probe_batch=probe_batch,
             on_step=on_step,
         )
     raise InputError(
-        "method",
-        f"unknown trace method {method!r}",
+        "trace_method",
+        f"unknown trace method {trace_method!r}",
         "choose 'hutchpp', 'xtrace' or 'hutchinson'",
     )
 

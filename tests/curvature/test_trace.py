@@ -44,7 +44,7 @@ def test_hutchinson_interval_covers_the_trace_about_95_percent() -> None:
 
 def test_hutchinson_mean_and_standard_error_are_the_sample_formulas() -> None:
     matrix = _indefinite(12)
-    result = hutchinson_trace(matrix, 6, seed=3, distribution="gaussian")
+    result = hutchinson_trace(matrix, 6, seed=3, probe_dist="gaussian")
     probes = draw_probes(12, 6, "gaussian", torch.Generator().manual_seed(3))
     samples = (probes * (matrix @ probes)).sum(0)
     assert result.estimate == pytest.approx(float(samples.mean()), abs=1e-12)
@@ -88,7 +88,7 @@ def test_adaptive_stop_on_relative_half_width() -> None:
     matrix = _indefinite() + 3 * torch.eye(30, dtype=torch.float64)
     steps: list[int] = []
     result = hutchinson_trace(
-        matrix, rtol=0.05, max_probes=2000, probe_batch=4, on_step=steps.append
+        matrix, trace_rtol=0.05, max_probes=2000, probe_batch=4, on_step=steps.append
     )
     assert result.stopped_by == "rtol" and result.converged
     assert result.half_width <= 0.05 * abs(result.estimate)
@@ -99,7 +99,7 @@ def test_adaptive_stop_on_relative_half_width() -> None:
 
 def test_adaptive_budget_exhausted_warns() -> None:
     with pytest.warns(ConvergenceWarning):
-        result = hutchinson_trace(_indefinite(), rtol=1e-6, max_probes=20)
+        result = hutchinson_trace(_indefinite(), trace_rtol=1e-6, max_probes=20)
     assert result.stopped_by == "max_probes" and not result.converged and result.n_probes == 20
 
 
@@ -139,20 +139,20 @@ def test_border_cases() -> None:
 @pytest.mark.parametrize(
     ("options", "what"),
     [
-        ({"method": "hutchinson", "probes": 0}, "probes"),
-        ({"method": "hutchinson", "probes": 1}, "probes"),
+        ({"trace_method": "hutchinson", "probes": 0}, "probes"),
+        ({"trace_method": "hutchinson", "probes": 1}, "probes"),
         ({"probes": 3}, "probes"),
-        ({"distribution": "uniform"}, "distribution"),
-        ({"method": "hutchinson", "rtol": 0.0}, "rtol"),
-        ({"method": "hutchinson", "rtol": -0.1}, "rtol"),
-        ({"method": "hutchinson", "rtol": 0.1, "max_probes": 5}, "max_probes"),
-        ({"method": "girard"}, "method"),
-        ({"method": "hutchpp", "rtol": 0.1}, "rtol"),
-        ({"method": "hutchpp", "probes": 3}, "probes"),
-        ({"method": "xtrace", "probes": 3}, "probes"),
-        ({"method": "xtrace", "rtol": 0.1}, "rtol"),
-        ({"method": "xtrace", "probe_batch": 0}, "probe_batch"),
-        ({"method": "xtrace", "distribution": "uniform"}, "distribution"),
+        ({"probe_dist": "uniform"}, "probe_dist"),
+        ({"trace_method": "hutchinson", "trace_rtol": 0.0}, "trace_rtol"),
+        ({"trace_method": "hutchinson", "trace_rtol": -0.1}, "trace_rtol"),
+        ({"trace_method": "hutchinson", "trace_rtol": 0.1, "max_probes": 5}, "max_probes"),
+        ({"trace_method": "girard"}, "trace_method"),
+        ({"trace_method": "hutchpp", "trace_rtol": 0.1}, "trace_rtol"),
+        ({"trace_method": "hutchpp", "probes": 3}, "probes"),
+        ({"trace_method": "xtrace", "probes": 3}, "probes"),
+        ({"trace_method": "xtrace", "trace_rtol": 0.1}, "trace_rtol"),
+        ({"trace_method": "xtrace", "probe_batch": 0}, "probe_batch"),
+        ({"trace_method": "xtrace", "probe_dist": "uniform"}, "probe_dist"),
         ({"probe_batch": 0}, "probe_batch"),
     ],
 )
@@ -301,7 +301,7 @@ def _coverage(matrix: Tensor, method: str, runs: int = 200) -> float:
     exact = float(torch.trace(matrix))
     hits = 0
     for seed in range(runs):
-        low, high = trace_estimate(matrix, 100, method=method, seed=seed).ci95
+        low, high = trace_estimate(matrix, 100, trace_method=method, seed=seed).ci95
         hits += low <= exact <= high
     return hits / runs
 
@@ -374,7 +374,7 @@ def test_streamed_hutchpp_equals_the_dense_formula(distribution: str, probe_batc
     matrix = _indefinite(40)
     exact_part, values = _hutchpp_by_definition(matrix, 31, seed=7, distribution=distribution)
     samples = torch.tensor(values, dtype=torch.float64)
-    result = hutchpp_trace(matrix, 31, seed=7, distribution=distribution, probe_batch=probe_batch)
+    result = hutchpp_trace(matrix, 31, seed=7, probe_dist=distribution, probe_batch=probe_batch)
     assert result.estimate == pytest.approx(exact_part + float(samples.mean()), abs=1e-10)
     assert result.standard_error == pytest.approx(float(samples.std()) / len(values) ** 0.5)
     assert (result.matvecs, result.n_probes, result.stopped_by) == (31, 11, "n_probes")
@@ -411,7 +411,7 @@ def test_only_hutchpp_bounds_its_sketch() -> None:
     matrix = _indefinite(20)
     for method in ("xtrace", "hutchinson"):
         with pytest.raises(InputError) as error:
-            trace_estimate(matrix, 20, method=method, max_sketch=3)
+            trace_estimate(matrix, 20, trace_method=method, max_sketch=3)
         assert error.value.what == "max_sketch"
     for bad in (0, -1, 2.5, True):
         with pytest.raises(InputError) as error:
@@ -450,7 +450,7 @@ def test_a_sketch_spanning_the_space_stops_exact(estimator: Callable[..., TraceR
     probes of a small P are often linearly dependent, and then the remainder is estimated.)"""
     matrix = _indefinite(5)
     operator = DenseOperator(matrix)
-    result = estimator(operator, 300, seed=3, probe_batch=2, distribution="gaussian")
+    result = estimator(operator, 300, seed=3, probe_batch=2, probe_dist="gaussian")
     assert result.estimate == pytest.approx(float(torch.trace(matrix)), abs=1e-12)
     assert (result.standard_error, result.ci95) == (0.0, (result.estimate, result.estimate))
     assert (result.stopped_by, result.converged) == ("exhausted", True)
@@ -475,7 +475,7 @@ def test_tiny_operators(n: int, matvecs: int) -> None:
         expected = exact_part + sum(values) / len(values)
         assert hutchpp_trace(matrix, 4, seed=n).estimate == pytest.approx(expected, abs=1e-12)
     # enough products for a sketch of P columns (independent: Gaussian): exact
-    result = hutchpp_trace(matrix, 3 * n + 4, seed=n, distribution="gaussian")
+    result = hutchpp_trace(matrix, 3 * n + 4, seed=n, probe_dist="gaussian")
     assert (result.estimate, result.stopped_by) == (pytest.approx(exact, abs=1e-12), "exhausted")
 
 

@@ -75,7 +75,7 @@ def figures(
     )
     out = {"eigenvalues": torch.tensor(spectrum.eigenvalues, dtype=torch.float64)}
     for method, probes in TRACES.items():
-        trace = trace_estimate(operator, probes, method=method, seed=4, probe_batch=4)
+        trace = trace_estimate(operator, probes, trace_method=method, seed=4, probe_batch=4)
         out[method] = torch.tensor([trace.estimate, trace.standard_error], dtype=torch.float64)
     density = spectral_density(operator, runs=2, steps=8, seed=5)
     out["moments"] = _moments(density)

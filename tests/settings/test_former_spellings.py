@@ -64,9 +64,9 @@ def test_the_trace_kernel_reads_the_former_spelling_and_reports_todays() -> None
     generator = torch.Generator().manual_seed(0)
     factor = torch.randn(6, 6, generator=generator, dtype=torch.float64)
     matrix = factor @ factor.T
-    today = trace_estimate(matrix, 24, method="hutchpp", seed=3, distribution="gaussian")
+    today = trace_estimate(matrix, 24, trace_method="hutchpp", seed=3, probe_dist="gaussian")
     with pytest.warns(FormerSpellingWarning, match="method 'hutch\\+\\+' is now spelled 'hutchpp'"):
-        former = trace_estimate(matrix, 24, method="hutch++", seed=3, distribution="gaussian")
+        former = trace_estimate(matrix, 24, trace_method="hutch++", seed=3, probe_dist="gaussian")
     assert former.method == today.method == "hutchpp"
     assert former.estimate == today.estimate
     assert today.stopped_by == "exhausted"
@@ -104,8 +104,9 @@ def test_former_words_are_declared_by_fields_only_as_pairs_of_strings() -> None:
 
 
 def test_the_trace_kernels_take_the_settings_names_and_the_former_keywords() -> None:
-    """``probes`` as the field names it; ``n_probes`` (``matvecs`` for the sketching
-    estimators) with a DeprecationWarning, not both."""
+    """``probes``, ``trace_method``, ``trace_rtol`` and ``probe_dist`` as the fields name them;
+    the former ``n_probes`` (``matvecs`` for the sketching estimators), ``method``, ``rtol`` and
+    ``distribution`` with a DeprecationWarning, not both."""
     from curvcal.curvature.trace import hutchinson_trace, hutchpp_trace, xtrace
 
     matrix = torch.diag(torch.arange(1.0, 9.0, dtype=torch.float64))
@@ -122,6 +123,19 @@ def test_the_trace_kernels_take_the_settings_names_and_the_former_keywords() -> 
         with pytest.warns(DeprecationWarning, match="'matvecs' is now called 'probes'"):
             former = kernel(matrix, matvecs=12, seed=1)
         assert former.estimate == today.estimate and today.matvecs <= 12
+    today = trace_estimate(
+        matrix, 12, trace_method="hutchinson", trace_rtol=0.5, probe_dist="gaussian"
+    )
+    with pytest.warns(DeprecationWarning) as caught:
+        former = trace_estimate(matrix, 12, method="hutchinson", rtol=0.5, distribution="gaussian")
+    said = " ".join(str(warning.message) for warning in caught)
+    for old, new in (
+        ("method", "trace_method"),
+        ("rtol", "trace_rtol"),
+        ("distribution", "probe_dist"),
+    ):
+        assert f"'{old}' is now called '{new}'" in said
+    assert former.estimate == today.estimate and former.stopped_by == today.stopped_by
     # Rademacher probes of a diagonal matrix: every vᵀAv is the trace exactly
     assert hutchinson_trace(matrix, probes=5).estimate == pytest.approx(36.0, rel=1e-15)
 
