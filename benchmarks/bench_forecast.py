@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.analysis import HessianSettings, analyse_batches
 from curvcal.curvature.forecast import FORECAST_PRODUCTS, planned_by_stage
 from curvcal.curvature.plan import selected_parameter_count
 from curvcal.pace import Pace
@@ -125,7 +125,7 @@ def measure(model: nn.Module, batches: list, settings: HessianSettings) -> dict[
     def on_plan(resolved: HessianSettings) -> None:
         pace.plan(sum(planned_by_stage(resolved, n_params, len(blocks)).values()))
 
-    analysis = analyse_hessian(model, batches, settings, on_step=on_step, on_plan=on_plan)
+    analysis = analyse_batches(model, batches, settings, on_step=on_step, on_plan=on_plan)
     end = time.monotonic()
     last = [stage for stage in stage_start if stage in marks][-1]
     return {

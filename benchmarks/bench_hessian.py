@@ -81,7 +81,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import curvcal
 from curvcal.curvature import HessianOperator, eigenvalues, exact_trace, trace_estimate
-from curvcal.curvature.analysis import TRACE_METHODS, choose_trace_method
+from curvcal.curvature.analysis import choose_trace_method
 from curvcal.curvature.gauss_newton import gauss_newton_trace
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import split_trace
@@ -431,8 +431,8 @@ def curvcal_auto_trace(n: int) -> Callable[[Case, int], Outcome]:
         if method == "gauss-newton":
             result = gauss_newton_trace(operator, checked=True)
             note = f"Gauss–Newton: {result.n_probes} sample–eigenvector norms, ± {result.half_width:.1e}"
-        elif TRACE_METHODS[method] in SPLIT_METHODS:
-            result = split_trace(operator, TRACE_METHODS[method], n, seed=seed)
+        elif method in SPLIT_METHODS:
+            result = split_trace(operator, method, n, seed=seed)
             note = (
                 f"Gauss–Newton part exact + Hutch++ on the rest ({result.matvecs} products), "
                 f"95% interval ± {100 * result.half_width / abs(result.estimate):.2g}%"
@@ -448,7 +448,7 @@ def curvcal_auto_trace(n: int) -> Callable[[Case, int], Outcome]:
 def curvcal_trace(method: str, n: int) -> Callable[[Case, int], Outcome]:
     def run(case: Case, seed: int) -> Outcome:
         operator = HessianOperator(case.fresh(), case.batches)
-        result = trace_estimate(operator, n, method=method, seed=seed)
+        result = trace_estimate(operator, n, trace_method=method, seed=seed)
         return Outcome(
             result.estimate,
             operator.n_matvecs,
@@ -711,7 +711,7 @@ def plan(case_name: str) -> list[Run]:
             Run(lam, "curvcal", "Lanczos, tol 1e-6", curvcal_lambda("lanczos", 1e-6, f32), "lambda_fast"),
             Run(lam, "curvlinops", "eigsh on to_scipy() (default tol 0)", curvlinops_lambda(True, 0.0)),
             Run(tr, "curvcal", "auto, --probes 100 (default)", curvcal_auto_trace(100), "trace_ours"),
-            Run(tr, "curvcal", "Hutch++, 100 HVPs", curvcal_trace("hutch++", 100)),
+            Run(tr, "curvcal", "Hutch++, 100 HVPs", curvcal_trace("hutchpp", 100)),
             Run(tr, "pyhessian", "100 probes (tol -inf)", pyhessian_trace(100, -math.inf), "trace_peer"),
             Run(hvp, "reference", "gradient (autograd.grad once)", gradient_pass, "gradient", "always"),
             Run(hvp, "reference", "double backward (autograd.grad twice)", double_backward, "hvp_reference", "always"),
@@ -738,15 +738,15 @@ def plan(case_name: str) -> list[Run]:
         Run(lam, "curvlinops", "eigsh on to_scipy() (default tol 0)", curvlinops_lambda(True, 0.0), memory="full"),
         Run(lam, "curvlinops", "eigsh tol 1e-6, no determinism check", curvlinops_lambda(False, 1e-6)),
         Run(tr, "curvcal", "auto, --probes 100 (default)", curvcal_auto_trace(100), "trace_ours", "always"),
-        Run(tr, "curvcal", "Hutch++, 100 HVPs", curvcal_trace("hutch++", 100), memory="full"),
+        Run(tr, "curvcal", "Hutch++, 100 HVPs", curvcal_trace("hutchpp", 100), memory="full"),
         Run(tr, "curvcal", "XTrace, 100 HVPs", curvcal_trace("xtrace", 100), memory="full"),
         Run(tr, "curvcal", "Hutchinson, 100 probes", curvcal_trace("hutchinson", 100), memory="full"),
         Run(tr, "pyhessian", "default (maxIter 100, tol 1e-3)", pyhessian_trace(100, 1e-3)),
         Run(tr, "pyhessian", "100 probes (tol -inf)", pyhessian_trace(100, -math.inf), "trace_peer", "full"),
-        Run(tr, "eigenthings", "trace default (Hutch++, 99 HVPs)", eigenthings_trace("hutch++", False), memory="full"),
-        Run(tr, "eigenthings", "Hutch++ 99, size-weighted loss", eigenthings_trace("hutch++", True)),
+        Run(tr, "eigenthings", "trace default (Hutch++, 99 HVPs)", eigenthings_trace("hutchpp", False), memory="full"),
+        Run(tr, "eigenthings", "Hutch++ 99, size-weighted loss", eigenthings_trace("hutchpp", True)),
         Run(tr, "curvlinops", "hutchinson_trace, 100", curvlinops_trace("hutchinson", False), memory="always"),
-        Run(tr, "curvlinops", "hutchpp_trace, 99", curvlinops_trace("hutch++", False), memory="full"),
+        Run(tr, "curvlinops", "hutchpp_trace, 99", curvlinops_trace("hutchpp", False), memory="full"),
         Run(hvp, "reference", "gradient (autograd.grad once)", gradient_pass, "gradient", "always"),
         Run(hvp, "reference", "double backward (autograd.grad twice)", double_backward, "hvp_reference", "always"),
         Run(hvp, "curvcal", "engine auto (default), 1 vector", curvcal_hvp("auto", 1), "hvp_ours", "always"),

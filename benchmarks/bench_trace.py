@@ -53,7 +53,7 @@ from curvcal.curvature import trace_estimate
 from curvcal.curvature.residual import residual_products
 from curvcal.losses import CrossEntropy, Linearised
 
-ESTIMATORS = ("hutch++", "xtrace", "hutchinson")
+ESTIMATORS = ("hutchpp", "xtrace", "hutchinson")
 
 
 def _random_basis(n: int, seed: int) -> Tensor:
@@ -137,7 +137,9 @@ def study(matrix: Tensor, products: int, runs: int) -> dict[str, dict[str, float
         errors, covered, widths = [], 0, []
         start = time.perf_counter()
         for seed in range(runs):
-            result = trace_estimate(matrix, products, method=method, seed=seed, probe_batch=32)
+            result = trace_estimate(
+                matrix, products, trace_method=method, seed=seed, probe_batch=32
+            )
             errors.append(abs(result.estimate - exact) / abs(exact))
             covered += result.ci95[0] <= exact <= result.ci95[1]
             widths.append(result.half_width / abs(exact))
@@ -171,7 +173,9 @@ def study_split(
         for method in ESTIMATORS:
             errors, covered, widths = [], 0, []
             for seed in range(runs):
-                result = trace_estimate(matrix, spent, method=method, seed=seed, probe_batch=32)
+                result = trace_estimate(
+                    matrix, spent, trace_method=method, seed=seed, probe_batch=32
+                )
                 estimate = shift + result.estimate
                 errors.append(abs(estimate - exact) / abs(exact))
                 covered += shift + result.ci95[0] <= exact <= shift + result.ci95[1]
@@ -330,11 +334,11 @@ def check_against_library(matrix: Tensor, values: Tensor, basis: Tensor, product
     worst = max(abs(direct[n].estimate - rotated[n].estimate) / scale for n in direct)
     library = {
         "hutchinson": "hutchinson",
-        f"hutch++ s={max(1, products // 3)} (default)": "hutch++",
+        f"hutchpp s={max(1, products // 3)} (default)": "hutchpp",
         "xtrace jackknife": "xtrace",
     }
     for name, method in library.items():
-        result = trace_estimate(matrix, products, method=method, seed=0, probe_batch=32)
+        result = trace_estimate(matrix, products, trace_method=method, seed=0, probe_batch=32)
         worst = max(worst, abs(result.estimate - direct[name].estimate) / scale)
         worst = max(worst, abs(result.ci95[0] - direct[name].low) / scale)
     return worst

@@ -15,11 +15,11 @@ would need together, so 200 seeds of every variant cost about what 200 runs of o
 Variants (m products in all, s sketch columns):
 
 * ``hutchinson``: the mean of m values ωᵀAω, Student-t interval.
-* ``hutch++ s``: Q = orth(AS) (s products), tr(QᵀAQ) (s products), Hutchinson with the m − 2s
+* ``hutchpp s``: Q = orth(AS) (s products), tr(QᵀAQ) (s products), Hutchinson with the m − 2s
   other probes on (I − QQᵀ)A(I − QQᵀ), Student-t interval given the sketch. With m − 2s = 0
   only the sketched part remains (biased low for a PSD matrix, no interval).
-* ``hutch++ power s``: Q = orth(A·A·S) (2s products), then as Hutch++ with m − 3s probes.
-* ``adaptive hutch++``: the sketch grows by blocks of ``block`` columns while the predicted
+* ``hutchpp power s``: Q = orth(A·A·S) (2s products), then as Hutch++ with m − 3s probes.
+* ``adaptive hutchpp``: the sketch grows by blocks of ``block`` columns while the predicted
   variance F²(r)/(m − 2r) of the deflated Hutchinson part falls, F²(r) = ‖(I − Q_rQ_rᵀ)A‖²_F
   estimated without bias by ‖(I − Q_rQ_rᵀ)A S_next‖²_F / block from the next block's images
   (as A-Hutch++, Persson, Cortinovis & Kressner 2022, estimates it; they fix an accuracy and
@@ -218,11 +218,11 @@ def variants(products: int) -> dict[str, Callable[[Apply, Tensor], Run]]:
     }
     default = max(1, products // 3)
     for sketch in sorted({products // 4, default, int(0.4 * products), products // 2}):
-        name = f"hutch++ s={sketch}" + (" (default)" if sketch == default else "")
+        name = f"hutchpp s={sketch}" + (" (default)" if sketch == default else "")
         found[name] = lambda a, p, s=sketch: hutchpp(a, p, products, s)
     for sketch in (products // 5, products // 4):
-        found[f"hutch++ power s={sketch}"] = lambda a, p, s=sketch: hutchpp(a, p, products, s, 1)
-    found["adaptive hutch++"] = lambda a, p: adaptive_hutchpp(a, p, products)
+        found[f"hutchpp power s={sketch}"] = lambda a, p, s=sketch: hutchpp(a, p, products, s, 1)
+    found["adaptive hutchpp"] = lambda a, p: adaptive_hutchpp(a, p, products)
     return found
 
 

@@ -11,8 +11,9 @@ import errno
 import os
 import sys
 import traceback
-from collections.abc import Sequence
-from typing import NoReturn
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
 
 import click
 
@@ -26,6 +27,7 @@ from curvcal.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     CurvcalError,
+    FormerSpellingWarning,
     StdoutClosed,
     as_option,
     shorten,
@@ -64,11 +66,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     # the command line names every setting by its option, whoever raised the error
-    with interrupt.run_scope(), wording(as_option):
+    with interrupt.run_scope(), wording(as_option), _former_spellings_said():
         code, failed = _invoke(args)
         if failed:
             interrupt.discard()
         return code
+
+
+@contextlib.contextmanager
+def _former_spellings_said() -> Iterator[None]:
+    """A setting written in a former spelling (an option, a policy's key) is said on stderr as
+    a ``curvcal: warning:`` line: Python's own filters would hide a ``DeprecationWarning``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", FormerSpellingWarning)
+        show = warnings.showwarning
+
+        def said(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+            if issubclass(category, FormerSpellingWarning):
+                click.echo(f"curvcal: warning: {message}", err=True)
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = said
+        yield
 
 
 def _invoke(args: list[str]) -> tuple[int, bool]:

@@ -69,6 +69,11 @@ def wording(naming: Callable[[str], str]) -> Iterator[None]:
         _WORDING.reset(token)
 
 
+class FormerSpellingWarning(DeprecationWarning):
+    """A setting's value written in a former spelling (``hutch++`` for ``hutchpp``), read as
+    today's; the command line shows it as a ``curvcal: warning:`` line."""
+
+
 class CurvcalError(Exception):
     """Base class: an error with a one-line message ``<what>: <why> (<hint>)``.
 

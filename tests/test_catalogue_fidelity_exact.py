@@ -94,7 +94,7 @@ def test_a_gate_off_in_the_first_rows_is_not_called_exact(run_cli, tmp_path: Pat
     assert result.code == 0, result.stderr
     trace = json.loads(result.stdout)["results"]["trace"]
     truth = _truth(model, x, y)
-    assert trace["method"] == "gauss-newton+hutch++"
+    assert trace["method"] == "gauss-newton+hutchpp"
     assert trace["ci95"][0] <= truth <= trace["ci95"][1]
 
 

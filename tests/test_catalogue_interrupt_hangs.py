@@ -460,7 +460,7 @@ def test_density_steps_beyond_the_parameter_count_are_capped_and_said() -> None:
     import torch
     from torch import nn
 
-    from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+    from curvcal.curvature.analysis import HessianSettings, analyse_batches
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
@@ -471,7 +471,7 @@ def test_density_steps_beyond_the_parameter_count_are_capped_and_said() -> None:
     settings = HessianSettings(
         trace=False, density=True, density_runs=1, density_steps=200, tol=1e-6
     )
-    result = analyse_hessian(
+    result = analyse_batches(
         model,
         [(x[:9], y[:9]), (x[9:], y[9:])],
         settings,

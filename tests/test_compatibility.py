@@ -65,7 +65,7 @@ def _no_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     for target in (
         "curvcal.pipeline.inference.predict_logits",
         "curvcal.curvature.analysis.analyse_hessian_with_messages",
-        "curvcal.curvature.analysis.analyse_hessian",
+        "curvcal.curvature.analysis.analyse_batches",
     ):
         monkeypatch.setattr(target, forbidden)
 

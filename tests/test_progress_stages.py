@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from curvcal import interrupt
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.analysis import HessianSettings, analyse_batches
 from curvcal.curvature.progress import Stopped
 
 
@@ -42,7 +42,7 @@ def _model_and_batches() -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tens
 def test_the_last_count_equals_the_products_the_report_counts(settings: HessianSettings) -> None:
     model, batches = _model_and_batches()
     counts: list[tuple[str, int]] = []
-    analysis = analyse_hessian(
+    analysis = analyse_batches(
         model, batches, settings, on_step=lambda stage, done: counts.append((stage, done))
     )
     # Lanczos's residual checks come after its last step: the count at the stage's end has them
@@ -60,9 +60,9 @@ def test_a_hook_that_stops_after_the_eigenvalues_keeps_them() -> None:
             raise Stopped(stage=stage)
 
     with pytest.raises(Stopped) as stopped:
-        analyse_hessian(model, batches, settings, on_step=on_step)
+        analyse_batches(model, batches, settings, on_step=on_step)
     finished = stopped.value.finished
-    full = analyse_hessian(model, batches, settings)
+    full = analyse_batches(model, batches, settings)
     assert stopped.value.stage == "trace"
     assert finished is not None and finished.trace is None  # type: ignore[attr-defined]
     assert finished.spectrum.eigenvalues == full.spectrum.eigenvalues  # type: ignore[attr-defined]
@@ -75,7 +75,7 @@ def test_a_hook_that_stops_in_the_eigenvalues_keeps_nothing() -> None:
         raise Stopped(stage=stage)
 
     with pytest.raises(Stopped) as stopped:
-        analyse_hessian(model, batches, HessianSettings(top_k=2), on_step=on_step)
+        analyse_batches(model, batches, HessianSettings(top_k=2), on_step=on_step)
     assert stopped.value.finished is None
 
 

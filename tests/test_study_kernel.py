@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from curvcal.curvature.analysis import analyse_hessian
+from curvcal.curvature.analysis import analyse_batches
 from curvcal.curvature.batches import BatchSource
 from curvcal.errors import InputError
 from curvcal.settings.hessian import HessianSettings
@@ -65,7 +65,7 @@ def measure_curvature(
 ) -> CurvatureSummary:
     """The study's curvature numbers as ``curvcal study`` takes them: the analysis behind
     ``curvcal hessian`` with the study's settings, summarised."""
-    return curvature_summary(analyse_hessian(model, batches, settings))
+    return curvature_summary(analyse_batches(model, batches, settings))
 
 
 def _model() -> nn.Module:
@@ -99,7 +99,7 @@ def test_curvature_matches_the_dense_hessian() -> None:
     # the rest, whose 398 products ≥ 3·P sketch the whole space: exact up to rounding
     assert summary.trace == pytest.approx(float(torch.trace(dense)), abs=1e-10)
     assert summary.n_samples == 20 and summary.n_params == dense.shape[0]
-    assert summary.trace_method == "gauss-newton+hutch++"
+    assert summary.trace_method == "gauss-newton+hutchpp"
 
     # ReLU: linear in each tensor, so the study takes the exact Gauss–Newton trace, even with a
     # product budget far too small for Hutch++ to be exact

@@ -1,6 +1,6 @@
 """One Hessian, every requested measurement: the library behind ``curvcal hessian``.
 
-:func:`analyse_hessian` builds a single operator (:func:`~curvcal.curvature.operator.build_operator`) — the
+:func:`analyse_batches` builds a single operator (:func:`~curvcal.curvature.operator.build_operator`) — the
 Hessian of the mean loss over the whole dataset, L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i) — so the data
 is counted and cached once, then runs on it, in this order: the mean loss (one pass, checked for
 NaN/Inf before any product), the top-k eigenvalues, λmin when asked, the trace, the spectral
@@ -14,7 +14,7 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
@@ -31,7 +31,6 @@ from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.plan import (
     MIN_ADAPTIVE_PROBES,
     SPLIT_METHODS,
-    TRACE_METHODS,
     check_sketch_memory,
     choose_trace_method,
     estimator_products,
@@ -61,9 +60,8 @@ OnEigenvectors = Callable[[TopEigenvectors], None]
 Measured = TypeVar("Measured", EigenSpectrum, TraceResult, DensityResult)
 
 __all__ = [
-    "TRACE_METHODS",
     "HessianSettings",
-    "analyse_hessian",
+    "analyse_batches",
     "analyse_hessian_with_messages",
     "analyse_operator",
     "check_sketch_memory",
@@ -72,7 +70,7 @@ __all__ = [
 ]
 
 
-def analyse_hessian(
+def analyse_batches(
     model: nn.Module,
     batches: BatchSource,
     settings: HessianSettings,
@@ -151,7 +149,7 @@ def analyse_operator(
     timings: dict[str, float] | None = None,
     on_vectors: OnEigenvectors | None = None,
 ) -> HessianAnalysis:
-    """:func:`analyse_hessian` on an operator already built (its loss, parameters and how it
+    """:func:`analyse_batches` on an operator already built (its loss, parameters and how it
     runs are the operator's: the operator fields of ``settings`` are not read again).
     ``timings`` holds the seconds already spent (``setup``); the stages' are added to it.
     ``on_step`` is also called at the end of each stage with the products made so far (its
@@ -266,7 +264,7 @@ def analyse_operator(
         if settings.trace:
             stop = timed("trace")
             before = dict(operator.engine_products)
-            method = TRACE_METHODS[settings.trace_method]
+            method = settings.trace_method
             max_sketch = sketch_limit(estimator_of(method), n_params, operator.dtype, budget, free)
             if settings.trace_method == "gauss-newton":  # checked by choose_trace_method
                 # no product is made: the stage's name carries the batches done
@@ -284,7 +282,7 @@ def analyse_operator(
                     operator,
                     method,
                     settings.probes,
-                    distribution=settings.probe_dist,
+                    probe_dist=settings.probe_dist,
                     seed=settings.seed,
                     probe_batch=operator.probe_batch,
                     max_sketch=max_sketch,
@@ -302,11 +300,11 @@ def analyse_operator(
                     trace_estimate(
                         operator,
                         settings.probes,
-                        method=TRACE_METHODS[settings.trace_method],
-                        rtol=settings.trace_rtol,
+                        trace_method=settings.trace_method,
+                        trace_rtol=settings.trace_rtol,
                         max_probes=settings.probes,
                         min_probes=min(MIN_ADAPTIVE_PROBES, settings.probes),
-                        distribution=settings.probe_dist,
+                        probe_dist=settings.probe_dist,
                         seed=settings.seed,
                         probe_batch=operator.probe_batch,
                         max_sketch=max_sketch,
@@ -342,8 +340,8 @@ def analyse_operator(
                 operator,
                 tol=settings.tol,
                 max_iter=settings.max_iter,
-                n_probes=settings.probes,
-                distribution=settings.probe_dist,
+                probes=settings.probes,
+                probe_dist=settings.probe_dist,
                 seed=settings.seed,
                 on_step=hook("layers"),
                 gauss_newton=shares,
@@ -410,7 +408,7 @@ def analyse_hessian_with_messages(
     on_operator: Callable[[HessianOperator], None] | None = None,
     on_vectors: OnEigenvectors | None = None,
 ) -> tuple[HessianAnalysis, list[str]]:
-    """:func:`analyse_hessian` (the same operator and stages), returning the warnings a report shows (unconverged estimates, an
+    """:func:`analyse_batches` (the same operator and stages), returning the warnings a report shows (unconverged estimates, an
     engine fallback to double backward) as messages; other warnings are passed on untouched.
     ``on_note`` receives the notes that cannot wait for the end (the sketch's memory, the
     budget that would keep the gradient graphs)."""
@@ -476,3 +474,18 @@ def _eigen(
         on_vectors=on_vectors,
     )
     return _with_engines(operator, before, spectrum)
+
+
+def __getattr__(name: str) -> Any:
+    """``analyse_hessian``, this module's former name of :func:`analyse_batches` (the public
+    :func:`curvcal.analyse_hessian` takes a model or an operator and any data), with a
+    :class:`DeprecationWarning`."""
+    if name == "analyse_hessian":
+        warnings.warn(
+            "curvcal.curvature.analysis.analyse_hessian is now analyse_batches "
+            "(curvcal.analyse_hessian is the public one); the old name will be removed",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return analyse_batches
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,15 +30,13 @@ reported with the batches at fault), and each function returns the algorithm's r
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
 from typing import Any
 
 from torch import nn
 
 from curvcal import rows
-from curvcal.curvature.analysis import analyse_hessian as analyse_batches
-from curvcal.curvature.analysis import analyse_operator
+from curvcal.curvature.analysis import analyse_batches, analyse_operator
 from curvcal.curvature.batches import AllReduce
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
@@ -52,7 +50,6 @@ from curvcal.curvature.memory import (
 )
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.options import OPERATOR_FIELDS
-from curvcal.curvature.plan import TRACE_METHODS as TRACE_METHOD_ESTIMATORS
 from curvcal.curvature.plan import choose_trace_method
 from curvcal.curvature.progress import OnStageStep, OnStep
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
@@ -68,13 +65,11 @@ from curvcal.curvature.results import (
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError, SettingsError
 from curvcal.losses import as_loss
-from curvcal.settings.fields import renamed
-from curvcal.settings.hessian import TRACE_METHODS, HessianSettings
+from curvcal.settings.fields import former_keywords, renamed
+from curvcal.settings.hessian import TRACE_METHODS, HessianSettings, trace_method_now
 
 #: keywords of the API functions that describe the operator besides the settings fields
 _OPERATOR_KEYWORDS = frozenset({"device", "allow_tf32", "engine", "criterion"})
-#: a trace method as the kernels spell it (``hutch++``) -> as the command line does (``hutchpp``)
-_COMMAND_LINE_NAMES = {kernel: name for name, kernel in TRACE_METHOD_ESTIMATORS.items()}
 
 #: what the functions take as their first argument: a model, or an operator built before
 ModelOrOperator = nn.Module | HessianOperator
@@ -218,9 +213,10 @@ def hessian_eigenvalues(
 
 
 def _trace_method(method: str) -> str:
-    """A trace method as the settings spell it (``trace_method``); the kernels' spellings
-    (``hutch++``, ``gauss-newton+hutch++``) are accepted too."""
-    name = _COMMAND_LINE_NAMES.get(method, method) if isinstance(method, str) else method
+    """A trace method as the settings spell it (``trace_method``); the former spellings
+    (``hutch++``, ``gauss-newton+hutch++``) are read as today's with a
+    :class:`~curvcal.errors.FormerSpellingWarning`."""
+    name = trace_method_now(method, "trace_method", stacklevel=5)
     if name not in TRACE_METHODS:
         raise SettingsError(
             "trace_method",
@@ -228,32 +224,6 @@ def _trace_method(method: str) -> str:
             f"choose one of {', '.join(TRACE_METHODS)}",
         )
     return str(name)
-
-
-def _former_arguments(
-    function: Any, given: dict[str, Any], keywords: dict[str, Any], former: dict[str, str]
-) -> dict[str, Any]:
-    """The arguments ``given`` (by their names today) of the API ``function``, with those the
-    caller passed under a ``former`` name (found in ``keywords`` and taken out of them, with a
-    :class:`DeprecationWarning`). Both names at once are refused."""
-    defaults = {
-        name: parameter.default
-        for name, parameter in inspect.signature(function).parameters.items()
-    }
-    taken = dict(given)
-    for old, new in former.items():
-        if old not in keywords:
-            continue
-        if taken[new] != defaults[new]:
-            raise InputError(new, f"given twice, as {new!r} and as its former name {old!r}")
-        warnings.warn(
-            f"{function.__name__}: {old!r} is now called {new!r}, as the settings and the "
-            "command line name it; the old name will be removed",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        taken[new] = keywords.pop(old)
-    return taken
 
 
 #: :func:`hessian_trace`'s and :func:`hessian_layers`' former argument names -> today's (the
@@ -266,6 +236,7 @@ _FORMER_TRACE_ARGUMENTS = {
 }
 
 
+@former_keywords(**_FORMER_TRACE_ARGUMENTS)
 def hessian_trace(
     model: ModelOrOperator,
     data: Any = None,
@@ -304,23 +275,11 @@ def hessian_trace(
 
     The arguments are named as the settings and the command line name them (``probes`` is
     ``--probes``); the former names ``n_probes``, ``method``, ``rtol`` and ``distribution`` are
-    taken with a :class:`DeprecationWarning`. The kernels' spellings of the methods
-    (``"hutch++"``, ``"gauss-newton+hutch++"``) are accepted too. A Hutch++ sketch is bounded by
+    taken with a :class:`DeprecationWarning`, the former spellings of the methods
+    (``"hutch++"``, ``"gauss-newton+hutch++"``) with a
+    :class:`~curvcal.errors.FormerSpellingWarning`. A Hutch++ sketch is bounded by
     the operator's memory budget as ``curvcal hessian`` bounds it
     (:func:`~curvcal.curvature.memory.sketch_limit`)."""
-    given = _former_arguments(
-        hessian_trace,
-        {
-            "probes": probes,
-            "trace_method": trace_method,
-            "trace_rtol": trace_rtol,
-            "probe_dist": probe_dist,
-        },
-        operator_keywords,
-        _FORMER_TRACE_ARGUMENTS,
-    )
-    probes, trace_method = given["probes"], given["trace_method"]
-    trace_rtol, probe_dist = given["trace_rtol"], given["probe_dist"]
     name = _trace_method(trace_method)
     if isinstance(probes, bool) or not isinstance(probes, int) or probes < 1:
         raise SettingsError("probes", f"must be a positive integer, got {probes!r}")
@@ -348,20 +307,19 @@ def hessian_trace(
             )
     if name == "gauss-newton":  # shown exact by choose_trace_method
         return gauss_newton_trace(operator, on_step=on_step, checked=True)
-    kernel_method = TRACE_METHOD_ESTIMATORS[name]
     max_sketch = sketch_limit(
-        estimator_of(kernel_method),
+        estimator_of(name),
         operator.shape[0],
         operator.dtype,
         operator.budget,
         free_memory(operator.device),
     )
-    if kernel_method in SPLIT_METHODS:
+    if name in SPLIT_METHODS:
         return split_trace(
             operator,
-            kernel_method,
+            name,
             probes,
-            distribution=probe_dist,
+            probe_dist=probe_dist,
             seed=seed,
             probe_batch=operator.probe_batch,
             max_sketch=max_sketch,
@@ -370,11 +328,11 @@ def hessian_trace(
     result = trace_estimate(
         operator,
         probes,
-        method=kernel_method,
-        rtol=trace_rtol,
+        trace_method=name,
+        trace_rtol=trace_rtol,
         max_probes=max_probes,
         min_probes=min_probes,
-        distribution=probe_dist,
+        probe_dist=probe_dist,
         seed=seed,
         probe_batch=operator.probe_batch,
         max_sketch=max_sketch,
@@ -427,6 +385,7 @@ def hessian_density(
     return dataclasses.replace(result, engine=operator.engine)
 
 
+@former_keywords(n_probes="probes", distribution="probe_dist")
 def hessian_layers(
     model: ModelOrOperator,
     data: Any = None,
@@ -446,12 +405,6 @@ def hessian_layers(
     """λmax and trace of each module's diagonal Hessian block (see :mod:`curvcal.curvature.layers`),
     each trace within ``probes`` products drawn from ``probe_dist`` (formerly ``n_probes`` and
     ``distribution``, taken with a :class:`DeprecationWarning`)."""
-    given = _former_arguments(
-        hessian_layers,
-        {"probes": probes, "probe_dist": probe_dist},
-        operator_keywords,
-        {"n_probes": "probes", "distribution": "probe_dist"},
-    )
     operator = _operator(
         "hessian_layers", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
@@ -459,8 +412,8 @@ def hessian_layers(
         operator,
         tol=tol,
         max_iter=max_iter,
-        n_probes=given["probes"],
-        distribution=given["probe_dist"],
+        probes=probes,
+        probe_dist=probe_dist,
         seed=seed,
         on_step=on_step,
     )
@@ -479,7 +432,7 @@ def analyse_hessian(
     """Everything ``curvcal hessian`` measures, of ``model`` over ``data`` (or of the operator
     ``model``), on one operator: the mean loss, the top-k eigenvalues, λmin when asked, the
     trace, the density and the per-module blocks
-    (:func:`~curvcal.curvature.analysis.analyse_hessian`).
+    (:func:`~curvcal.curvature.analysis.analyse_batches`).
 
     ``settings``: a :class:`~curvcal.settings.hessian.HessianSettings` (default: the command's
     defaults), and any of its fields as keywords on top (``top_k=3``, ``density=True``,

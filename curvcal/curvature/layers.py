@@ -15,19 +15,21 @@ from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import LayerCurvature
 from curvcal.curvature.trace import exact_trace, hutchinson_trace
+from curvcal.settings.fields import former_keywords
 
 
 def _module_of(parameter_name: str) -> str:
     return parameter_name.rpartition(".")[0]
 
 
+@former_keywords(n_probes="probes", distribution="probe_dist")
 def layer_curvature(
     operator: HessianOperator,
     *,
     tol: float = DEFAULT_TOL,
     max_iter: int | None = None,
-    n_probes: int = 100,
-    distribution: str = "rademacher",
+    probes: int = 100,
+    probe_dist: str = "rademacher",
     seed: int = 0,
     on_step: OnStep = None,
     gauss_newton: TensorTraces | None = None,
@@ -35,8 +37,8 @@ def layer_curvature(
     """λmax (power iteration with the λmax shift rule) and trace of each module's block.
 
     The modules are those owning one of ``operator``'s parameters, in parameter order. A block
-    with at most ``n_probes`` parameters gets its exact trace (one product per parameter),
-    a larger one a Hutchinson estimate with ``n_probes`` probes — unless ``gauss_newton``, the
+    with at most ``probes`` parameters gets its exact trace (one product per parameter),
+    a larger one a Hutchinson estimate with ``probes`` probes — unless ``gauss_newton``, the
     per-tensor traces of :func:`~curvcal.curvature.gauss_newton.tensor_traces` for an operator
     whose logits were shown linear in every tensor, gives every block its exact trace for free
     (the sum of its tensors' shares). ``on_step`` receives the index of each module as it is
@@ -52,13 +54,13 @@ def layer_curvature(
         size = block.shape[0]
         if gauss_newton is not None:
             trace = trace_result(gauss_newton, names)
-        elif size <= n_probes:
+        elif size <= probes:
             trace = exact_trace(block, probe_batch=operator.probe_batch)
         else:
             trace = hutchinson_trace(
                 block,
-                n_probes,
-                distribution=distribution,
+                probes,
+                probe_dist=probe_dist,
                 seed=seed,
                 probe_batch=operator.probe_batch,
             )

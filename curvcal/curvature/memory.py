@@ -279,7 +279,7 @@ def sketch_limit(
     holds, at least one; held beside the products, as Lanczos' basis is (:func:`lanczos_basis`).
     None (no bound) without a budget, and for any other ``method``: Hutchinson keeps no sketch,
     and XTrace's sketch is every product it makes."""
-    if method != "hutch++" or budget is None:
+    if method != "hutchpp" or budget is None:
         return None
     limit = budget if free is None else min(budget, free)
     element = torch.empty((), dtype=dtype).element_size()

@@ -23,16 +23,6 @@ from curvcal.curvature.trace import sketch_bytes, sketch_columns
 from curvcal.errors import SettingsError, setting_name
 from curvcal.settings.hessian import HessianSettings
 
-# Trace method names as the settings (and the CLI) spell them -> the kernels' names.
-TRACE_METHODS = {
-    "auto": "auto",
-    "gauss-newton": "gauss-newton",
-    "hutchinson": "hutchinson",
-    "hutchpp": "hutch++",
-    "xtrace": "xtrace",
-    "gauss-newton+hutchpp": "gauss-newton+hutch++",
-    "gauss-newton+xtrace": "gauss-newton+xtrace",
-}
 MIN_ADAPTIVE_PROBES = 10
 
 
@@ -110,7 +100,7 @@ def choose_trace_method(operator: HessianOperator, settings: HessianSettings) ->
     Hutch++ on the rest) where that can run; else ``hutchpp``. An explicit ``gauss-newton`` that
     would not be exact, or a split method that cannot run, raises :class:`InputError` naming
     why. The reason is '' for a method that was asked for by name."""
-    method = TRACE_METHODS[settings.trace_method]
+    method = settings.trace_method
     if operator.curvature != "hessian":
         return _kind_trace_method(operator, settings)
     if method == "gauss-newton":
@@ -128,7 +118,7 @@ def choose_trace_method(operator: HessianOperator, settings: HessianSettings) ->
     if method != "auto":
         return settings.trace_method, ""
     chosen, why = auto_method(operator, settings.probes)
-    return _SETTING_NAMES[chosen], why
+    return chosen, why
 
 
 def _kind_trace_method(operator: HessianOperator, settings: HessianSettings) -> tuple[str, str]:
@@ -139,7 +129,7 @@ def _kind_trace_method(operator: HessianOperator, settings: HessianSettings) -> 
     whose Fisher is its GGN. ``auto``: that trace where its C − 1 gradient norms per sample fit
     in ``probes``, else Hutch++. The split traces (Gauss–Newton part + an estimate of H − G)
     are the Hessian's only, and refused."""
-    method = TRACE_METHODS[settings.trace_method]
+    method = settings.trace_method
     kind = operator.curvature
     exact = kind == "ggn" or (kind == "fisher" and operator.criterion == "ce")
     if method in SPLIT_METHODS:
@@ -171,14 +161,6 @@ def _kind_trace_method(operator: HessianOperator, settings: HessianSettings) -> 
     return "gauss-newton", f"the exact trace of the {kind} (its Gauss–Newton form, no product)"
 
 
-#: the kernels' method names -> the settings' (and the CLI's)
-_SETTING_NAMES = {
-    "gauss-newton": "gauss-newton",
-    "gauss-newton+hutch++": "gauss-newton+hutchpp",
-    "hutch++": "hutchpp",
-}
-
-
 #: the trace methods whose ``probes`` are all products of the P × P Hessian
 _PURE_ESTIMATORS = ("hutchinson", "hutchpp", "xtrace")
 
@@ -203,7 +185,7 @@ def refuse_needless_probes(settings: HessianSettings, n_params: int) -> None:
 def estimator_products(operator: HessianOperator, settings: HessianSettings) -> int:
     """The products the trace's estimator gets: ``--probes``, less the C − 1 gradient norms per
     sample a split trace's exact part takes."""
-    if settings.trace and TRACE_METHODS[settings.trace_method] in SPLIT_METHODS:
+    if settings.trace and settings.trace_method in SPLIT_METHODS:
         return residual_products(settings.probes, n_classes(operator))
     return settings.probes
 
@@ -235,7 +217,7 @@ def check_sketch_memory(
     """
     if not settings.trace:
         return None
-    method = estimator_of(TRACE_METHODS[settings.trace_method])
+    method = estimator_of(settings.trace_method)
     products = settings.probes if products is None else products
     held = sketch_bytes(method, products, n_params, dtype)
     over_budget = held > budget
@@ -243,12 +225,12 @@ def check_sketch_memory(
     if held == 0 or not (over_budget or over_free):
         return None
     columns = sketch_columns(method, products, n_params)
-    name = "Hutch++" if method == "hutch++" else "XTrace"
+    name = "Hutch++" if method == "hutchpp" else "XTrace"
     held_text = (
         f"the {name} sketch of {products} products holds {columns:,} × {n_params:,} values "
         f"({_size(held)} in {str(dtype).replace('torch.', '')}) besides the products"
     )
-    if method == "hutch++":
+    if method == "hutchpp":
         kept = sketch_limit(method, n_params, dtype, budget, free) or 1
         element = torch.empty((), dtype=dtype).element_size()
         limit = (

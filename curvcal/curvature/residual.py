@@ -44,9 +44,11 @@ from curvcal.curvature.results import TraceResult
 from curvcal.curvature.trace import trace_estimate
 from curvcal.errors import InputError, setting_name
 from curvcal.losses import Linearised, Loss, closed_form_problem
+from curvcal.settings.fields import former_keywords
+from curvcal.settings.hessian import trace_method_now
 
 #: the split methods -> the estimator of tr(R) each runs
-METHODS = {"gauss-newton+hutch++": "hutch++", "gauss-newton+xtrace": "xtrace"}
+METHODS = {"gauss-newton+hutchpp": "hutchpp", "gauss-newton+xtrace": "xtrace"}
 #: the fewest products the estimator of R may get (Hutch++ and XTrace need 4)
 MIN_PRODUCTS = 4
 
@@ -66,8 +68,8 @@ class SplitSource(GaussNewtonSource, Protocol):
 def auto_method(operator: SplitSource, probes: int) -> tuple[str, str]:
     """What ``--trace-method auto`` takes on ``operator`` with ``probes`` products, and why:
     ``"gauss-newton"`` where that is exact and costs at most ``probes`` gradient norms per
-    sample (:func:`~curvcal.curvature.gauss_newton.declined`), else ``"gauss-newton+hutch++"``
-    where the split can run (:func:`split_problem`), else ``"hutch++"``."""
+    sample (:func:`~curvcal.curvature.gauss_newton.declined`), else ``"gauss-newton+hutchpp"``
+    where the split can run (:func:`split_problem`), else ``"hutchpp"``."""
     why = declined(operator, probes)
     classes = n_classes(operator)
     if not why:
@@ -76,8 +78,8 @@ def auto_method(operator: SplitSource, probes: int) -> tuple[str, str]:
             f"at up to {classes - 1} gradient norms per sample"
         )
     if split_problem(operator.mode, probes, classes, operator.loss):
-        return "hutch++", why
-    return "gauss-newton+hutch++", (
+        return "hutchpp", why
+    return "gauss-newton+hutchpp", (
         f"{why}; so its Gauss–Newton part is taken exactly (up to {classes - 1} gradient norms "
         f"per sample, counted as products) and Hutch++ estimates the rest with "
         f"{residual_products(probes, classes)} products"
@@ -109,47 +111,54 @@ def split_problem(mode: str, probes: int, classes: int, loss: Loss | None = None
     return ""
 
 
+@former_keywords(method="trace_method", distribution="probe_dist")
 def split_trace(
     operator: SplitSource,
-    method: str,
+    trace_method: str,
     probes: int,
     *,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     probe_batch: int = 8,
     max_sketch: int | None = None,
     on_exact: OnStep = None,
     on_step: OnStep = None,
 ) -> TraceResult:
-    """tr(H) of ``operator`` by ``method`` (a key of :data:`METHODS`) within ``probes``
+    """tr(H) of ``operator`` by ``trace_method`` (a key of :data:`METHODS`) within ``probes``
     products: tr(G) exactly (``on_exact`` receives the batches done), then tr(R) by the
     method's estimator with the products left (``on_step`` receives the products spent;
     ``max_sketch`` bounds a Hutch++ sketch's columns and is ignored by XTrace).
 
     Raises :class:`InputError` naming why when it cannot run here (:func:`split_problem`),
-    before any product, and :class:`NumericalError` when tr(G) is not finite."""
+    before any product, and :class:`NumericalError` when tr(G) is not finite. The former
+    spelling ``"gauss-newton+hutch++"`` is read as today's with a
+    :class:`~curvcal.errors.FormerSpellingWarning`; the former keywords ``method`` and
+    ``distribution`` with a :class:`DeprecationWarning`."""
+    method = trace_method_now(trace_method, "trace_method")
     if method not in METHODS:
         raise InputError(
-            "method", f"unknown split trace method {method!r}", f"choose {' or '.join(METHODS)}"
+            "trace_method",
+            f"unknown split trace method {method!r}",
+            f"choose {' or '.join(METHODS)}",
         )
     classes = n_classes(operator)
     problem = split_problem(operator.mode, probes, classes, operator.loss)
     if problem:
         raise InputError(
-            "method",
+            "trace_method",
             f"the split trace {method} cannot run here: {problem}",
-            "ask for hutch++ or xtrace, or more probes",
+            "ask for hutchpp or xtrace, or more probes",
         )
     exact = tensor_traces(operator, on_step=on_exact)
     linearised = operator.with_loss(Linearised(operator.loss))  # its Hessian is R
     residual = trace_estimate(
         linearised,
         residual_products(probes, classes),
-        method=METHODS[method],
-        distribution=distribution,
+        trace_method=METHODS[method],
+        probe_dist=probe_dist,
         seed=seed,
         probe_batch=probe_batch,
-        max_sketch=max_sketch if estimator_of(method) == "hutch++" else None,
+        max_sketch=max_sketch if estimator_of(method) == "hutchpp" else None,
         on_step=on_step,
     )
     engine = engines_between(linearised.engine_products, {})

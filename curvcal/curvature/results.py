@@ -148,12 +148,12 @@ class TraceResult:
     estimate ± t(0.975, m−1)·standard_error (Student's t quantile). ``stopped_by`` is
     ``"n_probes"`` (fixed budget), ``"rtol"`` (adaptive stop: half-width ≤ rtol·|estimate|) or
     ``"max_probes"`` (adaptive budget exhausted, ``converged=False``). ``method`` is
-    ``"hutchinson"``, ``"hutch++"``, ``"xtrace"`` (standard error by the jackknife over its probes)
+    ``"hutchinson"``, ``"hutchpp"``, ``"xtrace"`` (standard error by the jackknife over its probes)
     or ``"exact"``; ``interval`` says how the interval was formed. ``stopped_by`` is
     ``"exhausted"`` when a sketching estimator's basis spans the whole space (its trace is then
     exact up to rounding and the remaining products were not spent). ``sketch_bytes`` is the
     memory the estimator's sketch held besides the products in flight (s × P values; 0 for
-    Hutchinson). ``parts``: for the split methods (``"gauss-newton+hutch++"``,
+    Hutchinson). ``parts``: for the split methods (``"gauss-newton+hutchpp"``,
     ``"gauss-newton+xtrace"``, :mod:`curvcal.curvature.residual`), the exact trace of the
     Gauss–Newton part (``"gauss_newton"``) and the estimate of the rest (``"residual"``).
     """

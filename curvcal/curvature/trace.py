@@ -53,14 +53,16 @@ from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import ConvergenceWarning, TraceResult
 from curvcal.curvature.vectors import VectorSpace, space_of
 from curvcal.errors import InputError
+from curvcal.settings.fields import former_keywords
+from curvcal.settings.hessian import trace_method_now
 
 DISTRIBUTIONS = ("rademacher", "gaussian")
-METHODS = ("hutchinson", "hutch++", "xtrace")
-DEFAULT_METHOD = "hutch++"
+METHODS = ("hutchinson", "hutchpp", "xtrace")
+DEFAULT_METHOD = "hutchpp"
 # How each estimator forms its 95% interval, as the results state it.
 INTERVALS = {
     "hutchinson": "Student-t over the m probe values vᵀAv (independent probes)",
-    "hutch++": "Student-t over the probe values of the deflated remainder, given the sketch "
+    "hutchpp": "Student-t over the probe values of the deflated remainder, given the sketch "
     "(the sketched part is exact)",
     "xtrace": "jackknife over probes: variance (n−1)/n Σ_j (T_(j) − T̄)², T_(j) the estimate "
     "without probe j, ± t(0.975, n−1)·√variance (conservative)",
@@ -102,7 +104,7 @@ def _positive_int(name: str, value: int, minimum: int = 1) -> None:
 def _check_distribution(distribution: str) -> None:
     if distribution not in DISTRIBUTIONS:
         raise InputError(
-            "distribution",
+            "probe_dist",
             f"unknown probe distribution {distribution!r}",
             "choose 'rademacher' or 'gaussian'",
         )
@@ -116,39 +118,43 @@ def _quadratic_forms(op: LinearOperator, probes: Tensor) -> list[float]:
     return [float(x) for x in forms.to(torch.float64).cpu()]
 
 
+@former_keywords(n_probes="probes", rtol="trace_rtol", distribution="probe_dist")
 def hutchinson_trace(
     operator: LinearOperator | Tensor,
-    n_probes: int = 100,
+    probes: int = 100,
     *,
-    rtol: float | None = None,
+    trace_rtol: float | None = None,
     max_probes: int = 1000,
     min_probes: int = 10,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     probe_batch: int = 8,
     on_step: OnStep = None,
 ) -> TraceResult:
     """Hutchinson's estimate of tr(A) with a standard error and a 95% interval.
 
-    Without ``rtol``: exactly ``n_probes`` probes (≥ 2). With ``rtol`` > 0: adaptive, between
-    ``min_probes`` and ``max_probes`` probes (``n_probes`` is then ignored). ``on_step`` receives
+    Without ``trace_rtol``: exactly ``probes`` probes (≥ 2). With ``trace_rtol`` > 0: adaptive, between
+    ``min_probes`` and ``max_probes`` probes (``probes`` is then ignored). ``on_step`` receives
     the number of probes used so far after each block.
     """
     op = as_operator(operator)
-    _check_distribution(distribution)
+    _check_distribution(probe_dist)
     _positive_int("probe_batch", probe_batch)
-    adaptive = rtol is not None
+    adaptive = trace_rtol is not None
     if adaptive:
-        if not (isinstance(rtol, int | float) and math.isfinite(rtol) and rtol > 0):
+        if not (
+            isinstance(trace_rtol, int | float) and math.isfinite(trace_rtol) and trace_rtol > 0
+        ):
             raise InputError(
-                "rtol", f"the relative tolerance must be a finite number > 0, got {rtol!r}"
+                "trace_rtol",
+                f"the relative tolerance must be a finite number > 0, got {trace_rtol!r}",
             )
         _positive_int("min_probes", min_probes, 2)
         _positive_int("max_probes", max_probes, min_probes)
         budget = max_probes
     else:
-        _positive_int("n_probes", n_probes, 2)
-        budget = n_probes
+        _positive_int("probes", probes, 2)
+        budget = probes
     generator = torch.Generator().manual_seed(seed)
     space = space_of(op)
     samples: list[float] = []
@@ -156,14 +162,14 @@ def hutchinson_trace(
     while len(samples) < budget:
         block = min(probe_batch, budget - len(samples))
         # drawn in the operator's dtype: the same values, half the memory of float64 probes
-        probes = space.probes(block, distribution, generator, op.dtype)
-        samples += _quadratic_forms(op, probes)
+        vectors = space.probes(block, probe_dist, generator, op.dtype)
+        samples += _quadratic_forms(op, vectors)
         if on_step is not None:
             on_step(len(samples))
         if adaptive and len(samples) >= min_probes:
             estimate, _error, (low, high) = _interval(samples)
             # a half-width under the products' own relative accuracy is not asked for
-            wanted = max(float(rtol or 0.0), float(getattr(op, "precision_floor", 0.0)))
+            wanted = max(float(trace_rtol or 0.0), float(getattr(op, "precision_floor", 0.0)))
             if (high - low) / 2 <= wanted * abs(estimate):
                 stopped_by = "rtol"
                 break
@@ -178,10 +184,10 @@ def hutchinson_trace(
         n_probes=len(samples),
         matvecs=len(samples),
         method="hutchinson",
-        distribution=distribution,
+        distribution=probe_dist,
         interval=INTERVALS["hutchinson"],
         seed=seed,
-        rtol=float(rtol) if rtol is not None else None,
+        rtol=float(trace_rtol) if trace_rtol is not None else None,
         stopped_by=stopped_by,
         converged=stopped_by != "max_probes",
     )
@@ -189,24 +195,25 @@ def hutchinson_trace(
         warnings.warn(
             ConvergenceWarning(
                 f"hutchinson: the 95% half-width {result.half_width:.3g} is still above "
-                f"rtol·|estimate| after {len(samples)} probes; raise max_probes or rtol"
+                f"trace_rtol·|estimate| after {len(samples)} probes; raise max_probes or trace_rtol"
             ),
             stacklevel=2,
         )
     return result
 
 
+@former_keywords(matvecs="probes", distribution="probe_dist")
 def hutchpp_trace(
     operator: LinearOperator | Tensor,
-    matvecs: int = 99,
+    probes: int = 99,
     *,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     probe_batch: int = 8,
     max_sketch: int | None = None,
     on_step: OnStep = None,
 ) -> TraceResult:
-    """Hutch++ estimate of tr(A) with at most ``matvecs`` operator products (≥ 4).
+    """Hutch++ estimate of tr(A) with at most ``probes`` operator products (≥ 4).
 
     A third (rounded down, at least 1, at most P and at most ``max_sketch``: a memory bound) of
     the products builds the sketch
@@ -217,64 +224,59 @@ def hutchpp_trace(
     ``stopped_by`` is ``"exhausted"`` and the interval has width zero. Peak extra memory: the
     s × P sketch in the operator's dtype and ``probe_batch`` columns in flight.
     """
-    op = _sketching_operator(operator, distribution, matvecs, probe_batch)
+    op = _sketching_operator(operator, probe_dist, probes, probe_batch)
     if max_sketch is not None:
         _positive_int("max_sketch", max_sketch)
     generator = torch.Generator().manual_seed(seed)
     n_params = op.shape[0]
-    sketch_size = sketch_columns("hutch++", matvecs, n_params)
+    sketch_size = sketch_columns("hutchpp", probes, n_params)
     if max_sketch is not None:
         sketch_size = min(sketch_size, max_sketch)
     count = spent = _Spent(on_step)
     space = space_of(op)
     basis = _StreamedBasis(space, sketch_size, op.dtype, op.device)
-    for block in _probe_blocks(sketch_size, probe_batch, distribution, generator, op):
+    for block in _probe_blocks(sketch_size, probe_batch, probe_dist, generator, op):
         basis.extend(op.matmat(block))
         count(block.shape[1])
     exact_part = _projected_trace(op, basis.columns, probe_batch, count)
     if basis.rank == n_params:
-        return _exhausted("hutch++", exact_part, spent.total, 0, distribution, seed, basis.nbytes)
-    n_residual = matvecs - spent.total
+        return _exhausted("hutchpp", exact_part, spent.total, 0, probe_dist, seed, basis.nbytes)
+    n_residual = probes - spent.total
     q = basis.columns
     samples: list[float] = []
-    for probes in _probe_blocks(n_residual, probe_batch, distribution, generator, op):
-        deflated = probes - q @ space.project(q.t(), probes)
+    for block in _probe_blocks(n_residual, probe_batch, probe_dist, generator, op):
+        deflated = block - q @ space.project(q.t(), block)
         images = op.matmat(deflated)
         images = images - q @ space.project(q.t(), images)
         forms = space.reduce((deflated * images).sum(dim=0))
         samples += [float(x) for x in forms.to(torch.float64).cpu()]
-        count(probes.shape[1])
+        count(block.shape[1])
     remainder, error, (low, high) = _interval(samples)
-    return TraceResult(
-        estimate=exact_part + remainder,
-        standard_error=error,
-        ci95=(exact_part + low, exact_part + high),
-        n_probes=n_residual,
-        matvecs=spent.total,
-        method="hutch++",
-        distribution=distribution,
-        interval=INTERVALS["hutch++"],
-        seed=seed,
-        rtol=None,
-        stopped_by="n_probes",
-        converged=True,
-        sketch_bytes=basis.nbytes,
+    return _sketched(
+        "hutchpp",
+        (exact_part + remainder, error, (exact_part + low, exact_part + high)),
+        n_residual,
+        spent.total,
+        probe_dist,
+        seed,
+        basis.nbytes,
     )
 
 
+@former_keywords(matvecs="probes", distribution="probe_dist")
 def xtrace(
     operator: LinearOperator | Tensor,
-    matvecs: int = 100,
+    probes: int = 100,
     *,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     probe_batch: int = 8,
     on_step: OnStep = None,
 ) -> TraceResult:
-    """XTrace estimate of tr(A) with at most ``matvecs`` operator products (≥ 4; an odd one is
+    """XTrace estimate of tr(A) with at most ``probes`` operator products (≥ 4; an odd one is
     not used).
 
-    Epperly, Tropp & Webber (SIAM J. Matrix Anal. Appl. 2024). With s = min(⌊matvecs/2⌋, max(P, 2))
+    Epperly, Tropp & Webber (SIAM J. Matrix Anal. Appl. 2024). With s = min(⌊probes/2⌋, max(P, 2))
     probes Ω = [ω_1 … ω_s]: Y = AΩ = QR, Z = AQ, H = sym(QᵀZ). For each i, Q_(i) spans the
     sketch of the other s − 1 probes — Q_(i)Q_(i)ᵀ = Q(I − s_i s_iᵀ)Qᵀ with s_i the i-th column
     of R⁻ᵀ, normalised — and
@@ -307,31 +309,27 @@ def xtrace(
     s × P matrix in the operator's dtype); Ω is drawn again from the seed for QᵀΩ instead of
     being held, and Z is reduced to QᵀZ block by block. Everything else is s × s.
     """
-    op = _sketching_operator(operator, distribution, matvecs, probe_batch)
+    op = _sketching_operator(operator, probe_dist, probes, probe_batch)
     n_params = op.shape[0]
-    count = sketch_columns("xtrace", matvecs, n_params)
+    count = sketch_columns("xtrace", probes, n_params)
     counted = spent = _Spent(on_step)
     space = space_of(op)
     basis = _StreamedBasis(space, count, op.dtype, op.device)
     diagonal = []
-    blocks = _probe_blocks(
-        count, probe_batch, distribution, torch.Generator().manual_seed(seed), op
-    )
-    for probes in blocks:
-        images = op.matmat(probes)
-        diagonal.append(space.reduce((probes * images).sum(dim=0)).to(torch.float64).cpu())
+    blocks = _probe_blocks(count, probe_batch, probe_dist, torch.Generator().manual_seed(seed), op)
+    for block in blocks:
+        images = op.matmat(block)
+        diagonal.append(space.reduce((block * images).sum(dim=0)).to(torch.float64).cpu())
         basis.extend(images)
-        counted(probes.shape[1])
+        counted(block.shape[1])
     q = basis.columns
     if basis.rank == n_params:
         exact_part = _projected_trace(op, q, probe_batch, counted)
-        return _exhausted(
-            "xtrace", exact_part, spent.total, count, distribution, seed, basis.nbytes
-        )
+        return _exhausted("xtrace", exact_part, spent.total, count, probe_dist, seed, basis.nbytes)
     projected = _projected_matrix(op, q, probe_batch, counted)
-    again = _probe_blocks(count, probe_batch, distribution, torch.Generator().manual_seed(seed), op)
+    again = _probe_blocks(count, probe_batch, probe_dist, torch.Generator().manual_seed(seed), op)
     coordinates = torch.cat(
-        [space.project(q.t(), probes).to(torch.float64).cpu() for probes in again], dim=1
+        [space.project(q.t(), block).to(torch.float64).cpu() for block in again], dim=1
     )
     sketch = _Sketch(
         triangle=basis.triangle.to(torch.float64).cpu(),
@@ -344,20 +342,15 @@ def xtrace(
     estimate = _interval(samples)[0]
     error = math.sqrt(_jackknife_variance(sketch, samples))
     half = float(stdtrit(count - 1, 0.975)) * error
-    return TraceResult(
-        estimate=estimate,
-        standard_error=error,
-        ci95=(estimate - half, estimate + half),
-        n_probes=count,
-        matvecs=spent.total,
-        method="xtrace",
-        distribution=distribution,
-        interval=INTERVALS["xtrace"],
-        seed=seed,
-        rtol=None,
-        stopped_by="n_probes",
-        converged=True,
-        sketch_bytes=basis.nbytes,
+    interval = (estimate - half, estimate + half)
+    return _sketched(
+        "xtrace",
+        (estimate, error, interval),
+        count,
+        spent.total,
+        probe_dist,
+        seed,
+        basis.nbytes,
     )
 
 
@@ -540,60 +533,65 @@ def exact_trace(operator: LinearOperator | Tensor, *, probe_batch: int = 8) -> T
     )
 
 
+@former_keywords(
+    n_probes="probes", method="trace_method", rtol="trace_rtol", distribution="probe_dist"
+)
 def trace_estimate(
     operator: LinearOperator | Tensor,
-    n_probes: int = 100,
+    probes: int = 100,
     *,
-    method: str = DEFAULT_METHOD,
-    rtol: float | None = None,
+    trace_method: str = DEFAULT_METHOD,
+    trace_rtol: float | None = None,
     max_probes: int = 1000,
     min_probes: int = 10,
-    distribution: str = "rademacher",
+    probe_dist: str = "rademacher",
     seed: int = 0,
     probe_batch: int = 8,
     max_sketch: int | None = None,
     on_step: OnStep = None,
 ) -> TraceResult:
-    """tr(A) by ``method``: ``"hutch++"`` (the default; ``n_probes`` operator products in all,
-    its sketch at most ``max_sketch`` columns), ``"xtrace"`` (``n_probes`` products, an odd one
-    unused) or ``"hutchinson"`` (``n_probes`` probes, or adaptive with ``rtol``; ``rtol`` only
+    """tr(A) by ``trace_method``: ``"hutchpp"`` (the default; ``probes`` operator products in all,
+    its sketch at most ``max_sketch`` columns), ``"xtrace"`` (``probes`` products, an odd one
+    unused) or ``"hutchinson"`` (``probes`` probes, or adaptive with ``trace_rtol``; ``trace_rtol`` only
     with Hutchinson). ``max_sketch`` only with Hutch++: every XTrace product is in its sketch.
 
     Hutch++ is the default because its interval is valid given the sketch (coverage measured
     at 93–97% on decaying, flat and indefinite spectra and on small models' Hessians). XTrace is
     usually more accurate at equal products; its jackknife interval is conservative (coverage
-    98.5–100% in the same study) and often wider than Hutch++'s."""
-    if max_sketch is not None and method != "hutch++":
+    98.5–100% in the same study) and often wider than Hutch++'s. The former spelling
+    ``"hutch++"`` is read as ``"hutchpp"`` with a :class:`~curvcal.errors.FormerSpellingWarning`."""
+    trace_method = trace_method_now(trace_method, "trace_method")
+    if max_sketch is not None and trace_method != "hutchpp":
         raise InputError(
             "max_sketch",
-            f"only Hutch++ can bound its sketch, not {method!r}",
+            f"only Hutch++ can bound its sketch, not {trace_method!r}",
             "pass max_sketch=None",
         )
-    if method == "hutchinson":
+    if trace_method == "hutchinson":
         return hutchinson_trace(
             operator,
-            n_probes,
-            rtol=rtol,
+            probes,
+            trace_rtol=trace_rtol,
             max_probes=max_probes,
             min_probes=min_probes,
-            distribution=distribution,
+            probe_dist=probe_dist,
             seed=seed,
             probe_batch=probe_batch,
             on_step=on_step,
         )
-    if method in ("hutch++", "xtrace"):
-        _positive_int("n_probes", n_probes, 4)
-        if rtol is not None:
+    if trace_method in ("hutchpp", "xtrace"):
+        _positive_int("probes", probes, 4)
+        if trace_rtol is not None:
             raise InputError(
-                "rtol",
-                "the adaptive stop is only available with method 'hutchinson'",
-                "pass method='hutchinson' with rtol",
+                "trace_rtol",
+                "the adaptive stop is only available with trace_method 'hutchinson'",
+                "pass trace_method='hutchinson' with trace_rtol",
             )
-        if method == "hutch++":
+        if trace_method == "hutchpp":
             return hutchpp_trace(
                 operator,
-                n_probes,
-                distribution=distribution,
+                probes,
+                probe_dist=probe_dist,
                 seed=seed,
                 probe_batch=probe_batch,
                 max_sketch=max_sketch,
@@ -601,16 +599,16 @@ def trace_estimate(
             )
         return xtrace(
             operator,
-            n_probes,
-            distribution=distribution,
+            probes,
+            probe_dist=probe_dist,
             seed=seed,
             probe_batch=probe_batch,
             on_step=on_step,
         )
     raise InputError(
-        "method",
-        f"unknown trace method {method!r}",
-        "choose 'hutch++', 'xtrace' or 'hutchinson'",
+        "trace_method",
+        f"unknown trace method {trace_method!r}",
+        "choose 'hutchpp', 'xtrace' or 'hutchinson'",
     )
 
 
@@ -628,12 +626,12 @@ class _Spent:
 
 
 def _sketching_operator(
-    operator: LinearOperator | Tensor, distribution: str, matvecs: int, probe_batch: int
+    operator: LinearOperator | Tensor, distribution: str, probes: int, probe_batch: int
 ) -> LinearOperator:
     """The operator of a sketching estimator (Hutch++, XTrace), its arguments checked."""
     op = as_operator(operator)
     _check_distribution(distribution)
-    _positive_int("matvecs", matvecs, 4)
+    _positive_int("probes", probes, 4)
     _positive_int("probe_batch", probe_batch)
     return op
 
@@ -642,7 +640,7 @@ def sketch_columns(method: str, matvecs: int, n_params: int) -> int:
     """Columns s of the sketch ``method`` holds with ``matvecs`` products on a P × P operator:
     min(max(1, ⌊matvecs/3⌋), P) for Hutch++, min(⌊matvecs/2⌋, max(P, 2)) for XTrace (two
     leave-one-out values at least), 0 for Hutchinson."""
-    if method == "hutch++":
+    if method == "hutchpp":
         return min(max(1, matvecs // 3), n_params)
     if method == "xtrace":
         return min(matvecs // 2, max(n_params, 2))
@@ -699,6 +697,35 @@ def _projected_matrix(
     if not columns:
         return torch.zeros((0, 0), dtype=torch.float64)
     return torch.cat(columns, dim=1)
+
+
+def _sketched(
+    method: str,
+    estimate: tuple[float, float, tuple[float, float]],
+    n_probes: int,
+    matvecs: int,
+    distribution: str,
+    seed: int,
+    sketch_bytes: int,
+) -> TraceResult:
+    """The result of a sketching estimator (Hutch++, XTrace) that spent its fixed budget:
+    ``estimate`` is (value, standard error, 95% interval), formed as :data:`INTERVALS` says."""
+    value, error, interval = estimate
+    return TraceResult(
+        estimate=value,
+        standard_error=error,
+        ci95=interval,
+        n_probes=n_probes,
+        matvecs=matvecs,
+        method=method,
+        distribution=distribution,
+        interval=INTERVALS[method],
+        seed=seed,
+        rtol=None,
+        stopped_by="n_probes",
+        converged=True,
+        sketch_bytes=sketch_bytes,
+    )
 
 
 def _exhausted(

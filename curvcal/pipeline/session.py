@@ -51,7 +51,7 @@ NAN_POLICIES = ("error", "drop")
 
 
 @dataclass(frozen=True)
-class Curvature:
+class HessianMeasurement:
     """A Hessian measurement of a session: the ``analysis``, the settings it ran with
     (``--loss own`` and the parameters resolved), the ``notes`` already said on stderr and the
     ``messages`` (convergence, engine fallback) left for the command to say at the end."""
@@ -261,14 +261,14 @@ class Session:
         on_operator: Callable[[Any], None] | None = None,
         keep_stages: bool = False,
         on_vectors: OnEigenvectors | None = None,
-    ) -> Curvature:
+    ) -> HessianMeasurement:
         """The Hessian analysis of ``loaded``'s mean loss over ``data`` with ``settings`` as
         :meth:`hessian_settings` resolved them (and their parameter ``choice``, said on stderr
         and recorded in the results), products summed across ranks under torchrun.
         ``on_operator`` sees the operator once it is built (``study`` counts FLSD-53's γ
         groups on it); ``on_vectors`` the top-k eigenvectors and their values. ``keep_stages``:
         the first Ctrl-C after the eigenvalues stops the analysis and keeps the stages finished
-        (``Curvature.interrupted`` names the stage stopped); only a command that reports them
+        (``HessianMeasurement.interrupted`` names the stage stopped); only a command that reports them
         as interrupted asks for it."""
         import dataclasses
 
@@ -334,7 +334,7 @@ class Session:
                 **extra,
             },
         )
-        return Curvature(analysis, settings, notes, messages, stopped)
+        return HessianMeasurement(analysis, settings, notes, messages, stopped)
 
     def _add_time(self, stage: str, began: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - began

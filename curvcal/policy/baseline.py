@@ -17,6 +17,7 @@ from curvcal.paths import read_text_file
 from curvcal.policy.evaluate import MetricValue, finite_value
 from curvcal.policy.parse import CALIBRATION_METRICS, STAGES, UNCALIBRATED
 from curvcal.results import SCHEMA_VERSION, to_jsonable
+from curvcal.settings.fields import word_today
 
 # Where each gated metric lives in a saved report's JSON document, as dotted paths tried in
 # order (the first one present wins). THIS TABLE IS THE ONE PLACE TO CHANGE when a command's
@@ -265,6 +266,21 @@ def _v1_verdict_settings(
     return flat
 
 
+def _spelled_today(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Recorded settings ``{group.field: value}`` in today's spelling: a report written before a
+    choice was renamed (``hutch++``) compares equal to one written after (``hutchpp``). Read
+    silently: the report's author typed nothing."""
+    from curvcal.policy.keys import POLICY_CLASSES
+
+    groups = {cls.GROUP: cls for cls in POLICY_CLASSES}
+    today = {}
+    for name, value in flat.items():
+        group, _dot, field = name.rpartition(".")
+        cls = groups.get(group)
+        today[name] = value if cls is None else word_today(cls, field, value)
+    return today
+
+
 def flat_settings(document: Mapping[str, Any]) -> dict[str, Any]:
     """A report's ``settings`` as ``{"group.option": value}`` (``option`` alone where a report
     records a setting outside a group), 1.x reports read with today's names and groups: a
@@ -276,7 +292,7 @@ def flat_settings(document: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     v1 = str(document.get("schema", "")).split(".")[0] == "1"
     if v1 and document.get("command") in ("check", "compare", "demo"):
-        return _v1_verdict_settings(document, settings)
+        return _spelled_today(_v1_verdict_settings(document, settings))
     flat: dict[str, Any] = {}
     for key, value in settings.items():
         if isinstance(value, Mapping) and not (v1 and key == "arch_kwargs"):
@@ -290,7 +306,7 @@ def flat_settings(document: Mapping[str, Any]) -> dict[str, Any]:
             flat[f"{group}.{name}" if group else name] = value
         else:
             flat[key] = value
-    return flat
+    return _spelled_today(flat)
 
 
 #: groups a report records that say how it was judged or written, not how its numbers were

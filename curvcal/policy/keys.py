@@ -1,7 +1,9 @@
 """The keys a policy's ``[settings]`` may hold: fields of the settings classes, by their names.
 
 A key is the name of the field it sets, and takes that field's type, range, choices and default
-(:mod:`curvcal.settings.fields`); :data:`KEYS` lists which fields a policy may set. Only where
+(:mod:`curvcal.settings.fields`); each field says whether a policy may set it, and by which key
+(``policy=`` of :func:`~curvcal.settings.fields.setting`), and :data:`KEYS` is gathered from
+them. Only where
 two classes share a name, or a key is ``check``'s own, does a key name another field:
 
 - ``seed`` sets both seeds (the calibration's split and bootstrap, the Hessian's probes);
@@ -25,42 +27,64 @@ from curvcal.settings.calibration import CalibrationSettings
 from curvcal.settings.check import CheckSettings
 from curvcal.settings.checkpoint import CheckpointSettings
 from curvcal.settings.data import NO_RESIZE, DataSettings
-from curvcal.settings.fields import Settings, Spec, default_of, field_kind, settings_fields
+from curvcal.settings.fields import (
+    Settings,
+    Spec,
+    default_of,
+    field_kind,
+    field_policy_keys,
+    settings_fields,
+    spelled_now,
+)
 from curvcal.settings.hessian import MAX_SEED, HessianSettings
 
 #: a settings class and the name of one of its fields
 Target = tuple[type[Settings], str]
 
 
-def _own(cls: type[Settings], *names: str) -> list[tuple[str, tuple[Target, ...]]]:
-    return [(name, ((cls, name),)) for name in names]
+#: the settings classes whose fields a policy may set (:attr:`~curvcal.settings.fields.Spec.policy`),
+#: in the order their keys are gathered
+POLICY_CLASSES: tuple[type[Settings], ...] = (
+    CheckpointSettings,
+    DataSettings,
+    CalibrationSettings,
+    CheckSettings,
+    HessianSettings,
+)
+
+#: The order in which a check resolves and shows the keys, as it was when they were listed by
+#: hand (the fields' own order differs: ``max_samples``, ``fit_data`` and the calibration's keys
+#: would move, and with them every report's ``settings``). A key not named here follows these,
+#: in the order of the fields that declare it.
+SHOWN_ORDER = (
+    "arch", "arch_kwargs", "num_classes", "state_dict_key", "device", "dtype",
+    "data", "data_root", "max_samples", "mean", "std", "resize", "crop",
+    "x_key", "y_key", "text_key", "label_key", "text_pair_key", "tokenizer", "max_length",
+    "batch_size", "fit_data", "val_split", "seed", "bins", "edges", "method", "objective",
+    "focal_objective", "gammas", "nan_policy", "bootstrap", "histogram_bins", "histogram_scheme",
+    "laplace_structure", "laplace_predictive", "laplace_samples", "laplace_prior", "judge",
+    "top_k", "eigen_method", "tol", "max_iter", "probes", "trace", "loss", "gamma", "params",
+    "memory_budget",
+)  # fmt: skip
+
+
+def policy_keys() -> dict[str, tuple[Target, ...]]:
+    """Every key of ``[settings]`` with the fields it sets, gathered from the fields' own
+    :attr:`~curvcal.settings.fields.Spec.policy` over :data:`POLICY_CLASSES`, in
+    :data:`SHOWN_ORDER`."""
+    found: dict[str, list[Target]] = {}
+    for cls in POLICY_CLASSES:
+        for field, spec in settings_fields(cls):
+            for key in field_policy_keys(field, spec):
+                found.setdefault(key, []).append((cls, field.name))
+    rank = {key: index for index, key in enumerate(SHOWN_ORDER)}
+    ordered = sorted(found, key=lambda key: rank.get(key, len(rank)))  # stable: new keys last
+    return {key: tuple(found[key]) for key in ordered}
 
 
 #: Every key of ``[settings]``, in the order a check resolves and shows them, with the fields
 #: it sets.
-KEYS: dict[str, tuple[Target, ...]] = dict(
-    [
-        *_own(CheckpointSettings, "arch", "arch_kwargs", "num_classes", "state_dict_key"),
-        *_own(CheckpointSettings, "device", "dtype"),
-        *_own(DataSettings, "data", "data_root", "max_samples", "mean", "std", "resize", "crop"),
-        *_own(DataSettings, "x_key", "y_key", "text_key", "label_key"),
-        *_own(DataSettings, "text_pair_key", "tokenizer", "max_length", "batch_size"),
-        ("fit_data", ((DataSettings, "data"),)),
-        *_own(CalibrationSettings, "val_split"),
-        ("seed", ((CalibrationSettings, "seed"), (HessianSettings, "seed"))),
-        *_own(CalibrationSettings, "bins", "edges", "method", "objective", "focal_objective"),
-        *_own(CalibrationSettings, "gammas", "nan_policy", "bootstrap"),
-        *_own(CalibrationSettings, "histogram_bins", "histogram_scheme"),
-        *_own(CalibrationSettings, "laplace_structure", "laplace_predictive", "laplace_samples"),
-        *_own(CalibrationSettings, "laplace_prior"),
-        *_own(CheckSettings, "judge"),
-        *_own(HessianSettings, "top_k"),
-        ("eigen_method", ((HessianSettings, "method"),)),
-        *_own(HessianSettings, "tol", "max_iter", "probes"),
-        ("trace", ((HessianSettings, "trace"), (HessianSettings, "trace_method"))),
-        *_own(HessianSettings, "loss", "gamma", "params", "memory_budget"),
-    ]
-)
+KEYS: dict[str, tuple[Target, ...]] = policy_keys()
 
 #: ``trace``'s words: a trace method (``--trace-method``'s choices), or true/false
 TRACE_KEY = "trace"
@@ -116,6 +140,16 @@ def choices(key: str) -> tuple[str, ...] | None:
     if key == TRACE_KEY:
         return None
     return field_of(KEYS[key][0])[1].choices
+
+
+def spelled_key_value(key: str, value: Any, said: str) -> Any:
+    """``value`` of ``key`` in today's spelling: a former word of a field it sets
+    (:attr:`~curvcal.settings.fields.Spec.former_words`; ``trace``: of ``trace_method``) read
+    as today's, with a :class:`~curvcal.errors.FormerSpellingWarning` naming ``said``."""
+    targets = ((HessianSettings, "trace_method"),) if key == TRACE_KEY else KEYS[key]
+    for cls, name in targets:
+        value = spelled_now(cls, name, value, said, stacklevel=4)
+    return value
 
 
 def trace_methods() -> tuple[str, ...]:

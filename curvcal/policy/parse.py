@@ -56,7 +56,7 @@ from typing import Any, NoReturn
 
 from curvcal.errors import InputError
 from curvcal.paths import read_text_file
-from curvcal.policy.keys import Kind, kinds
+from curvcal.policy.keys import Kind, kinds, spelled_key_value
 
 CALIBRATION_METRICS = (
     "ece",
@@ -309,7 +309,14 @@ class _Parser:
                 )
             if not kind.accepts(item):
                 self._fail(("settings", key), f"setting '{key}' must be {kind.text}, not {item!r}")
-        return dict(value)
+        return {key: self._spelled_now(key, item) for key, item in value.items()}
+
+    def _spelled_now(self, key: str, value: Any) -> Any:
+        """A setting's value in today's spelling (a former word of its field read with a
+        :class:`~curvcal.errors.FormerSpellingWarning` naming the policy's line and key)."""
+        line = _find_line(self.lines, (*self.prefix, "settings", key))
+        said = f"{self.path}:{line}: {key}" if line else f"{self.path}: {key}"
+        return spelled_key_value(key, value, said)
 
     def _improvement(self, stage: str, value: Any) -> list[str]:
         """The scores of ``[stage] require_improvement``: one of :data:`IMPROVEMENT_SCORES`

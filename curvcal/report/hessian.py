@@ -252,11 +252,11 @@ def trace_below_lambda_max(lambda_max: float, trace: float, lambda_min: float | 
 
 
 _TRACE_NAMES = {
-    "hutch++": "Hutch++",
+    "hutchpp": "Hutch++",
     "xtrace": "XTrace",
     "hutchinson": "Hutchinson",
     "gauss-newton": "Gauss–Newton",
-    "gauss-newton+hutch++": "Gauss–Newton part exact + Hutch++ on the rest",
+    "gauss-newton+hutchpp": "Gauss–Newton part exact + Hutch++ on the rest",
     "gauss-newton+xtrace": "Gauss–Newton part exact + XTrace on the rest",
 }
 

@@ -142,9 +142,13 @@ class CalibrationSettings(Settings):
         "Default: calibrate: both; metrics: none, or both with --fit or "
         "--val-split.",
         choices=METHODS,
+        policy=True,
     )
     objective: str = setting(
-        "nll", "What temperature scaling minimises on the fit split.", choices=OBJECTIVES_TS
+        "nll",
+        "What temperature scaling minimises on the fit split.",
+        choices=OBJECTIVES_TS,
+        policy=True,
     )
     focal_objective: str = setting(
         "ece",
@@ -152,6 +156,7 @@ class CalibrationSettings(Settings):
         "adaece-grid: the authors' code (Komisarenko & Kull): T on the linear grid "
         "0.05, 0.10, ..., 5.00 by equal-mass ECE, for each γ; γ likewise.",
         choices=OBJECTIVES_FTS,
+        policy=True,
     )
     gammas: tuple[float, ...] = setting(
         DEFAULT_GAMMAS,
@@ -160,12 +165,20 @@ class CalibrationSettings(Settings):
         parse=parse_gammas,
         metavar="G1,G2,...",
         default_text=",".join(f"{g:g}" for g in DEFAULT_GAMMAS),
+        policy=True,
     )
     bins: int = setting(
-        15, "Bins of ECE, MCE, RMS-CE, AdaECE and classwise ECE.", low=1, high=MAX_BINS
+        15,
+        "Bins of ECE, MCE, RMS-CE, AdaECE and classwise ECE.",
+        low=1,
+        high=MAX_BINS,
+        policy=True,
     )
     edges: str = setting(
-        "left", "Equal-width bin edges: left = (a,b], right = [a,b).", choices=EDGES
+        "left",
+        "Equal-width bin edges: left = (a,b], right = [a,b).",
+        choices=EDGES,
+        policy=True,
     )
     histogram_bins: int = setting(
         15,
@@ -173,6 +186,7 @@ class CalibrationSettings(Settings):
         "least as many samples.",
         low=1,
         high=MAX_BINS,
+        policy=True,
     )
     histogram_scheme: str = setting(
         "equal-mass",
@@ -180,6 +194,7 @@ class CalibrationSettings(Settings):
         "scores in bins of equal size, ties kept together) or equal-width ((m/M, (m+1)/M]; an "
         "empty bin takes the middle of its edges).",
         choices=HISTOGRAM_SCHEMES,
+        policy=True,
     )
     bootstrap: int = setting(
         0,
@@ -188,6 +203,7 @@ class CalibrationSettings(Settings):
         "difference from the best and from uncalibrated.",
         low=0,
         metavar="N",
+        policy=True,
     )
     val_split: float | None = setting(
         None,
@@ -198,6 +214,7 @@ class CalibrationSettings(Settings):
         low_open=True,
         high_open=True,
         metavar="F",
+        policy=True,
     )
     seed: int = setting(
         0,
@@ -206,16 +223,19 @@ class CalibrationSettings(Settings):
         "laplace.",
         low=0,
         high=MAX_SEED,
+        policy=True,
     )
     plot: Path | None = file_setting(
         "Write reliability diagrams (uncalibrated and every fitted map) to a .png, .svg or .pdf file "
         "(needs matplotlib).",
+        policy=False,
     )
     dpi: int = setting(
         100,
         "Resolution of --plot (dots per inch; the layout is fixed in inches).",
         low=10,
         high=2400,
+        policy=False,
     )
     plot_classes: int = setting(
         0,
@@ -223,33 +243,39 @@ class CalibrationSettings(Settings):
         "to --plot, one row per stage.",
         low=0,
         metavar="N",
+        policy=False,
     )
     plot_smooth: bool = setting(
         False,
         "Draw the smooth reliability curve (kernel-smoothed as for smooth ECE, Błasiok & "
         "Nakkiran 2023) over the bins of --plot.",
         flag=True,
+        policy=False,
     )
     plot_counts: str = setting(
         "auto",
         "Scale of the confidence histogram under each --plot panel: fraction (linear), log, or "
         "auto (log when one bin holds more than half the samples).",
         choices=("auto", "fraction", "log"),
+        policy=False,
     )
     save_calibrator: Path | None = file_setting(
         "Write the fitted calibrator(s) as JSON (for metrics --apply).",
+        policy=False,
     )
     laplace_structure: str = setting(
         "auto",
         "GGN of the last layer for --method laplace: full, Kronecker-factored (KFAC), or auto "
         "(full up to 1024 last-layer parameters).",
         choices=LAPLACE_STRUCTURES,
+        policy=True,
     )
     laplace_predictive: str = setting(
         "probit",
         "Predictive of --method laplace: the probit approximation or Monte Carlo over the "
         "logits (--laplace-samples draws, seeded by --seed).",
         choices=LAPLACE_PREDICTIVES,
+        policy=True,
     )
     laplace_samples: int = setting(
         100,
@@ -257,6 +283,7 @@ class CalibrationSettings(Settings):
         low=1,
         high=MAX_LAPLACE_SAMPLES,
         metavar="S",
+        policy=True,
     )
     laplace_prior: str = setting(
         "marglik",
@@ -266,12 +293,14 @@ class CalibrationSettings(Settings):
         "a grid of 4 points per decade over [1e-8, 1e8] refined by Brent's method in log δ). "
         "nll is usually better calibrated; marglik needs no held-out data.",
         choices=LAPLACE_PRIORS,
+        policy=True,
     )
     nan_policy: str = setting(
         "error",
         "Rows of logits with a NaN or Inf: stop with an error naming the first, or leave them "
         "out (counted in the report and warned about).",
         choices=NAN_POLICIES,
+        policy=True,
     )
 
     def __post_init__(self) -> None:

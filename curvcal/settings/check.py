@@ -40,4 +40,5 @@ class CheckSettings(Settings):
         "note says what the interval shows), interval (fails only when the whole 95% interval "
         "is beyond it) or whole-interval (passes only when the whole interval is within it).",
         choices=JUDGES,
+        policy=True,
     )

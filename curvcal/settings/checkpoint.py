@@ -85,12 +85,14 @@ class CheckpointSettings(Settings):
         "hf:FOLDER (the transformers classifier of a save_pretrained folder's config.json), "
         "curvcal:NAME (bundled) or py:package.module:Class (needs --trust-checkpoint).",
         metavar="SPEC",
+        policy=True,
     )
     arch_kwargs: dict[str, Any] = setting(
         {},
         "Keyword arguments for the architecture, as a JSON object.",
         metavar="JSON",
         parse=_parse_kwargs_json,
+        policy=True,
     )
     arch_kwarg: dict[str, Any] = setting(
         {},
@@ -100,24 +102,28 @@ class CheckpointSettings(Settings):
         metavar="KEY=VALUE",
         multiple=True,
         parse=_parse_pairs,
+        policy=False,
     )
     num_classes: int | None = setting(
         None,
         "Passed to the architecture as num_classes (default: inferred from the weights).",
         low=1,
         high=MAX_CLASSES,
+        policy=True,
     )
     state_dict_key: str | None = setting(
         None,
         "Key of the weights inside a wrapper dict (default: state_dict, model_state_dict, "
         "model, state_dict_ema, model_ema, tried in that order).",
         metavar="KEY",
+        policy=True,
     )
     trust_checkpoint: bool = setting(
         False,
         "Allow loads that run code from the file (pickled modules, TorchScript, torch.export, "
         "py: architectures). Only for files you trust.",
         flag=True,
+        policy=False,
     )
     allow_global: tuple[str, ...] = setting(
         (),
@@ -125,10 +131,12 @@ class CheckpointSettings(Settings):
         "that reaches the OS or the interpreter; only --trust-checkpoint runs code); repeatable.",
         metavar="module.Class",
         multiple=True,
+        policy=False,
     )
     base_model: Path | None = folder_setting(
         "Base model folder of a PEFT adapter folder (default: the adapter config's "
         "base_model_name_or_path, when that is a local folder; nothing is ever downloaded).",
+        policy=False,
     )
     shard_model: str = setting(
         "none",
@@ -136,6 +144,7 @@ class CheckpointSettings(Settings):
         "(transformer layers) or per top-level module; Hessian products become central "
         "differences of gradients.",
         choices=("none", "blocks", "modules"),
+        policy=False,
     )
     checkpoint_activations: bool = setting(
         False,
@@ -143,13 +152,15 @@ class CheckpointSettings(Settings):
         "keeping them (activation checkpointing): less memory per gradient pass, one more "
         "forward per pass.",
         flag=True,
+        policy=False,
     )
-    device: str = setting("auto", "auto (CUDA when available), cpu, cuda or cuda:N.")
+    device: str = setting("auto", "auto (CUDA when available), cpu, cuda or cuda:N.", policy=True)
     dtype: str = setting(
         "float32",
         "Floating-point precision of the model (bfloat16/float16: parameters and activations in "
         "half precision; eigenvalue, trace and calibration arithmetic in float32 or wider).",
         choices=DTYPES,
+        policy=True,
     )
 
     @property

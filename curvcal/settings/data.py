@@ -76,22 +76,29 @@ class DataSettings(Settings):
         "PATH.jsonl|.csv|.parquet or a saved datasets folder DIR[:split], py:module:function, or "
         "curvcal:digits.",
         metavar="SPEC",
+        policy=("data", "fit_data"),
     )
     data_root: Path | None = folder_setting(
-        "Folder of torchvision datasets (default ./data).", metavar=None
+        "Folder of torchvision datasets (default ./data).",
+        metavar=None,
+        policy=True,
     )
-    download: bool = setting(False, "Download a torchvision dataset if missing.", flag=True)
+    download: bool = setting(
+        False, "Download a torchvision dataset if missing.", flag=True, policy=False
+    )
     mean: tuple[float, ...] | None = setting(
         None,
         "Per-channel mean to normalise with (overrides the preset).",
         parse=_float_list,
         metavar="M1,M2,...",
+        policy=True,
     )
     std: tuple[float, ...] | None = setting(
         None,
         "Per-channel std to normalise with (overrides the preset).",
         parse=_float_list,
         metavar="S1,S2,...",
+        policy=True,
     )
     resize: int | None = setting(
         None,
@@ -99,23 +106,34 @@ class DataSettings(Settings):
         "resize and crop.",
         parse=_size,
         metavar="N|none",
+        policy=True,
     )
     crop: int | None = setting(
-        None, "Center-crop images; 'none': no crop.", parse=_size, metavar="N|none"
+        None,
+        "Center-crop images; 'none': no crop.",
+        parse=_size,
+        metavar="N|none",
+        policy=True,
     )
     max_samples: int | None = setting(
-        None, "Use a random subset of this many samples (kept in dataset order).", low=1
+        None,
+        "Use a random subset of this many samples (kept in dataset order).",
+        low=1,
+        policy=True,
     )
-    subset_seed: int = setting(0, "Seed of the --max-samples subset.")
-    x_key: str = setting("x", "Inputs' name in a tensor file.")
-    y_key: str = setting("y", "Labels' name in a tensor file.")
-    text_key: str = setting("text", "Text column of text data.")
-    label_key: str = setting("label", "Label column of text data.")
-    text_pair_key: str | None = setting(None, "Second text column, for sentence pairs.")
+    subset_seed: int = setting(0, "Seed of the --max-samples subset.", policy=False)
+    x_key: str = setting("x", "Inputs' name in a tensor file.", policy=True)
+    y_key: str = setting("y", "Labels' name in a tensor file.", policy=True)
+    text_key: str = setting("text", "Text column of text data.", policy=True)
+    label_key: str = setting("label", "Label column of text data.", policy=True)
+    text_pair_key: str | None = setting(
+        None, "Second text column, for sentence pairs.", policy=True
+    )
     tokenizer: Path | None = folder_setting(
         "Tokenizer folder (save_pretrained).",
         metavar=None,
         default_text="the model folder's",
+        policy=True,
     )
     max_length: int | None = setting(
         None,
@@ -123,9 +141,10 @@ class DataSettings(Settings):
         low=1,
         default_text="the tokenizer's model_max_length, capped by the config's "
         "max_position_embeddings",
+        policy=True,
     )
-    batch_size: int = setting(256, "Samples per batch.", low=1)
-    trust_checkpoint: bool = setting(False, "", cli=False, record=False)
+    batch_size: int = setting(256, "Samples per batch.", low=1, policy=True)
+    trust_checkpoint: bool = setting(False, "", cli=False, record=False, policy=False)
 
     @property
     def spec(self) -> str:

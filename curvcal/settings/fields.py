@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, TypeVar
 
-from curvcal.errors import InputError, SettingsError, as_option
+from curvcal.errors import FormerSpellingWarning, InputError, SettingsError, as_option, setting_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 S = TypeVar("S", bound="Settings")
@@ -51,7 +51,14 @@ class Spec:
     default) shape the option; ``cli`` false keeps a field off the command line (set by the
     code, recorded in the report); ``record`` false keeps it out of the report.
     ``bound_reason`` says why the bounds are what they are: the hint of an out-of-range error,
-    on the command line as from a policy or Python.
+    on the command line as from a policy or Python. ``former_words``: ``(old word, the word
+    today)`` pairs of a renamed choice, still read wherever a user could have written the old
+    one (option, policy, Python, a report read back), with a :class:`FormerSpellingWarning`.
+    ``policy``: whether a ``check`` policy's ``[settings]`` may set the field (true: by the
+    field's name; a tuple: the keys that set it, ``("eigen_method",)``); ``study``: whether
+    ``curvcal study`` takes the field as an option (Hessian settings). ``None``: not said, which
+    a test refuses for every class a policy or ``study`` draws from
+    (:func:`field_policy_keys`).
     """
 
     help: str
@@ -75,6 +82,9 @@ class Spec:
     bound_reason: str | None = None
     operator: bool = False
     former: tuple[str, ...] = ()
+    former_words: tuple[tuple[str, str], ...] = ()
+    policy: bool | tuple[str, ...] | None = None
+    study: bool | None = None
 
 
 def setting(default: Any = None, help: str = "", **spec: Any) -> Any:
@@ -135,6 +145,87 @@ def renamed(
         )
         current[field] = value
     return current
+
+
+def field_policy_keys(field: dataclasses.Field[Any], spec: Spec) -> tuple[str, ...]:
+    """The keys of a policy's ``[settings]`` that set ``field`` (:attr:`Spec.policy`): its own
+    name when true, none when false or not said."""
+    if spec.policy is True:
+        return (field.name,)
+    return spec.policy or ()
+
+
+def study_fields(cls: type[Settings]) -> tuple[str, ...]:
+    """The fields of ``cls`` that ``curvcal study`` takes as options (:attr:`Spec.study`), in
+    declaration order."""
+    return tuple(field.name for field, spec in settings_fields(cls) if spec.study)
+
+
+def former_spelling_note(said: str, old: str, new: str) -> str:
+    """What a :class:`~curvcal.errors.FormerSpellingWarning` says: ``said`` (the setting as
+    the place it was written names it) took the former word ``old`` of ``new``."""
+    return f"{said} {old!r} is now spelled {new!r}; the old spelling will be removed"
+
+
+def word_today(cls: type[Settings], name: str, value: Any) -> Any:
+    """``value`` of field ``name`` of ``cls`` as it is spelled today, silently: a former word
+    (:attr:`Spec.former_words`) becomes today's; anything else is ``value`` itself."""
+    spec = next((s for f, s in settings_fields(cls) if f.name == name), None)
+    if spec is None or not isinstance(value, str):
+        return value
+    return dict(spec.former_words).get(value, value)
+
+
+def spelled_now(
+    cls: type[Settings], name: str, value: Any, said: str | None = None, stacklevel: int = 3
+) -> Any:
+    """``value`` of field ``name`` of ``cls`` as it is spelled today: a former word of the
+    field (:attr:`Spec.former_words`) becomes today's, with a
+    :class:`~curvcal.errors.FormerSpellingWarning` naming ``said`` (default: the setting as
+    messages made here name it, :func:`~curvcal.errors.setting_name`); anything else as it is.
+    """
+    import warnings
+
+    now = word_today(cls, name, value)
+    if now is value:
+        return value
+    warnings.warn(
+        former_spelling_note(said or setting_name(name), value, now),
+        FormerSpellingWarning,
+        stacklevel=stacklevel,
+    )
+    return now
+
+
+def former_keywords(**former: str) -> Callable[[F], F]:
+    """A public function whose keywords were renamed to the settings fields' names
+    (``n_probes`` -> ``probes``): ``former`` maps each old keyword to today's. A call with an
+    old keyword is taken with a :class:`DeprecationWarning` (pointing at the caller); the same
+    setting given under both names is refused, naming today's."""
+    import warnings
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in former.items():
+                if old not in kwargs:
+                    continue
+                if new in kwargs:
+                    raise SettingsError(
+                        new, f"given twice, as {new!r} and as its former name {old!r}"
+                    )
+                warnings.warn(
+                    f"{func.__name__}: {old!r} is now called {new!r}, as the settings and the "
+                    "command line name it; the old name will be removed",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                kwargs[new] = kwargs.pop(old)
+            return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def spec_of(field: dataclasses.Field[Any]) -> Spec | None:
@@ -315,6 +406,12 @@ class Settings:
     GROUP: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
+        for field, spec in settings_fields(type(self)):
+            if spec.former_words:  # a former word given from Python: today's, with a note
+                value = getattr(self, field.name)
+                now = spelled_now(type(self), field.name, value, stacklevel=5)
+                if now is not value:
+                    object.__setattr__(self, field.name, now)
         check_fields(self)
         self.validate()
 
@@ -377,7 +474,9 @@ def from_mapping(
     user never typed)."""
     names = {field.name for field, _spec in settings_fields(cls)}
     chosen = {
-        name: _as_field_type(cls, name, value) for name, value in values.items() if name in names
+        name: _as_field_type(cls, name, spelled_now(cls, name, value))
+        for name, value in values.items()
+        if name in names
     }
     arguments = {**chosen, **fixed}
     if where is not None:
@@ -426,6 +525,33 @@ def _int_range() -> Any:
     return IntRange
 
 
+@functools.cache
+def _choice_type() -> Any:
+    """click's Choice that also reads a field's former words (:attr:`Spec.former_words`) as
+    today's, with a :class:`~curvcal.errors.FormerSpellingWarning`; its help lists today's."""
+    import warnings
+
+    import click
+
+    class Choice(click.Choice):
+        def __init__(self, choices: tuple[str, ...], former: dict[str, str]) -> None:
+            super().__init__(choices)
+            self.former = former
+
+        def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+            if isinstance(value, str) and value in self.former:
+                said = param.opts[0] if param is not None and param.opts else value
+                warnings.warn(
+                    former_spelling_note(said, value, self.former[value]),
+                    FormerSpellingWarning,
+                    stacklevel=2,
+                )
+                value = self.former[value]
+            return super().convert(value, param, ctx)
+
+    return Choice
+
+
 def _click_type(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Any:
     import click
 
@@ -433,6 +559,8 @@ def _click_type(cls: type, field: dataclasses.Field[Any], spec: Spec) -> Any:
     if spec.parse is not None:
         return None
     if spec.choices is not None:
+        if spec.former_words:
+            return _choice_type()(spec.choices, dict(spec.former_words))
         return click.Choice(spec.choices)
     if kind in (int, float) and spec.low is None and spec.high is None:
         return click.INT if kind is int else click.FLOAT

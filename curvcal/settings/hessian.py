@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from curvcal.errors import SettingsError, setting_name
-from curvcal.settings.fields import Settings, setting
+from curvcal.settings.fields import Settings, setting, spelled_now
 
 #: The largest seed: torch's and numpy's generators take a 64-bit seed, and a larger integer
 #: overflows inside them.
@@ -66,6 +66,9 @@ TRACE_METHODS = (
     "xtrace",
     "hutchinson",
 )
+#: ``--trace-method``'s former spellings, still read (with a note) wherever a user could have
+#: written them: the kernels once spelled Hutch++ ``hutch++``
+FORMER_TRACE_METHODS = (("hutch++", "hutchpp"), ("gauss-newton+hutch++", "gauss-newton+hutchpp"))
 PROBE_DISTRIBUTIONS = ("rademacher", "gaussian")
 #: ``--hvp``: picked per product width, torch.func forward-over-reverse, or double backward.
 ENGINES = ("auto", "func", "autograd")
@@ -97,24 +100,34 @@ class HessianSettings(Settings):
 
     GROUP: ClassVar[str] = "hessian"
 
-    top_k: int = setting(1, "How many of the largest eigenvalues to find.", low=1)
+    top_k: int = setting(
+        1, "How many of the largest eigenvalues to find.", low=1, policy=True, study=False
+    )
     method: str | None = setting(
         None,
         "Eigenvalue method (default: Lanczos with full reorthogonalisation).",
         choices=EIGEN_METHODS,
+        policy=("eigen_method",),
+        study=True,
     )
-    smallest: bool = setting(False, "Also find the smallest eigenvalue λmin.", flag=True)
+    smallest: bool = setting(
+        False, "Also find the smallest eigenvalue λmin.", flag=True, policy=False, study=False
+    )
     tol: float = setting(
         DEFAULT_TOL,
         "Stop when the relative residual and change of each eigenvalue are below this.",
         low=0,
         low_open=True,
+        policy=True,
+        study=True,
     )
     max_iter: int | None = setting(
         None,
         "Iteration budget per eigenvalue (default: 1000 for power, min(P, max(300, 2·top-k)) "
         "Lanczos steps).",
         low=1,
+        policy=True,
+        study=True,
     )
     max_basis: int | None = setting(
         None,
@@ -122,8 +135,17 @@ class HessianSettings(Settings):
         "best Ritz vectors (default: what --memory-budget holds, at least 2·top-k + 6); the "
         "density's runs keep theirs only if --density-steps vectors fit.",
         low=3,
+        policy=False,
+        study=False,
     )
-    trace: bool = setting(True, "Estimate the Hessian's trace.", flag=True, negatable=True)
+    trace: bool = setting(
+        True,
+        "Estimate the Hessian's trace.",
+        flag=True,
+        negatable=True,
+        policy=("trace",),
+        study=False,
+    )
     trace_method: str = setting(
         "auto",
         "gauss-newton: exact for networks linear in each parameter tensor (ReLU, convolution, "
@@ -132,12 +154,17 @@ class HessianSettings(Settings):
         "(--probes products in all), or Hutchinson's estimator; auto: gauss-newton where it is "
         "exact, else gauss-newton+hutchpp where it can run, else Hutch++.",
         choices=TRACE_METHODS,
+        former_words=FORMER_TRACE_METHODS,
+        policy=("trace",),
+        study=False,
     )
     probes: int = setting(
         100,
         "Trace probes (with --trace-rtol: the most probes drawn); at most 3P for hutchpp, "
         "xtrace and hutchinson (P parameters): 3P products are enough for the exact trace.",
         low=2,
+        policy=True,
+        study=True,
     )
     trace_rtol: float | None = setting(
         None,
@@ -145,17 +172,27 @@ class HessianSettings(Settings):
         "|estimate|.",
         low=0,
         low_open=True,
+        policy=False,
+        study=False,
     )
     probe_dist: str = setting(
-        "rademacher", "Distribution of the trace probes.", choices=PROBE_DISTRIBUTIONS
+        "rademacher",
+        "Distribution of the trace probes.",
+        choices=PROBE_DISTRIBUTIONS,
+        policy=False,
+        study=False,
     )
-    density: bool = setting(False, "Estimate the eigenvalue density (SLQ).", flag=True)
+    density: bool = setting(
+        False, "Estimate the eigenvalue density (SLQ).", flag=True, policy=False, study=False
+    )
     density_runs: int = setting(
         5,
         f"SLQ runs (at most {MAX_DENSITY_RUNS}).",
         low=1,
         high=MAX_DENSITY_RUNS,
         bound_reason=DENSITY_RUNS_REASON,
+        policy=False,
+        study=False,
     )
     density_steps: int = setting(
         40,
@@ -163,17 +200,36 @@ class HessianSettings(Settings):
         low=1,
         high=MAX_DENSITY_STEPS,
         bound_reason=DENSITY_STEPS_REASON,
+        policy=False,
+        study=False,
     )
-    per_layer: bool = setting(False, "λmax and trace of each module's Hessian block.", flag=True)
-    seed: int = setting(0, "Seed of start vectors and probes.", low=-MAX_SEED - 1, high=MAX_SEED)
+    per_layer: bool = setting(
+        False,
+        "λmax and trace of each module's Hessian block.",
+        flag=True,
+        policy=False,
+        study=False,
+    )
+    seed: int = setting(
+        0,
+        "Seed of start vectors and probes.",
+        low=-MAX_SEED - 1,
+        high=MAX_SEED,
+        policy=True,
+        study=True,
+    )
     loss: str = setting(
         "ce",
         "ce, focal (with --gamma), flsd53, or own: the loss recorded in the checkpoint's metadata.",
         choices=LOSSES,
         operator=True,
         former=("criterion",),
+        policy=True,
+        study=True,
     )
-    gamma: float | None = setting(None, "γ of the focal loss.", low=0, operator=True)
+    gamma: float | None = setting(
+        None, "γ of the focal loss.", low=0, operator=True, policy=True, study=True
+    )
     params: tuple[str, ...] = setting(
         (),
         "Only parameters whose names match this glob ('classifier.*'); repeatable; 'all': "
@@ -181,6 +237,8 @@ class HessianSettings(Settings):
         multiple=True,
         metavar="GLOB",
         operator=True,
+        policy=True,
+        study=False,
     )
     hvp: str = setting(
         "auto",
@@ -188,21 +246,32 @@ class HessianSettings(Settings):
         choices=ENGINES,
         operator=True,
         former=("engine",),
+        policy=False,
+        study=False,
     )
     mode: str = setting(
         "eval",
         "Module mode during the loss (train: BatchNorm batch statistics; refused with dropout).",
         choices=MODES,
         operator=True,
+        policy=False,
+        study=False,
     )
     cache: str = setting(
-        "auto", "Where batches stay between products.", choices=CACHES, operator=True
+        "auto",
+        "Where batches stay between products.",
+        choices=CACHES,
+        operator=True,
+        policy=False,
+        study=False,
     )
     probe_batch: int = setting(
         8,
         "Vectors sharing one pass over the data (at most; fewer when the memory budget says so).",
         low=1,
         operator=True,
+        policy=False,
+        study=False,
     )
     memory_budget: str | int | None = setting(
         None,
@@ -211,6 +280,8 @@ class HessianSettings(Settings):
         metavar="SIZE",
         default_text="2x a gradient pass or 256 MiB, at most half the free memory",
         operator=True,
+        policy=True,
+        study=False,
     )
     keep_graphs: str = setting(
         "auto",
@@ -218,8 +289,12 @@ class HessianSettings(Settings):
         "auto: when they fit in --memory-budget).",
         choices=KEEP_GRAPHS,
         operator=True,
+        policy=False,
+        study=False,
     )
-    strict: bool = setting(False, "Exit 3 when an estimate does not converge.", flag=True)
+    strict: bool = setting(
+        False, "Exit 3 when an estimate does not converge.", flag=True, policy=False, study=False
+    )
     curvature: str = setting(
         "hessian",
         "The matrix measured: the Hessian; ggn, the generalised Gauss–Newton matrix Jᵀ H_loss J; "
@@ -227,6 +302,8 @@ class HessianSettings(Settings):
         "empirical-fisher, the mean of per-sample gradient outer products.",
         choices=CURVATURES,
         operator=True,
+        policy=False,
+        study=False,
     )
 
     def lowest(self, name: str) -> float | None:
@@ -265,3 +342,11 @@ class HessianSettings(Settings):
     def focal_gamma(self) -> float:
         """γ of the loss as the kernels take it (0 for cross-entropy)."""
         return float(self.gamma or 0.0)
+
+
+def trace_method_now(method: str, said: str = "method", stacklevel: int = 4) -> str:
+    """A trace method as it is spelled today: a former spelling (:data:`FORMER_TRACE_METHODS`,
+    ``hutch++``) becomes today's (``hutchpp``) with a
+    :class:`~curvcal.errors.FormerSpellingWarning` naming ``said`` (the argument it came in);
+    anything else as it is, for the caller to check."""
+    return str(spelled_now(HessianSettings, "trace_method", method, said, stacklevel))

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import ClassVar
 
 from curvcal.settings.calibration import METHODS
-from curvcal.settings.fields import Settings, folder_setting, setting
+from curvcal.settings.fields import Settings, folder_setting, setting, study_fields
+from curvcal.settings.hessian import HessianSettings
 
-#: The Hessian options ``study`` takes (the fields of
-#: :class:`~curvcal.settings.hessian.HessianSettings` it offers; the others keep their
-#: defaults: the top eigenvalue, the ``auto`` trace, every trainable parameter).
-STUDY_HESSIAN_OPTIONS = ("method", "tol", "max_iter", "probes", "seed", "loss", "gamma")
+#: The Hessian options ``study`` takes: the fields of
+#: :class:`~curvcal.settings.hessian.HessianSettings` that say so (``study=True``); the others
+#: keep their defaults: the top eigenvalue, the ``auto`` trace, every trainable parameter.
+STUDY_HESSIAN_OPTIONS = study_fields(HessianSettings)
 #: ``--maps``: the calibration maps study fits, spelled as ``calibrate --method`` spells them
 #: (``--method`` itself is the Hessian's eigensolver in ``study``); ``none`` is not offered.
 STUDY_MAPS = tuple(method for method in METHODS if method != "none")

@@ -4,7 +4,7 @@ For each checkpoint, :func:`curvature_summary` picks λmax (the largest algebrai
 the Hessian H of the mean loss over a dataset) and tr(H) (exact by Gauss–Newton where the
 logits are linear in each tensor, else its Gauss–Newton part exact and Hutch++ on the rest,
 else a Hutch++ estimate: the ``auto`` trace) of the analysis
-:func:`~curvcal.curvature.analysis.analyse_hessian` made with the same settings for every
+:func:`~curvcal.curvature.analysis.analyse_batches` made with the same settings for every
 checkpoint; :func:`calibration_summary` picks the numbers of a
 :class:`~curvcal.calibration.analysis.CalibrationAnalysis` (all measured on its evaluation
 split). :func:`rank_correlations` then gives Spearman's rank correlation ρ between
@@ -49,7 +49,7 @@ class CurvatureSummary:
     ``loss`` names the Hessian's loss (``ce``, ``focal`` with ``gamma``, or ``flsd53``);
     ``mean_loss`` is its mean over the ``n_samples`` samples; ``groups`` lists FLSD-53's
     ``(γ, samples)`` (empty otherwise). ``trace_method``: ``gauss-newton`` (exact, where the
-    logits are linear in each tensor) or ``hutch++`` (``probes`` products), as
+    logits are linear in each tensor) or ``hutchpp`` (``probes`` products), as
     ``curvcal hessian --trace-method auto`` chooses. ``lambda_max_convergence`` is the
     hessian table's word for λmax (:func:`~curvcal.curvature.results.convergence_text`):
     ``yes`` only when its residual met the tol asked for, else why it stopped.
@@ -68,7 +68,7 @@ class CurvatureSummary:
     matvecs: int
     engine: str
     groups: tuple[tuple[float, int], ...] = ()
-    trace_method: str = "hutch++"
+    trace_method: str = "hutchpp"
     lambda_max_convergence: str = "yes"
 
 
@@ -83,7 +83,7 @@ def curvature_summary(
     analysis: HessianAnalysis, groups: tuple[tuple[float, int], ...] = ()
 ) -> CurvatureSummary:
     """The study's curvature numbers of one checkpoint from its Hessian analysis
-    (:func:`~curvcal.curvature.analysis.analyse_hessian` with the study's settings: the top
+    (:func:`~curvcal.curvature.analysis.analyse_batches` with the study's settings: the top
     eigenvalue and the ``auto`` trace); ``groups``: FLSD-53's ``(γ, samples)``."""
     if analysis.trace is None:
         raise InputError("trace", "the study needs the trace of every checkpoint's Hessian")

@@ -21,11 +21,11 @@ def test_study_rows_and_json(bench: ModuleType, tmp_path: Path, capsys) -> None:
     report = bench.main(["--cases", "flat", "--runs", "4", "--products", "40", "--json", str(out)])
     (case,) = report["cases"]
     assert case["trace"] == pytest.approx(2000.0, rel=1e-12)  # 2000 values evenly in [0.5, 1.5]
-    assert set(case["estimators"]) == {"hutch++", "xtrace", "hutchinson"}
+    assert set(case["estimators"]) == {"hutchpp", "xtrace", "hutchinson"}
     for row in case["estimators"].values():
         assert 0.0 < row["mean_rel_error"] < 0.05 and 0.0 <= row["coverage"] <= 1.0
     assert json.loads(out.read_text())["cases"][0]["case"] == "flat"
-    assert "| flat | 2000 | hutch++ |" in capsys.readouterr().out
+    assert "| flat | 2000 | hutchpp |" in capsys.readouterr().out
 
 
 def test_synthetic_matrix_has_the_given_spectrum(bench: ModuleType) -> None:
@@ -43,9 +43,9 @@ def test_variant_study_checks_itself_and_both_product_modes_agree(
     # seed 0: every variant spent 40 products; Hutchinson, Hutch++, XTrace equal curvcal's
     assert case["check_difference"] < 1e-12
     rows = case["variants"]
-    assert {"hutch++ s=13 (default)", "adaptive hutch++", "xtrace jackknife"} <= set(rows)
+    assert {"hutchpp s=13 (default)", "adaptive hutchpp", "xtrace jackknife"} <= set(rows)
     assert rows["xtrace"]["mean_rel_error"] == rows["xtrace jackknife"]["mean_rel_error"]
-    assert rows["hutch++ s=20"]["coverage"] != rows["hutch++ s=20"]["coverage"]  # no interval
+    assert rows["hutchpp s=20"]["coverage"] != rows["hutchpp s=20"]["coverage"]  # no interval
     span = bench.main([*options, "--span", "--timing-seeds", "1"])["cases"][0]["variants"]
     for name, row in rows.items():
         assert span[name]["mean_rel_error"] == pytest.approx(row["mean_rel_error"], rel=1e-4)
@@ -77,7 +77,7 @@ def test_split_study_against_tr_h(bench: ModuleType) -> None:
     hessian = bench.synthetic(torch.linspace(0.5, 1.5, 80, dtype=torch.float64), seed=6)
     # a zero R: the split is tr(G) = tr(H) exactly, whatever the estimator on R
     found = bench.study_split(hessian, torch.zeros_like(hessian), 40, 3, 5)
-    methods = ("hutch++", "xtrace", "hutchinson")
+    methods = ("hutchpp", "xtrace", "hutchinson")
     # 3 classes: the exact part's 2 gradient norms per sample leave 38 of 40 products for R
     assert set(found) == {f"{m} on H (40)" for m in methods} | {
         f"tr(G) + {m} on R (38)" for m in methods

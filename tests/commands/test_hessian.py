@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from console_text import times_said
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
@@ -164,7 +165,7 @@ def test_default_lanczos_and_tables(run_cli, files: Files, dense: Tensor) -> Non
                "--explain")
     )  # fmt: skip
     assert result.code == 0, result.stderr
-    assert "| hutch++ |" in result.stdout and "chosen by" not in result.stdout
+    assert "| hutchpp |" in result.stdout and "chosen by" not in result.stdout
     assert "95% interval: Student-t over the probe values of the deflated remainder" in (
         result.stdout
     )
@@ -181,6 +182,24 @@ def test_default_lanczos_and_tables(run_cli, files: Files, dense: Tensor) -> Non
     results = json.loads(result.stdout)["results"]
     assert results["spectrum"]["method"] == "power"
     assert results["lambda_max"] == pytest.approx(float(torch.linalg.eigvalsh(dense)[-1]), rel=1e-6)
+
+
+def test_the_former_spelling_of_a_trace_method_is_read_with_a_warning(
+    run_cli, files: Files
+) -> None:
+    """--trace-method hutch++ (the kernels' old spelling) runs as hutchpp, says so once on
+    stderr, and every record spells it hutchpp."""
+    args = ("--top-k", "1", "--probes", "12", "--json", "--trace-method")
+    today = run_cli(*_base(files, *args, "hutchpp"))
+    result = run_cli(*_base(files, *args, "hutch++"))
+    assert result.code == today.code == 0, result.stderr
+    assert times_said("--trace-method 'hutch++' is now spelled 'hutchpp'", result.stderr) == 1
+    assert "spelled" not in today.stderr
+    document = json.loads(result.stdout)
+    assert document["settings"]["hessian"]["trace_method"] == "hutchpp"
+    trace = document["results"]["trace"]
+    assert trace["method"] == "hutchpp"
+    assert trace["estimate"] == json.loads(today.stdout)["results"]["trace"]["estimate"]
 
 
 def test_own_loss_is_read_from_the_checkpoint(run_cli, files: Files) -> None:
@@ -266,7 +285,7 @@ def test_the_split_trace_reports_its_parts(run_cli, files: Files, dense: Tensor)
     assert result.code == 0, result.stderr
     trace = json.loads(result.stdout)["results"]["trace"]
     exact = float(torch.trace(dense))
-    assert trace["method"] == "gauss-newton+hutch++" and trace["matvecs"] == 28
+    assert trace["method"] == "gauss-newton+hutchpp" and trace["matvecs"] == 28
     assert trace["parts"]["gauss_newton"] == pytest.approx(exact, rel=1e-12)
     assert trace["ci95"][0] <= exact <= trace["ci95"][1]
     assert trace["estimate"] == pytest.approx(exact + trace["parts"]["residual"], rel=1e-15)

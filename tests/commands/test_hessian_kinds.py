@@ -104,7 +104,7 @@ def test_empirical_fisher_density_layers_and_tables(run_cli, case) -> None:
     assert json_run.code == 0, json_run.stderr
     results = json.loads(json_run.stdout)["results"]
     assert results["lambda_max"] == pytest.approx(float(torch.linalg.eigvalsh(dense)[-1]), rel=1e-6)
-    assert results["trace"]["method"] == "hutch++"
+    assert results["trace"]["method"] == "hutchpp"
     low, high = results["trace"]["ci95"]
     assert low <= float(dense.trace()) <= high
 

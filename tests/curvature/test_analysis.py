@@ -1,4 +1,4 @@
-"""analyse_hessian: one operator, every measurement, each equal to the separate kernels and to
+"""analyse_batches: one operator, every measurement, each equal to the separate kernels and to
 the dense float64 Hessian."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from curvcal.curvature import analysis as analysis_module
 from curvcal.curvature import central_difference
 from curvcal.curvature.analysis import (
     HessianSettings,
-    analyse_hessian,
+    analyse_batches,
     analyse_hessian_with_messages,
 )
 from curvcal.curvature.memory import lanczos_basis
@@ -57,7 +57,7 @@ def test_every_stage_equals_its_kernel_and_the_dense_hessian(mlp_case: MLPCase) 
         per_layer=True,
         seed=5,
     )
-    result = analyse_hessian(model, batches, settings)
+    result = analyse_batches(model, batches, settings)
     exact = torch.linalg.eigvalsh(hessian)
 
     spectrum = curvcal.hessian_eigenvalues(model, batches, 3, tol=1e-8, seed=5)
@@ -72,7 +72,7 @@ def test_every_stage_equals_its_kernel_and_the_dense_hessian(mlp_case: MLPCase) 
 
     # tanh: auto takes the split trace, the Gauss–Newton part exact and Hutch++ on the rest
     assert result.trace == curvcal.hessian_trace(
-        model, batches, 40, trace_method="gauss-newton+hutch++", seed=5
+        model, batches, 40, trace_method="gauss-newton+hutchpp", seed=5
     )
     assert result.trace is not None
     assert result.trace.ci95[0] <= float(torch.trace(hessian)) <= result.trace.ci95[1]
@@ -119,7 +119,7 @@ def test_one_operator_serves_every_stage(mlp_case: MLPCase, monkeypatch) -> None
         keep_graphs="never",  # count the passes of products that rebuild their graphs
         trace_method="hutchpp",
     )
-    result = analyse_hessian(model, source, settings)
+    result = analyse_batches(model, source, settings)
 
     assert len(built) == 1
     assert source.reads == 1  # counted and cached once, never re-read
@@ -138,22 +138,22 @@ def test_sharded_sums_give_the_same_numbers(mlp_case: MLPCase) -> None:
     the Hessian of the same mean loss."""
     model, x, y, _ = mlp_case
     settings = HessianSettings(top_k=2, probes=10, tol=1e-8)
-    single = analyse_hessian(model, split(x, y, 20), settings)
-    doubled = analyse_hessian(
+    single = analyse_batches(model, split(x, y, 20), settings)
+    doubled = analyse_batches(
         model, split(x, y, 20), settings, all_reduce=lambda tensor: 2 * tensor
     )
     assert doubled.operator["n_samples"] == 2 * x.shape[0]
     assert doubled.spectrum.eigenvalues == pytest.approx(single.spectrum.eigenvalues, rel=1e-12)
     assert doubled.trace is not None and single.trace is not None
     # tanh: the split trace, whose exact part and products are both summed across ranks
-    assert doubled.trace.method == single.trace.method == "gauss-newton+hutch++"
+    assert doubled.trace.method == single.trace.method == "gauss-newton+hutchpp"
     assert doubled.trace.estimate == pytest.approx(single.trace.estimate, rel=1e-12)
     assert doubled.operator["mean_loss"] == pytest.approx(single.operator["mean_loss"], rel=1e-12)
 
 
 def test_json_exposes_lambda_max_and_trace_at_the_top(mlp_case: MLPCase) -> None:
     model, x, y, _ = mlp_case
-    result = analyse_hessian(model, [(x, y)], HessianSettings(top_k=2, probes=10))
+    result = analyse_batches(model, [(x, y)], HessianSettings(top_k=2, probes=10))
     document = to_jsonable(result)
     assert document["lambda_max"] == result.lambda_max
     assert set(document["trace"]) >= {"estimate", "standard_error", "ci95"}
@@ -171,7 +171,7 @@ def test_no_trace_and_full_spectrum(mlp_case: MLPCase) -> None:
     block = mlp_case[3][offset : offset + 3, offset : offset + 3]
     # the block is singular (softmax: the all-ones direction), and a zero eigenvalue's relative
     # residual is floored at √ε·‖H‖, so ask for 1e-7 and check the values to 1e-12 below
-    result = analyse_hessian(
+    result = analyse_batches(
         model, [(x, y)], HessianSettings(top_k=3, trace=False, params=params, tol=1e-7)
     )
     assert selected_parameter_count(model, params) == 3
@@ -186,7 +186,7 @@ def test_unconverged_estimates_are_listed_and_warned(mlp_case: MLPCase) -> None:
     settings = HessianSettings(method="power", max_iter=1, trace=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = analyse_hessian(model, [(x, y)], settings)
+        result = analyse_batches(model, [(x, y)], settings)
     assert any(issubclass(w.category, ConvergenceWarning) for w in caught)
     assert not result.converged
     assert result.unconverged[0].startswith("eigenvalue 1")
@@ -209,7 +209,7 @@ def test_impossible_settings_are_refused_before_any_product(mlp_case: MLPCase) -
     model, x, y, _ = mlp_case
     source = CountingSource([(x, y)])
     with pytest.raises(InputError, match="top_k: asked for 76 eigenvalues"):
-        analyse_hessian(model, source, HessianSettings(top_k=76))
+        analyse_batches(model, source, HessianSettings(top_k=76))
     assert source.reads == 1  # counted once, no product
     for bad, field in (
         ({"top_k": 0}, "--top-k"),
@@ -236,13 +236,13 @@ def test_non_finite_loss_stops_before_any_product(mlp_case: MLPCase) -> None:
     with torch.no_grad():
         broken[0].weight[0, 0] = math.inf
     with pytest.raises(NumericalError, match="loss: the mean ce loss over the 50 samples is nan"):
-        analyse_hessian(broken, [(x, y)], HessianSettings())
+        analyse_batches(broken, [(x, y)], HessianSettings())
 
 
 def test_focal_criterion_reaches_the_operator(mlp_case: MLPCase) -> None:
     model, x, y, _ = mlp_case
     settings = HessianSettings(loss="focal", gamma=2.0, trace=False)
-    result = analyse_hessian(model, [(x, y)], settings)
+    result = analyse_batches(model, [(x, y)], settings)
     with torch.no_grad():
         log_p = torch.log_softmax(model(x), dim=1).gather(1, y[:, None]).squeeze(1)
     expected = float((-((1 - log_p.exp()) ** 2) * log_p).mean())
@@ -258,9 +258,9 @@ def test_a_hutchpp_sketch_over_the_budget_holds_what_fits(mlp_case: MLPCase) -> 
     model, x, y, hessian = mlp_case
     notes: list[str] = []
     settings = HessianSettings(probes=100, memory_budget="12000", trace_method="hutchpp")
-    result = analyse_hessian(model, [(x, y)], settings, on_note=notes.append)
+    result = analyse_batches(model, [(x, y)], settings, on_note=notes.append)
     trace = result.trace
-    assert trace is not None and trace.method == "hutch++"
+    assert trace is not None and trace.method == "hutchpp"
     assert (trace.sketch_bytes, trace.n_probes, trace.matvecs) == (12_000, 60, 100)
     assert trace.ci95[0] <= float(torch.trace(hessian)) <= trace.ci95[1]
     (note,) = [n for n in notes if "sketch" in n]
@@ -299,7 +299,7 @@ def test_an_xtrace_sketch_over_a_given_budget_is_refused_before_any_product(
     steps: list[int] = []
     settings = HessianSettings(probes=100, memory_budget="12000", trace_method="xtrace")
     with pytest.raises(InputError) as error:
-        analyse_hessian(model, source, settings, on_step=lambda _stage, n: steps.append(n))
+        analyse_batches(model, source, settings, on_step=lambda _stage, n: steps.append(n))
     assert (source.reads, steps) == (1, [])  # counted once, no product
     message = str(error.value)
     assert error.value.what == "memory_budget"
@@ -307,14 +307,14 @@ def test_an_xtrace_sketch_over_a_given_budget_is_refused_before_any_product(
         assert part in message
     assert "trace_method hutchpp or hutchinson" in message
     # Hutchinson holds no sketch; a sketch within the budget runs
-    assert analyse_hessian(model, source, HessianSettings(
+    assert analyse_batches(model, source, HessianSettings(
         probes=100, memory_budget="12000", trace_method="hutchinson"
     )).trace is not None  # fmt: skip
     fits = HessianSettings(
         probes=40, memory_budget="12000", top_k=1, max_iter=2, trace_method="xtrace"
     )
     with pytest.warns(ConvergenceWarning, match="max_iter"):  # 2 steps: only the trace matters
-        assert analyse_hessian(model, source, fits).trace is not None
+        assert analyse_batches(model, source, fits).trace is not None
 
 
 def test_xtrace_sketch_memory_warns_over_the_default_budget_and_refuses_over_free_memory() -> None:
@@ -370,7 +370,7 @@ def test_auto_trace_is_the_exact_gauss_newton_trace_for_a_relu_network() -> None
     plans: list[HessianSettings] = []
     steps: list[tuple[str, int]] = []
     settings = HessianSettings(probes=8, per_layer=True)
-    result = analyse_hessian(
+    result = analyse_batches(
         model,
         batches,
         settings,
@@ -397,8 +397,8 @@ def test_auto_trace_is_the_exact_gauss_newton_trace_for_a_relu_network() -> None
 
 def test_auto_trace_splits_off_the_gauss_newton_part_and_says_why(mlp_case: MLPCase) -> None:
     model, x, y, hessian = mlp_case  # tanh: not linear in the first layer
-    result = analyse_hessian(model, split(x, y, 20), HessianSettings(probes=12))
-    assert result.trace is not None and result.trace.method == "gauss-newton+hutch++"
+    result = analyse_batches(model, split(x, y, 20), HessianSettings(probes=12))
+    assert result.trace is not None and result.trace.method == "gauss-newton+hutchpp"
     assert result.trace.matvecs == 10  # 12 less the 2 gradient norms per sample of 3 classes
     choice = result.operator["trace_choice"]
     assert choice.startswith("the Gauss–Newton trace is not exact here") and "0.weight" in choice
@@ -414,18 +414,18 @@ def test_auto_trace_splits_off_the_gauss_newton_part_and_says_why(mlp_case: MLPC
 def test_auto_trace_falls_back_to_hutchpp_where_the_split_cannot_run(mlp_case: MLPCase) -> None:
     model, x, y, _ = mlp_case
     # 3 classes: 5 probes leave 3 products for the rest, fewer than Hutch++ needs
-    result = analyse_hessian(model, split(x, y, 20), HessianSettings(probes=5))
-    assert result.trace is not None and result.trace.method == "hutch++"
+    result = analyse_batches(model, split(x, y, 20), HessianSettings(probes=5))
+    assert result.trace is not None and result.trace.method == "hutchpp"
     assert result.trace.matvecs == 5
     # train mode: BatchNorm-free, but the Gauss–Newton part is not a sum over samples there
-    result = analyse_hessian(model, split(x, y, 20), HessianSettings(probes=12, mode="train"))
-    assert result.trace is not None and result.trace.method == "hutch++"
+    result = analyse_batches(model, split(x, y, 20), HessianSettings(probes=12, mode="train"))
+    assert result.trace is not None and result.trace.method == "hutchpp"
     assert "train mode" in result.operator["trace_choice"]
 
     # ten classes, four products: the Gauss–Newton trace would cost more than asked
     model, batches, _ = _relu_case(classes=10)
-    result = analyse_hessian(model, batches, HessianSettings(probes=4))
-    assert result.trace is not None and result.trace.method == "hutch++"
+    result = analyse_batches(model, batches, HessianSettings(probes=4))
+    assert result.trace is not None and result.trace.method == "hutchpp"
     assert (
         "up to 9 gradient norms per sample, more than probes 4" in result.operator["trace_choice"]
     )
@@ -444,7 +444,7 @@ def test_a_split_trace_that_cannot_run_is_refused_before_any_product(
     model, x, y, _ = mlp_case
     source = CountingSource([(x, y)])
     with pytest.raises(InputError, match=rf"^trace_method: the split trace .*{why}"):
-        analyse_hessian(
+        analyse_batches(
             model,
             source,
             HessianSettings(trace_method="gauss-newton+xtrace", **settings),  # type: ignore[arg-type]
@@ -458,7 +458,7 @@ def test_gauss_newton_asked_for_where_it_is_not_exact_is_refused_before_any_prod
     model, x, y, _ = mlp_case
     source = CountingSource([(x, y)])
     with pytest.raises(InputError, match=r"^trace_method: the Gauss–Newton trace is not exact"):
-        analyse_hessian(model, source, HessianSettings(trace_method="gauss-newton"))
+        analyse_batches(model, source, HessianSettings(trace_method="gauss-newton"))
     assert source.reads == 1  # counted once, no product
 
 
@@ -508,7 +508,7 @@ def test_a_small_budget_runs_the_density_without_its_basis(
         (None, True, kept_error),
     ):
         settings = HessianSettings(**common, memory_budget=budget)
-        density = analyse_hessian(model, split(x, y, 20), settings).density
+        density = analyse_batches(model, split(x, y, 20), settings).density
         assert density is not None and density.reorthogonalised is reorthogonalised
         assert to_jsonable(density)["reorthogonalised"] is reorthogonalised
         grid = torch.tensor(density.grid, dtype=torch.float64)
@@ -534,12 +534,12 @@ def test_a_small_budget_bounds_the_basis_and_the_values_stay_exact(
     exact = torch.linalg.eigvalsh(hessian).flip(0)[:3]
     rows = record_max_basis(monkeypatch, analysis_module)
     settings = HessianSettings(top_k=3, tol=1e-8, trace=False, memory_budget="4000")
-    result = analyse_hessian(model, split(x, y, 20), settings)
+    result = analyse_batches(model, split(x, y, 20), settings)
     assert rows == [12] and result.operator["lanczos_basis"] == 12
     assert result.spectrum.values[0].iterations > 12
     found = torch.tensor(result.spectrum.eigenvalues, dtype=torch.float64)
     assert torch.allclose(found, exact, rtol=0, atol=1e-8)
-    default = analyse_hessian(model, split(x, y, 20), HessianSettings(top_k=3, trace=False))
+    default = analyse_batches(model, split(x, y, 20), HessianSettings(top_k=3, trace=False))
     assert rows[-1] == 75 and default.operator["lanczos_basis"] == 75
 
 
@@ -560,6 +560,6 @@ def test_the_estimators_take_the_plans_vectors_per_pass(
     settings = HessianSettings(
         probes=20, memory_budget="12000", trace_method="hutchinson", probe_batch=8, top_k=1
     )
-    result = analyse_hessian(model, split(x, y, 20), settings)
+    result = analyse_batches(model, split(x, y, 20), settings)
     assert result.operator["probe_batch"] < 8
     assert widths == [result.operator["probe_batch"]]

@@ -30,7 +30,7 @@ def test_eigenvalues_trace_density_layers_on_a_batchnorm_cnn(
         model, batches, 32, trace_method="hutchpp", hvp="autograd", probe_batch=16
     )
     # Hutch++: 32 products = a sketch of 10, 10 more for it, 12 remainder probes
-    assert trace.engine == "autograd" and trace.method == "hutch++"
+    assert trace.engine == "autograd" and trace.method == "hutchpp"
     assert (trace.matvecs, trace.n_probes) == (32, 12)
     assert trace.ci95[0] <= float(torch.trace(hessian)) <= trace.ci95[1]
 

@@ -120,7 +120,7 @@ def test_hessian_tables_say_why_and_print_no_interval_for_an_exact_trace() -> No
 
 def test_hessian_table_names_the_half_precision_floor() -> None:
     values = (EigenResult(40.6, 12, 15, 0.013, 1e-3, True, "floor"),)
-    sampled = dataclasses.replace(EXACT, method="hutch++", standard_error=0.1, estimate=50.0)
+    sampled = dataclasses.replace(EXACT, method="hutchpp", standard_error=0.1, estimate=50.0)
     eigen, trace_table, *_ = hessian_tables(_analysis(sampled, values, 0.03125), "cpu")
     assert eigen.rows[0][-1] == "stopped at the bfloat16 floor (0.031)"
     assert "±" in trace_table.rows[0][0] and "exceeds" not in trace_table.caption

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature.analysis import analyse_hessian
+from curvcal.curvature.analysis import analyse_batches
 from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError
 from curvcal.losses import CrossEntropy, Focal, UserLoss, logit_hessian_product
@@ -203,7 +203,7 @@ def test_analysis_eigenvalues_trace_density_layers(kind: str) -> None:
     settings = _settings(
         kind, top_k=3, smallest=True, tol=1e-6, density=True, density_runs=2, per_layer=True
     )
-    analysis = analyse_hessian(model, _batches(x, y), settings)
+    analysis = analyse_batches(model, _batches(x, y), settings)
     assert analysis.operator["curvature"] == kind
     top = torch.tensor([v.value for v in analysis.spectrum.values], dtype=torch.float64)
     assert torch.allclose(top, eigenvalues.flip(0)[:3], rtol=1e-6)
@@ -211,7 +211,7 @@ def test_analysis_eigenvalues_trace_density_layers(kind: str) -> None:
     assert abs(analysis.lambda_min - float(eigenvalues[0])) < 1e-6 * float(eigenvalues[-1])
     assert analysis.trace is not None
     exact = kind != "empirical-fisher"  # auto: the Gauss–Newton trace for the GGN and CE's Fisher
-    assert analysis.trace.method == ("gauss-newton" if exact else "hutch++")
+    assert analysis.trace.method == ("gauss-newton" if exact else "hutchpp")
     low, high = analysis.trace.ci95
     rounding = 1e-12 * float(truth.trace())  # 100 probes ≥ 2P: Hutch++'s sketch spans the space
     assert low - rounding <= float(truth.trace()) <= high + rounding
@@ -243,7 +243,7 @@ def test_estimated_traces_cover_the_truth(method: str) -> None:
     settings = _settings(
         "empirical-fisher", loss="focal", gamma=2.0, trace_method=method, probes=20
     )
-    analysis = analyse_hessian(model, _batches(x, y), settings)
+    analysis = analyse_batches(model, _batches(x, y), settings)
     assert analysis.trace is not None
     low, high = analysis.trace.ci95
     assert high - low > 1e-6 * truth
@@ -300,7 +300,7 @@ def test_trace_methods_a_kind_cannot_take_are_refused(
     x, y = _data("mlp")
     settings = _settings(kind, trace_method=method, loss=loss, gamma=gamma)
     with pytest.raises(InputError, match=message):
-        analyse_hessian(model, _batches(x, y), settings)
+        analyse_batches(model, _batches(x, y), settings)
 
 
 def test_every_kind_the_settings_offer_has_its_kernel() -> None:

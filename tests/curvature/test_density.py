@@ -236,11 +236,11 @@ def test_sketch_limit_counts_columns_of_the_budget_and_the_free_memory() -> None
     """P = 1,000 float32 values a column: the budget (or the free memory, when smaller) over
     4,000 bytes, at least one; None without a budget or for a method without a bounded sketch."""
     single = torch.float32
-    assert sketch_limit("hutch++", 1000, single, 40_000) == 10
-    assert sketch_limit("hutch++", 1000, single, 40_000, free=12_000) == 3
-    assert sketch_limit("hutch++", 1000, torch.float64, 40_000) == 5
-    assert sketch_limit("hutch++", 1000, single, 10) == 1
-    assert sketch_limit("hutch++", 1000, single, None) is None
+    assert sketch_limit("hutchpp", 1000, single, 40_000) == 10
+    assert sketch_limit("hutchpp", 1000, single, 40_000, free=12_000) == 3
+    assert sketch_limit("hutchpp", 1000, torch.float64, 40_000) == 5
+    assert sketch_limit("hutchpp", 1000, single, 10) == 1
+    assert sketch_limit("hutchpp", 1000, single, None) is None
     assert sketch_limit("xtrace", 1000, single, 40_000) is None
     assert sketch_limit("hutchinson", 1000, single, 40_000) is None
 

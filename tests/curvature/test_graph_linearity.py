@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.analysis import HessianSettings, analyse_batches
 from curvcal.curvature.gauss_newton import gauss_newton_problem, linearity_check
 from curvcal.curvature.graph_linearity import proven_linear
 from curvcal.curvature.operator import HessianOperator
@@ -242,7 +242,7 @@ def test_an_unknown_node_is_decided_numerically_and_the_trace_is_the_dense_one()
     check = linearity_check(model, names, params, x)
     assert check.linear and set(check.numerical) == {"fc.weight", "fc.bias"}
     batches = [(x[i : i + 6], y[i : i + 6]) for i in range(0, 14, 6)]
-    result = analyse_hessian(model, batches, HessianSettings(probes=8))
+    result = analyse_batches(model, batches, HessianSettings(probes=8))
     assert result.trace is not None and result.trace.method == "gauss-newton"
     choice = result.operator["trace_choice"]
     assert "checked on all 14 samples" in choice

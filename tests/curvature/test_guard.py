@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.analysis import HessianSettings, analyse_batches
 from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import NumericalError
 
@@ -70,7 +70,7 @@ def test_nan_product_with_finite_loss_names_the_batches() -> None:
 def test_analysis_stops_at_the_first_product_and_restricted_blocks_are_guarded() -> None:
     batches = _batches((0,))
     with pytest.raises(NumericalError, match="1 of 5 batches, the first being batch 0"):
-        analyse_hessian(RootOfSquare(), batches, HessianSettings(probes=4))
+        analyse_batches(RootOfSquare(), batches, HessianSettings(probes=4))
     block = HessianOperator(RootOfSquare(), batches).restrict(["w"])
     with pytest.raises(NumericalError, match=r"the first being batch 0 \(samples 0\.\.3\)"):
         block.matvec(torch.ones(12, dtype=F64))

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from curvcal.curvature import hessian_eigenvalues, memory_fit
 from curvcal.curvature import operator as operator_module
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian, kept_graphs_note
+from curvcal.curvature.analysis import HessianSettings, analyse_batches, kept_graphs_note
 from curvcal.curvature.kept import (
     chunk_rows,
     kept_bytes,
@@ -306,14 +306,14 @@ def test_analysis_reports_the_kept_graphs(mlp_case: Case, trace_method: str, pas
     settings = HessianSettings(
         top_k=1, probes=10, tol=1e-8, per_layer=True, trace_method=trace_method
     )
-    kept = analyse_hessian(model, split(x, y, BATCH), settings)
+    kept = analyse_batches(model, split(x, y, BATCH), settings)
     assert kept.operator["graphs_kept"] is True and kept.operator["graphs_dropped"] is None
     # the mean loss reads the data once, the graphs once; every stage's products use them.
     # auto takes the split trace on this tanh network: one pass to check linearity on every
     # sample, one for the Gauss–Newton part, one for the graphs of the linearised loss (the
     # loss's own are freed meanwhile), and one to build those again for the per-module blocks
     assert kept.operator["n_data_passes"] == passes
-    rebuilt = analyse_hessian(
+    rebuilt = analyse_batches(
         model, split(x, y, BATCH), dataclasses.replace(settings, keep_graphs="never")
     )
     assert rebuilt.operator["graphs_kept"] is False
@@ -389,7 +389,7 @@ def test_analysis_passes_the_note_on_when_the_default_budget_is_short(
     for budget, kept_rows in ((need - 1, 7 * BATCH), (1, None)):  # the 1-row chunk rebuilt
         monkeypatch.setattr(memory_fit, "default_budget", lambda *_args, b=budget: b)
         notes: list[str] = []
-        result = analyse_hessian(
+        result = analyse_batches(
             model, split(x, y, BATCH), HessianSettings(tol=1e-8, trace=False), on_note=notes.append
         )
         assert result.operator["graphs_kept"] is (kept_rows is not None)

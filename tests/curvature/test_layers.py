@@ -31,7 +31,7 @@ def test_blocks_of_the_mlp(mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -
 def test_large_blocks_use_hutchinson(mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor]) -> None:
     model, x, y, hessian = mlp_case
     layers = layer_curvature(
-        HessianOperator(model, split(x, y, 50), params=["0.*"], probe_batch=16), n_probes=32
+        HessianOperator(model, split(x, y, 50), params=["0.*"], probe_batch=16), probes=32
     )
     assert (
         len(layers) == 1

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.analysis import HessianSettings, analyse_batches
 from curvcal.curvature.gauss_newton import (
     gauss_newton_problem,
     gauss_newton_trace,
@@ -71,8 +71,8 @@ def test_the_gauss_newton_trace_is_refused_and_auto_splits_and_covers_the_truth(
     truth = float(dense_hessian(model, x, y).trace())
     with pytest.raises(InputError, match=r"not linear in fc\.weight"):
         gauss_newton_trace(HessianOperator(model, _batches(x, y)))
-    result = analyse_hessian(model, _batches(x, y), HessianSettings(probes=300, seed=2))
-    assert result.trace is not None and result.trace.method == "gauss-newton+hutch++"
+    result = analyse_batches(model, _batches(x, y), HessianSettings(probes=300, seed=2))
+    assert result.trace is not None and result.trace.method == "gauss-newton+hutchpp"
     low, high = result.trace.ci95
     assert low <= truth <= high and result.trace.estimate == pytest.approx(truth, rel=1e-6)
 
@@ -83,7 +83,7 @@ def test_the_message_says_what_was_checked() -> None:
     generator = torch.Generator().manual_seed(14)
     x = torch.randn(17, 4, generator=generator, dtype=torch.float64)
     y = torch.randint(0, 3, (17,), generator=generator)
-    result = analyse_hessian(model, _batches(x, y), HessianSettings(probes=8))
+    result = analyse_batches(model, _batches(x, y), HessianSettings(probes=8))
     assert result.trace is not None and result.trace.method == "gauss-newton"
     assert "checked on all 17 samples" in result.operator["trace_choice"]
     assert "checked on every sample" in result.trace.interval

@@ -135,7 +135,7 @@ def test_split_trace_spends_the_products_left_and_covers_the_trace() -> None:
     hessian = dense_hessian(model, x, y)
     operator = build_operator(model, CrossEntropy(), split(x, y, BATCH))
     spent: list[int] = []
-    result = split_trace(operator, "gauss-newton+hutch++", 30, seed=2, on_step=spent.append)
+    result = split_trace(operator, "gauss-newton+hutchpp", 30, seed=2, on_step=spent.append)
     assert result.matvecs == residual_products(30, 3) == 28 == spent[-1]
     assert operator.total_matvecs == 28
     low, high = result.ci95
@@ -172,7 +172,7 @@ def test_split_trace_refuses_what_cannot_run_before_any_product() -> None:
     x, y = make_data("mlp")
     operator = build_operator(model, CrossEntropy(), split(x, y, BATCH))
     with pytest.raises(InputError, match="leaving 3 of probes 5"):
-        split_trace(operator, "gauss-newton+hutch++", 5)
+        split_trace(operator, "gauss-newton+hutchpp", 5)
     with pytest.raises(InputError, match="unknown split trace method"):
         split_trace(operator, "gauss-newton+hutchinson", 100)
     train = build_operator(model, CrossEntropy(), split(x, y, BATCH), HessianSettings(mode="train"))
@@ -180,7 +180,7 @@ def test_split_trace_refuses_what_cannot_run_before_any_product() -> None:
         split_trace(train, "gauss-newton+xtrace", 100)
     assert operator.total_matvecs == 0 and train.total_matvecs == 0
     with pytest.raises(InputError, match="unknown split trace method"):
-        split_result("hutch++", None, None)  # type: ignore[arg-type]
+        split_result("hutchpp", None, None)  # type: ignore[arg-type]
 
 
 def test_the_api_runs_the_split_trace_and_refuses_bad_requests() -> None:
@@ -194,7 +194,7 @@ def test_the_api_runs_the_split_trace_and_refuses_bad_requests() -> None:
     ) == (expected)
     with pytest.raises(InputError, match="adaptive stop"):
         curvcal.hessian_trace(
-            model, batches, 40, trace_method="gauss-newton+hutch++", trace_rtol=0.1
+            model, batches, 40, trace_method="gauss-newton+hutchpp", trace_rtol=0.1
         )
     with pytest.raises(InputError, match="unknown trace method 'gauss-newton\\+power'"):
         curvcal.hessian_trace(model, batches, 40, trace_method="gauss-newton+power")

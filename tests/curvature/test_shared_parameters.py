@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.analysis import HessianSettings, analyse_batches
 from curvcal.curvature.gauss_newton import (
     gauss_newton_problem,
     gauss_newton_trace,
@@ -150,7 +150,7 @@ def test_series_uses_are_nonlinear_and_the_split_trace_is_right(kind: type[nn.Mo
     operator = HessianOperator(model, batches)
     assert "not linear in a.weight" in gauss_newton_problem(operator)
     # P ≤ 100: 400 products let the sketch of R span the space, so the split is exact
-    for method in ("gauss-newton+hutch++", "gauss-newton+xtrace"):
+    for method in ("gauss-newton+hutchpp", "gauss-newton+xtrace"):
         result = split_trace(operator, method, 400, seed=1)
         assert result.parts is not None
         assert result.parts["gauss_newton"] == pytest.approx(float(gauss_newton.trace()), rel=1e-10)
@@ -164,7 +164,7 @@ def test_the_split_interval_covers_the_trace_over_seeds(kind: type[nn.Module]) -
     operator = HessianOperator(model, batches)
     covered = 0
     for seed in range(20):
-        low, high = split_trace(operator, "gauss-newton+hutch++", 24, seed=seed).ci95
+        low, high = split_trace(operator, "gauss-newton+hutchpp", 24, seed=seed).ci95
         covered += low <= truth <= high
     assert covered >= 16  # a 95% interval
 
@@ -189,9 +189,9 @@ def test_auto_picks_an_honest_method_and_its_interval_covers_the_trace(
 ) -> None:
     model, x, y, batches = _case(kind)
     truth = float(dense_hessian(model, x, y).trace())
-    result = analyse_hessian(model, batches, HessianSettings(probes=300, seed=3))
+    result = analyse_batches(model, batches, HessianSettings(probes=300, seed=3))
     assert result.trace is not None
-    want = "gauss-newton" if kind in LINEAR else "gauss-newton+hutch++"
+    want = "gauss-newton" if kind in LINEAR else "gauss-newton+hutchpp"
     assert result.trace.method == want
     low, high = result.trace.ci95
     assert low <= truth <= high

@@ -44,7 +44,7 @@ def test_hutchinson_interval_covers_the_trace_about_95_percent() -> None:
 
 def test_hutchinson_mean_and_standard_error_are_the_sample_formulas() -> None:
     matrix = _indefinite(12)
-    result = hutchinson_trace(matrix, 6, seed=3, distribution="gaussian")
+    result = hutchinson_trace(matrix, 6, seed=3, probe_dist="gaussian")
     probes = draw_probes(12, 6, "gaussian", torch.Generator().manual_seed(3))
     samples = (probes * (matrix @ probes)).sum(0)
     assert result.estimate == pytest.approx(float(samples.mean()), abs=1e-12)
@@ -81,14 +81,14 @@ def test_hutchpp_error_bar_is_honest() -> None:
     )
     assert 85 <= covered <= 100
     result = hutchpp_trace(matrix, 33)
-    assert (result.matvecs, result.n_probes, result.method) == (33, 11, "hutch++")
+    assert (result.matvecs, result.n_probes, result.method) == (33, 11, "hutchpp")
 
 
 def test_adaptive_stop_on_relative_half_width() -> None:
     matrix = _indefinite() + 3 * torch.eye(30, dtype=torch.float64)
     steps: list[int] = []
     result = hutchinson_trace(
-        matrix, rtol=0.05, max_probes=2000, probe_batch=4, on_step=steps.append
+        matrix, trace_rtol=0.05, max_probes=2000, probe_batch=4, on_step=steps.append
     )
     assert result.stopped_by == "rtol" and result.converged
     assert result.half_width <= 0.05 * abs(result.estimate)
@@ -99,7 +99,7 @@ def test_adaptive_stop_on_relative_half_width() -> None:
 
 def test_adaptive_budget_exhausted_warns() -> None:
     with pytest.warns(ConvergenceWarning):
-        result = hutchinson_trace(_indefinite(), rtol=1e-6, max_probes=20)
+        result = hutchinson_trace(_indefinite(), trace_rtol=1e-6, max_probes=20)
     assert result.stopped_by == "max_probes" and not result.converged and result.n_probes == 20
 
 
@@ -139,20 +139,20 @@ def test_border_cases() -> None:
 @pytest.mark.parametrize(
     ("options", "what"),
     [
-        ({"method": "hutchinson", "n_probes": 0}, "n_probes"),
-        ({"method": "hutchinson", "n_probes": 1}, "n_probes"),
-        ({"n_probes": 3}, "n_probes"),
-        ({"distribution": "uniform"}, "distribution"),
-        ({"method": "hutchinson", "rtol": 0.0}, "rtol"),
-        ({"method": "hutchinson", "rtol": -0.1}, "rtol"),
-        ({"method": "hutchinson", "rtol": 0.1, "max_probes": 5}, "max_probes"),
-        ({"method": "girard"}, "method"),
-        ({"method": "hutch++", "rtol": 0.1}, "rtol"),
-        ({"method": "hutch++", "n_probes": 3}, "n_probes"),
-        ({"method": "xtrace", "n_probes": 3}, "n_probes"),
-        ({"method": "xtrace", "rtol": 0.1}, "rtol"),
-        ({"method": "xtrace", "probe_batch": 0}, "probe_batch"),
-        ({"method": "xtrace", "distribution": "uniform"}, "distribution"),
+        ({"trace_method": "hutchinson", "probes": 0}, "probes"),
+        ({"trace_method": "hutchinson", "probes": 1}, "probes"),
+        ({"probes": 3}, "probes"),
+        ({"probe_dist": "uniform"}, "probe_dist"),
+        ({"trace_method": "hutchinson", "trace_rtol": 0.0}, "trace_rtol"),
+        ({"trace_method": "hutchinson", "trace_rtol": -0.1}, "trace_rtol"),
+        ({"trace_method": "hutchinson", "trace_rtol": 0.1, "max_probes": 5}, "max_probes"),
+        ({"trace_method": "girard"}, "trace_method"),
+        ({"trace_method": "hutchpp", "trace_rtol": 0.1}, "trace_rtol"),
+        ({"trace_method": "hutchpp", "probes": 3}, "probes"),
+        ({"trace_method": "xtrace", "probes": 3}, "probes"),
+        ({"trace_method": "xtrace", "trace_rtol": 0.1}, "trace_rtol"),
+        ({"trace_method": "xtrace", "probe_batch": 0}, "probe_batch"),
+        ({"trace_method": "xtrace", "probe_dist": "uniform"}, "probe_dist"),
         ({"probe_batch": 0}, "probe_batch"),
     ],
 )
@@ -276,9 +276,9 @@ def test_xtrace_interval_of_a_sketch_holding_the_range_is_the_spread_of_its_valu
 @pytest.mark.parametrize(
     ("operator", "matvecs", "what"),
     [
-        (torch.eye(5, dtype=torch.float64), 3, "matvecs"),
-        (torch.eye(5, dtype=torch.float64), 0, "matvecs"),
-        (torch.eye(5, dtype=torch.float64), 4.0, "matvecs"),
+        (torch.eye(5, dtype=torch.float64), 3, "probes"),
+        (torch.eye(5, dtype=torch.float64), 0, "probes"),
+        (torch.eye(5, dtype=torch.float64), 4.0, "probes"),
     ],
 )
 def test_xtrace_refuses_bad_requests(operator: Tensor, matvecs: object, what: str) -> None:
@@ -292,16 +292,16 @@ def test_xtrace_beats_hutchpp_on_a_decaying_spectrum() -> None:
     exact = float(torch.trace(matrix))
     errors = {
         name: sum((estimator(matrix, 40, seed=s).estimate - exact) ** 2 for s in range(40))
-        for name, estimator in (("xtrace", xtrace), ("hutch++", hutchpp_trace))
+        for name, estimator in (("xtrace", xtrace), ("hutchpp", hutchpp_trace))
     }
-    assert errors["xtrace"] < 0.5 * errors["hutch++"]
+    assert errors["xtrace"] < 0.5 * errors["hutchpp"]
 
 
 def _coverage(matrix: Tensor, method: str, runs: int = 200) -> float:
     exact = float(torch.trace(matrix))
     hits = 0
     for seed in range(runs):
-        low, high = trace_estimate(matrix, 100, method=method, seed=seed).ci95
+        low, high = trace_estimate(matrix, 100, trace_method=method, seed=seed).ci95
         hits += low <= exact <= high
     return hits / runs
 
@@ -318,8 +318,8 @@ def _coverage(matrix: Tensor, method: str, runs: int = 200) -> float:
 def test_default_trace_interval_covers_at_least_93_percent(spectrum: Tensor) -> None:
     """The default estimator's 95% interval, 100 products, 200 seeded runs against dense truth."""
     matrix = spectrum_matrix(spectrum, seed=1)
-    assert trace_estimate(matrix, 100).method == "hutch++"
-    assert 0.93 <= _coverage(matrix, "hutch++") <= 0.99
+    assert trace_estimate(matrix, 100).method == "hutchpp"
+    assert 0.93 <= _coverage(matrix, "hutchpp") <= 0.99
 
 
 @pytest.mark.parametrize("case", ["mlp_case", "cnn_case"])
@@ -327,7 +327,7 @@ def test_default_trace_interval_covers_a_model_hessian(
     case: str, request: pytest.FixtureRequest
 ) -> None:
     hessian = request.getfixturevalue(case)[3]
-    assert 0.93 <= _coverage(hessian, "hutch++") <= 0.99
+    assert 0.93 <= _coverage(hessian, "hutchpp") <= 0.99
 
 
 def test_xtrace_on_hessian_operator_and_rank_deficient_sketches(
@@ -374,7 +374,7 @@ def test_streamed_hutchpp_equals_the_dense_formula(distribution: str, probe_batc
     matrix = _indefinite(40)
     exact_part, values = _hutchpp_by_definition(matrix, 31, seed=7, distribution=distribution)
     samples = torch.tensor(values, dtype=torch.float64)
-    result = hutchpp_trace(matrix, 31, seed=7, distribution=distribution, probe_batch=probe_batch)
+    result = hutchpp_trace(matrix, 31, seed=7, probe_dist=distribution, probe_batch=probe_batch)
     assert result.estimate == pytest.approx(exact_part + float(samples.mean()), abs=1e-10)
     assert result.standard_error == pytest.approx(float(samples.std()) / len(values) ** 0.5)
     assert (result.matvecs, result.n_probes, result.stopped_by) == (31, 11, "n_probes")
@@ -411,7 +411,7 @@ def test_only_hutchpp_bounds_its_sketch() -> None:
     matrix = _indefinite(20)
     for method in ("xtrace", "hutchinson"):
         with pytest.raises(InputError) as error:
-            trace_estimate(matrix, 20, method=method, max_sketch=3)
+            trace_estimate(matrix, 20, trace_method=method, max_sketch=3)
         assert error.value.what == "max_sketch"
     for bad in (0, -1, 2.5, True):
         with pytest.raises(InputError) as error:
@@ -450,7 +450,7 @@ def test_a_sketch_spanning_the_space_stops_exact(estimator: Callable[..., TraceR
     probes of a small P are often linearly dependent, and then the remainder is estimated.)"""
     matrix = _indefinite(5)
     operator = DenseOperator(matrix)
-    result = estimator(operator, 300, seed=3, probe_batch=2, distribution="gaussian")
+    result = estimator(operator, 300, seed=3, probe_batch=2, probe_dist="gaussian")
     assert result.estimate == pytest.approx(float(torch.trace(matrix)), abs=1e-12)
     assert (result.standard_error, result.ci95) == (0.0, (result.estimate, result.estimate))
     assert (result.stopped_by, result.converged) == ("exhausted", True)
@@ -475,7 +475,7 @@ def test_tiny_operators(n: int, matvecs: int) -> None:
         expected = exact_part + sum(values) / len(values)
         assert hutchpp_trace(matrix, 4, seed=n).estimate == pytest.approx(expected, abs=1e-12)
     # enough products for a sketch of P columns (independent: Gaussian): exact
-    result = hutchpp_trace(matrix, 3 * n + 4, seed=n, distribution="gaussian")
+    result = hutchpp_trace(matrix, 3 * n + 4, seed=n, probe_dist="gaussian")
     assert (result.estimate, result.stopped_by) == (pytest.approx(exact, abs=1e-12), "exhausted")
 
 
@@ -488,13 +488,13 @@ def test_sketch_of_a_zero_operator() -> None:
 
 
 def test_sketch_sizes_and_bytes() -> None:
-    assert sketch_columns("hutch++", 100, 10**6) == 33
-    assert sketch_columns("hutch++", 100_000, 9802) == 9802
-    assert sketch_columns("hutch++", 4, 1) == 1
+    assert sketch_columns("hutchpp", 100, 10**6) == 33
+    assert sketch_columns("hutchpp", 100_000, 9802) == 9802
+    assert sketch_columns("hutchpp", 4, 1) == 1
     assert sketch_columns("xtrace", 100, 10**6) == 50
     assert sketch_columns("xtrace", 100, 1) == 2
     assert sketch_columns("hutchinson", 100, 10**6) == 0
-    assert sketch_bytes("hutch++", 100, 1000, torch.float32) == 33 * 1000 * 4
+    assert sketch_bytes("hutchpp", 100, 1000, torch.float32) == 33 * 1000 * 4
     assert sketch_bytes("xtrace", 100, 1000, torch.float64) == 50 * 1000 * 8
 
 

@@ -34,7 +34,7 @@ try:  # run as a script by torchrun, or imported by the test
 except ImportError:
     from .sharded_worker import BATCH, N_SAMPLES, TOLERANCE, make_problem
 
-TRACES = {"hutchinson": 6, "hutch++": 12, "xtrace": 12}
+TRACES = {"hutchinson": 6, "hutchpp": 12, "xtrace": 12}
 
 
 class LongestDimension(TorchDispatchMode):
@@ -75,7 +75,7 @@ def figures(
     )
     out = {"eigenvalues": torch.tensor(spectrum.eigenvalues, dtype=torch.float64)}
     for method, probes in TRACES.items():
-        trace = trace_estimate(operator, probes, method=method, seed=4, probe_batch=4)
+        trace = trace_estimate(operator, probes, trace_method=method, seed=4, probe_batch=4)
         out[method] = torch.tensor([trace.estimate, trace.standard_error], dtype=torch.float64)
     density = spectral_density(operator, runs=2, steps=8, seed=5)
     out["moments"] = _moments(density)
@@ -120,8 +120,8 @@ def main(out: Path, dtype_name: str, how: str) -> None:
         result["whole_eigenvalues"] = torch.tensor(
             eigenvalues(whole, 3, tol=TOLERANCE[dtype], seed=3).eigenvalues, dtype=torch.float64
         )
-        result["whole_hutch++"] = torch.tensor(
-            trace_estimate(whole, TRACES["hutch++"], seed=4, probe_batch=4).estimate,
+        result["whole_hutchpp"] = torch.tensor(
+            trace_estimate(whole, TRACES["hutchpp"], seed=4, probe_batch=4).estimate,
             dtype=torch.float64,
         )
         result["length"] = torch.tensor(space.size)

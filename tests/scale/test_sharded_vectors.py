@@ -174,7 +174,7 @@ def test_traces_on_slices_equal_the_whole_vectors(world: int) -> None:
     matrix = _matrix()
     runs = {
         "hutchinson": lambda op: hutchinson_trace(op, 10, seed=5, probe_batch=3),
-        "hutch++": lambda op: hutchpp_trace(op, 30, seed=5, probe_batch=4),
+        "hutchpp": lambda op: hutchpp_trace(op, 30, seed=5, probe_batch=4),
         "xtrace": lambda op: xtrace(op, 30, seed=5, probe_batch=4),
     }
     for name, run in runs.items():
@@ -256,10 +256,10 @@ def test_sliced_vectors_equal_one_exact_process(tmp_path: Path, ranks: int, how:
     for got in results:
         assert int(got["length"]) <= -(-n_params // ranks) + 200  # about P/W (uneven rows)
         assert int(got["longest"]) < n_params  # no P-long vector, basis row or block
-        for name in ("eigenvalues", "hutchinson", "hutch++", "xtrace", "moments"):
+        for name in ("eigenvalues", "hutchinson", "hutchpp", "xtrace", "moments"):
             assert _relative(got[name], single[name]) < 1e-7, name
         assert _relative(got["eigenvalues"], got["whole_eigenvalues"]) < 1e-7
-        assert _relative(got["hutch++"][0], got["whole_hutch++"]) < 1e-7
+        assert _relative(got["hutchpp"][0], got["whole_hutchpp"]) < 1e-7
         # the eigenvectors reach rank 0 a parameter at a time: no P-long tensor on any rank
         assert int(got["longest_streaming"]) < n_params
     streamed, exact = results[0]["streamed"], single_vectors[0]
@@ -267,7 +267,7 @@ def test_sliced_vectors_equal_one_exact_process(tmp_path: Path, ranks: int, how:
     signs = torch.sign((streamed * exact).sum(0))  # the vectors, up to sign
     assert float((streamed * signs - exact).abs().max()) < 1e-5
     assert all(bool(r["streamed_none"]) for r in results[1:])
-    assert single["eigenvalues"][0] > 1.0 and single["hutch++"][0] > 1.0  # not trivial
+    assert single["eigenvalues"][0] > 1.0 and single["hutchpp"][0] > 1.0  # not trivial
 
 
 # -- a 16-bit model stays refused, with the count in the message ------------------------------
