@@ -30,12 +30,19 @@ FORMATS = ("table", "json", "markdown")
 
 @dataclass(frozen=True)
 class Table:
-    """A titled grid of already-formatted cells."""
+    """A titled grid of already-formatted cells; a ``detail`` table is shown on the terminal
+    and in markdown only with ``--verbose`` (its numbers are in the JSON either way)."""
 
     title: str
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     caption: str | None = None
+    detail: bool = False
+
+
+def shown(tables: Sequence[Table], verbose: bool = False) -> list[Table]:
+    """The tables a person sees: all with ``verbose``, else those not marked ``detail``."""
+    return [table for table in tables if verbose or not table.detail]
 
 
 def chosen_preprocessing_table(report: Report) -> Table | None:
@@ -161,7 +168,8 @@ def render_rich(tables: Sequence[Table], explain: bool = False) -> None:
 
 def _looks_numeric(cell: str) -> bool:
     """Numbers (with ``±``, ``%``, ``,`` or a trailing unit word stripped) are right-aligned."""
-    head = cell.split(" ")[0].replace(",", "").rstrip("%").lstrip("±")
+    words = cell.split()  # a value may carry its interval on a second line
+    head = (words[0] if words else "").replace(",", "").rstrip("%").lstrip("±")
     if head in ("-", "nan", "inf", "-inf"):
         return True
     try:
@@ -235,11 +243,14 @@ def emit(
     output: Path | None,
     explain: bool = False,
     header: Table | None = None,
+    verbose: bool = False,
 ) -> None:
     """Show ``report`` on stdout in ``fmt`` and, with ``output``, write its JSON to that file.
     ``header``, what was measured (:func:`~curvcal.report.header.measured_table`), comes
-    first; ``explain`` shows captions whole."""
+    first; ``explain`` shows captions whole; ``detail`` tables are shown only with
+    ``verbose`` (:func:`shown`)."""
     text = to_json_text(report)  # also validates that the report is JSON-clean
+    tables = shown(tables, verbose)
     chosen = chosen_preprocessing_table(report)
     if chosen is not None:
         tables = [chosen, *tables]
