@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from curvcal.errors import InputError
-from curvcal.settings.calibration import PLOT_COLUMNS
 from curvcal.report.style import (
     BOX,
     DPI,
@@ -42,6 +41,7 @@ from curvcal.report.style import (
     require_matplotlib,
     save,
 )
+from curvcal.settings.calibration import PLOT_COLUMNS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -671,21 +671,31 @@ def scatter_plot(
     xerr: Sequence[float] | None = None,
     yerr: Sequence[float] | None = None,
     note: str | None = None,
+    caption: str | None = None,
 ) -> Figure:
     """One point per (x, y) with symmetric error bars ``xerr``/``yerr`` when given; with
     ``labels`` each point is numbered and the numbers are keyed to the labels on the right
-    (long names never overlap or leave the figure; a prefix they share heads the key);
-    ``note`` (ρ) under the title. One axis."""
+    (long names never overlap or leave the figure: the figure grows with the key, a second
+    column from :data:`KEY_ROWS` labels; a prefix they share heads the key); ``note`` (ρ)
+    under the title, ``caption`` (checkpoints and data) above the figure. Each axis is
+    logarithmic when its values span more than :data:`LOG_SPAN` (symmetric-log when one is not
+    positive, :func:`_span_scale`). One axis."""
     if len(x) != len(y) or (labels is not None and len(labels) != len(x)):
         raise ValueError("x, y and labels differ in length")
     for name, err in (("xerr", xerr), ("yerr", yerr)):
         if err is not None and len(err) != len(x):
             raise ValueError(f"{name} and x differ in length")
     fmt = file_format(path)
+    count = len(labels) if labels else 0
+    key_columns = 1 if count <= KEY_ROWS else 2
+    key_rows = math.ceil(count / key_columns)
     with drawing() as new_figure:
         from matplotlib.lines import Line2D
 
-        figure = new_figure(6.4, 4.0)
+        figure = new_figure(
+            6.4 + 2.2 * (key_columns - 1),
+            max(4.0, 1.2 + KEY_ROW_HEIGHT * key_rows) + (0.3 if caption else 0.0),
+        )
         ax = figure.add_subplot()
         ax.errorbar(
             list(x),
@@ -711,15 +721,47 @@ def scatter_plot(
                 loc="outside right upper",
                 handlelength=0,
                 handletextpad=0,
+                ncols=key_columns,
                 title=f"{_shorten(shared)}…" if shared else None,
             )
-        ax.set(xlabel=xlabel, ylabel=ylabel)
+        xscale = _span_scale(ax, "x", x)
+        yscale = _span_scale(ax, "y", y)
+        ax.set(xlabel=xlabel + xscale, ylabel=ylabel + yscale)
         ax.margins(0.12)
         heading = "\n".join(part for part in (title, note) if part)
         if heading:  # above the axes: a box inside would hide points
             ax.set_title(heading)
+        if caption:
+            figure.suptitle(caption)
+        thin_tick_labels(figure)
         save(figure, path, fmt)
     return figure
+
+
+#: A scatter plot's axis is logarithmic when its largest |value| is more than this many times
+#: its smallest non-zero one.
+LOG_SPAN = 100.0
+#: The key of a scatter plot keeps one column up to this many labels, then takes two.
+KEY_ROWS = 24
+#: Inches a row of the key takes (8-point text with matplotlib's spacing, and some room).
+KEY_ROW_HEIGHT = 0.19
+
+
+def _span_scale(ax: Axes, which: str, values: Sequence[float]) -> str:
+    """Set ``ax``'s ``which`` axis logarithmic when ``values`` span more than
+    :data:`LOG_SPAN` (all positive), symmetric-log (linear within the smallest non-zero
+    |value|) when they span that much but one is not positive; linear otherwise. Returns the
+    words the axis label gains (``" (log)"``, ``" (symlog)"`` or nothing)."""
+    finite = [float(v) for v in values if math.isfinite(v)]
+    magnitudes = [abs(v) for v in finite if v != 0]
+    if not magnitudes or max(magnitudes) <= LOG_SPAN * min(magnitudes):
+        return ""
+    setter = ax.set_xscale if which == "x" else ax.set_yscale
+    if all(v > 0 for v in finite):
+        setter("log")
+        return " (log)"
+    setter("symlog", linthresh=min(magnitudes))
+    return " (symlog)"
 
 
 def _common_prefix(labels: Sequence[str]) -> tuple[str, list[str]]:
