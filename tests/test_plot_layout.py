@@ -78,6 +78,8 @@ def _inside(figure: Any) -> bool:
 def test_grid_places_wrap_rows_and_groups() -> None:
     assert grid_places(5, 4) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
     assert grid_places(3, None) == [(0, 0), (0, 1), (0, 2)]
+    assert grid_places(2, 4) == [(0, 0), (0, 1)]  # fewer panels than columns: one row
+    assert grid_places(1, 1) == [(0, 0)]
     # two stages of 1 + 4 classwise panels, 3 to a row: each stage starts a row
     assert grid_places(10, 3, group=5) == [
         *((0, 0), (0, 1), (0, 2), (1, 0), (1, 1)),

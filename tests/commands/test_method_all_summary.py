@@ -131,3 +131,12 @@ def test_plot_is_a_grid_of_panels_readable_at_full_size(
     assert len(stages) == 14  # K = 3: uncalibrated, every map but Platt, beta and Laplace
     assert matplotlib.image.imread(plot).shape[:2] == shape
     assert json.loads(result.stdout)["settings"]["calibration"]["plot_columns"] == int(columns or 4)
+
+
+def test_plot_columns_out_of_range_is_refused_before_any_work(run_cli, tmp_path: Path) -> None:
+    test = logits_file(tmp_path / "t.npz", 100, 3, seed=2)
+    for bad in ("0", "65", "two"):
+        plot = tmp_path / "r.png"
+        result = run_cli("metrics", test, "--plot", plot, "--plot-columns", bad)
+        assert result.code == 2 and said("--plot-columns", result.stderr), result.stderr
+        assert "Traceback" not in result.stderr and not plot.exists()
