@@ -248,8 +248,8 @@ _SCORE_NAMES = {"nll": "NLL", "ece": "ECE"}
 def summary_tables(analysis: CalibrationAnalysis, ranking: Ranking) -> list[Table]:
     """The summary of many maps (``--method all``): one table, a row per evaluated stage
     (uncalibrated first, then the maps in rank order of the settings' ``rank_by`` score) with
-    its rank, whether the paired interval of its difference from the best contains 0, and its
-    NLL, ECE, AdaECE, Brier score and accuracy on the evaluation split, each with its 95%
+    its rank (marked ``≈`` when the paired interval of its difference from the best contains 0)
+    and its NLL, ECE, AdaECE, Brier score and accuracy on the evaluation split, each with its 95%
     interval on a second line where intervals were measured; then the maps that did not
     apply, with the reason (a table of their own: never cut from a caption)."""
     score = analysis.settings.rank_by
@@ -263,9 +263,10 @@ def summary_tables(analysis: CalibrationAnalysis, ranking: Ranking) -> list[Tabl
         stage_metrics = metrics[item.stage]
         rows.append(
             (
-                str(item.rank[score]),
+                _rank_cell(
+                    item.rank[score], item.vs_best[score], item.stage == ranking.best[score]
+                ),
                 _stage_title(analysis, item.stage),
-                _mark(item.stage, ranking.best[score], item.vs_best[score]),
                 *(_summary_cell(stage_metrics, a, key) for _, a, key in SUMMARY_COLUMNS),
             )
         )
@@ -275,9 +276,9 @@ def summary_tables(analysis: CalibrationAnalysis, ranking: Ranking) -> list[Tabl
     more = "more tables: --verbose"
     if ranking.n_bootstrap:
         how = (
-            f"≈ best: the paired {ranking.interval_level:.0%} interval of Δ{name} to the best "
-            f"holds 0; {more}; [95% interval, {settings.bootstrap} bootstrap resamples, seed "
-            f"{settings.seed}]"
+            f"≈: not told apart from rank 1 (the paired {ranking.interval_level:.0%} interval of "
+            f"Δ{name} to it holds 0); {more}; [95% interval, {settings.bootstrap} bootstrap "
+            f"resamples, seed {settings.seed}]"
         )
     else:
         how = f"no intervals: pass --bootstrap N to see which differences are real; {more}"
@@ -288,13 +289,12 @@ def summary_tables(analysis: CalibrationAnalysis, ranking: Ranking) -> list[Tabl
     tables = [
         Table(
             title=(
-                f"{len(rows) - 1} maps ranked by {name} on the evaluation split ({n_eval} "
-                f"samples; fitted on {analysis.split.n_fit}), uncalibrated first"
+                f"{len(rows) - 1} maps ranked by {name} on the evaluation split, uncalibrated "
+                f"first (N = {n_eval}; fitted on {analysis.split.n_fit})"
             ),
             columns=(
-                "#",
+                "rank",
                 "map",
-                "vs best",
                 *(title for title, _, _ in SUMMARY_COLUMNS),
             ),
             rows=tuple(rows),
@@ -310,6 +310,11 @@ def summary_tables(analysis: CalibrationAnalysis, ranking: Ranking) -> list[Tabl
             )
         )
     return tables
+
+
+def _rank_cell(rank: int, difference: Difference, best: bool) -> str:
+    """A rank, marked ``≈`` when the paired interval of the difference from the best holds 0."""
+    return f"{rank} ≈" if not best and difference.distinguishable is False else str(rank)
 
 
 def _summary_cell(metrics: CalibrationMetrics, attribute: str, interval: str | None) -> str:

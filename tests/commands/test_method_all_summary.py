@@ -22,7 +22,7 @@ ARGS = ("--val-split", "0.5", "--method", "all", "--gammas", "0,1")
 def _rows(table: str) -> list[list[str]]:
     """The first line of each row of the summary table: its cells split at column gaps."""
     lines = table.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith("#    map"))
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("rank   map"))
     rows = []
     for line in lines[start + 2 :]:
         if not line.strip():
@@ -56,11 +56,17 @@ def test_one_ranked_table_fits_60_lines_of_100_columns(
         maps, key=lambda s: math.inf if evaluation[s]["nll"] is None else evaluation[s]["nll"]
     )
     assert shown == ["uncalibrated", *(stage_title(s) for s in by_nll)]
-    assert rows[1][2] == "best"
-    for row in rows:  # rank, map, vs best, NLL, ECE, AdaECE, Brier, accuracy
-        assert len(row) == 8, row
+    assert rows[1][0] == "1"
+    for row in rows:  # rank, map, NLL, ECE, AdaECE, Brier, accuracy
+        assert len(row) == 7, row
+    # ≈: the paired interval of the NLL difference from the best holds 0
+    stages = {item["stage"]: item for item in ranking["stages"]}
+    keys = ["uncalibrated", *by_nll]
+    for row, stage in zip(rows, keys, strict=True):
+        told_apart = stages[stage]["vs_best"]["nll"]["distinguishable"]
+        assert row[0].endswith(" ≈") == (told_apart is False and row[0] != "1"), row
     uncalibrated = evaluation["uncalibrated"]
-    assert rows[0][3:] == [
+    assert rows[0][2:] == [
         f"{uncalibrated[key]:.4g}" for key in ("nll", "ece", "adaece", "brier", "accuracy")
     ]
     if bootstrap != "0":  # the intervals on the line under each value
@@ -100,10 +106,10 @@ def test_rank_by_ece_orders_by_ece(run_cli, tmp_path: Path, monkeypatch) -> None
     rows = _rows(table.stdout)
     assert said("maps ranked by ECE", table.stdout)
     ece = [evaluation[s]["ece"] for s in evaluation if evaluation[s] is not None]
-    shown = [float(row[4]) for row in rows[1:]]
+    shown = [float(row[3]) for row in rows[1:]]
     assert shown == sorted(shown)
     assert shown[0] == pytest.approx(min(ece), rel=1e-3)
-    ranks = [int(row[0]) for row in rows]
+    ranks = [int(row[0].split()[0]) for row in rows]
     assert sorted(ranks) == list(range(1, len(rows) + 1)) and ranks[1:] == sorted(ranks[1:])
     refused = run_cli("metrics", test, "--val-split", "0.5", "--method", "ts", "--rank-by", "ece")
     assert refused.code == 2 and said("--rank-by", refused.stderr)
