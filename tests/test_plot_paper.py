@@ -16,7 +16,7 @@ from curvcal.calibration.metrics import calibration_metrics
 from curvcal.calibration.smooth import smooth_ece, smooth_reliability
 from curvcal.report.calibration import reliability_panels, stage_detail
 from curvcal.report.plots import (
-    DENSITY_RANGE,
+    DENSITY_FLOOR,
     ReliabilityBin,
     ReliabilityPanel,
     SmoothCurve,
@@ -201,12 +201,16 @@ def test_applied_stage_and_unknown_stage_titles() -> None:
     assert stage_title("ts") == "TS" and stage_title("histogram_binning") == "histogram binning"
 
 
-def test_spectrum_values_trace_lambda_min_and_clipped_density(tmp_path: Path) -> None:
-    grid = np.linspace(-5, 50, 400)
-    density = np.exp(-0.5 * grid**2) / math.sqrt(2 * math.pi) + 1e-3 * np.exp(
-        -0.5 * (grid - 40) ** 2
+def test_spectrum_values_trace_lambda_min_and_density_over_the_whole_spectrum(
+    tmp_path: Path,
+) -> None:
+    # the bulk near 0 and outliers far out (12.3, 7.2, 4.6 in the field report; 42.95 and 26.5
+    # here) whose weight in a smoothed density is far under the bulk's
+    grid = np.linspace(-5, 40, 400)
+    density = np.exp(-0.5 * grid**2) / math.sqrt(2 * math.pi) + 1e-7 * np.exp(
+        -0.5 * (grid - 26.5) ** 2
     )
-    density[grid > 45] = 1e-30  # the flat floor a smoothed density reaches
+    density[grid > 35] = 1e-30  # the flat floor a smoothed density reaches
     figure = spectrum_plot(
         [42.95, 26.5, -0.25],
         tmp_path / "s.png",
@@ -220,13 +224,16 @@ def test_spectrum_values_trace_lambda_min_and_clipped_density(tmp_path: Path) ->
     box = right.texts[3].get_text()
     assert "λmax = 42.95" in box and "λmin = -1.5" in box and "tr(H) = 130.2" in box
     assert "[129, 131.4]" in box
-    line, marker = left.get_lines()
-    assert tuple(marker.get_xdata()) == (42.95, 42.95)  # λmax marked on the density
+    line, *markers = left.get_lines()
+    assert sorted(m.get_xdata()[0] for m in markers) == [-0.25, 26.5, 42.95]  # each marked
+    assert [t.get_text() for t in left.texts] == ["λ1 = 43", "λ2 = 26.5", "λ3 = -0.25"]
     shown = line.get_ydata()
-    floor = DENSITY_RANGE * density.max()
-    assert np.isnan(shown[density < floor]).all() and (shown[density >= floor] >= floor).all()
-    assert left.get_ylim()[0] == pytest.approx(floor)
-    assert left.get_xlim()[1] < 46  # clipped to where the density is meaningful
+    floor = DENSITY_FLOOR * density.max()
+    assert (shown >= floor).all() and shown[density < floor] == pytest.approx(floor)
+    assert left.get_yscale() == "log" and left.get_ylim()[0] < floor
+    assert left.get_ylim()[0] < 1e-7 * density.max()  # the outlier's bump is on the axis
+    low, high = left.get_xlim()
+    assert low < -5 and high > 42.95  # the whole grid and the largest eigenvalue
 
 
 def test_per_layer_log_scale_and_trace_error_bars(tmp_path: Path) -> None:

@@ -48,9 +48,9 @@ def test_ece_box_avoids_the_bars(tmp_path: Path) -> None:
 def test_dpi_scales_pixels_and_columns_make_a_grid(tmp_path: Path) -> None:
     panels = [ReliabilityPanel(f"p{i}", BINS, 0.01 * i) for i in range(4)]
     reliability_diagram(panels[:1], tmp_path / "hi.png", dpi=200)
-    assert matplotlib.image.imread(tmp_path / "hi.png").shape[:2] == (800, 600)
+    assert matplotlib.image.imread(tmp_path / "hi.png").shape[:2] == (800, 720)
     figure = reliability_diagram(panels, tmp_path / "grid.png", columns=2)
-    assert matplotlib.image.imread(tmp_path / "grid.png").shape[:2] == (800, 600)
+    assert matplotlib.image.imread(tmp_path / "grid.png").shape[:2] == (800, 720)
     assert len(figure.axes) == 8
     with pytest.raises(InputError, match="dpi"):
         reliability_diagram(panels, tmp_path / "bad.png", dpi=0)

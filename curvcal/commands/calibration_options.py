@@ -35,6 +35,7 @@ _MAP_FIELDS = {
     "laplace_prior": _LAPLACE,
     "histogram_bins": _HISTOGRAM,
     "histogram_scheme": _HISTOGRAM,
+    "rank_by": ("all",),
 }
 
 

@@ -36,6 +36,7 @@ class OutputOptions:
     quiet: bool = False
     debug: bool = False
     explain: bool = False
+    verbose: bool = False
     #: the option that set each of ``fmt`` and ``output``, to refuse a second, different one
     given: dict[str, str] = field(default_factory=dict)
 
@@ -102,7 +103,7 @@ policy_option = click.option(
 
 def output_options(func: F) -> F:
     """Add ``--json``, ``--format``, ``-o/--output``, ``--force``, ``-q/--quiet``, ``--debug``,
-    ``--explain``."""
+    ``--explain``, ``--verbose``."""
     decorators = [
         click.option(
             "--json",
@@ -139,6 +140,12 @@ def output_options(func: F) -> F:
         ),
         _flag("--debug", "debug", "Show a traceback on errors."),
         _flag("--explain", "explain", "Show the tables' captions whole (the conventions)."),
+        _flag(
+            "--verbose",
+            "verbose",
+            "Also show the detail tables a summary stands for (calibrate/metrics --method all: "
+            "the per-metric tables, the fits and the reliability bins; the JSON has them always).",
+        ),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -188,7 +195,15 @@ def finish(report: Report, tables: Sequence[Table]) -> int:
         recorded = set(report.warnings)
         missing = [message for message in reporter.warned if message not in recorded]
         report.warnings = [*report.warnings, *dict.fromkeys(missing)]
-    emit(report, tables, options.fmt, options.output, options.explain, measured_table(report))
+    emit(
+        report,
+        tables,
+        options.fmt,
+        options.output,
+        options.explain,
+        measured_table(report),
+        options.verbose,
+    )
     if report.status == STATUS_FAIL:
         return EXIT_CHECK_FAILED
     if report.status == STATUS_ERROR:

@@ -67,7 +67,8 @@ def landscape(
 
         plot_paths(settings.plot, False, options.force)
     run = run_landscape(checkpoint, checkpoint_options, data_options, settings, reporter)
-    code = finish(run.report, landscape_tables(run.analysis))
+    caption = f"{checkpoint.name} on {data_options.data}"
+    code = finish(run.report, landscape_tables(run.analysis, caption))
     if settings.plot is not None:
-        landscape_plot(run.analysis, settings.plot)
+        landscape_plot(run.analysis, settings.plot, caption)
     return code

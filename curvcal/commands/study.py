@@ -124,7 +124,9 @@ def study(
     if not run.is_main:  # under torchrun, rank 0 writes
         return 0
     if plots is not None:
-        for note in draw_plots(run.result, plots):
+        named = paths[0].name if len(paths) == 1 else f"{len(paths)} checkpoints"
+        caption = f"{named} on {data_options.data}"
+        for note in draw_plots(run.result, plots, caption):
             reporter.info(note)
     return finish(run.report, study_tables(run.result))
 

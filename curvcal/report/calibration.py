@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,21 +58,22 @@ def write_reliability_plot(
     caption: str | None = None,
 ) -> None:
     """Reliability diagrams of every evaluated stage to ``path`` (the format from its suffix) at
-    ``dpi``; with ``plot_classes`` > 0 one row per stage: its top-label panel, then one panel per
-    class of the classwise tables (named by ``class_names`` when given). ``caption`` (model and
-    data) goes above the panels; the histogram scale is the settings' ``plot_counts``."""
+    ``dpi``, in a grid of at most the settings' ``plot_columns`` panels to a row; with
+    ``plot_classes`` > 0 each stage starts a row: its top-label panel, then one panel per class
+    of the classwise tables (named by ``class_names`` when given). ``caption`` (model and data)
+    goes above the panels; the histogram scale is the settings' ``plot_counts``."""
     from curvcal.report.plots import reliability_diagram
 
     panels = reliability_panels(analysis, class_names)
     stages = len(analysis.evaluation.present())
-    columns = len(panels) if plot_classes == 0 else len(panels) // stages
     reliability_diagram(
         panels,
         path,
         dpi=dpi,
-        columns=columns,
+        columns=analysis.settings.plot_columns,
         counts=analysis.settings.plot_counts,
         caption=caption,
+        group=None if plot_classes == 0 else len(panels) // stages,
     )
 
 
@@ -182,8 +184,21 @@ _METRIC_ROWS = (
 
 def calibration_tables(analysis: CalibrationAnalysis, chart: bool = True) -> list[Table]:
     """The metrics table, the reliability chart (when ``chart``), the fits, the γ profile and
-    the split, in that order (tables of stages not run are left out)."""
-    tables = [metrics_table(analysis)]
+    the split, in that order (tables of stages not run are left out). With ``--method all``,
+    the summary (:func:`summary_tables`: one ranked table and the maps
+    skipped) comes first and every other table is a ``detail`` table (shown with
+    ``--verbose``)."""
+    if analysis.ranking is not None and analysis.settings.method == "all":
+        details = [metrics_table(analysis), *_detail_tables(analysis, chart)]
+        return [
+            *summary_tables(analysis, analysis.ranking),
+            *(replace(table, detail=True) for table in details),
+        ]
+    return [metrics_table(analysis), *_detail_tables(analysis, chart)]
+
+
+def _detail_tables(analysis: CalibrationAnalysis, chart: bool) -> list[Table]:
+    tables: list[Table] = []
     if chart:
         tables.append(reliability_table(analysis))
     if analysis.fits.ts is not None or analysis.fits.focal_ts is not None:
@@ -216,6 +231,110 @@ def calibration_tables(analysis: CalibrationAnalysis, chart: bool = True) -> lis
         tables.extend(ranking_tables(analysis.ranking))
     tables.append(split_table(analysis))
     return tables
+
+
+#: The columns of the ``--method all`` summary: (title, attribute of CalibrationMetrics, key of
+#: its intervals or None).
+SUMMARY_COLUMNS = (
+    ("NLL", "nll", "nll"),
+    ("ECE", "ece", "ece"),
+    ("AdaECE", "adaece", "adaece"),
+    ("Brier", "brier", None),
+    ("accuracy", "accuracy", None),
+)
+_SCORE_NAMES = {"nll": "NLL", "ece": "ECE"}
+
+
+def summary_tables(analysis: CalibrationAnalysis, ranking: Ranking) -> list[Table]:
+    """The summary of many maps (``--method all``): one table, a row per evaluated stage
+    (uncalibrated first, then the maps in rank order of the settings' ``rank_by`` score) with
+    its rank (marked ``≈`` when the paired interval of its difference from the best contains 0)
+    and its NLL, ECE, AdaECE, Brier score and accuracy on the evaluation split, each with its 95%
+    interval on a second line where intervals were measured; then the maps that did not
+    apply, with the reason (a table of their own: never cut from a caption)."""
+    score = analysis.settings.rank_by
+    name = _SCORE_NAMES[score]
+    metrics = dict(analysis.evaluation.present())
+    ordered = sorted(
+        ranking.stages, key=lambda item: (item.stage != "uncalibrated", item.rank[score])
+    )
+    rows = []
+    for item in ordered:
+        stage_metrics = metrics[item.stage]
+        rows.append(
+            (
+                _rank_cell(
+                    item.rank[score], item.vs_best[score], item.stage == ranking.best[score]
+                ),
+                _stage_title(analysis, item.stage),
+                *(_summary_cell(stage_metrics, a, key) for _, a, key in SUMMARY_COLUMNS),
+            )
+        )
+    n_eval = analysis.evaluation.uncalibrated.n_samples
+    settings = analysis.settings
+    side = "(a,b]" if settings.edges == "left" else "[a,b)"
+    more = "more tables: --verbose"
+    if ranking.n_bootstrap:
+        how = (
+            f"≈: not told apart from rank 1 (the paired {ranking.interval_level:.0%} interval of "
+            f"Δ{name} to it holds 0); {more}; [95% interval, {settings.bootstrap} bootstrap "
+            f"resamples, seed {settings.seed}]"
+        )
+    else:
+        how = f"no intervals: pass --bootstrap N to see which differences are real; {more}"
+    caption = (
+        f"{how}; NLL in nats; ECE top-label, {settings.bins} equal-width bins {side}; AdaECE "
+        f"{settings.bins} equal-mass bins; Brier summed over classes"
+    )
+    tables = [
+        Table(
+            title=(
+                f"{len(rows) - 1} maps ranked by {name} on the evaluation split, uncalibrated "
+                f"first (N = {n_eval}; fitted on {analysis.split.n_fit})"
+            ),
+            columns=(
+                "rank",
+                "map",
+                *(title for title, _, _ in SUMMARY_COLUMNS),
+            ),
+            rows=tuple(rows),
+            caption=caption,
+        )
+    ]
+    if ranking.skipped:
+        tables.append(
+            Table(
+                title="maps not fitted",
+                columns=("map", "why"),
+                rows=tuple((stage_title(skip.stage), skip.reason) for skip in ranking.skipped),
+            )
+        )
+    return tables
+
+
+def _rank_cell(rank: int, difference: Difference, best: bool) -> str:
+    """A rank, marked ``≈`` when the paired interval of the difference from the best holds 0."""
+    return f"{rank} ≈" if not best and difference.distinguishable is False else str(rank)
+
+
+def _summary_cell(metrics: CalibrationMetrics, attribute: str, interval: str | None) -> str:
+    """A value (4 significant digits) and, on a second line, its interval
+    (:func:`interval_text`)."""
+    text = fmt_float(getattr(metrics, attribute))
+    if interval is not None and interval in metrics.intervals:
+        text += "\n" + interval_text(*metrics.intervals[interval])
+    return text
+
+
+def interval_text(low: float, high: float) -> str:
+    """``[low, high]`` with both ends to the decimal places that give the interval's width two
+    significant digits (``[0.82, 0.95]``; at most 6 places): the ends are estimates, and more
+    digits than their spread would be noise. Non-finite or zero-width: 3 significant digits."""
+    width = high - low
+    if not (math.isfinite(low) and math.isfinite(high)) or width <= 0:
+        return f"[{fmt_float(low, 3)}, {fmt_float(high, 3)}]"
+    places = min(6, max(0, 1 - math.floor(math.log10(width))))
+    return f"[{low:.{places}f}, {high:.{places}f}]"
 
 
 def stage_title(stage: str) -> str:

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     from curvcal.curvature.landscape import LandscapeAnalysis
 
 
-def landscape_tables(analysis: LandscapeAnalysis) -> list[Table]:
+def landscape_tables(analysis: LandscapeAnalysis, caption: str | None = None) -> list[Table]:
     """One row per grid point (α, and β on a grid) with loss, accuracy and ECE, and what the
-    directions were."""
+    directions were; titled with ``caption`` (checkpoint and data) when given."""
     landscape = analysis.landscape
     two = bool(landscape.betas)
     columns = ("α", "β", "loss", "accuracy", "ECE") if two else ("α", "loss", "accuracy", "ECE")
@@ -39,16 +39,18 @@ def landscape_tables(analysis: LandscapeAnalysis) -> list[Table]:
         what = f"top Hessian eigenvectors (unit norm; λ = {values})"
     else:
         what = "random filter-normalised directions (Li et al. 2018)"
-    caption = (
+    text = (
         f"{analysis.loss} loss over N = {landscape.n_samples} at θ + α·d1"
         f"{' + β·d2' if two else ''}; d: {what}; {analysis.n_parameters} parameter values moved"
     )
-    return [Table("Loss landscape", columns, rows, caption)]
+    title = "Loss landscape" + (f" of {caption}" if caption else "")
+    return [Table(title, columns, rows, text)]
 
 
-def landscape_plot(analysis: LandscapeAnalysis, path: Path) -> Figure:
+def landscape_plot(analysis: LandscapeAnalysis, path: Path, caption: str | None = None) -> Figure:
     """The loss along one direction (a curve, with accuracy and ECE on a second panel) or over
-    two (filled contours of the loss, the starting point marked)."""
+    two (filled contours of the loss, the starting point marked); ``caption`` (checkpoint and
+    data) above."""
     from curvcal.report.style import drawing, file_format, save
 
     landscape = analysis.landscape
@@ -84,6 +86,8 @@ def landscape_plot(analysis: LandscapeAnalysis, path: Path) -> Figure:
             axes.plot([0.0], [0.0], "w*", markersize=10)
             figure.colorbar(filled, ax=axes, label=f"{analysis.loss} loss")
             axes.set(xlabel=f"α ({kind} 1)", ylabel=f"β ({kind} 2)", title="loss landscape")
+        if caption:
+            figure.suptitle(caption)
         save(figure, path, fmt)
     return figure
 

@@ -111,14 +111,16 @@ def emit(
     output: Path | None,
     explain: bool = False,
     header: Table | None = None,
+    verbose: bool = False,
 ) -> None:
     """Show ``report`` on stdout in ``fmt`` and, with ``output``, write it to that file in the
     format its suffix says (:func:`file_format`). ``header``, what was measured
     (:func:`~curvcal.report.header.measured_table`), comes first; ``explain`` shows captions
-    whole."""
+    whole; ``detail`` tables are shown only with ``verbose`` (:func:`~curvcal.report.tables.shown`)."""
     from curvcal.console import stdout_console
 
     text = grids.to_json_text(report)  # also validates that the report is JSON-clean
+    tables = grids.shown(tables, verbose)
     chosen = grids.chosen_preprocessing_table(report)
     if chosen is not None:
         tables = [chosen, *tables]

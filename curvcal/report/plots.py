@@ -8,8 +8,9 @@ figure; the same numbers give the same bytes.
 
 Figure sizes (inches; pixels are inches × :data:`DPI`):
 
-* reliability diagram: 3 × 4 per panel, side by side or ``columns`` to a row (300·P × 400
-  px at the default :data:`DPI`; ``dpi`` scales the pixels, not the layout);
+* reliability diagram: 3.6 × 4 per panel, side by side or ``columns`` to a row (360·C × 400·R
+  px for C columns and R rows at the default :data:`DPI`; ``dpi`` scales the pixels, not the
+  layout);
 * spectrum: 4 × 3.2, or 8 × 3.2 with a density panel (400 or 800 × 320 px), 0.3 taller with a
   caption;
 * per-layer: (2 + 3.5·A) × max(2.5, 1 + 0.25·L) for A = 1 or 2 bar charts and L layers;
@@ -40,6 +41,7 @@ from curvcal.report.style import (
     require_matplotlib,
     save,
 )
+from curvcal.settings.calibration import PLOT_COLUMNS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -63,8 +65,11 @@ __all__ = [
 SPARSE_BIN = 10
 #: ``counts="auto"`` draws the histogram on a log scale when one bin holds more than this.
 CROWDED_BIN = 0.5
-#: The density of a spectrum is drawn where it is at least this fraction of its maximum.
-DENSITY_RANGE = 1e-6
+#: The density of a spectrum is drawn down to this fraction of its maximum (lower values at
+#: it), so that the log axis spans the bulk and the outliers' tails, as PyHessian's figures.
+DENSITY_FLOOR = 1e-8
+#: The density plot labels this many of the largest eigenvalues with their values.
+MARKED = 3
 #: The smooth reliability curve is drawn where its kernel density is at least this fraction of
 #: its maximum (elsewhere no sample is near and the curve says nothing).
 CURVE_SUPPORT = 1e-3
@@ -114,11 +119,14 @@ def reliability_diagram(
     panels: Sequence[ReliabilityPanel],
     path: Path,
     dpi: int = DPI,
-    columns: int | None = None,
+    columns: int | None = PLOT_COLUMNS,
     counts: str = "auto",
     caption: str | None = None,
+    group: int | None = None,
 ) -> Figure:
-    """Reliability diagrams, one column per panel (``columns`` per row when given: a grid).
+    """Reliability diagrams in a grid of ``columns`` panels to a row (``None``: all in one
+    row); with ``group``, each run of ``group`` panels starts a row of its own and wraps at
+    ``columns``. Each panel is :data:`PANEL_WIDTH` × :data:`PANEL_HEIGHT` inches.
 
     Top: accuracy per bin as bars over the bin's width, the gap to the bin's mean confidence
     hatched in red (never blended with the bar), the diagonal (perfect calibration), error
@@ -138,16 +146,16 @@ def reliability_diagram(
         _check_bins(panel)
     _check_dpi(dpi)
     fmt = file_format(path)
-    per_row = len(panels) if columns is None else max(1, min(columns, len(panels)))
-    rows = math.ceil(len(panels) / per_row)
-    height = 4.0 * rows  # the caption heads the legend: no extra height
-    _check_pixels(3.0 * per_row, height, dpi, fmt, len(panels))
+    places = grid_places(len(panels), columns, group)
+    per_row = max(column for _, column in places) + 1
+    rows = max(row for row, _ in places) + 1
+    height = PANEL_HEIGHT * rows  # the caption heads the legend: no extra height
+    _check_pixels(PANEL_WIDTH * per_row, height, dpi, fmt, len(panels))
     scale = _histogram_scale(panels, counts)
     with drawing(dpi) as new_figure:
-        figure = new_figure(3.0 * per_row, height)
+        figure = new_figure(PANEL_WIDTH * per_row, height)
         grid = figure.add_gridspec(2 * rows, per_row, height_ratios=(3, 1) * rows)
-        for index, panel in enumerate(panels):
-            row, column = divmod(index, per_row)
+        for panel, (row, column) in zip(panels, places, strict=True):
             top = figure.add_subplot(grid[2 * row, column])
             bottom = figure.add_subplot(grid[2 * row + 1, column], sharex=top)
             _reliability(top, bottom, panel, scale, first=column == 0)
@@ -163,6 +171,34 @@ def reliability_diagram(
         )
         save(figure, path, fmt, dpi)
     return figure
+
+
+#: A reliability panel's size in inches (360 × 400 px at the default :data:`DPI`: readable at
+#: 100% zoom).
+PANEL_WIDTH = 3.6
+PANEL_HEIGHT = 4.0
+
+
+def grid_places(
+    count: int, columns: int | None = None, group: int | None = None
+) -> list[tuple[int, int]]:
+    """The (row, column) of each of ``count`` panels: ``columns`` to a row (all in one row when
+    ``None``); with ``group``, each run of ``group`` panels starts a new row."""
+    if count < 1:
+        raise ValueError("a grid needs at least one panel")
+    if columns is not None and columns < 1:
+        raise ValueError(f"columns must be >= 1, got {columns}")
+    if group is not None and group < 1:
+        raise ValueError(f"group must be >= 1, got {group}")
+    run = count if group is None else group
+    per_row = run if columns is None else min(columns, run)
+    rows_per_run = math.ceil(run / per_row)
+    places = []
+    for index in range(count):
+        run_index, within = divmod(index, run)
+        row, column = divmod(within, per_row)
+        places.append((run_index * rows_per_run + row, column))
+    return places
 
 
 @dataclass(frozen=True)
@@ -393,9 +429,9 @@ def spectrum_plot(
 ) -> Figure:
     """The top-k Hessian eigenvalues (stems at k = 1..K, in the order given, each labelled with
     its value) with λmax, λmin and the trace ``(estimate, low, high)`` in a box when given, and,
-    with ``density_grid`` and ``density``, the eigenvalue density beside them on a log scale,
-    drawn only where it is at least :data:`DENSITY_RANGE` of its maximum (the x range is clipped
-    to that support). One axis, or two with a density; ``caption`` above them."""
+    with ``density_grid`` and ``density``, the eigenvalue density beside them on a log scale
+    over the whole spectrum, the top-k eigenvalues marked (:func:`_density`). One axis, or two
+    with a density; ``caption`` above them."""
     if not eigenvalues:
         raise ValueError("spectrum_plot needs at least one eigenvalue")
     if (density_grid is None) != (density is None):
@@ -409,8 +445,7 @@ def spectrum_plot(
         figure = new_figure(4.0 * panels, 3.2 + (0.3 if caption else 0.0))
         axes = figure.subplots(1, panels, squeeze=False)[0]
         if density_grid is not None and density is not None:
-            _density(axes[0], [float(t) for t in density_grid], [float(d) for d in density])
-            axes[0].axvline(max(values), color=SECOND, linestyle=":", linewidth=1.0)
+            _density(axes[0], [float(t) for t in density_grid], [float(d) for d in density], values)
         top_k = axes[-1]
         index = list(range(1, len(values) + 1))
         top_k.vlines(index, 0.0, values, color=MAIN)
@@ -453,18 +488,40 @@ def spectrum_plot(
     return figure
 
 
-def _density(ax: Axes, grid: list[float], density: list[float]) -> None:
-    """The density on a log axis, where it is at least DENSITY_RANGE of its maximum."""
+def _density(ax: Axes, grid: list[float], density: list[float], eigenvalues: list[float]) -> None:
+    """The density on a log axis over the whole spectrum, as PyHessian draws it: values under
+    :data:`DENSITY_FLOOR` of the peak are drawn at that floor (so that the log axis holds the
+    tails), and the x range holds the whole grid and every one of ``eigenvalues`` (the top-k,
+    whose weight in the density is too small to show), each marked by a dotted line; the
+    :data:`MARKED` largest apart from each other are labelled with their values."""
     peak = max((d for d in density if math.isfinite(d)), default=0.0)
-    floor = DENSITY_RANGE * peak
-    shown = [d if math.isfinite(d) and d >= floor > 0 else math.nan for d in density]
+    floor = DENSITY_FLOOR * peak if peak > 0 else DENSITY_FLOOR
+    shown = [max(d, floor) if math.isfinite(d) else math.nan for d in density]
     ax.plot(grid, shown, color=MAIN)
-    support = [t for t, d in zip(grid, shown, strict=True) if not math.isnan(d)]
-    ax.set(yscale="log", xlabel="eigenvalue", ylabel="density", title="eigenvalue density")
-    if support and peak > 0:
-        width = (support[-1] - support[0]) or 1.0
-        ax.set_xlim(support[0] - 0.02 * width, support[-1] + 0.02 * width)
-        ax.set_ylim(floor, 2.0 * peak)
+    ax.set(yscale="log", xlabel="eigenvalue", ylabel="density (log)", title="eigenvalue density")
+    low = min([*grid, *eigenvalues])
+    high = max([*grid, *eigenvalues])
+    width = (high - low) or 1.0
+    ax.set_xlim(low - 0.03 * width, high + 0.03 * width)
+    ax.set_ylim(floor / 2.0, 10.0 * max(peak, floor))
+    labelled: list[float] = []
+    for rank, value in enumerate(sorted(eigenvalues, reverse=True), start=1):
+        ax.axvline(value, color=SECOND, linestyle=":", linewidth=1.0)
+        apart = all(abs(value - other) > 0.06 * width for other in labelled)
+        if len(labelled) < MARKED and apart:
+            labelled.append(value)
+            ax.annotate(
+                f"λ{rank} = {value:.3g}",
+                (value, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(-2, -3),
+                textcoords="offset points",
+                ha="right",
+                va="top",
+                rotation=90,
+                fontsize=7.0,
+                color=SECOND,
+            )
 
 
 def per_layer_plot(
@@ -532,14 +589,16 @@ def per_layer_plot(
         axes[0].invert_yaxis()
         if caption:
             figure.suptitle(caption)
+        thin_tick_labels(figure)
         save(figure, path, fmt)
     return figure
 
 
 def _layer_scale(ax: Axes, numbers: Sequence[float]) -> None:
     """Log scale from the decade below the smallest value (bars keep their relative length),
-    major ticks labelled only; symmetric-log when a value is not positive."""
-    from matplotlib.ticker import NullFormatter
+    major ticks labelled only; symmetric-log when a value is not positive, with a fifth of the
+    axis beyond the longest bar each way for its label."""
+    from matplotlib.ticker import NullFormatter, SymmetricalLogLocator
 
     finite = [v for v in numbers if math.isfinite(v)]
     if finite and all(v > 0 for v in finite):
@@ -548,8 +607,57 @@ def _layer_scale(ax: Axes, numbers: Sequence[float]) -> None:
         ax.xaxis.set_minor_formatter(NullFormatter())
         return
     nonzero = [abs(v) for v in finite if v != 0]
-    ax.set_xscale("symlog", linthresh=min(nonzero) if nonzero else 1.0)
+    threshold = min(nonzero) if nonzero else 1.0
+    ax.set_xscale("symlog", linthresh=threshold)
+    ax.xaxis.set_major_locator(SymmetricalLogLocator(base=10.0, linthresh=threshold, subs=[1.0]))
+    low, high = min(finite, default=0.0), max(finite, default=0.0)
+    low, high = min(low, -threshold), max(high, threshold)
+    # a fifth of the axis beyond the longest bar each way, in the axis's own (symlog) units
+    scale = ax.xaxis.get_transform()
+    start, end = (float(v) for v in scale.transform([low, high]))
+    room = 0.2 * (end - start)
+    inverse = scale.inverted()
+    ax.set_xlim(
+        float(inverse.transform([start - room])[0]), float(inverse.transform([end + room])[0])
+    )
     ax.axvline(0.0, color=GUIDE, linewidth=0.8)
+
+
+def thin_tick_labels(figure: Figure, gap: float = 4.0) -> None:
+    """Lay ``figure`` out and keep, on each axis, only major tick labels at least ``gap``
+    points clear of the last one kept (the others' ticks stay, unlabelled): labels never
+    collide, whatever the scale (a symmetric-log axis over many decades has a label per
+    decade)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.ticker import FixedFormatter, FixedLocator
+
+    canvas = FigureCanvasAgg(figure)
+    renderer = canvas.get_renderer()
+    figure.draw(renderer)  # the constrained layout settles the axes' sizes
+    pixels = gap * figure.dpi / 72.0
+    for ax in figure.axes:
+        for axis, along in ((ax.xaxis, 0), (ax.yaxis, 1)):
+            ticks = [t for t in axis.get_major_ticks() if t.label1.get_visible()]
+            placed = []
+            for tick in ticks:
+                text = tick.label1.get_text()
+                lo, hi = ax.get_xlim() if along == 0 else ax.get_ylim()
+                if not text or not min(lo, hi) <= tick.get_loc() <= max(lo, hi):
+                    continue
+                box = tick.label1.get_window_extent(renderer)
+                placed.append((tick.get_loc(), text, box))
+            placed.sort(key=lambda item: item[2].x0 if along == 0 else item[2].y0)
+            kept: list[tuple[float, str]] = []
+            last = None
+            for loc, text, box in placed:
+                start, end = (box.x0, box.x1) if along == 0 else (box.y0, box.y1)
+                if last is not None and start < last + pixels:
+                    continue
+                kept.append((loc, text))
+                last = end
+            if len(kept) < len(placed):
+                axis.set_major_locator(FixedLocator([loc for loc, _ in kept]))
+                axis.set_major_formatter(FixedFormatter([text for _, text in kept]))
 
 
 def scatter_plot(
@@ -563,21 +671,31 @@ def scatter_plot(
     xerr: Sequence[float] | None = None,
     yerr: Sequence[float] | None = None,
     note: str | None = None,
+    caption: str | None = None,
 ) -> Figure:
     """One point per (x, y) with symmetric error bars ``xerr``/``yerr`` when given; with
     ``labels`` each point is numbered and the numbers are keyed to the labels on the right
-    (long names never overlap or leave the figure; a prefix they share heads the key);
-    ``note`` (ρ) under the title. One axis."""
+    (long names never overlap or leave the figure: the figure grows with the key, a second
+    column from :data:`KEY_ROWS` labels; a prefix they share heads the key); ``note`` (ρ)
+    under the title, ``caption`` (checkpoints and data) above the figure. Each axis is
+    logarithmic when its values span more than :data:`LOG_SPAN` (symmetric-log when one is not
+    positive, :func:`_span_scale`). One axis."""
     if len(x) != len(y) or (labels is not None and len(labels) != len(x)):
         raise ValueError("x, y and labels differ in length")
     for name, err in (("xerr", xerr), ("yerr", yerr)):
         if err is not None and len(err) != len(x):
             raise ValueError(f"{name} and x differ in length")
     fmt = file_format(path)
+    count = len(labels) if labels else 0
+    key_columns = 1 if count <= KEY_ROWS else 2
+    key_rows = math.ceil(count / key_columns)
     with drawing() as new_figure:
         from matplotlib.lines import Line2D
 
-        figure = new_figure(6.4, 4.0)
+        figure = new_figure(
+            6.4 + 2.2 * (key_columns - 1),
+            max(4.0, 1.2 + KEY_ROW_HEIGHT * key_rows) + (0.3 if caption else 0.0),
+        )
         ax = figure.add_subplot()
         ax.errorbar(
             list(x),
@@ -603,15 +721,47 @@ def scatter_plot(
                 loc="outside right upper",
                 handlelength=0,
                 handletextpad=0,
+                ncols=key_columns,
                 title=f"{_shorten(shared)}…" if shared else None,
             )
-        ax.set(xlabel=xlabel, ylabel=ylabel)
+        xscale = _span_scale(ax, "x", x)
+        yscale = _span_scale(ax, "y", y)
+        ax.set(xlabel=xlabel + xscale, ylabel=ylabel + yscale)
         ax.margins(0.12)
         heading = "\n".join(part for part in (title, note) if part)
         if heading:  # above the axes: a box inside would hide points
             ax.set_title(heading)
+        if caption:
+            figure.suptitle(caption)
+        thin_tick_labels(figure)
         save(figure, path, fmt)
     return figure
+
+
+#: A scatter plot's axis is logarithmic when its largest |value| is more than this many times
+#: its smallest non-zero one.
+LOG_SPAN = 100.0
+#: The key of a scatter plot keeps one column up to this many labels, then takes two.
+KEY_ROWS = 24
+#: Inches a row of the key takes (8-point text with matplotlib's spacing, and some room).
+KEY_ROW_HEIGHT = 0.19
+
+
+def _span_scale(ax: Axes, which: str, values: Sequence[float]) -> str:
+    """Set ``ax``'s ``which`` axis logarithmic when ``values`` span more than
+    :data:`LOG_SPAN` (all positive), symmetric-log (linear within the smallest non-zero
+    |value|) when they span that much but one is not positive; linear otherwise. Returns the
+    words the axis label gains (``" (log)"``, ``" (symlog)"`` or nothing)."""
+    finite = [float(v) for v in values if math.isfinite(v)]
+    magnitudes = [abs(v) for v in finite if v != 0]
+    if not magnitudes or max(magnitudes) <= LOG_SPAN * min(magnitudes):
+        return ""
+    setter = ax.set_xscale if which == "x" else ax.set_yscale
+    if all(v > 0 for v in finite):
+        setter("log")
+        return " (log)"
+    setter("symlog", linthresh=min(magnitudes))
+    return " (symlog)"
 
 
 def _common_prefix(labels: Sequence[str]) -> tuple[str, list[str]]:

@@ -219,12 +219,14 @@ def correlation_table(
     )
 
 
-def draw_plots(result: StudyResult, paths: dict[str, Path]) -> list[str]:
+def draw_plots(
+    result: StudyResult, paths: dict[str, Path], caption: str | None = None
+) -> list[str]:
     """λmax against the training γ (checkpoints trained with ce or a fixed-γ focal loss, when
     they span at least two γ), λmax against ECE and tr(H) against ECE (every checkpoint), each
     with Spearman's ρ and the curvature's error bars: λmax ± its residual bound ‖Hv − λv‖
-    (an eigenvalue of H lies that close), tr(H) ± 1.96 standard errors. Returns a note for each
-    plot left out, saying why."""
+    (an eigenvalue of H lies that close), tr(H) ± 1.96 standard errors; ``caption`` (the
+    checkpoints and the data) above each. Returns a note for each plot left out, saying why."""
     from curvcal.report.plots import scatter_plot
 
     rows = result.rows
@@ -248,6 +250,7 @@ def draw_plots(result: StudyResult, paths: dict[str, Path]) -> list[str]:
             paths["gamma"],
             title="λmax vs focal γ (FLSD-53 and untagged left out)",
             yerr=[residual[i] for i in fixed],
+            caption=caption,
         )
     ece = [row.calibration.ece for row in rows]
     scatter_plot(
@@ -260,6 +263,7 @@ def draw_plots(result: StudyResult, paths: dict[str, Path]) -> list[str]:
         title="λmax vs ECE",
         xerr=residual,
         note=_rho(result, "lambda_max"),
+        caption=caption,
     )
     scatter_plot(
         [row.curvature.trace for row in rows],
@@ -271,6 +275,7 @@ def draw_plots(result: StudyResult, paths: dict[str, Path]) -> list[str]:
         title="tr(H) vs ECE",
         xerr=[1.96 * row.curvature.trace_standard_error for row in rows],
         note=_rho(result, "trace"),
+        caption=caption,
     )
     return notes
 

@@ -28,12 +28,19 @@ from curvcal.results import Report
 
 @dataclass(frozen=True)
 class Table:
-    """A titled grid of already-formatted cells."""
+    """A titled grid of already-formatted cells; a ``detail`` table is shown on the terminal
+    and in markdown only with ``--verbose`` (its numbers are in the JSON either way)."""
 
     title: str
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     caption: str | None = None
+    detail: bool = False
+
+
+def shown(tables: Sequence[Table], verbose: bool = False) -> list[Table]:
+    """The tables a person sees: all with ``verbose``, else those not marked ``detail``."""
+    return [table for table in tables if verbose or not table.detail]
 
 
 def chosen_preprocessing_table(report: Report) -> Table | None:
@@ -166,7 +173,8 @@ def numeric_column(table: Table, index: int) -> bool:
 
 def _looks_numeric(cell: str) -> bool:
     """Numbers (with ``±``, ``%``, ``,`` or a trailing unit word stripped) are right-aligned."""
-    head = cell.split(" ")[0].replace(",", "").rstrip("%").lstrip("±")
+    words = cell.split()  # a value may carry its interval on a second line
+    head = (words[0] if words else "").replace(",", "").rstrip("%").lstrip("±")
     if head in ("-", "nan", "inf", "-inf"):
         return True
     try:

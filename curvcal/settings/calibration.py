@@ -65,6 +65,11 @@ OBJECTIVES_TS = ("nll", "ece", "adaece")
 #: ``--focal-objective``: what focal temperature scaling minimises (``adaece-grid``: the
 #: authors' grid search).
 OBJECTIVES_FTS = ("ece", "nll", "adaece", "adaece-grid")
+#: ``--rank-by``: the score ``--method all``'s summary table ranks the maps by (the scores
+#: :mod:`curvcal.calibration.ranking` ranks by).
+RANK_BY = ("nll", "ece")
+#: The most panels a row of ``--plot`` holds by default (``--plot-columns``).
+PLOT_COLUMNS = 4
 #: ``--edges``: equal-width bins (a, b] (``left``) or [a, b) (``right``).
 EDGES = ("left", "right")
 #: ``--nan-policy``: a row of scores with a NaN or Inf stops the run, or is left out.
@@ -117,9 +122,10 @@ class CalibrationSettings(Settings):
     bootstrap. ``nan_policy``: a row with a NaN or Inf stops the run or is left out.
     ``laplace_structure``, ``laplace_predictive``, ``laplace_samples``, ``laplace_prior``: the
     GGN, the predictive, its draws and the rule choosing the prior precision of ``laplace``.
-    ``plot``: reliability diagrams written there at ``dpi``, with classwise diagrams of the
-    ``plot_classes`` most frequent classes, the smooth curve with ``plot_smooth``, the
-    histogram's scale ``plot_counts``; ``save_calibrator``: the fitted maps as JSON.
+    ``plot``: reliability diagrams written there at ``dpi``, ``plot_columns`` panels to a row,
+    with classwise diagrams of the ``plot_classes`` most frequent classes, the smooth curve with ``plot_smooth``, the
+    histogram's scale ``plot_counts``; ``rank_by``: the score the ``all`` summary ranks by;
+    ``save_calibrator``: the fitted maps as JSON.
     """
 
     GROUP: ClassVar[str] = "calibration"
@@ -237,6 +243,14 @@ class CalibrationSettings(Settings):
         high=2400,
         policy=False,
     )
+    plot_columns: int = setting(
+        PLOT_COLUMNS,
+        "Panels per row of --plot: the reliability diagrams wrap into a grid of at most N "
+        "columns (a stage's classwise diagrams start a row of their own).",
+        low=1,
+        high=64,
+        metavar="N",
+    )
     plot_classes: int = setting(
         0,
         "Add classwise reliability diagrams (p_k against y = k) of the N most frequent classes "
@@ -258,6 +272,12 @@ class CalibrationSettings(Settings):
         "auto (log when one bin holds more than half the samples).",
         choices=("auto", "fraction", "log"),
         policy=False,
+    )
+    rank_by: str = setting(
+        "nll",
+        "Score the --method all summary table ranks the maps by (uncalibrated first): NLL (a "
+        "proper score) or ECE.",
+        choices=RANK_BY,
     )
     save_calibrator: Path | None = file_setting(
         "Write the fitted calibrator(s) as JSON (for metrics --apply).",

@@ -32,7 +32,7 @@ def test_demo_json_reports_accuracy_check_and_plots(run_cli, tmp_path) -> None:
     from matplotlib.image import imread
 
     reliability, spectrum = tmp_path / "reliability.png", tmp_path / "spectrum.png"
-    assert imread(str(reliability)).shape[:2] == (400, 900)  # three panels of 3 × 4 in
+    assert imread(str(reliability)).shape[:2] == (400, 1080)  # three panels of 3.6 × 4 in
     assert imread(str(spectrum)).shape[:2] == (350, 400)  # 4 × 3.2 in + 0.3 of caption
 
 

@@ -14,7 +14,7 @@ from curvcal.assets import demo_checkpoint
 from curvcal.calibration import registry
 from tests.commands.test_check_command import SETTINGS, run_check
 from tests.commands.test_metrics import as_json, logits_file
-from tests.console_text import cells
+from tests.console_text import cells, said
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema comes with the dev extra")
 
@@ -51,8 +51,11 @@ def test_metrics_ranks_every_map_in_json_and_table(run_cli, tmp_path: Path) -> N
 
     table = run_cli("metrics", test, *args)
     assert table.code == 0, table.stderr
-    assert "ranked by NLL" in table.stdout and "ranked by ECE" in table.stdout
-    assert "best" in table.stdout and "paired interval" in table.stdout
+    assert said("maps ranked by NLL on the evaluation split", table.stdout)
+    assert "ranked by ECE" not in table.stdout  # the per-score rankings are detail
+    verbose = run_cli("metrics", test, *args, "--verbose")
+    assert said("ranked by NLL", verbose.stdout) and said("ranked by ECE", verbose.stdout)
+    assert "best" in verbose.stdout and said("paired interval", verbose.stdout)
 
 
 def test_other_methods_carry_no_ranking_key(run_cli, tmp_path: Path) -> None:
@@ -75,8 +78,12 @@ def test_a_map_that_does_not_apply_is_skipped_and_said(
     assert set(skipped) == {"matrix", "platt", "beta", "laplace"}  # K = 3, and scores only
     assert "matrix" not in document["results"]["evaluation"]
     table = run_cli("metrics", test, *args)
-    rows = cells(table.stdout, " matrix ", "skipped:")  # one row per ranking table
-    assert rows and all(row.startswith("skipped: binary problems (K = 2) only") for row in rows)
+    rows = cells(table.stdout, " matrix ", "binary")  # the summary's table of maps not fitted
+    assert rows == ["binary problems (K = 2) only; these scores have 3 classes"]
+    verbose = run_cli("metrics", test, *args, "--verbose")
+    rows = cells(verbose.stdout, " matrix ", "skipped:")  # one row per ranking table
+    assert len(rows) == 2
+    assert all(row.startswith("skipped: binary problems (K = 2) only") for row in rows)
     refused = run_cli("metrics", test, "--val-split", "0.5", "--method", "matrix")
     assert refused.code == 2 and "binary problems (K = 2) only" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1

@@ -241,6 +241,14 @@ def test_plot_with_dpi_and_classwise_panels(run_cli, tmp_path: Path) -> None:
         "--plot-classes", "2", "--dpi", "50", "--json",
     )  # fmt: skip
     document = as_json(result)
-    assert matplotlib.image.imread(out).shape[:2] == (2 * 200, 3 * 150)  # 2 stages × 3 panels
+    assert matplotlib.image.imread(out).shape[:2] == (2 * 200, 3 * 180)  # 2 stages × 3 panels
+    again = tmp_path / "narrow.png"
+    result = run_cli(
+        "metrics", path, "--val-split", "0.5", "--method", "ts", "--plot", again,
+        "--plot-classes", "2", "--dpi", "50", "--plot-columns", "2",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    # each stage starts a row and wraps at 2: rows (top, class 1), (class 2), per stage
+    assert matplotlib.image.imread(again).shape[:2] == (4 * 200, 2 * 180)
     tables = document["results"]["evaluation"]["ts"]["class_bins"]
     assert len(tables) == 2 and sum(b["count"] for b in tables[0]["bins"]) == 150
