@@ -115,7 +115,8 @@ def measure(model: nn.Module, batches: list, settings: HessianSettings) -> dict[
     marks: dict[str, tuple[float, float]] = {}  # label: (time, forecast of the time left)
     stage_start: dict[str, int] = {}
     current = [""]
-    samples: list[tuple[int, float, float | None, str]] = []  # (done, time, left, text)
+    # (done, time, left, text, range)
+    samples: list[tuple[int, float, float | None, str, tuple[float, float | None] | None]] = []
 
     def on_step(stage: str, done: int) -> None:
         hook(stage, done)
@@ -126,7 +127,7 @@ def measure(model: nn.Module, batches: list, settings: HessianSettings) -> dict[
         pace.plan(planned(), *typical())
         pace.update(done)
         left = pace.remaining()
-        samples.append((done, time.monotonic(), left, pace.text()))
+        samples.append((done, time.monotonic(), left, pace.text(), pace.remaining_range()))
         if left is None:
             return
         if "first" not in marks and done >= FORECAST_PRODUCTS:
@@ -149,6 +150,7 @@ def measure(model: nn.Module, batches: list, settings: HessianSettings) -> dict[
         "left 10%": tenth[2] or 0.0,
         "took 10%": end - tenth[1],
         "text 10%": tenth[3],  # type: ignore[dict-item]
+        "in range 10%": _holds(tenth[4], end - tenth[1]),  # type: ignore[dict-item]
         "planned": float(planned_products_of(settings, model)),
         "made": float(made),
         "left": marks["first"][1],
@@ -157,6 +159,14 @@ def measure(model: nn.Module, batches: list, settings: HessianSettings) -> dict[
         "left last": marks[last][1],
         "took last": end - marks[last][0],
     }
+
+
+def _holds(span: tuple[float, float | None] | None, took: float) -> str:
+    """Whether the range shown held the time the run took (``-``: no range was shown)."""
+    if span is None:
+        return "-"
+    low, high = span
+    return "yes" if low <= took and (high is None or took <= high) else "no"
 
 
 def planned_products_of(settings: HessianSettings, model: nn.Module) -> int:
@@ -172,9 +182,9 @@ def main() -> None:
     torch.set_num_threads(1)
     chosen = sys.argv[1:] or list(MODELS)
     print("| model | planned | made | at 10% of the products: forecast left (shown) | took "
-          "| ratio | at 5 products: forecast left | took | ratio "
+          "| ratio | range holds it | at 5 products: forecast left | took | ratio "
           "| at 5 into the last stage: forecast left | took | ratio |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for name, (build, settings) in MODELS.items():
         if not any(key in name for key in chosen):
             continue
@@ -183,6 +193,7 @@ def main() -> None:
         print(
             f"| {name} | {m['planned']:.0f} | {m['made']:.0f} | {m['left 10%']:.1f} s "
             f"({m['text 10%']}) | {m['took 10%']:.1f} s | {m['left 10%'] / m['took 10%']:.2f} "
+            f"| {m['in range 10%']} "
             f"| {m['left']:.1f} s "
             f"| {m['took']:.1f} s | {m['left'] / m['took']:.2f} | {m['last stage']}: "
             f"{m['left last']:.1f} s | {m['took last']:.1f} s "

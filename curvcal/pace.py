@@ -10,7 +10,9 @@ Part of a plan may be a typical count rather than a known one (the products an e
 solver needs depend on the spectrum): ``typical`` of the total, done first. While some of it is
 left the time left is said as a range, that part counted at :data:`TYPICAL_LOW` to
 :data:`TYPICAL_HIGH` times its typical size (``at least`` the low end when the plan says its
-count has no such bound: power iteration converges at the unknown rate |λ2/λ1|). A total that
+count has no such bound: power iteration converges at the unknown rate |λ2/λ1|). The units of
+stages not yet begun (past ``stage_end``) may cost more or less than the current stage's: they
+are counted at :data:`LATER_LOW` to :data:`LATER_HIGH` times its pace. A total that
 the work outgrows is no longer a forecast: the count is said against the plan, with the time
 left not known, rather than a false "0 s left".
 
@@ -33,6 +35,10 @@ PLAIN_GRACE_SECONDS = 5.0
 #: benchmark models: 0.43× to 1.1× of its typical 10 + 3k steps; benchmarks/bench_forecast.py)
 TYPICAL_LOW = 0.4
 TYPICAL_HIGH = 2.0
+#: the span of a later stage's cost per unit, as fractions of the current stage's (ResNet-18 on
+#: a CPU: a Hutchinson probe of a block cost 1.9× a Lanczos product; benchmarks/bench_forecast.py)
+LATER_LOW = 0.5
+LATER_HIGH = 2.0
 
 
 def duration_text(seconds: float) -> str:
@@ -53,10 +59,12 @@ class Pace:
         clock: Clock = time.monotonic,
         typical: int = 0,
         typical_bounded: bool = True,
+        stage_end: int | None = None,
     ) -> None:
         self._planned = total
         self._typical = typical
         self._typical_bounded = typical_bounded
+        self._stage_end = stage_end
         self._clock = clock
         self.done = 0
         self._first: tuple[float, int] | None = None
@@ -69,13 +77,21 @@ class Pace:
             return None
         return max(self._planned, self.done)
 
-    def plan(self, total: int | None, typical: int = 0, typical_bounded: bool = True) -> None:
+    def plan(
+        self,
+        total: int | None,
+        typical: int = 0,
+        typical_bounded: bool = True,
+        stage_end: int | None = None,
+    ) -> None:
         """A new total (the run resolved a setting that changes the work); ``typical`` of it,
         done first, is a typical count, within :data:`TYPICAL_HIGH` times itself when
-        ``typical_bounded``."""
+        ``typical_bounded``; the units past ``stage_end`` (``None``: none) are of stages not
+        yet begun."""
         self._planned = total
         self._typical = typical
         self._typical_bounded = typical_bounded
+        self._stage_end = stage_end
 
     @property
     def outgrown(self) -> bool:
@@ -118,17 +134,21 @@ class Pace:
     def remaining_range(self) -> tuple[float, float | None] | None:
         """(fewest, most) seconds left at the measured pace, the typical part of the plan
         still to do counted at :data:`TYPICAL_LOW` and :data:`TYPICAL_HIGH` times its size
-        (most ``None``: no bound); None while the pace is not measured or not countable, or
-        once the work outgrew its plan."""
+        (most ``None``: no bound) and the other units of stages not yet begun at
+        :data:`LATER_LOW` and :data:`LATER_HIGH` times the pace; None while the pace is not
+        measured or not countable, or once the work outgrew its plan."""
         per_unit = self.seconds_per_unit()
         if per_unit is None or self._planned is None or self.outgrown:
             return None
         typical_left = max(self._typical - self.done, 0)
-        known_left = max(self._planned - self.done - typical_left, 0)
-        low = (known_left + TYPICAL_LOW * typical_left) * per_unit
+        stage_end = self._planned if self._stage_end is None else self._stage_end
+        later_left = max(self._planned - max(stage_end, self._typical, self.done), 0)
+        known_left = max(self._planned - self.done - typical_left - later_left, 0)
+        low = (known_left + TYPICAL_LOW * typical_left + LATER_LOW * later_left) * per_unit
         if not self._typical_bounded and typical_left:
             return low, None
-        return low, (known_left + TYPICAL_HIGH * typical_left) * per_unit
+        high = known_left + TYPICAL_HIGH * typical_left + LATER_HIGH * later_left
+        return low, high * per_unit
 
     def text(self) -> str:
         """``24/114`` and, once measured, ``about 3 min left``; ``about 20 s to 2 min left``
@@ -175,8 +195,14 @@ class PlainLines:
             self._said_stage = False
             self.pace.restart()
 
-    def plan(self, total: int | None, typical: int = 0, typical_bounded: bool = True) -> None:
-        self.pace.plan(total, typical, typical_bounded)
+    def plan(
+        self,
+        total: int | None,
+        typical: int = 0,
+        typical_bounded: bool = True,
+        stage_end: int | None = None,
+    ) -> None:
+        self.pace.plan(total, typical, typical_bounded, stage_end)
 
     def advance(self, units: int) -> None:
         self.update(self.pace.done + units)

@@ -210,3 +210,23 @@ def test_work_that_outgrows_its_plan_says_the_time_left_is_not_known() -> None:
     pace.update(125)
     assert pace.outgrown and pace.remaining_range() is None
     assert pace.text() == "125 (60 planned), time left not known"
+
+
+def test_units_of_a_stage_not_yet_begun_widen_the_range_by_their_unknown_cost() -> None:
+    clock = FakeClock()
+    # 11 Lanczos products (typical) of which 3 done, then 20 trace probes, whose cost per
+    # product is not measured yet (ResNet-18 on a CPU: 1.9× a Lanczos product)
+    pace = Pace(34, clock, typical=14, stage_end=14)
+    pace.update(1)
+    clock.now = 4.0
+    pace.update(3)  # 2 s a product
+    low, high = pace.remaining_range()  # type: ignore[misc]
+    assert low == (0.4 * 11 + 0.5 * 20) * 2.0 and high == (2.0 * 11 + 2.0 * 20) * 2.0
+    # in the trace stage its own pace is measured: the rest of it is a point again
+    pace.plan(26, typical=0, stage_end=26)
+    pace.restart()
+    clock.now = 10.0
+    pace.update(7)
+    clock.now = 16.0
+    pace.update(10)  # 2 s a probe
+    assert pace.remaining_range() == (32.0, 32.0) and pace.text() == "10/26, about 32 s left"

@@ -107,16 +107,19 @@ class StagePlan:
             count for stage, count in self.plan.items() if stage not in self.made
         )
 
-    def typical(self) -> tuple[int, bool]:
+    def typical(self) -> tuple[int, bool, int]:
         """How many of :meth:`total`'s products, counted from the first, are up to a stage
-        whose count is typical that has not ended, and whether that count is bounded (not
-        for power iteration, whose rate |λ2/λ1| is unknown)."""
+        whose count is typical that has not ended, whether that count is bounded (not for
+        power iteration, whose rate |λ2/λ1| is unknown), and the products up to the end of
+        the stage running (those after it are of stages not yet begun)."""
+        ended = sum(self.made.values())
+        current = self._stage if self._stage is not None else next(iter(self.plan), None)
+        stage_end = ended + self.plan.get(current, 0) if current is not None else ended
         open_stages = [s for s in TYPICAL_STAGES if s in self.plan and s not in self.made]
         if not open_stages:
-            return 0, True
-        ended = sum(self.made.values())
+            return 0, True, stage_end
         bounded = not ("eigenvalues" in open_stages and self.method == "power")
-        return ended + sum(self.plan[s] for s in open_stages), bounded
+        return ended + sum(self.plan[s] for s in open_stages), bounded, stage_end
 
 
 def planned_products(settings: HessianSettings, n_params: int, n_blocks: int = 0) -> int:
@@ -264,7 +267,7 @@ def forecast_for(
     Callable[[str, int], None],
     Callable[[HessianSettings], None],
     Callable[[], int],
-    Callable[[], tuple[int, bool]],
+    Callable[[], tuple[int, bool, int]],
 ]:
     """:func:`forecast_hook` for ``settings`` on ``model`` (P and the module blocks counted
     from its trainable parameters selected by ``settings.params``), a function that plans
