@@ -7,7 +7,8 @@ computes it. The table compares it with the time the run then took, and the whol
 forecast (planned × seconds per product) with the analysis's measured time after its first
 product. Models: the bundled digits CNN on 200 digits, a torchvision ResNet-18 with random
 weights on 64 random 3×64×64 images, and a two-layer transformer encoder on 128 random token
-sequences.
+sequences; the first columns take the forecast at the first report past a tenth of the products
+the run made, with the range the progress line shows and whether it held the time taken.
 
     python benchmarks/bench_forecast.py [MODEL-NAME-PART ...]
 """
@@ -86,6 +87,10 @@ MODELS: dict[str, tuple[Callable[[], tuple[nn.Module, list]], HessianSettings]] 
             density_runs=2,
             density_steps=20,
         ),
+    ),
+    "ResNet-18 defaults (random, 64 × 3×64×64; λ1, Gauss–Newton trace)": (
+        _resnet18,
+        HessianSettings(),
     ),
     "ResNet-18 (random, 64 × 3×64×64)": (
         _resnet18,
