@@ -234,9 +234,10 @@ def _user_repository(folder: Path) -> Path:
 
 
 def _verdict(summary: str) -> str:
-    """The summary's line that counts the bounds ("... all 3 bounds hold", "... 1 of 3 ...")."""
+    """The summary's first line that counts the bounds ("... all 3 bounds hold", "... 1 of 3
+    ..."): the verdict, wherever the markdown puts it."""
     lines = [line for line in summary.splitlines() if re.search(r"\b(all 3|\d of 3)\b", line)]
-    assert len(lines) == 1, summary
+    assert lines, summary
     return lines[0]
 
 
