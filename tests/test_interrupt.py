@@ -145,7 +145,7 @@ def test_sigint_after_lambda_1_converged_writes_a_partial_report_of_it(
         assert process.stderr is not None
         for line in process.stderr:  # off a terminal: a progress line every few products
             said.append(line)
-            count = re.search(r"\(eigenvalues\): (\d+)/", line)
+            count = re.search(r"\(eigenvalues\): (\d+)\b", line)
             if count and int(count.group(1)) > lambda_1["matvecs"] + 1:
                 break
         else:
