@@ -7,7 +7,8 @@ computes it. The table compares it with the time the run then took, and the whol
 forecast (planned × seconds per product) with the analysis's measured time after its first
 product. Models: the bundled digits CNN on 200 digits, a torchvision ResNet-18 with random
 weights on 64 random 3×64×64 images, and a two-layer transformer encoder on 128 random token
-sequences.
+sequences; the first columns take the forecast at the first report past a tenth of the products
+the run made, with the range the progress line shows and whether it held the time taken.
 
     python benchmarks/bench_forecast.py [MODEL-NAME-PART ...]
 """
@@ -71,6 +72,11 @@ def _transformer() -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
 
 
 MODELS: dict[str, tuple[Callable[[], tuple[nn.Module, list]], HessianSettings]] = {
+    "digits CNN, defaults (λ1, Gauss–Newton trace)": (_digits, HessianSettings()),
+    "digits CNN, top-3 by power iteration": (
+        _digits,
+        HessianSettings(top_k=3, method="power", trace=False),
+    ),
     "digits CNN": (
         _digits,
         HessianSettings(
@@ -81,6 +87,10 @@ MODELS: dict[str, tuple[Callable[[], tuple[nn.Module, list]], HessianSettings]] 
             density_runs=2,
             density_steps=20,
         ),
+    ),
+    "ResNet-18 defaults (random, 64 × 3×64×64; λ1, Gauss–Newton trace)": (
+        _resnet18,
+        HessianSettings(),
     ),
     "ResNet-18 (random, 64 × 3×64×64)": (
         _resnet18,
@@ -98,23 +108,31 @@ MODELS: dict[str, tuple[Callable[[], tuple[nn.Module, list]], HessianSettings]] 
 
 
 def measure(model: nn.Module, batches: list, settings: HessianSettings) -> dict[str, float]:
-    """Planned and made products; the forecast of the time left at the fifth product and the
-    time the run then took; the same at the fifth product of the last stage (the forecast as
-    revised, its pace measured afresh in each stage as the progress bar does)."""
-    n_params = selected_parameter_count(model, settings.params)
-    blocks = {n.rpartition(".")[0] for n, p in model.named_parameters() if p.requires_grad}
-    pace = Pace(sum(planned_by_stage(settings, n_params, len(blocks)).values()), time.monotonic)
+    """The progress count as ``curvcal hessian`` keeps it (:func:`forecast_for`'s revised plan
+    and typical part, :class:`Pace` restarted at each stage), sampled at every report; then at
+    the first report past a tenth of the products the run made, and at the fifth product of the
+    run and of its last stage: the forecast of the time left (the point estimate and the range
+    shown) against the time the run then took."""
+    from curvcal.curvature.forecast import forecast_for
+
+    hook, replan, planned, typical = forecast_for(model, settings, lambda _note: None)
+    pace = Pace(planned(), time.monotonic, *typical())
     marks: dict[str, tuple[float, float]] = {}  # label: (time, forecast of the time left)
     stage_start: dict[str, int] = {}
     current = [""]
+    # (done, time, left, text, range)
+    samples: list[tuple[int, float, float | None, str, tuple[float, float | None] | None]] = []
 
     def on_step(stage: str, done: int) -> None:
+        hook(stage, done)
         if stage != current[0]:
             current[0] = stage
-            stage_start[stage] = done
+            stage_start.setdefault(stage, done)
             pace.restart()
+        pace.plan(planned(), *typical())
         pace.update(done)
         left = pace.remaining()
+        samples.append((done, time.monotonic(), left, pace.text(), pace.remaining_range()))
         if left is None:
             return
         if "first" not in marks and done >= FORECAST_PRODUCTS:
@@ -123,14 +141,23 @@ def measure(model: nn.Module, batches: list, settings: HessianSettings) -> dict[
             marks.setdefault(stage, (time.monotonic(), left))
 
     def on_plan(resolved: HessianSettings) -> None:
-        pace.plan(sum(planned_by_stage(resolved, n_params, len(blocks)).values()))
+        replan(resolved)
+        pace.plan(planned(), *typical())
 
     analysis = analyse_batches(model, batches, settings, on_step=on_step, on_plan=on_plan)
     end = time.monotonic()
-    last = [stage for stage in stage_start if stage in marks][-1]
+    marks.setdefault("first", (end, 0.0))
+    last = ([stage for stage in stage_start if stage in marks] or ["first"])[-1]
+    made = int(analysis.operator["n_matvecs"])
+    # a tenth of the work: the first report at or past 10% of the products the run made
+    tenth = next(s for s in samples if s[0] >= max(1, made // 10) and s[2] is not None)
     return {
-        "planned": float(pace.total or 0),
-        "made": float(analysis.operator["n_matvecs"]),
+        "left 10%": tenth[2] or 0.0,
+        "took 10%": end - tenth[1],
+        "text 10%": tenth[3],  # type: ignore[dict-item]
+        "in range 10%": _holds(tenth[4], end - tenth[1]),  # type: ignore[dict-item]
+        "planned": float(planned_products_of(settings, model)),
+        "made": float(made),
         "left": marks["first"][1],
         "took": end - marks["first"][0],
         "last stage": last,  # type: ignore[dict-item]
@@ -139,21 +166,40 @@ def measure(model: nn.Module, batches: list, settings: HessianSettings) -> dict[
     }
 
 
+def _holds(span: tuple[float, float | None] | None, took: float) -> str:
+    """Whether the range shown held the time the run took (``-``: no range was shown)."""
+    if span is None:
+        return "-"
+    low, high = span
+    return "yes" if low <= took and (high is None or took <= high) else "no"
+
+
+def planned_products_of(settings: HessianSettings, model: nn.Module) -> int:
+    """The products planned before the run (as its first progress line counts them)."""
+    n_params = selected_parameter_count(model, settings.params)
+    blocks = {n.rpartition(".")[0] for n, p in model.named_parameters() if p.requires_grad}
+    return sum(planned_by_stage(settings, n_params, len(blocks)).values())
+
+
 def main() -> None:
     import sys
 
     torch.set_num_threads(1)
     chosen = sys.argv[1:] or list(MODELS)
-    print("| model | planned | made | at 5 products: forecast left | took | ratio "
+    print("| model | planned | made | at 10% of the products: forecast left (shown) | took "
+          "| ratio | range holds it | at 5 products: forecast left | took | ratio "
           "| at 5 into the last stage: forecast left | took | ratio |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for name, (build, settings) in MODELS.items():
         if not any(key in name for key in chosen):
             continue
         model, batches = build()
         m = measure(model, batches, settings)
         print(
-            f"| {name} | {m['planned']:.0f} | {m['made']:.0f} | {m['left']:.1f} s "
+            f"| {name} | {m['planned']:.0f} | {m['made']:.0f} | {m['left 10%']:.1f} s "
+            f"({m['text 10%']}) | {m['took 10%']:.1f} s | {m['left 10%'] / m['took 10%']:.2f} "
+            f"| {m['in range 10%']} "
+            f"| {m['left']:.1f} s "
             f"| {m['took']:.1f} s | {m['left'] / m['took']:.2f} | {m['last stage']}: "
             f"{m['left last']:.1f} s | {m['took last']:.1f} s "
             f"| {m['left last'] / m['took last']:.2f} |",

@@ -149,7 +149,7 @@ class Advance:
         self,
         step: StepCallback,
         describe: Callable[[str], None] | None = None,
-        plan: Callable[[int | None], None] | None = None,
+        plan: Callable[[int | None, int, bool, int | None], None] | None = None,
     ) -> None:
         self._step = step
         self._describe = describe
@@ -162,9 +162,17 @@ class Advance:
         if self._describe is not None:
             self._describe(text)
 
-    def plan(self, total: int | None) -> None:
+    def plan(
+        self,
+        total: int | None,
+        typical: int = 0,
+        typical_bounded: bool = True,
+        stage_end: int | None = None,
+    ) -> None:
+        """A new total; ``typical`` of it (done first) a typical count, not a known one, and
+        the units past ``stage_end`` of stages not yet begun (:class:`~curvcal.pace.Pace`)."""
         if self._plan is not None:
-            self._plan(total)
+            self._plan(total, typical, typical_bounded, stage_end)
 
 
 class Reporter:
@@ -251,8 +259,13 @@ class Reporter:
                 pace.update(pace.done + units)
                 bar.update(task, completed=pace.done, total=pace.total, pace=pace.text())
 
-            def plan(new_total: int | None) -> None:
-                pace.plan(new_total)
+            def plan(
+                new_total: int | None,
+                typical: int = 0,
+                bounded: bool = True,
+                stage_end: int | None = None,
+            ) -> None:
+                pace.plan(new_total, typical, bounded, stage_end)
                 bar.update(task, total=pace.total, pace=pace.text())
 
             shown = [description]

@@ -4,8 +4,17 @@ lines written where no bar can be drawn (stderr not a terminal: a CI log, a pipe
 The estimate of the time left is (total − done) × (seconds per unit), the seconds per unit
 measured from the first report of the current stage on (the first report comes after the first
 unit, so loading and the setup before it are not counted), so it is revised at every report and
-follows a stage whose units cost more or less than the last one's. A total that the work
-outgrows (eigenvalue counts are typical, not bounds) becomes the count done.
+follows a stage whose units cost more or less than the last one's.
+
+Part of a plan may be a typical count rather than a known one (the products an eigenvalue
+solver needs depend on the spectrum): ``typical`` of the total, done first. While some of it is
+left the time left is said as a range, that part counted at :data:`TYPICAL_LOW` to
+:data:`TYPICAL_HIGH` times its typical size (``at least`` the low end when the plan says its
+count has no such bound: power iteration converges at the unknown rate |λ2/λ1|). The units of
+stages not yet begun (past ``stage_end``) may cost more or less than the current stage's: they
+are counted at :data:`LATER_LOW` to :data:`LATER_HIGH` times its pace. A total that
+the work outgrows is no longer a forecast: the count is said against the plan, with the time
+left not known, rather than a false "0 s left".
 
 Nothing here imports torch or rich; the clock is an argument, so tests drive it by hand.
 """
@@ -22,6 +31,14 @@ LINE_FRACTION = 0.1
 LINE_SECONDS = 30.0
 #: off a terminal, nothing is written in a run's first seconds (see Reporter._plain)
 PLAIN_GRACE_SECONDS = 5.0
+#: the span of a typical count's products, as fractions of it (Lanczos to 1e-3 on the
+#: benchmark models: 0.43× to 1.1× of its typical 10 + 3k steps; benchmarks/bench_forecast.py)
+TYPICAL_LOW = 0.4
+TYPICAL_HIGH = 2.0
+#: the span of a later stage's cost per unit, as fractions of the current stage's (ResNet-18 on
+#: a CPU: a Hutchinson probe of a block cost 1.9× a Lanczos product; benchmarks/bench_forecast.py)
+LATER_LOW = 0.5
+LATER_HIGH = 2.0
 
 
 def duration_text(seconds: float) -> str:
@@ -36,8 +53,18 @@ def duration_text(seconds: float) -> str:
 class Pace:
     """Units done against a total (``None``: not countable), and the time left."""
 
-    def __init__(self, total: int | None, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        total: int | None,
+        clock: Clock = time.monotonic,
+        typical: int = 0,
+        typical_bounded: bool = True,
+        stage_end: int | None = None,
+    ) -> None:
         self._planned = total
+        self._typical = typical
+        self._typical_bounded = typical_bounded
+        self._stage_end = stage_end
         self._clock = clock
         self.done = 0
         self._first: tuple[float, int] | None = None
@@ -50,9 +77,26 @@ class Pace:
             return None
         return max(self._planned, self.done)
 
-    def plan(self, total: int | None) -> None:
-        """A new total (the run resolved a setting that changes the work)."""
+    def plan(
+        self,
+        total: int | None,
+        typical: int = 0,
+        typical_bounded: bool = True,
+        stage_end: int | None = None,
+    ) -> None:
+        """A new total (the run resolved a setting that changes the work); ``typical`` of it,
+        done first, is a typical count, within :data:`TYPICAL_HIGH` times itself when
+        ``typical_bounded``; the units past ``stage_end`` (``None``: none) are of stages not
+        yet begun."""
         self._planned = total
+        self._typical = typical
+        self._typical_bounded = typical_bounded
+        self._stage_end = stage_end
+
+    @property
+    def outgrown(self) -> bool:
+        """Whether more units are done than were planned (the plan is no forecast now)."""
+        return self._planned is not None and self.done > self._planned
 
     def update(self, done: int) -> None:
         """``done`` units are finished now."""
@@ -87,11 +131,41 @@ class Pace:
             return None
         return max(total - self.done, 0) * per_unit
 
+    def remaining_range(self) -> tuple[float, float | None] | None:
+        """(fewest, most) seconds left at the measured pace, the typical part of the plan
+        still to do counted at :data:`TYPICAL_LOW` and :data:`TYPICAL_HIGH` times its size
+        (most ``None``: no bound) and the other units of stages not yet begun at
+        :data:`LATER_LOW` and :data:`LATER_HIGH` times the pace; None while the pace is not
+        measured or not countable, or once the work outgrew its plan."""
+        per_unit = self.seconds_per_unit()
+        if per_unit is None or self._planned is None or self.outgrown:
+            return None
+        typical_left = max(self._typical - self.done, 0)
+        stage_end = self._planned if self._stage_end is None else self._stage_end
+        later_left = max(self._planned - max(stage_end, self._typical, self.done), 0)
+        known_left = max(self._planned - self.done - typical_left - later_left, 0)
+        low = (known_left + TYPICAL_LOW * typical_left + LATER_LOW * later_left) * per_unit
+        if not self._typical_bounded and typical_left:
+            return low, None
+        high = known_left + TYPICAL_HIGH * typical_left + LATER_HIGH * later_left
+        return low, high * per_unit
+
     def text(self) -> str:
-        """``24/114`` and, once measured, ``about 3 min left``."""
+        """``24/114`` and, once measured, ``about 3 min left``; ``about 20 s to 2 min left``
+        (or ``at least 20 s left``) while a typical count is left to do; ``130 (40 planned),
+        time left not known`` once the work outgrew its plan."""
+        if self.outgrown:
+            return f"{self.done} ({self._planned} planned), time left not known"
         count = f"{self.done}" if self.total is None else f"{self.done}/{self.total}"
-        left = self.remaining()
-        return count if left is None else f"{count}, about {duration_text(left)} left"
+        span = self.remaining_range()
+        if span is None:
+            return count
+        low, high = span
+        if high is None:
+            return f"{count}, at least {duration_text(low)} left"
+        if duration_text(low) == duration_text(high):
+            return f"{count}, about {duration_text(low)} left"
+        return f"{count}, about {duration_text(low)} to {duration_text(high)} left"
 
 
 class PlainLines:
@@ -121,8 +195,14 @@ class PlainLines:
             self._said_stage = False
             self.pace.restart()
 
-    def plan(self, total: int | None) -> None:
-        self.pace.plan(total)
+    def plan(
+        self,
+        total: int | None,
+        typical: int = 0,
+        typical_bounded: bool = True,
+        stage_end: int | None = None,
+    ) -> None:
+        self.pace.plan(total, typical, typical_bounded, stage_end)
 
     def advance(self, units: int) -> None:
         self.update(self.pace.done + units)

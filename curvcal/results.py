@@ -90,7 +90,8 @@ class Report:
     """The envelope of every command's output.
 
     ``status`` is ``ok`` for an analysis, ``pass``/``fail`` for a check, ``error`` for a
-    numerical failure that still produced a report. ``inputs`` maps a role (``checkpoint``,
+    numerical failure that still produced a report, ``interrupted`` for a run stopped by Ctrl-C
+    that kept what converged (its document then also has ``"partial": true``). ``inputs`` maps a role (``checkpoint``,
     ``data``, ...) to a :class:`FileInfo` or a description; ``settings`` holds every option that
     shaped the numbers; ``timings`` are wall seconds by stage.
     """
@@ -122,4 +123,6 @@ class Report:
             "warnings": list(self.warnings),
         }
         body["nonfinite"] = nonfinite
+        if self.status == STATUS_INTERRUPTED:  # a reader that knows no status words sees it too
+            body["partial"] = True
         return body

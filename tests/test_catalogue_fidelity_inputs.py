@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
 
 from curvcal.calibration.metrics import calibration_metrics  # noqa: E402
-from tests.console_text import said, shown  # noqa: E402
+from tests.console_text import said, shown, times_said  # noqa: E402
 
 
 def _images(root: Path, side: int, per_class: int = 4, classes: str = "abc") -> Path:
@@ -162,6 +162,28 @@ def test_folder_imagenet_default_is_said_in_the_table_header(
     assert "preprocessing chosen by curvcal" in header
     assert "0.485,0.456,0.406" in header and "imagenet preset" in header
     assert said("curvcal chose normalisation mean 0.485,0.456,0.406", result.stderr)
+
+
+def test_folder_imagenet_default_is_a_warning_in_the_json_and_under_quiet(
+    run_cli, small_images, tmp_path: Path
+) -> None:
+    model = torch.jit.script(
+        torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 3)).eval()
+    )
+    path = tmp_path / "plain.pt"
+    torch.jit.save(model, str(path))
+    args = ("calibrate", path, "--trust-checkpoint", "--data", f"folder:{small_images}",
+            "--method", "none", "--json")  # fmt: skip
+    quiet = run_cli(*args, "-q")
+    document = _json(quiet)
+    (warning,) = [w for w in document["warnings"] if "0.485,0.456,0.406" in w]
+    assert "imagenet preset" in warning and "an assumption" in warning
+    assert said("curvcal chose normalisation mean 0.485,0.456,0.406", quiet.stderr)
+    assert said("an assumption", quiet.stderr)
+    # said once without -q too: as the warning, not also as a note
+    loud = run_cli(*args)
+    assert times_said("curvcal chose normalisation mean 0.485,0.456,0.406", loud.stderr) == 1
+    _valid(document)
 
 
 def test_an_hf_image_processor_size_that_differs_is_a_warning(

@@ -371,3 +371,28 @@ def test_path_table_has_only_the_real_layouts() -> None:
     assert paths["ts.nll"][0] == "results.evaluation.ts.nll"
     assert paths["lambda_max"] == ("results.lambda_max", "results.hessian.lambda_max")
     assert paths["focal_gamma"][0] == "results.fits.focal_ts.gamma"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "stage"),
+    [
+        ('[ts.ece]\nmax = 0.1\nrequire_improvement = "ece"\n', 3, "ts"),
+        ('[focal_ts.nll]\nrequire_improvement = "nll"\n', 2, "focal_ts"),
+        ('[ece]\nmax = 0.1\nrequire_improvement = "ece"\n', 3, None),  # no stage to name
+    ],
+)
+def test_require_improvement_under_a_metric_says_it_belongs_to_the_stage(
+    tmp_path: Path, text: str, line: int, stage: str | None
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(InputError) as info:
+        load_policy(path)
+    assert info.value.what == f"{path}:{line}"
+    assert "unknown bound 'require_improvement'" in info.value.why
+    hint = info.value.hint or ""
+    assert (
+        f"put it under [{stage}]" if stage else "a calibrated stage's table, such as [ts]"
+    ) in hint
+    # where the hint says, the same key is read
+    fixed = write(tmp_path, f'[{stage or "ts"}]\nrequire_improvement = "ece"\n', "fixed.toml")
+    assert [rule.require_improvement for rule in load_policy(fixed).rules] == [True]

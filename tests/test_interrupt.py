@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import curvcal
 
 CHECKPOINT = Path(curvcal.__file__).parent / "assets" / "digits_cnn.safetensors"
@@ -109,3 +111,64 @@ def test_sigint_in_the_trace_writes_the_eigenvalues_with_status_interrupted(
     assert report["status"] == "interrupted" and report["results"]["trace"] is None
     assert report["results"]["spectrum"]["values"][0]["converged"]
     assert "Hessian eigenvalues" in stdout
+
+
+# slow: a real process runs power iteration past λ1 (about 30 products on the digits) first
+@pytest.mark.slow
+def test_sigint_after_lambda_1_converged_writes_a_partial_report_of_it(
+    tmp_path: Path, run_cli
+) -> None:
+    import json
+    import re
+
+    common = ["--data", "curvcal:digits", "--device", "cpu", "--method", "power", "--no-trace"]
+    one = run_cli("hessian", CHECKPOINT, *common, "--top-k", "1", "--json")
+    assert one.code == 0, one.stderr
+    lambda_1 = json.loads(one.stdout)["results"]["spectrum"]["values"][0]
+    out = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(curvcal.__file__).parent.parent), "NO_COLOR": "1"}
+    # 20 values by power iteration with deflation take minutes; λ1 alone (the same start
+    # vector: the same seed) converges after lambda_1["matvecs"] products
+    command = [sys.executable, "-m", "curvcal", "hessian", str(CHECKPOINT), *common,
+               "--top-k", "20", "-o", str(out)]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_a_shell_starts_it,
+    )
+    said: list[str] = []
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:  # off a terminal: a progress line every few products
+            said.append(line)
+            count = re.search(r"\(eigenvalues\): (\d+)\b", line)
+            if count and int(count.group(1)) > lambda_1["matvecs"] + 1:
+                break
+        else:
+            raise AssertionError(f"no progress past λ1: {said}")
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, stderr
+    assert stderr.rstrip().endswith("curvcal: interrupted") and "Traceback" not in stderr
+    assert [path.name for path in tmp_path.iterdir()] == ["report.json"]  # no temporary file
+    report = json.loads(out.read_text())
+    assert report["status"] == "interrupted" and report["partial"] is True
+    values = report["results"]["spectrum"]["values"]
+    assert 1 <= len(values) < 20 and all(value["converged"] for value in values)
+    assert values[0]["value"] == pytest.approx(lambda_1["value"], rel=1e-6)
+    assert report["results"]["spectrum"]["stopped_by"] == "interrupted"
+    assert f"the {len(values)} of 20 eigenvalues that converged" in " ".join(stderr.split())
+    assert "Hessian eigenvalues" in stdout
+    from jsonschema import Draft202012Validator
+
+    schema = json.loads(
+        (Path(curvcal.__file__).parent / "assets" / "report.schema.json").read_text()
+    )
+    Draft202012Validator(schema).validate(report)

@@ -169,3 +169,64 @@ def test_off_a_terminal_a_stage_line_waits_for_a_count(monkeypatch) -> None:  # 
     clock.now = 60.0  # a minute of loading
     reporter.stage("checking that the model takes the data")
     assert stream.getvalue() == ""
+
+
+def test_a_typical_count_left_is_said_as_a_range_and_a_known_one_as_a_point() -> None:
+    clock = FakeClock()
+    # 14 eigenvalue products (a typical count, done first) then 20 trace probes (known)
+    pace = Pace(34, clock, typical=14)
+    pace.update(1)
+    clock.now = 4.0
+    pace.update(3)  # 2 s a product; 11 typical and 20 known left
+    low, high = pace.remaining_range()  # type: ignore[misc]
+    assert low == (20 + 0.4 * 11) * 2.0 and high == (20 + 2.0 * 11) * 2.0
+    assert pace.text() == "3/34, about 49 s to 84 s left"
+    # the eigenvalue stage ended after 6 products: the plan says so, and the rest is known
+    pace.plan(26, typical=0)
+    clock.now = 10.0
+    pace.update(6)
+    assert pace.remaining_range() == (20 * 2.0, 20 * 2.0)
+    assert pace.text() == "6/26, about 40 s left"
+
+
+def test_an_unbounded_typical_count_gives_only_a_least_time() -> None:
+    clock = FakeClock()
+    pace = Pace(60, clock, typical=60, typical_bounded=False)  # power iteration, 3 values
+    pace.update(1)
+    clock.now = 1.0
+    pace.update(11)  # 0.1 s a product, 49 typical left
+    assert pace.remaining_range() == (0.4 * 49 * 0.1, None)
+    assert pace.text() == "11/60, at least 2 s left"
+
+
+def test_work_that_outgrows_its_plan_says_the_time_left_is_not_known() -> None:
+    clock = FakeClock()
+    pace = Pace(60, clock, typical=60, typical_bounded=False)
+    pace.update(1)
+    clock.now = 10.0
+    pace.update(60)
+    assert pace.text() == "60/60, about 0 s left"  # border: exactly the plan is no overrun
+    clock.now = 30.0
+    pace.update(125)
+    assert pace.outgrown and pace.remaining_range() is None
+    assert pace.text() == "125 (60 planned), time left not known"
+
+
+def test_units_of_a_stage_not_yet_begun_widen_the_range_by_their_unknown_cost() -> None:
+    clock = FakeClock()
+    # 11 Lanczos products (typical) of which 3 done, then 20 trace probes, whose cost per
+    # product is not measured yet (ResNet-18 on a CPU: 1.9× a Lanczos product)
+    pace = Pace(34, clock, typical=14, stage_end=14)
+    pace.update(1)
+    clock.now = 4.0
+    pace.update(3)  # 2 s a product
+    low, high = pace.remaining_range()  # type: ignore[misc]
+    assert low == (0.4 * 11 + 0.5 * 20) * 2.0 and high == (2.0 * 11 + 2.0 * 20) * 2.0
+    # in the trace stage its own pace is measured: the rest of it is a point again
+    pace.plan(26, typical=0, stage_end=26)
+    pace.restart()
+    clock.now = 10.0
+    pace.update(7)
+    clock.now = 16.0
+    pace.update(10)  # 2 s a probe
+    assert pace.remaining_range() == (32.0, 32.0) and pace.text() == "10/26, about 32 s left"

@@ -115,6 +115,28 @@ def test_a_directory_is_not_a_checkpoint(tmp_path: Path, good: dict[str, Path], 
         _one_line(run_cli(*args), f"{shown(tmp_path, ':')} is a directory, not a checkpoint file")
 
 
+def test_a_trainer_output_folder_names_its_checkpoints_and_the_latest(
+    tmp_path: Path, good: dict[str, Path], run_cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what Trainer(output_dir="out") leaves: checkpoint-N folders (N = 150 sorts before 50 as
+    # text: the latest is the largest step), logs, and no config.json of its own
+    monkeypatch.chdir(tmp_path)
+    for step in (50, 150, 100):
+        (tmp_path / "out" / f"checkpoint-{step}").mkdir(parents=True)
+        (tmp_path / "out" / f"checkpoint-{step}" / "config.json").write_text("{}")
+    (tmp_path / "out" / "runs").mkdir()
+    (tmp_path / "out" / "checkpoint-notes.txt").write_text("not a checkpoint")
+    for args in (["inspect", "out"], ["hessian", "out", "--data", good["data"], *DIGITS]):
+        line = _one_line(run_cli(*args), "out: is a directory, not a checkpoint file")
+        assert (
+            "it holds Trainer checkpoints checkpoint-50, checkpoint-100, checkpoint-150 (" in line
+        )
+        assert line.endswith("(name one of them, such as the latest, out/checkpoint-150)")
+    # a folder holding nothing of the kind keeps the plain hint
+    (tmp_path / "empty").mkdir()
+    assert "save_pretrained" in _one_line(run_cli("inspect", "empty"), "empty: is a directory")
+
+
 def test_long_values_are_cut_in_messages(tmp_path: Path, good: dict[str, Path], run_cli) -> None:
     arch = "tv:" + "a" * 99_990 + "END"
     line = _one_line(run_cli("hessian", good["model"], "--arch", arch, "--data", good["data"],

@@ -120,3 +120,41 @@ def test_ctrl_c_in_the_trace_writes_the_eigenvalues_with_status_interrupted(
     assert report["results"]["trace"] is None
     assert any("interrupted (Ctrl-C) in the trace stage" in w for w in report["warnings"])
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_ctrl_c_after_lambda_1_without_o_writes_nothing_and_shows_what_was_kept(
+    run_cli, digits_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint, data = digits_files
+    common = ("--data", data, "--device", "cpu", "--method", "power", "--no-trace")
+    one = run_cli("hessian", checkpoint, *common, "--top-k", "1", "--json")
+    assert one.code == 0, one.stderr
+    lambda_1 = json.loads(one.stdout)["results"]["spectrum"]["values"][0]
+    products = [0]
+
+    def stop_requested() -> bool:  # Ctrl-C pressed two products into λ2's deflated pass
+        return products[0] >= lambda_1["matvecs"] + 2
+
+    import curvcal.curvature.analysis as analysis_module
+
+    real_eigen = analysis_module._eigen
+
+    def counting_eigen(operator, settings, k, which, budget, on_step, on_vectors=None):  # type: ignore[no-untyped-def]
+        def count(done: int) -> None:
+            products[0] += 1
+            if on_step is not None:
+                on_step(done)
+
+        return real_eigen(operator, settings, k, which, budget, count, on_vectors)
+
+    monkeypatch.setattr(analysis_module, "_eigen", counting_eigen)
+    monkeypatch.setattr(interrupt, "stop_requested", stop_requested)
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("hessian", checkpoint, *common, "--top-k", "3")
+    assert result.code == 130, result.stderr
+    assert list(tmp_path.iterdir()) == []  # no -o: nothing written
+    assert result.stderr.rstrip().endswith("curvcal: interrupted")
+    said = " ".join(result.stderr.split())
+    assert "the results hold the 1 of 3 eigenvalues that converged" in said
+    assert f"λ1 = {lambda_1['value']:.6g}" in said
+    assert "Hessian eigenvalues" in result.stdout  # the table of what was kept

@@ -154,8 +154,11 @@ def analyse_operator(
     ``timings`` holds the seconds already spent (``setup``); the stages' are added to it.
     ``on_step`` is also called at the end of each stage with the products made so far (its
     last products come after its last step). When ``on_step`` raises
-    :class:`~curvcal.curvature.progress.Stopped` after the eigenvalues, it is raised again
-    carrying the analysis of the stages finished (the others ``None``)."""
+    :class:`~curvcal.curvature.progress.Stopped` once a value has converged, it is raised again
+    carrying the analysis of what finished: in the eigenvalue stage the values that converged
+    (the spectrum's ``stopped_by`` is ``"interrupted"``) and no later stage, in the per-layer
+    stage the modules finished, in another stage the stages before it (the others ``None``);
+    stopped before any value converged, it is raised again with ``finished=None``."""
     timings = {} if timings is None else dict(timings)
     n_params = operator.shape[0]
     if settings.top_k > n_params:
@@ -226,16 +229,25 @@ def analyse_operator(
 
     stop = timed("eigenvalues")
     kept: list[Tensor] = []
-    spectrum = _eigen(
-        operator,
-        settings,
-        settings.top_k,
-        "largest",
-        budget,
-        hook("eigenvalues"),
-        None if on_vectors is None else kept.append,
-    )
-    stop()
+    stopped: Stopped | None = None
+    try:
+        spectrum = _eigen(
+            operator,
+            settings,
+            settings.top_k,
+            "largest",
+            budget,
+            hook("eigenvalues"),
+            None if on_vectors is None else kept.append,
+        )
+    except Stopped as signal:
+        if not isinstance(signal.finished, EigenSpectrum):
+            raise Stopped(None, signal.stage) from None
+        spectrum, stopped = signal.finished, signal
+    try:
+        stop()
+    except Stopped as signal:  # asked for at the stage's very end: every value is kept
+        stopped = stopped or signal
     if on_vectors is not None and kept:
         on_vectors(
             TopEigenvectors(
@@ -252,8 +264,9 @@ def analyse_operator(
     trace, shares = None, None
     density = None
     layers = None
-    stopped: Stopped | None = None
     try:  # the stages after λmax: a hook that stops the run keeps what they finished
+        if stopped is not None:  # stopped in the eigenvalues: no later stage runs
+            raise stopped
         smallest = None
         if settings.smallest:
             stop = timed("smallest")
@@ -350,6 +363,8 @@ def analyse_operator(
 
     except Stopped as signal:
         stopped = signal
+        if isinstance(signal.finished, list) and signal.finished:  # the modules finished
+            layers = signal.finished
 
     description = {
         "curvature": operator.curvature,
@@ -461,18 +476,23 @@ def _eigen(
     # shifted) converges at a crawl; Lanczos reaches both ends of the spectrum directly.
     method = settings.method or ("lanczos" if which == "smallest" else None)
     before = dict(operator.engine_products)
-    spectrum = eigenvalues(
-        operator,
-        k,
-        method=method,
-        which=which,
-        tol=settings.tol,
-        max_iter=settings.max_iter,
-        max_basis=lanczos_basis(k, operator.shape[0], budget, settings.max_basis),
-        seed=settings.seed,
-        on_step=on_step,
-        on_vectors=on_vectors,
-    )
+    try:
+        spectrum = eigenvalues(
+            operator,
+            k,
+            method=method,
+            which=which,
+            tol=settings.tol,
+            max_iter=settings.max_iter,
+            max_basis=lanczos_basis(k, operator.shape[0], budget, settings.max_basis),
+            seed=settings.seed,
+            on_step=on_step,
+            on_vectors=on_vectors,
+        )
+    except Stopped as signal:  # the values kept say which engine made them too
+        if isinstance(signal.finished, EigenSpectrum):
+            signal.finished = _with_engines(operator, before, signal.finished)
+        raise
     return _with_engines(operator, before, spectrum)
 
 

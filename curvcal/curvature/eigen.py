@@ -61,7 +61,7 @@ from torch import Tensor
 from curvcal.curvature.krylov import RESTART_COLUMNS, KrylovBasis, operator_basis
 from curvcal.curvature.operators import LinearOperator, as_operator, product_into
 from curvcal.curvature.precision import effective_tol, float64_advice
-from curvcal.curvature.progress import OnStep
+from curvcal.curvature.progress import OnStep, Stopped
 from curvcal.curvature.results import (
     ConvergenceWarning,
     EigenResult,
@@ -204,6 +204,11 @@ def power_iteration(
     ``max_iter`` (default 1000) bounds the iterations spent on each value and on each pass.
     ``on_vectors`` receives the P×k unit eigenvectors, columns in the order of the values (each
     rank's slices of them for a sliced vector space).
+
+    When ``on_step`` raises :class:`~curvcal.curvature.progress.Stopped`, it is raised again
+    carrying the values that converged before it, deflated ones included (the leading ones in
+    the order found, each met the rule; ``None`` when none did), as a spectrum with
+    ``stopped_by="interrupted"`` (:func:`interrupted_spectrum`).
     """
     op = as_operator(operator)
     _check_common(op, k, tol, max_iter, which)
@@ -218,9 +223,26 @@ def power_iteration(
     used = 0
     shift: float | None = None
     while len(results) < k:
-        result, vector = _power_one(
-            op, 0.0 if shift is None else shift, found, tol, iterations, scale, generator, on_step
-        )
+        try:
+            result, vector = _power_one(
+                op,
+                0.0 if shift is None else shift,
+                found,
+                tol,
+                iterations,
+                scale,
+                generator,
+                on_step,
+            )
+        except Stopped as stop:
+            leading = []
+            for done in results:  # a deflated value is only as good as the ones before it
+                if not done.converged:
+                    break
+                leading.append(_with_status(done, asked, floor, "interrupted"))
+            leading.sort(key=lambda r: r.value, reverse=which == "largest")
+            kept = interrupted_spectrum(leading, "power", which, asked, used, floor, k, shift)
+            raise Stopped(kept, stop.stage) from None
         scale = max(scale, abs(result.value))
         used += result.matvecs
         wrong_sign = result.value < 0 if which == "largest" else result.value > 0
@@ -298,6 +320,11 @@ def lanczos(
     invariant subspace found early restarts the basis with a fresh random vector orthogonal to
     it, so repeated eigenvalues are found with their multiplicity. Every value reports the run's
     steps and products; the residual reported is always the measured (true) one.
+
+    When ``on_step`` raises :class:`~curvcal.curvature.progress.Stopped`, it is raised again
+    carrying the leading wanted values that had converged (:func:`_converged_at_stop`: their
+    estimates met the rule and one block product of that many vectors verified their true
+    residuals), or ``None`` when none had.
 
     Memory: the basis holds one vector of P values per step (float32 for float32 products, plus
     one float64 work vector; float64 otherwise). ``max_basis`` (at least
@@ -381,7 +408,14 @@ def lanczos(
         ritz, ritz_vectors, skew = _rayleigh_ritz(projected[:size, :size])
         scale = max(scale, float(ritz.abs().max()))
         if on_step is not None:
-            on_step(steps)
+            try:
+                on_step(steps)
+            except Stopped as stop:
+                kept = _converged_at_stop(
+                    op, basis, (ritz, ritz_vectors, skew), beta, previous, k, which,
+                    (tol, asked, floor, scale, noisy(size)), (steps, used),
+                )  # fmt: skip
+                raise Stopped(kept, stop.stage) from None
         if size >= k:
             wanted = _wanted(size, k, which)
             values = [float(ritz[i]) for i in wanted]
@@ -483,6 +517,90 @@ def lanczos(
     )
     _warn_unconverged(spectrum)
     return spectrum
+
+
+def interrupted_spectrum(
+    values: list[EigenResult],
+    method: str,
+    which: str,
+    asked: float,
+    matvecs: int,
+    floor: float,
+    k: int,
+    shift: float | None = None,
+) -> EigenSpectrum | None:
+    """The spectrum an interrupted run keeps: ``values``, each converged, of the k asked for
+    (``None`` when there are none); ``stopped_by`` is ``"interrupted"``."""
+    if not values:
+        return None
+    return EigenSpectrum(
+        values=tuple(values),
+        method=method,
+        which=which,
+        tol=float(asked),
+        matvecs=matvecs,
+        converged=True,
+        shift=shift,
+        stopped_by="interrupted",
+        limit=f"interrupted (Ctrl-C) with {len(values)} of the {k} values asked for converged",
+        precision_floor=floor,
+    )
+
+
+def _converged_at_stop(
+    op: LinearOperator,
+    basis: KrylovBasis,
+    pairs: tuple[Tensor, Tensor, Tensor],
+    beta: float,
+    previous: list[float] | None,
+    k: int,
+    which: str,
+    rule: tuple[float, float, float, float, float],
+    spent: tuple[int, int],
+) -> EigenSpectrum | None:
+    """What a Lanczos run stopped at step ``steps`` keeps: the leading wanted Ritz values (λ1,
+    λ2, … in report order) whose estimated residual ‖K s‖ ⊕ |h_{m+1,m} s_m| and change since
+    the last step meet ``tol``, then of those the leading ones whose true residual, measured
+    with one block product, meets the rule a finished run applies. ``pairs``: the Ritz values,
+    vectors and skew part of the projected matrix at this step; ``rule``: tol (raised to the
+    floor), the tol asked, the floor, the scale ‖A‖ and the products' noise in a residual;
+    ``spent``: steps and products so far."""
+    ritz, ritz_vectors, skew = pairs
+    tol, asked, floor, scale, noise = rule
+    steps, used = spent
+    size = ritz.shape[0]
+    wanted = _wanted(size, min(k, size), which)
+    values = [float(ritz[i]) for i in wanted]
+    changes: list[float] = []
+    for column, index in enumerate(wanted):
+        krylov = _relative(
+            abs(beta * float(ritz_vectors[-1, index])), values[column], scale, op.dtype
+        )
+        asymmetry = _relative(
+            float((skew @ ritz_vectors[:, index]).norm()), values[column], scale, op.dtype
+        )
+        if previous is None or column >= len(previous):
+            break
+        change = _relative(abs(values[column] - previous[column]), values[column], scale, op.dtype)
+        if math.hypot(krylov, asymmetry) > tol or change > tol:
+            break
+        changes.append(change)
+    if not changes:
+        return None
+    leading = wanted[: len(changes)]
+    check = _verify(op, basis, ritz, ritz_vectors, leading, scale, steps)
+    allowed = _allowed(tol, noise, values[: len(leading)], scale, op.dtype)
+    kept = []
+    for column, residual in enumerate(check.residuals):
+        if residual > allowed[column]:
+            break
+        status = eigen_status(residual, changes[column], True, asked, floor, "interrupted")
+        kept.append(
+            EigenResult(
+                values[column], steps, used + len(leading), residual, changes[column], True, status
+            )
+        )
+    return interrupted_spectrum(kept, "lanczos", which, asked, used + len(leading), floor, k)
 
 
 def _with_status(result: EigenResult, asked: float, floor: float, stopped_by: str) -> EigenResult:

@@ -15,7 +15,10 @@ loss pass). Products planned, for :class:`~curvcal.curvature.analysis.HessianSet
 
 The eigenvalue counts are typical, not bounds (a Krylov method on a decaying spectrum needs
 10–20 steps for λ1 to 1e-4), so the forecast is an order of magnitude: enough to say that a run
-of hours could be a run of minutes with other options.
+of hours could be a run of minutes with other options. The progress count follows the run
+(:class:`StagePlan`): a stage that ended replaces its planned count by the products it made,
+and while an eigenvalue stage is still to finish its count is said to be typical, so the time
+left is a range (:class:`curvcal.pace.Pace`).
 """
 
 from __future__ import annotations
@@ -62,6 +65,61 @@ def planned_by_stage(settings: HessianSettings, n_params: int, n_blocks: int = 0
     if settings.per_layer:
         stages["layers"] = n_blocks * (_TYPICAL_POWER_ITERATIONS + settings.probes)
     return stages
+
+
+#: the stages whose planned count is typical, not known (they run first, in this order)
+TYPICAL_STAGES = ("eigenvalues", "smallest")
+
+
+def _stage_of(progress_stage: str) -> str:
+    """The plan's stage of a progress report's stage name (the Gauss–Newton trace names its
+    batches: ``Gauss–Newton trace, batch 3``)."""
+    return "trace" if progress_stage.startswith("Gauss–Newton") else progress_stage
+
+
+class StagePlan:
+    """The products planned for a run (:func:`planned_by_stage`), revised as it goes: a stage
+    that has ended counts the products it made. Fed the progress reports (stage, products so
+    far) in order."""
+
+    def __init__(self, plan: dict[str, int], method: str) -> None:
+        self.plan = plan
+        self.method = method
+        self.made: dict[str, int] = {}  # stages ended: products made
+        self._stage: str | None = None
+        self._start = 0
+        self._last = 0
+
+    def replan(self, plan: dict[str, int], method: str) -> None:
+        self.plan, self.method = plan, method
+
+    def seen(self, stage: str, products: int) -> None:
+        key = _stage_of(stage)
+        if key != self._stage:
+            if self._stage is not None:
+                self.made[self._stage] = self._last - self._start
+            self._stage, self._start = key, self._last
+        self._last = products
+
+    def total(self) -> int:
+        """Products made in the stages that ended and planned for the others."""
+        return sum(self.made.values()) + sum(
+            count for stage, count in self.plan.items() if stage not in self.made
+        )
+
+    def typical(self) -> tuple[int, bool, int]:
+        """How many of :meth:`total`'s products, counted from the first, are up to a stage
+        whose count is typical that has not ended, whether that count is bounded (not for
+        power iteration, whose rate |λ2/λ1| is unknown), and the products up to the end of
+        the stage running (those after it are of stages not yet begun)."""
+        ended = sum(self.made.values())
+        current = self._stage if self._stage is not None else next(iter(self.plan), None)
+        stage_end = ended + self.plan.get(current, 0) if current is not None else ended
+        open_stages = [s for s in TYPICAL_STAGES if s in self.plan and s not in self.made]
+        if not open_stages:
+            return 0, True, stage_end
+        bounded = not ("eigenvalues" in open_stages and self.method == "power")
+        return ended + sum(self.plan[s] for s in open_stages), bounded, stage_end
 
 
 def planned_products(settings: HessianSettings, n_params: int, n_blocks: int = 0) -> int:
@@ -205,13 +263,19 @@ def forecast_for(
     settings: HessianSettings,
     notify: Callable[[str], None],
     given: frozenset[str] = frozenset(),
-) -> tuple[Callable[[str, int], None], Callable[[HessianSettings], None], Callable[[], int]]:
+) -> tuple[
+    Callable[[str, int], None],
+    Callable[[HessianSettings], None],
+    Callable[[], int],
+    Callable[[], tuple[int, bool, int]],
+]:
     """:func:`forecast_hook` for ``settings`` on ``model`` (P and the module blocks counted
     from its trainable parameters selected by ``settings.params``), a function that plans
     again from the settings the run resolved (``--trace-method auto`` become ``gauss-newton``,
-    which makes no product, or ``hutchpp``): the analysis's ``on_plan``, and the products
-    planned now (the progress total). ``given``: options the user gave that the advice must
-    not suggest again (``--max-samples``)."""
+    which makes no product, or ``hutchpp``): the analysis's ``on_plan``, the products
+    planned now (the progress total, revised as stages end: :class:`StagePlan`), and the
+    typical part of that total (:meth:`StagePlan.typical`). ``given``: options the user gave
+    that the advice must not suggest again (``--max-samples``)."""
     n_params = selected_parameter_count(model, settings.params)
     owners = {
         name.rpartition(".")[0]
@@ -222,15 +286,22 @@ def forecast_for(
     device = next((p.device.type for p in model.parameters()), "cpu")
     plan = [planned_by_stage(settings, n_params, len(owners))]
     resolved = [settings]
+    stages = StagePlan(plan[0], settings.method or "lanczos")
 
     def replan(new: HessianSettings) -> None:
         resolved[0] = new
         plan[0] = planned_by_stage(new, n_params, len(owners))
+        stages.replan(plan[0], new.method or "lanczos")
 
     def advise(per_product: float, count: int | dict[str, int]) -> str | None:
         return slow_run_advice(
             per_product, count, SLOW_RUN_SECONDS, settings=resolved[0], given=given, device=device
         )
 
-    hook = forecast_hook(lambda: plan[0], notify, advise=advise)
-    return hook, replan, lambda: sum(plan[0].values())
+    advice = forecast_hook(lambda: plan[0], notify, advise=advise)
+
+    def hook(stage: str, products: int) -> None:
+        stages.seen(stage, products)
+        advice(stage, products)
+
+    return hook, replan, stages.total, stages.typical

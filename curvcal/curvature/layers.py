@@ -12,7 +12,7 @@ import glob
 from curvcal.curvature.eigen import DEFAULT_TOL, power_iteration
 from curvcal.curvature.gauss_newton import TensorTraces, trace_result
 from curvcal.curvature.operator import HessianOperator
-from curvcal.curvature.progress import OnStep
+from curvcal.curvature.progress import OnStep, Stopped
 from curvcal.curvature.results import LayerCurvature
 from curvcal.curvature.trace import exact_trace, hutchinson_trace
 from curvcal.settings.fields import former_keywords
@@ -41,16 +41,28 @@ def layer_curvature(
     a larger one a Hutchinson estimate with ``probes`` probes — unless ``gauss_newton``, the
     per-tensor traces of :func:`~curvcal.curvature.gauss_newton.tensor_traces` for an operator
     whose logits were shown linear in every tensor, gives every block its exact trace for free
-    (the sum of its tensors' shares). ``on_step`` receives the index of each module as it is
-    finished.
+    (the sum of its tensors' shares). ``on_step`` receives the count of modules finished, as
+    each is finished and between the products of each module's λmax; when it raises
+    :class:`~curvcal.curvature.progress.Stopped`, that is raised again carrying the list of the
+    modules finished (the one running is dropped).
     """
     groups: dict[str, list[str]] = {}
     for name in operator.param_names:
         groups.setdefault(_module_of(name), []).append(name)
-    results = []
+    results: list[LayerCurvature] = []
     for index, (module, names) in enumerate(groups.items()):
         block = operator.restrict([glob.escape(n) for n in names])
-        spectrum = power_iteration(block, 1, tol=tol, max_iter=max_iter, seed=seed)
+        try:
+            spectrum = power_iteration(
+                block,
+                1,
+                tol=tol,
+                max_iter=max_iter,
+                seed=seed,
+                on_step=_between_products(on_step, index),
+            )
+        except Stopped as stop:  # the modules finished are kept; this one is not
+            raise Stopped(list(results), stop.stage) from None
         size = block.shape[0]
         if gauss_newton is not None:
             trace = trace_result(gauss_newton, names)
@@ -75,5 +87,16 @@ def layer_curvature(
             )
         )
         if on_step is not None:
-            on_step(index + 1)
+            try:
+                on_step(index + 1)
+            except Stopped as stop:
+                raise Stopped(list(results), stop.stage) from None
     return results
+
+
+def _between_products(on_step: OnStep, finished: int) -> OnStep:
+    """The hook a module's λmax reports through: the count of modules finished before it."""
+    if on_step is None:
+        return None
+    report = on_step
+    return lambda _iterations: report(finished)

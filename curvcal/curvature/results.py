@@ -65,8 +65,10 @@ class EigenSpectrum:
     ran, when the operator was a :class:`~curvcal.curvature.operator.HessianOperator`.
     ``stopped_by`` names what ended the run: ``"tol"`` (every value met the rule),
     ``"max_iter"``, ``"max_matvecs"`` (the products budget), ``"precision"`` (rounding in the
-    products keeps the true residual above tol: the operator's precision floor) or
-    ``"exhausted"`` (Lanczos' basis spans the whole space); ``limit`` says it in words.
+    products keeps the true residual above tol: the operator's precision floor),
+    ``"exhausted"`` (Lanczos' basis spans the whole space) or ``"interrupted"`` (a progress
+    hook stopped the run: ``values`` holds only the leading ones that had converged, fewer
+    than asked for); ``limit`` says it in words.
     ``precision_floor``: the relative accuracy of the operator's products (a model in bfloat16
     or float16; 0 when the operator states none); the values met max(``tol``, floor),
     :attr:`tol_met`, and carry no more relative accuracy than the floor.

@@ -13,7 +13,9 @@ named by its config (``auto_map``) needs ``--trust-checkpoint``. A Hugging Face 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,13 +38,45 @@ def is_folder(path: Path) -> bool:
     from curvcal.load.hf import CONFIG_NAME, is_model_folder
 
     if not is_model_folder(path) and not is_adapter_folder(path):
+        why = (
+            f"is a directory, not a checkpoint file nor a model folder (it has no {CONFIG_NAME} "
+            "nor adapter_config.json)"
+        )
+        saved = trainer_checkpoints(path)
+        if saved:
+            shown = ", ".join(folder.name for folder in saved[:_NAMED])
+            more = f" and {len(saved) - _NAMED} more" if len(saved) > _NAMED else ""
+            raise InputError(
+                str(path),
+                f"{why}; it holds Trainer checkpoints {shown}{more}",
+                f"name one of them, such as the latest, {saved[-1]}",
+            )
         raise InputError(
             str(path),
-            f"is a directory, not a checkpoint file nor a model folder (it has no {CONFIG_NAME} "
-            "nor adapter_config.json)",
+            why,
             "a model folder holds config.json and its weights, as save_pretrained writes them",
         )
     return True
+
+
+_NAMED = 6  # Trainer checkpoints named in an error; the rest are counted
+_TRAINER_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+
+
+def trainer_checkpoints(path: Path) -> list[Path]:
+    """The ``checkpoint-N`` folders a Hugging Face Trainer output folder holds, by step N (the
+    latest last); names only, nothing inside is read."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        match = _TRAINER_CHECKPOINT.fullmatch(entry.name)
+        with contextlib.suppress(OSError):
+            if match and entry.is_dir():
+                found.append((int(match.group(1)), Path(path) / entry.name))
+    return [folder for _, folder in sorted(found)]
 
 
 def folder_form(library: str) -> str:

@@ -66,7 +66,9 @@ def load_image_folder(options: DataSettings, model: Mapping[str, Any] | None) ->
         raise InputError(
             what, f"is not an image folder ({reason})", "put images in one sub-folder per class"
         ) from exc
-    image = image_transform(options, "imagenet", 3, model, _first_image_size(folder))
+    image = image_transform(
+        options, "imagenet", 3, model, _first_image_size(folder), preset_assumed=True
+    )
     folder.transform = image.transform
     dataset = CheckedImages(folder)
     labels = as_labels(torch.as_tensor(dataset.targets, dtype=torch.int64), what)

@@ -89,13 +89,18 @@ def image_transform(
     channels: int | None,
     model: Mapping[str, Any] | None,
     image_size: tuple[int, int] | None = None,
+    *,
+    preset_assumed: bool = False,
 ) -> ImageTransform:
     """The transform of ``tv:``/``folder:`` images: resize and center-crop (given, or the
     model config's eval transform when neither is given), to ``[0, 1]``, normalise.
 
     ``image_size`` (height, width) is the images' own size where known: a model config whose
     input size differs from it is a warning (the images are rescaled to what the config says,
-    which may not be what the model was trained on)."""
+    which may not be what the model was trained on). ``preset_assumed``: the preset is a
+    convention, not the dataset's own statistics (``folder:`` images of unknown origin), so
+    normalising with it when neither the model nor ``--mean``/``--std`` say otherwise is a
+    warning as well as a choice recorded."""
     from torchvision import transforms
 
     steps: list[Any] = []
@@ -140,10 +145,17 @@ def image_transform(
                 if model is not None and "mean" in model and "std" in model
                 else f"the {preset} preset"
             )
-            chosen.append(
+            note = (
                 f"normalisation mean {_numbers(mean)}, std {_numbers(std)} (from {origin}; "
                 "--mean/--std choose them)"
             )
+            chosen.append(note)
+            from_model = model is not None and "mean" in model and "std" in model
+            if preset_assumed and not from_model:
+                warnings.append(
+                    f"--data {options.spec}: curvcal chose {note}: an assumption, as neither "
+                    "the images nor the model record how they were normalised"
+                )
     return ImageTransform(
         transforms.Compose(steps), tuple(names), description, tuple(chosen), tuple(warnings)
     )

@@ -270,7 +270,7 @@ def run_calibrate(
             fit_features=fit_features,
         )
     timings["calibration"] = time.perf_counter() - began
-    _warn(analysis_warnings(analysis), warnings, session.reporter)
+    _warn(analysis_warnings(analysis, data.subset), warnings, session.reporter)
     inputs: dict[str, Any] = {
         "checkpoint": loaded.describe(),
         "data": {**data.describe(), "dropped_rows": dropped},

@@ -7,7 +7,10 @@ them in the report's ``warnings`` list, the same way as every other warning.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from curvcal.errors import setting_name
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -56,12 +59,22 @@ def missing_classes(labels: Tensor, n_classes: int, source: str) -> str | None:
 _STEP_MAPS = ("histogram", "histogram_ovr", "isotonic", "isotonic_ovr")
 
 
-def analysis_warnings(analysis: CalibrationAnalysis) -> list[str]:
+def analysis_warnings(
+    analysis: CalibrationAnalysis,
+    data_subset: Mapping[str, Any] | None = None,
+    subset_named: str | None = None,
+) -> list[str]:
     """A fitted temperature stopped at an end of its bracket (the optimum may lie beyond it,
-    so the map is not the fit it claims to be), and any infinite NLL (a true class given
+    so the map is not the fit it claims to be), any infinite NLL (a true class given
     probability 0: by rounded probabilities, or by a binning or isotonic map where its fit
-    split had no row of that class)."""
+    split had no row of that class), and a ``max_samples`` subset of the data
+    (``data_subset``, :attr:`LoadedData.subset <curvcal.load.loaded_data.LoadedData.subset>`)
+    that the validation split then divides again (named ``subset_named``, default the
+    ``max_samples`` setting as messages name settings now)."""
     messages: list[str] = []
+    shrunk = _subset_shrinks_split(analysis, data_subset, subset_named)
+    if shrunk is not None:
+        messages.append(shrunk)
     ts, focal = analysis.fits.ts, analysis.fits.focal_ts
     if ts is not None and ts.at_bracket_end:
         messages.append(_bracket_warning("temperature scaling", ts.temperature, ts.bracket))
@@ -128,4 +141,19 @@ def _bracket_warning(name: str, temperature: float, bracket: tuple[float, float]
         f"{name} stopped at T = {temperature:g}, an end of its bracket "
         f"[{bracket[0]:g}, {bracket[1]:g}]: the best T may lie outside it, so the fitted map "
         "is not trustworthy (check the scores and their kind)"
+    )
+
+
+def _subset_shrinks_split(
+    analysis: CalibrationAnalysis, data_subset: Mapping[str, Any] | None, named: str | None
+) -> str | None:
+    """The warning for a ``max_samples`` subset that also sizes the calibration split: the
+    maps are fitted on, and every stage measured on, parts of the subset, not of the data."""
+    split = analysis.split
+    if data_subset is None or split.method != "val-split":
+        return None
+    return (
+        f"{named or setting_name('max_samples')} {data_subset['max_samples']} (of the data's "
+        f"{data_subset['of']} samples) also shrinks the calibration split: the maps are fitted "
+        f"on {split.n_fit} samples and every stage is measured on {split.n_eval}"
     )

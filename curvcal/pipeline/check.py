@@ -256,7 +256,8 @@ def run_check(
             if calibration is not None:
                 # what calibrate says of the same fits (a temperature at its bracket's end, a
                 # map with no minimum or not converged, an infinite NLL), said of the gated ones
-                messages += analysis_warnings(calibration)
+                named = "max_samples" if sources.get("max_samples") == "policy" else None
+                messages += analysis_warnings(calibration, data.subset, named)
             timings["calibration"] = time.perf_counter() - began
             if on_step is not None:
                 on_step("calibration", 1)

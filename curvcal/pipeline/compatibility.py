@@ -93,8 +93,11 @@ def say_preprocessing(
 ) -> None:
     """Say on stderr the preprocessing curvcal chose on its own for ``data`` (a note; it is
     also in the report's ``inputs``), and warn of what the user should check (added to
-    ``warnings`` for the report)."""
+    ``warnings`` for the report); a choice a warning is about is said once, as the warning
+    (which ``--quiet`` does not hide)."""
     for note in data.chosen:
+        if any(note in warning for warning in data.warnings):
+            continue
         reporter.info(f"note: {option} {data.spec}: curvcal chose {note}")
     for warning in data.warnings:
         warnings.append(warning)

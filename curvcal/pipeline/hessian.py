@@ -47,6 +47,26 @@ class HessianRun:
         return EXIT_NUMERICAL if self.report.status == STATUS_ERROR else EXIT_OK
 
 
+def _kept_after_interrupt(analysis: HessianAnalysis, stage: str, top_k: int) -> str:
+    """What an interrupted run keeps, in words: the stage Ctrl-C stopped and what of it and
+    before it the results hold (only values that converged, only modules finished)."""
+    said = f"interrupted (Ctrl-C) in the {stage} stage: "
+    values = analysis.spectrum.values
+    if analysis.spectrum.stopped_by == "interrupted":
+        shown = ", ".join(f"λ{i + 1} = {r.value:.6g}" for i, r in enumerate(values))
+        return (
+            said + f"the results hold the {len(values)} of {top_k} eigenvalues that converged "
+            f"({shown}) and no later stage"
+        )
+    if stage == "layers":
+        done = len(analysis.layers or [])
+        return (
+            said + f"the results hold the stages finished before it and the {done} modules "
+            "whose per-layer curvature was finished"
+        )
+    return said + "the results hold the stages finished before it"
+
+
 def _strict_hint(analysis: HessianAnalysis) -> str:
     """What to change, from the limits that stopped the unconverged estimates (float64 is
     suggested only to a run not already in it)."""
@@ -108,10 +128,9 @@ def run_hessian(
     stopped = []
     if curvature.interrupted is not None:
         status = STATUS_INTERRUPTED
-        stopped = [
-            f"interrupted (Ctrl-C) in the {curvature.interrupted} stage: the results hold the "
-            "stages finished before it"
-        ]
+        stopped = [_kept_after_interrupt(analysis, curvature.interrupted, settings.top_k)]
+        if session.is_main:  # said before the table, which shows only what was kept
+            session.reporter.warn(stopped[0])
     failure = None
     if status == STATUS_ERROR:
         failure = NumericalError(

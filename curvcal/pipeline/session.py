@@ -542,7 +542,7 @@ def _measure(
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.distributed import all_reduce_sum
 
-    forecast, replan, planned = forecast_for(
+    forecast, replan, planned, typical = forecast_for(
         module, settings, lambda text: reporter.info(f"curvcal: note: {text}"), given
     )
     notes: list[str] = []
@@ -556,16 +556,18 @@ def _measure(
     staged = interrupt.stages() if keep_stages else contextlib.nullcontext()
     with staged, reporter.progress("Hessian-vector products", planned()) as advance:
         done = [0]
+        advance.plan(planned(), *typical())
 
         def on_plan(resolved: HessianSettings) -> None:
             replan(resolved)
-            advance.plan(planned())
+            advance.plan(planned(), *typical())
 
         def on_step(stage: str, matvecs: int) -> None:
+            forecast(stage, matvecs)  # first: a stage that ended revises the plan
             advance.describe(f"Hessian-vector products ({stage})")
+            advance.plan(planned(), *typical())
             advance(matvecs - done[0])
             done[0] = matvecs
-            forecast(stage, matvecs)
             if interrupt.stop_requested():
                 raise Stopped(stage=stage)
 

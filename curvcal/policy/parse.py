@@ -250,6 +250,15 @@ def policy_file(given: Path | None, directory: Path) -> Path:
     return found
 
 
+def _misplaced(key: str, stage: str | None) -> str | None:
+    """Where a key of a stage's table belongs when it was put in a metric's table instead."""
+    if key != IMPROVEMENT:
+        return None
+    if stage is None or stage == UNCALIBRATED:
+        return f"{key} belongs to a calibrated stage's table, such as [ts] (not a metric's)"
+    return f"{key} belongs to the stage's table: put it under [{stage}], not a metric's"
+
+
 class _Parser:
     """Validates a policy's tables, naming the file and line of every fault."""
 
@@ -362,7 +371,7 @@ class _Parser:
                 self._fail(
                     (*where, key),
                     f"unknown bound '{key}' in [{label}]",
-                    _choices("bounds", BOUNDS),
+                    _misplaced(key, stage) or _choices("bounds", BOUNDS),
                 )
             if isinstance(item, bool) or not isinstance(item, int | float):
                 self._fail((*where, key), f"bound {label}.{key} must be a number, not {item!r}")

@@ -19,11 +19,13 @@ def workflow_command(baseline: str | None) -> list[str]:
     redirect to the summary file removed (stdout is what it captures)."""
     text = WORKFLOW.read_text()
     model = re.search(r"^\s*MODEL: (\S+)$", text, re.MULTILINE)
+    policy = re.search(r"^\s*POLICY: (\S+)$", text, re.MULTILINE)
     line = re.search(r"^\s*(curvcal check .*)$", text, re.MULTILINE)
-    assert model and line
+    assert model and policy and line
     command = line.group(1)
     assert command.endswith("> summary.md")
     command = command.removesuffix("> summary.md").replace('"$MODEL"', model.group(1))
+    command = command.replace('"$POLICY"', policy.group(1))
     filled = "" if baseline is None else f"--baseline {baseline}"
     command = command.replace('"${baseline[@]}"', filled)
     return shlex.split(command)[1:]  # without the program name
@@ -42,9 +44,12 @@ def test_policy_parses_and_the_job_writes_the_summary(run_cli, tmp_path, monkeyp
     assert 'cat summary.md >> "$GITHUB_STEP_SUMMARY"' in text
     assert "actions/upload-artifact" in text and "gh release download" in text
 
-    # run from a copy of the repository layout, so that -o lands in tmp_path
-    for name in ("examples", "curvcal"):
-        (tmp_path / name).symlink_to(ROOT / name)
+    # run in a user's repository holding the example policy as the job's $POLICY and the bundled
+    # checkpoint as its $MODEL (tests/examples/test_ci_workflow.py runs the whole job)
+    (tmp_path / "curvcal.toml").symlink_to(POLICY)
+    (tmp_path / "model.safetensors").symlink_to(
+        ROOT / "curvcal" / "assets" / "digits_cnn.safetensors"
+    )
     monkeypatch.chdir(tmp_path)
 
     # first release: no baseline, so exactly the change bounds fail ("no baseline"), exit 1
@@ -66,7 +71,7 @@ def test_policy_parses_and_the_job_writes_the_summary(run_cli, tmp_path, monkeyp
         "baseline/curvcal-check.json",
         "baseline/curvcal-check.json",
         "--policy",
-        "examples/ci/curvcal.toml",
+        "curvcal.toml",
         "--format",
         "markdown",
     )

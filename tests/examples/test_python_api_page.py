@@ -81,5 +81,23 @@ def test_the_python_api_page_runs_and_its_figures_are_right(
         ece = curvcal.calibration_metrics(model(x), y).ece
     assert namespace["labels"].tolist() == y.tolist()  # type: ignore[attr-defined]
     assert curvcal.calibration_metrics(namespace["logits"], y).ece == pytest.approx(ece)
+    # temperature scaling: the NLL minimiser over T found independently (scipy's bounded
+    # search on the same float64 NLL), the true temperature of the page's labels within its
+    # sampling error, and softmax(z / T) applied to the held-out rows
+    from scipy.optimize import minimize_scalar
+
+    scores, truth = namespace["scores"], namespace["truth"]
+    fit_z, fit_y = scores[:1000].double(), truth[:1000]  # type: ignore[index]
+
+    def nll(log_t: float) -> float:
+        logp = torch.log_softmax(fit_z / float(torch.exp(torch.tensor(log_t))), dim=1)
+        return float(-logp[torch.arange(len(fit_y)), fit_y].mean())
+
+    best = minimize_scalar(nll, bounds=(-2.0, 3.0), method="bounded", options={"xatol": 1e-10})
+    ts = namespace["ts"]
+    assert ts.fit.temperature == pytest.approx(float(torch.exp(torch.tensor(best.x))), rel=1e-5)  # type: ignore[attr-defined]
+    assert not ts.fit.at_bracket_end and abs(ts.fit.temperature - 2.5) < 0.25  # type: ignore[attr-defined]
+    expected = torch.softmax(scores[1000:].double() / ts.fit.temperature, dim=1)  # type: ignore[attr-defined, index]
+    assert torch.allclose(namespace["scaled"], expected, rtol=0, atol=1e-12)  # type: ignore[arg-type]
     # the page's own loss: auto is not asked for, so nothing warned
     assert not [w for w in caught if issubclass(w.category, TraceMethodWarning)]

@@ -28,12 +28,22 @@ def folder(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_the_imagenet_default_is_recorded(folder: Path) -> None:
+def test_the_imagenet_default_is_recorded_and_warned_as_an_assumption(folder: Path) -> None:
     data = load_dataset(DataSettings(data=f"folder:{folder}"))
     (note,) = data.chosen
     assert note.startswith("normalisation mean 0.485,0.456,0.406, std 0.229,0.224,0.225")
-    assert "imagenet preset" in note and data.warnings == ()
+    assert "imagenet preset" in note
     assert data.describe()["chosen_preprocessing"] == [note]
+    (warning,) = data.warnings  # a convention assumed for images of unknown origin
+    assert note in warning and "an assumption" in warning
+
+
+def test_normalisation_from_the_model_or_the_user_is_no_assumption(folder: Path) -> None:
+    from_model = load_dataset(DataSettings(data=f"folder:{folder}"), {"mean": (0.5,) * 3,
+                              "std": (0.25,) * 3, "source": "the test config"})  # fmt: skip
+    assert any("the test config" in note for note in from_model.chosen)
+    given = load_dataset(DataSettings(data=f"folder:{folder}", mean=(0.5,), std=(0.25,)))
+    assert from_model.warnings == () and given.warnings == () and given.chosen == ()
 
 
 def test_a_config_transform_is_recorded_and_its_size_mismatch_warned(folder: Path) -> None:
