@@ -98,7 +98,7 @@ def test_the_analysis_stopped_in_the_eigenvalues_keeps_the_converged_ones_and_no
 def test_the_per_layer_stage_stopped_keeps_the_modules_finished() -> None:
     model, batches = _model_and_batches()
     operator = HessianOperator(model, batches)
-    full = layer_curvature(operator, n_probes=5)
+    full = layer_curvature(operator, probes=5)
     assert len(full) == 3
 
     def on_step(done: int) -> None:
@@ -106,7 +106,7 @@ def test_the_per_layer_stage_stopped_keeps_the_modules_finished() -> None:
             raise Stopped(stage="layers")
 
     with pytest.raises(Stopped) as stopped:
-        layer_curvature(operator, n_probes=5, on_step=on_step)
+        layer_curvature(operator, probes=5, on_step=on_step)
     kept = stopped.value.finished
     assert isinstance(kept, list) and [layer.module for layer in kept] == [full[0].module]
     assert kept[0].lambda_max.value == full[0].lambda_max.value
