@@ -250,6 +250,7 @@ class CalibrationSettings(Settings):
         low=1,
         high=64,
         metavar="N",
+        policy=False,
     )
     plot_classes: int = setting(
         0,
@@ -278,6 +279,7 @@ class CalibrationSettings(Settings):
         "Score the --method all summary table ranks the maps by (uncalibrated first): NLL (a "
         "proper score) or ECE.",
         choices=RANK_BY,
+        policy=False,
     )
     save_calibrator: Path | None = file_setting(
         "Write the fitted calibrator(s) as JSON (for metrics --apply).",
