@@ -57,6 +57,9 @@ PREPROCESSOR_NAME = "preprocessor_config.json"
 TASKS = {
     "ForImageClassification": ("AutoModelForImageClassification", "image"),
     "ForSequenceClassification": ("AutoModelForSequenceClassification", "text"),
+    # a causal language model is a classifier over the answers of multiple-choice data
+    # (:mod:`curvcal.load.choice_scorer`)
+    "ForCausalLM": ("AutoModelForCausalLM", "text"),
 }
 _TRUST_HINT = "pass --trust-checkpoint only if you trust the folder's source"
 
@@ -127,8 +130,9 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
     if modality is None:
         raise InputError(
             str(path),
-            f"holds a {architecture}, not an image or sequence classifier",
-            "curvcal loads *ForImageClassification and *ForSequenceClassification models",
+            f"holds a {architecture}, not an image or sequence classifier nor a causal LM",
+            "curvcal loads *ForImageClassification and *ForSequenceClassification models, and "
+            "*ForCausalLM models scored over the answers of multiple-choice data",
         )
     return FolderModel(
         path=path,
@@ -136,7 +140,7 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
         library="transformers",
         architecture=architecture,
         modality=modality,
-        labels=_labels(config),
+        labels=() if is_causal_lm(architecture) else _labels(config),
         weights=weights,
         custom_code=custom_code_entries(config),
         preprocessing=_image_processor(path),
@@ -168,7 +172,7 @@ def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
             f"transformers cannot build {folder.architecture} from config.json: {one_line(exc)}",
             "is transformers recent enough for this model?",
         ) from exc
-    return LogitsModule(model, folder.modality)
+    return wrap_library_model(model, folder)
 
 
 def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
@@ -205,6 +209,21 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     finally:
         if was_shown:
             bars.enable_progress_bar()
+    return wrap_library_model(model, folder)
+
+
+def is_causal_lm(architecture: str) -> bool:
+    """Whether a transformers architecture name is a causal language model's."""
+    return architecture.endswith("ForCausalLM")
+
+
+def wrap_library_model(model: nn.Module, folder: FolderModel) -> LogitsModule:
+    """``model`` as curvcal runs it: a :class:`LogitsModule`, or for a causal language model
+    the :class:`~curvcal.load.choice_scorer.ChoiceScorer` of multiple-choice answers."""
+    if is_causal_lm(folder.architecture):
+        from curvcal.load.choice_scorer import ChoiceScorer
+
+        return ChoiceScorer(model, folder.modality)
     return LogitsModule(model, folder.modality)
 
 
@@ -351,6 +370,11 @@ class LogitsModule(nn.Module):
         self.__dict__["library_model"] = model  # not registered: its children already are
         self.modality = modality
         self.main_input = str(getattr(model, "main_input_name", "pixel_values"))
+
+    def rewrapped(self, model: nn.Module) -> LogitsModule:
+        """``model`` (this module's library model with something put on it, such as a PEFT
+        adapter) wrapped as this module is."""
+        return type(self)(model, self.modality)
 
     def train(self, mode: bool = True) -> LogitsModule:
         super().train(mode)

@@ -94,7 +94,12 @@ def place(path: Path, found: ModuleFound, device: torch.device, dtype: torch.dty
     if found.form != "exported_program":
         found.module.eval()
     shapes = [(name, tuple(t.shape)) for name, t in found.module.state_dict().items()]
-    num_classes = len(found.labels) if found.labels else infer_num_classes(shapes)
+    from curvcal.load.choice_scorer import scores_choices
+
+    if scores_choices(found.module):  # K is the data's answer count, not a head's width
+        num_classes = None
+    else:
+        num_classes = len(found.labels) if found.labels else infer_num_classes(shapes)
     return LoadedModel(
         **vars(found), path=path, num_classes=num_classes, device=device, dtype=dtype
     )
