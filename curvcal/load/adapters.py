@@ -175,17 +175,13 @@ def apply_adapter(
                 library_model, str(adapter.path), is_trainable=True, local_files_only=True
             )
             _check_every_tensor_loaded(adapter, model, peft)
-        from curvcal.load.choice_scorer import check_scorable, scores_choices
-
-        if scores_choices(base):
-            check_scorable(model, str(adapter.path))
     except (ValueError, KeyError, RuntimeError, TypeError, AttributeError, OSError) as exc:
         raise InputError(
             str(adapter.path),
             f"the adapter does not fit its base model: {one_line(exc)}",
             "pass --base-model DIR naming the model the adapter was trained on",
         ) from exc
-    return base.rewrapped(model), tuple(notes)
+    return LogitsModule(model, base.modality), tuple(notes)
 
 
 @contextmanager

@@ -71,6 +71,19 @@ def scores_choices(module: nn.Module) -> bool:
     return isinstance(module, ChoiceScorer)
 
 
+def as_choice_scorer(module: nn.Module, where: str) -> nn.Module:
+    """``module`` as curvcal runs it: a :class:`ChoiceScorer` when it is a
+    :class:`~curvcal.load.hf.LogitsModule` around a ``*ForCausalLM`` (or a ``PeftModel`` over
+    one), else ``module`` itself."""
+    if not isinstance(module, LogitsModule) or isinstance(module, ChoiceScorer):
+        return module
+    library = module.__dict__["library_model"]
+    if not type(_causal_model(library)).__name__.endswith("ForCausalLM"):
+        return module
+    check_scorable(library, where)
+    return ChoiceScorer(library, module.modality)
+
+
 def check_scorable(model: nn.Module, where: str) -> None:
     """Refuse a ``PeftModel`` whose adapter changes the inputs (prompt learning: virtual tokens
     the decoder alone would not see); LoRA and its kin act inside the decoder's layers."""

@@ -167,7 +167,13 @@ def load_choices(options: DataSettings, model: TextModel | None) -> LoadedData:
     else:
         max_length, length_source = text.default_max_length(tokenizer, model)
     rows, truncated = tokenize_choices(
-        tokenizer, prompts, answers, options.choice_delimiter, options.choice_score, max_length
+        tokenizer,
+        prompts,
+        answers,
+        options.choice_delimiter,
+        options.choice_score,
+        max_length,
+        file,
     )
     pad = _pad_id(tokenizer)
     columns_used = {
@@ -212,9 +218,10 @@ def tokenize_choices(
     delimiter: str,
     score: str,
     max_length: int,
+    file: str = "--data",
 ) -> tuple[list[ChoiceRow], int]:
     """Each row's sequences as lm-evaluation-harness tokenizes them (see the module's text),
-    and how many rows lost prompt tokens to ``max_length``."""
+    and how many rows lost prompt tokens to ``max_length``; errors name ``file``."""
     from curvcal.load.text import rust_panics_as
 
     contexts: list[str] = []
@@ -227,40 +234,44 @@ def tokenize_choices(
     where = str(getattr(tokenizer, "name_or_path", "") or "--tokenizer")
     with rust_panics_as(where):
         context_ids = _encode(tokenizer, contexts, True)
-        whole_ids = _encode(tokenizer, [c + t for c, t in zip(contexts, continuations)], True)
+        whole_ids = _encode(
+            tokenizer, [c + t for c, t in zip(contexts, continuations, strict=True)], True
+        )
         alone_ids = _encode(tokenizer, continuations, False)
     rows: list[ChoiceRow] = []
     truncated = 0
     n_choices = len(answers[0]) if answers else 0
     for r, row in enumerate(answers):
-        sequences, n_context, divisors = [], [], []
+        sequences: list[tuple[int, ...]] = []
+        n_context: list[int] = []
+        divisors: list[float] = []
         cut = False
         for k, answer in enumerate(row):
             i = r * n_choices + k
             if contexts[i] == "":
-                context, continuation = [_prefix_token(tokenizer)], alone_ids[i]
+                prompt_tokens, answer_tokens = [_prefix_token(tokenizer, file)], alone_ids[i]
             else:
-                context = context_ids[i]
-                continuation = whole_ids[i][len(context) :]
-            if not continuation:
+                prompt_tokens = context_ids[i]
+                answer_tokens = whole_ids[i][len(prompt_tokens) :]
+            if not answer_tokens:
                 raise InputError(
-                    "--data",
+                    file,
                     f"row {r}: answer {k} ({answer!r}) adds no token to its prompt",
                     "every answer must be at least one token",
                 )
-            if len(continuation) >= max_length:
+            if len(answer_tokens) >= max_length:
                 raise InputError(
-                    "--data",
-                    f"row {r}: answer {k} is {len(continuation)} tokens, which leaves no room "
-                    f"for its prompt within --max-length {max_length}",
+                    file,
+                    f"row {r}: answer {k} is {len(answer_tokens)} tokens, which leaves no room "
+                    f"for its prompt within a max_length of {max_length}",
                     "pass a larger --max-length",
                 )
-            keep = max_length - len(continuation)
-            if len(context) > keep:
-                context, cut = context[-keep:], True
-            sequences.append(tuple(context) + tuple(continuation))
-            n_context.append(len(context))
-            divisors.append(_divisor(score, len(continuation), answer))
+            keep = max_length - len(answer_tokens)
+            if len(prompt_tokens) > keep:
+                prompt_tokens, cut = prompt_tokens[-keep:], True
+            sequences.append((*prompt_tokens, *answer_tokens))
+            n_context.append(len(prompt_tokens))
+            divisors.append(_divisor(score, len(answer_tokens), answer))
         truncated += cut
         rows.append(ChoiceRow(tuple(sequences), tuple(n_context), tuple(divisors)))
     return rows, truncated
@@ -285,7 +296,7 @@ def _encode(tokenizer: Any, texts: list[str], special: bool) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, **kwargs)["input_ids"]]
 
 
-def _prefix_token(tokenizer: Any) -> int:
+def _prefix_token(tokenizer: Any, file: str) -> int:
     """The token standing for an empty prompt: BOS, else EOS (the harness's
     ``prefix_token_id``)."""
     for name in ("bos_token_id", "eos_token_id"):
@@ -293,7 +304,7 @@ def _prefix_token(tokenizer: Any) -> int:
         if isinstance(value, int):
             return value
     raise InputError(
-        "--data",
+        file,
         "a prompt is empty and the tokenizer has neither a BOS nor an EOS token to stand for it",
         "give every row a prompt",
     )

@@ -172,7 +172,7 @@ def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
             f"transformers cannot build {folder.architecture} from config.json: {one_line(exc)}",
             "is transformers recent enough for this model?",
         ) from exc
-    return wrap_library_model(model, folder)
+    return LogitsModule(model, folder.modality)
 
 
 def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
@@ -209,22 +209,12 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     finally:
         if was_shown:
             bars.enable_progress_bar()
-    return wrap_library_model(model, folder)
+    return LogitsModule(model, folder.modality)
 
 
 def is_causal_lm(architecture: str) -> bool:
     """Whether a transformers architecture name is a causal language model's."""
     return architecture.endswith("ForCausalLM")
-
-
-def wrap_library_model(model: nn.Module, folder: FolderModel) -> LogitsModule:
-    """``model`` as curvcal runs it: a :class:`LogitsModule`, or for a causal language model
-    the :class:`~curvcal.load.choice_scorer.ChoiceScorer` of multiple-choice answers."""
-    if is_causal_lm(folder.architecture):
-        from curvcal.load.choice_scorer import ChoiceScorer
-
-        return ChoiceScorer(model, folder.modality)
-    return LogitsModule(model, folder.modality)
 
 
 @contextmanager
@@ -370,11 +360,6 @@ class LogitsModule(nn.Module):
         self.__dict__["library_model"] = model  # not registered: its children already are
         self.modality = modality
         self.main_input = str(getattr(model, "main_input_name", "pixel_values"))
-
-    def rewrapped(self, model: nn.Module) -> LogitsModule:
-        """``model`` (this module's library model with something put on it, such as a PEFT
-        adapter) wrapped as this module is."""
-        return type(self)(model, self.modality)
 
     def train(self, mode: bool = True) -> LogitsModule:
         super().train(mode)

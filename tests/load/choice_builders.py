@@ -6,7 +6,7 @@ computed by hand from the library's own forward. Shared by the choice-scoring te
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,18 +104,19 @@ def pair_tokens(
 
 
 def hand_log_likelihoods(
-    model: Any, tokenizer: Any, questions: Sequence[tuple[str, list[str], int]] = QUESTIONS
+    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    tokenizer: Any,
+    questions: Sequence[tuple[str, list[str], int]] = QUESTIONS,
 ) -> torch.Tensor:
-    """(N, K) summed log-likelihoods of each answer's tokens after its prompt, one library
-    forward per (prompt, answer) over the whole vocabulary: log_softmax of the causal LM's own
-    logits at the positions before each answer token."""
+    """(N, K) summed log-likelihoods of each answer's tokens after its prompt, one forward per
+    (prompt, answer) over the whole vocabulary: log_softmax of the causal LM's own logits
+    (``logits_of(input_ids)``, (1, L, V)) at the positions before each answer token."""
     out = []
     for prompt, choices, _label in questions:
         row = []
         for answer in choices:
             context, continuation = pair_tokens(tokenizer, prompt, answer)
-            ids = torch.tensor([context + continuation])
-            log_probs = torch.log_softmax(model(input_ids=ids).logits[0], dim=-1)
+            log_probs = torch.log_softmax(logits_of(torch.tensor([context + continuation]))[0], -1)
             start = len(context) - 1
             row.append(sum(log_probs[start + i, t] for i, t in enumerate(continuation)))
         out.append(torch.stack(row))
