@@ -30,8 +30,10 @@ to the front of the continuation. Then::
 with the tokenizer's own special tokens (a BOS where the tokenizer adds one), so a merge of
 tokens across the boundary is counted in the answer. An empty prompt is the tokenizer's BOS
 token (else its EOS), the answer then tokenized alone. The model reads ``context +
-continuation``; a sequence longer than ``max_length`` loses tokens from the front of its
-prompt (counted as truncated). Scores (``--choice-score``): ``sum`` (the summed
+continuation`` (one pass over the prompt for all K answers: :meth:`ChoiceDataset.collate`); a
+sequence longer than ``max_length`` loses tokens from the front of its
+prompt (counted as truncated): the prompt keeps its last ``max_length`` minus (the longest
+answer's tokens) tokens, the same for every answer of the row. Scores (``--choice-score``): ``sum`` (the summed
 log-likelihood, the harness's ``acc``), ``mean-token`` (divided by the continuation's token
 count) or ``mean-char`` (divided by the answer's length in characters, delimiter excluded, the
 harness's ``acc_norm``).
@@ -69,11 +71,12 @@ _FIELD = re.compile(r"\{([^{}]*)\}")
 
 @dataclass(frozen=True)
 class ChoiceRow:
-    """One row tokenized: for each answer the token ids the model reads (prompt then answer),
-    the number of prompt tokens among them, and what its summed log-likelihood is divided by."""
+    """One row tokenized: its prompt's tokens (the same for every answer: the prompt and its
+    moved whitespace do not depend on the answer), each answer's continuation tokens, and what
+    each answer's summed log-likelihood is divided by."""
 
-    sequences: tuple[tuple[int, ...], ...]
-    n_context: tuple[int, ...]
+    prompt: tuple[int, ...]
+    answers: tuple[tuple[int, ...], ...]
     divisors: tuple[float, ...]
 
 
@@ -94,38 +97,78 @@ class ChoiceDataset(Dataset[tuple[ChoiceRow, int]]):
     def collate(
         self, items: Sequence[tuple[ChoiceRow, int]]
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """``(inputs, labels)`` for B rows of K answers, L the longest sequence of the batch:
+        """``(inputs, labels)`` for B rows of K answers, each row packed into one sequence.
 
-        - ``input_ids`` (B, K, L) int64, right-padded (the padding follows every real token, so
-          a causal model's outputs at real positions never see it);
-        - ``attention_mask`` (B, K, L) int64, 1 on real tokens;
-        - ``choice_targets`` (B, K, L) int64: at position t, the answer token the model predicts
-          there (the token at t + 1), else -1;
-        - ``choice_divisors`` (B, K): what the summed log-likelihood is divided by.
+        A row reads ``prompt, answer 1, ..., answer K`` where answer k stands for its tokens but
+        the last (whose prediction is never needed): one pass over the prompt serves every
+        answer. Answer k's tokens see the prompt and their own earlier tokens only, at the
+        positions they would have right after the prompt, so each answer is scored as if it
+        followed the prompt alone. Every tensor has B rows (S: the longest packed row, T: the
+        most answer tokens in a row):
+
+        - ``input_ids`` (B, S) and ``position_ids`` (B, S), right-padded;
+        - ``choice_segments`` (B, S): 0 on the prompt, k + 1 on answer k, -1 on padding (the
+          scorer's attention mask is built from it);
+        - ``choice_from`` (B, T): the position whose output predicts each answer token (the
+          prompt's last for every answer's first token), ``choice_tokens`` (B, T) that token,
+          ``choice_of`` (B, T) its answer's index (-1 on padding);
+        - ``choice_divisors`` (B, K): what each summed log-likelihood is divided by.
         """
-        n_rows, n_choices = len(items), len(items[0][0].sequences)
-        width = max(len(s) for row, _ in items for s in row.sequences)
-        shape = (n_rows, n_choices, width)
-        input_ids = torch.full(shape, self.pad_token_id, dtype=torch.int64)
-        attention_mask = torch.zeros(shape, dtype=torch.int64)
-        targets = torch.full(shape, -1, dtype=torch.int64)
-        for b, (row, _label) in enumerate(items):
-            for k, (sequence, n_context) in enumerate(
-                zip(row.sequences, row.n_context, strict=True)
-            ):
-                tokens = torch.as_tensor(sequence, dtype=torch.int64)
-                input_ids[b, k, : len(sequence)] = tokens
-                attention_mask[b, k, : len(sequence)] = 1
-                targets[b, k, n_context - 1 : len(sequence) - 1] = tokens[n_context:]
-        divisors = torch.tensor([row.divisors for row, _ in items], dtype=torch.float64)
+        packed = [_pack(row) for row, _label in items]
+        width = max(len(p[0]) for p in packed)
+        count = max(len(p[3]) for p in packed)
+        n_rows = len(items)
+        input_ids = torch.full((n_rows, width), self.pad_token_id, dtype=torch.int64)
+        positions = torch.zeros((n_rows, width), dtype=torch.int64)
+        segments = torch.full((n_rows, width), -1, dtype=torch.int64)
+        sources = torch.zeros((n_rows, count), dtype=torch.int64)
+        tokens = torch.zeros((n_rows, count), dtype=torch.int64)
+        owners = torch.full((n_rows, count), -1, dtype=torch.int64)
+        for b, (ids, place, segment, source, token, owner) in enumerate(packed):
+            input_ids[b, : len(ids)] = torch.as_tensor(ids)
+            positions[b, : len(ids)] = torch.as_tensor(place)
+            segments[b, : len(ids)] = torch.as_tensor(segment)
+            sources[b, : len(source)] = torch.as_tensor(source)
+            tokens[b, : len(source)] = torch.as_tensor(token)
+            owners[b, : len(source)] = torch.as_tensor(owner)
         inputs = {
             "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "choice_targets": targets,
-            "choice_divisors": divisors,
+            "position_ids": positions,
+            "choice_segments": segments,
+            "choice_from": sources,
+            "choice_tokens": tokens,
+            "choice_of": owners,
+            "choice_divisors": torch.tensor(
+                [row.divisors for row, _ in items], dtype=torch.float64
+            ),
         }
         labels = torch.as_tensor([int(label) for _, label in items], dtype=torch.int64)
         return inputs, labels
+
+
+Packed = tuple[list[int], list[int], list[int], list[int], list[int], list[int]]
+
+
+def _pack(row: ChoiceRow) -> Packed:
+    """One row's packed sequence (ids, positions, segments) and its answer tokens (the position
+    predicting each, the token, its answer)."""
+    ids = list(row.prompt)
+    n_prompt = len(ids)
+    positions = list(range(n_prompt))
+    segments = [0] * n_prompt
+    sources: list[int] = []
+    tokens: list[int] = []
+    owners: list[int] = []
+    for k, answer in enumerate(row.answers):
+        start = len(ids)
+        fed = answer[:-1]
+        ids.extend(fed)
+        positions.extend(range(n_prompt, n_prompt + len(fed)))
+        segments.extend([k + 1] * len(fed))
+        sources.extend([n_prompt - 1, *range(start, start + len(fed))])
+        tokens.extend(answer)
+        owners.extend([k] * len(answer))
+    return ids, positions, segments, sources, tokens, owners
 
 
 def load_choices(options: DataSettings, model: TextModel | None) -> LoadedData:
@@ -242,38 +285,41 @@ def tokenize_choices(
     truncated = 0
     n_choices = len(answers[0]) if answers else 0
     for r, row in enumerate(answers):
-        sequences: list[tuple[int, ...]] = []
-        n_context: list[int] = []
-        divisors: list[float] = []
-        cut = False
-        for k, answer in enumerate(row):
-            i = r * n_choices + k
-            if contexts[i] == "":
-                prompt_tokens, answer_tokens = [_prefix_token(tokenizer, file)], alone_ids[i]
-            else:
-                prompt_tokens = context_ids[i]
-                answer_tokens = whole_ids[i][len(prompt_tokens) :]
-            if not answer_tokens:
+        first = r * n_choices
+        if contexts[first] == "":
+            prompt_tokens = [_prefix_token(tokenizer, file)]
+            answer_tokens = [alone_ids[first + k] for k in range(n_choices)]
+        else:
+            prompt_tokens = context_ids[first]
+            answer_tokens = [whole_ids[first + k][len(prompt_tokens) :] for k in range(n_choices)]
+        for k, tokens in enumerate(answer_tokens):
+            if not tokens:
                 raise InputError(
                     file,
-                    f"row {r}: answer {k} ({answer!r}) adds no token to its prompt",
+                    f"row {r}: answer {k} ({row[k]!r}) adds no token to its prompt",
                     "every answer must be at least one token",
                 )
-            if len(answer_tokens) >= max_length:
-                raise InputError(
-                    file,
-                    f"row {r}: answer {k} is {len(answer_tokens)} tokens, which leaves no room "
-                    f"for its prompt within a max_length of {max_length}",
-                    "pass a larger --max-length",
-                )
-            keep = max_length - len(answer_tokens)
-            if len(prompt_tokens) > keep:
-                prompt_tokens, cut = prompt_tokens[-keep:], True
-            sequences.append((*prompt_tokens, *answer_tokens))
-            n_context.append(len(prompt_tokens))
-            divisors.append(_divisor(score, len(answer_tokens), answer))
-        truncated += cut
-        rows.append(ChoiceRow(tuple(sequences), tuple(n_context), tuple(divisors)))
+        longest = max(len(tokens) for tokens in answer_tokens)
+        if longest >= max_length:
+            raise InputError(
+                file,
+                f"row {r}: an answer is {longest} tokens, which leaves no room for its prompt "
+                f"within a max_length of {max_length}",
+                "pass a larger --max-length",
+            )
+        keep = max_length - longest
+        if len(prompt_tokens) > keep:
+            prompt_tokens, truncated = prompt_tokens[-keep:], truncated + 1
+        rows.append(
+            ChoiceRow(
+                prompt=tuple(prompt_tokens),
+                answers=tuple(tuple(tokens) for tokens in answer_tokens),
+                divisors=tuple(
+                    _divisor(score, len(tokens), answer)
+                    for tokens, answer in zip(answer_tokens, row, strict=True)
+                ),
+            )
+        )
     return rows, truncated
 
 

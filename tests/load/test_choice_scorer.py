@@ -169,7 +169,8 @@ def test_border_rows_empty_prompt_and_a_prompt_cut_to_max_length(
     models: ChoiceModels, tmp_path: Path
 ) -> None:
     """An empty prompt is the BOS token (the harness's prefix token); a row longer than
-    ``--max-length`` keeps its answer and the last tokens of its prompt."""
+    ``--max-length`` keeps its answers and the last tokens of its prompt (as many as the
+    longest answer leaves)."""
     tokenizer = _tokenizer(models)
     model = _library(models, False)
     long_prompt = "the story was fine and the acting great, " * 3 + "so it was"
@@ -179,10 +180,11 @@ def test_border_rows_empty_prompt_and_a_prompt_cut_to_max_length(
     expected = []
     for prompt, answers, _label in questions:
         row = []
+        longest = max(len(pair_tokens(tokenizer, prompt, a)[1]) for a in answers) if prompt else 0
         for answer in answers:
-            if prompt:
+            if prompt:  # the prompt keeps its last max_length - (longest answer) tokens
                 context, continuation = pair_tokens(tokenizer, prompt, answer)
-                context = context[-(max_length - len(continuation)) :]
+                context = context[-(max_length - longest) :]
             else:
                 context, continuation = (
                     [tokenizer.bos_token_id],
@@ -227,27 +229,41 @@ def _widest(shapes: list[tuple[int, ...]], vocabulary: int) -> int:
 
 
 @pytest.mark.parametrize("models", ["llama"], indirect=True)
-def test_no_tensor_of_prompt_tokens_by_vocabulary(models: ChoiceModels) -> None:
+def test_no_tensor_of_prompt_tokens_by_vocabulary(models: ChoiceModels, tmp_path: Path) -> None:
     """A forward and a gradient pass of the scorer allocate no vocabulary-wide tensor larger
-    than (answer tokens of the batch) x V; the library's own forward, which the count must
-    catch, makes one of (all tokens) x V."""
+    than B x (most answer tokens in a row) x V; the library's own forward on the same packed rows,
+    which the count must catch, makes one of (all tokens) x V."""
     loaded = load_model(models.adapter, CheckpointSettings(device="cpu"))
-    read = load_dataset(DataSettings(data=str(models.jsonl)), None, text_model_of(loaded))
+    long = tuple((" ".join([prompt] * 4), answers, label) for prompt, answers, label in QUESTIONS)
+    data = write_questions(tmp_path / "long.jsonl", long)
+    read = load_dataset(DataSettings(data=str(data), max_length=64), None, text_model_of(loaded))
     x, y = next(iter_batches(read.dataset, len(QUESTIONS)))
-    vocabulary = loaded.module.__dict__["library_model"].get_base_model().config.vocab_size
-    answer_tokens = int((x["choice_targets"] >= 0).sum())
-    all_tokens = int(x["attention_mask"].sum())
-    assert answer_tokens * 3 < all_tokens  # the prompts are most of the tokens
+    library = loaded.module.__dict__["library_model"]
+    vocabulary = library.get_base_model().config.vocab_size
+    answer_slots = x["choice_of"].numel()  # B x (most answer tokens in a row)
+    all_tokens = x["input_ids"].numel()
+    assert answer_slots * 2 < all_tokens  # the prompts are most of the tokens
     with _Sizes() as scorer:
         loss = torch.nn.functional.cross_entropy(loaded.module(x), y)
         loss.backward()
-    assert _widest(scorer.shapes, vocabulary) == answer_tokens * vocabulary
-    library = loaded.module.__dict__["library_model"]
+    assert _widest(scorer.shapes, vocabulary) == answer_slots * vocabulary
     with torch.no_grad(), _Sizes() as plain:
-        library(
-            input_ids=x["input_ids"].flatten(0, 1), attention_mask=x["attention_mask"].flatten(0, 1)
-        )
+        library(input_ids=x["input_ids"])
     assert _widest(plain.shapes, vocabulary) >= all_tokens * vocabulary
+
+
+def test_the_prompt_is_read_once_for_all_answers(models: ChoiceModels) -> None:
+    """A packed row holds its prompt once and each answer's tokens but the last: its length is
+    P + sum_k (n_k - 1), not K P + sum_k n_k."""
+    loaded = load_model(models.base, CheckpointSettings(device="cpu"))
+    read = load_dataset(DataSettings(data=str(models.jsonl)), None, text_model_of(loaded))
+    tokenizer = _tokenizer(models)
+    for index, (prompt, answers, _label) in enumerate(QUESTIONS):
+        x, _y = next(iter_batches(read.dataset, 1, [index]))
+        pairs = [pair_tokens(tokenizer, prompt, answer) for answer in answers]
+        assert all(context == pairs[0][0] for context, _ in pairs)
+        expected = len(pairs[0][0]) + sum(len(continuation) - 1 for _, continuation in pairs)
+        assert x["input_ids"].shape == (1, expected)
 
 
 # --- the commands: calibration by hand, the Hessian against a dense one -----------------------
@@ -390,8 +406,52 @@ def test_hessian_over_the_adapter_equals_a_dense_float64_one(
     )
     operator = document["results"]["operator"]
     assert operator["n_params"] == dense.shape[0]
-    assert operator["mean_loss"] == pytest.approx(float(loss(flat)), rel=1e-10)
+    assert operator["mean_loss"] == pytest.approx(float(loss(flat)), rel=1e-8)
     assert all("lora_" in name for name in operator["params"])
+
+
+@pytest.mark.parametrize("models", ["llama"], indirect=True)
+def test_gauss_newton_over_the_head_equals_a_dense_one(
+    run_cli: Callable[..., Any], models: ChoiceModels
+) -> None:
+    """The Gauss-Newton matrix (1/N) sum_n J_n^T (diag p_n - p_n p_n^T) J_n of the K scores over
+    the language-model head (applied at answer positions only, so the per-sample engines must
+    keep each row's answers together): its trace and largest eigenvalue against the Jacobian
+    of the hand-computed scores, through the small N K x N K Gram matrix."""
+    model, tokenizer = _library(models, False), _tokenizer(models)
+    weight = model.lm_head.weight.detach()
+
+    def scores(head: torch.Tensor) -> torch.Tensor:
+        def logits_of(ids: torch.Tensor) -> torch.Tensor:
+            return torch.func.functional_call(
+                model, {"lm_head.weight": head}, args=(), kwargs={"input_ids": ids}
+            ).logits
+
+        return hand_log_likelihoods(logits_of, tokenizer, QUESTIONS)
+
+    z = scores(weight).detach()
+    jacobian = torch.autograd.functional.jacobian(scores, weight).reshape(*z.shape, -1)
+    p = torch.softmax(z, 1)
+    n = len(QUESTIONS)
+    factors = []
+    for row in range(n):  # H_n^(1/2) J_n / sqrt(N)
+        curvature = torch.diag(p[row]) - torch.outer(p[row], p[row])
+        values, vectors = torch.linalg.eigh(curvature)
+        root = vectors @ torch.diag(values.clamp(min=0).sqrt()) @ vectors.T
+        factors.append(root @ jacobian[row] / math.sqrt(n))
+    stacked = torch.cat(factors)  # (N K, P): the Gauss-Newton matrix is stacked^T stacked
+    gram = stacked @ stacked.T
+    result = run_cli(
+        "hessian", models.base, "--data", models.jsonl, "--dtype", "float64", "--device", "cpu",
+        "--curvature", "ggn", "--params", "lm_head.*", "--top-k", "1", "--tol", "1e-10",
+        "--batch-size", "3", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)["results"]
+    assert document["trace"]["estimate"] == pytest.approx(float(gram.trace()), rel=1e-7)
+    assert document["eigenvalues"][0] == pytest.approx(
+        float(torch.linalg.eigvalsh(gram)[-1]), rel=1e-6
+    )
 
 
 # --- refusals ---------------------------------------------------------------------------------
