@@ -230,7 +230,12 @@ def load_choices(options: DataSettings, model: TextModel | None) -> LoadedData:
         labels,
         files,
         classes=range(n_choices),
-        transforms=("tokenize prompt + answer", "pad per batch"),
+        transforms=(
+            "tokenize prompt + answer as lm-evaluation-harness does",
+            f"score of an answer: {SCORE_MEANINGS[options.choice_score]} "
+            f"(--choice-score {options.choice_score})",
+            "one packed sequence per row: the prompt once, then its answers",
+        ),
         text={
             "file": file,
             "columns": columns_used,
@@ -246,11 +251,6 @@ def load_choices(options: DataSettings, model: TextModel | None) -> LoadedData:
             "tokenizer": source,
             "tokenizer_class": type(tokenizer).__name__,
         },
-        chosen=(
-            f"the score of each of the {n_choices} answers: "
-            f"{SCORE_MEANINGS[options.choice_score]} (--choice-score {options.choice_score}), "
-            "tokenized as lm-evaluation-harness does",
-        ),
     )
 
 

@@ -45,6 +45,8 @@ KEYS: dict[str, tuple[Target, ...]] = dict(
         *_own(DataSettings, "data", "data_root", "max_samples", "mean", "std", "resize", "crop"),
         *_own(DataSettings, "x_key", "y_key", "text_key", "label_key"),
         *_own(DataSettings, "text_pair_key", "tokenizer", "max_length", "batch_size"),
+        *_own(DataSettings, "prompt_key", "choices_key", "choices", "template"),
+        *_own(DataSettings, "choice_delimiter", "choice_score"),
         ("fit_data", ((DataSettings, "data"),)),
         *_own(CalibrationSettings, "val_split"),
         ("seed", ((CalibrationSettings, "seed"), (HessianSettings, "seed"))),

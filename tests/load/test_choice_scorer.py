@@ -120,8 +120,8 @@ def test_scores_equal_log_likelihoods_by_hand(
 def test_log_likelihoods_equal_lm_evaluation_harness(models: ChoiceModels, adapter: bool) -> None:
     """lm-evaluation-harness's own ``loglikelihood`` on the same model and requests (context,
     ``" " + answer``), as its multiple-choice tasks send them."""
-    huggingface = pytest.importorskip("lm_eval.models.huggingface")
     from lm_eval.api.instance import Instance
+    from lm_eval.models import huggingface
 
     harness = huggingface.HFLM(
         pretrained=_library(models, adapter), tokenizer=_tokenizer(models), backend="causal",
@@ -358,7 +358,7 @@ def test_calibrate_and_metrics_equal_hand_computed_ones(
     assert document["settings"]["data"]["choice_score"] == "sum"
     text = document["inputs"]["data"]["text"]
     assert text["n_choices"] == 3 and text["choice_score"] == "sum"
-    said = " ".join(result.stderr.split())
+    said = " ".join(document["inputs"]["data"]["transforms"])
     assert "summed log-likelihood of its tokens after the prompt" in said
     metrics = run_cli("metrics", saved, "--json")
     assert metrics.code == 0, metrics.stderr
@@ -452,6 +452,34 @@ def test_gauss_newton_over_the_head_equals_a_dense_one(
     assert document["eigenvalues"][0] == pytest.approx(
         float(torch.linalg.eigvalsh(gram)[-1]), rel=1e-6
     )
+
+
+@pytest.mark.parametrize("models", ["llama"], indirect=True)
+def test_check_gates_and_study_compares_the_base_and_its_adapter(
+    run_cli: Callable[..., Any], models: ChoiceModels, tmp_path: Path
+) -> None:
+    """A policy names the multiple-choice data and the score; ``check`` gates the adapter's
+    accuracy (the hand-computed one of its mean-char scores) and λmax; ``study`` measures the
+    base and the adapter on the same rows."""
+    tokenizer = _tokenizer(models)
+    scores = _hand(_library(models, True), tokenizer) / _divisors(tokenizer, "mean-char")
+    labels = torch.tensor([q[2] for q in QUESTIONS])
+    accuracy = float((scores.argmax(1) == labels).double().mean())
+    policy = tmp_path / "gate.toml"
+    policy.write_text(
+        f'[settings]\ndata = "{models.jsonl}"\nchoice_score = "mean-char"\ndevice = "cpu"\n'
+        f'dtype = "float64"\n\n[accuracy]\nmin = {accuracy + 0.01}\n\n[lambda_max]\nmax = 1000\n'
+    )
+    result = run_cli("check", models.adapter, "--policy", policy, "--json")
+    assert result.code == 1, result.stderr  # the accuracy bound is just above the model's
+    document = json.loads(result.stdout)
+    rows = {row["metric"]: row for row in document["results"]["rows"]}
+    assert rows["accuracy"]["value"] == pytest.approx(accuracy)
+    assert rows["lambda_max"]["passed"] is True
+    assert document["settings"]["data"]["choice_score"] == "mean-char"
+    study = run_cli("study", models.base, models.adapter, "--data", models.jsonl, "--json")
+    assert study.code == 0, study.stderr
+    assert len(json.loads(study.stdout)["results"]["rows"]) == 2
 
 
 # --- refusals ---------------------------------------------------------------------------------
