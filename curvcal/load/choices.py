@@ -424,7 +424,14 @@ def _answers(
     from curvcal.load.text import text_column
 
     if options.choices is not None:
-        return [tuple(options.choices)] * n_rows
+        words = tuple(options.choices)
+        if len(words) < 2 or len(set(words)) != len(words) or not all(w.strip() for w in words):
+            raise InputError(
+                "choices",
+                f"{list(words)} are not two or more different, non-empty answers",
+                "give every row's answers, e.g. --choices positive,negative",
+            )
+        return [words] * n_rows
     cells = text_column(columns, options.choices_key, file, "--choices-key")
     rows: list[tuple[str, ...]] = []
     for row, cell in enumerate(cells):

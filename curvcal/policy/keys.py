@@ -69,7 +69,7 @@ TRACE_KEY = "trace"
 #: keys that take a size or ``"none"`` (kept as :data:`~curvcal.settings.data.NO_RESIZE`)
 SIZE_KEYS = ("resize", "crop")
 #: keys that take a string or a list of strings (one string is a list of one)
-STRINGS_KEYS = ("params",)
+STRINGS_KEYS = ("params", "choices")
 
 
 def field_value(key: str, value: Any) -> Any:
