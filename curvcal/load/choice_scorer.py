@@ -90,7 +90,7 @@ def scores_choices(module: nn.Module) -> bool:
     return isinstance(module, ChoiceScorer)
 
 
-def as_choice_scorer(module: nn.Module, where: str) -> nn.Module:
+def as_choice_scorer(module: nn.Module) -> nn.Module:
     """``module`` as curvcal runs it: a :class:`ChoiceScorer` when it is a
     :class:`~curvcal.load.hf.LogitsModule` around a ``*ForCausalLM`` (or a ``PeftModel`` over
     one), else ``module`` itself."""
@@ -99,21 +99,7 @@ def as_choice_scorer(module: nn.Module, where: str) -> nn.Module:
     library = module.__dict__["library_model"]
     if not type(_causal_model(library)).__name__.endswith("ForCausalLM"):
         return module
-    check_scorable(library, where)
     return ChoiceScorer(library, module.modality)
-
-
-def check_scorable(model: nn.Module, where: str) -> None:
-    """Refuse a ``PeftModel`` whose adapter changes the inputs (prompt learning: virtual tokens
-    the decoder alone would not see); LoRA and its kin act inside the decoder's layers."""
-    config = getattr(model, "active_peft_config", None)
-    if config is not None and bool(getattr(config, "is_prompt_learning", False)):
-        raise InputError(
-            where,
-            f"is a {getattr(config, 'peft_type', 'prompt-learning')} adapter, which adds "
-            "virtual tokens to the inputs; answers are scored for adapters inside the layers "
-            "(LoRA and its kin)",
-        )
 
 
 def _causal_model(model: nn.Module) -> Any:

@@ -94,7 +94,7 @@ def place(path: Path, found: ModuleFound, device: torch.device, dtype: torch.dty
 
     # a causal language model (or an adapter over one) is a classifier over answers, whatever
     # loaded it
-    found = replace(found, module=as_choice_scorer(found.module, str(path)))
+    found = replace(found, module=as_choice_scorer(found.module))
     found.module.to(device=device, dtype=dtype)
     if found.form != "exported_program":
         found.module.eval()

@@ -554,3 +554,54 @@ def test_choice_options_for_a_sequence_classifier_are_refused(
     assert said("--choices: applies to multiple-choice data", result.stderr), result.stderr
     bad = run_cli("calibrate", folder, "--data", data, "--method", "none", "--choices", "a")
     assert bad.code == 2 and said("two or more non-empty answers", bad.stderr), bad.stderr
+
+
+@pytest.mark.parametrize("models", ["llama"], indirect=True)
+def test_an_answer_adding_no_token_and_bad_policy_words_are_refused(
+    run_cli: Callable[..., Any], models: ChoiceModels, tmp_path: Path
+) -> None:
+    from tests.console_text import said
+
+    data = _rows(tmp_path, [{"prompt": "a film", "choices": ["", "great"], "label": 1}])
+    result = run_cli(
+        "calibrate", models.base, "--data", data, "--method", "none", "--choice-delimiter", ""
+    )
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert said("row 0: answer 0 ('') adds no token to its prompt", result.stderr), result.stderr
+    policy = tmp_path / "p.toml"
+    policy.write_text(
+        f'[settings]\ndata = "{models.jsonl}"\nchoices = ["yes"]\n\n[accuracy]\nmin = 0\n'
+    )
+    refused = run_cli("check", models.base, "--policy", policy)
+    assert refused.code == 2 and "Traceback" not in refused.stderr
+    assert said("are not two or more different, non-empty answers", refused.stderr), refused.stderr
+
+
+@pytest.mark.parametrize("models", ["llama"], indirect=True)
+def test_csv_rows_hold_their_answers_as_json_arrays(models: ChoiceModels, tmp_path: Path) -> None:
+    import csv
+
+    data = tmp_path / "q.csv"
+    with data.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["prompt", "choices", "label"])
+        for prompt, answers, label in QUESTIONS:
+            writer.writerow([prompt, json.dumps(answers), str(label)])
+    expected = _scores(models.base, models.jsonl)
+    torch.testing.assert_close(_scores(models.base, data), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("models", ["llama"], indirect=True)
+def test_a_prompt_learning_adapter_is_refused(
+    run_cli: Callable[..., Any], models: ChoiceModels, tmp_path: Path
+) -> None:
+    """Prompt tuning adds virtual tokens to the inputs, which the decoder alone never sees."""
+    from tests.console_text import said
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(models.base)
+    config = peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2)
+    folder = tmp_path / "prompt"
+    peft.get_peft_model(base, config).save_pretrained(folder)
+    result = run_cli("calibrate", folder, "--data", models.jsonl, "--method", "none")
+    assert result.code == 2 and "Traceback" not in result.stderr, result.stderr
+    assert said("adds virtual tokens to the inputs", result.stderr), result.stderr
