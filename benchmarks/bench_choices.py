@@ -19,7 +19,8 @@ Both give the same K scores (checked on every run, float32). For each prompt len
 the minimum over ``--repeats`` of the seconds per gradient pass of the summed cross-entropy
 (packed and per answer) and per Hessian product of the packed scorer (double backward, graphs
 rebuilt for every product), their ratio; and the largest tensor with a vocabulary-wide
-dimension that one pass allocates (MiB, recorded by a ``TorchDispatchMode``)::
+dimension that one gradient pass allocates, the weight-shaped ones left out (MiB, recorded by a
+``TorchDispatchMode``)::
 
     python benchmarks/bench_choices.py [--prompts 16,64,256] [--repeats 2] [--json OUT]
 
@@ -116,17 +117,20 @@ def per_answer_scores(scorer: ChoiceScorer, rows: list[ChoiceRow]) -> Tensor:
 
 
 class _Widest(TorchDispatchMode):
-    """The most bytes of one tensor with a ``vocabulary``-wide dimension."""
+    """The most bytes of one tensor with a ``vocabulary``-wide dimension, weight-shaped ones
+    (vocabulary x hidden: the embedding, the head and their gradients) left out."""
 
-    def __init__(self, vocabulary: int) -> None:
+    def __init__(self, vocabulary: int, hidden: int) -> None:
         super().__init__()
         self.vocabulary, self.bytes = vocabulary, 0
+        self.weights = {(vocabulary, hidden), (hidden, vocabulary)}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for value in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(value, Tensor) and self.vocabulary in value.shape:
-                size = math.prod(value.shape) * value.element_size()
+            shape = tuple(value.shape) if isinstance(value, Tensor) else ()
+            if self.vocabulary in shape and shape not in self.weights:
+                size = math.prod(shape) * value.element_size()
                 self.bytes = max(self.bytes, size)
         return out
 
@@ -176,7 +180,7 @@ def prompt_row(shape: Shape, rows: Rows, repeats: int) -> dict[str, Any]:
     )
     widest = {}
     for name, step in (("packed", packed_gradient), ("per_answer", per_answer_gradient)):
-        with _Widest(shape.vocab) as mode:
+        with _Widest(shape.vocab, shape.hidden) as mode:
             step()
         widest[f"{name}_vocab_tensor_mib"] = mode.bytes / 2**20
     return {
