@@ -30,10 +30,10 @@ to the front of the continuation. Then::
 with the tokenizer's own special tokens (a BOS where the tokenizer adds one), so a merge of
 tokens across the boundary is counted in the answer. An empty prompt is the tokenizer's BOS
 token (else its EOS), the answer then tokenized alone. The model reads ``context +
-continuation`` (one pass over the prompt for all K answers: :meth:`ChoiceDataset.collate`); a
-sequence longer than ``max_length`` loses tokens from the front of its
-prompt (counted as truncated): the prompt keeps its last ``max_length`` minus (the longest
-answer's tokens) tokens, the same for every answer of the row. Scores (``--choice-score``): ``sum`` (the summed
+continuation``, one pass over the prompt for all K answers (:meth:`ChoiceDataset.collate`). A
+row longer than ``max_length`` loses tokens from the front of its prompt (counted as
+truncated): the prompt keeps its last ``max_length`` minus (the longest answer's tokens)
+tokens, the same for every answer of the row. Scores (``--choice-score``): ``sum`` (the summed
 log-likelihood, the harness's ``acc``), ``mean-token`` (divided by the continuation's token
 count) or ``mean-char`` (divided by the answer's length in characters, delimiter excluded, the
 harness's ``acc_norm``).
