@@ -608,3 +608,18 @@ def test_a_prompt_learning_adapter_is_refused(
     result = run_cli("calibrate", folder, "--data", models.jsonl, "--method", "none")
     assert result.code == 2 and "Traceback" not in result.stderr, result.stderr
     assert said("adds virtual tokens to the inputs", result.stderr), result.stderr
+
+
+@pytest.mark.parametrize("models", ["llama"], indirect=True)
+def test_inspect_names_no_class_count_for_a_causal_lm(
+    run_cli: Callable[..., Any], models: ChoiceModels
+) -> None:
+    """K is the data's answer count: no class count read off the last weight (the vocabulary's
+    or the MLP's rows)."""
+    result = run_cli("inspect", models.base, "--json")
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)["results"]
+    assert document["num_classes"] is None
+    assert "multiple-choice" in document["metadata"]["scores"]
+    loaded = load_model(models.base, CheckpointSettings(device="cpu"))
+    assert loaded.num_classes is None and loaded.labels == ()
