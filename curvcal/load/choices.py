@@ -382,6 +382,15 @@ def _prompts(columns: Mapping[str, list[Any]], options: DataSettings, file: str)
     """The prompt of each row: ``--template`` filled from its columns, or ``--prompt-key``."""
     from curvcal.load.text import as_texts, text_column
 
+    if options.template is None and options.prompt_key not in columns:
+        present = ", ".join(columns) or "none"
+        raise InputError(
+            file,
+            f"has no column '{options.prompt_key}' (columns: {present}); a causal language "
+            "model scores multiple-choice rows: a prompt, its answers and the right one",
+            "name the prompt column with --prompt-key, or build prompts from the row with "
+            "--template 'Review: {text}\\nAnswer:' and give the answers with --choices a,b",
+        )
     if options.template is None:
         return as_texts(
             text_column(columns, options.prompt_key, file, "--prompt-key"),

@@ -519,7 +519,11 @@ BAD_ROWS = {
     ),
     "texts, not choices": (
         [{"text": "the film was great", "label": 0}],
-        ("has no column 'prompt'", "--prompt-key"),
+        (
+            "has no column 'prompt'",
+            "a causal language model scores multiple-choice rows",
+            "--template",
+        ),
     ),
 }
 
