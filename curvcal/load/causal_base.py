@@ -109,10 +109,10 @@ def plan_classifier(
     if task != "SEQ_CLS":
         raise InputError(
             config_file,
-            f"has task_type {task!r}, not 'SEQ_CLS': over the {causal} in {base_path} it is "
-            "a language-model adapter, not a classifier",
-            "curvcal analyses classifiers; pass the adapter trained with "
-            "LoraConfig(task_type='SEQ_CLS')",
+            f"has task_type {task!r}, not 'SEQ_CLS' nor 'CAUSAL_LM': over the {causal} in "
+            f"{base_path} it is neither a sequence classifier nor a language model",
+            "pass an adapter trained with LoraConfig(task_type='SEQ_CLS'), or a "
+            "language-model one (task_type='CAUSAL_LM') with multiple-choice data",
         )
     entries = custom_code_entries(config)
     if entries and not trust:

@@ -12,7 +12,9 @@ Spec forms (``--data SPEC``):
                            runs your code, so it needs trust (``--trust-checkpoint``)
 ``curvcal:digits``         the bundled held-out split of scikit-learn's digits
 ``PATH.jsonl|.csv|.parquet``  texts and labels for a text classifier (:mod:`curvcal.load.text`);
-                           also a ``datasets`` ``save_to_disk`` folder, ``DIR[:split]``
+                           also a ``datasets`` ``save_to_disk`` folder, ``DIR[:split]``; for
+                           a causal language model, multiple-choice rows
+                           (:mod:`curvcal.load.choices`)
 =========================  ==============================================================
 
 Image datasets are converted to ``[0, 1]`` tensors and normalised per channel,
@@ -82,6 +84,10 @@ def load_dataset(
         data = load_py_dataset(options)
     elif spec.startswith("curvcal:"):
         data = load_bundled(options)
+    elif is_text_spec(spec) and text_model is not None and text_model.scores_choices:
+        from curvcal.load.choices import load_choices
+
+        data = load_choices(options, text_model)
     elif is_text_spec(spec):
         data = load_text(options, text_model)
     else:

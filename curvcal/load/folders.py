@@ -1,8 +1,10 @@
 """Model folders as checkpoints: a transformers ``save_pretrained`` folder or a timm
 ``save_for_hf`` folder, its ``config.json`` naming the architecture (:mod:`curvcal.load.hf`),
 and a PEFT adapter folder over a local base model folder (:mod:`curvcal.load.adapters`): the
-classifier it was trained on, or a causal language model the classifier is built from
-(:mod:`curvcal.load.causal_base`).
+classifier it was trained on, a causal language model the classifier is built from
+(:mod:`curvcal.load.causal_base`), or a causal language model it adapts (``task_type
+CAUSAL_LM``), which scores the answers of multiple-choice data
+(:mod:`curvcal.load.choice_scorer`) as a causal-LM folder does.
 
 A folder's ``.bin`` weights go through a weights-only load whatever the options; custom code
 named by its config (``auto_map``) needs ``--trust-checkpoint``. A Hugging Face Trainer
@@ -164,7 +166,11 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
     built: dict[str, str] = {}
     from curvcal.load.causal_base import is_causal_lm_folder
 
-    if is_causal_lm_folder(base_path):
+    if is_causal_lm_folder(base_path) and adapter.config.get("task_type") == "CAUSAL_LM":
+        # a language-model adapter: the causal LM with it scores multiple-choice answers
+        _refuse_prompt_learning(adapter)
+        base = load_folder(base_path, options.replace(base_model=None))
+    elif is_causal_lm_folder(base_path):
         base, built = _causal_base(adapter, base_path, options)
     else:
         _refuse_base_without_head(base_path)
@@ -219,6 +225,24 @@ def _causal_base(
         modality="text",
     )
     return found, {"sequence_classifier": plan.classifier, "classifier_built": plan.describe()}
+
+
+#: peft's prompt-learning methods: they add virtual tokens to the inputs rather than act inside
+#: the model's layers
+PROMPT_LEARNING = frozenset(
+    {"PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "CPT"}
+)
+
+
+def _refuse_prompt_learning(adapter: AdapterFolder) -> None:
+    """A prompt-learning adapter changes the inputs the decoder reads (virtual tokens), which
+    answers scored from the decoder's hidden states would leave out."""
+    if adapter.peft_type in PROMPT_LEARNING:
+        raise InputError(
+            str(adapter.path / "adapter_config.json"),
+            f"is a {adapter.peft_type} adapter, which adds virtual tokens to the inputs; "
+            "answers are scored for adapters that act inside the layers (LoRA and its kin)",
+        )
 
 
 def _refuse_base_without_head(base_path: Path) -> None:

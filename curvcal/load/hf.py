@@ -57,6 +57,9 @@ PREPROCESSOR_NAME = "preprocessor_config.json"
 TASKS = {
     "ForImageClassification": ("AutoModelForImageClassification", "image"),
     "ForSequenceClassification": ("AutoModelForSequenceClassification", "text"),
+    # a causal language model is a classifier over the answers of multiple-choice data
+    # (:mod:`curvcal.load.choice_scorer`)
+    "ForCausalLM": ("AutoModelForCausalLM", "text"),
 }
 _TRUST_HINT = "pass --trust-checkpoint only if you trust the folder's source"
 
@@ -127,8 +130,9 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
     if modality is None:
         raise InputError(
             str(path),
-            f"holds a {architecture}, not an image or sequence classifier",
-            "curvcal loads *ForImageClassification and *ForSequenceClassification models",
+            f"holds a {architecture}, not an image or sequence classifier nor a causal LM",
+            "curvcal loads *ForImageClassification and *ForSequenceClassification models, and "
+            "*ForCausalLM models scored over the answers of multiple-choice data",
         )
     return FolderModel(
         path=path,
@@ -136,7 +140,7 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
         library="transformers",
         architecture=architecture,
         modality=modality,
-        labels=_labels(config),
+        labels=() if is_causal_lm(architecture) else _labels(config),
         weights=weights,
         custom_code=custom_code_entries(config),
         preprocessing=_image_processor(path),
@@ -206,6 +210,11 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
         if was_shown:
             bars.enable_progress_bar()
     return LogitsModule(model, folder.modality)
+
+
+def is_causal_lm(architecture: str) -> bool:
+    """Whether a transformers architecture name is a causal language model's."""
+    return architecture.endswith("ForCausalLM")
 
 
 @contextmanager

@@ -199,7 +199,7 @@ def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) ->
 def _inspect_folder(path: Path, allow_globals: tuple[str, ...]) -> CheckpointInfo:
     from curvcal.load.adapters import is_adapter_folder
     from curvcal.load.folders import trainer_step
-    from curvcal.load.hf import is_model_folder, read_folder
+    from curvcal.load.hf import is_causal_lm, is_model_folder, read_folder
 
     if is_adapter_folder(path) and not is_model_folder(path):
         return _inspect_adapter(path, allow_globals)
@@ -218,6 +218,9 @@ def _inspect_folder(path: Path, allow_globals: tuple[str, ...]) -> CheckpointInf
         metadata["custom_code"] = ", ".join(folder.custom_code)
     if folder.preprocessing:
         metadata["preprocessing"] = json.dumps(folder.preprocessing)
+    causal = is_causal_lm(folder.architecture)
+    if causal:
+        metadata["scores"] = "the answers of multiple-choice data (K from the data)"
     info = _info(
         path,
         folder_form(folder.library),
@@ -227,6 +230,8 @@ def _inspect_folder(path: Path, allow_globals: tuple[str, ...]) -> CheckpointInf
         needs_trust=bool(folder.custom_code),
     )
     num_classes = len(folder.labels) if folder.labels else info.num_classes
+    if causal:  # a classifier over the answers of its data: K is the data's
+        num_classes = None
     return dataclasses.replace(
         info, architecture=folder.architecture, labels=folder.labels, num_classes=num_classes
     )

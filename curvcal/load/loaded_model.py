@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +90,19 @@ def place(path: Path, found: ModuleFound, device: torch.device, dtype: torch.dty
     """Move the found module to ``device`` and ``dtype`` in eval mode (an exported program
     keeps the mode it was exported in); ``num_classes`` from its labels, else its last 2-D
     weight."""
+    from curvcal.load.choice_scorer import as_choice_scorer, scores_choices
+
+    # a causal language model (or an adapter over one) is a classifier over answers, whatever
+    # loaded it
+    found = replace(found, module=as_choice_scorer(found.module))
     found.module.to(device=device, dtype=dtype)
     if found.form != "exported_program":
         found.module.eval()
     shapes = [(name, tuple(t.shape)) for name, t in found.module.state_dict().items()]
-    num_classes = len(found.labels) if found.labels else infer_num_classes(shapes)
+    if scores_choices(found.module):  # K is the data's answer count, not a head's width
+        num_classes = None
+    else:
+        num_classes = len(found.labels) if found.labels else infer_num_classes(shapes)
     return LoadedModel(
         **vars(found), path=path, num_classes=num_classes, device=device, dtype=dtype
     )

@@ -69,7 +69,9 @@ class TextModel:
     """What the text model says about its inputs: the folder its tokenizer may be saved in,
     its ``label2id`` and its ``max_position_embeddings`` (``None`` when not recorded); for a
     decoder classifier (``pools_last_token``: logits read at each text's last non-padding
-    token), its ``architecture`` and ``config.json``'s ``pad_token_id`` and ``eos_token_id``."""
+    token), its ``architecture`` and ``config.json``'s ``pad_token_id`` and ``eos_token_id``;
+    ``scores_choices`` for a causal language model, whose data is multiple-choice rows
+    (:mod:`curvcal.load.choices`)."""
 
     folder: Path | None
     label2id: Mapping[str, int] = field(default_factory=dict)
@@ -78,6 +80,7 @@ class TextModel:
     architecture: str = ""
     pad_token_id: int | None = None
     eos_token_id: int | None = None
+    scores_choices: bool = False
 
 
 @dataclass(frozen=True)
@@ -540,7 +543,7 @@ def _facts(described: FolderModel) -> TextModel | None:
     """The :class:`TextModel` facts of a described model folder (None: not a text model)."""
     if described.modality != "text":
         return None
-    from curvcal.load.hf import pools_last_token
+    from curvcal.load.hf import is_causal_lm, pools_last_token
 
     config = described.config
     label2id = config.get("label2id")
@@ -555,6 +558,7 @@ def _facts(described: FolderModel) -> TextModel | None:
         architecture=described.architecture,
         pad_token_id=_token_id(config.get("pad_token_id")),
         eos_token_id=_token_id(config.get("eos_token_id")),
+        scores_choices=is_causal_lm(described.architecture),
     )
 
 

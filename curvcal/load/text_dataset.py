@@ -21,6 +21,14 @@ def load_text(options: DataSettings, model: TextModel | None) -> LoadedData:
     from curvcal.load import text
 
     reject_image_transforms(options, "text data")
+    for name in ("choices", "template"):
+        if getattr(options, name) is not None:
+            raise InputError(
+                f"--{name}",
+                "applies to multiple-choice data, which a causal language model (*ForCausalLM, "
+                "or a CAUSAL_LM adapter over one) scores",
+                f"drop --{name} for a sequence classifier",
+            )
     if options.mean is not None or options.std is not None:
         raise InputError("--mean/--std", "do not apply to text data")
     columns, files, file = text.read_table(options.spec)

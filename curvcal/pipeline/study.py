@@ -72,8 +72,9 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     session: each checkpoint is loaded once where the models fit in memory together (else
     loaded again to be measured, said in a note), checked against the data before any pass."""
     from curvcal.calibration.analysis import analyse_val_split
+    from curvcal.load.adapters import is_adapter_folder
     from curvcal.load.labels import stratified_split
-    from curvcal.load.text import text_model_at
+    from curvcal.load.text import text_model_at, text_model_of
     from curvcal.pipeline.provenance import environment
     from curvcal.pipeline.session import open_session
     from curvcal.study.summary import (
@@ -104,8 +105,11 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
         reporter,
         (request.data_options, request.hessian, request.study, request.calibration),
     ) as session:
-        # text data is tokenized once, with the first checkpoint's tokenizer (or --tokenizer)
+        # text data is tokenized once, with the first checkpoint's tokenizer (or --tokenizer);
+        # an adapter's is its base's (a causal LM's makes multiple-choice rows)
         text_model = text_model_at(paths[0], request.checkpoint_options.arch)
+        if text_model is None and is_adapter_folder(paths[0]):
+            text_model = text_model_of(session.model(paths[0]))
         data = session.dataset(None, data_options, text_model=text_model, check=False)
         hessian_data = data
         if curvature_data is not None:

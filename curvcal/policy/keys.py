@@ -60,7 +60,8 @@ SHOWN_ORDER = (
     "arch", "arch_kwargs", "num_classes", "state_dict_key", "device", "dtype",
     "data", "data_root", "max_samples", "mean", "std", "resize", "crop",
     "x_key", "y_key", "text_key", "label_key", "text_pair_key", "tokenizer", "max_length",
-    "batch_size", "fit_data", "val_split", "seed", "bins", "edges", "method", "objective",
+    "batch_size", "prompt_key", "choices_key", "choices", "template", "choice_delimiter",
+    "choice_score", "fit_data", "val_split", "seed", "bins", "edges", "method", "objective",
     "focal_objective", "gammas", "nan_policy", "bootstrap", "histogram_bins", "histogram_scheme",
     "laplace_structure", "laplace_predictive", "laplace_samples", "laplace_prior", "judge",
     "top_k", "eigen_method", "tol", "max_iter", "probes", "trace", "loss", "gamma", "params",
@@ -91,7 +92,7 @@ TRACE_KEY = "trace"
 #: keys that take a size or ``"none"`` (kept as :data:`~curvcal.settings.data.NO_RESIZE`)
 SIZE_KEYS = ("resize", "crop")
 #: keys that take a string or a list of strings (one string is a list of one)
-STRINGS_KEYS = ("params",)
+STRINGS_KEYS = ("params", "choices")
 
 
 def field_value(key: str, value: Any) -> Any:

@@ -36,6 +36,25 @@ def _float_list(ctx: Any, param: Any, value: str | None) -> tuple[float, ...] | 
     return numbers
 
 
+def _word_list(ctx: Any, param: Any, value: str | None) -> tuple[str, ...] | None:
+    """``--choices``: comma-separated answers, each kept as typed (spaces included), none
+    empty and no two alike; at least two."""
+    import click
+
+    if value is None:
+        return None
+    words = tuple(value.split(","))
+    if len(words) < 2 or any(not word.strip() for word in words):
+        raise click.BadParameter(
+            f"--choices takes two or more non-empty answers, comma-separated; got {value!r}",
+            ctx,
+            param,
+        )
+    if len(set(words)) != len(words):
+        raise click.BadParameter(f"--choices names an answer twice: {value!r}", ctx, param)
+    return words
+
+
 def _size(ctx: Any, param: Any, value: str | None) -> int | None:
     """A positive size, or ``none`` (kept as :data:`NO_RESIZE`)."""
     import click
@@ -54,8 +73,19 @@ def _size(ctx: Any, param: Any, value: str | None) -> int | None:
     return size
 
 
+#: ``--choice-score``: how the K answers of a causal language model are scored
+#: (:mod:`curvcal.load.choices`)
+CHOICE_SCORES = ("sum", "mean-token", "mean-char")
+#: the fields of multiple-choice data, read for a causal language model
+CHOICE_FIELDS = (
+    "prompt_key", "choices_key", "choices", "template", "choice_delimiter", "choice_score",
+)  # fmt: skip
+
 #: the text-data fields (also taken by ``check``, whose dataset a policy names)
-TEXT_FIELDS = ("text_key", "label_key", "text_pair_key", "tokenizer", "max_length")
+TEXT_FIELDS = (
+    "text_key", "label_key", "text_pair_key", "tokenizer", "max_length",
+    *CHOICE_FIELDS,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -128,6 +158,43 @@ class DataSettings(Settings):
     label_key: str = setting("label", "Label column of text data.", policy=True)
     text_pair_key: str | None = setting(
         None, "Second text column, for sentence pairs.", policy=True
+    )
+    prompt_key: str = setting(
+        "prompt", "Prompt column of multiple-choice data (causal LMs).", policy=True
+    )
+    choices_key: str = setting(
+        "choices",
+        "Column of multiple-choice data holding each row's list of K answers.",
+        policy=True,
+    )
+    choices: tuple[str, ...] | None = setting(
+        None,
+        "The K answers of every row (label words), comma-separated; in place of --choices-key.",
+        parse=_word_list,
+        metavar="A,B,...",
+        policy=True,
+    )
+    template: str | None = setting(
+        None,
+        "Build each prompt from the row's columns, e.g. 'Review: {text}\\nSentiment:' "
+        "(\\n, \\t and \\\\ are read as escapes); in place of --prompt-key.",
+        metavar="TEXT",
+        policy=True,
+    )
+    choice_delimiter: str = setting(
+        " ",
+        "Text put between the prompt and each answer (lm-evaluation-harness's target_delimiter).",
+        metavar="TEXT",
+        default_text="' ' (one space)",
+        policy=True,
+    )
+    choice_score: str = setting(
+        "sum",
+        "Score of an answer: the summed log-likelihood of its tokens after the prompt (sum, "
+        "lm-eval's acc), per token (mean-token) or per character (mean-char, lm-eval's "
+        "acc_norm).",
+        choices=CHOICE_SCORES,
+        policy=True,
     )
     tokenizer: Path | None = folder_setting(
         "Tokenizer folder (save_pretrained).",

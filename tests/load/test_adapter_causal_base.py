@@ -256,11 +256,13 @@ Case = tuple[list[object], tuple[str, ...]]
 
 
 def _not_seq_cls(causal: CausalAdapter, tmp: Path) -> Case:
-    folder = copy_adapter(causal.adapter, tmp, task_type="CAUSAL_LM")
+    """A CAUSAL_LM adapter scores multiple-choice answers (tests/load/test_choice_scorer.py);
+    any other task is neither that nor a sequence classifier."""
+    folder = copy_adapter(causal.adapter, tmp, task_type="TOKEN_CLS")
     return ["hessian", folder, "--base-model", causal.base, "--data", causal.jsonl], (
         shown(folder / "adapter_config.json", ":"),
-        "task_type 'CAUSAL_LM', not 'SEQ_CLS'",
-        "a language-model adapter, not a classifier",
+        "task_type 'TOKEN_CLS', not 'SEQ_CLS' nor 'CAUSAL_LM'",
+        "neither a sequence classifier nor a language model",
     )
 
 
