@@ -377,6 +377,7 @@ def analyse_operator(
         "graphs_kept": operator.graphs_kept,
         "kept_rows": operator.kept_rows,
         "graphs_dropped": operator.graphs_dropped,
+        "memory_plan": None if operator.memory_choice is None else operator.memory_choice.as_dict(),
         "lanczos_basis": lanczos_basis(settings.top_k, n_params, budget, settings.max_basis),
         "n_matvecs": operator.total_matvecs,
         "n_data_passes": operator.total_data_passes,

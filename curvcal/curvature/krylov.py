@@ -32,6 +32,7 @@ combinations and restarts are local.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import torch
@@ -80,6 +81,9 @@ class KrylovBasis:
         self._count = 0
         self._capacity = 0
         self._work: Tensor | None = None  # the wide vector being cleared (narrow storage only)
+        #: ‖v‖ of the vector the latest :meth:`extend` or :meth:`clear_next` cleared, after
+        #: clearing (summed over the ranks of a sliced space); nan before any
+        self.remainder_norm = math.nan
 
     def __len__(self) -> int:
         return self._count
@@ -193,10 +197,14 @@ class KrylovBasis:
             amount = self.space.dot(self[index], vector)
             vector.addcmul_(self[index], amount, value=-1.0)
             coefficients[index] += amount
-        before = self.space.norm(vector)
+        before = float(self.space.norm(vector))
         self._pass(vector, coefficients)
-        if float(self.space.norm(vector)) < DGKS_ETA * float(before):
+        after = float(self.space.norm(vector))
+        if after < DGKS_ETA * before:
             self._pass(vector, coefficients)
+            after = float(self.space.norm(vector))
+        # read by the caller as the new vector's norm (β of Lanczos): no sweep over it again
+        self.remainder_norm = after
         return coefficients
 
     def _pass(self, vector: Tensor, coefficients: Tensor) -> None:
@@ -314,25 +322,40 @@ class KrylovBasis:
         raise IndexError(index)
 
 
-def basis_storage(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a float64 Krylov basis stores its rows in for products in ``dtype``: float32
-    for float32 products (their rounding is above float32's representation error), float64
-    otherwise."""
-    return torch.float32 if dtype == torch.float32 else torch.float64
+def basis_storage(
+    dtype: torch.dtype, rows: int | None = None, budget: int | None = None, size: int = 0
+) -> torch.dtype:
+    """The dtype a float64 Krylov basis stores its rows in for products in ``dtype``: float64,
+    except for float32 products whose basis of at most ``rows`` rows of ``size`` values would
+    not fit in the memory ``budget`` at 8 bytes a value (or has no bound), which keep float32
+    rows (their rounding is above float32's representation error; half the memory).
+
+    Float64 rows cost no conversion: on one CPU thread a sweep over a float32 row, widened a
+    piece at a time, took 1.5–1.8× one over a float64 row (11 M values, 8 rows), and a
+    Lanczos step sweeps 2m + 4 rows (bench_overhead.py)."""
+    if dtype != torch.float32:
+        return torch.float64
+    if rows is None or budget is None or rows * size * 8 > budget:
+        return torch.float32
+    return torch.float64
 
 
 def operator_basis(
     op: LinearOperator, max_rows: int | None = None
 ) -> tuple[KrylovBasis, Tensor | None]:
     """A float64 basis for Lanczos on ``op`` (rows in :func:`basis_storage` of its dtype, at
-    most ``max_rows``) and the buffer in the operator's dtype that q_m is copied into for a
-    product when the rows are stored in another (None: the stored row itself is multiplied).
+    most ``max_rows``, against the operator's memory ``budget`` when it has one) and the buffer
+    in the operator's dtype that q_m is copied into for a product when the rows are stored in
+    another (None: the stored row itself is multiplied).
     A step is then ``product(basis.latest(buffer), basis.next_row())`` — A·q_m straight into the
     next row, ``product`` from :func:`~curvcal.curvature.operators.product_into` — and
     :meth:`KrylovBasis.clear_next`."""
     space = space_of(op)
     n_params = space.size  # this rank's slice when the vectors are sliced
-    storage = basis_storage(op.dtype)
+    budget = getattr(op, "budget", None)
+    storage = basis_storage(
+        op.dtype, max_rows, budget if isinstance(budget, int) else None, n_params
+    )
     basis = KrylovBasis(
         n_params, torch.float64, op.device, max_rows=max_rows, storage=storage, space=space
     )

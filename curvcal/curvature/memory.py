@@ -14,10 +14,14 @@ with G(r) = G₀ + g·r the graph's size, s the bytes of one value and P·s for 
 batch (at most 8 rows): one exact count of the activations, on any device, in a few
 milliseconds. :func:`plan_pass` then takes the largest batch chunk r (micro-batching inside a
 data batch when one batch alone does not fit) and, at that r, the most vectors m that fit in the
-budget. The budget (:func:`default_budget`) is the larger of twice a plain gradient pass at the
-same batch size and 256 MiB, and never more than half the free memory (``MemAvailable`` of
-``/proc/meminfo`` on the CPU, ``torch.cuda.mem_get_info`` on CUDA); ``memory_budget`` overrides
-it with bytes or a share of the free memory (:func:`parse_memory_budget`).
+budget. The budget (:func:`default_budget`) is a share of what the device has free when the plan
+is made — half of ``torch.cuda.mem_get_info``'s free bytes on CUDA, of ``MemAvailable`` of
+``/proc/meminfo`` on the CPU (the model, its cached batches and anything else already held are
+not free) — so a pass that fits is never split: the rows per chunk follow from the measured
+per-row cost g alone. Only when the free memory cannot be read does a fixed rule stand in: the
+larger of twice a plain gradient pass at the same batch size and 256 MiB. ``memory_budget``
+overrides it with bytes or a share of the free memory (:func:`parse_memory_budget`);
+:func:`budget_source` says in words where the budget came from.
 
 Splitting a batch is exact (products are sums over samples); only the time changes.
 
@@ -38,19 +42,27 @@ from torch import Tensor
 from curvcal import rows as rows_of
 from curvcal.curvature.krylov import basis_storage
 from curvcal.rows import Inputs
-from curvcal.settings.sizes import host_memory
+from curvcal.settings.sizes import MemoryBudget, host_memory
 
-#: the floor of the default budget: below it, memory is not worth trading time for
-MIN_DEFAULT_BUDGET = 256 * 2**20
-#: the default budget's multiple of a plain gradient pass at the same batch size
-GRADIENT_MULTIPLE = 2.0
-#: the share of the free memory the default budget may take
+#: the share of the free memory the default budget takes (the rest is room for what the
+#: algorithms hold beside the products, and for the allocator's slack)
 FREE_FRACTION = 0.5
+#: without a free-memory reading: the floor of the default budget, and its multiple of a plain
+#: gradient pass at the same batch size
+MIN_DEFAULT_BUDGET = 256 * 2**20
+GRADIENT_MULTIPLE = 2.0
 #: rows of the first batch the measurement runs on (its larger slice)
 MEASURE_ROWS = 8
 
 #: Lanczos' basis is never bounded below 2k + this many vectors (see :func:`lanczos_basis`)
 BASIS_FLOOR = 6
+
+
+def free_memory_name(device: torch.device) -> str:
+    """What :func:`free_memory` reads on ``device``, in words."""
+    if device.type == "cuda":
+        return "free CUDA memory (torch.cuda.mem_get_info)"
+    return "available host memory (MemAvailable)"
 
 
 def free_memory(device: torch.device) -> int | None:
@@ -174,11 +186,44 @@ def gradient_bytes(graphs: GraphSizes, param_bytes: int, rows: int) -> float:
 
 
 def default_budget(graphs: GraphSizes, param_bytes: int, rows: int, free: int | None) -> int:
-    """max(2 × a gradient pass at ``rows`` rows, 256 MiB), at most half of ``free``."""
-    budget = max(GRADIENT_MULTIPLE * gradient_bytes(graphs, param_bytes, rows), MIN_DEFAULT_BUDGET)
+    """:data:`FREE_FRACTION` of the ``free`` bytes; when those are unknown (None),
+    max(2 × a gradient pass at ``rows`` rows, 256 MiB)."""
     if free is not None:
-        budget = min(budget, FREE_FRACTION * free)
-    return int(budget)
+        return int(FREE_FRACTION * free)
+    return int(
+        max(GRADIENT_MULTIPLE * gradient_bytes(graphs, param_bytes, rows), MIN_DEFAULT_BUDGET)
+    )
+
+
+def budget_source(requested: MemoryBudget | None, free: int | None, device: torch.device) -> str:
+    """Where the budget of a plan came from, in words: the ``memory_budget`` the user gave
+    (``requested``), or the default of :func:`default_budget` on ``device`` with ``free`` bytes
+    free."""
+    where = free_memory_name(device)
+    if requested is not None:
+        if requested.bytes is not None:
+            return f"memory_budget {size_text(requested.bytes)}, as given"
+        share = f"{100 * (requested.fraction or 0.0):g}%"
+        if free is None:
+            return (
+                f"memory_budget {share} asked, but the {where} is unreadable here: twice a "
+                "gradient pass at the batch size or 256 MiB, the larger"
+            )
+        return f"memory_budget {share} of the {size_text(free)} of {where}"
+    if free is None:
+        return (
+            f"default: {where} unreadable here, so twice a gradient pass at the batch size "
+            "or 256 MiB, the larger"
+        )
+    return f"default: {FREE_FRACTION:.0%} of the {size_text(free)} of {where}"
+
+
+def size_text(n_bytes: float) -> str:
+    """``n_bytes`` in the largest binary unit it reaches, three significant digits."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.3g} {unit}"
+    return f"{n_bytes:.0f} bytes"
 
 
 def plan_pass(
