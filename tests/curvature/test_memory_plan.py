@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from curvcal.curvature import operator as operator_module
-from curvcal.curvature.memory import GraphSize, GraphSizes, default_budget, free_memory
+from curvcal.curvature.memory import (
+    GraphSize,
+    GraphSizes,
+    default_budget,
+    free_memory,
+    measure_graph,
+)
 from curvcal.curvature.memory_fit import fit_memory
 from curvcal.curvature.operator import HessianOperator
 
@@ -181,3 +187,41 @@ def test_graphs_that_cannot_be_kept_say_why() -> None:
     choice = HessianOperator(model, batches, hvp="func").memory_choice
     assert choice is not None and choice.graphs == "rebuilt"
     assert choice.graphs_why.startswith("hvp func")
+
+
+def _saved_by_a_gradient_pass(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Bytes of the distinct tensors a plain gradient pass saves (inputs and parameters left
+    out), counted by a pass of its own: the reference the one-pass measurement must equal."""
+    excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    excluded.add(x.untyped_storage().data_ptr())
+    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
+        if tensor.untyped_storage().data_ptr() not in excluded and key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = torch.nn.functional.cross_entropy(model(x), y, reduction="sum")
+        torch.autograd.grad(loss, list(model.parameters()))
+    return total
+
+
+def test_one_double_backward_measures_the_gradient_pass_too() -> None:
+    torch.manual_seed(0)
+    model = make_mlp()
+    x, y = make_data("mlp")
+
+    def loss(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(model(xs), ys, reduction="sum")
+
+    graphs = measure_graph(loss, list(model.parameters()), x, y)
+    for rows in (4, 8):
+        assert graphs.gradient.at(rows) == pytest.approx(
+            _saved_by_a_gradient_pass(model, x[:rows], y[:rows]), abs=1e-6
+        )
+    assert graphs.double.per_row > graphs.gradient.per_row
