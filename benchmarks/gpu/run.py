@@ -267,6 +267,18 @@ def _fmt(value: Any, spec: str = ".3g", unit: str = "") -> str:
     return str(value)
 
 
+def _graphs(plan: dict[str, Any] | None) -> str:
+    return "—" if not plan else str(plan.get("graphs", "—"))
+
+
+def _plan_cell(plan: dict[str, Any] | None) -> str:
+    """The memory plan's budget (GB) and rows per chunk, "whole" when batches are not split."""
+    if not plan:
+        return "—"
+    rows = f"{plan['pass_rows']} rows" if plan.get("micro_batched") else "whole batches"
+    return f"{plan['budget_bytes'] / 1e9:.1f} GB, {rows}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -296,8 +308,9 @@ def markdown(report: dict[str, Any]) -> str:
             "## Hessian products against a gradient pass",
             "",
             "| model | P | N (batch) | λmax (converged, residual) | products | λmax wall | "
-            "s / product | product / gradient | peak / gradient | engine, cache |",
-            "|---|---:|---|---|---:|---:|---:|---:|---:|---|",
+            "s / product | product / gradient | peak / gradient | engine, cache | kernel s "
+            "(graphs) | run / kernel | budget, rows per chunk |",
+            "|---|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
         ]
         for r in models:
             peak = "—" if r.get("peak_ratio") is None else (
@@ -308,7 +321,9 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(r['lambda_max'], '.6g')} ({r['converged']}, {_fmt(r['residual'], '.1e')}) | "
                 f"{r['products']} | {_fmt(r['eigen_s'], '.1f', ' s')} | "
                 f"{_fmt(r['seconds_per_product'], '.3f')} | {_fmt(r['product_ratio'], '.2f')} | "
-                f"{peak} | {r['engine']}, {r['cache_mode']} |"
+                f"{peak} | {r['engine']}, {r['cache_mode']} | "
+                f"{_fmt(r.get('kernel_s'), '.3f')} ({_graphs(r.get('memory_plan'))}) | "
+                f"{_fmt(r.get('run_per_kernel'), '.2f')} | {_plan_cell(r.get('memory_plan'))} |"
             )
     llama = [r for p in report["parts"] for r in p["records"] if r.get("kind") == "llama"]
     if llama:
@@ -433,6 +448,8 @@ def hessian_part(
             rounds.append(meter)
         gradient = rounds[-1]
         say(f"{name}: gradient pass {gradient.seconds:.3f} s")
+        kernel = product_kernel(model, forward, moved, device)
+        say(f"{name}: one product {kernel.seconds:.3f} s (the kernel, the default plan)")
         del model, moved, params, rounds
         output = folder / "hessian.json"
         command = [*cli_args, "--device", args.device, "--batch-size", str(size.batch),
@@ -465,7 +482,41 @@ def hessian_part(
             "engine": operator["engine"], "cache_mode": operator["cache_mode"],
             "graphs_kept": operator["graphs_kept"], "oom_retries": operator.get("oom_retries"),
             "device": result["environment"].get("device_name"),
+            "kernel_s": kernel.seconds, "kernel_peak_bytes": kernel.peak,
+            "run_per_kernel": per_product / kernel.seconds if per_product else None,
+            "kernel_per_gradient": kernel.seconds / gradient.seconds,
+            "memory_plan": operator.get("memory_plan"),
         })  # fmt: skip
+
+
+def product_kernel(
+    model: Any, forward: Callable[..., Any], batches: list[Any], device: Any
+) -> Meter:
+    """One Hessian-vector product of a fixed vector by the default operator (the memory plan
+    ``curvcal hessian`` makes: kept graphs where they fit) of ``forward(model, x)``, after a
+    warm-up product that builds them: the kernel a run's cost per product is compared with
+    (bench_overhead.py on the CPU)."""
+    import torch
+
+    from curvcal.curvature.operator import HessianOperator
+
+    class Logits(torch.nn.Module):
+        """``model`` returning its logits from one argument, as curvcal's loader wraps it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: Any) -> Any:
+            return forward(self.model, x)
+
+    operator = HessianOperator(Logits().eval(), batches)
+    vector = torch.randn(operator.shape[0], generator=torch.Generator().manual_seed(0))
+    operator.matvec(vector)
+    with Meter(device) as meter:
+        operator.matvec(vector)
+    del operator
+    return meter
 
 
 def to_device(x: Any, device: Any) -> Any:
