@@ -186,17 +186,18 @@ class KrylovBasis:
         (the DGKS test: a pass that keeps more leaves the vector orthogonal to working
         precision; Daniel, Gragg, Kaufman & Stewart 1976)."""
         coefficients = torch.zeros(self._count, dtype=self.dtype, device=self.device)
-        for index in range(max(0, self._count - RECENT), self._count):
-            if self.narrow:
-                block, row = self._locate(index)
-                rows = self._blocks[block][row : row + 1]
-                amounts = self._project(rows, vector)
-                self._subtract(vector, rows, amounts)
-                coefficients[index] += amounts[0]
-                continue
-            amount = self.space.dot(self[index], vector)
-            vector.addcmul_(self[index], amount, value=-1.0)
-            coefficients[index] += amount
+        # the latest rows of each block they lie in at once (one sweep of the vector per block,
+        # not one per row: the two rows are orthonormal, so removing them together or in turn
+        # differs by rounding, which the block pass below removes)
+        index = max(0, self._count - RECENT)
+        while index < self._count:
+            block, row = self._locate(index)
+            # at most the rows left, and never past the end of the block
+            rows = self._blocks[block][row : row + self._count - index]
+            amounts = self._project(rows, vector)
+            self._subtract(vector, rows, amounts)
+            coefficients[index : index + rows.shape[0]] += amounts
+            index += rows.shape[0]
         before = float(self.space.norm(vector))
         self._pass(vector, coefficients)
         after = float(self.space.norm(vector))
