@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from curvcal.curvature.gauss_newton import n_classes, require_exact
-from curvcal.curvature.memory import FREE_FRACTION, sketch_limit
+from curvcal.curvature.memory import FREE_FRACTION, size_text, sketch_limit
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import auto_method, estimator_of, residual_products, split_problem
@@ -44,13 +44,6 @@ def selected_parameter_count(model: nn.Module, params: tuple[str, ...] = ()) -> 
         for name, p in model.named_parameters()
         if p.requires_grad and (not params or any(fnmatch.fnmatchcase(name, g) for g in params))
     )
-
-
-def _size(n_bytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n_bytes >= scale:
-            return f"{n_bytes / scale:.3g} {unit}"
-    return f"{n_bytes:.0f} bytes"
 
 
 #: the shares of the free memory a note on kept graphs may suggest, smallest first
@@ -95,8 +88,8 @@ def kept_graphs_note(
         f"of the {n_samples} samples again"
     )
     return (
-        f"{rebuilt}: keeping them all needs about {_size(need)}, more than the default memory "
-        f"budget; {setting_name('memory_budget')} {round(100 * share)}% (of the {_size(free)} "
+        f"{rebuilt}: keeping them all needs about {size_text(need)}, more than the default memory "
+        f"budget; {setting_name('memory_budget')} {round(100 * share)}% (of the {size_text(free)} "
         "free) keeps them, and each product then skips the forward and first backward "
         f"({setting_name('keep_graphs')} never: no note)"
     )
@@ -246,24 +239,24 @@ def check_sketch_memory(
     name = "Hutch++" if method == "hutch++" else "XTrace"
     held_text = (
         f"the {name} sketch of {products} products holds {columns:,} × {n_params:,} values "
-        f"({_size(held)} in {str(dtype).replace('torch.', '')}) besides the products"
+        f"({size_text(held)} in {str(dtype).replace('torch.', '')}) besides the products"
     )
     if method == "hutch++":
         kept = sketch_limit(method, n_params, dtype, budget, free) or 1
-        element = torch.empty((), dtype=dtype).element_size()
+        element = torch.empty((), dtype=dtype).elementsize_text()
         limit = (
-            f"the free memory ({_size(free or 0)})"
+            f"the free memory ({size_text(free or 0)})"
             if over_free and (free or 0) < budget
-            else f"the {'' if explicit else 'default '}memory budget of {_size(budget)}"
+            else f"the {'' if explicit else 'default '}memory budget of {size_text(budget)}"
         )
         return (
             f"{held_text.replace(' holds ', ' would hold ')}, more than {limit}: it holds "
-            f"{kept:,} column{'s' if kept > 1 else ''} ({_size(kept * n_params * element)}) and "
+            f"{kept:,} column{'s' if kept > 1 else ''} ({size_text(kept * n_params * element)}) and "
             "the products it does not take are Hutchinson probes of the deflated rest (a larger "
             f"{setting_name('memory_budget')} gives the sketch more columns and the trace a smaller error)"
         )
     limit_bytes = min(budget, free) if free is not None and over_free else budget
-    most = limit_bytes // (n_params * torch.empty((), dtype=dtype).element_size())
+    most = limit_bytes // (n_params * torch.empty((), dtype=dtype).elementsize_text())
     spare = settings.probes - products  # taken by a split trace's exact part
     probes, params = setting_name("probes"), setting_name("params")
     fewer = (
@@ -276,16 +269,16 @@ def check_sketch_memory(
     if over_free:
         raise SettingsError(
             "probes",
-            f"{held_text}, more than the free memory ({_size(free or 0)})",
+            f"{held_text}, more than the free memory ({size_text(free or 0)})",
             advice,
         )
     if explicit:
         raise SettingsError(
             "memory_budget",
-            f"{held_text}, more than the memory budget of {_size(budget)}",
+            f"{held_text}, more than the memory budget of {size_text(budget)}",
             advice,
         )
     return (
-        f"{held_text}, more than the default memory budget of {_size(budget)} (which bounds "
+        f"{held_text}, more than the default memory budget of {size_text(budget)} (which bounds "
         f"the products); to stay within it, {advice}"
     )
