@@ -243,7 +243,7 @@ def check_sketch_memory(
     )
     if method == "hutch++":
         kept = sketch_limit(method, n_params, dtype, budget, free) or 1
-        element = torch.empty((), dtype=dtype).elementsize_text()
+        element = torch.empty((), dtype=dtype).element_size()
         limit = (
             f"the free memory ({size_text(free or 0)})"
             if over_free and (free or 0) < budget
@@ -256,7 +256,7 @@ def check_sketch_memory(
             f"{setting_name('memory_budget')} gives the sketch more columns and the trace a smaller error)"
         )
     limit_bytes = min(budget, free) if free is not None and over_free else budget
-    most = limit_bytes // (n_params * torch.empty((), dtype=dtype).elementsize_text())
+    most = limit_bytes // (n_params * torch.empty((), dtype=dtype).element_size())
     spare = settings.probes - products  # taken by a split trace's exact part
     probes, params = setting_name("probes"), setting_name("params")
     fewer = (
