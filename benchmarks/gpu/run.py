@@ -18,10 +18,13 @@ Parts, in order (each in its own process group, killed when its budget is spent)
   CPU; the logits are drawn on the device).
 
 Every model part runs the real command line in-process (``curvcal.cli.main``, so the CUDA path
-of the product is what is timed) after a plain gradient pass over the same batches (the floor):
-wall time, products, seconds per product over the gradient pass, and on CUDA the peak of
-``torch.cuda.max_memory_allocated`` over the gradient pass's peak (both include the model and
-the batches kept on the device).
+of the product is what is timed) after a plain gradient pass over the same batches (the floor)
+and one product of a fixed vector by the default operator (the kernel, after a warm-up product
+that builds the kept graphs where the plan keeps them): wall time, products, seconds per product
+over the gradient pass and over the kernel (``run_per_kernel``: what the algorithm adds), the
+memory plan the command made (``memory_plan``: its budget and where it came from, rows per
+chunk, kept graphs and why), and on CUDA the peak of ``torch.cuda.max_memory_allocated`` over
+the gradient pass's peak (both include the model and the batches kept on the device).
 
 Whatever happens, ``gpu-run.json`` (every record, the device, torch and CUDA versions, notes) and
 ``gpu-run.md`` (the table) are written after each part to ``--results-dir`` (default
