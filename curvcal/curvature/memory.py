@@ -61,16 +61,19 @@ BASIS_FLOOR = 6
 def free_memory_name(device: torch.device) -> str:
     """What :func:`free_memory` reads on ``device``, in words."""
     if device.type == "cuda":
-        return "free CUDA memory (torch.cuda.mem_get_info)"
+        return "free CUDA memory (torch.cuda.mem_get_info and the allocator's unused cache)"
     return "available host memory (MemAvailable)"
 
 
 def free_memory(device: torch.device) -> int | None:
-    """Bytes the process may still take: free CUDA memory, or ``MemAvailable`` on a Linux host
-    (the free pages by ``os.sysconf`` elsewhere); ``None`` when neither can be read."""
+    """Bytes the process may still take: on CUDA the device's free memory plus what torch's
+    caching allocator holds reserved but unused (free to this process, not to the driver's
+    count); ``MemAvailable`` on a Linux host (the free pages by ``os.sysconf`` elsewhere);
+    ``None`` when neither can be read."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free) + max(0, int(cached))
     return host_memory("SC_AVPHYS_PAGES")
 
 

@@ -225,3 +225,14 @@ def test_one_double_backward_measures_the_gradient_pass_too() -> None:
             _saved_by_a_gradient_pass(model, x[:rows], y[:rows]), abs=1e-6
         )
     assert graphs.double.per_row > graphs.gradient.per_row
+
+
+def test_cuda_free_memory_counts_the_allocators_unused_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What torch's caching allocator holds but does not use is free to this process, though
+    the driver counts it as taken: 1,000 free + (300 reserved − 100 allocated) = 1,200."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda _device: (1_000, 5_000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda _device: 300)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda _device: 100)
+    assert free_memory(torch.device("cuda")) == 1_200
