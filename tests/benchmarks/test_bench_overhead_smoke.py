@@ -37,7 +37,9 @@ def test_quick_run_reports_the_run_beside_its_kernel(
         assert row["run_per_kernel"] == pytest.approx(row["run_s_per_product"] / row["kernel_s"])
         assert 0 < row["outside_products_share"] < 1
         assert row["kernel_per_gradient"] > 0 and row["rebuilt_per_gradient"] > 0
-        assert row["run_per_gradient"] == pytest.approx(row["run_s_per_product"] / row["gradient_s"])
+        assert row["run_per_gradient"] == pytest.approx(
+            row["run_s_per_product"] / row["gradient_s"]
+        )
         # the plan of a small model on this host keeps every graph, in a float64 basis
         assert run["graphs"] == "kept" and run["basis_rows"] >= 8
     # the λmax the run reports is the Hessian's (ARPACK on the float64 operator)
