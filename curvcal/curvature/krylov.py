@@ -323,40 +323,28 @@ class KrylovBasis:
         raise IndexError(index)
 
 
-def basis_storage(
-    dtype: torch.dtype, rows: int | None = None, budget: int | None = None, size: int = 0
-) -> torch.dtype:
-    """The dtype a float64 Krylov basis stores its rows in for products in ``dtype``: float64,
-    except for float32 products whose basis of at most ``rows`` rows of ``size`` values would
-    not fit in the memory ``budget`` at 8 bytes a value (or has no bound), which keep float32
-    rows (their rounding is above float32's representation error; half the memory).
-
-    Float64 rows cost no conversion: on one CPU thread a sweep over a float32 row, widened a
-    piece at a time, took 1.5–1.8× one over a float64 row (11 M values, 8 rows), and a
-    Lanczos step sweeps 2m + 4 rows (bench_overhead.py)."""
-    if dtype != torch.float32:
-        return torch.float64
-    if rows is None or budget is None or rows * size * 8 > budget:
-        return torch.float32
-    return torch.float64
+def basis_storage(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a float64 Krylov basis stores its rows in for products in ``dtype``: float32
+    for float32 products (their rounding is above float32's representation error), float64
+    otherwise. (Float64 rows where the memory budget holds them were tried: a sweep of the
+    orthogonalisation costs less without the piecewise widening, but every product then writes
+    and scales a float64 row, and a whole λ1 run on ResNet-18 took 4–5 % longer:
+    bench_overhead.py.)"""
+    return torch.float32 if dtype == torch.float32 else torch.float64
 
 
 def operator_basis(
     op: LinearOperator, max_rows: int | None = None
 ) -> tuple[KrylovBasis, Tensor | None]:
     """A float64 basis for Lanczos on ``op`` (rows in :func:`basis_storage` of its dtype, at
-    most ``max_rows``, against the operator's memory ``budget`` when it has one) and the buffer
-    in the operator's dtype that q_m is copied into for a product when the rows are stored in
-    another (None: the stored row itself is multiplied).
+    most ``max_rows``) and the buffer in the operator's dtype that q_m is copied into for a
+    product when the rows are stored in another (None: the stored row itself is multiplied).
     A step is then ``product(basis.latest(buffer), basis.next_row())`` — A·q_m straight into the
     next row, ``product`` from :func:`~curvcal.curvature.operators.product_into` — and
     :meth:`KrylovBasis.clear_next`."""
     space = space_of(op)
     n_params = space.size  # this rank's slice when the vectors are sliced
-    budget = getattr(op, "budget", None)
-    storage = basis_storage(
-        op.dtype, max_rows, budget if isinstance(budget, int) else None, n_params
-    )
+    storage = basis_storage(op.dtype)
     basis = KrylovBasis(
         n_params, torch.float64, op.device, max_rows=max_rows, storage=storage, space=space
     )

@@ -40,7 +40,7 @@ def test_quick_run_reports_the_run_beside_its_kernel(
         assert row["run_per_gradient"] == pytest.approx(
             row["run_s_per_product"] / row["gradient_s"]
         )
-        # the plan of a small model on this host keeps every graph, in a float64 basis
+        # the plan of a small model on this host keeps every graph and an unrestarted basis
         assert run["graphs"] == "kept" and run["basis_rows"] >= 8
     # the λmax the run reports is the Hessian's (ARPACK on the float64 operator)
     load = bench.workload("digits-cnn", quick=True)
