@@ -35,7 +35,6 @@ from curvcal.curvature.plan import (
     check_sketch_memory,
     choose_trace_method,
     estimator_products,
-    kept_graphs_note,
     refuse_needless_probes,
 )
 from curvcal.curvature.precision import significant_digits
@@ -68,7 +67,6 @@ __all__ = [
     "analyse_operator",
     "check_sketch_memory",
     "choose_trace_method",
-    "kept_graphs_note",
 ]
 
 
@@ -182,7 +180,7 @@ def analyse_operator(
     if on_plan is not None:
         on_plan(settings)
     budget = operator.budget
-    free = free_memory(operator.device)  # read once for both memory notes
+    free = free_memory(operator.device)
     notes: list[str | None] = []
     if budget is not None:
         notes.append(
@@ -196,9 +194,6 @@ def analyse_operator(
                 products=estimator_products(operator, settings),
             )
         )
-    notes.append(
-        kept_graphs_note(settings, operator.kept_need, operator.kept_rows, operator.n_samples, free)
-    )
     notes.append(density_note)
     for note in notes:
         if note is not None and on_note is not None:

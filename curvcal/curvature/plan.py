@@ -3,8 +3,7 @@
 From the settings and the operator, before the first pass over the data: the trace method that
 ``auto`` resolves to (:func:`choose_trace_method`), requests refused because they cannot run or
 cannot gain anything (too many probes, an XTrace sketch beyond the memory), and the notes a run
-shows at once (a Hutch++ sketch bounded by the memory budget, gradient graphs that a larger
-budget would keep). :func:`~curvcal.curvature.analysis.analyse_hessian` runs the plan.
+shows at once (a Hutch++ sketch bounded by the memory budget). :func:`~curvcal.curvature.analysis.analyse_hessian` runs the plan.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import torch
 from torch import nn
 
 from curvcal.curvature.gauss_newton import n_classes, require_exact
-from curvcal.curvature.memory import FREE_FRACTION, size_text, sketch_limit
+from curvcal.curvature.memory import size_text, sketch_limit
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import auto_method, estimator_of, residual_products, split_problem
@@ -43,55 +42,6 @@ def selected_parameter_count(model: nn.Module, params: tuple[str, ...] = ()) -> 
         p.numel()
         for name, p in model.named_parameters()
         if p.requires_grad and (not params or any(fnmatch.fnmatchcase(name, g) for g in params))
-    )
-
-
-#: the shares of the free memory a note on kept graphs may suggest, smallest first
-BUDGET_SHARES = (0.1, 0.25, FREE_FRACTION)
-#: the least share of the samples whose graphs must be rebuilt for keeping them to be worth a
-#: note: below it a product would skip the forward and first backward of too few samples
-REBUILT_SHARE = 0.1
-
-
-def kept_graphs_note(
-    settings: HessianSettings,
-    need: int | None,
-    kept_rows: int | None,
-    n_samples: int,
-    free: int | None,
-) -> str | None:
-    """A note when ``keep_graphs="auto"`` rebuilt the gradient graphs of some or all of the
-    ``n_samples`` samples for every product (``kept_rows`` kept, None for none) only because the
-    default memory budget was too small for them (``need`` bytes: the kept graphs and a product
-    through them), suggesting the smallest share of this machine's ``free`` memory (10 %, 25 %
-    or 50 %) that holds them with as much again to spare, so that the products keep their
-    width. Said only when it would help: None when all are kept, when fewer than
-    :data:`REBUILT_SHARE` of the samples are rebuilt, when the user chose the budget or
-    ``never``, when they cannot be kept (``func``, train mode, another curvature), and when the
-    free memory is unknown or no share holds them."""
-    if kept_rows == n_samples or need is None or free is None:
-        return None
-    rebuilt_rows = n_samples - (kept_rows or 0)
-    if rebuilt_rows < REBUILT_SHARE * n_samples:
-        return None
-    if settings.keep_graphs != "auto" or settings.memory_budget:
-        return None
-    if settings.hvp == "func" or settings.mode == "train" or settings.curvature != "hessian":
-        return None
-    share = next((share for share in BUDGET_SHARES if 2 * need <= share * free), None)
-    if share is None:
-        return None
-    rebuilt = (
-        "every Hessian-vector product builds the gradient graphs again"
-        if kept_rows is None
-        else f"every Hessian-vector product builds the gradient graphs of {rebuilt_rows} "
-        f"of the {n_samples} samples again"
-    )
-    return (
-        f"{rebuilt}: keeping them all needs about {size_text(need)}, more than the default memory "
-        f"budget; {setting_name('memory_budget')} {round(100 * share)}% (of the {size_text(free)} "
-        "free) keeps them, and each product then skips the forward and first backward "
-        f"({setting_name('keep_graphs')} never: no note)"
     )
 
 
