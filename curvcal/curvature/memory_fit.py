@@ -132,6 +132,7 @@ def fit_memory(
             keep_graphs=keep_graphs,
             unkeepable=unkeepable,
             vmapped=vmapped,
+            sharded=sharded,
         ),
     )
 
@@ -208,6 +209,7 @@ def _choice(
     keep_graphs: str,
     unkeepable: str,
     vmapped: bool,
+    sharded: bool,
 ) -> MemoryChoice:
     """:class:`MemoryChoice` of ``fit``: the numbers it was made from and the reasons."""
     plan = fit.plan
@@ -237,9 +239,14 @@ def _choice(
         graphs_state, graphs_why = "kept", "keep_graphs always, whatever the budget"
     elif not fit.keep:
         graphs_state = "rebuilt"
+        held = (
+            "not all of them (a sharded run keeps all or none)"
+            if sharded
+            else "not even the first chunk's beside a pass"
+        )
         graphs_why = (
-            f"the graphs of every sample with a product through them need {need}, and not "
-            f"even the first chunk's fits the budget of {budget} beside a pass"
+            f"the graphs of all {n_rows} samples with a product through them need {need}; "
+            f"the budget of {budget} holds {held}"
         )
     elif fit.kept_chunks is None:
         graphs_state = "kept"

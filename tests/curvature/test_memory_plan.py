@@ -23,6 +23,7 @@ from curvcal.curvature.memory import (
 )
 from curvcal.curvature.memory_fit import fit_memory
 from curvcal.curvature.operator import HessianOperator
+from curvcal.settings.sizes import MemoryBudget
 
 from .cases import dense_hessian, make_data, make_mlp, split
 
@@ -236,3 +237,35 @@ def test_cuda_free_memory_counts_the_allocators_unused_cache(
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda _device: 300)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda _device: 100)
     assert free_memory(torch.device("cuda")) == 1_200
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_graphs_that_do_not_fit_a_given_budget_are_rebuilt_and_the_plan_says_why(
+    sharded: bool,
+) -> None:
+    # by hand: a pass over 10 rows holds 300·10 + 400·(1 + 3) = 4,600 bytes, within 5,000; the
+    # first chunk's kept graph (400 + 3,000) with a product through it (3,000 + 400·3) needs
+    # 7,600, beyond it
+    graphs = GraphSizes(gradient=GraphSize(0.0, 100.0), double=GraphSize(0.0, 300.0))
+    fit = fit_memory(
+        graphs,
+        param_bytes=400,
+        batch_sizes=[10] * 4,
+        rows=10,
+        width=1,
+        requested=MemoryBudget(bytes=5_000),
+        free=None,
+        vmapped=False,
+        sharded=sharded,
+        keep_graphs="auto",
+        input_row_bytes=0.0,
+    )
+    choice = fit.choice
+    assert choice is not None and not fit.keep and fit.limit is None
+    assert (
+        choice.budget_bytes == 5_000 and choice.budget_source == "memory_budget 4.88 KiB, as given"
+    )
+    assert choice.graphs == "rebuilt" and choice.kept_bytes is None
+    assert fit.kept_need == 400 + 4 * 3_000 + 3_000 + 400 * 3
+    reason = "all or none" if sharded else "not even the first chunk's"
+    assert reason in choice.graphs_why and "of all 40 samples" in choice.graphs_why
