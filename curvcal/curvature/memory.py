@@ -15,9 +15,9 @@ batch (at most 8 rows): one exact count of the activations, on any device, in a 
 milliseconds. :func:`plan_pass` then takes the largest batch chunk r (micro-batching inside a
 data batch when one batch alone does not fit) and, at that r, the most vectors m that fit in the
 budget. The budget (:func:`default_budget`) is a share of what the device has free when the plan
-is made — half of ``torch.cuda.mem_get_info``'s free bytes on CUDA, of ``MemAvailable`` of
-``/proc/meminfo`` on the CPU (the model, its cached batches and anything else already held are
-not free) — so a pass that fits is never split: the rows per chunk follow from the measured
+is made — half of ``torch.cuda.mem_get_info``'s free bytes and the caching allocator's unused
+ones on CUDA, of ``MemAvailable`` of ``/proc/meminfo`` on the CPU (the model, its cached batches
+and anything else already held are not free) — so a pass that fits is never split: the rows per chunk follow from the measured
 per-row cost g alone. Only when the free memory cannot be read does a fixed rule stand in: the
 larger of twice a plain gradient pass at the same batch size and 256 MiB. ``memory_budget``
 overrides it with bytes or a share of the free memory (:func:`parse_memory_budget`);
