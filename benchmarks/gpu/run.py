@@ -18,10 +18,14 @@ Parts, in order (each in its own process group, killed when its budget is spent)
   CPU; the logits are drawn on the device).
 
 Every model part runs the real command line in-process (``curvcal.cli.main``, so the CUDA path
-of the product is what is timed) after a plain gradient pass over the same batches (the floor):
-wall time, products, seconds per product over the gradient pass, and on CUDA the peak of
-``torch.cuda.max_memory_allocated`` over the gradient pass's peak (both include the model and
-the batches kept on the device).
+of the product is what is timed) after a plain gradient pass over the same batches (the floor)
+and, last (a record of its own, so that a part whose budget runs out there keeps its row), one
+product of a fixed vector by the default operator (the kernel, after a warm-up product that
+builds the kept graphs where the plan keeps them): wall time, products, seconds per product
+over the gradient pass and over the kernel (``run_per_kernel``: what the algorithm adds), the
+memory plan the command made (``memory_plan``: its budget and where it came from, rows per
+chunk, kept graphs and why), and on CUDA the peak of ``torch.cuda.max_memory_allocated`` over
+the gradient pass's peak (both include the model and the batches kept on the device).
 
 Whatever happens, ``gpu-run.json`` (every record, the device, torch and CUDA versions, notes) and
 ``gpu-run.md`` (the table) are written after each part to ``--results-dir`` (default
@@ -267,6 +271,18 @@ def _fmt(value: Any, spec: str = ".3g", unit: str = "") -> str:
     return str(value)
 
 
+def _graphs(plan: dict[str, Any] | None) -> str:
+    return "—" if not plan else str(plan.get("graphs", "—"))
+
+
+def _plan_cell(plan: dict[str, Any] | None) -> str:
+    """The memory plan's budget (GB) and rows per chunk, "whole" when batches are not split."""
+    if not plan:
+        return "—"
+    rows = f"{plan['pass_rows']} rows" if plan.get("micro_batched") else "whole batches"
+    return f"{plan['budget_bytes'] / 1e9:.1f} GB, {rows}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -290,16 +306,24 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"| {r['test']} | {r['outcome']} | {_fmt(r['seconds'], '.1f')} |"
                   for r in tests if "test" in r]  # fmt: skip
     models = [r for p in report["parts"] for r in p["records"] if r.get("kind") == "hessian"]
+    kernels = {
+        r["model"]: r
+        for p in report["parts"]
+        for r in p["records"]
+        if r.get("kind") == "hessian-kernel"
+    }
     if models:
         lines += [
             "",
             "## Hessian products against a gradient pass",
             "",
             "| model | P | N (batch) | λmax (converged, residual) | products | λmax wall | "
-            "s / product | product / gradient | peak / gradient | engine, cache |",
-            "|---|---:|---|---|---:|---:|---:|---:|---:|---|",
+            "s / product | product / gradient | peak / gradient | engine, cache | kernel s "
+            "(graphs) | run / kernel | budget, rows per chunk |",
+            "|---|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
         ]
         for r in models:
+            kernel = kernels.get(r["model"], {})
             peak = "—" if r.get("peak_ratio") is None else (
                 f"{r['peak_ratio']:.2f} ({r['peak_bytes'] / 2**30:.1f} / "
                 f"{r['gradient_peak_bytes'] / 2**30:.1f} GiB)")  # fmt: skip
@@ -308,7 +332,9 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(r['lambda_max'], '.6g')} ({r['converged']}, {_fmt(r['residual'], '.1e')}) | "
                 f"{r['products']} | {_fmt(r['eigen_s'], '.1f', ' s')} | "
                 f"{_fmt(r['seconds_per_product'], '.3f')} | {_fmt(r['product_ratio'], '.2f')} | "
-                f"{peak} | {r['engine']}, {r['cache_mode']} |"
+                f"{peak} | {r['engine']}, {r['cache_mode']} | "
+                f"{_fmt(kernel.get('kernel_s'), '.3f')} ({_graphs(r.get('memory_plan'))}) | "
+                f"{_fmt(kernel.get('run_per_kernel'), '.2f')} | {_plan_cell(r.get('memory_plan'))} |"
             )
     llama = [r for p in report["parts"] for r in p["records"] if r.get("kind") == "llama"]
     if llama:
@@ -465,7 +491,51 @@ def hessian_part(
             "engine": operator["engine"], "cache_mode": operator["cache_mode"],
             "graphs_kept": operator["graphs_kept"], "oom_retries": operator.get("oom_retries"),
             "device": result["environment"].get("device_name"),
+            "memory_plan": operator.get("memory_plan"),
         })  # fmt: skip
+        # the kernel last, on the model built again, so that a part whose budget runs out here
+        # keeps its row above (the run's peak is measured without a second copy of the model)
+        model, batches, forward, _cli_args = BUILDERS[name](folder, size, args.smoke)
+        model = model.to(device).eval()
+        moved = [(to_device(x, device), y.to(device)) for x, y in batches]
+        kernel = product_kernel(model, forward, moved, device)
+        say(f"{name}: one product {kernel.seconds:.3f} s (the kernel, the default plan)")
+        emit({
+            "kind": "hessian-kernel", "model": name, "kernel_s": kernel.seconds,
+            "kernel_peak_bytes": kernel.peak,
+            "run_per_kernel": per_product / kernel.seconds if per_product else None,
+            "kernel_per_gradient": kernel.seconds / gradient.seconds,
+        })  # fmt: skip
+
+
+def product_kernel(
+    model: Any, forward: Callable[..., Any], batches: list[Any], device: Any
+) -> Meter:
+    """One Hessian-vector product of a fixed vector by the default operator (the memory plan
+    ``curvcal hessian`` makes: kept graphs where they fit) of ``forward(model, x)``, after a
+    warm-up product that builds them: the kernel a run's cost per product is compared with
+    (bench_overhead.py on the CPU)."""
+    import torch
+
+    from curvcal.curvature.operator import HessianOperator
+
+    class Logits(torch.nn.Module):
+        """``model`` returning its logits from one argument, as curvcal's loader wraps it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: Any) -> Any:
+            return forward(self.model, x)
+
+    operator = HessianOperator(Logits().eval(), batches)
+    vector = torch.randn(operator.shape[0], generator=torch.Generator().manual_seed(0))
+    operator.matvec(vector)
+    with Meter(device) as meter:
+        operator.matvec(vector)
+    del operator
+    return meter
 
 
 def to_device(x: Any, device: Any) -> Any:

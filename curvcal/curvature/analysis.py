@@ -34,7 +34,6 @@ from curvcal.curvature.plan import (
     check_sketch_memory,
     choose_trace_method,
     estimator_products,
-    kept_graphs_note,
     refuse_needless_probes,
 )
 from curvcal.curvature.precision import significant_digits
@@ -66,7 +65,6 @@ __all__ = [
     "analyse_operator",
     "check_sketch_memory",
     "choose_trace_method",
-    "kept_graphs_note",
 ]
 
 
@@ -183,7 +181,7 @@ def analyse_operator(
     if on_plan is not None:
         on_plan(settings)
     budget = operator.budget
-    free = free_memory(operator.device)  # read once for both memory notes
+    free = free_memory(operator.device)
     notes: list[str | None] = []
     if budget is not None:
         notes.append(
@@ -197,9 +195,6 @@ def analyse_operator(
                 products=estimator_products(operator, settings),
             )
         )
-    notes.append(
-        kept_graphs_note(settings, operator.kept_need, operator.kept_rows, operator.n_samples, free)
-    )
     notes.append(density_note)
     for note in notes:
         if note is not None and on_note is not None:
@@ -390,6 +385,7 @@ def analyse_operator(
         "graphs_kept": operator.graphs_kept,
         "kept_rows": operator.kept_rows,
         "graphs_dropped": operator.graphs_dropped,
+        "memory_plan": None if operator.memory_choice is None else operator.memory_choice.as_dict(),
         "lanczos_basis": lanczos_basis(settings.top_k, n_params, budget, settings.max_basis),
         "n_matvecs": operator.total_matvecs,
         "n_data_passes": operator.total_data_passes,

@@ -48,10 +48,10 @@ def _tridiagonal_kept(
 
     for _ in range(steps):
         product(basis.latest(buffer), basis.next_row())  # A·q_m into the next row
-        image, coefficients = basis.clear_next()  # full reorthogonalisation, in place
+        _image, coefficients = basis.clear_next()  # full reorthogonalisation, in place
         alphas.append(float(coefficients[-1]))
         scale = max(scale, abs(alphas[-1]))
-        beta = float(basis.space.norm(image))
+        beta = basis.remainder_norm  # ‖image‖, measured as it was cleared
         if len(alphas) == steps or _invariant(beta, scale, op.dtype):
             break  # a quadrature on an invariant subspace is already exact for this v
         betas.append(beta)

@@ -398,11 +398,11 @@ def lanczos(
             stopped_by = "max_matvecs"
             break
         product(basis.latest(buffer), basis.next_row())  # A·q_m straight into the next row
-        image, coefficients = basis.clear_next()  # cleared there of the basis
+        _image, coefficients = basis.clear_next()  # cleared there of the basis
         steps += 1
         size += 1
         used += 1
-        beta = float(basis.space.norm(image))
+        beta = basis.remainder_norm  # ‖image‖, measured as it was cleared
         projected[:size, size - 1] = coefficients.cpu()
         projected[size, size - 1] = beta
         ritz, ritz_vectors, skew = _rayleigh_ritz(projected[:size, :size])
@@ -472,8 +472,8 @@ def lanczos(
                     break
         if beta <= 100 * torch.finfo(op.dtype).eps * scale:
             # invariant subspace: restart orthogonally to it
-            fresh, _ = basis.extend(_random_unit(op, generator))
-            norm = float(basis.space.norm(fresh))
+            basis.extend(_random_unit(op, generator))
+            norm = basis.remainder_norm
             if norm == 0.0:
                 stopped_by = "exhausted"
                 break

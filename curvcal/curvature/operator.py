@@ -74,7 +74,7 @@ from curvcal.curvature.kept import (
     chunk_rows,
 )
 from curvcal.curvature.memory import GraphSizes, PassPlan, free_memory, measure_graph
-from curvcal.curvature.memory_fit import fit_memory
+from curvcal.curvature.memory_fit import MemoryChoice, fit_memory
 from curvcal.curvature.options import (
     AUTO_PROBE_BATCH,
     check_curvature,
@@ -244,10 +244,11 @@ class HessianOperator:
         products; off by default, and the global flags are restored afterwards.
     memory_budget:
         bytes a pass of products may use (``"4GiB"``, ``"50%"`` of the free memory, an integer
-        of bytes); ``None``: the default of :mod:`curvcal.curvature.memory` (twice a gradient
-        pass at the batch size or 256 MiB, at most half the free memory). Measured on the first
-        batch, it caps ``probe_batch`` and splits batches into chunks (micro-batching, exact)
-        when one batch alone does not fit; :attr:`memory_plan` records the choice. Under
+        of bytes); ``None``: the default of :mod:`curvcal.curvature.memory` (half the free
+        memory of the device when the plan is made). With the cost per sample measured on the
+        first batch, it caps ``probe_batch`` and splits batches into chunks (micro-batching,
+        exact) only when one batch alone does not fit; :attr:`memory_plan` records the pass and
+        :attr:`memory_choice` the choice in words, with the budget's source. Under
         ``all_reduce`` only the chunking applies (every process must run the same passes).
     keep_graphs:
         ``"auto"`` (default): when the double-backward graphs of every batch fit in the memory
@@ -356,6 +357,8 @@ class HessianOperator:
                 )
         self.memory_budget = budget
         self.memory_plan: PassPlan | None = None
+        #: what the plan chose and why (budget and its source, rows per chunk, kept graphs)
+        self.memory_choice: MemoryChoice | None = None
         self.memory_graphs: GraphSizes | None = None
         #: predicted bytes of the kept graphs, and of those with a one-vector product through
         #: them: what keeping needs (None when graphs are never kept)
@@ -603,9 +606,17 @@ class HessianOperator:
         # train mode: BatchNorm's graph saves the running statistics, which are restored in place
         # after every product, so a kept graph could not be differentiated again
         # the GGN and Fisher kernels keep no graph between products
-        keepable = (
-            self.requested_engine != "func" and self.mode != "train" and self.curvature == "hessian"
+        unkeepable = (
+            "hvp func: forward-over-reverse keeps no graph"
+            if self.requested_engine == "func"
+            else "mode train: BatchNorm's graph would hold the running statistics restored "
+            "after every product"
+            if self.mode == "train"
+            else f"curvature {self.curvature}: its products keep no graph"
+            if self.curvature != "hessian"
+            else ""
         )
+        keepable = not unkeepable
         # streamed batches would be freed after each pass; kept graphs hold their inputs
         streamed = self._batches.mode == "none"
         fit = fit_memory(
@@ -621,12 +632,15 @@ class HessianOperator:
             sharded=self._all_reduce is not None,
             keep_graphs=self.keep_graphs if keepable else "never",
             input_row_bytes=rows_of.nbytes(x) / max(1, rows_of.n_rows(x)) if streamed else 0.0,
+            device=self._device,
+            unkeepable=unkeepable,
         )
         self.probe_batch = fit.width
         if fit.limit is not None:
             self._batches.limit = fit.limit
         self.memory_graphs = graphs
         self.memory_plan = fit.plan
+        self.memory_choice = fit.choice
         self.kept_estimate, self.kept_need = fit.kept_estimate, fit.kept_need
         self._graphs.enabled, self._graphs.chunks = fit.keep, fit.kept_chunks
 

@@ -3,8 +3,7 @@
 From the settings and the operator, before the first pass over the data: the trace method that
 ``auto`` resolves to (:func:`choose_trace_method`), requests refused because they cannot run or
 cannot gain anything (too many probes, an XTrace sketch beyond the memory), and the notes a run
-shows at once (a Hutch++ sketch bounded by the memory budget, gradient graphs that a larger
-budget would keep). :func:`~curvcal.curvature.analysis.analyse_hessian` runs the plan.
+shows at once (a Hutch++ sketch bounded by the memory budget). :func:`~curvcal.curvature.analysis.analyse_hessian` runs the plan.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import torch
 from torch import nn
 
 from curvcal.curvature.gauss_newton import n_classes, require_exact
-from curvcal.curvature.memory import FREE_FRACTION, sketch_limit
+from curvcal.curvature.memory import size_text, sketch_limit
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.residual import METHODS as SPLIT_METHODS
 from curvcal.curvature.residual import auto_method, estimator_of, residual_products, split_problem
@@ -33,62 +32,6 @@ def selected_parameter_count(model: nn.Module, params: tuple[str, ...] = ()) -> 
         p.numel()
         for name, p in model.named_parameters()
         if p.requires_grad and (not params or any(fnmatch.fnmatchcase(name, g) for g in params))
-    )
-
-
-def _size(n_bytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n_bytes >= scale:
-            return f"{n_bytes / scale:.3g} {unit}"
-    return f"{n_bytes:.0f} bytes"
-
-
-#: the shares of the free memory a note on kept graphs may suggest, smallest first
-BUDGET_SHARES = (0.1, 0.25, FREE_FRACTION)
-#: the least share of the samples whose graphs must be rebuilt for keeping them to be worth a
-#: note: below it a product would skip the forward and first backward of too few samples
-REBUILT_SHARE = 0.1
-
-
-def kept_graphs_note(
-    settings: HessianSettings,
-    need: int | None,
-    kept_rows: int | None,
-    n_samples: int,
-    free: int | None,
-) -> str | None:
-    """A note when ``keep_graphs="auto"`` rebuilt the gradient graphs of some or all of the
-    ``n_samples`` samples for every product (``kept_rows`` kept, None for none) only because the
-    default memory budget was too small for them (``need`` bytes: the kept graphs and a product
-    through them), suggesting the smallest share of this machine's ``free`` memory (10 %, 25 %
-    or 50 %) that holds them with as much again to spare, so that the products keep their
-    width. Said only when it would help: None when all are kept, when fewer than
-    :data:`REBUILT_SHARE` of the samples are rebuilt, when the user chose the budget or
-    ``never``, when they cannot be kept (``func``, train mode, another curvature), and when the
-    free memory is unknown or no share holds them."""
-    if kept_rows == n_samples or need is None or free is None:
-        return None
-    rebuilt_rows = n_samples - (kept_rows or 0)
-    if rebuilt_rows < REBUILT_SHARE * n_samples:
-        return None
-    if settings.keep_graphs != "auto" or settings.memory_budget:
-        return None
-    if settings.hvp == "func" or settings.mode == "train" or settings.curvature != "hessian":
-        return None
-    share = next((share for share in BUDGET_SHARES if 2 * need <= share * free), None)
-    if share is None:
-        return None
-    rebuilt = (
-        "every Hessian-vector product builds the gradient graphs again"
-        if kept_rows is None
-        else f"every Hessian-vector product builds the gradient graphs of {rebuilt_rows} "
-        f"of the {n_samples} samples again"
-    )
-    return (
-        f"{rebuilt}: keeping them all needs about {_size(need)}, more than the default memory "
-        f"budget; {setting_name('memory_budget')} {round(100 * share)}% (of the {_size(free)} "
-        "free) keeps them, and each product then skips the forward and first backward "
-        f"({setting_name('keep_graphs')} never: no note)"
     )
 
 
@@ -228,19 +171,19 @@ def check_sketch_memory(
     name = "Hutch++" if method == "hutchpp" else "XTrace"
     held_text = (
         f"the {name} sketch of {products} products holds {columns:,} × {n_params:,} values "
-        f"({_size(held)} in {str(dtype).replace('torch.', '')}) besides the products"
+        f"({size_text(held)} in {str(dtype).replace('torch.', '')}) besides the products"
     )
     if method == "hutchpp":
         kept = sketch_limit(method, n_params, dtype, budget, free) or 1
         element = torch.empty((), dtype=dtype).element_size()
         limit = (
-            f"the free memory ({_size(free or 0)})"
+            f"the free memory ({size_text(free or 0)})"
             if over_free and (free or 0) < budget
-            else f"the {'' if explicit else 'default '}memory budget of {_size(budget)}"
+            else f"the {'' if explicit else 'default '}memory budget of {size_text(budget)}"
         )
         return (
             f"{held_text.replace(' holds ', ' would hold ')}, more than {limit}: it holds "
-            f"{kept:,} column{'s' if kept > 1 else ''} ({_size(kept * n_params * element)}) and "
+            f"{kept:,} column{'s' if kept > 1 else ''} ({size_text(kept * n_params * element)}) and "
             "the products it does not take are Hutchinson probes of the deflated rest (a larger "
             f"{setting_name('memory_budget')} gives the sketch more columns and the trace a smaller error)"
         )
@@ -258,16 +201,16 @@ def check_sketch_memory(
     if over_free:
         raise SettingsError(
             "probes",
-            f"{held_text}, more than the free memory ({_size(free or 0)})",
+            f"{held_text}, more than the free memory ({size_text(free or 0)})",
             advice,
         )
     if explicit:
         raise SettingsError(
             "memory_budget",
-            f"{held_text}, more than the memory budget of {_size(budget)}",
+            f"{held_text}, more than the memory budget of {size_text(budget)}",
             advice,
         )
     return (
-        f"{held_text}, more than the default memory budget of {_size(budget)} (which bounds "
+        f"{held_text}, more than the default memory budget of {size_text(budget)} (which bounds "
         f"the products); to stay within it, {advice}"
     )

@@ -278,7 +278,7 @@ class HessianSettings(Settings):
         "Memory one pass of products may use: bytes with a unit (4GiB, 512MB) or a share of "
         "the free memory (50%).",
         metavar="SIZE",
-        default_text="2x a gradient pass or 256 MiB, at most half the free memory",
+        default_text="half the free memory of the device",
         operator=True,
         policy=True,
         study=False,

@@ -22,15 +22,22 @@ def test_llama_part_runs_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     module = importlib.util.module_from_spec(spec)
     sys.modules["gpu_run_llama"] = module
     spec.loader.exec_module(module)
-    monkeypatch.setenv("CURVCAL_LLAMA_STEPS", "bf16,fp32")
+    monkeypatch.setenv("CURVCAL_LLAMA_STEPS", "bf16,bf16-auto,fp32")
     module.main(["--smoke", "--device", "cpu", "--parts", "llama_1b",
                  "--part-budget", "600", "--results-dir", str(tmp_path)])  # fmt: skip
     written = json.loads((tmp_path / "gpu-run-smoke.json").read_text())
     (part,) = written["parts"]
     assert part["status"] == "ok", part
     rows = {r["path"]: r for r in part["records"]}
-    assert set(rows) == {"bf16 replicated", "fp32 sharded"}
+    assert set(rows) == {"bf16 replicated", "bf16 replicated, kept graphs auto", "fp32 sharded"}
     assert rows["bf16 replicated"]["data_passes_per_product"] == 1  # one double-backward pass
+    # the plan in words: half the free memory, whole micro-batches, graphs as asked
+    rebuilt, kept = rows["bf16 replicated"], rows["bf16 replicated, kept graphs auto"]
+    assert rebuilt["memory_plan"]["budget_source"].startswith("default: 50% of the")
+    assert not rebuilt["memory_plan"]["micro_batched"] and rebuilt["plan_rows"] == 2
+    assert rebuilt["memory_plan"]["graphs"] == "rebuilt"
+    # the graphs built once, by the warm-up product: one pass over the two products measured
+    assert kept["memory_plan"]["graphs"] == "kept" and kept["data_passes_per_product"] == 0.5
     # central differences in float32: a five-point stencil, one pass per point and one for the
     # step's curvature, so 4 to 6 gradient passes
     assert 4 <= rows["fp32 sharded"]["data_passes_per_product"] <= 6

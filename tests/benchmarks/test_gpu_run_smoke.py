@@ -42,11 +42,19 @@ def test_smoke_run_writes_results_and_table(gpu_run: ModuleType, tmp_path: Path)
     assert statuses == {"cuda-tests": "skipped", "bert_base": "ok", "calibration": "ok"}
     assert report["parts"][0]["note"].startswith("not on a CUDA device")
 
-    (bert,) = next(p for p in written["parts"] if p["part"] == "bert_base")["records"]
+    bert, kernel = next(p for p in written["parts"] if p["part"] == "bert_base")["records"]
     assert bert["kind"] == "hessian" and bert["n_samples"] == 8 and bert["products"] >= 1
     assert math.isfinite(bert["lambda_max"]) and bert["gradient_s"] > 0
     assert bert["seconds_per_product"] > 0 and bert["product_ratio"] > 0
     assert bert["peak_ratio"] is None  # peak memory is measured on CUDA only
+    # the kernel beside the run's cost per product, and the plan the run made
+    assert kernel["kind"] == "hessian-kernel" and kernel["model"] == "bert_base"
+    assert kernel["kernel_s"] > 0 and kernel["kernel_per_gradient"] > 0
+    assert kernel["run_per_kernel"] == pytest.approx(
+        bert["seconds_per_product"] / kernel["kernel_s"]
+    )
+    assert bert["memory_plan"]["budget_source"].startswith("default: 50% of the")
+    assert bert["memory_plan"]["graphs"] in {"kept", "partly kept", "rebuilt"}
     # the product is timed through the command line's own result
     assert bert["eigen_s"] == bert["timings"]["eigenvalues"]
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
 
-from curvcal.curvature import hessian_eigenvalues, memory_fit
+from curvcal.curvature import hessian_eigenvalues
 from curvcal.curvature import operator as operator_module
-from curvcal.curvature.analysis import HessianSettings, analyse_batches, kept_graphs_note
+from curvcal.curvature.analysis import HessianSettings, analyse_batches
 from curvcal.curvature.kept import (
     chunk_rows,
     kept_bytes,
@@ -350,54 +349,29 @@ def test_all_kept_takes_the_widest_width_that_fits_exactly() -> None:
     ] == [(0, 0), (3, 1), (3, 2), (3, 3)]
 
 
-def test_the_note_names_the_budget_that_keeps_the_graphs() -> None:
-    auto = HessianSettings()
-    need = 300 * 2**20
-    note = kept_graphs_note(auto, need, None, 50, free=8 * 2**30)
-    # 600 MiB (the graphs and as much again) is under 10 % of 8 GiB
-    assert note is not None and "memory_budget 10% (of the 8 GiB free) keeps them" in note
-    assert "300 MiB" in note and "of the 50 samples" not in note
-    partly = kept_graphs_note(auto, need, 42, 50, free=8 * 2**30)
-    assert partly is not None and "gradient graphs of 8 of the 50 samples again" in partly
-    # the share grows with what the graphs need of this machine's memory
-    assert "memory_budget 25%" in str(kept_graphs_note(auto, need, None, 50, free=3 * 2**30))
-    assert "memory_budget 50%" in str(kept_graphs_note(auto, need, None, 50, free=4 * need))
-    # no note: kept already, the user's own budget or choice, func or train mode, memory short
-    # or unknown, or too few samples rebuilt for keeping them to help
-    assert kept_graphs_note(auto, need, 50, 50, free=8 * 2**30) is None
-    for changed in (
-        dataclasses.replace(auto, memory_budget="100MB"),
-        dataclasses.replace(auto, keep_graphs="never"),
-        dataclasses.replace(auto, hvp="func"),
-        dataclasses.replace(auto, mode="train"),
-    ):
-        assert kept_graphs_note(changed, need, None, 50, free=8 * 2**30) is None
-    assert kept_graphs_note(auto, need, None, 50, free=4 * need - 1) is None
-    assert kept_graphs_note(auto, need, None, 50, free=None) is None
-    assert kept_graphs_note(auto, need, 46, 50, free=8 * 2**30) is None  # 4 of 50 rebuilt
-    assert kept_graphs_note(auto, need, 45, 50, free=8 * 2**30) is not None  # 5 of 50
-    assert kept_graphs_note(auto, None, None, 50, free=8 * 2**30) is None
-
-
-def test_analysis_passes_the_note_on_when_the_default_budget_is_short(
+def test_the_default_budget_keeps_what_a_share_of_the_free_memory_holds(
     mlp_case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The default budget is half the free memory, so graphs that fit in it are kept with no
+    note to raise the budget, and graphs that do not are rebuilt with the reason in the plan."""
     model, x, y, hessian = mlp_case
     need = HessianOperator(model, split(x, y, BATCH)).kept_need
     assert need is not None
     top = float(torch.linalg.eigvalsh(hessian)[-1])
-    for budget, kept_rows in ((need - 1, 7 * BATCH), (1, None)):  # the 1-row chunk rebuilt
-        monkeypatch.setattr(memory_fit, "default_budget", lambda *_args, b=budget: b)
+    for free, kept in ((4 * need, True), (need, False)):
+        monkeypatch.setattr(operator_module, "free_memory", lambda _device, f=free: f)
         notes: list[str] = []
         result = analyse_batches(
             model, split(x, y, BATCH), HessianSettings(tol=1e-8, trace=False), on_note=notes.append
         )
-        assert result.operator["graphs_kept"] is (kept_rows is not None)
-        assert result.operator["kept_rows"] == kept_rows
-        if kept_rows is None:  # every graph rebuilt: keeping them would help
-            assert len(notes) == 1 and re.search(r"memory_budget (10|25|50)% \(of the", notes[0])
-        else:  # 1 sample of 50 rebuilt: keeping it too would save next to nothing
-            assert notes == []
+        plan = result.operator["memory_plan"]
+        assert plan["budget_bytes"] == free // 2
+        assert notes == []
+        if kept:
+            assert plan["graphs"] == "kept" and result.operator["kept_rows"] == 7 * BATCH + 1
+        else:  # half of ``need`` holds the leading chunks' graphs at most
+            assert plan["graphs"] == "partly kept" and "more than the budget" in plan["graphs_why"]
+            assert result.operator["kept_rows"] < 7 * BATCH + 1
         assert result.lambda_max == pytest.approx(top, rel=1e-8)
 
 

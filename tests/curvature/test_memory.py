@@ -95,12 +95,14 @@ def test_plan_fits_the_budget_and_takes_the_most_it_can() -> None:
     assert (plan.rows, plan.width, plan.fits) == (1, 1, False)
 
 
-def test_default_budget_is_twice_a_gradient_pass_within_half_the_free_memory() -> None:
+def test_default_budget_is_half_the_free_memory_and_a_fixed_rule_only_without_it() -> None:
     big = GraphSizes(GraphSize(0.0, 2**30), GraphSize(0.0, 2**31))
-    # 2 × (1 GiB·4 rows + 1 GiB of gradient) = 10 GiB; half the free memory caps it
-    assert default_budget(big, 2**30, 4, None) == 10 * 2**30
+    # half of what the device has free, whatever a gradient pass costs
     assert default_budget(big, 2**30, 4, 8 * 2**30) == 4 * 2**30
-    assert default_budget(GRAPHS, 400, 64, None) == 256 * 2**20  # the floor
+    assert default_budget(GRAPHS, 400, 64, 139 * 10**9) == 69_500_000_000
+    # free memory unreadable: 2 × (1 GiB·4 rows + 1 GiB of gradient) = 10 GiB, at least 256 MiB
+    assert default_budget(big, 2**30, 4, None) == 10 * 2**30
+    assert default_budget(GRAPHS, 400, 64, None) == 256 * 2**20
 
 
 def test_measured_graph_is_linear_in_rows_and_the_double_backward_holds_more() -> None:

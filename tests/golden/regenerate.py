@@ -36,6 +36,7 @@ PLAN_KEYS = frozenset(
         "graphs_kept",
         "kept_rows",
         "graphs_dropped",
+        "memory_plan",
         "lanczos_basis",
         "n_data_passes",
         "sketch_bytes",
