@@ -128,10 +128,9 @@ def _top_label_rule(
     return log_q
 
 
-#: Entries per row chunk of a one-vs-rest map whose work is one NumPy call per class and chunk
-#: (the histogram's; the isotonic map's works on the N×K rows at once), so larger chunks than
-#: an N×K pass's keep the calls few (16 MB per float64 work array).
-ONE_VS_REST_ELEMENTS = 1 << 21
+#: Entries per row chunk of a one-vs-rest map (histogram, isotonic), whose work runs on all
+#: the chunk's N×K entries at once: its float64 work arrays (1 MB each) stay in cache.
+ONE_VS_REST_CHUNK = 1 << 17
 
 
 def by_rows(
@@ -192,19 +191,29 @@ def from_columns(columns: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(columns.T))
 
 
-def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
+def one_vs_rest_log_probabilities(
+    values: torch.Tensor, log_values: torch.Tensor | None = None
+) -> torch.Tensor:
     """log q_k = log f_k − log Σ_j f_j of N×K non-negative ``values`` f_k(p_k); a row of
-    zeros gives 1/K. An f_k of 0 gives −∞ without its logarithm being taken (the logarithm
-    of 0 takes many times as long as any other, and most f_k are 0 at large K)."""
+    zeros gives 1/K. ``log_values``: log f_k where the caller has them (a histogram reads them
+    from its table of :func:`log_of_values`); otherwise taken here, with an f_k of 0 giving −∞
+    without its logarithm being taken (the logarithm of 0 takes many times as long as any
+    other, and most f_k are 0 at large K)."""
     values = values.to(torch.float64)
     total = values.sum(dim=1, keepdim=True)
-    zero = values == 0
-    log_q = torch.log(values.masked_fill(zero, 1.0)).sub_(torch.log(total))
-    log_q.masked_fill_(zero, -math.inf)
+    log_f = log_of_values(values) if log_values is None else log_values.to(torch.float64)
+    log_q = log_f.sub_(torch.log(total)) if log_values is None else log_f - torch.log(total)
     empty = (total[:, 0] == 0).nonzero()[:, 0]
     if len(empty):
         log_q[empty] = -math.log(values.shape[1])
     return log_q
+
+
+def log_of_values(values: torch.Tensor) -> torch.Tensor:
+    """log of non-negative float64 ``values`` (a new tensor), −∞ written where a value is 0
+    (not computed: the logarithm of 0 is many times slower than any other)."""
+    zero = values == 0
+    return torch.log(values.masked_fill(zero, 1.0)).masked_fill_(zero, -math.inf)
 
 
 def exp_of_log_probabilities(log_q: torch.Tensor) -> torch.Tensor:
