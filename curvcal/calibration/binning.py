@@ -38,10 +38,12 @@ from curvcal.calibration.ties import TIE_RELATIVE, group_starts
 from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
     apply_by_rows,
+    by_columns,
     by_rows,
     check_classes,
     fit_nll,
     log_of_values,
+    map_chunk_rows,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
     top_label_map,
@@ -142,23 +144,29 @@ def histogram_values(
 
 
 def one_vs_rest_bins(
-    p: np.ndarray, labels: np.ndarray, n_bins: int, scheme: str
+    logp: torch.Tensor, labels: np.ndarray, n_bins: int, scheme: str
 ) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """(edges, values, empty bins) of every class's histogram of 1[y = k] on p_k, for the N×K
-    probabilities ``p`` and the N ``labels``.
+    float64 log-probabilities ``logp`` and the N ``labels``.
 
     The same bins as :func:`histogram_edges` and :func:`histogram_values` on each column, with
     the work shared: a bin's hits come only from the N_k samples of class k (N searches over
     all classes, not K·N); its count, for equal-width bins (the same edges for every class),
-    from one search of all N×K scores, and for equal-mass bins from the K×N sorted columns
-    (one sort call) as differences of cut positions. Counts and hits are whole numbers, so
-    every value is bit for bit the per-column fit's."""
-    n, n_classes = p.shape
-    own = p[np.arange(n), labels]  # each sample's score for its own class
+    from searches of row chunks of all N×K scores, and for equal-mass bins from the K×N sorted
+    columns (one sort call) as differences of cut positions. Counts and hits are whole numbers,
+    so every value is bit for bit the per-column fit's. No N×K copy of the probabilities is
+    made beside the K×N sorted columns of equal-mass bins."""
+    n, n_classes = logp.shape
+    own = torch.exp(logp.gather(1, torch.from_numpy(labels)[:, None])[:, 0]).numpy()
     if scheme == "equal-width":
         edges = histogram_edges(own, n_bins, scheme)
         offsets = np.arange(n_classes) * n_bins
-        count = np.bincount((bin_of(p, edges) + offsets).ravel(), minlength=n_classes * n_bins)
+        count = np.zeros(n_classes * n_bins, dtype=np.int64)
+        step = map_chunk_rows(n_classes, ONE_VS_REST_CHUNK)
+        for start in range(0, n, step):
+            index = bin_of(torch.exp(logp[start : start + step]).numpy(), edges)
+            index += offsets
+            count += np.bincount(index.ravel(), minlength=n_classes * n_bins)
         hits = np.bincount(labels * n_bins + bin_of(own, edges), minlength=n_classes * n_bins)
         middle = (edges[:-1] + edges[1:]) / 2
         counts = count.reshape(n_classes, n_bins).astype(np.float64)
@@ -169,7 +177,7 @@ def one_vs_rest_bins(
             (edges, values, int((row == 0).sum()))
             for values, row in zip(all_values, counts, strict=True)
         ]
-    columns = np.ascontiguousarray(p.T)
+    columns = by_columns(logp)
     columns.sort(axis=1)
     cuts, inner, kept = sorted_equal_mass_cuts(columns, n_bins)
     hits = np.bincount(
@@ -469,7 +477,7 @@ def fit_histogram(
         correct = (top == y).numpy().astype(np.float64)
         bins = [(row_edges, *histogram_values(confidence, correct, row_edges))]
     else:
-        bins = one_vs_rest_bins(torch.exp(logp).numpy(), y.numpy(), n_bins, scheme)
+        bins = one_vs_rest_bins(logp, y.numpy(), n_bins, scheme)
     edges = [tuple(row_edges.tolist()) for row_edges, _, _ in bins]
     values = [tuple(row_values.tolist()) for _, row_values, _ in bins]
     empty = sum(row_empty for _, _, row_empty in bins)

@@ -141,11 +141,20 @@ def by_rows(
     """``block_map`` applied to row chunks of N×K ``logp`` (bounding the work arrays) of about
     ``elements`` entries each (default: :func:`~curvcal.calibration.inputs.chunk_rows`)."""
     out = torch.empty_like(logp)
-    k = logp.shape[1]
-    step = chunk_rows(k) if elements is None else max(1, elements // max(1, k))
+    step = map_chunk_rows(logp.shape[1], elements)
     for start in range(0, logp.shape[0], step):
         out[start : start + step] = block_map(logp[start : start + step])
     return out
+
+
+def map_chunk_rows(n_classes: int, elements: int | None = None) -> int:
+    """Rows per chunk of a map's pass over N×K rows: a whole number of the score checks'
+    chunks (:func:`~curvcal.calibration.inputs.chunk_rows`, so a fault is named by the same
+    rows however a map chunks), about ``elements`` entries (default: one check chunk)."""
+    rows = chunk_rows(n_classes)
+    if elements is None:
+        return rows
+    return rows * max(1, round(elements / (rows * max(1, n_classes))))
 
 
 def apply_by_rows(
@@ -159,20 +168,36 @@ def apply_by_rows(
 ) -> torch.Tensor:
     """float64 log-probabilities of N×K ``scores`` after a per-row map fitted on ``n_classes``
     classes (``block_map`` on row chunks of their log-probabilities, :func:`by_rows`); another
-    K is an :class:`InputError` naming ``source``."""
-    from curvcal.calibration.inputs import log_probabilities
+    K is an :class:`InputError` naming ``source``.
 
-    logp = log_probabilities(scores, kind, source)
-    if logp.shape[1] != n_classes:
-        raise InputError(
-            source, f"has {logp.shape[1]} classes but the {method} map has {n_classes}"
-        )
-    return by_rows(logp, block_map, elements)
+    The scores are checked and turned into log-probabilities chunk by chunk as the map reads
+    them (:func:`~curvcal.calibration.inputs.chunk_log_probabilities`, the checks of
+    :func:`~curvcal.calibration.inputs.log_probabilities` on the same chunks), so no N×K
+    float64 copy of them is made beside the result."""
+    from curvcal.calibration.inputs import chunk_log_probabilities, validated_scores
+
+    z = validated_scores(scores, kind, source)
+    n, k = z.shape
+    if k != n_classes:
+        raise InputError(source, f"has {k} classes but the {method} map has {n_classes}")
+    out = torch.empty((n, k), dtype=torch.float64)
+    check = chunk_rows(k)
+    step = map_chunk_rows(k, elements)
+    for start in range(0, n, step):
+        stop = min(start + step, n)
+        parts = [
+            chunk_log_probabilities(z[low : min(low + check, stop)], kind, low, source)
+            for low in range(start, stop, check)
+        ]
+        out[start:stop] = block_map(parts[0] if len(parts) == 1 else torch.cat(parts))
+    return out
 
 
-#: Entries per block of rows of :func:`by_columns`: a block's probabilities stay in cache
-#: while they are written out by class (a whole-array transpose reads and writes across it).
-TRANSPOSE_ELEMENTS = 1 << 18
+#: Entries per block of rows of :func:`by_columns`: a block's
+#: probabilities stay in the first-level cache while they are written out by class (a
+#: whole-array transpose reads and writes across it: measured 3–20× slower at 50,000 × 1,000;
+#: blocks of 2^18 entries 3–5× slower than these).
+TRANSPOSE_ELEMENTS = 1 << 15
 
 
 def by_columns(logp: torch.Tensor) -> np.ndarray:
@@ -184,11 +209,6 @@ def by_columns(logp: torch.Tensor) -> np.ndarray:
     for start in range(0, n, step):
         columns[:, start : start + step] = torch.exp(logp[start : start + step]).numpy().T
     return columns
-
-
-def from_columns(columns: np.ndarray) -> torch.Tensor:
-    """The N×K tensor (row-major) of K×N ``columns``."""
-    return torch.from_numpy(np.ascontiguousarray(columns.T))
 
 
 def one_vs_rest_log_probabilities(
