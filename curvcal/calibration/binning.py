@@ -33,11 +33,11 @@ import torch
 from curvcal.calibration.bins import equal_mass_index
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.isotonic import KnotTable, knot_segments, step_table
-from curvcal.calibration.saved import SavedMap, array, choice, integer, read_fields
+from curvcal.calibration.saved import array, choice, integer, read_fields
 from curvcal.calibration.ties import TIE_RELATIVE, group_starts
 from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
-    apply_by_rows,
+    RowMap,
     by_columns,
     by_rows,
     check_classes,
@@ -289,7 +289,7 @@ FIELDS = (
 
 
 @dataclass(frozen=True)
-class HistogramMap(SavedMap):
+class HistogramMap(RowMap):
     """Fitted histogram binning: ``method`` ``histogram`` (top-label: one row of ``edges``
     and ``values``) or ``histogram-ovr`` (one row per class), the bin ``scheme`` it was fitted
     with, and ``n_classes`` K."""
@@ -327,12 +327,6 @@ class HistogramMap(SavedMap):
             data["n_classes"],
             tuple(tuple(row.tolist()) for row in edges),
             tuple(tuple(row.tolist()) for row in values),
-        )
-
-    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
-        """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(
-            scores, kind, source, self.method, self.n_classes, self._map_rows, self._chunk
         )
 
     @property

@@ -30,14 +30,13 @@ import numpy as np
 import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
-from curvcal.calibration.saved import SavedMap, array, choice, integer, read_fields
+from curvcal.calibration.saved import array, choice, integer, read_fields
 from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
-    apply_by_rows,
+    RowMap,
     by_columns,
     by_rows,
     check_classes,
-    exp_of_log_probabilities,
     fit_nll,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
@@ -568,7 +567,7 @@ FIELDS = (
 
 
 @dataclass(frozen=True)
-class IsotonicMap(SavedMap):
+class IsotonicMap(RowMap):
     """Fitted isotonic regression: ``method`` ``isotonic`` (top-label: one row of ``x`` and
     ``y``) or ``isotonic-ovr`` (one row per class), ``n_classes`` K; each row's points are
     interpolated linearly, clipped outside."""
@@ -605,12 +604,6 @@ class IsotonicMap(SavedMap):
             tuple(tuple(row.tolist()) for row in ys),
         )
 
-    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
-        """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(
-            scores, kind, source, self.method, self.n_classes, self._map_rows, self._chunk
-        )
-
     @property
     def _chunk(self) -> int | None:
         """Entries per row chunk of a one-vs-rest map (:data:`ONE_VS_REST_CHUNK`)."""
@@ -645,21 +638,6 @@ class IsotonicMap(SavedMap):
         """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation), in the rows' own
         layout."""
         return torch.from_numpy(interpolate(self._table, torch.exp(logp).numpy()))
-
-    def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×K ``scores``: exp of :meth:`apply` (for
-        one-vs-rest maps taken chunk by chunk, where most of it is exp(−∞) = 0)."""
-        if self.method == "isotonic":
-            return torch.exp(self.apply(scores, kind, source))
-        return apply_by_rows(
-            scores,
-            kind,
-            source,
-            self.method,
-            self.n_classes,
-            lambda logp: exp_of_log_probabilities(self._map_rows(logp)),
-            self._chunk,
-        )
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from curvcal.calibration.inputs import chunk_rows
+from curvcal.calibration.saved import SavedMap
 from curvcal.errors import InputError
 
 #: At the floor of the top-label rule the other classes are held this relative amount under
@@ -275,3 +276,43 @@ def check_classes(n_classes: int, method: str, source: str) -> None:
 def fit_nll(logq: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean −log q_y (in-sample NLL of a fitted map; ∞ when some q_y is 0)."""
     return float(-logq.gather(1, labels[:, None]).mean())
+
+
+class RowMap(SavedMap):
+    """A saved map that acts on each row of log-probabilities alone (histogram binning,
+    isotonic regression, BBQ): a subclass gives ``method``, ``n_classes``, ``_map_rows`` (log q
+    of a chunk of float64 log-probabilities) and ``_chunk`` (entries per chunk; ``None``: the
+    checks' chunk), and the scores are read, checked and mapped chunk by chunk
+    (:func:`apply_by_rows`) for :meth:`apply` and :meth:`probabilities` alike."""
+
+    method: str
+    n_classes: int
+
+    @property
+    def _chunk(self) -> int | None:
+        return None
+
+    def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
+        """float64 log-probabilities of N×K ``scores`` after the map."""
+        return apply_by_rows(
+            scores, kind, source, self.method, self.n_classes, self._map_rows, self._chunk
+        )
+
+    def probabilities(
+        self, scores: Any, kind: str = "logits", source: str = "scores"
+    ) -> torch.Tensor:
+        """float64 calibrated probabilities of N×K ``scores``: exp of :meth:`apply`, taken chunk
+        by chunk as the map writes it (no N×K log-probabilities beside the result; exp(−∞) = 0
+        written, not computed: :func:`exp_of_log_probabilities`)."""
+        return apply_by_rows(
+            scores,
+            kind,
+            source,
+            self.method,
+            self.n_classes,
+            lambda logp: exp_of_log_probabilities(self._map_rows(logp)),
+            self._chunk,
+        )

@@ -65,3 +65,18 @@ def test_another_number_of_classes_is_refused_before_any_work() -> None:
     for fitted in maps():
         with pytest.raises(InputError, match=r"has 41 classes but the .* map has 40"):
             fitted.apply(torch.full((10, K + 1), float("nan")), "logits", "ev.npz")
+
+
+def test_probabilities_are_the_exponential_of_apply_taken_by_chunks() -> None:
+    """The per-row maps' probabilities (exp taken chunk by chunk as the map writes, exp(−∞)
+    written as 0) are exp of their log-probabilities bit for bit, BBQ's too."""
+    from curvcal.calibration.bbq import fit_bbq
+
+    rng = np.random.default_rng(5)
+    z = torch.tensor(rng.standard_normal((N, K)) * 3)
+    z[:50] *= 300  # saturated rows: probabilities 0 (log −∞)
+    y = torch.tensor(rng.integers(0, K, N))
+    for fitted in [*maps(), fit_bbq(z, y).calibrator]:
+        for kind, scores in (("logits", z), ("probs", torch.softmax(z, 1))):
+            expected = torch.exp(fitted.apply(scores, kind))
+            assert torch.equal(fitted.probabilities(scores, kind), expected)
