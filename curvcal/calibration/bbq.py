@@ -56,9 +56,9 @@ from curvcal.calibration.isotonic import _packed_pairs
 from curvcal.calibration.saved import array, choice, integer, read_fields
 from curvcal.calibration.univariate import (
     RowMap,
-    by_rows,
     check_classes,
     fit_nll,
+    mapped_nll,
     top_label_map,
 )
 from curvcal.errors import InputError
@@ -366,7 +366,7 @@ def fit_bbq(
         largest_weight=float(weights.max()),
         n_parameters=int(sum(2 * len(row) for row in kept_values)),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y),
+        nll_after=mapped_nll(logp, y, fitted._map_rows),
         n_samples=n,
         calibrator=fitted,
     )

@@ -39,11 +39,11 @@ from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
     RowMap,
     by_columns,
-    by_rows,
     check_classes,
     fit_nll,
     log_of_values,
     map_chunk_rows,
+    mapped_nll,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
     top_label_map,
@@ -486,7 +486,7 @@ def fit_histogram(
             len(row) + (len(row) - 1 if scheme == "equal-mass" else 0) for row in values
         ),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y)
+        nll_after=mapped_nll(logp, y, fitted._map_rows)
         if method == "histogram"
         else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_CHUNK),
         n_samples=n,

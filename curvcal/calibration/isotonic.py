@@ -35,9 +35,9 @@ from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
     RowMap,
     by_columns,
-    by_rows,
     check_classes,
     fit_nll,
+    mapped_nll,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
     top_label_map,
@@ -690,7 +690,7 @@ def fit_isotonic(
         points=points,
         n_parameters=2 * sum(points),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y)
+        nll_after=mapped_nll(logp, y, fitted._map_rows)
         if method == "isotonic"
         else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_CHUNK),
         n_samples=n,

@@ -267,6 +267,21 @@ def one_vs_rest_nll(
     return float(-log_q.mean())
 
 
+def mapped_nll(
+    logp: torch.Tensor, labels: torch.Tensor, block_map: Callable[[torch.Tensor], torch.Tensor]
+) -> float:
+    """Mean −log q_y of the rows ``block_map`` gives for float64 N×K ``logp`` (chunks of
+    :func:`by_rows`), each chunk's q_y kept and the rest of its rows dropped: :func:`fit_nll`
+    of :func:`by_rows` bit for bit, without the N×K calibrated rows."""
+    n, k = logp.shape
+    own = torch.empty(n, dtype=torch.float64)
+    step = map_chunk_rows(k)
+    for start in range(0, n, step):
+        rows = block_map(logp[start : start + step])
+        own[start : start + step] = rows.gather(1, labels[start : start + step, None])[:, 0]
+    return float(-own.mean())
+
+
 def check_classes(n_classes: int, method: str, source: str) -> None:
     """A one-dimensional map needs K ≥ 2 score columns."""
     if n_classes < 2:

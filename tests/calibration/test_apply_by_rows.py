@@ -80,3 +80,23 @@ def test_probabilities_are_the_exponential_of_apply_taken_by_chunks() -> None:
         for kind, scores in (("logits", z), ("probs", torch.softmax(z, 1))):
             expected = torch.exp(fitted.apply(scores, kind))
             assert torch.equal(fitted.probabilities(scores, kind), expected)
+
+
+def test_in_sample_nll_of_the_top_label_maps_is_that_of_their_rows() -> None:
+    """The fit's NLL after the map keeps only each chunk's q_y: the mean −log q_y of the whole
+    mapped rows, bit for bit, on ordinary and saturated rows."""
+    from curvcal.calibration.bbq import fit_bbq
+    from curvcal.calibration.univariate import fit_nll, mapped_nll
+
+    rng = np.random.default_rng(6)
+    z = torch.tensor(rng.standard_normal((N, K)) * 3)
+    y = torch.tensor(rng.integers(0, K, N))
+    logp = log_probabilities(z)
+    for fitted in [fit_histogram(z, y), fit_isotonic(z, y), fit_bbq(z, y)]:
+        expected = fit_nll(by_rows(logp, fitted.calibrator._map_rows), y)
+        assert mapped_nll(logp, y, fitted.calibrator._map_rows) == expected == fitted.nll_after
+    saturated = z * 400  # probabilities that underflow to 0 and round to 1
+    fitted = fit_isotonic(saturated, y)
+    assert fitted.nll_after == fit_nll(
+        by_rows(log_probabilities(saturated), fitted.calibrator._map_rows), y
+    )
