@@ -257,13 +257,23 @@ def bench_size(
     repeats: int,
     libraries: dict[str, Any],
     bandwidth: float,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Fit and apply of each map and its peers at N × K, interleaved, with the floor and the
-    peak memory as a multiple of the N×K float64 input."""
+    peak memory as a multiple of the N×K float64 input; ``progress`` is called with the size's
+    result so far after every map (a long run that is stopped keeps its rows)."""
     logits, labels = synthetic_logits(n, k)
     probs = torch.softmax(logits.to(torch.float64), dim=1).numpy()
     input_bytes = probs.nbytes
     rows: list[dict[str, Any]] = []
+    size = {
+        "n": n,
+        "k": k,
+        "input_mb": input_bytes / 2**20,
+        "floor_fit_s": input_bytes / bandwidth,
+        "floor_apply_s": 2 * input_bytes / bandwidth,
+        "rows": rows,
+    }
     for stage in stages:
         tasks = [("curvcal " + METHOD[stage], "curvcal", *curvcal_parts(stage, probs, labels))]
         tasks += [
@@ -283,6 +293,7 @@ def bench_size(
                     errors[label] = f"{type(error).__name__}: {error}"[:200]
                     continue
                 del model, _out
+                print(f"  {label}: fit {fit_cpu:.3f}, apply {apply_cpu:.3f} CPU s", file=sys.stderr)
                 _min_into(cpu, label + "/fit", fit_cpu)
                 _min_into(cpu, label + "/apply", apply_cpu)
                 peak[label + "/fit"] = max(peak.get(label + "/fit", 0.0), fit_peak)
@@ -307,14 +318,9 @@ def bench_size(
             rows.append(row)
         if stage in ONE_DIMENSIONAL:
             rows.append(_one_dimensional_row(stage, probs, labels.numpy(), repeats))
-    return {
-        "n": n,
-        "k": k,
-        "input_mb": input_bytes / 2**20,
-        "floor_fit_s": input_bytes / bandwidth,
-        "floor_apply_s": 2 * input_bytes / bandwidth,
-        "rows": rows,
-    }
+        if progress is not None:
+            progress(size)
+    return size
 
 
 def _one_dimensional_row(
@@ -553,18 +559,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "bandwidth_gb_s": memory_bandwidth() / 1e9,
         "sizes": [],
     }
+
+    def write(size: dict[str, Any]) -> None:
+        """The run so far, the size in progress included, rewritten whole."""
+        done = [s for s in result["sizes"] if s is not size]
+        so_far = {**result, "sizes": [*done, size]}
+        if args.json:
+            Path(args.json).write_text(json.dumps(so_far, indent=2) + "\n")
+        if args.markdown:
+            Path(args.markdown).write_text(markdown(so_far) + "\n")
+
     for n, k in sizes:
         print(f"{n} x {k} ...", file=sys.stderr)
-        size = bench_size(n, k, stages, args.repeats, libraries, result["bandwidth_gb_s"] * 1e9)
+        size = bench_size(
+            n, k, stages, args.repeats, libraries, result["bandwidth_gb_s"] * 1e9, write
+        )
         if args.cli:
             size["cli"] = bench_cli(n, k, stages, args.repeats, libraries)
         result["sizes"].append(size)
-        for path, text in (
-            (args.json, json.dumps(result, indent=2)),
-            (args.markdown, markdown(result)),
-        ):
-            if path:
-                Path(path).write_text(text + "\n")
+        write(size)
     print(markdown(result))
     return result
 
