@@ -196,7 +196,7 @@ def apply_by_rows(
 
 #: Entries per block of rows of :func:`by_columns`: a block's
 #: probabilities stay in the first-level cache while they are written out by class (a
-#: whole-array transpose reads and writes across it: measured 3–20× slower at 50,000 × 1,000;
+#: whole-array transpose reads and writes across it: measured 3–7× slower at 50,000 × 1,000,
 #: blocks of 2^18 entries 3–5× slower than these).
 TRANSPOSE_ELEMENTS = 1 << 15
 
