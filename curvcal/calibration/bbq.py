@@ -53,12 +53,12 @@ from scipy.special import gammaln
 from curvcal.calibration.binning import bin_cells, bin_of, cell_bin_of, tie_group_ends
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.isotonic import _packed_pairs
-from curvcal.calibration.saved import SavedMap, array, choice, integer, read_fields
+from curvcal.calibration.saved import array, choice, integer, read_fields
 from curvcal.calibration.univariate import (
-    apply_by_rows,
-    by_rows,
+    RowMap,
     check_classes,
     fit_nll,
+    mapped_nll,
     top_label_map,
 )
 from curvcal.errors import InputError
@@ -241,7 +241,7 @@ FIELDS = (
 
 
 @dataclass(frozen=True)
-class BBQMap(SavedMap):
+class BBQMap(RowMap):
     """Fitted BBQ on the top-label confidence of ``n_classes`` K classes: per model its
     ``edges`` and posterior means ``values``, and the normalised ``weights`` (models under
     :data:`SMALLEST_WEIGHT` left out)."""
@@ -297,10 +297,6 @@ class BBQMap(SavedMap):
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         return top_label_map(logp, self.confidence)
-
-    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
-        """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(scores, kind, source, self.method, self.n_classes, self._map_rows)
 
 
 @dataclass(frozen=True)
@@ -370,7 +366,7 @@ def fit_bbq(
         largest_weight=float(weights.max()),
         n_parameters=int(sum(2 * len(row) for row in kept_values)),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y),
+        nll_after=mapped_nll(logp, y, fitted._map_rows),
         n_samples=n,
         calibrator=fitted,
     )

@@ -32,16 +32,18 @@ import torch
 
 from curvcal.calibration.bins import equal_mass_index
 from curvcal.calibration.inputs import class_labels, log_probabilities
-from curvcal.calibration.saved import SavedMap, array, choice, integer, read_fields
-from curvcal.calibration.ties import group_starts
+from curvcal.calibration.isotonic import KnotTable, knot_segments, step_table
+from curvcal.calibration.saved import array, choice, integer, read_fields
+from curvcal.calibration.ties import TIE_RELATIVE, group_starts
 from curvcal.calibration.univariate import (
-    ONE_VS_REST_ELEMENTS,
-    apply_by_rows,
+    ONE_VS_REST_CHUNK,
+    RowMap,
     by_columns,
-    by_rows,
     check_classes,
     fit_nll,
-    from_columns,
+    log_of_values,
+    map_chunk_rows,
+    mapped_nll,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
     top_label_map,
@@ -142,23 +144,29 @@ def histogram_values(
 
 
 def one_vs_rest_bins(
-    p: np.ndarray, labels: np.ndarray, n_bins: int, scheme: str
+    logp: torch.Tensor, labels: np.ndarray, n_bins: int, scheme: str
 ) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """(edges, values, empty bins) of every class's histogram of 1[y = k] on p_k, for the N×K
-    probabilities ``p`` and the N ``labels``.
+    float64 log-probabilities ``logp`` and the N ``labels``.
 
     The same bins as :func:`histogram_edges` and :func:`histogram_values` on each column, with
     the work shared: a bin's hits come only from the N_k samples of class k (N searches over
     all classes, not K·N); its count, for equal-width bins (the same edges for every class),
-    from one search of all N×K scores, and for equal-mass bins from the K×N sorted columns
-    (one sort call) as differences of cut positions. Counts and hits are whole numbers, so
-    every value is bit for bit the per-column fit's."""
-    n, n_classes = p.shape
-    own = p[np.arange(n), labels]  # each sample's score for its own class
+    from searches of row chunks of all N×K scores, and for equal-mass bins from the K×N sorted
+    columns (one sort call) as differences of cut positions. Counts and hits are whole numbers,
+    so every value is bit for bit the per-column fit's. No N×K copy of the probabilities is
+    made beside the K×N sorted columns of equal-mass bins."""
+    n, n_classes = logp.shape
+    own = torch.exp(logp.gather(1, torch.from_numpy(labels)[:, None])[:, 0]).numpy()
     if scheme == "equal-width":
         edges = histogram_edges(own, n_bins, scheme)
         offsets = np.arange(n_classes) * n_bins
-        count = np.bincount((bin_of(p, edges) + offsets).ravel(), minlength=n_classes * n_bins)
+        count = np.zeros(n_classes * n_bins, dtype=np.int64)
+        step = map_chunk_rows(n_classes, ONE_VS_REST_CHUNK)
+        for start in range(0, n, step):
+            index = bin_of(torch.exp(logp[start : start + step]).numpy(), edges)
+            index += offsets
+            count += np.bincount(index.ravel(), minlength=n_classes * n_bins)
         hits = np.bincount(labels * n_bins + bin_of(own, edges), minlength=n_classes * n_bins)
         middle = (edges[:-1] + edges[1:]) / 2
         counts = count.reshape(n_classes, n_bins).astype(np.float64)
@@ -169,21 +177,83 @@ def one_vs_rest_bins(
             (edges, values, int((row == 0).sum()))
             for values, row in zip(all_values, counts, strict=True)
         ]
-    by_class = np.argsort(labels, kind="stable")
-    starts = np.searchsorted(labels[by_class], np.arange(n_classes + 1))
-    columns = np.ascontiguousarray(p.T)
+    columns = by_columns(logp)
     columns.sort(axis=1)
+    cuts, inner, kept = sorted_equal_mass_cuts(columns, n_bins)
+    hits = np.bincount(
+        labels * n_bins + _bins_among(own, inner[labels], kept[labels]),
+        minlength=n_classes * n_bins,
+    ).reshape(n_classes, n_bins)
     bins = []
-    for k, ranked in enumerate(columns):
-        edges = sorted_equal_mass_edges(ranked, n_bins)
-        cuts = np.searchsorted(ranked, edges[1:-1], side="right")
-        count = np.diff(cuts, prepend=0, append=n).astype(np.float64)
-        positives = own[by_class[starts[k] : starts[k + 1]]]
-        hits = np.bincount(bin_of(positives, edges), minlength=len(count)).astype(np.float64)
+    for k in range(n_classes):
+        edges = np.concatenate([[0.0], inner[k, kept[k]], [1.0]])
+        count = np.diff(cuts[k, kept[k]], prepend=0, append=n).astype(np.float64)
         middle = (edges[:-1] + edges[1:]) / 2
-        values = np.where(count > 0, hits / np.maximum(count, 1.0), middle)
+        values = np.where(count > 0, hits[k, : len(count)] / np.maximum(count, 1.0), middle)
         bins.append((edges, values, int((count == 0).sum())))
     return bins
+
+
+#: Entries per block of the comparisons of :func:`sorted_equal_mass_cuts` and
+#: :func:`_bins_among` (bounds their work arrays).
+COMPARE_ELEMENTS = 1 << 20
+#: Sorted positions after a cut searched at once for the end of its tie group (a longer tie
+#: group is followed in its own row by :func:`tie_group_ends`).
+TIE_WINDOW = 32
+
+
+def sorted_equal_mass_cuts(
+    columns: np.ndarray, n_bins: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cuts, inner edges, kept) of :func:`sorted_equal_mass_edges` for every row of the K×N
+    ``columns`` (each sorted ascending) at once, as K×(M − 1) arrays: the cut positions (moved
+    to the ends of their tie groups, never falling), the inner edge halfway at each cut, and
+    whether the edge is one of the row's (the first of equal cuts, inside (0, N), above 0).
+    Row k's edges are 0, ``inner[k, kept[k]]``, 1, and its bins hold the differences of 0,
+    ``cuts[k, kept[k]]``, N scores.
+
+    Only the :data:`TIE_WINDOW` positions after each cut are read for the tie rule of
+    :func:`~curvcal.calibration.ties.group_starts` (neighbours more than 16 float64 roundings
+    apart open a group), not the K×N neighbours."""
+    n_rows, n = columns.shape
+    targets = np.floor(np.arange(1, n_bins, dtype=np.float64) * n / n_bins + 0.5)
+    last_before = np.clip(targets.astype(np.int64) - 1, 0, n - 1)
+    # the end of the tie group holding position t: the first j > t that opens a group, or N
+    window = np.minimum(last_before[:, None] + np.arange(1, TIE_WINDOW + 1), n)
+    group_end = np.empty((n_rows, len(targets)), dtype=np.int64)
+    step = max(1, COMPARE_ELEMENTS // max(1, window.size))
+    for low in range(0, n_rows, step):
+        current = columns[low : low + step, np.minimum(window, n - 1)]
+        previous = columns[low : low + step, window - 1]
+        scale = np.maximum(np.abs(previous), np.abs(current))
+        opens = ((current - previous) > TIE_RELATIVE * scale) | (window >= n)
+        group_end[low : low + step] = window[np.arange(len(targets)), opens.argmax(axis=2)]
+        for row, cut in zip(*np.nonzero(~opens.any(axis=2)), strict=True):  # a long tie group
+            group_end[low + row, cut] = tie_group_ends(columns[low + row])[last_before[cut]]
+    cuts = np.where(targets > 0, group_end, 0)
+    if cuts.shape[1]:
+        np.maximum.accumulate(cuts, axis=1, out=cuts)
+    first = np.ones(cuts.shape, dtype=bool)
+    first[:, 1:] = cuts[:, 1:] != cuts[:, :-1]
+    rows = np.arange(n_rows)[:, None]
+    below = columns[rows, np.clip(cuts - 1, 0, n - 1)]
+    above = columns[rows, np.minimum(cuts, n - 1)]
+    inner = below + (above - below) / 2
+    inner = np.where(inner < above, inner, below)
+    kept = first & (cuts > 0) & (cuts < n) & (inner > 0)
+    return cuts, inner, kept
+
+
+def _bins_among(x: np.ndarray, inner: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """The bin of each score ``x[i]`` among its own row of inner edges ``inner[i, kept[i]]``
+    (rows rising): how many of them are below x, as :func:`bin_of`."""
+    out = np.empty(len(x), dtype=np.int64)
+    step = max(1, COMPARE_ELEMENTS // max(1, inner.shape[1]))
+    for start in range(0, len(x), step):
+        block = slice(start, start + step)
+        below = (inner[block] < x[block, None]) & kept[block]
+        out[block] = below.sum(axis=1)
+    return out
 
 
 def tie_group_ends(ranked: np.ndarray) -> np.ndarray:
@@ -219,7 +289,7 @@ FIELDS = (
 
 
 @dataclass(frozen=True)
-class HistogramMap(SavedMap):
+class HistogramMap(RowMap):
     """Fitted histogram binning: ``method`` ``histogram`` (top-label: one row of ``edges``
     and ``values``) or ``histogram-ovr`` (one row per class), the bin ``scheme`` it was fitted
     with, and ``n_classes`` K."""
@@ -259,16 +329,10 @@ class HistogramMap(SavedMap):
             tuple(tuple(row.tolist()) for row in values),
         )
 
-    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
-        """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(
-            scores, kind, source, self.method, self.n_classes, self._map_rows, self._chunk
-        )
-
     @property
     def _chunk(self) -> int | None:
-        """Entries per row chunk: larger for one-vs-rest (one NumPy call per class and chunk)."""
-        return ONE_VS_REST_ELEMENTS if self.method == "histogram-ovr" else None
+        """Entries per row chunk of a one-vs-rest map (its work arrays stay in cache)."""
+        return ONE_VS_REST_CHUNK if self.method == "histogram-ovr" else None
 
     @cached_property
     def _bins(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
@@ -284,6 +348,11 @@ class HistogramMap(SavedMap):
         return np.concatenate([row[1] for row in self._bins])
 
     @cached_property
+    def _log_table(self) -> np.ndarray:
+        """log of :attr:`_table` (−∞ for a value 0), taken once for every score in its bin."""
+        return log_of_values(torch.from_numpy(self._table)).numpy()
+
+    @cached_property
     def _offsets(self) -> np.ndarray:
         """Where each class's values start in :attr:`_table`."""
         return np.arange(self.n_classes) * len(self._bins[0][1])
@@ -293,23 +362,52 @@ class HistogramMap(SavedMap):
         """The top-label map's :func:`bin_cells`, made once (not at every chunk)."""
         return bin_cells(self._bins[0][0])
 
+    @cached_property
+    def _steps(self) -> KnotTable:
+        """Every class's bins as one :func:`step_table` (equal-mass one-vs-rest), made once: a
+        score above inner edge e is at or above its float successor, so the knots are the
+        successors of the inner edges and bin m is segment m, (e_m, e_{m+1}] as
+        :func:`bin_of` has it."""
+        return step_table(
+            [np.nextafter(edges[1:-1], np.inf) for edges, _ in self._bins],
+            [values for _, values in self._bins],
+        )
+
+    @cached_property
+    def _log_steps(self) -> np.ndarray:
+        """log of :attr:`_steps`' values (−∞ for a value 0), taken once."""
+        return log_of_values(torch.from_numpy(self._steps.value)).numpy()
+
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
-        edges = [row[0] for row in self._bins]
-        values = [row[1] for row in self._bins]
         if self.method == "histogram":
+            edges, values = self._bins[0]
             cells = self._cells
-            return top_label_map(logp, lambda c: values[0][cell_bin_of(c, edges[0], cells)])
-        return one_vs_rest_log_probabilities(self._values(logp))
+            return top_label_map(logp, lambda c: values[cell_bin_of(c, edges, cells)])
+        index = self._index(logp)
+        table, log_table = (
+            (self._table, self._log_table)
+            if self.scheme == "equal-width"
+            else (self._steps.value, self._log_steps)
+        )
+        return one_vs_rest_log_probabilities(
+            torch.from_numpy(np.take(table, index)), torch.from_numpy(np.take(log_table, index))
+        )
+
+    def _index(self, logp: torch.Tensor) -> np.ndarray:
+        """N×K position of each class's f_k(p_k) in its table of values (:attr:`_table` for
+        equal-width bins, :attr:`_steps` for equal-mass ones), all classes at once in the rows'
+        own layout."""
+        p = torch.exp(logp).numpy()
+        if self.scheme == "equal-width":  # every class has the same edges
+            index = bin_of(p, self._bins[0][0])
+            index += self._offsets
+            return index
+        return knot_segments(self._steps, p)
 
     def _values(self, logp: torch.Tensor) -> torch.Tensor:
         """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation)."""
-        if self.scheme == "equal-width":  # every class has the same edges: no transpose
-            p = torch.exp(logp).numpy()
-            return torch.from_numpy(self._table[bin_of(p, self._bins[0][0]) + self._offsets])
-        columns = by_columns(logp)
-        for column, (row_edges, row_values) in zip(columns, self._bins, strict=True):
-            column[:] = row_values[bin_of(column, row_edges)]
-        return from_columns(columns)
+        table = self._table if self.scheme == "equal-width" else self._steps.value
+        return torch.from_numpy(np.take(table, self._index(logp)))
 
 
 @dataclass(frozen=True)
@@ -373,7 +471,7 @@ def fit_histogram(
         correct = (top == y).numpy().astype(np.float64)
         bins = [(row_edges, *histogram_values(confidence, correct, row_edges))]
     else:
-        bins = one_vs_rest_bins(torch.exp(logp).numpy(), y.numpy(), n_bins, scheme)
+        bins = one_vs_rest_bins(logp, y.numpy(), n_bins, scheme)
     edges = [tuple(row_edges.tolist()) for row_edges, _, _ in bins]
     values = [tuple(row_values.tolist()) for _, row_values, _ in bins]
     empty = sum(row_empty for _, _, row_empty in bins)
@@ -388,9 +486,9 @@ def fit_histogram(
             len(row) + (len(row) - 1 if scheme == "equal-mass" else 0) for row in values
         ),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y)
+        nll_after=mapped_nll(logp, y, fitted._map_rows)
         if method == "histogram"
-        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_ELEMENTS),
+        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_CHUNK),
         n_samples=n,
         calibrator=fitted,
     )

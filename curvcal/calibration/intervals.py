@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 
 import torch
-from scipy import stats
+from scipy.special import stdtrit
 
 from curvcal.calibration import bins as binning
 from curvcal.calibration.smooth import smooth_ece_deviation
@@ -98,7 +98,9 @@ def mean_interval(values: torch.Tensor, floor: float = -math.inf) -> tuple[float
     if n < 2 or not bool(torch.isfinite(values).all()):
         return None
     mean = float(values.mean())
-    t = float(stats.t.ppf(0.5 + INTERVAL_LEVEL / 2, n - 1))
+    # the t quantile as scipy.stats.t.ppf computes it, without importing scipy.stats (0.5–0.8 s
+    # of every run's start)
+    t = float(stdtrit(n - 1, 0.5 + INTERVAL_LEVEL / 2))
     half = t * float(values.std()) / math.sqrt(n)
     return max(floor, mean - half), mean + half
 

@@ -30,14 +30,14 @@ import numpy as np
 import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
-from curvcal.calibration.saved import SavedMap, array, choice, integer, read_fields
+from curvcal.calibration.saved import array, choice, integer, read_fields
 from curvcal.calibration.univariate import (
-    apply_by_rows,
+    ONE_VS_REST_CHUNK,
+    RowMap,
     by_columns,
-    by_rows,
     check_classes,
-    exp_of_log_probabilities,
     fit_nll,
+    mapped_nll,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
     top_label_map,
@@ -431,10 +431,6 @@ def _kept_points(points_x: np.ndarray, points_y: np.ndarray) -> tuple[np.ndarray
     return points_x[keep], points_y[keep]
 
 
-#: Entries per row chunk of a one-vs-rest map's apply (its work arrays stay in cache).
-INTERPOLATE_ELEMENTS = 1 << 17
-
-
 @dataclass(frozen=True)
 class KnotTable:
     """Every class's kept points end to end, for evaluating all K interpolations of a
@@ -468,8 +464,38 @@ def knot_table(points: Sequence[tuple[np.ndarray, np.ndarray]]) -> KnotTable:
     falling). A stored −0.0 acts as 0 (its bit pattern is negative; as a value only the sign of
     a zero result differs)."""
     points = [(x + 0.0, y + 0.0) for x, y in points]
-    n_classes = len(points)
-    sizes = np.array([len(x) for x, _ in points], dtype=np.int64)
+    origins, slopes, values = [], [], []
+    for x, y in points:  # a class's segments as a PointTable's, then its right sentinel's (clip)
+        origin, slope, value = _segment_terms(x, y)
+        origins.append(np.append(origin, x[-1:]))
+        slopes.append(np.append(slope, 0.0))
+        values.append(np.append(value, y[-1:]))
+    return _knot_index(
+        [x for x, _ in points],
+        np.concatenate(origins),
+        np.concatenate(slopes),
+        np.concatenate(values),
+    )
+
+
+def step_table(knots: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> KnotTable:
+    """A :class:`KnotTable` of per-class step functions: class k's value is ``values[k][j]``
+    on the segment j of its ``knots[k]`` (x rising strictly in (0, 1]; M_k knots and M_k + 1
+    values: ``values[k][0]`` below the first knot, ``values[k][j]`` from knot j − 1 up to
+    knot j), read with :func:`knot_segments` (its slopes are 0 and its origins unused)."""
+    value = np.concatenate([np.append(row, row[-1:]) for row in values])  # + right sentinel
+    zeros = np.zeros(len(value))
+    return _knot_index(list(knots), zeros, zeros, value)
+
+
+def _knot_index(
+    knots: Sequence[np.ndarray], origin: np.ndarray, slope: np.ndarray, value: np.ndarray
+) -> KnotTable:
+    """The :class:`KnotTable` of per-class ``knots`` (each rising strictly in [0, 1]) with the
+    segments' terms ``origin``, ``slope`` and ``value`` (M_k + 2 per class, class after
+    class): the sentinels and the cell index of every class."""
+    n_classes = len(knots)
+    sizes = np.array([len(x) for x in knots], dtype=np.int64)
     start = np.concatenate([[0], np.cumsum(sizes + 2)[:-1]])
     shift = 44
     while n_classes * ((_BITS_OF_TWO >> shift) + 1) > TABLE_ENTRIES and shift < 62:
@@ -477,26 +503,17 @@ def knot_table(points: Sequence[tuple[np.ndarray, np.ndarray]]) -> KnotTable:
     top = _BITS_OF_TWO >> shift
     n_cells = top + 1
     knot_cells = np.concatenate(
-        [
-            np.minimum(x.view(np.int64) >> shift, top) + k * n_cells
-            for k, (x, _) in enumerate(points)
-        ]
+        [np.minimum(x.view(np.int64) >> shift, top) + k * n_cells for k, x in enumerate(knots)]
+        + [np.zeros(0, dtype=np.int64)]
     )
     counts = np.bincount(knot_cells, minlength=n_classes * n_cells).reshape(n_classes, n_cells)
     # the segment of each cell's lowest value: the class's left sentinel and its knots below
     lowest = np.cumsum(counts, axis=1) - counts + start[:, None]
-    origins, slopes, values = [], [], []
-    for x, y in points:  # a class's segments as a PointTable's, then its right sentinel's (clip)
-        origin, slope, value = _segment_terms(x, y)
-        origins.append(np.append(origin, x[-1:]))
-        slopes.append(np.append(slope, 0.0))
-        values.append(np.append(value, y[-1:]))
-    slope = np.concatenate(slopes)
     return KnotTable(
-        knots=np.concatenate([np.concatenate([[-np.inf], x, [np.inf]]) for x, _ in points]),
-        origin=np.concatenate(origins),
+        knots=np.concatenate([np.concatenate([[-np.inf], x, [np.inf]]) for x in knots]),
+        origin=origin,
         slope=slope,
-        value=np.concatenate(values),
+        value=value,
         cells=np.where(counts > 0, ~lowest, lowest).ravel(),
         cell_offsets=np.arange(n_classes, dtype=np.int64) * n_cells,
         shift=shift,
@@ -508,6 +525,13 @@ def knot_table(points: Sequence[tuple[np.ndarray, np.ndarray]]) -> KnotTable:
 def interpolate(table: KnotTable, p: np.ndarray) -> np.ndarray:
     """f_k(p_ik) of every entry of the C-contiguous N×K float64 scores ``p`` (non-negative),
     bit for bit ``numpy.interp(p[:, k], x_k, y_k)``."""
+    return _on_segments(table, knot_segments(table, p), p)
+
+
+def knot_segments(table: KnotTable, p: np.ndarray) -> np.ndarray:
+    """The segment j of ``table`` (``knots[j] ≤ p_ik < knots[j + 1]`` among class k's) of every
+    entry of the C-contiguous N×K float64 scores ``p`` (non-negative): from the cell index,
+    searching only the entries in cells holding knots, among that cell's knots."""
     cell = p.view(np.int64) >> table.shift
     np.minimum(cell, table.top, out=cell)
     cell += table.cell_offsets
@@ -530,7 +554,7 @@ def interpolate(table: KnotTable, p: np.ndarray) -> np.ndarray:
             low[open_] = np.where(below, middle, low[open_])
             high[open_] = np.where(below, high[open_], middle)
         flat[inside] = low
-    return _on_segments(table, segment, p)
+    return segment
 
 
 #: The saved body: one row of knots x and values y per map (rows may differ in length).
@@ -543,7 +567,7 @@ FIELDS = (
 
 
 @dataclass(frozen=True)
-class IsotonicMap(SavedMap):
+class IsotonicMap(RowMap):
     """Fitted isotonic regression: ``method`` ``isotonic`` (top-label: one row of ``x`` and
     ``y``) or ``isotonic-ovr`` (one row per class), ``n_classes`` K; each row's points are
     interpolated linearly, clipped outside."""
@@ -580,16 +604,10 @@ class IsotonicMap(SavedMap):
             tuple(tuple(row.tolist()) for row in ys),
         )
 
-    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
-        """float64 log-probabilities of N×K ``scores`` after the map."""
-        return apply_by_rows(
-            scores, kind, source, self.method, self.n_classes, self._map_rows, self._chunk
-        )
-
     @property
     def _chunk(self) -> int | None:
-        """Entries per row chunk of a one-vs-rest map (:data:`INTERPOLATE_ELEMENTS`)."""
-        return INTERPOLATE_ELEMENTS if self.method == "isotonic-ovr" else None
+        """Entries per row chunk of a one-vs-rest map (:data:`ONE_VS_REST_CHUNK`)."""
+        return ONE_VS_REST_CHUNK if self.method == "isotonic-ovr" else None
 
     @cached_property
     def _points(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
@@ -620,21 +638,6 @@ class IsotonicMap(SavedMap):
         """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation), in the rows' own
         layout."""
         return torch.from_numpy(interpolate(self._table, torch.exp(logp).numpy()))
-
-    def probabilities(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 calibrated probabilities of N×K ``scores``: exp of :meth:`apply` (for
-        one-vs-rest maps taken chunk by chunk, where most of it is exp(−∞) = 0)."""
-        if self.method == "isotonic":
-            return torch.exp(self.apply(scores, kind, source))
-        return apply_by_rows(
-            scores,
-            kind,
-            source,
-            self.method,
-            self.n_classes,
-            lambda logp: exp_of_log_probabilities(self._map_rows(logp)),
-            self._chunk,
-        )
 
 
 @dataclass(frozen=True)
@@ -687,9 +690,9 @@ def fit_isotonic(
         points=points,
         n_parameters=2 * sum(points),
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(by_rows(logp, fitted._map_rows), y)
+        nll_after=mapped_nll(logp, y, fitted._map_rows)
         if method == "isotonic"
-        else one_vs_rest_nll(logp, y, fitted._values, INTERPOLATE_ELEMENTS),
+        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_CHUNK),
         n_samples=n,
         calibrator=fitted,
     )

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from curvcal.calibration.inputs import chunk_rows
+from curvcal.calibration.saved import SavedMap
 from curvcal.errors import InputError
 
 #: At the floor of the top-label rule the other classes are held this relative amount under
@@ -128,10 +129,9 @@ def _top_label_rule(
     return log_q
 
 
-#: Entries per row chunk of a one-vs-rest map whose work is one NumPy call per class and chunk
-#: (the histogram's; the isotonic map's works on the N×K rows at once), so larger chunks than
-#: an N×K pass's keep the calls few (16 MB per float64 work array).
-ONE_VS_REST_ELEMENTS = 1 << 21
+#: Entries per row chunk of a one-vs-rest map (histogram, isotonic), whose work runs on all
+#: the chunk's N×K entries at once: its float64 work arrays (1 MB each) stay in cache.
+ONE_VS_REST_CHUNK = 1 << 17
 
 
 def by_rows(
@@ -142,11 +142,20 @@ def by_rows(
     """``block_map`` applied to row chunks of N×K ``logp`` (bounding the work arrays) of about
     ``elements`` entries each (default: :func:`~curvcal.calibration.inputs.chunk_rows`)."""
     out = torch.empty_like(logp)
-    k = logp.shape[1]
-    step = chunk_rows(k) if elements is None else max(1, elements // max(1, k))
+    step = map_chunk_rows(logp.shape[1], elements)
     for start in range(0, logp.shape[0], step):
         out[start : start + step] = block_map(logp[start : start + step])
     return out
+
+
+def map_chunk_rows(n_classes: int, elements: int | None = None) -> int:
+    """Rows per chunk of a map's pass over N×K rows: a whole number of the score checks'
+    chunks (:func:`~curvcal.calibration.inputs.chunk_rows`, so a fault is named by the same
+    rows however a map chunks), about ``elements`` entries (default: one check chunk)."""
+    rows = chunk_rows(n_classes)
+    if elements is None:
+        return rows
+    return rows * max(1, round(elements / (rows * max(1, n_classes))))
 
 
 def apply_by_rows(
@@ -160,20 +169,36 @@ def apply_by_rows(
 ) -> torch.Tensor:
     """float64 log-probabilities of N×K ``scores`` after a per-row map fitted on ``n_classes``
     classes (``block_map`` on row chunks of their log-probabilities, :func:`by_rows`); another
-    K is an :class:`InputError` naming ``source``."""
-    from curvcal.calibration.inputs import log_probabilities
+    K is an :class:`InputError` naming ``source``.
 
-    logp = log_probabilities(scores, kind, source)
-    if logp.shape[1] != n_classes:
-        raise InputError(
-            source, f"has {logp.shape[1]} classes but the {method} map has {n_classes}"
-        )
-    return by_rows(logp, block_map, elements)
+    The scores are checked and turned into log-probabilities chunk by chunk as the map reads
+    them (:func:`~curvcal.calibration.inputs.chunk_log_probabilities`, the checks of
+    :func:`~curvcal.calibration.inputs.log_probabilities` on the same chunks), so no N×K
+    float64 copy of them is made beside the result."""
+    from curvcal.calibration.inputs import chunk_log_probabilities, validated_scores
+
+    z = validated_scores(scores, kind, source)
+    n, k = z.shape
+    if k != n_classes:
+        raise InputError(source, f"has {k} classes but the {method} map has {n_classes}")
+    out = torch.empty((n, k), dtype=torch.float64)
+    check = chunk_rows(k)
+    step = map_chunk_rows(k, elements)
+    for start in range(0, n, step):
+        stop = min(start + step, n)
+        parts = [
+            chunk_log_probabilities(z[low : min(low + check, stop)], kind, low, source)
+            for low in range(start, stop, check)
+        ]
+        out[start:stop] = block_map(parts[0] if len(parts) == 1 else torch.cat(parts))
+    return out
 
 
-#: Entries per block of rows of :func:`by_columns`: a block's probabilities stay in cache
-#: while they are written out by class (a whole-array transpose reads and writes across it).
-TRANSPOSE_ELEMENTS = 1 << 18
+#: Entries per block of rows of :func:`by_columns`: a block's
+#: probabilities stay in the first-level cache while they are written out by class (a
+#: whole-array transpose reads and writes across it: measured 3–7× slower at 50,000 × 1,000,
+#: blocks of 2^18 entries 3–5× slower than these).
+TRANSPOSE_ELEMENTS = 1 << 15
 
 
 def by_columns(logp: torch.Tensor) -> np.ndarray:
@@ -187,24 +212,29 @@ def by_columns(logp: torch.Tensor) -> np.ndarray:
     return columns
 
 
-def from_columns(columns: np.ndarray) -> torch.Tensor:
-    """The N×K tensor (row-major) of K×N ``columns``."""
-    return torch.from_numpy(np.ascontiguousarray(columns.T))
-
-
-def one_vs_rest_log_probabilities(values: torch.Tensor) -> torch.Tensor:
+def one_vs_rest_log_probabilities(
+    values: torch.Tensor, log_values: torch.Tensor | None = None
+) -> torch.Tensor:
     """log q_k = log f_k − log Σ_j f_j of N×K non-negative ``values`` f_k(p_k); a row of
-    zeros gives 1/K. An f_k of 0 gives −∞ without its logarithm being taken (the logarithm
-    of 0 takes many times as long as any other, and most f_k are 0 at large K)."""
+    zeros gives 1/K. ``log_values``: log f_k where the caller has them (a histogram reads them
+    from its table of :func:`log_of_values`); otherwise taken here, with an f_k of 0 giving −∞
+    without its logarithm being taken (the logarithm of 0 takes many times as long as any
+    other, and most f_k are 0 at large K)."""
     values = values.to(torch.float64)
     total = values.sum(dim=1, keepdim=True)
-    zero = values == 0
-    log_q = torch.log(values.masked_fill(zero, 1.0)).sub_(torch.log(total))
-    log_q.masked_fill_(zero, -math.inf)
+    log_f = log_of_values(values) if log_values is None else log_values.to(torch.float64)
+    log_q = log_f.sub_(torch.log(total)) if log_values is None else log_f - torch.log(total)
     empty = (total[:, 0] == 0).nonzero()[:, 0]
     if len(empty):
         log_q[empty] = -math.log(values.shape[1])
     return log_q
+
+
+def log_of_values(values: torch.Tensor) -> torch.Tensor:
+    """log of non-negative float64 ``values`` (a new tensor), −∞ written where a value is 0
+    (not computed: the logarithm of 0 is many times slower than any other)."""
+    zero = values == 0
+    return torch.log(values.masked_fill(zero, 1.0)).masked_fill_(zero, -math.inf)
 
 
 def exp_of_log_probabilities(log_q: torch.Tensor) -> torch.Tensor:
@@ -237,6 +267,21 @@ def one_vs_rest_nll(
     return float(-log_q.mean())
 
 
+def mapped_nll(
+    logp: torch.Tensor, labels: torch.Tensor, block_map: Callable[[torch.Tensor], torch.Tensor]
+) -> float:
+    """Mean −log q_y of the rows ``block_map`` gives for float64 N×K ``logp`` (chunks of
+    :func:`by_rows`), each chunk's q_y kept and the rest of its rows dropped: :func:`fit_nll`
+    of :func:`by_rows` bit for bit, without the N×K calibrated rows."""
+    n, k = logp.shape
+    own = torch.empty(n, dtype=torch.float64)
+    step = map_chunk_rows(k)
+    for start in range(0, n, step):
+        rows = block_map(logp[start : start + step])
+        own[start : start + step] = rows.gather(1, labels[start : start + step, None])[:, 0]
+    return float(-own.mean())
+
+
 def check_classes(n_classes: int, method: str, source: str) -> None:
     """A one-dimensional map needs K ≥ 2 score columns."""
     if n_classes < 2:
@@ -246,3 +291,43 @@ def check_classes(n_classes: int, method: str, source: str) -> None:
 def fit_nll(logq: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean −log q_y (in-sample NLL of a fitted map; ∞ when some q_y is 0)."""
     return float(-logq.gather(1, labels[:, None]).mean())
+
+
+class RowMap(SavedMap):
+    """A saved map that acts on each row of log-probabilities alone (histogram binning,
+    isotonic regression, BBQ): a subclass gives ``method``, ``n_classes``, ``_map_rows`` (log q
+    of a chunk of float64 log-probabilities) and ``_chunk`` (entries per chunk; ``None``: the
+    checks' chunk), and the scores are read, checked and mapped chunk by chunk
+    (:func:`apply_by_rows`) for :meth:`apply` and :meth:`probabilities` alike."""
+
+    method: str
+    n_classes: int
+
+    @property
+    def _chunk(self) -> int | None:
+        return None
+
+    def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
+        """float64 log-probabilities of N×K ``scores`` after the map."""
+        return apply_by_rows(
+            scores, kind, source, self.method, self.n_classes, self._map_rows, self._chunk
+        )
+
+    def probabilities(
+        self, scores: Any, kind: str = "logits", source: str = "scores"
+    ) -> torch.Tensor:
+        """float64 calibrated probabilities of N×K ``scores``: exp of :meth:`apply`, taken chunk
+        by chunk as the map writes it (no N×K log-probabilities beside the result; exp(−∞) = 0
+        written, not computed: :func:`exp_of_log_probabilities`)."""
+        return apply_by_rows(
+            scores,
+            kind,
+            source,
+            self.method,
+            self.n_classes,
+            lambda logp: exp_of_log_probabilities(self._map_rows(logp)),
+            self._chunk,
+        )
