@@ -75,15 +75,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _former_spellings_said() -> Iterator[None]:
-    """A setting written in a former spelling (an option, a policy's key) is said on stderr as
-    a ``curvcal: warning:`` line: Python's own filters would hide a ``DeprecationWarning``."""
+    """A setting written in a former spelling (an option, a policy's key) is a warning of the
+    run (on stderr and in the report's ``warnings``), through the run's reporter or, while the
+    options are parsed, held for it: Python's own filters would hide a ``DeprecationWarning``."""
+    from curvcal.console import forget_early_warnings, warn_early
+
+    forget_early_warnings()
     with warnings.catch_warnings():
         warnings.simplefilter("always", FormerSpellingWarning)
         show = warnings.showwarning
 
         def said(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
             if issubclass(category, FormerSpellingWarning):
-                click.echo(f"curvcal: warning: {message}", err=True)
+                from curvcal.commands.common import current_reporter
+
+                reporter = current_reporter()
+                if reporter is not None:
+                    reporter.warn(str(message))
+                else:
+                    warn_early(str(message))
             else:
                 show(message, category, *args, **kwargs)
 

@@ -175,6 +175,27 @@ class Advance:
             self._plan(total, typical, typical_bounded, stage_end)
 
 
+#: warnings said before a run's :class:`Reporter` exists (a former spelling read while the
+#: options are parsed): the next reporter keeps them for its report
+_EARLY: list[str] = []
+
+
+def _say_warning(message: str) -> None:
+    stderr_console().print(f"[yellow]curvcal: warning:[/yellow] {message}", highlight=False)
+
+
+def warn_early(message: str) -> None:
+    """Say ``message`` as a warning before the run's :class:`Reporter` exists; the reporter,
+    once made, keeps it for the report's ``warnings`` like its own."""
+    _EARLY.append(message)
+    _say_warning(message)
+
+
+def forget_early_warnings() -> None:
+    """A new invocation begins: warnings held for an earlier one's reporter are dropped."""
+    _EARLY.clear()
+
+
 class Reporter:
     """Messages and progress for one command run; silent under ``quiet``. ``clock`` times the
     progress (tests pass their own)."""
@@ -182,8 +203,10 @@ class Reporter:
     def __init__(self, quiet: bool = False, clock: Clock = time.monotonic) -> None:
         self.quiet = quiet
         #: every warning said, in order: a command's report carries each of them in its JSON
-        #: ``warnings`` (:func:`curvcal.commands.common.finish`), so none is printed only
-        self.warned: list[str] = []
+        #: ``warnings`` (:func:`curvcal.commands.common.finish`), so none is printed only;
+        #: those said before this run's reporter existed (:func:`warn_early`) come first
+        self.warned: list[str] = [*_EARLY]
+        _EARLY.clear()
         self.clock = clock
         self._began = clock()
         self._held_stage: str | None = None
@@ -225,7 +248,7 @@ class Reporter:
         """Warnings are shown even under --quiet, and kept in :attr:`warned` for the JSON
         report."""
         self.warned.append(message)
-        stderr_console().print(f"[yellow]curvcal: warning:[/yellow] {message}", highlight=False)
+        _say_warning(message)
 
     @contextmanager
     def progress(self, description: str, total: int | None) -> Iterator[Advance]:

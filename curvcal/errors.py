@@ -71,7 +71,7 @@ def wording(naming: Callable[[str], str]) -> Iterator[None]:
 
 class FormerSpellingWarning(DeprecationWarning):
     """A setting's value written in a former spelling (``hutch++`` for ``hutchpp``), read as
-    today's; the command line shows it as a ``curvcal: warning:`` line."""
+    today's; the command line says it as a warning of the run."""
 
 
 class CurvcalError(Exception):

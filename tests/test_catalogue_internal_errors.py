@@ -382,7 +382,7 @@ CASES: dict[str, Build] = {
             "10",
         ],
         "--dpi",
-        "28,800 x 28,800-pixel image",
+        "34,560 x 28,800-pixel image",
     ),
     "csv-column-logits_100000000000": lambda t, b: (
         [

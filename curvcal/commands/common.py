@@ -181,6 +181,14 @@ def start(
 _REPORTER = "curvcal.reporter"
 
 
+def current_reporter() -> Reporter | None:
+    """The running command's reporter, once :func:`start` has made it (None before, or
+    outside a command)."""
+    ctx = click.get_current_context(silent=True)
+    reporter = ctx.find_root().meta.get(_REPORTER) if ctx is not None else None
+    return reporter if isinstance(reporter, Reporter) else None
+
+
 def finish(report: Report, tables: Sequence[Table]) -> int:
     """Emit the report, its tables after what was measured
     (:func:`~curvcal.report.header.measured_table`, for every command alike), and return the

@@ -200,6 +200,11 @@ def test_the_former_spelling_of_a_trace_method_is_read_with_a_warning(
     trace = document["results"]["trace"]
     assert trace["method"] == "hutchpp"
     assert trace["estimate"] == json.loads(today.stdout)["results"]["trace"]["estimate"]
+    # a warning of the run like any other: the report keeps it (said while the options were
+    # parsed, before the run's reporter existed)
+    spelled = [w for w in document["warnings"] if "is now spelled" in w]
+    assert len(spelled) == 1 and "--trace-method 'hutch++' is now spelled 'hutchpp'" in spelled[0]
+    assert not any("spelled" in w for w in json.loads(today.stdout)["warnings"])
 
 
 def test_own_loss_is_read_from_the_checkpoint(run_cli, files: Files) -> None:

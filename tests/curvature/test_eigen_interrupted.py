@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from curvcal.curvature.analysis import HessianSettings, analyse_hessian
+from curvcal.curvature.analysis import HessianSettings, analyse_batches
 from curvcal.curvature.eigen import lanczos, power_iteration
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.operator import HessianOperator
@@ -79,7 +79,7 @@ def test_the_analysis_stopped_in_the_eigenvalues_keeps_the_converged_ones_and_no
 ):
     model, batches = _model_and_batches()
     settings = HessianSettings(top_k=4, method="power", trace_method="hutchinson", probes=9)
-    full = analyse_hessian(model, batches, settings)
+    full = analyse_batches(model, batches, settings)
     first = full.spectrum.values[0].matvecs  # products λ1 took (the same start vector: seed)
 
     def on_step(stage: str, done: int) -> None:
@@ -87,7 +87,7 @@ def test_the_analysis_stopped_in_the_eigenvalues_keeps_the_converged_ones_and_no
             raise Stopped(stage=stage)
 
     with pytest.raises(Stopped) as stopped:
-        analyse_hessian(model, batches, settings, on_step=on_step)
+        analyse_batches(model, batches, settings, on_step=on_step)
     kept = stopped.value.finished
     assert kept is not None and stopped.value.stage == "eigenvalues"
     assert kept.trace is None and kept.layers is None  # type: ignore[attr-defined]
