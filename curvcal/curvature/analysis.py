@@ -363,7 +363,7 @@ def analyse_operator(
 
     description = {
         "curvature": operator.curvature,
-        "loss": operator.criterion,
+        "loss": operator.loss.name,
         "gamma": operator.gamma,
         "mean_loss": mean_loss,
         "mode": operator.mode,

@@ -46,6 +46,7 @@ import copy
 import glob
 import itertools
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -306,7 +307,6 @@ class HessianOperator:
         self.curvature = settings.curvature
         self.model = model
         self.loss = loss
-        self.criterion = loss.name
         self.gamma = loss.gamma
         self.mode = settings.mode
         self.probe_batch_requested: int | str = (
@@ -400,7 +400,7 @@ class HessianOperator:
         operator's kept graph is freed here and rebuilt at its next product.
         """
         other = copy.copy(self)
-        other.loss, other.criterion, other.gamma = loss, loss.name, loss.gamma
+        other.loss, other.gamma = loss, loss.gamma
         other._graphs = KeptState(self.param_names, self._params)
         other._graphs.enabled, other._graphs.chunks = self._graphs.enabled, self._graphs.chunks
         other.n_matvecs = 0
@@ -435,6 +435,17 @@ class HessianOperator:
     def parameters(self) -> tuple[Tensor, ...]:
         """The selected parameter tensors, in ``param_names`` order."""
         return self._params
+
+    @property
+    def criterion(self) -> str:
+        """Deprecated: the loss's name is ``operator.loss.name`` (one name per idea: the
+        setting is ``loss``)."""
+        warnings.warn(
+            "HessianOperator.criterion is deprecated: use operator.loss.name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.loss.name
 
     @property
     def budget(self) -> int | None:
@@ -875,7 +886,7 @@ class HessianOperator:
             raise self._located(
                 NumericalError(
                     "loss",
-                    f"the mean {self.criterion} loss over the {self.n_samples} samples is {value}",
+                    f"the mean {self.loss.name} loss over the {self.n_samples} samples is {value}",
                     "check the model's weights and the data for NaN or Inf, or use float64",
                 ),
                 None,

@@ -74,7 +74,7 @@ def _kind_trace_method(operator: HessianOperator, settings: HessianSettings) -> 
     are the Hessian's only, and refused."""
     method = settings.trace_method
     kind = operator.curvature
-    exact = kind == "ggn" or (kind == "fisher" and operator.criterion == "ce")
+    exact = kind == "ggn" or (kind == "fisher" and operator.loss.name == "ce")
     if method in SPLIT_METHODS:
         raise SettingsError(
             "trace_method",
@@ -87,7 +87,7 @@ def _kind_trace_method(operator: HessianOperator, settings: HessianSettings) -> 
             raise SettingsError(
                 "trace_method",
                 f"gauss-newton is the trace of the GGN, not of the {kind} of the "
-                f"{operator.criterion} loss (for cross-entropy only the Fisher equals the GGN)",
+                f"{operator.loss.name} loss (for cross-entropy only the Fisher equals the GGN)",
                 "ask for auto, hutchpp, xtrace or hutchinson",
             )
         return settings.trace_method, ""

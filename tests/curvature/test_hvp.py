@@ -314,7 +314,7 @@ def test_the_operator_keeps_the_settings_it_was_built_with() -> None:
     operator = HessianOperator(model, split(x, y, BATCH), settings=given, cache="none")
     assert operator.settings == given.replace(cache="none")
     assert (operator.requested_engine, operator.probe_batch) == ("autograd", 3)
-    assert operator.keep_graphs == "never" and operator.criterion == "ce"
+    assert operator.keep_graphs == "never" and operator.loss.name == "ce"
 
 
 @pytest.mark.parametrize(("former", "field"), [("engine", "hvp"), ("criterion", "loss")])
@@ -334,6 +334,9 @@ def test_former_keyword_names_still_work_with_a_deprecation_warning(
     assert torch.equal(old.matmat(v), new.matmat(v))
     with pytest.raises(InputError, match="given twice"):
         HessianOperator(model, split(x, y, BATCH), **{former: value, field: value})  # type: ignore[arg-type]
+    if former == "criterion":  # the attribute of that name too: the loss object says its name
+        with pytest.warns(DeprecationWarning, match="use operator.loss.name"):
+            assert new.criterion == new.loss.name == "flsd53"
 
 
 def test_bad_data_is_refused() -> None:
