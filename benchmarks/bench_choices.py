@@ -33,8 +33,6 @@ import argparse
 import json
 import math
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +46,7 @@ from curvcal.load.choice_scorer import ChoiceScorer
 from curvcal.load.choices import ChoiceDataset, ChoiceRow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_llama import Shape
+from bench_llama import Shape, fastest
 
 Batch = tuple[dict[str, Tensor], Tensor]
 
@@ -133,20 +131,6 @@ class _Widest(TorchDispatchMode):
                 size = math.prod(shape) * value.element_size()
                 self.bytes = max(self.bytes, size)
         return out
-
-
-def fastest(steps: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Minimum wall time of each step over ``repeats`` rounds, interleaved, after one untimed
-    round."""
-    for step in steps.values():
-        step()
-    best = dict.fromkeys(steps, float("inf"))
-    for _ in range(repeats):
-        for name, step in steps.items():
-            began = time.perf_counter()
-            step()
-            best[name] = min(best[name], time.perf_counter() - began)
-    return best
 
 
 def prompt_row(shape: Shape, rows: Rows, repeats: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -69,16 +70,15 @@ def test_sigint_exits_130_and_writes_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_sigint_in_the_trace_writes_the_eigenvalues_with_status_interrupted(
-    tmp_path: Path,
-) -> None:
-    import json
-
-    out = tmp_path / "report.json"
+def _interrupt_hessian(
+    tmp_path: Path, args: list[str], ready: Callable[[str], bool]
+) -> tuple[int, str, str]:
+    """Run ``curvcal hessian CHECKPOINT ARGS -o tmp_path/report.json`` in a real process, send it
+    SIGINT at the first stderr line ``ready`` accepts (off a terminal: the progress lines), and
+    return its exit code, stdout and stderr."""
     env = {**os.environ, "PYTHONPATH": str(Path(curvcal.__file__).parent.parent), "NO_COLOR": "1"}
-    command = [sys.executable, "-m", "curvcal", "hessian", str(CHECKPOINT),
-               "--data", "curvcal:digits", "--device", "cpu", "--probes", "29000",
-               "--trace-method", "hutchinson", "-o", str(out)]  # fmt: skip
+    command = [sys.executable, "-m", "curvcal", "hessian", str(CHECKPOINT), *args,
+               "-o", str(tmp_path / "report.json")]  # fmt: skip
     process = subprocess.Popen(
         command,
         cwd=tmp_path,
@@ -91,23 +91,35 @@ def test_sigint_in_the_trace_writes_the_eigenvalues_with_status_interrupted(
     said: list[str] = []
     try:
         assert process.stderr is not None
-        # off a terminal the progress lines begin after a few seconds; the first one of the
-        # trace stage says the eigenvalues are finished
         for line in process.stderr:
             said.append(line)
-            if "(trace)" in line:
+            if ready(line):
                 break
-        assert any("(trace)" in line for line in said), said
+        else:
+            raise AssertionError(f"the run ended before the line awaited: {said}")
         process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 130, stderr
+    return process.returncode, stdout, stderr
+
+
+def test_sigint_in_the_trace_writes_the_eigenvalues_with_status_interrupted(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    args = ["--data", "curvcal:digits", "--device", "cpu", "--probes", "29000",
+            "--trace-method", "hutchinson"]  # fmt: skip
+    # off a terminal the progress lines begin after a few seconds; the first one of the trace
+    # stage says the eigenvalues are finished
+    code, stdout, stderr = _interrupt_hessian(tmp_path, args, lambda line: "(trace)" in line)
+    assert code == 130, stderr
     assert stderr.rstrip().endswith("curvcal: interrupted")
     assert "Traceback" not in stderr
     assert [path.name for path in tmp_path.iterdir()] == ["report.json"]  # no temporary file
-    report = json.loads(out.read_text())
+    report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "interrupted" and report["results"]["trace"] is None
     assert report["results"]["spectrum"]["values"][0]["converged"]
     assert "Hessian eigenvalues" in stdout
@@ -125,40 +137,18 @@ def test_sigint_after_lambda_1_converged_writes_a_partial_report_of_it(
     one = run_cli("hessian", CHECKPOINT, *common, "--top-k", "1", "--json")
     assert one.code == 0, one.stderr
     lambda_1 = json.loads(one.stdout)["results"]["spectrum"]["values"][0]
-    out = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": str(Path(curvcal.__file__).parent.parent), "NO_COLOR": "1"}
+
+    def past_lambda_1(line: str) -> bool:
+        count = re.search(r"\(eigenvalues\): (\d+)\b", line)
+        return count is not None and int(count.group(1)) > lambda_1["matvecs"] + 1
+
     # 20 values by power iteration with deflation take minutes; λ1 alone (the same start
     # vector: the same seed) converges after lambda_1["matvecs"] products
-    command = [sys.executable, "-m", "curvcal", "hessian", str(CHECKPOINT), *common,
-               "--top-k", "20", "-o", str(out)]  # fmt: skip
-    process = subprocess.Popen(
-        command,
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_as_a_shell_starts_it,
-    )
-    said: list[str] = []
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:  # off a terminal: a progress line every few products
-            said.append(line)
-            count = re.search(r"\(eigenvalues\): (\d+)\b", line)
-            if count and int(count.group(1)) > lambda_1["matvecs"] + 1:
-                break
-        else:
-            raise AssertionError(f"no progress past λ1: {said}")
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 130, stderr
+    code, stdout, stderr = _interrupt_hessian(tmp_path, [*common, "--top-k", "20"], past_lambda_1)
+    assert code == 130, stderr
     assert stderr.rstrip().endswith("curvcal: interrupted") and "Traceback" not in stderr
     assert [path.name for path in tmp_path.iterdir()] == ["report.json"]  # no temporary file
-    report = json.loads(out.read_text())
+    report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "interrupted" and report["partial"] is True
     values = report["results"]["spectrum"]["values"]
     assert 1 <= len(values) < 20 and all(value["converged"] for value in values)

@@ -165,25 +165,50 @@ def test_the_step_bound_gives_the_default_density_to_rounding() -> None:
     assert peak_error(80) > 1e-4
 
 
-def test_density_steps_past_the_bound_are_refused_with_the_reason(run_cli) -> None:
-    """`--density-steps 100000` on a 9,802-parameter model ran past four minutes (capped at P):
-    now exit 2 before anything is loaded, saying why the bound is what it is."""
-    from curvcal.settings.hessian import MAX_DENSITY_STEPS, HessianSettings
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        # ran past four minutes on a 9,802-parameter model (capped at P)
+        ("density_steps", 100_000, "steps cannot change the density"),
+        # ran past a minute
+        ("density_runs", 1_000_000_000, "the density's sampling error falls as 1/√runs"),
+    ],
+)
+def test_density_settings_past_their_bound_are_refused_with_the_reason(
+    field: str, value: int, why: str, run_cli
+) -> None:
+    """Exit 2 before anything is loaded, saying why the bound is what it is; the same bound
+    and reason from a policy or Python (the settings), and the bound itself accepted."""
+    from curvcal.settings import hessian
+    from curvcal.settings.hessian import HessianSettings
 
+    bound = {"density_steps": hessian.MAX_DENSITY_STEPS, "density_runs": hessian.MAX_DENSITY_RUNS}
+    option = "--" + field.replace("_", "-")
     result = run_cli(
         "hessian", "model.safetensors", "--data", "curvcal:digits", "--density",
-        "--density-steps", "100000",
+        option, str(value),
     )  # fmt: skip
     assert result.code == 2, result.output
     assert result.stderr.startswith(
-        "curvcal: error: Invalid value for '--density-steps': 100000 is not in the range "
-        f"1<=x<={MAX_DENSITY_STEPS} (more than {MAX_DENSITY_STEPS} steps cannot change the density"
+        f"curvcal: error: Invalid value for '{option}': {value} is not in the range "
+        f"1<=x<={bound[field]} ("
     ), result.stderr
-    assert len(result.stderr.splitlines()) == 1
-    with pytest.raises(InputError, match="steps cannot change the density") as caught:
-        HessianSettings(density=True, density_steps=MAX_DENSITY_STEPS + 1)  # policy, Python
-    assert caught.value.what == "density_steps"
-    assert HessianSettings(density_steps=MAX_DENSITY_STEPS).density_steps == MAX_DENSITY_STEPS
+    assert why in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+    with pytest.raises(InputError, match=why.split(" as ")[0]) as caught:
+        HessianSettings(density=True, **{field: bound[field] + 1})  # policy, Python
+    assert caught.value.what == field
+    assert getattr(HessianSettings(**{field: bound[field]}), field) == bound[field]
+
+
+def test_the_steps_refusal_points_at_runs_within_their_bound(run_cli) -> None:
+    """More steps cannot help; more runs can, up to their own bound, which the message names."""
+    from curvcal.settings.hessian import MAX_DENSITY_RUNS
+
+    steps = run_cli(
+        "hessian", "model.safetensors", "--data", "curvcal:digits", "--density",
+        "--density-steps", "100000",
+    )  # fmt: skip
+    assert f"(--density-runs, at most {MAX_DENSITY_RUNS})" in steps.stderr, steps.stderr
 
 
 @pytest.mark.parametrize("reorthogonalise", [True, False])
@@ -302,29 +327,3 @@ def test_the_run_bound_gives_the_density_to_a_few_percent() -> None:
     reference = _exact_density(matrix, result.grid, sigma, 3, 0)
     found = torch.tensor(result.density, dtype=torch.float64)
     assert float((found - reference).abs().max() / reference.max()) < 1e-6
-
-
-def test_density_runs_past_the_bound_are_refused_with_the_reason(run_cli) -> None:
-    """`--density-runs 1000000000` ran past a minute: now exit 2 before anything is loaded,
-    saying why the bound is what it is; the steps' refusal points at runs within it."""
-    from curvcal.settings.hessian import MAX_DENSITY_RUNS, HessianSettings
-
-    result = run_cli(
-        "hessian", "model.safetensors", "--data", "curvcal:digits", "--density",
-        "--density-runs", "1000000000",
-    )  # fmt: skip
-    assert result.code == 2, result.output
-    assert result.stderr.startswith(
-        "curvcal: error: Invalid value for '--density-runs': 1000000000 is not in the range "
-        f"1<=x<={MAX_DENSITY_RUNS} (the density's sampling error falls as 1/√runs"
-    ), result.stderr
-    assert len(result.stderr.splitlines()) == 1
-    with pytest.raises(InputError, match="sampling error falls") as caught:
-        HessianSettings(density=True, density_runs=MAX_DENSITY_RUNS + 1)  # policy, Python
-    assert caught.value.what == "density_runs"
-    assert HessianSettings(density_runs=MAX_DENSITY_RUNS).density_runs == MAX_DENSITY_RUNS
-    steps = run_cli(
-        "hessian", "model.safetensors", "--data", "curvcal:digits", "--density",
-        "--density-steps", "100000",
-    )  # fmt: skip
-    assert f"(--density-runs, at most {MAX_DENSITY_RUNS})" in steps.stderr, steps.stderr
