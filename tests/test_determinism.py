@@ -4,6 +4,7 @@ timings (and the command line), on the CPU in float64 and in float32."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ def _comparable(stdout: str) -> dict[str, Any]:
         # of it), are the machine's state like timings; the plan's choices must still agree
         plan.pop("free_bytes")
         plan.pop("budget_bytes")
+        plan["budget_source"] = re.sub(r"[\d.,]+ ([KMGT]i?B)\b", r"N \1", plan["budget_source"])
     return document
 
 
