@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from curvcal.calibration.bbq import BBQFit
+from curvcal.calibration.device import DEVICE_STAGES, stage_device
 from curvcal.calibration.binary import BinaryFit
 from curvcal.calibration.binning import HistogramFit
 from curvcal.calibration.ensemble import EnsembleFit
@@ -425,6 +426,10 @@ def _measure(
             return calibration_metrics(scores, labels, kind=kind, source=source, **options)
         if features is not None:
             logp = calibrator.apply(features, "features", source)
+        elif stage in DEVICE_STAGES:
+            # a map with a device kernel applies itself there; the metrics read it on the CPU
+            device = stage_device(stage, settings.device)
+            logp = calibrator.apply(scores, kind, source, device=device).cpu()
         else:
             logp = calibrator.apply(scores, kind, source)
         _check_map_output(logp, stage or calibrator.method, source, calibrators_source)

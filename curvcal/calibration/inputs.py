@@ -23,11 +23,16 @@ PROB_SUM_TOL = 1e-4
 #: Rows per chunk are chosen so one chunk holds about this many elements: small enough to stay
 #: in cache (large temporaries cost page faults), large enough that Python overhead is small.
 CHUNK_ELEMENTS = 1 << 16
+#: On a device (CUDA) a chunk is a kernel launch: chunks of about this many elements (256 MiB of
+#: float64) keep the launches few and the temporaries far below the device's memory.
+DEVICE_CHUNK_ELEMENTS = 1 << 25
 
 
-def chunk_rows(n_classes: int) -> int:
-    """Rows per chunk for an N×K pass (at least 1)."""
-    return max(1, CHUNK_ELEMENTS // max(1, n_classes))
+def chunk_rows(n_classes: int, device: torch.device | None = None) -> int:
+    """Rows per chunk for an N×K pass (at least 1): cache-sized on the CPU, far larger on a
+    ``device`` of another type."""
+    elements = CHUNK_ELEMENTS if device is None or device.type == "cpu" else DEVICE_CHUNK_ELEMENTS
+    return max(1, elements // max(1, n_classes))
 
 
 def as_tensor(value: Any, what: str) -> torch.Tensor:
@@ -57,20 +62,28 @@ def check_kind(kind: str) -> None:
         raise InputError("kind", f"unknown score kind {kind!r}", f"one of {', '.join(KINDS)}")
 
 
-def log_probabilities(scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
+def log_probabilities(
+    scores: Any,
+    kind: str = "logits",
+    source: str = "scores",
+    *,
+    device: torch.device | None = None,
+) -> torch.Tensor:
     """Validated N×K float64 log-probabilities from ``scores`` of the given ``kind``.
 
     Logits go through one ``log_softmax`` in float64 (so a float32 softmax that would saturate
     to exactly 1.0 cannot); probabilities through ``log``. The caller's tensor is not modified.
-    Raises :class:`InputError` naming ``source`` for a wrong shape, dtype or value.
+    Raises :class:`InputError` naming ``source`` for a wrong shape, dtype or value. ``device``:
+    where the log-probabilities are computed and kept (default: the CPU); each chunk of rows is
+    moved there in the scores' own dtype and converted there.
     """
     z = validated_scores(scores, kind, source)
     n, k = z.shape
-    out = torch.empty((n, k), dtype=torch.float64)
-    step = chunk_rows(k)
+    out = torch.empty((n, k), dtype=torch.float64, device=device)
+    step = chunk_rows(k, out.device)
     for start in range(0, n, step):
         out[start : start + step] = chunk_log_probabilities(
-            z[start : start + step], kind, start, source
+            z[start : start + step].to(out.device), kind, start, source
         )
     return out
 

@@ -33,15 +33,17 @@ def calibrated_log_probabilities(
     temperature: float,
     gamma: float,
     identity: bool = False,
+    *,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """float64 log-probabilities of N×K ``scores`` (``kind`` ``logits`` or ``probs``, named
     ``source`` in errors) after temperature ``temperature`` and focal γ ``gamma``; unchanged
-    when ``identity``."""
-    logp = log_probabilities(scores, kind, source)
+    when ``identity``. ``device``: where they are computed and returned (default: the CPU)."""
+    logp = log_probabilities(scores, kind, source, device=device)
     if identity:
         return logp
     out = torch.empty_like(logp)
-    step = chunk_rows(logp.shape[1])
+    step = chunk_rows(logp.shape[1], logp.device)
     for start in range(0, logp.shape[0], step):
         out[start : start + step] = calibrated(logp[start : start + step], 1.0 / temperature, gamma)
     return out

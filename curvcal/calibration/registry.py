@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from curvcal.calibration.bbq import BBQMap, fit_bbq
 from curvcal.calibration.binary import BinaryMap, fit_binary
 from curvcal.calibration.binning import HistogramMap, fit_histogram
+from curvcal.calibration.device import stage_device
 from curvcal.calibration.dirichlet import fit_dirichlet
 from curvcal.calibration.ensemble import EnsembleMap, fit_ensemble_temperature
 from curvcal.calibration.isotonic import IsotonicMap, fit_isotonic
@@ -107,6 +108,7 @@ def _fit_ts(
         objective=settings.objective,
         bins=settings.bins,
         edges=settings.edges,
+        device=stage_device("ts", settings.device),
         **common,
     )
 
@@ -122,6 +124,7 @@ def _fit_focal_ts(
         gammas=settings.gammas,
         bins=settings.bins,
         edges=settings.edges,
+        device=stage_device("focal_ts", settings.device),
         **common,
     )
 

@@ -137,12 +137,21 @@ class Calibrator(SavedMap):
         """Plain-JSON form: ``{"method", "temperature", "gamma"}``."""
         return {"method": self.method, "temperature": self.temperature, "gamma": self.gamma}
 
-    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
-        """float64 log-probabilities of the calibrated ``scores`` (N×K tensor)."""
+    def apply(
+        self, scores: Any, kind: str = "logits", source: str = "scores", *, device: Any = None
+    ) -> Any:
+        """float64 log-probabilities of the calibrated ``scores`` (N×K tensor), computed on
+        ``device`` (a :class:`torch.device`; default the CPU) and returned there."""
         from curvcal.calibration.maps import calibrated_log_probabilities
 
         return calibrated_log_probabilities(
-            scores, kind, source, self.temperature, self.gamma, identity=self.method == "none"
+            scores,
+            kind,
+            source,
+            self.temperature,
+            self.gamma,
+            identity=self.method == "none",
+            device=device,
         )
 
     @classmethod

@@ -88,11 +88,12 @@ class _Scores:
 
     def __init__(self, logp: torch.Tensor, labels: torch.Tensor) -> None:
         n, k = logp.shape
-        self.step = chunk_rows(k)
+        self.device = device = logp.device
+        self.step = chunk_rows(k, device)
         self.labels = labels
-        self.top_index = torch.empty(n, dtype=torch.int64)
-        self.correct = torch.empty(n, dtype=torch.float64)
-        self.logp_y = torch.empty(n, dtype=torch.float64)
+        self.top_index = torch.empty(n, dtype=torch.int64, device=device)
+        self.correct = torch.empty(n, dtype=torch.float64, device=device)
+        self.logp_y = torch.empty(n, dtype=torch.float64, device=device)
         nll_sum = 0.0
         flat = True
         # One cache-sized pass: correctness, NLL at T = 1, the row shift and the label entries.
@@ -124,7 +125,7 @@ class _Scores:
         Σ_j w_j·z_j² unchanged, and the NLL pass adds the top weight 1 back.
         """
         if self._logp32 is None:
-            masked = torch.empty(self.logp.shape, dtype=torch.float32)
+            masked = torch.empty(self.logp.shape, dtype=torch.float32, device=self.device)
             for i, block in self.chunks():
                 rows = masked[i : i + block.shape[0]]
                 rows.copy_(block)
@@ -144,11 +145,13 @@ class _Scores:
         ``FLOAT32_ERROR`` where it matters; see :func:`_fast_point`).
         """
         n = self.logp.shape[0]
-        out = torch.empty(n, dtype=torch.float64)
+        out = torch.empty(n, dtype=torch.float64, device=self.device)
         source = self.single_precision() if single else None
         dtype = torch.float32 if single else torch.float64
         shape = (min(n, self.step), self.logp.shape[1])
-        first, second, third = (torch.empty(shape, dtype=dtype) for _ in range(3))
+        first, second, third = (
+            torch.empty(shape, dtype=dtype, device=self.device) for _ in range(3)
+        )
         work = (first, second, third)
         for i in range(0, n, self.step):
             rows = slice(i, min(n, i + self.step))
@@ -158,8 +161,10 @@ class _Scores:
 
     def log_partition(self, s: float) -> torch.Tensor:
         """log Σ_k exp(s·z_k) for every row (length N)."""
-        out = torch.empty(self.logp.shape[0], dtype=torch.float64)
-        buffer = torch.empty((self.step, self.logp.shape[1]), dtype=torch.float64)
+        out = torch.empty(self.logp.shape[0], dtype=torch.float64, device=self.device)
+        buffer = torch.empty(
+            (self.step, self.logp.shape[1]), dtype=torch.float64, device=self.device
+        )
         for i, block in self.chunks():
             work = buffer[: block.shape[0]]
             torch.mul(block, s, out=work).exp_()
@@ -178,7 +183,7 @@ class _Scores:
         """
         logp = self.single_precision() if single else self.logp
         value = first = second = 0.0
-        buffer = torch.empty((self.step, logp.shape[1]), dtype=logp.dtype)
+        buffer = torch.empty((self.step, logp.shape[1]), dtype=logp.dtype, device=self.device)
         weighted = torch.empty_like(buffer)
         for i in range(0, logp.shape[0], self.step):
             block = logp[i : i + self.step]
@@ -215,13 +220,7 @@ def _objective(
         if objective == "nll" and gamma == 0:
             return scores.nll(s)
         if gamma == 0:
-            confidence = scores.confidence(s)
-            index = (
-                binning.equal_width_index(confidence, n_bins, edges)
-                if objective == "ece"
-                else binning.equal_mass_index(confidence, n_bins)
-            )
-            return binned_errors(*binning.bin_sums(index, confidence, scores.correct, n_bins)).ece
+            return _binned_value(scores.confidence(s), scores.correct, objective, n_bins, edges)
         blocks = scores.scaled_log_probs(s, gamma)
         if objective == "nll":
             total = sum(
@@ -230,11 +229,7 @@ def _objective(
             )
             return -total / scores.logp.shape[0]
         confidence = torch.exp(torch.cat([b.max(dim=1).values for b in blocks]))
-        if objective == "ece":
-            index = binning.equal_width_index(confidence, n_bins, edges)
-        else:
-            index = binning.equal_mass_index(confidence, n_bins)
-        return binned_errors(*binning.bin_sums(index, confidence, scores.correct, n_bins)).ece
+        return _binned_value(confidence, scores.correct, objective, n_bins, edges)
 
     return evaluate
 
@@ -257,7 +252,9 @@ def _check_grid_step(grid_step: float) -> float:
 def _binned_value(
     confidence: torch.Tensor, correct: torch.Tensor, objective: str, n_bins: int, edges: str
 ) -> float:
-    """ECE (equal-width bins) or AdaECE (equal-mass bins) of the top-label confidences."""
+    """ECE (equal-width bins) or AdaECE (equal-mass bins) of the top-label confidences, binned
+    on the CPU (N numbers) wherever they were computed."""
+    confidence, correct = confidence.cpu(), correct.cpu()
     if objective == "ece":
         index = binning.equal_width_index(confidence, n_bins, edges)
     else:
@@ -459,11 +456,19 @@ def _fit_nll_temperature(
 
 
 def _prepare(
-    scores: Any, labels: Any, kind: str, bins: int, edges: str, source: str, labels_source: str
+    scores: Any,
+    labels: Any,
+    kind: str,
+    bins: int,
+    edges: str,
+    source: str,
+    labels_source: str,
+    device: torch.device | None = None,
 ) -> _Scores:
     check_bins(bins, edges)
-    logp = log_probabilities(scores, kind, source)
-    return _Scores(logp, class_labels(labels, logp.shape[0], logp.shape[1], labels_source))
+    logp = log_probabilities(scores, kind, source, device=device)
+    y = class_labels(labels, logp.shape[0], logp.shape[1], labels_source)
+    return _Scores(logp, y.to(logp.device))
 
 
 def _nll_fit(
@@ -506,8 +511,13 @@ def fit_temperature(
     grid_step: float = DEFAULT_GRID_STEP,
     source: str = "scores",
     labels_source: str = "labels",
+    *,
+    device: torch.device | None = None,
 ) -> TemperatureFit:
     """Fit T of p = softmax(z / T) on (``scores``, ``labels``) by ``objective`` (see module doc).
+
+    ``device``: where the N×K passes run (default: the CPU), in float64 as there
+    (:mod:`curvcal.calibration.device`).
 
     >>> import torch
     >>> z = torch.tensor([[4.0, 0.0], [4.0, 0.0], [0.0, 4.0], [4.0, 0.0]])
@@ -521,7 +531,7 @@ def fit_temperature(
         )
     low, high = _check_bracket(bracket)
     step = _check_grid_step(grid_step)
-    data = _prepare(scores, labels, kind, bins, edges, source, labels_source)
+    data = _prepare(scores, labels, kind, bins, edges, source, labels_source, device)
     evaluate = _objective(data, objective, bins, edges)
     if objective == "nll":
         temperature, derivative, value, evaluations = _fit_nll_temperature(data, low, high)
@@ -565,10 +575,13 @@ def fit_focal_temperature(
     grid_step: float = DEFAULT_GRID_STEP,
     source: str = "scores",
     labels_source: str = "labels",
+    *,
+    device: torch.device | None = None,
 ) -> FocalTemperatureFit:
     """Fit (γ, T) of p = φ_γ(softmax(z / T)): T per γ over ``bracket``, γ by ``objective``.
 
     Ties between γ values go to the smaller γ. ``gammas=[0]`` is temperature scaling.
+    ``device``: where the N×K passes run (default: the CPU), as for :func:`fit_temperature`.
     """
     if objective not in OBJECTIVES_FTS:
         raise InputError(
@@ -579,7 +592,7 @@ def fit_focal_temperature(
         raise InputError("gammas", "the gamma grid is empty", "0 is temperature scaling")
     low, high = _check_bracket(bracket)
     step = _check_grid_step(grid_step)
-    data = _prepare(scores, labels, kind, bins, edges, source, labels_source)
+    data = _prepare(scores, labels, kind, bins, edges, source, labels_source, device)
     if objective == AUTHORS_OBJECTIVE:
         return _authors_fit(data, grid, bins, edges)
     evaluate = _objective(data, objective, bins, edges)

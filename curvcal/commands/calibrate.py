@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 @checkpoint_options
 @data_options()
 @click_options(CalibrateSettings, "files")
-@click_options(CalibrationSettings, "calibration", before=refuse_unused_map_options)
+# the maps run where the model does: --device is the checkpoint's (CheckpointSettings.device)
+@click_options(
+    CalibrationSettings, "calibration", exclude=("device",), before=refuse_unused_map_options
+)
 @output_options
 def calibrate(
     checkpoint: Path,

@@ -182,6 +182,8 @@ def run_calibrate(
     with open_session(
         request.checkpoint_options, reporter, (request.data_options, request.files, settings)
     ) as session:
+        # the maps run where the model does (calibrate's one --device)
+        settings = settings.replace(device=str(session.device))
         loaded = session.model(request.checkpoint)
         applied = None
         if request.files.apply is not None:
@@ -270,6 +272,7 @@ def run_calibrate(
             fit_features=fit_features,
         )
     timings["calibration"] = time.perf_counter() - began
+    map_devices = where_maps_ran(analysis, session.reporter)
     _warn(analysis_warnings(analysis, data.subset), warnings, session.reporter)
     inputs: dict[str, Any] = {
         "checkpoint": loaded.describe(),
@@ -302,7 +305,11 @@ def run_calibrate(
             request.files,
         ),
         timings=timings,
-        environment={**environment(loaded.device), "world_size": session.context.world_size},
+        environment={
+            **environment(loaded.device),
+            "world_size": session.context.world_size,
+            "map_devices": map_devices,
+        },
         warnings=warnings,
     )
     return CalibrationRun(analysis, report)
@@ -464,6 +471,7 @@ def run_metrics(
     """Read the scores (and the fit file or saved calibrators), then fit and measure the maps,
     or measure the saved calibrators, as ``settings`` ask (``settings.method`` resolved)."""
     from curvcal.calibration.analysis import evaluate_calibrators
+    from curvcal.load.device import resolve_device
     from curvcal.load.digest import file_info
     from curvcal.load.logits import load_logits
     from curvcal.pipeline.calibration_warnings import analysis_warnings
@@ -471,6 +479,9 @@ def run_metrics(
     from curvcal.pipeline.provenance import environment
     from curvcal.settings.calibration import CalibrationSettings
 
+    # a device that is no device, or is absent, is refused before any file is read
+    device = resolve_device(settings.device)
+    settings = settings.replace(device=str(device))
     timings: dict[str, float] = {}
     began = time.perf_counter()
     warnings: list[str] = []
@@ -529,6 +540,7 @@ def run_metrics(
             fraction=settings.val_split,
         )
     timings["calibration"] = time.perf_counter() - began
+    map_devices = where_maps_ran(analysis, reporter)
     _warn(analysis_warnings(analysis), warnings, reporter)
     fit_path = request.scores.fit or request.logits
     provenance = CalibratorProvenance(
@@ -551,10 +563,23 @@ def run_metrics(
             CalibrationSettings.GROUP: record(settings),
         },
         timings=timings,
-        environment=environment(),
+        environment={**environment(device), "map_devices": map_devices},
         warnings=warnings,
     )
     return CalibrationRun(analysis, report)
+
+
+def where_maps_ran(analysis: CalibrationAnalysis, reporter: Reporter) -> dict[str, str]:
+    """``{stage: device}`` of every map the analysis fitted or applied, and of the metrics
+    (:func:`curvcal.calibration.device.placement`), for the report's environment; on a device,
+    the maps that ran on the CPU all the same are said once, with why."""
+    from curvcal.calibration.device import cpu_note, placement
+
+    stages = [stage for stage, _fit in analysis.fits.present()] + list(analysis.applied)
+    note = cpu_note(stages, analysis.settings.device)
+    if note is not None:
+        reporter.info(f"note: {note}")
+    return placement(stages, analysis.settings.device)
 
 
 def _applied_calibrators(

@@ -105,6 +105,7 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
         reporter,
         (request.data_options, request.hessian, request.study, request.calibration),
     ) as session:
+        calibration = calibration.replace(device=str(session.device))  # maps run by the models
         # text data is tokenized once, with the first checkpoint's tokenizer (or --tokenizer);
         # an adapter's is its base's (a causal LM's makes multiple-choice rows)
         text_model = text_model_at(paths[0], request.checkpoint_options.arch)

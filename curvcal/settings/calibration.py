@@ -10,6 +10,7 @@ class itself.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -74,6 +75,9 @@ PLOT_COLUMNS = 4
 EDGES = ("left", "right")
 #: ``--nan-policy``: a row of scores with a NaN or Inf stops the run, or is left out.
 NAN_POLICIES = ("error", "drop")
+#: ``--device``: the names a device of the maps may have (checked before any work; whether it is
+#: present is checked when the run starts).
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(?::\d+)?")
 #: The γ grid of focal temperature scaling.
 DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
 #: Largest γ of focal temperature scaling (``--gammas``, and a saved focal TS map): φ_γ sharpens
@@ -125,7 +129,8 @@ class CalibrationSettings(Settings):
     ``plot``: reliability diagrams written there at ``dpi``, ``plot_columns`` panels to a row,
     with classwise diagrams of the ``plot_classes`` most frequent classes, the smooth curve with ``plot_smooth``, the
     histogram's scale ``plot_counts``; ``rank_by``: the score the ``all`` summary ranks by;
-    ``save_calibrator``: the fitted maps as JSON.
+    ``save_calibrator``: the fitted maps as JSON. ``device``: where the maps that have a
+    device kernel run (:mod:`curvcal.calibration.device`); the others run on the CPU.
     """
 
     GROUP: ClassVar[str] = "calibration"
@@ -324,6 +329,14 @@ class CalibrationSettings(Settings):
         choices=NAN_POLICIES,
         policy=True,
     )
+    device: str = setting(
+        "auto",
+        "Where the calibration maps with a device kernel (temperature scaling, focal "
+        "temperature scaling) are fitted and applied: auto (CUDA when available), cpu, cuda or "
+        "cuda:N; the other maps and the metrics run on the CPU, and a run on a device says "
+        "which. calibrate: the model's --device.",
+        policy=True,
+    )
 
     def __post_init__(self) -> None:
         # The rules with the kernel's own words first (``bins: the number of bins must be
@@ -347,6 +360,7 @@ class CalibrationSettings(Settings):
                 _one_of(OBJECTIVES_FTS),
             )
         check_bins(self.bins, self.edges)
+        check_device(self.device)
         if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int):
             raise SettingsError("bootstrap", f"must be a whole number, got {self.bootstrap!r}")
         if self.bootstrap < 0:
@@ -391,6 +405,14 @@ def check_bins(n_bins: int, edges: str = "left") -> None:
         raise SettingsError(
             "edges", f"unknown edge convention {edges!r}", "left for (a,b], right for [a,b)"
         )
+
+
+def check_device(spec: str) -> None:
+    """A device name the maps can run on (``auto``, ``cpu``, ``cuda``, ``cuda:N``; case and
+    surrounding spaces ignored), else :class:`SettingsError`. Whether the device is present is
+    the run's to check (:func:`curvcal.load.device.resolve_device`)."""
+    if not isinstance(spec, str) or DEVICE_NAME.fullmatch(spec.strip().lower()) is None:
+        raise SettingsError("device", f"{spec!r} is not a device", "use auto, cpu, cuda or cuda:N")
 
 
 def check_gamma(gamma: float, what: str = "gamma", high: float = math.inf) -> float:
