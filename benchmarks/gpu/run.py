@@ -15,7 +15,10 @@ Parts, in order (each in its own process group, killed when its budget is spent)
   differences), each against the plan's seconds and gigabytes (``llama_part.py``);
 * ``calibration``: temperature scaling, focal temperature scaling (its defaults) and all
   metrics on 100,000 × 1,000 and then 1,000,000 × 1,000 synthetic logits (the fits run on the
-  CPU; the logits are drawn on the device).
+  CPU; the logits are drawn on the device);
+* ``maps-device``: the same 1,000,000 × 1,000 logits (the same draw) with temperature scaling
+  and focal temperature scaling fitted and applied on the device (``--device cuda``: the torch
+  kernels of :mod:`curvcal.calibration.device`, float64), their T and γ beside the CPU part's.
 
 Every model part runs the real command line in-process (``curvcal.cli.main``, so the CUDA path
 of the product is what is timed) after a plain gradient pass over the same batches (the floor)
@@ -62,10 +65,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the parts' modules b
 from meter import Meter  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("cuda-tests", "resnet18", "vit_b_16", "bert_base", "llama_1b", "calibration")
+PARTS = ("cuda-tests", "resnet18", "vit_b_16", "bert_base", "llama_1b", "calibration",
+         "maps-device")  # fmt: skip
 # seconds each part may take at most (the total budget may leave it less)
 BUDGETS = {"cuda-tests": 240, "resnet18": 100, "vit_b_16": 90, "bert_base": 70, "llama_1b": 200,
-           "calibration": 90}  # fmt: skip
+           "calibration": 90, "maps-device": 60}  # fmt: skip
 SMOKE_BUDGETS = {part: 60 for part in PARTS}
 MIN_START = 15.0  # a part is not started with less than this left of the total budget
 LOG_TAIL = 200_000  # characters of each part's output kept in gpu-run.log
@@ -92,6 +96,8 @@ SMOKE = {
     "bert_base": Size(8, 4, 1e-2, 2),
 }
 CALIBRATION_SIZES = {"full": ((100_000, 1_000), (1_000_000, 1_000)), "smoke": ((500, 5),)}
+#: the maps on the device: the CPU part's largest size
+DEVICE_MAP_SIZES = {"full": ((1_000_000, 1_000),), "smoke": ((500, 5),)}
 
 
 def say(message: str) -> None:
@@ -372,6 +378,22 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(r.get('temperature'), '.4f')} | "
                 f"{_fmt(r.get('focal_gamma'))}, {_fmt(r.get('focal_temperature'), '.4f')} |"
             )
+    on_device = latest_calibration(
+        [r for p in report["parts"] for r in p["records"]], kind="maps-device"
+    )
+    if on_device:
+        lines += ["", "## Maps on the device (TS and focal TS, float64)", "",
+                  "| N × K | device | TS fit | TS apply | focal TS (defaults) | T | γ, T (focal) "
+                  "| peak |",
+                  "|---|---|---:|---:|---:|---:|---|---:|"]  # fmt: skip
+        for r in on_device:
+            lines.append(
+                f"| {r['n']:,} × {r['k']:,} | {r['device']} | {_fmt(r.get('ts_s'), '.2f', ' s')} | "
+                f"{_fmt(r.get('apply_s'), '.2f', ' s')} | {_fmt(r.get('focal_s'), '.2f', ' s')} | "
+                f"{_fmt(r.get('temperature'), '.4f')} | "
+                f"{_fmt(r.get('focal_gamma'))}, {_fmt(r.get('focal_temperature'), '.4f')} | "
+                f"{_fmt(r.get('peak_gib'), '.1f', ' GiB')} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -392,6 +414,8 @@ def worker(args: argparse.Namespace) -> None:
             cuda_tests(emit)
         elif args.worker == "calibration":
             calibration(args, emit)
+        elif args.worker == "maps-device":
+            maps_on_device(args, emit)
         elif args.worker == "llama_1b":
             from llama_part import llama_part  # type: ignore[import-not-found]
 
@@ -639,9 +663,28 @@ BUILDERS: dict[str, Callable[[Path, Size, bool], tuple[Any, ...]]] = {
 }
 
 
-def calibration(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
+def synthetic_logits(n: int, k: int, draw_on: Any) -> tuple[Any, Any]:
+    """N×K float32 logits 2.5·z and labels ~ softmax(z) by Gumbel-max (over-confident: T near
+    2.5), drawn on ``draw_on`` in slices from seed 0 and brought to the host."""
     import math
 
+    import torch
+
+    generator = torch.Generator(device=draw_on).manual_seed(0)
+    sigma = 1.0 + 0.5 * math.log(k)
+    logits = torch.empty(n, k, dtype=torch.float32)
+    labels = torch.empty(n, dtype=torch.int64)
+    step = max(1, (1 << 24) // k)
+    for start in range(0, n, step):
+        rows = min(step, n - start)
+        z = torch.randn(rows, k, generator=generator, device=draw_on) * sigma
+        uniform = torch.rand(rows, k, generator=generator, device=draw_on).clamp_(min=1e-12)
+        labels[start : start + rows] = (z - torch.log(-torch.log(uniform))).argmax(1).cpu()
+        logits[start : start + rows] = (2.5 * z).cpu()
+    return logits, labels
+
+
+def calibration(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
     import torch
 
     from curvcal.calibration import calibration_metrics, fit_focal_temperature, fit_temperature
@@ -649,19 +692,8 @@ def calibration(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]
     torch.set_num_threads(os.cpu_count() or 1)
     draw_on = torch.device(args.device)
     for n, k in CALIBRATION_SIZES["smoke" if args.smoke else "full"]:
-        # logits 2.5·z, labels ~ softmax(z) by Gumbel-max (over-confident: T near 2.5), drawn on
-        # the device in slices and brought to the host, where the fits run
-        generator = torch.Generator(device=draw_on).manual_seed(0)
-        sigma = 1.0 + 0.5 * math.log(k)
-        logits = torch.empty(n, k, dtype=torch.float32)
-        labels = torch.empty(n, dtype=torch.int64)
-        step = max(1, (1 << 24) // k)
-        for start in range(0, n, step):
-            rows = min(step, n - start)
-            z = torch.randn(rows, k, generator=generator, device=draw_on) * sigma
-            uniform = torch.rand(rows, k, generator=generator, device=draw_on).clamp_(min=1e-12)
-            labels[start : start + rows] = (z - torch.log(-torch.log(uniform))).argmax(1).cpu()
-            logits[start : start + rows] = (2.5 * z).cpu()
+        # drawn on the device, fitted on the host
+        logits, labels = synthetic_logits(n, k, draw_on)
         record: dict[str, Any] = {"kind": "calibration", "n": n, "k": k,
                                   "threads": torch.get_num_threads()}  # fmt: skip
         start_s = time.perf_counter()
@@ -680,11 +712,56 @@ def calibration(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]
         del logits, labels
 
 
-def latest_calibration(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The last record of each size (the stages of one size are written as they finish)."""
+def maps_on_device(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
+    """TS and focal TS (its defaults) fitted on ``--device`` from host logits (the product's
+    path: each chunk of rows moved there and made float64 log-probabilities there), then TS
+    applied there: seconds, T and γ (compare with the ``calibration`` part's CPU fits of the
+    same draw) and the device's peak memory."""
+    import torch
+
+    from curvcal.calibration import fit_focal_temperature, fit_temperature
+    from curvcal.calibration.results import Calibrator
+
+    device = torch.device(args.device)
+
+    def synchronise() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for n, k in DEVICE_MAP_SIZES["smoke" if args.smoke else "full"]:
+        logits, labels = synthetic_logits(n, k, device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        record: dict[str, Any] = {"kind": "maps-device", "n": n, "k": k, "device": str(device)}
+        began = time.perf_counter()
+        fit = fit_temperature(logits, labels, device=device)
+        synchronise()
+        record.update(ts_s=time.perf_counter() - began, temperature=fit.temperature)
+        emit({**record, "stage": "ts"})
+        began = time.perf_counter()
+        applied = Calibrator("temperature", fit.temperature).apply(logits, device=device)
+        synchronise()
+        record.update(apply_s=time.perf_counter() - began)
+        del applied
+        began = time.perf_counter()
+        focal = fit_focal_temperature(logits, labels, device=device)
+        synchronise()
+        record.update(focal_s=time.perf_counter() - began, focal_gamma=focal.gamma,
+                      focal_temperature=focal.temperature)  # fmt: skip
+        if device.type == "cuda":
+            record["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        emit(record)
+        del logits, labels
+
+
+def latest_calibration(
+    records: list[dict[str, Any]], kind: str = "calibration"
+) -> list[dict[str, Any]]:
+    """The last record of ``kind`` of each size (the stages of one size are written as they
+    finish)."""
     last: dict[tuple[int, int], dict[str, Any]] = {}
     for r in records:
-        if r.get("kind") == "calibration":
+        if r.get("kind") == kind:
             last[r["n"], r["k"]] = r
     return list(last.values())
 

@@ -10,8 +10,9 @@ absolute: the polish of the NLL fit stops at |dN/d ln T| < 1e-10, which leaves T
 A map outside :data:`DEVICE_STAGES` runs on the CPU for the reason :data:`CPU_REASONS` gives,
 and a run on a device says so once.
 
-The device arrives here checked (``curvcal.load.device.resolve_device`` names a bad one before
-any work); :func:`map_device` reads an already checked name.
+The commands check the device before any work (``curvcal.load.device.resolve_device``: a name
+that is no device, or CUDA absent, exit 2); :func:`map_device` reads a name already checked,
+and refuses one torch cannot read (a call from Python).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+
+from curvcal.errors import InputError
 
 #: the stages whose fit and apply run as torch kernels on the device of the settings
 DEVICE_STAGES = ("ts", "focal_ts")
@@ -52,7 +55,10 @@ def map_device(spec: str) -> torch.device:
     text = spec.strip().lower()
     if text == "auto":
         return torch.device("cuda") if torch.cuda.is_available() else CPU
-    return torch.device(text)
+    try:
+        return torch.device(text)
+    except RuntimeError:
+        raise InputError("device", f"{spec!r} is not a device", "use auto, cpu, cuda or cuda:N") from None
 
 
 def stage_device(stage: str, spec: str) -> torch.device:

@@ -10,7 +10,6 @@ class itself.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -75,9 +74,6 @@ PLOT_COLUMNS = 4
 EDGES = ("left", "right")
 #: ``--nan-policy``: a row of scores with a NaN or Inf stops the run, or is left out.
 NAN_POLICIES = ("error", "drop")
-#: ``--device``: the names a device of the maps may have (checked before any work; whether it is
-#: present is checked when the run starts).
-DEVICE_NAME = re.compile(r"auto|cpu|cuda(?::\d+)?")
 #: The γ grid of focal temperature scaling.
 DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
 #: Largest γ of focal temperature scaling (``--gammas``, and a saved focal TS map): φ_γ sharpens
@@ -360,7 +356,6 @@ class CalibrationSettings(Settings):
                 _one_of(OBJECTIVES_FTS),
             )
         check_bins(self.bins, self.edges)
-        check_device(self.device)
         if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int):
             raise SettingsError("bootstrap", f"must be a whole number, got {self.bootstrap!r}")
         if self.bootstrap < 0:
@@ -405,14 +400,6 @@ def check_bins(n_bins: int, edges: str = "left") -> None:
         raise SettingsError(
             "edges", f"unknown edge convention {edges!r}", "left for (a,b], right for [a,b)"
         )
-
-
-def check_device(spec: str) -> None:
-    """A device name the maps can run on (``auto``, ``cpu``, ``cuda``, ``cuda:N``; case and
-    surrounding spaces ignored), else :class:`SettingsError`. Whether the device is present is
-    the run's to check (:func:`curvcal.load.device.resolve_device`)."""
-    if not isinstance(spec, str) or DEVICE_NAME.fullmatch(spec.strip().lower()) is None:
-        raise SettingsError("device", f"{spec!r} is not a device", "use auto, cpu, cuda or cuda:N")
 
 
 def check_gamma(gamma: float, what: str = "gamma", high: float = math.inf) -> float:

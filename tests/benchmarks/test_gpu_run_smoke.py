@@ -28,7 +28,8 @@ def gpu_run() -> ModuleType:
 def test_smoke_run_writes_results_and_table(gpu_run: ModuleType, tmp_path: Path) -> None:
     results, out = tmp_path / "results", tmp_path / "out"
     # --smoke gives each part 60 s, which a loaded machine can take: budgets no load reaches
-    argv = ["--smoke", "--device", "cpu", "--parts", "cuda-tests,bert_base,calibration",
+    argv = ["--smoke", "--device", "cpu", "--parts",
+            "cuda-tests,bert_base,calibration,maps-device",
             "--part-budget", "600", "--total-budget", "1200",
             "--results-dir", str(results), "--out", str(out)]  # fmt: skip
     report = gpu_run.main(argv)
@@ -39,7 +40,12 @@ def test_smoke_run_writes_results_and_table(gpu_run: ModuleType, tmp_path: Path)
     environment = written["environment"]
     assert environment["device"] == "cpu" and environment["torch"] and "cuda" in environment
     statuses = {p["part"]: p["status"] for p in written["parts"]}
-    assert statuses == {"cuda-tests": "skipped", "bert_base": "ok", "calibration": "ok"}
+    assert statuses == {
+        "cuda-tests": "skipped",
+        "bert_base": "ok",
+        "calibration": "ok",
+        "maps-device": "ok",
+    }
     assert report["parts"][0]["note"].startswith("not on a CUDA device")
 
     bert, kernel = next(p for p in written["parts"] if p["part"] == "bert_base")["records"]
@@ -64,9 +70,20 @@ def test_smoke_run_writes_results_and_table(gpu_run: ModuleType, tmp_path: Path)
     assert (final["n"], final["k"]) == (500, 5)
     assert final["temperature"] > 0 and final["focal_temperature"] > 0 and final["focal_s"] > 0
 
+    # the maps on the device (the CPU here) fit the same draw to the CPU part's T and γ
+    on_device = next(p for p in written["parts"] if p["part"] == "maps-device")["records"]
+    assert [r.get("stage") for r in on_device] == ["ts", None]
+    device_row = on_device[-1]
+    assert (device_row["n"], device_row["k"], device_row["device"]) == (500, 5, "cpu")
+    assert device_row["temperature"] == pytest.approx(final["temperature"], abs=1e-9)
+    assert device_row["focal_gamma"] == final["focal_gamma"]
+    assert device_row["focal_temperature"] == pytest.approx(final["focal_temperature"], abs=1e-9)
+    assert device_row["apply_s"] > 0 and "peak_gib" not in device_row  # peak: CUDA only
+
     table = (out / "gpu-run-smoke.md").read_text()
     assert "| bert_base | 26,786 | 8 (4) |" in table
     assert "| 500 × 5 |" in table
+    assert "| 500 × 5 | cpu |" in table  # the maps-on-device row
 
 
 def test_parts_left_without_budget_are_skipped_with_a_note(

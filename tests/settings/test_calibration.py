@@ -77,11 +77,14 @@ def test_the_report_records_the_settings_as_one_group(run_cli, tmp_path: Path) -
     rng = np.random.default_rng(0)
     path = tmp_path / "z.npz"
     np.savez(path, logits=rng.standard_normal((40, 3)), labels=rng.integers(0, 3, 40))
+    # the device is recorded as resolved (auto: cuda:0 on a GPU machine), so it is named here
     result = run_cli("metrics", path, "--bins", "5", "--seed", "2", "--val-split", "0.5",
-                     "--gammas", "1,0", "--json")  # fmt: skip
+                     "--gammas", "1,0", "--device", "cpu", "--json")  # fmt: skip
     assert result.code == 0, result.stderr
     document = json.loads(result.stdout)
-    asked = CalibrationSettings(method="both", bins=5, seed=2, val_split=0.5, gammas=(0.0, 1.0))
+    asked = CalibrationSettings(
+        method="both", bins=5, seed=2, val_split=0.5, gammas=(0.0, 1.0), device="cpu"
+    )
     assert document["settings"] == {
         "logits": {
             "input_kind": "logits",
