@@ -58,7 +58,9 @@ def map_device(spec: str) -> torch.device:
     try:
         return torch.device(text)
     except RuntimeError:
-        raise InputError("device", f"{spec!r} is not a device", "use auto, cpu, cuda or cuda:N") from None
+        raise InputError(
+            "device", f"{spec!r} is not a device", "use auto, cpu, cuda or cuda:N"
+        ) from None
 
 
 def stage_device(stage: str, spec: str) -> torch.device:

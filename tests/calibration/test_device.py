@@ -14,7 +14,6 @@ import dataclasses
 import pytest
 import torch
 
-from curvcal.calibration import device as placing
 from curvcal.calibration import inputs, maps
 from curvcal.calibration import registry as registry_module
 from curvcal.calibration.analysis import analyse_calibration
