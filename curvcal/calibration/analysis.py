@@ -32,7 +32,7 @@ from curvcal.calibration.bbq import BBQFit
 from curvcal.calibration.binary import BinaryFit
 from curvcal.calibration.binning import HistogramFit
 from curvcal.calibration.device import DEVICE_STAGES, stage_device
-from curvcal.calibration.ensemble import EnsembleFit
+from curvcal.calibration.ensemble import EnsembleFit, EnsembleMap
 from curvcal.calibration.inputs import as_tensor, check_kind
 from curvcal.calibration.isotonic import IsotonicFit
 from curvcal.calibration.linear import LinearFit
@@ -427,7 +427,7 @@ def _measure(
             return calibration_metrics(scores, labels, kind=kind, source=source, **options)
         if features is not None:
             logp = calibrator.apply(features, "features", source)
-        elif stage in DEVICE_STAGES and isinstance(calibrator, Calibrator):
+        elif stage in DEVICE_STAGES and isinstance(calibrator, Calibrator | EnsembleMap):
             # a map with a device kernel applies itself there; the metrics read it on the CPU
             device = stage_device(stage, settings.device)
             logp = calibrator.apply(scores, kind, source, device=device).cpu()

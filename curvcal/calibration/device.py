@@ -1,10 +1,11 @@
 """Where each calibration map runs: the maps with a torch kernel on the device of the settings
 (``--device``), every other map and the metrics on the CPU.
 
-On a device, temperature scaling (``ts``) and focal temperature scaling (``focal_ts``) are
-fitted and applied by the same torch code as on the CPU, in float64 as there, in larger row
-chunks (:func:`~curvcal.calibration.inputs.chunk_rows`); the float32 searches of their fits are
-float32 on both, and every number they report comes from a float64 pass. The two paths differ
+On a device, temperature scaling (``ts``), focal temperature scaling (``focal_ts``) and
+ensemble temperature scaling (``ets``) are fitted and applied by the same torch code as on the
+CPU, in float64 as there, in larger row chunks (:func:`~curvcal.calibration.inputs.chunk_rows`);
+the float32 searches of the fits are float32 on both, every number they report comes from a
+float64 pass, and ETS's simplex weights are fitted on the CPU from the N×3 label columns. The two paths differ
 only in the order of the sums, so they agree to about 1e-12 relative (the tests allow 1e-9
 absolute: the polish of the NLL fit stops at |dN/d ln T| < 1e-10, which leaves T to about that).
 A map outside :data:`DEVICE_STAGES` runs on the CPU for the reason :data:`CPU_REASONS` gives,
@@ -24,14 +25,13 @@ import torch
 from curvcal.errors import InputError
 
 #: the stages whose fit and apply run as torch kernels on the device of the settings
-DEVICE_STAGES = ("ts", "focal_ts")
+DEVICE_STAGES = ("ts", "focal_ts", "ets")
 #: why each other stage runs on the CPU, whatever ``--device`` says
 CPU_REASONS = {
     "vector": "fitted by SciPy's optimisers on NumPy float64 arrays",
     "matrix": "fitted by SciPy's optimisers on NumPy float64 arrays",
     "dirichlet": "fitted by SciPy's optimisers on NumPy float64 arrays",
     "dirichlet_l2": "fitted by SciPy's optimisers on NumPy float64 arrays",
-    "ets": "its mixture weights are fitted by a NumPy simplex solver",
     "laplace": "its posterior is a dense float64 LAPACK solve",
     "platt": "two columns, fitted by SciPy's optimisers",
     "beta": "two columns, fitted by SciPy's optimisers",

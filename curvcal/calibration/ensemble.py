@@ -80,13 +80,21 @@ class EnsembleMap(SavedMap):
         _check(values["temperature"], (w_ts, w_un, w_u), source)
         return cls(values["temperature"], (w_ts, w_un, w_u))
 
-    def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
+    def apply(
+        self,
+        scores: Any,
+        kind: str = "logits",
+        source: str = "scores",
+        *,
+        device: torch.device | None = None,
+    ) -> torch.Tensor:
         """float64 log q of N×K ``scores``: log Σ_i w_i q_i, summed as a logsumexp of
-        log w_i + log q_i over the components with w_i > 0."""
-        logp = log_probabilities(scores, kind, source)
+        log w_i + log q_i over the components with w_i > 0; computed on ``device`` (default:
+        the CPU) and returned there."""
+        logp = log_probabilities(scores, kind, source, device=device)
         k = logp.shape[1]
         out = torch.empty_like(logp)
-        step = chunk_rows(k)
+        step = chunk_rows(k, logp.device)
         for start in range(0, logp.shape[0], step):
             block = logp[start : start + step]
             parts = []
@@ -126,17 +134,23 @@ def fit_ensemble_temperature(
     kind: str = "logits",
     source: str = "scores",
     labels_source: str = "labels",
+    *,
+    device: torch.device | None = None,
 ) -> EnsembleFit:
     """Fit T by temperature scaling on NLL, then the simplex weights by NLL with T fixed
-    (module docstring), on (``scores``, ``labels``)."""
-    logp = log_probabilities(scores, kind, source)
+    (module docstring), on (``scores``, ``labels``). ``device``: where the N×K passes (the
+    log-probabilities, the TS fit, the label columns) run; the N×3 simplex fit runs on the
+    CPU."""
+    logp = log_probabilities(scores, kind, source, device=device)
     n, k = logp.shape
-    y = class_labels(labels, n, k, labels_source)
-    temperature = fit_temperature(logp, y, kind="logprobs", objective="nll").temperature
-    rows = torch.arange(n)
+    y = class_labels(labels, n, k, labels_source).to(logp.device)
+    temperature = fit_temperature(
+        logp, y, kind="logprobs", objective="nll", device=logp.device
+    ).temperature
+    rows = torch.arange(n, device=logp.device)
     true_ts = torch.log_softmax(logp / temperature, dim=1)[rows, y].exp()
     true_un = logp[rows, y].exp()
-    columns = torch.stack([true_ts, true_un, torch.full_like(true_ts, 1.0 / k)], dim=1)
+    columns = torch.stack([true_ts, true_un, torch.full_like(true_ts, 1.0 / k)], dim=1).cpu()
     weights = simplex_nll_weights(columns.numpy())
     fitted = EnsembleMap(temperature, weights)
     return EnsembleFit(

@@ -77,9 +77,10 @@ def log_probabilities(
     where the log-probabilities are computed and kept (default: the CPU); each chunk of rows is
     moved there in the scores' own dtype and converted there.
     """
-    z = validated_scores(scores, kind, source)
+    out_device = torch.empty(0, device=device).device  # "cuda" names its index here
+    z = validated_scores(scores, kind, source, keep_on=out_device)
     n, k = z.shape
-    out = torch.empty((n, k), dtype=torch.float64, device=device)
+    out = torch.empty((n, k), dtype=torch.float64, device=out_device)
     step = chunk_rows(k, out.device)
     for start in range(0, n, step):
         out[start : start + step] = chunk_log_probabilities(
@@ -88,8 +89,11 @@ def log_probabilities(
     return out
 
 
-def validated_scores(scores: Any, kind: str, source: str) -> torch.Tensor:
-    """``scores`` as a 2-D, non-empty CPU tensor of a dtype ``kind`` allows (values unchecked)."""
+def validated_scores(
+    scores: Any, kind: str, source: str, *, keep_on: torch.device | None = None
+) -> torch.Tensor:
+    """``scores`` as a 2-D, non-empty CPU tensor of a dtype ``kind`` allows (values unchecked);
+    a tensor already on the device ``keep_on`` stays there."""
     check_kind(kind)
     z = as_tensor(scores, source)
     if z.ndim != 2:
@@ -101,7 +105,7 @@ def validated_scores(scores: Any, kind: str, source: str) -> torch.Tensor:
         raise InputError(source, f"scores are empty (shape {tuple(z.shape)})")
     if not (z.is_floating_point() or (z.dtype in (torch.int32, torch.int64) and kind == "logits")):
         raise InputError(source, f"scores must be floating point, got {z.dtype}")
-    return z.cpu() if z.device.type != "cpu" else z
+    return z if z.device.type == "cpu" or z.device == keep_on else z.cpu()
 
 
 def check_finite_logits(block: torch.Tensor, start: int, source: str) -> None:

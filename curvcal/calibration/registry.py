@@ -211,7 +211,9 @@ def _fit_dirichlet_l2(
 def _fit_ets(
     scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
 ) -> Any:
-    return fit_ensemble_temperature(scores, labels, kind=kind, **common)
+    return fit_ensemble_temperature(
+        scores, labels, kind=kind, device=stage_device("ets", settings.device), **common
+    )
 
 
 def _fit_venn_abers(

@@ -25,6 +25,7 @@ from curvcal.calibration.device import (
     placement,
     stage_device,
 )
+from curvcal.calibration.ensemble import fit_ensemble_temperature
 from curvcal.calibration.registry import MAPS
 from curvcal.calibration.scaling import fit_focal_temperature, fit_temperature
 from curvcal.errors import InputError
@@ -85,6 +86,7 @@ def test_the_devices_chunking_lands_on_the_optimum_and_the_cpus_numbers() -> Non
     logits, labels = _overconfident(12_000, 50)
     cpu_ts = fit_temperature(logits, labels)
     cpu_focal = fit_focal_temperature(logits, labels, gammas=(0.0, 1.0, 2.0))
+    cpu_ets = fit_ensemble_temperature(logits, labels)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(inputs, "CHUNK_ELEMENTS", inputs.DEVICE_CHUNK_ELEMENTS)
         assert inputs.chunk_rows(50) > 12_000
@@ -95,6 +97,8 @@ def test_the_devices_chunking_lands_on_the_optimum_and_the_cpus_numbers() -> Non
         applied = maps.calibrated_log_probabilities(
             logits, "logits", "z", ts.temperature, 0.0, device=torch.device("cpu")
         )
+        ets = fit_ensemble_temperature(logits, labels, device=torch.device("cpu"))
+        ets_applied = ets.calibrator.apply(logits, device=torch.device("cpu"))
     # the truth: the NLL's derivative in T vanishes there (dense float64, one pass)
     z = logits.to(torch.float64) / ts.temperature
     p = torch.softmax(z, dim=1)
@@ -107,6 +111,13 @@ def test_the_devices_chunking_lands_on_the_optimum_and_the_cpus_numbers() -> Non
     assert focal.objective_after == pytest.approx(cpu_focal.objective_after, abs=DEVICE_ATOL)
     reference = torch.log_softmax(z, dim=1)
     assert torch.allclose(applied, reference, rtol=0, atol=1e-12)
+    # ETS: the same T, the same simplex weights, and its map is log Σ w_i q_i (dense)
+    assert ets.temperature == pytest.approx(cpu_ets.temperature, abs=DEVICE_ATOL)
+    assert ets.weights == pytest.approx(cpu_ets.weights, abs=DEVICE_ATOL)
+    w_ts, w_un, w_u = ets.weights
+    uncalibrated = torch.softmax(logits.to(torch.float64), dim=1)
+    mixed = w_ts * torch.softmax(z, dim=1) + w_un * uncalibrated + w_u / 50
+    assert torch.allclose(ets_applied, mixed.log(), rtol=0, atol=1e-12)
 
 
 def test_the_setting_reaches_the_kernels_as_itself(monkeypatch: pytest.MonkeyPatch) -> None:
