@@ -31,7 +31,7 @@ import torch
 from curvcal.calibration.bbq import BBQFit
 from curvcal.calibration.binary import BinaryFit
 from curvcal.calibration.binning import HistogramFit
-from curvcal.calibration.device import DEVICE_STAGES, stage_device
+from curvcal.calibration.device import DEVICE_STAGES, METRICS, stage_device
 from curvcal.calibration.ensemble import EnsembleFit, EnsembleMap
 from curvcal.calibration.inputs import as_tensor, check_kind
 from curvcal.calibration.isotonic import IsotonicFit
@@ -422,20 +422,23 @@ def _measure(
             "labels_source": f"{source} labels",
             "reliability_classes": settings.reliability_classes,
             "smooth_curve": settings.smooth_curve,
+            "device": stage_device(METRICS, settings.device),
         }
         if calibrator is None:
             return calibration_metrics(scores, labels, kind=kind, source=source, **options)
         if features is not None:
             logp = calibrator.apply(features, "features", source)
         elif stage in DEVICE_STAGES and isinstance(calibrator, Calibrator | EnsembleMap):
-            # a map with a device kernel applies itself there; the metrics read it on the CPU
+            # a map with a device kernel applies itself there, where the metrics read it
             device = stage_device(stage, settings.device)
-            logp = calibrator.apply(scores, kind, source, device=device).cpu()
+            logp = calibrator.apply(scores, kind, source, device=device)
         else:
             logp = calibrator.apply(scores, kind, source)
         _check_map_output(logp, stage or calibrator.method, source, calibrators_source)
         if tops is not None:
-            tops[stage] = top_label_of(logp, labels, "logprobs", source, f"{source} labels")
+            tops[stage] = top_label_of(
+                logp, labels, "logprobs", source, f"{source} labels", device=options["device"]
+            )
         return calibration_metrics(logp, labels, kind="logprobs", source=source, **options)
 
     return evaluate

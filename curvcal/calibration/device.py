@@ -1,15 +1,17 @@
-"""Where each calibration map runs: the maps with a torch kernel on the device of the settings
-(``--device``), every other map and the metrics on the CPU.
+"""Where each calibration map runs: the maps with a torch kernel, and the metrics' N×K pass, on
+the device of the settings (``--device``); every other map on the CPU.
 
 On a device, temperature scaling (``ts``), focal temperature scaling (``focal_ts``) and
 ensemble temperature scaling (``ets``) are fitted and applied by the same torch code as on the
 CPU, in float64 as there, in larger row chunks (:func:`~curvcal.calibration.inputs.chunk_rows`);
 the float32 searches of the fits are float32 on both, every number they report comes from a
-float64 pass, and ETS's simplex weights are fitted on the CPU from the N×3 label columns. The two paths differ
-only in the order of the sums, so they agree to about 1e-12 relative (the tests allow 1e-9
-absolute: the polish of the NLL fit stops at |dN/d ln T| < 1e-10, which leaves T to about that).
-A map outside :data:`DEVICE_STAGES` runs on the CPU for the reason :data:`CPU_REASONS` gives,
-and a run on a device says so once.
+float64 pass, and ETS's three simplex weights are fitted on the CPU from its N×3 label columns.
+The metrics make their one N×K pass there too (probabilities, top label, NLL, Brier, classwise
+bin sums) and bin the N confidences, bootstrap and rank on the CPU. The two paths differ only in
+the order of their sums (and in the last bit of a CUDA ``exp``), which the tests bound by 1e-9
+absolute on T, γ and every metric: the NLL fit's polish stops at |dN/d ln T| < 1e-10, which
+fixes T to about that. A map outside :data:`DEVICE_STAGES` runs on the CPU for the reason
+:data:`CPU_REASONS` gives, and a run on a device says so once.
 
 The commands check the device before any work (``curvcal.load.device.resolve_device``: a name
 that is no device, or CUDA absent, exit 2); :func:`map_device` reads a name already checked,
@@ -43,8 +45,9 @@ CPU_REASONS = {
     "bbq": "sort-heavy: its binnings are cut on sorted scores, in float64 NumPy",
     "venn_abers": "sort-heavy: isotonic fits on sorted scores, in float64 NumPy",
 }
-#: the key of the metrics in :func:`placement`: they run on the CPU (exact float64 binning, ties
-#: and bootstrap resamples), reading each map's output there
+#: the key of the metrics in :func:`placement` and :func:`stage_device`: their N×K pass (the
+#: probabilities, top label, NLL, Brier and classwise bin sums) runs on the device; the binning
+#: of the N confidences (exact float64 ties), the bootstrap and the rest run on the CPU
 METRICS = "metrics"
 CPU = torch.device("cpu")
 
@@ -64,16 +67,16 @@ def map_device(spec: str) -> torch.device:
 
 
 def stage_device(stage: str, spec: str) -> torch.device:
-    """Where ``stage`` runs under the device name ``spec``: that device for the stages of
-    :data:`DEVICE_STAGES`, the CPU for every other."""
-    return map_device(spec) if stage in DEVICE_STAGES else CPU
+    """Where ``stage`` (or :data:`METRICS`) runs under the device name ``spec``: that device
+    for the stages of :data:`DEVICE_STAGES` and the metrics, the CPU for every other."""
+    return map_device(spec) if stage in DEVICE_STAGES or stage == METRICS else CPU
 
 
 def placement(stages: Iterable[str], spec: str) -> dict[str, str]:
     """``{stage: device}`` of the ``stages`` that ran, and of the metrics, as a report says
     where each map ran."""
     placed = {stage: str(stage_device(stage, spec)) for stage in stages}
-    placed[METRICS] = str(CPU)
+    placed[METRICS] = str(stage_device(METRICS, spec))
     return placed
 
 
@@ -85,9 +88,9 @@ def cpu_note(stages: Iterable[str], spec: str) -> str | None:
         return None
     staying = [stage for stage in stages if stage not in DEVICE_STAGES]
     if not staying:
-        return f"--device {device}: the metrics run on the CPU"
+        return None
     reasons: dict[str, list[str]] = {}
     for stage in staying:
         reasons.setdefault(CPU_REASONS[stage], []).append(stage)
     said = "; ".join(f"{', '.join(names)} ({why})" for why, names in reasons.items())
-    return f"--device {device}: these maps and the metrics run on the CPU: {said}"
+    return f"--device {device}: these maps run on the CPU: {said}"

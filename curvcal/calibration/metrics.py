@@ -43,6 +43,7 @@ from curvcal.calibration.inputs import (
     check_bins,
     check_finite_logits,
     chunk_log_probabilities,
+    chunk_rows,
     class_labels,
     validated_scores,
 )
@@ -131,9 +132,12 @@ def _scan(
     edges: str = "left",
     kind: str | None = None,
     source: str = "scores",
+    device: torch.device | None = None,
 ) -> tuple[TopLabel, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One cache-sized pass over the scores: the top-label quantities and, when ``n_bins`` >
     0, the classwise per-(class, bin) sums of p_k and of 1[y = k] and counts (K×M each).
+    ``device``: where the pass runs, in chunks moved there (default: the CPU); what it returns
+    (N numbers per quantity, K×M tables) is brought back to the CPU.
 
     ``scores`` are raw scores of ``kind`` (validated chunk by chunk) or, with ``kind`` None,
     validated float64 log-probabilities. p is computed once per chunk and serves the
@@ -143,20 +147,22 @@ def _scan(
     indices; 1[y = k] is non-zero once per row, so its sums need only the N label entries.
     """
     n, k = scores.shape
-    confidence = torch.empty(n, dtype=torch.float64)
-    correct = torch.empty(n, dtype=torch.float64)
-    nll = torch.empty(n, dtype=torch.float64)
-    brier = torch.empty(n, dtype=torch.float64)
+    on = torch.empty(0, device=device).device
+    confidence = torch.empty(n, dtype=torch.float64, device=on)
+    correct = torch.empty(n, dtype=torch.float64, device=on)
+    nll = torch.empty(n, dtype=torch.float64, device=on)
+    brier = torch.empty(n, dtype=torch.float64, device=on)
     size = k * n_bins
-    sum_p = torch.zeros(size, dtype=torch.float64)
-    sum_p_first = torch.zeros(k, dtype=torch.float64)
-    sum_y = torch.zeros(size, dtype=torch.float64)
-    count = torch.zeros(size, dtype=torch.float64)
-    count_above = torch.zeros(k, dtype=torch.float64)
+    sum_p = torch.zeros(size, dtype=torch.float64, device=on)
+    sum_p_first = torch.zeros(k, dtype=torch.float64, device=on)
+    sum_y = torch.zeros(size, dtype=torch.float64, device=on)
+    count = torch.zeros(size, dtype=torch.float64, device=on)
+    count_above = torch.zeros(k, dtype=torch.float64, device=on)
     limit = _first_bin_limit(n_bins, edges) if n_bins else math.inf
-    step = max(1, SCAN_ELEMENTS // k)
+    step = max(1, SCAN_ELEMENTS // k) if on.type == "cpu" else chunk_rows(k, on)
     for start in range(0, n, step):
-        block, y = scores[start : start + step], labels[start : start + step]
+        block = scores[start : start + step].to(on)
+        y = labels[start : start + step].to(on)
         rows = slice(start, start + block.shape[0])
         p, confidence[rows], prediction, nll[rows] = _probabilities(block, y, kind, start, source)
         p_y = p.gather(1, y[:, None])[:, 0]
@@ -173,13 +179,13 @@ def _scan(
             count_above += torch.bincount(column, minlength=k)
             label_bin = binning.equal_width_index(p_y, n_bins, edges).add_(y * n_bins)
             sum_y += torch.bincount(label_bin, minlength=size)
-    top_label = TopLabel(confidence, correct, nll, brier)
+    top_label = TopLabel(confidence.cpu(), correct.cpu(), nll.cpu(), brier.cpu())
     columns = max(n_bins, 0)
     sum_p, count = sum_p.view(k, columns), count.view(k, columns)
     if n_bins:
         sum_p[:, 0] += sum_p_first
         count[:, 0] += n - count_above
-    return top_label, sum_p, sum_y.view(k, columns), count
+    return top_label, sum_p.cpu(), sum_y.view(k, columns).cpu(), count.cpu()
 
 
 @dataclass(frozen=True)
@@ -266,19 +272,31 @@ def top_label_of(
     kind: str = "logits",
     source: str = "scores",
     labels_source: str = "labels",
+    *,
+    device: torch.device | None = None,
 ) -> TopLabel:
     """The per-sample confidence, correctness, NLL and Brier of N×K ``scores`` of ``kind``
-    (validated; errors name ``source`` and ``labels_source``)."""
-    z, y = _prepare(scores, labels, kind, 1, "left", source, labels_source)
-    return _top(z, y, kind)
+    (validated; errors name ``source`` and ``labels_source``), computed on ``device`` (default:
+    the CPU) and returned on the CPU."""
+    z, y = _prepare(scores, labels, kind, 1, "left", source, labels_source, device)
+    return _scan(z, y, kind=kind, source=source, device=device)[0]
 
 
 def _prepare(
-    scores: Any, labels: Any, kind: str, n_bins: int, edges: str, source: str, labels_source: str
+    scores: Any,
+    labels: Any,
+    kind: str,
+    n_bins: int,
+    edges: str,
+    source: str,
+    labels_source: str,
+    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores checked for shape and dtype (values are checked by the scan) and labels."""
+    """Scores checked for shape and dtype (values are checked by the scan) and labels; scores
+    already on ``device`` stay there, others come to the CPU."""
     check_bins(n_bins, edges)
-    z = validated_scores(scores, kind, source)
+    keep_on = None if device is None else torch.empty(0, device=device).device
+    z = validated_scores(scores, kind, source, keep_on=keep_on)
     return z, class_labels(labels, z.shape[0], z.shape[1], labels_source)
 
 
@@ -294,8 +312,13 @@ def calibration_metrics(
     labels_source: str = "labels",
     reliability_classes: int = 0,
     smooth_curve: bool = False,
+    *,
+    device: torch.device | None = None,
 ) -> CalibrationMetrics:
     """Every metric of the module docstring in one pass over N×K ``scores``.
+
+    ``device``: where the N×K pass runs (:func:`_scan`; default the CPU); the binning, the
+    bootstrap and everything else of N numbers or fewer runs on the CPU.
 
     ``kind`` is ``"logits"``, ``"probs"`` or ``"logprobs"`` (never guessed); ``bins`` equal-width
     and equal-mass bins; ``edges`` ``"left"`` for (a, b] or ``"right"`` for [a, b);
@@ -314,9 +337,9 @@ def calibration_metrics(
         raise InputError(
             "bootstrap", f"the number of resamples must be an integer >= 0, got {bootstrap!r}"
         )
-    z, y = _prepare(scores, labels, kind, bins, edges, source, labels_source)
+    z, y = _prepare(scores, labels, kind, bins, edges, source, labels_source, device)
     n, k = z.shape
-    top, c_p, c_y, c_n = _scan(z, y, bins, edges, kind, source)
+    top, c_p, c_y, c_n = _scan(z, y, bins, edges, kind, source, device)
     index, count, sum_conf, sum_correct = _equal_width(top, bins, edges)
     width = binned_errors(count, sum_conf, sum_correct)
     bin_edges = binning.equal_width_edges(bins)
@@ -337,7 +360,7 @@ def calibration_metrics(
             bootstrap,
             seed,
             estimates,
-            _dense_probabilities(z, y, kind, source),
+            _dense_probabilities(z.cpu(), y, kind, source),
             y,
             edges,
         )

@@ -328,9 +328,10 @@ class CalibrationSettings(Settings):
     device: str = setting(
         "auto",
         "Where the calibration maps with a device kernel (temperature scaling, focal "
-        "temperature scaling, ensemble temperature scaling) are fitted and applied: auto (CUDA "
-        "when available), cpu, cuda or cuda:N; the other maps and the metrics run on the CPU, "
-        "and a run on a device says which. calibrate: the model's --device.",
+        "temperature scaling, ensemble temperature scaling) are fitted and applied and the "
+        "metrics' pass over the scores runs: auto (CUDA when available), cpu, cuda or cuda:N; "
+        "the other maps run on the CPU, and a run on a device says which. calibrate: the "
+        "model's --device.",
         policy=True,
     )
 

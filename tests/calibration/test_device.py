@@ -14,18 +14,22 @@ import dataclasses
 import pytest
 import torch
 
+from curvcal.calibration import analysis as analysis_module
 from curvcal.calibration import inputs, maps
+from curvcal.calibration import metrics as metrics_module
 from curvcal.calibration import registry as registry_module
 from curvcal.calibration.analysis import analyse_calibration
 from curvcal.calibration.device import (
     CPU_REASONS,
     DEVICE_STAGES,
+    METRICS,
     cpu_note,
     map_device,
     placement,
     stage_device,
 )
 from curvcal.calibration.ensemble import fit_ensemble_temperature
+from curvcal.calibration.metrics import calibration_metrics
 from curvcal.calibration.registry import MAPS
 from curvcal.calibration.scaling import fit_focal_temperature, fit_temperature
 from curvcal.errors import InputError
@@ -62,10 +66,11 @@ def test_only_the_maps_with_a_device_kernel_leave_the_cpu() -> None:
     assert stage_device("ts", "cuda:1") == torch.device("cuda", 1)
     assert stage_device("focal_ts", "cuda") == torch.device("cuda")
     assert stage_device("histogram", "cuda:1") == torch.device("cpu")
+    assert stage_device(METRICS, "cuda:1") == torch.device("cuda", 1)
     assert placement(["ts", "isotonic"], "cuda:0") == {
         "ts": "cuda:0",
         "isotonic": "cpu",
-        "metrics": "cpu",
+        "metrics": "cuda:0",
     }
     assert placement(["ts"], "cpu") == {"ts": "cpu", "metrics": "cpu"}
 
@@ -76,8 +81,8 @@ def test_a_run_on_a_device_names_the_maps_that_stay_on_the_cpu_and_why() -> None
     assert note is not None and note.startswith("--device cuda:0: ")
     assert "histogram" in note and "isotonic" in note and "matrix" in note
     assert CPU_REASONS["histogram"] in note and CPU_REASONS["matrix"] in note
-    assert "ts" not in note.replace("metrics", "")  # TS runs on the device
-    assert cpu_note(["ts", "focal_ts"], "cuda") == "--device cuda: the metrics run on the CPU"
+    assert "ts" not in note  # TS runs on the device
+    assert cpu_note(["ts", "focal_ts", "ets"], "cuda") is None  # nothing stays: nothing said
 
 
 def test_the_devices_chunking_lands_on_the_optimum_and_the_cpus_numbers() -> None:
@@ -139,13 +144,22 @@ def test_the_setting_reaches_the_kernels_as_itself(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(
         maps, "calibrated_log_probabilities", spy("apply", maps.calibrated_log_probabilities)
     )
+    monkeypatch.setattr(analysis_module, "calibration_metrics", spy("metrics", calibration_metrics))
     logits, labels = _overconfident(400, 4)
     settings = CalibrationSettings(method="both", gammas=(0.0, 1.0), device="cuda:1")
     analysis = analyse_calibration(
         logits[:200], labels[:200], logits[200:], labels[200:], "logits", settings, "fit-data"
     )
     on = torch.device("cuda", 1)
-    assert seen == [("fit ts", on), ("fit focal", on), ("apply", on), ("apply", on)]
+    assert seen == [
+        ("metrics", on),  # uncalibrated
+        ("fit ts", on),
+        ("fit focal", on),
+        ("apply", on),
+        ("metrics", on),
+        ("apply", on),
+        ("metrics", on),
+    ]
     assert analysis.settings.device == "cuda:1"
     seen.clear()
     analyse_calibration(
@@ -158,3 +172,22 @@ def test_the_setting_reaches_the_kernels_as_itself(monkeypatch: pytest.MonkeyPat
         "fit-data",
     )
     assert {device for _name, device in seen} == {torch.device("cpu")}
+
+
+def test_the_metrics_pass_in_device_sized_chunks_gives_the_dense_numbers() -> None:
+    logits, labels = _overconfident(3_000, 200, seed=1)  # 3 chunks of the CPU's scan
+    cpu = calibration_metrics(logits, labels, bins=10)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(metrics_module, "SCAN_ELEMENTS", inputs.DEVICE_CHUNK_ELEMENTS)
+        one_chunk = calibration_metrics(logits, labels, bins=10, device=torch.device("cpu"))
+    p = torch.softmax(logits.to(torch.float64), dim=1)
+    truth = {
+        "accuracy": float((p.argmax(dim=1) == labels).to(torch.float64).mean()),
+        "mean_confidence": float(p.max(dim=1).values.mean()),
+        "nll": float(-p.gather(1, labels[:, None]).log().mean()),
+        "brier": float(((p - torch.nn.functional.one_hot(labels, 200)) ** 2).sum(dim=1).mean()),
+    }
+    for name, value in truth.items():
+        assert getattr(one_chunk, name) == pytest.approx(value, rel=1e-12), name
+    for name in ("ece", "mce", "adaece", "classwise_ece", "rms_ce", "smooth_ece", "ks_ce"):
+        assert getattr(one_chunk, name) == pytest.approx(getattr(cpu, name), abs=DEVICE_ATOL)
