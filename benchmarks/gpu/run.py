@@ -16,9 +16,10 @@ Parts, in order (each in its own process group, killed when its budget is spent)
 * ``calibration``: temperature scaling, focal temperature scaling (its defaults) and all
   metrics on 100,000 × 1,000 and then 1,000,000 × 1,000 synthetic logits (the fits run on the
   CPU; the logits are drawn on the device);
-* ``maps-device``: the same 1,000,000 × 1,000 logits (the same draw) with temperature scaling
-  and focal temperature scaling fitted and applied on the device (``--device cuda``: the torch
-  kernels of :mod:`curvcal.calibration.device`, float64), their T and γ beside the CPU part's.
+* ``maps-device``: the same 1,000,000 × 1,000 logits (the same draw): all metrics, then
+  temperature scaling and focal temperature scaling fitted and applied on the device
+  (``--device cuda``: the torch kernels of :mod:`curvcal.calibration.device`, float64), their
+  ECE, T and γ beside the CPU part's.
 
 Every model part runs the real command line in-process (``curvcal.cli.main``, so the CUDA path
 of the product is what is timed) after a plain gradient pass over the same batches (the floor)
@@ -383,12 +384,13 @@ def markdown(report: dict[str, Any]) -> str:
     )
     if on_device:
         lines += ["", "## Maps on the device (TS and focal TS, float64)", "",
-                  "| N × K | device | TS fit | TS apply | focal TS (defaults) | T | γ, T (focal) "
-                  "| peak |",
-                  "|---|---|---:|---:|---:|---:|---|---:|"]  # fmt: skip
+                  "| N × K | device | all metrics | TS fit | TS apply | focal TS (defaults) | T "
+                  "| γ, T (focal) | peak |",
+                  "|---|---|---:|---:|---:|---:|---:|---|---:|"]  # fmt: skip
         for r in on_device:
             lines.append(
-                f"| {r['n']:,} × {r['k']:,} | {r['device']} | {_fmt(r.get('ts_s'), '.2f', ' s')} | "
+                f"| {r['n']:,} × {r['k']:,} | {r['device']} | "
+                f"{_fmt(r.get('metrics_s'), '.2f', ' s')} | {_fmt(r.get('ts_s'), '.2f', ' s')} | "
                 f"{_fmt(r.get('apply_s'), '.2f', ' s')} | {_fmt(r.get('focal_s'), '.2f', ' s')} | "
                 f"{_fmt(r.get('temperature'), '.4f')} | "
                 f"{_fmt(r.get('focal_gamma'))}, {_fmt(r.get('focal_temperature'), '.4f')} | "
@@ -713,13 +715,13 @@ def calibration(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]
 
 
 def maps_on_device(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
-    """TS and focal TS (its defaults) fitted on ``--device`` from host logits (the product's
-    path: each chunk of rows moved there and made float64 log-probabilities there), then TS
-    applied there: seconds, T and γ (compare with the ``calibration`` part's CPU fits of the
-    same draw) and the device's peak memory."""
+    """All metrics, then TS and focal TS (its defaults) fitted on ``--device`` from host logits
+    (the product's path: each chunk of rows moved there and made float64 log-probabilities
+    there), and TS applied there: seconds, ECE, T and γ (compare with the ``calibration``
+    part's CPU numbers of the same draw) and the device's peak memory."""
     import torch
 
-    from curvcal.calibration import fit_focal_temperature, fit_temperature
+    from curvcal.calibration import calibration_metrics, fit_focal_temperature, fit_temperature
     from curvcal.calibration.results import Calibrator
 
     device = torch.device(args.device)
@@ -733,6 +735,11 @@ def maps_on_device(args: argparse.Namespace, emit: Callable[[dict[str, Any]], No
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         record: dict[str, Any] = {"kind": "maps-device", "n": n, "k": k, "device": str(device)}
+        began = time.perf_counter()
+        metrics = calibration_metrics(logits, labels, device=device)
+        synchronise()
+        record.update(metrics_s=time.perf_counter() - began, ece=metrics.ece)
+        emit({**record, "stage": "metrics"})
         began = time.perf_counter()
         fit = fit_temperature(logits, labels, device=device)
         synchronise()

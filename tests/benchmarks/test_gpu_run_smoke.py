@@ -72,9 +72,10 @@ def test_smoke_run_writes_results_and_table(gpu_run: ModuleType, tmp_path: Path)
 
     # the maps on the device (the CPU here) fit the same draw to the CPU part's T and γ
     on_device = next(p for p in written["parts"] if p["part"] == "maps-device")["records"]
-    assert [r.get("stage") for r in on_device] == ["ts", None]
+    assert [r.get("stage") for r in on_device] == ["metrics", "ts", None]
     device_row = on_device[-1]
     assert (device_row["n"], device_row["k"], device_row["device"]) == (500, 5, "cpu")
+    assert device_row["ece"] == pytest.approx(final["ece"], abs=1e-12)
     assert device_row["temperature"] == pytest.approx(final["temperature"], abs=1e-9)
     assert device_row["focal_gamma"] == final["focal_gamma"]
     assert device_row["focal_temperature"] == pytest.approx(final["focal_temperature"], abs=1e-9)
