@@ -46,7 +46,7 @@ with fewer batches runs the missing ones on its first batch with a zero loss.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,7 @@ from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.guard import PRODUCT
 from curvcal.curvature.operator import HessianOperator, build_operator
 from curvcal.curvature.progress import OnStep
+from curvcal.curvature.step_control import Judgement, StepControl
 from curvcal.curvature.vectors import SlicedSpace, VectorSpace
 from curvcal.errors import NumericalError, SettingsError
 from curvcal.losses import Loss
@@ -83,6 +84,8 @@ FIVE_POINT = Stencil("5-point", ((1.0, 8.0), (-1.0, -8.0), (2.0, -1.0), (-2.0, 1
 #: the five-point rule's pairs: its sum is 8 × INNER's + OUTER's
 INNER = ((1.0, 1.0), (-1.0, -1.0))
 OUTER = ((2.0, -1.0), (-2.0, 1.0))
+#: the float32 rule's first product measures the rounding at its step over this
+ROUNDING_PROBE = 64.0
 
 
 def stencil_for(dtype: torch.dtype) -> Stencil:
@@ -132,13 +135,18 @@ def sixteen_bit_floor(dtype: torch.dtype) -> tuple[float, float]:
 class ProductError:
     """The measured error of one central-difference product (relative to its norm):
     ``truncation`` by Richardson's rule, ``rounding`` from the gradients' size, ``bound`` their
-    sum; ``relative_step`` h and ``floor`` (:func:`relative_floor`) for the dtype."""
+    sum; ``relative_step`` h and ``floor`` (:func:`relative_floor`) for the dtype; the rule
+    taken (``stencil``, ``passes``: its gradient passes), the absolute step ``step_length`` =
+    ε‖v‖ and, for a three-point product, the bound the rule ``predicted`` before taking it."""
 
     relative_step: float
     floor: float
     truncation: float
     rounding: float
     stencil: str = THREE_POINT.name
+    passes: int = 2
+    step_length: float | None = None
+    predicted: float | None = None
 
     @property
     def bound(self) -> float:
@@ -149,23 +157,45 @@ class ProductError:
             "method": ENGINE,
             "stencil": self.stencil,
             "step": (
-                "epsilon = (3u)^(1/3) * max(1, |theta|) / |v|"
-                if self.stencil == THREE_POINT.name
-                else "epsilon = (3u)^(1/3) * min(max(1, |theta|), 1/sqrt(|rho|)) / |v|, "
-                "rho = v.Hv / |v|^2 (the default when 1/sqrt(|rho|) is over half of it)"
+                "epsilon = delta / |v|, delta = (R / (2 K))^(1/3): R the measured rounding, K "
+                "the largest truncation coefficient measured so far; three points (2 gradient "
+                "passes) where their predicted error is within the stated bound, else "
+                "Richardson's five (4)"
             ),
             "relative_step": self.relative_step,
             "relative_floor": self.floor,
             **self.errors(),
         }
 
-    def errors(self) -> dict[str, float]:
-        """The measured errors alone (for a second vector's estimate)."""
+    def errors(self) -> dict[str, object]:
+        """The rule taken along the vector and its measured errors (for a second vector's
+        estimate)."""
         return {
+            "stencil": self.stencil,
+            "gradient_passes": self.passes,
+            "step_length": self.step_length,
             "truncation_estimate": self.truncation,
             "rounding_estimate": self.rounding,
             "relative_error_bound": self.bound,
+            "predicted_bound": self.predicted,
         }
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A product's rule as taken: the ``stencil``, the step ``epsilon``, the weighted
+    gradient sum Σ_k w_k G(θ + c_k εv) (per parameter piece), the gradient ``passes`` it took
+    and the ``rule``'s name when not the stencil's."""
+
+    stencil: Stencil
+    epsilon: float
+    weighted: list[Tensor]
+    passes: int
+    rule: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.rule or self.stencil.name
 
 
 class CentralDifferenceOperator(HessianOperator):
@@ -201,8 +231,6 @@ class CentralDifferenceOperator(HessianOperator):
         reshard(model)
         super().__init__(model, batches, loss, settings, **keywords)
         self.requested_engine = ENGINE
-        #: the central-difference rule of the dtype (:func:`stencil_for`)
-        self.stencil = stencil_for(self._dtype)
         self._func_usable = False
         self._locates = False  # the NaN search runs one batch alone: not on a sharded model
         # forwards and backwards are collectives: each rank runs as many as the busiest one
@@ -214,6 +242,17 @@ class CentralDifferenceOperator(HessianOperator):
         self.parameter_norm = math.sqrt(float(self.sum_across(squares.to(self._device))))
         #: where the vectors multiplied live: this rank's slices (None: whole vectors)
         self.vector_space = self._sliced_space() if vectors == "sliced" else None
+        #: the per-product rule's state (:mod:`curvcal.curvature.step_control`)
+        self.control = StepControl(
+            bound=self.product_error,
+            default_step=relative_step(self._dtype) * max(1.0, self.parameter_norm),
+        )
+        #: the products taken by each rule, G(θ) (taken once, float32) and the last judgement
+        self.rule_counts: dict[str, int] = {}
+        self.product_passes = 0
+        self.start_passes = 0
+        self._base: list[Tensor] | None = None
+        self.last_judgement: Judgement | None = None
 
     def _runnable(self, settings: HessianSettings, measure_width: bool) -> HessianSettings:
         """The settings as central differences run them: refused where they need double
@@ -292,75 +331,134 @@ class CentralDifferenceOperator(HessianOperator):
     def _engine_for(self, width: int) -> str:
         return ENGINE
 
-    def step(self, vector: Tensor) -> float:
-        """ε = (3u)^{1/3} · max(1, ‖θ‖) / ‖v‖ for the vector ``vector`` (module docstring)."""
-        norm = self._norm(vector)
-        return relative_step(self._dtype) * max(1.0, self.parameter_norm) / max(norm, 1e-300)
-
     def _product(self, block: Tensor, total: Tensor | None = None) -> Tensor:
-        """H·``block`` (P, m) as a (P, m) view of ``total`` (m, P): per column, the stencil's
-        gradient passes and their gathered weighted sum (the five-point rule at the step
-        :meth:`curved_step` sets)."""
+        """H·``block`` (P, m) as a (P, m) view of ``total`` (m, P): per column, the gradient
+        passes of the rule :meth:`_adaptive` takes and their gathered weighted sum."""
         m = block.shape[1]
         if total is None:
             total = block.new_empty((m, self._vector_length()))
         tangents = self._tangents(block)
         slots = self._slots(total)
         for j in range(m):
-            column = [t[j] for t in tangents]
-            if self.stencil is FIVE_POINT:
-                epsilon, weighted = self._five_point(block[:, j], column)
-            else:
-                epsilon = self.step(block[:, j])
-                weighted = self._stencil_sum(column, epsilon)
-            for slot, piece in zip(slots, weighted, strict=True):
-                slot[j].copy_(piece).div_(self.stencil.denominator * epsilon)
+            taken = self._adaptive(block[:, j], [t[j] for t in tangents])
+            self._record(taken)
+            for slot, piece in zip(slots, taken.weighted, strict=True):
+                slot[j].copy_(piece).div_(taken.stencil.denominator * taken.epsilon)
         self.engine_products[ENGINE] = self.engine_products.get(ENGINE, 0) + m
         return self._finish(total, m)
 
-    def curved_step(
-        self, tangents: Sequence[Tensor], inner: Sequence[Tensor], epsilon: float
-    ) -> float:
-        """The step of the five-point rule along v (per-parameter pieces ``tangents``) given
-        ``inner`` = G(θ + εv) − G(θ − εv) (the same pieces) at the default step ε (:meth:`step`): ε·min(1, ℓ/s), ℓ = 1/√|ρ| the length
-        over which the loss bends along v, ρ = vᵀ(H·v)/‖v‖² its curvature measured by the
-        three-point rule, s = max(1, ‖θ‖) the default scale.
+    def _record(self, taken: Taken) -> None:
+        self.rule_counts[taken.name] = self.rule_counts.get(taken.name, 0) + 1
+        self.product_passes += taken.passes
 
-        Why: along a direction of large curvature (the top eigenvectors) the logits move by
-        about √ρ per unit of parameter distance, so the loss varies on the length ℓ, not s; at
-        the default step the five-point truncation (εℓ⁻¹‖v‖)⁴/30 was 2e-3 relative along the
-        top eigenvector of the test transformer (λ 13, ℓ 0.27, s 9.6), while a Gaussian v
-        (ρ ≈ tr H/P, small) was good to 8e-6. Taking ε ∝ min(s, ℓ) keeps the relative step
-        h = (3u)^{1/3} against the length the loss really varies on, in every direction."""
-        scale = max(1.0, self.parameter_norm)
-        sums = torch.zeros(2, dtype=torch.float64, device=self._device)
-        for tangent, piece in zip(tangents, inner, strict=True):  # one piece at a time in float64
-            v = tangent.reshape(-1).to(device=sums.device, dtype=torch.float64)
-            sums[0] += v.dot(v)
-            sums[1] += v.dot(piece.reshape(-1).to(device=sums.device, dtype=torch.float64))
-        if self.vector_space is not None:  # vᵀv and vᵀ(G₊ − G₋) over every rank's slice
+    @property
+    def passes_per_product(self) -> float:
+        """The mean gradient passes of the products taken so far (2 a three-point product, 4 a
+        retaken or five-point one, 6 a five-point one at a retaken step; the passes taken once
+        at the start are not counted: :attr:`start_passes`); 0 before any."""
+        products = sum(self.rule_counts.values())
+        return self.product_passes / products if products else 0.0
+
+    def rules_taken(self) -> dict[str, object]:
+        """What the products cost: per rule the products taken, the mean gradient passes of a
+        product and the passes taken once at the start (G(θ) and the rounding probe)."""
+        return {
+            "products_by_rule": dict(self.rule_counts),
+            "passes_per_product": self.passes_per_product,
+            "start_passes": self.start_passes,
+        }
+
+    def _base_gradient(self) -> list[Tensor]:
+        """G(θ), the summed gradient at the parameters (one gradient pass, the first time; as
+        the products' pieces are held), and R = u·‖G(θ)‖·√B / N set in :attr:`control`."""
+        if self._base is None:
+            zeros = [torch.zeros_like(_local(p)) for p in self._params]
+            self._base = self._points_sum(zeros, 0.0, ((0.0, 1.0),))
+            self.start_passes += 1
+            (norm,) = self._norms(self._base)
+            batches = self._batches.n_batches + self._padding
+            self.control.rounding_unit = (
+                unit_roundoff(self._dtype) * norm * math.sqrt(batches) / self.n_samples
+            )
+        return self._base
+
+    def _norms(self, *pieces: Iterable[Tensor]) -> list[float]:
+        """‖·‖ of each sequence of per-parameter pieces (taken one at a time: a generator
+        makes one piece at a time), in float64, summed over the ranks' slices when sliced:
+        every rank gets the same figures, so takes the same rule."""
+        sums = torch.zeros(len(pieces), dtype=torch.float64, device=self._device)
+        for index, listed in enumerate(pieces):
+            for piece in listed:
+                sums[index] += piece.to(device=sums.device, dtype=torch.float64).square().sum()
+        if self.vector_space is not None:
             sums = self.vector_space.reduce(sums)
-        squared, along = (float(x) for x in sums)
-        if squared == 0.0:
-            return epsilon
-        curvature = abs(along) / (2 * epsilon * self.n_samples * squared)
-        if curvature * scale * scale <= 1.0:
-            return epsilon
-        return epsilon / (math.sqrt(curvature) * scale)
+        return [math.sqrt(float(x)) for x in sums]
 
-    def _five_point(self, vector: Tensor, tangents: Sequence[Tensor]) -> tuple[float, list[Tensor]]:
-        """(ε, Σ_k w_k G(θ + c_k εv)) of the five-point rule at the step :meth:`curved_step`
-        sets: the inner pair at the default step measures the curvature along v; when the
-        step it asks for is within a factor 2 of the default, the outer pair completes the rule
-        there (4 gradient passes), otherwise the rule runs at the shorter step (6 passes)."""
-        epsilon = self.step(vector)
-        inner = self._points_sum(tangents, epsilon, INNER)
-        curved = self.curved_step(tangents, inner, epsilon)
-        if curved < epsilon / 2:
-            epsilon = curved
-            inner = self._points_sum(tangents, epsilon, INNER)
-        outer = self._points_sum(tangents, epsilon, OUTER)
-        return epsilon, [b.add_(a, alpha=8.0) for a, b in zip(inner, outer, strict=True)]
+    def _pair(
+        self, tangents: Sequence[Tensor], epsilon: float
+    ) -> tuple[list[Tensor], float, float]:
+        """G(θ + εv) − G(θ − εv) (per parameter piece), ‖D₃‖ and ‖S‖/N, S the even part
+        G(θ + εv) + G(θ − εv) − 2G(θ) (two gradient passes)."""
+        base = self._base_gradient()
+        plus = self._points_sum(tangents, epsilon, ((1.0, 1.0),))
+        minus = self._points_sum(tangents, epsilon, ((-1.0, 1.0),))
+        (even_norm,) = self._norms(
+            p.to(torch.float64) + m.to(torch.float64) - 2 * b.to(torch.float64)
+            for p, m, b in zip(plus, minus, base, strict=True)
+        )
+        difference = [p.sub_(m) for p, m in zip(plus, minus, strict=True)]
+        del minus
+        (difference_norm,) = self._norms(difference)
+        n = self.n_samples
+        return difference, difference_norm / (2 * epsilon * n), even_norm / n
+
+    def _adaptive(self, vector: Tensor, tangents: Sequence[Tensor]) -> Taken:
+        """The product's rule (:mod:`curvcal.curvature.step_control`): the pair G(θ ± εv) at the
+        step δ = ε‖v‖ the control sets; three points when their predicted error is within the
+        stated bound. Otherwise, once calibrated, three points again at the step the control
+        sets now (knowing this direction's derivatives) when that is predicted to be within
+        the bound, else the outer pair G(θ ± 2εv) completes Richardson's five points. The first
+        product calibrates: Richardson, its three-point truncation measured, and a pair at a
+        64× shorter step measures the rounding against the five-point product."""
+        control = self.control
+        norm = max(self._norm(vector), 1e-300)
+        step = control.step()
+        epsilon = step / norm
+        difference, image, even = self._pair(tangents, epsilon)
+        judgement = control.judge(step, image / norm, even)
+        self.last_judgement = judgement
+        if control.calibrated and judgement.three_points_enough:
+            return Taken(THREE_POINT, epsilon, difference, 2)
+        if control.calibrated:
+            shorter = control.step()
+            retaken = control.expect(judgement.ladder, shorter)
+            if shorter < step and retaken.three_points_enough:
+                self.last_judgement = retaken
+                weighted, _, _ = self._pair(tangents, shorter / norm)
+                return Taken(THREE_POINT, shorter / norm, weighted, 4, "3-point, step retaken")
+            if shorter < step / 2:  # Richardson at the shorter step: two passes more
+                step, epsilon = shorter, shorter / norm
+                difference, image, even = self._pair(tangents, epsilon)
+                judgement = control.judge(step, image / norm, even)
+        outer = self._points_sum(tangents, epsilon, OUTER)  # −(G(θ + 2εv) − G(θ − 2εv))
+        # D₃(2ε) − D₃(ε) = −(outer + 2·difference) / (4εN); a third of it is D₃(ε)'s truncation
+        (change,) = self._norms(o + 2 * d for o, d in zip(outer, difference, strict=True))
+        first = not control.calibrated
+        control.measured(step, judgement, change / (4 * epsilon * self.n_samples) / 3 / norm)
+        weighted = [o.add_(d, alpha=8.0) for o, d in zip(outer, difference, strict=True)]
+        if not first:
+            passes = 4 if judgement is self.last_judgement else 6
+            self.last_judgement = judgement
+            return Taken(FIVE_POINT, epsilon, weighted, passes)
+        # the rounding: three points at a 64× shorter step (truncation 4096× smaller) against
+        # the five-point product, the difference per unit ‖v‖ times that step
+        short = step / ROUNDING_PROBE
+        near, _, _ = self._pair(tangents, short / norm)
+        five, three = FIVE_POINT.denominator * epsilon, 2 * short / norm
+        (error,) = self._norms(a / three - w / five for a, w in zip(near, weighted, strict=True))
+        control.rounding_measured(short, error / self.n_samples / norm)
+        self.start_passes += 2
+        return Taken(FIVE_POINT, epsilon, weighted, 4)
 
     def _finish(self, total: Tensor, m: int) -> Tensor:
         """The mean over the samples of ``total`` (m, P), already summed over the ranks by the
@@ -375,10 +473,6 @@ class CentralDifferenceOperator(HessianOperator):
                 "hessian", PRODUCT, "check the model and data for NaN, or use float64"
             )
         return result
-
-    def _stencil_sum(self, tangents: Sequence[Tensor], epsilon: float) -> list[Tensor]:
-        """Σ_k w_k G(θ + c_k εv) over the stencil's points (see :meth:`_points_sum`)."""
-        return self._points_sum(tangents, epsilon, self.stencil.points)
 
     def _points_sum(
         self, tangents: Sequence[Tensor], epsilon: float, points: Sequence[tuple[float, float]]
@@ -460,64 +554,52 @@ class CentralDifferenceOperator(HessianOperator):
     def error_estimate(self, seed: int = 0, vector: Tensor | None = None) -> ProductError:
         """The error of one product, relative to its norm, on ``vector`` (as the operator's
         vectors are held: whole, or this rank's slice; e.g. the top eigenvector, along which
-        the error is largest) or else on a Gaussian vector seeded by ``seed``: truncation
-        ‖D(2ε) − D(ε)‖/(2^p − 1) (Richardson, p the stencil's order) at the step ε the
-        product along that vector takes (:meth:`curved_step`'s for the five-point rule) and
-        rounding u·‖G(θ)‖·√B·Σ_k|w_k| / (denominator·ε), B the batches summed. Two products
-        and a gradient pass."""
+        the error is largest) or else on a Gaussian vector seeded by ``seed``: the product the
+        operator takes along that vector (its rule and step), its truncation
+        ‖D(2ε) − D(ε)‖/(2^p − 1) (Richardson, p the order of the rule taken) and its rounding
+        u·‖G(θ)‖·√B·Σ_k|w_k| / (denominator·ε), B the batches summed; and, for a float32
+        three-point product, the bound the rule predicted before taking it. Two products and,
+        in float64, a gradient pass."""
         space = self.vector_space or VectorSpace(self.shape[0])
         if vector is None:
             vector = space.normal(torch.Generator().manual_seed(seed), self._dtype)
         vector = vector.to(device=self._device, dtype=self._dtype)
         single = [t[0] for t in self._tangents(vector.reshape(-1, 1))]
-        stencil = self.stencil
-
-        def product(step: float) -> Tensor:
-            weighted = self._stencil_sum(single, step)
-            return flatten(weighted, step)
+        taken = self._adaptive(vector, single)  # the rule and the step the operator takes
+        stencil, epsilon = taken.stencil, taken.epsilon
 
         def flatten(weighted: Sequence[Tensor], step: float) -> Tensor:
             flat = torch.cat([w.reshape(-1) for w in weighted]).to(torch.float64)
             return flat / (stencil.denominator * step)
 
-        if stencil is FIVE_POINT:  # the step and the product the operator itself takes
-            epsilon, weighted = self._five_point(vector, single)
-            near = flatten(weighted, epsilon)
-        else:
-            epsilon = self.step(vector)
-            near = product(epsilon)
-        far = product(2 * epsilon)
+        near = flatten(taken.weighted, epsilon)
+        far = flatten(self._points_sum(single, 2 * epsilon, stencil.points), 2 * epsilon)
         norm = max(float(space.norm(near)), 1e-300)
         truncation = float(space.norm(far - near)) / (2**stencil.order - 1) / norm
         weights = sum(abs(w) for _, w in stencil.points)
         batches = self._batches.n_batches + self._padding
+        (gradient_norm,) = self._norms(self._base_gradient())
         rounding = (
             unit_roundoff(self._dtype)
-            * self._gradient_norm()
+            * gradient_norm
             * math.sqrt(batches)
             * weights
             / (stencil.denominator * epsilon)
             / norm
         )
+        predicted = None
+        if self.last_judgement is not None and stencil is THREE_POINT:
+            predicted = self.last_judgement.bound * self._norm(vector) / norm
         return ProductError(
             relative_step(self._dtype),
             relative_floor(self._dtype),
             truncation,
             rounding,
             stencil.name,
+            passes=taken.passes,
+            step_length=epsilon * self._norm(vector),
+            predicted=predicted,
         )
-
-    def _gradient_norm(self) -> float:
-        """‖G(θ)‖, the summed gradient over every sample (each rank's shards' squares summed
-        over the ranks: no parameter is gathered)."""
-        self._clear_gradients()
-        self._gradient_pass(1.0)
-        squares = torch.zeros((), dtype=torch.float64, device=self._device)
-        for p in self._params:
-            if p.grad is not None:
-                squares += _local(p.grad).to(torch.float64).square().sum()
-        self._clear_gradients()
-        return math.sqrt(float(self.sum_across(squares)))
 
 
 def _local(parameter: Tensor) -> Tensor:
