@@ -9,32 +9,30 @@ a product: the memory sharding is meant to save. What FSDP2 does give, sharded, 
 of a backward, G(θ) = Σ_{i=1..N} ∇_θ ℓ(f_θ(x_i), y_i), summed over every rank's samples by
 FSDP's reduce-scatter (divide factor 1). So the product is a central difference of G along v:
 
-* float64, three-point (order 2): D(ε) = (G(θ + εv) − G(θ − εv)) / (2εN), two gradient passes;
-  D(ε) − H·v = (ε²/6)∇³L[v, v, ·] + O(ε⁴);
-* float32 and narrower, five-point (order 4):
-  D(ε) = (8(G(θ + εv) − G(θ − εv)) − (G(θ + 2εv) − G(θ − 2εv))) / (12εN), four gradient
-  passes; D(ε) − H·v = −(ε⁴/30)∇⁵L[v, v, v, v, ·] + O(ε⁶). Measured on a GELU transformer
-  classifier in float32, the three-point rule's truncation was 2e-4 relative at this step
-  (best 3e-5 at a third of it), the five-point rule's 1e-5.
+* three points (order 2): D₃(ε) = (G(θ + εv) − G(θ − εv)) / (2εN), two gradient passes;
+  D₃(ε) − H·v = (ε²/6)∇⁴L[v, v, v, ·] + O(ε⁴);
+* five points (order 4, Richardson's extrapolation of D₃ from ε and 2ε):
+  D₅(ε) = (8(G(θ + εv) − G(θ − εv)) − (G(θ + 2εv) − G(θ − 2εv))) / (12εN) = (4D₃(ε) − D₃(2ε))/3,
+  four gradient passes; D₅(ε) − H·v = O(ε⁴).
 
-Step. Each gradient carries a rounding error of about u·‖G‖ (u the unit roundoff of the
-dtype), which the difference divides by ε. With the loss varying on a length scale
-s = max(1, ‖θ‖) in parameter space (‖∇³L[v,v]‖ ≈ ‖H v‖·‖v‖²/s², the rounding ≈ u·‖H v‖·s/‖v‖)
-the three-point error relative to ‖H·v‖ is about h²/6 + u/h for the relative step h = ε‖v‖/s,
-smallest at h = (3u)^{1/3}; both rules take
+Each product takes the rule and the step :mod:`curvcal.curvature.step_control` sets, in every
+dtype: three points where their predicted error (the truncation from the derivatives measured
+along v by the same two passes, the rounding measured once at the start) is within the stated
+bound b·‖H‖‖v‖ (:attr:`CentralDifferenceOperator.product_error`), Richardson's five points
+only where it is not. Before, float64 took three points at ε = (3u)^{1/3}·max(1, ‖θ‖)/‖v‖
+always (its error along the top eigenvector of the test transformer was 687× the stated bound)
+and float32 five points always (4 gradient passes, 6 along a sharply curved direction).
+Measured against exact double backward over the products of a Lanczos run (top 3) and 30
+Gaussian vectors (``benchmarks/bench_central_steps.py``): every product within the stated
+bound on a GELU transformer with LayerNorm, a tanh and a softplus MLP, in float32 and float64,
+at 2.1–2.5 gradient passes a product.
 
-    ε = (3u)^{1/3} · max(1, ‖θ‖) / ‖v‖,
-
-h = 5.6e-3 in float32 and 6.9e-6 in float64, a relative error floor of h²/6 + u/h = 2.4e-11 in
-float64 and h⁴/30 + (3/2)u/h = 1.6e-5 in float32 (:func:`relative_floor`). Along a direction
-of large curvature ρ = vᵀHv/‖v‖² the loss bends over ℓ = 1/√ρ < s, and the five-point rule
-takes ε·ℓ/s there (:meth:`CentralDifferenceOperator.curved_step`): at the default step the
-float32 product along the top eigenvector of a small transformer was 2.2e-3 off, at ε·ℓ/s
-1.7e-5. The three-point float64 rule keeps the default step (its truncation along that vector,
-(εℓ⁻¹‖v‖)²/6 ≈ 1e-8, is below its tests' tolerance).
-:meth:`CentralDifferenceOperator.error_estimate` measures the error of one product: the
-truncation by Richardson's rule, ‖D(2ε) − D(ε)‖/(2^p − 1) for a rule of order p, and the
-rounding from the gradient's size.
+The relative step h = (3u)^{1/3} and the floors of :func:`relative_floor` (h²/6 + u/h for three
+points, 2.4e-11 in float64; h⁴/30 + (3/2)u/h for five, 1.6e-5 in float32) are the precision
+floors the eigenvalue and trace rules are judged against, and b is twice the floor.
+:meth:`CentralDifferenceOperator.error_estimate` measures the error of one product as the
+operator takes it: the truncation by Richardson's rule, ‖D(2ε) − D(ε)‖/(2^p − 1) for a rule of
+order p, and the rounding from the gradient's size.
 
 The loss must be smooth along ±2εv: a ReLU kink crossed by the step adds a gradient jump
 divided by ε (a large truncation estimate says so).
@@ -320,9 +318,8 @@ class CentralDifferenceOperator(HessianOperator):
     @property
     def product_error(self) -> float:
         """b in ‖computed H·v − H·v‖ ≤ b·‖H‖·‖v‖, what the eigenvalue rules allow for
-        (:mod:`curvcal.curvature.eigen`): twice :func:`relative_floor` — measured on the test
-        transformer in float32, the error reached 1.07× the floor (in units of ‖H‖‖v‖) along
-        the top eigenvector, 0.02× along a Gaussian vector."""
+        (:mod:`curvcal.curvature.eigen`) and what each product's rule keeps within
+        (:mod:`curvcal.curvature.step_control`): twice :func:`relative_floor`."""
         return 2 * relative_floor(self._dtype)
 
     def _plan_memory(self) -> None:
