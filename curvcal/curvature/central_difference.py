@@ -82,7 +82,9 @@ FIVE_POINT = Stencil("5-point", ((1.0, 8.0), (-1.0, -8.0), (2.0, -1.0), (-2.0, 1
 #: the five-point rule's pairs: its sum is 8 × INNER's + OUTER's
 INNER = ((1.0, 1.0), (-1.0, -1.0))
 OUTER = ((2.0, -1.0), (-2.0, 1.0))
-#: the float32 rule's first product measures the rounding at its step over this
+#: what to do about a non-finite vector (the eigenvalue and trace rules never make one)
+VECTOR_HINT = "check the vectors passed to the operator"
+#: the first product measures the rounding at its step over this
 ROUNDING_PROBE = 64.0
 
 
@@ -418,7 +420,14 @@ class CentralDifferenceOperator(HessianOperator):
         product calibrates: Richardson, its three-point truncation measured, and a pair at a
         64× shorter step measures the rounding against the five-point product."""
         control = self.control
-        norm = max(self._norm(vector), 1e-300)
+        norm = self._norm(vector)
+        if not math.isfinite(norm):  # no pass, and the rule learns nothing from it
+            raise NumericalError(
+                "hessian", "a vector to multiply is not finite (NaN or Inf)", VECTOR_HINT
+            )
+        if norm == 0.0:  # H·0 = 0, without a pass (a step ε = δ/0 would overflow)
+            zeros = [torch.zeros_like(t) for t in tangents]
+            return Taken(THREE_POINT, 1.0, zeros, 0, "zero vector")
         step = control.step()
         epsilon = step / norm
         difference, image, even = self._pair(tangents, epsilon)
