@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -25,6 +26,15 @@ from torch import Tensor, nn
 
 from curvcal.curvature import eigenvalues
 from curvcal.curvature.central_difference import CentralDifferenceOperator
+
+try:  # the eigenvalue stage's products, as the pipeline takes them
+    from curvcal.curvature.central_difference import eigenvalue_products
+except ImportError:  # a checkout before the per-product rule: every product alike
+
+    def eigenvalue_products(operator: object) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
 from curvcal.curvature.operator import build_operator
 from curvcal.losses import loss_from_name
 
@@ -111,23 +121,31 @@ def measure(name: str, dtype: torch.dtype, gaussian: int = 30) -> dict[str, Any]
         return out
 
     operator._product = kept  # type: ignore[method-assign]
-    spectrum = eigenvalues(operator, 3, tol=1e-4, seed=3)
+    with eigenvalue_products(operator):
+        spectrum = eigenvalues(operator, 3, tol=1e-4, seed=3)
+    lanczos = len(seen)
+    passes = [operator.n_data_passes]  # the eigenvalue stage's, its start included
     generator = torch.Generator().manual_seed(11)
     for _ in range(gaussian):
         vector = torch.randn(operator.shape[0], generator=generator, dtype=torch.float64)
         operator.matvec(vector.to(dtype))
-    bound = operator.product_error * top
-    ratios = [
-        float((got - exact.matvec(vector)).norm()) / (bound * float(vector.norm()))
-        for vector, got in seen
-    ]
+    bound = operator.product_error
+    errors = [(float((got - exact.matvec(v)).norm()), v) for v, got in seen]
+    # the eigenvalue stage's in units of b·‖H‖‖v‖ (what its rules allow for), the Gaussian
+    # vectors' in units of b·‖Hv‖ (the product's own norm: what a trace needs)
+    over_norm = [error / (bound * top * float(v.norm())) for error, v in errors[:lanczos]]
+    over_own = [error / (bound * float(exact.matvec(v).norm())) for error, v in errors[lanczos:]]
     return {
         "model": name,
         "dtype": str(dtype).removeprefix("torch."),
         "products": len(seen),
-        "within_bound": sum(r <= 1.0 for r in ratios),
-        "worst_over_bound": max(ratios),
-        "passes_per_product": operator.n_data_passes / operator.n_matvecs,
+        "lanczos": lanczos,
+        "within_bound": sum(r <= 1.0 for r in over_norm),
+        "worst_over_bound": max(over_norm),
+        "within_own": sum(r <= 1.0 for r in over_own),
+        "worst_over_own": max(over_own),
+        "passes_per_product": passes[0] / lanczos,
+        "gaussian_passes_per_product": (operator.n_data_passes - passes[0]) / gaussian,
         "lambda_max_error": abs(spectrum.eigenvalues[0] - top) / top,
         "rules": dict(getattr(operator, "rule_counts", {})),
     }
@@ -136,7 +154,9 @@ def measure(name: str, dtype: torch.dtype, gaussian: int = 30) -> dict[str, Any]
 def seconds(name: str, dtype: torch.dtype) -> float:
     """The wall time of a λmax run (tol 1e-4) from a fresh operator, its start included."""
     began = time.perf_counter()
-    eigenvalues(_operator(PROBLEMS[name], dtype), 1, tol=1e-4, seed=3)
+    operator = _operator(PROBLEMS[name], dtype)
+    with eigenvalue_products(operator):
+        eigenvalues(operator, 1, tol=1e-4, seed=3)
     return time.perf_counter() - began
 
 
@@ -148,18 +168,20 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(
-        "| model | dtype | products | within b‖H‖‖v‖ | worst / bound | passes a product "
-        "| λmax rel. error | λmax run s (min) | rules |"
+        "| model | dtype | eigenvalue products within b‖H‖‖v‖ | worst | passes a product "
+        "| Gaussian products within b‖Hv‖ | worst | passes a product | λmax rel. error "
+        "| λmax run s (min) | rules |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for name in args.models:
         for dtype in (torch.float32, torch.float64):
             row = measure(name, dtype, args.gaussian)
             wall = min(seconds(name, dtype) for _ in range(args.repeats))
             print(
-                f"| {name} | {row['dtype']} | {row['products']} | "
-                f"{row['within_bound']}/{row['products']} | {row['worst_over_bound']:.2f} | "
-                f"{row['passes_per_product']:.2f} | {row['lambda_max_error']:.1e} | {wall:.2f} | "
+                f"| {name} | {row['dtype']} | {row['within_bound']}/{row['lanczos']} | "
+                f"{row['worst_over_bound']:.2f} | {row['passes_per_product']:.2f} | "
+                f"{row['within_own']}/{args.gaussian} | {row['worst_over_own']:.2f} | "
+                f"{row['gaussian_passes_per_product']:.2f} | {row['lambda_max_error']:.1e} | {wall:.2f} | "
                 f"{row['rules'] or '—'} |",
                 flush=True,
             )

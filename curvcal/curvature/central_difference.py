@@ -44,7 +44,8 @@ with fewer batches runs the missing ones on its first batch with a zero loss.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -346,6 +347,17 @@ class CentralDifferenceOperator(HessianOperator):
         self.engine_products[ENGINE] = self.engine_products.get(ENGINE, 0) + m
         return self._finish(total, m)
 
+    @contextmanager
+    def errors_relative_to_norm(self) -> Iterator[None]:
+        """Within: each product's error is judged against b·‖H‖‖v‖ (the bound the eigenvalue
+        rules allow for: more three-point products) instead of b·‖H v‖ (a trace's need)."""
+        before = self.control.relative_to_norm
+        self.control.relative_to_norm = True
+        try:
+            yield
+        finally:
+            self.control.relative_to_norm = before
+
     def _record(self, taken: Taken) -> None:
         self.rule_counts[taken.name] = self.rule_counts.get(taken.name, 0) + 1
         self.product_passes += taken.passes
@@ -414,10 +426,14 @@ class CentralDifferenceOperator(HessianOperator):
     def _adaptive(self, vector: Tensor, tangents: Sequence[Tensor]) -> Taken:
         """The product's rule (:mod:`curvcal.curvature.step_control`): the pair G(θ ± εv) at the
         step δ = ε‖v‖ the control sets; three points when their predicted error is within the
-        stated bound. Otherwise, once calibrated, three points again at the step the control
-        sets now (knowing this direction's derivatives) when that is predicted to be within
-        the bound, else the outer pair G(θ ± 2εv) completes Richardson's five points. The first
-        product calibrates: Richardson, its three-point truncation measured, and a pair at a
+        stated bound. Otherwise, once calibrated, the pair again at this direction's own
+        three-point step (from its measured derivatives) when it is over 2× off and three
+        points are predicted to be within the bound there, and three points if they are; or
+        the pair again at a step under half the one taken where five points need it (the
+        three-point step while the eigenvalues are computed, else
+        :meth:`~curvcal.curvature.step_control.StepControl.five_point_step`); else the outer
+        pair G(θ ± 2εv) completes Richardson's five points at the last step: 4 or 6 passes. The first product
+        calibrates: Richardson, its three-point truncation measured, and a pair at a
         64× shorter step measures the rounding against the five-point product."""
         control = self.control
         norm = self._norm(vector)
@@ -435,17 +451,22 @@ class CentralDifferenceOperator(HessianOperator):
         self.last_judgement = judgement
         if control.calibrated and judgement.three_points_enough:
             return Taken(THREE_POINT, epsilon, difference, 2)
+        passes = 4
         if control.calibrated:
-            shorter = control.step()
-            retaken = control.expect(judgement.ladder, shorter)
-            if shorter < step and retaken.three_points_enough:
-                self.last_judgement = retaken
-                weighted, _, _ = self._pair(tangents, shorter / norm)
-                return Taken(THREE_POINT, shorter / norm, weighted, 4, "3-point, step retaken")
-            if shorter < step / 2:  # Richardson at the shorter step: two passes more
-                step, epsilon = shorter, shorter / norm
+            own = control.step_for(judgement.ladder, image / norm)
+            promising = control.expect(judgement.ladder, own, image / norm).three_points_enough
+            if control.relative_to_norm:  # five points at the three-point step where shorter
+                shorter = own
+            else:  # five points' own step (a trace's probe: mostly the default)
+                shorter = control.five_point_step(judgement, image / norm)
+            if ((own < step / 2 or own > 2 * step) and promising) or shorter < step / 2:
+                retake = own if promising else shorter
+                step, epsilon, passes = retake, retake / norm, 6
                 difference, image, even = self._pair(tangents, epsilon)
                 judgement = control.judge(step, image / norm, even)
+                self.last_judgement = judgement
+                if judgement.three_points_enough:
+                    return Taken(THREE_POINT, epsilon, difference, 4, "3-point, step retaken")
         outer = self._points_sum(tangents, epsilon, OUTER)  # −(G(θ + 2εv) − G(θ − 2εv))
         # D₃(2ε) − D₃(ε) = −(outer + 2·difference) / (4εN); a third of it is D₃(ε)'s truncation
         (change,) = self._norms(o + 2 * d for o, d in zip(outer, difference, strict=True))
@@ -453,8 +474,6 @@ class CentralDifferenceOperator(HessianOperator):
         control.measured(step, judgement, change / (4 * epsilon * self.n_samples) / 3 / norm)
         weighted = [o.add_(d, alpha=8.0) for o, d in zip(outer, difference, strict=True)]
         if not first:
-            passes = 4 if judgement is self.last_judgement else 6
-            self.last_judgement = judgement
             return Taken(FIVE_POINT, epsilon, weighted, passes)
         # the rounding: three points at a 64× shorter step (truncation 4096× smaller) against
         # the five-point product, the difference per unit ‖v‖ times that step
@@ -614,6 +633,15 @@ def _local(parameter: Tensor) -> Tensor:
     return local_tensor(parameter)
 
 
+def eigenvalue_products(operator: object) -> AbstractContextManager[None]:
+    """The products as the eigenvalue rules need them: for a central-difference operator each
+    within b·‖H‖‖v‖ (:meth:`CentralDifferenceOperator.errors_relative_to_norm`), any other
+    operator as it is."""
+    if isinstance(operator, CentralDifferenceOperator):
+        return operator.errors_relative_to_norm()
+    return nullcontext()
+
+
 def refuse_unsharded_settings(settings: HessianSettings, measure_width: bool) -> None:
     """Refuse what a model sharded by ``fully_shard`` cannot run (its products are central
     differences of gradients: the Hessian only, eval mode, no torch.func, a fixed
@@ -663,6 +691,7 @@ __all__ = [
     "THREE_POINT",
     "CentralDifferenceOperator",
     "ProductError",
+    "eigenvalue_products",
     "operator_for",
     "refuse_unsharded_settings",
     "relative_floor",
