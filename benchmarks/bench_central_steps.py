@@ -134,7 +134,10 @@ def measure(name: str, dtype: torch.dtype, gaussian: int = 30) -> dict[str, Any]
     # the eigenvalue stage's in units of b·‖H‖‖v‖ (what its rules allow for), the Gaussian
     # vectors' in units of b·‖Hv‖ (the product's own norm: what a trace needs)
     over_norm = [error / (bound * top * float(v.norm())) for error, v in errors[:lanczos]]
-    over_own = [error / (bound * float(exact.matvec(v).norm())) for error, v in errors[lanczos:]]
+    own = getattr(operator, "own_error", bound)  # b, relative to ‖Hv‖ (b' ≥ b: ‖H‖‖v‖)
+    over_own = [error / (own * float(exact.matvec(v).norm())) for error, v in errors[lanczos:]] or [
+        0.0
+    ]
     return {
         "model": name,
         "dtype": str(dtype).removeprefix("torch."),
@@ -145,7 +148,7 @@ def measure(name: str, dtype: torch.dtype, gaussian: int = 30) -> dict[str, Any]
         "within_own": sum(r <= 1.0 for r in over_own),
         "worst_over_own": max(over_own),
         "passes_per_product": passes[0] / lanczos,
-        "gaussian_passes_per_product": (operator.n_data_passes - passes[0]) / gaussian,
+        "gaussian_passes_per_product": (operator.n_data_passes - passes[0]) / max(gaussian, 1),
         "lambda_max_error": abs(spectrum.eigenvalues[0] - top) / top,
         "rules": dict(getattr(operator, "rule_counts", {})),
     }

@@ -83,6 +83,8 @@ FIVE_POINT = Stencil("5-point", ((1.0, 8.0), (-1.0, -8.0), (2.0, -1.0), (-2.0, 1
 #: the five-point rule's pairs: its sum is 8 × INNER's + OUTER's
 INNER = ((1.0, 1.0), (-1.0, -1.0))
 OUTER = ((2.0, -1.0), (-2.0, 1.0))
+#: the share of the eigenvalues' tolerance their products may spend (``product_error``)
+TOL_SHARE = 0.1
 #: what to do about a non-finite vector (the eigenvalue and trace rules never make one)
 VECTOR_HINT = "check the vectors passed to the operator"
 #: the first product measures the rounding at its step over this
@@ -245,7 +247,8 @@ class CentralDifferenceOperator(HessianOperator):
         self.vector_space = self._sliced_space() if vectors == "sliced" else None
         #: the per-product rule's state (:mod:`curvcal.curvature.step_control`)
         self.control = StepControl(
-            bound=self.product_error,
+            bound=self.own_error,
+            norm_bound=self.product_error,
             default_step=relative_step(self._dtype) * max(1.0, self.parameter_norm),
         )
         #: the products taken by each rule, G(θ) (taken once, float32) and the last judgement
@@ -320,9 +323,17 @@ class CentralDifferenceOperator(HessianOperator):
 
     @property
     def product_error(self) -> float:
-        """b in ‖computed H·v − H·v‖ ≤ b·‖H‖·‖v‖, what the eigenvalue rules allow for
-        (:mod:`curvcal.curvature.eigen`) and what each product's rule keeps within
-        (:mod:`curvcal.curvature.step_control`): twice :func:`relative_floor`."""
+        """b' in ‖computed H·v − H·v‖ ≤ b'·‖H‖·‖v‖, what the eigenvalue rules allow for
+        (:mod:`curvcal.curvature.eigen`) and what each product of the eigenvalue stage keeps
+        within (:mod:`curvcal.curvature.step_control`): max(b, tol/10), b twice
+        :func:`relative_floor` (each other product keeps within b·‖H·v‖) and tol the
+        eigenvalues' tolerance in the operator's settings."""
+        return max(self.own_error, self.settings.tol * TOL_SHARE)
+
+    @property
+    def own_error(self) -> float:
+        """b in ‖computed H·v − H·v‖ ≤ b·‖H·v‖ outside the eigenvalue stage: twice
+        :func:`relative_floor` (3.2e-5 in float32, 4.8e-11 in float64)."""
         return 2 * relative_floor(self._dtype)
 
     def _plan_memory(self) -> None:

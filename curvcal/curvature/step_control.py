@@ -17,8 +17,10 @@ summed gradient, u the unit roundoff, B the batches summed):
   to the product itself, what a trace's vᵀHv needs along a Gaussian vector, whose ‖Hv‖ is far
   below ‖H‖‖v‖ (0.45 against 13.3 on the transformer above; with b·‖H‖ there, a Hutchinson
   trace after the eigenvalues was 1.5e-4 off in float32); or, while the eigenvalues are
-  computed (``relative_to_norm``), against b·‖H‖, the bound the eigenvalue rules allow for
-  (‖H‖ ≥ the largest ‖D v̂‖ seen, so never laxer than b).
+  computed (``relative_to_norm``), against b'·‖H‖, the bound the eigenvalue rules allow for
+  (‖H‖ ≥ the largest ‖D v̂‖ seen, so never laxer than b'), b' = max(b, tol/10): the products
+  spend a tenth of the eigenvalues' tolerance, so the noise (√m + 1)·b' they leave in a
+  residual of m ≤ 80 products stays within it.
 
 Step, while the eigenvalues are computed: δ = (R / (2 K_max))^{1/3}, the least of K δ² + R/δ for
 the most curved direction seen so far (K_max), never over the default step δ₀ and never under
@@ -67,7 +69,9 @@ class Judgement:
 
 @dataclass
 class StepControl:
-    """The adaptive rule's state over a run (module docstring): b = ``bound``, the default
+    """The adaptive rule's state over a run (module docstring): b = ``bound`` (relative to a
+    product's own norm), b' = ``norm_bound`` (relative to ‖H‖‖v‖, the eigenvalue stage's;
+    ``bound`` when 0), the default
     step δ₀ = ``default_step``, R = ``rounding_unit`` (set once G(θ) is measured), c =
     ``safety``, K_max / c = ``ladder_max``, the largest ‖D v̂‖ seen ``norm_seen``; the error
     allowed is b·‖D₃ v̂‖ (relative to the product itself), or b·‖H‖ with
@@ -75,12 +79,16 @@ class StepControl:
 
     bound: float
     default_step: float
+    norm_bound: float = 0.0
     rounding_unit: float = 0.0
     safety: float = SAFETY
     ladder_max: float = 0.0
     norm_seen: float = 0.0
     calibrated: bool = False
     relative_to_norm: bool = False
+
+    def __post_init__(self) -> None:
+        self.norm_bound = self.norm_bound or self.bound
 
     def step(self) -> float:
         """The first step of a product: with ``relative_to_norm``, :meth:`step_for` the most
@@ -98,7 +106,8 @@ class StepControl:
         if coefficient <= 0.0 or self.rounding_unit <= 0.0 or coefficient == math.inf:
             return self.default_step
         best = (self.rounding_unit / (2 * coefficient)) ** (1 / 3)
-        least = self.rounding_unit / (self.bound * image_norm) if image_norm > 0 else 0.0
+        bound = self.norm_bound if self.relative_to_norm else self.bound
+        least = self.rounding_unit / (bound * image_norm) if image_norm > 0 else 0.0
         return min(self.default_step, max(best, least))
 
     def five_point_step(self, judgement: Judgement, image_norm: float) -> float:
@@ -132,7 +141,11 @@ class StepControl:
         return Judgement(
             truncation=self.safety * ladder * step * step,
             rounding=self.rounding_unit / step,
-            allowed=self.bound * (self.norm_seen if self.relative_to_norm else image_norm),
+            allowed=(
+                self.norm_bound * self.norm_seen
+                if self.relative_to_norm
+                else self.bound * image_norm
+            ),
             ladder=ladder,
         )
 
