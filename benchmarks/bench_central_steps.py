@@ -182,8 +182,8 @@ def main() -> None:
             wall = min(seconds(name, dtype) for _ in range(args.repeats))
             print(
                 f"| {name} | {row['dtype']} | {row['within_bound']}/{row['lanczos']} | "
-                f"{row['worst_over_bound']:.2f} | {row['passes_per_product']:.2f} | "
-                f"{row['within_own']}/{args.gaussian} | {row['worst_over_own']:.2f} | "
+                f"{row['worst_over_bound']:.2g} | {row['passes_per_product']:.2f} | "
+                f"{row['within_own']}/{args.gaussian} | {row['worst_over_own']:.2g} | "
                 f"{row['gaussian_passes_per_product']:.2f} | {row['lambda_max_error']:.1e} | {wall:.2f} | "
                 f"{row['rules'] or '—'} |",
                 flush=True,
