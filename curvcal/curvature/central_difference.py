@@ -19,9 +19,9 @@ Each product takes the rule and the step :mod:`curvcal.curvature.step_control` s
 dtype: three points where their predicted error (the truncation from the derivatives measured
 along v by the same two passes, the rounding measured once at the start) is within the stated
 bound, Richardson's five points only where it is not. The bound: b'·‖H‖‖v‖ while the
-eigenvalues are computed (:func:`eigenvalue_products`; b' = :attr:`~CentralDifferenceOperator.
-product_error` = max(b, tol/10)), b·‖H v‖ for every other product (a trace's probe;
-b = :attr:`~CentralDifferenceOperator.own_error`, twice :func:`relative_floor`). Before, float64
+eigenvalues are computed (:func:`eigenvalue_products`; b' = ``product_error`` =
+max(b, tol/10)), b·‖H v‖ for every other product (a trace's probe; b = ``own_error``, twice
+:func:`relative_floor`). Before, float64
 took three points at ε = (3u)^{1/3}·max(1, ‖θ‖)/‖v‖ always (its error along the top eigenvector
 of a small transformer was 687× the b it stated) and float32 five points always (4 gradient
 passes, 6 along a sharply curved direction). Measured against exact double backward
