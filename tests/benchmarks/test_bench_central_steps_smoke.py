@@ -22,3 +22,22 @@ def test_a_row_of_the_tanh_mlp(load_bench, dtype: str) -> None:  # type: ignore[
     assert row["lambda_max_error"] < 1e-4
     assert sum(row["rules"].values()) == row["products"]
     assert bench.seconds("tanh-mlp", getattr(torch, dtype)) > 0
+
+
+def test_the_command_prints_its_table(load_bench, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The README's command, on one model: the header and a row per dtype."""
+    bench = load_bench("bench_central_steps")
+    arguments = [
+        "bench_central_steps.py",
+        "--gaussian",
+        "2",
+        "--repeats",
+        "1",
+        "--models",
+        "tanh-mlp",
+    ]
+    monkeypatch.setattr("sys.argv", arguments)
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| model | dtype | eigenvalue products within b‖H‖‖v‖")
+    assert [line.split(" | ")[1] for line in lines[2:]] == ["float32", "float64"]
