@@ -241,3 +241,24 @@ def test_a_vector_with_nan_is_refused_before_any_pass(case) -> None:  # type: ig
     with pytest.raises(NumericalError):
         operator.matvec(vector)
     assert operator.n_data_passes == 0 and not operator.control.calibrated
+
+
+def test_the_run_table_gives_the_passes_beside_the_errors() -> None:
+    """The hessian run table's row for a sharded model's products, from the report's fields;
+    none for a model whose products are exact."""
+    from curvcal.report.hessian import _central_difference_rows
+
+    product = {
+        "passes_per_product": 2.3456,
+        "start_passes": 3,
+        "relative_error_bound": 1.234e-5,
+        "top_eigenvector": {"relative_error_bound": 6.5e-6},
+    }
+    assert _central_difference_rows(product) == [
+        (
+            "central-difference products",
+            "2.35 gradient passes a product (+3 once); relative error 1.2e-05 on a Gaussian "
+            "vector, 6.5e-06 along the top eigenvector",
+        )
+    ]
+    assert _central_difference_rows(None) == []
