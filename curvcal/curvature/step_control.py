@@ -1,4 +1,4 @@
-"""The step and the rule of a float32 central-difference product: three points (two gradient
+"""The step and the rule of a central-difference product: three points (two gradient
 passes) at a step set from the measured derivatives, Richardson's five points (two passes more)
 only when the three-point error bound exceeds the one the operator states.
 
@@ -6,14 +6,15 @@ Model, along a vector v at the absolute step δ = ε‖v‖, errors per unit ‖
 summed gradient, u the unit roundoff, B the batches summed):
 
 * three points, D₃ = (G(θ + εv) − G(θ − εv)) / (2εN): truncation (δ²/6)‖∇⁴L[v̂,v̂,v̂,·]‖,
-  rounding R/δ with R = u·‖G(θ)‖·√B / N;
+  rounding R/δ with R = u·‖G(θ)‖·√B / N, or 1.5 × the rounding measured once at a short step
+  where larger (it counts the rounding of θ + εv to the parameters' grid too);
 * the even part of the same two passes, S = G(θ + εv) + G(θ − εv) − 2G(θ) = ε²∇³L[v,v,·] + O(ε⁴),
   measures the next derivative, A = ‖S‖ / (N δ²) (G(θ) is one gradient pass, taken once);
 * the derivative ladder: each derivative along v̂ is one length ℓ = ‖H v̂‖ / A shorter, so the
   truncation coefficient is K = c · A² / ‖H v̂‖ (per δ²; c = 1 to start; the true ratio was
   0.47 along a Gaussian vector and 0.60 along the top eigenvector of a GELU transformer, whose
   K differ by 1000×);
-* the product's bound K δ² + R/δ, against b·‖D₃ v̂‖ (b the stated ``product_error``): relative
+* the product's bound K δ² + R/δ, against b·‖D₃ v̂‖ (b the operator's ``own_error``): relative
   to the product itself, what a trace's vᵀHv needs along a Gaussian vector, whose ‖Hv‖ is far
   below ‖H‖‖v‖ (0.45 against 13.3 on the transformer above; with b·‖H‖ there, a Hutchinson
   trace after the eigenvalues was 1.5e-4 off in float32); or, while the eigenvalues are
@@ -24,11 +25,13 @@ summed gradient, u the unit roundoff, B the batches summed):
 
 Step, while the eigenvalues are computed: δ = (R / (2 K_max))^{1/3}, the least of K δ² + R/δ for
 the most curved direction seen so far (K_max), never over the default step δ₀ and never under
-R / (b ‖H‖) (where rounding alone would spend the bound); otherwise δ₀. Where three points are
-not enough at that step, the pair is taken again at the direction's own step (from its
-ladder) when three points are predicted to be enough there; else Richardson's five points at
-their own step (:meth:`StepControl.five_point_step`: the step taken when within 2× of it,
-else the pair again there). Calibration: the first product runs Richardson, and every Richardson
+R / (b' ‖H‖) (where rounding alone would spend the bound); otherwise δ₀. Where three points are
+not enough at that step, the pair is taken again at the direction's own three-point step (from
+its ladder) when that is over 2× off and three points are predicted to be enough there; else,
+when a shorter step is needed (eigenvalues: the direction's own three-point step; other
+products: five points' own, :meth:`StepControl.five_point_step`) under half the one taken, the
+pair is taken again there; Richardson's five points complete the last pair taken.
+Calibration: the first product runs Richardson, and every Richardson
 product whose measured truncation ‖D₃(2ε) − D₃(ε)‖/3 is over four times its rounding raises c
 to at least twice the measured / predicted ratio.
 """
