@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from torch import Tensor, nn
 
 from curvcal.curvature.batches import AllReduce, BatchSource
-from curvcal.curvature.central_difference import operator_for
+from curvcal.curvature.central_difference import eigenvalue_products, operator_for
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import eigenvalues
 from curvcal.curvature.eigenvectors import TopEigenvectors
@@ -473,18 +473,19 @@ def _eigen(
     method = settings.method or ("lanczos" if which == "smallest" else None)
     before = dict(operator.engine_products)
     try:
-        spectrum = eigenvalues(
-            operator,
-            k,
-            method=method,
-            which=which,
-            tol=settings.tol,
-            max_iter=settings.max_iter,
-            max_basis=lanczos_basis(k, operator.shape[0], budget, settings.max_basis),
-            seed=settings.seed,
-            on_step=on_step,
-            on_vectors=on_vectors,
-        )
+        with eigenvalue_products(operator):  # central differences: b·‖H‖‖v‖ is enough
+            spectrum = eigenvalues(
+                operator,
+                k,
+                method=method,
+                which=which,
+                tol=settings.tol,
+                max_iter=settings.max_iter,
+                max_basis=lanczos_basis(k, operator.shape[0], budget, settings.max_basis),
+                seed=settings.seed,
+                on_step=on_step,
+                on_vectors=on_vectors,
+            )
     except Stopped as signal:  # the values kept say which engine made them too
         if isinstance(signal.finished, EigenSpectrum):
             signal.finished = _with_engines(operator, before, signal.finished)

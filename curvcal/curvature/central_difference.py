@@ -9,32 +9,33 @@ a product: the memory sharding is meant to save. What FSDP2 does give, sharded, 
 of a backward, G(θ) = Σ_{i=1..N} ∇_θ ℓ(f_θ(x_i), y_i), summed over every rank's samples by
 FSDP's reduce-scatter (divide factor 1). So the product is a central difference of G along v:
 
-* float64, three-point (order 2): D(ε) = (G(θ + εv) − G(θ − εv)) / (2εN), two gradient passes;
-  D(ε) − H·v = (ε²/6)∇³L[v, v, ·] + O(ε⁴);
-* float32 and narrower, five-point (order 4):
-  D(ε) = (8(G(θ + εv) − G(θ − εv)) − (G(θ + 2εv) − G(θ − 2εv))) / (12εN), four gradient
-  passes; D(ε) − H·v = −(ε⁴/30)∇⁵L[v, v, v, v, ·] + O(ε⁶). Measured on a GELU transformer
-  classifier in float32, the three-point rule's truncation was 2e-4 relative at this step
-  (best 3e-5 at a third of it), the five-point rule's 1e-5.
+* three points (order 2): D₃(ε) = (G(θ + εv) − G(θ − εv)) / (2εN), two gradient passes;
+  D₃(ε) − H·v = (ε²/6)∇⁴L[v, v, v, ·] + O(ε⁴);
+* five points (order 4, Richardson's extrapolation of D₃ from ε and 2ε):
+  D₅(ε) = (8(G(θ + εv) − G(θ − εv)) − (G(θ + 2εv) − G(θ − 2εv))) / (12εN) = (4D₃(ε) − D₃(2ε))/3,
+  four gradient passes; D₅(ε) − H·v = O(ε⁴).
 
-Step. Each gradient carries a rounding error of about u·‖G‖ (u the unit roundoff of the
-dtype), which the difference divides by ε. With the loss varying on a length scale
-s = max(1, ‖θ‖) in parameter space (‖∇³L[v,v]‖ ≈ ‖H v‖·‖v‖²/s², the rounding ≈ u·‖H v‖·s/‖v‖)
-the three-point error relative to ‖H·v‖ is about h²/6 + u/h for the relative step h = ε‖v‖/s,
-smallest at h = (3u)^{1/3}; both rules take
+Each product takes the rule and the step :mod:`curvcal.curvature.step_control` sets, in every
+dtype: three points where their predicted error (the truncation from the derivatives measured
+along v by the same two passes, the rounding measured once at the start) is within the stated
+bound, Richardson's five points only where it is not. The bound: b'·‖H‖‖v‖ while the
+eigenvalues are computed (:func:`eigenvalue_products`; b' = ``product_error`` =
+max(b, tol/10)), b·‖H v‖ for every other product (a trace's probe; b = ``own_error``, twice
+:func:`relative_floor`). Before, float64
+took three points at ε = (3u)^{1/3}·max(1, ‖θ‖)/‖v‖ always (its error along the top eigenvector
+of a small transformer was 687× the b it stated) and float32 five points always (4 gradient
+passes, 6 along a sharply curved direction). Measured against exact double backward
+(``benchmarks/bench_central_steps.py``) on a GELU transformer with LayerNorm, a tanh and a
+softplus MLP, in float32 and float64: every product of a Lanczos run within b'·‖H‖‖v‖ at 2.2 to
+3.1 gradient passes a product (the start included), 179 of 180 Gaussian products within
+b·‖Hv‖ (the other 1.02×) at 4.
 
-    ε = (3u)^{1/3} · max(1, ‖θ‖) / ‖v‖,
-
-h = 5.6e-3 in float32 and 6.9e-6 in float64, a relative error floor of h²/6 + u/h = 2.4e-11 in
-float64 and h⁴/30 + (3/2)u/h = 1.6e-5 in float32 (:func:`relative_floor`). Along a direction
-of large curvature ρ = vᵀHv/‖v‖² the loss bends over ℓ = 1/√ρ < s, and the five-point rule
-takes ε·ℓ/s there (:meth:`CentralDifferenceOperator.curved_step`): at the default step the
-float32 product along the top eigenvector of a small transformer was 2.2e-3 off, at ε·ℓ/s
-1.7e-5. The three-point float64 rule keeps the default step (its truncation along that vector,
-(εℓ⁻¹‖v‖)²/6 ≈ 1e-8, is below its tests' tolerance).
-:meth:`CentralDifferenceOperator.error_estimate` measures the error of one product: the
-truncation by Richardson's rule, ‖D(2ε) − D(ε)‖/(2^p − 1) for a rule of order p, and the
-rounding from the gradient's size.
+The relative step h = (3u)^{1/3} and the floors of :func:`relative_floor` (h²/6 + u/h for three
+points, 2.4e-11 in float64; h⁴/30 + (3/2)u/h for five, 1.6e-5 in float32) are the precision
+floors the eigenvalue and trace rules are judged against, and b is twice the floor.
+:meth:`CentralDifferenceOperator.error_estimate` measures the error of one product as the
+operator takes it: the truncation by Richardson's rule, ‖D(2ε) − D(ε)‖/(2^p − 1) for a rule of
+order p, and the rounding from the gradient's size.
 
 The loss must be smooth along ±2εv: a ReLU kink crossed by the step adds a gradient jump
 divided by ε (a large truncation estimate says so).
@@ -46,7 +47,8 @@ with fewer batches runs the missing ones on its first batch with a zero loss.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +59,7 @@ from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.guard import PRODUCT
 from curvcal.curvature.operator import HessianOperator, build_operator
 from curvcal.curvature.progress import OnStep
+from curvcal.curvature.step_control import Judgement, StepControl
 from curvcal.curvature.vectors import SlicedSpace, VectorSpace
 from curvcal.errors import NumericalError, SettingsError
 from curvcal.losses import Loss
@@ -83,6 +86,12 @@ FIVE_POINT = Stencil("5-point", ((1.0, 8.0), (-1.0, -8.0), (2.0, -1.0), (-2.0, 1
 #: the five-point rule's pairs: its sum is 8 × INNER's + OUTER's
 INNER = ((1.0, 1.0), (-1.0, -1.0))
 OUTER = ((2.0, -1.0), (-2.0, 1.0))
+#: the share of the eigenvalues' tolerance their products may spend (``product_error``)
+TOL_SHARE = 0.1
+#: what to do about a non-finite vector (the eigenvalue and trace rules never make one)
+VECTOR_HINT = "check the vectors passed to the operator"
+#: the first product measures the rounding at its step over this
+ROUNDING_PROBE = 64.0
 
 
 def stencil_for(dtype: torch.dtype) -> Stencil:
@@ -132,13 +141,18 @@ def sixteen_bit_floor(dtype: torch.dtype) -> tuple[float, float]:
 class ProductError:
     """The measured error of one central-difference product (relative to its norm):
     ``truncation`` by Richardson's rule, ``rounding`` from the gradients' size, ``bound`` their
-    sum; ``relative_step`` h and ``floor`` (:func:`relative_floor`) for the dtype."""
+    sum; ``relative_step`` h and ``floor`` (:func:`relative_floor`) for the dtype; the rule
+    taken (``stencil``, ``passes``: its gradient passes), the absolute step ``step_length`` =
+    ε‖v‖ and, for a three-point product, the bound the rule ``predicted`` before taking it."""
 
     relative_step: float
     floor: float
     truncation: float
     rounding: float
     stencil: str = THREE_POINT.name
+    passes: int = 2
+    step_length: float | None = None
+    predicted: float | None = None
 
     @property
     def bound(self) -> float:
@@ -149,23 +163,45 @@ class ProductError:
             "method": ENGINE,
             "stencil": self.stencil,
             "step": (
-                "epsilon = (3u)^(1/3) * max(1, |theta|) / |v|"
-                if self.stencil == THREE_POINT.name
-                else "epsilon = (3u)^(1/3) * min(max(1, |theta|), 1/sqrt(|rho|)) / |v|, "
-                "rho = v.Hv / |v|^2 (the default when 1/sqrt(|rho|) is over half of it)"
+                "epsilon = delta / |v|, delta = (R / (2 K))^(1/3): R the measured rounding, K "
+                "the largest truncation coefficient measured so far; three points (2 gradient "
+                "passes) where their predicted error is within the stated bound, else "
+                "Richardson's five (4)"
             ),
             "relative_step": self.relative_step,
             "relative_floor": self.floor,
             **self.errors(),
         }
 
-    def errors(self) -> dict[str, float]:
-        """The measured errors alone (for a second vector's estimate)."""
+    def errors(self) -> dict[str, object]:
+        """The rule taken along the vector and its measured errors (for a second vector's
+        estimate)."""
         return {
+            "stencil": self.stencil,
+            "gradient_passes": self.passes,
+            "step_length": self.step_length,
             "truncation_estimate": self.truncation,
             "rounding_estimate": self.rounding,
             "relative_error_bound": self.bound,
+            "predicted_bound": self.predicted,
         }
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A product's rule as taken: the ``stencil``, the step ``epsilon``, the weighted
+    gradient sum Σ_k w_k G(θ + c_k εv) (per parameter piece), the gradient ``passes`` it took
+    and the ``rule``'s name when not the stencil's."""
+
+    stencil: Stencil
+    epsilon: float
+    weighted: list[Tensor]
+    passes: int
+    rule: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.rule or self.stencil.name
 
 
 class CentralDifferenceOperator(HessianOperator):
@@ -201,8 +237,6 @@ class CentralDifferenceOperator(HessianOperator):
         reshard(model)
         super().__init__(model, batches, loss, settings, **keywords)
         self.requested_engine = ENGINE
-        #: the central-difference rule of the dtype (:func:`stencil_for`)
-        self.stencil = stencil_for(self._dtype)
         self._func_usable = False
         self._locates = False  # the NaN search runs one batch alone: not on a sharded model
         # forwards and backwards are collectives: each rank runs as many as the busiest one
@@ -214,6 +248,18 @@ class CentralDifferenceOperator(HessianOperator):
         self.parameter_norm = math.sqrt(float(self.sum_across(squares.to(self._device))))
         #: where the vectors multiplied live: this rank's slices (None: whole vectors)
         self.vector_space = self._sliced_space() if vectors == "sliced" else None
+        #: the per-product rule's state (:mod:`curvcal.curvature.step_control`)
+        self.control = StepControl(
+            bound=self.own_error,
+            norm_bound=self.product_error,
+            default_step=relative_step(self._dtype) * max(1.0, self.parameter_norm),
+        )
+        #: the products taken by each rule, G(θ) (taken once, float32) and the last judgement
+        self.rule_counts: dict[str, int] = {}
+        self.product_passes = 0
+        self.start_passes = 0
+        self._base: list[Tensor] | None = None
+        self.last_judgement: Judgement | None = None
 
     def _runnable(self, settings: HessianSettings, measure_width: bool) -> HessianSettings:
         """The settings as central differences run them: refused where they need double
@@ -280,10 +326,17 @@ class CentralDifferenceOperator(HessianOperator):
 
     @property
     def product_error(self) -> float:
-        """b in ‖computed H·v − H·v‖ ≤ b·‖H‖·‖v‖, what the eigenvalue rules allow for
-        (:mod:`curvcal.curvature.eigen`): twice :func:`relative_floor` — measured on the test
-        transformer in float32, the error reached 1.07× the floor (in units of ‖H‖‖v‖) along
-        the top eigenvector, 0.02× along a Gaussian vector."""
+        """b' in ‖computed H·v − H·v‖ ≤ b'·‖H‖·‖v‖, what the eigenvalue rules allow for
+        (:mod:`curvcal.curvature.eigen`) and what each product of the eigenvalue stage keeps
+        within (:mod:`curvcal.curvature.step_control`): max(b, tol/10), b twice
+        :func:`relative_floor` (each other product keeps within b·‖H·v‖) and tol the
+        eigenvalues' tolerance in the operator's settings."""
+        return max(self.own_error, self.settings.tol * TOL_SHARE)
+
+    @property
+    def own_error(self) -> float:
+        """b in ‖computed H·v − H·v‖ ≤ b·‖H·v‖ outside the eigenvalue stage: twice
+        :func:`relative_floor` (3.2e-5 in float32, 4.8e-11 in float64)."""
         return 2 * relative_floor(self._dtype)
 
     def _plan_memory(self) -> None:
@@ -292,75 +345,159 @@ class CentralDifferenceOperator(HessianOperator):
     def _engine_for(self, width: int) -> str:
         return ENGINE
 
-    def step(self, vector: Tensor) -> float:
-        """ε = (3u)^{1/3} · max(1, ‖θ‖) / ‖v‖ for the vector ``vector`` (module docstring)."""
-        norm = self._norm(vector)
-        return relative_step(self._dtype) * max(1.0, self.parameter_norm) / max(norm, 1e-300)
-
     def _product(self, block: Tensor, total: Tensor | None = None) -> Tensor:
-        """H·``block`` (P, m) as a (P, m) view of ``total`` (m, P): per column, the stencil's
-        gradient passes and their gathered weighted sum (the five-point rule at the step
-        :meth:`curved_step` sets)."""
+        """H·``block`` (P, m) as a (P, m) view of ``total`` (m, P): per column, the gradient
+        passes of the rule :meth:`_adaptive` takes and their gathered weighted sum."""
         m = block.shape[1]
         if total is None:
             total = block.new_empty((m, self._vector_length()))
         tangents = self._tangents(block)
         slots = self._slots(total)
         for j in range(m):
-            column = [t[j] for t in tangents]
-            if self.stencil is FIVE_POINT:
-                epsilon, weighted = self._five_point(block[:, j], column)
-            else:
-                epsilon = self.step(block[:, j])
-                weighted = self._stencil_sum(column, epsilon)
-            for slot, piece in zip(slots, weighted, strict=True):
-                slot[j].copy_(piece).div_(self.stencil.denominator * epsilon)
+            taken = self._adaptive(block[:, j], [t[j] for t in tangents])
+            self._record(taken)
+            for slot, piece in zip(slots, taken.weighted, strict=True):
+                slot[j].copy_(piece).div_(taken.stencil.denominator * taken.epsilon)
         self.engine_products[ENGINE] = self.engine_products.get(ENGINE, 0) + m
         return self._finish(total, m)
 
-    def curved_step(
-        self, tangents: Sequence[Tensor], inner: Sequence[Tensor], epsilon: float
-    ) -> float:
-        """The step of the five-point rule along v (per-parameter pieces ``tangents``) given
-        ``inner`` = G(θ + εv) − G(θ − εv) (the same pieces) at the default step ε (:meth:`step`): ε·min(1, ℓ/s), ℓ = 1/√|ρ| the length
-        over which the loss bends along v, ρ = vᵀ(H·v)/‖v‖² its curvature measured by the
-        three-point rule, s = max(1, ‖θ‖) the default scale.
+    @contextmanager
+    def errors_relative_to_norm(self) -> Iterator[None]:
+        """Within: each product's error is judged against b·‖H‖‖v‖ (the bound the eigenvalue
+        rules allow for: more three-point products) instead of b·‖H v‖ (a trace's need)."""
+        before = self.control.relative_to_norm
+        self.control.relative_to_norm = True
+        try:
+            yield
+        finally:
+            self.control.relative_to_norm = before
 
-        Why: along a direction of large curvature (the top eigenvectors) the logits move by
-        about √ρ per unit of parameter distance, so the loss varies on the length ℓ, not s; at
-        the default step the five-point truncation (εℓ⁻¹‖v‖)⁴/30 was 2e-3 relative along the
-        top eigenvector of the test transformer (λ 13, ℓ 0.27, s 9.6), while a Gaussian v
-        (ρ ≈ tr H/P, small) was good to 8e-6. Taking ε ∝ min(s, ℓ) keeps the relative step
-        h = (3u)^{1/3} against the length the loss really varies on, in every direction."""
-        scale = max(1.0, self.parameter_norm)
-        sums = torch.zeros(2, dtype=torch.float64, device=self._device)
-        for tangent, piece in zip(tangents, inner, strict=True):  # one piece at a time in float64
-            v = tangent.reshape(-1).to(device=sums.device, dtype=torch.float64)
-            sums[0] += v.dot(v)
-            sums[1] += v.dot(piece.reshape(-1).to(device=sums.device, dtype=torch.float64))
-        if self.vector_space is not None:  # vᵀv and vᵀ(G₊ − G₋) over every rank's slice
+    def _record(self, taken: Taken) -> None:
+        self.rule_counts[taken.name] = self.rule_counts.get(taken.name, 0) + 1
+        self.product_passes += taken.passes
+
+    @property
+    def passes_per_product(self) -> float:
+        """The mean gradient passes of the products taken so far (2 a three-point product, 4 a
+        retaken or five-point one, 6 a five-point one at a retaken step; the passes taken once
+        at the start are not counted: :attr:`start_passes`); 0 before any."""
+        products = sum(self.rule_counts.values())
+        return self.product_passes / products if products else 0.0
+
+    def rules_taken(self) -> dict[str, object]:
+        """What the products cost: per rule the products taken, the mean gradient passes of a
+        product and the passes taken once at the start (G(θ) and the rounding probe)."""
+        return {
+            "products_by_rule": dict(self.rule_counts),
+            "passes_per_product": self.passes_per_product,
+            "start_passes": self.start_passes,
+        }
+
+    def _base_gradient(self) -> list[Tensor]:
+        """G(θ), the summed gradient at the parameters (one gradient pass, the first time; as
+        the products' pieces are held), and R = u·‖G(θ)‖·√B / N set in :attr:`control`."""
+        if self._base is None:
+            zeros = [torch.zeros_like(_local(p)) for p in self._params]
+            self._base = self._points_sum(zeros, 0.0, ((0.0, 1.0),))
+            self.start_passes += 1
+            (norm,) = self._norms(self._base)
+            batches = self._batches.n_batches + self._padding
+            self.control.rounding_unit = (
+                unit_roundoff(self._dtype) * norm * math.sqrt(batches) / self.n_samples
+            )
+        return self._base
+
+    def _norms(self, *pieces: Iterable[Tensor]) -> list[float]:
+        """‖·‖ of each sequence of per-parameter pieces (taken one at a time: a generator
+        makes one piece at a time), in float64, summed over the ranks' slices when sliced:
+        every rank gets the same figures, so takes the same rule."""
+        sums = torch.zeros(len(pieces), dtype=torch.float64, device=self._device)
+        for index, listed in enumerate(pieces):
+            for piece in listed:
+                sums[index] += piece.to(device=sums.device, dtype=torch.float64).square().sum()
+        if self.vector_space is not None:
             sums = self.vector_space.reduce(sums)
-        squared, along = (float(x) for x in sums)
-        if squared == 0.0:
-            return epsilon
-        curvature = abs(along) / (2 * epsilon * self.n_samples * squared)
-        if curvature * scale * scale <= 1.0:
-            return epsilon
-        return epsilon / (math.sqrt(curvature) * scale)
+        return [math.sqrt(float(x)) for x in sums]
 
-    def _five_point(self, vector: Tensor, tangents: Sequence[Tensor]) -> tuple[float, list[Tensor]]:
-        """(ε, Σ_k w_k G(θ + c_k εv)) of the five-point rule at the step :meth:`curved_step`
-        sets: the inner pair at the default step measures the curvature along v; when the
-        step it asks for is within a factor 2 of the default, the outer pair completes the rule
-        there (4 gradient passes), otherwise the rule runs at the shorter step (6 passes)."""
-        epsilon = self.step(vector)
-        inner = self._points_sum(tangents, epsilon, INNER)
-        curved = self.curved_step(tangents, inner, epsilon)
-        if curved < epsilon / 2:
-            epsilon = curved
-            inner = self._points_sum(tangents, epsilon, INNER)
-        outer = self._points_sum(tangents, epsilon, OUTER)
-        return epsilon, [b.add_(a, alpha=8.0) for a, b in zip(inner, outer, strict=True)]
+    def _pair(
+        self, tangents: Sequence[Tensor], epsilon: float
+    ) -> tuple[list[Tensor], float, float]:
+        """G(θ + εv) − G(θ − εv) (per parameter piece), ‖D₃‖ and ‖S‖/N, S the even part
+        G(θ + εv) + G(θ − εv) − 2G(θ) (two gradient passes)."""
+        base = self._base_gradient()
+        plus = self._points_sum(tangents, epsilon, ((1.0, 1.0),))
+        minus = self._points_sum(tangents, epsilon, ((-1.0, 1.0),))
+        (even_norm,) = self._norms(
+            p.to(torch.float64) + m.to(torch.float64) - 2 * b.to(torch.float64)
+            for p, m, b in zip(plus, minus, base, strict=True)
+        )
+        difference = [p.sub_(m) for p, m in zip(plus, minus, strict=True)]
+        del minus
+        (difference_norm,) = self._norms(difference)
+        n = self.n_samples
+        return difference, difference_norm / (2 * epsilon * n), even_norm / n
+
+    def _adaptive(self, vector: Tensor, tangents: Sequence[Tensor]) -> Taken:
+        """The product's rule (:mod:`curvcal.curvature.step_control`): the pair G(θ ± εv) at the
+        step δ = ε‖v‖ the control sets; three points when their predicted error is within the
+        stated bound. Otherwise, once calibrated, the pair again at this direction's own
+        three-point step (from its measured derivatives) when it is over 2× off and three
+        points are predicted to be within the bound there, and three points if they are; or
+        the pair again at a step under half the one taken where five points need it (the
+        three-point step while the eigenvalues are computed, else
+        :meth:`~curvcal.curvature.step_control.StepControl.five_point_step`); else the outer
+        pair G(θ ± 2εv) completes Richardson's five points at the last step: 4 or 6 passes. The first product
+        calibrates: Richardson, its three-point truncation measured, and a pair at a
+        64× shorter step measures the rounding against the five-point product."""
+        control = self.control
+        norm = self._norm(vector)
+        if not math.isfinite(norm):  # no pass, and the rule learns nothing from it
+            raise NumericalError(
+                "hessian", "a vector to multiply is not finite (NaN or Inf)", VECTOR_HINT
+            )
+        if norm == 0.0:  # H·0 = 0, without a pass (a step ε = δ/0 would overflow)
+            zeros = [torch.zeros_like(t) for t in tangents]
+            return Taken(THREE_POINT, 1.0, zeros, 0, "zero vector")
+        step = control.step()
+        epsilon = step / norm
+        difference, image, even = self._pair(tangents, epsilon)
+        judgement = control.judge(step, image / norm, even)
+        self.last_judgement = judgement
+        if control.calibrated and judgement.three_points_enough:
+            return Taken(THREE_POINT, epsilon, difference, 2)
+        passes = 4
+        if control.calibrated:
+            own = control.step_for(judgement.ladder, image / norm)
+            promising = control.expect(judgement.ladder, own, image / norm).three_points_enough
+            if control.relative_to_norm:  # five points at the three-point step where shorter
+                shorter = own
+            else:  # five points' own step (a trace's probe: mostly the default)
+                shorter = control.five_point_step(judgement, image / norm)
+            if ((own < step / 2 or own > 2 * step) and promising) or shorter < step / 2:
+                retake = own if promising else shorter
+                step, epsilon, passes = retake, retake / norm, 6
+                difference, image, even = self._pair(tangents, epsilon)
+                judgement = control.judge(step, image / norm, even)
+                self.last_judgement = judgement
+                if judgement.three_points_enough:
+                    return Taken(THREE_POINT, epsilon, difference, 4, "3-point, step retaken")
+        outer = self._points_sum(tangents, epsilon, OUTER)  # −(G(θ + 2εv) − G(θ − 2εv))
+        # D₃(2ε) − D₃(ε) = −(outer + 2·difference) / (4εN); a third of it is D₃(ε)'s truncation
+        (change,) = self._norms(o + 2 * d for o, d in zip(outer, difference, strict=True))
+        first = not control.calibrated
+        control.measured(step, judgement, change / (4 * epsilon * self.n_samples) / 3 / norm)
+        weighted = [o.add_(d, alpha=8.0) for o, d in zip(outer, difference, strict=True)]
+        if not first:
+            return Taken(FIVE_POINT, epsilon, weighted, passes)
+        # the rounding: three points at a 64× shorter step (truncation 4096× smaller) against
+        # the five-point product, the difference per unit ‖v‖ times that step
+        short = step / ROUNDING_PROBE
+        near, _, _ = self._pair(tangents, short / norm)
+        five, three = FIVE_POINT.denominator * epsilon, 2 * short / norm
+        (error,) = self._norms(a / three - w / five for a, w in zip(near, weighted, strict=True))
+        control.rounding_measured(short, error / self.n_samples / norm)
+        self.start_passes += 2
+        return Taken(FIVE_POINT, epsilon, weighted, 4)
 
     def _finish(self, total: Tensor, m: int) -> Tensor:
         """The mean over the samples of ``total`` (m, P), already summed over the ranks by the
@@ -375,10 +512,6 @@ class CentralDifferenceOperator(HessianOperator):
                 "hessian", PRODUCT, "check the model and data for NaN, or use float64"
             )
         return result
-
-    def _stencil_sum(self, tangents: Sequence[Tensor], epsilon: float) -> list[Tensor]:
-        """Σ_k w_k G(θ + c_k εv) over the stencil's points (see :meth:`_points_sum`)."""
-        return self._points_sum(tangents, epsilon, self.stencil.points)
 
     def _points_sum(
         self, tangents: Sequence[Tensor], epsilon: float, points: Sequence[tuple[float, float]]
@@ -460,70 +593,67 @@ class CentralDifferenceOperator(HessianOperator):
     def error_estimate(self, seed: int = 0, vector: Tensor | None = None) -> ProductError:
         """The error of one product, relative to its norm, on ``vector`` (as the operator's
         vectors are held: whole, or this rank's slice; e.g. the top eigenvector, along which
-        the error is largest) or else on a Gaussian vector seeded by ``seed``: truncation
-        ‖D(2ε) − D(ε)‖/(2^p − 1) (Richardson, p the stencil's order) at the step ε the
-        product along that vector takes (:meth:`curved_step`'s for the five-point rule) and
-        rounding u·‖G(θ)‖·√B·Σ_k|w_k| / (denominator·ε), B the batches summed. Two products
-        and a gradient pass."""
+        the error is largest) or else on a Gaussian vector seeded by ``seed``: the product the
+        operator takes along that vector (its rule and step), its truncation
+        ‖D(2ε) − D(ε)‖/(2^p − 1) (Richardson, p the order of the rule taken) and its rounding
+        u·‖G(θ)‖·√B·Σ_k|w_k| / (denominator·ε), B the batches summed; and, for a float32
+        three-point product, the bound the rule predicted before taking it. Two products and,
+        in float64, a gradient pass."""
         space = self.vector_space or VectorSpace(self.shape[0])
         if vector is None:
             vector = space.normal(torch.Generator().manual_seed(seed), self._dtype)
         vector = vector.to(device=self._device, dtype=self._dtype)
         single = [t[0] for t in self._tangents(vector.reshape(-1, 1))]
-        stencil = self.stencil
-
-        def product(step: float) -> Tensor:
-            weighted = self._stencil_sum(single, step)
-            return flatten(weighted, step)
+        taken = self._adaptive(vector, single)  # the rule and the step the operator takes
+        stencil, epsilon = taken.stencil, taken.epsilon
 
         def flatten(weighted: Sequence[Tensor], step: float) -> Tensor:
             flat = torch.cat([w.reshape(-1) for w in weighted]).to(torch.float64)
             return flat / (stencil.denominator * step)
 
-        if stencil is FIVE_POINT:  # the step and the product the operator itself takes
-            epsilon, weighted = self._five_point(vector, single)
-            near = flatten(weighted, epsilon)
-        else:
-            epsilon = self.step(vector)
-            near = product(epsilon)
-        far = product(2 * epsilon)
+        near = flatten(taken.weighted, epsilon)
+        far = flatten(self._points_sum(single, 2 * epsilon, stencil.points), 2 * epsilon)
         norm = max(float(space.norm(near)), 1e-300)
         truncation = float(space.norm(far - near)) / (2**stencil.order - 1) / norm
         weights = sum(abs(w) for _, w in stencil.points)
         batches = self._batches.n_batches + self._padding
+        (gradient_norm,) = self._norms(self._base_gradient())
         rounding = (
             unit_roundoff(self._dtype)
-            * self._gradient_norm()
+            * gradient_norm
             * math.sqrt(batches)
             * weights
             / (stencil.denominator * epsilon)
             / norm
         )
+        predicted = None
+        if self.last_judgement is not None and stencil is THREE_POINT:
+            predicted = self.last_judgement.bound * self._norm(vector) / norm
         return ProductError(
             relative_step(self._dtype),
             relative_floor(self._dtype),
             truncation,
             rounding,
             stencil.name,
+            passes=taken.passes,
+            step_length=epsilon * self._norm(vector),
+            predicted=predicted,
         )
-
-    def _gradient_norm(self) -> float:
-        """‖G(θ)‖, the summed gradient over every sample (each rank's shards' squares summed
-        over the ranks: no parameter is gathered)."""
-        self._clear_gradients()
-        self._gradient_pass(1.0)
-        squares = torch.zeros((), dtype=torch.float64, device=self._device)
-        for p in self._params:
-            if p.grad is not None:
-                squares += _local(p.grad).to(torch.float64).square().sum()
-        self._clear_gradients()
-        return math.sqrt(float(self.sum_across(squares)))
 
 
 def _local(parameter: Tensor) -> Tensor:
     from curvcal.sharding import local_tensor
 
     return local_tensor(parameter)
+
+
+def eigenvalue_products(operator: object) -> AbstractContextManager[None]:
+    """The products as the eigenvalue rules need them: for a central-difference operator each
+    within b·‖H‖‖v‖ (:meth:`CentralDifferenceOperator.errors_relative_to_norm`), any other
+    operator as it is."""
+    if isinstance(operator, CentralDifferenceOperator):
+        return operator.errors_relative_to_norm()
+    return nullcontext()
 
 
 def refuse_unsharded_settings(settings: HessianSettings, measure_width: bool) -> None:
@@ -575,6 +705,7 @@ __all__ = [
     "THREE_POINT",
     "CentralDifferenceOperator",
     "ProductError",
+    "eigenvalue_products",
     "operator_for",
     "refuse_unsharded_settings",
     "relative_floor",

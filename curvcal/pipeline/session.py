@@ -310,8 +310,9 @@ class Session:
         extra: dict[str, Any] = {}
         error_estimate = getattr(built[0], "error_estimate", None) if built else None
         if error_estimate is not None:  # a sharded model: say how exact its products are
+            costs = built[0].rules_taken()  # the run's products, before the estimates' own
             estimate = error_estimate(settings.seed)
-            extra["product"] = estimate.as_dict()
+            extra["product"] = {**estimate.as_dict(), **costs}
             along = ""
             if top:  # the eigenvalue stage finished
                 top_estimate = error_estimate(settings.seed, vector=top[0])
@@ -321,7 +322,8 @@ class Session:
                 "Hessian products by central differences of gradients (--shard-model "
                 f"{self.checkpoint_settings.shard_model}): relative error about "
                 f"{estimate.bound:.1e} on a Gaussian vector (truncation "
-                f"{estimate.truncation:.1e}, rounding {estimate.rounding:.1e}){along}"
+                f"{estimate.truncation:.1e}, rounding {estimate.rounding:.1e}){along}; "
+                f"{costs['passes_per_product']:.2f} gradient passes a product"
             )
             if self.is_main:
                 self.reporter.warn(notes[-1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from curvcal.report.tables import Table, fmt_float
 
@@ -320,6 +320,22 @@ def _density_table(analysis: HessianAnalysis) -> Table:
     )
 
 
+def _central_difference_rows(product: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A sharded model's products (central differences of gradients): their gradient passes
+    beside the relative error measured on a Gaussian vector (and along the top eigenvector)."""
+    if not product or "passes_per_product" not in product:
+        return []
+    error = f"relative error {product['relative_error_bound']:.1e} on a Gaussian vector"
+    top = product.get("top_eigenvector")
+    if top:
+        error += f", {top['relative_error_bound']:.1e} along the top eigenvector"
+    passes = (
+        f"{product['passes_per_product']:.2f} gradient passes a product "
+        f"(+{product['start_passes']} once)"
+    )
+    return [("central-difference products", f"{passes}; {error}")]
+
+
 def _run_table(analysis: HessianAnalysis, device: str) -> Table:
     op = analysis.operator
     loss = op["loss"] if op["loss"] != "focal" else f"{op['loss']} (γ = {op['gamma']:g})"
@@ -336,6 +352,7 @@ def _run_table(analysis: HessianAnalysis, device: str) -> Table:
         ),
         ("Hessian-vector products", f"{op['n_matvecs']:,}"),
         ("passes over the data", f"{op['n_data_passes']:,}"),
+        *_central_difference_rows(op.get("product")),
         ("seconds", fmt_float(sum(analysis.timings.values()), 3)),
     ]
     return Table(title="run", columns=("item", "value"), rows=tuple(rows))

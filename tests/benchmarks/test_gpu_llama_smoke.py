@@ -38,9 +38,9 @@ def test_llama_part_runs_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert rebuilt["memory_plan"]["graphs"] == "rebuilt"
     # the graphs built once, by the warm-up product: one pass over the two products measured
     assert kept["memory_plan"]["graphs"] == "kept" and kept["data_passes_per_product"] == 0.5
-    # central differences in float32: a five-point stencil, one pass per point and one for the
-    # step's curvature, so 4 to 6 gradient passes
-    assert 4 <= rows["fp32 sharded"]["data_passes_per_product"] <= 6
+    # central differences: the first of the two products takes the start (G(θ) and the
+    # rounding probe's pair, 3 passes) and Richardson's 4, the second 2 (three points) to 6
+    assert 4.5 <= rows["fp32 sharded"]["data_passes_per_product"] <= 6.5
     assert all(r["product_s"] > 0 and r["gradient_s"] > 0 for r in rows.values())
     table = (tmp_path / "gpu-run-smoke.md").read_text()
     assert "| bf16 replicated | 28,256 | 4 × 8 (2) |" in table

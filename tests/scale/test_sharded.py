@@ -28,9 +28,9 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 #: (ranks, sharding, dtype, relative tolerance of the trace and the calibration metrics, of
 #: one product, of λmax and the top 3)
-#: float32: the eigenvalues at 1e-4 need the five-point step scaled to the curvature along v
-#: (``curved_step``): at the default step the product along the top eigenvector was 2e-3 off
-#: (λmax 2e-3 low) while a Gaussian vector's was good to 1e-5
+#: float32: the eigenvalues at 1e-4 need a step scaled to the derivatives along v
+#: (``step_control``): at the default step the five-point product along the top eigenvector
+#: was 2e-3 off (λmax 2e-3 low) while a Gaussian vector's was good to 1e-5
 CASES = [
     (2, "blocks", "float64", 1e-7, 1e-8, 1e-7),
     (4, "modules", "float64", 1e-7, 1e-8, 1e-7),
@@ -38,7 +38,7 @@ CASES = [
 ]
 
 
-@pytest.mark.slow  # W ranks, each product 2 (float64) or 4 (float32) gradient passes
+@pytest.mark.slow  # W ranks, each product 2 to 6 gradient passes
 @pytest.mark.parametrize(
     ("ranks", "how", "dtype", "tolerance", "product_tolerance", "eigen_tolerance"), CASES
 )

@@ -133,8 +133,14 @@ def test_sharded_bert_matches_one_process(run_cli, launched: dict[str, Any]) -> 
     assert got["operator"]["engine"] == "central-difference"
     assert got["operator"]["world_size"] == 2
     product = got["operator"]["product"]
-    assert product["method"] == "central-difference" and product["stencil"] == "3-point"
+    assert product["method"] == "central-difference"
+    # a Gaussian vector's product is held to b·‖Hv‖ (4.8e-11 in float64): Richardson's five
+    # points where three are not enough; the run's products and their passes beside it
+    assert product["stencil"] in {"3-point", "5-point"}
+    assert product["gradient_passes"] in {2, 4, 6}
     assert 0 < product["relative_error_bound"] < 1e-7
+    assert sum(product["products_by_rule"].values()) > 0 and product["start_passes"] == 3
+    assert 2.0 <= product["passes_per_product"] <= 6.0
     # and along the top eigenvector, where the truncation is largest
     assert 0 < product["top_eigenvector"]["relative_error_bound"] < 1e-5
     # products good to 5e-9 here, but Lanczos stops at the precision floor the products'
