@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -265,7 +266,7 @@ class Reporter:
             return
         if not console.is_terminal:
             lines = PlainLines(description, total, self._plain, self.clock)
-            yield Advance(lines.advance, lines.describe, lines.plan)
+            yield Advance(lines.advance, lines.describe, lines.pace.plan)
             lines.finish()
             return
         pace = Pace(total, self.clock)
@@ -282,13 +283,8 @@ class Reporter:
                 pace.update(pace.done + units)
                 bar.update(task, completed=pace.done, total=pace.total, pace=pace.text())
 
-            def plan(
-                new_total: int | None,
-                typical: int = 0,
-                bounded: bool = True,
-                stage_end: int | None = None,
-            ) -> None:
-                pace.plan(new_total, typical, bounded, stage_end)
+            def plan(*revised: Any) -> None:  # Pace.plan's arguments, as Advance passes them
+                pace.plan(*revised)
                 bar.update(task, total=pace.total, pace=pace.text())
 
             shown = [description]

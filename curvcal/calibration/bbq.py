@@ -51,13 +51,13 @@ import torch
 from scipy.special import gammaln
 
 from curvcal.calibration.binning import bin_cells, bin_of, cell_bin_of, tie_group_ends
-from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.isotonic import _packed_pairs
+from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import array, choice, integer, read_fields
 from curvcal.calibration.univariate import (
     RowMap,
-    check_classes,
     fit_nll,
+    fit_split,
     mapped_nll,
     top_label_map,
 )
@@ -300,7 +300,7 @@ class BBQMap(RowMap):
 
 
 @dataclass(frozen=True)
-class BBQFit:
+class BBQFit(MapFit[BBQMap]):
     """BBQ fitted on one split: the bin counts tried (``min_bins`` to ``max_bins``),
     ``n_models`` distinct binnings scored, ``models_kept`` with a weight of at least
     :data:`SMALLEST_WEIGHT` (the saved ones), the largest
@@ -314,14 +314,6 @@ class BBQFit:
     models_kept: int
     largest_weight: float
     n_parameters: int
-    nll_before: float
-    nll_after: float
-    n_samples: int
-    calibrator: BBQMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record without its parameters (they are in the saved calibrator)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def fit_bbq(
@@ -337,10 +329,8 @@ def fit_bbq(
     binnings with ``counts`` bins (default: the paper's range, :func:`bin_counts`)."""
     if method != BBQ_METHOD:
         raise InputError("--method", f"unknown BBQ map {method!r}", BBQ_METHOD)
-    logp = log_probabilities(scores, kind, source)
+    logp, y = fit_split(scores, labels, kind, source, labels_source, "BBQ")
     n, k = logp.shape
-    check_classes(k, "BBQ", source)
-    y = class_labels(labels, n, k, labels_source)
     if n < 1:
         raise InputError(source, "BBQ needs at least one fit sample")
     top = logp.argmax(dim=1)

@@ -31,16 +31,16 @@ import numpy as np
 import torch
 
 from curvcal.calibration.bins import equal_mass_index
-from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.isotonic import KnotTable, knot_segments, step_table
+from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import array, choice, integer, read_fields
 from curvcal.calibration.ties import TIE_RELATIVE, group_starts
 from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
     RowMap,
     by_columns,
-    check_classes,
     fit_nll,
+    fit_split,
     log_of_values,
     map_chunk_rows,
     mapped_nll,
@@ -411,7 +411,7 @@ class HistogramMap(RowMap):
 
 
 @dataclass(frozen=True)
-class HistogramFit:
+class HistogramFit(MapFit[HistogramMap]):
     """Histogram binning fitted on one split: ``n_bins`` asked, ``bins_used`` (per map: fewer
     than asked when equal-mass ties merged bins), ``empty_bins`` (equal-width bins without fit
     samples, over every map), ``n_parameters`` (the values, and the inner edges of
@@ -423,14 +423,6 @@ class HistogramFit:
     bins_used: tuple[int, ...]
     empty_bins: int
     n_parameters: int
-    nll_before: float
-    nll_after: float
-    n_samples: int
-    calibrator: HistogramMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record without its parameters (they are in the saved calibrator)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def fit_histogram(
@@ -453,10 +445,8 @@ def fit_histogram(
         )
     if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
         raise InputError("--histogram-bins", f"must be a whole number >= 1, got {n_bins!r}")
-    logp = log_probabilities(scores, kind, source)
+    logp, y = fit_split(scores, labels, kind, source, labels_source, f"{method} binning")
     n, k = logp.shape
-    check_classes(k, f"{method} binning", source)
-    y = class_labels(labels, n, k, labels_source)
     if n < n_bins:
         raise InputError(
             "--histogram-bins",

@@ -29,14 +29,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvcal.calibration.inputs import class_labels, log_probabilities
+from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import array, choice, integer, read_fields
 from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
     RowMap,
     by_columns,
-    check_classes,
     fit_nll,
+    fit_split,
     mapped_nll,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
@@ -641,21 +641,13 @@ class IsotonicMap(RowMap):
 
 
 @dataclass(frozen=True)
-class IsotonicFit:
+class IsotonicFit(MapFit[IsotonicMap]):
     """Isotonic regression fitted on one split: ``points`` kept per map, NLL before/after on
     the fit split (in-sample)."""
 
     method: str
     points: tuple[int, ...]
     n_parameters: int
-    nll_before: float
-    nll_after: float
-    n_samples: int
-    calibrator: IsotonicMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record without its parameters (they are in the saved calibrator)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def fit_isotonic(
@@ -670,10 +662,8 @@ def fit_isotonic(
     regression on (``scores``, ``labels``)."""
     if method not in ISOTONIC_METHODS:
         raise InputError("--method", f"unknown isotonic map {method!r}", "isotonic or -ovr")
-    logp = log_probabilities(scores, kind, source)
+    logp, y = fit_split(scores, labels, kind, source, labels_source, f"{method} regression")
     n, k = logp.shape
-    check_classes(k, f"{method} regression", source)
-    y = class_labels(labels, n, k, labels_source)
     if method == "isotonic":
         top = logp.argmax(dim=1)
         log_c = logp.gather(1, top[:, None])[:, 0]

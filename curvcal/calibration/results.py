@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Generic, TypeVar
 
 from curvcal.calibration.saved import TEMPERATURE_RANGE, Field, SavedMap, choice, number
 from curvcal.errors import InputError
@@ -13,6 +13,28 @@ from curvcal.settings.calibration import MAX_GAMMA
 
 #: Calibration map names a :class:`Calibrator` can carry.
 CALIBRATOR_METHODS = ("none", "temperature", "focal-temperature")
+
+MapT = TypeVar("MapT")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MapFit(Generic[MapT]):
+    """What every calibration map's fit records: ``nll_before``/``nll_after``, the mean NLL
+    −log q_y on the fit split under the identity map and under the fitted one (in-sample),
+    ``n_samples`` N of the fit split, and the fitted map ``calibrator``. A map's fit record
+    derives from this and adds its own fields (given first when it is built by position)."""
+
+    nll_before: float
+    nll_after: float
+    n_samples: int
+    calibrator: MapT
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fit's record: the map's own fields, then ``nll_before``, ``nll_after`` and
+        ``n_samples``; not the ``calibrator`` (it is saved on its own)."""
+        shared = [item.name for item in fields(MapFit)]
+        own = [item.name for item in fields(self) if item.name not in shared]
+        return {key: getattr(self, key) for key in (*own, *shared) if key != "calibrator"}
 
 
 @dataclass(frozen=True)

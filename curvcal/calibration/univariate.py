@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvcal.calibration.inputs import chunk_rows
+from curvcal.calibration.inputs import chunk_rows, class_labels, log_probabilities
 from curvcal.calibration.saved import SavedMap
 from curvcal.errors import InputError
 
@@ -286,6 +286,20 @@ def check_classes(n_classes: int, method: str, source: str) -> None:
     """A one-dimensional map needs K ≥ 2 score columns."""
     if n_classes < 2:
         raise InputError(source, f"has {n_classes} class; {method} needs at least 2")
+
+
+def fit_split(
+    scores: Any, labels: Any, kind: str, source: str, labels_source: str, method: str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fit split of a map fitted to scores: the N×K float64 log-probabilities of
+    ``scores`` of ``kind`` (:func:`log_probabilities`) and the N labels checked against them
+    (:func:`class_labels`); with ``method`` (the map's name) K ≥ 2 is required first
+    (:func:`check_classes`). Errors name ``source`` and ``labels_source``."""
+    logp = log_probabilities(scores, kind, source)
+    n, k = logp.shape
+    if method is not None:
+        check_classes(k, method, source)
+    return logp, class_labels(labels, n, k, labels_source)
 
 
 def fit_nll(logq: torch.Tensor, labels: torch.Tensor) -> float:

@@ -65,14 +65,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.linear import LOG_FLOOR
+from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import SavedMap, choice, integer, read_fields
 from curvcal.calibration.saved import array as saved_array
 from curvcal.calibration.univariate import (
     apply_by_rows,
-    check_classes,
     fit_nll,
+    fit_split,
     one_vs_rest_log_probabilities,
 )
 from curvcal.errors import InputError
@@ -431,7 +431,7 @@ class VennAbersMap(SavedMap):
 
 
 @dataclass(frozen=True)
-class VennAbersFit:
+class VennAbersFit(MapFit[VennAbersMap]):
     """An IVAP fitted on one split: ``input`` (the score), ``distinct_scores`` per map and the
     ``knots`` kept of them (where p0 or p1 changes), the
     in-sample width p1 − p0 at the fit scores (``width_mean``, ``width_max``), NLL before and
@@ -444,14 +444,6 @@ class VennAbersFit:
     n_parameters: int
     width_mean: float
     width_max: float
-    nll_before: float
-    nll_after: float
-    n_samples: int
-    calibrator: VennAbersMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record without its parameters (they are in the saved calibrator)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def fit_venn_abers(
@@ -463,10 +455,8 @@ def fit_venn_abers(
 ) -> VennAbersFit:
     """Fit the inductive Venn–Abers predictor on (``scores``, ``labels``): binary for K = 2,
     one-vs-all for K > 2 (module docstring)."""
-    logp = log_probabilities(scores, kind, source)
+    logp, y = fit_split(scores, labels, kind, source, labels_source, "Venn-Abers")
     n, k = logp.shape
-    check_classes(k, "Venn-Abers", source)
-    y = class_labels(labels, n, k, labels_source)
     if n == 0:
         raise InputError(source, "has no samples; Venn-Abers needs at least one to fit")
     targets = y.numpy()
