@@ -141,10 +141,14 @@ StepCallback = Callable[[int], None]
 """Called by long-running kernels with the number of units of work just finished."""
 
 
+def _no_plan(*_revised: Any) -> None:
+    """A revised plan where no progress is shown."""
+
+
 class Advance:
     """What :meth:`Reporter.progress` yields: called with the units just finished; its
     :meth:`describe` changes the text before the count (the stage a long run is in) and
-    :meth:`plan` the total (a plan revised once the run resolved its settings)."""
+    :attr:`plan` the total (a plan revised once the run resolved its settings)."""
 
     def __init__(
         self,
@@ -154,7 +158,10 @@ class Advance:
     ) -> None:
         self._step = step
         self._describe = describe
-        self._plan = plan
+        #: a new total, taken as :meth:`~curvcal.pace.Pace.plan` takes it: ``typical`` of it
+        #: (done first) a typical count, not a known one, and the units past ``stage_end`` of
+        #: stages not yet begun (nothing when no progress is shown)
+        self.plan: Callable[..., None] = plan if plan is not None else _no_plan
 
     def __call__(self, units: int) -> None:
         self._step(units)
@@ -162,18 +169,6 @@ class Advance:
     def describe(self, text: str) -> None:
         if self._describe is not None:
             self._describe(text)
-
-    def plan(
-        self,
-        total: int | None,
-        typical: int = 0,
-        typical_bounded: bool = True,
-        stage_end: int | None = None,
-    ) -> None:
-        """A new total; ``typical`` of it (done first) a typical count, not a known one, and
-        the units past ``stage_end`` of stages not yet begun (:class:`~curvcal.pace.Pace`)."""
-        if self._plan is not None:
-            self._plan(total, typical, typical_bounded, stage_end)
 
 
 #: warnings said before a run's :class:`Reporter` exists (a former spelling read while the

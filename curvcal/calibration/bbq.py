@@ -50,7 +50,13 @@ import numpy as np
 import torch
 from scipy.special import gammaln
 
-from curvcal.calibration.binning import bin_cells, bin_of, cell_bin_of, tie_group_ends
+from curvcal.calibration.binning import (
+    bin_cells,
+    bin_of,
+    cell_bin_of,
+    check_bin_rows,
+    tie_group_ends,
+)
 from curvcal.calibration.isotonic import _packed_pairs
 from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import array, choice, integer, read_fields
@@ -371,11 +377,7 @@ def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarra
             f"needs one row of edges, one of values and one weight per model, got "
             f"{len(edges)}, {len(values)} and {len(weights)}",
         )
-    for row_edges, row_values in zip(edges, values, strict=True):
-        if len(row_edges) != len(row_values) + 1:
-            raise InputError(source, "every row needs one edge more than it has values")
-        if row_edges[0] != 0 or row_edges[-1] != 1 or not (np.diff(row_edges) > 0).all():
-            raise InputError(source, "edges must rise strictly from 0 to 1")
+    check_bin_rows(edges, values, source)
     if abs(float(weights.sum()) - 1.0) > WEIGHT_SUM_TOLERANCE:
         raise InputError(source, "weights must be >= 0 and sum to 1")
     return edges, values, weights

@@ -484,6 +484,16 @@ def fit_histogram(
     )
 
 
+def check_bin_rows(edges: list[np.ndarray], values: list[np.ndarray], source: str) -> None:
+    """Each saved row of bins: edges rising strictly from 0 to 1, one more than its values
+    (a fault is an :class:`InputError` naming ``source``)."""
+    for row_edges, row_values in zip(edges, values, strict=True):
+        if len(row_edges) != len(row_values) + 1:
+            raise InputError(source, "every row needs one edge more than it has values")
+        if row_edges[0] != 0 or row_edges[-1] != 1 or not (np.diff(row_edges) > 0).all():
+            raise InputError(source, "edges must rise strictly from 0 to 1")
+
+
 def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
     fields = read_fields(data, FIELDS, source)
     method, k = fields["method"], fields["n_classes"]
@@ -495,9 +505,5 @@ def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarra
             f"{method} with {k} classes needs {rows} row(s) of edges and values, got "
             f"{len(edges)} and {len(values)}",
         )
-    for row_edges, row_values in zip(edges, values, strict=True):
-        if len(row_edges) != len(row_values) + 1:
-            raise InputError(source, "every row needs one edge more than it has values")
-        if row_edges[0] != 0 or row_edges[-1] != 1 or not (np.diff(row_edges) > 0).all():
-            raise InputError(source, "edges must rise strictly from 0 to 1")
+    check_bin_rows(edges, values, source)
     return edges, values

@@ -88,23 +88,11 @@ def hessian(
 
     The loss is averaged over every sample of --data, in eval mode unless --mode train.
     """
-    from curvcal.commands.clashes import (
-        arch_inputs,
-        checkpoint_inputs,
-        data_inputs,
-        tokenizer_inputs,
-    )
+    from curvcal.commands.clashes import model_and_data_inputs
     from curvcal.pipeline.hessian import run_hessian
 
     options, reporter = start(
-        inputs=[
-            *checkpoint_inputs(
-                "CHECKPOINT", checkpoint, checkpoint_options.arch, checkpoint_options.base_model
-            ),
-            *arch_inputs("--arch", checkpoint_options.arch),
-            *data_inputs("--data", data_options.data, data_options.data_root),
-            *tokenizer_inputs("--tokenizer", data_options.tokenizer),
-        ],
+        inputs=model_and_data_inputs(checkpoint, checkpoint_options, data_options),
         outputs=[
             *plot_outputs(plot, settings.per_layer),
             *([("--save-eigenvectors", save_eigenvectors)] if save_eigenvectors else []),
