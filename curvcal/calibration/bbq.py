@@ -59,7 +59,7 @@ from curvcal.calibration.binning import (
 )
 from curvcal.calibration.isotonic import _packed_pairs
 from curvcal.calibration.results import MapFit
-from curvcal.calibration.saved import array, choice, integer, read_fields
+from curvcal.calibration.saved import array, choice, integer
 from curvcal.calibration.univariate import (
     RowMap,
     fit_nll,
@@ -260,31 +260,20 @@ class BBQMap(RowMap):
     weights: tuple[float, ...]
     method: str = BBQ_METHOD
 
-    def __post_init__(self) -> None:
-        _check_map(self.to_dict(), "calibrator")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: ``{"method", "n_classes", "edges", "values", "weights"}`` (one list
-        of edges and one of values per model, one weight per model)."""
-        return {
-            "method": self.method,
-            "n_classes": self.n_classes,
-            "edges": [list(row) for row in self.edges],
-            "values": [list(row) for row in self.values],
-            "weights": list(self.weights),
-        }
-
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> BBQMap:
-        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
-        ``source``."""
-        edges, values, weights = _check_map(data, source)
-        return cls(
-            data["n_classes"],
-            tuple(tuple(row.tolist()) for row in edges),
-            tuple(tuple(row.tolist()) for row in values),
-            tuple(weights.tolist()),
-        )
+    def check_rows(cls, fields: dict[str, Any], source: str) -> None:
+        """One row of edges and values and one weight per model (rows by
+        :func:`check_bin_rows`), the weights summing to 1."""
+        edges, values, weights = fields["edges"], fields["values"], fields["weights"]
+        if not len(edges) == len(values) == len(weights):
+            raise InputError(
+                source,
+                f"needs one row of edges, one of values and one weight per model, got "
+                f"{len(edges)}, {len(values)} and {len(weights)}",
+            )
+        check_bin_rows(edges, values, source)
+        if abs(float(weights.sum()) - 1.0) > WEIGHT_SUM_TOLERANCE:
+            raise InputError(source, "weights must be >= 0 and sum to 1")
 
     @cached_property
     def _merged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -366,18 +355,3 @@ def fit_bbq(
         n_samples=n,
         calibrator=fitted,
     )
-
-
-def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
-    fields = read_fields(data, FIELDS, source)
-    edges, values, weights = fields["edges"], fields["values"], fields["weights"]
-    if not len(edges) == len(values) == len(weights):
-        raise InputError(
-            source,
-            f"needs one row of edges, one of values and one weight per model, got "
-            f"{len(edges)}, {len(values)} and {len(weights)}",
-        )
-    check_bin_rows(edges, values, source)
-    if abs(float(weights.sum()) - 1.0) > WEIGHT_SUM_TOLERANCE:
-        raise InputError(source, "weights must be >= 0 and sum to 1")
-    return edges, values, weights

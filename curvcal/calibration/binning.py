@@ -33,7 +33,7 @@ import torch
 from curvcal.calibration.bins import equal_mass_index
 from curvcal.calibration.isotonic import KnotTable, knot_segments, step_table
 from curvcal.calibration.results import MapFit
-from curvcal.calibration.saved import array, choice, integer, read_fields
+from curvcal.calibration.saved import array, choice, integer
 from curvcal.calibration.ties import TIE_RELATIVE, group_starts
 from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
@@ -302,32 +302,20 @@ class HistogramMap(RowMap):
     edges: tuple[tuple[float, ...], ...]
     values: tuple[tuple[float, ...], ...]
 
-    def __post_init__(self) -> None:
-        _check_map(self.to_dict(), "calibrator")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: ``{"method", "scheme", "n_classes", "edges", "values"}`` (lists of
-        lists of numbers, one list per map)."""
-        return {
-            "method": self.method,
-            "scheme": self.scheme,
-            "n_classes": self.n_classes,
-            "edges": [list(row) for row in self.edges],
-            "values": [list(row) for row in self.values],
-        }
-
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> HistogramMap:
-        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
-        ``source``."""
-        edges, values = _check_map(data, source)
-        return cls(
-            data["method"],
-            data["scheme"],
-            data["n_classes"],
-            tuple(tuple(row.tolist()) for row in edges),
-            tuple(tuple(row.tolist()) for row in values),
-        )
+    def check_rows(cls, fields: dict[str, Any], source: str) -> None:
+        """One row of edges and values (top-label) or one per class (OvR), each checked by
+        :func:`check_bin_rows`."""
+        method, k = fields["method"], fields["n_classes"]
+        edges, values = fields["edges"], fields["values"]
+        rows = 1 if method == "histogram" else k
+        if len(edges) != rows or len(values) != rows:
+            raise InputError(
+                source,
+                f"{method} with {k} classes needs {rows} row(s) of edges and values, got "
+                f"{len(edges)} and {len(values)}",
+            )
+        check_bin_rows(edges, values, source)
 
     @property
     def _chunk(self) -> int | None:
@@ -492,18 +480,3 @@ def check_bin_rows(edges: list[np.ndarray], values: list[np.ndarray], source: st
             raise InputError(source, "every row needs one edge more than it has values")
         if row_edges[0] != 0 or row_edges[-1] != 1 or not (np.diff(row_edges) > 0).all():
             raise InputError(source, "edges must rise strictly from 0 to 1")
-
-
-def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    fields = read_fields(data, FIELDS, source)
-    method, k = fields["method"], fields["n_classes"]
-    edges, values = fields["edges"], fields["values"]
-    rows = 1 if method == "histogram" else k
-    if len(edges) != rows or len(values) != rows:
-        raise InputError(
-            source,
-            f"{method} with {k} classes needs {rows} row(s) of edges and values, got "
-            f"{len(edges)} and {len(values)}",
-        )
-    check_bin_rows(edges, values, source)
-    return edges, values

@@ -65,10 +65,6 @@ class EnsembleMap(SavedMap):
     def method(self) -> str:
         return METHOD
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: ``{"method", "temperature", "weights"}`` (numbers only)."""
-        return {"method": METHOD, "temperature": self.temperature, "weights": list(self.weights)}
-
     #: The saved body: T within TS's range, three weights (TS, uncalibrated, uniform) in [0, 1].
     FIELDS = (
         choice("method", (METHOD,)),

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from curvcal.calibration.results import MapFit
-from curvcal.calibration.saved import array, choice, integer, read_fields
+from curvcal.calibration.saved import array, choice, integer
 from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
     RowMap,
@@ -579,30 +579,23 @@ class IsotonicMap(RowMap):
     x: tuple[tuple[float, ...], ...]
     y: tuple[tuple[float, ...], ...]
 
-    def __post_init__(self) -> None:
-        _check_map(self.to_dict(), "calibrator")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: ``{"method", "n_classes", "x", "y"}`` (lists of lists of numbers,
-        one list per map)."""
-        return {
-            "method": self.method,
-            "n_classes": self.n_classes,
-            "x": [list(row) for row in self.x],
-            "y": [list(row) for row in self.y],
-        }
-
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> IsotonicMap:
-        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
-        ``source``."""
-        xs, ys = _check_map(data, source)
-        return cls(
-            data["method"],
-            data["n_classes"],
-            tuple(tuple(row.tolist()) for row in xs),
-            tuple(tuple(row.tolist()) for row in ys),
-        )
+    def check_rows(cls, fields: dict[str, Any], source: str) -> None:
+        """One row of x and y (top-label) or one per class (OvR), each x rising strictly and its
+        y never falling."""
+        method, k, xs, ys = fields["method"], fields["n_classes"], fields["x"], fields["y"]
+        rows = 1 if method == "isotonic" else k
+        if len(xs) != rows or len(ys) != rows:
+            raise InputError(
+                source,
+                f"{method} with {k} classes needs {rows} row(s) of x and y, got {len(xs)} and "
+                f"{len(ys)}",
+            )
+        for row_x, row_y in zip(xs, ys, strict=True):
+            if len(row_x) != len(row_y):
+                raise InputError(source, "every row needs as many x as y")
+            if not (np.diff(row_x) > 0).all() or not (np.diff(row_y) >= 0).all():
+                raise InputError(source, "x must rise strictly and y must not fall")
 
     @property
     def _chunk(self) -> int | None:
@@ -686,24 +679,6 @@ def fit_isotonic(
         n_samples=n,
         calibrator=fitted,
     )
-
-
-def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    fields = read_fields(data, FIELDS, source)
-    method, k, xs, ys = fields["method"], fields["n_classes"], fields["x"], fields["y"]
-    rows = 1 if method == "isotonic" else k
-    if len(xs) != rows or len(ys) != rows:
-        raise InputError(
-            source,
-            f"{method} with {k} classes needs {rows} row(s) of x and y, got {len(xs)} and "
-            f"{len(ys)}",
-        )
-    for row_x, row_y in zip(xs, ys, strict=True):
-        if len(row_x) != len(row_y):
-            raise InputError(source, "every row needs as many x as y")
-        if not (np.diff(row_x) > 0).all() or not (np.diff(row_y) >= 0).all():
-            raise InputError(source, "x must rise strictly and y must not fall")
-    return xs, ys
 
 
 def _segment_terms(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from curvcal.calibration.inputs import chunk_rows, class_labels, log_probabilities
-from curvcal.calibration.saved import SavedMap
+from curvcal.calibration.saved import SavedMap, read_fields
 from curvcal.errors import InputError
 
 #: At the floor of the top-label rule the other classes are held this relative amount under
@@ -316,6 +316,21 @@ class RowMap(SavedMap):
 
     method: str
     n_classes: int
+
+    def __post_init__(self) -> None:
+        """A map built in Python is checked as a saved body would be (naming ``calibrator``)."""
+        self.check_rows(read_fields(self.to_dict(), self.FIELDS, "calibrator"), "calibrator")
+
+    @classmethod
+    def check_rows(cls, values: dict[str, Any], source: str) -> None:
+        """What the rows of checked ``values`` (:func:`read_fields`) must satisfy beyond each
+        field's own rules (a subclass's); a fault is an :class:`InputError` naming ``source``."""
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any], source: str) -> Any:
+        """The map of checked ``values``, its rows checked first (:meth:`check_rows`)."""
+        cls.check_rows(values, source)
+        return super().from_fields(values, source)
 
     @property
     def _chunk(self) -> int | None:

@@ -353,17 +353,6 @@ class VennAbersMap(SavedMap):
             parts = _check_map(self.to_dict(), "calibrator")
         self.__dict__["_arrays"] = list(zip(*parts, strict=True))  # the cached property
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: ``{"method": "venn-abers", "n_classes", "c", "p0", "p1"}`` (one
-        list per map)."""
-        return {
-            "method": self.method,
-            "n_classes": self.n_classes,
-            "c": [list(row) for row in self.c],
-            "p0": [list(row) for row in self.p0],
-            "p1": [list(row) for row in self.p1],
-        }
-
     @classmethod
     def from_dict(cls, data: Any, source: str = "calibrator") -> VennAbersMap:
         """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
