@@ -41,6 +41,7 @@ from curvcal.calibration.univariate import (
     by_columns,
     fit_nll,
     fit_split,
+    float_rows,
     log_of_values,
     map_chunk_rows,
     mapped_nll,
@@ -317,18 +318,10 @@ class HistogramMap(RowMap):
             )
         check_bin_rows(edges, values, source)
 
-    @property
-    def _chunk(self) -> int | None:
-        """Entries per row chunk of a one-vs-rest map (its work arrays stay in cache)."""
-        return ONE_VS_REST_CHUNK if self.method == "histogram-ovr" else None
-
     @cached_property
     def _bins(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
         """Each map's (edges, values) as float64 arrays, made once (not at every chunk)."""
-        return tuple(
-            (np.asarray(e, dtype=np.float64), np.asarray(v, dtype=np.float64))
-            for e, v in zip(self.edges, self.values, strict=True)
-        )
+        return float_rows(self.edges, self.values)
 
     @cached_property
     def _table(self) -> np.ndarray:

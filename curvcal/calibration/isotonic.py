@@ -37,6 +37,7 @@ from curvcal.calibration.univariate import (
     by_columns,
     fit_nll,
     fit_split,
+    float_rows,
     mapped_nll,
     one_vs_rest_log_probabilities,
     one_vs_rest_nll,
@@ -597,18 +598,10 @@ class IsotonicMap(RowMap):
             if not (np.diff(row_x) > 0).all() or not (np.diff(row_y) >= 0).all():
                 raise InputError(source, "x must rise strictly and y must not fall")
 
-    @property
-    def _chunk(self) -> int | None:
-        """Entries per row chunk of a one-vs-rest map (:data:`ONE_VS_REST_CHUNK`)."""
-        return ONE_VS_REST_CHUNK if self.method == "isotonic-ovr" else None
-
     @cached_property
     def _points(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
         """Each map's (x, y) as float64 arrays, made once (not at every chunk)."""
-        return tuple(
-            (np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
-            for x, y in zip(self.x, self.y, strict=True)
-        )
+        return float_rows(self.x, self.y)
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         if self.method == "isotonic":

@@ -29,7 +29,7 @@ printing, no global RNG.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -307,6 +307,16 @@ def fit_nll(logq: torch.Tensor, labels: torch.Tensor) -> float:
     return float(-logq.gather(1, labels[:, None]).mean())
 
 
+def float_rows(
+    first: Sequence[Sequence[float]], second: Sequence[Sequence[float]]
+) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Each map's pair of rows (bin edges and values, knots x and y) as float64 arrays."""
+    return tuple(
+        (np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
+        for a, b in zip(first, second, strict=True)
+    )
+
+
 class RowMap(SavedMap):
     """A saved map that acts on each row of log-probabilities alone (histogram binning,
     isotonic regression, BBQ): a subclass gives ``method``, ``n_classes``, ``_map_rows`` (log q
@@ -334,7 +344,9 @@ class RowMap(SavedMap):
 
     @property
     def _chunk(self) -> int | None:
-        return None
+        """Entries per row chunk: :data:`ONE_VS_REST_CHUNK` for a one-vs-rest map (``-ovr``:
+        its work arrays stay in cache), the checks' own chunk (``None``) for the others."""
+        return ONE_VS_REST_CHUNK if self.method.endswith("-ovr") else None
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -150,12 +150,7 @@ def _lower_hull_links(x: np.ndarray, y: np.ndarray, reverse: bool) -> np.ndarray
         return link
     above = np.searchsorted(ends, rest)
     start = above if reverse else above - 1
-    tables = [local]
-    while True:
-        step = tables[-1][tables[-1]]
-        if np.array_equal(step, tables[-1]):
-            break
-        tables.append(step)
+    tables = lifting_tables(local)
     xj, yj = x[rest], y[rest]
     turn = -1.0 if reverse else 1.0
 
@@ -215,13 +210,19 @@ class _Chains:
 
 def _chains(x: np.ndarray, y: np.ndarray, reverse: bool) -> _Chains:
     link = _lower_hull_links(x, y, reverse)
+    return _Chains(lifting_tables(link), x[link] - x, y[link] - y)
+
+
+def lifting_tables(link: np.ndarray) -> list[np.ndarray]:
+    """The binary-lifting tables of ``link`` (each index's next one; a chain's end links to
+    itself): ``tables[k][j]`` is the index 2^k links from j, up to the first k at which every
+    index has reached its chain's end."""
     tables = [link]
     while True:
         step = tables[-1][tables[-1]]
         if np.array_equal(step, tables[-1]):
-            break
+            return tables
         tables.append(step)
-    return _Chains(tables, x[link] - x, y[link] - y)
 
 
 def gap_values(weights: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
