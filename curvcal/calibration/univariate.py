@@ -320,9 +320,10 @@ def float_rows(
 class RowMap(SavedMap):
     """A saved map that acts on each row of log-probabilities alone (histogram binning,
     isotonic regression, BBQ): a subclass gives ``method``, ``n_classes``, ``_map_rows`` (log q
-    of a chunk of float64 log-probabilities) and ``_chunk`` (entries per chunk; ``None``: the
-    checks' chunk), and the scores are read, checked and mapped chunk by chunk
-    (:func:`apply_by_rows`) for :meth:`apply` and :meth:`probabilities` alike."""
+    of a chunk of float64 log-probabilities) and the rules its saved rows obey
+    (:meth:`check_rows`), and the scores are read, checked and mapped chunk by chunk
+    (:func:`apply_by_rows`, :attr:`_chunk` entries at a time) for :meth:`apply` and
+    :meth:`probabilities` alike. Its saved body is its fields (:class:`SavedMap`)."""
 
     method: str
     n_classes: int
