@@ -39,6 +39,7 @@ from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
     RowMap,
     by_columns,
+    check_row_count,
     fit_nll,
     fit_split,
     float_rows,
@@ -307,16 +308,8 @@ class HistogramMap(RowMap):
     def check_rows(cls, fields: dict[str, Any], source: str) -> None:
         """One row of edges and values (top-label) or one per class (OvR), each checked by
         :func:`check_bin_rows`."""
-        method, k = fields["method"], fields["n_classes"]
-        edges, values = fields["edges"], fields["values"]
-        rows = 1 if method == "histogram" else k
-        if len(edges) != rows or len(values) != rows:
-            raise InputError(
-                source,
-                f"{method} with {k} classes needs {rows} row(s) of edges and values, got "
-                f"{len(edges)} and {len(values)}",
-            )
-        check_bin_rows(edges, values, source)
+        check_row_count(fields, "edges", "values", source)
+        check_bin_rows(fields["edges"], fields["values"], source)
 
     @cached_property
     def _bins(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:

@@ -35,6 +35,7 @@ from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
     RowMap,
     by_columns,
+    check_row_count,
     fit_nll,
     fit_split,
     float_rows,
@@ -584,15 +585,8 @@ class IsotonicMap(RowMap):
     def check_rows(cls, fields: dict[str, Any], source: str) -> None:
         """One row of x and y (top-label) or one per class (OvR), each x rising strictly and its
         y never falling."""
-        method, k, xs, ys = fields["method"], fields["n_classes"], fields["x"], fields["y"]
-        rows = 1 if method == "isotonic" else k
-        if len(xs) != rows or len(ys) != rows:
-            raise InputError(
-                source,
-                f"{method} with {k} classes needs {rows} row(s) of x and y, got {len(xs)} and "
-                f"{len(ys)}",
-            )
-        for row_x, row_y in zip(xs, ys, strict=True):
+        check_row_count(fields, "x", "y", source)
+        for row_x, row_y in zip(fields["x"], fields["y"], strict=True):
             if len(row_x) != len(row_y):
                 raise InputError(source, "every row needs as many x as y")
             if not (np.diff(row_x) > 0).all() or not (np.diff(row_y) >= 0).all():

@@ -317,6 +317,20 @@ def float_rows(
     )
 
 
+def check_row_count(values: dict[str, Any], first: str, second: str, source: str) -> None:
+    """A saved top-label map holds one row of each of its row fields ``first`` and ``second``
+    (edges and values, x and y), a one-vs-rest map (``-ovr``) one per class; a fault is an
+    :class:`InputError` naming ``source``."""
+    method, k = values["method"], values["n_classes"]
+    rows = k if method.endswith("-ovr") else 1
+    if len(values[first]) != rows or len(values[second]) != rows:
+        raise InputError(
+            source,
+            f"{method} with {k} classes needs {rows} row(s) of {first} and {second}, got "
+            f"{len(values[first])} and {len(values[second])}",
+        )
+
+
 class RowMap(SavedMap):
     """A saved map that acts on each row of log-probabilities alone (histogram binning,
     isotonic regression, BBQ): a subclass gives ``method``, ``n_classes``, ``_map_rows`` (log q
