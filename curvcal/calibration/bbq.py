@@ -59,13 +59,14 @@ from curvcal.calibration.binning import (
 )
 from curvcal.calibration.isotonic import _packed_pairs
 from curvcal.calibration.results import MapFit
-from curvcal.calibration.saved import array, choice, integer
+from curvcal.calibration.saved import array, choice
 from curvcal.calibration.univariate import (
     RowMap,
     fit_nll,
     fit_split,
-    mapped_nll,
+    row_fields,
     top_label_map,
+    top_label_targets,
 )
 from curvcal.errors import InputError
 
@@ -239,9 +240,7 @@ def merged_map(
 #: The saved body: per model one row of bin edges, one of posterior means and one weight.
 FIELDS = (
     choice("method", (BBQ_METHOD,)),
-    integer("n_classes", 2),
-    array("edges", (None, None), 0.0, 1.0),
-    array("values", (None, None), 0.0, 1.0),
+    *row_fields("edges", "values"),
     array("weights", ("models",), 0.0, 1.0),
 )
 
@@ -328,9 +327,7 @@ def fit_bbq(
     n, k = logp.shape
     if n < 1:
         raise InputError(source, "BBQ needs at least one fit sample")
-    top = logp.argmax(dim=1)
-    confidence = torch.exp(logp.gather(1, top[:, None])[:, 0]).numpy()
-    correct = (top == y).numpy().astype(np.float64)
+    confidence, correct = top_label_targets(logp, y)
     tried = bin_counts(n) if counts is None else tuple(counts)
     if not tried or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tried):
         raise InputError("counts", f"bins must be whole numbers >= 1, got {tried!r}")
@@ -351,7 +348,7 @@ def fit_bbq(
         largest_weight=float(weights.max()),
         n_parameters=int(sum(2 * len(row) for row in kept_values)),
         nll_before=fit_nll(logp, y),
-        nll_after=mapped_nll(logp, y, fitted._map_rows),
+        nll_after=fitted.in_sample_nll(logp, y),
         n_samples=n,
         calibrator=fitted,
     )

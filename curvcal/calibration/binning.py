@@ -33,7 +33,7 @@ import torch
 from curvcal.calibration.bins import equal_mass_index
 from curvcal.calibration.isotonic import KnotTable, knot_segments, step_table
 from curvcal.calibration.results import MapFit
-from curvcal.calibration.saved import array, choice, integer
+from curvcal.calibration.saved import choice
 from curvcal.calibration.ties import TIE_RELATIVE, group_starts
 from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
@@ -45,10 +45,10 @@ from curvcal.calibration.univariate import (
     float_rows,
     log_of_values,
     map_chunk_rows,
-    mapped_nll,
     one_vs_rest_log_probabilities,
-    one_vs_rest_nll,
+    row_fields,
     top_label_map,
+    top_label_targets,
 )
 from curvcal.errors import InputError
 from curvcal.settings.calibration import HISTOGRAM_SCHEMES
@@ -284,9 +284,7 @@ def sorted_equal_mass_edges(ranked: np.ndarray, n_bins: int) -> np.ndarray:
 FIELDS = (
     choice("method", HISTOGRAM_METHODS),
     choice("scheme", HISTOGRAM_SCHEMES),
-    integer("n_classes", 2),
-    array("edges", (None, None), 0.0, 1.0),
-    array("values", (None, None), 0.0, 1.0),
+    *row_fields("edges", "values"),
 )
 
 
@@ -428,11 +426,8 @@ def fit_histogram(
             "lower --histogram-bins or fit on more samples",
         )
     if method == "histogram":
-        top = logp.argmax(dim=1)
-        log_c = logp.gather(1, top[:, None])[:, 0]
-        confidence = torch.exp(log_c).numpy()
+        confidence, correct = top_label_targets(logp, y)
         row_edges = histogram_edges(confidence, n_bins, scheme)
-        correct = (top == y).numpy().astype(np.float64)
         bins = [(row_edges, *histogram_values(confidence, correct, row_edges))]
     else:
         bins = one_vs_rest_bins(logp, y.numpy(), n_bins, scheme)
@@ -450,9 +445,7 @@ def fit_histogram(
             len(row) + (len(row) - 1 if scheme == "equal-mass" else 0) for row in values
         ),
         nll_before=fit_nll(logp, y),
-        nll_after=mapped_nll(logp, y, fitted._map_rows)
-        if method == "histogram"
-        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_CHUNK),
+        nll_after=fitted.in_sample_nll(logp, y),
         n_samples=n,
         calibrator=fitted,
     )

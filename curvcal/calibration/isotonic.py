@@ -30,19 +30,18 @@ import numpy as np
 import torch
 
 from curvcal.calibration.results import MapFit
-from curvcal.calibration.saved import array, choice, integer
+from curvcal.calibration.saved import choice
 from curvcal.calibration.univariate import (
-    ONE_VS_REST_CHUNK,
     RowMap,
     by_columns,
     check_row_count,
     fit_nll,
     fit_split,
     float_rows,
-    mapped_nll,
     one_vs_rest_log_probabilities,
-    one_vs_rest_nll,
+    row_fields,
     top_label_map,
+    top_label_targets,
 )
 from curvcal.errors import InputError
 
@@ -562,9 +561,7 @@ def knot_segments(table: KnotTable, p: np.ndarray) -> np.ndarray:
 #: The saved body: one row of knots x and values y per map (rows may differ in length).
 FIELDS = (
     choice("method", ISOTONIC_METHODS),
-    integer("n_classes", 2),
-    array("x", (None, None), 0.0, 1.0),
-    array("y", (None, None), 0.0, 1.0),
+    *row_fields("x", "y"),
 )
 
 
@@ -645,10 +642,7 @@ def fit_isotonic(
     logp, y = fit_split(scores, labels, kind, source, labels_source, f"{method} regression")
     n, k = logp.shape
     if method == "isotonic":
-        top = logp.argmax(dim=1)
-        log_c = logp.gather(1, top[:, None])[:, 0]
-        confidence = torch.exp(log_c).numpy()
-        fitted_points = [isotonic_points(confidence, (top == y).numpy().astype(np.float64))]
+        fitted_points = [isotonic_points(*top_label_targets(logp, y))]
     else:
         fitted_points = one_vs_rest_points(by_columns(logp), y.numpy())
     fitted_x = [tuple(px.tolist()) for px, _ in fitted_points]
@@ -660,9 +654,7 @@ def fit_isotonic(
         points=points,
         n_parameters=2 * sum(points),
         nll_before=fit_nll(logp, y),
-        nll_after=mapped_nll(logp, y, fitted._map_rows)
-        if method == "isotonic"
-        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_CHUNK),
+        nll_after=fitted.in_sample_nll(logp, y),
         n_samples=n,
         calibrator=fitted,
     )

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from curvcal.calibration.inputs import chunk_rows, class_labels, log_probabilities
-from curvcal.calibration.saved import SavedMap, read_fields
+from curvcal.calibration.saved import Field, SavedMap, array, integer, read_fields
 from curvcal.errors import InputError
 
 #: At the floor of the top-label rule the other classes are held this relative amount under
@@ -302,6 +302,15 @@ def fit_split(
     return logp, class_labels(labels, n, k, labels_source)
 
 
+def top_label_targets(logp: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """What a top-label map is fitted to: each row's confidence max_k p_k (float64, from the
+    log-probabilities ``logp``; the first index on ties) and whether its argmax is the label
+    (1.0 or 0.0)."""
+    top = logp.argmax(dim=1)
+    confidence = torch.exp(logp.gather(1, top[:, None])[:, 0]).numpy()
+    return confidence, (top == labels).numpy().astype(np.float64)
+
+
 def fit_nll(logq: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean −log q_y (in-sample NLL of a fitted map; ∞ when some q_y is 0)."""
     return float(-logq.gather(1, labels[:, None]).mean())
@@ -314,6 +323,17 @@ def float_rows(
     return tuple(
         (np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
         for a, b in zip(first, second, strict=True)
+    )
+
+
+def row_fields(first: str, second: str) -> tuple[Field, ...]:
+    """The saved fields of a row map's rows: ``n_classes`` K ≥ 2 and the tables ``first`` and
+    ``second`` (edges and values, x and y), one row each per map (rows may differ in length),
+    every number in [0, 1]."""
+    return (
+        integer("n_classes", 2),
+        array(first, (None, None), 0.0, 1.0),
+        array(second, (None, None), 0.0, 1.0),
     )
 
 
@@ -365,6 +385,19 @@ class RowMap(SavedMap):
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def _values(self, logp: torch.Tensor) -> torch.Tensor:
+        """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation)."""
+        raise NotImplementedError
+
+    def in_sample_nll(self, logp: torch.Tensor, labels: torch.Tensor) -> float:
+        """Mean −log q_y of the map on float64 ``logp`` and ``labels`` (on its fit split: the
+        fit record's ``nll_after``), without the N×K calibrated rows: a one-vs-rest map's from
+        its per-class values (:func:`one_vs_rest_nll`), any other's row chunk by row chunk
+        (:func:`mapped_nll`)."""
+        if self.method.endswith("-ovr"):
+            return one_vs_rest_nll(logp, labels, self._values, ONE_VS_REST_CHUNK)
+        return mapped_nll(logp, labels, self._map_rows)
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""
