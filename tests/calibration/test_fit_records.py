@@ -183,3 +183,12 @@ def test_fit_split_refusals_name_the_map_and_the_inputs() -> None:
     with pytest.raises(InputError) as caught:
         fit_split(torch.zeros(3, 2), [0, 1], "logits", "s.pt", "y.pt", "BBQ")
     assert caught.value.what == "y.pt"
+
+
+def test_top_label_targets_take_the_first_index_on_ties() -> None:
+    from curvcal.calibration.univariate import top_label_targets
+
+    logp = torch.log(torch.tensor([[0.5, 0.5], [0.2, 0.8], [0.7, 0.3]], dtype=torch.float64))
+    confidence, correct = top_label_targets(logp, torch.tensor([1, 1, 0]))
+    assert confidence.tolist() == pytest.approx([0.5, 0.8, 0.7], rel=1e-15)
+    assert correct.tolist() == [0.0, 1.0, 1.0] and correct.dtype == np.float64
