@@ -12,9 +12,8 @@ from curvcal.commands.calibration_options import (
     refuse_unused_map_options,
     write_outputs,
 )
-from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.data_options import data_options
+from curvcal.commands.data_options import checkpoint_on_data
 from curvcal.commands.repeats import Command
 from curvcal.errors import EXIT_OK
 from curvcal.report.calibration import calibration_tables
@@ -29,9 +28,7 @@ if TYPE_CHECKING:
 
 
 @click.command(cls=Command)
-@click.argument("checkpoint", type=click.Path(path_type=Path))
-@checkpoint_options
-@data_options()
+@checkpoint_on_data
 @click_options(CalibrateSettings, "files")
 @click_options(CalibrationSettings, "calibration", before=refuse_unused_map_options)
 @output_options

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
 from curvcal.commands.common import end_with, finish, output_options, start, typed_options
-from curvcal.commands.data_options import data_options as data_options_decorator
+from curvcal.commands.data_options import checkpoint_on_data
 from curvcal.commands.repeats import Command
 from curvcal.report.hessian import hessian_tables, plot_outputs, plot_paths, write_plots
 from curvcal.report.landscape import eigenvector_path, write_eigenvectors
@@ -56,9 +55,7 @@ def _refuse_unused_trace_options(values: dict[str, Any]) -> None:
 
 
 @click.command(cls=Command)
-@click.argument("checkpoint", type=click.Path(path_type=Path))
-@checkpoint_options_decorator
-@data_options_decorator()
+@checkpoint_on_data
 @click_options(HessianSettings, "settings", before=_refuse_unused_trace_options)
 @click.option(
     "--plot",

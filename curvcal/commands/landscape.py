@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.data_options import data_options as data_options_decorator
+from curvcal.commands.data_options import checkpoint_on_data
 from curvcal.commands.repeats import Command
 from curvcal.settings.fields import click_options
 from curvcal.settings.landscape import LandscapeSettings
@@ -26,9 +25,7 @@ if TYPE_CHECKING:
 
 
 @click.command(cls=Command)
-@click.argument("checkpoint", type=click.Path(path_type=Path))
-@checkpoint_options_decorator
-@data_options_decorator()
+@checkpoint_on_data
 @click_options(LandscapeSettings, "settings")
 @output_options
 def landscape(
