@@ -218,7 +218,21 @@ def _check_calibrator(method: Any, temperature: float, gamma: float, source: str
 
 
 @dataclass(frozen=True)
-class TemperatureFit:
+class ScalingFit:
+    """What both temperature fits record: the ``temperature`` T, the ``objective`` minimised
+    and its value before (T = 1) and after on the fit split, and the NLL before and after
+    (in-sample)."""
+
+    temperature: float
+    objective: str
+    objective_before: float
+    objective_after: float
+    nll_before: float
+    nll_after: float
+
+
+@dataclass(frozen=True)
+class TemperatureFit(ScalingFit):
     """Temperature scaling fitted on one split: p = softmax(z / T).
 
     ``objective`` is ``"nll"`` (bounded Brent on log T plus a Newton polish in 1/T) or
@@ -227,12 +241,6 @@ class TemperatureFit:
     on an end of ``bracket`` (the optimum may lie outside it).
     """
 
-    temperature: float
-    objective: str
-    objective_before: float
-    objective_after: float
-    nll_before: float
-    nll_after: float
     derivative: float
     bracket: tuple[float, float]
     at_bracket_end: bool
@@ -257,7 +265,7 @@ class FocalProfilePoint:
 
 
 @dataclass(frozen=True)
-class FocalTemperatureFit:
+class FocalTemperatureFit(ScalingFit):
     """Focal temperature scaling (Komisarenko & Kull 2024): p = φ_γ(softmax(z / T)).
 
     ``profile`` holds the best T and objective for every γ of the grid (γ is weakly
@@ -267,12 +275,6 @@ class FocalTemperatureFit:
     """
 
     gamma: float
-    temperature: float
-    objective: str
-    objective_before: float
-    objective_after: float
-    nll_before: float
-    nll_after: float
     profile: tuple[FocalProfilePoint, ...]
     bracket: tuple[float, float]
     grid_step: float | None

@@ -11,6 +11,7 @@ on its own fit rows (in-sample). The maps read their fit split through one helpe
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ import torch
 
 from curvcal.calibration.laplace import fit_laplace
 from curvcal.calibration.registry import MAPS
-from curvcal.calibration.results import FocalTemperatureFit, MapFit, TemperatureFit
+from curvcal.calibration.results import MapFit, ScalingFit
 from curvcal.calibration.univariate import fit_split
 from curvcal.errors import InputError
 from curvcal.settings.calibration import CalibrationSettings
@@ -140,10 +141,42 @@ def test_the_laplace_record_derives_from_the_same_base() -> None:
     assert fit.n_samples == 50
 
 
-def test_temperature_fits_keep_their_own_records() -> None:
-    """TS and focal TS carry their calibrator as a property, made from T (and γ): no copy."""
-    assert not issubclass(TemperatureFit, MapFit)
-    assert not issubclass(FocalTemperatureFit, MapFit)
+def test_temperature_fits_share_their_record_and_keep_their_keys() -> None:
+    """TS and focal TS share what a temperature fit records (:class:`ScalingFit`) and carry
+    their calibrator as a property, made from T (and γ): no copy in the record."""
+    from curvcal.calibration.scaling import fit_focal_temperature, fit_temperature
+
+    scores, labels = _split(3)
+    ts = fit_temperature(scores, labels)
+    focal = fit_focal_temperature(scores, labels, gammas=(0.0, 1.0))
+    assert isinstance(ts, ScalingFit) and isinstance(focal, ScalingFit)
+    assert not isinstance(ts, MapFit) and not isinstance(focal, MapFit)
+    shared = {"temperature", "objective", "objective_before", "objective_after"}
+    assert {item.name for item in fields(ts)} == {
+        *shared,
+        *SHARED,
+        "derivative",
+        "bracket",
+        "at_bracket_end",
+        "grid_step",
+        "n_evaluations",
+    }
+    assert {item.name for item in fields(focal)} == {
+        *shared,
+        *SHARED,
+        "gamma",
+        "profile",
+        "bracket",
+        "grid_step",
+        "n_evaluations",
+        "n_exact_evaluations",
+    }
+    z, y = scores.numpy(), labels.numpy()
+    reference = _mean_nll(_softmax(z), y)
+    assert ts.nll_before == pytest.approx(reference, rel=1e-12)
+    assert focal.nll_before == pytest.approx(reference, rel=1e-12)
+    assert ts.nll_after == pytest.approx(_mean_nll(_softmax(z / ts.temperature), y), rel=1e-12)
+    assert ts.calibrator.temperature == ts.temperature and focal.calibrator.gamma == focal.gamma
 
 
 def test_map_fit_is_frozen_and_its_shared_fields_are_keywords() -> None:
