@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -140,10 +141,14 @@ StepCallback = Callable[[int], None]
 """Called by long-running kernels with the number of units of work just finished."""
 
 
+def _no_plan(*_revised: Any) -> None:
+    """A revised plan where no progress is shown."""
+
+
 class Advance:
     """What :meth:`Reporter.progress` yields: called with the units just finished; its
     :meth:`describe` changes the text before the count (the stage a long run is in) and
-    :meth:`plan` the total (a plan revised once the run resolved its settings)."""
+    :attr:`plan` the total (a plan revised once the run resolved its settings)."""
 
     def __init__(
         self,
@@ -153,7 +158,10 @@ class Advance:
     ) -> None:
         self._step = step
         self._describe = describe
-        self._plan = plan
+        #: a new total, taken as :meth:`~curvcal.pace.Pace.plan` takes it: ``typical`` of it
+        #: (done first) a typical count, not a known one, and the units past ``stage_end`` of
+        #: stages not yet begun (nothing when no progress is shown)
+        self.plan: Callable[..., None] = plan if plan is not None else _no_plan
 
     def __call__(self, units: int) -> None:
         self._step(units)
@@ -161,18 +169,6 @@ class Advance:
     def describe(self, text: str) -> None:
         if self._describe is not None:
             self._describe(text)
-
-    def plan(
-        self,
-        total: int | None,
-        typical: int = 0,
-        typical_bounded: bool = True,
-        stage_end: int | None = None,
-    ) -> None:
-        """A new total; ``typical`` of it (done first) a typical count, not a known one, and
-        the units past ``stage_end`` of stages not yet begun (:class:`~curvcal.pace.Pace`)."""
-        if self._plan is not None:
-            self._plan(total, typical, typical_bounded, stage_end)
 
 
 #: warnings said before a run's :class:`Reporter` exists (a former spelling read while the
@@ -265,7 +261,7 @@ class Reporter:
             return
         if not console.is_terminal:
             lines = PlainLines(description, total, self._plain, self.clock)
-            yield Advance(lines.advance, lines.describe, lines.plan)
+            yield Advance(lines.advance, lines.describe, lines.pace.plan)
             lines.finish()
             return
         pace = Pace(total, self.clock)
@@ -282,13 +278,8 @@ class Reporter:
                 pace.update(pace.done + units)
                 bar.update(task, completed=pace.done, total=pace.total, pace=pace.text())
 
-            def plan(
-                new_total: int | None,
-                typical: int = 0,
-                bounded: bool = True,
-                stage_end: int | None = None,
-            ) -> None:
-                pace.plan(new_total, typical, bounded, stage_end)
+            def plan(*revised: Any) -> None:  # Pace.plan's arguments, as Advance passes them
+                pace.plan(*revised)
                 bar.update(task, total=pace.total, pace=pace.text())
 
             shown = [description]

@@ -172,7 +172,8 @@ class PlainLines:
     """Progress as plain lines for a stream that is not a terminal: one when the stage
     changes, then one each time :data:`LINE_FRACTION` more of the total is done or
     :data:`LINE_SECONDS` have passed since the last line, whichever comes first. A ``write``
-    that returns False held the line back: it is due again at the next report."""
+    that returns False held the line back: it is due again at the next report. A revised
+    total goes to its ``pace`` (:meth:`Pace.plan`)."""
 
     def __init__(
         self,
@@ -194,15 +195,6 @@ class PlainLines:
             self._description = description
             self._said_stage = False
             self.pace.restart()
-
-    def plan(
-        self,
-        total: int | None,
-        typical: int = 0,
-        typical_bounded: bool = True,
-        stage_end: int | None = None,
-    ) -> None:
-        self.pace.plan(total, typical, typical_bounded, stage_end)
 
     def advance(self, units: int) -> None:
         self.update(self.pace.done + units)

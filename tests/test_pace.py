@@ -230,3 +230,29 @@ def test_units_of_a_stage_not_yet_begun_widen_the_range_by_their_unknown_cost() 
     clock.now = 16.0
     pace.update(10)  # 2 s a probe
     assert pace.remaining_range() == (32.0, 32.0) and pace.text() == "10/26, about 32 s left"
+
+
+def test_a_revised_plan_reaches_the_plain_lines_and_a_quiet_run_ignores_it(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Advance.plan is the pace's own plan (off a terminal) or nothing (quiet): the total a
+    revision gives is the one the next line counts against, with every argument Pace.plan
+    takes."""
+    import io
+
+    from rich.console import Console
+
+    from curvcal import console as console_module
+    from curvcal.console import Reporter
+    from curvcal.pace import PLAIN_GRACE_SECONDS
+
+    stream = io.StringIO()
+    monkeypatch.setattr(console_module, "stderr_console", lambda: Console(file=stream, width=200))
+    clock = FakeClock()
+    with Reporter(clock=clock).progress("products", 100) as advance:
+        advance.plan(40, 10, False, 20)
+        clock.now = PLAIN_GRACE_SECONDS + 1
+        advance(1)
+    assert stream.getvalue().splitlines()[0].startswith("curvcal: products: 1/40")
+    with Reporter(quiet=True, clock=clock).progress("products", 100) as quiet:
+        quiet.plan(40, 10, False, 20)
+        quiet(1)
+    assert stream.getvalue().count("products") == 1

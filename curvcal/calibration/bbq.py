@@ -50,16 +50,23 @@ import numpy as np
 import torch
 from scipy.special import gammaln
 
-from curvcal.calibration.binning import bin_cells, bin_of, cell_bin_of, tie_group_ends
-from curvcal.calibration.inputs import class_labels, log_probabilities
+from curvcal.calibration.binning import (
+    bin_cells,
+    bin_of,
+    cell_bin_of,
+    check_bin_rows,
+    tie_group_ends,
+)
 from curvcal.calibration.isotonic import _packed_pairs
-from curvcal.calibration.saved import array, choice, integer, read_fields
+from curvcal.calibration.results import MapFit
+from curvcal.calibration.saved import array, choice
 from curvcal.calibration.univariate import (
     RowMap,
-    check_classes,
     fit_nll,
-    mapped_nll,
+    fit_split,
+    row_fields,
     top_label_map,
+    top_label_targets,
 )
 from curvcal.errors import InputError
 
@@ -233,9 +240,7 @@ def merged_map(
 #: The saved body: per model one row of bin edges, one of posterior means and one weight.
 FIELDS = (
     choice("method", (BBQ_METHOD,)),
-    integer("n_classes", 2),
-    array("edges", (None, None), 0.0, 1.0),
-    array("values", (None, None), 0.0, 1.0),
+    *row_fields("edges", "values"),
     array("weights", ("models",), 0.0, 1.0),
 )
 
@@ -254,31 +259,20 @@ class BBQMap(RowMap):
     weights: tuple[float, ...]
     method: str = BBQ_METHOD
 
-    def __post_init__(self) -> None:
-        _check_map(self.to_dict(), "calibrator")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: ``{"method", "n_classes", "edges", "values", "weights"}`` (one list
-        of edges and one of values per model, one weight per model)."""
-        return {
-            "method": self.method,
-            "n_classes": self.n_classes,
-            "edges": [list(row) for row in self.edges],
-            "values": [list(row) for row in self.values],
-            "weights": list(self.weights),
-        }
-
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> BBQMap:
-        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
-        ``source``."""
-        edges, values, weights = _check_map(data, source)
-        return cls(
-            data["n_classes"],
-            tuple(tuple(row.tolist()) for row in edges),
-            tuple(tuple(row.tolist()) for row in values),
-            tuple(weights.tolist()),
-        )
+    def check_rows(cls, fields: dict[str, Any], source: str) -> None:
+        """One row of edges and values and one weight per model (rows by
+        :func:`check_bin_rows`), the weights summing to 1."""
+        edges, values, weights = fields["edges"], fields["values"], fields["weights"]
+        if not len(edges) == len(values) == len(weights):
+            raise InputError(
+                source,
+                f"needs one row of edges, one of values and one weight per model, got "
+                f"{len(edges)}, {len(values)} and {len(weights)}",
+            )
+        check_bin_rows(edges, values, source)
+        if abs(float(weights.sum()) - 1.0) > WEIGHT_SUM_TOLERANCE:
+            raise InputError(source, "weights must be >= 0 and sum to 1")
 
     @cached_property
     def _merged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -300,7 +294,7 @@ class BBQMap(RowMap):
 
 
 @dataclass(frozen=True)
-class BBQFit:
+class BBQFit(MapFit[BBQMap]):
     """BBQ fitted on one split: the bin counts tried (``min_bins`` to ``max_bins``),
     ``n_models`` distinct binnings scored, ``models_kept`` with a weight of at least
     :data:`SMALLEST_WEIGHT` (the saved ones), the largest
@@ -314,14 +308,6 @@ class BBQFit:
     models_kept: int
     largest_weight: float
     n_parameters: int
-    nll_before: float
-    nll_after: float
-    n_samples: int
-    calibrator: BBQMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record without its parameters (they are in the saved calibrator)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def fit_bbq(
@@ -337,15 +323,11 @@ def fit_bbq(
     binnings with ``counts`` bins (default: the paper's range, :func:`bin_counts`)."""
     if method != BBQ_METHOD:
         raise InputError("--method", f"unknown BBQ map {method!r}", BBQ_METHOD)
-    logp = log_probabilities(scores, kind, source)
+    logp, y = fit_split(scores, labels, kind, source, labels_source, "BBQ")
     n, k = logp.shape
-    check_classes(k, "BBQ", source)
-    y = class_labels(labels, n, k, labels_source)
     if n < 1:
         raise InputError(source, "BBQ needs at least one fit sample")
-    top = logp.argmax(dim=1)
-    confidence = torch.exp(logp.gather(1, top[:, None])[:, 0]).numpy()
-    correct = (top == y).numpy().astype(np.float64)
+    confidence, correct = top_label_targets(logp, y)
     tried = bin_counts(n) if counts is None else tuple(counts)
     if not tried or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tried):
         raise InputError("counts", f"bins must be whole numbers >= 1, got {tried!r}")
@@ -366,26 +348,7 @@ def fit_bbq(
         largest_weight=float(weights.max()),
         n_parameters=int(sum(2 * len(row) for row in kept_values)),
         nll_before=fit_nll(logp, y),
-        nll_after=mapped_nll(logp, y, fitted._map_rows),
+        nll_after=fitted.in_sample_nll(logp, y),
         n_samples=n,
         calibrator=fitted,
     )
-
-
-def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
-    fields = read_fields(data, FIELDS, source)
-    edges, values, weights = fields["edges"], fields["values"], fields["weights"]
-    if not len(edges) == len(values) == len(weights):
-        raise InputError(
-            source,
-            f"needs one row of edges, one of values and one weight per model, got "
-            f"{len(edges)}, {len(values)} and {len(weights)}",
-        )
-    for row_edges, row_values in zip(edges, values, strict=True):
-        if len(row_edges) != len(row_values) + 1:
-            raise InputError(source, "every row needs one edge more than it has values")
-        if row_edges[0] != 0 or row_edges[-1] != 1 or not (np.diff(row_edges) > 0).all():
-            raise InputError(source, "edges must rise strictly from 0 to 1")
-    if abs(float(weights.sum()) - 1.0) > WEIGHT_SUM_TOLERANCE:
-        raise InputError(source, "weights must be >= 0 and sum to 1")
-    return edges, values, weights

@@ -38,6 +38,7 @@ import torch
 
 from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.linear import LOG_FLOOR
+from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import COEFFICIENT_BOUND, Field, SavedMap, choice, number
 from curvcal.calibration.univariate import fit_nll
 from curvcal.errors import InputError
@@ -175,7 +176,7 @@ class BinaryMap(SavedMap):
 
 
 @dataclass(frozen=True)
-class BinaryFit:
+class BinaryFit(MapFit[BinaryMap]):
     """Platt scaling or beta calibration fitted on one split. ``fixed``: the beta coefficient
     set to 0 by the a, b ≥ 0 rule (``"a"``, ``"b"`` or ``""``); ``converged``: the largest
     gradient component ``gradient_max`` of the mean objective fell under ``gradient_tol``."""
@@ -185,18 +186,10 @@ class BinaryFit:
     coefficients: dict[str, float]
     fixed: str
     l2: float
-    nll_before: float
-    nll_after: float
     iterations: int
     gradient_max: float
     gradient_tol: float
     converged: bool
-    n_samples: int
-    calibrator: BinaryMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record (its coefficients included)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def fit_binary(

@@ -31,22 +31,24 @@ import numpy as np
 import torch
 
 from curvcal.calibration.bins import equal_mass_index
-from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.isotonic import KnotTable, knot_segments, step_table
-from curvcal.calibration.saved import array, choice, integer, read_fields
+from curvcal.calibration.results import MapFit
+from curvcal.calibration.saved import choice
 from curvcal.calibration.ties import TIE_RELATIVE, group_starts
 from curvcal.calibration.univariate import (
     ONE_VS_REST_CHUNK,
     RowMap,
     by_columns,
-    check_classes,
+    check_row_count,
     fit_nll,
+    fit_split,
+    float_rows,
     log_of_values,
     map_chunk_rows,
-    mapped_nll,
     one_vs_rest_log_probabilities,
-    one_vs_rest_nll,
+    row_fields,
     top_label_map,
+    top_label_targets,
 )
 from curvcal.errors import InputError
 from curvcal.settings.calibration import HISTOGRAM_SCHEMES
@@ -282,9 +284,7 @@ def sorted_equal_mass_edges(ranked: np.ndarray, n_bins: int) -> np.ndarray:
 FIELDS = (
     choice("method", HISTOGRAM_METHODS),
     choice("scheme", HISTOGRAM_SCHEMES),
-    integer("n_classes", 2),
-    array("edges", (None, None), 0.0, 1.0),
-    array("values", (None, None), 0.0, 1.0),
+    *row_fields("edges", "values"),
 )
 
 
@@ -302,45 +302,17 @@ class HistogramMap(RowMap):
     edges: tuple[tuple[float, ...], ...]
     values: tuple[tuple[float, ...], ...]
 
-    def __post_init__(self) -> None:
-        _check_map(self.to_dict(), "calibrator")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: ``{"method", "scheme", "n_classes", "edges", "values"}`` (lists of
-        lists of numbers, one list per map)."""
-        return {
-            "method": self.method,
-            "scheme": self.scheme,
-            "n_classes": self.n_classes,
-            "edges": [list(row) for row in self.edges],
-            "values": [list(row) for row in self.values],
-        }
-
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> HistogramMap:
-        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
-        ``source``."""
-        edges, values = _check_map(data, source)
-        return cls(
-            data["method"],
-            data["scheme"],
-            data["n_classes"],
-            tuple(tuple(row.tolist()) for row in edges),
-            tuple(tuple(row.tolist()) for row in values),
-        )
-
-    @property
-    def _chunk(self) -> int | None:
-        """Entries per row chunk of a one-vs-rest map (its work arrays stay in cache)."""
-        return ONE_VS_REST_CHUNK if self.method == "histogram-ovr" else None
+    def check_rows(cls, fields: dict[str, Any], source: str) -> None:
+        """One row of edges and values (top-label) or one per class (OvR), each checked by
+        :func:`check_bin_rows`."""
+        check_row_count(fields, "edges", "values", source)
+        check_bin_rows(fields["edges"], fields["values"], source)
 
     @cached_property
     def _bins(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
         """Each map's (edges, values) as float64 arrays, made once (not at every chunk)."""
-        return tuple(
-            (np.asarray(e, dtype=np.float64), np.asarray(v, dtype=np.float64))
-            for e, v in zip(self.edges, self.values, strict=True)
-        )
+        return float_rows(self.edges, self.values)
 
     @cached_property
     def _table(self) -> np.ndarray:
@@ -411,7 +383,7 @@ class HistogramMap(RowMap):
 
 
 @dataclass(frozen=True)
-class HistogramFit:
+class HistogramFit(MapFit[HistogramMap]):
     """Histogram binning fitted on one split: ``n_bins`` asked, ``bins_used`` (per map: fewer
     than asked when equal-mass ties merged bins), ``empty_bins`` (equal-width bins without fit
     samples, over every map), ``n_parameters`` (the values, and the inner edges of
@@ -423,14 +395,6 @@ class HistogramFit:
     bins_used: tuple[int, ...]
     empty_bins: int
     n_parameters: int
-    nll_before: float
-    nll_after: float
-    n_samples: int
-    calibrator: HistogramMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record without its parameters (they are in the saved calibrator)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def fit_histogram(
@@ -453,10 +417,8 @@ def fit_histogram(
         )
     if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
         raise InputError("--histogram-bins", f"must be a whole number >= 1, got {n_bins!r}")
-    logp = log_probabilities(scores, kind, source)
+    logp, y = fit_split(scores, labels, kind, source, labels_source, f"{method} binning")
     n, k = logp.shape
-    check_classes(k, f"{method} binning", source)
-    y = class_labels(labels, n, k, labels_source)
     if n < n_bins:
         raise InputError(
             "--histogram-bins",
@@ -464,11 +426,8 @@ def fit_histogram(
             "lower --histogram-bins or fit on more samples",
         )
     if method == "histogram":
-        top = logp.argmax(dim=1)
-        log_c = logp.gather(1, top[:, None])[:, 0]
-        confidence = torch.exp(log_c).numpy()
+        confidence, correct = top_label_targets(logp, y)
         row_edges = histogram_edges(confidence, n_bins, scheme)
-        correct = (top == y).numpy().astype(np.float64)
         bins = [(row_edges, *histogram_values(confidence, correct, row_edges))]
     else:
         bins = one_vs_rest_bins(logp, y.numpy(), n_bins, scheme)
@@ -486,28 +445,17 @@ def fit_histogram(
             len(row) + (len(row) - 1 if scheme == "equal-mass" else 0) for row in values
         ),
         nll_before=fit_nll(logp, y),
-        nll_after=mapped_nll(logp, y, fitted._map_rows)
-        if method == "histogram"
-        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_CHUNK),
+        nll_after=fitted.in_sample_nll(logp, y),
         n_samples=n,
         calibrator=fitted,
     )
 
 
-def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    fields = read_fields(data, FIELDS, source)
-    method, k = fields["method"], fields["n_classes"]
-    edges, values = fields["edges"], fields["values"]
-    rows = 1 if method == "histogram" else k
-    if len(edges) != rows or len(values) != rows:
-        raise InputError(
-            source,
-            f"{method} with {k} classes needs {rows} row(s) of edges and values, got "
-            f"{len(edges)} and {len(values)}",
-        )
+def check_bin_rows(edges: list[np.ndarray], values: list[np.ndarray], source: str) -> None:
+    """Each saved row of bins: edges rising strictly from 0 to 1, one more than its values
+    (a fault is an :class:`InputError` naming ``source``)."""
     for row_edges, row_values in zip(edges, values, strict=True):
         if len(row_edges) != len(row_values) + 1:
             raise InputError(source, "every row needs one edge more than it has values")
         if row_edges[0] != 0 or row_edges[-1] != 1 or not (np.diff(row_edges) > 0).all():
             raise InputError(source, "edges must rise strictly from 0 to 1")
-    return edges, values

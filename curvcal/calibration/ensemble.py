@@ -27,9 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvcal.calibration.inputs import chunk_rows, class_labels, log_probabilities
+from curvcal.calibration.inputs import chunk_rows, log_probabilities
+from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import TEMPERATURE_RANGE, SavedMap, array, choice, number
 from curvcal.calibration.scaling import fit_temperature
+from curvcal.calibration.univariate import fit_split
 from curvcal.errors import InputError
 
 METHOD = "ensemble-temperature"
@@ -62,10 +64,6 @@ class EnsembleMap(SavedMap):
     @property
     def method(self) -> str:
         return METHOD
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: ``{"method", "temperature", "weights"}`` (numbers only)."""
-        return {"method": METHOD, "temperature": self.temperature, "weights": list(self.weights)}
 
     #: The saved body: T within TS's range, three weights (TS, uncalibrated, uniform) in [0, 1].
     FIELDS = (
@@ -110,22 +108,14 @@ class EnsembleMap(SavedMap):
 
 
 @dataclass(frozen=True)
-class EnsembleFit:
+class EnsembleFit(MapFit[EnsembleMap]):
     """Ensemble temperature scaling fitted on one split: ``temperature`` (by TS on NLL), the
     ``weights``, and the fit split's NLL before, after TS alone (``nll_ts``) and after the
     ensemble (``nll_after``)."""
 
     temperature: float
     weights: tuple[float, float, float]
-    nll_before: float
     nll_ts: float
-    nll_after: float
-    n_samples: int
-    calibrator: EnsembleMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record (the map itself is in the saved calibrator too)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def fit_ensemble_temperature(
@@ -141,9 +131,8 @@ def fit_ensemble_temperature(
     (module docstring), on (``scores``, ``labels``). ``device``: where the N×K passes (the
     log-probabilities, the TS fit, the label columns) run; the N×3 simplex fit runs on the
     CPU."""
-    logp = log_probabilities(scores, kind, source, device=device)
+    logp, y = fit_split(scores, labels, kind, source, labels_source, None, device=device)
     n, k = logp.shape
-    y = class_labels(labels, n, k, labels_source).to(logp.device)
     temperature = fit_temperature(
         logp, y, kind="logprobs", objective="nll", device=logp.device
     ).temperature

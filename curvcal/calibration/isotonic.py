@@ -29,18 +29,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvcal.calibration.inputs import class_labels, log_probabilities
-from curvcal.calibration.saved import array, choice, integer, read_fields
+from curvcal.calibration.results import MapFit
+from curvcal.calibration.saved import choice
 from curvcal.calibration.univariate import (
-    ONE_VS_REST_CHUNK,
     RowMap,
     by_columns,
-    check_classes,
+    check_row_count,
     fit_nll,
-    mapped_nll,
+    fit_split,
+    float_rows,
     one_vs_rest_log_probabilities,
-    one_vs_rest_nll,
+    row_fields,
     top_label_map,
+    top_label_targets,
 )
 from curvcal.errors import InputError
 
@@ -560,9 +561,7 @@ def knot_segments(table: KnotTable, p: np.ndarray) -> np.ndarray:
 #: The saved body: one row of knots x and values y per map (rows may differ in length).
 FIELDS = (
     choice("method", ISOTONIC_METHODS),
-    integer("n_classes", 2),
-    array("x", (None, None), 0.0, 1.0),
-    array("y", (None, None), 0.0, 1.0),
+    *row_fields("x", "y"),
 )
 
 
@@ -579,43 +578,21 @@ class IsotonicMap(RowMap):
     x: tuple[tuple[float, ...], ...]
     y: tuple[tuple[float, ...], ...]
 
-    def __post_init__(self) -> None:
-        _check_map(self.to_dict(), "calibrator")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: ``{"method", "n_classes", "x", "y"}`` (lists of lists of numbers,
-        one list per map)."""
-        return {
-            "method": self.method,
-            "n_classes": self.n_classes,
-            "x": [list(row) for row in self.x],
-            "y": [list(row) for row in self.y],
-        }
-
     @classmethod
-    def from_dict(cls, data: Any, source: str = "calibrator") -> IsotonicMap:
-        """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
-        ``source``."""
-        xs, ys = _check_map(data, source)
-        return cls(
-            data["method"],
-            data["n_classes"],
-            tuple(tuple(row.tolist()) for row in xs),
-            tuple(tuple(row.tolist()) for row in ys),
-        )
-
-    @property
-    def _chunk(self) -> int | None:
-        """Entries per row chunk of a one-vs-rest map (:data:`ONE_VS_REST_CHUNK`)."""
-        return ONE_VS_REST_CHUNK if self.method == "isotonic-ovr" else None
+    def check_rows(cls, fields: dict[str, Any], source: str) -> None:
+        """One row of x and y (top-label) or one per class (OvR), each x rising strictly and its
+        y never falling."""
+        check_row_count(fields, "x", "y", source)
+        for row_x, row_y in zip(fields["x"], fields["y"], strict=True):
+            if len(row_x) != len(row_y):
+                raise InputError(source, "every row needs as many x as y")
+            if not (np.diff(row_x) > 0).all() or not (np.diff(row_y) >= 0).all():
+                raise InputError(source, "x must rise strictly and y must not fall")
 
     @cached_property
     def _points(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
         """Each map's (x, y) as float64 arrays, made once (not at every chunk)."""
-        return tuple(
-            (np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
-            for x, y in zip(self.x, self.y, strict=True)
-        )
+        return float_rows(self.x, self.y)
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         if self.method == "isotonic":
@@ -641,21 +618,13 @@ class IsotonicMap(RowMap):
 
 
 @dataclass(frozen=True)
-class IsotonicFit:
+class IsotonicFit(MapFit[IsotonicMap]):
     """Isotonic regression fitted on one split: ``points`` kept per map, NLL before/after on
     the fit split (in-sample)."""
 
     method: str
     points: tuple[int, ...]
     n_parameters: int
-    nll_before: float
-    nll_after: float
-    n_samples: int
-    calibrator: IsotonicMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record without its parameters (they are in the saved calibrator)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def fit_isotonic(
@@ -670,15 +639,10 @@ def fit_isotonic(
     regression on (``scores``, ``labels``)."""
     if method not in ISOTONIC_METHODS:
         raise InputError("--method", f"unknown isotonic map {method!r}", "isotonic or -ovr")
-    logp = log_probabilities(scores, kind, source)
+    logp, y = fit_split(scores, labels, kind, source, labels_source, f"{method} regression")
     n, k = logp.shape
-    check_classes(k, f"{method} regression", source)
-    y = class_labels(labels, n, k, labels_source)
     if method == "isotonic":
-        top = logp.argmax(dim=1)
-        log_c = logp.gather(1, top[:, None])[:, 0]
-        confidence = torch.exp(log_c).numpy()
-        fitted_points = [isotonic_points(confidence, (top == y).numpy().astype(np.float64))]
+        fitted_points = [isotonic_points(*top_label_targets(logp, y))]
     else:
         fitted_points = one_vs_rest_points(by_columns(logp), y.numpy())
     fitted_x = [tuple(px.tolist()) for px, _ in fitted_points]
@@ -690,30 +654,10 @@ def fit_isotonic(
         points=points,
         n_parameters=2 * sum(points),
         nll_before=fit_nll(logp, y),
-        nll_after=mapped_nll(logp, y, fitted._map_rows)
-        if method == "isotonic"
-        else one_vs_rest_nll(logp, y, fitted._values, ONE_VS_REST_CHUNK),
+        nll_after=fitted.in_sample_nll(logp, y),
         n_samples=n,
         calibrator=fitted,
     )
-
-
-def _check_map(data: Any, source: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    fields = read_fields(data, FIELDS, source)
-    method, k, xs, ys = fields["method"], fields["n_classes"], fields["x"], fields["y"]
-    rows = 1 if method == "isotonic" else k
-    if len(xs) != rows or len(ys) != rows:
-        raise InputError(
-            source,
-            f"{method} with {k} classes needs {rows} row(s) of x and y, got {len(xs)} and "
-            f"{len(ys)}",
-        )
-    for row_x, row_y in zip(xs, ys, strict=True):
-        if len(row_x) != len(row_y):
-            raise InputError(source, "every row needs as many x as y")
-        if not (np.diff(row_x) > 0).all() or not (np.diff(row_y) >= 0).all():
-            raise InputError(source, "x must rise strictly and y must not fall")
-    return xs, ys
 
 
 def _segment_terms(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

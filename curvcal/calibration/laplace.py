@@ -63,6 +63,7 @@ from torch import Tensor, nn
 
 from curvcal.calibration.inputs import as_tensor, class_labels
 from curvcal.calibration.linear import CV_FOLDS, cv_folds
+from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import (
     Field,
     SavedMap,
@@ -406,7 +407,7 @@ def _differs(saved: Tensor | None, own: Tensor | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class LaplaceFit:
+class LaplaceFit(MapFit[LaplaceMap]):
     """A last-layer Laplace approximation fitted on one split (see the module docstring).
 
     ``prior_precision``: δ chosen by ``prior_rule``: ``marglik`` maximises
@@ -432,14 +433,6 @@ class LaplaceFit:
     n_features: int
     has_bias: bool
     layer: str
-    nll_before: float
-    nll_after: float
-    n_samples: int
-    calibrator: LaplaceMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record without the posterior (it is in the saved calibrator)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from curvcal.calibration.inputs import (
     log_probabilities,
     validated_scores,
 )
+from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import Field, SavedMap, choice, coefficients
 from curvcal.errors import InputError
 
@@ -185,7 +186,7 @@ class LinearMap(SavedMap):
 
 
 @dataclass(frozen=True)
-class LinearFit:
+class LinearFit(MapFit[LinearMap]):
     """Vector or matrix scaling fitted on one split (see the module docstring).
 
     ``nll_before``/``nll_after``: NLL on the fit split under the identity map and the fitted
@@ -204,8 +205,6 @@ class LinearFit:
 
     method: str
     input: str
-    nll_before: float
-    nll_after: float
     objective_after: float
     l2_off_diagonal: float
     l2_bias: float
@@ -215,17 +214,11 @@ class LinearFit:
     gradient_tol: float
     max_iterations: int
     converged: bool
-    n_samples: int
-    calibrator: LinearMap
     cv_folds: int = 0
     cv_strengths: tuple[float, ...] = ()
     cv_nll: tuple[float, ...] = ()
     regulariser: str = "odir"
     no_minimum: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record without its parameters (they are in the saved calibrator)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def linear_inputs(scores: Any, kind: str, source: str, method: str = "matrix") -> torch.Tensor:

@@ -98,47 +98,22 @@ class MapKind:
     skip_reason: Callable[[int, bool], str | None] = applies_always
 
 
-def _fit_ts(
-    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-) -> Any:
-    return fit_temperature(
-        scores,
-        labels,
-        kind=kind,
-        objective=settings.objective,
-        bins=settings.bins,
-        edges=settings.edges,
-        device=stage_device("ts", settings.device),
-        **common,
-    )
+def _fit_with(
+    fitter: Callable[..., Any],
+    *arguments: Any,
+    options: Callable[[CalibrationSettings], dict[str, Any]] = lambda settings: {},
+    **fixed: Any,
+) -> Callable[..., Any]:
+    """The entry's ``fit`` of a map fitted to scores: ``fitter(scores, labels, *arguments,
+    kind=kind, **fixed, **options(settings), **common)``: ``arguments`` and ``fixed`` are the
+    entry's own (its method's name, a regulariser), ``options`` the settings it reads."""
 
+    def fit(
+        scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
+    ) -> Any:
+        return fitter(scores, labels, *arguments, kind=kind, **fixed, **options(settings), **common)
 
-def _fit_focal_ts(
-    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-) -> Any:
-    return fit_focal_temperature(
-        scores,
-        labels,
-        kind=kind,
-        objective=settings.focal_objective,
-        gammas=settings.gammas,
-        bins=settings.bins,
-        edges=settings.edges,
-        device=stage_device("focal_ts", settings.device),
-        **common,
-    )
-
-
-def _fit_vector(
-    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-) -> Any:
-    return fit_linear(scores, labels, "vector", kind=kind, **common)
-
-
-def _fit_matrix(
-    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-) -> Any:
-    return fit_matrix_odir(scores, labels, kind=kind, seed=settings.seed, **common)
+    return fit
 
 
 def _fit_laplace(
@@ -167,75 +142,72 @@ def _load_laplace(data: Any, source: str) -> CalibrationMap:
     return LaplaceMap.from_dict(data, source)
 
 
-def _fit_histogram(method: str) -> Callable[..., Any]:
-    def fit(
-        scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-    ) -> Any:
-        return fit_histogram(
-            scores,
-            labels,
-            method,
-            kind=kind,
-            n_bins=settings.histogram_bins,
-            scheme=settings.histogram_scheme,
-            **common,
-        )
-
-    return fit
+def _ts_options(settings: CalibrationSettings) -> dict[str, Any]:
+    return {
+        "objective": settings.objective,
+        "bins": settings.bins,
+        "edges": settings.edges,
+        "device": stage_device("ts", settings.device),
+    }
 
 
-def _fit_method(fitter: Callable[..., Any], method: str) -> Callable[..., Any]:
-    """The entry's ``fit`` of a fitter taking only the method's name, ``fitter(scores, labels,
-    method, kind=kind, ...)``: no settings."""
-
-    def fit(
-        scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-    ) -> Any:
-        return fitter(scores, labels, method, kind=kind, **common)
-
-    return fit
+def _focal_ts_options(settings: CalibrationSettings) -> dict[str, Any]:
+    return {
+        "objective": settings.focal_objective,
+        "gammas": settings.gammas,
+        "bins": settings.bins,
+        "edges": settings.edges,
+        "device": stage_device("focal_ts", settings.device),
+    }
 
 
-def _fit_dirichlet(
-    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-) -> Any:
-    return fit_dirichlet(scores, labels, kind=kind, seed=settings.seed, **common)
+def _ets_options(settings: CalibrationSettings) -> dict[str, Any]:
+    return {"device": stage_device("ets", settings.device)}
 
 
-def _fit_dirichlet_l2(
-    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-) -> Any:
-    return fit_dirichlet(scores, labels, kind=kind, seed=settings.seed, regulariser="l2", **common)
+def _histogram_options(settings: CalibrationSettings) -> dict[str, Any]:
+    return {"n_bins": settings.histogram_bins, "scheme": settings.histogram_scheme}
 
 
-def _fit_ets(
-    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-) -> Any:
-    return fit_ensemble_temperature(
-        scores, labels, kind=kind, device=stage_device("ets", settings.device), **common
-    )
-
-
-def _fit_venn_abers(
-    scores: Any, labels: Any, kind: str, settings: CalibrationSettings, **common: Any
-) -> Any:
-    return fit_venn_abers(scores, labels, kind=kind, **common)
+def _seed(settings: CalibrationSettings) -> dict[str, Any]:
+    return {"seed": settings.seed}
 
 
 MAPS: dict[str, MapKind] = {
     kind.stage: kind
     for kind in (
-        MapKind("ts", "ts", "temperature", "TS", _fit_ts, Calibrator.from_dict),
+        MapKind(
+            "ts",
+            "ts",
+            "temperature",
+            "TS",
+            _fit_with(fit_temperature, options=_ts_options),
+            Calibrator.from_dict,
+        ),
         MapKind(
             "focal_ts",
             "focal-ts",
             "focal-temperature",
             "focal TS",
-            _fit_focal_ts,
+            _fit_with(fit_focal_temperature, options=_focal_ts_options),
             Calibrator.from_dict,
         ),
-        MapKind("vector", "vector", "vector", "vector", _fit_vector, LinearMap.from_dict),
-        MapKind("matrix", "matrix", "matrix", "matrix", _fit_matrix, LinearMap.from_dict),
+        MapKind(
+            "vector",
+            "vector",
+            "vector",
+            "vector",
+            _fit_with(fit_linear, "vector"),
+            LinearMap.from_dict,
+        ),
+        MapKind(
+            "matrix",
+            "matrix",
+            "matrix",
+            "matrix",
+            _fit_with(fit_matrix_odir, options=_seed),
+            LinearMap.from_dict,
+        ),
         MapKind(
             "laplace",
             "laplace",
@@ -251,7 +223,7 @@ MAPS: dict[str, MapKind] = {
             "histogram",
             "histogram",
             "histogram",
-            _fit_histogram("histogram"),
+            _fit_with(fit_histogram, "histogram", options=_histogram_options),
             HistogramMap.from_dict,
         ),
         MapKind(
@@ -259,7 +231,7 @@ MAPS: dict[str, MapKind] = {
             "histogram-ovr",
             "histogram-ovr",
             "histogram OvR",
-            _fit_histogram("histogram-ovr"),
+            _fit_with(fit_histogram, "histogram-ovr", options=_histogram_options),
             HistogramMap.from_dict,
         ),
         MapKind(
@@ -267,7 +239,7 @@ MAPS: dict[str, MapKind] = {
             "isotonic",
             "isotonic",
             "isotonic",
-            _fit_method(fit_isotonic, "isotonic"),
+            _fit_with(fit_isotonic, "isotonic"),
             IsotonicMap.from_dict,
         ),
         MapKind(
@@ -275,7 +247,7 @@ MAPS: dict[str, MapKind] = {
             "isotonic-ovr",
             "isotonic-ovr",
             "isotonic OvR",
-            _fit_method(fit_isotonic, "isotonic-ovr"),
+            _fit_with(fit_isotonic, "isotonic-ovr"),
             IsotonicMap.from_dict,
         ),
         MapKind(
@@ -283,7 +255,7 @@ MAPS: dict[str, MapKind] = {
             "platt",
             "platt",
             "Platt",
-            _fit_method(fit_binary, "platt"),
+            _fit_with(fit_binary, "platt"),
             BinaryMap.from_dict,
             skip_reason=binary_only,
         ),
@@ -292,29 +264,41 @@ MAPS: dict[str, MapKind] = {
             "beta",
             "beta",
             "beta",
-            _fit_method(fit_binary, "beta"),
+            _fit_with(fit_binary, "beta"),
             BinaryMap.from_dict,
             skip_reason=binary_only,
         ),
         MapKind(
-            "dirichlet", "dirichlet", "dirichlet", "Dirichlet", _fit_dirichlet, LinearMap.from_dict
+            "dirichlet",
+            "dirichlet",
+            "dirichlet",
+            "Dirichlet",
+            _fit_with(fit_dirichlet, options=_seed),
+            LinearMap.from_dict,
         ),
         MapKind(
             "dirichlet_l2",
             "dirichlet-l2",
             "dirichlet",
             "Dirichlet L2",
-            _fit_dirichlet_l2,
+            _fit_with(fit_dirichlet, options=_seed, regulariser="l2"),
             LinearMap.from_dict,
         ),
-        MapKind("ets", "ets", "ensemble-temperature", "ETS", _fit_ets, EnsembleMap.from_dict),
-        MapKind("bbq", "bbq", "bbq", "BBQ", _fit_method(fit_bbq, "bbq"), BBQMap.from_dict),
+        MapKind(
+            "ets",
+            "ets",
+            "ensemble-temperature",
+            "ETS",
+            _fit_with(fit_ensemble_temperature, options=_ets_options),
+            EnsembleMap.from_dict,
+        ),
+        MapKind("bbq", "bbq", "bbq", "BBQ", _fit_with(fit_bbq, "bbq"), BBQMap.from_dict),
         MapKind(
             "venn_abers",
             "venn-abers",
             "venn-abers",
             "Venn-Abers",
-            _fit_venn_abers,
+            _fit_with(fit_venn_abers),
             VennAbersMap.from_dict,
         ),
     )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Generic, TypeVar
 
 from curvcal.calibration.saved import TEMPERATURE_RANGE, Field, SavedMap, choice, number
 from curvcal.errors import InputError
@@ -13,6 +13,28 @@ from curvcal.settings.calibration import MAX_GAMMA
 
 #: Calibration map names a :class:`Calibrator` can carry.
 CALIBRATOR_METHODS = ("none", "temperature", "focal-temperature")
+
+MapT = TypeVar("MapT")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MapFit(Generic[MapT]):
+    """What every calibration map's fit records: ``nll_before``/``nll_after``, the mean NLL
+    −log q_y on the fit split under the identity map and under the fitted one (in-sample),
+    ``n_samples`` N of the fit split, and the fitted map ``calibrator``. A map's fit record
+    derives from this and adds its own fields (given first when it is built by position)."""
+
+    nll_before: float
+    nll_after: float
+    n_samples: int
+    calibrator: MapT
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fit's record: the map's own fields, then ``nll_before``, ``nll_after`` and
+        ``n_samples``; not the ``calibrator`` (it is saved on its own)."""
+        shared = [item.name for item in fields(MapFit)]
+        own = [item.name for item in fields(self) if item.name not in shared]
+        return {key: getattr(self, key) for key in (*own, *shared) if key != "calibrator"}
 
 
 @dataclass(frozen=True)
@@ -205,7 +227,21 @@ def _check_calibrator(method: Any, temperature: float, gamma: float, source: str
 
 
 @dataclass(frozen=True)
-class TemperatureFit:
+class ScalingFit:
+    """What both temperature fits record: the ``temperature`` T, the ``objective`` minimised
+    and its value before (T = 1) and after on the fit split, and the NLL before and after
+    (in-sample)."""
+
+    temperature: float
+    objective: str
+    objective_before: float
+    objective_after: float
+    nll_before: float
+    nll_after: float
+
+
+@dataclass(frozen=True)
+class TemperatureFit(ScalingFit):
     """Temperature scaling fitted on one split: p = softmax(z / T).
 
     ``objective`` is ``"nll"`` (bounded Brent on log T plus a Newton polish in 1/T) or
@@ -214,12 +250,6 @@ class TemperatureFit:
     on an end of ``bracket`` (the optimum may lie outside it).
     """
 
-    temperature: float
-    objective: str
-    objective_before: float
-    objective_after: float
-    nll_before: float
-    nll_after: float
     derivative: float
     bracket: tuple[float, float]
     at_bracket_end: bool
@@ -244,7 +274,7 @@ class FocalProfilePoint:
 
 
 @dataclass(frozen=True)
-class FocalTemperatureFit:
+class FocalTemperatureFit(ScalingFit):
     """Focal temperature scaling (Komisarenko & Kull 2024): p = φ_γ(softmax(z / T)).
 
     ``profile`` holds the best T and objective for every γ of the grid (γ is weakly
@@ -254,12 +284,6 @@ class FocalTemperatureFit:
     """
 
     gamma: float
-    temperature: float
-    objective: str
-    objective_before: float
-    objective_after: float
-    nll_before: float
-    nll_after: float
     profile: tuple[FocalProfilePoint, ...]
     bracket: tuple[float, float]
     grid_step: float | None

@@ -25,6 +25,8 @@ coefficient leave float range and every probability rounds to 0 or 1.
 
 from __future__ import annotations
 
+import array as array_module
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -268,6 +270,24 @@ def _shape_text(shape: tuple[Dimension, ...]) -> str:
     return words if all(dim is None for dim in shape) else f"{words} ({sizes})"
 
 
+def saved_value(value: Any) -> Any:
+    """A map's value as its saved body holds it: rows (tuples, lists, ``array("d")``) as JSON
+    lists, numbers and names as they are."""
+    if isinstance(value, tuple | list | array_module.array):
+        return [saved_value(item) for item in value]
+    return value
+
+
+def held_value(value: Any) -> Any:
+    """A checked value (:func:`read_fields`) as a frozen map holds it: an array, or a list of
+    rows, as (nested) tuples of floats; numbers and names as they are."""
+    if isinstance(value, np.ndarray):
+        return tuple(value.tolist()) if value.ndim == 1 else tuple(map(held_value, value))
+    if isinstance(value, list):
+        return tuple(map(held_value, value))
+    return value
+
+
 class SavedMap:
     """The base of every calibration map: fitted (by its registry entry's ``fit``), applied
     (:meth:`apply`: float64 log-probabilities; :meth:`probabilities`), saved (:meth:`to_dict`)
@@ -286,8 +306,11 @@ class SavedMap:
     @classmethod
     def from_fields(cls, values: dict[str, Any], source: str) -> Any:
         """The map of checked ``values`` (:func:`read_fields`); faults beyond the fields' own
-        are :class:`InputError` naming ``source``."""
-        raise NotImplementedError
+        are :class:`InputError` naming ``source``. Here: every value the class holds as a
+        field, its arrays as tuples of numbers (:func:`held_value`; a value it does not hold,
+        a fixed ``method``, is only checked); a map with rules of its own checks them first."""
+        held = {item.name for item in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{name: held_value(value) for name, value in values.items() if name in held})
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "calibrator") -> Any:
@@ -298,7 +321,9 @@ class SavedMap:
         return cls.from_fields(read_fields(data, cls.saved_fields(data), source), source)
 
     def to_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """Plain-JSON form: each field of :attr:`FIELDS` by its name, in their order, rows of
+        numbers as lists (a map whose saved fields depend on its method writes its own)."""
+        return {spec.name: saved_value(getattr(self, spec.name)) for spec in self.FIELDS}
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> Any:
         raise NotImplementedError

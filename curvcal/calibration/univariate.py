@@ -29,14 +29,14 @@ printing, no global RNG.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from curvcal.calibration.inputs import chunk_rows
-from curvcal.calibration.saved import SavedMap
+from curvcal.calibration.inputs import chunk_rows, class_labels, log_probabilities
+from curvcal.calibration.saved import Field, SavedMap, array, integer, read_fields
 from curvcal.errors import InputError
 
 #: At the floor of the top-label rule the other classes are held this relative amount under
@@ -288,27 +288,124 @@ def check_classes(n_classes: int, method: str, source: str) -> None:
         raise InputError(source, f"has {n_classes} class; {method} needs at least 2")
 
 
+def fit_split(
+    scores: Any,
+    labels: Any,
+    kind: str,
+    source: str,
+    labels_source: str,
+    method: str | None,
+    *,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fit split of a map fitted to scores: the N×K float64 log-probabilities of
+    ``scores`` of ``kind`` (:func:`log_probabilities`) and the N labels checked against them
+    (:func:`class_labels`); with ``method`` (the map's name) K ≥ 2 is required first
+    (:func:`check_classes`). Errors name ``source`` and ``labels_source``. ``device``: where
+    both live (the CPU when None)."""
+    logp = log_probabilities(scores, kind, source, device=device)
+    n, k = logp.shape
+    if method is not None:
+        check_classes(k, method, source)
+    return logp, class_labels(labels, n, k, labels_source).to(logp.device)
+
+
+def top_label_targets(logp: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """What a top-label map is fitted to: each row's confidence max_k p_k (float64, from the
+    log-probabilities ``logp``; the first index on ties) and whether its argmax is the label
+    (1.0 or 0.0)."""
+    top = logp.argmax(dim=1)
+    confidence = torch.exp(logp.gather(1, top[:, None])[:, 0]).numpy()
+    return confidence, (top == labels).numpy().astype(np.float64)
+
+
 def fit_nll(logq: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean −log q_y (in-sample NLL of a fitted map; ∞ when some q_y is 0)."""
     return float(-logq.gather(1, labels[:, None]).mean())
 
 
+def float_rows(
+    first: Sequence[Sequence[float]], second: Sequence[Sequence[float]]
+) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Each map's pair of rows (bin edges and values, knots x and y) as float64 arrays."""
+    return tuple(
+        (np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
+        for a, b in zip(first, second, strict=True)
+    )
+
+
+def row_fields(first: str, second: str) -> tuple[Field, ...]:
+    """The saved fields of a row map's rows: ``n_classes`` K ≥ 2 and the tables ``first`` and
+    ``second`` (edges and values, x and y), one row each per map (rows may differ in length),
+    every number in [0, 1]."""
+    return (
+        integer("n_classes", 2),
+        array(first, (None, None), 0.0, 1.0),
+        array(second, (None, None), 0.0, 1.0),
+    )
+
+
+def check_row_count(values: dict[str, Any], first: str, second: str, source: str) -> None:
+    """A saved top-label map holds one row of each of its row fields ``first`` and ``second``
+    (edges and values, x and y), a one-vs-rest map (``-ovr``) one per class; a fault is an
+    :class:`InputError` naming ``source``."""
+    method, k = values["method"], values["n_classes"]
+    rows = k if method.endswith("-ovr") else 1
+    if len(values[first]) != rows or len(values[second]) != rows:
+        raise InputError(
+            source,
+            f"{method} with {k} classes needs {rows} row(s) of {first} and {second}, got "
+            f"{len(values[first])} and {len(values[second])}",
+        )
+
+
 class RowMap(SavedMap):
     """A saved map that acts on each row of log-probabilities alone (histogram binning,
     isotonic regression, BBQ): a subclass gives ``method``, ``n_classes``, ``_map_rows`` (log q
-    of a chunk of float64 log-probabilities) and ``_chunk`` (entries per chunk; ``None``: the
-    checks' chunk), and the scores are read, checked and mapped chunk by chunk
-    (:func:`apply_by_rows`) for :meth:`apply` and :meth:`probabilities` alike."""
+    of a chunk of float64 log-probabilities) and the rules its saved rows obey
+    (:meth:`check_rows`), and the scores are read, checked and mapped chunk by chunk
+    (:func:`apply_by_rows`, :attr:`_chunk` entries at a time) for :meth:`apply` and
+    :meth:`probabilities` alike. Its saved body is its fields (:class:`SavedMap`)."""
 
     method: str
     n_classes: int
 
+    def __post_init__(self) -> None:
+        """A map built in Python is checked as a saved body would be (naming ``calibrator``)."""
+        self.check_rows(read_fields(self.to_dict(), self.FIELDS, "calibrator"), "calibrator")
+
+    @classmethod
+    def check_rows(cls, values: dict[str, Any], source: str) -> None:
+        """What the rows of checked ``values`` (:func:`read_fields`) must satisfy beyond each
+        field's own rules (a subclass's); a fault is an :class:`InputError` naming ``source``."""
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any], source: str) -> Any:
+        """The map of checked ``values``, its rows checked first (:meth:`check_rows`)."""
+        cls.check_rows(values, source)
+        return super().from_fields(values, source)
+
     @property
     def _chunk(self) -> int | None:
-        return None
+        """Entries per row chunk: :data:`ONE_VS_REST_CHUNK` for a one-vs-rest map (``-ovr``:
+        its work arrays stay in cache), the checks' own chunk (``None``) for the others."""
+        return ONE_VS_REST_CHUNK if self.method.endswith("-ovr") else None
 
     def _map_rows(self, logp: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def _values(self, logp: torch.Tensor) -> torch.Tensor:
+        """N×K f_k(p_k) of a one-vs-rest map (before the renormalisation)."""
+        raise NotImplementedError
+
+    def in_sample_nll(self, logp: torch.Tensor, labels: torch.Tensor) -> float:
+        """Mean −log q_y of the map on float64 ``logp`` and ``labels`` (on its fit split: the
+        fit record's ``nll_after``), without the N×K calibrated rows: a one-vs-rest map's from
+        its per-class values (:func:`one_vs_rest_nll`), any other's row chunk by row chunk
+        (:func:`mapped_nll`)."""
+        if self.method.endswith("-ovr"):
+            return one_vs_rest_nll(logp, labels, self._values, ONE_VS_REST_CHUNK)
+        return mapped_nll(logp, labels, self._map_rows)
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""

@@ -65,14 +65,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvcal.calibration.inputs import class_labels, log_probabilities
 from curvcal.calibration.linear import LOG_FLOOR
+from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import SavedMap, choice, integer, read_fields
 from curvcal.calibration.saved import array as saved_array
 from curvcal.calibration.univariate import (
     apply_by_rows,
-    check_classes,
     fit_nll,
+    fit_split,
     one_vs_rest_log_probabilities,
 )
 from curvcal.errors import InputError
@@ -150,12 +150,7 @@ def _lower_hull_links(x: np.ndarray, y: np.ndarray, reverse: bool) -> np.ndarray
         return link
     above = np.searchsorted(ends, rest)
     start = above if reverse else above - 1
-    tables = [local]
-    while True:
-        step = tables[-1][tables[-1]]
-        if np.array_equal(step, tables[-1]):
-            break
-        tables.append(step)
+    tables = lifting_tables(local)
     xj, yj = x[rest], y[rest]
     turn = -1.0 if reverse else 1.0
 
@@ -215,13 +210,19 @@ class _Chains:
 
 def _chains(x: np.ndarray, y: np.ndarray, reverse: bool) -> _Chains:
     link = _lower_hull_links(x, y, reverse)
+    return _Chains(lifting_tables(link), x[link] - x, y[link] - y)
+
+
+def lifting_tables(link: np.ndarray) -> list[np.ndarray]:
+    """The binary-lifting tables of ``link`` (each index's next one; a chain's end links to
+    itself): ``tables[k][j]`` is the index 2^k links from j, up to the first k at which every
+    index has reached its chain's end."""
     tables = [link]
     while True:
         step = tables[-1][tables[-1]]
         if np.array_equal(step, tables[-1]):
-            break
+            return tables
         tables.append(step)
-    return _Chains(tables, x[link] - x, y[link] - y)
 
 
 def gap_values(weights: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -353,17 +354,6 @@ class VennAbersMap(SavedMap):
             parts = _check_map(self.to_dict(), "calibrator")
         self.__dict__["_arrays"] = list(zip(*parts, strict=True))  # the cached property
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: ``{"method": "venn-abers", "n_classes", "c", "p0", "p1"}`` (one
-        list per map)."""
-        return {
-            "method": self.method,
-            "n_classes": self.n_classes,
-            "c": [list(row) for row in self.c],
-            "p0": [list(row) for row in self.p0],
-            "p1": [list(row) for row in self.p1],
-        }
-
     @classmethod
     def from_dict(cls, data: Any, source: str = "calibrator") -> VennAbersMap:
         """Rebuild from :meth:`to_dict` output; every fault is an :class:`InputError` naming
@@ -431,7 +421,7 @@ class VennAbersMap(SavedMap):
 
 
 @dataclass(frozen=True)
-class VennAbersFit:
+class VennAbersFit(MapFit[VennAbersMap]):
     """An IVAP fitted on one split: ``input`` (the score), ``distinct_scores`` per map and the
     ``knots`` kept of them (where p0 or p1 changes), the
     in-sample width p1 − p0 at the fit scores (``width_mean``, ``width_max``), NLL before and
@@ -444,14 +434,6 @@ class VennAbersFit:
     n_parameters: int
     width_mean: float
     width_max: float
-    nll_before: float
-    nll_after: float
-    n_samples: int
-    calibrator: VennAbersMap
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fit's record without its parameters (they are in the saved calibrator)."""
-        return {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "calibrator"}
 
 
 def fit_venn_abers(
@@ -463,10 +445,8 @@ def fit_venn_abers(
 ) -> VennAbersFit:
     """Fit the inductive Venn–Abers predictor on (``scores``, ``labels``): binary for K = 2,
     one-vs-all for K > 2 (module docstring)."""
-    logp = log_probabilities(scores, kind, source)
+    logp, y = fit_split(scores, labels, kind, source, labels_source, "Venn-Abers")
     n, k = logp.shape
-    check_classes(k, "Venn-Abers", source)
-    y = class_labels(labels, n, k, labels_source)
     if n == 0:
         raise InputError(source, "has no samples; Venn-Abers needs at least one to fit")
     targets = y.numpy()

@@ -12,9 +12,8 @@ from curvcal.commands.calibration_options import (
     refuse_unused_map_options,
     write_outputs,
 )
-from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.data_options import data_options
+from curvcal.commands.data_options import checkpoint_on_data
 from curvcal.commands.repeats import Command
 from curvcal.errors import EXIT_OK
 from curvcal.report.calibration import calibration_tables
@@ -29,9 +28,7 @@ if TYPE_CHECKING:
 
 
 @click.command(cls=Command)
-@click.argument("checkpoint", type=click.Path(path_type=Path))
-@checkpoint_options
-@data_options()
+@checkpoint_on_data
 @click_options(CalibrateSettings, "files")
 # the maps run where the model does: --device is the checkpoint's (CheckpointSettings.device)
 @click_options(
@@ -52,12 +49,7 @@ def calibrate(
     The fit split is --val-split F of --data (stratified, default 0.5, seeded by --seed), or
     all of --fit-data. Every metric is measured on the evaluation split only.
     """
-    from curvcal.commands.clashes import (
-        arch_inputs,
-        checkpoint_inputs,
-        data_inputs,
-        tokenizer_inputs,
-    )
+    from curvcal.commands.clashes import model_and_data_inputs
     from curvcal.pipeline.calibration import CalibrateRequest, run_calibrate
 
     written = calibration.outputs()
@@ -65,13 +57,9 @@ def calibrate(
         written.append(("--save-logits", files.save_logits))
     output, reporter = start(
         inputs=[
-            *checkpoint_inputs(
-                "CHECKPOINT", checkpoint, checkpoint_options.arch, checkpoint_options.base_model
+            *model_and_data_inputs(
+                checkpoint, checkpoint_options, data_options, [("--fit-data", files.fit_data)]
             ),
-            *arch_inputs("--arch", checkpoint_options.arch),
-            *data_inputs("--data", data_options.data, data_options.data_root),
-            *data_inputs("--fit-data", files.fit_data, data_options.data_root),
-            *tokenizer_inputs("--tokenizer", data_options.tokenizer),
             *([("--apply", files.apply)] if files.apply is not None else []),
         ],
         outputs=written,

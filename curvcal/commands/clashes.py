@@ -24,15 +24,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from curvcal.errors import InputError
 from curvcal.inputs import Identity, Input, Named, identity, recorded, refuse_input_target
+
+if TYPE_CHECKING:
+    from curvcal.settings.checkpoint import CheckpointSettings
+    from curvcal.settings.data import DataSettings
 
 __all__ = [
     "Named",
     "arch_inputs",
     "checkpoint_inputs",
     "data_inputs",
+    "model_and_data_inputs",
     "refuse_clashes",
     "tokenizer_inputs",
 ]
@@ -120,6 +126,26 @@ def arch_inputs(option: str, spec: object) -> list[Named]:
     if isinstance(spec, str) and spec.startswith("hf:") and len(spec) > len("hf:"):
         return [(option, Path(spec[len("hf:") :]))]
     return []
+
+
+def model_and_data_inputs(
+    checkpoint: Path,
+    checkpoint_options: CheckpointSettings,
+    data_options: DataSettings,
+    more_data: Sequence[tuple[str, object]] = (),
+) -> list[Named]:
+    """The inputs of a command that runs CHECKPOINT on ``--data``: the checkpoint and what it
+    names (:func:`checkpoint_inputs`), ``--arch``, ``--data`` and the command's other data
+    options (``more_data``: ``(option, SPEC)`` pairs such as ``("--fit-data", spec)``), and
+    ``--tokenizer``."""
+    arch, root = checkpoint_options.arch, data_options.data_root
+    return [
+        *checkpoint_inputs("CHECKPOINT", checkpoint, arch, checkpoint_options.base_model),
+        *arch_inputs("--arch", arch),
+        *data_inputs("--data", data_options.data, root),
+        *(named for option, spec in more_data for named in data_inputs(option, spec, root)),
+        *tokenizer_inputs("--tokenizer", data_options.tokenizer),
+    ]
 
 
 def refuse_clashes(outputs: Sequence[Named], inputs: Sequence[Named]) -> None:

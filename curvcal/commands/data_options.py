@@ -11,10 +11,12 @@ factories is not one of these options: the command passes ``--trust-checkpoint``
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from curvcal.commands.checkpoint_options import checkpoint_options
 from curvcal.settings.data import TEXT_FIELDS, DataSettings
 from curvcal.settings.fields import cli_fields, click_options, default_of, gather, option_name
 
@@ -51,3 +53,13 @@ def text_options(func: F) -> F:
     for field, spec in reversed(cli_fields(DataSettings, only=TEXT_FIELDS)):
         command = click_option(DataSettings, field, spec)(command)
     return command
+
+
+def checkpoint_on_data(function: F) -> F:
+    """What a command that runs one checkpoint on ``--data`` takes first: the CHECKPOINT
+    argument, the checkpoint options (``checkpoint_options``) and the dataset options
+    (``data_options``, ``--data`` required), in that order on the command line and in help."""
+    with_data = data_options()(function)
+    return click.argument("checkpoint", type=click.Path(path_type=Path))(
+        checkpoint_options(with_data)
+    )

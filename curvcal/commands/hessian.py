@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
 from curvcal.commands.common import end_with, finish, output_options, start, typed_options
-from curvcal.commands.data_options import data_options as data_options_decorator
+from curvcal.commands.data_options import checkpoint_on_data
 from curvcal.commands.repeats import Command
 from curvcal.report.hessian import hessian_tables, plot_outputs, plot_paths, write_plots
 from curvcal.report.landscape import eigenvector_path, write_eigenvectors
@@ -56,9 +55,7 @@ def _refuse_unused_trace_options(values: dict[str, Any]) -> None:
 
 
 @click.command(cls=Command)
-@click.argument("checkpoint", type=click.Path(path_type=Path))
-@checkpoint_options_decorator
-@data_options_decorator()
+@checkpoint_on_data
 @click_options(HessianSettings, "settings", before=_refuse_unused_trace_options)
 @click.option(
     "--plot",
@@ -88,23 +85,11 @@ def hessian(
 
     The loss is averaged over every sample of --data, in eval mode unless --mode train.
     """
-    from curvcal.commands.clashes import (
-        arch_inputs,
-        checkpoint_inputs,
-        data_inputs,
-        tokenizer_inputs,
-    )
+    from curvcal.commands.clashes import model_and_data_inputs
     from curvcal.pipeline.hessian import run_hessian
 
     options, reporter = start(
-        inputs=[
-            *checkpoint_inputs(
-                "CHECKPOINT", checkpoint, checkpoint_options.arch, checkpoint_options.base_model
-            ),
-            *arch_inputs("--arch", checkpoint_options.arch),
-            *data_inputs("--data", data_options.data, data_options.data_root),
-            *tokenizer_inputs("--tokenizer", data_options.tokenizer),
-        ],
+        inputs=model_and_data_inputs(checkpoint, checkpoint_options, data_options),
         outputs=[
             *plot_outputs(plot, settings.per_layer),
             *([("--save-eigenvectors", save_eigenvectors)] if save_eigenvectors else []),

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from curvcal.commands.checkpoint_options import checkpoint_options as checkpoint_options_decorator
 from curvcal.commands.common import finish, output_options, start
-from curvcal.commands.data_options import data_options as data_options_decorator
+from curvcal.commands.data_options import checkpoint_on_data
 from curvcal.commands.repeats import Command
 from curvcal.settings.fields import click_options
 from curvcal.settings.landscape import LandscapeSettings
@@ -26,9 +25,7 @@ if TYPE_CHECKING:
 
 
 @click.command(cls=Command)
-@click.argument("checkpoint", type=click.Path(path_type=Path))
-@checkpoint_options_decorator
-@data_options_decorator()
+@checkpoint_on_data
 @click_options(LandscapeSettings, "settings")
 @output_options
 def landscape(
@@ -42,24 +39,12 @@ def landscape(
     Each point is the model at θ + α·d1 (+ β·d2 with --dims 2), measured on every sample of
     --data in eval mode; the checkpoint's model is restored afterwards.
     """
-    from curvcal.commands.clashes import (
-        arch_inputs,
-        checkpoint_inputs,
-        data_inputs,
-        tokenizer_inputs,
-    )
+    from curvcal.commands.clashes import model_and_data_inputs
     from curvcal.pipeline.landscape import run_landscape
     from curvcal.report.landscape import landscape_plot, landscape_tables
 
     options, reporter = start(
-        inputs=[
-            *checkpoint_inputs(
-                "CHECKPOINT", checkpoint, checkpoint_options.arch, checkpoint_options.base_model
-            ),
-            *arch_inputs("--arch", checkpoint_options.arch),
-            *data_inputs("--data", data_options.data, data_options.data_root),
-            *tokenizer_inputs("--tokenizer", data_options.tokenizer),
-        ],
+        inputs=model_and_data_inputs(checkpoint, checkpoint_options, data_options),
         outputs=[("--plot", settings.plot)] if settings.plot is not None else [],
     )
     if settings.plot is not None:

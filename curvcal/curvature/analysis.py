@@ -14,7 +14,7 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from torch import Tensor, nn
 
@@ -57,6 +57,8 @@ OnEigenvectors = Callable[[TopEigenvectors], None]
 
 #: a stage's result, which records the engines that made its products
 Measured = TypeVar("Measured", EigenSpectrum, TraceResult, DensityResult)
+#: the arguments of an analysis (:func:`analyse_batches`)
+P = ParamSpec("P")
 
 __all__ = [
     "HessianSettings",
@@ -407,50 +409,42 @@ def analyse_operator(
     return analysis
 
 
-def analyse_hessian_with_messages(
-    model: nn.Module,
-    batches: BatchSource,
-    settings: HessianSettings,
-    *,
-    all_reduce: AllReduce | None = None,
-    on_step: OnStageStep = None,
-    on_note: Callable[[str], None] | None = None,
-    on_plan: Callable[[HessianSettings], None] | None = None,
-    on_operator: Callable[[HessianOperator], None] | None = None,
-    on_vectors: OnEigenvectors | None = None,
-) -> tuple[HessianAnalysis, list[str]]:
-    """:func:`analyse_batches` (the same operator and stages), returning the warnings a report shows (unconverged estimates, an
-    engine fallback to double backward) as messages; other warnings are passed on untouched.
-    ``on_note`` receives the notes that cannot wait for the end (the sketch's memory, the
-    budget that would keep the gradient graphs)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        # torch.func's first use imports torch internals that warn about their own deprecations.
-        warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
-        operator, timings = _built(model, batches, settings, all_reduce, None, on_operator)
-        analysis = analyse_operator(
-            operator,
-            settings,
-            on_step=on_step,
-            on_note=on_note,
-            on_plan=on_plan,
-            timings=timings,
-            on_vectors=on_vectors,
-        )
-    messages = []
-    for warning in caught:
-        if issubclass(warning.category, ConvergenceWarning):
-            messages.append(str(warning.message))
-        else:
-            warnings.warn_explicit(
-                warning.message, warning.category, warning.filename, warning.lineno
+def _with_messages(
+    analyse: Callable[P, HessianAnalysis],
+) -> Callable[P, tuple[HessianAnalysis, list[str]]]:
+    """``analyse`` returning, with its analysis, the warnings a report shows (unconverged
+    estimates, an engine fallback to double backward) as messages; other warnings are passed
+    on untouched."""
+
+    def with_messages(*args: P.args, **kwargs: P.kwargs) -> tuple[HessianAnalysis, list[str]]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            # torch.func's first use imports torch internals that warn about their own
+            # deprecations.
+            warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
+            analysis = analyse(*args, **kwargs)
+        messages = []
+        for warning in caught:
+            if issubclass(warning.category, ConvergenceWarning):
+                messages.append(str(warning.message))
+            else:
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
+        fallback = analysis.operator.get("engine_fallback")
+        if fallback:
+            messages.append(
+                f"torch.func could not differentiate the model ({fallback}); used double backward"
             )
-    fallback = analysis.operator.get("engine_fallback")
-    if fallback:
-        messages.append(
-            f"torch.func could not differentiate the model ({fallback}); used double backward"
-        )
-    return analysis, messages
+        return analysis, messages
+
+    return with_messages
+
+
+#: :func:`analyse_batches` (the same arguments, operator and stages), returning the warnings a
+#: report shows as messages (:func:`_with_messages`); ``on_note`` receives the notes that
+#: cannot wait for the end (the sketch's memory, the budget that would keep the gradient graphs)
+analyse_hessian_with_messages = _with_messages(analyse_batches)
 
 
 def _with_engines(operator: HessianOperator, before: dict[str, int], result: Measured) -> Measured:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from torch import nn
 
 from curvcal.curvature.plan import selected_parameter_count
+from curvcal.pace import duration_text
 from curvcal.settings.hessian import HessianSettings
 
 #: forecasts above this many seconds get the advice
@@ -128,14 +129,6 @@ def planned_products(settings: HessianSettings, n_params: int, n_blocks: int = 0
     return sum(planned_by_stage(settings, n_params, n_blocks).values())
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def _hints(
     plan: dict[str, int], settings: HessianSettings | None, given: frozenset[str], device: str
 ) -> list[str]:
@@ -210,7 +203,7 @@ def slow_run_advice(
         return None
     hints = _hints(plan, settings, given, device)
     return (
-        f"this run will take about {_duration(total)} (about {count} Hessian-vector products "
+        f"this run will take about {duration_text(total)} (about {count} Hessian-vector products "
         f"of {seconds_per_product:.3g} s each)" + "".join(f"; {hint}" for hint in hints)
     )
 

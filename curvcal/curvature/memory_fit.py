@@ -106,19 +106,22 @@ def fit_memory(
     ``"always"`` (the caller says ``"never"`` where graphs cannot be kept, and why in
     ``unkeepable``); ``input_row_bytes`` is what one input row costs the kept graphs (0 when
     batches are cached, since the cache holds them anyway)."""
-    fit = _fit(
+    budget = requested.resolve(free) if requested is not None else None
+    if budget is None:
+        budget = default_budget(graphs, param_bytes, rows, free)
+    plan = plan_pass(
         graphs,
         param_bytes=param_bytes,
-        batch_sizes=batch_sizes,
         rows=rows,
-        width=width,
-        requested=requested,
-        free=free,
+        width=1 if sharded else width,
+        budget=budget,
         vmapped=vmapped,
-        sharded=sharded,
-        keep_graphs=keep_graphs,
-        input_row_bytes=input_row_bytes,
     )
+    limit = plan.rows if plan.rows < rows else None
+    fit = MemoryFit(plan=plan, width=width if sharded else plan.width, limit=limit)
+    if keep_graphs != "never":
+        chunks = chunk_rows(batch_sizes, limit)
+        fit = _kept_graphs(fit, graphs, param_bytes, chunks, input_row_bytes, sharded, keep_graphs)
     return replace(
         fit,
         choice=_choice(
@@ -137,37 +140,19 @@ def fit_memory(
     )
 
 
-def _fit(
+def _kept_graphs(
+    fit: MemoryFit,
     graphs: GraphSizes,
-    *,
     param_bytes: int,
-    batch_sizes: Sequence[int],
-    rows: int,
-    width: int,
-    requested: MemoryBudget | None,
-    free: int | None,
-    vmapped: bool,
+    chunks: list[int],
+    input_row_bytes: float,
     sharded: bool,
     keep_graphs: str,
-    input_row_bytes: float,
 ) -> MemoryFit:
-    budget = requested.resolve(free) if requested is not None else None
-    if budget is None:
-        budget = default_budget(graphs, param_bytes, rows, free)
-    plan = plan_pass(
-        graphs,
-        param_bytes=param_bytes,
-        rows=rows,
-        width=1 if sharded else width,
-        budget=budget,
-        vmapped=vmapped,
-    )
-    width = width if sharded else plan.width
-    limit = plan.rows if plan.rows < rows else None
-    fit = MemoryFit(plan=plan, width=width, limit=limit)
-    if keep_graphs == "never":
-        return fit
-    chunks = chunk_rows(batch_sizes, limit)
+    """``fit`` with the gradient graphs of ``chunks`` kept (``keep_graphs`` ``"always"``, or
+    ``"auto"``: the leading chunks whose graphs fit the budget with the pass), the predicted
+    bytes recorded either way."""
+    width, budget = fit.width, fit.plan.budget
     held = kept_bytes(graphs, param_bytes, chunks, input_row_bytes)
     fit = replace(
         fit,

@@ -80,10 +80,19 @@ class VectorSpace:
         (or the vector) ``block``: k × m (or k)."""
         return rows @ block
 
+    def _draw_into(self, out: Tensor, draw: Callable[[int], Tensor]) -> Tensor:
+        """``out`` (length ``size``) holding this space's part of a vector that ``draw(n)``
+        makes n values at a time: here one draw of all P values."""
+        out[:] = draw(self.size)
+        return out
+
     def normal(self, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
-        """A standard normal vector on the CPU: one float64 draw of P values, rounded to
-        ``dtype``."""
-        return torch.randn(self.size, generator=generator, dtype=torch.float64).to(dtype)
+        """A standard normal vector on the CPU, this space's part of it (:meth:`_draw_into`):
+        float64 draws rounded to ``dtype``."""
+        return self._draw_into(
+            torch.empty(self.size, dtype=dtype),
+            lambda n: torch.randn(n, generator=generator, dtype=torch.float64),
+        )
 
     def probes(
         self,
@@ -93,10 +102,10 @@ class VectorSpace:
         dtype: torch.dtype = torch.float64,
     ) -> Tensor:
         """``count`` probe vectors as columns of a (size, count) CPU tensor of ``dtype``, drawn
-        one by one (:func:`draw_column`)."""
+        one by one (:func:`draw_column`), this space's part of each (:meth:`_draw_into`)."""
         probes = torch.empty((self.size, count), dtype=dtype)
         for j in range(count):
-            probes[:, j] = draw_column(self.size, distribution, generator)
+            self._draw_into(probes[:, j], lambda n: draw_column(n, distribution, generator))
         return probes
 
     def whole(self, block: Tensor) -> Tensor:
@@ -155,33 +164,13 @@ class SlicedSpace(VectorSpace):
 
     def _draw_into(self, out: Tensor, draw: Callable[[int], Tensor]) -> Tensor:
         """``out`` (length ``size``) holding this rank's slice of a vector drawn a full
-        parameter at a time, in parameter order (one parameter's draw in memory at a time)."""
+        parameter at a time, in parameter order (one parameter's draw in memory at a time):
+        :meth:`normal` and :meth:`probes` draw the same vectors as on one rank, sliced."""
         offset = 0
         for numel, start, stop in self.pieces:
             out[offset : offset + stop - start] = draw(numel)[start:stop]
             offset += stop - start
         return out
-
-    def normal(self, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
-        """This rank's slice of a standard normal vector drawn a parameter at a time (float64
-        draws rounded to ``dtype``)."""
-        return self._draw_into(
-            torch.empty(self.size, dtype=dtype),
-            lambda n: torch.randn(n, generator=generator, dtype=torch.float64),
-        )
-
-    def probes(
-        self,
-        count: int,
-        distribution: str,
-        generator: torch.Generator,
-        dtype: torch.dtype = torch.float64,
-    ) -> Tensor:
-        """This rank's slices of ``count`` probes, each drawn a parameter at a time."""
-        probes = torch.empty((self.size, count), dtype=dtype)
-        for j in range(count):
-            self._draw_into(probes[:, j], lambda n: draw_column(n, distribution, generator))
-        return probes
 
     def whole(self, block: Tensor) -> Tensor:
         """The whole columns of a (size, m) block of slices, gathered from every rank."""

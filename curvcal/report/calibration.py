@@ -607,6 +607,25 @@ def profile_table(fit: FocalTemperatureFit) -> Table:
     )
 
 
+def _fit_split_table(
+    what: str,
+    n_fit: int,
+    columns: tuple[str, ...],
+    rows: tuple[tuple[str, ...], ...],
+    caption: str,
+    scope: str = "",
+) -> Table:
+    """A table of maps fitted on the fit split: the title says so and how many samples it
+    holds (after ``scope``, what part of the model was fitted), the caption ends by saying
+    that the NLL before/after are in-sample."""
+    return Table(
+        title=f"{what} ({scope}on the fit split, {n_fit} samples)",
+        columns=columns,
+        rows=rows,
+        caption=f"{caption}; before/after: in-sample",
+    )
+
+
 def linear_fits_table(fits: list[LinearFit], n_fit: int, titles: list[str] | None = None) -> Table:
     """Vector, matrix and Dirichlet scaling fits (columns ``titles``, default the method's
     stage title): what was fitted, the regulariser, NLL before/after on the fit split and
@@ -624,12 +643,13 @@ def linear_fits_table(fits: list[LinearFit], n_fit: int, titles: list[str] | Non
         ("max |gradient|", *(fmt_float(fit.gradient_max, 2) for fit in fits)),
         ("converged", *(_yes(fit.converged) for fit in fits)),
     )
-    return Table(
-        title=f"linear maps (on the fit split, {n_fit} samples)",
-        columns=("quantity", *(titles or [STAGE_TITLES[fit.method] for fit in fits])),
-        rows=rows,
-        caption=f"L-BFGS in float64 from the identity map; converged: max |gradient| < "
-        f"{fmt_float(fits[0].gradient_tol, 2)}; before/after: in-sample",
+    return _fit_split_table(
+        "linear maps",
+        n_fit,
+        ("quantity", *(titles or [STAGE_TITLES[fit.method] for fit in fits])),
+        rows,
+        f"L-BFGS in float64 from the identity map; converged: max |gradient| < "
+        f"{fmt_float(fits[0].gradient_tol, 2)}",
     )
 
 
@@ -653,17 +673,19 @@ def laplace_fit_table(fit: Any) -> Table:
         ("NLL before", fmt_float(fit.nll_before)),
         ("NLL after", fmt_float(fit.nll_after)),
     )
-    return Table(
-        title=f"Laplace (last layer, on the fit split, {fit.n_samples} samples)",
-        columns=("quantity", "value"),
-        rows=rows,
-        caption=(
+    return _fit_split_table(
+        "Laplace",
+        fit.n_samples,
+        ("quantity", "value"),
+        rows,
+        (
             "δ minimises the predictive's NLL on held-out folds of the fit split (grid, then "
             "Brent in log δ; posterior from the whole fit split)"
             if by_nll
             else "δ maximises the Laplace log marginal likelihood"
         )
-        + " (scalar prior, GGN of the summed cross-entropy); before/after: in-sample",
+        + " (scalar prior, GGN of the summed cross-entropy)",
+        scope="last layer, ",
     )
 
 
@@ -681,12 +703,13 @@ def one_dimensional_fits_table(fits: list[tuple[str, Any]], n_fit: int) -> Table
             *(_yes(fit.converged) if hasattr(fit, "converged") else "-" for _, fit in fits),
         ),
     )
-    return Table(
-        title=f"binning, isotonic and binary maps (on the fit split, {n_fit} samples)",
-        columns=("quantity", *(STAGE_TITLES[stage] for stage, _ in fits)),
-        rows=rows,
-        caption="top-label: the top class gets f(confidence), the others share the rest in "
-        "proportion; OvR: f_k(p_k) renormalised; before/after: in-sample",
+    return _fit_split_table(
+        "binning, isotonic and binary maps",
+        n_fit,
+        ("quantity", *(STAGE_TITLES[stage] for stage, _ in fits)),
+        rows,
+        "top-label: the top class gets f(confidence), the others share the rest in "
+        "proportion; OvR: f_k(p_k) renormalised",
     )
 
 
@@ -734,12 +757,12 @@ def ensemble_fit_table(fit: EnsembleFit, n_fit: int) -> Table:
         ("NLL after TS", fmt_float(fit.nll_ts)),
         ("NLL after", fmt_float(fit.nll_after)),
     )
-    return Table(
-        title=f"ensemble temperature scaling (on the fit split, {n_fit} samples)",
-        columns=("quantity", "ETS"),
-        rows=rows,
-        caption="T fitted first, then the weights (≥ 0, sum 1) by NLL with T fixed; "
-        "before/after: in-sample",
+    return _fit_split_table(
+        "ensemble temperature scaling",
+        n_fit,
+        ("quantity", "ETS"),
+        rows,
+        "T fitted first, then the weights (≥ 0, sum 1) by NLL with T fixed",
     )
 
 

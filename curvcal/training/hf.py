@@ -13,7 +13,7 @@ from torch import nn
 
 from curvcal.errors import InputError
 from curvcal.load.extras import require
-from curvcal.training.measurement import check_callback, measure
+from curvcal.training.measurement import CallbackMeasurement
 
 _transformers = require("hf", "transformers", "CurvatureTrainerCallback")
 
@@ -30,7 +30,10 @@ def logits_model(model: nn.Module) -> nn.Module:
     return model
 
 
-class CurvatureTrainerCallback(_transformers.TrainerCallback):  # type: ignore[name-defined]
+class CurvatureTrainerCallback(
+    _transformers.TrainerCallback,  # type: ignore[name-defined]
+    CallbackMeasurement,
+):
     """Every ``every_n_steps`` optimizer steps and/or every ``every_n_epochs`` epochs, measure
     ``quantities`` of the trainer's model on ``loader`` (:func:`curvcal.training.measurement.measure`:
     eval mode, training flags, ``.grad`` and random states put back) and log each as
@@ -49,6 +52,9 @@ class CurvatureTrainerCallback(_transformers.TrainerCallback):  # type: ignore[n
     Each measurement is also appended to :attr:`history` as ``(epoch, global_step, values)``.
     """
 
+    every_n_steps: int | None
+    every_n_epochs: int | None
+
     def __init__(
         self,
         loader: Any,
@@ -62,16 +68,8 @@ class CurvatureTrainerCallback(_transformers.TrainerCallback):  # type: ignore[n
         edges: str = "left",
         **overrides: Any,
     ) -> None:
-        self.quantities = check_callback(
-            quantities, overrides, every_n_steps=every_n_steps, every_n_epochs=every_n_epochs
-        )
-        self.loader = loader
-        self.every_n_steps = every_n_steps
-        self.every_n_epochs = every_n_epochs
-        self.prefix = prefix
-        self.model = model
-        self.bins, self.edges = bins, edges
-        self.overrides = overrides
+        counts = {"every_n_steps": every_n_steps, "every_n_epochs": every_n_epochs}
+        self.configure(loader, quantities, prefix, model, bins, edges, overrides, **counts)
         self.trainer: Any = None
         self.history: list[tuple[float, int, dict[str, float]]] = []
 
@@ -86,17 +84,9 @@ class CurvatureTrainerCallback(_transformers.TrainerCallback):  # type: ignore[n
         if model is None:
             raise InputError("CurvatureTrainerCallback", "the trainer passed no model")
         target = (self.model or logits_model)(model)
-        values = measure(
-            target,
-            self.loader,
-            self.quantities,
-            bins=self.bins,
-            edges=self.edges,
-            **self.overrides,
-        )
+        values, logs = self.measured(target)
         epoch = float(state.epoch or 0.0)
         self.history.append((epoch, int(state.global_step), values))
-        logs = {self.prefix + name: value for name, value in values.items()}
         if self.trainer is not None:
             self.trainer.log(logs)
         else:

@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from curvcal.load.extras import require
-from curvcal.training.measurement import check_callback, measure
+from curvcal.training.measurement import CallbackMeasurement
 
 _pl = require("lightning", "lightning.pytorch", "CurvatureCallback")
 
 
-class CurvatureCallback(_pl.Callback):  # type: ignore[name-defined]
+class CurvatureCallback(_pl.Callback, CallbackMeasurement):  # type: ignore[name-defined]
     """Every ``every_n_epochs`` epochs (at the end of the training epoch) and/or every
     ``every_n_train_steps`` optimizer steps, measure ``quantities`` of the module on ``loader``
     (:func:`curvcal.training.measurement.measure`: eval mode, training flags, ``.grad`` and random
@@ -30,6 +30,9 @@ class CurvatureCallback(_pl.Callback):  # type: ignore[name-defined]
     ``probes=50``, ``trace_method="hutchpp"``, ``params="head.*"``, ``seed``, ``loss``).
     Each measurement is also appended to :attr:`history` as ``(epoch, global_step, values)``.
     """
+
+    every_n_epochs: int | None
+    every_n_train_steps: int | None
 
     def __init__(
         self,
@@ -45,38 +48,17 @@ class CurvatureCallback(_pl.Callback):  # type: ignore[name-defined]
         **overrides: Any,
     ) -> None:
         super().__init__()
-        self.quantities = check_callback(
-            quantities,
-            overrides,
-            every_n_epochs=every_n_epochs,
-            every_n_train_steps=every_n_train_steps,
-        )
-        self.loader = loader
-        self.every_n_epochs = every_n_epochs
-        self.every_n_train_steps = every_n_train_steps
-        self.prefix = prefix
-        self.model = model
-        self.bins, self.edges = bins, edges
-        self.overrides = overrides
+        counts = {"every_n_epochs": every_n_epochs, "every_n_train_steps": every_n_train_steps}
+        self.configure(loader, quantities, prefix, model, bins, edges, overrides, **counts)
         self.history: list[tuple[int, int, dict[str, float]]] = []
 
     def _measure(self, trainer: Any, pl_module: Any, on_step: bool) -> None:
         target = pl_module if self.model is None else self.model(pl_module)
-        values = measure(
-            target,
-            self.loader,
-            self.quantities,
-            bins=self.bins,
-            edges=self.edges,
-            **self.overrides,
-        )
+        values, logs = self.measured(target)
         self.history.append((trainer.current_epoch, trainer.global_step, values))
         pl_module.log_dict(
             # float64 tensors: a bare float would be logged as float32
-            {
-                self.prefix + name: torch.tensor(value, dtype=torch.float64)
-                for name, value in values.items()
-            },
+            {name: torch.tensor(value, dtype=torch.float64) for name, value in logs.items()},
             on_step=on_step,
             on_epoch=not on_step,
             batch_size=1,

@@ -195,3 +195,54 @@ def check_callback(
         ):
             raise InputError(name, f"must be a positive integer or None, got {value!r}")
     return check_request(quantities, overrides)
+
+
+class CallbackMeasurement:
+    """What the training callbacks (Hugging Face, Lightning) share: what they measure and how.
+    :meth:`configure` checks and keeps ``loader``, ``quantities``, ``prefix`` (of each logged
+    name), ``model`` (the function from the framework's model to the classifier; ``None``: the
+    framework's default), ``bins``/``edges`` and ``overrides`` (``HessianSettings`` fields);
+    :meth:`measured` measures a classifier with them and names each value as it is logged."""
+
+    loader: Any
+    quantities: tuple[str, ...]
+    prefix: str
+    model: Any
+    bins: int
+    edges: str
+    overrides: dict[str, Any]
+
+    def configure(
+        self,
+        loader: Any,
+        quantities: Sequence[str],
+        prefix: str,
+        model: Any,
+        bins: int,
+        edges: str,
+        overrides: dict[str, Any],
+        **counts: int | None,
+    ) -> None:
+        """Keep the settings above and the callback's ``every_n_*`` ``counts`` (as attributes
+        of their names), checked first by :func:`check_callback`."""
+        self.quantities = check_callback(quantities, overrides, **counts)
+        for name, count in counts.items():
+            setattr(self, name, count)
+        self.loader = loader
+        self.prefix = prefix
+        self.model = model
+        self.bins, self.edges = bins, edges
+        self.overrides = overrides
+
+    def measured(self, classifier: nn.Module) -> tuple[dict[str, float], dict[str, float]]:
+        """The values of :func:`measure` on ``classifier``, and the same keyed by their
+        logged names (``prefix + name``)."""
+        values = measure(
+            classifier,
+            self.loader,
+            self.quantities,
+            bins=self.bins,
+            edges=self.edges,
+            **self.overrides,
+        )
+        return values, {self.prefix + name: value for name, value in values.items()}

@@ -303,3 +303,11 @@ def test_policy_gates_the_stage(run_cli, tmp_path: Path) -> None:
     assert run_cli("compare", report, report, "--policy", policy).code == 0
     policy.write_text(f"[venn_abers.ece]\nmax = {ece - 1e-9}\n")
     assert run_cli("compare", report, report, "--policy", policy).code == 1
+
+
+def test_lifting_tables_double_the_links_until_every_chain_has_ended() -> None:
+    from curvcal.calibration.venn_abers import lifting_tables
+
+    tables = lifting_tables(np.array([1, 2, 3, 3]))  # one chain 0 -> 1 -> 2 -> 3
+    assert [table.tolist() for table in tables] == [[1, 2, 3, 3], [2, 3, 3, 3], [3, 3, 3, 3]]
+    assert [t.tolist() for t in lifting_tables(np.array([0, 1]))] == [[0, 1]]  # ends only
