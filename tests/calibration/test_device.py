@@ -137,10 +137,13 @@ def test_the_setting_reaches_the_kernels_as_itself(monkeypatch: pytest.MonkeyPat
 
         return run
 
-    monkeypatch.setattr(registry_module, "fit_temperature", spy("fit ts", fit_temperature))
-    monkeypatch.setattr(
-        registry_module, "fit_focal_temperature", spy("fit focal", fit_focal_temperature)
-    )
+    entries = registry_module.MAPS  # each entry's fit, rebuilt around a spy with its own options
+    for stage, name, kernel, options in (
+        ("ts", "fit ts", fit_temperature, registry_module._ts_options),
+        ("focal_ts", "fit focal", fit_focal_temperature, registry_module._focal_ts_options),
+    ):
+        fit = registry_module._fit_with(spy(name, kernel), options=options)
+        monkeypatch.setitem(entries, stage, dataclasses.replace(entries[stage], fit=fit))
     monkeypatch.setattr(
         maps, "calibrated_log_probabilities", spy("apply", maps.calibrated_log_probabilities)
     )
