@@ -611,32 +611,64 @@ def heldout_folds(
 
 def heldout_nll(delta: float, folds: list[HeldOutFold], template: LaplaceMap) -> float:
     """Mean over every held-out row of −log p_y, p the predictive of ``template`` (head,
-    predictive, draws, seed) with the posterior of its fold's GGN at prior precision δ."""
-    total, count = 0.0, 0
-    for fold in folds:
-        if fold.labels.numel() == 0:
-            continue
-        squares = _eigen_projections(template, fold)
-        draws = _monte_carlo_fold(template, fold)
-        if squares is not None:  # full GGN, probit: the same predictive, δ only rescales
-            variances = squares @ (1.0 / (fold.curvature.eigenvalues + delta))
-            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances.clamp_min(0.0))
-            logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
-        elif draws is not None:  # Monte Carlo: the same draws and bases at every δ
-            total -= _monte_carlo_label_log_likelihood(draws, fold, delta)
-            count += int(fold.labels.numel())
-            continue
-        elif fold.curvature.structure == "kron":  # probit: Σ_f is diagonal in Q_G at every δ
-            qg = _kron_fold_basis(fold)[0]
-            variances = _kron_fold_spectrum(fold, delta, template.bias is not None) @ (qg * qg).T
-            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances)
-            logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
-        else:
-            posterior = _posterior(template, fold.curvature, delta)
-            logp = predictive_log_probs(posterior, fold.features)
-        total -= float(logp.gather(1, fold.labels[:, None]).sum())
-        count += int(fold.labels.numel())
-    return total / count
+    predictive, draws, seed) with the posterior of its fold's GGN at prior precision δ
+    (:class:`HeldOutObjective`, built afresh: a search keeps one)."""
+    return HeldOutObjective(folds, template)(delta)
+
+
+class HeldOutObjective:
+    """δ ↦ :func:`heldout_nll` of one set of folds and one ``template``, keeping what does not
+    depend on δ between calls: the folds' eigenbases and probit projections (cached on the
+    folds) and, for the Monte Carlo predictive, every fold's draws and logit means stacked
+    (:class:`MonteCarloRows`, made at the first call), so that each δ costs one batched
+    product over all held-out rows."""
+
+    def __init__(self, folds: list[HeldOutFold], template: LaplaceMap) -> None:
+        self.folds = [fold for fold in folds if fold.labels.numel() > 0]
+        self.template = template
+        self.count = sum(int(fold.labels.numel()) for fold in self.folds)
+        self._rows: MonteCarloRows | None = None
+        self._rows_made = False
+
+    def monte_carlo_rows(self) -> MonteCarloRows | None:
+        """The stacked Monte Carlo state (:func:`_monte_carlo_rows`; ``None`` for probit or
+        when it would be too big)."""
+        if not self._rows_made:
+            self._rows = _monte_carlo_rows(self.template, self.folds)
+            self._rows_made = True
+        return self._rows
+
+    def __call__(self, delta: float) -> float:
+        template = self.template
+        rows = self.monte_carlo_rows()
+        if rows is not None:  # Monte Carlo: the same draws and bases at every δ
+            return -float(rows.label_log_probs(delta).sum()) / self.count
+        total = 0.0
+        for fold in self.folds:
+            squares = _eigen_projections(template, fold)
+            if squares is not None:  # full GGN, probit: the same predictive, δ only rescales
+                variances = squares @ (1.0 / (fold.curvature.eigenvalues + delta))
+                kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances.clamp_min(0.0))
+                logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
+            elif template.predictive == "probit" and fold.curvature.structure == "kron":
+                qg = _kron_fold_basis(fold)[0]  # probit: Σ_f is diagonal in Q_G at every δ
+                spectrum = _kron_fold_spectrum(fold, delta, template.bias is not None)
+                kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * (spectrum @ (qg * qg).T))
+                logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
+            else:  # too big to keep: the posterior built at δ and its predictive
+                posterior = _posterior(template, fold.curvature, delta)
+                logp = predictive_log_probs(posterior, fold.features)
+            total -= float(logp.gather(1, fold.labels[:, None]).sum())
+        return total / self.count
+
+    def probit_grid(self, grid: tuple[float, ...]) -> list[float] | None:
+        """:func:`probit_grid_nll` of these folds, reusing the Monte Carlo state's
+        projections when it has them."""
+        rows = self.monte_carlo_rows()
+        projections = None
+        if rows is not None and rows.projections is not None:
+            projections = [rows.projections[a:b] for a, b in rows.bounds]
+        return probit_grid_nll(self.folds, self.template, grid, projections)
 
 
 def _eigen_projections(template: LaplaceMap, fold: HeldOutFold) -> Tensor | None:
@@ -689,74 +721,116 @@ def _kron_fold_spectrum(fold: HeldOutFold, delta: float, has_bias: bool) -> Tens
 
 
 @dataclass(frozen=True)
-class MonteCarloFold:
-    """What the Monte Carlo predictive of one held-out fold keeps across δ: the logit means
-    ``mean`` (n×K), the labels, the standard normal draws ``normals`` (n×K×S) that
-    :func:`predictive_log_probs` draws for these rows, and the δ-free part of the logit
-    covariance, ``basis``: for ``full`` the projections (J_n v_i)_k onto the GGN's
-    eigenvectors (n×K×P); empty for ``kron`` (the fold's :func:`_kron_fold_basis`)."""
+class MonteCarloRows:
+    """What the Monte Carlo held-out objective keeps across δ, the rows of every fold stacked
+    in fold order (fold j's rows are ``bounds[j]``): the logit means ``mean`` (N×K), the
+    ``labels``, the standard normal draws ``normals`` (N×K×S) that
+    :func:`predictive_log_probs` draws for each fold's rows (one generator per fold, seeded by
+    the seed), and the δ-free part of the logit covariance: for ``full`` the ``projections``
+    (J_n v_i)_k onto the fold's GGN eigenvectors (N×K×P); for ``kron`` none (each fold's
+    :func:`_kron_fold_basis`)."""
 
+    folds: list[HeldOutFold]
+    bounds: list[tuple[int, int]]
     mean: Tensor
     labels: Tensor
     normals: Tensor
-    basis: tuple[Tensor, ...]
+    projections: Tensor | None
     has_bias: bool
 
+    def label_log_probs(self, delta: float) -> Tensor:
+        """log p_{y_n} of every row's Monte Carlo predictive at prior precision δ (N): the same
+        roots R_n (:func:`covariance_root` of Σ_f = B_n diag(1/(λ+δ)) B_nᵀ, B_n the
+        projections, for ``full``; Q_G diag(√v_n) for ``kron``) and the same draws ε as
+        :func:`predictive_log_probs`, f_s = f_μ + R ε_s, in one batched product
+        (:func:`mean_label_log_probs`)."""
+        if self.projections is not None:
+            inverse = torch.cat(
+                [
+                    (1.0 / (fold.curvature.eigenvalues + delta)).expand(b - a, -1)
+                    for fold, (a, b) in zip(self.folds, self.bounds, strict=True)
+                ]
+            )
+            proj = self.projections
+            root = covariance_root(torch.bmm(proj * inverse[:, None, :], proj.transpose(1, 2)))
+            logits = _logit_draws(self.mean, root, self.normals)
+        else:
+            logits = torch.empty_like(self.normals)
+            for fold, (a, b) in zip(self.folds, self.bounds, strict=True):
+                qg = _kron_fold_basis(fold)[0]
+                scale = _kron_fold_spectrum(fold, delta, self.has_bias).sqrt()
+                torch.matmul(qg, scale[:, :, None] * self.normals[a:b], out=logits[a:b])
+            logits += self.mean[:, :, None]
+        return mean_label_log_probs(logits, self.labels)
 
-def _monte_carlo_fold(template: LaplaceMap, fold: HeldOutFold) -> MonteCarloFold | None:
-    """The fold's :class:`MonteCarloFold` for the Monte Carlo predictive of ``template``'s
-    draws and seed (cached on the fold under both);
-    ``None`` for probit, or when the draws or the full projections would exceed
-    4 × :data:`CHUNK_ELEMENTS` (the posterior is then built at each δ)."""
-    if template.predictive != "mc":
+
+def _monte_carlo_rows(template: LaplaceMap, folds: list[HeldOutFold]) -> MonteCarloRows | None:
+    """The folds' :class:`MonteCarloRows` for the Monte Carlo predictive of ``template``'s
+    draws and seed; ``None`` for probit, or when a fold's draws or full projections would
+    exceed 4 × :data:`CHUNK_ELEMENTS` (the posterior is then built at each δ)."""
+    if template.predictive != "mc" or not folds:
         return None
-    key = ("monte_carlo", template.samples, template.seed)
-    cached = fold.cache.get(key)
-    if cached is not None:
-        return cached
-    curv = fold.curvature
-    n, k = fold.features.shape[0], template.n_classes
-    samples = template.samples
-    wide = curv.eigenvectors is not None and n * k * curv.eigenvectors.shape[1] > 4 * CHUNK_ELEMENTS
-    if samples * n * k > 4 * CHUNK_ELEMENTS or wide:
-        return None
-    normals = torch.cat([draws for _, draws in _normal_chunks(n, k, samples, template.seed)], dim=1)
-    if curv.structure == "full":
-        assert curv.eigenvectors is not None
-        basis: tuple[Tensor, ...] = (_projections(template, fold.features, curv.eigenvectors),)
-    else:
-        basis = ()  # the fold's own (_kron_fold_basis)
-    state = MonteCarloFold(
-        logit_mean(template, fold.features),
-        fold.labels,
-        normals.permute(1, 2, 0).contiguous(),
-        basis,
+    k, samples = template.n_classes, template.samples
+    for fold in folds:
+        n, vectors = fold.features.shape[0], fold.curvature.eigenvectors
+        wide = vectors is not None and n * k * vectors.shape[1] > 4 * CHUNK_ELEMENTS
+        if samples * n * k > 4 * CHUNK_ELEMENTS or wide:
+            return None
+    bounds, first = [], 0
+    for fold in folds:
+        bounds.append((first, first + fold.features.shape[0]))
+        first += fold.features.shape[0]
+    normals = torch.cat(
+        [
+            draws.permute(1, 2, 0)
+            for fold in folds
+            for _, draws in _normal_chunks(fold.features.shape[0], k, samples, template.seed)
+        ]
+    )
+    projections = None
+    if folds[0].curvature.structure == "full":
+        projections = torch.cat(
+            [
+                _projections(template, fold.features, fold.curvature.eigenvectors)
+                for fold in folds
+                if fold.curvature.eigenvectors is not None
+            ]
+        )
+    features = torch.cat([fold.features for fold in folds])
+    return MonteCarloRows(
+        folds,
+        bounds,
+        logit_mean(template, features),
+        torch.cat([fold.labels for fold in folds]),
+        normals,
+        projections,
         template.bias is not None,
     )
-    fold.cache[key] = state
-    return state
 
 
-def _monte_carlo_label_log_likelihood(
-    state: MonteCarloFold, fold: HeldOutFold, delta: float
-) -> float:
-    """Σ_n log p_{y_n} of the Monte Carlo predictive at prior precision δ: the same roots R_n
-    (:func:`covariance_root` of Σ_f = B_n diag(1/(λ+δ)) B_nᵀ, B_n the cached projections, for
-    ``full``; Q_G diag(√v_n) for ``kron``) and the same draws ε as :func:`predictive_log_probs`,
-    in one batched product; log p_y = logsumexp_s(f_sy − logsumexp_k f_sk) − log S."""
-    normals = state.normals
-    samples = normals.shape[2]
-    if fold.curvature.structure == "full":
-        (proj,) = state.basis
-        inverse = 1.0 / (fold.curvature.eigenvalues + delta)
-        root = covariance_root(torch.bmm(proj * inverse, proj.transpose(1, 2)))
-    else:
-        qg = _kron_fold_basis(fold)[0]
-        root = qg[None] * _kron_fold_spectrum(fold, delta, state.has_bias).sqrt()[:, None, :]
-    logits = _logit_draws(state.mean, root, normals)
-    label = logits.gather(1, state.labels[:, None, None].expand(-1, 1, samples))[:, 0]
-    log_probs = label - torch.logsumexp(logits, dim=1)
-    return float((torch.logsumexp(log_probs, dim=1) - math.log(samples)).sum())
+#: Below this a softmax denominator or a mean probability is recomputed in logarithms.
+_TINY = 1e-280
+
+
+def mean_label_log_probs(logits: Tensor, labels: Tensor) -> Tensor:
+    """log((1/S) Σ_s softmax(f_ns)_{y_n}) for logits f (N×K×S) and labels y (N): with
+    m_n = max_{k,s} f_nks, e = exp(f − m_n), p_ns = e_{n y s} / Σ_k e_nks (one exp per logit).
+    Rows where a denominator Σ_k e_nks or the mean falls below :data:`_TINY` (draws spread by
+    more than ~640 in the logits, or a label with almost no mass) are computed in logarithms,
+    logsumexp_s(f_nys − logsumexp_k f_nks) − log S, as for every row before."""
+    samples = logits.shape[2]
+    pick = labels[:, None, None].expand(-1, 1, samples)
+    scaled = torch.exp(logits - logits.amax(dim=(1, 2), keepdim=True))
+    sums = scaled.sum(dim=1)
+    means = (scaled.gather(1, pick)[:, 0] / sums).mean(dim=1)
+    out = torch.log(means)
+    small = (sums.amin(dim=1) < _TINY) | ~(means >= _TINY)
+    if bool(small.any()):
+        few = logits[small]
+        label = few.gather(1, pick[small])[:, 0]
+        log_probs = label - torch.logsumexp(few, dim=1)
+        out[small] = torch.logsumexp(log_probs, dim=1) - math.log(samples)
+    return out
 
 
 def covariance_root(cov: Tensor) -> Tensor:
@@ -792,30 +866,142 @@ class PriorSearch:
 
 
 def minimise_on_grid(
-    objective: Any, grid: tuple[float, ...] = NLL_GRID, refine: bool = True
+    objective: Any,
+    grid: tuple[float, ...] = NLL_GRID,
+    refine: bool = True,
+    start: int | None = None,
+    known: Mapping[float, float] | None = None,
 ) -> PriorSearch:
     """δ minimising ``objective(δ)``: the grid's minimum (the first, i.e. smallest δ, on ties;
     a non-finite value counts as +inf), then, inside the grid, Brent's bounded method in log δ
-    between the minimum's neighbours (``refine``), kept only when its value is no larger."""
-    values = [objective(delta) for delta in grid]
-    finite = [v if math.isfinite(v) else math.inf for v in values]
-    best = min(range(len(grid)), key=lambda i: (finite[i], i))
-    if not math.isfinite(finite[best]):
+    between the minimum's neighbours (``refine``), kept only when its value is no larger.
+
+    ``known``: values of the objective already computed at some δ (never asked again; each δ
+    is asked once). ``start``: a grid index where a cheaper criterion of the same shape is
+    lowest; the grid minimum is then found by descent from it, asking only the points on the
+    way: step to the lower neighbour (the smaller δ on a tie) until both neighbours are higher
+    (:func:`_descend`). That is the grid minimum whenever the objective falls and then rises
+    along the grid (one valley); elsewhere it is a local minimum. Without ``start`` every grid
+    point is asked."""
+    memo: dict[float, float] = dict(known or {})
+
+    def value_at(delta: float) -> float:
+        if delta not in memo:
+            found = float(objective(delta))
+            memo[delta] = found if math.isfinite(found) else math.inf
+        return memo[delta]
+
+    best = -1
+    if start is not None:
+        best = _descend(lambda i: value_at(grid[i]), len(grid), start)
+    if best < 0 or not math.isfinite(memo[grid[best]]):
+        finite = [value_at(delta) for delta in grid]
+        best = min(range(len(grid)), key=lambda i: (finite[i], i))
+    if not math.isfinite(memo[grid[best]]):
         raise NumericalError("--laplace-prior nll", "the held-out NLL is not finite at any δ")
-    choice, value = grid[best], finite[best]
+    choice, value = grid[best], memo[grid[best]]
     at_end = best in (0, len(grid) - 1)
     if refine and not at_end:
         found = minimize_scalar(
-            lambda t: objective(math.exp(t)),
+            lambda t: value_at(math.exp(t)),
             bounds=(math.log(grid[best - 1]), math.log(grid[best + 1])),
             method="bounded",
             options={"xatol": 1e-10},
         )
         refined = math.exp(float(found.x))
-        refined_value = objective(refined)
+        refined_value = value_at(refined)
         if math.isfinite(refined_value) and refined_value <= value:
             choice, value = refined, refined_value
     return PriorSearch(choice, grid[best], value, at_end)
+
+
+def _descend(value: Any, size: int, start: int) -> int:
+    """The grid index where descent from ``start`` over ``size`` points stops: step left while
+    the left neighbour's ``value(i)`` is no larger, else right while the right one is smaller;
+    it stops where the left neighbour is higher and the right one no lower (a local minimum,
+    the smaller δ on a tie). Once it has moved one way it never turns, so it ends."""
+    i = min(max(start, 0), size - 1)
+    while True:
+        if i > 0 and value(i - 1) <= value(i):
+            i -= 1
+        elif i < size - 1 and value(i + 1) < value(i):
+            i += 1
+        else:
+            return i
+
+
+def search_prior_precision(
+    folds: list[HeldOutFold], template: LaplaceMap, grid: tuple[float, ...] = NLL_GRID
+) -> PriorSearch:
+    """The held-out NLL rule's search (:func:`minimise_on_grid` of :func:`heldout_nll`), with
+    the grid's probit values computed at once (:func:`probit_grid_nll`): for the probit
+    predictive they are the objective's values on the grid (the same numbers to rounding, so
+    the same grid minimum); for Monte Carlo they say where to start the descent to the grid
+    minimum, the Monte Carlo objective asked only on the way and by Brent's refinement (on
+    the digits a dozen and a half δ instead of about 77). Without them (a fold too big to
+    project at once) every grid point is asked."""
+    objective = HeldOutObjective(folds, template)
+    guide = objective.probit_grid(grid)
+    if guide is None:
+        return minimise_on_grid(objective, grid)
+    if template.predictive == "probit":
+        return minimise_on_grid(objective, grid, known=dict(zip(grid, guide, strict=True)))
+    finite = [v if math.isfinite(v) else math.inf for v in guide]
+    start = min(range(len(grid)), key=lambda i: (finite[i], i))
+    return minimise_on_grid(objective, grid, start=start)
+
+
+def probit_grid_nll(
+    folds: list[HeldOutFold],
+    template: LaplaceMap,
+    grid: tuple[float, ...],
+    projections: list[Tensor] | None = None,
+) -> list[float] | None:
+    """:func:`heldout_nll` of the probit predictive at every δ of ``grid`` at once: per fold the
+    logit variances at all δ from one product with the δ-free part (``full``: the squared
+    projections (J_nk · v_i)², n·K × P, times 1/(λ_i + δ), P × grid; ``kron``: (Q_Aᵀφ_n)²
+    times 1/(g_i a_j + δ), then Q_G ⊙ Q_G), in chunks of the grid. ``None`` when a fold's
+    projections would exceed 4 × :data:`CHUNK_ELEMENTS` (as :func:`_eigen_projections`)."""
+    k = template.n_classes
+    deltas = torch.tensor(grid, dtype=torch.float64)
+    totals = torch.zeros(len(grid), dtype=torch.float64)
+    count = 0
+    for index, fold in enumerate(folds):
+        n = fold.labels.numel()
+        if n == 0:
+            continue
+        curv = fold.curvature
+        mean = logit_mean(template, fold.features)
+        if curv.structure == "full":
+            assert curv.eigenvectors is not None
+            if n * k * curv.eigenvectors.shape[1] > 4 * CHUNK_ELEMENTS:
+                return None
+            proj = (
+                _projections(template, fold.features, curv.eigenvectors)
+                if projections is None
+                else projections[index]
+            )
+            squares = (proj * proj).reshape(n * k, -1)
+        else:
+            qg, ga, aa, c_sq = _kron_fold_basis(fold)
+        step = _rows(len(grid), n * k * 2)
+        for first in range(0, len(grid), step):
+            chunk = deltas[first : first + step]
+            if curv.structure == "full":
+                inverse = 1.0 / (curv.eigenvalues[:, None] + chunk[None, :])
+                variances = (squares @ inverse).reshape(n, k, -1).clamp_min(0.0)
+            else:
+                inverse = 1.0 / (torch.outer(ga, aa)[None] + chunk[:, None, None])
+                v = torch.einsum("nd,gkd->ngk", c_sq, inverse)
+                if template.bias is not None:
+                    v = v + 1.0 / (ga[None, :] + chunk[:, None])
+                variances = (v.clamp_min(0.0) @ (qg * qg).T).transpose(1, 2)
+            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances)
+            logp = torch.log_softmax(kappa * mean[:, :, None], dim=1)
+            label = logp.gather(1, fold.labels[:, None, None].expand(-1, 1, chunk.numel()))
+            totals[first : first + step] -= label[:, 0].sum(0)
+        count += n
+    return (totals / count).tolist()
 
 
 def fit_laplace(
@@ -888,10 +1074,7 @@ def fit_laplace(
                 "held-out and training rows",
                 "give a larger fit split or use --laplace-prior marglik",
             )
-        search, n_folds = (
-            minimise_on_grid(lambda d: heldout_nll(d, folds, template), grid),
-            len(folds),
-        )
+        search, n_folds = search_prior_precision(folds, template, grid), len(folds)
         delta, at_end = search.prior_precision, search.at_bracket_end
     logz = log_marginal_likelihood(delta, curv.eigenvalues, theta_sq, log_likelihood)
     posterior = replace(_posterior(template, curv, delta), log_marginal_likelihood=logz)
