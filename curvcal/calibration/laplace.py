@@ -58,7 +58,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from scipy.optimize import brentq, minimize_scalar
+from scipy.optimize import brentq
 from torch import Tensor, nn
 
 from curvcal.calibration.inputs import as_tensor, class_labels
@@ -611,64 +611,32 @@ def heldout_folds(
 
 def heldout_nll(delta: float, folds: list[HeldOutFold], template: LaplaceMap) -> float:
     """Mean over every held-out row of −log p_y, p the predictive of ``template`` (head,
-    predictive, draws, seed) with the posterior of its fold's GGN at prior precision δ
-    (:class:`HeldOutObjective`, built afresh: a search keeps one)."""
-    return HeldOutObjective(folds, template)(delta)
-
-
-class HeldOutObjective:
-    """δ ↦ :func:`heldout_nll` of one set of folds and one ``template``, keeping what does not
-    depend on δ between calls: the folds' eigenbases and probit projections (cached on the
-    folds) and, for the Monte Carlo predictive, every fold's draws and logit means stacked
-    (:class:`MonteCarloRows`, made at the first call), so that each δ costs one batched
-    product over all held-out rows."""
-
-    def __init__(self, folds: list[HeldOutFold], template: LaplaceMap) -> None:
-        self.folds = [fold for fold in folds if fold.labels.numel() > 0]
-        self.template = template
-        self.count = sum(int(fold.labels.numel()) for fold in self.folds)
-        self._rows: MonteCarloRows | None = None
-        self._rows_made = False
-
-    def monte_carlo_rows(self) -> MonteCarloRows | None:
-        """The stacked Monte Carlo state (:func:`_monte_carlo_rows`; ``None`` for probit or
-        when it would be too big)."""
-        if not self._rows_made:
-            self._rows = _monte_carlo_rows(self.template, self.folds)
-            self._rows_made = True
-        return self._rows
-
-    def __call__(self, delta: float) -> float:
-        template = self.template
-        rows = self.monte_carlo_rows()
-        if rows is not None:  # Monte Carlo: the same draws and bases at every δ
-            return -float(rows.label_log_probs(delta).sum()) / self.count
-        total = 0.0
-        for fold in self.folds:
-            squares = _eigen_projections(template, fold)
-            if squares is not None:  # full GGN, probit: the same predictive, δ only rescales
-                variances = squares @ (1.0 / (fold.curvature.eigenvalues + delta))
-                kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances.clamp_min(0.0))
-                logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
-            elif template.predictive == "probit" and fold.curvature.structure == "kron":
-                qg = _kron_fold_basis(fold)[0]  # probit: Σ_f is diagonal in Q_G at every δ
-                spectrum = _kron_fold_spectrum(fold, delta, template.bias is not None)
-                kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * (spectrum @ (qg * qg).T))
-                logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
-            else:  # too big to keep: the posterior built at δ and its predictive
-                posterior = _posterior(template, fold.curvature, delta)
-                logp = predictive_log_probs(posterior, fold.features)
-            total -= float(logp.gather(1, fold.labels[:, None]).sum())
-        return total / self.count
-
-    def probit_grid(self, grid: tuple[float, ...]) -> list[float] | None:
-        """:func:`probit_grid_nll` of these folds, reusing the Monte Carlo state's
-        projections when it has them."""
-        rows = self.monte_carlo_rows()
-        projections = None
-        if rows is not None and rows.projections is not None:
-            projections = [rows.projections[a:b] for a, b in rows.bounds]
-        return probit_grid_nll(self.folds, self.template, grid, projections)
+    predictive, draws, seed) with the posterior of its fold's GGN at prior precision δ."""
+    total, count = 0.0, 0
+    for fold in folds:
+        if fold.labels.numel() == 0:
+            continue
+        squares = _eigen_projections(template, fold)
+        draws = _monte_carlo_fold(template, fold)
+        if squares is not None:  # full GGN, probit: the same predictive, δ only rescales
+            variances = squares @ (1.0 / (fold.curvature.eigenvalues + delta))
+            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances.clamp_min(0.0))
+            logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
+        elif draws is not None:  # Monte Carlo: the same draws and bases at every δ
+            total -= _monte_carlo_label_log_likelihood(draws, fold, delta)
+            count += int(fold.labels.numel())
+            continue
+        elif fold.curvature.structure == "kron":  # probit: Σ_f is diagonal in Q_G at every δ
+            qg = _kron_fold_basis(fold)[0]
+            variances = _kron_fold_spectrum(fold, delta, template.bias is not None) @ (qg * qg).T
+            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances)
+            logp = torch.log_softmax(kappa * logit_mean(template, fold.features), dim=1)
+        else:
+            posterior = _posterior(template, fold.curvature, delta)
+            logp = predictive_log_probs(posterior, fold.features)
+        total -= float(logp.gather(1, fold.labels[:, None]).sum())
+        count += int(fold.labels.numel())
+    return total / count
 
 
 def _eigen_projections(template: LaplaceMap, fold: HeldOutFold) -> Tensor | None:
@@ -721,116 +689,74 @@ def _kron_fold_spectrum(fold: HeldOutFold, delta: float, has_bias: bool) -> Tens
 
 
 @dataclass(frozen=True)
-class MonteCarloRows:
-    """What the Monte Carlo held-out objective keeps across δ, the rows of every fold stacked
-    in fold order (fold j's rows are ``bounds[j]``): the logit means ``mean`` (N×K), the
-    ``labels``, the standard normal draws ``normals`` (N×K×S) that
-    :func:`predictive_log_probs` draws for each fold's rows (one generator per fold, seeded by
-    the seed), and the δ-free part of the logit covariance: for ``full`` the ``projections``
-    (J_n v_i)_k onto the fold's GGN eigenvectors (N×K×P); for ``kron`` none (each fold's
-    :func:`_kron_fold_basis`)."""
+class MonteCarloFold:
+    """What the Monte Carlo predictive of one held-out fold keeps across δ: the logit means
+    ``mean`` (n×K), the labels, the standard normal draws ``normals`` (n×K×S) that
+    :func:`predictive_log_probs` draws for these rows, and the δ-free part of the logit
+    covariance, ``basis``: for ``full`` the projections (J_n v_i)_k onto the GGN's
+    eigenvectors (n×K×P); empty for ``kron`` (the fold's :func:`_kron_fold_basis`)."""
 
-    folds: list[HeldOutFold]
-    bounds: list[tuple[int, int]]
     mean: Tensor
     labels: Tensor
     normals: Tensor
-    projections: Tensor | None
+    basis: tuple[Tensor, ...]
     has_bias: bool
 
-    def label_log_probs(self, delta: float) -> Tensor:
-        """log p_{y_n} of every row's Monte Carlo predictive at prior precision δ (N): the same
-        roots R_n (:func:`covariance_root` of Σ_f = B_n diag(1/(λ+δ)) B_nᵀ, B_n the
-        projections, for ``full``; Q_G diag(√v_n) for ``kron``) and the same draws ε as
-        :func:`predictive_log_probs`, f_s = f_μ + R ε_s, in one batched product
-        (:func:`mean_label_log_probs`)."""
-        if self.projections is not None:
-            inverse = torch.cat(
-                [
-                    (1.0 / (fold.curvature.eigenvalues + delta)).expand(b - a, -1)
-                    for fold, (a, b) in zip(self.folds, self.bounds, strict=True)
-                ]
-            )
-            proj = self.projections
-            root = covariance_root(torch.bmm(proj * inverse[:, None, :], proj.transpose(1, 2)))
-            logits = _logit_draws(self.mean, root, self.normals)
-        else:
-            logits = torch.empty_like(self.normals)
-            for fold, (a, b) in zip(self.folds, self.bounds, strict=True):
-                qg = _kron_fold_basis(fold)[0]
-                scale = _kron_fold_spectrum(fold, delta, self.has_bias).sqrt()
-                torch.matmul(qg, scale[:, :, None] * self.normals[a:b], out=logits[a:b])
-            logits += self.mean[:, :, None]
-        return mean_label_log_probs(logits, self.labels)
 
-
-def _monte_carlo_rows(template: LaplaceMap, folds: list[HeldOutFold]) -> MonteCarloRows | None:
-    """The folds' :class:`MonteCarloRows` for the Monte Carlo predictive of ``template``'s
-    draws and seed; ``None`` for probit, or when a fold's draws or full projections would
-    exceed 4 × :data:`CHUNK_ELEMENTS` (the posterior is then built at each δ)."""
-    if template.predictive != "mc" or not folds:
+def _monte_carlo_fold(template: LaplaceMap, fold: HeldOutFold) -> MonteCarloFold | None:
+    """The fold's :class:`MonteCarloFold` for the Monte Carlo predictive of ``template``'s
+    draws and seed (cached on the fold under both);
+    ``None`` for probit, or when the draws or the full projections would exceed
+    4 × :data:`CHUNK_ELEMENTS` (the posterior is then built at each δ)."""
+    if template.predictive != "mc":
         return None
-    k, samples = template.n_classes, template.samples
-    for fold in folds:
-        n, vectors = fold.features.shape[0], fold.curvature.eigenvectors
-        wide = vectors is not None and n * k * vectors.shape[1] > 4 * CHUNK_ELEMENTS
-        if samples * n * k > 4 * CHUNK_ELEMENTS or wide:
-            return None
-    bounds, first = [], 0
-    for fold in folds:
-        bounds.append((first, first + fold.features.shape[0]))
-        first += fold.features.shape[0]
-    normals = torch.cat(
-        [
-            draws.permute(1, 2, 0)
-            for fold in folds
-            for _, draws in _normal_chunks(fold.features.shape[0], k, samples, template.seed)
-        ]
-    )
-    projections = None
-    if folds[0].curvature.structure == "full":
-        projections = torch.cat(
-            [
-                _projections(template, fold.features, fold.curvature.eigenvectors)
-                for fold in folds
-                if fold.curvature.eigenvectors is not None
-            ]
-        )
-    features = torch.cat([fold.features for fold in folds])
-    return MonteCarloRows(
-        folds,
-        bounds,
-        logit_mean(template, features),
-        torch.cat([fold.labels for fold in folds]),
-        normals,
-        projections,
+    key = ("monte_carlo", template.samples, template.seed)
+    cached = fold.cache.get(key)
+    if cached is not None:
+        return cached
+    curv = fold.curvature
+    n, k = fold.features.shape[0], template.n_classes
+    samples = template.samples
+    wide = curv.eigenvectors is not None and n * k * curv.eigenvectors.shape[1] > 4 * CHUNK_ELEMENTS
+    if samples * n * k > 4 * CHUNK_ELEMENTS or wide:
+        return None
+    normals = torch.cat([draws for _, draws in _normal_chunks(n, k, samples, template.seed)], dim=1)
+    if curv.structure == "full":
+        assert curv.eigenvectors is not None
+        basis: tuple[Tensor, ...] = (_projections(template, fold.features, curv.eigenvectors),)
+    else:
+        basis = ()  # the fold's own (_kron_fold_basis)
+    state = MonteCarloFold(
+        logit_mean(template, fold.features),
+        fold.labels,
+        normals.permute(1, 2, 0).contiguous(),
+        basis,
         template.bias is not None,
     )
+    fold.cache[key] = state
+    return state
 
 
-#: Below this a softmax denominator or a mean probability is recomputed in logarithms.
-_TINY = 1e-280
-
-
-def mean_label_log_probs(logits: Tensor, labels: Tensor) -> Tensor:
-    """log((1/S) Σ_s softmax(f_ns)_{y_n}) for logits f (N×K×S) and labels y (N): with
-    m_n = max_{k,s} f_nks, e = exp(f − m_n), p_ns = e_{n y s} / Σ_k e_nks (one exp per logit).
-    Rows where a denominator Σ_k e_nks or the mean falls below :data:`_TINY` (draws spread by
-    more than ~640 in the logits, or a label with almost no mass) are computed in logarithms,
-    logsumexp_s(f_nys − logsumexp_k f_nks) − log S, as for every row before."""
-    samples = logits.shape[2]
-    pick = labels[:, None, None].expand(-1, 1, samples)
-    scaled = torch.exp(logits - logits.amax(dim=(1, 2), keepdim=True))
-    sums = scaled.sum(dim=1)
-    means = (scaled.gather(1, pick)[:, 0] / sums).mean(dim=1)
-    out = torch.log(means)
-    small = (sums.amin(dim=1) < _TINY) | ~(means >= _TINY)
-    if bool(small.any()):
-        few = logits[small]
-        label = few.gather(1, pick[small])[:, 0]
-        log_probs = label - torch.logsumexp(few, dim=1)
-        out[small] = torch.logsumexp(log_probs, dim=1) - math.log(samples)
-    return out
+def _monte_carlo_label_log_likelihood(
+    state: MonteCarloFold, fold: HeldOutFold, delta: float
+) -> float:
+    """Σ_n log p_{y_n} of the Monte Carlo predictive at prior precision δ: the same roots R_n
+    (:func:`covariance_root` of Σ_f = B_n diag(1/(λ+δ)) B_nᵀ, B_n the cached projections, for
+    ``full``; Q_G diag(√v_n) for ``kron``) and the same draws ε as :func:`predictive_log_probs`,
+    in one batched product; log p_y = logsumexp_s(f_sy − logsumexp_k f_sk) − log S."""
+    normals = state.normals
+    samples = normals.shape[2]
+    if fold.curvature.structure == "full":
+        (proj,) = state.basis
+        inverse = 1.0 / (fold.curvature.eigenvalues + delta)
+        root = covariance_root(torch.bmm(proj * inverse, proj.transpose(1, 2)))
+    else:
+        qg = _kron_fold_basis(fold)[0]
+        root = qg[None] * _kron_fold_spectrum(fold, delta, state.has_bias).sqrt()[:, None, :]
+    logits = _logit_draws(state.mean, root, normals)
+    label = logits.gather(1, state.labels[:, None, None].expand(-1, 1, samples))[:, 0]
+    log_probs = torch.logsumexp(logits, dim=1).neg_().add_(label)
+    return float((torch.logsumexp(log_probs, dim=1) - math.log(samples)).sum())
 
 
 def covariance_root(cov: Tensor) -> Tensor:
@@ -850,19 +776,21 @@ def covariance_root(cov: Tensor) -> Tensor:
 def _logit_draws(mean: Tensor, root: Tensor, normals: Tensor) -> Tensor:
     """f_μ,n + R_n ε_s for every row n and draw s: n×K×S from the means (n×K), the roots
     (n×K×K) and the standard normals (n×K×S)."""
-    return mean[:, :, None] + torch.bmm(root, normals)
+    return torch.bmm(root, normals).add_(mean[:, :, None])
 
 
 @dataclass(frozen=True)
 class PriorSearch:
     """The held-out NLL rule's search: ``prior_precision`` chosen, ``grid_choice`` the grid's
     minimiser, ``objective`` the held-out NLL at the choice, ``at_bracket_end`` whether the grid
-    minimum is an end of the grid."""
+    minimum is an end of the grid, ``asked``: the δ at which the objective was computed (values
+    given as ``known`` not counted)."""
 
     prior_precision: float
     grid_choice: float
     objective: float
     at_bracket_end: bool
+    asked: int = 0
 
 
 def minimise_on_grid(
@@ -873,8 +801,9 @@ def minimise_on_grid(
     known: Mapping[float, float] | None = None,
 ) -> PriorSearch:
     """δ minimising ``objective(δ)``: the grid's minimum (the first, i.e. smallest δ, on ties;
-    a non-finite value counts as +inf), then, inside the grid, Brent's bounded method in log δ
-    between the minimum's neighbours (``refine``), kept only when its value is no larger.
+    a non-finite value counts as +inf), then, inside the grid, the minimum in log δ between
+    the minimum's neighbours (``refine``: :func:`_refine_parabola` from the three grid values),
+    kept only when its value is no larger.
 
     ``known``: values of the objective already computed at some δ (never asked again; each δ
     is asked once). ``start``: a grid index where a cheaper criterion of the same shape is
@@ -891,9 +820,15 @@ def minimise_on_grid(
             memo[delta] = found if math.isfinite(found) else math.inf
         return memo[delta]
 
+    def key(i: int) -> tuple[float, int]:
+        return value_at(grid[i]), i
+
     best = -1
     if start is not None:
         best = _descend(lambda i: value_at(grid[i]), len(grid), start)
+        other = len(grid) - 1 - best  # stopped on a grid end: is the other end lower?
+        if best in (0, len(grid) - 1) and key(other) < key(best):
+            best = min(best, _descend(lambda i: value_at(grid[i]), len(grid), other), key=key)
     if best < 0 or not math.isfinite(memo[grid[best]]):
         finite = [value_at(delta) for delta in grid]
         best = min(range(len(grid)), key=lambda i: (finite[i], i))
@@ -902,17 +837,81 @@ def minimise_on_grid(
     choice, value = grid[best], memo[grid[best]]
     at_end = best in (0, len(grid) - 1)
     if refine and not at_end:
-        found = minimize_scalar(
+        t_best, t_value = _refine_parabola(
             lambda t: value_at(math.exp(t)),
-            bounds=(math.log(grid[best - 1]), math.log(grid[best + 1])),
-            method="bounded",
-            options={"xatol": 1e-10},
+            (math.log(grid[best - 1]), math.log(grid[best]), math.log(grid[best + 1])),
+            (value_at(grid[best - 1]), value_at(grid[best]), value_at(grid[best + 1])),
         )
-        refined = math.exp(float(found.x))
-        refined_value = value_at(refined)
-        if math.isfinite(refined_value) and refined_value <= value:
-            choice, value = refined, refined_value
-    return PriorSearch(choice, grid[best], value, at_end)
+        if t_value <= value:
+            choice, value = math.exp(t_best), t_value
+    return PriorSearch(choice, grid[best], value, at_end, len(memo) - len(known or {}))
+
+
+#: Golden section's step, as a share of the larger side of a bracket.
+_GOLDEN = 0.3819660112501051
+#: Relative and absolute tolerance of the refined log δ (those of SciPy's ``fminbound``:
+#: √ε relative; the objective's rounding decides δ no more finely).
+_REFINE_RTOL, _REFINE_ATOL = 1.4901161193847656e-08, 1e-10
+#: Most refinement steps (each asks the objective once).
+_REFINE_STEPS = 100
+
+
+def _refine_parabola(
+    value: Any, bracket: tuple[float, float, float], values: tuple[float, float, float]
+) -> tuple[float, float]:
+    """The minimum of ``value`` on [a, c] from a bracket a < b < c whose ``values`` are known,
+    value(b) no larger than value(a) and value(c) (the grid minimum and its neighbours):
+    Brent's method (Brent 1973, ch. 5; SciPy's ``fminbound``) started from those three points,
+    so its first step is the vertex of their parabola rather than a golden-section point.
+    Each step is the vertex of the parabola through the three lowest points asked (x, w, v),
+    or a golden-section step into the larger side of the bracket when that vertex falls
+    outside it or does not halve the step before last. It stops when the bracket around x is
+    within four tolerances (√ε |x| + 1e-10) or the parabola's vertex lies within one tolerance
+    of x (x is then its minimum to that tolerance). Returns x and its value."""
+    low, x, high = bracket
+    fa, fx, fc = values
+    (w, fw), (v, fv) = sorted(((low, fa), (high, fc)), key=lambda point: point[1])
+    step = before = high - low
+    for _ in range(_REFINE_STEPS):
+        middle = 0.5 * (low + high)
+        tol = _REFINE_RTOL * abs(x) + _REFINE_ATOL
+        if abs(x - middle) <= 2 * tol - 0.5 * (high - low):
+            break
+        golden = True
+        if abs(before) > tol:
+            r = (x - w) * (fx - fv)
+            q = (x - v) * (fx - fw)
+            p = (x - v) * q - (x - w) * r
+            q = 2.0 * (q - r)
+            p, q = (-p, q) if q > 0 else (p, -q)
+            previous, before = before, step
+            if q > 0 and abs(p) < abs(0.5 * q * previous) and q * (low - x) < p < q * (high - x):
+                step, golden = p / q, False
+                if abs(step) < tol:
+                    break  # the parabola's minimum is x, to the tolerance
+                if x + step - low < 2 * tol or high - (x + step) < 2 * tol:
+                    step = math.copysign(tol, middle - x)
+        if golden:
+            before = (low - x) if x >= middle else (high - x)
+            step = _GOLDEN * before
+        u = x + (step if abs(step) >= tol else math.copysign(tol, step))
+        fu = value(u)
+        if fu <= fx:
+            if u >= x:
+                low = x
+            else:
+                high = x
+            v, fv, w, fw, x, fx = w, fw, x, fx, u, fu
+        else:
+            if u < x:
+                low = u
+            else:
+                high = u
+            if fu <= fw or w == x:
+                v, fv, w, fw = w, fw, u, fu
+            elif fu <= fv or v in (x, w):
+                v, fv = u, fu
+    return x, fx
 
 
 def _descend(value: Any, size: int, start: int) -> int:
@@ -933,55 +932,92 @@ def _descend(value: Any, size: int, start: int) -> int:
 def search_prior_precision(
     folds: list[HeldOutFold], template: LaplaceMap, grid: tuple[float, ...] = NLL_GRID
 ) -> PriorSearch:
-    """The held-out NLL rule's search (:func:`minimise_on_grid` of :func:`heldout_nll`), with
-    the grid's probit values computed at once (:func:`probit_grid_nll`): for the probit
-    predictive they are the objective's values on the grid (the same numbers to rounding, so
-    the same grid minimum); for Monte Carlo they say where to start the descent to the grid
-    minimum, the Monte Carlo objective asked only on the way and by Brent's refinement (on
-    the digits a dozen and a half δ instead of about 77). Without them (a fold too big to
-    project at once) every grid point is asked."""
-    objective = HeldOutObjective(folds, template)
-    guide = objective.probit_grid(grid)
-    if guide is None:
-        return minimise_on_grid(objective, grid)
+    """The held-out NLL rule's search, :func:`minimise_on_grid` of :func:`heldout_nll`, with
+    the probit held-out NLL of the whole grid computed at once (:func:`probit_grid_nll`). For
+    the probit predictive those are the objective's grid values (the same numbers to rounding:
+    the same grid minimum), so only the refinement asks for more. For Monte Carlo they say where
+    the descent to the grid minimum starts, and the Monte Carlo objective is asked only on its
+    way and by the refinement (on the bundled digits 9 or 10 δ instead of 76). Without them (a
+    fold's projections too big to hold) every grid point is asked."""
+
+    def objective(delta: float) -> float:
+        return heldout_nll(delta, folds, template)
+
+    squares = [_fold_squares(template, fold) for fold in folds]
     if template.predictive == "probit":
-        return minimise_on_grid(objective, grid, known=dict(zip(grid, guide, strict=True)))
-    finite = [v if math.isfinite(v) else math.inf for v in guide]
-    start = min(range(len(grid)), key=lambda i: (finite[i], i))
+        values = probit_grid_nll(folds, template, grid, squares)
+        if values is None:
+            return minimise_on_grid(objective, grid)
+        return minimise_on_grid(objective, grid, known=dict(zip(grid, values, strict=True)))
+    start = _probit_start(folds, template, grid, squares)
     return minimise_on_grid(objective, grid, start=start)
+
+
+#: The probit start of the Monte Carlo descent is looked for on every this many grid points,
+#: then among the grid points within this many of the best of those.
+_COARSE = 4
+
+
+def _probit_start(
+    folds: list[HeldOutFold],
+    template: LaplaceMap,
+    grid: tuple[float, ...],
+    squares: list[Tensor | None],
+) -> int | None:
+    """Where the Monte Carlo descent starts: the grid point of lowest probit held-out NLL
+    (:func:`probit_grid_nll`), looked for on every :data:`_COARSE`-th point and then next to
+    the best of those (a start, not a choice: the descent moves on from it); ``None`` when the
+    probit values cannot be had (every grid point is then asked)."""
+    coarse = list(range(0, len(grid), _COARSE))
+    values = probit_grid_nll(folds, template, tuple(grid[i] for i in coarse), squares)
+    if values is None:
+        return None
+    centre = coarse[min(range(len(coarse)), key=lambda i: (values[i], i))]
+    near = list(range(max(0, centre - _COARSE + 1), min(len(grid), centre + _COARSE)))
+    values = probit_grid_nll(folds, template, tuple(grid[i] for i in near), squares)
+    assert values is not None
+    return near[min(range(len(near)), key=lambda i: (values[i], i))]
+
+
+def _fold_squares(template: LaplaceMap, fold: HeldOutFold) -> Tensor | None:
+    """(J_nk · v_i)² (n×K×P) of a ``full`` fold: the probit rule's cached squares, or the
+    square of the Monte Carlo state's projections; ``None`` for ``kron``, or when neither is
+    kept (too big)."""
+    squares = _eigen_projections(template, fold)
+    if squares is not None:
+        return squares
+    state = _monte_carlo_fold(template, fold)
+    if state is None or not state.basis:
+        return None
+    return state.basis[0] * state.basis[0]
 
 
 def probit_grid_nll(
     folds: list[HeldOutFold],
     template: LaplaceMap,
     grid: tuple[float, ...],
-    projections: list[Tensor] | None = None,
+    squares: list[Tensor | None],
 ) -> list[float] | None:
-    """:func:`heldout_nll` of the probit predictive at every δ of ``grid`` at once: per fold the
-    logit variances at all δ from one product with the δ-free part (``full``: the squared
-    projections (J_nk · v_i)², n·K × P, times 1/(λ_i + δ), P × grid; ``kron``: (Q_Aᵀφ_n)²
-    times 1/(g_i a_j + δ), then Q_G ⊙ Q_G), in chunks of the grid. ``None`` when a fold's
-    projections would exceed 4 × :data:`CHUNK_ELEMENTS` (as :func:`_eigen_projections`)."""
+    """:func:`heldout_nll` of the probit predictive at every δ of ``grid`` at once (+inf where
+    it is not finite). Per fold the logit variances at all δ of a chunk of the grid come from
+    one product with the δ-free part: ``full``, the ``squares`` (J_nk · v_i)² (n·K × P) of the
+    fold (:func:`_fold_squares`) times 1/(λ_i + δ) (P × grid); ``kron``, (Q_Aᵀφ_n)² times
+    1/(g_i a_j + δ) (+ 1/(g_i + δ) with a bias), then Q_G ⊙ Q_G. ``None`` when a ``full``
+    fold has no squares (they would exceed 4 × :data:`CHUNK_ELEMENTS`)."""
     k = template.n_classes
     deltas = torch.tensor(grid, dtype=torch.float64)
     totals = torch.zeros(len(grid), dtype=torch.float64)
     count = 0
-    for index, fold in enumerate(folds):
+    for fold, fold_squares in zip(folds, squares, strict=True):
         n = fold.labels.numel()
         if n == 0:
             continue
         curv = fold.curvature
         mean = logit_mean(template, fold.features)
         if curv.structure == "full":
-            assert curv.eigenvectors is not None
-            if n * k * curv.eigenvectors.shape[1] > 4 * CHUNK_ELEMENTS:
+            if fold_squares is None:
                 return None
-            proj = (
-                _projections(template, fold.features, curv.eigenvectors)
-                if projections is None
-                else projections[index]
-            )
-            squares = (proj * proj).reshape(n * k, -1)
+            flat = fold_squares.reshape(n * k, -1)
         else:
             qg, ga, aa, c_sq = _kron_fold_basis(fold)
         step = _rows(len(grid), n * k * 2)
@@ -989,19 +1025,20 @@ def probit_grid_nll(
             chunk = deltas[first : first + step]
             if curv.structure == "full":
                 inverse = 1.0 / (curv.eigenvalues[:, None] + chunk[None, :])
-                variances = (squares @ inverse).reshape(n, k, -1).clamp_min(0.0)
+                variances = (flat @ inverse).reshape(n, k, -1).clamp_min(0.0)
             else:
                 inverse = 1.0 / (torch.outer(ga, aa)[None] + chunk[:, None, None])
                 v = torch.einsum("nd,gkd->ngk", c_sq, inverse)
                 if template.bias is not None:
                     v = v + 1.0 / (ga[None, :] + chunk[:, None])
-                variances = (v.clamp_min(0.0) @ (qg * qg).T).transpose(1, 2)
-            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * variances)
+                variances = torch.matmul(qg * qg, v.clamp_min(0.0).transpose(1, 2))
+            kappa = torch.rsqrt(1.0 + math.pi / 8.0 * variances)
             logp = torch.log_softmax(kappa * mean[:, :, None], dim=1)
             label = logp.gather(1, fold.labels[:, None, None].expand(-1, 1, chunk.numel()))
             totals[first : first + step] -= label[:, 0].sum(0)
         count += n
-    return (totals / count).tolist()
+    values = (totals / count).tolist()
+    return [value if math.isfinite(value) else math.inf for value in values]
 
 
 def fit_laplace(

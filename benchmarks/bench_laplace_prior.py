@@ -1,0 +1,170 @@
+"""Laplace's prior precision by held-out NLL (``--laplace-prior nll``): the search before and
+after the descent from the probit minimum, on the bundled digits as ``calibrate`` fits them.
+
+The problem is the one ``curvcal calibrate digits_cnn.safetensors --data curvcal:digits
+--method laplace --laplace-prior nll`` solves: the inputs of the bundled DigitsCNN's last
+``nn.Linear`` (D = 32, K = 10, a bias: P = 330) on the bundled 797 digits, the fit split of
+``--val-split 0.5 --seed 0`` (398 rows, :func:`~curvcal.load.labels.stratified_split`). For each
+structure (``full``, ``kron``) and predictive (``probit``, ``mc`` with ``--samples`` draws) two
+searches are timed, each from the folds' GGNs to the chosen δ:
+
+- ``every point``: :func:`~curvcal.calibration.laplace.minimise_on_grid` asking the held-out
+  NLL (:class:`~curvcal.calibration.laplace.HeldOutObjective`) at all 65 grid points, then
+  Brent's refinement: the rule before the descent (the same objective code);
+- ``search``: :func:`~curvcal.calibration.laplace.search_prior_precision`, what ``calibrate``
+  runs: the probit NLL of the whole grid at once, then for Monte Carlo the descent from its
+  minimum (and from a lower grid end), then Brent's refinement.
+
+One thread, the two interleaved in each repeat, the minimum of ``--repeats`` CPU seconds
+(``time.process_time``); each row gives the objective's evaluations, both δ (they must agree)
+and the ratio.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_laplace_prior.py --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from curvcal.calibration import laplace as lp
+
+#: ``--quick``: a synthetic head of 120 rows (D = 6, K = 4) instead of the digits.
+QUICK = (120, 6, 4)
+
+
+def digits_problem() -> dict[str, Any]:
+    """The fit split of the bundled digits as ``calibrate --val-split 0.5 --seed 0`` takes it:
+    the last layer's input features (float64), labels, weight and bias."""
+    from safetensors.torch import load_file
+
+    from curvcal.assets import demo_checkpoint, demo_data
+    from curvcal.load.checkpoint import load_model
+    from curvcal.load.labels import stratified_split
+    from curvcal.settings.checkpoint import CheckpointSettings
+
+    model = load_model(demo_checkpoint(), CheckpointSettings(device="cpu")).module.eval()
+    data = load_file(str(demo_data()))
+    _name, head = lp.last_linear(model)
+    caught: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda _m, args, _out: caught.append(args[0].detach()))
+    with torch.no_grad():
+        model(data["x"])
+    handle.remove()
+    labels = data["y"].to(torch.int64)
+    fit, _evaluation = stratified_split(labels, 0.5, 0)
+    return {
+        "features": caught[0][fit].to(torch.float64),
+        "labels": labels[fit],
+        "weight": head.weight.detach().to(torch.float64),
+        "bias": head.bias.detach().to(torch.float64),
+        "name": "bundled digits, fit split (398 × 32, K = 10)",
+    }
+
+
+def synthetic_problem(n: int, d: int, k: int, seed: int = 0) -> dict[str, Any]:
+    """A head of ``k`` classes over ``d`` Gaussian features and labels drawn from softmax(½f)."""
+    g = torch.Generator().manual_seed(seed)
+    weight = 2.0 * torch.randn(k, d, generator=g, dtype=torch.float64) / math.sqrt(d)
+    bias = torch.randn(k, generator=g, dtype=torch.float64)
+    features = torch.randn(n, d, generator=g, dtype=torch.float64)
+    logits = features @ weight.T + bias
+    labels = torch.multinomial(torch.softmax(0.5 * logits, 1), 1, generator=g)[:, 0]
+    return {"features": features, "labels": labels, "weight": weight, "bias": bias,
+            "name": f"synthetic ({n} × {d}, K = {k})"}  # fmt: skip
+
+
+def search(problem: dict[str, Any], structure: str, predictive: str, samples: int,
+           exhaustive: bool) -> tuple[float, lp.PriorSearch, int]:  # fmt: skip
+    """CPU seconds, the search's result and the objective's evaluations, from the folds on."""
+    phi, labels = problem["features"], problem["labels"]
+    weight, bias = problem["weight"], problem["bias"]
+    start = time.process_time()
+    probs = torch.softmax(phi @ weight.T + bias, 1)
+    folds = lp.heldout_folds(phi, probs, labels, True, structure, lp.PRIOR_FOLDS, 0)
+    template = lp.LaplaceMap(weight, bias, 1.0, structure, predictive, samples, 0, "")
+    if exhaustive:
+        found = lp.minimise_on_grid(lp.HeldOutObjective(folds, template), lp.NLL_GRID)
+    else:
+        found = lp.search_prior_precision(folds, template, lp.NLL_GRID)
+    return time.process_time() - start, found, found.asked
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    problem = synthetic_problem(*QUICK) if args.quick else digits_problem()
+    rows = []
+    for structure in args.structures.split(","):
+        for predictive in args.predictives.split(","):
+            best: dict[str, float] = {}
+            found: dict[str, tuple[lp.PriorSearch, int]] = {}
+            for _ in range(args.repeats):
+                for name, exhaustive in (("before", True), ("after", False)):
+                    seconds, result, asked = search(
+                        problem, structure, predictive, args.samples, exhaustive
+                    )
+                    best[name] = min(best.get(name, math.inf), seconds)
+                    found[name] = (result, asked)
+            before, after = found["before"][0], found["after"][0]
+            rows.append(
+                {
+                    "problem": problem["name"],
+                    "structure": structure,
+                    "predictive": predictive if predictive == "probit" else f"mc ({args.samples})",
+                    "before_seconds": best["before"],
+                    "after_seconds": best["after"],
+                    "ratio": best["before"] / max(best["after"], 1e-9),
+                    "before_evaluations": found["before"][1],
+                    "after_evaluations": found["after"][1],
+                    "delta_before": before.prior_precision,
+                    "delta_after": after.prior_precision,
+                    "delta_rel_diff": abs(after.prior_precision / before.prior_precision - 1),
+                    "same_grid_point": before.grid_choice == after.grid_choice,
+                }
+            )
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| structure | predictive | every point CPU s (asked) | search CPU s (asked) | ratio "
+        "| δ | δ rel. diff |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['structure']} | {r['predictive']} | {r['before_seconds']:.3f} "
+            f"({r['before_evaluations']}) | {r['after_seconds']:.3f} ({r['after_evaluations']}) "
+            f"| {r['ratio']:.1f} | {r['delta_after']:.4g} | {r['delta_rel_diff']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--structures", default="full,kron")
+    parser.add_argument("--predictives", default="probit,mc")
+    parser.add_argument("--samples", type=int, default=100, help="Monte Carlo draws")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="a small synthetic head, 1 repeat")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.samples = 1, 20
+    torch.set_num_threads(1)
+    rows = run(args)
+    print(rows[0]["problem"], file=sys.stderr)
+    print(markdown(rows))
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
