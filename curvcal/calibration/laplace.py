@@ -51,6 +51,7 @@ Everything is float64 on the CPU. Pure: no file I/O, no printing, no global RNG.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -915,18 +916,62 @@ def _refine_parabola(
 
 
 def _descend(value: Any, size: int, start: int) -> int:
-    """The grid index where descent from ``start`` over ``size`` points stops: step left while
-    the left neighbour's ``value(i)`` is no larger, else right while the right one is smaller;
-    it stops where the left neighbour is higher and the right one no lower (a local minimum,
-    the smaller δ on a tie). Once it has moved one way it never turns, so it ends."""
-    i = min(max(start, 0), size - 1)
-    while True:
-        if i > 0 and value(i - 1) <= value(i):
-            i -= 1
-        elif i < size - 1 and value(i + 1) < value(i):
-            i += 1
+    """A local minimum of ``value`` (grid index ↦ value) over ``size`` grid points, reached from
+    ``start`` by descent: points are ordered by (value, index), so a tie goes to the smaller δ
+    as the first minimum of the whole grid does. The descent steps to the lower neighbour; after
+    two steps one way it gallops (steps of 2, 4, 8, … points) while the values keep falling,
+    then narrows the last stride by golden section on the grid indices, and ends with plain
+    steps until both neighbours are higher: a local minimum whose neighbours were asked, in
+    about 2 log₂ of the distance asked points rather than the distance."""
+
+    def key(i: int) -> tuple[float, int]:
+        return value(i), i
+
+    here = min(max(start, 0), size - 1)
+    direction = _downhill(key, size, here)
+    if direction:
+        behind, here = here, here + direction
+        stride = 1
+        while True:
+            ahead = min(max(here + direction * stride, 0), size - 1)
+            if ahead == here:
+                break
+            if key(ahead) >= key(here):
+                here = _golden_indices(key, behind, here, ahead)
+                break
+            behind, here = here, ahead
+            stride *= 2 if abs(here - start) > 1 else 1
+    while direction := _downhill(key, size, here):
+        here += direction
+    return here
+
+
+def _downhill(key: Any, size: int, i: int) -> int:
+    """−1 or +1 towards a lower neighbour of grid point ``i`` (the left one first), else 0."""
+    if i > 0 and key(i - 1) < key(i):
+        return -1
+    if i < size - 1 and key(i + 1) < key(i):
+        return 1
+    return 0
+
+
+def _golden_indices(key: Any, first: int, middle: int, last: int) -> int:
+    """Golden-section search on the grid indices between ``first`` and ``last`` (either order)
+    for a point lower than both, starting from ``middle``, lower than both ends."""
+    low, high = min(first, last), max(first, last)
+    while high - low > 2:
+        if middle - low > high - middle:
+            probe = middle - max(1, round(_GOLDEN * (middle - low)))
         else:
-            return i
+            probe = middle + max(1, round(_GOLDEN * (high - middle)))
+        if key(probe) < key(middle):
+            low, high = (low, middle) if probe < middle else (middle, high)
+            middle = probe
+        elif probe < middle:
+            low = probe
+        else:
+            high = probe
+    return middle
 
 
 def search_prior_precision(
@@ -940,6 +985,8 @@ def search_prior_precision(
     way and by the refinement (on the bundled digits 9 or 10 δ instead of 76). Without them (a
     fold's projections too big to hold) every grid point is asked."""
 
+    check_grid(grid)
+
     def objective(delta: float) -> float:
         return heldout_nll(delta, folds, template)
 
@@ -951,6 +998,20 @@ def search_prior_precision(
         return minimise_on_grid(objective, grid, known=dict(zip(grid, values, strict=True)))
     start = _probit_start(folds, template, grid, squares)
     return minimise_on_grid(objective, grid, start=start)
+
+
+def check_grid(grid: tuple[float, ...]) -> None:
+    """Refuse a grid of prior precisions the search cannot walk: empty, holding a δ that is not
+    a positive finite number, or not strictly increasing (the descent steps to neighbours)."""
+    where = "--laplace-prior nll"
+    if not grid:
+        raise InputError(where, "the grid of prior precisions holds no δ")
+    if not all(math.isfinite(delta) for delta in grid):
+        raise InputError(where, "the grid of prior precisions must hold finite numbers")
+    if min(grid) <= 0:
+        raise InputError(where, "the grid of prior precisions must be positive")
+    if any(b <= a for a, b in itertools.pairwise(grid)):
+        raise InputError(where, "the grid of prior precisions must be increasing")
 
 
 #: The probit start of the Monte Carlo descent is looked for on every this many grid points,
