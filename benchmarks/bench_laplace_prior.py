@@ -18,10 +18,13 @@ searches are timed, each from the folds' GGNs to the chosen δ:
   two neighbours.
 
 One thread, the two interleaved in each repeat, the minimum of ``--repeats`` CPU seconds
-(``time.process_time``); each row gives the objective's evaluations, both δ (they must agree)
-and the ratio.
+(``time.process_time``); each row gives the δ at which the held-out NLL was computed, both
+δ and the ratio. ``--agreement HEADS`` also runs both Monte Carlo searches on that many random
+heads (:func:`random_head`: 1 to 100 draws, over- and under-confident, Gaussian or ReLU
+features) and says how often they choose the same grid point.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_laplace_prior.py --repeats 5
+    OMP_NUM_THREADS=1 python benchmarks/bench_laplace_prior.py --repeats 1 --agreement 300
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
+import random
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +166,86 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def random_head(rng: random.Random) -> tuple[dict[str, Any], str, int, int]:
+    """One head of the agreement study: sizes, scale, label temperature (over- or
+    under-confident), Gaussian or ReLU features, structure, draws and seed drawn by ``rng``."""
+    n, k, d = rng.choice([40, 80, 150, 300]), rng.choice([2, 3, 5, 10]), rng.choice([2, 4, 8, 16])
+    g = torch.Generator().manual_seed(rng.randrange(10**6))
+    weight = rng.choice([0.3, 1.0, 3.0, 10.0]) * torch.randn(k, d, generator=g,
+                                                             dtype=torch.float64) / math.sqrt(d)  # fmt: skip
+    bias = torch.randn(k, generator=g, dtype=torch.float64) if rng.random() < 0.7 else None
+    features = torch.randn(n, d, generator=g, dtype=torch.float64)
+    if rng.random() < 0.5:
+        features = features.clamp_min(0.0)
+    logits = features @ weight.T + (0 if bias is None else bias)
+    temperature = rng.choice([0.3, 0.5, 1.0, 1.5])
+    labels = torch.multinomial(torch.softmax(temperature * logits, 1), 1, generator=g)[:, 0]
+    problem = {"features": features, "labels": labels, "weight": weight, "bias": bias}
+    return (
+        problem,
+        rng.choice(["full", "kron"]),
+        rng.choice([1, 3, 10, 30, 100]),
+        rng.randrange(1000),
+    )
+
+
+def _heldout(delta: float, folds: list[lp.HeldOutFold], template: lp.LaplaceMap) -> float:
+    return lp.heldout_nll(delta, folds, template)
+
+
+def agreement(heads: int, seed: int) -> dict[str, Any]:
+    """How often the descent's Monte Carlo search chooses what asking every grid point chooses,
+    over ``heads`` random heads (:func:`random_head`): the same grid point, δ's relative
+    difference when it is, the held-out NLL's relative excess when it is not, and the δ asked."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(heads):
+        problem, structure, draws, fold_seed = random_head(rng)
+        phi, labels = problem["features"], problem["labels"]
+        weight, bias = problem["weight"], problem["bias"]
+        probs = torch.softmax(phi @ weight.T + (0 if bias is None else bias), 1)
+        folds = lp.heldout_folds(phi, probs, labels, bias is not None, structure,
+                                 lp.PRIOR_FOLDS, fold_seed)  # fmt: skip
+        if not folds:
+            continue
+        template = lp.LaplaceMap(weight, bias, 1.0, structure, "mc", draws, fold_seed, "")
+        before = previous_search(partial(_heldout, folds=folds, template=template))
+        after = lp.search_prior_precision(folds, template)
+        rows.append(
+            {
+                "structure": structure,
+                "draws": draws,
+                "same": before.grid_choice == after.grid_choice,
+                "delta_rel_diff": abs(after.prior_precision / before.prior_precision - 1),
+                "nll_excess": after.objective / before.objective - 1,
+                "asked": after.asked,
+                "asked_before": before.asked,
+            }
+        )
+    same = [r for r in rows if r["same"]]
+    diffs = sorted(r["delta_rel_diff"] for r in same)
+    others = [r for r in rows if not r["same"]]
+    excess = [r["nll_excess"] for r in others]
+    return {
+        "heads": len(rows),
+        "same": len(same),
+        "different_by_draws": {
+            str(draws): sum(1 for r in others if r["draws"] == draws)
+            for draws in (1, 3, 10, 30, 100)
+        },
+        "heads_by_draws": {
+            str(draws): sum(1 for r in rows if r["draws"] == draws) for draws in (1, 3, 10, 30, 100)
+        },
+        "nll_excess_when_different": [min(excess, default=0.0), max(excess, default=0.0)],
+        "delta_rel_diff_median": diffs[len(diffs) // 2] if diffs else 0.0,
+        "delta_rel_diff_p99": diffs[int(0.99 * (len(diffs) - 1))] if diffs else 0.0,
+        "delta_rel_diff_max": diffs[-1] if diffs else 0.0,
+        "asked_mean": sum(r["asked"] for r in rows) / max(len(rows), 1),
+        "asked_max": max((r["asked"] for r in rows), default=0),
+        "asked_before_mean": sum(r["asked_before"] for r in rows) / max(len(rows), 1),
+    }
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| structure | predictive | before CPU s (δ asked) | after CPU s (δ asked) | ratio "
@@ -184,16 +268,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=100, help="Monte Carlo draws")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="a small synthetic head, 1 repeat")
+    parser.add_argument("--agreement", type=int, default=0, metavar="HEADS",
+                        help="also compare the choices on this many random heads")  # fmt: skip
+    parser.add_argument("--agreement-seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.repeats, args.samples = 1, 20
+        args.repeats, args.samples, args.agreement = 1, 20, min(args.agreement, 3)
     torch.set_num_threads(1)
     rows = run(args)
-    print(rows[0]["problem"], file=sys.stderr)
+    print(rows[0]["problem"])
     print(markdown(rows))
+    result: dict[str, Any] = {"rows": rows}
+    if args.agreement:
+        result["agreement"] = agreement(args.agreement, args.agreement_seed)
+        print(json.dumps(result["agreement"], indent=1))
     if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps(result, indent=1))
     return 0
 
 
