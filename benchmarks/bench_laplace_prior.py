@@ -196,7 +196,8 @@ def _heldout(delta: float, folds: list[lp.HeldOutFold], template: lp.LaplaceMap)
 def agreement(heads: int, seed: int) -> dict[str, Any]:
     """How often the descent's Monte Carlo search chooses what asking every grid point chooses,
     over ``heads`` random heads (:func:`random_head`): the same grid point, δ's relative
-    difference when it is, the held-out NLL's relative excess when it is not, and the δ asked."""
+    difference and the held-out NLL's when it is (a flat objective leaves δ loose), the
+    held-out NLL's relative excess when it is not, and the δ asked."""
     rng = random.Random(seed)
     rows = []
     for _ in range(heads):
@@ -240,6 +241,7 @@ def agreement(heads: int, seed: int) -> dict[str, Any]:
         "delta_rel_diff_median": diffs[len(diffs) // 2] if diffs else 0.0,
         "delta_rel_diff_p99": diffs[int(0.99 * (len(diffs) - 1))] if diffs else 0.0,
         "delta_rel_diff_max": diffs[-1] if diffs else 0.0,
+        "nll_rel_diff_max_when_same": max((abs(r["nll_excess"]) for r in same), default=0.0),
         "asked_mean": sum(r["asked"] for r in rows) / max(len(rows), 1),
         "asked_max": max((r["asked"] for r in rows), default=0),
         "asked_before_mean": sum(r["asked_before"] for r in rows) / max(len(rows), 1),
