@@ -731,7 +731,8 @@ def _monte_carlo_fold(template: LaplaceMap, fold: HeldOutFold) -> MonteCarloFold
     wide = curv.eigenvectors is not None and n * k * curv.eigenvectors.shape[1] > 4 * CHUNK_ELEMENTS
     if samples * n * k > 4 * CHUNK_ELEMENTS or wide:
         return None
-    normals = torch.cat([draws for _, draws in _normal_chunks(n, k, samples, template.seed)], dim=1)
+    chunks = [draws for _, draws in _normal_chunks(n, k, samples, template.seed)]
+    normals = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)
     if curv.structure == "full":
         assert curv.eigenvectors is not None
         basis: tuple[Tensor, ...] = (_projections(template, fold.features, curv.eigenvectors),)
@@ -767,7 +768,7 @@ def _monte_carlo_label_log_likelihood(
     logits = _logit_draws(state.mean, root, normals)
     label = logits.gather(1, state.labels[:, None, None].expand(-1, 1, samples))[:, 0]
     log_probs = torch.logsumexp(logits, dim=1).neg_().add_(label)
-    return float((torch.logsumexp(log_probs, dim=1) - math.log(samples)).sum())
+    return float(torch.logsumexp(log_probs, dim=1).sum()) - label.shape[0] * math.log(samples)
 
 
 def covariance_root(cov: Tensor) -> Tensor:
@@ -1039,15 +1040,16 @@ def _probit_start(
     (:func:`probit_grid_nll`), looked for on every :data:`_COARSE`-th point and then next to
     the best of those (a start, not a choice: the descent moves on from it); ``None`` when the
     probit values cannot be had (every grid point is then asked)."""
-    coarse = list(range(0, len(grid), _COARSE))
-    values = probit_grid_nll(folds, template, tuple(grid[i] for i in coarse), squares)
-    if values is None:
-        return None
-    centre = coarse[min(range(len(coarse)), key=lambda i: (values[i], i))]
-    near = list(range(max(0, centre - _COARSE + 1), min(len(grid), centre + _COARSE)))
-    values = probit_grid_nll(folds, template, tuple(grid[i] for i in near), squares)
-    assert values is not None
-    return near[min(range(len(near)), key=lambda i: (values[i], i))]
+    centre = 0
+    for step in (_COARSE, 1):
+        low = 0 if step == _COARSE else max(0, centre - _COARSE + 1)
+        high = len(grid) if step == _COARSE else min(len(grid), centre + _COARSE)
+        points = list(range(low, high, step))
+        values = probit_grid_nll(folds, template, tuple(grid[i] for i in points), squares)
+        if values is None:
+            return None
+        centre = points[min(range(len(points)), key=lambda i: (values[i], i))]
+    return centre
 
 
 def _fold_squares(template: LaplaceMap, fold: HeldOutFold) -> Tensor | None:
@@ -1098,13 +1100,13 @@ def probit_grid_nll(
                 inverse = 1.0 / (curv.eigenvalues[:, None] + chunk[None, :])
                 variances = (flat @ inverse).reshape(n, k, -1).clamp_min(0.0)
             else:
-                inverse = 1.0 / (torch.outer(ga, aa)[None] + chunk[:, None, None])
-                v = torch.einsum("nd,gkd->ngk", c_sq, inverse)
+                inverse = torch.reciprocal(torch.outer(ga, aa)[None] + chunk[:, None, None])
+                v = (c_sq @ inverse.reshape(-1, c_sq.shape[1]).T).reshape(n, -1, k)
                 if template.bias is not None:
                     v = v + 1.0 / (ga[None, :] + chunk[:, None])
                 variances = torch.matmul(qg * qg, v.clamp_min(0.0).transpose(1, 2))
-            kappa = torch.rsqrt(1.0 + math.pi / 8.0 * variances)
-            logp = torch.log_softmax(kappa * mean[:, :, None], dim=1)
+            kappa = torch.rsqrt(variances.mul_(math.pi / 8.0).add_(1.0))
+            logp = torch.log_softmax(kappa.mul_(mean[:, :, None]), dim=1)
             label = logp.gather(1, fold.labels[:, None, None].expand(-1, 1, chunk.numel()))
             totals[first : first + step] -= label[:, 0].sum(0)
         count += n
