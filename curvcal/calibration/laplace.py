@@ -814,16 +814,17 @@ def minimise_on_grid(
 ) -> PriorSearch:
     """δ minimising ``objective(δ)``: the grid's minimum (the first, i.e. smallest δ, on ties;
     a non-finite value counts as +inf), then, inside the grid, the minimum in log δ between
-    the minimum's neighbours (``refine``: :func:`_refine_parabola` from the three grid values),
+    the minimum's neighbours (``refine``: :func:`_brent_from_bracket` from the three grid values),
     kept only when its value is no larger.
 
     ``known``: values of the objective already computed at some δ (never asked again; each δ
     is asked once). ``start``: a grid index where a cheaper criterion of the same shape is
     lowest; the grid minimum is then found by descent from it, asking only the points on the
-    way: step to the lower neighbour (the smaller δ on a tie) until both neighbours are higher
-    (:func:`_descend`). That is the grid minimum whenever the objective falls and then rises
-    along the grid (one valley); elsewhere it is a local minimum. Without ``start`` every grid
-    point is asked."""
+    way (:func:`_descend`: to the lower neighbour, the smaller δ on a tie, galloping on a long
+    way, until both neighbours are higher), and again from the other grid end when it stops on
+    one and that end is lower. That is the grid minimum whenever the objective falls and then
+    rises along the grid (one valley); elsewhere it may be another valley's. Without ``start``
+    every grid point is asked."""
     memo: dict[float, float] = dict(known or {})
 
     def value_at(delta: float) -> float:
@@ -849,7 +850,7 @@ def minimise_on_grid(
     choice, value = grid[best], memo[grid[best]]
     at_end = best in (0, len(grid) - 1)
     if refine and not at_end:
-        t_best, t_value = _refine_parabola(
+        t_best, t_value = _brent_from_bracket(
             lambda t: value_at(math.exp(t)),
             (math.log(grid[best - 1]), math.log(grid[best]), math.log(grid[best + 1])),
             (value_at(grid[best - 1]), value_at(grid[best]), value_at(grid[best + 1])),
@@ -868,7 +869,7 @@ _REFINE_RTOL, _REFINE_ATOL = 1.4901161193847656e-08, 1e-10
 _REFINE_STEPS = 100
 
 
-def _refine_parabola(
+def _brent_from_bracket(
     value: Any, bracket: tuple[float, float, float], values: tuple[float, float, float]
 ) -> tuple[float, float]:
     """The minimum of ``value`` on [a, c] from a bracket a < b < c whose ``values`` are known,
@@ -1093,7 +1094,8 @@ def probit_grid_nll(
             flat = fold_squares.reshape(n * k, -1)
         else:
             qg, ga, aa, c_sq = _kron_fold_basis(fold)
-        step = _rows(len(grid), n * k * 2)
+        # a grid point's temporaries: n×K variances and logits, and K×D (kron) or P inverses
+        step = _rows(len(grid), max(2 * n * k, curv.eigenvalues.numel()))
         for first in range(0, len(grid), step):
             chunk = deltas[first : first + step]
             if curv.structure == "full":

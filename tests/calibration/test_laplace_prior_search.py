@@ -222,7 +222,7 @@ def test_refinement_of_a_parabola_in_log_delta_is_its_vertex_in_a_few_steps() ->
 
 
 def test_refinement_of_a_flat_bracket_keeps_the_grid_point() -> None:
-    x, value = lp._refine_parabola(lambda t: 1.0, (0.0, 1.0, 2.0), (1.0, 1.0, 1.0))
+    x, value = lp._brent_from_bracket(lambda t: 1.0, (0.0, 1.0, 2.0), (1.0, 1.0, 1.0))
     assert value == 1.0 and 0.0 <= x <= 2.0
 
 
@@ -239,3 +239,18 @@ def test_a_bad_grid_is_refused_in_one_line(grid, problem) -> None:
     phi, y, w, b = _problem(40, 3, 2, True, 0)
     with pytest.raises(InputError, match=problem):
         lp.fit_laplace(phi, y, w, b, prior="nll", grid=grid)
+
+
+@pytest.mark.parametrize("structure", ["full", "kron"])
+def test_probit_grid_in_chunks_of_one_point_gives_the_same_values(structure, monkeypatch) -> None:
+    """The grid is taken in chunks bounded by each point's temporaries (n×K, and K×D or P):
+    a budget of one point a chunk gives the same numbers."""
+    phi, y, w, b = _problem(60, 3, 4, True, 3)
+    folds = _folds(phi, y, w, b, structure)
+    template = lp.LaplaceMap(w, b, 1.0, structure, "probit", 0, 0, "")
+    squares = [lp._fold_squares(template, fold) for fold in folds]
+    whole = lp.probit_grid_nll(folds, template, lp.NLL_GRID, squares)
+    monkeypatch.setattr(lp, "CHUNK_ELEMENTS", 1)
+    chunked = lp.probit_grid_nll(folds, template, lp.NLL_GRID, squares)
+    assert whole is not None and chunked is not None
+    assert max(abs(a - c) for a, c in zip(whole, chunked, strict=True)) < 1e-14
