@@ -34,11 +34,21 @@ as matrix scaling's cross-validation). For each δ, fold j's rows are predicted 
 posterior built from the GGN of the other folds (same θ*, same structure and predictive), and
 the objective is the mean NLL −log p_y of those held-out predictions over every fit row. δ is
 the minimum over :data:`NLL_GRID` (4 points a decade over :data:`PRIOR_BRACKET`; the smallest δ
-on ties, as laplace-torch's ``gridsearch`` takes ``argmin``), refined by Brent's method
-(bounded) in log δ between the grid neighbours of that minimum, kept only if it is no worse; a
+on ties, as laplace-torch's ``gridsearch`` takes ``argmin``), refined in log δ between the grid
+neighbours of that minimum by Brent's method started from the three grid points (the vertex of
+their parabola first; √ε tolerance, as SciPy's ``fminbound``), kept only if it is no worse; a
 minimum on an end of the grid stays there (``at_bracket_end``). The posterior is then built from
-the GGN of the whole fit split at that δ (the refit after cross-validation). The Monte Carlo
-predictive draws the same ε for every δ (one seed; drawn once per fold, with the fold's
+the GGN of the whole fit split at that δ (the refit after cross-validation).
+:func:`search_prior_precision` computes the probit objective of the whole grid at once from each
+fold's eigenbasis (:func:`probit_grid_nll`). With the Monte Carlo predictive, which costs a
+batched product per δ, the grid minimum is reached by descent from the probit minimum
+(:func:`_descend`: steps to the lower neighbour, galloping on a long way, until both
+neighbours are higher; from the other grid end too when it stops on one and that end is
+lower), so the Monte Carlo objective is asked at a dozen δ or so instead of all 65 and ~11 of
+the refinement. That is the grid minimum whenever the objective has one valley along the grid;
+where it has several the descent can stop in another one (measured against asking every grid
+point: the same δ on the bundled digits, the same grid point for 596 of 600 random heads). The
+Monte Carlo predictive draws the same ε for every δ (one seed; drawn once per fold, with the fold's
 eigenbases: :class:`MonteCarloFold`) and its roots R(δ) are smooth in δ, so its objective is.
 
 **Predictive.** f_μ = W φ + b, logit covariance Σ_f = J Σ Jᵀ (K×K). ``probit`` (MacKay 1992,
@@ -51,6 +61,7 @@ Everything is float64 on the CPU. Pure: no file I/O, no printing, no global RNG.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -58,7 +69,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from scipy.optimize import brentq, minimize_scalar
+from scipy.optimize import brentq
 from torch import Tensor, nn
 
 from curvcal.calibration.inputs import as_tensor, class_labels
@@ -713,7 +724,8 @@ def _monte_carlo_fold(template: LaplaceMap, fold: HeldOutFold) -> MonteCarloFold
     wide = curv.eigenvectors is not None and n * k * curv.eigenvectors.shape[1] > 4 * CHUNK_ELEMENTS
     if samples * n * k > 4 * CHUNK_ELEMENTS or wide:
         return None
-    normals = torch.cat([draws for _, draws in _normal_chunks(n, k, samples, template.seed)], dim=1)
+    chunks = [draws for _, draws in _normal_chunks(n, k, samples, template.seed)]
+    normals = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)
     if curv.structure == "full":
         assert curv.eigenvectors is not None
         basis: tuple[Tensor, ...] = (_projections(template, fold.features, curv.eigenvectors),)
@@ -748,8 +760,8 @@ def _monte_carlo_label_log_likelihood(
         root = qg[None] * _kron_fold_spectrum(fold, delta, state.has_bias).sqrt()[:, None, :]
     logits = _logit_draws(state.mean, root, normals)
     label = logits.gather(1, state.labels[:, None, None].expand(-1, 1, samples))[:, 0]
-    log_probs = label - torch.logsumexp(logits, dim=1)
-    return float((torch.logsumexp(log_probs, dim=1) - math.log(samples)).sum())
+    log_probs = torch.logsumexp(logits, dim=1).neg_().add_(label)
+    return float(torch.logsumexp(log_probs, dim=1).sum()) - label.shape[0] * math.log(samples)
 
 
 def covariance_root(cov: Tensor) -> Tensor:
@@ -769,46 +781,332 @@ def covariance_root(cov: Tensor) -> Tensor:
 def _logit_draws(mean: Tensor, root: Tensor, normals: Tensor) -> Tensor:
     """f_μ,n + R_n ε_s for every row n and draw s: n×K×S from the means (n×K), the roots
     (n×K×K) and the standard normals (n×K×S)."""
-    return mean[:, :, None] + torch.bmm(root, normals)
+    return torch.bmm(root, normals).add_(mean[:, :, None])
 
 
 @dataclass(frozen=True)
 class PriorSearch:
     """The held-out NLL rule's search: ``prior_precision`` chosen, ``grid_choice`` the grid's
     minimiser, ``objective`` the held-out NLL at the choice, ``at_bracket_end`` whether the grid
-    minimum is an end of the grid."""
+    minimum is an end of the grid, ``asked``: the δ at which the objective was computed (values
+    given as ``known`` not counted)."""
 
     prior_precision: float
     grid_choice: float
     objective: float
     at_bracket_end: bool
+    asked: int = 0
 
 
 def minimise_on_grid(
-    objective: Any, grid: tuple[float, ...] = NLL_GRID, refine: bool = True
+    objective: Any,
+    grid: tuple[float, ...] = NLL_GRID,
+    refine: bool = True,
+    start: int | None = None,
+    known: Mapping[float, float] | None = None,
 ) -> PriorSearch:
     """δ minimising ``objective(δ)``: the grid's minimum (the first, i.e. smallest δ, on ties;
-    a non-finite value counts as +inf), then, inside the grid, Brent's bounded method in log δ
-    between the minimum's neighbours (``refine``), kept only when its value is no larger."""
-    values = [objective(delta) for delta in grid]
-    finite = [v if math.isfinite(v) else math.inf for v in values]
-    best = min(range(len(grid)), key=lambda i: (finite[i], i))
-    if not math.isfinite(finite[best]):
+    a non-finite value counts as +inf), then, inside the grid, the minimum in log δ between
+    the minimum's neighbours (``refine``: :func:`_brent_from_bracket` from the three grid values),
+    kept only when its value is no larger.
+
+    ``known``: values of the objective already computed at some δ (never asked again; each δ
+    is asked once). ``start``: a grid index where a cheaper criterion of the same shape is
+    lowest; the grid minimum is then found by descent from it, asking only the points on the
+    way (:func:`_descend`: to the lower neighbour, the smaller δ on a tie, galloping on a long
+    way, until both neighbours are higher), and again from the other grid end when it stops on
+    one and that end is lower. That is the grid minimum whenever the objective falls and then
+    rises along the grid (one valley); elsewhere it may be another valley's. Without ``start``
+    every grid point is asked."""
+    memo: dict[float, float] = dict(known or {})
+
+    def value_at(delta: float) -> float:
+        if delta not in memo:
+            found = float(objective(delta))
+            memo[delta] = found if math.isfinite(found) else math.inf
+        return memo[delta]
+
+    def key(i: int) -> tuple[float, int]:
+        return value_at(grid[i]), i
+
+    best = -1
+    if start is not None:
+        best = _descend(lambda i: value_at(grid[i]), len(grid), start)
+        other = len(grid) - 1 - best  # stopped on a grid end: is the other end lower?
+        if best in (0, len(grid) - 1) and key(other) < key(best):
+            best = min(best, _descend(lambda i: value_at(grid[i]), len(grid), other), key=key)
+    if best < 0 or not math.isfinite(memo[grid[best]]):
+        finite = [value_at(delta) for delta in grid]
+        best = min(range(len(grid)), key=lambda i: (finite[i], i))
+    if not math.isfinite(memo[grid[best]]):
         raise NumericalError("--laplace-prior nll", "the held-out NLL is not finite at any δ")
-    choice, value = grid[best], finite[best]
+    choice, value = grid[best], memo[grid[best]]
     at_end = best in (0, len(grid) - 1)
     if refine and not at_end:
-        found = minimize_scalar(
-            lambda t: objective(math.exp(t)),
-            bounds=(math.log(grid[best - 1]), math.log(grid[best + 1])),
-            method="bounded",
-            options={"xatol": 1e-10},
+        t_best, t_value = _brent_from_bracket(
+            lambda t: value_at(math.exp(t)),
+            (math.log(grid[best - 1]), math.log(grid[best]), math.log(grid[best + 1])),
+            (value_at(grid[best - 1]), value_at(grid[best]), value_at(grid[best + 1])),
         )
-        refined = math.exp(float(found.x))
-        refined_value = objective(refined)
-        if math.isfinite(refined_value) and refined_value <= value:
-            choice, value = refined, refined_value
-    return PriorSearch(choice, grid[best], value, at_end)
+        if t_value <= value:
+            choice, value = math.exp(t_best), t_value
+    return PriorSearch(choice, grid[best], value, at_end, len(memo) - len(known or {}))
+
+
+#: Golden section's step, as a share of the larger side of a bracket.
+_GOLDEN = 0.3819660112501051
+#: Relative and absolute tolerance of the refined log δ (those of SciPy's ``fminbound``:
+#: √ε relative; the objective's rounding decides δ no more finely).
+_REFINE_RTOL, _REFINE_ATOL = 1.4901161193847656e-08, 1e-10
+#: Most refinement steps (each asks the objective once).
+_REFINE_STEPS = 100
+
+
+def _brent_from_bracket(
+    value: Any, bracket: tuple[float, float, float], values: tuple[float, float, float]
+) -> tuple[float, float]:
+    """The minimum of ``value`` on [a, c] from a bracket a < b < c whose ``values`` are known,
+    value(b) no larger than value(a) and value(c) (the grid minimum and its neighbours):
+    Brent's method (Brent 1973, ch. 5; SciPy's ``fminbound``) started from those three points,
+    so its first step is the vertex of their parabola rather than a golden-section point.
+    Each step is the vertex of the parabola through the three lowest points asked (x, w, v),
+    or a golden-section step into the larger side of the bracket when that vertex falls
+    outside it or does not halve the step before last. It stops when the bracket around x is
+    within four tolerances (√ε |x| + 1e-10) or the parabola's vertex lies within one tolerance
+    of x (x is then its minimum to that tolerance). Returns x and its value."""
+    low, x, high = bracket
+    fa, fx, fc = values
+    (w, fw), (v, fv) = sorted(((low, fa), (high, fc)), key=lambda point: point[1])
+    step = before = high - low
+    for _ in range(_REFINE_STEPS):
+        middle = 0.5 * (low + high)
+        tol = _REFINE_RTOL * abs(x) + _REFINE_ATOL
+        if abs(x - middle) <= 2 * tol - 0.5 * (high - low):
+            break
+        golden = True
+        if abs(before) > tol:
+            r = (x - w) * (fx - fv)
+            q = (x - v) * (fx - fw)
+            p = (x - v) * q - (x - w) * r
+            q = 2.0 * (q - r)
+            p, q = (-p, q) if q > 0 else (p, -q)
+            previous, before = before, step
+            if q > 0 and abs(p) < abs(0.5 * q * previous) and q * (low - x) < p < q * (high - x):
+                step, golden = p / q, False
+                if abs(step) < tol:
+                    break  # the parabola's minimum is x, to the tolerance
+                if x + step - low < 2 * tol or high - (x + step) < 2 * tol:
+                    step = math.copysign(tol, middle - x)
+        if golden:
+            before = (low - x) if x >= middle else (high - x)
+            step = _GOLDEN * before
+        u = x + (step if abs(step) >= tol else math.copysign(tol, step))
+        fu = value(u)
+        if fu <= fx:
+            if u >= x:
+                low = x
+            else:
+                high = x
+            v, fv, w, fw, x, fx = w, fw, x, fx, u, fu
+        else:
+            if u < x:
+                low = u
+            else:
+                high = u
+            if fu <= fw or w == x:
+                v, fv, w, fw = w, fw, u, fu
+            elif fu <= fv or v in (x, w):
+                v, fv = u, fu
+    return x, fx
+
+
+def _descend(value: Any, size: int, start: int) -> int:
+    """A local minimum of ``value`` (grid index ↦ value) over ``size`` grid points, reached from
+    ``start`` by descent: points are ordered by (value, index), so a tie goes to the smaller δ
+    as the first minimum of the whole grid does. The descent steps to the lower neighbour; after
+    two steps one way it gallops (steps of 2, 4, 8, … points) while the values keep falling,
+    then narrows the last stride by golden section on the grid indices, and ends with plain
+    steps until both neighbours are higher: a local minimum whose neighbours were asked, in
+    about 2 log₂ of the distance asked points rather than the distance."""
+
+    def key(i: int) -> tuple[float, int]:
+        return value(i), i
+
+    here = min(max(start, 0), size - 1)
+    direction = _downhill(key, size, here)
+    if direction:
+        behind, here = here, here + direction
+        stride = 1
+        while True:
+            ahead = min(max(here + direction * stride, 0), size - 1)
+            if ahead == here:
+                break
+            if key(ahead) >= key(here):
+                here = _golden_indices(key, behind, here, ahead)
+                break
+            behind, here = here, ahead
+            stride *= 2 if abs(here - start) > 1 else 1
+    while direction := _downhill(key, size, here):
+        here += direction
+    return here
+
+
+def _downhill(key: Any, size: int, i: int) -> int:
+    """−1 or +1 towards a lower neighbour of grid point ``i`` (the left one first), else 0."""
+    if i > 0 and key(i - 1) < key(i):
+        return -1
+    if i < size - 1 and key(i + 1) < key(i):
+        return 1
+    return 0
+
+
+def _golden_indices(key: Any, first: int, middle: int, last: int) -> int:
+    """Golden-section search on the grid indices between ``first`` and ``last`` (either order)
+    for a point lower than both, starting from ``middle``, lower than both ends."""
+    low, high = min(first, last), max(first, last)
+    while high - low > 2:
+        if middle - low > high - middle:
+            probe = middle - max(1, round(_GOLDEN * (middle - low)))
+        else:
+            probe = middle + max(1, round(_GOLDEN * (high - middle)))
+        if key(probe) < key(middle):
+            low, high = (low, middle) if probe < middle else (middle, high)
+            middle = probe
+        elif probe < middle:
+            low = probe
+        else:
+            high = probe
+    return middle
+
+
+def search_prior_precision(
+    folds: list[HeldOutFold], template: LaplaceMap, grid: tuple[float, ...] = NLL_GRID
+) -> PriorSearch:
+    """The held-out NLL rule's search, :func:`minimise_on_grid` of :func:`heldout_nll`, with
+    the probit held-out NLL of the whole grid computed at once (:func:`probit_grid_nll`). For
+    the probit predictive those are the objective's grid values (the same numbers to rounding:
+    the same grid minimum), so only the refinement asks for more. For Monte Carlo they say where
+    the descent to the grid minimum starts, and the Monte Carlo objective is asked only on its
+    way and by the refinement (on the bundled digits 9 or 10 δ instead of 76). Without them (a
+    fold's projections too big to hold) every grid point is asked."""
+
+    check_grid(grid)
+
+    def objective(delta: float) -> float:
+        return heldout_nll(delta, folds, template)
+
+    squares = [_fold_squares(template, fold) for fold in folds]
+    if template.predictive == "probit":
+        values = probit_grid_nll(folds, template, grid, squares)
+        if values is None:
+            return minimise_on_grid(objective, grid)
+        return minimise_on_grid(objective, grid, known=dict(zip(grid, values, strict=True)))
+    start = _probit_start(folds, template, grid, squares)
+    return minimise_on_grid(objective, grid, start=start)
+
+
+def check_grid(grid: tuple[float, ...]) -> None:
+    """Refuse a grid of prior precisions the search cannot walk: empty, holding a δ that is not
+    a positive finite number, or not strictly increasing (the descent steps to neighbours)."""
+    where = "--laplace-prior nll"
+    if not grid:
+        raise InputError(where, "the grid of prior precisions holds no δ")
+    if not all(math.isfinite(delta) for delta in grid):
+        raise InputError(where, "the grid of prior precisions must hold finite numbers")
+    if min(grid) <= 0:
+        raise InputError(where, "the grid of prior precisions must be positive")
+    if any(b <= a for a, b in itertools.pairwise(grid)):
+        raise InputError(where, "the grid of prior precisions must be increasing")
+
+
+#: The probit start of the Monte Carlo descent is looked for on every this many grid points,
+#: then among the grid points within this many of the best of those.
+_COARSE = 4
+
+
+def _probit_start(
+    folds: list[HeldOutFold],
+    template: LaplaceMap,
+    grid: tuple[float, ...],
+    squares: list[Tensor | None],
+) -> int | None:
+    """Where the Monte Carlo descent starts: the grid point of lowest probit held-out NLL
+    (:func:`probit_grid_nll`), looked for on every :data:`_COARSE`-th point and then next to
+    the best of those (a start, not a choice: the descent moves on from it); ``None`` when the
+    probit values cannot be had (every grid point is then asked)."""
+    centre = 0
+    for step in (_COARSE, 1):
+        low = 0 if step == _COARSE else max(0, centre - _COARSE + 1)
+        high = len(grid) if step == _COARSE else min(len(grid), centre + _COARSE)
+        points = list(range(low, high, step))
+        values = probit_grid_nll(folds, template, tuple(grid[i] for i in points), squares)
+        if values is None:
+            return None
+        centre = points[min(range(len(points)), key=lambda i: (values[i], i))]
+    return centre
+
+
+def _fold_squares(template: LaplaceMap, fold: HeldOutFold) -> Tensor | None:
+    """(J_nk · v_i)² (n×K×P) of a ``full`` fold: the probit rule's cached squares, or the
+    square of the Monte Carlo state's projections; ``None`` for ``kron``, or when neither is
+    kept (too big)."""
+    squares = _eigen_projections(template, fold)
+    if squares is not None:
+        return squares
+    state = _monte_carlo_fold(template, fold)
+    if state is None or not state.basis:
+        return None
+    return state.basis[0] * state.basis[0]
+
+
+def probit_grid_nll(
+    folds: list[HeldOutFold],
+    template: LaplaceMap,
+    grid: tuple[float, ...],
+    squares: list[Tensor | None],
+) -> list[float] | None:
+    """:func:`heldout_nll` of the probit predictive at every δ of ``grid`` at once (+inf where
+    it is not finite). Per fold the logit variances at all δ of a chunk of the grid come from
+    one product with the δ-free part: ``full``, the ``squares`` (J_nk · v_i)² (n·K × P) of the
+    fold (:func:`_fold_squares`) times 1/(λ_i + δ) (P × grid); ``kron``, (Q_Aᵀφ_n)² times
+    1/(g_i a_j + δ) (+ 1/(g_i + δ) with a bias), then Q_G ⊙ Q_G. ``None`` when a ``full``
+    fold has no squares (they would exceed 4 × :data:`CHUNK_ELEMENTS`)."""
+    k = template.n_classes
+    deltas = torch.tensor(grid, dtype=torch.float64)
+    totals = torch.zeros(len(grid), dtype=torch.float64)
+    count = 0
+    for fold, fold_squares in zip(folds, squares, strict=True):
+        n = fold.labels.numel()
+        if n == 0:
+            continue
+        curv = fold.curvature
+        mean = logit_mean(template, fold.features)
+        if curv.structure == "full":
+            if fold_squares is None:
+                return None
+            flat = fold_squares.reshape(n * k, -1)
+        else:
+            qg, ga, aa, c_sq = _kron_fold_basis(fold)
+        # a grid point's temporaries: n×K variances and logits, and K×D (kron) or P inverses
+        step = _rows(len(grid), max(2 * n * k, curv.eigenvalues.numel()))
+        for first in range(0, len(grid), step):
+            chunk = deltas[first : first + step]
+            if curv.structure == "full":
+                inverse = 1.0 / (curv.eigenvalues[:, None] + chunk[None, :])
+                variances = (flat @ inverse).reshape(n, k, -1).clamp_min(0.0)
+            else:
+                inverse = torch.reciprocal(torch.outer(ga, aa)[None] + chunk[:, None, None])
+                v = (c_sq @ inverse.reshape(-1, c_sq.shape[1]).T).reshape(n, -1, k)
+                if template.bias is not None:
+                    v = v + 1.0 / (ga[None, :] + chunk[:, None])
+                variances = torch.matmul(qg * qg, v.clamp_min(0.0).transpose(1, 2))
+            kappa = torch.rsqrt(variances.mul_(math.pi / 8.0).add_(1.0))
+            logp = torch.log_softmax(kappa.mul_(mean[:, :, None]), dim=1)
+            label = logp.gather(1, fold.labels[:, None, None].expand(-1, 1, chunk.numel()))
+            totals[first : first + step] -= label[:, 0].sum(0)
+        count += n
+    values = (totals / count).tolist()
+    return [value if math.isfinite(value) else math.inf for value in values]
 
 
 def fit_laplace(
@@ -881,10 +1179,7 @@ def fit_laplace(
                 "held-out and training rows",
                 "give a larger fit split or use --laplace-prior marglik",
             )
-        search, n_folds = (
-            minimise_on_grid(lambda d: heldout_nll(d, folds, template), grid),
-            len(folds),
-        )
+        search, n_folds = search_prior_precision(folds, template, grid), len(folds)
         delta, at_end = search.prior_precision, search.at_bracket_end
     logz = log_marginal_likelihood(delta, curv.eigenvalues, theta_sq, log_likelihood)
     posterior = replace(_posterior(template, curv, delta), log_marginal_likelihood=logz)
