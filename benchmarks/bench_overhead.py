@@ -13,7 +13,10 @@ reported):
   ``--tol`` with the basis bound the memory plan gives (:func:`~curvcal.curvature.memory.lanczos_basis`)
   — its wall time (the operator's construction included), its products (the verification
   product included) and, inside it, the seconds spent in products; the rest is the algorithm's
-  own work (orthogonalisation, Ritz steps, the start vector's draw).
+  own work (orthogonalisation, Ritz steps, the start vector's draw). Also counted: the basis
+  rows (P values each) the orthogonalisation reads per Lanczos step;
+* ``full``: the same run with ``reorthogonalisation="full"`` (every new vector cleared of the
+  whole basis: the reference partial reorthogonalisation is measured against).
 
 The table gives run seconds per product ÷ kernel (the target: ≤ 1.10), the share of the run
 outside products, the run's whole cost per product ÷ a gradient pass (beside its floor: 2.0
@@ -50,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_hessian
 import bench_llama
 
-from curvcal.curvature.eigen import eigenvalues
+from curvcal.curvature import krylov
+from curvcal.curvature.eigen import lanczos
 from curvcal.curvature.memory import lanczos_basis
 from curvcal.curvature.operator import HessianOperator
 from curvcal.losses import loss_from_name
@@ -133,6 +137,9 @@ class RunTimes:
     graphs: str
     basis_rows: int | None
     value: float = math.nan
+    steps: int = 0
+    #: basis rows (P values each) read by the orthogonalisation, per Lanczos step
+    rows_read_per_step: float = math.nan
     notes: list[str] = field(default_factory=list)
 
 
@@ -143,9 +150,25 @@ def graphs_of(operator: HessianOperator) -> str:
     return "kept" if operator.kept_rows == operator.n_samples else "partly kept"
 
 
-def lambda_run(load: Workload, tol: float, seed: int) -> RunTimes:
-    """λmax as ``curvcal hessian`` runs it, with the seconds inside products measured."""
+def lambda_run(
+    load: Workload, tol: float, seed: int, reorthogonalisation: str = "partial"
+) -> RunTimes:
+    """λmax as ``curvcal hessian`` runs it, with the seconds inside products measured and the
+    basis rows the orthogonalisation reads counted (each row passed to a projection c = Q_bᵀv
+    or an update v ← v − Q_b c is one read of P values)."""
     spent = [0.0]
+    rows_read = [0]
+    basis_class = krylov.KrylovBasis
+    project, subtract = basis_class._project, basis_class._subtract
+
+    def counted_project(self: Any, rows: Tensor, vector: Tensor) -> Tensor:
+        rows_read[0] += rows.shape[0]
+        return project(self, rows, vector)
+
+    def counted_subtract(self: Any, vector: Tensor, rows: Tensor, amounts: Tensor) -> None:
+        rows_read[0] += rows.shape[0]
+        subtract(self, vector, rows, amounts)
+
     began = time.perf_counter()
     operator = HessianOperator(load.model, load.batches)
     for name in ("matvec_into", "matmat"):
@@ -159,8 +182,20 @@ def lambda_run(load: Workload, tol: float, seed: int) -> RunTimes:
 
         setattr(operator, name, timed)  # the instance's own attribute: Lanczos calls it
     rows = lanczos_basis(1, operator.shape[0], operator.budget)
-    spectrum = eigenvalues(operator, 1, tol=tol, max_basis=rows, seed=seed)
+    basis_class._project, basis_class._subtract = counted_project, counted_subtract  # type: ignore[method-assign]
+    try:
+        spectrum = lanczos(
+            operator,
+            1,
+            tol=tol,
+            max_basis=rows,
+            seed=seed,
+            reorthogonalisation=reorthogonalisation,
+        )
+    finally:
+        basis_class._project, basis_class._subtract = project, subtract  # type: ignore[method-assign]
     seconds = time.perf_counter() - began
+    steps = spectrum.values[0].iterations
     return RunTimes(
         seconds=seconds,
         products=operator.n_matvecs,
@@ -169,6 +204,8 @@ def lambda_run(load: Workload, tol: float, seed: int) -> RunTimes:
         graphs=graphs_of(operator),
         basis_rows=rows,
         value=spectrum.values[0].value,
+        steps=steps,
+        rows_read_per_step=rows_read[0] / steps,
     )
 
 
@@ -181,6 +218,7 @@ def measure(load: Workload, repeats: int, tol: float) -> dict[str, Any]:
     rebuilt = kernel(load, "never")
     best: dict[str, float] = dict.fromkeys(("gradient", "kernel", "rebuilt"), math.inf)
     runs: list[RunTimes] = []
+    full_runs: list[RunTimes] = []
     for round_index in range(repeats):
         began = time.perf_counter()
         gradient()
@@ -188,8 +226,11 @@ def measure(load: Workload, repeats: int, tol: float) -> dict[str, Any]:
         best["kernel"] = min(best["kernel"], kept())
         best["rebuilt"] = min(best["rebuilt"], rebuilt())
         runs.append(lambda_run(load, tol, seed=round_index))
+        full_runs.append(lambda_run(load, tol, seed=round_index, reorthogonalisation="full"))
     fastest = min(runs, key=lambda run: run.seconds / run.products)
     per_product = fastest.seconds / fastest.products
+    full = min(full_runs, key=lambda run: run.seconds / run.products)
+    full_per_product = full.seconds / full.products
     return {
         "case": load.name,
         "description": load.description,
@@ -208,24 +249,34 @@ def measure(load: Workload, repeats: int, tol: float) -> dict[str, Any]:
         "kernel_per_gradient": best["kernel"] / best["gradient"],
         "rebuilt_per_gradient": best["rebuilt"] / best["gradient"],
         "runs": [asdict(run) for run in runs],
+        "full": {
+            "run": asdict(full),
+            "run_s_per_product": full_per_product,
+            "run_per_kernel": full_per_product / best["kernel"],
+            "outside_s_per_product": (full.seconds - full.product_seconds) / full.products,
+            "runs": [asdict(run) for run in full_runs],
+        },
     }
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| case | P | gradient s | kernel s (graphs) | run s / product | run ÷ kernel | outside "
-        "products: share, s / product | products | run ÷ gradient | kernel ÷ gradient | "
+        "products: share, s / product | products | rows read / step | full reorth.: run ÷ "
+        "kernel, outside s / product, rows read / step | run ÷ gradient | kernel ÷ gradient | "
         "rebuilt ÷ gradient |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        run = row["run"]
+        run, full = row["run"], row["full"]
         lines.append(
             f"| {row['case']} | {row['n_params'] / 1e6:.2f} M | {row['gradient_s']:.3g} | "
             f"{row['kernel_s']:.3g} ({run['graphs']}) | {row['run_s_per_product']:.3g} | "
             f"**{row['run_per_kernel']:.2f}** | {100 * row['outside_products_share']:.0f}%, "
             f"{row['outside_s_per_product']:.3g} | "
             f"{run['products']}{'' if run['converged'] else ' (not converged)'} | "
+            f"{run['rows_read_per_step']:.1f} | {full['run_per_kernel']:.2f}, "
+            f"{full['outside_s_per_product']:.3g}, {full['run']['rows_read_per_step']:.1f} | "
             f"{row['run_per_gradient']:.2f} | {row['kernel_per_gradient']:.2f} | "
             f"{row['rebuilt_per_gradient']:.2f} |"
         )

@@ -402,9 +402,10 @@ def lanczos(
     wide = torch.float64
     basis, buffer = operator_basis(op, max_rows=rows)
     product = product_into(op)
-    start = _random_unit(op, generator).to(wide)
-    # unit in float64: a float32 norm over 10⁵ entries is off by ~1e-5, which the two-term
-    # clearing of the next vector would leave in it (a whole-basis pass removed it again)
+    # the float64 draw _random_unit rounds to the operator's dtype, made unit in float64: a
+    # float32 norm over 10⁵ entries is off by ~1e-5, which the two-term clearing of the next
+    # vector would leave in it (a whole-basis pass removed it again)
+    start = basis.space.normal(generator).to(device=op.device)
     basis.append(start.div_(basis.space.norm(start)))
     orthogonality = (
         OrthogonalityEstimate(
@@ -784,8 +785,8 @@ def eigenvalues(
 ) -> EigenSpectrum:
     """The k largest (or smallest) algebraic eigenvalues of a symmetric operator.
 
-    ``method``: ``"lanczos"`` (the default for every k) or ``"power"``. Lanczos with full
-    reorthogonalisation spends one product per step, as power iteration does, and its Krylov
+    ``method``: ``"lanczos"`` (the default for every k) or ``"power"``. Lanczos (partial
+    reorthogonalisation, :func:`lanczos`) spends one product per step, as power iteration does, and its Krylov
     space contains every power iterate, so it never needs more products; power iteration
     converges at the rate |λ₂/λ₁| and stalls on indefinite Hessians whose most negative
     eigenvalue is close to λmax in magnitude (common in trained networks).

@@ -165,7 +165,9 @@ class KrylovBasis:
         self._pending = None
         if self.narrow:
             assert self._work is not None, "commit follows extend"
-            self._next_row().copy_(self._work.div_(norm))
+            # divided in float64 and rounded once, as the row is written (no pass over the work
+            # vector to scale it first)
+            torch.div(self._work, norm, out=self._next_row())
         else:
             self._next_row().div_(norm)
         self._count += 1

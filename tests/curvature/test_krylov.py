@@ -243,7 +243,8 @@ def test_narrow_storage_clears_in_float64_and_rounds_once(count: int) -> None:
     norm = float(remainder.norm())
     basis.commit(norm)
     assert basis[-1].dtype == torch.float32
-    assert torch.equal(basis[-1], (remainder).to(torch.float32))  # divided in place, then rounded
+    # divided in float64 and rounded once as it is stored
+    assert torch.equal(basis[-1], (remainder / norm).to(torch.float32))
 
 
 def test_narrow_storage_restart_and_combine_are_the_wide_sums() -> None:
