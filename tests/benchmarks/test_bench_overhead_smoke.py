@@ -42,6 +42,14 @@ def test_quick_run_reports_the_run_beside_its_kernel(
         )
         # the plan of a small model on this host keeps every graph and an unrestarted basis
         assert run["graphs"] == "kept" and run["basis_rows"] >= 8
+        # full reorthogonalisation, run in the same rounds, reads 2m + 4 rows at step m (the
+        # two latest, then the whole basis: 2(m+1)·(m+2)/2 over the run, m counted from 1);
+        # partial reads 4 on most steps and never more
+        full = row["full"]["run"]
+        assert full["converged"] and full["value"] == pytest.approx(run["value"], rel=1e-3)
+        steps = full["steps"]
+        assert full["rows_read_per_step"] >= (2 * sum(range(1, steps + 1)) + 2 * steps) / steps
+        assert run["rows_read_per_step"] < full["rows_read_per_step"]
     # the λmax the run reports is the Hessian's (ARPACK on the float64 operator)
     load = bench.workload("digits-cnn", quick=True)
     reference, _second, _used = load_bench("bench_hessian").arpack_reference(
