@@ -25,8 +25,10 @@ is at least ‖T_m‖ and so errs on the side of reorthogonalising.
 ε is the relative error of a product, not of the basis arithmetic (which is float64): the
 machine epsilon of the operator's dtype, or a larger stated product error (a precision floor, a
 central-difference bound), since the error of each product is what seeds the loss of
-orthogonality. The threshold stays √ε of the operator's dtype, so a noisy operator
-reorthogonalises more often, up to every step (full reorthogonalisation).
+orthogonality. The threshold stays √ε of the operator's dtype (and no more than the tolerance
+asked for, since the residual a converged Ritz vector keeps from the lost orthogonality is about
+ω·‖A‖), so a noisy operator reorthogonalises more often, up to every step (full
+reorthogonalisation).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class OrthogonalityEstimate:
     """Simon's estimate of a Lanczos basis' loss of orthogonality, one row of ω per step.
 
     ``epsilon``: the relative error of a product (ε above); ``threshold``: the level of |ω| that
-    asks for a reorthogonalisation (√ε of the operator's dtype). Call :meth:`step` after each
+    asks for a reorthogonalisation (Lanczos: min(√ε of the operator's dtype, tol)). Call :meth:`step` after each
     Lanczos step's two-term clearing with that step's α_j and β_{j+1}; it says whether the new
     vector must be cleared against the whole basis; call :meth:`reorthogonalised` when it was
     (with the new β_{j+1}), and :meth:`restart` when the basis stops being a Lanczos basis of
