@@ -35,6 +35,9 @@ def test_quick_run_reports_the_run_beside_its_kernel(
         assert 0 < run["product_seconds"] < run["seconds"]
         assert row["run_s_per_product"] == pytest.approx(run["seconds"] / run["products"])
         assert row["run_per_kernel"] == pytest.approx(row["run_s_per_product"] / row["kernel_s"])
+        assert 0 < row["kernel_cpu_s"] and row["run_per_kernel_cpu"] == pytest.approx(
+            min(r["cpu_seconds"] / r["products"] for r in row["runs"]) / row["kernel_cpu_s"]
+        )
         assert 0 < row["outside_products_share"] < 1
         assert row["kernel_per_gradient"] > 0 and row["rebuilt_per_gradient"] > 0
         assert row["run_per_gradient"] == pytest.approx(
