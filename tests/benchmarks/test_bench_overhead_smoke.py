@@ -35,7 +35,7 @@ def test_quick_run_reports_the_run_beside_its_kernel(
         assert 0 < run["product_seconds"] < run["seconds"]
         assert row["run_s_per_product"] == pytest.approx(run["seconds"] / run["products"])
         assert row["run_per_kernel"] == pytest.approx(row["run_s_per_product"] / row["kernel_s"])
-        assert 0 < row["kernel_cpu_s"] and row["run_per_kernel_cpu"] == pytest.approx(
+        assert row["kernel_cpu_s"] > 0 and row["run_per_kernel_cpu"] == pytest.approx(
             min(r["cpu_seconds"] / r["products"] for r in row["runs"]) / row["kernel_cpu_s"]
         )
         assert 0 < row["outside_products_share"] < 1
