@@ -1,8 +1,11 @@
-"""An orthonormal Krylov basis q_1 … q_m of long vectors, kept for full reorthogonalisation.
+"""An orthonormal Krylov basis q_1 … q_m of long vectors, kept for reorthogonalisation.
 
 Lanczos (:mod:`curvcal.curvature.eigen`) and stochastic Lanczos quadrature
 (:mod:`curvcal.curvature.density`) keep every basis vector so that each new one can be made
-orthogonal to all of them. At P = 10⁷ parameters a vector is 80 MB in float64, and the
+orthogonal to all of them: on every step (full reorthogonalisation, the density's), or only
+when an estimate of the lost orthogonality asks for it (partial, Lanczos':
+:mod:`curvcal.curvature.orthogonality`), the other steps clearing the new vector of the two
+latest alone (``clear_next(whole=False)``, 4 rows read instead of 2m + 4). At P = 10⁷ parameters a vector is 80 MB in float64, and the
 orthogonalisation, not the products, can become the cost of a run if it is written vector by
 vector: a dot and an update per basis vector and pass read the new vector 5·m times per pass
 and allocate as often. Here the vectors are rows of a few preallocated blocks, and a pass of
@@ -84,6 +87,7 @@ class KrylovBasis:
         #: ‖v‖ of the vector the latest :meth:`extend` or :meth:`clear_next` cleared, after
         #: clearing (summed over the ranks of a sliced space); nan before any
         self.remainder_norm = math.nan
+        self._pending: Tensor | None = None  # the vector cleared and not yet committed
 
     def __len__(self) -> int:
         return self._count
@@ -124,13 +128,27 @@ class KrylovBasis:
         """The row q_{m+1} goes to, for a product to be written into (then :meth:`clear_next`)."""
         return self._next_row()
 
-    def clear_next(self) -> tuple[Tensor, Tensor]:
+    def clear_next(self, whole: bool = True) -> tuple[Tensor, Tensor]:
         """What was written into :meth:`next_row`, cleared of the basis in place: the remainder
-        and the coefficients removed, as :meth:`extend` returns them."""
+        and the coefficients removed, as :meth:`extend` returns them. ``whole=False`` clears it
+        of the latest :data:`RECENT` vectors only (a Lanczos step's α q_m + β q_{m−1}; the other
+        coefficients are 0): :meth:`reorthogonalise` then clears it of the whole basis when
+        the caller's estimate of the lost orthogonality asks for it."""
         row = self._next_row()
         if self.narrow:  # cleared in the wide work vector, stored by commit
             row = self._wide().copy_(row)
-        return row, self._clear(row)
+        return row, self._clear(row, whole)
+
+    def reorthogonalise(self) -> Tensor:
+        """Clear the vector the latest :meth:`clear_next` cleared (before its :meth:`commit`)
+        of the whole basis, in place: one block pass, a second when the DGKS test asks for it;
+        :attr:`remainder_norm` becomes its norm. Returns the coefficients removed by this call
+        (length m)."""
+        if self._pending is None:
+            raise RuntimeError("reorthogonalise follows clear_next and precedes commit")
+        coefficients = torch.zeros(self._count, dtype=self.dtype, device=self.device)
+        self.remainder_norm = self._whole_passes(self._pending, coefficients, self.remainder_norm)
+        return coefficients
 
     def latest(self, buffer: Tensor | None = None) -> Tensor:
         """q_m, the latest vector (a view), or copied into ``buffer`` (another dtype) when given."""
@@ -144,9 +162,12 @@ class KrylovBasis:
 
     def commit(self, norm: float) -> None:
         """Divide the vector cleared by :meth:`extend` by ``norm`` and keep it as q_{m+1}."""
+        self._pending = None
         if self.narrow:
             assert self._work is not None, "commit follows extend"
-            self._next_row().copy_(self._work.div_(norm))
+            # divided in float64 and rounded once, as the row is written (no pass over the work
+            # vector to scale it first)
+            torch.div(self._work, norm, out=self._next_row())
         else:
             self._next_row().div_(norm)
         self._count += 1
@@ -177,18 +198,16 @@ class KrylovBasis:
         block, row = self._locate(index)
         return self._blocks[block][row]
 
-    def _clear(self, vector: Tensor) -> Tensor:
+    def _clear(self, vector: Tensor, whole: bool = True) -> Tensor:
         """Remove the basis from ``vector`` in place; the coefficients removed.
 
         First the latest :data:`RECENT` vectors, which hold nearly all of a Lanczos image's
-        component along the basis (α q_m + β q_{m−1}); then one block Gram–Schmidt pass over the
-        whole basis; a second only if that pass removed more than 1 − η of the norm, η = 1/√2
-        (the DGKS test: a pass that keeps more leaves the vector orthogonal to working
-        precision; Daniel, Gragg, Kaufman & Stewart 1976)."""
+        component along the basis (α q_m + β q_{m−1}); then, when ``whole``, the whole basis
+        (:meth:`_whole_passes`)."""
         coefficients = torch.zeros(self._count, dtype=self.dtype, device=self.device)
         # the latest rows of each block they lie in at once (one sweep of the vector per block,
         # not one per row: the two rows are orthonormal, so removing them together or in turn
-        # differs by rounding, which the block pass below removes)
+        # differs by rounding, which a later pass or the caller's estimate accounts for)
         index = max(0, self._count - RECENT)
         while index < self._count:
             block, row = self._locate(index)
@@ -198,15 +217,25 @@ class KrylovBasis:
             self._subtract(vector, rows, amounts)
             coefficients[index : index + rows.shape[0]] += amounts
             index += rows.shape[0]
-        before = float(self.space.norm(vector))
+        norm = float(self.space.norm(vector))
+        if whole:
+            norm = self._whole_passes(vector, coefficients, norm)
+        # read by the caller as the new vector's norm (β of Lanczos): no sweep over it again
+        self.remainder_norm = norm
+        self._pending = vector
+        return coefficients
+
+    def _whole_passes(self, vector: Tensor, coefficients: Tensor, before: float) -> float:
+        """One block Gram–Schmidt pass over the whole basis, a second only if that pass removed
+        more than 1 − η of the norm ``before`` it, η = 1/√2 (the DGKS test: a pass that keeps
+        more leaves the vector orthogonal to working precision; Daniel, Gragg, Kaufman &
+        Stewart 1976); the norm after."""
         self._pass(vector, coefficients)
         after = float(self.space.norm(vector))
         if after < DGKS_ETA * before:
             self._pass(vector, coefficients)
             after = float(self.space.norm(vector))
-        # read by the caller as the new vector's norm (β of Lanczos): no sweep over it again
-        self.remainder_norm = after
-        return coefficients
+        return after
 
     def _pass(self, vector: Tensor, coefficients: Tensor) -> None:
         """One block Gram–Schmidt pass, in place: per block c = Q_b·v, v ← v − Q_bᵀc."""

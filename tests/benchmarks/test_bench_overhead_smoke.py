@@ -35,6 +35,9 @@ def test_quick_run_reports_the_run_beside_its_kernel(
         assert 0 < run["product_seconds"] < run["seconds"]
         assert row["run_s_per_product"] == pytest.approx(run["seconds"] / run["products"])
         assert row["run_per_kernel"] == pytest.approx(row["run_s_per_product"] / row["kernel_s"])
+        assert row["kernel_cpu_s"] > 0 and row["run_per_kernel_cpu"] == pytest.approx(
+            min(r["cpu_seconds"] / r["products"] for r in row["runs"]) / row["kernel_cpu_s"]
+        )
         assert 0 < row["outside_products_share"] < 1
         assert row["kernel_per_gradient"] > 0 and row["rebuilt_per_gradient"] > 0
         assert row["run_per_gradient"] == pytest.approx(
@@ -42,6 +45,14 @@ def test_quick_run_reports_the_run_beside_its_kernel(
         )
         # the plan of a small model on this host keeps every graph and an unrestarted basis
         assert run["graphs"] == "kept" and run["basis_rows"] >= 8
+        # full reorthogonalisation, run in the same rounds, reads 2m + 4 rows at step m (the
+        # two latest, then the whole basis: 2(m+1)·(m+2)/2 over the run, m counted from 1);
+        # partial reads 4 on most steps and never more
+        full = row["full"]["run"]
+        assert full["converged"] and full["value"] == pytest.approx(run["value"], rel=1e-3)
+        steps = full["steps"]
+        assert full["rows_read_per_step"] >= (2 * sum(range(1, steps + 1)) + 2 * steps) / steps
+        assert run["rows_read_per_step"] < full["rows_read_per_step"]
     # the λmax the run reports is the Hessian's (ARPACK on the float64 operator)
     load = bench.workload("digits-cnn", quick=True)
     reference, _second, _used = load_bench("bench_hessian").arpack_reference(

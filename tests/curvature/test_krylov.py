@@ -243,7 +243,8 @@ def test_narrow_storage_clears_in_float64_and_rounds_once(count: int) -> None:
     norm = float(remainder.norm())
     basis.commit(norm)
     assert basis[-1].dtype == torch.float32
-    assert torch.equal(basis[-1], (remainder).to(torch.float32))  # divided in place, then rounded
+    # divided in float64 and rounded once as it is stored
+    assert torch.equal(basis[-1], (remainder / norm).to(torch.float32))
 
 
 def test_narrow_storage_restart_and_combine_are_the_wide_sums() -> None:
@@ -260,3 +261,46 @@ def test_narrow_storage_restart_and_combine_are_the_wide_sums() -> None:
     # the combinations summed in float64, rounded once; the latest vector moved as it was
     assert torch.allclose(kept[:, :3].double(), rows[:, :5] @ coefficients, atol=1e-7, rtol=0)
     assert torch.equal(kept[:, 3].double(), rows[:, 5])
+
+
+@pytest.mark.parametrize("storage", [torch.float64, torch.float32])
+@pytest.mark.parametrize("count", [1, 2, 3, MAX_BLOCK + 1, 2 * MAX_BLOCK + 3])
+def test_clearing_of_the_latest_two_then_of_the_whole_basis(
+    count: int, storage: torch.dtype
+) -> None:
+    """clear_next(whole=False): v − Q₂Q₂ᵀv over the two latest vectors only (the other
+    coefficients 0), its norm in remainder_norm; reorthogonalise: then the dense projection
+    v − QQᵀv, the coefficients it removed being Qᵀv on the older vectors; narrow (float32)
+    rows too, cleared in the wide work vector."""
+    columns = _orthonormal(60, count)
+    # float32 rows are orthonormal to float32's precision only
+    atol = 1e-12 if storage == torch.float64 else 1e-6
+    basis = KrylovBasis(60, torch.float64, "cpu", storage=storage)
+    for index in range(count):
+        basis.append(columns[:, index])
+    stored = torch.stack([basis[i].to(torch.float64) for i in range(count)], dim=1)
+    vector = torch.randn(60, dtype=storage, generator=torch.Generator().manual_seed(2))
+    basis.next_row().copy_(vector)
+    wide = vector.to(torch.float64)
+    recent = stored[:, -2:]
+    remainder, coefficients = basis.clear_next(whole=False)
+    expected = wide - recent @ (recent.t() @ wide)
+    assert torch.allclose(remainder, expected, atol=atol, rtol=0)
+    assert torch.allclose(coefficients[-2:], recent.t() @ wide, atol=atol, rtol=0)
+    assert not coefficients[:-2].any()
+    assert basis.remainder_norm == pytest.approx(float(expected.norm()), rel=atol)
+    older = basis.reorthogonalise()
+    assert torch.allclose(remainder, wide - stored @ (stored.t() @ wide), atol=atol, rtol=0)
+    assert torch.allclose(older[:-2], stored[:, :-2].t() @ wide, atol=atol, rtol=0)
+    assert basis.remainder_norm == pytest.approx(float(remainder.norm()), rel=atol)
+
+
+def test_reorthogonalise_needs_a_cleared_vector() -> None:
+    basis, _columns = _filled(20, 3)
+    with pytest.raises(RuntimeError, match="follows clear_next"):
+        basis.reorthogonalise()
+    basis.next_row().fill_(1.0)
+    basis.clear_next(whole=False)
+    basis.commit(basis.remainder_norm)
+    with pytest.raises(RuntimeError, match="follows clear_next"):
+        basis.reorthogonalise()
