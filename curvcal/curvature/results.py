@@ -58,7 +58,7 @@ class EigenSpectrum:
 
     ``which="largest"``: λ1 ≥ λ2 ≥ … (largest algebraic first); ``which="smallest"``: the
     smallest algebraic first. ``method`` is ``"power"`` (with deflation for k > 1) or
-    ``"lanczos"`` (full reorthogonalisation). When power iteration needed a shift (the dominant
+    ``"lanczos"`` (partial reorthogonalisation). When power iteration needed a shift (the dominant
     eigenvalue had the wrong sign for the end asked for), ``shift`` is the σ used — the values
     are those of ``A − σI`` plus σ — and ``dominant`` holds the unshifted dominant eigenvalues
     (largest in magnitude) found first. ``engine`` names the Hessian-vector-product engine that

@@ -51,7 +51,8 @@ DENSITY_STEPS_REASON = (
 #: ``--loss``: cross-entropy, focal (with ``--gamma``), FLSD-53, or the loss recorded in the
 #: checkpoint's metadata (resolved to one of the others before any product).
 LOSSES = ("ce", "focal", "flsd53", "own")
-#: ``--method``: eigenvalues by power iteration or by Lanczos with full reorthogonalisation.
+#: ``--method``: eigenvalues by power iteration or by Lanczos with partial reorthogonalisation
+#: (Simon's ω recurrence).
 EIGEN_METHODS = ("power", "lanczos")
 #: ``--trace-method``: auto (Gauss–Newton where it is exact, else its exact Gauss–Newton part
 #: plus Hutch++ on the rest where that can run, else Hutch++), the Gauss–Newton trace (exact
@@ -105,7 +106,7 @@ class HessianSettings(Settings):
     )
     method: str | None = setting(
         None,
-        "Eigenvalue method (default: Lanczos with full reorthogonalisation).",
+        "Eigenvalue method (default: Lanczos, partially reorthogonalised).",
         choices=EIGEN_METHODS,
         policy=("eigen_method",),
         study=True,
