@@ -263,7 +263,7 @@ def _loaders() -> dict[str, Callable[[Path], tuple[Path, Callable[[], object]]]]
 
         folder = root / "tok"
         folder.mkdir()
-        return folder, lambda: load_tokenizer(folder, None)
+        return folder, lambda: load_tokenizer(folder, None, False, [])
 
     def image_folder(root: Path) -> tuple[Path, Callable[[], object]]:
         from curvcal.load.image_folder import load_image_folder
@@ -293,7 +293,7 @@ def _loaders() -> dict[str, Callable[[Path], tuple[Path, Callable[[], object]]]]
         from curvcal.load.architecture import build_architecture
 
         source = _write_module(root)
-        return source, lambda: build_architecture("py:inputs_factory_module:Net", {}, trust=True)
+        return source, lambda: build_architecture("py:inputs_factory_module:Net", {}, True, [])
 
     def digest(root: Path) -> tuple[Path, Callable[[], object]]:
         from curvcal.load.digest import file_info

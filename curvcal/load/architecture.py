@@ -25,15 +25,22 @@ from torch import nn
 
 from curvcal.errors import InputError, TrustError
 from curvcal.inputs import record_module
+from curvcal.load.library_limits import library_warnings
 from curvcal.load.limits import check_num_classes
 
 ARCH_OPTION = "--arch"
 KWARGS_OPTION = "--arch-kwargs"
 SCHEMES = ("tv", "timm", "hf", "curvcal", "py")
+#: the library that builds each scheme's models, as its warnings name it
+LIBRARIES = {"tv": "torchvision", "timm": "timm", "hf": "transformers", "curvcal": "curvcal"}
 
 
-def build_architecture(spec: str, kwargs: Mapping[str, Any], trust: bool) -> nn.Module:
-    """Construct the (randomly initialised) module named by ``spec`` with ``kwargs``."""
+def build_architecture(
+    spec: str, kwargs: Mapping[str, Any], trust: bool, notes: list[str]
+) -> nn.Module:
+    """Construct the (randomly initialised) module named by ``spec`` with ``kwargs``; what
+    the library (or the ``py:`` factory) warns about meanwhile is added to ``notes``
+    (:func:`~curvcal.load.library_limits.library_warnings`)."""
     factory, accepts = resolve_architecture(spec, trust)
     check_num_classes(kwargs, KWARGS_OPTION)
     if accepts is not None:
@@ -45,7 +52,8 @@ def build_architecture(spec: str, kwargs: Mapping[str, Any], trust: bool) -> nn.
                 f"it accepts: {', '.join(sorted(accepts)) or 'no keyword arguments'}",
             )
     try:
-        module = factory(**kwargs)
+        with library_warnings(LIBRARIES.get(spec.partition(":")[0], spec), notes):
+            module = factory(**kwargs)
     except TypeError as exc:
         raise InputError(
             KWARGS_OPTION, f"{spec} cannot be built with {dict(kwargs)}: {_one_line(exc)}"

@@ -25,7 +25,6 @@ a model type transformers has no sequence classifier for.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from curvcal.load.adapters import AdapterFolder
 from curvcal.load.extras import require
 from curvcal.load.hf import (
     CONFIG_NAME,
+    LOAD_REPORT,
     SAFETENSORS_INDEX,
     SAFETENSORS_NAME,
     LogitsModule,
@@ -45,6 +45,7 @@ from curvcal.load.hf import (
     no_prompt,
     read_json,
 )
+from curvcal.load.library_limits import library_warnings
 
 #: the module names peft's sequence-classification model saves as the classifier head
 #: (``PeftModelForSequenceClassification`` adds them to ``modules_to_save``)
@@ -137,21 +138,22 @@ def plan_classifier(
     )
 
 
-def build_classifier(plan: CausalBase, trust: bool) -> LogitsModule:
+def build_classifier(plan: CausalBase, trust: bool, notes: list[str]) -> LogitsModule:
     """The ``plan.classifier`` with the causal LM's weights (``lm_head`` dropped, the head left
-    for the adapter), through ``AutoModelForSequenceClassification.from_pretrained``."""
+    for the adapter), through ``AutoModelForSequenceClassification.from_pretrained``; what
+    transformers warns about beyond its load report (which :func:`_check_weights` reads) is
+    added to ``notes`` (:func:`~curvcal.load.library_limits.library_warnings`)."""
     transformers = require("hf", "transformers", str(plan.path))
     logging = transformers.utils.logging
-    verbosity, was_shown = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()  # its load report names lm_head and the head: we check them
+    was_shown = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()
+    said: list[str] = []
     try:
         with (
             no_prompt(),
-            warnings.catch_warnings(),
+            library_warnings("transformers", said),
             torch.random.fork_rng(devices=[]),  # the head's random start leaves no trace
         ):
-            warnings.simplefilter("ignore")
             model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
                 str(plan.path),
                 num_labels=plan.num_labels,
@@ -170,10 +172,11 @@ def build_classifier(plan: CausalBase, trust: bool) -> LogitsModule:
             "is transformers recent enough for this model?",
         ) from exc
     finally:
-        logging.set_verbosity(verbosity)
         if was_shown:
             logging.enable_progress_bar()
     _check_weights(plan, info)
+    # its load report names lm_head and the head, which _check_weights has checked
+    notes += [note for note in said if LOAD_REPORT not in note and note not in notes]
     return LogitsModule(model, "text")
 
 
@@ -272,7 +275,7 @@ def _pad_token(
 
     for folder, where in ((adapter_path, "adapter"), (base_path, "base")):
         if any((folder / name).is_file() for name in TOKENIZER_FILES):
-            tokenizer, _ = load_tokenizer(folder, None, trust)
+            tokenizer, _ = load_tokenizer(folder, None, trust, [])  # a probe for the pad id
             pad = getattr(tokenizer, "pad_token_id", None)
             if isinstance(pad, int):
                 return pad, f"the {where} folder's tokenizer"

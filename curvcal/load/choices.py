@@ -204,7 +204,10 @@ def load_choices(options: DataSettings, model: TextModel | None) -> LoadedData:
             f"row {row}: label {int(labels[row])} in column '{options.label_key}' is not the "
             f"index of one of its {n_choices} answers (0 to {n_choices - 1})",
         )
-    tokenizer, source = text.load_tokenizer(options.tokenizer, model, options.trust_checkpoint)
+    notes: list[str] = []  # what transformers warned about
+    tokenizer, source = text.load_tokenizer(
+        options.tokenizer, model, options.trust_checkpoint, notes
+    )
     if options.max_length is not None:
         max_length, length_source = options.max_length, "--max-length"
     else:
@@ -251,6 +254,7 @@ def load_choices(options: DataSettings, model: TextModel | None) -> LoadedData:
             "tokenizer": source,
             "tokenizer_class": type(tokenizer).__name__,
         },
+        warnings=tuple(notes),
     )
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from curvcal.errors import InputError
-from curvcal.load.loaded_model import ModuleFound
+from curvcal.load.library_limits import library_warnings
+from curvcal.load.loaded_model import LIBRARY_NOTES, ModuleFound, library_notes
 from curvcal.load.pickles import load_state_file
 from curvcal.load.state_dict import match_keys
 from curvcal.load.weights import refuse_unloadable
@@ -123,8 +124,10 @@ def load_folder(path: Path, options: CheckpointSettings) -> ModuleFound:
     if is_adapter_folder(path) and not is_model_folder(path):
         return _load_adapter(path, options)
     folder = read_folder(path)
+    notes: list[str] = []  # what the libraries warned about, said once by the run
     if folder.library == "timm":
-        module = build_folder_model(folder, options.trust_checkpoint)
+        with library_warnings(folder.library, notes):
+            module = build_folder_model(folder, options.trust_checkpoint)
         state = read_state(folder, lambda file: load_state_file(file, options))
         match = match_keys(state, module.state_dict())
         if not match.ok:
@@ -137,8 +140,8 @@ def load_folder(path: Path, options: CheckpointSettings) -> ModuleFound:
         for file in folder.weights:
             if file.suffix != ".safetensors":  # scanned, refused if it needs any global
                 load_state_file(file, options)
-        module = load_pretrained(folder, options.trust_checkpoint)
-    metadata = {"library": folder.library, **trainer_step(path)}
+        module = load_pretrained(folder, options.trust_checkpoint, notes)
+    metadata = {"library": folder.library, **trainer_step(path), **library_notes(notes)}
     if folder.custom_code:
         metadata["custom_code"] = ", ".join(folder.custom_code)
     return ModuleFound(
@@ -175,7 +178,8 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
     else:
         _refuse_base_without_head(base_path)
         base = load_folder(base_path, options.replace(base_model=None))
-    module, notes = apply_adapter(adapter, base.module, options.trust_checkpoint)
+    module, adapter_notes = apply_adapter(adapter, base.module, options.trust_checkpoint)
+    notes = [*base.metadata.get(LIBRARY_NOTES, "").splitlines(), *adapter_notes]
     trainable = [n for n, p in module.named_parameters() if p.requires_grad]
     metadata = {
         "library": "peft",
@@ -186,7 +190,7 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
         f"{sum(p.numel() for p in module.parameters() if p.requires_grad):,} elements",
         **built,
         **trainer_step(path),
-        **({"library_notes": "\n".join(notes)} if notes else {}),  # one line each
+        **library_notes(notes),
     }
     return ModuleFound(
         module=module,
@@ -218,9 +222,11 @@ def _causal_base(
         state = load_state_file(adapter.weights, options)
         shapes = {k: tuple(v.shape) for k, v in state.items()}
     plan = plan_classifier(adapter, base_path, shapes, options.trust_checkpoint)
+    notes: list[str] = []
     found = ModuleFound(
-        module=build_classifier(plan, options.trust_checkpoint),
+        module=build_classifier(plan, options.trust_checkpoint, notes),
         form="hf_folder",
+        metadata=library_notes(notes),
         architecture=plan.classifier,
         modality="text",
     )

@@ -44,6 +44,7 @@ from torch import nn
 from curvcal import jsontext
 from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
+from curvcal.load.library_limits import library_warnings
 from curvcal.load.limits import check_num_classes
 from curvcal.load.tensorfile import read_safetensors_metadata, read_safetensors_shapes
 from curvcal.paths import readable_file, readable_folder
@@ -148,7 +149,9 @@ def read_folder(path: Path, need_weights: bool = True) -> FolderModel:
 
 
 def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
-    """The (randomly initialised) module of ``folder``'s config, returning logits tensors."""
+    """The (randomly initialised) module of ``folder``'s config, returning logits tensors
+    (callers hold what the library warns about meanwhile, with
+    :func:`~curvcal.load.library_limits.library_warnings`)."""
     if folder.library == "timm":
         return build_timm(
             folder.architecture,
@@ -175,11 +178,13 @@ def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
     return LogitsModule(model, folder.modality)
 
 
-def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
+def load_pretrained(folder: FolderModel, trust: bool, notes: list[str]) -> nn.Module:
     """The transformers classifier of ``folder`` with its weights, through the library's own
     ``from_pretrained`` (local files only; it renames saved keys to the module's own names,
     as recent transformers versions do). Safetensors weights, or a ``pytorch_model.bin`` the
-    caller has checked needs no global beyond a weights-only load's."""
+    caller has checked needs no global beyond a weights-only load's. What the library warns
+    about is added to ``notes`` in curvcal's words (:func:`load_report_notes` for its load
+    report), never printed in its own format."""
     _refuse_before_transformers(folder, trust)
     transformers = require("hf", "transformers", str(folder.path))
     for file in folder.weights:  # a truncated or unreadable file, named before the library reads it
@@ -189,9 +194,10 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     bars = transformers.utils.logging
     was_shown = bars.is_progress_bar_enabled()
     bars.disable_progress_bar()  # curvcal's own progress goes to stderr; keep it the only one
+    said: list[str] = []
     try:
-        with no_prompt():
-            model = auto.from_pretrained(
+        with no_prompt(), library_warnings("transformers", said):
+            model, info = auto.from_pretrained(
                 str(folder.path),
                 local_files_only=True,
                 trust_remote_code=trust,
@@ -199,6 +205,7 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
                 # fused attention kernels have no second derivative or forward-mode rule; the
                 # library's eager attention computes the same function and every Hessian product
                 attn_implementation="eager",
+                output_loading_info=True,
             )
     except (ValueError, KeyError, OSError, ImportError, TypeError, RuntimeError) as exc:
         raise InputError(
@@ -209,7 +216,35 @@ def load_pretrained(folder: FolderModel, trust: bool) -> nn.Module:
     finally:
         if was_shown:
             bars.enable_progress_bar()
+    for note in [*load_report_notes(info), *(n for n in said if LOAD_REPORT not in n)]:
+        if note not in notes:
+            notes.append(note)
     return LogitsModule(model, folder.modality)
+
+
+#: the title of transformers' load report (a table of missing and unexpected keys), said
+#: instead by :func:`load_report_notes`
+LOAD_REPORT = "LOAD REPORT"
+
+
+def load_report_notes(info: Mapping[str, Any]) -> list[str]:
+    """What transformers' loading information (``output_loading_info=True``) says, in
+    curvcal's words: weights the model has and the files lack (initialised at random, so the
+    results depend on the seed), tensors of the files no parameter takes (ignored)."""
+    notes = []
+    missing = sorted(str(k) for k in info.get("missing_keys", ()))
+    unexpected = sorted(str(k) for k in info.get("unexpected_keys", ()))
+    if missing:
+        notes.append(
+            f"transformers: the checkpoint lacks {len(missing)} of the model's weights, "
+            f"initialised at random instead (the results depend on the seed): {_first(missing)}"
+        )
+    if unexpected:
+        notes.append(
+            f"transformers: the model takes none of {len(unexpected)} of the checkpoint's "
+            f"tensors, ignored: {_first(unexpected)}"
+        )
+    return notes
 
 
 def is_causal_lm(architecture: str) -> bool:
@@ -423,11 +458,19 @@ def pools_last_token(folder: FolderModel) -> bool:
 # --- helpers ---------------------------------------------------------------------------------
 
 
+def _first(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (
+        f" and {len(names) - shown} more" if len(names) > shown else ""
+    )
+
+
 def _refuse_before_transformers(folder: FolderModel, trust: bool) -> None:
     """What transformers must not be handed: ``model_args`` keys that make timm read another
     file (always), ``auto_map`` custom code (without ``trust``), and a config that asks for
-    more layers or wider ones than the folder's safetensors weights can fill
-    (:func:`~curvcal.load.library_limits.check_config_against_weights`)."""
+    more layers or wider ones than the folder's weights can fill, whatever their format
+    (:func:`~curvcal.load.library_limits.check_config_against_weights`), or, for a folder
+    without weights, more than the memory can hold
+    (:func:`~curvcal.load.library_limits.check_config_alone`)."""
     model_args = folder.config.get("model_args")
     if isinstance(model_args, Mapping):  # transformers' timm wrapper hands them to timm
         refuse_timm_file_keywords(model_args, f"{folder.path / CONFIG_NAME} (model_args)")
@@ -438,15 +481,32 @@ def _refuse_before_transformers(folder: FolderModel, trust: bool) -> None:
             "building the model would import and run",
             _TRUST_HINT,
         )
-    from curvcal.load.library_limits import check_config_against_weights
+    from curvcal.load.library_limits import check_config_against_weights, check_config_alone
+    from curvcal.load.limits import available_memory
 
-    shapes = [
+    config_file = folder.path / CONFIG_NAME
+    if folder.weights:
+        check_config_against_weights(config_file, folder.config, weight_shapes(folder.weights))
+    else:  # the weights are elsewhere (--arch hf:FOLDER): the config is all there is
+        check_config_alone(config_file, folder.config, available_memory())
+
+
+def weight_shapes(files: tuple[Path, ...]) -> list[tuple[int, ...]]:
+    """The shape of every tensor of a model folder's weight ``files``, none of them read: a
+    ``.safetensors`` file's (each shard's) from its header, a ``pytorch_model.bin``'s from a
+    weights-only load onto the ``meta`` device
+    (:func:`~curvcal.load.pickles.state_file_shapes`)."""
+    from curvcal.load.pickles import state_file_shapes
+
+    return [
         shape
-        for file in folder.weights
-        if file.suffix == ".safetensors"
-        for shape in read_safetensors_shapes(file)
+        for file in files
+        for shape in (
+            read_safetensors_shapes(file)
+            if file.suffix == ".safetensors"
+            else state_file_shapes(file)
+        )
     ]
-    check_config_against_weights(folder.path / CONFIG_NAME, folder.config, shapes)
 
 
 def _auto_name(folder: FolderModel) -> str:

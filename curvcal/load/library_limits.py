@@ -16,7 +16,10 @@ Three moments, one table (:data:`BOUNDS`, one row per key) and two checks agains
 - when transformers is about to build a model folder's config
   (:func:`check_config_against_weights`, called by the one gate every transformers build goes
   through, ``curvcal.load.hf._refuse_before_transformers``): its layer counts and widths
-  against the tensors its safetensors weights' headers list.
+  against the tensors its weights hold, read without reading a tensor (safetensors headers,
+  every shard's; a ``pytorch_model.bin`` loaded weights-only onto the ``meta`` device); for a
+  folder whose weights are elsewhere (``--arch hf:FOLDER``), the least memory its model needs
+  against the memory available (:func:`check_config_alone`).
 
 Why the patterns are timed rather than parsed: a rule on the pattern's shape (no repeat inside a
 repeat) still lets ``.*.*.*.*.*.*x`` take polynomial time of high degree, and a rule strict
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import re
 import subprocess
@@ -273,6 +277,49 @@ def check_config_against_weights(
                 )
 
 
+#: a model config's width keys, as the families name the hidden size
+HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+#: bytes per number transformers builds a model in (float32, its default dtype)
+BUILD_BYTES = 4
+
+
+def least_numbers(config: Mapping[str, Any]) -> tuple[int, tuple[str, ...]]:
+    """A floor on the numbers a transformers model built from ``config`` holds, and the keys
+    it was read from: ``L·h² + V·h`` for ``L`` layers (the first of :data:`LAYER_KEYS`
+    given), hidden size ``h`` (:data:`HIDDEN_KEYS`) and vocabulary ``V`` (``vocab_size``):
+    every layer holds at least its attention's ``h×h`` output projection, and the model its
+    ``V×h`` token embedding. Keys absent count 0 (no floor from them)."""
+    layers_key = next((k for k in LAYER_KEYS if _whole(config.get(k))), None)
+    hidden_key = next((k for k in HIDDEN_KEYS if _whole(config.get(k))), None)
+    vocab_key = "vocab_size" if _whole(config.get("vocab_size")) else None
+    layers = max(config[layers_key], 0) if layers_key else 0
+    hidden = max(config[hidden_key], 0) if hidden_key else 0
+    vocab = max(config[vocab_key], 0) if vocab_key else 0
+    keys = tuple(k for k in (layers_key, hidden_key, vocab_key) if k is not None)
+    return layers * hidden * hidden + vocab * hidden, keys
+
+
+def check_config_alone(config_file: Path, config: Mapping[str, Any], available: int | None) -> None:
+    """Refuse a model ``config`` (of ``config_file``, whose weights are not in its folder)
+    whose model needs, at the least (:func:`least_numbers`, in float32), more than the
+    ``available`` bytes of memory (None: unknown, nothing refused): building it would end
+    in an out-of-memory kill after minutes of allocation. Each key on its own is bounded as
+    it is everywhere (:func:`check_config`); this bounds their product."""
+    numbers, keys = least_numbers(config)
+    if available is None or numbers * BUILD_BYTES <= available:
+        return
+    raise InputError(
+        f"{config_file} ({', '.join(keys)})",
+        f"asks for a model of at least {numbers:,} numbers ({_gib(numbers * BUILD_BYTES)} in "
+        f"float32), more than the {_gib(available)} of memory available",
+        "is it the config the weights were saved with?",
+    )
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:,.1f} GiB"
+
+
 #: strings peft turns into regular expressions, and how it uses each: (key, template the value
 #: goes into, ``fullmatch`` or ``match``); lists and mapping keys give one pattern per entry
 _PATTERNS: tuple[tuple[str, str, str], ...] = (
@@ -444,18 +491,81 @@ def _time_patterns(where: str, patterns: list[list[str]], names: list[str]) -> N
             stream.close()
 
 
+#: the loggers of the libraries curvcal calls: their records are held back like their warnings
+#: (transformers' load report, "Some weights ... were not initialized", its ``Model config``
+#: line at info verbosity print through their own handlers otherwise)
+LIBRARY_LOGGERS = ("transformers", "peft", "huggingface_hub", "timm", "accelerate")
+
+
+class _HeldRecords(logging.Handler):
+    """A logging handler that keeps the records it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+#: ANSI escape sequences (transformers bolds the title of its load report)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@contextmanager
+def _held_logs() -> Iterator[_HeldRecords]:
+    """Route the records of :data:`LIBRARY_LOGGERS` at warning level and above to one held
+    handler for the block (no record reaches the libraries' own handlers, the root logger or
+    the terminal; records below warning are not even formatted), then restore each logger's
+    handlers, level and propagation. A logger its caller set above warning stays there."""
+    held = _HeldRecords()
+    saved = []
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers[:], logger.propagate, logger.level))
+        logger.handlers = [held]
+        logger.propagate = False
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield held
+    finally:
+        for logger, handlers, propagate, level in saved:
+            logger.handlers = handlers
+            logger.propagate = propagate
+            logger.setLevel(level)
+
+
+def _log_text(record: logging.LogRecord) -> str:
+    """A record's message on one line, without terminal colours or the table rules of
+    transformers' load report (runs of ``-``, ``+`` and ``|``)."""
+    text = _ANSI.sub("", record.getMessage())
+    text = re.sub(r"[-+|]{3,}", " ", text)
+    text = " ".join(re.sub(r"\s*\|\s*", " | ", text).strip(" |").split())
+    return text if len(text) <= _NOTE_LIMIT else text[: _NOTE_LIMIT - 3] + "..."
+
+
+#: the most characters of one library record said (a load report can list every weight)
+_NOTE_LIMIT = 300
+
+
 @contextmanager
 def library_warnings(library: str, notes: list[str]) -> Iterator[None]:
-    """Hold back the warnings ``library`` raises inside the block: when it ends normally each
-    is added to ``notes`` once, as ``"<library>: <message>"``, for the loader to pass on;
-    when it raises they are dropped (the error says what is wrong). ``FutureWarning`` and
-    ``DeprecationWarning`` (the libraries' notes to themselves) are dropped either way."""
-    with warnings.catch_warnings(record=True) as caught:
+    """Hold back what ``library`` warns about inside the block, through ``warnings.warn`` or
+    through its logger (:data:`LIBRARY_LOGGERS`: transformers logs "Some weights ... were
+    not initialized" and its load report rather than warning): when the block ends normally
+    each is added to ``notes`` once, on one line, as ``"<library>: <message>"`` (the logger's
+    library for a record), for the loader to pass on; when it raises they are dropped (the
+    error says what is wrong). ``FutureWarning`` and ``DeprecationWarning`` (the libraries'
+    notes to themselves) and records below warning level are dropped either way."""
+    with warnings.catch_warnings(record=True) as caught, _held_logs() as held:
         warnings.simplefilter("always")
         yield
-    for warning in caught:
-        if issubclass(warning.category, FutureWarning | DeprecationWarning):
-            continue
-        text = f"{library}: {one_line(warning.message)}"  # type: ignore[arg-type]
+    said = [
+        f"{library}: {one_line(warning.message)}"  # type: ignore[arg-type]
+        for warning in caught
+        if not issubclass(warning.category, FutureWarning | DeprecationWarning)
+    ]
+    said += [f"{record.name.split('.')[0]}: {_log_text(record)}" for record in held.records]
+    for text in said:
         if text not in notes:
             notes.append(text)

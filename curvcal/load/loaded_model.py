@@ -12,6 +12,15 @@ from torch import nn
 from curvcal.load.formats import dtype_name
 from curvcal.load.state_dict import infer_num_classes
 
+#: the metadata key of what the libraries warned about while loading, one line each
+#: (:func:`~curvcal.load.library_limits.library_warnings`), said once by the run
+LIBRARY_NOTES = "library_notes"
+
+
+def library_notes(notes: list[str]) -> dict[str, str]:
+    """``{LIBRARY_NOTES: notes one a line}`` for a loader's metadata; empty for no notes."""
+    return {LIBRARY_NOTES: "\n".join(dict.fromkeys(notes))} if notes else {}
+
 
 @dataclass(frozen=True)
 class ModuleFound:

@@ -117,17 +117,31 @@ def load_state_file(path: Path, options: CheckpointSettings) -> dict[str, torch.
     """The state dict in a ``torch.save`` file, through a weights-only load only (a model
     folder's ``pytorch_model.bin``: its globals are never trusted, whatever the options)."""
     allowed = import_globals(options.allow_global)
+    return _state_file(path, options.allow_global, allowed, "cpu")
+
+
+def state_file_shapes(path: Path) -> list[tuple[int, ...]]:
+    """The shape of every tensor of the state dict in a ``torch.save`` file, as
+    :func:`load_state_file` admits it with no global allowed (transformers' own weights-only
+    load admits none), its tensors placed on the ``meta`` device: a zip file's storages are
+    never read, a legacy file's are read once and dropped."""
+    return [tuple(tensor.shape) for tensor in _state_file(path, (), [], "meta").values()]
+
+
+def _state_file(
+    path: Path, allow_global: tuple[str, ...], allowed: list[Any], device: str
+) -> dict[str, torch.Tensor]:
     container = sniff(path)
     if container.kind not in ("torch-zip", "torch-legacy"):
         raise InputError(str(path), f"is a {container.kind} file, not torch.save weights")
-    scan = unsafe_globals(path, container, options.allow_global, allowed)
+    scan = unsafe_globals(path, container, allow_global, allowed)
     if scan.names:
         raise TrustError(
             str(path),
             f"needs {', '.join(scan.names)} to load, which a weights-only load refuses",
             "re-save the folder with safetensors (save_pretrained does by default)",
         )
-    obj = weights_only_load(path, allowed)
+    obj = weights_only_load(path, allowed, device)
     try:
         _key, state = find_state_dict(obj)
     except LookupError:
@@ -146,16 +160,17 @@ def _refusal_hint(names: tuple[str, ...], module_like: bool) -> str:
     return f"{TRUST_HINT}; if these are plain data classes you trust, {flags} admits them and runs no code from the file"
 
 
-def weights_only_load(path: Path, allowed: list[Any]) -> Any:
-    """``torch.load(weights_only=True)`` admitting ``allowed``, after the archive's sizes are
-    checked; a refusal is a :class:`TrustError`, a corrupt file an :class:`InputError`."""
+def weights_only_load(path: Path, allowed: list[Any], device: str = "cpu") -> Any:
+    """``torch.load(weights_only=True)`` admitting ``allowed``, tensors on ``device`` (``meta``:
+    shapes and dtypes only), after the archive's sizes are checked; a refusal is a
+    :class:`TrustError`, a corrupt file an :class:`InputError`."""
     check_zip_sizes(path)
     try:
         with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             # torch warns while validating a sparse tensor: the refusal of the layout says it
             warnings.simplefilter("ignore", UserWarning)
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as exc:
         if "weights only load failed" in str(exc).lower():
             refused = re.findall(r"GLOBAL ([\w.]+)", str(exc))

@@ -252,9 +252,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def load_tokenizer(
-    tokenizer: Path | None, model: TextModel | None, trust: bool = False
+    tokenizer: Path | None, model: TextModel | None, trust: bool, notes: list[str]
 ) -> tuple[Any, str]:
-    """The tokenizer of ``--tokenizer`` or of the model's folder, and where it came from.
+    """The tokenizer of ``--tokenizer`` or of the model's folder, and where it came from; what
+    transformers warns about while loading it is added to ``notes``, ``"<folder>: ..."``
+    (:func:`~curvcal.load.library_limits.library_warnings`).
 
     A folder whose ``config.json`` or ``tokenizer_config.json`` carries ``auto_map`` names
     tokenizer code that transformers would import and run: refused unless ``trust``
@@ -283,10 +285,12 @@ def load_tokenizer(
             str(folder), f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}...)", hint
         )
     from curvcal.load.hf import no_prompt
+    from curvcal.load.library_limits import library_warnings
 
     _refuse_tokenizer_code(folder, where, trust)
+    said: list[str] = []
     try:
-        with no_prompt(), rust_panics_as(str(folder)):
+        with no_prompt(), rust_panics_as(str(folder)), library_warnings("transformers", said):
             loaded = transformers.AutoTokenizer.from_pretrained(
                 str(folder), local_files_only=True, trust_remote_code=trust
             )
@@ -299,6 +303,7 @@ def load_tokenizer(
         raise InputError(
             str(folder), f"{where} holds no tokenizer ({_one_line(exc)})", hint
         ) from exc
+    notes += [f"{folder}: {note}" for note in said if f"{folder}: {note}" not in notes]
     return loaded, str(folder)
 
 

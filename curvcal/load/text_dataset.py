@@ -44,7 +44,10 @@ def load_text(options: DataSettings, model: TextModel | None) -> LoadedData:
         )
     raw_labels = text.text_column(columns, options.label_key, file, "--label-key")
     labels = text.text_labels(raw_labels, model.label2id if model else {}, file, options.label_key)
-    tokenizer, source = text.load_tokenizer(options.tokenizer, model, options.trust_checkpoint)
+    notes: list[str] = []  # what transformers warned about
+    tokenizer, source = text.load_tokenizer(
+        options.tokenizer, model, options.trust_checkpoint, notes
+    )
     if options.max_length is not None:
         max_length, length_source = options.max_length, "--max-length"
     else:
@@ -72,4 +75,5 @@ def load_text(options: DataSettings, model: TextModel | None) -> LoadedData:
             "tokenizer_class": type(tokenizer).__name__,
             **padding,
         },
+        warnings=tuple(notes),
     )

@@ -18,7 +18,7 @@ from torch import nn
 from curvcal.errors import InputError, one_line
 from curvcal.load.architecture import accepts_keyword, build_architecture
 from curvcal.load.formats import Container, safetensors_metadata
-from curvcal.load.loaded_model import ModuleFound
+from curvcal.load.loaded_model import ModuleFound, library_notes
 from curvcal.load.metadata import ARCH_METADATA_KEY, recorded_arch_kwargs
 from curvcal.load.state_dict import infer_num_classes, match_keys, unloadable_tensors
 from curvcal.settings.checkpoint import CheckpointSettings
@@ -88,7 +88,9 @@ def from_state_dict(
         if inferred is not None:
             kwargs["num_classes"] = inferred
             metadata["num_classes_source"] = "inferred from the last 2-D weight"
-    module = build_architecture(arch, kwargs, options.trust_checkpoint)
+    notes: list[str] = []
+    module = build_architecture(arch, kwargs, options.trust_checkpoint, notes)
+    metadata.update(library_notes(notes))
     match = match_keys(state, module.state_dict())
     if not match.ok:
         hint = "check --arch, --arch-kwargs, --num-classes and --state-dict-key"

@@ -89,6 +89,7 @@ class Session:
         torchrun every rank's must be the same file (:func:`~curvcal.distributed.agree`)."""
         from curvcal.distributed import agree
         from curvcal.load.checkpoint import load_model
+        from curvcal.load.loaded_model import LIBRARY_NOTES
         from curvcal.pipeline.agreement import model_fingerprint
 
         if path not in self._models:
@@ -99,7 +100,7 @@ class Session:
             agree("checkpoint", lambda: model_fingerprint(loaded))  # before any rank shards or sums
             if "classifier_built" in loaded.metadata and self.is_main:  # from a causal LM
                 self.reporter.warn(loaded.metadata["classifier_built"])
-            notes = loaded.metadata.get("library_notes", "")  # held back by the loader
+            notes = loaded.metadata.get(LIBRARY_NOTES, "")  # held back by the loader
             for note in notes.splitlines() if self.is_main else ():
                 self.reporter.warn(f"{path}: {note}")
             if options.shard_model != "none":
