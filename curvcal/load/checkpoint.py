@@ -38,9 +38,9 @@ from curvcal.load.device import resolve_device, resolve_dtype
 from curvcal.load.folders import is_folder, load_folder
 from curvcal.load.formats import refuse_foreign_folder, sniff
 from curvcal.load.loaded_model import LoadedModel, ModuleFound, place
-from curvcal.load.pickles import import_globals, load_pickle, refuse_plain_pickle
+from curvcal.load.pickles import import_globals, refuse_plain_pickle
 from curvcal.load.programs import load_exported, load_torchscript
-from curvcal.load.weights import load_safetensors
+from curvcal.load.weights import load_pickle, load_safetensors
 from curvcal.settings.checkpoint import CheckpointSettings
 
 FORMS = (

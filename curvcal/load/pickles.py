@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.allowlist import allowed_classes, could_be_allowed
 from curvcal.load.formats import (
-    Container,
     PickleGlobals,
     plain_pickle_globals,
     sniff,
@@ -29,9 +27,7 @@ from curvcal.load.formats import (
     unsafe_globals,
 )
 from curvcal.load.limits import check_zip_sizes
-from curvcal.load.loaded_model import ModuleFound
-from curvcal.load.state_dict import find_state_dict, is_state_dict, scalar_extras, top_level_keys
-from curvcal.load.weights import from_state_dict
+from curvcal.load.state_dict import find_state_dict, is_state_dict
 from curvcal.settings.checkpoint import CheckpointSettings
 
 TRUST_HINT = "pass --trust-checkpoint only if you trust the file's source"
@@ -67,50 +63,6 @@ def outside_torch_allowlist(names: tuple[str, ...]) -> tuple[str, ...]:
     """The ``names`` that torch's weights-only unpickler does not admit."""
     safe = torch_safe_globals()
     return tuple(name for name in names if name not in safe)
-
-
-def load_pickle(
-    path: Path, container: Container, options: CheckpointSettings, allowed: list[Any]
-) -> ModuleFound:
-    """A pickled module, or the state dict in a pickle (under ``--state-dict-key`` or a
-    wrapper key such as ``state_dict``) loaded into ``--arch``."""
-    scan = unsafe_globals(path, container, options.allow_global, allowed)
-    if scan.names and not options.trust_checkpoint:
-        module_like = is_module_like(scan)
-        what = f"is a pickled {scan.top_level} object" if module_like else "is a pickle"
-        raise TrustError(
-            str(path),
-            f"{what} that needs {', '.join(scan.names)} to load, which a weights-only load refuses "
-            "and a full unpickling could use to run code",
-            _refusal_hint(scan.names, module_like),
-        )
-    # With trust and globals outside the allowlist, the full unpickler; otherwise weights-only.
-    obj = _full_load(path) if scan.names else weights_only_load(path, allowed)
-    if isinstance(obj, nn.Module):
-        return ModuleFound(module=obj, form="pickled_module")
-    try:
-        key, state = find_state_dict(obj, options.state_dict_key)
-    except KeyError:
-        keys = ", ".join(top_level_keys(obj)[:20]) or "none: the file holds no mapping"
-        raise InputError(
-            "--state-dict-key", f"{options.state_dict_key!r} is not a key of {path} (keys: {keys})"
-        ) from None
-    except LookupError:
-        keys = ", ".join(top_level_keys(obj)[:20])
-        raise InputError(
-            str(path),
-            f"holds a {type_name(obj)} with no state dict"
-            + (f" (top-level keys: {keys})" if keys else ""),
-            "name the key holding the weights with --state-dict-key",
-        ) from None
-    extras = scalar_extras(obj, key)
-    if isinstance(state, nn.Module):
-        return ModuleFound(state, "pickled_module", state_dict_key=key, metadata=extras)
-    if not is_state_dict(state):
-        raise InputError(str(path), f"the value under {key!r} is not a state dict (str -> tensor)")
-    return from_state_dict(
-        path, "state_dict", state, key, options.arch, dict(options.keywords), options, extras
-    )
 
 
 def load_state_file(path: Path, options: CheckpointSettings) -> dict[str, torch.Tensor]:
@@ -151,7 +103,7 @@ def _state_file(
     return dict(state)
 
 
-def _refusal_hint(names: tuple[str, ...], module_like: bool) -> str:
+def refusal_hint(names: tuple[str, ...], module_like: bool) -> str:
     """The trust hint, plus ``--allow-global`` only when every refused global could be a plain
     data class (never for whole modules, functions or anything from a denied module)."""
     if module_like or not all(could_be_allowed(name) for name in names):
@@ -201,7 +153,7 @@ def weights_only_load(path: Path, allowed: list[Any], device: str = "cpu") -> An
         ) from exc
 
 
-def _full_load(path: Path) -> Any:
+def full_load(path: Path) -> Any:
     """Full unpickling: runs code from the file. Only reached with ``trust``; the archive's
     sizes are checked first, as for a weights-only load."""
     check_zip_sizes(path)

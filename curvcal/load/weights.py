@@ -1,5 +1,6 @@
-"""Weights into the module they belong to: a state dict (from a pickle or a safetensors file)
-loaded into the architecture that ``--arch``, or the file's own metadata, names.
+"""Weights into the module they belong to: a state dict (from a pickle, scanned and loaded by
+:mod:`curvcal.load.pickles`, or a safetensors file) loaded into the architecture that
+``--arch``, or the file's own metadata, names; a pickled module as it is.
 
 The architecture's ``num_classes`` is ``--num-classes``, else the row count of the last 2-D
 weight when the architecture takes that keyword. The keys must match the module's after a
@@ -15,13 +16,72 @@ from typing import Any
 import torch
 from torch import nn
 
-from curvcal.errors import InputError, one_line
+from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.architecture import accepts_keyword, build_architecture
-from curvcal.load.formats import Container, safetensors_metadata
+from curvcal.load.formats import Container, safetensors_metadata, unsafe_globals
 from curvcal.load.loaded_model import ModuleFound, library_notes
 from curvcal.load.metadata import ARCH_METADATA_KEY, recorded_arch_kwargs
-from curvcal.load.state_dict import infer_num_classes, match_keys, unloadable_tensors
+from curvcal.load.pickles import (
+    full_load,
+    is_module_like,
+    refusal_hint,
+    type_name,
+    weights_only_load,
+)
+from curvcal.load.state_dict import (
+    find_state_dict,
+    infer_num_classes,
+    is_state_dict,
+    match_keys,
+    scalar_extras,
+    top_level_keys,
+    unloadable_tensors,
+)
 from curvcal.settings.checkpoint import CheckpointSettings
+
+
+def load_pickle(
+    path: Path, container: Container, options: CheckpointSettings, allowed: list[Any]
+) -> ModuleFound:
+    """A pickled module, or the state dict in a pickle (under ``--state-dict-key`` or a
+    wrapper key such as ``state_dict``) loaded into ``--arch``."""
+    scan = unsafe_globals(path, container, options.allow_global, allowed)
+    if scan.names and not options.trust_checkpoint:
+        module_like = is_module_like(scan)
+        what = f"is a pickled {scan.top_level} object" if module_like else "is a pickle"
+        raise TrustError(
+            str(path),
+            f"{what} that needs {', '.join(scan.names)} to load, which a weights-only load refuses "
+            "and a full unpickling could use to run code",
+            refusal_hint(scan.names, module_like),
+        )
+    # With trust and globals outside the allowlist, the full unpickler; otherwise weights-only.
+    obj = full_load(path) if scan.names else weights_only_load(path, allowed)
+    if isinstance(obj, nn.Module):
+        return ModuleFound(module=obj, form="pickled_module")
+    try:
+        key, state = find_state_dict(obj, options.state_dict_key)
+    except KeyError:
+        keys = ", ".join(top_level_keys(obj)[:20]) or "none: the file holds no mapping"
+        raise InputError(
+            "--state-dict-key", f"{options.state_dict_key!r} is not a key of {path} (keys: {keys})"
+        ) from None
+    except LookupError:
+        keys = ", ".join(top_level_keys(obj)[:20])
+        raise InputError(
+            str(path),
+            f"holds a {type_name(obj)} with no state dict"
+            + (f" (top-level keys: {keys})" if keys else ""),
+            "name the key holding the weights with --state-dict-key",
+        ) from None
+    extras = scalar_extras(obj, key)
+    if isinstance(state, nn.Module):
+        return ModuleFound(state, "pickled_module", state_dict_key=key, metadata=extras)
+    if not is_state_dict(state):
+        raise InputError(str(path), f"the value under {key!r} is not a state dict (str -> tensor)")
+    return from_state_dict(
+        path, "state_dict", state, key, options.arch, dict(options.keywords), options, extras
+    )
 
 
 def load_safetensors(path: Path, container: Container, options: CheckpointSettings) -> ModuleFound:
