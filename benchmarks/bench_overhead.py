@@ -99,7 +99,7 @@ def gradient_pass(load: Workload) -> Callable[[], None]:
     params = [p for p in load.model.parameters() if p.requires_grad]
 
     def run() -> None:
-        for x, y in load.batches:
+        for x, y in load.datasets.batches:
             torch.autograd.grad(loss.sum(load.model(x), y), params)
 
     return run
@@ -107,7 +107,7 @@ def gradient_pass(load: Workload) -> Callable[[], None]:
 
 def kernel(load: Workload, keep_graphs: str) -> Callable[[], float]:
     """The least of three products of one fixed vector, after a warm-up product."""
-    operator = HessianOperator(load.model, load.batches, keep_graphs=keep_graphs)
+    operator = HessianOperator(load.model, load.datasets.batches, keep_graphs=keep_graphs)
     vector = torch.randn(load.n_params, generator=torch.Generator().manual_seed(0))
     operator.matvec(vector)
 
@@ -147,7 +147,7 @@ def lambda_run(load: Workload, tol: float, seed: int) -> RunTimes:
     """λmax as ``curvcal hessian`` runs it, with the seconds inside products measured."""
     spent = [0.0]
     began = time.perf_counter()
-    operator = HessianOperator(load.model, load.batches)
+    operator = HessianOperator(load.model, load.datasets.batches)
     for name in ("matvec_into", "matmat"):
         method = getattr(operator, name)
 

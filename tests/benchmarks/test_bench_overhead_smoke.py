@@ -45,7 +45,7 @@ def test_quick_run_reports_the_run_beside_its_kernel(
     # the λmax the run reports is the Hessian's (ARPACK on the float64 operator)
     load = bench.workload("digits-cnn", quick=True)
     reference, _second, _used = load_bench("bench_hessian").arpack_reference(
-        load.model, load.batches
+        load.model, load.datasets.batches
     )
     assert digits["run"]["value"] == pytest.approx(reference, rel=1e-3)
     table = capsys.readouterr().out

@@ -22,7 +22,7 @@ pytest.importorskip("peft")
 from hf_decoder_builders import copy_adapter
 
 from curvcal.errors import InputError
-from curvcal.load.library_limits import (
+from curvcal.load.models.library_limits import (
     MAX_INIT_ITERATIONS,
     MAX_LISTED,
     MAX_RANK,
@@ -419,7 +419,7 @@ def test_library_log_records_are_held_and_dropped_on_failure(
 
     import transformers
 
-    from curvcal.load.library_limits import library_warnings
+    from curvcal.load.models.library_limits import library_warnings
 
     library = transformers.utils.logging
     library.set_verbosity_info()  # as TRANSFORMERS_VERBOSITY=info does
@@ -481,7 +481,7 @@ def test_every_weight_format_bounds_the_layers_and_widths(
     (200,000 ran past 60 s)."""
     from safetensors.torch import load_file
 
-    from curvcal.load.hf import weight_shapes
+    from curvcal.load.models.hf import weight_shapes
 
     truth = sorted(tuple(t.shape) for t in load_file(files.base / "model.safetensors").values())
     folder = _resaved(files.base, tmp_path, form)
@@ -503,7 +503,7 @@ def test_every_weight_format_bounds_the_layers_and_widths(
 def test_a_config_alone_is_bounded_by_the_memory() -> None:
     """Weights elsewhere (``--arch hf:FOLDER``): the least a config's model holds,
     ``L·h² + V·h`` float32 numbers, against the memory available, at the border."""
-    from curvcal.load.library_limits import check_config_alone, least_numbers
+    from curvcal.load.models.library_limits import check_config_alone, least_numbers
 
     config = {"num_hidden_layers": 3, "hidden_size": 16, "vocab_size": 40}
     numbers = 3 * 16 * 16 + 40 * 16
