@@ -539,3 +539,22 @@ def test_an_arch_folder_asking_for_more_than_the_memory_is_refused(
     _refused(run_cli, ["calibrate", tmp_path / "w.pt", "--arch", f"hf:{folder}", "--data",
                        files.jsonl, "--tokenizer", files.base], folder / "config.json",
              "num_hidden_layers, hidden_size, vocab_size", "more than the")  # fmt: skip
+
+
+def test_a_library_set_up_inside_the_hold_keeps_its_handler() -> None:
+    """A library imported for the first time inside the hold adds its own handler then (as
+    transformers does on import): the hold leaves that set-up in place rather than removing
+    it with its own, so the library's later records outside any hold still have a handler."""
+    import logging
+
+    from curvcal.load.models.library_limits import LIBRARY_LOGGERS, library_warnings
+
+    logger = logging.getLogger(LIBRARY_LOGGERS[-1])
+    before = logger.handlers[:]
+    own = logging.NullHandler()
+    try:
+        with library_warnings("x", []):
+            logger.addHandler(own)  # the library's import configures its logger
+        assert logger.handlers == [*before, own]
+    finally:
+        logger.removeHandler(own)

@@ -144,9 +144,12 @@ def _timm(name: str) -> Callable[..., Any]:
 def _hf(folder: str, trust: bool) -> Callable[..., Any]:
     from pathlib import Path
 
+    from curvcal.load.extras import require
     from curvcal.load.models.hf import build_folder_model, read_folder
 
     described = read_folder(Path(folder).expanduser(), need_weights=False)
+    if described.library == "transformers":  # imported before its warnings are held
+        require("hf", "transformers", f"{ARCH_OPTION} hf:{folder}")
 
     def build() -> Any:
         return build_folder_model(described, trust)

@@ -517,7 +517,9 @@ def _held_logs() -> Iterator[_HeldRecords]:
     """Route the records of :data:`LIBRARY_LOGGERS` at warning level and above to one held
     handler for the block (no record reaches the libraries' own handlers, the root logger or
     the terminal; records below warning are not even formatted), then restore each logger's
-    handlers, level and propagation. A logger its caller set above warning stays there."""
+    handlers, level and propagation. A logger its caller set above warning stays there. A
+    library first imported inside the block sets its logger up then, and that set-up stands
+    (its handler added to the restored ones): callers import the library before the block."""
     held = _HeldRecords()
     saved = []
     for name in LIBRARY_LOGGERS:
@@ -530,9 +532,11 @@ def _held_logs() -> Iterator[_HeldRecords]:
         yield held
     finally:
         for logger, handlers, propagate, level in saved:
-            logger.handlers = handlers
-            logger.propagate = propagate
-            logger.setLevel(level)
+            set_up = [handler for handler in logger.handlers if handler is not held]
+            logger.handlers = [*handlers, *set_up]
+            if not set_up:
+                logger.propagate = propagate
+                logger.setLevel(level)
 
 
 def _log_text(record: logging.LogRecord) -> str:
