@@ -8,8 +8,8 @@ vocabulary 8000; P = 17.6 M with the untied head) with random weights, on ``--ro
 rows, each a prompt of P tokens and ``--choices`` answers of ``--answer-tokens`` tokens.
 Every parameter is in the Hessian.
 
-- **packed**: curvcal's :class:`~curvcal.load.choice_scorer.ChoiceScorer` on
-  :meth:`~curvcal.load.choices.ChoiceDataset.collate`'s batches: one sequence per row (the
+- **packed**: curvcal's :class:`~curvcal.load.models.choice_scorer.ChoiceScorer` on
+  :meth:`~curvcal.load.texts.choices.ChoiceDataset.collate`'s batches: one sequence per row (the
   prompt once, then the answers), the head only at the positions predicting answer tokens;
 - **per answer** (the baseline, what an evaluation harness does): one sequence per (row,
   answer), the library's forward with full-vocabulary logits at every position, the answer
@@ -42,8 +42,8 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from curvcal.curvature import HessianOperator
-from curvcal.load.choice_scorer import ChoiceScorer
-from curvcal.load.choices import ChoiceDataset, ChoiceRow
+from curvcal.load.models.choice_scorer import ChoiceScorer
+from curvcal.load.texts.choices import ChoiceDataset, ChoiceRow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llama import Shape, fastest

@@ -4,7 +4,7 @@ after the descent from the probit minimum, on the bundled digits as ``calibrate`
 The problem is the one ``curvcal calibrate digits_cnn.safetensors --data curvcal:digits
 --method laplace --laplace-prior nll`` solves: the inputs of the bundled DigitsCNN's last
 ``nn.Linear`` (D = 32, K = 10, a bias: P = 330) on the bundled 797 digits, the fit split of
-``--val-split 0.5 --seed 0`` (398 rows, :func:`~curvcal.load.labels.stratified_split`). For each
+``--val-split 0.5 --seed 0`` (398 rows, :func:`~curvcal.load.datasets.labels.stratified_split`). For each
 structure (``full``, ``kron``) and predictive (``probit``, ``mc`` with ``--samples`` draws) two
 searches are timed, each from the folds' GGNs to the chosen δ:
 
@@ -54,7 +54,7 @@ def digits_problem() -> dict[str, Any]:
 
     from curvcal.assets import demo_checkpoint, demo_data
     from curvcal.load.checkpoint import load_model
-    from curvcal.load.labels import stratified_split
+    from curvcal.load.datasets.labels import stratified_split
     from curvcal.settings.checkpoint import CheckpointSettings
 
     model = load_model(demo_checkpoint(), CheckpointSettings(device="cpu")).module.eval()

@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from curvcal.curvature import HessianOperator, eigenvalues
-from curvcal.load.hf import LogitsModule
+from curvcal.load.models.hf import LogitsModule
 from curvcal.losses import loss_from_name
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -390,7 +390,7 @@ class _Watch:
         rank has printed its own, and exit with ``code``."""
         interrupt.discard()
         with contextlib.suppress(OSError):
-            # the real stderr, also while a tokenizer holds descriptor 2 (curvcal.load.text)
+            # the real stderr, also while a tokenizer holds descriptor 2 (curvcal.load.texts.text)
             os.write(interrupt.stderr_fd(), line.encode())
             # this rank's one line is out: what the C++ side may still print while the ranks
             # part (a store or gloo peer that left first: "Connection reset by peer") is not

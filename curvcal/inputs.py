@@ -4,7 +4,7 @@ The record is kept here, whoever opens what: :func:`curvcal.paths.readable_file`
 loader's file: checkpoints, tensor and logits files, tables, calibrators, policies, baselines,
 JSON configs of model folders) records the file it checked, a loader that hands a whole folder
 to a library (transformers, peft, a tokenizer, torchvision, an image folder, a saved dataset)
-records the folder with :func:`record`, and :func:`curvcal.load.digest.file_info` records what
+records the folder with :func:`record`, and :func:`curvcal.load.checkpoints.digest.file_info` records what
 it digests. Each entry keeps the role it was read in, the path as given, the resolved path,
 the ``(st_dev, st_ino)`` pair and whether it is a folder. A command also *declares* the inputs
 its options name (:func:`declare`, called by :func:`curvcal.commands.common.start`), so the

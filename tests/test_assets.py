@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import load_file
 
 from curvcal.assets import demo_checkpoint, demo_data
-from curvcal.load.batches import iter_batches
 from curvcal.load.data import load_dataset
-from curvcal.load.labels import check_labels
-from curvcal.load.tensorfile import read_safetensors_metadata
+from curvcal.load.datasets.batches import iter_batches
+from curvcal.load.datasets.labels import check_labels
+from curvcal.load.files.tensorfile import read_safetensors_metadata
 from curvcal.models import DigitsCNN
 from curvcal.settings.data import DataSettings
 

@@ -23,7 +23,7 @@ import torch
 import torchvision
 
 from curvcal.errors import InputError
-from curvcal.load.logits import load_logits
+from curvcal.load.scores.logits import load_logits
 
 # (file or folder name, how to make it, the format's name in the message, a word of the route)
 ONNX_BYTES = b"\x08\x07\x12\x07pytorch\x1a\x032.6"  # ir_version 7, producer "pytorch"

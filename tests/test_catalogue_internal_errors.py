@@ -564,7 +564,7 @@ def test_json_syntax_errors_stay_json_errors() -> None:
 
 
 def test_a_deep_jsonl_line_names_the_file_and_line(tmp_path: Path) -> None:
-    from curvcal.load.text import read_table
+    from curvcal.load.texts.text import read_table
 
     path = tmp_path / "rows.jsonl"
     path.write_text('{"text": "a", "label": 0}\n{"text": ' + DEEP + ', "label": 1}\n')
@@ -574,7 +574,7 @@ def test_a_deep_jsonl_line_names_the_file_and_line(tmp_path: Path) -> None:
 
 
 def test_a_label_of_10_to_the_30_in_jsonl_names_the_line(tmp_path: Path) -> None:
-    from curvcal.load.text import read_table
+    from curvcal.load.texts.text import read_table
 
     path = tmp_path / "rows.jsonl"
     path.write_text(f'{{"text": "a", "label": {10**30}}}\n')
@@ -796,7 +796,7 @@ def test_a_backtracking_tokenizer_regex_is_one_input_error(tmp_path: Path, capfd
     from tokenizers.pre_tokenizers import Split
     from transformers import PreTrainedTokenizerFast
 
-    from curvcal.load.text import tokenize
+    from curvcal.load.texts.text import tokenize
 
     backend = Tokenizer(WordLevel({"a": 0, "[UNK]": 1, "[PAD]": 2}, unk_token="[UNK]"))
     backend.pre_tokenizer = Split(Regex("(a|a)+$"), behavior="isolated")

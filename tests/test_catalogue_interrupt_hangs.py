@@ -517,7 +517,7 @@ def _caught(load: Callable[[], object]) -> BaseException | object:
 
 
 def test_a_named_pipe_as_an_arrow_member_of_a_saved_dataset_is_refused(tmp_path: Path) -> None:
-    from curvcal.load.text import read_table
+    from curvcal.load.texts.text import read_table
 
     folder = tmp_path / "saved"
     folder.mkdir()
@@ -528,7 +528,7 @@ def test_a_named_pipe_as_an_arrow_member_of_a_saved_dataset_is_refused(tmp_path:
 
 
 def test_a_named_pipe_as_a_jsonl_file_is_refused_as_what_it_is(tmp_path: Path) -> None:
-    from curvcal.load.text import read_table
+    from curvcal.load.texts.text import read_table
 
     os.mkfifo(tmp_path / "texts.jsonl")
     message = _refused_in_time(lambda: read_table(str(tmp_path / "texts.jsonl")), tmp_path)
@@ -540,8 +540,8 @@ def test_a_named_pipe_as_a_jsonl_file_is_refused_as_what_it_is(tmp_path: Path) -
 def test_a_named_pipe_as_an_image_of_a_folder_is_refused(tmp_path: Path) -> None:
     from PIL import Image
 
-    from curvcal.load.batches import iter_batches
     from curvcal.load.data import load_dataset
+    from curvcal.load.datasets.batches import iter_batches
     from curvcal.settings.data import DataSettings
 
     root = tmp_path / "images"

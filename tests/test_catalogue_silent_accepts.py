@@ -256,7 +256,7 @@ def test_memo_scan_follows_put_and_get_by_index() -> None:
     """Protocol 2 memo opcodes (BINPUT n / BINGET n, explicit indices) are followed too."""
     import io
 
-    from curvcal.load.formats import pickle_globals
+    from curvcal.load.files.formats import pickle_globals
 
     payload = (
         b"\x80\x02"

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from curvcal.load.architecture import tied_output_widths
+from curvcal.load.models.architecture import tied_output_widths
 from curvcal.models import DigitsCNN
 from curvcal.pipeline.calibration_warnings import missing_classes
 

@@ -173,28 +173,28 @@ def _loaders() -> dict[str, Callable[[Path], tuple[Path, Callable[[], object]]]]
         return path, lambda: load_model(path, CheckpointSettings(device="cpu"))
 
     def logits(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.logits import load_logits
+        from curvcal.load.scores.logits import load_logits
 
         path = root / "l.npz"
         np.savez(path, logits=np.eye(3, dtype=np.float32), labels=np.arange(3))
         return path, lambda: load_logits(path)
 
     def logits_table(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.logits import load_logits
+        from curvcal.load.scores.logits import load_logits
 
         path = root / "l.csv"
         path.write_text("logits_0,logits_1,label\n1,0,0\n0,1,1\n")
         return path, lambda: load_logits(path)
 
     def text_table(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.text import read_table
+        from curvcal.load.texts.text import read_table
 
         path = root / "t.jsonl"
         path.write_text('{"text": "a", "label": 0}\n')
         return path, lambda: read_table(str(path))
 
     def saved_dataset(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.text import read_table
+        from curvcal.load.texts.text import read_table
 
         folder = root / "saved"
         folder.mkdir()
@@ -223,7 +223,7 @@ def _loaders() -> dict[str, Callable[[Path], tuple[Path, Callable[[], object]]]]
         return path, lambda: load_calibrators(path)
 
     def model_folder(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.hf import read_folder
+        from curvcal.load.models.hf import read_folder
 
         folder = root / "hf"
         folder.mkdir()
@@ -231,7 +231,7 @@ def _loaders() -> dict[str, Callable[[Path], tuple[Path, Callable[[], object]]]]
         return folder, lambda: read_folder(folder)
 
     def adapter_folder(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.adapters import read_adapter
+        from curvcal.load.models.adapters import read_adapter
 
         folder = root / "adapter"
         folder.mkdir()
@@ -239,7 +239,7 @@ def _loaders() -> dict[str, Callable[[Path], tuple[Path, Callable[[], object]]]]
         return folder, lambda: read_adapter(folder)
 
     def base_named_by_option(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.adapters import AdapterFolder, base_folder
+        from curvcal.load.models.adapters import AdapterFolder, base_folder
 
         folder = root / "base"
         folder.mkdir()
@@ -248,7 +248,7 @@ def _loaders() -> dict[str, Callable[[Path], tuple[Path, Callable[[], object]]]]
         return folder, lambda: base_folder(adapter, folder)
 
     def base_named_by_adapter_config(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.adapters import AdapterFolder, base_folder
+        from curvcal.load.models.adapters import AdapterFolder, base_folder
 
         folder = root / "base"
         folder.mkdir()
@@ -259,14 +259,14 @@ def _loaders() -> dict[str, Callable[[Path], tuple[Path, Callable[[], object]]]]
 
     def tokenizer(root: Path) -> tuple[Path, Callable[[], object]]:
         pytest.importorskip("transformers")
-        from curvcal.load.text import load_tokenizer
+        from curvcal.load.texts.text import load_tokenizer
 
         folder = root / "tok"
         folder.mkdir()
-        return folder, lambda: load_tokenizer(folder, None)
+        return folder, lambda: load_tokenizer(folder, None, False, [])
 
     def image_folder(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.image_folder import load_image_folder
+        from curvcal.load.datasets.image_folder import load_image_folder
         from curvcal.settings.data import DataSettings
 
         folder = root / "images"
@@ -274,7 +274,7 @@ def _loaders() -> dict[str, Callable[[Path], tuple[Path, Callable[[], object]]]]
         return folder, lambda: load_image_folder(DataSettings(data=f"folder:{folder}"), None)
 
     def torchvision_root(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.torchvision_dataset import load_torchvision
+        from curvcal.load.datasets.torchvision_dataset import load_torchvision
         from curvcal.settings.data import DataSettings
 
         folder = root / "raw"
@@ -283,20 +283,20 @@ def _loaders() -> dict[str, Callable[[Path], tuple[Path, Callable[[], object]]]]
         return folder, lambda: load_torchvision(settings, None)
 
     def py_dataset(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.py_dataset import load_py_dataset
+        from curvcal.load.datasets.py_dataset import load_py_dataset
         from curvcal.settings.data import DataSettings
 
         settings = DataSettings(data="py:inputs_factory_module:make", trust_checkpoint=True)
         return _write_module(root), lambda: load_py_dataset(settings)
 
     def py_architecture(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.architecture import build_architecture
+        from curvcal.load.models.architecture import build_architecture
 
         source = _write_module(root)
-        return source, lambda: build_architecture("py:inputs_factory_module:Net", {}, trust=True)
+        return source, lambda: build_architecture("py:inputs_factory_module:Net", {}, True, [])
 
     def digest(root: Path) -> tuple[Path, Callable[[], object]]:
-        from curvcal.load.digest import file_info
+        from curvcal.load.checkpoints.digest import file_info
 
         folder = root / "anything"
         folder.mkdir()

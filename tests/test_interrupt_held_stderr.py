@@ -1,4 +1,4 @@
-"""Ctrl-C while the tokenizer's standard error is held (load.text.rust_panics_as) still says
+"""Ctrl-C while the tokenizer's standard error is held (load.texts.text.rust_panics_as) still says
 ``curvcal: interrupted`` on the real standard error."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent(
     import os, signal
     from curvcal import interrupt
     interrupt.install()
-    from curvcal.load.text import rust_panics_as
+    from curvcal.load.texts.text import rust_panics_as
     with interrupt.run_scope(), rust_panics_as("tokenizer"):
         os.kill(os.getpid(), signal.SIGINT)
         import time

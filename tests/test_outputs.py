@@ -91,9 +91,9 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
 
     for target in (
         "curvcal.load.checkpoint.load_model",
-        "curvcal.load.inspect.inspect_checkpoint",
+        "curvcal.load.checkpoints.inspect.inspect_checkpoint",
         "curvcal.load.data.load_dataset",
-        "curvcal.load.logits.load_logits",
+        "curvcal.load.scores.logits.load_logits",
         "curvcal.pipeline.calibrator.load_calibrators",
         "curvcal.policy.baseline.load_report",
     ):

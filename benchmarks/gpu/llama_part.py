@@ -247,7 +247,7 @@ def build(arch: Any, tokens: int, dtype: Any, device: Any) -> Any:
     import torch
     import transformers
 
-    from curvcal.load.hf import LogitsModule
+    from curvcal.load.models.hf import LogitsModule
 
     config = transformers.LlamaConfig(
         vocab_size=arch.vocab, hidden_size=arch.hidden, intermediate_size=arch.intermediate,

@@ -13,7 +13,7 @@ absolute on T, γ and every metric: the NLL fit's polish stops at |dN/d ln T| < 
 fixes T to about that. A map outside :data:`DEVICE_STAGES` runs on the CPU for the reason
 :data:`CPU_REASONS` gives, and a run on a device says so once.
 
-The commands check the device before any work (``curvcal.load.device.resolve_device``: a name
+The commands check the device before any work (``curvcal.load.checkpoints.device.resolve_device``: a name
 that is no device, or CUDA absent, exit 2); :func:`map_device` reads a name already checked,
 and refuses one torch cannot read (a call from Python).
 """

@@ -106,7 +106,7 @@ def calibrate(
 
 
 def _check_logits_path(path: Path, force: bool) -> None:
-    from curvcal.load.tensorfile import is_tensor_file
+    from curvcal.load.files.tensorfile import is_tensor_file
 
     if not is_tensor_file(path):
         raise click.BadParameter(

@@ -63,12 +63,12 @@ def data_inputs(option: str, spec: object, data_root: object = None) -> list[Nam
         return [("--data-root" if option.startswith("--") else "data_root", root)]
     if spec.startswith("py:"):
         return []
-    from curvcal.load.tensorfile import is_tensor_file
+    from curvcal.load.files.tensorfile import is_tensor_file
 
     path = Path(spec)
     if is_tensor_file(path):
         return [(option, path)]
-    from curvcal.load.text import TEXT_SUFFIXES, is_text_spec, split_spec
+    from curvcal.load.texts.text import TEXT_SUFFIXES, is_text_spec, split_spec
 
     if path.suffix.lower() in TEXT_SUFFIXES:
         return [(option, path)]
@@ -101,7 +101,7 @@ def checkpoint_inputs(
     from curvcal.errors import CurvcalError
 
     if base_model is None:
-        from curvcal.load.adapters import base_folder, is_adapter_folder, read_adapter
+        from curvcal.load.models.adapters import base_folder, is_adapter_folder, read_adapter
 
         # a missing or bad base: the loader reports it in its own words
         if is_adapter_folder(path):
@@ -109,8 +109,8 @@ def checkpoint_inputs(
                 named.append((f"{name}'s base model", base_folder(read_adapter(path), None)))
     if arch is not None or path.suffix.lower() != ".safetensors" or not path.is_file():
         return named
-    from curvcal.load.metadata import ARCH_METADATA_KEY
-    from curvcal.load.tensorfile import read_safetensors_metadata
+    from curvcal.load.checkpoints.metadata import ARCH_METADATA_KEY
+    from curvcal.load.files.tensorfile import read_safetensors_metadata
 
     try:
         metadata = read_safetensors_metadata(path)

@@ -23,7 +23,7 @@ def compare(new: Path, old: Path, policy_path: Path | None) -> int:
     \b
     Exit 0 when every bound holds, 1 when one fails, 2 for a bad file or policy.
     """
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
     from curvcal.pipeline.provenance import environment
     from curvcal.policy.baseline import (
         load_report,

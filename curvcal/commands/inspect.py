@@ -25,8 +25,8 @@ def inspect(checkpoint: Path, checkpoint_options: CheckpointSettings) -> int:
     Never runs code from the file: pickles are scanned opcode by opcode and only loaded
     weights-only when everything they need is allowlisted.
     """
-    from curvcal.load.digest import file_info
-    from curvcal.load.inspect import inspect_checkpoint
+    from curvcal.load.checkpoints.digest import file_info
+    from curvcal.load.checkpoints.inspect import inspect_checkpoint
     from curvcal.pipeline.provenance import environment
 
     start(inputs=[("CHECKPOINT", checkpoint)])

@@ -20,12 +20,12 @@ form                  written by                                  loading needs
 ====================  ==========================================  ===========================
 
 A state dict saved from a transformers model loads with ``--arch hf:FOLDER`` (the folder's
-``config.json``), one from timm with ``--arch timm:NAME`` (:mod:`curvcal.load.hf`).
+``config.json``), one from timm with ``--arch timm:NAME`` (:mod:`curvcal.load.models.hf`).
 
 Without trust every pickle goes through ``torch.load(weights_only=True)``
-(:mod:`curvcal.load.pickles`); nothing here ever falls back to an unsafe load by itself. The
+(:mod:`curvcal.load.files.pickles`); nothing here ever falls back to an unsafe load by itself. The
 loaded module is a fresh object in eval mode on the requested device and dtype.
-:mod:`curvcal.load.inspect` describes a checkpoint without loading it.
+:mod:`curvcal.load.checkpoints.inspect` describes a checkpoint without loading it.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ import dataclasses
 from pathlib import Path
 
 from curvcal.errors import InputError
-from curvcal.load.device import resolve_device, resolve_dtype
-from curvcal.load.folders import is_folder, load_folder
-from curvcal.load.formats import refuse_foreign_folder, sniff
-from curvcal.load.loaded_model import LoadedModel, ModuleFound, place
-from curvcal.load.pickles import import_globals, load_pickle, refuse_plain_pickle
-from curvcal.load.programs import load_exported, load_torchscript
-from curvcal.load.weights import load_safetensors
+from curvcal.load.checkpoints.device import resolve_device, resolve_dtype
+from curvcal.load.checkpoints.folders import is_folder, load_folder
+from curvcal.load.checkpoints.loaded_model import LoadedModel, ModuleFound, place
+from curvcal.load.checkpoints.programs import load_exported, load_torchscript
+from curvcal.load.checkpoints.weights import load_pickle, load_safetensors
+from curvcal.load.files.formats import refuse_foreign_folder, sniff
+from curvcal.load.files.pickles import import_globals, refuse_plain_pickle
 from curvcal.settings.checkpoint import CheckpointSettings
 
 FORMS = (

@@ -11,20 +11,20 @@ Spec forms (``--data SPEC``):
 ``py:pkg.mod:fn``          ``fn()`` returns a Dataset of ``(x, y)`` or a tuple ``(x, y)``;
                            runs your code, so it needs trust (``--trust-checkpoint``)
 ``curvcal:digits``         the bundled held-out split of scikit-learn's digits
-``PATH.jsonl|.csv|.parquet``  texts and labels for a text classifier (:mod:`curvcal.load.text`);
+``PATH.jsonl|.csv|.parquet``  texts and labels for a text classifier (:mod:`curvcal.load.texts.text`);
                            also a ``datasets`` ``save_to_disk`` folder, ``DIR[:split]``; for
                            a causal language model, multiple-choice rows
-                           (:mod:`curvcal.load.choices`)
+                           (:mod:`curvcal.load.texts.choices`)
 =========================  ==============================================================
 
 Image datasets are converted to ``[0, 1]`` tensors and normalised per channel,
 ``x' = (x - mean) / std``, with the preset of
-:data:`curvcal.load.preprocessing.NORMALISATION_PRESETS` unless ``mean`` or ``std`` is given.
+:data:`curvcal.load.datasets.preprocessing.NORMALISATION_PRESETS` unless ``mean`` or ``std`` is given.
 Tensor files and ``curvcal:digits`` are taken as stored (already preprocessed); a given
 ``mean``/``std`` is applied to them over dimension 1 (channels).
 
-Batches of a loaded dataset: :mod:`curvcal.load.batches`; its labels checked against a model
-and split: :mod:`curvcal.load.labels`.
+Batches of a loaded dataset: :mod:`curvcal.load.datasets.batches`; its labels checked against a model
+and split: :mod:`curvcal.load.datasets.labels`.
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ import torch
 from torch.utils.data import Subset
 
 from curvcal.errors import InputError
-from curvcal.load.image_folder import load_image_folder
-from curvcal.load.loaded_data import LoadedData
-from curvcal.load.py_dataset import load_py_dataset
-from curvcal.load.tensor_dataset import load_bundled, load_tensor_file
-from curvcal.load.tensorfile import is_tensor_file
-from curvcal.load.text_dataset import load_text
-from curvcal.load.torchvision_dataset import load_torchvision
+from curvcal.load.datasets.image_folder import load_image_folder
+from curvcal.load.datasets.loaded_data import LoadedData
+from curvcal.load.datasets.py_dataset import load_py_dataset
+from curvcal.load.datasets.tensor_dataset import load_bundled, load_tensor_file
+from curvcal.load.datasets.torchvision_dataset import load_torchvision
+from curvcal.load.files.tensorfile import is_tensor_file
+from curvcal.load.texts.text_dataset import load_text
 from curvcal.settings.data import NO_RESIZE, DataSettings
 
 if TYPE_CHECKING:
-    from curvcal.load.text import TextModel
+    from curvcal.load.texts.text import TextModel
 
 
 def load_dataset(
@@ -59,7 +59,7 @@ def load_dataset(
     """Resolve ``options.spec`` into a :class:`LoadedData`, checking it before any work.
 
     ``model_preprocessing`` is what the model expects
-    (:attr:`curvcal.load.loaded_model.LoadedModel.preprocessing`: ``mean``, ``std``,
+    (:attr:`curvcal.load.checkpoints.loaded_model.LoadedModel.preprocessing`: ``mean``, ``std``,
     ``input_size``, ``crop_pct``, ``source``): image datasets (``tv:``, ``folder:``) use it in
     place of their preset, and for resize/crop, when ``mean``/``std``/``resize``/``crop`` are
     not given. Tensor files are taken as already preprocessed and never use it.
@@ -74,7 +74,7 @@ def load_dataset(
     """
     _check_options(options)
     spec = options.spec
-    from curvcal.load.text import is_text_spec
+    from curvcal.load.texts.text import is_text_spec
 
     if spec.startswith("tv:"):
         data = load_torchvision(options, model_preprocessing)
@@ -85,7 +85,7 @@ def load_dataset(
     elif spec.startswith("curvcal:"):
         data = load_bundled(options)
     elif is_text_spec(spec) and text_model is not None and text_model.scores_choices:
-        from curvcal.load.choices import load_choices
+        from curvcal.load.texts.choices import load_choices
 
         data = load_choices(options, text_model)
     elif is_text_spec(spec):

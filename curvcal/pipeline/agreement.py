@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from curvcal.load.loaded_data import LoadedData
-    from curvcal.load.loaded_model import LoadedModel
+    from curvcal.load.checkpoints.loaded_model import LoadedModel
+    from curvcal.load.datasets.loaded_data import LoadedData
     from curvcal.settings.fields import Settings
 
 
@@ -39,7 +39,7 @@ def settings_fingerprint(settings: Iterable[Settings]) -> dict[str, Any]:
 
 def model_fingerprint(loaded: LoadedModel) -> dict[str, Any]:
     """The checkpoint's SHA-256 (its base folder's too, for an adapter), form and size."""
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
 
     return {
         "checkpoint sha256": file_info(loaded.path).sha256,
@@ -52,7 +52,7 @@ def model_fingerprint(loaded: LoadedModel) -> dict[str, Any]:
 def data_fingerprint(data: LoadedData, world_size: int) -> dict[str, Any]:
     """The data's files' SHA-256, N and the shard plan, K, and digests of the labels and of
     the strided samples (:func:`strided_indices`), whatever holds the data."""
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
 
     fingerprint: dict[str, Any] = {
         "files sha256": [file_info(path).sha256 for path in data.files],

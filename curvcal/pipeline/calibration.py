@@ -23,9 +23,9 @@ from curvcal.settings.scores import ScoresSettings
 if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
-    from curvcal.load.loaded_data import LoadedData
-    from curvcal.load.loaded_model import LoadedModel
-    from curvcal.load.logits import LogitsData
+    from curvcal.load.checkpoints.loaded_model import LoadedModel
+    from curvcal.load.datasets.loaded_data import LoadedData
+    from curvcal.load.scores.logits import LogitsData
     from curvcal.pipeline.calibrator import CalibratorFile, CalibratorProvenance
     from curvcal.pipeline.session import Session
     from curvcal.settings.checkpoint import CheckpointSettings
@@ -86,7 +86,7 @@ def analyse(
     nothing fitted; every stage measured on the evaluation rows only. ``features`` and
     ``fit_features``: the model's last-layer inputs of the same rows (Laplace), or ``None``."""
     from curvcal.calibration.analysis import analyse_calibration, analyse_val_split
-    from curvcal.load.labels import stratified_split
+    from curvcal.load.datasets.labels import stratified_split
 
     if fit is not None:
         return analyse_calibration(
@@ -160,7 +160,7 @@ def run_calibrate(
     the run (the other ranks return ``None``).
     """
     from curvcal.calibration.inputs import looks_like_probabilities
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
     from curvcal.pipeline.calibration_warnings import (
         analysis_warnings,
         missing_classes,
@@ -214,7 +214,7 @@ def run_calibrate(
     if logits.shape[1] == 1:
         warnings.insert(said, single_class_warning(str(request.checkpoint)))
     if request.files.save_logits is not None:
-        from curvcal.load.logits import save_logits
+        from curvcal.load.scores.logits import save_logits
 
         save_logits(request.files.save_logits, logits, labels)
 
@@ -320,7 +320,7 @@ def _calibrators_for(path: Path, loaded: LoadedModel) -> CalibratorFile:
     Laplace calibrator in it was not fitted on this checkpoint: it is a posterior over this
     model's last layer and acts on that layer's inputs, so the SHA-256 of the checkpoint it
     records must be this one's."""
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
     from curvcal.pipeline.calibrator import load_calibrator_file
 
     read = load_calibrator_file(path)
@@ -358,7 +358,7 @@ def _warn_in_sample(
     """A warning when ``calibrate --apply``'s calibrators were fitted on the data they are
     measured on (the first of its ``files`` is their fit data's): the fitted rows are then
     counted as evaluation rows. A warning, not a refusal: calibrate has no --apply-anyway."""
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
     from curvcal.pipeline.calibrator import fitted_on_these
 
     if applied.provenance is None or not files:
@@ -373,7 +373,7 @@ def _check_applied(
 ) -> None:
     """The classes, input kind and model recorded with ``calibrate --apply``'s calibrators
     must match the checkpoint's logits (every mismatch named in one line)."""
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
     from curvcal.pipeline.calibrator import provenance_mismatches
 
     saved = applied.provenance
@@ -471,9 +471,9 @@ def run_metrics(
     """Read the scores (and the fit file or saved calibrators), then fit and measure the maps,
     or measure the saved calibrators, as ``settings`` ask (``settings.method`` resolved)."""
     from curvcal.calibration.analysis import evaluate_calibrators
-    from curvcal.load.device import resolve_device
-    from curvcal.load.digest import file_info
-    from curvcal.load.logits import load_logits
+    from curvcal.load.checkpoints.device import resolve_device
+    from curvcal.load.checkpoints.digest import file_info
+    from curvcal.load.scores.logits import load_logits
     from curvcal.pipeline.calibration_warnings import analysis_warnings
     from curvcal.pipeline.calibrator import CalibratorProvenance
     from curvcal.pipeline.provenance import environment
@@ -596,7 +596,7 @@ def _applied_calibrators(
     no provenance is a warning."""
     from dataclasses import asdict
 
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
     from curvcal.pipeline.calibrator import load_calibrator_file, provenance_mismatches
 
     assert request.scores.apply is not None
@@ -685,7 +685,7 @@ def _refuse_fit_on_itself(
     """Refuse a fit split that is the evaluation data itself (the same spec or file, or a file
     with the same bytes): maps fitted and measured on the same rows look better than they are,
     and the report would present an in-sample number as a held-out one."""
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
 
     first, second = Path(evaluated), Path(fitted)
     same = str(evaluated) == str(fitted)
@@ -703,7 +703,7 @@ def _refuse_fit_on_itself(
 
 def _describe(path: Path, data: LogitsData, warnings: list[str]) -> dict[str, Any]:
     """The file's provenance and shape; rows left out by --nan-policy drop add a warning."""
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
     from curvcal.pipeline.calibration_warnings import missing_classes
     from curvcal.pipeline.compatibility import single_class_warning
     from curvcal.pipeline.session import dropped_warning

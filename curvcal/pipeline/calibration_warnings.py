@@ -68,7 +68,7 @@ def analysis_warnings(
     so the map is not the fit it claims to be), any infinite NLL (a true class given
     probability 0: by rounded probabilities, or by a binning or isotonic map where its fit
     split had no row of that class), and a ``max_samples`` subset of the data
-    (``data_subset``, :attr:`LoadedData.subset <curvcal.load.loaded_data.LoadedData.subset>`)
+    (``data_subset``, :attr:`LoadedData.subset <curvcal.load.datasets.loaded_data.LoadedData.subset>`)
     that the validation split then divides again (named ``subset_named``, default the
     ``max_samples`` setting as messages name settings now)."""
     messages: list[str] = []

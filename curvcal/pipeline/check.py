@@ -66,8 +66,8 @@ if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
     from curvcal.curvature.results import HessianAnalysis
-    from curvcal.load.loaded_data import LoadedData
-    from curvcal.load.loaded_model import LoadedModel
+    from curvcal.load.checkpoints.loaded_model import LoadedModel
+    from curvcal.load.datasets.loaded_data import LoadedData
     from curvcal.pipeline.session import Session
 
 
@@ -331,7 +331,7 @@ def check_checkpoint(request: CheckRequest, reporter: Reporter) -> CheckRun:
     """Read the baseline, measure and judge the policy (progress on ``reporter``), and build
     the report; warnings (the run's, and settings the baseline was computed with differently)
     go to ``reporter``."""
-    from curvcal.load.digest import file_info
+    from curvcal.load.checkpoints.digest import file_info
     from curvcal.pipeline.provenance import environment
     from curvcal.policy.baseline import (
         load_report,
@@ -569,7 +569,7 @@ def _model(session: Session, checkpoint: Path, need: Needs) -> LoadedModel:
 
 def _holds_logits(path: Path) -> bool:
     """Whether ``path`` reads as a logits file (scores and labels)."""
-    from curvcal.load.logits import load_logits
+    from curvcal.load.scores.logits import load_logits
 
     try:
         load_logits(path)

@@ -16,8 +16,8 @@ from curvcal.errors import InputError
 
 if TYPE_CHECKING:
     from curvcal.console import Reporter
-    from curvcal.load.loaded_data import LoadedData
-    from curvcal.load.loaded_model import LoadedModel
+    from curvcal.load.checkpoints.loaded_model import LoadedModel
+    from curvcal.load.datasets.loaded_data import LoadedData
 
 
 def check_compatible(loaded: LoadedModel, data: LoadedData, option: str = "--data") -> int:
@@ -28,8 +28,8 @@ def check_compatible(loaded: LoadedModel, data: LoadedData, option: str = "--dat
     ``option SPEC`` when the model cannot run on the inputs, does not return ``(1, K)`` logits,
     or K does not cover the labels. Costs one forward pass of one sample.
     """
-    from curvcal.load.batches import first_input
-    from curvcal.load.labels import check_labels
+    from curvcal.load.datasets.batches import first_input
+    from curvcal.load.datasets.labels import check_labels
     from curvcal.pipeline.inference import check_model_runs
 
     where = f"{loaded.path} on {option} {data.spec}"
@@ -55,12 +55,12 @@ def check_compatible(loaded: LoadedModel, data: LoadedData, option: str = "--dat
 
 def check_tied_head(loaded: LoadedModel, data: LoadedData, n_outputs: int, where: str) -> None:
     """Refuse a class count inferred from a head tied to the input embedding when the labels
-    do not reach it: that width is the vocabulary's (:func:`~curvcal.load.architecture.
+    do not reach it: that width is the vocabulary's (:func:`~curvcal.load.models.architecture.
     tied_output_widths`), so the model was built with a guessed class count; ``--num-classes``
     (or ``num_classes`` in ``--arch-kwargs``) says the real one. A count the user gave, or
     labels that use every output, pass."""
-    from curvcal.load.architecture import tied_output_widths
-    from curvcal.load.labels import as_labels
+    from curvcal.load.datasets.labels import as_labels
+    from curvcal.load.models.architecture import tied_output_widths
 
     if "num_classes_source" not in loaded.metadata:  # not inferred: given, or built in
         return

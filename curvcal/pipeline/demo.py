@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from curvcal.calibration.analysis import CalibrationAnalysis
     from curvcal.console import Reporter
     from curvcal.curvature.results import HessianAnalysis
-    from curvcal.load.loaded_data import LoadedData
+    from curvcal.load.datasets.loaded_data import LoadedData
     from curvcal.pipeline.check import CheckResult
     from curvcal.policy.parse import Policy
     from curvcal.settings.calibration import CalibrationSettings
@@ -74,8 +74,8 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun | None:
     from curvcal.assets import demo_checkpoint, demo_data, demo_policy
     from curvcal.calibration.metrics import accuracy as top1_accuracy
     from curvcal.calibration.metrics import mean_confidence
-    from curvcal.load.digest import file_info
-    from curvcal.load.inspect import inspect_checkpoint
+    from curvcal.load.checkpoints.digest import file_info
+    from curvcal.load.checkpoints.inspect import inspect_checkpoint
     from curvcal.pipeline.provenance import environment
     from curvcal.pipeline.session import open_session
     from curvcal.settings.checkpoint import CheckpointSettings

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     import torch
 
     from curvcal.calibration.laplace import HeadFeatures
-    from curvcal.load.loaded_data import LoadedData
-    from curvcal.load.loaded_model import LoadedModel
+    from curvcal.load.checkpoints.loaded_model import LoadedModel
+    from curvcal.load.datasets.loaded_data import LoadedData
 
 _REMEDY = "--method laplace needs a model whose logits are the output of its final nn.Linear"
 
@@ -71,7 +71,7 @@ def head_features(
 
     from curvcal.calibration.laplace import HeadFeatures
     from curvcal.distributed import gather_rows
-    from curvcal.load.logits import nonfinite_rows
+    from curvcal.load.scores.logits import nonfinite_rows
 
     layer = f"the last nn.Linear ({capture.name})"
     count = sum(int(x.shape[0]) for x in capture.inputs if x.ndim == 2)

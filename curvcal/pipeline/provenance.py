@@ -1,4 +1,4 @@
-"""Where numbers came from: the software and the machine (file digests: :mod:`curvcal.load.digest`)."""
+"""Where numbers came from: the software and the machine (file digests: :mod:`curvcal.load.checkpoints.digest`)."""
 
 from __future__ import annotations
 

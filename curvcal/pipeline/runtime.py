@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
     from curvcal.console import StepCallback
     from curvcal.distributed import DistContext
-    from curvcal.load.loaded_data import LoadedData
-    from curvcal.load.loaded_model import LoadedModel
+    from curvcal.load.checkpoints.loaded_model import LoadedModel
+    from curvcal.load.datasets.loaded_data import LoadedData
 
 
 @contextmanager
@@ -35,7 +35,7 @@ def distributed_run(device_option: str) -> Iterator[tuple[torch.device, DistCont
     import torch
 
     from curvcal import distributed
-    from curvcal.load.device import resolve_device
+    from curvcal.load.checkpoints.device import resolve_device
 
     device = resolve_device(device_option)
     if device_option.strip().lower() in ("auto", "cuda"):
@@ -89,7 +89,7 @@ def predict(
     ranks); in one process, one pass over all samples. ``on_step`` gets each batch's size.
     """
     from curvcal.distributed import current, gather_rows
-    from curvcal.load.batches import iter_batches
+    from curvcal.load.datasets.batches import iter_batches
     from curvcal.pipeline.inference import predict_logits
     from curvcal.sharding import is_sharded
 
@@ -127,7 +127,7 @@ def pad_predictions(
 ) -> None:
     """The ``missing`` forwards of a sharded model this rank owes the others (each forward
     gathers the parameters from every rank), run on this rank's first batch and dropped."""
-    from curvcal.load.batches import iter_batches
+    from curvcal.load.datasets.batches import iter_batches
     from curvcal.pipeline.inference import predict_logits
 
     if not missing:

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from curvcal.curvature.eigenvectors import TopEigenvectors
     from curvcal.curvature.results import HessianAnalysis
     from curvcal.distributed import DistContext
-    from curvcal.load.loaded_data import LoadedData
-    from curvcal.load.loaded_model import LoadedModel
+    from curvcal.load.checkpoints.loaded_model import LoadedModel
+    from curvcal.load.datasets.loaded_data import LoadedData
     from curvcal.rows import Inputs
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
@@ -89,6 +89,7 @@ class Session:
         torchrun every rank's must be the same file (:func:`~curvcal.distributed.agree`)."""
         from curvcal.distributed import agree
         from curvcal.load.checkpoint import load_model
+        from curvcal.load.checkpoints.loaded_model import LIBRARY_NOTES
         from curvcal.pipeline.agreement import model_fingerprint
 
         if path not in self._models:
@@ -99,7 +100,7 @@ class Session:
             agree("checkpoint", lambda: model_fingerprint(loaded))  # before any rank shards or sums
             if "classifier_built" in loaded.metadata and self.is_main:  # from a causal LM
                 self.reporter.warn(loaded.metadata["classifier_built"])
-            notes = loaded.metadata.get("library_notes", "")  # held back by the loader
+            notes = loaded.metadata.get(LIBRARY_NOTES, "")  # held back by the loader
             for note in notes.splitlines() if self.is_main else ():
                 self.reporter.warn(f"{path}: {note}")
             if options.shard_model != "none":
@@ -163,7 +164,7 @@ class Session:
         every rank's data must be the same (:func:`~curvcal.distributed.agree`)."""
         from curvcal.distributed import agree
         from curvcal.load.data import load_dataset
-        from curvcal.load.text import text_model_of
+        from curvcal.load.texts.text import text_model_of
         from curvcal.pipeline.agreement import data_fingerprint
         from curvcal.pipeline.compatibility import check_compatible, say_preprocessing
 
@@ -199,7 +200,7 @@ class Session:
         self, data: LoadedData, batch_size: int, option: str = "--data"
     ) -> Callable[[], Iterator[tuple[Inputs, torch.Tensor]]]:
         """A fresh iterator over this rank's batches of ``data`` at each call."""
-        from curvcal.load.batches import iter_batches
+        from curvcal.load.datasets.batches import iter_batches
 
         indices = self.shard(data, option)
 
@@ -382,7 +383,7 @@ def finite_rows(
     """The model's logits under ``--nan-policy``: rows with a NaN or Inf stop the run (exit 3,
     naming the data and the first such sample) or are left out with a warning; returns the
     rows kept and how many were left out."""
-    from curvcal.load.logits import drop_rows, nonfinite_rows
+    from curvcal.load.scores.logits import drop_rows, nonfinite_rows
 
     rows = nonfinite_rows(logits)
     count, total = int(rows.numel()), int(logits.shape[0])
@@ -446,7 +447,7 @@ def resolve_loss(loaded: LoadedModel, settings: HessianSettings) -> HessianSetti
     """``settings`` with ``--loss own`` replaced by the loss ``loaded`` records in its metadata
     (:func:`~curvcal.load.checkpoint.recorded_loss`; γ kept for focal only); other losses as
     given."""
-    from curvcal.load.metadata import recorded_loss
+    from curvcal.load.checkpoints.metadata import recorded_loss
 
     if settings.loss != "own":
         return settings
@@ -465,7 +466,7 @@ def default_params(
     base model's); for text models every one except the token embedding matrix (vocab x hidden, whose Hessian block is almost all zero rows: only the
     tokens in the data get gradient), listed by name. Given globs are used as given.
     """
-    from curvcal.load.hf import token_embedding_names
+    from curvcal.load.models.hf import token_embedding_names
 
     if params == ("all",):
         return (), "all trainable parameters (--params all)", True

@@ -27,8 +27,8 @@ from curvcal.settings.fields import groups
 if TYPE_CHECKING:
     from curvcal.console import Reporter
     from curvcal.curvature.operator import HessianOperator
-    from curvcal.load.loaded_data import LoadedData
-    from curvcal.load.loaded_model import LoadedModel
+    from curvcal.load.checkpoints.loaded_model import LoadedModel
+    from curvcal.load.datasets.loaded_data import LoadedData
     from curvcal.pipeline.session import Session
     from curvcal.settings.calibration import CalibrationSettings
     from curvcal.settings.checkpoint import CheckpointSettings
@@ -72,9 +72,9 @@ def run_study(request: StudyRequest, reporter: Reporter) -> StudyRun:
     session: each checkpoint is loaded once where the models fit in memory together (else
     loaded again to be measured, said in a note), checked against the data before any pass."""
     from curvcal.calibration.analysis import analyse_val_split
-    from curvcal.load.adapters import is_adapter_folder
-    from curvcal.load.labels import stratified_split
-    from curvcal.load.text import text_model_at, text_model_of
+    from curvcal.load.datasets.labels import stratified_split
+    from curvcal.load.models.adapters import is_adapter_folder
+    from curvcal.load.texts.text import text_model_at, text_model_of
     from curvcal.pipeline.provenance import environment
     from curvcal.pipeline.session import open_session
     from curvcal.study.summary import (
@@ -348,7 +348,7 @@ def training_loss(loaded: LoadedModel) -> tuple[str | None, float | None, float 
     """``(loss, γ, λ)`` from the metadata: ``ce``/``focal``/``flsd53`` (``None`` when not
     recorded), the focal γ (``None`` for FLSD-53 and unknown losses, 0 for ce) and the trace
     penalty λ of a CE + λ·tr(H) training (``None`` without one)."""
-    from curvcal.load.metadata import GAMMA_METADATA_KEY, LOSS_METADATA_KEY
+    from curvcal.load.checkpoints.metadata import GAMMA_METADATA_KEY, LOSS_METADATA_KEY
 
     meta = loaded.metadata
     raw = (meta.get(LOSS_METADATA_KEY) or "").strip().lower()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from curvcal.report.tables import Table
 
 if TYPE_CHECKING:
-    from curvcal.load.inspect import CheckpointInfo
+    from curvcal.load.checkpoints.inspect import CheckpointInfo
 
 TENSOR_ROWS = 40
 #: metadata entries shown in the table (all of them in --json): a file's header may hold a

@@ -74,7 +74,7 @@ def _size(ctx: Any, param: Any, value: str | None) -> int | None:
 
 
 #: ``--choice-score``: how the K answers of a causal language model are scored
-#: (:mod:`curvcal.load.choices`)
+#: (:mod:`curvcal.load.texts.choices`)
 CHOICE_SCORES = ("sum", "mean-token", "mean-char")
 #: the fields of multiple-choice data, read for a causal language model
 CHOICE_FIELDS = (

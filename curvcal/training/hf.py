@@ -22,9 +22,9 @@ def logits_model(model: nn.Module) -> nn.Module:
     """``model`` as a module whose forward returns logits: a transformers
     ``PreTrainedModel`` (whose forward returns a ``ModelOutput``) is wrapped so that a mapping
     of inputs goes in as keyword arguments and ``.logits`` comes out
-    (:class:`~curvcal.load.hf.LogitsModule`); any other module is measured as it is."""
+    (:class:`~curvcal.load.models.hf.LogitsModule`); any other module is measured as it is."""
     if isinstance(model, _transformers.PreTrainedModel):
-        from curvcal.load.hf import LogitsModule
+        from curvcal.load.models.hf import LogitsModule
 
         return LogitsModule(model, "text")
     return model

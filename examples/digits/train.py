@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from curvcal.load.labels import stratified_split
+from curvcal.load.datasets.labels import stratified_split
 from curvcal.models import DigitsCNN
 
 ASSETS = Path(__file__).resolve().parents[2] / "curvcal" / "assets"

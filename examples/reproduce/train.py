@@ -43,8 +43,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 import curvcal
-from curvcal.load.architecture import build_architecture
 from curvcal.load.data import load_dataset
+from curvcal.load.models.architecture import build_architecture
 from curvcal.settings.data import DataSettings
 
 DIGITS_TRAIN = Path(__file__).resolve().parents[1] / "digits" / "train.py"

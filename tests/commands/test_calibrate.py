@@ -176,7 +176,7 @@ def test_bad_options(run_cli, args: tuple[str, ...], needle: str) -> None:
 
 def test_dtype_choices_match_the_loader() -> None:
     """--dtype choices are spelled out (so --help needs no torch); they must match the loader."""
-    from curvcal.load.device import DTYPES
+    from curvcal.load.checkpoints.device import DTYPES
     from curvcal.settings.checkpoint import DTYPES as DTYPE_NAMES
 
     assert tuple(DTYPES) == DTYPE_NAMES

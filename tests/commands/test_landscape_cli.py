@@ -30,9 +30,9 @@ def _run(*args: str) -> tuple[int, str]:
 
 
 def _model_and_data() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    from curvcal.load.batches import iter_batches
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import load_dataset
+    from curvcal.load.datasets.batches import iter_batches
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings
 

@@ -26,7 +26,7 @@ from hf_decoder_builders import (  # noqa: E402
 )
 
 from curvcal.load.checkpoint import load_model  # noqa: E402
-from curvcal.load.inspect import inspect_checkpoint  # noqa: E402
+from curvcal.load.checkpoints.inspect import inspect_checkpoint  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
 
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import pytest
 
 from curvcal.errors import InputError
-from curvcal.load.allowlist import allowed_class, could_be_allowed
+from curvcal.load.files.allowlist import allowed_class, could_be_allowed
 
 
 @dataclass

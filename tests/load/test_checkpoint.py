@@ -16,8 +16,8 @@ from torch import nn
 
 from curvcal.errors import InputError, TrustError
 from curvcal.load.checkpoint import FORMS, load_model
-from curvcal.load.device import resolve_device, resolve_dtype
-from curvcal.load.inspect import inspect_checkpoint
+from curvcal.load.checkpoints.device import resolve_device, resolve_dtype
+from curvcal.load.checkpoints.inspect import inspect_checkpoint
 from curvcal.models import DigitsCNN
 from curvcal.settings.checkpoint import CheckpointSettings
 

@@ -28,10 +28,10 @@ from choice_builders import (  # noqa: E402
     write_questions,
 )
 
-from curvcal.load.batches import iter_batches  # noqa: E402
 from curvcal.load.checkpoint import load_model  # noqa: E402
 from curvcal.load.data import load_dataset  # noqa: E402
-from curvcal.load.text import text_model_of  # noqa: E402
+from curvcal.load.datasets.batches import iter_batches  # noqa: E402
+from curvcal.load.texts.text import text_model_of  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
 from curvcal.settings.data import DataSettings  # noqa: E402
 

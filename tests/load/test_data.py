@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import save_file
 
 from curvcal.errors import InputError, TrustError
-from curvcal.load.batches import iter_batches
 from curvcal.load.data import load_dataset
-from curvcal.load.labels import check_labels, stratified_split
-from curvcal.load.preprocessing import NORMALISATION_PRESETS
+from curvcal.load.datasets.batches import iter_batches
+from curvcal.load.datasets.labels import check_labels, stratified_split
+from curvcal.load.datasets.preprocessing import NORMALISATION_PRESETS
 from curvcal.settings.data import DataSettings
 
 
@@ -301,7 +301,7 @@ def test_bundled_digits() -> None:
 
 def test_iter_batches_bad_size() -> None:
     x, y = _xy()
-    from curvcal.load.tensor_dataset import TensorPairDataset
+    from curvcal.load.datasets.tensor_dataset import TensorPairDataset
 
     with pytest.raises(InputError, match="--batch-size"):
         list(iter_batches(TensorPairDataset(x, y), 0))

@@ -28,10 +28,10 @@ from hf_decoder_builders import (  # noqa: E402
 )
 
 from curvcal.errors import InputError  # noqa: E402
-from curvcal.load.batches import iter_batches  # noqa: E402
 from curvcal.load.checkpoint import load_model  # noqa: E402
 from curvcal.load.data import load_dataset  # noqa: E402
-from curvcal.load.text import text_model_of  # noqa: E402
+from curvcal.load.datasets.batches import iter_batches  # noqa: E402
+from curvcal.load.texts.text import text_model_of  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
 from curvcal.settings.data import DataSettings  # noqa: E402
 
@@ -221,7 +221,7 @@ def test_which_classifiers_read_the_last_non_padding_token(
     """Decided from config.json alone (the class transformers names, or the model type), and
     the same as transformers' own forward: a pad token appended to a text changes the logits
     of a last-token classifier unless it is the config's pad id."""
-    from curvcal.load.hf import pools_last_token, read_folder
+    from curvcal.load.models.hf import pools_last_token, read_folder
 
     config = getattr(transformers, config_name)(
         vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,

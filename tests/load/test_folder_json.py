@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from curvcal.errors import InputError
-from curvcal.load.hf import read_folder
-from curvcal.load.text import read_table
+from curvcal.load.models.hf import read_folder
+from curvcal.load.texts.text import read_table
 
 
 def _why(call: object) -> str:

@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from curvcal.errors import InputError, TrustError  # noqa: E402
 from curvcal.load.checkpoint import load_model  # noqa: E402
-from curvcal.load.inspect import inspect_checkpoint  # noqa: E402
+from curvcal.load.checkpoints.inspect import inspect_checkpoint  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
 
 LABELS = ("cat", "dog", "bird")

@@ -8,6 +8,7 @@ exit 70; ``lora_alpha: NaN`` was exit 3 blaming the data)."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ pytest.importorskip("peft")
 from hf_decoder_builders import copy_adapter
 
 from curvcal.errors import InputError
-from curvcal.load.library_limits import (
+from curvcal.load.models.library_limits import (
     MAX_INIT_ITERATIONS,
     MAX_LISTED,
     MAX_RANK,
@@ -360,3 +361,200 @@ def test_a_peft_warning_is_said_once_in_curvcal_words(
     )
     notes = json.loads(result.stdout)["inputs"]["checkpoint"]["metadata"]["library_notes"]
     assert notes.startswith("peft: fan_in_fan_out is set to True")
+
+
+def _without_head(base: Path, parent: Path) -> Path:
+    """A copy of the classifier folder ``base`` whose weights lack the head's matrix and hold
+    one tensor no parameter takes: transformers loads it, heads it at random and logs its
+    load report (a table, printed around curvcal's lines before)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = parent / "headless"
+    shutil.copytree(base, folder)
+    weights = load_file(folder / "model.safetensors")
+    (head,) = [name for name in weights if name.startswith("score.")]
+    del weights[head]
+    weights["spare.bias"] = torch.zeros(2)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def test_a_transformers_load_report_is_said_once_in_curvcal_words(
+    run_cli: Any, files: Files, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """transformers logs (rather than warns) what a load lacks or leaves over: before, its
+    ``[transformers] ... LOAD REPORT`` table printed on stderr around curvcal's own lines and
+    the report's JSON kept nothing of it."""
+    folder = _without_head(files.base, tmp_path)
+    result = run_cli("calibrate", folder, "--data", files.jsonl, "--device", "cpu",
+                     "--method", "none", "--json")  # fmt: skip
+    assert result.code == 0, result.stderr
+    assert "LOAD REPORT" not in result.stderr and "[transformers]" not in result.stderr
+    assert "|" not in result.stderr and "MISSING" not in result.stderr
+    # the library's handler writes to the process's stderr, not the one the runner captures
+    assert "LOAD REPORT" not in capfd.readouterr().err
+    lacks = (
+        f"curvcal: warning: {folder}: transformers: the checkpoint lacks 1 of the model's "
+        "weights, initialised at random instead (the results depend on the seed): score.weight"
+    )
+    ignored = (
+        f"curvcal: warning: {folder}: transformers: the model takes none of 1 of the "
+        "checkpoint's tensors, ignored: spare.bias"
+    )
+    for line in (lacks, ignored):
+        assert times_said(line, result.stderr) == 1, result.stderr
+    report = json.loads(result.stdout)
+    kept = [w for w in report["warnings"] if "transformers:" in w]
+    assert kept == [line.removeprefix("curvcal: warning: ") for line in (lacks, ignored)]
+
+
+def test_library_log_records_are_held_and_dropped_on_failure(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A transformers logger record at warning level becomes one note on one line; an info
+    record (``Model config ...`` at info verbosity) and everything when the block raises are
+    dropped; nothing reaches the terminal; the loggers are left as they were."""
+    import logging
+
+    import transformers
+
+    from curvcal.load.models.library_limits import library_warnings
+
+    library = transformers.utils.logging
+    library.set_verbosity_info()  # as TRANSFORMERS_VERBOSITY=info does
+    root = logging.getLogger("transformers")
+    before = (root.handlers[:], root.level, root.propagate)
+    logger = logging.getLogger("transformers.modeling_utils")
+    notes: list[str] = []
+    try:
+        with library_warnings("transformers", notes):
+            logger.warning("Some weights of \x1b[1mX\x1b[0m were not initialized\nfrom the file")
+            logger.warning("Some weights of \x1b[1mX\x1b[0m were not initialized\nfrom the file")
+            logger.info("Model config XConfig {...}")
+        with pytest.raises(ValueError), library_warnings("transformers", notes):
+            logger.warning("about to fail")
+            raise ValueError("the load failed")
+    finally:
+        after = (root.handlers[:], root.level, root.propagate)
+        library.set_verbosity_warning()
+    assert notes == ["transformers: Some weights of X were not initialized from the file"]
+    assert capfd.readouterr().err == ""
+    assert after == before
+
+
+def _resaved(base: Path, parent: Path, form: str, **config: Any) -> Path:
+    """A copy of the classifier folder ``base`` with its weights in ``form`` (``bin``: a
+    zip ``pytorch_model.bin``; ``legacy``: the pre-1.6 ``torch.save`` format; ``shards``: two
+    safetensors shards and their index) and ``config`` over its ``config.json``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = parent / form
+    shutil.copytree(base, folder)
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    if form == "shards":
+        names = sorted(weights)
+        halves = {"a.safetensors": names[::2], "b.safetensors": names[1::2]}
+        for shard, keys in halves.items():
+            save_file({k: weights[k] for k in keys}, folder / shard, metadata={"format": "pt"})
+        size = sum(t.numel() * t.element_size() for t in weights.values())
+        index = {"metadata": {"total_size": size},
+                 "weight_map": {k: s for s, keys in halves.items() for k in keys}}  # fmt: skip
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:
+        zipped = form == "bin"
+        torch.save(weights, folder / "pytorch_model.bin", _use_new_zipfile_serialization=zipped)
+    saved = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**saved, **config}))
+    return folder
+
+
+@pytest.mark.parametrize("form", ["bin", "legacy", "shards"])
+def test_every_weight_format_bounds_the_layers_and_widths(
+    run_cli: Any, files: Files, tmp_path: Path, form: str
+) -> None:
+    """The layer and width bound read the tensors of a ``pytorch_model.bin`` (zip or legacy)
+    and of every shard, none of them loaded: before, only a single ``model.safetensors`` was
+    read, and a ``.bin`` folder's config could ask transformers for any number of layers
+    (200,000 ran past 60 s)."""
+    from safetensors.torch import load_file
+
+    from curvcal.load.models.hf import weight_shapes
+
+    truth = sorted(tuple(t.shape) for t in load_file(files.base / "model.safetensors").values())
+    folder = _resaved(files.base, tmp_path, form)
+    weights = tuple(p for p in folder.iterdir() if p.suffix in (".bin", ".safetensors"))
+    assert sorted(weight_shapes(weights)) == truth
+    result = run_cli("calibrate", folder, "--data", files.jsonl, "--device", "cpu",
+                     "--method", "none", "--json")  # fmt: skip
+    assert result.code == 0, result.stderr  # the folder loads as it is
+    folder = _resaved(files.base, tmp_path / "many", form, num_hidden_layers=len(truth) + 1)
+    _refused(run_cli, ["calibrate", folder, "--data", files.jsonl], folder / "config.json",
+             "num_hidden_layers", f"{len(truth) + 1:,} is more than the weights can fill",
+             f"the weights hold {len(truth):,} tensors")  # fmt: skip
+    widest = max(math.prod(shape) for shape in truth)
+    folder = _resaved(files.base, tmp_path / "wide", form, intermediate_size=widest + 1)
+    _refused(run_cli, ["calibrate", folder, "--data", files.jsonl], folder / "config.json",
+             "intermediate_size", f"largest tensor holds {widest:,} numbers")  # fmt: skip
+
+
+def test_a_config_alone_is_bounded_by_the_memory() -> None:
+    """Weights elsewhere (``--arch hf:FOLDER``): the least a config's model holds,
+    ``L·h² + V·h`` float32 numbers, against the memory available, at the border."""
+    from curvcal.load.models.library_limits import check_config_alone, least_numbers
+
+    config = {"num_hidden_layers": 3, "hidden_size": 16, "vocab_size": 40}
+    numbers = 3 * 16 * 16 + 40 * 16
+    assert least_numbers(config) == (numbers, ("num_hidden_layers", "hidden_size", "vocab_size"))
+    assert least_numbers({"n_layer": 2, "n_embd": 4}) == (32, ("n_layer", "n_embd"))
+    assert least_numbers({"architectures": ["X"]}) == (0, ())
+    file = Path("m") / "config.json"
+    check_config_alone(file, config, 4 * numbers)
+    check_config_alone(file, {**config, "hidden_size": 10**9}, None)  # memory unknown
+    with pytest.raises(
+        InputError,
+        match=rf"config.json \(num_hidden_layers, hidden_size, vocab_size\): asks for a model "
+        rf"of at least {numbers:,} numbers .* more than the 0.0 GiB",
+    ):
+        check_config_alone(file, config, 4 * numbers - 1)
+
+
+def test_an_arch_folder_asking_for_more_than_the_memory_is_refused(
+    run_cli: Any, files: Files, tmp_path: Path
+) -> None:
+    """``--arch hf:FOLDER`` with a config of 10⁶ layers of width 10⁵ (4·10¹⁶ bytes): exit 2
+    naming the config and its keys, before transformers allocates anything."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "huge"
+    shutil.copytree(files.base, folder)
+    weights = load_file(folder / "model.safetensors")
+    torch.save(weights, tmp_path / "w.pt")
+    saved = json.loads((folder / "config.json").read_text())
+    huge = {**saved, "num_hidden_layers": 10**6, "hidden_size": 10**5}
+    (folder / "config.json").write_text(json.dumps(huge))
+    _refused(run_cli, ["calibrate", tmp_path / "w.pt", "--arch", f"hf:{folder}", "--data",
+                       files.jsonl, "--tokenizer", files.base], folder / "config.json",
+             "num_hidden_layers, hidden_size, vocab_size", "more than the")  # fmt: skip
+
+
+def test_a_library_set_up_inside_the_hold_keeps_its_handler() -> None:
+    """A library imported for the first time inside the hold adds its own handler then (as
+    transformers does on import): the hold leaves that set-up in place rather than removing
+    it with its own, so the library's later records outside any hold still have a handler."""
+    import logging
+
+    from curvcal.load.models.library_limits import LIBRARY_LOGGERS, library_warnings
+
+    logger = logging.getLogger(LIBRARY_LOGGERS[-1])
+    before = logger.handlers[:]
+    own = logging.NullHandler()
+    try:
+        with library_warnings("x", []):
+            logger.addHandler(own)  # the library's import configures its logger
+        assert logger.handlers == [*before, own]
+    finally:
+        logger.removeHandler(own)

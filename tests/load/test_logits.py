@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from curvcal.errors import InputError
-from curvcal.load.logits import load_logits, save_logits, validate_scores
+from curvcal.load.scores.logits import load_logits, save_logits, validate_scores
 
 LOGITS = torch.tensor([[2.0, -1.0, 0.5], [0.0, 0.0, 0.0], [-3.0, 4.0, 1.0], [1.0, 2.0, 3.0]])
 LABELS = torch.tensor([0, 2, 1, 2])

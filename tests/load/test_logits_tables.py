@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from curvcal.errors import InputError
-from curvcal.load.logits import load_logits
+from curvcal.load.scores.logits import load_logits
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

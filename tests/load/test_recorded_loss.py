@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from curvcal.errors import InputError
-from curvcal.load.loaded_model import LoadedModel
-from curvcal.load.metadata import recorded_loss
+from curvcal.load.checkpoints.loaded_model import LoadedModel
+from curvcal.load.checkpoints.metadata import recorded_loss
 
 
 def _loaded(metadata: dict[str, str]) -> LoadedModel:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from curvcal.errors import InputError
-from curvcal.load.tensorfile import read_tensor_file
+from curvcal.load.files.tensorfile import read_tensor_file
 
 
 def test_random_bytes_in_a_pt_file_are_reported_as_unreadable(tmp_path: Path) -> None:

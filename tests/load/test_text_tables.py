@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from curvcal.errors import InputError
-from curvcal.load.tables import read_table as read_scores
-from curvcal.load.text import read_table
+from curvcal.load.scores.tables import read_table as read_scores
+from curvcal.load.texts.text import read_table
 
 
 def test_a_spreadsheet_csv_with_a_byte_order_mark_reads_its_first_column(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ timm = pytest.importorskip("timm")
 
 from curvcal.errors import InputError  # noqa: E402
 from curvcal.load.checkpoint import load_model  # noqa: E402
+from curvcal.load.checkpoints.inspect import inspect_checkpoint  # noqa: E402
 from curvcal.load.data import load_dataset  # noqa: E402
-from curvcal.load.inspect import inspect_checkpoint  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
 from curvcal.settings.data import DataSettings  # noqa: E402
 

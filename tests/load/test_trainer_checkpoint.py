@@ -19,7 +19,7 @@ pytest.importorskip("accelerate")
 from hf_decoder_builders import TEXTS, save_decoder, write_reviews  # noqa: E402
 
 from curvcal.load.checkpoint import load_model  # noqa: E402
-from curvcal.load.inspect import inspect_checkpoint  # noqa: E402
+from curvcal.load.checkpoints.inspect import inspect_checkpoint  # noqa: E402
 from curvcal.settings.checkpoint import CheckpointSettings  # noqa: E402
 
 TRAINER_PICKLES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin")

@@ -62,10 +62,10 @@ def test_settings_precedence_option_then_policy_then_default(tmp_path: Path) -> 
 
 def test_run_check_equals_the_calibration_engine(tmp_path: Path) -> None:
     from curvcal.calibration.analysis import CalibrationSettings, analyse_calibration
-    from curvcal.load.batches import iter_batches
     from curvcal.load.checkpoint import load_model
     from curvcal.load.data import load_dataset
-    from curvcal.load.labels import stratified_split
+    from curvcal.load.datasets.batches import iter_batches
+    from curvcal.load.datasets.labels import stratified_split
     from curvcal.pipeline.inference import predict_logits
     from curvcal.settings.checkpoint import CheckpointSettings
     from curvcal.settings.data import DataSettings

@@ -124,7 +124,7 @@ def test_fingerprints_name_what_differs() -> None:
     """One process: nothing is gathered. The data fingerprint digests the samples themselves,
     so other samples of the same labels differ."""
     from curvcal.distributed import agree
-    from curvcal.load.loaded_data import loaded_data
+    from curvcal.load.datasets.loaded_data import loaded_data
     from curvcal.pipeline.agreement import data_fingerprint
 
     agree("settings", lambda: {"--seed": 0})  # one process: a no-op
@@ -157,7 +157,7 @@ def test_image_folders_of_other_pixels_differ(tmp_path: Path) -> None:
     """Two ``folder:`` sets of the same names and file sizes (BMPs of one shape) but other
     pixels. Before, the fingerprint held only the folder's digest (names and sizes) and the
     labels, so the two were alike and ranks reading them were summed together."""
-    from curvcal.load.image_folder import load_image_folder
+    from curvcal.load.datasets.image_folder import load_image_folder
     from curvcal.pipeline.agreement import data_fingerprint
     from curvcal.settings.data import DataSettings
 

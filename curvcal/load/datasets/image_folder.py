@@ -1,0 +1,93 @@
+"""``folder:PATH``: an image folder, one sub-folder per class (torchvision's ``ImageFolder``
+layout), preprocessed by :func:`curvcal.load.datasets.preprocessing.image_transform` with the ImageNet
+preset; an unreadable image is an error naming its file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from curvcal.errors import InputError
+from curvcal.load.datasets.loaded_data import LoadedData, loaded_data
+from curvcal.load.datasets.preprocessing import image_transform
+from curvcal.load.files.tensorfile import as_labels
+from curvcal.paths import readable_file, readable_folder
+from curvcal.settings.data import DataSettings
+
+
+class CheckedImages(Dataset[Any]):
+    """A torchvision ``ImageFolder`` whose unreadable image (truncated, not an image, no
+    permission) is an :class:`InputError` naming the file, and which names the file of any
+    sample (:meth:`source_of`)."""
+
+    def __init__(self, folder: Any) -> None:
+        self.folder = folder
+        self.targets = folder.targets
+        self.classes = folder.classes
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def source_of(self, index: int) -> str:
+        return str(self.folder.samples[index][0])
+
+    def __getitem__(self, index: int) -> Any:
+        # an image named like one that is a named pipe or a device would block the decoder
+        readable_file(Path(self.source_of(index)), "image file")
+        try:
+            return self.folder[index]
+        except (OSError, ValueError, SyntaxError) as exc:  # what PIL raises for a bad file
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            if isinstance(exc, PermissionError):
+                reason = exc.strerror or reason
+            raise InputError(
+                self.source_of(index), f"cannot be read as an image ({reason})"
+            ) from exc
+
+
+def load_image_folder(options: DataSettings, model: Mapping[str, Any] | None) -> LoadedData:
+    """The images under ``folder:PATH``; ``model`` is the model's recorded preprocessing, used
+    in place of the preset."""
+    from torchvision.datasets import ImageFolder
+
+    path = Path(options.spec[len("folder:") :]).expanduser()
+    what = f"--data {options.spec}"
+    if not path.is_dir():
+        raise InputError(what, f"{path} is not a folder")
+    readable_folder(path, "image folder")  # torchvision lists it and reads every image
+    try:
+        folder = ImageFolder(str(path))
+    except Exception as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise InputError(
+            what, f"is not an image folder ({reason})", "put images in one sub-folder per class"
+        ) from exc
+    image = image_transform(
+        options, "imagenet", 3, model, _first_image_size(folder), preset_assumed=True
+    )
+    folder.transform = image.transform
+    dataset = CheckedImages(folder)
+    labels = as_labels(torch.as_tensor(dataset.targets, dtype=torch.int64), what)
+    # the folder, not each image: its digest covers every file's relative name and size, so a
+    # report records what was read without hashing a whole image collection
+    files = (path,)
+    return loaded_data(dataset, options.spec, labels, files, dataset.classes, **image.provenance())
+
+
+def _first_image_size(folder: Any) -> tuple[int, int] | None:
+    """(height, width) of the folder's first image, read from its header; None when it cannot
+    be read (the sample's own read then names the file)."""
+    from PIL import Image
+
+    if not folder.samples:
+        return None
+    try:
+        with Image.open(folder.samples[0][0]) as picture:
+            width, height = picture.size
+    except (OSError, ValueError, SyntaxError):
+        return None
+    return int(height), int(width)

@@ -1,0 +1,1 @@
+"""Modules built from what a checkpoint names: architectures (tv:, timm:, hf:, py:), Hugging Face and timm model folders, PEFT adapters, causal-LM bases and choice scorers, and the bounds on the libraries' settings."""

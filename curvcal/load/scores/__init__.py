@@ -1,0 +1,1 @@
+"""Scores with labels (logits, probabilities, log-probabilities) from tensor files and tables (.csv, .parquet)."""

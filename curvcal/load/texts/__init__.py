@@ -1,0 +1,1 @@
+"""Text data: tokenizers, texts and text pairs, multiple-choice data."""

@@ -1,0 +1,472 @@
+"""Multiple-choice data for a causal language model: a prompt, K answers and the right one's index.
+
+A causal LM (``*ForCausalLM``, or a PEFT adapter over one) is a classifier over the K answers of
+each row: the score of answer k is the log-likelihood of its tokens after the prompt
+(:class:`curvcal.load.models.choice_scorer.ChoiceScorer`). This module reads the rows and tokenizes
+them; the scorer computes the scores from the batches it makes.
+
+Rows (``--data``: the tables of :mod:`curvcal.load.texts.text`, JSON Lines, CSV, parquet or a
+``save_to_disk`` folder):
+
+- the prompt: the ``prompt`` column (``--prompt-key``), or ``--template`` filled from the
+  row's columns (``'Review: {text}\\nSentiment:'``; ``\\n``, ``\\t`` and ``\\\\`` typed in the
+  template are read as a newline, a tab and a backslash);
+- the answers: the ``choices`` column (``--choices-key``), a list of K strings in every row (a
+  JSON array in a CSV cell), or ``--choices a,b,c`` once for every row (label words);
+- the label: the ``label`` column (``--label-key``), the index of the right answer in
+  ``[0, K)``; with ``--choices`` also the answer itself (``positive``).
+
+Every row has the same K >= 2; a row with another K, or a label outside ``[0, K)``, is one
+error naming the file and the row.
+
+Tokenization is lm-evaluation-harness's (``loglikelihood`` with ``_encode_pair``): the
+continuation of answer k is ``--choice-delimiter`` (one space by default, the harness's
+``target_delimiter``) followed by the answer, and whitespace at the end of the prompt is moved
+to the front of the continuation. Then::
+
+    context      = tok(prompt)
+    continuation = tok(prompt + continuation)[len(context):]
+
+with the tokenizer's own special tokens (a BOS where the tokenizer adds one), so a merge of
+tokens across the boundary is counted in the answer. An empty prompt is the tokenizer's BOS
+token (else its EOS), the answer then tokenized alone. The model reads ``context +
+continuation``, one pass over the prompt for all K answers (:meth:`ChoiceDataset.collate`). A
+row longer than ``max_length`` loses tokens from the front of its prompt (counted as
+truncated): the prompt keeps its last ``max_length`` minus (the longest answer's tokens)
+tokens, the same for every answer of the row. Scores (``--choice-score``): ``sum`` (the summed
+log-likelihood, the harness's ``acc``), ``mean-token`` (divided by the continuation's token
+count) or ``mean-char`` (divided by the answer's length in characters, delimiter excluded, the
+harness's ``acc_norm``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import Dataset
+
+from curvcal.errors import InputError
+from curvcal.load.datasets.loaded_data import LoadedData, loaded_data
+from curvcal.load.datasets.preprocessing import reject_image_transforms
+from curvcal.settings.data import DataSettings
+
+if TYPE_CHECKING:
+    from curvcal.load.texts.text import TextModel
+
+#: what each ``--choice-score`` divides the summed log-likelihood by, for the report
+SCORE_MEANINGS = {
+    "sum": "the summed log-likelihood of its tokens after the prompt (lm-evaluation-harness's acc)",
+    "mean-token": "the log-likelihood of its tokens after the prompt per token",
+    "mean-char": "the log-likelihood of its tokens after the prompt per character of the "
+    "answer (lm-evaluation-harness's acc_norm)",
+}
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+_FIELD = re.compile(r"\{([^{}]*)\}")
+
+
+@dataclass(frozen=True)
+class ChoiceRow:
+    """One row tokenized: its prompt's tokens (the same for every answer: the prompt and its
+    moved whitespace do not depend on the answer), each answer's continuation tokens, and what
+    each answer's summed log-likelihood is divided by."""
+
+    prompt: tuple[int, ...]
+    answers: tuple[tuple[int, ...], ...]
+    divisors: tuple[float, ...]
+
+
+class ChoiceDataset(Dataset[tuple[ChoiceRow, int]]):
+    """Tokenized multiple-choice rows and their labels; :meth:`collate` makes a batch."""
+
+    def __init__(self, rows: list[ChoiceRow], labels: torch.Tensor, pad_token_id: int) -> None:
+        self.rows = rows
+        self.labels = labels
+        self.pad_token_id = pad_token_id
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> tuple[ChoiceRow, int]:
+        return self.rows[index], int(self.labels[index])
+
+    def collate(
+        self, items: Sequence[tuple[ChoiceRow, int]]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``(inputs, labels)`` for B rows of K answers, each row packed into one sequence.
+
+        A row reads ``prompt, answer 1, ..., answer K`` where answer k stands for its tokens but
+        the last (whose prediction is never needed): one pass over the prompt serves every
+        answer. Answer k's tokens see the prompt and their own earlier tokens only, at the
+        positions they would have right after the prompt, so each answer is scored as if it
+        followed the prompt alone. Every tensor has B rows (S: the longest packed row, T: the
+        most answer tokens in a row):
+
+        - ``input_ids`` (B, S) and ``position_ids`` (B, S), right-padded;
+        - ``choice_segments`` (B, S): 0 on the prompt, k + 1 on answer k, -1 on padding (the
+          scorer's attention mask is built from it);
+        - ``choice_from`` (B, T): the position whose output predicts each answer token (the
+          prompt's last for every answer's first token), ``choice_tokens`` (B, T) that token,
+          ``choice_of`` (B, T) its answer's index (-1 on padding);
+        - ``choice_divisors`` (B, K): what each summed log-likelihood is divided by.
+        """
+        packed = [_pack(row) for row, _label in items]
+        width = max(len(p[0]) for p in packed)
+        count = max(len(p[3]) for p in packed)
+        n_rows = len(items)
+        input_ids = torch.full((n_rows, width), self.pad_token_id, dtype=torch.int64)
+        positions = torch.zeros((n_rows, width), dtype=torch.int64)
+        segments = torch.full((n_rows, width), -1, dtype=torch.int64)
+        sources = torch.zeros((n_rows, count), dtype=torch.int64)
+        tokens = torch.zeros((n_rows, count), dtype=torch.int64)
+        owners = torch.full((n_rows, count), -1, dtype=torch.int64)
+        for b, (ids, place, segment, source, token, owner) in enumerate(packed):
+            input_ids[b, : len(ids)] = torch.as_tensor(ids)
+            positions[b, : len(ids)] = torch.as_tensor(place)
+            segments[b, : len(ids)] = torch.as_tensor(segment)
+            sources[b, : len(source)] = torch.as_tensor(source)
+            tokens[b, : len(source)] = torch.as_tensor(token)
+            owners[b, : len(source)] = torch.as_tensor(owner)
+        inputs = {
+            "input_ids": input_ids,
+            "position_ids": positions,
+            "choice_segments": segments,
+            "choice_from": sources,
+            "choice_tokens": tokens,
+            "choice_of": owners,
+            "choice_divisors": torch.tensor(
+                [row.divisors for row, _ in items], dtype=torch.float64
+            ),
+        }
+        labels = torch.as_tensor([int(label) for _, label in items], dtype=torch.int64)
+        return inputs, labels
+
+
+Packed = tuple[list[int], list[int], list[int], list[int], list[int], list[int]]
+
+
+def _pack(row: ChoiceRow) -> Packed:
+    """One row's packed sequence (ids, positions, segments) and its answer tokens (the position
+    predicting each, the token, its answer)."""
+    ids = list(row.prompt)
+    n_prompt = len(ids)
+    positions = list(range(n_prompt))
+    segments = [0] * n_prompt
+    sources: list[int] = []
+    tokens: list[int] = []
+    owners: list[int] = []
+    for k, answer in enumerate(row.answers):
+        start = len(ids)
+        fed = answer[:-1]
+        ids.extend(fed)
+        positions.extend(range(n_prompt, n_prompt + len(fed)))
+        segments.extend([k + 1] * len(fed))
+        sources.extend([n_prompt - 1, *range(start, start + len(fed))])
+        tokens.extend(answer)
+        owners.extend([k] * len(answer))
+    return ids, positions, segments, sources, tokens, owners
+
+
+def load_choices(options: DataSettings, model: TextModel | None) -> LoadedData:
+    """The multiple-choice rows of the table ``options.spec``, tokenized for the causal LM whose
+    tokenizer is ``options.tokenizer`` or ``model``'s (see the module's text)."""
+    from curvcal.load.texts import text
+
+    reject_image_transforms(options, "multiple-choice data")
+    if options.mean is not None or options.std is not None:
+        raise InputError("--mean/--std", "do not apply to text data")
+    if options.text_pair_key is not None:
+        raise InputError(
+            "--text-pair-key",
+            "does not apply to multiple-choice data",
+            "build the prompt from several columns with --template",
+        )
+    columns, files, file = text.read_table(options.spec)
+    prompts = _prompts(columns, options, file)
+    answers = _answers(columns, options, file, len(prompts))
+    n_choices = len(answers[0])
+    label2id = {word: i for i, word in enumerate(options.choices or ())}
+    labels = text.text_labels(
+        text.text_column(columns, options.label_key, file, "--label-key"),
+        label2id,
+        file,
+        options.label_key,
+    )
+    outside = (labels >= n_choices).nonzero()
+    if len(outside):
+        row = int(outside[0, 0])
+        raise InputError(
+            file,
+            f"row {row}: label {int(labels[row])} in column '{options.label_key}' is not the "
+            f"index of one of its {n_choices} answers (0 to {n_choices - 1})",
+        )
+    notes: list[str] = []  # what transformers warned about
+    tokenizer, source = text.load_tokenizer(
+        options.tokenizer, model, options.trust_checkpoint, notes
+    )
+    if options.max_length is not None:
+        max_length, length_source = options.max_length, "--max-length"
+    else:
+        max_length, length_source = text.default_max_length(tokenizer, model)
+    rows, truncated = tokenize_choices(
+        tokenizer,
+        prompts,
+        answers,
+        options.choice_delimiter,
+        options.choice_score,
+        max_length,
+        file,
+    )
+    pad = _pad_id(tokenizer)
+    columns_used = {
+        "prompt": None if options.template is not None else options.prompt_key,
+        "choices": None if options.choices is not None else options.choices_key,
+        "label": options.label_key,
+    }
+    return loaded_data(
+        ChoiceDataset(rows, labels, pad),
+        options.spec,
+        labels,
+        files,
+        classes=range(n_choices),
+        transforms=(
+            "tokenize prompt + answer as lm-evaluation-harness does",
+            f"score of an answer: {SCORE_MEANINGS[options.choice_score]} "
+            f"(--choice-score {options.choice_score})",
+            "one packed sequence per row: the prompt once, then its answers",
+        ),
+        text={
+            "file": file,
+            "columns": columns_used,
+            "template": options.template,
+            "choices": list(options.choices) if options.choices is not None else None,
+            "n_choices": n_choices,
+            "choice_score": options.choice_score,
+            "choice_delimiter": options.choice_delimiter,
+            "n_texts": len(rows),
+            "max_length": max_length,
+            "max_length_source": length_source,
+            "truncated": truncated,
+            "tokenizer": source,
+            "tokenizer_class": type(tokenizer).__name__,
+        },
+        warnings=tuple(notes),
+    )
+
+
+def tokenize_choices(
+    tokenizer: Any,
+    prompts: Sequence[str],
+    answers: Sequence[Sequence[str]],
+    delimiter: str,
+    score: str,
+    max_length: int,
+    file: str = "--data",
+) -> tuple[list[ChoiceRow], int]:
+    """Each row's sequences as lm-evaluation-harness tokenizes them (see the module's text),
+    and how many rows lost prompt tokens to ``max_length``; errors name ``file``."""
+    from curvcal.load.texts.text import rust_panics_as
+
+    contexts: list[str] = []
+    continuations: list[str] = []
+    for prompt, row in zip(prompts, answers, strict=True):
+        for answer in row:
+            context, continuation = _split(prompt, delimiter + answer)
+            contexts.append(context)
+            continuations.append(continuation)
+    where = str(getattr(tokenizer, "name_or_path", "") or "--tokenizer")
+    with rust_panics_as(where):
+        context_ids = _encode(tokenizer, contexts, True)
+        whole_ids = _encode(
+            tokenizer, [c + t for c, t in zip(contexts, continuations, strict=True)], True
+        )
+        alone_ids = _encode(tokenizer, continuations, False)
+    rows: list[ChoiceRow] = []
+    truncated = 0
+    n_choices = len(answers[0]) if answers else 0
+    for r, row in enumerate(answers):
+        first = r * n_choices
+        if contexts[first] == "":
+            prompt_tokens = [_prefix_token(tokenizer, file)]
+            answer_tokens = [alone_ids[first + k] for k in range(n_choices)]
+        else:
+            prompt_tokens = context_ids[first]
+            answer_tokens = [whole_ids[first + k][len(prompt_tokens) :] for k in range(n_choices)]
+        for k, tokens in enumerate(answer_tokens):
+            if not tokens:
+                raise InputError(
+                    file,
+                    f"row {r}: answer {k} ({row[k]!r}) adds no token to its prompt",
+                    "every answer must be at least one token",
+                )
+        longest = max(len(tokens) for tokens in answer_tokens)
+        if longest >= max_length:
+            raise InputError(
+                file,
+                f"row {r}: an answer is {longest} tokens, which leaves no room for its prompt "
+                f"within a max_length of {max_length}",
+                "pass a larger --max-length",
+            )
+        keep = max_length - longest
+        if len(prompt_tokens) > keep:
+            prompt_tokens, truncated = prompt_tokens[-keep:], truncated + 1
+        rows.append(
+            ChoiceRow(
+                prompt=tuple(prompt_tokens),
+                answers=tuple(tuple(tokens) for tokens in answer_tokens),
+                divisors=tuple(
+                    _divisor(score, len(tokens), answer)
+                    for tokens, answer in zip(answer_tokens, row, strict=True)
+                ),
+            )
+        )
+    return rows, truncated
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _split(context: str, continuation: str) -> tuple[str, str]:
+    """The harness's ``_encode_pair``: whitespace at the end of the context moved to the front
+    of the continuation."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        return context[:-n_spaces], context[-n_spaces:] + continuation
+    return context, continuation
+
+
+def _encode(tokenizer: Any, texts: list[str], special: bool) -> list[list[int]]:
+    if not texts:
+        return []
+    kwargs: dict[str, Any] = {} if special else {"add_special_tokens": False}
+    return [list(ids) for ids in tokenizer(texts, **kwargs)["input_ids"]]
+
+
+def _prefix_token(tokenizer: Any, file: str) -> int:
+    """The token standing for an empty prompt: BOS, else EOS (the harness's
+    ``prefix_token_id``)."""
+    for name in ("bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int):
+            return value
+    raise InputError(
+        file,
+        "a prompt is empty and the tokenizer has neither a BOS nor an EOS token to stand for it",
+        "give every row a prompt",
+    )
+
+
+def _pad_id(tokenizer: Any) -> int:
+    """Any token id will do as padding (it is masked and follows every real token)."""
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def _divisor(score: str, n_tokens: int, answer: str) -> float:
+    if score == "mean-token":
+        return float(n_tokens)
+    if score == "mean-char":
+        return float(max(len(answer), 1))
+    return 1.0
+
+
+def _unescape(template: str) -> str:
+    """``\\n``, ``\\t`` and ``\\\\`` typed in a template as a newline, a tab and a backslash."""
+    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], template)
+
+
+def _prompts(columns: Mapping[str, list[Any]], options: DataSettings, file: str) -> list[str]:
+    """The prompt of each row: ``--template`` filled from its columns, or ``--prompt-key``."""
+    from curvcal.load.texts.text import as_texts, text_column
+
+    if options.template is None and options.prompt_key not in columns:
+        present = ", ".join(columns) or "none"
+        raise InputError(
+            file,
+            f"has no column '{options.prompt_key}' (columns: {present}); a causal language "
+            "model scores multiple-choice rows: a prompt, its answers and the right one",
+            "name the prompt column with --prompt-key, or build prompts from the row with "
+            "--template 'Review: {text}\\nAnswer:' and give the answers with --choices a,b",
+        )
+    if options.template is None:
+        return as_texts(
+            text_column(columns, options.prompt_key, file, "--prompt-key"),
+            file,
+            options.prompt_key,
+        )
+    template = _unescape(options.template)
+    names = _FIELD.findall(template)
+    if not names:
+        raise InputError(
+            "--template", f"{options.template!r} names no column", "write {COLUMN} in it"
+        )
+    for name in names:
+        if name not in columns:
+            present = ", ".join(columns) or "none"
+            raise InputError(
+                file,
+                f"has no column '{name}', which --template names (columns: {present})",
+            )
+    n_rows = len(next(iter(columns.values()))) if columns else 0
+    prompts = []
+    for row in range(n_rows):
+        values = {}
+        for name in names:
+            value = columns[name][row]
+            if not isinstance(value, str | int | float) or isinstance(value, bool):
+                raise InputError(
+                    file, f"row {row}: column '{name}' holds {value!r}, not a text or a number"
+                )
+            values[name] = str(value)
+        prompts.append(_FIELD.sub(lambda m, v=values: v[m.group(1)], template))  # type: ignore[misc]
+    return prompts
+
+
+def _answers(
+    columns: Mapping[str, list[Any]], options: DataSettings, file: str, n_rows: int
+) -> list[tuple[str, ...]]:
+    """The answers of each row: ``--choices`` for every row, or the ``--choices-key`` column;
+    the same K >= 2 for every row."""
+    from curvcal.load.texts.text import text_column
+
+    if options.choices is not None:
+        words = tuple(options.choices)
+        if len(words) < 2 or len(set(words)) != len(words) or not all(w.strip() for w in words):
+            raise InputError(
+                "choices",
+                f"{list(words)} are not two or more different, non-empty answers",
+                "give every row's answers, e.g. --choices positive,negative",
+            )
+        return [words] * n_rows
+    cells = text_column(columns, options.choices_key, file, "--choices-key")
+    rows: list[tuple[str, ...]] = []
+    for row, cell in enumerate(cells):
+        if isinstance(cell, str):  # a CSV cell: a JSON array
+            try:
+                cell = json.loads(cell)
+            except json.JSONDecodeError:
+                cell = None
+        if not isinstance(cell, list | tuple) or not all(isinstance(a, str) for a in cell):
+            raise InputError(
+                file,
+                f"row {row}: column '{options.choices_key}' is not a list of answers (texts)",
+                "write each row's answers as a list, or give them once with --choices a,b,c",
+            )
+        answers = tuple(cell)
+        if rows and len(answers) != len(rows[0]):
+            raise InputError(
+                file,
+                f"row {row} has {len(answers)} answers, row 0 has {len(rows[0])}; every row "
+                "needs the same number K",
+            )
+        rows.append(answers)
+    if rows and len(rows[0]) < 2:
+        raise InputError(file, f"row 0 has {len(rows[0])} answer; a choice needs at least two")
+    return rows
