@@ -363,18 +363,20 @@ def test_a_peft_warning_is_said_once_in_curvcal_words(
     assert notes.startswith("peft: fan_in_fan_out is set to True")
 
 
-def _without_head(base: Path, parent: Path) -> Path:
-    """A copy of the classifier folder ``base`` whose weights lack the head's matrix and hold
-    one tensor no parameter takes: transformers loads it, heads it at random and logs its
-    load report (a table, printed around curvcal's lines before)."""
+def _edited(base: Path, parent: Path, drop_head: bool) -> Path:
+    """A copy of the classifier folder ``base`` whose weights hold one tensor no parameter
+    takes and, with ``drop_head``, lack the head's matrix: transformers loads either, heads
+    the second at random and logs its load report (a table, printed around curvcal's lines
+    before)."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    folder = parent / "headless"
+    folder = parent / ("headless" if drop_head else "spare")
     shutil.copytree(base, folder)
     weights = load_file(folder / "model.safetensors")
-    (head,) = [name for name in weights if name.startswith("score.")]
-    del weights[head]
+    if drop_head:
+        (head,) = [name for name in weights if name.startswith("score.")]
+        del weights[head]
     weights["spare.bias"] = torch.zeros(2)
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
@@ -383,30 +385,58 @@ def _without_head(base: Path, parent: Path) -> Path:
 def test_a_transformers_load_report_is_said_once_in_curvcal_words(
     run_cli: Any, files: Files, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """transformers logs (rather than warns) what a load lacks or leaves over: before, its
+    """transformers logs (rather than warns) what a load leaves over: before, its
     ``[transformers] ... LOAD REPORT`` table printed on stderr around curvcal's own lines and
     the report's JSON kept nothing of it."""
-    folder = _without_head(files.base, tmp_path)
+    folder = _edited(files.base, tmp_path, drop_head=False)
     result = run_cli("calibrate", folder, "--data", files.jsonl, "--device", "cpu",
                      "--method", "none", "--json")  # fmt: skip
     assert result.code == 0, result.stderr
     assert "LOAD REPORT" not in result.stderr and "[transformers]" not in result.stderr
-    assert "|" not in result.stderr and "MISSING" not in result.stderr
+    assert "|" not in result.stderr and "UNEXPECTED" not in result.stderr
     # the library's handler writes to the process's stderr, not the one the runner captures
     assert "LOAD REPORT" not in capfd.readouterr().err
-    lacks = (
-        f"curvcal: warning: {folder}: transformers: the checkpoint lacks 1 of the model's "
-        "weights, initialised at random instead (the results depend on the seed): score.weight"
-    )
     ignored = (
         f"curvcal: warning: {folder}: transformers: the model takes none of 1 of the "
         "checkpoint's tensors, ignored: spare.bias"
     )
-    for line in (lacks, ignored):
-        assert times_said(line, result.stderr) == 1, result.stderr
+    assert times_said(ignored, result.stderr) == 1, result.stderr
     report = json.loads(result.stdout)
     kept = [w for w in report["warnings"] if "transformers:" in w]
-    assert kept == [line.removeprefix("curvcal: warning: ") for line in (lacks, ignored)]
+    assert kept == [ignored.removeprefix("curvcal: warning: ")]
+
+
+def test_a_folder_lacking_weights_is_refused_not_headed_at_random(
+    run_cli: Any, files: Files, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A folder whose weights lack the head's matrix: transformers initialises it at random,
+    and curvcal measured that random classifier with exit 0 (a timm folder lacking a weight
+    was already refused). Now exit 2, one line naming the folder and the tensor."""
+    folder = _edited(files.base, tmp_path, drop_head=True)
+    result = run_cli("calibrate", folder, "--data", files.jsonl, "--device", "cpu",
+                     "--method", "none", "--json")  # fmt: skip
+    assert result.code == 2 and result.stdout == "", result.stderr
+    assert said(
+        f"curvcal: error: {folder}: its weights lack 1 of the", result.stderr
+    ) and said("(score.weight), which transformers would initialise at random", result.stderr)
+    assert "LOAD REPORT" not in result.stderr + capfd.readouterr().err
+
+
+def test_an_adapter_supplies_the_head_its_base_lacks(
+    run_cli: Any, files: Files, tmp_path: Path
+) -> None:
+    """The usual LoRA classifier: a base saved without its head and an adapter whose
+    ``modules_to_save`` holds the trained head. The base's missing head is the adapter's, so
+    it loads without a refusal or a warning about random weights, and measures the same model
+    as the adapter on the whole base."""
+    headless = _edited(files.base, tmp_path, drop_head=True)
+    common = ("--data", files.jsonl, "--device", "cpu", "--method", "none", "--json")
+    whole = run_cli("calibrate", files.adapter, "--base-model", files.base, *common)
+    lacking = run_cli("calibrate", files.adapter, "--base-model", headless, *common)
+    assert whole.code == 0 and lacking.code == 0, whole.stderr + lacking.stderr
+    assert "random" not in lacking.stderr
+    one, two = json.loads(whole.stdout)["results"], json.loads(lacking.stdout)["results"]
+    assert two == one
 
 
 def test_library_log_records_are_held_and_dropped_on_failure(

@@ -103,8 +103,12 @@ def trainer_step(path: Path) -> dict[str, str]:
     return {"trainer_checkpoint": f"step {step}"}
 
 
-def load_folder(path: Path, options: CheckpointSettings) -> ModuleFound:
-    """The model of the folder at ``path``, with its labels, modality and preprocessing."""
+def load_folder(
+    path: Path, options: CheckpointSettings, supplied: tuple[str, ...] = ()
+) -> ModuleFound:
+    """The model of the folder at ``path``, with its labels, modality and preprocessing.
+    ``supplied``: modules whose weights an adapter put on this folder holds (its
+    ``modules_to_save``), which the folder may lack."""
     from curvcal.load.models.hf import (
         build_folder_model,
         is_model_folder,
@@ -140,7 +144,7 @@ def load_folder(path: Path, options: CheckpointSettings) -> ModuleFound:
         for file in folder.weights:
             if file.suffix != ".safetensors":  # scanned, refused if it needs any global
                 load_state_file(file, options)
-        module = load_pretrained(folder, options.trust_checkpoint, notes)
+        module = load_pretrained(folder, options.trust_checkpoint, notes, supplied)
     metadata = {"library": folder.library, **trainer_step(path), **library_notes(notes)}
     if folder.custom_code:
         metadata["custom_code"] = ", ".join(folder.custom_code)
@@ -177,7 +181,7 @@ def _load_adapter(path: Path, options: CheckpointSettings) -> ModuleFound:
         base, built = _causal_base(adapter, base_path, options)
     else:
         _refuse_base_without_head(base_path)
-        base = load_folder(base_path, options.replace(base_model=None))
+        base = load_folder(base_path, options.replace(base_model=None), adapter.modules_to_save)
     module, adapter_notes = apply_adapter(adapter, base.module, options.trust_checkpoint)
     notes = [*base.metadata.get(LIBRARY_NOTES, "").splitlines(), *adapter_notes]
     trainable = [n for n, p in module.named_parameters() if p.requires_grad]

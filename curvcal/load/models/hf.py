@@ -178,13 +178,20 @@ def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
     return LogitsModule(model, folder.modality)
 
 
-def load_pretrained(folder: FolderModel, trust: bool, notes: list[str]) -> nn.Module:
+def load_pretrained(
+    folder: FolderModel, trust: bool, notes: list[str], supplied: tuple[str, ...] = ()
+) -> nn.Module:
     """The transformers classifier of ``folder`` with its weights, through the library's own
     ``from_pretrained`` (local files only; it renames saved keys to the module's own names,
     as recent transformers versions do). Safetensors weights, or a ``pytorch_model.bin`` the
     caller has checked needs no global beyond a weights-only load's. What the library warns
     about is added to ``notes`` in curvcal's words (:func:`load_report_notes` for its load
-    report), never printed in its own format."""
+    report), never printed in its own format.
+
+    A weight of the model the files lack would be initialised at random, so the numbers would
+    be a random model's: :class:`InputError`, as a timm folder's missing weights are, unless
+    the weight belongs to a module named in ``supplied`` (an adapter's ``modules_to_save``,
+    whose trained copy the adapter file holds and the adapter check requires)."""
     _refuse_before_transformers(folder, trust)
     transformers = require("hf", "transformers", str(folder.path))
     for file in folder.weights:  # a truncated or unreadable file, named before the library reads it
@@ -216,6 +223,14 @@ def load_pretrained(folder: FolderModel, trust: bool, notes: list[str]) -> nn.Mo
     finally:
         if was_shown:
             bars.enable_progress_bar()
+    random = [name for name in map(str, info.get("missing_keys", ())) if not _in(name, supplied)]
+    if random:
+        raise InputError(
+            str(folder.path),
+            f"its weights lack {len(random)} of the {folder.architecture}'s tensors "
+            f"({_first(sorted(random))}), which transformers would initialise at random",
+            "save the whole trained classifier with save_pretrained",
+        )
     for note in [*load_report_notes(info), *(n for n in said if LOAD_REPORT not in n)]:
         if note not in notes:
             notes.append(note)
@@ -227,18 +242,19 @@ def load_pretrained(folder: FolderModel, trust: bool, notes: list[str]) -> nn.Mo
 LOAD_REPORT = "LOAD REPORT"
 
 
+def _in(name: str, modules: tuple[str, ...]) -> bool:
+    """Whether parameter ``name`` belongs to one of ``modules``, named as peft names them (the
+    module's full name or its last dotted parts)."""
+    module = name.rpartition(".")[0]
+    return any(module == m or module.endswith("." + m) for m in modules)
+
+
 def load_report_notes(info: Mapping[str, Any]) -> list[str]:
     """What transformers' loading information (``output_loading_info=True``) says, in
-    curvcal's words: weights the model has and the files lack (initialised at random, so the
-    results depend on the seed), tensors of the files no parameter takes (ignored)."""
+    curvcal's words: tensors of the files no parameter takes (ignored). Weights the files
+    lack are refused or supplied before this (:func:`load_pretrained`)."""
     notes = []
-    missing = sorted(str(k) for k in info.get("missing_keys", ()))
     unexpected = sorted(str(k) for k in info.get("unexpected_keys", ()))
-    if missing:
-        notes.append(
-            f"transformers: the checkpoint lacks {len(missing)} of the model's weights, "
-            f"initialised at random instead (the results depend on the seed): {_first(missing)}"
-        )
     if unexpected:
         notes.append(
             f"transformers: the model takes none of {len(unexpected)} of the checkpoint's "
