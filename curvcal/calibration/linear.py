@@ -698,8 +698,10 @@ class _FullProblem:
                 # back, so that its intermediates stay far from the subnormal range whatever
                 # the vector's size (CG's late directions are tiny).
                 scale = float(dvt.abs().max())
-                if not scale > 0.0:
+                if scale == 0.0:
                     return np.zeros_like(vector, dtype=np.float64)
+                if not math.isfinite(scale):
+                    scale = 1.0  # a NaN or infinity goes through as it would unscaled
                 dvt = (dvt / scale).view(k, k + 1)
                 ds = a_product @ dvt.T.to(product_dtype)
                 # (diag q − q qᵀ) ds ignores a shift of ds's row; measured from the most
