@@ -205,13 +205,7 @@ def load_choices(options: DataSettings, model: TextModel | None) -> LoadedData:
             f"index of one of its {n_choices} answers (0 to {n_choices - 1})",
         )
     notes: list[str] = []  # what transformers warned about
-    tokenizer, source = text.load_tokenizer(
-        options.tokenizer, model, options.trust_checkpoint, notes
-    )
-    if options.max_length is not None:
-        max_length, length_source = options.max_length, "--max-length"
-    else:
-        max_length, length_source = text.default_max_length(tokenizer, model)
+    tokenizer, source, max_length, length_source = text.tokenizer_and_length(options, model, notes)
     rows, truncated = tokenize_choices(
         tokenizer,
         prompts,

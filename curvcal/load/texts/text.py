@@ -48,6 +48,7 @@ from curvcal.paths import readable_file, readable_folder
 if TYPE_CHECKING:
     from curvcal.load.checkpoints.loaded_model import LoadedModel
     from curvcal.load.models.hf import FolderModel
+    from curvcal.settings.data import DataSettings
 
 TEXT_SUFFIXES = (".jsonl", ".csv", ".parquet")
 #: files of which a saved tokenizer has at least one
@@ -368,6 +369,18 @@ def rust_panics_as(what: str) -> Iterator[None]:
                     held.seek(0)
                     with contextlib.suppress(OSError):
                         os.write(2, held.read())
+
+
+def tokenizer_and_length(
+    options: DataSettings, model: TextModel | None, notes: list[str]
+) -> tuple[Any, str, int, str]:
+    """The tokenizer of the data ``options`` (:func:`load_tokenizer`; what transformers warns
+    about added to ``notes``), where it came from, the longest sequence kept (``--max-length``
+    or :func:`default_max_length`) and where that came from."""
+    tokenizer, source = load_tokenizer(options.tokenizer, model, options.trust_checkpoint, notes)
+    if options.max_length is not None:
+        return tokenizer, source, options.max_length, "--max-length"
+    return tokenizer, source, *default_max_length(tokenizer, model)
 
 
 def default_max_length(tokenizer: Any, model: TextModel | None) -> tuple[int, str]:

@@ -45,13 +45,7 @@ def load_text(options: DataSettings, model: TextModel | None) -> LoadedData:
     raw_labels = text.text_column(columns, options.label_key, file, "--label-key")
     labels = text.text_labels(raw_labels, model.label2id if model else {}, file, options.label_key)
     notes: list[str] = []  # what transformers warned about
-    tokenizer, source = text.load_tokenizer(
-        options.tokenizer, model, options.trust_checkpoint, notes
-    )
-    if options.max_length is not None:
-        max_length, length_source = options.max_length, "--max-length"
-    else:
-        max_length, length_source = text.default_max_length(tokenizer, model)
+    tokenizer, source, max_length, length_source = text.tokenizer_and_length(options, model, notes)
     padding = text.padding_token(tokenizer, model, options.batch_size > 1 and len(texts) > 1)
     encodings, truncated = text.tokenize(tokenizer, texts, pairs, max_length)
     return loaded_data(
