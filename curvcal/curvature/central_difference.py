@@ -397,7 +397,13 @@ class CentralDifferenceOperator(HessianOperator):
         """G(θ), the summed gradient at the parameters (one gradient pass, the first time; as
         the products' pieces are held), and R = u·‖G(θ)‖·√B / N set in :attr:`control`."""
         if self._base is None:
-            zeros = [torch.zeros_like(_local(p)) for p in self._params]
+            # the tangents _points_sum takes: this rank's slice, or each parameter whole
+            zeros = [
+                torch.zeros_like(_local(p))
+                if self.vector_space is not None
+                else torch.zeros(p.shape, dtype=p.dtype, device=_local(p).device)
+                for p in self._params
+            ]
             self._base = self._points_sum(zeros, 0.0, ((0.0, 1.0),))
             self.start_passes += 1
             (norm,) = self._norms(self._base)
