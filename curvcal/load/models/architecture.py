@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,11 +37,18 @@ LIBRARIES = {"tv": "torchvision", "timm": "timm", "hf": "transformers", "curvcal
 
 
 def build_architecture(
-    spec: str, kwargs: Mapping[str, Any], trust: bool, notes: list[str]
+    spec: str, kwargs: Mapping[str, Any], trust: bool, notes: list[str] | None = None
 ) -> nn.Module:
     """Construct the (randomly initialised) module named by ``spec`` with ``kwargs``; what
     the library (or the ``py:`` factory) warns about meanwhile is added to ``notes``
-    (:func:`~curvcal.load.models.library_limits.library_warnings`)."""
+    (:func:`~curvcal.load.models.library_limits.library_warnings`), or, with no ``notes`` (a
+    script calling it), warned once each as a :class:`UserWarning`."""
+    if notes is None:
+        held: list[str] = []
+        module = build_architecture(spec, kwargs, trust, held)
+        for note in held:
+            warnings.warn(note, UserWarning, stacklevel=2)
+        return module
     factory, accepts = resolve_architecture(spec, trust)
     check_num_classes(kwargs, KWARGS_OPTION)
     if accepts is not None:
