@@ -304,3 +304,42 @@ def test_reorthogonalise_needs_a_cleared_vector() -> None:
     basis.commit(basis.remainder_norm)
     with pytest.raises(RuntimeError, match="follows clear_next"):
         basis.reorthogonalise()
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, MAX_BLOCK + 2])
+def test_narrow_two_row_clearing_is_the_dense_float64_one(count: int) -> None:
+    """A product written into a narrow basis' next row and cleared of the latest two vectors
+    only (a partial Lanczos step, fused into two sweeps of the row): the coefficients are the
+    float64 inner products with the two stored rows (the older ones 0), the remainder the
+    widened row minus those components, its norm the measured β; with count = 3 the two rows
+    lie in two blocks. The commit divides in float64 and rounds once, leaving the remainder as
+    it was."""
+    basis, rows = _narrow(count, seed=4)
+    product = torch.randn(NARROW, generator=torch.Generator().manual_seed(5))  # float32
+    basis.next_row().copy_(product)
+    remainder, coefficients = basis.clear_next(whole=False)
+    wide = product.to(torch.float64)
+    recent = rows[:, -2:]
+    expected = torch.zeros(count, dtype=torch.float64)
+    expected[-recent.shape[1] :] = recent.t() @ wide
+    assert remainder.dtype == torch.float64
+    assert torch.allclose(coefficients, expected, atol=1e-12, rtol=0)
+    reference = wide - recent @ expected[-recent.shape[1] :]
+    assert torch.allclose(remainder, reference, atol=1e-12, rtol=0)
+    assert basis.remainder_norm == pytest.approx(float(reference.norm()), rel=1e-14)
+    kept = remainder.clone()
+    basis.commit(basis.remainder_norm)
+    assert torch.equal(remainder, kept)
+    assert torch.equal(basis[-1], (kept / basis.remainder_norm).to(torch.float32))
+
+
+def test_narrow_two_row_clearing_then_reorthogonalisation_clears_the_whole_basis() -> None:
+    """After the fused two-row clearing, :meth:`reorthogonalise` works on the same remainder:
+    it ends orthogonal to every stored row (to the float32 rows' own orthonormality, 1e-7)."""
+    basis, rows = _narrow(MAX_BLOCK + 2, seed=6)
+    product = torch.randn(NARROW, generator=torch.Generator().manual_seed(7))
+    basis.next_row().copy_(product)
+    remainder, _ = basis.clear_next(whole=False)
+    basis.reorthogonalise()
+    assert float((rows.t() @ remainder).abs().max()) < 1e-6 * float(product.norm())
+    assert basis.remainder_norm == pytest.approx(float(remainder.norm()), rel=1e-14)
