@@ -167,7 +167,6 @@ def lambda_run(
     rows_read = [0]
     basis_class = krylov.KrylovBasis
     project, subtract = basis_class._project, basis_class._subtract
-    clear_narrow_row = basis_class._clear_narrow_row
 
     def counted_project(self: Any, rows: Tensor, vector: Tensor) -> Tensor:
         rows_read[0] += rows.shape[0]
@@ -176,12 +175,6 @@ def lambda_run(
     def counted_subtract(self: Any, vector: Tensor, rows: Tensor, amounts: Tensor) -> None:
         rows_read[0] += rows.shape[0]
         subtract(self, vector, rows, amounts)
-
-    def counted_clear_narrow_row(self: Any, row: Tensor, whole: bool) -> Tensor:
-        # the fused two-row clearing reads the latest rows twice (c = Q_rᵀv, v ← v − Q_r c);
-        # a whole-basis pass after it goes through _project and _subtract
-        rows_read[0] += 2 * min(len(self), krylov.RECENT)
-        return clear_narrow_row(self, row, whole)
 
     began, began_cpu = time.perf_counter(), time.process_time()
     operator = HessianOperator(load.model, load.batches)
@@ -198,7 +191,6 @@ def lambda_run(
         setattr(operator, name, timed)  # the instance's own attribute: Lanczos calls it
     rows = lanczos_basis(1, operator.shape[0], operator.budget)
     basis_class._project, basis_class._subtract = counted_project, counted_subtract  # type: ignore[method-assign]
-    basis_class._clear_narrow_row = counted_clear_narrow_row  # type: ignore[method-assign]
     try:
         spectrum = lanczos(
             operator,
@@ -210,7 +202,6 @@ def lambda_run(
         )
     finally:
         basis_class._project, basis_class._subtract = project, subtract  # type: ignore[method-assign]
-        basis_class._clear_narrow_row = clear_narrow_row  # type: ignore[method-assign]
     seconds = time.perf_counter() - began
     cpu_seconds = time.process_time() - began_cpu
     steps = spectrum.values[0].iterations

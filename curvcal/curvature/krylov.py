@@ -136,7 +136,7 @@ class KrylovBasis:
         the caller's estimate of the lost orthogonality asks for it."""
         row = self._next_row()
         if self.narrow:  # cleared in the wide work vector, stored by commit
-            return self._wide(), self._clear_narrow_row(row, whole)
+            row = self._wide().copy_(row)
         return row, self._clear(row, whole)
 
     def reorthogonalise(self) -> Tensor:
@@ -232,56 +232,6 @@ class KrylovBasis:
         # read by the caller as the new vector's norm (β of Lanczos): no sweep over it again
         self.remainder_norm = norm
         self._pending = vector
-        return coefficients
-
-    def _clear_narrow_row(self, row: Tensor, whole: bool) -> Tensor:
-        """The narrow row ``row`` (a product just written) cleared of the latest
-        :data:`RECENT` vectors into the wide work vector, in two sweeps of
-        :data:`RESTART_COLUMNS` columns at a time instead of five: (1) c = Q_rᵀ row, the row
-        and the recent rows widened a piece at a time; (2) work = row − Q_r c, piece by piece,
-        its sum of squares accumulated as each piece is written (‖work‖, β of Lanczos, without
-        another sweep). The same arithmetic as copying the row into the work vector, then
-        :meth:`_clear`'s projection, update and norm, up to the order the norm's squares are
-        summed in (and the recent rows of two blocks projected together rather than in turn,
-        which the two rows' orthonormality makes a difference of rounding). Then, when
-        ``whole``, the whole basis (:meth:`_whole_passes`). Returns the coefficients removed."""
-        work = self._wide()
-        coefficients = torch.zeros(self._count, dtype=self.dtype, device=self.device)
-        first = max(0, self._count - RECENT)
-        recent: list[Tensor] = []  # the latest rows, one slice per block they lie in
-        index = first
-        while index < self._count:
-            block, offset = self._locate(index)
-            rows = self._blocks[block][offset : offset + self._count - index]
-            recent.append(rows)
-            index += rows.shape[0]
-        amounts = torch.zeros(self._count - first, dtype=self.dtype, device=self.device)
-        if recent:
-            for begin in range(0, self.size, RESTART_COLUMNS):
-                end = min(begin + RESTART_COLUMNS, self.size)
-                piece = row[begin:end].to(self.dtype)
-                start = 0
-                for rows in recent:
-                    stop = start + rows.shape[0]
-                    amounts[start:stop].addmv_(rows[:, begin:end].to(self.dtype), piece)
-                    start = stop
-            amounts = self.space.reduce(amounts)
-        squares = torch.zeros((), dtype=self.dtype, device=self.device)
-        for begin in range(0, self.size, RESTART_COLUMNS):
-            end = min(begin + RESTART_COLUMNS, self.size)
-            piece = work[begin:end].copy_(row[begin:end])
-            start = 0
-            for rows in recent:
-                stop = start + rows.shape[0]
-                piece.addmv_(rows[:, begin:end].t().to(self.dtype), amounts[start:stop], alpha=-1.0)
-                start = stop
-            squares += torch.dot(piece, piece)
-        coefficients[first:] = amounts
-        norm = float(self.space.reduce(squares).sqrt())
-        if whole:
-            norm = self._whole_passes(work, coefficients, norm)
-        self.remainder_norm = norm
-        self._pending = work
         return coefficients
 
     def _whole_passes(self, vector: Tensor, coefficients: Tensor, before: float) -> float:

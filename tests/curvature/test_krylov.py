@@ -309,22 +309,27 @@ def test_reorthogonalise_needs_a_cleared_vector() -> None:
 @pytest.mark.parametrize("count", [1, 2, 3, MAX_BLOCK + 2])
 def test_narrow_two_row_clearing_is_the_dense_float64_one(count: int) -> None:
     """A product written into a narrow basis' next row and cleared of the latest two vectors
-    only (a partial Lanczos step, fused into two sweeps of the row): the coefficients are the
+    only (a partial Lanczos step): the coefficients are the
     float64 inner products with the two stored rows (the older ones 0), the remainder the
     widened row minus those components, its norm the measured β; with count = 3 the two rows
-    lie in two blocks. The commit divides in float64 and rounds once, leaving the remainder as
+    lie in two blocks and are removed in turn. The commit divides in float64 and rounds once, leaving the remainder as
     it was."""
     basis, rows = _narrow(count, seed=4)
     product = torch.randn(NARROW, generator=torch.Generator().manual_seed(5))  # float32
     basis.next_row().copy_(product)
     remainder, coefficients = basis.clear_next(whole=False)
     wide = product.to(torch.float64)
-    recent = rows[:, -2:]
+    # the rows of one block removed together, of two blocks (count = 3: blocks of 2 and 2
+    # rows) in turn, each against the vector already cleared of the one before
+    groups = [[1], [2]] if count == 3 else [list(range(max(0, count - 2), count))]
     expected = torch.zeros(count, dtype=torch.float64)
-    expected[-recent.shape[1] :] = recent.t() @ wide
+    reference = wide.clone()
+    for group in groups:
+        amounts = rows[:, group].t() @ reference
+        reference -= rows[:, group] @ amounts
+        expected[group] = amounts
     assert remainder.dtype == torch.float64
     assert torch.allclose(coefficients, expected, atol=1e-12, rtol=0)
-    reference = wide - recent @ expected[-recent.shape[1] :]
     assert torch.allclose(remainder, reference, atol=1e-12, rtol=0)
     assert basis.remainder_norm == pytest.approx(float(reference.norm()), rel=1e-14)
     kept = remainder.clone()
