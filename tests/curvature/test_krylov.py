@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from curvcal.curvature.krylov import MAX_BLOCK, RESTART_COLUMNS, KrylovBasis
+from curvcal.curvature.vectors import VectorSpace
 
 
 def _orthonormal(size: int, count: int, seed: int = 0) -> torch.Tensor:
@@ -348,3 +349,15 @@ def test_narrow_two_row_clearing_then_reorthogonalisation_clears_the_whole_basis
     basis.reorthogonalise()
     assert float((rows.t() @ remainder).abs().max()) < 1e-6 * float(product.norm())
     assert basis.remainder_norm == pytest.approx(float(remainder.norm()), rel=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_whole_vectors_gaussian_draw_is_one_float64_draw_of_p_values(
+    dtype: torch.dtype,
+) -> None:
+    """The start vector of a whole-vector run: one float64 draw of P values from the generator
+    (returned as drawn in float64, no copy), rounded to a narrower dtype when asked."""
+    drawn = VectorSpace(1001).normal(torch.Generator().manual_seed(8), dtype)
+    reference = torch.randn(1001, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    assert drawn.dtype == dtype
+    assert torch.equal(drawn, reference.to(dtype))
