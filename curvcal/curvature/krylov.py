@@ -165,9 +165,18 @@ class KrylovBasis:
         self._pending = None
         if self.narrow:
             assert self._work is not None, "commit follows extend"
-            # divided in float64 and rounded once, as the row is written (no pass over the work
-            # vector to scale it first)
-            torch.div(self._work, norm, out=self._next_row())
+            # divided in float64 and rounded once, as the row is written: a piece at a time
+            # into a float64 scratch, then cast into the row — the same arithmetic as a
+            # mixed-dtype ``torch.div(work, norm, out=row)``, which is not vectorised (0.055 s
+            # against 0.02 s at P = 13.5 M, one thread); the work vector is left as it was
+            row = self._next_row()
+            scratch = torch.empty(
+                min(RESTART_COLUMNS, self.size), dtype=self.dtype, device=self.device
+            )
+            for begin in range(0, self.size, RESTART_COLUMNS):
+                end = min(begin + RESTART_COLUMNS, self.size)
+                piece = torch.div(self._work[begin:end], norm, out=scratch[: end - begin])
+                row[begin:end].copy_(piece)
         else:
             self._next_row().div_(norm)
         self._count += 1

@@ -89,6 +89,8 @@ class VectorSpace:
     def normal(self, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
         """A standard normal vector on the CPU, this space's part of it (:meth:`_draw_into`):
         float64 draws rounded to ``dtype``."""
+        if not self.sliced and dtype == torch.float64:  # the draw itself: no copy of P values
+            return torch.randn(self.size, generator=generator, dtype=torch.float64)
         return self._draw_into(
             torch.empty(self.size, dtype=dtype),
             lambda n: torch.randn(n, generator=generator, dtype=torch.float64),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from curvcal.curvature.krylov import MAX_BLOCK, RESTART_COLUMNS, KrylovBasis
+from curvcal.curvature.vectors import VectorSpace
 
 
 def _orthonormal(size: int, count: int, seed: int = 0) -> torch.Tensor:
@@ -304,3 +305,59 @@ def test_reorthogonalise_needs_a_cleared_vector() -> None:
     basis.commit(basis.remainder_norm)
     with pytest.raises(RuntimeError, match="follows clear_next"):
         basis.reorthogonalise()
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, MAX_BLOCK + 2])
+def test_narrow_two_row_clearing_is_the_dense_float64_one(count: int) -> None:
+    """A product written into a narrow basis' next row and cleared of the latest two vectors
+    only (a partial Lanczos step): the coefficients are the
+    float64 inner products with the two stored rows (the older ones 0), the remainder the
+    widened row minus those components, its norm the measured β; with count = 3 the two rows
+    lie in two blocks and are removed in turn. The commit divides in float64 and rounds once, leaving the remainder as
+    it was."""
+    basis, rows = _narrow(count, seed=4)
+    product = torch.randn(NARROW, generator=torch.Generator().manual_seed(5))  # float32
+    basis.next_row().copy_(product)
+    remainder, coefficients = basis.clear_next(whole=False)
+    wide = product.to(torch.float64)
+    # the rows of one block removed together, of two blocks (count = 3: blocks of 2 and 2
+    # rows) in turn, each against the vector already cleared of the one before
+    groups = [[1], [2]] if count == 3 else [list(range(max(0, count - 2), count))]
+    expected = torch.zeros(count, dtype=torch.float64)
+    reference = wide.clone()
+    for group in groups:
+        amounts = rows[:, group].t() @ reference
+        reference -= rows[:, group] @ amounts
+        expected[group] = amounts
+    assert remainder.dtype == torch.float64
+    assert torch.allclose(coefficients, expected, atol=1e-12, rtol=0)
+    assert torch.allclose(remainder, reference, atol=1e-12, rtol=0)
+    assert basis.remainder_norm == pytest.approx(float(reference.norm()), rel=1e-14)
+    kept = remainder.clone()
+    basis.commit(basis.remainder_norm)
+    assert torch.equal(remainder, kept)
+    assert torch.equal(basis[-1], (kept / basis.remainder_norm).to(torch.float32))
+
+
+def test_narrow_two_row_clearing_then_reorthogonalisation_clears_the_whole_basis() -> None:
+    """After the fused two-row clearing, :meth:`reorthogonalise` works on the same remainder:
+    it ends orthogonal to every stored row (to the float32 rows' own orthonormality, 1e-7)."""
+    basis, rows = _narrow(MAX_BLOCK + 2, seed=6)
+    product = torch.randn(NARROW, generator=torch.Generator().manual_seed(7))
+    basis.next_row().copy_(product)
+    remainder, _ = basis.clear_next(whole=False)
+    basis.reorthogonalise()
+    assert float((rows.t() @ remainder).abs().max()) < 1e-6 * float(product.norm())
+    assert basis.remainder_norm == pytest.approx(float(remainder.norm()), rel=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_whole_vectors_gaussian_draw_is_one_float64_draw_of_p_values(
+    dtype: torch.dtype,
+) -> None:
+    """The start vector of a whole-vector run: one float64 draw of P values from the generator
+    (returned as drawn in float64, no copy), rounded to a narrower dtype when asked."""
+    drawn = VectorSpace(1001).normal(torch.Generator().manual_seed(8), dtype)
+    reference = torch.randn(1001, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    assert drawn.dtype == dtype
+    assert torch.equal(drawn, reference.to(dtype))
