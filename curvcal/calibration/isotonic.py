@@ -350,12 +350,20 @@ def _class_block_points(
     n_rows, n = ranked.shape
     scores = ranked.reshape(-1)
     first = np.flatnonzero(opens.reshape(-1))  # every group's first score, class after class
-    bounds = np.append(first, len(scores))
     row_group = np.searchsorted(first, np.arange(n_rows + 1) * n)  # each class's first group
-    owner = np.repeat(np.arange(n_rows), n_positives)
-    position = _last_at_most(scores, positives, owner * n, owner * n + n)
+    # each positive's last score at most its own (in its class's row), rising: one search of
+    # the class's sorted positives per class (a sorted search reads the row in order)
+    position = np.empty(len(positives), dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(n_positives)]).tolist()
+    for row in range(n_rows):
+        keys = np.sort(positives[offsets[row] : offsets[row + 1]])
+        found = np.searchsorted(ranked[row], keys, side="right")
+        position[offsets[row] : offsets[row + 1]] = found + (row * n - 1)
     group = np.searchsorted(first, position, side="right") - 1
-    positive, hits = np.unique(group, return_counts=True)
+    opens_run = np.ones(len(group), dtype=bool)  # the groups holding positives, with counts
+    opens_run[1:] = group[1:] != group[:-1]
+    positive = group[opens_run]
+    hits = np.diff(np.append(np.flatnonzero(opens_run), len(group)))
     positive_class = np.searchsorted(row_group, positive, side="right") - 1
     per_class = np.bincount(positive_class, minlength=n_rows)
     before = np.concatenate([[0], np.cumsum(per_class)])  # positive groups of earlier classes
@@ -378,7 +386,9 @@ def _class_block_points(
     low[last[has]] = positive[before[1:][has] - 1] + 1
     high[last] = row_group[1:]
     point_class[last] = np.arange(n_rows)
-    weight = bounds[high] - bounds[low]
+    # a group's first score, or the block's end after the last group
+    weight = np.take(first, high, mode="clip") - np.take(first, low, mode="clip")
+    weight[high == len(first)] += len(scores) - first[-1]
     target = np.zeros(n_points)
     target[at + 1] = hits / weight[at + 1]
     used = high > low  # not the empty zero runs
@@ -398,23 +408,6 @@ def _class_block_points(
     cuts = np.cumsum(np.bincount(point_class[run_first], weights=n_kept, minlength=n_rows))
     cuts = cuts[:-1].astype(np.int64)
     return list(zip(np.split(scores[first[kept]], cuts), np.split(values, cuts), strict=True))
-
-
-def _last_at_most(
-    scores: np.ndarray, keys: np.ndarray, low: np.ndarray, high: np.ndarray
-) -> np.ndarray:
-    """For each key, the last j in [low, high) with ``scores[j]`` ≤ key, the scores of each
-    range sorted ascending and its first at most the key (``numpy.searchsorted(..., "right")``
-    − 1 in each range, all at once by bisection)."""
-    low, high = low.copy(), high.copy()  # scores[low] <= key < scores[high] (high past the end)
-    active = np.flatnonzero(high - low > 1)
-    while len(active):
-        middle = (low[active] + high[active]) >> 1
-        below = scores[middle] <= keys[active]
-        low[active[below]] = middle[below]
-        high[active[~below]] = middle[~below]
-        active = active[high[active] - low[active] > 1]
-    return low
 
 
 #: Cells per knot of a :class:`PointTable` (fewer where there are fewer scores to map, or
