@@ -199,3 +199,19 @@ def test_segmented_pooling_is_each_segment_alone(seed: int) -> None:
     assert same_bits(
         pool_adjacent_violators(pieces[0], weights[0]), reference_pool(pieces[0], weights[0])
     )
+
+
+def test_one_and_two_samples_by_hand() -> None:
+    # one sample of class 0 at uniform scores: one point per class, its target
+    fitted = one_vs_rest_points(np.full((3, 1), 1 / 3), np.array([0]))
+    assert [(x.tolist(), v.tolist()) for x, v in fitted] == [
+        ([1 / 3], [1.0]),
+        ([1 / 3], [0.0]),
+        ([1 / 3], [0.0]),
+    ]
+    # two samples, each right with the higher score: two points per class, 0 then 1
+    p = np.array([[0.25, 0.75], [0.75, 0.25]])
+    fitted = one_vs_rest_points(np.ascontiguousarray(p.T), np.array([1, 0]))
+    for x, values in fitted:
+        assert x.tolist() == [0.25, 0.75]
+        assert values.tolist() == [0.0, 1.0]
