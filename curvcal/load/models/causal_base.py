@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from curvcal.errors import InputError, TrustError, one_line
+from curvcal.errors import InputError, TrustError
 from curvcal.load.extras import require
 from curvcal.load.models.adapters import AdapterFolder
 from curvcal.load.models.hf import (
@@ -42,10 +42,9 @@ from curvcal.load.models.hf import (
     SAFETENSORS_NAME,
     LogitsModule,
     custom_code_entries,
-    no_prompt,
     read_json,
+    transformers_load,
 )
-from curvcal.load.models.library_limits import library_warnings
 
 #: the module names peft's sequence-classification model saves as the classifier head
 #: (``PeftModelForSequenceClassification`` adds them to ``modules_to_save``)
@@ -144,36 +143,24 @@ def build_classifier(plan: CausalBase, trust: bool, notes: list[str]) -> LogitsM
     transformers warns about beyond its load report (which :func:`_check_weights` reads) is
     added to ``notes`` (:func:`~curvcal.load.models.library_limits.library_warnings`)."""
     transformers = require("hf", "transformers", str(plan.path))
-    logging = transformers.utils.logging
-    was_shown = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
     said: list[str] = []
-    try:
-        with (
-            no_prompt(),
-            library_warnings("transformers", said),
-            torch.random.fork_rng(devices=[]),  # the head's random start leaves no trace
-        ):
-            model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
-                str(plan.path),
-                num_labels=plan.num_labels,
-                pad_token_id=plan.pad_token_id,
-                local_files_only=True,
-                trust_remote_code=trust,
-                # the weights curvcal scanned: safetensors when present, else the .bin
-                use_safetensors=any((plan.path / n).is_file() for n in SAFETENSORS_FILES),
-                attn_implementation="eager",
-                output_loading_info=True,
-            )
-    except (ValueError, KeyError, OSError, ImportError, TypeError, RuntimeError) as exc:
-        raise InputError(
+    with (
+        transformers_load(
+            transformers, plan.path, f"cannot build {plan.classifier} from its {plan.causal}", said
+        ),
+        torch.random.fork_rng(devices=[]),  # the head's random start leaves no trace
+    ):
+        model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
             str(plan.path),
-            f"transformers cannot build {plan.classifier} from its {plan.causal}: {one_line(exc)}",
-            "is transformers recent enough for this model?",
-        ) from exc
-    finally:
-        if was_shown:
-            logging.enable_progress_bar()
+            num_labels=plan.num_labels,
+            pad_token_id=plan.pad_token_id,
+            local_files_only=True,
+            trust_remote_code=trust,
+            # the weights curvcal scanned: safetensors when present, else the .bin
+            use_safetensors=any((plan.path / n).is_file() for n in SAFETENSORS_FILES),
+            attn_implementation="eager",
+            output_loading_info=True,
+        )
     _check_weights(plan, info)
     # its load report names lm_head and the head, which _check_weights has checked
     notes += [note for note in said if LOAD_REPORT not in note and note not in notes]

@@ -198,31 +198,18 @@ def load_pretrained(
         if file.suffix == ".safetensors":
             read_safetensors_metadata(file)
     auto = getattr(transformers, _auto_name(folder))
-    bars = transformers.utils.logging
-    was_shown = bars.is_progress_bar_enabled()
-    bars.disable_progress_bar()  # curvcal's own progress goes to stderr; keep it the only one
     said: list[str] = []
-    try:
-        with no_prompt(), library_warnings("transformers", said):
-            model, info = auto.from_pretrained(
-                str(folder.path),
-                local_files_only=True,
-                trust_remote_code=trust,
-                use_safetensors=folder.weights[0].suffix == ".safetensors",
-                # fused attention kernels have no second derivative or forward-mode rule; the
-                # library's eager attention computes the same function and every Hessian product
-                attn_implementation="eager",
-                output_loading_info=True,
-            )
-    except (ValueError, KeyError, OSError, ImportError, TypeError, RuntimeError) as exc:
-        raise InputError(
+    with transformers_load(transformers, folder.path, f"cannot load {folder.architecture}", said):
+        model, info = auto.from_pretrained(
             str(folder.path),
-            f"transformers cannot load {folder.architecture}: {one_line(exc)}",
-            "is transformers recent enough for this model?",
-        ) from exc
-    finally:
-        if was_shown:
-            bars.enable_progress_bar()
+            local_files_only=True,
+            trust_remote_code=trust,
+            use_safetensors=folder.weights[0].suffix == ".safetensors",
+            # fused attention kernels have no second derivative or forward-mode rule; the
+            # library's eager attention computes the same function and every Hessian product
+            attn_implementation="eager",
+            output_loading_info=True,
+        )
     random = [name for name in map(str, info.get("missing_keys", ())) if not _in(name, supplied)]
     if random:
         raise InputError(
@@ -235,6 +222,31 @@ def load_pretrained(
         if note not in notes:
             notes.append(note)
     return LogitsModule(model, folder.modality)
+
+
+@contextmanager
+def transformers_load(
+    transformers: Any, path: Path, failure: str, said: list[str]
+) -> Iterator[None]:
+    """A model load by ``transformers`` from ``path``: its progress bars off (curvcal's own
+    progress is the only one on stderr), no terminal prompt (:func:`no_prompt`), what it warns
+    or logs added to ``said`` (:func:`~curvcal.load.models.library_limits.library_warnings`),
+    and what it raises an :class:`InputError` naming ``path``: "transformers <failure>"."""
+    bars = transformers.utils.logging
+    was_shown = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()
+    try:
+        with no_prompt(), library_warnings("transformers", said):
+            yield
+    except (ValueError, KeyError, OSError, ImportError, TypeError, RuntimeError) as exc:
+        raise InputError(
+            str(path),
+            f"transformers {failure}: {one_line(exc)}",
+            "is transformers recent enough for this model?",
+        ) from exc
+    finally:
+        if was_shown:
+            bars.enable_progress_bar()
 
 
 #: the title of transformers' load report (a table of missing and unexpected keys), said

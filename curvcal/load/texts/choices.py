@@ -241,12 +241,9 @@ def load_choices(options: DataSettings, model: TextModel | None) -> LoadedData:
             "n_choices": n_choices,
             "choice_score": options.choice_score,
             "choice_delimiter": options.choice_delimiter,
-            "n_texts": len(rows),
-            "max_length": max_length,
-            "max_length_source": length_source,
-            "truncated": truncated,
-            "tokenizer": source,
-            "tokenizer_class": type(tokenizer).__name__,
+            **text.tokenization_record(
+                len(rows), (max_length, length_source), truncated, tokenizer, source
+            ),
         },
         warnings=tuple(notes),
     )

@@ -383,6 +383,21 @@ def tokenizer_and_length(
     return tokenizer, source, *default_max_length(tokenizer, model)
 
 
+def tokenization_record(
+    n_texts: int, length: tuple[int, str], truncated: int, tokenizer: Any, source: str
+) -> dict[str, Any]:
+    """What a text loader's summary says of its tokenization: the rows, the longest sequence
+    kept and where that came from (``length``), how many rows were cut, and the tokenizer."""
+    return {
+        "n_texts": n_texts,
+        "max_length": length[0],
+        "max_length_source": length[1],
+        "truncated": truncated,
+        "tokenizer": source,
+        "tokenizer_class": type(tokenizer).__name__,
+    }
+
+
 def default_max_length(tokenizer: Any, model: TextModel | None) -> tuple[int, str]:
     """min(tokenizer.model_max_length, config.max_position_embeddings) and which one applied."""
     candidates: list[tuple[int, str]] = []

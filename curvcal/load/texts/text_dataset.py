@@ -61,12 +61,9 @@ def load_text(options: DataSettings, model: TextModel | None) -> LoadedData:
                 "text_pair": options.text_pair_key,
                 "label": options.label_key,
             },
-            "n_texts": len(encodings),
-            "max_length": max_length,
-            "max_length_source": length_source,
-            "truncated": truncated,
-            "tokenizer": source,
-            "tokenizer_class": type(tokenizer).__name__,
+            **text.tokenization_record(
+                len(encodings), (max_length, length_source), truncated, tokenizer, source
+            ),
             **padding,
         },
         warnings=tuple(notes),
