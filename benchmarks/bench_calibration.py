@@ -491,15 +491,14 @@ def curvcal_map(stage: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tens
     :data:`MAP_SETTINGS`) and apply it to the same logits: N×K float64 probabilities."""
     import dataclasses
 
+    from curvcal.calibration.inputs import InputNames
     from curvcal.calibration.registry import MAPS
     from curvcal.settings.calibration import CalibrationSettings
 
     settings = dataclasses.replace(CalibrationSettings(), **MAP_SETTINGS.get(stage, {}))
 
     def run(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        fit = MAPS[stage].fit(
-            logits, labels, "logits", settings, source="logits", labels_source="labels"
-        )
+        fit = MAPS[stage].fit(logits, labels, "logits", settings, names=InputNames("logits"))
         return fit.calibrator.probabilities(logits, "logits", "logits")
 
     return run

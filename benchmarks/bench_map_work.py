@@ -81,6 +81,7 @@ Apply = Callable[[Any], Any]
 def curvcal_parts(stage: str, probs: np.ndarray, labels: torch.Tensor) -> tuple[Fit, Apply]:
     """curvcal's registry map ``stage`` fitted on the float64 probabilities (equal-width bins
     for histograms), and its calibrated N×K probabilities of the same rows."""
+    from curvcal.calibration.inputs import InputNames
     from curvcal.calibration.registry import MAPS as REGISTRY
     from curvcal.settings.calibration import CalibrationSettings
 
@@ -91,9 +92,7 @@ def curvcal_parts(stage: str, probs: np.ndarray, labels: torch.Tensor) -> tuple[
         )
 
     def fit() -> Any:
-        result = REGISTRY[stage].fit(
-            probs, labels, "probs", settings, source="probs", labels_source="labels"
-        )
+        result = REGISTRY[stage].fit(probs, labels, "probs", settings, names=InputNames("probs"))
         return result.calibrator
 
     def apply(calibrator: Any) -> Any:

@@ -33,7 +33,7 @@ from curvcal.calibration.binary import BinaryFit
 from curvcal.calibration.binning import HistogramFit
 from curvcal.calibration.device import DEVICE_STAGES, METRICS, stage_device
 from curvcal.calibration.ensemble import EnsembleFit, EnsembleMap
-from curvcal.calibration.inputs import as_tensor, check_kind
+from curvcal.calibration.inputs import InputNames, as_tensor, check_kind
 from curvcal.calibration.isotonic import IsotonicFit
 from curvcal.calibration.linear import LinearFit
 from curvcal.calibration.metrics import TopLabel, calibration_metrics, top_label_of
@@ -217,7 +217,8 @@ def analyse_calibration(
     must have the same K. ``split_method`` and ``fraction`` describe how the splits were made
     (recorded in :class:`SplitInfo`; ``seed`` is ``settings.seed`` for a ``val-split``). With
     method ``none`` no fit split is needed: pass ``None`` for ``fit_scores``/``fit_labels`` and
-    ``split_method="none"``. ``fit_source``/``eval_source`` name the inputs in errors. A
+    ``split_method="none"``. ``fit_source``/``eval_source`` name the inputs in errors (their labels
+    ``<source> labels``: :meth:`InputNames.of`). A
     ``settings.method`` of ``None`` fits both maps when a fit split is given and none otherwise
     (the analysis records the method it ran). ``features``: the model's last-layer inputs of
     the (fit, evaluation) samples (:class:`~curvcal.calibration.laplace.HeadFeatures`), which
@@ -263,8 +264,7 @@ def analyse_calibration(
                 fit_labels,
                 kind,
                 settings,
-                source=fit_source,
-                labels_source=f"{fit_source} labels",
+                names=InputNames.of(fit_source),
             )
         except InputError as error:
             # ``all``: a map this fit split cannot fit (too few rows for its bins, one class
@@ -276,7 +276,9 @@ def analyse_calibration(
             skipped[stage] = error.message
     tops: dict[str, TopLabel] | None = None
     if settings.method == ALL or settings.bootstrap > 0:
-        tops = {"uncalibrated": top_label_of(eval_scores, eval_labels, kind, eval_source)}
+        tops = {
+            "uncalibrated": top_label_of(eval_scores, eval_labels, kind, InputNames.of(eval_source))
+        }
     evaluation = StageMetrics(
         uncalibrated,
         **{
@@ -419,13 +421,13 @@ def _measure(
             "edges": settings.edges,
             "bootstrap": settings.bootstrap,
             "seed": settings.seed,
-            "labels_source": f"{source} labels",
+            "names": InputNames.of(source),
             "reliability_classes": settings.reliability_classes,
             "smooth_curve": settings.smooth_curve,
             "device": stage_device(METRICS, settings.device),
         }
         if calibrator is None:
-            return calibration_metrics(scores, labels, kind=kind, source=source, **options)
+            return calibration_metrics(scores, labels, kind=kind, **options)
         if features is not None:
             logp = calibrator.apply(features, "features", source)
         elif stage in DEVICE_STAGES and isinstance(calibrator, Calibrator | EnsembleMap):
@@ -437,9 +439,9 @@ def _measure(
         _check_map_output(logp, stage or calibrator.method, source, calibrators_source)
         if tops is not None:
             tops[stage] = top_label_of(
-                logp, labels, "logprobs", source, f"{source} labels", device=options["device"]
+                logp, labels, "logprobs", options["names"], device=options["device"]
             )
-        return calibration_metrics(logp, labels, kind="logprobs", source=source, **options)
+        return calibration_metrics(logp, labels, kind="logprobs", **options)
 
     return evaluate
 

@@ -57,6 +57,7 @@ from curvcal.calibration.binning import (
     check_bin_rows,
     tie_group_ends,
 )
+from curvcal.calibration.inputs import INPUTS, InputNames
 from curvcal.calibration.isotonic import _packed_pairs
 from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import array, choice
@@ -315,18 +316,17 @@ def fit_bbq(
     labels: Any,
     method: str = BBQ_METHOD,
     kind: str = "logits",
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
     counts: Sequence[int] | None = None,
 ) -> BBQFit:
     """Fit BBQ to the top-label confidence of (``scores``, ``labels``) over the equal-mass
     binnings with ``counts`` bins (default: the paper's range, :func:`bin_counts`)."""
     if method != BBQ_METHOD:
         raise InputError("--method", f"unknown BBQ map {method!r}", BBQ_METHOD)
-    logp, y = fit_split(scores, labels, kind, source, labels_source, "BBQ")
+    logp, y = fit_split(scores, labels, kind, names, "BBQ")
     n, k = logp.shape
     if n < 1:
-        raise InputError(source, "BBQ needs at least one fit sample")
+        raise InputError(names.scores, "BBQ needs at least one fit sample")
     confidence, correct = top_label_targets(logp, y)
     tried = bin_counts(n) if counts is None else tuple(counts)
     if not tried or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tried):

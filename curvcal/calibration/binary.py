@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvcal.calibration.inputs import class_labels, log_probabilities
+from curvcal.calibration.inputs import INPUTS, InputNames, class_labels, log_probabilities
 from curvcal.calibration.linear import LOG_FLOOR
 from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import COEFFICIENT_BOUND, Field, SavedMap, choice, number
@@ -197,22 +197,21 @@ def fit_binary(
     labels: Any,
     method: str = "platt",
     kind: str = "logits",
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
 ) -> BinaryFit:
     """Fit Platt scaling (``method="platt"``) or beta calibration (``"beta"``) on
     (``scores``, ``labels``) of a binary problem (see the module docstring)."""
     if method not in BINARY_METHODS:
         raise InputError("--method", f"unknown binary map {method!r}", "platt or beta")
-    logp = log_probabilities(scores, kind, source)
+    logp = log_probabilities(scores, kind, names.scores)
     n, k = logp.shape
     if k != 2:
         raise InputError(
             f"--method {method}",
-            f"{_NAMES[method]} is for binary problems (K = 2); {source} has {k} classes",
+            f"{_NAMES[method]} is for binary problems (K = 2); {names.scores} has {k} classes",
             "use isotonic-ovr, histogram-ovr, vector or ts for K > 2",
         )
-    y = class_labels(labels, n, k, labels_source)
+    y = class_labels(labels, n, k, names.labels)
     target = y.numpy().astype(np.float64)
     features = binary_features(logp, method)
     n_1 = float(target.sum())
@@ -226,7 +225,7 @@ def fit_binary(
     else:
         if n_1 == 0 or n_0 == 0:
             raise InputError(
-                labels_source,
+                names.labels,
                 f"beta calibration needs both classes in the fit split; it has only class "
                 f"{int(target[0]) if n else 0}",
                 "fit on more samples, or use --method platt (its targets are smoothed)",
@@ -249,7 +248,7 @@ def fit_binary(
         fixed=fixed,
         l2=l2,
         nll_before=fit_nll(logp, y),
-        nll_after=fit_nll(fitted.apply(logp, "logprobs", source), y),
+        nll_after=fit_nll(fitted.apply(logp, "logprobs", names.scores), y),
         iterations=iterations,
         gradient_max=gradient_max,
         gradient_tol=GRADIENT_TOL,

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from curvcal.calibration.bins import equal_mass_index
+from curvcal.calibration.inputs import INPUTS, InputNames
 from curvcal.calibration.isotonic import KnotTable, knot_segments, step_table
 from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import choice
@@ -404,8 +405,7 @@ def fit_histogram(
     kind: str = "logits",
     n_bins: int = 15,
     scheme: str = "equal-mass",
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
 ) -> HistogramFit:
     """Fit top-label (``method="histogram"``) or one-vs-rest (``"histogram-ovr"``) histogram
     binning with ``n_bins`` bins of ``scheme`` on (``scores``, ``labels``)."""
@@ -417,7 +417,7 @@ def fit_histogram(
         )
     if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
         raise InputError("--histogram-bins", f"must be a whole number >= 1, got {n_bins!r}")
-    logp, y = fit_split(scores, labels, kind, source, labels_source, f"{method} binning")
+    logp, y = fit_split(scores, labels, kind, names, f"{method} binning")
     n, k = logp.shape
     if n < n_bins:
         raise InputError(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from curvcal.calibration.inputs import INPUTS, InputNames
 from curvcal.calibration.linear import CV_FOLDS, ODIR_GRID, LinearFit, fit_matrix_odir
 
 
@@ -27,8 +28,7 @@ def fit_dirichlet(
     scores: Any,
     labels: Any,
     kind: str = "logits",
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
     seed: int = 0,
     regulariser: str = "odir",
     grid: tuple[float, ...] = ODIR_GRID,
@@ -40,8 +40,7 @@ def fit_dirichlet(
         scores,
         labels,
         kind=kind,
-        source=source,
-        labels_source=labels_source,
+        names=names,
         seed=seed,
         grid=grid,
         folds=folds,

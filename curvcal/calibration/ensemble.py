@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvcal.calibration.inputs import chunk_rows, log_probabilities
+from curvcal.calibration.inputs import INPUTS, InputNames, chunk_rows, log_probabilities
 from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import TEMPERATURE_RANGE, SavedMap, array, choice, number
 from curvcal.calibration.scaling import fit_temperature
@@ -122,8 +122,7 @@ def fit_ensemble_temperature(
     scores: Any,
     labels: Any,
     kind: str = "logits",
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
     *,
     device: torch.device | None = None,
 ) -> EnsembleFit:
@@ -131,7 +130,7 @@ def fit_ensemble_temperature(
     (module docstring), on (``scores``, ``labels``). ``device``: where the N×K passes (the
     log-probabilities, the TS fit, the label columns) run; the N×3 simplex fit runs on the
     CPU."""
-    logp, y = fit_split(scores, labels, kind, source, labels_source, None, device=device)
+    logp, y = fit_split(scores, labels, kind, names, None, device=device)
     n, k = logp.shape
     temperature = fit_temperature(
         logp, y, kind="logprobs", objective="nll", device=logp.device

@@ -8,8 +8,10 @@ within :data:`PROB_SUM_TOL`; -inf marks a probability of exactly 0).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import torch
@@ -26,6 +28,54 @@ CHUNK_ELEMENTS = 1 << 16
 #: On a device (CUDA) a chunk is a kernel launch: chunks of about this many elements (256 MiB of
 #: float64) keep the launches few and the temporaries far below the device's memory.
 DEVICE_CHUNK_ELEMENTS = 1 << 25
+
+
+@dataclass(frozen=True)
+class InputNames:
+    """What error messages call the two inputs of a fit or a metric: its ``scores`` (for a map
+    fitted to the model's last-layer inputs, those features) and their ``labels``. A Python
+    call leaves the defaults; the command line names them after the file they came from
+    (:meth:`of`), once, where it hands them to the fits and metrics."""
+
+    scores: str = "scores"
+    labels: str = "labels"
+
+    @classmethod
+    def of(cls, source: str) -> InputNames:
+        """The names of scores read from ``source`` and of their labels (``{source} labels``)."""
+        return cls(source, f"{source} labels")
+
+
+#: The names a Python call gives the inputs unless told otherwise.
+INPUTS = InputNames()
+
+_Parameters = ParamSpec("_Parameters")
+_Result = TypeVar("_Result")
+
+
+def accepts_source_keywords(
+    function: Callable[_Parameters, _Result],
+) -> Callable[_Parameters, _Result]:
+    """``function`` (which names its inputs by ``names``, an :class:`InputNames`) accepting
+    also the keywords the public API took before: ``source=`` (the scores' name) and
+    ``labels_source=`` (the labels'), each defaulting as :class:`InputNames` does."""
+
+    @functools.wraps(function)
+    def accepting(*args: _Parameters.args, **kwargs: _Parameters.kwargs) -> _Result:
+        former: dict[str, Any] = {
+            field: kwargs.pop(keyword)
+            for field, keyword in (("scores", "source"), ("labels", "labels_source"))
+            if keyword in kwargs
+        }
+        if former:
+            if "names" in kwargs:
+                raise TypeError(
+                    f"{function.__name__}() takes names= or source=/labels_source=, not both"
+                )
+            kwargs["names"] = InputNames(**former)
+        return function(*args, **kwargs)
+
+    return accepting
 
 
 def chunk_rows(n_classes: int, device: torch.device | None = None) -> int:

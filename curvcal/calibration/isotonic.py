@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from curvcal.calibration.inputs import INPUTS, InputNames
 from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import choice
 from curvcal.calibration.univariate import (
@@ -721,14 +722,13 @@ def fit_isotonic(
     labels: Any,
     method: str = "isotonic",
     kind: str = "logits",
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
 ) -> IsotonicFit:
     """Fit top-label (``method="isotonic"``) or one-vs-rest (``"isotonic-ovr"``) isotonic
     regression on (``scores``, ``labels``)."""
     if method not in ISOTONIC_METHODS:
         raise InputError("--method", f"unknown isotonic map {method!r}", "isotonic or -ovr")
-    logp, y = fit_split(scores, labels, kind, source, labels_source, f"{method} regression")
+    logp, y = fit_split(scores, labels, kind, names, f"{method} regression")
     n, k = logp.shape
     if method == "isotonic":
         fitted_points = [isotonic_points(*top_label_targets(logp, y))]

@@ -72,7 +72,7 @@ import torch
 from scipy.optimize import brentq
 from torch import Tensor, nn
 
-from curvcal.calibration.inputs import as_tensor, class_labels
+from curvcal.calibration.inputs import InputNames, as_tensor, class_labels
 from curvcal.calibration.linear import CV_FOLDS, cv_folds
 from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import (
@@ -104,6 +104,8 @@ NLL_GRID = tuple(10.0 ** (i / 4) for i in range(-32, 33))
 PRIOR_FOLDS = CV_FOLDS
 #: Most elements of one chunk's temporary (rows × K × K or rows × K × D).
 CHUNK_ELEMENTS = 1 << 22
+#: What a fit's errors call its inputs unless told otherwise: the head's features and labels.
+FEATURES = InputNames(scores="features")
 
 
 def last_linear(module: nn.Module, where: str = "model") -> tuple[str, nn.Linear]:
@@ -1120,8 +1122,7 @@ def fit_laplace(
     samples: int = 100,
     seed: int = 0,
     layer: str = "",
-    source: str = "features",
-    labels_source: str = "labels",
+    names: InputNames = FEATURES,
     prior: str = "marglik",
     grid: tuple[float, ...] = NLL_GRID,
 ) -> LaplaceFit:
@@ -1134,11 +1135,11 @@ def fit_laplace(
     b = None if bias is None else as_tensor(bias, "last layer bias").to(torch.float64).reshape(-1)
     if b is not None and b.numel() != k:
         raise InputError("last layer bias", f"has {b.numel()} entries for {k} outputs")
-    phi = _features(features, source, d)
+    phi = _features(features, names.scores, d)
     n = phi.shape[0]
     if n == 0:
-        raise InputError(source, "the fit split holds no sample", "give a larger fit split")
-    y = class_labels(labels, n, k, labels_source)
+        raise InputError(names.scores, "the fit split holds no sample", "give a larger fit split")
+    y = class_labels(labels, n, k, names.labels)
     if predictive not in PREDICTIVES:
         raise InputError("--laplace-predictive", f"unknown predictive {predictive!r}")
     if predictive == "mc" and samples < 1:
@@ -1151,7 +1152,9 @@ def fit_laplace(
     logits = phi @ w.T + (b if b is not None else 0.0)
     logp = torch.log_softmax(logits, dim=1)
     if not bool(torch.isfinite(logp).all()):
-        raise NumericalError(source, "the last layer's logits are not finite on the fit split")
+        raise NumericalError(
+            names.scores, "the last layer's logits are not finite on the fit split"
+        )
     nll = -logp.gather(1, y[:, None])[:, 0]
     log_likelihood = -float(nll.sum())
     curv = curvature(phi, torch.exp(logp), has_bias, chosen)

@@ -48,6 +48,8 @@ from scipy.optimize import minimize
 from scipy.sparse.linalg import LinearOperator, cg
 
 from curvcal.calibration.inputs import (
+    INPUTS,
+    InputNames,
     check_finite_logits,
     chunk_rows,
     class_labels,
@@ -1086,8 +1088,7 @@ def fit_linear(
     labels: Any,
     method: str,
     kind: str = "logits",
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
     l2_off_diagonal: float = L2_OFF_DIAGONAL,
     l2_bias: float = L2_BIAS,
     gradient_tol: float = GRADIENT_TOL,
@@ -1113,8 +1114,8 @@ def fit_linear(
         raise InputError(
             "--method", f"unknown linear map {method!r}", "vector, matrix or dirichlet"
         )
-    x = linear_inputs(scores, kind, source, method)
-    y = class_labels(labels, x.shape[0], x.shape[1], labels_source)
+    x = linear_inputs(scores, kind, names.scores, method)
+    y = class_labels(labels, x.shape[0], x.shape[1], names.labels)
     given = "logits" if kind == "logits" and method != "dirichlet" else "log-probabilities"
     return _fit_inputs(
         x,
@@ -1223,8 +1224,7 @@ def fit_matrix_odir(
     scores: Any,
     labels: Any,
     kind: str = "logits",
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
     seed: int = 0,
     grid: tuple[float, ...] = ODIR_GRID,
     folds: int = CV_FOLDS,
@@ -1246,9 +1246,9 @@ def fit_matrix_odir(
     within the gradient tolerance); the data are whitened once, for all samples, and the
     folds are subsets of those rows (:meth:`_FullProblem.subset`); the final fit starts from
     the mean of the folds' maps at the chosen λ."""
-    x = linear_inputs(scores, kind, source, method)
+    x = linear_inputs(scores, kind, names.scores, method)
     n, k = x.shape
-    y = class_labels(labels, n, k, labels_source)
+    y = class_labels(labels, n, k, names.labels)
     counts = torch.bincount(y, minlength=k)
     present = counts[counts > 0]
     given = "logits" if kind == "logits" and method != "dirichlet" else "log-probabilities"

@@ -40,6 +40,9 @@ import torch
 from curvcal.calibration import binfree, intervals
 from curvcal.calibration import bins as binning
 from curvcal.calibration.inputs import (
+    INPUTS,
+    InputNames,
+    accepts_source_keywords,
     check_bins,
     check_finite_logits,
     chunk_log_probabilities,
@@ -270,16 +273,15 @@ def top_label_of(
     scores: Any,
     labels: Any,
     kind: str = "logits",
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
     *,
     device: torch.device | None = None,
 ) -> TopLabel:
     """The per-sample confidence, correctness, NLL and Brier of N×K ``scores`` of ``kind``
-    (validated; errors name ``source`` and ``labels_source``), computed on ``device`` (default:
-    the CPU) and returned on the CPU."""
-    z, y = _prepare(scores, labels, kind, 1, "left", source, labels_source, device)
-    return _scan(z, y, kind=kind, source=source, device=device)[0]
+    (validated; errors call the inputs by ``names``), computed on ``device`` (default: the CPU)
+    and returned on the CPU."""
+    z, y = _prepare(scores, labels, kind, 1, "left", names, device)
+    return _scan(z, y, kind=kind, source=names.scores, device=device)[0]
 
 
 def _prepare(
@@ -288,18 +290,18 @@ def _prepare(
     kind: str,
     n_bins: int,
     edges: str,
-    source: str,
-    labels_source: str,
+    names: InputNames = INPUTS,
     device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores checked for shape and dtype (values are checked by the scan) and labels; scores
     already on ``device`` stay there, others come to the CPU."""
     check_bins(n_bins, edges)
     keep_on = None if device is None else torch.empty(0, device=device).device
-    z = validated_scores(scores, kind, source, keep_on=keep_on)
-    return z, class_labels(labels, z.shape[0], z.shape[1], labels_source)
+    z = validated_scores(scores, kind, names.scores, keep_on=keep_on)
+    return z, class_labels(labels, z.shape[0], z.shape[1], names.labels)
 
 
+@accepts_source_keywords
 def calibration_metrics(
     scores: Any,
     labels: Any,
@@ -308,8 +310,7 @@ def calibration_metrics(
     edges: str = "left",
     bootstrap: int = 0,
     seed: int = 0,
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
     reliability_classes: int = 0,
     smooth_curve: bool = False,
     *,
@@ -323,7 +324,8 @@ def calibration_metrics(
     ``kind`` is ``"logits"``, ``"probs"`` or ``"logprobs"`` (never guessed); ``bins`` equal-width
     and equal-mass bins; ``edges`` ``"left"`` for (a, b] or ``"right"`` for [a, b);
     ``bootstrap`` resamples (0 = no intervals) drawn from a generator seeded by ``seed``.
-    ``source``/``labels_source`` name the inputs in error messages. ``reliability_classes``
+    ``names`` says what error messages call the inputs (the former keywords ``source`` and
+    ``labels_source``, the names of the scores and of the labels, still work). ``reliability_classes``
     > 0 adds the classwise reliability tables of that many classes, the most frequent labels
     first (ties to the lower index). ``smooth_curve`` adds the smooth reliability curve at
     smooth ECE's bandwidth (:func:`curvcal.calibration.smooth.smooth_reliability`).
@@ -337,9 +339,9 @@ def calibration_metrics(
         raise InputError(
             "bootstrap", f"the number of resamples must be an integer >= 0, got {bootstrap!r}"
         )
-    z, y = _prepare(scores, labels, kind, bins, edges, source, labels_source, device)
+    z, y = _prepare(scores, labels, kind, bins, edges, names, device)
     n, k = z.shape
-    top, c_p, c_y, c_n = _scan(z, y, bins, edges, kind, source, device)
+    top, c_p, c_y, c_n = _scan(z, y, bins, edges, kind, names.scores, device)
     index, count, sum_conf, sum_correct = _equal_width(top, bins, edges)
     width = binned_errors(count, sum_conf, sum_correct)
     bin_edges = binning.equal_width_edges(bins)
@@ -360,7 +362,7 @@ def calibration_metrics(
             bootstrap,
             seed,
             estimates,
-            _dense_probabilities(z.cpu(), y, kind, source),
+            _dense_probabilities(z.cpu(), y, kind, names.scores),
             y,
             edges,
         )
@@ -592,7 +594,7 @@ def _bootstrap_intervals(
 
 def _top_of(scores: Any, labels: Any, kind: str) -> Any:
     """The top-label statistics of one set of scores (no binning)."""
-    logp, y = _prepare(scores, labels, kind, 1, "left", "scores", "labels")
+    logp, y = _prepare(scores, labels, kind, 1, "left")
     return _top(logp, y, kind)
 
 
@@ -607,7 +609,7 @@ def mean_confidence(scores: Any, labels: Any, kind: str = "logits") -> float:
 
 
 def _width_errors(scores: Any, labels: Any, kind: str, bins: int, edges: str) -> BinnedErrors:
-    logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
+    logp, y = _prepare(scores, labels, kind, bins, edges)
     _, count, sum_conf, sum_correct = _equal_width(_top(logp, y, kind), bins, edges)
     return binned_errors(count, sum_conf, sum_correct)
 
@@ -644,7 +646,7 @@ def adaptive_calibration_error(
 ) -> float:
     """AdaECE: the ECE formula over equal-mass bins whose cuts never split a tie group
     (confidences equal up to float64 rounding, :mod:`curvcal.calibration.ties`)."""
-    logp, y = _prepare(scores, labels, kind, bins, "left", "scores", "labels")
+    logp, y = _prepare(scores, labels, kind, bins, "left")
     count, sum_conf, sum_correct, _, _ = _equal_mass(_top(logp, y, kind), bins)
     return binned_errors(count, sum_conf, sum_correct).ece
 
@@ -653,7 +655,7 @@ def classwise_calibration_error(
     scores: Any, labels: Any, kind: str = "logits", bins: int = 15, edges: str = "left"
 ) -> float:
     """Classwise ECE: mean over all K classes of the equal-width ECE of p_k against 1[y = k]."""
-    logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
+    logp, y = _prepare(scores, labels, kind, bins, edges)
     sum_p, sum_y = _classwise_sums(logp, y, bins, edges, kind)
     return float(((sum_y - sum_p).abs().sum(dim=1) / logp.shape[0]).mean())
 
@@ -662,7 +664,7 @@ def positive_class_calibration_error(
     scores: Any, labels: Any, kind: str = "logits", bins: int = 15, edges: str = "left"
 ) -> float:
     """ECE of p_1 against 1[y = 1] with equal-width bins; binary problems (K = 2) only."""
-    logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
+    logp, y = _prepare(scores, labels, kind, bins, edges)
     if logp.shape[1] != 2:
         raise InputError(
             "scores", f"the positive-class ECE needs K = 2 classes, got {logp.shape[1]}"
@@ -726,7 +728,7 @@ def reliability_bins(
     binning_scheme: str = "equal-width",
 ) -> tuple[ReliabilityBin, ...]:
     """The reliability table behind ECE (``"equal-width"``) or AdaECE (``"equal-mass"``)."""
-    logp, y = _prepare(scores, labels, kind, bins, edges, "scores", "labels")
+    logp, y = _prepare(scores, labels, kind, bins, edges)
     top = _top(logp, y, kind)
     if binning_scheme == "equal-width":
         _, count, sum_conf, sum_correct = _equal_width(top, bins, edges)

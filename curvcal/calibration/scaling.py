@@ -38,10 +38,11 @@ from curvcal.calibration import bins as binning
 from curvcal.calibration import lattice
 from curvcal.calibration.focal import check_gamma, focal_top_confidence
 from curvcal.calibration.inputs import (
+    INPUTS,
+    InputNames,
+    accepts_source_keywords,
     check_bins,
     chunk_rows,
-    class_labels,
-    log_probabilities,
 )
 from curvcal.calibration.maps import calibrated as _calibrated
 from curvcal.calibration.metrics import binned_errors
@@ -51,6 +52,7 @@ from curvcal.calibration.results import (
     FocalTemperatureFit,
     TemperatureFit,
 )
+from curvcal.calibration.univariate import fit_split
 from curvcal.errors import InputError
 from curvcal.settings.calibration import DEFAULT_GAMMAS as DEFAULT_GAMMAS
 from curvcal.settings.calibration import MAX_GAMMA
@@ -461,14 +463,11 @@ def _prepare(
     kind: str,
     bins: int,
     edges: str,
-    source: str,
-    labels_source: str,
+    names: InputNames,
     device: torch.device | None = None,
 ) -> _Scores:
     check_bins(bins, edges)
-    logp = log_probabilities(scores, kind, source, device=device)
-    y = class_labels(labels, logp.shape[0], logp.shape[1], labels_source)
-    return _Scores(logp, y.to(logp.device))
+    return _Scores(*fit_split(scores, labels, kind, names, None, device=device))
 
 
 def _nll_fit(
@@ -500,6 +499,7 @@ def _at_end(temperature: float, low: float, high: float) -> bool:
     return abs(math.log(temperature / low)) < 1e-9 or abs(math.log(temperature / high)) < 1e-9
 
 
+@accepts_source_keywords
 def fit_temperature(
     scores: Any,
     labels: Any,
@@ -509,8 +509,7 @@ def fit_temperature(
     edges: str = "left",
     bracket: tuple[float, float] = DEFAULT_BRACKET,
     grid_step: float = DEFAULT_GRID_STEP,
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
     *,
     device: torch.device | None = None,
 ) -> TemperatureFit:
@@ -531,7 +530,7 @@ def fit_temperature(
         )
     low, high = _check_bracket(bracket)
     step = _check_grid_step(grid_step)
-    data = _prepare(scores, labels, kind, bins, edges, source, labels_source, device)
+    data = _prepare(scores, labels, kind, bins, edges, names, device)
     evaluate = _objective(data, objective, bins, edges)
     if objective == "nll":
         temperature, derivative, value, evaluations = _fit_nll_temperature(data, low, high)
@@ -563,6 +562,7 @@ def fit_temperature(
     )
 
 
+@accepts_source_keywords
 def fit_focal_temperature(
     scores: Any,
     labels: Any,
@@ -573,8 +573,7 @@ def fit_focal_temperature(
     edges: str = "left",
     bracket: tuple[float, float] = DEFAULT_BRACKET,
     grid_step: float = DEFAULT_GRID_STEP,
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
     *,
     device: torch.device | None = None,
 ) -> FocalTemperatureFit:
@@ -592,7 +591,7 @@ def fit_focal_temperature(
         raise InputError("gammas", "the gamma grid is empty", "0 is temperature scaling")
     low, high = _check_bracket(bracket)
     step = _check_grid_step(grid_step)
-    data = _prepare(scores, labels, kind, bins, edges, source, labels_source, device)
+    data = _prepare(scores, labels, kind, bins, edges, names, device)
     if objective == AUTHORS_OBJECTIVE:
         return _authors_fit(data, grid, bins, edges)
     evaluate = _objective(data, objective, bins, edges)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvcal.calibration.inputs import chunk_rows, class_labels, log_probabilities
+from curvcal.calibration.inputs import InputNames, chunk_rows, class_labels, log_probabilities
 from curvcal.calibration.saved import Field, SavedMap, array, integer, read_fields
 from curvcal.errors import InputError
 
@@ -292,8 +292,7 @@ def fit_split(
     scores: Any,
     labels: Any,
     kind: str,
-    source: str,
-    labels_source: str,
+    names: InputNames,
     method: str | None,
     *,
     device: torch.device | None = None,
@@ -301,13 +300,13 @@ def fit_split(
     """The fit split of a map fitted to scores: the N×K float64 log-probabilities of
     ``scores`` of ``kind`` (:func:`log_probabilities`) and the N labels checked against them
     (:func:`class_labels`); with ``method`` (the map's name) K ≥ 2 is required first
-    (:func:`check_classes`). Errors name ``source`` and ``labels_source``. ``device``: where
-    both live (the CPU when None)."""
-    logp = log_probabilities(scores, kind, source, device=device)
+    (:func:`check_classes`). Errors call the inputs by ``names``. ``device``: where both live
+    (the CPU when None)."""
+    logp = log_probabilities(scores, kind, names.scores, device=device)
     n, k = logp.shape
     if method is not None:
-        check_classes(k, method, source)
-    return logp, class_labels(labels, n, k, labels_source).to(logp.device)
+        check_classes(k, method, names.scores)
+    return logp, class_labels(labels, n, k, names.labels).to(logp.device)
 
 
 def top_label_targets(logp: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

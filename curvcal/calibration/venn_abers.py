@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from curvcal.calibration.inputs import INPUTS, InputNames
 from curvcal.calibration.linear import LOG_FLOOR
 from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import SavedMap, choice, integer, read_fields
@@ -440,15 +441,14 @@ def fit_venn_abers(
     scores: Any,
     labels: Any,
     kind: str = "logits",
-    source: str = "scores",
-    labels_source: str = "labels",
+    names: InputNames = INPUTS,
 ) -> VennAbersFit:
     """Fit the inductive Venn–Abers predictor on (``scores``, ``labels``): binary for K = 2,
     one-vs-all for K > 2 (module docstring)."""
-    logp, y = fit_split(scores, labels, kind, source, labels_source, "Venn-Abers")
+    logp, y = fit_split(scores, labels, kind, names, "Venn-Abers")
     n, k = logp.shape
     if n == 0:
-        raise InputError(source, "has no samples; Venn-Abers needs at least one to fit")
+        raise InputError(names.scores, "has no samples; Venn-Abers needs at least one to fit")
     targets = y.numpy()
     columns = [1] if k == 2 else list(range(k))
     s = log_odds_by_class(logp, columns)

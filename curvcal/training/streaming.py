@@ -59,7 +59,7 @@ class StreamingCalibration:
     """
 
     def __init__(self, bins: int = 15, edges: str = "left", kind: str = "logits") -> None:
-        _prepare(torch.zeros(1, 2), torch.zeros(1, dtype=torch.int64), kind, bins, edges, "", "")
+        _prepare(torch.zeros(1, 2), torch.zeros(1, dtype=torch.int64), kind, bins, edges)
         self.bins, self.edges, self.kind = bins, edges, kind
         self.n_classes: int | None = None
         self.reset()
@@ -82,7 +82,7 @@ class StreamingCalibration:
         device and dtype; the statistics are kept in float64 on the CPU)."""
         scores = scores.detach().cpu() if isinstance(scores, torch.Tensor) else scores
         labels = labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels
-        z, y = _prepare(scores, labels, self.kind, self.bins, self.edges, "scores", "labels")
+        z, y = _prepare(scores, labels, self.kind, self.bins, self.edges)
         k = z.shape[1]
         if self.n_classes is not None and k != self.n_classes:
             from curvcal.errors import InputError

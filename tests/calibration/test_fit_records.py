@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from curvcal.calibration.inputs import InputNames
 from curvcal.calibration.laplace import fit_laplace
 from curvcal.calibration.registry import MAPS
 from curvcal.calibration.results import MapFit, ScalingFit
@@ -194,27 +195,27 @@ def test_map_fit_is_frozen_and_its_shared_fields_are_keywords() -> None:
 
 def test_fit_split_reads_log_probabilities_and_labels() -> None:
     scores = torch.tensor([[0.0, math.log(3.0)], [2.0, 2.0]], dtype=torch.float64)
-    logp, y = fit_split(scores, [1, 0], "logits", "s.pt", "y.pt", "BBQ")
+    logp, y = fit_split(scores, [1, 0], "logits", InputNames("s.pt", "y.pt"), "BBQ")
     assert torch.allclose(logp.exp(), torch.tensor([[0.25, 0.75], [0.5, 0.5]], dtype=torch.float64))
     assert logp.dtype == torch.float64 and y.tolist() == [1, 0]
     probabilities = torch.tensor([[0.2, 0.8]], dtype=torch.float64)
-    logp, _ = fit_split(probabilities, [1], "probs", "s.pt", "y.pt", None)
+    logp, _ = fit_split(probabilities, [1], "probs", InputNames("s.pt", "y.pt"), None)
     assert logp.exp()[0].tolist() == pytest.approx([0.2, 0.8], rel=1e-15)
 
 
 def test_fit_split_refusals_name_the_map_and_the_inputs() -> None:
     one_class = torch.zeros(4, 1, dtype=torch.float64)
     with pytest.raises(InputError) as caught:
-        fit_split(one_class, [0, 0, 0, 0], "logits", "s.pt", "y.pt", "Venn-Abers")
+        fit_split(one_class, [0, 0, 0, 0], "logits", InputNames("s.pt", "y.pt"), "Venn-Abers")
     assert caught.value.what == "s.pt" and "Venn-Abers needs at least 2" in caught.value.why
     # without a map's name any K is read (ensemble TS): the labels are still checked
-    logp, _ = fit_split(one_class, [0, 0, 0, 0], "logits", "s.pt", "y.pt", None)
+    logp, _ = fit_split(one_class, [0, 0, 0, 0], "logits", InputNames("s.pt", "y.pt"), None)
     assert logp.shape == (4, 1)
     with pytest.raises(InputError) as caught:
-        fit_split(torch.zeros(3, 2), [0, 2, 1], "logits", "s.pt", "y.pt", "BBQ")
+        fit_split(torch.zeros(3, 2), [0, 2, 1], "logits", InputNames("s.pt", "y.pt"), "BBQ")
     assert caught.value.what == "y.pt"
     with pytest.raises(InputError) as caught:
-        fit_split(torch.zeros(3, 2), [0, 1], "logits", "s.pt", "y.pt", "BBQ")
+        fit_split(torch.zeros(3, 2), [0, 1], "logits", InputNames("s.pt", "y.pt"), "BBQ")
     assert caught.value.what == "y.pt"
 
 

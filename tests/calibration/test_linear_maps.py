@@ -9,6 +9,7 @@ from scipy.optimize import minimize
 from scipy.sparse.linalg import LinearOperator, cg
 from scipy.special import log_softmax, logsumexp
 
+from curvcal.calibration.inputs import InputNames
 from curvcal.calibration.linear import (
     L2_BIAS,
     L2_OFF_DIAGONAL,
@@ -175,7 +176,7 @@ def test_nan_scores_and_bad_labels_go_through_the_validation() -> None:
     z = torch.zeros(5, 3, dtype=torch.float64)
     z[2, 1] = float("nan")
     with pytest.raises(InputError, match=r"NaN or infinity \(first at row 2\)"):
-        fit_linear(z, torch.zeros(5, dtype=torch.int64), "vector", source="fit.npz")
+        fit_linear(z, torch.zeros(5, dtype=torch.int64), "vector", names=InputNames("fit.npz"))
     with pytest.raises(InputError, match=r"labels must lie in \[0, 3\)"):
         fit_linear(torch.zeros(2, 3), torch.tensor([0, 3]), "matrix")
 

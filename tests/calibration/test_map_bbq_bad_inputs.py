@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from curvcal.calibration.bbq import BBQMap, fit_bbq
+from curvcal.calibration.inputs import InputNames
 from curvcal.errors import InputError
 from tests.commands.test_metrics import logits_file
 
@@ -78,11 +79,11 @@ def test_bad_fit_inputs_are_refused() -> None:
     z = torch.zeros(6, 3)
     z[2, 1] = float("nan")
     with pytest.raises(InputError, match=r"fit\.npz"):
-        fit_bbq(z, torch.zeros(6, dtype=torch.int64), source="fit.npz")
+        fit_bbq(z, torch.zeros(6, dtype=torch.int64), names=InputNames("fit.npz"))
     with pytest.raises(InputError, match=r"labels must lie in \[0, 3\)"):
         fit_bbq(torch.zeros(2, 3), torch.tensor([0, 3]))
     with pytest.raises(InputError, match="needs at least 2"):
-        fit_bbq(torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64), source="fit.npz")
+        fit_bbq(torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64), names=InputNames("fit.npz"))
     with pytest.raises(InputError, match="unknown BBQ map"):
         fit_bbq(torch.zeros(4, 2), torch.zeros(4, dtype=torch.int64), method="bbq-ovr")
     with pytest.raises(InputError, match="bins must be whole numbers >= 1"):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from curvcal.calibration.inputs import InputNames
 from curvcal.calibration.venn_abers import VennAbersMap, fit_venn_abers
 from curvcal.errors import InputError
 from tests.commands.test_metrics import logits_file, one_line_error
@@ -89,7 +90,7 @@ def test_bad_fit_inputs_name_their_source() -> None:
     z = torch.zeros(6, 3)
     z[2, 1] = float("nan")
     with pytest.raises(InputError, match=r"fit\.npz"):
-        fit_venn_abers(z, torch.zeros(6, dtype=torch.int64), source="fit.npz")
+        fit_venn_abers(z, torch.zeros(6, dtype=torch.int64), names=InputNames("fit.npz"))
     with pytest.raises(InputError, match=r"labels must lie in \[0, 3\)"):
         fit_venn_abers(torch.zeros(2, 3), torch.tensor([0, 3]))
     with pytest.raises(InputError, match="at least 2"):

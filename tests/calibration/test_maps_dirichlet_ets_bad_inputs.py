@@ -11,6 +11,7 @@ import torch
 
 from curvcal.calibration.dirichlet import fit_dirichlet
 from curvcal.calibration.ensemble import EnsembleMap, fit_ensemble_temperature
+from curvcal.calibration.inputs import InputNames
 from curvcal.calibration.linear import MAX_MATRIX_CLASSES, LinearMap, fit_linear
 from curvcal.errors import InputError
 from tests.calibration.test_maps_dirichlet_ets import synthetic
@@ -57,8 +58,8 @@ def test_nan_scores_and_bad_labels_are_refused() -> None:
     z = torch.zeros(6, 3)
     z[2, 1] = float("nan")
     for fit in (
-        lambda s, y: fit_linear(s, y, "dirichlet", source="fit.npz"),
-        lambda s, y: fit_ensemble_temperature(s, y, source="fit.npz"),
+        lambda s, y: fit_linear(s, y, "dirichlet", names=InputNames("fit.npz")),
+        lambda s, y: fit_ensemble_temperature(s, y, names=InputNames("fit.npz")),
     ):
         with pytest.raises(InputError, match=r"fit\.npz"):
             fit(z, torch.zeros(6, dtype=torch.int64))

@@ -20,6 +20,7 @@ from scipy.optimize import minimize
 from scipy.special import log_softmax, logsumexp, softmax
 
 from curvcal.calibration import linear
+from curvcal.calibration.inputs import InputNames
 from curvcal.calibration.linear import fit_linear
 from curvcal.errors import InputError
 from tests.commands.test_metrics import logits_file, one_line_error
@@ -201,7 +202,9 @@ def test_a_class_without_fit_rows(path: str) -> None:
 )
 def test_bad_inputs_are_still_refused(scores: np.ndarray, labels: list[int], needle: str) -> None:
     with pytest.raises(InputError, match=needle):
-        fit_linear(torch.from_numpy(scores), torch.tensor(labels), "vector", source="fit.npz")
+        fit_linear(
+            torch.from_numpy(scores), torch.tensor(labels), "vector", names=InputNames("fit.npz")
+        )
 
 
 def test_infinite_fit_scores_are_one_line_and_touch_nothing(run_cli, tmp_path: Path) -> None:
