@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import fields as dataclass_fields
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -65,14 +66,25 @@ STAGES = ("uncalibrated", *MAPS)
 #: Stages whose key the JSON always carries (``null`` when not run); later maps' keys appear
 #: only when they ran.
 _ALWAYS = ("uncalibrated", "ts", "focal_ts")
+_Record = TypeVar("_Record")
 
 
-def _present_keys(value: Any) -> dict[str, Any]:
-    return {
-        name: getattr(value, name)
-        for name in value.__dataclass_fields__
-        if name in _ALWAYS or getattr(value, name) is not None
-    }
+class _ByStage(Generic[_Record]):
+    """One record per stage, held as dataclass fields named for the stages of :data:`STAGES`
+    (``None`` for a stage that did not run)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The records by stage: those that ran, and the stages of ``_ALWAYS`` in any case."""
+        return {
+            name: getattr(self, name)
+            for name in (item.name for item in dataclass_fields(self))  # type: ignore[arg-type]
+            if name in _ALWAYS or getattr(self, name) is not None
+        }
+
+    def present(self) -> list[tuple[str, _Record]]:
+        """``(stage, record)`` for every stage that ran, in :data:`STAGES` order."""
+        records = [(name, getattr(self, name, None)) for name in STAGES]
+        return [(name, record) for name, record in records if record is not None]
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,7 @@ class SplitInfo:
 
 
 @dataclass(frozen=True)
-class StageMetrics:
+class StageMetrics(_ByStage[CalibrationMetrics]):
     """Metrics of the evaluation split at each stage (``None`` for a stage not run)."""
 
     uncalibrated: CalibrationMetrics
@@ -113,17 +125,9 @@ class StageMetrics:
     bbq: CalibrationMetrics | None = None
     venn_abers: CalibrationMetrics | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return _present_keys(self)
-
-    def present(self) -> list[tuple[str, CalibrationMetrics]]:
-        """``(stage, metrics)`` for every stage that ran, in :data:`STAGES` order."""
-        stages = [(name, getattr(self, name)) for name in STAGES]
-        return [(name, metrics) for name, metrics in stages if metrics is not None]
-
 
 @dataclass(frozen=True)
-class CalibrationFits:
+class CalibrationFits(_ByStage[Any]):
     """The fits made on the fit split (``None`` for a map not fitted)."""
 
     ts: TemperatureFit | None = None
@@ -142,14 +146,6 @@ class CalibrationFits:
     ets: EnsembleFit | None = None
     bbq: BBQFit | None = None
     venn_abers: VennAbersFit | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return _present_keys(self)
-
-    def present(self) -> list[tuple[str, Any]]:
-        """``(stage, fit)`` for every map fitted, in :data:`STAGES` order."""
-        fits = [(name, getattr(self, name)) for name in MAPS]
-        return [(name, fit) for name, fit in fits if fit is not None]
 
 
 @dataclass(frozen=True)

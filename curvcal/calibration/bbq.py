@@ -63,7 +63,6 @@ from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import array, choice
 from curvcal.calibration.univariate import (
     RowMap,
-    fit_nll,
     fit_split,
     row_fields,
     top_label_map,
@@ -339,7 +338,10 @@ def fit_bbq(
         tuple(tuple(row.tolist()) for row in kept_values),
         tuple(kept_weights.tolist()),
     )
-    return BBQFit(
+    return fitted.fit_record(
+        BBQFit,
+        logp,
+        y,
         method=method,
         min_bins=min(tried),
         max_bins=max(tried),
@@ -347,8 +349,4 @@ def fit_bbq(
         models_kept=len(kept_weights),
         largest_weight=float(weights.max()),
         n_parameters=int(sum(2 * len(row) for row in kept_values)),
-        nll_before=fit_nll(logp, y),
-        nll_after=fitted.in_sample_nll(logp, y),
-        n_samples=n,
-        calibrator=fitted,
     )

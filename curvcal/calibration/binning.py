@@ -41,7 +41,6 @@ from curvcal.calibration.univariate import (
     RowMap,
     by_columns,
     check_row_count,
-    fit_nll,
     fit_split,
     float_rows,
     log_of_values,
@@ -435,7 +434,10 @@ def fit_histogram(
     values = [tuple(row_values.tolist()) for _, row_values, _ in bins]
     empty = sum(row_empty for _, _, row_empty in bins)
     fitted = HistogramMap(method, scheme, k, tuple(edges), tuple(values))
-    return HistogramFit(
+    return fitted.fit_record(
+        HistogramFit,
+        logp,
+        y,
         method=method,
         scheme=scheme,
         n_bins=n_bins,
@@ -444,10 +446,6 @@ def fit_histogram(
         n_parameters=sum(
             len(row) + (len(row) - 1 if scheme == "equal-mass" else 0) for row in values
         ),
-        nll_before=fit_nll(logp, y),
-        nll_after=fitted.in_sample_nll(logp, y),
-        n_samples=n,
-        calibrator=fitted,
     )
 
 

@@ -28,22 +28,29 @@ from curvcal.errors import InputError
 
 #: the stages whose fit and apply run as torch kernels on the device of the settings
 DEVICE_STAGES = ("ts", "focal_ts", "ets")
-#: why each other stage runs on the CPU, whatever ``--device`` says
+#: why each other stage runs on the CPU, whatever ``--device`` says (one reason per family of
+#: maps: the variants of one map run as it does)
 CPU_REASONS = {
-    "vector": "fitted by SciPy's optimisers on NumPy float64 arrays",
-    "matrix": "fitted by SciPy's optimisers on NumPy float64 arrays",
-    "dirichlet": "fitted by SciPy's optimisers on NumPy float64 arrays",
-    "dirichlet_l2": "fitted by SciPy's optimisers on NumPy float64 arrays",
-    "laplace": "its posterior is a dense float64 LAPACK solve",
-    "platt": "two columns, fitted by SciPy's optimisers",
-    "beta": "two columns, fitted by SciPy's optimisers",
-    "histogram": "sort-heavy: bins cut on sorted scores with ties kept together, in float64 NumPy",
-    "histogram_ovr": "sort-heavy: bins cut on sorted scores with ties kept together, in float64 "
-    "NumPy",
-    "isotonic": "sort-heavy: pool-adjacent-violators on sorted scores, in float64 NumPy",
-    "isotonic_ovr": "sort-heavy: pool-adjacent-violators on sorted scores, in float64 NumPy",
-    "bbq": "sort-heavy: its binnings are cut on sorted scores, in float64 NumPy",
-    "venn_abers": "sort-heavy: isotonic fits on sorted scores, in float64 NumPy",
+    stage: reason
+    for stages, reason in (
+        (
+            ("vector", "matrix", "dirichlet", "dirichlet_l2"),
+            "fitted by SciPy's optimisers on NumPy float64 arrays",
+        ),
+        (("laplace",), "its posterior is a dense float64 LAPACK solve"),
+        (("platt", "beta"), "two columns, fitted by SciPy's optimisers"),
+        (
+            ("histogram", "histogram_ovr"),
+            "sort-heavy: bins cut on sorted scores with ties kept together, in float64 NumPy",
+        ),
+        (
+            ("isotonic", "isotonic_ovr"),
+            "sort-heavy: pool-adjacent-violators on sorted scores, in float64 NumPy",
+        ),
+        (("bbq",), "sort-heavy: its binnings are cut on sorted scores, in float64 NumPy"),
+        (("venn_abers",), "sort-heavy: isotonic fits on sorted scores, in float64 NumPy"),
+    )
+    for stage in stages
 }
 #: the key of the metrics in :func:`placement` and :func:`stage_device`: their N×K pass (the
 #: probabilities, top label, NLL, Brier and classwise bin sums) runs on the device; the binning

@@ -36,7 +36,6 @@ from curvcal.calibration.univariate import (
     RowMap,
     by_columns,
     check_row_count,
-    fit_nll,
     fit_split,
     float_rows,
     one_vs_rest_log_probabilities,
@@ -729,7 +728,7 @@ def fit_isotonic(
     if method not in ISOTONIC_METHODS:
         raise InputError("--method", f"unknown isotonic map {method!r}", "isotonic or -ovr")
     logp, y = fit_split(scores, labels, kind, names, f"{method} regression")
-    n, k = logp.shape
+    k = logp.shape[1]
     if method == "isotonic":
         fitted_points = [isotonic_points(*top_label_targets(logp, y))]
     else:
@@ -738,14 +737,8 @@ def fit_isotonic(
     fitted_y = [tuple(py.tolist()) for _, py in fitted_points]
     fitted = IsotonicMap(method, k, tuple(fitted_x), tuple(fitted_y))
     points = tuple(len(row) for row in fitted_x)
-    return IsotonicFit(
-        method=method,
-        points=points,
-        n_parameters=2 * sum(points),
-        nll_before=fit_nll(logp, y),
-        nll_after=fitted.in_sample_nll(logp, y),
-        n_samples=n,
-        calibrator=fitted,
+    return fitted.fit_record(
+        IsotonicFit, logp, y, method=method, points=points, n_parameters=2 * sum(points)
     )
 
 

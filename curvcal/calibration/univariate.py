@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -358,6 +358,9 @@ def check_row_count(values: dict[str, Any], first: str, second: str, source: str
         )
 
 
+_Fit = TypeVar("_Fit")
+
+
 class RowMap(SavedMap):
     """A saved map that acts on each row of log-probabilities alone (histogram binning,
     isotonic regression, BBQ): a subclass gives ``method``, ``n_classes``, ``_map_rows`` (log q
@@ -405,6 +408,21 @@ class RowMap(SavedMap):
         if self.method.endswith("-ovr"):
             return one_vs_rest_nll(logp, labels, self._values, ONE_VS_REST_CHUNK)
         return mapped_nll(logp, labels, self._map_rows)
+
+    def fit_record(
+        self, record: Callable[..., _Fit], logp: torch.Tensor, labels: torch.Tensor, **own: Any
+    ) -> _Fit:
+        """The fit record ``record`` (a :class:`~curvcal.calibration.results.MapFit`) of this
+        map fitted on the float64 ``logp`` and ``labels``: the map's own fields ``own``, then
+        what every fit records, the mean NLL before (:func:`fit_nll`) and after
+        (:meth:`in_sample_nll`), the N samples and the map itself."""
+        return record(
+            **own,
+            nll_before=fit_nll(logp, labels),
+            nll_after=self.in_sample_nll(logp, labels),
+            n_samples=logp.shape[0],
+            calibrator=self,
+        )
 
     def apply(self, scores: Any, kind: str = "logits", source: str = "scores") -> torch.Tensor:
         """float64 log-probabilities of N×K ``scores`` after the map."""

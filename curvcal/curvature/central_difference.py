@@ -58,7 +58,6 @@ from torch import Tensor, nn
 from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.guard import PRODUCT
 from curvcal.curvature.operator import HessianOperator, build_operator
-from curvcal.curvature.progress import OnStep
 from curvcal.curvature.step_control import Judgement, StepControl
 from curvcal.curvature.vectors import SlicedSpace, VectorSpace
 from curvcal.errors import NumericalError, SettingsError
@@ -574,27 +573,15 @@ class CentralDifferenceOperator(HessianOperator):
         for p in self.model.parameters():
             p.grad = None
 
-    def sum_over_data(
-        self, per_batch: Callable[[Inputs, Tensor], Tensor], *, on_batch: OnStep = None
-    ) -> Tensor:
-        """As :meth:`HessianOperator.sum_over_data`, with the forwards this rank owes the others
-        run on its first batch (their values dropped) before the sum across ranks: every rank
+    def _owed_forwards(self, per_batch: Callable[[Inputs, Tensor], Tensor]) -> None:
+        """The forwards this rank owes the others, run on its first batch (their values
+        dropped) before a sum across ranks (:meth:`HessianOperator.sum_over_data`): every rank
         reaches the all-reduce after as many parameter gathers."""
         from curvcal.sharding import pad_forwards
 
-        total: Tensor | None = None
-        with self._prepared_model():
-            for index, (x, y) in enumerate(self._batches):
-                value = per_batch(x, y).to(torch.float64)
-                total = value if total is None else total + value
-                if on_batch is not None:
-                    on_batch(index + 1)
-            if self._padding:
-                x, y = self._batches.first()
-                pad_forwards(lambda: per_batch(x, y), self._padding)
-        assert total is not None  # every batch source holds a sample
-        self._count(matvecs=0, passes=1)
-        return self.sum_across(total)
+        if self._padding:
+            x, y = self._batches.first()
+            pad_forwards(lambda: per_batch(x, y), self._padding)
 
     def error_estimate(self, seed: int = 0, vector: Tensor | None = None) -> ProductError:
         """The error of one product, relative to its norm, on ``vector`` (as the operator's

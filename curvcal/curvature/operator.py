@@ -858,9 +858,14 @@ class HessianOperator:
                 total = value if total is None else total + value
                 if on_batch is not None:
                     on_batch(index + 1)
+            self._owed_forwards(per_batch)
         assert total is not None  # every batch source holds a sample
         self._count(matvecs=0, passes=1)
         return self.sum_across(total)
+
+    def _owed_forwards(self, per_batch: Callable[[Inputs, Tensor], Tensor]) -> None:
+        """The forwards of ``per_batch`` this rank owes the others before a sum across ranks,
+        their values dropped: none, as every rank holds as many batches here."""
 
     def sum_across(self, value: Tensor) -> Tensor:
         """``value`` summed across processes when the data is sharded, else itself."""
