@@ -236,19 +236,23 @@ def _objective(
     return evaluate
 
 
-def _check_bracket(bracket: tuple[float, float]) -> tuple[float, float]:
+def _check_objective(objective: str, objectives: tuple[str, ...]) -> None:
+    if objective not in objectives:
+        raise InputError(
+            "objective", f"unknown objective {objective!r}", f"one of {', '.join(objectives)}"
+        )
+
+
+def _check_search(bracket: tuple[float, float], grid_step: float) -> tuple[float, float, float]:
+    """The T searched: (T_min, T_max) of ``bracket`` and the lattice step in ln T, checked."""
     low, high = (float(v) for v in bracket)
     if not (0 < low < high < math.inf):
         raise InputError("bracket", f"need 0 < T_min < T_max < inf, got {bracket!r}")
-    return low, high
-
-
-def _check_grid_step(grid_step: float) -> float:
     if not (isinstance(grid_step, int | float) and 0 < grid_step <= 1):
         raise InputError(
             "grid_step", f"the grid step in ln T must lie in (0, 1], got {grid_step!r}"
         )
-    return float(grid_step)
+    return low, high, float(grid_step)
 
 
 def _binned_value(
@@ -524,12 +528,8 @@ def fit_temperature(
     >>> fit.temperature > 1  # over-confident scores are softened
     True
     """
-    if objective not in OBJECTIVES_TS:
-        raise InputError(
-            "objective", f"unknown objective {objective!r}", f"one of {', '.join(OBJECTIVES_TS)}"
-        )
-    low, high = _check_bracket(bracket)
-    step = _check_grid_step(grid_step)
+    _check_objective(objective, OBJECTIVES_TS)
+    low, high, step = _check_search(bracket, grid_step)
     data = _prepare(scores, labels, kind, bins, edges, names, device)
     evaluate = _objective(data, objective, bins, edges)
     if objective == "nll":
@@ -582,15 +582,11 @@ def fit_focal_temperature(
     Ties between γ values go to the smaller γ. ``gammas=[0]`` is temperature scaling.
     ``device``: where the N×K passes run (default: the CPU), as for :func:`fit_temperature`.
     """
-    if objective not in OBJECTIVES_FTS:
-        raise InputError(
-            "objective", f"unknown objective {objective!r}", f"one of {', '.join(OBJECTIVES_FTS)}"
-        )
+    _check_objective(objective, OBJECTIVES_FTS)
     grid = sorted({check_gamma(g, "gammas", MAX_GAMMA) for g in gammas})
     if not grid:
         raise InputError("gammas", "the gamma grid is empty", "0 is temperature scaling")
-    low, high = _check_bracket(bracket)
-    step = _check_grid_step(grid_step)
+    low, high, step = _check_search(bracket, grid_step)
     data = _prepare(scores, labels, kind, bins, edges, names, device)
     if objective == AUTHORS_OBJECTIVE:
         return _authors_fit(data, grid, bins, edges)

@@ -224,21 +224,15 @@ def hutchpp_trace(
     ``stopped_by`` is ``"exhausted"`` and the interval has width zero. Peak extra memory: the
     s × P sketch in the operator's dtype and ``probe_batch`` columns in flight.
     """
-    op = _sketching_operator(operator, probe_dist, probes, probe_batch)
-    if max_sketch is not None:
-        _positive_int("max_sketch", max_sketch)
+    op, basis, spent, sketch_size = _sketch(
+        "hutchpp", operator, probes, probe_dist, probe_batch, on_step, max_sketch
+    )
+    space, n_params = basis.space, op.shape[0]
     generator = torch.Generator().manual_seed(seed)
-    n_params = op.shape[0]
-    sketch_size = sketch_columns("hutchpp", probes, n_params)
-    if max_sketch is not None:
-        sketch_size = min(sketch_size, max_sketch)
-    count = spent = _Spent(on_step)
-    space = space_of(op)
-    basis = _StreamedBasis(space, sketch_size, op.dtype, op.device)
     for block in _probe_blocks(sketch_size, probe_batch, probe_dist, generator, op):
         basis.extend(op.matmat(block))
-        count(block.shape[1])
-    exact_part = _projected_trace(op, basis.columns, probe_batch, count)
+        spent(block.shape[1])
+    exact_part = _projected_trace(op, basis.columns, probe_batch, spent)
     if basis.rank == n_params:
         return _exhausted("hutchpp", exact_part, spent.total, 0, probe_dist, seed, basis.nbytes)
     n_residual = probes - spent.total
@@ -250,7 +244,7 @@ def hutchpp_trace(
         images = images - q @ space.project(q.t(), images)
         forms = space.reduce((deflated * images).sum(dim=0))
         samples += [float(x) for x in forms.to(torch.float64).cpu()]
-        count(block.shape[1])
+        spent(block.shape[1])
     remainder, error, (low, high) = _interval(samples)
     return _sketched(
         "hutchpp",
@@ -309,24 +303,20 @@ def xtrace(
     s × P matrix in the operator's dtype); Ω is drawn again from the seed for QᵀΩ instead of
     being held, and Z is reduced to QᵀZ block by block. Everything else is s × s.
     """
-    op = _sketching_operator(operator, probe_dist, probes, probe_batch)
-    n_params = op.shape[0]
-    count = sketch_columns("xtrace", probes, n_params)
-    counted = spent = _Spent(on_step)
-    space = space_of(op)
-    basis = _StreamedBasis(space, count, op.dtype, op.device)
+    op, basis, spent, count = _sketch("xtrace", operator, probes, probe_dist, probe_batch, on_step)
+    space, n_params = basis.space, op.shape[0]
     diagonal = []
     blocks = _probe_blocks(count, probe_batch, probe_dist, torch.Generator().manual_seed(seed), op)
     for block in blocks:
         images = op.matmat(block)
         diagonal.append(space.reduce((block * images).sum(dim=0)).to(torch.float64).cpu())
         basis.extend(images)
-        counted(block.shape[1])
+        spent(block.shape[1])
     q = basis.columns
     if basis.rank == n_params:
-        exact_part = _projected_trace(op, q, probe_batch, counted)
+        exact_part = _projected_trace(op, q, probe_batch, spent)
         return _exhausted("xtrace", exact_part, spent.total, count, probe_dist, seed, basis.nbytes)
-    projected = _projected_matrix(op, q, probe_batch, counted)
+    projected = _projected_matrix(op, q, probe_batch, spent)
     again = _probe_blocks(count, probe_batch, probe_dist, torch.Generator().manual_seed(seed), op)
     coordinates = torch.cat(
         [space.project(q.t(), block).to(torch.float64).cpu() for block in again], dim=1
@@ -625,15 +615,28 @@ class _Spent:
             self._on_step(self.total)
 
 
-def _sketching_operator(
-    operator: LinearOperator | Tensor, distribution: str, probes: int, probe_batch: int
-) -> LinearOperator:
-    """The operator of a sketching estimator (Hutch++, XTrace), its arguments checked."""
+def _sketch(
+    method: str,
+    operator: LinearOperator | Tensor,
+    probes: int,
+    distribution: str,
+    probe_batch: int,
+    on_step: OnStep,
+    max_sketch: int | None = None,
+) -> tuple[LinearOperator, _StreamedBasis, _Spent, int]:
+    """What a sketching estimator ``method`` (Hutch++, XTrace) starts from, its arguments
+    checked: the operator, the empty basis of its sketch (:func:`sketch_columns` columns, at
+    most ``max_sketch``), the count of products spent, and the sketch's column count s."""
     op = as_operator(operator)
     _check_distribution(distribution)
     _positive_int("probes", probes, 4)
     _positive_int("probe_batch", probe_batch)
-    return op
+    size = sketch_columns(method, probes, op.shape[0])
+    if max_sketch is not None:
+        _positive_int("max_sketch", max_sketch)
+        size = min(size, max_sketch)
+    basis = _StreamedBasis(space_of(op), size, op.dtype, op.device)
+    return op, basis, _Spent(on_step), size
 
 
 def sketch_columns(method: str, matvecs: int, n_params: int) -> int:
