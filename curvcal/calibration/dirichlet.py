@@ -20,30 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from curvcal.calibration.inputs import INPUTS, InputNames
-from curvcal.calibration.linear import CV_FOLDS, ODIR_GRID, LinearFit, fit_matrix_odir
+from curvcal.calibration.linear import LinearFit, fit_matrix_odir
 
 
-def fit_dirichlet(
-    scores: Any,
-    labels: Any,
-    kind: str = "logits",
-    names: InputNames = INPUTS,
-    seed: int = 0,
-    regulariser: str = "odir",
-    grid: tuple[float, ...] = ODIR_GRID,
-    folds: int = CV_FOLDS,
-) -> LinearFit:
-    """Dirichlet calibration with ``regulariser`` ``odir`` or ``l2``, its strength chosen by
-    ``folds``-fold cross-validation seeded by ``seed`` (module docstring)."""
-    return fit_matrix_odir(
-        scores,
-        labels,
-        kind=kind,
-        names=names,
-        seed=seed,
-        grid=grid,
-        folds=folds,
-        method="dirichlet",
-        regulariser=regulariser,
-    )
+def fit_dirichlet(scores: Any, labels: Any, kind: str = "logits", **options: Any) -> LinearFit:
+    """Dirichlet calibration: :func:`~curvcal.calibration.linear.fit_matrix_odir` with
+    ``method="dirichlet"`` and its keyword ``options`` (``names``, ``seed``, ``regulariser``
+    ``odir`` or ``l2``, ``grid``, ``folds``, ``patience``; the same defaults), the strength
+    chosen by ``folds``-fold cross-validation seeded by ``seed`` (module docstring)."""
+    return fit_matrix_odir(scores, labels, kind, method="dirichlet", **options)
