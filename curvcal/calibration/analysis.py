@@ -213,10 +213,10 @@ def analyse_calibration(
     must have the same K. ``split_method`` and ``fraction`` describe how the splits were made
     (recorded in :class:`SplitInfo`; ``seed`` is ``settings.seed`` for a ``val-split``). With
     method ``none`` no fit split is needed: pass ``None`` for ``fit_scores``/``fit_labels`` and
-    ``split_method="none"``. ``fit_source``/``eval_source`` name the inputs in errors (their labels
-    ``<source> labels``: :meth:`InputNames.of`). A
-    ``settings.method`` of ``None`` fits both maps when a fit split is given and none otherwise
-    (the analysis records the method it ran). ``features``: the model's last-layer inputs of
+    ``split_method="none"``. ``fit_source``/``eval_source`` name the inputs in errors (and
+    their labels ``<source> labels``: :meth:`InputNames.of`). A ``settings.method`` of
+    ``None`` fits both maps when a fit split is given and none otherwise (the analysis
+    records the method it ran). ``features``: the model's last-layer inputs of
     the (fit, evaluation) samples (:class:`~curvcal.calibration.laplace.HeadFeatures`), which
     a map whose registry ``input`` is ``features`` (Laplace) fits and acts on instead of the
     scores. A map named by ``settings.method`` that does not apply to these scores (or, for a
@@ -405,6 +405,8 @@ def _measure(
     ``calibrators_source`` for saved maps, a :class:`NumericalError` for maps just fitted
     (``calibrators_source`` ``None``)."""
 
+    names = InputNames.of(source)
+
     def evaluate(
         scores: Any,
         calibrator: CalibrationMap | None = None,
@@ -417,7 +419,7 @@ def _measure(
             "edges": settings.edges,
             "bootstrap": settings.bootstrap,
             "seed": settings.seed,
-            "names": InputNames.of(source),
+            "names": names,
             "reliability_classes": settings.reliability_classes,
             "smooth_curve": settings.smooth_curve,
             "device": stage_device(METRICS, settings.device),
@@ -434,9 +436,7 @@ def _measure(
             logp = calibrator.apply(scores, kind, source)
         _check_map_output(logp, stage or calibrator.method, source, calibrators_source)
         if tops is not None:
-            tops[stage] = top_label_of(
-                logp, labels, "logprobs", options["names"], device=options["device"]
-            )
+            tops[stage] = top_label_of(logp, labels, "logprobs", names, device=options["device"])
         return calibration_metrics(logp, labels, kind="logprobs", **options)
 
     return evaluate

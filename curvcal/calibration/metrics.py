@@ -325,10 +325,10 @@ def calibration_metrics(
     and equal-mass bins; ``edges`` ``"left"`` for (a, b] or ``"right"`` for [a, b);
     ``bootstrap`` resamples (0 = no intervals) drawn from a generator seeded by ``seed``.
     ``names`` says what error messages call the inputs (the former keywords ``source`` and
-    ``labels_source``, the names of the scores and of the labels, still work). ``reliability_classes``
-    > 0 adds the classwise reliability tables of that many classes, the most frequent labels
-    first (ties to the lower index). ``smooth_curve`` adds the smooth reliability curve at
-    smooth ECE's bandwidth (:func:`curvcal.calibration.smooth.smooth_reliability`).
+    ``labels_source``, the names of the scores and of the labels, still work).
+    ``reliability_classes`` > 0 adds the classwise reliability tables of that many classes, the
+    most frequent labels first (ties to the lower index). ``smooth_curve`` adds the smooth
+    reliability curve at smooth ECE's bandwidth (:func:`curvcal.calibration.smooth.smooth_reliability`).
 
     >>> import torch
     >>> m = calibration_metrics(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))

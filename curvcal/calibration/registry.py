@@ -1,8 +1,8 @@
 """The calibration maps curvcal fits, by name: one entry per map, one interface.
 
-Every map is fitted by ``fit(fit_scores, fit_labels, kind, settings, names=names)`` (``names``: an
-:class:`~curvcal.calibration.inputs.InputNames`, what its errors call the two inputs),
-which returns a fit record whose ``calibrator`` is a frozen map object (:class:`CalibrationMap`,
+Every map is fitted by ``fit(fit_scores, fit_labels, kind, settings, names=names)`` (``names``:
+an :class:`~curvcal.calibration.inputs.InputNames`, what its errors call the two inputs), which
+returns a fit record whose ``calibrator`` is a frozen map object (:class:`CalibrationMap`,
 implemented once by :class:`~curvcal.calibration.saved.SavedMap`, which every map derives from):
 ``apply(scores, kind, source)`` gives float64 log-probabilities, ``probabilities`` their
 exponentials, ``to_dict()`` plain numbers only and ``load(dict, source)`` (the entry's) rebuilds

@@ -520,7 +520,8 @@ def fit_temperature(
     """Fit T of p = softmax(z / T) on (``scores``, ``labels``) by ``objective`` (see module doc).
 
     ``device``: where the N×K passes run (default: the CPU), in float64 as there
-    (:mod:`curvcal.calibration.device`).
+    (:mod:`curvcal.calibration.device`). ``names``: what error messages call the inputs (the
+    former keywords ``source`` and ``labels_source`` still work).
 
     >>> import torch
     >>> z = torch.tensor([[4.0, 0.0], [4.0, 0.0], [0.0, 4.0], [4.0, 0.0]])
