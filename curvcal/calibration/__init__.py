@@ -6,6 +6,7 @@ dataclasses of :mod:`curvcal.calibration.results`.
 
 from curvcal.calibration.focal import focal_calibration_map, focal_loss
 from curvcal.calibration.inference import predict
+from curvcal.calibration.inputs import InputNames
 from curvcal.calibration.metrics import (
     accuracy,
     adaptive_calibration_error,
@@ -50,6 +51,7 @@ __all__ = [
     "Calibrator",
     "FocalProfilePoint",
     "FocalTemperatureFit",
+    "InputNames",
     "ReliabilityBin",
     "RiskCoverage",
     "SmoothECE",
