@@ -306,3 +306,10 @@ def test_the_run_table_gives_the_passes_beside_the_errors() -> None:
         )
     ]
     assert _central_difference_rows(None) == []
+    over = {**product, "products_over_bound": 2, "worst_predicted_over_bound": 1.234}
+    assert _central_difference_rows(over)[0][1].endswith(
+        "; 2 products predicted over the stated bound, up to 1.2×"
+    )
+    assert _central_difference_rows({**product, "products_over_bound": 0}) == (
+        _central_difference_rows(product)
+    )
