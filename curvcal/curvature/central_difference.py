@@ -167,7 +167,8 @@ class ProductError:
                 "epsilon = delta / |v|, delta = (R / (2 K))^(1/3): R the measured rounding, K "
                 "the largest truncation coefficient measured so far; three points (2 gradient "
                 "passes) where their predicted error is within the stated bound, else "
-                "Richardson's five (4)"
+                "Richardson's five (4); outside the eigenvalues at their own step, the least "
+                "of a delta^4 + 1.5 R / delta"
             ),
             "relative_step": self.relative_step,
             "relative_floor": self.floor,
