@@ -27,8 +27,9 @@ of a small transformer was 687× the b it stated) and float32 five points always
 passes, 6 along a sharply curved direction). Measured against exact double backward
 (``benchmarks/bench_central_steps.py``) on a GELU transformer with LayerNorm, a tanh and a
 softplus MLP, in float32 and float64: every product of a Lanczos run within b'·‖H‖‖v‖ at 2.2 to
-3.1 gradient passes a product (the start included), 179 of 180 Gaussian products within
-b·‖Hv‖ (the other 1.02×) at 4.
+3.1 gradient passes a product (the start included), and every one of 180 Gaussian products
+within b·‖Hv‖ (the worst 0.49) at 4.07 to 4.27, their five points at their own step with
+their error predicted as taken (179 of 180, the other 1.02×, at 4 when at the default step).
 
 The relative step h = (3u)^{1/3} and the floors of :func:`relative_floor` (h²/6 + u/h for three
 points, 2.4e-11 in float64; h⁴/30 + (3/2)u/h for five, 1.6e-5 in float32) are the precision
@@ -165,7 +166,8 @@ class ProductError:
                 "epsilon = delta / |v|, delta = (R / (2 K))^(1/3): R the measured rounding, K "
                 "the largest truncation coefficient measured so far; three points (2 gradient "
                 "passes) where their predicted error is within the stated bound, else "
-                "Richardson's five (4)"
+                "Richardson's five (4); outside the eigenvalues at their own step, the least "
+                "of a delta^4 + 1.5 R / delta"
             ),
             "relative_step": self.relative_step,
             "relative_floor": self.floor,
@@ -259,6 +261,8 @@ class CentralDifferenceOperator(HessianOperator):
         self.start_passes = 0
         self._base: list[Tensor] | None = None
         self.last_judgement: Judgement | None = None
+        #: the last five-point product's predicted error per unit ‖v‖ (as taken)
+        self.last_five_point_bound: float | None = None
 
     def _runnable(self, settings: HessianSettings, measure_width: bool) -> HessianSettings:
         """The settings as central differences run them: refused where they need double
@@ -385,11 +389,16 @@ class CentralDifferenceOperator(HessianOperator):
 
     def rules_taken(self) -> dict[str, object]:
         """What the products cost: per rule the products taken, the mean gradient passes of a
-        product and the passes taken once at the start (G(θ) and the rounding probe)."""
+        product and the passes taken once at the start (G(θ) and the rounding probe); and the
+        five-point products outside the eigenvalue stage whose predicted error was over
+        b·‖H v‖ even at their best step, with the largest predicted / allowed among them
+        (their bound is the prediction: :mod:`curvcal.curvature.step_control`)."""
         return {
             "products_by_rule": dict(self.rule_counts),
             "passes_per_product": self.passes_per_product,
             "start_passes": self.start_passes,
+            "products_over_bound": self.control.over_bound,
+            "worst_predicted_over_bound": self.control.worst_over_bound,
         }
 
     def _base_gradient(self) -> list[Tensor]:
@@ -476,9 +485,15 @@ class CentralDifferenceOperator(HessianOperator):
             promising = control.expect(judgement.ladder, own, image / norm).three_points_enough
             if control.relative_to_norm:  # five points at the three-point step where shorter
                 shorter = own
-            else:  # five points' own step (a trace's probe: mostly the default)
+                moved = shorter < step / 2
+            else:  # five points' own step (a trace's probe: longer where rounding rules)
                 shorter = control.five_point_step(judgement, image / norm)
-            if ((own < step / 2 or own > 2 * step) and promising) or shorter < step / 2:
+                here = control.five_point_bound(judgement, step, image / norm)
+                moved = not step / 2 <= shorter <= 2 * step or (
+                    here > judgement.allowed
+                    and control.five_point_bound(judgement, shorter, image / norm) < here
+                )
+            if ((own < step / 2 or own > 2 * step) and promising) or moved:
                 retake = own if promising else shorter
                 step, epsilon, passes = retake, retake / norm, 6
                 difference, image, even = self._pair(tangents, epsilon)
@@ -493,6 +508,7 @@ class CentralDifferenceOperator(HessianOperator):
         control.measured(step, judgement, change / (4 * epsilon * self.n_samples) / 3 / norm)
         weighted = [o.add_(d, alpha=8.0) for o, d in zip(outer, difference, strict=True)]
         if not first:
+            self._five_points_taken(judgement, step, image / norm)
             return Taken(FIVE_POINT, epsilon, weighted, passes)
         # the rounding: three points at a 64× shorter step (truncation 4096× smaller) against
         # the five-point product, the difference per unit ‖v‖ times that step
@@ -502,7 +518,17 @@ class CentralDifferenceOperator(HessianOperator):
         (error,) = self._norms(a / three - w / five for a, w in zip(near, weighted, strict=True))
         control.rounding_measured(short, error / self.n_samples / norm)
         self.start_passes += 2
+        self._five_points_taken(judgement, step, image / norm)
         return Taken(FIVE_POINT, epsilon, weighted, 4)
+
+    def _five_points_taken(self, judgement: Judgement, step: float, image_norm: float) -> None:
+        """A five-point product's predicted error as taken (c and R as they now stand) kept in
+        :attr:`last_five_point_bound`; outside the eigenvalue stage the next probe starts at
+        this direction's own five-point step."""
+        control = self.control
+        self.last_five_point_bound = control.five_points_taken(judgement, step, image_norm)
+        if not control.relative_to_norm:
+            control.probe_step = control.five_point_step(judgement, image_norm)
 
     def _finish(self, total: Tensor, m: int) -> Tensor:
         """The mean over the samples of ``total`` (m, P), already summed over the ranks by the
@@ -589,9 +615,10 @@ class CentralDifferenceOperator(HessianOperator):
         the error is largest) or else on a Gaussian vector seeded by ``seed``: the product the
         operator takes along that vector (its rule and step), its truncation
         ‖D(2ε) − D(ε)‖/(2^p − 1) (Richardson, p the order of the rule taken) and its rounding
-        u·‖G(θ)‖·√B·Σ_k|w_k| / (denominator·ε), B the batches summed; and, for a float32
-        three-point product, the bound the rule predicted before taking it. Two products and,
-        in float64, a gradient pass."""
+        u·‖G(θ)‖·√B·Σ_k|w_k| / (denominator·ε), B the batches summed; and the bound the rule
+        predicted for the product (a three-point one before taking it, a five-point one as
+        taken: :mod:`curvcal.curvature.step_control`). Two products and, in float64, a
+        gradient pass."""
         space = self.vector_space or VectorSpace(self.shape[0])
         if vector is None:
             vector = space.normal(torch.Generator().manual_seed(seed), self._dtype)
@@ -620,7 +647,9 @@ class CentralDifferenceOperator(HessianOperator):
             / norm
         )
         predicted = None
-        if self.last_judgement is not None and stencil is THREE_POINT:
+        if stencil is FIVE_POINT and self.last_five_point_bound is not None:
+            predicted = self.last_five_point_bound * self._norm(vector) / norm
+        elif self.last_judgement is not None and stencil is THREE_POINT:
             predicted = self.last_judgement.bound * self._norm(vector) / norm
         return ProductError(
             relative_step(self._dtype),

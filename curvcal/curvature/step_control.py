@@ -25,15 +25,32 @@ summed gradient, u the unit roundoff, B the batches summed):
 
 Step, while the eigenvalues are computed: δ = (R / (2 K_max))^{1/3}, the least of K δ² + R/δ for
 the most curved direction seen so far (K_max), never over the default step δ₀ and never under
-R / (b' ‖H‖) (where rounding alone would spend the bound); otherwise δ₀. Where three points are
-not enough at that step, the pair is taken again at the direction's own three-point step (from
-its ladder) when that is over 2× off and three points are predicted to be enough there; else,
-when a shorter step is needed (eigenvalues: the direction's own three-point step; other
-products: five points' own, :meth:`StepControl.five_point_step`) under half the one taken, the
-pair is taken again there; Richardson's five points complete the last pair taken.
+R / (b' ‖H‖) (where rounding alone would spend the bound); otherwise the last probe's five-point
+step (δ₀ before one). Where three points are not enough at that step, the pair is taken again
+at the direction's own three-point step (from its ladder) when that is over 2× off and three
+points are predicted to be enough there; else the pair is taken again at the eigenvalues'
+direction's own three-point step when under half the one taken, or at another product's own
+five-point step (:meth:`StepControl.five_point_step`) when over 2× off, or where five points
+are predicted over the bound at the step taken and less at their own; Richardson's five points
+complete the last pair taken.
 Calibration: the first product runs Richardson, and every Richardson
 product whose measured truncation ‖D₃(2ε) − D₃(ε)‖/3 is over four times its rounding raises c
 to at least twice the measured / predicted ratio.
+
+Five points outside the eigenvalue stage (a trace's probe, whose ‖H v̂‖ can be far below the
+gradient's scale): taken at δ₀, they were over b·‖H v̂‖ for 4 of 30 products of the softplus
+MLP of the tests (up to 1.8× the bound, float32 and float64), every time from the rounding
+(the truncation 1e-5 of the bound): a longer step, not a higher order, is what those products
+need. So five points take their own step, the least of a δ⁴ + (3/2) R/δ, up to
+:data:`FIVE_POINT_REACH` δ₀ and a quarter of the ladder's length ℓ = ‖H v̂‖ / A (beyond it the
+expansion is not the model), and the next probe starts at the step the last one wanted (the
+probes of a trace are alike). Along a longer step the ladder's prediction of the five-point
+truncation, a = c · ladder · (ladder / ‖H v̂‖) / 5, proved too low on a GELU transformer (with
+no margin 6 of 30 products over the bound, up to 3.1×; with 2× one, 1.4×; with 4× none, the
+worst 0.77): it carries :data:`FIVE_POINT_SAFETY`, twice the least margin that held. Each
+five-point product's predicted error as taken (c as its own measured three-point truncation
+set it) is kept; one predicted over b·‖H v̂‖ even at its best step is counted
+(:attr:`StepControl.over_bound`): the prediction is the bound that holds for it.
 """
 
 from __future__ import annotations
@@ -49,6 +66,14 @@ MARGIN = 2.0
 ROUNDING_MARGIN = 1.5
 #: a measured truncation counts for calibration when over this many roundings
 CLEAR_OF_ROUNDING = 4.0
+#: the longest five-point step outside the eigenvalue stage, in units of δ₀ (the steps the
+#: rounding asked for on the test and benchmark models were 1 to 9 δ₀)
+FIVE_POINT_REACH = 16.0
+#: the five-point step stays under this share of the ladder's length ℓ = ‖H v̂‖ / A
+LADDER_SHARE = 0.25
+#: the margin on the ladder's five-point truncation: twice the least that held (module
+#: docstring)
+FIVE_POINT_SAFETY = 8.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +114,13 @@ class StepControl:
     norm_seen: float = 0.0
     calibrated: bool = False
     relative_to_norm: bool = False
+    #: the first step of a product outside the eigenvalue stage (0: δ₀): the last five-point
+    #: step taken there
+    probe_step: float = 0.0
+    #: five-point products predicted over the bound at their best step, and the largest
+    #: predicted / allowed among them (module docstring)
+    over_bound: int = 0
+    worst_over_bound: float = 0.0
 
     def __post_init__(self) -> None:
         self.norm_bound = self.norm_bound or self.bound
@@ -96,10 +128,11 @@ class StepControl:
     def step(self) -> float:
         """The first step of a product: with ``relative_to_norm``, :meth:`step_for` the most
         curved direction seen (the largest ladder and ‖H v̂‖; δ₀ until a product is judged);
-        else δ₀, where Richardson's five points are good to b·‖H v̂‖ along a direction of
-        little curvature (a trace's probe)."""
+        else the step the last five-point product outside the stage took (δ₀ before one): a
+        trace's probes are alike, and where three points are not enough their five points
+        want a step set by the rounding (module docstring)."""
         if not self.relative_to_norm:
-            return self.default_step
+            return self.probe_step or self.default_step
         return self.step_for(self.ladder_max, self.norm_seen)
 
     def step_for(self, ladder: float, image_norm: float) -> float:
@@ -113,16 +146,51 @@ class StepControl:
         least = self.rounding_unit / (bound * image_norm) if image_norm > 0 else 0.0
         return min(self.default_step, max(best, least))
 
+    def five_point_coefficient(self, judgement: Judgement, image_norm: float) -> float:
+        """a in the five-point truncation a δ⁴ along the direction judged: the ladder one more
+        length ℓ = ‖H v̂‖/A down for each of two derivatives, a = c · ladder · (ladder /
+        ‖H v̂‖) / 5 (the five-point error (δ⁴/30)∇⁶L against the three-point (δ²/6)∇⁴L); ∞
+        where nothing bounds it (no curvature seen, or an infinite ladder)."""
+        if image_norm <= 0 or judgement.ladder == math.inf:
+            return math.inf
+        ratio = judgement.ladder * (judgement.ladder / image_norm) / 5
+        return FIVE_POINT_SAFETY * self.safety * ratio
+
     def five_point_step(self, judgement: Judgement, image_norm: float) -> float:
         """The step of Richardson's five points along the direction judged: the least of
-        a δ⁴ + (3/2) R/δ, δ = (3R / (8a))^{1/5} (within δ₀), its truncation from the same
-        ladder one more length ℓ = ‖H v̂‖/A down for each of two derivatives, a = c · ladder ·
-        (ladder / ‖H v̂‖) / 5 (the five-point error (δ⁴/30)∇⁶L against the three-point
-        (δ²/6)∇⁴L)."""
-        if image_norm <= 0 or judgement.ladder in (0.0, math.inf) or self.rounding_unit <= 0:
+        a δ⁴ + (3/2) R/δ, δ = (3R / (8a))^{1/5} (a from :meth:`five_point_coefficient`), within
+        δ₀ in the eigenvalue stage; outside it up to :data:`FIVE_POINT_REACH` δ₀ and
+        :data:`LADDER_SHARE` ℓ (module docstring)."""
+        coefficient = self.five_point_coefficient(judgement, image_norm)
+        if coefficient in (0.0, math.inf) or self.rounding_unit <= 0:
             return self.default_step
-        coefficient = self.safety * judgement.ladder * (judgement.ladder / image_norm) / 5
-        return min(self.default_step, (3 * self.rounding_unit / (8 * coefficient)) ** 0.2)
+        best = (3 * self.rounding_unit / (8 * coefficient)) ** 0.2
+        if self.relative_to_norm:
+            return min(self.default_step, best)
+        # ℓ = ‖H v̂‖ / A = √(‖H v̂‖ / ladder)
+        length = math.sqrt(image_norm / judgement.ladder)
+        return min(FIVE_POINT_REACH * self.default_step, LADDER_SHARE * length, best)
+
+    def five_point_bound(self, judgement: Judgement, step: float, image_norm: float) -> float:
+        """The predicted error per unit ‖v‖ of Richardson's five points at ``step`` along the
+        direction judged: a δ⁴ + (3/2) R/δ (the five-point rule's weights sum to 3/2 × the
+        three-point rule's over its denominator)."""
+        coefficient = self.five_point_coefficient(judgement, image_norm)
+        truncation = coefficient * step**4 if coefficient != math.inf else math.inf
+        return truncation + 1.5 * self.rounding_unit / step
+
+    def five_points_taken(self, judgement: Judgement, step: float, image_norm: float) -> float:
+        """Record a five-point product taken at ``step`` (after :meth:`measured`, so c is the
+        one its own truncation set): outside the eigenvalue stage the next probe starts at this
+        step, and a prediction over b·‖H v̂‖ is counted; returns the prediction per unit ‖v‖
+        (:meth:`five_point_bound`)."""
+        predicted = self.five_point_bound(judgement, step, image_norm)
+        if not self.relative_to_norm:
+            self.probe_step = step
+            if predicted > judgement.allowed:
+                self.over_bound += 1
+                self.worst_over_bound = max(self.worst_over_bound, predicted / judgement.allowed)
+        return predicted
 
     def judge(self, step: float, image_norm: float, even_norm: float) -> Judgement:
         """The three-point product at ``step`` δ with ‖D₃‖/‖v‖ = ``image_norm`` and
@@ -173,4 +241,14 @@ class StepControl:
             self.safety = max(self.safety, MARGIN * truncation / predicted)
 
 
-__all__ = ["CLEAR_OF_ROUNDING", "MARGIN", "ROUNDING_MARGIN", "SAFETY", "Judgement", "StepControl"]
+__all__ = [
+    "CLEAR_OF_ROUNDING",
+    "FIVE_POINT_REACH",
+    "FIVE_POINT_SAFETY",
+    "LADDER_SHARE",
+    "MARGIN",
+    "ROUNDING_MARGIN",
+    "SAFETY",
+    "Judgement",
+    "StepControl",
+]

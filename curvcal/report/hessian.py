@@ -322,7 +322,8 @@ def _density_table(analysis: HessianAnalysis) -> Table:
 
 def _central_difference_rows(product: dict[str, Any] | None) -> list[tuple[str, str]]:
     """A sharded model's products (central differences of gradients): their gradient passes
-    beside the relative error measured on a Gaussian vector (and along the top eigenvector)."""
+    beside the relative error measured on a Gaussian vector (and along the top eigenvector),
+    and the products whose error was predicted over the stated bound at their best step."""
     if not product or "passes_per_product" not in product:
         return []
     error = f"relative error {product['relative_error_bound']:.1e} on a Gaussian vector"
@@ -333,6 +334,12 @@ def _central_difference_rows(product: dict[str, Any] | None) -> list[tuple[str, 
         f"{product['passes_per_product']:.2f} gradient passes a product "
         f"(+{product['start_passes']} once)"
     )
+    over = product.get("products_over_bound") or 0
+    if over:  # their predicted error is the bound that holds for them
+        error += (
+            f"; {over} product{'s' if over > 1 else ''} predicted over the stated bound, up to "
+            f"{product['worst_predicted_over_bound']:.2g}×"
+        )
     return [("central-difference products", f"{passes}; {error}")]
 
 

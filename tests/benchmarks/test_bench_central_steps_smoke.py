@@ -16,7 +16,8 @@ def test_a_row_of_the_tanh_mlp(load_bench, dtype: str) -> None:  # type: ignore[
     assert row["lanczos"] > 3 and row["products"] == row["lanczos"] + 3
     assert row["within_bound"] == row["lanczos"]  # every eigenvalue-stage product within b‖H‖‖v‖
     assert row["worst_over_bound"] <= 1.0
-    assert row["within_own"] >= 2
+    assert row["within_own"] == 3  # every Gaussian product within its own b‖Hv‖
+    assert row["predicted_over_own"] == 0
     assert 2.0 <= row["passes_per_product"] < 3.0  # mostly three points, the start included
     assert row["gaussian_passes_per_product"] >= 2.0
     assert row["lambda_max_error"] < 1e-4

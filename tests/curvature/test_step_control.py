@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from curvcal.curvature import eigenvalues
 from curvcal.curvature.central_difference import CentralDifferenceOperator, eigenvalue_products
-from curvcal.curvature.step_control import ROUNDING_MARGIN, StepControl
+from curvcal.curvature.step_control import FIVE_POINT_SAFETY, ROUNDING_MARGIN, StepControl
 from curvcal.errors import NumericalError
 from curvcal.losses import loss_from_name
 
@@ -86,16 +86,50 @@ def test_richardson_calibrates_the_ladder_and_the_rounding() -> None:
 
 def test_outside_the_eigenvalues_the_bound_is_the_products_own() -> None:
     """A trace's probe: allowed b·‖D₃ v̂‖ (not b·‖H‖), the step stays δ₀ whatever was seen,
-    and five points take their own step: a = c·8·(8/2)/5 = 6.4, δ = (3R / 8a)^{1/5} =
-    (3e-6 / 51.2)^{1/5} = 0.0358."""
+    and five points take their own step: a = 8 (the five-point margin) · c·8·(8/2)/5 = 51.2,
+    δ = (3R / 8a)^{1/5} = (3e-6 / 409.6)^{1/5} = 0.0236, where they predict a δ⁴ + 1.5 R/δ =
+    1.59e-5 + 6.36e-5 = 7.94e-5 ≤ 2e-3; the next probe starts there."""
     control = _control()
     control.judge(0.1, 4.0, 0.01)  # ‖H‖ ≥ 4 seen
     control.relative_to_norm = False
     judgement = control.judge(0.1, 2.0, 0.04)
     assert judgement.allowed == pytest.approx(1e-3 * 2.0)  # not 1e-3 · 4
     assert control.step() == 0.1
-    assert control.five_point_step(judgement, 2.0) == pytest.approx((3e-6 / 51.2) ** 0.2)
-    assert control.five_point_step(judgement, 2.0) == pytest.approx(0.0358, rel=1e-3)
+    assert FIVE_POINT_SAFETY == 8.0
+    assert control.five_point_coefficient(judgement, 2.0) == pytest.approx(51.2)
+    assert control.five_point_step(judgement, 2.0) == pytest.approx((3e-6 / 409.6) ** 0.2)
+    assert control.five_point_step(judgement, 2.0) == pytest.approx(0.02360, rel=1e-3)
+    step = control.five_point_step(judgement, 2.0)
+    predicted = control.five_points_taken(judgement, step, 2.0)
+    assert predicted == pytest.approx(51.2 * step**4 + 1.5e-6 / step, rel=1e-12)
+    assert predicted == pytest.approx(7.94e-5, rel=1e-3)
+    assert control.over_bound == 0 and control.step() == step
+
+
+def test_where_rounding_rules_five_points_take_a_longer_step_within_reach() -> None:
+    """A probe of little curvature change (ladder 0.08: A = 0.4 at ‖D₃ v̂‖ = 2) and a large
+    rounding R = 1e-2: at δ₀ = 0.1 five points predict 1.5·R/δ₀ = 0.15, over the 2e-3 allowed.
+    Their own step: a = 8·0.08·0.04/5 = 5.12e-3, δ = (3R/8a)^{1/5} = 0.940, inside 16 δ₀ = 1.6
+    and ℓ/4 = √(2/0.08)/4 = 1.25; its prediction 3.99e-3 + 1.60e-2 = 2.0e-2 is still over:
+    counted, its ratio kept. With ℓ = 0.05 (A = 40) the step is ℓ/4."""
+    control = StepControl(bound=1e-3, default_step=0.1, rounding_unit=1e-2)
+    judgement = control.judge(0.1, 2.0, 0.4 * 0.01)  # A = 0.4
+    assert judgement.ladder == pytest.approx(0.08)
+    assert control.five_point_bound(judgement, 0.1, 2.0) > judgement.allowed
+    step = control.five_point_step(judgement, 2.0)
+    assert step == pytest.approx((3e-2 / (8 * 5.12e-3)) ** 0.2, rel=1e-12)
+    assert step == pytest.approx(0.9396, rel=1e-3)
+    assert step > 2 * control.default_step
+    predicted = control.five_points_taken(judgement, step, 2.0)
+    assert predicted == pytest.approx(5.12e-3 * step**4 + 1.5e-2 / step, rel=1e-12)
+    assert control.over_bound == 1
+    assert control.worst_over_bound == pytest.approx(predicted / 2e-3)
+    # the same rounding where the derivatives change over a short length: ℓ/4 caps the step
+    steep = control.judge(0.1, 2.0, 40.0 * 0.01)  # A = 40: ladder 800, ℓ = 0.05
+    assert control.five_point_step(steep, 2.0) == pytest.approx(0.05 / 4)
+    # and in the eigenvalue stage the five-point step never passes δ₀
+    control.relative_to_norm = True
+    assert control.five_point_step(judgement, 2.0) == control.default_step
 
 
 def test_a_direction_of_no_curvature() -> None:
@@ -138,10 +172,12 @@ def _operator(model: nn.Module, x: Tensor, y: Tensor, dtype: torch.dtype):  # ty
 def test_every_product_is_within_the_stated_bound(case, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
     """The products of a Lanczos run (top 3) as the eigenvalue stage takes them, each within
     b'·‖H‖·‖v‖ of the dense Hessian's (b' the stated ``product_error``, max(b, tol/10)), and
-    of 12 Gaussian vectors and the top three eigenvectors within b·‖Hv‖ (b = ``own_error``) (all but at most two, those within
-    2×: a five-point product's error is not measured as it is taken). Before, float64 took three points at (3u)^{1/3}·max(1, ‖θ‖)/‖v‖
-    whatever the curvature along v: 2.6× its bound on the tanh MLP.
-    The products cost fewer gradient passes than Richardson's four (float32 took four to six)."""
+    every product of 12 Gaussian vectors and the top three eigenvectors within b·‖Hv‖ (b =
+    ``own_error``), a five-point one also within the error predicted as it was taken. Before,
+    five points at δ₀ were over b·‖Hv‖ for 2 of these 15 products of the softplus MLP in each
+    dtype (up to 1.8×: their rounding), and float64 took three points at (3u)^{1/3}·max(1,
+    ‖θ‖)/‖v‖ whatever the curvature along v: 2.6× its bound on the tanh MLP. The eigenvalue
+    stage's products cost fewer gradient passes than Richardson's four."""
     model, x, y, dense = case
     operator = _operator(model, x, y, dtype)
     seen: list[tuple[Tensor, Tensor]] = []
@@ -162,23 +198,31 @@ def test_every_product_is_within_the_stated_bound(case, dtype: torch.dtype) -> N
     probes = [
         torch.randn(dense.shape[0], generator=generator, dtype=torch.float64) for _ in range(12)
     ]
+    predicted: list[float | None] = []  # per unit ‖v‖, for each five-point product
     for vector in [*probes, *vectors[:, -3:].t()]:
+        before = operator.rule_counts.get("5-point", 0)
         operator.matvec(vector.to(dtype))
+        five = operator.rule_counts.get("5-point", 0) > before
+        predicted.append(operator.last_five_point_bound if five else None)
     norm = float(values.abs().max())
     b, own_b = operator.product_error, operator.own_error
     # the eigenvalue stage's within b·‖H‖‖v‖, the others within b·‖Hv‖ (their own norm)
     over = [
         float((got - dense @ v).norm()) / (b * norm * float(v.norm())) for v, got in seen[:stage]
     ]
+    errors = [float((got - dense @ v).norm()) / float(v.norm()) for v, got in seen[stage:]]
     own = [
-        float((got - dense @ v).norm()) / (own_b * float((dense @ v).norm()))
-        for v, got in seen[stage:]
+        error / (own_b * float((dense @ v).norm() / v.norm()))
+        for error, (v, _) in zip(errors, seen[stage:], strict=True)
     ]
     assert max(over) <= 1.0, sorted(over)[-3:]
-    # Richardson's products are not checked against their own bound: nearly all within it
-    assert sum(r <= 1.0 for r in own) >= len(own) - 2 and max(own) <= 2.0, own
+    assert max(own) <= 1.0, sorted(own)[-3:]
+    assert any(p is not None for p in predicted)  # five points were taken and judged
+    for error, bound in zip(errors, predicted, strict=True):
+        assert bound is None or error <= bound, (error, bound)
     assert passes / stage < 3.0  # every pass of the eigenvalue stage, the start included
     assert operator.rule_counts.get("3-point", 0) > stage / 2
+    assert operator.rules_taken()["products_over_bound"] == operator.control.over_bound
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.float64, 1e-8)])
@@ -262,3 +306,10 @@ def test_the_run_table_gives_the_passes_beside_the_errors() -> None:
         )
     ]
     assert _central_difference_rows(None) == []
+    over = {**product, "products_over_bound": 2, "worst_predicted_over_bound": 1.234}
+    assert _central_difference_rows(over)[0][1].endswith(
+        "; 2 products predicted over the stated bound, up to 1.2×"
+    )
+    assert _central_difference_rows({**product, "products_over_bound": 0}) == (
+        _central_difference_rows(product)
+    )
