@@ -72,6 +72,9 @@ SCALING_METRICS = ("temperature", "focal_gamma", "focal_temperature")
 METRICS = CALIBRATION_METRICS + CURVATURE_METRICS + SCALING_METRICS
 
 UNCALIBRATED = "uncalibrated"
+# The policy layer reads no calibration module (no torch), so the stages are spelled here; a
+# test holds them equal to the stages the registry's maps give a run
+# (:data:`curvcal.calibration.analysis.STAGES`).
 STAGES = (
     UNCALIBRATED,
     "ts",
