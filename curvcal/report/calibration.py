@@ -18,25 +18,6 @@ if TYPE_CHECKING:
     from curvcal.calibration.ranking import Difference, Ranking
     from curvcal.calibration.results import CalibrationMetrics, FocalTemperatureFit
 
-STAGE_TITLES = {
-    "uncalibrated": "uncalibrated",
-    "ts": "TS",
-    "focal_ts": "focal TS",
-    "vector": "vector",
-    "matrix": "matrix",
-    "laplace": "Laplace",
-    "histogram": "histogram",
-    "histogram_ovr": "histogram OvR",
-    "isotonic": "isotonic",
-    "isotonic_ovr": "isotonic OvR",
-    "platt": "Platt",
-    "beta": "beta",
-    "dirichlet": "Dirichlet",
-    "dirichlet_l2": "Dirichlet L2",
-    "ets": "ETS",
-    "bbq": "BBQ",
-    "venn_abers": "Venn-Abers",
-}
 #: Stages of the maps the "binning, isotonic and binary maps" table describes.
 ONE_DIMENSIONAL_STAGES = (
     *("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta"),
@@ -215,7 +196,7 @@ def _detail_tables(analysis: CalibrationAnalysis, chart: bool) -> list[Table]:
             linear_fits_table(
                 [fit for _, fit in linear],
                 analysis.split.n_fit,
-                [STAGE_TITLES[stage] for stage, _ in linear],
+                [stage_title(stage) for stage, _ in linear],
             )
         )
     if analysis.fits.laplace is not None:
@@ -338,10 +319,8 @@ def interval_text(low: float, high: float) -> str:
 
 
 def stage_title(stage: str) -> str:
-    """A stage's column title: the table's own name, else the registry entry's title, else its
-    key with spaces for underscores."""
-    if stage in STAGE_TITLES:
-        return STAGE_TITLES[stage]
+    """A stage's column title: the registry entry's title (``TS``, ``Platt``, ``histogram
+    OvR``), else its key with spaces for underscores (``uncalibrated``)."""
     from curvcal.calibration.registry import MAPS
 
     return MAPS[stage].title if stage in MAPS else stage.replace("_", " ")
@@ -646,7 +625,7 @@ def linear_fits_table(fits: list[LinearFit], n_fit: int, titles: list[str] | Non
     return _fit_split_table(
         "linear maps",
         n_fit,
-        ("quantity", *(titles or [STAGE_TITLES[fit.method] for fit in fits])),
+        ("quantity", *(titles or [stage_title(fit.method) for fit in fits])),
         rows,
         f"L-BFGS in float64 from the identity map; converged: max |gradient| < "
         f"{fmt_float(fits[0].gradient_tol, 2)}",
@@ -706,7 +685,7 @@ def one_dimensional_fits_table(fits: list[tuple[str, Any]], n_fit: int) -> Table
     return _fit_split_table(
         "binning, isotonic and binary maps",
         n_fit,
-        ("quantity", *(STAGE_TITLES[stage] for stage, _ in fits)),
+        ("quantity", *(stage_title(stage) for stage, _ in fits)),
         rows,
         "top-label: the top class gets f(confidence), the others share the rest in "
         "proportion; OvR: f_k(p_k) renormalised",
@@ -796,6 +775,6 @@ def split_table(analysis: CalibrationAnalysis) -> Table:
         rows.append(("seed", str(split.seed)))
     caption = _SPLIT_CAPTIONS[split.method]
     if analysis.applied:
-        stages = ", ".join(STAGE_TITLES[s] for s in analysis.applied)
+        stages = ", ".join(stage_title(s) for s in analysis.applied)
         caption = f"saved calibrators applied ({stages}); nothing fitted: every sample evaluated"
     return Table(title="split", columns=("quantity", "value"), rows=tuple(rows), caption=caption)
