@@ -47,3 +47,11 @@ def test_consumers_keep_the_order_of_the_list() -> None:
     metric = StreamingCalibration(bins=2)
     metric.update(torch.tensor([[2.0, 0.0]]), torch.tensor([0]))
     assert tuple(metric.compute()) == STREAMED
+
+
+def test_the_metrics_table_shows_every_metric_but_the_debiased_rms() -> None:
+    # the table gives each metric its label and place; a new metric without a row fails here
+    from curvcal.report.calibration import _METRIC_ROWS
+
+    shown = [attribute for _label, attribute, _interval in _METRIC_ROWS]
+    assert sorted(shown) == sorted(set(CALIBRATION_METRIC_FIELDS) - {"rms_ce_debiased"})
