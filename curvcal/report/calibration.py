@@ -214,16 +214,10 @@ def _detail_tables(analysis: CalibrationAnalysis, chart: bool) -> list[Table]:
     return tables
 
 
-#: The columns of the ``--method all`` summary: (title, attribute of CalibrationMetrics, key of
-#: its intervals or None).
-SUMMARY_COLUMNS = (
-    ("NLL", "nll", "nll"),
-    ("ECE", "ece", "ece"),
-    ("AdaECE", "adaece", "adaece"),
-    ("Brier", "brier", None),
-    ("accuracy", "accuracy", None),
-)
-_SCORE_NAMES = {"nll": "NLL", "ece": "ECE"}
+#: Each row of :data:`_METRIC_ROWS` by the attribute it shows.
+_METRIC_ROW = {row[1]: row for row in _METRIC_ROWS}
+#: The columns of the ``--method all`` summary: the rows of these metrics, in this order.
+SUMMARY_COLUMNS = tuple(_METRIC_ROW[name] for name in ("nll", "ece", "adaece", "brier", "accuracy"))
 
 
 def summary_tables(analysis: CalibrationAnalysis, ranking: Ranking) -> list[Table]:
@@ -234,7 +228,7 @@ def summary_tables(analysis: CalibrationAnalysis, ranking: Ranking) -> list[Tabl
     interval on a second line where intervals were measured; then the maps that did not
     apply, with the reason (a table of their own: never cut from a caption)."""
     score = analysis.settings.rank_by
-    name = _SCORE_NAMES[score]
+    name = _METRIC_ROW[score][0]
     metrics = dict(analysis.evaluation.present())
     ordered = sorted(
         ranking.stages, key=lambda item: (item.stage != "uncalibrated", item.rank[score])
