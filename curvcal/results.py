@@ -25,6 +25,31 @@ STATUS_ERROR = "error"
 #: Ctrl-C stopped the run; the report holds the stages it finished
 STATUS_INTERRUPTED = "interrupted"
 
+CALIBRATION_METRIC_FIELDS = (
+    "accuracy",
+    "mean_confidence",
+    "ece",
+    "mce",
+    "rms_ce",
+    "rms_ce_debiased",
+    "adaece",
+    "classwise_ece",
+    "nll",
+    "brier",
+    "smooth_ece",
+    "ks_ce",
+    "kuiper",
+    "mmce",
+    "aurc",
+    "e_aurc",
+)
+"""Every single-number metric of one set of scores: the ``float`` fields of
+:class:`curvcal.calibration.results.CalibrationMetrics`, in their order, but the settings
+``smooth_ece_bandwidth`` and ``interval_level``. Declared here, where every layer may read it,
+so that the policy's gated metrics, the training measurement's quantities and the streaming
+metric's names are drawn from this one list (a new metric is a field there and a name here; a
+test holds the two equal)."""
+
 
 @dataclass(frozen=True)
 class FileInfo:

@@ -57,30 +57,24 @@ from typing import Any, NoReturn
 from curvcal.errors import InputError
 from curvcal.paths import read_text_file
 from curvcal.policy.keys import Kind, kinds, spelled_key_value
+from curvcal.results import CALIBRATION_METRIC_FIELDS
 
-CALIBRATION_METRICS = (
-    "ece",
-    "adaece",
-    "mce",
-    "classwise_ece",
-    "rms_ce",
-    "nll",
-    "brier",
-    "accuracy",
-    "smooth_ece",
-    "ks_ce",
-    "kuiper",
-    "mmce",
-    "aurc",
-    "e_aurc",
-)
-"""Metrics of predicted probabilities; each can be gated at any stage of :data:`STAGES`."""
+#: Metrics of the scores that no bound judges a release by: ``mean_confidence`` describes the
+#: model rather than its calibration, and ``rms_ce_debiased`` is a diagnostic beside ``rms_ce``.
+_NOT_GATED = frozenset({"mean_confidence", "rms_ce_debiased"})
+CALIBRATION_METRICS = tuple(name for name in CALIBRATION_METRIC_FIELDS if name not in _NOT_GATED)
+"""Metrics of predicted probabilities (those of
+:data:`~curvcal.results.CALIBRATION_METRIC_FIELDS` a policy gates); each can be gated at any
+stage of :data:`STAGES`."""
 
 CURVATURE_METRICS = ("lambda_max", "trace")
 SCALING_METRICS = ("temperature", "focal_gamma", "focal_temperature")
 METRICS = CALIBRATION_METRICS + CURVATURE_METRICS + SCALING_METRICS
 
 UNCALIBRATED = "uncalibrated"
+# The policy layer reads no calibration module (no torch), so the stages are spelled here; a
+# test holds them equal to the stages the registry's maps give a run
+# (:data:`curvcal.calibration.analysis.STAGES`).
 STAGES = (
     UNCALIBRATED,
     "ts",

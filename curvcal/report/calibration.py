@@ -18,25 +18,6 @@ if TYPE_CHECKING:
     from curvcal.calibration.ranking import Difference, Ranking
     from curvcal.calibration.results import CalibrationMetrics, FocalTemperatureFit
 
-STAGE_TITLES = {
-    "uncalibrated": "uncalibrated",
-    "ts": "TS",
-    "focal_ts": "focal TS",
-    "vector": "vector",
-    "matrix": "matrix",
-    "laplace": "Laplace",
-    "histogram": "histogram",
-    "histogram_ovr": "histogram OvR",
-    "isotonic": "isotonic",
-    "isotonic_ovr": "isotonic OvR",
-    "platt": "Platt",
-    "beta": "beta",
-    "dirichlet": "Dirichlet",
-    "dirichlet_l2": "Dirichlet L2",
-    "ets": "ETS",
-    "bbq": "BBQ",
-    "venn_abers": "Venn-Abers",
-}
 #: Stages of the maps the "binning, isotonic and binary maps" table describes.
 ONE_DIMENSIONAL_STAGES = (
     *("histogram", "histogram_ovr", "isotonic", "isotonic_ovr", "platt", "beta"),
@@ -215,7 +196,7 @@ def _detail_tables(analysis: CalibrationAnalysis, chart: bool) -> list[Table]:
             linear_fits_table(
                 [fit for _, fit in linear],
                 analysis.split.n_fit,
-                [STAGE_TITLES[stage] for stage, _ in linear],
+                [stage_title(stage) for stage, _ in linear],
             )
         )
     if analysis.fits.laplace is not None:
@@ -233,16 +214,10 @@ def _detail_tables(analysis: CalibrationAnalysis, chart: bool) -> list[Table]:
     return tables
 
 
-#: The columns of the ``--method all`` summary: (title, attribute of CalibrationMetrics, key of
-#: its intervals or None).
-SUMMARY_COLUMNS = (
-    ("NLL", "nll", "nll"),
-    ("ECE", "ece", "ece"),
-    ("AdaECE", "adaece", "adaece"),
-    ("Brier", "brier", None),
-    ("accuracy", "accuracy", None),
-)
-_SCORE_NAMES = {"nll": "NLL", "ece": "ECE"}
+#: Each row of :data:`_METRIC_ROWS` by the attribute it shows.
+_METRIC_ROW = {row[1]: row for row in _METRIC_ROWS}
+#: The columns of the ``--method all`` summary: the rows of these metrics, in this order.
+SUMMARY_COLUMNS = tuple(_METRIC_ROW[name] for name in ("nll", "ece", "adaece", "brier", "accuracy"))
 
 
 def summary_tables(analysis: CalibrationAnalysis, ranking: Ranking) -> list[Table]:
@@ -253,7 +228,7 @@ def summary_tables(analysis: CalibrationAnalysis, ranking: Ranking) -> list[Tabl
     interval on a second line where intervals were measured; then the maps that did not
     apply, with the reason (a table of their own: never cut from a caption)."""
     score = analysis.settings.rank_by
-    name = _SCORE_NAMES[score]
+    name = _METRIC_ROW[score][0]
     metrics = dict(analysis.evaluation.present())
     ordered = sorted(
         ranking.stages, key=lambda item: (item.stage != "uncalibrated", item.rank[score])
@@ -338,10 +313,8 @@ def interval_text(low: float, high: float) -> str:
 
 
 def stage_title(stage: str) -> str:
-    """A stage's column title: the table's own name, else the registry entry's title, else its
-    key with spaces for underscores."""
-    if stage in STAGE_TITLES:
-        return STAGE_TITLES[stage]
+    """A stage's column title: the registry entry's title (``TS``, ``Platt``, ``histogram
+    OvR``), else its key with spaces for underscores (``uncalibrated``)."""
     from curvcal.calibration.registry import MAPS
 
     return MAPS[stage].title if stage in MAPS else stage.replace("_", " ")
@@ -646,7 +619,7 @@ def linear_fits_table(fits: list[LinearFit], n_fit: int, titles: list[str] | Non
     return _fit_split_table(
         "linear maps",
         n_fit,
-        ("quantity", *(titles or [STAGE_TITLES[fit.method] for fit in fits])),
+        ("quantity", *(titles or [stage_title(fit.method) for fit in fits])),
         rows,
         f"L-BFGS in float64 from the identity map; converged: max |gradient| < "
         f"{fmt_float(fits[0].gradient_tol, 2)}",
@@ -706,7 +679,7 @@ def one_dimensional_fits_table(fits: list[tuple[str, Any]], n_fit: int) -> Table
     return _fit_split_table(
         "binning, isotonic and binary maps",
         n_fit,
-        ("quantity", *(STAGE_TITLES[stage] for stage, _ in fits)),
+        ("quantity", *(stage_title(stage) for stage, _ in fits)),
         rows,
         "top-label: the top class gets f(confidence), the others share the rest in "
         "proportion; OvR: f_k(p_k) renormalised",
@@ -796,6 +769,6 @@ def split_table(analysis: CalibrationAnalysis) -> Table:
         rows.append(("seed", str(split.seed)))
     caption = _SPLIT_CAPTIONS[split.method]
     if analysis.applied:
-        stages = ", ".join(STAGE_TITLES[s] for s in analysis.applied)
+        stages = ", ".join(stage_title(s) for s in analysis.applied)
         caption = f"saved calibrators applied ({stages}); nothing fitted: every sample evaluated"
     return Table(title="split", columns=("quantity", "value"), rows=tuple(rows), caption=caption)

@@ -25,30 +25,14 @@ import torch
 from torch import nn
 
 from curvcal.errors import InputError
+from curvcal.results import CALIBRATION_METRIC_FIELDS
 from curvcal.settings.hessian import HessianSettings
 
 #: curvature quantities: λmax, the top-k eigenvalues (``eigenvalue_1`` .. ``eigenvalue_k``,
 #: with ``top_k``), λmin, and the trace (with its standard error ``trace_se``)
 CURVATURE = ("lambda_max", "top_k", "lambda_min", "trace")
-#: calibration quantities: fields of :class:`~curvcal.calibration.results.CalibrationMetrics`
-CALIBRATION = (
-    "accuracy",
-    "mean_confidence",
-    "ece",
-    "mce",
-    "rms_ce",
-    "rms_ce_debiased",
-    "adaece",
-    "classwise_ece",
-    "nll",
-    "brier",
-    "smooth_ece",
-    "ks_ce",
-    "kuiper",
-    "mmce",
-    "aurc",
-    "e_aurc",
-)
+#: calibration quantities: every metric of :class:`~curvcal.calibration.results.CalibrationMetrics`
+CALIBRATION = CALIBRATION_METRIC_FIELDS
 QUANTITIES = CURVATURE + CALIBRATION
 _SETTINGS = frozenset(field.name for field in dataclasses.fields(HessianSettings))
 #: settings the measurement decides from ``quantities``

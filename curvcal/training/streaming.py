@@ -26,19 +26,15 @@ import torch
 
 from curvcal.calibration.bins import bin_sums, equal_width_index
 from curvcal.calibration.metrics import _prepare, _scan, binned_errors
+from curvcal.results import CALIBRATION_METRIC_FIELDS
 
-#: the metrics :meth:`StreamingCalibration.compute` returns
+#: metrics that need every score, not sums over bins: left out of the stream
+_NEED_EVERY_SCORE = frozenset({"adaece", "smooth_ece", "ks_ce", "kuiper", "mmce", "aurc", "e_aurc"})
+#: the metrics :meth:`StreamingCalibration.compute` returns: the sample count and every metric
+#: of :data:`~curvcal.results.CALIBRATION_METRIC_FIELDS` computable from the streamed sums
 STREAMED = (
     "n_samples",
-    "accuracy",
-    "mean_confidence",
-    "ece",
-    "mce",
-    "rms_ce",
-    "rms_ce_debiased",
-    "classwise_ece",
-    "nll",
-    "brier",
+    *(name for name in CALIBRATION_METRIC_FIELDS if name not in _NEED_EVERY_SCORE),
 )
 
 
