@@ -672,7 +672,7 @@ CASES: dict[str, Case] = {
     ),
     "check-nan-weights": Case(
         lambda b, t: (_check(b.nan_model, b.policy, "--data", b.data), str(b.nan_model)),
-        "contain NaN or infinity",
+        "are NaN or Inf",
         code=3,
     ),
     # --- curvcal study ------------------------------------------------------------------------

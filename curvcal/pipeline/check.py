@@ -601,7 +601,7 @@ def _predict(
     except NumericalError as error:
         raise NumericalError(
             str(loaded.path),
-            f"the model's logits on {option} {data.spec} contain NaN or infinity ({error.why})",
+            f"on {option} {data.spec}: {error.why}",
             error.hint,
         ) from None
 
