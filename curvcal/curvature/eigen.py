@@ -344,7 +344,8 @@ def lanczos(
     residuals), or ``None`` when none had.
 
     Memory: the basis holds one vector of P values per step (float32 for float32 products, plus
-    one float64 work vector; float64 otherwise). ``max_basis`` (at least
+    three float64 vectors: the work vector and the two latest rows widened, which a step clears
+    against; float64 otherwise). ``max_basis`` (at least
     k + 2, or P) bounds it: when the basis reaches that many vectors, it restarts thickly
     (Wu & Simon 2000; Stathopoulos, Saad & Wu 1998) — its l best Ritz vectors y_i = Q_m s_i at
     the wanted end (l = max(k + 1, ⌊max_basis/2⌋), at most max_basis − 2) and the latest

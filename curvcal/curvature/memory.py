@@ -26,7 +26,8 @@ overrides it with bytes or a share of the free memory (:func:`parse_memory_budge
 Splitting a batch is exact (products are sums over samples); only the time changes.
 
 Lanczos' Krylov basis is held beside the products, one vector of P values per step (float32
-for float32 products, with one float64 work vector; float64 otherwise):
+for float32 products, with three float64 vectors: the work vector and the two latest rows
+widened; float64 otherwise):
 :func:`lanczos_basis` bounds it by the same budget (it restarts within the bound).
 """
 
@@ -41,7 +42,7 @@ import torch
 from torch import Tensor
 
 from curvcal import rows as rows_of
-from curvcal.curvature.krylov import basis_storage
+from curvcal.curvature.krylov import WIDE_VECTORS, basis_storage
 from curvcal.rows import Inputs
 from curvcal.settings.sizes import MemoryBudget, host_memory
 
@@ -333,7 +334,9 @@ def lanczos_basis(
 ) -> int | None:
     """The most vectors Lanczos' basis may hold for k eigenvalues of a P = ``n_params`` Hessian:
     ``asked`` when given (at most P), else as many vectors as the memory ``budget`` holds,
-    counted at 8 bytes a value (a float32 basis holds half that, and its float64 work vector), but at least 2k + :data:`BASIS_FLOOR` (fewer restarts the basis so often that the
+    counted at 8 bytes a value (a float32 basis holds half that, and three float64 vectors —
+    the work vector and the two latest rows widened — which the other half covers from 6 rows
+    on: 4·m·P + 3·8·P ≤ 8·m·P for m ≥ 6), but at least 2k + :data:`BASIS_FLOOR` (fewer restarts the basis so often that the
     products, not the memory, become the cost), and at most P (a basis of P vectors spans the space: no restart); None (no bound) without a
     budget. The basis is held beside the products, as a trace sketch is
     (:func:`~curvcal.curvature.plan.check_sketch_memory`): a λ run holds at most its
@@ -357,7 +360,8 @@ def density_keeps_basis(
     :func:`~curvcal.curvature.density.spectral_density`): when ``asked`` (a bound on any Lanczos
     basis, ``--max-basis``) holds min(steps, P) vectors, else when the memory ``budget`` holds
     what the basis allocates: min(steps, P) + 1 rows of P values (float32 for float32 products,
-    else float64) and, for float32 rows, one float64 work vector; always without either.
+    else float64) and, for float32 rows, :data:`~curvcal.curvature.krylov.WIDE_VECTORS`
+    float64 vectors (the work vector and the two latest rows widened); always without either.
     Otherwise the run keeps four vectors and the three-term recurrence alone."""
     rows = min(steps, n_params)
     if asked is not None:
@@ -365,9 +369,9 @@ def density_keeps_basis(
     if budget is None:
         return True
     storage = basis_storage(dtype)
-    narrow = storage != torch.float64  # rows narrower than the float64 work vector
+    narrow = storage != torch.float64  # rows narrower than the float64 work vectors
     row = torch.empty((), dtype=storage).element_size()
-    held = (rows + 1) * n_params * row + (n_params * 8 if narrow else 0)
+    held = (rows + 1) * n_params * row + (WIDE_VECTORS * n_params * 8 if narrow else 0)
     return held <= budget
 
 
