@@ -406,8 +406,9 @@ def lanczos(
     # the float64 draw _random_unit rounds to the operator's dtype, made unit in float64: a
     # float32 norm over 10⁵ entries is off by ~1e-5, which the two-term clearing of the next
     # vector would leave in it (a whole-basis pass removed it again)
-    start = basis.space.normal(generator).to(device=op.device)
-    basis.append(start.div_(basis.space.norm(start)))
+    start = basis.draft()
+    basis.space.normal_into(start, generator)
+    basis.commit(float(basis.space.norm(start)))
     orthogonality = (
         OrthogonalityEstimate(
             max(torch.finfo(op.dtype).eps, floor, bound),

@@ -141,6 +141,13 @@ class KrylovBasis:
         write(self._next_row())
         return self.clear_next()
 
+    def draft(self) -> Tensor:
+        """The wide vector the next row is made from — a narrow basis' work vector, else the
+        next row itself — for a vector written there and kept by :meth:`commit` (divided by
+        its norm): a run's start vector, drawn in place rather than drawn and copied in."""
+        row = self._next_row()  # room for the commit
+        return self._wide() if self.narrow else row
+
     def next_row(self) -> Tensor:
         """The row q_{m+1} goes to, for a product to be written into (then :meth:`clear_next`)."""
         return self._next_row()
@@ -357,11 +364,22 @@ class KrylovBasis:
             dtype=self.dtype,
             device=self.device,
         )
+        # narrow rows widened into one scratch of MAX_BLOCK pieces, not a new tensor per block
+        widened = (
+            torch.empty(
+                MAX_BLOCK, min(RESTART_COLUMNS, self.size), dtype=self.dtype, device=self.device
+            )
+            if self.narrow
+            else None
+        )
         for begin in range(0, self.size, RESTART_COLUMNS):
             end = min(begin + RESTART_COLUMNS, self.size)
             part = scratch[: end - begin].zero_()
             for rows, share in blocks:
-                part.addmm_(rows[:, begin:end].t().to(self.dtype), share)
+                piece = rows[:, begin:end]
+                if widened is not None:
+                    piece = widened[: piece.shape[0], : end - begin].copy_(piece)
+                part.addmm_(piece.t(), share)
             yield begin, end, part
 
     def _leading(self, count: int, coefficients: Tensor) -> list[tuple[Tensor, Tensor]]:

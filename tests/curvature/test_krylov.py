@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -360,6 +362,32 @@ def test_a_whole_vectors_gaussian_draw_is_one_float64_draw_of_p_values(
     reference = torch.randn(1001, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     assert drawn.dtype == dtype
     assert torch.equal(drawn, reference.to(dtype))
+
+
+@pytest.mark.parametrize("size", [1, 15, 16, 17, 1001, NARROW])
+def test_a_draw_in_place_is_the_same_vector(size: int) -> None:
+    """normal_into draws into memory already held the very values of a float64 torch.randn
+    (Box–Muller over blocks of 16, the tail redrawn): a run's start vector does not change."""
+    out = torch.full((size,), math.nan, dtype=torch.float64)
+    held = out.data_ptr()
+    VectorSpace(size).normal_into(out, torch.Generator().manual_seed(8))
+    reference = torch.randn(size, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    assert out.data_ptr() == held and torch.equal(out, reference)
+
+
+@pytest.mark.parametrize("storage", [torch.float64, torch.float32])
+def test_a_start_drawn_into_the_draft_is_stored_as_the_drawn_vector_made_unit(
+    storage: torch.dtype,
+) -> None:
+    """Lanczos' start: drawn into the basis' draft and committed by its norm, the first row is
+    the float64 draw divided by its norm, rounded once to the storage dtype."""
+    basis = KrylovBasis(NARROW, torch.float64, "cpu", storage=storage)
+    start = basis.draft()
+    basis.space.normal_into(start, torch.Generator().manual_seed(3))
+    basis.commit(float(start.norm()))
+    drawn = torch.randn(NARROW, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert len(basis) == 1
+    assert torch.equal(basis[0], (drawn / drawn.norm()).to(storage))
 
 
 def test_a_partial_step_reads_the_latest_rows_widened_and_never_widens_them(
