@@ -67,8 +67,8 @@ RESTART_COLUMNS = 2**16
 
 class KrylovBasis:
     """Orthonormal vectors of length ``size``, computed in ``dtype`` on ``device`` and stored in
-    ``storage`` (default: ``dtype``; a narrower one keeps one ``dtype`` work vector besides the
-    rows), appended one at a time; at most ``max_rows`` rows are ever allocated (None: no
+    ``storage`` (default: ``dtype``; a narrower one keeps :data:`WIDE_VECTORS` ``dtype`` vectors
+    besides the rows: the work vector and the two latest rows widened), appended one at a time; at most ``max_rows`` rows are ever allocated (None: no
     limit). ``space`` says how inner products are summed (default: whole vectors of ``size``;
     a sliced space's ``size`` must equal ``size``)."""
 
@@ -215,7 +215,9 @@ class KrylovBasis:
         return order, self._wide_block[first : slots[-1] + 1 : step]
 
     def commit(self, norm: float) -> None:
-        """Divide the vector cleared by :meth:`extend` by ``norm`` and keep it as q_{m+1}."""
+        """Divide the vector cleared by :meth:`extend` by ``norm`` and keep it as q_{m+1} (in a
+        narrow basis the work vector :meth:`extend` returned then holds q_{m+1} widened: the
+        remainder is not kept)."""
         self._pending = None
         if self.narrow:
             assert self._work_slot is not None, "commit follows extend"
