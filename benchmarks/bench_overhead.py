@@ -26,7 +26,7 @@ through kept graphs, 3.0 rebuilt), kernel ÷ gradient (kept graphs: ≤ 2.2) and
 gradient::
 
     python benchmarks/bench_overhead.py [--cases digits-cnn,resnet18,llama] [--repeats 2]
-        [--tol 1e-4] [--json OUT] [--quick]
+        [--tol 1e-4] [--json OUT] [--quick] [--no-full]
 
 Cases: ``digits-cnn`` (the bundled CNN on the 797 bundled digits, batches of 100), ``resnet18``
 (torchvision's ResNet-18, random weights, 64 random CIFAR-size images in batches of 32) and
@@ -220,8 +220,9 @@ def lambda_run(
     )
 
 
-def measure(load: Workload, repeats: int, tol: float) -> dict[str, Any]:
-    """The case's figures, the minimum of each over ``repeats`` interleaved rounds."""
+def measure(load: Workload, repeats: int, tol: float, full_runs: bool = True) -> dict[str, Any]:
+    """The case's figures, the minimum of each over ``repeats`` interleaved rounds (without
+    ``full_runs``, the full-reorthogonalisation runs are left out: their figures are NaN)."""
     torch.set_num_threads(1)
     gradient = gradient_pass(load)
     gradient()  # first-call set-up
@@ -231,7 +232,7 @@ def measure(load: Workload, repeats: int, tol: float) -> dict[str, Any]:
         ("gradient", "kernel", "kernel_cpu", "rebuilt"), math.inf
     )
     runs: list[RunTimes] = []
-    full_runs: list[RunTimes] = []
+    fulls: list[RunTimes] = []
     for round_index in range(repeats):
         began = time.perf_counter()
         gradient()
@@ -241,11 +242,12 @@ def measure(load: Workload, repeats: int, tol: float) -> dict[str, Any]:
         best["kernel_cpu"] = min(best["kernel_cpu"], cpu)
         best["rebuilt"] = min(best["rebuilt"], rebuilt()[0])
         runs.append(lambda_run(load, tol, seed=round_index))
-        full_runs.append(lambda_run(load, tol, seed=round_index, reorthogonalisation="full"))
+        if full_runs:
+            fulls.append(lambda_run(load, tol, seed=round_index, reorthogonalisation="full"))
     fastest = min(runs, key=lambda run: run.seconds / run.products)
     per_product = fastest.seconds / fastest.products
-    full = min(full_runs, key=lambda run: run.seconds / run.products)
-    full_per_product = full.seconds / full.products
+    full = min(fulls or runs, key=lambda run: run.seconds / run.products)
+    full_per_product = full.seconds / full.products if fulls else math.nan
 
     def cpu_per_kernel(chosen: list[RunTimes]) -> float:
         """The least CPU seconds per product over the rounds ÷ the kernel's CPU seconds: what
@@ -276,9 +278,11 @@ def measure(load: Workload, repeats: int, tol: float) -> dict[str, Any]:
             "run": asdict(full),
             "run_s_per_product": full_per_product,
             "run_per_kernel": full_per_product / best["kernel"],
-            "run_per_kernel_cpu": cpu_per_kernel(full_runs),
-            "outside_s_per_product": (full.seconds - full.product_seconds) / full.products,
-            "runs": [asdict(run) for run in full_runs],
+            "run_per_kernel_cpu": cpu_per_kernel(fulls) if fulls else math.nan,
+            "outside_s_per_product": (full.seconds - full.product_seconds) / full.products
+            if fulls
+            else math.nan,
+            "runs": [asdict(run) for run in fulls],
         },
     }
 
@@ -315,10 +319,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tol", type=float, default=1e-4)
     parser.add_argument("--quick", action="store_true", help="small cases (smoke test)")
+    parser.add_argument(
+        "--no-full",
+        action="store_true",
+        help="leave out the full-reorthogonalisation runs (half the time)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     rows = [
-        measure(workload(name, args.quick), args.repeats, args.tol)
+        measure(workload(name, args.quick), args.repeats, args.tol, full_runs=not args.no_full)
         for name in args.cases.split(",")
     ]
     result = {"threads": 1, "tol": args.tol, "repeats": args.repeats, "rows": rows}

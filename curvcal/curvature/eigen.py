@@ -344,7 +344,8 @@ def lanczos(
     residuals), or ``None`` when none had.
 
     Memory: the basis holds one vector of P values per step (float32 for float32 products, plus
-    one float64 work vector; float64 otherwise). ``max_basis`` (at least
+    three float64 vectors: the work vector and the two latest rows widened, which a step clears
+    against; float64 otherwise). ``max_basis`` (at least
     k + 2, or P) bounds it: when the basis reaches that many vectors, it restarts thickly
     (Wu & Simon 2000; Stathopoulos, Saad & Wu 1998) — its l best Ritz vectors y_i = Q_m s_i at
     the wanted end (l = max(k + 1, ⌊max_basis/2⌋), at most max_basis − 2) and the latest
@@ -405,8 +406,9 @@ def lanczos(
     # the float64 draw _random_unit rounds to the operator's dtype, made unit in float64: a
     # float32 norm over 10⁵ entries is off by ~1e-5, which the two-term clearing of the next
     # vector would leave in it (a whole-basis pass removed it again)
-    start = basis.space.normal(generator).to(device=op.device)
-    basis.append(start.div_(basis.space.norm(start)))
+    start = basis.draft()
+    basis.space.normal_into(start, generator)
+    basis.commit(float(basis.space.norm(start)))
     orthogonality = (
         OrthogonalityEstimate(
             max(torch.finfo(op.dtype).eps, floor, bound),

@@ -15,6 +15,12 @@ torchvision's ResNet-18 (32 images of 3×32×32; 2.90× with the forward and fir
 rebuilt) and 2.17× on a two-layer ViT (3.76× rebuilt). The first product still pays for the
 forward and first backward, once.
 
+The memory plan measures its graph sizes on a slice of the first batch (at most 8 rows) by a
+double backward; when that slice is the whole first batch and the plan keeps the graphs, the
+measurement's gradient, graph included, is the first batch's part of g (:meth:`KeptState.adopt`)
+and the build runs the other batches only: on a model whose first batch has at most 8 rows the
+first batch's forward and first backward run once, not twice.
+
 Memory: the graphs of every batch, Σ_B G(r_B) in the notation of
 :mod:`curvcal.curvature.memory`, the summed gradient (P values), and — when batches are streamed
 rather than cached — the inputs the graphs save. :func:`kept_bytes` predicts it from the graph
@@ -39,8 +45,10 @@ from curvcal.curvature.memory import GraphSizes, pass_bytes, widest
 from curvcal.rows import Inputs
 
 
-def _versions(tensors: Iterable[Tensor]) -> tuple[int, ...]:
-    return tuple(int(tensor._version) for tensor in tensors)
+def versions_of(watched: Iterable[Tensor]) -> tuple[int, ...]:
+    """The in-place version counters of ``watched`` now (what :meth:`KeptGraph.is_current`
+    compares against)."""
+    return tuple(int(tensor._version) for tensor in watched)
 
 
 @dataclass
@@ -59,7 +67,7 @@ class KeptGraph:
 
     def is_current(self) -> bool:
         """False once a parameter or buffer the graph read has been changed in place."""
-        return _versions(self.watched) == self.versions
+        return versions_of(self.watched) == self.versions
 
 
 class KeptState:
@@ -77,12 +85,32 @@ class KeptState:
         self.chunks: int | None = None
         self.kept: KeptGraph | None = None
         self.dropped: str | None = None
+        #: the first batch's graph, built by the memory plan's measurement and handed over
+        #: (:meth:`adopt`), until the kept graph is built from it; and the rows it covers
+        self.start: KeptGraph | None = None
+        self.start_rows = 0
 
     def drop(self, reason: str) -> None:
         """Give the graph up for good (it is freed), saying why."""
         self.enabled = False
         self.kept = None
+        self.start = None
         self.dropped = reason
+
+    def adopt(self, start: KeptGraph, rows: int) -> None:
+        """Take ``start``, the graph of the first chunk of the data (its ``rows`` rows, over all
+        of :attr:`params`), as the beginning of the kept graph: its build then runs the other
+        chunks only."""
+        self.start, self.start_rows = start, rows
+
+    def take_start(self, first_rows: int) -> KeptGraph | None:
+        """The adopted first chunk's graph, if still current and the first chunk still holds its
+        ``first_rows`` rows (batches split after an out-of-memory error would make it two
+        chunks); released either way: it is summed into the kept graph now, or stale."""
+        start, self.start = self.start, None
+        if start is None or first_rows != self.start_rows or not start.is_current():
+            return None
+        return start
 
     def indices(self, names: Sequence[str]) -> list[int] | None:
         """Positions of the parameters ``names`` among the graph's; None when one is not there
@@ -97,22 +125,46 @@ def build_kept_graph(
     params: Sequence[Tensor],
     batches: Iterable[tuple[Inputs, Tensor]],
     watched: Sequence[Tensor],
+    start: KeptGraph | None = None,
 ) -> KeptGraph:
     """Forward and first backward of every batch, once: g = Σ_B ∇_θ ``batch_loss(x_B, y_B)``
     with ``create_graph=True``, the pieces summed as they arrive (each batch's own gradient is
-    freed once added). ``watched``: the tensors whose later in-place change makes it stale."""
-    versions = _versions(watched)
-    total: list[Tensor | None] = [None] * len(params)
+    freed once added). ``watched``: the tensors whose later in-place change makes it stale.
+    ``start``: the graph of the batches before ``batches``, already built (the first batch's,
+    from the memory plan's measurement: :meth:`KeptState.adopt`), summed first and its
+    versions kept (the older record: a change since it was built makes the whole stale)."""
+    versions = versions_of(watched) if start is None else start.versions
+    total: list[Tensor | None] = [None] * len(params) if start is None else list(start.gradient)
     with torch.enable_grad():
         for x, y in batches:
             grads = torch.autograd.grad(
                 batch_loss(x, y), params, create_graph=True, allow_unused=True
             )
-            for i, piece in enumerate(grads):
-                if piece is None or not piece.requires_grad:
-                    continue
-                current = total[i]
-                total[i] = piece if current is None else current + piece
+            _add(total, grads)
+    return KeptGraph(tuple(params), tuple(total), tuple(watched), versions)
+
+
+def _add(total: list[Tensor | None], grads: Sequence[Tensor | None]) -> None:
+    """Add a batch's gradient pieces with their graphs into ``total``, in place (a piece that
+    does not depend on the parameters is left out: its products are zero)."""
+    for i, piece in enumerate(grads):
+        if piece is None or not piece.requires_grad:
+            continue
+        current = total[i]
+        total[i] = piece if current is None else current + piece
+
+
+def first_graph(
+    gradient: Sequence[Tensor | None],
+    params: Sequence[Tensor],
+    watched: Sequence[Tensor],
+    versions: tuple[int, ...],
+) -> KeptGraph:
+    """The kept graph of the first batch alone from its ``gradient`` (built with
+    ``create_graph=True`` elsewhere: the memory plan's measurement), ``versions`` the version
+    counters of ``watched`` recorded before it was built."""
+    total: list[Tensor | None] = [None] * len(params)
+    _add(total, gradient)
     return KeptGraph(tuple(params), tuple(total), tuple(watched), versions)
 
 

@@ -26,7 +26,8 @@ overrides it with bytes or a share of the free memory (:func:`parse_memory_budge
 Splitting a batch is exact (products are sums over samples); only the time changes.
 
 Lanczos' Krylov basis is held beside the products, one vector of P values per step (float32
-for float32 products, with one float64 work vector; float64 otherwise):
+for float32 products, with three float64 vectors: the work vector and the two latest rows
+widened; float64 otherwise):
 :func:`lanczos_basis` bounds it by the same budget (it restarts within the bound).
 """
 
@@ -35,14 +36,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from curvcal import rows as rows_of
-from curvcal.curvature.krylov import basis_storage
+from curvcal.curvature.krylov import WIDE_VECTORS, basis_storage
 from curvcal.rows import Inputs
 from curvcal.settings.sizes import MemoryBudget, host_memory
+
+Returned = TypeVar("Returned")
 
 #: the share of the free memory the default budget takes (the rest is room for what the
 #: algorithms hold beside the products, and for the allocator's slack)
@@ -97,11 +101,11 @@ class GraphSizes:
 
 
 def _saved_bytes(
-    forward: Callable[[], Tensor], backward: Callable[[Tensor], None], excluded: set[int]
-) -> tuple[int, int]:
+    forward: Callable[[], Tensor], backward: Callable[[Tensor], Returned], excluded: set[int]
+) -> tuple[int, int, Returned]:
     """Bytes of the distinct tensors autograd saves while ``forward`` runs, and while it and
     then ``backward`` of its result run, leaving out those that share storage with ``excluded``
-    (the parameters and the input batch, which exist anyway)."""
+    (the parameters and the input batch, which exist anyway); and what ``backward`` returned."""
     seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
     total = 0
 
@@ -117,11 +121,30 @@ def _saved_bytes(
             total += tensor.numel() * tensor.element_size()
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with torch.autograd.graph.saved_tensors_hooks(pack, _unpacked):
         result = forward()
         after_forward = total
-        backward(result)
-    return after_forward, total
+        returned = backward(result)
+    return after_forward, total, returned
+
+
+def _unpacked(tensor: Tensor) -> Tensor:
+    """The saved tensor as it was saved (the pack hook only counts it): a graph built under the
+    measurement may be kept and differentiated again (:class:`GraphProbe`)."""
+    return tensor
+
+
+@dataclass(frozen=True)
+class GraphProbe:
+    """What :func:`probe_graph` measured: the graph sizes, the rows of its larger slice, and —
+    when asked for and that slice is the whole batch — the slice's gradient with its graph
+    (``create_graph=True``: the first backward of a double backward, one piece per parameter,
+    ``None`` where the loss does not depend on it), which the kept graphs take over as their
+    first batch's (:mod:`curvcal.curvature.kept`) rather than build it again."""
+
+    sizes: GraphSizes
+    rows: int
+    gradient: tuple[Tensor | None, ...] | None
 
 
 def measure_graph(
@@ -130,6 +153,19 @@ def measure_graph(
     x: Inputs,
     y: Tensor,
 ) -> GraphSizes:
+    """The graph sizes of a gradient pass and of a double backward of ``batch_loss(x, y)``:
+    :func:`probe_graph`'s, its graphs freed."""
+    return probe_graph(batch_loss, params, x, y).sizes
+
+
+def probe_graph(
+    batch_loss: Callable[[Inputs, Tensor], Tensor],
+    params: Sequence[Tensor],
+    x: Inputs,
+    y: Tensor,
+    *,
+    keep_whole: bool = False,
+) -> GraphProbe:
     """The graph sizes of a gradient pass and of a double backward of ``batch_loss(x, y)`` (Σ
     over the rows), fitted as fixed + per-row bytes from slices of 4 and 8 rows of the batch
     (fewer when it has fewer; one slice of 1 row gives per-row bytes only). Run it inside the
@@ -141,36 +177,44 @@ def measure_graph(
     saves (its backward, without ``create_graph``, saves nothing), and the double backward's is
     that plus what the first backward saves as it builds the gradient's graph. (Two passes per
     slice, a gradient and a double backward, once cost 3.1 s of a 40 s λmax run on the 13.5 M
-    Llama-style benchmark model.)"""
+    Llama-style benchmark model.) The smaller slice runs first, so at most one slice's graph is
+    alive at a time; with ``keep_whole``, when the larger slice is the whole batch (a batch of
+    at most 8 rows), its gradient and graph are returned rather than freed (on that
+    benchmark model the whole first batch: 0.3–0.5 s of forward and first backward that a kept
+    graph would otherwise build again)."""
     rows = int(y.shape[0])
     large = min(rows, MEASURE_ROWS)
     small = max(1, large // 2)
     excluded = {p.untyped_storage().data_ptr() for p in params}
     excluded.update(t.untyped_storage().data_ptr() for t in rows_of.tensors(x))
 
-    def sizes(r: int) -> tuple[int, int]:
+    def sizes(r: int) -> tuple[int, int, tuple[Tensor | None, ...]]:
         xs, ys = rows_of.take_rows(x, slice(0, r)), y[:r]
 
         def forward() -> Tensor:
             with torch.enable_grad():
                 return batch_loss(xs, ys)
 
-        def backward(loss: Tensor) -> None:
+        def backward(loss: Tensor) -> tuple[Tensor | None, ...]:
             with torch.enable_grad():
-                torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+                return torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
 
         return _saved_bytes(forward, backward, excluded)
 
-    big = sizes(large)
-    if small == large:
-        return GraphSizes(GraphSize(0.0, big[0] / large), GraphSize(0.0, big[1] / large))
-    little = sizes(small)
+    little = sizes(small)[:2] if small != large else None
+    measured = sizes(large)
+    big = measured[:2]
+    kept = measured[2] if keep_whole and large == rows else None
+    del measured
+    if little is None:
+        graphs = GraphSizes(GraphSize(0.0, big[0] / large), GraphSize(0.0, big[1] / large))
+        return GraphProbe(graphs, large, kept)
 
     def fit(index: int) -> GraphSize:
         per_row = max(0.0, (big[index] - little[index]) / (large - small))
         return GraphSize(max(0.0, big[index] - per_row * large), per_row)
 
-    return GraphSizes(fit(0), fit(1))
+    return GraphProbe(GraphSizes(fit(0), fit(1)), large, kept)
 
 
 @dataclass(frozen=True)
@@ -290,7 +334,9 @@ def lanczos_basis(
 ) -> int | None:
     """The most vectors Lanczos' basis may hold for k eigenvalues of a P = ``n_params`` Hessian:
     ``asked`` when given (at most P), else as many vectors as the memory ``budget`` holds,
-    counted at 8 bytes a value (a float32 basis holds half that, and its float64 work vector), but at least 2k + :data:`BASIS_FLOOR` (fewer restarts the basis so often that the
+    counted at 8 bytes a value (a float32 basis holds half that, and three float64 vectors —
+    the work vector and the two latest rows widened — which the other half covers from 6 rows
+    on: 4·m·P + 3·8·P ≤ 8·m·P for m ≥ 6), but at least 2k + :data:`BASIS_FLOOR` (fewer restarts the basis so often that the
     products, not the memory, become the cost), and at most P (a basis of P vectors spans the space: no restart); None (no bound) without a
     budget. The basis is held beside the products, as a trace sketch is
     (:func:`~curvcal.curvature.plan.check_sketch_memory`): a λ run holds at most its
@@ -314,7 +360,8 @@ def density_keeps_basis(
     :func:`~curvcal.curvature.density.spectral_density`): when ``asked`` (a bound on any Lanczos
     basis, ``--max-basis``) holds min(steps, P) vectors, else when the memory ``budget`` holds
     what the basis allocates: min(steps, P) + 1 rows of P values (float32 for float32 products,
-    else float64) and, for float32 rows, one float64 work vector; always without either.
+    else float64) and, for float32 rows, :data:`~curvcal.curvature.krylov.WIDE_VECTORS`
+    float64 vectors (the work vector and the two latest rows widened); always without either.
     Otherwise the run keeps four vectors and the three-term recurrence alone."""
     rows = min(steps, n_params)
     if asked is not None:
@@ -322,9 +369,9 @@ def density_keeps_basis(
     if budget is None:
         return True
     storage = basis_storage(dtype)
-    narrow = storage != torch.float64  # rows narrower than the float64 work vector
+    narrow = storage != torch.float64  # rows narrower than the float64 work vectors
     row = torch.empty((), dtype=storage).element_size()
-    held = (rows + 1) * n_params * row + (n_params * 8 if narrow else 0)
+    held = (rows + 1) * n_params * row + (WIDE_VECTORS * n_params * 8 if narrow else 0)
     return held <= budget
 
 

@@ -43,6 +43,7 @@ double backward or forward-over-reverse are the kernels of :mod:`curvcal.curvatu
 from __future__ import annotations
 
 import copy
+import dataclasses
 import glob
 import itertools
 import math
@@ -73,8 +74,10 @@ from curvcal.curvature.kept import (
     KeptState,
     build_kept_graph,
     chunk_rows,
+    first_graph,
+    versions_of,
 )
-from curvcal.curvature.memory import GraphSizes, PassPlan, free_memory, measure_graph
+from curvcal.curvature.memory import GraphSizes, PassPlan, free_memory, probe_graph
 from curvcal.curvature.memory_fit import MemoryChoice, fit_memory
 from curvcal.curvature.options import (
     AUTO_PROBE_BATCH,
@@ -406,7 +409,7 @@ class HessianOperator:
         other.n_matvecs = 0
         other.n_data_passes = 0
         other.engine_products = {}
-        self._graphs.kept = None
+        self._graphs.kept = self._graphs.start = None
         return other
 
     def with_batches(self, batches: BatchSource) -> HessianOperator:
@@ -608,12 +611,10 @@ class HessianOperator:
 
     def _plan_memory(self) -> None:
         """Measure the first batch's graphs and fit the passes, and the kept graphs, in the memory
-        budget (:func:`~curvcal.curvature.memory_fit.fit_memory`)."""
+        budget (:func:`~curvcal.curvature.memory_fit.fit_memory`); when the graphs are kept and
+        the measurement ran on the whole first batch, its graph is the kept graph's first part
+        (:meth:`~curvcal.curvature.kept.KeptState.adopt`)."""
         x, y = self._batches.first()
-        with self._prepared_model():
-            graphs = measure_graph(
-                lambda xs, ys: self._loss_sum(self.model(xs), ys), self._params, x, y
-            )
         # train mode: BatchNorm's graph saves the running statistics, which are restored in place
         # after every product, so a kept graph could not be differentiated again
         # the GGN and Fisher kernels keep no graph between products
@@ -628,6 +629,21 @@ class HessianOperator:
             else ""
         )
         keepable = not unkeepable
+        keep_graphs = self.keep_graphs if keepable else "never"
+        # read before the measurement: a graph it hands over is counted in the kept graphs'
+        # bytes, not in the free memory as well
+        free = free_memory(self._device)
+        watched = self._watched()
+        versions = versions_of(watched)
+        with self._prepared_model():
+            probe = probe_graph(
+                lambda xs, ys: self._loss_sum(self.model(xs), ys),
+                self._params,
+                x,
+                y,
+                keep_whole=keep_graphs != "never",
+            )
+        graphs = probe.sizes
         # streamed batches would be freed after each pass; kept graphs hold their inputs
         streamed = self._batches.mode == "none"
         fit = fit_memory(
@@ -638,10 +654,10 @@ class HessianOperator:
             rows=self._batches.batch_size,
             width=self.probe_batch,
             requested=self.memory_budget,
-            free=free_memory(self._device),
+            free=free,
             vmapped=self._engine_for(2) == "func",
             sharded=self._all_reduce is not None,
-            keep_graphs=self.keep_graphs if keepable else "never",
+            keep_graphs=keep_graphs,
             input_row_bytes=rows_of.nbytes(x) / max(1, rows_of.n_rows(x)) if streamed else 0.0,
             device=self._device,
             unkeepable=unkeepable,
@@ -654,6 +670,17 @@ class HessianOperator:
         self.memory_choice = fit.choice
         self.kept_estimate, self.kept_need = fit.kept_estimate, fit.kept_need
         self._graphs.enabled, self._graphs.chunks = fit.keep, fit.kept_chunks
+        first_chunk = chunk_rows(self._batches.sizes[:1], fit.limit)[0]
+        if fit.keep and probe.gradient is not None and first_chunk == probe.rows:
+            self._graphs.adopt(
+                first_graph(probe.gradient, self._params, watched, versions), probe.rows
+            )
+            if fit.choice is not None:
+                self.memory_choice = dataclasses.replace(
+                    fit.choice,
+                    graphs_why=f"{fit.choice.graphs_why}; the first batch's graph "
+                    f"({probe.rows} rows), built whole by the measurement, is kept as the first",
+                )
 
     @property
     def graphs_kept(self) -> bool:
@@ -683,16 +710,22 @@ class HessianOperator:
         return (*self.model.parameters(), *self.model.buffers())
 
     def _kept_graph(self) -> KeptGraph:
-        """The kept graph, built first when missing or stale (run inside :meth:`_prepared_model`)."""
+        """The kept graph, built first when missing or stale (run inside :meth:`_prepared_model`):
+        from the first batch's graph the memory plan built, when it handed one over and it is
+        still current, and the other kept chunks."""
         state = self._graphs
         kept = state.kept
         if kept is None or not kept.is_current():
             state.kept = None  # free a stale graph before building its replacement
+            start = state.take_start(chunk_rows(self._batches.sizes[:1], self._batches.limit)[0])
+            skip = 0 if start is None else 1
+            chunks = None if state.chunks is None else state.chunks - skip
             kept = build_kept_graph(
                 lambda xs, ys: self._loss_sum(self.model(xs), ys),
                 state.params,
-                itertools.islice(self._batches, state.chunks),
+                itertools.islice(self._batches.chunks_after(skip), chunks),
                 self._watched(),
+                start,
             )
             state.kept = kept
             self._count(matvecs=0, passes=1)

@@ -4,6 +4,7 @@ curvcal's float64 operator, and the figures the table is made of."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -61,3 +62,14 @@ def test_quick_run_reports_the_run_beside_its_kernel(
     assert digits["run"]["value"] == pytest.approx(reference, rel=1e-3)
     table = capsys.readouterr().out
     assert "| digits-cnn | 0.01 M |" in table and "| llama |" in table
+
+
+def test_no_full_leaves_the_full_reorthogonalisation_runs_out(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = bench.main(["--quick", "--cases", "digits-cnn", "--repeats", "1", "--no-full"])
+    (row,) = report["rows"]
+    assert row["run"]["converged"] and row["full"]["runs"] == []
+    assert math.isnan(row["full"]["run_per_kernel_cpu"])
+    assert math.isnan(row["full"]["outside_s_per_product"])
+    assert "| digits-cnn |" in capsys.readouterr().out

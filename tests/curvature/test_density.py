@@ -272,13 +272,14 @@ def test_sketch_limit_counts_columns_of_the_budget_and_the_free_memory() -> None
 
 def test_the_basis_is_kept_when_the_budget_or_the_bound_holds_it() -> None:
     """What the basis allocates: min(steps, P) + 1 rows of P values — float64 for float64
-    products (41 × 100 × 8 = 32,800 bytes), float32 rows and one float64 work vector for float32
-    products (41 × 100 × 4 + 800 = 17,200)."""
+    products (41 × 100 × 8 = 32,800 bytes), float32 rows and three float64 vectors (the work
+    vector and the two latest rows widened) for float32 products (41 × 100 × 4 + 3 × 800 =
+    18,800)."""
     assert density_keeps_basis(40, 100, None)
     assert density_keeps_basis(40, 100, 32_800) and not density_keeps_basis(40, 100, 32_799)
     single = torch.float32
-    assert density_keeps_basis(40, 100, 17_200, dtype=single)
-    assert not density_keeps_basis(40, 100, 17_199, dtype=single)
+    assert density_keeps_basis(40, 100, 18_800, dtype=single)
+    assert not density_keeps_basis(40, 100, 18_799, dtype=single)
     assert density_keeps_basis(400, 100, 101 * 100 * 8)  # capped at P vectors
     assert density_keeps_basis(40, 100, 1, asked=40)  # --max-basis overrides the budget
     assert not density_keeps_basis(40, 100, None, asked=39)

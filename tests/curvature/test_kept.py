@@ -383,3 +383,59 @@ def test_the_api_functions_take_keep_graphs(mlp_case: Case) -> None:
         assert spectrum.eigenvalues[0] == pytest.approx(top, rel=1e-8)
     with pytest.raises(InputError, match="keep_graphs"):
         hessian_eigenvalues(model, split(x, y, BATCH), keep_graphs="perhaps")
+
+
+def _counting_forwards(model: nn.Module) -> list[int]:
+    """The rows of every forward ``model`` runs from now on (a forward hook)."""
+    rows: list[int] = []
+    model.register_forward_hook(lambda _module, inputs, _output: rows.append(inputs[0].shape[0]))
+    return rows
+
+
+@pytest.mark.parametrize("batch", [BATCH, 12])
+def test_the_measured_first_batch_graph_is_the_first_kept_one(batch: int) -> None:
+    """Batches of at most 8 rows: the memory plan measures on the whole first batch, and its
+    graph is the kept graph's first part (that batch's forward runs once, not twice); larger
+    batches are measured on 4 and 8 rows and built whole. Either way every product equals the
+    dense float64 Hessian's."""
+    model = make_mlp()
+    x, y = make_data("mlp")
+    vectors = _vectors(75, 2)
+    expected = dense_hessian(model, x, y) @ vectors
+    forwards = _counting_forwards(model)
+    operator = HessianOperator(model, split(x, y, batch), keep_graphs="always")
+    assert operator.memory_choice is not None
+    measured = min(batch, 8)
+    assert forwards == [measured // 2, measured]  # the plan's two slices, the smaller first
+    adopted = batch <= 8
+    assert ("built whole by the measurement" in operator.memory_choice.graphs_why) == adopted
+    for _ in range(2):
+        assert torch.allclose(operator.matmat(vectors), expected, rtol=0, atol=1e-10)
+    built = [int(labels.shape[0]) for _inputs, labels in split(x, y, batch)]
+    assert forwards[2:] == (built[1:] if adopted else built)
+    assert operator.n_data_passes == 1
+
+
+def test_a_parameter_changed_before_the_first_product_rebuilds_the_measured_graph() -> None:
+    model = make_mlp()
+    x, y = make_data("mlp")
+    operator = HessianOperator(model, split(x, y, BATCH), keep_graphs="always")
+    with torch.no_grad():
+        model[0].weight.mul_(1.5)  # after the measurement built the first batch's graph
+    vectors = _vectors(75, 2)
+    expected = dense_hessian(model, x, y) @ vectors
+    forwards = _counting_forwards(model)
+    assert torch.allclose(operator.matmat(vectors), expected, rtol=0, atol=1e-10)
+    assert len(forwards) == len(split(x, y, BATCH))  # every batch built again, the first too
+
+
+def test_batches_split_before_the_first_product_rebuild_the_measured_graph() -> None:
+    """The measured graph covers the whole first batch: once batches are halved (an
+    out-of-memory retry) the first chunk is half of it, and the kept graph is built whole."""
+    model = make_mlp()
+    x, y = make_data("mlp")
+    operator = HessianOperator(model, split(x, y, 6), keep_graphs="always")
+    operator._batches.halve()
+    vectors = _vectors(75, 2)
+    expected = dense_hessian(model, x, y) @ vectors
+    assert torch.allclose(operator.matmat(vectors), expected, rtol=0, atol=1e-10)

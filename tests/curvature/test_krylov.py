@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -242,10 +244,13 @@ def test_narrow_storage_clears_in_float64_and_rounds_once(count: int) -> None:
     assert torch.allclose(remainder, vector - rows @ coefficients, atol=1e-12, rtol=0)
     assert float((rows.t() @ remainder).abs().max()) < 1e-6 * float(vector.norm())
     norm = float(remainder.norm())
+    cleared = remainder.clone()
     basis.commit(norm)
     assert basis[-1].dtype == torch.float32
-    # divided in float64 and rounded once as it is stored
-    assert torch.equal(basis[-1], (remainder / norm).to(torch.float32))
+    # divided in float64 and rounded once as it is stored; the work vector is then the new
+    # row's wide copy, its stored values exactly
+    assert torch.equal(basis[-1], (cleared / norm).to(torch.float32))
+    assert torch.equal(remainder, basis[-1].to(torch.float64))
 
 
 def test_narrow_storage_restart_and_combine_are_the_wide_sums() -> None:
@@ -312,31 +317,27 @@ def test_narrow_two_row_clearing_is_the_dense_float64_one(count: int) -> None:
     """A product written into a narrow basis' next row and cleared of the latest two vectors
     only (a partial Lanczos step): the coefficients are the
     float64 inner products with the two stored rows (the older ones 0), the remainder the
-    widened row minus those components, its norm the measured β; with count = 3 the two rows
-    lie in two blocks and are removed in turn. The commit divides in float64 and rounds once, leaving the remainder as
-    it was."""
+    widened row minus those components, its norm the measured β; the two rows are removed
+    together from their wide copies, whichever blocks they lie in. The commit divides in
+    float64 and rounds once, the work vector becoming the new row's wide copy."""
     basis, rows = _narrow(count, seed=4)
     product = torch.randn(NARROW, generator=torch.Generator().manual_seed(5))  # float32
     basis.next_row().copy_(product)
     remainder, coefficients = basis.clear_next(whole=False)
     wide = product.to(torch.float64)
-    # the rows of one block removed together, of two blocks (count = 3: blocks of 2 and 2
-    # rows) in turn, each against the vector already cleared of the one before
-    groups = [[1], [2]] if count == 3 else [list(range(max(0, count - 2), count))]
+    # the two latest rows removed together (count = 3: they lie in two blocks, of 2 and 2 rows)
+    group = list(range(max(0, count - 2), count))
     expected = torch.zeros(count, dtype=torch.float64)
-    reference = wide.clone()
-    for group in groups:
-        amounts = rows[:, group].t() @ reference
-        reference -= rows[:, group] @ amounts
-        expected[group] = amounts
+    expected[group] = rows[:, group].t() @ wide
+    reference = wide - rows[:, group] @ expected[group]
     assert remainder.dtype == torch.float64
     assert torch.allclose(coefficients, expected, atol=1e-12, rtol=0)
     assert torch.allclose(remainder, reference, atol=1e-12, rtol=0)
     assert basis.remainder_norm == pytest.approx(float(reference.norm()), rel=1e-14)
     kept = remainder.clone()
     basis.commit(basis.remainder_norm)
-    assert torch.equal(remainder, kept)
     assert torch.equal(basis[-1], (kept / basis.remainder_norm).to(torch.float32))
+    assert torch.equal(remainder, basis[-1].to(torch.float64))
 
 
 def test_narrow_two_row_clearing_then_reorthogonalisation_clears_the_whole_basis() -> None:
@@ -361,3 +362,77 @@ def test_a_whole_vectors_gaussian_draw_is_one_float64_draw_of_p_values(
     reference = torch.randn(1001, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     assert drawn.dtype == dtype
     assert torch.equal(drawn, reference.to(dtype))
+
+
+@pytest.mark.parametrize("size", [1, 15, 16, 17, 1001, NARROW])
+def test_a_draw_in_place_is_the_same_vector(size: int) -> None:
+    """normal_into draws into memory already held the very values of a float64 torch.randn
+    (Box–Muller over blocks of 16, the tail redrawn): a run's start vector does not change."""
+    out = torch.full((size,), math.nan, dtype=torch.float64)
+    held = out.data_ptr()
+    VectorSpace(size).normal_into(out, torch.Generator().manual_seed(8))
+    reference = torch.randn(size, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    assert out.data_ptr() == held and torch.equal(out, reference)
+
+
+@pytest.mark.parametrize("storage", [torch.float64, torch.float32])
+def test_a_start_drawn_into_the_draft_is_stored_as_the_drawn_vector_made_unit(
+    storage: torch.dtype,
+) -> None:
+    """Lanczos' start: drawn into the basis' draft and committed by its norm, the first row is
+    the float64 draw divided by its norm, rounded once to the storage dtype."""
+    basis = KrylovBasis(NARROW, torch.float64, "cpu", storage=storage)
+    start = basis.draft()
+    basis.space.normal_into(start, torch.Generator().manual_seed(3))
+    basis.commit(float(start.norm()))
+    drawn = torch.randn(NARROW, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert len(basis) == 1
+    assert torch.equal(basis[0], (drawn / drawn.norm()).to(storage))
+
+
+def test_a_partial_step_reads_the_latest_rows_widened_and_never_widens_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A narrow basis keeps its two latest rows widened (their stored values exactly): the
+    two-row clearing of a partial step projects against those float64 copies, no float32 row
+    is widened for it, and the result is the dense float64 clearing against the stored rows."""
+    basis, rows = _narrow(MAX_BLOCK + 3, seed=11)
+    read: list[torch.dtype] = []
+    project = KrylovBasis._project
+
+    def spied(self: KrylovBasis, block: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+        read.append(block.dtype)
+        return project(self, block, vector)
+
+    monkeypatch.setattr(KrylovBasis, "_project", spied)
+    for step in range(4):  # the copies move on with every commit
+        product = torch.randn(NARROW, generator=torch.Generator().manual_seed(20 + step))
+        basis.next_row().copy_(product)
+        remainder, coefficients = basis.clear_next(whole=False)
+        stored = torch.stack([basis[i] for i in range(len(basis))], dim=1).to(torch.float64)
+        latest = stored[:, -2:]
+        wide = product.to(torch.float64)
+        assert torch.allclose(coefficients[-2:], latest.t() @ wide, atol=1e-12, rtol=0)
+        assert torch.allclose(remainder, wide - latest @ (latest.t() @ wide), atol=1e-12, rtol=0)
+        basis.commit(basis.remainder_norm)
+    assert read == [torch.float64] * 4
+    assert rows.shape[1] == MAX_BLOCK + 3
+
+
+def test_after_a_restart_the_clearing_uses_the_stored_rows_until_copies_are_made_again() -> None:
+    """A restart moves the rows, so the wide copies are dropped: the next clearing is still the
+    dense one against the stored rows, and the commits after it widen the new rows again."""
+    basis, _rows = _narrow(6, seed=12)
+    generator = torch.Generator().manual_seed(13)
+    basis.restart(torch.linalg.qr(torch.randn(5, 3, dtype=torch.float64, generator=generator)).Q)
+    assert basis._latest_wide() is None
+    for step in range(3):
+        stored = torch.stack([basis[i] for i in range(len(basis))], dim=1).to(torch.float64)
+        vector = torch.randn(NARROW, dtype=torch.float64, generator=generator)
+        remainder, coefficients = basis.extend(vector)
+        scale = float(vector.norm())
+        # v = Q c + r with r orthogonal to the stored rows (orthonormal to float32's precision)
+        assert torch.allclose(vector, stored @ coefficients + remainder, atol=1e-12 * scale), step
+        assert float((stored.t() @ remainder).abs().max()) < 1e-6 * scale
+        basis.commit(float(remainder.norm()))
+    assert basis._latest_wide() is not None  # two commits made the copies again
