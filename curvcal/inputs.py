@@ -201,6 +201,19 @@ def name_outputs(named: Sequence[Named]) -> None:
                 _RUN[-1].outputs[identity(path).resolved] = option
 
 
+@contextmanager
+def opened_within() -> Iterator[list[Input]]:
+    """A list that, when the block ends, holds the inputs first recorded while it ran, in the
+    order they were opened (what one load read: a checkpoint, the source of its ``py:``
+    architecture, the configs of its model folders); it stays empty outside a run."""
+    before = {id(entry) for entry in recorded()}
+    opened: list[Input] = []
+    try:
+        yield opened
+    finally:
+        opened.extend(entry for entry in recorded() if id(entry) not in before)
+
+
 def recorded() -> tuple[Input, ...]:
     """The inputs of the run so far (declared first, then in the order opened); empty outside
     a run."""

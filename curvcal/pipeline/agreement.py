@@ -3,7 +3,10 @@
 
 - settings: the record of every settings object the run was given (``--option`` to value);
 - checkpoint: the SHA-256 of the checkpoint file or folder (and of an adapter's base folder),
-  the form it loaded as and its parameter count;
+  the form it loaded as, its parameter count, and the SHA-256 of every other file its load
+  opened (:func:`curvcal.inputs.opened_within`: the source of a ``py:`` architecture, the
+  ``config.json`` of an ``--arch hf:FOLDER``, an adapter's configs), so two ranks that build
+  different models around the same weights disagree;
 - data: the SHA-256 of each file the data was read from, the number of samples (with the world
   size this is the shard plan: rank r takes r, r + W, ...), the number of classes, a digest of
   the labels, and a digest of the samples themselves as the model sees them: every
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from curvcal.inputs import Input
     from curvcal.load.checkpoints.loaded_model import LoadedModel
     from curvcal.load.datasets.loaded_data import LoadedData
     from curvcal.settings.fields import Settings
@@ -37,15 +41,27 @@ def settings_fingerprint(settings: Iterable[Settings]) -> dict[str, Any]:
     return fingerprint
 
 
-def model_fingerprint(loaded: LoadedModel) -> dict[str, Any]:
-    """The checkpoint's SHA-256 (its base folder's too, for an adapter), form and size."""
+def model_fingerprint(loaded: LoadedModel, opened: Iterable[Input] = ()) -> dict[str, Any]:
+    """The checkpoint's SHA-256 (its base folder's too, for an adapter), form and size, and the
+    SHA-256 of each file among ``opened`` (the inputs its load recorded, in order) that is not
+    the checkpoint nor inside its folder: the code and configs the model was built from."""
+    from curvcal.inputs import identity
     from curvcal.load.checkpoints.digest import file_info
 
+    checkpoint = identity(loaded.path)
+    built_from = [
+        entry.path
+        for entry in opened
+        if not entry.identity.is_dir
+        and not entry.identity.same_file(checkpoint)
+        and not entry.identity.inside(checkpoint)
+    ]
     return {
         "checkpoint sha256": file_info(loaded.path).sha256,
         "base model sha256": loaded.metadata.get("base_model_sha256"),
         "form": loaded.form,
         "parameter count": loaded.parameter_count,
+        "files it was built from sha256": [file_info(path).sha256 for path in built_from],
     }
 
 
