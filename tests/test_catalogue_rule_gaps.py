@@ -7,7 +7,13 @@ fixed where all the parts go through it:
   ``OverflowError``, a ``MemoryError`` after 40 s) or an error blaming the data; a
   ``tokenizer_config.json`` ``model_max_length`` of ``"x"`` was a ``TypeError`` inside the
   tokenizer's call (exit 70). Now the one reader of library configs refuses them, exit 2,
-  naming the file and the key.
+  naming the file and the key;
+- a saved beta map with a or b below 0 (a map that falls as p_1 rises, which the fit never
+  gives) and a calibrator file whose ``curvcal`` version is an object or a NaN were applied,
+  exit 0. Now the bound is declared with the field and the envelope's version is read by the
+  one schema reader: exit 2 naming the file and the field;
+- (tests/scale/test_ranks_agree.py) ranks that build other models around the same weights (a
+  ``py:`` architecture whose source differs) were summed, exit 0; now they stop.
 
 Each case runs the real CLI in-process: exit 2, one ``curvcal: error:`` line naming the file
 and the key.
@@ -114,3 +120,69 @@ def test_config_sizes_nested_and_per_layer_lists() -> None:
     with pytest.raises(InputError, match="more than the 1,000,000 curvcal reads"):
         check_config(path, {"id2label": dict.fromkeys(map(str, range(1_000_001)), "x")})
     check_config(Path("tokenizer_config.json"), {"model_max_length": 10**30})  # "no limit"
+
+
+# ---------------------------------------------------------------------------------------------
+# saved maps: every field through the one schema reader, with the bounds the fit keeps
+
+
+@pytest.fixture(scope="module")
+def binary_maps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Platt and beta maps fitted on half of 120 binary logits, and 80 others to apply them to."""
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("binary")
+    rng = np.random.default_rng(0)
+    for name, n in (("fit.npz", 120), ("new.npz", 80)):
+        logits = rng.normal(size=(n, 2)).astype(np.float32) * 2
+        labels = (logits[:, 1] - logits[:, 0] + rng.normal(size=n) > 0).astype(np.int64)
+        np.savez(root / name, logits=logits, labels=labels)
+    saved = root / "maps.json"
+    from click.testing import CliRunner
+
+    from curvcal.cli import main
+
+    with CliRunner().isolation() as (_stdout, stderr, _):
+        code = main(
+            ["metrics", str(root / "fit.npz"), "--method", "beta", "--val-split", "0.5",
+             "--save-calibrator", str(saved), "-q"]
+        )  # fmt: skip
+    assert code == 0, stderr.getvalue()
+    return saved, root / "new.npz"
+
+
+#: (edit of the saved file, field named): each was applied with exit 0 before
+SAVED_CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    # a, b < 0 make q_1 = σ(a·ln p_1 − b·ln p_0 + c) fall as p_1 rises; the fit sets them to 0
+    "beta a below 0": (lambda d: d["beta"].update(a=-1.0), "a -1.0 is outside 0..8.5e+37"),
+    "beta b below 0": (lambda d: d["beta"].update(b=-5.0), "b -5.0 is outside 0..8.5e+37"),
+    "the version an object": (
+        lambda d: d.update(curvcal={"x": [1e308]}),
+        "curvcal must be a string",
+    ),
+    "the version a number": (lambda d: d.update(curvcal=float("nan")), "curvcal must be a string"),
+}
+
+
+@pytest.mark.parametrize("case", list(SAVED_CASES))
+def test_a_saved_field_outside_its_schema_is_refused_naming_the_file(
+    case: str, binary_maps: tuple[Path, Path], tmp_path: Path, run_cli
+) -> None:
+    saved, scores = binary_maps
+    edit, why = SAVED_CASES[case]
+    document = json.loads(saved.read_text())
+    edit(document)
+    tampered = tmp_path / "t.json"
+    tampered.write_text(json.dumps(document))  # NaN written as JSON's NaN token
+    result = run_cli("metrics", scores, "--apply", tampered, "-q")
+    assert result.code == 2, result.output
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("curvcal: error:"), result.stderr
+    assert said(shown(tampered), result.stderr) and said(why, result.stderr), result.stderr
+
+
+def test_the_untampered_maps_still_apply(binary_maps: tuple[Path, Path], run_cli) -> None:
+    saved, scores = binary_maps
+    assert json.loads(saved.read_text())["beta"]["a"] >= 0
+    result = run_cli("metrics", scores, "--apply", saved, "-q")
+    assert result.code == 0, result.output
