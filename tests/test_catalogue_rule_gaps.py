@@ -7,7 +7,9 @@ fixed where all the parts go through it:
   ``OverflowError``, a ``MemoryError`` after 40 s) or an error blaming the data; a
   ``tokenizer_config.json`` ``model_max_length`` of ``"x"`` was a ``TypeError`` inside the
   tokenizer's call (exit 70). Now the one reader of library configs refuses them, exit 2,
-  naming the file and the key;
+  naming the file and the key; a config field of the wrong type (huggingface_hub's strict
+  dataclass error) escaped as exit 70: every call into the libraries now catches one list;
+  the same library warning raised by two loads of one folder was said twice: once now;
 - a saved beta map with a or b below 0 (a map that falls as p_1 rises, which the fit never
   gives) and a calibrator file whose ``curvcal`` version is an object or a NaN were applied,
   exit 0. Now the bound is declared with the field and the envelope's version is read by the
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from console_text import said, shown
+from console_text import said, shown, times_said
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -98,6 +100,46 @@ def test_a_library_config_size_is_refused_naming_file_and_key(
     assert len(lines) == 1 and lines[0].startswith("curvcal: error:"), result.stderr
     assert said(f"{shown(folder / name)} ({key}):", result.stderr), result.stderr
     assert "Traceback" not in result.output
+
+
+def _edited_copy(source: Path, folder: Path, **changes: Any) -> Path:
+    import shutil
+
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_config_field_of_the_wrong_type_is_the_folder_s_error(
+    decoder: tuple[Path, Path], tmp_path: Path, run_cli
+) -> None:
+    """transformers' config classes check their fields with huggingface_hub's strict
+    dataclasses, whose error is none of the builtin ones: it escaped the load as exit 70.
+    Every call into the libraries now catches the same list of failures."""
+    folder = _edited_copy(decoder[0], tmp_path / "m", hidden_act=["silu"])
+    result = run_cli("calibrate", folder, "--data", decoder[1], "--method", "ts", "-q")
+    assert result.code == 2, result.output
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1 and said(f"{shown(folder, ':')} transformers cannot load", lines[0])
+    assert said("Field 'hidden_act' expected str", lines[0]), lines[0]
+
+
+def test_a_library_warning_is_said_once_though_two_loads_raise_it(
+    decoder: tuple[Path, Path], tmp_path: Path, run_cli
+) -> None:
+    """The model's load and its tokenizer's both read the folder's config, and transformers
+    warns about its rope factor each time: the same line was said twice. A run says each
+    warning once (and records it once in the JSON)."""
+    rope = {"rope_theta": 10000.0, "rope_type": "linear", "factor": 0.5}
+    folder = _edited_copy(decoder[0], tmp_path / "m", rope_parameters=rope)
+    result = run_cli("calibrate", folder, "--data", decoder[1], "--method", "ts", "-q", "--json")
+    assert result.code == 0, result.output
+    warning = "factor field must be a float or int >= 1, got 0.5"
+    assert times_said(warning, result.stderr) == 1, result.stderr
+    warnings = json.loads(result.stdout)["warnings"]
+    assert sum(warning in text for text in warnings) == 1, warnings
 
 
 def test_config_sizes_nested_and_per_layer_lists() -> None:

@@ -12,7 +12,8 @@
   the labels, and a digest of the samples themselves as the model sees them: every
   ⌈N/64⌉-th sample plus the last (at most 65 samples, cheap at any N). A folder's file
   digest covers only its files' names and sizes, so the samples' own digest is what tells two
-  folders of same-size images with other pixels apart, and it is taken for every kind of data.
+  folders of same-size images with other pixels apart, and it is taken for every kind of data;
+  and the digest of each other lone file the data's load opened (a ``py:`` factory's source).
 """
 
 from __future__ import annotations
@@ -65,13 +66,30 @@ def model_fingerprint(loaded: LoadedModel, opened: Iterable[Input] = ()) -> dict
     }
 
 
-def data_fingerprint(data: LoadedData, world_size: int) -> dict[str, Any]:
+def data_fingerprint(
+    data: LoadedData, world_size: int, opened: Iterable[Input] = ()
+) -> dict[str, Any]:
     """The data's files' SHA-256, N and the shard plan, K, and digests of the labels and of
-    the strided samples (:func:`strided_indices`), whatever holds the data."""
+    the strided samples (:func:`strided_indices`), whatever holds the data; and the SHA-256 of
+    each lone file among ``opened`` (the inputs the data's load recorded) that is not one of
+    the data's files nor beneath a folder the load read (an image folder's images, a
+    tokenizer's configs: the samples' digest covers those): the source of a ``py:`` factory,
+    whose samples off the strided ones could differ unseen."""
+    from curvcal.inputs import identity
     from curvcal.load.checkpoints.digest import file_info
 
+    files = [identity(path) for path in data.files]
+    folders = [entry.identity for entry in opened if entry.identity.is_dir]
+    lone = [
+        entry.path
+        for entry in opened
+        if not entry.identity.is_dir
+        and not any(entry.identity.same_file(file) for file in files)
+        and not any(entry.identity.inside(folder) for folder in folders)
+    ]
     fingerprint: dict[str, Any] = {
         "files sha256": [file_info(path).sha256 for path in data.files],
+        "other files read sha256": [file_info(path).sha256 for path in lone],
         "samples": data.n_samples,
         "shard plan": f"rank r of {world_size} takes samples r, r + {world_size}, ...",
         "classes": data.num_classes,

@@ -166,6 +166,7 @@ class Session:
         (several checkpoints): ``text_model`` gives the tokenizer's folder. Under torchrun
         every rank's data must be the same (:func:`~curvcal.distributed.agree`)."""
         from curvcal.distributed import agree
+        from curvcal.inputs import opened_within
         from curvcal.load.data import load_dataset
         from curvcal.load.texts.text import text_model_of
         from curvcal.pipeline.agreement import data_fingerprint
@@ -180,8 +181,9 @@ class Session:
             if loaded is not None:
                 text_model = text_model_of(loaded)
             preprocessing = None if loaded is None else loaded.preprocessing
-            read = load_dataset(settings, preprocessing, text_model)
-            agree("data", lambda: data_fingerprint(read, self.context.world_size))
+            with opened_within() as opened:
+                read = load_dataset(settings, preprocessing, text_model)
+            agree("data", lambda: data_fingerprint(read, self.context.world_size, opened))
             self._datasets[key] = read
         data = self._datasets[key]
         if check and loaded is not None:

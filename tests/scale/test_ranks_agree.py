@@ -209,6 +209,49 @@ def test_the_files_a_model_is_built_from_are_in_its_fingerprint(
     assert prints[0] != prints[1] and prints[0] == prints[2]
 
 
+#: a ``py:`` data factory of 200 samples whose sample 5 (off the strided ones) is left open
+DATA_SOURCE = (
+    "import torch\n\n"
+    "def make():\n"
+    "    x = torch.zeros(200, 1, 8, 8)\n"
+    "    x[5] = {}\n"
+    "    return x, torch.arange(200) % 3\n"
+)
+
+
+def test_a_py_data_factory_s_source_is_in_the_data_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ``py:`` factories whose data differ in sample 5 only: the strided samples (every
+    4th of 200) and the labels agree, so before the fingerprints were equal and ranks given
+    them were summed. The factory's source is digested now; an image folder's images (beneath
+    the folder, covered by the samples' digest) are not digested a second time."""
+    from curvcal import inputs
+    from curvcal.load.datasets.image_folder import load_image_folder
+    from curvcal.load.datasets.py_dataset import load_py_dataset
+    from curvcal.pipeline.agreement import data_fingerprint
+    from curvcal.settings.data import DataSettings
+
+    prints = []
+    for value in (0, 1):
+        folder = tmp_path / str(value)
+        folder.mkdir()
+        (folder / "rank_data.py").write_text(DATA_SOURCE.format(value))
+        monkeypatch.syspath_prepend(str(folder))
+        sys.modules.pop("rank_data", None)
+        settings = DataSettings(data="py:rank_data:make", trust_checkpoint=True)
+        with inputs.recording(), inputs.opened_within() as opened:
+            data = load_py_dataset(settings)
+        prints.append(data_fingerprint(data, 2, opened))
+    sys.modules.pop("rank_data", None)
+    assert prints[0]["strided samples sha256"] == prints[1]["strided samples sha256"]
+    assert prints[0]["other files read sha256"] != prints[1]["other files read sha256"]
+    _image_folder(tmp_path / "images", 0)
+    with inputs.recording(), inputs.opened_within() as opened:
+        images = load_image_folder(DataSettings(data=f"folder:{tmp_path / 'images'}"), None)
+    assert data_fingerprint(images, 2, opened)["other files read sha256"] == []
+
+
 def test_fingerprints_name_what_differs() -> None:
     """One process: nothing is gathered. The data fingerprint digests the samples themselves,
     so other samples of the same labels differ."""

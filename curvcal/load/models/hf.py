@@ -46,7 +46,7 @@ from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
 from curvcal.load.files.tensorfile import read_safetensors_metadata, read_safetensors_shapes
 from curvcal.load.limits import check_num_classes
-from curvcal.load.models.library_limits import library_warnings
+from curvcal.load.models.library_limits import library_failures, library_warnings
 from curvcal.paths import readable_file, readable_folder
 
 CONFIG_NAME = "config.json"
@@ -169,7 +169,7 @@ def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
             model = getattr(transformers, auto_name).from_config(
                 config, trust_remote_code=trust, attn_implementation="eager"
             )
-    except (ValueError, KeyError, OSError, ImportError, TypeError) as exc:
+    except library_failures() as exc:
         raise InputError(
             str(folder.path),
             f"transformers cannot build {folder.architecture} from config.json: {one_line(exc)}",
@@ -238,7 +238,7 @@ def transformers_load(
     try:
         with no_prompt(), library_warnings("transformers", said):
             yield
-    except (ValueError, KeyError, OSError, ImportError, TypeError, RuntimeError) as exc:
+    except library_failures() as exc:
         raise InputError(
             str(path),
             f"transformers {failure}: {one_line(exc)}",

@@ -549,6 +549,24 @@ def _time_patterns(where: str, patterns: list[list[str]], names: list[str]) -> N
             stream.close()
 
 
+def library_failures() -> tuple[type[BaseException], ...]:
+    """What transformers, peft and the tokenizers raise for a file they cannot use, caught by
+    every call curvcal makes into them and said as one :class:`InputError` naming the folder:
+    the builtin errors a bad value ends in (a wrong type, a missing key, a division by zero,
+    a failed ``assert``), and huggingface_hub's ``StrictDataclassError`` (transformers' config
+    classes validate their fields with it: ``hidden_act: ["silu"]`` was exit 70). Never
+    ``MemoryError`` (the size bounds come first) nor ``KeyboardInterrupt``."""
+    failures: tuple[type[BaseException], ...] = (
+        ValueError, KeyError, IndexError, OSError, ImportError, TypeError, AttributeError,
+        RuntimeError, ArithmeticError, AssertionError,
+    )  # fmt: skip
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub has no strict config fields to fail
+        return failures
+    return (*failures, StrictDataclassError)
+
+
 #: the loggers of the libraries curvcal calls: their records are held back like their warnings
 #: (transformers' load report, "Some weights ... were not initialized", its ``Model config``
 #: line at info verbosity print through their own handlers otherwise)

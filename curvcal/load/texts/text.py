@@ -286,7 +286,7 @@ def load_tokenizer(
             str(folder), f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}...)", hint
         )
     from curvcal.load.models.hf import no_prompt
-    from curvcal.load.models.library_limits import library_warnings
+    from curvcal.load.models.library_limits import library_failures, library_warnings
 
     _check_tokenizer_configs(folder, where, trust)
     said: list[str] = []
@@ -295,7 +295,7 @@ def load_tokenizer(
             loaded = transformers.AutoTokenizer.from_pretrained(
                 str(folder), local_files_only=True, trust_remote_code=trust
             )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except library_failures() as exc:
         hint = (
             "pass --tokenizer DIR naming the tokenizer's save_pretrained folder"
             if tokenizer is None
