@@ -14,6 +14,8 @@ fixed where all the parts go through it:
   gives) and a calibrator file whose ``curvcal`` version is an object or a NaN were applied,
   exit 0. Now the bound is declared with the field and the envelope's version is read by the
   one schema reader: exit 2 naming the file and the field;
+- importing a ``py:`` factory wrote a ``__pycache__`` folder beside the user's module; the one
+  import of user code now writes nothing;
 - (tests/scale/test_ranks_agree.py) ranks that build other models around the same weights (a
   ``py:`` architecture whose source differs) were summed, exit 0; now they stop.
 
@@ -228,3 +230,33 @@ def test_the_untampered_maps_still_apply(binary_maps: tuple[Path, Path], run_cli
     assert json.loads(saved.read_text())["beta"]["a"] >= 0
     result = run_cli("metrics", scores, "--apply", saved, "-q")
     assert result.code == 0, result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs: nothing written beside what a run reads
+
+
+FACTORY = "import torch\n\ndef make():\n    return torch.zeros(6, 1, 8, 8), torch.arange(6) % 3\n"
+
+
+def test_importing_a_py_factory_writes_nothing_beside_it(
+    tmp_path: Path, run_cli, digits_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python caches a module it imports in a ``__pycache__`` folder beside the source: a run
+    given ``--data py:module:make`` wrote into the folder of the user's module. The one import
+    of user code (:func:`curvcal.inputs.import_recorded`) now turns that cache off."""
+    folder = tmp_path / "factory"
+    folder.mkdir()
+    (folder / "gap_factory.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as outside a test run
+    monkeypatch.delitem(sys.modules, "gap_factory", raising=False)
+    model, _data = digits_files
+    result = run_cli(
+        "calibrate", model, "--data", "py:gap_factory:make", "--trust-checkpoint",
+        "--method", "none", "-q",
+    )  # fmt: skip
+    sys.modules.pop("gap_factory", None)
+    assert result.code == 0, result.output
+    assert sorted(p.name for p in folder.iterdir()) == ["gap_factory.py"]
+    assert sys.dont_write_bytecode is False  # put back
