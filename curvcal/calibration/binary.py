@@ -153,11 +153,11 @@ class BinaryMap(SavedMap):
         within ±:data:`~curvcal.calibration.saved.COEFFICIENT_BOUND`, and beta's ``a`` and
         ``b`` at least 0 (the map is monotone only then, and the fit never gives less)."""
         bound = COEFFICIENT_BOUND
-        if data.get("method") == "platt":
-            coefficients = (number("slope", -bound, bound), number("intercept", -bound, bound))
-        else:
-            coefficients = (number("a", 0.0, bound), number("b", 0.0, bound))
-            coefficients += (number("c", -bound, bound),)
+        coefficients: tuple[Field, ...] = (
+            (number("slope", -bound, bound), number("intercept", -bound, bound))
+            if data.get("method") == "platt"
+            else (number("a", 0.0, bound), number("b", 0.0, bound), number("c", -bound, bound))
+        )
         return (choice("method", BINARY_METHODS), *coefficients)
 
     @classmethod

@@ -232,7 +232,7 @@ def _sizes(config: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, s
     for key in ("num_labels", "id2label"):
         value = config.get(key)
         count = len(value) if isinstance(value, Mapping) else value
-        if _whole(count) and count > MAX_CLASSES:
+        if isinstance(count, int) and not isinstance(count, bool) and count > MAX_CLASSES:
             yield (
                 f"{prefix}{key}",
                 f"{count:,} classes, more than the {MAX_CLASSES:,} curvcal reads",
