@@ -10,6 +10,8 @@ fixed where all the parts go through it:
   naming the file and the key; a config field of the wrong type (huggingface_hub's strict
   dataclass error) escaped as exit 70: every call into the libraries now catches one list;
   the same library warning raised by two loads of one folder was said twice: once now;
+  transformers' error for weights of another shape pointed at "the above report", a log
+  record curvcal holds back: the report now stands in its place;
 - a saved beta map with a or b below 0 (a map that falls as p_1 rises, which the fit never
   gives) and a calibrator file whose ``curvcal`` version is an object or a NaN were applied,
   exit 0. Now the bound is declared with the field and the envelope's version is read by the
@@ -142,6 +144,21 @@ def test_a_library_warning_is_said_once_though_two_loads_raise_it(
     assert times_said(warning, result.stderr) == 1, result.stderr
     warnings = json.loads(result.stdout)["warnings"]
     assert sum(warning in text for text in warnings) == 1, warnings
+
+
+def test_weights_of_another_shape_are_named_not_sent_to_a_report_never_shown(
+    decoder: tuple[Path, Path], tmp_path: Path, run_cli
+) -> None:
+    """transformers' error for a config whose sizes do not fit the weights says only "For
+    details look at the above report!", and that report (a log record) is held back: the one
+    line named no tensor. The held report now stands in its place."""
+    folder = _edited_copy(decoder[0], tmp_path / "m", intermediate_size=48)
+    result = run_cli("calibrate", folder, "--data", decoder[1], "--method", "ts", "-q")
+    assert result.code == 2, result.output
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("curvcal: error:"), result.stderr
+    assert "above report" not in result.stderr
+    assert said("mlp.down_proj.weight | MISMATCH", result.stderr), result.stderr
 
 
 def test_config_sizes_nested_and_per_layer_lists() -> None:

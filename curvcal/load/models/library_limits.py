@@ -567,6 +567,18 @@ def library_failures() -> tuple[type[BaseException], ...]:
     return (*failures, StrictDataclassError)
 
 
+def _held_texts(
+    library: str, caught: list[warnings.WarningMessage], held: _HeldRecords
+) -> list[str]:
+    """What :func:`library_warnings` held, each on one line as ``"<library>: <message>"``."""
+    said = [
+        f"{library}: {one_line(warning.message)}"  # type: ignore[arg-type]
+        for warning in caught
+        if not issubclass(warning.category, FutureWarning | DeprecationWarning)
+    ]
+    return said + [f"{record.name.split('.')[0]}: {_log_text(record)}" for record in held.records]
+
+
 #: the loggers of the libraries curvcal calls: their records are held back like their warnings
 #: (transformers' load report, "Some weights ... were not initialized", its ``Model config``
 #: line at info verbosity print through their own handlers otherwise)
@@ -629,23 +641,27 @@ _NOTE_LIMIT = 300
 
 
 @contextmanager
-def library_warnings(library: str, notes: list[str]) -> Iterator[None]:
+def library_warnings(
+    library: str, notes: list[str], held_on_failure: list[str] | None = None
+) -> Iterator[None]:
     """Hold back what ``library`` warns about inside the block, through ``warnings.warn`` or
     through its logger (:data:`LIBRARY_LOGGERS`: transformers logs "Some weights ... were
     not initialized" and its load report rather than warning): when the block ends normally
     each is added to ``notes`` once, on one line, as ``"<library>: <message>"`` (the logger's
     library for a record), for the loader to pass on; when it raises they are dropped (the
-    error says what is wrong). ``FutureWarning`` and ``DeprecationWarning`` (the libraries'
-    notes to themselves) and records below warning level are dropped either way."""
+    error says what is wrong), or, given ``held_on_failure``, put there for the error to
+    quote (transformers' error for weights of the wrong shape says only "look at the above
+    report", its load report, which it logged). ``FutureWarning`` and ``DeprecationWarning``
+    (the libraries' notes to themselves) and records below warning level are dropped either
+    way."""
     with warnings.catch_warnings(record=True) as caught, _held_logs() as held:
         warnings.simplefilter("always")
-        yield
-    said = [
-        f"{library}: {one_line(warning.message)}"  # type: ignore[arg-type]
-        for warning in caught
-        if not issubclass(warning.category, FutureWarning | DeprecationWarning)
-    ]
-    said += [f"{record.name.split('.')[0]}: {_log_text(record)}" for record in held.records]
-    for text in said:
+        try:
+            yield
+        except BaseException:
+            if held_on_failure is not None:
+                held_on_failure.extend(_held_texts(library, caught, held))
+            raise
+    for text in _held_texts(library, caught, held):
         if text not in notes:
             notes.append(text)
