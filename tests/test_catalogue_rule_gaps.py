@@ -183,7 +183,11 @@ def test_config_sizes_nested_and_per_layer_lists() -> None:
     assert refused.value.what == "config.json (num_labels)"
     with pytest.raises(InputError, match="more than the 1,000,000 curvcal reads"):
         check_config(path, {"id2label": dict.fromkeys(map(str, range(1_000_001)), "x")})
-    check_config(Path("tokenizer_config.json"), {"model_max_length": 10**30})  # "no limit"
+    for no_limit in (10**30, 1e30):  # "no limit", as tokenizers write it
+        check_config(Path("tokenizer_config.json"), {"model_max_length": no_limit})
+    for bad in (0, -5, float("nan"), True, "512"):
+        with pytest.raises(InputError, match="is not a number >= 1"):
+            check_config(Path("tokenizer_config.json"), {"model_max_length": bad})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -243,12 +243,13 @@ def _sizes(config: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, s
 
 
 def _tokenizer_settings(config: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
-    """A ``tokenizer_config.json``'s ``model_max_length`` that is not a whole number >= 1
+    """A ``tokenizer_config.json``'s ``model_max_length`` that is not a number >= 1
     (transformers compares every text's length with it: a string there was a ``TypeError``
-    inside the tokenizer's call)."""
+    inside the tokenizer's call). A float is allowed: tokenizers saved with "no limit" write
+    ``1e+30``."""
     limit = config.get("model_max_length")
-    if limit is not None and not (_whole(limit) and limit >= 1):
-        yield "model_max_length", f"{limit!r} is not a whole number >= 1"
+    if limit is not None and not (_finite_positive(limit) and limit >= 1):
+        yield "model_max_length", f"{limit!r} is not a number >= 1"
 
 
 @dataclass(frozen=True)
