@@ -172,6 +172,7 @@ def test_config_sizes_nested_and_per_layer_lists() -> None:
 
     path = Path("config.json")
     check_config(path, {"num_hidden_layers": 0, "hidden_size": 1, "intermediate_size": [8, 16]})
+    check_config(path, {"type_vocab_size": 0, "num_key_value_heads": None})  # DeBERTa-v3, Llama
     with pytest.raises(InputError) as refused:
         check_config(path, {"text_config": {"num_attention_heads": 0}})
     assert refused.value.what == "config.json (text_config.num_attention_heads)"

@@ -94,8 +94,9 @@ WIDTH_KEYS = ("hidden_size", "intermediate_size", "vocab_size", "n_embd", "n_inn
 SIZE_KEYS: dict[str, int] = {
     **dict.fromkeys(LAYER_KEYS, 0),
     **dict.fromkeys(WIDTH_KEYS, 1),
-    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "type_vocab_size",
-                     "head_dim", "n_head", "num_heads", "num_labels"), 1),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "head_dim", "n_head",
+                     "num_heads", "num_labels"), 1),
+    "type_vocab_size": 0,  # DeBERTa-v3 has no token types: 0
 }  # fmt: skip
 #: ``tokenizer_config.json``
 TOKENIZER_CONFIG = "tokenizer_config.json"
