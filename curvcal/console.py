@@ -242,7 +242,10 @@ class Reporter:
 
     def warn(self, message: str) -> None:
         """Warnings are shown even under --quiet, and kept in :attr:`warned` for the JSON
-        report."""
+        report; each once per run (a model folder's config read by the model's load and again
+        by its tokenizer's made transformers say the same thing twice)."""
+        if message in self.warned:
+            return
         self.warned.append(message)
         _say_warning(message)
 

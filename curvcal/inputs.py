@@ -174,11 +174,25 @@ def record(path: Path, role: str) -> None:
             _RUN[-1].inputs.append(entry)
 
 
-def record_module(module: ModuleType, role: str) -> None:
-    """Record the source file of an imported ``module`` (a ``py:`` factory's), when it has one."""
+def import_recorded(name: str, role: str) -> ModuleType:
+    """Import the user's module ``name`` (a ``py:`` factory's) and record its source file, when
+    it has one, as an input read as ``role``. Nothing is written beside it: Python would cache
+    the compiled module in a ``__pycache__`` folder next to the user's file, so the import runs
+    with ``sys.dont_write_bytecode`` set (what was set before comes back). ``ImportError``
+    as :func:`importlib.import_module` raises it."""
+    import importlib
+    import sys
+
+    was = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.dont_write_bytecode = was
     source = getattr(module, "__file__", None)
     if isinstance(source, str) and source:
         record(Path(source), role)
+    return module
 
 
 def declare(named: Sequence[Named]) -> None:
@@ -199,6 +213,19 @@ def name_outputs(named: Sequence[Named]) -> None:
         if _RUN:
             for option, path in named:
                 _RUN[-1].outputs[identity(path).resolved] = option
+
+
+@contextmanager
+def opened_within() -> Iterator[list[Input]]:
+    """A list that, when the block ends, holds the inputs first recorded while it ran, in the
+    order they were opened (what one load read: a checkpoint, the source of its ``py:``
+    architecture, the configs of its model folders); it stays empty outside a run."""
+    before = {id(entry) for entry in recorded()}
+    opened: list[Input] = []
+    try:
+        yield opened
+    finally:
+        opened.extend(entry for entry in recorded() if id(entry) not in before)
 
 
 def recorded() -> tuple[Input, ...]:

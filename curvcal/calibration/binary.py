@@ -150,10 +150,15 @@ class BinaryMap(SavedMap):
     @classmethod
     def saved_fields(cls, data: Mapping[str, Any]) -> tuple[Field, ...]:
         """Platt: ``slope`` and ``intercept``; beta: ``a``, ``b``, ``c``; every coefficient
-        within ±:data:`~curvcal.calibration.saved.COEFFICIENT_BOUND`."""
-        names = ("slope", "intercept") if data.get("method") == "platt" else ("a", "b", "c")
+        within ±:data:`~curvcal.calibration.saved.COEFFICIENT_BOUND`, and beta's ``a`` and
+        ``b`` at least 0 (the map is monotone only then, and the fit never gives less)."""
         bound = COEFFICIENT_BOUND
-        return (choice("method", BINARY_METHODS), *(number(n, -bound, bound) for n in names))
+        coefficients: tuple[Field, ...] = (
+            (number("slope", -bound, bound), number("intercept", -bound, bound))
+            if data.get("method") == "platt"
+            else (number("a", 0.0, bound), number("b", 0.0, bound), number("c", -bound, bound))
+        )
+        return (choice("method", BINARY_METHODS), *coefficients)
 
     @classmethod
     def from_fields(cls, values: dict[str, Any], source: str) -> BinaryMap:

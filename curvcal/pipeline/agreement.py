@@ -3,13 +3,17 @@
 
 - settings: the record of every settings object the run was given (``--option`` to value);
 - checkpoint: the SHA-256 of the checkpoint file or folder (and of an adapter's base folder),
-  the form it loaded as and its parameter count;
+  the form it loaded as, its parameter count, and the SHA-256 of every other file its load
+  opened (:func:`curvcal.inputs.opened_within`: the source of a ``py:`` architecture, the
+  ``config.json`` of an ``--arch hf:FOLDER``, an adapter's configs), so two ranks that build
+  different models around the same weights disagree;
 - data: the SHA-256 of each file the data was read from, the number of samples (with the world
   size this is the shard plan: rank r takes r, r + W, ...), the number of classes, a digest of
   the labels, and a digest of the samples themselves as the model sees them: every
   ⌈N/64⌉-th sample plus the last (at most 65 samples, cheap at any N). A folder's file
   digest covers only its files' names and sizes, so the samples' own digest is what tells two
-  folders of same-size images with other pixels apart, and it is taken for every kind of data.
+  folders of same-size images with other pixels apart, and it is taken for every kind of data;
+  and the digest of each other lone file the data's load opened (a ``py:`` factory's source).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from curvcal.inputs import Input
     from curvcal.load.checkpoints.loaded_model import LoadedModel
     from curvcal.load.datasets.loaded_data import LoadedData
     from curvcal.settings.fields import Settings
@@ -37,25 +42,54 @@ def settings_fingerprint(settings: Iterable[Settings]) -> dict[str, Any]:
     return fingerprint
 
 
-def model_fingerprint(loaded: LoadedModel) -> dict[str, Any]:
-    """The checkpoint's SHA-256 (its base folder's too, for an adapter), form and size."""
+def model_fingerprint(loaded: LoadedModel, opened: Iterable[Input] = ()) -> dict[str, Any]:
+    """The checkpoint's SHA-256 (its base folder's too, for an adapter), form and size, and the
+    SHA-256 of each file among ``opened`` (the inputs its load recorded, in order) that is not
+    the checkpoint nor inside its folder: the code and configs the model was built from."""
+    from curvcal.inputs import identity
     from curvcal.load.checkpoints.digest import file_info
 
+    checkpoint = identity(loaded.path)
+    built_from = [
+        entry.path
+        for entry in opened
+        if not entry.identity.is_dir
+        and not entry.identity.same_file(checkpoint)
+        and not entry.identity.inside(checkpoint)
+    ]
     return {
         "checkpoint sha256": file_info(loaded.path).sha256,
         "base model sha256": loaded.metadata.get("base_model_sha256"),
         "form": loaded.form,
         "parameter count": loaded.parameter_count,
+        "files it was built from sha256": [file_info(path).sha256 for path in built_from],
     }
 
 
-def data_fingerprint(data: LoadedData, world_size: int) -> dict[str, Any]:
+def data_fingerprint(
+    data: LoadedData, world_size: int, opened: Iterable[Input] = ()
+) -> dict[str, Any]:
     """The data's files' SHA-256, N and the shard plan, K, and digests of the labels and of
-    the strided samples (:func:`strided_indices`), whatever holds the data."""
+    the strided samples (:func:`strided_indices`), whatever holds the data; and the SHA-256 of
+    each lone file among ``opened`` (the inputs the data's load recorded) that is not one of
+    the data's files nor beneath a folder the load read (an image folder's images, a
+    tokenizer's configs: the samples' digest covers those): the source of a ``py:`` factory,
+    whose samples off the strided ones could differ unseen."""
+    from curvcal.inputs import identity
     from curvcal.load.checkpoints.digest import file_info
 
+    files = [identity(path) for path in data.files]
+    folders = [entry.identity for entry in opened if entry.identity.is_dir]
+    lone = [
+        entry.path
+        for entry in opened
+        if not entry.identity.is_dir
+        and not any(entry.identity.same_file(file) for file in files)
+        and not any(entry.identity.inside(folder) for folder in folders)
+    ]
     fingerprint: dict[str, Any] = {
         "files sha256": [file_info(path).sha256 for path in data.files],
+        "other files read sha256": [file_info(path).sha256 for path in lone],
         "samples": data.n_samples,
         "shard plan": f"rank r of {world_size} takes samples r, r + {world_size}, ...",
         "classes": data.num_classes,

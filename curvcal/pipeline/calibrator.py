@@ -70,6 +70,10 @@ _SINCE_1_3 = (
 #: Stages every file names (``null`` when absent); the others only when present.
 _ALWAYS = ("ts", "focal_ts")
 _KEYS = ("schema", "curvcal", *STAGE_METHODS, "provenance")
+#: the envelope's own fields beside the schema, read by the one schema reader: ``curvcal``, the
+#: version that wrote the file (absent from the oldest files), is shown, never acted on, and
+#: must still be what it says (any JSON value was accepted, an object or a NaN included)
+ENVELOPE_FIELDS: tuple[Field, ...] = (text("curvcal", optional=True),)
 _PROVENANCE_KEYS = ("n_classes", "class_names", "input_kind", "fit_data", "model")
 _INPUT_KINDS = ("logits", "probs", "logprobs")
 #: The fields of the provenance's ``fit_data`` and ``model`` objects, read by the one schema
@@ -284,6 +288,8 @@ def load_calibrator_file(path: Path) -> CalibratorFile:
         raise InputError(
             where, f"unknown keys {unknown}", f"a calibrator file has {', '.join(_KEYS)}"
         )
+    envelope = {spec.name for spec in ENVELOPE_FIELDS}
+    read_fields({k: v for k, v in document.items() if k in envelope}, ENVELOPE_FIELDS, where)
     schema = document.get("schema")
     if schema not in _READ_SCHEMAS:
         raise InputError(

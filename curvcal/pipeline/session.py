@@ -88,6 +88,7 @@ class Session:
         """The checkpoint at ``path`` on the session's device (loaded once per path); under
         torchrun every rank's must be the same file (:func:`~curvcal.distributed.agree`)."""
         from curvcal.distributed import agree
+        from curvcal.inputs import opened_within
         from curvcal.load.checkpoint import load_model
         from curvcal.load.checkpoints.loaded_model import LIBRARY_NOTES
         from curvcal.pipeline.agreement import model_fingerprint
@@ -96,8 +97,10 @@ class Session:
             self.reporter.stage(f"loading {path.name}")
             began = time.perf_counter()
             options = self.checkpoint_settings.replace(device=str(self.device))
-            loaded = load_model(path, options)
-            agree("checkpoint", lambda: model_fingerprint(loaded))  # before any rank shards or sums
+            with opened_within() as opened:  # the files the model is built from
+                loaded = load_model(path, options)
+            # before any rank shards or sums
+            agree("checkpoint", lambda: model_fingerprint(loaded, opened))
             if "classifier_built" in loaded.metadata and self.is_main:  # from a causal LM
                 self.reporter.warn(loaded.metadata["classifier_built"])
             notes = loaded.metadata.get(LIBRARY_NOTES, "")  # held back by the loader
@@ -163,6 +166,7 @@ class Session:
         (several checkpoints): ``text_model`` gives the tokenizer's folder. Under torchrun
         every rank's data must be the same (:func:`~curvcal.distributed.agree`)."""
         from curvcal.distributed import agree
+        from curvcal.inputs import opened_within
         from curvcal.load.data import load_dataset
         from curvcal.load.texts.text import text_model_of
         from curvcal.pipeline.agreement import data_fingerprint
@@ -177,8 +181,9 @@ class Session:
             if loaded is not None:
                 text_model = text_model_of(loaded)
             preprocessing = None if loaded is None else loaded.preprocessing
-            read = load_dataset(settings, preprocessing, text_model)
-            agree("data", lambda: data_fingerprint(read, self.context.world_size))
+            with opened_within() as opened:
+                read = load_dataset(settings, preprocessing, text_model)
+            agree("data", lambda: data_fingerprint(read, self.context.world_size, opened))
             self._datasets[key] = read
         data = self._datasets[key]
         if check and loaded is not None:

@@ -119,7 +119,8 @@ def test_tampered_binary_map_and_old_schema(run_cli, tmp_path: Path) -> None:
     for entry, needle in (
         ({**saved["beta"], "a": "1"}, "a must be a number, got '1'"),
         # a coefficient past 1/T_min: a·ln p overflows and every probability rounds to 0 or 1
-        ({**saved["beta"], "a": 1e308}, "a 1e+308 is outside -8.5e+37..8.5e+37"),
+        ({**saved["beta"], "a": 1e308}, "a 1e+308 is outside 0..8.5e+37"),
+        ({**saved["beta"], "c": 1e308}, "c 1e+308 is outside -8.5e+37..8.5e+37"),
         ({**saved["beta"], "a": float("inf")}, "must be finite"),
         ({"method": "beta", "a": 1.0, "b": 1.0}, "missing keys ['c']"),
         ({**saved["beta"], "slope": 1.0}, "unknown calibrator keys"),

@@ -7,6 +7,7 @@ differs, exit 2, and no report is written."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import socket
@@ -49,11 +50,11 @@ def _images(path: Path, seed: int, n_samples: int = 12) -> Path:
 
 
 def _two_ranks(
-    folders: tuple[Path, Path], args: tuple[list[str], list[str]]
+    folders: tuple[Path, Path], args: tuple[list[str], list[str]], importable: bool = False
 ) -> list[tuple[int, str]]:
     """Ranks 0 and 1 of a gloo group of two, rank r running ``curvcal hessian model.safetensors
-    --data data.pt ARGS[r] -o report.json`` in ``folders[r]``: each rank's exit code and
-    stderr."""
+    --data data.pt ARGS[r] -o report.json`` in ``folders[r]`` (on ``PYTHONPATH`` when
+    ``importable``, for a ``py:`` architecture): each rank's exit code and stderr."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "OMP_NUM_THREADS": "1",
            "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "CURVCAL_DIST_TIMEOUT": "120"}  # fmt: skip
@@ -63,7 +64,16 @@ def _two_ranks(
         subprocess.Popen(
             [sys.executable, "-m", "curvcal", "hessian", *common, *args[rank]],
             cwd=folders[rank],
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            env={
+                **env,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                **(
+                    {"PYTHONPATH": os.pathsep.join((str(ROOT), str(folders[rank])))}
+                    if importable
+                    else {}
+                ),
+            },
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -118,6 +128,128 @@ def test_a_rank_that_differs_stops_every_rank_naming_it(tmp_path: Path, differs:
         assert line.startswith(f"curvcal: error: rank 1: differs from rank 0 in {said}"), line
         assert line.endswith(SAME), line
     assert not any((folder / "report.json").exists() for folder in folders)
+
+
+#: a ``py:`` architecture for :func:`_net_weights`, its hidden activation left open
+NET_SOURCE = (
+    "import torch\n\n"
+    "class Net(torch.nn.Sequential):\n"
+    "    def __init__(self):\n"
+    "        super().__init__(torch.nn.Flatten(), torch.nn.Linear(64, 8), torch.nn.{}(),\n"
+    "                         torch.nn.Linear(8, 3))\n"
+)
+
+
+def _net_weights(path: Path) -> Path:
+    torch.manual_seed(0)
+    layers = (
+        torch.nn.Flatten(),
+        torch.nn.Linear(64, 8),
+        torch.nn.Identity(),
+        torch.nn.Linear(8, 3),
+    )
+    state = torch.nn.Sequential(*layers).state_dict()  # the keys of NET_SOURCE's Net
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    return path
+
+
+@pytest.mark.slow  # two ranks of a real run: about 15 s
+def test_ranks_that_build_other_models_around_the_same_weights_stop(tmp_path: Path) -> None:
+    """The same checkpoint, data and command line, but each rank's ``py:`` architecture module
+    (same name, on its own machine's path) builds another network: ReLU on rank 0, Tanh on
+    rank 1. Before, the fingerprint held the checkpoint's digest only: exit 0 and a report
+    summing the products of two different models. Now the files the model was built from are
+    digested too, and both ranks stop naming rank 1."""
+    folders = (tmp_path / "rank0", tmp_path / "rank1")
+    for folder, activation in zip(folders, ("ReLU", "Tanh"), strict=True):
+        folder.mkdir()
+        (folder / "rank_net.py").write_text(NET_SOURCE.format(activation))
+        _net_weights(folder / "model.safetensors")
+        _images(folder / "data.pt", seed=1)
+    arch = ["--arch", "py:rank_net:Net", "--trust-checkpoint"]
+    (code0, err0), (code1, err1) = _two_ranks(folders, (arch, arch), importable=True)
+    assert (code0, code1) == (2, 2), (err0, err1)
+    for stderr in (err0, err1):
+        (line,) = stderr.splitlines()
+        assert line.startswith(
+            "curvcal: error: rank 1: differs from rank 0 in its checkpoint: files it was built "
+            "from sha256 "
+        ), line
+        assert line.endswith(SAME), line
+    assert not any((folder / "report.json").exists() for folder in folders)
+
+
+def test_the_files_a_model_is_built_from_are_in_its_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One process: the fingerprint of a model built by a ``py:`` architecture digests the
+    module's source (not the checkpoint a second time), so two sources differ and one agrees
+    with itself."""
+    from curvcal import inputs
+    from curvcal.load.checkpoint import load_model
+    from curvcal.pipeline.agreement import model_fingerprint
+    from curvcal.settings.checkpoint import CheckpointSettings
+
+    prints = []
+    for activation in ("ReLU", "Tanh", "ReLU"):
+        folder = tmp_path / f"{activation}{len(prints)}"
+        folder.mkdir()
+        (folder / "built_net.py").write_text(NET_SOURCE.format(activation))
+        weights = _net_weights(folder / "model.safetensors")
+        monkeypatch.syspath_prepend(str(folder))
+        sys.modules.pop("built_net", None)
+        settings = CheckpointSettings(device="cpu", arch="py:built_net:Net", trust_checkpoint=True)
+        with inputs.recording(), inputs.opened_within() as opened:
+            loaded = load_model(weights, settings)
+        prints.append(model_fingerprint(loaded, opened))
+    sys.modules.pop("built_net", None)
+    (built_from,) = prints[0]["files it was built from sha256"]
+    assert built_from == hashlib.sha256(NET_SOURCE.format("ReLU").encode()).hexdigest()
+    assert prints[0]["checkpoint sha256"] == prints[1]["checkpoint sha256"]
+    assert prints[0] != prints[1] and prints[0] == prints[2]
+
+
+#: a ``py:`` data factory of 200 samples whose sample 5 (off the strided ones) is left open
+DATA_SOURCE = (
+    "import torch\n\n"
+    "def make():\n"
+    "    x = torch.zeros(200, 1, 8, 8)\n"
+    "    x[5] = {}\n"
+    "    return x, torch.arange(200) % 3\n"
+)
+
+
+def test_a_py_data_factory_s_source_is_in_the_data_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ``py:`` factories whose data differ in sample 5 only: the strided samples (every
+    4th of 200) and the labels agree, so before the fingerprints were equal and ranks given
+    them were summed. The factory's source is digested now; an image folder's images (beneath
+    the folder, covered by the samples' digest) are not digested a second time."""
+    from curvcal import inputs
+    from curvcal.load.datasets.image_folder import load_image_folder
+    from curvcal.load.datasets.py_dataset import load_py_dataset
+    from curvcal.pipeline.agreement import data_fingerprint
+    from curvcal.settings.data import DataSettings
+
+    prints = []
+    for value in (0, 1):
+        folder = tmp_path / str(value)
+        folder.mkdir()
+        (folder / "rank_data.py").write_text(DATA_SOURCE.format(value))
+        monkeypatch.syspath_prepend(str(folder))
+        sys.modules.pop("rank_data", None)
+        settings = DataSettings(data="py:rank_data:make", trust_checkpoint=True)
+        with inputs.recording(), inputs.opened_within() as opened:
+            data = load_py_dataset(settings)
+        prints.append(data_fingerprint(data, 2, opened))
+    sys.modules.pop("rank_data", None)
+    assert prints[0]["strided samples sha256"] == prints[1]["strided samples sha256"]
+    assert prints[0]["other files read sha256"] != prints[1]["other files read sha256"]
+    _image_folder(tmp_path / "images", 0)
+    with inputs.recording(), inputs.opened_within() as opened:
+        images = load_image_folder(DataSettings(data=f"folder:{tmp_path / 'images'}"), None)
+    assert data_fingerprint(images, 2, opened)["other files read sha256"] == []
 
 
 def test_fingerprints_name_what_differs() -> None:

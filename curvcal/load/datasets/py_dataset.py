@@ -4,13 +4,12 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
 
 from curvcal.errors import InputError, TrustError
-from curvcal.inputs import record_module
+from curvcal.inputs import import_recorded
 from curvcal.load.datasets.loaded_data import LoadedData, loaded_data
 from curvcal.load.datasets.preprocessing import reject_image_transforms
 from curvcal.load.datasets.tensor_dataset import tensor_pair
@@ -34,12 +33,11 @@ def load_py_dataset(options: DataSettings) -> LoadedData:
         )
     reject_image_transforms(options, "py: factories")
     try:
-        module = importlib.import_module(module_name)
+        module = import_recorded(module_name, "--data module source")
     except ImportError as exc:
         raise InputError(
             what, f"cannot import {module_name} ({exc})", "is it on PYTHONPATH?"
         ) from exc
-    record_module(module, "--data module source")
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise InputError(what, f"{module_name} has no function {function_name}")

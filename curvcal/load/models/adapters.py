@@ -35,7 +35,11 @@ from torch import nn
 from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
 from curvcal.load.models.hf import LogitsModule, is_model_folder, read_json
-from curvcal.load.models.library_limits import check_adapter_on_base, library_warnings
+from curvcal.load.models.library_limits import (
+    check_adapter_on_base,
+    library_failures,
+    library_warnings,
+)
 from curvcal.paths import readable_folder
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -175,7 +179,7 @@ def apply_adapter(
                 library_model, str(adapter.path), is_trainable=True, local_files_only=True
             )
             _check_every_tensor_loaded(adapter, model, peft)
-    except (ValueError, KeyError, RuntimeError, TypeError, AttributeError, OSError) as exc:
+    except library_failures() as exc:
         raise InputError(
             str(adapter.path),
             f"the adapter does not fit its base model: {one_line(exc)}",

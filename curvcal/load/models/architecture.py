@@ -16,7 +16,6 @@ are safe to build.
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import warnings
 from collections.abc import Callable, Mapping
@@ -25,7 +24,7 @@ from typing import Any
 from torch import nn
 
 from curvcal.errors import InputError, TrustError
-from curvcal.inputs import record_module
+from curvcal.inputs import import_recorded
 from curvcal.load.limits import check_num_classes
 from curvcal.load.models.library_limits import library_warnings
 
@@ -170,10 +169,9 @@ def _import_object(spec: str, target: str) -> Callable[..., Any]:
     if not sep or not module_name or not attr:
         raise InputError(ARCH_OPTION, f"{spec!r} must look like py:package.module:Class")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = import_recorded(module_name, "--arch module source")
     except ImportError as exc:
         raise InputError(ARCH_OPTION, f"cannot import {module_name}: {_one_line(exc)}") from exc
-    record_module(obj, "--arch module source")
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise InputError(ARCH_OPTION, f"{module_name} has no attribute {attr!r}")

@@ -46,7 +46,7 @@ from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
 from curvcal.load.files.tensorfile import read_safetensors_metadata, read_safetensors_shapes
 from curvcal.load.limits import check_num_classes
-from curvcal.load.models.library_limits import library_warnings
+from curvcal.load.models.library_limits import library_failures, library_warnings
 from curvcal.paths import readable_file, readable_folder
 
 CONFIG_NAME = "config.json"
@@ -169,7 +169,7 @@ def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
             model = getattr(transformers, auto_name).from_config(
                 config, trust_remote_code=trust, attn_implementation="eager"
             )
-    except (ValueError, KeyError, OSError, ImportError, TypeError) as exc:
+    except library_failures() as exc:
         raise InputError(
             str(folder.path),
             f"transformers cannot build {folder.architecture} from config.json: {one_line(exc)}",
@@ -235,18 +235,35 @@ def transformers_load(
     bars = transformers.utils.logging
     was_shown = bars.is_progress_bar_enabled()
     bars.disable_progress_bar()
+    held: list[str] = []
     try:
-        with no_prompt(), library_warnings("transformers", said):
+        with no_prompt(), library_warnings("transformers", said, held):
             yield
-    except (ValueError, KeyError, OSError, ImportError, TypeError, RuntimeError) as exc:
+    except library_failures() as exc:
         raise InputError(
             str(path),
-            f"transformers {failure}: {one_line(exc)}",
+            f"transformers {failure}: {_with_report(one_line(exc), held)}",
             "is transformers recent enough for this model?",
         ) from exc
     finally:
         if was_shown:
             bars.enable_progress_bar()
+
+
+#: how transformers' error for weights of the wrong shape points at its load report
+_SEE_REPORT = "For details look at the above report!"
+
+
+def _with_report(message: str, held: list[str]) -> str:
+    """A library error ``message`` that points at the load report transformers logged (held
+    back, never printed): the report's own line in its place, so the one error line says which
+    tensors do not fit."""
+    if _SEE_REPORT not in message:
+        return message
+    report = next((text for text in held if LOAD_REPORT in text), None)
+    if report is None:
+        return message
+    return f"{message.replace(_SEE_REPORT, '').strip()} {report}"
 
 
 #: the title of transformers' load report (a table of missing and unexpected keys), said

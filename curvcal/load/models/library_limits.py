@@ -4,9 +4,11 @@ peft, checked before the library runs them: a few bytes of JSON must not buy an 
 Three moments, one table (:data:`BOUNDS`, one row per key) and two checks against what is there:
 
 - when a config file is read (:func:`check_config`, called by :func:`curvcal.load.models.hf.read_json`,
-  the one reader of ``config.json`` and ``adapter_config.json``): values checked on their own
-  (ranks and scalings finite and positive, iteration counts and list lengths bounded, the pad
-  token id inside the vocabulary);
+  the one reader of ``config.json``, ``adapter_config.json`` and ``tokenizer_config.json``):
+  values checked on their own (ranks and scalings finite and positive, iteration counts and
+  list lengths bounded, a model's sizes and head counts whole and positive, its label count
+  within curvcal's, the pad token id inside the vocabulary, a tokenizer's ``model_max_length``
+  a whole number);
 - when an adapter is about to go on its base (:func:`check_adapter_on_base`, called by
   :func:`curvcal.load.models.adapters.apply_adapter` before peft): values checked against the base
   model (ranks at most the largest rank of a base layer; ``layer_replication`` within its
@@ -85,6 +87,19 @@ LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder
 #: weight matrix: embedding, projection, MLP; packed quantised weights keep as many elements)
 WIDTH_KEYS = ("hidden_size", "intermediate_size", "vocab_size", "n_embd", "n_inner", "d_model",
               "d_ff", "num_attention_heads", "num_key_value_heads")  # fmt: skip
+#: a model config's sizes and counts, each the least it may be: transformers divides by the head
+#: counts, allocates tables of the widths and positions and loops over the layers, so a 0 or a
+#: negative one is a ``ZeroDivisionError``, an ``OverflowError`` or a wrong message deep in the
+#: library (a list, as some families give per layer, is left to the library)
+SIZE_KEYS: dict[str, int] = {
+    **dict.fromkeys(LAYER_KEYS, 0),
+    **dict.fromkeys(WIDTH_KEYS, 1),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "head_dim", "n_head",
+                     "num_heads", "num_labels"), 1),
+    "type_vocab_size": 0,  # DeBERTa-v3 has no token types: 0
+}  # fmt: skip
+#: ``tokenizer_config.json``
+TOKENIZER_CONFIG = "tokenizer_config.json"
 #: ``init_lora_weights`` values peft knows (and ``pissa_niter_N``)
 INIT_METHODS = ("gaussian", "eva", "olora", "pissa", "corda", "loftq", "orthogonal", "mica")
 
@@ -201,6 +216,43 @@ def _token_ids(config: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
         yield "pad_token_id", f"{token!r} is outside the vocabulary (token ids 0..{vocab - 1:,})"
 
 
+def _sizes(config: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, str]]:
+    """Each :data:`SIZE_KEYS` value of a model ``config`` (and of the configs nested in it, a
+    ``text_config`` or ``vision_config``) that is not a whole number of at least its least,
+    and a label count above :data:`~curvcal.settings.checkpoint.MAX_CLASSES` (``num_labels``
+    given without ``id2label`` makes transformers build a dictionary of that many names before
+    anything else: 10⁹ of them was a ``MemoryError`` after 40 s): key and why."""
+    from curvcal.settings.checkpoint import MAX_CLASSES
+
+    for key, least in SIZE_KEYS.items():
+        value = config.get(key)
+        if value is None or isinstance(value, list):
+            continue
+        if not (_whole(value) and value >= least):
+            yield f"{prefix}{key}", f"{value!r} is not a whole number >= {least}"
+    for key in ("num_labels", "id2label"):
+        value = config.get(key)
+        count = len(value) if isinstance(value, Mapping) else value
+        if isinstance(count, int) and not isinstance(count, bool) and count > MAX_CLASSES:
+            yield (
+                f"{prefix}{key}",
+                f"{count:,} classes, more than the {MAX_CLASSES:,} curvcal reads",
+            )
+    for key, value in config.items():
+        if isinstance(value, Mapping) and isinstance(key, str) and key.endswith("_config"):
+            yield from _sizes(value, f"{prefix}{key}.")
+
+
+def _tokenizer_settings(config: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
+    """A ``tokenizer_config.json``'s ``model_max_length`` that is not a number >= 1
+    (transformers compares every text's length with it: a string there was a ``TypeError``
+    inside the tokenizer's call). A float is allowed: tokenizers saved with "no limit" write
+    ``1e+30``."""
+    limit = config.get("model_max_length")
+    if limit is not None and not (_finite_positive(limit) and limit >= 1):
+        yield "model_max_length", f"{limit!r} is not a number >= 1"
+
+
 @dataclass(frozen=True)
 class Bound:
     """One bounded key of a config file: its ``check`` returns why a value is refused (None:
@@ -231,15 +283,23 @@ BOUNDS: tuple[Bound, ...] = (
 
 def check_config(path: Path, config: Any) -> None:
     """Refuse a value of ``config`` (the parsed JSON of ``path``) that :data:`BOUNDS` (for
-    ``adapter_config.json``) or the token-id rule (for a model's ``config.json``: its
-    ``pad_token_id`` inside ``[0, vocab_size)``) does not accept, naming the file and the key.
-    Other files, and configs that are not JSON objects, pass (their readers refuse those)."""
+    ``adapter_config.json``), the size and token-id rules (for a model's ``config.json``: its
+    sizes and counts, :func:`_sizes`; its ``pad_token_id`` inside ``[0, vocab_size)``) or the
+    tokenizer rule (for ``tokenizer_config.json``: :func:`_tokenizer_settings`) does not
+    accept, naming the file and the key. Other files, and configs that are not JSON objects,
+    pass (their readers refuse those)."""
     if not isinstance(config, Mapping):
         return
     if path.name == MODEL_CONFIG:
-        for key, why in _token_ids(config):
+        for key, why in (*_sizes(config), *_token_ids(config)):
             raise InputError(
                 f"{path} ({key})", why, "is it the config the weights were saved with?"
+            )
+        return
+    if path.name == TOKENIZER_CONFIG:
+        for key, why in _tokenizer_settings(config):
+            raise InputError(
+                f"{path} ({key})", why, "save the tokenizer again with save_pretrained"
             )
         return
     for bound in BOUNDS:
@@ -491,6 +551,36 @@ def _time_patterns(where: str, patterns: list[list[str]], names: list[str]) -> N
             stream.close()
 
 
+def library_failures() -> tuple[type[BaseException], ...]:
+    """What transformers, peft and the tokenizers raise for a file they cannot use, caught by
+    every call curvcal makes into them and said as one :class:`InputError` naming the folder:
+    the builtin errors a bad value ends in (a wrong type, a missing key, a division by zero,
+    a failed ``assert``), and huggingface_hub's ``StrictDataclassError`` (transformers' config
+    classes validate their fields with it: ``hidden_act: ["silu"]`` was exit 70). Never
+    ``MemoryError`` (the size bounds come first) nor ``KeyboardInterrupt``."""
+    failures: tuple[type[BaseException], ...] = (
+        ValueError, KeyError, IndexError, OSError, ImportError, TypeError, AttributeError,
+        RuntimeError, ArithmeticError, AssertionError,
+    )  # fmt: skip
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub has no strict config fields to fail
+        return failures
+    return (*failures, StrictDataclassError)
+
+
+def _held_texts(
+    library: str, caught: list[warnings.WarningMessage], held: _HeldRecords
+) -> list[str]:
+    """What :func:`library_warnings` held, each on one line as ``"<library>: <message>"``."""
+    said = [
+        f"{library}: {one_line(warning.message)}"  # type: ignore[arg-type]
+        for warning in caught
+        if not issubclass(warning.category, FutureWarning | DeprecationWarning)
+    ]
+    return said + [f"{record.name.split('.')[0]}: {_log_text(record)}" for record in held.records]
+
+
 #: the loggers of the libraries curvcal calls: their records are held back like their warnings
 #: (transformers' load report, "Some weights ... were not initialized", its ``Model config``
 #: line at info verbosity print through their own handlers otherwise)
@@ -553,23 +643,27 @@ _NOTE_LIMIT = 300
 
 
 @contextmanager
-def library_warnings(library: str, notes: list[str]) -> Iterator[None]:
+def library_warnings(
+    library: str, notes: list[str], held_on_failure: list[str] | None = None
+) -> Iterator[None]:
     """Hold back what ``library`` warns about inside the block, through ``warnings.warn`` or
     through its logger (:data:`LIBRARY_LOGGERS`: transformers logs "Some weights ... were
     not initialized" and its load report rather than warning): when the block ends normally
     each is added to ``notes`` once, on one line, as ``"<library>: <message>"`` (the logger's
     library for a record), for the loader to pass on; when it raises they are dropped (the
-    error says what is wrong). ``FutureWarning`` and ``DeprecationWarning`` (the libraries'
-    notes to themselves) and records below warning level are dropped either way."""
+    error says what is wrong), or, given ``held_on_failure``, put there for the error to
+    quote (transformers' error for weights of the wrong shape says only "look at the above
+    report", its load report, which it logged). ``FutureWarning`` and ``DeprecationWarning``
+    (the libraries' notes to themselves) and records below warning level are dropped either
+    way."""
     with warnings.catch_warnings(record=True) as caught, _held_logs() as held:
         warnings.simplefilter("always")
-        yield
-    said = [
-        f"{library}: {one_line(warning.message)}"  # type: ignore[arg-type]
-        for warning in caught
-        if not issubclass(warning.category, FutureWarning | DeprecationWarning)
-    ]
-    said += [f"{record.name.split('.')[0]}: {_log_text(record)}" for record in held.records]
-    for text in said:
+        try:
+            yield
+        except BaseException:
+            if held_on_failure is not None:
+                held_on_failure.extend(_held_texts(library, caught, held))
+            raise
+    for text in _held_texts(library, caught, held):
         if text not in notes:
             notes.append(text)

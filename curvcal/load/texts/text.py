@@ -286,16 +286,16 @@ def load_tokenizer(
             str(folder), f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}...)", hint
         )
     from curvcal.load.models.hf import no_prompt
-    from curvcal.load.models.library_limits import library_warnings
+    from curvcal.load.models.library_limits import library_failures, library_warnings
 
-    _refuse_tokenizer_code(folder, where, trust)
+    _check_tokenizer_configs(folder, where, trust)
     said: list[str] = []
     try:
         with no_prompt(), rust_panics_as(str(folder)), library_warnings("transformers", said):
             loaded = transformers.AutoTokenizer.from_pretrained(
                 str(folder), local_files_only=True, trust_remote_code=trust
             )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except library_failures() as exc:
         hint = (
             "pass --tokenizer DIR naming the tokenizer's save_pretrained folder"
             if tokenizer is None
@@ -308,11 +308,11 @@ def load_tokenizer(
     return loaded, str(folder)
 
 
-def _refuse_tokenizer_code(folder: Path, where: str, trust: bool) -> None:
-    """:class:`TrustError` when the tokenizer folder's ``tokenizer_config.json`` or
-    ``config.json`` names custom code (``auto_map``) and ``trust`` is not given."""
-    if trust:
-        return
+def _check_tokenizer_configs(folder: Path, where: str, trust: bool) -> None:
+    """Read the tokenizer folder's ``tokenizer_config.json`` and ``config.json`` before
+    transformers does, through :func:`read_json`, whose bounds refuse a setting the library
+    would fail on (with or without ``trust``); then :class:`TrustError` when either names
+    custom code (``auto_map``) and ``trust`` is not given."""
     from curvcal.errors import TrustError
     from curvcal.load.models.hf import custom_code_entries
 
@@ -321,6 +321,8 @@ def _refuse_tokenizer_code(folder: Path, where: str, trust: bool) -> None:
         if not path.is_file():
             continue
         config = read_json(path)
+        if trust:
+            continue
         entries = custom_code_entries(config) if isinstance(config, dict) else ()
         if entries:
             raise TrustError(
