@@ -47,6 +47,7 @@ import torch
 from scipy.optimize import minimize
 from scipy.sparse.linalg import LinearOperator, cg
 
+from curvcal.calibration.class_blocks import BlockBasis, block_basis, class_block_preconditioner
 from curvcal.calibration.inputs import (
     check_finite_logits,
     chunk_rows,
@@ -85,6 +86,12 @@ LINE_SEARCH_HALVINGS = 30
 #: after this many tries along a step (each a quarter of the last).
 TRUST_ACCEPT = 1e-4
 TRUST_REJECTIONS = 30
+#: A full map's fit changes to the per-class block preconditioner
+#: (:mod:`curvcal.calibration.class_blocks`) once a Newton step's solve has needed this many
+#: Hessian products with the Kronecker one: the sign of the nearly interpolating stretch, where
+#: the Kronecker preconditioner leaves conjugate gradients near their cap. Below it (K ≤ 100
+#: with tens of rows a class: 2–33 products a step) the Kronecker one is cheaper to build.
+STRETCH_PRODUCTS = 40
 #: Relative residual at which conjugate gradients stop: an inexact Newton step still shrinks
 #: the gradient by about this factor (and each step starts from a new Hessian, so a loose
 #: solve costs steps, not accuracy).
@@ -497,6 +504,7 @@ def _trust_newton(
     theta0: np.ndarray,
     gradient_tol: float,
     max_steps: int,
+    stretch_at: Callable[[np.ndarray], _Hessian] | None = None,
 ) -> tuple[np.ndarray, int, bool]:
     """Trust-region inexact Newton (Newton–CG, Steihaug) from ``theta0``, for the full maps.
 
@@ -516,7 +524,12 @@ def _trust_newton(
     every step is interior: plain Newton. There is no radius until the model first predicts
     a decrease larger than L itself, which L ≥ 0 cannot make: CG stops there (m = −L) and
     that step's length is the first radius. Returns the point, the steps kept and whether g
-    ended under ``gradient_tol``."""
+    ended under ``gradient_tol``.
+
+    ``stretch_at``, when given, is the Hessian with another preconditioner for the nearly
+    interpolating stretch: once a step's solve has needed :data:`STRETCH_PRODUCTS` products,
+    every later step takes it instead of ``hessian_at`` (the radius, measured in the old
+    preconditioner's norm, is dropped)."""
     theta = theta0
     value, gradient = value_and_gradient(theta)
     current = measure(gradient)
@@ -524,12 +537,25 @@ def _trust_newton(
     target = POLISH_FACTOR * gradient_tol
     steps = 0
     progress = 0.0
+    stretch = False
     while steps < max_steps and not current < target:
-        times, precondition = hessian_at(theta)
+        times, precondition = (stretch_at if stretch and stretch_at else hessian_at)(theta)
+        products = [0]
+
+        def counted(
+            vector: np.ndarray,
+            times: Callable[[np.ndarray], np.ndarray] = times,
+            products: list[int] = products,
+        ) -> np.ndarray:
+            products[0] += 1
+            return times(vector)
+
         rtol = _residual_tol(current, target, progress)
         step, model, length = _steihaug(
-            times, precondition, gradient, radius, rtol, CG_ITERATIONS, -value
+            counted, precondition, gradient, radius, rtol, CG_ITERATIONS, -value
         )
+        if stretch_at is not None and not stretch and products[0] >= STRETCH_PRODUCTS:
+            stretch, radius = True, math.inf
         slope = float(gradient @ step)
         if not (model < 0.0 and slope < 0.0):
             break
@@ -669,7 +695,7 @@ class _FullProblem:
         penalty_values, penalty_vectors = torch.linalg.eigh(2.0 * (p * column_mean) @ p)
         penalty_values = penalty_values.clamp_min(0.0)
 
-        def hessian_at(theta: np.ndarray) -> _Hessian:
+        def hessian_at(theta: np.ndarray, kronecker: bool = True) -> _Hessian:
             if last_q[0] is theta:
                 q = last_q[1]
             else:
@@ -708,6 +734,8 @@ class _FullProblem:
                 product += (penalty_product * (dvt.to(product_dtype) @ p_product)) @ p_product
                 return (product.to(torch.float64) * scale).reshape(-1).numpy()
 
+            if not kronecker:
+                return times, None
             # H ≈ M ⊗ I + I ⊗ U D Uᵀ: the mean softmax curvature M = mean_n(diag q_n − q_n q_nᵀ)
             # times the whitened scores' second moment (the identity), plus the regulariser
             # with the column means c̄ of its weights: both factors diagonalise at once
@@ -734,6 +762,20 @@ class _FullProblem:
 
             return times, precondition
 
+        blocks: list[BlockBasis | None] = []
+
+        def stretch_at(theta: np.ndarray) -> _Hessian:
+            times, _ = hessian_at(theta, kronecker=False)
+            if not blocks:
+                blocks.append(block_basis(a, p, penalty))
+            basis = blocks[0]
+            if basis is None:
+                return hessian_at(theta)
+            q = last_q[1] if last_q[0] is theta else None
+            if q is None:
+                q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
+            return times, class_block_preconditioner(basis, p, q)
+
         def measure(gradient: np.ndarray) -> float:
             g = torch.from_numpy(np.ascontiguousarray(gradient)).view(k, k + 1)
             return float((g @ self.p_inverse).abs().max())
@@ -745,6 +787,7 @@ class _FullProblem:
             self.to_whitened(start),
             gradient_tol,
             min(max_iterations, NEWTON_ITERATIONS),
+            stretch_at,
         )
         if not done and precision[0] == torch.float32:
             precision[0] = torch.float64
@@ -755,6 +798,7 @@ class _FullProblem:
                 theta,
                 gradient_tol,
                 max(min(max_iterations, NEWTON_ITERATIONS) - iterations, 1),
+                stretch_at,
             )
             iterations += more
         theta, iterations = _fall_back(
