@@ -38,7 +38,6 @@ def _dense_blocks(
     a, p, n, k = problem.a, problem.p, problem.n, problem.k
     w = q * (1.0 - q)
     norms = (a * a).sum(1)
-    top = penalty.max(0).values
     blocks = []
     for i in range(k):
         chosen = torch.topk(w[:, i], min(rows, n)).indices
@@ -48,7 +47,6 @@ def _dense_blocks(
         data = a[chosen].T @ (w[chosen, i, None] * a[chosen]) / n
         regulariser = 2.0 * (p * penalty[i]) @ p  # exactly row i's, c⁰ and its correction
         blocks.append(regulariser + data + mu * torch.eye(k + 1, dtype=torch.float64))
-    del top
     return torch.stack(blocks)
 
 
@@ -142,7 +140,7 @@ def _dense_newton(problem: _FullProblem, penalty: torch.Tensor) -> torch.Tensor:
         hessian = torch.autograd.functional.hessian(objective, theta, vectorize=True)
         step = torch.linalg.solve(hessian, gradient)
         t = 1.0
-        while float(objective(theta - t * step)) > float(value) and t > 1e-12:
+        while float(objective(theta - t * step)) > float(value.detach()) and t > 1e-12:
             t *= 0.5
         theta = theta - t * step
         if float(gradient.abs().max()) < 1e-13:
