@@ -25,7 +25,9 @@ identity (w = 1 or W = I, b = 0) reaches the minimum. Vector scaling takes Newto
 backtracking line search (:func:`_newton`: exact steps from the formed 2K×2K Hessian up to
 :data:`VECTOR_DENSE_CLASSES` classes, else conjugate gradients on Hessian-vector products); the
 full maps are fitted in whitened coordinates (:class:`_FullProblem`) by a preconditioned
-trust-region Newton–CG (:func:`_trust_newton`). Only if Newton stalls above the tolerance does
+trust-region Newton–CG (:func:`_trust_newton`), preconditioned by a Kronecker approximation of
+the Hessian until a step's solve needs :data:`STRETCH_PRODUCTS` products, then (a regularised
+fit that nearly interpolates) by per-class blocks (:mod:`curvcal.calibration.class_blocks`). Only if Newton stalls above the tolerance does
 L-BFGS go on from there (a line search that ends early is restarted, at most
 :data:`RESTARTS` times), followed by Newton polish steps (each kept only when it lowers
 max |gradient|). The fit is ``converged`` when the largest component of the gradient ends
