@@ -128,7 +128,9 @@ def matrix_memory_bytes(n_classes: int) -> int:
     (K+1)×(K+1) whitening matrices, bounded by 8·(2·HISTORY + 10)·(K² + K) bytes. The work
     arrays come on top: five float64 arrays of N×(K+1) (scores, whitened scores, scores of
     the map, softmax and its copy for the Hessian) and four float32 ones (whitened scores,
-    softmax, and the Hessian-vector product's two)."""
+    softmax, and the Hessian-vector product's two), and, once the per-class block preconditioner
+    is in use (:mod:`curvcal.calibration.class_blocks`), two more float64 N×(K+1) (the rotated
+    rows and the curvatures q(1 − q))."""
     return 8 * (2 * HISTORY + 10) * (n_classes * n_classes + n_classes)
 
 
@@ -778,6 +780,9 @@ class _FullProblem:
                 q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
             return times, class_block_preconditioner(basis, p, q)
 
+        # An unregularised column has no positive definite block base: Kronecker throughout.
+        stretch = stretch_at if bool((penalty.max(0).values > 0).all()) else None
+
         def measure(gradient: np.ndarray) -> float:
             g = torch.from_numpy(np.ascontiguousarray(gradient)).view(k, k + 1)
             return float((g @ self.p_inverse).abs().max())
@@ -789,7 +794,7 @@ class _FullProblem:
             self.to_whitened(start),
             gradient_tol,
             min(max_iterations, NEWTON_ITERATIONS),
-            stretch_at,
+            stretch,
         )
         if not done and precision[0] == torch.float32:
             precision[0] = torch.float64
@@ -800,7 +805,7 @@ class _FullProblem:
                 theta,
                 gradient_tol,
                 max(min(max_iterations, NEWTON_ITERATIONS) - iterations, 1),
-                stretch_at,
+                stretch,
             )
             iterations += more
         theta, iterations = _fall_back(
