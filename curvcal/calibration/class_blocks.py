@@ -52,12 +52,13 @@ MU_FLOOR = 1e-12
 
 @dataclass(frozen=True)
 class BlockBasis:
-    """What the blocks share across a fit: E and D (2 P diag(c⁰) P = E diag(D) Eᵀ), the rotated
-    rows A E, |a_n|², and each class's regulariser correction (column index j and scale
+    """What the blocks share across a fit: E and D (2 P diag(c⁰) P = E diag(D) Eᵀ), P E, the
+    rotated rows A E, |a_n|², and each class's regulariser correction (column index j and scale
     √(2 (c⁰_j − c_ij)), ``columns`` K×m and ``scales`` K×m, m the most corrections a row)."""
 
     rotation: torch.Tensor
     base: torch.Tensor
+    rotated_whitening: torch.Tensor
     rotated_rows: torch.Tensor
     row_norms: torch.Tensor
     correction_rows: torch.Tensor
@@ -83,14 +84,15 @@ def block_basis(a: torch.Tensor, p: torch.Tensor, penalty: torch.Tensor) -> Bloc
         columns = order
         scales = (2.0 * deficit.gather(1, order)).sqrt()
     rotated = a @ rotation
-    return BlockBasis(rotation, base, rotated, (a * a).sum(1), columns, scales)
+    # Rows of P E: row j is (Eᵀ P e_j)ᵀ, the direction of a regulariser correction.
+    return BlockBasis(rotation, base, p @ rotation, rotated, (a * a).sum(1), columns, scales)
 
 
 def class_block_preconditioner(
-    basis: BlockBasis, p: torch.Tensor, q: torch.Tensor, rows: int | None = None
+    basis: BlockBasis, q: torch.Tensor, rows: int | None = None
 ) -> Callable[[np.ndarray], np.ndarray]:
     """v ↦ (B_i⁻¹ v_i)_i for the blocks B_i of the module docstring at the softmax ``q``
-    (N×K, float64), ``p`` the whitening, ``rows`` |S_i| (default :data:`BLOCK_ROWS`); v is K×(K+1) flattened, as the fit's parameters."""
+    (N×K, float64), ``rows`` |S_i| (default :data:`BLOCK_ROWS`); v is K×(K+1) flattened, as the fit's parameters."""
     n, k = q.shape
     width = k + 1
     weights = q * (1.0 - q)
@@ -102,8 +104,6 @@ def class_block_preconditioner(
     mu = ((total - kept).clamp_min(0.0) / (n * width)).clamp_min(MU_FLOOR * float(basis.base.max()))
     beta = basis.base[None, :] + mu[:, None]  # K × (K+1)
     data_scale = (chosen_weights / n).sqrt()  # K × r
-    # Rows of P E: row j is (Eᵀ P e_j)ᵀ, the regulariser correction's direction.
-    p_rotated = p @ basis.rotation
     m = basis.correction_rows.shape[1]
     signs = torch.cat([torch.ones(rows, dtype=torch.float64), -torch.ones(m, dtype=torch.float64)])
 
@@ -111,7 +111,7 @@ def class_block_preconditioner(
         """U_i for the classes start..stop−1, as (classes, r + m, K+1) (rows are columns)."""
         data = basis.rotated_rows[chosen[start:stop]] * data_scale[start:stop, :, None]
         correction = (
-            p_rotated[basis.correction_rows[start:stop]]
+            basis.rotated_whitening[basis.correction_rows[start:stop]]
             * basis.correction_scales[start:stop, :, None]
         )
         return torch.cat([data, correction], dim=1)

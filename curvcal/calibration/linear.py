@@ -778,7 +778,7 @@ class _FullProblem:
             q = last_q[1] if last_q[0] is theta else None
             if q is None:
                 q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
-            return times, class_block_preconditioner(basis, p, q)
+            return times, class_block_preconditioner(basis, q)
 
         # An unregularised column has no positive definite block base: Kronecker throughout.
         stretch = stretch_at if bool((penalty.max(0).values > 0).all()) else None

@@ -60,7 +60,7 @@ def test_the_woodbury_solve_matches_the_dense_blocks(regulariser: str, rows: int
     _, q = _softmax_at(problem, seed=2)
     basis = block_basis(problem.a, problem.p, penalty)
     assert basis is not None
-    precondition = class_block_preconditioner(basis, problem.p, q, rows=rows)
+    precondition = class_block_preconditioner(basis, q, rows=rows)
     v = torch.randn(k, k + 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     got = torch.from_numpy(precondition(v.reshape(-1).numpy())).view(k, k + 1)
     blocks = _dense_blocks(problem, penalty, q, rows)
@@ -88,7 +88,7 @@ def test_with_every_row_kept_the_blocks_are_the_hessians_diagonal_blocks() -> No
     width = k + 1
     basis = block_basis(a, p, penalty)
     assert basis is not None
-    precondition = class_block_preconditioner(basis, p, q, rows=n)
+    precondition = class_block_preconditioner(basis, q, rows=n)
     v = torch.randn(k, width, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     got = torch.from_numpy(precondition(v.reshape(-1).numpy())).view(k, width)
     for i in range(k):
@@ -115,7 +115,7 @@ def test_two_classes_and_fewer_rows_than_kept() -> None:
     _, q = _softmax_at(problem, seed=9)
     basis = block_basis(problem.a, problem.p, penalty)
     assert basis is not None
-    precondition = class_block_preconditioner(basis, problem.p, q)
+    precondition = class_block_preconditioner(basis, q)
     v = torch.ones(k, k + 1, dtype=torch.float64)
     got = torch.from_numpy(precondition(v.reshape(-1).numpy())).view(k, k + 1)
     expected = torch.linalg.solve(_dense_blocks(problem, penalty, q, n), v[..., None])[..., 0]
