@@ -65,13 +65,19 @@ class BlockBasis:
     correction_scales: torch.Tensor
 
 
-def block_basis(a: torch.Tensor, p: torch.Tensor, penalty: torch.Tensor) -> BlockBasis | None:
+def has_block_base(penalty: torch.Tensor) -> bool:
+    """Whether regulariser weights ``penalty`` (K×(K+1)) give the blocks a positive definite
+    base: every column regularised in some row (c⁰_j > 0 for every j)."""
+    return bool((penalty.max(0).values > 0).all())
+
+
+def block_basis(a: torch.Tensor, p: torch.Tensor, penalty: torch.Tensor) -> BlockBasis:
     """The shared part of the blocks for whitened rows ``a`` (N×(K+1)), whitening ``p`` and
-    regulariser weights ``penalty`` (K×(K+1)); ``None`` when some column is regularised in no
-    row (c⁰_j = 0: no positive definite base)."""
+    regulariser weights ``penalty`` (K×(K+1)), which must have a base (:func:`has_block_base`;
+    else ``ValueError``)."""
+    if not has_block_base(penalty):
+        raise ValueError("some column is regularised in no row: the blocks have no base")
     top = penalty.max(0).values
-    if not bool((top > 0).all()):
-        return None
     base, rotation = torch.linalg.eigh(2.0 * (p * top) @ p)
     base = base.clamp_min(0.0)
     deficit = top[None, :] - penalty  # ≥ 0; nonzero where row i is regularised less

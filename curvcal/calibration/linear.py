@@ -49,7 +49,12 @@ import torch
 from scipy.optimize import minimize
 from scipy.sparse.linalg import LinearOperator, cg
 
-from curvcal.calibration.class_blocks import BlockBasis, block_basis, class_block_preconditioner
+from curvcal.calibration.class_blocks import (
+    BlockBasis,
+    block_basis,
+    class_block_preconditioner,
+    has_block_base,
+)
 from curvcal.calibration.inputs import (
     INPUTS,
     InputNames,
@@ -703,11 +708,14 @@ class _FullProblem:
         penalty_values, penalty_vectors = torch.linalg.eigh(2.0 * (p * column_mean) @ p)
         penalty_values = penalty_values.clamp_min(0.0)
 
-        def hessian_at(theta: np.ndarray, kronecker: bool = True) -> _Hessian:
+        def softmax_at(theta: np.ndarray) -> torch.Tensor:
+            """q at ``theta``: the last evaluation's when it was at ``theta``."""
             if last_q[0] is theta:
-                q = last_q[1]
-            else:
-                q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
+                return last_q[1]
+            return torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
+
+        def hessian_at(theta: np.ndarray, kronecker: bool = True) -> _Hessian:
+            q = softmax_at(theta)
             # The product in float32 (half the time of two N×K×(K+1) and two K×(K+1)×(K+1)
             # products): it only steers the step; the gradient that decides convergence stays
             # float64. The preconditioner stays float64: float32's rounding of the directions
@@ -770,22 +778,16 @@ class _FullProblem:
 
             return times, precondition
 
-        blocks: list[BlockBasis | None] = []
+        blocks: list[BlockBasis] = []
 
         def stretch_at(theta: np.ndarray) -> _Hessian:
             times, _ = hessian_at(theta, kronecker=False)
             if not blocks:
                 blocks.append(block_basis(a, p, penalty))
-            basis = blocks[0]
-            if basis is None:
-                return hessian_at(theta)
-            q = last_q[1] if last_q[0] is theta else None
-            if q is None:
-                q = torch.softmax(a @ torch.from_numpy(theta).view(k, k + 1).T, dim=1)
-            return times, class_block_preconditioner(basis, q)
+            return times, class_block_preconditioner(blocks[0], softmax_at(theta))
 
         # An unregularised column has no positive definite block base: Kronecker throughout.
-        stretch = stretch_at if bool((penalty.max(0).values > 0).all()) else None
+        stretch = stretch_at if has_block_base(penalty) else None
 
         def measure(gradient: np.ndarray) -> float:
             g = torch.from_numpy(np.ascontiguousarray(gradient)).view(k, k + 1)

@@ -11,7 +11,11 @@ import pytest
 import torch
 
 import curvcal.calibration.linear as linear
-from curvcal.calibration.class_blocks import block_basis, class_block_preconditioner
+from curvcal.calibration.class_blocks import (
+    block_basis,
+    class_block_preconditioner,
+    has_block_base,
+)
 from curvcal.calibration.linear import _FullProblem, fit_linear, penalty_weights
 
 
@@ -59,7 +63,6 @@ def test_the_woodbury_solve_matches_the_dense_blocks(regulariser: str, rows: int
     penalty = penalty_weights(regulariser, k, 0.3, 0.05)
     _, q = _softmax_at(problem, seed=2)
     basis = block_basis(problem.a, problem.p, penalty)
-    assert basis is not None
     precondition = class_block_preconditioner(basis, q, rows=rows)
     v = torch.randn(k, k + 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     got = torch.from_numpy(precondition(v.reshape(-1).numpy())).view(k, k + 1)
@@ -87,7 +90,6 @@ def test_with_every_row_kept_the_blocks_are_the_hessians_diagonal_blocks() -> No
     hessian = torch.autograd.functional.hessian(objective, theta.reshape(-1))
     width = k + 1
     basis = block_basis(a, p, penalty)
-    assert basis is not None
     precondition = class_block_preconditioner(basis, q, rows=n)
     v = torch.randn(k, width, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     got = torch.from_numpy(precondition(v.reshape(-1).numpy())).view(k, width)
@@ -102,8 +104,14 @@ def test_an_unregularised_fit_has_no_block_base() -> None:
     the Kronecker preconditioner."""
     x, y = _scores(30, 3, seed=7)
     problem = _FullProblem(x, y)
-    assert block_basis(problem.a, problem.p, penalty_weights("odir", 3, 0.0, 0.0)) is None
-    assert block_basis(problem.a, problem.p, penalty_weights("odir", 3, 0.1, 0.0)) is None
+    for unregularised in (
+        penalty_weights("odir", 3, 0.0, 0.0),
+        penalty_weights("odir", 3, 0.1, 0.0),
+    ):
+        assert not has_block_base(unregularised)
+        with pytest.raises(ValueError, match="no base"):
+            block_basis(problem.a, problem.p, unregularised)
+    assert has_block_base(penalty_weights("odir", 3, 0.1, 0.05))
 
 
 def test_two_classes_and_fewer_rows_than_kept() -> None:
@@ -114,7 +122,6 @@ def test_two_classes_and_fewer_rows_than_kept() -> None:
     penalty = penalty_weights("odir", k, 0.5, 0.5)
     _, q = _softmax_at(problem, seed=9)
     basis = block_basis(problem.a, problem.p, penalty)
-    assert basis is not None
     precondition = class_block_preconditioner(basis, q)
     v = torch.ones(k, k + 1, dtype=torch.float64)
     got = torch.from_numpy(precondition(v.reshape(-1).numpy())).view(k, k + 1)
