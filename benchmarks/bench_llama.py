@@ -211,14 +211,31 @@ def rank_main(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any
     seconds per pass and peak resident set (``{"records": [...]}``), on the others nothing."""
     import torch.distributed as dist
 
+    from curvcal.distributed import leave
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    # the model, its hooks and every gloo work object they hold are unreachable once the
+    # record is taken: ``leave`` collects them while the group is alive (freed at interpreter
+    # exit instead, a work object's destructor may abort the rank after its record is out)
+    record = rank_record(mode, step, shape, repeats)
+    records: list[Any] = [None] * world
+    dist.all_gather_object(records, record)  # rank 0 prints them all: one line, never interleaved
+    leave()
+    return {"records": records} if record["rank"] == 0 else {}
+
+
+def rank_record(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any]:
+    """This rank's seconds per ``step`` and peak resident set (see :func:`rank_main`)."""
+    import torch.distributed as dist
+
     from curvcal.curvature.central_difference import operator_for
     from curvcal.curvature.vectors import space_of
     from curvcal.distributed import all_reduce_sum, shard_indices
     from curvcal.settings.hessian import HessianSettings
     from curvcal.sharding import shard_model
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(shape)
     ids, labels = token_data(shape)
@@ -245,7 +262,7 @@ def rank_main(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any
     }[step]
     seconds = 0.0 if step == "idle" else fastest({step: run}, repeats)[step]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    record = {
+    return {
         "world": world,
         "rank": rank,
         "mode": mode,
@@ -254,10 +271,6 @@ def rank_main(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, Any
         "seconds": seconds,
         "peak_rss_mib": peak,
     }
-    records: list[Any] = [None] * world
-    dist.all_gather_object(records, record)  # rank 0 prints them all: one line, never interleaved
-    dist.destroy_process_group()
-    return {"records": records} if rank == 0 else {}
 
 
 def shape_arguments(shape: Shape) -> list[str]:

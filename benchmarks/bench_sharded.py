@@ -29,7 +29,7 @@ from torch import nn
 
 from curvcal.curvature.central_difference import operator_for
 from curvcal.curvature.vectors import space_of
-from curvcal.distributed import all_reduce_sum, shard_indices
+from curvcal.distributed import all_reduce_sum, leave, shard_indices
 from curvcal.losses import loss_from_name
 from curvcal.sharding import shard_model
 
@@ -68,6 +68,12 @@ def main(mode: str) -> None:
         dist.init_process_group("gloo", rank=0, world_size=1)
     else:
         dist.init_process_group("gloo")
+    measure(mode)
+    leave()  # the sharded model's gloo work objects, unreachable now, freed while the group lives
+
+
+def measure(mode: str) -> None:
+    """This rank's line for ``mode`` (see the module docstring)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = Classifier().eval()
@@ -102,7 +108,6 @@ def main(mode: str) -> None:
     print(f"world={world} rank={rank} mode={mode} P={operator.shape[0]} "
           f"s_per_pass={statistics.median(times[1:]) if times else 0.0:.3f} peak_rss_MiB={peak:.0f} "
           f"vector={space.size} checkpoint={int(CHECKPOINT)}", flush=True)  # fmt: skip
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
 
     from curvcal.curvature import HessianOperator, eigenvalues
     from curvcal.curvature.central_difference import operator_for
-    from curvcal.distributed import all_reduce_sum
+    from curvcal.distributed import all_reduce_sum, leave
     from curvcal.losses import loss_from_name
     from curvcal.settings.hessian import HessianSettings
     from curvcal.sharding import shard_model
@@ -173,9 +173,9 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
             central = operator_for(sharded, loss, batches, settings, all_reduce=all_reduce_sum)
             gradient = measure(lambda: gradient_pass(sharded))
             record("fp32 sharded", central, gradient)
-            del central
+            del central, sharded
         finally:
-            dist.destroy_process_group()
+            leave()  # the sharded model's work objects freed while the group lives
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
