@@ -6,7 +6,10 @@
   the form it loaded as, its parameter count, and the SHA-256 of every other file its load
   opened (:func:`curvcal.inputs.opened_within`: the source of a ``py:`` architecture, the
   ``config.json`` of an ``--arch hf:FOLDER``, an adapter's configs), so two ranks that build
-  different models around the same weights disagree;
+  different models around the same weights disagree; and the versions of Python, curvcal and
+  every library that takes part in a product and is imported by then (torch, and transformers,
+  peft, timm, torchvision, safetensors where the load used them): another version may build
+  another model from the same files or take another path through its kernels;
 - data: the SHA-256 of each file the data was read from, the number of samples (with the world
   size this is the shard plan: rank r takes r, r + W, ...), the number of classes, a digest of
   the labels, and a digest of the samples themselves as the model sees them: every
@@ -19,6 +22,8 @@
 from __future__ import annotations
 
 import hashlib
+import platform
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +68,25 @@ def model_fingerprint(loaded: LoadedModel, opened: Iterable[Input] = ()) -> dict
         "form": loaded.form,
         "parameter count": loaded.parameter_count,
         "files it was built from sha256": [file_info(path).sha256 for path in built_from],
+        **{f"{name} version": version for name, version in library_versions().items()},
     }
+
+
+#: the libraries whose version may change the model built from a file or a product's kernels
+LIBRARIES = ("torch", "transformers", "peft", "timm", "torchvision", "safetensors")
+
+
+def library_versions() -> dict[str, str]:
+    """``{name: version}`` for Python, curvcal and each of :data:`LIBRARIES` this process has
+    imported (one not imported took no part in the load)."""
+    from curvcal import __version__
+
+    versions = {"python": platform.python_version(), "curvcal": __version__}
+    for name in LIBRARIES:
+        module = sys.modules.get(name)
+        if module is not None:
+            versions[name] = str(getattr(module, "__version__", "unknown"))
+    return versions
 
 
 def data_fingerprint(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -316,3 +317,23 @@ def test_strided_samples_span_the_data() -> None:
     big = strided_indices(1_000_003)
     assert big[0] == 0 and big[-1] == 1_000_002 and len(big) <= 65
     assert big[1] == 15_626  # ⌈1,000,003 / 64⌉
+
+
+def test_library_versions_are_in_the_checkpoint_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks whose torch (or transformers, peft, ...) differ may build other models from
+    the same files: the checkpoint fingerprint holds each imported library's version, so
+    another version on one rank is a difference ``agree`` names."""
+    from curvcal.load.checkpoint import load_model
+    from curvcal.pipeline.agreement import model_fingerprint
+    from curvcal.settings.checkpoint import CheckpointSettings
+
+    loaded = load_model(_model(tmp_path / "m.pt", 0), CheckpointSettings(device="cpu"))
+    before = model_fingerprint(loaded)
+    assert before["torch version"] == torch.__version__
+    assert before["python version"] == platform.python_version()
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    after = model_fingerprint(loaded)
+    changed = {key for key in before if before[key] != after[key]}
+    assert changed == {"torch version"}
