@@ -5,8 +5,8 @@ Three moments, one table (:data:`BOUNDS`, one row per key) and two checks agains
 
 - when a config file is read (:func:`check_config`, called by :func:`curvcal.load.models.hf.read_json`,
   the one reader of ``config.json``, ``adapter_config.json`` and ``tokenizer_config.json``):
-  values checked on their own (ranks and scalings finite and positive, iteration counts and
-  list lengths bounded, a model's sizes and head counts whole and positive, its label count
+  values checked on their own (ranks and scalings finite, positive and bounded, iteration
+  counts and list lengths bounded, a model's sizes and head counts whole and positive, its label count
   within curvcal's, the pad token id inside the vocabulary, a tokenizer's ``model_max_length``
   a whole number);
 - when an adapter is about to go on its base (:func:`check_adapter_on_base`, called by
@@ -63,6 +63,11 @@ MODEL_CONFIG = "config.json"
 #: the largest LoRA rank (``r``, ``rank_pattern`` values): a rank beyond the widest layer of any
 #: network does not add capacity, only memory
 MAX_RANK = 65_536
+#: the largest LoRA scaling numerator (``lora_alpha``, ``alpha_pattern`` values): the adapter's
+#: output is multiplied by lora_alpha / r (or / √r); peft's default is 8 and adapters are trained
+#: at alpha = r to a few times r, while a finite 1e308 turns every adapter output into an
+#: infinity and the run's logits with it (exit 3 on the data, though the config is at fault)
+MAX_LORA_ALPHA = 1e6
 #: the most iterations of an initialisation peft runs at load (PiSSA's ``pissa_niter_N``, LoftQ's
 #: ``loftq_iter``); peft's documentation uses 4 to 16, and a saved adapter's weights replace what
 #: the initialisation computes anyway
@@ -120,9 +125,9 @@ def _rank(value: Any) -> str | None:
 
 
 def _scaling(value: Any) -> str | None:
-    if _finite_positive(value):
+    if _finite_positive(value) and value <= MAX_LORA_ALPHA:
         return None
-    return f"{value!r} is not a finite positive number"
+    return f"{value!r} is not a finite positive number at most {MAX_LORA_ALPHA:g}"
 
 
 def _dropout(value: Any) -> str | None:
