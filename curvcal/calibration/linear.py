@@ -289,6 +289,20 @@ class _Solution:
     gradient_max: float
 
 
+@dataclass(frozen=True)
+class _Objective:
+    """A smooth objective L(θ) as the solvers here see it: ``value_and_gradient`` gives L and
+    ∇L, ``hessian_at`` the products of ∇²L at θ with a preconditioner (:data:`_Hessian`),
+    ``measure`` a gradient's largest |∂L/∂θ| in the map's own parameters (which decides
+    convergence), and ``stretch_at``, for the full maps, the same Hessian with the per-class
+    block preconditioner that the nearly interpolating stretch takes (:func:`_trust_newton`)."""
+
+    value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]]
+    hessian_at: Callable[[np.ndarray], _Hessian]
+    measure: Callable[[np.ndarray], float]
+    stretch_at: Callable[[np.ndarray], _Hessian] | None = None
+
+
 def _residual_tol(current: float, target: float, floor: float = 0.0) -> float:
     """The relative residual η = min(½, max(√g, t/(2g), ``floor``)) a Newton step's solve
     stops at (g = ``current``, t = ``target``): loose far from the minimum, tight near it, but
@@ -318,9 +332,7 @@ def _cg_step(hessian: _Hessian, gradient: np.ndarray, rtol: float) -> np.ndarray
 
 
 def _fall_back(
-    value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
-    hessian_at: Callable[[np.ndarray], _Hessian],
-    measure: Callable[[np.ndarray], float],
+    objective: _Objective,
     theta: np.ndarray,
     done: bool,
     iterations: int,
@@ -333,21 +345,13 @@ def _fall_back(
     if done:
         return theta, iterations
     theta, more = _minimise(
-        value_and_gradient,
-        hessian_at,
-        measure,
-        theta,
-        gradient_tol,
-        max(max_iterations - iterations, 1),
-        fallback_tol,
+        objective, theta, gradient_tol, max(max_iterations - iterations, 1), fallback_tol
     )
     return theta, iterations + more
 
 
 def _minimise(
-    value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
-    hessian_at: Callable[[np.ndarray], _Hessian],
-    measure: Callable[[np.ndarray], float],
+    objective: _Objective,
     theta0: np.ndarray,
     gradient_tol: float,
     max_iterations: int,
@@ -359,7 +363,7 @@ def _minimise(
     restarted after a line search that ends early, and the polish again. ``measure`` maps a
     gradient to the max |∂L/∂θ| in the map's own parameters, which decides convergence."""
     result = minimize(
-        value_and_gradient,
+        objective.value_and_gradient,
         theta0,
         jac=True,
         method="L-BFGS-B",
@@ -372,15 +376,18 @@ def _minimise(
         },
     )
     theta, iterations = result.x, int(result.nit)
-    theta = _newton_polish(theta, value_and_gradient, hessian_at, gradient_tol, measure)
-    if measure(value_and_gradient(theta)[1]) < gradient_tol or iterations >= max_iterations:
+    theta = _newton_polish(objective, theta, gradient_tol)
+    if (
+        objective.measure(objective.value_and_gradient(theta)[1]) < gradient_tol
+        or iterations >= max_iterations
+    ):
         return theta, iterations
     # A line search in float64 cannot resolve decreases below the rounding of L, and may end
     # early with the gradient still above the tolerance: restart from there with a fresh
     # history (the gradient test, not the line search, decides convergence).
     for _ in range(RESTARTS):
         result = minimize(
-            value_and_gradient,
+            objective.value_and_gradient,
             theta,
             jac=True,
             method="L-BFGS-B",
@@ -393,18 +400,16 @@ def _minimise(
             },
         )
         theta, iterations = result.x, iterations + int(result.nit)
-        if measure(result.jac) < gradient_tol or iterations >= max_iterations:
+        if objective.measure(result.jac) < gradient_tol or iterations >= max_iterations:
             break
         if int(result.nit) == 0:
             break
-    theta = _newton_polish(theta, value_and_gradient, hessian_at, gradient_tol, measure)
+    theta = _newton_polish(objective, theta, gradient_tol)
     return theta, iterations
 
 
 def _newton(
-    value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
-    hessian_at: Callable[[np.ndarray], _Hessian],
-    measure: Callable[[np.ndarray], float],
+    objective: _Objective,
     theta0: np.ndarray,
     gradient_tol: float,
     max_steps: int,
@@ -418,12 +423,12 @@ def _newton(
     kept when it lowers g instead. Stops once g is under ``POLISH_FACTOR`` · ``gradient_tol``;
     returns the point, the steps taken and whether g ended under ``gradient_tol``."""
     theta = theta0
-    value, gradient = value_and_gradient(theta)
-    current = measure(gradient)
+    value, gradient = objective.value_and_gradient(theta)
+    current = objective.measure(gradient)
     target = POLISH_FACTOR * gradient_tol
     steps = 0
     while steps < max_steps and not current < target:
-        step = _cg_step(hessian_at(theta), gradient, _residual_tol(current, target))
+        step = _cg_step(objective.hessian_at(theta), gradient, _residual_tol(current, target))
         slope = -float(step @ gradient)
         if not slope < 0.0:
             break
@@ -432,8 +437,8 @@ def _newton(
         accepted = False
         for _ in range(LINE_SEARCH_HALVINGS):
             candidate = theta - t * step
-            new_value, new_gradient = value_and_gradient(candidate)
-            new = measure(new_gradient)
+            new_value, new_gradient = objective.value_and_gradient(candidate)
+            new = objective.measure(new_gradient)
             if new_value <= value + 1e-4 * t * slope or (
                 new < current and _rounding_hides(value, new_value)
             ):
@@ -511,13 +516,7 @@ def _steihaug(
 
 
 def _trust_newton(
-    value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]],
-    hessian_at: Callable[[np.ndarray], _Hessian],
-    measure: Callable[[np.ndarray], float],
-    theta0: np.ndarray,
-    gradient_tol: float,
-    max_steps: int,
-    stretch_at: Callable[[np.ndarray], _Hessian] | None = None,
+    objective: _Objective, theta0: np.ndarray, gradient_tol: float, max_steps: int
 ) -> tuple[np.ndarray, int, bool]:
     """Trust-region inexact Newton (Newton–CG, Steihaug) from ``theta0``, for the full maps.
 
@@ -539,20 +538,23 @@ def _trust_newton(
     that step's length is the first radius. Returns the point, the steps kept and whether g
     ended under ``gradient_tol``.
 
-    ``stretch_at``, when given, is the Hessian with another preconditioner for the nearly
-    interpolating stretch: once a step's solve has needed :data:`STRETCH_PRODUCTS` products,
-    every later step takes it instead of ``hessian_at`` (the radius, measured in the old
-    preconditioner's norm, is dropped)."""
+    The objective's ``stretch_at``, when given, is the Hessian with another preconditioner for
+    the nearly interpolating stretch: once a step's solve has needed :data:`STRETCH_PRODUCTS`
+    products, every later step takes it instead of ``hessian_at`` (the radius, measured in the
+    old preconditioner's norm, is dropped)."""
     theta = theta0
-    value, gradient = value_and_gradient(theta)
-    current = measure(gradient)
+    value, gradient = objective.value_and_gradient(theta)
+    current = objective.measure(gradient)
     radius = math.inf
     target = POLISH_FACTOR * gradient_tol
     steps = 0
     progress = 0.0
     stretch = False
     while steps < max_steps and not current < target:
-        times, precondition = (stretch_at if stretch and stretch_at else hessian_at)(theta)
+        hessian_at = (
+            objective.stretch_at if stretch and objective.stretch_at else objective.hessian_at
+        )
+        times, precondition = hessian_at(theta)
         products = [0]
 
         def counted(
@@ -567,7 +569,7 @@ def _trust_newton(
         step, model, length = _steihaug(
             counted, precondition, gradient, radius, rtol, CG_ITERATIONS, -value
         )
-        if stretch_at is not None and not stretch and products[0] >= STRETCH_PRODUCTS:
+        if objective.stretch_at is not None and not stretch and products[0] >= STRETCH_PRODUCTS:
             stretch, radius = True, math.inf
         slope = float(gradient @ step)
         if not (model < 0.0 and slope < 0.0):
@@ -576,8 +578,8 @@ def _trust_newton(
         scale = 1.0
         for _ in range(TRUST_REJECTIONS):
             candidate = theta + scale * step
-            new_value, new_gradient = value_and_gradient(candidate)
-            new = measure(new_gradient)
+            new_value, new_gradient = objective.value_and_gradient(candidate)
+            new = objective.measure(new_gradient)
             predicted = scale * slope + scale * scale * half_curvature
             if _rounding_hides(value, new_value):
                 ratio = 1.0 if new < current else 0.0
@@ -793,29 +795,19 @@ class _FullProblem:
             g = torch.from_numpy(np.ascontiguousarray(gradient)).view(k, k + 1)
             return float((g @ self.p_inverse).abs().max())
 
+        objective = _Objective(value_and_gradient, hessian_at, measure, stretch)
+        newton_steps = min(max_iterations, NEWTON_ITERATIONS)
         theta, iterations, done = _trust_newton(
-            value_and_gradient,
-            hessian_at,
-            measure,
-            self.to_whitened(start),
-            gradient_tol,
-            min(max_iterations, NEWTON_ITERATIONS),
-            stretch,
+            objective, self.to_whitened(start), gradient_tol, newton_steps
         )
         if not done and precision[0] == torch.float32:
             precision[0] = torch.float64
             theta, more, done = _trust_newton(
-                value_and_gradient,
-                hessian_at,
-                measure,
-                theta,
-                gradient_tol,
-                max(min(max_iterations, NEWTON_ITERATIONS) - iterations, 1),
-                stretch,
+                objective, theta, gradient_tol, max(newton_steps - iterations, 1)
             )
             iterations += more
         theta, iterations = _fall_back(
-            value_and_gradient, hessian_at, measure, theta, done, iterations,
+            objective, theta, done, iterations,
             gradient_tol, max_iterations, gradient_tol / self.gradient_scale,
         )  # fmt: skip
         value, gradient = value_and_gradient(theta)
@@ -1102,19 +1094,14 @@ def _fit_vector(
     def measure(gradient: np.ndarray) -> float:
         return float(np.abs(gradient).max())
 
+    objective = _Objective(value_and_gradient, hessian_at, measure)
     theta0 = torch.cat([torch.ones(k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64)])
     theta, iterations, done = _newton(
-        value_and_gradient,
-        hessian_at,
-        measure,
-        theta0.numpy(),
-        gradient_tol,
-        min(max_iterations, NEWTON_ITERATIONS),
+        objective, theta0.numpy(), gradient_tol, min(max_iterations, NEWTON_ITERATIONS)
     )
     theta, iterations = _fall_back(
-        value_and_gradient, hessian_at, measure, theta, done, iterations,
-        gradient_tol, max_iterations, gradient_tol,
-    )  # fmt: skip
+        objective, theta, done, iterations, gradient_tol, max_iterations, gradient_tol
+    )
     value, gradient = value_and_gradient(theta)
     t = torch.from_numpy(theta)
     solution = _Solution(theta, value, value, iterations, measure(gradient))
@@ -1177,14 +1164,12 @@ def fit_linear(
         y,
         method,
         given,
-        l2_off_diagonal,
-        l2_bias,
-        gradient_tol,
-        max_iterations,
-        regulariser,
-        start,
-        problem,
-        trace,
+        strengths=(l2_off_diagonal, l2_bias),
+        stopping=(gradient_tol, max_iterations),
+        regulariser=regulariser,
+        start=start,
+        problem=problem,
+        trace=trace,
     )
 
 
@@ -1193,17 +1178,20 @@ def _fit_inputs(
     y: torch.Tensor,
     method: str,
     given: str,
-    l2_off_diagonal: float,
-    l2_bias: float,
-    gradient_tol: float = GRADIENT_TOL,
-    max_iterations: int = MAX_ITERATIONS,
-    regulariser: str = "odir",
-    start: torch.Tensor | None = None,
-    problem: _FullProblem | None = None,
-    trace: Trace | None = None,
+    *,
+    strengths: tuple[float, float],
+    stopping: tuple[float, int],
+    regulariser: str,
+    start: torch.Tensor | None,
+    problem: _FullProblem | None,
+    trace: Trace | None,
 ) -> LinearFit:
     """:func:`fit_linear` on validated float64 inputs ``x`` (what the map multiplies) and
-    labels ``y``; ``given`` names the scale of ``x`` in the record."""
+    labels ``y``, with its ``(l2_off_diagonal, l2_bias)`` as ``strengths`` and its
+    ``(gradient_tol, max_iterations)`` as ``stopping`` (their defaults are
+    :func:`fit_linear`'s alone); ``given`` names the scale of ``x`` in the record."""
+    l2_off_diagonal, l2_bias = strengths
+    gradient_tol, max_iterations = stopping
     if regulariser not in REGULARISERS:
         raise InputError("regulariser", f"unknown regulariser {regulariser!r}", "odir or l2")
     n, k = x.shape
@@ -1309,17 +1297,17 @@ def fit_matrix_odir(
     given = "logits" if kind == "logits" and method != "dirichlet" else "log-probabilities"
 
     def fit(rows: Any, strength: float | None, start: Any = None, problem: Any = None) -> LinearFit:
-        lam = (strength, strength) if strength is not None else (L2_OFF_DIAGONAL, L2_BIAS)
         return _fit_inputs(
             x[rows],
             y[rows],
             method,
             given,
-            lam[0],
-            lam[1],
+            strengths=(strength, strength) if strength is not None else (L2_OFF_DIAGONAL, L2_BIAS),
+            stopping=(GRADIENT_TOL, MAX_ITERATIONS),
             regulariser=regulariser,
             start=start,
             problem=problem,
+            trace=None,
         )
 
     if len(present) < 2 or int(present.min()) < 2 * folds:
@@ -1362,27 +1350,21 @@ def _past_the_minimum(path: list[float], patience: int) -> bool:
     return len(tail) > patience and all(b > a for a, b in pairwise(tail))
 
 
-def _newton_polish(
-    theta: np.ndarray,
-    nll_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
-    hessian_at: Callable[[np.ndarray], _Hessian],
-    gradient_tol: float,
-    measure: Callable[[np.ndarray], float],
-) -> np.ndarray:
+def _newton_polish(objective: _Objective, theta: np.ndarray, gradient_tol: float) -> np.ndarray:
     """Newton steps θ − H⁻¹∇L, each solved by at most :data:`CG_ITERATIONS` conjugate-gradient
     iterations with exact Hessian-vector products; a step is kept only when it lowers
     ``measure``(∇L), the max |∂L/∂θ| in the map's own parameters (a test that, unlike a line
     search on L, is not lost in the rounding of L). Stops once that is under
     ``POLISH_FACTOR`` · ``gradient_tol``."""
-    gradient = nll_and_grad(theta)[1]
-    current = measure(gradient)
+    gradient = objective.value_and_gradient(theta)[1]
+    current = objective.measure(gradient)
     for _ in range(NEWTON_STEPS):
         if current < POLISH_FACTOR * gradient_tol:
             break
-        step = _cg_step(hessian_at(theta), gradient, CG_RTOL)
+        step = _cg_step(objective.hessian_at(theta), gradient, CG_RTOL)
         candidate = theta - step
-        new_gradient = nll_and_grad(candidate)[1]
-        new = measure(new_gradient)
+        new_gradient = objective.value_and_gradient(candidate)[1]
+        new = objective.measure(new_gradient)
         if not new < current:
             break
         theta, gradient, current = candidate, new_gradient, new
