@@ -230,9 +230,9 @@ def run_check(
         open_session(plan.checkpoint, reporter or Reporter(True), _run_settings(plan)) as session,
     ):
         loaded = _model(session, checkpoint, need)
-        hessian_settings, choice = (None, None)
+        resolved = None
         if plan.hessian is not None:  # impossible requests refused before the data is read
-            hessian_settings, choice = session.hessian_settings(loaded, plan.hessian)
+            resolved = session.hessian_settings(loaded, plan.hessian)
         data = session.dataset(loaded, plan.data, "data")
         fit = None if plan.fit_data is None else session.dataset(loaded, plan.fit_data, "fit_data")
         inputs: dict[str, Any] = {"checkpoint": loaded.describe(), "data": data.describe()}
@@ -262,13 +262,12 @@ def run_check(
             if on_step is not None:
                 on_step("calibration", 1)
 
-        if hessian_settings is not None:
+        if resolved is not None:
             began = time.perf_counter()
-            curvature = session.hessian(
-                loaded, data, hessian_settings, plan.data.batch_size, choice=choice, option="data"
-            )
+            curvature = session.hessian(loaded, data, resolved, plan.data.batch_size, option="data")
             hessian = curvature.analysis
-            said += [f"Hessian over {choice}"] if choice and hessian_settings.params else []
+            choice = resolved.choice
+            said += [f"Hessian over {choice}"] if choice and resolved.settings.params else []
             said += curvature.notes
             messages += curvature.messages
             timings["hessian"] = time.perf_counter() - began
@@ -584,20 +583,15 @@ def _predict(
     data: LoadedData,
     batch_size: int,
     option: str,
-    nan_policy: str,
-    features: bool,
-    optional: bool,
+    *rest: Any,
 ) -> tuple[Any, Any]:
-    """The session's predictions under ``nan_policy`` and, with ``features``, the inputs of
-    the model's last layer (:func:`~curvcal.pipeline.calibration.predict_with_features`); a
-    stop names the checkpoint, as a check's numerical failures do (the policy, not an option,
-    named the data)."""
+    """:func:`~curvcal.pipeline.calibration.predict_with_features` of the same arguments (the
+    predictions, and the inputs of the model's last layer when asked), whose stop names the
+    checkpoint, as a check's numerical failures do (the policy, not an option, named the data)."""
     from curvcal.pipeline.calibration import predict_with_features
 
     try:
-        return predict_with_features(
-            session, loaded, data, batch_size, option, nan_policy, features, optional
-        )
+        return predict_with_features(session, loaded, data, batch_size, option, *rest)
     except NumericalError as error:
         raise NumericalError(
             str(loaded.path),

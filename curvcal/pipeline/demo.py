@@ -96,7 +96,7 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun | None:
 
         say("[bold]2. predict[/bold] the held-out digits with it")
         loaded = session.model(checkpoint)
-        hessian_settings, choice = session.hessian_settings(loaded, gate.hessian)
+        resolved = session.hessian_settings(loaded, gate.hessian)
         data = session.dataset(loaded, data_settings)
         predictions = session.predict(loaded, data, request.batch_size)
 
@@ -107,9 +107,7 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun | None:
             "trace of the Hessian of the mean loss, exact by Gauss–Newton for this ReLU CNN)"
         )
         began = time.perf_counter()
-        curvature = session.hessian(
-            loaded, data, hessian_settings, request.batch_size, choice=choice
-        )
+        curvature = session.hessian(loaded, data, resolved, request.batch_size)
         timings["hessian"] = time.perf_counter() - began
     if predictions is None:  # a rank other than 0 under torchrun: rank 0 reports
         return None

@@ -104,7 +104,7 @@ def run_hessian(
     with open_session(checkpoint_options, reporter, (data_options, settings)) as session:
         loaded = session.model(checkpoint)
         described = loaded.describe()
-        resolved, choice = session.hessian_settings(loaded, settings)
+        resolved = session.hessian_settings(loaded, settings)
         data = session.dataset(loaded, data_options)
         on_vectors = None
         if save_vectors is not None:
@@ -118,7 +118,6 @@ def run_hessian(
             data,
             resolved,
             data_options.batch_size,
-            choice=choice,
             keep_stages=True,
             on_vectors=on_vectors,
         )

@@ -64,14 +64,14 @@ def run_landscape(
         directions: list[Any] = []
         notes: list[str] = []
         if settings.directions == "eigenvectors":
-            resolved, choice = session.hessian_settings(loaded, settings.hessian())
+            resolved = session.hessian_settings(loaded, settings.hessian())
+            hessian_settings = resolved.settings
             data = session.dataset(loaded, data_options)
             curvature = session.hessian(
                 loaded,
                 data,
                 resolved,
                 data_options.batch_size,
-                choice=choice,
                 on_vectors=lambda top: directions.extend(top.by_name()),
             )
             eigenvalues = curvature.analysis.spectrum.eigenvalues
@@ -79,13 +79,13 @@ def run_landscape(
             for message in curvature.messages:
                 reporter.warn(message)
         else:
-            resolved = resolve_loss(loaded, settings.hessian())
+            hessian_settings = resolve_loss(loaded, settings.hessian())
             data = session.dataset(loaded, data_options)
             generator = torch.Generator().manual_seed(settings.seed)
             directions = [
                 filter_normalised_direction(loaded.module, generator) for _ in range(settings.dims)
             ]
-        loss = loss_from_name(resolved.loss, resolved.focal_gamma)
+        loss = loss_from_name(hessian_settings.loss, hessian_settings.focal_gamma)
         measuring = time.perf_counter()
         points = len(settings.alphas) ** settings.dims
         with reporter.progress("landscape points", points) as advance:

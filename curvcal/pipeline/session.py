@@ -51,6 +51,17 @@ NAN_POLICIES = ("error", "drop")
 
 
 @dataclass(frozen=True)
+class ResolvedHessian:
+    """Hessian settings as they run on one model (:meth:`Session.hessian_settings`), and the
+    words for the parameters they chose where those are worth saying (``choice``: not the
+    plain "every parameter" nor a given ``--params``; else None), said on stderr and recorded
+    in the results when the Hessian is measured."""
+
+    settings: HessianSettings
+    choice: str | None = None
+
+
+@dataclass(frozen=True)
 class HessianMeasurement:
     """A Hessian measurement of a session: the ``analysis``, the settings it ran with
     (``--loss own`` and the parameters resolved), the ``notes`` already said on stderr and the
@@ -239,13 +250,11 @@ class Session:
         logits, labels = predictions
         return finite_rows(logits, labels, nan_policy, f"{option} {data.spec}", self.warnings)
 
-    def hessian_settings(
-        self, loaded: LoadedModel, settings: HessianSettings
-    ) -> tuple[HessianSettings, str | None]:
+    def hessian_settings(self, loaded: LoadedModel, settings: HessianSettings) -> ResolvedHessian:
         """``settings`` as they run on ``loaded``, checked before the data is read: ``--loss
         own`` becomes the loss the checkpoint records; without ``--params`` a text model's
         token embeddings are left out; a ``--params`` glob that matches nothing and a
-        ``--top-k`` above P are refused. Also returns the parameter choice where it is worth
+        ``--top-k`` above P are refused. With them, the parameter choice where it is worth
         saying (not the plain "every parameter" or the given ``--params``), else None."""
         settings = resolve_loss(loaded, settings)
         params, choice, say_choice = default_params(loaded, settings.params)
@@ -253,24 +262,23 @@ class Session:
         check_parameters(loaded, settings)
         if self.checkpoint_settings.shard_model != "none":
             settings = sharded_settings(settings, self.checkpoint_settings.shard_model)
-        return settings, choice if say_choice else None
+        return ResolvedHessian(settings, choice if say_choice else None)
 
     def hessian(
         self,
         loaded: LoadedModel,
         data: LoadedData,
-        settings: HessianSettings,
+        resolved: ResolvedHessian,
         batch_size: int,
         *,
-        choice: str | None = None,
         option: str = "--data",
         on_operator: Callable[[Any], None] | None = None,
         keep_stages: bool = False,
         on_vectors: OnEigenvectors | None = None,
     ) -> HessianMeasurement:
-        """The Hessian analysis of ``loaded``'s mean loss over ``data`` with ``settings`` as
-        :meth:`hessian_settings` resolved them (and their parameter ``choice``, said on stderr
-        and recorded in the results), products summed across ranks under torchrun.
+        """The Hessian analysis of ``loaded``'s mean loss over ``data`` with the settings
+        :meth:`hessian_settings` resolved (and their parameter choice, said on stderr and
+        recorded in the results), products summed across ranks under torchrun.
         ``on_operator`` sees the operator once it is built (``study`` counts FLSD-53's γ
         groups on it); ``on_vectors`` the top-k eigenvectors and their values. ``keep_stages``:
         the first Ctrl-C after the eigenvalues stops the analysis and keeps the stages finished
@@ -278,6 +286,7 @@ class Session:
         as interrupted asks for it."""
         import dataclasses
 
+        settings, choice = resolved.settings, resolved.choice
         if choice is not None and settings.params and self.is_main:
             self.reporter.warn(f"Hessian over {choice}")
         batches = self.batches(data, batch_size, option)

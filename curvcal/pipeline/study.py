@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -231,20 +231,18 @@ def measure_curvature(
     from curvcal.curvature.flsd53 import flsd53_group_sizes
     from curvcal.study.summary import curvature_summary
 
-    settings, choice = session.hessian_settings(loaded, settings)
-    if choice in said:
-        choice = None
-    elif choice is not None:
-        said.add(choice)
+    resolved = session.hessian_settings(loaded, settings)
+    if resolved.choice in said:
+        resolved = replace(resolved, choice=None)
+    elif resolved.choice is not None:
+        said.add(resolved.choice)
     groups: list[tuple[float, int]] = []
 
     def count_groups(operator: HessianOperator) -> None:
-        if settings.loss == "flsd53":
+        if resolved.settings.loss == "flsd53":
             groups.extend(flsd53_group_sizes(operator))
 
-    curvature = session.hessian(
-        loaded, data, settings, batch_size, choice=choice, on_operator=count_groups
-    )
+    curvature = session.hessian(loaded, data, resolved, batch_size, on_operator=count_groups)
     return curvature_summary(curvature.analysis, tuple(groups))
 
 
