@@ -4,7 +4,10 @@
 Hessian of the mean loss over the whole dataset, L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i) — so the data
 is counted and cached once, then runs on it, in this order: the mean loss (one pass, checked for
 NaN/Inf before any product), the top-k eigenvalues, λmin when asked, the trace, the spectral
-density and the per-module blocks. Every algorithm starts from the same ``seed``, so each result
+density and the per-module blocks; with ``warm_start``, the top eigenvalues start from the top
+eigenvectors of the Hessian over that fraction of the data
+(:mod:`curvcal.curvature.warm_start`, its products on an operator of their own, recorded as
+``warm_start``). Every algorithm starts from the same ``seed``, so each result
 equals what the corresponding function of :mod:`curvcal.curvature.api` returns on its own.
 """
 
@@ -48,6 +51,7 @@ from curvcal.curvature.results import (
 )
 from curvcal.curvature.trace import trace_estimate
 from curvcal.curvature.vectors import space_of
+from curvcal.curvature.warm_start import warm_start
 from curvcal.errors import SettingsError, setting_name
 from curvcal.losses import Loss, loss_from_name
 from curvcal.settings.hessian import HessianSettings
@@ -224,6 +228,22 @@ def analyse_operator(
     mean_loss = operator.mean_loss()
     stop()
 
+    warm = None
+    if settings.warm_start is not None:
+        stop = timed("warm_start")
+        try:
+            warm = warm_start(
+                operator,
+                settings.warm_start,
+                settings.top_k,
+                seed=settings.seed,
+                max_basis=lanczos_basis(settings.top_k, n_params, budget, settings.max_basis),
+                on_step=hook("warm start"),
+            )
+        except Stopped as signal:  # nothing of the full data's spectrum is known yet
+            raise Stopped(None, signal.stage) from None
+        stop()
+
     stop = timed("eigenvalues")
     kept: list[Tensor] = []
     stopped: Stopped | None = None
@@ -236,6 +256,7 @@ def analyse_operator(
             budget,
             hook("eigenvalues"),
             None if on_vectors is None else kept.append,
+            start=None if warm is None else warm.vector,
         )
     except Stopped as signal:
         if not isinstance(signal.finished, EigenSpectrum):
@@ -392,6 +413,7 @@ def analyse_operator(
         "n_matvecs": operator.total_matvecs,
         "n_data_passes": operator.total_data_passes,
         "trace_choice": trace_choice,
+        **({} if warm is None else {"warm_start": warm.as_dict()}),
     }
     analysis = HessianAnalysis(
         lambda_max=spectrum.values[0].value,
@@ -461,6 +483,7 @@ def _eigen(
     budget: int | None,
     on_step: OnStep,
     on_vectors: Callable[[Tensor], None] | None = None,
+    start: Tensor | None = None,
 ) -> EigenSpectrum:
     # λmin of a Hessian sits among many eigenvalues near zero, where power iteration (even
     # shifted) converges at a crawl; Lanczos reaches both ends of the spectrum directly.
@@ -479,6 +502,7 @@ def _eigen(
                 seed=settings.seed,
                 on_step=on_step,
                 on_vectors=on_vectors,
+                start=start,
             )
     except Stopped as signal:  # the values kept say which engine made them too
         if isinstance(signal.finished, EigenSpectrum):

@@ -135,6 +135,30 @@ def _random_unit(op: LinearOperator, generator: torch.Generator) -> Tensor:
     return vector / space.norm(vector)
 
 
+def start_vector(op: LinearOperator, start: Tensor) -> Tensor:
+    """``start`` as Lanczos' first vector q_1 (before it is made unit): a float64 copy on the
+    operator's device, after checking that it is a vector of the operator's space (this rank's
+    slice for a sliced space), finite and nonzero; :class:`~curvcal.errors.InputError` naming
+    ``start`` otherwise."""
+    space = space_of(op)
+    if not isinstance(start, Tensor) or start.dim() != 1 or start.shape[0] != space.size:
+        shape = tuple(start.shape) if isinstance(start, Tensor) else type(start).__name__
+        raise InputError(
+            "start",
+            f"the start vector must be a 1-D tensor of the operator's {space.size} values, "
+            f"got {shape}",
+        )
+    if start.is_complex() or not (start.is_floating_point() or start.dtype == torch.int64):
+        raise InputError("start", f"the start vector must be real, got {start.dtype}")
+    wide = start.detach().to(device=op.device, dtype=torch.float64)
+    # summed over the ranks, so that every rank refuses a start some rank's slice spoils
+    if float(space.reduce((~torch.isfinite(wide)).sum().to(torch.float64))) > 0:
+        raise InputError("start", "the start vector holds NaN or Inf values")
+    if float(space.norm(wide)) == 0.0:
+        raise InputError("start", "the start vector is zero", "give a nonzero vector")
+    return wide
+
+
 def _relative(amount: float, value: float, scale: float, dtype: torch.dtype) -> float:
     """amount / max(|value|, √ε·scale); 0 for 0/0 and inf for x/0."""
     denominator = max(abs(value), math.sqrt(torch.finfo(dtype).eps) * scale)
@@ -300,6 +324,7 @@ def lanczos(
     on_step: OnStep = None,
     on_vectors: OnVectors = None,
     reorthogonalisation: str = "partial",
+    start: Tensor | None = None,
 ) -> EigenSpectrum:
     """The k largest (or smallest) algebraic eigenvalues by Lanczos with partial reorthogonalisation.
 
@@ -342,6 +367,15 @@ def lanczos(
     carrying the leading wanted values that had converged (:func:`_converged_at_stop`: their
     estimates met the rule and one block product of that many vectors verified their true
     residuals), or ``None`` when none had.
+
+    ``start``: the first vector q_1 instead of a Gaussian draw from ``seed`` (a warm start:
+    :mod:`curvcal.curvature.warm_start`), this rank's slice of it for a sliced vector space;
+    a 1-D real tensor of the space's size, finite and nonzero, else
+    :class:`~curvcal.errors.InputError` naming ``start``. It is copied, never modified. A
+    Krylov method sees only the space a start spans: one that is exactly an eigenvector (or
+    lies in an invariant subspace) of other values than the wanted ones converges to those
+    (with a true residual of 0, nothing to tell them apart); a random start does so with
+    probability 0, a start from the Hessian over a sample of the data only by accident.
 
     Memory: the basis holds one vector of P values per step (float32 for float32 products, plus
     three float64 vectors: the work vector and the two latest rows widened, which a step clears
@@ -390,6 +424,7 @@ def lanczos(
             f"vector and one more) or ≥ P = {n_params}, got {max_basis!r}",
         )
     rows = None if max_basis is None or max_basis >= n_params else max_basis
+    given = None if start is None else start_vector(op, start)
     steps = max(DEFAULT_LANCZOS_STEPS, 2 * k) if max_iter is None else max(max_iter, k)
     # an unbounded basis spans the whole space after P steps; a restarted one never does
     steps_allowed = min(n_params, steps) if rows is None else steps
@@ -406,9 +441,12 @@ def lanczos(
     # the float64 draw _random_unit rounds to the operator's dtype, made unit in float64: a
     # float32 norm over 10⁵ entries is off by ~1e-5, which the two-term clearing of the next
     # vector would leave in it (a whole-basis pass removed it again)
-    start = basis.draft()
-    basis.space.normal_into(start, generator)
-    basis.commit(float(basis.space.norm(start)))
+    first = basis.draft()
+    if given is None:
+        basis.space.normal_into(first, generator)
+    else:
+        first.copy_(given)
+    basis.commit(float(basis.space.norm(first)))
     orthogonality = (
         OrthogonalityEstimate(
             max(torch.finfo(op.dtype).eps, floor, bound),
@@ -784,6 +822,7 @@ def eigenvalues(
     seed: int = 0,
     on_step: OnStep = None,
     on_vectors: OnVectors = None,
+    start: Tensor | None = None,
 ) -> EigenSpectrum:
     """The k largest (or smallest) algebraic eigenvalues of a symmetric operator.
 
@@ -794,6 +833,8 @@ def eigenvalues(
     eigenvalue is close to λmax in magnitude (common in trained networks).
     ``seed`` seeds the CPU generator of the start vectors. ``max_basis`` bounds Lanczos' basis
     (thick restarts, see :func:`lanczos`); power iteration keeps no basis and ignores it.
+    ``start``: Lanczos' first vector instead of a random one (a warm start, such as the top
+    eigenvector of the Hessian over part of the data); power iteration refuses it.
     """
     if method is None:
         method = "lanczos"
@@ -802,6 +843,10 @@ def eigenvalues(
             "method", f"unknown eigenvalue method {method!r}", "choose 'power' or 'lanczos'"
         )
     if method == "power":
+        if start is not None:
+            raise InputError(
+                "start", "a start vector is taken by Lanczos only", "use method='lanczos'"
+            )
         return power_iteration(
             operator,
             k,
@@ -822,4 +867,5 @@ def eigenvalues(
         seed=seed,
         on_step=on_step,
         on_vectors=on_vectors,
+        start=start,
     )

@@ -430,6 +430,23 @@ class HessianOperator:
         single._locates = False
         return single
 
+    def over_batches(self, batches: BatchSource) -> HessianOperator:
+        """The same Hessian (model, loss, parameters, settings, engine width) over other
+        ``batches``, summed across processes as this one is (its own count and products): how
+        a warm start multiplies over a sample of the data
+        (:mod:`curvcal.curvature.warm_start`)."""
+        return HessianOperator(
+            self.model,
+            batches,
+            self.loss,
+            self.settings.replace(
+                params=tuple(glob.escape(name) for name in self.param_names),
+                probe_batch=self.probe_batch,
+            ),
+            all_reduce=self._all_reduce,
+            allow_tf32=self.allow_tf32,
+        )
+
     def source_batches(self) -> Iterator[Batch]:
         """The batches as the source gives them, read afresh (this process's shard)."""
         return self._batches.originals()
@@ -506,6 +523,11 @@ class HessianOperator:
     def n_samples(self) -> int:
         """N, the number of samples the loss averages over (across all ranks)."""
         return self._batches.n_samples
+
+    @property
+    def n_local(self) -> int:
+        """The samples of this process's shard of the data (N on one process)."""
+        return self._batches.n_local
 
     @property
     def total_matvecs(self) -> int:

@@ -343,6 +343,19 @@ def _central_difference_rows(product: dict[str, Any] | None) -> list[tuple[str, 
     return [("central-difference products", f"{passes}; {error}")]
 
 
+def _warm_start_rows(warm: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The warm start's own products (each over its sample), beside the full data's."""
+    if not warm:
+        return []
+    return [
+        (
+            "warm start (--warm-start)",
+            f"{warm['n_matvecs']:,} products over {warm['n_samples']:,} samples "
+            f"({warm['fraction']:g} of the data), λmax {warm['lambda_max']:.6g} there",
+        )
+    ]
+
+
 def _run_table(analysis: HessianAnalysis, device: str) -> Table:
     op = analysis.operator
     loss = op["loss"] if op["loss"] != "focal" else f"{op['loss']} (γ = {op['gamma']:g})"
@@ -358,6 +371,7 @@ def _run_table(analysis: HessianAnalysis, device: str) -> Table:
             device + (f" × {op['world_size']} processes" if op.get("world_size", 1) > 1 else ""),
         ),
         ("Hessian-vector products", f"{op['n_matvecs']:,}"),
+        *_warm_start_rows(op.get("warm_start")),
         ("passes over the data", f"{op['n_data_passes']:,}"),
         *_central_difference_rows(op.get("product")),
         ("seconds", fmt_float(sum(analysis.timings.values()), 3)),

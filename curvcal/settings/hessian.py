@@ -88,7 +88,8 @@ class HessianSettings(Settings):
     Eigenvalues: the ``top_k`` largest algebraic ones by ``method`` (``None``: Lanczos);
     ``smallest`` adds λmin; stop when the relative residual and change are below ``tol``, after
     at most ``max_iter`` iterations (power) or steps (Lanczos), Lanczos' basis bounded by
-    ``max_basis`` vectors. Trace (when ``trace``) by ``trace_method`` with ``probes`` products
+    ``max_basis`` vectors, started (``warm_start``) from the top eigenvectors of the Hessian
+    over that fraction of the data. Trace (when ``trace``) by ``trace_method`` with ``probes`` products
     (or, with ``trace_rtol``, Hutchinson probes until the 95% half-width ≤ ``trace_rtol`` ×
     |estimate|) drawn from ``probe_dist``. Density (``density``): ``density_runs`` SLQ runs of
     ``density_steps`` Lanczos steps. ``per_layer``: λmax and trace of each module's block.
@@ -136,6 +137,19 @@ class HessianSettings(Settings):
         "best Ritz vectors (default: what --memory-budget holds, at least 2·top-k + 6); the "
         "density's runs keep theirs only if --density-steps vectors fit.",
         low=3,
+        policy=False,
+        study=False,
+    )
+    warm_start: float | None = setting(
+        None,
+        "First find the top eigenvectors of the Hessian over a fraction F of the data, drawn by "
+        "--seed, and start the eigenvalue stage from them (their products, each over F of the "
+        "data, are reported apart).",
+        low=0,
+        low_open=True,
+        high=1,
+        high_open=True,
+        metavar="F",
         policy=False,
         study=False,
     )
@@ -333,6 +347,12 @@ class HessianSettings(Settings):
                 "trace_rtol",
                 f"the adaptive stop works only with {method} hutchinson",
                 f"add {method} hutchinson",
+            )
+        if self.warm_start is not None and self.method == "power":
+            raise SettingsError(
+                "warm_start",
+                f"starts Lanczos only, not {setting_name('method')} power",
+                f"leave out {setting_name('method')} power",
             )
         if self.memory_budget is not None:
             from curvcal.settings.sizes import parse_memory_budget
