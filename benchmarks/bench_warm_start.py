@@ -32,8 +32,8 @@ import math
 import statistics
 import time
 import warnings
-from fractions import Fraction
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 import torch

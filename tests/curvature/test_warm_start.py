@@ -106,7 +106,7 @@ def test_sample_rows_draws_the_share_asked_for() -> None:
         rows = sample_rows(n, fraction, seed=7)
         assert rows.numel() == count == max(1, math.ceil(fraction * n))
         assert torch.equal(rows, rows.unique())  # ascending, no repeat
-        assert 0 <= int(rows.min()) and int(rows.max()) < n
+        assert int(rows.min()) >= 0 and int(rows.max()) < n
     assert torch.equal(sample_rows(50, 0.25, 7), sample_rows(50, 0.25, 7))
     assert not torch.equal(sample_rows(50, 0.25, 7), sample_rows(50, 0.25, 8))
 
