@@ -19,7 +19,10 @@ Parts, in order (each in its own process group, killed when its budget is spent)
 * ``maps-device``: the same 1,000,000 × 1,000 logits (the same draw): all metrics, then
   temperature scaling and focal temperature scaling fitted and applied on the device
   (``--device cuda``: the torch kernels of :mod:`curvcal.calibration.device`, float64), their
-  ECE, T and γ beside the CPU part's.
+  ECE, T and γ beside the CPU part's;
+* ``vit_warm_start``: the same ViT-B/16 and images, λmax to tol 1e-4 started from the top
+  eigenvector of the Hessian over 1/16 of the images (``--warm-start``), then from a random
+  vector: full-data products, the warm stage's, and both in full-product units.
 
 Every model part runs the real command line in-process (``curvcal.cli.main``, so the CUDA path
 of the product is what is timed) after a plain gradient pass over the same batches (the floor)
@@ -67,10 +70,10 @@ from meter import Meter  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("cuda-tests", "resnet18", "vit_b_16", "bert_base", "llama_1b", "calibration",
-         "maps-device")  # fmt: skip
+         "maps-device", "vit_warm_start")  # fmt: skip
 # seconds each part may take at most (the total budget may leave it less)
 BUDGETS = {"cuda-tests": 240, "resnet18": 100, "vit_b_16": 90, "bert_base": 70, "llama_1b": 200,
-           "calibration": 90, "maps-device": 60}  # fmt: skip
+           "calibration": 90, "maps-device": 60, "vit_warm_start": 300}  # fmt: skip
 SMOKE_BUDGETS = {part: 60 for part in PARTS}
 MIN_START = 15.0  # a part is not started with less than this left of the total budget
 LOG_TAIL = 200_000  # characters of each part's output kept in gpu-run.log
@@ -96,6 +99,9 @@ SMOKE = {
     "vit_b_16": Size(8, 4, 1e-2, 2),
     "bert_base": Size(8, 4, 1e-2, 2),
 }
+#: ``vit_warm_start``: ViT-B/16 to tol 1e-4, started from the top eigenvector of the Hessian
+#: over this fraction of the data (``--warm-start``), then from a random vector as before
+WARM_START = {"full": (Size(1_000, 50, 1e-4, 40), 1 / 16), "smoke": (Size(8, 4, 1e-3, 6), 0.25)}
 CALIBRATION_SIZES = {"full": ((100_000, 1_000), (1_000_000, 1_000)), "smoke": ((500, 5),)}
 #: the maps on the device: the CPU part's largest size
 DEVICE_MAP_SIZES = {"full": ((1_000_000, 1_000),), "smoke": ((500, 5),)}
@@ -343,6 +349,20 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(kernel.get('kernel_s'), '.3f')} ({_graphs(r.get('memory_plan'))}) | "
                 f"{_fmt(kernel.get('run_per_kernel'), '.2f')} | {_plan_cell(r.get('memory_plan'))} |"
             )
+    warm = [r for p in report["parts"] for r in p["records"] if r.get("kind") == "warm-start"]
+    if warm:
+        lines += ["", "## Warm start (λmax)", "",
+                  "| model | tol | start | full products | warm products (samples) | full-product units "
+                  "| s (warm stage) | λmax (converged, residual) |",
+                  "|---|---:|---|---:|---|---:|---|---|"]  # fmt: skip
+        for r in warm:
+            stage = "—" if r["start"] == "random" else (
+                f"{r['warm_products']} ({r['warm_samples']:,} = {r['fraction']:g} of the data)")  # fmt: skip
+            lines.append(
+                f"| {r['model']} | {r['tol']:g} | {r['start']} | {r['products']} | {stage} | "
+                f"{r['units']:.2f} | {r['eigen_s'] + r['warm_s']:.1f} ({r['warm_s']:.1f}) | "
+                f"{_fmt(r['lambda_max'], '.6g')} ({r['converged']}, {_fmt(r['residual'], '.1e')}) |"
+            )
     llama = [r for p in report["parts"] for r in p["records"] if r.get("kind") == "llama"]
     if llama:
         lines += ["", "## The plan's 1B classifier, measured", "",
@@ -418,6 +438,8 @@ def worker(args: argparse.Namespace) -> None:
             calibration(args, emit)
         elif args.worker == "maps-device":
             maps_on_device(args, emit)
+        elif args.worker == "vit_warm_start":
+            warm_start_part(args, emit)
         elif args.worker == "llama_1b":
             from llama_part import llama_part  # type: ignore[import-not-found]
 
@@ -532,6 +554,50 @@ def hessian_part(
             "run_per_kernel": per_product / kernel.seconds if per_product else None,
             "kernel_per_gradient": kernel.seconds / gradient.seconds,
         })  # fmt: skip
+
+
+def warm_start_part(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
+    """ViT-B/16 to tol 1e-4 (at most ``max_iter`` steps): ``--warm-start F`` first (a record of
+    its own, so that it is kept if the budget runs out in the next run), then the plain run
+    from a random start; each in full-product units, the warm stage's products counted at F."""
+    import torch
+
+    from curvcal.cli import main as cli
+
+    size, fraction = WARM_START["smoke" if args.smoke else "full"]
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix="curvcal-warm-") as scratch:
+        folder = Path(scratch)
+        say(f"vit_warm_start: building the model and {size.samples} samples")
+        model, _batches, _forward, cli_args = build_vit(folder, size, args.smoke)
+        n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        del model, _batches
+        for start, extra in (("warm", ["--warm-start", repr(fraction)]), ("random", [])):
+            output = folder / f"{start}.json"
+            command = [*cli_args, "--device", args.device, "--batch-size", str(size.batch),
+                       "--no-trace", "--tol", str(size.tol), "--max-iter", str(size.max_iter),
+                       *extra, "-o", str(output), "--quiet"]  # fmt: skip
+            say("curvcal " + " ".join(command))
+            with contextlib.redirect_stdout(io.StringIO()):
+                code = cli(command)
+            if code != 0 or not output.exists():
+                raise RuntimeError(f"curvcal hessian ({start} start) exited with {code}")
+            result = json.loads(output.read_text())
+            results, timings = result["results"], result["timings"]
+            warm = results["operator"].get("warm_start") or {}
+            products = int(results["operator"]["n_matvecs"])
+            share = warm["n_samples"] / results["operator"]["n_samples"] if warm else 0.0
+            emit({
+                "kind": "warm-start", "model": "vit_b_16", "start": start, "n_params": n_params,
+                "n_samples": results["operator"]["n_samples"], "tol": size.tol,
+                "fraction": warm.get("fraction"), "warm_samples": warm.get("n_samples"),
+                "warm_products": warm.get("n_matvecs", 0), "products": products,
+                "units": products + share * warm.get("n_matvecs", 0),
+                "eigen_s": float(timings["eigenvalues"]),
+                "warm_s": float(timings.get("warm_start", 0.0)),
+                "lambda_max": results["lambda_max"], "converged": results["converged"],
+                "residual": results["spectrum"]["values"][0]["residual"],
+            })  # fmt: skip
 
 
 def product_kernel(
