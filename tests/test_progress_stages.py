@@ -139,13 +139,13 @@ def test_ctrl_c_after_lambda_1_without_o_writes_nothing_and_shows_what_was_kept(
 
     real_eigen = analysis_module._eigen
 
-    def counting_eigen(operator, settings, k, which, budget, on_step, on_vectors=None):  # type: ignore[no-untyped-def]
+    def counting_eigen(operator, settings, k, which, budget, on_step, on_vectors=None, **rest):  # type: ignore[no-untyped-def]
         def count(done: int) -> None:
             products[0] += 1
             if on_step is not None:
                 on_step(done)
 
-        return real_eigen(operator, settings, k, which, budget, count, on_vectors)
+        return real_eigen(operator, settings, k, which, budget, count, on_vectors, **rest)
 
     monkeypatch.setattr(analysis_module, "_eigen", counting_eigen)
     monkeypatch.setattr(interrupt, "stop_requested", stop_requested)

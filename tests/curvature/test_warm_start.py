@@ -14,6 +14,7 @@ from curvcal.curvature.analysis import analyse_batches
 from curvcal.curvature.eigen import eigenvalues, lanczos
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.operators import DenseOperator
+from curvcal.curvature.progress import Stopped
 from curvcal.curvature.results import ConvergenceWarning
 from curvcal.curvature.warm_start import (
     check_fraction,
@@ -203,3 +204,23 @@ def test_the_analysis_records_the_warm_stage_apart(
     assert "warm_start" in analysis.timings
     plain = analyse_batches(model, split(x, y, BATCH), HessianSettings(top_k=2, trace=False))
     assert "warm_start" not in plain.operator
+
+
+def test_a_stop_in_the_warm_stage_keeps_nothing(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    """Stopped during the warm stage, no value of the full data is known: the stop carries
+    nothing (not the sample's spectrum)."""
+    model, x, y, _hessian = mlp_case
+    stages: list[str] = []
+
+    def on_step(stage: str, _products: int) -> None:
+        stages.append(stage)
+        if stage == "warm start" and stages.count(stage) == 3:
+            raise Stopped(stage=stage)
+
+    settings = HessianSettings(trace=False, warm_start=0.5)
+    with pytest.raises(Stopped) as caught:
+        analyse_batches(model, split(x, y, BATCH), settings, on_step=on_step)
+    assert caught.value.finished is None and caught.value.stage == "warm start"
+    assert "eigenvalues" not in stages
