@@ -33,7 +33,7 @@ import dataclasses
 import warnings
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from curvcal import rows
 from curvcal.curvature.analysis import analyse_batches, analyse_operator
@@ -180,13 +180,16 @@ def hessian_eigenvalues(
     settings: HessianSettings | None = None,
     all_reduce: AllReduce | None = None,
     on_step: OnStep = None,
+    start: Tensor | None = None,
     **operator_keywords: Any,
 ) -> EigenSpectrum:
     """The k largest (``which="smallest"``: smallest) algebraic eigenvalues of the Hessian of
     the mean loss of ``model`` over ``data`` (or of the operator ``model``); Lanczos by default
     (``method="power"`` for power iteration). ``max_basis``: the most vectors Lanczos' basis
     holds before it restarts (default: what the operator's memory budget holds,
-    :func:`~curvcal.curvature.memory.lanczos_basis`, as in ``curvcal hessian``).
+    :func:`~curvcal.curvature.memory.lanczos_basis`, as in ``curvcal hessian``). ``start``:
+    Lanczos' first vector instead of a random one (a warm start,
+    :func:`~curvcal.curvature.warm_start.warm_start`).
 
     >>> import torch; from torch import nn; import curvcal
     >>> model = nn.Linear(4, 3).double()
@@ -208,6 +211,7 @@ def hessian_eigenvalues(
         max_basis=lanczos_basis(k, operator.shape[0], operator.budget, max_basis),
         seed=seed,
         on_step=on_step,
+        start=start,
     )
     return dataclasses.replace(spectrum, engine=operator.engine)
 

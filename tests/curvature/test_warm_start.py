@@ -224,3 +224,17 @@ def test_a_stop_in_the_warm_stage_keeps_nothing(
         analyse_batches(model, split(x, y, BATCH), settings, on_step=on_step)
     assert caught.value.finished is None and caught.value.stage == "warm start"
     assert "eigenvalues" not in stages
+
+
+def test_the_api_takes_a_start_vector(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor],
+) -> None:
+    import curvcal
+
+    model, x, y, hessian = mlp_case
+    exact, top = _top(hessian)
+    operator = curvcal.hessian_operator(model, split(x, y, BATCH))
+    near = curvcal.hessian_eigenvalues(operator, tol=1e-8, start=top + 1e-3)
+    assert near.values[0].value == pytest.approx(exact, abs=1e-8)
+    with pytest.raises(InputError, match="start"):
+        curvcal.hessian_eigenvalues(operator, start=torch.zeros(3, dtype=torch.float64))
