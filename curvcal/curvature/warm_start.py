@@ -32,23 +32,24 @@ from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum
 from curvcal.curvature.vectors import space_of
-from curvcal.errors import InputError
+from curvcal.errors import SettingsError, setting_name
 
 #: The tolerance the warm stage runs to: its vector only starts the full run, which meets the
 #: tolerance asked for on its own (``benchmarks/bench_warm_start.py`` measured 1e-2 and 1e-3).
 WARM_TOL = 1e-2
 
 
-def check_fraction(fraction: object, name: str = "warm_start") -> float:
-    """``fraction`` as a float in (0, 1), or :class:`~curvcal.errors.InputError` naming ``name``."""
+def check_fraction(fraction: object) -> float:
+    """``fraction`` as a float in (0, 1), or :class:`~curvcal.errors.SettingsError` naming the
+    ``warm_start`` setting."""
     if (
         isinstance(fraction, bool)
         or not isinstance(fraction, int | float)
         or not math.isfinite(fraction)
         or not 0.0 < fraction < 1.0
     ):
-        raise InputError(
-            name,
+        raise SettingsError(
+            "warm_start",
             f"the fraction of the data must be a number strictly between 0 and 1, got {fraction!r}",
         )
     return float(fraction)
@@ -124,10 +125,10 @@ def warm_start(
 
     fraction = check_fraction(fraction)
     if is_sharded(operator.model):
-        raise InputError(
+        raise SettingsError(
             "warm_start",
             "is not available for a model sharded with fully_shard",
-            "leave --warm-start out",
+            f"leave {setting_name('warm_start')} out",
         )
     chosen = sample_rows(operator.n_local, fraction, seed)
     part = operator.over_batches(sample_batches(operator.source_batches(), chosen))

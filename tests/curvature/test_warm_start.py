@@ -238,3 +238,20 @@ def test_the_api_takes_a_start_vector(
     assert near.values[0].value == pytest.approx(exact, abs=1e-8)
     with pytest.raises(InputError, match="start"):
         curvcal.hessian_eigenvalues(operator, start=torch.zeros(3, dtype=torch.float64))
+
+
+def test_a_sharded_model_is_refused_in_one_line(
+    mlp_case: tuple[nn.Module, Tensor, Tensor, Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check reads the model the way build_operator does (a model sharded with fully_shard
+    is stood in for: its sample operator would need sliced vectors)."""
+    import curvcal.sharding
+
+    model, x, y, _hessian = mlp_case
+    operator = HessianOperator(model, split(x, y, BATCH))
+    monkeypatch.setattr(curvcal.sharding, "is_sharded", lambda module: module is model)
+    with pytest.raises(InputError) as caught:
+        warm_start(operator, 0.5)
+    assert str(caught.value) == (
+        "warm_start: is not available for a model sharded with fully_shard (leave warm_start out)"
+    )
