@@ -135,7 +135,7 @@ def _random_unit(op: LinearOperator, generator: torch.Generator) -> Tensor:
     return vector / space.norm(vector)
 
 
-def start_vector(op: LinearOperator, start: Tensor) -> Tensor:
+def _start_vector(op: LinearOperator, start: Tensor) -> Tensor:
     """``start`` as Lanczos' first vector q_1 (before it is made unit): a float64 copy on the
     operator's device, after checking that it is a vector of the operator's space (this rank's
     slice for a sliced space), finite and nonzero; :class:`~curvcal.errors.InputError` naming
@@ -148,8 +148,8 @@ def start_vector(op: LinearOperator, start: Tensor) -> Tensor:
             f"the start vector must be a 1-D tensor of the operator's {space.size} values, "
             f"got {shape}",
         )
-    if start.is_complex() or not (start.is_floating_point() or start.dtype == torch.int64):
-        raise InputError("start", f"the start vector must be real, got {start.dtype}")
+    if start.is_complex() or start.dtype == torch.bool:
+        raise InputError("start", f"the start vector must hold real numbers, got {start.dtype}")
     wide = start.detach().to(device=op.device, dtype=torch.float64)
     # summed over the ranks, so that every rank refuses a start some rank's slice spoils
     if float(space.reduce((~torch.isfinite(wide)).sum().to(torch.float64))) > 0:
@@ -424,7 +424,7 @@ def lanczos(
             f"vector and one more) or ≥ P = {n_params}, got {max_basis!r}",
         )
     rows = None if max_basis is None or max_basis >= n_params else max_basis
-    given = None if start is None else start_vector(op, start)
+    given = None if start is None else _start_vector(op, start)
     steps = max(DEFAULT_LANCZOS_STEPS, 2 * k) if max_iter is None else max(max_iter, k)
     # an unbounded basis spans the whole space after P steps; a restarted one never does
     steps_allowed = min(n_params, steps) if rows is None else steps

@@ -86,7 +86,8 @@ def test_a_float32_start_on_a_float64_operator_is_taken() -> None:
         (torch.zeros(10, dtype=torch.float64), "the start vector is zero"),
         (torch.full((10,), math.nan, dtype=torch.float64), "NaN or Inf"),
         (torch.tensor([math.inf] + [1.0] * 9, dtype=torch.float64), "NaN or Inf"),
-        (torch.ones(10, dtype=torch.complex128), "must be real"),
+        (torch.ones(10, dtype=torch.complex128), "must hold real numbers"),
+        (torch.ones(10, dtype=torch.bool), "must hold real numbers"),
     ],
 )
 def test_a_bad_start_vector_is_refused(start: object, words: str) -> None:
