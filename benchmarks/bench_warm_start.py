@@ -15,7 +15,8 @@ Strategies, each to ``tol`` = 1e-3 and 1e-4, k = 1 (λmax), for each of ``--seed
   units is the full-data products plus f × the subsample's products (a product over f·N samples
   costs f of one over N; the measured ratio of their seconds is printed beside it).
 
-Products are counted by the spectrum (``matvecs``: the steps and the verification products).
+Products are counted by the spectrum (``matvecs``: the Lanczos steps, shown beside them, and
+the verification products).
 One thread; the strategies run interleaved, seed by seed; the table gives the median over the
 seeds of each strategy's full-product units, its ratio to the random start's, and the λmax
 found (the same value to tol, else the row says so).
@@ -131,7 +132,8 @@ def measure(options: argparse.Namespace) -> dict[str, Any]:
             spectrum, _vector, seconds = _spectrum(full, tol, seed)
             runs.append({
                 "seed": seed, "tol": tol, "strategy": "random", "fraction": None,
-                "full_products": spectrum.matvecs, "warm_products": 0,
+                "full_products": spectrum.matvecs, "steps": spectrum.values[0].iterations,
+                "warm_products": 0,
                 "units": float(spectrum.matvecs), "seconds": seconds, "warm_seconds": 0.0,
                 "lambda_max": spectrum.values[0].value, "converged": spectrum.converged,
             })  # fmt: skip
@@ -147,6 +149,7 @@ def measure(options: argparse.Namespace) -> dict[str, Any]:
                 runs.append({
                     "seed": seed, "tol": tol, "strategy": f"warm {fraction:g}",
                     "fraction": share, "full_products": spectrum.matvecs,
+                    "steps": spectrum.values[0].iterations,
                     "warm_products": warm.matvecs,
                     "units": spectrum.matvecs + share * warm.matvecs,
                     "seconds": seconds, "warm_seconds": warm_seconds,
@@ -173,6 +176,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rows.append({
                 "strategy": strategy, "tol": tol,
                 "full_products": statistics.median(r["full_products"] for r in mine),
+                "steps": statistics.median(r["steps"] for r in mine),
                 "warm_products": statistics.median(r["warm_products"] for r in mine),
                 "units": units, "random_over_this": baseline / units, "seconds": seconds,
                 "lambda_max": statistics.median(r["lambda_max"] for r in mine),
@@ -217,13 +221,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     print()
     print(
-        "| strategy | tol | full products | warm products | full-product units "
+        "| strategy | tol | full products (steps) | warm products | full-product units "
         "| random / this | s | λmax | converged |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for row in rows:
         print(
-            f"| {row['strategy']} | {row['tol']:g} | {row['full_products']:g} "
+            f"| {row['strategy']} | {row['tol']:g} | {row['full_products']:g} ({row['steps']:g}) "
             f"| {row['warm_products']:g} | {row['units']:.2f} | {row['random_over_this']:.2f} "
             f"| {row['seconds']:.1f} | {row['lambda_max']:.6g} "
             f"| {'yes' if row['converged'] else 'NO'}{'' if row['agrees'] else ' (differs)'} |"
