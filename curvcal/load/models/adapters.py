@@ -32,12 +32,12 @@ from typing import Any
 
 from torch import nn
 
-from curvcal.errors import InputError, TrustError, one_line
+from curvcal.errors import InputError, TrustError
 from curvcal.load.extras import require
 from curvcal.load.models.hf import LogitsModule, is_model_folder, read_json
 from curvcal.load.models.library_limits import (
     check_adapter_on_base,
-    library_failures,
+    library_refusal,
     library_warnings,
 )
 from curvcal.paths import readable_folder
@@ -173,18 +173,19 @@ def apply_adapter(
     library_model = base.__dict__["library_model"]
     check_adapter_on_base(adapter.path / ADAPTER_CONFIG, adapter.config, library_model)
     notes: list[str] = []
-    try:
-        with offline(), library_warnings("peft", notes):
-            model = peft.PeftModel.from_pretrained(
-                library_model, str(adapter.path), is_trainable=True, local_files_only=True
-            )
-            _check_every_tensor_loaded(adapter, model, peft)
-    except library_failures() as exc:
-        raise InputError(
+    with (
+        library_refusal(
             str(adapter.path),
-            f"the adapter does not fit its base model: {one_line(exc)}",
+            "the adapter does not fit its base model",
             "pass --base-model DIR naming the model the adapter was trained on",
-        ) from exc
+        ),
+        offline(),
+        library_warnings("peft", notes),
+    ):
+        model = peft.PeftModel.from_pretrained(
+            library_model, str(adapter.path), is_trainable=True, local_files_only=True
+        )
+        _check_every_tensor_loaded(adapter, model, peft)
     return LogitsModule(model, base.modality), tuple(notes)
 
 

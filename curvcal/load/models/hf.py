@@ -46,7 +46,7 @@ from curvcal.errors import InputError, TrustError, one_line
 from curvcal.load.extras import require
 from curvcal.load.files.tensorfile import read_safetensors_metadata, read_safetensors_shapes
 from curvcal.load.limits import check_num_classes
-from curvcal.load.models.library_limits import library_failures, library_warnings
+from curvcal.load.models.library_limits import library_failures, library_refusal, library_warnings
 from curvcal.paths import readable_file, readable_folder
 
 CONFIG_NAME = "config.json"
@@ -161,20 +161,20 @@ def build_folder_model(folder: FolderModel, trust: bool) -> nn.Module:
     _refuse_before_transformers(folder, trust)
     transformers = require("hf", "transformers", str(folder.path))
     auto_name = _auto_name(folder)
-    try:
-        with no_prompt():
-            config = transformers.AutoConfig.from_pretrained(
-                str(folder.path), local_files_only=True, trust_remote_code=trust
-            )
-            model = getattr(transformers, auto_name).from_config(
-                config, trust_remote_code=trust, attn_implementation="eager"
-            )
-    except library_failures() as exc:
-        raise InputError(
+    with (
+        library_refusal(
             str(folder.path),
-            f"transformers cannot build {folder.architecture} from config.json: {one_line(exc)}",
+            f"transformers cannot build {folder.architecture} from config.json",
             "is transformers recent enough for this model?",
-        ) from exc
+        ),
+        no_prompt(),
+    ):
+        config = transformers.AutoConfig.from_pretrained(
+            str(folder.path), local_files_only=True, trust_remote_code=trust
+        )
+        model = getattr(transformers, auto_name).from_config(
+            config, trust_remote_code=trust, attn_implementation="eager"
+        )
     return LogitsModule(model, folder.modality)
 
 

@@ -574,6 +574,17 @@ def library_failures() -> tuple[type[BaseException], ...]:
     return (*failures, StrictDataclassError)
 
 
+@contextmanager
+def library_refusal(what: str, why: str, hint: str | None = None) -> Iterator[None]:
+    """Run a call into a library: what it raises for a file it cannot use
+    (:func:`library_failures`) becomes one :class:`InputError` naming ``what``, its line
+    ``why: <the library's own message, on one line>``."""
+    try:
+        yield
+    except library_failures() as exc:
+        raise InputError(what, f"{why}: {one_line(exc)}", hint) from exc
+
+
 def _held_texts(
     library: str, caught: list[warnings.WarningMessage], held: _HeldRecords
 ) -> list[str]:
