@@ -76,6 +76,33 @@ def torchrun_json(args: list[str], cwd: Path, timeout: float = 180) -> dict[str,
     return json.loads(completed.stdout)  # type: ignore[no-any-return]
 
 
+def digits_problem(folder: Path, n_samples: int) -> tuple[Path, Path]:
+    """A float64 DigitsCNN of 3 classes (width 1, seed 0) saved with its architecture in
+    ``folder/model.safetensors``, and ``n_samples`` Gaussian 1×8×8 images with labels (seed 1)
+    in ``folder/data.pt``: the checkpoint and the data the two-rank hessian runs take."""
+    from safetensors.torch import save_file
+
+    from curvcal.models import DigitsCNN
+
+    torch.manual_seed(0)
+    model = DigitsCNN(num_classes=3, width=1).double()
+    checkpoint = folder / "model.safetensors"
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(checkpoint),
+        {
+            "curvcal.arch": "curvcal:DigitsCNN",
+            "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
+        },
+    )
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(n_samples, 1, 8, 8, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, 3, (n_samples,), generator=generator)
+    data = folder / "data.pt"
+    torch.save({"x": x, "y": y}, data)
+    return checkpoint, data
+
+
 def text_classifier(folder: Path, layers: int) -> tuple[Path, Path]:
     """A BERT classifier of ``layers`` layers (a repeated block list) with its tokenizer in
     ``folder/model``, and ``folder/texts.jsonl``: the texts of :data:`TEXTS`, labels 0, 1 in

@@ -9,12 +9,8 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
-from curvcal.models import DigitsCNN
-
-from .launch import torchrun_json
+from .launch import digits_problem, torchrun_json
 
 N_SAMPLES = 51  # odd: the two shards differ in size (26 and 25)
 
@@ -22,22 +18,7 @@ N_SAMPLES = 51  # odd: the two shards differ in size (26 and 25)
 # slow: two torchrun processes start, each importing torch (7 s on an idle machine, more loaded)
 @pytest.mark.slow
 def test_two_processes_warm_start_finds_one_process_lambda_max(run_cli, tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = DigitsCNN(num_classes=3, width=1).double()
-    checkpoint = tmp_path / "model.safetensors"
-    save_file(
-        {k: v.contiguous() for k, v in model.state_dict().items()},
-        str(checkpoint),
-        {
-            "curvcal.arch": "curvcal:DigitsCNN",
-            "curvcal.arch_kwargs": '{"num_classes": 3, "width": 1}',
-        },
-    )
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(N_SAMPLES, 1, 8, 8, generator=generator, dtype=torch.float64)
-    y = torch.randint(0, 3, (N_SAMPLES,), generator=generator)
-    data = tmp_path / "data.pt"
-    torch.save({"x": x, "y": y}, data)
+    checkpoint, data = digits_problem(tmp_path, N_SAMPLES)
     args = ["hessian", str(checkpoint), "--data", str(data), "--dtype", "float64",
             "--device", "cpu", "--no-trace", "--tol", "1e-8", "--batch-size", "10"]  # fmt: skip
 
