@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from curvcal import rows
 from curvcal.curvature.analysis import analyse_batches, analyse_operator
 from curvcal.curvature.batches import AllReduce
+from curvcal.curvature.central_difference import operator_for
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.gauss_newton import gauss_newton_trace
@@ -154,10 +155,10 @@ def _operator(
         raise InputError(
             "data", f"{function}() needs the data the loss is averaged over, besides the model"
         )
-    return HessianOperator(
+    return operator_for(  # a model sharded with fully_shard gets central differences
         model,
-        rows.as_batches(data),
         as_loss("ce" if loss is None else loss, gamma),
+        rows.as_batches(data),
         settings,
         all_reduce=all_reduce,
         **keywords,

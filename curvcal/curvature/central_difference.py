@@ -58,7 +58,7 @@ from torch import Tensor, nn
 
 from curvcal.curvature.batches import AllReduce, BatchSource
 from curvcal.curvature.guard import PRODUCT
-from curvcal.curvature.operator import HessianOperator, build_operator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.step_control import Judgement, StepControl
 from curvcal.curvature.vectors import SlicedSpace, VectorSpace
 from curvcal.errors import NumericalError, SettingsError
@@ -219,6 +219,8 @@ class CentralDifferenceOperator(HessianOperator):
     fall back to whole vectors. Batches are not kept on the device beyond what the cache says,
     no gradient graph is kept, and the memory plan is not measured (a product costs two to six
     gradient passes)."""
+
+    differentiates_gradients = True
 
     def __init__(
         self,
@@ -706,18 +708,21 @@ def operator_for(
     *,
     all_reduce: AllReduce | None = None,
     vectors: str = "sliced",
+    **keywords: Any,
 ) -> HessianOperator:
-    """:func:`~curvcal.curvature.operator.build_operator`, or for a model sharded by
-    ``fully_shard`` a :class:`CentralDifferenceOperator` (its vectors ``vectors``: each rank's
-    slices, or ``"whole"``); on a sharded model what needs double backward or torch.func
-    (another curvature, ``hvp="func"``, train mode) is refused
-    (:func:`refuse_unsharded_settings`)."""
+    """The operator of ``model``: a :class:`~curvcal.curvature.operator.HessianOperator`, or
+    for a model sharded by ``fully_shard`` a :class:`CentralDifferenceOperator` (its vectors
+    ``vectors``: each rank's slices, or ``"whole"``); on a sharded model what needs double
+    backward or torch.func (another curvature, ``hvp="func"``, train mode) is refused
+    (:func:`refuse_unsharded_settings`). ``keywords``: the operator's other keywords (settings
+    fields, ``device``, ``allow_tf32``). The commands and the Python API build every operator
+    here."""
     from curvcal.sharding import is_sharded
 
     if not is_sharded(model):
-        return build_operator(model, loss, batches, settings, all_reduce=all_reduce)
+        return HessianOperator(model, batches, loss, settings, all_reduce=all_reduce, **keywords)
     return CentralDifferenceOperator(
-        model, batches, loss, settings, all_reduce=all_reduce, vectors=vectors
+        model, batches, loss, settings, all_reduce=all_reduce, vectors=vectors, **keywords
     )
 
 

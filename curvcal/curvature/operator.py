@@ -50,7 +50,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -174,16 +174,10 @@ def build_operator(
     not finite and the first of them with its sample range (or saying that no single batch is at
     fault, the sum overflowing); nothing is returned with a NaN in it. Blocks made by
     ``restrict`` are checked the same way. ``all_reduce`` sums the sample count and every
-    product across processes when the data is sharded.
+    product across processes when the data is sharded. A model sharded with ``fully_shard`` is
+    refused (:class:`HessianOperator` itself refuses it; its operator comes from
+    :func:`curvcal.curvature.central_difference.operator_for`).
     """
-    from curvcal.sharding import is_sharded
-
-    if is_sharded(model):  # its parameters cannot be differentiated twice
-        raise InputError(
-            "model",
-            "is sharded with fully_shard, whose parameters double backward cannot reach",
-            "build its operator with curvcal.curvature.central_difference.operator_for",
-        )
     return HessianOperator(model, batches, loss, settings, all_reduce=all_reduce)
 
 
@@ -283,6 +277,10 @@ class HessianOperator:
     error, ``batch_size_final`` the most samples a batch held in the last pass.
     """
 
+    #: whether products are differences of gradients (no double backward), so that a model
+    #: sharded with ``fully_shard`` may be given (the central-difference operator)
+    differentiates_gradients: ClassVar[bool] = False
+
     def __init__(
         self,
         model: nn.Module,
@@ -295,6 +293,15 @@ class HessianOperator:
         allow_tf32: bool = False,
         **fields: Any,
     ) -> None:
+        if not self.differentiates_gradients:
+            from curvcal.sharding import is_sharded
+
+            if is_sharded(model):  # every construction comes here, whoever builds it
+                raise InputError(
+                    "model",
+                    "is sharded with fully_shard, whose parameters double backward cannot reach",
+                    "build its operator with curvcal.curvature.central_difference.operator_for",
+                )
         if isinstance(loss, str):
             fields = {"loss": loss, **fields}
             loss = None
