@@ -108,13 +108,9 @@ def test_a_library_config_size_is_refused_naming_file_and_key(
 
 
 def _edited_copy(source: Path, folder: Path, **changes: Any) -> Path:
-    import shutil
+    from hf_decoder_builders import copy_with_config
 
-    shutil.copytree(source, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config.update(changes)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
+    return copy_with_config(source, folder, "config.json", **changes)
 
 
 def test_a_config_field_of_the_wrong_type_is_the_folder_s_error(

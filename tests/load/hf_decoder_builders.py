@@ -138,15 +138,20 @@ def save_lora(base_folder: Path, adapter_folder: Path, seed: int = 2, **classifi
     return model
 
 
+def copy_with_config(source: Path, folder: Path, config_name: str, **changes: object) -> Path:
+    """A copy of the folder ``source`` as ``folder`` with ``changes`` written over the JSON
+    file ``config_name`` in it; the copy's folder."""
+    shutil.copytree(source, folder)
+    config = json.loads((folder / config_name).read_text())
+    config.update(changes)
+    (folder / config_name).write_text(json.dumps(config))
+    return folder
+
+
 def copy_adapter(adapter_folder: Path, parent: Path, **changes: object) -> Path:
     """A copy of ``adapter_folder`` as ``parent/adapter`` with ``changes`` written over its
     ``adapter_config.json``; the copy's folder."""
-    folder = parent / "adapter"
-    shutil.copytree(adapter_folder, folder)
-    config = json.loads((folder / "adapter_config.json").read_text())
-    config.update(changes)
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    return folder
+    return copy_with_config(adapter_folder, parent / "adapter", "adapter_config.json", **changes)
 
 
 def dense_hessian(
