@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from curvcal.load.models.library_limits import (
     MAX_LORA_ALPHA,
     MAX_RANK,
     MAX_REPLICATION,
+    _forward_constants,
     check_against,
     check_config,
     check_config_against_weights,
@@ -236,6 +238,32 @@ def test_a_config_larger_than_its_weights_is_refused_before_transformers_builds_
              base / "config.json", key, needle)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "shown", "needle"),
+    [
+        ("rms_norm_eps", -1.0, "rms_norm_eps", "-1.0 is not positive"),
+        ("rms_norm_eps", 0.0, "rms_norm_eps", "0.0 is not positive"),
+        ("rms_norm_eps", float("nan"), "rms_norm_eps", "nan is not a finite number"),
+        ("rope_parameters", {"rope_type": "default", "rope_theta": 0.0},
+         "rope_parameters.rope_theta", "0.0 is not positive"),
+        ("rope_parameters", {"rope_type": "default", "rope_theta": float("inf")},
+         "rope_parameters.rope_theta", "inf is not a finite number"),
+        ("rope_parameters", {"rope_type": "linear", "rope_theta": 1e4, "factor": 0.0},
+         "rope_parameters.factor", "0.0 is not positive"),
+        ("attention_dropout", 2.0, "attention_dropout", "2.0 is not a probability in [0, 1]"),
+    ],
+)  # fmt: skip
+def test_a_forward_constant_that_makes_every_logit_nan_is_refused_naming_the_key(
+    run_cli: Any, files: Files, tmp_path: Path, key: str, value: object, shown: str, needle: str
+) -> None:
+    """Before: a negative or zero norm epsilon, a zero rotary base or scaling factor, or a NaN
+    in the tiny Llama's config was exit 3 blaming ``--data`` ("the model's logits are NaN or
+    Inf for 11 of 11 samples"); an infinite rotary base or a dropout of 2 ran to exit 0."""
+    base = _base_with(files, tmp_path, **{key: value})
+    _refused(run_cli, ["calibrate", base, "--data", files.jsonl], base / "config.json", shown,
+             needle)  # fmt: skip
+
+
 def test_a_bert_pad_token_past_the_table_was_an_internal_error(
     run_cli: Any, files: Files, tmp_path: Path
 ) -> None:
@@ -337,6 +365,42 @@ def test_lists_and_model_sizes_at_their_borders() -> None:
         check_config_against_weights(config, {"num_hidden_layers": 4}, shapes)
     with pytest.raises(InputError, match=r"\(intermediate_size\): 5,121 is more .* 5,120"):
         check_config_against_weights(config, {"intermediate_size": 5121}, shapes)
+
+
+def test_forward_constants_at_their_borders() -> None:
+    """Positive constants may be as small or as large as a finite number goes (a 1e308 rotary
+    base or epsilon overflows nothing: the forward takes its inverse powers or its root); a
+    dropout probability may be 0 or 1; the rules reach nested configs and lists of them, and
+    leave other keys, booleans and nulls to transformers. A bare ``eps`` (ProphetNet's label
+    smoothing) and a loss's scaling factor may be 0: every default config of transformers
+    passes (802 families, checked when the rule was written)."""
+    config = Path("m") / "config.json"
+    accepted = {
+        "rms_norm_eps": 5e-324, "layer_norm_epsilon": 1e308, "rope_theta": 1e308,
+        "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0},
+        "attention_dropout": 0.0, "hidden_dropout_prob": 1.0, "classifier_dropout": None,
+        "text_config": {"layer_norm_eps": 1e-12}, "use_dropout": True, "bias": -3.0,
+        "eps": 0.0, "mtp_loss_scaling_factor": 0.0, "partial_rotary_factor": 0.5,
+    }  # fmt: skip
+    check_config(config, accepted)
+    refused = [
+        ({"text_config": {"layer_norm_eps": -1e-300}}, r"\(text_config.layer_norm_eps\)"),
+        ({"layers": [{"norm_eps": 0}]}, r"\(layers\[0\].norm_eps\): 0 is not positive"),
+        ({"mixer_rms_eps": -1e-6}, r"\(mixer_rms_eps\): -1e-06 is not positive"),
+        (
+            {"rope_parameters": {"sliding_attention": {"factor": 0.0}}},
+            r"\(rope_parameters.sliding_attention.factor\): 0.0 is not positive",
+        ),
+        ({"compress_rope_theta": -1.0}, r"\(compress_rope_theta\)"),
+        ({"scales": [1.0, float("-inf")]}, r"\(scales\[1\]\): -inf is not a finite"),
+        ({"bias": float("nan")}, r"\(bias\): nan is not a finite number"),
+        ({"hidden_dropout_prob": -0.0001}, r"not a probability in \[0, 1\]"),
+    ]
+    for changes, pattern in refused:
+        with pytest.raises(InputError, match=pattern):
+            check_config(config, changes)
+    # adapter and tokenizer configs have rules of their own
+    check_config(Path("tokenizer_config.json"), {"model_max_length": 1e30, "eps": -1.0})
 
 
 def test_other_files_and_other_keys_are_left_to_their_readers() -> None:
@@ -594,3 +658,31 @@ def test_a_library_set_up_inside_the_hold_keeps_its_handler() -> None:
         assert logger.handlers == [*before, own]
     finally:
         logger.removeHandler(own)
+
+
+def test_every_default_config_of_transformers_passes_the_constant_rules() -> None:
+    """The rules are matched by name: none may refuse a family's own defaults, over about 800
+    configuration classes each built with its defaults (a bare ``eps`` is ProphetNet's label
+    smoothing, a ``*_scaling_factor`` can be a loss weight of 0)."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    built, refused = 0, {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()
+        try:
+            for family in list(CONFIG_MAPPING.keys()):
+                try:
+                    config = json.loads(CONFIG_MAPPING[family]().to_json_string(use_diff=False))
+                except Exception:  # a family whose defaults need an extra package or argument
+                    continue
+                built += 1
+                found = list(_forward_constants(config))
+                if found:
+                    refused[family] = found
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+    assert built > 500
+    assert refused == {}

@@ -248,6 +248,56 @@ def _sizes(config: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, s
             yield from _sizes(value, f"{prefix}{key}.")
 
 
+#: a model config's constants the forward divides by or raises to a power: a norm divides by
+#: √(var + eps), so eps 0 turns a constant row (a padded position) into 0/0 and a negative one
+#: takes the root of a negative number; rotary embeddings raise ``rope_theta`` to fractional
+#: powers and divide positions by the scaling ``factor``, so a zero or negative one makes every
+#: rotated query NaN. Matched by name: a norm's epsilon ends in ``eps`` or ``epsilon`` and
+#: names a norm (``layer_norm_eps``, ``rms_norm_eps``, ``norm_epsilon``, ``mixer_rms_eps``:
+#: a bare ``eps`` is ProphetNet's label smoothing, 0 by default); a rotary ``factor`` is one
+#: inside a ``rope_*`` object (``mtp_loss_scaling_factor`` is a loss weight, 0 by default).
+#: Every default config of transformers passes.
+NORM_WORDS = ("norm", "rms")
+#: a dropout probability (outside [0, 1], refused by torch in train mode only)
+PROBABILITY_SUFFIXES = ("dropout", "dropout_prob", "dropout_rate")
+
+
+def _positive_constant(key: str, in_rope: bool) -> bool:
+    """Whether ``key`` names a constant the forward divides by (see :data:`NORM_WORDS`)."""
+    if key.endswith(("eps", "epsilon")):
+        return any(word in key for word in NORM_WORDS)
+    return key.endswith("rope_theta") or (in_rope and key == "factor")
+
+
+def _forward_constants(
+    config: Mapping[str, Any], prefix: str = "", in_rope: bool = False
+) -> Iterable[tuple[str, str]]:
+    """Each number of a model ``config`` (at any depth of nested objects and lists) that is not
+    finite (JSON's ``NaN`` and ``Infinity``, which the forward would carry into every logit),
+    each norm epsilon, ``rope_theta`` and rotary scaling ``factor`` that is not positive
+    (:func:`_positive_constant`), and each dropout probability (a key ending in one of
+    :data:`PROBABILITY_SUFFIXES`) outside [0, 1]: key and why."""
+    for key, value in config.items():
+        name, word = f"{prefix}{key}", str(key)
+        inside = in_rope or word.startswith("rope")
+        if isinstance(value, Mapping):
+            yield from _forward_constants(value, f"{name}.", inside)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    yield from _forward_constants(item, f"{name}[{index}].", inside)
+                elif isinstance(item, float) and not math.isfinite(item):
+                    yield f"{name}[{index}]", f"{item!r} is not a finite number"
+        elif not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        elif not math.isfinite(value):
+            yield name, f"{value!r} is not a finite number"
+        elif word.endswith(PROBABILITY_SUFFIXES) and not 0 <= value <= 1:
+            yield name, f"{value!r} is not a probability in [0, 1]"
+        elif _positive_constant(word, in_rope) and value <= 0:
+            yield name, f"{value!r} is not positive; the forward divides by it or by a power of it"
+
+
 def _tokenizer_settings(config: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
     """A ``tokenizer_config.json``'s ``model_max_length`` that is not a number >= 1
     (transformers compares every text's length with it: a string there was a ``TypeError``
@@ -288,15 +338,17 @@ BOUNDS: tuple[Bound, ...] = (
 
 def check_config(path: Path, config: Any) -> None:
     """Refuse a value of ``config`` (the parsed JSON of ``path``) that :data:`BOUNDS` (for
-    ``adapter_config.json``), the size and token-id rules (for a model's ``config.json``: its
-    sizes and counts, :func:`_sizes`; its ``pad_token_id`` inside ``[0, vocab_size)``) or the
+    ``adapter_config.json``), the size, token-id and constant rules (for a model's
+    ``config.json``: its sizes and counts, :func:`_sizes`; its ``pad_token_id`` inside
+    ``[0, vocab_size)``; the constants its forward computes with, :func:`_forward_constants`)
+    or the
     tokenizer rule (for ``tokenizer_config.json``: :func:`_tokenizer_settings`) does not
     accept, naming the file and the key. Other files, and configs that are not JSON objects,
     pass (their readers refuse those)."""
     if not isinstance(config, Mapping):
         return
     if path.name == MODEL_CONFIG:
-        for key, why in (*_sizes(config), *_token_ids(config)):
+        for key, why in (*_sizes(config), *_token_ids(config), *_forward_constants(config)):
             raise InputError(
                 f"{path} ({key})", why, "is it the config the weights were saved with?"
             )
