@@ -9,9 +9,21 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
+from curvcal.inputs import record
+
+
+def assets_folder() -> Path:
+    """The folder of curvcal's bundled files."""
+    return Path(str(files("curvcal") / "assets"))
+
 
 def _asset(name: str) -> Path:
-    return Path(str(files("curvcal") / "assets" / name))
+    """The bundled file ``name``. A run that reads one reads the folder: the whole folder is
+    recorded as an input of the run (:func:`curvcal.inputs.record`), so no output (``-o``, a
+    plot folder) is written into the installed package."""
+    folder = assets_folder()
+    record(folder, "curvcal's bundled files")
+    return folder / name
 
 
 def demo_checkpoint() -> Path:

@@ -398,3 +398,28 @@ def test_the_report_is_still_written_next_to_its_inputs(workspace: Path, run_cli
     result = run_cli("metrics", "logits.npz", "-o", "report.json")
     assert result.code == 0, result.output
     assert json.loads((workspace / "report.json").read_text())["command"] == "metrics"
+
+
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize("option", ["-o", "--plot-dir"])
+def test_no_output_is_written_into_the_bundled_files(
+    option: str, force: bool, run_cli: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, ``demo -o`` and ``--plot-dir`` wrote new files into the installed package's
+    ``assets`` folder: only its four files were inputs, not the folder they are read from."""
+    from curvcal.assets import assets_folder
+
+    folder = assets_folder()
+    listing = sorted(path.name for path in folder.iterdir())
+    target = folder / ("refused.json" if option == "-o" else "refused-plots")
+    _no_work(monkeypatch)
+    try:
+        result = run_cli("demo", option, target, *(["--force"] if force else []))
+        assert result.code == 2, result.output
+        assert "lies inside the input folder" in result.stderr
+        assert "curvcal's bundled files" in result.stderr
+        assert sorted(path.name for path in folder.iterdir()) == listing
+    finally:  # a regression must not leave files in the package
+        if target.is_dir():
+            shutil.rmtree(target)
+        target.unlink(missing_ok=True)
