@@ -36,7 +36,7 @@ except ImportError:  # a checkout before the per-product rule: every product ali
         return nullcontext()
 
 
-from curvcal.curvature.operator import build_operator
+from curvcal.curvature import build_operator
 from curvcal.losses import loss_from_name
 
 N_SAMPLES, BATCH, CLASSES = 37, 9, 3

@@ -230,7 +230,7 @@ def rank_record(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, A
     """This rank's seconds per ``step`` and peak resident set (see :func:`rank_main`)."""
     import torch.distributed as dist
 
-    from curvcal.curvature.central_difference import operator_for
+    from curvcal.curvature import build_operator
     from curvcal.curvature.vectors import space_of
     from curvcal.distributed import all_reduce_sum, shard_indices
     from curvcal.settings.hessian import HessianSettings
@@ -245,7 +245,7 @@ def rank_record(mode: str, step: str, shape: Shape, repeats: int) -> dict[str, A
     # graphs rebuilt for every replicated product, as in the dtype rows (a sharded product
     # keeps none: it is gradient passes)
     settings = HessianSettings(keep_graphs="never")
-    operator = operator_for(
+    operator = build_operator(
         model, loss_from_name("ce", 0.0), batches, settings, all_reduce=all_reduce_sum
     )
     # this rank's slice of v on the sharded model (whole on the replicated one), drawn only for

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from curvcal.curvature.central_difference import operator_for
+from curvcal.curvature import build_operator
 from curvcal.curvature.vectors import space_of
 from curvcal.distributed import all_reduce_sum, leave, shard_indices
 from curvcal.losses import loss_from_name
@@ -86,7 +86,7 @@ def measure(mode: str) -> None:
         shard_model(model, "blocks", torch.device("cpu"), checkpoint_activations=CHECKPOINT)
     loss = loss_from_name("ce", 0.0)
     vectors = "whole" if mode == "sharded-whole" else "sliced"
-    operator = operator_for(model, loss, batches, all_reduce=all_reduce_sum, vectors=vectors)
+    operator = build_operator(model, loss, batches, all_reduce=all_reduce_sum, vectors=vectors)
     space = space_of(operator)  # this rank's slices on the sharded model, else whole vectors
     times: list[float] = []
     vector = (

@@ -60,8 +60,7 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_llama import ARCHITECTURES, Architecture, Device, plan_rows
 
-    from curvcal.curvature import HessianOperator, eigenvalues
-    from curvcal.curvature.central_difference import operator_for
+    from curvcal.curvature import HessianOperator, build_operator, eigenvalues
     from curvcal.distributed import all_reduce_sum, leave
     from curvcal.losses import loss_from_name
     from curvcal.settings.hessian import HessianSettings
@@ -170,7 +169,7 @@ def llama_part(args: Any, emit: Callable[[dict[str, Any]], None]) -> None:
             sharded = build(arch, tokens, torch.float32, device)
             shard_model(sharded, "blocks", device)
             settings = HessianSettings(keep_graphs="never")
-            central = operator_for(sharded, loss, batches, settings, all_reduce=all_reduce_sum)
+            central = build_operator(sharded, loss, batches, settings, all_reduce=all_reduce_sum)
             gradient = measure(lambda: gradient_pass(sharded))
             record("fp32 sharded", central, gradient)
             del central, sharded

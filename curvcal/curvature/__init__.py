@@ -1,7 +1,8 @@
 """Curvature of a classifier's loss: the Hessian as a linear operator and the algorithms on it.
 
 ``HessianOperator`` (operator.py) is the Hessian of the mean loss over a dataset, built with
-``build_operator`` from a model, a loss of :mod:`curvcal.losses`, batches (batches.py) and
+``build_operator`` (central_difference.py, which gives a model sharded with ``fully_shard`` its
+central-difference operator) from a model, a loss of :mod:`curvcal.losses`, batches (batches.py) and
 the ``HessianSettings`` themselves (checked by options.py), its products computed by the kernels beside it and checked
 for NaN/Inf, the batches at fault named (guard.py); ``eigenvalues`` (eigen.py), ``trace_estimate`` (trace.py) and
 ``spectral_density`` (density.py) accept it or any operator with ``shape``, ``dtype``,
@@ -19,12 +20,13 @@ from curvcal.curvature.api import (
     hessian_operator,
     hessian_trace,
 )
+from curvcal.curvature.central_difference import build_operator
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import eigenvalues, lanczos, power_iteration
 from curvcal.curvature.engines import double_backward_hvp
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.linear_operator import scipy_operator
-from curvcal.curvature.operator import HessianOperator, build_operator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.operators import DenseOperator, LinearOperator, as_operator
 from curvcal.curvature.options import OperatorOptions
 from curvcal.curvature.penalty import hutchinson_trace_penalty

@@ -1,6 +1,6 @@
 """One Hessian, every requested measurement: the library behind ``curvcal hessian``.
 
-:func:`analyse_batches` builds a single operator (:func:`~curvcal.curvature.operator.build_operator`) — the
+:func:`analyse_batches` builds a single operator (:func:`~curvcal.curvature.central_difference.build_operator`) — the
 Hessian of the mean loss over the whole dataset, L(θ) = (1/N) Σ_i ℓ(f_θ(x_i), y_i) — so the data
 is counted and cached once, then runs on it, in this order: the mean loss (one pass, checked for
 NaN/Inf before any product), the top-k eigenvalues, λmin when asked, the trace, the spectral
@@ -22,7 +22,7 @@ from typing import Any, ParamSpec, TypeVar
 from torch import Tensor, nn
 
 from curvcal.curvature.batches import AllReduce, BatchSource
-from curvcal.curvature.central_difference import eigenvalue_products, operator_for
+from curvcal.curvature.central_difference import build_operator, eigenvalue_products
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import eigenvalues
 from curvcal.curvature.eigenvectors import TopEigenvectors
@@ -131,7 +131,7 @@ def _built(
     """The one operator of an analysis (handed to ``on_operator``), and the seconds spent
     building it (``setup``)."""
     began = time.perf_counter()
-    operator = operator_for(
+    operator = build_operator(
         model,
         loss_from_name(settings.loss, settings.focal_gamma) if loss is None else loss,
         batches,

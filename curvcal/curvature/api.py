@@ -21,7 +21,7 @@ which the operator reads the fields marked ``operator``; those fields as keyword
 ``params``, ``hvp``, ``mode``, ``cache``, ``probe_batch``, ``memory_budget``, ``keep_graphs``,
 ``curvature``), plus ``device``, ``allow_tf32``, and ``all_reduce`` for sharded data. The former
 names ``engine`` (``hvp``) and ``options`` (``settings``) are taken with a
-:class:`DeprecationWarning`. The operator comes from :func:`~curvcal.curvature.operator.build_operator` (NaN/Inf
+:class:`DeprecationWarning`. The operator comes from :func:`~curvcal.curvature.central_difference.build_operator` (NaN/Inf
 reported with the batches at fault), and each function returns the algorithm's result with
 ``engine`` set to the Hessian-vector-product engine that ran. :func:`scipy_operator
 <curvcal.curvature.linear_operator.scipy_operator>` hands the operator to scipy.
@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from curvcal import rows
 from curvcal.curvature.analysis import analyse_batches, analyse_operator
 from curvcal.curvature.batches import AllReduce
-from curvcal.curvature.central_difference import operator_for
+from curvcal.curvature.central_difference import build_operator
 from curvcal.curvature.density import spectral_density
 from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
 from curvcal.curvature.gauss_newton import gauss_newton_trace
@@ -155,7 +155,7 @@ def _operator(
         raise InputError(
             "data", f"{function}() needs the data the loss is averaged over, besides the model"
         )
-    return operator_for(  # a model sharded with fully_shard gets central differences
+    return build_operator(  # a model sharded with fully_shard gets central differences
         model,
         as_loss("ce" if loss is None else loss, gamma),
         rows.as_batches(data),

@@ -700,7 +700,7 @@ def refuse_unsharded_settings(settings: HessianSettings, measure_width: bool) ->
             )
 
 
-def operator_for(
+def build_operator(
     model: nn.Module,
     loss: Loss,
     batches: BatchSource,
@@ -710,13 +710,23 @@ def operator_for(
     vectors: str = "sliced",
     **keywords: Any,
 ) -> HessianOperator:
-    """The operator of ``model``: a :class:`~curvcal.curvature.operator.HessianOperator`, or
-    for a model sharded by ``fully_shard`` a :class:`CentralDifferenceOperator` (its vectors
-    ``vectors``: each rank's slices, or ``"whole"``); on a sharded model what needs double
-    backward or torch.func (another curvature, ``hvp="func"``, train mode) is refused
-    (:func:`refuse_unsharded_settings`). ``keywords``: the operator's other keywords (settings
-    fields, ``device``, ``allow_tf32``). The commands and the Python API build every operator
-    here."""
+    """The Hessian of the mean ``loss`` of ``model`` over ``batches``, run as ``settings`` say
+    (their fields marked ``operator``; default: the defaults) with ``keywords`` on top (settings
+    fields, ``device``, ``allow_tf32``): a :class:`~curvcal.curvature.operator.HessianOperator`,
+    or for a model sharded by ``fully_shard`` a :class:`CentralDifferenceOperator` (its vectors
+    ``vectors``: each rank's slices, or ``"whole"``), where what needs double backward or
+    torch.func (another curvature, ``hvp="func"``, train mode) is refused
+    (:func:`refuse_unsharded_settings`). The commands, the study and the Python API build every
+    operator here (it lives beside the one operator class that can take a sharded model).
+
+    Every path behaves the same on non-finite numbers: the mean loss and every product that is
+    NaN or infinite anywhere raise :class:`~curvcal.errors.NumericalError` (exit code 3 on the
+    command line) naming the number of batches whose own loss or product is not finite and the
+    first of them with its sample range (or saying that no single batch is at fault, the sum
+    overflowing); nothing is returned with a NaN in it. Blocks made by ``restrict`` are checked
+    the same way. ``all_reduce`` sums the sample count and every product across processes when
+    the data is sharded.
+    """
     from curvcal.sharding import is_sharded
 
     if not is_sharded(model):
@@ -726,14 +736,27 @@ def operator_for(
     )
 
 
+def operator_for(*arguments: Any, **keywords: Any) -> HessianOperator:
+    """The former name of :func:`build_operator`, taken with a :class:`DeprecationWarning`."""
+    import warnings
+
+    warnings.warn(
+        "operator_for is now called build_operator (curvcal.curvature.build_operator); "
+        "the old name will be removed",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return build_operator(*arguments, **keywords)
+
+
 __all__ = [
     "ENGINE",
     "FIVE_POINT",
     "THREE_POINT",
     "CentralDifferenceOperator",
     "ProductError",
+    "build_operator",
     "eigenvalue_products",
-    "operator_for",
     "refuse_unsharded_settings",
     "relative_floor",
     "relative_step",

@@ -35,9 +35,9 @@ range (:mod:`curvcal.curvature.guard` searches them, only after a check failed).
 The product through kept gradient graphs (:func:`kept_hvp`) is written here, beside the loop
 that sums it: it is the operator's one real method when the graphs fit; one batch's products by
 double backward or forward-over-reverse are the kernels of :mod:`curvcal.curvature.engines`.
-:func:`build_operator` is how every user-facing path (the API functions, the analysis behind
-``curvcal hessian``, the study) builds one: from a model, a loss, batches and the
-:class:`~curvcal.settings.hessian.HessianSettings` themselves.
+:func:`~curvcal.curvature.central_difference.build_operator` is how every user-facing path
+(the API functions, the analysis behind ``curvcal hessian``, the study) builds one: from a
+model, a loss, batches and the :class:`~curvcal.settings.hessian.HessianSettings` themselves.
 """
 
 from __future__ import annotations
@@ -155,30 +155,6 @@ def kept_hvp(
                     slot[j].zero_()
                 else:
                     slot[j].copy_(product)
-
-
-def build_operator(
-    model: nn.Module,
-    loss: Loss,
-    batches: BatchSource,
-    settings: HessianSettings | None = None,
-    *,
-    all_reduce: AllReduce | None = None,
-) -> HessianOperator:
-    """The Hessian of the mean ``loss`` of ``model`` over ``batches``, run as ``settings`` say
-    (their fields marked ``operator``; default: the defaults).
-
-    Every path behaves the same on non-finite numbers: :meth:`HessianOperator.mean_loss` and
-    every product that is NaN or infinite anywhere raise :class:`~curvcal.errors.NumericalError`
-    (exit code 3 on the command line) naming the number of batches whose own loss or product is
-    not finite and the first of them with its sample range (or saying that no single batch is at
-    fault, the sum overflowing); nothing is returned with a NaN in it. Blocks made by
-    ``restrict`` are checked the same way. ``all_reduce`` sums the sample count and every
-    product across processes when the data is sharded. A model sharded with ``fully_shard`` is
-    refused (:class:`HessianOperator` itself refuses it; its operator comes from
-    :func:`curvcal.curvature.central_difference.operator_for`).
-    """
-    return HessianOperator(model, batches, loss, settings, all_reduce=all_reduce)
 
 
 class _Totals:
@@ -300,7 +276,7 @@ class HessianOperator:
                 raise InputError(
                     "model",
                     "is sharded with fully_shard, whose parameters double backward cannot reach",
-                    "build its operator with curvcal.curvature.central_difference.operator_for",
+                    "build its operator with curvcal.curvature.build_operator",
                 )
         if isinstance(loss, str):
             fields = {"loss": loss, **fields}

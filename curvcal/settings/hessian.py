@@ -7,7 +7,7 @@ once with its type, default and help (:mod:`curvcal.settings.fields`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from curvcal.errors import SettingsError, setting_name
 from curvcal.settings.fields import Settings, setting, spelled_now
@@ -81,6 +81,13 @@ KEEP_GRAPHS = ("auto", "always", "never")
 CURVATURES = ("hessian", "ggn", "fisher", "empirical-fisher")
 
 
+def run_setting(default: Any = None, help: str = "", **spec: Any) -> Any:
+    """A setting of one run alone: ``curvcal hessian``'s option sets it, while neither a
+    ``check`` policy nor ``curvcal study`` may (:func:`~curvcal.settings.fields.setting` with
+    ``policy=False, study=False``)."""
+    return setting(default, help, policy=False, study=False, **spec)
+
+
 @dataclass(frozen=True)
 class HessianSettings(Settings):
     """What to measure of the Hessian of the mean loss over a dataset, and how.
@@ -112,9 +119,7 @@ class HessianSettings(Settings):
         policy=("eigen_method",),
         study=True,
     )
-    smallest: bool = setting(
-        False, "Also find the smallest eigenvalue λmin.", flag=True, policy=False, study=False
-    )
+    smallest: bool = run_setting(False, "Also find the smallest eigenvalue λmin.", flag=True)
     tol: float = setting(
         DEFAULT_TOL,
         "Stop when the relative residual and change of each eigenvalue are below this.",
@@ -131,16 +136,14 @@ class HessianSettings(Settings):
         policy=True,
         study=True,
     )
-    max_basis: int | None = setting(
+    max_basis: int | None = run_setting(
         None,
         "Most vectors (P float64 values each) Lanczos' basis holds before it restarts on its "
         "best Ritz vectors (default: what --memory-budget holds, at least 2·top-k + 6); the "
         "density's runs keep theirs only if --density-steps vectors fit.",
         low=3,
-        policy=False,
-        study=False,
     )
-    warm_start: float | None = setting(
+    warm_start: float | None = run_setting(
         None,
         "First find the top eigenvectors of the Hessian over a fraction F of the data, drawn by "
         "--seed, and start the eigenvalue stage from them (their products, each over F of the "
@@ -150,8 +153,6 @@ class HessianSettings(Settings):
         high=1,
         high_open=True,
         metavar="F",
-        policy=False,
-        study=False,
     )
     trace: bool = setting(
         True,
@@ -181,49 +182,37 @@ class HessianSettings(Settings):
         policy=True,
         study=True,
     )
-    trace_rtol: float | None = setting(
+    trace_rtol: float | None = run_setting(
         None,
         "Adaptive trace: draw probes until the 95% half-width is below this fraction of "
         "|estimate|.",
         low=0,
         low_open=True,
-        policy=False,
-        study=False,
     )
-    probe_dist: str = setting(
+    probe_dist: str = run_setting(
         "rademacher",
         "Distribution of the trace probes.",
         choices=PROBE_DISTRIBUTIONS,
-        policy=False,
-        study=False,
     )
-    density: bool = setting(
-        False, "Estimate the eigenvalue density (SLQ).", flag=True, policy=False, study=False
-    )
-    density_runs: int = setting(
+    density: bool = run_setting(False, "Estimate the eigenvalue density (SLQ).", flag=True)
+    density_runs: int = run_setting(
         5,
         f"SLQ runs (at most {MAX_DENSITY_RUNS}).",
         low=1,
         high=MAX_DENSITY_RUNS,
         bound_reason=DENSITY_RUNS_REASON,
-        policy=False,
-        study=False,
     )
-    density_steps: int = setting(
+    density_steps: int = run_setting(
         40,
         f"Lanczos steps per SLQ run (at most {MAX_DENSITY_STEPS}).",
         low=1,
         high=MAX_DENSITY_STEPS,
         bound_reason=DENSITY_STEPS_REASON,
-        policy=False,
-        study=False,
     )
-    per_layer: bool = setting(
+    per_layer: bool = run_setting(
         False,
         "λmax and trace of each module's Hessian block.",
         flag=True,
-        policy=False,
-        study=False,
     )
     seed: int = setting(
         0,
@@ -255,38 +244,30 @@ class HessianSettings(Settings):
         policy=True,
         study=False,
     )
-    hvp: str = setting(
+    hvp: str = run_setting(
         "auto",
         "Hessian-vector products: torch.func forward-over-reverse, or double backward.",
         choices=ENGINES,
         operator=True,
         former=("engine",),
-        policy=False,
-        study=False,
     )
-    mode: str = setting(
+    mode: str = run_setting(
         "eval",
         "Module mode during the loss (train: BatchNorm batch statistics; refused with dropout).",
         choices=MODES,
         operator=True,
-        policy=False,
-        study=False,
     )
-    cache: str = setting(
+    cache: str = run_setting(
         "auto",
         "Where batches stay between products.",
         choices=CACHES,
         operator=True,
-        policy=False,
-        study=False,
     )
-    probe_batch: int = setting(
+    probe_batch: int = run_setting(
         8,
         "Vectors sharing one pass over the data (at most; fewer when the memory budget says so).",
         low=1,
         operator=True,
-        policy=False,
-        study=False,
     )
     memory_budget: str | int | None = setting(
         None,
@@ -298,27 +279,21 @@ class HessianSettings(Settings):
         policy=True,
         study=False,
     )
-    keep_graphs: str = setting(
+    keep_graphs: str = run_setting(
         "auto",
         "Keep the gradient graphs between products (the forward and first backward run once; "
         "auto: when they fit in --memory-budget).",
         choices=KEEP_GRAPHS,
         operator=True,
-        policy=False,
-        study=False,
     )
-    strict: bool = setting(
-        False, "Exit 3 when an estimate does not converge.", flag=True, policy=False, study=False
-    )
-    curvature: str = setting(
+    strict: bool = run_setting(False, "Exit 3 when an estimate does not converge.", flag=True)
+    curvature: str = run_setting(
         "hessian",
         "The matrix measured: the Hessian; ggn, the generalised Gauss–Newton matrix Jᵀ H_loss J; "
         "fisher, its expectation over the model's own labels (for ce, the GGN); "
         "empirical-fisher, the mean of per-sample gradient outer products.",
         choices=CURVATURES,
         operator=True,
-        policy=False,
-        study=False,
     )
 
     def lowest(self, name: str) -> float | None:

@@ -56,8 +56,7 @@ def test_sharded_model_on_the_device_matches_one_cpu_process(device: str, checkp
     eigenvalues and a product of the double-backward operator on the CPU."""
     import torch.distributed as dist
 
-    from curvcal.curvature import eigenvalues
-    from curvcal.curvature.central_difference import operator_for
+    from curvcal.curvature import build_operator, eigenvalues
     from curvcal.curvature.operator import HessianOperator
     from curvcal.curvature.vectors import space_of
     from curvcal.distributed import all_reduce_sum
@@ -80,7 +79,7 @@ def test_sharded_model_on_the_device_matches_one_cpu_process(device: str, checkp
     try:
         sharded = model.to(on_device)
         shard_model(sharded, "blocks", on_device, checkpoint_activations=checkpoint)
-        operator = operator_for(sharded, loss_from_name("ce", 0.0), moved,
+        operator = build_operator(sharded, loss_from_name("ce", 0.0), moved,
                                 all_reduce=all_reduce_sum)  # fmt: skip
         assert space_of(operator).sliced
         got = [e.value for e in eigenvalues(operator, 2, tol=1e-8).values]

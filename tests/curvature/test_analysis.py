@@ -102,7 +102,7 @@ def test_every_stage_equals_its_kernel_and_the_dense_hessian(mlp_case: MLPCase) 
 def test_one_operator_serves_every_stage(mlp_case: MLPCase, monkeypatch) -> None:
     model, x, y, _ = mlp_case
     built = []
-    original = central_difference.HessianOperator  # what operator_for builds unsharded
+    original = central_difference.HessianOperator  # what build_operator builds unsharded
 
     def counting_operator(*args, **kwargs):  # type: ignore[no-untyped-def]
         built.append(1)

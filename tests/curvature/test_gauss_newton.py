@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from curvcal.curvature import build_operator
 from curvcal.curvature.gauss_newton import (
     METHOD,
     EngineChoice,
@@ -19,7 +20,7 @@ from curvcal.curvature.gauss_newton import (
     loss_hessians,
     tensor_traces,
 )
-from curvcal.curvature.operator import HessianOperator, build_operator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import CrossEntropy, FLSD53Loss, Focal, focal_loss
 from curvcal.settings.hessian import HessianSettings

@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 import curvcal
-from curvcal.curvature.operator import HessianOperator, build_operator
+from curvcal.curvature import build_operator
+from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.residual import (
     METHODS,
     residual_products,

@@ -21,8 +21,7 @@ from curvcal.calibration.metrics import (
     expected_calibration_error,
     negative_log_likelihood,
 )
-from curvcal.curvature import eigenvalues, hutchinson_trace
-from curvcal.curvature.central_difference import operator_for
+from curvcal.curvature import build_operator, eigenvalues, hutchinson_trace
 from curvcal.curvature.operator import HessianOperator
 from curvcal.curvature.vectors import SlicedSpace, space_of
 from curvcal.distributed import all_reduce_sum, gather_rows, init_from_env, shard_indices, shutdown
@@ -88,7 +87,7 @@ def measure(
     """The figures of ``model`` on the samples ``indices`` (this rank's), summed over ranks."""
     xs, ys = x[indices], y[indices]
     batches = [(xs[i : i + BATCH], ys[i : i + BATCH]) for i in range(0, len(indices), BATCH)]
-    operator = operator_for(
+    operator = build_operator(
         model, loss_from_name("ce", 0.0), batches, all_reduce=all_reduce_sum if sharded else None
     )
     kept: list[Tensor] = []

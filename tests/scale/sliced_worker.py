@@ -21,8 +21,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from curvcal.curvature import eigenvalues, spectral_density, trace_estimate
-from curvcal.curvature.central_difference import operator_for
+from curvcal.curvature import build_operator, eigenvalues, spectral_density, trace_estimate
 from curvcal.curvature.eigenvectors import TopEigenvectors
 from curvcal.curvature.operator import HessianOperator
 from curvcal.distributed import all_reduce_sum, init_from_env, shard_indices, shutdown
@@ -97,7 +96,7 @@ def main(out: Path, dtype_name: str, how: str) -> None:
         indices = shard_indices(N_SAMPLES, context.rank, context.world_size)
         batches = batches_of(x, y, indices)
         loss = loss_from_name("ce", 0.0)
-        sliced = operator_for(model, loss, batches, all_reduce=all_reduce_sum)
+        sliced = build_operator(model, loss, batches, all_reduce=all_reduce_sum)
         space = sliced.vector_space  # type: ignore[attr-defined]
         kept: list[Tensor] = []
         with LongestDimension() as watch:
@@ -116,7 +115,7 @@ def main(out: Path, dtype_name: str, how: str) -> None:
         else:
             result["streamed_none"] = torch.tensor(all(part is None for _, part in parts))
         result["longest_streaming"] = torch.tensor(streaming.longest)
-        whole = operator_for(model, loss, batches, all_reduce=all_reduce_sum, vectors="whole")
+        whole = build_operator(model, loss, batches, all_reduce=all_reduce_sum, vectors="whole")
         result["whole_eigenvalues"] = torch.tensor(
             eigenvalues(whole, 3, tol=TOLERANCE[dtype], seed=3).eigenvalues, dtype=torch.float64
         )

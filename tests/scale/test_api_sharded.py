@@ -1,7 +1,9 @@
 """The Python API on a model sharded with ``fully_shard`` (one gloo process, in a child so the
 test process keeps no process group): ``curvcal.hessian_eigenvalues`` builds its operator where
-the commands do (``operator_for``), so it multiplies by central differences and finds the
-exact λmax of the same model unsharded; a ``HessianOperator`` built directly refuses the
+the commands do (``build_operator``), so it multiplies by central differences and finds the
+exact λmax of the same model unsharded; ``curvcal.curvature.build_operator`` (and its former name
+``operator_for``, with a DeprecationWarning) gives the central-difference operator, where the
+function of that name once built a ``HessianOperator``; a ``HessianOperator`` built directly refuses the
 sharded model in one line (the API built one and failed inside torch: "Attempted to access the
 data pointer on an invalid python storage")."""
 
@@ -19,13 +21,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = """
-import json, os, sys
+import json, os, sys, warnings
 import torch, torch.distributed as dist
 dist.init_process_group("gloo", rank=0, world_size=1)
 import curvcal
+from curvcal.curvature import build_operator, central_difference
 from curvcal.curvature.operator import HessianOperator
 from curvcal.distributed import leave
 from curvcal.errors import InputError
+from curvcal.losses import loss_from_name
 from curvcal.sharding import shard_model
 
 torch.manual_seed(0)
@@ -53,9 +57,15 @@ try:
     refusal = None
 except InputError as error:
     refusal = error.message
+built = type(build_operator(model, loss_from_name("ce", 0.0), [(x, y)])).__name__
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    former = type(central_difference.operator_for(model, loss_from_name("ce", 0.0), [(x, y)]))
+warned = [str(w.message) for w in caught if w.category is DeprecationWarning]
 leave()
 print(json.dumps({"exact": exact, "got": spectrum.values[0].value,
-                  "engine": spectrum.engine, "refusal": refusal}))
+                  "engine": spectrum.engine, "refusal": refusal, "built": built,
+                  "former": former.__name__, "warned": warned}))
 """
 
 
@@ -85,4 +95,6 @@ def test_the_api_takes_a_sharded_model_by_central_differences(tmp_path: Path) ->
     assert result["got"] == pytest.approx(result["exact"], rel=1e-8)
     assert result["refusal"] is not None
     assert "is sharded with fully_shard" in result["refusal"]
-    assert "operator_for" in result["refusal"]
+    assert "curvcal.curvature.build_operator" in result["refusal"]
+    assert result["built"] == result["former"] == "CentralDifferenceOperator"
+    assert len(result["warned"]) == 1 and "now called build_operator" in result["warned"][0]

@@ -82,13 +82,13 @@ def test_sharded_ranks_equal_one_exact_process(
 
 
 def _exact_product(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor):  # type: ignore[no-untyped-def]
-    from curvcal.curvature.central_difference import operator_for
+    from curvcal.curvature import build_operator
     from curvcal.losses import loss_from_name
 
     from .sharded_worker import BATCH
 
     batches = [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, N_SAMPLES, BATCH)]
-    return operator_for(model, loss_from_name("ce", 0.0), batches).matvec(v)
+    return build_operator(model, loss_from_name("ce", 0.0), batches).matvec(v)
 
 
 def test_the_step_and_floor_follow_the_dtype() -> None:

@@ -237,7 +237,7 @@ def test_sliced_vectors_equal_one_exact_process(tmp_path: Path, ranks: int, how:
     figures within 1e-7, and the whole-vector sharded path's; no tensor with a dimension of P
     is made on any rank, while computing or while rank 0 collects the top eigenvectors a
     parameter at a time (those equal one process's up to sign)."""
-    from curvcal.curvature.central_difference import operator_for
+    from curvcal.curvature import build_operator
     from curvcal.losses import loss_from_name
 
     from .sharded_worker import N_SAMPLES, make_problem
@@ -246,7 +246,7 @@ def test_sliced_vectors_equal_one_exact_process(tmp_path: Path, ranks: int, how:
     model, x, y = make_problem(torch.float64)
     single_vectors: list[torch.Tensor] = []
     single = figures(
-        operator_for(model, loss_from_name("ce", 0.0), batches_of(x, y, list(range(N_SAMPLES)))),
+        build_operator(model, loss_from_name("ce", 0.0), batches_of(x, y, list(range(N_SAMPLES)))),
         torch.float64,
         single_vectors,
     )
