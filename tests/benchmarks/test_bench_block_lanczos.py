@@ -36,7 +36,7 @@ def known_spectrum(values: list[float], seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("block", [1, 2, 3, 8])
 def test_lambda_max_of_a_known_spectrum(bench: ModuleType, block: int) -> None:
     # λmax = 5 stands apart from a bulk in [−1, 2] (an indefinite matrix, as Hessians are)
-    values = [5.0] + torch.linspace(-1.0, 2.0, 119).tolist()
+    values = [5.0, *torch.linspace(-1.0, 2.0, 119).tolist()]
     found = bench.block_lanczos(known_spectrum(values), block, tol=1e-6, seed=3)
     assert found.converged and found.stopped_by == "tol"
     # a residual ≤ 1e-6 relative leaves the value within residual² / gap of λmax
@@ -94,7 +94,7 @@ def test_the_last_block_is_cut_to_what_the_space_has_left(bench: ModuleType) -> 
 
 
 def test_a_repeated_top_eigenvalue(bench: ModuleType) -> None:
-    values = [2.0, 2.0, 2.0] + torch.linspace(0.0, 1.8, 197).tolist()
+    values = [2.0, 2.0, 2.0, *torch.linspace(0.0, 1.8, 197).tolist()]
     matrix = known_spectrum(values, seed=4)
     for block in (1, 2, 4):
         found = bench.block_lanczos(matrix, block, tol=1e-6, seed=0)
@@ -107,7 +107,7 @@ def test_a_repeated_top_eigenvalue(bench: ModuleType) -> None:
 
 
 def test_a_product_budget_stops_the_run_with_what_it_reached(bench: ModuleType) -> None:
-    values = [1.0, 0.999, 0.998] + torch.linspace(0.0, 0.9, 197).tolist()
+    values = [1.0, 0.999, 0.998, *torch.linspace(0.0, 0.9, 197).tolist()]
     found = bench.block_lanczos(known_spectrum(values, seed=5), 4, tol=1e-8, max_products=13)
     assert found.products <= 13 and found.block_steps == 3
     assert not found.converged and found.stopped_by == "max_products"
