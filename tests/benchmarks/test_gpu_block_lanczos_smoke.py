@@ -34,10 +34,13 @@ def test_block_lanczos_part_times_blocks_and_runs_both(tmp_path: Path) -> None:
     assert [r["width"] for r in costs] == [1, 2, 4, 8]
     for cost in costs:  # timed on the first batch: 4 images
         assert cost["samples"] == 4 and cost["matmat_s"] > 0 and cost["matvecs_s"] > 0
+        # the whole data's graphs fit on the CPU: the costs are timed through kept graphs too
+        assert cost["keep_graphs"] == "auto" and cost["graphs_kept"] is True
         assert cost["per_vector"] == pytest.approx(cost["matmat_s"] / cost["matvecs_s"])
     block, single = (r for r in part["records"] if r["kind"] == "block-lanczos")
     assert (block["strategy"], block["block"], single["strategy"]) == ("block 2", 2, "single")
     assert block["n_samples"] == single["n_samples"] == 8
+    assert block["kept_rows"] == 8 and block["first_product_s"] > 0
     # b products a block step and at least one verification, within the smoke budget of 8
     assert 2 * block["block_steps"] < block["products"] <= 8
     assert block["per_vector"] == costs[1]["per_vector"]
@@ -48,3 +51,4 @@ def test_block_lanczos_part_times_blocks_and_runs_both(tmp_path: Path) -> None:
     table = (tmp_path / "gpu-run-smoke.md").read_text()
     assert "## Block Lanczos over probes (λmax)" in table
     assert "| vit_b_16 | 4 | 8 |" in table and "| vit_b_16 | 0.001 | block 2 |" in table
+    assert "graphs kept for 8 of 8 images (c_b timed with keep_graphs=auto)" in table
