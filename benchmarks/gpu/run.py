@@ -22,7 +22,12 @@ Parts, in order (each in its own process group, killed when its budget is spent)
   ECE, T and γ beside the CPU part's;
 * ``vit_warm_start``: the same ViT-B/16 and images, λmax to tol 1e-4 started from the top
   eigenvector of the Hessian over 1/16 of the images (``--warm-start``), then from a random
-  vector: full-data products, the warm stage's, and both in full-product units.
+  vector: full-data products, the warm stage's, and both in full-product units;
+* ``vit_block_lanczos``: the same ViT-B/16 and images: the seconds of one product of b = 1, 2,
+  4, 8 vectors (``matmat``) against b single products (``matvec``) over the first 200 images
+  (c_b, the cost of a vector in a block), then λmax to tol 1e-4 by block Lanczos with blocks of
+  2 (``bench_block_lanczos.py``'s) and by curvcal's Lanczos, each within a product budget:
+  products, and products × c_b in full-product units.
 
 Every model part runs the real command line in-process (``curvcal.cli.main``, so the CUDA path
 of the product is what is timed) after a plain gradient pass over the same batches (the floor)
@@ -70,10 +75,11 @@ from meter import Meter  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("cuda-tests", "resnet18", "vit_b_16", "bert_base", "llama_1b", "calibration",
-         "maps-device", "vit_warm_start")  # fmt: skip
+         "maps-device", "vit_warm_start", "vit_block_lanczos")  # fmt: skip
 # seconds each part may take at most (the total budget may leave it less)
 BUDGETS = {"cuda-tests": 240, "resnet18": 100, "vit_b_16": 90, "bert_base": 70, "llama_1b": 200,
-           "calibration": 90, "maps-device": 60, "vit_warm_start": 300}  # fmt: skip
+           "calibration": 90, "maps-device": 60, "vit_warm_start": 300,
+           "vit_block_lanczos": 420}  # fmt: skip
 SMOKE_BUDGETS = {part: 60 for part in PARTS}
 MIN_START = 15.0  # a part is not started with less than this left of the total budget
 LOG_TAIL = 200_000  # characters of each part's output kept in gpu-run.log
@@ -102,6 +108,14 @@ SMOKE = {
 #: ``vit_warm_start``: ViT-B/16 to tol 1e-4, started from the top eigenvector of the Hessian
 #: over this fraction of the data (``--warm-start``), then from a random vector as before
 WARM_START = {"full": (Size(1_000, 50, 1e-4, 40), 1 / 16), "smoke": (Size(8, 4, 1e-3, 6), 0.25)}
+#: ``vit_block_lanczos``: the run's size, the images the per-vector costs are timed on, the
+#: block size and the block run's product budget (its float64 basis: 48 columns of ViT-B/16's
+#: 86.6 M parameters, 33 GB). b = 2: on the CPU it needs the fewest products of the block sizes
+#: (bench_block_lanczos.py: 1.6× the single-vector run's, so c_2 < 0.6 would make it cheaper)
+BLOCK_LANCZOS = {
+    "full": (Size(1_000, 50, 1e-4, 40), 200, 2, 48),
+    "smoke": (Size(8, 4, 1e-3, 6), 4, 2, 8),
+}
 CALIBRATION_SIZES = {"full": ((100_000, 1_000), (1_000_000, 1_000)), "smoke": ((500, 5),)}
 #: the maps on the device: the CPU part's largest size
 DEVICE_MAP_SIZES = {"full": ((1_000_000, 1_000),), "smoke": ((500, 5),)}
@@ -296,6 +310,44 @@ def _plan_cell(plan: dict[str, Any] | None) -> str:
     return f"{plan['budget_bytes'] / 1e9:.1f} GB, {rows}"
 
 
+def _block_lanczos_lines(report: dict[str, Any]) -> list[str]:
+    """The ``vit_block_lanczos`` tables: c_b per block size, then the two runs with c* = the
+    single run's products over the block run's (block Lanczos is cheaper where c_b < c*)."""
+    records = [r for p in report["parts"] for r in p["records"]]
+    costs = [r for r in records if r.get("kind") == "block-cost"]
+    runs = [r for r in records if r.get("kind") == "block-lanczos"]
+    if not costs and not runs:
+        return []
+    lines = ["", "## Block Lanczos over probes (λmax)", ""]
+    if costs:
+        lines += ["| model | images | b | matmat s | b matvecs s | per-vector cost c_b | engine |",
+                  "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+        lines += [f"| {r['model']} | {r['samples']:,} | {r['width']} | {r['matmat_s']:.3f} | "
+                  f"{r['matvecs_s']:.3f} | {r['per_vector']:.3f} | {r['engine']} |"
+                  for r in costs]  # fmt: skip
+    single = next((r["products"] for r in runs if r["block"] == 1), None)
+    if runs:
+        lines += ["", "| model | tol | strategy | products (steps) | c_b | full-product units "
+                  "| break-even c* | s | λmax (converged, residual) |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+        for r in runs:
+            even = "—" if single is None or r["block"] == 1 else f"{single / r['products']:.2f}"
+            lines.append(
+                f"| {r['model']} | {r['tol']:g} | {r['strategy']} | {r['products']} "
+                f"({r['block_steps']}) | {r['per_vector']:.3f} | {r['units']:.2f} | {even} | "
+                f"{r['seconds']:.1f} | {_fmt(r['lambda_max'], '.6g')} ({r['converged']}, "
+                f"{_fmt(r['residual'], '.1e')}) |"
+            )
+        first = runs[0]
+        timed_with = costs[0]["keep_graphs"] if costs else "—"
+        lines.append(
+            f"\nThe whole data's graphs kept for {first['kept_rows'] or 0:,} of "
+            f"{first['n_samples']:,} images (c_b timed with keep_graphs={timed_with}); its first "
+            f"product {first['first_product_s']:.2f} s."
+        )
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -363,6 +415,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{r['units']:.2f} | {r['eigen_s'] + r['warm_s']:.1f} ({r['warm_s']:.1f}) | "
                 f"{_fmt(r['lambda_max'], '.6g')} ({r['converged']}, {_fmt(r['residual'], '.1e')}) |"
             )
+    lines += _block_lanczos_lines(report)
     llama = [r for p in report["parts"] for r in p["records"] if r.get("kind") == "llama"]
     if llama:
         lines += ["", "## The plan's 1B classifier, measured", "",
@@ -440,6 +493,8 @@ def worker(args: argparse.Namespace) -> None:
             maps_on_device(args, emit)
         elif args.worker == "vit_warm_start":
             warm_start_part(args, emit)
+        elif args.worker == "vit_block_lanczos":
+            block_lanczos_part(args, emit)
         elif args.worker == "llama_1b":
             from llama_part import llama_part  # type: ignore[import-not-found]
 
@@ -598,6 +653,69 @@ def warm_start_part(args: argparse.Namespace, emit: Callable[[dict[str, Any]], N
                 "lambda_max": results["lambda_max"], "converged": results["converged"],
                 "residual": results["spectrum"]["values"][0]["residual"],
             })  # fmt: skip
+
+
+def block_lanczos_part(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
+    """ViT-B/16: c_b = matmat(b) / (b matvecs) at b = 1, 2, 4, 8 over the first images (``func``
+    for blocks on CUDA; graphs kept only where the whole data's operator keeps them for every
+    image, its first product deciding), then λmax to tol 1e-4 over every image by block Lanczos
+    and by curvcal's Lanczos (each a record of its own, so that a budget spent in the second
+    keeps the first)."""
+    import torch
+
+    import curvcal
+    from curvcal.curvature.eigen import eigenvalues
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_block_lanczos import (  # type: ignore[import-not-found]
+        WIDTHS,
+        block_lanczos,
+        per_vector_costs,
+    )
+
+    size, cost_samples, block, budget = BLOCK_LANCZOS["smoke" if args.smoke else "full"]
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix="curvcal-block-") as scratch:
+        say(f"vit_block_lanczos: building the model and {size.samples} samples")
+        model, batches, _forward, _cli_args = build_vit(Path(scratch), size, args.smoke)
+    model = model.to(device).eval()
+    moved = [(to_device(x, device), y.to(device)) for x, y in batches]
+    # the whole data's operator first: its memory plan (graphs kept for every image, some or
+    # none) decides how the costs are timed, so that c_b is the cost of the products its runs make
+    operator = curvcal.hessian_operator(model, moved)
+    start = torch.randn(operator.shape[0], generator=torch.Generator().manual_seed(0))
+    with Meter(device) as first:
+        operator.matvec(start.to(device))
+    kept_rows = operator.kept_rows
+    keep = "auto" if kept_rows == operator.n_samples else "never"
+    few = moved[: max(1, cost_samples // size.batch)]
+    timed = curvcal.hessian_operator(model, few, keep_graphs=keep)
+    costs = per_vector_costs(timed, WIDTHS, repeats=1)
+    for width, cells in costs.items():
+        emit({"kind": "block-cost", "model": "vit_b_16", "samples": timed.n_samples,
+              "width": width, **cells, "engine": timed.engine, "keep_graphs": keep,
+              "graphs_kept": timed.graphs_kept})  # fmt: skip
+        say(f"vit_block_lanczos: b = {width}: per-vector cost {cells['per_vector']:.3f}")
+    del timed
+    common = {"kind": "block-lanczos", "model": "vit_b_16", "n_params": operator.shape[0],
+              "n_samples": operator.n_samples, "tol": size.tol, "kept_rows": kept_rows,
+              "first_product_s": first.seconds}  # fmt: skip
+    with Meter(device) as meter:
+        found = block_lanczos(operator, block, tol=size.tol, seed=0, max_products=budget)
+    per_vector = costs[block]["per_vector"]
+    emit({**common, "strategy": f"block {block}", "block": block, "products": found.products,
+          "block_steps": found.block_steps, "per_vector": per_vector,
+          "units": found.products * per_vector, "lambda_max": found.value,
+          "converged": found.converged, "residual": found.residual,
+          "stopped_by": found.stopped_by, "seconds": meter.seconds})  # fmt: skip
+    with Meter(device) as meter:
+        spectrum = eigenvalues(operator, 1, tol=size.tol, seed=0, max_iter=size.max_iter)
+    top = spectrum.values[0]
+    emit({**common, "strategy": "single", "block": 1, "products": spectrum.matvecs,
+          "block_steps": top.iterations, "per_vector": 1.0, "units": float(spectrum.matvecs),
+          "lambda_max": top.value, "converged": spectrum.converged, "residual": top.residual,
+          "stopped_by": spectrum.stopped_by, "seconds": meter.seconds})  # fmt: skip
 
 
 def product_kernel(
