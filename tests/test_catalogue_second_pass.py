@@ -1,0 +1,87 @@
+"""Holes a second adversarial pass found on the newest surfaces, each fixed where every part
+goes through it:
+
+- the Python API of the maps (``curvcal.fit_map``, ``curvcal.load_map``, ``FittedMap``): a
+  temperature-scaling or ETS map fitted on 3 classes gave probabilities for 2-class scores, and
+  a map read by ``load_map`` was never compared with the scores' class count, where ``--apply``
+  refuses both; ``fit_map("laplace", logits, labels)`` was an ``AttributeError`` from inside
+  the fit; ``fit_map("ts", ..., method="dirichlet")`` fitted temperature scaling and said
+  nothing. Now :class:`~curvcal.pipeline.fitted_map.FittedMap` checks the class count of every
+  map it applies (fitted or read), and ``fit_map`` refuses scores of the wrong kind for a map
+  and a ``method`` that is not its name: each an :class:`~curvcal.errors.InputError` naming
+  what is wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import curvcal
+from curvcal.calibration.registry import MAPS
+from curvcal.errors import InputError
+
+
+def _scores(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.arange(60) % k
+    logits = torch.randn(60, k, generator=generator, dtype=torch.float64)
+    logits[torch.arange(60), labels] += 1.5
+    return logits, labels
+
+
+# ---------------------------------------------------------------------------------------------
+# the maps from Python: each applied to scores of the class count it was fitted on only
+
+
+@pytest.mark.parametrize("stage", ["ts", "ets", "focal_ts"])
+def test_a_map_of_any_class_count_refuses_scores_of_another(stage: str, tmp_path: Path) -> None:
+    """Temperature scaling's and ETS's parameters do not depend on K: before, the map fitted on
+    3 classes gave probabilities for 2-class scores, fitted or read back by load_map."""
+    logits, labels = _scores(3)
+    fitted = curvcal.fit_map(stage, logits, labels)
+    path = tmp_path / "m.json"
+    fitted.save(path)
+    for applied in (fitted, curvcal.load_map(path)):
+        assert applied.probabilities(logits).shape == (60, 3)
+        for apply in (applied.probabilities, applied.log_probabilities):
+            with pytest.raises(InputError) as caught:
+                apply(logits[:, :2])
+            assert caught.value.what == "scores"
+            assert "have 2 classes, but this" in caught.value.why
+            assert "fitted on 3" in caught.value.why and caught.value.exit_code == 2
+
+
+def test_every_map_read_back_knows_its_class_count(tmp_path: Path) -> None:
+    for stage, entry in MAPS.items():
+        if entry.input == "features":
+            continue
+        k = 2 if entry.skip_reason(3, False) else 3
+        logits, labels = _scores(k)
+        path = tmp_path / f"{stage}.json"
+        curvcal.fit_map(stage, logits, labels).save(path)
+        assert curvcal.load_map(path).n_classes == k, stage
+
+
+def test_fit_map_refuses_logits_for_a_map_of_the_model_features() -> None:
+    """Before: AttributeError: 'Tensor' object has no attribute 'features'."""
+    logits, labels = _scores(3)
+    with pytest.raises(InputError) as caught:
+        curvcal.fit_map("laplace", logits, labels)
+    assert caught.value.what == "scores" and "HeadFeatures" in caught.value.why
+    assert "not on Tensor" in caught.value.why
+
+
+def test_fit_map_refuses_a_method_setting_that_is_not_its_name() -> None:
+    """Before: fit_map("ts", ..., method="dirichlet") fitted temperature scaling, silently."""
+    logits, labels = _scores(3)
+    with pytest.raises(InputError) as caught:
+        curvcal.fit_map("ts", logits, labels, method="dirichlet")
+    assert caught.value.what == "fit_map"
+    assert "method='dirichlet' contradicts the map named 'ts'" in caught.value.why
+    # the name's own spelling, either way, is no contradiction
+    for same in ("ts", "focal-ts"):
+        name = "focal_ts" if same == "focal-ts" else same
+        assert curvcal.fit_map(name, logits, labels, method=same).stage == name
