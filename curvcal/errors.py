@@ -94,7 +94,22 @@ class CurvcalError(Exception):
         text = f"{self.what}: {self.why}"
         if self.hint:
             text += f" ({self.hint})"
-        return " ".join(shorten(word) for word in text.split())  # always one line
+        return " ".join(shorten(word) for word in printable(text).split())  # always one line
+
+
+#: The control characters curvcal never prints raw (C0 but tab and newline, DEL, C1), each
+#: shown as its ``\xNN`` escape: a file named ``a\x1b[2J.pt`` must not clear the terminal,
+#: nor an escape sequence recolour or erase a verdict line in a CI log.
+_CONTROLS = {
+    code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0)) if code not in (9, 10)
+}
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but tab and newline written as its ``\\xNN``
+    escape (:data:`_CONTROLS`): what every line curvcal prints goes through (the error line,
+    and every string its consoles render)."""
+    return text.translate(_CONTROLS)
 
 
 #: Longest word (an option value, a path) a message repeats whole; longer ones are cut.

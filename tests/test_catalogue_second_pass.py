@@ -9,7 +9,13 @@ goes through it:
   nothing. Now :class:`~curvcal.pipeline.fitted_map.FittedMap` checks the class count of every
   map it applies (fitted or read), and ``fit_map`` refuses scores of the wrong kind for a map
   and a ``method`` that is not its name: each an :class:`~curvcal.errors.InputError` naming
-  what is wrong.
+  what is wrong;
+- names shown on the terminal: a path holding ``[/]`` (a folder ``a[``) was read by rich as a
+  closing tag in a table cell or a warning, ``MarkupError``, exit 70, and ``[bold]`` in a name
+  was drawn bold; a control character in a name (ESC, BEL) reached the terminal raw, so a
+  checkpoint named ``e<ESC>[2J.safetensors`` cleared it. Now curvcal's consoles read no markup
+  unless a call asks, and every string they render, and the error line, goes through one
+  function that shows a control character as its ``\\xNN`` escape.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from console_text import said
 
 import curvcal
 from curvcal.calibration.registry import MAPS
@@ -85,3 +92,51 @@ def test_fit_map_refuses_a_method_setting_that_is_not_its_name() -> None:
     for same in ("ts", "focal-ts"):
         name = "focal_ts" if same == "focal-ts" else same
         assert curvcal.fit_map(name, logits, labels, method=same).stage == name
+
+
+# ---------------------------------------------------------------------------------------------
+# names with odd characters: shown as they are, never read as markup or sent as control codes
+
+
+@pytest.fixture(scope="module")
+def odd_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder named ``a[`` (so that ``a[/]x`` is a path), with a checkpoint and a one-class
+    logits file in it."""
+    import shutil
+
+    from curvcal.assets import demo_checkpoint
+
+    folder = tmp_path_factory.mktemp("odd") / "a["
+    folder.mkdir()
+    shutil.copyfile(demo_checkpoint(), folder / "]m.safetensors")
+    (folder / "]k.csv").write_text("logits_0,labels\n0.5,0\n0.1,0\n")
+    return folder
+
+
+def test_a_path_that_reads_as_markup_is_shown_as_it_is(run_cli, odd_folder: Path) -> None:
+    """Before: rich read ``[/]`` in a table cell or a warning as a closing tag: MarkupError,
+    exit 70."""
+    model = odd_folder / "]m.safetensors"  # the path a[/]m.safetensors
+    inspected = run_cli("inspect", model)
+    assert inspected.code == 0, inspected.output
+    assert str(model) in inspected.stdout.replace("\n", "")
+    measured = run_cli("metrics", odd_folder / "]k.csv")
+    assert measured.code == 0, measured.output
+    assert said(f"{odd_folder}/]k.csv: one class (K = 1)", measured.stderr)
+
+
+def test_control_characters_in_a_name_are_shown_as_escapes(run_cli, tmp_path: Path) -> None:
+    """Before: a checkpoint named ``e<ESC>[2J.safetensors`` cleared the terminal when its table
+    was drawn, and a BEL in a missing file's name rang in the error line."""
+    import shutil
+
+    from curvcal.assets import demo_checkpoint
+
+    model = tmp_path / "e\x1b[2J.safetensors"
+    shutil.copyfile(demo_checkpoint(), model)
+    inspected = run_cli("inspect", model)
+    assert inspected.code == 0, inspected.output
+    assert "\x1b" not in inspected.stdout and "e\\x1b[2J.safetensors" in inspected.stdout
+    missing = run_cli("inspect", tmp_path / "no\x07pe.pt")
+    assert missing.code == 2 and "\x07" not in missing.stderr
+    assert said("no\\x07pe.pt: no such file", missing.stderr)
