@@ -15,7 +15,11 @@ goes through it:
   was drawn bold; a control character in a name (ESC, BEL) reached the terminal raw, so a
   checkpoint named ``e<ESC>[2J.safetensors`` cleared it. Now curvcal's consoles read no markup
   unless a call asks, and every string they render, and the error line, goes through one
-  function that shows a control character as its ``\\xNN`` escape.
+  function that shows a control character as its ``\\xNN`` escape;
+- the markdown summary (``--format markdown``, ``-o x.md``): a checkpoint whose name holds a
+  line break split the verdict's heading and put the rest of its name on lines of their own (a
+  list item, a heading of the job summary); only the table cells were kept on one line. Now
+  every name the summary quotes goes through the cells' one function.
 """
 
 from __future__ import annotations
@@ -140,3 +144,26 @@ def test_control_characters_in_a_name_are_shown_as_escapes(run_cli, tmp_path: Pa
     missing = run_cli("inspect", tmp_path / "no\x07pe.pt")
     assert missing.code == 2 and "\x07" not in missing.stderr
     assert said("no\\x07pe.pt: no such file", missing.stderr)
+
+
+def test_a_line_break_in_a_name_stays_inside_the_markdown_summary(run_cli, tmp_path: Path) -> None:
+    import shutil
+
+    from curvcal.assets import demo_checkpoint
+
+    model = tmp_path / "x\n- evil\n### heading.safetensors"
+    shutil.copyfile(demo_checkpoint(), model)
+    gate = tmp_path / "gate.toml"
+    gate.write_text(
+        '[settings]\ndata = "curvcal:digits"\ndevice = "cpu"\nmax_samples = 60\n'
+        "gammas = [0]\ntrace = false\n[accuracy]\nmin = 0.5\n"
+    )
+    result = run_cli("check", model, "--policy", gate, "-q", "--format", "markdown",
+                     "-o", tmp_path / "r.md")  # fmt: skip
+    assert result.code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert (tmp_path / "r.md").read_text().splitlines() == lines
+    assert not [line for line in lines if line.startswith(("- evil", "### heading"))]
+    assert any(
+        line.startswith("curvcal check: **x - evil ### heading.safetensors") for line in lines
+    )
