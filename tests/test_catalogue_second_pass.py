@@ -19,7 +19,13 @@ goes through it:
 - the markdown summary (``--format markdown``, ``-o x.md``): a checkpoint whose name holds a
   line break split the verdict's heading and put the rest of its name on lines of their own (a
   list item, a heading of the job summary); only the table cells were kept on one line. Now
-  every name the summary quotes goes through the cells' one function.
+  every name the summary quotes goes through the cells' one function;
+- saved reports read by ``compare`` and ``check --baseline``: a verdict row's value given as a
+  string, a boolean or NaN was judged "not finite" (exit 1, a check that failed) and an
+  interval of NaN was dropped; an ECE of -5 or 1e308, an accuracy of 2, an interval whose low
+  end is above its high end, rows of one metric that disagree, ``rows`` given as a string:
+  each was judged, exit 0 or 1. Now the one reader of reports checks every value it hands
+  the judge, exit 2 naming the file and the value's path in it.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from console_text import said
+from console_text import said, shown
 
 import curvcal
 from curvcal.calibration.registry import MAPS
@@ -167,3 +173,71 @@ def test_a_line_break_in_a_name_stays_inside_the_markdown_summary(run_cli, tmp_p
     assert any(
         line.startswith("curvcal check: **x - evil ### heading.safetensors") for line in lines
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# saved reports: every value compare and check --baseline judge is checked as it is read
+
+_REPORT_ROWS = [
+    {"metric": "accuracy", "bound": "min", "limit": 0.5, "value": 0.9, "interval": None},
+    {"metric": "ece", "bound": "max", "limit": 0.1, "value": 0.03, "interval": [0.01, 0.05]},
+    {"metric": "ece", "bound": "max_increase", "limit": 0.5, "value": 0.03,
+     "interval": [0.01, 0.05]},
+    {"metric": "lambda_max", "bound": "max", "limit": 1e3, "value": 70.0, "interval": None},
+]  # fmt: skip
+
+
+def _check_report(rows: object) -> dict[str, object]:
+    from curvcal.results import SCHEMA_VERSION
+
+    return {"schema": SCHEMA_VERSION, "curvcal": curvcal.__version__, "command": "check",
+            "status": "pass", "results": {"passed": True, "rows": rows}}  # fmt: skip
+
+
+def _edited(row: int, **changes: object) -> list[dict[str, object]]:
+    rows = [dict(r) for r in _REPORT_ROWS]
+    rows[row].update(changes)
+    return rows
+
+
+#: (rows of the NEW report, what the error says): each was judged before, exit 0 or 1
+TAMPERED_REPORTS = {
+    "string value": (_edited(1, value="0.1"), "results.rows[1].value: must be a number or null"),
+    "bool value": (_edited(0, value=True), "results.rows[0].value: must be a number or null"),
+    "NaN value": (_edited(1, value=float("nan")), "results.rows[1].value: nan is no value"),
+    "ECE below 0": (_edited(1, value=-5.0), "-5 is outside the range of ece, [0, 1]"),
+    "ECE of 1e308": (_edited(1, value=1e308), "1e+308 is outside the range of ece"),
+    "accuracy of 2": (_edited(0, value=2.0), "2 is outside the range of accuracy, [0, 1]"),
+    "interval reversed": (
+        _edited(1, interval=[0.05, 0.01]),
+        "results.rows[1].interval: its low end 0.05 is above its high end 0.01",
+    ),
+    "NaN interval": (_edited(1, interval=[float("nan"), 0.05]), "results.rows[1].interval[0]"),
+    "interval of three": (_edited(1, interval=[0, 0.01, 0.05]), "a list of two numbers or null"),
+    "rows that disagree": (
+        _edited(2, value=0.5),
+        "results.rows[2]: gives ece another value than an earlier row",
+    ),
+    "rows a string": ("x", "results.rows: must be a list of verdict rows, not str"),
+    "row without a metric": (_edited(3, metric=5), "results.rows[3]: must be an object naming"),
+}
+
+_GATE = "[ece]\nmax_increase = 0.5\n[accuracy]\nmax_decrease = 0.1\n"
+
+
+@pytest.mark.parametrize("case", list(TAMPERED_REPORTS))
+def test_compare_refuses_a_report_value_no_run_writes(run_cli, tmp_path: Path, case: str) -> None:
+    import json
+
+    rows, why = TAMPERED_REPORTS[case]
+    old, new, gate = tmp_path / "old.json", tmp_path / "new.json", tmp_path / "g.toml"
+    old.write_text(json.dumps(_check_report(_REPORT_ROWS)))
+    new.write_text(json.dumps(_check_report(rows)))
+    gate.write_text(_GATE)
+    assert run_cli("compare", old, old, "--policy", gate, "-q").code == 0  # the good report
+    for first, second in ((new, old), (old, new)):  # read as NEW and as OLD, the same
+        result = run_cli("compare", first, second, "--policy", gate, "-q")
+        assert result.code == 2, (case, result.output)
+        assert said(f"curvcal: error: {shown(new, ':')}", result.stderr), result.stderr
+        assert said(why, result.stderr), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
