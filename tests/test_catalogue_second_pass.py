@@ -25,7 +25,13 @@ goes through it:
   interval of NaN was dropped; an ECE of -5 or 1e308, an accuracy of 2, an interval whose low
   end is above its high end, rows of one metric that disagree, ``rows`` given as a string:
   each was judged, exit 0 or 1. Now the one reader of reports checks every value it hands
-  the judge, exit 2 naming the file and the value's path in it.
+  the judge, exit 2 naming the file and the value's path in it;
+- multiple-choice rows (a language model as a classifier): ``--choices a,a`` and an empty
+  ``--choices`` word were refused, but a row's own ``choices`` list holding an answer twice
+  (two classes no score tells apart), an empty answer or one of white space only (scored as
+  the delimiter alone) was measured, exit 0; now one rule (``answers_fault``) reads both. A
+  label of -1, None or NaN in such a row pointed at "the model's label2id ()", which a
+  language model has none of; it now says a label is the index of the row's right answer.
 """
 
 from __future__ import annotations
@@ -241,3 +247,53 @@ def test_compare_refuses_a_report_value_no_run_writes(run_cli, tmp_path: Path, c
         assert said(f"curvcal: error: {shown(new, ':')}", result.stderr), result.stderr
         assert said(why, result.stderr), result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# multiple-choice rows: each row's answers read by the one rule --choices is read by
+
+
+@pytest.fixture(scope="module")
+def causal_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "load"))
+    from choice_builders import save_causal_lm
+
+    return save_causal_lm(tmp_path_factory.mktemp("lm") / "m", "llama")
+
+
+_QUESTIONS = [
+    {"prompt": "the film was great. Sentiment:", "choices": ["positive", "negative"], "label": 0},
+    {"prompt": "a dull movie. Sentiment:", "choices": ["positive", "negative"], "label": 1},
+]
+
+#: (row 1 changed to, what the error says): each was measured before, exit 0 (or, for the
+#: label, a hint about the model's label2id)
+CHOICE_ROWS = {
+    "an answer twice": ({"choices": ["good", "good"]}, "row 1: answers 0 and 1 are the same"),
+    "an empty answer": ({"choices": ["", "negative"]}, "row 1: answer 0 ('') is empty"),
+    "a blank answer": ({"choices": ["positive", "  "]}, "row 1: answer 1 ('  ') is empty"),
+    "label -1": ({"label": -1}, "row 1: label -1 in column 'label' (a label is the index of"),
+    "label None": (
+        {"label": None},
+        "row 1: label None in column 'label' (a label is the index of the row's right answer, 0 to 1)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CHOICE_ROWS))
+def test_a_row_of_answers_no_classifier_has_is_refused(
+    run_cli, causal_lm: Path, tmp_path: Path, case: str
+) -> None:
+    import json
+
+    change, why = CHOICE_ROWS[case]
+    rows = [_QUESTIONS[0], {**_QUESTIONS[1], **change}]
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = run_cli("calibrate", causal_lm, "--data", data, "--method", "none", "-q")
+    assert result.code == 2, result.output
+    assert said(f"curvcal: error: {shown(data, ':')} {why}", result.stderr), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
