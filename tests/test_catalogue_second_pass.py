@@ -31,7 +31,12 @@ goes through it:
   (two classes no score tells apart), an empty answer or one of white space only (scored as
   the delimiter alone) was measured, exit 0; now one rule (``answers_fault``) reads both. A
   label of -1, None or NaN in such a row pointed at "the model's label2id ()", which a
-  language model has none of; it now says a label is the index of the row's right answer.
+  language model has none of; it now says a label is the index of the row's right answer;
+- a Laplace calibrator fitted with ``--dtype float32`` and applied to the same checkpoint read
+  with ``--dtype bfloat16`` or ``float16`` (or fitted in bfloat16, applied in float32) was
+  refused as another model's ("its weight differs ... refit it", where refitting could not
+  help): the saved head is now compared with the model's at the coarser of the two
+  precisions, still exactly, so a head changed by more than that rounding is refused.
 """
 
 from __future__ import annotations
@@ -297,3 +302,36 @@ def test_a_row_of_answers_no_classifier_has_is_refused(
     assert result.code == 2, result.output
     assert said(f"curvcal: error: {shown(data, ':')} {why}", result.stderr), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# a Laplace calibrator applies to its checkpoint read at any --dtype
+
+
+def _calibrate(run_cli, files: tuple[Path, Path], *extra: object) -> object:
+    checkpoint, data = files
+    return run_cli("calibrate", checkpoint, "--data", data, "--device", "cpu", "-q", *extra)
+
+
+@pytest.mark.parametrize(("fitted", "applied"), [("float32", "bfloat16"), ("float32", "float16"),
+                                                 ("bfloat16", "float32"), ("float16", "float64")])  # fmt: skip
+def test_a_laplace_calibrator_applies_to_its_checkpoint_at_another_dtype(
+    run_cli, digits_files: tuple[Path, Path], tmp_path: Path, fitted: str, applied: str
+) -> None:
+    import json
+
+    saved = tmp_path / "lap.json"
+    fit = _calibrate(run_cli, digits_files, "--method", "laplace", "--laplace-structure", "full",
+                     "--val-split", "0.5", "--dtype", fitted, "--save-calibrator", saved)  # fmt: skip
+    assert fit.code == 0, fit.output
+    result = _calibrate(run_cli, digits_files, "--apply", saved, "--dtype", applied, "--json")
+    assert result.code == 0, result.output
+    assert "laplace" in json.loads(result.stdout)["results"]["evaluation"]
+    # a head changed by more than the coarser precision's rounding is still another head
+    document = json.loads(saved.read_text())
+    document["laplace"]["weight"][0][0] += 0.05 * (abs(document["laplace"]["weight"][0][0]) + 1)
+    tampered = tmp_path / "t.json"
+    tampered.write_text(json.dumps(document))
+    refused = _calibrate(run_cli, digits_files, "--apply", tampered, "--dtype", applied)
+    assert refused.code == 2
+    assert said("its Laplace calibrator's weight differs from the weight", refused.stderr)
