@@ -15,7 +15,8 @@ goes through it:
   was drawn bold; a control character in a name (ESC, BEL) reached the terminal raw, so a
   checkpoint named ``e<ESC>[2J.safetensors`` cleared it. Now curvcal's consoles read no markup
   unless a call asks, and every string they render, and the error line, goes through one
-  function that shows a control character as its ``\\xNN`` escape;
+  function that shows a control character as its ``\\xNN`` escape (a bidirectional override
+  as its ``\\uNNNN``);
 - the markdown summary (``--format markdown``, ``-o x.md``): a checkpoint whose name holds a
   line break split the verdict's heading and put the rest of its name on lines of their own (a
   list item, a heading of the job summary); only the table cells were kept on one line. Now
@@ -161,6 +162,10 @@ def test_control_characters_in_a_name_are_shown_as_escapes(run_cli, tmp_path: Pa
     missing = run_cli("inspect", tmp_path / "no\x07pe.pt")
     assert missing.code == 2 and "\x07" not in missing.stderr
     assert said("no\\x07pe.pt: no such file", missing.stderr)
+    # a right-to-left override would show "a<RLO>gnp.pt" as "atp.png"
+    reordered = run_cli("inspect", tmp_path / "a\u202egnp.pt")
+    assert reordered.code == 2 and "\u202e" not in reordered.stderr
+    assert said("a\\u202egnp.pt: no such file", reordered.stderr)
 
 
 def test_a_line_break_in_a_name_stays_inside_the_markdown_summary(run_cli, tmp_path: Path) -> None:
