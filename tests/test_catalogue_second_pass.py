@@ -9,7 +9,9 @@ goes through it:
   nothing. Now :class:`~curvcal.pipeline.fitted_map.FittedMap` checks the class count of every
   map it applies (fitted or read), and ``fit_map`` refuses scores of the wrong kind for a map
   and a ``method`` that is not its name: each an :class:`~curvcal.errors.InputError` naming
-  what is wrong;
+  what is wrong. ``fit_map("ts", ..., val_split=0.5)`` fitted on every row, and any setting
+  the map's fit never reads (``bootstrap``, ``save_calibrator``, ``device`` for a CPU map)
+  was ignored; the fit's reads are now recorded and an unread setting is refused;
 - names shown on the terminal: a path holding ``[/]`` (a folder ``a[``) was read by rich as a
   closing tag in a table cell or a warning, ``MarkupError``, exit 70, and ``[bold]`` in a name
   was drawn bold; a control character in a name (ESC, BEL) reached the terminal raw, so a
@@ -101,6 +103,24 @@ def test_fit_map_refuses_logits_for_a_map_of_the_model_features() -> None:
         curvcal.fit_map("laplace", logits, labels)
     assert caught.value.what == "scores" and "HeadFeatures" in caught.value.why
     assert "not on Tensor" in caught.value.why
+
+
+@pytest.mark.parametrize(
+    ("stage", "setting"),
+    [("ts", {"val_split": 0.5}), ("ts", {"bootstrap": 100}), ("vector", {"device": "cpu"}),
+     ("isotonic", {"seed": 3}), ("dirichlet", {"save_calibrator": "d.json"})],
+)  # fmt: skip
+def test_fit_map_refuses_a_setting_its_fit_never_reads(stage: str, setting: dict) -> None:
+    """Before: each was accepted and ignored (val_split=0.5 fitted on every row)."""
+    logits, labels = _scores(3)
+    with pytest.raises(InputError) as caught:
+        curvcal.fit_map(stage, logits, labels, **setting)
+    assert caught.value.what == "fit_map"
+    assert f"the {stage} map's fit reads no {next(iter(setting))}" in caught.value.why
+    # what the fit reads is taken
+    read = {"ts": {"objective": "ece", "device": "cpu"}, "vector": {}, "isotonic": {},
+            "dirichlet": {}}[stage]  # fmt: skip
+    assert curvcal.fit_map(stage, logits, labels, **read).stage == stage
 
 
 def test_fit_map_refuses_a_method_setting_that_is_not_its_name() -> None:

@@ -11,7 +11,8 @@ The map is looked up in the registry (:data:`~curvcal.calibration.registry.MAPS`
 ``--method`` spelling (``focal-ts``, ``dirichlet-l2``) or its report stage (``focal_ts``), fitted
 by the same function the CLI calls, with the same settings (the fields of
 :class:`~curvcal.settings.calibration.CalibrationSettings`, passed as keywords:
-``objective="ece"``, ``histogram_bins=20``, ``seed=3``). :meth:`FittedMap.save` writes the same
+``objective="ece"``, ``histogram_bins=20``, ``seed=3``; a field the map's fit does not read,
+such as ``val_split``, is refused). :meth:`FittedMap.save` writes the same
 calibrator file as ``--save-calibrator``; :func:`load_map` reads one back through the same
 reader as ``--apply`` (its schema, bounds and provenance checks).
 """
@@ -130,13 +131,35 @@ def fit_map(name: str, scores: Any, labels: Any, **options: Any) -> FittedMap:
                 "logits alone are not enough: pass HeadFeatures(features, weight, bias, layer)",
             )
         kind = "features"
-    settings = CalibrationSettings(**options)
+    settings = _Reads(CalibrationSettings(**options))
     fit = entry.fit(scores, labels, "logits" if kind == "features" else kind, settings)
+    unread = sorted(set(options) - settings.read - {"method"})
+    if unread:
+        raise InputError(
+            "fit_map",
+            f"the {stage} map's fit reads no {', '.join(unread)}",
+            "leave out what it does not read (a split, a bootstrap, plots and files are the "
+            "commands' own)",
+        )
     calibration_map = fit.calibrator
     n_classes = getattr(calibration_map, "n_classes", None)
     if n_classes is None:
         n_classes = int(as_tensor(scores, "scores").shape[1])
     return FittedMap(stage, calibration_map, kind, fit, None, int(n_classes))
+
+
+class _Reads:
+    """The settings a fit is given, recording which fields it reads: a keyword of
+    :func:`fit_map` that the map's fit never reads (``val_split=0.5``, which only the commands
+    carve out) is refused rather than ignored."""
+
+    def __init__(self, settings: Any) -> None:
+        self._settings = settings
+        self.read: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        self.read.add(name)
+        return getattr(self._settings, name)
 
 
 def load_map(path: str | Path, stage: str | None = None) -> FittedMap:
