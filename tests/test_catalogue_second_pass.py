@@ -19,6 +19,10 @@ goes through it:
   unless a call asks, and every string they render, and the error line, goes through one
   function that shows a control character as its ``\\xNN`` escape (a bidirectional override
   as its ``\\uNNNN``);
+- plots: a checkpoint named ``m$\\frac{$.safetensors`` made ``--plot`` (and an ``-o x.html``
+  page's figures) a mathtext ``ValueError``, exit 70, and ``$x$`` in a name was set as math:
+  the one function every figure is saved through now draws every title, legend and
+  annotation as written (tick labels keep the mathtext matplotlib's formatters write);
 - the markdown summary (``--format markdown``, ``-o x.md``): a checkpoint whose name holds a
   line break split the verdict's heading and put the rest of its name on lines of their own (a
   list item, a heading of the job summary); only the table cells were kept on one line. Now
@@ -360,3 +364,29 @@ def test_a_laplace_calibrator_applies_to_its_checkpoint_at_another_dtype(
     refused = _calibrate(run_cli, digits_files, "--apply", tampered, "--dtype", applied)
     assert refused.code == 2
     assert said("its Laplace calibrator's weight differs from the weight", refused.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# plots draw names as written: "$" is no mathtext delimiter
+
+
+def test_a_dollar_in_a_name_is_drawn_as_written(
+    run_cli, digits_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Before: exit 70, ValueError: ParseSyntaxException (matplotlib read the name as
+    mathtext)."""
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    checkpoint, data = digits_files
+    model = tmp_path / "m$\\frac{$.safetensors"
+    shutil.copyfile(checkpoint, model)
+    plot = tmp_path / "r.svg"
+    result = run_cli("calibrate", model, "--data", data, "--device", "cpu", "-q", "--plot", plot,
+                     "-o", tmp_path / "r.html")  # fmt: skip
+    assert result.code == 0, result.output
+    assert plot.stat().st_size > 0 and (tmp_path / "r.html").stat().st_size > 0
+    spectrum = tmp_path / "s.png"
+    drawn = run_cli("hessian", model, "--data", data, "--device", "cpu", "-q", "--no-trace",
+                    "--density", "--plot", spectrum)  # fmt: skip
+    assert drawn.code == 0 and spectrum.stat().st_size > 0, drawn.output
