@@ -26,7 +26,9 @@ goes through it:
 - the markdown summary (``--format markdown``, ``-o x.md``): a checkpoint whose name holds a
   line break split the verdict's heading and put the rest of its name on lines of their own (a
   list item, a heading of the job summary); only the table cells were kept on one line. Now
-  every name the summary quotes goes through the cells' one function;
+  every name the summary quotes goes through the cells' one function; a data or policy name
+  holding a backtick ended its code span early (``odd/d`**x**`.pt`` showed a bold x): the
+  span's fence is now longer than any run of backticks in it;
 - saved reports read by ``compare`` and ``check --baseline``: a verdict row's value given as a
   string, a boolean or NaN was judged "not finite" (exit 1, a check that failed) and an
   interval of NaN was dropped; an ECE of -5 or 1e308, an accuracy of 2, an interval whose low

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from curvcal.report.judged import JudgedRun, judged_run
-from curvcal.report.tables import Table, markdown_inline, render_markdown
+from curvcal.report.tables import Table, markdown_code, markdown_inline, render_markdown
 from curvcal.report.verdict import VERDICT_COLUMNS, verdict_line
 from curvcal.results import Report
 
@@ -32,9 +32,9 @@ def verdict_heading(judged: JudgedRun) -> str:
     about = f"**{markdown_inline(judged.model.describe())}**"
     if judged.data_spec:
         n = f", N = {judged.n_samples}" if judged.n_samples is not None else ""
-        about += f" on `{markdown_inline(judged.data_spec)}`{n}"
+        about += f" on {markdown_code(judged.data_spec)}{n}"
     if judged.policy:
-        about += f", policy `{markdown_inline(judged.policy)}`"
+        about += f", policy {markdown_code(judged.policy)}"
     lines.append(f"curvcal {judged.command}: {about}  ")
     if judged.baseline is not None:
         lines.append(f"baseline: {markdown_inline(judged.baseline.describe())}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -209,6 +210,17 @@ def render_markdown(tables: Sequence[Table], explain: bool = False) -> str:
             parts.append(f"\n{markdown_inline(caption)}")
         parts.append("")
     return "\n".join(parts)
+
+
+def markdown_code(text: str) -> str:
+    """``text`` as a markdown code span on one line: fenced by one backtick more than its
+    longest run of backticks (a name holding `` ` `` would end a one-backtick span early and
+    the rest would be read as markdown), with a space inside the fence when it needs one."""
+    line = " ".join(text.splitlines())
+    longest = max((len(run) for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if longest else ""
+    return f"{fence}{pad}{line}{pad}{fence}"
 
 
 def markdown_inline(text: str) -> str:
