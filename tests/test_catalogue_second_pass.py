@@ -40,7 +40,11 @@ goes through it:
   (two classes no score tells apart), an empty answer or one of white space only (scored as
   the delimiter alone) was measured, exit 0; now one rule (``answers_fault``) reads both. A
   label of -1, None or NaN in such a row pointed at "the model's label2id ()", which a
-  language model has none of; it now says a label is the index of the row's right answer;
+  language model has none of; it now says a label is the index of the row's right answer. A
+  row of many answers packs into a sequence whose attention grows as its square: 10⁶ answers
+  (5.9 million tokens) ended after 99 s and 6 GB with a failed allocation, 20,000 answers
+  (89,000 tokens) asked for 110 GiB, which the kernel answers by killing the run; the scorer
+  now compares a lower bound of that memory with what is free first, exit 2 naming --data;
 - a Laplace calibrator fitted with ``--dtype float32`` and applied to the same checkpoint read
   with ``--dtype bfloat16`` or ``float16`` (or fitted in bfloat16, applied in float32) was
   refused as another model's ("its weight differs ... refit it", where refitting could not
@@ -392,3 +396,29 @@ def test_a_dollar_in_a_name_is_drawn_as_written(
     drawn = run_cli("hessian", model, "--data", data, "--device", "cpu", "-q", "--no-trace",
                     "--density", "--plot", spectrum)  # fmt: skip
     assert drawn.code == 0 and spectrum.stat().st_size > 0, drawn.output
+
+
+def test_rows_whose_attention_cannot_fit_are_refused_before_it_is_built(
+    run_cli, causal_lm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound is checked against the memory free: here made 1,000 bytes, which the packed
+    rows' attention (mask and one layer's scores, eager attention) exceeds; with the machine's
+    real memory the same run measures them."""
+    import json
+
+    import torch
+
+    from curvcal.load.models.choice_scorer import attention_bytes
+
+    # rows x width^2 x (dtype bytes x (1 + heads)) + 3 boolean width^2 tensors
+    assert attention_bytes(2, 10, torch.float32, 4) == 2 * 100 * 4 * 5 + 300
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in _QUESTIONS * 3))
+    args = ("calibrate", causal_lm, "--data", data, "--method", "none", "-q")
+    assert run_cli(*args).code == 0
+    monkeypatch.setattr("curvcal.load.models.choice_scorer.available_memory", lambda: 1000)
+    refused = run_cli(*args, "--batch-size", "6")
+    assert refused.code == 2, refused.output
+    assert said("curvcal: error: --data: 1 multiple-choice row packed into", refused.stderr)
+    assert said("GiB free on cpu (give fewer or shorter answers per row, or a smaller "
+                "--batch-size)", refused.stderr), refused.stderr  # fmt: skip
