@@ -38,12 +38,14 @@ class _Console(Console):
     ``SystemExit(1)``, "a check failed"); the CLI ends the run quietly with 141.
 
     It prints text as it is: no markup unless a call asks for it (a file named ``a[/]b.pt`` in
-    a table cell was a ``MarkupError``, exit 70, and ``[bold]`` in a name was drawn bold), and
+    a table cell was a ``MarkupError``, exit 70, and ``[bold]`` in a name was drawn bold), no
+    emoji codes (``:thumbs_up:`` in a name was drawn as 👍), and
     every string it renders goes through :func:`~curvcal.errors.printable` (a control character
     in a name is shown as its escape, never sent to the terminal)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("markup", False)
+        kwargs.setdefault("emoji", False)  # x:thumbs_up:.pt was drawn with an emoji
         super().__init__(*args, **kwargs)
 
     def render_str(self, text: str, *args: Any, **kwargs: Any) -> Any:

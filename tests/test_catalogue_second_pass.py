@@ -13,10 +13,10 @@ goes through it:
   the map's fit never reads (``bootstrap``, ``save_calibrator``, ``device`` for a CPU map)
   was ignored; the fit's reads are now recorded and an unread setting is refused;
 - names shown on the terminal: a path holding ``[/]`` (a folder ``a[``) was read by rich as a
-  closing tag in a table cell or a warning, ``MarkupError``, exit 70, and ``[bold]`` in a name
-  was drawn bold; a control character in a name (ESC, BEL) reached the terminal raw, so a
-  checkpoint named ``e<ESC>[2J.safetensors`` cleared it. Now curvcal's consoles read no markup
-  unless a call asks, and every string they render, and the error line, goes through one
+  closing tag in a table cell or a warning, ``MarkupError``, exit 70, ``[bold]`` in a name
+  was drawn bold and ``:thumbs_up:`` as an emoji; a control character in a name (ESC, BEL)
+  reached the terminal raw, so a checkpoint named ``e<ESC>[2J.safetensors`` cleared it. Now
+  curvcal's consoles read no markup or emoji code unless a call asks, and every string they render, and the error line, goes through one
   function that shows a control character as its ``\\xNN`` escape (a bidirectional override
   as its ``\\uNNNN``);
 - plots: a checkpoint named ``m$\\frac{$.safetensors`` made ``--plot`` (and an ``-o x.html``
@@ -165,6 +165,12 @@ def odd_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def shutil_copy(source: Path, target: Path) -> None:
+    import shutil
+
+    shutil.copyfile(source, target)
+
+
 def test_a_path_that_reads_as_markup_is_shown_as_it_is(run_cli, odd_folder: Path) -> None:
     """Before: rich read ``[/]`` in a table cell or a warning as a closing tag: MarkupError,
     exit 70."""
@@ -172,6 +178,10 @@ def test_a_path_that_reads_as_markup_is_shown_as_it_is(run_cli, odd_folder: Path
     inspected = run_cli("inspect", model)
     assert inspected.code == 0, inspected.output
     assert str(model) in inspected.stdout.replace("\n", "")
+    emoji = odd_folder / "x:thumbs_up:y.safetensors"  # was drawn as x👍y.safetensors
+    shutil_copy(odd_folder / "]m.safetensors", emoji)
+    named = run_cli("inspect", emoji)
+    assert named.code == 0 and "x:thumbs_up:y.safetensors" in named.stdout, named.output
     measured = run_cli("metrics", odd_folder / "]k.csv")
     assert measured.code == 0, measured.output
     assert said(f"{odd_folder}/]k.csv: one class (K = 1)", measured.stderr)
