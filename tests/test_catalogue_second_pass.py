@@ -16,9 +16,9 @@ goes through it:
   closing tag in a table cell or a warning, ``MarkupError``, exit 70, ``[bold]`` in a name
   was drawn bold and ``:thumbs_up:`` as an emoji; a control character in a name (ESC, BEL)
   reached the terminal raw, so a checkpoint named ``e<ESC>[2J.safetensors`` cleared it. Now
-  curvcal's consoles read no markup or emoji code unless a call asks, and every string they render, and the error line, goes through one
-  function that shows a control character as its ``\\xNN`` escape (a bidirectional override
-  as its ``\\uNNNN``);
+  curvcal's consoles read no markup or emoji code unless a call asks, and every string they
+  render, and the error line, goes through one function that shows a control character as
+  its ``\\xNN`` escape (a bidirectional override as its ``\\uNNNN``);
 - plots: a checkpoint named ``m$\\frac{$.safetensors`` made ``--plot`` (and an ``-o x.html``
   page's figures) a mathtext ``ValueError``, exit 70, and ``$x$`` in a name was set as math:
   the one function every figure is saved through now draws every title, legend and
