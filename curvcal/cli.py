@@ -30,6 +30,7 @@ from curvcal.errors import (
     FormerSpellingWarning,
     StdoutClosed,
     as_option,
+    printable,
     shorten,
     wording,
 )
@@ -54,7 +55,7 @@ def cli() -> None:
 
 
 def _error(message: str) -> None:
-    click.echo(f"curvcal: error: {message}", err=True)
+    click.echo(f"curvcal: error: {printable(message)}", err=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from curvcal.errors import InputError
+from curvcal.errors import InputError, printable
 from curvcal.pace import PLAIN_GRACE_SECONDS, Clock, Pace, PlainLines
 
 _FALLBACK_WIDTH = 120
@@ -35,7 +35,21 @@ def _width() -> int | None:
 
 class _Console(Console):
     """A rich console that lets a broken pipe propagate (rich's own answer is a silent
-    ``SystemExit(1)``, "a check failed"); the CLI ends the run quietly with 141."""
+    ``SystemExit(1)``, "a check failed"); the CLI ends the run quietly with 141.
+
+    It prints text as it is: no markup unless a call asks for it (a file named ``a[/]b.pt`` in
+    a table cell was a ``MarkupError``, exit 70, and ``[bold]`` in a name was drawn bold), no
+    emoji codes (``:thumbs_up:`` in a name was drawn as 👍), and
+    every string it renders goes through :func:`~curvcal.errors.printable` (a control character
+    in a name is shown as its escape, never sent to the terminal)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("markup", False)
+        kwargs.setdefault("emoji", False)  # x:thumbs_up:.pt was drawn with an emoji
+        super().__init__(*args, **kwargs)
+
+    def render_str(self, text: str, *args: Any, **kwargs: Any) -> Any:
+        return super().render_str(printable(text), *args, **kwargs)
 
     def on_broken_pipe(self) -> None:
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")
@@ -177,7 +191,10 @@ _EARLY: list[str] = []
 
 
 def _say_warning(message: str) -> None:
-    stderr_console().print(f"[yellow]curvcal: warning:[/yellow] {message}", highlight=False)
+    from rich.text import Text
+
+    line = Text.assemble(("curvcal: warning:", "yellow"), " " + printable(message))
+    stderr_console().print(line, highlight=False)
 
 
 def warn_early(message: str) -> None:
@@ -225,9 +242,11 @@ class Reporter:
         console.print(text, highlight=False, markup=False)
         return True
 
-    def info(self, message: str) -> None:
+    def info(self, message: str, *, markup: bool = False) -> None:
+        """Say ``message`` on stderr (not under ``--quiet``); with ``markup``, it is rich
+        markup whose user-given parts the caller escaped."""
         if not self.quiet:
-            stderr_console().print(message, highlight=False)
+            stderr_console().print(message, highlight=False, markup=markup)
 
     def stage(self, text: str) -> None:
         """Say which step the run is in (``loading the checkpoint``), as a line on stderr,
@@ -269,9 +288,9 @@ class Reporter:
             return
         pace = Pace(total, self.clock)
         columns = (
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
-            TextColumn("{task.fields[pace]}"),
+            TextColumn("{task.fields[pace]}", markup=False),
             TimeElapsedColumn(),
         )
         with Progress(*columns, console=console, transient=True) as bar:

@@ -94,7 +94,31 @@ class CurvcalError(Exception):
         text = f"{self.what}: {self.why}"
         if self.hint:
             text += f" ({self.hint})"
-        return " ".join(shorten(word) for word in text.split())  # always one line
+        return " ".join(shorten(word) for word in printable(text).split())  # always one line
+
+
+#: The control characters curvcal never prints raw (C0 but tab and newline, DEL, C1), each
+#: shown as its ``\xNN`` escape: a file named ``a\x1b[2J.pt`` must not clear the terminal,
+#: nor an escape sequence recolour or erase a verdict line in a CI log; and the characters
+#: that reorder or break a line where they stand (the bidirectional overrides and isolates,
+#: U+2028/U+2029), shown as ``\uNNNN``: ``a\u202egnp.pt`` must not read as ``atp.png``.
+_CONTROLS = {
+    **{
+        code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0)) if code not in (9, 10)
+    },
+    **{
+        code: f"\\u{code:04x}"
+        for code in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+    },
+    **{code: f"\\u{code:04x}" for code in (0x2028, 0x2029)},
+}
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but tab and newline, and every character that
+    reorders or breaks a line, written as its escape (:data:`_CONTROLS`): what every line
+    curvcal prints goes through (the error line, and every string its consoles render)."""
+    return text.translate(_CONTROLS)
 
 
 #: Longest word (an option value, a path) a message repeats whole; longer ones are cut.

@@ -334,7 +334,8 @@ class LaplaceMap(SavedMap):
         """Refuse, naming ``where``, a posterior that is not over ``module``'s head: ``layer``
         must be the model's last ``nn.Linear`` (looked up among its registered modules, never
         by attribute), and the saved posterior mean, ``weight`` and ``bias``, must equal that
-        layer's weights exactly (the map replaces the head by them)."""
+        layer's weights exactly (the map replaces the head by them), at the coarser of the
+        precision the model is read in and the one it was fitted in (:func:`_differs`)."""
         name, head = last_linear(module, where)
         expected = name or WHOLE_MODEL
         if self.layer != expected:
@@ -407,8 +408,19 @@ def _check_psd(matrix: Tensor, source: str, key: str) -> None:
         )
 
 
+#: The precisions a checkpoint's head is read in (``--dtype``): a posterior fitted on the
+#: model in one of them and applied to it in another is over the same head.
+_HEAD_PRECISIONS = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _differs(saved: Tensor | None, own: Tensor | None) -> str | None:
-    """How a saved tensor differs from the model's, or ``None`` when they are equal."""
+    """How a saved tensor differs from the model's, or ``None`` when they are equal: exactly,
+    or once both are rounded to the coarser of the model's precision and the saved one's (the
+    narrowest of :data:`_HEAD_PRECISIONS` that holds every saved number), so that a posterior
+    fitted with ``--dtype float32`` applies to the model read with ``--dtype bfloat16`` and
+    the other way round, and no other head passes. (bfloat16 and float16 hold neither the
+    other: a posterior fitted in one and applied in the other is refused where their two
+    roundings of the checkpoint's weights differ.)"""
     if saved is None or own is None:
         return None if saved is None and own is None else "one has none"
     model = own.detach().to(device="cpu", dtype=torch.float64)
@@ -416,6 +428,14 @@ def _differs(saved: Tensor | None, own: Tensor | None) -> str | None:
         return f"shape {tuple(saved.shape)} against {tuple(model.shape)}"
     if torch.equal(model, saved):
         return None
+    coarser = {own.dtype} | {
+        precision
+        for precision in _HEAD_PRECISIONS
+        if torch.equal(saved.to(precision).double(), saved)
+    }
+    for precision in coarser:
+        if torch.equal(model.to(precision), saved.to(precision)):
+            return None
     return f"largest difference {float((model - saved).abs().max()):.3g}"
 
 

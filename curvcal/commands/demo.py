@@ -71,7 +71,9 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
     assert result.hessian is not None and result.calibration is not None
     if plots is not None:
         write_plots(result.calibration, result.hessian, plots)
-        reporter.info(f"plots written: {escape(str(plots[0]))}, {escape(str(plots[1]))}")
+        reporter.info(
+            f"plots written: {escape(str(plots[0]))}, {escape(str(plots[1]))}", markup=True
+        )
     tables = [
         *inspect_tables(run.info)[:1],
         digits_table(run.n_samples, run.accuracy, run.mean_confidence),
@@ -82,6 +84,7 @@ def demo(batch_size: int, plot_dir: Path | None) -> int:
     code = finish(run.report, tables)
     verdict = "all bounds hold" if result.passed else "a bound is broken (exit 1 in curvcal check)"
     reporter.info(
-        TOUR.format(n=run.n_samples, verdict=verdict, policy=escape(str(run.policy_path)))
+        TOUR.format(n=run.n_samples, verdict=verdict, policy=escape(str(run.policy_path))),
+        markup=True,
     )
     return code

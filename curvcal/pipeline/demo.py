@@ -88,7 +88,10 @@ def run_demo(request: DemoRequest, reporter: Reporter) -> DemoRun | None:
     data_settings = DataSettings(data=gate.settings["data"], batch_size=request.batch_size)
     timings: dict[str, float] = {}
     with open_session(checkpoint_settings, reporter, (data_settings,)) as session:
-        say = session.reporter.info
+
+        def say(text: str) -> None:
+            session.reporter.info(text, markup=True)  # the bundled names only: no escape needed
+
         say(f"[bold]1. inspect[/bold] the bundled checkpoint {checkpoint.name}")
         began = time.perf_counter()
         info = inspect_checkpoint(checkpoint)

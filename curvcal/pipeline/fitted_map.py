@@ -11,7 +11,8 @@ The map is looked up in the registry (:data:`~curvcal.calibration.registry.MAPS`
 ``--method`` spelling (``focal-ts``, ``dirichlet-l2``) or its report stage (``focal_ts``), fitted
 by the same function the CLI calls, with the same settings (the fields of
 :class:`~curvcal.settings.calibration.CalibrationSettings`, passed as keywords:
-``objective="ece"``, ``histogram_bins=20``, ``seed=3``). :meth:`FittedMap.save` writes the same
+``objective="ece"``, ``histogram_bins=20``, ``seed=3``; a field the map's fit does not read,
+such as ``val_split``, is refused). :meth:`FittedMap.save` writes the same
 calibrator file as ``--save-calibrator``; :func:`load_map` reads one back through the same
 reader as ``--apply`` (its schema, bounds and provenance checks).
 """
@@ -46,11 +47,30 @@ class FittedMap:
 
     def probabilities(self, scores: Any) -> Any:
         """float64 calibrated probabilities of N×K ``scores`` (of this map's ``kind``)."""
-        return self.map.probabilities(scores, self.kind)
+        return self.map.probabilities(self._checked(scores), self.kind)
 
     def log_probabilities(self, scores: Any) -> Any:
         """float64 calibrated log-probabilities of N×K ``scores``."""
-        return self.map.apply(scores, self.kind)
+        return self.map.apply(self._checked(scores), self.kind)
+
+    def _checked(self, scores: Any) -> Any:
+        """``scores``, refused (:class:`InputError` naming them) when their class count is not
+        the one the map was fitted on, as ``--apply`` refuses them: a map whose parameters do
+        not depend on K (temperature scaling, ETS) would otherwise give probabilities for
+        classes it never saw."""
+        if self.kind == "features" or self.n_classes is None:
+            return scores
+        from curvcal.calibration.inputs import as_tensor
+
+        tensor = as_tensor(scores, "scores")
+        if tensor.ndim == 2 and int(tensor.shape[1]) != self.n_classes:
+            raise InputError(
+                "scores",
+                f"have {int(tensor.shape[1])} classes, but this {self.stage} map was fitted on "
+                f"{self.n_classes}",
+                "apply it to scores like those it was fitted on",
+            )
+        return tensor
 
     def save(self, path: str | Path) -> None:
         """Write the calibrator file of this map to ``path`` (a new file: an existing one is
@@ -94,15 +114,52 @@ def fit_map(name: str, scores: Any, labels: Any, **options: Any) -> FittedMap:
             f"the settings are kind, {', '.join(known)}",
         )
     entry = MAPS[stage]
+    if options.get("method", entry.option) not in (entry.option, stage):
+        raise InputError(
+            "fit_map",
+            f"method={options['method']!r} contradicts the map named {name!r}",
+            "the name says which map is fitted: leave method out",
+        )
     if entry.input == "features":
+        from curvcal.calibration.laplace import HeadFeatures
+
+        if not isinstance(scores, HeadFeatures):
+            raise InputError(
+                "scores",
+                f"the {stage} map is fitted on the model's last-layer inputs and head (a "
+                f"curvcal.calibration.laplace.HeadFeatures), not on {type(scores).__name__}",
+                "logits alone are not enough: pass HeadFeatures(features, weight, bias, layer)",
+            )
         kind = "features"
-    settings = CalibrationSettings(**options)
+    settings = _Reads(CalibrationSettings(**options))
     fit = entry.fit(scores, labels, "logits" if kind == "features" else kind, settings)
+    unread = sorted(set(options) - settings.read - {"method"})
+    if unread:
+        raise InputError(
+            "fit_map",
+            f"the {stage} map's fit reads no {', '.join(unread)}",
+            "leave out what it does not read (a split, a bootstrap, plots and files are the "
+            "commands' own)",
+        )
     calibration_map = fit.calibrator
     n_classes = getattr(calibration_map, "n_classes", None)
     if n_classes is None:
         n_classes = int(as_tensor(scores, "scores").shape[1])
     return FittedMap(stage, calibration_map, kind, fit, None, int(n_classes))
+
+
+class _Reads:
+    """The settings a fit is given, recording which fields it reads: a keyword of
+    :func:`fit_map` that the map's fit never reads (``val_split=0.5``, which only the commands
+    carve out) is refused rather than ignored."""
+
+    def __init__(self, settings: Any) -> None:
+        self._settings = settings
+        self.read: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        self.read.add(name)
+        return getattr(self._settings, name)
 
 
 def load_map(path: str | Path, stage: str | None = None) -> FittedMap:
@@ -126,7 +183,8 @@ def load_map(path: str | Path, stage: str | None = None) -> FittedMap:
     kind = "features" if MAPS[stage].input == "features" else "logits"
     if read.provenance is not None and kind != "features":
         kind = read.provenance.input_kind
-    return FittedMap(stage, read.calibrators[stage], kind, None, read.provenance)
+    n_classes = None if read.provenance is None else read.provenance.n_classes
+    return FittedMap(stage, read.calibrators[stage], kind, None, read.provenance, n_classes)
 
 
 def map_stage(name: str, what: str = "name") -> str:

@@ -7,15 +7,17 @@ later comparison of saved reports judge the same numbers.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from curvcal.errors import InputError
+from curvcal.errors import InputError, shorten
 from curvcal.jsontext import loads as load_json_text
 from curvcal.paths import read_text_file
-from curvcal.policy.evaluate import MetricValue, finite_value
-from curvcal.policy.parse import CALIBRATION_METRICS, STAGES, UNCALIBRATED
+from curvcal.policy.evaluate import MetricValue
+from curvcal.policy.parse import CALIBRATION_METRICS, STAGES, UNCALIBRATED, metric_domain
 from curvcal.results import SCHEMA_VERSION, to_jsonable
 from curvcal.settings.fields import word_today
 
@@ -61,57 +63,142 @@ def metric_paths() -> dict[str, tuple[str, ...]]:
 
 VERDICT_COMMANDS = ("check", "compare")
 
+#: Rounding a saved value may carry past the edge of its metric's range (an ECE summed in
+#: float64 can end a few ulps below 0).
+_DOMAIN_ROUNDING = 1e-9
 
-def metric_values(report: Mapping[str, Any]) -> dict[str, MetricValue]:
+
+@dataclass(frozen=True)
+class _Reader:
+    """Reads the values of a report's document. With ``source`` (the file it was read from)
+    every value read is checked as a saved file's fields are, and a fault is an
+    :class:`InputError` naming the file and the value's path; without, a value that is no
+    number reads as missing (a measurement of this run, read through the same table)."""
+
+    source: str | None = None
+
+    def fail(self, where: str, why: str) -> None:
+        if self.source is not None:
+            raise InputError(
+                self.source,
+                f"{where}: {why}",
+                "curvcal writes no such report: write it again with -o",
+            )
+
+    def number(self, item: Any, where: str, metric: str | None) -> float | None:
+        """A value: a number, or ``None`` for null (a non-finite value is saved as null)."""
+        if item is None:
+            return None
+        if isinstance(item, bool) or not isinstance(item, int | float):
+            self.fail(where, f"must be a number or null, not {shorten(repr(item))}")
+            return None
+        value = float(item)
+        if not math.isfinite(value):
+            self.fail(where, f"{value} is no value a report holds (it saves one as null)")
+            return None
+        domain = metric_domain(metric) if metric is not None else None
+        if domain is not None:
+            low, high = domain
+            if not low - _DOMAIN_ROUNDING <= value <= high + _DOMAIN_ROUNDING:
+                self.fail(where, f"{value:g} is outside the range of {metric}, [{low:g}, {high:g}]")
+        return value
+
+    def interval(self, item: Any, where: str, metric: str | None) -> tuple[float, float] | None:
+        if item is None:
+            return None
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            self.fail(where, f"must be a list of two numbers or null, not {shorten(repr(item))}")
+            return None
+        low = self.number(item[0], f"{where}[0]", metric)
+        high = self.number(item[1], f"{where}[1]", metric)
+        if low is None or high is None:
+            return None
+        if low > high:
+            self.fail(where, f"its low end {low:g} is above its high end {high:g}")
+            return None
+        return (low, high)
+
+    def metric_value(self, item: Any, where: str, metric: str | None) -> MetricValue:
+        """A number, or an object with ``estimate`` or ``value`` and ``ci95`` or ``interval``."""
+        if isinstance(item, Mapping):
+            key = "estimate" if "estimate" in item else "value"
+            bounds = "ci95" if "ci95" in item else "interval"
+            return MetricValue(
+                self.number(item.get(key), f"{where}.{key}", metric),
+                self.interval(item.get(bounds), f"{where}.{bounds}", metric),
+            )
+        return MetricValue(self.number(item, where, metric))
+
+
+def metric_values(report: Mapping[str, Any], source: str | None = None) -> dict[str, MetricValue]:
     """The gated metrics found in a report's JSON document, by key.
 
     A ``check``/``compare`` document carries the values it judged in its verdict rows
     (``results.rows``); any other document is read through :func:`metric_paths`, a calibration
     stage's metric with its bootstrap interval (``intervals.<metric>`` beside it). Metrics the
     document lacks are left out; one present as ``null`` (a non-finite number) maps to
-    ``MetricValue(None)``.
+    ``MetricValue(None)``. With ``source``, the file the document was read from, each value
+    read is checked (:class:`_Reader`): a number or null within its metric's range, an interval
+    of two with its low end first, verdict rows that are objects naming their metric, and rows
+    of one metric (one per bound) that agree.
     """
+    read = _Reader(source)
     found: dict[str, MetricValue] = {}
     if report.get("command") in VERDICT_COMMANDS:
         results = report.get("results")
         rows = results.get("rows") if isinstance(results, Mapping) else None
-        for row in rows if isinstance(rows, list) else []:
-            if isinstance(row, Mapping) and isinstance(row.get("metric"), str):
-                found.setdefault(row["metric"], _metric_value(row))
+        if rows is not None and not isinstance(rows, list):
+            read.fail("results.rows", f"must be a list of verdict rows, not {type(rows).__name__}")
+        for i, row in enumerate(rows if isinstance(rows, list) else []):
+            where = f"results.rows[{i}]"
+            if not isinstance(row, Mapping) or not isinstance(row.get("metric"), str):
+                read.fail(where, "must be an object naming its metric")
+                continue
+            metric = row["metric"]
+            value = read.metric_value(row, where, metric)
+            if metric in found and found[metric] != value:
+                read.fail(where, f"gives {metric} another value than an earlier row")
+            found.setdefault(metric, value)
         return found
     for key, paths in metric_paths().items():
         for path in paths:
             present, item = _lookup(report, path)
             if present:
-                found[key] = _metric_value(item)
+                found[key] = read.metric_value(item, path, key)
                 if found[key].interval is None:  # a calibration stage's bootstrap interval
                     parent, _dot, name = path.rpartition(".")
-                    _present, interval = _lookup(report, f"{parent}.intervals.{name}")
-                    found[key] = MetricValue(found[key].value, _interval(interval))
+                    place = f"{parent}.intervals.{name}"
+                    _present, interval = _lookup(report, place)
+                    found[key] = MetricValue(found[key].value, read.interval(interval, place, key))
                 break
-    found.update(improvements(report))
+    found.update(improvements(report, read))
     return found
 
 
 _RANKING_PATHS = ("results.ranking.stages", "results.calibration.ranking.stages")
 
 
-def improvements(report: Mapping[str, Any]) -> dict[str, MetricValue]:
+def improvements(report: Mapping[str, Any], read: _Reader | None = None) -> dict[str, MetricValue]:
     """Each calibrated stage's improvement over uncalibrated from a report's ``ranking``:
     ``{"ts.ece.improvement": metric(uncalibrated) − metric(ts), with its paired interval}``
     for every ranked score (the ranking holds stage − uncalibrated; the sign and the
-    interval's ends are flipped)."""
+    interval's ends are flipped). ``read``: how values are read (:func:`metric_values`)."""
+    read = read or _Reader()
     found: dict[str, MetricValue] = {}
     for path in _RANKING_PATHS:
         present, stages = _lookup(report, path)
         if not present or not isinstance(stages, list):
             continue
-        for ranked in stages:
+        for i, ranked in enumerate(stages):
             against = ranked.get("vs_uncalibrated") if isinstance(ranked, Mapping) else None
             if not isinstance(against, Mapping):
                 continue
+            if ranked.get("stage") not in STAGES:
+                read.fail(f"{path}[{i}].stage", f"names no stage of {', '.join(STAGES)}")
+                continue
             for score, difference in against.items():
-                measured = _metric_value(difference)
+                where = f"{path}[{i}].vs_uncalibrated.{score}"
+                measured = read.metric_value(difference, where, None)
                 value = None if measured.value is None else -measured.value
                 interval = measured.interval
                 flipped = None if interval is None else (-interval[1], -interval[0])
@@ -128,28 +215,6 @@ def _lookup(document: Any, path: str) -> tuple[bool, Any]:
             return False, None
         item = item[part]
     return True, item
-
-
-def _metric_value(item: Any) -> MetricValue:
-    if isinstance(item, Mapping):
-        number = item.get("estimate", item.get("value"))
-        interval = _interval(item.get("ci95", item.get("interval")))
-        return MetricValue(_number(number), interval)
-    return MetricValue(_number(item))
-
-
-def _number(item: Any) -> float | None:
-    if isinstance(item, bool) or not isinstance(item, int | float):
-        return None
-    return finite_value(float(item))
-
-
-def _interval(item: Any) -> tuple[float, float] | None:
-    if isinstance(item, list | tuple) and len(item) == 2:
-        low, high = _number(item[0]), _number(item[1])
-        if low is not None and high is not None:
-            return (low, high)
-    return None
 
 
 def report_origin(document: Mapping[str, Any]) -> dict[str, Any]:
@@ -169,8 +234,9 @@ def report_origin(document: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_report(path: Path) -> dict[str, Any]:
-    """Read a saved curvcal JSON report, checking that it is one and that its schema is one this
-    version reads (same major version)."""
+    """Read a saved curvcal JSON report, checking that it is one, that its schema is one this
+    version reads (same major version) and that every value a check or compare judges in it
+    is one a report can hold (:func:`metric_values` with the file as ``source``)."""
     text = read_text_file(path, "report")
     try:
         document = load_json_text(text, str(path))
@@ -198,6 +264,7 @@ def load_report(path: Path) -> dict[str, Any]:
             f"report schema {schema} is not readable by this curvcal (it reads "
             f"{' and '.join(major + '.x' for major in READ_MAJORS)})",
         )
+    metric_values(document, str(path))  # every value a run judges, checked as it is read
     return document
 
 

@@ -123,6 +123,15 @@ _DOMAIN: dict[str, tuple[float, float]] = {
     "focal_temperature": (0.0, math.inf),
 }
 
+
+def metric_domain(key: str) -> tuple[float, float] | None:
+    """The range the gated metric ``key`` (``ece``, ``ts.nll``, ``trace``) can take
+    (:data:`_DOMAIN`); ``None`` for an improvement (``ts.ece.improvement``, a difference) or a
+    name this version does not gate."""
+    name = key.rsplit(".", 1)[-1]
+    return None if name == "improvement" else _DOMAIN.get(name)
+
+
 # Evaluation settings a policy may hold under [settings], with the kind each must have: the
 # fields they set (curvcal.policy.keys) give both. The values themselves (an architecture's
 # name, a dataset spec, a word of a setting's choices) are checked when a check runs, naming

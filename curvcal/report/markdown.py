@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from curvcal.report.judged import JudgedRun, judged_run
-from curvcal.report.tables import Table, render_markdown
+from curvcal.report.tables import Table, markdown_code, markdown_inline, render_markdown
 from curvcal.report.verdict import VERDICT_COLUMNS, verdict_line
 from curvcal.results import Report
 
@@ -29,15 +29,15 @@ def markdown_report(report: Report, tables: Sequence[Table], explain: bool = Fal
 def verdict_heading(judged: JudgedRun) -> str:
     """The lines a summary opens with: the verdict, what was judged, and against what."""
     lines = [f"## {verdict_line(judged.verdict)}", ""]
-    about = f"**{judged.model.describe()}**"
+    about = f"**{markdown_inline(judged.model.describe())}**"
     if judged.data_spec:
         n = f", N = {judged.n_samples}" if judged.n_samples is not None else ""
-        about += f" on `{judged.data_spec}`{n}"
+        about += f" on {markdown_code(judged.data_spec)}{n}"
     if judged.policy:
-        about += f", policy `{judged.policy}`"
+        about += f", policy {markdown_code(judged.policy)}"
     lines.append(f"curvcal {judged.command}: {about}  ")
     if judged.baseline is not None:
-        lines.append(f"baseline: {judged.baseline.describe()}")
+        lines.append(f"baseline: {markdown_inline(judged.baseline.describe())}")
     else:
         lines.append("baseline: none")
     lines.append("")

@@ -105,6 +105,27 @@ def drawing(dpi: int = DPI) -> Iterator[Any]:
 
 
 def save(figure: Figure, path: Path, fmt: str, dpi: int = DPI) -> None:
-    """Write ``figure`` to ``path`` atomically in ``fmt``, without dates."""
+    """Write ``figure`` to ``path`` atomically in ``fmt``, without dates, its names drawn as
+    they are (:func:`names_as_written`)."""
+    names_as_written(figure)
     with atomic_output(path) as out:
         figure.savefig(out, format=fmt, dpi=dpi, metadata=METADATA[fmt])
+
+
+def names_as_written(figure: Figure) -> None:
+    """Draw every text of ``figure`` but its tick labels as it is written, ``$`` included: a
+    title, legend or annotation holds names (a checkpoint's, a file's), and one named
+    ``m$\\frac{$.pt`` made the plot a mathtext ``ValueError``, exit 70, as ``[/]`` in a name
+    was rich markup (:mod:`curvcal.console`). Tick labels keep mathtext, which matplotlib's own
+    formatters write (``$\\mathdefault{10^{-1}}$`` on a log axis); curvcal writes none."""
+    from matplotlib.text import Text
+
+    ticks: set[int] = set()
+    for axes in figure.axes:
+        for axis in (axes.xaxis, axes.yaxis):
+            ticks.add(id(axis.offsetText))
+            for tick in (*axis.get_major_ticks(), *axis.get_minor_ticks()):
+                ticks.update((id(tick.label1), id(tick.label2)))
+    for text in figure.findobj(Text):
+        if id(text) not in ticks:
+            text.set_parse_math(False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -191,26 +192,42 @@ def render_markdown(tables: Sequence[Table], explain: bool = False) -> str:
     measured) is a list of ``**name**: value`` lines, not a pipe table under an empty header."""
     parts: list[str] = []
     for table in tables:
-        parts.append(f"### {table.title}\n")
+        parts.append(f"### {markdown_inline(table.title)}\n")
         if not any(table.columns) and all(len(row) == 2 for row in table.rows):
-            parts.extend(f"- **{_md(row[0])}**: {_md(row[1])}" for row in table.rows)
+            parts.extend(
+                f"- **{markdown_inline(row[0])}**: {markdown_inline(row[1])}" for row in table.rows
+            )
         else:
-            parts.append("| " + " | ".join(_md(c) for c in table.columns) + " |")
+            parts.append("| " + " | ".join(markdown_inline(c) for c in table.columns) + " |")
             rules = (
                 "---:" if numeric_column(table, i) else ":---" for i in range(len(table.columns))
             )
             parts.append("|" + "|".join(rules) + "|")
             for row in table.rows:
-                parts.append("| " + " | ".join(_md(c) for c in row) + " |")
+                parts.append("| " + " | ".join(markdown_inline(c) for c in row) + " |")
         caption = short_caption(table.caption, explain)
         if caption:
-            parts.append(f"\n{caption}")
+            parts.append(f"\n{markdown_inline(caption)}")
         parts.append("")
     return "\n".join(parts)
 
 
-def _md(cell: str) -> str:
-    return cell.replace("|", "\\|").replace("\n", " ")
+def markdown_code(text: str) -> str:
+    """``text`` as a markdown code span on one line: fenced by one backtick more than its
+    longest run of backticks (a name holding `` ` `` would end a one-backtick span early and
+    the rest would be read as markdown), with a space inside the fence when it needs one."""
+    line = " ".join(text.splitlines())
+    longest = max((len(run) for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if longest else ""
+    return f"{fence}{pad}{line}{pad}{fence}"
+
+
+def markdown_inline(text: str) -> str:
+    """``text`` (a title, a cell, a name) as markdown that stays where it is put: on one line
+    (a line break in a file's name would start a new heading or list item in a job summary),
+    its ``|`` escaped (it would end a table cell)."""
+    return " ".join(text.replace("|", "\\|").splitlines())
 
 
 def check_output_path(path: Path, force: bool) -> None:

@@ -515,7 +515,7 @@ BAD_ROWS = {
     ),
     "one answer": (
         [{"prompt": "a", "choices": ["x"], "label": 0}],
-        ("row 0 has 1 answer; a choice needs at least two",),
+        ("row 0: 1 answer; a choice needs at least two",),
     ),
     "texts, not choices": (
         [{"text": "the film was great", "label": 0}],
@@ -564,7 +564,7 @@ def test_choice_options_for_a_sequence_classifier_are_refused(
 
 
 @pytest.mark.parametrize("models", ["llama"], indirect=True)
-def test_an_answer_adding_no_token_and_bad_policy_words_are_refused(
+def test_an_empty_answer_and_bad_policy_words_are_refused(
     run_cli: Callable[..., Any], models: ChoiceModels, tmp_path: Path
 ) -> None:
     from tests.console_text import said
@@ -574,7 +574,8 @@ def test_an_answer_adding_no_token_and_bad_policy_words_are_refused(
         "calibrate", models.base, "--data", data, "--method", "none", "--choice-delimiter", ""
     )
     assert result.code == 2 and "Traceback" not in result.stderr
-    assert said("row 0: answer 0 ('') adds no token to its prompt", result.stderr), result.stderr
+    # empty, it is refused as the rows are read (it would add no token to its prompt)
+    assert said("row 0: answer 0 ('') is empty", result.stderr), result.stderr
     policy = tmp_path / "p.toml"
     policy.write_text(
         f'[settings]\ndata = "{models.jsonl}"\nchoices = ["yes"]\n\n[accuracy]\nmin = 0\n'

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from curvcal.errors import InputError
+from curvcal.load.limits import available_memory
 from curvcal.load.models.hf import LogitsModule
 
 #: the batch keys the scorer reads (:meth:`curvcal.load.texts.choices.ChoiceDataset.collate`)
@@ -54,6 +55,7 @@ class ChoiceScorer(LogitsModule):
         causal = _causal_model(self.__dict__["library_model"])
         head = causal.get_output_embeddings()
         segments = x["choice_segments"]
+        check_attention_memory(segments, head.weight.dtype, causal.config)
         hidden = causal.get_decoder()(
             input_ids=x["input_ids"],
             position_ids=x["position_ids"],
@@ -70,6 +72,43 @@ class ChoiceScorer(LogitsModule):
         divisors = x["choice_divisors"]
         sums = picked.new_zeros(divisors.shape).scatter_add(1, owners.clamp(min=0), picked)
         return sums / divisors.to(sums.dtype)
+
+
+def attention_bytes(rows: int, width: int, dtype: torch.dtype, heads: int) -> int:
+    """Bytes the attention over ``rows`` packed rows of ``width`` tokens holds at once, at the
+    least: the additive mask of :func:`answer_mask` (rows × width² in ``dtype``, built from
+    three boolean width² tensors) and one layer's attention scores (rows × ``heads`` × width²
+    in ``dtype``)."""
+    square = rows * width * width
+    return square * (dtype.itemsize * (1 + heads)) + 3 * width * width
+
+
+def check_attention_memory(segments: torch.Tensor, dtype: torch.dtype, config: Any) -> None:
+    """Refuse (an :class:`InputError` naming ``--data``) a batch of packed rows whose attention
+    (:func:`attention_bytes`, a lower bound of what the eager attention the models are loaded
+    with holds) exceeds the memory free on their device: a row of a million
+    answers packs into millions of tokens, and the mask and scores over them grow as the
+    square, which the kernel would end by killing the run (exit 137) or torch by a failed
+    allocation after minutes."""
+    rows, width = int(segments.shape[0]), int(segments.shape[1])
+    heads = getattr(config, "num_attention_heads", 1)
+    heads = heads if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 else 1
+    need = attention_bytes(rows, width, dtype, heads)
+    if segments.device.type == "cuda":  # free on the device, and free in torch's own cache
+        cached = torch.cuda.memory_reserved(segments.device) - torch.cuda.memory_allocated(
+            segments.device
+        )
+        free: int | None = int(torch.cuda.mem_get_info(segments.device)[0]) + int(cached)
+    else:
+        free = available_memory()
+    if free is not None and need > free:
+        raise InputError(
+            "--data",
+            f"{rows} multiple-choice row{'s' if rows != 1 else ''} packed into {width:,} tokens "
+            f"need {need / 2**30:,.1f} GiB for their attention (it grows as the square of the "
+            f"tokens), more than the {free / 2**30:,.1f} GiB free on {segments.device.type}",
+            "give fewer or shorter answers per row, or a smaller --batch-size",
+        )
 
 
 def answer_mask(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

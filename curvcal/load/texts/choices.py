@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
-from curvcal.errors import InputError
+from curvcal.errors import InputError, shorten
 from curvcal.load.datasets.loaded_data import LoadedData, loaded_data
 from curvcal.load.datasets.preprocessing import reject_image_transforms
 from curvcal.settings.data import DataSettings
@@ -195,6 +195,8 @@ def load_choices(options: DataSettings, model: TextModel | None) -> LoadedData:
         label2id,
         file,
         options.label_key,
+        f"a label is the index of the row's right answer, 0 to {n_choices - 1}"
+        + (f", or its word in --choices {','.join(options.choices)}" if options.choices else ""),
     )
     outside = (labels >= n_choices).nonzero()
     if len(outside):
@@ -429,10 +431,11 @@ def _answers(
 
     if options.choices is not None:
         words = tuple(options.choices)
-        if len(words) < 2 or len(set(words)) != len(words) or not all(w.strip() for w in words):
+        fault = answers_fault(words)
+        if fault is not None:
             raise InputError(
                 "choices",
-                f"{list(words)} are not two or more different, non-empty answers",
+                f"{list(words)} are not two or more different, non-empty answers: {fault}",
                 "give every row's answers, e.g. --choices positive,negative",
             )
         return [words] * n_rows
@@ -457,7 +460,32 @@ def _answers(
                 f"row {row} has {len(answers)} answers, row 0 has {len(rows[0])}; every row "
                 "needs the same number K",
             )
+        fault = answers_fault(answers)
+        if fault is not None:
+            raise InputError(
+                file,
+                f"row {row}: {fault}",
+                f"give each row two or more different, non-empty answers in '{options.choices_key}'",
+            )
         rows.append(answers)
-    if rows and len(rows[0]) < 2:
-        raise InputError(file, f"row 0 has {len(rows[0])} answer; a choice needs at least two")
     return rows
+
+
+def answers_fault(answers: Sequence[str]) -> str | None:
+    """What makes ``answers`` no set of K classes (``None`` when nothing does): fewer than
+    two, one empty or only white space (scored as the delimiter alone), or one given twice
+    (two classes no score can tell apart). The one rule for ``--choices`` and for every row
+    of a ``--choices-key`` column."""
+    if len(answers) < 2:
+        return (
+            f"{len(answers)} answer{'' if len(answers) == 1 else 's'}; a choice needs at least two"
+        )
+    for k, answer in enumerate(answers):
+        if not answer.strip():
+            return f"answer {k} ({answer!r}) is empty"
+    seen: dict[str, int] = {}
+    for k, answer in enumerate(answers):
+        if answer in seen:
+            return f"answers {seen[answer]} and {k} are the same text {shorten(repr(answer))}"
+        seen[answer] = k
+    return None

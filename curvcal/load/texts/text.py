@@ -478,9 +478,15 @@ def tokenize(
 
 
 def text_labels(
-    values: Sequence[Any], label2id: Mapping[str, int], file: str, column: str
+    values: Sequence[Any],
+    label2id: Mapping[str, int],
+    file: str,
+    column: str,
+    hint: str | None = None,
 ) -> torch.Tensor:
-    """Integer labels: ints, strings of ints, or class names mapped through ``label2id``."""
+    """Integer labels: ints, strings of ints, or class names mapped through ``label2id``;
+    ``hint``: what an error about a label says a label is (default: an index or a name of the
+    model's ``label2id``)."""
     out = []
     for row, value in enumerate(values):
         if isinstance(value, bool) or value is None:
@@ -496,9 +502,9 @@ def text_labels(
         else:
             label = None
         if label is None or label < 0:
-            names = ", ".join(list(label2id)[:8])
-            hint = f"labels are class indices or names from the model's label2id ({names})"
-            raise InputError(file, f"row {row}: label {value!r} in column '{column}'", hint)
+            known = ", ".join(list(label2id)[:8])
+            said = hint or f"labels are class indices or names from the model's label2id ({known})"
+            raise InputError(file, f"row {row}: label {value!r} in column '{column}'", said)
         out.append(label)
     return torch.tensor(out, dtype=torch.int64)
 
