@@ -65,7 +65,7 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_warm_start import TOLS, batches, build_model, synthetic_images, train
+from bench_warm_start import TOLS, batches, trained_problem
 
 import curvcal
 from curvcal.curvature.eigen import _MAX_FAILED_CHECKS, _rayleigh_ritz, _relative, eigenvalues
@@ -366,11 +366,7 @@ def summarise(
 
 
 def measure(options: argparse.Namespace) -> dict[str, Any]:
-    torch.set_num_threads(options.threads)
-    size = 16 if options.smoke else 32
-    model = build_model(options.smoke)
-    last_loss = train(model, options.train_steps, size)
-    images, labels = synthetic_images(options.samples, size, 7)
+    model, images, labels, last_loss = trained_problem(options)
     data = batches(images, labels, options.batch)
     blocks = [b for b in BLOCKS if b <= options.max_block]
     widths = [w for w in WIDTHS if w <= options.max_block]

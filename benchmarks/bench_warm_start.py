@@ -117,12 +117,19 @@ def _spectrum(operator: Any, tol: float, seed: int, start: Tensor | None = None)
     return spectrum, captured[0][:, 0], seconds
 
 
-def measure(options: argparse.Namespace) -> dict[str, Any]:
+def trained_problem(options: argparse.Namespace) -> tuple[nn.Module, Tensor, Tensor, float]:
+    """The benchmark's problem as ``options`` size it (one thread count, the smoke or full ViT,
+    its SGD steps, N images): the model, the images, their labels and its last training loss."""
     torch.set_num_threads(options.threads)
     size = 16 if options.smoke else 32
     model = build_model(options.smoke)
     last_loss = train(model, options.train_steps, size)
     images, labels = synthetic_images(options.samples, size, 7)
+    return model, images, labels, last_loss
+
+
+def measure(options: argparse.Namespace) -> dict[str, Any]:
+    model, images, labels, last_loss = trained_problem(options)
     data = batches(images, labels, options.batch)
     full = curvcal.hessian_operator(model, data)
     fractions = parse_fractions(options.fractions)

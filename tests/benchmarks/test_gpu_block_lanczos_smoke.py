@@ -4,32 +4,22 @@ Lanczos, each in products and full-product units."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("timm")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow  # a process that imports timm, times 39 products of a 5.7 M-parameter ViT
 # and runs two Lanczos: about 25 s of CPU
-def test_block_lanczos_part_times_blocks_and_runs_both(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("gpu_run_block", ROOT / "benchmarks/gpu/run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_run_block"] = module
-    spec.loader.exec_module(module)
-    module.main(["--smoke", "--device", "cpu", "--parts", "vit_block_lanczos",
-                 "--part-budget", "600", "--results-dir", str(tmp_path)])  # fmt: skip
-    written = json.loads((tmp_path / "gpu-run-smoke.json").read_text())
-    (part,) = written["parts"]
-    assert part["status"] == "ok", part
+def test_block_lanczos_part_times_blocks_and_runs_both(
+    tmp_path: Path, smoke_part: Callable[[str, Path], tuple[dict[str, Any], str]]
+) -> None:
+    part, table = smoke_part("vit_block_lanczos", tmp_path)
     costs = [r for r in part["records"] if r["kind"] == "block-cost"]
     assert [r["width"] for r in costs] == [1, 2, 4, 8]
     for cost in costs:  # timed on the first batch: 4 images
@@ -48,7 +38,6 @@ def test_block_lanczos_part_times_blocks_and_runs_both(tmp_path: Path) -> None:
     assert single["units"] == single["products"] > single["block_steps"] >= 1
     for run in (block, single):
         assert math.isfinite(run["lambda_max"]) and run["seconds"] > 0
-    table = (tmp_path / "gpu-run-smoke.md").read_text()
     assert "## Block Lanczos over probes (λmax)" in table
     assert "| vit_b_16 | 4 | 8 |" in table and "| vit_b_16 | 0.001 | block 2 |" in table
     assert "graphs kept for 8 of 8 images (c_b timed with keep_graphs=auto)" in table

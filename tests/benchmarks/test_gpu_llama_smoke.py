@@ -4,10 +4,10 @@ with their measured seconds, passes and chunking in the table; the plan's 1B row
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,18 +16,13 @@ pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_llama_part_runs_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = importlib.util.spec_from_file_location("gpu_run_llama", ROOT / "benchmarks/gpu/run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_run_llama"] = module
-    spec.loader.exec_module(module)
+def test_llama_part_runs_both_paths(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    smoke_part: Callable[[str, Path], tuple[dict[str, Any], str]],
+) -> None:
     monkeypatch.setenv("CURVCAL_LLAMA_STEPS", "bf16,bf16-auto,fp32")
-    module.main(["--smoke", "--device", "cpu", "--parts", "llama_1b",
-                 "--part-budget", "600", "--results-dir", str(tmp_path)])  # fmt: skip
-    written = json.loads((tmp_path / "gpu-run-smoke.json").read_text())
-    (part,) = written["parts"]
-    assert part["status"] == "ok", part
+    part, table = smoke_part("llama_1b", tmp_path)
     rows = {r["path"]: r for r in part["records"]}
     assert set(rows) == {"bf16 replicated", "bf16 replicated, kept graphs auto", "fp32 sharded"}
     assert rows["bf16 replicated"]["data_passes_per_product"] == 1  # one double-backward pass
@@ -42,7 +37,6 @@ def test_llama_part_runs_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     # rounding probe's pair, 3 passes) and Richardson's 4, the second 2 (three points) to 6
     assert 4.5 <= rows["fp32 sharded"]["data_passes_per_product"] <= 6.5
     assert all(r["product_s"] > 0 and r["gradient_s"] > 0 for r in rows.values())
-    table = (tmp_path / "gpu-run-smoke.md").read_text()
     assert "| bf16 replicated | 28,256 | 4 × 8 (2) |" in table
     assert "| fp32 sharded | 28,256 |" in table
 

@@ -3,26 +3,12 @@ written with the fields the GPU table is made of."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "run.py"
-
-
-@pytest.fixture(scope="module")
-def gpu_run() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_run", RUN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_run"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_smoke_run_writes_results_and_table(gpu_run: ModuleType, tmp_path: Path) -> None:
