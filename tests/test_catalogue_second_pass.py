@@ -177,7 +177,8 @@ def test_a_path_that_reads_as_markup_is_shown_as_it_is(run_cli, odd_folder: Path
     model = odd_folder / "]m.safetensors"  # the path a[/]m.safetensors
     inspected = run_cli("inspect", model)
     assert inspected.code == 0, inspected.output
-    assert str(model) in inspected.stdout.replace("\n", "")
+    # the table folds a long path over lines at any console width: compared without white space
+    assert "".join(str(model).split()) in "".join(inspected.stdout.split())
     emoji = odd_folder / "x:thumbs_up:y.safetensors"  # was drawn as x👍y.safetensors
     shutil_copy(odd_folder / "]m.safetensors", emoji)
     named = run_cli("inspect", emoji)
