@@ -54,7 +54,7 @@ from curvcal.calibration.results import (
     TemperatureFit,
 )
 from curvcal.calibration.venn_abers import VennAbersFit
-from curvcal.errors import InputError, NumericalError
+from curvcal.errors import InputError, NumericalError, SettingsError, setting_name
 from curvcal.settings.calibration import CalibrationSettings as CalibrationSettings
 
 #: Where the fit split came from: carved out of the data (``val-split``), a second dataset
@@ -232,13 +232,13 @@ def analyse_calibration(
     n_classes = uncalibrated.n_classes
     if settings.method == "none":
         if fit_scores is not None:
-            raise InputError("--method", "none fits nothing, but a fit split was given")
+            raise SettingsError("method", "fits nothing, but a fit split was given", value="none")
         split = SplitInfo("none", 0, uncalibrated.n_samples)
         return CalibrationAnalysis(
             StageMetrics(uncalibrated), CalibrationFits(), split, settings, kind, n_classes
         )
     if fit_scores is None or fit_labels is None:
-        raise InputError("--method", f"{settings.method} needs a fit split", "give one")
+        raise SettingsError("method", f"{settings.method} needs a fit split", "give one")
     if split_method not in SPLIT_METHODS or split_method == "none":
         raise InputError("split", f"{split_method!r} does not describe a fit split")
     n_fit, fit_k = _shape(fit_scores, fit_source)
@@ -251,7 +251,7 @@ def analyse_calibration(
         _need_features(requested, features)
     stages, skipped = applicable_stages(requested, n_classes, features is not None)
     if skipped and settings.method != ALL:
-        raise InputError(f"--method {settings.method}", next(iter(skipped.values())))
+        raise SettingsError("method", next(iter(skipped.values())), value=str(settings.method))
     fits = {}
     for stage in stages:
         try:
@@ -456,18 +456,21 @@ def _check_map_output(logp: Any, stage: str, source: str, calibrators_source: st
     )
     if calibrators_source is not None:
         raise InputError(f"{calibrators_source} ({stage})", why, "refit the map on such scores")
-    raise NumericalError(f"--method {MAPS[stage].option}" if stage in MAPS else stage, why)
+    raise NumericalError(
+        f"{setting_name('method')} {MAPS[stage].option}" if stage in MAPS else stage, why
+    )
 
 
 def _need_features(stages: tuple[str, ...], features: tuple[Any, Any] | None) -> None:
     """A map that reads the model's features (Laplace) with no features given: refused."""
     needing = [stage for stage in stages if MAPS[stage].input == "features"]
     if needing and features is None:
-        raise InputError(
-            "--method laplace",
+        raise SettingsError(
+            "method",
             "needs the model, not only its logits: the Laplace approximation is over the "
             "weights of the model's last layer and acts on that layer's inputs",
-            "run curvcal calibrate CHECKPOINT --data SPEC --method laplace",
+            "give the model and its data, not saved logits",
+            value="laplace",
         )
 
 

@@ -68,7 +68,7 @@ from curvcal.calibration.univariate import (
     top_label_map,
     top_label_targets,
 )
-from curvcal.errors import InputError
+from curvcal.errors import InputError, SettingsError
 
 BBQ_METHOD = "bbq"
 #: N', the equivalent sample size of the BDeu prior (the paper's value).
@@ -321,7 +321,7 @@ def fit_bbq(
     """Fit BBQ to the top-label confidence of (``scores``, ``labels``) over the equal-mass
     binnings with ``counts`` bins (default: the paper's range, :func:`bin_counts`)."""
     if method != BBQ_METHOD:
-        raise InputError("--method", f"unknown BBQ map {method!r}", BBQ_METHOD)
+        raise SettingsError("method", f"unknown BBQ map {method!r}", BBQ_METHOD)
     logp, y = fit_split(scores, labels, kind, names, "BBQ")
     n, k = logp.shape
     if n < 1:

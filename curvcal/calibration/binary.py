@@ -41,7 +41,7 @@ from curvcal.calibration.linear import LOG_FLOOR
 from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import COEFFICIENT_BOUND, Field, SavedMap, choice, number
 from curvcal.calibration.univariate import fit_nll
-from curvcal.errors import InputError
+from curvcal.errors import InputError, SettingsError, setting_name
 
 BINARY_METHODS = ("platt", "beta")
 #: Stop when max |∂(objective / N)/∂θ| falls under this.
@@ -207,14 +207,15 @@ def fit_binary(
     """Fit Platt scaling (``method="platt"``) or beta calibration (``"beta"``) on
     (``scores``, ``labels``) of a binary problem (see the module docstring)."""
     if method not in BINARY_METHODS:
-        raise InputError("--method", f"unknown binary map {method!r}", "platt or beta")
+        raise SettingsError("method", f"unknown binary map {method!r}", "platt or beta")
     logp = log_probabilities(scores, kind, names.scores)
     n, k = logp.shape
     if k != 2:
-        raise InputError(
-            f"--method {method}",
+        raise SettingsError(
+            "method",
             f"{_NAMES[method]} is for binary problems (K = 2); {names.scores} has {k} classes",
             "use isotonic-ovr, histogram-ovr, vector or ts for K > 2",
+            value=method,
         )
     y = class_labels(labels, n, k, names.labels)
     target = y.numpy().astype(np.float64)
@@ -233,7 +234,7 @@ def fit_binary(
                 names.labels,
                 f"beta calibration needs both classes in the fit split; it has only class "
                 f"{int(target[0]) if n else 0}",
-                "fit on more samples, or use --method platt (its targets are smoothed)",
+                f"fit on more samples, or use {setting_name('method')} platt (its targets are smoothed)",
             )
         l2 = 1.0 / BETA_C
         weights, intercept, iterations, gradient_max = logistic_newton(features, target, l2)

@@ -50,7 +50,7 @@ from curvcal.calibration.univariate import (
     top_label_map,
     top_label_targets,
 )
-from curvcal.errors import InputError
+from curvcal.errors import InputError, SettingsError, setting_name
 from curvcal.settings.calibration import HISTOGRAM_SCHEMES
 
 HISTOGRAM_METHODS = ("histogram", "histogram-ovr")
@@ -409,20 +409,20 @@ def fit_histogram(
     """Fit top-label (``method="histogram"``) or one-vs-rest (``"histogram-ovr"``) histogram
     binning with ``n_bins`` bins of ``scheme`` on (``scores``, ``labels``)."""
     if method not in HISTOGRAM_METHODS:
-        raise InputError("--method", f"unknown histogram map {method!r}", "histogram or -ovr")
+        raise SettingsError("method", f"unknown histogram map {method!r}", "histogram or -ovr")
     if scheme not in HISTOGRAM_SCHEMES:
-        raise InputError(
-            "--histogram-scheme", f"unknown scheme {scheme!r}", " or ".join(HISTOGRAM_SCHEMES)
+        raise SettingsError(
+            "histogram_scheme", f"unknown scheme {scheme!r}", " or ".join(HISTOGRAM_SCHEMES)
         )
     if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
-        raise InputError("--histogram-bins", f"must be a whole number >= 1, got {n_bins!r}")
+        raise SettingsError("histogram_bins", f"must be a whole number >= 1, got {n_bins!r}")
     logp, y = fit_split(scores, labels, kind, names, f"{method} binning")
     n, k = logp.shape
     if n < n_bins:
-        raise InputError(
-            "--histogram-bins",
+        raise SettingsError(
+            "histogram_bins",
             f"{n_bins} bins need at least {n_bins} fit samples; the fit split has {n}",
-            "lower --histogram-bins or fit on more samples",
+            f"lower {setting_name('histogram_bins')} or fit on more samples",
         )
     if method == "histogram":
         confidence, correct = top_label_targets(logp, y)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 import torch
 
-from curvcal.errors import InputError
+from curvcal.errors import InputError, setting_name
 
 #: the stages whose fit and apply run as torch kernels on the device of the settings
 DEVICE_STAGES = ("ts", "focal_ts", "ets")
@@ -100,4 +100,4 @@ def cpu_note(stages: Iterable[str], spec: str) -> str | None:
     for stage in staying:
         reasons.setdefault(CPU_REASONS[stage], []).append(stage)
     said = "; ".join(f"{', '.join(names)} ({why})" for why, names in reasons.items())
-    return f"--device {device}: these maps run on the CPU: {said}"
+    return f"{setting_name('device')} {device}: these maps run on the CPU: {said}"

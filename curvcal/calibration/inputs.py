@@ -194,7 +194,7 @@ def chunk_log_probabilities(
         raise InputError(
             source,
             f"row {start + bad} sums to {float(total[bad]):.6g}, not 1 (tolerance {PROB_SUM_TOL:g})",
-            "pass --kind logits if these are logits",
+            "if these are logits, give them as logits",
         )
     return logp
 

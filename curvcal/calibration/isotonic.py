@@ -43,7 +43,7 @@ from curvcal.calibration.univariate import (
     top_label_map,
     top_label_targets,
 )
-from curvcal.errors import InputError
+from curvcal.errors import InputError, SettingsError
 
 ISOTONIC_METHODS = ("isotonic", "isotonic-ovr")
 #: Vectorised pooling passes before the linear-time stack pass of
@@ -747,7 +747,7 @@ def fit_isotonic(
     """Fit top-label (``method="isotonic"``) or one-vs-rest (``"isotonic-ovr"``) isotonic
     regression on (``scores``, ``labels``)."""
     if method not in ISOTONIC_METHODS:
-        raise InputError("--method", f"unknown isotonic map {method!r}", "isotonic or -ovr")
+        raise SettingsError("method", f"unknown isotonic map {method!r}", "isotonic or -ovr")
     logp, y = fit_split(scores, labels, kind, names, f"{method} regression")
     k = logp.shape[1]
     if method == "isotonic":

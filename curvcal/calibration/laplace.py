@@ -85,7 +85,7 @@ from curvcal.calibration.saved import (
     number,
     text,
 )
-from curvcal.errors import InputError, NumericalError
+from curvcal.errors import InputError, NumericalError, SettingsError, setting_name
 from curvcal.settings.calibration import LAPLACE_PREDICTIVES as PREDICTIVES
 from curvcal.settings.calibration import LAPLACE_PRIORS as PRIORS
 from curvcal.settings.calibration import LAPLACE_STRUCTURES as STRUCTURES
@@ -115,7 +115,7 @@ def last_linear(module: nn.Module, where: str = "model") -> tuple[str, nn.Linear
     if not found:
         raise InputError(
             where,
-            "has no nn.Linear layer, so there is no last layer for --method laplace",
+            f"has no nn.Linear layer, so there is no last layer for {setting_name('method')} laplace",
             "the Laplace approximation needs a final nn.Linear producing the logits",
         )
     return found[-1]
@@ -139,10 +139,15 @@ class HeadFeatures:
         return int(self.features.shape[0])
 
 
+def _prior_nll() -> str:
+    """The held-out NLL prior rule, as the setting it is named by (``--laplace-prior nll``)."""
+    return f"{setting_name('laplace_prior')} nll"
+
+
 def resolve_structure(structure: str, n_parameters: int) -> str:
     """``full`` or ``kron``: ``auto`` becomes ``full`` up to :data:`FULL_MAX_PARAMETERS`."""
     if structure not in STRUCTURES:
-        raise InputError("--laplace-structure", f"unknown structure {structure!r}")
+        raise SettingsError("laplace_structure", f"unknown structure {structure!r}")
     if structure == "auto":
         return "full" if n_parameters <= FULL_MAX_PARAMETERS else "kron"
     return structure
@@ -368,7 +373,7 @@ class LaplaceMap(SavedMap):
                 source,
                 "a Laplace calibrator acts on the features of its checkpoint's last layer, "
                 f"not on {kind}",
-                "apply it with curvcal calibrate CHECKPOINT --data SPEC --apply FILE",
+                "apply it to the checkpoint and its data, which give those features",
             )
         phi = _features(features, source, self.n_features)
         return predictive_log_probs(self, phi)
@@ -861,7 +866,7 @@ def minimise_on_grid(
         finite = [value_at(delta) for delta in grid]
         best = min(range(len(grid)), key=lambda i: (finite[i], i))
     if not math.isfinite(memo[grid[best]]):
-        raise NumericalError("--laplace-prior nll", "the held-out NLL is not finite at any δ")
+        raise NumericalError(_prior_nll(), "the held-out NLL is not finite at any δ")
     choice, value = grid[best], memo[grid[best]]
     at_end = best in (0, len(grid) - 1)
     if refine and not at_end:
@@ -1030,7 +1035,7 @@ def search_prior_precision(
 def check_grid(grid: tuple[float, ...]) -> None:
     """Refuse a grid of prior precisions the search cannot walk: empty, holding a δ that is not
     a positive finite number, or not strictly increasing (the descent steps to neighbours)."""
-    where = "--laplace-prior nll"
+    where = _prior_nll()
     if not grid:
         raise InputError(where, "the grid of prior precisions holds no δ")
     if not all(math.isfinite(delta) for delta in grid):
@@ -1161,11 +1166,11 @@ def fit_laplace(
         raise InputError(names.scores, "the fit split holds no sample", "give a larger fit split")
     y = class_labels(labels, n, k, names.labels)
     if predictive not in PREDICTIVES:
-        raise InputError("--laplace-predictive", f"unknown predictive {predictive!r}")
+        raise SettingsError("laplace_predictive", f"unknown predictive {predictive!r}")
     if predictive == "mc" and samples < 1:
-        raise InputError("--laplace-samples", "a Monte Carlo predictive needs at least 1 draw")
+        raise SettingsError("laplace_samples", "a Monte Carlo predictive needs at least 1 draw")
     if prior not in PRIORS:
-        raise InputError("--laplace-prior", f"unknown prior rule {prior!r}")
+        raise SettingsError("laplace_prior", f"unknown prior rule {prior!r}")
     has_bias = b is not None
     n_params = k * d + (k if has_bias else 0)
     chosen = resolve_structure(structure, n_params)
@@ -1197,10 +1202,10 @@ def fit_laplace(
         folds = heldout_folds(phi, torch.exp(logp), y, has_bias, chosen, PRIOR_FOLDS, seed)
         if not folds:
             raise InputError(
-                "--laplace-prior nll",
+                _prior_nll(),
                 f"the fit split ({n} samples) cannot be dealt into {PRIOR_FOLDS} folds with "
                 "held-out and training rows",
-                "give a larger fit split or use --laplace-prior marglik",
+                f"give a larger fit split or use {setting_name('laplace_prior')} marglik",
             )
         search, n_folds = search_prior_precision(folds, template, grid), len(folds)
         delta, at_end = search.prior_precision, search.at_bracket_end

@@ -66,7 +66,7 @@ from curvcal.calibration.inputs import (
 )
 from curvcal.calibration.results import MapFit
 from curvcal.calibration.saved import Field, SavedMap, choice, coefficients
-from curvcal.errors import InputError
+from curvcal.errors import InputError, SettingsError, setting_name
 
 LINEAR_METHODS = ("vector", "matrix", "dirichlet")
 #: Regularisers of the full maps: off-diagonal and intercept (ODIR), or L2 on every parameter.
@@ -1153,8 +1153,8 @@ def fit_linear(
     fit meets such a map. ``trace`` (full maps only, off by default): called at every
     objective the solver evaluates (:data:`Trace`); the fit is the same with or without it."""
     if method not in LINEAR_METHODS:
-        raise InputError(
-            "--method", f"unknown linear map {method!r}", "vector, matrix or dirichlet"
+        raise SettingsError(
+            "method", f"unknown linear map {method!r}", "vector, matrix or dirichlet"
         )
     x = linear_inputs(scores, kind, names.scores, method)
     y = class_labels(labels, x.shape[0], x.shape[1], names.labels)
@@ -1198,12 +1198,13 @@ def _fit_inputs(
     if method == "vector" and trace is not None:
         raise InputError("trace", "only the full maps (matrix, dirichlet) report a trace")
     if method != "vector" and k > MAX_MATRIX_CLASSES:
-        raise InputError(
-            f"--method {method}",
+        raise SettingsError(
+            "method",
             f"{k} classes need {k * k + k:,} parameters and about "
             f"{matrix_memory_bytes(k) / 1e9:.1f} GB for the fit (most: {MAX_MATRIX_CLASSES} "
             "classes)",
-            "use --method vector or ts",
+            f"use {setting_name('method')} vector or ts",
+            value=method,
         )
     if method == "vector":
         weights, bias, solution = _fit_vector(x, y, gradient_tol, max_iterations)

@@ -214,7 +214,7 @@ def test_fit_split_and_method_must_agree() -> None:
     z, y = overconfident(40, 3, seed=11)
     with pytest.raises(InputError, match="needs a fit split"):
         analyse_calibration(None, None, z, y, "logits", CalibrationSettings("ts"))
-    with pytest.raises(InputError, match="none fits nothing"):
+    with pytest.raises(InputError, match="method none: fits nothing"):
         analyse_calibration(z, y, z, y, "logits", CalibrationSettings("none"))
     with pytest.raises(InputError, match="does not describe a fit split"):
         analyse_calibration(z, y, z, y, "logits", CalibrationSettings("ts"), "none")

@@ -32,7 +32,7 @@ from curvcal.calibration.ensemble import fit_ensemble_temperature
 from curvcal.calibration.metrics import calibration_metrics
 from curvcal.calibration.registry import MAPS
 from curvcal.calibration.scaling import fit_focal_temperature, fit_temperature
-from curvcal.errors import InputError
+from curvcal.errors import InputError, as_option, wording
 from curvcal.settings.calibration import CalibrationSettings
 
 #: the tolerance the device is held to (float64 on both; the sums' order differs)
@@ -78,7 +78,11 @@ def test_only_the_maps_with_a_device_kernel_leave_the_cpu() -> None:
 def test_a_run_on_a_device_names_the_maps_that_stay_on_the_cpu_and_why() -> None:
     assert cpu_note(["ts", "histogram"], "cpu") is None
     note = cpu_note(["ts", "histogram", "isotonic", "matrix"], "cuda:0")
-    assert note is not None and note.startswith("--device cuda:0: ")
+    assert note is not None and note.startswith("device cuda:0: ")  # Python names the field
+    with wording(as_option):  # the command line names the option
+        said_on_command_line = cpu_note(["ts", "histogram"], "cuda:0")
+    assert said_on_command_line is not None
+    assert said_on_command_line.startswith("--device cuda:0: ")
     assert "histogram" in note and "isotonic" in note and "matrix" in note
     assert CPU_REASONS["histogram"] in note and CPU_REASONS["matrix"] in note
     assert "ts" not in note  # TS runs on the device

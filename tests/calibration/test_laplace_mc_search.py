@@ -176,7 +176,7 @@ def test_a_zero_feature_row_without_bias_is_predicted_by_its_mean() -> None:
 
 def test_monte_carlo_prior_search_without_draws_is_refused() -> None:
     phi, y, w, b = _problem(30, 3, 4, True)
-    with pytest.raises(InputError, match="--laplace-samples"):
+    with pytest.raises(InputError, match="laplace_samples"):
         lp.fit_laplace(phi, y, w, b, predictive="mc", samples=0, prior="nll")
 
 

@@ -144,11 +144,11 @@ def test_folds_hold_every_fit_row_once() -> None:
 
 def test_a_fit_split_without_training_rows_for_any_fold_is_refused() -> None:
     phi, y, w, b = _problem(n=1)
-    with pytest.raises(InputError, match="--laplace-prior nll"):
+    with pytest.raises(InputError, match="laplace_prior nll"):
         lp.fit_laplace(phi, y, w, b, prior="nll")
 
 
 def test_unknown_prior_rule_is_refused() -> None:
     phi, y, w, b = _problem(n=10)
-    with pytest.raises(InputError, match="--laplace-prior"):
+    with pytest.raises(InputError, match="laplace_prior"):
         lp.fit_laplace(phi, y, w, b, prior="evidence")

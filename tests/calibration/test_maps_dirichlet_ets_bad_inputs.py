@@ -69,7 +69,7 @@ def test_nan_scores_and_bad_labels_are_refused() -> None:
 
 def test_dirichlet_class_limit() -> None:
     k = MAX_MATRIX_CLASSES + 1
-    with pytest.raises(InputError, match="--method dirichlet"):
+    with pytest.raises(InputError, match="method dirichlet"):
         fit_linear(torch.zeros(3, k), torch.tensor([0, 1, 2]), "dirichlet")
 
 

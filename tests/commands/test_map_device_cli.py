@@ -16,6 +16,7 @@ from curvcal.assets import demo_checkpoint
 from curvcal.calibration.analysis import analyse_calibration
 from curvcal.calibration.device import CPU_REASONS
 from curvcal.console import Reporter
+from curvcal.errors import as_option, wording
 from curvcal.pipeline.calibration import where_maps_ran
 from curvcal.settings.calibration import CalibrationSettings
 from tests.console_text import said, times_said
@@ -93,7 +94,8 @@ def test_a_run_on_a_device_says_once_which_maps_stay_on_the_cpu(
         logits[:150], labels[:150], logits[150:], labels[150:], "logits", settings, "fit-data"
     )
     on_device = dataclasses.replace(analysis, settings=settings.replace(device="cuda:0"))
-    placed = where_maps_ran(on_device, Reporter(quiet=False))
+    with wording(as_option):  # as the command line says it
+        placed = where_maps_ran(on_device, Reporter(quiet=False))
     stderr = capsys.readouterr().err
     assert placed["ts"] == placed["focal_ts"] == "cuda:0"
     assert placed["metrics"] == "cuda:0" and placed["histogram"] == "cpu"
