@@ -38,8 +38,10 @@ from curvcal.report.style import (
     SUFFIXES,
     drawing,
     file_format,
+    number_labels,
     require_matplotlib,
     save,
+    writes_numbers,
 )
 from curvcal.settings.calibration import PLOT_COLUMNS
 
@@ -656,8 +658,11 @@ def thin_tick_labels(figure: Figure, gap: float = 4.0) -> None:
                 kept.append((loc, text))
                 last = end
             if len(kept) < len(placed):
+                texts = [text for _, text in kept]
+                numbers = writes_numbers(axis.get_major_formatter())
                 axis.set_major_locator(FixedLocator([loc for loc, _ in kept]))
-                axis.set_major_formatter(FixedFormatter([text for _, text in kept]))
+                # names stay names (drawn as written), numbers stay numbers (mathtext)
+                axis.set_major_formatter(number_labels(texts) if numbers else FixedFormatter(texts))
 
 
 def scatter_plot(
