@@ -5,7 +5,16 @@
   ``ValueError`` (exit 70), and one named ``$x$`` was drawn as math. Now every figure is made
   by :func:`curvcal.report.style.drawing`, whose figures draw every text as written on each
   draw (:func:`~curvcal.report.style.text_as_written`), tick labels included; only the numbers
-  matplotlib's own formatters write keep mathtext.
+  matplotlib's own formatters write keep mathtext;
+- progress: ``hessian --warm-start``'s stage was labelled, but its count stood still (its
+  products are on its sample's own operator), tested in ``tests/test_progress_stages.py``;
+- multiple-choice rows: a row of 10^6 answers was refused only by the attention check, after
+  99 s and 6 GB of tokenizing. Now what is cheap to count is bounded before the tokenizer runs
+  (:func:`curvcal.load.texts.choices.check_row_sizes`): answers per row (at most
+  :data:`~curvcal.settings.data.MAX_ANSWERS`, the rule every row and ``--choices`` follow,
+  :func:`~curvcal.settings.data.answers_fault`), the characters of a prompt or an answer
+  against the longest sequence, and the answers in all against the memory available. A
+  ``--choices`` of many words also printed all of them in its error line.
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+from console_text import said, shown
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
@@ -130,3 +141,107 @@ def test_a_new_plot_cannot_forget_names_on_its_ticks(tmp_path: Path) -> None:
     assert [label.get_text() for label in ax.get_xticklabels()] == list(NAMES)
     _drawn_as_written(figure, NAMES)
     assert math.isfinite(ax.get_ylim()[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# multiple-choice rows too large to tokenize are refused before the tokenizer runs
+
+
+@pytest.fixture(scope="module")
+def causal_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "load"))
+    from choice_builders import save_causal_lm
+
+    return save_causal_lm(tmp_path_factory.mktemp("lm") / "m", "llama")
+
+
+def _rows(path: Path, rows: list[dict[str, Any]]) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+QUESTION = {"prompt": "the film was great. Sentiment:", "choices": ["positive", "negative"],
+            "label": 0}  # fmt: skip
+
+
+def test_a_row_of_a_million_answers_is_refused_before_tokenizing(
+    run_cli, causal_lm: Path, tmp_path: Path
+) -> None:
+    """Before: refused by the attention check after 99 s and 6 GB of tokenizing (the time
+    is not asserted; the message says which check refused it)."""
+    answers = [f"a{i}" for i in range(10**6)]
+    data = _rows(tmp_path / "q.jsonl", [{**QUESTION, "choices": answers}])
+    result = run_cli("calibrate", causal_lm, "--data", data, "--method", "none", "-q")
+    assert result.code == 2, result.output
+    assert said(f"curvcal: error: {shown(data, ':')} row 0: 1,000,000 answers, more than "
+                "curvcal scores in one row (10,000", result.stderr), result.stderr  # fmt: skip
+    assert len(result.stderr.strip().splitlines()) == 1
+    words = ",".join(answers)  # the same through --choices: one short line
+    listed = run_cli("calibrate", causal_lm, "--data", _rows(tmp_path / "w.jsonl", [QUESTION]),
+                     "--choices", words, "--method", "none", "-q")  # fmt: skip
+    assert listed.code == 2, listed.output
+    assert said("1,000,000 answers, more than curvcal scores in one row", listed.stderr)
+    assert len(listed.stderr) < 1000, listed.stderr[:300]
+
+
+def _untouchable_tokenizer() -> Any:
+    """A tokenizer that fails the test when it is run (the refusals come first)."""
+
+    class Untouchable:
+        model_max_length = 48
+        name_or_path = "tok"
+
+        def __call__(self, *args: object, **kwargs: object) -> None:
+            raise AssertionError("the tokenizer ran")
+
+    return Untouchable()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "answers", "words"),
+    [
+        ("p", ["yes", "no"] * 5001, "row 1: 10,002 answers, more than curvcal scores"),
+        ("p" * (48 * 1024 + 1), ["yes", "no"], "row 1: its prompt is 49,153 characters, more "
+         "than curvcal tokenizes (49,152: 48 tokens of at most 1,024 bytes)"),
+        ("p", ["yes", "n" * (48 * 1024)], "row 1: answer 1 is 49,153 characters, more than "
+         "curvcal tokenizes (49,152"),
+    ],
+    ids=["answers", "prompt", "answer"],
+)  # fmt: skip
+def test_rows_too_large_are_refused_before_the_tokenizer_runs(
+    prompt: str, answers: list[str], words: str
+) -> None:
+    from curvcal.errors import InputError
+    from curvcal.load.texts.choices import tokenize_choices
+
+    with pytest.raises(InputError) as refused:
+        tokenize_choices(_untouchable_tokenizer(), ["q", prompt], [["yes", "no"], answers], " ",
+                         "sum", 16, "q.jsonl")  # fmt: skip
+    assert said(f"q.jsonl: {words}", str(refused.value)), str(refused.value)
+
+
+def test_a_longer_model_max_length_than_max_length_keeps_long_prompts() -> None:
+    """A --max-length shorter than the tokenizer's limit cuts prompts; the character bound is
+    the longer one's, so a prompt of 40,000 characters is tokenized (and cut)."""
+    from curvcal.load.texts.choices import check_row_sizes
+
+    check_row_sizes(["p" * 40_000], [["yes", "no"]], " ", 48 * 1024, "q.jsonl")  # no error
+
+
+def test_more_answers_than_memory_holds_are_refused_before_tokenizing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from curvcal.errors import InputError
+    from curvcal.load.texts.choices import ANSWER_BYTES, tokenize_choices
+
+    monkeypatch.setattr("curvcal.load.limits.available_memory", lambda: 10 * ANSWER_BYTES)
+    with pytest.raises(InputError) as refused:
+        tokenize_choices(_untouchable_tokenizer(), ["a", "b", "c"], [["yes", "no", "maybe", "x"]] * 3,
+                         " ", "sum", 16, "q.jsonl")  # fmt: skip
+    assert said("q.jsonl: 12 answers in 3 rows take at least", str(refused.value))
+    assert said("measure the rows in parts", str(refused.value))

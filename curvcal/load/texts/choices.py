@@ -53,7 +53,7 @@ from torch.utils.data import Dataset
 from curvcal.errors import InputError, shorten
 from curvcal.load.datasets.loaded_data import LoadedData, loaded_data
 from curvcal.load.datasets.preprocessing import reject_image_transforms
-from curvcal.settings.data import DataSettings
+from curvcal.settings.data import MAX_ANSWERS, DataSettings, answers_fault
 
 if TYPE_CHECKING:
     from curvcal.load.texts.text import TextModel
@@ -65,6 +65,14 @@ SCORE_MEANINGS = {
     "mean-char": "the log-likelihood of its tokens after the prompt per character of the "
     "answer (lm-evaluation-harness's acc_norm)",
 }
+#: A generous bound on the bytes one token covers (text runs at about 4 bytes a token): a
+#: prompt or answer of more characters than ``max_length`` times this is refused before it is
+#: tokenized (:func:`check_row_sizes`).
+MAX_BYTES_PER_TOKEN = 1024
+#: The least memory one answer's tokens take once tokenized (a tuple of at least one token id
+#: and its divisor, as :class:`ChoiceRow` holds them, in CPython): the bound the total answer
+#: count is held to before tokenizing (:func:`check_row_sizes`).
+ANSWER_BYTES = 96
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 _FIELD = re.compile(r"\{([^{}]*)\}")
 
@@ -261,8 +269,11 @@ def tokenize_choices(
     file: str = "--data",
 ) -> tuple[list[ChoiceRow], int]:
     """Each row's sequences as lm-evaluation-harness tokenizes them (see the module's text),
-    and how many rows lost prompt tokens to ``max_length``; errors name ``file``."""
+    and how many rows lost prompt tokens to ``max_length``; errors name ``file``. Rows too
+    large to tokenize are refused first (:func:`check_row_sizes`)."""
     from curvcal.load.texts.text import rust_panics_as
+
+    check_row_sizes(prompts, answers, delimiter, _text_limit(tokenizer, max_length), file)
 
     contexts: list[str] = []
     continuations: list[str] = []
@@ -318,6 +329,68 @@ def tokenize_choices(
             )
         )
     return rows, truncated
+
+
+def check_row_sizes(
+    prompts: Sequence[str],
+    answers: Sequence[Sequence[str]],
+    delimiter: str,
+    limit: int,
+    file: str = "--data",
+) -> None:
+    """Refuse, before the tokenizer runs, rows that are not worth tokenizing, with one
+    :class:`InputError` naming ``file`` and the row: a row of more than :data:`MAX_ANSWERS`
+    answers (:func:`answers_fault`), a prompt or an answer (its delimiter included) of more
+    than ``limit`` characters (the longest sequence times :data:`MAX_BYTES_PER_TOKEN`: an
+    answer that long is longer than the sequence, a prompt that long would lose all but a
+    sliver of itself), and more answers in all than the memory available holds once tokenized
+    (:data:`ANSWER_BYTES` each). Each count is a length, not a pass over the text; the exact
+    checks (an answer's tokens against ``max_length``, the packed rows' attention against the
+    memory free) come after tokenizing."""
+    from curvcal.load.limits import available_memory
+
+    for row, (prompt, words) in enumerate(zip(prompts, answers, strict=True)):
+        if len(words) > MAX_ANSWERS:
+            raise InputError(file, f"row {row}: {answers_fault(words)}")
+        if len(prompt) > limit:
+            raise InputError(
+                file,
+                f"row {row}: its prompt is {len(prompt):,} characters, more than curvcal "
+                f"tokenizes ({limit:,}: {limit // MAX_BYTES_PER_TOKEN:,} tokens of at most "
+                f"{MAX_BYTES_PER_TOKEN:,} bytes)",
+                "shorten the prompts (a model reads the last max_length tokens of one)",
+            )
+        for k, word in enumerate(words):
+            if len(delimiter) + len(word) > limit:
+                raise InputError(
+                    file,
+                    f"row {row}: answer {k} is {len(delimiter) + len(word):,} characters, more "
+                    f"than curvcal tokenizes ({limit:,}: {limit // MAX_BYTES_PER_TOKEN:,} "
+                    f"tokens of at most {MAX_BYTES_PER_TOKEN:,} bytes)",
+                    "every answer must fit within max_length tokens",
+                )
+    total = sum(len(words) for words in answers)
+    free = available_memory()
+    if free is not None and total * ANSWER_BYTES > free:
+        raise InputError(
+            file,
+            f"{total:,} answers in {len(answers):,} rows take at least "
+            f"{total * ANSWER_BYTES / 2**30:,.1f} GiB once tokenized, more than the "
+            f"{free / 2**30:,.1f} GiB available",
+            "measure the rows in parts",
+        )
+
+
+def _text_limit(tokenizer: Any, max_length: int) -> int:
+    """The most characters a prompt or an answer may have (:func:`check_row_sizes`): the longer
+    of ``max_length`` and the tokenizer's ``model_max_length`` (a shorter ``--max-length``
+    cuts long prompts, which is no reason to refuse them), times
+    :data:`MAX_BYTES_PER_TOKEN`."""
+    longest = max_length
+    recorded = getattr(tokenizer, "model_max_length", None)
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and 0 < recorded < 1_000_000:
+        longest = max(longest, recorded)
+    return longest * MAX_BYTES_PER_TOKEN
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -435,8 +508,9 @@ def _answers(
         if fault is not None:
             raise InputError(
                 "choices",
-                f"{list(words)} are not two or more different, non-empty answers: {fault}",
-                "give every row's answers, e.g. --choices positive,negative",
+                f"{shorten(repr(list(words)))} are not two or more different, non-empty "
+                f"answers: {fault}",
+                f"give 2 to {MAX_ANSWERS:,} answers, e.g. --choices positive,negative",
             )
         return [words] * n_rows
     cells = text_column(columns, options.choices_key, file, "--choices-key")
@@ -465,27 +539,8 @@ def _answers(
             raise InputError(
                 file,
                 f"row {row}: {fault}",
-                f"give each row two or more different, non-empty answers in '{options.choices_key}'",
+                f"give each row 2 to {MAX_ANSWERS:,} different, non-empty answers in "
+                f"'{options.choices_key}'",
             )
         rows.append(answers)
     return rows
-
-
-def answers_fault(answers: Sequence[str]) -> str | None:
-    """What makes ``answers`` no set of K classes (``None`` when nothing does): fewer than
-    two, one empty or only white space (scored as the delimiter alone), or one given twice
-    (two classes no score can tell apart). The one rule for ``--choices`` and for every row
-    of a ``--choices-key`` column."""
-    if len(answers) < 2:
-        return (
-            f"{len(answers)} answer{'' if len(answers) == 1 else 's'}; a choice needs at least two"
-        )
-    for k, answer in enumerate(answers):
-        if not answer.strip():
-            return f"answer {k} ({answer!r}) is empty"
-    seen: dict[str, int] = {}
-    for k, answer in enumerate(answers):
-        if answer in seen:
-            return f"answers {seen[answer]} and {k} are the same text {shorten(repr(answer))}"
-        seen[answer] = k
-    return None
