@@ -274,61 +274,121 @@ def tokenize_choices(
     from curvcal.load.texts.text import rust_panics_as
 
     check_row_sizes(prompts, answers, delimiter, _text_limit(tokenizer, max_length), file)
-
-    contexts: list[str] = []
-    continuations: list[str] = []
-    for prompt, row in zip(prompts, answers, strict=True):
-        for answer in row:
-            context, continuation = _split(prompt, delimiter + answer)
-            contexts.append(context)
-            continuations.append(continuation)
     where = str(getattr(tokenizer, "name_or_path", "") or "--tokenizer")
-    with rust_panics_as(where):
-        context_ids = _encode(tokenizer, contexts, True)
-        whole_ids = _encode(
-            tokenizer, [c + t for c, t in zip(contexts, continuations, strict=True)], True
-        )
-        alone_ids = _encode(tokenizer, continuations, False)
     rows: list[ChoiceRow] = []
     truncated = 0
-    n_choices = len(answers[0]) if answers else 0
-    for r, row in enumerate(answers):
-        first = r * n_choices
-        if contexts[first] == "":
-            prompt_tokens = [_prefix_token(tokenizer, file)]
-            answer_tokens = [alone_ids[first + k] for k in range(n_choices)]
+    first = 0
+    for chunk in _chunks(answers):
+        with rust_panics_as(where):
+            encoded = _encode_rows(
+                tokenizer, prompts[first : first + chunk], answers[first : first + chunk], delimiter
+            )
+        for r, (row, (prompt_ids, answer_ids)) in enumerate(
+            zip(answers[first : first + chunk], encoded, strict=True), start=first
+        ):
+            if prompt_ids is None:  # an empty prompt: the answers were tokenized alone
+                prompt_ids = [_prefix_token(tokenizer, file)]
+            made, cut = _choice_row(r, row, prompt_ids, answer_ids, score, max_length, file)
+            rows.append(made)
+            truncated += cut
+        first += chunk
+    return rows, truncated
+
+
+#: Rows are tokenized in chunks of about this many answers (whole rows), so that the
+#: tokenizer's encodings of a chunk, not of every row, are held at once.
+TOKENIZE_CHUNK = 4096
+
+
+def _chunks(answers: Sequence[Sequence[str]]) -> list[int]:
+    """The number of rows in each chunk: whole rows, about :data:`TOKENIZE_CHUNK` answers."""
+    sizes: list[int] = []
+    rows = held = 0
+    for row in answers:
+        if rows and held + len(row) > TOKENIZE_CHUNK:
+            sizes.append(rows)
+            rows = held = 0
+        rows += 1
+        held += len(row)
+    if rows:
+        sizes.append(rows)
+    return sizes
+
+
+def _encode_rows(
+    tokenizer: Any, prompts: Sequence[str], answers: Sequence[Sequence[str]], delimiter: str
+) -> list[tuple[list[int] | None, list[list[int]]]]:
+    """Each row's prompt tokens (``None`` for an empty prompt) and each answer's continuation
+    tokens, as the module's text says: the context once per row, ``context + continuation``
+    once per answer, and, for an empty prompt, the continuation alone."""
+    contexts: list[str] = []
+    continuations: list[list[str]] = []
+    for prompt, row in zip(prompts, answers, strict=True):
+        context, moved = _split(prompt, "")  # the context is the same for every answer
+        contexts.append(context)
+        continuations.append([moved + delimiter + answer for answer in row])
+    spoken = [r for r, context in enumerate(contexts) if context]
+    context_ids = _encode(tokenizer, [contexts[r] for r in spoken], True)
+    whole_ids = _encode(
+        tokenizer, [contexts[r] + text for r in spoken for text in continuations[r]], True
+    )
+    alone_ids = _encode(
+        tokenizer,
+        [text for r, context in enumerate(contexts) if not context for text in continuations[r]],
+        False,
+    )
+    encoded: list[tuple[list[int] | None, list[list[int]]]] = []
+    whole = iter(whole_ids)
+    alone = iter(alone_ids)
+    prompts_of = dict(zip(spoken, context_ids, strict=True))
+    for r, row in enumerate(continuations):
+        if r in prompts_of:
+            prompt_ids = prompts_of[r]
+            encoded.append((prompt_ids, [next(whole)[len(prompt_ids) :] for _ in row]))
         else:
-            prompt_tokens = context_ids[first]
-            answer_tokens = [whole_ids[first + k][len(prompt_tokens) :] for k in range(n_choices)]
-        for k, tokens in enumerate(answer_tokens):
-            if not tokens:
-                raise InputError(
-                    file,
-                    f"row {r}: answer {k} ({row[k]!r}) adds no token to its prompt",
-                    "every answer must be at least one token",
-                )
-        longest = max(len(tokens) for tokens in answer_tokens)
-        if longest >= max_length:
+            encoded.append((None, [next(alone) for _ in row]))
+    return encoded
+
+
+def _choice_row(
+    r: int,
+    row: Sequence[str],
+    prompt_tokens: list[int],
+    answer_tokens: list[list[int]],
+    score: str,
+    max_length: int,
+    file: str,
+) -> tuple[ChoiceRow, int]:
+    """Row ``r`` tokenized, checked (every answer a token or more, the longest shorter than
+    ``max_length``) and its prompt cut from the front to fit, with 1 when it was cut."""
+    for k, tokens in enumerate(answer_tokens):
+        if not tokens:
             raise InputError(
                 file,
-                f"row {r}: an answer is {longest} tokens, which leaves no room for its prompt "
-                f"within a max_length of {max_length}",
-                "pass a larger --max-length",
+                f"row {r}: answer {k} ({shorten(repr(row[k]))}) adds no token to its prompt",
+                "every answer must be at least one token",
             )
-        keep = max_length - longest
-        if len(prompt_tokens) > keep:
-            prompt_tokens, truncated = prompt_tokens[-keep:], truncated + 1
-        rows.append(
-            ChoiceRow(
-                prompt=tuple(prompt_tokens),
-                answers=tuple(tuple(tokens) for tokens in answer_tokens),
-                divisors=tuple(
-                    _divisor(score, len(tokens), answer)
-                    for tokens, answer in zip(answer_tokens, row, strict=True)
-                ),
-            )
+    longest = max(len(tokens) for tokens in answer_tokens)
+    if longest >= max_length:
+        raise InputError(
+            file,
+            f"row {r}: an answer is {longest} tokens, which leaves no room for its prompt "
+            f"within a max_length of {max_length}",
+            "pass a larger --max-length",
         )
-    return rows, truncated
+    keep = max_length - longest
+    cut = len(prompt_tokens) > keep
+    if cut:
+        prompt_tokens = prompt_tokens[-keep:]
+    made = ChoiceRow(
+        prompt=tuple(prompt_tokens),
+        answers=tuple(tuple(tokens) for tokens in answer_tokens),
+        divisors=tuple(
+            _divisor(score, len(tokens), answer)
+            for tokens, answer in zip(answer_tokens, row, strict=True)
+        ),
+    )
+    return made, int(cut)
 
 
 def check_row_sizes(
