@@ -14,7 +14,9 @@
   :data:`~curvcal.settings.data.MAX_ANSWERS`, the rule every row and ``--choices`` follow,
   :func:`~curvcal.settings.data.answers_fault`), the characters of a prompt or an answer
   against the longest sequence, and the answers in all against the memory available. A
-  ``--choices`` of many words also printed all of them in its error line.
+  ``--choices`` of many words also printed all of them in its error line. Each prompt was
+  tokenized once per answer, every row at once; the memory check after tokenizing counted
+  the attention but not the head's logits over the answers' tokens.
 """
 
 from __future__ import annotations
@@ -290,3 +292,32 @@ def test_rows_are_tokenized_in_chunks_and_each_prompt_once() -> None:
         for p, row in zip(prompts, rows, strict=True)
         if p
     )
+
+
+def test_the_answer_logits_count_in_the_memory_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row of many one-token answers packs into few tokens (a one-token answer feeds none),
+    but the head's logits over its answer tokens hold answers x vocabulary values: before, the
+    check counted the attention only, and 1,000 answers over a 32,000-word vocabulary (256 MB
+    of logits and log-softmax in float32) passed a memory of 1 MB."""
+    import torch
+
+    from curvcal.errors import InputError
+    from curvcal.load.models.choice_scorer import (
+        answer_logits_bytes,
+        attention_bytes,
+        check_attention_memory,
+    )
+
+    assert answer_logits_bytes(1, 1000, 32_000, torch.float32) == 2 * 1000 * 32_000 * 4
+    segments = torch.zeros(1, 10, dtype=torch.int64)
+    config = SimpleNamespace(num_attention_heads=4)
+    need = attention_bytes(1, 10, torch.float32, 4) + answer_logits_bytes(
+        1, 1000, 32_000, torch.float32
+    )
+    monkeypatch.setattr("curvcal.load.models.choice_scorer.available_memory", lambda: need - 1)
+    with pytest.raises(InputError) as refused:
+        check_attention_memory(segments, torch.float32, config, 1000, 32_000)
+    assert said("for their attention (it grows as the square of the tokens) and answer logits",
+                str(refused.value))  # fmt: skip
+    monkeypatch.setattr("curvcal.load.models.choice_scorer.available_memory", lambda: need)
+    check_attention_memory(segments, torch.float32, config, 1000, 32_000)  # fits exactly
