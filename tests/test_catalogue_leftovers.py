@@ -321,3 +321,26 @@ def test_the_answer_logits_count_in_the_memory_check(monkeypatch: pytest.MonkeyP
                 str(refused.value))  # fmt: skip
     monkeypatch.setattr("curvcal.load.models.choice_scorer.available_memory", lambda: need)
     check_attention_memory(segments, torch.float32, config, 1000, 32_000)  # fits exactly
+
+
+def test_long_module_names_leave_the_per_layer_bars_their_room(tmp_path: Path) -> None:
+    """Before: names of 150 characters squeezed the bars to nothing (matplotlib warned that
+    the layout collapsed and drew the axes where they fell). Now the figure widens with the
+    longest name, and a name past 100 characters is cut in the middle."""
+    import warnings
+
+    from curvcal.report.plots import LONGEST_NAME
+
+    exact = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default".ljust(
+        LONGEST_NAME, "_"
+    )
+    names = [exact, "m$" + "x" * 20_000 + "$end"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a collapsed layout warns
+        figure = per_layer_plot(names, [1.0, 2.0], [3.0, 4.0], tmp_path / "l.png")
+    ticks = [label.get_text() for label in figure.axes[0].get_yticklabels()]
+    assert ticks[0] == exact  # drawn as written up to the limit
+    assert (
+        len(ticks[1]) == LONGEST_NAME and ticks[1].startswith("m$x") and ticks[1].endswith("x$end")
+    )
+    assert all(ax.get_position().width > 0.2 for ax in figure.axes)  # of the figure's width
