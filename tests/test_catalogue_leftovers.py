@@ -5,7 +5,9 @@
   ``ValueError`` (exit 70), and one named ``$x$`` was drawn as math. Now every figure is made
   by :func:`curvcal.report.style.drawing`, whose figures draw every text as written on each
   draw (:func:`~curvcal.report.style.text_as_written`), tick labels included; only the numbers
-  matplotlib's own formatters write keep mathtext;
+  matplotlib's own formatters write keep mathtext. A scatter plot's axis label holding such a
+  name failed the same way (the plot is drawn for its layout before it is saved); a module
+  name of 150 characters squeezed the per-layer bars to nothing;
 - progress: ``hessian --warm-start``'s stage was labelled, but its count stood still (its
   products are on its sample's own operator), tested in ``tests/test_progress_stages.py``;
 - multiple-choice rows: a row of 10^6 answers was refused only by the attention check, after
