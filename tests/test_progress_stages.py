@@ -158,3 +158,33 @@ def test_ctrl_c_after_lambda_1_without_o_writes_nothing_and_shows_what_was_kept(
     assert "the results hold the 1 of 3 eigenvalues that converged" in said
     assert f"λ1 = {lambda_1['value']:.6g}" in said
     assert "Hessian eigenvalues" in result.stdout  # the table of what was kept
+
+
+def test_the_warm_stage_reports_its_products_as_they_are_made() -> None:
+    """Before: the warm stage's products were made on the sample's own operator while its
+    reports read the full operator's count, so the count stood still (0) through the stage,
+    and its end was reported as another stage (``warm_start``)."""
+    from curvcal.curvature.forecast import planned_by_stage
+    from curvcal.curvature.progress import WARM_STAGE
+
+    model, batches = _model_and_batches()
+    settings = HessianSettings(top_k=2, trace_method="hutchinson", probes=5, warm_start=0.5)
+    counts: list[tuple[str, int]] = []
+    analysis = analyse_batches(
+        model, batches, settings, on_step=lambda stage, done: counts.append((stage, done))
+    )
+    warm_made = analysis.operator["warm_start"]["n_matvecs"]
+    warm = [done for stage, done in counts if stage == WARM_STAGE]
+    assert {stage for stage, _ in counts} == {WARM_STAGE, "eigenvalues", "trace"}
+    assert [stage for stage, _ in counts[: len(warm)]] == [WARM_STAGE] * len(warm)  # first
+    assert len(set(warm)) > 2 and warm == sorted(warm) and warm[0] > 0  # the count moves
+    assert warm[-1] == warm_made == analysis.operator["warm_start"]["n_matvecs"]
+    # one count over every product: the warm stage's, then the full operator's on top
+    assert [done for _, done in counts] == sorted(done for _, done in counts)
+    eigen_end = max(done for stage, done in counts if stage == "eigenvalues")
+    assert eigen_end == warm_made + analysis.spectrum.matvecs
+    assert counts[-1][1] == warm_made + analysis.operator["n_matvecs"]
+    # the progress total plans the stage, and the stage is timed apart
+    assert WARM_STAGE in planned_by_stage(settings, 100)
+    assert WARM_STAGE not in planned_by_stage(HessianSettings(), 100)
+    assert "warm_start" in analysis.timings

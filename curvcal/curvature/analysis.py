@@ -40,7 +40,7 @@ from curvcal.curvature.plan import (
     refuse_needless_probes,
 )
 from curvcal.curvature.precision import significant_digits
-from curvcal.curvature.progress import OnStageStep, OnStep, Stopped
+from curvcal.curvature.progress import WARM_STAGE, OnStageStep, OnStep, Stopped
 from curvcal.curvature.residual import estimator_of, split_trace
 from curvcal.curvature.results import (
     ConvergenceWarning,
@@ -156,8 +156,9 @@ def analyse_operator(
     """:func:`analyse_batches` on an operator already built (its loss, parameters and how it
     runs are the operator's: the operator fields of ``settings`` are not read again).
     ``timings`` holds the seconds already spent (``setup``); the stages' are added to it.
-    ``on_step`` is also called at the end of each stage with the products made so far (its
-    last products come after its last step). When ``on_step`` raises
+    ``on_step`` gets the stage and the products made so far in every stage, the warm stage's
+    (:data:`~curvcal.curvature.progress.WARM_STAGE`, on its sample's operator) included; it is
+    also called at the end of each stage (its last products come after its last step). When ``on_step`` raises
     :class:`~curvcal.curvature.progress.Stopped` once a value has converged, it is raised again
     carrying the analysis of what finished: in the eigenvalue stage the values that converged
     (the spectrum's ``stopped_by`` is ``"interrupted"``) and no later stage, in the per-layer
@@ -206,13 +207,20 @@ def analyse_operator(
         if note is not None and on_note is not None:
             on_note(note)
 
+    # products made on operators of their own (the warm stage's sample), counted before the
+    # full operator's in every report: the count is of every product the analysis made
+    apart = [0]
+
+    def made() -> int:
+        return apart[0] + operator.total_matvecs
+
     def hook(stage: str) -> OnStep:
         if on_step is None:
             return None
         report = on_step
-        return lambda _done: report(stage, operator.total_matvecs)
+        return lambda _done: report(stage, made())
 
-    def timed(stage: str) -> Callable[[], None]:
+    def timed(stage: str, label: str | None = None) -> Callable[[], None]:
         start = time.perf_counter()
 
         def stop() -> None:
@@ -220,7 +228,7 @@ def analyse_operator(
             # the stage's last products (Lanczos's residual checks, a final block) come
             # after its last step report: the count at its end is the one the table shows
             if on_step is not None and stage != "loss":
-                on_step(stage, operator.total_matvecs)
+                on_step(label or stage, made())
 
         return stop
 
@@ -230,7 +238,8 @@ def analyse_operator(
 
     warm = None
     if settings.warm_start is not None:
-        stop = timed("warm_start")
+        stop = timed("warm_start", WARM_STAGE)
+        report = on_step
         try:
             warm = warm_start(
                 operator,
@@ -238,10 +247,14 @@ def analyse_operator(
                 settings.top_k,
                 seed=settings.seed,
                 max_basis=lanczos_basis(settings.top_k, n_params, budget, settings.max_basis),
-                on_step=hook("warm start"),
+                # its products are on the sample's own operator: counted as they are made
+                on_step=None
+                if report is None
+                else lambda products: report(WARM_STAGE, made() + products),
             )
         except Stopped as signal:  # nothing of the full data's spectrum is known yet
             raise Stopped(None, signal.stage) from None
+        apart[0] += warm.n_matvecs
         stop()
 
     stop = timed("eigenvalues")

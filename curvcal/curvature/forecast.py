@@ -2,8 +2,9 @@
 
 The forecast is (products planned) × (seconds per product), the second measured from the
 first progress report of the run until five products are done (so it excludes loading, the memory measurement and the
-loss pass). Products planned, for :class:`~curvcal.curvature.analysis.HessianSettings`:
+loss pass; a warm start's products, over a sample of the data, are not timed). Products planned, for :class:`~curvcal.curvature.analysis.HessianSettings`:
 
+* warm start (``warm_start``): as many as the eigenvalues' Lanczos, on a sample of the data;
 * eigenvalues, Lanczos (the default): 10 + 3k steps and k residual checks, at most the step
   budget (``max_iter``, or P); power iteration: 20 iterations per value, at most ``max_iter``;
   ``smallest`` adds one Lanczos run for k = 1;
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from torch import nn
 
 from curvcal.curvature.plan import selected_parameter_count
+from curvcal.curvature.progress import WARM_STAGE
 from curvcal.pace import duration_text
 from curvcal.settings.hessian import HessianSettings
 
@@ -51,12 +53,16 @@ def _eigen_products(k: int, method: str, max_iter: int | None, n_params: int) ->
 
 
 def planned_by_stage(settings: HessianSettings, n_params: int, n_blocks: int = 0) -> dict[str, int]:
-    """The products a run of ``settings`` typically makes in each stage (``eigenvalues``,
-    ``smallest``, ``trace``, ``density``, ``layers``; stages that run no product left out) on a
+    """The products a run of ``settings`` typically makes in each stage (``warm start``,
+    ``eigenvalues``, ``smallest``, ``trace``, ``density``, ``layers``; stages that run no
+    product left out) on a
     Hessian of ``n_params`` rows with ``n_blocks`` module blocks (the counts of this module's
     docstring)."""
     method = settings.method or "lanczos"
-    stages = {"eigenvalues": _eigen_products(settings.top_k, method, settings.max_iter, n_params)}
+    stages = {}
+    if settings.warm_start is not None:  # Lanczos on a sample, before the full run
+        stages[WARM_STAGE] = _eigen_products(settings.top_k, "lanczos", settings.max_iter, n_params)
+    stages["eigenvalues"] = _eigen_products(settings.top_k, method, settings.max_iter, n_params)
     if settings.smallest:
         stages["smallest"] = _eigen_products(1, "lanczos", settings.max_iter, n_params)
     if settings.trace and settings.trace_method != "gauss-newton":  # it makes no product
@@ -69,7 +75,7 @@ def planned_by_stage(settings: HessianSettings, n_params: int, n_blocks: int = 0
 
 
 #: the stages whose planned count is typical, not known (they run first, in this order)
-TYPICAL_STAGES = ("eigenvalues", "smallest")
+TYPICAL_STAGES = (WARM_STAGE, "eigenvalues", "smallest")
 
 
 def _stage_of(progress_stage: str) -> str:
@@ -222,21 +228,25 @@ def forecast_hook(
     advise: Callable[[float, int | dict[str, int]], str | None] | None = None,
 ) -> Callable[[str, int], None]:
     """A progress hook (stage, products so far) that times the products from its first call
-    until :data:`FORECAST_PRODUCTS` are done and, when :func:`slow_run_advice` (or ``advise``)
+    outside the warm stage (whose products are over a sample of the data) until
+    :data:`FORECAST_PRODUCTS` more are done and, when :func:`slow_run_advice` (or ``advise``)
     has something to say, passes it to ``notify`` once. ``planned`` may be a callable, read at
     that moment (the plan can change once the run has chosen its trace method)."""
     first: list[tuple[float, int]] = []
     done = [False]
+    untimed = [0]  # the warm stage's products: each over a sample, a fraction of a full one
 
-    def on_step(_stage: str, matvecs: int) -> None:
-        if done[0]:
+    def on_step(stage: str, matvecs: int) -> None:
+        if stage == WARM_STAGE:
+            untimed[0] = matvecs
+        if done[0] or stage == WARM_STAGE:
             return
         now = clock()
         if not first:
             first.append((now, matvecs))
             return
         then, before = first[0]
-        if matvecs <= before or matvecs < FORECAST_PRODUCTS:
+        if matvecs <= before or matvecs - untimed[0] < FORECAST_PRODUCTS:
             return
         done[0] = True
         count = planned() if callable(planned) else planned

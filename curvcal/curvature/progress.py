@@ -18,6 +18,11 @@ OnStageStep = Callable[[str, int], None] | None
 or ``None`` for no hook."""
 
 
+#: The stage name of the warm start's products (:mod:`curvcal.curvature.warm_start`), made on
+#: a sample of the data: each costs about the sample's share of a full product.
+WARM_STAGE = "warm start"
+
+
 class Stopped(Exception):
     """Raised by a progress hook to stop a staged computation between products (Ctrl-C in
     the CLI). The computation raises it again with ``finished``, the result of the stages it

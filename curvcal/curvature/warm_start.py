@@ -80,13 +80,15 @@ def sample_batches(batches: Iterable[Batch], chosen: Tensor) -> list[Batch]:
 @dataclass(frozen=True)
 class WarmStart:
     """The warm stage's outcome: the start ``vector`` (unit, in the operator's vector space),
-    the ``spectrum`` of the Hessian over the sample, its ``fraction`` asked for and the
-    ``n_samples`` it held (summed over the ranks)."""
+    the ``spectrum`` of the Hessian over the sample, its ``fraction`` asked for, the
+    ``n_samples`` it held (summed over the ranks) and the ``n_matvecs`` products it made (on
+    the sample's operator, not the full one's)."""
 
     vector: Tensor
     spectrum: EigenSpectrum
     fraction: float
     n_samples: int
+    n_matvecs: int
 
     def as_dict(self) -> dict[str, object]:
         """The JSON record: the fraction, the samples, the warm stage's products (each over
@@ -95,7 +97,7 @@ class WarmStart:
         return {
             "fraction": self.fraction,
             "n_samples": self.n_samples,
-            "n_matvecs": self.spectrum.matvecs,
+            "n_matvecs": self.n_matvecs,
             "tol": self.spectrum.tol,
             "lambda_max": self.spectrum.values[0].value,
             "converged": self.spectrum.converged,
@@ -119,7 +121,9 @@ def warm_start(
 
     The sample's operator is built as ``operator`` was (same parameters, loss, engine, mode,
     cache and memory settings; the same sum across ranks). A model sharded with fully_shard is
-    refused: its vectors are slices whose sample operator is not built here.
+    refused: its vectors are slices whose sample operator is not built here. ``on_step`` is
+    called with the products the stage has made so far (on the sample's operator, whose
+    count ``operator``'s does not hold), after each step and once at the end.
     """
     from curvcal.sharding import is_sharded  # as build_operator imports it: on first use
 
@@ -143,11 +147,19 @@ def warm_start(
             tol=tol,
             max_basis=max_basis,
             seed=seed,
-            on_step=on_step,
+            on_step=None if on_step is None else lambda _steps: on_step(part.total_matvecs),
             on_vectors=kept.append,
         )
+    if on_step is not None:  # Lanczos's residual checks come after its last step
+        on_step(part.total_matvecs)
     vector = kept[0].sum(dim=1)
-    return WarmStart(vector / space_of(part).norm(vector), spectrum, fraction, part.n_samples)
+    return WarmStart(
+        vector / space_of(part).norm(vector),
+        spectrum,
+        fraction,
+        part.n_samples,
+        part.total_matvecs,
+    )
 
 
 __all__ = [

@@ -13,7 +13,8 @@ Figure sizes (inches; pixels are inches × :data:`DPI`):
   layout);
 * spectrum: 4 × 3.2, or 8 × 3.2 with a density panel (400 or 800 × 320 px), 0.3 taller with a
   caption;
-* per-layer: (2 + 3.5·A) × max(2.5, 1 + 0.25·L) for A = 1 or 2 bar charts and L layers;
+* per-layer: (2 + 3.5·A + 0.055·max(0, C − 24)) × max(2.5, 1 + 0.25·L) for A = 1 or 2 bar
+  charts, L layers and C characters in the longest name (at most :data:`LONGEST_NAME`);
 * scatter: 6.4 × 4 (640 × 400 px), the key of the numbered points on the right.
 """
 
@@ -38,8 +39,10 @@ from curvcal.report.style import (
     SUFFIXES,
     drawing,
     file_format,
+    number_labels,
     require_matplotlib,
     save,
+    writes_numbers,
 )
 from curvcal.settings.calibration import PLOT_COLUMNS
 
@@ -535,7 +538,9 @@ def per_layer_plot(
     """Horizontal bars per parameter group (top to bottom in the order given): λmax and, when
     ``traces`` is given, the trace beside it (a missing trace is left blank) with its interval
     as an error bar when ``trace_intervals`` is given. Each chart is on a log scale when all its
-    values are positive, else symmetric-log (linear within the smallest non-zero |value|)."""
+    values are positive, else symmetric-log (linear within the smallest non-zero |value|).
+    Names longer than :data:`LONGEST_NAME` are cut in the middle; the figure widens with the
+    longest."""
     if not names:
         raise ValueError("per_layer_plot needs at least one layer")
     if len(lambda_max) != len(names) or (traces is not None and len(traces) != len(names)):
@@ -555,8 +560,10 @@ def per_layer_plot(
             )
         )
     with drawing() as new_figure:
-        figure = new_figure(
-            2.0 + 3.5 * len(columns),
+        shown = [_shorten(name, LONGEST_NAME) for name in names]
+        longest = max(len(name) for name in shown)
+        figure = new_figure(  # wider for long names: the bars keep their room
+            2.0 + 3.5 * len(columns) + NAME_WIDTH * max(0, longest - 24),
             max(2.5, 1.0 + 0.25 * len(names)) + (0.3 if caption else 0.0),
         )
         axes = figure.subplots(1, len(columns), squeeze=False, sharey=True)[0]
@@ -585,13 +592,20 @@ def per_layer_plot(
             _layer_scale(ax, numbers)
             label = title if intervals is None else f"{title} (95% interval)"
             ax.set(title=title, xlabel=label)
-        axes[0].set_yticks(rows, list(names))
+        axes[0].set_yticks(rows, shown)
         axes[0].invert_yaxis()
         if caption:
             figure.suptitle(caption)
         thin_tick_labels(figure)
         save(figure, path, fmt)
     return figure
+
+
+#: A per-layer chart's names are cut in the middle to this many characters (both ends tell
+#: modules apart); the figure is :data:`NAME_WIDTH` inches wider for each character of the
+#: longest past 24, so that a name of 150 characters no longer squeezes the bars to nothing.
+LONGEST_NAME = 100
+NAME_WIDTH = 0.055
 
 
 def _layer_scale(ax: Axes, numbers: Sequence[float]) -> None:
@@ -656,8 +670,11 @@ def thin_tick_labels(figure: Figure, gap: float = 4.0) -> None:
                 kept.append((loc, text))
                 last = end
             if len(kept) < len(placed):
+                texts = [text for _, text in kept]
+                numbers = writes_numbers(axis.get_major_formatter())
                 axis.set_major_locator(FixedLocator([loc for loc, _ in kept]))
-                axis.set_major_formatter(FixedFormatter([text for _, text in kept]))
+                # names stay names (drawn as written), numbers stay numbers (mathtext)
+                axis.set_major_formatter(number_labels(texts) if numbers else FixedFormatter(texts))
 
 
 def scatter_plot(

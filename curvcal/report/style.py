@@ -9,7 +9,7 @@ so the same numbers give the same bytes. The format of a file follows its suffix
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ from curvcal.errors import InputError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+    from matplotlib.ticker import Formatter
     from matplotlib.typing import RcKeyType
 
 DPI = 100
@@ -91,41 +92,86 @@ def require_matplotlib() -> None:
 
 @contextmanager
 def drawing(dpi: int = DPI) -> Iterator[Any]:
-    """matplotlib under the fixed style; yields ``new_figure(width_in, height_in)``."""
+    """matplotlib under the fixed style; yields ``new_figure(width_in, height_in)``, a figure
+    that draws every text as written (:func:`text_as_written`)."""
     require_matplotlib()
     import matplotlib
     import matplotlib.style
     from matplotlib.figure import Figure
 
+    class WrittenFigure(Figure):
+        """A figure whose every draw (a layout pass, the file) draws its texts as written
+        (:func:`text_as_written`), whatever the plot did before."""
+
+        def draw(self, renderer: Any) -> None:
+            text_as_written(self)
+            super().draw(renderer)
+
     def new_figure(width: float, height: float) -> Figure:
-        return Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+        return WrittenFigure(figsize=(width, height), dpi=dpi, layout="constrained")
 
     with matplotlib.style.context("default"), matplotlib.rc_context(RC):
         yield new_figure
 
 
 def save(figure: Figure, path: Path, fmt: str, dpi: int = DPI) -> None:
-    """Write ``figure`` to ``path`` atomically in ``fmt``, without dates, its names drawn as
-    they are (:func:`names_as_written`)."""
-    names_as_written(figure)
+    """Write ``figure`` to ``path`` atomically in ``fmt``, without dates, every text drawn as
+    it is written (:func:`text_as_written`): the one writer of every figure."""
+    text_as_written(figure)
     with atomic_output(path) as out:
         figure.savefig(out, format=fmt, dpi=dpi, metadata=METADATA[fmt])
 
 
-def names_as_written(figure: Figure) -> None:
-    """Draw every text of ``figure`` but its tick labels as it is written, ``$`` included: a
-    title, legend or annotation holds names (a checkpoint's, a file's), and one named
-    ``m$\\frac{$.pt`` made the plot a mathtext ``ValueError``, exit 70, as ``[/]`` in a name
-    was rich markup (:mod:`curvcal.console`). Tick labels keep mathtext, which matplotlib's own
-    formatters write (``$\\mathdefault{10^{-1}}$`` on a log axis); curvcal writes none."""
+#: The attribute :func:`number_labels` sets on a formatter of texts a number formatter wrote.
+_WRITES_NUMBERS = "_curvcal_writes_numbers"
+
+
+def number_labels(texts: Sequence[str]) -> Formatter:
+    """A fixed formatter of tick labels that matplotlib's number formatters wrote (their
+    ``$\\mathdefault{10^{-1}}$`` is drawn as mathtext, :func:`text_as_written`): how a plot
+    that thins its ticks keeps them."""
+    from matplotlib.ticker import FixedFormatter
+
+    formatter = FixedFormatter(list(texts))
+    setattr(formatter, _WRITES_NUMBERS, True)
+    return formatter
+
+
+def writes_numbers(formatter: Formatter) -> bool:
+    """Whether the tick labels of ``formatter`` are numbers matplotlib wrote (a scalar or log
+    axis, or :func:`number_labels`), not texts a plot gave (``set_yticks(rows, names)``,
+    ``set_xticklabels``, a function of curvcal's): only those may be mathtext."""
+    from matplotlib.ticker import LogFormatter, NullFormatter, ScalarFormatter
+
+    return bool(getattr(formatter, _WRITES_NUMBERS, False)) or isinstance(
+        formatter, ScalarFormatter | LogFormatter | NullFormatter
+    )
+
+
+def text_as_written(figure: Figure) -> None:
+    """Draw every text of ``figure`` as it is written, ``$`` included: titles, legends,
+    annotations, axis labels, suptitles and tick labels hold names (a checkpoint's, a file's,
+    a layer's, a class's), and one named ``m$\\frac{$.pt`` made the plot a mathtext
+    ``ValueError``, exit 70, or ``$x$`` was drawn as math, as ``[/]`` in a name was rich markup
+    (:mod:`curvcal.console`). The one exception is the tick labels (and offset) of an axis
+    whose formatter writes numbers (:func:`writes_numbers`): matplotlib's own formatters write
+    mathtext (``$\\mathdefault{10^{-1}}$`` on a log axis), never a name. Called by
+    :func:`save`, which every figure is written through, so no plot can forget it; the texts
+    are those the figure holds when it is saved (its ticks made for their locations)."""
     from matplotlib.text import Text
 
-    ticks: set[int] = set()
+    numbers: set[int] = set()
     for axes in figure.axes:
         for axis in (axes.xaxis, axes.yaxis):
-            ticks.add(id(axis.offsetText))
-            for tick in (*axis.get_major_ticks(), *axis.get_minor_ticks()):
-                ticks.update((id(tick.label1), id(tick.label2)))
+            if writes_numbers(axis.get_major_formatter()):
+                numbers.add(id(axis.offsetText))
+                numbers.update(_labels(axis.get_major_ticks()))
+            if writes_numbers(axis.get_minor_formatter()):
+                numbers.update(_labels(axis.get_minor_ticks()))
     for text in figure.findobj(Text):
-        if id(text) not in ticks:
+        if id(text) not in numbers:
             text.set_parse_math(False)
+
+
+def _labels(ticks: Sequence[Any]) -> list[int]:
+    return [id(label) for tick in ticks for label in (tick.label1, tick.label2)]

@@ -4,11 +4,12 @@ that reads a dataset takes them (``--data`` and friends, ``--batch-size``), decl
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from curvcal.errors import SettingsError, setting_name
+from curvcal.errors import SettingsError, setting_name, shorten
 from curvcal.settings.fields import Settings, comma_numbers, folder_setting, setting
 
 #: ``resize``/``crop`` value of an explicit ``none``: no resize or crop, and no model config's.
@@ -37,22 +38,58 @@ def _float_list(ctx: Any, param: Any, value: str | None) -> tuple[float, ...] | 
 
 
 def _word_list(ctx: Any, param: Any, value: str | None) -> tuple[str, ...] | None:
-    """``--choices``: comma-separated answers, each kept as typed (spaces included), none
-    empty and no two alike; at least two."""
+    """``--choices``: comma-separated answers, each kept as typed (spaces included), held to
+    the rule of every row's answers (:func:`answers_fault`)."""
     import click
 
     if value is None:
         return None
     words = tuple(value.split(","))
-    if len(words) < 2 or any(not word.strip() for word in words):
+    fault = answers_fault(words)
+    if fault is not None:
         raise click.BadParameter(
-            f"--choices takes two or more non-empty answers, comma-separated; got {value!r}",
+            f"--choices takes two or more non-empty answers, comma-separated, no two alike; "
+            f"got {shorten(repr(value))}: {fault}",
             ctx,
             param,
         )
-    if len(set(words)) != len(words):
-        raise click.BadParameter(f"--choices names an answer twice: {value!r}", ctx, param)
     return words
+
+
+#: The most answers one row may hold, counted before anything is tokenized. The K answers of
+#: a row are packed into one sequence after its prompt
+#: (:meth:`curvcal.load.texts.choices.ChoiceDataset.collate`), whose attention grows as the
+#: square of its tokens: 20,000 answers of a few tokens (89,000 tokens) asked for 110 GiB, and
+#: 10^6 answers took 99 s and 6 GB of tokenizing before the attention check refused them.
+#: Multiple-choice benchmarks have 2 to 10 answers a row.
+MAX_ANSWERS = 10_000
+
+
+def answers_fault(answers: Sequence[str]) -> str | None:
+    """What makes ``answers`` no set of K classes (``None`` when nothing does): fewer than
+    two, more than :data:`MAX_ANSWERS` (counted first, before any answer is read), one empty
+    or only white space (scored as the delimiter alone), or one given twice (two classes no
+    score can tell apart). The one rule for ``--choices`` and for every row of a
+    ``--choices-key`` column."""
+    if len(answers) < 2:
+        return (
+            f"{len(answers)} answer{'' if len(answers) == 1 else 's'}; a choice needs at least two"
+        )
+    if len(answers) > MAX_ANSWERS:
+        return (
+            f"{len(answers):,} answers, more than curvcal scores in one row ({MAX_ANSWERS:,}: "
+            "every answer of a row is packed into one sequence, whose attention grows as the "
+            "square of its tokens)"
+        )
+    for k, answer in enumerate(answers):
+        if not answer.strip():
+            return f"answer {k} ({shorten(repr(answer))}) is empty"
+    seen: dict[str, int] = {}
+    for k, answer in enumerate(answers):
+        if answer in seen:
+            return f"answers {seen[answer]} and {k} are the same text {shorten(repr(answer))}"
+        seen[answer] = k
+    return None
 
 
 def _size(ctx: Any, param: Any, value: str | None) -> int | None:

@@ -55,7 +55,13 @@ class ChoiceScorer(LogitsModule):
         causal = _causal_model(self.__dict__["library_model"])
         head = causal.get_output_embeddings()
         segments = x["choice_segments"]
-        check_attention_memory(segments, head.weight.dtype, causal.config)
+        check_attention_memory(
+            segments,
+            head.weight.dtype,
+            causal.config,
+            answer_tokens=int(x["choice_of"].shape[1]),
+            vocabulary=int(head.weight.shape[0]),
+        )
         hidden = causal.get_decoder()(
             input_ids=x["input_ids"],
             position_ids=x["position_ids"],
@@ -83,17 +89,32 @@ def attention_bytes(rows: int, width: int, dtype: torch.dtype, heads: int) -> in
     return square * (dtype.itemsize * (1 + heads)) + 3 * width * width
 
 
-def check_attention_memory(segments: torch.Tensor, dtype: torch.dtype, config: Any) -> None:
+def answer_logits_bytes(rows: int, answer_tokens: int, vocabulary: int, dtype: torch.dtype) -> int:
+    """Bytes the head's output over the answers' tokens holds at once, at the least: the logits
+    and their log-softmax, each rows × ``answer_tokens`` × ``vocabulary`` in ``dtype``."""
+    return 2 * rows * answer_tokens * vocabulary * dtype.itemsize
+
+
+def check_attention_memory(
+    segments: torch.Tensor,
+    dtype: torch.dtype,
+    config: Any,
+    answer_tokens: int = 0,
+    vocabulary: int = 0,
+) -> None:
     """Refuse (an :class:`InputError` naming ``--data``) a batch of packed rows whose attention
     (:func:`attention_bytes`, a lower bound of what the eager attention the models are loaded
-    with holds) exceeds the memory free on their device: a row of a million
-    answers packs into millions of tokens, and the mask and scores over them grow as the
-    square, which the kernel would end by killing the run (exit 137) or torch by a failed
-    allocation after minutes."""
+    with holds) and answer logits (:func:`answer_logits_bytes`: the batch's most
+    ``answer_tokens`` in a row, over a ``vocabulary``) exceed the memory free on their device:
+    a row of many answers packs into many tokens, and the mask and scores over them grow as
+    the square, the logits as the answers' tokens times the vocabulary, which the kernel would
+    end by killing the run (exit 137) or torch by a failed allocation after minutes."""
     rows, width = int(segments.shape[0]), int(segments.shape[1])
     heads = getattr(config, "num_attention_heads", 1)
     heads = heads if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 else 1
-    need = attention_bytes(rows, width, dtype, heads)
+    need = attention_bytes(rows, width, dtype, heads) + answer_logits_bytes(
+        rows, answer_tokens, vocabulary, dtype
+    )
     if segments.device.type == "cuda":  # free on the device, and free in torch's own cache
         cached = torch.cuda.memory_reserved(segments.device) - torch.cuda.memory_allocated(
             segments.device
@@ -106,7 +127,8 @@ def check_attention_memory(segments: torch.Tensor, dtype: torch.dtype, config: A
             "--data",
             f"{rows} multiple-choice row{'s' if rows != 1 else ''} packed into {width:,} tokens "
             f"need {need / 2**30:,.1f} GiB for their attention (it grows as the square of the "
-            f"tokens), more than the {free / 2**30:,.1f} GiB free on {segments.device.type}",
+            f"tokens) and answer logits, more than the {free / 2**30:,.1f} GiB free on "
+            f"{segments.device.type}",
             "give fewer or shorter answers per row, or a smaller --batch-size",
         )
 

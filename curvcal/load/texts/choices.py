@@ -53,7 +53,7 @@ from torch.utils.data import Dataset
 from curvcal.errors import InputError, shorten
 from curvcal.load.datasets.loaded_data import LoadedData, loaded_data
 from curvcal.load.datasets.preprocessing import reject_image_transforms
-from curvcal.settings.data import DataSettings
+from curvcal.settings.data import MAX_ANSWERS, DataSettings, answers_fault
 
 if TYPE_CHECKING:
     from curvcal.load.texts.text import TextModel
@@ -65,6 +65,14 @@ SCORE_MEANINGS = {
     "mean-char": "the log-likelihood of its tokens after the prompt per character of the "
     "answer (lm-evaluation-harness's acc_norm)",
 }
+#: A generous bound on the bytes one token covers (text runs at about 4 bytes a token): a
+#: prompt or answer of more characters than ``max_length`` times this is refused before it is
+#: tokenized (:func:`check_row_sizes`).
+MAX_BYTES_PER_TOKEN = 1024
+#: The least memory one answer's tokens take once tokenized (a tuple of at least one token id
+#: and its divisor, as :class:`ChoiceRow` holds them, in CPython): the bound the total answer
+#: count is held to before tokenizing (:func:`check_row_sizes`).
+ANSWER_BYTES = 96
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 _FIELD = re.compile(r"\{([^{}]*)\}")
 
@@ -261,63 +269,188 @@ def tokenize_choices(
     file: str = "--data",
 ) -> tuple[list[ChoiceRow], int]:
     """Each row's sequences as lm-evaluation-harness tokenizes them (see the module's text),
-    and how many rows lost prompt tokens to ``max_length``; errors name ``file``."""
+    and how many rows lost prompt tokens to ``max_length``; errors name ``file``. Rows too
+    large to tokenize are refused first (:func:`check_row_sizes`)."""
     from curvcal.load.texts.text import rust_panics_as
 
-    contexts: list[str] = []
-    continuations: list[str] = []
-    for prompt, row in zip(prompts, answers, strict=True):
-        for answer in row:
-            context, continuation = _split(prompt, delimiter + answer)
-            contexts.append(context)
-            continuations.append(continuation)
+    check_row_sizes(prompts, answers, delimiter, _text_limit(tokenizer, max_length), file)
     where = str(getattr(tokenizer, "name_or_path", "") or "--tokenizer")
-    with rust_panics_as(where):
-        context_ids = _encode(tokenizer, contexts, True)
-        whole_ids = _encode(
-            tokenizer, [c + t for c, t in zip(contexts, continuations, strict=True)], True
-        )
-        alone_ids = _encode(tokenizer, continuations, False)
     rows: list[ChoiceRow] = []
     truncated = 0
-    n_choices = len(answers[0]) if answers else 0
-    for r, row in enumerate(answers):
-        first = r * n_choices
-        if contexts[first] == "":
-            prompt_tokens = [_prefix_token(tokenizer, file)]
-            answer_tokens = [alone_ids[first + k] for k in range(n_choices)]
+    first = 0
+    for chunk in _chunks(answers):
+        with rust_panics_as(where):
+            encoded = _encode_rows(
+                tokenizer, prompts[first : first + chunk], answers[first : first + chunk], delimiter
+            )
+        for r, (row, (prompt_ids, answer_ids)) in enumerate(
+            zip(answers[first : first + chunk], encoded, strict=True), start=first
+        ):
+            if prompt_ids is None:  # an empty prompt: the answers were tokenized alone
+                prompt_ids = [_prefix_token(tokenizer, file)]
+            made, cut = _choice_row(r, row, prompt_ids, answer_ids, score, max_length, file)
+            rows.append(made)
+            truncated += cut
+        first += chunk
+    return rows, truncated
+
+
+#: Rows are tokenized in chunks of about this many answers (whole rows), so that the
+#: tokenizer's encodings of a chunk, not of every row, are held at once.
+TOKENIZE_CHUNK = 4096
+
+
+def _chunks(answers: Sequence[Sequence[str]]) -> list[int]:
+    """The number of rows in each chunk: whole rows, about :data:`TOKENIZE_CHUNK` answers."""
+    sizes: list[int] = []
+    rows = held = 0
+    for row in answers:
+        if rows and held + len(row) > TOKENIZE_CHUNK:
+            sizes.append(rows)
+            rows = held = 0
+        rows += 1
+        held += len(row)
+    if rows:
+        sizes.append(rows)
+    return sizes
+
+
+def _encode_rows(
+    tokenizer: Any, prompts: Sequence[str], answers: Sequence[Sequence[str]], delimiter: str
+) -> list[tuple[list[int] | None, list[list[int]]]]:
+    """Each row's prompt tokens (``None`` for an empty prompt) and each answer's continuation
+    tokens, as the module's text says: the context once per row, ``context + continuation``
+    once per answer, and, for an empty prompt, the continuation alone."""
+    contexts: list[str] = []
+    continuations: list[list[str]] = []
+    for prompt, row in zip(prompts, answers, strict=True):
+        context, moved = _split(prompt, "")  # the context is the same for every answer
+        contexts.append(context)
+        continuations.append([moved + delimiter + answer for answer in row])
+    spoken = [r for r, context in enumerate(contexts) if context]
+    context_ids = _encode(tokenizer, [contexts[r] for r in spoken], True)
+    whole_ids = _encode(
+        tokenizer, [contexts[r] + text for r in spoken for text in continuations[r]], True
+    )
+    alone_ids = _encode(
+        tokenizer,
+        [text for r, context in enumerate(contexts) if not context for text in continuations[r]],
+        False,
+    )
+    encoded: list[tuple[list[int] | None, list[list[int]]]] = []
+    whole = iter(whole_ids)
+    alone = iter(alone_ids)
+    prompts_of = dict(zip(spoken, context_ids, strict=True))
+    for r, row in enumerate(continuations):
+        if r in prompts_of:
+            prompt_ids = prompts_of[r]
+            encoded.append((prompt_ids, [next(whole)[len(prompt_ids) :] for _ in row]))
         else:
-            prompt_tokens = context_ids[first]
-            answer_tokens = [whole_ids[first + k][len(prompt_tokens) :] for k in range(n_choices)]
-        for k, tokens in enumerate(answer_tokens):
-            if not tokens:
-                raise InputError(
-                    file,
-                    f"row {r}: answer {k} ({row[k]!r}) adds no token to its prompt",
-                    "every answer must be at least one token",
-                )
-        longest = max(len(tokens) for tokens in answer_tokens)
-        if longest >= max_length:
+            encoded.append((None, [next(alone) for _ in row]))
+    return encoded
+
+
+def _choice_row(
+    r: int,
+    row: Sequence[str],
+    prompt_tokens: list[int],
+    answer_tokens: list[list[int]],
+    score: str,
+    max_length: int,
+    file: str,
+) -> tuple[ChoiceRow, int]:
+    """Row ``r`` tokenized, checked (every answer a token or more, the longest shorter than
+    ``max_length``) and its prompt cut from the front to fit, with 1 when it was cut."""
+    for k, tokens in enumerate(answer_tokens):
+        if not tokens:
             raise InputError(
                 file,
-                f"row {r}: an answer is {longest} tokens, which leaves no room for its prompt "
-                f"within a max_length of {max_length}",
-                "pass a larger --max-length",
+                f"row {r}: answer {k} ({shorten(repr(row[k]))}) adds no token to its prompt",
+                "every answer must be at least one token",
             )
-        keep = max_length - longest
-        if len(prompt_tokens) > keep:
-            prompt_tokens, truncated = prompt_tokens[-keep:], truncated + 1
-        rows.append(
-            ChoiceRow(
-                prompt=tuple(prompt_tokens),
-                answers=tuple(tuple(tokens) for tokens in answer_tokens),
-                divisors=tuple(
-                    _divisor(score, len(tokens), answer)
-                    for tokens, answer in zip(answer_tokens, row, strict=True)
-                ),
-            )
+    longest = max(len(tokens) for tokens in answer_tokens)
+    if longest >= max_length:
+        raise InputError(
+            file,
+            f"row {r}: an answer is {longest} tokens, which leaves no room for its prompt "
+            f"within a max_length of {max_length}",
+            "pass a larger --max-length",
         )
-    return rows, truncated
+    keep = max_length - longest
+    cut = len(prompt_tokens) > keep
+    if cut:
+        prompt_tokens = prompt_tokens[-keep:]
+    made = ChoiceRow(
+        prompt=tuple(prompt_tokens),
+        answers=tuple(tuple(tokens) for tokens in answer_tokens),
+        divisors=tuple(
+            _divisor(score, len(tokens), answer)
+            for tokens, answer in zip(answer_tokens, row, strict=True)
+        ),
+    )
+    return made, int(cut)
+
+
+def check_row_sizes(
+    prompts: Sequence[str],
+    answers: Sequence[Sequence[str]],
+    delimiter: str,
+    limit: int,
+    file: str = "--data",
+) -> None:
+    """Refuse, before the tokenizer runs, rows that are not worth tokenizing, with one
+    :class:`InputError` naming ``file`` and the row: a row of more than :data:`MAX_ANSWERS`
+    answers (:func:`answers_fault`), a prompt or an answer (its delimiter included) of more
+    than ``limit`` characters (the longest sequence times :data:`MAX_BYTES_PER_TOKEN`: an
+    answer that long is longer than the sequence, a prompt that long would lose all but a
+    sliver of itself), and more answers in all than the memory available holds once tokenized
+    (:data:`ANSWER_BYTES` each). Each count is a length, not a pass over the text; the exact
+    checks (an answer's tokens against ``max_length``, the packed rows' attention against the
+    memory free) come after tokenizing."""
+    from curvcal.load.limits import available_memory
+
+    for row, (prompt, words) in enumerate(zip(prompts, answers, strict=True)):
+        if len(words) > MAX_ANSWERS:
+            raise InputError(file, f"row {row}: {answers_fault(words)}")
+        if len(prompt) > limit:
+            raise InputError(
+                file,
+                f"row {row}: its prompt is {len(prompt):,} characters, more than curvcal "
+                f"tokenizes ({limit:,}: {limit // MAX_BYTES_PER_TOKEN:,} tokens of at most "
+                f"{MAX_BYTES_PER_TOKEN:,} bytes)",
+                "shorten the prompts (a model reads the last max_length tokens of one)",
+            )
+        for k, word in enumerate(words):
+            if len(delimiter) + len(word) > limit:
+                raise InputError(
+                    file,
+                    f"row {row}: answer {k} is {len(delimiter) + len(word):,} characters, more "
+                    f"than curvcal tokenizes ({limit:,}: {limit // MAX_BYTES_PER_TOKEN:,} "
+                    f"tokens of at most {MAX_BYTES_PER_TOKEN:,} bytes)",
+                    "every answer must fit within max_length tokens",
+                )
+    total = sum(len(words) for words in answers)
+    free = available_memory()
+    if free is not None and total * ANSWER_BYTES > free:
+        raise InputError(
+            file,
+            f"{total:,} answers in {len(answers):,} rows take at least "
+            f"{total * ANSWER_BYTES / 2**30:,.1f} GiB once tokenized, more than the "
+            f"{free / 2**30:,.1f} GiB available",
+            "measure the rows in parts",
+        )
+
+
+def _text_limit(tokenizer: Any, max_length: int) -> int:
+    """The most characters a prompt or an answer may have (:func:`check_row_sizes`): the longer
+    of ``max_length`` and the tokenizer's ``model_max_length`` (a shorter ``--max-length``
+    cuts long prompts, which is no reason to refuse them), times
+    :data:`MAX_BYTES_PER_TOKEN`."""
+    longest = max_length
+    recorded = getattr(tokenizer, "model_max_length", None)
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and 0 < recorded < 1_000_000:
+        longest = max(longest, recorded)
+    return longest * MAX_BYTES_PER_TOKEN
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -435,8 +568,9 @@ def _answers(
         if fault is not None:
             raise InputError(
                 "choices",
-                f"{list(words)} are not two or more different, non-empty answers: {fault}",
-                "give every row's answers, e.g. --choices positive,negative",
+                f"{shorten(repr(list(words)))} are not two or more different, non-empty "
+                f"answers: {fault}",
+                f"give 2 to {MAX_ANSWERS:,} answers, e.g. --choices positive,negative",
             )
         return [words] * n_rows
     cells = text_column(columns, options.choices_key, file, "--choices-key")
@@ -465,27 +599,8 @@ def _answers(
             raise InputError(
                 file,
                 f"row {row}: {fault}",
-                f"give each row two or more different, non-empty answers in '{options.choices_key}'",
+                f"give each row 2 to {MAX_ANSWERS:,} different, non-empty answers in "
+                f"'{options.choices_key}'",
             )
         rows.append(answers)
     return rows
-
-
-def answers_fault(answers: Sequence[str]) -> str | None:
-    """What makes ``answers`` no set of K classes (``None`` when nothing does): fewer than
-    two, one empty or only white space (scored as the delimiter alone), or one given twice
-    (two classes no score can tell apart). The one rule for ``--choices`` and for every row
-    of a ``--choices-key`` column."""
-    if len(answers) < 2:
-        return (
-            f"{len(answers)} answer{'' if len(answers) == 1 else 's'}; a choice needs at least two"
-        )
-    for k, answer in enumerate(answers):
-        if not answer.strip():
-            return f"answer {k} ({answer!r}) is empty"
-    seen: dict[str, int] = {}
-    for k, answer in enumerate(answers):
-        if answer in seen:
-            return f"answers {seen[answer]} and {k} are the same text {shorten(repr(answer))}"
-        seen[answer] = k
-    return None
