@@ -594,10 +594,7 @@ def per_layer_plot(
             ax.set(title=title, xlabel=label)
         axes[0].set_yticks(rows, shown)
         axes[0].invert_yaxis()
-        if caption:
-            figure.suptitle(caption)
-        thin_tick_labels(figure)
-        save(figure, path, fmt)
+        _finish(figure, caption, path, fmt)
     return figure
 
 
@@ -635,6 +632,15 @@ def _layer_scale(ax: Axes, numbers: Sequence[float]) -> None:
         float(inverse.transform([start - room])[0]), float(inverse.transform([end + room])[0])
     )
     ax.axvline(0.0, color=GUIDE, linewidth=0.8)
+
+
+def _finish(figure: Figure, caption: str | None, path: Path, fmt: str) -> None:
+    """Put ``caption`` above ``figure``, thin its tick labels (:func:`thin_tick_labels`) and
+    write it: the end of a plot whose axes may hold more labels than fit."""
+    if caption:
+        figure.suptitle(caption)
+    thin_tick_labels(figure)
+    save(figure, path, fmt)
 
 
 def thin_tick_labels(figure: Figure, gap: float = 4.0) -> None:
@@ -748,10 +754,7 @@ def scatter_plot(
         heading = "\n".join(part for part in (title, note) if part)
         if heading:  # above the axes: a box inside would hide points
             ax.set_title(heading)
-        if caption:
-            figure.suptitle(caption)
-        thin_tick_labels(figure)
-        save(figure, path, fmt)
+        _finish(figure, caption, path, fmt)
     return figure
 
 
