@@ -59,6 +59,7 @@ def load_image_folder(options: DataSettings, model: Mapping[str, Any] | None) ->
     if not path.is_dir():
         raise InputError(what, f"{path} is not a folder")
     readable_folder(path, "image folder")  # torchvision lists it and reads every image
+    _refuse_files_reached_twice(path)
     try:
         folder = ImageFolder(str(path))
     except Exception as exc:
@@ -76,6 +77,64 @@ def load_image_folder(options: DataSettings, model: Mapping[str, Any] | None) ->
     # report records what was read without hashing a whole image collection
     files = (path,)
     return loaded_data(dataset, options.spec, labels, files, dataset.classes, **image.provenance())
+
+
+def _refuse_files_reached_twice(root: Path) -> None:
+    """An :class:`InputError` naming the link when a folder or an image under ``root`` is
+    reached twice.
+
+    torchvision walks the class folders following symbolic links, and keeps no record of where
+    it has been: a link to a folder above it (``a/up -> ..``) lists every image again under
+    the link's class (``b``'s images counted as ``a``) until the path is too long, and two such
+    links make the walk grow as 2^depth (a run that never ends). A folder linked twice, or one
+    image under two names (a link or a hard link), counts that image twice, maybe under two
+    classes. This walk follows links the same way but remembers each folder's and image's
+    ``(st_dev, st_ino)``, so it stops at the first thing seen before."""
+    import os
+
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    seen: dict[tuple[int, int], str] = {}
+
+    def first(place: str, status: os.stat_result) -> str | None:
+        key = (status.st_dev, status.st_ino)
+        if key in seen:
+            return seen[key]
+        seen[key] = place
+        return None
+
+    def refuse(place: str, before: str, noun: str) -> InputError:
+        return InputError(
+            place,
+            f"is the {noun} {before} again (a symbolic or hard link): the image folder would "
+            f"count {'its images' if noun == 'folder' else 'the image'} more than once",
+            "remove the link, or copy what it points to",
+        )
+
+    try:
+        first(str(root), root.stat())
+    except OSError:
+        return  # the loader says what is wrong with the folder itself
+    for top, folders, files in os.walk(root, followlinks=True):
+        folders.sort()  # in place: the walk then descends in this order, the same every run
+        for name in folders:
+            place = os.path.join(top, name)
+            try:
+                before = first(place, os.stat(place))
+            except OSError:
+                continue  # a broken link: torchvision skips it too
+            if before is not None:
+                raise refuse(place, before, "folder")
+        for name in sorted(files):
+            if not name.lower().endswith(IMG_EXTENSIONS):
+                continue
+            place = os.path.join(top, name)
+            try:
+                before = first(place, os.stat(place))
+            except OSError:
+                continue  # read (and refused) by the sample that names it
+            if before is not None:
+                raise refuse(place, before, "image")
 
 
 def _first_image_size(folder: Any) -> tuple[int, int] | None:
