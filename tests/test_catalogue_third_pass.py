@@ -8,7 +8,18 @@ where every part goes through it:
   grow as 2^depth (still listing after 60 s). A folder linked twice, or one image under two
   names, counted those images twice. The loader now walks the folder first remembering each
   folder and image by device and inode, and refuses the first one reached again, exit 2
-  naming the link.
+  naming the link;
+- ``py:`` factories (``--data py:mod:fn``, ``--arch py:mod:Class``) run the user's code, and
+  what that code raised was curvcal's "internal error ... please report it", exit 70: the
+  factory's call (``ValueError``), the Dataset's ``__getitem__`` (``KeyError``,
+  ``ZeroDivisionError``), its ``__len__``, a label ``"cat"`` or an ``x`` of strings
+  (``TypeError`` from torch), ``classes = 5``; an architecture whose constructor or forward
+  raised anything but four builtin errors (a ``KeyError``). A Dataset whose ``targets`` held 5
+  labels for 12 samples, or labels other than its items', was measured, exit 0 (the split
+  read the targets, the metrics the items). A ``py:`` Dataset is now read through one wrapper
+  that turns what its code raises into one line naming ``--data`` and the sample, exit 2, and
+  checks each item against its targets; the architecture's build and first forward say what
+  the model's code raised the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ import os
 from pathlib import Path
 
 import pytest
+from console_text import said
 
 from curvcal.errors import InputError
 from curvcal.load.datasets.loaded_data import LoadedData
@@ -90,3 +102,153 @@ def test_an_image_folder_linking_outside_itself_once_is_read(tmp_path: Path) -> 
     data = _load(root)
     assert len(data.dataset) == 5
     assert sorted(int(label) for label in data.labels) == [0, 0, 1, 1, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# py: factories: what the user's code raises is the data's (or the model's) error, exit 2
+
+FACTORIES = """
+import torch
+from torch.utils.data import Dataset
+
+X = torch.randn(6, 1, 8, 8)
+Y = torch.arange(6) % 3
+
+
+class Items(Dataset):
+    def __init__(self, item=None, length=6, **attributes):
+        self.item, self.length = item, length
+        self.__dict__.update(attributes)
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, index):
+        return self.item(index) if self.item else (X[index], int(Y[index]))
+
+
+def raises():
+    raise ValueError("no data today")
+
+
+def item_raises():
+    return Items(item=lambda index: {}["x"])
+
+
+def length_raises():
+    return Items(length=-1)
+
+
+def label_is_text():
+    return Items(item=lambda index: (X[index], "cat"))
+
+
+def x_is_text():
+    return Items(item=lambda index: ("hello", 0))
+
+
+def classes_is_a_number():
+    return Items(classes=5)
+
+
+def too_few_targets():
+    return Items(targets=Y[:5])
+
+
+def other_targets():
+    return Items(targets=(Y + 1) % 3)
+
+
+def right_targets():
+    return Items(targets=Y)
+
+
+class ForwardRaises(torch.nn.Module):
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, num_classes)
+
+    def forward(self, x):
+        return {}["x"]
+
+
+class ModelRaises(torch.nn.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+        {}["width"]
+"""
+
+
+@pytest.fixture
+def factories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    import sys
+
+    (tmp_path / "user_factories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "user_factories", raising=False)
+    return "user_factories"
+
+
+def _read_all(spec: str) -> None:
+    from curvcal.load.data import load_dataset
+    from curvcal.load.datasets.batches import iter_batches
+    from curvcal.settings.data import DataSettings
+
+    data = load_dataset(DataSettings(data=spec, trust_checkpoint=True))
+    list(iter_batches(data.dataset, 4))
+
+
+@pytest.mark.parametrize(
+    ("factory", "why"),
+    [
+        ("raises", "calling raises() failed: ValueError: no data today"),
+        ("item_raises", "reading sample 0 failed: KeyError: 'x'"),
+        ("length_raises", "asking its length failed: ValueError: __len__() should return >= 0"),
+        ("label_is_text", "sample 0 has label 'cat', not one integer class"),
+        ("x_is_text", "reading x of sample 0 failed: TypeError:"),
+        ("classes_is_a_number", "its classes attribute is of type int, not a list of class"),
+        ("too_few_targets", "has 6 samples but 5 targets (labels)"),
+        ("other_targets", "sample 0 has label 0 but its targets say 1"),
+    ],
+)
+def test_what_a_py_dataset_raises_or_misstates_is_the_data_s_error(
+    factories: str, factory: str, why: str
+) -> None:
+    spec = f"py:{factories}:{factory}"
+    with pytest.raises(InputError) as caught:
+        _read_all(spec)
+    assert caught.value.what == f"--data {spec}"
+    assert caught.value.why.startswith(why), caught.value.why
+    assert caught.value.exit_code == 2
+
+
+def test_a_py_dataset_whose_targets_are_its_items_labels_is_read(factories: str) -> None:
+    _read_all(f"py:{factories}:right_targets")
+
+
+def test_an_architecture_whose_code_raises_is_the_architecture_s_error(factories: str) -> None:
+    from curvcal.load.models.architecture import build_architecture
+
+    with pytest.raises(InputError) as caught:
+        build_architecture(f"py:{factories}:ModelRaises", {}, trust=True)
+    assert caught.value.what == "--arch"
+    assert caught.value.why == f"building py:{factories}:ModelRaises failed: KeyError: 'width'"
+
+
+def test_a_model_whose_forward_raises_is_named_with_the_data(
+    run_cli, factories: str, tmp_path: Path
+) -> None:
+    """Before: ``internal error: KeyError: 'x'``, exit 70."""
+    import torch
+    from safetensors.torch import save_file
+
+    weights = {"fc.weight": torch.zeros(3, 4), "fc.bias": torch.zeros(3)}
+    save_file(weights, str(tmp_path / "m.safetensors"))
+    torch.save({"x": torch.randn(6, 4), "y": torch.arange(6) % 3}, tmp_path / "d.pt")
+    result = run_cli(
+        "calibrate", tmp_path / "m.safetensors", "--arch", f"py:{factories}:ForwardRaises",
+        "--trust-checkpoint", "--data", tmp_path / "d.pt",
+    )  # fmt: skip
+    assert result.code == 2, result.stderr
+    assert said("the model cannot run on inputs of shape (4,): KeyError: 'x'", result.stderr)
+    assert result.stderr.count("\n") == 1
