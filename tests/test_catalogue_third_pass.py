@@ -19,7 +19,11 @@ where every part goes through it:
   read the targets, the metrics the items). A ``py:`` Dataset is now read through one wrapper
   that turns what its code raises into one line naming ``--data`` and the sample, exit 2, and
   checks each item against its targets; the architecture's build and first forward say what
-  the model's code raised the same way.
+  the model's code raised the same way;
+- an ``.npz`` of data or scores holding an array of Python objects was refused as "cannot be
+  read as a .npz file (Object arrays cannot be loaded when allow_pickle=False) (is it
+  truncated?)", blaming a whole file for one array: the check of the archive's members now
+  names the array and says why.
 """
 
 from __future__ import annotations
@@ -252,3 +256,14 @@ def test_a_model_whose_forward_raises_is_named_with_the_data(
     assert result.code == 2, result.stderr
     assert said("the model cannot run on inputs of shape (4,): KeyError: 'x'", result.stderr)
     assert result.stderr.count("\n") == 1
+
+
+def test_an_npz_array_of_python_objects_is_named(run_cli, tmp_path: Path) -> None:
+    import numpy as np
+
+    scores = np.zeros((4, 3))
+    np.savez(tmp_path / "s.npz", logits=scores, labels=np.array(["a", 1, 2, 0], dtype=object))
+    result = run_cli("metrics", tmp_path / "s.npz")
+    assert result.code == 2, result.stderr
+    assert said("array 'labels' holds Python objects (dtype object)", result.stderr)
+    assert "truncated" not in result.stderr and result.stderr.count("\n") == 1
