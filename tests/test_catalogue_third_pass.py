@@ -23,7 +23,14 @@ where every part goes through it:
 - an ``.npz`` of data or scores holding an array of Python objects was refused as "cannot be
   read as a .npz file (Object arrays cannot be loaded when allow_pickle=False) (is it
   truncated?)", blaming a whole file for one array: the check of the archive's members now
-  names the array and says why.
+  names the array and says why;
+- a model folder whose file is a symbolic link to a file kept elsewhere (a shard, or what a
+  Hugging Face cache's snapshot folder holds: links into its ``blobs``): ``calibrate FOLDER -o
+  TARGET --force`` wrote the JSON report over the shard the model was read from, exit 0. Only
+  the folder was recorded, and the target lies outside it. The input record now counts what
+  the links beneath an input folder point to as part of it, for every output. (A hard link in
+  an input folder to a file the run never opens is no such way in: an output replaces its own
+  name with a new file, and the folder's name keeps the old file, shown here too.)
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import os
 from pathlib import Path
 
 import pytest
-from console_text import said
+from console_text import said, shown
 
 from curvcal.errors import InputError
 from curvcal.load.datasets.loaded_data import LoadedData
@@ -267,3 +274,63 @@ def test_an_npz_array_of_python_objects_is_named(run_cli, tmp_path: Path) -> Non
     assert result.code == 2, result.stderr
     assert said("array 'labels' holds Python objects (dtype object)", result.stderr)
     assert "truncated" not in result.stderr and result.stderr.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# what a link inside an input folder points to is an input too
+
+
+@pytest.fixture(scope="module")
+def sharded_vit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny ViT classifier saved in four shards, and 6 images for it."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    folder = tmp_path_factory.mktemp("vit")
+    config = ViTConfig(
+        image_size=8, patch_size=4, num_channels=3, hidden_size=8, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=8, num_labels=3,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ViTForImageClassification(config).save_pretrained(folder / "vit", max_shard_size="1KB")
+    data = folder / "d.pt"
+    torch.save({"x": torch.randn(6, 3, 8, 8), "y": torch.arange(6) % 3}, data)
+    return folder / "vit", data
+
+
+def test_a_file_a_model_folder_links_to_is_never_overwritten(
+    run_cli, sharded_vit: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    source, data = sharded_vit
+    folder = tmp_path / "m"
+    shutil.copytree(source, folder)
+    shard = sorted(folder.glob("model-0*.safetensors"))[0]
+    kept = tmp_path / "blobs" / "shard.bin"
+    kept.parent.mkdir()
+    shard.rename(kept)
+    shard.symlink_to(kept)
+    before = kept.read_bytes()
+    result = run_cli("calibrate", folder, "--data", data, "-o", kept, "--force")
+    assert result.code == 2, result.stderr
+    assert said(f"is what {shown(folder / shard.name)} links to", result.stderr)
+    assert result.stderr.count("\n") == 1
+    assert kept.read_bytes() == before
+
+
+def test_a_hard_link_in_an_input_folder_keeps_its_file_when_an_output_takes_its_other_name(
+    run_cli, sharded_vit: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    source, data = sharded_vit
+    folder = tmp_path / "m"
+    shutil.copytree(source, folder)
+    (folder / "notes.txt").write_text("kept")
+    os.link(folder / "notes.txt", tmp_path / "out.json")
+    result = run_cli("calibrate", folder, "--data", data, "--method", "ts", "-o",
+                     tmp_path / "out.json", "--force")  # fmt: skip
+    assert result.code == 0, result.stderr
+    assert (folder / "notes.txt").read_text() == "kept"
+    assert (tmp_path / "out.json").read_text().startswith("{")
