@@ -30,7 +30,13 @@ where every part goes through it:
   the folder was recorded, and the target lies outside it. The input record now counts what
   the links beneath an input folder point to as part of it, for every output. (A hard link in
   an input folder to a file the run never opens is no such way in: an output replaces its own
-  name with a new file, and the folder's name keeps the old file, shown here too.)
+  name with a new file, and the folder's name keeps the old file, shown here too.);
+- a sharded model's ``model.safetensors.index.json``: two shards holding one tensor (the map
+  naming one of them) loaded whichever transformers read last, exit 0 (NLL 1.1032 where the
+  map's weights give 1.1036); the index's shards' headers are now read first and a tensor
+  held twice is refused, naming both shards. A map naming ``../x.safetensors`` or an absolute
+  path was refused as "a missing shard" though the file was there: it now says the name is
+  not a file name in the index's folder.
 """
 
 from __future__ import annotations
@@ -334,3 +340,54 @@ def test_a_hard_link_in_an_input_folder_keeps_its_file_when_an_output_takes_its_
     assert result.code == 0, result.stderr
     assert (folder / "notes.txt").read_text() == "kept"
     assert (tmp_path / "out.json").read_text().startswith("{")
+
+
+def _sharded_copy(source: Path, folder: Path) -> tuple[Path, dict, list[Path]]:
+    import json
+    import shutil
+
+    shutil.copytree(source, folder)
+    index = folder / "model.safetensors.index.json"
+    shards = [
+        folder / name
+        for name in dict.fromkeys(json.loads(index.read_text())["weight_map"].values())
+    ]
+    return index, json.loads(index.read_text()), shards
+
+
+def test_a_tensor_held_by_two_shards_is_refused(
+    run_cli, sharded_vit: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    source, data = sharded_vit
+    index, _content, shards = _sharded_copy(source, tmp_path / "m")
+    first, second = load_file(str(shards[0])), load_file(str(shards[1]))
+    name = next(iter(first))
+    second[name] = first[name] + 1.0
+    save_file(second, str(shards[1]), {"format": "pt"})
+    result = run_cli("calibrate", tmp_path / "m", "--data", data, "--method", "ts")
+    assert result.code == 2, result.stderr
+    assert said(f"{shown(index, ':')} its shards {shards[0].name} and {shards[1].name} both "
+                f"hold tensor '{name}'", result.stderr)  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["../outside.safetensors", "ABSOLUTE"])
+def test_a_shard_named_outside_the_index_folder_is_said_so(
+    run_cli, sharded_vit: tuple[Path, Path], tmp_path: Path, where: str
+) -> None:
+    import json
+    import shutil
+
+    source, data = sharded_vit
+    index, content, shards = _sharded_copy(source, tmp_path / "m")
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(shards[0], outside)
+    name = str(outside) if where == "ABSOLUTE" else where
+    content["weight_map"] = {k: (name if v == shards[0].name else v)
+                             for k, v in content["weight_map"].items()}  # fmt: skip
+    index.write_text(json.dumps(content))
+    result = run_cli("calibrate", tmp_path / "m", "--data", data, "--method", "ts")
+    assert result.code == 2, result.stderr
+    assert said("that is not a file name in its folder", result.stderr), result.stderr
+    assert "missing" not in result.stderr
