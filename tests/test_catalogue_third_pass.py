@@ -36,7 +36,12 @@ where every part goes through it:
   map's weights give 1.1036); the index's shards' headers are now read first and a tensor
   held twice is refused, naming both shards. A map naming ``../x.safetensors`` or an absolute
   path was refused as "a missing shard" though the file was there: it now says the name is
-  not a file name in the index's folder.
+  not a file name in the index's folder;
+- a torch.export archive (``.pt2``) with one entry outside its folder, loaded with
+  ``--trust-checkpoint``: torch logged its traceback on stderr (a dozen ``W...`` lines before
+  curvcal's error line), then raised "please check the warnings above", which the error line
+  quoted. Its records are now held while the archive loads and the cause they carry is the
+  error's reason, on one line.
 """
 
 from __future__ import annotations
@@ -391,3 +396,28 @@ def test_a_shard_named_outside_the_index_folder_is_said_so(
     assert result.code == 2, result.stderr
     assert said("that is not a file name in its folder", result.stderr), result.stderr
     assert "missing" not in result.stderr
+
+
+def test_a_torch_export_archive_that_cannot_load_says_why_on_one_line(
+    run_cli, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import zipfile
+
+    import torch
+
+    module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)).eval()
+    program = torch.export.export(module, (torch.randn(2, 4),))
+    archive = tmp_path / "m.pt2"
+    torch.export.save(program, archive)
+    with zipfile.ZipFile(archive, "a") as extended:
+        extended.writestr("extra/notes.txt", "an entry outside the archive's folder")
+    torch.save({"x": torch.randn(6, 4), "y": torch.arange(6) % 3}, tmp_path / "d.pt")
+    capfd.readouterr()
+    result = run_cli("calibrate", archive, "--data", tmp_path / "d.pt", "--trust-checkpoint")
+    leaked = capfd.readouterr().err  # what reached the process's stderr, past the CLI's stream
+    assert result.code == 2, result.stderr
+    assert said("cannot load exported program:", result.stderr)
+    assert said("is not in a subdirectory", result.stderr), result.stderr
+    assert "warnings above" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in leaked and "deserializing" not in leaked, leaked
