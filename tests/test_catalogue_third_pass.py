@@ -41,7 +41,14 @@ where every part goes through it:
   ``--trust-checkpoint``: torch logged its traceback on stderr (a dozen ``W...`` lines before
   curvcal's error line), then raised "please check the warnings above", which the error line
   quoted. Its records are now held while the archive loads and the cause they carry is the
-  error's reason, on one line.
+  error's reason, on one line;
+- ``device=`` from Python on a machine without CUDA: ``curvcal.hessian_eigenvalues(model,
+  data, device="cuda")`` (and ``hessian_trace``, ``hessian_operator``) said "the model's
+  parameters are on cpu, not cuda (move the model...)", which no move could satisfy, and
+  ``device="bogus"`` was torch's ``RuntimeError``; ``curvcal.fit_map("ts", ..., device="cuda")``
+  was torch's "Found no NVIDIA driver" ``RuntimeError``. ``--device`` had one rule of its own
+  (CUDA absent: one line, exit 2); that rule now lives in one function (``curvcal.devices``)
+  that ``--device``, the operator's ``device`` and ``fit_map``'s ``device`` all go through.
 """
 
 from __future__ import annotations
@@ -421,3 +428,67 @@ def test_a_torch_export_archive_that_cannot_load_says_why_on_one_line(
     assert "warnings above" not in result.stderr
     assert result.stderr.count("\n") == 1
     assert "Traceback" not in leaked and "deserializing" not in leaked, leaked
+
+
+# ---------------------------------------------------------------------------------------------
+# device= from Python: one rule with --device's
+
+
+@pytest.fixture
+def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize("call", ["eigenvalues", "trace", "operator"])
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_cuda_device_without_cuda_is_said_so_from_python(
+    no_cuda: None, call: str, device: str
+) -> None:
+    import torch
+
+    import curvcal
+
+    model = torch.nn.Linear(4, 3)
+    data = (torch.randn(8, 4), torch.arange(8) % 3)
+    function = {"eigenvalues": curvcal.hessian_eigenvalues, "trace": curvcal.hessian_trace,
+                "operator": curvcal.hessian_operator}[call]  # fmt: skip
+    with pytest.raises(InputError) as caught:
+        function(model, data, device=device)
+    assert caught.value.what == "device"
+    assert caught.value.why == f"{device} requested but CUDA is not available"
+
+
+@pytest.mark.parametrize("device", ["bogus", "mps", 5])
+def test_a_name_that_is_no_device_is_said_so_from_python(device: object) -> None:
+    import torch
+
+    import curvcal
+
+    with pytest.raises(InputError) as caught:
+        curvcal.hessian_operator(
+            torch.nn.Linear(4, 3), (torch.randn(8, 4), torch.arange(8) % 3), device=device
+        )
+    assert caught.value.why == f"{device!r} is not a device"
+
+
+@pytest.mark.parametrize("stage", ["ts", "focal_ts", "ets"])
+def test_fit_map_on_cuda_without_cuda_is_said_so(no_cuda: None, stage: str) -> None:
+    import curvcal
+
+    logits, labels = _scores_for_maps()
+    with pytest.raises(InputError) as caught:
+        curvcal.fit_map(stage, logits, labels, device="cuda")
+    assert caught.value.why == "cuda requested but CUDA is not available"
+    curvcal.fit_map(stage, logits, labels, device="cpu")
+
+
+def _scores_for_maps() -> tuple[object, object]:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.arange(40) % 3
+    logits = torch.randn(40, 3, generator=generator, dtype=torch.float64)
+    logits[torch.arange(40), labels] += 1.5
+    return logits, labels
