@@ -89,19 +89,14 @@ def _refuse_files_reached_twice(root: Path) -> None:
     links make the walk grow as 2^depth (a run that never ends). A folder linked twice, or one
     image under two names (a link or a hard link), counts that image twice, maybe under two
     classes. This walk follows links the same way but remembers each folder's and image's
-    ``(st_dev, st_ino)``, so it stops at the first thing seen before."""
+    ``(st_dev, st_ino)``, so it stops at the first thing seen before. An image that is no link
+    costs no system call (its inode comes with the directory listing, its device is its
+    folder's); a folder or a link costs one ``stat``."""
     import os
 
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     seen: dict[tuple[int, int], str] = {}
-
-    def first(place: str, status: os.stat_result) -> str | None:
-        key = (status.st_dev, status.st_ino)
-        if key in seen:
-            return seen[key]
-        seen[key] = place
-        return None
 
     def refuse(place: str, before: str, noun: str) -> InputError:
         return InputError(
@@ -112,29 +107,38 @@ def _refuse_files_reached_twice(root: Path) -> None:
         )
 
     try:
-        first(str(root), root.stat())
+        status = root.stat()
     except OSError:
         return  # the loader says what is wrong with the folder itself
-    for top, folders, files in os.walk(root, followlinks=True):
-        folders.sort()  # in place: the walk then descends in this order, the same every run
-        for name in folders:
-            place = os.path.join(top, name)
+    seen[(status.st_dev, status.st_ino)] = str(root)
+    pending = [(str(root), status.st_dev)]
+    while pending:
+        top, device = pending.pop()
+        try:
+            with os.scandir(top) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError:
+            continue  # unreadable: torchvision skips it too
+        folders = []
+        for entry in entries:
             try:
-                before = first(place, os.stat(place))
+                if entry.is_dir():  # through a link too, as torchvision walks
+                    status = os.stat(entry.path)
+                    key, noun = (status.st_dev, status.st_ino), "folder"
+                    folders.append((entry.path, status.st_dev))
+                elif not entry.name.lower().endswith(IMG_EXTENSIONS):
+                    continue
+                elif entry.is_symlink():
+                    status = os.stat(entry.path)
+                    key, noun = (status.st_dev, status.st_ino), "image"
+                else:
+                    key, noun = (device, entry.inode()), "image"
             except OSError:
-                continue  # a broken link: torchvision skips it too
-            if before is not None:
-                raise refuse(place, before, "folder")
-        for name in sorted(files):
-            if not name.lower().endswith(IMG_EXTENSIONS):
-                continue
-            place = os.path.join(top, name)
-            try:
-                before = first(place, os.stat(place))
-            except OSError:
-                continue  # read (and refused) by the sample that names it
-            if before is not None:
-                raise refuse(place, before, "image")
+                continue  # a broken link: torchvision skips it, and a sample names a bad file
+            before = seen.setdefault(key, entry.path)
+            if before != entry.path:
+                raise refuse(entry.path, before, noun)
+        pending.extend(reversed(folders))  # depth first, in name order
 
 
 def _first_image_size(folder: Any) -> tuple[int, int] | None:
