@@ -48,7 +48,11 @@ where every part goes through it:
   ``device="bogus"`` was torch's ``RuntimeError``; ``curvcal.fit_map("ts", ..., device="cuda")``
   was torch's "Found no NVIDIA driver" ``RuntimeError``. ``--device`` had one rule of its own
   (CUDA absent: one line, exit 2); that rule now lives in one function (``curvcal.devices``)
-  that ``--device``, the operator's ``device`` and ``fit_map``'s ``device`` all go through.
+  that ``--device``, the operator's ``device`` and ``fit_map``'s ``device`` all go through;
+- an image folder holding a decompression bomb: a 49 KB PNG of 20,000² pixels was PIL's
+  ``DecompressionBombError``, "internal error", exit 70; one of 10,000² (12 KB) printed PIL's
+  ``DecompressionBombWarning`` raw, then decoded to 1.2 GB of float32 pixels (3.9 GB resident).
+  Both are now refused, naming the file, exit 2, before the image is decoded.
 """
 
 from __future__ import annotations
@@ -492,3 +496,31 @@ def _scores_for_maps() -> tuple[object, object]:
     logits = torch.randn(40, 3, generator=generator, dtype=torch.float64)
     logits[torch.arange(40), labels] += 1.5
     return logits, labels
+
+
+# ---------------------------------------------------------------------------------------------
+# decompression bombs in an image folder
+
+
+@pytest.mark.parametrize("side", [40, 50])  # past PIL's limit (a warning), past twice it (an error)
+def test_an_image_past_pil_s_pixel_limit_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, side: int
+) -> None:
+    """PIL's limit is lowered to 1,000 pixels here, so a 40² image stands for a 10,000² one
+    (which warned, raw, then decoded) and a 50² one for a 20,000² one (exit 70)."""
+    import warnings
+
+    from PIL import Image
+
+    from curvcal.load.datasets.batches import iter_batches
+
+    root = _images(tmp_path / "img")
+    Image.new("RGB", (side, side)).save(root / "a" / "1.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing reaches the terminal as a warning
+        with pytest.raises(InputError) as caught:
+            data = _load(root)
+            list(iter_batches(data.dataset, 4))
+    assert caught.value.what == str(root / "a" / "1.png")
+    assert caught.value.why.startswith(f"decodes to {side * side:,} pixels, more than the 1,000")

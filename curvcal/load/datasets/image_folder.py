@@ -4,7 +4,10 @@ preset; an unreadable image is an error naming its file."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,8 @@ class CheckedImages(Dataset[Any]):
         # an image named like one that is a named pipe or a device would block the decoder
         readable_file(Path(self.source_of(index)), "image file")
         try:
-            return self.folder[index]
+            with _bombs_refused(self.source_of(index)):
+                return self.folder[index]
         except (OSError, ValueError, SyntaxError) as exc:  # what PIL raises for a bad file
             reason = " ".join(str(exc).split()) or type(exc).__name__
             if isinstance(exc, PermissionError):
@@ -149,8 +153,32 @@ def _first_image_size(folder: Any) -> tuple[int, int] | None:
     if not folder.samples:
         return None
     try:
-        with Image.open(folder.samples[0][0]) as picture:
+        with _bombs_refused(folder.samples[0][0]), Image.open(folder.samples[0][0]) as picture:
             width, height = picture.size
     except (OSError, ValueError, SyntaxError):
         return None
     return int(height), int(width)
+
+
+@contextmanager
+def _bombs_refused(source: str) -> Iterator[None]:
+    """PIL's guard against a decompression bomb (a small file that decodes to a huge image) as
+    an :class:`InputError` naming the file: PIL warns past ``Image.MAX_IMAGE_PIXELS`` (a
+    ``DecompressionBombWarning`` printed raw, before the image fills gigabytes: 12 KB of PNG
+    decode to 1.2 GB of float32 pixels at 10,000²) and raises past twice that; both are
+    refused."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        pixels = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
+        raise InputError(
+            source,
+            f"decodes to {size}, more than the {Image.MAX_IMAGE_PIXELS:,} PIL reads without "
+            "taking it for a decompression bomb",
+            "resize such images before measuring",
+        ) from exc
