@@ -52,7 +52,13 @@ where every part goes through it:
 - an image folder holding a decompression bomb: a 49 KB PNG of 20,000² pixels was PIL's
   ``DecompressionBombError``, "internal error", exit 70; one of 10,000² (12 KB) printed PIL's
   ``DecompressionBombWarning`` raw, then decoded to 1.2 GB of float32 pixels (3.9 GB resident).
-  Both are now refused, naming the file, exit 2, before the image is decoded.
+  Both are now refused, naming the file, exit 2, before the image is decoded;
+- a checkpoint whose weight holds a NaN (a training run that diverged) was measured until its
+  logits were NaN, then exit 3 blaming the data ("--data d.pt: the model's logits are NaN or
+  Inf ... check the weights and inputs"); a float32 weight of 1e6 read with ``--dtype float16``
+  became infinite in the cast, the same way. Every loaded model goes through one place
+  (``loaded_model.place``), which now refuses a parameter holding a NaN or an infinity, exit 2,
+  naming the file (or ``--dtype`` for float16's overflow) and the parameter.
 """
 
 from __future__ import annotations
@@ -203,6 +209,15 @@ class ForwardRaises(torch.nn.Module):
 
     def forward(self, x):
         return {}["x"]
+
+
+class Linear4(torch.nn.Module):
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, num_classes)
+
+    def forward(self, x):
+        return self.fc(x)
 
 
 class ModelRaises(torch.nn.Module):
@@ -524,3 +539,54 @@ def test_an_image_past_pil_s_pixel_limit_is_refused_naming_it(
             list(iter_batches(data.dataset, 4))
     assert caught.value.what == str(root / "a" / "1.png")
     assert caught.value.why.startswith(f"decodes to {side * side:,} pixels, more than the 1,000")
+
+
+# ---------------------------------------------------------------------------------------------
+# weights that are no numbers: the file's fault, not the data's
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "what", "why"),
+    [
+        (
+            float("nan"),
+            "float32",
+            "FILE",
+            "parameter fc.weight holds 1 NaN or infinite value (of 12)",
+        ),
+        (float("inf"), "bfloat16", "FILE", "parameter fc.weight holds 1 NaN or infinite value"),
+        (1e6, "float16", "--dtype", "float16 cannot hold the model's parameter fc.weight: 1 of"),
+    ],
+)
+def test_a_weight_that_is_no_number_is_refused_naming_the_file(
+    run_cli, factories: str, tmp_path: Path, value: float, dtype: str, what: str, why: str
+) -> None:
+    import torch
+
+    weight = torch.zeros(3, 4)
+    weight[1, 2] = value
+    torch.save({"fc.weight": weight, "fc.bias": torch.zeros(3)}, tmp_path / "m.pt")
+    torch.save({"x": torch.randn(6, 4), "y": torch.arange(6) % 3}, tmp_path / "d.pt")
+    result = run_cli(
+        "calibrate", tmp_path / "m.pt", "--arch", f"py:{factories}:Linear4", "--trust-checkpoint",
+        "--data", tmp_path / "d.pt", "--dtype", dtype,
+    )  # fmt: skip
+    assert result.code == 2, result.stderr
+    named = shown(tmp_path / "m.pt", ":") if what == "FILE" else "--dtype:"
+    assert said(f"{named} {why}", result.stderr), result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_a_weight_within_float16_s_range_is_read_in_float16(
+    run_cli, factories: str, tmp_path: Path
+) -> None:
+    import torch
+
+    weight = torch.full((3, 4), 60000.0)
+    torch.save({"fc.weight": weight, "fc.bias": torch.zeros(3)}, tmp_path / "m.pt")
+    torch.save({"x": torch.rand(6, 4) * 1e-6, "y": torch.arange(6) % 3}, tmp_path / "d.pt")
+    result = run_cli(
+        "calibrate", tmp_path / "m.pt", "--arch", f"py:{factories}:Linear4", "--trust-checkpoint",
+        "--data", tmp_path / "d.pt", "--dtype", "float16", "--method", "none",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
