@@ -58,7 +58,10 @@ where every part goes through it:
   Inf ... check the weights and inputs"); a float32 weight of 1e6 read with ``--dtype float16``
   became infinite in the cast, the same way. Every loaded model goes through one place
   (``loaded_model.place``), which now refuses a parameter holding a NaN or an infinity, exit 2,
-  naming the file (or ``--dtype`` for float16's overflow) and the parameter.
+  naming the file (or ``--dtype`` for float16's overflow) and the parameter;
+- a Lightning checkpoint whose ``hyper_parameters`` record ``arch`` as a 200,000-character
+  string: ``inspect`` showed it whole as the "recorded model" (thousands of table lines); a
+  recorded model name is now at most 200 characters, else none is shown.
 """
 
 from __future__ import annotations
@@ -590,3 +593,15 @@ def test_a_weight_within_float16_s_range_is_read_in_float16(
         "--data", tmp_path / "d.pt", "--dtype", "float16", "--method", "none",
     )  # fmt: skip
     assert result.code == 0, result.stderr
+
+
+def test_a_recorded_model_name_of_any_length_is_not_a_model_name(run_cli, tmp_path: Path) -> None:
+    import torch
+
+    state = {"model.fc.weight": torch.zeros(3, 4), "model.fc.bias": torch.zeros(3)}
+    for name, shown_name in (("resnet18", True), ("resnet" + "1" * 200_000, False)):
+        torch.save({"state_dict": state, "hyper_parameters": {"arch": name}}, tmp_path / "m.ckpt")
+        result = run_cli("--json", "inspect", tmp_path / "m.ckpt")
+        assert result.code == 0, result.stderr
+        assert ("resnet" in result.stdout) is shown_name
+        assert len(result.stdout) < 20_000
