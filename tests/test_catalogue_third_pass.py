@@ -61,7 +61,10 @@ where every part goes through it:
   naming the file (or ``--dtype`` for float16's overflow) and the parameter;
 - a Lightning checkpoint whose ``hyper_parameters`` record ``arch`` as a 200,000-character
   string: ``inspect`` showed it whole as the "recorded model" (thousands of table lines); a
-  recorded model name is now at most 200 characters, else none is shown.
+  recorded model name is now at most 200 characters, else none is shown;
+- a policy saved with a UTF-8 byte-order mark (Windows Notepad's) was "not valid TOML: Invalid
+  statement (at line 1, column 1)", and a report so saved "Unexpected UTF-8 BOM"; the one
+  reader of policy and report text now drops the mark (as the CSV readers already did).
 """
 
 from __future__ import annotations
@@ -605,3 +608,20 @@ def test_a_recorded_model_name_of_any_length_is_not_a_model_name(run_cli, tmp_pa
         assert result.code == 0, result.stderr
         assert ("resnet" in result.stdout) is shown_name
         assert len(result.stdout) < 20_000
+
+
+def test_a_policy_and_a_report_saved_with_a_byte_order_mark_are_read(
+    run_cli, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    logits = np.eye(3)[np.arange(30) % 3] * 2.0
+    np.savez(tmp_path / "s.npz", logits=logits, labels=np.arange(30) % 3)
+    assert run_cli("-o", tmp_path / "r.json", "metrics", tmp_path / "s.npz").code == 0
+    marked = tmp_path / "marked.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "r.json").read_bytes())
+    policy = tmp_path / "p.toml"
+    policy.write_bytes(b"\xef\xbb\xbf[ece]\nmax_increase = 0.01\n")
+    result = run_cli("compare", marked, tmp_path / "r.json", "--policy", policy)
+    assert result.code == 0, result.stderr
+    assert said("PASS: all 1 bounds hold", result.stdout)
