@@ -131,6 +131,8 @@ class _Record:
     outputs: dict[str, str] = field(default_factory=dict)
     #: the resolved form of each folder whose files were recorded (see :func:`identity`)
     folders: dict[str, str] = field(default_factory=dict)
+    #: the symbolic links beneath each input folder, by the folder's resolved path
+    links: dict[str, tuple[tuple[Path, Identity], ...]] = field(default_factory=dict)
 
 
 _LOCK = threading.Lock()
@@ -250,7 +252,55 @@ def refuse_input_target(option: str, path: Path, inputs: Sequence[Input]) -> Ide
                 f"lies inside {source.described()}, which it would change",
                 HINT,
             )
+    for source in inputs:
+        for link, linked in links_beneath(source.identity):
+            if target.same_file(linked) or target.inside(linked):
+                raise InputError(
+                    f"{option} {path}",
+                    f"is what {source.path / link} links to, in {source.described()}, which "
+                    "it would change",
+                    HINT,
+                )
     return target
+
+
+def links_beneath(folder: Identity) -> tuple[tuple[Path, Identity], ...]:
+    """Each symbolic link beneath the input folder ``folder`` (at any depth, links to folders
+    not followed), relative to the folder, with the :class:`Identity` of what it points to;
+    empty for a file.
+
+    A library reads a folder's files through its links (a Hugging Face cache's snapshot folder
+    is links into its ``blobs`` folder; a shard or tokenizer file may be a link to a file kept
+    elsewhere), and an output written at the link's target would change what the folder holds,
+    though that target lies outside it: the target is an input as much as the folder. (A hard
+    link is no such way in: an output replaces its own name with a new file, and the folder's
+    name keeps the old one.) The walk reads directory entries only, one ``stat`` per link; it
+    is done once per folder and run."""
+    if not folder.is_dir:
+        return ()
+    cache = _RUN[-1].links if _RUN else {}
+    found = cache.get(folder.resolved)
+    if found is None:
+        found = cache[folder.resolved] = tuple(_links(Path(folder.resolved)))
+    return found
+
+
+def _links(root: Path) -> Iterator[tuple[Path, Identity]]:
+    pending = [root]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                listed = list(entries)
+        except OSError:
+            continue  # unreadable: its loader says so, or it was never read
+        for entry in listed:
+            try:
+                if entry.is_symlink():
+                    yield Path(entry.path).relative_to(root), identity(Path(entry.path))
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+            except OSError:
+                continue
 
 
 def refuse_output(path: Path, option: str | None = None) -> None:

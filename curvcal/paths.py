@@ -57,10 +57,11 @@ def readable_folder(path: Path, role: str) -> Path:
 def read_text_file(path: Path, noun: str) -> str:
     """The UTF-8 text of the file ``path`` (a ``noun``: ``policy``, ``report``), checked by
     :func:`readable_file` first; :class:`InputError` naming the path when it cannot be read or
-    decoded."""
+    decoded. A byte-order mark an editor put first (Windows Notepad's) is not part of the
+    text: tomllib read it as "Invalid statement (at line 1, column 1)"."""
     readable_file(path, f"{noun} file")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"cannot read the {noun}: {exc}") from None
 

@@ -37,7 +37,7 @@ class Base:
     root: Path
     model: Path  # safetensors with its architecture in the metadata (1,185 parameters)
     weights: Path  # plain state dict .pt (needs --arch)
-    nan_model: Path  # a NaN weight: the loss is NaN
+    nan_model: Path  # weights whose logits overflow: the loss is NaN
     data: Path  # x (20, 1, 8, 8), y in [0, 3)
     logits: Path  # logits (30, 3), labels
     probs: Path
@@ -54,9 +54,12 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(root / "model.safetensors"), ARCH_META)
     torch.save(state, root / "weights.pt")
+    # finite weights whose logits overflow for every sample (a NaN weight is refused at load):
+    # the hidden layer is 1 everywhere and the head's weights 3e38, so every logit is +inf
     broken = dict(state)
-    broken["classifier.3.weight"] = broken["classifier.3.weight"].clone()
-    broken["classifier.3.weight"][0, 0] = math.nan
+    broken["classifier.1.weight"] = torch.zeros_like(broken["classifier.1.weight"])
+    broken["classifier.1.bias"] = torch.ones_like(broken["classifier.1.bias"])
+    broken["classifier.3.weight"] = torch.full_like(broken["classifier.3.weight"], 3e38)
     save_file(broken, str(root / "nan.safetensors"), ARCH_META)
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(20, 1, 8, 8, generator=generator)

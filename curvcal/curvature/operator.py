@@ -94,6 +94,7 @@ from curvcal.curvature.precision import (
     precision_floor,
 )
 from curvcal.curvature.progress import OnStep
+from curvcal.devices import device_named
 from curvcal.errors import InputError, NumericalError
 from curvcal.losses import (
     LOSS_NAMES,
@@ -316,7 +317,13 @@ class HessianOperator:
         self.keep_graphs = settings.keep_graphs
         self._graphs = KeptState(self.param_names, self._params)
         param_device = self._params[0].device
-        wanted = torch.device(device) if device is not None else param_device
+        wanted = (
+            param_device
+            if device is None
+            else device_named(
+                device, "device", "use device='cpu', or leave it unset", any_cuda=True
+            )
+        )
         same = wanted.type == param_device.type and wanted.index in (None, param_device.index)
         self._device = param_device  # "cuda" means the parameters' CUDA device
         if not same:

@@ -100,7 +100,8 @@ def _refuse_inflation(path: Path, members: list[zipfile.ZipInfo], available: int
 
 def check_npy_members(path: Path) -> None:
     """Refuse an ``.npz`` member whose ``.npy`` header claims more bytes of data than the
-    member holds (numpy would allocate the claimed array first)."""
+    member holds (numpy would allocate the claimed array first), or Python objects (a pickle,
+    never read)."""
     import numpy as np
     from numpy.lib import format as npy
 
@@ -123,8 +124,13 @@ def check_npy_members(path: Path) -> None:
                     shape, _order, dtype = read_header(member, max_header_size=2**16)
             except Exception:  # a corrupt header: numpy's own load names it
                 continue
-            if dtype.hasobject:
-                continue  # refused by the loader (no pickles)
+            if dtype.hasobject:  # numpy would say only "cannot be loaded when allow_pickle..."
+                raise InputError(
+                    str(path),
+                    f"array '{info.filename.removesuffix('.npy')}' holds Python objects (dtype "
+                    f"{dtype}), which only unpickling reads; curvcal reads numbers only",
+                    "save arrays of numbers",
+                )
             claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
             if claimed > info.file_size:
                 name = info.filename.removesuffix(".npy")

@@ -113,6 +113,10 @@ def fit_map(name: str, scores: Any, labels: Any, **options: Any) -> FittedMap:
             f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
             f"the settings are kind, {', '.join(known)}",
         )
+    if "device" in options:  # the maps' kernels would meet CUDA's absence in torch's words
+        from curvcal.devices import device_named
+
+        device_named(options["device"], "device", "use device='cpu', or leave it unset", True)
     entry = MAPS[stage]
     if options.get("method", entry.option) not in (entry.option, stage):
         raise InputError(

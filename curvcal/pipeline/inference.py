@@ -9,7 +9,7 @@ import torch
 
 from curvcal import rows
 from curvcal.console import StepCallback
-from curvcal.errors import InputError
+from curvcal.errors import CurvcalError, InputError
 
 
 def predict_logits(
@@ -70,8 +70,12 @@ def check_model_runs(
         # parameters after a forward, and inference tensors there could not be written later
         with torch.no_grad() if is_sharded(model) else torch.inference_mode():
             out = model(rows.to_device(x, device, dtype))
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+    except (CurvcalError, MemoryError):
+        raise
+    except Exception as exc:  # the model's code (a py: class is the user's) refused the input
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        if not isinstance(exc, RuntimeError | ValueError | TypeError | IndexError):
+            reason = f"{type(exc).__name__}: {reason}"  # a KeyError's text alone is the key
         if dtype in (torch.bfloat16, torch.float16) and _unsupported_dtype(reason):
             name = str(dtype).removeprefix("torch.")
             raise InputError(

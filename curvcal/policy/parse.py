@@ -218,7 +218,7 @@ def setting_location(policy: Policy, name: str) -> str:
     cannot be found), for messages about a setting's value."""
     prefix = ("tool", "curvcal") if policy.path.name == "pyproject.toml" else ()
     try:
-        lines = policy.path.read_text(encoding="utf-8").splitlines()
+        lines = policy.path.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError):
         return str(policy.path)
     line = _find_line(lines, (*prefix, "settings", name))
@@ -231,7 +231,7 @@ def find_pyproject_policy(directory: Path) -> Path | None:
     if not candidate.is_file():
         return None
     try:
-        document = tomllib.loads(candidate.read_text(encoding="utf-8"))
+        document = tomllib.loads(candidate.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, RecursionError, ValueError):
         return candidate  # let load_policy report what is wrong with it
     tool = document.get("tool", {})

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from console_text import shown
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -17,7 +18,9 @@ from tests.scale.launch import torchrun_json
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_nan_logits_stop_the_demo_naming_the_data(run_cli, tmp_path, monkeypatch) -> None:
+def test_nan_weights_stop_the_demo_naming_the_checkpoint(run_cli, tmp_path, monkeypatch) -> None:
+    """A NaN weight is refused at load, naming the file and the parameter (it was exit 3, the
+    NaN logits blamed on --data curvcal:digits)."""
     with safe_open(str(demo_checkpoint()), "pt") as bundled:
         tensors = {name: bundled.get_tensor(name) for name in bundled.keys()}  # noqa: SIM118
         metadata = bundled.metadata()
@@ -29,11 +32,13 @@ def test_nan_logits_stop_the_demo_naming_the_data(run_cli, tmp_path, monkeypatch
 
     result = run_cli("demo", "--json")
 
-    assert result.code == 3 and result.stdout == ""
+    assert result.code == 2 and result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if line.startswith("curvcal: error")]
+    n = tensors[bias].numel()
     assert errors == [
-        "curvcal: error: --data curvcal:digits: the model's logits are NaN or Inf for 797 of "
-        "797 samples, the first being sample 0 (check the weights and inputs)"
+        f"curvcal: error: {shown(broken, ':')} parameter {bias} holds {n} NaN or infinite values "
+        f"(of {n}) in the file's weights; every product and metric would be NaN (check the "
+        "training run that saved it)"
     ]
 
 

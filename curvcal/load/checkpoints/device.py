@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 import torch
 
+from curvcal.devices import device_named
 from curvcal.errors import InputError
 
 DTYPES = {
@@ -17,25 +16,9 @@ DTYPES = {
 
 
 def resolve_device(spec: str) -> torch.device:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cpu``; ``cuda``; ``cuda:N``."""
-    text = spec.strip().lower()
-    if text == "auto":
-        text = "cuda" if torch.cuda.is_available() else "cpu"
-    if text == "cpu":
-        return torch.device("cpu")
-    match = re.fullmatch(r"cuda(?::(\d+))?", text)
-    if match is None:
-        raise InputError("--device", f"{spec!r} is not a device", "use auto, cpu, cuda or cuda:N")
-    if not torch.cuda.is_available():
-        raise InputError(
-            "--device", f"{spec} requested but CUDA is not available", "use --device cpu"
-        )
-    index = int(match.group(1)) if match.group(1) else torch.cuda.current_device()
-    if index >= torch.cuda.device_count():
-        raise InputError(
-            "--device", f"{spec}: only {torch.cuda.device_count()} CUDA device(s) present"
-        )
-    return torch.device("cuda", index)
+    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cpu``; ``cuda``; ``cuda:N``
+    (:func:`curvcal.devices.device_named`, errors naming ``--device``)."""
+    return device_named(spec, "--device", "use --device cpu")
 
 
 def resolve_dtype(spec: str) -> torch.dtype:

@@ -113,7 +113,9 @@ BUFFER_NAMES = ("running_mean", "running_var")
 #: Keys under which training code records the model's name: torchvision's reference scripts
 #: (``args.model``), timm's train.py (``arch``), Lightning hyper-parameters.
 ARCH_HINT_KEYS = ("arch", "model", "model_name", "architecture", "backbone", "network")
-_MODEL_NAME = re.compile(r"[A-Za-z][\w.-]*\Z")
+#: what a model name recorded in a file looks like: a 200,000-character string under ``arch``
+#: is none (it filled thousands of lines of ``inspect``'s table)
+_MODEL_NAME = re.compile(r"[A-Za-z][\w.-]{0,199}\Z")
 
 
 def inspect_checkpoint(path: str | Path, allow_globals: tuple[str, ...] = ()) -> CheckpointInfo:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from curvcal.errors import InputError
 from curvcal.load.files.formats import dtype_name
 from curvcal.load.files.state_dict import infer_num_classes
 
@@ -104,7 +105,10 @@ def place(path: Path, found: ModuleFound, device: torch.device, dtype: torch.dty
     # a causal language model (or an adapter over one) is a classifier over answers, whatever
     # loaded it
     found = replace(found, module=as_choice_scorer(found.module))
+    _refuse_non_finite(found.module, str(path), "the file's")
     found.module.to(device=device, dtype=dtype)
+    if dtype == torch.float16:  # the one dtype of a narrower range than the weights' own
+        _refuse_non_finite(found.module, "--dtype", "float16's", overflow=True)
     if found.form != "exported_program":
         found.module.eval()
     shapes = [(name, tuple(t.shape)) for name, t in found.module.state_dict().items()]
@@ -115,3 +119,37 @@ def place(path: Path, found: ModuleFound, device: torch.device, dtype: torch.dty
     return LoadedModel(
         **vars(found), path=path, num_classes=num_classes, device=device, dtype=dtype
     )
+
+
+def _refuse_non_finite(module: nn.Module, what: str, whose: str, overflow: bool = False) -> None:
+    """An :class:`InputError` naming ``what`` and the first parameter holding a NaN or an
+    infinity: a model whose training diverged, or (``overflow``) a weight past float16's range
+    (65504) once cast. Every product and metric computed from it would be NaN, and the error
+    would otherwise fall on the data, exit 3. Buffers are left alone: a mask of -inf is one on
+    purpose."""
+    for name, parameter in module.named_parameters():
+        if not parameter.is_floating_point() or parameter.is_meta:
+            continue
+        values = parameter.detach()
+        # a NaN or an infinity makes the sum one too, so a finite sum clears the whole tensor
+        # (18 times faster than isfinite over it); an infinite sum may be an overflow of finite
+        # values, which the element-wise test tells apart
+        wide = torch.float32 if values.dtype in (torch.float16, torch.bfloat16) else None
+        if bool(torch.isfinite(values.sum(dtype=wide))):
+            continue
+        bad = int((~torch.isfinite(values)).sum())
+        if not bad:
+            continue
+        if overflow:
+            raise InputError(
+                what,
+                f"float16 cannot hold the model's parameter {name}: {bad} of its "
+                f"{parameter.numel()} values overflow float16's range (±65504)",
+                "use --dtype bfloat16 or float32",
+            )
+        raise InputError(
+            what,
+            f"parameter {name} holds {bad} NaN or infinite value{'s' if bad > 1 else ''} (of "
+            f"{parameter.numel()}) in {whose} weights; every product and metric would be NaN",
+            "check the training run that saved it",
+        )

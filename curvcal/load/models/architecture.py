@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from curvcal.errors import InputError, TrustError
+from curvcal.errors import CurvcalError, InputError, TrustError
 from curvcal.inputs import import_recorded
 from curvcal.load.limits import check_num_classes
 from curvcal.load.models.library_limits import library_warnings
@@ -65,8 +65,15 @@ def build_architecture(
         raise InputError(
             KWARGS_OPTION, f"{spec} cannot be built with {dict(kwargs)}: {_one_line(exc)}"
         ) from exc
-    except (ValueError, RuntimeError, AssertionError) as exc:
-        raise InputError(ARCH_OPTION, f"building {spec} failed: {_one_line(exc)}") from exc
+    except CurvcalError:
+        raise
+    except MemoryError:
+        raise  # said as the memory it is, by the CLI
+    except Exception as exc:  # the builder's own code (a py: class runs the user's): its error
+        said = _one_line(exc)
+        if not isinstance(exc, ValueError | RuntimeError | AssertionError):
+            said = f"{type(exc).__name__}: {said}"  # a KeyError's text alone is only the key
+        raise InputError(ARCH_OPTION, f"building {spec} failed: {said}") from exc
     if not isinstance(module, nn.Module):
         raise InputError(ARCH_OPTION, f"{spec} built a {type(module).__name__}, not a torch module")
     return module

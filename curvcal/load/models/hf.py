@@ -606,9 +606,16 @@ def _weight_files(path: Path) -> tuple[Path, ...]:
         shards = []
         for name in dict.fromkeys(str(v) for v in weight_map.values()):
             shard = path / name
-            if Path(name).name != name or not shard.is_file():
+            if Path(name).name != name or name in (".", ".."):
+                raise InputError(
+                    str(path / SAFETENSORS_INDEX),
+                    f"names a shard {name!r} that is not a file name in its folder",
+                    "a weight map names shards beside it",
+                )
+            if not shard.is_file():
                 raise InputError(str(path / SAFETENSORS_INDEX), f"names a missing shard {name!r}")
             shards.append(shard)
+        _refuse_tensors_held_twice(path / SAFETENSORS_INDEX, weight_map, shards)
         return tuple(shards)
     if (path / PICKLE_NAME).is_file():
         return (path / PICKLE_NAME,)
@@ -618,6 +625,34 @@ def _weight_files(path: Path) -> tuple[Path, ...]:
         f"{PICKLE_NAME})",
         "for a separate weights file pass it as CHECKPOINT with --arch hf:FOLDER",
     )
+
+
+def _refuse_tensors_held_twice(
+    index: Path, weight_map: Mapping[str, Any], shards: list[Path]
+) -> None:
+    """An :class:`InputError` naming the index when two shards hold one tensor: the library
+    reads every shard the map names and keeps the last value it reads for a name, which need
+    not be the one the map points to, so the model would not be the one the index describes.
+    Only the shards' headers are read."""
+    from safetensors import safe_open
+
+    holder: dict[str, str] = {}
+    for shard in shards:
+        try:
+            with safe_open(str(shard), framework="pt") as handle:
+                names = list(handle.keys())
+        except Exception as exc:
+            raise InputError(str(shard), f"cannot be read as a .safetensors file ({exc})") from exc
+        for name in names:
+            first = holder.setdefault(name, shard.name)
+            if first != shard.name:
+                mapped = weight_map.get(name)
+                raise InputError(
+                    str(index),
+                    f"its shards {first} and {shard.name} both hold tensor {name!r} (the map "
+                    f"names {mapped!r}); the model loaded would depend on which is read last",
+                    "save the model again with save_pretrained",
+                )
 
 
 def read_json(path: Path) -> Any:
