@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from curvcal.errors import InputError, printable
+from curvcal.errors import InputError, bounded, printable
 from curvcal.pace import PLAIN_GRACE_SECONDS, Clock, Pace, PlainLines
 
 _FALLBACK_WIDTH = 120
@@ -40,19 +40,41 @@ class _Console(Console):
     It prints text as it is: no markup unless a call asks for it (a file named ``a[/]b.pt`` in
     a table cell was a ``MarkupError``, exit 70, and ``[bold]`` in a name was drawn bold), no
     emoji codes (``:thumbs_up:`` in a name was drawn as 👍), and
-    every string it renders goes through :func:`~curvcal.errors.printable` (a control character
-    in a name is shown as its escape, never sent to the terminal)."""
+    every string it renders (each table cell, title, caption and line) goes through
+    :func:`shown_text`: a control character in a name is shown as its escape, never sent to
+    the terminal, and a name of 300,000 characters a checkpoint supplies is shown by its ends
+    and its length, not over thousands of lines. What :meth:`out` writes (the JSON, YAML and
+    XML outputs, machine-read) is written whole."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("markup", False)
         kwargs.setdefault("emoji", False)  # x:thumbs_up:.pt was drawn with an emoji
         super().__init__(*args, **kwargs)
+        self._whole = False
 
     def render_str(self, text: str, *args: Any, **kwargs: Any) -> Any:
-        return super().render_str(printable(text), *args, **kwargs)
+        return super().render_str(
+            printable(text) if self._whole else shown_text(text), *args, **kwargs
+        )
+
+    def out(self, *objects: Any, **kwargs: Any) -> None:
+        """Write ``objects`` as text, whole (a report for a program, not a table for a
+        person); control characters are still escaped."""
+        self._whole = True
+        try:
+            super().out(*objects, **kwargs)
+        finally:
+            self._whole = False
 
     def on_broken_pipe(self) -> None:
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+def shown_text(text: str) -> str:
+    """``text`` as every console shows it to a person: :func:`~curvcal.errors.bounded` (a long
+    name cut in the middle, with its length), then :func:`~curvcal.errors.printable` (control
+    characters as escapes)."""
+    return printable(bounded(text))
 
 
 def stdout_console() -> Console:
@@ -193,7 +215,7 @@ _EARLY: list[str] = []
 def _say_warning(message: str) -> None:
     from rich.text import Text
 
-    line = Text.assemble(("curvcal: warning:", "yellow"), " " + printable(message))
+    line = Text.assemble(("curvcal: warning:", "yellow"), " " + shown_text(message))
     stderr_console().print(line, highlight=False)
 
 

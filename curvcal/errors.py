@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 from collections.abc import Callable, Iterator
 
 EXIT_OK = 0
@@ -125,11 +126,11 @@ def printable(text: str) -> str:
 LONGEST_WORD = 100
 
 
-def shorten(word: str, head: int = 60, tail: int = 20) -> str:
-    """``word`` if it has at most :data:`LONGEST_WORD` characters, else its first ``head`` and
+def shorten(word: str, head: int = 60, tail: int = 20, longest: int = LONGEST_WORD) -> str:
+    """``word`` if it has at most ``longest`` characters, else its first ``head`` and
     last ``tail`` characters around an ellipsis, with the full length: a 100,000-character
     ``--arch`` must not fill the terminal, and the ends are what tell two values apart."""
-    if len(word) <= LONGEST_WORD:
+    if len(word) <= longest:
         return word
     # The message's own quotes and punctuation stay outside the cut value.
     core = word.lstrip("'\"(").rstrip(":,;)'\"")
@@ -139,6 +140,35 @@ def shorten(word: str, head: int = 60, tail: int = 20) -> str:
     return (
         f"{start}{core[:head]}…{core[-tail:]}{close} [{len(core):,} characters]{end[len(close) :]}"
     )
+
+
+#: Longest word (a name a file supplies: a state dict's key, a module's, a class's, a file's)
+#: that a line or table cell shown to a person holds whole; longer ones are cut as
+#: :func:`shorten` cuts them, with their length (the JSON output keeps them whole)
+LONGEST_SHOWN_WORD = 200
+#: Longest string (a table cell, a title, a caption, a line) shown whole to a person; a longer
+#: one (many words that are each short enough) keeps its ends and says its length
+LONGEST_SHOWN_TEXT = 2000
+_LONG_WORD = re.compile(r"\S{%d,}" % (LONGEST_SHOWN_WORD + 1))
+
+
+def bounded(text: str) -> str:
+    """``text`` as a person is shown it (every table cell, title, caption and line the
+    consoles draw, and the markdown and HTML reports' text): each word longer than
+    :data:`LONGEST_SHOWN_WORD` cut in the middle by :func:`shorten`, then, if the whole is
+    still longer than :data:`LONGEST_SHOWN_TEXT`, its first and last characters around an
+    ellipsis with the full length. A checkpoint key of 300,000 characters is a few lines, not
+    thousands; white space and line breaks are kept as they are."""
+    if len(text) <= LONGEST_SHOWN_WORD:
+        return text
+    whole = len(text)
+    text = _LONG_WORD.sub(
+        lambda word: shorten(word.group(), head=140, tail=40, longest=LONGEST_SHOWN_WORD), text
+    )
+    if len(text) <= LONGEST_SHOWN_TEXT:
+        return text
+    head, tail = LONGEST_SHOWN_TEXT * 7 // 10, LONGEST_SHOWN_TEXT // 5
+    return f"{text[:head]}…{text[-tail:]} [{whole:,} characters]"
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

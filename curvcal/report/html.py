@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from curvcal.errors import bounded
 from curvcal.report.judged import JudgedRun, judged_run
 from curvcal.report.tables import Table, numeric_column, short_caption
 from curvcal.report.verdict import VERDICT_COLUMNS, verdict_line
@@ -48,15 +49,15 @@ def html_report(report: Report, tables: Sequence[Table], explain: bool = False) 
         ]
         title += f": {judged.model.name}"
     else:
-        body.append(f"<h1>{html.escape(title)}</h1>")
+        body.append(f"<h1>{_text(title)}</h1>")
     body.extend(_table(table, explain) for table in tables)
     body.extend(_figure(name, svg) for name, svg in figures(report))
     if report.warnings:
-        items = "".join(f"<li>{html.escape(w)}</li>" for w in report.warnings)
+        items = "".join(f"<li>{_text(w)}</li>" for w in report.warnings)
         body.append(f"<h2>warnings</h2>\n<ul>{items}</ul>")
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
+        f"<title>{_text(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
         + "\n".join(body)
         + "\n</body>\n</html>\n"
     )
@@ -64,49 +65,56 @@ def html_report(report: Report, tables: Sequence[Table], explain: bool = False) 
 
 def _verdict(judged: JudgedRun) -> str:
     css = "pass" if judged.verdict.passed else "fail"
-    lines = [f'<h1 class="{css}">{html.escape(verdict_line(judged.verdict))}</h1>', "<p>"]
-    about = f"curvcal {judged.command}: <b>{html.escape(judged.model.describe())}</b>"
+    lines = [f'<h1 class="{css}">{_text(verdict_line(judged.verdict))}</h1>', "<p>"]
+    about = f"curvcal {judged.command}: <b>{_text(judged.model.describe())}</b>"
     if judged.data_spec:
-        about += f" on <code>{html.escape(judged.data_spec)}</code>"
+        about += f" on <code>{_text(judged.data_spec)}</code>"
         if judged.n_samples is not None:
             about += f", N = {judged.n_samples}"
     if judged.policy:
-        about += f", policy <code>{html.escape(judged.policy)}</code>"
+        about += f", policy <code>{_text(judged.policy)}</code>"
     lines.append(about + "<br>")
     baseline = judged.baseline.describe() if judged.baseline is not None else "none"
-    lines.append(f"baseline: {html.escape(baseline)}</p>")
+    lines.append(f"baseline: {_text(baseline)}</p>")
     return "\n".join(lines)
 
 
 def _table(table: Table, explain: bool) -> str:
     numeric = [numeric_column(table, i) for i in range(len(table.columns))]
-    parts = [f"<h2>{html.escape(table.title)}</h2>", "<table>"]
+    parts = [f"<h2>{_text(table.title)}</h2>", "<table>"]
     if any(table.columns):
-        heads = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
+        heads = "".join(f"<th>{_text(c)}</th>" for c in table.columns)
         parts.append(f"<thead><tr>{heads}</tr></thead>")
     parts.append("<tbody>")
     result = table.columns.index("result") if table.columns == VERDICT_COLUMNS else None
     for row in table.rows:
         broken = result is not None and row[result] == "FAIL"
         cells = "".join(
-            f'<td class="num">{html.escape(cell)}</td>'
+            f'<td class="num">{_text(cell)}</td>'
             if i < len(numeric) and numeric[i]
-            else f"<td>{html.escape(cell)}</td>"
+            else f"<td>{_text(cell)}</td>"
             for i, cell in enumerate(row)
         )
         parts.append(f'<tr class="broken">{cells}</tr>' if broken else f"<tr>{cells}</tr>")
     parts.append("</tbody></table>")
     caption = short_caption(table.caption, explain)
     if caption:
-        parts.append(f'<p class="caption">{html.escape(caption)}</p>')
+        parts.append(f'<p class="caption">{_text(caption)}</p>')
     return "\n".join(parts)
+
+
+def _text(text: str) -> str:
+    """``text`` as the page shows it: cut as on the terminal when long
+    (:func:`~curvcal.errors.bounded`: a person reads the page, and a 300,000-character
+    state-dict key would be most of it; the JSON keeps it whole), then escaped."""
+    return html.escape(bounded(text))
 
 
 def _figure(name: str, svg: bytes) -> str:
     encoded = base64.b64encode(svg).decode("ascii")
     return (
-        f'<figure><img alt="{html.escape(name)}" src="data:image/svg+xml;base64,{encoded}">'
-        f"<figcaption>{html.escape(name)}</figcaption></figure>"
+        f'<figure><img alt="{_text(name)}" src="data:image/svg+xml;base64,{encoded}">'
+        f"<figcaption>{_text(name)}</figcaption></figure>"
     )
 
 

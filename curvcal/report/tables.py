@@ -22,7 +22,7 @@ from rich.table import Table as RichTable
 from curvcal import interrupt
 from curvcal.atomic import atomic_output, mark_output, refuse_special, temp_prefix
 from curvcal.console import stdout_console
-from curvcal.errors import InputError
+from curvcal.errors import InputError, bounded
 from curvcal.inputs import refuse_output
 from curvcal.results import Report
 
@@ -216,7 +216,7 @@ def markdown_code(text: str) -> str:
     """``text`` as a markdown code span on one line: fenced by one backtick more than its
     longest run of backticks (a name holding `` ` `` would end a one-backtick span early and
     the rest would be read as markdown), with a space inside the fence when it needs one."""
-    line = " ".join(text.splitlines())
+    line = " ".join(bounded(text).splitlines())
     longest = max((len(run) for run in re.findall(r"`+", line)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if longest else ""
@@ -226,8 +226,11 @@ def markdown_code(text: str) -> str:
 def markdown_inline(text: str) -> str:
     """``text`` (a title, a cell, a name) as markdown that stays where it is put: on one line
     (a line break in a file's name would start a new heading or list item in a job summary),
-    its ``|`` escaped (it would end a table cell)."""
-    return " ".join(text.replace("|", "\\|").splitlines())
+    its ``|`` escaped (it would end a table cell), a long name cut in the middle with its length
+    as on the terminal (:func:`~curvcal.errors.bounded`: a person reads the summary, and a
+    300,000-character state-dict key would fill a job summary's size limit; the JSON keeps it
+    whole)."""
+    return " ".join(bounded(text).replace("|", "\\|").splitlines())
 
 
 def check_output_path(path: Path, force: bool) -> None:
