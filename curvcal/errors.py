@@ -149,7 +149,7 @@ LONGEST_SHOWN_WORD = 200
 #: Longest string (a table cell, a title, a caption, a line) shown whole to a person; a longer
 #: one (many words that are each short enough) keeps its ends and says its length
 LONGEST_SHOWN_TEXT = 2000
-_LONG_WORD = re.compile(r"\S{%d,}" % (LONGEST_SHOWN_WORD + 1))
+_LONG_WORD = re.compile(rf"\S{{{LONGEST_SHOWN_WORD + 1},}}")
 
 
 def bounded(text: str) -> str:

@@ -111,7 +111,10 @@ def test_inspect_shows_a_long_key_by_its_ends_and_json_keeps_it(
     assert shown.code == 0, shown.output
     assert _lines(shown.stdout) < 60, _lines(shown.stdout)
     assert "[300,000 characters]" in unwrapped(shown.stdout)
-    for text in (run_cli("inspect", checkpoint, "--json").stdout, (tmp_path / "r.json").read_text()):
+    for text in (
+        run_cli("inspect", checkpoint, "--json").stdout,
+        (tmp_path / "r.json").read_text(),
+    ):
         assert KEY in json.loads(text)["results"]["top_level_keys"]
     markdown = run_cli("inspect", checkpoint, "--format", "markdown").stdout
     assert len(markdown) < 10_000 and "[300,000 characters]" in markdown
