@@ -13,8 +13,6 @@ TENSOR_ROWS = 40
 #: metadata entries shown in the table (all of them in --json): a file's header may hold a
 #: million (a safetensors header of 60 MB), which a table would take many minutes to lay out
 METADATA_ROWS = 40
-#: characters of a metadata value shown in the table
-METADATA_CELL = 200
 _LIST_CELL = 8
 
 
@@ -66,22 +64,16 @@ def inspect_tables(info: CheckpointInfo) -> list[Table]:
 
 
 def _metadata_rows(metadata: dict[str, str]) -> list[tuple[str, str]]:
-    """The first :data:`METADATA_ROWS` entries, keys and values cut to :data:`METADATA_CELL`
-    characters, and a row saying how many more there are."""
+    """The first :data:`METADATA_ROWS` entries and a row saying how many more there are (a
+    long key or value is cut where every table cell is, :func:`curvcal.errors.bounded`)."""
     rows = []
     for index, (key, value) in enumerate(metadata.items()):
         if index == METADATA_ROWS:
             more = len(metadata) - METADATA_ROWS
             rows.append(("metadata: ...", f"{more:,} more entries (all in --json)"))
             break
-        rows.append((f"metadata: {_cut(str(key))}", _cut(str(value))))
+        rows.append((f"metadata: {key}", str(value)))
     return rows
-
-
-def _cut(text: str) -> str:
-    if len(text) <= METADATA_CELL:
-        return text
-    return f"{text[:METADATA_CELL]}... ({len(text):,} characters, all in --json)"
 
 
 def _short_list(items: tuple[str, ...], limit: int = _LIST_CELL) -> str:
