@@ -189,3 +189,32 @@ def test_a_long_data_path_in_a_calibration_report(
     assert shown.code == 0, shown.output
     assert "characters]" in unwrapped(shown.stdout)
     assert "f" * 200 not in unwrapped(shown.stdout).replace(" ", "")
+
+
+# -- nothing prints around the one place -------------------------------------------------------
+
+
+def test_a_long_name_in_a_warning_is_bounded_on_stderr_and_whole_in_the_report(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A warning names a file's class or key as it is; stderr shows its ends and length, the
+    report's ``warnings`` (the JSON) the whole text."""
+    from curvcal.console import Reporter
+
+    reporter = Reporter()
+    reporter.warn(f"class {KEY} has no samples")
+    err = capsys.readouterr().err
+    assert _lines(err) < 10 and "[300,000 characters]" in unwrapped(err)
+    assert reporter.warned == [f"class {KEY} has no samples"]
+
+
+def test_every_console_is_curvcal_consoles() -> None:
+    """A rich ``Console`` made anywhere but :mod:`curvcal.console` would print around the bound
+    (and the escaping of control characters): only that module makes one."""
+    root = Path(__file__).resolve().parents[1] / "curvcal"
+    makers = [
+        path.relative_to(root).as_posix()
+        for path in root.rglob("*.py")
+        if "Console(" in path.read_text(encoding="utf-8")
+    ]
+    assert makers == ["console.py"]
