@@ -28,7 +28,8 @@ def test_a_rank_failing_on_a_sharded_model_stops_every_rank(tmp_path: Path) -> N
         env={"NO_COLOR": "1", "CURVCAL_DIST_TIMEOUT": "300"},
         timeout=120,
     )  # fmt: skip
-    cause = "internal error: RuntimeError: sample 39 is unreadable"
+    # what the user's dataset raised is the data's error, named by the option and the sample
+    cause = "--data py:ranked:failing_late: reading sample 39 failed: RuntimeError: sample 39 is"
     lines = done.stderr.splitlines()
     assert done.returncode != 0
     assert any(line.startswith(f"curvcal: error: rank 1: {cause}") for line in lines), done.stderr
