@@ -82,6 +82,7 @@ from curvcal.curvature.memory_fit import MemoryChoice, fit_memory
 from curvcal.curvature.options import (
     AUTO_PROBE_BATCH,
     check_curvature,
+    check_model,
     check_options,
     checked_loss,
     operator_settings,
@@ -270,6 +271,7 @@ class HessianOperator:
         allow_tf32: bool = False,
         **fields: Any,
     ) -> None:
+        check_model(model)  # before anything reads its parameters
         if not self.differentiates_gradients:
             from curvcal.sharding import is_sharded
 
