@@ -1,0 +1,160 @@
+"""Holes a fourth adversarial pass found in the public Python API, each fixed where every call
+goes through it:
+
+- a batch that is no ``(inputs, labels)`` pair reached Python's tuple unpacking: a dataset of
+  3-tuples, a string, or one ``(x, y)`` pair of NumPy arrays was ``ValueError: too many values
+  to unpack`` from ``hessian_eigenvalues`` and friends. A meta tensor or a sparse one (inputs,
+  labels or scores) was torch's ``NotImplementedError`` from ``hessian_*``, ``predict``,
+  ``calibration_metrics``, ``fit_temperature`` and ``apply_temperature``. One function says
+  why an item is not a batch (:func:`curvcal.rows.batch_problem`) and why a tensor holds no
+  readable values (:func:`curvcal.rows.tensor_problem`); the operator's batches, ``predict``
+  and every calibration input go through them;
+- a seed that is no 64-bit integer (``seed="a"``, ``1.5``, ``2**70``) reached torch's generator:
+  ``RuntimeError: manual_seed expected a long`` or ``ValueError: Overflow``; in the calibration
+  intervals a string seed was multiplied (``"a" * 2654435761``). Every seed now reaches torch
+  through :func:`curvcal.seeds.seeded_generator`, a :class:`SettingsError` naming ``seed``;
+- ``model="m"`` or ``None`` was ``AttributeError: 'str' object has no attribute
+  'parameters'``, ``settings={"probes": 3}`` an ``AttributeError`` too, and ``k="2"`` a
+  ``TypeError`` from sizing the Lanczos basis before ``k`` was checked;
+- ``curvcal.focal_loss`` took float labels (2.7 read as 2), and labels outside [0, K), NumPy
+  arrays and complex logits were torch's own errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import curvcal
+from curvcal.errors import InputError, SettingsError
+
+
+@pytest.fixture
+def linear() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3).double()
+    return model, torch.randn(12, 4, dtype=torch.float64), torch.randint(0, 3, (12,))
+
+
+def _meta(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device="meta")
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (lambda x, y: [(x, y, y)], "got a tuple of 3"),
+        (lambda x, y: "abc", "got a str"),
+        (lambda x, y: (x.numpy(), y.numpy()), "got a ndarray"),
+        (lambda x, y: [(x.numpy(), y)], "torch.from_numpy"),
+        (lambda x, y: [(x, y.numpy())], "the labels must be a tensor"),
+        (lambda x, y: (_meta(x), y), "meta tensor"),
+        (lambda x, y: (x, _meta(y)), "the labels tensor is a meta tensor"),
+        (lambda x, y: (x.to_sparse(), y), "layout torch.sparse_coo"),
+        (lambda x, y: ({"x": x.to_sparse()}, y), "input 'x' has layout"),
+    ],
+    ids=[
+        "3-tuples",
+        "str",
+        "numpy-pair",
+        "numpy-x",
+        "numpy-y",
+        "meta-x",
+        "meta-y",
+        "sparse",
+        "map",
+    ],
+)
+def test_a_batch_that_is_no_pair_of_readable_tensors_is_named(linear, data, words) -> None:
+    model, x, y = linear
+    with pytest.raises(InputError, match=r"^batches\[0\]: ") as caught:
+        curvcal.hessian_eigenvalues(model, data(x, y))
+    assert words in str(caught.value)
+    with pytest.raises(InputError, match=r"^data: batch 0: ") as caught:
+        curvcal.predict(model, data(x, y) if not isinstance(data(x, y), str) else [data(x, y)])
+
+
+@pytest.mark.parametrize("call", ["calibration_metrics", "fit_temperature", "fit_map"])
+@pytest.mark.parametrize("which", ["meta", "sparse"])
+def test_scores_without_readable_values_are_named(call: str, which: str) -> None:
+    torch.manual_seed(0)
+    z, y = torch.randn(30, 3, dtype=torch.float64), torch.randint(0, 3, (30,))
+    bad = _meta(z) if which == "meta" else z.to_sparse()
+    arguments = ("ts", bad, y) if call == "fit_map" else (bad, y)
+    with pytest.raises(InputError, match=r"^scores: the tensor (is a meta|has layout)"):
+        getattr(curvcal, call)(*arguments)
+    with pytest.raises(InputError, match=r"^labels: the tensor (is a meta|has layout)"):
+        curvcal.calibration_metrics(z, _meta(y) if which == "meta" else y.to_sparse())
+    with pytest.raises(InputError, match=r"^scores: the tensor"):
+        curvcal.apply_temperature(bad, 2.0)
+
+
+@pytest.mark.parametrize("seed", ["a", 1.5, 2**70, True], ids=["str", "float", "huge", "bool"])
+def test_a_seed_that_is_no_64_bit_integer_is_a_settings_error(linear, seed) -> None:
+    model, x, y = linear
+    with pytest.raises(SettingsError, match=r"^seed: must "):
+        curvcal.hessian_eigenvalues(model, (x, y), seed=seed)
+    with pytest.raises(SettingsError, match=r"^seed: must "):
+        curvcal.hessian_trace(model, (x, y), probes=3, trace_method="hutchinson", seed=seed)
+    with pytest.raises(SettingsError, match=r"^seed: must "):
+        curvcal.hessian_density(model, (x, y), runs=1, steps=3, seed=seed)
+    z = torch.randn(30, 3, dtype=torch.float64)
+    with pytest.raises(SettingsError, match=r"^seed: must "):
+        curvcal.calibration_metrics(z, torch.randint(0, 3, (30,)), bootstrap=10, seed=seed)
+
+
+def test_a_numpy_integer_seed_is_the_same_seed(linear) -> None:
+    model, x, y = linear
+    ours = curvcal.hessian_trace(model, (x, y), probes=4, trace_method="hutchinson", seed=3)
+    numpy = curvcal.hessian_trace(
+        model, (x, y), probes=4, trace_method="hutchinson", seed=np.int64(3)
+    )
+    assert numpy.estimate == ours.estimate
+
+
+@pytest.mark.parametrize("model", ["m", None, 5])
+def test_a_model_that_is_no_module_is_named(linear, model) -> None:
+    _, x, y = linear
+    for call in (curvcal.hessian_eigenvalues, curvcal.hessian_operator, curvcal.HessianOperator):
+        with pytest.raises(InputError, match=r"^model: expected a torch.nn.Module"):
+            call(model, (x, y))
+
+
+@pytest.mark.parametrize("settings", [{"probes": 3}, "x", 5])
+def test_settings_that_are_no_hessian_settings_are_named(linear, settings) -> None:
+    model, x, y = linear
+    with pytest.raises(InputError, match=r"^settings: expected a HessianSettings"):
+        curvcal.hessian_eigenvalues(model, (x, y), settings=settings)
+
+
+@pytest.mark.parametrize("k", ["2", None, 2.0])
+def test_k_is_checked_before_the_basis_is_sized_from_it(linear, k) -> None:
+    model, x, y = linear
+    with pytest.raises(InputError, match=r"^k: the number of eigenvalues must be"):
+        curvcal.hessian_eigenvalues(model, (x, y), k=k, memory_budget="1MB")
+
+
+@pytest.mark.parametrize(
+    ("logits", "labels", "pattern"),
+    [
+        (torch.zeros(4, 3), torch.tensor([0, 1, 2, 3]), r"^labels: must lie in \[0, 3\)"),
+        (torch.zeros(4, 3), torch.tensor([0, -1, 2, 1]), r"^labels: must lie in \[0, 3\)"),
+        (torch.zeros(4, 3), torch.tensor([0.0, 2.7, 1.0, 1.0]), r"^labels: must be integers"),
+        (np.zeros((4, 3)), torch.tensor([0, 1, 2, 1]), r"^logits: must be a torch tensor"),
+        (torch.zeros(4, 3), [0, 1, 2, 1], r"^labels: must be a torch tensor"),
+        (torch.zeros(4, 3, dtype=torch.complex64), torch.tensor([0, 1, 2, 1]), r"^logits: must"),
+    ],
+    ids=["above", "negative", "float", "numpy", "list", "complex"],
+)
+def test_focal_loss_refuses_labels_and_logits_it_cannot_index(logits, labels, pattern) -> None:
+    with pytest.raises(InputError, match=pattern):
+        curvcal.focal_loss(logits, labels, 2.0)
+
+
+def test_focal_loss_of_checked_arguments_is_the_formula() -> None:
+    """−(1 − p_y)^γ log p_y by hand, for p = softmax of a hand-picked row."""
+    logits = torch.tensor([[0.0, float(np.log(3.0))]], dtype=torch.float64)  # p = (1/4, 3/4)
+    value = curvcal.focal_loss(logits, torch.tensor([1]), 2.0)
+    assert float(value) == pytest.approx(-((1 - 0.75) ** 2) * np.log(0.75), rel=1e-12)
