@@ -16,6 +16,12 @@ goes through it:
 - ``model="m"`` or ``None`` was ``AttributeError: 'str' object has no attribute
   'parameters'``, ``settings={"probes": 3}`` an ``AttributeError`` too, and ``k="2"`` a
   ``TypeError`` from sizing the Lanczos basis before ``k`` was checked;
+- the training callbacks (Lightning's ``CurvatureCallback``, Hugging Face's
+  ``CurvatureTrainerCallback``) were built with ``bins=0``, ``edges="x"``, ``prefix=5``,
+  ``loader=None``, a one-shot generator or ``model="x"`` and failed only at their first
+  measurement, an epoch into training; ``curvcal.training.measure`` with ``quantities=5`` or a
+  model ``"m"`` was a ``TypeError``/``AttributeError``. One check of every callback argument
+  runs when the callback is built (:func:`curvcal.training.measurement.check_callback`);
 - ``curvcal.focal_loss`` took float labels (2.7 read as 2), and labels outside [0, K), NumPy
   arrays and complex logits were torch's own errors.
 """
@@ -158,3 +164,41 @@ def test_focal_loss_of_checked_arguments_is_the_formula() -> None:
     logits = torch.tensor([[0.0, float(np.log(3.0))]], dtype=torch.float64)  # p = (1/4, 3/4)
     value = curvcal.focal_loss(logits, torch.tensor([1]), 2.0)
     assert float(value) == pytest.approx(-((1 - 0.75) ** 2) * np.log(0.75), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "pattern"),
+    [
+        ({"bins": 0}, r"^bins: "),
+        ({"edges": "x"}, r"^edges: "),
+        ({"prefix": 5}, r"^prefix: must be a string"),
+        ({"loader": None}, r"^loader: must be a DataLoader"),
+        ({"loader": iter([])}, r"^loader: must be a DataLoader"),
+        ({"model": "x"}, r"^model: must be None or a function"),
+    ],
+    ids=["bins", "edges", "prefix", "none", "iterator", "model"],
+)
+@pytest.mark.parametrize("callback", ["CurvatureCallback", "CurvatureTrainerCallback"])
+def test_a_training_callback_refuses_its_arguments_when_built(linear, callback, keywords, pattern):
+    import curvcal.training
+
+    _, x, y = linear
+    arguments = {"loader": [(x, y)], **keywords}
+    with pytest.raises((InputError, SettingsError), match=pattern):
+        getattr(curvcal.training, callback)(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("model", "quantities", "pattern"),
+    [
+        ("m", ("ece",), r"^model: expected a torch.nn.Module"),
+        (None, 5, r"^quantities: must be a name or a sequence of names"),
+        (None, None, r"^quantities: must be a name or a sequence of names"),
+    ],
+)
+def test_measure_names_a_model_or_quantities_of_the_wrong_type(linear, model, quantities, pattern):
+    from curvcal.training import measure
+
+    network, x, y = linear
+    with pytest.raises(InputError, match=pattern):
+        measure(network if model is None else model, [(x, y)], quantities)
