@@ -22,6 +22,11 @@ goes through it:
   measurement, an epoch into training; ``curvcal.training.measure`` with ``quantities=5`` or a
   model ``"m"`` was a ``TypeError``/``AttributeError``. One check of every callback argument
   runs when the callback is built (:func:`curvcal.training.measurement.check_callback`);
+- ``curvcal landscape --radius 1e30``: the far points' logits overflow, and the ECE of them
+  stopped the run with "scores: logits contain NaN or infinity", exit 2, naming no option of
+  the command. A point whose logits are not finite now has NaN accuracy and ECE (its loss is
+  NaN already), shown in the table and listed in the JSON's ``nonfinite``, as every other
+  non-finite result is;
 - ``curvcal.focal_loss`` took float labels (2.7 read as 2), and labels outside [0, K), NumPy
   arrays and complex logits were torch's own errors.
 """
@@ -202,3 +207,28 @@ def test_measure_names_a_model_or_quantities_of_the_wrong_type(linear, model, qu
     network, x, y = linear
     with pytest.raises(InputError, match=pattern):
         measure(network if model is None else model, [(x, y)], quantities)
+
+
+def test_a_landscape_point_whose_logits_overflow_is_not_finite_not_an_error(linear) -> None:
+    from curvcal.calibration.metrics import expected_calibration_error
+    from curvcal.curvature.landscape import loss_landscape
+    from curvcal.losses import cross_entropy_sum
+
+    model, x, y = linear
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    direction = {name: torch.full_like(p, 10.0) for name, p in model.named_parameters()}
+    line = loss_landscape(
+        model,
+        lambda: iter([(x, y)]),
+        cross_entropy_sum,
+        [direction],
+        [0.0, 1e308],
+        ece=lambda logits, labels: expected_calibration_error(logits, labels),
+    )
+    near, far = line.points
+    with torch.no_grad():
+        logits = model(x)
+    assert near.ece == pytest.approx(expected_calibration_error(logits, y), rel=1e-12)
+    assert near.loss == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)))
+    assert np.isnan(far.ece) and np.isnan(far.accuracy) and not np.isfinite(far.loss)
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
