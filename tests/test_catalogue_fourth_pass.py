@@ -13,7 +13,10 @@ goes through it:
   ``RuntimeError: manual_seed expected a long`` or ``ValueError: Overflow``; in the calibration
   intervals a string seed was multiplied (``"a" * 2654435761``). Every seed now reaches torch
   through :func:`curvcal.seeds.seeded_generator`, a :class:`SettingsError` naming ``seed``;
-- ``model="m"`` or ``None`` was ``AttributeError: 'str' object has no attribute
+- ``FittedMap.save(5)`` and ``curvcal.load_map(None)`` were ``TypeError: expected str, bytes
+  or os.PathLike object``; a path argument now goes through one check naming it
+  (:func:`curvcal.paths.path_argument`);
+- ``model="m"`` or ``None`` (also to ``hutchinson_trace_penalty``) was ``AttributeError: 'str' object has no attribute
   'parameters'``, ``settings={"probes": 3}`` an ``AttributeError`` too, and ``k="2"`` a
   ``TypeError`` from sizing the Lanczos basis before ``k`` was checked;
 - the training callbacks (Lightning's ``CurvatureCallback``, Hugging Face's
@@ -232,3 +235,25 @@ def test_a_landscape_point_whose_logits_overflow_is_not_finite_not_an_error(line
     assert near.loss == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)))
     assert np.isnan(far.ece) and np.isnan(far.accuracy) and not np.isfinite(far.loss)
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("path", [5, None, b"m.json"], ids=["int", "none", "bytes"])
+def test_a_map_path_that_is_no_path_is_named(path, tmp_path) -> None:
+    torch.manual_seed(0)
+    fitted = curvcal.fit_map("ts", torch.randn(30, 3), torch.randint(0, 3, (30,)))
+    with pytest.raises(InputError, match=r"^path: must be a file path"):
+        fitted.save(path)
+    with pytest.raises(InputError, match=r"^path: must be a file path"):
+        curvcal.load_map(path)
+    fitted.save(tmp_path / "m.json")  # a pathlib.Path is a path
+    z = torch.randn(5, 3)
+    assert torch.equal(
+        curvcal.load_map(str(tmp_path / "m.json")).probabilities(z), fitted.probabilities(z)
+    )
+
+
+def test_the_trace_penalty_names_a_model_that_is_no_module(linear) -> None:
+    model, x, y = linear
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    with pytest.raises(InputError, match=r"^model: expected a torch.nn.Module"):
+        curvcal.hutchinson_trace_penalty("m", loss, 3, generator=torch.Generator())
