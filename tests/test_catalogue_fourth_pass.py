@@ -30,6 +30,11 @@ goes through it:
   the command. A point whose logits are not finite now has NaN accuracy and ECE (its loss is
   NaN already), shown in the table and listed in the JSON's ``nonfinite``, as every other
   non-finite result is;
+- ``curvcal.apply_temperature(z, "abc")`` was ``ValueError: could not convert string to
+  float``, ``None`` a ``TypeError``, ``True`` and ``"2"`` were read as 1 and 2, and a NaN
+  temperature was refused naming ``calibrator``, no argument of the call. The temperature and
+  γ of ``apply_temperature``/``apply_focal_temperature`` are now real numbers checked naming
+  their argument;
 - ``curvcal.focal_loss`` took float labels (2.7 read as 2), and labels outside [0, K), NumPy
   arrays and complex logits were torch's own errors.
 """
@@ -257,3 +262,24 @@ def test_the_trace_penalty_names_a_model_that_is_no_module(linear) -> None:
     loss = torch.nn.functional.cross_entropy(model(x), y)
     with pytest.raises(InputError, match=r"^model: expected a torch.nn.Module"):
         curvcal.hutchinson_trace_penalty("m", loss, 3, generator=torch.Generator())
+
+
+@pytest.mark.parametrize("temperature", ["abc", None, True, "2", float("nan"), 0.0], ids=str)
+def test_a_temperature_that_is_no_positive_number_is_named(temperature) -> None:
+    z = torch.randn(5, 3)
+    with pytest.raises(InputError, match=r"^temperature: "):
+        curvcal.apply_temperature(z, temperature)
+    with pytest.raises(InputError, match=r"^temperature: "):
+        curvcal.apply_focal_temperature(z, temperature, 1.0)
+
+
+@pytest.mark.parametrize("gamma", ["x", None, False, float("nan"), -1.0], ids=str)
+def test_a_focal_gamma_that_is_no_number_is_named(gamma) -> None:
+    with pytest.raises(InputError, match=r"^gamma: "):
+        curvcal.apply_focal_temperature(torch.randn(5, 3), 1.5, gamma)
+
+
+def test_a_temperature_as_a_one_element_tensor_is_the_number() -> None:
+    z = torch.tensor([[0.0, 1.0, 3.0]], dtype=torch.float64)
+    expected = torch.log_softmax(z / 2.0, dim=1)
+    assert torch.allclose(curvcal.apply_temperature(z, torch.tensor(2.0)), expected, atol=0)
