@@ -16,6 +16,12 @@ goes through it:
 - ``FittedMap.save(5)`` and ``curvcal.load_map(None)`` were ``TypeError: expected str, bytes
   or os.PathLike object``; a path argument now goes through one check naming it
   (:func:`curvcal.paths.path_argument`);
+- labels outside [0, K) reached the loss inside the first Hessian product: ``IndexError:
+  Target 5 is out of bounds`` on the CPU, a device-side assert that leaves the device unusable
+  on CUDA. The command line checks labels against the model; from Python nothing did. The
+  batches now read the labels' range once, and the operator compares it with the model's
+  output width (one forward of the first batch) for curvcal's own losses; a loss of the
+  user's own may read labels as it likes;
 - ``model="m"`` or ``None`` (also to ``hutchinson_trace_penalty``) was ``AttributeError: 'str' object has no attribute
   'parameters'``, ``settings={"probes": 3}`` an ``AttributeError`` too, and ``k="2"`` a
   ``TypeError`` from sizing the Lanczos basis before ``k`` was checked;
@@ -283,3 +289,31 @@ def test_a_temperature_as_a_one_element_tensor_is_the_number() -> None:
     z = torch.tensor([[0.0, 1.0, 3.0]], dtype=torch.float64)
     expected = torch.log_softmax(z / 2.0, dim=1)
     assert torch.allclose(curvcal.apply_temperature(z, torch.tensor(2.0)), expected, atol=0)
+
+
+@pytest.mark.parametrize("shift", [3, -1], ids=["above", "negative"])
+@pytest.mark.parametrize("loss", ["ce", "focal", "flsd53"])
+def test_labels_outside_the_logits_are_named_before_any_product(linear, shift, loss) -> None:
+    model, x, y = linear
+    labels = y.clone()
+    labels[8] = 2 + shift if shift > 0 else shift
+    gamma = 2.0 if loss == "focal" else None
+    with pytest.raises(InputError, match=r"^batches: labels must lie in \[0, 3\)"):
+        curvcal.hessian_operator(model, [(x[:6], y[:6]), (x[6:], labels[6:])], loss, gamma=gamma)
+    with pytest.raises(InputError, match=r"^batches: labels must lie in \[0, 3\)"):
+        curvcal.hessian_trace(model, (x, labels), probes=4, loss=loss, gamma=gamma)
+
+
+def test_a_loss_of_the_user_s_own_may_read_labels_otherwise(linear) -> None:
+    """A squared error against a regression target coded as labels 0..9: the Hessian of
+    (1/N) Σ_i ||W x_i + b − y_i·1||² in W is 2/N Σ x xᵀ per output row (no label term)."""
+    model, x, _ = linear
+    targets = torch.arange(12) % 10  # beyond the 3 logits
+
+    def squared(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return ((logits - labels[:, None].to(logits.dtype)) ** 2).sum()
+
+    squared.reduction = "sum"  # type: ignore[attr-defined]
+    trace = curvcal.hessian_trace(model, (x, targets), loss=squared, trace_method="hutchinson")
+    exact = 3 * (2.0 * float((x * x).sum()) / 12 + 2.0)  # weights' and biases' blocks
+    assert trace.estimate == pytest.approx(exact, rel=0.3)

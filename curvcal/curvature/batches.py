@@ -97,8 +97,14 @@ class Batches:
         n_local = 0
         n_batches = 0
         sizes: list[int] = []
+        low: int | None = None
+        high: int | None = None
         for batch in self._fresh():
             x, y = self._check(batch, n_batches)
+            if y.numel():  # read once here, so that no product reads labels on the host
+                low_y, high_y = (int(v) for v in torch.aminmax(y))
+                low = low_y if low is None else min(low, low_y)
+                high = high_y if high is None else max(high, high_y)
             n_local += int(y.shape[0])
             sizes.append(int(y.shape[0]))
             n_batches += 1
@@ -123,6 +129,8 @@ class Batches:
         self._stored = stored
         self.sizes = sizes  # rows of each batch of this process's shard, as the source gives them
         self.largest = max(sizes)
+        #: the smallest and largest label of this process's shard
+        self.label_range = (low, high) if low is not None and high is not None else None
         self.limit: int | None = None  # rows per chunk after out-of-memory splits
         if stored is None:
             self.mode = "none"
