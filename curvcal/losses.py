@@ -48,8 +48,30 @@ def flsd53_gammas(p_y: Tensor) -> Tensor:
         return torch.where(p_y.detach() < FLSD53_THRESHOLD, *FLSD53_GAMMAS).to(p_y.dtype)
 
 
-def _check_rows(logits: Tensor, labels: Tensor) -> None:
-    """2-D ``logits`` (samples × classes) and one label per row, else :class:`InputError`."""
+def _check_rows(logits: Any, labels: Any) -> None:
+    """Real floating 2-D ``logits`` (samples × classes) and one integer label per row, each in
+    [0, K), else :class:`InputError` naming the argument (the public :func:`focal_loss` checks
+    this; the operator's losses take batches checked once when the data was read)."""
+    for name, value in (("logits", logits), ("labels", labels)):
+        if not isinstance(value, Tensor):
+            raise InputError(name, f"must be a torch tensor, got {type(value).__name__}")
+    if not logits.is_floating_point():
+        raise InputError("logits", f"must be a real floating-point tensor, got {logits.dtype}")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise InputError("labels", f"must be integers, got {labels.dtype}")
+    _check_shapes(logits, labels)
+    n_classes = logits.shape[1]
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= n_classes):
+        raise InputError(
+            "labels",
+            f"must lie in [0, {n_classes}), found {int(labels.min())}..{int(labels.max())}",
+            "the number of classes is the number of logit columns",
+        )
+
+
+def _check_shapes(logits: Tensor, labels: Tensor) -> None:
+    """2-D ``logits`` (samples × classes) and one label per row, else :class:`InputError` (no
+    host read: this runs inside torch.func transforms, once per batch)."""
     if logits.ndim != 2:
         raise InputError(
             "logits", f"must be 2-D (samples × classes), got shape {tuple(logits.shape)}"
@@ -73,6 +95,16 @@ def focal_loss(
     _check_rows(logits, labels)
     if reduction not in ("mean", "sum", "none"):
         raise InputError("reduction", f"unknown reduction {reduction!r}", "mean, sum or none")
+    loss = _focal_per_sample(logits, labels, gamma)
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss
+
+
+def _focal_per_sample(logits: Tensor, labels: Tensor, gamma: float | str) -> Tensor:
+    """−(1 − p_y)^γ log p_y per row, of logits and labels already checked."""
     logp_y = torch.log_softmax(logits, dim=1).gather(1, labels[:, None].to(torch.int64))[:, 0]
     p_y = torch.exp(logp_y)
     gamma_per_sample: Any
@@ -86,12 +118,7 @@ def focal_loss(
         gamma_per_sample = check_gamma(gamma)
     # (1 - p)^γ with 0^0 = 1, written as a power of -expm1(log p) for accuracy near p = 1.
     modulating = torch.pow(-torch.expm1(logp_y), gamma_per_sample)
-    loss = -modulating * logp_y
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    return loss
+    return -modulating * logp_y
 
 
 def cross_entropy_sum(logits: Tensor, labels: Tensor) -> Tensor:
@@ -104,7 +131,7 @@ def focal_loss_sum(logits: Tensor, labels: Tensor, gamma: float) -> Tensor:
     cross-entropy."""
     if gamma == 0.0:
         return cross_entropy_sum(logits, labels)
-    return focal_loss(logits, labels, gamma, reduction="sum")
+    return _focal_per_sample(logits, labels, gamma).sum()
 
 
 class Loss(Protocol):
@@ -164,7 +191,7 @@ class FLSD53Loss:
 
     def sum(self, logits: Tensor, labels: Tensor) -> Tensor:
         """Σ_i −(1 − p_{i,y_i})^γ_i log p_{i,y_i}, γ_i from the detached p_{i,y_i}."""
-        return focal_loss(logits, labels, FLSD53, reduction="sum")
+        return _focal_per_sample(logits, labels, FLSD53).sum()
 
 
 def logit_gradient(loss: Loss, logits: Tensor, labels: Tensor) -> Tensor:
@@ -181,7 +208,7 @@ def logit_gradient(loss: Loss, logits: Tensor, labels: Tensor) -> Tensor:
     dtype of ``logits`` and is a function of them; detach them for a constant. Raises
     :class:`InputError` unless ``logits`` are 2-D with one label per row.
     """
-    _check_rows(logits, labels)
+    _check_shapes(logits, labels)
     logp = torch.log_softmax(logits, dim=1)
     index = labels[:, None].to(torch.int64)
     gradient = logp.exp()

@@ -19,6 +19,14 @@ from curvcal import inputs
 from curvcal.errors import InputError
 
 
+def path_argument(value: object, name: str) -> Path:
+    """``value`` as a :class:`~pathlib.Path` when it names a file (a ``str`` or an
+    ``os.PathLike``), else :class:`InputError` naming the Python argument ``name``."""
+    if isinstance(value, str | os.PathLike) and not isinstance(value, bytes):
+        return Path(value)
+    raise InputError(name, f"must be a file path (a str or a pathlib.Path), got {value!r}")
+
+
 def readable_file(path: Path, noun: str = "file", expected: str | None = None) -> os.stat_result:
     """``path``'s status when it is a regular file this process may read; otherwise
     :class:`InputError` naming the path and saying which of these it is: missing (or a broken

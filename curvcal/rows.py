@@ -36,13 +36,29 @@ def _apply(x: Inputs, func: Callable[[Tensor], Tensor]) -> Inputs:
     return {key: func(value) for key, value in x.items()}
 
 
+def tensor_problem(t: Tensor) -> str | None:
+    """Why the tensor ``t`` holds no values curvcal can read (``None`` when it can): a meta
+    tensor (a shape without data) or a sparse/quantised layout (the kernels index, slice and
+    multiply dense, strided tensors)."""
+    if t.device.type == "meta":
+        return "is a meta tensor, which holds a shape but no values"
+    if t.layout != torch.strided:
+        return f"has layout {t.layout} (give a dense tensor, e.g. .to_dense())"
+    return None
+
+
 def input_problem(x: Any) -> str | None:
     """Why ``x`` is not a batch of inputs (``None`` when it is): not a tensor nor a mapping of
-    tensors, a scalar, an empty mapping, or tensors whose first dimensions differ."""
+    tensors, a scalar, a tensor without values (:func:`tensor_problem`), an empty mapping, or
+    tensors whose first dimensions differ."""
     if isinstance(x, Tensor):
-        return "inputs are a 0-d tensor, without a row dimension" if x.ndim < 1 else None
+        if x.ndim < 1:
+            return "inputs are a 0-d tensor, without a row dimension"
+        problem = tensor_problem(x)
+        return None if problem is None else f"the inputs tensor {problem}"
     if not isinstance(x, Mapping):
-        return f"inputs must be a tensor or a mapping of tensors, got {type(x).__name__}"
+        hint = " (convert it with torch.from_numpy)" if type(x).__module__ == "numpy" else ""
+        return f"inputs must be a tensor or a mapping of tensors, got {type(x).__name__}{hint}"
     if not x:
         return "inputs are an empty mapping"
     rows: set[int] = set()
@@ -51,6 +67,9 @@ def input_problem(x: Any) -> str | None:
             return "a mapping of inputs must map names to tensors"
         if value.ndim < 1:
             return f"input {key!r} is a 0-d tensor, without a row dimension"
+        problem = tensor_problem(value)
+        if problem is not None:
+            return f"input {key!r} {problem}"
         rows.add(int(value.shape[0]))
     if len(rows) > 1:
         shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in x.items())
@@ -133,6 +152,30 @@ def describe_shape(x: Inputs) -> str:
     if isinstance(x, Tensor):
         return str(tuple(x.shape))
     return ", ".join(f"{key} {tuple(value.shape)}" for key, value in x.items())
+
+
+def batch_problem(batch: Any) -> str | None:
+    """Why one item of a dataset is not an ``(inputs, labels)`` batch (``None`` when it is a
+    pair whose inputs are inputs (:func:`input_problem`) and whose labels are a tensor with
+    values, one per row); the labels' dtype and range are the reader's to check."""
+    if not isinstance(batch, tuple | list) or len(batch) != 2:
+        got = (
+            f"a {type(batch).__name__} of {len(batch)}"
+            if isinstance(batch, tuple | list)
+            else (f"a {type(batch).__name__}")
+        )
+        return f"each batch must be a pair (inputs, labels tensor), got {got}"
+    x, y = batch
+    problem = input_problem(x)
+    if problem is not None:
+        return problem
+    if not isinstance(y, Tensor):
+        hint = " (convert it with torch.from_numpy)" if type(y).__module__ == "numpy" else ""
+        return f"the labels must be a tensor, got {type(y).__name__}{hint}"
+    problem = tensor_problem(y)
+    if problem is not None:
+        return f"the labels tensor {problem}"
+    return None
 
 
 def as_batches(data: Any) -> Any:

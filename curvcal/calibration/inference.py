@@ -102,14 +102,13 @@ def predict(model: nn.Module, data: Any) -> tuple[Tensor, Tensor]:
 
 
 def _pair(batch: Any, index: int) -> tuple[rows.Inputs, Tensor]:
-    """``batch`` as ``(inputs, labels)``, else :class:`InputError` naming the batch."""
-    if not isinstance(batch, tuple | list) or len(batch) != 2:
-        raise InputError("data", f"batch {index} is not an (x, y) pair")
-    x, y = batch
-    problem = rows.input_problem(x)
+    """``batch`` as ``(inputs, labels)`` (:func:`curvcal.rows.batch_problem`), else
+    :class:`InputError` naming the batch."""
+    problem = rows.batch_problem(batch)
     if problem is not None:
         raise InputError("data", f"batch {index}: {problem}")
-    if not isinstance(y, Tensor) or y.ndim != 1 or y.shape[0] != rows.n_rows(x):
+    x, y = batch
+    if y.ndim != 1 or y.shape[0] != rows.n_rows(x):
         raise InputError(
             "data", f"batch {index}: the labels must be a 1-D tensor with one label per input row"
         )

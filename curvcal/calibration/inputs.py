@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 import numpy as np
 import torch
 
+from curvcal import rows
 from curvcal.errors import InputError
 from curvcal.settings.calibration import EDGES as EDGES
 from curvcal.settings.calibration import check_bins as check_bins
@@ -88,6 +89,9 @@ def chunk_rows(n_classes: int, device: torch.device | None = None) -> int:
 def as_tensor(value: Any, what: str) -> torch.Tensor:
     """A tensor view of a tensor, NumPy array or nested sequence (no copy when possible)."""
     if isinstance(value, torch.Tensor):
+        problem = rows.tensor_problem(value)
+        if problem is not None:
+            raise InputError(what, f"the tensor {problem}")
         return value.detach()
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value)

@@ -136,7 +136,11 @@ def null_draw_count(n_resamples: int, n: int) -> int:
 
 
 def null_seed(seed: int) -> int:
-    """The seed of the null draws' private generator: apart from the resamples' ``seed``."""
+    """The seed of the null draws' private generator: apart from the resamples' ``seed``
+    (checked first: :func:`~curvcal.seeds.checked_seed`)."""
+    from curvcal.seeds import checked_seed
+
+    seed = checked_seed(seed)
     return (seed * 2_654_435_761 + 97) % (1 << 63)
 
 

@@ -86,6 +86,7 @@ from curvcal.calibration.saved import (
     text,
 )
 from curvcal.errors import InputError, NumericalError, SettingsError, setting_name
+from curvcal.seeds import seeded_generator
 from curvcal.settings.calibration import LAPLACE_PREDICTIVES as PREDICTIVES
 from curvcal.settings.calibration import LAPLACE_PRIORS as PRIORS
 from curvcal.settings.calibration import LAPLACE_STRUCTURES as STRUCTURES
@@ -1346,7 +1347,7 @@ def predictive_log_probs(posterior: LaplaceMap, features: Tensor) -> Tensor:
 def _normal_chunks(n: int, k: int, samples: int, seed: int) -> Iterator[tuple[int, Tensor]]:
     """The standard normals of the Monte Carlo predictive of n rows: row chunks in order, each
     (first row, S×rows×K draws) from one generator seeded by ``seed``."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded_generator(seed)
     step = _rows(n, k * k + samples * k)
     for start in range(0, n, step):
         rows = min(step, n - start)

@@ -54,6 +54,7 @@ from curvcal.calibration.results import CalibrationMetrics, ClassReliability, Re
 from curvcal.calibration.selective import RiskCoverage, optimal_aurc, risk_coverage_curve
 from curvcal.calibration.smooth import smooth_ece, smooth_reliability
 from curvcal.errors import InputError
+from curvcal.seeds import seeded_generator
 
 INTERVAL_LEVEL = intervals.INTERVAL_LEVEL
 #: Elements per chunk of the metrics scan: larger than the solvers' chunks, as the scan makes
@@ -443,7 +444,7 @@ def resample_weights(n: int, n_resamples: int, seed: int) -> Iterator[torch.Tens
     """``n_resamples`` bootstrap resamples of ``n`` rows, each as float64 multiplicities
     (``bincount`` of ``n`` indices drawn uniformly with replacement from a private generator
     seeded by ``seed``). Every stage of an analysis draws the same resamples (paired)."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded_generator(seed)
     for _ in range(n_resamples):
         draw = torch.randint(n, (n,), generator=generator)
         yield torch.bincount(draw, minlength=n).to(torch.float64)

@@ -26,6 +26,7 @@ which gives the same softmax as dividing the logits.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -733,16 +734,34 @@ def apply_temperature(
     scores: Any, temperature: float, kind: str = "logits", source: str = "scores"
 ) -> torch.Tensor:
     """float64 log-probabilities log softmax(z / T) of N×K ``scores``."""
-    return apply_calibrator(Calibrator("temperature", float(temperature)), scores, kind, source)
+    calibrator = _argument_calibrator("temperature", temperature=temperature)
+    return apply_calibrator(calibrator, scores, kind, source)
 
 
 def apply_focal_temperature(
     scores: Any, temperature: float, gamma: float, kind: str = "logits", source: str = "scores"
 ) -> torch.Tensor:
     """float64 log-probabilities log φ_γ(softmax(z / T)) of N×K ``scores``."""
-    return apply_calibrator(
-        Calibrator("focal-temperature", float(temperature), float(gamma)), scores, kind, source
-    )
+    calibrator = _argument_calibrator("focal-temperature", temperature=temperature, gamma=gamma)
+    return apply_calibrator(calibrator, scores, kind, source)
+
+
+def _argument_calibrator(method: str, **arguments: Any) -> Calibrator:
+    """The calibrator of the Python arguments ``arguments`` (``temperature``, ``gamma``): each a
+    real number (a one-element real tensor included; a bool, a string or ``None`` is not), and
+    the calibrator's bounds, each refused naming the argument."""
+    values: dict[str, float] = {}
+    for name, value in arguments.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise InputError(name, f"must be a real number, got {value!r}")
+        values[name] = float(value)
+    try:
+        return Calibrator(method, values["temperature"], values.get("gamma", 0.0))
+    except InputError as error:
+        named = "gamma" if error.why.startswith("gamma") else "temperature"
+        raise InputError(named, error.why, error.hint) from None
 
 
 def apply_calibrator(

@@ -40,7 +40,7 @@ from curvcal.curvature.analysis import analyse_batches, analyse_operator
 from curvcal.curvature.batches import AllReduce
 from curvcal.curvature.central_difference import build_operator
 from curvcal.curvature.density import spectral_density
-from curvcal.curvature.eigen import DEFAULT_TOL, eigenvalues
+from curvcal.curvature.eigen import DEFAULT_TOL, check_k, eigenvalues
 from curvcal.curvature.gauss_newton import gauss_newton_trace
 from curvcal.curvature.layers import layer_curvature
 from curvcal.curvature.memory import (
@@ -202,6 +202,7 @@ def hessian_eigenvalues(
     operator = _operator(
         "hessian_eigenvalues", model, data, loss, gamma, settings, all_reduce, operator_keywords
     )
+    check_k(k, operator.shape[0])  # before the basis is sized from it
     spectrum = eigenvalues(
         operator,
         k,

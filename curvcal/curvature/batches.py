@@ -97,8 +97,14 @@ class Batches:
         n_local = 0
         n_batches = 0
         sizes: list[int] = []
-        for x, y in self._fresh():
-            self._check(x, y, n_batches)
+        low: int | None = None
+        high: int | None = None
+        for batch in self._fresh():
+            x, y = self._check(batch, n_batches)
+            if y.numel():  # read once here, so that no product reads labels on the host
+                low_y, high_y = (int(v) for v in torch.aminmax(y))
+                low = low_y if low is None else min(low, low_y)
+                high = high_y if high is None else max(high, high_y)
             n_local += int(y.shape[0])
             sizes.append(int(y.shape[0]))
             n_batches += 1
@@ -123,6 +129,8 @@ class Batches:
         self._stored = stored
         self.sizes = sizes  # rows of each batch of this process's shard, as the source gives them
         self.largest = max(sizes)
+        #: the smallest and largest label of this process's shard
+        self.label_range = (low, high) if low is not None and high is not None else None
         self.limit: int | None = None  # rows per chunk after out-of-memory splits
         if stored is None:
             self.mode = "none"
@@ -132,13 +140,14 @@ class Batches:
             self.mode = "device"
 
     @staticmethod
-    def _check(x: Any, y: Any, index: int) -> None:
+    def _check(batch: Any, index: int) -> Batch:
+        """``batch`` as ``(x, y)`` when it is one (:func:`curvcal.rows.batch_problem`) with 1-D
+        integer labels, one per row; else :class:`InputError` naming the batch."""
         where = f"batches[{index}]"
-        if not isinstance(y, Tensor):
-            raise InputError(where, "each batch must be a pair (inputs, labels tensor)")
-        problem = rows.input_problem(x)
+        problem = rows.batch_problem(batch)
         if problem is not None:
             raise InputError(where, problem)
+        x, y = batch
         if y.ndim != 1 or y.is_floating_point() or y.is_complex():
             raise InputError(
                 where,
@@ -148,6 +157,7 @@ class Batches:
             raise InputError(
                 where, f"inputs have {rows.n_rows(x)} rows but labels have {y.shape[0]}"
             )
+        return x, y
 
     def _move(self, x: Inputs, y: Tensor) -> Batch:
         non_blocking = rows.is_pinned(x)
@@ -181,10 +191,10 @@ class Batches:
             yield from self._stored[skip:]
             return
         pin = self.device.type == "cuda"
-        for index, (x, y) in enumerate(self._fresh()):
+        for index, batch in enumerate(self._fresh()):
             if index < skip:
                 continue
-            self._check(x, y, index)
+            x, y = self._check(batch, index)
             yield (rows.pin(x), y.pin_memory()) if pin else (x, y)
 
     def _streamed(self, skip: int = 0) -> Iterator[Batch]:
@@ -247,6 +257,5 @@ class Batches:
 
     def originals(self) -> Iterator[Batch]:
         """The batches as the source gives them (host memory, unsplit), read afresh."""
-        for index, (x, y) in enumerate(self._fresh()):
-            self._check(x, y, index)
-            yield x, y
+        for index, batch in enumerate(self._fresh()):
+            yield self._check(batch, index)

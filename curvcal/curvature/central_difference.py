@@ -64,6 +64,7 @@ from curvcal.curvature.vectors import SlicedSpace, VectorSpace
 from curvcal.errors import NumericalError, SettingsError
 from curvcal.losses import Loss
 from curvcal.rows import Inputs
+from curvcal.seeds import seeded_generator
 from curvcal.settings.hessian import HessianSettings
 
 #: the engine name the operator records
@@ -623,7 +624,7 @@ class CentralDifferenceOperator(HessianOperator):
         gradient pass."""
         space = self.vector_space or VectorSpace(self.shape[0])
         if vector is None:
-            vector = space.normal(torch.Generator().manual_seed(seed), self._dtype)
+            vector = space.normal(seeded_generator(seed), self._dtype)
         vector = vector.to(device=self._device, dtype=self._dtype)
         single = [t[0] for t in self._tangents(vector.reshape(-1, 1))]
         taken = self._adaptive(vector, single)  # the rule and the step the operator takes
@@ -727,8 +728,10 @@ def build_operator(
     the same way. ``all_reduce`` sums the sample count and every product across processes when
     the data is sharded.
     """
+    from curvcal.curvature.options import check_model
     from curvcal.sharding import is_sharded
 
+    check_model(model)  # before anything reads its parameters
     if not is_sharded(model):
         return HessianOperator(model, batches, loss, settings, all_reduce=all_reduce, **keywords)
     return CentralDifferenceOperator(

@@ -29,6 +29,7 @@ from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import DensityResult
 from curvcal.curvature.vectors import space_of
 from curvcal.errors import InputError
+from curvcal.seeds import seeded_generator
 
 
 def _tridiagonal_kept(
@@ -130,7 +131,7 @@ def spectral_density(
         raise InputError("reorthogonalise", f"must be True or False, got {reorthogonalise!r}")
     n_params = op.shape[0]
     steps = min(steps, n_params)
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded_generator(seed)
     space = space_of(op)
     all_nodes: list[Tensor] = []
     all_weights: list[Tensor] = []

@@ -74,6 +74,7 @@ from curvcal.curvature.results import (
 )
 from curvcal.curvature.vectors import VectorSpace, space_of
 from curvcal.errors import InputError
+from curvcal.seeds import seeded_generator
 
 #: Receives the P×k unit eigenvectors found, columns in the order of the values (this rank's
 #: slices of them for a sliced vector space).
@@ -106,8 +107,8 @@ def _allowed(
     return [max(tol, _relative(noise * scale, value, scale, dtype)) for value in values]
 
 
-def _check_common(op: LinearOperator, k: int, tol: float, max_iter: int | None, which: str) -> None:
-    n_params = op.shape[0]
+def check_k(k: object, n_params: int) -> None:
+    """Refuse ``k`` unless it is an integer in [1, ``n_params``], naming ``k``."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InputError("k", f"the number of eigenvalues must be a positive integer, got {k!r}")
     if k > n_params:
@@ -116,6 +117,10 @@ def _check_common(op: LinearOperator, k: int, tol: float, max_iter: int | None, 
             f"asked for {k} eigenvalues of a {n_params}×{n_params} operator",
             f"use k ≤ {n_params}",
         )
+
+
+def _check_common(op: LinearOperator, k: int, tol: float, max_iter: int | None, which: str) -> None:
+    check_k(k, op.shape[0])
     if not (isinstance(tol, int | float) and math.isfinite(tol) and tol > 0):
         raise InputError("tol", f"the tolerance must be a finite number > 0, got {tol!r}")
     if max_iter is not None and (
@@ -246,7 +251,7 @@ def power_iteration(
     floor = _floor(op)
     asked, tol = tol, effective_tol(tol, floor)
     iterations = DEFAULT_POWER_ITER if max_iter is None else max_iter
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded_generator(seed)
     found: list[Tensor] = []
     results: list[EigenResult] = []
     passes: list[EigenResult] = []  # every unshifted result, for the record
@@ -428,7 +433,7 @@ def lanczos(
     steps = max(DEFAULT_LANCZOS_STEPS, 2 * k) if max_iter is None else max(max_iter, k)
     # an unbounded basis spans the whole space after P steps; a restarted one never does
     steps_allowed = min(n_params, steps) if rows is None else steps
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded_generator(seed)
     bound = _product_error(op)
 
     def noisy(size: int) -> float:

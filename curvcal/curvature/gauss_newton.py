@@ -85,6 +85,7 @@ from curvcal.curvature.results import TraceResult
 from curvcal.errors import NumericalError, SettingsError, setting_name
 from curvcal.losses import CrossEntropy, Loss, closed_form_problem
 from curvcal.rows import Inputs, as_batch_of_one, device_of, n_rows, take_rows
+from curvcal.seeds import seeded_generator
 
 METHOD = "gauss-newton"
 INTERVAL = (
@@ -210,7 +211,7 @@ def linearity_check(
     gradients say which tensors the rows reach; for the tensors the graph did not prove, that
     backward keeps its graph and one double backward per tensor decides. The model is called as
     it is (its mode is the caller's)."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded_generator(seed)
     names = tuple(names)
     try:
         with torch.enable_grad():

@@ -25,6 +25,7 @@ no file I/O, no printing; random draws only from the generator passed in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -169,13 +170,17 @@ def loss_landscape(
                         p.copy_(moved)
                     logits, labels, total = _measure(model, batches, loss_sum, saved)
                     n_samples = int(labels.shape[0])
+                    # far out, the moved model may overflow: its point is not finite, not an error
+                    finite = bool(torch.isfinite(logits).all())
                     points.append(
                         LandscapePoint(
                             alpha=float(alpha),
                             beta=None if beta is None else float(beta),
                             loss=total / n_samples,
-                            accuracy=float((logits.argmax(dim=1) == labels).double().mean()),
-                            ece=float(ece(logits, labels)),
+                            accuracy=float((logits.argmax(dim=1) == labels).double().mean())
+                            if finite
+                            else math.nan,
+                            ece=float(ece(logits, labels)) if finite else math.nan,
                         )
                     )
                     if on_point is not None:

@@ -82,6 +82,7 @@ from curvcal.curvature.memory_fit import MemoryChoice, fit_memory
 from curvcal.curvature.options import (
     AUTO_PROBE_BATCH,
     check_curvature,
+    check_model,
     check_options,
     checked_loss,
     operator_settings,
@@ -99,6 +100,7 @@ from curvcal.errors import InputError, NumericalError
 from curvcal.losses import (
     LOSS_NAMES,
     Loss,
+    UserLoss,
     logit_fisher_product,
     logit_gradient_product,
     logit_hessian_product,
@@ -270,6 +272,7 @@ class HessianOperator:
         allow_tf32: bool = False,
         **fields: Any,
     ) -> None:
+        check_model(model)  # before anything reads its parameters
         if not self.differentiates_gradients:
             from curvcal.sharding import is_sharded
 
@@ -335,6 +338,7 @@ class HessianOperator:
         self._batches = Batches(
             batches, settings.cache, self._device, self._model_dtype, all_reduce
         )
+        self._labels_fit = isinstance(loss, UserLoss)  # a user's loss reads labels as it likes
         self.n_matvecs = 0
         self.n_data_passes = 0
         self._accuracy_bound: float | None = None
@@ -763,6 +767,7 @@ class HessianOperator:
         return gauss_newton_product(self.model, self._logit_product, self._params, x, y, tangents)
 
     def _logit_product(self, logits: Tensor, labels: Tensor, w: Tensor) -> Tensor:
+        self.check_label_range(logits)
         return _LOGIT_PRODUCTS[self.curvature](self.loss, logits, labels, w)
 
     def _batch_hvp_func(
@@ -778,6 +783,7 @@ class HessianOperator:
     def _loss_sum(self, logits: Tensor, labels: Tensor) -> Tensor:
         """The summed loss of ``logits`` widened to :attr:`dtype` first: a bfloat16 or float16
         model's logits meet the softmax in float32 (a no-op for float32 and float64 models)."""
+        self.check_label_range(logits)
         return self.loss.sum(logits.to(self._dtype), labels)
 
     def _product(self, block: Tensor, total: Tensor | None = None) -> Tensor:
@@ -985,6 +991,25 @@ class HessianOperator:
     def _free_memory(self) -> None:
         if self._device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def check_label_range(self, logits: Tensor) -> None:
+        """Refuse labels outside [0, K) for curvcal's own losses, whose labels index the K
+        columns of ``logits`` (else torch's own error on the CPU, and on CUDA a device-side
+        assert that leaves the device unusable). Called where this operator's logits first meet
+        its labels; the labels' range is the one :class:`Batches` read once, and K is a shape,
+        so no call reads the device."""
+        if self._labels_fit:
+            return
+        label_range = self._batches.label_range
+        n_classes = int(logits.shape[-1])
+        if label_range is not None and (label_range[0] < 0 or label_range[1] >= n_classes):
+            raise InputError(
+                "batches",
+                f"labels must lie in [0, {n_classes}) for the model's {n_classes} logits, "
+                f"found {label_range[0]}..{label_range[1]}",
+                "a loss of your own (loss=callable) may read labels otherwise",
+            )
+        self._labels_fit = True
 
     def _prepared_model(self) -> AbstractContextManager[None]:
         return prepared_model(self.model, self.mode, self.allow_tf32)

@@ -56,6 +56,12 @@ def operator_settings(
         del values["probe_batch"]
     elif isinstance(width, str):
         raise SettingsError("probe_batch", f"must be a positive integer or 'auto', got {width!r}")
+    if settings is not None and not isinstance(settings, HessianSettings):
+        raise InputError(
+            "settings",
+            f"expected a HessianSettings, got {type(settings).__name__}",
+            "build one with curvcal.HessianSettings(...), or pass its fields as keywords",
+        )
     base = HessianSettings() if settings is None else settings
     return (base.replace(**values) if values else base), measure
 
@@ -103,12 +109,17 @@ def checked_loss(settings: HessianSettings, loss: Loss | None = None) -> Loss:
     return loss
 
 
+def check_model(model: Any) -> None:
+    """Refuse a ``model`` that is no ``torch.nn.Module``, naming the argument."""
+    if not isinstance(model, nn.Module):
+        raise InputError("model", f"expected a torch.nn.Module, got {type(model).__name__}")
+
+
 def check_options(model: nn.Module, settings: HessianSettings) -> MemoryBudget | None:
     """Refuse settings that cannot run on ``model`` (train mode with dropout, torch.func on
     TorchScript; each error names its field); the memory budget parsed (None when not given).
     The values themselves were checked when the settings were made."""
-    if not isinstance(model, nn.Module):
-        raise InputError("model", f"expected a torch.nn.Module, got {type(model).__name__}")
+    check_model(model)
     budget = None if settings.memory_budget is None else parse_memory_budget(settings.memory_budget)
     if settings.mode == "train":
         stochastic = stochastic_layers(model)

@@ -46,6 +46,9 @@ def hutchinson_trace_penalty(
     the loss's dtype whose graph reaches θ, so ``(loss + lam * penalty).backward()`` trains on
     the penalty. Neither the model's mode nor any ``.grad`` is touched.
     """
+    from curvcal.curvature.options import check_model
+
+    check_model(model)
     chosen = (
         tuple(params)
         if params is not None

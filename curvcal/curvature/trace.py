@@ -53,6 +53,7 @@ from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import ConvergenceWarning, TraceResult
 from curvcal.curvature.vectors import VectorSpace, space_of
 from curvcal.errors import InputError
+from curvcal.seeds import seeded_generator
 from curvcal.settings.fields import former_keywords
 from curvcal.settings.hessian import trace_method_now
 
@@ -155,7 +156,7 @@ def hutchinson_trace(
     else:
         _positive_int("probes", probes, 2)
         budget = probes
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded_generator(seed)
     space = space_of(op)
     samples: list[float] = []
     stopped_by = "n_probes"
@@ -228,7 +229,7 @@ def hutchpp_trace(
         "hutchpp", operator, probes, probe_dist, probe_batch, on_step, max_sketch
     )
     space, n_params = basis.space, op.shape[0]
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded_generator(seed)
     for block in _probe_blocks(sketch_size, probe_batch, probe_dist, generator, op):
         basis.extend(op.matmat(block))
         spent(block.shape[1])
@@ -306,7 +307,7 @@ def xtrace(
     op, basis, spent, count = _sketch("xtrace", operator, probes, probe_dist, probe_batch, on_step)
     space, n_params = basis.space, op.shape[0]
     diagonal = []
-    blocks = _probe_blocks(count, probe_batch, probe_dist, torch.Generator().manual_seed(seed), op)
+    blocks = _probe_blocks(count, probe_batch, probe_dist, seeded_generator(seed), op)
     for block in blocks:
         images = op.matmat(block)
         diagonal.append(space.reduce((block * images).sum(dim=0)).to(torch.float64).cpu())
@@ -317,7 +318,7 @@ def xtrace(
         exact_part = _projected_trace(op, q, probe_batch, spent)
         return _exhausted("xtrace", exact_part, spent.total, count, probe_dist, seed, basis.nbytes)
     projected = _projected_matrix(op, q, probe_batch, spent)
-    again = _probe_blocks(count, probe_batch, probe_dist, torch.Generator().manual_seed(seed), op)
+    again = _probe_blocks(count, probe_batch, probe_dist, seeded_generator(seed), op)
     coordinates = torch.cat(
         [space.project(q.t(), block).to(torch.float64).cpu() for block in again], dim=1
     )

@@ -33,6 +33,7 @@ from curvcal.curvature.progress import OnStep
 from curvcal.curvature.results import ConvergenceWarning, EigenSpectrum
 from curvcal.curvature.vectors import space_of
 from curvcal.errors import SettingsError, setting_name
+from curvcal.seeds import seeded_generator
 
 #: The tolerance the warm stage runs to: its vector only starts the full run, which meets the
 #: tolerance asked for on its own (``benchmarks/bench_warm_start.py`` measured 1e-2 and 1e-3).
@@ -59,7 +60,7 @@ def sample_rows(n_rows: int, fraction: float, seed: int) -> Tensor:
     """The indices of ⌈``fraction``·``n_rows``⌉ rows (at least 1) of ``n_rows``, drawn without
     replacement by a CPU generator seeded with ``seed``, ascending."""
     count = min(n_rows, max(1, math.ceil(fraction * n_rows)))
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded_generator(seed)
     return torch.randperm(n_rows, generator=generator)[:count].sort().values
 
 

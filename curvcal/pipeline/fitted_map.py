@@ -76,9 +76,10 @@ class FittedMap:
         """Write the calibrator file of this map to ``path`` (a new file: an existing one is
         refused), as ``--save-calibrator`` writes it."""
         from curvcal.atomic import atomic_output, mark_output
+        from curvcal.paths import path_argument
         from curvcal.pipeline.calibrator import CalibratorProvenance, calibrators_json
 
-        target = Path(path)
+        target = path_argument(path, "path")
         if target.exists() or target.is_symlink():
             raise InputError(str(target), "exists already", "save the map to a new path")
         provenance = self.provenance
@@ -170,9 +171,10 @@ def load_map(path: str | Path, stage: str | None = None) -> FittedMap:
     """The map saved in the calibrator file ``path`` (``stage``: which one, when the file
     holds several), read and checked as ``--apply`` reads it."""
     from curvcal.calibration.registry import MAPS
+    from curvcal.paths import path_argument
     from curvcal.pipeline.calibrator import load_calibrator_file
 
-    read = load_calibrator_file(Path(path))
+    read = load_calibrator_file(path_argument(path, "path"))
     if stage is None:
         if len(read.calibrators) > 1:
             raise InputError(

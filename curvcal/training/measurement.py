@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -45,6 +45,12 @@ def check_request(quantities: Sequence[str], overrides: dict[str, Any]) -> tuple
     checked as ``curvcal hessian`` checks its options."""
     if isinstance(quantities, str):
         quantities = (quantities,)
+    if not isinstance(quantities, Sequence) or not all(isinstance(q, str) for q in quantities):
+        raise InputError(
+            "quantities",
+            f"must be a name or a sequence of names, got {quantities!r}",
+            f"choose from {', '.join(QUANTITIES)}",
+        )
     chosen = tuple(quantities)
     if not chosen:
         raise InputError("quantities", "is empty", f"choose from {', '.join(QUANTITIES)}")
@@ -139,7 +145,9 @@ def measure(
     from curvcal.calibration.inference import predict
     from curvcal.calibration.metrics import calibration_metrics
     from curvcal.curvature.api import analyse_hessian
+    from curvcal.curvature.options import check_model
 
+    check_model(model)
     chosen = check_request(quantities, overrides)
     results: dict[str, float] = {}
     with undisturbed(model):
@@ -168,11 +176,39 @@ def measure(
 
 
 def check_callback(
-    quantities: Sequence[str], overrides: dict[str, Any], **counts: int | None
+    quantities: Sequence[str],
+    overrides: dict[str, Any],
+    *,
+    loader: Any = (),
+    prefix: str = "",
+    model: Any = None,
+    bins: int = 15,
+    edges: str = "left",
+    **counts: int | None,
 ) -> tuple[str, ...]:
-    """What a training callback checks when it is built: each ``every_n_*`` count is a positive
-    integer or ``None`` (else an :class:`InputError` naming it), and ``quantities`` and
+    """What a training callback checks when it is built, so that no argument of its is found
+    wrong at the first measurement, hours into training: each ``every_n_*`` count is a positive
+    integer or ``None``, ``loader`` a re-iterable (not ``None``, not a one-shot iterator; each
+    measurement reads it again), ``prefix`` a string, ``model`` ``None`` or a callable,
+    ``bins``/``edges`` as :func:`~curvcal.settings.calibration.check_bins` says (else an
+    :class:`InputError` or :class:`SettingsError` naming the argument), and ``quantities`` and
     ``overrides`` pass :func:`check_request`; the quantities as a tuple."""
+    from curvcal.settings.calibration import check_bins
+
+    if not isinstance(loader, Iterable) or isinstance(loader, Iterator):  # no iter(): workers
+        raise InputError(
+            "loader",
+            f"must be a DataLoader or a list of (x, y) batches, got {type(loader).__name__}",
+            "each measurement reads it again, so a one-shot iterator or None cannot serve",
+        )
+    if not isinstance(prefix, str):
+        raise InputError("prefix", f"must be a string, got {prefix!r}")
+    if model is not None and not callable(model):
+        raise InputError(
+            "model",
+            f"must be None or a function from the trained model to the classifier, got {model!r}",
+        )
+    check_bins(bins, edges)
     for name, value in counts.items():
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
@@ -209,7 +245,16 @@ class CallbackMeasurement:
     ) -> None:
         """Keep the settings above and the callback's ``every_n_*`` ``counts`` (as attributes
         of their names), checked first by :func:`check_callback`."""
-        self.quantities = check_callback(quantities, overrides, **counts)
+        self.quantities = check_callback(
+            quantities,
+            overrides,
+            loader=loader,
+            prefix=prefix,
+            model=model,
+            bins=bins,
+            edges=edges,
+            **counts,
+        )
         for name, count in counts.items():
             setattr(self, name, count)
         self.loader = loader

@@ -290,5 +290,5 @@ def test_predict_runs_the_model_in_eval_mode_and_restores_it() -> None:
     assert metrics.ece == pytest.approx(again.ece)
     with pytest.raises(InputError, match=r"^data: holds no batch"):
         curvcal.predict(model, [])
-    with pytest.raises(InputError, match=r"^data: batch 0 is not an"):
+    with pytest.raises(InputError, match=r"^data: batch 0: each batch must be a pair"):
         curvcal.predict(model, [x])

@@ -7,6 +7,7 @@ import torch
 from curvcal.errors import InputError
 from curvcal.load.datasets.loaded_data import LoadedData
 from curvcal.load.files.tensorfile import as_labels
+from curvcal.seeds import seeded_generator
 
 
 def check_labels(data: LoadedData, num_outputs: int | None, what: str | None = None) -> None:
@@ -72,7 +73,7 @@ def stratified_split(
         if take[i] < int(counts[i]):
             take[i] += 1
             remaining -= 1
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded_generator(seed)
     fit_parts = []
     for cls, n_take in zip(classes.tolist(), take, strict=True):
         members = (labels == cls).nonzero().flatten()
