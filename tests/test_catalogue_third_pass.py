@@ -341,14 +341,21 @@ def sharded_vit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return folder / "vit", data
 
 
-def test_a_file_a_model_folder_links_to_is_never_overwritten(
-    run_cli, sharded_vit: tuple[Path, Path], tmp_path: Path
-) -> None:
+@pytest.fixture
+def vit_copy(sharded_vit: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the sharded ViT folder in this test's own folder (``m``), and its data."""
     import shutil
 
     source, data = sharded_vit
     folder = tmp_path / "m"
     shutil.copytree(source, folder)
+    return folder, data
+
+
+def test_a_file_a_model_folder_links_to_is_never_overwritten(
+    run_cli, vit_copy: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, data = vit_copy
     shard = sorted(folder.glob("model-0*.safetensors"))[0]
     kept = tmp_path / "blobs" / "shard.bin"
     kept.parent.mkdir()
@@ -363,13 +370,9 @@ def test_a_file_a_model_folder_links_to_is_never_overwritten(
 
 
 def test_a_hard_link_in_an_input_folder_keeps_its_file_when_an_output_takes_its_other_name(
-    run_cli, sharded_vit: tuple[Path, Path], tmp_path: Path
+    run_cli, vit_copy: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    import shutil
-
-    source, data = sharded_vit
-    folder = tmp_path / "m"
-    shutil.copytree(source, folder)
+    folder, data = vit_copy
     (folder / "notes.txt").write_text("kept")
     os.link(folder / "notes.txt", tmp_path / "out.json")
     result = run_cli("calibrate", folder, "--data", data, "--method", "ts", "-o",
